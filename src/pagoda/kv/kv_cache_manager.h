@@ -1,0 +1,184 @@
+#pragma once
+// KvCacheManager: the one object the engine talks to about KV blocks.
+//
+// It owns block METADATA only. The K/V memory lives in a backend's pools (per
+// layer [num_blocks, block_size, kv_heads, head_dim]); a BlockId indexes them,
+// and names the same token range in every layer. The manager never touches
+// memory: when a fork needs data copied it returns BlockCopy items that the
+// engine executes on the backend before the next forward.
+//
+// Per sequence (SequenceId, chosen by the caller) and tenant namespace (from the
+// authenticated api key, never from a request body):
+//
+//   match_prefix(ns, prompt)       longest cached prefix (pure query)
+//   can_allocate_sequence(ns, p)   yes/no for allocate_sequence
+//   allocate_sequence(id, ns, p)   reuse the matched blocks, reserve the rest of the prompt
+//   append_tokens(id, tokens)      reserve slots for tokens fed in the next forward
+//   block_table(id)                block ids covering every reserved slot
+//   mark_computed(id, n)           n more tokens have K/V written; full written
+//                                  blocks enter the prefix cache
+//   fork(parent, child)            copy-on-write share (n > 1 sampling, beams)
+//   free_sequence(id) / abort_sequence(id)
+//
+// Lifecycle of one request:
+//   if (kv.can_allocate_sequence(ns, prompt)) {
+//     auto match = kv.allocate_sequence(id, ns, prompt);   // match->cached_tokens skipped
+//     ... forward prompt[cached:] in chunks, kv.mark_computed(id, chunk) after each ...
+//     loop: kv.append_tokens(id, {sampled}); forward; kv.mark_computed(id, 1);
+//     kv.free_sequence(id);
+//   }
+//
+// Invariants (checked by verify_integrity()):
+//  - every block is exactly one of: free (on the free list, ref 0, uncached),
+//    in use (ref >= 1), cached-and-unreferenced (evictable);
+//  - a block's ref count equals the number of sequence block tables holding it;
+//  - a cached block is full and written; its key is (namespace, parent block,
+//    its block_size tokens); a block that is freed and reused has lost its key;
+//  - a cached block's parent is cached; a referenced cached block's ancestors are
+//    referenced; only unreferenced leaves are eviction candidates;
+//  - the last, partially written block of a sequence is never shared;
+//  - no match crosses namespaces: namespaces are compared as whole strings and
+//    hashed length-prefixed, and tokens are compared on every match.
+//
+// Thread safety: none. Single-threaded by design: the engine loop owns it and
+// calls it between forwards. Wrap it in a mutex if that ever changes.
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pagoda/core/status.h"
+#include "pagoda/kv/clock.h"
+#include "pagoda/kv/eviction_policy.h"
+#include "pagoda/kv/kv_types.h"
+
+namespace pagoda::kv {
+
+struct KvCacheConfig {
+  int32_t num_blocks = 0;   // >= 1: blocks in every layer's pool
+  int32_t block_size = 16;  // tokens per block, 1..256
+  bool enable_prefix_cache = true;
+  EvictionPolicyKind eviction_policy = EvictionPolicyKind::kLru;
+  // Remembered keys of evicted blocks, to tag misses as kEvicted. 0: num_blocks.
+  int32_t evicted_key_memory = 0;
+  // Events kept until drain_events(); older ones are dropped (counted).
+  int32_t max_pending_events = 1 << 16;
+  bool record_events = true;
+};
+
+class KvCacheManager {
+ public:
+  // `clock` must outlive the manager; nullptr uses SteadyClock. `policy`
+  // overrides config.eviction_policy when given (tests, experiments).
+  static StatusOr<std::unique_ptr<KvCacheManager>> create(
+      const KvCacheConfig& config, const Clock* clock = nullptr,
+      std::unique_ptr<EvictionPolicy> policy = nullptr);
+  ~KvCacheManager();
+  KvCacheManager(const KvCacheManager&) = delete;
+  KvCacheManager& operator=(const KvCacheManager&) = delete;
+
+  int32_t block_size() const;
+  int32_t num_blocks() const;
+  const KvCacheConfig& config() const;
+
+  // ---- Questions (no state change) -------------------------------------------
+
+  // Longest cached prefix of `prompt` inside `tenant_namespace`. Never returns
+  // the whole prompt: cached_tokens <= prompt.size() - 1, rounded down to blocks.
+  PrefixMatch match_prefix(std::string_view tenant_namespace, std::span<const TokenId> prompt) const;
+
+  // Blocks needed to hold `num_tokens` new tokens in fresh blocks.
+  int32_t blocks_for_tokens(int64_t num_tokens) const;
+  // Could `num_tokens` tokens get fresh blocks now (free + evictable)?
+  bool can_allocate(int64_t num_tokens) const;
+  // Would allocate_sequence(ns, prompt) succeed now (counts the prefix match)?
+  bool can_allocate_sequence(std::string_view tenant_namespace, std::span<const TokenId> prompt) const;
+  // New blocks that append_tokens(seq, num_new_tokens) would take; -1 if unknown seq.
+  int32_t blocks_needed_to_append(SequenceId seq, int32_t num_new_tokens) const;
+  // Free + evictable blocks: what allocation can draw on right now.
+  int32_t num_available_blocks() const;
+  int32_t num_free_blocks() const;  // on the free list only
+  // Available blocks if these sequences were freed now (dry run, nothing changes).
+  // Unknown ids are ignored; duplicates count once.
+  int32_t available_blocks_after_release(std::span<const SequenceId> seqs) const;
+
+  bool has_sequence(SequenceId seq) const;
+  int64_t num_tokens(SequenceId seq) const;           // reserved tokens; -1 if unknown
+  int64_t num_computed_tokens(SequenceId seq) const;  // tokens with K/V written; -1 if unknown
+
+  // Block ids covering positions [0, num_tokens(seq)); block j holds positions
+  // [j * block_size, (j + 1) * block_size). The span is valid until the next
+  // mutating call. kNotFound for an unknown sequence.
+  StatusOr<std::span<const BlockId>> block_table(SequenceId seq) const;
+
+  // ---- Mutations --------------------------------------------------------------
+
+  // Registers `seq` with its prompt (>= 1 token): reuses the matched blocks
+  // (their K/V is already written: num_computed_tokens starts at
+  // match.cached_tokens) and reserves blocks for the rest. Records hit/miss
+  // stats. kInvalidArgument: empty prompt or seq already exists.
+  // kResourceExhausted: not enough blocks (nothing changes).
+  StatusOr<PrefixMatch> allocate_sequence(SequenceId seq, std::string_view tenant_namespace,
+                                          std::span<const TokenId> prompt);
+
+  // Reserves slots for `tokens` after the sequence's current tokens (decode:
+  // the token just sampled). kResourceExhausted if impossible, allocating nothing.
+  Status append_tokens(SequenceId seq, std::span<const TokenId> tokens);
+
+  // The next `num_tokens` reserved tokens now have K/V written in the pool.
+  // Blocks that become full enter the prefix cache (if enabled); a block whose
+  // key is already cached is swapped for the cached one (the table changes;
+  // re-read block_table). kOutOfRange if past the reserved tokens.
+  Status mark_computed(SequenceId seq, int64_t num_tokens);
+
+  // `child` becomes a copy of `parent`: full written blocks are shared (ref
+  // counts rise); every other block (the partial last block, reserved but
+  // unwritten blocks) gets a fresh block for the child, and the returned copies
+  // (for blocks holding written K/V) must run before the child's next forward.
+  // kNotFound: unknown parent; kInvalidArgument: child exists;
+  // kResourceExhausted: not enough blocks (nothing changes).
+  StatusOr<std::vector<BlockCopy>> fork(SequenceId parent, SequenceId child);
+
+  // The sequence finished: drops its references. Its full written blocks stay
+  // cached (evictable once unreferenced); the rest return to the free list.
+  Status free_sequence(SequenceId seq);
+  // Same as free_sequence for a sequence stopped mid-prefill or mid-decode (a
+  // client disconnect); counted separately. Only written, full blocks stay cached.
+  Status abort_sequence(SequenceId seq);
+
+  // Removes every cached block of a namespace (unreferenced ones return to the
+  // free list; referenced ones leave the cache and are freed with their
+  // sequences). Returns the number of blocks removed from the cache.
+  int32_t drop_namespace(std::string_view tenant_namespace);
+  // Removes the cached blocks of one conversation: those on the path of
+  // `tokens` from block index keep_prefix_tokens / block_size on, and every
+  // cached continuation below them. keep_prefix_tokens keeps a shared system
+  // prompt. Returns the number of blocks removed from the cache.
+  int32_t drop_conversation(std::string_view tenant_namespace, std::span<const TokenId> tokens,
+                            int64_t keep_prefix_tokens = 0);
+  // Evicts up to `num_blocks` evictable blocks now (memory pressure, tests).
+  int32_t evict(int32_t num_blocks);
+
+  // ---- Observability ----------------------------------------------------------
+
+  KvStats stats() const;
+  void reset_stats();  // counters only; gauges always reflect the present
+  // Events since the last drain, oldest first.
+  std::vector<KvEvent> drain_events();
+  uint64_t dropped_events() const;
+  std::string_view eviction_policy_name() const;
+
+  // Checks every invariant listed above; kInternal naming the first violation.
+  // O(num_blocks + total block-table length): for tests and debug builds.
+  Status verify_integrity() const;
+
+ private:
+  class Impl;
+  explicit KvCacheManager(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pagoda::kv

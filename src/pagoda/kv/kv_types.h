@@ -1,0 +1,105 @@
+#pragma once
+// Plain value types shared by the KV cache manager and its callers (scheduler,
+// model runner, router): ids, prefix-match results, pending block copies,
+// counters and cache events. No behaviour lives here.
+//
+// Thread safety: values; safe to copy between threads.
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pagoda::kv {
+
+// Index of a block in every layer's KV pool ([num_blocks, block_size, kv_heads,
+// head_dim]); the same id names the same token range in every layer.
+using BlockId = int32_t;
+using SequenceId = int64_t;
+using TokenId = int32_t;
+
+inline constexpr BlockId kNoBlock = -1;
+
+// Why a prompt's tokens were not served from the prefix cache. A match reports
+// the reason for its *first* missing full block.
+enum class MissReason : uint8_t {
+  kHit = 0,           // every cacheable full block matched (the tail is always computed)
+  kShorterThanBlock,  // nothing cacheable: the prompt minus its last token is under one block
+  kEvicted,           // this block was cached in this namespace, then evicted or dropped
+  kOtherNamespace,    // these tokens are cached, but only under another tenant namespace
+  kNeverSeen,         // not cached anywhere (or the prefix cache is disabled)
+};
+inline constexpr int kNumMissReasons = 5;
+std::string_view miss_reason_name(MissReason reason);
+
+// Why a cached block left the prefix cache.
+enum class RemovalReason : uint8_t {
+  kEvictedForSpace = 0,  // the eviction policy picked it to make room
+  kDroppedNamespace,     // drop_namespace()
+  kDroppedConversation,  // drop_conversation()
+  kDeduplicated,         // never used: a block with the same key was already cached
+};
+inline constexpr int kNumRemovalReasons = 4;
+std::string_view removal_reason_name(RemovalReason reason);
+
+// Result of a longest-prefix match of a prompt inside one namespace.
+struct PrefixMatch {
+  // Tokens whose K/V can be reused: a multiple of block_size, always at most
+  // prompt_length - 1 so that at least one token is computed (its logits are
+  // needed to sample).
+  int32_t cached_tokens = 0;
+  std::vector<BlockId> blocks;  // cached_tokens / block_size ids, in position order
+  MissReason reason = MissReason::kNeverSeen;
+};
+
+// A copy the engine must run on the backend (every layer, K and V) before the
+// next forward that touches `dst`: block `dst` gets the contents of `src`.
+struct BlockCopy {
+  BlockId src = kNoBlock;
+  BlockId dst = kNoBlock;
+  bool operator==(const BlockCopy&) const = default;
+};
+
+// Counters since construction (or reset_stats()). Token counts are prompt tokens
+// seen by allocate_sequence().
+struct KvStats {
+  int64_t hit_tokens = 0;
+  int64_t miss_tokens = 0;  // == sum of miss_tokens_by_reason
+  // Indexed by MissReason. The full blocks after the match are counted under the
+  // match's reason; the uncacheable tail (tokens after the last full block that
+  // may be matched) under kShorterThanBlock; kHit stays 0.
+  std::array<int64_t, kNumMissReasons> miss_tokens_by_reason{};
+  std::array<int64_t, kNumRemovalReasons> removed_blocks_by_reason{};  // indexed by RemovalReason
+  int64_t blocks_stored = 0;     // full blocks that entered the prefix cache
+  int64_t sequences_allocated = 0;
+  int64_t sequences_aborted = 0;
+  int64_t allocation_failures = 0;  // kResourceExhausted answers
+
+  // Gauges (current values, filled by KvCacheManager::stats()).
+  int32_t blocks_total = 0;
+  int32_t blocks_free = 0;        // on the free list
+  int32_t blocks_in_use = 0;      // referenced by at least one sequence
+  int32_t blocks_cached = 0;      // in the prefix cache (referenced or not)
+  int32_t blocks_evictable = 0;   // cached and unreferenced: can be reclaimed
+  int64_t allocated_slots = 0;    // blocks_in_use * block_size
+  int64_t unwritten_slots = 0;    // allocated slots not (yet) holding K/V: fragmentation
+
+  double hit_rate() const {
+    const int64_t total = hit_tokens + miss_tokens;
+    return total == 0 ? 0.0 : static_cast<double>(hit_tokens) / static_cast<double>(total);
+  }
+};
+
+// A change to the prefix cache, for a future KV-aware router.
+struct KvEvent {
+  enum class Kind : uint8_t { kBlockStored, kBlockRemoved };
+  uint64_t sequence_number = 0;  // strictly increasing, from 1, never reused
+  Kind kind = Kind::kBlockStored;
+  BlockId block = kNoBlock;
+  uint64_t key_hash = 0;         // hash of (namespace, every token up to the end of this block)
+  uint64_t parent_key_hash = 0;  // 0 for the first block of a prompt
+  std::string tenant_namespace;
+};
+
+}  // namespace pagoda::kv
