@@ -1,0 +1,66 @@
+#pragma once
+// KV-cache sizing: how many bytes one token's K and V take in every layer, for
+// each attention kind (MHA / GQA / MQA through kv_heads, MLA latent + rope
+// dims) and each KV dtype, scales included. This file is the single source of
+// truth for the quantized layouts, so `pagoda kvcalc`, the server's start-up
+// report and the pool allocator agree:
+//
+//   bf16 / f16  2 bytes per element
+//   fp8 e4m3    1 byte per element + one f32 scale per (token, head)
+//   int8        1 byte per element + f16 scale and f16 zero point per (token, head)
+//   int4        half a byte per element + f16 scale and f16 zero per group of 32
+//               elements (a head dim not divisible by 32 ends with a short group)
+//
+// An MLA layer caches one latent vector (kv_lora_rank) plus the decoupled rope
+// key (qk_rope_head_dim) per token, shared by all heads: no separate V.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "pagoda/core/dtype.h"
+#include "pagoda/core/status.h"
+
+namespace pagoda {
+
+enum class AttentionKind { kMHA, kGQA, kMQA, kMLA };
+std::string_view attention_kind_name(AttentionKind kind);
+
+struct KvShape {
+  int64_t layers = 0;
+  int64_t query_heads = 0;
+  int64_t kv_heads = 0;   // unused for MLA
+  int64_t head_dim = 0;   // K head dim (and V unless v_head_dim is set); unused for MLA
+  int64_t v_head_dim = 0; // 0: same as head_dim
+  int64_t mla_latent_dim = 0;  // kv_lora_rank; > 0 means MLA
+  int64_t mla_rope_dim = 0;    // qk_rope_head_dim
+
+  bool is_mla() const { return mla_latent_dim > 0; }
+  AttentionKind kind() const;
+};
+
+// Bytes of one cached vector of `elements` values in `dtype`, scales included.
+int64_t kv_vector_bytes(int64_t elements, DType dtype);
+
+// K + V bytes per token over all layers (scales included).
+int64_t kv_bytes_per_token(const KvShape& shape, DType k_dtype, DType v_dtype);
+inline int64_t kv_bytes_per_token(const KvShape& shape, DType dtype) {
+  return kv_bytes_per_token(shape, dtype, dtype);
+}
+
+// Reads the attention geometry from a Hugging Face config.json: num_hidden_layers,
+// num_attention_heads, num_key_value_heads (default: the query heads), head_dim
+// (default hidden_size / heads), and for DeepSeek-style MLA kv_lora_rank and
+// qk_rope_head_dim. Errors name the missing or bad field.
+StatusOr<KvShape> kv_shape_from_config(const nlohmann::json& config);
+
+// Parses "80GiB", "16GB", "512MiB", "1.5e9" or a plain byte count.
+StatusOr<int64_t> parse_byte_size(std::string_view text);
+// 1536 -> "1.50 KiB".
+std::string format_bytes(double bytes);
+
+}  // namespace pagoda
