@@ -11,7 +11,7 @@ set -euo pipefail
 out=$1; shift
 mkdir -p "$out/bin" "$out/lib"
 # Libraries the GPU machine provides itself (glibc, the driver, CUDA 13's toolkit libraries).
-system_re='^(linux-vdso|libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|ld-linux|libcuda\.so|libnvidia|libgcc_s\.so)'
+system_re='^(linux-vdso|libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|ld-linux|libcuda\.so|libnvidia|libgcc_s\.so|libcublas|libcudart|libnccl|libcudnn|libcurand)'
 for bin in "$@"; do
   cp -L "$bin" "$out/bin/"
   ldd "$bin" | awk '/=>/ {print $1, $3}' | while read -r name path; do
