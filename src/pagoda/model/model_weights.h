@@ -1,0 +1,61 @@
+#pragma once
+// The weights of a llama-family model (Llama, Mistral, Qwen2, Qwen3) bound to
+// the tensors of a Checkpoint and checked against the ModelConfig: every
+// expected tensor present, shape as the config implies, dtype equal to the
+// config's torch_dtype (or, without one, the same across tensors). Errors name
+// the tensor and the file it came from.
+//
+// Matrices stay zero-copy views into the mmapped files in their file dtype
+// unless the whole set of matrices fits in f32_cache_bytes when converted to
+// f32; then they are upcast once at load (fast for small models, while an 8B
+// bf16 model is never blown up to 32 GB). Vectors (norms, biases) are always
+// converted to f32 (they are tiny).
+//
+// Thread safety: immutable after binding.
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pagoda/core/status.h"
+#include "pagoda/kernels/cpu/matmul.h"
+#include "pagoda/model/checkpoint.h"
+#include "pagoda/model/model_config.h"
+
+namespace pagoda {
+
+struct LayerWeights {
+  kernels::WeightMatrix q_proj, k_proj, v_proj, o_proj;  // [heads * head_dim, hidden] etc.
+  kernels::WeightMatrix gate_proj, up_proj, down_proj;
+  std::vector<float> input_norm;           // [hidden]
+  std::vector<float> post_attention_norm;  // [hidden]
+  std::vector<float> q_norm, k_norm;       // [head_dim], Qwen3 only
+  std::vector<float> q_bias, k_bias, v_bias, o_bias;       // empty when the model has none
+  std::vector<float> gate_bias, up_bias, down_bias;        // Llama mlp_bias only
+};
+
+struct ModelWeights {
+  kernels::WeightMatrix embed_tokens;  // [vocab, hidden]
+  kernels::WeightMatrix lm_head;       // [vocab, hidden]; == embed_tokens when tied
+  std::vector<float> final_norm;       // [hidden]
+  std::vector<LayerWeights> layers;
+  DType file_dtype = DType::kF32;      // dtype of the matrices in the checkpoint
+  bool upcast_to_f32 = false;          // matrices were converted to f32 at load
+
+  std::shared_ptr<const Checkpoint> checkpoint;       // keeps the mappings alive
+  std::vector<std::unique_ptr<float[]>> owned_f32;    // upcast matrices
+};
+
+struct WeightLoadOptions {
+  // Upcast all matrices to f32 at load when they need at most this many bytes as f32.
+  size_t f32_cache_bytes = 512ull << 20;
+  std::function<void(const std::string&)> progress;  // optional, one line per step
+};
+
+StatusOr<ModelWeights> bind_model_weights(const ModelConfig& config,
+                                          std::shared_ptr<const Checkpoint> checkpoint,
+                                          const WeightLoadOptions& options = {});
+
+}  // namespace pagoda
