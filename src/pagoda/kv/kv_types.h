@@ -38,9 +38,8 @@ enum class RemovalReason : uint8_t {
   kEvictedForSpace = 0,  // the eviction policy picked it to make room
   kDroppedNamespace,     // drop_namespace()
   kDroppedConversation,  // drop_conversation()
-  kDeduplicated,         // never used: a block with the same key was already cached
 };
-inline constexpr int kNumRemovalReasons = 4;
+inline constexpr int kNumRemovalReasons = 3;
 std::string_view removal_reason_name(RemovalReason reason);
 
 // Result of a longest-prefix match of a prompt inside one namespace.
@@ -71,7 +70,9 @@ struct KvStats {
   // may be matched) under kShorterThanBlock; kHit stays 0.
   std::array<int64_t, kNumMissReasons> miss_tokens_by_reason{};
   std::array<int64_t, kNumRemovalReasons> removed_blocks_by_reason{};  // indexed by RemovalReason
-  int64_t blocks_stored = 0;     // full blocks that entered the prefix cache
+  int64_t blocks_stored = 0;        // full blocks that entered the prefix cache
+  int64_t blocks_deduplicated = 0;  // written blocks dropped for an identical cached block
+  int64_t blocks_reused = 0;        // cached blocks handed to a new sequence by a match
   int64_t sequences_allocated = 0;
   int64_t sequences_aborted = 0;
   int64_t allocation_failures = 0;  // kResourceExhausted answers

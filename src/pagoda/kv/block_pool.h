@@ -1,0 +1,78 @@
+#pragma once
+// BlockPool: metadata of every KV block and an O(1) intrusive free list.
+//
+// A block is an index into the backend's pools; BlockMeta holds no pointer to
+// memory, only bookkeeping: ref count, written slots, and (while cached) the
+// radix-tree key and links. The pool itself only moves blocks on and off the
+// free list; KvCacheManager and PrefixCache interpret the rest.
+//
+// Thread safety: none (owned by one KvCacheManager).
+
+#include <cstdint>
+#include <vector>
+
+#include "pagoda/core/status.h"
+#include "pagoda/kv/kv_types.h"
+
+namespace pagoda::kv {
+
+struct BlockMeta {
+  // Radix-tree key while cached (key_hash != 0): hash of (namespace, every
+  // token up to the end of this block); the tokens themselves live in
+  // PrefixCache and are compared on every match.
+  uint64_t key_hash = 0;
+  uint64_t last_access_ns = 0;
+  BlockId parent = kNoBlock;        // cached parent block; kNoBlock at depth 0
+  BlockId first_child = kNoBlock;   // cached children, intrusive doubly linked list
+  BlockId next_sibling = kNoBlock;
+  BlockId prev_sibling = kNoBlock;
+  BlockId next_free = kNoBlock;     // free-list link while free
+  int32_t ref_count = 0;            // sequence block tables holding this block
+  int32_t namespace_id = -1;        // while cached
+  int32_t depth = 0;                // while cached: index of the block in its prompt
+  uint32_t reuse_count = 0;         // matches that handed this block to a new sequence
+  uint16_t written_slots = 0;       // slots holding K/V, 0..block_size
+  bool is_free = true;
+  bool is_cached() const { return key_hash != 0; }
+};
+
+class BlockPool {
+ public:
+  explicit BlockPool(int32_t num_blocks);
+
+  int32_t num_blocks() const { return static_cast<int32_t>(meta_.size()); }
+  int32_t num_free() const { return num_free_; }
+
+  // Pops a free block (metadata reset, is_free false, ref 0); kNoBlock if none.
+  BlockId allocate() {
+    const BlockId block = free_head_;
+    if (block == kNoBlock) return kNoBlock;
+    BlockMeta& m = meta_[block];
+    free_head_ = m.next_free;
+    --num_free_;
+    m = BlockMeta{};
+    m.is_free = false;
+    return block;
+  }
+  // Pushes an unreferenced, uncached block back on the free list.
+  void free(BlockId block) {
+    BlockMeta& m = meta_[block];
+    m.is_free = true;
+    m.next_free = free_head_;
+    free_head_ = block;
+    ++num_free_;
+  }
+
+  BlockMeta& meta(BlockId block) { return meta_[block]; }
+  const BlockMeta& meta(BlockId block) const { return meta_[block]; }
+
+  // Free list acyclic, count matches, free blocks unreferenced and uncached.
+  Status verify_integrity() const;
+
+ private:
+  std::vector<BlockMeta> meta_;
+  BlockId free_head_ = kNoBlock;
+  int32_t num_free_ = 0;
+};
+
+}  // namespace pagoda::kv

@@ -1,0 +1,488 @@
+#include "pagoda/kv/kv_cache_manager.h"
+
+#include <algorithm>
+#include <deque>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "pagoda/kv/block_pool.h"
+#include "pagoda/kv/prefix_cache.h"
+
+namespace pagoda::kv {
+
+namespace {
+
+struct Sequence {
+  int32_t namespace_id = -1;
+  std::vector<TokenId> tokens;  // every reserved token, prompt first
+  std::vector<BlockId> blocks;  // ceil(tokens / block_size) ids
+  int64_t computed = 0;         // tokens [0, computed) have K/V written
+  int32_t next_block_to_cache = 0;  // blocks before this one were offered to the prefix cache
+};
+
+}  // namespace
+
+class KvCacheManager::Impl {
+ public:
+  Impl(const KvCacheConfig& config, const Clock& clock, std::unique_ptr<EvictionPolicy> policy)
+      : config_(config),
+        clock_(clock),
+        pool_(config.num_blocks),
+        cache_(pool_, config.block_size, std::move(policy), clock,
+               config.evicted_key_memory > 0 ? config.evicted_key_memory : config.num_blocks) {
+    if (config_.record_events) {
+      cache_.set_event_sink([this](KvEvent::Kind kind, BlockId block, uint64_t key, uint64_t parent_key, int32_t ns) {
+        record_event(kind, block, key, parent_key, ns);
+      });
+    }
+  }
+
+  // ---- questions ----
+  int32_t bs() const { return config_.block_size; }
+  int32_t blocks_for_tokens(int64_t n) const {
+    return n <= 0 ? 0 : static_cast<int32_t>((n + bs() - 1) / bs());
+  }
+  int32_t available() const { return pool_.num_free() + cache_.num_evictable(); }
+
+  PrefixMatch match_prefix(std::string_view ns, std::span<const TokenId> prompt) const {
+    // At least one token must be computed: its logits are what we sample from.
+    const int32_t max_blocks =
+        prompt.empty() ? 0 : static_cast<int32_t>((static_cast<int64_t>(prompt.size()) - 1) / bs());
+    if (!config_.enable_prefix_cache) {
+      PrefixMatch none;
+      none.reason = max_blocks == 0 ? MissReason::kShorterThanBlock : MissReason::kNeverSeen;
+      return none;
+    }
+    return cache_.match(ns, prompt, max_blocks);
+  }
+
+  // Blocks the sequence would need from the free/evictable supply, given a match.
+  int32_t new_blocks_for(const PrefixMatch& match, size_t prompt_size, int32_t* matched_evictable) const {
+    int32_t evictable_in_match = 0;
+    for (BlockId b : match.blocks) evictable_in_match += pool_.meta(b).ref_count == 0 ? 1 : 0;
+    *matched_evictable = evictable_in_match;
+    return blocks_for_tokens(static_cast<int64_t>(prompt_size)) - static_cast<int32_t>(match.blocks.size());
+  }
+
+  bool can_allocate_sequence(std::string_view ns, std::span<const TokenId> prompt) const {
+    if (prompt.empty()) return false;
+    const PrefixMatch match = match_prefix(ns, prompt);
+    int32_t matched_evictable = 0;
+    const int32_t needed = new_blocks_for(match, prompt.size(), &matched_evictable);
+    return needed <= available() - matched_evictable;
+  }
+
+  const Sequence* find(SequenceId id) const {
+    const auto it = sequences_.find(id);
+    return it == sequences_.end() ? nullptr : &it->second;
+  }
+  Sequence* find(SequenceId id) {
+    const auto it = sequences_.find(id);
+    return it == sequences_.end() ? nullptr : &it->second;
+  }
+
+  int32_t blocks_needed_to_append(SequenceId id, int32_t n) const {
+    const Sequence* s = find(id);
+    if (s == nullptr || n < 0) return -1;
+    return blocks_for_tokens(static_cast<int64_t>(s->tokens.size()) + n) - static_cast<int32_t>(s->blocks.size());
+  }
+
+  int32_t available_after_release(std::span<const SequenceId> ids) const {
+    // Simulated ref drops: a block returns to the supply when every holder
+    // is among the released sequences.
+    std::unordered_set<SequenceId> unique(ids.begin(), ids.end());
+    std::unordered_map<BlockId, int32_t> drops;
+    for (SequenceId id : unique) {
+      const Sequence* s = find(id);
+      if (s == nullptr) continue;
+      for (BlockId b : s->blocks) ++drops[b];
+    }
+    int32_t gained = 0;
+    for (const auto& [block, count] : drops) gained += pool_.meta(block).ref_count == count ? 1 : 0;
+    return available() + gained;
+  }
+
+  // ---- block references ----
+  BlockId take_block() {
+    BlockId b = pool_.allocate();
+    if (b == kNoBlock) {
+      cache_.evict_one();
+      b = pool_.allocate();
+    }
+    // Callers check available() first, so this holds; keep it loud if not.
+    assert(b != kNoBlock);
+    pool_.meta(b).ref_count = 1;
+    ++blocks_in_use_;
+    return b;
+  }
+  void acquire(BlockId b) {
+    BlockMeta& m = pool_.meta(b);
+    if (++m.ref_count == 1) {
+      ++blocks_in_use_;
+      written_slots_in_use_ += m.written_slots;
+      if (m.is_cached()) cache_.on_referenced(b);
+    }
+  }
+  void release(BlockId b) {
+    BlockMeta& m = pool_.meta(b);
+    if (--m.ref_count == 0) {
+      --blocks_in_use_;
+      written_slots_in_use_ -= m.written_slots;
+      if (m.is_cached()) cache_.on_unreferenced(b);
+      else pool_.free(b);
+    }
+  }
+
+  // ---- mutations ----
+  StatusOr<PrefixMatch> allocate_sequence(SequenceId id, std::string_view ns, std::span<const TokenId> prompt) {
+    if (prompt.empty()) return invalid_argument_error("allocate_sequence: sequence {} has an empty prompt", id);
+    if (find(id) != nullptr) return invalid_argument_error("allocate_sequence: sequence {} already exists", id);
+    PrefixMatch match = match_prefix(ns, prompt);
+    int32_t matched_evictable = 0;
+    const int32_t needed = new_blocks_for(match, prompt.size(), &matched_evictable);
+    if (needed > available() - matched_evictable) {
+      ++stats_.allocation_failures;
+      return resource_exhausted_error("allocate_sequence: sequence {} needs {} new blocks, {} available", id, needed,
+                                      available() - matched_evictable);
+    }
+    Sequence seq;
+    seq.namespace_id = cache_.intern_namespace(ns);
+    seq.tokens.assign(prompt.begin(), prompt.end());
+    seq.blocks.reserve(match.blocks.size() + static_cast<size_t>(needed));
+    for (BlockId b : match.blocks) {
+      acquire(b);  // before taking new blocks: a matched block must not be evicted for them
+      cache_.touch(b, /*reused=*/true);
+      seq.blocks.push_back(b);
+    }
+    for (int32_t i = 0; i < needed; ++i) seq.blocks.push_back(take_block());
+    seq.computed = match.cached_tokens;
+    seq.next_block_to_cache = static_cast<int32_t>(match.blocks.size());
+    sequences_.emplace(id, std::move(seq));
+    record_match_stats(match, static_cast<int64_t>(prompt.size()));
+    return match;
+  }
+
+  void record_match_stats(const PrefixMatch& match, int64_t prompt_size) {
+    const int64_t max_blocks = (prompt_size - 1) / bs();
+    const int64_t tail = prompt_size - max_blocks * bs();
+    const int64_t missed_full = max_blocks * bs() - match.cached_tokens;
+    stats_.hit_tokens += match.cached_tokens;
+    stats_.miss_tokens += prompt_size - match.cached_tokens;
+    stats_.miss_tokens_by_reason[static_cast<int>(MissReason::kShorterThanBlock)] += tail;
+    if (missed_full > 0) stats_.miss_tokens_by_reason[static_cast<int>(match.reason)] += missed_full;
+    stats_.blocks_reused += static_cast<int64_t>(match.blocks.size());
+    ++stats_.sequences_allocated;
+  }
+
+  Status append_tokens(SequenceId id, std::span<const TokenId> tokens) {
+    Sequence* s = find(id);
+    if (s == nullptr) return not_found_error("append_tokens: unknown sequence {}", id);
+    const int32_t needed = blocks_needed_to_append(id, static_cast<int32_t>(tokens.size()));
+    if (needed > available()) {
+      ++stats_.allocation_failures;
+      return resource_exhausted_error("append_tokens: sequence {} needs {} new blocks, {} available", id, needed,
+                                      available());
+    }
+    for (int32_t i = 0; i < needed; ++i) s->blocks.push_back(take_block());
+    s->tokens.insert(s->tokens.end(), tokens.begin(), tokens.end());
+    return ok_status();
+  }
+
+  Status mark_computed(SequenceId id, int64_t n) {
+    Sequence* s = find(id);
+    if (s == nullptr) return not_found_error("mark_computed: unknown sequence {}", id);
+    if (n < 0) return invalid_argument_error("mark_computed: sequence {}: negative token count {}", id, n);
+    const int64_t total = static_cast<int64_t>(s->tokens.size());
+    if (s->computed + n > total)
+      return out_of_range_error("mark_computed: sequence {}: {} computed + {} new exceeds {} reserved tokens", id,
+                                s->computed, n, total);
+    if (n == 0) return ok_status();
+    const int64_t new_computed = s->computed + n;
+    for (int64_t j = s->computed / bs(); j <= (new_computed - 1) / bs(); ++j) {
+      BlockMeta& m = pool_.meta(s->blocks[j]);
+      const auto written = static_cast<uint16_t>(std::min<int64_t>(bs(), new_computed - j * bs()));
+      written_slots_in_use_ += written - m.written_slots;
+      m.written_slots = written;
+    }
+    s->computed = new_computed;
+    offer_full_blocks(*s);
+    return ok_status();
+  }
+
+  // Full written blocks enter the prefix cache, in order.
+  void offer_full_blocks(Sequence& s) {
+    const int32_t full = static_cast<int32_t>(s.computed / bs());
+    for (; s.next_block_to_cache < full; ++s.next_block_to_cache) {
+      if (!config_.enable_prefix_cache) continue;
+      const int32_t j = s.next_block_to_cache;
+      const BlockId parent = j == 0 ? kNoBlock : s.blocks[j - 1];
+      if (parent != kNoBlock && !pool_.meta(parent).is_cached()) continue;  // chain broken (dropped)
+      const PrefixCache::InsertResult r =
+          cache_.insert(s.blocks[j], s.namespace_id, parent, s.tokens.data() + static_cast<size_t>(j) * bs());
+      if (r.outcome == PrefixCache::InsertOutcome::kInserted) {
+        ++stats_.blocks_stored;
+      } else if (r.outcome == PrefixCache::InsertOutcome::kDuplicate) {
+        // Same tokens at the same positions in the same namespace were computed
+        // by another sequence first: share its block, free ours.
+        acquire(r.existing);
+        cache_.touch(r.existing, /*reused=*/false);
+        release(s.blocks[j]);
+        s.blocks[j] = r.existing;
+        ++stats_.blocks_deduplicated;
+      }
+    }
+  }
+
+  StatusOr<std::vector<BlockCopy>> fork(SequenceId parent_id, SequenceId child_id) {
+    const Sequence* parent = find(parent_id);
+    if (parent == nullptr) return not_found_error("fork: unknown parent sequence {}", parent_id);
+    if (find(child_id) != nullptr) return invalid_argument_error("fork: child sequence {} already exists", child_id);
+    const int32_t shared_blocks = static_cast<int32_t>(parent->computed / bs());
+    const int32_t needed = static_cast<int32_t>(parent->blocks.size()) - shared_blocks;
+    if (needed > available()) {
+      ++stats_.allocation_failures;
+      return resource_exhausted_error("fork: sequence {} -> {} needs {} new blocks, {} available", parent_id, child_id,
+                                      needed, available());
+    }
+    Sequence child;
+    child.namespace_id = parent->namespace_id;
+    child.tokens = parent->tokens;
+    child.computed = parent->computed;
+    child.next_block_to_cache = parent->next_block_to_cache;
+    child.blocks.reserve(parent->blocks.size());
+    std::vector<BlockCopy> copies;
+    for (int32_t j = 0; j < shared_blocks; ++j) {
+      acquire(parent->blocks[j]);
+      child.blocks.push_back(parent->blocks[j]);
+    }
+    for (size_t j = static_cast<size_t>(shared_blocks); j < parent->blocks.size(); ++j) {
+      const BlockId src = parent->blocks[j];
+      const BlockId dst = take_block();
+      const uint16_t written = pool_.meta(src).written_slots;
+      pool_.meta(dst).written_slots = written;
+      written_slots_in_use_ += written;
+      if (written > 0) copies.push_back(BlockCopy{src, dst});
+      child.blocks.push_back(dst);
+    }
+    sequences_.emplace(child_id, std::move(child));
+    return copies;
+  }
+
+  Status release_sequence(SequenceId id, bool aborted) {
+    const auto it = sequences_.find(id);
+    if (it == sequences_.end())
+      return not_found_error("{}: unknown sequence {}", aborted ? "abort_sequence" : "free_sequence", id);
+    // Deepest first, so each block's descendants are already released.
+    const std::vector<BlockId>& blocks = it->second.blocks;
+    for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) release(*b);
+    sequences_.erase(it);
+    if (aborted) ++stats_.sequences_aborted;
+    return ok_status();
+  }
+
+  int32_t drop_conversation(std::string_view ns, std::span<const TokenId> tokens, int64_t keep) {
+    if (!config_.enable_prefix_cache || keep < 0) return 0;
+    const int32_t full = static_cast<int32_t>(tokens.size() / static_cast<size_t>(bs()));
+    const PrefixMatch path = cache_.match(ns, tokens, full);
+    const int64_t start = keep / bs();
+    if (static_cast<int64_t>(path.blocks.size()) <= start) return 0;
+    return cache_.remove_subtree(path.blocks[static_cast<size_t>(start)], RemovalReason::kDroppedConversation);
+  }
+
+  int32_t evict(int32_t n) {
+    int32_t evicted = 0;
+    while (evicted < n && cache_.evict_one()) ++evicted;
+    return evicted;
+  }
+
+  void record_event(KvEvent::Kind kind, BlockId block, uint64_t key, uint64_t parent_key, int32_t ns) {
+    if (static_cast<int32_t>(events_.size()) >= config_.max_pending_events) {
+      events_.pop_front();
+      ++dropped_events_;
+    }
+    events_.push_back(KvEvent{++next_event_number_, kind, block, key, parent_key, cache_.namespace_name(ns)});
+  }
+
+  KvStats stats() const {
+    KvStats s = stats_;
+    s.removed_blocks_by_reason = cache_.removed_by_reason();
+    s.blocks_total = pool_.num_blocks();
+    s.blocks_free = pool_.num_free();
+    s.blocks_in_use = blocks_in_use_;
+    s.blocks_cached = cache_.num_cached();
+    s.blocks_evictable = cache_.num_evictable();
+    s.allocated_slots = static_cast<int64_t>(blocks_in_use_) * bs();
+    s.unwritten_slots = s.allocated_slots - written_slots_in_use_;
+    return s;
+  }
+  void reset_stats() {
+    stats_ = KvStats{};
+    cache_.reset_counters();
+  }
+
+  Status verify_integrity() const;
+
+  KvCacheConfig config_;
+  const Clock& clock_;
+  BlockPool pool_;
+  PrefixCache cache_;
+  std::unordered_map<SequenceId, Sequence> sequences_;
+  KvStats stats_;
+  int32_t blocks_in_use_ = 0;
+  int64_t written_slots_in_use_ = 0;
+  std::deque<KvEvent> events_;
+  uint64_t next_event_number_ = 0;
+  uint64_t dropped_events_ = 0;
+};
+
+Status KvCacheManager::Impl::verify_integrity() const {
+  PAGODA_RETURN_IF_ERROR(pool_.verify_integrity());
+  PAGODA_RETURN_IF_ERROR(cache_.verify_integrity());
+  std::vector<int32_t> refs(static_cast<size_t>(pool_.num_blocks()), 0);
+  for (const auto& [id, s] : sequences_) {
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    if (static_cast<int32_t>(s.blocks.size()) != blocks_for_tokens(n))
+      return internal_error("sequence {}: {} blocks for {} tokens", id, s.blocks.size(), n);
+    if (s.computed < 0 || s.computed > n) return internal_error("sequence {}: {} computed of {} tokens", id, s.computed, n);
+    bool chain_cached = true;
+    for (size_t j = 0; j < s.blocks.size(); ++j) {
+      const BlockId b = s.blocks[j];
+      if (b < 0 || b >= pool_.num_blocks()) return internal_error("sequence {}: invalid block id {}", id, b);
+      ++refs[b];
+      const BlockMeta& m = pool_.meta(b);
+      if (m.is_free) return internal_error("sequence {} holds free block {}", id, b);
+      const int64_t expected_written = std::clamp<int64_t>(s.computed - static_cast<int64_t>(j) * bs(), 0, bs());
+      if (m.written_slots != expected_written)
+        return internal_error("sequence {} block {} (#{}) has {} written slots, expected {}", id, b, j,
+                              m.written_slots, expected_written);
+      if (expected_written < bs() && m.ref_count != 1)
+        return internal_error("sequence {}: partial block {} is shared (ref {})", id, b, m.ref_count);
+      if (m.is_cached()) {
+        if (!chain_cached) return internal_error("sequence {}: cached block {} after an uncached one", id, b);
+        if (m.namespace_id != s.namespace_id)
+          return internal_error("sequence {}: block {} cached under namespace {}, sequence is in {}", id, b,
+                                m.namespace_id, s.namespace_id);
+        if (m.parent != (j == 0 ? kNoBlock : s.blocks[j - 1]))
+          return internal_error("sequence {}: block {} has tree parent {}, table says {}", id, b, m.parent,
+                                j == 0 ? kNoBlock : s.blocks[j - 1]);
+        if (!std::equal(s.tokens.begin() + static_cast<int64_t>(j) * bs(),
+                        s.tokens.begin() + static_cast<int64_t>(j + 1) * bs(), cache_.block_tokens(b)))
+          return internal_error("sequence {}: cached block {} holds other tokens than the sequence", id, b);
+      } else {
+        chain_cached = false;
+      }
+    }
+  }
+  int32_t in_use = 0;
+  int64_t written = 0;
+  for (BlockId b = 0; b < pool_.num_blocks(); ++b) {
+    const BlockMeta& m = pool_.meta(b);
+    if (m.ref_count != refs[b])
+      return internal_error("block {}: ref count {}, but {} block tables hold it", b, m.ref_count, refs[b]);
+    if (m.ref_count == 0 && !m.is_free && !m.is_cached())
+      return internal_error("block {} is leaked: unreferenced, uncached and not free", b);
+    if (m.ref_count > 0) {
+      ++in_use;
+      written += m.written_slots;
+    }
+  }
+  if (in_use != blocks_in_use_) return internal_error("{} blocks in use, counter says {}", in_use, blocks_in_use_);
+  if (written != written_slots_in_use_)
+    return internal_error("{} written slots in use, counter says {}", written, written_slots_in_use_);
+  if (pool_.num_free() + cache_.num_evictable() + blocks_in_use_ != pool_.num_blocks())
+    return internal_error("free {} + evictable {} + in use {} != {} blocks", pool_.num_free(), cache_.num_evictable(),
+                          blocks_in_use_, pool_.num_blocks());
+  return ok_status();
+}
+
+// ---- facade ----------------------------------------------------------------------
+
+StatusOr<std::unique_ptr<KvCacheManager>> KvCacheManager::create(const KvCacheConfig& config, const Clock* clock,
+                                                                  std::unique_ptr<EvictionPolicy> policy) {
+  if (config.num_blocks < 1) return invalid_argument_error("kv cache: num_blocks must be >= 1, got {}", config.num_blocks);
+  if (config.block_size < 1 || config.block_size > 256)
+    return invalid_argument_error("kv cache: block_size must be in [1, 256], got {}", config.block_size);
+  if (config.max_pending_events < 1)
+    return invalid_argument_error("kv cache: max_pending_events must be >= 1, got {}", config.max_pending_events);
+  if (config.evicted_key_memory < 0)
+    return invalid_argument_error("kv cache: evicted_key_memory must be >= 0, got {}", config.evicted_key_memory);
+  if (policy == nullptr) policy = make_eviction_policy(config.eviction_policy);
+  const Clock& chosen = clock != nullptr ? *clock : static_cast<const Clock&>(SteadyClock::instance());
+  return std::unique_ptr<KvCacheManager>(
+      new KvCacheManager(std::make_unique<Impl>(config, chosen, std::move(policy))));
+}
+
+KvCacheManager::KvCacheManager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+KvCacheManager::~KvCacheManager() = default;
+
+int32_t KvCacheManager::block_size() const { return impl_->bs(); }
+int32_t KvCacheManager::num_blocks() const { return impl_->pool_.num_blocks(); }
+const KvCacheConfig& KvCacheManager::config() const { return impl_->config_; }
+
+PrefixMatch KvCacheManager::match_prefix(std::string_view ns, std::span<const TokenId> prompt) const {
+  return impl_->match_prefix(ns, prompt);
+}
+int32_t KvCacheManager::blocks_for_tokens(int64_t num_tokens) const { return impl_->blocks_for_tokens(num_tokens); }
+bool KvCacheManager::can_allocate(int64_t num_tokens) const {
+  return impl_->blocks_for_tokens(num_tokens) <= impl_->available();
+}
+bool KvCacheManager::can_allocate_sequence(std::string_view ns, std::span<const TokenId> prompt) const {
+  return impl_->can_allocate_sequence(ns, prompt);
+}
+int32_t KvCacheManager::blocks_needed_to_append(SequenceId seq, int32_t n) const {
+  return impl_->blocks_needed_to_append(seq, n);
+}
+int32_t KvCacheManager::num_available_blocks() const { return impl_->available(); }
+int32_t KvCacheManager::num_free_blocks() const { return impl_->pool_.num_free(); }
+int32_t KvCacheManager::available_blocks_after_release(std::span<const SequenceId> seqs) const {
+  return impl_->available_after_release(seqs);
+}
+bool KvCacheManager::has_sequence(SequenceId seq) const { return impl_->find(seq) != nullptr; }
+int64_t KvCacheManager::num_tokens(SequenceId seq) const {
+  const Sequence* s = impl_->find(seq);
+  return s == nullptr ? -1 : static_cast<int64_t>(s->tokens.size());
+}
+int64_t KvCacheManager::num_computed_tokens(SequenceId seq) const {
+  const Sequence* s = impl_->find(seq);
+  return s == nullptr ? -1 : s->computed;
+}
+StatusOr<std::span<const BlockId>> KvCacheManager::block_table(SequenceId seq) const {
+  const Sequence* s = impl_->find(seq);
+  if (s == nullptr) return not_found_error("block_table: unknown sequence {}", seq);
+  return std::span<const BlockId>(s->blocks);
+}
+
+StatusOr<PrefixMatch> KvCacheManager::allocate_sequence(SequenceId seq, std::string_view ns,
+                                                        std::span<const TokenId> prompt) {
+  return impl_->allocate_sequence(seq, ns, prompt);
+}
+Status KvCacheManager::append_tokens(SequenceId seq, std::span<const TokenId> tokens) {
+  return impl_->append_tokens(seq, tokens);
+}
+Status KvCacheManager::mark_computed(SequenceId seq, int64_t n) { return impl_->mark_computed(seq, n); }
+StatusOr<std::vector<BlockCopy>> KvCacheManager::fork(SequenceId parent, SequenceId child) {
+  return impl_->fork(parent, child);
+}
+Status KvCacheManager::free_sequence(SequenceId seq) { return impl_->release_sequence(seq, false); }
+Status KvCacheManager::abort_sequence(SequenceId seq) { return impl_->release_sequence(seq, true); }
+int32_t KvCacheManager::drop_namespace(std::string_view ns) {
+  return impl_->config_.enable_prefix_cache ? impl_->cache_.drop_namespace(ns) : 0;
+}
+int32_t KvCacheManager::drop_conversation(std::string_view ns, std::span<const TokenId> tokens, int64_t keep) {
+  return impl_->drop_conversation(ns, tokens, keep);
+}
+int32_t KvCacheManager::evict(int32_t n) { return impl_->evict(n); }
+
+KvStats KvCacheManager::stats() const { return impl_->stats(); }
+void KvCacheManager::reset_stats() { impl_->reset_stats(); }
+std::vector<KvEvent> KvCacheManager::drain_events() {
+  std::vector<KvEvent> out(std::make_move_iterator(impl_->events_.begin()),
+                           std::make_move_iterator(impl_->events_.end()));
+  impl_->events_.clear();
+  return out;
+}
+uint64_t KvCacheManager::dropped_events() const { return impl_->dropped_events_; }
+std::string_view KvCacheManager::eviction_policy_name() const { return impl_->cache_.policy_name(); }
+Status KvCacheManager::verify_integrity() const { return impl_->verify_integrity(); }
+
+}  // namespace pagoda::kv

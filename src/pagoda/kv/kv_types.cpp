@@ -1,0 +1,25 @@
+#include "pagoda/kv/kv_types.h"
+
+namespace pagoda::kv {
+
+std::string_view miss_reason_name(MissReason reason) {
+  switch (reason) {
+    case MissReason::kHit: return "hit";
+    case MissReason::kShorterThanBlock: return "shorter_than_block";
+    case MissReason::kEvicted: return "evicted";
+    case MissReason::kOtherNamespace: return "other_namespace";
+    case MissReason::kNeverSeen: return "never_seen";
+  }
+  return "unknown";
+}
+
+std::string_view removal_reason_name(RemovalReason reason) {
+  switch (reason) {
+    case RemovalReason::kEvictedForSpace: return "evicted_for_space";
+    case RemovalReason::kDroppedNamespace: return "dropped_namespace";
+    case RemovalReason::kDroppedConversation: return "dropped_conversation";
+  }
+  return "unknown";
+}
+
+}  // namespace pagoda::kv

@@ -1,0 +1,337 @@
+#include "pagoda/kv/prefix_cache.h"
+
+#include <bit>
+#include <cstring>
+
+namespace pagoda::kv {
+namespace {
+
+constexpr uint64_t kMulA = 0x9E3779B97F4A7C15ull;
+constexpr uint64_t kMulB = 0xC2B2AE3D27D4EB4Full;
+// Seed of the namespace-free chain used only to diagnose kOtherNamespace misses.
+constexpr uint64_t kTokenOnlySeed = 0x6A09E667F3BCC908ull;
+
+uint64_t finalize(uint64_t x) {  // splitmix64 finalizer: good low bits for the table
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return x;
+}
+
+uint64_t load_pair(const TokenId* t) {
+  uint64_t v;
+  std::memcpy(&v, t, sizeof(v));
+  return v;
+}
+
+}  // namespace
+
+uint64_t namespace_seed(std::string_view tenant_namespace) {
+  // Length first, then the bytes: "org_1" + tokens can never share a seed
+  // derivation with "org_12345" + fewer tokens.
+  uint64_t h = finalize(0xA0761D6478BD642Full ^ tenant_namespace.size());
+  for (unsigned char c : tenant_namespace) h = (h ^ c) * 0x100000001B3ull;
+  h = finalize(h);
+  return h == 0 ? 1 : h;
+}
+
+uint64_t chain_block_hash(uint64_t previous, const TokenId* tokens, int32_t block_size) {
+  // Two independent multiply-rotate lanes over token pairs keep the dependency
+  // chain short; the finalizer mixes them.
+  uint64_t a = previous ^ kMulA;
+  uint64_t b = previous * kMulB + static_cast<uint64_t>(block_size);
+  int32_t i = 0;
+  for (; i + 4 <= block_size; i += 4) {
+    a = std::rotl((a ^ load_pair(tokens + i)) * kMulA, 31);
+    b = std::rotl((b ^ load_pair(tokens + i + 2)) * kMulB, 29);
+  }
+  for (; i < block_size; ++i) a = std::rotl((a ^ static_cast<uint32_t>(tokens[i])) * kMulA, 31);
+  const uint64_t h = finalize(a ^ std::rotl(b, 17));
+  return h == 0 ? 1 : h;
+}
+
+PrefixCache::PrefixCache(BlockPool& pool, int32_t block_size, std::unique_ptr<EvictionPolicy> policy,
+                         const Clock& clock, int32_t evicted_key_memory)
+    : pool_(pool),
+      block_size_(block_size),
+      policy_(std::move(policy)),
+      clock_(clock),
+      table_(pool.num_blocks()),
+      tokens_(static_cast<size_t>(pool.num_blocks()) * block_size),
+      token_only_keys_(static_cast<size_t>(pool.num_blocks()), 0),
+      removed_key_memory_(evicted_key_memory) {
+  policy_->reset(pool.num_blocks());
+}
+
+int32_t PrefixCache::intern_namespace(std::string_view tenant_namespace) {
+  const int32_t found = find_namespace(tenant_namespace);
+  if (found >= 0) return found;
+  const int32_t id = static_cast<int32_t>(namespaces_.size());
+  namespaces_.push_back(NamespaceInfo{std::string(tenant_namespace), namespace_seed(tenant_namespace)});
+  namespace_ids_.emplace(std::string(tenant_namespace), id);
+  return id;
+}
+
+int32_t PrefixCache::find_namespace(std::string_view tenant_namespace) const {
+  const auto it = namespace_ids_.find(tenant_namespace);
+  return it == namespace_ids_.end() ? -1 : it->second;
+}
+
+bool PrefixCache::content_equals(BlockId block, int32_t ns_id, BlockId parent, const TokenId* tokens) const {
+  const BlockMeta& m = pool_.meta(block);
+  return m.is_cached() && m.namespace_id == ns_id && m.parent == parent &&
+         std::memcmp(block_tokens(block), tokens, sizeof(TokenId) * block_size_) == 0;
+}
+
+PrefixMatch PrefixCache::match(std::string_view tenant_namespace, std::span<const TokenId> tokens,
+                               int32_t max_blocks) const {
+  PrefixMatch result;
+  if (max_blocks <= 0) {
+    result.reason = MissReason::kShorterThanBlock;
+    return result;
+  }
+  result.blocks.reserve(static_cast<size_t>(max_blocks));
+  const int32_t ns_id = find_namespace(tenant_namespace);
+  uint64_t key = ns_id >= 0 ? namespaces_[ns_id].seed : namespace_seed(tenant_namespace);
+  BlockId parent = kNoBlock;
+  result.reason = MissReason::kHit;
+  for (int32_t i = 0; i < max_blocks; ++i) {
+    const TokenId* block_tokens_in = tokens.data() + static_cast<size_t>(i) * block_size_;
+    key = chain_block_hash(key, block_tokens_in, block_size_);
+    const BlockId block = ns_id >= 0 ? table_.find(key) : kNoBlock;
+    if (block == kNoBlock || !content_equals(block, ns_id, parent, block_tokens_in)) {
+      result.reason = diagnose_miss(tokens, i, key);
+      break;
+    }
+    result.blocks.push_back(block);
+    parent = block;
+  }
+  result.cached_tokens = static_cast<int32_t>(result.blocks.size()) * block_size_;
+  return result;
+}
+
+MissReason PrefixCache::diagnose_miss(std::span<const TokenId> tokens, int32_t miss_block, uint64_t miss_key) const {
+  if (removed_key_counts_.count(miss_key) != 0) return MissReason::kEvicted;
+  uint64_t key = kTokenOnlySeed;
+  for (int32_t i = 0; i <= miss_block; ++i)
+    key = chain_block_hash(key, tokens.data() + static_cast<size_t>(i) * block_size_, block_size_);
+  if (token_only_counts_.count(key) != 0) return MissReason::kOtherNamespace;
+  return MissReason::kNeverSeen;
+}
+
+PrefixCache::InsertResult PrefixCache::insert(BlockId block, int32_t ns_id, BlockId parent, const TokenId* tokens) {
+  if (parent != kNoBlock && !pool_.meta(parent).is_cached()) return {};
+  const uint64_t parent_key = parent == kNoBlock ? namespaces_[ns_id].seed : pool_.meta(parent).key_hash;
+  const uint64_t key = chain_block_hash(parent_key, tokens, block_size_);
+  const BlockId existing = table_.find(key);
+  if (existing != kNoBlock) {
+    if (content_equals(existing, ns_id, parent, tokens)) return {InsertOutcome::kDuplicate, existing};
+    return {};  // a 64-bit collision with other content: leave this block uncached
+  }
+  table_.insert(key, block);
+  BlockMeta& m = pool_.meta(block);
+  m.key_hash = key;
+  m.namespace_id = ns_id;
+  m.parent = parent;
+  m.depth = parent == kNoBlock ? 0 : pool_.meta(parent).depth + 1;
+  m.last_access_ns = clock_.now_ns();
+  m.reuse_count = 0;
+  std::memcpy(&tokens_[static_cast<size_t>(block) * block_size_], tokens, sizeof(TokenId) * block_size_);
+  const uint64_t token_key =
+      chain_block_hash(parent == kNoBlock ? kTokenOnlySeed : token_only_keys_[parent], tokens, block_size_);
+  token_only_keys_[block] = token_key;
+  ++token_only_counts_[token_key];
+  link_child(parent, block);
+  ++num_cached_;
+  if (m.ref_count == 0) {  // not the normal path (callers insert referenced blocks), but keep counts right
+    ++num_evictable_;
+    maybe_add_candidate(block);
+  }
+  if (event_sink_) event_sink_(KvEvent::Kind::kBlockStored, block, key, parent == kNoBlock ? 0 : parent_key, ns_id);
+  return {InsertOutcome::kInserted, block};
+}
+
+void PrefixCache::link_child(BlockId parent, BlockId child) {
+  if (parent == kNoBlock) return;
+  BlockMeta& p = pool_.meta(parent);
+  BlockMeta& c = pool_.meta(child);
+  c.prev_sibling = kNoBlock;
+  c.next_sibling = p.first_child;
+  if (p.first_child != kNoBlock) pool_.meta(p.first_child).prev_sibling = child;
+  p.first_child = child;
+  policy_->remove(parent);  // no longer a leaf
+}
+
+void PrefixCache::unlink_child(BlockId child) {
+  BlockMeta& c = pool_.meta(child);
+  if (c.parent == kNoBlock) return;
+  BlockMeta& p = pool_.meta(c.parent);
+  if (c.prev_sibling != kNoBlock) pool_.meta(c.prev_sibling).next_sibling = c.next_sibling;
+  else p.first_child = c.next_sibling;
+  if (c.next_sibling != kNoBlock) pool_.meta(c.next_sibling).prev_sibling = c.prev_sibling;
+  c.prev_sibling = c.next_sibling = kNoBlock;
+  maybe_add_candidate(c.parent);  // may have become an unreferenced leaf
+}
+
+void PrefixCache::maybe_add_candidate(BlockId block) {
+  const BlockMeta& m = pool_.meta(block);
+  if (!m.is_cached() || m.ref_count != 0 || m.first_child != kNoBlock || policy_->contains(block)) return;
+  policy_->add(EvictionCandidate{block, m.last_access_ns, m.reuse_count, m.depth, block_size_});
+}
+
+void PrefixCache::on_referenced(BlockId block) {
+  --num_evictable_;
+  policy_->remove(block);
+}
+
+void PrefixCache::on_unreferenced(BlockId block) {
+  ++num_evictable_;
+  pool_.meta(block).last_access_ns = clock_.now_ns();
+  maybe_add_candidate(block);
+}
+
+void PrefixCache::touch(BlockId block, bool reused) {
+  BlockMeta& m = pool_.meta(block);
+  m.last_access_ns = clock_.now_ns();
+  if (reused) ++m.reuse_count;
+}
+
+bool PrefixCache::evict_one() {
+  const std::optional<BlockId> victim = policy_->pop_victim();
+  if (!victim) return false;
+  remove_one(*victim, RemovalReason::kEvictedForSpace);
+  return true;
+}
+
+void PrefixCache::remove_one(BlockId block, RemovalReason reason) {
+  BlockMeta& m = pool_.meta(block);
+  policy_->remove(block);
+  const uint64_t key = m.key_hash;
+  const BlockId parent = m.parent;
+  const uint64_t parent_key = parent == kNoBlock ? 0 : pool_.meta(parent).key_hash;
+  const int32_t ns_id = m.namespace_id;
+  table_.erase(key);
+  if (removed_key_memory_ > 0) {
+    removed_keys_.push_back(key);
+    ++removed_key_counts_[key];
+    if (static_cast<int32_t>(removed_keys_.size()) > removed_key_memory_) {
+      const auto it = removed_key_counts_.find(removed_keys_.front());
+      if (--it->second == 0) removed_key_counts_.erase(it);
+      removed_keys_.pop_front();
+    }
+  }
+  const auto token_it = token_only_counts_.find(token_only_keys_[block]);
+  if (--token_it->second == 0) token_only_counts_.erase(token_it);
+  token_only_keys_[block] = 0;
+  // Forget the key before unlinking, so the parent sees this child gone.
+  m.key_hash = 0;
+  unlink_child(block);
+  m.parent = kNoBlock;
+  m.namespace_id = -1;
+  m.depth = 0;
+  m.reuse_count = 0;
+  --num_cached_;
+  ++removed_by_reason_[static_cast<int>(reason)];
+  if (event_sink_) event_sink_(KvEvent::Kind::kBlockRemoved, block, key, parent_key, ns_id);
+  if (m.ref_count == 0) {
+    --num_evictable_;
+    pool_.free(block);
+  }
+}
+
+int32_t PrefixCache::remove_subtree(BlockId root, RemovalReason reason) {
+  // Pre-order collection, removed in reverse: every child goes before its parent.
+  std::vector<BlockId> order;
+  std::vector<BlockId> stack{root};
+  while (!stack.empty()) {
+    const BlockId b = stack.back();
+    stack.pop_back();
+    order.push_back(b);
+    for (BlockId c = pool_.meta(b).first_child; c != kNoBlock; c = pool_.meta(c).next_sibling) stack.push_back(c);
+  }
+  for (auto it = order.rbegin(); it != order.rend(); ++it) remove_one(*it, reason);
+  return static_cast<int32_t>(order.size());
+}
+
+int32_t PrefixCache::drop_namespace(std::string_view tenant_namespace) {
+  const int32_t ns_id = find_namespace(tenant_namespace);
+  if (ns_id < 0) return 0;
+  std::vector<BlockId> roots;
+  for (BlockId b = 0; b < pool_.num_blocks(); ++b) {
+    const BlockMeta& m = pool_.meta(b);
+    if (m.is_cached() && m.namespace_id == ns_id && m.parent == kNoBlock) roots.push_back(b);
+  }
+  int32_t removed = 0;
+  for (BlockId root : roots) removed += remove_subtree(root, RemovalReason::kDroppedNamespace);
+  return removed;
+}
+
+Status PrefixCache::verify_integrity() const {
+  int32_t cached = 0, evictable = 0, candidates = 0;
+  for (BlockId b = 0; b < pool_.num_blocks(); ++b) {
+    const BlockMeta& m = pool_.meta(b);
+    const bool candidate = m.is_cached() && m.ref_count == 0 && m.first_child == kNoBlock;
+    if (policy_->contains(b) != candidate)
+      return internal_error("block {}: eviction candidate is {}, should be {} (cached {}, ref {}, has children {})", b,
+                            policy_->contains(b), candidate, m.is_cached(), m.ref_count, m.first_child != kNoBlock);
+    candidates += candidate ? 1 : 0;
+    if (!m.is_cached()) {
+      if (m.first_child != kNoBlock || m.parent != kNoBlock || m.namespace_id != -1)
+        return internal_error("uncached block {} keeps tree links (parent {}, first child {}, namespace {})", b,
+                              m.parent, m.first_child, m.namespace_id);
+      if (table_.find(0) != kNoBlock) return internal_error("hash table holds the empty key");
+      continue;
+    }
+    ++cached;
+    evictable += m.ref_count == 0 ? 1 : 0;
+    if (m.is_free) return internal_error("cached block {} is on the free list", b);
+    if (m.written_slots != block_size_)
+      return internal_error("cached block {} has {} of {} slots written", b, m.written_slots, block_size_);
+    if (table_.find(m.key_hash) != b) return internal_error("cached block {} is not found by its own key", b);
+    if (m.namespace_id < 0 || m.namespace_id >= static_cast<int32_t>(namespaces_.size()))
+      return internal_error("cached block {} has namespace id {}", b, m.namespace_id);
+    uint64_t parent_key = namespaces_[m.namespace_id].seed;
+    uint64_t parent_token_key = kTokenOnlySeed;
+    if (m.parent != kNoBlock) {
+      const BlockMeta& p = pool_.meta(m.parent);
+      if (!p.is_cached()) return internal_error("cached block {} has uncached parent {}", b, m.parent);
+      if (p.namespace_id != m.namespace_id)
+        return internal_error("cached block {} (namespace {}) under parent {} of namespace {}", b, m.namespace_id,
+                              m.parent, p.namespace_id);
+      if (m.depth != p.depth + 1) return internal_error("cached block {} depth {} under depth {}", b, m.depth, p.depth);
+      if (m.ref_count > 0 && p.ref_count == 0)
+        return internal_error("referenced cached block {} has an unreferenced parent {}", b, m.parent);
+      parent_key = p.key_hash;
+      parent_token_key = token_only_keys_[m.parent];
+      bool listed = false;
+      for (BlockId c = p.first_child; c != kNoBlock; c = pool_.meta(c).next_sibling) listed |= c == b;
+      if (!listed) return internal_error("cached block {} is missing from its parent {}'s children", b, m.parent);
+    } else if (m.depth != 0) {
+      return internal_error("root block {} has depth {}", b, m.depth);
+    }
+    if (chain_block_hash(parent_key, block_tokens(b), block_size_) != m.key_hash)
+      return internal_error("cached block {} key does not hash its parent key and tokens", b);
+    if (chain_block_hash(parent_token_key, block_tokens(b), block_size_) != token_only_keys_[b])
+      return internal_error("cached block {} namespace-free key is stale", b);
+    for (BlockId c = m.first_child; c != kNoBlock; c = pool_.meta(c).next_sibling) {
+      if (pool_.meta(c).parent != b) return internal_error("block {} lists child {} whose parent is {}", b, c,
+                                                           pool_.meta(c).parent);
+      const BlockId next = pool_.meta(c).next_sibling;
+      if (next != kNoBlock && pool_.meta(next).prev_sibling != c)
+        return internal_error("sibling links broken between blocks {} and {}", c, next);
+    }
+  }
+  if (cached != num_cached_) return internal_error("{} cached blocks, counter says {}", cached, num_cached_);
+  if (cached != table_.size()) return internal_error("{} cached blocks, hash table holds {}", cached, table_.size());
+  if (evictable != num_evictable_) return internal_error("{} evictable blocks, counter says {}", evictable, num_evictable_);
+  if (candidates != policy_->size()) return internal_error("{} candidates, policy holds {}", candidates, policy_->size());
+  int64_t token_only_total = 0;
+  for (const auto& [key, count] : token_only_counts_) token_only_total += count;
+  if (token_only_total != cached)
+    return internal_error("namespace-free index counts {} blocks, {} cached", token_only_total, cached);
+  return policy_->verify_integrity();
+}
+
+}  // namespace pagoda::kv
