@@ -1,0 +1,447 @@
+#include "pagoda/engine/engine.h"
+
+#include <algorithm>
+#include <cassert>
+
+namespace pagoda::engine {
+namespace {
+
+bool contains(const std::vector<int32_t>& ids, int32_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+Engine::Engine(EngineConfig config, ModelRunner& runner, kv::KvCacheManager& kv)
+    : config_(std::move(config)),
+      runner_(runner),
+      kv_(kv),
+      scheduler_(config_.scheduler, kv),
+      vocab_size_(runner.vocab_size()),
+      max_context_(runner.max_context_length()),
+      eos_ids_(runner.eos_token_ids()) {
+  if (!config_.text_decoder_factory)
+    config_.text_decoder_factory = [](std::span<const int32_t>) { return make_token_id_text_decoder(); };
+}
+
+Engine::~Engine() { shutdown(std::chrono::milliseconds(0)); }
+
+void Engine::start() {
+  std::lock_guard lock(mutex_);
+  if (thread_.joinable() || stop_thread_) return;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Engine::loop() {
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      work_ready_.wait(lock, [&] {
+        return stop_thread_ || !pending_submits_.empty() || !pending_aborts_.empty() || !pending_tasks_.empty() ||
+               !requests_.empty();
+      });
+      if (stop_thread_) break;
+    }
+    if (!step()) {
+      // Requests exist but none could run (should not happen); avoid spinning.
+      std::unique_lock lock(mutex_);
+      work_ready_.wait_for(lock, std::chrono::milliseconds(1));
+    }
+  }
+}
+
+void Engine::shutdown(std::chrono::milliseconds grace) {
+  bool threaded;
+  {
+    std::lock_guard lock(mutex_);
+    accepting_ = false;
+    threaded = thread_.joinable();
+  }
+  if (!threaded) {
+    // Synchronous mode: abort whatever is left.
+    std::vector<RequestId> ids;
+    {
+      std::lock_guard lock(mutex_);
+      for (auto& s : pending_submits_) ids.push_back(s->id);
+    }
+    for (auto& [id, req] : requests_) ids.push_back(id);
+    for (RequestId id : ids) abort(id);
+    drain_commands();
+    flush_outputs();
+    return;
+  }
+  const auto deadline = Clock::now() + grace;
+  while (num_in_flight_.load() > 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  {
+    std::lock_guard lock(mutex_);
+    pending_tasks_.push_back([this] {
+      std::vector<RequestState*> all;
+      for (auto& [id, req] : requests_) all.push_back(req.get());
+      for (RequestState* req : all) abort_request(req);
+      flush_outputs();
+    });
+  }
+  work_ready_.notify_all();
+  const auto abort_deadline = Clock::now() + std::chrono::seconds(10);
+  while (num_in_flight_.load() > 0 && Clock::now() < abort_deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  {
+    std::lock_guard lock(mutex_);
+    stop_thread_ = true;
+  }
+  work_ready_.notify_all();
+  thread_.join();
+}
+
+StatusOr<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest request) {
+  const auto& prompt = request.prompt_tokens;
+  if (prompt.empty()) return invalid_argument_error("the prompt is empty: at least one token is needed");
+  for (size_t i = 0; i < prompt.size(); ++i)
+    if (prompt[i] < 0 || prompt[i] >= vocab_size_)
+      return invalid_argument_error("prompt token {} at index {} is outside the vocabulary [0, {})", prompt[i], i,
+                                    vocab_size_);
+  PAGODA_RETURN_IF_ERROR(validate_sampling_params(request.sampling, vocab_size_));
+  const int64_t total = static_cast<int64_t>(prompt.size()) + request.sampling.max_tokens;
+  if (total > max_context_)
+    return invalid_argument_error(
+        "this model's maximum context length is {} tokens, but {} tokens were requested ({} in the prompt, {} "
+        "for the completion); shorten the prompt or lower max_tokens",
+        max_context_, total, prompt.size(), request.sampling.max_tokens);
+  if (kv_.blocks_for_tokens(total) > kv_.num_blocks())
+    return invalid_argument_error(
+        "the request needs {} tokens of KV cache but the server holds only {}; shorten the prompt or lower "
+        "max_tokens",
+        total, static_cast<int64_t>(kv_.num_blocks()) * kv_.block_size());
+
+  auto state = std::make_unique<RequestState>();
+  state->request = std::move(request);
+  state->arrival_time = Clock::now();
+  std::shared_ptr<RequestStream> stream;
+  {
+    std::lock_guard lock(mutex_);
+    if (!accepting_) return failed_precondition_error("the server is shutting down");
+    if (num_queued_.load() >= config_.max_queued_requests) {
+      ++rejected_queue_full_;
+      return resource_exhausted_error("the request queue is full ({} requests waiting)", num_queued_.load());
+    }
+    state->id = next_request_id_++;
+    stream = std::make_shared<RequestStream>(state->id);
+    state->stream = stream;
+    ++num_queued_;
+    ++num_in_flight_;
+    pending_submits_.push_back(std::move(state));
+  }
+  work_ready_.notify_all();
+  return stream;
+}
+
+void Engine::abort(RequestId id) {
+  {
+    std::lock_guard lock(mutex_);
+    pending_aborts_.push_back(id);
+  }
+  work_ready_.notify_all();
+}
+
+StatusOr<int32_t> Engine::drop_conversation(const std::string& tenant_namespace, std::vector<int32_t> tokens,
+                                              int64_t keep_prefix_tokens) {
+  auto task = std::make_shared<std::packaged_task<int32_t()>>([this, tenant_namespace, tokens, keep_prefix_tokens] {
+    return kv_.drop_conversation(tenant_namespace, tokens, keep_prefix_tokens);
+  });
+  auto result = task->get_future();
+  bool threaded;
+  {
+    std::lock_guard lock(mutex_);
+    threaded = thread_.joinable() && !stop_thread_;
+    if (threaded) pending_tasks_.push_back([task] { (*task)(); });
+  }
+  if (!threaded) (*task)();
+  work_ready_.notify_all();
+  return result.get();
+}
+
+StatusOr<int32_t> Engine::drop_namespace(const std::string& tenant_namespace) {
+  auto task = std::make_shared<std::packaged_task<int32_t()>>(
+      [this, tenant_namespace] { return kv_.drop_namespace(tenant_namespace); });
+  auto result = task->get_future();
+  bool threaded;
+  {
+    std::lock_guard lock(mutex_);
+    threaded = thread_.joinable() && !stop_thread_;
+    if (threaded) pending_tasks_.push_back([task] { (*task)(); });
+  }
+  if (!threaded) (*task)();
+  work_ready_.notify_all();
+  return result.get();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(stats_mutex_);
+  EngineStats out = stats_;
+  out.num_queued_requests = num_queued_.load();
+  out.num_requests_in_flight = num_in_flight_.load();
+  out.requests_rejected_queue_full = rejected_queue_full_.load();
+  return out;
+}
+
+void Engine::drain_commands() {
+  std::vector<std::unique_ptr<RequestState>> submits;
+  std::vector<RequestId> aborts;
+  std::vector<std::function<void()>> tasks;
+  {
+    std::lock_guard lock(mutex_);
+    submits.swap(pending_submits_);
+    aborts.swap(pending_aborts_);
+    tasks.swap(pending_tasks_);
+  }
+  for (auto& s : submits) admit_request(std::move(s));
+  for (RequestId id : aborts) {
+    auto it = requests_.find(id);
+    if (it != requests_.end()) abort_request(it->second.get());
+  }
+  for (auto& task : tasks) task();
+}
+
+Sequence* Engine::new_sequence(RequestState* req, int32_t choice_index) {
+  auto seq = std::make_unique<Sequence>();
+  seq->id = next_sequence_id_++;
+  seq->request = req;
+  seq->choice_index = choice_index;
+  seq->stop_matcher = StopStringMatcher(req->request.sampling.stop);
+  const auto& sampling = req->request.sampling;
+  // A seeded request is reproducible whatever else runs: choice i draws from seed + i.
+  seq->rng.seed(sampling.seed ? *sampling.seed + static_cast<uint64_t>(choice_index)
+                              : std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32));
+  const auto& prompt = req->request.prompt_tokens;
+  seq->decoder = config_.text_decoder_factory(prompt);
+  Sequence* raw = seq.get();
+  sequences_.emplace(raw->id, std::move(seq));
+  if (static_cast<int32_t>(req->sequences.size()) <= choice_index) req->sequences.resize(choice_index + 1, nullptr);
+  req->sequences[choice_index] = raw;
+  return raw;
+}
+
+void Engine::admit_request(std::unique_ptr<RequestState> state) {
+  RequestState* req = state.get();
+  requests_.emplace(req->id, std::move(state));
+  Sequence* seq = new_sequence(req, 0);
+  seq->arrival_order = next_arrival_++;
+  seq->tokens = req->request.prompt_tokens;
+  seq->prompt_length = static_cast<int32_t>(seq->tokens.size());
+  seq->history.add_prompt(seq->tokens);
+  scheduler_.enqueue(seq);
+  ++thread_stats_.requests_submitted;
+  thread_stats_.prompt_tokens += seq->prompt_length;
+}
+
+ChoiceDelta& Engine::delta_for(Sequence* seq) {
+  RequestOutput& out = step_outputs_[seq->request->id];
+  out.request_id = seq->request->id;
+  for (auto& c : out.choices)
+    if (c.index == seq->choice_index) return c;
+  out.choices.push_back(ChoiceDelta{});
+  out.choices.back().index = seq->choice_index;
+  return out.choices.back();
+}
+
+void Engine::finish_sequence(Sequence* seq, FinishReason reason) {
+  if (seq->status == SequenceStatus::kFinished) return;
+  scheduler_.remove(seq, reason == FinishReason::kAbort || reason == FinishReason::kError);
+  seq->finish_reason = reason;
+  delta_for(seq).finish_reason = reason;
+  RequestState* req = seq->request;
+  ++req->num_finished;
+  const bool all_choices_exist = req->forked || req->request.sampling.n == 1 || req->aborted;
+  if (!all_choices_exist || req->num_finished < static_cast<int32_t>(req->sequences.size())) return;
+
+  RequestOutput& out = step_outputs_[req->id];
+  out.request_id = req->id;
+  out.finished = true;
+  out.usage.prompt_tokens = static_cast<int32_t>(req->request.prompt_tokens.size());
+  out.usage.completion_tokens = req->completion_tokens;
+  out.usage.cached_tokens = std::max(0, req->cached_tokens);
+  if (!out.error.empty()) {
+    ++thread_stats_.requests_failed;
+  } else if (req->aborted) {
+    ++thread_stats_.requests_aborted;
+  } else {
+    bool any_length = false;
+    for (Sequence* s : req->sequences) any_length |= s && s->finish_reason == FinishReason::kLength;
+    ++(any_length ? thread_stats_.requests_finished_length : thread_stats_.requests_finished_stop);
+  }
+  finished_requests_.push_back(req);
+}
+
+void Engine::abort_request(RequestState* req) {
+  if (req->num_finished == static_cast<int32_t>(req->sequences.size()) && req->aborted) return;
+  req->aborted = true;
+  for (Sequence* seq : req->sequences)
+    if (seq) finish_sequence(seq, FinishReason::kAbort);
+}
+
+void Engine::fail_request(RequestState* req, const std::string& message) {
+  step_outputs_[req->id].request_id = req->id;
+  step_outputs_[req->id].error = message;
+  req->aborted = true;
+  for (Sequence* seq : req->sequences)
+    if (seq) finish_sequence(seq, FinishReason::kError);
+}
+
+void Engine::append_token(Sequence* seq, const SampledToken& token) {
+  RequestState* req = seq->request;
+  const SamplingParams& params = req->request.sampling;
+  const auto now = Clock::now();
+  seq->tokens.push_back(token.token);
+  seq->history.add_output(token.token);
+  ++req->completion_tokens;
+  ++thread_stats_.generated_tokens;
+  if (seq->last_token_time) thread_stats_.inter_token_latency.observe(seconds_between(*seq->last_token_time, now));
+  seq->last_token_time = now;
+  if (!req->first_token_seen) {
+    req->first_token_seen = true;
+    thread_stats_.time_to_first_token.observe(seconds_between(req->arrival_time, now));
+  }
+
+  ChoiceDelta& delta = delta_for(seq);
+  const bool stop_token =
+      (!params.ignore_eos && contains(eos_ids_, token.token)) || contains(params.stop_token_ids, token.token);
+  if (stop_token) {
+    // The stop token itself is not part of the text; release what was held back.
+    delta.text += seq->stop_matcher.append(seq->decoder->finish());
+    delta.text += seq->stop_matcher.flush();
+    finish_sequence(seq, FinishReason::kStop);
+    return;
+  }
+  delta.tokens.push_back(token.token);
+  if (params.logprobs) delta.logprobs.push_back(token);
+  delta.text += seq->stop_matcher.append(seq->decoder->append(token.token));
+  if (seq->stop_matcher.stopped()) {
+    finish_sequence(seq, FinishReason::kStop);
+    return;
+  }
+  if (seq->num_output_tokens() >= params.max_tokens || static_cast<int32_t>(seq->tokens.size()) >= max_context_) {
+    delta.text += seq->stop_matcher.append(seq->decoder->finish());
+    if (seq->stop_matcher.stopped()) {
+      finish_sequence(seq, FinishReason::kStop);
+      return;
+    }
+    delta.text += seq->stop_matcher.flush();
+    finish_sequence(seq, FinishReason::kLength);
+  }
+}
+
+void Engine::sample_into(Sequence* seq, std::span<const float> logits) {
+  append_token(seq, Sampler::sample(logits, seq->request->request.sampling, seq->history, seq->rng));
+}
+
+void Engine::fork_children(Sequence* parent, std::span<const float> logits) {
+  RequestState* req = parent->request;
+  req->forked = true;
+  for (int32_t i = 1; i < req->request.sampling.n; ++i) {
+    Sequence* child = new_sequence(req, i);
+    child->arrival_order = parent->arrival_order;
+    child->tokens = parent->tokens;
+    child->prompt_length = parent->prompt_length;
+    child->history = parent->history;
+    auto copies = kv_.fork(parent->id, child->id);
+    if (copies.ok() && runner_.copy_blocks(*copies).ok()) {
+      child->in_kv = true;
+      child->num_computed = parent->num_computed;
+      child->num_reserved = parent->num_reserved;
+      scheduler_.add_running(child);
+    } else {
+      if (copies.ok()) (void)kv_.abort_sequence(child->id);
+      // No room to share now: the child recomputes its prompt later.
+      scheduler_.enqueue(child, /*at_front=*/true);
+    }
+    sample_into(child, logits);
+  }
+}
+
+void Engine::flush_outputs() {
+  for (auto& [id, out] : step_outputs_) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    it->second->stream->push(std::move(out));
+  }
+  step_outputs_.clear();
+  for (RequestState* req : finished_requests_) {
+    if (!req->admitted_once) --num_queued_;
+    for (Sequence* seq : req->sequences)
+      if (seq) sequences_.erase(seq->id);
+    const RequestId id = req->id;
+    requests_.erase(id);
+    --num_in_flight_;
+  }
+  finished_requests_.clear();
+}
+
+void Engine::publish_stats(double step_seconds) {
+  if (step_seconds >= 0) thread_stats_.step_time.observe(step_seconds);
+  thread_stats_.num_waiting = static_cast<int64_t>(scheduler_.num_waiting());
+  thread_stats_.num_running = static_cast<int64_t>(scheduler_.num_running());
+  thread_stats_.preemptions = scheduler_.num_preemptions();
+  thread_stats_.kv = kv_.stats();
+  std::lock_guard lock(stats_mutex_);
+  stats_ = thread_stats_;
+}
+
+bool Engine::step() {
+  drain_commands();
+  StepPlan plan = scheduler_.schedule();
+  for (Sequence* seq : plan.admitted) {
+    RequestState* req = seq->request;
+    if (!req->admitted_once) {
+      req->admitted_once = true;
+      --num_queued_;
+      thread_stats_.cached_prompt_tokens += std::max(0, req->cached_tokens);
+    }
+  }
+  for (Sequence* seq : plan.unschedulable)
+    fail_request(seq->request, "the request does not fit in the KV cache");
+  if (plan.empty()) {
+    flush_outputs();
+    publish_stats(-1);
+    return false;
+  }
+
+  const auto start = Clock::now();
+  ++thread_stats_.steps;
+  auto logits = runner_.execute(plan.batch);
+  Status committed = logits.ok() ? scheduler_.commit(plan) : logits.status();
+  if (!committed.ok()) {
+    for (const ScheduledChunk& chunk : plan.chunks)
+      if (chunk.sequence->status != SequenceStatus::kFinished)
+        fail_request(chunk.sequence->request, "model step failed: " + committed.message());
+    flush_outputs();
+    publish_stats(seconds_between(start, Clock::now()));
+    return true;
+  }
+  const size_t vocab = static_cast<size_t>(vocab_size_);
+  size_t row = 0;
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    if (!chunk.produces_logits) continue;
+    std::span<const float> logits_row(logits->data() + row * vocab, vocab);
+    ++row;
+    Sequence* seq = chunk.sequence;
+    if (seq->status != SequenceStatus::kRunning) continue;
+    RequestState* req = seq->request;
+    if (req->request.sampling.n > 1 && !req->forked) fork_children(seq, logits_row);
+    sample_into(seq, logits_row);
+  }
+  flush_outputs();
+  publish_stats(seconds_between(start, Clock::now()));
+  return true;
+}
+
+void Engine::run_until_idle() {
+  while (step() || !requests_.empty()) {
+  }
+}
+
+}  // namespace pagoda::engine

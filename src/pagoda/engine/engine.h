@@ -1,0 +1,160 @@
+#pragma once
+// The engine: owns the request queue, the scheduler and the sampling state,
+// and drives the model one step at a time on its own thread.
+//
+//   Engine engine(config, runner, kv);
+//   engine.start();
+//   auto stream = engine.submit(request);          // any thread
+//   while (auto out = (*stream)->next(100ms)) ...  // deltas until finished
+//   engine.abort((*stream)->id());                 // any thread; frees blocks within a step
+//   engine.shutdown(grace);                        // finish in-flight, then abort the rest
+//
+// Without start(), tests drive it synchronously with step() / run_until_idle().
+//
+// Thread safety: submit, abort, drop_*, stats and shutdown are safe from any
+// thread. The runner and KV manager are used from the engine thread only
+// (or the thread calling step()).
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "pagoda/core/status.h"
+#include "pagoda/engine/latency_histogram.h"
+#include "pagoda/engine/model_runner.h"
+#include "pagoda/engine/request.h"
+#include "pagoda/engine/scheduler.h"
+#include "pagoda/engine/sequence.h"
+#include "pagoda/engine/text_decoder.h"
+#include "pagoda/kv/kv_cache_manager.h"
+
+namespace pagoda::engine {
+
+struct EngineConfig {
+  SchedulerConfig scheduler;
+  // Requests submitted but not yet started; submit() past it is kResourceExhausted.
+  int32_t max_queued_requests = 256;
+  // Makes one decoder per sequence; default: token ids as " <id>".
+  TextDecoderFactory text_decoder_factory;
+};
+
+// A consistent snapshot for /metrics and tests.
+struct EngineStats {
+  int64_t num_waiting = 0;          // sequences in the queue (incl. preempted)
+  int64_t num_queued_requests = 0;  // requests not yet started (the bounded queue)
+  int64_t num_running = 0;
+  int64_t num_requests_in_flight = 0;
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+  int64_t requests_submitted = 0;
+  int64_t requests_rejected_queue_full = 0;
+  int64_t requests_finished_stop = 0;
+  int64_t requests_finished_length = 0;
+  int64_t requests_aborted = 0;
+  int64_t requests_failed = 0;
+  int64_t prompt_tokens = 0;
+  int64_t cached_prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  kv::KvStats kv;
+  LatencyHistogram time_to_first_token;
+  LatencyHistogram inter_token_latency;
+  LatencyHistogram step_time;
+};
+
+class Engine {
+ public:
+  // `runner` and `kv` must outlive the engine.
+  Engine(EngineConfig config, ModelRunner& runner, kv::KvCacheManager& kv);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  void start();
+  // Stops accepting, lets in-flight requests finish for up to `grace`, aborts
+  // the rest, joins the thread. Idempotent.
+  void shutdown(std::chrono::milliseconds grace);
+
+  // Validates (prompt ids in vocabulary, prompt + max_tokens within the
+  // context and the KV cache, sampling params) and enqueues. Errors:
+  // kInvalidArgument (bad request), kResourceExhausted (queue full),
+  // kFailedPrecondition (shutting down).
+  StatusOr<std::shared_ptr<RequestStream>> submit(GenerationRequest request);
+  // Aborts a request (no-op if unknown or finished). Its blocks are freed at the
+  // start of the next step; its stream gets a final delta with finish "abort".
+  void abort(RequestId id);
+
+  // Drops cached blocks (see KvCacheManager::drop_conversation / drop_namespace).
+  // Run on the engine thread; block until done.
+  StatusOr<int32_t> drop_conversation(const std::string& tenant_namespace, std::vector<int32_t> tokens,
+                                      int64_t keep_prefix_tokens);
+  StatusOr<int32_t> drop_namespace(const std::string& tenant_namespace);
+
+  EngineStats stats() const;
+  int32_t vocab_size() const { return vocab_size_; }
+  int32_t max_context_length() const { return max_context_; }
+
+  // Synchronous driving (no thread): one step; false if there was nothing to do.
+  bool step();
+  void run_until_idle();
+  // KV invariants, for tests (call between steps, not while the thread runs).
+  Status verify_integrity() const { return kv_.verify_integrity(); }
+
+ private:
+  void loop();
+  void drain_commands();
+  void admit_request(std::unique_ptr<RequestState> state);
+  void abort_request(RequestState* req);
+  void fail_request(RequestState* req, const std::string& message);
+  void sample_into(Sequence* seq, std::span<const float> logits);
+  void fork_children(Sequence* parent, std::span<const float> logits);
+  void append_token(Sequence* seq, const SampledToken& token);
+  void finish_sequence(Sequence* seq, FinishReason reason);
+  ChoiceDelta& delta_for(Sequence* seq);
+  void flush_outputs();
+  Sequence* new_sequence(RequestState* req, int32_t choice_index);
+  void publish_stats(double step_seconds);
+
+  EngineConfig config_;
+  ModelRunner& runner_;
+  kv::KvCacheManager& kv_;
+  Scheduler scheduler_;
+  const int32_t vocab_size_;
+  const int32_t max_context_;
+  const std::vector<int32_t> eos_ids_;
+
+  // Shared with submitters.
+  mutable std::mutex mutex_;
+  std::condition_variable work_ready_;
+  std::vector<std::unique_ptr<RequestState>> pending_submits_;
+  std::vector<RequestId> pending_aborts_;
+  std::vector<std::function<void()>> pending_tasks_;
+  std::atomic<int64_t> num_queued_{0};
+  std::atomic<int64_t> num_in_flight_{0};
+  std::atomic<RequestId> next_request_id_{1};
+  std::atomic<int64_t> rejected_queue_full_{0};
+  bool accepting_ = true;
+  bool stop_thread_ = false;
+  std::thread thread_;
+
+  // Engine-thread state.
+  std::unordered_map<RequestId, std::unique_ptr<RequestState>> requests_;
+  std::unordered_map<kv::SequenceId, std::unique_ptr<Sequence>> sequences_;
+  kv::SequenceId next_sequence_id_ = 1;
+  uint64_t next_arrival_ = 1;
+  std::unordered_map<RequestId, RequestOutput> step_outputs_;
+  std::vector<RequestState*> finished_requests_;
+
+  // Counters owned by the engine thread, published under stats_mutex_.
+  mutable std::mutex stats_mutex_;
+  EngineStats stats_;
+  EngineStats thread_stats_;
+};
+
+}  // namespace pagoda::engine

@@ -1,0 +1,133 @@
+#include "pagoda/engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace pagoda::engine {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+int32_t argmax(std::span<const float> row) {
+  int32_t best = 0;
+  for (int32_t i = 1; i < static_cast<int32_t>(row.size()); ++i)
+    if (row[i] > row[best]) best = i;
+  return best;
+}
+
+// log-softmax of the raw row, only for the tokens that are reported.
+void fill_logprobs(std::span<const float> raw, const SamplingParams& params, SampledToken& out) {
+  float max_logit = raw[argmax(raw)];
+  double sum = 0.0;
+  for (float v : raw) sum += std::exp(static_cast<double>(v - max_logit));
+  const float log_z = max_logit + static_cast<float>(std::log(sum));
+  out.logprob = raw[out.token] - log_z;
+  const int32_t k = std::min<int32_t>(params.logprobs.value_or(0), static_cast<int32_t>(raw.size()));
+  if (k <= 0) return;
+  std::vector<int32_t> ids(raw.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+    return raw[a] > raw[b] || (raw[a] == raw[b] && a < b);
+  });
+  out.top_logprobs.reserve(k);
+  for (int32_t i = 0; i < k; ++i) out.top_logprobs.push_back({ids[i], raw[ids[i]] - log_z});
+}
+
+}  // namespace
+
+SampledToken Sampler::sample(std::span<const float> raw, const SamplingParams& params,
+                             const TokenHistory& history, std::mt19937_64& rng) {
+  std::vector<float> logits(raw.begin(), raw.end());
+  const int32_t vocab = static_cast<int32_t>(logits.size());
+
+  if (params.repetition_penalty != 1.0f) {
+    auto penalize = [&](int32_t t) {
+      if (t < 0 || t >= vocab) return;
+      float& v = logits[t];
+      v = v > 0 ? v / params.repetition_penalty : v * params.repetition_penalty;
+    };
+    // A token seen in both prompt and output is penalized once.
+    for (const auto& [t, c] : history.prompt_counts) penalize(t);
+    for (const auto& [t, c] : history.output_counts)
+      if (!history.prompt_counts.contains(t)) penalize(t);
+  }
+  if (params.frequency_penalty != 0.0f || params.presence_penalty != 0.0f) {
+    for (const auto& [t, c] : history.output_counts) {
+      if (t < 0 || t >= vocab) continue;
+      logits[t] -= params.frequency_penalty * static_cast<float>(c) + params.presence_penalty;
+    }
+  }
+
+  SampledToken out;
+  if (params.temperature == 0.0f) {
+    out.token = argmax(logits);
+    fill_logprobs(raw, params, out);
+    return out;
+  }
+
+  // Softmax with temperature, then truncations expressed as masks.
+  const float inv_t = 1.0f / params.temperature;
+  float max_logit = logits[argmax(logits)];
+  if (max_logit == kNegInf) {
+    out.token = argmax(raw);
+    fill_logprobs(raw, params, out);
+    return out;
+  }
+  std::vector<double> probs(vocab);
+  double sum = 0.0;
+  for (int32_t i = 0; i < vocab; ++i) {
+    probs[i] = std::exp(static_cast<double>((logits[i] - max_logit) * inv_t));
+    sum += probs[i];
+  }
+  for (double& p : probs) p /= sum;
+
+  if (params.min_p > 0.0f) {
+    const double p_max = *std::max_element(probs.begin(), probs.end());
+    const double floor = params.min_p * p_max;
+    for (double& p : probs)
+      if (p < floor) p = 0.0;
+  }
+
+  // Candidates sorted by probability, best first (ties by id for determinism).
+  std::vector<int32_t> order;
+  order.reserve(vocab);
+  for (int32_t i = 0; i < vocab; ++i)
+    if (probs[i] > 0.0) order.push_back(i);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return probs[a] > probs[b] || (probs[a] == probs[b] && a < b);
+  });
+  if (params.top_k > 0 && static_cast<int32_t>(order.size()) > params.top_k) order.resize(params.top_k);
+  if (params.top_p < 1.0f) {
+    double kept_mass = 0.0, total = 0.0;
+    for (int32_t t : order) total += probs[t];
+    size_t keep = 0;
+    while (keep < order.size()) {
+      kept_mass += probs[order[keep]];
+      ++keep;
+      if (kept_mass >= params.top_p * total) break;
+    }
+    order.resize(keep);
+  }
+  if (order.empty()) {
+    out.token = argmax(logits);
+  } else {
+    double mass = 0.0;
+    for (int32_t t : order) mass += probs[t];
+    std::uniform_real_distribution<double> uniform(0.0, mass);
+    double r = uniform(rng);
+    out.token = order.back();
+    for (int32_t t : order) {
+      r -= probs[t];
+      if (r < 0.0) {
+        out.token = t;
+        break;
+      }
+    }
+  }
+  fill_logprobs(raw, params, out);
+  return out;
+}
+
+}  // namespace pagoda::engine

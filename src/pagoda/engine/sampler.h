@@ -1,0 +1,50 @@
+#pragma once
+// Turns one row of logits into one token, applying a request's penalties and
+// truncations in a fixed order: repetition penalty -> frequency/presence
+// penalties -> temperature (0: argmax) -> min-p -> top-k -> top-p -> draw.
+//
+// Logprobs are log-softmax of the raw logits (before penalties and
+// temperature), like the OpenAI API: they describe the model, not the sampler.
+//
+// Thread safety: stateless; the RNG is the caller's (one per sequence), which
+// is what makes a seeded request reproducible whatever else is batched with it.
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "pagoda/engine/sampling_params.h"
+
+namespace pagoda::engine {
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+struct SampledToken {
+  int32_t token = 0;
+  float logprob = 0.0f;                 // of the chosen token (raw distribution)
+  std::vector<TokenLogprob> top_logprobs;  // best first; empty unless requested
+};
+
+// Token counts a sequence has seen, kept incrementally so penalties cost
+// O(distinct tokens) per step rather than O(sequence length).
+struct TokenHistory {
+  std::unordered_map<int32_t, int32_t> prompt_counts;
+  std::unordered_map<int32_t, int32_t> output_counts;
+  void add_prompt(std::span<const int32_t> tokens) { for (int32_t t : tokens) ++prompt_counts[t]; }
+  void add_output(int32_t token) { ++output_counts[token]; }
+};
+
+class Sampler {
+ public:
+  // `logits` has vocab_size entries. Never fails for validated params; if every
+  // token is masked (all -inf logits) it falls back to argmax of the raw row.
+  static SampledToken sample(std::span<const float> logits, const SamplingParams& params,
+                             const TokenHistory& history, std::mt19937_64& rng);
+};
+
+}  // namespace pagoda::engine

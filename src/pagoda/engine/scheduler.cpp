@@ -1,0 +1,180 @@
+#include "pagoda/engine/scheduler.h"
+
+#include <algorithm>
+#include <cassert>
+
+namespace pagoda::engine {
+namespace {
+
+void insert_by_arrival(std::vector<Sequence*>& running, Sequence* seq) {
+  auto it = std::upper_bound(running.begin(), running.end(), seq, [](const Sequence* a, const Sequence* b) {
+    return a->arrival_order < b->arrival_order;
+  });
+  running.insert(it, seq);
+}
+
+}  // namespace
+
+Scheduler::Scheduler(SchedulerConfig config, kv::KvCacheManager& kv) : config_(config), kv_(kv) {}
+
+void Scheduler::enqueue(Sequence* seq, bool at_front) {
+  seq->status = SequenceStatus::kWaiting;
+  if (at_front)
+    waiting_.push_front(seq);
+  else
+    waiting_.push_back(seq);
+}
+
+void Scheduler::add_running(Sequence* seq) {
+  seq->status = SequenceStatus::kRunning;
+  insert_by_arrival(running_, seq);
+}
+
+void Scheduler::remove(Sequence* seq, bool aborted) {
+  std::erase(running_, seq);
+  std::erase(waiting_, seq);
+  if (seq->in_kv) {
+    // Both keep the computed full blocks cached; abort is counted separately.
+    Status s = aborted ? kv_.abort_sequence(seq->id) : kv_.free_sequence(seq->id);
+    assert(s.ok());
+    (void)s;
+    seq->in_kv = false;
+  }
+  seq->num_computed = 0;
+  seq->num_reserved = 0;
+  seq->status = SequenceStatus::kFinished;
+}
+
+void Scheduler::preempt(Sequence* seq, StepPlan& plan) {
+  std::erase(running_, seq);
+  if (seq->in_kv) {
+    Status s = kv_.free_sequence(seq->id);
+    assert(s.ok());
+    (void)s;
+    seq->in_kv = false;
+  }
+  seq->num_computed = 0;
+  seq->num_reserved = 0;
+  // Back to the queue in arrival order among the preempted, ahead of new requests.
+  auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const Sequence* w) {
+    return w->arrival_order > seq->arrival_order || !w->request->admitted_once;
+  });
+  waiting_.insert(it, seq);
+  seq->status = SequenceStatus::kWaiting;
+  plan.preempted.push_back(seq);
+  ++num_preemptions_;
+}
+
+Sequence* Scheduler::pick_victim(const std::vector<Sequence*>& planned, Sequence* requester) const {
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+    Sequence* s = *it;
+    if (s == requester) continue;
+    if (std::find(planned.begin(), planned.end(), s) != planned.end()) continue;
+    if (s->arrival_order < requester->arrival_order) break;  // never preempt an older one
+    return s;
+  }
+  return requester;
+}
+
+void Scheduler::add_chunk(Sequence* seq, int32_t num_new_tokens, StepPlan& plan) {
+  ForwardBatch& batch = plan.batch;
+  SequenceSlice slice;
+  slice.token_offset = batch.num_tokens();
+  slice.num_new_tokens = num_new_tokens;
+  slice.num_cached_tokens = seq->num_computed;
+  for (int32_t i = 0; i < num_new_tokens; ++i) {
+    batch.token_ids.push_back(seq->tokens[seq->num_computed + i]);
+    batch.positions.push_back(seq->num_computed + i);
+  }
+  const bool reaches_end = seq->num_computed + num_new_tokens == static_cast<int32_t>(seq->tokens.size());
+  slice.logits_for_last_token = reaches_end;
+  slice.logits_for_all_new_tokens = false;
+  // The table is read when the plan is built; mark_computed may swap blocks
+  // afterwards, which only affects the next step's plan.
+  auto table = kv_.block_table(seq->id);
+  assert(table.ok());
+  const int32_t needed = kv_.blocks_for_tokens(seq->num_computed + num_new_tokens);
+  slice.block_table.assign(table->begin(), table->begin() + std::min<size_t>(needed, table->size()));
+  batch.sequences.push_back(std::move(slice));
+  plan.chunks.push_back({seq, num_new_tokens, reaches_end});
+}
+
+StepPlan Scheduler::schedule() {
+  StepPlan plan;
+  int32_t budget = config_.max_tokens_per_step;
+  std::vector<Sequence*> planned;
+
+  // 1. Running: decodes first, then prefill chunks, each in arrival order.
+  std::vector<Sequence*> order = running_;
+  std::stable_partition(order.begin(), order.end(), [](const Sequence* s) { return s->num_pending() == 1; });
+  for (Sequence* seq : order) {
+    if (budget == 0) break;
+    if (seq->status != SequenceStatus::kRunning) continue;  // preempted earlier in this loop
+    const int32_t unreserved = static_cast<int32_t>(seq->tokens.size()) - seq->num_reserved;
+    if (unreserved > 0) {
+      while (kv_.blocks_needed_to_append(seq->id, unreserved) > kv_.num_available_blocks()) {
+        Sequence* victim = pick_victim(planned, seq);
+        preempt(victim, plan);
+        if (victim == seq) break;
+      }
+      if (seq->status != SequenceStatus::kRunning) continue;
+      std::span<const int32_t> tail(seq->tokens.data() + seq->num_reserved, unreserved);
+      if (!kv_.append_tokens(seq->id, tail).ok()) {
+        preempt(seq, plan);
+        continue;
+      }
+      seq->num_reserved += unreserved;
+    }
+    const int32_t n = std::min(seq->num_pending(), budget);
+    add_chunk(seq, n, plan);
+    planned.push_back(seq);
+    budget -= n;
+  }
+
+  // 2. Waiting, FCFS; the head blocks the rest.
+  if (plan.preempted.empty()) {
+    while (budget > 0 && !waiting_.empty()) {
+      Sequence* seq = waiting_.front();
+      RequestState* req = seq->request;
+      const int32_t slots = (!req->forked && req->request.sampling.n > 1) ? req->request.sampling.n : 1;
+      if (static_cast<int32_t>(running_.size()) + slots > config_.max_running_sequences && !running_.empty()) break;
+      const std::string& ns = req->request.tenant_namespace;
+      if (!kv_.can_allocate_sequence(ns, seq->tokens)) {
+        // With nothing running every block is free or evictable: it can never fit.
+        if (running_.empty() && plan.chunks.empty()) {
+          waiting_.pop_front();
+          plan.unschedulable.push_back(seq);
+          continue;
+        }
+        break;
+      }
+      auto match = kv_.allocate_sequence(seq->id, ns, seq->tokens);
+      if (!match.ok()) break;
+      waiting_.pop_front();
+      seq->in_kv = true;
+      seq->num_computed = match->cached_tokens;
+      seq->num_reserved = static_cast<int32_t>(seq->tokens.size());
+      if (req->cached_tokens < 0) req->cached_tokens = match->cached_tokens;
+      seq->status = SequenceStatus::kRunning;
+      insert_by_arrival(running_, seq);
+      plan.admitted.push_back(seq);
+      const int32_t n = std::min(seq->num_pending(), budget);
+      add_chunk(seq, n, plan);
+      planned.push_back(seq);
+      budget -= n;
+    }
+  }
+  return plan;
+}
+
+Status Scheduler::commit(const StepPlan& plan) {
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    Sequence* seq = chunk.sequence;
+    if (!seq->in_kv) continue;  // aborted while the forward ran
+    PAGODA_RETURN_IF_ERROR(kv_.mark_computed(seq->id, chunk.num_new_tokens));
+    seq->num_computed += chunk.num_new_tokens;
+  }
+  return ok_status();
+}
+
+}  // namespace pagoda::engine

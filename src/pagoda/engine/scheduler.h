@@ -1,0 +1,90 @@
+#pragma once
+// Continuous batching: decides, every step, which sequences run and how many
+// of their tokens, under a token budget and a cap on running sequences.
+//
+// Policy, in order:
+//  1. Running sequences, decodes first, then unfinished prefills, each group in
+//     arrival order (FCFS with decode priority). A prefill takes a chunk of at
+//     most the remaining budget (chunked prefill mixes with decodes).
+//  2. When a running sequence needs a KV block and none is free, the youngest
+//     running sequence that is not yet in this step is preempted by recompute
+//     (its blocks freed, it goes back to the front of the queue, its tokens
+//     kept). If it is the only candidate, it preempts itself.
+//  3. Waiting sequences are admitted in arrival order while budget, running
+//     slots (n per request, for its forks) and KV blocks allow; the queue head
+//     blocks the rest (no overtaking). Nothing is admitted in a step that
+//     preempted.
+// Progress: the oldest running sequence is never preempted for a younger one,
+// so it always advances; a request that could never fit in the KV cache even
+// alone is reported as failed instead of waiting forever.
+//
+// The scheduler asks the KV manager yes/no questions and commits; it never
+// touches KV memory or logits.
+//
+// Thread safety: engine thread only.
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "pagoda/core/status.h"
+#include "pagoda/engine/sequence.h"
+#include "pagoda/kv/kv_cache_manager.h"
+#include "pagoda/model/forward_batch.h"
+
+namespace pagoda::engine {
+
+struct SchedulerConfig {
+  int32_t max_running_sequences = 64;  // >= 1
+  int32_t max_tokens_per_step = 512;   // >= 1: prefill chunk + decode tokens per forward
+};
+
+struct ScheduledChunk {
+  Sequence* sequence = nullptr;
+  int32_t num_new_tokens = 0;
+  bool produces_logits = false;  // the chunk reaches the last token: sample after it
+};
+
+struct StepPlan {
+  ForwardBatch batch;
+  std::vector<ScheduledChunk> chunks;    // same order as batch.sequences
+  std::vector<Sequence*> preempted;      // this step
+  std::vector<Sequence*> admitted;       // this step, first time or after preemption
+  std::vector<Sequence*> unschedulable;  // can never fit the KV cache: fail them
+  bool empty() const { return chunks.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(SchedulerConfig config, kv::KvCacheManager& kv);
+
+  // Appends to the back of the queue (new request) or puts at the front
+  // (recompute of a fork that could not share blocks).
+  void enqueue(Sequence* seq, bool at_front = false);
+  // A sequence already registered with the KV manager (a successful fork).
+  void add_running(Sequence* seq);
+  // Drops a finished or aborted sequence and releases its KV blocks.
+  void remove(Sequence* seq, bool aborted);
+
+  StepPlan schedule();
+  // After the forward: the chunks' K/V is written.
+  Status commit(const StepPlan& plan);
+
+  size_t num_waiting() const { return waiting_.size(); }
+  size_t num_running() const { return running_.size(); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+  const SchedulerConfig& config() const { return config_; }
+
+ private:
+  void preempt(Sequence* seq, StepPlan& plan);
+  Sequence* pick_victim(const std::vector<Sequence*>& planned, Sequence* requester) const;
+  void add_chunk(Sequence* seq, int32_t num_new_tokens, StepPlan& plan);
+
+  SchedulerConfig config_;
+  kv::KvCacheManager& kv_;
+  std::deque<Sequence*> waiting_;
+  std::vector<Sequence*> running_;  // arrival order
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace pagoda::engine

@@ -1,0 +1,75 @@
+#pragma once
+// Engine-internal state of one request (RequestState) and of each of its
+// choices (Sequence). A request with n > 1 starts as one sequence and forks
+// the other n - 1 after its prompt is computed, sharing the prompt's KV blocks
+// copy-on-write.
+//
+// A sequence's `tokens` are its prompt followed by what it generated; the
+// first `num_computed` have K/V in the pool and the first `num_reserved` have
+// slots. Preemption by recompute drops both to 0 and keeps `tokens`, so the
+// sequence resumes exactly where it stopped (prefix-cache hits make the
+// recompute cheap).
+//
+// Thread safety: engine thread only.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "pagoda/engine/request.h"
+#include "pagoda/engine/sampler.h"
+#include "pagoda/engine/stop_string_matcher.h"
+#include "pagoda/engine/text_decoder.h"
+#include "pagoda/kv/kv_types.h"
+
+namespace pagoda::engine {
+
+using Clock = std::chrono::steady_clock;
+
+enum class SequenceStatus { kWaiting, kRunning, kFinished };
+
+struct RequestState;
+
+struct Sequence {
+  kv::SequenceId id = 0;
+  RequestState* request = nullptr;
+  int32_t choice_index = 0;
+  uint64_t arrival_order = 0;  // FCFS key; forks inherit their parent's
+
+  std::vector<int32_t> tokens;
+  int32_t prompt_length = 0;
+  int32_t num_computed = 0;
+  int32_t num_reserved = 0;
+  bool in_kv = false;  // registered with the KV manager
+  SequenceStatus status = SequenceStatus::kWaiting;
+  FinishReason finish_reason = FinishReason::kNone;
+
+  std::mt19937_64 rng;
+  TokenHistory history;
+  std::unique_ptr<TextDecoder> decoder;
+  StopStringMatcher stop_matcher;
+  std::optional<Clock::time_point> last_token_time;
+
+  int32_t num_output_tokens() const { return static_cast<int32_t>(tokens.size()) - prompt_length; }
+  int32_t num_pending() const { return static_cast<int32_t>(tokens.size()) - num_computed; }
+};
+
+struct RequestState {
+  RequestId id = 0;
+  GenerationRequest request;
+  std::shared_ptr<RequestStream> stream;
+  std::vector<Sequence*> sequences;  // index = choice index, filled as forks happen
+  Clock::time_point arrival_time;
+  bool admitted_once = false;   // left the queue (queue-length accounting)
+  bool forked = false;          // n > 1 children created
+  bool aborted = false;
+  int32_t cached_tokens = -1;   // prefix-cache hit on first admission
+  int32_t completion_tokens = 0;
+  int32_t num_finished = 0;
+  bool first_token_seen = false;
+};
+
+}  // namespace pagoda::engine

@@ -1,0 +1,46 @@
+#include "pagoda/engine/stop_string_matcher.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace pagoda::engine {
+
+StopStringMatcher::StopStringMatcher(std::vector<std::string> stop_strings)
+    : stop_strings_(std::move(stop_strings)) {}
+
+std::string StopStringMatcher::append(std::string_view text) {
+  if (stopped_) return {};
+  if (stop_strings_.empty()) return std::string(text);
+  std::string buffer = std::move(held_);
+  held_.clear();
+  buffer.append(text);
+
+  size_t earliest = std::string::npos;
+  for (const auto& stop : stop_strings_) earliest = std::min(earliest, buffer.find(stop));
+  if (earliest != std::string::npos) {
+    stopped_ = true;
+    buffer.resize(earliest);
+    return buffer;
+  }
+  // Hold back the longest suffix that is a proper prefix of some stop string.
+  size_t hold = 0;
+  for (const auto& stop : stop_strings_) {
+    const size_t max_len = std::min(stop.size() - 1, buffer.size());
+    for (size_t len = max_len; len > hold; --len) {
+      if (std::string_view(buffer).substr(buffer.size() - len) == std::string_view(stop).substr(0, len)) {
+        hold = len;
+        break;
+      }
+    }
+  }
+  held_ = buffer.substr(buffer.size() - hold);
+  buffer.resize(buffer.size() - hold);
+  return buffer;
+}
+
+std::string StopStringMatcher::flush() {
+  if (stopped_) return {};
+  return std::exchange(held_, {});
+}
+
+}  // namespace pagoda::engine

@@ -1,0 +1,33 @@
+#pragma once
+// Finds stop strings in streamed text even when one spans several tokens, and
+// never lets a client see the start of a stop string that later completes:
+// the longest suffix that could still grow into a stop string is held back
+// until it either completes (dropped, generation stops) or diverges (emitted).
+//
+// Thread safety: one instance per sequence, used by the engine thread only.
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pagoda::engine {
+
+class StopStringMatcher {
+ public:
+  explicit StopStringMatcher(std::vector<std::string> stop_strings = {});
+
+  // Feeds newly decoded text; returns the text that is now safe to emit. Once a
+  // stop string completes, stopped() is true and the returned text ends just
+  // before it (the stop string itself is never emitted).
+  std::string append(std::string_view text);
+  // Releases whatever is held back (call when generation ends for another reason).
+  std::string flush();
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stop_strings_;
+  std::string held_;
+  bool stopped_ = false;
+};
+
+}  // namespace pagoda::engine

@@ -1,0 +1,119 @@
+#pragma once
+// A deterministic stand-in for a model that still depends on the KV cache
+// being right: every new token is written into a slot pool through the block
+// table, and the logits of a row are a function of every token read back from
+// the pool for positions [0, pos]. A wrong block table, a bad prefix hit or a
+// missed copy-on-write copy changes the output, and reference_next_token()
+// gives what the output must be, computed from the token list directly.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pagoda/engine/model_runner.h"
+
+namespace pagoda::engine::testing {
+
+class FakeModelRunner final : public ModelRunner {
+ public:
+  FakeModelRunner(int32_t num_blocks, int32_t block_size, int32_t vocab_size = 64, int32_t max_context = 4096,
+                  std::vector<int32_t> eos = {})
+      : num_blocks_(num_blocks), block_size_(block_size), vocab_(vocab_size), max_context_(max_context),
+        eos_(std::move(eos)), pool_(static_cast<size_t>(num_blocks) * block_size, -1) {}
+
+  static uint64_t context_hash(std::span<const int32_t> tokens) {
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t t : tokens) h = (h ^ static_cast<uint64_t>(t + 1)) * 1099511628211ull;
+    return h;
+  }
+  // Logits for the token after `context`: one clear winner, a runner-up, and a tail.
+  static void fill_logits(std::span<const int32_t> context, int32_t vocab, float* out) {
+    const uint64_t h = context_hash(context);
+    for (int32_t i = 0; i < vocab; ++i) out[i] = static_cast<float>((h >> (i % 48)) & 7) * 0.1f;
+    out[h % vocab] += 5.0f;
+    out[(h / vocab) % vocab] += 4.0f;
+  }
+  int32_t reference_next_token(std::span<const int32_t> context) const {
+    std::vector<float> row(vocab_);
+    fill_logits(context, vocab_, row.data());
+    int32_t best = 0;
+    for (int32_t i = 1; i < vocab_; ++i)
+      if (row[i] > row[best]) best = i;
+    return best;
+  }
+  // Greedy continuation of `prompt` for `n` tokens, stopping at eos.
+  std::vector<int32_t> reference_greedy(std::vector<int32_t> prompt, int32_t n) const {
+    std::vector<int32_t> out;
+    for (int32_t i = 0; i < n; ++i) {
+      int32_t t = reference_next_token(prompt);
+      bool is_eos = false;
+      for (int32_t e : eos_) is_eos |= e == t;
+      if (is_eos) break;
+      out.push_back(t);
+      prompt.push_back(t);
+    }
+    return out;
+  }
+
+  StatusOr<std::vector<float>> execute(const ForwardBatch& batch) override {
+    ++num_executes;
+    max_batch_tokens = std::max(max_batch_tokens, batch.num_tokens());
+    if (fail_next) {
+      fail_next = false;
+      return internal_error("injected failure");
+    }
+    std::vector<float> logits;
+    for (const SequenceSlice& s : batch.sequences) {
+      const int32_t end = s.num_cached_tokens + s.num_new_tokens;
+      if (static_cast<int32_t>(s.block_table.size()) * block_size_ < end)
+        return internal_error("block table covers {} blocks, {} tokens needed", s.block_table.size(), end);
+      for (int32_t i = 0; i < s.num_new_tokens; ++i) {
+        const int32_t pos = s.num_cached_tokens + i;
+        if (batch.positions[s.token_offset + i] != pos) return internal_error("bad position");
+        PAGODA_ASSIGN_OR_RETURN(size_t slot, slot_of(s.block_table, pos));
+        pool_[slot] = batch.token_ids[s.token_offset + i];
+      }
+      if (s.logits_for_last_token) {
+        std::vector<int32_t> context(end);
+        for (int32_t pos = 0; pos < end; ++pos) {
+          PAGODA_ASSIGN_OR_RETURN(size_t slot, slot_of(s.block_table, pos));
+          context[pos] = pool_[slot];
+        }
+        logits.resize(logits.size() + vocab_);
+        fill_logits(context, vocab_, logits.data() + logits.size() - vocab_);
+      }
+    }
+    return logits;
+  }
+  Status copy_blocks(std::span<const kv::BlockCopy> copies) override {
+    for (const auto& c : copies) {
+      if (c.src < 0 || c.src >= num_blocks_ || c.dst < 0 || c.dst >= num_blocks_) return internal_error("bad copy");
+      std::copy_n(pool_.begin() + static_cast<size_t>(c.src) * block_size_, block_size_,
+                  pool_.begin() + static_cast<size_t>(c.dst) * block_size_);
+      ++num_block_copies;
+    }
+    return ok_status();
+  }
+  int32_t vocab_size() const override { return vocab_; }
+  int32_t max_context_length() const override { return max_context_; }
+  std::vector<int32_t> eos_token_ids() const override { return eos_; }
+
+  int64_t num_executes = 0;
+  int64_t num_block_copies = 0;
+  int32_t max_batch_tokens = 0;
+  bool fail_next = false;
+
+ private:
+  StatusOr<size_t> slot_of(const std::vector<int32_t>& table, int32_t pos) const {
+    const int32_t block = table[pos / block_size_];
+    if (block < 0 || block >= num_blocks_) return internal_error("block id {} out of range", block);
+    return static_cast<size_t>(block) * block_size_ + pos % block_size_;
+  }
+
+  int32_t num_blocks_, block_size_, vocab_, max_context_;
+  std::vector<int32_t> eos_;
+  std::vector<int32_t> pool_;
+};
+
+}  // namespace pagoda::engine::testing
