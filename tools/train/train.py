@@ -455,7 +455,8 @@ def parse_args(argv=None):
     p.add_argument("--max-steps", type=int, default=0, help="0: no cap besides epochs and time")
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--log-every", type=int, default=10)
-    p.add_argument("--val-tokens", type=int, default=65536, help="held-out tokens per evaluation")
+    p.add_argument("--val-tokens", type=int, default=1 << 20,
+                   help="held-out tokens per evaluation during training (default: all)")
     p.add_argument("--gen-tokens", type=int, default=40)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--no-autocast", dest="autocast", action="store_false")
