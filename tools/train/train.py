@@ -242,6 +242,13 @@ def greedy_continuation(model, prompt_ids, max_new_tokens, eos_id, device):
 
 # ---------------------------------------------------------------- training
 
+def set_float32_matmul_precision(torch, precision):
+    try:
+        torch.set_float32_matmul_precision(precision)
+    except Exception as error:  # noqa: BLE001 - a speed/precision knob, never worth a crash
+        log(f"set_float32_matmul_precision({precision}) failed: {error!r}")
+
+
 def build_config(args, vocab_size, special_ids):
     from transformers import LlamaConfig
 
@@ -560,9 +567,7 @@ def main():
         parameters = sum(p.numel() for p in LlamaForCausalLM(config).parameters())
         report["model"] = {"parameters": parameters, "config": config.to_dict()}
         log(f"model: {parameters:,} parameters")
-        if device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+        set_float32_matmul_precision(torch, "high")  # TF32 while training: faster, harmless
 
     with report.stage("train", fatal=True):
         # One run per schedule length; the longest schedules overfit this small corpus, the
@@ -605,9 +610,7 @@ def main():
 
     # Everything below uses the exported files, upcast to float32 like pagoda's CPU reference.
     with report.stage("reload", fatal=True):
-        if device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
+        set_float32_matmul_precision(torch, "highest")  # no TF32: figures match a CPU f32 run
         try:
             reference = AutoModelForCausalLM.from_pretrained(
                 model_dir, dtype=torch.float32, attn_implementation="eager")
