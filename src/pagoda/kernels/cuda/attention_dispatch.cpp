@@ -1,0 +1,15 @@
+// launch_paged_attention: the one entry point; the plan already chose the kernel.
+#include "pagoda/kernels/cuda/attention_kernels.h"
+#include "pagoda/kernels/cuda/attention_launch_internal.h"
+
+namespace pagoda::kernels::cuda {
+
+cudaError_t launch_paged_attention(const AttentionDescriptor& d, const void* q, void* out,
+                                   cudaStream_t stream) {
+  // TODO(issue 7, quantized KV): dequantize fp8/int8/int4 in registers with the scale pools.
+  if (d.kv_element != KvElement::kBF16) return cudaErrorInvalidValue;
+  return d.kernel == AttentionKernel::kDecode ? launch_decode_attention(d, q, out, stream)
+                                              : launch_prefill_attention(d, q, out, stream);
+}
+
+}  // namespace pagoda::kernels::cuda

@@ -1,0 +1,16 @@
+#pragma once
+// Per-kernel launchers behind launch_paged_attention (attention_kernels.h).
+// Internal to kernels/cuda.
+
+#include <cuda_runtime.h>
+
+#include "pagoda/kernels/cuda/attention_descriptor.h"
+
+namespace pagoda::kernels::cuda {
+
+cudaError_t launch_decode_attention(const AttentionDescriptor& desc, const void* q, void* out,
+                                    cudaStream_t stream);
+cudaError_t launch_prefill_attention(const AttentionDescriptor& desc, const void* q, void* out,
+                                     cudaStream_t stream);
+
+}  // namespace pagoda::kernels::cuda

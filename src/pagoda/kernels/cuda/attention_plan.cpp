@@ -1,0 +1,241 @@
+#include "pagoda/kernels/cuda/attention_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace pagoda::kernels::cuda {
+namespace {
+
+constexpr int32_t kPrefillRowsPerTile = 128;  // 8 warps x 16 rows (prefill_attention.cu)
+constexpr int32_t kMaxGridY = 65535;
+// Decode: CTAs per SM that fit (shared memory bound, decode_attention.cu), and
+// how many waves of them the automatic split aims for.
+constexpr int64_t kDecodeCtasPerSm = 2;
+constexpr int64_t kDecodeWaves = 2;
+constexpr int32_t kSplitGranule = 256;  // split boundaries on multiples of this many positions
+
+bool is_power_of_two(int32_t x) { return x > 0 && (x & (x - 1)) == 0; }
+
+int32_t log2_exact(int32_t x) {
+  int32_t n = 0;
+  while ((1 << n) < x) ++n;
+  return n;
+}
+
+Status validate(const AttentionConfig& c, std::span<const AttentionSequence> sequences) {
+  if (c.num_q_heads <= 0 || c.num_kv_heads <= 0 || c.num_q_heads % c.num_kv_heads != 0)
+    return invalid_argument_error(
+        "attention: num_q_heads ({}) must be a positive multiple of num_kv_heads ({})",
+        c.num_q_heads, c.num_kv_heads);
+  if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256)
+    return unimplemented_error("attention: head_dim {} (supported: 64, 128, 256)", c.head_dim);
+  if (!is_power_of_two(c.block_size) || c.block_size > 256)
+    return invalid_argument_error("attention: block_size {} must be a power of two <= 256",
+                                  c.block_size);
+  if (c.num_blocks <= 0)
+    return invalid_argument_error("attention: num_blocks {} must be positive", c.num_blocks);
+  if (c.kv_element != KvElement::kBF16)
+    return unimplemented_error("attention: KV element type {} (only bf16 runs today)",
+                               static_cast<int>(c.kv_element));
+  if (!(c.scale >= 0.0f) || !std::isfinite(c.scale))
+    return invalid_argument_error("attention: scale {} must be finite and >= 0", c.scale);
+  if (sequences.empty()) return invalid_argument_error("attention: no sequences");
+  int64_t total_tokens = 0;
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    const auto& s = sequences[i];
+    if (s.num_new_tokens < 1)
+      return invalid_argument_error("attention: sequence {} has num_new_tokens {} (need >= 1)", i,
+                                    s.num_new_tokens);
+    if (s.num_cached_tokens < 0)
+      return invalid_argument_error("attention: sequence {} has num_cached_tokens {}", i,
+                                    s.num_cached_tokens);
+    const int64_t length = int64_t{s.num_cached_tokens} + s.num_new_tokens;
+    if (length > (int64_t{1} << 30))
+      return invalid_argument_error("attention: sequence {} is {} positions long", i, length);
+    const int64_t blocks_needed = (length + c.block_size - 1) / c.block_size;
+    if (static_cast<int64_t>(s.block_table.size()) < blocks_needed)
+      return invalid_argument_error(
+          "attention: sequence {} needs {} blocks for {} positions but its block table has {}", i,
+          blocks_needed, length, s.block_table.size());
+    for (int64_t j = 0; j < blocks_needed; ++j) {
+      const int32_t block = s.block_table[static_cast<size_t>(j)];
+      if (block < 0 || block >= c.num_blocks)
+        return invalid_argument_error(
+            "attention: sequence {} block_table[{}] = {} is outside the pool [0, {})", i, j, block,
+            c.num_blocks);
+    }
+    total_tokens += s.num_new_tokens;
+  }
+  if (total_tokens > (int64_t{1} << 30))
+    return invalid_argument_error("attention: {} query tokens in one step", total_tokens);
+  return ok_status();
+}
+
+}  // namespace
+
+StatusOr<PagedAttentionPlan> PagedAttentionPlan::create(
+    const AttentionConfig& config, std::span<const AttentionSequence> sequences,
+    const AttentionDeviceInfo& device, const AttentionPlanOptions& options) {
+  PAGODA_RETURN_IF_ERROR(validate(config, sequences));
+  if (options.split_tokens < 0)
+    return invalid_argument_error("attention: split_tokens {} must be >= 0", options.split_tokens);
+
+  PagedAttentionPlan plan;
+  plan.config_ = config;
+  if (plan.config_.scale == 0.0f)
+    plan.config_.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
+  const int32_t n = static_cast<int32_t>(sequences.size());
+  plan.num_sequences_ = n;
+  const int32_t group = config.num_q_heads / config.num_kv_heads;
+
+  const bool all_decode = std::all_of(sequences.begin(), sequences.end(),
+                                      [](const AttentionSequence& s) { return s.num_new_tokens == 1; });
+  plan.kernel_ = (all_decode && !options.force_prefill) ? AttentionKernel::kDecode
+                                                        : AttentionKernel::kPrefill;
+  if (plan.kernel_ == AttentionKernel::kPrefill) {
+    if (config.head_dim == 256)
+      return unimplemented_error(
+          "attention: head_dim 256 runs only in decode (one new token per sequence)");
+    if (group > kPrefillRowsPerTile)
+      return unimplemented_error("attention: {} query heads per KV head (prefill supports <= {})",
+                                 group, kPrefillRowsPerTile);
+  }
+
+  auto& a = plan.arena_;
+  plan.query_start_at_ = a.size();
+  a.push_back(0);
+  for (const auto& s : sequences) a.push_back(a.back() + s.num_new_tokens);
+  plan.num_tokens_ = a.back();
+
+  plan.kv_length_at_ = a.size();
+  std::vector<int32_t> lengths(n);
+  for (int32_t i = 0; i < n; ++i) {
+    lengths[i] = sequences[i].num_cached_tokens + sequences[i].num_new_tokens;
+    a.push_back(lengths[i]);
+  }
+
+  plan.block_table_start_at_ = a.size();
+  std::vector<int32_t> table_sizes(n);
+  int32_t table_total = 0;
+  a.push_back(0);
+  for (int32_t i = 0; i < n; ++i) {
+    table_sizes[i] = (lengths[i] + config.block_size - 1) / config.block_size;
+    table_total += table_sizes[i];
+    a.push_back(table_total);
+  }
+  plan.block_tables_at_ = a.size();
+  for (int32_t i = 0; i < n; ++i)
+    a.insert(a.end(), sequences[i].block_table.begin(),
+             sequences[i].block_table.begin() + table_sizes[i]);
+
+  plan.work_items_at_ = a.size();
+  if (plan.kernel_ == AttentionKernel::kDecode) {
+    plan.q_heads_per_cta_ = group % 4 == 0 ? 4 : (group % 2 == 0 ? 2 : 1);
+    const int64_t head_tiles = config.num_q_heads / plan.q_heads_per_cta_;
+    int64_t total_positions = 0;
+    int32_t longest = 0;
+    for (int32_t len : lengths) {
+      total_positions += len;
+      longest = std::max(longest, len);
+    }
+    int64_t split = options.split_tokens;
+    if (split == 0) {
+      const int64_t target_ctas = int64_t{device.num_sms} * kDecodeCtasPerSm * kDecodeWaves;
+      split = (total_positions * head_tiles + target_ctas - 1) / std::max<int64_t>(target_ctas, 1);
+      split = std::max<int64_t>(kSplitGranule, (split + kSplitGranule - 1) / kSplitGranule * kSplitGranule);
+    }
+    // Keep the grid within CUDA's y limit by growing the split if needed.
+    auto count_items = [&](int64_t sp) {
+      int64_t items = 0;
+      for (int32_t len : lengths) items += (len + sp - 1) / sp;
+      return items;
+    };
+    while (count_items(split) > kMaxGridY) split *= 2;
+
+    std::vector<int32_t> split_start{0};
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t pieces = static_cast<int32_t>((lengths[i] + split - 1) / split);
+      plan.max_splits_ = std::max(plan.max_splits_, pieces);
+      for (int32_t p = 0; p < pieces; ++p) {
+        const int64_t begin = p * split;
+        const int64_t end = std::min<int64_t>(lengths[i], begin + split);
+        a.push_back(i);
+        a.push_back(static_cast<int32_t>(begin));
+        a.push_back(static_cast<int32_t>(end));
+      }
+      split_start.push_back(split_start.back() + pieces);
+    }
+    plan.num_work_items_ = split_start.back();
+    plan.split_start_at_ = a.size();
+    a.insert(a.end(), split_start.begin(), split_start.end());
+    if (plan.max_splits_ > 1) {
+      const size_t partial_floats = size_t(plan.num_work_items_) * config.num_q_heads *
+                                    (config.head_dim + 1);
+      plan.workspace_bytes_ = (partial_floats * sizeof(float) + 255) / 256 * 256;
+    }
+  } else {
+    plan.tokens_per_tile_ = kPrefillRowsPerTile / group;
+    struct Item {
+      int32_t sequence, first_token;
+      int64_t cost;  // KV positions the tile visits (causal)
+    };
+    std::vector<Item> items;
+    for (int32_t i = 0; i < n; ++i) {
+      for (int32_t t = 0; t < sequences[i].num_new_tokens; t += plan.tokens_per_tile_) {
+        const int32_t last = std::min(sequences[i].num_new_tokens, t + plan.tokens_per_tile_);
+        items.push_back({i, t, int64_t{sequences[i].num_cached_tokens} + last});
+      }
+    }
+    if (static_cast<int64_t>(items.size()) > kMaxGridY)
+      return unimplemented_error("attention: {} prefill tiles in one step (at most {})",
+                                 items.size(), kMaxGridY);
+    // Heaviest tiles first so the causal tail does not idle the GPU.
+    std::stable_sort(items.begin(), items.end(),
+                     [](const Item& x, const Item& y) { return x.cost > y.cost; });
+    for (const Item& it : items) {
+      a.push_back(it.sequence);
+      a.push_back(it.first_token);
+    }
+    plan.num_work_items_ = static_cast<int32_t>(items.size());
+    plan.split_start_at_ = a.size();  // unused by prefill
+  }
+  return plan;
+}
+
+AttentionDescriptor PagedAttentionPlan::descriptor(const int32_t* device_arena,
+                                                   const PagedKvPointers& kv,
+                                                   float* workspace) const {
+  AttentionDescriptor d;
+  d.kernel = kernel_;
+  d.num_sequences = num_sequences_;
+  d.num_tokens = num_tokens_;
+  d.num_q_heads = config_.num_q_heads;
+  d.num_kv_heads = config_.num_kv_heads;
+  d.head_dim = config_.head_dim;
+  d.block_size = config_.block_size;
+  d.log2_block_size = log2_exact(config_.block_size);
+  d.scale = config_.scale;
+  d.scale_log2 = config_.scale * 1.4426950408889634f;
+  d.query_start = device_arena + query_start_at_;
+  d.kv_length = device_arena + kv_length_at_;
+  d.block_table_start = device_arena + block_table_start_at_;
+  d.block_tables = device_arena + block_tables_at_;
+  d.work_items = device_arena + work_items_at_;
+  d.num_work_items = num_work_items_;
+  d.split_start = device_arena + split_start_at_;
+  d.max_splits = max_splits_;
+  d.q_heads_per_cta = q_heads_per_cta_;
+  d.tokens_per_tile = tokens_per_tile_;
+  d.kv_element = config_.kv_element;
+  d.key = kv.key;
+  d.value = kv.value;
+  d.token_stride = int64_t{config_.num_kv_heads} * config_.head_dim;
+  d.block_stride = d.token_stride * config_.block_size;
+  d.key_scale = kv.key_scale;
+  d.value_scale = kv.value_scale;
+  d.workspace = workspace;
+  return d;
+}
+
+}  // namespace pagoda::kernels::cuda

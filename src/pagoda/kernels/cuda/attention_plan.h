@@ -1,0 +1,105 @@
+#pragma once
+// Plan, then run: PagedAttentionPlan turns one step's sequences (new tokens,
+// cached tokens, block tables) into the flat int32 arena and the launch
+// geometry the kernels need. Planning is host work, once per step (per batch,
+// not per layer): validate, pick the kernel and the split-K factor, lay out
+// the arena. The caller copies arena() to device memory (one cudaMemcpyAsync)
+// and asks descriptor() for the value the launches take; the launches
+// themselves (attention_kernels.h) allocate nothing and never synchronize, so
+// they can be captured in a CUDA graph and replayed for every layer.
+//
+// Thread safety: a plan is an immutable value after create().
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "pagoda/core/status.h"
+#include "pagoda/kernels/cuda/attention_descriptor.h"
+
+namespace pagoda::kernels::cuda {
+
+struct AttentionConfig {
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;  // divides num_q_heads: MHA (equal), GQA, MQA (1)
+  int32_t head_dim = 0;      // decode: 64, 128, 256; prefill: 64, 128
+  int32_t block_size = 16;   // power of two, 1..256
+  int32_t num_blocks = 0;    // blocks in the pool: every block id must be below it
+  float scale = 0.0f;        // 0: 1 / sqrt(head_dim)
+  KvElement kv_element = KvElement::kBF16;
+};
+
+// One sequence of the step, in query-row order (as model/forward_batch.h's SequenceSlice).
+struct AttentionSequence {
+  int32_t num_new_tokens = 0;     // >= 1
+  int32_t num_cached_tokens = 0;  // >= 0; may end mid-block
+  std::span<const int32_t> block_table;  // covers num_cached_tokens + num_new_tokens positions
+};
+
+// What the planner needs to know about the GPU (cudaDeviceProp: multiProcessorCount).
+struct AttentionDeviceInfo {
+  int32_t num_sms = 132;
+};
+
+struct AttentionPlanOptions {
+  // Decode: KV positions per split. 0 picks it so the grid fills about two waves
+  // of the GPU; tests set it small to exercise the merge.
+  int32_t split_tokens = 0;
+  // Use the prefill (tensor-core) kernel even when every sequence has one new token.
+  bool force_prefill = false;
+};
+
+// Device pointers of one layer's pool.
+struct PagedKvPointers {
+  const void* key = nullptr;    // [num_blocks, block_size, num_kv_heads, head_dim]
+  const void* value = nullptr;  // same shape
+  const float* key_scale = nullptr;    // reserved for quantized KV
+  const float* value_scale = nullptr;  // reserved for quantized KV
+};
+
+class PagedAttentionPlan {
+ public:
+  // Errors (invalid_argument / unimplemented) name the field and value: head
+  // ratio, head_dim, block size, a sequence with no new token, a block table
+  // too short or holding an id outside [0, num_blocks), unsupported KV dtype.
+  static StatusOr<PagedAttentionPlan> create(const AttentionConfig& config,
+                                             std::span<const AttentionSequence> sequences,
+                                             const AttentionDeviceInfo& device = {},
+                                             const AttentionPlanOptions& options = {});
+
+  AttentionKernel kernel() const { return kernel_; }
+  int32_t num_tokens() const { return num_tokens_; }
+  int32_t num_work_items() const { return num_work_items_; }
+  int32_t max_splits() const { return max_splits_; }
+
+  // The int32 arena to copy to the device (4-byte aligned destination).
+  std::span<const int32_t> arena() const { return arena_; }
+  size_t arena_bytes() const { return arena_.size() * sizeof(int32_t); }
+  // Split-K scratch the launch needs (0 when no sequence is split); 256-byte aligned.
+  size_t workspace_bytes() const { return workspace_bytes_; }
+
+  // The descriptor for one layer: device_arena is the device copy of arena(),
+  // workspace at least workspace_bytes() (may be null when that is 0).
+  AttentionDescriptor descriptor(const int32_t* device_arena, const PagedKvPointers& kv,
+                                 float* workspace) const;
+
+ private:
+  PagedAttentionPlan() = default;
+
+  AttentionConfig config_;
+  AttentionKernel kernel_ = AttentionKernel::kPrefill;
+  int32_t num_sequences_ = 0;
+  int32_t num_tokens_ = 0;
+  int32_t num_work_items_ = 0;
+  int32_t max_splits_ = 1;
+  int32_t q_heads_per_cta_ = 1;
+  int32_t tokens_per_tile_ = 0;
+  size_t workspace_bytes_ = 0;
+  std::vector<int32_t> arena_;
+  // Offsets (in int32) of each array inside the arena.
+  size_t query_start_at_ = 0, kv_length_at_ = 0, block_table_start_at_ = 0, block_tables_at_ = 0,
+         work_items_at_ = 0, split_start_at_ = 0;
+};
+
+}  // namespace pagoda::kernels::cuda

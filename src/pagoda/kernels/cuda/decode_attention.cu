@@ -1,0 +1,331 @@
+// Decode attention over the paged cache: one new token per sequence.
+//
+// One CTA = (one split of one sequence) x (q_heads_per_cta query heads of one
+// GQA group), so each K/V vector loaded serves every query head of the tile.
+// Each of the 4 warps walks its own tiles of positions through a private
+// 3-stage cp.async pipeline (16-byte copies, zero-filled past the end), so up
+// to 2 x 8 KB per warp are in flight without any CTA barrier in the loop.
+// Inside a warp, kLanesPerToken lanes share one position (each holds 16 of
+// its head_dim elements as two 16-byte chunks), dot products are reduced with
+// xor shuffles and every lane group keeps its own online-softmax state; the
+// groups, then the warps, are merged at the end. Splits of a long sequence
+// write (o, log2-sum-exp) to the workspace and merge_splits_kernel combines
+// them.
+
+#include <cuda_bf16.h>
+
+#include "pagoda/kernels/cuda/attention_descriptor.h"
+#include "pagoda/kernels/cuda/attention_launch_internal.h"
+#include "pagoda/kernels/cuda/device_primitives.cuh"
+
+namespace pagoda::kernels::cuda {
+namespace {
+
+using namespace device;
+
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeStages = 3;
+constexpr int kStageBytesPerWarp = 8192;  // K + V of one warp tile
+constexpr float kNoScore = -1e30f;        // finite "minus infinity": keeps exp2 of differences NaN-free
+
+template <int kHeadDim>
+struct DecodeShape {
+  static constexpr int kChunks = kHeadDim / 8;              // 16-byte chunks per vector
+  static constexpr int kLanesPerToken = kChunks / 2;        // each lane holds two chunks
+  static constexpr int kTokensPerStep = 32 / kLanesPerToken;
+  static constexpr int kTileTokens = kStageBytesPerWarp / (kHeadDim * 2 * 2);
+  static constexpr int kStepsPerTile = kTileTokens / kTokensPerStep;  // 4 for every head_dim
+  static constexpr int kCopiesPerLane = kTileTokens * kChunks / 32;   // per K (and per V)
+  static constexpr int kStageChunks = kTileTokens * kChunks * 2;      // uint4 per stage
+};
+
+template <int kHeadDim, int kHeads>
+__global__ void __launch_bounds__(kDecodeWarps * 32)
+    decode_attention_kernel(const AttentionDescriptor d, const __nv_bfloat16* __restrict__ q,
+                            __nv_bfloat16* __restrict__ out) {
+  using S = DecodeShape<kHeadDim>;
+  extern __shared__ uint4 smem[];
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int group = lane / S::kLanesPerToken;
+  const int sub = lane % S::kLanesPerToken;
+  // Odd lane groups read their two chunks in the other order so that the 8
+  // lanes of a shared-memory phase never hit the same banks (head_dim 64).
+  const bool swapped = group & 1;
+  const int chunk_first = swapped ? sub + S::kLanesPerToken : sub;
+  const int chunk_second = swapped ? sub : sub + S::kLanesPerToken;
+
+  const int item = blockIdx.y;
+  const int sequence = d.work_items[3 * item];
+  const int kv_begin = d.work_items[3 * item + 1];
+  const int kv_end = d.work_items[3 * item + 2];
+  const int q_head0 = blockIdx.x * kHeads;
+  const int kv_head = q_head0 / (d.num_q_heads / d.num_kv_heads);
+  const int token = d.query_start[sequence];
+  const int32_t* table = d.block_tables + d.block_table_start[sequence];
+  const auto* key = static_cast<const __nv_bfloat16*>(d.key);
+  const auto* value = static_cast<const __nv_bfloat16*>(d.value);
+  const int64_t head_offset = int64_t{kv_head} * kHeadDim;
+
+  // Query vectors, pre-scaled so that scores come out in log2 units.
+  float qf[kHeads][16];
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h) {
+    const uint4* row = reinterpret_cast<const uint4*>(
+        q + (int64_t{token} * d.num_q_heads + q_head0 + h) * kHeadDim);
+    bf16x8_to_float(row[chunk_first], qf[h]);
+    bf16x8_to_float(row[chunk_second], qf[h] + 8);
+#pragma unroll
+    for (int e = 0; e < 16; ++e) qf[h][e] *= d.scale_log2;
+  }
+
+  float m[kHeads], l[kHeads], acc[kHeads][16];
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h) {
+    m[h] = kNoScore;
+    l[h] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 16; ++e) acc[h][e] = 0.0f;
+  }
+
+  uint4* warp_smem = smem + warp * kDecodeStages * S::kStageChunks;
+  const int num_tiles = (kv_end - kv_begin + S::kTileTokens - 1) / S::kTileTokens;
+  const int my_tiles = warp < num_tiles ? (num_tiles - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
+
+  auto issue_tile = [&](int my_index) {
+    uint4* stage = warp_smem + (my_index % kDecodeStages) * S::kStageChunks;
+    const int pos0 = kv_begin + (warp + my_index * kDecodeWarps) * S::kTileTokens;
+#pragma unroll
+    for (int k = 0; k < S::kCopiesPerLane; ++k) {
+      const int idx = lane + 32 * k;
+      const int t = idx / S::kChunks;
+      const int c = idx % S::kChunks;
+      const int pos = pos0 + t;
+      const bool valid = pos < kv_end;
+      const int block = valid ? table[pos >> d.log2_block_size] : 0;
+      const int64_t offset = int64_t{block} * d.block_stride +
+                             int64_t{pos & (d.block_size - 1)} * d.token_stride + head_offset +
+                             c * 8;
+      cp_async_16(stage + t * S::kChunks + c, key + offset, valid);
+      cp_async_16(stage + S::kTileTokens * S::kChunks + t * S::kChunks + c, value + offset, valid);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < kDecodeStages - 1; ++s) {
+    if (s < my_tiles) issue_tile(s);
+    cp_async_commit();
+  }
+
+  for (int i = 0; i < my_tiles; ++i) {
+    if (i + kDecodeStages - 1 < my_tiles) issue_tile(i + kDecodeStages - 1);
+    cp_async_commit();
+    cp_async_wait<kDecodeStages - 1>();
+    __syncwarp();
+
+    const uint4* stage = warp_smem + (i % kDecodeStages) * S::kStageChunks;
+    const uint4* stage_v = stage + S::kTileTokens * S::kChunks;
+    const int pos0 = kv_begin + (warp + i * kDecodeWarps) * S::kTileTokens;
+
+    float s[S::kStepsPerTile][kHeads];
+#pragma unroll
+    for (int u = 0; u < S::kStepsPerTile; ++u) {
+      const int t = group + u * S::kTokensPerStep;
+      float kf[16];
+      bf16x8_to_float(stage[t * S::kChunks + chunk_first], kf);
+      bf16x8_to_float(stage[t * S::kChunks + chunk_second], kf + 8);
+#pragma unroll
+      for (int h = 0; h < kHeads; ++h) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 16; ++e) dot = fmaf(qf[h][e], kf[e], dot);
+        s[u][h] = dot;
+      }
+    }
+#pragma unroll
+    for (int offset = S::kLanesPerToken / 2; offset > 0; offset /= 2) {
+#pragma unroll
+      for (int u = 0; u < S::kStepsPerTile; ++u)
+#pragma unroll
+        for (int h = 0; h < kHeads; ++h) s[u][h] += __shfl_xor_sync(0xffffffffu, s[u][h], offset);
+    }
+#pragma unroll
+    for (int u = 0; u < S::kStepsPerTile; ++u) {
+      if (pos0 + group + u * S::kTokensPerStep >= kv_end) {
+#pragma unroll
+        for (int h = 0; h < kHeads; ++h) s[u][h] = -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < kHeads; ++h) {
+      float tile_max = s[0][h];
+#pragma unroll
+      for (int u = 1; u < S::kStepsPerTile; ++u) tile_max = fmaxf(tile_max, s[u][h]);
+      const float m_new = fmaxf(m[h], tile_max);
+      const float correction = exp2f(m[h] - m_new);
+      m[h] = m_new;
+      l[h] *= correction;
+#pragma unroll
+      for (int e = 0; e < 16; ++e) acc[h][e] *= correction;
+#pragma unroll
+      for (int u = 0; u < S::kStepsPerTile; ++u) {
+        s[u][h] = exp2f(s[u][h] - m_new);  // now a probability weight
+        l[h] += s[u][h];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < S::kStepsPerTile; ++u) {
+      const int t = group + u * S::kTokensPerStep;
+      float vf[16];
+      bf16x8_to_float(stage_v[t * S::kChunks + chunk_first], vf);
+      bf16x8_to_float(stage_v[t * S::kChunks + chunk_second], vf + 8);
+#pragma unroll
+      for (int h = 0; h < kHeads; ++h)
+#pragma unroll
+        for (int e = 0; e < 16; ++e) acc[h][e] = fmaf(s[u][h], vf[e], acc[h][e]);
+    }
+    __syncwarp();
+  }
+
+  // Merge the lane groups of this warp. The partner at xor kLanesPerToken has
+  // the other chunk order, so its halves are exchanged crosswise.
+#pragma unroll
+  for (int offset = S::kLanesPerToken; offset < 32; offset *= 2) {
+#pragma unroll
+    for (int h = 0; h < kHeads; ++h) {
+      const float m_other = __shfl_xor_sync(0xffffffffu, m[h], offset);
+      const float l_other = __shfl_xor_sync(0xffffffffu, l[h], offset);
+      const float m_new = fmaxf(m[h], m_other);
+      const float mine = exp2f(m[h] - m_new);
+      const float theirs = exp2f(m_other - m_new);
+      m[h] = m_new;
+      l[h] = l[h] * mine + l_other * theirs;
+      float other[16];
+#pragma unroll
+      for (int e = 0; e < 16; ++e)
+        other[e] = __shfl_xor_sync(0xffffffffu, acc[h][offset == S::kLanesPerToken ? (e ^ 8) : e],
+                                   offset);
+#pragma unroll
+      for (int e = 0; e < 16; ++e) acc[h][e] = acc[h][e] * mine + other[e] * theirs;
+    }
+  }
+
+  // Merge the warps through shared memory (the stages are free now).
+  __syncthreads();
+  float* red = reinterpret_cast<float*>(smem);
+  float* red_m = red;                                 // [warps][heads]
+  float* red_l = red_m + kDecodeWarps * kHeads;       // [warps][heads]
+  float* red_acc = red_l + kDecodeWarps * kHeads;     // [warps][heads][head_dim]
+  if (group == 0) {
+#pragma unroll
+    for (int h = 0; h < kHeads; ++h) {
+      float* dst = red_acc + (warp * kHeads + h) * kHeadDim;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        dst[chunk_first * 8 + e] = acc[h][e];
+        dst[chunk_second * 8 + e] = acc[h][8 + e];
+      }
+      if (sub == 0) {
+        red_m[warp * kHeads + h] = m[h];
+        red_l[warp * kHeads + h] = l[h];
+      }
+    }
+  }
+  __syncthreads();
+
+  const bool split = d.split_start[sequence + 1] - d.split_start[sequence] > 1;
+  float* partial_o = d.workspace;
+  float* partial_lse = d.workspace + int64_t{d.num_work_items} * d.num_q_heads * kHeadDim;
+  for (int idx = threadIdx.x; idx < kHeads * kHeadDim; idx += blockDim.x) {
+    const int h = idx / kHeadDim;
+    const int col = idx % kHeadDim;
+    float m_all = kNoScore;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) m_all = fmaxf(m_all, red_m[w * kHeads + h]);
+    float sum = 0.0f, o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float weight = exp2f(red_m[w * kHeads + h] - m_all);
+      sum += red_l[w * kHeads + h] * weight;
+      o += red_acc[(w * kHeads + h) * kHeadDim + col] * weight;
+    }
+    const int q_head = q_head0 + h;
+    if (!split) {
+      out[(int64_t{token} * d.num_q_heads + q_head) * kHeadDim + col] = __float2bfloat16(o / sum);
+    } else {
+      partial_o[(int64_t{item} * d.num_q_heads + q_head) * kHeadDim + col] = o / sum;
+      if (col == 0) partial_lse[int64_t{item} * d.num_q_heads + q_head] = m_all + log2f(sum);
+    }
+  }
+}
+
+// One CTA per (sequence, query head), one thread per element of head_dim.
+__global__ void merge_splits_kernel(const AttentionDescriptor d, __nv_bfloat16* __restrict__ out) {
+  const int sequence = blockIdx.x;
+  const int q_head = blockIdx.y;
+  const int first = d.split_start[sequence];
+  const int last = d.split_start[sequence + 1];
+  if (last - first <= 1) return;  // written directly by the decode kernel
+  const float* partial_o = d.workspace;
+  const float* partial_lse = d.workspace + int64_t{d.num_work_items} * d.num_q_heads * d.head_dim;
+  float m_all = kNoScore;
+  for (int i = first; i < last; ++i)
+    m_all = fmaxf(m_all, partial_lse[int64_t{i} * d.num_q_heads + q_head]);
+  for (int col = threadIdx.x; col < d.head_dim; col += blockDim.x) {
+    float sum = 0.0f, o = 0.0f;
+    for (int i = first; i < last; ++i) {
+      const float weight = exp2f(partial_lse[int64_t{i} * d.num_q_heads + q_head] - m_all);
+      sum += weight;
+      o += weight * partial_o[(int64_t{i} * d.num_q_heads + q_head) * d.head_dim + col];
+    }
+    const int token = d.query_start[sequence];
+    out[(int64_t{token} * d.num_q_heads + q_head) * d.head_dim + col] = __float2bfloat16(o / sum);
+  }
+}
+
+template <int kHeadDim, int kHeads>
+cudaError_t launch_decode_variant(const AttentionDescriptor& d, const __nv_bfloat16* q,
+                                  __nv_bfloat16* out, cudaStream_t stream) {
+  constexpr int smem_bytes = kDecodeWarps * kDecodeStages * kStageBytesPerWarp;
+  static_assert(smem_bytes >= (2 * kDecodeWarps * kHeads + kDecodeWarps * kHeads * kHeadDim) * 4,
+                "the warp merge reuses the stage memory");
+  auto* kernel = decode_attention_kernel<kHeadDim, kHeads>;
+  // Raising the dynamic shared memory limit is not a stream operation: safe during capture.
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(d.num_q_heads / kHeads, d.num_work_items);
+  kernel<<<grid, kDecodeWarps * 32, smem_bytes, stream>>>(d, q, out);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || d.max_splits <= 1) return err;
+  merge_splits_kernel<<<dim3(d.num_sequences, d.num_q_heads), d.head_dim, 0, stream>>>(d, out);
+  return cudaGetLastError();
+}
+
+template <int kHeadDim>
+cudaError_t launch_decode_for_dim(const AttentionDescriptor& d, const __nv_bfloat16* q,
+                                  __nv_bfloat16* out, cudaStream_t stream) {
+  switch (d.q_heads_per_cta) {
+    case 1: return launch_decode_variant<kHeadDim, 1>(d, q, out, stream);
+    case 2: return launch_decode_variant<kHeadDim, 2>(d, q, out, stream);
+    case 4: return launch_decode_variant<kHeadDim, 4>(d, q, out, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_decode_attention(const AttentionDescriptor& d, const void* q, void* out,
+                                    cudaStream_t stream) {
+  const auto* qb = static_cast<const __nv_bfloat16*>(q);
+  auto* ob = static_cast<__nv_bfloat16*>(out);
+  switch (d.head_dim) {
+    case 64: return launch_decode_for_dim<64>(d, qb, ob, stream);
+    case 128: return launch_decode_for_dim<128>(d, qb, ob, stream);
+    case 256: return launch_decode_for_dim<256>(d, qb, ob, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace pagoda::kernels::cuda
