@@ -1,0 +1,415 @@
+#include "pagoda/backend/cuda/cuda_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "pagoda/backend/cuda/cuda_check.h"
+#include "pagoda/backend/cuda/cuda_ops.h"
+#include "pagoda/kernels/cpu/rope.h"
+#include "pagoda/model/checkpoint.h"
+#include "pagoda/model/model_weights.h"
+
+namespace pagoda::cuda {
+
+namespace {
+
+size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
+
+// Decode batch sizes that get their own graph: small steps first, then every 32.
+std::vector<int32_t> graph_buckets(int32_t max_num_seqs) {
+  std::vector<int32_t> buckets;
+  for (int32_t b : {1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128})
+    if (b < max_num_seqs) buckets.push_back(b);
+  for (int32_t b = 160; b < max_num_seqs; b += 32) buckets.push_back(b);
+  buckets.push_back(max_num_seqs);
+  return buckets;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<CudaModel>> CudaModel::load(const std::filesystem::path& model_dir,
+                                                     const CudaModelOptions& options) {
+  PAGODA_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(model_dir));
+  PAGODA_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(model_dir));
+  auto shared = std::make_shared<const Checkpoint>(std::move(checkpoint));
+  WeightLoadOptions bind_options;
+  bind_options.f32_cache_bytes = 0;  // keep mmapped views; conversion happens per tensor on upload
+  PAGODA_ASSIGN_OR_RETURN(ModelWeights host, bind_model_weights(config, std::move(shared), bind_options));
+  PAGODA_ASSIGN_OR_RETURN(CudaModelWeights weights, CudaModelWeights::upload(config, host, options.show_progress));
+  std::unique_ptr<CudaModel> model(new CudaModel(std::move(config), options, std::move(weights)));
+  PAGODA_RETURN_IF_ERROR(model->init());
+  return model;
+}
+
+StatusOr<std::unique_ptr<CudaModel>> CudaModel::create_random(const ModelConfig& config, uint64_t seed,
+                                                              const CudaModelOptions& options) {
+  PAGODA_ASSIGN_OR_RETURN(CudaModelWeights weights, CudaModelWeights::random(config, seed));
+  std::unique_ptr<CudaModel> model(new CudaModel(config, options, std::move(weights)));
+  PAGODA_RETURN_IF_ERROR(model->init());
+  return model;
+}
+
+CudaModel::CudaModel(ModelConfig config, CudaModelOptions options, CudaModelWeights weights)
+    : config_(std::move(config)), options_(options), weights_(std::move(weights)) {}
+
+CudaModel::~CudaModel() {
+  for (auto& [bucket, graph] : graphs_) cudaGraphExecDestroy(graph.exec);
+  if (stream_ != nullptr) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+Status CudaModel::init() {
+  const ModelConfig& c = config_;
+  if (c.head_dim % 8 != 0 || c.head_dim > 256 || c.hidden_size % 8 != 0 || c.num_kv_heads <= 0 ||
+      c.num_q_heads % c.num_kv_heads != 0) {
+    return unimplemented_error("CUDA backend needs head_dim a multiple of 8 and <= 256, hidden_size a multiple of "
+                               "8 and q heads a multiple of kv heads; {} has head_dim={} hidden={} heads={}/{}",
+                               c.architecture_name, c.head_dim, c.hidden_size, c.num_q_heads, c.num_kv_heads);
+  }
+  if (options_.max_num_tokens < 1 || options_.max_num_seqs < 1 || options_.block_size < 1 ||
+      options_.max_model_len < 0) {
+    return invalid_argument_error("CUDA model options: max_num_tokens={} max_num_seqs={} block_size={} "
+                                  "max_model_len={} (all >= 1, max_model_len >= 0)", options_.max_num_tokens,
+                                  options_.max_num_seqs, options_.block_size, options_.max_model_len);
+  }
+  max_model_len_ = options_.max_model_len > 0 ? options_.max_model_len : c.max_position_embeddings;
+  if (max_model_len_ <= 0) max_model_len_ = 4096;
+  block_table_stride_ = (max_model_len_ + options_.block_size - 1) / options_.block_size;
+  max_rows_ = std::max(options_.max_num_seqs, 1);
+  buckets_ = graph_buckets(options_.max_num_seqs);
+  // Decode steps are padded to a bucket; the token scratch must hold the largest.
+  options_.max_num_tokens = std::max(options_.max_num_tokens, options_.max_num_seqs);
+
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  PAGODA_ASSIGN_OR_RETURN(gemm_, Gemm::create());
+
+  PAGODA_ASSIGN_OR_RETURN(host_metadata_buffer_, PinnedBuffer::allocate(metadata_bytes()));
+  PAGODA_ASSIGN_OR_RETURN(device_metadata_buffer_, DeviceBuffer::allocate(metadata_bytes()));
+  host_ = bind_metadata(host_metadata_buffer_.data());
+  device_ = bind_metadata(device_metadata_buffer_.data());
+
+  const size_t T = static_cast<size_t>(options_.max_num_tokens);
+  const size_t H = static_cast<size_t>(c.hidden_size);
+  const size_t D = static_cast<size_t>(c.head_dim);
+  const size_t qkv = static_cast<size_t>(c.num_q_heads + 2 * c.num_kv_heads) * D;
+  const size_t I = static_cast<size_t>(c.intermediate_size);
+  const size_t R = static_cast<size_t>(max_rows_);
+  PAGODA_ASSIGN_OR_RETURN(residual_, DeviceBuffer::allocate(T * H * 4));
+  PAGODA_ASSIGN_OR_RETURN(normed_, DeviceBuffer::allocate(T * H * 2));
+  PAGODA_ASSIGN_OR_RETURN(qkv_, DeviceBuffer::allocate(T * qkv * 2));
+  PAGODA_ASSIGN_OR_RETURN(attn_, DeviceBuffer::allocate(T * c.num_q_heads * D * 2));
+  PAGODA_ASSIGN_OR_RETURN(proj_, DeviceBuffer::allocate(T * H * 2));
+  PAGODA_ASSIGN_OR_RETURN(gate_up_, DeviceBuffer::allocate(T * 2 * I * 2));
+  PAGODA_ASSIGN_OR_RETURN(act_, DeviceBuffer::allocate(T * I * 2));
+  PAGODA_ASSIGN_OR_RETURN(head_normed_, DeviceBuffer::allocate(R * H * 2));
+  PAGODA_ASSIGN_OR_RETURN(logits_, DeviceBuffer::allocate(R * c.vocab_size * 4));
+  PAGODA_ASSIGN_OR_RETURN(tokens_, DeviceBuffer::allocate(R * 4));
+
+  const std::vector<float> inv_freq =
+      kernels::rope_inverse_frequencies(c.head_dim, c.rope_theta, c.rope_llama3 ? &*c.rope_llama3 : nullptr);
+  PAGODA_ASSIGN_OR_RETURN(inv_freq_, DeviceBuffer::allocate(inv_freq.size() * 4));
+  PAGODA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(inv_freq_.data(), inv_freq.data(), inv_freq.size() * 4, cudaMemcpyHostToDevice));
+  return ok_status();
+}
+
+size_t CudaModel::metadata_bytes() const {
+  const size_t T = static_cast<size_t>(options_.max_num_tokens);
+  return align_up(T * 4) * 6 + align_up(T * 8) +
+         align_up(static_cast<size_t>(options_.max_num_seqs) * block_table_stride_ * 4);
+}
+
+CudaModel::Metadata CudaModel::bind_metadata(void* base) const {
+  const size_t T = static_cast<size_t>(options_.max_num_tokens);
+  char* p = static_cast<char*>(base);
+  auto take = [&](size_t bytes) {
+    char* at = p;
+    p += align_up(bytes);
+    return at;
+  };
+  Metadata m;
+  m.token_ids = reinterpret_cast<int32_t*>(take(T * 4));
+  m.positions = reinterpret_cast<int32_t*>(take(T * 4));
+  m.slots = reinterpret_cast<int64_t*>(take(T * 8));
+  m.token_sequence = reinterpret_cast<int32_t*>(take(T * 4));
+  m.kv_begin = reinterpret_cast<int32_t*>(take(T * 4));
+  m.kv_end = reinterpret_cast<int32_t*>(take(T * 4));
+  m.logit_rows = reinterpret_cast<int32_t*>(take(T * 4));
+  m.block_tables = reinterpret_cast<int32_t*>(
+      take(static_cast<size_t>(options_.max_num_seqs) * block_table_stride_ * 4));
+  return m;
+}
+
+KvPoolShape CudaModel::kv_pool_shape(int32_t num_blocks) const {
+  return KvPoolShape{config_.num_layers, num_blocks, options_.block_size, config_.num_kv_heads, config_.head_dim,
+                     DType::kBF16};
+}
+
+Status CudaModel::validate(const ForwardBatch& batch, const CudaKvPool& pool) const {
+  const KvPoolShape& ps = pool.shape();
+  if (ps.num_layers != config_.num_layers || ps.num_kv_heads != config_.num_kv_heads ||
+      ps.head_dim != config_.head_dim || ps.block_size != options_.block_size || ps.dtype != DType::kBF16) {
+    return invalid_argument_error(
+        "CUDA KV pool (layers={} kv_heads={} head_dim={} block_size={} dtype={}) does not fit the model "
+        "(layers={} kv_heads={} head_dim={} block_size={} dtype=bf16)", ps.num_layers, ps.num_kv_heads,
+        ps.head_dim, ps.block_size, dtype_name(ps.dtype), config_.num_layers, config_.num_kv_heads,
+        config_.head_dim, options_.block_size);
+  }
+  if (batch.positions.size() != batch.token_ids.size())
+    return invalid_argument_error("forward batch: {} token ids but {} positions", batch.token_ids.size(),
+                                  batch.positions.size());
+  if (batch.num_tokens() > options_.max_num_tokens)
+    return invalid_argument_error("forward batch: {} tokens, over max_num_tokens {}", batch.num_tokens(),
+                                  options_.max_num_tokens);
+  if (static_cast<int64_t>(batch.sequences.size()) > options_.max_num_seqs)
+    return invalid_argument_error("forward batch: {} sequences, over max_num_seqs {}", batch.sequences.size(),
+                                  options_.max_num_seqs);
+  for (size_t t = 0; t < batch.token_ids.size(); ++t) {
+    if (batch.token_ids[t] < 0 || batch.token_ids[t] >= config_.vocab_size)
+      return invalid_argument_error("forward batch: token id {} at row {} is outside the vocabulary [0, {})",
+                                    batch.token_ids[t], t, config_.vocab_size);
+    if (batch.positions[t] < 0)
+      return invalid_argument_error("forward batch: negative position {} at row {}", batch.positions[t], t);
+  }
+  int32_t expected_offset = 0;
+  for (size_t s = 0; s < batch.sequences.size(); ++s) {
+    const SequenceSlice& seq = batch.sequences[s];
+    if (seq.token_offset != expected_offset || seq.num_new_tokens < 1 || seq.num_cached_tokens < 0)
+      return invalid_argument_error(
+          "forward batch: sequence {} has token_offset {} (expected {}), num_new_tokens {} (>= 1), "
+          "num_cached_tokens {} (>= 0)", s, seq.token_offset, expected_offset, seq.num_new_tokens,
+          seq.num_cached_tokens);
+    expected_offset += seq.num_new_tokens;
+    const int64_t total = static_cast<int64_t>(seq.num_cached_tokens) + seq.num_new_tokens;
+    if (total > max_model_len_)
+      return invalid_argument_error("forward batch: sequence {} holds {} tokens, over max_model_len {}", s, total,
+                                    max_model_len_);
+    const int64_t blocks_needed = (total + ps.block_size - 1) / ps.block_size;
+    if (static_cast<int64_t>(seq.block_table.size()) < blocks_needed)
+      return invalid_argument_error("forward batch: sequence {} holds {} tokens and needs {} blocks of {}, but its "
+                                    "block table has {}", s, total, blocks_needed, ps.block_size,
+                                    seq.block_table.size());
+    for (int64_t j = 0; j < blocks_needed; ++j) {
+      const int32_t block = seq.block_table[static_cast<size_t>(j)];
+      if (block < 0 || block >= ps.num_blocks)
+        return invalid_argument_error("forward batch: sequence {} block table entry {} = {} is outside the pool "
+                                      "[0, {})", s, j, block, ps.num_blocks);
+    }
+  }
+  if (expected_offset != batch.num_tokens())
+    return invalid_argument_error("forward batch: sequences cover {} tokens but the batch has {}", expected_offset,
+                                  batch.num_tokens());
+  return ok_status();
+}
+
+int32_t CudaModel::graph_bucket(const ForwardBatch& batch) const {
+  if (!options_.use_cuda_graphs || batch.sequences.empty()) return 0;
+  for (const SequenceSlice& s : batch.sequences)
+    if (s.num_new_tokens != 1 || !(s.logits_for_last_token || s.logits_for_all_new_tokens)) return 0;
+  const int32_t n = static_cast<int32_t>(batch.sequences.size());
+  for (int32_t b : buckets_)
+    if (b >= n) return b;
+  return 0;
+}
+
+StatusOr<CudaModel::StepShape> CudaModel::plan(const ForwardBatch& batch) {
+  StepShape step;
+  step.bucket = graph_bucket(batch);
+  const int32_t T = batch.num_tokens();
+  step.num_tokens = step.bucket > 0 ? step.bucket : T;
+  const int32_t block_size = options_.block_size;
+  const int32_t window = config_.sliding_window;
+
+  int32_t rows = 0;
+  for (size_t s = 0; s < batch.sequences.size(); ++s) {
+    const SequenceSlice& seq = batch.sequences[s];
+    const int32_t total = seq.num_cached_tokens + seq.num_new_tokens;
+    const int32_t blocks_needed = (total + block_size - 1) / block_size;
+    int32_t* table = host_.block_tables + s * static_cast<size_t>(block_table_stride_);
+    std::copy_n(seq.block_table.data(), blocks_needed, table);
+    for (int32_t i = 0; i < seq.num_new_tokens; ++i) {
+      const int32_t t = seq.token_offset + i;
+      const int32_t index = seq.num_cached_tokens + i;
+      host_.token_ids[t] = batch.token_ids[static_cast<size_t>(t)];
+      host_.positions[t] = batch.positions[static_cast<size_t>(t)];
+      host_.slots[t] = static_cast<int64_t>(table[index / block_size]) * block_size + index % block_size;
+      host_.token_sequence[t] = static_cast<int32_t>(s);
+      host_.kv_begin[t] = window > 0 ? std::max(0, index - window + 1) : 0;
+      host_.kv_end[t] = index + 1;
+      if (seq.logits_for_all_new_tokens || (seq.logits_for_last_token && i == seq.num_new_tokens - 1))
+        host_.logit_rows[rows++] = t;
+    }
+  }
+  step.num_rows = rows;
+  for (int32_t t = T; t < step.num_tokens; ++t) {  // graph padding: no KV write, no keys
+    host_.token_ids[t] = 0;
+    host_.positions[t] = 0;
+    host_.slots[t] = -1;
+    host_.token_sequence[t] = 0;
+    host_.kv_begin[t] = 0;
+    host_.kv_end[t] = 0;
+    host_.logit_rows[t] = t;
+  }
+  const size_t n = static_cast<size_t>(step.num_tokens);
+  auto copy = [&](void* dst, const void* src, size_t bytes) {
+    return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_);
+  };
+  PAGODA_CUDA_RETURN_IF_ERROR(copy(device_.token_ids, host_.token_ids, n * 4));
+  PAGODA_CUDA_RETURN_IF_ERROR(copy(device_.positions, host_.positions, n * 4));
+  PAGODA_CUDA_RETURN_IF_ERROR(copy(device_.slots, host_.slots, n * 8));
+  PAGODA_CUDA_RETURN_IF_ERROR(copy(device_.token_sequence, host_.token_sequence, n * 4));
+  PAGODA_CUDA_RETURN_IF_ERROR(copy(device_.kv_begin, host_.kv_begin, n * 4));
+  PAGODA_CUDA_RETURN_IF_ERROR(copy(device_.kv_end, host_.kv_end, n * 4));
+  PAGODA_CUDA_RETURN_IF_ERROR(copy(device_.logit_rows, host_.logit_rows, std::max<size_t>(n, rows) * 4));
+  PAGODA_CUDA_RETURN_IF_ERROR(copy(device_.block_tables, host_.block_tables,
+                                   batch.sequences.size() * block_table_stride_ * 4));
+  return step;
+}
+
+Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool) {
+  const ModelConfig& c = config_;
+  const int32_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
+  const int32_t q_width = c.num_q_heads * D, kv_width = c.num_kv_heads * D;
+  const int32_t qkv_width = q_width + 2 * kv_width;
+  float* residual = residual_.as<float>();
+  bf16* normed = normed_.as<bf16>();
+  bf16* qkv = qkv_.as<bf16>();
+  bf16* attn = attn_.as<bf16>();
+  bf16* proj = proj_.as<bf16>();
+  bf16* gate_up = gate_up_.as<bf16>();
+  bf16* act = act_.as<bf16>();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const DeviceAttentionPlan attention{device_.token_sequence, device_.kv_begin, device_.kv_end,
+                                      device_.block_tables, block_table_stride_, T};
+
+  PAGODA_CUDA_RETURN_IF_ERROR(embedding_gather(weights_.embed_tokens, device_.token_ids, T, H, residual, stream_));
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const CudaLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+    // The previous layer's MLP output joins the residual inside the norm.
+    if (l == 0) {
+      PAGODA_CUDA_RETURN_IF_ERROR(rmsnorm(residual, nullptr, w.input_norm, normed, T, H, c.rms_norm_eps, stream_));
+    } else {
+      PAGODA_CUDA_RETURN_IF_ERROR(add_rmsnorm(residual, proj, w.input_norm, normed, T, H, c.rms_norm_eps, stream_));
+    }
+    PAGODA_RETURN_IF_ERROR(gemm_->linear(normed, T, w.qkv_proj, qkv_width, H, qkv, GemmOutput::kBF16, stream_));
+    if (w.qkv_bias != nullptr)
+      PAGODA_CUDA_RETURN_IF_ERROR(add_bias(qkv, qkv_width, T, qkv_width, w.qkv_bias, stream_));
+    if (c.qk_norm) {
+      PAGODA_CUDA_RETURN_IF_ERROR(
+          head_rmsnorm(qkv, qkv_width, T, c.num_q_heads, D, w.q_norm, c.rms_norm_eps, stream_));
+      PAGODA_CUDA_RETURN_IF_ERROR(
+          head_rmsnorm(qkv + q_width, qkv_width, T, c.num_kv_heads, D, w.k_norm, c.rms_norm_eps, stream_));
+    }
+    const float* inv_freq = inv_freq_.as<float>();
+    PAGODA_CUDA_RETURN_IF_ERROR(rope(qkv, qkv_width, device_.positions, T, c.num_q_heads, D, inv_freq, stream_));
+    PAGODA_CUDA_RETURN_IF_ERROR(
+        rope(qkv + q_width, qkv_width, device_.positions, T, c.num_kv_heads, D, inv_freq, stream_));
+    const DevicePagedKvLayer kv = pool.layer(l);
+    PAGODA_CUDA_RETURN_IF_ERROR(
+        kv_write(qkv + q_width, qkv + q_width + kv_width, qkv_width, device_.slots, T, kv, stream_));
+    PAGODA_CUDA_RETURN_IF_ERROR(paged_attention(qkv, qkv_width, kv, attention, c.num_q_heads, scale, attn, stream_));
+    PAGODA_RETURN_IF_ERROR(gemm_->linear(attn, T, w.o_proj, H, q_width, proj, GemmOutput::kBF16, stream_));
+    if (w.o_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.o_bias, stream_));
+    PAGODA_CUDA_RETURN_IF_ERROR(
+        add_rmsnorm(residual, proj, w.post_attention_norm, normed, T, H, c.rms_norm_eps, stream_));
+    PAGODA_RETURN_IF_ERROR(gemm_->linear(normed, T, w.gate_up_proj, 2 * I, H, gate_up, GemmOutput::kBF16, stream_));
+    if (w.gate_up_bias != nullptr)
+      PAGODA_CUDA_RETURN_IF_ERROR(add_bias(gate_up, 2 * I, T, 2 * I, w.gate_up_bias, stream_));
+    PAGODA_CUDA_RETURN_IF_ERROR(silu_mul(gate_up, act, T, I, stream_));
+    PAGODA_RETURN_IF_ERROR(gemm_->linear(act, T, w.down_proj, H, I, proj, GemmOutput::kBF16, stream_));
+    if (w.down_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.down_bias, stream_));
+  }
+  PAGODA_CUDA_RETURN_IF_ERROR(add_residual(residual, proj, static_cast<int64_t>(T) * H, stream_));
+  return ok_status();
+}
+
+Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {
+  const ModelConfig& c = config_;
+  bf16* normed = head_normed_.as<bf16>();
+  PAGODA_CUDA_RETURN_IF_ERROR(rmsnorm(residual_.as<float>(), device_.logit_rows + row_begin, weights_.final_norm,
+                                      normed, num_rows, c.hidden_size, c.rms_norm_eps, stream_));
+  PAGODA_RETURN_IF_ERROR(gemm_->linear(normed, num_rows, weights_.lm_head, c.vocab_size, c.hidden_size,
+                                       logits_.data(), GemmOutput::kF32, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(argmax_rows(logits_.as<float>(), num_rows, c.vocab_size, tokens_.as<int32_t>(), stream_));
+  return ok_status();
+}
+
+Status CudaModel::capture_graph(int32_t bucket, const CudaKvPool& pool) {
+  cudaGraph_t graph = nullptr;
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  Status status = run_layers(bucket, pool);
+  if (status.ok()) status = run_head(0, bucket);
+  const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+  if (!status.ok() || end != cudaSuccess) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    PAGODA_RETURN_IF_ERROR(status.with_context("capturing a decode graph"));
+    PAGODA_CUDA_RETURN_IF_ERROR(end);
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiate = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  PAGODA_CUDA_RETURN_IF_ERROR(instantiate);
+  if (auto it = graphs_.find(bucket); it != graphs_.end()) cudaGraphExecDestroy(it->second.exec);
+  graphs_[bucket] = Graph{exec, &pool};
+  return ok_status();
+}
+
+Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output, std::vector<float>* logits,
+                      std::vector<int32_t>* tokens) {
+  PAGODA_RETURN_IF_ERROR(validate(batch, pool));
+  const size_t vocab = static_cast<size_t>(config_.vocab_size);
+  const int32_t wanted_rows = batch.num_logit_rows();
+  if (logits != nullptr) logits->assign(static_cast<size_t>(wanted_rows) * vocab, 0.0f);
+  if (tokens != nullptr) tokens->assign(static_cast<size_t>(wanted_rows), 0);
+  if (batch.num_tokens() == 0) return ok_status();
+
+  PAGODA_ASSIGN_OR_RETURN(const StepShape step, plan(batch));
+  // Copies logit rows [row_begin, row_begin + n) of this pass to the caller.
+  auto copy_out = [&](int32_t row_begin, int32_t n) -> Status {
+    if (output == Output::kGreedy) {
+      PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tokens->data() + row_begin, tokens_.data(), n * sizeof(int32_t),
+                                                  cudaMemcpyDeviceToHost, stream_));
+    } else {
+      PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits->data() + static_cast<size_t>(row_begin) * vocab,
+                                                  logits_.data(), n * vocab * sizeof(float),
+                                                  cudaMemcpyDeviceToHost, stream_));
+    }
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return ok_status();
+  };
+
+  if (step.bucket > 0) {
+    auto it = graphs_.find(step.bucket);
+    if (it != graphs_.end() && it->second.pool == &pool) {
+      PAGODA_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second.exec, stream_));
+      ++graph_replays_;
+    } else {
+      // First step of this bucket: run it for real, then record it for next time.
+      PAGODA_RETURN_IF_ERROR(run_layers(step.num_tokens, pool));
+      PAGODA_RETURN_IF_ERROR(run_head(0, step.num_tokens));
+      PAGODA_RETURN_IF_ERROR(capture_graph(step.bucket, pool));
+    }
+    return copy_out(0, step.num_rows);
+  }
+  PAGODA_RETURN_IF_ERROR(run_layers(step.num_tokens, pool));
+  for (int32_t row = 0; row < step.num_rows; row += max_rows_) {
+    const int32_t n = std::min(max_rows_, step.num_rows - row);
+    PAGODA_RETURN_IF_ERROR(run_head(row, n));
+    PAGODA_RETURN_IF_ERROR(copy_out(row, n));
+  }
+  if (step.num_rows == 0) PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return ok_status();
+}
+
+Status CudaModel::forward(const ForwardBatch& batch, CudaKvPool& pool, std::vector<float>& logits) {
+  return run(batch, pool, Output::kLogits, &logits, nullptr);
+}
+
+Status CudaModel::forward_greedy(const ForwardBatch& batch, CudaKvPool& pool, std::vector<int32_t>& tokens) {
+  return run(batch, pool, Output::kGreedy, nullptr, &tokens);
+}
+
+}  // namespace pagoda::cuda

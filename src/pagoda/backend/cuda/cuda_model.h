@@ -1,0 +1,153 @@
+#pragma once
+// The GPU forward of the llama family (Llama incl. llama3 RoPE, Mistral, Qwen2,
+// Qwen3) in bf16 with f32 accumulation: the same step contract as CpuModel
+// (ForwardBatch in, logits rows out), on a CudaKvPool.
+//
+// Per step, plan then run: the host turns the ForwardBatch into flat metadata
+// (token ids, positions, KV slots, per-token attention ranges, block tables,
+// logit rows) in pinned memory, copies it to fixed device buffers, and the
+// run reads only those, so it can be a CUDA graph. Per layer: [residual add +]
+// RMSNorm -> fused qkv GEMM (+bias) -> (Qwen3 q/k norm) -> RoPE -> KV write at
+// the slots -> paged attention -> o GEMM -> residual add + RMSNorm -> fused
+// gate/up GEMM -> SiLU-mul -> down GEMM; then the final norm and lm_head for the
+// requested rows only, and argmax on the GPU for greedy decoding. The residual
+// stream stays f32; the GEMM inputs and outputs are bf16.
+//
+// CUDA graphs: a pure decode step (every sequence 1 new token, logits for it)
+// of B sequences runs padded to the smallest bucket >= B (padding rows write no
+// KV and attend to nothing). The first step of a bucket runs eagerly and
+// captures the graph; later ones replay it.
+//
+// Thread safety: one caller at a time (scratch, graphs and the stream are per model).
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "pagoda/backend/cpu_kv_pool.h"
+#include "pagoda/backend/cuda/cuda_kv_pool.h"
+#include "pagoda/backend/cuda/cuda_model_weights.h"
+#include "pagoda/backend/cuda/device_buffer.h"
+#include "pagoda/backend/cuda/gemm.h"
+#include "pagoda/core/status.h"
+#include "pagoda/model/forward_batch.h"
+#include "pagoda/model/model_config.h"
+
+namespace pagoda::cuda {
+
+struct CudaModelOptions {
+  int32_t max_num_tokens = 8192;  // new tokens per forward (the prefill chunk budget)
+  int32_t max_num_seqs = 256;     // sequences per forward; also the largest graph bucket
+  int32_t max_model_len = 0;      // tokens per sequence; 0: config's max_position_embeddings
+  int32_t block_size = 16;        // tokens per KV block
+  bool use_cuda_graphs = true;
+  bool show_progress = true;      // weight-loading bar on stderr
+};
+
+class CudaModel {
+ public:
+  // Loads <dir>/config.json and the safetensors, converting weights to bf16 on the GPU.
+  static StatusOr<std::unique_ptr<CudaModel>> load(const std::filesystem::path& model_dir,
+                                                   const CudaModelOptions& options = {});
+  // Random bf16 weights for `config`, made on the GPU (`--load-format random`).
+  static StatusOr<std::unique_ptr<CudaModel>> create_random(const ModelConfig& config, uint64_t seed,
+                                                            const CudaModelOptions& options = {});
+  ~CudaModel();
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  const CudaModelOptions& options() const { return options_; }
+  int32_t max_model_len() const { return max_model_len_; }
+  size_t weight_bytes() const { return weights_.total_bytes(); }
+  cudaStream_t stream() const { return stream_; }
+
+  // The bf16 pool shape this model needs for num_blocks blocks.
+  KvPoolShape kv_pool_shape(int32_t num_blocks) const;
+
+  // Runs the batch; logits resized to [batch.num_logit_rows(), vocab] (host),
+  // rows in order of sequences, then tokens. Errors (nothing runs): batch
+  // inconsistent, over the limits in options, or a pool that does not fit.
+  Status forward(const ForwardBatch& batch, CudaKvPool& pool, std::vector<float>& logits);
+  // Same, but only the argmax token of each logits row comes back (greedy
+  // sampling on the GPU; no logits cross PCIe).
+  Status forward_greedy(const ForwardBatch& batch, CudaKvPool& pool, std::vector<int32_t>& tokens);
+
+  // Graph statistics (tests, benchmarks).
+  int64_t graph_replays() const { return graph_replays_; }
+  int64_t graphs_captured() const { return static_cast<int64_t>(graphs_.size()); }
+
+ private:
+  enum class Output { kLogits, kGreedy };
+  struct StepShape {
+    int32_t num_tokens = 0;  // rows run (decode: padded to the bucket)
+    int32_t num_rows = 0;    // logit rows wanted
+    int32_t bucket = 0;      // graph bucket, 0 when the step runs eagerly
+  };
+
+  CudaModel(ModelConfig config, CudaModelOptions options, CudaModelWeights weights);
+  Status init();
+  Status validate(const ForwardBatch& batch, const CudaKvPool& pool) const;
+  int32_t graph_bucket(const ForwardBatch& batch) const;
+  StatusOr<StepShape> plan(const ForwardBatch& batch);
+  Status run_layers(int32_t num_tokens, const CudaKvPool& pool);
+  Status run_head(int32_t row_begin, int32_t num_rows);
+  Status capture_graph(int32_t bucket, const CudaKvPool& pool);
+  Status run(const ForwardBatch& batch, CudaKvPool& pool, Output output, std::vector<float>* logits,
+             std::vector<int32_t>* tokens);
+
+  ModelConfig config_;
+  CudaModelOptions options_;
+  CudaModelWeights weights_;
+  int32_t max_model_len_ = 0;
+  int32_t block_table_stride_ = 0;  // blocks per sequence in the device block tables
+  int32_t max_rows_ = 0;            // logit rows per lm_head pass
+  std::vector<int32_t> buckets_;
+
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<Gemm> gemm_;
+
+  // Step metadata: pinned host mirror and device copy, same layout.
+  struct Metadata {
+    int32_t* token_ids;       // [max_num_tokens]
+    int32_t* positions;       // [max_num_tokens]
+    int64_t* slots;           // [max_num_tokens]
+    int32_t* token_sequence;  // [max_num_tokens]
+    int32_t* kv_begin;        // [max_num_tokens]
+    int32_t* kv_end;          // [max_num_tokens]
+    int32_t* logit_rows;      // [max_num_tokens] row of the hidden state for each logit row
+    int32_t* block_tables;    // [max_num_seqs, block_table_stride]
+  };
+  Metadata bind_metadata(void* base) const;
+  size_t metadata_bytes() const;
+  PinnedBuffer host_metadata_buffer_;
+  DeviceBuffer device_metadata_buffer_;
+  Metadata host_;
+  Metadata device_;
+
+  // Scratch for max_num_tokens rows.
+  DeviceBuffer residual_;  // f32 [T, hidden]
+  DeviceBuffer normed_;    // bf16 [T, hidden]
+  DeviceBuffer qkv_;       // bf16 [T, (Hq + 2 Hkv) * D]
+  DeviceBuffer attn_;      // bf16 [T, Hq * D]
+  DeviceBuffer proj_;      // bf16 [T, hidden]
+  DeviceBuffer gate_up_;   // bf16 [T, 2 * intermediate]
+  DeviceBuffer act_;       // bf16 [T, intermediate]
+  DeviceBuffer head_normed_;  // bf16 [max_rows, hidden]
+  DeviceBuffer logits_;    // f32 [max_rows, vocab]
+  DeviceBuffer tokens_;    // int32 [max_rows]
+  DeviceBuffer inv_freq_;  // f32 [D / 2]
+
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    const CudaKvPool* pool = nullptr;  // the pool whose addresses the graph baked in
+  };
+  std::map<int32_t, Graph> graphs_;
+  int64_t graph_replays_ = 0;
+};
+
+}  // namespace pagoda::cuda

@@ -1,0 +1,58 @@
+#pragma once
+// The engine's seam on the GPU: a CudaModel plus the CudaKvPool it reads and
+// writes, behind engine::ModelRunner. The pool is sized from free GPU memory
+// after the model (weights + scratch) is on the device, like vLLM's
+// --gpu-memory-utilization; the sizing line (kv_pool_report) is printed to
+// stderr at start. The engine's KV manager must be built with num_blocks() and
+// block_size() from here.
+//
+// Thread safety: the engine thread only (ModelRunner's contract).
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pagoda/backend/cuda/cuda_kv_pool.h"
+#include "pagoda/backend/cuda/cuda_model.h"
+#include "pagoda/engine/model_runner.h"
+
+namespace pagoda::cuda {
+
+struct CudaRunnerOptions {
+  double gpu_memory_utilization = 0.9;  // fraction of total GPU memory pagoda may hold
+  int32_t num_blocks = 0;               // > 0: exactly this many KV blocks (tests)
+  bool print_report = true;             // the KV pool line on stderr
+};
+
+class CudaModelRunner final : public engine::ModelRunner {
+ public:
+  static StatusOr<std::unique_ptr<CudaModelRunner>> create(std::unique_ptr<CudaModel> model,
+                                                           const CudaRunnerOptions& options = {});
+
+  StatusOr<std::vector<float>> execute(const ForwardBatch& batch) override;
+  Status copy_blocks(std::span<const kv::BlockCopy> copies) override;
+  int32_t vocab_size() const override { return model_->config().vocab_size; }
+  int32_t max_context_length() const override { return model_->max_model_len(); }
+  std::vector<int32_t> eos_token_ids() const override { return model_->config().eos_token_ids; }
+
+  // Greedy decoding without logits leaving the GPU: one token per logits row.
+  StatusOr<std::vector<int32_t>> execute_greedy(const ForwardBatch& batch);
+
+  int32_t num_blocks() const { return pool_->shape().num_blocks; }
+  int32_t block_size() const { return pool_->shape().block_size; }
+  const std::string& kv_pool_report() const { return report_; }
+  CudaModel& model() { return *model_; }
+  CudaKvPool& pool() { return *pool_; }
+
+ private:
+  CudaModelRunner(std::unique_ptr<CudaModel> model, std::unique_ptr<CudaKvPool> pool, std::string report)
+      : model_(std::move(model)), pool_(std::move(pool)), report_(std::move(report)) {}
+
+  std::unique_ptr<CudaModel> model_;
+  std::unique_ptr<CudaKvPool> pool_;
+  std::string report_;
+};
+
+}  // namespace pagoda::cuda

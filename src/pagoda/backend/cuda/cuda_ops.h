@@ -1,0 +1,114 @@
+#pragma once
+// Launchers of the CUDA backend's fused kernels (the GEMMs live in gemm.h, the
+// fast attention in kernels/cuda once it lands). Every launcher enqueues on
+// `stream`, never synchronizes, never allocates, and reads its sizes from host
+// arguments and its per-token metadata from device arrays, so a whole forward
+// can be captured in a CUDA graph. Each returns cudaGetLastError() after the
+// launch (cudaSuccess when there was nothing to do).
+//
+// Conventions: "bf16" tensors are __nv_bfloat16, "f32" are float; all math is
+// f32 and rounds to bf16 once on store. Matrices are row-major; a row_stride
+// (in elements) lets a kernel work on a column slice of a wider matrix, e.g.
+// the q, k or v part of the fused qkv projection output. Every op has a CPU
+// reference in kernels/cpu and a comparison test in tests/gpu_backend.
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+namespace pagoda::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// out[t, :] = table[token_ids[t], :] as f32. table [vocab, hidden] bf16;
+// token_ids [num_tokens] (device); out [num_tokens, hidden] f32. hidden % 8 == 0.
+cudaError_t embedding_gather(const bf16* table, const int32_t* token_ids, int32_t num_tokens,
+                             int32_t hidden, float* out, cudaStream_t stream);
+
+// out[r, :] = bf16(weight * x[src, :] / rms(x[src, :])), src = row_index ? row_index[r] : r.
+// x f32 [*, dim]; weight f32 [dim]; out bf16 [rows, dim]. row_index (device, may be
+// null) gathers rows, so the final norm runs only on rows that need logits.
+cudaError_t rmsnorm(const float* x, const int32_t* row_index, const float* weight, bf16* out,
+                    int32_t rows, int32_t dim, float eps, cudaStream_t stream);
+
+// residual += delta (when delta != null), then out = bf16(weight * rmsnorm(residual)).
+// residual f32 [rows, dim] (updated in place); delta bf16 [rows, dim].
+cudaError_t add_rmsnorm(float* residual, const bf16* delta, const float* weight, bf16* out,
+                        int32_t rows, int32_t dim, float eps, cudaStream_t stream);
+
+// residual[i] += delta[i] for i < n.
+cudaError_t add_residual(float* residual, const bf16* delta, int64_t n, cudaStream_t stream);
+
+// Qwen3 q/k norm: every head vector x[t, h * head_dim .. +head_dim) (row stride
+// row_stride) is RMS-normalized and scaled by weight [head_dim], in place.
+cudaError_t head_rmsnorm(bf16* x, int64_t row_stride, int32_t num_tokens, int32_t num_heads,
+                         int32_t head_dim, const float* weight, float eps, cudaStream_t stream);
+
+// Rotary embedding in place ("rotate half"): element i < head_dim/2 of every head
+// pairs with i + head_dim/2, angle = positions[t] * inv_freq[i] (f32 product, as
+// the CPU kernel and transformers). inv_freq [head_dim/2] f32 on the device
+// (llama3 scaling is already folded in: kernels::rope_inverse_frequencies).
+cudaError_t rope(bf16* x, int64_t row_stride, const int32_t* positions, int32_t num_tokens,
+                 int32_t num_heads, int32_t head_dim, const float* inv_freq, cudaStream_t stream);
+
+// x[r, c] += bias[c] for c < cols (row stride row_stride). bias f32.
+cudaError_t add_bias(bf16* x, int64_t row_stride, int32_t rows, int32_t cols, const float* bias,
+                     cudaStream_t stream);
+
+// out[r, i] = silu(gate_up[r, i]) * gate_up[r, intermediate + i]: gate_up is the
+// fused [rows, 2 * intermediate] projection (gate columns first); out [rows, intermediate].
+cudaError_t silu_mul(const bf16* gate_up, bf16* out, int32_t rows, int32_t intermediate,
+                     cudaStream_t stream);
+
+// One layer of the paged KV pool on the GPU: key and value each
+// [num_blocks, block_size, num_kv_heads, head_dim] bf16 (same layout as CpuKvPool).
+struct DevicePagedKvLayer {
+  bf16* key = nullptr;
+  bf16* value = nullptr;
+  int32_t num_blocks = 0;
+  int32_t block_size = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+};
+
+// vLLM's reshape_and_cache: k and v rows [num_tokens, num_kv_heads * head_dim]
+// (row stride row_stride) go to flat slot slots[t] = block * block_size + offset;
+// a negative slot skips the token (padding rows of a CUDA graph bucket). head_dim % 8 == 0.
+cudaError_t kv_write(const bf16* k, const bf16* v, int64_t row_stride, const int64_t* slots,
+                     int32_t num_tokens, const DevicePagedKvLayer& layer, cudaStream_t stream);
+
+// Per-token view of the paged KV that attention needs, planned once per step on
+// the host and copied to the device (all pointers are device arrays).
+struct DeviceAttentionPlan {
+  const int32_t* token_sequence = nullptr;  // [num_tokens] row of block_tables for token t
+  const int32_t* kv_begin = nullptr;        // [num_tokens] first visible key index (sliding window)
+  const int32_t* kv_end = nullptr;          // [num_tokens] one past the last visible key (causal);
+                                            // kv_end <= kv_begin: padding, output zeros
+  const int32_t* block_tables = nullptr;    // [num_sequences, block_table_stride]
+  int32_t block_table_stride = 0;
+  int32_t num_tokens = 0;
+};
+
+// Causal paged attention for a mixed batch (prefill chunks after a cached
+// prefix, and decodes), GQA-aware: one thread block serves up to 8 query heads
+// of one KV head, so they share every K/V tile load. q [num_tokens, num_q_heads
+// * head_dim] (row stride q_row_stride); out [num_tokens, num_q_heads * head_dim]
+// contiguous. Online softmax in f32, scale applied to q. head_dim % 8 == 0 and
+// <= 256; num_q_heads % num_kv_heads == 0. The new tokens' K/V must already be
+// in the pool (kv_write). A simple, correct kernel; kernels/cuda has the fast ones.
+cudaError_t paged_attention(const bf16* q, int64_t q_row_stride, const DevicePagedKvLayer& layer,
+                            const DeviceAttentionPlan& plan, int32_t num_q_heads, float scale,
+                            bf16* out, cudaStream_t stream);
+
+// out[r] = index of the largest logits[r, :] (first one on ties; NaN ignored).
+cudaError_t argmax_rows(const float* logits, int32_t rows, int32_t cols, int32_t* out,
+                        cudaStream_t stream);
+
+// x[i] = uniform in [-scale, scale), a pure function of (seed, i): reproducible
+// random weights built directly on the GPU (--load-format random).
+cudaError_t fill_random_uniform(bf16* x, int64_t n, float scale, uint64_t seed, cudaStream_t stream);
+// x[i] = value (f32), e.g. norm weights of a random model.
+cudaError_t fill_constant(float* x, int64_t n, float value, cudaStream_t stream);
+
+}  // namespace pagoda::cuda

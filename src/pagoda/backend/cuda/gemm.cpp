@@ -1,0 +1,76 @@
+#include "pagoda/backend/cuda/gemm.h"
+
+#include "pagoda/backend/cuda/cuda_check.h"
+
+namespace pagoda::cuda {
+
+StatusOr<std::unique_ptr<Gemm>> Gemm::create(size_t workspace_bytes) {
+  std::unique_ptr<Gemm> gemm(new Gemm());
+  PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&gemm->handle_));
+  PAGODA_ASSIGN_OR_RETURN(gemm->workspace_, DeviceBuffer::allocate(workspace_bytes));
+  return gemm;
+}
+
+Gemm::~Gemm() {
+  for (auto& [key, plan] : plans_) {
+    if (plan.a) cublasLtMatrixLayoutDestroy(plan.a);
+    if (plan.b) cublasLtMatrixLayoutDestroy(plan.b);
+    if (plan.c) cublasLtMatrixLayoutDestroy(plan.c);
+    if (plan.desc) cublasLtMatmulDescDestroy(plan.desc);
+  }
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+// cuBLAS is column-major: row-major y[m, n] is column-major y^T [n, m] = w · x^T,
+// where row-major w [n, k] is column-major [k, n] used transposed, and row-major
+// x [m, k] is column-major [k, m] used as is.
+StatusOr<const Gemm::Plan*> Gemm::plan_for(int32_t m, int32_t n, int32_t k, GemmOutput output) {
+  const auto key = std::make_tuple(m, n, k, static_cast<int>(output));
+  if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
+
+  Plan plan;
+  const cudaDataType_t out_type = output == GemmOutput::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+  PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t transpose = CUBLAS_OP_T, no_transpose = CUBLAS_OP_N;
+  PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
+                                                               sizeof transpose));
+  PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                               &no_transpose, sizeof no_transpose));
+  PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, k, n, k));
+  PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, k, m, k));
+  PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.c, out_type, n, m, n));
+
+  cublasLtMatmulPreference_t preference = nullptr;
+  PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&preference));
+  const size_t workspace_bytes = workspace_.bytes();
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                       sizeof workspace_bytes);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(handle_, plan.desc, plan.a, plan.b, plan.c,
+                                                                  plan.c, preference, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(preference);
+  if (heuristic != CUBLAS_STATUS_SUCCESS || found == 0) {
+    cublasLtMatrixLayoutDestroy(plan.a);
+    cublasLtMatrixLayoutDestroy(plan.b);
+    cublasLtMatrixLayoutDestroy(plan.c);
+    cublasLtMatmulDescDestroy(plan.desc);
+    return internal_error("cuBLASLt has no bf16 algorithm for m={} n={} k={} (status {})", m, n, k,
+                          static_cast<int>(heuristic));
+  }
+  plan.algo = result.algo;
+  return &plans_.emplace(key, plan).first->second;
+}
+
+Status Gemm::linear(const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w, int32_t n, int32_t k, void* y,
+                    GemmOutput output, cudaStream_t stream) {
+  if (m == 0) return ok_status();
+  PAGODA_ASSIGN_OR_RETURN(const Plan* plan, plan_for(m, n, k, output));
+  const float alpha = 1.0f, beta = 0.0f;
+  PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle_, plan->desc, &alpha, w, plan->a, x, plan->b, &beta, y,
+                                               plan->c, y, plan->c, &plan->algo, workspace_.data(),
+                                               workspace_.bytes(), stream));
+  return ok_status();
+}
+
+}  // namespace pagoda::cuda

@@ -1,0 +1,52 @@
+#pragma once
+// bf16 GEMMs through cuBLASLt with f32 accumulation: the linear layer
+// y[m, n] = x[m, k] · w[n, k]^T, weights stored as PyTorch's nn.Linear does
+// (row-major [out_features, in_features]). Output bf16 (activations) or f32
+// (logits). The matmul descriptor and the heuristic's algorithm are cached per
+// shape, so after the first call of a shape a call only enqueues work, which
+// makes it CUDA-graph capturable (the workspace is owned here, fixed address).
+//
+// Thread safety: one Gemm per stream owner; calls are not synchronized.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+
+#include "pagoda/backend/cuda/device_buffer.h"
+#include "pagoda/core/status.h"
+
+namespace pagoda::cuda {
+
+enum class GemmOutput { kBF16, kF32 };
+
+class Gemm {
+ public:
+  static StatusOr<std::unique_ptr<Gemm>> create(size_t workspace_bytes = 32ull << 20);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // y (bf16 or f32 per `output`) [m, n] = x [m, k] · w [n, k]^T, all row-major,
+  // contiguous. m may be 0 (nothing happens).
+  Status linear(const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w, int32_t n, int32_t k, void* y,
+                GemmOutput output, cudaStream_t stream);
+
+ private:
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  Gemm() = default;
+  StatusOr<const Plan*> plan_for(int32_t m, int32_t n, int32_t k, GemmOutput output);
+
+  cublasLtHandle_t handle_ = nullptr;
+  DeviceBuffer workspace_;
+  std::map<std::tuple<int32_t, int32_t, int32_t, int>, Plan> plans_;
+};
+
+}  // namespace pagoda::cuda

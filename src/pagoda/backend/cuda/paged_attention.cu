@@ -1,0 +1,180 @@
+// Paged attention, simple and correct (the fast kernels are kernels/cuda's).
+//
+// Grid (token, kv head, group of up to 8 query heads): the query heads that
+// share a KV head share every K/V tile, loaded into shared memory 32 keys at a
+// time through the block table. Scores, an online softmax (running max and sum
+// per head) and the V accumulation are all f32. Shared rows are padded to an
+// odd number of 4-byte words so that 32 lanes reading 32 different keys hit 32
+// different banks.
+#include <cfloat>
+
+#include "pagoda/backend/cuda/cuda_ops.h"
+
+namespace pagoda::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kTileKeys = 32;
+constexpr int kMaxHeads = 8;
+constexpr int kMaxHeadDim = 256;
+constexpr int kRowWords = kMaxHeadDim / 2 + 1;  // bf16 pairs per shared row, padded
+constexpr int kWarps = kThreads / 32;
+
+__device__ float warp_max(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+__device__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__global__ void __launch_bounds__(kThreads)
+paged_attention_kernel(const bf16* __restrict__ q, int64_t q_row_stride, DevicePagedKvLayer layer,
+                       DeviceAttentionPlan plan, int32_t num_q_heads, int32_t group, float scale,
+                       bf16* __restrict__ out) {
+  __shared__ float q_s[kMaxHeads][kMaxHeadDim];
+  __shared__ __nv_bfloat162 k_s[kTileKeys][kRowWords];
+  __shared__ __nv_bfloat162 v_s[kTileKeys][kRowWords];
+  __shared__ float p_s[kMaxHeads][kTileKeys];
+  __shared__ float m_s[kMaxHeads], l_s[kMaxHeads], corr_s[kMaxHeads];
+
+  const int32_t t = blockIdx.x;
+  const int32_t kv_head = blockIdx.y;
+  const int32_t group_begin = blockIdx.z * kMaxHeads;
+  const int32_t num_heads = min(kMaxHeads, group - group_begin);
+  const int32_t head_dim = layer.head_dim;
+  const int32_t pairs = head_dim / 2;
+  const int32_t first_head = kv_head * group + group_begin;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int32_t kv_begin = plan.kv_begin[t];
+  const int32_t kv_end = plan.kv_end[t];
+  __nv_bfloat162* out_t = reinterpret_cast<__nv_bfloat162*>(
+      out + (static_cast<int64_t>(t) * num_q_heads + first_head) * head_dim);
+
+  if (kv_end <= kv_begin) {  // padding row of a graph bucket
+    for (int32_t i = tid; i < num_heads * pairs; i += kThreads) out_t[i] = __float2bfloat162_rn(0.0f);
+    return;
+  }
+  const bf16* q_t = q + static_cast<int64_t>(t) * q_row_stride + static_cast<int64_t>(first_head) * head_dim;
+  for (int32_t i = tid; i < num_heads * head_dim; i += kThreads)
+    q_s[i / head_dim][i % head_dim] = __bfloat162float(q_t[i]) * scale;
+  if (tid < kMaxHeads) {
+    m_s[tid] = -FLT_MAX;
+    l_s[tid] = 0.0f;
+  }
+  float2 acc[kMaxHeads];
+#pragma unroll
+  for (int g = 0; g < kMaxHeads; ++g) acc[g] = make_float2(0.0f, 0.0f);
+
+  const int32_t* table = plan.block_tables + static_cast<int64_t>(plan.token_sequence[t]) * plan.block_table_stride;
+  const int64_t slot_stride = static_cast<int64_t>(layer.num_kv_heads) * head_dim;
+  const int32_t chunks = head_dim / 8;
+
+  for (int32_t tile = kv_begin; tile < kv_end; tile += kTileKeys) {
+    const int32_t n = min(kTileKeys, kv_end - tile);
+    for (int32_t i = tid; i < n * chunks; i += kThreads) {
+      const int32_t key = i / chunks, c = i % chunks;
+      const int32_t pos = tile + key;
+      const int64_t block = table[pos / layer.block_size];
+      const int64_t offset = (block * layer.block_size + pos % layer.block_size) * slot_stride +
+                             static_cast<int64_t>(kv_head) * head_dim + c * 8;
+      const uint4 kk = *reinterpret_cast<const uint4*>(layer.key + offset);
+      const uint4 vv = *reinterpret_cast<const uint4*>(layer.value + offset);
+      const __nv_bfloat162* kp = reinterpret_cast<const __nv_bfloat162*>(&kk);
+      const __nv_bfloat162* vp = reinterpret_cast<const __nv_bfloat162*>(&vv);
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        k_s[key][c * 4 + w] = kp[w];
+        v_s[key][c * 4 + w] = vp[w];
+      }
+    }
+    __syncthreads();
+
+    for (int32_t s = tid; s < num_heads * kTileKeys; s += kThreads) {
+      const int32_t g = s / kTileKeys, key = s % kTileKeys;
+      float dot = -FLT_MAX;
+      if (key < n) {
+        dot = 0.0f;
+        for (int32_t d2 = 0; d2 < pairs; ++d2) {
+          const float2 kf = __bfloat1622float2(k_s[key][d2]);
+          dot += q_s[g][2 * d2] * kf.x + q_s[g][2 * d2 + 1] * kf.y;
+        }
+      }
+      p_s[g][key] = dot;
+    }
+    __syncthreads();
+
+    // Online softmax: one warp per head, one lane per key of the tile.
+    for (int32_t g = warp; g < num_heads; g += kWarps) {
+      const float score = p_s[g][lane];
+      const float m_old = m_s[g];
+      const float m_new = fmaxf(m_old, warp_max(score));
+      const float p = lane < n ? expf(score - m_new) : 0.0f;
+      const float sum = warp_sum(p);
+      p_s[g][lane] = p;
+      if (lane == 0) {
+        const float corr = expf(m_old - m_new);
+        l_s[g] = l_s[g] * corr + sum;
+        m_s[g] = m_new;
+        corr_s[g] = corr;
+      }
+    }
+    __syncthreads();
+
+    if (tid < pairs) {
+#pragma unroll
+      for (int g = 0; g < kMaxHeads; ++g) {
+        if (g < num_heads) {
+          acc[g].x *= corr_s[g];
+          acc[g].y *= corr_s[g];
+        }
+      }
+      for (int32_t key = 0; key < n; ++key) {
+        const float2 vf = __bfloat1622float2(v_s[key][tid]);
+#pragma unroll
+        for (int g = 0; g < kMaxHeads; ++g) {
+          if (g < num_heads) {
+            const float p = p_s[g][key];
+            acc[g].x += p * vf.x;
+            acc[g].y += p * vf.y;
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  if (tid < pairs) {
+#pragma unroll
+    for (int g = 0; g < kMaxHeads; ++g) {
+      if (g < num_heads) {
+        const float inv = 1.0f / l_s[g];
+        out_t[g * pairs + tid] = __float22bfloat162_rn(make_float2(acc[g].x * inv, acc[g].y * inv));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t paged_attention(const bf16* q, int64_t q_row_stride, const DevicePagedKvLayer& layer,
+                            const DeviceAttentionPlan& plan, int32_t num_q_heads, float scale, bf16* out,
+                            cudaStream_t stream) {
+  if (plan.num_tokens == 0) return cudaSuccess;
+  if (layer.head_dim % 8 != 0 || layer.head_dim > kMaxHeadDim || layer.num_kv_heads <= 0 ||
+      num_q_heads % layer.num_kv_heads != 0 || q_row_stride % 8 != 0)
+    return cudaErrorInvalidValue;
+  const int32_t group = num_q_heads / layer.num_kv_heads;
+  const dim3 grid(static_cast<unsigned>(plan.num_tokens), static_cast<unsigned>(layer.num_kv_heads),
+                  static_cast<unsigned>((group + kMaxHeads - 1) / kMaxHeads));
+  paged_attention_kernel<<<grid, kThreads, 0, stream>>>(q, q_row_stride, layer, plan, num_q_heads, group, scale,
+                                                        out);
+  return cudaGetLastError();
+}
+
+}  // namespace pagoda::cuda

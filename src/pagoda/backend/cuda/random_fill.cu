@@ -1,0 +1,49 @@
+// Reproducible random weights made on the GPU: a splitmix64 hash of (seed, index)
+// per element, so no host memory or transfer is needed for an 8B model.
+#include "pagoda/backend/cuda/cuda_ops.h"
+
+namespace pagoda::cuda {
+
+namespace {
+
+__device__ uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+__global__ void fill_random_uniform_kernel(bf16* __restrict__ x, int64_t n, float scale, uint64_t seed) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const uint64_t bits = splitmix64(seed * 0x100000001b3ull ^ static_cast<uint64_t>(i));
+    const float unit = static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    x[i] = __float2bfloat16((2.0f * unit - 1.0f) * scale);
+  }
+}
+
+__global__ void fill_constant_kernel(float* __restrict__ x, int64_t n, float value) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) x[i] = value;
+}
+
+unsigned grid_for(int64_t n) {
+  const int64_t blocks = (n + 255) / 256;
+  return static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
+}
+
+}  // namespace
+
+cudaError_t fill_random_uniform(bf16* x, int64_t n, float scale, uint64_t seed, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  fill_random_uniform_kernel<<<grid_for(n), 256, 0, stream>>>(x, n, scale, seed);
+  return cudaGetLastError();
+}
+
+cudaError_t fill_constant(float* x, int64_t n, float value, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  fill_constant_kernel<<<grid_for(n), 256, 0, stream>>>(x, n, value);
+  return cudaGetLastError();
+}
+
+}  // namespace pagoda::cuda

@@ -1,0 +1,132 @@
+// RMSNorm family: plain (with optional row gather), fused residual add, and the
+// per-head norm of Qwen3. Sums of squares in f32 with a block reduction.
+#include "pagoda/backend/cuda/cuda_ops.h"
+
+namespace pagoda::cuda {
+
+namespace {
+
+constexpr int kNormThreads = 256;
+
+// Sum over the block; every thread gets the result.
+__device__ float block_sum(float value) {
+  __shared__ float partial[32];
+  __shared__ float total;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) partial[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    const int num_warps = (blockDim.x + 31) / 32;
+    float v = lane < num_warps ? partial[lane] : 0.0f;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    if (lane == 0) total = v;
+  }
+  __syncthreads();
+  return total;
+}
+
+__global__ void rmsnorm_kernel(const float* __restrict__ x, const int32_t* __restrict__ row_index,
+                               const float* __restrict__ weight, bf16* __restrict__ out, int32_t dim,
+                               float eps) {
+  const int32_t r = blockIdx.x;
+  const int64_t src = row_index != nullptr ? row_index[r] : r;
+  const float* xr = x + src * dim;
+  float sum_sq = 0.0f;
+  for (int32_t i = threadIdx.x; i < dim; i += blockDim.x) sum_sq += xr[i] * xr[i];
+  const float inv_rms = rsqrtf(block_sum(sum_sq) / dim + eps);
+  bf16* yr = out + static_cast<int64_t>(r) * dim;
+  for (int32_t i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = __float2bfloat16(weight[i] * (xr[i] * inv_rms));
+}
+
+__global__ void add_rmsnorm_kernel(float* __restrict__ residual, const bf16* __restrict__ delta,
+                                   const float* __restrict__ weight, bf16* __restrict__ out, int32_t dim,
+                                   float eps) {
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
+  float* xr = residual + base;
+  float sum_sq = 0.0f;
+  for (int32_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    float v = xr[i];
+    if (delta != nullptr) {
+      v += __bfloat162float(delta[base + i]);
+      xr[i] = v;
+    }
+    sum_sq += v * v;
+  }
+  const float inv_rms = rsqrtf(block_sum(sum_sq) / dim + eps);
+  // Each thread re-reads only the elements it wrote itself: no barrier needed.
+  for (int32_t i = threadIdx.x; i < dim; i += blockDim.x)
+    out[base + i] = __float2bfloat16(weight[i] * (xr[i] * inv_rms));
+}
+
+__global__ void add_residual_kernel(float* __restrict__ residual, const bf16* __restrict__ delta, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) residual[i] += __bfloat162float(delta[i]);
+}
+
+// One warp per (token, head); head_dim <= 256 so a lane holds at most 8 values.
+__global__ void head_rmsnorm_kernel(bf16* __restrict__ x, int64_t row_stride, int32_t num_tokens,
+                                    int32_t num_heads, int32_t head_dim, const float* __restrict__ weight,
+                                    float eps) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (item >= static_cast<int64_t>(num_tokens) * num_heads) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t t = item / num_heads;
+  const int32_t h = static_cast<int32_t>(item % num_heads);
+  bf16* v = x + t * row_stride + static_cast<int64_t>(h) * head_dim;
+  float values[8];
+  float sum_sq = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int32_t i = lane + k * 32;
+    values[k] = i < head_dim ? __bfloat162float(v[i]) : 0.0f;
+    sum_sq += values[k] * values[k];
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
+  const float inv_rms = rsqrtf(sum_sq / head_dim + eps);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int32_t i = lane + k * 32;
+    if (i < head_dim) v[i] = __float2bfloat16(weight[i] * (values[k] * inv_rms));
+  }
+}
+
+int norm_threads(int32_t dim) { return dim >= kNormThreads ? kNormThreads : ((dim + 31) / 32) * 32; }
+
+}  // namespace
+
+cudaError_t rmsnorm(const float* x, const int32_t* row_index, const float* weight, bf16* out, int32_t rows,
+                    int32_t dim, float eps, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  rmsnorm_kernel<<<rows, norm_threads(dim), 0, stream>>>(x, row_index, weight, out, dim, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t add_rmsnorm(float* residual, const bf16* delta, const float* weight, bf16* out, int32_t rows,
+                        int32_t dim, float eps, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  add_rmsnorm_kernel<<<rows, norm_threads(dim), 0, stream>>>(residual, delta, weight, out, dim, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t add_residual(float* residual, const bf16* delta, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  add_residual_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(residual, delta, n);
+  return cudaGetLastError();
+}
+
+cudaError_t head_rmsnorm(bf16* x, int64_t row_stride, int32_t num_tokens, int32_t num_heads, int32_t head_dim,
+                         const float* weight, float eps, cudaStream_t stream) {
+  const int64_t items = static_cast<int64_t>(num_tokens) * num_heads;
+  if (items == 0) return cudaSuccess;
+  if (head_dim > 256) return cudaErrorInvalidValue;
+  constexpr int kWarpsPerBlock = 4;
+  head_rmsnorm_kernel<<<static_cast<unsigned>((items + kWarpsPerBlock - 1) / kWarpsPerBlock), kWarpsPerBlock * 32,
+                        0, stream>>>(x, row_stride, num_tokens, num_heads, head_dim, weight, eps);
+  return cudaGetLastError();
+}
+
+}  // namespace pagoda::cuda
