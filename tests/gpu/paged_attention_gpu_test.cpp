@@ -108,6 +108,7 @@ class PagedAttentionGpuTest : public ::testing::TestWithParam<AttentionCase> {
  protected:
   void SetUp() override {
     if (!testing::cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+    ASSERT_EQ(prepare_paged_attention_kernels(), cudaSuccess);
   }
 };
 
@@ -178,6 +179,7 @@ class PagedAttentionGpuProperties : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!testing::cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+    ASSERT_EQ(prepare_paged_attention_kernels(), cudaSuccess);
   }
 };
 

@@ -4,6 +4,11 @@
 
 namespace pagoda::kernels::cuda {
 
+cudaError_t prepare_paged_attention_kernels() {
+  const cudaError_t err = prepare_decode_attention();
+  return err != cudaSuccess ? err : prepare_prefill_attention();
+}
+
 cudaError_t launch_paged_attention(const AttentionDescriptor& d, const void* q, void* out,
                                    cudaStream_t stream) {
   // TODO(issue 7, quantized KV): dequantize fp8/int8/int4 in registers with the scale pools.

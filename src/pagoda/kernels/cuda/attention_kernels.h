@@ -15,6 +15,11 @@
 
 namespace pagoda::kernels::cuda {
 
+// Raises the shared-memory limits of every attention kernel (a one-time setup,
+// not a stream operation). Call once before capturing launches in a graph; the
+// launches also do it themselves on first use.
+cudaError_t prepare_paged_attention_kernels();
+
 // The fast path: decode (split-K + merge) or prefill (tensor cores), as the plan chose.
 cudaError_t launch_paged_attention(const AttentionDescriptor& desc, const void* q, void* out,
                                    cudaStream_t stream);

@@ -10,6 +10,8 @@ namespace pagoda::kernels::cuda {
 
 cudaError_t launch_decode_attention(const AttentionDescriptor& desc, const void* q, void* out,
                                     cudaStream_t stream);
+cudaError_t prepare_decode_attention();
+cudaError_t prepare_prefill_attention();
 cudaError_t launch_prefill_attention(const AttentionDescriptor& desc, const void* q, void* out,
                                      cudaStream_t stream);
 

@@ -291,10 +291,12 @@ cudaError_t launch_decode_variant(const AttentionDescriptor& d, const __nv_bfloa
   static_assert(smem_bytes >= (2 * kDecodeWarps * kHeads + kDecodeWarps * kHeads * kHeadDim) * 4,
                 "the warp merge reuses the stage memory");
   auto* kernel = decode_attention_kernel<kHeadDim, kHeads>;
-  // Raising the dynamic shared memory limit is not a stream operation: safe during capture.
-  cudaError_t err =
+  // Once per process (normally before any graph capture: see prepare_paged_attention_kernels).
+  static const cudaError_t prepared =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  if (err != cudaSuccess) return err;
+  if (prepared != cudaSuccess) return prepared;
+  cudaError_t err;
+  if (d.num_work_items == 0) return cudaSuccess;
   const dim3 grid(d.num_q_heads / kHeads, d.num_work_items);
   kernel<<<grid, kDecodeWarps * 32, smem_bytes, stream>>>(d, q, out);
   err = cudaGetLastError();
@@ -315,6 +317,20 @@ cudaError_t launch_decode_for_dim(const AttentionDescriptor& d, const __nv_bfloa
 }
 
 }  // namespace
+
+cudaError_t prepare_decode_attention() {
+  // A launch with zero work items sets the attribute and enqueues nothing.
+  AttentionDescriptor empty;
+  for (int head_dim : {64, 128, 256}) {
+    for (int heads : {1, 2, 4}) {
+      empty.head_dim = head_dim;
+      empty.q_heads_per_cta = heads;
+      const cudaError_t err = launch_decode_attention(empty, nullptr, nullptr, nullptr);
+      if (err != cudaSuccess) return err;
+    }
+  }
+  return cudaSuccess;
+}
 
 cudaError_t launch_decode_attention(const AttentionDescriptor& d, const void* q, void* out,
                                     cudaStream_t stream) {

@@ -240,14 +240,26 @@ cudaError_t launch_prefill_for_dim(const AttentionDescriptor& d, const __nv_bflo
                                    __nv_bfloat16* out, cudaStream_t stream) {
   constexpr int smem_bytes = PrefillShape<kHeadDim>::kSmemBytes;
   auto* kernel = prefill_attention_kernel<kHeadDim>;
-  cudaError_t err =
+  // Once per process (normally before any graph capture: see prepare_paged_attention_kernels).
+  static const cudaError_t prepared =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  if (err != cudaSuccess) return err;
+  if (prepared != cudaSuccess) return prepared;
+  if (d.num_work_items == 0) return cudaSuccess;
   kernel<<<dim3(d.num_kv_heads, d.num_work_items), kThreads, smem_bytes, stream>>>(d, q, out);
   return cudaGetLastError();
 }
 
 }  // namespace
+
+cudaError_t prepare_prefill_attention() {
+  AttentionDescriptor empty;  // zero work items: sets the attribute, enqueues nothing
+  for (int head_dim : {64, 128}) {
+    empty.head_dim = head_dim;
+    const cudaError_t err = launch_prefill_attention(empty, nullptr, nullptr, nullptr);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
 
 cudaError_t launch_prefill_attention(const AttentionDescriptor& d, const void* q, void* out,
                                      cudaStream_t stream) {
