@@ -5,7 +5,8 @@
 // together exceed the L2. Where the naive GPU kernel can run (length <= 12,000)
 // the fast output is checked against it at the benchmark shape.
 //
-//   attention_bench [--json FILE] [--iters N]
+//   attention_bench [--json FILE] [--iters N] [--only SUBSTRING]
+// --only runs the figures whose name contains SUBSTRING ("copy", "decode", "prefill", ...).
 // Prints one line per figure and a summary table last.
 
 #include <cuda_runtime.h>
@@ -44,6 +45,10 @@ struct Figure {
   double check;  // rel L2 vs naive, or -1 when not checked
 };
 std::vector<Figure> figures;
+std::string only_filter;
+bool selected(const std::string& name) {
+  return only_filter.empty() || name.find(only_filter) != std::string::npos;
+}
 
 void* device_alloc(size_t bytes) {
   void* p = nullptr;
@@ -118,6 +123,7 @@ struct Shape {
 void run_case(const std::string& name, const Shape& shape, int batch, int length, int new_tokens,
               int split_tokens, int sets, int iters, const cudaDeviceProp& prop,
               cudaStream_t stream) {
+  if (!selected(name)) return;
   const int blocks_per_seq = (length + shape.block_size - 1) / shape.block_size;
   const int num_blocks = batch * blocks_per_seq;
   std::mt19937 rng(42);
@@ -222,6 +228,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only_filter = argv[++i];
   }
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -231,7 +238,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaStreamCreate(&stream));
   CHECK_CUDA(prepare_paged_attention_kernels());
 
-  copy_ceiling(stream, iters);
+  if (selected("copy")) copy_ceiling(stream, iters);
   const Shape gqa;
   // Decode, GQA 32/8, d=128, block 16: the three shapes (automatic split).
   run_case("decode B=64 L=4096", gqa, 64, 4096, 1, 0, 1, iters, prop, stream);
@@ -242,7 +249,7 @@ int main(int argc, char** argv) {
   for (int bs : {8, 32, 64}) {
     Shape s = gqa;
     s.block_size = bs;
-    run_case("decode B=64 L=4096 bs=" + std::to_string(bs), s, 64, 4096, 1, 0, 1, iters, prop,
+    run_case("decode bs=" + std::to_string(bs) + " B=64 L=4096", s, 64, 4096, 1, 0, 1, iters, prop,
              stream);
   }
   {

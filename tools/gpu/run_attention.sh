@@ -3,10 +3,10 @@
 # repository root there (binaries compiled here, bundled with
 # scripts/device-bundle.sh into BUNDLE, carried with the call):
 #   tools/gpu/run_attention.sh [BUNDLE]      (default .device/attn)
-# Writes under $OUT: gpu_tests.log (plan + kernel tests), attention_bench.log and
-# .json, torch_baselines.log and .json (PyTorch SDPA side by side, same call),
+# Writes under $OUT: gpu_tests.log (plan + kernel tests, memcheck), attention_bench.log, torch_baselines.log and .json (PyTorch SDPA side by side, same call),
 # sass_summary.txt (instruction counts per kernel: HGMMA? HMMA, LDGSTS, spills),
-# gpu_state.txt (nvidia-smi before and after). Prints a short summary last.
+# gpu_state.txt (nvidia-smi before and after), ncu.txt (counters for one decode
+# and one prefill launch). Prints a short summary last.
 set -uo pipefail
 bundle=${1:-.device/attn}
 out=${OUT:-/tmp/attn-out}
@@ -16,12 +16,26 @@ mkdir -p "$out"
 
 "$bundle/run.sh" attention_plan_tests >"$out/gpu_tests.log" 2>&1
 plan_rc=$?
-"$bundle/run.sh" paged_attention_gpu_tests >>"$out/gpu_tests.log" 2>&1
-gpu_rc=$?
-grep -E "rel L2|FAILED|PASSED|Failure|error" "$out/gpu_tests.log" | head -60
+# One process per suite: a kernel fault would poison the context for every later test.
+gpu_rc=0
+for filter in 'Decode/*' 'Prefill/*' 'PagedAttentionGpuProperties.*'; do
+  "$bundle/run.sh" paged_attention_gpu_tests --gtest_filter="$filter" >>"$out/gpu_tests.log" 2>&1 || gpu_rc=$?
+done
+# Out-of-bounds and race checks on a few small cases (compute-sanitizer is slow).
+if command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck; do
+    echo "== compute-sanitizer $tool" >>"$out/gpu_tests.log"
+    LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64" timeout 45 compute-sanitizer --tool $tool --print-limit 5 \
+      "$bundle/bin/paged_attention_gpu_tests" \
+      --gtest_filter='Decode/*mha8_d64_bs16_split256*:Prefill/*mha4_d64_bs8*' 2>&1 | tail -6 >>"$out/gpu_tests.log"
+  done
+fi
+grep -E "rel L2|FAILED|PASSED|Failure|ERROR SUMMARY|error" "$out/gpu_tests.log" | head -60
 
-"$bundle/run.sh" attention_bench --json "$out/attention_bench.json" >"$out/attention_bench.log" 2>&1
-bench_rc=$?
+bench_rc=0
+for only in copy decode prefill; do
+  "$bundle/run.sh" attention_bench --only "$only" >>"$out/attention_bench.log" 2>&1 || bench_rc=$?
+done
 
 PYTHONUNBUFFERED=1 python3 bench/kernels/torch_baselines.py >"$out/torch_baselines.log" 2>&1
 torch_rc=$?
@@ -31,7 +45,6 @@ if command -v cuobjdump >/dev/null; then
   cuobjdump --dump-sass "$bundle/bin/attention_bench" | awk '
     /Function :/ { name = $3 }
     name != "" {
-      for (op in ops) ;
       if ($0 ~ /HGMMA/) c[name, "HGMMA"]++
       if ($0 ~ /HMMA/) c[name, "HMMA"]++
       if ($0 ~ /LDGSTS/) c[name, "LDGSTS"]++
@@ -52,7 +65,20 @@ else
 fi
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >>"$out/gpu_state.txt" 2>&1
 
+# Hardware counters for one decode and one prefill launch (clocks left alone).
+if command -v ncu >/dev/null; then
+  export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64"
+  { timeout 60 ncu --clock-control none -k regex:decode_attention --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+      "$bundle/bin/attention_bench" --only "decode B=64 L=4096" --iters 2
+    timeout 60 ncu --clock-control none -k regex:prefill_attention --launch-count 1 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy \
+      "$bundle/bin/attention_bench" --only "prefill L=16384" --iters 2
+  } >"$out/ncu.txt" 2>&1
+fi
+
 echo "== sass"; sed 's/_ZN6pagoda7kernels4cuda[^ ]*_cu_[0-9a-f]*//' "$out/sass_summary.txt" | cut -c1-220
+echo "== ncu"; grep -E "DRAM Throughput|Memory Throughput|Compute \\(SM\\)|Duration|Achieved Occupancy|Registers Per|Theoretical Occ" "$out/ncu.txt" | head -20
 echo "== torch"; grep -E "copy|decode|prefill|gemm" "$out/torch_baselines.log" | grep -v expanded
-echo "== pagoda"; sed -n '/^figure/,$p' "$out/attention_bench.log"; grep -E "rel L2 vs naive|failed|error" "$out/attention_bench.log" | cut -c1-160
+echo "== pagoda"; grep -A30 "^figure" "$out/attention_bench.log" | grep -v "^figure"; grep -E "rel L2 vs naive|failed|error" "$out/attention_bench.log" | cut -c1-160
 echo "rc: plan_tests=$plan_rc gpu_tests=$gpu_rc bench=$bench_rc torch=$torch_rc"
