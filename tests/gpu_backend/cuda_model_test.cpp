@@ -1,0 +1,380 @@
+// The whole model on the GPU against the CPU reference model (CpuModel, f32) on
+// the committed fixtures (tests/fixtures/models/*), and greedy tokens against
+// transformers' (expected.json). The GPU runs bf16 weights and activations with
+// an f32 residual stream, so logits agree to bf16 tolerance, and greedy tokens
+// agree wherever transformers' top-1 margin is larger than that tolerance.
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "gpu_test_support.h"
+#include "pagoda/backend/cuda/cuda_model.h"
+#include "pagoda/backend/cuda/cuda_model_runner.h"
+#include "pagoda/model/cpu_model.h"
+
+namespace pagoda::cuda {
+namespace {
+
+constexpr int32_t kBlockSize = 16;
+constexpr int32_t kNumBlocks = 64;
+// Logit error bound: |gpu - cpu| <= kAbsTol + kRelTol * max|cpu logit| of the row set.
+constexpr double kAbsTol = 0.02;
+constexpr double kRelTol = 0.02;
+// Greedy tokens must agree where transformers' top-1 margin exceeds this.
+constexpr double kMarginTol = 0.05;
+
+std::filesystem::path fixtures_dir() {
+  const char* env = std::getenv("PAGODA_SOURCE_DIR");
+  return std::filesystem::path(env != nullptr ? env : PAGODA_SOURCE_DIR) / "tests/fixtures/models";
+}
+
+struct Expected {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> greedy;
+  std::vector<double> margin;
+};
+
+Expected load_expected(const std::filesystem::path& dir) {
+  std::ifstream in(dir / "expected.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  return Expected{j.at("prompt_ids").get<std::vector<int32_t>>(), j.at("greedy_tokens").get<std::vector<int32_t>>(),
+                  j.at("top1_margin").get<std::vector<double>>()};
+}
+
+std::vector<int32_t> iota_blocks(int32_t first, int32_t count) {
+  std::vector<int32_t> blocks(static_cast<size_t>(count));
+  std::iota(blocks.begin(), blocks.end(), first);
+  return blocks;
+}
+
+// One sequence: `tokens` appended after `cached` tokens, blocks from `table`.
+ForwardBatch single(const std::vector<int32_t>& tokens, int32_t cached, std::vector<int32_t> table,
+                    bool all_logits) {
+  ForwardBatch b;
+  b.token_ids = tokens;
+  for (size_t i = 0; i < tokens.size(); ++i) b.positions.push_back(cached + static_cast<int32_t>(i));
+  SequenceSlice s;
+  s.token_offset = 0;
+  s.num_new_tokens = static_cast<int32_t>(tokens.size());
+  s.num_cached_tokens = cached;
+  s.block_table = std::move(table);
+  s.logits_for_all_new_tokens = all_logits;
+  b.sequences.push_back(std::move(s));
+  return b;
+}
+
+int32_t argmax(const float* row, int32_t n) {
+  return static_cast<int32_t>(std::max_element(row, row + n) - row);
+}
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, static_cast<double>(std::abs(x)));
+  return m;
+}
+
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::abs(static_cast<double>(a[i]) - b[i]);
+    if (!(d <= m)) m = std::isnan(d) ? 1e30 : d;
+  }
+  return m;
+}
+
+CudaModelOptions small_options(bool graphs = true) {
+  CudaModelOptions o;
+  o.max_num_tokens = 256;
+  o.max_num_seqs = 8;
+  o.max_model_len = 512;
+  o.block_size = kBlockSize;
+  o.use_cuda_graphs = graphs;
+  o.show_progress = false;
+  return o;
+}
+
+class FixtureTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    PAGODA_SKIP_WITHOUT_GPU();
+    dir_ = fixtures_dir() / GetParam();
+    expected_ = load_expected(dir_);
+    auto cpu = CpuModel::load(dir_);
+    ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+    cpu_ = std::move(cpu).value();
+    auto cpu_pool = CpuKvPool::create(cpu_->kv_pool_shape(kNumBlocks, kBlockSize));
+    ASSERT_TRUE(cpu_pool.ok()) << cpu_pool.status().to_string();
+    cpu_pool_ = std::make_unique<CpuKvPool>(std::move(cpu_pool).value());
+    auto gpu = CudaModel::load(dir_, small_options());
+    ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+    gpu_ = std::move(gpu).value();
+    auto pool = CudaKvPool::create(gpu_->kv_pool_shape(kNumBlocks));
+    ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+    pool_ = std::move(pool).value();
+  }
+
+  std::filesystem::path dir_;
+  Expected expected_;
+  std::unique_ptr<CpuModel> cpu_;
+  std::unique_ptr<CpuKvPool> cpu_pool_;
+  std::unique_ptr<CudaModel> gpu_;
+  std::unique_ptr<CudaKvPool> pool_;
+};
+
+TEST_P(FixtureTest, PrefillLogitsMatchCpuReference) {
+  const int32_t vocab = gpu_->config().vocab_size;
+  const ForwardBatch batch = single(expected_.prompt, 0, iota_blocks(0, 8), /*all_logits=*/true);
+  std::vector<float> want, got;
+  ASSERT_TRUE(cpu_->forward(batch, *cpu_pool_, want).ok());
+  const Status s = gpu_->forward(batch, *pool_, got);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_EQ(got.size(), want.size());
+  const double err = max_diff(got, want), scale = max_abs(want);
+  std::cout << "[ figure ] " << GetParam() << " prefill logits: max |gpu - cpu| = " << err << " (max |logit| "
+            << scale << ", bound " << kAbsTol + kRelTol * scale << ")\n";
+  EXPECT_LE(err, kAbsTol + kRelTol * scale);
+  // The last row's argmax is transformers' first greedy token (margin permitting).
+  if (expected_.margin[0] > kMarginTol) {
+    EXPECT_EQ(argmax(got.data() + got.size() - vocab, vocab), expected_.greedy[0]);
+  }
+}
+
+TEST_P(FixtureTest, TeacherForcedDecodeAgreesWithCpuAndTransformers) {
+  const int32_t vocab = gpu_->config().vocab_size;
+  const std::vector<int32_t> table = iota_blocks(0, 8);
+  std::vector<float> want, got;
+  ASSERT_TRUE(cpu_->forward(single(expected_.prompt, 0, table, false), *cpu_pool_, want).ok());
+  ASSERT_TRUE(gpu_->forward(single(expected_.prompt, 0, table, false), *pool_, got).ok());
+  int32_t length = static_cast<int32_t>(expected_.prompt.size());
+  double worst = 0;
+  int disagreements = 0;
+  for (size_t step = 0; step < expected_.greedy.size(); ++step) {
+    worst = std::max(worst, max_diff(got, want) / (kAbsTol + kRelTol * max_abs(want)));
+    const int32_t gpu_token = argmax(got.data(), vocab);
+    if (expected_.margin[step] > kMarginTol) {
+      EXPECT_EQ(gpu_token, expected_.greedy[step]) << "step " << step << " margin " << expected_.margin[step];
+    } else if (gpu_token != expected_.greedy[step]) {
+      ++disagreements;  // a near tie: either token is right within tolerance
+    }
+    if (step + 1 == expected_.greedy.size()) break;
+    const ForwardBatch next = single({expected_.greedy[step]}, length, table, false);
+    ASSERT_TRUE(cpu_->forward(next, *cpu_pool_, want).ok());
+    const Status s = gpu_->forward(next, *pool_, got);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    ++length;
+  }
+  std::cout << "[ figure ] " << GetParam() << " decode: worst error / bound = " << worst
+            << ", near-tie disagreements " << disagreements << ", graph replays " << gpu_->graph_replays() << "\n";
+  EXPECT_LE(worst, 1.0);
+  EXPECT_GT(gpu_->graph_replays(), 0) << "decode steps of batch 1 should replay a CUDA graph";
+}
+
+TEST_P(FixtureTest, FreeRunningGreedyOnGpuMatchesTransformers) {
+  const std::vector<int32_t> table = iota_blocks(0, 8);
+  std::vector<int32_t> tokens;
+  ASSERT_TRUE(gpu_->forward_greedy(single(expected_.prompt, 0, table, false), *pool_, tokens).ok());
+  int32_t length = static_cast<int32_t>(expected_.prompt.size());
+  size_t agreed = 0;
+  for (size_t step = 0; step < expected_.greedy.size(); ++step) {
+    ASSERT_EQ(tokens.size(), 1u);
+    if (tokens[0] != expected_.greedy[step]) {
+      // Only a near tie may diverge; after it the continuations differ legitimately.
+      EXPECT_LE(expected_.margin[step], kMarginTol) << "step " << step << ": got " << tokens[0] << ", want "
+                                                    << expected_.greedy[step];
+      break;
+    }
+    ++agreed;
+    const ForwardBatch next = single({tokens[0]}, length++, table, false);
+    ASSERT_TRUE(gpu_->forward_greedy(next, *pool_, tokens).ok());
+  }
+  std::cout << "[ figure ] " << GetParam() << " free-running greedy: " << agreed << "/" << expected_.greedy.size()
+            << " tokens equal to transformers\n";
+}
+
+TEST_P(FixtureTest, ChunkedPrefillAfterCachedPrefixMatchesOneShot) {
+  const int32_t n = static_cast<int32_t>(expected_.prompt.size());
+  const int32_t split = n / 2 + 3;  // not on a block boundary
+  const std::vector<int32_t> first(expected_.prompt.begin(), expected_.prompt.begin() + split);
+  const std::vector<int32_t> rest(expected_.prompt.begin() + split, expected_.prompt.end());
+  std::vector<float> whole, part, unused;
+  ASSERT_TRUE(gpu_->forward(single(expected_.prompt, 0, iota_blocks(0, 8), true), *pool_, whole).ok());
+  ASSERT_TRUE(gpu_->forward(single(first, 0, iota_blocks(20, 8), false), *pool_, unused).ok());
+  ASSERT_TRUE(gpu_->forward(single(rest, split, iota_blocks(20, 8), true), *pool_, part).ok());
+  const size_t vocab = static_cast<size_t>(gpu_->config().vocab_size);
+  const std::vector<float> tail(whole.end() - static_cast<std::ptrdiff_t>(rest.size() * vocab), whole.end());
+  ASSERT_EQ(part.size(), tail.size());
+  EXPECT_LE(max_diff(part, tail), kAbsTol + kRelTol * max_abs(tail));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest,
+                         ::testing::Values("llama_f32", "llama3_rope_bf16", "llama_mqa_f16", "mistral_bf16",
+                                           "qwen2_tied_bf16", "qwen3_sharded_f32"));
+
+// Several sequences decoding together: graph replay (padded to a bucket) and
+// the eager path give the same logits.
+TEST(CudaModel, GraphDecodeMatchesEagerDecodeForABatch) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const auto dir = fixtures_dir() / "llama_f32";
+  const Expected e = load_expected(dir);
+  auto graphs = CudaModel::load(dir, small_options(true));
+  auto eager = CudaModel::load(dir, small_options(false));
+  ASSERT_TRUE(graphs.ok() && eager.ok());
+  auto pool_a = CudaKvPool::create((*graphs)->kv_pool_shape(kNumBlocks));
+  auto pool_b = CudaKvPool::create((*eager)->kv_pool_shape(kNumBlocks));
+  ASSERT_TRUE(pool_a.ok() && pool_b.ok());
+
+  // Three sequences with prompts of different lengths, blocks 8 apart.
+  const std::vector<int32_t> lengths = {12, 7, 3};
+  std::vector<int32_t> current(3);
+  for (int s = 0; s < 3; ++s) {
+    const std::vector<int32_t> prompt(e.prompt.begin(), e.prompt.begin() + lengths[s]);
+    std::vector<int32_t> a, b;
+    ASSERT_TRUE((*graphs)->forward_greedy(single(prompt, 0, iota_blocks(8 * s, 8), false), **pool_a, a).ok());
+    ASSERT_TRUE((*eager)->forward_greedy(single(prompt, 0, iota_blocks(8 * s, 8), false), **pool_b, b).ok());
+    ASSERT_EQ(a, b);
+    current[s] = a[0];
+  }
+  std::vector<int32_t> length = lengths;
+  for (int step = 0; step < 6; ++step) {
+    ForwardBatch batch;
+    for (int s = 0; s < 3; ++s) {
+      batch.token_ids.push_back(current[s]);
+      batch.positions.push_back(length[s]);
+      SequenceSlice slice;
+      slice.token_offset = s;
+      slice.num_new_tokens = 1;
+      slice.num_cached_tokens = length[s]++;
+      slice.block_table = iota_blocks(8 * s, 8);
+      batch.sequences.push_back(slice);
+    }
+    std::vector<float> la, lb;
+    ASSERT_TRUE((*graphs)->forward(batch, **pool_a, la).ok());
+    ASSERT_TRUE((*eager)->forward(batch, **pool_b, lb).ok());
+    ASSERT_EQ(la.size(), lb.size());
+    EXPECT_LE(max_diff(la, lb), 1e-2 + 1e-2 * max_abs(lb)) << "step " << step;
+    const int32_t vocab = (*graphs)->config().vocab_size;
+    for (int s = 0; s < 3; ++s) current[s] = argmax(la.data() + s * vocab, vocab);
+  }
+  EXPECT_GE((*graphs)->graph_replays(), 5);
+  EXPECT_EQ((*graphs)->graphs_captured(), 1);  // batch 3 -> bucket 4
+  EXPECT_EQ((*eager)->graph_replays(), 0);
+}
+
+TEST(CudaModel, RejectsBadBatchesWithClearErrors) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  auto model = CudaModel::load(fixtures_dir() / "llama_f32", small_options());
+  ASSERT_TRUE(model.ok());
+  auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
+  ASSERT_TRUE(pool.ok());
+  std::vector<float> logits;
+  Status s = (*model)->forward(single({1, 99999}, 0, {0}, false), **pool, logits);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("99999"), std::string::npos) << s.message();
+  s = (*model)->forward(single({1, 2}, 0, {kNumBlocks}, false), **pool, logits);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("outside the pool"), std::string::npos) << s.message();
+  s = (*model)->forward(single(std::vector<int32_t>(300, 1), 0, iota_blocks(0, 19), false), **pool, logits);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("max_num_tokens"), std::string::npos) << s.message();
+  s = (*model)->forward(single({1}, 600, iota_blocks(0, 38), false), **pool, logits);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  auto other = CudaKvPool::create(KvPoolShape{1, 4, kBlockSize, 1, 8, DType::kBF16});
+  ASSERT_TRUE(other.ok());
+  s = (*model)->forward(single({1}, 0, {0}, false), **other, logits);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("does not fit"), std::string::npos) << s.message();
+}
+
+ModelConfig small_llama_config() {
+  const nlohmann::json j = {
+      {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 1000}, {"hidden_size", 256},
+      {"intermediate_size", 512}, {"num_hidden_layers", 2}, {"num_attention_heads", 8},
+      {"num_key_value_heads", 2}, {"max_position_embeddings", 512}, {"rms_norm_eps", 1e-5},
+      {"rope_theta", 500000.0}, {"torch_dtype", "bfloat16"}, {"eos_token_id", 2}, {"bos_token_id", 1}};
+  auto config = parse_model_config(j, "test config");
+  EXPECT_TRUE(config.ok()) << config.status().to_string();
+  return *config;
+}
+
+TEST(CudaModel, RandomWeightsAreReproducibleAndFinite) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const ModelConfig config = small_llama_config();
+  std::vector<std::vector<float>> results;
+  for (uint64_t seed : {7u, 7u, 8u}) {
+    auto model = CudaModel::create_random(config, seed, small_options());
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    EXPECT_GT((*model)->weight_bytes(), 2u * 1000 * 256 * 2);
+    auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
+    ASSERT_TRUE(pool.ok());
+    std::vector<float> logits;
+    const std::vector<int32_t> prompt = {1, 5, 900, 42, 7};
+    ASSERT_TRUE((*model)->forward(single(prompt, 0, {0}, false), **pool, logits).ok());
+    for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+    results.push_back(logits);
+  }
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_NE(results[0], results[2]);
+}
+
+TEST(CudaModelRunner, CopiedBlocksDecodeLikeTheOriginals) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const auto dir = fixtures_dir() / "mistral_bf16";
+  const Expected e = load_expected(dir);
+  auto model = CudaModel::load(dir, small_options());
+  ASSERT_TRUE(model.ok());
+  CudaRunnerOptions options;
+  options.num_blocks = kNumBlocks;
+  options.print_report = false;
+  auto runner = CudaModelRunner::create(std::move(model).value(), options);
+  ASSERT_TRUE(runner.ok()) << runner.status().to_string();
+  EXPECT_EQ((*runner)->num_blocks(), kNumBlocks);
+  EXPECT_EQ((*runner)->vocab_size(), 256);
+  const int32_t n = static_cast<int32_t>(e.prompt.size());
+  const int32_t blocks = (n + 1 + kBlockSize - 1) / kBlockSize;
+  ASSERT_TRUE((*runner)->execute(single(e.prompt, 0, iota_blocks(0, blocks), false)).ok());
+  std::vector<kv::BlockCopy> copies;
+  for (int32_t b = 0; b < blocks; ++b) copies.push_back({b, 30 + b});
+  ASSERT_TRUE((*runner)->copy_blocks(copies).ok());
+  auto original = (*runner)->execute(single({e.greedy[0]}, n, iota_blocks(0, blocks), false));
+  auto copied = (*runner)->execute(single({e.greedy[0]}, n, iota_blocks(30, blocks), false));
+  ASSERT_TRUE(original.ok() && copied.ok());
+  EXPECT_EQ(*original, *copied);
+  auto greedy = (*runner)->execute_greedy(single({e.greedy[0]}, n, iota_blocks(30, blocks), false));
+  ASSERT_TRUE(greedy.ok());
+  EXPECT_EQ((*greedy)[0], argmax(original->data(), 256));
+  EXPECT_FALSE((*runner)->copy_blocks(std::vector<kv::BlockCopy>{{0, kNumBlocks}}).ok());
+}
+
+TEST(CudaModelRunner, SizesThePoolFromFreeMemory) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  auto model = CudaModel::load(fixtures_dir() / "llama_f32", small_options());
+  ASSERT_TRUE(model.ok());
+  size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  CudaRunnerOptions options;
+  // Leave all but ~1 GiB of what is free now, so the test stays small.
+  options.gpu_memory_utilization = std::min(1.0, (double(total_bytes - free_bytes) + (1u << 30)) / total_bytes);
+  options.print_report = false;
+  auto runner = CudaModelRunner::create(std::move(model).value(), options);
+  ASSERT_TRUE(runner.ok()) << runner.status().to_string();
+  const KvPoolShape& shape = (*runner)->pool().shape();
+  const double pool_gib = double((*runner)->pool().total_bytes()) / (1u << 30);
+  std::cout << "[ figure ] " << (*runner)->kv_pool_report() << "\n";
+  EXPECT_GT(shape.num_blocks, 0);
+  EXPECT_LE(pool_gib, 1.01);
+  EXPECT_GT(pool_gib, 0.5);
+  EXPECT_NE((*runner)->kv_pool_report().find("KV pool:"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pagoda::cuda

@@ -1,0 +1,249 @@
+// Each fused kernel of the CUDA backend against its CPU reference (kernels/cpu),
+// with an error bound chosen per op: inputs are bf16-exact, so the bounds cover
+// f32 reduction order plus one bf16 rounding of the output (2^-8 relative).
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "gpu_test_support.h"
+#include "pagoda/backend/cuda/cuda_ops.h"
+#include "pagoda/kernels/cpu/rmsnorm.h"
+#include "pagoda/kernels/cpu/rope.h"
+#include "pagoda/kernels/cpu/silu_mul.h"
+
+namespace pagoda::cuda {
+namespace {
+
+using testing::from_bf16_bits;
+using testing::random_bf16_values;
+using testing::to_bf16_bits;
+using testing::to_device;
+using testing::to_host;
+using testing::worst_error_ratio;
+
+constexpr double kBf16Rel = 1.0 / 128;  // one bf16 rounding is at most 2^-8 relative; margin x2
+
+TEST(CudaOps, EmbeddingGatherCopiesRowsExactly) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const int32_t vocab = 50, hidden = 64;
+  const std::vector<float> table = random_bf16_values(vocab * hidden, -1, 1, 1);
+  const std::vector<int32_t> ids = {3, 0, 49, 3, 17};
+  DeviceBuffer d_table = to_device(to_bf16_bits(table));
+  DeviceBuffer d_ids = to_device(ids);
+  auto out = DeviceBuffer::allocate(ids.size() * hidden * 4);
+  ASSERT_EQ(embedding_gather(d_table.as<bf16>(), d_ids.as<int32_t>(), 5, hidden, out->as<float>(), nullptr),
+            cudaSuccess);
+  const std::vector<float> got = to_host<float>(*out, ids.size() * hidden);
+  for (size_t t = 0; t < ids.size(); ++t)
+    for (int32_t i = 0; i < hidden; ++i) ASSERT_EQ(got[t * hidden + i], table[ids[t] * hidden + i]) << t << "," << i;
+}
+
+TEST(CudaOps, RmsNormMatchesCpuIncludingRowGather) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const int32_t rows = 6, dim = 1000;  // not a multiple of the block size
+  const std::vector<float> x = random_bf16_values(rows * dim, -3, 3, 2);
+  const std::vector<float> w = random_bf16_values(dim, 0.5f, 1.5f, 3);
+  std::vector<float> want(rows * dim);
+  kernels::rmsnorm(x.data(), w.data(), want.data(), rows, dim, 1e-5f);
+
+  DeviceBuffer d_x = to_device(x), d_w = to_device(w);
+  auto out = DeviceBuffer::allocate(rows * dim * 2);
+  ASSERT_EQ(rmsnorm(d_x.as<float>(), nullptr, d_w.as<float>(), out->as<bf16>(), rows, dim, 1e-5f, nullptr),
+            cudaSuccess);
+  EXPECT_LE(worst_error_ratio(from_bf16_bits(to_host<uint16_t>(*out, rows * dim)), want, 1e-3, kBf16Rel), 1.0);
+
+  // Gather rows 4 and 1 only (the final norm before lm_head).
+  const std::vector<int32_t> pick = {4, 1};
+  DeviceBuffer d_pick = to_device(pick);
+  ASSERT_EQ(rmsnorm(d_x.as<float>(), d_pick.as<int32_t>(), d_w.as<float>(), out->as<bf16>(), 2, dim, 1e-5f, nullptr),
+            cudaSuccess);
+  const std::vector<float> got = from_bf16_bits(to_host<uint16_t>(*out, 2 * dim));
+  std::vector<float> want_pick(want.begin() + 4 * dim, want.begin() + 5 * dim);
+  want_pick.insert(want_pick.end(), want.begin() + 1 * dim, want.begin() + 2 * dim);
+  EXPECT_LE(worst_error_ratio(got, want_pick, 1e-3, kBf16Rel), 1.0);
+}
+
+TEST(CudaOps, AddRmsNormUpdatesResidualAndNormalizes) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const int32_t rows = 3, dim = 4096;
+  const std::vector<float> residual = random_bf16_values(rows * dim, -2, 2, 4);
+  const std::vector<float> delta = random_bf16_values(rows * dim, -1, 1, 5);
+  const std::vector<float> w = random_bf16_values(dim, 0.5f, 1.5f, 6);
+  std::vector<float> sum(rows * dim), want(rows * dim);
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = residual[i] + delta[i];
+  kernels::rmsnorm(sum.data(), w.data(), want.data(), rows, dim, 1e-6f);
+
+  DeviceBuffer d_res = to_device(residual), d_delta = to_device(to_bf16_bits(delta)), d_w = to_device(w);
+  auto out = DeviceBuffer::allocate(rows * dim * 2);
+  ASSERT_EQ(add_rmsnorm(d_res.as<float>(), d_delta.as<bf16>(), d_w.as<float>(), out->as<bf16>(), rows, dim, 1e-6f,
+                        nullptr), cudaSuccess);
+  EXPECT_EQ(to_host<float>(d_res, rows * dim), sum);  // f32 add of bf16-exact values is exact here
+  EXPECT_LE(worst_error_ratio(from_bf16_bits(to_host<uint16_t>(*out, rows * dim)), want, 1e-3, kBf16Rel), 1.0);
+
+  // add_residual alone.
+  ASSERT_EQ(add_residual(d_res.as<float>(), d_delta.as<bf16>(), rows * dim, nullptr), cudaSuccess);
+  const std::vector<float> twice = to_host<float>(d_res, rows * dim);
+  for (size_t i = 0; i < sum.size(); ++i) ASSERT_FLOAT_EQ(twice[i], sum[i] + delta[i]);
+}
+
+TEST(CudaOps, HeadRmsNormNormalizesEveryHeadOfAStridedSlice) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const int32_t tokens = 5, heads = 3, head_dim = 128, stride = 7 * head_dim;  // slice of a wider row
+  const std::vector<float> x = random_bf16_values(tokens * stride, -4, 4, 7);
+  const std::vector<float> w = random_bf16_values(head_dim, 0.5f, 1.5f, 8);
+  DeviceBuffer d_x = to_device(to_bf16_bits(x)), d_w = to_device(w);
+  const int32_t col0 = 2 * head_dim;
+  ASSERT_EQ(head_rmsnorm(d_x.as<bf16>() + col0, stride, tokens, heads, head_dim, d_w.as<float>(), 1e-6f, nullptr),
+            cudaSuccess);
+  const std::vector<float> got = from_bf16_bits(to_host<uint16_t>(d_x, tokens * stride));
+  for (int32_t t = 0; t < tokens; ++t) {
+    for (int32_t c = 0; c < stride; ++c) {
+      const size_t i = static_cast<size_t>(t) * stride + c;
+      if (c < col0 || c >= col0 + heads * head_dim) ASSERT_EQ(got[i], x[i]) << "outside the slice changed at " << i;
+    }
+    for (int32_t h = 0; h < heads; ++h) {
+      const float* in = x.data() + static_cast<size_t>(t) * stride + col0 + h * head_dim;
+      std::vector<float> want(head_dim);
+      kernels::rmsnorm(in, w.data(), want.data(), 1, head_dim, 1e-6f);
+      std::vector<float> head(got.begin() + (in - x.data()), got.begin() + (in - x.data()) + head_dim);
+      EXPECT_LE(worst_error_ratio(head, want, 1e-3, kBf16Rel), 1.0) << "token " << t << " head " << h;
+    }
+  }
+}
+
+TEST(CudaOps, RopeMatchesCpuWithLlama3Scaling) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const int32_t tokens = 9, heads = 4, head_dim = 128, stride = 6 * head_dim;
+  kernels::Llama3RopeScaling llama3;  // factor 8, original context 8192
+  const std::vector<float> inv_freq = kernels::rope_inverse_frequencies(head_dim, 500000.0f, &llama3);
+  const std::vector<int32_t> positions = {0, 1, 2, 17, 255, 1024, 8191, 40000, 131071};
+  const std::vector<float> x = random_bf16_values(tokens * stride, -2, 2, 9);
+
+  // CPU: contiguous [tokens, heads, head_dim] copy of the slice.
+  const int32_t col0 = head_dim;
+  std::vector<float> want(tokens * heads * head_dim);
+  for (int32_t t = 0; t < tokens; ++t)
+    std::copy_n(x.data() + static_cast<size_t>(t) * stride + col0, heads * head_dim,
+                want.data() + static_cast<size_t>(t) * heads * head_dim);
+  kernels::apply_rope(want.data(), positions.data(), tokens, heads, head_dim, inv_freq.data());
+
+  DeviceBuffer d_x = to_device(to_bf16_bits(x)), d_pos = to_device(positions), d_freq = to_device(inv_freq);
+  ASSERT_EQ(rope(d_x.as<bf16>() + col0, stride, d_pos.as<int32_t>(), tokens, heads, head_dim, d_freq.as<float>(),
+                 nullptr), cudaSuccess);
+  const std::vector<float> all = from_bf16_bits(to_host<uint16_t>(d_x, tokens * stride));
+  std::vector<float> got(want.size());
+  for (int32_t t = 0; t < tokens; ++t)
+    std::copy_n(all.data() + static_cast<size_t>(t) * stride + col0, heads * head_dim,
+                got.data() + static_cast<size_t>(t) * heads * head_dim);
+  // Angles up to 1.3e5 rad: sincosf and std::sin agree to ~1e-7 relative of the angle's ulp.
+  EXPECT_LE(worst_error_ratio(got, want, 2e-2, kBf16Rel), 1.0);
+  EXPECT_EQ(all[0], x[0]) << "columns before the slice must not change";
+}
+
+TEST(CudaOps, SiluMulMatchesCpu) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  for (int32_t inter : {14336, 7}) {  // vectorized and scalar paths
+    const int32_t rows = 3;
+    const std::vector<float> gate_up = random_bf16_values(rows * 2 * inter, -6, 6, 10);
+    std::vector<float> gate(rows * inter), up(rows * inter), want(rows * inter);
+    for (int32_t r = 0; r < rows; ++r)
+      for (int32_t i = 0; i < inter; ++i) {
+        gate[r * inter + i] = gate_up[static_cast<size_t>(r) * 2 * inter + i];
+        up[r * inter + i] = gate_up[static_cast<size_t>(r) * 2 * inter + inter + i];
+      }
+    kernels::silu_mul(gate.data(), up.data(), want.data(), want.size());
+    DeviceBuffer d_in = to_device(to_bf16_bits(gate_up));
+    auto out = DeviceBuffer::allocate(rows * inter * 2);
+    ASSERT_EQ(silu_mul(d_in.as<bf16>(), out->as<bf16>(), rows, inter, nullptr), cudaSuccess);
+    EXPECT_LE(worst_error_ratio(from_bf16_bits(to_host<uint16_t>(*out, rows * inter)), want, 1e-4, kBf16Rel), 1.0)
+        << "intermediate " << inter;
+  }
+}
+
+TEST(CudaOps, AddBiasTouchesOnlyTheSlice) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const int32_t rows = 4, cols = 24, stride = 40;
+  const std::vector<float> x = random_bf16_values(rows * stride, -1, 1, 11);
+  const std::vector<float> bias = random_bf16_values(cols, -1, 1, 12);
+  DeviceBuffer d_x = to_device(to_bf16_bits(x)), d_b = to_device(bias);
+  ASSERT_EQ(add_bias(d_x.as<bf16>(), stride, rows, cols, d_b.as<float>(), nullptr), cudaSuccess);
+  const std::vector<float> got = from_bf16_bits(to_host<uint16_t>(d_x, rows * stride));
+  for (int32_t r = 0; r < rows; ++r)
+    for (int32_t c = 0; c < stride; ++c) {
+      const size_t i = static_cast<size_t>(r) * stride + c;
+      const float want = c < cols ? round_to_bf16(x[i] + bias[c]) : x[i];
+      ASSERT_EQ(got[i], want) << r << "," << c;
+    }
+}
+
+TEST(CudaOps, KvWriteStoresAtSlotsAndSkipsNegativeOnes) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const int32_t blocks = 6, block_size = 4, kv_heads = 2, head_dim = 16, tokens = 5;
+  const int32_t kv_width = kv_heads * head_dim, stride = 3 * kv_width;  // [q | k | v] rows
+  const std::vector<float> rows = random_bf16_values(tokens * stride, -1, 1, 13);
+  const std::vector<int64_t> slots = {5, 23, -1, 0, 12};
+  const size_t pool_elements = static_cast<size_t>(blocks) * block_size * kv_width;
+  auto key = DeviceBuffer::allocate(pool_elements * 2), value = DeviceBuffer::allocate(pool_elements * 2);
+  ASSERT_EQ(cudaMemset(key->data(), 0, pool_elements * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemset(value->data(), 0, pool_elements * 2), cudaSuccess);
+  DeviceBuffer d_rows = to_device(to_bf16_bits(rows)), d_slots = to_device(slots);
+  const DevicePagedKvLayer layer{key->as<bf16>(), value->as<bf16>(), blocks, block_size, kv_heads, head_dim};
+  ASSERT_EQ(kv_write(d_rows.as<bf16>() + kv_width, d_rows.as<bf16>() + 2 * kv_width, stride, d_slots.as<int64_t>(),
+                     tokens, layer, nullptr), cudaSuccess);
+  const std::vector<float> k = from_bf16_bits(to_host<uint16_t>(*key, pool_elements));
+  const std::vector<float> v = from_bf16_bits(to_host<uint16_t>(*value, pool_elements));
+  std::vector<bool> written(blocks * block_size, false);
+  for (int32_t t = 0; t < tokens; ++t) {
+    if (slots[t] < 0) continue;
+    written[slots[t]] = true;
+    for (int32_t i = 0; i < kv_width; ++i) {
+      ASSERT_EQ(k[slots[t] * kv_width + i], rows[t * stride + kv_width + i]);
+      ASSERT_EQ(v[slots[t] * kv_width + i], rows[t * stride + 2 * kv_width + i]);
+    }
+  }
+  for (int32_t s = 0; s < blocks * block_size; ++s)
+    if (!written[s])
+      for (int32_t i = 0; i < kv_width; ++i) ASSERT_EQ(k[s * kv_width + i], 0.0f) << "slot " << s << " was touched";
+}
+
+TEST(CudaOps, ArgmaxPicksFirstMaximumAndIgnoresNan) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const int32_t cols = 128256;
+  std::vector<float> logits = random_bf16_values(3 * cols, -5, 5, 14);
+  logits[0 * cols + 77777] = 9.0f;
+  logits[0 * cols + 99999] = 9.0f;  // tie: the first index wins
+  logits[1 * cols + 5] = NAN;
+  logits[1 * cols + 6] = 8.0f;
+  logits[2 * cols + cols - 1] = 7.5f;
+  DeviceBuffer d_logits = to_device(logits);
+  auto out = DeviceBuffer::allocate(3 * 4);
+  ASSERT_EQ(argmax_rows(d_logits.as<float>(), 3, cols, out->as<int32_t>(), nullptr), cudaSuccess);
+  EXPECT_EQ(to_host<int32_t>(*out, 3), (std::vector<int32_t>{77777, 6, cols - 1}));
+}
+
+TEST(CudaOps, RandomFillIsReproducibleBoundedAndCentered) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const int64_t n = 1 << 20;
+  auto a = DeviceBuffer::allocate(n * 2), b = DeviceBuffer::allocate(n * 2), c = DeviceBuffer::allocate(n * 2);
+  ASSERT_EQ(fill_random_uniform(a->as<bf16>(), n, 0.5f, 42, nullptr), cudaSuccess);
+  ASSERT_EQ(fill_random_uniform(b->as<bf16>(), n, 0.5f, 42, nullptr), cudaSuccess);
+  ASSERT_EQ(fill_random_uniform(c->as<bf16>(), n, 0.5f, 43, nullptr), cudaSuccess);
+  const std::vector<uint16_t> ha = to_host<uint16_t>(*a, n), hb = to_host<uint16_t>(*b, n), hc = to_host<uint16_t>(*c, n);
+  EXPECT_EQ(ha, hb);
+  EXPECT_NE(ha, hc);
+  double sum = 0, sum_sq = 0;
+  for (uint16_t bits : ha) {
+    const float v = bf16_to_f32(bits);
+    ASSERT_LE(std::abs(v), 0.5f);
+    sum += v;
+    sum_sq += static_cast<double>(v) * v;
+  }
+  EXPECT_NEAR(sum / n, 0.0, 0.005);
+  EXPECT_NEAR(std::sqrt(sum_sq / n), 0.5 / std::sqrt(3.0), 0.005);  // std of uniform[-a, a)
+}
+
+}  // namespace
+}  // namespace pagoda::cuda

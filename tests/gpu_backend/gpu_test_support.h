@@ -1,0 +1,80 @@
+#pragma once
+// Helpers for the CUDA backend tests: skip without a GPU, move host vectors to
+// and from the device, bf16 on the host as pagoda's uint16_t bits.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include "pagoda/backend/cuda/device_buffer.h"
+#include "pagoda/core/dtype.h"
+
+namespace pagoda::cuda::testing {
+
+inline bool has_gpu() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+#define PAGODA_SKIP_WITHOUT_GPU() \
+  if (!::pagoda::cuda::testing::has_gpu()) GTEST_SKIP() << "no CUDA device"
+
+template <typename T>
+DeviceBuffer to_device(const std::vector<T>& host) {
+  auto buffer = DeviceBuffer::allocate(std::max<size_t>(host.size(), 1) * sizeof(T));
+  EXPECT_TRUE(buffer.ok()) << buffer.status().to_string();
+  if (!host.empty()) {
+    EXPECT_EQ(cudaMemcpy(buffer->data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  return std::move(buffer).value();
+}
+
+template <typename T>
+std::vector<T> to_host(const DeviceBuffer& device, size_t n) {
+  std::vector<T> host(n);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (n > 0) {
+    EXPECT_EQ(cudaMemcpy(host.data(), device.data(), n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+  return host;
+}
+
+// Uniform floats in [low, high) rounded to bf16, so CPU and GPU start from equal inputs.
+inline std::vector<float> random_bf16_values(size_t n, float low, float high, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(low, high);
+  std::vector<float> v(n);
+  for (float& x : v) x = round_to_bf16(dist(rng));
+  return v;
+}
+
+inline std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v) {
+  std::vector<uint16_t> bits(v.size());
+  for (size_t i = 0; i < v.size(); ++i) bits[i] = f32_to_bf16(v[i]);
+  return bits;
+}
+
+inline std::vector<float> from_bf16_bits(const std::vector<uint16_t>& bits) {
+  std::vector<float> v(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) v[i] = bf16_to_f32(bits[i]);
+  return v;
+}
+
+// Largest |a - b| / (abs_tol + rel_tol * |b|); <= 1 means within the bound.
+inline double worst_error_ratio(const std::vector<float>& got, const std::vector<float>& want, double abs_tol,
+                                double rel_tol) {
+  double worst = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double ratio = std::abs(static_cast<double>(got[i]) - want[i]) / (abs_tol + rel_tol * std::abs(want[i]));
+    if (!(ratio <= worst)) worst = std::isnan(ratio) ? 1e30 : ratio;
+  }
+  return worst;
+}
+
+}  // namespace pagoda::cuda::testing
