@@ -31,6 +31,7 @@ struct BlockMeta {
   int32_t namespace_id = -1;        // while cached
   int32_t depth = 0;                // while cached: index of the block in its prompt
   uint32_t reuse_count = 0;         // matches that handed this block to a new sequence
+  uint32_t branch_count = 0;        // children ever linked under it while cached (distinct continuations)
   uint16_t written_slots = 0;       // slots holding K/V, 0..block_size
   bool is_free = true;
   bool is_cached() const { return key_hash != 0; }

@@ -1,5 +1,6 @@
 #include "pagoda/kv/eviction_policy.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace pagoda::kv {
@@ -30,7 +31,7 @@ class IndexedHeapPolicy : public EvictionPolicy {
     if (heap_.empty()) return std::nullopt;
     const Node top = heap_[0];
     erase_at(0);
-    on_evicted(top.priority);
+    on_evicted(top.tie);
     return top.block;
   }
   bool contains(BlockId block) const override {
@@ -52,8 +53,9 @@ class IndexedHeapPolicy : public EvictionPolicy {
   }
 
  protected:
-  virtual double priority(const EvictionCandidate& c) const = 0;
-  virtual void on_evicted(double victim_priority) {}
+  // Lower is evicted first. Called once, when the candidate is added.
+  virtual double priority(const EvictionCandidate& c) = 0;
+  virtual void on_evicted(uint64_t victim_last_access_ns) {}
 
  private:
   struct Node {
@@ -112,7 +114,7 @@ class LruPolicy final : public IndexedHeapPolicy {
   std::string_view name() const override { return "lru"; }
 
  protected:
-  double priority(const EvictionCandidate& c) const override { return static_cast<double>(c.last_access_ns); }
+  double priority(const EvictionCandidate& c) override { return static_cast<double>(c.last_access_ns); }
 };
 
 class ValueAwarePolicy final : public IndexedHeapPolicy {
@@ -120,28 +122,34 @@ class ValueAwarePolicy final : public IndexedHeapPolicy {
   std::string_view name() const override { return "value_aware"; }
   void reset(int32_t num_blocks) override {
     IndexedHeapPolicy::reset(num_blocks);
-    inflation_ = 0.0;
+    latest_access_ns_ = 0;
+    horizon_ns_ = 0.0;
   }
 
  protected:
-  double priority(const EvictionCandidate& c) const override {
-    return inflation_ + (1.0 + c.reuse_count) * block_recompute_cost(c.depth, c.block_size);
+  double priority(const EvictionCandidate& c) override {
+    latest_access_ns_ = std::max(latest_access_ns_, c.last_access_ns);
+    const double branches = std::max<uint32_t>(1, c.branch_count);
+    const double value = branches * block_recompute_cost(c.depth, c.block_size) / block_recompute_cost(0, c.block_size);
+    return static_cast<double>(c.last_access_ns) + (value - 1.0) * horizon_ns_;
   }
-  // GreedyDual aging: later candidates start from the last victim's priority,
-  // so a block with a high but stale value is eventually outranked.
-  void on_evicted(double victim_priority) override {
-    if (victim_priority > inflation_) inflation_ = victim_priority;
+  // The horizon: how long victims had sat unused, as a running average (the
+  // latest access among candidates stands in for "now").
+  void on_evicted(uint64_t victim_last_access_ns) override {
+    const double age = static_cast<double>(latest_access_ns_ - std::min(latest_access_ns_, victim_last_access_ns));
+    horizon_ns_ = horizon_ns_ == 0.0 ? age : 0.99 * horizon_ns_ + 0.01 * age;
   }
 
  private:
-  double inflation_ = 0.0;
+  uint64_t latest_access_ns_ = 0;
+  double horizon_ns_ = 0.0;
 };
 
 }  // namespace
 
 double block_recompute_cost(int32_t depth, int32_t block_size) {
   const double prefix_tokens = static_cast<double>(depth) * block_size;
-  return block_size * (1.0 + prefix_tokens / 1024.0);
+  return block_size * (1.0 + prefix_tokens / 32768.0);
 }
 
 std::string_view eviction_policy_kind_name(EvictionPolicyKind kind) {

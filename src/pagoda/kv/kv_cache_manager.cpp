@@ -29,7 +29,7 @@ class KvCacheManager::Impl {
         clock_(clock),
         pool_(config.num_blocks),
         cache_(pool_, config.block_size, std::move(policy), clock,
-               config.evicted_key_memory > 0 ? config.evicted_key_memory : config.num_blocks) {
+               config.evicted_key_memory > 0 ? config.evicted_key_memory : std::max(config.num_blocks, 1 << 16)) {
     if (config_.record_events) {
       cache_.set_event_sink([this](KvEvent::Kind kind, BlockId block, uint64_t key, uint64_t parent_key, int32_t ns) {
         record_event(kind, block, key, parent_key, ns);

@@ -62,7 +62,8 @@ struct KvCacheConfig {
   int32_t block_size = 16;  // tokens per block, 1..256
   bool enable_prefix_cache = true;
   EvictionPolicyKind eviction_policy = EvictionPolicyKind::kLru;
-  // Remembered keys of evicted blocks, to tag misses as kEvicted. 0: num_blocks.
+  // Remembered keys of removed blocks, to tag misses as kEvicted (about 60
+  // bytes each). 0: max(num_blocks, 65,536).
   int32_t evicted_key_memory = 0;
   // Events kept until drain_events(); older ones are dropped (counted).
   int32_t max_pending_events = 1 << 16;

@@ -138,6 +138,7 @@ PrefixCache::InsertResult PrefixCache::insert(BlockId block, int32_t ns_id, Bloc
   m.depth = parent == kNoBlock ? 0 : pool_.meta(parent).depth + 1;
   m.last_access_ns = clock_.now_ns();
   m.reuse_count = 0;
+  m.branch_count = 0;
   std::memcpy(&tokens_[static_cast<size_t>(block) * block_size_], tokens, sizeof(TokenId) * block_size_);
   const uint64_t token_key =
       chain_block_hash(parent == kNoBlock ? kTokenOnlySeed : token_only_keys_[parent], tokens, block_size_);
@@ -161,6 +162,7 @@ void PrefixCache::link_child(BlockId parent, BlockId child) {
   c.next_sibling = p.first_child;
   if (p.first_child != kNoBlock) pool_.meta(p.first_child).prev_sibling = child;
   p.first_child = child;
+  ++p.branch_count;
   policy_->remove(parent);  // no longer a leaf
 }
 
@@ -178,7 +180,7 @@ void PrefixCache::unlink_child(BlockId child) {
 void PrefixCache::maybe_add_candidate(BlockId block) {
   const BlockMeta& m = pool_.meta(block);
   if (!m.is_cached() || m.ref_count != 0 || m.first_child != kNoBlock || policy_->contains(block)) return;
-  policy_->add(EvictionCandidate{block, m.last_access_ns, m.reuse_count, m.depth, block_size_});
+  policy_->add(EvictionCandidate{block, m.last_access_ns, m.reuse_count, m.branch_count, m.depth, block_size_});
 }
 
 void PrefixCache::on_referenced(BlockId block) {
@@ -232,6 +234,7 @@ void PrefixCache::remove_one(BlockId block, RemovalReason reason) {
   m.namespace_id = -1;
   m.depth = 0;
   m.reuse_count = 0;
+  m.branch_count = 0;
   --num_cached_;
   ++removed_by_reason_[static_cast<int>(reason)];
   if (event_sink_) event_sink_(KvEvent::Kind::kBlockRemoved, block, key, parent_key, ns_id);
