@@ -1,0 +1,321 @@
+// pagoda_gpu_bench: end-to-end figures of the CUDA backend on one GPU.
+//
+//   latency     batch-1 decode: ms per output token (CUDA graphs on and off)
+//               against the floor of reading every weight once per token.
+//   throughput  N requests of random prompts, all arriving at t=0, served by a
+//               small continuous-batching loop inside this binary (NOT the
+//               engine): every step decodes all running sequences and fills
+//               the rest of the token budget with whole prompts of newly
+//               admitted requests; KV blocks are reserved for prompt + output
+//               at admission. Output tok/s, TTFT and inter-token latency.
+//
+//   pagoda_gpu_bench --config tools/gpu_backend/llama3_8b_config.json --load-format random
+//     pagoda_gpu_bench ... --mode throughput --num-requests 1000 --input-len 1000 --output-len 1000
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "pagoda/backend/cuda/cuda_model.h"
+#include "pagoda/backend/cuda/cuda_model_runner.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using pagoda::ForwardBatch;
+using pagoda::SequenceSlice;
+using pagoda::cuda::CudaModel;
+using pagoda::cuda::CudaModelOptions;
+using pagoda::cuda::CudaModelRunner;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p / 100.0 * static_cast<double>(v.size())));
+  return v[i];
+}
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0.0 : s / static_cast<double>(v.size());
+}
+
+[[noreturn]] void die(const pagoda::Status& s, const char* what) {
+  std::fprintf(stderr, "error: %s: %s\n", what, s.to_string().c_str());
+  std::exit(1);
+}
+
+struct Args {
+  std::string model_dir, config_path, load_format = "auto", mode = "throughput", json_out;
+  int num_requests = 1000, input_len = 1000, output_len = 1000;
+  int max_num_seqs = 256, max_num_tokens = 8192, block_size = 16;
+  double gpu_memory_utilization = 0.9, max_seconds = 300;
+  uint64_t seed = 1;
+};
+
+// One request of the throughput run.
+struct Request {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> blocks;
+  int32_t generated = 0;
+  int32_t last_token = 0;
+  double first_token_s = -1, last_token_s = 0;
+};
+
+nlohmann::json run_latency(CudaModelRunner& runner, const Args& args) {
+  CudaModel& model = runner.model();
+  std::mt19937 rng(static_cast<uint32_t>(args.seed));
+  std::uniform_int_distribution<int32_t> token(0, model.config().vocab_size - 1);
+  const int32_t prompt_len = std::min(args.input_len, 512);
+  const int32_t steps = std::min(args.output_len, 256);
+  const int32_t total = prompt_len + steps + 1;
+  std::vector<int32_t> table((total + args.block_size - 1) / args.block_size);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+
+  nlohmann::json out;
+  for (bool graphs : {true, false}) {
+    model.set_use_cuda_graphs(graphs);
+    ForwardBatch batch;
+    for (int32_t i = 0; i < prompt_len; ++i) {
+      batch.token_ids.push_back(token(rng));
+      batch.positions.push_back(i);
+    }
+    SequenceSlice s;
+    s.num_new_tokens = prompt_len;
+    s.block_table = table;
+    batch.sequences.push_back(s);
+    const auto t_prefill = Clock::now();
+    auto first = runner.execute_greedy(batch);
+    if (!first.ok()) die(first.status(), "prefill");
+    const double prefill_ms = seconds_since(t_prefill) * 1e3;
+    int32_t next = (*first)[0];
+    std::vector<double> step_ms;
+    for (int32_t i = 0; i < steps; ++i) {
+      ForwardBatch d;
+      d.token_ids = {next};
+      d.positions = {prompt_len + i};
+      SequenceSlice ds;
+      ds.num_new_tokens = 1;
+      ds.num_cached_tokens = prompt_len + i;
+      ds.block_table = table;
+      d.sequences.push_back(ds);
+      const auto t0 = Clock::now();
+      auto tok = runner.execute_greedy(d);
+      if (!tok.ok()) die(tok.status(), "decode");
+      step_ms.push_back(seconds_since(t0) * 1e3);
+      next = (*tok)[0];
+    }
+    // The first steps include graph capture; report the steady state.
+    const std::vector<double> steady(step_ms.begin() + std::min<size_t>(8, step_ms.size() / 2), step_ms.end());
+    const double weight_gb = static_cast<double>(model.weight_bytes()) / 1e9;
+    const double floor_ms = weight_gb / 4300.0 * 1e3;  // bytes / (4.3 TB/s measured copy bandwidth)
+    const double p50 = percentile(steady, 50);
+    nlohmann::json r = {{"cuda_graphs", graphs},          {"prompt_tokens", prompt_len},
+                        {"decode_steps", steps},          {"prefill_ms", prefill_ms},
+                        {"decode_ms_mean", mean(steady)}, {"decode_ms_p50", p50},
+                        {"decode_ms_p90", percentile(steady, 90)}, {"weight_gb", weight_gb},
+                        {"weight_read_floor_ms", floor_ms}, {"effective_weight_bandwidth_gbs", weight_gb / (p50 / 1e3)},
+                        {"fraction_of_floor", floor_ms / p50}};
+    std::printf("latency (batch 1, graphs %s): prefill %d tokens %.1f ms; decode p50 %.3f ms/token (mean %.3f, "
+                "p90 %.3f); floor %.3f ms (%.2f GB at 4.3 TB/s) -> %.0f%% of the floor, %.0f GB/s\n",
+                graphs ? "on" : "off", prompt_len, prefill_ms, p50, mean(steady), percentile(steady, 90), floor_ms,
+                weight_gb, 100.0 * floor_ms / p50, weight_gb / (p50 / 1e3));
+    out[graphs ? "graphs_on" : "graphs_off"] = r;
+  }
+  model.set_use_cuda_graphs(true);
+  return out;
+}
+
+nlohmann::json run_throughput(CudaModelRunner& runner, const Args& args) {
+  CudaModel& model = runner.model();
+  const int32_t bs = args.block_size;
+  const int32_t blocks_per_request = (args.input_len + args.output_len + bs - 1) / bs;
+  std::mt19937 rng(static_cast<uint32_t>(args.seed));
+  std::uniform_int_distribution<int32_t> token(0, model.config().vocab_size - 1);
+  std::vector<Request> requests(static_cast<size_t>(args.num_requests));
+  for (Request& r : requests) {
+    r.prompt.resize(static_cast<size_t>(args.input_len));
+    for (int32_t& t : r.prompt) t = token(rng);
+  }
+  std::vector<int32_t> free_blocks(static_cast<size_t>(runner.num_blocks()));
+  for (size_t i = 0; i < free_blocks.size(); ++i) free_blocks[i] = static_cast<int32_t>(free_blocks.size() - 1 - i);
+  const int32_t max_concurrent =
+      std::min<int32_t>(args.max_num_seqs, runner.num_blocks() / blocks_per_request);
+  std::printf("throughput: %d requests x %d in / %d out; at most %d running (max_num_seqs %d, KV room for %d)\n",
+              args.num_requests, args.input_len, args.output_len, max_concurrent, args.max_num_seqs,
+              runner.num_blocks() / blocks_per_request);
+  if (max_concurrent < 1) {
+    std::fprintf(stderr, "error: not even one request fits in the KV pool\n");
+    std::exit(1);
+  }
+
+  std::deque<size_t> waiting;
+  for (size_t i = 0; i < requests.size(); ++i) waiting.push_back(i);
+  std::vector<size_t> running;
+  std::vector<double> itl_ms;
+  int64_t steps = 0, decode_only_steps = 0, output_tokens = 0, prompt_tokens = 0;
+  size_t finished = 0;
+  bool timed_out = false;
+  const auto t0 = Clock::now();
+  while (finished < requests.size()) {
+    if (seconds_since(t0) > args.max_seconds) {
+      timed_out = true;
+      break;
+    }
+    ForwardBatch batch;
+    std::vector<size_t> order;  // request of each sequence slice
+    auto add_slice = [&](size_t id, const std::vector<int32_t>& tokens, int32_t cached) {
+      SequenceSlice s;
+      s.token_offset = batch.num_tokens();
+      s.num_new_tokens = static_cast<int32_t>(tokens.size());
+      s.num_cached_tokens = cached;
+      s.block_table = requests[id].blocks;
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        batch.token_ids.push_back(tokens[i]);
+        batch.positions.push_back(cached + static_cast<int32_t>(i));
+      }
+      batch.sequences.push_back(std::move(s));
+      order.push_back(id);
+    };
+    for (size_t id : running) {
+      const Request& r = requests[id];
+      add_slice(id, {r.last_token}, args.input_len + r.generated - 1);
+    }
+    const size_t num_decodes = running.size();
+    while (!waiting.empty() && static_cast<int32_t>(running.size() + (order.size() - num_decodes)) < max_concurrent &&
+           batch.num_tokens() + args.input_len <= args.max_num_tokens &&
+           static_cast<int32_t>(free_blocks.size()) >= blocks_per_request) {
+      const size_t id = waiting.front();
+      waiting.pop_front();
+      requests[id].blocks.assign(free_blocks.end() - blocks_per_request, free_blocks.end());
+      free_blocks.resize(free_blocks.size() - static_cast<size_t>(blocks_per_request));
+      add_slice(id, requests[id].prompt, 0);
+      prompt_tokens += args.input_len;
+    }
+    if (order.size() == num_decodes) ++decode_only_steps;
+    auto sampled = runner.execute_greedy(batch);
+    if (!sampled.ok()) die(sampled.status(), "step");
+    ++steps;
+    const double now = seconds_since(t0);
+    std::vector<size_t> still_running;
+    for (size_t i = 0; i < order.size(); ++i) {
+      Request& r = requests[order[i]];
+      r.last_token = (*sampled)[i];
+      ++r.generated;
+      ++output_tokens;
+      if (r.first_token_s < 0) {
+        r.first_token_s = now;
+      } else {
+        itl_ms.push_back((now - r.last_token_s) * 1e3);
+      }
+      r.last_token_s = now;
+      if (r.generated >= args.output_len) {
+        free_blocks.insert(free_blocks.end(), r.blocks.begin(), r.blocks.end());
+        ++finished;
+      } else {
+        still_running.push_back(order[i]);
+      }
+    }
+    running = std::move(still_running);
+  }
+  const double wall = seconds_since(t0);
+  std::vector<double> ttft_ms;
+  for (const Request& r : requests)
+    if (r.first_token_s >= 0) ttft_ms.push_back(r.first_token_s * 1e3);
+  nlohmann::json out = {
+      {"num_requests", args.num_requests}, {"input_len", args.input_len}, {"output_len", args.output_len},
+      {"finished_requests", finished}, {"timed_out", timed_out}, {"max_concurrent", max_concurrent},
+      {"wall_s", wall}, {"steps", steps}, {"decode_only_steps", decode_only_steps},
+      {"output_tokens", output_tokens}, {"prompt_tokens", prompt_tokens},
+      {"output_tok_per_s", output_tokens / wall}, {"total_tok_per_s", (output_tokens + prompt_tokens) / wall},
+      {"ttft_ms_mean", mean(ttft_ms)}, {"ttft_ms_p50", percentile(ttft_ms, 50)},
+      {"ttft_ms_p99", percentile(ttft_ms, 99)}, {"itl_ms_mean", mean(itl_ms)},
+      {"itl_ms_p50", percentile(itl_ms, 50)}, {"itl_ms_p99", percentile(itl_ms, 99)},
+      {"graph_replays", model.graph_replays()}};
+  std::printf("throughput: %zu/%d requests finished in %.1f s%s: %.0f output tok/s (%.0f total tok/s); TTFT mean "
+              "%.0f ms p50 %.0f p99 %.0f; ITL mean %.1f ms p50 %.1f p99 %.1f; %lld steps (%lld decode-only, %lld graph "
+              "replays)\n", finished, args.num_requests, wall, timed_out ? " (TIME LIMIT)" : "",
+              output_tokens / wall, (output_tokens + prompt_tokens) / wall, mean(ttft_ms), percentile(ttft_ms, 50),
+              percentile(ttft_ms, 99), mean(itl_ms), percentile(itl_ms, 50), percentile(itl_ms, 99),
+              static_cast<long long>(steps), static_cast<long long>(decode_only_steps),
+              static_cast<long long>(model.graph_replays()));
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  CLI::App app{"pagoda_gpu_bench: end-to-end latency and throughput of the CUDA backend"};
+  app.add_option("--model", args.model_dir, "model directory (config.json + safetensors)");
+  app.add_option("--config", args.config_path, "config.json for --load-format random");
+  app.add_option("--load-format", args.load_format, "auto (checkpoint) or random")->check(CLI::IsMember({"auto", "random"}));
+  app.add_option("--mode", args.mode, "latency, throughput or both")->check(CLI::IsMember({"latency", "throughput", "both"}));
+  app.add_option("--num-requests", args.num_requests)->check(CLI::PositiveNumber);
+  app.add_option("--input-len", args.input_len)->check(CLI::PositiveNumber);
+  app.add_option("--output-len", args.output_len)->check(CLI::PositiveNumber);
+  app.add_option("--max-num-seqs", args.max_num_seqs)->check(CLI::PositiveNumber);
+  app.add_option("--max-num-tokens", args.max_num_tokens)->check(CLI::PositiveNumber);
+  app.add_option("--gpu-memory-utilization", args.gpu_memory_utilization)->check(CLI::Range(0.01, 1.0));
+  app.add_option("--max-seconds", args.max_seconds, "stop the throughput run after this long and report");
+  app.add_option("--seed", args.seed);
+  app.add_option("--json", args.json_out, "write the figures as JSON here");
+  CLI11_PARSE(app, argc, argv);
+
+  CudaModelOptions options;
+  options.max_num_seqs = args.max_num_seqs;
+  options.max_num_tokens = std::max(args.max_num_tokens, args.input_len);
+  options.max_model_len = std::max(args.input_len + args.output_len, 512 + 256 + 1);
+  options.block_size = args.block_size;
+  const auto t_load = Clock::now();
+  pagoda::StatusOr<std::unique_ptr<CudaModel>> model = pagoda::Status(pagoda::StatusCode::kInvalidArgument, "");
+  if (args.load_format == "random") {
+    if (args.config_path.empty()) {
+      std::fprintf(stderr, "error: --load-format random needs --config\n");
+      return 2;
+    }
+    std::ifstream in(args.config_path);
+    if (!in) {
+      std::fprintf(stderr, "error: cannot read %s\n", args.config_path.c_str());
+      return 2;
+    }
+    auto config = pagoda::parse_model_config(nlohmann::json::parse(in, nullptr, false), args.config_path);
+    if (!config.ok()) die(config.status(), "config");
+    model = CudaModel::create_random(*config, args.seed, options);
+  } else {
+    if (args.model_dir.empty()) {
+      std::fprintf(stderr, "error: --model is required (or --load-format random --config FILE)\n");
+      return 2;
+    }
+    model = CudaModel::load(args.model_dir, options);
+  }
+  if (!model.ok()) die(model.status(), "model");
+  const double load_s = seconds_since(t_load);
+  std::printf("model: %s, %d layers, hidden %d, heads %d/%d, vocab %d; %.2f GB bf16 weights on the GPU in %.1f s\n",
+              (*model)->config().architecture_name.c_str(), (*model)->config().num_layers,
+              (*model)->config().hidden_size, (*model)->config().num_q_heads, (*model)->config().num_kv_heads,
+              (*model)->config().vocab_size, (*model)->weight_bytes() / 1e9, load_s);
+  pagoda::cuda::CudaRunnerOptions runner_options;
+  runner_options.gpu_memory_utilization = args.gpu_memory_utilization;
+  auto runner = CudaModelRunner::create(std::move(model).value(), runner_options);
+  if (!runner.ok()) die(runner.status(), "KV pool");
+
+  nlohmann::json figures = {{"kv_pool", (*runner)->kv_pool_report()}, {"weight_load_s", load_s}};
+  if (args.mode == "latency" || args.mode == "both") figures["latency"] = run_latency(**runner, args);
+  if (args.mode == "throughput" || args.mode == "both") figures["throughput"] = run_throughput(**runner, args);
+  if (!args.json_out.empty()) std::ofstream(args.json_out) << figures.dump(2) << "\n";
+  return 0;
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The CUDA backend's tests and benchmarks on the GPU machine, in one device call.
+#
+#   tools/gpu_backend/gpu_suite.sh bundle     # here: build the gpu tests, the benchmark
+#                                             # and pagoda, pack them (+ their Debian
+#                                             # libraries) into .device/cuda-bundle
+#   tools/gpu_backend/gpu_suite.sh remote     # on the GPU machine (repository root, $OUT
+#                                             # set): run everything, log under $OUT,
+#                                             # print a table
+#
+# The device call: run(command="tools/gpu_backend/gpu_suite.sh remote",
+#                      carry=[".device/cuda-bundle"]).
+# Environment: BUILD_DIR (default build-cuda), BENCH_SECONDS (throughput time cap, 240),
+# NUM_REQUESTS / INPUT_LEN / OUTPUT_LEN (1000 / 1000 / 1000), MAX_NUM_SEQS (256).
+set -uo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+bundle=$here/.device/cuda-bundle
+build=${BUILD_DIR:-$here/build-cuda}
+
+case "${1:-}" in
+bundle)
+  set -e
+  cmake -S "$here" -B "$build" -G Ninja >/dev/null
+  ninja -C "$build" -j2 cuda_ops_tests cuda_model_tests pagoda_gpu_bench pagoda
+  rm -rf "$bundle"
+  "$here/scripts/device-bundle.sh" "$bundle" "$build/tests/gpu_backend/cuda_ops_tests" \
+    "$build/tests/gpu_backend/cuda_model_tests" "$build/bench/gpu/pagoda_gpu_bench" "$build/pagoda"
+  git -C "$here" rev-parse --short HEAD > "$bundle/commit"
+  ;;
+remote)
+  out=${OUT:-/tmp/gpu-suite}
+  mkdir -p "$out"
+  export PAGODA_SOURCE_DIR=$here
+  run="$bundle/run.sh"
+  {
+    echo "date: $(date -u +%Y-%m-%dT%H:%MZ)  commit: $(cat "$bundle/commit" 2>/dev/null)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    "$run" pagoda --version
+  } 2>&1 | tee "$out/machine.txt"
+  for t in cuda_ops_tests cuda_model_tests; do
+    timeout 240 "$run" "$t" --gtest_output="xml:$out/$t.xml" > "$out/$t.log" 2>&1
+    echo "$t exit $?" >> "$out/tests.txt"
+  done
+  timeout 120 "$run" pagoda_gpu_bench --config tools/gpu_backend/llama3_8b_config.json --load-format random \
+    --mode latency --input-len 128 --output-len 256 --json "$out/latency.json" > "$out/latency.log" 2>&1
+  echo "latency exit $?" >> "$out/tests.txt"
+  timeout $(( ${BENCH_SECONDS:-240} + 90 )) "$run" pagoda_gpu_bench --config tools/gpu_backend/llama3_8b_config.json \
+    --load-format random --mode throughput --num-requests "${NUM_REQUESTS:-1000}" --input-len "${INPUT_LEN:-1000}" \
+    --output-len "${OUTPUT_LEN:-1000}" --max-num-seqs "${MAX_NUM_SEQS:-256}" --max-seconds "${BENCH_SECONDS:-240}" \
+    --json "$out/throughput.json" > "$out/throughput.log" 2>&1
+  echo "throughput exit $?" >> "$out/tests.txt"
+  python3 "$here/tools/gpu_backend/print_table.py" "$out" || cat "$out"/*.txt
+  ;;
+*)
+  echo "usage: $0 bundle|remote" >&2
+  exit 2
+  ;;
+esac

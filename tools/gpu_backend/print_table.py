@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Prints the GPU suite's results (gtest XML, [ figure ] lines, benchmark JSON) as one table."""
+import json
+import pathlib
+import re
+import sys
+import xml.etree.ElementTree as ET
+
+out = pathlib.Path(sys.argv[1])
+print((out / "machine.txt").read_text().strip() if (out / "machine.txt").exists() else "")
+print()
+print("| test binary | tests | failed | skipped |")
+print("|---|---|---|---|")
+for name in ("cuda_ops_tests", "cuda_model_tests"):
+    xml = out / f"{name}.xml"
+    if not xml.exists():
+        print(f"| {name} | (no result: crashed or timed out, see {name}.log) | | |")
+        continue
+    root = ET.parse(xml).getroot()
+    failed, skipped = [], 0
+    total = 0
+    for case in root.iter("testcase"):
+        total += 1
+        if case.find("failure") is not None:
+            failed.append(case.get("classname", "") + "." + case.get("name", ""))
+        if case.find("skipped") is not None:
+            skipped += 1
+    print(f"| {name} | {total} | {len(failed)} | {skipped} |")
+    for f in failed:
+        print(f"|   FAILED: {f} | | | |")
+print()
+for name in ("cuda_ops_tests", "cuda_model_tests"):
+    log = out / f"{name}.log"
+    if log.exists():
+        for line in log.read_text(errors="replace").splitlines():
+            if "[ figure ]" in line:
+                print(line.strip())
+print()
+lat = out / "latency.json"
+if lat.exists():
+    d = json.loads(lat.read_text()).get("latency", {})
+    print("| batch-1 decode, Llama-3-8B shape | ms/token p50 | mean | floor | % of floor |")
+    print("|---|---|---|---|---|")
+    for key in ("graphs_on", "graphs_off"):
+        r = d.get(key)
+        if r:
+            print(f"| CUDA graphs {'on' if r['cuda_graphs'] else 'off'} | {r['decode_ms_p50']:.3f} | "
+                  f"{r['decode_ms_mean']:.3f} | {r['weight_read_floor_ms']:.3f} | {100 * r['fraction_of_floor']:.0f}% |")
+    print()
+thr = out / "throughput.json"
+if thr.exists():
+    j = json.loads(thr.read_text())
+    t = j.get("throughput", {})
+    print(j.get("kv_pool", ""))
+    print("| throughput run | value |")
+    print("|---|---|")
+    for k, v in t.items():
+        print(f"| {k} | {v:.1f} |" if isinstance(v, float) else f"| {k} | {v} |")
+for name in ("tests.txt",):
+    p = out / name
+    if p.exists():
+        print()
+        print(p.read_text().strip())
+for name in ("latency.log", "throughput.log"):
+    p = out / name
+    if p.exists():
+        tail = p.read_text(errors="replace").strip().splitlines()[-4:]
+        print(f"--- {name} (tail)")
+        print("\n".join(tail))
