@@ -1,6 +1,6 @@
 // Micro benchmarks of the KV cache manager (Google Benchmark).
 //
-//   pagoda_bench_kv --benchmark_min_time=0.5s
+//   pagoda_bench_kv --benchmark_min_time=0.5
 //
 // Targets (issue 4): allocate + free of a block < 50 ns; longest-prefix lookup
 // of a 4,096-token prompt < 20 us with a million blocks cached.

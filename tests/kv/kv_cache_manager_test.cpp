@@ -239,6 +239,20 @@ TEST_F(KvCacheManagerTest, EventsReportStoredAndRemovedBlocksInOrder) {
   EXPECT_TRUE(kv_->drain_events().empty());
 }
 
+TEST(KvCacheManagerEvents, OldestEventsAreDroppedAndCountedWhenNobodyDrains) {
+  ManualClock clock;
+  KvCacheConfig config;
+  config.num_blocks = 8;
+  config.block_size = 2;
+  config.max_pending_events = 3;
+  auto kv = std::move(KvCacheManager::create(config, &clock)).value();
+  testing::prefill(*kv, 1, "t", iota_tokens(11));  // stores 5 blocks
+  EXPECT_EQ(kv->dropped_events(), 2u);
+  const auto events = kv->drain_events();
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events.front().sequence_number, 3u) << "sequence numbers reveal the gap";
+}
+
 TEST_F(KvCacheManagerTest, FragmentationCountsAllocatedButUnwrittenSlots) {
   ASSERT_TRUE(kv_->allocate_sequence(1, "t", iota_tokens(10)).ok());
   EXPECT_EQ(kv_->stats().allocated_slots, 12);
