@@ -122,7 +122,7 @@ struct Shape {
 // tokens after `length - new_tokens` cached ones. sets: input sets rotated.
 void run_case(const std::string& name, const Shape& shape, int batch, int length, int new_tokens,
               int split_tokens, int sets, int iters, const cudaDeviceProp& prop,
-              cudaStream_t stream) {
+              cudaStream_t stream, bool portable_prefill = false) {
   if (!selected(name)) return;
   const int blocks_per_seq = (length + shape.block_size - 1) / shape.block_size;
   const int num_blocks = batch * blocks_per_seq;
@@ -137,7 +137,7 @@ void run_case(const std::string& name, const Shape& shape, int batch, int length
   AttentionConfig config{shape.q_heads, shape.kv_heads, shape.head_dim, shape.block_size,
                          num_blocks, 0.0f, KvElement::kBF16};
   auto plan = PagedAttentionPlan::create(config, seqs, {prop.multiProcessorCount},
-                                         {split_tokens, false});
+                                         {split_tokens, false, portable_prefill});
   if (!plan.ok()) {
     std::printf("%s: plan failed: %s\n", name.c_str(), plan.status().to_string().c_str());
     return;
@@ -203,8 +203,10 @@ void run_case(const std::string& name, const Shape& shape, int batch, int length
     value = flops / (ms * 1e-3) / 1e12;
     unit = "TFLOP/s";
   }
-  std::printf("%s: %.1f us, %.0f %s (splits %d, items %d, rel L2 vs naive %s)\n", name.c_str(),
-              ms * 1e3, value, unit.c_str(), plan->max_splits(), plan->num_work_items(),
+  static const char* kKernelNames[] = {"decode", "prefill mma.sync", "prefill wgmma"};
+  std::printf("%s: %.1f us, %.0f %s (%s, splits %d, items %d, rel L2 vs naive %s)\n", name.c_str(),
+              ms * 1e3, value, unit.c_str(), kKernelNames[static_cast<int>(plan->kernel())],
+              plan->max_splits(), plan->num_work_items(),
               check < 0 ? "n/a" : std::to_string(check).c_str());
   std::fflush(stdout);
   figures.push_back({name, value, unit, ms * 1e3, check});
@@ -259,6 +261,10 @@ int main(int argc, char** argv) {
   // Prefill, causal, GQA 32/8, d=128, one sequence (rotating input sets past the L2).
   run_case("prefill L=4096", gqa, 1, 4096, 4096, 0, 4, iters, prop, stream);
   run_case("prefill L=16384", gqa, 1, 16384, 16384, 0, 2, std::max(5, iters / 3), prop, stream);
+  // The mma.sync kernel on the same shapes (what wgmma buys).
+  run_case("prefill mma.sync L=4096", gqa, 1, 4096, 4096, 0, 4, iters, prop, stream, true);
+  run_case("prefill mma.sync L=16384", gqa, 1, 16384, 16384, 0, 2, std::max(5, iters / 3), prop,
+           stream, true);
   // Chunked prefill after a cached prefix: 2048 new tokens after 6144 cached.
   {
     const int batch = 1, length = 8192, fresh = 2048;

@@ -78,7 +78,7 @@ TEST(AttentionPlanTest, RejectsBadSequences) {
 
 TEST(AttentionPlanTest, DecodeArenaAndForcedSplits) {
   Batch b({{1, 0}, {1, 700}, {1, 255}});  // lengths 1, 701, 256
-  auto plan = PagedAttentionPlan::create(gqa_config(), b.sequences, {}, {256, false});
+  auto plan = PagedAttentionPlan::create(gqa_config(), b.sequences, {}, {256, false, false});
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   EXPECT_EQ(plan->kernel(), AttentionKernel::kDecode);
   EXPECT_EQ(plan->num_tokens(), 3);
@@ -132,7 +132,10 @@ TEST(AttentionPlanTest, PrefillTilesCoverEveryTokenOnceHeaviestFirst) {
   Batch b({{37, 0}, {1, 20}, {200, 45}, {129, 300}});
   auto plan = PagedAttentionPlan::create(gqa_config(), b.sequences);
   ASSERT_TRUE(plan.ok());
-  EXPECT_EQ(plan->kernel(), AttentionKernel::kPrefill);
+  EXPECT_EQ(plan->kernel(), AttentionKernel::kPrefillSm90);  // head_dim 128: wgmma
+  auto portable = PagedAttentionPlan::create(gqa_config(), b.sequences, {}, {0, false, true});
+  ASSERT_TRUE(portable.ok());
+  EXPECT_EQ(portable->kernel(), AttentionKernel::kPrefill);
   const auto d = plan->descriptor(plan->arena().data(), {}, nullptr);
   EXPECT_EQ(d.tokens_per_tile, 32);  // 128 rows / 4 query heads per KV head
   std::set<std::pair<int32_t, int32_t>> covered;

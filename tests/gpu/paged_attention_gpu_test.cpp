@@ -118,9 +118,13 @@ TEST_P(PagedAttentionGpuTest, FastAndNaiveMatchFloat64Reference) {
                                                      c.block_size, c.shapes, 1234u + c.head_dim);
   const std::vector<double> want = testing::reference_attention(batch);
   AttentionKernel kernel{};
-  auto fast = run_attention(batch, Path::kFast, {c.split_tokens, false}, &kernel);
+  auto fast = run_attention(batch, Path::kFast, {c.split_tokens, false, false}, &kernel);
   ASSERT_TRUE(fast.ok()) << fast.status().to_string();
-  EXPECT_EQ(kernel, c.expected_kernel);
+  const AttentionKernel expected =
+      c.expected_kernel == AttentionKernel::kPrefill && c.head_dim == 128
+          ? AttentionKernel::kPrefillSm90  // wgmma wherever it applies
+          : c.expected_kernel;
+  EXPECT_EQ(kernel, expected);
   auto naive = run_attention(batch, Path::kNaive);
   ASSERT_TRUE(naive.ok()) << naive.status().to_string();
   const double fast_error = testing::relative_l2(*fast, want);
@@ -185,8 +189,8 @@ class PagedAttentionGpuProperties : public ::testing::Test {
 
 TEST_F(PagedAttentionGpuProperties, SplitAndUnsplitDecodeAgree) {
   const PagedBatch b = testing::make_paged_batch(32, 8, 128, 16, kDecodeLengths, 77);
-  auto whole = run_attention(b, Path::kFast, {1 << 20, false});
-  auto split = run_attention(b, Path::kFast, {256, false});
+  auto whole = run_attention(b, Path::kFast, {1 << 20, false, false});
+  auto split = run_attention(b, Path::kFast, {256, false, false});
   ASSERT_TRUE(whole.ok() && split.ok());
   std::vector<double> whole_d(whole->size());
   for (size_t i = 0; i < whole->size(); ++i) whole_d[i] = bf16_to_f32((*whole)[i]);
@@ -197,20 +201,39 @@ TEST_F(PagedAttentionGpuProperties, PrefillKernelOnADecodeBatchMatchesDecodeKern
   const PagedBatch b = testing::make_paged_batch(32, 8, 128, 16, kDecodeLengths, 78);
   AttentionKernel first{}, second{};
   auto decode = run_attention(b, Path::kFast, {}, &first);
-  auto prefill = run_attention(b, Path::kFast, {0, true}, &second);
+  auto prefill = run_attention(b, Path::kFast, {0, true, false}, &second);
   ASSERT_TRUE(decode.ok() && prefill.ok());
   EXPECT_EQ(first, AttentionKernel::kDecode);
-  EXPECT_EQ(second, AttentionKernel::kPrefill);
+  EXPECT_EQ(second, AttentionKernel::kPrefillSm90);
   const auto want = testing::reference_attention(b);
   EXPECT_LT(testing::relative_l2(*prefill, want), kMaxRelativeError);
   EXPECT_LT(testing::relative_l2(*decode, want), kMaxRelativeError);
 }
 
+TEST_F(PagedAttentionGpuProperties, WgmmaAndMmaSyncPrefillAgree) {
+  for (const auto& shapes : {kPrefillShapes, std::vector<SequenceShape>{{1000, 0}, {333, 2500}}}) {
+    const PagedBatch b = testing::make_paged_batch(32, 8, 128, 16, shapes, 81);
+    AttentionKernel first{}, second{};
+    auto hopper = run_attention(b, Path::kFast, {}, &first);
+    auto portable = run_attention(b, Path::kFast, {0, false, true}, &second);
+    ASSERT_TRUE(hopper.ok() && portable.ok());
+    EXPECT_EQ(first, AttentionKernel::kPrefillSm90);
+    EXPECT_EQ(second, AttentionKernel::kPrefill);
+    const auto want = testing::reference_attention(b);
+    const double hopper_error = testing::relative_l2(*hopper, want);
+    const double portable_error = testing::relative_l2(*portable, want);
+    std::printf("[wgmma vs mma.sync] rel L2: wgmma %.2e, mma.sync %.2e\n", hopper_error,
+                portable_error);
+    EXPECT_LT(hopper_error, kMaxRelativeError);
+    EXPECT_LT(portable_error, kMaxRelativeError);
+  }
+}
+
 TEST_F(PagedAttentionGpuProperties, GraphReplayEqualsDirectLaunchBitForBit) {
   for (const auto& shapes : {kDecodeLengths, kPrefillShapes}) {
     const PagedBatch b = testing::make_paged_batch(32, 8, 128, 16, shapes, 79);
-    auto direct = run_attention(b, Path::kFast, {256, false});
-    auto graph = run_attention(b, Path::kFastGraph, {256, false});
+    auto direct = run_attention(b, Path::kFast, {256, false, false});
+    auto graph = run_attention(b, Path::kFastGraph, {256, false, false});
     ASSERT_TRUE(direct.ok()) << direct.status().to_string();
     ASSERT_TRUE(graph.ok()) << graph.status().to_string();
     EXPECT_EQ(*direct, *graph);

@@ -71,7 +71,7 @@ if command -v ncu >/dev/null; then
   { timeout 60 ncu --clock-control none -k regex:decode_attention --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
       "$bundle/bin/attention_bench" --only "decode B=64 L=4096" --iters 2
-    timeout 60 ncu --clock-control none -k regex:prefill_attention --launch-count 1 \
+    timeout 60 ncu --clock-control none -k regex:prefill_attention_sm90 --launch-count 1 \
       --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy \
       "$bundle/bin/attention_bench" --only "prefill L=16384" --iters 2
   } >"$out/ncu.txt" 2>&1

@@ -27,7 +27,8 @@ enum class KvElement : int32_t { kBF16 = 0, kFP8E4M3 = 1, kInt8 = 2, kInt4 = 3 }
 
 enum class AttentionKernel : int32_t {
   kDecode = 0,   // one new token per sequence: split-K decode + merge
-  kPrefill = 1,  // any number of new tokens per sequence: tensor-core tiles
+  kPrefill = 1,  // any number of new tokens per sequence: tensor-core tiles (mma.sync)
+  kPrefillSm90 = 2,  // the same work list on Hopper's wgmma (head_dim 128, sm_90a)
 };
 
 struct AttentionDescriptor {

@@ -7,7 +7,7 @@
 namespace pagoda::kernels::cuda {
 namespace {
 
-constexpr int32_t kPrefillRowsPerTile = 128;  // 8 warps x 16 rows (prefill_attention.cu)
+constexpr int32_t kPrefillRowsPerTile = 128;  // prefill_attention.cu and prefill_attention_sm90.cu
 constexpr int32_t kMaxGridY = 65535;
 // Decode: CTAs per SM that fit (shared memory bound, decode_attention.cu), and
 // how many waves of them the automatic split aims for.
@@ -93,7 +93,10 @@ StatusOr<PagedAttentionPlan> PagedAttentionPlan::create(
                                       [](const AttentionSequence& s) { return s.num_new_tokens == 1; });
   plan.kernel_ = (all_decode && !options.force_prefill) ? AttentionKernel::kDecode
                                                         : AttentionKernel::kPrefill;
-  if (plan.kernel_ == AttentionKernel::kPrefill) {
+  if (plan.kernel_ == AttentionKernel::kPrefill && config.head_dim == 128 &&
+      !options.portable_prefill)
+    plan.kernel_ = AttentionKernel::kPrefillSm90;
+  if (plan.kernel_ != AttentionKernel::kDecode) {
     if (config.head_dim == 256)
       return unimplemented_error(
           "attention: head_dim 256 runs only in decode (one new token per sequence)");
@@ -174,7 +177,7 @@ StatusOr<PagedAttentionPlan> PagedAttentionPlan::create(
                                     (config.head_dim + 1);
       plan.workspace_bytes_ = (partial_floats * sizeof(float) + 255) / 256 * 256;
     }
-  } else {
+  } else {  // both prefill kernels: 128 rows per tile
     plan.tokens_per_tile_ = kPrefillRowsPerTile / group;
     struct Item {
       int32_t sequence, first_token;

@@ -48,6 +48,9 @@ struct AttentionPlanOptions {
   int32_t split_tokens = 0;
   // Use the prefill (tensor-core) kernel even when every sequence has one new token.
   bool force_prefill = false;
+  // Prefill on mma.sync even where the wgmma kernel applies (head_dim 128):
+  // for comparisons and as a fallback.
+  bool portable_prefill = false;
 };
 
 // Device pointers of one layer's pool.

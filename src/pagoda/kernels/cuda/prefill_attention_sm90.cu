@@ -1,0 +1,256 @@
+// Prefill attention for head_dim 128 on Hopper's warpgroup MMA (wgmma,
+// sm_90a). Same contract and work list as prefill_attention.cu (128 query rows
+// = new tokens x the query heads of one GQA group, per KV head), but:
+//   - two warpgroups of 64 rows; S = Q K^T is one m64n128k16 chain of 8
+//     wgmma with Q and K read straight from shared memory, O += P V is 8
+//     wgmma with P from registers and V read transposed (MN-major) from
+//     shared memory, so no ldmatrix traffic;
+//   - K/V tiles of 128 positions, gathered through the block table with
+//     16-byte cp.async into a double buffer laid out in the 128-byte swizzle
+//     the wgmma descriptors expect ([2 halves of head_dim][128 rows][128 B]).
+// Not yet done (issue 7): a producer warp with mbarriers and the intra-
+// warpgroup overlap of softmax with the next tile's MMAs (FlashAttention-3's
+// ping-pong); here a CTA barrier per tile keeps both warpgroups in step.
+
+#include <cuda_bf16.h>
+
+#include "pagoda/kernels/cuda/attention_descriptor.h"
+#include "pagoda/kernels/cuda/attention_launch_internal.h"
+#include "pagoda/kernels/cuda/device_primitives.cuh"
+#include "pagoda/kernels/cuda/wgmma_primitives.cuh"
+
+namespace pagoda::kernels::cuda {
+namespace {
+
+using namespace device;
+
+constexpr int kHeadDim = 128;
+[[maybe_unused]] constexpr int kRows = 128;  // query rows per CTA: 2 warpgroups x 64
+[[maybe_unused]] constexpr int kKeys = 128;  // KV positions per tile
+constexpr int kThreads = 256;
+constexpr int kHalfBytes = 128 * 128;   // one 64-element half of head_dim for 128 rows
+constexpr int kTileBytes = 2 * kHalfBytes;
+constexpr int kSmemBytes = kTileBytes + 2 * 2 * kTileBytes + 1024;  // Q, 2 x (K, V), alignment
+// V as the MN-major B operand of P V: the leading-dimension offset steps between
+// the two 64-element halves of head_dim, the stride offset between groups of 8
+// positions (rows of 128 B). Overridable at build time only to probe the layout.
+#ifndef PAGODA_SM90_V_LEADING_BYTES
+#define PAGODA_SM90_V_LEADING_BYTES kHalfBytes
+#define PAGODA_SM90_V_STRIDE_BYTES 1024
+#endif
+
+// Byte offset of (row, 16-byte chunk 0..15 of head_dim) in a swizzled 128-row tile.
+[[maybe_unused]] __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
+  return (chunk >> 3) * kHalfBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+
+[[maybe_unused]] __device__ __forceinline__ void keep_in_order(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+__global__ void __launch_bounds__(kThreads, 1)
+    prefill_attention_sm90_kernel(const AttentionDescriptor d,
+                                  const __nv_bfloat16* __restrict__ q,
+                                  __nv_bfloat16* __restrict__ out) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // The portable compute_90 PTX has no wgmma: this body exists only in the sm_90a
+  // machine code, which is what runs on Hopper.
+  __trap();
+#else
+  extern __shared__ uint8_t smem_raw[];
+  // wgmma descriptors need 1024-byte aligned swizzle atoms.
+  const uint32_t raw_addr = smem_address(smem_raw);
+  uint8_t* base = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
+  uint8_t* q_tile = base;
+  uint8_t* kv_tiles = base + kTileBytes;  // stage s: K at s * 2 * kTileBytes, V after it
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int warpgroup = warp >> 2;
+  const int kv_head = blockIdx.x;
+  const int sequence = d.work_items[2 * blockIdx.y];
+  const int first_token = d.work_items[2 * blockIdx.y + 1];
+  const int group = d.num_q_heads / d.num_kv_heads;
+  const int rows_used = d.tokens_per_tile * group;
+  const int query_row0 = d.query_start[sequence];
+  const int num_new = d.query_start[sequence + 1] - query_row0;
+  const int num_cached = d.kv_length[sequence] - num_new;
+  const int token_end = min(first_token + d.tokens_per_tile, num_new);
+  const int num_keys = num_cached + token_end;
+  const int num_tiles = (num_keys + kKeys - 1) / kKeys;
+  const int32_t* table = d.block_tables + d.block_table_start[sequence];
+  const auto* key = static_cast<const __nv_bfloat16*>(d.key);
+  const auto* value = static_cast<const __nv_bfloat16*>(d.value);
+  const int64_t head_offset = int64_t{kv_head} * kHeadDim;
+
+  for (int idx = tid; idx < kRows * 16; idx += kThreads) {
+    const int r = idx >> 4, c = idx & 15;
+    const int t = first_token + r / group;
+    const bool valid = r < rows_used && t < num_new;
+    const int head = kv_head * group + r % group;
+    const __nv_bfloat16* src =
+        valid ? q + (int64_t{query_row0 + t} * d.num_q_heads + head) * kHeadDim + c * 8 : q;
+    cp_async_16(q_tile + tile_offset(r, c), src, valid);
+  }
+  auto issue_kv_tile = [&](int tile) {
+    uint8_t* k_dst = kv_tiles + (tile & 1) * 2 * kTileBytes;
+    uint8_t* v_dst = k_dst + kTileBytes;
+#pragma unroll
+    for (int i = 0; i < kKeys * 16 / kThreads; ++i) {
+      const int idx = tid + i * kThreads;
+      const int r = idx >> 4, c = idx & 15;
+      const int pos = tile * kKeys + r;
+      const bool valid = pos < num_keys;
+      const int block = valid ? table[pos >> d.log2_block_size] : 0;
+      const int64_t offset = int64_t{block} * d.block_stride +
+                             int64_t{pos & (d.block_size - 1)} * d.token_stride + head_offset +
+                             c * 8;
+      cp_async_16(k_dst + tile_offset(r, c), key + offset, valid);
+      cp_async_16(v_dst + tile_offset(r, c), value + offset, valid);
+    }
+  };
+  issue_kv_tile(0);
+  cp_async_commit();
+
+  // This thread's two rows (of the CTA's 128) and their positions.
+  int row_pos[2];
+  bool row_valid[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = warp * 16 + (lane >> 2) + 8 * i;
+    const int t = first_token + r / group;
+    row_valid[i] = r < rows_used && t < num_new;
+    row_pos[i] = num_cached + (row_valid[i] ? t : first_token);
+  }
+  const int min_row_pos = num_cached + first_token;
+
+  float o[64], s[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = s[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+  const uint32_t q_addr = smem_address(q_tile) + warpgroup * 64 * 128;
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    cp_async_wait<0>();
+    fence_proxy_async_shared();  // cp.async wrote in the generic proxy; wgmma reads in the async one
+    __syncthreads();
+    if (tile + 1 < num_tiles) issue_kv_tile(tile + 1);
+    cp_async_commit();
+    const uint32_t k_addr = smem_address(kv_tiles + (tile & 1) * 2 * kTileBytes);
+    const uint32_t v_addr = k_addr + kTileBytes;
+
+    // S = Q K^T: 64 rows x 128 keys per warpgroup, K-major operands, 16 of head_dim per step.
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      const uint32_t step = (ks >> 2) * kHalfBytes + (ks & 3) * 32;
+      wgmma_m64n128k16_ss(s, make_smem_desc_sw128(q_addr + step, 16, 1024),
+                          make_smem_desc_sw128(k_addr + step, 16, 1024), ks > 0);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) keep_in_order(s[i]);
+
+    if ((tile + 1) * kKeys - 1 > min_row_pos) {
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int pos = tile * kKeys + j * 8 + (lane & 3) * 2 + (e & 1);
+          if (pos > row_pos[e >> 1]) s[4 * j + e] = -INFINITY;
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j)
+        tile_max = fmaxf(tile_max, fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float m_new = fmaxf(m[i], tile_max * d.scale_log2);
+      const float correction = exp2f(m[i] - m_new);
+      m[i] = m_new;
+      l[i] *= correction;
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        o[4 * j + 2 * i] *= correction;
+        o[4 * j + 2 * i + 1] *= correction;
+      }
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) {
+        s[4 * j + 2 * i] = exp2f(fmaf(s[4 * j + 2 * i], d.scale_log2, -m_new));
+        s[4 * j + 2 * i + 1] = exp2f(fmaf(s[4 * j + 2 * i + 1], d.scale_log2, -m_new));
+        l[i] += s[4 * j + 2 * i] + s[4 * j + 2 * i + 1];
+      }
+    }
+    // The accumulator layout of two adjacent 8-key blocks is the A fragment of one k-step.
+    uint32_t p[kKeys / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      p[kk][0] = pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
+      p[kk][1] = pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
+      p[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
+      p[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+
+    // O += P V: V is [positions][head_dim], i.e. MN-major for this product:
+    // 8-position groups 1024 B apart, the two head_dim halves kHalfBytes apart.
+#pragma unroll
+    for (int i = 0; i < 64; ++i) keep_in_order(o[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+      wgmma_m64n128k16_rs_transb(o, p[kk], make_smem_desc_sw128(v_addr + kk * 16 * 128,
+                                                     PAGODA_SM90_V_LEADING_BYTES,
+                                                     PAGODA_SM90_V_STRIDE_BYTES), 1);
+    wgmma_commit();
+    wgmma_wait_all();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) keep_in_order(o[i]);
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!row_valid[i]) continue;
+    const int r = warp * 16 + (lane >> 2) + 8 * i;
+    const int t = first_token + r / group;
+    const int head = kv_head * group + r % group;
+    __nv_bfloat16* dst = out + (int64_t{query_row0 + t} * d.num_q_heads + head) * kHeadDim;
+    const float inv = 1.0f / l[i];
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      const uint32_t packed = pack_bf16x2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+      *reinterpret_cast<uint32_t*>(dst + j * 8 + (lane & 3) * 2) = packed;
+    }
+  }
+#endif
+}
+
+}  // namespace
+
+cudaError_t prepare_prefill_attention_sm90() {
+  return cudaFuncSetAttribute(prefill_attention_sm90_kernel,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+}
+
+cudaError_t launch_prefill_attention_sm90(const AttentionDescriptor& d, const void* q, void* out,
+                                          cudaStream_t stream) {
+  static const cudaError_t prepared = prepare_prefill_attention_sm90();
+  if (prepared != cudaSuccess) return prepared;
+  if (d.head_dim != kHeadDim) return cudaErrorInvalidValue;
+  if (d.num_work_items == 0) return cudaSuccess;
+  prefill_attention_sm90_kernel<<<dim3(d.num_kv_heads, d.num_work_items), kThreads, kSmemBytes,
+                                  stream>>>(d, static_cast<const __nv_bfloat16*>(q),
+                                            static_cast<__nv_bfloat16*>(out));
+  return cudaGetLastError();
+}
+
+}  // namespace pagoda::kernels::cuda
