@@ -1,5 +1,6 @@
 #include "pagoda/kv/prefix_cache.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 
@@ -37,19 +38,34 @@ uint64_t namespace_seed(std::string_view tenant_namespace) {
   return h == 0 ? 1 : h;
 }
 
-uint64_t chain_block_hash(uint64_t previous, const TokenId* tokens, int32_t block_size) {
+uint64_t block_content_hash(const TokenId* tokens, int32_t block_size) {
   // Two independent multiply-rotate lanes over token pairs keep the dependency
-  // chain short; the finalizer mixes them.
-  uint64_t a = previous ^ kMulA;
-  uint64_t b = previous * kMulB + static_cast<uint64_t>(block_size);
+  // chain short; no dependence on the previous block, so the CPU overlaps the
+  // content hashes of consecutive blocks.
+  uint64_t a = kMulA;
+  uint64_t b = kMulB + static_cast<uint64_t>(block_size);
   int32_t i = 0;
   for (; i + 4 <= block_size; i += 4) {
     a = std::rotl((a ^ load_pair(tokens + i)) * kMulA, 31);
     b = std::rotl((b ^ load_pair(tokens + i + 2)) * kMulB, 29);
   }
   for (; i < block_size; ++i) a = std::rotl((a ^ static_cast<uint32_t>(tokens[i])) * kMulA, 31);
-  const uint64_t h = finalize(a ^ std::rotl(b, 17));
-  return h == 0 ? 1 : h;
+  return finalize(a ^ std::rotl(b, 17));
+}
+
+uint64_t chain_combine(uint64_t previous, uint64_t content_hash) {
+  // The only serial step of a prefix walk: short, and mixes into the low bits
+  // that index the table. rotl breaks the symmetry of xor.
+  uint64_t x = std::rotl(previous, 23) ^ content_hash;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 32;
+  return x == 0 ? 1 : x;
+}
+
+uint64_t chain_block_hash(uint64_t previous, const TokenId* tokens, int32_t block_size) {
+  return chain_combine(previous, block_content_hash(tokens, block_size));
 }
 
 PrefixCache::PrefixCache(BlockPool& pool, int32_t block_size, std::unique_ptr<EvictionPolicy> policy,
@@ -97,16 +113,30 @@ PrefixMatch PrefixCache::match(std::string_view tenant_namespace, std::span<cons
   uint64_t key = ns_id >= 0 ? namespaces_[ns_id].seed : namespace_seed(tenant_namespace);
   BlockId parent = kNoBlock;
   result.reason = MissReason::kHit;
-  for (int32_t i = 0; i < max_blocks; ++i) {
-    const TokenId* block_tokens_in = tokens.data() + static_cast<size_t>(i) * block_size_;
-    key = chain_block_hash(key, block_tokens_in, block_size_);
-    const BlockId block = ns_id >= 0 ? table_.find(key) : kNoBlock;
-    if (block == kNoBlock || !content_equals(block, ns_id, parent, block_tokens_in)) {
-      result.reason = diagnose_miss(tokens, i, key);
-      break;
+  // In chunks: hash the chunk's blocks (independent work the CPU overlaps),
+  // chain the keys and prefetch their table slots, then verify block by block.
+  constexpr int32_t kChunk = 32;
+  uint64_t keys[kChunk];
+  for (int32_t base = 0; base < max_blocks; base += kChunk) {
+    const int32_t n = std::min(kChunk, max_blocks - base);
+    for (int32_t j = 0; j < n; ++j)
+      keys[j] = block_content_hash(tokens.data() + static_cast<size_t>(base + j) * block_size_, block_size_);
+    for (int32_t j = 0; j < n; ++j) {
+      key = chain_combine(key, keys[j]);
+      keys[j] = key;
+      table_.prefetch(key);
     }
-    result.blocks.push_back(block);
-    parent = block;
+    for (int32_t j = 0; j < n; ++j) {
+      const TokenId* block_tokens_in = tokens.data() + static_cast<size_t>(base + j) * block_size_;
+      const BlockId block = ns_id >= 0 ? table_.find(keys[j]) : kNoBlock;
+      if (block == kNoBlock || !content_equals(block, ns_id, parent, block_tokens_in)) {
+        result.reason = diagnose_miss(tokens, base + j, keys[j]);
+        result.cached_tokens = static_cast<int32_t>(result.blocks.size()) * block_size_;
+        return result;
+      }
+      result.blocks.push_back(block);
+      parent = block;
+    }
   }
   result.cached_tokens = static_cast<int32_t>(result.blocks.size()) * block_size_;
   return result;

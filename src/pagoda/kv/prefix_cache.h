@@ -40,8 +40,10 @@ namespace pagoda::kv {
 // Hash of a length-prefixed namespace name: the seed of its key chain.
 uint64_t namespace_seed(std::string_view tenant_namespace);
 // Key of the next block given the previous key (or the seed) and its tokens.
-// Never 0.
+// Never 0. Equals chain_combine(previous, block_content_hash(tokens)).
 uint64_t chain_block_hash(uint64_t previous, const TokenId* tokens, int32_t block_size);
+uint64_t block_content_hash(const TokenId* tokens, int32_t block_size);
+uint64_t chain_combine(uint64_t previous, uint64_t content_hash);
 
 class PrefixCache {
  public:
