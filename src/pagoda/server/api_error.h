@@ -1,0 +1,36 @@
+#pragma once
+// The OpenAI error object and the HTTP status that goes with it:
+//   {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
+// Bad input is always 4xx with this body; 5xx only for the server's own faults.
+// Bodies are bounded: messages are cut to kMaxMessageBytes so echoing a huge
+// or hostile value can never blow up a response.
+//
+// Thread safety: values.
+
+#include <optional>
+#include <string>
+
+#include "pagoda/core/status.h"
+
+namespace pagoda::server {
+
+struct ApiError {
+  int http_status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::optional<std::string> param;  // the offending field, e.g. "temperature"
+  std::string code = "invalid_value";
+
+  static constexpr size_t kMaxMessageBytes = 1024;
+
+  // Serialized error object (valid UTF-8 whatever the message holds).
+  std::string body() const;
+};
+
+ApiError invalid_request(std::string message, std::optional<std::string> param = std::nullopt,
+                         std::string code = "invalid_value");
+// Maps an engine Status: kInvalidArgument -> 400, kResourceExhausted -> 429,
+// kFailedPrecondition -> 503, everything else -> 500.
+ApiError api_error_from_status(const Status& status, std::optional<std::string> param = std::nullopt);
+
+}  // namespace pagoda::server

@@ -1,0 +1,292 @@
+#include "pagoda/server/openai_request.h"
+
+#include <cmath>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+namespace pagoda::server {
+namespace {
+
+using json = nlohmann::json;
+
+// Field readers: nullopt when absent or null; ApiError when the type is wrong.
+struct Reader {
+  const json& body;
+  std::optional<ApiError> error;
+
+  const json* field(const char* name) {
+    auto it = body.find(name);
+    if (it == body.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+  void fail(std::string message, const char* param) {
+    if (!error) error = invalid_request(std::move(message), std::string(param));
+  }
+  std::optional<double> number(const char* name) {
+    const json* f = field(name);
+    if (!f) return std::nullopt;
+    if (!f->is_number()) {
+      fail(fmt::format("'{}' must be a number", name), name);
+      return std::nullopt;
+    }
+    double v = f->get<double>();
+    if (!std::isfinite(v)) {
+      fail(fmt::format("'{}' must be a finite number", name), name);
+      return std::nullopt;
+    }
+    return v;
+  }
+  std::optional<int64_t> integer(const char* name, int64_t lo, int64_t hi) {
+    const json* f = field(name);
+    if (!f) return std::nullopt;
+    if (!f->is_number_integer()) {
+      fail(fmt::format("'{}' must be an integer", name), name);
+      return std::nullopt;
+    }
+    // Unsigned values above int64 max arrive as number_unsigned.
+    if (f->is_number_unsigned() && f->get<uint64_t>() > static_cast<uint64_t>(hi)) {
+      fail(fmt::format("'{}' must be in [{}, {}], got {}", name, lo, hi, f->get<uint64_t>()), name);
+      return std::nullopt;
+    }
+    int64_t v = f->get<int64_t>();
+    if (v < lo || v > hi) {
+      fail(fmt::format("'{}' must be in [{}, {}], got {}", name, lo, hi, v), name);
+      return std::nullopt;
+    }
+    return v;
+  }
+  std::optional<bool> boolean(const char* name) {
+    const json* f = field(name);
+    if (!f) return std::nullopt;
+    if (!f->is_boolean()) {
+      fail(fmt::format("'{}' must be a boolean", name), name);
+      return std::nullopt;
+    }
+    return f->get<bool>();
+  }
+  std::optional<std::string> string(const char* name) {
+    const json* f = field(name);
+    if (!f) return std::nullopt;
+    if (!f->is_string()) {
+      fail(fmt::format("'{}' must be a string", name), name);
+      return std::nullopt;
+    }
+    return f->get<std::string>();
+  }
+};
+
+std::optional<ApiError> read_token_ids(const json& array, const char* param, std::vector<int32_t>& out) {
+  for (const auto& v : array) {
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT32_MAX) ||
+        v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+      return invalid_request(fmt::format("'{}' token ids must be non-negative integers", param), std::string(param));
+    out.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_prompt(const json& body, std::optional<std::string>& text, std::vector<int32_t>& tokens,
+                                    bool required) {
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) {
+    if (required) return invalid_request("'prompt' is required", "prompt", "missing_required_parameter");
+    return std::nullopt;
+  }
+  const json& p = *it;
+  if (p.is_string()) {
+    text = p.get<std::string>();
+    return std::nullopt;
+  }
+  if (!p.is_array() || p.empty())
+    return invalid_request("'prompt' must be a string or a non-empty array of token ids", "prompt");
+  if (p[0].is_string() || p[0].is_array()) {
+    if (p.size() != 1)
+      return invalid_request("batched prompts are not supported: send one prompt per request", "prompt",
+                             "unsupported");
+    if (p[0].is_string()) {
+      text = p[0].get<std::string>();
+      return std::nullopt;
+    }
+    if (p[0].empty()) return invalid_request("'prompt' must not be empty", "prompt");
+    return read_token_ids(p[0], "prompt", tokens);
+  }
+  return read_token_ids(p, "prompt", tokens);
+}
+
+std::optional<ApiError> read_messages(const json& body, std::vector<ChatMessage>& out) {
+  auto it = body.find("messages");
+  if (it == body.end() || it->is_null())
+    return invalid_request("'messages' is required", "messages", "missing_required_parameter");
+  if (!it->is_array()) return invalid_request("'messages' must be an array", "messages");
+  if (it->empty()) return invalid_request("'messages' must not be empty", "messages");
+  if (it->size() > 4096) return invalid_request("'messages' holds more than 4096 messages", "messages");
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    const std::string param = fmt::format("messages[{}]", i);
+    if (!m.is_object()) return invalid_request(param + " must be an object", param);
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string())
+      return invalid_request(param + ".role must be a string", param + ".role");
+    const std::string r = role->get<std::string>();
+    if (r != "system" && r != "developer" && r != "user" && r != "assistant" && r != "tool")
+      return invalid_request(fmt::format("{}.role must be one of system, developer, user, assistant, tool", param),
+                             param + ".role");
+    ChatMessage msg{r == "developer" ? "system" : r, ""};
+    auto content = m.find("content");
+    if (content == m.end() || content->is_null()) {
+      return invalid_request(param + ".content is required", param + ".content");
+    } else if (content->is_string()) {
+      msg.content = content->get<std::string>();
+    } else if (content->is_array()) {
+      for (const auto& part : *content) {
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+            !part["text"].is_string())
+          return invalid_request(param + ".content parts must be {\"type\": \"text\", \"text\": string}",
+                                 param + ".content");
+        msg.content += part["text"].get<std::string>();
+      }
+    } else {
+      return invalid_request(param + ".content must be a string or an array of text parts", param + ".content");
+    }
+    out.push_back(std::move(msg));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> check_unsupported(const json& body) {
+  if (auto it = body.find("echo"); it != body.end() && it->is_boolean() && it->get<bool>())
+    return invalid_request("'echo' is not supported", "echo", "unsupported");
+  if (auto it = body.find("suffix"); it != body.end() && !it->is_null())
+    return invalid_request("'suffix' is not supported", "suffix", "unsupported");
+  if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null() && !(it->is_object() && it->empty()))
+    return invalid_request("'logit_bias' is not supported", "logit_bias", "unsupported");
+  if (auto it = body.find("tools"); it != body.end() && !it->is_null() && !(it->is_array() && it->empty()))
+    return invalid_request("'tools' is not supported", "tools", "unsupported");
+  if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
+    if (!it->is_object() || it->value("type", "") != "text")
+      return invalid_request("only response_format {\"type\": \"text\"} is supported", "response_format",
+                             "unsupported");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view text, Endpoint endpoint) {
+  json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded())
+    return invalid_request("the request body is not valid JSON (or not valid UTF-8)", std::nullopt, "invalid_json");
+  if (!body.is_object()) return invalid_request("the request body must be a JSON object", std::nullopt, "invalid_json");
+
+  OpenAiRequest req;
+  req.endpoint = endpoint;
+  Reader r{body, std::nullopt};
+  auto model = r.string("model");
+  if (r.error) return *r.error;
+  if (!model) return invalid_request("'model' is required", "model", "missing_required_parameter");
+  req.model = *model;
+
+  if (endpoint == Endpoint::kCompletions) {
+    if (auto e = read_prompt(body, req.prompt_text, req.prompt_tokens, true)) return *e;
+  } else {
+    if (auto e = read_messages(body, req.messages)) return *e;
+  }
+  if (auto e = check_unsupported(body)) return *e;
+
+  auto& s = req.sampling;
+  if (auto v = r.number("temperature")) s.temperature = static_cast<float>(*v);
+  if (r.error) return *r.error;
+  if (!(s.temperature >= 0.0f && s.temperature <= 2.0f))
+    return invalid_request(fmt::format("'temperature' must be in [0, 2], got {}", s.temperature), "temperature");
+  if (auto v = r.number("top_p")) s.top_p = static_cast<float>(*v);
+  if (auto v = r.integer("top_k", -1, 1 << 30)) s.top_k = *v < 0 ? 0 : static_cast<int32_t>(*v);
+  if (auto v = r.number("min_p")) s.min_p = static_cast<float>(*v);
+  if (auto v = r.number("repetition_penalty")) s.repetition_penalty = static_cast<float>(*v);
+  if (auto v = r.number("frequency_penalty")) s.frequency_penalty = static_cast<float>(*v);
+  if (auto v = r.number("presence_penalty")) s.presence_penalty = static_cast<float>(*v);
+  if (auto v = r.integer("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()))
+    s.seed = static_cast<uint64_t>(*v);
+  if (auto v = r.integer("n", 1, 16)) s.n = static_cast<int32_t>(*v);
+  const char* max_name = "max_tokens";
+  auto max_tokens = r.integer("max_tokens", 1, kMaxTokensLimit);
+  if (!max_tokens && !r.error && endpoint == Endpoint::kChatCompletions) {
+    max_name = "max_completion_tokens";
+    max_tokens = r.integer(max_name, 1, kMaxTokensLimit);
+  }
+  if (max_tokens) {
+    s.max_tokens = static_cast<int32_t>(*max_tokens);
+    req.max_tokens_given = true;
+  }
+  if (auto v = r.boolean("stream")) req.stream = *v;
+  if (auto v = r.boolean("ignore_eos")) s.ignore_eos = *v;
+  if (r.error) return *r.error;
+
+  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return invalid_request("'stream_options' must be an object", "stream_options");
+    Reader so{*it, std::nullopt};
+    if (auto v = so.boolean("include_usage")) req.include_usage = *v;
+    if (so.error) return invalid_request("'stream_options.include_usage' must be a boolean", "stream_options");
+  }
+  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      s.stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (const auto& v : *it) {
+        if (!v.is_string()) return invalid_request("'stop' must be a string or an array of strings", "stop");
+        s.stop.push_back(v.get<std::string>());
+      }
+    } else {
+      return invalid_request("'stop' must be a string or an array of strings", "stop");
+    }
+  }
+  if (auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
+    if (!it->is_array()) return invalid_request("'stop_token_ids' must be an array of token ids", "stop_token_ids");
+    if (auto e = read_token_ids(*it, "stop_token_ids", s.stop_token_ids)) return *e;
+  }
+  if (endpoint == Endpoint::kCompletions) {
+    if (auto v = r.integer("logprobs", 0, 20)) s.logprobs = static_cast<int32_t>(*v);
+  } else {
+    auto want = r.boolean("logprobs");
+    auto top = r.integer("top_logprobs", 0, 20);
+    if (r.error) return *r.error;
+    if (top && !(want && *want))
+      return invalid_request("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+    if (want && *want) s.logprobs = top ? static_cast<int32_t>(*top) : 0;
+  }
+  if (auto v = r.integer("best_of", 1, 16); v && *v != s.n)
+    return invalid_request("'best_of' other than n is not supported", "best_of", "unsupported");
+  if (auto v = r.string("user")) (void)v;
+  if (r.error) return *r.error;
+
+  // Ranges of the sampling fields (vocabulary-dependent checks come later).
+  Status st = engine::validate_sampling_params(s, std::numeric_limits<int32_t>::max());
+  if (!st.ok()) {
+    std::string param = st.message().substr(0, st.message().find_first_of(" :"));
+    if (param == "max_tokens") param = max_name;
+    return invalid_request(st.message(), param);
+  }
+  return req;
+}
+
+std::variant<CacheDropRequest, ApiError> parse_cache_drop_request(std::string_view text) {
+  json body = json::parse(text, nullptr, false);
+  if (body.is_discarded() || !body.is_object())
+    return invalid_request("the request body must be a JSON object", std::nullopt, "invalid_json");
+  CacheDropRequest req;
+  Reader r{body, std::nullopt};
+  if (auto v = r.boolean("all")) req.all = *v;
+  if (auto v = r.integer("keep_prefix_tokens", 0, std::numeric_limits<int32_t>::max())) req.keep_prefix_tokens = *v;
+  if (r.error) return *r.error;
+  if (req.all) return req;
+  if (body.contains("messages")) {
+    if (auto e = read_messages(body, req.messages)) return *e;
+    return req;
+  }
+  if (auto e = read_prompt(body, req.prompt_text, req.prompt_tokens, false)) return *e;
+  if (!req.prompt_text && req.prompt_tokens.empty())
+    return invalid_request("give 'prompt', 'messages' or \"all\": true", "prompt", "missing_required_parameter");
+  return req;
+}
+
+}  // namespace pagoda::server

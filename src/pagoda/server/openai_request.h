@@ -1,0 +1,66 @@
+#pragma once
+// Parsing and strict validation of the bodies of POST /v1/completions and
+// POST /v1/chat/completions: everything that can be checked without the model
+// (JSON shape, field types, ranges, unsupported options). Anything wrong is an
+// ApiError naming the field (`param`), never an exception. Checks that need the
+// model (known model name, tokenization, context length) happen in the server.
+//
+// Unknown fields are ignored, as OpenAI clients send extras; known fields with
+// unsupported values (echo, logit_bias, tools, ...) are rejected rather than
+// silently ignored.
+//
+// Thread safety: pure functions.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "pagoda/engine/sampling_params.h"
+#include "pagoda/server/api_error.h"
+
+namespace pagoda::server {
+
+enum class Endpoint { kCompletions, kChatCompletions };
+
+struct ChatMessage {
+  std::string role;     // system | developer | user | assistant | tool
+  std::string content;  // text parts joined
+};
+
+struct OpenAiRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;
+  // Completions: exactly one of these.
+  std::optional<std::string> prompt_text;
+  std::vector<int32_t> prompt_tokens;
+  // Chat.
+  std::vector<ChatMessage> messages;
+
+  engine::SamplingParams sampling;
+  bool max_tokens_given = false;  // else the server picks (16 / rest of context)
+  bool stream = false;
+  bool include_usage = false;     // stream_options.include_usage
+};
+
+// The largest max_tokens accepted before the context check (anything larger is
+// "absurd" and rejected early).
+inline constexpr int64_t kMaxTokensLimit = 1 << 20;
+
+std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view body, Endpoint endpoint);
+
+// Body of POST /v1/cache/drop (pagoda extension): drop the cached blocks of a
+// conversation (prompt text or ids, or chat messages) below keep_prefix_tokens,
+// or of the whole tenant namespace with "all": true.
+struct CacheDropRequest {
+  std::optional<std::string> prompt_text;
+  std::vector<int32_t> prompt_tokens;
+  std::vector<ChatMessage> messages;
+  int64_t keep_prefix_tokens = 0;
+  bool all = false;
+};
+std::variant<CacheDropRequest, ApiError> parse_cache_drop_request(std::string_view body);
+
+}  // namespace pagoda::server

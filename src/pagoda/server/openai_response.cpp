@@ -1,0 +1,135 @@
+#include "pagoda/server/openai_response.h"
+
+namespace pagoda::server {
+
+using json = nlohmann::json;
+
+const char* finish_reason_json(engine::FinishReason reason) { return engine::finish_reason_name(reason); }
+
+ResponseBuilder::ResponseBuilder(Endpoint endpoint, std::string id, std::string model, int64_t created, int32_t n,
+                                 bool want_logprobs, TokenText token_text)
+    : endpoint_(endpoint),
+      id_(std::move(id)),
+      model_(std::move(model)),
+      created_(created),
+      want_logprobs_(want_logprobs),
+      token_text_(std::move(token_text)),
+      choices_(std::max(1, n)) {}
+
+void ResponseBuilder::accumulate(const engine::RequestOutput& delta) {
+  for (const auto& d : delta.choices) {
+    if (d.index < 0 || d.index >= static_cast<int32_t>(choices_.size())) continue;
+    Choice& c = choices_[d.index];
+    c.text += d.text;
+    c.tokens.insert(c.tokens.end(), d.tokens.begin(), d.tokens.end());
+    c.logprobs.insert(c.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+    if (d.finish_reason != engine::FinishReason::kNone) c.finish = d.finish_reason;
+  }
+}
+
+json ResponseBuilder::usage_json(const engine::Usage& usage) {
+  return {{"prompt_tokens", usage.prompt_tokens},
+          {"completion_tokens", usage.completion_tokens},
+          {"total_tokens", usage.prompt_tokens + usage.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}}};
+}
+
+json ResponseBuilder::logprobs_json(const std::vector<engine::SampledToken>& tokens, size_t text_offset) const {
+  if (endpoint_ == Endpoint::kCompletions) {
+    json out = {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
+                {"text_offset", json::array()}};
+    for (const auto& t : tokens) {
+      const std::string text = token_text_(t.token);
+      out["tokens"].push_back(text);
+      out["token_logprobs"].push_back(t.logprob);
+      json top = json::object();
+      for (const auto& alt : t.top_logprobs) top[token_text_(alt.token)] = alt.logprob;
+      out["top_logprobs"].push_back(top);
+      out["text_offset"].push_back(text_offset);
+      text_offset += text.size();
+    }
+    return out;
+  }
+  auto entry = [&](int32_t token, float logprob) {
+    const std::string text = token_text_(token);
+    json bytes = json::array();
+    for (unsigned char ch : text) bytes.push_back(static_cast<int>(ch));
+    return json{{"token", text}, {"logprob", logprob}, {"bytes", bytes}};
+  };
+  json content = json::array();
+  for (const auto& t : tokens) {
+    json e = entry(t.token, t.logprob);
+    e["top_logprobs"] = json::array();
+    for (const auto& alt : t.top_logprobs) e["top_logprobs"].push_back(entry(alt.token, alt.logprob));
+    content.push_back(e);
+  }
+  return {{"content", content}};
+}
+
+json ResponseBuilder::final_response(const engine::Usage& usage) const {
+  json choices = json::array();
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    const Choice& c = choices_[i];
+    json choice = {{"index", i}, {"finish_reason", finish_reason_json(c.finish)}};
+    choice["logprobs"] = want_logprobs_ ? logprobs_json(c.logprobs, 0) : json(nullptr);
+    if (endpoint_ == Endpoint::kCompletions)
+      choice["text"] = c.text;
+    else
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    choices.push_back(choice);
+  }
+  return {{"id", id_},
+          {"object", endpoint_ == Endpoint::kCompletions ? "text_completion" : "chat.completion"},
+          {"created", created_},
+          {"model", model_},
+          {"choices", choices},
+          {"usage", usage_json(usage)}};
+}
+
+json ResponseBuilder::chunk_base() const {
+  return {{"id", id_},
+          {"object", endpoint_ == Endpoint::kCompletions ? "text_completion" : "chat.completion.chunk"},
+          {"created", created_},
+          {"model", model_}};
+}
+
+std::vector<json> ResponseBuilder::chunks(const engine::RequestOutput& delta) {
+  std::vector<json> out;
+  for (const auto& d : delta.choices) {
+    if (d.index < 0 || d.index >= static_cast<int32_t>(choices_.size())) continue;
+    Choice& c = choices_[d.index];
+    const size_t offset = c.text.size();
+    c.text += d.text;
+    const bool finished = d.finish_reason != engine::FinishReason::kNone;
+    if (d.text.empty() && !finished && c.role_sent) continue;
+    json choice = {{"index", d.index}};
+    choice["finish_reason"] = finished ? json(finish_reason_json(d.finish_reason)) : json(nullptr);
+    choice["logprobs"] = want_logprobs_ && !d.logprobs.empty() ? logprobs_json(d.logprobs, offset) : json(nullptr);
+    if (endpoint_ == Endpoint::kCompletions) {
+      choice["text"] = d.text;
+    } else {
+      json delta_obj = json::object();
+      if (!c.role_sent) delta_obj["role"] = "assistant";
+      if (!d.text.empty() || !c.role_sent) delta_obj["content"] = d.text;
+      choice["delta"] = delta_obj;
+    }
+    c.role_sent = true;
+    json chunk = chunk_base();
+    chunk["choices"] = json::array({choice});
+    out.push_back(std::move(chunk));
+  }
+  return out;
+}
+
+json ResponseBuilder::usage_chunk(const engine::Usage& usage) const {
+  json chunk = chunk_base();
+  chunk["choices"] = json::array();
+  chunk["usage"] = usage_json(usage);
+  return chunk;
+}
+
+std::string ResponseBuilder::sse_event(const json& payload) {
+  return "data: " + payload.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+}  // namespace pagoda::server

@@ -1,0 +1,65 @@
+#pragma once
+// JSON bodies of OpenAI responses: whole completions (non-streaming) and the
+// chunks of a server-sent-event stream, for /v1/completions and
+// /v1/chat/completions. Accumulates engine deltas per choice.
+//
+// Thread safety: one builder per HTTP request.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "pagoda/engine/request.h"
+#include "pagoda/server/openai_request.h"
+
+namespace pagoda::server {
+
+// Token id -> its text, for logprobs ("<id>" when the model has no tokenizer).
+using TokenText = std::function<std::string(int32_t)>;
+
+class ResponseBuilder {
+ public:
+  ResponseBuilder(Endpoint endpoint, std::string id, std::string model, int64_t created, int32_t n,
+                  bool want_logprobs, TokenText token_text);
+
+  // Non-streaming: feed every delta, then build the final body.
+  void accumulate(const engine::RequestOutput& delta);
+  nlohmann::json final_response(const engine::Usage& usage) const;
+
+  // Streaming: the chunk objects for one delta (one per changed choice; the
+  // first chunk of a chat choice carries the assistant role).
+  std::vector<nlohmann::json> chunks(const engine::RequestOutput& delta);
+  // The final usage-only chunk of stream_options.include_usage.
+  nlohmann::json usage_chunk(const engine::Usage& usage) const;
+
+  static nlohmann::json usage_json(const engine::Usage& usage);
+  // "data: <json>\n\n", never throwing on odd bytes.
+  static std::string sse_event(const nlohmann::json& payload);
+  static constexpr const char* kSseDone = "data: [DONE]\n\n";
+
+ private:
+  struct Choice {
+    std::string text;
+    std::vector<engine::SampledToken> logprobs;
+    std::vector<int32_t> tokens;
+    engine::FinishReason finish = engine::FinishReason::kNone;
+    bool role_sent = false;
+  };
+  nlohmann::json logprobs_json(const std::vector<engine::SampledToken>& tokens, size_t text_offset) const;
+  nlohmann::json chunk_base() const;
+
+  Endpoint endpoint_;
+  std::string id_, model_;
+  int64_t created_;
+  bool want_logprobs_;
+  TokenText token_text_;
+  std::vector<Choice> choices_;
+};
+
+// OpenAI's finish_reason string (abort and error are reported as such).
+const char* finish_reason_json(engine::FinishReason reason);
+
+}  // namespace pagoda::server

@@ -1,0 +1,317 @@
+#include "pagoda/server/openai_server.h"
+
+#include <chrono>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+namespace pagoda::server {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr auto kPollInterval = 50ms;
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+// State shared between the handler and httplib's content provider calls.
+struct StreamState {
+  std::shared_ptr<engine::RequestStream> stream;
+  std::unique_ptr<ResponseBuilder> builder;
+  bool stream_mode = false;
+  bool include_usage = false;
+  bool done = false;
+};
+
+}  // namespace
+
+OpenAiServer::OpenAiServer(ServerConfig config, engine::Engine& engine, TextCodec codec)
+    : config_(std::move(config)), engine_(engine), codec_(std::move(codec)), http_(std::make_unique<httplib::Server>()) {
+  install_routes();
+}
+
+OpenAiServer::~OpenAiServer() { stop(); }
+
+HttpCounters OpenAiServer::http_counters() const {
+  std::lock_guard lock(counters_mutex_);
+  return counters_;
+}
+
+void OpenAiServer::send_error(httplib::Response& res, const ApiError& error) {
+  res.status = error.http_status;
+  if (error.http_status == 429) res.set_header("Retry-After", std::to_string(config_.retry_after_seconds));
+  res.set_content(error.body(), "application/json");
+}
+
+std::optional<std::string> OpenAiServer::authenticate(const httplib::Request& req, httplib::Response& res) {
+  auto tenant = config_.api_keys.tenant_for_authorization(req.get_header_value("Authorization"));
+  if (!tenant) {
+    ApiError e;
+    e.http_status = 401;
+    e.type = "authentication_error";
+    e.code = "invalid_api_key";
+    e.message = req.has_header("Authorization") ? "invalid api key"
+                                                : "missing api key: send 'Authorization: Bearer <key>'";
+    send_error(res, e);
+    return std::nullopt;
+  }
+  return tenant;
+}
+
+std::string OpenAiServer::token_text(int32_t token) const {
+  if (codec_.token_text) return codec_.token_text(token);
+  return fmt::format("<{}>", token);
+}
+
+StatusOr<std::vector<int32_t>> OpenAiServer::tokens_for_text(const std::string& text, bool add_special_tokens) const {
+  if (!codec_.encode)
+    return invalid_argument_error("model '{}' has no tokenizer: send the prompt as an array of token ids",
+                                  config_.model_name);
+  return codec_.encode(text, add_special_tokens);
+}
+
+StatusOr<std::vector<int32_t>> OpenAiServer::tokens_for_chat(const std::vector<ChatMessage>& messages) const {
+  if (!codec_.encode || !codec_.render_chat)
+    return invalid_argument_error("model '{}' has no tokenizer or chat template: use /v1/completions with token ids",
+                                  config_.model_name);
+  PAGODA_ASSIGN_OR_RETURN(std::string prompt, codec_.render_chat(messages));
+  // Templates write their own BOS.
+  return codec_.encode(prompt, false);
+}
+
+void OpenAiServer::install_routes() {
+  httplib::Server& s = *http_;
+  s.set_payload_max_length(config_.max_body_bytes);
+  s.set_keep_alive_timeout(1);  // so shutdown is not held up by idle keep-alive connections
+  s.set_read_timeout(30, 0);
+  const int threads = std::max(4, config_.http_threads);
+  s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+
+  s.set_logger([this](const httplib::Request&, const httplib::Response& res) {
+    std::lock_guard lock(counters_mutex_);
+    ++counters_.responses_by_status[res.status];
+  });
+  s.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+    ApiError e;
+    e.http_status = 500;
+    e.type = "server_error";
+    e.code = "internal_error";
+    e.message = "internal error";
+    send_error(res, e);
+  });
+  s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;  // a handler already wrote an error body
+    ApiError e;
+    e.http_status = res.status;
+    e.code = res.status == 404 ? "not_found" : "http_error";
+    e.message = res.status == 404 ? fmt::format("no route for {} {}", req.method, req.path)
+                : res.status == 413 ? fmt::format("request body over {} bytes", config_.max_body_bytes)
+                                    : fmt::format("HTTP error {}", res.status);
+    send_error(res, e);
+  });
+
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (draining_) return send_json(res, 503, {{"status", "draining"}});
+    send_json(res, 200, {{"status", "ok"}});
+  });
+  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(render_prometheus_metrics(engine_.stats(), http_counters()), "text/plain; version=0.0.4");
+  });
+  s.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!authenticate(req, res)) return;
+    json model = {{"id", config_.model_name},
+                  {"object", "model"},
+                  {"created", 0},
+                  {"owned_by", "pagoda"},
+                  {"max_model_len", engine_.max_context_length()}};
+    send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
+  });
+  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_generate(req, res, Endpoint::kCompletions);
+  });
+  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_generate(req, res, Endpoint::kChatCompletions);
+  });
+  s.Post("/v1/cache/drop", [this](const httplib::Request& req, httplib::Response& res) { handle_cache_drop(req, res); });
+}
+
+void OpenAiServer::handle_generate(const httplib::Request& http_req, httplib::Response& res, Endpoint endpoint) {
+  auto tenant = authenticate(http_req, res);
+  if (!tenant) return;
+  if (draining_) return send_error(res, api_error_from_status(failed_precondition_error("the server is shutting down")));
+
+  auto parsed = parse_openai_request(http_req.body, endpoint);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
+  OpenAiRequest& req = std::get<OpenAiRequest>(parsed);
+  if (req.model != config_.model_name)
+    return send_error(res, invalid_request(fmt::format("model '{}' does not exist; this server serves '{}'",
+                                                       req.model, config_.model_name),
+                                           "model", "model_not_found"));
+
+  StatusOr<std::vector<int32_t>> tokens = std::vector<int32_t>{};
+  if (endpoint == Endpoint::kChatCompletions)
+    tokens = tokens_for_chat(req.messages);
+  else if (req.prompt_text)
+    tokens = tokens_for_text(*req.prompt_text, true);
+  else
+    tokens = req.prompt_tokens;
+  const char* prompt_param = endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
+  if (!tokens.ok()) return send_error(res, api_error_from_status(tokens.status(), prompt_param));
+  if (tokens->empty()) return send_error(res, invalid_request("the prompt is empty", prompt_param));
+
+  const int64_t context = engine_.max_context_length();
+  const int64_t prompt_len = static_cast<int64_t>(tokens->size());
+  if (!req.max_tokens_given) {
+    const int64_t room = context - prompt_len;
+    if (room < 1)
+      return send_error(res, invalid_request(fmt::format("this model's maximum context length is {} tokens, but the "
+                                                         "prompt has {} tokens",
+                                                         context, prompt_len),
+                                             prompt_param, "context_length_exceeded"));
+    const int64_t wanted = endpoint == Endpoint::kCompletions ? 16 : config_.default_chat_max_tokens;
+    req.sampling.max_tokens = static_cast<int32_t>(std::min(room, wanted));
+  }
+
+  engine::GenerationRequest gen;
+  gen.tenant_namespace = ApiKeyStore::cache_namespace(*tenant);
+  gen.prompt_tokens = std::move(*tokens);
+  gen.sampling = req.sampling;
+  auto submitted = engine_.submit(std::move(gen));
+  if (!submitted.ok()) {
+    ApiError e = api_error_from_status(submitted.status());
+    if (e.http_status == 400) {
+      const std::string& m = submitted.status().message();
+      if (m.find("context length") != std::string::npos || m.find("KV cache") != std::string::npos) {
+        e.code = "context_length_exceeded";
+        e.param = prompt_param;
+      } else if (m.find("vocabulary") != std::string::npos) {
+        e.param = m.rfind("stop_token_ids", 0) == 0 ? "stop_token_ids" : prompt_param;
+      }
+    }
+    return send_error(res, e);
+  }
+
+  auto state = std::make_shared<StreamState>();
+  state->stream = *submitted;
+  state->stream_mode = req.stream;
+  state->include_usage = req.include_usage;
+  const std::string id = fmt::format("{}-{:x}{:06x}", endpoint == Endpoint::kCompletions ? "cmpl" : "chatcmpl",
+                                     unix_seconds(), next_response_id_++);
+  state->builder = std::make_unique<ResponseBuilder>(endpoint, id, config_.model_name, unix_seconds(),
+                                                     req.sampling.n, req.sampling.logprobs.has_value(),
+                                                     [this](int32_t t) { return token_text(t); });
+  const engine::RequestId request_id = state->stream->id();
+
+  auto provider = [this, state, request_id](size_t, httplib::DataSink& sink) -> bool {
+    while (!state->done) {
+      if (!sink.is_writable()) return false;  // the client left: the releaser aborts
+      auto out = state->stream->next(kPollInterval);
+      if (!out) continue;
+      if (state->stream_mode) {
+        std::string payload;
+        for (const json& chunk : state->builder->chunks(*out)) {
+          json c = chunk;
+          if (state->include_usage) c["usage"] = nullptr;
+          payload += ResponseBuilder::sse_event(c);
+        }
+        if (out->finished) {
+          if (!out->error.empty()) {
+            ApiError e = api_error_from_status(internal_error("{}", out->error));
+            payload += "data: " + e.body() + "\n\n";
+          }
+          if (state->include_usage) payload += ResponseBuilder::sse_event(state->builder->usage_chunk(out->usage));
+          payload += ResponseBuilder::kSseDone;
+          state->done = true;
+        }
+        if (!payload.empty() && !sink.write(payload.data(), payload.size())) return false;
+      } else {
+        state->builder->accumulate(*out);
+        if (out->finished) {
+          state->done = true;
+          std::string body;
+          if (!out->error.empty()) {
+            body = api_error_from_status(internal_error("{}", out->error)).body();
+          } else {
+            body = state->builder->final_response(out->usage).dump(-1, ' ', false, json::error_handler_t::replace);
+          }
+          if (!sink.write(body.data(), body.size())) return false;
+        }
+      }
+    }
+    sink.done();
+    return true;
+  };
+  auto releaser = [this, state, request_id](bool success) {
+    if (!success || !state->done) {
+      engine_.abort(request_id);
+      std::lock_guard lock(counters_mutex_);
+      ++counters_.client_disconnects;
+    }
+  };
+  res.status = 200;
+  if (req.stream) {
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider("text/event-stream", provider, releaser);
+  } else {
+    res.set_chunked_content_provider("application/json", provider, releaser);
+  }
+}
+
+void OpenAiServer::handle_cache_drop(const httplib::Request& http_req, httplib::Response& res) {
+  auto tenant = authenticate(http_req, res);
+  if (!tenant) return;
+  auto parsed = parse_cache_drop_request(http_req.body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
+  const CacheDropRequest& req = std::get<CacheDropRequest>(parsed);
+  const std::string ns = ApiKeyStore::cache_namespace(*tenant);
+  StatusOr<int32_t> dropped = 0;
+  if (req.all) {
+    dropped = engine_.drop_namespace(ns);
+  } else {
+    StatusOr<std::vector<int32_t>> tokens = req.prompt_tokens;
+    if (!req.messages.empty())
+      tokens = tokens_for_chat(req.messages);
+    else if (req.prompt_text)
+      tokens = tokens_for_text(*req.prompt_text, true);
+    if (!tokens.ok()) return send_error(res, api_error_from_status(tokens.status(), "prompt"));
+    dropped = engine_.drop_conversation(ns, std::move(*tokens), req.keep_prefix_tokens);
+  }
+  if (!dropped.ok()) return send_error(res, api_error_from_status(dropped.status()));
+  send_json(res, 200, {{"object", "cache.drop"}, {"dropped_blocks", *dropped}});
+}
+
+StatusOr<int> OpenAiServer::bind() {
+  if (config_.port == 0) {
+    int port = http_->bind_to_any_port(config_.host);
+    if (port <= 0) return io_error("cannot bind {} on any port", config_.host);
+    config_.port = port;
+    return port;
+  }
+  if (!http_->bind_to_port(config_.host, config_.port))
+    return io_error("cannot bind {}:{} (in use, or not permitted)", config_.host, config_.port);
+  return config_.port;
+}
+
+Status OpenAiServer::serve() {
+  if (!http_->listen_after_bind()) {
+    if (draining_) return ok_status();
+    return io_error("the HTTP server stopped unexpectedly");
+  }
+  return ok_status();
+}
+
+void OpenAiServer::stop() {
+  draining_ = true;
+  if (http_) http_->stop();
+}
+
+}  // namespace pagoda::server

@@ -1,0 +1,80 @@
+#include "pagoda/server/prometheus_metrics.h"
+
+#include <fmt/format.h>
+
+namespace pagoda::server {
+namespace {
+
+void header(std::string& out, const char* name, const char* type, const char* help) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+}
+
+template <typename T>
+void scalar(std::string& out, const char* name, const char* type, const char* help, T value) {
+  header(out, name, type, help);
+  out += fmt::format("{} {}\n", name, value);
+}
+
+void histogram(std::string& out, const char* name, const char* help, const engine::LatencyHistogram& h) {
+  header(out, name, "histogram", help);
+  const auto counts = h.cumulative_counts();
+  const auto& bounds = h.upper_bounds();
+  for (size_t i = 0; i < bounds.size(); ++i) out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds[i], counts[i]);
+  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n", name, counts.back());
+  out += fmt::format("{}_sum {}\n{}_count {}\n", name, h.sum(), name, h.count());
+}
+
+}  // namespace
+
+std::string render_prometheus_metrics(const engine::EngineStats& s, const HttpCounters& http) {
+  std::string out;
+  const auto& kv = s.kv;
+  scalar(out, "pagoda_kv_blocks_total", "gauge", "KV cache blocks in the pool.", kv.blocks_total);
+  scalar(out, "pagoda_kv_blocks_in_use", "gauge", "KV blocks referenced by running sequences.", kv.blocks_in_use);
+  scalar(out, "pagoda_kv_blocks_cached", "gauge", "KV blocks in the prefix cache.", kv.blocks_cached);
+  scalar(out, "pagoda_kv_blocks_evictable", "gauge", "Cached, unreferenced KV blocks.", kv.blocks_evictable);
+  scalar(out, "pagoda_kv_blocks_free", "gauge", "KV blocks on the free list.", kv.blocks_free);
+  scalar(out, "pagoda_kv_usage_ratio", "gauge", "Fraction of KV blocks in use by sequences.",
+         kv.blocks_total ? static_cast<double>(kv.blocks_in_use) / kv.blocks_total : 0.0);
+  scalar(out, "pagoda_kv_unwritten_slots", "gauge", "Allocated KV slots not holding K/V (fragmentation).",
+         kv.unwritten_slots);
+  scalar(out, "pagoda_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.",
+         kv.hit_tokens);
+  header(out, "pagoda_prefix_cache_miss_tokens_total", "counter", "Prompt tokens computed, by miss reason.");
+  for (int r = 1; r < kv::kNumMissReasons; ++r)
+    out += fmt::format("pagoda_prefix_cache_miss_tokens_total{{reason=\"{}\"}} {}\n",
+                       kv::miss_reason_name(static_cast<kv::MissReason>(r)), kv.miss_tokens_by_reason[r]);
+  scalar(out, "pagoda_prefix_cache_hit_rate", "gauge", "Prefix-cache hits over prompt tokens looked up.",
+         kv.hit_rate());
+  header(out, "pagoda_kv_removed_blocks_total", "counter", "Blocks that left the prefix cache, by reason.");
+  for (int r = 0; r < kv::kNumRemovalReasons; ++r)
+    out += fmt::format("pagoda_kv_removed_blocks_total{{reason=\"{}\"}} {}\n",
+                       kv::removal_reason_name(static_cast<kv::RemovalReason>(r)), kv.removed_blocks_by_reason[r]);
+
+  scalar(out, "pagoda_queue_length", "gauge", "Requests accepted but not yet started.", s.num_queued_requests);
+  scalar(out, "pagoda_waiting_sequences", "gauge", "Sequences waiting (incl. preempted).", s.num_waiting);
+  scalar(out, "pagoda_running_sequences", "gauge", "Sequences in the running batch.", s.num_running);
+  scalar(out, "pagoda_requests_in_flight", "gauge", "Requests accepted and not finished.", s.num_requests_in_flight);
+  scalar(out, "pagoda_preemptions_total", "counter", "Sequences preempted by recompute.", s.preemptions);
+  scalar(out, "pagoda_engine_steps_total", "counter", "Model forward steps.", s.steps);
+  header(out, "pagoda_requests_total", "counter", "Requests by outcome.");
+  out += fmt::format("pagoda_requests_total{{outcome=\"stop\"}} {}\n", s.requests_finished_stop);
+  out += fmt::format("pagoda_requests_total{{outcome=\"length\"}} {}\n", s.requests_finished_length);
+  out += fmt::format("pagoda_requests_total{{outcome=\"abort\"}} {}\n", s.requests_aborted);
+  out += fmt::format("pagoda_requests_total{{outcome=\"error\"}} {}\n", s.requests_failed);
+  out += fmt::format("pagoda_requests_total{{outcome=\"rejected_queue_full\"}} {}\n", s.requests_rejected_queue_full);
+  scalar(out, "pagoda_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", s.prompt_tokens);
+  scalar(out, "pagoda_generation_tokens_total", "counter", "Generated tokens.", s.generated_tokens);
+  histogram(out, "pagoda_time_to_first_token_seconds", "Submit to first generated token.", s.time_to_first_token);
+  histogram(out, "pagoda_inter_token_latency_seconds", "Time between tokens of one sequence.", s.inter_token_latency);
+  histogram(out, "pagoda_step_duration_seconds", "Wall time of one engine step.", s.step_time);
+
+  header(out, "pagoda_http_responses_total", "counter", "HTTP responses by status code.");
+  for (const auto& [code, n] : http.responses_by_status)
+    out += fmt::format("pagoda_http_responses_total{{code=\"{}\"}} {}\n", code, n);
+  scalar(out, "pagoda_client_disconnects_total", "counter", "Requests aborted because the client went away.",
+         http.client_disconnects);
+  return out;
+}
+
+}  // namespace pagoda::server
