@@ -19,7 +19,7 @@ plan_rc=$?
 # One process per suite: a kernel fault would poison the context for every later test.
 gpu_rc=0
 for filter in 'Decode/*' 'Prefill/*' 'PagedAttentionGpuProperties.*'; do
-  "$bundle/run.sh" paged_attention_gpu_tests --gtest_filter="$filter" >>"$out/gpu_tests.log" 2>&1 || gpu_rc=$?
+  timeout 300 "$bundle/run.sh" paged_attention_gpu_tests --gtest_filter="$filter" >>"$out/gpu_tests.log" 2>&1 || gpu_rc=$?
 done
 # Out-of-bounds and race checks on a few small cases (compute-sanitizer is slow).
 if command -v compute-sanitizer >/dev/null; then
@@ -34,7 +34,7 @@ grep -E "rel L2|FAILED|PASSED|Failure|ERROR SUMMARY|error" "$out/gpu_tests.log" 
 
 bench_rc=0
 for only in copy decode prefill; do
-  "$bundle/run.sh" attention_bench --only "$only" >>"$out/attention_bench.log" 2>&1 || bench_rc=$?
+  timeout 240 "$bundle/run.sh" attention_bench --only "$only" >>"$out/attention_bench.log" 2>&1 || bench_rc=$?
 done
 
 PYTHONUNBUFFERED=1 python3 bench/kernels/torch_baselines.py >"$out/torch_baselines.log" 2>&1

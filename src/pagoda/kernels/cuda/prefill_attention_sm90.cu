@@ -8,9 +8,9 @@
 //   - K/V tiles of 128 positions, gathered through the block table with
 //     16-byte cp.async into a double buffer laid out in the 128-byte swizzle
 //     the wgmma descriptors expect ([2 halves of head_dim][128 rows][128 B]).
-// Not yet done (issue 7): a producer warp with mbarriers and the intra-
-// warpgroup overlap of softmax with the next tile's MMAs (FlashAttention-3's
-// ping-pong); here a CTA barrier per tile keeps both warpgroups in step.
+// Scheduling: see PAGODA_SM90_PINGPONG below. Not yet done (issue 7): a
+// dedicated producer warp (setmaxnreg) and the intra-warpgroup overlap of
+// softmax with the next tile's S-GEMM.
 
 #include <cuda_bf16.h>
 
@@ -30,7 +30,23 @@ constexpr int kHeadDim = 128;
 constexpr int kThreads = 256;
 constexpr int kHalfBytes = 128 * 128;   // one 64-element half of head_dim for 128 rows
 constexpr int kTileBytes = 2 * kHalfBytes;
-constexpr int kSmemBytes = kTileBytes + 2 * 2 * kTileBytes + 1024;  // Q, 2 x (K, V), alignment
+// Q, then kStages x (K, V), plus slack to align the base to 1024 bytes.
+constexpr int smem_bytes(int stages) { return kTileBytes + stages * 2 * kTileBytes + 1024; }
+
+// Ping-pong schedule (default): warpgroup 0 gathers K/V into a 3-stage ring
+// and the two warpgroups take turns on the tensor cores (one runs its S-GEMM
+// while the other runs softmax), synchronized by named barriers instead of a
+// CTA barrier per tile. 0 selects the lockstep schedule (2 stages, all
+// threads gather, __syncthreads per tile). Build-time switch for comparisons.
+#ifndef PAGODA_SM90_PINGPONG
+#define PAGODA_SM90_PINGPONG 1
+#endif
+constexpr bool kPingPong = PAGODA_SM90_PINGPONG != 0;
+constexpr int kStages = kPingPong ? 3 : 2;
+constexpr int kSmemBytes = smem_bytes(kStages);
+// Named barrier ids (0 is __syncthreads).
+[[maybe_unused]] constexpr int kTurnOfGroup0 = 1, kTurnOfGroup1 = 2, kGroup0Loaded = 3,
+                                kTileFull = 4;  // and 5
 // V as the MN-major B operand of P V: the leading-dimension offset steps between
 // the two 64-element halves of head_dim, the stride offset between groups of 8
 // positions (rows of 128 B). Overridable at build time only to probe the layout.
@@ -45,6 +61,13 @@ constexpr int kSmemBytes = kTileBytes + 2 * 2 * kTileBytes + 1024;  // Q, 2 x (K
 }
 
 [[maybe_unused]] __device__ __forceinline__ void keep_in_order(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+[[maybe_unused]] __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+[[maybe_unused]] __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_sm90_kernel(const AttentionDescriptor d,
@@ -91,12 +114,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         valid ? q + (int64_t{query_row0 + t} * d.num_q_heads + head) * kHeadDim + c * 8 : q;
     cp_async_16(q_tile + tile_offset(r, c), src, valid);
   }
+  // Gathers K/V tile `tile` into its stage; in the ping-pong schedule only
+  // warpgroup 0 (threads 0..127) gathers.
+  constexpr int kLoaders = kPingPong ? 128 : kThreads;
   auto issue_kv_tile = [&](int tile) {
-    uint8_t* k_dst = kv_tiles + (tile & 1) * 2 * kTileBytes;
+    uint8_t* k_dst = kv_tiles + (tile % kStages) * 2 * kTileBytes;
     uint8_t* v_dst = k_dst + kTileBytes;
 #pragma unroll
-    for (int i = 0; i < kKeys * 16 / kThreads; ++i) {
-      const int idx = tid + i * kThreads;
+    for (int i = 0; i < kKeys * 16 / kLoaders; ++i) {
+      const int idx = tid + i * kLoaders;
       const int r = idx >> 4, c = idx & 15;
       const int pos = tile * kKeys + r;
       const bool valid = pos < num_keys;
@@ -108,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       cp_async_16(v_dst + tile_offset(r, c), value + offset, valid);
     }
   };
-  issue_kv_tile(0);
+  if (!kPingPong || warpgroup == 0) issue_kv_tile(0);
   cp_async_commit();
 
   // This thread's two rows (of the CTA's 128) and their positions.
@@ -130,13 +156,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   float l[2] = {0.0f, 0.0f};
   const uint32_t q_addr = smem_address(q_tile) + warpgroup * 64 * 128;
 
-  for (int tile = 0; tile < num_tiles; ++tile) {
+  if constexpr (kPingPong) {
     cp_async_wait<0>();
-    fence_proxy_async_shared();  // cp.async wrote in the generic proxy; wgmma reads in the async one
-    __syncthreads();
-    if (tile + 1 < num_tiles) issue_kv_tile(tile + 1);
-    cp_async_commit();
-    const uint32_t k_addr = smem_address(kv_tiles + (tile & 1) * 2 * kTileBytes);
+    fence_proxy_async_shared();
+    __syncthreads();  // Q and tile 0 are in place for both warpgroups
+    if (warpgroup == 1) named_barrier_arrive(kTurnOfGroup0, kThreads);  // group 0 goes first
+  }
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    if constexpr (kPingPong) {
+      // Group 1 waits until group 0 has gathered this tile (tile 0: the prologue).
+      if (warpgroup == 1 && tile > 0) named_barrier_sync(kTileFull + (tile & 1), kThreads);
+      // Wait for this group's turn on the tensor cores. For group 0 this also
+      // means group 1 has issued its previous S-GEMM, hence finished tile - 2,
+      // whose stage the gather below overwrites.
+      named_barrier_sync(warpgroup == 0 ? kTurnOfGroup0 : kTurnOfGroup1, kThreads);
+    } else {
+      cp_async_wait<0>();
+      fence_proxy_async_shared();  // cp.async wrote in the generic proxy; wgmma reads in the async one
+      __syncthreads();
+    }
+    const uint32_t k_addr = smem_address(kv_tiles + (tile % kStages) * 2 * kTileBytes);
     const uint32_t v_addr = k_addr + kTileBytes;
 
     // S = Q K^T: 64 rows x 128 keys per warpgroup, K-major operands, 16 of head_dim per step.
@@ -148,6 +187,17 @@ __global__ void __launch_bounds__(kThreads, 1)
                           make_smem_desc_sw128(k_addr + step, 16, 1024), ks > 0);
     }
     wgmma_commit();
+    if constexpr (kPingPong) {
+      // Hand the tensor cores to the other group while this one waits and runs softmax.
+      if (warpgroup == 0) named_barrier_arrive(kTurnOfGroup1, kThreads);
+      else if (tile + 1 < num_tiles) named_barrier_arrive(kTurnOfGroup0, kThreads);
+      if (warpgroup == 0 && tile + 1 < num_tiles) issue_kv_tile(tile + 1);
+    } else {
+      // Gather the next tile while the tensor cores work on this one (the other
+      // buffer: every warpgroup finished with it before the barrier above).
+      if (tile + 1 < num_tiles) issue_kv_tile(tile + 1);
+    }
+    cp_async_commit();
     wgmma_wait_all();
 #pragma unroll
     for (int i = 0; i < 64; ++i) keep_in_order(s[i]);
@@ -210,6 +260,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait_all();
 #pragma unroll
     for (int i = 0; i < 64; ++i) keep_in_order(o[i]);
+    if constexpr (kPingPong) {
+      if (warpgroup == 0 && tile + 1 < num_tiles) {
+        cp_async_wait<0>();
+        fence_proxy_async_shared();
+        named_barrier_sync(kGroup0Loaded, 128);  // every gathering thread's copies landed
+        named_barrier_arrive(kTileFull + ((tile + 1) & 1), kThreads);
+      }
+    }
   }
 
 #pragma unroll
