@@ -23,11 +23,11 @@ for filter in 'Decode/*' 'Prefill/*' 'PagedAttentionGpuProperties.*'; do
 done
 # Out-of-bounds and race checks on a few small cases (compute-sanitizer is slow).
 if command -v compute-sanitizer >/dev/null; then
-  for tool in memcheck; do
+  for tool in memcheck synccheck; do
     echo "== compute-sanitizer $tool" >>"$out/gpu_tests.log"
     LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64" timeout 45 compute-sanitizer --tool $tool --print-limit 5 \
       "$bundle/bin/paged_attention_gpu_tests" \
-      --gtest_filter='Decode/*mha8_d64_bs16_split256*:Prefill/*mha4_d64_bs8*' 2>&1 | tail -6 >>"$out/gpu_tests.log"
+      --gtest_filter='Decode/*mha8_d64_bs16_split256*:Prefill/*mha4_d64_bs8*:Prefill/*mha4_d128_bs64*' 2>&1 | tail -6 >>"$out/gpu_tests.log"
   done
 fi
 grep -E "rel L2|FAILED|PASSED|Failure|ERROR SUMMARY|error" "$out/gpu_tests.log" | head -60
