@@ -33,20 +33,23 @@ constexpr int kTileBytes = 2 * kHalfBytes;
 // Q, then kStages x (K, V), plus slack to align the base to 1024 bytes.
 constexpr int smem_bytes(int stages) { return kTileBytes + stages * 2 * kTileBytes + 1024; }
 
-// Ping-pong schedule (default): warpgroup 0 gathers K/V into a 3-stage ring
-// and the two warpgroups take turns on the tensor cores (one runs its S-GEMM
-// while the other runs softmax), synchronized by named barriers instead of a
-// CTA barrier per tile. 0 selects the lockstep schedule (2 stages, all
-// threads gather, __syncthreads per tile). Build-time switch for comparisons.
+// Schedule. Lockstep (default): 2 stages, all threads gather the next tile
+// while the S-GEMM runs, one __syncthreads per tile. Ping-pong
+// (PAGODA_SM90_PINGPONG=1): a 3-stage ring, warpgroup 0 gathers K and
+// warpgroup 1 gathers V, and the groups take turns on the tensor cores (one
+// runs its S-GEMM while the other runs softmax), synchronized by named
+// barriers. Build-time switch so both can be measured; docs/KERNELS.md has
+// the figures.
 #ifndef PAGODA_SM90_PINGPONG
-#define PAGODA_SM90_PINGPONG 1
+#define PAGODA_SM90_PINGPONG 0
 #endif
 constexpr bool kPingPong = PAGODA_SM90_PINGPONG != 0;
 constexpr int kStages = kPingPong ? 3 : 2;
 constexpr int kSmemBytes = smem_bytes(kStages);
 // Named barrier ids (0 is __syncthreads).
-[[maybe_unused]] constexpr int kTurnOfGroup0 = 1, kTurnOfGroup1 = 2, kGroup0Loaded = 3,
-                                kTileFull = 4;  // and 5
+[[maybe_unused]] constexpr int kTurnOfGroup0 = 1, kTurnOfGroup1 = 2, kGroupLoaded = 3,  // and 4
+                                kKeysFull = 5,  // and 6: K of a tile gathered by group 0
+                                kValuesFull = 7;  // and 8: V of a tile gathered by group 1
 // V as the MN-major B operand of P V: the leading-dimension offset steps between
 // the two 64-element halves of head_dim, the stride offset between groups of 8
 // positions (rows of 128 B). Overridable at build time only to probe the layout.
@@ -114,15 +117,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         valid ? q + (int64_t{query_row0 + t} * d.num_q_heads + head) * kHeadDim + c * 8 : q;
     cp_async_16(q_tile + tile_offset(r, c), src, valid);
   }
-  // Gathers K/V tile `tile` into its stage; in the ping-pong schedule only
-  // warpgroup 0 (threads 0..127) gathers.
-  constexpr int kLoaders = kPingPong ? 128 : kThreads;
+  // Gathers K and V of `tile` into its stage (lockstep: all threads), or in
+  // the ping-pong schedule only this warpgroup's half: K for group 0, V for group 1.
   auto issue_kv_tile = [&](int tile) {
     uint8_t* k_dst = kv_tiles + (tile % kStages) * 2 * kTileBytes;
     uint8_t* v_dst = k_dst + kTileBytes;
+    constexpr int kLoaders = kPingPong ? 128 : kThreads;
+    const int loader = kPingPong ? (tid & 127) : tid;
 #pragma unroll
     for (int i = 0; i < kKeys * 16 / kLoaders; ++i) {
-      const int idx = tid + i * kLoaders;
+      const int idx = loader + i * kLoaders;
       const int r = idx >> 4, c = idx & 15;
       const int pos = tile * kKeys + r;
       const bool valid = pos < num_keys;
@@ -130,11 +134,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int64_t offset = int64_t{block} * d.block_stride +
                              int64_t{pos & (d.block_size - 1)} * d.token_stride + head_offset +
                              c * 8;
-      cp_async_16(k_dst + tile_offset(r, c), key + offset, valid);
-      cp_async_16(v_dst + tile_offset(r, c), value + offset, valid);
+      if (!kPingPong || warpgroup == 0) cp_async_16(k_dst + tile_offset(r, c), key + offset, valid);
+      if (!kPingPong || warpgroup == 1) cp_async_16(v_dst + tile_offset(r, c), value + offset, valid);
     }
   };
-  if (!kPingPong || warpgroup == 0) issue_kv_tile(0);
+  issue_kv_tile(0);
   cp_async_commit();
 
   // This thread's two rows (of the CTA's 128) and their positions.
@@ -164,11 +168,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   for (int tile = 0; tile < num_tiles; ++tile) {
     if constexpr (kPingPong) {
-      // Group 1 waits until group 0 has gathered this tile (tile 0: the prologue).
-      if (warpgroup == 1 && tile > 0) named_barrier_sync(kTileFull + (tile & 1), kThreads);
-      // Wait for this group's turn on the tensor cores. For group 0 this also
-      // means group 1 has issued its previous S-GEMM, hence finished tile - 2,
-      // whose stage the gather below overwrites.
+      // Group 1 waits until group 0 has gathered this tile's K (tile 0: the prologue).
+      if (warpgroup == 1 && tile > 0) named_barrier_sync(kKeysFull + (tile & 1), kThreads);
+      // Wait for this group's turn on the tensor cores. This also means the
+      // other group is past tile - 2, whose stage the gathers below overwrite
+      // (group 0 waits for group 1's S-GEMM of tile - 1; group 1 for group 0's
+      // S-GEMM of this tile).
       named_barrier_sync(warpgroup == 0 ? kTurnOfGroup0 : kTurnOfGroup1, kThreads);
     } else {
       cp_async_wait<0>();
@@ -191,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Hand the tensor cores to the other group while this one waits and runs softmax.
       if (warpgroup == 0) named_barrier_arrive(kTurnOfGroup1, kThreads);
       else if (tile + 1 < num_tiles) named_barrier_arrive(kTurnOfGroup0, kThreads);
-      if (warpgroup == 0 && tile + 1 < num_tiles) issue_kv_tile(tile + 1);
+      if (tile + 1 < num_tiles) issue_kv_tile(tile + 1);
     } else {
       // Gather the next tile while the tensor cores work on this one (the other
       // buffer: every warpgroup finished with it before the barrier above).
@@ -246,6 +251,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       p[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
     }
 
+    // Group 0 runs ahead: it waits here until group 1 has gathered this tile's V.
+    if constexpr (kPingPong) {
+      if (warpgroup == 0 && tile > 0) named_barrier_sync(kValuesFull + (tile & 1), kThreads);
+    }
     // O += P V: V is [positions][head_dim], i.e. MN-major for this product:
     // 8-position groups 1024 B apart, the two head_dim halves kHalfBytes apart.
 #pragma unroll
@@ -261,11 +270,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 64; ++i) keep_in_order(o[i]);
     if constexpr (kPingPong) {
-      if (warpgroup == 0 && tile + 1 < num_tiles) {
+      if (tile + 1 < num_tiles) {
         cp_async_wait<0>();
         fence_proxy_async_shared();
-        named_barrier_sync(kGroup0Loaded, 128);  // every gathering thread's copies landed
-        named_barrier_arrive(kTileFull + ((tile + 1) & 1), kThreads);
+        named_barrier_sync(kGroupLoaded + warpgroup, 128);  // the whole half has landed
+        named_barrier_arrive((warpgroup == 0 ? kKeysFull : kValuesFull) + ((tile + 1) & 1),
+                             kThreads);
       }
     }
   }
