@@ -268,7 +268,9 @@ class PropertyRun {
       const auto other_model = naive_.block_ids(other);
       for (size_t j = 0; j < other_real.size(); ++j) {
         const auto it = real_to_model.find(other_real[j]);
-        if (it != real_to_model.end()) EXPECT_EQ(it->second, other_model[j]) << "shared with " << other;
+        if (it != real_to_model.end()) {
+          EXPECT_EQ(it->second, other_model[j]) << "shared with " << other;
+        }
       }
     }
   }
