@@ -7,6 +7,7 @@
 #include <set>
 #include <vector>
 
+#include "pagoda/kernels/cuda/attention_batch.h"
 #include "pagoda/kernels/cuda/attention_plan.h"
 
 namespace pagoda::kernels::cuda {
@@ -160,6 +161,23 @@ TEST(AttentionPlanTest, PrefillRejectsHeadDim256) {
   // ... but decode runs it.
   Batch decode({{1, 5}});
   EXPECT_TRUE(PagedAttentionPlan::create(c, decode.sequences).ok());
+}
+
+TEST(AttentionPlanTest, ForwardBatchRowsAreThePlansQueryRows) {
+  ForwardBatch batch;
+  batch.token_ids = {5, 6, 7, 8};
+  batch.positions = {30, 31, 32, 9};
+  batch.sequences.push_back({0, 3, 30, {4, 1, 2}, false, true});  // 3 new after 30 cached (mid-block)
+  batch.sequences.push_back({3, 1, 9, {7}, false, true});      // a decode
+  const auto sequences = attention_sequences(batch);
+  ASSERT_EQ(sequences.size(), 2u);
+  EXPECT_EQ(sequences[0].num_new_tokens, 3);
+  EXPECT_EQ(sequences[0].num_cached_tokens, 30);
+  EXPECT_EQ(sequences[1].block_table[0], 7);
+  auto plan = PagedAttentionPlan::create(gqa_config(8), sequences);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->num_tokens(), batch.num_tokens());
+  EXPECT_EQ(plan->kernel(), AttentionKernel::kPrefillSm90);  // mixed batch: prefill kernel
 }
 
 }  // namespace
