@@ -172,6 +172,43 @@ TEST_F(KvCacheManagerTest, ForkOfBlockAlignedSequenceNeedsNoCopy) {
   check();
 }
 
+TEST_F(KvCacheManagerTest, ForkMidPrefillGivesUnwrittenBlocksFreshIdsWithoutCopies) {
+  ASSERT_TRUE(kv_->allocate_sequence(1, "t", iota_tokens(14)).ok());  // 4 blocks
+  PAGODA_EXPECT_OK(kv_->mark_computed(1, 5));                          // block 0 full, block 1 has 1 token
+  auto copies = kv_->fork(1, 2);
+  ASSERT_TRUE(copies.ok());
+  const auto parent = table_of(*kv_, 1);
+  const auto child = table_of(*kv_, 2);
+  EXPECT_EQ(child[0], parent[0]);
+  for (size_t j = 1; j < 4; ++j) EXPECT_NE(child[j], parent[j]) << j;
+  ASSERT_EQ(copies->size(), 1u) << "only the block holding written K/V is copied";
+  EXPECT_EQ((*copies)[0], (BlockCopy{parent[1], child[1]}));
+  EXPECT_EQ(kv_->num_computed_tokens(2), 5);
+  PAGODA_EXPECT_OK(kv_->mark_computed(2, 9));
+  PAGODA_EXPECT_OK(kv_->mark_computed(1, 9));  // same tokens: deduplicates onto the child's blocks
+  check();
+  const auto a = table_of(*kv_, 1);
+  const auto b = table_of(*kv_, 2);
+  for (size_t j = 0; j < 3; ++j) EXPECT_EQ(a[j], b[j]) << "full block " << j << " should be shared after dedup";
+  EXPECT_NE(a[3], b[3]) << "the partial last block is never shared";
+}
+
+TEST_F(KvCacheManagerTest, DroppingARunningConversationStopsItsCaching) {
+  const auto prompt = iota_tokens(9);
+  prefill(*kv_, 1, "t", prompt);
+  EXPECT_EQ(kv_->drop_conversation("t", prompt), 2);
+  check();
+  // The sequence keeps its blocks and keeps decoding, but nothing more of it
+  // is cached: its chain was dropped.
+  PAGODA_EXPECT_OK(kv_->append_tokens(1, std::vector<TokenId>{10, 11, 12}));
+  PAGODA_EXPECT_OK(kv_->mark_computed(1, 3));
+  check();
+  EXPECT_EQ(kv_->stats().blocks_cached, 0);
+  PAGODA_EXPECT_OK(kv_->free_sequence(1));
+  EXPECT_EQ(kv_->num_free_blocks(), 16);
+  check();
+}
+
 TEST_F(KvCacheManagerTest, LruEvictsTheLeastRecentlyUsedConversationFirst) {
   // 16 blocks: conversation A (t=1), B (t=2), then a fresh prompt needing room.
   prefill(*kv_, 1, "t", iota_tokens(25, 100));  // 7 blocks, 6 cached
