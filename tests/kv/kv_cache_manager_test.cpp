@@ -51,6 +51,30 @@ TEST_F(KvCacheManagerTest, AllocateReservesTheWholePrompt) {
   EXPECT_FALSE(kv_->block_table(99).ok());
 }
 
+TEST_F(KvCacheManagerTest, BadCallsGetClearErrorsAndChangeNothing) {
+  prefill(*kv_, 1, "t", iota_tokens(5));
+  const KvStats before = kv_->stats();
+  EXPECT_EQ(kv_->append_tokens(42, std::vector<TokenId>{1}).code(), StatusCode::kNotFound);
+  EXPECT_EQ(kv_->mark_computed(42, 1).code(), StatusCode::kNotFound);
+  EXPECT_EQ(kv_->mark_computed(1, -1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(kv_->free_sequence(42).code(), StatusCode::kNotFound);
+  EXPECT_EQ(kv_->fork(1, 1).status().code(), StatusCode::kInvalidArgument);
+  const Status unknown = kv_->append_tokens(42, std::vector<TokenId>{1});
+  EXPECT_NE(unknown.message().find("42"), std::string::npos) << "the error names the sequence";
+  EXPECT_EQ(kv_->blocks_needed_to_append(1, -3), -1);
+  EXPECT_EQ(kv_->num_tokens(42), -1);
+  EXPECT_EQ(kv_->drop_conversation("t", iota_tokens(5), -4), 0);
+  EXPECT_EQ(kv_->drop_namespace("never-seen"), 0);
+  EXPECT_EQ(kv_->evict(-2), 0);
+  EXPECT_TRUE(kv_->can_allocate(0));
+  EXPECT_FALSE(kv_->can_allocate_sequence("t", {}));
+  const KvStats after = kv_->stats();
+  EXPECT_EQ(after.blocks_in_use, before.blocks_in_use);
+  EXPECT_EQ(after.blocks_cached, before.blocks_cached);
+  EXPECT_EQ(after.blocks_free, before.blocks_free);
+  check();
+}
+
 TEST_F(KvCacheManagerTest, SecondPromptReusesTheCachedPrefixBlocks) {
   const auto system = iota_tokens(8, 100);
   prefill(*kv_, 1, "t", concat(system, {1, 2, 3}));
