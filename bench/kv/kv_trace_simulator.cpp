@@ -1,7 +1,7 @@
 // KV trace simulator: replays synthetic traces through the real KvCacheManager
 // and prints the markdown tables of docs/BENCHMARKS.md.
 //
-//   pagoda_bench_kv_trace [--quick]
+//   pagoda_bench_kv_trace [--quick] [--seed N]
 //
 // 1. Fragmentation: a long-tailed request trace served under a fixed KV budget
 //    by (a) contiguous reservation of max_context per request and (b) paging
@@ -10,6 +10,7 @@
 //    value-aware eviction), a hash-per-block cache (peer model) and no cache,
 //    at several cache sizes.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -255,10 +256,11 @@ HitRateResult run_hash_per_block(const std::vector<ConversationTurn>& turns, int
   return r;
 }
 
-int run(bool quick) {
+int run(bool quick, uint64_t seed) {
   // ---- 1 ----
   LongTailedTraceConfig trace_config;
   if (quick) trace_config.num_requests = 600;
+  if (seed != 0) trace_config.seed = seed;
   const auto trace = long_tailed_requests(trace_config);
   const int64_t pool_slots = 131072;  // e.g. 16 GiB of an 8B model's fp16 KV (128 KiB per token)
   int64_t prompt_sum = 0, output_sum = 0;
@@ -289,6 +291,7 @@ int run(bool quick) {
   // ---- 2 ----
   MultiTurnTraceConfig mt;
   if (quick) mt.num_conversations = 300;
+  if (seed != 0) mt.seed = seed;
   const auto turns = multi_turn_trace(mt);
   const int32_t block_size = 16;
   const int32_t in_flight = 16;
@@ -357,6 +360,17 @@ int run(bool quick) {
 }  // namespace pagoda::kv::bench
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  return pagoda::kv::bench::run(quick);
+  bool quick = false;
+  uint64_t seed = 0;  // 0: the published traces' seeds
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (std::strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
+      seed = std::strtoull(argv[++i], nullptr, 10);
+    } else {
+      fmt::print(stderr, "usage: pagoda_bench_kv_trace [--quick] [--seed N]\n");
+      return 2;
+    }
+  }
+  return pagoda::kv::bench::run(quick, seed);
 }
