@@ -36,6 +36,8 @@ struct BlockMeta {
   bool is_free = true;
   bool is_cached() const { return key_hash != 0; }
 };
+// One cache line per block: a million blocks' metadata stays at 64 MiB.
+static_assert(sizeof(BlockMeta) <= 64, "BlockMeta grew past a cache line");
 
 class BlockPool {
  public:
