@@ -33,18 +33,14 @@ struct BpeModel::Cache {
 
 BpeModel::~BpeModel() = default;
 
-StatusOr<std::unique_ptr<BpeModel>> BpeModel::from_json(const nlohmann::json& spec,
-                                                        bool byte_level, std::string_view where) {
+StatusOr<std::unique_ptr<BpeModel>> BpeModel::from_json(
+    const nlohmann::json& spec, const std::vector<std::pair<std::string, int64_t>>& vocab,
+    const std::vector<std::pair<std::string, std::string>>& merges, bool byte_level,
+    std::string_view where) {
   if (!spec.is_object()) return data_loss_error("{}: expected an object", where);
   const std::string type = spec.value("type", std::string("BPE"));
   if (type != "BPE") {
     return unimplemented_error("{}.type: model type \"{}\" is not supported (only BPE)", where, type);
-  }
-  if (!spec.contains("vocab") || !spec["vocab"].is_object()) {
-    return data_loss_error("{}.vocab: expected an object of token -> id", where);
-  }
-  if (!spec.contains("merges") || !spec["merges"].is_array()) {
-    return data_loss_error("{}.merges: expected an array", where);
   }
   for (const char* field : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (spec.contains(field) && spec[field].is_string() && !spec[field].get<std::string>().empty()) {
@@ -63,29 +59,27 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::from_json(const nlohmann::json& sp
   model->cache_ = std::make_unique<Cache>();
 
   // Vocab.
-  const auto& vocab = spec["vocab"];
   size_t key_bytes = 0;
   int64_t max_id = -1;
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
-        it.value().get<int64_t>() > 0x7fffffff) {
-      return data_loss_error("{}.vocab[\"{}\"]: expected a non-negative integer id", where, it.key());
+  for (const auto& [token, id] : vocab) {
+    if (id < 0 || id > 0x7ffffffe) {
+      return data_loss_error("{}.vocab[\"{}\"]: id {} is out of range", where, token, id);
     }
-    max_id = std::max(max_id, it.value().get<int64_t>());
-    key_bytes += it.key().size();
+    max_id = std::max(max_id, id);
+    key_bytes += token.size();
   }
   model->tokens_.resize(static_cast<size_t>(max_id + 1));
   model->has_token_.assign(static_cast<size_t>(max_id + 1), false);
   model->token_ids_.reserve(vocab.size(), key_bytes);
   if (byte_level) model->word_ids_.reserve(vocab.size(), key_bytes);
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const auto id = static_cast<int32_t>(it.value().get<int64_t>());
-    model->tokens_[id] = it.key();
+  for (const auto& [token, id64] : vocab) {
+    const auto id = static_cast<int32_t>(id64);
+    model->tokens_[id] = token;
     model->has_token_[id] = true;
-    model->token_ids_.insert(it.key(), id);
+    model->token_ids_.insert(token, id);
     if (byte_level) {
       // Tokens outside the alphabet can never be produced from bytes; they stay decodable.
-      if (auto bytes = byte_level_to_bytes(it.key())) model->word_ids_.insert(*bytes, id);
+      if (auto bytes = byte_level_to_bytes(token)) model->word_ids_.insert(*bytes, id);
     }
   }
 
@@ -109,27 +103,12 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::from_json(const nlohmann::json& sp
     }
   }
 
-  // Merges: "a b" strings or ["a", "b"] pairs; rank = position.
-  const auto& merges = spec["merges"];
+  // Merges; rank = position.
   model->merges_.reserve(merges.size());
-  std::string left, right, merged;
+  std::string merged;
   for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const auto& entry = merges[rank];
-    if (entry.is_string()) {
-      const std::string& text = entry.get_ref<const std::string&>();
-      const size_t space = text.find(' ', 1);  // the first char may itself be a space
-      if (space == std::string::npos) {
-        return data_loss_error("{}.merges[{}]: \"{}\" is not \"<left> <right>\"", where, rank, text);
-      }
-      left.assign(text, 0, space);
-      right.assign(text, space + 1, std::string::npos);
-    } else if (entry.is_array() && entry.size() == 2 && entry[0].is_string() && entry[1].is_string()) {
-      left = entry[0].get<std::string>();
-      right = entry[1].get<std::string>();
-    } else {
-      return data_loss_error("{}.merges[{}]: expected \"a b\" or [\"a\", \"b\"]", where, rank);
-    }
-    merged = left + right;
+    const auto& [left, right] = merges[rank];
+    merged.assign(left).append(right);
     const int32_t left_id = model->token_ids_.find(left);
     const int32_t right_id = model->token_ids_.find(right);
     const int32_t merged_id = model->token_ids_.find(merged);

@@ -31,10 +31,13 @@ namespace pagoda::tokenizer {
 
 class BpeModel {
  public:
-  // `spec` is tokenizer.json's "model"; `byte_level` says whether the vocabulary is written in
-  // the byte-level alphabet (decided from the pre-tokenizer / decoder by the caller).
-  static StatusOr<std::unique_ptr<BpeModel>> from_json(const nlohmann::json& spec, bool byte_level,
-                                                       std::string_view where);
+  // `spec` is tokenizer.json's "model" without its vocab and merges, which come separately (as
+  // streamed by read_tokenizer_json; merges in rank order). `byte_level` says whether the
+  // vocabulary is written in the byte-level alphabet (decided from the pre-tokenizer / decoder).
+  static StatusOr<std::unique_ptr<BpeModel>> from_json(
+      const nlohmann::json& spec, const std::vector<std::pair<std::string, int64_t>>& vocab,
+      const std::vector<std::pair<std::string, std::string>>& merges, bool byte_level,
+      std::string_view where);
   ~BpeModel();
 
   // Appends the ids of one piece (raw UTF-8 bytes) to `out`.

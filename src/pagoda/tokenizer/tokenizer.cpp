@@ -13,6 +13,7 @@
 #include "pagoda/tokenizer/normalizer.h"
 #include "pagoda/tokenizer/post_processor.h"
 #include "pagoda/tokenizer/pre_tokenizer.h"
+#include "pagoda/tokenizer/tokenizer_json_reader.h"
 #include "pagoda/tokenizer/utf8.h"
 
 namespace pagoda::tokenizer {
@@ -127,9 +128,11 @@ StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::load(const std::filesystem
 
 StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::load_from_contents(const TokenizerFiles& files) {
   const std::string& name = files.source_name;
-  PAGODA_ASSIGN_OR_RETURN(nlohmann::json spec, parse_json(files.tokenizer_json, name));
-  if (!spec.is_object()) return data_loss_error("{}: expected a JSON object", name);
+  PAGODA_ASSIGN_OR_RETURN(TokenizerJson parsed, read_tokenizer_json(files.tokenizer_json, name));
+  const nlohmann::json& spec = parsed.document;
   if (!spec.contains("model")) return data_loss_error("{}: no \"model\" field", name);
+  if (!parsed.has_vocab) return data_loss_error("{}: model.vocab: missing", name);
+  if (!parsed.has_merges) return data_loss_error("{}: model.merges: missing", name);
 
   auto impl = std::make_unique<Impl>();
   const nlohmann::json null_value;
@@ -146,7 +149,8 @@ StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::load_from_contents(const T
   const bool byte_level =
       json_mentions_type(field("pre_tokenizer"), "ByteLevel") || impl->decoder.has_byte_level();
   PAGODA_ASSIGN_OR_RETURN(impl->model,
-                          BpeModel::from_json(spec["model"], byte_level, name + ": model"));
+                          BpeModel::from_json(spec["model"], parsed.vocab, parsed.merges,
+                                              byte_level, name + ": model"));
   impl->vocab_size = impl->model->id_limit();
 
   // Added tokens.
