@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <deque>
 #include <fstream>
@@ -64,6 +65,8 @@ struct Args {
   int max_num_seqs = 256, max_num_tokens = 8192, block_size = 16;
   double gpu_memory_utilization = 0.9, max_seconds = 300;
   uint64_t seed = 1;
+  int max_graph_batch = -1;  // -1: choose from the decode sweep
+  std::string fast_attention = "auto";
 };
 
 // One request of the throughput run.
@@ -136,6 +139,118 @@ nlohmann::json run_latency(CudaModelRunner& runner, const Args& args) {
     out[graphs ? "graphs_on" : "graphs_off"] = r;
   }
   model.set_use_cuda_graphs(true);
+  return out;
+}
+
+// Checks kernels/cuda's attention against the backend's own kernel on this
+// model before timing anything; disables it when they disagree.
+nlohmann::json check_fast_attention(CudaModelRunner& runner, const Args& args) {
+  CudaModel& model = runner.model();
+  std::mt19937 rng(99);
+  std::uniform_int_distribution<int32_t> token(0, model.config().vocab_size - 1);
+  ForwardBatch batch;
+  int32_t next_block = 0;
+  for (int32_t len : {200, 77}) {
+    SequenceSlice s;
+    s.token_offset = batch.num_tokens();
+    s.num_new_tokens = len;
+    for (int32_t i = 0; i < len; ++i) {
+      batch.token_ids.push_back(token(rng));
+      batch.positions.push_back(i);
+    }
+    for (int32_t b = 0; b < (len + args.block_size - 1) / args.block_size; ++b) s.block_table.push_back(next_block++);
+    batch.sequences.push_back(s);
+  }
+  const int64_t before = model.fast_attention_steps();
+  model.set_fast_attention(true);
+  auto fast = runner.execute(batch);
+  model.set_fast_attention(false);
+  auto builtin = runner.execute(batch);
+  if (!fast.ok() || !builtin.ok()) die(fast.ok() ? builtin.status() : fast.status(), "attention check");
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < fast->size(); ++i) {
+    err = std::max(err, static_cast<double>(std::abs((*fast)[i] - (*builtin)[i])));
+    scale = std::max(scale, static_cast<double>(std::abs((*builtin)[i])));
+  }
+  const bool used = model.fast_attention_steps() > before;
+  const bool agree = err <= 1e-3 + 0.03 * scale;
+  model.set_fast_attention(used && agree);
+  std::printf("attention check: kernels/cuda %s; max |fast - builtin| logit diff %.4g (max |logit| %.3g) -> %s\n",
+              used ? "ran" : "not available for this shape", err, scale,
+              used && agree ? "fast attention ON for eager steps" : "builtin attention only");
+  return {{"fast_attention_available", used}, {"max_logit_diff", err}, {"max_logit", scale},
+          {"fast_attention_on", used && agree}};
+}
+
+// Static batch: B sequences with `context` cached tokens decode `steps` tokens
+// together, timed per step, with (a) graph replay + the backend's attention
+// and (b) eager steps + kernels/cuda's attention.
+nlohmann::json run_decode_sweep(CudaModelRunner& runner, const Args& args) {
+  CudaModel& model = runner.model();
+  const bool fast_ok = model.options().fast_attention;
+  const int32_t context = 1024, steps = 24;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> token(0, model.config().vocab_size - 1);
+  nlohmann::json out = nlohmann::json::array();
+  for (int32_t batch_size : {1, 64, std::min(256, args.max_num_seqs)}) {
+    const int32_t blocks_each = (context + steps + args.block_size) / args.block_size;
+    if (static_cast<int64_t>(blocks_each) * batch_size > runner.num_blocks()) break;
+    std::vector<std::vector<int32_t>> tables(static_cast<size_t>(batch_size));
+    for (int32_t s = 0; s < batch_size; ++s)
+      for (int32_t b = 0; b < blocks_each; ++b) tables[s].push_back(s * blocks_each + b);
+    // Prefill the contexts in chunks of whole prompts.
+    for (int32_t first = 0; first < batch_size;) {
+      ForwardBatch batch;
+      while (first < batch_size && batch.num_tokens() + context <= args.max_num_tokens) {
+        SequenceSlice s;
+        s.token_offset = batch.num_tokens();
+        s.num_new_tokens = context;
+        s.block_table = tables[first++];
+        for (int32_t i = 0; i < context; ++i) {
+          batch.token_ids.push_back(token(rng));
+          batch.positions.push_back(i);
+        }
+        batch.sequences.push_back(s);
+      }
+      auto r = runner.execute_greedy(batch);
+      if (!r.ok()) die(r.status(), "sweep prefill");
+    }
+    for (int variant = 0; variant < (fast_ok ? 2 : 1); ++variant) {
+      const bool graphs = variant == 0;
+      model.set_use_cuda_graphs(graphs);
+      model.set_fast_attention(!graphs);
+      std::vector<double> ms;
+      for (int32_t step = 0; step < steps; ++step) {
+        ForwardBatch batch;
+        for (int32_t s = 0; s < batch_size; ++s) {
+          SequenceSlice slice;
+          slice.token_offset = s;
+          slice.num_new_tokens = 1;
+          slice.num_cached_tokens = context + step;
+          slice.block_table = tables[s];
+          batch.sequences.push_back(slice);
+          batch.token_ids.push_back(token(rng));
+          batch.positions.push_back(context + step);
+        }
+        const auto t0 = Clock::now();
+        auto r = runner.execute_greedy(batch);
+        if (!r.ok()) die(r.status(), "sweep decode");
+        ms.push_back(seconds_since(t0) * 1e3);
+      }
+      const std::vector<double> steady(ms.begin() + 4, ms.end());
+      const double p50 = percentile(steady, 50);
+      const double kv_gb = 2.0 * model.config().num_layers * model.config().num_kv_heads * model.config().head_dim * 2 *
+                           static_cast<double>(context + steps / 2) * batch_size / 1e9;
+      std::printf("decode sweep: batch %3d, context %d, %s: %.3f ms/step p50 -> %.0f tok/s (KV %.1f GB + weights "
+                  "%.1f GB per step)\n", batch_size, context,
+                  graphs ? "CUDA graph + builtin attention" : "eager + kernels/cuda attention", p50,
+                  batch_size / (p50 / 1e3), kv_gb, model.weight_bytes() / 1e9);
+      out.push_back({{"batch", batch_size}, {"context", context}, {"graphs", graphs}, {"fast_attention", !graphs},
+                     {"ms_per_step_p50", p50}, {"tok_per_s", batch_size / (p50 / 1e3)}, {"kv_gb_per_step", kv_gb}});
+    }
+  }
+  model.set_use_cuda_graphs(true);
+  model.set_fast_attention(fast_ok);
   return out;
 }
 
@@ -244,7 +359,8 @@ nlohmann::json run_throughput(CudaModelRunner& runner, const Args& args) {
       {"ttft_ms_mean", mean(ttft_ms)}, {"ttft_ms_p50", percentile(ttft_ms, 50)},
       {"ttft_ms_p99", percentile(ttft_ms, 99)}, {"itl_ms_mean", mean(itl_ms)},
       {"itl_ms_p50", percentile(itl_ms, 50)}, {"itl_ms_p99", percentile(itl_ms, 99)},
-      {"graph_replays", model.graph_replays()}};
+      {"graph_replays", model.graph_replays()}, {"fast_attention_steps", model.fast_attention_steps()},
+      {"max_graph_batch", model.options().max_graph_batch}};
   std::printf("throughput: %zu/%d requests finished in %.1f s%s: %.0f output tok/s (%.0f total tok/s); TTFT mean "
               "%.0f ms p50 %.0f p99 %.0f; ITL mean %.1f ms p50 %.1f p99 %.1f; %lld steps (%lld decode-only, %lld graph "
               "replays)\n", finished, args.num_requests, wall, timed_out ? " (TIME LIMIT)" : "",
@@ -263,7 +379,12 @@ int main(int argc, char** argv) {
   app.add_option("--model", args.model_dir, "model directory (config.json + safetensors)");
   app.add_option("--config", args.config_path, "config.json for --load-format random");
   app.add_option("--load-format", args.load_format, "auto (checkpoint) or random")->check(CLI::IsMember({"auto", "random"}));
-  app.add_option("--mode", args.mode, "latency, throughput or both")->check(CLI::IsMember({"latency", "throughput", "both"}));
+  app.add_option("--mode", args.mode, "latency, sweep (static-batch decode), throughput or all")
+      ->check(CLI::IsMember({"latency", "sweep", "throughput", "all"}));
+  app.add_option("--max-graph-batch", args.max_graph_batch,
+                 "decode batches above this run eagerly (0: all graphs; -1: choose from the sweep)");
+  app.add_option("--fast-attention", args.fast_attention, "kernels/cuda attention for eager steps: auto (checked "
+                 "against the builtin kernel first) or off")->check(CLI::IsMember({"auto", "off"}));
   app.add_option("--num-requests", args.num_requests)->check(CLI::PositiveNumber);
   app.add_option("--input-len", args.input_len)->check(CLI::PositiveNumber);
   app.add_option("--output-len", args.output_len)->check(CLI::PositiveNumber);
@@ -274,12 +395,15 @@ int main(int argc, char** argv) {
   app.add_option("--seed", args.seed);
   app.add_option("--json", args.json_out, "write the figures as JSON here");
   CLI11_PARSE(app, argc, argv);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress survives a timeout kill
 
   CudaModelOptions options;
   options.max_num_seqs = args.max_num_seqs;
   options.max_num_tokens = std::max(args.max_num_tokens, args.input_len);
   options.max_model_len = std::max(args.input_len + args.output_len, 512 + 256 + 1);
   options.block_size = args.block_size;
+  options.max_graph_batch = std::max(args.max_graph_batch, 0);
+  options.fast_attention = args.fast_attention != "off";
   const auto t_load = Clock::now();
   pagoda::StatusOr<std::unique_ptr<CudaModel>> model = pagoda::Status(pagoda::StatusCode::kInvalidArgument, "");
   if (args.load_format == "random") {
@@ -314,8 +438,38 @@ int main(int argc, char** argv) {
   if (!runner.ok()) die(runner.status(), "KV pool");
 
   nlohmann::json figures = {{"kv_pool", (*runner)->kv_pool_report()}, {"weight_load_s", load_s}};
-  if (args.mode == "latency" || args.mode == "both") figures["latency"] = run_latency(**runner, args);
-  if (args.mode == "throughput" || args.mode == "both") figures["throughput"] = run_throughput(**runner, args);
-  if (!args.json_out.empty()) std::ofstream(args.json_out) << figures.dump(2) << "\n";
+  // Written after every phase, so a later failure keeps what was measured.
+  auto save = [&] {
+    if (!args.json_out.empty()) std::ofstream(args.json_out) << figures.dump(2) << "\n";
+  };
+  save();
+  if (args.fast_attention != "off") figures["attention_check"] = check_fast_attention(**runner, args);
+  save();
+  if (args.mode == "latency" || args.mode == "all") figures["latency"] = run_latency(**runner, args);
+  save();
+  if (args.mode == "sweep" || args.mode == "all") {
+    figures["decode_sweep"] = run_decode_sweep(**runner, args);
+    if (args.max_graph_batch < 0) {
+      // Graphs (builtin attention) for every measured batch size up to the first
+      // one where eager steps with kernels/cuda's attention are faster.
+      int32_t limit = 0;  // 0: graphs for all
+      double graph_ms = 0;
+      for (const auto& r : figures["decode_sweep"]) {
+        if (r["graphs"].get<bool>()) {
+          graph_ms = r["ms_per_step_p50"].get<double>();
+        } else if (r["ms_per_step_p50"].get<double>() < graph_ms) {
+          limit = std::max(1, r["batch"].get<int32_t>() / 2);
+          break;
+        }
+      }
+      (*runner)->model().set_max_graph_batch(limit);
+      figures["chosen_max_graph_batch"] = limit;
+      std::printf("decode sweep: graphs for decode batches up to %s, eager + kernels/cuda attention above\n",
+                  limit == 0 ? "max_num_seqs" : std::to_string(limit).c_str());
+    }
+  }
+  save();
+  if (args.mode == "throughput" || args.mode == "all") figures["throughput"] = run_throughput(**runner, args);
+  save();
   return 0;
 }

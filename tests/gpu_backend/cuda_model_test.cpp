@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "gpu_test_support.h"
 #include "pagoda/backend/cuda/cuda_model.h"
 #include "pagoda/backend/cuda/cuda_model_runner.h"
+#include "pagoda/backend/cuda/fast_attention.h"
 #include "pagoda/model/cpu_model.h"
 
 namespace pagoda::cuda {
@@ -324,6 +326,77 @@ TEST(CudaModel, RandomWeightsAreReproducibleAndFinite) {
   }
   EXPECT_EQ(results[0], results[1]);
   EXPECT_NE(results[0], results[2]);
+}
+
+// kernels/cuda's Hopper attention (eager steps) against the backend's own kernel
+// inside the same model, for a head_dim it supports: two prefills in one step,
+// a mixed step (decode + chunk after a cached prefix), and a pure decode step.
+TEST(CudaModel, FastAttentionMatchesBuiltinAttentionInTheModel) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  if (!FastAttention::compiled_in()) GTEST_SKIP() << "kernels/cuda not built";
+  nlohmann::json j = {
+      {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 512}, {"hidden_size", 512},
+      {"intermediate_size", 1024}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+      {"num_key_value_heads", 2}, {"max_position_embeddings", 512}, {"rms_norm_eps", 1e-5},
+      {"rope_theta", 500000.0}, {"torch_dtype", "bfloat16"}};
+  auto config = parse_model_config(j, "test config");
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  ASSERT_EQ(config->head_dim, 128);
+  CudaModelOptions options = small_options(/*graphs=*/false);
+  auto fast = CudaModel::create_random(*config, 11, options);
+  options.fast_attention = false;
+  auto builtin = CudaModel::create_random(*config, 11, options);
+  ASSERT_TRUE(fast.ok() && builtin.ok());
+  auto pool_a = CudaKvPool::create((*fast)->kv_pool_shape(kNumBlocks));
+  auto pool_b = CudaKvPool::create((*builtin)->kv_pool_shape(kNumBlocks));
+  ASSERT_TRUE(pool_a.ok() && pool_b.ok());
+
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int32_t> token(0, 511);
+  auto tokens = [&](int n) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (int32_t& x : t) x = token(rng);
+    return t;
+  };
+  auto append = [](ForwardBatch& b, const std::vector<int32_t>& t, int32_t cached, std::vector<int32_t> table,
+                   bool all) {
+    SequenceSlice s;
+    s.token_offset = b.num_tokens();
+    s.num_new_tokens = static_cast<int32_t>(t.size());
+    s.num_cached_tokens = cached;
+    s.block_table = std::move(table);
+    s.logits_for_all_new_tokens = all;
+    for (size_t i = 0; i < t.size(); ++i) {
+      b.token_ids.push_back(t[i]);
+      b.positions.push_back(cached + static_cast<int32_t>(i));
+    }
+    b.sequences.push_back(std::move(s));
+  };
+  auto compare = [&](const ForwardBatch& b, const char* what) {
+    std::vector<float> la, lb;
+    const Status sa = (*fast)->forward(b, **pool_a, la);
+    const Status sb = (*builtin)->forward(b, **pool_b, lb);
+    ASSERT_TRUE(sa.ok()) << sa.to_string();
+    ASSERT_TRUE(sb.ok()) << sb.to_string();
+    const double err = max_diff(la, lb), scale = max_abs(lb);
+    std::cout << "[ figure ] fast vs builtin attention, " << what << ": max diff " << err << " (max |logit| " << scale
+              << ")\n";
+    EXPECT_LE(err, 1e-3 + 0.03 * scale) << what;
+  };
+  ForwardBatch prefill;
+  append(prefill, tokens(37), 0, iota_blocks(0, 8), true);
+  append(prefill, tokens(20), 0, iota_blocks(8, 8), true);
+  compare(prefill, "two prefills");
+  ForwardBatch mixed;
+  append(mixed, tokens(1), 37, iota_blocks(0, 8), false);
+  append(mixed, tokens(5), 20, iota_blocks(8, 8), true);
+  compare(mixed, "decode + chunk after a cached prefix");
+  ForwardBatch decode;
+  append(decode, tokens(1), 38, iota_blocks(0, 8), false);
+  append(decode, tokens(1), 25, iota_blocks(8, 8), false);
+  compare(decode, "pure decode");
+  EXPECT_EQ((*fast)->fast_attention_steps(), 3);
+  EXPECT_EQ((*builtin)->fast_attention_steps(), 0);
 }
 
 TEST(CudaModelRunner, CopiedBlocksDecodeLikeTheOriginals) {

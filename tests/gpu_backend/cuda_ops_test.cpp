@@ -102,7 +102,9 @@ TEST(CudaOps, HeadRmsNormNormalizesEveryHeadOfAStridedSlice) {
   for (int32_t t = 0; t < tokens; ++t) {
     for (int32_t c = 0; c < stride; ++c) {
       const size_t i = static_cast<size_t>(t) * stride + c;
-      if (c < col0 || c >= col0 + heads * head_dim) ASSERT_EQ(got[i], x[i]) << "outside the slice changed at " << i;
+      if (c < col0 || c >= col0 + heads * head_dim) {
+        ASSERT_EQ(got[i], x[i]) << "outside the slice changed at " << i;
+      }
     }
     for (int32_t h = 0; h < heads; ++h) {
       const float* in = x.data() + static_cast<size_t>(t) * stride + col0 + h * head_dim;
@@ -204,9 +206,10 @@ TEST(CudaOps, KvWriteStoresAtSlotsAndSkipsNegativeOnes) {
       ASSERT_EQ(v[slots[t] * kv_width + i], rows[t * stride + 2 * kv_width + i]);
     }
   }
-  for (int32_t s = 0; s < blocks * block_size; ++s)
-    if (!written[s])
-      for (int32_t i = 0; i < kv_width; ++i) ASSERT_EQ(k[s * kv_width + i], 0.0f) << "slot " << s << " was touched";
+  for (int32_t s = 0; s < blocks * block_size; ++s) {
+    if (written[s]) continue;
+    for (int32_t i = 0; i < kv_width; ++i) ASSERT_EQ(k[s * kv_width + i], 0.0f) << "slot " << s << " was touched";
+  }
 }
 
 TEST(CudaOps, ArgmaxPicksFirstMaximumAndIgnoresNan) {

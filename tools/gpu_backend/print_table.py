@@ -36,9 +36,24 @@ for name in ("cuda_ops_tests", "cuda_model_tests"):
             if "[ figure ]" in line:
                 print(line.strip())
 print()
-lat = out / "latency.json"
-if lat.exists():
-    d = json.loads(lat.read_text()).get("latency", {})
+def load(name):
+    p = out / name
+    try:
+        return json.loads(p.read_text()) if p.exists() else {}
+    except ValueError:
+        return {}
+
+
+bench = load("bench.json")
+fallback = load("bench_fallback.json")
+if "throughput" not in bench and "throughput" in fallback:
+    print("(throughput from the fallback run without kernels/cuda attention)")
+    bench["throughput"] = fallback["throughput"]
+print(bench.get("kv_pool", ""))
+if "attention_check" in bench:
+    print("attention check:", json.dumps(bench["attention_check"]))
+if bench.get("latency"):
+    d = bench["latency"]
     print("| batch-1 decode, Llama-3-8B shape | ms/token p50 | mean | floor | % of floor |")
     print("|---|---|---|---|---|")
     for key in ("graphs_on", "graphs_off"):
@@ -47,11 +62,16 @@ if lat.exists():
             print(f"| CUDA graphs {'on' if r['cuda_graphs'] else 'off'} | {r['decode_ms_p50']:.3f} | "
                   f"{r['decode_ms_mean']:.3f} | {r['weight_read_floor_ms']:.3f} | {100 * r['fraction_of_floor']:.0f}% |")
     print()
-thr = out / "throughput.json"
-if thr.exists():
-    j = json.loads(thr.read_text())
-    t = j.get("throughput", {})
-    print(j.get("kv_pool", ""))
+if bench.get("decode_sweep"):
+    print("| static-batch decode (context 1024) | batch | ms/step p50 | tok/s |")
+    print("|---|---|---|---|")
+    for r in bench["decode_sweep"]:
+        how = "CUDA graph + builtin attention" if r["graphs"] else "eager + kernels/cuda attention"
+        print(f"| {how} | {r['batch']} | {r['ms_per_step_p50']:.2f} | {r['tok_per_s']:.0f} |")
+    print("chosen max_graph_batch:", bench.get("chosen_max_graph_batch"))
+    print()
+if bench.get("throughput"):
+    t = bench["throughput"]
     print("| throughput run | value |")
     print("|---|---|")
     for k, v in t.items():
@@ -61,7 +81,7 @@ for name in ("tests.txt",):
     if p.exists():
         print()
         print(p.read_text().strip())
-for name in ("latency.log", "throughput.log"):
+for name in ("bench.log", "bench_fallback.log"):
     p = out / name
     if p.exists():
         tail = p.read_text(errors="replace").strip().splitlines()[-4:]

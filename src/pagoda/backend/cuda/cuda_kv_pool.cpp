@@ -47,6 +47,8 @@ StatusOr<std::unique_ptr<CudaKvPool>> CudaKvPool::create(const KvPoolShape& shap
   const size_t bytes = 2ull * shape.num_layers * pool->layer_pool_elements() * 2;
   PAGODA_ASSIGN_OR_RETURN(pool->memory_, DeviceBuffer::allocate(bytes));
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemset(pool->memory_.data(), 0, bytes));
+  // The forward runs on a non-blocking stream, which does not wait for the legacy stream's memset.
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return pool;
 }
 

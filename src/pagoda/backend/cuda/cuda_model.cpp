@@ -84,6 +84,7 @@ Status CudaModel::init() {
 
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   PAGODA_ASSIGN_OR_RETURN(gemm_, Gemm::create());
+  fast_ = std::make_unique<FastAttention>();
 
   PAGODA_ASSIGN_OR_RETURN(host_metadata_buffer_, PinnedBuffer::allocate(metadata_bytes()));
   PAGODA_ASSIGN_OR_RETURN(device_metadata_buffer_, DeviceBuffer::allocate(metadata_bytes()));
@@ -100,6 +101,9 @@ Status CudaModel::init() {
   PAGODA_ASSIGN_OR_RETURN(normed_, DeviceBuffer::allocate(T * H * 2));
   PAGODA_ASSIGN_OR_RETURN(qkv_, DeviceBuffer::allocate(T * qkv * 2));
   PAGODA_ASSIGN_OR_RETURN(attn_, DeviceBuffer::allocate(T * c.num_q_heads * D * 2));
+  if (FastAttention::compiled_in()) {
+    PAGODA_ASSIGN_OR_RETURN(q_contig_, DeviceBuffer::allocate(T * c.num_q_heads * D * 2));
+  }
   PAGODA_ASSIGN_OR_RETURN(proj_, DeviceBuffer::allocate(T * H * 2));
   PAGODA_ASSIGN_OR_RETURN(gate_up_, DeviceBuffer::allocate(T * 2 * I * 2));
   PAGODA_ASSIGN_OR_RETURN(act_, DeviceBuffer::allocate(T * I * 2));
@@ -209,6 +213,7 @@ int32_t CudaModel::graph_bucket(const ForwardBatch& batch) const {
   for (const SequenceSlice& s : batch.sequences)
     if (s.num_new_tokens != 1 || !(s.logits_for_last_token || s.logits_for_all_new_tokens)) return 0;
   const int32_t n = static_cast<int32_t>(batch.sequences.size());
+  if (options_.max_graph_batch > 0 && n > options_.max_graph_batch) return 0;
   for (int32_t b : buckets_)
     if (b >= n) return b;
   return 0;
@@ -268,7 +273,7 @@ StatusOr<CudaModel::StepShape> CudaModel::plan(const ForwardBatch& batch) {
   return step;
 }
 
-Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool) {
+Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attention) {
   const ModelConfig& c = config_;
   const int32_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
   const int32_t q_width = c.num_q_heads * D, kv_width = c.num_kv_heads * D;
@@ -309,7 +314,15 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool) {
     const DevicePagedKvLayer kv = pool.layer(l);
     PAGODA_CUDA_RETURN_IF_ERROR(
         kv_write(qkv + q_width, qkv + q_width + kv_width, qkv_width, device_.slots, T, kv, stream_));
-    PAGODA_CUDA_RETURN_IF_ERROR(paged_attention(qkv, qkv_width, kv, attention, c.num_q_heads, scale, attn, stream_));
+    if (fast_attention) {
+      bf16* q = q_contig_.as<bf16>();
+      PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(q, q_width * sizeof(bf16), qkv, qkv_width * sizeof(bf16),
+                                                    q_width * sizeof(bf16), T, cudaMemcpyDeviceToDevice, stream_));
+      PAGODA_RETURN_IF_ERROR(fast_->run(kv, q, attn, stream_));
+    } else {
+      PAGODA_CUDA_RETURN_IF_ERROR(
+          paged_attention(qkv, qkv_width, kv, attention, c.num_q_heads, scale, attn, stream_));
+    }
     PAGODA_RETURN_IF_ERROR(gemm_->linear(attn, T, w.o_proj, H, q_width, proj, GemmOutput::kBF16, stream_));
     if (w.o_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.o_bias, stream_));
     PAGODA_CUDA_RETURN_IF_ERROR(
@@ -339,7 +352,7 @@ Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {
 Status CudaModel::capture_graph(int32_t bucket, const CudaKvPool& pool) {
   cudaGraph_t graph = nullptr;
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  Status status = run_layers(bucket, pool);
+  Status status = run_layers(bucket, pool, /*fast_attention=*/false);
   if (status.ok()) status = run_head(0, bucket);
   const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
   if (!status.ok() || end != cudaSuccess) {
@@ -388,13 +401,18 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
       ++graph_replays_;
     } else {
       // First step of this bucket: run it for real, then record it for next time.
-      PAGODA_RETURN_IF_ERROR(run_layers(step.num_tokens, pool));
+      PAGODA_RETURN_IF_ERROR(run_layers(step.num_tokens, pool, /*fast_attention=*/false));
       PAGODA_RETURN_IF_ERROR(run_head(0, step.num_tokens));
       PAGODA_RETURN_IF_ERROR(capture_graph(step.bucket, pool));
     }
     return copy_out(0, step.num_rows);
   }
-  PAGODA_RETURN_IF_ERROR(run_layers(step.num_tokens, pool));
+  bool fast = false;
+  if (options_.fast_attention) {
+    PAGODA_ASSIGN_OR_RETURN(fast, fast_->plan(config_, batch, options_.block_size, pool.shape().num_blocks, stream_));
+  }
+  if (fast) ++fast_attention_steps_;
+  PAGODA_RETURN_IF_ERROR(run_layers(step.num_tokens, pool, fast));
   for (int32_t row = 0; row < step.num_rows; row += max_rows_) {
     const int32_t n = std::min(max_rows_, step.num_rows - row);
     PAGODA_RETURN_IF_ERROR(run_head(row, n));

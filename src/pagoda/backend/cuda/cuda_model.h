@@ -14,9 +14,11 @@
 // stream stays f32; the GEMM inputs and outputs are bf16.
 //
 // CUDA graphs: a pure decode step (every sequence 1 new token, logits for it)
-// of B sequences runs padded to the smallest bucket >= B (padding rows write no
-// KV and attend to nothing). The first step of a bucket runs eagerly and
-// captures the graph; later ones replay it.
+// of B <= max_graph_batch sequences runs padded to the smallest bucket >= B
+// (padding rows write no KV and attend to nothing). The first step of a bucket
+// runs eagerly and captures the graph; later ones replay it. Graphs use the
+// backend's own attention kernel; eager steps use kernels/cuda's Hopper kernels
+// (fast_attention.h) where they support the shape.
 //
 // Thread safety: one caller at a time (scratch, graphs and the stream are per model).
 
@@ -32,6 +34,7 @@
 #include "pagoda/backend/cuda/cuda_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_model_weights.h"
 #include "pagoda/backend/cuda/device_buffer.h"
+#include "pagoda/backend/cuda/fast_attention.h"
 #include "pagoda/backend/cuda/gemm.h"
 #include "pagoda/core/status.h"
 #include "pagoda/model/forward_batch.h"
@@ -45,6 +48,11 @@ struct CudaModelOptions {
   int32_t max_model_len = 0;      // tokens per sequence; 0: config's max_position_embeddings
   int32_t block_size = 16;        // tokens per KV block
   bool use_cuda_graphs = true;
+  // Decode batches up to this size replay graphs (0: up to max_num_seqs);
+  // larger ones run eagerly, with the fast attention kernels when enabled.
+  int32_t max_graph_batch = 0;
+  // Eager steps use kernels/cuda's Hopper attention where it supports the shape.
+  bool fast_attention = true;
   bool show_progress = true;      // weight-loading bar on stderr
 };
 
@@ -77,9 +85,16 @@ class CudaModel {
   // sampling on the GPU; no logits cross PCIe).
   Status forward_greedy(const ForwardBatch& batch, CudaKvPool& pool, std::vector<int32_t>& tokens);
 
+  // Turns graph replay of decode steps on or off (benchmarks compare both).
+  void set_use_cuda_graphs(bool on) { options_.use_cuda_graphs = on; }
+  void set_fast_attention(bool on) { options_.fast_attention = on; }
+  void set_max_graph_batch(int32_t n) { options_.max_graph_batch = n; }
+
   // Graph statistics (tests, benchmarks).
   int64_t graph_replays() const { return graph_replays_; }
   int64_t graphs_captured() const { return static_cast<int64_t>(graphs_.size()); }
+  // Steps whose attention ran on kernels/cuda's kernels.
+  int64_t fast_attention_steps() const { return fast_attention_steps_; }
 
  private:
   enum class Output { kLogits, kGreedy };
@@ -94,7 +109,7 @@ class CudaModel {
   Status validate(const ForwardBatch& batch, const CudaKvPool& pool) const;
   int32_t graph_bucket(const ForwardBatch& batch) const;
   StatusOr<StepShape> plan(const ForwardBatch& batch);
-  Status run_layers(int32_t num_tokens, const CudaKvPool& pool);
+  Status run_layers(int32_t num_tokens, const CudaKvPool& pool, bool fast_attention);
   Status run_head(int32_t row_begin, int32_t num_rows);
   Status capture_graph(int32_t bucket, const CudaKvPool& pool);
   Status run(const ForwardBatch& batch, CudaKvPool& pool, Output output, std::vector<float>* logits,
@@ -110,6 +125,8 @@ class CudaModel {
 
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
+  std::unique_ptr<FastAttention> fast_;
+  int64_t fast_attention_steps_ = 0;
 
   // Step metadata: pinned host mirror and device copy, same layout.
   struct Metadata {
@@ -134,6 +151,7 @@ class CudaModel {
   DeviceBuffer normed_;    // bf16 [T, hidden]
   DeviceBuffer qkv_;       // bf16 [T, (Hq + 2 Hkv) * D]
   DeviceBuffer attn_;      // bf16 [T, Hq * D]
+  DeviceBuffer q_contig_;  // bf16 [T, Hq * D]: q for the fast kernels, which take it contiguous
   DeviceBuffer proj_;      // bf16 [T, hidden]
   DeviceBuffer gate_up_;   // bf16 [T, 2 * intermediate]
   DeviceBuffer act_;       // bf16 [T, intermediate]
