@@ -1,0 +1,166 @@
+// The bundled model (models/pagoda-tiny) against what transformers 5.17 produced for it on the GPU
+// machine (models/pagoda-tiny/train_report.json, written by tools/train/train.py in float32, eager
+// attention, no TF32): pagoda's tokenizer, greedy text through the paged KV path, per-step
+// log-probabilities, and held-out perplexity must all agree.
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "pagoda/eval/log_probs.h"
+#include "pagoda/eval/paged_runner.h"
+#include "pagoda/eval/perplexity.h"
+#include "pagoda/model/cpu_model.h"
+#include "pagoda/tokenizer/tokenizer.h"
+
+namespace pagoda::eval {
+namespace {
+
+const std::filesystem::path kModelDir = std::filesystem::path(PAGODA_SOURCE_DIR) / "models/pagoda-tiny";
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+class PagodaTinyReferenceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!std::filesystem::exists(kModelDir / "model.safetensors")) return;
+    report_ = new nlohmann::json(nlohmann::json::parse(read_file(kModelDir / "train_report.json")));
+    auto model = CpuModel::load(kModelDir);
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    model_ = model->release();
+    auto tok = tokenizer::Tokenizer::load(kModelDir);
+    ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+    tokenizer_ = new std::shared_ptr<const tokenizer::Tokenizer>(std::move(*tok));
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete report_;
+    delete tokenizer_;
+    model_ = nullptr;
+    report_ = nullptr;
+    tokenizer_ = nullptr;
+  }
+  void SetUp() override {
+    if (model_ == nullptr) GTEST_SKIP() << "no bundled model in " << kModelDir;
+  }
+
+  const tokenizer::Tokenizer& tok() const { return **tokenizer_; }
+
+  static CpuModel* model_;
+  static nlohmann::json* report_;
+  static std::shared_ptr<const tokenizer::Tokenizer>* tokenizer_;
+};
+
+CpuModel* PagodaTinyReferenceTest::model_ = nullptr;
+nlohmann::json* PagodaTinyReferenceTest::report_ = nullptr;
+std::shared_ptr<const tokenizer::Tokenizer>* PagodaTinyReferenceTest::tokenizer_ = nullptr;
+
+TEST_F(PagodaTinyReferenceTest, TokenizerMatchesHuggingFace) {
+  const std::string sample = read_file(kModelDir / "heldout.txt");
+  const auto ids = tok().encode(sample, /*add_special_tokens=*/false);
+  EXPECT_EQ(static_cast<int64_t>(ids.size()),
+            (*report_)["tokenizer"]["heldout_sample_tokens"].get<int64_t>());
+  EXPECT_EQ(tok().decode(ids), sample);
+  for (const auto& prompt : (*report_)["greedy"]["prompts"]) {
+    const auto expected = prompt["prompt_ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(tok().encode(prompt["prompt"].get<std::string>(), false), expected)
+        << prompt["name"];
+  }
+  ASSERT_TRUE(tok().eos_token_id().has_value());
+  EXPECT_EQ(*tok().eos_token_id(),
+            (*report_)["tokenizer"]["special_token_ids"]["<|eos|>"].get<int32_t>());
+}
+
+TEST_F(PagodaTinyReferenceTest, GreedyTextEqualsTransformers) {
+  PagedRunnerOptions options;
+  options.max_sequence_tokens = 256;
+  options.prefill_chunk = 7;  // several chunks per prompt, then decode steps
+  auto runner = PagedRunner::create(*model_, options);
+  ASSERT_TRUE(runner.ok()) << runner.status().to_string();
+  const std::vector<int32_t> stop = {
+      (*report_)["tokenizer"]["special_token_ids"]["<|eos|>"].get<int32_t>()};
+  int compared = 0;
+  for (const auto& prompt : (*report_)["greedy"]["prompts"]) {
+    const std::string name = prompt["name"];
+    const auto prompt_ids = prompt["prompt_ids"].get<std::vector<int32_t>>();
+    const auto expected = prompt["output_ids"].get<std::vector<int32_t>>();
+    const auto margins = prompt["top1_margin"].get<std::vector<double>>();
+    auto out = (*runner)->greedy(prompt_ids, static_cast<int32_t>(expected.size()), stop);
+    ASSERT_TRUE(out.ok()) << name << ": " << out.status().to_string();
+    EXPECT_EQ(out->tokens, expected) << name;
+    EXPECT_EQ(tok().decode(out->tokens), prompt["output_text"].get<std::string>()) << name;
+
+    // Log-probabilities of transformers' top 5 at every step agree to float32 rounding.
+    const size_t steps = std::min(out->logits.size(), expected.size());
+    std::vector<double> logp;
+    for (size_t step = 0; step < steps; ++step) {
+      if (out->tokens[step] != expected[step]) {
+        ADD_FAILURE() << name << " diverges at step " << step << " (transformers' top-1 margin "
+                      << margins[step] << ")";
+        break;
+      }
+      log_softmax(out->logits[step], logp);
+      for (const auto& pair : prompt["top5_logprobs"][step]) {
+        const int32_t id = pair[0];
+        EXPECT_NEAR(logp[id], pair[1].get<double>(), 2e-3) << name << " step " << step;
+      }
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 100);
+  EXPECT_TRUE((*runner)->verify_integrity().ok());
+}
+
+TEST_F(PagodaTinyReferenceTest, HeldOutPerplexityMatchesTransformers) {
+  const std::string sample = read_file(kModelDir / "heldout.txt");
+  auto ids = tok().encode(sample, false);
+  ids.resize(std::min<size_t>(ids.size(), 2048));
+  const auto& expected = (*report_)["perplexity"]["heldout_sample_first_2048"];
+  const int32_t window = model_->config().max_position_embeddings;
+  ASSERT_EQ(window, 1024);
+
+  PagedRunnerOptions options;
+  options.max_sequence_tokens = window;
+  options.block_size = 16;
+  options.prefill_chunk = 256;
+  auto runner = PagedRunner::create(*model_, options);
+  ASSERT_TRUE(runner.ok()) << runner.status().to_string();
+  auto result = compute_perplexity(**runner, ids, window);
+  ASSERT_TRUE(result.ok()) << result.status().to_string();
+  EXPECT_EQ(result->tokens, expected["tokens"].get<int64_t>());
+  EXPECT_NEAR(result->mean_nll, expected["mean_nll"].get<double>(), 1e-4);
+  EXPECT_NEAR(result->perplexity / expected["perplexity"].get<double>(), 1.0, 1e-4);
+}
+
+TEST_F(PagodaTinyReferenceTest, PerplexityDoesNotDependOnBlockOrChunkSize) {
+  const std::string sample = read_file(kModelDir / "heldout.txt");
+  auto ids = tok().encode(sample, false);
+  ids.resize(std::min<size_t>(ids.size(), 160));
+  double first = 0;
+  for (auto [block, chunk] : {std::pair{16, 256}, std::pair{1, 160}, std::pair{32, 1}}) {
+    PagedRunnerOptions options;
+    options.max_sequence_tokens = 160;
+    options.block_size = block;
+    options.prefill_chunk = chunk;
+    auto runner = PagedRunner::create(*model_, options);
+    ASSERT_TRUE(runner.ok());
+    auto result = compute_perplexity(**runner, ids, 160);
+    ASSERT_TRUE(result.ok()) << result.status().to_string();
+    if (first == 0) first = result->perplexity;
+    EXPECT_NEAR(result->perplexity / first, 1.0, 1e-5) << "block " << block << " chunk " << chunk;
+  }
+}
+
+}  // namespace
+}  // namespace pagoda::eval
