@@ -159,9 +159,15 @@ StatusOr<Value> arithmetic(std::string_view op, const Value& left, const Value& 
 
 StatusOr<Value> apply_binary_operator(std::string_view op, const Value& left, const Value& right, size_t max_bytes) {
   if (op == "~") {  // Jinja's string concatenation: str() of both sides
-    std::string out = to_python_str(left);
-    out += to_python_str(right);
-    if (out.size() > max_bytes) return too_large(max_bytes);
+    const std::string left_text = left.is_string() ? std::string() : to_python_str(left);
+    const std::string right_text = right.is_string() ? std::string() : to_python_str(right);
+    const std::string& a = left.is_string() ? left.as_string() : left_text;
+    const std::string& b = right.is_string() ? right.as_string() : right_text;
+    if (a.size() + b.size() > max_bytes) return too_large(max_bytes);
+    std::string out;
+    out.reserve(a.size() + b.size());
+    out += a;
+    out += b;
     return Value(std::move(out));
   }
   if (left.is_undefined()) return invalid_argument_error("{}", left.undefined_hint());
