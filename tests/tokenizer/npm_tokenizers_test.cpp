@@ -143,8 +143,8 @@ TEST(NpmTokenizersTest, StreamingSplitMultibyteTokens) {
   std::string joined;
   for (const auto& chunk : chunks) joined += chunk;
   EXPECT_EQ(joined, "a\U00013000b");
-  // The four byte tokens give nothing until the last one completes the character.
-  EXPECT_EQ(chunks, (std::vector<std::string>{"a", "", "", "", "\U00013000", "b", ""}));
+  // The four byte tokens give nothing until the run ends.
+  EXPECT_EQ(chunks, (std::vector<std::string>{"a", "", "", "", "", "\U00013000b", ""}));
 }
 
 }  // namespace

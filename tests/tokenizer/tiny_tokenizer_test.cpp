@@ -177,10 +177,26 @@ TEST(IncrementalDetokenizerTest, HoldsIncompleteCharactersBack) {
   EXPECT_EQ(stream.feed(1), "");
   EXPECT_EQ(stream.feed(10), "hi");
   EXPECT_EQ(stream.feed(6), " ");
-  EXPECT_EQ(stream.feed(3), "");   // E2: incomplete
-  EXPECT_EQ(stream.feed(4), "");   // E2 82: incomplete
-  EXPECT_EQ(stream.feed(5), "€");
+  // Byte tokens are held until the run ends: HF decodes a run as a whole, and a following bad
+  // byte would turn even the complete "€" into U+FFFD.
+  EXPECT_EQ(stream.feed(3), "");
+  EXPECT_EQ(stream.feed(4), "");
+  EXPECT_EQ(stream.feed(5), "");
+  EXPECT_EQ(stream.feed(10), "€ hi");
   EXPECT_EQ(stream.flush(), "");
+}
+
+TEST(IncrementalDetokenizerTest, ByteRunEndedByFlush) {
+  auto tok = load(sentencepiece_spec());
+  ASSERT_TRUE(tok);
+  IncrementalDetokenizer stream(*tok);
+  EXPECT_EQ(stream.feed(10), "hi");
+  EXPECT_EQ(stream.feed(3), "");
+  EXPECT_EQ(stream.feed(4), "");
+  EXPECT_EQ(stream.feed(5), "");
+  EXPECT_EQ(stream.flush(), "€");
+  EXPECT_TRUE(tok->decode_depends_on_next(3));
+  EXPECT_FALSE(tok->decode_depends_on_next(10));
 }
 
 TEST(IncrementalDetokenizerTest, FlushReplacesBytesThatNeverCompleted) {

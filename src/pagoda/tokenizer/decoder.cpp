@@ -126,6 +126,13 @@ bool Decoder::has_byte_level() const {
   return false;
 }
 
+bool Decoder::has_byte_fallback() const {
+  for (const Step& step : steps_) {
+    if (step.kind == Kind::kByteFallback) return true;
+  }
+  return false;
+}
+
 std::string Decoder::decode(std::vector<std::string> tokens) const {
   if (steps_.empty()) {
     std::string joined;

@@ -28,6 +28,7 @@ class Decoder {
 
   // True when the chain contains a ByteLevel decoder (the vocab is in the byte-level alphabet).
   bool has_byte_level() const;
+  bool has_byte_fallback() const;
   bool is_identity() const { return steps_.empty(); }
 
  private:

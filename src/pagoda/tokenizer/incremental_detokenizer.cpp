@@ -3,7 +3,9 @@
 // [prefix_offset, read_offset): only the new tail is emitted, and only when it does not end in
 // U+FFFD (a character still missing bytes). Decoding a window that starts one emitted token
 // back keeps decoder effects that depend on the first token (Metaspace / Strip removing the
-// leading space) identical to decoding the whole sequence.
+// leading space) identical to decoding the whole sequence. A run of ByteFallback byte tokens
+// is held until a non-byte token ends it: HF decodes the run as a whole (all U+FFFD if any
+// part is invalid), so its text is not final before.
 
 #include "pagoda/tokenizer/tokenizer.h"
 #include "pagoda/tokenizer/utf8.h"
@@ -20,6 +22,7 @@ std::string IncrementalDetokenizer::decode_range(size_t begin, size_t end) const
 
 std::string IncrementalDetokenizer::feed(TokenId id) {
   ids_.push_back(id);
+  if (tokenizer_.decode_depends_on_next(id)) return {};
   const std::string prefix_text = decode_range(prefix_offset_, read_offset_);
   const std::string new_text = decode_range(prefix_offset_, ids_.size());
   if (new_text.size() <= prefix_text.size() || new_text.ends_with(kReplacementCharacter)) {

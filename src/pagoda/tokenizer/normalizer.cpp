@@ -25,19 +25,53 @@ bool is_nfc_inert(char32_t cp) {
   return false;
 }
 
-bool is_nfc_inert_text(std::string_view text) {
+std::string utf8proc_normalize(std::string_view text, int options);
+
+// NFC of `text`, running utf8proc only on the stretches that need it. The start of an inert
+// character is a safe cut point: nothing before it can reorder or compose across it, so
+// NFC(a + b) == NFC(a) + NFC(b) when b starts with an inert character. Each stretch reaches
+// back to the inert character before the first non-inert one (it may compose with it: e + ◌́)
+// and forward to the next inert character.
+std::string nfc_by_stretches(std::string_view text) {
+  std::string out;
+  size_t copied = 0;         // text[0, copied) is already in `out`
+  size_t last_boundary = 0;  // start of the last inert character seen (or of the text)
   size_t pos = 0;
+  bool changed = false;
   while (pos < text.size()) {
     if (static_cast<uint8_t>(text[pos]) < 0x80) {
-      ++pos;
+      last_boundary = pos++;
       continue;
     }
     char32_t cp = 0;
-    const size_t length = decode_utf8(text, pos, cp);
-    if (length == 0 || !is_nfc_inert(cp)) return false;
-    pos += length;
+    size_t length = decode_utf8(text, pos, cp);
+    if (length == 0) length = 1;  // cannot happen: input is repaired UTF-8
+    if (is_nfc_inert(cp)) {
+      last_boundary = pos;
+      pos += length;
+      continue;
+    }
+    const size_t stretch_begin = std::max(last_boundary, copied);
+    size_t stretch_end = pos + length;
+    while (stretch_end < text.size()) {
+      if (static_cast<uint8_t>(text[stretch_end]) < 0x80) break;
+      size_t next_length = decode_utf8(text, stretch_end, cp);
+      if (next_length == 0) next_length = 1;
+      if (is_nfc_inert(cp)) break;
+      stretch_end += next_length;
+    }
+    if (!changed) {
+      out.reserve(text.size() + 16);
+      changed = true;
+    }
+    out.append(text.substr(copied, stretch_begin - copied));
+    out.append(utf8proc_normalize(text.substr(stretch_begin, stretch_end - stretch_begin),
+                                  UTF8PROC_COMPOSE));
+    copied = pos = last_boundary = stretch_end;
   }
-  return true;
+  if (!changed) return std::string(text);
+  out.append(text.substr(copied));
+  return out;
 }
 
 std::string utf8proc_normalize(std::string_view text, int options) {
@@ -99,10 +133,7 @@ void strip_whitespace(std::string& text, bool left, bool right) {
 
 }  // namespace
 
-std::string to_nfc(std::string_view text) {
-  if (is_nfc_inert_text(text)) return std::string(text);
-  return utf8proc_normalize(text, UTF8PROC_COMPOSE);
-}
+std::string to_nfc(std::string_view text) { return nfc_by_stretches(text); }
 
 Status Normalizer::add_steps(const nlohmann::json& spec, std::string_view where,
                              std::vector<Step>& steps) {
@@ -178,7 +209,7 @@ void Normalizer::normalize(std::string& text) const {
   for (const Step& step : steps_) {
     switch (step.kind) {
       case Kind::kNfc:
-        if (!is_nfc_inert_text(text)) text = utf8proc_normalize(text, UTF8PROC_COMPOSE);
+        text = nfc_by_stretches(text);
         break;
       case Kind::kNfd:
         text = utf8proc_normalize(text, UTF8PROC_DECOMPOSE);

@@ -30,6 +30,7 @@ struct Tokenizer::Impl {
   std::vector<int32_t> added_index_by_id;  // id -> index into added_tokens, or -1
   StringMap added_ids;                     // content -> id
   int32_t vocab_size = 0;
+  std::vector<bool> byte_fallback_token;  // by id: "<0xAB>" under a ByteFallback decoder
 
   std::optional<std::string> bos_token, eos_token, pad_token, unk_token;
   std::vector<TokenId> generation_eos_ids;
@@ -186,6 +187,13 @@ StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::load_from_contents(const T
   impl->added_index_by_id.assign(static_cast<size_t>(impl->vocab_size), -1);
   for (size_t i = 0; i < impl->added_tokens.size(); ++i) {
     impl->added_index_by_id[impl->added_tokens[i].id] = static_cast<int32_t>(i);
+  }
+  impl->byte_fallback_token.assign(static_cast<size_t>(impl->vocab_size), false);
+  if (impl->decoder.has_byte_fallback()) {
+    for (int b = 0; b < 256; ++b) {
+      const int32_t id = impl->model->token_to_id(fmt::format("<0x{:02X}>", b));
+      if (id >= 0 && impl->added(id) == nullptr) impl->byte_fallback_token[id] = true;
+    }
   }
   impl->raw_matcher = AddedTokenMatcher(raw_tokens);
   impl->normalized_matcher = AddedTokenMatcher(normalized_tokens);
@@ -349,6 +357,11 @@ std::vector<TokenId> Tokenizer::eos_token_ids() const {
     if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
   }
   return ids;
+}
+
+bool Tokenizer::decode_depends_on_next(TokenId id) const {
+  return id >= 0 && static_cast<size_t>(id) < impl_->byte_fallback_token.size() &&
+         impl_->byte_fallback_token[id];
 }
 
 const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }

@@ -99,6 +99,11 @@ class Tokenizer {
   // "<0xAB>" -> the byte. Used by IncrementalDetokenizer; empty for unknown ids.
   std::string token_bytes(TokenId id) const;
 
+  // True when the decoded text of `id` can still change once the following ids are known:
+  // "<0xAB>" byte tokens under a ByteFallback decoder (HF turns a whole run of them into U+FFFD
+  // per byte when the run is not valid UTF-8). IncrementalDetokenizer holds such runs back.
+  bool decode_depends_on_next(TokenId id) const;
+
   struct Impl;
 
  private:
