@@ -11,21 +11,6 @@
 
 namespace pagoda::cuda {
 
-namespace {
-
-size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
-
-// Decode batch sizes that get their own graph: small steps first, then every 32.
-std::vector<int32_t> graph_buckets(int32_t max_num_seqs) {
-  std::vector<int32_t> buckets;
-  for (int32_t b : {1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128})
-    if (b < max_num_seqs) buckets.push_back(b);
-  for (int32_t b = 160; b < max_num_seqs; b += 32) buckets.push_back(b);
-  buckets.push_back(max_num_seqs);
-  return buckets;
-}
-
-}  // namespace
 
 StatusOr<std::unique_ptr<CudaModel>> CudaModel::load(const std::filesystem::path& model_dir,
                                                      const CudaModelOptions& options) {
@@ -78,7 +63,7 @@ Status CudaModel::init() {
   if (max_model_len_ <= 0) max_model_len_ = 4096;
   block_table_stride_ = (max_model_len_ + options_.block_size - 1) / options_.block_size;
   max_rows_ = std::max(options_.max_num_seqs, 1);
-  buckets_ = graph_buckets(options_.max_num_seqs);
+  buckets_ = decode_graph_buckets(options_.max_num_seqs);
   // Decode steps are padded to a bucket; the token scratch must hold the largest.
   options_.max_num_tokens = std::max(options_.max_num_tokens, options_.max_num_seqs);
 
@@ -86,10 +71,11 @@ Status CudaModel::init() {
   PAGODA_ASSIGN_OR_RETURN(gemm_, Gemm::create());
   fast_ = std::make_unique<FastAttention>();
 
-  PAGODA_ASSIGN_OR_RETURN(host_metadata_buffer_, PinnedBuffer::allocate(metadata_bytes()));
-  PAGODA_ASSIGN_OR_RETURN(device_metadata_buffer_, DeviceBuffer::allocate(metadata_bytes()));
-  host_ = bind_metadata(host_metadata_buffer_.data());
-  device_ = bind_metadata(device_metadata_buffer_.data());
+  const StepLayout layout{options_.max_num_tokens, options_.max_num_seqs, block_table_stride_};
+  PAGODA_ASSIGN_OR_RETURN(host_metadata_buffer_, PinnedBuffer::allocate(step_metadata_bytes(layout)));
+  PAGODA_ASSIGN_OR_RETURN(device_metadata_buffer_, DeviceBuffer::allocate(step_metadata_bytes(layout)));
+  host_ = bind_step_metadata(host_metadata_buffer_.data(), layout);
+  device_ = bind_step_metadata(device_metadata_buffer_.data(), layout);
 
   const size_t T = static_cast<size_t>(options_.max_num_tokens);
   const size_t H = static_cast<size_t>(c.hidden_size);
@@ -117,33 +103,6 @@ Status CudaModel::init() {
   PAGODA_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(inv_freq_.data(), inv_freq.data(), inv_freq.size() * 4, cudaMemcpyHostToDevice));
   return ok_status();
-}
-
-size_t CudaModel::metadata_bytes() const {
-  const size_t T = static_cast<size_t>(options_.max_num_tokens);
-  return align_up(T * 4) * 6 + align_up(T * 8) +
-         align_up(static_cast<size_t>(options_.max_num_seqs) * block_table_stride_ * 4);
-}
-
-CudaModel::Metadata CudaModel::bind_metadata(void* base) const {
-  const size_t T = static_cast<size_t>(options_.max_num_tokens);
-  char* p = static_cast<char*>(base);
-  auto take = [&](size_t bytes) {
-    char* at = p;
-    p += align_up(bytes);
-    return at;
-  };
-  Metadata m;
-  m.token_ids = reinterpret_cast<int32_t*>(take(T * 4));
-  m.positions = reinterpret_cast<int32_t*>(take(T * 4));
-  m.slots = reinterpret_cast<int64_t*>(take(T * 8));
-  m.token_sequence = reinterpret_cast<int32_t*>(take(T * 4));
-  m.kv_begin = reinterpret_cast<int32_t*>(take(T * 4));
-  m.kv_end = reinterpret_cast<int32_t*>(take(T * 4));
-  m.logit_rows = reinterpret_cast<int32_t*>(take(T * 4));
-  m.block_tables = reinterpret_cast<int32_t*>(
-      take(static_cast<size_t>(options_.max_num_seqs) * block_table_stride_ * 4));
-  return m;
 }
 
 KvPoolShape CudaModel::kv_pool_shape(int32_t num_blocks) const {
@@ -209,14 +168,8 @@ Status CudaModel::validate(const ForwardBatch& batch, const CudaKvPool& pool) co
 }
 
 int32_t CudaModel::graph_bucket(const ForwardBatch& batch) const {
-  if (!options_.use_cuda_graphs || batch.sequences.empty()) return 0;
-  for (const SequenceSlice& s : batch.sequences)
-    if (s.num_new_tokens != 1 || !(s.logits_for_last_token || s.logits_for_all_new_tokens)) return 0;
-  const int32_t n = static_cast<int32_t>(batch.sequences.size());
-  if (options_.max_graph_batch > 0 && n > options_.max_graph_batch) return 0;
-  for (int32_t b : buckets_)
-    if (b >= n) return b;
-  return 0;
+  if (!options_.use_cuda_graphs) return 0;
+  return choose_graph_bucket(batch, buckets_, options_.max_graph_batch);
 }
 
 StatusOr<CudaModel::StepShape> CudaModel::plan(const ForwardBatch& batch) {
@@ -224,39 +177,9 @@ StatusOr<CudaModel::StepShape> CudaModel::plan(const ForwardBatch& batch) {
   step.bucket = graph_bucket(batch);
   const int32_t T = batch.num_tokens();
   step.num_tokens = step.bucket > 0 ? step.bucket : T;
-  const int32_t block_size = options_.block_size;
-  const int32_t window = config_.sliding_window;
-
-  int32_t rows = 0;
-  for (size_t s = 0; s < batch.sequences.size(); ++s) {
-    const SequenceSlice& seq = batch.sequences[s];
-    const int32_t total = seq.num_cached_tokens + seq.num_new_tokens;
-    const int32_t blocks_needed = (total + block_size - 1) / block_size;
-    int32_t* table = host_.block_tables + s * static_cast<size_t>(block_table_stride_);
-    std::copy_n(seq.block_table.data(), blocks_needed, table);
-    for (int32_t i = 0; i < seq.num_new_tokens; ++i) {
-      const int32_t t = seq.token_offset + i;
-      const int32_t index = seq.num_cached_tokens + i;
-      host_.token_ids[t] = batch.token_ids[static_cast<size_t>(t)];
-      host_.positions[t] = batch.positions[static_cast<size_t>(t)];
-      host_.slots[t] = static_cast<int64_t>(table[index / block_size]) * block_size + index % block_size;
-      host_.token_sequence[t] = static_cast<int32_t>(s);
-      host_.kv_begin[t] = window > 0 ? std::max(0, index - window + 1) : 0;
-      host_.kv_end[t] = index + 1;
-      if (seq.logits_for_all_new_tokens || (seq.logits_for_last_token && i == seq.num_new_tokens - 1))
-        host_.logit_rows[rows++] = t;
-    }
-  }
+  const int32_t rows = fill_step_metadata(batch, options_.block_size, config_.sliding_window, block_table_stride_,
+                                          step.num_tokens, host_);
   step.num_rows = rows;
-  for (int32_t t = T; t < step.num_tokens; ++t) {  // graph padding: no KV write, no keys
-    host_.token_ids[t] = 0;
-    host_.positions[t] = 0;
-    host_.slots[t] = -1;
-    host_.token_sequence[t] = 0;
-    host_.kv_begin[t] = 0;
-    host_.kv_end[t] = 0;
-    host_.logit_rows[t] = t;
-  }
   const size_t n = static_cast<size_t>(step.num_tokens);
   auto copy = [&](void* dst, const void* src, size_t bytes) {
     return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_);

@@ -36,6 +36,7 @@
 #include "pagoda/backend/cuda/device_buffer.h"
 #include "pagoda/backend/cuda/fast_attention.h"
 #include "pagoda/backend/cuda/gemm.h"
+#include "pagoda/backend/cuda/step_plan.h"
 #include "pagoda/core/status.h"
 #include "pagoda/model/forward_batch.h"
 #include "pagoda/model/model_config.h"
@@ -128,23 +129,11 @@ class CudaModel {
   std::unique_ptr<FastAttention> fast_;
   int64_t fast_attention_steps_ = 0;
 
-  // Step metadata: pinned host mirror and device copy, same layout.
-  struct Metadata {
-    int32_t* token_ids;       // [max_num_tokens]
-    int32_t* positions;       // [max_num_tokens]
-    int64_t* slots;           // [max_num_tokens]
-    int32_t* token_sequence;  // [max_num_tokens]
-    int32_t* kv_begin;        // [max_num_tokens]
-    int32_t* kv_end;          // [max_num_tokens]
-    int32_t* logit_rows;      // [max_num_tokens] row of the hidden state for each logit row
-    int32_t* block_tables;    // [max_num_seqs, block_table_stride]
-  };
-  Metadata bind_metadata(void* base) const;
-  size_t metadata_bytes() const;
+  // Step metadata (step_plan.h): pinned host mirror and device copy, same layout.
   PinnedBuffer host_metadata_buffer_;
   DeviceBuffer device_metadata_buffer_;
-  Metadata host_;
-  Metadata device_;
+  StepMetadata host_;
+  StepMetadata device_;
 
   // Scratch for max_num_tokens rows.
   DeviceBuffer residual_;  // f32 [T, hidden]
