@@ -1,0 +1,151 @@
+// Every checkpoint under tests/fixtures/models/ must reproduce transformers:
+// the same 24 greedy tokens, and top-5 log-probabilities within 1e-3, both for
+// the next token after the prompt and at every generated step. The run goes
+// through the paged pool exactly as the engine would drive it: one prefill,
+// then one-token decodes, with scattered (reversed) block ids.
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "pagoda/kernels/cpu/logprobs.h"
+#include "pagoda/model/cpu_model.h"
+
+namespace pagoda {
+namespace {
+
+constexpr double kLogprobTolerance = 1e-3;
+
+std::filesystem::path fixtures_dir() {
+  return std::filesystem::path(PAGODA_SOURCE_DIR) / "tests" / "fixtures" / "models";
+}
+
+std::vector<std::string> fixture_names() {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(fixtures_dir(), ec))
+    if (entry.is_directory() && std::filesystem::exists(entry.path() / "expected.json"))
+      names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+nlohmann::json read_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return nlohmann::json::parse(buffer.str());
+}
+
+struct RunSettings {
+  int32_t block_size = 16;
+  size_t f32_cache_bytes = 512ull << 20;  // 0: keep bf16/f16 weights mmapped, convert tiles on the fly
+};
+
+// Compares expected [[id, logprob], ...] against our full log-softmax row.
+void expect_logprobs_match(const nlohmann::json& expected_top, const std::vector<float>& logprobs,
+                           const std::string& where) {
+  ASSERT_TRUE(expected_top.is_array()) << where;
+  for (const auto& pair : expected_top) {
+    const int32_t id = pair[0].get<int32_t>();
+    const double expected = pair[1].get<double>();
+    ASSERT_GE(id, 0);
+    ASSERT_LT(static_cast<size_t>(id), logprobs.size());
+    EXPECT_NEAR(logprobs[static_cast<size_t>(id)], expected, kLogprobTolerance) << where << " token " << id;
+  }
+  // Our top-5 must be theirs too, unless two candidates sit within the tolerance of each other.
+  const auto ours = kernels::top_k(logprobs.data(), logprobs.size(), expected_top.size());
+  for (size_t i = 0; i < ours.size(); ++i) {
+    if (ours[i].first != expected_top[i][0].get<int32_t>()) {
+      EXPECT_NEAR(ours[i].second, expected_top[i][1].get<double>(), kLogprobTolerance)
+          << where << ": rank " << i << " is " << ours[i].first << ", transformers has " << expected_top[i][0];
+    }
+  }
+}
+
+void run_fixture(const std::string& name, const RunSettings& settings) {
+  const auto dir = fixtures_dir() / name;
+  const nlohmann::json expected = read_json(dir / "expected.json");
+  WeightLoadOptions options;
+  options.f32_cache_bytes = settings.f32_cache_bytes;
+  auto loaded = CpuModel::load(dir, options);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  CpuModel& model = **loaded;
+  EXPECT_EQ(model.config().architecture_name, expected["architecture"].get<std::string>());
+
+  const auto prompt = expected["prompt_ids"].get<std::vector<int32_t>>();
+  const auto greedy = expected["greedy_tokens"].get<std::vector<int32_t>>();
+  const auto& top5 = expected["top5"];
+  ASSERT_EQ(top5.size(), greedy.size());
+
+  const int32_t total = static_cast<int32_t>(prompt.size() + greedy.size());
+  const int32_t num_blocks = (total + settings.block_size - 1) / settings.block_size;
+  auto pool = CpuKvPool::create(model.kv_pool_shape(num_blocks + 2, settings.block_size));
+  ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+
+  SequenceSlice seq;
+  for (int32_t b = num_blocks + 1; b >= 2; --b) seq.block_table.push_back(b);  // reversed, skipping 0 and 1
+  seq.num_new_tokens = static_cast<int32_t>(prompt.size());
+  ForwardBatch batch;
+  batch.token_ids = prompt;
+  for (size_t i = 0; i < prompt.size(); ++i) batch.positions.push_back(static_cast<int32_t>(i));
+  batch.sequences = {seq};
+
+  std::vector<float> logits, logprobs;
+  std::vector<int32_t> ours;
+  int32_t context = 0;
+  for (size_t step = 0; step < greedy.size(); ++step) {
+    const Status status = model.forward(batch, *pool, logits);
+    ASSERT_TRUE(status.ok()) << status.to_string();
+    context += batch.num_tokens();
+    logprobs.resize(logits.size());
+    kernels::log_softmax(logits.data(), logprobs.data(), logits.size());
+    if (step == 0 && expected.contains("prompt_top5"))
+      expect_logprobs_match(expected["prompt_top5"], logprobs, name + " prompt");
+    expect_logprobs_match(top5[step], logprobs, name + " step " + std::to_string(step));
+
+    const int32_t next = kernels::argmax(logits.data(), logits.size());
+    ours.push_back(next);
+    ASSERT_EQ(next, greedy[step]) << name << ": greedy token " << step << " differs; ours so far "
+                                  << ::testing::PrintToString(ours);
+    batch.token_ids = {next};
+    batch.positions = {context};
+    batch.sequences[0].num_cached_tokens = context;
+    batch.sequences[0].num_new_tokens = 1;
+  }
+}
+
+class ReferenceModelTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ReferenceModelTest, GreedyAndTop5MatchTransformersBlockSize16) { run_fixture(GetParam(), {}); }
+
+// Small blocks put nearly every token in a different block; the zero-copy path
+// converts bf16/f16 weight tiles inside the GEMM instead of upcasting at load.
+TEST_P(ReferenceModelTest, GreedyAndTop5MatchBlockSize3ZeroCopy) { run_fixture(GetParam(), {3, 0}); }
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ReferenceModelTest, ::testing::ValuesIn(fixture_names()),
+                         [](const auto& info) { return info.param; });
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(ReferenceModelTest);
+
+TEST(ReferenceFixturesTest, AllSixArchitectureCasesPresent) {
+  const auto names = fixture_names();
+  for (const char* expected : {"llama_f32", "llama3_rope_bf16", "llama_mqa_f16", "mistral_bf16",
+                               "qwen2_tied_bf16", "qwen3_sharded_f32"})
+    EXPECT_NE(std::find(names.begin(), names.end(), expected), names.end())
+        << "missing fixture " << expected << " under " << fixtures_dir();
+}
+
+TEST(ReferenceFixturesTest, BlockSize1OnOneCase) {
+  const auto names = fixture_names();
+  if (std::find(names.begin(), names.end(), "qwen3_sharded_f32") == names.end()) GTEST_SKIP() << "fixture absent";
+  run_fixture("qwen3_sharded_f32", {1, 0});
+}
+
+}  // namespace
+}  // namespace pagoda
