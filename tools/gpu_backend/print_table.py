@@ -11,7 +11,7 @@ print((out / "machine.txt").read_text().strip() if (out / "machine.txt").exists(
 print()
 print("| test binary | tests | failed | skipped |")
 print("|---|---|---|---|")
-for name in ("cuda_ops_tests", "cuda_model_tests"):
+for name in ("cuda_step_plan_tests", "cuda_ops_tests", "cuda_model_tests"):
     xml = out / f"{name}.xml"
     if not xml.exists():
         print(f"| {name} | (no result: crashed or timed out, see {name}.log) | | |")
@@ -76,6 +76,10 @@ if bench.get("throughput"):
     print("|---|---|")
     for k, v in t.items():
         print(f"| {k} | {v:.1f} |" if isinstance(v, float) else f"| {k} | {v} |")
+for name in ("engine_random.json", "engine_prefix.json"):
+    for r in load(name).get("runs", []):
+        print(f"| {r['label']} | {r['output_tok_per_s']:.0f} output tok/s | {r['total_tok_per_s']:.0f} total tok/s | "
+              f"TTFT p50 {r['ttft_ms_p50']:.0f} ms | ITL p50 {r['itl_ms_p50']:.1f} ms | {r['finished']}/{r['requests']} |")
 for name in ("tests.txt",):
     p = out / name
     if p.exists():
