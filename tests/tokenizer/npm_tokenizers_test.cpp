@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <random>
 
 #include <nlohmann/json.hpp>
 
@@ -145,6 +146,47 @@ TEST(NpmTokenizersTest, StreamingSplitMultibyteTokens) {
   EXPECT_EQ(joined, "a\U00013000b");
   // The four byte tokens give nothing until the run ends.
   EXPECT_EQ(chunks, (std::vector<std::string>{"a", "", "", "", "", "\U00013000b", ""}));
+}
+
+}  // namespace
+}  // namespace pagoda::tokenizer
+
+namespace pagoda::tokenizer {
+namespace {
+
+// Random input must never crash, and random id sequences (what a badly trained model may sample:
+// lone byte tokens, specials anywhere) must stream to exactly decode()'s valid UTF-8.
+TEST(NpmTokenizersTest, RandomBytesAndRandomIds) {
+  std::mt19937 rng(1234);
+  for (const std::string name : {"qwen3", "llama3", "llama2"}) {
+    auto tok = load_npm(name);
+    ASSERT_TRUE(tok);
+    for (int round = 0; round < 200; ++round) {
+      std::string text(rng() % 64, '\0');
+      for (char& c : text) c = static_cast<char>(rng() % 4 == 0 ? rng() % 256 : 0x20 + rng() % 0x60);
+      for (TokenId id : tok->encode(text, true)) {
+        ASSERT_TRUE(id >= 0 && id < tok->vocab_size()) << name;
+      }
+      Ids ids(rng() % 24);
+      for (TokenId& id : ids) {
+        // Bias towards low ids: byte tokens, specials (Llama 2) and single characters.
+        id = static_cast<TokenId>(rng() % 2 ? rng() % 300 : rng() % tok->vocab_size());
+      }
+      for (bool skip : {false, true}) {
+        const std::string expected = tok->decode(ids, skip);
+        EXPECT_TRUE(is_valid_utf8(expected)) << name;
+        IncrementalDetokenizer stream(*tok, skip);
+        std::string streamed;
+        for (TokenId id : ids) {
+          const std::string chunk = stream.feed(id);
+          EXPECT_TRUE(is_valid_utf8(chunk)) << name;
+          streamed += chunk;
+        }
+        streamed += stream.flush();
+        ASSERT_EQ(streamed, expected) << name << " round " << round << " skip " << skip;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -22,15 +22,25 @@ std::string IncrementalDetokenizer::decode_range(size_t begin, size_t end) const
 
 std::string IncrementalDetokenizer::feed(TokenId id) {
   ids_.push_back(id);
-  if (tokenizer_.decode_depends_on_next(id)) return {};
+  if (tokenizer_.decode_depends_on_next(id)) {
+    in_byte_run_ = true;
+    return {};
+  }
+  // Ids that decode() drops (skipped specials, unknown ids) do not end a byte run: the bytes on
+  // both sides of them are decoded as one run.
+  const bool invisible = (skip_special_tokens_ && tokenizer_.is_special(id)) ||
+                         !tokenizer_.id_to_token(id).has_value();
+  if (invisible && in_byte_run_) return {};
+  if (!invisible) in_byte_run_ = false;
   const std::string prefix_text = decode_range(prefix_offset_, read_offset_);
   const std::string new_text = decode_range(prefix_offset_, ids_.size());
   if (new_text.size() <= prefix_text.size() || new_text.ends_with(kReplacementCharacter)) {
     return {};  // nothing new yet, or the last character is still incomplete
   }
-  // The window text normally extends the prefix text; if a decoder rewrote earlier characters
-  // (rare), emit from the first difference on what is still unemitted.
+  // The window text extends the prefix text (the hold rules above make sure of it); should a
+  // decoder ever rewrite earlier text, the delta is still repaired to valid UTF-8.
   std::string delta = new_text.substr(prefix_text.size());
+  if (!new_text.starts_with(prefix_text)) delta = repair_utf8(delta);
   prefix_offset_ = read_offset_;
   read_offset_ = ids_.size();
   return delta;
@@ -41,8 +51,9 @@ std::string IncrementalDetokenizer::flush() {
   const std::string prefix_text = decode_range(prefix_offset_, read_offset_);
   const std::string new_text = decode_range(prefix_offset_, ids_.size());
   prefix_offset_ = read_offset_ = ids_.size();
+  in_byte_run_ = false;
   if (new_text.size() <= prefix_text.size()) return {};
-  return new_text.substr(prefix_text.size());
+  return repair_utf8(new_text.substr(prefix_text.size()));
 }
 
 }  // namespace pagoda::tokenizer

@@ -141,6 +141,7 @@ class IncrementalDetokenizer {
   std::vector<TokenId> ids_;
   size_t prefix_offset_ = 0;  // start of the decode window
   size_t read_offset_ = 0;    // ids before this are already emitted
+  bool in_byte_run_ = false;  // the last visible id was a ByteFallback byte token
 };
 
 }  // namespace pagoda::tokenizer
