@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <atomic>
 #include <random>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -153,6 +155,32 @@ TEST(NpmTokenizersTest, StreamingSplitMultibyteTokens) {
 
 namespace pagoda::tokenizer {
 namespace {
+
+// One tokenizer shared by several threads (the server does this) gives the same ids as one
+// thread: the word cache is the only mutable state.
+TEST(NpmTokenizersTest, ConcurrentEncodeMatchesSequential) {
+  auto tok = load_npm("qwen3");
+  ASSERT_TRUE(tok);
+  const auto corpus = read_corpus();
+  std::vector<Ids> expected;
+  for (const CorpusLine& line : corpus) expected.push_back(tok->encode(line.text + " #seq", true));
+  auto fresh = Tokenizer::load(model_dir("qwen3"));  // empty cache: threads race to fill it
+  ASSERT_TRUE(fresh.ok());
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int pass = 0; pass < 3; ++pass) {
+        for (size_t i = 0; i < corpus.size(); ++i) {
+          const size_t k = (i + static_cast<size_t>(t) * 7) % corpus.size();
+          if ((*fresh)->encode(corpus[k].text + " #seq", true) != expected[k]) ++mismatches;
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
 
 // Random input must never crash, and random id sequences (what a badly trained model may sample:
 // lone byte tokens, specials anywhere) must stream to exactly decode()'s valid UTF-8.

@@ -117,7 +117,10 @@ class Tokenizer {
 //   - the concatenation of everything returned by feed() and then flush() equals
 //     tokenizer.decode(all ids, skip_special_tokens);
 //   - bytes that never complete a character become U+FFFD (as HF decode with errors="replace");
-//     they are held back only while a following token could still complete them.
+//     they are held back only while a following token could still complete them;
+//   - with sentencepiece byte_fallback vocabularies, a run of "<0xAB>" byte tokens is held until
+//     a token that decode() keeps ends it (HF decodes the run as a whole: one bad byte turns the
+//     entire run into U+FFFD per byte), so such text arrives one token late.
 // Cost: each feed() decodes a small window of recent ids (O(window), not O(sequence)).
 // Thread safety: one instance per sequence; not safe for concurrent use. The tokenizer must
 // outlive it.
