@@ -274,6 +274,32 @@ TEST(TokenizerErrorsTest, BadFieldsAreNamed) {
   EXPECT_NE(tok.status().message().find("tokenizer_config.json: eos_token"), std::string::npos);
 }
 
+// Every truncation and a sweep of single-byte corruptions of a valid file: each must load or
+// fail with an error, never crash.
+TEST(TokenizerErrorsTest, TruncatedOrCorruptFilesFailCleanly) {
+  const std::string good = sentencepiece_spec().dump();
+  size_t failures = 0;
+  for (size_t length = 0; length < good.size(); ++length) {
+    TokenizerFiles files;
+    files.tokenizer_json = good.substr(0, length);
+    auto tok = Tokenizer::load_from_contents(files);
+    if (!tok.ok()) {
+      ++failures;
+      EXPECT_EQ(tok.status().code(), StatusCode::kDataLoss) << length << ": " << tok.status().to_string();
+    }
+  }
+  EXPECT_EQ(failures, good.size());  // no strict prefix of a JSON object is valid JSON
+  for (size_t pos = 0; pos < good.size(); pos += 3) {
+    for (char bad : {'"', '{', '\\', '\x01', '9'}) {
+      TokenizerFiles files;
+      files.tokenizer_json = good;
+      files.tokenizer_json[pos] = bad;
+      auto tok = Tokenizer::load_from_contents(files);
+      if (tok.ok()) (*tok)->encode("hi \xE2\x82 there", true);
+    }
+  }
+}
+
 TEST(TokenizerInputTest, InvalidUtf8InputIsRepairedNotACrash) {
   auto tok = load(byte_level_spec());
   ASSERT_TRUE(tok);
