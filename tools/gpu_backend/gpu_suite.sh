@@ -23,7 +23,7 @@ case "${1:-}" in
 bundle)
   set -e
   cmake -S "$here" -B "$build" -G Ninja >/dev/null
-  ninja -C "$build" -j2 cuda_ops_tests cuda_model_tests cuda_step_plan_tests pagoda_gpu_bench
+  ninja -C "$build" -j2 cuda_ops_tests cuda_model_tests cuda_backend_host_tests pagoda_gpu_bench
   # The CLI links every module; WITH_CLI=1 adds it (for `pagoda --version` there).
   extra=()
   if [ "${WITH_CLI:-0}" = 1 ] && ninja -C "$build" -j2 pagoda_cli; then extra+=("$build/pagoda"); fi
@@ -33,7 +33,7 @@ bundle)
   fi
   rm -rf "$bundle"
   "$here/scripts/device-bundle.sh" "$bundle" "$build/tests/gpu_backend/cuda_ops_tests" \
-    "$build/tests/gpu_backend/cuda_model_tests" "$build/tests/gpu_backend/cuda_step_plan_tests" \
+    "$build/tests/gpu_backend/cuda_model_tests" "$build/tests/gpu_backend/cuda_backend_host_tests" \
     "$build/bench/gpu/pagoda_gpu_bench" "${extra[@]}"
   strip "$bundle"/bin/* || true
   git -C "$here" rev-parse --short HEAD > "$bundle/commit"
@@ -51,7 +51,7 @@ remote)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     [ -x "$bundle/bin/pagoda" ] && "$run" pagoda --version
   } 2>&1 | tee "$out/machine.txt"
-  for t in cuda_step_plan_tests cuda_ops_tests cuda_model_tests; do
+  for t in cuda_backend_host_tests cuda_ops_tests cuda_model_tests; do
     timeout 240 "$run" "$t" --gtest_output="xml:$out/$t.xml" > "$out/$t.log" 2>&1
     echo "$t exit $?" >> "$out/tests.txt"
   done

@@ -11,7 +11,7 @@ print((out / "machine.txt").read_text().strip() if (out / "machine.txt").exists(
 print()
 print("| test binary | tests | failed | skipped |")
 print("|---|---|---|---|")
-for name in ("cuda_step_plan_tests", "cuda_ops_tests", "cuda_model_tests"):
+for name in ("cuda_backend_host_tests", "cuda_ops_tests", "cuda_model_tests"):
     xml = out / f"{name}.xml"
     if not xml.exists():
         print(f"| {name} | (no result: crashed or timed out, see {name}.log) | | |")

@@ -8,15 +8,21 @@ namespace {
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 }
 
+int64_t kv_pool_blocks_that_fit(size_t free_bytes, size_t total_bytes, double utilization, size_t block_bytes) {
+  if (block_bytes == 0) return 0;
+  const double keep_free = (1.0 - utilization) * static_cast<double>(total_bytes);
+  const double usable = static_cast<double>(free_bytes) - keep_free;
+  return usable > 0 ? static_cast<int64_t>(usable / static_cast<double>(block_bytes)) : 0;
+}
+
 StatusOr<KvPoolSizing> size_kv_pool_from_free_memory(const KvPoolShape& shape, double gpu_memory_utilization) {
   if (!(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0))
     return invalid_argument_error("gpu_memory_utilization {} must be in (0, 1]", gpu_memory_utilization);
   size_t free_bytes = 0, total_bytes = 0;
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
   const size_t block_bytes = 2ull * shape.num_layers * shape.elements_per_block() * 2;  // K + V, bf16
-  const double keep_free = (1.0 - gpu_memory_utilization) * static_cast<double>(total_bytes);
-  const double usable = static_cast<double>(free_bytes) - keep_free;
-  const int64_t blocks = usable > 0 ? static_cast<int64_t>(usable / static_cast<double>(block_bytes)) : 0;
+  const int64_t blocks = kv_pool_blocks_that_fit(free_bytes, total_bytes, gpu_memory_utilization, block_bytes);
+  const double usable = static_cast<double>(free_bytes) - (1.0 - gpu_memory_utilization) * total_bytes;
   if (blocks < 1) {
     return resource_exhausted_error(
         "no room for a KV pool: {:.2f} GiB free of {:.2f} GiB with gpu_memory_utilization {:.2f} leaves {:.2f} GiB, "

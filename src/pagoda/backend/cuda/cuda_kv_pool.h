@@ -34,7 +34,12 @@ struct KvPoolSizing {
   std::string report;
 };
 
-// How many blocks fit. Errors: utilization outside (0, 1], or not even one block fits.
+// floor((free_bytes - (1 - utilization) * total_bytes) / block_bytes), at least 0:
+// the pure arithmetic of the sizing below (unit-tested without a GPU).
+int64_t kv_pool_blocks_that_fit(size_t free_bytes, size_t total_bytes, double utilization, size_t block_bytes);
+
+// How many blocks fit now (cudaMemGetInfo). Errors: utilization outside (0, 1],
+// or not even one block fits.
 StatusOr<KvPoolSizing> size_kv_pool_from_free_memory(const KvPoolShape& shape_without_blocks,
                                                      double gpu_memory_utilization);
 
