@@ -199,7 +199,6 @@ StatusOr<Value> filter_join(Interpreter& interpreter, const Value& subject, Call
 
 StatusOr<Value> filter_list(Interpreter&, const Value& subject, CallArgs& call_args) {
   PAGODA_RETURN_IF_ERROR(ArgReader("list", call_args).finish());
-  if (subject.is_undefined()) return undefined_error(subject);
   PAGODA_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(subject));
   return Value::list(std::move(items));
 }
@@ -244,6 +243,7 @@ StatusOr<Value> filter_int(Interpreter&, const Value& subject, CallArgs& call_ar
   PAGODA_ASSIGN_OR_RETURN(Value fallback, args.take_or("default", Value(0)));
   PAGODA_ASSIGN_OR_RETURN(Value base, args.take_or("base", Value(10)));
   PAGODA_RETURN_IF_ERROR(args.finish());
+  if (subject.is_undefined()) return undefined_error(subject);  // int(Undefined) raises in Jinja
   if (subject.is_integral()) return Value(subject.as_int());
   if (subject.is_float()) {
     const double d = subject.as_double();
@@ -274,6 +274,7 @@ StatusOr<Value> filter_float(Interpreter&, const Value& subject, CallArgs& call_
   ArgReader args("float", call_args);
   PAGODA_ASSIGN_OR_RETURN(Value fallback, args.take_or("default", Value(0.0)));
   PAGODA_RETURN_IF_ERROR(args.finish());
+  if (subject.is_undefined()) return undefined_error(subject);
   if (subject.is_number()) return Value(subject.as_double());
   if (!subject.is_string()) return fallback;
   const std::string text = python_strip(subject.as_string(), true, true);
@@ -347,8 +348,11 @@ StatusOr<Value> filter_indent(Interpreter& interpreter, const Value& subject, Ca
   } else {
     return invalid_argument_error("width must be an int or a str, not {}", type_name(width));
   }
-  // Jinja appends "\n" then uses str.splitlines(), which drops that one trailing newline
-  std::string text = to_python_str(subject) + "\n";
+  // Jinja appends "\n" (so only strings work) then uses str.splitlines(), which drops it again
+  if (!subject.is_string()) {
+    return invalid_argument_error("unsupported operand type(s) for +=: '{}' and 'str'", type_name(subject));
+  }
+  std::string text = subject.as_string() + "\n";
   CallArgs no_args;
   PAGODA_ASSIGN_OR_RETURN(Value split, interpreter.call(*find_method(Value(text), "splitlines"), no_args));
   std::vector<std::string> lines;
@@ -467,6 +471,7 @@ StatusOr<Value> filter_attr(Interpreter& interpreter, const Value& subject, Call
 }
 
 StatusOr<Value> filter_map(Interpreter& interpreter, const Value& subject, CallArgs& call_args) {
+  if (!is_truthy(subject)) return Value::list({});  // Jinja: `if value:` before iterating
   PAGODA_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(subject));
   std::vector<Value> out;
   out.reserve(items.size());
@@ -497,6 +502,7 @@ StatusOr<Value> filter_map(Interpreter& interpreter, const Value& subject, CallA
 // select/reject(test, args...) and selectattr/rejectattr(attribute, test, args...)
 StatusOr<Value> select_impl(Interpreter& interpreter, const Value& subject, CallArgs& call_args, bool keep_matches,
                             bool by_attribute) {
+  if (!is_truthy(subject)) return Value::list({});  // Jinja: `if value:` before iterating
   PAGODA_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(subject));
   size_t next = 0;
   Value attribute;
@@ -533,7 +539,28 @@ StatusOr<Value> filter_rejectattr(Interpreter& i, const Value& s, CallArgs& a) {
 
 std::string upper_text(std::string_view s) { return python_upper(s); }
 std::string lower_text(std::string_view s) { return python_lower(s); }
-std::string title_text(std::string_view s) { return python_title(s); }
+// Jinja's title filter is not str.title(): it capitalizes the first letter after whitespace,
+// '-', '(', '{', '[' or '<' and lowercases the rest ("they're" -> "They're").
+std::string title_text(std::string_view s) {
+  std::string out;
+  bool at_word_start = true;
+  size_t offset = 0;
+  while (offset < s.size()) {
+    size_t length = 1;
+    const char32_t c = decode_utf8_at(s, offset, &length);
+    const bool separator = is_python_whitespace(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+    const std::string_view piece = s.substr(offset, length);
+    if (separator) {
+      out.append(piece);
+      at_word_start = true;
+    } else {
+      out += at_word_start ? python_upper(piece) : python_lower(piece);
+      at_word_start = false;
+    }
+    offset += length;
+  }
+  return out;
+}
 std::string capitalize_text(std::string_view s) { return python_capitalize(s); }
 
 struct FilterEntry {

@@ -255,6 +255,8 @@ std::string repr_at_depth(const Value& value, int depth) {
       out += dict.is_namespace ? "}>" : "}";
       return out;
     }
+    case Value::Kind::kUndefined:
+      return "Undefined";  // repr(jinja2.Undefined()), seen when a list holding one is printed
     default:
       return to_python_str(value);
   }
