@@ -93,18 +93,23 @@ TEST_F(ModelWeightsTest, TiedEmbeddingsNeedNoLmHead) {
   EXPECT_EQ((*model)->weights().lm_head.data, (*model)->weights().embed_tokens.data);
 }
 
-TEST_F(ModelWeightsTest, SmallBf16ModelsUpcastLargeOnesStayZeroCopy) {
+TEST_F(ModelWeightsTest, UpcastOnlyWithinTheF32Budget) {
   testing::TinyModelSpec spec;
   spec.dtype = DType::kBF16;
   testing::write_tiny_model(dir_, spec);
-  auto upcast = CpuModel::load(dir_);
+  WeightLoadOptions budget;
+  budget.f32_cache_bytes = 1 << 20;
+  auto upcast = CpuModel::load(dir_, budget);
   ASSERT_TRUE(upcast.ok());
   EXPECT_TRUE((*upcast)->weights().upcast_to_f32);
   EXPECT_EQ((*upcast)->weights().layers[0].q_proj.dtype, DType::kF32);
 
-  WeightLoadOptions no_cache;
-  no_cache.f32_cache_bytes = 0;
-  auto zero_copy = CpuModel::load(dir_, no_cache);
+  budget.f32_cache_bytes = 1000;  // too small: stays bf16
+  auto too_small = CpuModel::load(dir_, budget);
+  ASSERT_TRUE(too_small.ok());
+  EXPECT_FALSE((*too_small)->weights().upcast_to_f32);
+
+  auto zero_copy = CpuModel::load(dir_);  // default: no upcast
   ASSERT_TRUE(zero_copy.ok());
   const ModelWeights& w = (*zero_copy)->weights();
   EXPECT_FALSE(w.upcast_to_f32);

@@ -7,8 +7,10 @@
 //
 // Matrices stay zero-copy views into the mmapped files in their file dtype
 // unless the whole set of matrices fits in f32_cache_bytes when converted to
-// f32; then they are upcast once at load (fast for small models, while an 8B
-// bf16 model is never blown up to 32 GB). Vectors (norms, biases) are always
+// f32; then they are upcast once at load. The default budget is 0: decode is
+// memory-bound and reads bf16/f16 rows directly (half the bytes of f32), and
+// prefill converts cache-sized tiles on the fly, so an upcast only pays for
+// prefill-heavy use of small models. Vectors (norms, biases) are always
 // converted to f32 (they are tiny).
 //
 // Thread safety: immutable after binding.
@@ -50,7 +52,7 @@ struct ModelWeights {
 
 struct WeightLoadOptions {
   // Upcast all matrices to f32 at load when they need at most this many bytes as f32.
-  size_t f32_cache_bytes = 512ull << 20;
+  size_t f32_cache_bytes = 0;
   std::function<void(const std::string&)> progress;  // optional, one line per step
 };
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "pagoda/core/thread_pool.h"
+#include "pagoda/kernels/cpu/vector_dot.h"
 
 namespace pagoda::kernels {
 
@@ -31,6 +32,17 @@ void sgemm_rows(const float* x, size_t m, const float* w_rows, size_t n_rows, si
               static_cast<int>(k), 0.0f, y, static_cast<int>(ldy));
 }
 
+// Up to this many input rows, per-row dot products (vector_dot.h) beat sgemm:
+// each weight row is read once for all inputs and f16/bf16 need no tile copy.
+constexpr size_t kMaxRowsForDotPath = 4;
+
+// Waking the pool costs microseconds; below ~256K multiply-adds per task (a
+// decode-step projection of a small model) one thread finishes sooner.
+size_t rows_per_task(size_t m, size_t k) {
+  constexpr size_t kMinMacsPerTask = size_t{1} << 18;
+  return std::max<size_t>(16, kMinMacsPerTask / std::max<size_t>(1, m * k));
+}
+
 }  // namespace
 
 void linear(const float* x, size_t m, const WeightMatrix& w, const float* bias, float* y) {
@@ -43,7 +55,13 @@ void linear(const float* x, size_t m, const WeightMatrix& w, const float* bias, 
   const size_t tile_rows = std::max<size_t>(8, (256 * 1024 / sizeof(float)) / std::max<size_t>(1, k));
 
   ThreadPool::global().parallel_for(n, [&](size_t begin, size_t end) {
-    if (w.dtype == DType::kF32) {
+    if (m <= kMaxRowsForDotPath) {
+      // Decode: one pass over the weight rows in their own dtype, no conversion buffer.
+      for (size_t j = begin; j < end; ++j) {
+        const void* row = static_cast<const char*>(w.data) + j * k * elem_bytes;
+        for (size_t r = 0; r < m; ++r) y[r * n + j] = dot_weights(x + r * k, row, w.dtype, k);
+      }
+    } else if (w.dtype == DType::kF32) {
       const float* rows = static_cast<const float*>(w.data) + begin * k;
       sgemm_rows(x, m, rows, end - begin, k, y + begin, n);
     } else {
@@ -60,7 +78,7 @@ void linear(const float* x, size_t m, const WeightMatrix& w, const float* bias, 
       for (size_t r = 0; r < m; ++r)
         for (size_t j = begin; j < end; ++j) y[r * n + j] += bias[j];
     }
-  }, /*min_chunk=*/16);
+  }, rows_per_task(m, k));
 }
 
 }  // namespace pagoda::kernels

@@ -4,6 +4,8 @@
 // Compute is f32: f32 weights go straight to OpenBLAS sgemm; f16/bf16 weights
 // are converted to f32 a tile of rows at a time (a few hundred KB, cache
 // resident) and each tile goes through sgemm, so no full f32 copy is ever made.
+// With at most 4 input rows (decode) the weights are read directly by SIMD dot
+// products (vector_dot.h) instead.
 //
 // Threading: output columns are split across ThreadPool::global(); OpenBLAS is
 // pinned to one thread per call so the two pools never oversubscribe the cores.

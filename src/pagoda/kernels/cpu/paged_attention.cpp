@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "pagoda/core/thread_pool.h"
+#include "pagoda/kernels/cpu/vector_dot.h"
 
 namespace pagoda::kernels {
 
@@ -33,6 +34,13 @@ void paged_attention(const float* q, const PagedKvLayer& layer,
 
   // One work unit is one (token, kv head): the group's query heads share each K/V load.
   const size_t units = tokens.size() * static_cast<size_t>(layer.num_kv_heads);
+  // Grain: keep each task above ~64K multiply-adds so short decodes stay on one thread.
+  size_t total_context = 0;
+  for (const PagedSequence& s : sequences)
+    total_context += static_cast<size_t>(s.num_new_tokens) * (s.num_cached_tokens + s.num_new_tokens);
+  const size_t macs_per_unit =
+      std::max<size_t>(1, 2 * group * head_dim * total_context / std::max<size_t>(1, tokens.size()));
+  const size_t min_units = std::max<size_t>(1, (size_t{1} << 16) / macs_per_unit);
   ThreadPool::global().parallel_for(units, [&](size_t begin, size_t end) {
     thread_local std::vector<float> scores;
     thread_local std::vector<float> acc;
@@ -55,9 +63,7 @@ void paged_attention(const float* q, const PagedKvLayer& layer,
         const float* k = layer.key + slot * kv_row + kv_head * head_dim;
         for (size_t g = 0; g < group; ++g) {
           const float* qh = q + (row * num_q_heads + kv_head * group + g) * head_dim;
-          float dot = 0.0f;
-          for (size_t d = 0; d < head_dim; ++d) dot += qh[d] * k[d];
-          scores[g * context + p] = dot * params.scale;
+          scores[g * context + p] = dot_f32(qh, k, head_dim) * params.scale;
         }
       }
       for (size_t g = 0; g < group; ++g) {
@@ -78,9 +84,7 @@ void paged_attention(const float* q, const PagedKvLayer& layer,
                              index % block_size;
         const float* v = layer.value + slot * kv_row + kv_head * head_dim;
         for (size_t g = 0; g < group; ++g) {
-          const float weight = scores[g * context + p];
-          float* a = acc.data() + g * head_dim;
-          for (size_t d = 0; d < head_dim; ++d) a[d] += weight * v[d];
+          axpy(scores[g * context + p], v, acc.data() + g * head_dim, head_dim);
         }
       }
       for (size_t g = 0; g < group; ++g)
