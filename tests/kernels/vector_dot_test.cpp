@@ -1,0 +1,38 @@
+#include "pagoda/kernels/cpu/vector_dot.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernels/random_data.h"
+
+namespace pagoda::kernels {
+namespace {
+
+TEST(VectorDotTest, MatchesDoubleLoopForEveryLengthAndDtype) {
+  std::printf("vector_dot implementation: %s\n", vector_dot_implementation());
+  for (size_t n : {0u, 1u, 7u, 8u, 9u, 15u, 16u, 17u, 33u, 1000u}) {
+    const auto x = testing::random_values(n, n + 1), w = testing::random_values(n, n + 2);
+    std::vector<uint16_t> bf16(n), f16(n);
+    double exact = 0, exact_bf16 = 0, exact_f16 = 0;
+    for (size_t i = 0; i < n; ++i) {
+      bf16[i] = f32_to_bf16(w[i]);
+      f16[i] = f32_to_f16(w[i]);
+      exact += double(x[i]) * w[i];
+      exact_bf16 += double(x[i]) * bf16_to_f32(bf16[i]);
+      exact_f16 += double(x[i]) * f16_to_f32(f16[i]);
+    }
+    const double tol = 1e-6 * (1.0 + std::sqrt(double(n)));
+    EXPECT_NEAR(dot_f32(x.data(), w.data(), n), exact, tol) << n;
+    EXPECT_NEAR(dot_weights(x.data(), w.data(), DType::kF32, n), exact, tol) << n;
+    EXPECT_NEAR(dot_weights(x.data(), bf16.data(), DType::kBF16, n), exact_bf16, tol) << n;
+    EXPECT_NEAR(dot_weights(x.data(), f16.data(), DType::kF16, n), exact_f16, tol) << n;
+
+    std::vector<float> y = w;
+    axpy(0.37f, x.data(), y.data(), n);
+    for (size_t i = 0; i < n; ++i) EXPECT_NEAR(y[i], w[i] + 0.37 * x[i], 1e-6) << n << " " << i;
+  }
+}
+
+}  // namespace
+}  // namespace pagoda::kernels
