@@ -432,8 +432,8 @@ StatusOr<Value> Interpreter::get_item(const Value& object, const Value& key) {
     case Value::Kind::kUndefined:
       return invalid_argument_error("{}", object.undefined_hint());
     case Value::Kind::kDict:
+      // an unhashable key is a TypeError in Python, which Jinja's getitem turns into Undefined
       if (!object.as_dict()->is_namespace) {
-        if (!hash_key(key)) return invalid_argument_error("unhashable type: '{}'", type_name(key));
         if (const Value* found = object.as_dict()->find(key)) return *found;
       }
       break;
