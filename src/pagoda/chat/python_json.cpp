@@ -12,7 +12,7 @@ namespace {
 constexpr int kMaxDepth = 512;
 
 void append_hex4(std::string& out, unsigned value) {
-  char escape[8];
+  char escape[16];
   std::snprintf(escape, sizeof(escape), "\\u%04x", value);
   out += escape;
 }

@@ -14,27 +14,36 @@ namespace pagoda::chat {
 // ---- Dict ----------------------------------------------------------------------------------
 
 const Value* Dict::find(const Value& key) const {
+  if (key.is_string()) return find(std::string_view(key.as_string()));
   const std::optional<std::string> hashed = hash_key(key);
   if (!hashed) return nullptr;
-  const auto it = index_.find(*hashed);
-  return it == index_.end() ? nullptr : &entries_[it->second].second;
+  const auto it = other_index_.find(*hashed);
+  return it == other_index_.end() ? nullptr : &entries_[it->second].second;
 }
 
 const Value* Dict::find(std::string_view key) const {
-  std::string hashed = "s";
-  hashed.append(key);
-  const auto it = index_.find(hashed);
-  return it == index_.end() ? nullptr : &entries_[it->second].second;
+  const auto it = string_index_.find(key);
+  return it == string_index_.end() ? nullptr : &entries_[it->second].second;
 }
 
 Status Dict::set_item(Value key, Value value) {
-  std::optional<std::string> hashed = hash_key(key);
-  if (!hashed) return invalid_argument_error("unhashable type: '{}'", type_name(key));
-  const auto [it, inserted] = index_.emplace(std::move(*hashed), entries_.size());
+  size_t position = entries_.size();
+  bool inserted = false;
+  if (key.is_string()) {
+    const auto [it, fresh] = string_index_.emplace(key.as_string(), entries_.size());
+    position = it->second;
+    inserted = fresh;
+  } else {
+    std::optional<std::string> hashed = hash_key(key);
+    if (!hashed) return invalid_argument_error("unhashable type: '{}'", type_name(key));
+    const auto [it, fresh] = other_index_.emplace(std::move(*hashed), entries_.size());
+    position = it->second;
+    inserted = fresh;
+  }
   if (inserted) {
     entries_.emplace_back(std::move(key), std::move(value));
   } else {
-    entries_[it->second].second = std::move(value);
+    entries_[position].second = std::move(value);  // Python keeps the first key and position
   }
   return ok_status();
 }

@@ -127,8 +127,15 @@ class Dict {
   const std::vector<std::pair<Value, Value>>& entries() const { return entries_; }
 
  private:
+  struct StringHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view text) const { return std::hash<std::string_view>{}(text); }
+  };
   std::vector<std::pair<Value, Value>> entries_;
-  std::unordered_map<std::string, size_t> index_;  // hash key -> position in entries_
+  // position in entries_: string keys by their text (looked up without allocating), other keys
+  // by hash_key()
+  std::unordered_map<std::string, size_t, StringHash, std::equal_to<>> string_index_;
+  std::unordered_map<std::string, size_t> other_index_;
 };
 
 // Arguments of a call, a filter or a test, after the subject: f(a, b, key=c).
