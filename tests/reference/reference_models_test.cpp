@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -49,6 +51,9 @@ struct RunSettings {
 };
 
 // Compares expected [[id, logprob], ...] against our full log-softmax row.
+// Largest |ours - transformers| seen in the current fixture, printed at its end.
+double g_max_logprob_error = 0.0;
+
 void expect_logprobs_match(const nlohmann::json& expected_top, const std::vector<float>& logprobs,
                            const std::string& where) {
   ASSERT_TRUE(expected_top.is_array()) << where;
@@ -58,6 +63,7 @@ void expect_logprobs_match(const nlohmann::json& expected_top, const std::vector
     ASSERT_GE(id, 0);
     ASSERT_LT(static_cast<size_t>(id), logprobs.size());
     EXPECT_NEAR(logprobs[static_cast<size_t>(id)], expected, kLogprobTolerance) << where << " token " << id;
+    g_max_logprob_error = std::max(g_max_logprob_error, std::abs(logprobs[static_cast<size_t>(id)] - expected));
   }
   // Our top-5 must be theirs too, unless two candidates sit within the tolerance of each other.
   const auto ours = kernels::top_k(logprobs.data(), logprobs.size(), expected_top.size());
@@ -99,6 +105,7 @@ void run_fixture(const std::string& name, const RunSettings& settings) {
 
   std::vector<float> logits, logprobs;
   std::vector<int32_t> ours;
+  g_max_logprob_error = 0.0;
   int32_t context = 0;
   for (size_t step = 0; step < greedy.size(); ++step) {
     const Status status = model.forward(batch, *pool, logits);
@@ -119,6 +126,8 @@ void run_fixture(const std::string& name, const RunSettings& settings) {
     batch.sequences[0].num_cached_tokens = context;
     batch.sequences[0].num_new_tokens = 1;
   }
+  std::printf("%s (block size %d): 24/24 greedy tokens equal, max |logprob error| %.2e\n", name.c_str(),
+              settings.block_size, g_max_logprob_error);
 }
 
 class ReferenceModelTest : public ::testing::TestWithParam<std::string> {};
