@@ -170,6 +170,25 @@ TEST(TinySentencepieceTest, DecodeStripsOneLeadingSpaceAndReplacesBadBytes) {
   EXPECT_EQ(tok->token_bytes(3), "\xE2");
 }
 
+// Newer Mistral/Llama files: a Metaspace pre-tokenizer (prepend_scheme "first") and decoder
+// instead of Prepend/Replace normalizers. Only the piece at the very start of the input gets
+// a "▁"; text after a special token does not.
+TEST(TinySentencepieceTest, MetaspacePrependFirst) {
+  for (bool split : {false, true}) {
+    nlohmann::json spec = sentencepiece_spec();
+    spec["normalizer"] = nullptr;
+    spec["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "▁"},
+                             {"prepend_scheme", "first"}, {"split", split}};
+    spec["decoder"] = {{"type", "Metaspace"}, {"replacement", "▁"}, {"prepend_scheme", "first"}};
+    auto tok = load(spec);
+    ASSERT_TRUE(tok);
+    EXPECT_EQ(tok->encode("hi hi", false), (Ids{10, 10})) << split;
+    EXPECT_EQ(tok->encode("hi<s>hi", false), (Ids{10, 1, 7, 8})) << split;
+    EXPECT_EQ(tok->decode(Ids{10, 10}, false), "hi hi");
+    EXPECT_EQ(tok->decode(Ids{7, 10}, false), "h hi");
+  }
+}
+
 TEST(IncrementalDetokenizerTest, HoldsIncompleteCharactersBack) {
   auto tok = load(sentencepiece_spec());
   ASSERT_TRUE(tok);

@@ -157,8 +157,10 @@ std::string Decoder::decode(std::vector<std::string> tokens) const {
       }
       case Kind::kMetaspace:
         for (size_t i = 0; i < tokens.size(); ++i) {
+          // HF drops the first token's leading replacement character (not a literal space).
+          const bool strip = i == 0 && step.strip_first_space && tokens[i].starts_with(step.from);
+          if (strip) tokens[i].erase(0, step.from.size());
           replace_all(tokens[i], step.from, step.to);
-          if (i == 0 && step.strip_first_space && tokens[i].starts_with(' ')) tokens[i].erase(0, 1);
         }
         break;
       case Kind::kReplace:
