@@ -34,8 +34,6 @@ bool is_iterable(const Value& v) {
 bool is_sequence(const Value& v) { return is_iterable(v); }
 bool is_callable(const Value& v) { return v.is_callable(); }
 bool is_escaped(const Value&) { return false; }
-bool is_odd(const Value& v) { return v.is_integral() && (v.as_int() % 2) != 0; }
-bool is_even(const Value& v) { return v.is_integral() && (v.as_int() % 2) == 0; }
 bool is_lower(const Value& v) {
   const std::string text = to_python_str(v);
   return python_upper(text) != python_lower(text) && text == python_lower(text);
@@ -45,10 +43,11 @@ bool is_upper(const Value& v) {
   return python_upper(text) != python_lower(text) && text == python_upper(text);
 }
 
+// Jinja: value % 2 == 1 (odd) / value % 2 == 0 (even), so 4.0 is even and 1.5 is neither.
 StatusOr<bool> odd_even(const Value& subject, bool odd) {
   if (!subject.is_number()) return invalid_argument_error("not all arguments converted during string formatting");
-  if (subject.is_float()) return false;
-  return odd ? is_odd(subject) : is_even(subject);
+  PAGODA_ASSIGN_OR_RETURN(Value remainder, apply_binary_operator("%", subject, Value(2), 64));
+  return values_equal(remainder, Value(odd ? 1 : 0));
 }
 StatusOr<bool> test_odd(Interpreter&, const Value& s, CallArgs& a) {
   PAGODA_RETURN_IF_ERROR(ArgReader("odd", a).finish());
