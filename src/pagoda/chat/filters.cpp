@@ -537,6 +537,15 @@ StatusOr<Value> filter_reject(Interpreter& i, const Value& s, CallArgs& a) { ret
 StatusOr<Value> filter_selectattr(Interpreter& i, const Value& s, CallArgs& a) { return select_impl(i, s, a, true, true); }
 StatusOr<Value> filter_rejectattr(Interpreter& i, const Value& s, CallArgs& a) { return select_impl(i, s, a, false, true); }
 
+// "%s and %s"|format(a, b): printf-style, like the % operator.
+StatusOr<Value> filter_format(Interpreter& interpreter, const Value& subject, CallArgs& call_args) {
+  if (!call_args.keyword.empty()) return unimplemented_error("format with keyword arguments is not supported");
+  if (!subject.is_string()) return invalid_argument_error("format needs a string, not {}", type_name(subject));
+  // Jinja: soft_str(value) % args, with args always a tuple
+  return python_percent_format(subject.as_string(), Value::tuple(call_args.positional),
+                               interpreter.options().limits.max_output_bytes);
+}
+
 std::string upper_text(std::string_view s) { return python_upper(s); }
 std::string lower_text(std::string_view s) { return python_lower(s); }
 // Jinja's title filter is not str.title(): it capitalizes the first letter after whitespace,
@@ -580,6 +589,7 @@ constexpr std::array kFilters = {
     FilterEntry{"escape", filter_escape},
     FilterEntry{"first", filter_first},
     FilterEntry{"float", filter_float},
+    FilterEntry{"format", filter_format},
     FilterEntry{"indent", filter_indent},
     FilterEntry{"int", filter_int},
     FilterEntry{"items", filter_items},

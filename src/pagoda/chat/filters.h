@@ -1,6 +1,6 @@
 #pragma once
 // Jinja's builtin filters that chat templates use, with Jinja 3.1's arguments and results
-// (abs, attr, capitalize, count, default/d, dictsort, escape/e, first, float, indent, int,
+// (abs, attr, capitalize, count, default/d, dictsort, escape/e, first, float, format, indent, int,
 // items, join, last, length, list, lower, map, max, min, reject, rejectattr, replace, reverse,
 // round, safe, select, selectattr, sort, string, sum, title, trim, unique, upper), plus
 // transformers' tojson (json.dumps with ensure_ascii=False: no HTML escaping).

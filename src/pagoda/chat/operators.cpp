@@ -1,6 +1,9 @@
 #include "pagoda/chat/operators.h"
 
+#include <cctype>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 
 #include "pagoda/chat/unicode_text.h"
@@ -102,9 +105,7 @@ StatusOr<Value> arithmetic(std::string_view op, const Value& left, const Value& 
     return unsupported("*", left, right);
   }
   if (!left.is_number() || !right.is_number()) {
-    if (op == "%" && left.is_string()) {
-      return unimplemented_error("unsupported template construct: printf-style string formatting ('...' % x)");
-    }
+    if (op == "%" && left.is_string()) return python_percent_format(left.as_string(), right, max_bytes);
     return unsupported(op, left, right);
   }
   const bool integral = left.is_integral() && right.is_integral();
@@ -306,6 +307,90 @@ StatusOr<Value> slice_sequence(const Value& sequence, const Value& start_value, 
   out.reserve(picked.size());
   for (int64_t i : picked) out.push_back(items[static_cast<size_t>(i)]);
   return sequence.as_list()->is_tuple ? Value::tuple(std::move(out)) : Value::list(std::move(out));
+}
+
+StatusOr<Value> python_percent_format(const std::string& format, const Value& args, size_t max_bytes) {
+  std::vector<Value> values;
+  const bool is_tuple = args.is_list() && args.as_list()->is_tuple;
+  if (is_tuple) {
+    values = args.as_list()->items;
+  } else {
+    values.push_back(args);
+  }
+  size_t next = 0;
+  std::string out;
+  for (size_t i = 0; i < format.size(); ++i) {
+    if (format[i] != '%') {
+      out.push_back(format[i]);
+      continue;
+    }
+    if (++i >= format.size()) return invalid_argument_error("incomplete format");
+    if (format[i] == '%') {
+      out.push_back('%');
+      continue;
+    }
+    if (format[i] == '(') return unimplemented_error("unsupported template construct: %(name)s formatting");
+    std::string spec = "%";
+    while (i < format.size() && std::string_view("-0+ #").find(format[i]) != std::string_view::npos) spec += format[i++];
+    while (i < format.size() && std::isdigit(static_cast<unsigned char>(format[i]))) spec += format[i++];
+    if (i < format.size() && format[i] == '.') {
+      spec += format[i++];
+      while (i < format.size() && std::isdigit(static_cast<unsigned char>(format[i]))) spec += format[i++];
+    }
+    if (i >= format.size()) return invalid_argument_error("incomplete format");
+    const char conversion = format[i];
+    if (next >= values.size()) return invalid_argument_error("not enough arguments for format string");
+    const Value& value = values[next++];
+    char buffer[512];
+    if (conversion == 's' || conversion == 'r') {
+      const std::string text = conversion == 's' ? to_python_str(value) : to_python_repr(value);
+      // width and precision count code points, as in Python
+      const bool left_align = spec.find('-') != std::string::npos;
+      size_t p = 1;
+      while (p < spec.size() && std::string_view("-0+ #").find(spec[p]) != std::string_view::npos) ++p;
+      const size_t dot = spec.find('.');
+      const std::string width_text = spec.substr(p, (dot == std::string::npos ? spec.size() : dot) - p);
+      std::string body = text;
+      if (dot != std::string::npos) {
+        const size_t precision = static_cast<size_t>(std::atoi(spec.c_str() + dot + 1));
+        const std::vector<size_t> offsets = code_point_offsets(body);
+        if (precision + 1 < offsets.size()) body.resize(offsets[precision]);
+      }
+      const size_t width = width_text.empty() ? 0 : static_cast<size_t>(std::min(std::atoi(width_text.c_str()), 1 << 20));
+      const size_t length = code_point_count(body);
+      const std::string padding(width > length ? width - length : 0, ' ');
+      out += left_align ? body + padding : padding + body;
+      if (out.size() > max_bytes) return too_large(max_bytes);
+      continue;
+    } else if (conversion == 'd' || conversion == 'i' || conversion == 'x' || conversion == 'X' || conversion == 'o' ||
+               conversion == 'c') {
+      if (!value.is_number()) {
+        return invalid_argument_error("%{} format: a real number is required, not {}", std::string(1, conversion), type_name(value));
+      }
+      const long long number = value.is_float() ? static_cast<long long>(value.as_double()) : value.as_int();
+      if (conversion == 'c') {
+        std::string character;
+        append_utf8(character, static_cast<char32_t>(number));
+        out += character;
+        continue;
+      }
+      std::snprintf(buffer, sizeof(buffer), (spec + "ll" + std::string(1, conversion == 'i' ? 'd' : conversion)).c_str(), number);
+    } else if (conversion == 'f' || conversion == 'F' || conversion == 'e' || conversion == 'E') {
+      if (!value.is_number()) {
+        return invalid_argument_error("must be real number, not {}", type_name(value));
+      }
+      std::snprintf(buffer, sizeof(buffer), (spec + std::string(1, conversion)).c_str(), value.as_double());
+    } else {
+      return unimplemented_error("unsupported template construct: '%{}' string formatting", std::string(1, conversion));
+    }
+    out += buffer;
+    if (out.size() > max_bytes) return too_large(max_bytes);
+  }
+  // Python only complains about leftovers for tuples (a lone list or dict argument is allowed)
+  if (next < values.size() && (is_tuple || !(args.is_list() || args.is_dict()))) {
+    return invalid_argument_error("not all arguments converted during string formatting");
+  }
+  return Value(std::move(out));
 }
 
 size_t approximate_size(const Value& value) {

@@ -29,6 +29,11 @@ std::optional<Value> index_sequence(const Value& sequence, int64_t index);
 // Python's x[start:stop:step]; each bound may be None/Undefined (omitted).
 StatusOr<Value> slice_sequence(const Value& sequence, const Value& start, const Value& stop, const Value& step);
 
+// Python's printf-style `format % args` for the conversions templates use (s r d i f x X o c
+// and %%, with flags - 0 + space, width and precision); args is a tuple for several values.
+// Other conversions and %(name)s mappings fail with kUnimplemented.
+StatusOr<Value> python_percent_format(const std::string& format, const Value& args, size_t max_bytes);
+
 // Rough bytes a value occupies, to bound what a template builds.
 size_t approximate_size(const Value& value);
 
