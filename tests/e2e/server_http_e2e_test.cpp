@@ -13,6 +13,7 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
@@ -153,6 +154,7 @@ TEST_F(ServerHttpTest, GreedyOutputMatchesTransformers) {
                          {"prompt", expected["prompt_ids"]},
                          {"max_tokens", expected["greedy_tokens"].size()},
                          {"temperature", 0},
+                         {"ignore_eos", true},
                          {"logprobs", 5}});
   ASSERT_FALSE(out.is_null());
   std::vector<int32_t> got = ids_from_text(out["choices"][0]["text"]);

@@ -100,7 +100,7 @@ void run_serve(const ServeOptions& opt) {
   kv_config.enable_prefix_cache = !opt.no_prefix_cache;
   kv_config.record_events = false;
   auto kv = kv::KvCacheManager::create(kv_config);
-  if (!kv.ok()) fail("KV cache: " + kv->status().to_string());
+  if (!kv.ok()) fail("KV cache: " + kv.status().to_string());
 
   server::ServerConfig server_config;
   server_config.model_name =

@@ -23,7 +23,9 @@ Engine::Engine(EngineConfig config, ModelRunner& runner, kv::KvCacheManager& kv)
       scheduler_(config_.scheduler, kv),
       vocab_size_(runner.vocab_size()),
       max_context_(runner.max_context_length()),
-      eos_ids_(runner.eos_token_ids()) {
+      eos_ids_(runner.eos_token_ids()),
+      kv_block_size_(kv.block_size()),
+      kv_num_blocks_(kv.num_blocks()) {
   if (!config_.text_decoder_factory)
     config_.text_decoder_factory = [](std::span<const int32_t>) { return make_token_id_text_decoder(); };
 }
@@ -112,11 +114,11 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest reques
         "this model's maximum context length is {} tokens, but {} tokens were requested ({} in the prompt, {} "
         "for the completion); shorten the prompt or lower max_tokens",
         max_context_, total, prompt.size(), request.sampling.max_tokens);
-  if (kv_.blocks_for_tokens(total) > kv_.num_blocks())
+  if ((total + kv_block_size_ - 1) / kv_block_size_ > kv_num_blocks_)
     return invalid_argument_error(
         "the request needs {} tokens of KV cache but the server holds only {}; shorten the prompt or lower "
         "max_tokens",
-        total, static_cast<int64_t>(kv_.num_blocks()) * kv_.block_size());
+        total, kv_num_blocks_ * kv_block_size_);
 
   auto state = std::make_unique<RequestState>();
   state->request = std::move(request);

@@ -128,6 +128,9 @@ class Engine {
   const int32_t vocab_size_;
   const int32_t max_context_;
   const std::vector<int32_t> eos_ids_;
+  // Copied at construction: submit() runs on client threads and must not touch the KV manager.
+  const int32_t kv_block_size_;
+  const int64_t kv_num_blocks_;
 
   // Shared with submitters.
   mutable std::mutex mutex_;

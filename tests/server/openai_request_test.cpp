@@ -1,0 +1,199 @@
+#include "pagoda/server/openai_request.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "pagoda/server/api_keys.h"
+#include "pagoda/server/openai_response.h"
+#include "pagoda/server/prometheus_metrics.h"
+
+namespace pagoda::server {
+namespace {
+
+ApiError error_of(const std::string& body, Endpoint e = Endpoint::kCompletions) {
+  auto r = parse_openai_request(body, e);
+  if (auto* err = std::get_if<ApiError>(&r)) return *err;
+  ADD_FAILURE() << "expected an error for " << body;
+  return {};
+}
+
+OpenAiRequest ok_of(const std::string& body, Endpoint e = Endpoint::kCompletions) {
+  auto r = parse_openai_request(body, e);
+  if (auto* err = std::get_if<ApiError>(&r)) {
+    ADD_FAILURE() << body << " -> " << err->message;
+    return {};
+  }
+  return std::get<OpenAiRequest>(r);
+}
+
+TEST(OpenAiRequestTest, ParsesACompletionWithEveryField) {
+  OpenAiRequest r = ok_of(R"({"model": "m", "prompt": [1, 2, 3], "max_tokens": 7, "temperature": 0.5,
+    "top_p": 0.9, "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1, "frequency_penalty": 0.2,
+    "presence_penalty": -0.3, "seed": 9, "n": 2, "stop": ["x", "y"], "stop_token_ids": [4],
+    "logprobs": 3, "stream": true, "stream_options": {"include_usage": true}, "user": "u", "extra": 1})");
+  EXPECT_EQ(r.model, "m");
+  EXPECT_EQ(r.prompt_tokens, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_FALSE(r.prompt_text);
+  EXPECT_EQ(r.sampling.max_tokens, 7);
+  EXPECT_TRUE(r.max_tokens_given);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
+  EXPECT_EQ(r.sampling.top_k, 5);
+  EXPECT_EQ(*r.sampling.seed, 9u);
+  EXPECT_EQ(r.sampling.n, 2);
+  EXPECT_EQ(r.sampling.stop.size(), 2u);
+  EXPECT_EQ(*r.sampling.logprobs, 3);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+}
+
+TEST(OpenAiRequestTest, PromptForms) {
+  EXPECT_EQ(*ok_of(R"({"model": "m", "prompt": "hi"})").prompt_text, "hi");
+  EXPECT_EQ(*ok_of(R"({"model": "m", "prompt": ["hi"]})").prompt_text, "hi");
+  EXPECT_EQ(ok_of(R"({"model": "m", "prompt": [[5, 6]]})").prompt_tokens, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(error_of(R"({"model": "m", "prompt": ["a", "b"]})").code, "unsupported");
+  EXPECT_EQ(error_of(R"({"model": "m", "prompt": [1.5]})").param, "prompt");
+  EXPECT_EQ(error_of(R"({"model": "m", "prompt": [true]})").param, "prompt");
+  EXPECT_EQ(error_of(R"({"model": "m", "prompt": [4294967296]})").param, "prompt");
+  EXPECT_EQ(error_of(R"({"model": "m", "prompt": {}})").param, "prompt");
+}
+
+TEST(OpenAiRequestTest, RejectsWrongTypesAndRangesNamingTheParam) {
+  const std::string p = R"("model": "m", "prompt": [1])";
+  struct Case {
+    std::string fields, param;
+  };
+  for (const Case& c : std::vector<Case>{{R"("temperature": -0.1)", "temperature"},
+                                         {R"("temperature": 2.5)", "temperature"},
+                                         {R"("temperature": "hot")", "temperature"},
+                                         {R"("temperature": true)", "temperature"},
+                                         {R"("top_p": 0)", "top_p"},
+                                         {R"("top_p": 1.5)", "top_p"},
+                                         {R"("min_p": -1)", "min_p"},
+                                         {R"("max_tokens": 0)", "max_tokens"},
+                                         {R"("max_tokens": 1.5)", "max_tokens"},
+                                         {R"("max_tokens": 18446744073709551615)", "max_tokens"},
+                                         {R"("n": 17)", "n"},
+                                         {R"("logprobs": 21)", "logprobs"},
+                                         {R"("stop": 5)", "stop"},
+                                         {R"("stop": [""])", "stop"},
+                                         {R"("stop_token_ids": [-1])", "stop_token_ids"},
+                                         {R"("seed": "x")", "seed"},
+                                         {R"("stream": 1)", "stream"},
+                                         {R"("stream_options": 3)", "stream_options"},
+                                         {R"("frequency_penalty": 9)", "frequency_penalty"},
+                                         {R"("repetition_penalty": 0)", "repetition_penalty"},
+                                         {R"("logit_bias": {"5": 10})", "logit_bias"},
+                                         {R"("best_of": 3)", "best_of"}}) {
+    ApiError e = error_of("{" + p + ", " + c.fields + "}");
+    EXPECT_EQ(e.http_status, 400) << c.fields;
+    EXPECT_EQ(e.param, c.param) << c.fields << " -> " << e.message;
+  }
+}
+
+TEST(OpenAiRequestTest, BadJsonAndBadUtf8) {
+  EXPECT_EQ(error_of("").code, "invalid_json");
+  EXPECT_EQ(error_of("{").code, "invalid_json");
+  EXPECT_EQ(error_of("42").code, "invalid_json");
+  EXPECT_EQ(error_of("{\"model\": \"m\", \"prompt\": \"\xc3\x28\"}").code, "invalid_json");
+  EXPECT_EQ(error_of(R"({"model": "m", "prompt": "\udc00"})").code, "invalid_json");
+  EXPECT_EQ(error_of(R"({"model": 5, "prompt": [1]})").param, "model");
+}
+
+TEST(OpenAiRequestTest, ChatMessages) {
+  OpenAiRequest r = ok_of(R"({"model": "m", "messages": [{"role": "developer", "content": "be brief"},
+      {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+      "max_completion_tokens": 5, "logprobs": true, "top_logprobs": 2})",
+                          Endpoint::kChatCompletions);
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[0].role, "system");
+  EXPECT_EQ(r.messages[1].content, "ab");
+  EXPECT_EQ(r.sampling.max_tokens, 5);
+  EXPECT_EQ(*r.sampling.logprobs, 2);
+  EXPECT_EQ(error_of(R"({"model": "m", "messages": []})", Endpoint::kChatCompletions).param, "messages");
+  EXPECT_EQ(error_of(R"({"model": "m"})", Endpoint::kChatCompletions).param, "messages");
+  EXPECT_EQ(error_of(R"({"model": "m", "messages": [{"role": "user"}]})", Endpoint::kChatCompletions).param,
+            "messages[0].content");
+  EXPECT_EQ(error_of(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})",
+                     Endpoint::kChatCompletions)
+                .param,
+            "top_logprobs");
+  EXPECT_EQ(error_of(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{}]})",
+                     Endpoint::kChatCompletions)
+                .code,
+            "unsupported");
+}
+
+TEST(ApiErrorTest, BodyIsBoundedAndValidJson) {
+  ApiError e = invalid_request(std::string(100000, 'x') + "\xff", "prompt");
+  std::string body = e.body();
+  EXPECT_LT(body.size(), 2 * ApiError::kMaxMessageBytes);
+  auto j = nlohmann::json::parse(body);
+  EXPECT_EQ(j["error"]["param"], "prompt");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_TRUE(j["error"].contains("code"));
+  EXPECT_EQ(api_error_from_status(resource_exhausted_error("full")).http_status, 429);
+  EXPECT_EQ(api_error_from_status(invalid_argument_error("bad")).http_status, 400);
+  EXPECT_EQ(api_error_from_status(internal_error("bug")).http_status, 500);
+}
+
+TEST(ApiKeyStoreTest, LoadsKeysAndMapsBearerToTenant) {
+  auto store = ApiKeyStore::parse(R"({"keys": [{"key": "sk-a", "tenant": "alice"}, {"key": "sk-b", "tenant": "bob"}]})",
+                                  "keys.json");
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  EXPECT_EQ(*store->tenant_for_authorization("Bearer sk-a"), "alice");
+  EXPECT_EQ(*store->tenant_for_authorization("Bearer sk-b"), "bob");
+  EXPECT_FALSE(store->tenant_for_authorization("Bearer sk-c"));
+  EXPECT_FALSE(store->tenant_for_authorization("sk-a"));
+  EXPECT_FALSE(store->tenant_for_authorization(""));
+  EXPECT_FALSE(store->tenant_for_authorization("Bearer sk-"));
+  EXPECT_EQ(*ApiKeyStore().tenant_for_authorization(""), "default");
+  EXPECT_NE(ApiKeyStore::cache_namespace("ab"), ApiKeyStore::cache_namespace("a"));
+  for (const char* bad : {"{", R"({"keys": []})", R"({"keys": [{"key": "", "tenant": "a"}]})",
+                          R"({"keys": [{"key": "k"}]})", R"({"keys": [{"key": "k", "tenant": "a"}, {"key": "k", "tenant": "b"}]})"}) {
+    auto s = ApiKeyStore::parse(bad, "keys.json");
+    EXPECT_FALSE(s.ok()) << bad;
+    if (!s.ok()) EXPECT_NE(s.status().message().find("keys.json"), std::string::npos);
+  }
+}
+
+TEST(ResponseBuilderTest, ChatStreamChunksCarryRoleOnceAndUsage) {
+  ResponseBuilder b(Endpoint::kChatCompletions, "id", "m", 1, 1, false, [](int32_t t) { return std::to_string(t); });
+  engine::RequestOutput d1;
+  d1.choices.push_back({0, {5}, "Hel", {}, engine::FinishReason::kNone});
+  auto c1 = b.chunks(d1);
+  ASSERT_EQ(c1.size(), 1u);
+  EXPECT_EQ(c1[0]["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(c1[0]["choices"][0]["delta"]["content"], "Hel");
+  engine::RequestOutput d2;
+  d2.choices.push_back({0, {6}, "lo", {}, engine::FinishReason::kLength});
+  auto c2 = b.chunks(d2);
+  EXPECT_FALSE(c2[0]["choices"][0]["delta"].contains("role"));
+  EXPECT_EQ(c2[0]["choices"][0]["finish_reason"], "length");
+  engine::Usage u{3, 2, 1};
+  auto usage = b.usage_chunk(u);
+  EXPECT_EQ(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 1);
+  EXPECT_EQ(usage["usage"]["total_tokens"], 5);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(ResponseBuilder::sse_event(nlohmann::json{{"a", 1}}), "data: {\"a\":1}\n\n");
+}
+
+TEST(PrometheusMetricsTest, RendersHistogramsAndLabels) {
+  engine::EngineStats s;
+  s.time_to_first_token.observe(0.02);
+  s.time_to_first_token.observe(3.0);
+  s.kv.blocks_total = 10;
+  s.kv.blocks_in_use = 4;
+  HttpCounters http;
+  http.responses_by_status[429] = 2;
+  std::string text = render_prometheus_metrics(s, http);
+  EXPECT_NE(text.find("pagoda_time_to_first_token_seconds_count 2\n"), std::string::npos);
+  EXPECT_NE(text.find("pagoda_time_to_first_token_seconds_bucket{le=\"0.025\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("pagoda_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("pagoda_kv_usage_ratio 0.4\n"), std::string::npos);
+  EXPECT_NE(text.find("pagoda_http_responses_total{code=\"429\"} 2\n"), std::string::npos);
+  // Every sample line belongs to a declared family.
+  EXPECT_EQ(text.back(), '\n');
+}
+
+}  // namespace
+}  // namespace pagoda::server
