@@ -11,6 +11,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -28,6 +29,8 @@
 
 namespace pagoda::cli {
 namespace {
+
+volatile std::sig_atomic_t g_received_signal = 0;
 
 struct ServeOptions {
   std::string model_dir;
@@ -65,6 +68,15 @@ void run_serve(const ServeOptions& opt) {
   if (opt.max_running < 1) fail("--max-running must be >= 1");
   if (opt.max_queued < 0) fail("--max-queued must be >= 0");
   if (opt.max_tokens_per_step < 1) fail("--max-tokens-per-step must be >= 1");
+
+  // SIGTERM/SIGINT only set a flag (async-signal-safe, whichever thread gets
+  // it); a watcher thread does the shutdown outside the handler.
+  struct sigaction action {};
+  action.sa_handler = [](int sig) { g_received_signal = sig; };
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client that leaves mid-write is an error return, not a crash
 
   auto model = CpuModel::load(opt.model_dir);
   if (!model.ok()) fail("loading model: " + model.status().to_string());
@@ -137,14 +149,6 @@ void run_serve(const ServeOptions& opt) {
     };
   }
 
-  // Signals go to one thread only, so shutdown runs outside a signal handler.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);  // a client that leaves mid-write is an error return, not a crash
-
   engine::Engine engine(engine_config, **runner, **kv);
   engine.start();
   server::OpenAiServer server(server_config, engine, codec);
@@ -155,10 +159,10 @@ void run_serve(const ServeOptions& opt) {
   }
   std::atomic<bool> exiting{false};
   std::thread signal_thread([&] {
-    timespec poll{0, 200 * 1000 * 1000};
     while (!exiting) {
-      int sig = sigtimedwait(&signals, nullptr, &poll);
-      if (sig == SIGTERM || sig == SIGINT) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const int sig = g_received_signal;
+      if (sig != 0) {
         std::fprintf(stderr, "pagoda serve: signal %d, draining\n", sig);
         server.begin_drain();
         server.stop();
