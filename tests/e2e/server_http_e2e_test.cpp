@@ -296,8 +296,12 @@ TEST(ServerAdmissionTest, QueueFullIs429WithRetryAfterBeforeAnyByte) {
     });
   }
   for (auto& t : clients) t.join();
-  EXPECT_GE(ok.load(), 2);
+  // How many get in depends on timing (a request that finishes early frees its slot),
+  // so the test pins what must hold in any order: some are served, the queue bound
+  // rejects some, and every request gets one of the two answers.
+  EXPECT_GE(ok.load(), 1);
   EXPECT_GE(rejected.load(), 1);
+  EXPECT_EQ(ok.load() + rejected.load(), 8);
   EXPECT_EQ(retry_after.load(), rejected.load());
   EXPECT_EQ(other.load(), 0);
   EXPECT_EQ(server.stop(SIGTERM), 0);
