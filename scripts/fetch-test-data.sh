@@ -46,3 +46,8 @@ for spec in "${packages[@]}"; do
     [ -f "$f" ] && echo "fetch-test-data: $(dirname "$f")"
   done
 done
+
+# The official openai npm client for the e2e tests, installed once before ctest
+# starts (tests running in parallel must not race on one npm install).
+bash tests/e2e/install_openai_client.sh
+echo "fetch-test-data: .cache/node/node_modules/openai"

@@ -5,11 +5,16 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 dir="$root/.cache/node"
+mkdir -p "$dir"
+# Tests may call this concurrently: one npm install at a time, and a half-written
+# install (seen when two ran at once) is removed and redone.
+exec 9>"$dir/.install.lock"
+flock 9
 if [ -f "$dir/node_modules/openai/package.json" ]; then
   exit 0
 fi
-mkdir -p "$dir"
 cd "$dir"
+rm -rf node_modules package-lock.json
 [ -f package.json ] || echo '{"name":"pagoda-e2e-client","private":true}' > package.json
 npm install --no-audit --no-fund --silent openai@6 >/dev/null
 test -f node_modules/openai/package.json
