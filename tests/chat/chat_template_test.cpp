@@ -69,12 +69,12 @@ class TransformersFixtureTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(TransformersFixtureTest, RendersExactlyLikeTransformers) {
   const std::filesystem::path expected_path = expected_dir() / (GetParam() + ".json");
   if (!std::filesystem::exists(expected_path)) {
-    GTEST_SKIP() << expected_path << " not there yet (made by tools/make_chat_fixtures.py on the GPU machine)";
+    FAIL() << expected_path << " not there yet (made by tools/make_chat_fixtures.py on the GPU machine)";
   }
   const Json expected = read_json(expected_path);
   const std::filesystem::path model_dir = model_dir_for(expected.at("config").get<std::string>());
   if (!std::filesystem::exists(model_dir)) {
-    GTEST_SKIP() << model_dir << " missing: run scripts/fetch-test-data.sh";
+    FAIL() << model_dir << " missing: run scripts/fetch-test-data.sh";
   }
   auto chat = ChatTemplate::load_from_model_dir(model_dir);
   if (expected.contains("load_error")) {  // the model ships no template: transformers refuses too

@@ -45,8 +45,8 @@ std::string last_line(const std::string& text) {
 class EvalCliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!std::filesystem::exists(kBinary)) GTEST_SKIP() << "no " << kBinary << " (build pagoda_cli)";
-    if (!std::filesystem::exists(kModel / "model.safetensors")) GTEST_SKIP() << "no bundled model";
+    if (!std::filesystem::exists(kBinary)) FAIL() << "no " << kBinary << " (build pagoda_cli)";
+    if (!std::filesystem::exists(kModel / "model.safetensors")) FAIL() << "no bundled model";
   }
   std::string common() const {
     return "--model " + kModel.string() + " --text-file " + (kModel / "heldout.txt").string();
