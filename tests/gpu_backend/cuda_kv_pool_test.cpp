@@ -14,17 +14,17 @@ namespace {
 
 TEST(CudaKvPool, RejectsBadShapes) {
   PAGODA_SKIP_WITHOUT_GPU();
-  EXPECT_EQ(CudaKvPool::create(KvPoolShape{2, 4, 16, 2, 12, DType::kBF16}).status().code(),
+  EXPECT_EQ(CudaKvPool::create(KvPoolShape{2, 4, 16, 2, 12, DType::kBF16, DType::kBF16}).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(CudaKvPool::create(KvPoolShape{2, 0, 16, 2, 64, DType::kBF16}).status().code(),
+  EXPECT_EQ(CudaKvPool::create(KvPoolShape{2, 0, 16, 2, 64, DType::kBF16, DType::kBF16}).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(CudaKvPool::create(KvPoolShape{2, 4, 16, 2, 64, DType::kF32}).status().code(),
+  EXPECT_EQ(CudaKvPool::create(KvPoolShape{2, 4, 16, 2, 64, DType::kF32, DType::kF32}).status().code(),
             StatusCode::kUnimplemented);
 }
 
 TEST(CudaKvPool, CopyBlocksCopiesKeysAndValuesOfEveryLayer) {
   PAGODA_SKIP_WITHOUT_GPU();
-  const KvPoolShape shape{3, 6, 4, 2, 8, DType::kBF16};
+  const KvPoolShape shape{3, 6, 4, 2, 8, DType::kBF16, DType::kBF16};
   auto pool = CudaKvPool::create(shape);
   ASSERT_TRUE(pool.ok()) << pool.status().to_string();
   const size_t block = shape.elements_per_block();
@@ -60,7 +60,7 @@ TEST(CudaKvPool, CopyBlocksCopiesKeysAndValuesOfEveryLayer) {
 
 TEST(CudaKvPool, SizingFromFreeMemory) {
   PAGODA_SKIP_WITHOUT_GPU();
-  const KvPoolShape llama3_8b{32, 0, 16, 8, 128, DType::kBF16};
+  const KvPoolShape llama3_8b{32, 0, 16, 8, 128, DType::kBF16, DType::kBF16};
   EXPECT_EQ(size_kv_pool_from_free_memory(llama3_8b, 0.0).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(size_kv_pool_from_free_memory(llama3_8b, 1.5).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(size_kv_pool_from_free_memory(llama3_8b, 0.0001).status().code(), StatusCode::kResourceExhausted);

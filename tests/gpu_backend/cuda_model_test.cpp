@@ -290,7 +290,7 @@ TEST(CudaModel, RejectsBadBatchesWithClearErrors) {
   EXPECT_NE(s.message().find("max_num_tokens"), std::string::npos) << s.message();
   s = (*model)->forward(single({1}, 600, iota_blocks(0, 38), false), **pool, logits);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  auto other = CudaKvPool::create(KvPoolShape{1, 4, kBlockSize, 1, 8, DType::kBF16});
+  auto other = CudaKvPool::create(KvPoolShape{1, 4, kBlockSize, 1, 8, DType::kBF16, DType::kBF16});
   ASSERT_TRUE(other.ok());
   s = (*model)->forward(single({1}, 0, {0}, false), **other, logits);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);

@@ -13,9 +13,9 @@ StatusOr<CpuKvPool> CpuKvPool::create(const KvPoolShape& shape) {
         "KV pool shape must be positive: layers={} blocks={} block_size={} kv_heads={} head_dim={}",
         shape.num_layers, shape.num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim);
   }
-  if (shape.dtype != DType::kF32) {
+  if (shape.key_dtype != DType::kF32 || shape.value_dtype != DType::kF32) {
     return unimplemented_error("CPU KV pool supports dtype f32 only (got {})",
-                               dtype_name(shape.dtype));
+                               dtype_name(shape.key_dtype));
   }
   try {
     return CpuKvPool(shape);

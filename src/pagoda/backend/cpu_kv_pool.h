@@ -18,6 +18,7 @@
 #include "pagoda/core/dtype.h"
 #include "pagoda/core/status.h"
 #include "pagoda/kernels/cpu/paged_kv.h"
+#include "pagoda/kv/kv_sizing.h"
 
 namespace pagoda {
 
@@ -27,15 +28,19 @@ struct KvPoolShape {
   int32_t block_size = 16;  // tokens per block
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
-  DType dtype = DType::kF32;
+  // Element types of the K and V pools (kernels/kv_quant.h for the quantized
+  // formats and their scale pools).
+  DType key_dtype = DType::kF32;
+  DType value_dtype = DType::kF32;
 
   // Elements of one block of one layer's K (or V) pool.
   size_t elements_per_block() const {
     return static_cast<size_t>(block_size) * num_kv_heads * head_dim;
   }
-  // Bytes of K plus V for one token over all layers.
+  // Bytes of K plus V for one token over all layers, scales included (kv_sizing.h).
   size_t bytes_per_token() const {
-    return 2ull * num_layers * num_kv_heads * head_dim * dtype_bits(dtype) / 8;
+    return static_cast<size_t>(num_layers) * num_kv_heads *
+           static_cast<size_t>(kv_vector_bytes(head_dim, key_dtype) + kv_vector_bytes(head_dim, value_dtype));
   }
 };
 

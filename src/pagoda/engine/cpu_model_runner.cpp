@@ -8,14 +8,22 @@ CpuModelRunner::CpuModelRunner(std::unique_ptr<CpuModel> model, CpuKvPool pool)
     : model_(std::move(model)), pool_(std::move(pool)) {}
 
 StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::create(std::unique_ptr<CpuModel> model,
-                                                                  int32_t num_blocks, int32_t block_size) {
+                                                                  int32_t num_blocks, int32_t block_size,
+                                                                  DType key_dtype, DType value_dtype) {
   if (!model) return invalid_argument_error("CpuModelRunner needs a model");
-  PAGODA_ASSIGN_OR_RETURN(CpuKvPool pool, CpuKvPool::create(model->kv_pool_shape(num_blocks, block_size)));
+  KvPoolShape shape = model->kv_pool_shape(num_blocks, block_size);
+  shape.key_dtype = key_dtype;
+  shape.value_dtype = value_dtype;
+  PAGODA_ASSIGN_OR_RETURN(CpuKvPool pool, CpuKvPool::create(shape));
   return std::unique_ptr<CpuModelRunner>(new CpuModelRunner(std::move(model), std::move(pool)));
 }
 
-int64_t CpuModelRunner::blocks_for_memory(const CpuModel& model, int64_t bytes, int32_t block_size) {
-  const size_t per_token = model.kv_pool_shape(1, block_size).bytes_per_token();
+int64_t CpuModelRunner::blocks_for_memory(const CpuModel& model, int64_t bytes, int32_t block_size,
+                                          DType key_dtype, DType value_dtype) {
+  KvPoolShape shape = model.kv_pool_shape(1, block_size);
+  shape.key_dtype = key_dtype;
+  shape.value_dtype = value_dtype;
+  const size_t per_token = shape.bytes_per_token();
   if (per_token == 0 || block_size <= 0) return 0;
   return bytes / static_cast<int64_t>(per_token * block_size);
 }

@@ -16,11 +16,14 @@ namespace pagoda::engine {
 
 class CpuModelRunner final : public ModelRunner {
  public:
-  // Pool of num_blocks blocks of block_size tokens for `model`.
+  // Pool of num_blocks blocks of block_size tokens for `model`, K and V stored
+  // as key_dtype / value_dtype (f32, or a quantized format of kernels/kv_quant.h).
   static StatusOr<std::unique_ptr<CpuModelRunner>> create(std::unique_ptr<CpuModel> model, int32_t num_blocks,
-                                                          int32_t block_size);
-  // Blocks that fit in `bytes` of KV memory for this model (K and V, every layer).
-  static int64_t blocks_for_memory(const CpuModel& model, int64_t bytes, int32_t block_size);
+                                                          int32_t block_size, DType key_dtype = DType::kF32,
+                                                          DType value_dtype = DType::kF32);
+  // Blocks that fit in `bytes` of KV memory for this model (K and V, every layer, scales included).
+  static int64_t blocks_for_memory(const CpuModel& model, int64_t bytes, int32_t block_size,
+                                   DType key_dtype = DType::kF32, DType value_dtype = DType::kF32);
 
   StatusOr<std::vector<float>> execute(const ForwardBatch& batch) override;
   Status copy_blocks(std::span<const kv::BlockCopy> copies) override;

@@ -41,12 +41,12 @@ StatusOr<std::unique_ptr<PagedRunner>> PagedRunner::create(CpuModel& model,
   if (blocks > (1 << 24)) return invalid_argument_error("{} KV blocks is too many", blocks);
 
   KvPoolShape shape = model.kv_pool_shape(static_cast<int32_t>(blocks), options.block_size);
-  if (options.kv_dtype) shape.dtype = *options.kv_dtype;
+  if (options.kv_dtype) shape.key_dtype = shape.value_dtype = *options.kv_dtype;
   auto pool = CpuKvPool::create(shape);
   if (!pool.ok()) {
-    if (shape.dtype != DType::kF32)
+    if (shape.key_dtype != DType::kF32)
       return unimplemented_error("KV dtype {} is not supported by the CPU KV pool yet ({})",
-                                 dtype_name(shape.dtype), pool.status().message());
+                                 dtype_name(shape.key_dtype), pool.status().message());
     return pool.status();
   }
 

@@ -51,7 +51,7 @@ class PagedRunner {
 
   int32_t vocab_size() const { return model_.config().vocab_size; }
   const PagedRunnerOptions& options() const { return options_; }
-  DType kv_dtype() const { return pool_.shape().dtype; }
+  DType kv_dtype() const { return pool_.shape().key_dtype; }
   // KV manager invariants (tests call it after each run).
   Status verify_integrity() const { return kv_->verify_integrity(); }
 

@@ -45,11 +45,11 @@ KvPoolShape CpuModel::kv_pool_shape(int32_t num_blocks, int32_t block_size) cons
 Status CpuModel::validate(const ForwardBatch& batch, const CpuKvPool& pool) const {
   const KvPoolShape& ps = pool.shape();
   if (ps.num_layers != config_.num_layers || ps.num_kv_heads != config_.num_kv_heads ||
-      ps.head_dim != config_.head_dim || ps.dtype != DType::kF32) {
+      ps.head_dim != config_.head_dim || ps.key_dtype != DType::kF32 || ps.value_dtype != DType::kF32) {
     return invalid_argument_error(
         "KV pool (layers={} kv_heads={} head_dim={} dtype={}) does not fit the model "
         "(layers={} kv_heads={} head_dim={} dtype=f32)",
-        ps.num_layers, ps.num_kv_heads, ps.head_dim, dtype_name(ps.dtype), config_.num_layers,
+        ps.num_layers, ps.num_kv_heads, ps.head_dim, dtype_name(ps.key_dtype), config_.num_layers,
         config_.num_kv_heads, config_.head_dim);
   }
   if (batch.positions.size() != batch.token_ids.size()) {

@@ -47,8 +47,8 @@ StatusOr<std::unique_ptr<CudaKvPool>> CudaKvPool::create(const KvPoolShape& shap
         "CUDA KV pool shape: layers={} blocks={} block_size={} kv_heads={} head_dim={} (all > 0, head_dim a "
         "multiple of 8)", shape.num_layers, shape.num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim);
   }
-  if (shape.dtype != DType::kBF16)
-    return unimplemented_error("CUDA KV pool dtype {}: only bf16 today", dtype_name(shape.dtype));
+  if (shape.key_dtype != DType::kBF16 || shape.value_dtype != DType::kBF16)
+    return unimplemented_error("CUDA KV pool dtype {}: only bf16 today", dtype_name(shape.key_dtype));
   std::unique_ptr<CudaKvPool> pool(new CudaKvPool(shape));
   const size_t bytes = 2ull * shape.num_layers * pool->layer_pool_elements() * 2;
   PAGODA_ASSIGN_OR_RETURN(pool->memory_, DeviceBuffer::allocate(bytes));

@@ -107,18 +107,20 @@ Status CudaModel::init() {
 
 KvPoolShape CudaModel::kv_pool_shape(int32_t num_blocks) const {
   return KvPoolShape{config_.num_layers, num_blocks, options_.block_size, config_.num_kv_heads, config_.head_dim,
-                     DType::kBF16};
+                     options_.kv_key_dtype, options_.kv_value_dtype};
 }
 
 Status CudaModel::validate(const ForwardBatch& batch, const CudaKvPool& pool) const {
   const KvPoolShape& ps = pool.shape();
   if (ps.num_layers != config_.num_layers || ps.num_kv_heads != config_.num_kv_heads ||
-      ps.head_dim != config_.head_dim || ps.block_size != options_.block_size || ps.dtype != DType::kBF16) {
+      ps.head_dim != config_.head_dim || ps.block_size != options_.block_size ||
+      ps.key_dtype != options_.kv_key_dtype || ps.value_dtype != options_.kv_value_dtype) {
     return invalid_argument_error(
-        "CUDA KV pool (layers={} kv_heads={} head_dim={} block_size={} dtype={}) does not fit the model "
-        "(layers={} kv_heads={} head_dim={} block_size={} dtype=bf16)", ps.num_layers, ps.num_kv_heads,
-        ps.head_dim, ps.block_size, dtype_name(ps.dtype), config_.num_layers, config_.num_kv_heads,
-        config_.head_dim, options_.block_size);
+        "CUDA KV pool (layers={} kv_heads={} head_dim={} block_size={} kv dtypes={}/{}) does not fit the model "
+        "(layers={} kv_heads={} head_dim={} block_size={} kv dtypes={}/{})", ps.num_layers, ps.num_kv_heads,
+        ps.head_dim, ps.block_size, dtype_name(ps.key_dtype), dtype_name(ps.value_dtype), config_.num_layers,
+        config_.num_kv_heads, config_.head_dim, options_.block_size, dtype_name(options_.kv_key_dtype),
+        dtype_name(options_.kv_value_dtype));
   }
   if (batch.positions.size() != batch.token_ids.size())
     return invalid_argument_error("forward batch: {} token ids but {} positions", batch.token_ids.size(),

@@ -55,6 +55,10 @@ struct CudaModelOptions {
   // Eager steps use kernels/cuda's Hopper attention where it supports the shape.
   bool fast_attention = true;
   bool show_progress = true;      // weight-loading bar on stderr
+  // KV cache element types (bf16, or a quantized format of kernels/kv_quant.h);
+  // kv_pool_shape() carries them to the pool.
+  DType kv_key_dtype = DType::kBF16;
+  DType kv_value_dtype = DType::kBF16;
 };
 
 class CudaModel {
