@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "pagoda/engine/model_runner.h"
+#include "pagoda/engine/sampler.h"
 
 namespace pagoda::engine::testing {
 
@@ -86,6 +87,38 @@ class FakeModelRunner final : public ModelRunner {
     }
     return logits;
   }
+  // Device sampling (when `device_sampling` is set): on_device rows are drawn
+  // here with the CPU sampler from an RNG keyed by (seed, step) only, like a
+  // counter-based device sampler; the other rows' logits go back to the engine.
+  bool samples_on_device() const override { return device_sampling; }
+  StatusOr<SampledStep> execute_sampled(const ForwardBatch& batch, std::span<const DeviceSampling> rows) override {
+    if (!device_sampling) return ModelRunner::execute_sampled(batch, rows);
+    sampled_rows.emplace_back(rows.begin(), rows.end());
+    if (static_cast<int32_t>(rows.size()) != batch.num_logit_rows())
+      return internal_error("{} sampling rows for {} logits rows", rows.size(), batch.num_logit_rows());
+    PAGODA_ASSIGN_OR_RETURN(std::vector<float> logits, execute(batch));
+    SampledStep out;
+    out.tokens.assign(rows.size(), 0);
+    out.logprobs.assign(rows.size(), 0.0f);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      std::span<const float> row(logits.data() + r * vocab_, vocab_);
+      if (!rows[r].on_device) {
+        out.host_logits.insert(out.host_logits.end(), row.begin(), row.end());
+        continue;
+      }
+      SamplingParams params;
+      params.temperature = rows[r].temperature;
+      params.top_k = rows[r].top_k;
+      params.top_p = rows[r].top_p;
+      params.min_p = rows[r].min_p;
+      std::mt19937_64 rng(rows[r].seed ^ (rows[r].step * 0x9E3779B97F4A7C15ull));
+      const SampledToken t = Sampler::sample(row, params, {}, rng);
+      out.tokens[r] = t.token;
+      out.logprobs[r] = t.logprob;
+    }
+    if (drop_a_token && !out.tokens.empty()) out.tokens.pop_back();
+    return out;
+  }
   Status copy_blocks(std::span<const kv::BlockCopy> copies) override {
     for (const auto& c : copies) {
       if (c.src < 0 || c.src >= num_blocks_ || c.dst < 0 || c.dst >= num_blocks_) return internal_error("bad copy");
@@ -103,6 +136,9 @@ class FakeModelRunner final : public ModelRunner {
   int64_t num_block_copies = 0;
   int32_t max_batch_tokens = 0;
   bool fail_next = false;
+  bool device_sampling = false;
+  bool drop_a_token = false;  // a broken runner: one token short
+  std::vector<std::vector<DeviceSampling>> sampled_rows;  // per execute_sampled call
 
  private:
   StatusOr<size_t> slot_of(const std::vector<int32_t>& table, int32_t pos) const {

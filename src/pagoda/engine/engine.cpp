@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <random>
 
 namespace pagoda::engine {
 namespace {
@@ -12,6 +13,14 @@ bool contains(const std::vector<int32_t>& ids, int32_t id) {
 
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+// splitmix64's finalizer: spreads (seed, choice) over 64 bits for the device key.
+uint64_t mix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
 }
 
 }  // namespace
@@ -25,7 +34,8 @@ Engine::Engine(EngineConfig config, ModelRunner& runner, kv::KvCacheManager& kv)
       max_context_(runner.max_context_length()),
       eos_ids_(runner.eos_token_ids()),
       kv_block_size_(kv.block_size()),
-      kv_num_blocks_(kv.num_blocks()) {
+      kv_num_blocks_(kv.num_blocks()),
+      unseeded_salt_(mix64(std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32))) {
   if (!config_.text_decoder_factory)
     config_.text_decoder_factory = [](std::span<const int32_t>) { return make_token_id_text_decoder(); };
 }
@@ -337,6 +347,26 @@ void Engine::append_token(Sequence* seq, const SampledToken& token) {
   }
 }
 
+DeviceSampling Engine::device_sampling_for(const Sequence* seq) const {
+  const RequestState* req = seq->request;
+  const SamplingParams& p = req->request.sampling;
+  DeviceSampling row;
+  // The device sampler has no penalties and no top logprobs, and the first
+  // token of an n > 1 request is drawn n times from one row on the host.
+  row.on_device = p.repetition_penalty == 1.0f && p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f &&
+                  p.logprobs.value_or(0) == 0 && (p.n == 1 || req->forked);
+  if (!row.on_device) return row;
+  row.temperature = p.temperature;
+  row.top_k = p.top_k;
+  row.top_p = p.top_p;
+  row.min_p = p.min_p;
+  // Seeded: choice i keys on (seed, i), like the host RNG's seed + i.
+  const uint64_t base = p.seed ? mix64(*p.seed) : mix64(unseeded_salt_ ^ static_cast<uint64_t>(req->id));
+  row.seed = mix64(base + static_cast<uint64_t>(seq->choice_index));
+  row.step = static_cast<uint64_t>(std::max(0, seq->num_output_tokens()));
+  return row;
+}
+
 void Engine::sample_into(Sequence* seq, std::span<const float> logits) {
   append_token(seq, Sampler::sample(logits, seq->request->request.sampling, seq->history, seq->rng));
 }
@@ -414,8 +444,33 @@ bool Engine::step() {
 
   const auto start = Clock::now();
   ++thread_stats_.steps;
-  auto logits = runner_.execute(plan.batch);
-  Status committed = logits.ok() ? scheduler_.commit(plan) : logits.status();
+  // With a device sampler, rows are sampled where the logits are unless the
+  // request needs the host sampler; only those rows' logits come back.
+  const bool device_sampling = runner_.samples_on_device();
+  std::vector<DeviceSampling> rows;
+  if (device_sampling) {
+    rows.reserve(plan.chunks.size());
+    for (const ScheduledChunk& chunk : plan.chunks)
+      if (chunk.produces_logits) rows.push_back(device_sampling_for(chunk.sequence));
+  }
+  StatusOr<SampledStep> result = [&]() -> StatusOr<SampledStep> {
+    if (device_sampling) return runner_.execute_sampled(plan.batch, rows);
+    SampledStep out;
+    PAGODA_ASSIGN_OR_RETURN(out.host_logits, runner_.execute(plan.batch));
+    return out;
+  }();
+  const size_t vocab = static_cast<size_t>(vocab_size_);
+  if (result.ok()) {
+    size_t host_rows = 0, all_rows = 0;
+    for (const ScheduledChunk& chunk : plan.chunks) all_rows += chunk.produces_logits ? 1 : 0;
+    for (const DeviceSampling& row : rows) host_rows += row.on_device ? 0 : 1;
+    if (!device_sampling) host_rows = all_rows;
+    if (result->host_logits.size() != host_rows * vocab ||
+        (device_sampling && (result->tokens.size() != all_rows || result->logprobs.size() != all_rows)))
+      result = internal_error("the model runner returned {} logits, {} tokens for {} rows ({} sampled on the host)",
+                              result->host_logits.size(), result->tokens.size(), all_rows, host_rows);
+  }
+  Status committed = result.ok() ? scheduler_.commit(plan) : result.status();
   if (!committed.ok()) {
     for (const ScheduledChunk& chunk : plan.chunks)
       if (chunk.sequence->status != SequenceStatus::kFinished)
@@ -424,14 +479,19 @@ bool Engine::step() {
     publish_stats(seconds_between(start, Clock::now()));
     return true;
   }
-  const size_t vocab = static_cast<size_t>(vocab_size_);
-  size_t row = 0;
+  size_t row = 0, host_row = 0;
   for (const ScheduledChunk& chunk : plan.chunks) {
     if (!chunk.produces_logits) continue;
-    std::span<const float> logits_row(logits->data() + row * vocab, vocab);
-    ++row;
+    const size_t r = row++;
+    const bool on_device = device_sampling && rows[r].on_device;
+    std::span<const float> logits_row;
+    if (!on_device) logits_row = std::span<const float>(result->host_logits.data() + host_row++ * vocab, vocab);
     Sequence* seq = chunk.sequence;
     if (seq->status != SequenceStatus::kRunning) continue;
+    if (on_device) {
+      append_token(seq, SampledToken{result->tokens[r], result->logprobs[r], {}});
+      continue;
+    }
     RequestState* req = seq->request;
     if (req->request.sampling.n > 1 && !req->forked) fork_children(seq, logits_row);
     sample_into(seq, logits_row);

@@ -112,6 +112,9 @@ class Engine {
   void admit_request(std::unique_ptr<RequestState> state);
   void abort_request(RequestState* req);
   void fail_request(RequestState* req, const std::string& message);
+  // How the runner should sample this sequence's next row (on_device false:
+  // it needs the host sampler).
+  DeviceSampling device_sampling_for(const Sequence* seq) const;
   void sample_into(Sequence* seq, std::span<const float> logits);
   void fork_children(Sequence* parent, std::span<const float> logits);
   void append_token(Sequence* seq, const SampledToken& token);
@@ -131,6 +134,8 @@ class Engine {
   // Copied at construction: submit() runs on client threads and must not touch the KV manager.
   const int32_t kv_block_size_;
   const int64_t kv_num_blocks_;
+  // Keys the device draws of unseeded requests (with the request id): differs per engine.
+  const uint64_t unseeded_salt_;
 
   // Shared with submitters.
   mutable std::mutex mutex_;

@@ -1,0 +1,251 @@
+// The engine over a runner that samples on its device (ModelRunner::
+// execute_sampled): rows go to the device sampler unless the request needs
+// the host one (top logprobs, penalties, the first token of n > 1), the mixed
+// step hands each row the right result, and the output semantics (tokens,
+// finish reasons, stop strings, usage) are those of the host path.
+
+#include <set>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "fake_model_runner.h"
+#include "pagoda/engine/engine.h"
+
+namespace pagoda::engine {
+namespace {
+
+using testing::FakeModelRunner;
+using namespace std::chrono_literals;
+
+struct DeviceHarness {
+  explicit DeviceHarness(bool device, int32_t num_blocks = 256, int32_t block_size = 4, SchedulerConfig sched = {})
+      : runner(num_blocks, block_size, 64, 4096, {}) {
+    runner.device_sampling = device;
+    kv::KvCacheConfig kc;
+    kc.num_blocks = num_blocks;
+    kc.block_size = block_size;
+    kv = std::move(kv::KvCacheManager::create(kc)).value();
+    EngineConfig ec;
+    ec.scheduler = sched;
+    engine = std::make_unique<Engine>(ec, runner, *kv);
+  }
+  void run_checked() {
+    int guard = 0;
+    while (engine->step()) {
+      Status s = engine->verify_integrity();
+      ASSERT_TRUE(s.ok()) << s.to_string();
+      ASSERT_LT(++guard, 100000) << "no progress";
+    }
+  }
+  FakeModelRunner runner;
+  std::unique_ptr<kv::KvCacheManager> kv;
+  std::unique_ptr<Engine> engine;
+};
+
+struct Result {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<SampledToken>> logprobs;
+  std::vector<std::string> text;
+  std::vector<FinishReason> finish;
+  Usage usage;
+  bool finished = false;
+  std::string error;
+};
+
+Result collect(RequestStream& stream, int32_t n = 1) {
+  Result c;
+  c.tokens.resize(n);
+  c.logprobs.resize(n);
+  c.text.resize(n);
+  c.finish.resize(n, FinishReason::kNone);
+  while (auto out = stream.next(0ms)) {
+    for (const auto& d : out->choices) {
+      c.tokens[d.index].insert(c.tokens[d.index].end(), d.tokens.begin(), d.tokens.end());
+      c.logprobs[d.index].insert(c.logprobs[d.index].end(), d.logprobs.begin(), d.logprobs.end());
+      c.text[d.index] += d.text;
+      if (d.finish_reason != FinishReason::kNone) c.finish[d.index] = d.finish_reason;
+    }
+    if (out->finished) {
+      c.finished = true;
+      c.usage = out->usage;
+      c.error = out->error;
+    }
+  }
+  return c;
+}
+
+std::vector<int32_t> prompt_of(int32_t length, int32_t salt) {
+  std::vector<int32_t> p(length);
+  for (int32_t i = 0; i < length; ++i) p[i] = (i * 5 + salt * 11 + 1) % 64;
+  return p;
+}
+
+GenerationRequest request(std::vector<int32_t> prompt, int32_t max_tokens, float temperature = 0.0f) {
+  GenerationRequest r;
+  r.prompt_tokens = std::move(prompt);
+  r.sampling.temperature = temperature;
+  r.sampling.max_tokens = max_tokens;
+  return r;
+}
+
+size_t count_rows(const FakeModelRunner& runner, bool on_device) {
+  size_t n = 0;
+  for (const auto& call : runner.sampled_rows)
+    for (const DeviceSampling& row : call) n += row.on_device == on_device ? 1 : 0;
+  return n;
+}
+
+TEST(EngineDeviceSampling, GreedyOnTheDeviceMatchesTheReferenceAndSendsNoLogits) {
+  SchedulerConfig sched;
+  sched.max_tokens_per_step = 9;  // chunked prefills next to decodes
+  DeviceHarness h(true, 256, 4, sched);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(prompt_of(4 + 3 * i, i));
+    streams.push_back(*h.engine->submit(request(prompts.back(), 7)));
+  }
+  h.run_checked();
+  for (int i = 0; i < 6; ++i) {
+    Result c = collect(*streams[i]);
+    ASSERT_TRUE(c.finished);
+    EXPECT_EQ(c.tokens[0], h.runner.reference_greedy(prompts[i], 7)) << "request " << i;
+    EXPECT_EQ(c.finish[0], FinishReason::kLength);
+    EXPECT_EQ(c.usage.completion_tokens, 7);
+  }
+  EXPECT_EQ(count_rows(h.runner, true), 6u * 7u);
+  EXPECT_EQ(count_rows(h.runner, false), 0u) << "plain greedy requests never need host logits";
+  for (const auto& call : h.runner.sampled_rows)
+    for (const DeviceSampling& row : call) EXPECT_EQ(row.temperature, 0.0f);
+}
+
+TEST(EngineDeviceSampling, MixedStepRoutesEachRowToTheRightSampler) {
+  // Four requests decoding together: plain greedy (device), top logprobs and a
+  // repetition penalty (host every step), n = 2 seeded (host for the first
+  // token, shared by both choices; device after the fork).
+  const int32_t max_tokens = 6;
+  auto submit_all = [&](DeviceHarness& h) {
+    std::vector<std::shared_ptr<RequestStream>> s;
+    s.push_back(*h.engine->submit(request(prompt_of(9, 1), max_tokens)));
+    GenerationRequest lp = request(prompt_of(7, 2), max_tokens);
+    lp.sampling.logprobs = 2;
+    s.push_back(*h.engine->submit(lp));
+    GenerationRequest pen = request(prompt_of(8, 3), max_tokens);
+    pen.sampling.repetition_penalty = 1.3f;
+    s.push_back(*h.engine->submit(pen));
+    GenerationRequest fork = request(prompt_of(10, 4), max_tokens, 1.0f);
+    fork.sampling.n = 2;
+    fork.sampling.seed = 99;
+    s.push_back(*h.engine->submit(fork));
+    return s;
+  };
+  DeviceHarness device(true), host(false);
+  auto ds = submit_all(device);
+  auto hs = submit_all(host);
+  device.run_checked();
+  host.run_checked();
+
+  EXPECT_EQ(count_rows(device.runner, false), 2u * max_tokens + 1u);
+  EXPECT_EQ(count_rows(device.runner, true), 1u * max_tokens + 2u * (max_tokens - 1u));
+  bool mixed_step = false;
+  for (const auto& call : device.runner.sampled_rows) {
+    size_t on = 0;
+    for (const DeviceSampling& row : call) on += row.on_device ? 1 : 0;
+    mixed_step |= on > 0 && on < call.size();
+  }
+  EXPECT_TRUE(mixed_step);
+
+  // Greedy, logprobs and penalty requests: the same tokens, text and usage as the host path.
+  for (int i = 0; i < 3; ++i) {
+    Result d = collect(*ds[i]), r = collect(*hs[i]);
+    ASSERT_TRUE(d.finished && r.finished) << i;
+    EXPECT_EQ(d.tokens, r.tokens) << "request " << i;
+    EXPECT_EQ(d.text, r.text) << "request " << i;
+    EXPECT_EQ(d.finish, r.finish) << "request " << i;
+    EXPECT_EQ(d.usage.completion_tokens, r.usage.completion_tokens);
+    EXPECT_EQ(d.usage.prompt_tokens, r.usage.prompt_tokens);
+  }
+  // Top logprobs came from the host sampler: two per token, the chosen one first for greedy.
+  DeviceHarness again(true);
+  auto as = submit_all(again);
+  again.run_checked();
+  Result a_lp = collect(*as[1]);
+  ASSERT_EQ(a_lp.logprobs[0].size(), static_cast<size_t>(max_tokens));
+  for (const SampledToken& t : a_lp.logprobs[0]) {
+    ASSERT_EQ(t.top_logprobs.size(), 2u);
+    EXPECT_EQ(t.top_logprobs[0].token, t.token);
+  }
+  // The n = 2 request: both choices complete; reproducible run to run (seeded).
+  Result f1 = collect(*as[3], 2);
+  Result f0 = collect(*ds[3], 2);
+  ASSERT_TRUE(f0.finished);
+  EXPECT_EQ(f0.tokens, f1.tokens);
+  EXPECT_EQ(f0.usage.completion_tokens, 2 * max_tokens);
+  EXPECT_NE(f0.tokens[0], f0.tokens[1]) << "choices key their device draws differently";
+}
+
+TEST(EngineDeviceSampling, SeededDrawsDoNotDependOnTheBatch) {
+  GenerationRequest r = request(prompt_of(12, 7), 10, 1.2f);
+  r.sampling.seed = 7;
+  r.sampling.top_p = 0.95f;
+  DeviceHarness alone(true);
+  auto a = *alone.engine->submit(r);
+  alone.run_checked();
+  // The same request among others, with preemption (few blocks).
+  SchedulerConfig sched;
+  sched.max_tokens_per_step = 16;
+  DeviceHarness crowded(true, /*num_blocks=*/14, 4, sched);
+  std::vector<std::shared_ptr<RequestStream>> others;
+  for (int i = 0; i < 5; ++i) others.push_back(*crowded.engine->submit(request(prompt_of(6 + i, 20 + i), 9, 0.8f)));
+  auto b = *crowded.engine->submit(r);
+  crowded.run_checked();
+  Result ra = collect(*a), rb = collect(*b);
+  ASSERT_TRUE(ra.finished && rb.finished);
+  EXPECT_EQ(ra.tokens, rb.tokens);
+  EXPECT_GT(crowded.engine->stats().preemptions, 0) << "the test must exercise preemption";
+  std::set<int32_t> distinct(ra.tokens[0].begin(), ra.tokens[0].end());
+  EXPECT_GT(distinct.size(), 1u);
+  // Steps key the draws: the device saw output indices 0..9 for this request.
+  std::set<uint64_t> steps;
+  for (const auto& call : alone.runner.sampled_rows)
+    for (const DeviceSampling& row : call) steps.insert(row.step);
+  EXPECT_EQ(steps.size(), 10u);
+  EXPECT_EQ(*steps.rbegin(), 9u);
+}
+
+TEST(EngineDeviceSampling, StopTokensStopStringsAndUsageAsOnTheHost) {
+  DeviceHarness h(true);
+  const auto prompt = prompt_of(9, 4);
+  const auto ref = h.runner.reference_greedy(prompt, 8);
+  GenerationRequest r = request(prompt, 8);
+  r.sampling.stop_token_ids = {ref[3]};
+  auto s = *h.engine->submit(r);
+  GenerationRequest r2 = request(prompt, 8);
+  r2.sampling.stop = {fmt::format(" <{}> <{}>", ref[1], ref[2])};
+  auto s2 = *h.engine->submit(r2);
+  h.run_checked();
+  Result c = collect(*s);
+  const size_t first_stop = std::find(ref.begin(), ref.end(), ref[3]) - ref.begin();
+  EXPECT_EQ(c.tokens[0], std::vector<int32_t>(ref.begin(), ref.begin() + first_stop));
+  EXPECT_EQ(c.finish[0], FinishReason::kStop);
+  EXPECT_EQ(c.usage.completion_tokens, static_cast<int32_t>(first_stop) + 1) << "the stop token counts";
+  Result c2 = collect(*s2);
+  EXPECT_EQ(c2.finish[0], FinishReason::kStop);
+  EXPECT_EQ(c2.text[0], fmt::format(" <{}>", ref[0]));
+  EXPECT_EQ(count_rows(h.runner, false), 0u);
+}
+
+TEST(EngineDeviceSampling, ARunnerReturningTooFewTokensFailsTheStepNotTheProcess) {
+  DeviceHarness h(true);
+  h.runner.drop_a_token = true;
+  auto s = *h.engine->submit(request(prompt_of(5, 1), 4));
+  h.run_checked();
+  Result c = collect(*s);
+  ASSERT_TRUE(c.finished);
+  EXPECT_NE(c.error.find("model step failed"), std::string::npos) << c.error;
+  EXPECT_EQ(h.kv->stats().blocks_in_use, 0);
+}
+
+}  // namespace
+}  // namespace pagoda::engine
