@@ -307,6 +307,7 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
   PAGODA_ASSIGN_OR_RETURN(const StepShape step, plan(batch));
   // Copies logit rows [row_begin, row_begin + n) of this pass to the caller.
   auto copy_out = [&](int32_t row_begin, int32_t n) -> Status {
+    if (output == Output::kSampled) return sample_out(row_begin, n);
     if (output == Output::kGreedy) {
       PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tokens->data() + row_begin, tokens_.data(), n * sizeof(int32_t),
                                                   cudaMemcpyDeviceToHost, stream_));
@@ -353,6 +354,61 @@ Status CudaModel::forward(const ForwardBatch& batch, CudaKvPool& pool, std::vect
 
 Status CudaModel::forward_greedy(const ForwardBatch& batch, CudaKvPool& pool, std::vector<int32_t>& tokens) {
   return run(batch, pool, Output::kGreedy, nullptr, &tokens);
+}
+
+Status CudaModel::forward_sampled(const ForwardBatch& batch, CudaKvPool& pool,
+                                  std::span<const GpuSamplingParams> params, std::span<const int32_t> host_rows,
+                                  std::vector<int32_t>& tokens, std::vector<float>& logprobs,
+                                  std::vector<float>& host_logits) {
+  const int32_t rows = batch.num_logit_rows();
+  if (static_cast<int64_t>(params.size()) != rows)
+    return invalid_argument_error("forward_sampled: {} sampling params for {} logits rows", params.size(), rows);
+  for (size_t i = 0; i < host_rows.size(); ++i)
+    if (host_rows[i] < 0 || host_rows[i] >= rows || (i > 0 && host_rows[i] <= host_rows[i - 1]))
+      return invalid_argument_error("forward_sampled: host row {} at index {} is not ascending within [0, {})",
+                                    host_rows[i], i, rows);
+  if (sampling_host_.data() == nullptr) {
+    const size_t bytes = static_cast<size_t>(max_rows_) * (sizeof(GpuSamplingParams) + 8);
+    PAGODA_ASSIGN_OR_RETURN(sampling_host_, PinnedBuffer::allocate(bytes));
+    PAGODA_ASSIGN_OR_RETURN(sampling_device_, DeviceBuffer::allocate(bytes));
+  }
+  tokens.assign(static_cast<size_t>(rows), 0);
+  logprobs.assign(static_cast<size_t>(rows), 0.0f);
+  host_logits.assign(host_rows.size() * static_cast<size_t>(config_.vocab_size), 0.0f);
+  sampled_ = SampledOutput{params, host_rows, &tokens, &logprobs, &host_logits};
+  Status status = run(batch, pool, Output::kSampled, nullptr, nullptr);
+  sampled_ = SampledOutput{};
+  return status;
+}
+
+Status CudaModel::sample_out(int32_t row_begin, int32_t n) {
+  const size_t vocab = static_cast<size_t>(config_.vocab_size);
+  const size_t params_bytes = static_cast<size_t>(max_rows_) * sizeof(GpuSamplingParams);
+  auto* host_params = sampling_host_.as<GpuSamplingParams>();
+  auto* device_params = sampling_device_.as<GpuSamplingParams>();
+  auto* host_tokens = reinterpret_cast<int32_t*>(sampling_host_.as<char>() + params_bytes);
+  auto* device_tokens = reinterpret_cast<int32_t*>(sampling_device_.as<char>() + params_bytes);
+  std::copy_n(sampled_.params.data() + row_begin, n, host_params);
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_params, host_params, n * sizeof(GpuSamplingParams),
+                                              cudaMemcpyHostToDevice, stream_));
+  float* device_logprobs = reinterpret_cast<float*>(device_tokens + max_rows_);
+  PAGODA_CUDA_RETURN_IF_ERROR(sample_rows(logits_.as<float>(), n, config_.vocab_size, device_params, device_tokens,
+                                          device_logprobs, stream_));
+  // Tokens and logprobs in one copy (adjacent), then the host rows' logits.
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_tokens, device_tokens, static_cast<size_t>(max_rows_) * 8,
+                                              cudaMemcpyDeviceToHost, stream_));
+  const auto& host_rows = sampled_.host_rows;
+  const auto first = std::lower_bound(host_rows.begin(), host_rows.end(), row_begin);
+  for (auto it = first; it != host_rows.end() && *it < row_begin + n; ++it) {
+    const size_t k = static_cast<size_t>(it - host_rows.begin());
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sampled_.host_logits->data() + k * vocab,
+                                                logits_.as<float>() + static_cast<size_t>(*it - row_begin) * vocab,
+                                                vocab * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  }
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  std::copy_n(host_tokens, n, sampled_.tokens->data() + row_begin);
+  std::copy_n(reinterpret_cast<const float*>(host_tokens + max_rows_), n, sampled_.logprobs->data() + row_begin);
+  return ok_status();
 }
 
 }  // namespace pagoda::cuda

@@ -26,6 +26,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -36,6 +37,7 @@
 #include "pagoda/backend/cuda/device_buffer.h"
 #include "pagoda/backend/cuda/fast_attention.h"
 #include "pagoda/backend/cuda/gemm.h"
+#include "pagoda/backend/cuda/sampling.h"
 #include "pagoda/backend/cuda/step_plan.h"
 #include "pagoda/core/status.h"
 #include "pagoda/model/forward_batch.h"
@@ -89,6 +91,14 @@ class CudaModel {
   // Same, but only the argmax token of each logits row comes back (greedy
   // sampling on the GPU; no logits cross PCIe).
   Status forward_greedy(const ForwardBatch& batch, CudaKvPool& pool, std::vector<int32_t>& tokens);
+  // Same, but every logits row r is sampled on the GPU with params[r]
+  // (sampling.h): tokens and logprobs get one entry per row, and only the rows
+  // listed in host_rows (ascending) copy their logits out, to host_logits
+  // [host_rows.size(), vocab]. Errors: params not one per logits row, host_rows
+  // not ascending within [0, rows).
+  Status forward_sampled(const ForwardBatch& batch, CudaKvPool& pool, std::span<const GpuSamplingParams> params,
+                         std::span<const int32_t> host_rows, std::vector<int32_t>& tokens,
+                         std::vector<float>& logprobs, std::vector<float>& host_logits);
 
   // Turns graph replay of decode steps on or off (benchmarks compare both).
   void set_use_cuda_graphs(bool on) { options_.use_cuda_graphs = on; }
@@ -102,7 +112,15 @@ class CudaModel {
   int64_t fast_attention_steps() const { return fast_attention_steps_; }
 
  private:
-  enum class Output { kLogits, kGreedy };
+  enum class Output { kLogits, kGreedy, kSampled };
+  // forward_sampled()'s arguments for the duration of the call.
+  struct SampledOutput {
+    std::span<const GpuSamplingParams> params;
+    std::span<const int32_t> host_rows;
+    std::vector<int32_t>* tokens = nullptr;
+    std::vector<float>* logprobs = nullptr;
+    std::vector<float>* host_logits = nullptr;
+  };
   struct StepShape {
     int32_t num_tokens = 0;  // rows run (decode: padded to the bucket)
     int32_t num_rows = 0;    // logit rows wanted
@@ -116,6 +134,9 @@ class CudaModel {
   StatusOr<StepShape> plan(const ForwardBatch& batch);
   Status run_layers(int32_t num_tokens, const CudaKvPool& pool, bool fast_attention);
   Status run_head(int32_t row_begin, int32_t num_rows);
+  // Samples logit rows [row_begin, row_begin + n) (already in logits_) and
+  // copies tokens, logprobs and the host rows' logits out; synchronizes.
+  Status sample_out(int32_t row_begin, int32_t n);
   Status capture_graph(int32_t bucket, const CudaKvPool& pool);
   Status run(const ForwardBatch& batch, CudaKvPool& pool, Output output, std::vector<float>* logits,
              std::vector<int32_t>* tokens);
@@ -151,6 +172,11 @@ class CudaModel {
   DeviceBuffer head_normed_;  // bf16 [max_rows, hidden]
   DeviceBuffer logits_;    // f32 [max_rows, vocab]
   DeviceBuffer tokens_;    // int32 [max_rows]
+  // Sampling (allocated on first use): params [max_rows], then tokens int32
+  // [max_rows], then logprobs f32 [max_rows]; pinned mirror for async copies.
+  SampledOutput sampled_;
+  PinnedBuffer sampling_host_;
+  DeviceBuffer sampling_device_;
   DeviceBuffer inv_freq_;  // f32 [D / 2]
 
   struct Graph {

@@ -29,6 +29,24 @@ StatusOr<std::vector<float>> CudaModelRunner::execute(const ForwardBatch& batch)
   return logits;
 }
 
+StatusOr<engine::SampledStep> CudaModelRunner::execute_sampled(const ForwardBatch& batch,
+                                                               std::span<const engine::DeviceSampling> rows) {
+  std::vector<GpuSamplingParams> params(rows.size());
+  std::vector<int32_t> host_rows;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const engine::DeviceSampling& row = rows[r];
+    if (!row.on_device) {
+      host_rows.push_back(static_cast<int32_t>(r));  // its GPU draw (greedy: cheapest) is ignored
+      continue;
+    }
+    params[r] = GpuSamplingParams{row.temperature, row.top_k, row.top_p, row.min_p, row.seed, row.step};
+  }
+  engine::SampledStep out;
+  PAGODA_RETURN_IF_ERROR(
+      model_->forward_sampled(batch, *pool_, params, host_rows, out.tokens, out.logprobs, out.host_logits));
+  return out;
+}
+
 StatusOr<std::vector<int32_t>> CudaModelRunner::execute_greedy(const ForwardBatch& batch) {
   std::vector<int32_t> tokens;
   PAGODA_RETURN_IF_ERROR(model_->forward_greedy(batch, *pool_, tokens));

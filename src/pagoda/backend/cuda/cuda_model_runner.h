@@ -32,6 +32,11 @@ class CudaModelRunner final : public engine::ModelRunner {
                                                            const CudaRunnerOptions& options = {});
 
   StatusOr<std::vector<float>> execute(const ForwardBatch& batch) override;
+  // Rows flagged on_device are sampled on the GPU (sampling.h); only the other
+  // rows' logits cross PCIe.
+  bool samples_on_device() const override { return true; }
+  StatusOr<engine::SampledStep> execute_sampled(const ForwardBatch& batch,
+                                                std::span<const engine::DeviceSampling> rows) override;
   Status copy_blocks(std::span<const kv::BlockCopy> copies) override;
   int32_t vocab_size() const override { return model_->config().vocab_size; }
   int32_t max_context_length() const override { return model_->max_model_len(); }
