@@ -1,14 +1,20 @@
 // pagoda_gpu_engine_bench: the end-to-end runs through the real engine
-// (scheduler, KV manager with prefix cache, host sampler) on the CUDA backend.
+// (scheduler, KV manager with prefix cache, sampling on the GPU through
+// ModelRunner::execute_sampled) on the CUDA backend. Workloads, run in the
+// order given in one process (one model):
 //
-//   --workload random        N requests of random prompts (input-len / output-len),
-//                            all submitted at t=0; output tok/s, TTFT, ITL
-//   --workload shared-prefix N requests = one shared prefix (prefix-len) + unique
-//                            tokens (input-len) + output-len; run twice, prefix
-//                            cache on and off; TTFT and total tok/s of each
+//   random         N requests of random prompts (input-len / output-len), all
+//                  submitted at t=0; output tok/s, TTFT, ITL; once per --sampling
+//                  (top-p: temperature + top_p on the GPU; greedy: argmax on the GPU)
+//   latency        one request (128 in, latency-tokens out): per-token latency
+//                  against the floor of reading the weights once
+//   shared-prefix  N requests = one shared prefix (prefix-len) + unique tokens
+//                  (input-len) + output-len; prefix cache off, then on
+//   sampler        the GPU sampler alone on [max-num-seqs, vocab] logits
 //
-// Greedy sampling (temperature 0) with ignore_eos, so every request generates
-// exactly output-len tokens on random weights.
+// Every request has ignore_eos, so it generates exactly output-len tokens on
+// random weights. Per run: where the step time goes (engine host work vs the
+// runner's forward + sampling, decode-only steps separately).
 
 #include <algorithm>
 #include <chrono>
@@ -21,10 +27,14 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "pagoda/backend/cuda/cuda_model.h"
 #include "pagoda/backend/cuda/cuda_model_runner.h"
+#include "pagoda/backend/cuda/device_buffer.h"
+#include "pagoda/backend/cuda/sampling.h"
 #include "pagoda/engine/engine.h"
 #include "pagoda/kv/kv_cache_manager.h"
 
@@ -51,19 +61,84 @@ double mean(const std::vector<double>& v) {
 }
 
 struct Args {
-  std::string config_path, workload = "random", json_out;
+  std::string config_path, json_out;
+  std::vector<std::string> workloads = {"random"}, samplings = {"top-p", "greedy"};
   int num_requests = 1000, input_len = 1000, output_len = 1000, prefix_len = 2000;
+  int prefix_requests = 256, prefix_input_len = 100, prefix_output_len = 64, latency_tokens = 256;
   int max_num_seqs = 256, max_tokens_per_step = 8192;
-  double gpu_memory_utilization = 0.9, max_seconds = 600;
+  float temperature = 1.0f, top_p = 0.9f;
+  bool host_sampling = false;
+  double gpu_memory_utilization = 0.9, max_seconds = 600, prefix_max_seconds = 120;
+};
+
+// The CUDA runner with a stopwatch: wall time inside the runner (forward +
+// sampling + copies; it synchronizes) per step, decode-only steps apart.
+// host_sampling hides the device sampler (the engine then samples every row
+// from logits on the host, as before).
+class TimedRunner final : public engine::ModelRunner {
+ public:
+  TimedRunner(cuda::CudaModelRunner& inner, bool host_sampling) : inner_(inner), host_sampling_(host_sampling) {}
+  StatusOr<std::vector<float>> execute(const ForwardBatch& batch) override {
+    const auto t0 = Clock::now();
+    auto out = inner_.execute(batch);
+    record(batch, t0, batch.num_logit_rows());
+    return out;
+  }
+  bool samples_on_device() const override { return !host_sampling_; }
+  StatusOr<engine::SampledStep> execute_sampled(const ForwardBatch& batch,
+                                                std::span<const engine::DeviceSampling> rows) override {
+    const auto t0 = Clock::now();
+    auto out = inner_.execute_sampled(batch, rows);
+    int64_t host_rows = 0;
+    for (const auto& r : rows) host_rows += r.on_device ? 0 : 1;
+    record(batch, t0, host_rows);
+    return out;
+  }
+  Status copy_blocks(std::span<const kv::BlockCopy> copies) override { return inner_.copy_blocks(copies); }
+  int32_t vocab_size() const override { return inner_.vocab_size(); }
+  int32_t max_context_length() const override { return inner_.max_context_length(); }
+  std::vector<int32_t> eos_token_ids() const override { return inner_.eos_token_ids(); }
+
+  struct Totals {
+    int64_t steps = 0, decode_steps = 0, decode_rows = 0, host_rows = 0, tokens = 0;
+    double seconds = 0, decode_seconds = 0;
+  };
+  Totals totals;
+
+ private:
+  void record(const ForwardBatch& batch, Clock::time_point t0, int64_t host_rows) {
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    bool decode = true;
+    for (const auto& seq : batch.sequences) decode &= seq.num_new_tokens == 1;
+    ++totals.steps;
+    totals.seconds += s;
+    totals.tokens += batch.num_tokens();
+    totals.host_rows += host_rows;
+    if (decode) {
+      ++totals.decode_steps;
+      totals.decode_seconds += s;
+      totals.decode_rows += static_cast<int64_t>(batch.sequences.size());
+    }
+  }
+  cuda::CudaModelRunner& inner_;
+  bool host_sampling_;
+};
+
+struct SamplingChoice {
+  std::string name;
+  float temperature = 0.0f, top_p = 1.0f;
 };
 
 // Submits every prompt at once, drains the streams from one client thread per
 // request batch, and reports client-side TTFT / ITL and throughput.
-nlohmann::json run_engine(cuda::CudaModelRunner& runner, const std::vector<std::vector<int32_t>>& prompts,
-                          const Args& args, bool prefix_cache, const char* label) {
+nlohmann::json run_engine(cuda::CudaModelRunner& cuda_runner, const std::vector<std::vector<int32_t>>& prompts,
+                          const Args& args, bool prefix_cache, const std::string& label_text,
+                          const SamplingChoice& sampling, int output_len, double max_seconds) {
+  const char* label = label_text.c_str();
+  TimedRunner runner(cuda_runner, args.host_sampling);
   kv::KvCacheConfig kv_config;
-  kv_config.num_blocks = runner.num_blocks();
-  kv_config.block_size = runner.block_size();
+  kv_config.num_blocks = cuda_runner.num_blocks();
+  kv_config.block_size = cuda_runner.block_size();
   kv_config.enable_prefix_cache = prefix_cache;
   kv_config.record_events = false;
   auto kv = kv::KvCacheManager::create(kv_config);
@@ -80,8 +155,9 @@ nlohmann::json run_engine(cuda::CudaModelRunner& runner, const std::vector<std::
   for (const auto& prompt : prompts) {
     engine::GenerationRequest request;
     request.prompt_tokens = prompt;
-    request.sampling.temperature = 0.0f;
-    request.sampling.max_tokens = args.output_len;
+    request.sampling.temperature = sampling.temperature;
+    request.sampling.top_p = sampling.top_p;
+    request.sampling.max_tokens = output_len;
     request.sampling.ignore_eos = true;
     auto stream = eng.submit(std::move(request));
     if (!stream.ok()) die(stream.status(), "submit");
@@ -95,7 +171,7 @@ nlohmann::json run_engine(cuda::CudaModelRunner& runner, const std::vector<std::
   bool timed_out = false;
   while (finished < streams.size()) {
     const double now_total = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (now_total > args.max_seconds) {
+    if (now_total > max_seconds) {
       timed_out = true;
       break;
     }
@@ -135,7 +211,15 @@ nlohmann::json run_engine(cuda::CudaModelRunner& runner, const std::vector<std::
   int64_t prompt_tokens = 0;
   for (const auto& p : prompts) prompt_tokens += static_cast<int64_t>(p.size());
   const engine::EngineStats stats = eng.stats();
+  const TimedRunner::Totals& t = runner.totals;
+  const double runner_ms = t.steps ? t.seconds * 1e3 / t.steps : 0, period_ms = t.steps ? wall * 1e3 / t.steps : 0;
+  const double decode_ms = t.decode_steps ? t.decode_seconds * 1e3 / t.decode_steps : 0;
+  const double decode_batch = t.decode_steps ? double(t.decode_rows) / t.decode_steps : 0;
   nlohmann::json r = {
+      {"sampling", sampling.name}, {"temperature", sampling.temperature}, {"top_p", sampling.top_p},
+      {"device_sampling", !args.host_sampling}, {"step_period_ms", period_ms}, {"runner_ms_per_step", runner_ms},
+      {"host_ms_per_step", period_ms - runner_ms}, {"decode_steps", t.decode_steps},
+      {"decode_step_ms", decode_ms}, {"decode_batch_mean", decode_batch}, {"host_sampled_rows", t.host_rows},
       {"label", label}, {"prefix_cache", prefix_cache}, {"requests", prompts.size()}, {"finished", finished},
       {"timed_out", timed_out}, {"wall_s", wall}, {"output_tokens", tokens}, {"output_tok_per_s", tokens / wall},
       {"total_tok_per_s", (tokens + prompt_tokens) / wall}, {"cached_prompt_tokens", cached},
@@ -149,6 +233,52 @@ nlohmann::json run_engine(cuda::CudaModelRunner& runner, const std::vector<std::
               percentile(ttft_ms, 99), mean(itl_ms), percentile(itl_ms, 50), percentile(itl_ms, 99),
               static_cast<long long>(cached), static_cast<long long>(stats.steps),
               static_cast<long long>(stats.preemptions));
+  std::printf("  step time: %.2f ms per step (%lld steps) = runner %.2f ms (forward + sampling + copies) + engine "
+              "host %.2f ms; decode-only steps: %lld, %.2f ms each at mean batch %.1f; %lld rows sampled on the host\n",
+              period_ms, static_cast<long long>(t.steps), runner_ms, period_ms - runner_ms,
+              static_cast<long long>(t.decode_steps), decode_ms, decode_batch, static_cast<long long>(t.host_rows));
+  return r;
+}
+
+// The GPU sampler alone on [rows, vocab] Llama-like logits: ms per call.
+nlohmann::json bench_sampler(int rows, int vocab, float temperature, float top_p) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> host(static_cast<size_t>(rows) * vocab);
+  for (float& v : host) v = normal(rng);
+  auto logits = cuda::DeviceBuffer::allocate(host.size() * 4);
+  auto params = cuda::DeviceBuffer::allocate(rows * sizeof(cuda::GpuSamplingParams));
+  auto out = cuda::DeviceBuffer::allocate(rows * 8);
+  if (!logits.ok() || !params.ok() || !out.ok()) die(logits.status(), "sampler buffers");
+  cudaMemcpy(logits->data(), host.data(), host.size() * 4, cudaMemcpyHostToDevice);
+  nlohmann::json r = {{"rows", rows}, {"vocab", vocab}};
+  const std::pair<const char*, cuda::GpuSamplingParams> cases[] = {
+      {"greedy", {0.0f, 0, 1.0f, 0.0f, 1, 0}},
+      {"top_p", {temperature, 0, top_p, 0.0f, 1, 0}},
+      {"top_k50_top_p", {temperature, 50, top_p, 0.0f, 1, 0}},
+      {"temperature_only", {temperature, 0, 1.0f, 0.0f, 1, 0}}};
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (const auto& [name, p] : cases) {
+    std::vector<cuda::GpuSamplingParams> all(rows, p);
+    cudaMemcpy(params->data(), all.data(), rows * sizeof(p), cudaMemcpyHostToDevice);
+    auto launch = [&] {
+      return cuda::sample_rows(logits->as<float>(), rows, vocab, params->as<cuda::GpuSamplingParams>(),
+                               out->as<int32_t>(), out->as<float>() + rows, nullptr);
+    };
+    launch();
+    cudaEventRecord(start);
+    for (int i = 0; i < 10; ++i) launch();
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    r[name] = ms / 10;
+    std::printf("GPU sampler, %d rows x %d vocab, %s: %.3f ms per call\n", rows, vocab, name, ms / 10);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
   return r;
 }
 
@@ -158,13 +288,26 @@ int main(int argc, char** argv) {
   Args args;
   CLI::App app{"pagoda_gpu_engine_bench: end-to-end runs through the engine on the CUDA backend"};
   app.add_option("--config", args.config_path, "config.json; weights are random bf16 made on the GPU")->required();
-  app.add_option("--workload", args.workload)->check(CLI::IsMember({"random", "shared-prefix"}));
+  app.add_option("--workload", args.workloads, "random, latency, shared-prefix, sampler (comma-separated, in order)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"random", "shared-prefix", "latency", "sampler"}));
+  app.add_option("--sampling", args.samplings, "random workload: top-p (temperature + top_p on the GPU), greedy")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"top-p", "greedy"}));
+  app.add_option("--temperature", args.temperature);
+  app.add_option("--top-p", args.top_p);
+  app.add_flag("--host-sampling", args.host_sampling, "sample on the host from logits (the old path)");
   app.add_option("--num-requests", args.num_requests)->check(CLI::PositiveNumber);
-  app.add_option("--input-len", args.input_len, "random prompt length (shared-prefix: unique tokens)")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--input-len", args.input_len, "random prompt length")->check(CLI::PositiveNumber);
   app.add_option("--output-len", args.output_len)->check(CLI::PositiveNumber);
   app.add_option("--prefix-len", args.prefix_len, "shared-prefix: tokens of the shared prefix")
       ->check(CLI::PositiveNumber);
+  app.add_option("--prefix-requests", args.prefix_requests)->check(CLI::PositiveNumber);
+  app.add_option("--prefix-input-len", args.prefix_input_len, "shared-prefix: unique tokens")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--prefix-output-len", args.prefix_output_len)->check(CLI::PositiveNumber);
+  app.add_option("--prefix-max-seconds", args.prefix_max_seconds);
+  app.add_option("--latency-tokens", args.latency_tokens)->check(CLI::PositiveNumber);
   app.add_option("--max-num-seqs", args.max_num_seqs)->check(CLI::PositiveNumber);
   app.add_option("--max-tokens-per-step", args.max_tokens_per_step)->check(CLI::PositiveNumber);
   app.add_option("--gpu-memory-utilization", args.gpu_memory_utilization)->check(CLI::Range(0.01, 1.0));
@@ -179,7 +322,9 @@ int main(int argc, char** argv) {
   cuda::CudaModelOptions options;
   options.max_num_seqs = args.max_num_seqs;
   options.max_num_tokens = args.max_tokens_per_step;
-  const int32_t longest = (args.workload == "shared-prefix" ? args.prefix_len : 0) + args.input_len + args.output_len;
+  const int32_t longest = std::max({args.input_len + args.output_len,
+                                     args.prefix_len + args.prefix_input_len + args.prefix_output_len,
+                                     128 + args.latency_tokens});
   options.max_model_len = std::min(longest + 16, config->max_position_embeddings);
   auto model = cuda::CudaModel::create_random(*config, 1, options);
   if (!model.ok()) die(model.status(), "model");
@@ -195,21 +340,54 @@ int main(int argc, char** argv) {
     for (int32_t& x : t) x = token(rng);
     return t;
   };
-  nlohmann::json figures = {{"kv_pool", (*runner)->kv_pool_report()}, {"workload", args.workload}};
-  std::vector<std::vector<int32_t>> prompts;
-  if (args.workload == "random") {
-    for (int i = 0; i < args.num_requests; ++i) prompts.push_back(random_tokens(args.input_len));
-    figures["runs"] = {run_engine(**runner, prompts, args, true, "engine, random prompts")};
-  } else {
-    const std::vector<int32_t> prefix = random_tokens(args.prefix_len);
-    for (int i = 0; i < args.num_requests; ++i) {
-      std::vector<int32_t> p = prefix;
-      const std::vector<int32_t> unique = random_tokens(args.input_len);
-      p.insert(p.end(), unique.begin(), unique.end());
-      prompts.push_back(std::move(p));
+  nlohmann::json figures = {{"kv_pool", (*runner)->kv_pool_report()}, {"runs", nlohmann::json::array()}};
+  auto save = [&] {
+    if (!args.json_out.empty()) std::ofstream(args.json_out) << figures.dump(2) << "\n";
+  };
+  const SamplingChoice greedy{"greedy", 0.0f, 1.0f};
+  for (const std::string& workload : args.workloads) {
+    if (workload == "random") {
+      std::vector<std::vector<int32_t>> prompts;
+      for (int i = 0; i < args.num_requests; ++i) prompts.push_back(random_tokens(args.input_len));
+      for (const std::string& name : args.samplings) {
+        const SamplingChoice choice =
+            name == "greedy" ? greedy : SamplingChoice{name, args.temperature, args.top_p};
+        figures["runs"].push_back(run_engine(**runner, prompts, args, true,
+                                             fmt::format("engine, random prompts, {}", name), choice,
+                                             args.output_len, args.max_seconds));
+        save();
+      }
+    } else if (workload == "latency") {
+      // Batch 1: per-token latency against reading every weight once per token.
+      const std::vector<std::vector<int32_t>> one = {random_tokens(128)};
+      nlohmann::json r = run_engine(**runner, one, args, false, "batch-1 decode latency", greedy,
+                                    args.latency_tokens, args.max_seconds);
+      const double floor_ms = double((*runner)->model().weight_bytes()) / 4.3e12 * 1e3;
+      r["weight_read_floor_ms"] = floor_ms;
+      std::printf("  batch-1: %.2f ms per token (ITL p50), weight-read floor %.2f ms (%.1f GB at 4.3 TB/s): %.0f%% "
+                  "of the floor's speed\n", r["itl_ms_p50"].get<double>(), floor_ms,
+                  double((*runner)->model().weight_bytes()) / 1e9, 100.0 * floor_ms / r["itl_ms_p50"].get<double>());
+      figures["runs"].push_back(r);
+      save();
+    } else if (workload == "shared-prefix") {
+      const std::vector<int32_t> prefix = random_tokens(args.prefix_len);
+      std::vector<std::vector<int32_t>> prompts;
+      for (int i = 0; i < args.prefix_requests; ++i) {
+        std::vector<int32_t> p = prefix;
+        const std::vector<int32_t> unique = random_tokens(args.prefix_input_len);
+        p.insert(p.end(), unique.begin(), unique.end());
+        prompts.push_back(std::move(p));
+      }
+      for (bool cache : {false, true}) {
+        figures["runs"].push_back(run_engine(**runner, prompts, args, cache,
+                                             cache ? "shared prefix, prefix cache on" : "shared prefix, prefix cache off",
+                                             greedy, args.prefix_output_len, args.prefix_max_seconds));
+        save();
+      }
+    } else if (workload == "sampler") {
+      figures["sampler"] = bench_sampler(args.max_num_seqs, config->vocab_size, args.temperature, args.top_p);
+      save();
     }
-    figures["runs"] = {run_engine(**runner, prompts, args, false, "shared prefix, prefix cache off"),
-                       run_engine(**runner, prompts, args, true, "shared prefix, prefix cache on")};
   }
   if (!args.json_out.empty()) std::ofstream(args.json_out) << figures.dump(2) << "\n";
   return 0;

@@ -59,29 +59,35 @@ class NoEosRunner final : public engine::ModelRunner {
   CudaModelRunner& inner_;
 };
 
+// One CUDA runner (llama_f32 fixture) that several engines use one after
+// another: the same GEMM plans and weights, so identical batches give
+// identical logits whichever engine runs them.
+std::unique_ptr<CudaModelRunner> make_runner() {
+  CudaModelOptions options;
+  options.max_num_seqs = 16;
+  options.max_num_tokens = 512;
+  options.max_model_len = 256;
+  options.show_progress = false;
+  auto model = CudaModel::load(fixture("llama_f32"), options);
+  EXPECT_TRUE(model.ok()) << model.status().to_string();
+  CudaRunnerOptions runner_options;
+  runner_options.num_blocks = 128;
+  runner_options.print_report = false;
+  auto r = CudaModelRunner::create(std::move(model).value(), runner_options);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return std::move(r).value();
+}
+
 struct GpuEngine {
-  explicit GpuEngine(bool device_sampling) {
-    CudaModelOptions options;
-    options.max_num_seqs = 16;
-    options.max_num_tokens = 512;
-    options.max_model_len = 256;
-    options.show_progress = false;
-    auto model = CudaModel::load(fixture("llama_f32"), options);
-    EXPECT_TRUE(model.ok()) << model.status().to_string();
-    CudaRunnerOptions runner_options;
-    runner_options.num_blocks = 128;
-    runner_options.print_report = false;
-    auto r = CudaModelRunner::create(std::move(model).value(), runner_options);
-    EXPECT_TRUE(r.ok()) << r.status().to_string();
-    cuda_runner = std::move(r).value();
+  GpuEngine(CudaModelRunner& runner, bool device_sampling) {
     if (device_sampling) {
-      seam = std::make_unique<NoEosRunner>(*cuda_runner);
+      seam = std::make_unique<NoEosRunner>(runner);
     } else {
-      seam = std::make_unique<HostSamplingRunner>(*cuda_runner);
+      seam = std::make_unique<HostSamplingRunner>(runner);
     }
     kv::KvCacheConfig kc;
-    kc.num_blocks = cuda_runner->num_blocks();
-    kc.block_size = cuda_runner->block_size();
+    kc.num_blocks = runner.num_blocks();
+    kc.block_size = runner.block_size();
     kv = std::move(kv::KvCacheManager::create(kc)).value();
     engine::EngineConfig ec;
     ec.scheduler.max_running_sequences = 16;
@@ -92,7 +98,6 @@ struct GpuEngine {
     int guard = 0;
     while (eng->step()) ASSERT_LT(++guard, 10000);
   }
-  std::unique_ptr<CudaModelRunner> cuda_runner;
   std::unique_ptr<engine::ModelRunner> seam;
   std::unique_ptr<kv::KvCacheManager> kv;
   std::unique_ptr<engine::Engine> eng;
@@ -136,7 +141,8 @@ engine::GenerationRequest request(std::vector<int32_t> prompt, int32_t max_token
 
 TEST(EngineOnGpu, DeviceSamplingGivesTheHostSamplersGreedyOutputsInMixedSteps) {
   PAGODA_SKIP_WITHOUT_GPU();
-  GpuEngine device(true), host(false);
+  auto runner = make_runner();
+  GpuEngine device(*runner, true), host(*runner, false);
   std::vector<std::shared_ptr<engine::RequestStream>> d, h;
   for (int i = 0; i < 6; ++i) {
     engine::GenerationRequest r = request(prompt_of(20 + 9 * i, i), 12, 0.0f);
@@ -145,7 +151,7 @@ TEST(EngineOnGpu, DeviceSamplingGivesTheHostSamplersGreedyOutputsInMixedSteps) {
     d.push_back(*device.eng->submit(r));
     h.push_back(*host.eng->submit(r));
   }
-  device.run();
+  device.run();  // one after the other on the shared runner
   host.run();
   for (int i = 0; i < 6; ++i) {
     const Output a = collect(*d[i]), b = collect(*h[i]);
@@ -169,7 +175,8 @@ TEST(EngineOnGpu, SeededGpuSamplingIsReproducibleWhateverTheBatch) {
   r.sampling.seed = 5;
   r.sampling.top_p = 0.9f;
   r.sampling.top_k = 50;
-  GpuEngine alone(true), crowded(true);
+  auto runner = make_runner();
+  GpuEngine alone(*runner, true), crowded(*runner, true);
   auto a = *alone.eng->submit(r);
   alone.run();
   std::vector<std::shared_ptr<engine::RequestStream>> others;

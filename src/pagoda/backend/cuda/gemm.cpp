@@ -1,5 +1,9 @@
 #include "pagoda/backend/cuda/gemm.h"
 
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
 #include "pagoda/backend/cuda/cuda_check.h"
 
 namespace pagoda::cuda {
@@ -8,6 +12,8 @@ StatusOr<std::unique_ptr<Gemm>> Gemm::create(size_t workspace_bytes) {
   std::unique_ptr<Gemm> gemm(new Gemm());
   PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&gemm->handle_));
   PAGODA_ASSIGN_OR_RETURN(gemm->workspace_, DeviceBuffer::allocate(workspace_bytes));
+  const char* env = std::getenv("PAGODA_GEMM_AUTOTUNE");
+  gemm->autotune_ = env == nullptr || std::strcmp(env, "0") != 0;
   return gemm;
 }
 
@@ -24,7 +30,7 @@ Gemm::~Gemm() {
 // cuBLAS is column-major: row-major y[m, n] is column-major y^T [n, m] = w · x^T,
 // where row-major w [n, k] is column-major [k, n] used transposed, and row-major
 // x [m, k] is column-major [k, m] used as is.
-StatusOr<const Gemm::Plan*> Gemm::plan_for(int32_t m, int32_t n, int32_t k, GemmOutput output) {
+StatusOr<Gemm::Plan*> Gemm::plan_for(int32_t m, int32_t n, int32_t k, GemmOutput output) {
   const auto key = std::make_tuple(m, n, k, static_cast<int>(output));
   if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
 
@@ -65,11 +71,62 @@ StatusOr<const Gemm::Plan*> Gemm::plan_for(int32_t m, int32_t n, int32_t k, Gemm
 Status Gemm::linear(const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w, int32_t n, int32_t k, void* y,
                     GemmOutput output, cudaStream_t stream) {
   if (m == 0) return ok_status();
-  PAGODA_ASSIGN_OR_RETURN(const Plan* plan, plan_for(m, n, k, output));
+  PAGODA_ASSIGN_OR_RETURN(Plan* plan, plan_for(m, n, k, output));
+  if (!plan->tuned) PAGODA_RETURN_IF_ERROR(autotune(*plan, x, m, w, y, stream));
   const float alpha = 1.0f, beta = 0.0f;
   PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle_, plan->desc, &alpha, w, plan->a, x, plan->b, &beta, y,
                                                plan->c, y, plan->c, &plan->algo, workspace_.data(),
                                                workspace_.bytes(), stream));
+  return ok_status();
+}
+
+Status Gemm::autotune(Plan& plan, const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w, void* y,
+                      cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return ok_status();  // try again on an eager call
+  plan.tuned = true;
+  if (!autotune_ || m > kMaxTunedRows) return ok_status();
+
+  cublasLtMatmulPreference_t preference = nullptr;
+  PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&preference));
+  const size_t workspace_bytes = workspace_.bytes();
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                       sizeof workspace_bytes);
+  cublasLtMatmulHeuristicResult_t results[kTunedCandidates] = {};
+  int found = 0;
+  const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(handle_, plan.desc, plan.a, plan.b, plan.c, plan.c,
+                                                                  preference, kTunedCandidates, results, &found);
+  cublasLtMatmulPreferenceDestroy(preference);
+  if (heuristic != CUBLAS_STATUS_SUCCESS || found <= 1) return ok_status();
+
+  cudaEvent_t start = nullptr, stop = nullptr;
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+  const float alpha = 1.0f, beta = 0.0f;
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, y, plan.c, y, plan.c, &algo,
+                          workspace_.data(), workspace_.bytes(), stream);
+  };
+  float best_ms = std::numeric_limits<float>::infinity();
+  constexpr int kRuns = 5;
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS || run(results[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
+    cudaEventRecord(start, stream);
+    bool ok = true;
+    for (int r = 0; r < kRuns && ok; ++r) ok = run(results[i].algo) == CUBLAS_STATUS_SUCCESS;
+    cudaEventRecord(stop, stream);
+    if (cudaEventSynchronize(stop) != cudaSuccess || !ok) continue;
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, start, stop);
+    if (ms < best_ms) {
+      best_ms = ms;
+      plan.algo = results[i].algo;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGetLastError();
   return ok_status();
 }
 

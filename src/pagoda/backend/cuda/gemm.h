@@ -6,6 +6,12 @@
 // shape, so after the first call of a shape a call only enqueues work, which
 // makes it CUDA-graph capturable (the workspace is owned here, fixed address).
 //
+// Autotuning: the first call of a shape with m <= kMaxTunedRows (decode and
+// graph shapes, where cuBLASLt's first heuristic is often not the fastest)
+// times the top kTunedCandidates heuristics on the call's own buffers and keeps
+// the fastest; that call synchronizes the stream (never while it is being
+// captured: then the first heuristic stays). PAGODA_GEMM_AUTOTUNE=0 turns it off.
+//
 // Thread safety: one Gemm per stream owner; calls are not synchronized.
 
 #include <cstdint>
@@ -25,6 +31,9 @@ enum class GemmOutput { kBF16, kF32 };
 
 class Gemm {
  public:
+  static constexpr int32_t kMaxTunedRows = 512;
+  static constexpr int kTunedCandidates = 8;
+
   static StatusOr<std::unique_ptr<Gemm>> create(size_t workspace_bytes = 32ull << 20);
   ~Gemm();
   Gemm(const Gemm&) = delete;
@@ -40,11 +49,16 @@ class Gemm {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    bool tuned = false;  // autotune ran (or was skipped for good)
   };
   Gemm() = default;
-  StatusOr<const Plan*> plan_for(int32_t m, int32_t n, int32_t k, GemmOutput output);
+  StatusOr<Plan*> plan_for(int32_t m, int32_t n, int32_t k, GemmOutput output);
+  // Times the top heuristics for this shape on these buffers; keeps the fastest in plan.algo.
+  Status autotune(Plan& plan, const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w, void* y,
+                  cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;
+  bool autotune_ = true;
   DeviceBuffer workspace_;
   std::map<std::tuple<int32_t, int32_t, int32_t, int>, Plan> plans_;
 };
