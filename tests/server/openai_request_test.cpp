@@ -104,9 +104,9 @@ TEST(OpenAiRequestTest, ChatMessages) {
       {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
       "max_completion_tokens": 5, "logprobs": true, "top_logprobs": 2})",
                           Endpoint::kChatCompletions);
-  ASSERT_EQ(r.messages.size(), 2u);
-  EXPECT_EQ(r.messages[0].role, "system");
-  EXPECT_EQ(r.messages[1].content, "ab");
+  ASSERT_EQ(r.chat.messages.size(), 2u);
+  EXPECT_EQ(r.chat.messages[0]["role"], "system");
+  EXPECT_EQ(r.chat.messages[1]["content"], "ab");
   EXPECT_EQ(r.sampling.max_tokens, 5);
   EXPECT_EQ(*r.sampling.logprobs, 2);
   EXPECT_EQ(error_of(R"({"model": "m", "messages": []})", Endpoint::kChatCompletions).param, "messages");
@@ -119,8 +119,8 @@ TEST(OpenAiRequestTest, ChatMessages) {
             "top_logprobs");
   EXPECT_EQ(error_of(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{}]})",
                      Endpoint::kChatCompletions)
-                .code,
-            "unsupported");
+                .param,
+            "tools[0].type");
 }
 
 TEST(ApiErrorTest, BodyIsBoundedAndValidJson) {

@@ -140,14 +140,7 @@ void run_serve(const ServeOptions& opt) {
     codec.encode = [tok](std::string_view text, bool special) { return tok->encode(text, special); };
     codec.token_text = [tok](int32_t t) { return tok->decode(std::span<const int32_t>(&t, 1), false); };
   }
-  if (chat_template) {
-    codec.render_chat = [tmpl = std::move(*chat_template)](
-                            const std::vector<server::ChatMessage>& messages) -> StatusOr<std::string> {
-      nlohmann::ordered_json list = nlohmann::ordered_json::array();
-      for (const auto& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
-      return tmpl.render(list, /*add_generation_prompt=*/true);
-    };
-  }
+  if (chat_template) codec.render_chat = server::make_chat_renderer(std::move(*chat_template));
 
   engine::Engine engine(engine_config, **runner, **kv);
   engine.start();

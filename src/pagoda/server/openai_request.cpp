@@ -8,7 +8,8 @@
 namespace pagoda::server {
 namespace {
 
-using json = nlohmann::json;
+// Ordered: tools and tool-call arguments reach the chat template in the client's key order.
+using json = nlohmann::ordered_json;
 
 // Field readers: nullopt when absent or null; ApiError when the type is wrong.
 struct Reader {
@@ -114,46 +115,6 @@ std::optional<ApiError> read_prompt(const json& body, std::optional<std::string>
   return read_token_ids(p, "prompt", tokens);
 }
 
-std::optional<ApiError> read_messages(const json& body, std::vector<ChatMessage>& out) {
-  auto it = body.find("messages");
-  if (it == body.end() || it->is_null())
-    return invalid_request("'messages' is required", "messages", "missing_required_parameter");
-  if (!it->is_array()) return invalid_request("'messages' must be an array", "messages");
-  if (it->empty()) return invalid_request("'messages' must not be empty", "messages");
-  if (it->size() > 4096) return invalid_request("'messages' holds more than 4096 messages", "messages");
-  for (size_t i = 0; i < it->size(); ++i) {
-    const json& m = (*it)[i];
-    const std::string param = fmt::format("messages[{}]", i);
-    if (!m.is_object()) return invalid_request(param + " must be an object", param);
-    auto role = m.find("role");
-    if (role == m.end() || !role->is_string())
-      return invalid_request(param + ".role must be a string", param + ".role");
-    const std::string r = role->get<std::string>();
-    if (r != "system" && r != "developer" && r != "user" && r != "assistant" && r != "tool")
-      return invalid_request(fmt::format("{}.role must be one of system, developer, user, assistant, tool", param),
-                             param + ".role");
-    ChatMessage msg{r == "developer" ? "system" : r, ""};
-    auto content = m.find("content");
-    if (content == m.end() || content->is_null()) {
-      return invalid_request(param + ".content is required", param + ".content");
-    } else if (content->is_string()) {
-      msg.content = content->get<std::string>();
-    } else if (content->is_array()) {
-      for (const auto& part : *content) {
-        if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
-            !part["text"].is_string())
-          return invalid_request(param + ".content parts must be {\"type\": \"text\", \"text\": string}",
-                                 param + ".content");
-        msg.content += part["text"].get<std::string>();
-      }
-    } else {
-      return invalid_request(param + ".content must be a string or an array of text parts", param + ".content");
-    }
-    out.push_back(std::move(msg));
-  }
-  return std::nullopt;
-}
-
 std::optional<ApiError> check_unsupported(const json& body) {
   if (auto it = body.find("echo"); it != body.end() && it->is_boolean() && it->get<bool>())
     return invalid_request("'echo' is not supported", "echo", "unsupported");
@@ -161,8 +122,6 @@ std::optional<ApiError> check_unsupported(const json& body) {
     return invalid_request("'suffix' is not supported", "suffix", "unsupported");
   if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null() && !(it->is_object() && it->empty()))
     return invalid_request("'logit_bias' is not supported", "logit_bias", "unsupported");
-  if (auto it = body.find("tools"); it != body.end() && !it->is_null() && !(it->is_array() && it->empty()))
-    return invalid_request("'tools' is not supported", "tools", "unsupported");
   if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
     if (!it->is_object() || it->value("type", "") != "text")
       return invalid_request("only response_format {\"type\": \"text\"} is supported", "response_format",
@@ -190,7 +149,7 @@ std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view text
   if (endpoint == Endpoint::kCompletions) {
     if (auto e = read_prompt(body, req.prompt_text, req.prompt_tokens, true)) return *e;
   } else {
-    if (auto e = read_messages(body, req.messages)) return *e;
+    if (auto e = read_chat_prompt(body, req.chat)) return *e;
   }
   if (auto e = check_unsupported(body)) return *e;
 
@@ -280,7 +239,8 @@ std::variant<CacheDropRequest, ApiError> parse_cache_drop_request(std::string_vi
   if (r.error) return *r.error;
   if (req.all) return req;
   if (body.contains("messages")) {
-    if (auto e = read_messages(body, req.messages)) return *e;
+    req.chat.emplace();
+    if (auto e = read_chat_prompt(body, *req.chat)) return *e;
     return req;
   }
   if (auto e = read_prompt(body, req.prompt_text, req.prompt_tokens, false)) return *e;

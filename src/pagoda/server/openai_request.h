@@ -6,8 +6,9 @@
 // model (known model name, tokenization, context length) happen in the server.
 //
 // Unknown fields are ignored, as OpenAI clients send extras; known fields with
-// unsupported values (echo, logit_bias, tools, ...) are rejected rather than
-// silently ignored.
+// unsupported values (echo, logit_bias, tool_choice "required", ...) are
+// rejected rather than silently ignored. Chat messages, tools and
+// chat_template_kwargs are read by chat_prompt.h.
 //
 // Thread safety: pure functions.
 
@@ -20,15 +21,11 @@
 
 #include "pagoda/engine/sampling_params.h"
 #include "pagoda/server/api_error.h"
+#include "pagoda/server/chat_prompt.h"
 
 namespace pagoda::server {
 
 enum class Endpoint { kCompletions, kChatCompletions };
-
-struct ChatMessage {
-  std::string role;     // system | developer | user | assistant | tool
-  std::string content;  // text parts joined
-};
 
 struct OpenAiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
@@ -36,8 +33,8 @@ struct OpenAiRequest {
   // Completions: exactly one of these.
   std::optional<std::string> prompt_text;
   std::vector<int32_t> prompt_tokens;
-  // Chat.
-  std::vector<ChatMessage> messages;
+  // Chat: messages, tools, chat_template_kwargs.
+  ChatPrompt chat;
 
   engine::SamplingParams sampling;
   bool max_tokens_given = false;  // else the server picks (16 / rest of context)
@@ -57,7 +54,7 @@ std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view body
 struct CacheDropRequest {
   std::optional<std::string> prompt_text;
   std::vector<int32_t> prompt_tokens;
-  std::vector<ChatMessage> messages;
+  std::optional<ChatPrompt> chat;
   int64_t keep_prefix_tokens = 0;
   bool all = false;
 };

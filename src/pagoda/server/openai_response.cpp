@@ -66,6 +66,12 @@ json ResponseBuilder::logprobs_json(const std::vector<engine::SampledToken>& tok
   return {{"content", content}};
 }
 
+bool ResponseBuilder::any_choice_finished(engine::FinishReason reason) const {
+  for (const Choice& c : choices_)
+    if (c.finish == reason) return true;
+  return false;
+}
+
 json ResponseBuilder::final_response(const engine::Usage& usage) const {
   json choices = json::array();
   for (size_t i = 0; i < choices_.size(); ++i) {

@@ -28,6 +28,8 @@ class ResponseBuilder {
   // Non-streaming: feed every delta, then build the final body.
   void accumulate(const engine::RequestOutput& delta);
   nlohmann::json final_response(const engine::Usage& usage) const;
+  // Whether some accumulated choice ended with `reason`.
+  bool any_choice_finished(engine::FinishReason reason) const;
 
   // Streaming: the chunk objects for one delta (one per changed choice; the
   // first chunk of a chat choice carries the assistant role).

@@ -5,6 +5,8 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "pagoda/server/peer_connection.h"
+
 namespace pagoda::server {
 
 using json = nlohmann::json;
@@ -27,7 +29,6 @@ void send_json(httplib::Response& res, int status, const json& body) {
 struct StreamState {
   std::shared_ptr<engine::RequestStream> stream;
   std::unique_ptr<ResponseBuilder> builder;
-  bool stream_mode = false;
   bool include_usage = false;
   bool done = false;
 };
@@ -79,13 +80,13 @@ StatusOr<std::vector<int32_t>> OpenAiServer::tokens_for_text(const std::string& 
   return codec_.encode(text, add_special_tokens);
 }
 
-StatusOr<std::vector<int32_t>> OpenAiServer::tokens_for_chat(const std::vector<ChatMessage>& messages) const {
+StatusOr<std::vector<int32_t>> OpenAiServer::tokens_for_chat(const ChatPrompt& prompt) const {
   if (!codec_.encode || !codec_.render_chat)
     return invalid_argument_error("model '{}' has no tokenizer or chat template: use /v1/completions with token ids",
                                   config_.model_name);
-  PAGODA_ASSIGN_OR_RETURN(std::string prompt, codec_.render_chat(messages));
+  PAGODA_ASSIGN_OR_RETURN(std::string text, codec_.render_chat(prompt));
   // Templates write their own BOS.
-  return codec_.encode(prompt, false);
+  return codec_.encode(text, false);
 }
 
 void OpenAiServer::install_routes() {
@@ -159,7 +160,7 @@ void OpenAiServer::handle_generate(const httplib::Request& http_req, httplib::Re
 
   StatusOr<std::vector<int32_t>> tokens = std::vector<int32_t>{};
   if (endpoint == Endpoint::kChatCompletions)
-    tokens = tokens_for_chat(req.messages);
+    tokens = tokens_for_chat(req.chat);
   else if (req.prompt_text)
     tokens = tokens_for_text(*req.prompt_text, true);
   else
@@ -200,52 +201,83 @@ void OpenAiServer::handle_generate(const httplib::Request& http_req, httplib::Re
     return send_error(res, e);
   }
 
-  auto state = std::make_shared<StreamState>();
-  state->stream = *submitted;
-  state->stream_mode = req.stream;
-  state->include_usage = req.include_usage;
   const std::string id = fmt::format("{}-{:x}{:06x}", endpoint == Endpoint::kCompletions ? "cmpl" : "chatcmpl",
                                      unix_seconds(), next_response_id_++);
-  state->builder = std::make_unique<ResponseBuilder>(endpoint, id, config_.model_name, unix_seconds(),
-                                                     req.sampling.n, req.sampling.logprobs.has_value(),
-                                                     [this](int32_t t) { return token_text(t); });
+  auto builder = std::make_unique<ResponseBuilder>(endpoint, id, config_.model_name, unix_seconds(), req.sampling.n,
+                                                   req.sampling.logprobs.has_value(),
+                                                   [this](int32_t t) { return token_text(t); });
+  if (req.stream) return stream_response(http_req, res, *submitted, std::move(builder), req.include_usage);
+  whole_response(http_req, res, **submitted, *builder);
+}
+
+void OpenAiServer::whole_response(const httplib::Request& http_req, httplib::Response& res,
+                                  engine::RequestStream& stream, ResponseBuilder& builder) {
+  // Nothing is sent until the result is known, so a failure is a real 5xx status
+  // rather than a 200 with an error body. The client may leave meanwhile: its
+  // socket is looked up once the request outlives one poll interval.
+  std::optional<PeerConnection> peer;
+  bool peer_searched = false;
+  auto next_check = std::chrono::steady_clock::now() + kPollInterval;
+  while (true) {
+    auto out = stream.next(kPollInterval);
+    // Deltas may arrive faster than the poll interval: check the client by the clock.
+    if (const auto now = std::chrono::steady_clock::now(); now >= next_check) {
+      next_check = now + kPollInterval;
+      if (!peer_searched) {
+        peer_searched = true;
+        peer = PeerConnection::find(http_req.local_addr, http_req.local_port, http_req.remote_addr,
+                                    http_req.remote_port);
+      }
+      if (peer && peer->closed()) {
+        engine_.abort(stream.id());
+        {
+          std::lock_guard lock(counters_mutex_);
+          ++counters_.client_disconnects;
+        }
+        res.status = 499;  // nginx's "client closed request": only the access counters see it
+        return;
+      }
+    }
+    if (!out) continue;
+    builder.accumulate(*out);
+    if (!out->finished) continue;
+    if (!out->error.empty()) return send_error(res, api_error_from_engine_failure(out->error));
+    if (builder.any_choice_finished(engine::FinishReason::kAbort))  // the engine shut down under it
+      return send_error(res, api_error_from_status(failed_precondition_error(
+                                 "the server shut down before the request finished; retry")));
+    return send_json(res, 200, builder.final_response(out->usage));
+  }
+}
+
+void OpenAiServer::stream_response(const httplib::Request&, httplib::Response& res,
+                                   std::shared_ptr<engine::RequestStream> stream,
+                                   std::unique_ptr<ResponseBuilder> builder, bool include_usage) {
+  // Server-sent events: the 200 goes out with the first byte; a failure later
+  // is an error event in the stream, then [DONE].
+  auto state = std::make_shared<StreamState>();
+  state->stream = std::move(stream);
+  state->builder = std::move(builder);
+  state->include_usage = include_usage;
   const engine::RequestId request_id = state->stream->id();
 
-  auto provider = [this, state, request_id](size_t, httplib::DataSink& sink) -> bool {
+  auto provider = [state](size_t, httplib::DataSink& sink) -> bool {
     while (!state->done) {
       if (!sink.is_writable()) return false;  // the client left: the releaser aborts
       auto out = state->stream->next(kPollInterval);
       if (!out) continue;
-      if (state->stream_mode) {
-        std::string payload;
-        for (const json& chunk : state->builder->chunks(*out)) {
-          json c = chunk;
-          if (state->include_usage) c["usage"] = nullptr;
-          payload += ResponseBuilder::sse_event(c);
-        }
-        if (out->finished) {
-          if (!out->error.empty()) {
-            ApiError e = api_error_from_status(internal_error("{}", out->error));
-            payload += "data: " + e.body() + "\n\n";
-          }
-          if (state->include_usage) payload += ResponseBuilder::sse_event(state->builder->usage_chunk(out->usage));
-          payload += ResponseBuilder::kSseDone;
-          state->done = true;
-        }
-        if (!payload.empty() && !sink.write(payload.data(), payload.size())) return false;
-      } else {
-        state->builder->accumulate(*out);
-        if (out->finished) {
-          state->done = true;
-          std::string body;
-          if (!out->error.empty()) {
-            body = api_error_from_status(internal_error("{}", out->error)).body();
-          } else {
-            body = state->builder->final_response(out->usage).dump(-1, ' ', false, json::error_handler_t::replace);
-          }
-          if (!sink.write(body.data(), body.size())) return false;
-        }
+      std::string payload;
+      for (const json& chunk : state->builder->chunks(*out)) {
+        json c = chunk;
+        if (state->include_usage) c["usage"] = nullptr;
+        payload += ResponseBuilder::sse_event(c);
       }
+      if (out->finished) {
+        if (!out->error.empty()) payload += "data: " + api_error_from_engine_failure(out->error).body() + "\n\n";
+        if (state->include_usage) payload += ResponseBuilder::sse_event(state->builder->usage_chunk(out->usage));
+        payload += ResponseBuilder::kSseDone;
+        state->done = true;
+      }
+      if (!payload.empty() && !sink.write(payload.data(), payload.size())) return false;
     }
     sink.done();
     return true;
@@ -258,12 +290,8 @@ void OpenAiServer::handle_generate(const httplib::Request& http_req, httplib::Re
     }
   };
   res.status = 200;
-  if (req.stream) {
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider("text/event-stream", provider, releaser);
-  } else {
-    res.set_chunked_content_provider("application/json", provider, releaser);
-  }
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider("text/event-stream", provider, releaser);
 }
 
 void OpenAiServer::handle_cache_drop(const httplib::Request& http_req, httplib::Response& res) {
@@ -278,8 +306,8 @@ void OpenAiServer::handle_cache_drop(const httplib::Request& http_req, httplib::
     dropped = engine_.drop_namespace(ns);
   } else {
     StatusOr<std::vector<int32_t>> tokens = req.prompt_tokens;
-    if (!req.messages.empty())
-      tokens = tokens_for_chat(req.messages);
+    if (req.chat)
+      tokens = tokens_for_chat(*req.chat);
     else if (req.prompt_text)
       tokens = tokens_for_text(*req.prompt_text, true);
     if (!tokens.ok()) return send_error(res, api_error_from_status(tokens.status(), "prompt"));

@@ -7,11 +7,18 @@
 // tenant's cached blocks), GET /health, GET /metrics (Prometheus).
 //
 // Request path: auth (api key -> tenant -> cache namespace) -> parse and
-// validate (400 + OpenAI error object) -> model name -> tokens -> engine submit
-// (400 too long, 429 + Retry-After queue full: all decided before any byte of
-// the response) -> stream. A client that disconnects is noticed within one
-// poll interval (50 ms) and its request aborted, which frees its KV blocks at
-// the next engine step.
+// validate (400 + OpenAI error object) -> model name -> chat template ->
+// tokens -> engine submit (400 too long, 429 + Retry-After queue full: all
+// decided before any byte of the response) -> response.
+//
+// Non-streamed responses hold their status until the generation has finished:
+// 200 with the completion, or the OpenAI error object with 500 (the model
+// failed), 503 (the request can never fit the KV cache, or the server shut
+// down under it). Streamed responses send 200 with the first byte; a later
+// failure is an error event ({"error": {...}}) followed by [DONE].
+//
+// A client that disconnects is noticed within one poll interval (50 ms) and
+// its request aborted, which frees its KV blocks at the next engine step.
 //
 // Thread safety: handlers run on httplib's worker threads; the engine API they
 // call is thread-safe. stop() may be called from any thread (signal handler
@@ -45,8 +52,9 @@ namespace pagoda::server {
 struct TextCodec {
   // Text -> token ids (with the model's BOS etc. when add_special_tokens).
   std::function<std::vector<int32_t>(std::string_view text, bool add_special_tokens)> encode;
-  // Messages -> prompt text, ending with the assistant generation prompt.
-  std::function<StatusOr<std::string>(const std::vector<ChatMessage>& messages)> render_chat;
+  // Chat prompt -> prompt text, ending with the assistant generation prompt
+  // (make_chat_renderer(ChatTemplate) in chat_prompt.h).
+  ChatRenderer render_chat;
   // Token -> text, for logprobs.
   TokenText token_text;
 };
@@ -81,11 +89,18 @@ class OpenAiServer {
  private:
   void install_routes();
   void handle_generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  // Non-streamed: waits for the whole result, then answers 200 or the error's status.
+  void whole_response(const httplib::Request& req, httplib::Response& res, engine::RequestStream& stream,
+                      ResponseBuilder& builder);
+  // Streamed: 200 at once, deltas as server-sent events.
+  void stream_response(const httplib::Request& req, httplib::Response& res,
+                       std::shared_ptr<engine::RequestStream> stream, std::unique_ptr<ResponseBuilder> builder,
+                       bool include_usage);
   void handle_cache_drop(const httplib::Request& req, httplib::Response& res);
   std::optional<std::string> authenticate(const httplib::Request& req, httplib::Response& res);
   void send_error(httplib::Response& res, const ApiError& error);
   StatusOr<std::vector<int32_t>> tokens_for_text(const std::string& text, bool add_special_tokens) const;
-  StatusOr<std::vector<int32_t>> tokens_for_chat(const std::vector<ChatMessage>& messages) const;
+  StatusOr<std::vector<int32_t>> tokens_for_chat(const ChatPrompt& prompt) const;
   std::string token_text(int32_t token) const;
 
   ServerConfig config_;

@@ -1,0 +1,59 @@
+#pragma once
+// What a chat request asks the model's chat template to render: the messages
+// as the client sent them (order and key order kept, so templates that print
+// tool schemas or arguments with tojson render byte-identically to
+// transformers), the tools, and chat_template_kwargs (e.g. enable_thinking).
+//
+// Normalization, the same as vLLM's before apply_chat_template:
+//   - content: a string, or OpenAI text parts {"type": "text", "text": ...}
+//     joined without separator; null is allowed only on an assistant message
+//     that carries tool_calls (it becomes "");
+//   - role "developer" becomes "system" (templates know no developer role);
+//   - tool_calls[].function.arguments given as a JSON string (OpenAI's wire
+//     form) is parsed into the object HF templates expect;
+//   - every other field (name, tool_call_id, reasoning_content, ...) passes
+//     through unchanged after a type check.
+// tool_choice: "auto" (default) shows the tools to the template; "none" hides
+// them (the model is not told about tools, so it cannot call one); "required"
+// and a named function are rejected, since pagoda does not constrain decoding.
+//
+// Every problem is an ApiError naming the field, e.g. "messages[2].tool_calls[0].function.name".
+//
+// Thread safety: values and pure functions; a ChatRenderer may be called
+// concurrently (ChatTemplate::render is).
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "pagoda/chat/chat_template.h"
+#include "pagoda/core/status.h"
+#include "pagoda/server/api_error.h"
+
+namespace pagoda::server {
+
+struct ChatPrompt {
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();  // normalized message objects
+  nlohmann::ordered_json tools;                                        // null, or the tools shown to the template
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // chat_template_kwargs
+
+  // The extra variables of ChatTemplate::render: template_kwargs, plus tools
+  // when there are any.
+  nlohmann::ordered_json template_variables() const;
+};
+
+// The most messages / tools one request may carry.
+inline constexpr size_t kMaxChatMessages = 4096;
+inline constexpr size_t kMaxChatTools = 1024;
+
+// Reads "messages" (required), "tools", "tool_choice" and
+// "chat_template_kwargs" of a request body (a JSON object).
+std::optional<ApiError> read_chat_prompt(const nlohmann::ordered_json& body, ChatPrompt& out);
+
+// Prompt text of a chat prompt, ending with the assistant generation prompt.
+using ChatRenderer = std::function<StatusOr<std::string>(const ChatPrompt& prompt)>;
+ChatRenderer make_chat_renderer(chat::ChatTemplate chat_template);
+
+}  // namespace pagoda::server

@@ -1,0 +1,193 @@
+// The HTTP server in process, over a scripted model runner that can fail or go
+// slowly: a non-streamed completion whose model fails mid-generation is a 500
+// with the OpenAI error object (never a 200 with an error body), a streamed one
+// keeps its 200 and carries an error event before [DONE], and a client that
+// leaves a non-streamed request gets its generation aborted.
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "pagoda/engine/engine.h"
+#include "pagoda/engine/model_runner.h"
+#include "pagoda/kv/kv_cache_manager.h"
+#include "pagoda/server/openai_server.h"
+
+namespace pagoda::server {
+namespace {
+
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+// Next token = last token + 1 (mod vocab), so outputs are predictable; every
+// execute() may sleep, and from call `fail_from_call` on it fails.
+class ScriptedRunner final : public engine::ModelRunner {
+ public:
+  static constexpr int32_t kVocab = 64;
+
+  StatusOr<std::vector<float>> execute(const ForwardBatch& batch) override {
+    const int64_t call = ++calls;
+    const int64_t fail_from = fail_from_call.load();
+    if (fail_from > 0 && call >= fail_from) return internal_error("injected model failure at step {}", call);
+    if (step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms.load()));
+    std::vector<float> logits;
+    for (const SequenceSlice& s : batch.sequences) {
+      const int32_t rows = s.logits_for_all_new_tokens ? s.num_new_tokens : (s.logits_for_last_token ? 1 : 0);
+      for (int32_t r = 0; r < rows; ++r) {
+        const int32_t index = s.logits_for_all_new_tokens ? s.token_offset + r : s.token_offset + s.num_new_tokens - 1;
+        std::vector<float> row(kVocab, 0.0f);
+        row[(batch.token_ids[index] + 1) % kVocab] = 10.0f;
+        logits.insert(logits.end(), row.begin(), row.end());
+      }
+    }
+    return logits;
+  }
+  Status copy_blocks(std::span<const kv::BlockCopy>) override { return ok_status(); }
+  int32_t vocab_size() const override { return kVocab; }
+  int32_t max_context_length() const override { return 4096; }
+  std::vector<int32_t> eos_token_ids() const override { return {}; }
+
+  std::atomic<int64_t> calls{0};
+  std::atomic<int64_t> fail_from_call{0};
+  std::atomic<int32_t> step_delay_ms{0};
+};
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    kv::KvCacheConfig kc;
+    kc.num_blocks = 512;
+    kc.block_size = 16;
+    kv_ = std::move(kv::KvCacheManager::create(kc)).value();
+    engine_ = std::make_unique<engine::Engine>(engine::EngineConfig{}, runner_, *kv_);
+    engine_->start();
+    ServerConfig config;
+    config.model_name = "scripted";
+    config.port = 0;
+    config.http_threads = 8;
+    server_ = std::make_unique<OpenAiServer>(config, *engine_, TextCodec{});
+    auto port = server_->bind();
+    ASSERT_TRUE(port.ok()) << port.status().to_string();
+    port_ = *port;
+    serve_thread_ = std::thread([this] { (void)server_->serve(); });
+  }
+  void TearDown() override {
+    server_->stop();
+    if (serve_thread_.joinable()) serve_thread_.join();
+    engine_->shutdown(0ms);
+  }
+  httplib::Result post(const json& body) {
+    httplib::Client client("127.0.0.1", port_);
+    client.set_read_timeout(30, 0);
+    return client.Post("/v1/completions", body.dump(), "application/json");
+  }
+  // Waits up to 5 s for `condition`.
+  template <typename Condition>
+  bool eventually(Condition condition) {
+    for (int i = 0; i < 500; ++i) {
+      if (condition()) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return condition();
+  }
+
+  ScriptedRunner runner_;
+  std::unique_ptr<kv::KvCacheManager> kv_;
+  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<OpenAiServer> server_;
+  std::thread serve_thread_;
+  int port_ = 0;
+};
+
+TEST_F(ServerTest, NonStreamedCompletionSucceedsWith200) {
+  auto res = post({{"model", "scripted"}, {"prompt", {5, 6}}, {"max_tokens", 4}});
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200) << res->body;
+  const json body = json::parse(res->body);
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(body["usage"]["completion_tokens"], 4);
+}
+
+TEST_F(ServerTest, NonStreamedModelFailureIs500WithTheErrorObject) {
+  runner_.fail_from_call = 3;  // prefill and one decode succeed, then the model fails
+  auto res = post({{"model", "scripted"}, {"prompt", {5, 6}}, {"max_tokens", 20}});
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 500) << res->body;
+  EXPECT_EQ(res->get_header_value("Content-Type"), "application/json");
+  const json body = json::parse(res->body);
+  ASSERT_TRUE(body.contains("error")) << res->body;
+  EXPECT_FALSE(body.contains("choices"));
+  EXPECT_EQ(body["error"]["type"], "server_error");
+  EXPECT_EQ(body["error"]["code"], "internal_error");
+  EXPECT_THAT(body["error"]["message"].get<std::string>(), HasSubstr("injected model failure"));
+  // The server stays up: the next request (model healthy again) is served.
+  runner_.fail_from_call = 0;
+  auto again = post({{"model", "scripted"}, {"prompt", {1}}, {"max_tokens", 2}});
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->status, 200) << again->body;
+}
+
+TEST_F(ServerTest, StreamedModelFailureKeeps200AndSendsAnErrorEventThenDone) {
+  runner_.fail_from_call = 3;
+  auto res = post({{"model", "scripted"}, {"prompt", {5, 6}}, {"max_tokens", 20}, {"stream", true}});
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+  const std::string& text = res->body;
+  EXPECT_THAT(text, HasSubstr("data: {\"error\":"));
+  EXPECT_THAT(text, HasSubstr("injected model failure"));
+  const size_t error_at = text.find("\"error\"");
+  const size_t done_at = text.rfind("data: [DONE]\n\n");
+  ASSERT_NE(done_at, std::string::npos);
+  EXPECT_LT(error_at, done_at);
+  EXPECT_EQ(done_at + std::string("data: [DONE]\n\n").size(), text.size());
+  // Tokens generated before the failure were streamed first.
+  EXPECT_LT(text.find("\"choices\""), error_at);
+}
+
+TEST_F(ServerTest, ClientLeavingANonStreamedRequestAbortsIt) {
+  runner_.step_delay_ms = 5;  // 4000 tokens would take 20 s
+  const std::string body =
+      json{{"model", "scripted"}, {"prompt", {1, 2, 3}}, {"max_tokens", 4000}, {"ignore_eos", true}}.dump();
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port_));
+  inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+  ASSERT_TRUE(eventually([&] { return engine_->stats().num_running == 1; }));
+  std::this_thread::sleep_for(150ms);  // well past one poll interval: the server has looked the socket up
+  close(fd);
+  EXPECT_TRUE(eventually([&] { return engine_->stats().requests_aborted == 1; }))
+      << "the generation kept running after the client left";
+  EXPECT_TRUE(eventually([&] { return server_->http_counters().client_disconnects == 1; }));
+  EXPECT_LT(runner_.calls.load(), 1000);
+}
+
+TEST(ApiErrorTest, EngineFailuresMapTo500Or503) {
+  ApiError model = api_error_from_engine_failure("model step failed: CUDA error");
+  EXPECT_EQ(model.http_status, 500);
+  EXPECT_EQ(model.type, "server_error");
+  ApiError capacity = api_error_from_engine_failure("the request does not fit in the KV cache");
+  EXPECT_EQ(capacity.http_status, 503);
+  EXPECT_EQ(capacity.code, "kv_cache_capacity");
+  EXPECT_EQ(json::parse(capacity.body())["error"]["message"], "the request does not fit in the KV cache");
+}
+
+}  // namespace
+}  // namespace pagoda::server
