@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/tokenizer/byte_level_alphabet.h"
+#include "pagoda/tokenizer/tokenizer_json_reader.h"
 #include "pagoda/tokenizer/utf8.h"
 
 namespace pagoda::tokenizer {
@@ -55,23 +56,8 @@ void strip_chars(std::string& token, char32_t ch, size_t start, size_t stop) {
 
 }  // namespace
 
-Status Decoder::add_steps(const nlohmann::json& spec, std::string_view where,
-                          std::vector<Step>& steps) {
-  if (spec.is_null()) return ok_status();
-  if (!spec.is_object() || !spec.contains("type") || !spec["type"].is_string()) {
-    return data_loss_error("{}: expected an object with a string \"type\"", where);
-  }
-  const std::string type = spec["type"].get<std::string>();
-  if (type == "Sequence") {
-    if (!spec.contains("decoders") || !spec["decoders"].is_array()) {
-      return data_loss_error("{}.decoders: expected an array", where);
-    }
-    for (size_t i = 0; i < spec["decoders"].size(); ++i) {
-      PAGODA_RETURN_IF_ERROR(
-          add_steps(spec["decoders"][i], fmt::format("{}.decoders[{}]", where, i), steps));
-    }
-    return ok_status();
-  }
+Status Decoder::add_step(const nlohmann::json& spec, std::string_view where, const std::string& type,
+                         std::vector<Step>& steps) {
   if (type == "ByteLevel") { steps.push_back(Step{.kind = Kind::kByteLevel}); return ok_status(); }
   if (type == "ByteFallback") { steps.push_back(Step{.kind = Kind::kByteFallback}); return ok_status(); }
   if (type == "Fuse") { steps.push_back(Step{.kind = Kind::kFuse}); return ok_status(); }
@@ -115,7 +101,11 @@ Status Decoder::add_steps(const nlohmann::json& spec, std::string_view where,
 
 StatusOr<Decoder> Decoder::from_json(const nlohmann::json& spec, std::string_view where) {
   Decoder decoder;
-  PAGODA_RETURN_IF_ERROR(add_steps(spec, where, decoder.steps_));
+  PAGODA_RETURN_IF_ERROR(for_each_component(
+      spec, where, "decoders", [&](const nlohmann::json& component, std::string_view component_where,
+                                   const std::string& type) {
+        return add_step(component, component_where, type, decoder.steps_);
+      }));
   return decoder;
 }
 

@@ -40,8 +40,9 @@ class Decoder {
     char32_t strip_char = 0;       // Strip
     size_t strip_start = 0, strip_stop = 0;
   };
-  static Status add_steps(const nlohmann::json& spec, std::string_view where,
-                          std::vector<Step>& steps);
+  // One component (not a Sequence: for_each_component unrolls those).
+  static Status add_step(const nlohmann::json& spec, std::string_view where, const std::string& type,
+                         std::vector<Step>& steps);
 
   std::vector<Step> steps_;
 };

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <utf8proc.h>
 
+#include "pagoda/tokenizer/tokenizer_json_reader.h"
 #include "pagoda/tokenizer/utf8.h"
 
 namespace pagoda::tokenizer {
@@ -135,23 +136,8 @@ void strip_whitespace(std::string& text, bool left, bool right) {
 
 std::string to_nfc(std::string_view text) { return nfc_by_stretches(text); }
 
-Status Normalizer::add_steps(const nlohmann::json& spec, std::string_view where,
-                             std::vector<Step>& steps) {
-  if (spec.is_null()) return ok_status();
-  if (!spec.is_object() || !spec.contains("type") || !spec["type"].is_string()) {
-    return data_loss_error("{}: expected an object with a string \"type\"", where);
-  }
-  const std::string type = spec["type"].get<std::string>();
-  if (type == "Sequence") {
-    if (!spec.contains("normalizers") || !spec["normalizers"].is_array()) {
-      return data_loss_error("{}.normalizers: expected an array", where);
-    }
-    for (size_t i = 0; i < spec["normalizers"].size(); ++i) {
-      PAGODA_RETURN_IF_ERROR(
-          add_steps(spec["normalizers"][i], fmt::format("{}.normalizers[{}]", where, i), steps));
-    }
-    return ok_status();
-  }
+Status Normalizer::add_step(const nlohmann::json& spec, std::string_view where, const std::string& type,
+                            std::vector<Step>& steps) {
   if (type == "NFC") { steps.push_back(Step{.kind = Kind::kNfc}); return ok_status(); }
   if (type == "NFD") { steps.push_back(Step{.kind = Kind::kNfd}); return ok_status(); }
   if (type == "NFKC") { steps.push_back(Step{.kind = Kind::kNfkc}); return ok_status(); }
@@ -201,7 +187,11 @@ Status Normalizer::add_steps(const nlohmann::json& spec, std::string_view where,
 
 StatusOr<Normalizer> Normalizer::from_json(const nlohmann::json& spec, std::string_view where) {
   Normalizer normalizer;
-  PAGODA_RETURN_IF_ERROR(add_steps(spec, where, normalizer.steps_));
+  PAGODA_RETURN_IF_ERROR(for_each_component(
+      spec, where, "normalizers", [&](const nlohmann::json& component, std::string_view component_where,
+                                   const std::string& type) {
+        return add_step(component, component_where, type, normalizer.steps_);
+      }));
   return normalizer;
 }
 

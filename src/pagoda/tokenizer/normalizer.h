@@ -37,8 +37,9 @@ class Normalizer {
     std::string literal;                         // Replace with a {"String": ...} pattern
     bool strip_left = false, strip_right = false;
   };
-  static Status add_steps(const nlohmann::json& spec, std::string_view where,
-                          std::vector<Step>& steps);
+  // One component (not a Sequence: for_each_component unrolls those).
+  static Status add_step(const nlohmann::json& spec, std::string_view where, const std::string& type,
+                         std::vector<Step>& steps);
 
   std::vector<Step> steps_;
 };

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pagoda/tokenizer/tokenizer_json_reader.h"
 #include "pagoda/tokenizer/utf8.h"
 
 namespace pagoda::tokenizer {
@@ -32,23 +33,8 @@ StatusOr<std::shared_ptr<const Pcre2Regex>> compile_pattern(const nlohmann::json
 
 }  // namespace
 
-Status PreTokenizer::add_steps(const nlohmann::json& spec, std::string_view where,
-                               std::vector<Step>& steps) {
-  if (spec.is_null()) return ok_status();
-  if (!spec.is_object() || !spec.contains("type") || !spec["type"].is_string()) {
-    return data_loss_error("{}: expected an object with a string \"type\"", where);
-  }
-  const std::string type = spec["type"].get<std::string>();
-  if (type == "Sequence") {
-    if (!spec.contains("pretokenizers") || !spec["pretokenizers"].is_array()) {
-      return data_loss_error("{}.pretokenizers: expected an array", where);
-    }
-    for (size_t i = 0; i < spec["pretokenizers"].size(); ++i) {
-      PAGODA_RETURN_IF_ERROR(add_steps(spec["pretokenizers"][i],
-                                       fmt::format("{}.pretokenizers[{}]", where, i), steps));
-    }
-    return ok_status();
-  }
+Status PreTokenizer::add_step(const nlohmann::json& spec, std::string_view where, const std::string& type,
+                              std::vector<Step>& steps) {
   Step step;
   if (type == "Split") {
     if (!spec.contains("pattern")) return data_loss_error("{}.pattern: missing", where);
@@ -122,7 +108,11 @@ Status PreTokenizer::add_steps(const nlohmann::json& spec, std::string_view wher
 
 StatusOr<PreTokenizer> PreTokenizer::from_json(const nlohmann::json& spec, std::string_view where) {
   PreTokenizer pre_tokenizer;
-  PAGODA_RETURN_IF_ERROR(add_steps(spec, where, pre_tokenizer.steps_));
+  PAGODA_RETURN_IF_ERROR(for_each_component(
+      spec, where, "pretokenizers", [&](const nlohmann::json& component, std::string_view component_where,
+                                   const std::string& type) {
+        return add_step(component, component_where, type, pre_tokenizer.steps_);
+      }));
   // A ByteLevel step without regex and prefix space changes nothing at the byte level.
   std::erase_if(pre_tokenizer.steps_, [](const Step& step) {
     return step.kind == Kind::kByteLevel && !step.regex && !step.add_prefix_space;

@@ -65,8 +65,9 @@ class PreTokenizer {
     enum class Prepend { kAlways, kFirst, kNever } prepend = Prepend::kAlways;
     bool split_on_replacement = true;  // Metaspace "split"
   };
-  static Status add_steps(const nlohmann::json& spec, std::string_view where,
-                          std::vector<Step>& steps);
+  // One component (not a Sequence: for_each_component unrolls those).
+  static Status add_step(const nlohmann::json& spec, std::string_view where, const std::string& type,
+                         std::vector<Step>& steps);
   void run_step(size_t index, std::string_view piece, bool at_text_start, PieceSink sink) const;
   void run_split(size_t index, const Step& step, std::string_view piece, bool at_text_start,
                  PieceSink sink) const;

@@ -308,4 +308,23 @@ StatusOr<TokenizerJson> read_tokenizer_json(std::string_view text, std::string_v
   return out;
 }
 
+Status for_each_component(const nlohmann::json& spec, std::string_view where, std::string_view list_field,
+                          const ComponentVisitor& add_one) {
+  if (spec.is_null()) return ok_status();
+  if (!spec.is_object() || !spec.contains("type") || !spec["type"].is_string()) {
+    return data_loss_error("{}: expected an object with a string \"type\"", where);
+  }
+  const std::string type = spec["type"].get<std::string>();
+  if (type != "Sequence") return add_one(spec, where, type);
+  auto list = spec.find(list_field);
+  if (list == spec.end() || !list->is_array()) {
+    return data_loss_error("{}.{}: expected an array", where, list_field);
+  }
+  for (size_t i = 0; i < list->size(); ++i) {
+    PAGODA_RETURN_IF_ERROR(
+        for_each_component((*list)[i], fmt::format("{}.{}[{}]", where, list_field, i), list_field, add_one));
+  }
+  return ok_status();
+}
+
 }  // namespace pagoda::tokenizer

@@ -6,9 +6,10 @@
 //
 // Strict JSON (RFC 8259). Errors are DATA_LOSS naming the file and the byte offset.
 //
-// Thread safety: stateless function.
+// Thread safety: stateless functions.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -31,5 +32,15 @@ struct TokenizerJson {
 
 // `name` is used in error messages (the path).
 StatusOr<TokenizerJson> read_tokenizer_json(std::string_view text, std::string_view name);
+
+// tokenizer.json's "normalizer", "pre_tokenizer" and "decoder" are each one
+// component {"type": T, ...} or {"type": "Sequence", <list_field>: [...]} of
+// components (sequences nest). Calls add_one for every non-Sequence component in
+// order, with `where` naming it for errors (e.g. "decoder.decoders[1]"). A null
+// spec is no component. Malformed specs are DATA_LOSS naming the field.
+using ComponentVisitor =
+    std::function<Status(const nlohmann::json& spec, std::string_view where, const std::string& type)>;
+Status for_each_component(const nlohmann::json& spec, std::string_view where, std::string_view list_field,
+                          const ComponentVisitor& add_one);
 
 }  // namespace pagoda::tokenizer
