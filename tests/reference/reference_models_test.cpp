@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -48,7 +49,23 @@ nlohmann::json read_json(const std::filesystem::path& path) {
 struct RunSettings {
   int32_t block_size = 16;
   size_t f32_cache_bytes = 0;  // 0: keep bf16/f16 weights mmapped (the default); else upcast at load
+  bool poison_pool = false;    // fill every K/V slot with NaN before the run
 };
+
+// NaN in every K and V slot of an f32 pool: a forward that reads any slot its
+// sequence did not write (a stale slot of a reused block, the unwritten tail of
+// the last block) turns its logits into NaN.
+void poison_f32_pool(CpuKvPool& pool) {
+  const KvPoolShape& shape = pool.shape();
+  ASSERT_EQ(shape.key_dtype, DType::kF32);
+  ASSERT_EQ(shape.value_dtype, DType::kF32);
+  const size_t floats = static_cast<size_t>(shape.num_blocks) * shape.elements_per_block();
+  for (int32_t l = 0; l < shape.num_layers; ++l) {
+    kernels::PagedKvLayer layer = pool.layer(l);
+    std::fill_n(layer.key_f32(), floats, std::numeric_limits<float>::quiet_NaN());
+    std::fill_n(layer.value_f32(), floats, std::numeric_limits<float>::quiet_NaN());
+  }
+}
 
 // Compares expected [[id, logprob], ...] against our full log-softmax row.
 // Largest |ours - transformers| seen in the current fixture, printed at its end.
@@ -94,6 +111,7 @@ void run_fixture(const std::string& name, const RunSettings& settings) {
   const int32_t num_blocks = (total + settings.block_size - 1) / settings.block_size;
   auto pool = CpuKvPool::create(model.kv_pool_shape(num_blocks + 2, settings.block_size));
   ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+  if (settings.poison_pool) poison_f32_pool(*pool);
 
   SequenceSlice seq;
   for (int32_t b = num_blocks + 1; b >= 2; --b) seq.block_table.push_back(b);  // reversed, skipping 0 and 1
@@ -154,6 +172,42 @@ TEST(ReferenceFixturesTest, BlockSize1OnOneCase) {
   const auto names = fixture_names();
   if (std::find(names.begin(), names.end(), "qwen3_sharded_f32") == names.end()) FAIL() << "fixture absent";
   run_fixture("qwen3_sharded_f32", {1, 0});
+}
+
+// Tenant hygiene (docs/SECURITY.md): attention reads only slots its own
+// sequence wrote. Every slot of the pool starts as NaN, as if the blocks had
+// been freed by another tenant's sequence and handed over unzeroed; blocks of 3
+// leave the last block partly unwritten at most steps. One NaN read would spoil
+// every logit after it.
+TEST(ReferenceFixturesTest, NeverReadsSlotsTheSequenceDidNotWrite) {
+  const auto names = fixture_names();
+  {
+    // The probe works: a sequence that claims one cached token it never wrote reads NaN.
+    auto model = CpuModel::load(fixtures_dir() / "llama_f32");
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    auto pool = CpuKvPool::create((*model)->kv_pool_shape(4, 4));
+    ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+    poison_f32_pool(*pool);
+    ForwardBatch batch;
+    batch.token_ids = {5};
+    batch.positions = {1};
+    SequenceSlice seq;
+    seq.num_cached_tokens = 1;
+    seq.num_new_tokens = 1;
+    seq.block_table = {2};
+    batch.sequences = {seq};
+    std::vector<float> logits;
+    ASSERT_TRUE((*model)->forward(batch, *pool, logits).ok());
+    EXPECT_TRUE(std::any_of(logits.begin(), logits.end(), [](float v) { return std::isnan(v); }));
+  }
+  for (const char* name : {"llama_f32", "mistral_bf16"}) {
+    if (std::find(names.begin(), names.end(), name) == names.end()) {
+      ADD_FAILURE() << "fixture " << name << " absent";
+      continue;
+    }
+    SCOPED_TRACE(name);
+    run_fixture(name, {3, 0, /*poison_pool=*/true});
+  }
 }
 
 }  // namespace
