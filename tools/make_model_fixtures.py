@@ -14,7 +14,13 @@ attention:
   top1_margin   logit gap between the best and second-best token at each step
                 (tests may forgive a flipped near-tie).
 
-Usage: python3 tools/make_model_fixtures.py --out DIR
+mistral_sliding_bf16 has a sliding window of 8 and a 20-token prompt, so the
+prompt and all 24 generated tokens attend through the window (transformers:
+key j is visible to query i iff i - 8 < j <= i); the script checks that the
+window changes the logits (else the case would not test it). It is kept under
+200 KB (vocab 128, MLP 128).
+
+Usage: python3 tools/make_model_fixtures.py --out DIR [--only CASE[,CASE...]]
 Writes DIR/<case>/{config.json, *.safetensors[, index], expected.json}.
 """
 import argparse
@@ -62,6 +68,11 @@ CASES = [
      dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
           use_sliding_window=False),
      rope(1000000.0), 19, True),
+    # Appended last so the seeds (by index) of the cases above stay the same.
+    ("mistral_sliding_bf16", MistralConfig, MistralForCausalLM, torch.bfloat16,
+     dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=8, tie_word_embeddings=False,
+          vocab_size=128, intermediate_size=128),
+     rope(1000000.0), 20, False),
 ]
 
 
@@ -138,6 +149,19 @@ def make_case(case, out_dir, seed):
                 "dtype": str(dtype).replace("torch.", ""), "prompt_ids": prompt,
                 "transformers_version": transformers.__version__}
     expected.update(reference(reloaded, prompt))
+    window = getattr(cfg, "sliding_window", None)
+    if window:
+        expected["sliding_window"] = window
+        assert prompt_len + STEPS > 2 * window, "the case must cross its sliding window"
+        # The window must matter: the same weights with full attention give other logits.
+        full = model_cls.from_pretrained(case_dir, dtype=torch.float32, attn_implementation="eager",
+                                         sliding_window=None)
+        full.eval()
+        with torch.no_grad():
+            ids = torch.tensor([prompt + expected["greedy_tokens"]])
+            diff = (full(ids).logits - reloaded(ids).logits).abs().max().item()
+        print(f"{name}: sliding window {window}, max |logit(full) - logit(window)| = {diff:.4f}")
+        assert diff > 1e-2, "sliding window has no effect on this case"
     with open(os.path.join(case_dir, "expected.json"), "w") as f:
         json.dump(expected, f)
     files = sorted(os.listdir(case_dir))
@@ -147,10 +171,17 @@ def make_case(case, out_dir, seed):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--only", default="", help="comma-separated case names (default: all)")
     args = parser.parse_args()
+    only = [n for n in args.only.split(",") if n]
+    unknown = sorted(set(only) - {case[0] for case in CASES})
+    if unknown:
+        parser.error(f"--only: unknown case(s) {unknown}; cases are {[case[0] for case in CASES]}")
     print("transformers", transformers.__version__, "torch", torch.__version__)
     failed = 0
     for i, case in enumerate(CASES):
+        if only and case[0] not in only:
+            continue
         try:
             make_case(case, args.out, 1234 + 17 * i)
         except Exception:  # keep going: one broken case must not cost the whole device call
