@@ -291,6 +291,21 @@ TEST(GpuSampling, DrawsAreReproduciblePerSeedAndStepWhateverTheRow) {
   EXPECT_NE(sampling_uniform(1, 0, 0), sampling_uniform(1, 1, 0));
 }
 
+TEST(GpuSampling, AVocabularyNotAMultipleOfFourTakesTheScalarLoadsToTheSameResult) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const std::vector<float> row = llama_like_row(21, 1003);
+  for (const GpuSamplingParams& p : {GpuSamplingParams{0.0f, 0, 1.0f, 0.0f, 0, 0},
+                                     GpuSamplingParams{1.0f, 10, 0.9f, 0.0f, 0, 0}}) {
+    const std::vector<double> truth = cpu_truncated_distribution(row, p.temperature > 0 ? p : GpuSamplingParams{
+                                                                     1.0f, 1, 1.0f, 0.0f, 0, 0});
+    const GpuDraws gpu = sample_many(row, p, 256);
+    for (size_t i = 0; i < gpu.tokens.size(); ++i) {
+      EXPECT_GT(truth[gpu.tokens[i]], 0.0) << "token " << gpu.tokens[i];
+      EXPECT_NEAR(gpu.logprobs[i], raw_logprob(row, gpu.tokens[i]), 1e-4);
+    }
+  }
+}
+
 TEST(GpuSampling, RowsWithoutFiniteLogitsFallBackToArgmax) {
   PAGODA_SKIP_WITHOUT_GPU();
   std::vector<float> row(1000, -INFINITY);
