@@ -11,8 +11,9 @@
 #   #                  tools/gpu_backend/engine_suite.sh remote", carry=[".device/gpusample/bundle.tar.xz"])
 #
 # Environment: BUILD_DIR (build-gpusample), RANDOM_SECONDS (time cap per random
-# run, 150), SAMPLINGS (top-p,greedy), PREFIX=0 skips the shared-prefix runs,
-# TESTS=0 skips the tests, MAX_NUM_SEQS (256).
+# run, 150), SAMPLINGS (top-p,greedy), WORKLOADS (sampler,latency,random,shared-prefix:
+# the bench's order), PREFIX=0 drops shared-prefix, TESTS=0 skips the tests,
+# MAX_NUM_SEQS (256).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 bundle=$here/.device/gpusample/bundle
@@ -50,8 +51,8 @@ remote)
     done
   fi
   secs=${RANDOM_SECONDS:-150}
-  workloads=sampler,latency,random
-  [ "${PREFIX:-1}" = 1 ] && workloads=$workloads,shared-prefix
+  workloads=${WORKLOADS:-sampler,latency,random,shared-prefix}
+  [ "${PREFIX:-1}" = 1 ] || workloads=$(echo "$workloads" | sed 's/,*shared-prefix//')
   timeout $(( 2 * secs + 200 )) "$run" pagoda_gpu_engine_bench --config tools/gpu_backend/llama3_8b_config.json \
     --workload "$workloads" --sampling "${SAMPLINGS:-top-p,greedy}" --max-num-seqs "${MAX_NUM_SEQS:-256}" \
     --max-seconds "$secs" --prefix-max-seconds 60 --json "$out/engine_bench.json" 2>&1 | tee "$out/engine_bench.log" |
