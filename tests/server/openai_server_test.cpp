@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <thread>
 
@@ -22,6 +23,8 @@
 #include "pagoda/engine/engine.h"
 #include "pagoda/engine/model_runner.h"
 #include "pagoda/kv/kv_cache_manager.h"
+#include "pagoda/chat/chat_template.h"
+#include "pagoda/server/chat_prompt.h"
 #include "pagoda/server/openai_server.h"
 
 namespace pagoda::server {
@@ -66,6 +69,9 @@ class ScriptedRunner final : public engine::ModelRunner {
 
 class ServerTest : public ::testing::Test {
  protected:
+  // No tokenizer: token-id prompts only.
+  virtual TextCodec make_codec() { return {}; }
+
   void SetUp() override {
     kv::KvCacheConfig kc;
     kc.num_blocks = 512;
@@ -77,7 +83,7 @@ class ServerTest : public ::testing::Test {
     config.model_name = "scripted";
     config.port = 0;
     config.http_threads = 8;
-    server_ = std::make_unique<OpenAiServer>(config, *engine_, TextCodec{});
+    server_ = std::make_unique<OpenAiServer>(config, *engine_, make_codec());
     auto port = server_->bind();
     ASSERT_TRUE(port.ok()) << port.status().to_string();
     port_ = *port;
@@ -88,10 +94,10 @@ class ServerTest : public ::testing::Test {
     if (serve_thread_.joinable()) serve_thread_.join();
     engine_->shutdown(0ms);
   }
-  httplib::Result post(const json& body) {
+  httplib::Result post(const json& body, const char* path = "/v1/completions") {
     httplib::Client client("127.0.0.1", port_);
     client.set_read_timeout(30, 0);
-    return client.Post("/v1/completions", body.dump(), "application/json");
+    return client.Post(path, body.dump(), "application/json");
   }
   // Waits up to 5 s for `condition`.
   template <typename Condition>
@@ -177,6 +183,126 @@ TEST_F(ServerTest, ClientLeavingANonStreamedRequestAbortsIt) {
       << "the generation kept running after the client left";
   EXPECT_TRUE(eventually([&] { return server_->http_counters().client_disconnects == 1; }));
   EXPECT_LT(runner_.calls.load(), 1000);
+}
+
+TEST_F(ServerTest, NonStreamedRequestCutShortByShutdownIs503) {
+  runner_.step_delay_ms = 5;
+  int status = 0;
+  std::string body;
+  std::thread client([&] {
+    auto res = post({{"model", "scripted"}, {"prompt", {1, 2}}, {"max_tokens", 4000}, {"ignore_eos", true}});
+    if (res) {
+      status = res->status;
+      body = res->body;
+    }
+  });
+  const bool started = eventually([&] { return engine_->stats().num_running == 1; });
+  engine_->shutdown(0ms);
+  client.join();
+  ASSERT_TRUE(started);
+  EXPECT_EQ(status, 503) << body;
+  EXPECT_EQ(json::parse(body)["error"]["code"], "unavailable") << body;
+}
+
+// A chat server over a real chat template; "tokens" are the prompt's bytes (mod
+// the vocabulary), so usage.prompt_tokens is the rendered prompt's length.
+class ChatServerTest : public ServerTest {
+ protected:
+  virtual std::filesystem::path template_dir() const {
+    return std::filesystem::path(PAGODA_SOURCE_DIR) / ".cache/npm/qwen3/package/models";
+  }
+  TextCodec make_codec() override {
+    TextCodec codec;
+    codec.encode = [](std::string_view text, bool) {
+      std::vector<int32_t> ids;
+      for (unsigned char c : text) ids.push_back(c % ScriptedRunner::kVocab);
+      return ids;
+    };
+    auto chat = chat::ChatTemplate::load_from_model_dir(template_dir());
+    EXPECT_TRUE(chat.ok()) << chat.status().to_string() << " (run scripts/fetch-test-data.sh)";
+    if (chat.ok()) codec.render_chat = make_chat_renderer(std::move(*chat));
+    return codec;
+  }
+};
+
+TEST_F(ChatServerTest, ToolsAndToolCallsReachTheTemplate) {
+  const json messages = json::parse(R"([
+      {"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "21 C"}])");
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  auto with_tools = post({{"model", "scripted"}, {"messages", messages}, {"tools", tools}, {"max_tokens", 1}},
+                         "/v1/chat/completions");
+  auto without = post({{"model", "scripted"}, {"messages", messages}, {"tools", tools}, {"tool_choice", "none"},
+                       {"max_tokens", 1}},
+                      "/v1/chat/completions");
+  ASSERT_TRUE(with_tools && without);
+  ASSERT_EQ(with_tools->status, 200) << with_tools->body;
+  ASSERT_EQ(without->status, 200) << without->body;
+
+  // What the template makes of the conversation in HF form (arguments as an
+  // object, content "" beside tool calls), with and without the tools.
+  auto chat = chat::ChatTemplate::load_from_model_dir(template_dir());
+  ASSERT_TRUE(chat.ok());
+  nlohmann::ordered_json hf_messages = nlohmann::ordered_json::parse(messages.dump());
+  hf_messages[1]["content"] = "";
+  hf_messages[1]["tool_calls"][0]["function"]["arguments"] = {{"city", "Paris"}};
+  const nlohmann::ordered_json hf_tools = nlohmann::ordered_json::parse(tools.dump());
+  auto expected_with = chat->render(hf_messages, true, nlohmann::ordered_json{{"tools", hf_tools}});
+  auto expected_without = chat->render(hf_messages, true);
+  ASSERT_TRUE(expected_with.ok() && expected_without.ok());
+  ASSERT_THAT(*expected_with, HasSubstr("<tools>"));
+  ASSERT_THAT(*expected_with, HasSubstr("{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}"));
+  ASSERT_THAT(*expected_with, HasSubstr("<tool_response>\n21 C\n</tool_response>"));
+  // One "token" per byte: the prompt that reached the engine has exactly that length.
+  EXPECT_EQ(json::parse(with_tools->body)["usage"]["prompt_tokens"], expected_with->size());
+  EXPECT_EQ(json::parse(without->body)["usage"]["prompt_tokens"], expected_without->size());
+  EXPECT_NE(expected_with->size(), expected_without->size());
+}
+
+TEST_F(ChatServerTest, BadChatShapesAre400NamingTheFieldAndTheServerStaysUp) {
+  struct Case {
+    json body;
+    std::string param;
+  };
+  const json user = {{"role", "user"}, {"content", "hi"}};
+  for (const Case& c : std::vector<Case>{
+           {{{"model", "scripted"}, {"messages", {user}}, {"tools", {{"type", "function"}}}}, "tools"},
+           {{{"model", "scripted"}, {"messages", {user}}, {"tools", {{{"type", "function"}}}}}, "tools[0].function"},
+           {{{"model", "scripted"}, {"messages", {{{"role", "user"}, {"content", 42}}}}}, "messages[0].content"},
+           {{{"model", "scripted"}, {"messages", {{{"role", "robot"}, {"content", "x"}}}}}, "messages[0].role"},
+           {{{"model", "scripted"}, {"messages", {user}}, {"tool_choice", "required"}}, "tool_choice"},
+           {{{"model", "scripted"}, {"messages", {user}}, {"chat_template_kwargs", "think"}}, "chat_template_kwargs"},
+       }) {
+    auto res = post(c.body, "/v1/chat/completions");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << c.body.dump() << " -> " << res->body;
+    EXPECT_EQ(json::parse(res->body)["error"]["param"], c.param) << c.body.dump();
+  }
+  auto ok = post({{"model", "scripted"}, {"messages", {user}}, {"max_tokens", 1}}, "/v1/chat/completions");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+// A template's own raise_exception is the client's fault: 400 with its message.
+class StrictTemplateServerTest : public ChatServerTest {
+ protected:
+  std::filesystem::path template_dir() const override {
+    return std::filesystem::path(PAGODA_SOURCE_DIR) / "tests/fixtures/chat/models/mistral_v01";
+  }
+};
+
+TEST_F(StrictTemplateServerTest, TemplateRaiseIs400WithItsMessage) {
+  auto res = post({{"model", "scripted"},
+                   {"messages", {{{"role", "system"}, {"content", "s"}}, {{"role", "user"}, {"content", "u"}}}}},
+                  "/v1/chat/completions");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400) << res->body;
+  const json body = json::parse(res->body);
+  EXPECT_EQ(body["error"]["param"], "messages");
+  EXPECT_THAT(body["error"]["message"].get<std::string>(), HasSubstr("Conversation roles must alternate"));
 }
 
 TEST(ApiErrorTest, EngineFailuresMapTo500Or503) {
