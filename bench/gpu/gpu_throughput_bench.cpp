@@ -27,6 +27,7 @@
 
 #include "pagoda/backend/cuda/cuda_model.h"
 #include "pagoda/backend/cuda/cuda_model_runner.h"
+#include "pagoda/backend/cuda/fast_attention.h"
 
 namespace {
 
@@ -142,10 +143,24 @@ nlohmann::json run_latency(CudaModelRunner& runner, const Args& args) {
   return out;
 }
 
-// Checks kernels/cuda's attention against the backend's own kernel on this
-// model before timing anything; disables it when they disagree.
+// Checks kernels/cuda's attention and the backend's own kernel, each against a
+// float64 CPU reference at this model's attention shape (FastAttention::
+// check_attention_kernels), and turns fast attention off if it misses the
+// kernels' bound. The two kernels' logits through the whole model are only
+// reported: on a deep random-weight model bf16 roundings compound, so two
+// correct kernels differ there by a few percent (docs/KERNELS.md).
 nlohmann::json check_fast_attention(CudaModelRunner& runner, const Args& args) {
   CudaModel& model = runner.model();
+  auto check = pagoda::cuda::FastAttention::check_attention_kernels(model.config(), args.block_size);
+  if (!check.ok()) die(check.status(), "attention check");
+  const bool on = check->fast_ok();
+  std::printf("attention check vs float64 (relative L2, bound %.0e): kernels/cuda %s prefill %.2e decode %.2e; builtin "
+              "prefill %.2e decode %.2e -> %s\n", pagoda::cuda::AttentionCheck::kBound,
+              check->fast_available ? "" : "(not available for this shape)", check->fast_prefill, check->fast_decode,
+              check->builtin_prefill, check->builtin_decode,
+              on ? "fast attention ON (graphs and eager steps)" : "builtin attention only");
+
+  // For the record: the two kernels through the whole model (two prompts, all logits).
   std::mt19937 rng(99);
   std::uniform_int_distribution<int32_t> token(0, model.config().vocab_size - 1);
   ForwardBatch batch;
@@ -161,30 +176,31 @@ nlohmann::json check_fast_attention(CudaModelRunner& runner, const Args& args) {
     for (int32_t b = 0; b < (len + args.block_size - 1) / args.block_size; ++b) s.block_table.push_back(next_block++);
     batch.sequences.push_back(s);
   }
-  const int64_t before = model.fast_attention_steps();
-  model.set_fast_attention(true);
-  auto fast = runner.execute(batch);
-  model.set_fast_attention(false);
-  auto builtin = runner.execute(batch);
-  if (!fast.ok() || !builtin.ok()) die(fast.ok() ? builtin.status() : fast.status(), "attention check");
   double err = 0, scale = 0;
-  for (size_t i = 0; i < fast->size(); ++i) {
-    err = std::max(err, static_cast<double>(std::abs((*fast)[i] - (*builtin)[i])));
-    scale = std::max(scale, static_cast<double>(std::abs((*builtin)[i])));
+  if (check->fast_available) {
+    model.set_fast_attention(true);
+    auto fast = runner.execute(batch);
+    model.set_fast_attention(false);
+    auto builtin = runner.execute(batch);
+    if (!fast.ok() || !builtin.ok()) die(fast.ok() ? builtin.status() : fast.status(), "attention check");
+    for (size_t i = 0; i < fast->size(); ++i) {
+      err = std::max(err, static_cast<double>(std::abs((*fast)[i] - (*builtin)[i])));
+      scale = std::max(scale, static_cast<double>(std::abs((*builtin)[i])));
+    }
+    std::printf("attention check: whole model, max |fast - builtin| logit %.4g (max |logit| %.3g; information only)\n",
+                err, scale);
   }
-  const bool used = model.fast_attention_steps() > before;
-  const bool agree = err <= 1e-3 + 0.03 * scale;
-  model.set_fast_attention(used && agree);
-  std::printf("attention check: kernels/cuda %s; max |fast - builtin| logit diff %.4g (max |logit| %.3g) -> %s\n",
-              used ? "ran" : "not available for this shape", err, scale,
-              used && agree ? "fast attention ON for eager steps" : "builtin attention only");
-  return {{"fast_attention_available", used}, {"max_logit_diff", err}, {"max_logit", scale},
-          {"fast_attention_on", used && agree}};
+  model.set_fast_attention(on);
+  return {{"fast_attention_available", check->fast_available}, {"fast_prefill_rel_l2", check->fast_prefill},
+          {"fast_decode_rel_l2", check->fast_decode}, {"builtin_prefill_rel_l2", check->builtin_prefill},
+          {"builtin_decode_rel_l2", check->builtin_decode}, {"bound", pagoda::cuda::AttentionCheck::kBound},
+          {"model_max_logit_diff_fast_vs_builtin", err}, {"model_max_logit", scale}, {"fast_attention_on", on}};
 }
 
 // Static batch: B sequences with `context` cached tokens decode `steps` tokens
-// together, timed per step, with (a) graph replay + the backend's attention
-// and (b) eager steps + kernels/cuda's attention.
+// together, timed per step, with (a) graph replay (kernels/cuda's graph-mode
+// decode when it passed the check, else the backend's attention) and (b) eager
+// steps + kernels/cuda's attention.
 nlohmann::json run_decode_sweep(CudaModelRunner& runner, const Args& args) {
   CudaModel& model = runner.model();
   const bool fast_ok = model.options().fast_attention;
@@ -218,7 +234,7 @@ nlohmann::json run_decode_sweep(CudaModelRunner& runner, const Args& args) {
     for (int variant = 0; variant < (fast_ok ? 2 : 1); ++variant) {
       const bool graphs = variant == 0;
       model.set_use_cuda_graphs(graphs);
-      model.set_fast_attention(!graphs);
+      model.set_fast_attention(!graphs || fast_ok);  // graphs run kernels/cuda's decode too when it passed the check
       std::vector<double> ms;
       for (int32_t step = 0; step < steps; ++step) {
         ForwardBatch batch;
@@ -243,9 +259,10 @@ nlohmann::json run_decode_sweep(CudaModelRunner& runner, const Args& args) {
                            static_cast<double>(context + steps / 2) * batch_size / 1e9;
       std::printf("decode sweep: batch %3d, context %d, %s: %.3f ms/step p50 -> %.0f tok/s (KV %.1f GB + weights "
                   "%.1f GB per step)\n", batch_size, context,
-                  graphs ? "CUDA graph + builtin attention" : "eager + kernels/cuda attention", p50,
+                  graphs ? (fast_ok ? "CUDA graph + kernels/cuda attention" : "CUDA graph + builtin attention")
+                         : "eager + kernels/cuda attention", p50,
                   batch_size / (p50 / 1e3), kv_gb, model.weight_bytes() / 1e9);
-      out.push_back({{"batch", batch_size}, {"context", context}, {"graphs", graphs}, {"fast_attention", !graphs},
+      out.push_back({{"batch", batch_size}, {"context", context}, {"graphs", graphs}, {"fast_attention", !graphs || fast_ok},
                      {"ms_per_step_p50", p50}, {"tok_per_s", batch_size / (p50 / 1e3)}, {"kv_gb_per_step", kv_gb}});
     }
   }
@@ -450,8 +467,8 @@ int main(int argc, char** argv) {
   if (args.mode == "sweep" || args.mode == "all") {
     figures["decode_sweep"] = run_decode_sweep(**runner, args);
     if (args.max_graph_batch < 0) {
-      // Graphs (builtin attention) for every measured batch size up to the first
-      // one where eager steps with kernels/cuda's attention are faster.
+      // Graphs for every measured batch size up to the first one where eager
+      // steps with kernels/cuda's attention are faster.
       int32_t limit = 0;  // 0: graphs for all
       double graph_ms = 0;
       for (const auto& r : figures["decode_sweep"]) {

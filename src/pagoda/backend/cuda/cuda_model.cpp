@@ -274,10 +274,15 @@ Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {
   return ok_status();
 }
 
-Status CudaModel::capture_graph(int32_t bucket, const CudaKvPool& pool) {
+bool CudaModel::fast_attention_usable() const {
+  // kernels/cuda reads bf16 KV only so far (quantized KV: the builtin kernel dequantizes).
+  return options_.fast_attention && options_.kv_key_dtype == DType::kBF16 && options_.kv_value_dtype == DType::kBF16;
+}
+
+Status CudaModel::capture_graph(int32_t bucket, const CudaKvPool& pool, bool fast_attention) {
   cudaGraph_t graph = nullptr;
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  Status status = run_layers(bucket, pool, /*fast_attention=*/false);
+  Status status = run_layers(bucket, pool, fast_attention);
   if (status.ok()) status = run_head(0, bucket);
   const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
   if (!status.ok() || end != cudaSuccess) {
@@ -291,7 +296,7 @@ Status CudaModel::capture_graph(int32_t bucket, const CudaKvPool& pool) {
   cudaGraphDestroy(graph);
   PAGODA_CUDA_RETURN_IF_ERROR(instantiate);
   if (auto it = graphs_.find(bucket); it != graphs_.end()) cudaGraphExecDestroy(it->second.exec);
-  graphs_[bucket] = Graph{exec, &pool};
+  graphs_[bucket] = Graph{exec, &pool, fast_attention};
   return ok_status();
 }
 
@@ -321,20 +326,28 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
   };
 
   if (step.bucket > 0) {
+    // kernels/cuda's decode in graph mode: this step's arena goes to fixed
+    // device memory ahead of the graph, which replays the same launches.
+    bool fast = false;
+    if (fast_attention_usable()) {
+      PAGODA_ASSIGN_OR_RETURN(fast, fast_->plan_graph(config_, batch, step.bucket, buckets_.back(), block_table_stride_,
+                                                      options_.block_size, pool.shape().num_blocks, stream_));
+    }
+    if (fast) ++fast_attention_steps_;
     auto it = graphs_.find(step.bucket);
-    if (it != graphs_.end() && it->second.pool == &pool) {
+    if (it != graphs_.end() && it->second.pool == &pool && it->second.fast_attention == fast) {
       PAGODA_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second.exec, stream_));
       ++graph_replays_;
     } else {
-      // First step of this bucket: run it for real, then record it for next time.
-      PAGODA_RETURN_IF_ERROR(run_layers(step.num_tokens, pool, /*fast_attention=*/false));
+      // First step of this bucket (or pool, or attention): run it for real, then record it for next time.
+      PAGODA_RETURN_IF_ERROR(run_layers(step.num_tokens, pool, fast));
       PAGODA_RETURN_IF_ERROR(run_head(0, step.num_tokens));
-      PAGODA_RETURN_IF_ERROR(capture_graph(step.bucket, pool));
+      PAGODA_RETURN_IF_ERROR(capture_graph(step.bucket, pool, fast));
     }
     return copy_out(0, step.num_rows);
   }
   bool fast = false;
-  if (options_.fast_attention) {
+  if (fast_attention_usable()) {
     PAGODA_ASSIGN_OR_RETURN(fast, fast_->plan(config_, batch, options_.block_size, pool.shape().num_blocks, stream_));
   }
   if (fast) ++fast_attention_steps_;

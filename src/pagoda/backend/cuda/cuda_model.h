@@ -16,9 +16,10 @@
 // CUDA graphs: a pure decode step (every sequence 1 new token, logits for it)
 // of B <= max_graph_batch sequences runs padded to the smallest bucket >= B
 // (padding rows write no KV and attend to nothing). The first step of a bucket
-// runs eagerly and captures the graph; later ones replay it. Graphs use the
-// backend's own attention kernel; eager steps use kernels/cuda's Hopper kernels
-// (fast_attention.h) where they support the shape.
+// runs eagerly and captures the graph; later ones replay it. Attention is
+// kernels/cuda's Hopper kernels (fast_attention.h) where they support the
+// shape: split-K decode in graph mode inside the graphs, decode or tensor-core
+// prefill in eager steps; the backend's own kernel otherwise.
 //
 // Thread safety: one caller at a time (scratch, graphs and the stream are per model).
 
@@ -137,7 +138,8 @@ class CudaModel {
   // Samples logit rows [row_begin, row_begin + n) (already in logits_) and
   // copies tokens, logprobs and the host rows' logits out; synchronizes.
   Status sample_out(int32_t row_begin, int32_t n);
-  Status capture_graph(int32_t bucket, const CudaKvPool& pool);
+  Status capture_graph(int32_t bucket, const CudaKvPool& pool, bool fast_attention);
+  bool fast_attention_usable() const;
   Status run(const ForwardBatch& batch, CudaKvPool& pool, Output output, std::vector<float>* logits,
              std::vector<int32_t>* tokens);
 
@@ -182,6 +184,7 @@ class CudaModel {
   struct Graph {
     cudaGraphExec_t exec = nullptr;
     const CudaKvPool* pool = nullptr;  // the pool whose addresses the graph baked in
+    bool fast_attention = false;       // captured with kernels/cuda's graph-mode decode attention
   };
   std::map<int32_t, Graph> graphs_;
   int64_t graph_replays_ = 0;

@@ -2,14 +2,22 @@
 // Adapter to the Hopper paged attention kernels of kernels/cuda (split-K
 // decode, tensor-core prefill): plans a step with PagedAttentionPlan, keeps the
 // plan's int32 arena and split-K workspace on the device, and launches the
-// kernel for one layer. Used for eager steps (prefill chunks, mixed steps,
-// decodes above the graph bucket limit). The plan's arena puts the block tables
-// before the work list, so its device offsets change from step to step and it
-// cannot be replayed inside the decode graphs; those use the backend's own
-// kernel (paged_attention.cu).
+// kernel for one layer.
+//
+// Two kinds of plan, one per step:
+//  - plan(): any step (prefill chunks, mixed steps, eager decodes). Arena and
+//    workspace grow as needed, so launches are only valid for this step.
+//  - plan_graph(): a pure decode step padded to a CUDA-graph bucket. kernels/cuda's
+//    graph mode gives a descriptor that is the same for every step of the
+//    bucket (fixed sequence count, fixed work-item capacity, block tables last
+//    with the model's stride), and the arena and workspace live in buffers
+//    sized once for the largest bucket and never moved, so launches captured
+//    in a graph replay correctly after each step's plan_graph().
 //
 // When kernels/cuda is not built, or the shape is outside what it supports
-// (e.g. head_dim 32), plan() answers false and the caller uses its own kernel.
+// (head_dim not 64/128/256, sliding window, prefill with head_dim 256 or more
+// than 128 query heads per KV head), the plan calls answer false and the
+// caller uses its own kernel (paged_attention.cu).
 //
 // Thread safety: one caller at a time (owned by a CudaModel).
 
@@ -25,6 +33,30 @@
 #include "pagoda/model/model_config.h"
 
 namespace pagoda::cuda {
+
+// The start-up check of the attention kernels at one model's attention shape
+// (check_attention_kernels below): kernels/cuda's attention and the backend's
+// own kernel each run on the same random bf16 inputs and each are compared with
+// a float64 CPU reference, relative L2 over all outputs, for a prefill step
+// (prompts of 200 and 77 tokens) and a decode step (cached 1,000 / 77 / 300,
+// scattered block tables).
+//
+// Why not the two kernels' logits through the whole model against each other:
+// with bf16 activations every layer rounds, and on a deep random-weight model
+// the roundings compound (the fast prefill also rounds P to bf16, as
+// FlashAttention does), so two correct kernels differ by a few percent of the
+// logit range after 32 layers (docs/KERNELS.md, "Fast attention in the model").
+// Against a reference, per op, a wrong kernel stands out at once.
+struct AttentionCheck {
+  bool fast_available = false;  // kernels/cuda built and supporting this shape
+  // Relative L2 error vs float64 (0 when not run).
+  double fast_prefill = 0, builtin_prefill = 0;
+  double fast_decode = 0, builtin_decode = 0;
+  // The kernels' test bound (tests/gpu, tests/gpu_backend): bf16 output + f32 sums.
+  static constexpr double kBound = 1e-2;
+  bool fast_ok() const { return fast_available && fast_prefill <= kBound && fast_decode <= kBound; }
+  bool builtin_ok() const { return builtin_prefill <= kBound && builtin_decode <= kBound; }
+};
 
 class FastAttention {
  public:
@@ -42,8 +74,26 @@ class FastAttention {
   StatusOr<bool> plan(const ModelConfig& config, const ForwardBatch& batch, int32_t block_size, int32_t num_blocks,
                       cudaStream_t stream);
 
-  // q: [num_tokens, num_q_heads * head_dim] contiguous; out the same shape.
+  // Graph mode: plans a pure decode step of batch.sequences.size() <= bucket
+  // sequences (every one 1 new token; query row i = sequence i, rows up to
+  // `bucket` are padding and get zeros). max_bucket (the largest bucket this
+  // model will ever ask for) sizes the fixed device buffers on the first call;
+  // block_table_stride bounds every block table. run() launches then take the
+  // same arguments for every step of the bucket, so they may be captured once
+  // and replayed after each later plan_graph() of that bucket. false: the shape
+  // is not supported (no error). The arena copy is enqueued on `stream`.
+  StatusOr<bool> plan_graph(const ModelConfig& config, const ForwardBatch& batch, int32_t bucket,
+                            int32_t max_bucket, int32_t block_table_stride, int32_t block_size, int32_t num_blocks,
+                            cudaStream_t stream);
+
+  // q: [num_tokens, num_q_heads * head_dim] contiguous; out the same shape
+  // (graph mode: `bucket` rows). Enqueue only: capturable.
   Status run(const DevicePagedKvLayer& layer, const bf16* q, bf16* out, cudaStream_t stream);
+
+  // The check described above AttentionCheck, for config's heads and head_dim
+  // (bf16 KV). Allocates and synchronizes: call at start-up, not while serving.
+  // Errors: CUDA failures.
+  static StatusOr<AttentionCheck> check_attention_kernels(const ModelConfig& config, int32_t block_size);
 
  private:
   struct State;

@@ -72,7 +72,128 @@ Status validate(const AttentionConfig& c, std::span<const AttentionSequence> seq
   return ok_status();
 }
 
+// Decode: query heads per CTA (all heads of a GQA group share each K/V load).
+int32_t decode_heads_per_cta(const AttentionConfig& c) {
+  const int32_t group = c.num_q_heads / c.num_kv_heads;
+  return group % 4 == 0 ? 4 : (group % 2 == 0 ? 2 : 1);
+}
+
+// Decode: the automatic split (KV positions per work item) for these lengths,
+// so that the grid fills about kDecodeWaves waves of kDecodeCtasPerSm CTAs per SM.
+int64_t automatic_split(std::span<const int32_t> lengths, int64_t head_tiles, const AttentionDeviceInfo& device) {
+  int64_t total_positions = 0;
+  for (int32_t len : lengths) total_positions += len;
+  const int64_t target_ctas = int64_t{device.num_sms} * kDecodeCtasPerSm * kDecodeWaves;
+  int64_t split = (total_positions * head_tiles + target_ctas - 1) / std::max<int64_t>(target_ctas, 1);
+  return std::max<int64_t>(kSplitGranule, (split + kSplitGranule - 1) / kSplitGranule * kSplitGranule);
+}
+
+int64_t count_decode_items(std::span<const int32_t> lengths, int64_t split) {
+  int64_t items = 0;
+  for (int32_t len : lengths) items += (len + split - 1) / split;
+  return items;
+}
+
 }  // namespace
+
+int32_t PagedAttentionPlan::graph_work_item_capacity(const AttentionConfig& config, int32_t graph_sequences,
+                                                     const AttentionDeviceInfo& device) {
+  if (config.num_kv_heads <= 0 || config.num_q_heads <= 0) return graph_sequences;
+  const int64_t head_tiles = std::max(1, config.num_q_heads / decode_heads_per_cta(config));
+  const int64_t target_ctas = int64_t{std::max(device.num_sms, 1)} * kDecodeCtasPerSm * kDecodeWaves;
+  return static_cast<int32_t>(graph_sequences + (target_ctas + head_tiles - 1) / head_tiles);
+}
+
+size_t PagedAttentionPlan::graph_workspace_bytes(const AttentionConfig& config, int32_t graph_sequences,
+                                                 const AttentionDeviceInfo& device) {
+  const size_t floats = size_t(graph_work_item_capacity(config, graph_sequences, device)) *
+                        std::max(config.num_q_heads, 0) * (std::max(config.head_dim, 0) + 1);
+  return (floats * sizeof(float) + 255) / 256 * 256;
+}
+
+StatusOr<PagedAttentionPlan> PagedAttentionPlan::create_graph_decode(
+    const AttentionConfig& config, std::span<const AttentionSequence> sequences,
+    const AttentionDeviceInfo& device, const AttentionPlanOptions& options) {
+  const int32_t capacity = options.graph_sequences;
+  const int32_t stride = options.graph_block_table_stride;
+  const int32_t n = static_cast<int32_t>(sequences.size());
+  if (stride < 1)
+    return invalid_argument_error("attention (graph mode): graph_block_table_stride {} must be >= 1", stride);
+  if (n > capacity)
+    return invalid_argument_error("attention (graph mode): {} sequences, over graph_sequences {}", n, capacity);
+  const int32_t item_capacity = graph_work_item_capacity(config, capacity, device);
+  if (item_capacity > kMaxGridY)
+    return invalid_argument_error("attention (graph mode): graph_sequences {} needs {} work items (at most {})",
+                                  capacity, item_capacity, kMaxGridY);
+  std::vector<int32_t> lengths(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) {
+    const AttentionSequence& s = sequences[static_cast<size_t>(i)];
+    if (s.num_new_tokens != 1)
+      return invalid_argument_error(
+          "attention (graph mode): decode only, but sequence {} has num_new_tokens {}", i, s.num_new_tokens);
+    lengths[static_cast<size_t>(i)] = s.num_cached_tokens + 1;
+    const int64_t blocks = (int64_t{lengths[static_cast<size_t>(i)]} + config.block_size - 1) / config.block_size;
+    if (blocks > stride)
+      return invalid_argument_error(
+          "attention (graph mode): sequence {} needs {} blocks, over graph_block_table_stride {}", i, blocks, stride);
+  }
+
+  PagedAttentionPlan plan;
+  plan.config_ = config;
+  plan.kernel_ = AttentionKernel::kDecode;
+  plan.graph_mode_ = true;
+  plan.num_sequences_ = capacity;
+  plan.num_tokens_ = capacity;
+  plan.q_heads_per_cta_ = decode_heads_per_cta(config);
+  const int64_t head_tiles = config.num_q_heads / plan.q_heads_per_cta_;
+  // The same split as an eager plan of these sequences (so both give the same
+  // bits), grown only if the fixed capacity would overflow (a small
+  // split_tokens from a test).
+  int64_t split = options.split_tokens > 0 ? options.split_tokens : automatic_split(lengths, head_tiles, device);
+  while (count_decode_items(lengths, split) + (capacity - n) > item_capacity) split *= 2;
+
+  auto& a = plan.arena_;
+  plan.query_start_at_ = a.size();
+  for (int32_t i = 0; i <= capacity; ++i) a.push_back(i);
+  plan.kv_length_at_ = a.size();
+  for (int32_t i = 0; i < capacity; ++i) a.push_back(i < n ? lengths[static_cast<size_t>(i)] : 0);
+  plan.block_table_start_at_ = a.size();
+  for (int32_t i = 0; i <= capacity; ++i) a.push_back(i * stride);
+
+  plan.work_items_at_ = a.size();
+  std::vector<int32_t> split_start{0};
+  for (int32_t i = 0; i < capacity; ++i) {
+    const int32_t len = i < n ? lengths[static_cast<size_t>(i)] : 0;
+    const int32_t pieces = len == 0 ? 1 : static_cast<int32_t>((len + split - 1) / split);
+    for (int32_t p = 0; p < pieces; ++p) {
+      a.push_back(i);
+      a.push_back(static_cast<int32_t>(std::min<int64_t>(len, p * split)));
+      a.push_back(static_cast<int32_t>(std::min<int64_t>(len, (p + 1) * split)));
+    }
+    split_start.push_back(split_start.back() + pieces);
+  }
+  for (int32_t item = split_start.back(); item < item_capacity; ++item) {
+    a.push_back(-1);  // unused: the CTA exits at once
+    a.push_back(0);
+    a.push_back(0);
+  }
+  plan.num_work_items_ = item_capacity;
+  // The most items one sequence can get; > 1, so the merge pass is always launched.
+  plan.max_splits_ = item_capacity - (capacity - 1);
+  plan.split_start_at_ = a.size();
+  a.insert(a.end(), split_start.begin(), split_start.end());
+
+  plan.block_tables_at_ = a.size();
+  for (int32_t i = 0; i < n; ++i) {
+    const auto& table = sequences[static_cast<size_t>(i)].block_table;
+    const int32_t blocks = (lengths[static_cast<size_t>(i)] + config.block_size - 1) / config.block_size;
+    a.insert(a.end(), table.begin(), table.begin() + blocks);
+    a.insert(a.end(), static_cast<size_t>(stride - blocks), 0);
+  }
+  plan.arena_capacity_bytes_ = (plan.block_tables_at_ + size_t(capacity) * stride) * sizeof(int32_t);
+  plan.workspace_bytes_ = graph_workspace_bytes(config, capacity, device);
+  return plan;
+}
 
 StatusOr<PagedAttentionPlan> PagedAttentionPlan::create(
     const AttentionConfig& config, std::span<const AttentionSequence> sequences,
@@ -80,6 +201,16 @@ StatusOr<PagedAttentionPlan> PagedAttentionPlan::create(
   PAGODA_RETURN_IF_ERROR(validate(config, sequences));
   if (options.split_tokens < 0)
     return invalid_argument_error("attention: split_tokens {} must be >= 0", options.split_tokens);
+
+  if (options.graph_sequences < 0)
+    return invalid_argument_error("attention: graph_sequences {} must be >= 0", options.graph_sequences);
+  if (options.graph_sequences > 0) {
+    if (options.force_prefill)
+      return invalid_argument_error("attention: graph mode plans decode only (force_prefill is set)");
+    AttentionConfig scaled = config;
+    if (scaled.scale == 0.0f) scaled.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
+    return create_graph_decode(scaled, sequences, device, options);
+  }
 
   PagedAttentionPlan plan;
   plan.config_ = config;
@@ -134,27 +265,12 @@ StatusOr<PagedAttentionPlan> PagedAttentionPlan::create(
 
   plan.work_items_at_ = a.size();
   if (plan.kernel_ == AttentionKernel::kDecode) {
-    plan.q_heads_per_cta_ = group % 4 == 0 ? 4 : (group % 2 == 0 ? 2 : 1);
+    plan.q_heads_per_cta_ = decode_heads_per_cta(config);
     const int64_t head_tiles = config.num_q_heads / plan.q_heads_per_cta_;
-    int64_t total_positions = 0;
-    int32_t longest = 0;
-    for (int32_t len : lengths) {
-      total_positions += len;
-      longest = std::max(longest, len);
-    }
     int64_t split = options.split_tokens;
-    if (split == 0) {
-      const int64_t target_ctas = int64_t{device.num_sms} * kDecodeCtasPerSm * kDecodeWaves;
-      split = (total_positions * head_tiles + target_ctas - 1) / std::max<int64_t>(target_ctas, 1);
-      split = std::max<int64_t>(kSplitGranule, (split + kSplitGranule - 1) / kSplitGranule * kSplitGranule);
-    }
+    if (split == 0) split = automatic_split(lengths, head_tiles, device);
     // Keep the grid within CUDA's y limit by growing the split if needed.
-    auto count_items = [&](int64_t sp) {
-      int64_t items = 0;
-      for (int32_t len : lengths) items += (len + sp - 1) / sp;
-      return items;
-    };
-    while (count_items(split) > kMaxGridY) split *= 2;
+    while (count_decode_items(lengths, split) > kMaxGridY) split *= 2;
 
     std::vector<int32_t> split_start{0};
     for (int32_t i = 0; i < n; ++i) {
@@ -203,6 +319,7 @@ StatusOr<PagedAttentionPlan> PagedAttentionPlan::create(
     plan.num_work_items_ = static_cast<int32_t>(items.size());
     plan.split_start_at_ = a.size();  // unused by prefill
   }
+  plan.arena_capacity_bytes_ = plan.arena_bytes();
   return plan;
 }
 

@@ -51,6 +51,17 @@ struct AttentionPlanOptions {
   // Prefill on mma.sync even where the wgmma kernel applies (head_dim 128):
   // for comparisons and as a fallback.
   bool portable_prefill = false;
+  // Graph mode (decode only), on when graph_sequences > 0: the descriptor is the
+  // same for every step with at most graph_sequences sequences, so one launch
+  // captured in a CUDA graph replays for all of them after the arena copy.
+  //  - sequence i is query row i; rows [num sequences, graph_sequences) are
+  //    padding: no KV, output zeros;
+  //  - the work list has a fixed capacity (graph_work_item_capacity); unused
+  //    items name sequence -1 and exit at once; the merge pass always runs;
+  //  - block tables come last in the arena, graph_block_table_stride entries
+  //    per sequence, so every other offset is fixed.
+  int32_t graph_sequences = 0;
+  int32_t graph_block_table_stride = 0;  // >= blocks of the longest sequence ever planned
 };
 
 // Device pointers of one layer's pool.
@@ -79,6 +90,10 @@ class PagedAttentionPlan {
   // The int32 arena to copy to the device (4-byte aligned destination).
   std::span<const int32_t> arena() const { return arena_; }
   size_t arena_bytes() const { return arena_.size() * sizeof(int32_t); }
+  // Device bytes to reserve for the arena: arena_bytes(), or in graph mode the
+  // arena of graph_sequences full block-table rows (fixed for the bucket).
+  size_t arena_capacity_bytes() const { return arena_capacity_bytes_; }
+  bool graph_mode() const { return graph_mode_; }
   // Split-K scratch the launch needs (0 when no sequence is split); 256-byte aligned.
   size_t workspace_bytes() const { return workspace_bytes_; }
 
@@ -87,8 +102,22 @@ class PagedAttentionPlan {
   AttentionDescriptor descriptor(const int32_t* device_arena, const PagedKvPointers& kv,
                                  float* workspace) const;
 
+  // Graph mode: work items of a plan for `graph_sequences` sequences. Enough
+  // for any lengths with the automatic split (which aims at a grid of about
+  // 4 CTAs per SM: <= that many / head tiles items plus one per sequence).
+  static int32_t graph_work_item_capacity(const AttentionConfig& config, int32_t graph_sequences,
+                                          const AttentionDeviceInfo& device = {});
+  // Graph mode: split-K workspace bytes, the same for every step of the bucket.
+  static size_t graph_workspace_bytes(const AttentionConfig& config, int32_t graph_sequences,
+                                      const AttentionDeviceInfo& device = {});
+
  private:
   PagedAttentionPlan() = default;
+  static StatusOr<PagedAttentionPlan> create_graph_decode(const AttentionConfig& config,
+                                                          std::span<const AttentionSequence> sequences,
+                                                          const AttentionDeviceInfo& device,
+                                                          const AttentionPlanOptions& options);
+
 
   AttentionConfig config_;
   AttentionKernel kernel_ = AttentionKernel::kPrefill;
@@ -99,6 +128,8 @@ class PagedAttentionPlan {
   int32_t q_heads_per_cta_ = 1;
   int32_t tokens_per_tile_ = 0;
   size_t workspace_bytes_ = 0;
+  size_t arena_capacity_bytes_ = 0;
+  bool graph_mode_ = false;
   std::vector<int32_t> arena_;
   // Offsets (in int32) of each array inside the arena.
   size_t query_start_at_ = 0, kv_length_at_ = 0, block_table_start_at_ = 0, block_tables_at_ = 0,

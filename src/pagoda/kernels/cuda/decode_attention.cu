@@ -58,6 +58,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
 
   const int item = blockIdx.y;
   const int sequence = d.work_items[3 * item];
+  if (sequence < 0) return;  // unused item of a graph-mode plan (fixed grid, fewer items this step)
   const int kv_begin = d.work_items[3 * item + 1];
   const int kv_end = d.work_items[3 * item + 2];
   const int q_head0 = blockIdx.x * kHeads;
@@ -252,7 +253,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
     }
     const int q_head = q_head0 + h;
     if (!split) {
-      out[(int64_t{token} * d.num_q_heads + q_head) * kHeadDim + col] = __float2bfloat16(o / sum);
+      // sum == 0 only for an empty range (a graph bucket's padding row): zeros, as the builtin kernel.
+      out[(int64_t{token} * d.num_q_heads + q_head) * kHeadDim + col] =
+          __float2bfloat16(sum > 0.0f ? o / sum : 0.0f);
     } else {
       partial_o[(int64_t{item} * d.num_q_heads + q_head) * kHeadDim + col] = o / sum;
       if (col == 0) partial_lse[int64_t{item} * d.num_q_heads + q_head] = m_all + log2f(sum);
