@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "cli_process.h"  // pagoda_command(): the binary, or $PAGODA_CLI on the GPU machine
+
 namespace pagoda::e2e {
 
 inline std::string repo_path(const std::string& rel) { return std::string(PAGODA_SOURCE_DIR) + "/" + rel; }
@@ -30,12 +32,13 @@ class ServerProcess {
       dup2(out_pipe[1], STDOUT_FILENO);
       close(out_pipe[0]);
       close(out_pipe[1]);
-      std::vector<std::string> full = {pagoda_binary(), "serve", "--host", "127.0.0.1", "--port", "0"};
+      std::vector<std::string> full = pagoda_command();
+      full.insert(full.end(), {"serve", "--host", "127.0.0.1", "--port", "0"});
       full.insert(full.end(), args.begin(), args.end());
       std::vector<char*> argv;
       for (auto& a : full) argv.push_back(a.data());
       argv.push_back(nullptr);
-      execv(argv[0], argv.data());
+      execvp(argv[0], argv.data());
       _exit(127);
     }
     close(out_pipe[1]);

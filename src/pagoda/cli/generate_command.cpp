@@ -1,8 +1,10 @@
-// `pagoda generate`: one prompt, one sequence, through the CPU reference model
-// and a small local paged KV pool (blocks 0..n-1). Deliberately thin: the real
-// scheduler and sampler live in engine/; this command is the shortest path
-// from a checkpoint to tokens, and what the reference tests' numbers can be
-// reproduced with by hand.
+// `pagoda generate`: one prompt, one sequence, on the CPU reference model or
+// the GPU (--device cuda), through a model runner from runner_factory.h and a
+// local paged KV pool (blocks 0..n-1 of the runner's pool). Deliberately thin:
+// the real scheduler lives in engine/; this command is the shortest path from a
+// checkpoint to tokens, and what the reference tests' numbers can be
+// reproduced with by hand. Tokens are chosen by engine::Sampler (greedy at
+// temperature 0; otherwise min-p, top-k, top-p, seeded).
 
 #include <chrono>
 #include <cmath>
@@ -10,15 +12,16 @@
 #include <filesystem>
 #include <iostream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "pagoda/backend/cpu_kv_pool.h"
 #include "pagoda/cli/commands.h"
+#include "pagoda/cli/runner_factory.h"
+#include "pagoda/engine/sampler.h"
 #include "pagoda/kernels/cpu/logprobs.h"
-#include "pagoda/model/cpu_model.h"
 #include "pagoda/tokenizer/tokenizer.h"
 
 namespace pagoda::cli {
@@ -26,15 +29,16 @@ namespace pagoda::cli {
 namespace {
 
 struct GenerateOptions {
-  std::string model_dir;
+  RunnerFlags runner;
   std::string prompt;
   std::string prompt_ids;
   int32_t max_tokens = 32;
   double temperature = 0.0;
   int32_t top_k = 0;
+  double top_p = 1.0;
+  double min_p = 0.0;
   uint64_t seed = 0;
   int32_t logprobs = 0;
-  int32_t block_size = 16;
   bool json = false;
   bool ignore_eos = false;
 };
@@ -66,45 +70,30 @@ std::vector<int32_t> parse_prompt_ids(const std::string& text) {
   return ids;
 }
 
-// Greedy at temperature 0; otherwise samples softmax(logits / T) restricted to
-// the top_k most likely ids (all when top_k is 0).
-int32_t pick_token(const std::vector<float>& logits, double temperature, int32_t top_k, std::mt19937_64& rng) {
-  if (temperature <= 0.0) return kernels::argmax(logits.data(), logits.size());
-  const size_t k = top_k > 0 ? static_cast<size_t>(top_k) : logits.size();
-  const auto candidates = kernels::top_k(logits.data(), logits.size(), k);
-  std::vector<double> weights;
-  weights.reserve(candidates.size());
-  const double max_logit = candidates.front().second;
-  for (const auto& [id, logit] : candidates) weights.push_back(std::exp((logit - max_logit) / temperature));
-  std::discrete_distribution<size_t> dist(weights.begin(), weights.end());
-  return candidates[dist(rng)].first;
-}
-
 void run_generate(const GenerateOptions& opt) {
-  const std::filesystem::path dir(opt.model_dir);
   auto progress = [](const std::string& line) { std::fprintf(stderr, "[generate] %s\n", line.c_str()); };
 
   // Cheap checks first, before a possibly long model load.
+  auto flags = resolve_runner_flags(opt.runner, RunnerCommand::kGenerate);
+  if (!flags.ok()) fail(flags.status().to_string());
   std::vector<int32_t> prompt;
   if (!opt.prompt_ids.empty()) prompt = parse_prompt_ids(opt.prompt_ids);
   std::error_code ec;
-  const bool has_tokenizer = std::filesystem::exists(dir / "tokenizer.json", ec);
-  if (!opt.prompt.empty() && !has_tokenizer)
-    fail("--prompt needs " + (dir / "tokenizer.json").string() + "; pass token ids with --prompt-ids instead");
-
-  const auto load_start = Clock::now();
-  progress("loading " + dir.string());
-  WeightLoadOptions load_options;
-  load_options.progress = progress;
-  auto loaded = CpuModel::load(dir, load_options);
-  if (!loaded.ok()) fail(loaded.status().to_string());
-  std::unique_ptr<CpuModel> model = std::move(*loaded);
-  const ModelConfig& config = model->config();
-  progress(fmt::format("{} loaded in {:.2f} s: {} layers, hidden {}, heads {}/{} (head_dim {}), vocab {}, weights {}{}",
-                       config.architecture_name, seconds_since(load_start), config.num_layers, config.hidden_size,
-                       config.num_q_heads, config.num_kv_heads, config.head_dim, config.vocab_size,
-                       dtype_name(model->weights().file_dtype),
-                       model->weights().upcast_to_f32 ? " (upcast to f32)" : " (mmapped)"));
+  const std::filesystem::path dir(flags->model_dir);
+  const bool has_tokenizer = !flags->model_dir.empty() && std::filesystem::exists(dir / "tokenizer.json", ec);
+  if (!opt.prompt.empty() && !has_tokenizer) {
+    fail(flags->model_dir.empty() ? "--prompt needs a tokenizer.json beside the model; pass token ids with --prompt-ids"
+                                  : "--prompt needs " + (dir / "tokenizer.json").string() +
+                                        "; pass token ids with --prompt-ids instead");
+  }
+  if (!(opt.top_p > 0.0 && opt.top_p <= 1.0)) fail(fmt::format("--top-p {}: must be in (0, 1]", opt.top_p));
+  if (!(opt.min_p >= 0.0 && opt.min_p <= 1.0)) fail(fmt::format("--min-p {}: must be in [0, 1]", opt.min_p));
+  engine::SamplingParams sampling;
+  sampling.temperature = static_cast<float>(opt.temperature);
+  sampling.top_k = opt.top_k;
+  sampling.top_p = static_cast<float>(opt.top_p);
+  sampling.min_p = static_cast<float>(opt.min_p);
+  sampling.max_tokens = opt.max_tokens;
 
   // The tokenizer is optional with --prompt-ids (then "text" is left out).
   std::shared_ptr<const tokenizer::Tokenizer> tok;
@@ -117,24 +106,40 @@ void run_generate(const GenerateOptions& opt) {
       tok = *t;
     }
   }
-
   if (opt.prompt_ids.empty()) {
     prompt = tok->encode(opt.prompt, /*add_special_tokens=*/true);
     if (prompt.empty()) fail("--prompt encodes to no tokens");
   }
+
+  const int64_t total = static_cast<int64_t>(prompt.size()) + opt.max_tokens;
+  if (total > INT32_MAX) fail("prompt + --max-tokens is too long");
+  RunnerRequirements needs;
+  needs.min_kv_tokens = total;
+  needs.sequence_tokens = static_cast<int32_t>(total);
+  needs.prompt_tokens = static_cast<int32_t>(prompt.size());
+  needs.progress = progress;
+  const auto load_start = Clock::now();
+  auto setup = create_model_runner(*flags, needs);
+  if (!setup.ok()) {
+    if (setup.status().code() != StatusCode::kOutOfRange) fail(setup.status().to_string());
+    fail(setup.status()
+             .with_context(fmt::format("prompt ({} tokens) + --max-tokens {}", prompt.size(), opt.max_tokens))
+             .to_string());
+  }
+  engine::ModelRunner& runner = *setup->runner;
+  const ModelConfig& config = setup->config;
+  std::istringstream report(setup->report);
+  for (std::string line; std::getline(report, line);) progress(line);
+  progress(fmt::format("ready in {:.2f} s", seconds_since(load_start)));
+
   for (int32_t id : prompt)
     if (id >= config.vocab_size)
       fail(fmt::format("prompt token id {} is outside the model's vocabulary [0, {})", id, config.vocab_size));
+  if (Status valid = engine::validate_sampling_params(sampling, config.vocab_size); !valid.ok())
+    fail("sampling flags: " + valid.to_string());
 
-  const int64_t total = static_cast<int64_t>(prompt.size()) + opt.max_tokens;
-  if (total > config.max_position_embeddings)
-    fail(fmt::format("prompt ({} tokens) + --max-tokens {} exceeds max_position_embeddings {}", prompt.size(),
-                     opt.max_tokens, config.max_position_embeddings));
-  const int32_t num_blocks = static_cast<int32_t>((total + opt.block_size - 1) / opt.block_size);
-  auto pool = CpuKvPool::create(model->kv_pool_shape(num_blocks, opt.block_size));
-  if (!pool.ok()) fail(pool.status().to_string());
-
-  // One sequence owning blocks 0..n-1 of the local pool.
+  // One sequence owning blocks 0..n-1 of the runner's pool.
+  const int32_t num_blocks = static_cast<int32_t>((total + setup->block_size - 1) / setup->block_size);
   SequenceSlice seq;
   for (int32_t b = 0; b < num_blocks; ++b) seq.block_table.push_back(b);
   ForwardBatch batch;
@@ -144,7 +149,9 @@ void run_generate(const GenerateOptions& opt) {
   batch.sequences = {seq};
 
   std::mt19937_64 rng(opt.seed);
-  std::vector<float> logits, logprobs(static_cast<size_t>(config.vocab_size));
+  engine::TokenHistory history;
+  history.add_prompt(prompt);
+  std::vector<float> logprobs(static_cast<size_t>(config.vocab_size));
   std::vector<int32_t> generated;
   nlohmann::json top_logprobs = nlohmann::json::array();
   std::unique_ptr<tokenizer::IncrementalDetokenizer> stream;
@@ -155,8 +162,8 @@ void run_generate(const GenerateOptions& opt) {
   Clock::time_point decode_start;
   int32_t context = 0;
   while (static_cast<int32_t>(generated.size()) < opt.max_tokens) {
-    const Status status = model->forward(batch, *pool, logits);
-    if (!status.ok()) fail(status.to_string());
+    auto logits = runner.execute(batch);
+    if (!logits.ok()) fail(logits.status().to_string());
     if (generated.empty()) {
       prefill_seconds = seconds_since(prefill_start);
       decode_start = Clock::now();
@@ -164,13 +171,14 @@ void run_generate(const GenerateOptions& opt) {
     context += batch.num_tokens();
 
     if (opt.logprobs > 0) {
-      kernels::log_softmax(logits.data(), logprobs.data(), logprobs.size());
+      kernels::log_softmax(logits->data(), logprobs.data(), logprobs.size());
       nlohmann::json step = nlohmann::json::array();
       for (const auto& [id, lp] : kernels::top_k(logprobs.data(), logprobs.size(), static_cast<size_t>(opt.logprobs)))
         step.push_back({id, lp});
       top_logprobs.push_back(step);
     }
-    const int32_t next = pick_token(logits, opt.temperature, opt.top_k, rng);
+    const int32_t next = engine::Sampler::sample(*logits, sampling, history, rng).token;
+    history.add_output(next);
     generated.push_back(next);
     if (stream) {
       std::cout << stream->feed(next) << std::flush;
@@ -206,22 +214,31 @@ void run_generate(const GenerateOptions& opt) {
 void add_generate_command(CLI::App& app) {
   auto opt = std::make_shared<GenerateOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "generate", "Generate text from one prompt with the CPU reference model (greedy or sampled).");
-  cmd->add_option("--model", opt->model_dir, "Hugging Face model directory (config.json + safetensors)")
-      ->required()
-      ->check(CLI::ExistingDirectory);
+      "generate",
+      "Generate text from one prompt, greedy or sampled, on the CPU or the GPU.\n"
+      "  pagoda generate --model models/pagoda-tiny --prompt \"Once upon a time\" --max-tokens 50\n"
+      "  pagoda generate --model DIR --device cuda --kv-cache-dtype fp8 --prompt \"Hello\"\n"
+      "  pagoda generate --model tools/gpu_backend/llama3_8b_config.json --load-format random --device cuda "
+      "--prompt-ids 1,2,3\n"
+      "The model/device/KV report goes to stderr; the text (or token ids) to stdout.");
+  add_runner_flags(*cmd, opt->runner, RunnerCommand::kGenerate);
   auto* prompt = cmd->add_option("--prompt", opt->prompt, "prompt text (needs tokenizer.json in the model directory)");
   auto* ids = cmd->add_option("--prompt-ids", opt->prompt_ids, "prompt as comma-separated token ids, e.g. 1,2,3");
   prompt->excludes(ids);
   cmd->add_option("--max-tokens", opt->max_tokens, "tokens to generate")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--temperature", opt->temperature, "0 = greedy")->capture_default_str()->check(CLI::Range(0.0, 100.0));
   cmd->add_option("--top-k", opt->top_k, "sample among the K most likely tokens (0 = all)")->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--top-p", opt->top_p, "sample among the most likely tokens whose probabilities add up to P (1 = all)")
+      ->capture_default_str();
+  cmd->add_option("--min-p", opt->min_p, "drop tokens less likely than P x the most likely one (0 = off)")
+      ->capture_default_str();
   cmd->add_option("--seed", opt->seed, "sampling seed")->capture_default_str();
   cmd->add_option("--logprobs", opt->logprobs, "report the top K log-probabilities of every step")->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--block-size", opt->block_size, "KV cache block size in tokens")->capture_default_str()->check(CLI::Range(1, 4096));
   cmd->add_flag("--json", opt->json, "print {\"tokens\", \"logprobs\", \"text\"} as one JSON line last on stdout");
   cmd->add_flag("--ignore-eos", opt->ignore_eos, "keep generating past end-of-sequence tokens");
   cmd->callback([opt] {
+    if (opt->runner.model.empty() && opt->runner.config_file.empty())
+      fail("--model is required: a Hugging Face model directory (or, with --load-format random, a config.json)");
     if (opt->prompt.empty() && opt->prompt_ids.empty()) fail("give a prompt: --prompt TEXT or --prompt-ids 1,2,3");
     run_generate(*opt);
   });

@@ -1,0 +1,265 @@
+// The model/device/KV flags of `pagoda generate` and `pagoda serve`, through the
+// real binary on the CPU: greedy output with --kv-cache-dtype f32 equals
+// transformers' on every fixture and the default output on the bundled model;
+// quantized KV dtypes either run or fail with the pool's clear UNIMPLEMENTED
+// message; --device cuda without a usable GPU and bad values fail with an exit
+// code != 0 and a message naming the flag; --load-format random builds a CPU
+// model from a config.json; the start-up report names device, dtype, bytes per
+// token and capacity.
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_process.h"
+
+namespace pagoda::e2e {
+namespace {
+
+using json = nlohmann::json;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const std::string kTiny = "models/pagoda-tiny";
+const std::string kFixture = "tests/fixtures/models/llama_f32";
+
+std::string join_ids(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  return s;
+}
+
+// Runs generate with --json and returns its tokens (failing the test on an error).
+std::vector<int32_t> generate_tokens(std::vector<std::string> args, CliResult* raw = nullptr) {
+  args.insert(args.begin(), "generate");
+  args.push_back("--json");
+  CliResult r = run_pagoda(args);
+  if (raw) *raw = r;
+  if (r.exit_code != 0) {
+    ADD_FAILURE() << "pagoda exited " << r.exit_code << "\nstderr:\n" << r.err;
+    return {};
+  }
+  const json out = json::parse(last_line(r.out), nullptr, false);
+  if (out.is_discarded() || !out.contains("tokens")) {
+    ADD_FAILURE() << "no JSON tokens on stdout:\n" << r.out;
+    return {};
+  }
+  return out["tokens"].get<std::vector<int32_t>>();
+}
+
+void require_bundled_model() {
+  if (!std::filesystem::exists(source_path(kTiny + "/model.safetensors")))
+    FAIL() << kTiny << " is missing (scripts/fetch-test-data.sh)";
+}
+
+// A bad flag value: exit code != 0 (not a crash), and the message names the flag and value.
+void expect_flag_error(std::vector<std::string> args, const std::string& flag, const std::string& value) {
+  CliResult r = run_pagoda(args, std::chrono::seconds(60));
+  std::string cmd;
+  for (const auto& a : args) cmd += a + " ";
+  EXPECT_GT(r.exit_code, 0) << cmd << "\nstderr:\n" << r.err;
+  EXPECT_FALSE(r.crashed()) << cmd;
+  EXPECT_THAT(r.err, HasSubstr(flag)) << cmd;
+  EXPECT_THAT(r.err, HasSubstr(value)) << cmd;
+  EXPECT_THAT(r.err, Not(HasSubstr("listening"))) << cmd;
+}
+
+TEST(CliRunnerFlagsTest, F32KvGreedyMatchesTransformersOnEveryFixture) {
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(source_path("tests/fixtures/models"))) {
+    const auto expected_file = entry.path() / "expected.json";
+    if (!std::filesystem::exists(expected_file)) continue;
+    std::ifstream in(expected_file);
+    const json expected = json::parse(in);
+    const auto prompt = expected["prompt_ids"].get<std::vector<int32_t>>();
+    const auto greedy = expected["greedy_tokens"].get<std::vector<int32_t>>();
+    const auto tokens = generate_tokens({"--model", entry.path().string(), "--prompt-ids", join_ids(prompt),
+                                         "--max-tokens", std::to_string(greedy.size()), "--ignore-eos",
+                                         "--kv-cache-dtype", "f32", "--block-size", "4"});
+    EXPECT_EQ(tokens, greedy) << entry.path().filename();
+    ++checked;
+  }
+  EXPECT_GE(checked, 6);
+}
+
+TEST(CliRunnerFlagsTest, F32KvOnTheBundledModelEqualsTheDefaultOutput) {
+  require_bundled_model();
+  const std::vector<std::string> base = {"--model", source_path(kTiny), "--prompt", "Once upon a time",
+                                         "--max-tokens", "32", "--ignore-eos"};
+  const auto defaults = generate_tokens(base);
+  ASSERT_EQ(defaults.size(), 32u);
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return generate_tokens(args);
+  };
+  EXPECT_EQ(with({"--kv-cache-dtype", "f32"}), defaults);
+  EXPECT_EQ(with({"--device", "cpu", "--load-format", "auto", "--kv-cache-dtype", "auto"}), defaults);
+  // Another pool geometry (small blocks in a fixed budget) and explicit K/V types: same tokens.
+  EXPECT_EQ(with({"--kv-cache-dtype-k", "f32", "--kv-cache-dtype-v", "f32", "--block-size", "4",
+                  "--kv-cache-memory", "4MiB"}),
+            defaults);
+}
+
+TEST(CliRunnerFlagsTest, StartUpReportNamesDeviceDtypeBytesPerTokenAndCapacity) {
+  require_bundled_model();
+  CliResult r;
+  generate_tokens({"--model", source_path(kTiny), "--prompt-ids", "5,6,7", "--max-tokens", "4", "--kv-cache-memory",
+                   "1MiB"}, &r);
+  // pagoda-tiny: 8 layers x 2 kv heads x 32 dims x (K + V) x 4 bytes = 4 KiB per token in f32.
+  EXPECT_THAT(r.err, HasSubstr("device: cpu"));
+  EXPECT_THAT(r.err, HasSubstr("KV cache: f32, 4.00 KiB per token"));
+  EXPECT_THAT(r.err, HasSubstr("bf16 would be 2.00 KiB"));
+  // 1 MiB / 4 KiB = 256 tokens = 16 blocks of 16; a request of 3 + 4 tokens needs one block.
+  EXPECT_THAT(r.err, HasSubstr("16 blocks x 16 tokens = 256 tokens"));
+  EXPECT_THAT(r.err, HasSubstr("capacity: 256 tokens in the KV pool = 16 requests of 7 tokens"));
+}
+
+// Quantized KV: once the CPU pool stores the dtype, generate must produce every
+// token; until then it must fail with the pool's UNIMPLEMENTED error and the flag.
+class QuantizedKvTest : public ::testing::TestWithParam<std::vector<std::string>> {};
+
+TEST_P(QuantizedKvTest, RunsOrSaysClearlyThatThePoolCannotStoreItYet) {
+  require_bundled_model();
+  std::vector<std::string> args = {"generate", "--model", source_path(kTiny), "--prompt", "Once upon a time",
+                                   "--max-tokens", "32", "--ignore-eos", "--json"};
+  args.insert(args.end(), GetParam().begin(), GetParam().end());
+  const CliResult r = run_pagoda(args);
+  ASSERT_FALSE(r.crashed()) << r.err;
+  if (r.exit_code != 0) {
+    EXPECT_THAT(r.err, HasSubstr("UNIMPLEMENTED")) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(GetParam()[0])) << r.err;
+    EXPECT_THAT(r.err, Not(HasSubstr("[generate] prefill"))) << "failed after running: " << r.err;
+    std::printf("KV %s not stored by the CPU pool yet: %s", GetParam()[1].c_str(), r.err.c_str());
+    return;
+  }
+  const json out = json::parse(last_line(r.out), nullptr, false);
+  ASSERT_FALSE(out.is_discarded()) << r.out;
+  const auto tokens = out["tokens"].get<std::vector<int32_t>>();
+  ASSERT_EQ(tokens.size(), 32u);
+  for (int32_t t : tokens) EXPECT_TRUE(t >= 0 && t < 4096) << t;
+  EXPECT_THAT(r.err, HasSubstr("KV cache: ")) << r.err;
+  const auto f32 = generate_tokens({"--model", source_path(kTiny), "--prompt", "Once upon a time", "--max-tokens",
+                                    "32", "--ignore-eos"});
+  size_t agree = 0;
+  while (agree < tokens.size() && agree < f32.size() && tokens[agree] == f32[agree]) ++agree;
+  std::printf("KV %s: first %zu of 32 greedy tokens agree with f32\n", GetParam()[1].c_str(), agree);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Dtypes, QuantizedKvTest,
+    ::testing::Values(std::vector<std::string>{"--kv-cache-dtype", "int8"},
+                      std::vector<std::string>{"--kv-cache-dtype", "fp8"},
+                      std::vector<std::string>{"--kv-cache-dtype", "int4"},
+                      std::vector<std::string>{"--kv-cache-dtype", "bf16"},
+                      std::vector<std::string>{"--kv-cache-dtype-k", "int8", "--kv-cache-dtype-v", "int4"}));
+
+bool gpu_present() {
+  return std::filesystem::exists("/dev/nvidiactl") || std::filesystem::exists("/dev/nvidia0");
+}
+
+TEST(CliRunnerFlagsTest, DeviceCudaWithoutAGpuFailsNamingTheFlag) {
+  if (gpu_present()) GTEST_SKIP() << "this machine has a GPU: the gpu-labelled tests cover --device cuda";
+  for (const char* command : {"generate", "serve"}) {
+    std::vector<std::string> args = {command, "--model", source_path(kFixture), "--device", "cuda"};
+    if (std::string(command) == "generate") args.insert(args.end(), {"--prompt-ids", "1,2,3"});
+    else args.insert(args.end(), {"--port", "0"});
+    const CliResult r = run_pagoda(args, std::chrono::seconds(60));
+    EXPECT_GT(r.exit_code, 0) << command << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr("--device cuda")) << command;
+    EXPECT_THAT(r.err, Not(HasSubstr("listening"))) << command;
+  }
+}
+
+TEST(CliRunnerFlagsTest, BadValuesFailNamingTheFlag) {
+  const std::string model = source_path(kFixture);
+  for (const char* command : {"generate", "serve"}) {
+    std::vector<std::string> base = {command, "--model", model};
+    if (std::string(command) == "generate") base.insert(base.end(), {"--prompt-ids", "1,2,3"});
+    else base.insert(base.end(), {"--port", "0"});
+    auto with = [&](std::vector<std::string> extra) {
+      std::vector<std::string> args = base;
+      args.insert(args.end(), extra.begin(), extra.end());
+      return args;
+    };
+    expect_flag_error(with({"--kv-cache-dtype", "int3"}), "--kv-cache-dtype", "int3");
+    expect_flag_error(with({"--kv-cache-dtype-k", "fp4"}), "--kv-cache-dtype-k", "fp4");
+    expect_flag_error(with({"--kv-cache-dtype-v", "int2"}), "--kv-cache-dtype-v", "int2");
+    expect_flag_error(with({"--gpu-memory-utilization", "1.5", "--device", "cuda"}), "--gpu-memory-utilization",
+                      "1.5");
+    expect_flag_error(with({"--gpu-memory-utilization", "0"}), "--gpu-memory-utilization", "0");
+    expect_flag_error(with({"--gpu-memory-utilization", "0.5"}), "--gpu-memory-utilization", "--device cuda");
+    expect_flag_error(with({"--device", "tpu"}), "--device", "tpu");
+    expect_flag_error(with({"--load-format", "gguf"}), "--load-format", "gguf");
+    expect_flag_error(with({"--block-size", "0"}), "--block-size", "0");
+    expect_flag_error(with({"--kv-cache-memory", "lots"}), "--kv-cache-memory", "lots");
+    expect_flag_error(with({"--kv-cache-memory", "16"}), "--kv-cache-memory", "16");
+    expect_flag_error(with({"--config", model + "/config.json"}), "--config", "--load-format random");
+  }
+  expect_flag_error({"serve", "--model", model, "--max-num-seqs", "0"}, "--max-num-seqs", "0");
+  expect_flag_error({"generate", "--model", source_path("no/such/dir"), "--prompt-ids", "1"}, "--model", "no/such/dir");
+}
+
+TEST(CliRunnerFlagsTest, RandomWeightsOnTheCpuFromAConfigFile) {
+  const std::string config = source_path(kFixture + "/config.json");
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--load-format", "random", "--prompt-ids", "1,2,3", "--max-tokens", "8",
+                                     "--ignore-eos", "--logprobs", "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.begin(), "generate");
+    args.push_back("--json");
+    CliResult r = run_pagoda(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const json out = json::parse(last_line(r.out), nullptr, false);
+    EXPECT_FALSE(out.is_discarded()) << r.out;
+    if (out.is_discarded()) return json();
+    EXPECT_EQ(out["tokens"].size(), 8u);
+    EXPECT_THAT(r.err, HasSubstr("random weights for")) << r.err;
+    return out;
+  };
+  const json a = run({"--model", config});
+  const json b = run({"--config", config, "--weight-seed", "0"});
+  const json c = run({"--model", source_path(kFixture), "--weight-seed", "7"});
+  EXPECT_EQ(a, b) << "same config, same seed: same weights";
+  EXPECT_NE(a["logprobs"], c["logprobs"]) << "another seed: other weights";
+}
+
+TEST(CliRunnerFlagsTest, RandomWeightsTooLargeForTheCpuSaySo) {
+  const CliResult r = run_pagoda({"generate", "--load-format", "random", "--model",
+                                  source_path("tools/gpu_backend/llama3_8b_config.json"), "--prompt-ids", "1,2"},
+                                 std::chrono::seconds(60));
+  EXPECT_GT(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--device cuda")) << r.err;
+}
+
+TEST(CliRunnerFlagsTest, GeneratePromptTooLongForTheContextNamesMaxTokens) {
+  const CliResult r = run_pagoda({"generate", "--model", source_path(kFixture), "--prompt-ids", "1,2,3",
+                                  "--max-tokens", "100000"}, std::chrono::seconds(60));
+  EXPECT_GT(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--max-tokens 100000")) << r.err;
+}
+
+TEST(CliRunnerFlagsTest, TopPAndMinPSampleReproducibly) {
+  require_bundled_model();
+  const std::vector<std::string> args = {"--model", source_path(kTiny), "--prompt", "The cat", "--max-tokens", "16",
+                                         "--ignore-eos", "--temperature", "1.0", "--top-p", "0.9", "--min-p",
+                                         "0.05", "--seed", "3"};
+  const auto first = generate_tokens(args);
+  EXPECT_EQ(first.size(), 16u);
+  EXPECT_EQ(generate_tokens(args), first);
+  // top-p that small keeps only the most likely token: greedy.
+  auto greedy_args = args;
+  *(std::find(greedy_args.begin(), greedy_args.end(), "--top-p") + 1) = "1e-6";
+  auto plain = std::vector<std::string>{"--model", source_path(kTiny), "--prompt", "The cat", "--max-tokens", "16",
+                                        "--ignore-eos"};
+  EXPECT_EQ(generate_tokens(greedy_args), generate_tokens(plain));
+  expect_flag_error({"generate", "--model", source_path(kTiny), "--prompt", "x", "--top-p", "1.5"}, "--top-p", "1.5");
+  expect_flag_error({"generate", "--model", source_path(kTiny), "--prompt", "x", "--min-p", "-1"}, "--min-p", "-1");
+}
+
+}  // namespace
+}  // namespace pagoda::e2e
