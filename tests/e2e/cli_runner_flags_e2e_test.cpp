@@ -13,9 +13,11 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "cli_process.h"
+#include "server_process.h"
 
 namespace pagoda::e2e {
 namespace {
@@ -226,6 +228,41 @@ TEST(CliRunnerFlagsTest, RandomWeightsOnTheCpuFromAConfigFile) {
   const json c = run({"--model", source_path(kFixture), "--weight-seed", "7"});
   EXPECT_EQ(a, b) << "same config, same seed: same weights";
   EXPECT_NE(a["logprobs"], c["logprobs"]) << "another seed: other weights";
+}
+
+TEST(CliRunnerFlagsTest, ServeRandomWeightsAnswersACompletion) {
+  // The served id of a bare config.json is its directory's name.
+  ServerProcess server;
+  std::string why;
+  ASSERT_TRUE(server.start({"--load-format", "random", "--model", source_path(kFixture + "/config.json"),
+                            "--max-num-seqs", "4", "--kv-cache-dtype", "f32", "--kv-cache-memory", "2MiB"},
+                           &why))
+      << why;
+  EXPECT_THAT(server.first_line(), HasSubstr("model 'llama_f32' on cpu"));
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_read_timeout(60, 0);
+  const json body = {{"model", "llama_f32"}, {"prompt", {1, 2, 3}}, {"max_tokens", 6}, {"temperature", 0},
+                     {"ignore_eos", true}};
+  auto res = client.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 6) << res->body;
+  EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+TEST(CliRunnerFlagsTest, ServeReportsTheKvPoolAndCapacityBeforeListening) {
+  // serve does not exit by itself: stop it after a few seconds and read what it printed.
+  const CliResult r = run_pagoda({"serve", "--model", source_path(kFixture), "--port", "0", "--kv-cache-memory",
+                                  "1MiB", "--block-size", "8", "--max-num-seqs", "3", "--max-tokens-per-step", "64"},
+                                 std::chrono::seconds(4));
+  // llama_f32: 2 layers x 2 kv heads x 16 dims x (K + V) x 4 bytes = 512 B per token; 1 MiB = 2048 tokens
+  // = 256 blocks of 8; max_position_embeddings 512 = 64 blocks: 4 full-length requests at once.
+  EXPECT_THAT(r.err, HasSubstr("device: cpu"));
+  EXPECT_THAT(r.err, HasSubstr("KV cache: f32, 512 B per token"));
+  EXPECT_THAT(r.err, HasSubstr("KV pool: 256 blocks x 8 tokens = 2048 tokens"));
+  EXPECT_THAT(r.err, HasSubstr("= 4 requests of 512 tokens (max_model_len) at once; max-num-seqs 3, "
+                               "max-tokens-per-step 64"));
+  EXPECT_THAT(r.out, HasSubstr("listening on http://"));
 }
 
 TEST(CliRunnerFlagsTest, RandomWeightsTooLargeForTheCpuSaySo) {

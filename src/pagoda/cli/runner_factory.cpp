@@ -296,8 +296,8 @@ std::string_view device_name(Device device) { return device == Device::kCuda ? "
 
 void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) {
   cmd.add_option("--model", flags.model,
-                 "Hugging Face model directory (config.json + safetensors [+ tokenizer.json]); with --load-format "
-                 "random also a config.json file");
+                 "Required: a Hugging Face model directory (config.json + safetensors [+ tokenizer.json]); with "
+                 "--load-format random also a bare config.json file (or use --config)");
   cmd.add_option("--config", flags.config_file,
                  "config.json for --load-format random (the model's shape; no weights needed)");
   cmd.add_option("--device", flags.device,

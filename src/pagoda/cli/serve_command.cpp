@@ -106,8 +106,10 @@ void run_serve(const ServeOptions& opt) {
   if (!kv.ok()) fail("KV cache: " + kv.status().to_string());
 
   server::ServerConfig server_config;
-  // Default id: the model directory's name ("pagoda-tiny"), or a config file's stem.
-  const fs::path model_path = fs::path(model_dir.empty() ? flags->config_path : model_dir).lexically_normal();
+  // Default id: the model directory's name ("pagoda-tiny"); for a bare config file its stem
+  // ("llama3_8b_config"), or its directory's name when the file is a plain config.json.
+  fs::path model_path = fs::path(model_dir.empty() ? flags->config_path : model_dir).lexically_normal();
+  if (model_dir.empty() && model_path.filename() == "config.json") model_path = model_path.parent_path();
   server_config.model_name = !opt.served_model_name.empty() ? opt.served_model_name
                              : model_dir.empty()            ? model_path.stem().string()
                                                             : model_path.filename().string();
