@@ -400,8 +400,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"latency", "sweep", "throughput", "all"}));
   app.add_option("--max-graph-batch", args.max_graph_batch,
                  "decode batches above this run eagerly (0: all graphs; -1: choose from the sweep)");
-  app.add_option("--fast-attention", args.fast_attention, "kernels/cuda attention for eager steps: auto (checked "
-                 "against the builtin kernel first) or off")->check(CLI::IsMember({"auto", "off"}));
+  app.add_option("--fast-attention", args.fast_attention, "kernels/cuda attention (graphs and eager steps): auto "
+                 "(each kernel checked against a float64 reference first) or off")
+      ->check(CLI::IsMember({"auto", "off"}));
   app.add_option("--num-requests", args.num_requests)->check(CLI::PositiveNumber);
   app.add_option("--input-len", args.input_len)->check(CLI::PositiveNumber);
   app.add_option("--output-len", args.output_len)->check(CLI::PositiveNumber);
