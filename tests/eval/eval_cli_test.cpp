@@ -7,7 +7,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -97,12 +99,42 @@ TEST_F(EvalCliTest, BadInputFailsWithAClearMessage) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("max_position_embeddings"), std::string::npos) << r.output;
 
-  // Until the quantized-KV pool lands this says so; afterwards it must succeed.
-  r = run("eval perplexity " + common() + " --max-tokens 64 --kv-dtype int4 --json");
-  if (r.exit_code != 0)
-    EXPECT_NE(r.output.find("not supported"), std::string::npos) << r.output;
-  else
-    EXPECT_FALSE(nlohmann::json::parse(last_line(r.output), nullptr, false).is_discarded());
+  r = run("eval agreement " + common() + " --max-tokens 64 --kv-dtype int8,int5/int4");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("int5"), std::string::npos) << r.output;
+}
+
+TEST_F(EvalCliTest, QuantizedKvDtypesAndTheirSpellings) {
+  auto r = run("eval perplexity " + common() + " --max-tokens 64 --kv-cache-dtype int4 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto json = nlohmann::json::parse(last_line(r.output), nullptr, false);
+  ASSERT_FALSE(json.is_discarded()) << r.output;
+  EXPECT_EQ(json["kv_dtype"], "int4");
+
+  r = run("eval perplexity " + common() + " --max-tokens 64 --kv-cache-dtype-k int8 --kv-cache-dtype-v int4 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  json = nlohmann::json::parse(last_line(r.output), nullptr, false);
+  EXPECT_EQ(json["key_dtype"], "int8");
+  EXPECT_EQ(json["value_dtype"], "int4");
+  EXPECT_EQ(json["kv_dtype"], "int8/int4");
+
+  // A sweep: one JSON line per variant, the baseline shared.
+  r = run("eval agreement " + common() + " --max-tokens 100 --kv-dtype fp8,int8/int4 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<nlohmann::json> lines;
+  std::stringstream out(r.output);
+  for (std::string line; std::getline(out, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.is_object()) lines.push_back(j);
+  }
+  ASSERT_EQ(lines.size(), 2u) << r.output;
+  EXPECT_EQ(lines[0]["kv_dtype"], "fp8");
+  EXPECT_EQ(lines[1]["kv_dtype"], "int8/int4");
+  EXPECT_EQ(lines[0]["baseline_perplexity"], lines[1]["baseline_perplexity"]);
+  for (const auto& j : lines) {
+    EXPECT_GT(j["top1_agreement"].get<double>(), 0.8);
+    EXPECT_GT(j["mean_kl"].get<double>(), 0.0);
+  }
 }
 
 }  // namespace

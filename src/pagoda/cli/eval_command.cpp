@@ -1,9 +1,15 @@
 // `pagoda eval`: the quality harness every KV-compression feature is judged by.
 //
-//   pagoda eval perplexity --model DIR --text-file F [--kv-dtype auto|fp8|int8|int4]
+//   pagoda eval perplexity --model DIR --text-file F [--kv-dtype auto|f32|bf16|fp8|int8|int4]
+//                          [--kv-cache-dtype-k X] [--kv-cache-dtype-v X]
 //                          [--block-size N] [--window N] [--prefill-chunk N] [--max-tokens N] [--json]
-//   pagoda eval agreement  --model DIR --text-file F --kv-dtype X [--block-size N]
+//   pagoda eval agreement  --model DIR --text-file F --kv-dtype X[,Y,K/V...] [--block-size N]
 //                          [--baseline-kv-dtype auto] [--baseline-block-size N] ... [--json]
+//
+// --kv-cache-dtype is an alias of --kv-dtype; --kv-cache-dtype-k / -v set K and V apart (e.g. K
+// int8, V int4). agreement takes a comma-separated list of variants, each a dtype or a "K/V" pair
+// like int8/int4; the baseline is scored once for all of them, and with --json each variant's
+// result is one line (the last line is the last variant).
 //
 // Both tokenize the file without special tokens, cut the ids into windows of --window tokens
 // (default: the model's max_position_embeddings) and run each window from an empty cache through
@@ -40,6 +46,8 @@ struct EvalOptions {
   std::string model_dir;
   std::string text_file;
   std::string kv_dtype = "auto";
+  std::string key_dtype;    // --kv-cache-dtype-k; empty: as --kv-dtype
+  std::string value_dtype;  // --kv-cache-dtype-v
   int32_t block_size = 16;
   std::string baseline_kv_dtype = "auto";
   int32_t baseline_block_size = 16;
@@ -64,6 +72,33 @@ std::optional<DType> parse_kv_dtype(const std::string& name, const char* flag) {
 
 std::string kv_dtype_label(const std::optional<DType>& dtype) {
   return dtype ? std::string(dtype_name(*dtype)) : "auto";
+}
+
+// The K and V dtypes of one runner (nullopt: the model's own, f32 on the CPU).
+struct KvDtypes {
+  std::optional<DType> key;
+  std::optional<DType> value;
+
+  std::string label() const {
+    const std::string k = kv_dtype_label(key), v = kv_dtype_label(value);
+    return k == v ? k : k + "/" + v;
+  }
+};
+
+// --kv-dtype X with the optional per-K / per-V overrides.
+KvDtypes resolve_kv_dtypes(const std::string& both, const std::string& key, const std::string& value) {
+  KvDtypes d;
+  d.key = d.value = parse_kv_dtype(both, "--kv-dtype");
+  if (!key.empty()) d.key = parse_kv_dtype(key, "--kv-cache-dtype-k");
+  if (!value.empty()) d.value = parse_kv_dtype(value, "--kv-cache-dtype-v");
+  return d;
+}
+
+// One entry of agreement's variant list: "int8" or "int8/int4" (K/V).
+KvDtypes parse_variant(const std::string& spec) {
+  const size_t slash = spec.find('/');
+  if (slash == std::string::npos) return resolve_kv_dtypes(spec, "", "");
+  return resolve_kv_dtypes("auto", spec.substr(0, slash), spec.substr(slash + 1));
 }
 
 struct LoadedInputs {
@@ -105,11 +140,11 @@ LoadedInputs load_inputs(const EvalOptions& opt) {
 }
 
 std::unique_ptr<eval::PagedRunner> make_runner(CpuModel& model, int32_t window, int32_t block_size,
-                                               const std::optional<DType>& kv_dtype,
-                                               int32_t prefill_chunk) {
+                                               const KvDtypes& kv_dtypes, int32_t prefill_chunk) {
   eval::PagedRunnerOptions options;
   options.block_size = block_size;
-  options.kv_dtype = kv_dtype;
+  options.key_dtype = kv_dtypes.key;
+  options.value_dtype = kv_dtypes.value;
   options.prefill_chunk = prefill_chunk;
   options.max_sequence_tokens = window;
   auto runner = eval::PagedRunner::create(model, options);
@@ -128,7 +163,7 @@ eval::ProgressCallback progress_printer(bool quiet, Clock::time_point start) {
 }
 
 void run_perplexity(const EvalOptions& opt) {
-  const auto kv_dtype = parse_kv_dtype(opt.kv_dtype, "--kv-dtype");
+  const KvDtypes kv_dtype = resolve_kv_dtypes(opt.kv_dtype, opt.key_dtype, opt.value_dtype);
   LoadedInputs in = load_inputs(opt);
   auto runner = make_runner(*in.model, in.window, opt.block_size, kv_dtype, opt.prefill_chunk);
   const auto start = Clock::now();
@@ -143,7 +178,9 @@ void run_perplexity(const EvalOptions& opt) {
       {"mean_nll", result->mean_nll},
       {"windows", result->windows},
       {"window", in.window},
-      {"kv_dtype", kv_dtype_label(kv_dtype)},
+      {"kv_dtype", kv_dtype.label()},
+      {"key_dtype", kv_dtype_label(kv_dtype.key)},
+      {"value_dtype", kv_dtype_label(kv_dtype.value)},
       {"block_size", opt.block_size},
       {"seconds", seconds},
       {"text_file", opt.text_file},
@@ -156,51 +193,73 @@ void run_perplexity(const EvalOptions& opt) {
       "perplexity {:.4f} over {} predicted tokens ({} windows of up to {} tokens)\n"
       "mean NLL {:.6f} nats/token; KV {} with blocks of {}; {:.1f} s ({:.0f} tokens/s)\n",
       result->perplexity, result->tokens, result->windows, in.window, result->mean_nll,
-      kv_dtype_label(kv_dtype), opt.block_size, seconds, result->tokens / std::max(seconds, 1e-9));
+      kv_dtype.label(), opt.block_size, seconds, result->tokens / std::max(seconds, 1e-9));
 }
 
 void run_agreement(const EvalOptions& opt) {
-  const auto kv_dtype = parse_kv_dtype(opt.kv_dtype, "--kv-dtype");
-  const auto baseline_dtype = parse_kv_dtype(opt.baseline_kv_dtype, "--baseline-kv-dtype");
+  std::vector<KvDtypes> variants;
+  if (!opt.key_dtype.empty() || !opt.value_dtype.empty()) {
+    if (opt.kv_dtype.find(',') != std::string::npos)
+      fail("--kv-cache-dtype-k / -v take one variant; give a list as --kv-dtype int8,int4,int8/int4");
+    variants.push_back(resolve_kv_dtypes(opt.kv_dtype.empty() ? "auto" : opt.kv_dtype, opt.key_dtype,
+                                         opt.value_dtype));
+  } else {
+    std::stringstream list(opt.kv_dtype);
+    std::string spec;
+    while (std::getline(list, spec, ','))
+      if (!spec.empty()) variants.push_back(parse_variant(spec));
+  }
+  if (variants.empty()) fail("give the variant's KV dtype: --kv-dtype X (or --kv-cache-dtype-k / -v)");
+  const KvDtypes baseline_dtype = resolve_kv_dtypes(opt.baseline_kv_dtype, "", "");
   LoadedInputs in = load_inputs(opt);
   auto baseline = make_runner(*in.model, in.window, opt.baseline_block_size, baseline_dtype,
                               opt.prefill_chunk);
-  auto variant = make_runner(*in.model, in.window, opt.block_size, kv_dtype, opt.prefill_chunk);
+  std::vector<std::unique_ptr<eval::PagedRunner>> runners;
+  std::vector<eval::PagedRunner*> pointers;
+  for (const KvDtypes& v : variants) {
+    runners.push_back(make_runner(*in.model, in.window, opt.block_size, v, opt.prefill_chunk));
+    pointers.push_back(runners.back().get());
+  }
   const auto start = Clock::now();
-  auto result = eval::compute_agreement(*baseline, *variant, in.tokens, in.window,
-                                        progress_printer(opt.quiet || opt.json, start));
-  if (!result.ok()) fail(result.status().to_string());
+  auto results = eval::compute_agreement(*baseline, pointers, in.tokens, in.window,
+                                         progress_printer(opt.quiet || opt.json, start));
+  if (!results.ok()) fail(results.status().to_string());
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
 
-  nlohmann::json out = {
-      {"top1_agreement", result->top1_agreement},
-      {"mean_kl", result->mean_kl},
-      {"max_kl", result->max_kl},
-      {"baseline_perplexity", result->baseline_perplexity},
-      {"variant_perplexity", result->variant_perplexity},
-      {"perplexity_change_percent", result->perplexity_change_percent},
-      {"tokens", result->tokens},
-      {"windows", result->windows},
-      {"window", in.window},
-      {"kv_dtype", kv_dtype_label(kv_dtype)},
-      {"block_size", opt.block_size},
-      {"baseline_kv_dtype", kv_dtype_label(baseline_dtype)},
-      {"baseline_block_size", opt.baseline_block_size},
-      {"seconds", seconds},
-      {"text_file", opt.text_file},
-  };
-  if (opt.json) {
-    std::cout << out.dump() << std::endl;
-    return;
+  for (size_t i = 0; i < variants.size(); ++i) {
+    const eval::AgreementResult& result = (*results)[i];
+    nlohmann::json out = {
+        {"top1_agreement", result.top1_agreement},
+        {"mean_kl", result.mean_kl},
+        {"max_kl", result.max_kl},
+        {"baseline_perplexity", result.baseline_perplexity},
+        {"variant_perplexity", result.variant_perplexity},
+        {"perplexity_change_percent", result.perplexity_change_percent},
+        {"tokens", result.tokens},
+        {"windows", result.windows},
+        {"window", in.window},
+        {"kv_dtype", variants[i].label()},
+        {"key_dtype", kv_dtype_label(variants[i].key)},
+        {"value_dtype", kv_dtype_label(variants[i].value)},
+        {"block_size", opt.block_size},
+        {"baseline_kv_dtype", baseline_dtype.label()},
+        {"baseline_block_size", opt.baseline_block_size},
+        {"seconds", seconds},
+        {"text_file", opt.text_file},
+    };
+    if (opt.json) {
+      std::cout << out.dump() << std::endl;
+      continue;
+    }
+    std::cout << fmt::format(
+        "variant KV {} (blocks of {}) vs baseline KV {} (blocks of {}) over {} predicted tokens\n"
+        "top-1 agreement {:.4f}%  mean KL {:.3e} nats  max KL {:.3e}\n"
+        "perplexity {:.4f} -> {:.4f} ({:+.3f}%)\n",
+        variants[i].label(), opt.block_size, baseline_dtype.label(), opt.baseline_block_size,
+        result.tokens, result.top1_agreement * 100.0, result.mean_kl, result.max_kl,
+        result.baseline_perplexity, result.variant_perplexity, result.perplexity_change_percent);
   }
-  std::cout << fmt::format(
-      "variant KV {} (blocks of {}) vs baseline KV {} (blocks of {}) over {} predicted tokens\n"
-      "top-1 agreement {:.4f}%  mean KL {:.3e} nats  max KL {:.3e}\n"
-      "perplexity {:.4f} -> {:.4f} ({:+.3f}%)  {:.1f} s\n",
-      kv_dtype_label(kv_dtype), opt.block_size, kv_dtype_label(baseline_dtype),
-      opt.baseline_block_size, result->tokens, result->top1_agreement * 100.0, result->mean_kl,
-      result->max_kl, result->baseline_perplexity, result->variant_perplexity,
-      result->perplexity_change_percent, seconds);
+  if (!opt.json) std::cout << fmt::format("{:.1f} s\n", seconds);
 }
 
 void add_common_options(CLI::App* cmd, EvalOptions& opt) {
@@ -236,7 +295,10 @@ void add_eval_command(CLI::App& app) {
   CLI::App* ppl_cmd = eval->add_subcommand(
       "perplexity", "Perplexity of a text file (windows of --window tokens, each from an empty cache).");
   add_common_options(ppl_cmd, *ppl);
-  ppl_cmd->add_option("--kv-dtype", ppl->kv_dtype, "KV cache dtype: auto, fp8, int8, int4")->capture_default_str();
+  ppl_cmd->add_option("--kv-dtype,--kv-cache-dtype", ppl->kv_dtype, "KV cache dtype: auto, f32, bf16, f16, fp8, int8, int4")
+      ->capture_default_str();
+  ppl_cmd->add_option("--kv-cache-dtype-k,--kv-dtype-k", ppl->key_dtype, "K cache dtype (overrides --kv-dtype for K)");
+  ppl_cmd->add_option("--kv-cache-dtype-v,--kv-dtype-v", ppl->value_dtype, "V cache dtype (overrides --kv-dtype for V)");
   ppl_cmd->callback([ppl] { run_perplexity(*ppl); });
 
   auto agree = std::make_shared<EvalOptions>();
@@ -244,7 +306,11 @@ void add_eval_command(CLI::App& app) {
       "agreement",
       "Top-1 agreement and KL divergence of next-token distributions: a KV variant vs the baseline.");
   add_common_options(agree_cmd, *agree);
-  agree_cmd->add_option("--kv-dtype", agree->kv_dtype, "the variant's KV dtype: fp8, int8, int4, ...")->required();
+  agree->kv_dtype.clear();
+  agree_cmd->add_option("--kv-dtype,--kv-cache-dtype", agree->kv_dtype,
+                        "the variants' KV dtypes, comma-separated: bf16, fp8, int8, int4, or K/V pairs like int8/int4");
+  agree_cmd->add_option("--kv-cache-dtype-k,--kv-dtype-k", agree->key_dtype, "the variant's K dtype (one variant)");
+  agree_cmd->add_option("--kv-cache-dtype-v,--kv-dtype-v", agree->value_dtype, "the variant's V dtype (one variant)");
   agree_cmd->add_option("--baseline-kv-dtype", agree->baseline_kv_dtype, "the baseline's KV dtype")->capture_default_str();
   agree_cmd->add_option("--baseline-block-size", agree->baseline_block_size, "the baseline's KV block size")
       ->capture_default_str()

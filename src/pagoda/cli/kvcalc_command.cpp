@@ -77,17 +77,6 @@ std::vector<KvShape> comparison_shapes(const KvShape& s) {
   return out;
 }
 
-// 327680 -> "327,680".
-std::string with_commas(int64_t v) {
-  std::string digits = std::to_string(v);
-  std::string out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0 && digits[i - 1] != '-') out += ',';
-    out += digits[i];
-  }
-  return out;
-}
-
 std::string describe(const KvShape& s) {
   if (s.is_mla())
     return fmt::format("{} layers, MLA latent {} + rope {}", s.layers, s.mla_latent_dim, s.mla_rope_dim);
@@ -106,11 +95,21 @@ void run_kvcalc(const KvcalcOptions& o) {
     if (!b.ok()) fail("--memory: " + b.status().message());
     budget = *b;
   }
-  std::vector<DType> dtypes;
-  for (const auto& name : o.dtypes) {
+  // Each entry is one dtype for K and V, or a "K/V" pair such as int8/int4.
+  std::vector<std::pair<DType, DType>> dtypes;
+  auto parse_dtype = [](const std::string& name) {
     auto d = dtype_from_name(name);
-    if (!d) fail(fmt::format("--kv-dtype: unknown dtype '{}' (use f32, bf16, f16, fp8, int8, int4)", name));
-    dtypes.push_back(*d);
+    if (!d) fail(fmt::format("--kv-dtype: unknown dtype '{}' (use f32, bf16, f16, fp8, int8, int4, or K/V like int8/int4)", name));
+    return *d;
+  };
+  for (const auto& name : o.dtypes) {
+    const size_t slash = name.find('/');
+    if (slash == std::string::npos) {
+      const DType d = parse_dtype(name);
+      dtypes.emplace_back(d, d);
+    } else {
+      dtypes.emplace_back(parse_dtype(name.substr(0, slash)), parse_dtype(name.substr(slash + 1)));
+    }
   }
   // Paging rounds each request up to whole blocks.
   int64_t request_tokens = (o.tokens + o.block_size - 1) / o.block_size * o.block_size;
@@ -119,20 +118,25 @@ void run_kvcalc(const KvcalcOptions& o) {
   std::vector<KvShape> shapes = o.compare ? comparison_shapes(shape) : std::vector<KvShape>{shape};
   nlohmann::json rows = nlohmann::json::array();
   for (const KvShape& s : shapes) {
-    for (DType d : dtypes) {
-      int64_t per_token = kv_bytes_per_token(s, d);
+    for (const auto& [k, v] : dtypes) {
+      int64_t per_token = kv_bytes_per_token(s, k, v);
+      const std::string label =
+          k == v || s.is_mla() ? std::string(dtype_name(k)) : fmt::format("{}/{}", dtype_name(k), dtype_name(v));
       nlohmann::json row = {{"attention", attention_kind_name(s.kind())},
                             {"kv_heads", s.is_mla() ? 0 : s.kv_heads},
-                            {"kv_dtype", dtype_name(d)},
+                            {"kv_dtype", label},
+                            {"key_dtype", dtype_name(k)},
+                            {"value_dtype", s.is_mla() ? dtype_name(k) : dtype_name(v)},
                             {"bytes_per_token", per_token},
                             {"ratio_to_bf16", static_cast<double>(bf16_bytes) / per_token},
                             {"bytes_per_request", per_token * request_tokens},
                             {"bytes_per_batch", per_token * request_tokens * o.batch}};
       if (budget) {
-        int64_t block_bytes = per_token * o.block_size;
-        int64_t blocks = *budget / block_bytes;
-        row["tokens_in_budget"] = blocks * o.block_size;
-        row["requests_in_budget"] = blocks / (request_tokens / o.block_size);
+        auto capacity = kv_capacity(s, k, v, *budget, o.block_size, o.tokens);
+        if (!capacity.ok()) fail("--memory: " + capacity.status().message());
+        row["tokens_in_budget"] = capacity->tokens;
+        row["requests_in_budget"] = capacity->requests;
+        row["startup_line"] = format_kv_cache_line(s, k, v, *budget, o.block_size);
       }
       rows.push_back(row);
     }
@@ -152,19 +156,19 @@ void run_kvcalc(const KvcalcOptions& o) {
   std::cout << "vs base: how many times smaller than the given model's KV in bf16\n";
   std::cout << "scales included: fp8 one f32 per token-head; int8 f16 scale + zero per token-head; "
                "int4 f16 scale + zero per 32 values\n\n";
-  std::string header = fmt::format("{:<5} {:>4} {:<5} {:>14} {:>8} {:>12} {:>12}", "attn", "kv", "dtype",
+  std::string header = fmt::format("{:<5} {:>4} {:<9} {:>14} {:>8} {:>12} {:>12}", "attn", "kv", "dtype",
                                    "bytes/token", "vs base", "per request", "per batch");
   if (budget) header += fmt::format(" {:>16} {:>10}", "tokens that fit", "requests");
   std::cout << header << "\n";
   for (const auto& r : rows) {
     std::string line = fmt::format(
-        "{:<5} {:>4} {:<5} {:>14} {:>7.2f}x {:>12} {:>12}", r["attention"].get<std::string>(),
+        "{:<5} {:>4} {:<9} {:>14} {:>7.2f}x {:>12} {:>12}", r["attention"].get<std::string>(),
         r["kv_heads"].get<int64_t>() == 0 ? std::string("-") : std::to_string(r["kv_heads"].get<int64_t>()),
-        r["kv_dtype"].get<std::string>(), with_commas(r["bytes_per_token"].get<int64_t>()), r["ratio_to_bf16"].get<double>(),
+        r["kv_dtype"].get<std::string>(), format_with_commas(r["bytes_per_token"].get<int64_t>()), r["ratio_to_bf16"].get<double>(),
         format_bytes(r["bytes_per_request"].get<double>()), format_bytes(r["bytes_per_batch"].get<double>()));
     if (budget)
-      line += fmt::format(" {:>16} {:>10}", with_commas(r["tokens_in_budget"].get<int64_t>()),
-                          with_commas(r["requests_in_budget"].get<int64_t>()));
+      line += fmt::format(" {:>16} {:>10}", format_with_commas(r["tokens_in_budget"].get<int64_t>()),
+                          format_with_commas(r["requests_in_budget"].get<int64_t>()));
     std::cout << line << "\n";
   }
 }
@@ -191,7 +195,9 @@ void add_kvcalc_command(CLI::App& app) {
   cmd->add_option("--batch", opts->batch, "requests in a batch (default 1)");
   cmd->add_option("--block-size", opts->block_size, "KV block size in tokens; requests round up to blocks (default 16)");
   cmd->add_option("--memory", opts->memory, "KV memory budget, e.g. 80GiB or 16GB");
-  cmd->add_option("--kv-dtype", opts->dtypes, "KV dtypes to show (default: bf16 fp8 int8 int4)")->delimiter(',');
+  cmd->add_option("--kv-dtype,--kv-cache-dtype", opts->dtypes,
+                  "KV dtypes to show, comma-separated; K/V pairs like int8/int4 (default: bf16,fp8,int8,int4)")
+      ->delimiter(',');
   cmd->add_flag("--compare", opts->compare, "also show the same model as MHA, MQA and MLA (latent 512 + rope 64)");
   cmd->add_flag("--json", opts->json, "print one JSON object instead of a table");
   cmd->callback([opts] { run_kvcalc(*opts); });

@@ -11,18 +11,14 @@ StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::create(std::unique_ptr
                                                                   int32_t num_blocks, int32_t block_size,
                                                                   DType key_dtype, DType value_dtype) {
   if (!model) return invalid_argument_error("CpuModelRunner needs a model");
-  KvPoolShape shape = model->kv_pool_shape(num_blocks, block_size);
-  shape.key_dtype = key_dtype;
-  shape.value_dtype = value_dtype;
+  const KvPoolShape shape = model->kv_pool_shape(num_blocks, block_size, key_dtype, value_dtype);
   PAGODA_ASSIGN_OR_RETURN(CpuKvPool pool, CpuKvPool::create(shape));
   return std::unique_ptr<CpuModelRunner>(new CpuModelRunner(std::move(model), std::move(pool)));
 }
 
 int64_t CpuModelRunner::blocks_for_memory(const CpuModel& model, int64_t bytes, int32_t block_size,
                                           DType key_dtype, DType value_dtype) {
-  KvPoolShape shape = model.kv_pool_shape(1, block_size);
-  shape.key_dtype = key_dtype;
-  shape.value_dtype = value_dtype;
+  const KvPoolShape shape = model.kv_pool_shape(1, block_size, key_dtype, value_dtype);
   const size_t per_token = shape.bytes_per_token();
   if (per_token == 0 || block_size <= 0) return 0;
   return bytes / static_cast<int64_t>(per_token * block_size);
@@ -36,15 +32,10 @@ StatusOr<std::vector<float>> CpuModelRunner::execute(const ForwardBatch& batch) 
 
 Status CpuModelRunner::copy_blocks(std::span<const kv::BlockCopy> copies) {
   const KvPoolShape& shape = pool_.shape();
-  const size_t block_elems = shape.elements_per_block();
   for (const kv::BlockCopy& c : copies) {
     if (c.src < 0 || c.src >= shape.num_blocks || c.dst < 0 || c.dst >= shape.num_blocks)
       return out_of_range_error("block copy {} -> {} outside the pool of {} blocks", c.src, c.dst, shape.num_blocks);
-    for (int32_t layer = 0; layer < shape.num_layers; ++layer) {
-      kernels::PagedKvLayer view = pool_.layer(layer);
-      std::copy_n(view.key + c.src * block_elems, block_elems, view.key + c.dst * block_elems);
-      std::copy_n(view.value + c.src * block_elems, block_elems, view.value + c.dst * block_elems);
-    }
+    pool_.copy_block(c.src, c.dst);  // data and scale records, every layer
   }
   return ok_status();
 }

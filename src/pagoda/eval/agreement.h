@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "pagoda/core/status.h"
 #include "pagoda/eval/paged_runner.h"
@@ -35,5 +36,14 @@ struct AgreementResult {
 StatusOr<AgreementResult> compute_agreement(PagedRunner& baseline, PagedRunner& variant,
                                             std::span<const int32_t> tokens, int32_t window,
                                             const ProgressCallback& progress = nullptr);
+
+// Several variants against one baseline, which is scored once per window (a dtype sweep costs
+// 1 + variants runs instead of 2 x variants). Results in the order of `variants`; each equals
+// what compute_agreement(baseline, *variants[i], ...) returns.
+StatusOr<std::vector<AgreementResult>> compute_agreement(PagedRunner& baseline,
+                                                         std::span<PagedRunner* const> variants,
+                                                         std::span<const int32_t> tokens,
+                                                         int32_t window,
+                                                         const ProgressCallback& progress = nullptr);
 
 }  // namespace pagoda::eval

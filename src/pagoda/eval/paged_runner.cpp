@@ -42,13 +42,9 @@ StatusOr<std::unique_ptr<PagedRunner>> PagedRunner::create(CpuModel& model,
 
   KvPoolShape shape = model.kv_pool_shape(static_cast<int32_t>(blocks), options.block_size);
   if (options.kv_dtype) shape.key_dtype = shape.value_dtype = *options.kv_dtype;
-  auto pool = CpuKvPool::create(shape);
-  if (!pool.ok()) {
-    if (shape.key_dtype != DType::kF32)
-      return unimplemented_error("KV dtype {} is not supported by the CPU KV pool yet ({})",
-                                 dtype_name(shape.key_dtype), pool.status().message());
-    return pool.status();
-  }
+  if (options.key_dtype) shape.key_dtype = *options.key_dtype;
+  if (options.value_dtype) shape.value_dtype = *options.value_dtype;
+  PAGODA_ASSIGN_OR_RETURN(CpuKvPool pool, CpuKvPool::create(shape));
 
   kv::KvCacheConfig kv_config;
   kv_config.num_blocks = static_cast<int32_t>(blocks);
@@ -57,7 +53,7 @@ StatusOr<std::unique_ptr<PagedRunner>> PagedRunner::create(CpuModel& model,
   kv_config.record_events = false;
   PAGODA_ASSIGN_OR_RETURN(auto kv, kv::KvCacheManager::create(kv_config));
   return std::unique_ptr<PagedRunner>(
-      new PagedRunner(model, options, std::move(kv), std::move(*pool)));
+      new PagedRunner(model, options, std::move(kv), std::move(pool)));
 }
 
 PagedRunner::PagedRunner(CpuModel& model, PagedRunnerOptions options,

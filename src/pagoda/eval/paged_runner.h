@@ -25,6 +25,8 @@ namespace pagoda::eval {
 struct PagedRunnerOptions {
   int32_t block_size = 16;                // tokens per KV block
   std::optional<DType> kv_dtype;          // nullopt ("auto"): the model's own KV dtype (f32 on CPU)
+  std::optional<DType> key_dtype;         // overrides kv_dtype for K only (e.g. K int8, V int4)
+  std::optional<DType> value_dtype;       // overrides kv_dtype for V only
   int32_t prefill_chunk = 256;            // tokens per forward while prefilling (>= 1)
   int64_t max_sequence_tokens = 1024;     // the longest sequence run() / greedy() will see
 };
@@ -36,8 +38,8 @@ struct GreedyOutput {
 
 class PagedRunner {
  public:
-  // `model` must outlive the runner. Errors: bad options (kInvalidArgument), a KV dtype the
-  // CPU KV pool cannot hold yet (kUnimplemented, naming the dtype).
+  // `model` must outlive the runner. Errors: bad options (kInvalidArgument, e.g. a dtype that
+  // is not a KV dtype).
   static StatusOr<std::unique_ptr<PagedRunner>> create(CpuModel& model,
                                                        const PagedRunnerOptions& options);
 
@@ -51,7 +53,8 @@ class PagedRunner {
 
   int32_t vocab_size() const { return model_.config().vocab_size; }
   const PagedRunnerOptions& options() const { return options_; }
-  DType kv_dtype() const { return pool_.shape().key_dtype; }
+  DType key_dtype() const { return pool_.shape().key_dtype; }
+  DType value_dtype() const { return pool_.shape().value_dtype; }
   // KV manager invariants (tests call it after each run).
   Status verify_integrity() const { return kv_->verify_integrity(); }
 

@@ -1,5 +1,6 @@
 #include "pagoda/kv/kv_sizing.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -103,6 +104,44 @@ StatusOr<KvShape> kv_shape_from_config(const nlohmann::json& config) {
     s.head_dim = hidden / s.query_heads;
   }
   return s;
+}
+
+StatusOr<KvCapacity> kv_capacity(const KvShape& shape, DType k_dtype, DType v_dtype, int64_t budget_bytes,
+                                 int64_t block_size, int64_t tokens_per_request) {
+  if (budget_bytes <= 0) return invalid_argument_error("KV memory budget must be positive, got {} bytes", budget_bytes);
+  if (block_size <= 0) return invalid_argument_error("KV block size must be positive, got {}", block_size);
+  if (tokens_per_request < 0)
+    return invalid_argument_error("tokens per request must be >= 0, got {}", tokens_per_request);
+  KvCapacity c;
+  c.bytes_per_token = kv_bytes_per_token(shape, k_dtype, v_dtype);
+  if (c.bytes_per_token <= 0) return invalid_argument_error("the KV shape holds no bytes per token");
+  c.blocks = budget_bytes / (c.bytes_per_token * block_size);
+  c.tokens = c.blocks * block_size;
+  if (tokens_per_request > 0) c.requests = c.blocks / ((tokens_per_request + block_size - 1) / block_size);
+  return c;
+}
+
+std::string format_kv_cache_line(const KvShape& shape, DType k_dtype, DType v_dtype, int64_t budget_bytes,
+                                 int64_t block_size) {
+  const std::string dtypes = shape.is_mla() ? fmt::format("{} (latent)", dtype_name(k_dtype))
+                                            : fmt::format("{} (K) / {} (V)", dtype_name(k_dtype), dtype_name(v_dtype));
+  const int64_t bf16 = kv_bytes_per_token(shape, DType::kBF16);
+  auto capacity = kv_capacity(shape, k_dtype, v_dtype, std::max<int64_t>(budget_bytes, 1), block_size);
+  const int64_t per_token = kv_bytes_per_token(shape, k_dtype, v_dtype);
+  const int64_t tokens = capacity.ok() && budget_bytes > 0 ? capacity->tokens : 0;
+  return fmt::format("KV cache: {}, {} B/token (bf16: {} B), {} tokens fit in {}", dtypes,
+                     format_with_commas(per_token), format_with_commas(bf16), format_with_commas(tokens),
+                     format_bytes(static_cast<double>(std::max<int64_t>(budget_bytes, 0))));
+}
+
+std::string format_with_commas(int64_t value) {
+  const std::string digits = std::to_string(value < 0 ? -value : value);
+  std::string out = value < 0 ? "-" : "";
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
 }
 
 StatusOr<int64_t> parse_byte_size(std::string_view text) {

@@ -58,6 +58,28 @@ inline int64_t kv_bytes_per_token(const KvShape& shape, DType dtype) {
 // qk_rope_head_dim. Errors name the missing or bad field.
 StatusOr<KvShape> kv_shape_from_config(const nlohmann::json& config);
 
+// What a KV memory budget holds: paging rounds every request up to whole blocks.
+struct KvCapacity {
+  int64_t bytes_per_token = 0;  // K + V, all layers, scales included
+  int64_t blocks = 0;           // whole blocks of block_size tokens in the budget
+  int64_t tokens = 0;           // blocks * block_size
+  int64_t requests = 0;         // concurrent requests of tokens_per_request tokens (0 if not asked)
+};
+// Errors: non-positive budget, block size or a shape without bytes. tokens_per_request 0: no
+// request count.
+StatusOr<KvCapacity> kv_capacity(const KvShape& shape, DType k_dtype, DType v_dtype, int64_t budget_bytes,
+                                 int64_t block_size, int64_t tokens_per_request = 0);
+
+// The start-up line a server prints, e.g.
+//   "KV cache: int8 (K) / int4 (V), 43,008 B/token (bf16: 131,072 B), 24,960 tokens fit in 1.00 GiB"
+// (for MLA, whose one latent vector has no separate V: "KV cache: int8 (latent), ...").
+// Tokens are whole blocks of block_size.
+std::string format_kv_cache_line(const KvShape& shape, DType k_dtype, DType v_dtype, int64_t budget_bytes,
+                                 int64_t block_size = 16);
+
+// 327680 -> "327,680".
+std::string format_with_commas(int64_t value);
+
 // Parses "80GiB", "16GB", "512MiB", "1.5e9" or a plain byte count.
 StatusOr<int64_t> parse_byte_size(std::string_view text);
 // 1536 -> "1.50 KiB".

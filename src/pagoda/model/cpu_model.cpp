@@ -37,20 +37,21 @@ CpuModel::CpuModel(ModelConfig config, ModelWeights weights)
       config_.head_dim, config_.rope_theta, config_.rope_llama3 ? &*config_.rope_llama3 : nullptr);
 }
 
-KvPoolShape CpuModel::kv_pool_shape(int32_t num_blocks, int32_t block_size) const {
+KvPoolShape CpuModel::kv_pool_shape(int32_t num_blocks, int32_t block_size, DType key_dtype,
+                                    DType value_dtype) const {
   return KvPoolShape{config_.num_layers, num_blocks, block_size, config_.num_kv_heads,
-                     config_.head_dim, DType::kF32};
+                     config_.head_dim, key_dtype, value_dtype};
 }
 
 Status CpuModel::validate(const ForwardBatch& batch, const CpuKvPool& pool) const {
   const KvPoolShape& ps = pool.shape();
   if (ps.num_layers != config_.num_layers || ps.num_kv_heads != config_.num_kv_heads ||
-      ps.head_dim != config_.head_dim || ps.key_dtype != DType::kF32 || ps.value_dtype != DType::kF32) {
+      ps.head_dim != config_.head_dim) {
     return invalid_argument_error(
-        "KV pool (layers={} kv_heads={} head_dim={} dtype={}) does not fit the model "
-        "(layers={} kv_heads={} head_dim={} dtype=f32)",
-        ps.num_layers, ps.num_kv_heads, ps.head_dim, dtype_name(ps.key_dtype), config_.num_layers,
-        config_.num_kv_heads, config_.head_dim);
+        "KV pool (layers={} kv_heads={} head_dim={}) does not fit the model "
+        "(layers={} kv_heads={} head_dim={})",
+        ps.num_layers, ps.num_kv_heads, ps.head_dim, config_.num_layers, config_.num_kv_heads,
+        config_.head_dim);
   }
   if (batch.positions.size() != batch.token_ids.size()) {
     return invalid_argument_error("forward batch: {} token ids but {} positions", batch.token_ids.size(),

@@ -36,8 +36,10 @@ class CpuModel {
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
 
-  // The pool shape this model needs for num_blocks blocks of block_size tokens (f32 KV).
-  KvPoolShape kv_pool_shape(int32_t num_blocks, int32_t block_size) const;
+  // The pool shape this model needs for num_blocks blocks of block_size tokens,
+  // K and V stored as key_dtype / value_dtype (f32, f16, bf16, fp8, int8, int4).
+  KvPoolShape kv_pool_shape(int32_t num_blocks, int32_t block_size, DType key_dtype = DType::kF32,
+                            DType value_dtype = DType::kF32) const;
 
   // Runs the batch. logits is resized to [batch.num_logit_rows(), vocab_size],
   // rows in order of sequences, then tokens. Errors (nothing is written to the

@@ -3,7 +3,39 @@
 #include <cassert>
 #include <cstring>
 
+#include "pagoda/kernels/cpu/kv_quantize.h"
+
 namespace pagoda::kernels {
+
+namespace {
+
+// Writes the rows of one of K or V (src: [num_tokens, kv_heads, head_dim] f32).
+void write_pool(const float* src, std::span<const int64_t> slots, const PagedKvLayer& layer,
+                void* data, void* scales, DType dtype) {
+  const size_t heads = static_cast<size_t>(layer.num_kv_heads);
+  const size_t head_dim = static_cast<size_t>(layer.head_dim);
+  auto* bytes = static_cast<std::byte*>(data);
+  if (dtype == DType::kF32) {  // the common case stays one memcpy per token
+    const size_t row_bytes = heads * head_dim * sizeof(float);
+    for (size_t t = 0; t < slots.size(); ++t)
+      if (slots[t] >= 0) std::memcpy(bytes + slots[t] * row_bytes, src + t * heads * head_dim, row_bytes);
+    return;
+  }
+  const size_t head_bytes = kv_head_bytes(layer.head_dim, dtype);
+  const size_t scale_bytes = kv_head_scale_bytes(layer.head_dim, dtype);
+  auto* scale_base = static_cast<std::byte*>(scales);
+  for (size_t t = 0; t < slots.size(); ++t) {
+    if (slots[t] < 0) continue;
+    for (size_t h = 0; h < heads; ++h) {
+      const size_t vector = static_cast<size_t>(slots[t]) * heads + h;
+      quantize_kv_vector(src + (t * heads + h) * head_dim, layer.head_dim, dtype,
+                         bytes + vector * head_bytes,
+                         scale_base != nullptr ? scale_base + vector * scale_bytes : nullptr);
+    }
+  }
+}
+
+}  // namespace
 
 std::vector<int64_t> plan_kv_slots(std::span<const PagedSequence> sequences, int32_t block_size,
                                    size_t num_tokens) {
@@ -20,13 +52,13 @@ std::vector<int64_t> plan_kv_slots(std::span<const PagedSequence> sequences, int
 
 void kv_write(const float* k, const float* v, std::span<const int64_t> slots,
               const PagedKvLayer& layer) {
-  const size_t row = static_cast<size_t>(layer.num_kv_heads) * layer.head_dim;
-  for (size_t t = 0; t < slots.size(); ++t) {
-    if (slots[t] < 0) continue;
-    assert(slots[t] < static_cast<int64_t>(layer.num_blocks) * layer.block_size);
-    std::memcpy(layer.key + slots[t] * row, k + t * row, row * sizeof(float));
-    std::memcpy(layer.value + slots[t] * row, v + t * row, row * sizeof(float));
-  }
+#ifndef NDEBUG
+  for (int64_t slot : slots) assert(slot < static_cast<int64_t>(layer.num_blocks) * layer.block_size);
+#endif
+  assert(kv_quant_of(layer.key_dtype) == KvQuant::kNone || layer.key_scales != nullptr);
+  assert(kv_quant_of(layer.value_dtype) == KvQuant::kNone || layer.value_scales != nullptr);
+  write_pool(k, slots, layer, layer.key, layer.key_scales, layer.key_dtype);
+  write_pool(v, slots, layer, layer.value, layer.value_scales, layer.value_dtype);
 }
 
 }  // namespace pagoda::kernels

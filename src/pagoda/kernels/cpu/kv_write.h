@@ -1,5 +1,9 @@
 #pragma once
-// Writes new tokens' K and V into the paged pool (vLLM's reshape_and_cache).
+// Writes new tokens' K and V into the paged pool (vLLM's reshape_and_cache),
+// converting to the pool's K and V dtypes on the way: f32 is copied, f16 / bf16
+// are rounded to nearest even, fp8 / int8 / int4 are quantized per (token, head)
+// (int4 per group of 32) with their scale records written beside them
+// (kernels/kv_quant.h, kernels/cpu/kv_quantize.h).
 // k, v: [num_tokens, num_kv_heads, head_dim] f32. slots[t] = block * block_size +
 // slot-in-block for token t, from plan_kv_slots; a negative slot skips the token.
 

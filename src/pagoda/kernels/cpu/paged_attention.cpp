@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "pagoda/core/thread_pool.h"
+#include "pagoda/kernels/cpu/kv_quantize.h"
 #include "pagoda/kernels/cpu/vector_dot.h"
 
 namespace pagoda::kernels {
@@ -16,6 +17,39 @@ struct WorkItem {
   int32_t new_token;  // index among the sequence's new tokens
 };
 
+// Reads (slot, head) vectors of one of K or V as f32: f32 pools in place, the
+// other dtypes dequantized into the caller's buffer (so attention over a
+// quantized pool is attention over the dequantized values, by construction).
+class KvVectorReader {
+ public:
+  KvVectorReader(const void* data, const void* scales, DType dtype, const PagedKvLayer& layer)
+      : data_(static_cast<const std::byte*>(data)),
+        scales_(static_cast<const std::byte*>(scales)),
+        dtype_(dtype),
+        head_dim_(layer.head_dim),
+        num_kv_heads_(static_cast<size_t>(layer.num_kv_heads)),
+        head_bytes_(kv_head_bytes(layer.head_dim, dtype)),
+        scale_bytes_(kv_head_scale_bytes(layer.head_dim, dtype)) {}
+
+  const float* read(int64_t slot, size_t kv_head, float* buffer) const {
+    const size_t vector = static_cast<size_t>(slot) * num_kv_heads_ + kv_head;
+    if (dtype_ == DType::kF32) return reinterpret_cast<const float*>(data_ + vector * head_bytes_);
+    dequantize_kv_vector(data_ + vector * head_bytes_,
+                         scales_ != nullptr ? scales_ + vector * scale_bytes_ : nullptr, head_dim_,
+                         dtype_, buffer);
+    return buffer;
+  }
+
+ private:
+  const std::byte* data_;
+  const std::byte* scales_;
+  DType dtype_;
+  int32_t head_dim_;
+  size_t num_kv_heads_;
+  size_t head_bytes_;
+  size_t scale_bytes_;
+};
+
 }  // namespace
 
 void paged_attention(const float* q, const PagedKvLayer& layer,
@@ -24,7 +58,8 @@ void paged_attention(const float* q, const PagedKvLayer& layer,
   const size_t head_dim = static_cast<size_t>(layer.head_dim);
   const size_t num_q_heads = static_cast<size_t>(params.num_q_heads);
   const size_t group = num_q_heads / static_cast<size_t>(layer.num_kv_heads);
-  const size_t kv_row = static_cast<size_t>(layer.num_kv_heads) * head_dim;
+  const KvVectorReader keys(layer.key, layer.key_scales, layer.key_dtype, layer);
+  const KvVectorReader values(layer.value, layer.value_scales, layer.value_dtype, layer);
   const int32_t block_size = layer.block_size;
 
   std::vector<WorkItem> tokens;
@@ -44,6 +79,8 @@ void paged_attention(const float* q, const PagedKvLayer& layer,
   ThreadPool::global().parallel_for(units, [&](size_t begin, size_t end) {
     thread_local std::vector<float> scores;
     thread_local std::vector<float> acc;
+    thread_local std::vector<float> kv_buffer;  // one dequantized K or V vector
+    kv_buffer.resize(head_dim);
     for (size_t unit = begin; unit < end; ++unit) {
       const WorkItem item = tokens[unit / layer.num_kv_heads];
       const size_t kv_head = unit % layer.num_kv_heads;
@@ -60,7 +97,7 @@ void paged_attention(const float* q, const PagedKvLayer& layer,
         const int32_t index = first + static_cast<int32_t>(p);
         const int64_t slot = static_cast<int64_t>(seq.block_table[index / block_size]) * block_size +
                              index % block_size;
-        const float* k = layer.key + slot * kv_row + kv_head * head_dim;
+        const float* k = keys.read(slot, kv_head, kv_buffer.data());
         for (size_t g = 0; g < group; ++g) {
           const float* qh = q + (row * num_q_heads + kv_head * group + g) * head_dim;
           scores[g * context + p] = dot_f32(qh, k, head_dim) * params.scale;
@@ -82,7 +119,7 @@ void paged_attention(const float* q, const PagedKvLayer& layer,
         const int32_t index = first + static_cast<int32_t>(p);
         const int64_t slot = static_cast<int64_t>(seq.block_table[index / block_size]) * block_size +
                              index % block_size;
-        const float* v = layer.value + slot * kv_row + kv_head * head_dim;
+        const float* v = values.read(slot, kv_head, kv_buffer.data());
         for (size_t g = 0; g < group; ++g) {
           axpy(scores[g * context + p], v, acc.data() + g * head_dim, head_dim);
         }
@@ -91,7 +128,7 @@ void paged_attention(const float* q, const PagedKvLayer& layer,
         std::copy_n(acc.data() + g * head_dim, head_dim,
                     out + (row * num_q_heads + kv_head * group + g) * head_dim);
     }
-  });
+  }, min_units);
 }
 
 }  // namespace pagoda::kernels

@@ -7,8 +7,12 @@
 // the batch). num_q_heads must be a multiple of layer.num_kv_heads (MHA, GQA,
 // MQA); query head h reads KV head h / (num_q_heads / num_kv_heads). Softmax is
 // exact (max-subtracted) in f32 with scale applied to q·k. The K/V of the new
-// tokens must already be in the pool (kv_write). Parallel over (token, head) on
-// ThreadPool::global(); call from one thread at a time.
+// tokens must already be in the pool (kv_write). K and V pools in f16 / bf16 /
+// fp8 / int8 / int4 are read one (position, head) vector at a time, dequantized
+// into a thread-local f32 buffer (kernels/cpu/kv_quantize.h) and then used
+// exactly as an f32 vector would be: the result equals attention over an f32
+// pool holding the dequantized values. f32 pools are read in place.
+// Parallel over (token, head) on ThreadPool::global(); call from one thread at a time.
 
 #include <cstddef>
 #include <cstdint>

@@ -7,18 +7,60 @@
 #include <cstdint>
 #include <span>
 
+#include "pagoda/core/dtype.h"
+#include "pagoda/kernels/kv_quant.h"
+
 namespace pagoda::kernels {
 
-// One layer of the paged KV pool, f32. key and value are each
-// [num_blocks, block_size, num_kv_heads, head_dim], row-major: the vector of
-// (block b, slot s, head h) starts at ((b * block_size + s) * num_kv_heads + h) * head_dim.
+// The quantized format of a KV dtype (kNone for f32 / f16 / bf16).
+inline KvQuant kv_quant_of(DType dtype) {
+  switch (dtype) {
+    case DType::kFP8E4M3: return KvQuant::kFP8E4M3;
+    case DType::kInt8: return KvQuant::kInt8;
+    case DType::kInt4: return KvQuant::kInt4;
+    default: return KvQuant::kNone;
+  }
+}
+
+// Data bytes of one (token, head) vector of head_dim elements stored as dtype
+// (scales not included: they live in the scale pool).
+inline size_t kv_head_bytes(int32_t head_dim, DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return static_cast<size_t>(head_dim) * 4;
+    case DType::kF16:
+    case DType::kBF16: return static_cast<size_t>(head_dim) * 2;
+    default: return static_cast<size_t>(kv_head_data_bytes(head_dim, kv_quant_of(dtype)));
+  }
+}
+
+// Bytes of the scale records of one (token, head) vector: 0 for unquantized dtypes.
+inline size_t kv_head_scale_bytes(int32_t head_dim, DType dtype) {
+  return static_cast<size_t>(kv_scale_groups(head_dim, kv_quant_of(dtype))) * 4;
+}
+
+// One layer of the paged KV pool. key and value each hold
+// [num_blocks, block_size, num_kv_heads, kv_head_bytes(head_dim, dtype)] bytes,
+// row-major: the vector of (block b, slot s, head h) starts at byte
+// ((b * block_size + s) * num_kv_heads + h) * kv_head_bytes(head_dim, dtype).
+// For quantized dtypes (kernels/kv_quant.h) key_scales / value_scales hold the
+// 4-byte scale records of each vector at
+// ((b * block_size + s) * num_kv_heads + h) * kv_head_scale_bytes(head_dim, dtype);
+// they are null for f32 / f16 / bf16. K and V may use different dtypes.
 struct PagedKvLayer {
-  float* key = nullptr;
-  float* value = nullptr;
+  void* key = nullptr;
+  void* value = nullptr;
   int32_t num_blocks = 0;
   int32_t block_size = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
+  DType key_dtype = DType::kF32;
+  DType value_dtype = DType::kF32;
+  void* key_scales = nullptr;
+  void* value_scales = nullptr;
+
+  // The pools as f32 (only when the dtype is f32).
+  float* key_f32() const { return static_cast<float*>(key); }
+  float* value_f32() const { return static_cast<float*>(value); }
 };
 
 // One sequence of a batch, as attention sees it. New token i (0-based) sits at
