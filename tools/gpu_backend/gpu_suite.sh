@@ -11,7 +11,8 @@
 # The device call (the archive keeps the carry under 64 MiB):
 #   run(command="tar xJf .device/cuda-bundle.tar.xz -C .device && tools/gpu_backend/gpu_suite.sh remote",
 #       carry=[".device/cuda-bundle.tar.xz"])
-# WITH_ENGINE=1 (bundle) + ENGINE_BENCH=1 (remote) add the engine-driven runs.
+# WITH_ENGINE=1 (bundle) + ENGINE_BENCH=1 (remote) add the engine-driven runs; GRAPH_BENCH=1
+# (remote) adds the decode-in-graphs attention comparison.
 # Environment: BUILD_DIR (default build-cuda), BENCH_SECONDS (throughput time cap, 200),
 # NUM_REQUESTS / INPUT_LEN / OUTPUT_LEN (1000 / 1000 / 1000), MAX_NUM_SEQS (256).
 set -uo pipefail
@@ -23,7 +24,8 @@ case "${1:-}" in
 bundle)
   set -e
   cmake -S "$here" -B "$build" -G Ninja >/dev/null
-  ninja -C "$build" -j2 cuda_ops_tests cuda_model_tests cuda_backend_host_tests pagoda_gpu_bench
+  ninja -C "$build" -j2 cuda_ops_tests cuda_model_tests cuda_backend_host_tests pagoda_gpu_bench \
+    fast_attention_gpu_tests fast_attention_plan_tests pagoda_graph_attention_bench
   # The CLI links every module; WITH_CLI=1 adds it (for `pagoda --version` there).
   extra=()
   if [ "${WITH_CLI:-0}" = 1 ] && ninja -C "$build" -j2 pagoda_cli; then extra+=("$build/pagoda"); fi
@@ -34,7 +36,9 @@ bundle)
   rm -rf "$bundle"
   "$here/scripts/device-bundle.sh" "$bundle" "$build/tests/gpu_backend/cuda_ops_tests" \
     "$build/tests/gpu_backend/cuda_model_tests" "$build/tests/gpu_backend/cuda_backend_host_tests" \
-    "$build/bench/gpu/pagoda_gpu_bench" "${extra[@]}"
+    "$build/bench/gpu/pagoda_gpu_bench" "$build/tests/gpu_backend/fast_attention_gpu_tests" \
+    "$build/tests/gpu_backend/fast_attention_plan_tests" "$build/bench/gpu/pagoda_graph_attention_bench" \
+    "${extra[@]}"
   strip "$bundle"/bin/* || true
   git -C "$here" rev-parse --short HEAD > "$bundle/commit"
   # The device tool carries at most 64 MiB with the working tree: carry the archive.
@@ -51,10 +55,16 @@ remote)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     [ -x "$bundle/bin/pagoda" ] && "$run" pagoda --version
   } 2>&1 | tee "$out/machine.txt"
-  for t in cuda_backend_host_tests cuda_ops_tests cuda_model_tests; do
+  for t in cuda_backend_host_tests cuda_ops_tests cuda_model_tests fast_attention_plan_tests fast_attention_gpu_tests; do
     timeout 240 "$run" "$t" --gtest_output="xml:$out/$t.xml" > "$out/$t.log" 2>&1
     echo "$t exit $?" >> "$out/tests.txt"
   done
+  # Decode step time in graphs, builtin vs kernels/cuda attention (about 30 s): GRAPH_BENCH=1.
+  if [ "${GRAPH_BENCH:-0}" = 1 ]; then
+    timeout 120 "$run" pagoda_graph_attention_bench --config tools/gpu_backend/llama3_8b_config.json \
+      --json "$out/graph_attention.json" > "$out/graph_attention.log" 2>&1
+    echo "graph attention bench exit $?" >> "$out/tests.txt"
+  fi
   # One benchmark process (one 8B model on the GPU): attention check, batch-1 latency,
   # static-batch decode sweep, then the throughput run. If it dies (e.g. a kernel
   # fault), run again without kernels/cuda's attention and a shorter time cap.
