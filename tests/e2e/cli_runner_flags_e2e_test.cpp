@@ -250,6 +250,19 @@ TEST(CliRunnerFlagsTest, ServeRandomWeightsAnswersACompletion) {
   EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 
+TEST(CliRunnerFlagsTest, BenchServeTakesTheModelIdFromTheServer) {
+  ServerProcess server;
+  std::string why;
+  ASSERT_TRUE(server.start({"--model", source_path(kFixture), "--max-num-seqs", "2"}, &why)) << why;
+  const CliResult r = run_pagoda({"bench", "serve", "--url", "http://127.0.0.1:" + std::to_string(server.port()),
+                                  "--concurrency", "2", "--requests", "2", "--prompt-tokens", "4", "--output-tokens",
+                                  "3", "--warmup", "0", "--no-progress"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("model 'llama_f32' (from /v1/models)"));
+  EXPECT_THAT(r.out, HasSubstr("out tok/s"));
+  EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
 TEST(CliRunnerFlagsTest, ServeReportsTheKvPoolAndCapacityBeforeListening) {
   // serve does not exit by itself: stop it after a few seconds and read what it printed.
   const CliResult r = run_pagoda({"serve", "--model", source_path(kFixture), "--port", "0", "--kv-cache-memory",

@@ -4,7 +4,7 @@
 // (TTFT) and inter-token latency (ITL); writes CSV rows and a PNG plot
 // (gnuplot). A progress bar runs on stderr.
 //
-//   pagoda bench serve --url http://127.0.0.1:8000 --model pagoda-tiny \
+//   pagoda bench serve --url http://127.0.0.1:8000 [--model pagoda-tiny] \
 //       --concurrency 1,2,4,8 --requests 32 --prompt-tokens 128 --output-tokens 32 \
 //       --csv bench/serve/results.csv --plot bench/serve/latency.png
 //
@@ -242,8 +242,22 @@ void write_plot(const std::string& csv, const std::string& png) {
   if (pclose(gp) != 0) std::fprintf(stderr, "warning: gnuplot failed; see its output above\n");
 }
 
-void run_bench(const BenchOptions& opt) {
-  if (opt.model.empty()) fail("--model is required (the model id the server serves)");
+// The first model id the server lists on /v1/models (what `pagoda serve` serves).
+std::string served_model_id(const BenchOptions& opt) {
+  httplib::Client client(opt.url);
+  client.set_connection_timeout(5, 0);
+  httplib::Headers headers;
+  if (!opt.api_key.empty()) headers.emplace("Authorization", "Bearer " + opt.api_key);
+  auto res = client.Get("/v1/models", headers);
+  if (!res || res->status != 200) fail("no --model given and GET " + opt.url + "/v1/models failed; pass --model");
+  const json list = json::parse(res->body, nullptr, false);
+  if (list.is_discarded() || !list.contains("data") || !list["data"].is_array() || list["data"].empty() ||
+      !list["data"][0].contains("id") || !list["data"][0]["id"].is_string())
+    fail("no --model given and " + opt.url + "/v1/models lists no model id; pass --model");
+  return list["data"][0]["id"].get<std::string>();
+}
+
+void run_bench(BenchOptions opt) {
   if (opt.requests < 1 || opt.output_tokens < 1 || opt.prompt_tokens < 1) fail("--requests, --prompt-tokens and --output-tokens must be >= 1");
   if (opt.vocab_low < 0 || opt.vocab_high <= opt.vocab_low) fail("--token-range must be LOW,HIGH with 0 <= LOW < HIGH");
   {
@@ -251,6 +265,10 @@ void run_bench(const BenchOptions& opt) {
     probe.set_connection_timeout(5, 0);
     auto health = probe.Get("/health");
     if (!health || health->status != 200) fail("no healthy server at " + opt.url);
+  }
+  if (opt.model.empty()) {
+    opt.model = served_model_id(opt);
+    std::fprintf(stderr, "bench: model '%s' (from /v1/models)\n", opt.model.c_str());
   }
   std::mt19937_64 rng(opt.seed);
   std::uniform_int_distribution<int32_t> token(opt.vocab_low, opt.vocab_high - 1);
@@ -297,7 +315,7 @@ void add_bench_command(CLI::App& app) {
   auto opt = std::make_shared<BenchOptions>();
   CLI::App* serve = bench->add_subcommand("serve", "Load-test a running OpenAI-compatible server (streamed completions)");
   serve->add_option("--url", opt->url, "Server base URL")->capture_default_str();
-  serve->add_option("--model", opt->model, "Model id the server serves")->required();
+  serve->add_option("--model", opt->model, "Model id the server serves (default: the first one on /v1/models)");
   serve->add_option("--api-key", opt->api_key, "Bearer key, if the server wants one");
   serve->add_option("--concurrency", opt->concurrency, "Concurrency levels")->delimiter(',')->capture_default_str();
   serve->add_option("--requests", opt->requests, "Requests per concurrency level")->capture_default_str();
