@@ -5,8 +5,13 @@
 // together exceed the L2. Where the naive GPU kernel can run (length <= 12,000)
 // the fast output is checked against it at the benchmark shape.
 //
-//   attention_bench [--json FILE] [--iters N] [--only SUBSTRING]
+//   attention_bench [--json FILE] [--iters N] [--only SUBSTRING] [--kv-dtype LIST]
 // --only runs the figures whose name contains SUBSTRING ("copy", "decode", "prefill", ...).
+// --kv-dtype bf16,fp8,int8,int4,int8/int4 (default bf16): the KV formats the
+// decode figures sweep (K/V for a mixed pair), side by side in one run. A
+// quantized pool holds random codes (fp8 codes all finite) and random scales;
+// its effective GB/s counts the bytes actually read (codes + scale records),
+// and every decode figure also reports tokens/s = sequences per second x context.
 // Prints one line per figure and a summary table last.
 
 #include <cuda_runtime.h>
@@ -116,7 +121,43 @@ double compare_bf16(const void* got_dev, const void* want_dev, size_t count) {
 
 struct Shape {
   int q_heads = 32, kv_heads = 8, head_dim = 128, block_size = 16;
+  KvElement key = KvElement::kBF16, value = KvElement::kBF16;
+  bool cuda_cores = false;  // quantized decode: the CUDA-core loop instead of tensor cores
 };
+
+const char* element_name(KvElement e) {
+  switch (e) {
+    case KvElement::kBF16: return "bf16";
+    case KvElement::kFP8E4M3: return "fp8";
+    case KvElement::kInt8: return "int8";
+    case KvElement::kInt4: return "int4";
+  }
+  return "?";
+}
+
+// Bytes of one (token, head) vector's codes and of its scale records (kv_quant.h).
+size_t code_bytes(int head_dim, KvElement e) {
+  return e == KvElement::kBF16 ? size_t(head_dim) * 2 : e == KvElement::kInt4 ? size_t(head_dim) / 2 : head_dim;
+}
+size_t scale_bytes(int head_dim, KvElement e) {
+  return e == KvElement::kBF16 ? 0 : e == KvElement::kInt4 ? size_t(head_dim + 31) / 32 * 4 : 4;
+}
+
+// Random contents for one pool. bf16: values in [low, high). Codes: the bytes
+// of bf16 values in [0.5, 0.99) (high byte 0x3f, low byte <= 0x7d), which are
+// all finite fp8 e4m3 codes and any int8 / int4 codes. Scale records: bf16 pairs
+// in [1e-29, 2e-29), which read as an f32 scale (fp8) or as f16 scale and zero
+// (int, about 3e-4) keep every value finite and small.
+void fill_pool(void* codes, void* scales, size_t vectors, int head_dim, KvElement e, uint64_t seed, float low,
+               float high, cudaStream_t stream) {
+  if (e == KvElement::kBF16) {
+    CHECK_CUDA(launch_fill_random_bf16(codes, vectors * head_dim, seed, low, high, stream));
+    return;
+  }
+  CHECK_CUDA(launch_fill_random_bf16(codes, vectors * code_bytes(head_dim, e) / 2, seed, 0.5f, 0.99f, stream));
+  CHECK_CUDA(launch_fill_random_bf16(scales, vectors * scale_bytes(head_dim, e) / 2, seed + 7, 1e-29f, 2e-29f,
+                                     stream));
+}
 
 // One attention measurement. All sequences of the batch have `new_tokens` new
 // tokens after `length - new_tokens` cached ones. sets: input sets rotated.
@@ -135,23 +176,26 @@ void run_case(const std::string& name, const Shape& shape, int batch, int length
     seqs.push_back({new_tokens, length - new_tokens,
                     std::span<const int32_t>(ids.data() + size_t(b) * blocks_per_seq, blocks_per_seq)});
   AttentionConfig config{shape.q_heads, shape.kv_heads, shape.head_dim, shape.block_size,
-                         num_blocks, 0.0f, KvElement::kBF16};
-  auto plan = PagedAttentionPlan::create(config, seqs, {prop.multiProcessorCount},
-                                         {split_tokens, false, portable_prefill});
+                         num_blocks, 0.0f, shape.key, shape.value};
+  AttentionPlanOptions options{split_tokens, false, portable_prefill};
+  options.quantized_decode_cuda_cores = shape.cuda_cores;
+  auto plan = PagedAttentionPlan::create(config, seqs, {prop.multiProcessorCount}, options);
   if (!plan.ok()) {
     std::printf("%s: plan failed: %s\n", name.c_str(), plan.status().to_string().c_str());
     return;
   }
-  const size_t pool_elems = size_t(num_blocks) * shape.block_size * shape.kv_heads * shape.head_dim;
+  const size_t vectors = size_t(num_blocks) * shape.block_size * shape.kv_heads;
   const size_t q_elems = size_t(batch) * new_tokens * shape.q_heads * shape.head_dim;
-  std::vector<void*> keys(sets), values(sets), qs(sets), outs(sets);
+  std::vector<void*> keys(sets), values(sets), key_scales(sets), value_scales(sets), qs(sets), outs(sets);
   for (int s = 0; s < sets; ++s) {
-    keys[s] = device_alloc(pool_elems * 2);
-    values[s] = device_alloc(pool_elems * 2);
+    keys[s] = device_alloc(vectors * code_bytes(shape.head_dim, shape.key));
+    values[s] = device_alloc(vectors * code_bytes(shape.head_dim, shape.value));
+    key_scales[s] = device_alloc(vectors * scale_bytes(shape.head_dim, shape.key));
+    value_scales[s] = device_alloc(vectors * scale_bytes(shape.head_dim, shape.value));
     qs[s] = device_alloc(q_elems * 2);
     outs[s] = device_alloc(q_elems * 2);
-    CHECK_CUDA(launch_fill_random_bf16(keys[s], pool_elems, 10 + s, -2, 2, stream));
-    CHECK_CUDA(launch_fill_random_bf16(values[s], pool_elems, 20 + s, -1, 1, stream));
+    fill_pool(keys[s], key_scales[s], vectors, shape.head_dim, shape.key, 10 + s, -2, 2, stream);
+    fill_pool(values[s], value_scales[s], vectors, shape.head_dim, shape.value, 20 + s, -1, 1, stream);
     CHECK_CUDA(launch_fill_random_bf16(qs[s], q_elems, 30 + s, -2, 2, stream));
   }
   void* arena = device_alloc(plan->arena_bytes());
@@ -159,7 +203,8 @@ void run_case(const std::string& name, const Shape& shape, int batch, int length
   CHECK_CUDA(cudaMemcpy(arena, plan->arena().data(), plan->arena_bytes(), cudaMemcpyHostToDevice));
   std::vector<AttentionDescriptor> descs;
   for (int s = 0; s < sets; ++s)
-    descs.push_back(plan->descriptor(static_cast<int32_t*>(arena), {keys[s], values[s]},
+    descs.push_back(plan->descriptor(static_cast<int32_t*>(arena),
+                                     {keys[s], values[s], key_scales[s], value_scales[s]},
                                      static_cast<float*>(workspace)));
 
   // One graph per input set, as a model forward would replay it.
@@ -190,10 +235,16 @@ void run_case(const std::string& name, const Shape& shape, int batch, int length
   const bool decode = plan->kernel() == AttentionKernel::kDecode;
   double value;
   std::string unit;
+  double tokens_per_s = 0;
   if (decode) {
-    const double kv_bytes = 2.0 * batch * length * shape.kv_heads * shape.head_dim * 2;
+    // The bytes actually read: codes (or bf16 elements) and scale records of K and V.
+    const double per_token = double(shape.kv_heads) *
+                             (code_bytes(shape.head_dim, shape.key) + code_bytes(shape.head_dim, shape.value) +
+                              scale_bytes(shape.head_dim, shape.key) + scale_bytes(shape.head_dim, shape.value));
+    const double kv_bytes = double(batch) * length * per_token;
     value = kv_bytes / (ms * 1e-3) / 1e9;
     unit = "GB/s";
+    tokens_per_s = double(batch) * length / (ms * 1e-3);  // sequences per second x context
   } else {
     // Causal: each new token at position p scores p + 1 positions (for a whole
     // prompt that is the L * L / 2 the PyTorch baseline counts, to within L / 2).
@@ -204,17 +255,22 @@ void run_case(const std::string& name, const Shape& shape, int batch, int length
     unit = "TFLOP/s";
   }
   static const char* kKernelNames[] = {"decode", "prefill mma.sync", "prefill wgmma"};
-  std::printf("%s: %.1f us, %.0f %s (%s, splits %d, items %d, rel L2 vs naive %s)\n", name.c_str(),
-              ms * 1e3, value, unit.c_str(), kKernelNames[static_cast<int>(plan->kernel())],
-              plan->max_splits(), plan->num_work_items(),
+  std::printf("%s: %.1f us, %.0f %s%s (%s, splits %d, items %d, rel L2 vs naive %s)\n", name.c_str(),
+              ms * 1e3, value, unit.c_str(),
+              decode ? (", " + std::to_string(static_cast<long long>(tokens_per_s / 1e6)) + "M tokens/s").c_str()
+                     : "",
+              kKernelNames[static_cast<int>(plan->kernel())], plan->max_splits(), plan->num_work_items(),
               check < 0 ? "n/a" : std::to_string(check).c_str());
   std::fflush(stdout);
   figures.push_back({name, value, unit, ms * 1e3, check});
+  if (decode) figures.push_back({name + " tokens/s", tokens_per_s / 1e6, "M tok/s", ms * 1e3, check});
 
   for (int s = 0; s < sets; ++s) {
     cudaGraphExecDestroy(graphs[s]);
     cudaFree(keys[s]);
     cudaFree(values[s]);
+    cudaFree(key_scales[s]);
+    cudaFree(value_scales[s]);
     cudaFree(qs[s]);
     cudaFree(outs[s]);
   }
@@ -226,11 +282,38 @@ void run_case(const std::string& name, const Shape& shape, int batch, int length
 
 int main(int argc, char** argv) {
   std::string json_path;
+  std::string kv_list = "bf16";
   int iters = 30;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only_filter = argv[++i];
+    else if (!std::strcmp(argv[i], "--kv-dtype") && i + 1 < argc) kv_list = argv[++i];
+  }
+  // The KV formats of the decode sweep: "fp8" or "K/V" pairs.
+  std::vector<std::pair<KvElement, KvElement>> kv_formats;
+  {
+    auto parse = [](const std::string& n, KvElement* e) {
+      if (n == "bf16") *e = KvElement::kBF16;
+      else if (n == "fp8") *e = KvElement::kFP8E4M3;
+      else if (n == "int8") *e = KvElement::kInt8;
+      else if (n == "int4") *e = KvElement::kInt4;
+      else return false;
+      return true;
+    };
+    size_t begin = 0;
+    while (begin <= kv_list.size()) {
+      const size_t comma = std::min(kv_list.find(',', begin), kv_list.size());
+      const std::string item = kv_list.substr(begin, comma - begin);
+      const size_t slash = item.find('/');
+      KvElement k, v;
+      if (!parse(item.substr(0, slash), &k) || !parse(slash == std::string::npos ? item : item.substr(slash + 1), &v)) {
+        std::fprintf(stderr, "--kv-dtype: '%s' is not bf16, fp8, int8, int4 or K/V\n", item.c_str());
+        return 2;
+      }
+      kv_formats.push_back({k, v});
+      begin = comma + 1;
+    }
   }
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -242,21 +325,36 @@ int main(int argc, char** argv) {
 
   if (selected("copy")) copy_ceiling(stream, iters);
   const Shape gqa;
-  // Decode, GQA 32/8, d=128, block 16: the three shapes (automatic split).
-  run_case("decode B=64 L=4096", gqa, 64, 4096, 1, 0, 1, iters, prop, stream);
-  run_case("decode B=8 L=32768", gqa, 8, 32768, 1, 0, 1, iters, prop, stream);
-  run_case("decode B=256 L=1024", gqa, 256, 1024, 1, 0, 1, iters, prop, stream);
-  // What the split buys, and other block sizes.
-  run_case("decode B=8 L=32768 unsplit", gqa, 8, 32768, 1, 1 << 20, 1, iters, prop, stream);
-  for (int bs : {8, 32, 64}) {
-    Shape s = gqa;
-    s.block_size = bs;
-    run_case("decode bs=" + std::to_string(bs) + " B=64 L=4096", s, 64, 4096, 1, 0, 1, iters, prop,
-             stream);
-  }
-  {
-    Shape mha64{32, 32, 64, 16};
-    run_case("decode MHA 32 d=64 B=64 L=2048", mha64, 64, 2048, 1, 0, 1, iters, prop, stream);
+  for (const auto& [key, value] : kv_formats) {
+    // "decode" for bf16 (the names earlier runs used), "decode fp8", "decode int8/int4", ...
+    std::string tag = "decode";
+    if (key != KvElement::kBF16 || value != KvElement::kBF16) {
+      tag += std::string(" ") + element_name(key);
+      if (value != key) tag += std::string("/") + element_name(value);
+    }
+    Shape g = gqa;
+    g.key = key;
+    g.value = value;
+    // Decode, GQA 32/8, d=128, block 16: the three shapes (automatic split).
+    run_case(tag + " B=64 L=4096", g, 64, 4096, 1, 0, 1, iters, prop, stream);
+    run_case(tag + " B=8 L=32768", g, 8, 32768, 1, 0, 1, iters, prop, stream);
+    run_case(tag + " B=256 L=1024", g, 256, 1024, 1, 0, 1, iters, prop, stream);
+    // What the split buys, and other block sizes.
+    run_case(tag + " B=8 L=32768 unsplit", g, 8, 32768, 1, 1 << 20, 1, iters, prop, stream);
+    for (int bs : {8, 32, 64}) {
+      Shape s = g;
+      s.block_size = bs;
+      run_case(tag + " bs=" + std::to_string(bs) + " B=64 L=4096", s, 64, 4096, 1, 0, 1, iters, prop, stream);
+    }
+    Shape mha64{32, 32, 64, 16, key, value};
+    run_case(tag + " MHA 32 d=64 B=64 L=2048", mha64, 64, 2048, 1, 0, 1, iters, prop, stream);
+    if (key == value && (key == KvElement::kFP8E4M3 || key == KvElement::kInt8)) {
+      // What the tensor cores buy: the same shapes on the CUDA-core loop.
+      Shape cc = g;
+      cc.cuda_cores = true;
+      run_case(tag + " cuda-cores B=64 L=4096", cc, 64, 4096, 1, 0, 1, iters, prop, stream);
+      run_case(tag + " cuda-cores B=8 L=32768", cc, 8, 32768, 1, 0, 1, iters, prop, stream);
+    }
   }
   // Prefill, causal, GQA 32/8, d=128, one sequence (rotating input sets past the L2).
   run_case("prefill L=4096", gqa, 1, 4096, 4096, 0, 4, iters, prop, stream);

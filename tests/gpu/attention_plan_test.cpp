@@ -54,10 +54,44 @@ TEST(AttentionPlanTest, RejectsBadShapesWithTheValueNamed) {
   c.block_size = 12;
   expect_error(PagedAttentionPlan::create(c, b.sequences), StatusCode::kInvalidArgument, "12");
   c = gqa_config();
-  c.kv_element = KvElement::kFP8E4M3;
-  expect_error(PagedAttentionPlan::create(c, b.sequences), StatusCode::kUnimplemented, "bf16");
+  c.key_element = KvElement::kFP8E4M3;  // V stays bf16: no kernel mixes the two
+  expect_error(PagedAttentionPlan::create(c, b.sequences), StatusCode::kUnimplemented, "V bf16");
   expect_error(PagedAttentionPlan::create(gqa_config(), {}), StatusCode::kInvalidArgument,
                "no sequences");
+}
+
+TEST(AttentionPlanTest, QuantizedKvPlansDecodeAndRefusesPrefill) {
+  Batch decode({{1, 10}, {1, 300}});
+  for (auto [k, v] : {std::pair{KvElement::kFP8E4M3, KvElement::kFP8E4M3}, {KvElement::kInt8, KvElement::kInt8},
+                      {KvElement::kInt4, KvElement::kInt4}, {KvElement::kInt8, KvElement::kInt4}}) {
+    auto c = gqa_config();
+    c.key_element = k;
+    c.value_element = v;
+    auto plan = PagedAttentionPlan::create(c, decode.sequences);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    EXPECT_EQ(plan->kernel(), AttentionKernel::kDecode);
+    int32_t scales[2] = {0, 0};
+    const AttentionDescriptor d = plan->descriptor(nullptr, PagedKvPointers{nullptr, nullptr, &scales[0], &scales[1]},
+                                                   nullptr);
+    EXPECT_EQ(d.key_element, k);
+    EXPECT_EQ(d.value_element, v);
+    EXPECT_EQ(d.key_scale, &scales[0]);
+    EXPECT_EQ(d.value_scale, &scales[1]);
+    c.head_dim = 64;
+    EXPECT_TRUE(PagedAttentionPlan::create(c, decode.sequences).ok());
+    c.head_dim = 256;
+    expect_error(PagedAttentionPlan::create(c, decode.sequences), StatusCode::kUnimplemented, "head_dim 256");
+  }
+  auto c = gqa_config();
+  c.key_element = c.value_element = KvElement::kInt8;
+  Batch prefill({{5, 10}, {1, 300}});
+  expect_error(PagedAttentionPlan::create(c, prefill.sequences), StatusCode::kUnimplemented, "only in decode");
+  AttentionPlanOptions force;
+  force.force_prefill = true;
+  expect_error(PagedAttentionPlan::create(c, decode.sequences, {}, force), StatusCode::kUnimplemented,
+               "only in decode");
+  c.key_element = KvElement::kInt4;  // K int4 with V int8 has no kernel
+  expect_error(PagedAttentionPlan::create(c, decode.sequences), StatusCode::kUnimplemented, "K int4 / V int8");
 }
 
 TEST(AttentionPlanTest, RejectsBadSequences) {

@@ -3,7 +3,9 @@
 # repository root there (binaries compiled here, bundled with
 # scripts/device-bundle.sh into BUNDLE, carried with the call):
 #   tools/gpu/run_attention.sh [BUNDLE]      (default .device/attn)
-# Writes under $OUT: gpu_tests.log (plan + kernel tests, memcheck), attention_bench.log, torch_baselines.log and .json (PyTorch SDPA side by side, same call),
+# Writes under $OUT: gpu_tests.log (plan + kernel tests incl. quantized KV, memcheck),
+# attention_bench.log (decode swept over KV_DTYPES, default bf16,fp8,int8,int4,int8/int4),
+# torch_baselines.log and .json (PyTorch SDPA side by side, same call),
 # sass_summary.txt (instruction counts per kernel: HGMMA? HMMA, LDGSTS, spills),
 # gpu_state.txt (nvidia-smi before and after), ncu.txt (counters for one decode
 # and one prefill launch). Prints a short summary last.
@@ -21,6 +23,9 @@ gpu_rc=0
 for filter in 'Decode/*' 'Prefill/*' 'PagedAttentionGpuProperties.*'; do
   timeout 300 "$bundle/run.sh" paged_attention_gpu_tests --gtest_filter="$filter" >>"$out/gpu_tests.log" 2>&1 || gpu_rc=$?
 done
+if [ -x "$bundle/bin/quantized_attention_gpu_tests" ]; then
+  timeout 300 "$bundle/run.sh" quantized_attention_gpu_tests >>"$out/gpu_tests.log" 2>&1 || gpu_rc=$?
+fi
 # Out-of-bounds and race checks on a few small cases (compute-sanitizer is slow).
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck synccheck; do
@@ -34,7 +39,8 @@ grep -E "rel L2|FAILED|PASSED|Failure|ERROR SUMMARY|error" "$out/gpu_tests.log" 
 
 bench_rc=0
 for only in copy decode prefill; do
-  timeout 240 "$bundle/run.sh" attention_bench --only "$only" >>"$out/attention_bench.log" 2>&1 || bench_rc=$?
+  timeout 240 "$bundle/run.sh" attention_bench --only "$only" --kv-dtype "${KV_DTYPES:-bf16,fp8,int8,int4,int8/int4}" \
+    >>"$out/attention_bench.log" 2>&1 || bench_rc=$?
 done
 
 PYTHONUNBUFFERED=1 python3 bench/kernels/torch_baselines.py >"$out/torch_baselines.log" 2>&1

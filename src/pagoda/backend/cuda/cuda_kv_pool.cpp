@@ -1,12 +1,37 @@
 #include "pagoda/backend/cuda/cuda_kv_pool.h"
 
+#include <optional>
+
 #include "pagoda/backend/cuda/cuda_check.h"
 
 namespace pagoda::cuda {
 
 namespace {
+
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr size_t kSubPoolAlignment = 256;
+
+size_t align_up(size_t bytes) { return (bytes + kSubPoolAlignment - 1) / kSubPoolAlignment * kSubPoolAlignment; }
+
+std::optional<kernels::KvQuant> kv_quant_of(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return kernels::KvQuant::kNone;
+    case DType::kFP8E4M3: return kernels::KvQuant::kFP8E4M3;
+    case DType::kInt8: return kernels::KvQuant::kInt8;
+    case DType::kInt4: return kernels::KvQuant::kInt4;
+    default: return std::nullopt;
+  }
 }
+
+// Bytes of one (token, head) vector's codes (bf16: the elements) and of its scale records.
+size_t vector_data_bytes(int32_t head_dim, kernels::KvQuant q) {
+  return q == kernels::KvQuant::kNone ? size_t(head_dim) * 2 : size_t(kernels::kv_head_data_bytes(head_dim, q));
+}
+size_t vector_scale_bytes(int32_t head_dim, kernels::KvQuant q) {
+  return size_t(kernels::kv_scale_groups(head_dim, q)) * sizeof(kernels::KvScaleZero);
+}
+
+}  // namespace
 
 int64_t kv_pool_blocks_that_fit(size_t free_bytes, size_t total_bytes, double utilization, size_t block_bytes) {
   if (block_bytes == 0) return 0;
@@ -20,7 +45,7 @@ StatusOr<KvPoolSizing> size_kv_pool_from_free_memory(const KvPoolShape& shape, d
     return invalid_argument_error("gpu_memory_utilization {} must be in (0, 1]", gpu_memory_utilization);
   size_t free_bytes = 0, total_bytes = 0;
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const size_t block_bytes = 2ull * shape.num_layers * shape.elements_per_block() * 2;  // K + V, bf16
+  const size_t block_bytes = shape.bytes_per_token() * static_cast<size_t>(shape.block_size);  // codes + scales
   const int64_t blocks = kv_pool_blocks_that_fit(free_bytes, total_bytes, gpu_memory_utilization, block_bytes);
   const double usable = static_cast<double>(free_bytes) - (1.0 - gpu_memory_utilization) * total_bytes;
   if (blocks < 1) {
@@ -33,11 +58,27 @@ StatusOr<KvPoolSizing> size_kv_pool_from_free_memory(const KvPoolShape& shape, d
   sizing.num_blocks = static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX));
   sizing.pool_bytes = static_cast<size_t>(sizing.num_blocks) * block_bytes;
   sizing.report = fmt::format(
-      "KV pool: {} blocks x {} tokens = {} tokens, {:.2f} GiB bf16 (gpu_memory_utilization {:.2f} of {:.1f} GiB; "
-      "{:.1f} GiB free before the pool)", sizing.num_blocks, shape.block_size,
-      static_cast<int64_t>(sizing.num_blocks) * shape.block_size, sizing.pool_bytes / kGiB, gpu_memory_utilization,
+      "KV pool: {} blocks x {} tokens = {} tokens, {:.2f} GiB K {} / V {}, {} bytes per token (gpu_memory_utilization "
+      "{:.2f} of {:.1f} GiB; {:.1f} GiB free before the pool)", sizing.num_blocks, shape.block_size,
+      static_cast<int64_t>(sizing.num_blocks) * shape.block_size, sizing.pool_bytes / kGiB,
+      dtype_name(shape.key_dtype), dtype_name(shape.value_dtype), shape.bytes_per_token(), gpu_memory_utilization,
       total_bytes / kGiB, free_bytes / kGiB);
   return sizing;
+}
+
+CudaKvPool::CudaKvPool(const KvPoolShape& shape) : shape_(shape) {
+  const auto kq = *kv_quant_of(shape.key_dtype), vq = *kv_quant_of(shape.value_dtype);
+  const size_t vectors_per_block = size_t(shape.block_size) * shape.num_kv_heads;
+  key_.block_bytes = vectors_per_block * vector_data_bytes(shape.head_dim, kq);
+  value_.block_bytes = vectors_per_block * vector_data_bytes(shape.head_dim, vq);
+  key_scale_.block_bytes = vectors_per_block * vector_scale_bytes(shape.head_dim, kq);
+  value_scale_.block_bytes = vectors_per_block * vector_scale_bytes(shape.head_dim, vq);
+  size_t offset = 0;
+  for (SubPool* sub : {&key_, &value_, &key_scale_, &value_scale_}) {
+    sub->offset = offset;
+    offset += align_up(sub->block_bytes * shape.num_blocks);
+  }
+  layer_bytes_ = offset;
 }
 
 StatusOr<std::unique_ptr<CudaKvPool>> CudaKvPool::create(const KvPoolShape& shape) {
@@ -47,10 +88,12 @@ StatusOr<std::unique_ptr<CudaKvPool>> CudaKvPool::create(const KvPoolShape& shap
         "CUDA KV pool shape: layers={} blocks={} block_size={} kv_heads={} head_dim={} (all > 0, head_dim a "
         "multiple of 8)", shape.num_layers, shape.num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim);
   }
-  if (shape.key_dtype != DType::kBF16 || shape.value_dtype != DType::kBF16)
-    return unimplemented_error("CUDA KV pool dtype {}: only bf16 today", dtype_name(shape.key_dtype));
+  for (DType dtype : {shape.key_dtype, shape.value_dtype}) {
+    if (!kv_quant_of(dtype))
+      return unimplemented_error("CUDA KV pool dtype {}: bf16, fp8, int8 or int4", dtype_name(dtype));
+  }
   std::unique_ptr<CudaKvPool> pool(new CudaKvPool(shape));
-  const size_t bytes = 2ull * shape.num_layers * pool->layer_pool_elements() * 2;
+  const size_t bytes = pool->layer_bytes_ * shape.num_layers;
   PAGODA_ASSIGN_OR_RETURN(pool->memory_, DeviceBuffer::allocate(bytes));
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemset(pool->memory_.data(), 0, bytes));
   // The forward runs on a non-blocking stream, which does not wait for the legacy stream's memset.
@@ -59,9 +102,18 @@ StatusOr<std::unique_ptr<CudaKvPool>> CudaKvPool::create(const KvPoolShape& shap
 }
 
 DevicePagedKvLayer CudaKvPool::layer(int32_t layer) const {
-  bf16* base = memory_.as<bf16>() + static_cast<size_t>(layer) * 2 * layer_pool_elements();
-  return DevicePagedKvLayer{base, base + layer_pool_elements(), shape_.num_blocks, shape_.block_size,
-                            shape_.num_kv_heads, shape_.head_dim};
+  char* base = memory_.as<char>() + static_cast<size_t>(layer) * layer_bytes_;
+  auto at = [&](const SubPool& sub) -> void* { return sub.block_bytes > 0 ? base + sub.offset : nullptr; };
+  return DevicePagedKvLayer{at(key_),
+                            at(value_),
+                            shape_.num_blocks,
+                            shape_.block_size,
+                            shape_.num_kv_heads,
+                            shape_.head_dim,
+                            *kv_quant_of(shape_.key_dtype),
+                            *kv_quant_of(shape_.value_dtype),
+                            at(key_scale_),
+                            at(value_scale_)};
 }
 
 Status CudaKvPool::copy_blocks(std::span<const kv::BlockCopy> copies, cudaStream_t stream) {
@@ -69,14 +121,14 @@ Status CudaKvPool::copy_blocks(std::span<const kv::BlockCopy> copies, cudaStream
     if (c.src < 0 || c.src >= shape_.num_blocks || c.dst < 0 || c.dst >= shape_.num_blocks)
       return invalid_argument_error("block copy {} -> {}: ids must be in [0, {})", c.src, c.dst, shape_.num_blocks);
   }
-  const size_t block_bytes = shape_.elements_per_block() * 2;
   for (int32_t l = 0; l < shape_.num_layers; ++l) {
-    const DevicePagedKvLayer kv = layer(l);
+    char* base = memory_.as<char>() + static_cast<size_t>(l) * layer_bytes_;
     for (const kv::BlockCopy& c : copies) {
-      for (bf16* pool : {kv.key, kv.value}) {
-        PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pool + c.dst * shape_.elements_per_block(),
-                                                    pool + c.src * shape_.elements_per_block(), block_bytes,
-                                                    cudaMemcpyDeviceToDevice, stream));
+      for (const SubPool* sub : {&key_, &value_, &key_scale_, &value_scale_}) {
+        if (sub->block_bytes == 0) continue;
+        char* pool = base + sub->offset;
+        PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pool + c.dst * sub->block_bytes, pool + c.src * sub->block_bytes,
+                                                    sub->block_bytes, cudaMemcpyDeviceToDevice, stream));
       }
     }
   }

@@ -1,9 +1,14 @@
 #pragma once
 // The paged KV cache memory on the GPU: for every layer a K pool and a V pool of
 // [num_blocks, block_size, num_kv_heads, head_dim] bf16 (the CpuKvPool layout,
-// in bf16), all in one allocation. Block id b names the same token range in
-// every layer. Memory only: which blocks belong to whom is the KV manager's
-// business, handed over in ForwardBatch block tables.
+// in bf16), or, for the quantized KV formats (fp8 / int8 / int4, K and V each
+// their own), code pools of kv_head_data_bytes per (block, slot, head) vector
+// beside scale pools of kv_scale_groups 4-byte records per vector, laid out as
+// kernels/kv_quant.h says. All in one allocation; every sub-pool starts on a
+// 256-byte boundary. Block id b names the same token range in every layer.
+// Memory only: which blocks belong to whom is the KV manager's business, handed
+// over in ForwardBatch block tables. Copies (copy on write) move the codes and
+// scales as they are.
 //
 // Sizing like vLLM's gpu_memory_utilization: the pool takes what is left of
 // utilization * total GPU memory once weights and scratch (already allocated)
@@ -29,8 +34,8 @@ namespace pagoda::cuda {
 struct KvPoolSizing {
   int32_t num_blocks = 0;
   size_t pool_bytes = 0;
-  // "KV pool: 30000 blocks x 16 tokens = 480000 tokens, 58.59 GiB bf16 (gpu_memory_utilization 0.90 of
-  // 139.8 GiB; 75.1 GiB free before the pool)".
+  // "KV pool: 30000 blocks x 16 tokens = 480000 tokens, 58.59 GiB K bf16 / V bf16, 131072 bytes per
+  // token (gpu_memory_utilization 0.90 of 139.8 GiB; 75.1 GiB free before the pool)".
   std::string report;
 };
 
@@ -38,30 +43,38 @@ struct KvPoolSizing {
 // the pure arithmetic of the sizing below (unit-tested without a GPU).
 int64_t kv_pool_blocks_that_fit(size_t free_bytes, size_t total_bytes, double utilization, size_t block_bytes);
 
-// How many blocks fit now (cudaMemGetInfo). Errors: utilization outside (0, 1],
+// How many blocks fit now (cudaMemGetInfo), counting codes and scales of both
+// K and V (KvPoolShape::bytes_per_token). Errors: utilization outside (0, 1],
 // or not even one block fits.
 StatusOr<KvPoolSizing> size_kv_pool_from_free_memory(const KvPoolShape& shape_without_blocks,
                                                      double gpu_memory_utilization);
 
 class CudaKvPool {
  public:
-  // shape.dtype must be kBF16; head_dim % 8 == 0. Memory is zeroed.
+  // key_dtype / value_dtype: bf16, fp8, int8 or int4 (each on its own);
+  // head_dim % 8 == 0. Memory is zeroed (codes and scales).
   static StatusOr<std::unique_ptr<CudaKvPool>> create(const KvPoolShape& shape);
 
   const KvPoolShape& shape() const { return shape_; }
   size_t total_bytes() const { return memory_.bytes(); }
   DevicePagedKvLayer layer(int32_t layer) const;
 
-  // Copies block src -> dst in every layer, K and V (copy-on-write forks), on
-  // `stream`. Errors: ids outside [0, num_blocks).
+  // Copies block src -> dst in every layer, K and V, codes and scales
+  // (copy-on-write forks), on `stream`. Errors: ids outside [0, num_blocks).
   Status copy_blocks(std::span<const kv::BlockCopy> copies, cudaStream_t stream);
 
  private:
-  explicit CudaKvPool(const KvPoolShape& shape) : shape_(shape) {}
-  size_t layer_pool_elements() const { return shape_.elements_per_block() * shape_.num_blocks; }
+  // One block of one sub-pool of one layer, and where it starts inside a layer.
+  struct SubPool {
+    size_t block_bytes = 0;
+    size_t offset = 0;  // from the layer's start
+  };
+  explicit CudaKvPool(const KvPoolShape& shape);
 
   KvPoolShape shape_;
-  DeviceBuffer memory_;  // [num_layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim]
+  SubPool key_, value_, key_scale_, value_scale_;  // block_bytes 0: no scale pool (bf16)
+  size_t layer_bytes_ = 0;
+  DeviceBuffer memory_;  // [num_layers][K codes | V codes | K scales | V scales]
 };
 
 }  // namespace pagoda::cuda

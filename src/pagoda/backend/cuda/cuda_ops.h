@@ -17,6 +17,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include "pagoda/kernels/kv_quant.h"
+
 namespace pagoda::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -61,20 +63,30 @@ cudaError_t add_bias(bf16* x, int64_t row_stride, int32_t rows, int32_t cols, co
 cudaError_t silu_mul(const bf16* gate_up, bf16* out, int32_t rows, int32_t intermediate,
                      cudaStream_t stream);
 
-// One layer of the paged KV pool on the GPU: key and value each
-// [num_blocks, block_size, num_kv_heads, head_dim] bf16 (same layout as CpuKvPool).
+// One layer of the paged KV pool on the GPU. For bf16 (KvQuant::kNone), key and
+// value are each [num_blocks, block_size, num_kv_heads, head_dim] bf16 (the
+// CpuKvPool layout). For the quantized formats of kernels/kv_quant.h they hold
+// kv_head_data_bytes(head_dim, dtype) bytes per (block, slot, head) vector, and
+// key_scale / value_scale kv_scale_groups(head_dim, dtype) 4-byte records per
+// vector (null for bf16). K and V may use different formats.
 struct DevicePagedKvLayer {
-  bf16* key = nullptr;
-  bf16* value = nullptr;
+  void* key = nullptr;
+  void* value = nullptr;
   int32_t num_blocks = 0;
   int32_t block_size = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
+  kernels::KvQuant key_dtype = kernels::KvQuant::kNone;
+  kernels::KvQuant value_dtype = kernels::KvQuant::kNone;
+  void* key_scale = nullptr;
+  void* value_scale = nullptr;
 };
 
 // vLLM's reshape_and_cache: k and v rows [num_tokens, num_kv_heads * head_dim]
 // (row stride row_stride) go to flat slot slots[t] = block * block_size + offset;
 // a negative slot skips the token (padding rows of a CUDA graph bucket). head_dim % 8 == 0.
+// Quantized pools are quantized here, one warp per (token, kv head), with the
+// arithmetic of kernels/kv_quant.h (the same codes as the CPU's quantize_kv_vector).
 cudaError_t kv_write(const bf16* k, const bf16* v, int64_t row_stride, const int64_t* slots,
                      int32_t num_tokens, const DevicePagedKvLayer& layer, cudaStream_t stream);
 
@@ -96,7 +108,9 @@ struct DeviceAttentionPlan {
 // * head_dim] (row stride q_row_stride); out [num_tokens, num_q_heads * head_dim]
 // contiguous. Online softmax in f32, scale applied to q. head_dim % 8 == 0 and
 // <= 256; num_q_heads % num_kv_heads == 0. The new tokens' K/V must already be
-// in the pool (kv_write). A simple, correct kernel; kernels/cuda has the fast ones.
+// in the pool (kv_write). Quantized pools are dequantized (codes x scale + zero,
+// in f32, then bf16) as the tiles are loaded. A simple, correct kernel;
+// kernels/cuda has the fast ones.
 cudaError_t paged_attention(const bf16* q, int64_t q_row_stride, const DevicePagedKvLayer& layer,
                             const DeviceAttentionPlan& plan, int32_t num_q_heads, float scale,
                             bf16* out, cudaStream_t stream);

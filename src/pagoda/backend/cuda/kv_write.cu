@@ -1,10 +1,23 @@
-// KV write into the paged pool: one thread per 16-byte chunk of a (token, kv head)
-// vector, K and V together.
+// KV write into the paged pool. bf16 pools: one thread per 16-byte chunk of a
+// (token, kv head) vector, K and V together. Quantized pools: one warp per
+// (token, kv head); lane i holds elements i, i + 32, ... so that an int4 group
+// of 32 is one register across the warp and amax / min / max are warp
+// shuffles. The arithmetic is kernels/kv_quant.h's, written with explicitly
+// rounded intrinsics (no contraction, no fast-math) so that the codes equal the
+// CPU quantizer's bit for bit.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 #include "pagoda/backend/cuda/cuda_ops.h"
 
 namespace pagoda::cuda {
 
 namespace {
+
+using kernels::KvQuant;
+
+constexpr int kMaxElementsPerLane = 8;  // head_dim <= 256
+constexpr int kWarpsPerBlock = 4;
 
 __global__ void kv_write_kernel(const bf16* __restrict__ k, const bf16* __restrict__ v, int64_t row_stride,
                                 const int64_t* __restrict__ slots, int32_t num_tokens, bf16* __restrict__ key,
@@ -21,15 +34,152 @@ __global__ void kv_write_kernel(const bf16* __restrict__ k, const bf16* __restri
   reinterpret_cast<uint4*>(value)[dst] = reinterpret_cast<const uint4*>(v + t * row_stride)[c];
 }
 
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+__device__ __forceinline__ float warp_min(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) x = fminf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+
+// The integer formats' parameters from a group's min and max, as kv_quant.h says.
+struct IntParams {
+  kernels::KvScaleZero record;
+  float zero;
+  float inverse_scale;
+};
+__device__ __forceinline__ IntParams int_params(float lo, float hi, int levels) {
+  IntParams p;
+  const __half zero = __float2half_rn(lo);
+  p.zero = __half2float(zero);
+  __half scale = __float2half_rn(__fdiv_rn(__fsub_rn(hi, p.zero), static_cast<float>(levels)));
+  if ((__half_as_ushort(scale) & 0x7fffu) == 0) scale = __float2half_rn(1.0f);
+  p.inverse_scale = __fdiv_rn(1.0f, __half2float(scale));
+  p.record.scale_f16 = __half_as_ushort(scale);
+  p.record.zero_f16 = __half_as_ushort(zero);
+  return p;
+}
+__device__ __forceinline__ uint32_t int_code(float x, const IntParams& p, int levels) {
+  const float q = rintf(__fmul_rn(__fsub_rn(x, p.zero), p.inverse_scale));  // ties to even
+  return static_cast<uint32_t>(fminf(fmaxf(q, 0.0f), static_cast<float>(levels)));
+}
+
+// Stores one (token, head) vector (row of head_dim bf16) as `format` at vector
+// index `vec` of the pool (data and scale records). Called by a whole warp.
+__device__ void write_vector(const bf16* __restrict__ row, int32_t head_dim, KvQuant format, void* data,
+                             void* scales, int64_t vec, int lane) {
+  float x[kMaxElementsPerLane];
+#pragma unroll
+  for (int j = 0; j < kMaxElementsPerLane; ++j) {
+    const int e = lane + 32 * j;
+    x[j] = e < head_dim ? __bfloat162float(row[e]) : 0.0f;
+  }
+  switch (format) {
+    case KvQuant::kNone: {
+      bf16* out = static_cast<bf16*>(data) + vec * head_dim;
+      for (int e = lane; e < head_dim; e += 32) out[e] = row[e];
+      return;
+    }
+    case KvQuant::kFP8E4M3: {
+      float amax = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kMaxElementsPerLane; ++j) amax = fmaxf(amax, fabsf(x[j]));  // padding is 0
+      amax = warp_max(amax);
+      const float scale = amax > 0.0f ? __fdiv_rn(amax, kernels::kKvFp8Max) : 1.0f;
+      const float inverse = __fdiv_rn(1.0f, scale);
+      uint8_t* out = static_cast<uint8_t*>(data) + vec * head_dim;
+#pragma unroll
+      for (int j = 0; j < kMaxElementsPerLane; ++j) {
+        const int e = lane + 32 * j;
+        if (e < head_dim)
+          out[e] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fmul_rn(x[j], inverse), __NV_SATFINITE, __NV_E4M3));
+      }
+      if (lane == 0) static_cast<float*>(scales)[vec] = scale;
+      return;
+    }
+    case KvQuant::kInt8: {
+      float lo = INFINITY, hi = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kMaxElementsPerLane; ++j) {
+        if (lane + 32 * j < head_dim) {
+          lo = fminf(lo, x[j]);
+          hi = fmaxf(hi, x[j]);
+        }
+      }
+      const IntParams p = int_params(warp_min(lo), warp_max(hi), 255);
+      uint8_t* out = static_cast<uint8_t*>(data) + vec * head_dim;
+#pragma unroll
+      for (int j = 0; j < kMaxElementsPerLane; ++j) {
+        const int e = lane + 32 * j;
+        if (e < head_dim) out[e] = static_cast<uint8_t>(int_code(x[j], p, 255));
+      }
+      if (lane == 0) static_cast<kernels::KvScaleZero*>(scales)[vec] = p.record;
+      return;
+    }
+    case KvQuant::kInt4: {
+      // Group j is elements [32 j, 32 j + 32): register j of every lane.
+      const int32_t groups = kernels::kv_scale_groups(head_dim, KvQuant::kInt4);
+      uint8_t* out = static_cast<uint8_t*>(data) + vec * kernels::kv_head_data_bytes(head_dim, KvQuant::kInt4);
+      auto* records = static_cast<kernels::KvScaleZero*>(scales) + vec * groups;
+#pragma unroll
+      for (int j = 0; j < kMaxElementsPerLane; ++j) {
+        if (j >= groups) break;
+        const bool valid = lane + 32 * j < head_dim;
+        const float lo = warp_min(valid ? x[j] : INFINITY);
+        const float hi = warp_max(valid ? x[j] : -INFINITY);
+        const IntParams p = int_params(lo, hi, 15);
+        const uint32_t code = valid ? int_code(x[j], p, 15) : 0u;
+        const uint32_t odd = __shfl_down_sync(0xffffffffu, code, 1);  // element 2i + 1 -> high nibble
+        const int e = lane + 32 * j;
+        if ((lane & 1) == 0 && e < head_dim) out[e / 2] = static_cast<uint8_t>(code | (odd << 4));
+        if (lane == 0) records[j] = p.record;
+      }
+      return;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    kv_write_quantized_kernel(const bf16* __restrict__ k, const bf16* __restrict__ v, int64_t row_stride,
+                              const int64_t* __restrict__ slots, int32_t num_tokens, DevicePagedKvLayer layer) {
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;  // (token, head)
+  const int lane = threadIdx.x % 32;
+  if (pair >= static_cast<int64_t>(num_tokens) * layer.num_kv_heads) return;
+  const int64_t t = pair / layer.num_kv_heads;
+  const int32_t head = static_cast<int32_t>(pair % layer.num_kv_heads);
+  const int64_t slot = slots[t];
+  if (slot < 0) return;
+  const int64_t vec = slot * layer.num_kv_heads + head;
+  const int64_t column = static_cast<int64_t>(head) * layer.head_dim;
+  write_vector(k + t * row_stride + column, layer.head_dim, layer.key_dtype, layer.key, layer.key_scale, vec, lane);
+  write_vector(v + t * row_stride + column, layer.head_dim, layer.value_dtype, layer.value, layer.value_scale, vec,
+               lane);
+}
+
 }  // namespace
 
 cudaError_t kv_write(const bf16* k, const bf16* v, int64_t row_stride, const int64_t* slots, int32_t num_tokens,
                      const DevicePagedKvLayer& layer, cudaStream_t stream) {
   if (layer.head_dim % 8 != 0 || row_stride % 8 != 0) return cudaErrorInvalidValue;
-  const int64_t n = static_cast<int64_t>(num_tokens) * layer.num_kv_heads * layer.head_dim / 8;
-  if (n == 0) return cudaSuccess;
-  kv_write_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
-      k, v, row_stride, slots, num_tokens, layer.key, layer.value, layer.num_kv_heads, layer.head_dim);
+  if (layer.key_dtype == KvQuant::kNone && layer.value_dtype == KvQuant::kNone) {
+    const int64_t n = static_cast<int64_t>(num_tokens) * layer.num_kv_heads * layer.head_dim / 8;
+    if (n == 0) return cudaSuccess;
+    kv_write_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
+        k, v, row_stride, slots, num_tokens, static_cast<bf16*>(layer.key), static_cast<bf16*>(layer.value),
+        layer.num_kv_heads, layer.head_dim);
+    return cudaGetLastError();
+  }
+  if (layer.head_dim > 32 * kMaxElementsPerLane) return cudaErrorInvalidValue;
+  if ((layer.key_dtype != KvQuant::kNone && layer.key_scale == nullptr) ||
+      (layer.value_dtype != KvQuant::kNone && layer.value_scale == nullptr))
+    return cudaErrorInvalidValue;
+  const int64_t pairs = static_cast<int64_t>(num_tokens) * layer.num_kv_heads;
+  if (pairs == 0) return cudaSuccess;
+  kv_write_quantized_kernel<<<static_cast<unsigned>((pairs + kWarpsPerBlock - 1) / kWarpsPerBlock),
+                              kWarpsPerBlock * 32, 0, stream>>>(k, v, row_stride, slots, num_tokens, layer);
   return cudaGetLastError();
 }
 

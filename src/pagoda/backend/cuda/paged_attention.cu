@@ -5,10 +5,12 @@
 // time through the block table. Scores, an online softmax (running max and sum
 // per head) and the V accumulation are all f32. Shared rows are padded to an
 // odd number of 4-byte words so that 32 lanes reading 32 different keys hit 32
-// different banks.
+// different banks. Quantized pools are dequantized to bf16 on the way into
+// shared memory (f32 code x scale + zero, rounded once).
 #include <cfloat>
 
 #include "pagoda/backend/cuda/cuda_ops.h"
+#include "pagoda/kernels/cuda/kv_dequant.cuh"
 
 namespace pagoda::cuda {
 
@@ -31,6 +33,29 @@ __device__ float warp_sum(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
+}
+
+// Elements [8 c, 8 c + 8) of the vector at index vec (kv_quant.h's numbering)
+// of one pool, as four bf16 pairs.
+__device__ __forceinline__ void load_chunk(const void* pool, const void* scales, kernels::KvQuant format,
+                                           int64_t vec, int32_t head_dim, int32_t c, __nv_bfloat162* dst) {
+  if (format == kernels::KvQuant::kNone) {
+    const uint4 raw = reinterpret_cast<const uint4*>(static_cast<const bf16*>(pool) + vec * head_dim)[c];
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) dst[w] = pairs[w];
+    return;
+  }
+  const uint8_t* data = static_cast<const uint8_t*>(pool) + vec * kernels::kv_head_data_bytes(head_dim, format);
+  float f[8];
+  kernels::cuda::device::codes8_to_float(data, c * 8, format, f);
+  const int32_t groups = kernels::kv_scale_groups(head_dim, format);
+  const int32_t group = c * 8 / kernels::kv_scale_group_size(head_dim, format);
+  const kernels::cuda::device::KvScale s = kernels::cuda::device::decode_scale_record(
+      static_cast<const uint32_t*>(scales)[vec * groups + group], format);
+#pragma unroll
+  for (int w = 0; w < 4; ++w)
+    dst[w] = __floats2bfloat162_rn(f[2 * w] * s.scale + s.zero, f[2 * w + 1] * s.scale + s.zero);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -72,7 +97,6 @@ paged_attention_kernel(const bf16* __restrict__ q, int64_t q_row_stride, DeviceP
   for (int g = 0; g < kMaxHeads; ++g) acc[g] = make_float2(0.0f, 0.0f);
 
   const int32_t* table = plan.block_tables + static_cast<int64_t>(plan.token_sequence[t]) * plan.block_table_stride;
-  const int64_t slot_stride = static_cast<int64_t>(layer.num_kv_heads) * head_dim;
   const int32_t chunks = head_dim / 8;
 
   for (int32_t tile = kv_begin; tile < kv_end; tile += kTileKeys) {
@@ -81,17 +105,9 @@ paged_attention_kernel(const bf16* __restrict__ q, int64_t q_row_stride, DeviceP
       const int32_t key = i / chunks, c = i % chunks;
       const int32_t pos = tile + key;
       const int64_t block = table[pos / layer.block_size];
-      const int64_t offset = (block * layer.block_size + pos % layer.block_size) * slot_stride +
-                             static_cast<int64_t>(kv_head) * head_dim + c * 8;
-      const uint4 kk = *reinterpret_cast<const uint4*>(layer.key + offset);
-      const uint4 vv = *reinterpret_cast<const uint4*>(layer.value + offset);
-      const __nv_bfloat162* kp = reinterpret_cast<const __nv_bfloat162*>(&kk);
-      const __nv_bfloat162* vp = reinterpret_cast<const __nv_bfloat162*>(&vv);
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        k_s[key][c * 4 + w] = kp[w];
-        v_s[key][c * 4 + w] = vp[w];
-      }
+      const int64_t vec = (block * layer.block_size + pos % layer.block_size) * layer.num_kv_heads + kv_head;
+      load_chunk(layer.key, layer.key_scale, layer.key_dtype, vec, head_dim, c, &k_s[key][c * 4]);
+      load_chunk(layer.value, layer.value_scale, layer.value_dtype, vec, head_dim, c, &v_s[key][c * 4]);
     }
     __syncthreads();
 
@@ -168,6 +184,9 @@ cudaError_t paged_attention(const bf16* q, int64_t q_row_stride, const DevicePag
   if (plan.num_tokens == 0) return cudaSuccess;
   if (layer.head_dim % 8 != 0 || layer.head_dim > kMaxHeadDim || layer.num_kv_heads <= 0 ||
       num_q_heads % layer.num_kv_heads != 0 || q_row_stride % 8 != 0)
+    return cudaErrorInvalidValue;
+  if ((layer.key_dtype != kernels::KvQuant::kNone && layer.key_scale == nullptr) ||
+      (layer.value_dtype != kernels::KvQuant::kNone && layer.value_scale == nullptr))
     return cudaErrorInvalidValue;
   const int32_t group = num_q_heads / layer.num_kv_heads;
   const dim3 grid(static_cast<unsigned>(plan.num_tokens), static_cast<unsigned>(layer.num_kv_heads),

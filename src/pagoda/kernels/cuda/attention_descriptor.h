@@ -21,8 +21,9 @@
 
 namespace pagoda::kernels::cuda {
 
-// Element type of the KV pool. Only bf16 runs today; the quantized formats
-// (issue: quantized KV) will be dequantized in registers with the scale pools.
+// Element type of a KV pool: bf16, or a quantized format of kernels/kv_quant.h
+// (the same numbering as KvQuant, kBF16 = KvQuant::kNone), dequantized in
+// registers with the scale pools. Quantized pools run in the decode kernel only.
 enum class KvElement : int32_t { kBF16 = 0, kFP8E4M3 = 1, kInt8 = 2, kInt4 = 3 };
 
 enum class AttentionKernel : int32_t {
@@ -63,15 +64,21 @@ struct AttentionDescriptor {
   int32_t q_heads_per_cta = 1;   // decode: query heads of one GQA group per CTA (1, 2, 4)
   int32_t tokens_per_tile = 0;   // prefill: new tokens per 128-row tile (128 / group size)
 
-  // The KV pool of one layer (device).
-  KvElement kv_element = KvElement::kBF16;
+  // The KV pool of one layer (device). bf16: element strides below. Quantized
+  // (kv_quant.h): vector (block b, slot s, head h) is number
+  // (b * block_size + s) * num_kv_heads + h, its codes at that times
+  // kv_head_data_bytes, its 4-byte scale records at that times kv_scale_groups.
+  KvElement key_element = KvElement::kBF16;
+  KvElement value_element = KvElement::kBF16;
   const void* key = nullptr;
   const void* value = nullptr;
-  int64_t block_stride = 0;  // elements
-  int64_t token_stride = 0;  // elements
-  // Reserved for quantized KV (per-token-head scales); null for bf16.
-  const float* key_scale = nullptr;
-  const float* value_scale = nullptr;
+  int64_t block_stride = 0;  // elements (bf16)
+  int64_t token_stride = 0;  // elements (bf16)
+  const void* key_scale = nullptr;    // scale records; null for bf16
+  const void* value_scale = nullptr;
+  // Quantized decode: fp8 / int8 pools run on tensor cores unless this is set
+  // (the CUDA-core loop, for comparisons).
+  bool quantized_decode_cuda_cores = false;
 
   // Split-K workspace (device, fp32), workspace_bytes() of the plan:
   // partial outputs [num_work_items, num_q_heads, head_dim] then log2-sum-exp

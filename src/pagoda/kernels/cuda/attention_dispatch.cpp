@@ -6,6 +6,7 @@ namespace pagoda::kernels::cuda {
 
 cudaError_t prepare_paged_attention_kernels() {
   cudaError_t err = prepare_decode_attention();
+  if (err == cudaSuccess) err = prepare_decode_attention_quantized();
   if (err == cudaSuccess) err = prepare_prefill_attention();
   if (err == cudaSuccess) err = prepare_prefill_attention_sm90();
   return err;
@@ -13,8 +14,12 @@ cudaError_t prepare_paged_attention_kernels() {
 
 cudaError_t launch_paged_attention(const AttentionDescriptor& d, const void* q, void* out,
                                    cudaStream_t stream) {
-  // TODO(issue 7, quantized KV): dequantize fp8/int8/int4 in registers with the scale pools.
-  if (d.kv_element != KvElement::kBF16) return cudaErrorInvalidValue;
+  // Quantized pools: the decode kernel dequantizes in registers; the prefill
+  // kernels read bf16 only (the plan refuses them for quantized pools).
+  if (d.key_element != KvElement::kBF16 || d.value_element != KvElement::kBF16) {
+    if (d.kernel != AttentionKernel::kDecode) return cudaErrorInvalidValue;
+    return launch_decode_attention_quantized(d, q, out, stream);
+  }
   switch (d.kernel) {
     case AttentionKernel::kDecode: return launch_decode_attention(d, q, out, stream);
     case AttentionKernel::kPrefill: return launch_prefill_attention(d, q, out, stream);

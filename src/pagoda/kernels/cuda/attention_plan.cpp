@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "pagoda/kernels/cuda/attention_launch_internal.h"
+
 namespace pagoda::kernels::cuda {
 namespace {
 
@@ -14,6 +16,20 @@ constexpr int32_t kMaxGridY = 65535;
 constexpr int64_t kDecodeCtasPerSm = 2;
 constexpr int64_t kDecodeWaves = 2;
 constexpr int32_t kSplitGranule = 256;  // split boundaries on multiples of this many positions
+
+const char* kv_element_name(KvElement e) {
+  switch (e) {
+    case KvElement::kBF16: return "bf16";
+    case KvElement::kFP8E4M3: return "fp8";
+    case KvElement::kInt8: return "int8";
+    case KvElement::kInt4: return "int4";
+  }
+  return "unknown";
+}
+
+bool is_quantized(const AttentionConfig& c) {
+  return c.key_element != KvElement::kBF16 || c.value_element != KvElement::kBF16;
+}
 
 bool is_power_of_two(int32_t x) { return x > 0 && (x & (x - 1)) == 0; }
 
@@ -35,9 +51,11 @@ Status validate(const AttentionConfig& c, std::span<const AttentionSequence> seq
                                   c.block_size);
   if (c.num_blocks <= 0)
     return invalid_argument_error("attention: num_blocks {} must be positive", c.num_blocks);
-  if (c.kv_element != KvElement::kBF16)
-    return unimplemented_error("attention: KV element type {} (only bf16 runs today)",
-                               static_cast<int>(c.kv_element));
+  if (is_quantized(c) && !decode_attention_quantized_supports(c.key_element, c.value_element, c.head_dim))
+    return unimplemented_error(
+        "attention: KV K {} / V {} at head_dim {} (quantized KV runs at head_dim 64 or 128, K and V in the "
+        "same format or K int8 with V int4)", kv_element_name(c.key_element), kv_element_name(c.value_element),
+        c.head_dim);
   if (!(c.scale >= 0.0f) || !std::isfinite(c.scale))
     return invalid_argument_error("attention: scale {} must be finite and >= 0", c.scale);
   if (sequences.empty()) return invalid_argument_error("attention: no sequences");
@@ -209,10 +227,13 @@ StatusOr<PagedAttentionPlan> PagedAttentionPlan::create(
       return invalid_argument_error("attention: graph mode plans decode only (force_prefill is set)");
     AttentionConfig scaled = config;
     if (scaled.scale == 0.0f) scaled.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
-    return create_graph_decode(scaled, sequences, device, options);
+    auto graph_plan = create_graph_decode(scaled, sequences, device, options);
+    if (graph_plan.ok()) graph_plan->quantized_decode_cuda_cores_ = options.quantized_decode_cuda_cores;
+    return graph_plan;
   }
 
   PagedAttentionPlan plan;
+  plan.quantized_decode_cuda_cores_ = options.quantized_decode_cuda_cores;
   plan.config_ = config;
   if (plan.config_.scale == 0.0f)
     plan.config_.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
@@ -228,6 +249,10 @@ StatusOr<PagedAttentionPlan> PagedAttentionPlan::create(
       !options.portable_prefill)
     plan.kernel_ = AttentionKernel::kPrefillSm90;
   if (plan.kernel_ != AttentionKernel::kDecode) {
+    if (is_quantized(config))
+      return unimplemented_error(
+          "attention: quantized KV (K {} / V {}) runs only in decode (one new token per sequence); the prefill "
+          "kernels read bf16", kv_element_name(config.key_element), kv_element_name(config.value_element));
     if (config.head_dim == 256)
       return unimplemented_error(
           "attention: head_dim 256 runs only in decode (one new token per sequence)");
@@ -347,7 +372,8 @@ AttentionDescriptor PagedAttentionPlan::descriptor(const int32_t* device_arena,
   d.max_splits = max_splits_;
   d.q_heads_per_cta = q_heads_per_cta_;
   d.tokens_per_tile = tokens_per_tile_;
-  d.kv_element = config_.kv_element;
+  d.key_element = config_.key_element;
+  d.value_element = config_.value_element;
   d.key = kv.key;
   d.value = kv.value;
   d.token_stride = int64_t{config_.num_kv_heads} * config_.head_dim;
@@ -355,6 +381,7 @@ AttentionDescriptor PagedAttentionPlan::descriptor(const int32_t* device_arena,
   d.key_scale = kv.key_scale;
   d.value_scale = kv.value_scale;
   d.workspace = workspace;
+  d.quantized_decode_cuda_cores = quantized_decode_cuda_cores_;
   return d;
 }
 

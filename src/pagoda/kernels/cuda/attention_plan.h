@@ -27,7 +27,12 @@ struct AttentionConfig {
   int32_t block_size = 16;   // power of two, 1..256
   int32_t num_blocks = 0;    // blocks in the pool: every block id must be below it
   float scale = 0.0f;        // 0: 1 / sqrt(head_dim)
-  KvElement kv_element = KvElement::kBF16;
+  // Pool element types. Quantized pools (fp8 / int8 / int4) run in decode only,
+  // at head_dim 64 or 128, K and V in the same format or K int8 with V int4;
+  // a step with more than one new token in some sequence is refused
+  // (unimplemented), so the caller can fall back.
+  KvElement key_element = KvElement::kBF16;
+  KvElement value_element = KvElement::kBF16;
 };
 
 // One sequence of the step, in query-row order (as model/forward_batch.h's SequenceSlice).
@@ -62,14 +67,17 @@ struct AttentionPlanOptions {
   //    per sequence, so every other offset is fixed.
   int32_t graph_sequences = 0;
   int32_t graph_block_table_stride = 0;  // >= blocks of the longest sequence ever planned
+  // Quantized decode on CUDA cores even for fp8 / int8 (which run on tensor
+  // cores by default): for comparisons.
+  bool quantized_decode_cuda_cores = false;
 };
 
 // Device pointers of one layer's pool.
 struct PagedKvPointers {
   const void* key = nullptr;    // [num_blocks, block_size, num_kv_heads, head_dim]
   const void* value = nullptr;  // same shape
-  const float* key_scale = nullptr;    // reserved for quantized KV
-  const float* value_scale = nullptr;  // reserved for quantized KV
+  const void* key_scale = nullptr;    // quantized KV: 4-byte scale records (kv_quant.h); null for bf16
+  const void* value_scale = nullptr;
 };
 
 class PagedAttentionPlan {
@@ -118,7 +126,6 @@ class PagedAttentionPlan {
                                                           const AttentionDeviceInfo& device,
                                                           const AttentionPlanOptions& options);
 
-
   AttentionConfig config_;
   AttentionKernel kernel_ = AttentionKernel::kPrefill;
   int32_t num_sequences_ = 0;
@@ -130,6 +137,7 @@ class PagedAttentionPlan {
   size_t workspace_bytes_ = 0;
   size_t arena_capacity_bytes_ = 0;
   bool graph_mode_ = false;
+  bool quantized_decode_cuda_cores_ = false;
   std::vector<int32_t> arena_;
   // Offsets (in int32) of each array inside the arena.
   size_t query_start_at_ = 0, kv_length_at_ = 0, block_table_start_at_ = 0, block_tables_at_ = 0,

@@ -321,6 +321,12 @@ cudaError_t launch_decode_for_dim(const AttentionDescriptor& d, const __nv_bfloa
 
 }  // namespace
 
+cudaError_t launch_decode_merge(const AttentionDescriptor& d, void* out, cudaStream_t stream) {
+  merge_splits_kernel<<<dim3(d.num_sequences, d.num_q_heads), d.head_dim, 0, stream>>>(
+      d, static_cast<__nv_bfloat16*>(out));
+  return cudaGetLastError();
+}
+
 cudaError_t prepare_decode_attention() {
   // A launch with zero work items sets the attribute and enqueues nothing.
   AttentionDescriptor empty;

@@ -1,12 +1,14 @@
 // The naive GPU reference for paged attention: one CTA per (query token, query
 // head), plain f32 math with every score kept in shared memory, three passes
 // (scores, softmax, weighted sum of V). Slow on purpose and easy to check by
-// eye; the fast kernels are tested against it and against the CPU.
+// eye; the fast kernels are tested against it and against the CPU. Quantized
+// pools are read one element at a time (code x scale + zero).
 
 #include <cuda_bf16.h>
 
 #include "pagoda/kernels/cuda/attention_descriptor.h"
 #include "pagoda/kernels/cuda/attention_kernels.h"
+#include "pagoda/kernels/cuda/kv_dequant.cuh"
 
 namespace pagoda::kernels::cuda {
 namespace {
@@ -25,6 +27,34 @@ __device__ float block_reduce(float v, float* scratch, bool is_max) {
   float r = scratch[0];
   for (int w = 1; w < kNaiveThreads / 32; ++w) r = is_max ? fmaxf(r, scratch[w]) : r + scratch[w];
   return r;
+}
+
+// Element i of the vector of position pos (kv head kv_head) in one pool.
+__device__ float kv_element_at(const void* pool, const void* scales, KvElement element, const AttentionDescriptor& d,
+                               const int32_t* table, int pos, int kv_head, int i) {
+  const int block = table[pos / d.block_size];
+  if (element == KvElement::kBF16) {
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(pool)[int64_t{block} * d.block_stride +
+                                                                     int64_t{pos % d.block_size} * d.token_stride +
+                                                                     int64_t{kv_head} * d.head_dim + i]);
+  }
+  const auto format = static_cast<KvQuant>(element);
+  const int64_t vec = (int64_t{block} * d.block_size + pos % d.block_size) * d.num_kv_heads + kv_head;
+  const auto* codes = static_cast<const uint8_t*>(pool) + vec * kv_head_data_bytes(d.head_dim, format);
+  const uint32_t record = static_cast<const uint32_t*>(scales)[vec * kv_scale_groups(d.head_dim, format) +
+                                                               i / kv_scale_group_size(d.head_dim, format)];
+  const device::KvScale s = device::decode_scale_record(record, format);
+  float code;
+  if (format == KvQuant::kInt4) {
+    code = static_cast<float>((codes[i / 2] >> ((i & 1) * 4)) & 0xf);
+  } else if (format == KvQuant::kInt8) {
+    code = static_cast<float>(codes[i]);
+  } else {
+    float four[4];
+    device::fp8x4_to_float(codes[i], four);
+    code = four[0];
+  }
+  return code * s.scale + s.zero;
 }
 
 __global__ void naive_attention_kernel(const AttentionDescriptor d, const __nv_bfloat16* q,
@@ -47,23 +77,15 @@ __global__ void naive_attention_kernel(const AttentionDescriptor d, const __nv_b
   const int num_keys = position + 1;
   const int kv_head = q_head / (d.num_q_heads / d.num_kv_heads);
   const int32_t* table = d.block_tables + d.block_table_start[sequence];
-  const auto* key = static_cast<const __nv_bfloat16*>(d.key);
-  const auto* value = static_cast<const __nv_bfloat16*>(d.value);
-
   for (int i = threadIdx.x; i < d.head_dim; i += blockDim.x)
     q_row[i] = __bfloat162float(q[(int64_t{token} * d.num_q_heads + q_head) * d.head_dim + i]);
   __syncthreads();
 
-  auto vector_at = [&](const __nv_bfloat16* pool, int pos) {
-    const int block = table[pos / d.block_size];
-    return pool + int64_t{block} * d.block_stride + int64_t{pos % d.block_size} * d.token_stride +
-           int64_t{kv_head} * d.head_dim;
-  };
   float local_max = -INFINITY;
   for (int pos = threadIdx.x; pos < num_keys; pos += blockDim.x) {
-    const __nv_bfloat16* k = vector_at(key, pos);
     float dot = 0.0f;
-    for (int i = 0; i < d.head_dim; ++i) dot += q_row[i] * __bfloat162float(k[i]);
+    for (int i = 0; i < d.head_dim; ++i)
+      dot += q_row[i] * kv_element_at(d.key, d.key_scale, d.key_element, d, table, pos, kv_head, i);
     scores[pos] = dot * d.scale;
     local_max = fmaxf(local_max, scores[pos]);
   }
@@ -78,7 +100,7 @@ __global__ void naive_attention_kernel(const AttentionDescriptor d, const __nv_b
   for (int col = threadIdx.x; col < d.head_dim; col += blockDim.x) {
     float acc = 0.0f;
     for (int pos = 0; pos < num_keys; ++pos)
-      acc += scores[pos] * __bfloat162float(vector_at(value, pos)[col]);
+      acc += scores[pos] * kv_element_at(d.value, d.value_scale, d.value_element, d, table, pos, kv_head, col);
     out[(int64_t{token} * d.num_q_heads + q_head) * d.head_dim + col] = __float2bfloat16(acc / sum);
   }
 }
@@ -87,7 +109,9 @@ __global__ void naive_attention_kernel(const AttentionDescriptor d, const __nv_b
 
 cudaError_t launch_naive_paged_attention(const AttentionDescriptor& d, const void* q, void* out,
                                          int max_kv_length, cudaStream_t stream) {
-  if (max_kv_length < 1 || max_kv_length > kNaiveMaxKv || d.kv_element != KvElement::kBF16)
+  if (max_kv_length < 1 || max_kv_length > kNaiveMaxKv) return cudaErrorInvalidValue;
+  if ((d.key_element != KvElement::kBF16 && d.key_scale == nullptr) ||
+      (d.value_element != KvElement::kBF16 && d.value_scale == nullptr))
     return cudaErrorInvalidValue;
   const size_t smem = (d.head_dim + kNaiveThreads / 32 + max_kv_length) * sizeof(float);
   cudaError_t err = cudaFuncSetAttribute(naive_attention_kernel,

@@ -1,0 +1,246 @@
+// Decode attention over a quantized paged pool (fp8, int8, int4, and K int8 /
+// V int4): the fast kernel and the naive GPU kernel against float64 attention
+// over the dequantized values (kv_quant_reference.h), for MHA, GQA and MQA,
+// head dims 64 and 128, block sizes 8 to 64, odd lengths, scattered block
+// tables, split-K on and off, graph mode, and for fp8 / int8 both the
+// tensor-core and the CUDA-core loop. Label gpu; skips without a GPU.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "attention_test_support.h"
+#include "kv_quant_reference.h"
+#include "pagoda/kernels/cuda/attention_kernels.h"
+#include "pagoda/kernels/cuda/cuda_status.h"
+
+namespace pagoda::kernels::cuda {
+namespace {
+
+using kernels::testing::QuantizedPool;
+using kernels::testing::quantize_pool;
+using testing::DeviceBuffer;
+using testing::PagedBatch;
+using testing::SequenceShape;
+
+// Against attention over the dequantized values: only f32 accumulation and the
+// bf16 output rounding (~2e-3) separate them.
+constexpr double kMaxRelativeError = 1e-2;
+
+struct Formats {
+  KvElement key, value;
+};
+
+std::string name_of(KvElement e) {
+  switch (e) {
+    case KvElement::kBF16: return "bf16";
+    case KvElement::kFP8E4M3: return "fp8";
+    case KvElement::kInt8: return "int8";
+    case KvElement::kInt4: return "int4";
+  }
+  return "?";
+}
+
+std::vector<float> to_floats(const std::vector<uint16_t>& bf16) {
+  std::vector<float> out(bf16.size());
+  for (size_t i = 0; i < bf16.size(); ++i) out[i] = bf16_to_f32(bf16[i]);
+  return out;
+}
+
+// float64 causal attention over float K / V pools laid out as the batch's.
+std::vector<double> reference_attention(const PagedBatch& b, const std::vector<float>& key,
+                                        const std::vector<float>& value) {
+  const auto& c = b.config;
+  const double scale = 1.0 / std::sqrt(double(c.head_dim));
+  const int32_t group = c.num_q_heads / c.num_kv_heads;
+  std::vector<double> out(size_t(b.num_tokens) * c.num_q_heads * c.head_dim);
+  int32_t row = 0;
+  std::vector<double> scores;
+  for (size_t i = 0; i < b.shapes.size(); ++i) {
+    for (int32_t j = 0; j < b.shapes[i].num_new; ++j, ++row) {
+      const int32_t position = b.shapes[i].num_cached + j;
+      for (int32_t h = 0; h < c.num_q_heads; ++h) {
+        const uint16_t* qv = &b.q[(size_t(row) * c.num_q_heads + h) * c.head_dim];
+        auto at = [&](int32_t p) {
+          const size_t block = size_t(b.block_tables[i][p / c.block_size]);
+          return ((block * c.block_size + p % c.block_size) * c.num_kv_heads + h / group) * c.head_dim;
+        };
+        scores.assign(position + 1, 0.0);
+        double mx = -1e300;
+        for (int32_t p = 0; p <= position; ++p) {
+          double dot = 0;
+          for (int32_t e = 0; e < c.head_dim; ++e) dot += double(bf16_to_f32(qv[e])) * key[at(p) + e];
+          scores[p] = dot * scale;
+          mx = std::max(mx, scores[p]);
+        }
+        double sum = 0;
+        for (auto& s : scores) sum += (s = std::exp(s - mx));
+        double* o = &out[(size_t(row) * c.num_q_heads + h) * c.head_dim];
+        for (int32_t p = 0; p <= position; ++p)
+          for (int32_t e = 0; e < c.head_dim; ++e) o[e] += scores[p] / sum * value[at(p) + e];
+      }
+    }
+  }
+  return out;
+}
+
+enum class Path { kFast, kNaive, kFastGraph };
+
+// Uploads codes, scales and q; plans; launches; returns the bf16 output
+// (poisoned with NaN first, so an unwritten element fails).
+StatusOr<std::vector<uint16_t>> run_quantized(const PagedBatch& b, const QuantizedPool& key,
+                                              const QuantizedPool& value, Path path,
+                                              const AttentionPlanOptions& options = {}) {
+  cudaDeviceProp prop{};
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
+  const auto sequences = b.sequences();
+  PAGODA_ASSIGN_OR_RETURN(auto plan, PagedAttentionPlan::create(b.config, sequences,
+                                                                AttentionDeviceInfo{prop.multiProcessorCount},
+                                                                options));
+  if (plan.kernel() != AttentionKernel::kDecode) return internal_error("quantized KV planned a prefill kernel");
+  // Graph mode pads the rows to graph_sequences: q and out get that many rows.
+  const size_t row_elements = size_t(b.config.num_q_heads) * b.config.head_dim;
+  const size_t rows = std::max<size_t>(plan.num_tokens(), b.num_tokens);
+  DeviceBuffer k(key.codes.size()), v(value.codes.size()), ks(key.records.size() * 4),
+      vs(value.records.size() * 4), q(rows * row_elements * 2), out(rows * row_elements * 2),
+      arena(std::max(plan.arena_bytes(), plan.arena_capacity_bytes())), workspace(plan.workspace_bytes());
+  for (auto* buf : {&k, &v, &ks, &vs, &q, &out, &arena, &workspace})
+    if (!buf->ok()) return resource_exhausted_error("cudaMalloc of {} bytes failed", buf->bytes());
+  auto up = [](DeviceBuffer& dst, const void* src, size_t bytes) {
+    return cudaMemcpy(dst.get(), src, bytes, cudaMemcpyHostToDevice);
+  };
+  PAGODA_CUDA_RETURN_IF_ERROR(up(k, key.codes.data(), key.codes.size()));
+  PAGODA_CUDA_RETURN_IF_ERROR(up(v, value.codes.data(), value.codes.size()));
+  PAGODA_CUDA_RETURN_IF_ERROR(up(ks, key.records.data(), key.records.size() * 4));
+  PAGODA_CUDA_RETURN_IF_ERROR(up(vs, value.records.data(), value.records.size() * 4));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemset(q.get(), 0, q.bytes()));
+  PAGODA_CUDA_RETURN_IF_ERROR(up(q, b.q.data(), b.q.size() * 2));
+  PAGODA_CUDA_RETURN_IF_ERROR(up(arena, plan.arena().data(), plan.arena_bytes()));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemset(out.get(), 0xff, out.bytes()));
+  const AttentionDescriptor desc =
+      plan.descriptor(arena.get<int32_t>(), PagedKvPointers{k.get(), v.get(), ks.get(), vs.get()},
+                      workspace.get<float>());
+  cudaStream_t stream;
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
+  cudaError_t err = cudaSuccess;
+  if (path == Path::kNaive) {
+    err = launch_naive_paged_attention(desc, q.get(), out.get(), b.max_length(), stream);
+  } else if (path == Path::kFast) {
+    err = launch_paged_attention(desc, q.get(), out.get(), stream);
+  } else {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    PAGODA_CUDA_RETURN_IF_ERROR(prepare_paged_attention_kernels());
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    err = launch_paged_attention(desc, q.get(), out.get(), stream);
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamEndCapture(stream, &graph));
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  PAGODA_RETURN_IF_ERROR(cuda_status(err, "quantized attention", __FILE__, __LINE__));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamDestroy(stream));
+  std::vector<uint16_t> host(rows * row_elements);
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy(host.data(), out.get(), host.size() * 2, cudaMemcpyDeviceToHost));
+  for (size_t i = b.q.size(); i < host.size(); ++i) {
+    if (host[i] != 0) return internal_error("padding row element {} is {:#x}, not 0", i, host[i]);
+  }
+  host.resize(b.q.size());
+  return host;
+}
+
+struct Case {
+  Formats formats;
+  int32_t q_heads, kv_heads, head_dim, block_size;
+};
+
+void check_case(const Case& c, const std::vector<SequenceShape>& shapes, uint32_t seed, Path path,
+                const AttentionPlanOptions& options = {}) {
+  PagedBatch b = testing::make_paged_batch(c.q_heads, c.kv_heads, c.head_dim, c.block_size, shapes, seed);
+  b.config.key_element = c.formats.key;
+  b.config.value_element = c.formats.value;
+  const QuantizedPool key = quantize_pool(to_floats(b.key), c.head_dim, static_cast<KvQuant>(c.formats.key));
+  const QuantizedPool value = quantize_pool(to_floats(b.value), c.head_dim, static_cast<KvQuant>(c.formats.value));
+  const std::string label = "K " + name_of(c.formats.key) + " V " + name_of(c.formats.value) + " heads " +
+                            std::to_string(c.q_heads) + "/" + std::to_string(c.kv_heads) + " d=" +
+                            std::to_string(c.head_dim) + " block " + std::to_string(c.block_size) + " path " +
+                            std::to_string(static_cast<int>(path)) +
+                            (options.quantized_decode_cuda_cores ? " cuda-cores" : "");
+  auto got = run_quantized(b, key, value, path, options);
+  ASSERT_TRUE(got.ok()) << label << ": " << got.status().to_string();
+  const double err = testing::relative_l2(*got, reference_attention(b, key.values, value.values));
+  EXPECT_LE(err, kMaxRelativeError) << label;
+}
+
+const Formats kAllFormats[] = {{KvElement::kFP8E4M3, KvElement::kFP8E4M3},
+                               {KvElement::kInt8, KvElement::kInt8},
+                               {KvElement::kInt4, KvElement::kInt4},
+                               {KvElement::kInt8, KvElement::kInt4}};
+
+TEST(QuantizedDecodeAttention, EveryFormatHeadLayoutHeadDimAndBlockSize) {
+  if (!testing::cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  // Odd lengths, one of 1 (only the new token), one that ends mid-block.
+  const std::vector<SequenceShape> shapes = {{1, 0}, {1, 36}, {1, 300}, {1, 777}};
+  uint32_t seed = 1;
+  for (const Formats& f : kAllFormats) {
+    for (auto [qh, kvh] : {std::pair{8, 2}, {8, 8}, {8, 1}, {4, 2}}) {
+      for (int32_t d : {64, 128}) {
+        for (int32_t bs : {8, 16, 32, 64}) {
+          check_case({f, qh, kvh, d, bs}, shapes, seed, Path::kFast);
+          if (f.key == f.value && f.key != KvElement::kInt4) {  // the CUDA-core loop of fp8 / int8 too
+            AttentionPlanOptions cuda_cores;
+            cuda_cores.quantized_decode_cuda_cores = true;
+            check_case({f, qh, kvh, d, bs}, shapes, seed, Path::kFast, cuda_cores);
+          }
+          ++seed;
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantizedDecodeAttention, SplitKMergeAndGraphModeAndLongContext) {
+  if (!testing::cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  AttentionPlanOptions split;
+  split.split_tokens = 96;  // many splits, boundaries not on tiles
+  AttentionPlanOptions graph;
+  graph.graph_sequences = 6;  // two padding rows
+  graph.graph_block_table_stride = 1024;
+  uint32_t seed = 100;
+  for (const Formats& f : kAllFormats) {
+    check_case({f, 32, 8, 128, 16}, {{1, 1000}, {1, 4095}, {1, 5}}, seed++, Path::kFast, split);
+    check_case({f, 32, 8, 128, 16}, {{1, 3000}, {1, 17}, {1, 700}, {1, 1}}, seed++, Path::kFastGraph, graph);
+    check_case({f, 16, 16, 64, 32}, {{1, 6000}}, seed++, Path::kFast);
+    graph.quantized_decode_cuda_cores = true;  // both decode loops in graph mode
+    check_case({f, 32, 8, 128, 16}, {{1, 2000}, {1, 9}}, seed++, Path::kFastGraph, graph);
+    graph.quantized_decode_cuda_cores = false;
+  }
+}
+
+TEST(QuantizedDecodeAttention, NaiveKernelReadsEveryFormat) {
+  if (!testing::cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 200;
+  for (const Formats& f : kAllFormats)
+    check_case({f, 8, 2, 128, 16}, {{1, 50}, {1, 333}}, seed++, Path::kNaive);
+}
+
+TEST(QuantizedDecodeAttention, MissingScalesAreALaunchErrorNotACrash) {
+  if (!testing::cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  PagedBatch b = testing::make_paged_batch(8, 2, 128, 16, {{1, 20}}, 7);
+  b.config.key_element = b.config.value_element = KvElement::kInt8;
+  auto plan = PagedAttentionPlan::create(b.config, b.sequences());
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  DeviceBuffer arena(plan->arena_bytes());
+  const AttentionDescriptor desc =
+      plan->descriptor(arena.get<int32_t>(), PagedKvPointers{arena.get(), arena.get(), nullptr, nullptr}, nullptr);
+  EXPECT_EQ(launch_paged_attention(desc, arena.get(), arena.get(), nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace pagoda::kernels::cuda
