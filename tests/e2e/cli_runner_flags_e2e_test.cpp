@@ -114,8 +114,8 @@ TEST(CliRunnerFlagsTest, StartUpReportNamesDeviceDtypeBytesPerTokenAndCapacity) 
                    "1MiB"}, &r);
   // pagoda-tiny: 8 layers x 2 kv heads x 32 dims x (K + V) x 4 bytes = 4 KiB per token in f32.
   EXPECT_THAT(r.err, HasSubstr("device: cpu"));
-  EXPECT_THAT(r.err, HasSubstr("KV cache: f32, 4.00 KiB per token"));
-  EXPECT_THAT(r.err, HasSubstr("bf16 would be 2.00 KiB"));
+  EXPECT_THAT(r.err, HasSubstr("KV cache: f32 (K) / f32 (V), 4,096 B/token (bf16: 2,048 B), 256 tokens fit in "
+                               "1.00 MiB"));
   // 1 MiB / 4 KiB = 256 tokens = 16 blocks of 16; a request of 3 + 4 tokens needs one block.
   EXPECT_THAT(r.err, HasSubstr("16 blocks x 16 tokens = 256 tokens"));
   EXPECT_THAT(r.err, HasSubstr("capacity: 256 tokens in the KV pool = 16 requests of 7 tokens"));
@@ -271,7 +271,7 @@ TEST(CliRunnerFlagsTest, ServeReportsTheKvPoolAndCapacityBeforeListening) {
   // llama_f32: 2 layers x 2 kv heads x 16 dims x (K + V) x 4 bytes = 512 B per token; 1 MiB = 2048 tokens
   // = 256 blocks of 8; max_position_embeddings 512 = 64 blocks: 4 full-length requests at once.
   EXPECT_THAT(r.err, HasSubstr("device: cpu"));
-  EXPECT_THAT(r.err, HasSubstr("KV cache: f32, 512 B per token"));
+  EXPECT_THAT(r.err, HasSubstr("KV cache: f32 (K) / f32 (V), 512 B/token (bf16: 256 B), 2,048 tokens fit"));
   EXPECT_THAT(r.err, HasSubstr("KV pool: 256 blocks x 8 tokens = 2048 tokens"));
   EXPECT_THAT(r.err, HasSubstr("= 4 requests of 512 tokens (max_model_len) at once; max-num-seqs 3, "
                                "max-tokens-per-step 64"));

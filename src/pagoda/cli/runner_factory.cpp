@@ -108,17 +108,15 @@ std::string model_summary(const ModelConfig& c, const ResolvedRunnerFlags& flags
                      c.head_dim, c.vocab_size);
 }
 
-// The lines every device shares: KV bytes per token and what the pool holds.
+// The lines every device shares: KV dtypes and bytes per token (kv_sizing's start-up line, as kvcalc
+// prints it) and how many requests of max_model_len the pool holds.
 void add_kv_report(ModelRunnerSetup& setup, std::vector<std::string>& lines) {
   const ResolvedRunnerFlags& f = setup.flags;
-  const std::string dtypes = f.key_dtype == f.value_dtype
-                                 ? std::string(dtype_name(f.key_dtype))
-                                 : fmt::format("K {} / V {}", dtype_name(f.key_dtype), dtype_name(f.value_dtype));
   const KvShape shape{setup.config.num_layers, setup.config.num_q_heads, setup.config.num_kv_heads,
                       setup.config.head_dim};
-  lines.push_back(fmt::format("KV cache: {}, {} per token over {} layers (scales included; bf16 would be {})", dtypes,
-                              format_bytes(static_cast<double>(setup.kv_bytes_per_token)), setup.config.num_layers,
-                              format_bytes(static_cast<double>(kv_bytes_per_token(shape, DType::kBF16)))));
+  lines.push_back(format_kv_cache_line(shape, f.key_dtype, f.value_dtype,
+                                       setup.kv_pool_tokens() * setup.kv_bytes_per_token, setup.block_size) +
+                  " (scales included)");
   lines.push_back(fmt::format(
       "capacity: {} tokens in the KV pool = {} requests of {} tokens (max_model_len) at once; max-num-seqs {}, "
       "max-tokens-per-step {}", setup.kv_pool_tokens(), setup.max_concurrent_full_requests(), setup.max_model_len,
