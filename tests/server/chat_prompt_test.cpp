@@ -269,6 +269,49 @@ TEST(ChatPromptTest, BadShapesAre400NamingTheField) {
   }
 }
 
+// The template engine converts values recursively: a hostile nesting depth is a
+// 400, never a stack overflow.
+TEST(ChatPromptTest, DeepNestingIs400NotACrash) {
+  EXPECT_FALSE(nests_deeper_than(Json(5), 0));
+  EXPECT_TRUE(nests_deeper_than(Json::parse("[1]"), 0));
+  EXPECT_FALSE(nests_deeper_than(Json::parse("[1]"), 1));
+  EXPECT_FALSE(nests_deeper_than(Json::parse(R"({"a": [1, {"b": []}]})"), 4));
+  EXPECT_TRUE(nests_deeper_than(Json::parse(R"({"a": [1, {"b": []}]})"), 3));
+
+  const int depth = 200000;
+  const std::string deep = std::string(depth, '[') + std::string(depth, ']');
+  const std::string user = R"({"role": "user", "content": "hi"})";
+  struct Case {
+    std::string fields, param;
+  };
+  for (const Case& c : std::vector<Case>{
+           {R"("messages": [)" + user + R"(], "tools": [{"type": "function", "function": {"name": "f",
+               "parameters": {"type": "object", "x": )" + deep + "}}}]",
+            "tools"},
+           {R"("messages": [{"role": "user", "content": "x", "extra": )" + deep + "}]", "messages"},
+           {R"("messages": [)" + user + R"(], "chat_template_kwargs": {"k": )" + deep + "}", "chat_template_kwargs"},
+           {R"("messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{\"a\": )" +
+                std::string(1000, '[') + std::string(1000, ']') + R"(}"}}]}])",
+            "messages[0].tool_calls[0].function.arguments"},
+       }) {
+    auto parsed = parse_openai_request(R"({"model": "m", )" + c.fields + "}", Endpoint::kChatCompletions);
+    ASSERT_TRUE(std::holds_alternative<ApiError>(parsed)) << c.param;
+    EXPECT_EQ(std::get<ApiError>(parsed).param, c.param);
+    EXPECT_THAT(std::get<ApiError>(parsed).message, ::testing::HasSubstr("nests deeper"));
+  }
+  auto drop = parse_cache_drop_request(R"({"messages": )" + deep + "}");
+  ASSERT_TRUE(std::holds_alternative<ApiError>(drop));
+  EXPECT_EQ(std::get<ApiError>(drop).param, "messages");
+  // A realistic tool schema (a dozen levels) is fine.
+  std::string schema = R"({"type": "string"})";
+  for (int i = 0; i < 12; ++i) schema = R"({"type": "object", "properties": {"p": )" + schema + "}}";
+  auto ok = parse_openai_request(R"({"model": "m", "messages": [)" + user +
+                                     R"(], "tools": [{"type": "function", "function": {"name": "f", "parameters": )" +
+                                     schema + "}}]}",
+                                 Endpoint::kChatCompletions);
+  EXPECT_TRUE(std::holds_alternative<OpenAiRequest>(ok));
+}
+
 TEST(ChatPromptTest, CacheDropReadsTheSameChatPrompt) {
   auto parsed = parse_cache_drop_request(R"({"messages": [{"role": "user", "content": "x"}],
       "chat_template_kwargs": {"enable_thinking": false}})");

@@ -1,6 +1,8 @@
 #include "pagoda/server/chat_prompt.h"
 
 #include <memory>
+#include <utility>
+#include <vector>
 
 namespace pagoda::server {
 namespace {
@@ -8,6 +10,9 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 // Set by the server itself; a client may not override them through chat_template_kwargs.
+// Tool-call arguments arrive as JSON text, past the request body's nesting check.
+constexpr int kMaxArgumentsNesting = 48;
+
 constexpr const char* kReservedTemplateVariables[] = {"messages", "tools", "documents", "add_generation_prompt"};
 
 std::optional<ApiError> check_optional_string(const Json& object, const char* key, const std::string& where) {
@@ -70,6 +75,9 @@ std::optional<ApiError> normalize_tool_calls(Json& tool_calls, const std::string
       Json parsed = Json::parse(arguments->get<std::string>(), nullptr, /*allow_exceptions=*/false);
       if (parsed.is_discarded() || !parsed.is_object())
         return invalid_request(args_param + " must be a JSON object or a string holding one", args_param);
+      if (nests_deeper_than(parsed, kMaxArgumentsNesting))
+        return invalid_request(fmt::format("{} nests deeper than {} levels", args_param, kMaxArgumentsNesting),
+                               args_param);
       *arguments = std::move(parsed);
     } else if (!arguments->is_object()) {
       return invalid_request(args_param + " must be a JSON object or a string holding one", args_param);
@@ -182,6 +190,18 @@ std::optional<ApiError> read_template_kwargs(const Json& body, Json& out) {
 }
 
 }  // namespace
+
+bool nests_deeper_than(const Json& value, int levels) {
+  std::vector<std::pair<const Json*, int>> stack{{&value, 0}};
+  while (!stack.empty()) {
+    auto [node, depth] = stack.back();
+    stack.pop_back();
+    if (!node->is_structured()) continue;
+    if (depth + 1 > levels) return true;
+    for (const Json& child : *node) stack.emplace_back(&child, depth + 1);
+  }
+  return false;
+}
 
 Json ChatPrompt::template_variables() const {
   Json variables = template_kwargs.is_object() ? template_kwargs : Json::object();

@@ -52,6 +52,11 @@ inline constexpr size_t kMaxChatTools = 1024;
 // "chat_template_kwargs" of a request body (a JSON object).
 std::optional<ApiError> read_chat_prompt(const nlohmann::ordered_json& body, ChatPrompt& out);
 
+// Whether `value` has arrays/objects nested more than `levels` deep (a scalar
+// is 0 levels, [1] is 1). Iterative: safe on any input. Request values reach
+// the template engine, which converts them recursively, so they are bounded.
+bool nests_deeper_than(const nlohmann::ordered_json& value, int levels);
+
 // Prompt text of a chat prompt, ending with the assistant generation prompt.
 using ChatRenderer = std::function<StatusOr<std::string>(const ChatPrompt& prompt)>;
 ChatRenderer make_chat_renderer(chat::ChatTemplate chat_template);

@@ -115,6 +115,17 @@ std::optional<ApiError> read_prompt(const json& body, std::optional<std::string>
   return read_token_ids(p, "prompt", tokens);
 }
 
+// Chat fields reach the template engine, whose JSON conversion and tojson
+// recurse: a body nested a million levels deep would overflow the stack. No
+// real request (tool schemas included) comes near the limit. Names the
+// top-level field that nests too deep.
+std::optional<ApiError> check_nesting(const json& body) {
+  for (auto it = body.begin(); it != body.end(); ++it)
+    if (nests_deeper_than(it.value(), kMaxJsonNesting - 1))
+      return invalid_request(fmt::format("'{}' nests deeper than {} levels", it.key(), kMaxJsonNesting), it.key());
+  return std::nullopt;
+}
+
 std::optional<ApiError> check_unsupported(const json& body) {
   if (auto it = body.find("echo"); it != body.end() && it->is_boolean() && it->get<bool>())
     return invalid_request("'echo' is not supported", "echo", "unsupported");
@@ -137,6 +148,7 @@ std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view text
   if (body.is_discarded())
     return invalid_request("the request body is not valid JSON (or not valid UTF-8)", std::nullopt, "invalid_json");
   if (!body.is_object()) return invalid_request("the request body must be a JSON object", std::nullopt, "invalid_json");
+  if (auto e = check_nesting(body)) return *e;
 
   OpenAiRequest req;
   req.endpoint = endpoint;
@@ -232,6 +244,7 @@ std::variant<CacheDropRequest, ApiError> parse_cache_drop_request(std::string_vi
   json body = json::parse(text, nullptr, false);
   if (body.is_discarded() || !body.is_object())
     return invalid_request("the request body must be a JSON object", std::nullopt, "invalid_json");
+  if (auto e = check_nesting(body)) return *e;
   CacheDropRequest req;
   Reader r{body, std::nullopt};
   if (auto v = r.boolean("all")) req.all = *v;

@@ -45,6 +45,9 @@ struct OpenAiRequest {
 // The largest max_tokens accepted before the context check (anything larger is
 // "absurd" and rejected early).
 inline constexpr int64_t kMaxTokensLimit = 1 << 20;
+// The deepest nesting of arrays/objects a body may have (the body itself is
+// level 0): the chat template engine converts values recursively.
+inline constexpr int kMaxJsonNesting = 64;
 
 std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view body, Endpoint endpoint);
 
