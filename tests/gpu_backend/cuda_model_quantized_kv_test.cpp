@@ -3,7 +3,8 @@
 // the first 8 tokens on the committed fixtures and the bundled model; a
 // divergence is only accepted at a near tie of the bf16 run (top-1 margin under
 // kMarginTol). int4 is reported, not asserted. Prints the divergence step and
-// the logit gap per format as figures.
+// the logit gap per format as figures. And kernels/cuda's quantized decode in
+// the model against the builtin kernel on the same codes.
 
 #include <algorithm>
 #include <cstdint>
@@ -21,6 +22,8 @@
 
 #include "gpu_test_support.h"
 #include "pagoda/backend/cuda/cuda_model.h"
+#include "pagoda/backend/cuda/fast_attention.h"
+#include "pagoda/model/model_config.h"
 
 namespace pagoda::cuda {
 namespace {
@@ -140,6 +143,97 @@ INSTANTIATE_TEST_SUITE_P(Models, QuantizedKvModelTest,
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
+
+// kernels/cuda's quantized decode inside the model (head_dim 128, eager and
+// CUDA-graph steps) against the builtin kernel on the same quantized KV: both
+// read the same codes, so only the kernels' arithmetic differs (f16 q and p on
+// tensor cores vs bf16 tiles).
+TEST(QuantizedKvModel, FastDecodeMatchesBuiltinAttentionOnTheSameCodes) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  if (!FastAttention::compiled_in()) GTEST_SKIP() << "kernels/cuda not built";
+  const nlohmann::json j = {
+      {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 512}, {"hidden_size", 512},
+      {"intermediate_size", 1024}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+      {"num_key_value_heads", 1}, {"max_position_embeddings", 512}, {"rms_norm_eps", 1e-5},
+      {"rope_theta", 500000.0}, {"torch_dtype", "bfloat16"}};
+  auto config = parse_model_config(j, "test config");
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  ASSERT_EQ(config->head_dim, 128);
+  for (auto [key, value] : {std::pair{DType::kInt8, DType::kInt8}, {DType::kFP8E4M3, DType::kFP8E4M3},
+                            {DType::kInt4, DType::kInt4}, {DType::kInt8, DType::kInt4}}) {
+    CudaModelOptions o;
+    o.max_num_tokens = 256;
+    o.max_num_seqs = 4;
+    o.max_model_len = 512;
+    o.block_size = kBlockSize;
+    o.show_progress = false;
+    o.kv_key_dtype = key;
+    o.kv_value_dtype = value;
+    auto fast = CudaModel::create_random(*config, 11, o);
+    o.fast_attention = false;
+    auto builtin = CudaModel::create_random(*config, 11, o);
+    ASSERT_TRUE(fast.ok() && builtin.ok());
+    auto pool_a = CudaKvPool::create((*fast)->kv_pool_shape(kNumBlocks));
+    auto pool_b = CudaKvPool::create((*builtin)->kv_pool_shape(kNumBlocks));
+    ASSERT_TRUE(pool_a.ok() && pool_b.ok());
+    const std::string what = std::string("K ") + std::string(dtype_name(key)) + " V " + std::string(dtype_name(value));
+    // Three sequences: prefill (builtin in both: quantized prefill is not
+    // planned), then decode steps, which replay graphs after the first.
+    std::vector<int32_t> lengths = {45, 3, 130};
+    std::vector<int32_t> next = {7, 8, 9};
+    std::vector<std::vector<int32_t>> tables = {{0, 1, 2, 3, 4, 5, 6, 7}, {17, 9, 10, 11, 12, 13, 14, 15},
+                                                {16, 31, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27}};
+    {
+      ForwardBatch b;
+      for (size_t s = 0; s < lengths.size(); ++s) {
+        SequenceSlice slice;
+        slice.token_offset = b.num_tokens();
+        slice.num_new_tokens = lengths[s];
+        slice.block_table = tables[s];
+        for (int32_t p = 0; p < lengths[s]; ++p) {
+          b.token_ids.push_back((p * 37 + static_cast<int32_t>(s) * 11) % 512);
+          b.positions.push_back(p);
+        }
+        b.sequences.push_back(slice);
+      }
+      std::vector<float> la, lb;
+      ASSERT_TRUE((*fast)->forward(b, **pool_a, la).ok());
+      ASSERT_TRUE((*builtin)->forward(b, **pool_b, lb).ok());
+    }
+    double worst = 0, scale = 0;
+    for (int step = 0; step < 6; ++step) {
+      ForwardBatch b;
+      for (size_t s = 0; s < lengths.size(); ++s) {
+        SequenceSlice slice;
+        slice.token_offset = static_cast<int32_t>(s);
+        slice.num_new_tokens = 1;
+        slice.num_cached_tokens = lengths[s];
+        slice.block_table = tables[s];
+        b.token_ids.push_back(next[s]);
+        b.positions.push_back(lengths[s]);
+        b.sequences.push_back(slice);
+      }
+      std::vector<float> la, lb;
+      const Status sa = (*fast)->forward(b, **pool_a, la);
+      const Status sb = (*builtin)->forward(b, **pool_b, lb);
+      ASSERT_TRUE(sa.ok()) << what << ": " << sa.to_string();
+      ASSERT_TRUE(sb.ok()) << what << ": " << sb.to_string();
+      for (size_t i = 0; i < la.size(); ++i) {
+        worst = std::max<double>(worst, std::abs(la[i] - lb[i]));
+        scale = std::max<double>(scale, std::abs(lb[i]));
+      }
+      for (size_t s = 0; s < lengths.size(); ++s) {
+        ++lengths[s];
+        next[s] = static_cast<int32_t>(std::max_element(lb.begin() + s * 512, lb.begin() + (s + 1) * 512) -
+                                       (lb.begin() + s * 512));
+      }
+    }
+    std::cout << "[ figure ] quantized fast vs builtin decode in the model, " << what << ": max |logit diff| " << worst
+              << " (max |logit| " << scale << "), fast steps " << (*fast)->fast_attention_steps() << "\n";
+    EXPECT_GT((*fast)->fast_attention_steps(), 0) << what << ": the fast kernels never ran";
+    EXPECT_LE(worst, 1e-3 + 0.03 * scale) << what;
+  }
+}
 
 }  // namespace
 }  // namespace pagoda::cuda

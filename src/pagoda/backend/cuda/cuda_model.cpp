@@ -70,6 +70,7 @@ Status CudaModel::init() {
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   PAGODA_ASSIGN_OR_RETURN(gemm_, Gemm::create());
   fast_ = std::make_unique<FastAttention>();
+  fast_->set_kv_dtypes(options_.kv_key_dtype, options_.kv_value_dtype);
 
   const StepLayout layout{options_.max_num_tokens, options_.max_num_seqs, block_table_stride_};
   PAGODA_ASSIGN_OR_RETURN(host_metadata_buffer_, PinnedBuffer::allocate(step_metadata_bytes(layout)));
@@ -275,8 +276,9 @@ Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {
 }
 
 bool CudaModel::fast_attention_usable() const {
-  // kernels/cuda reads bf16 KV only so far (quantized KV: the builtin kernel dequantizes).
-  return options_.fast_attention && options_.kv_key_dtype == DType::kBF16 && options_.kv_value_dtype == DType::kBF16;
+  // Quantized KV too: kernels/cuda decodes fp8 / int8 / int4 pools (FastAttention
+  // answers false for the steps it cannot run, and the builtin kernel dequantizes).
+  return options_.fast_attention;
 }
 
 Status CudaModel::capture_graph(int32_t bucket, const CudaKvPool& pool, bool fast_attention) {

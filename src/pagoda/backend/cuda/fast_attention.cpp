@@ -37,6 +37,8 @@ struct FastAttention::State {
   DeviceBuffer graph_workspace;
   int32_t graph_max_bucket = 0;
   int32_t graph_stride = 0;
+  kc::KvElement key_element = kc::KvElement::kBF16;  // the pool's (set_kv_dtypes)
+  kc::KvElement value_element = kc::KvElement::kBF16;
 
   // Once: the SM count for the split and the kernels' shared-memory limits (before any capture).
   Status prepare() {
@@ -54,7 +56,7 @@ namespace {
 
 // The kernels' view of the model, or nullopt when they cannot run it.
 std::optional<kc::AttentionConfig> attention_config(const ModelConfig& config, int32_t block_size,
-                                                    int32_t num_blocks) {
+                                                    int32_t num_blocks, kc::KvElement key, kc::KvElement value) {
   if (config.sliding_window > 0) return std::nullopt;  // the Hopper kernels attend to the whole prefix
   if (config.head_dim != 64 && config.head_dim != 128 && config.head_dim != 256) return std::nullopt;
   if (block_size <= 0 || (block_size & (block_size - 1)) != 0 || block_size > 256) return std::nullopt;
@@ -64,6 +66,8 @@ std::optional<kc::AttentionConfig> attention_config(const ModelConfig& config, i
   attention.head_dim = config.head_dim;
   attention.block_size = block_size;
   attention.num_blocks = num_blocks;
+  attention.key_element = key;
+  attention.value_element = value;
   return attention;
 }
 
@@ -87,12 +91,25 @@ FastAttention::~FastAttention() = default;
 
 bool FastAttention::compiled_in() { return true; }
 
+void FastAttention::set_kv_dtypes(DType key, DType value) {
+  auto element = [](DType dtype) {
+    switch (dtype) {
+      case DType::kFP8E4M3: return kc::KvElement::kFP8E4M3;
+      case DType::kInt8: return kc::KvElement::kInt8;
+      case DType::kInt4: return kc::KvElement::kInt4;
+      default: return kc::KvElement::kBF16;
+    }
+  };
+  state_->key_element = element(key);
+  state_->value_element = element(value);
+}
+
 StatusOr<bool> FastAttention::plan(const ModelConfig& config, const ForwardBatch& batch, int32_t block_size,
                                    int32_t num_blocks, cudaStream_t stream) {
   State& s = *state_;
   PAGODA_RETURN_IF_ERROR(s.prepare());
   s.plan.reset();
-  const std::optional<kc::AttentionConfig> attention = attention_config(config, block_size, num_blocks);
+  const std::optional<kc::AttentionConfig> attention = attention_config(config, block_size, num_blocks, s.key_element, s.value_element);
   if (!attention) return false;
   const std::vector<kc::AttentionSequence> sequences = attention_sequences(batch);
   auto plan = kc::PagedAttentionPlan::create(*attention, sequences, kc::AttentionDeviceInfo{s.num_sms});
@@ -124,7 +141,7 @@ StatusOr<bool> FastAttention::plan_graph(const ModelConfig& config, const Forwar
   if (bucket < static_cast<int32_t>(batch.sequences.size()) || bucket > max_bucket)
     return invalid_argument_error("fast attention (graph mode): {} sequences in bucket {} of at most {}",
                                   batch.sequences.size(), bucket, max_bucket);
-  const std::optional<kc::AttentionConfig> attention = attention_config(config, block_size, num_blocks);
+  const std::optional<kc::AttentionConfig> attention = attention_config(config, block_size, num_blocks, s.key_element, s.value_element);
   if (!attention) return false;
   const kc::AttentionDeviceInfo device{s.num_sms};
   if (s.graph_max_bucket == 0) {
@@ -174,7 +191,7 @@ Status FastAttention::run(const DevicePagedKvLayer& layer, const bf16* q, bf16* 
   const DeviceBuffer& arena = s.graph ? s.graph_arena : s.arena;
   const DeviceBuffer& workspace = s.graph ? s.graph_workspace : s.workspace;
   const kc::AttentionDescriptor desc = s.plan->descriptor(
-      arena.as<int32_t>(), kc::PagedKvPointers{layer.key, layer.value, nullptr, nullptr}, workspace.as<float>());
+      arena.as<int32_t>(), kc::PagedKvPointers{layer.key, layer.value, layer.key_scale, layer.value_scale}, workspace.as<float>());
   PAGODA_CUDA_RETURN_IF_ERROR(kc::launch_paged_attention(desc, q, out, stream));
   return ok_status();
 }
@@ -185,6 +202,7 @@ struct FastAttention::State {};
 FastAttention::FastAttention() : state_(std::make_unique<State>()) {}
 FastAttention::~FastAttention() = default;
 bool FastAttention::compiled_in() { return false; }
+void FastAttention::set_kv_dtypes(DType, DType) {}
 StatusOr<bool> FastAttention::plan(const ModelConfig&, const ForwardBatch&, int32_t, int32_t, cudaStream_t) {
   return false;
 }

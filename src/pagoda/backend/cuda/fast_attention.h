@@ -28,6 +28,7 @@
 
 #include "pagoda/backend/cuda/cuda_ops.h"
 #include "pagoda/backend/cuda/device_buffer.h"
+#include "pagoda/core/dtype.h"
 #include "pagoda/core/status.h"
 #include "pagoda/model/forward_batch.h"
 #include "pagoda/model/model_config.h"
@@ -67,6 +68,11 @@ class FastAttention {
 
   // True when kernels/cuda was compiled in.
   static bool compiled_in();
+
+  // The pool's element types (bf16 unless set). Quantized pools (fp8 / int8 /
+  // int4) plan decode steps only (head_dim 64 / 128); other steps answer false
+  // and the caller's kernel dequantizes.
+  void set_kv_dtypes(DType key, DType value);
 
   // Plans `batch` (after the caller validated it). true: run() may be called for
   // every layer of this step; false: not supported here (no error). The arena
