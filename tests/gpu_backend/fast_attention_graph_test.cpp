@@ -290,8 +290,9 @@ std::filesystem::path checkpoint_dir(int32_t num_layers) {
   return dir;
 }
 
-CudaModelOptions model_options(bool fast) {
+CudaModelOptions model_options(bool fast, DType kv_dtype = DType::kBF16) {
   CudaModelOptions o;
+  o.kv_key_dtype = o.kv_value_dtype = kv_dtype;
   o.max_num_tokens = 512;
   o.max_num_seqs = 8;
   o.max_model_len = 512;
@@ -341,17 +342,19 @@ struct Models {
   std::unique_ptr<CudaKvPool> fast_pool, builtin_pool;
 };
 
-Models load_models(int32_t num_layers) {
+// CPU (f32 KV, or the same quantized KV format), GPU with fast and with builtin attention.
+Models load_models(int32_t num_layers, DType kv_dtype = DType::kBF16) {
   Models m;
   const auto dir = checkpoint_dir(num_layers);
   auto cpu = CpuModel::load(dir);
   EXPECT_TRUE(cpu.ok()) << cpu.status().to_string();
   m.cpu = std::move(cpu).value();
-  auto cpu_pool = CpuKvPool::create(m.cpu->kv_pool_shape(kNumBlocks, kBlockSize));
-  EXPECT_TRUE(cpu_pool.ok());
+  const DType cpu_kv = kv_dtype == DType::kBF16 ? DType::kF32 : kv_dtype;
+  auto cpu_pool = CpuKvPool::create(m.cpu->kv_pool_shape(kNumBlocks, kBlockSize, cpu_kv, cpu_kv));
+  EXPECT_TRUE(cpu_pool.ok()) << cpu_pool.status().to_string();
   m.cpu_pool = std::make_unique<CpuKvPool>(std::move(cpu_pool).value());
-  auto fast = CudaModel::load(dir, model_options(true));
-  auto builtin = CudaModel::load(dir, model_options(false));
+  auto fast = CudaModel::load(dir, model_options(true, kv_dtype));
+  auto builtin = CudaModel::load(dir, model_options(false, kv_dtype));
   EXPECT_TRUE(fast.ok() && builtin.ok());
   m.fast = std::move(fast).value();
   m.builtin = std::move(builtin).value();
@@ -424,6 +427,48 @@ TEST(FastAttentionDrift, FastIsAsCloseToTheCpuReferenceAsBuiltinAtEveryDepth) {
     EXPECT_EQ(m.fast->fast_attention_steps(), 7);
     EXPECT_GE(m.fast->graph_replays(), 5);
     EXPECT_EQ(m.builtin->fast_attention_steps(), 0);
+  }
+}
+
+// Quantized KV (int8, fp8): decode steps in graphs with fast attention (where
+// kernels/cuda decodes the format) against the CPU model with the same KV
+// format, beside the builtin kernel; prefill runs the builtin kernel in both
+// GPU models (kernels/cuda refuses quantized prefill).
+TEST(FastAttentionDrift, QuantizedKvDecodeIsAsCloseToTheCpuAsBuiltin) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  if (!FastAttention::compiled_in()) GTEST_SKIP() << "kernels/cuda not built";
+  for (DType kv : {DType::kInt8, DType::kFP8E4M3}) {
+    Models m = load_models(4, kv);
+    ASSERT_TRUE(m.cpu && m.fast && m.builtin);
+    std::mt19937 rng(21);
+    std::uniform_int_distribution<int32_t> token(0, kVocab - 1);
+    std::vector<int32_t> a(150), b(40);
+    for (int32_t& t : a) t = token(rng);
+    for (int32_t& t : b) t = token(rng);
+    ForwardBatch prefill;
+    append(prefill, a, 0, blocks(0, 13), false);
+    append(prefill, b, 0, blocks(13, 8), false);
+    std::vector<float> cpu_logits;
+    run_step(m, prefill, &cpu_logits);
+    double worst_fast = 0, worst_builtin = 0;
+    for (int32_t step = 0; step < 8; ++step) {
+      std::vector<int32_t> next(2);
+      for (int r = 0; r < 2; ++r) {
+        const float* row = cpu_logits.data() + static_cast<size_t>(r) * kVocab;
+        next[static_cast<size_t>(r)] = static_cast<int32_t>(std::max_element(row, row + kVocab) - row);
+      }
+      ForwardBatch decode;
+      append(decode, {next[0]}, 150 + step, blocks(0, 13), false);
+      append(decode, {next[1]}, 40 + step, blocks(13, 8), false);
+      const StepErrors e = run_step(m, decode, &cpu_logits);
+      worst_fast = std::max(worst_fast, e.fast);
+      worst_builtin = std::max(worst_builtin, e.builtin);
+    }
+    std::cout << "[ figure ] " << dtype_name(kv) << " KV, 4 layers, 8 decode steps in graphs: max|gpu - cpu| / "
+              << "max|cpu| fast " << worst_fast << " (" << m.fast->fast_attention_steps()
+              << " steps on kernels/cuda), builtin " << worst_builtin << "\n";
+    EXPECT_LE(worst_fast, 1.5 * worst_builtin + 0.005) << dtype_name(kv);
+    EXPECT_GE(m.fast->graph_replays(), 7);
   }
 }
 
