@@ -68,6 +68,7 @@ struct Args {
   uint64_t seed = 1;
   int max_graph_batch = -1;  // -1: choose from the decode sweep
   std::string fast_attention = "auto";
+  std::string kv_cache_dtype = "bf16";  // K and V pools: bf16, fp8, int8 or int4
 };
 
 // One request of the throughput run.
@@ -411,6 +412,8 @@ int main(int argc, char** argv) {
   app.add_option("--gpu-memory-utilization", args.gpu_memory_utilization)->check(CLI::Range(0.01, 1.0));
   app.add_option("--max-seconds", args.max_seconds, "stop the throughput run after this long and report");
   app.add_option("--seed", args.seed);
+  app.add_option("--kv-cache-dtype", args.kv_cache_dtype, "KV cache element type (K and V): bf16, fp8, int8, int4")
+      ->check(CLI::IsMember({"bf16", "fp8", "int8", "int4"}));
   app.add_option("--json", args.json_out, "write the figures as JSON here");
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress survives a timeout kill
@@ -422,6 +425,7 @@ int main(int argc, char** argv) {
   options.block_size = args.block_size;
   options.max_graph_batch = std::max(args.max_graph_batch, 0);
   options.fast_attention = args.fast_attention != "off";
+  options.kv_key_dtype = options.kv_value_dtype = *pagoda::dtype_from_name(args.kv_cache_dtype);
   const auto t_load = Clock::now();
   pagoda::StatusOr<std::unique_ptr<CudaModel>> model = pagoda::Status(pagoda::StatusCode::kInvalidArgument, "");
   if (args.load_format == "random") {
