@@ -236,9 +236,11 @@ TEST(EngineDeviceSampling, StopTokensStopStringsAndUsageAsOnTheHost) {
   EXPECT_EQ(count_rows(h.runner, false), 0u);
 }
 
-TEST(EngineDeviceSampling, ARunnerReturningTooFewTokensFailsTheStepNotTheProcess) {
+class BrokenRunner : public ::testing::TestWithParam<bool> {};
+
+TEST_P(BrokenRunner, TooFewTokensOrAnOutOfVocabularyTokenFailTheStepNotTheProcess) {
   DeviceHarness h(true);
-  h.runner.drop_a_token = true;
+  (GetParam() ? h.runner.drop_a_token : h.runner.out_of_vocab_token) = true;
   auto s = *h.engine->submit(request(prompt_of(5, 1), 4));
   h.run_checked();
   Result c = collect(*s);
@@ -246,6 +248,8 @@ TEST(EngineDeviceSampling, ARunnerReturningTooFewTokensFailsTheStepNotTheProcess
   EXPECT_NE(c.error.find("model step failed"), std::string::npos) << c.error;
   EXPECT_EQ(h.kv->stats().blocks_in_use, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(EngineDeviceSampling, BrokenRunner, ::testing::Bool());
 
 }  // namespace
 }  // namespace pagoda::engine

@@ -117,6 +117,7 @@ class FakeModelRunner final : public ModelRunner {
       out.logprobs[r] = t.logprob;
     }
     if (drop_a_token && !out.tokens.empty()) out.tokens.pop_back();
+    if (out_of_vocab_token && !out.tokens.empty()) out.tokens[0] = vocab_ + 5;
     return out;
   }
   Status copy_blocks(std::span<const kv::BlockCopy> copies) override {
@@ -137,7 +138,8 @@ class FakeModelRunner final : public ModelRunner {
   int32_t max_batch_tokens = 0;
   bool fail_next = false;
   bool device_sampling = false;
-  bool drop_a_token = false;  // a broken runner: one token short
+  bool drop_a_token = false;        // a broken runner: one token short
+  bool out_of_vocab_token = false;  // a broken runner: a token id past the vocabulary
   std::vector<std::vector<DeviceSampling>> sampled_rows;  // per execute_sampled call
 
  private:

@@ -469,6 +469,10 @@ bool Engine::step() {
         (device_sampling && (result->tokens.size() != all_rows || result->logprobs.size() != all_rows)))
       result = internal_error("the model runner returned {} logits, {} tokens for {} rows ({} sampled on the host)",
                               result->host_logits.size(), result->tokens.size(), all_rows, host_rows);
+    for (size_t r = 0; result.ok() && r < rows.size(); ++r)
+      if (rows[r].on_device && (result->tokens[r] < 0 || result->tokens[r] >= vocab_size_))
+        result = internal_error("the model runner sampled token {} for row {}, outside the vocabulary [0, {})",
+                                result->tokens[r], r, vocab_size_);
   }
   Status committed = result.ok() ? scheduler_.commit(plan) : result.status();
   if (!committed.ok()) {
