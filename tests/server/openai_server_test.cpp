@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <memory>
 #include <thread>
+#include <utility>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -71,13 +72,14 @@ class ServerTest : public ::testing::Test {
  protected:
   // No tokenizer: token-id prompts only.
   virtual TextCodec make_codec() { return {}; }
+  virtual engine::EngineConfig make_engine_config() { return {}; }
 
   void SetUp() override {
     kv::KvCacheConfig kc;
     kc.num_blocks = 512;
     kc.block_size = 16;
     kv_ = std::move(kv::KvCacheManager::create(kc)).value();
-    engine_ = std::make_unique<engine::Engine>(engine::EngineConfig{}, runner_, *kv_);
+    engine_ = std::make_unique<engine::Engine>(make_engine_config(), runner_, *kv_);
     engine_->start();
     ServerConfig config;
     config.model_name = "scripted";
@@ -284,6 +286,57 @@ TEST_F(ChatServerTest, BadChatShapesAre400NamingTheFieldAndTheServerStaysUp) {
   auto ok = post({{"model", "scripted"}, {"messages", {user}}, {"max_tokens", 1}}, "/v1/chat/completions");
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+// The model "writes" a Hermes tool call: the first generated token decodes to
+// the whole block (then nothing), as a Qwen model answering with a call would.
+class ToolCallingServerTest : public ChatServerTest {
+ protected:
+  class ScriptedText final : public engine::TextDecoder {
+   public:
+    std::string append(int32_t) override {
+      return std::exchange(text_, "");
+    }
+    std::string finish() override { return ""; }
+
+   private:
+    std::string text_ =
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+  };
+  engine::EngineConfig make_engine_config() override {
+    engine::EngineConfig config;
+    config.text_decoder_factory = [](std::span<const int32_t>) { return std::make_unique<ScriptedText>(); };
+    return config;
+  }
+};
+
+TEST_F(ToolCallingServerTest, ToolCallsComeBackStructuredWhenToolsWereGiven) {
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  const json messages = {{{"role", "user"}, {"content", "Weather in Paris?"}}};
+  auto res = post({{"model", "scripted"}, {"messages", messages}, {"tools", tools}, {"max_tokens", 2}},
+                  "/v1/chat/completions");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json message = json::parse(res->body)["choices"][0]["message"];
+  EXPECT_TRUE(message["content"].is_null()) << message.dump();
+  ASSERT_EQ(message["tool_calls"].size(), 1u) << message.dump();
+  EXPECT_EQ(message["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(message["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(message["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Paris\"}");
+  EXPECT_TRUE(message["tool_calls"][0]["id"].is_string());
+
+  // Without tools (or with tool_choice "none") the same text is plain content.
+  auto plain = post({{"model", "scripted"}, {"messages", messages}, {"max_tokens", 2}}, "/v1/chat/completions");
+  auto none = post({{"model", "scripted"}, {"messages", messages}, {"tools", tools}, {"tool_choice", "none"},
+                    {"max_tokens", 2}},
+                   "/v1/chat/completions");
+  ASSERT_TRUE(plain && none);
+  for (const auto* r : {&plain, &none}) {
+    const json m = json::parse((*r)->body)["choices"][0]["message"];
+    EXPECT_FALSE(m.contains("tool_calls")) << m.dump();
+    EXPECT_THAT(m["content"].get<std::string>(), HasSubstr("<tool_call>"));
+  }
 }
 
 // A template's own raise_exception is the client's fault: 400 with its message.

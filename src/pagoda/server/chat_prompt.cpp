@@ -223,9 +223,12 @@ std::optional<ApiError> read_chat_prompt(const Json& body, ChatPrompt& out) {
 
 ChatRenderer make_chat_renderer(chat::ChatTemplate chat_template) {
   auto shared = std::make_shared<const chat::ChatTemplate>(std::move(chat_template));
-  return [shared](const ChatPrompt& prompt) -> StatusOr<std::string> {
+  ChatRenderer renderer;
+  renderer.tool_call_syntax = tool_call_syntax_of(shared->source());
+  renderer.render = [shared](const ChatPrompt& prompt) -> StatusOr<std::string> {
     return shared->render(prompt.messages, /*add_generation_prompt=*/true, prompt.template_variables());
   };
+  return renderer;
 }
 
 }  // namespace pagoda::server

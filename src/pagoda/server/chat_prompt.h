@@ -31,6 +31,7 @@
 #include "pagoda/chat/chat_template.h"
 #include "pagoda/core/status.h"
 #include "pagoda/server/api_error.h"
+#include "pagoda/server/tool_call_parser.h"
 
 namespace pagoda::server {
 
@@ -57,8 +58,15 @@ std::optional<ApiError> read_chat_prompt(const nlohmann::ordered_json& body, Cha
 // the template engine, which converts them recursively, so they are bounded.
 bool nests_deeper_than(const nlohmann::ordered_json& value, int levels);
 
-// Prompt text of a chat prompt, ending with the assistant generation prompt.
-using ChatRenderer = std::function<StatusOr<std::string>(const ChatPrompt& prompt)>;
+// Prompt text of a chat prompt, ending with the assistant generation prompt,
+// and how the template writes tool calls (to read them back from the output).
+struct ChatRenderer {
+  std::function<StatusOr<std::string>(const ChatPrompt& prompt)> render;
+  ToolCallSyntax tool_call_syntax = ToolCallSyntax::kNone;
+
+  explicit operator bool() const { return static_cast<bool>(render); }
+  StatusOr<std::string> operator()(const ChatPrompt& prompt) const { return render(prompt); }
+};
 ChatRenderer make_chat_renderer(chat::ChatTemplate chat_template);
 
 }  // namespace pagoda::server

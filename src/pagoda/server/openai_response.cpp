@@ -78,10 +78,21 @@ json ResponseBuilder::final_response(const engine::Usage& usage) const {
     const Choice& c = choices_[i];
     json choice = {{"index", i}, {"finish_reason", finish_reason_json(c.finish)}};
     choice["logprobs"] = want_logprobs_ ? logprobs_json(c.logprobs, 0) : json(nullptr);
-    if (endpoint_ == Endpoint::kCompletions)
+    if (endpoint_ == Endpoint::kCompletions) {
       choice["text"] = c.text;
-    else
+    } else if (auto parsed = parse_tool_calls(c.text, tool_call_syntax_)) {
+      json calls = json::array();
+      for (size_t k = 0; k < parsed->calls.size(); ++k)
+        calls.push_back({{"id", fmt::format("call_{}_{}_{}", id_, i, k)},
+                         {"type", "function"},
+                         {"function", {{"name", parsed->calls[k].name}, {"arguments", parsed->calls[k].arguments}}}});
+      choice["message"] = {{"role", "assistant"},
+                           {"content", parsed->content.empty() ? json(nullptr) : json(parsed->content)},
+                           {"tool_calls", calls}};
+      if (c.finish == engine::FinishReason::kStop) choice["finish_reason"] = "tool_calls";
+    } else {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    }
     choices.push_back(choice);
   }
   return {{"id", id_},

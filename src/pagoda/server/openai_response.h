@@ -14,6 +14,7 @@
 
 #include "pagoda/engine/request.h"
 #include "pagoda/server/openai_request.h"
+#include "pagoda/server/tool_call_parser.h"
 
 namespace pagoda::server {
 
@@ -24,6 +25,10 @@ class ResponseBuilder {
  public:
   ResponseBuilder(Endpoint endpoint, std::string id, std::string model, int64_t created, int32_t n,
                   bool want_logprobs, TokenText token_text);
+
+  // Non-streamed chat: read tool calls written in `syntax` out of each choice's
+  // text into message.tool_calls (finish_reason "tool_calls"). Off by default.
+  void parse_tool_calls_as(ToolCallSyntax syntax) { tool_call_syntax_ = syntax; }
 
   // Non-streaming: feed every delta, then build the final body.
   void accumulate(const engine::RequestOutput& delta);
@@ -59,6 +64,7 @@ class ResponseBuilder {
   bool want_logprobs_;
   TokenText token_text_;
   std::vector<Choice> choices_;
+  ToolCallSyntax tool_call_syntax_ = ToolCallSyntax::kNone;
 };
 
 // OpenAI's finish_reason string (abort and error are reported as such).

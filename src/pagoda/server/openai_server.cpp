@@ -206,6 +206,10 @@ void OpenAiServer::handle_generate(const httplib::Request& http_req, httplib::Re
   auto builder = std::make_unique<ResponseBuilder>(endpoint, id, config_.model_name, unix_seconds(), req.sampling.n,
                                                    req.sampling.logprobs.has_value(),
                                                    [this](int32_t t) { return token_text(t); });
+  // Tool calls are read back only from whole responses, and only when the
+  // template was shown tools (streamed deltas stay text).
+  if (endpoint == Endpoint::kChatCompletions && !req.stream && req.chat.tools.is_array())
+    builder->parse_tool_calls_as(codec_.render_chat.tool_call_syntax);
   if (req.stream) return stream_response(http_req, res, *submitted, std::move(builder), req.include_usage);
   whole_response(http_req, res, **submitted, *builder);
 }

@@ -17,6 +17,12 @@
 // down under it). Streamed responses send 200 with the first byte; a later
 // failure is an error event ({"error": {...}}) followed by [DONE].
 //
+// Chat with tools: the messages, tools and chat_template_kwargs reach the chat
+// template whole (chat_prompt.h). In non-streamed responses, tool calls the
+// model writes in its template's syntax (tool_call_parser.h: Hermes blocks of
+// Qwen2.5 / Qwen3 / Hermes) come back as message.tool_calls with finish_reason
+// "tool_calls"; streamed responses carry them as plain text.
+//
 // A client that disconnects is noticed within one poll interval (50 ms) and
 // its request aborted, which frees its KV blocks at the next engine step.
 //
