@@ -210,5 +210,30 @@ TEST(ReferenceFixturesTest, NeverReadsSlotsTheSequenceDidNotWrite) {
   }
 }
 
+// Mistral with a sliding window: pagoda attends to the last w positions
+// (kernels/cpu/paged_attention.h: keys [i - w + 1, i] for query i), which must be
+// transformers' window (masking_utils.sliding_window_overlay: key j visible to
+// query i iff i - w < j <= i). The fixture (window 8, 20-token prompt, 24 steps)
+// is made on the GPU machine by
+//   python3 tools/make_model_fixtures.py --only mistral_sliding_bf16 --out DIR
+// and committed under tests/fixtures/models/mistral_sliding_bf16/; until then
+// this test fails. Blocks of 4 tokens make the window span three blocks.
+TEST(ReferenceFixturesTest, MistralSlidingWindowMatchesTransformersAcrossTheWindow) {
+  const std::string name = "mistral_sliding_bf16";
+  const auto dir = fixtures_dir() / name;
+  if (!std::filesystem::exists(dir / "expected.json"))
+    FAIL() << dir << " missing: run tools/make_model_fixtures.py --only " << name << " on the GPU machine";
+  const nlohmann::json config = read_json(dir / "config.json");
+  const nlohmann::json expected = read_json(dir / "expected.json");
+  ASSERT_TRUE(config.contains("sliding_window") && config["sliding_window"].is_number_integer())
+      << "the fixture has no sliding window";
+  const int64_t window = config["sliding_window"].get<int64_t>();
+  ASSERT_GT(window, 0);
+  EXPECT_EQ(expected.value("sliding_window", int64_t{0}), window);
+  const size_t total = expected["prompt_ids"].size() + expected["greedy_tokens"].size();
+  ASSERT_GT(static_cast<int64_t>(total), 2 * window) << "the fixture does not cross its window";
+  run_fixture(name, {4, 0});
+}
+
 }  // namespace
 }  // namespace pagoda
