@@ -144,10 +144,15 @@ void dequantize_kv_vector(const void* data, const void* scales, int32_t head_dim
         const int32_t end = std::min(head_dim, begin + kKvInt4GroupSize);
         const KvScaleZero r = load_record(scales, g);
         const float scale = f16_to_f32(r.scale_f16), zero = f16_to_f32(r.zero_f16);
-        for (int32_t i = begin; i < end; ++i) {
-          const int code = (packed[i / 2] >> ((i & 1) * 4)) & 0xf;
-          out[i] = static_cast<float>(code) * scale + zero;
+        // Groups start at even elements: whole bytes, low nibble first.
+        const uint8_t* bytes = packed + begin / 2;
+        const int32_t pairs = (end - begin) / 2;
+        float* o = out + begin;
+        for (int32_t j = 0; j < pairs; ++j) {
+          o[2 * j] = static_cast<float>(bytes[j] & 0xf) * scale + zero;
+          o[2 * j + 1] = static_cast<float>(bytes[j] >> 4) * scale + zero;
         }
+        if ((end - begin) & 1) o[2 * pairs] = static_cast<float>(bytes[pairs] & 0xf) * scale + zero;
       }
       return;
     }
