@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "gpu/kv_quant_reference.h"
 #include "kernels/random_data.h"
 
 namespace pagoda::kernels {
@@ -142,10 +143,10 @@ struct BoundCase {
 std::vector<BoundCase> bound_cases() {
   std::vector<BoundCase> cases;
   for (int32_t d : {8, 32, 33, 40, 64, 72, 128}) {
-    cases.push_back({"uniform", testing::random_values(d, 11 + d)});
-    cases.push_back({"negative_only", testing::random_values(d, 13 + d, -5.0f, -1.0f)});
-    cases.push_back({"positive_wide", testing::random_values(d, 17 + d, 0.0f, 300.0f)});
-    auto outlier = testing::random_values(d, 19 + d, -0.1f, 0.1f);
+    cases.push_back({"uniform", pagoda::testing::random_values(d, 11 + d)});
+    cases.push_back({"negative_only", pagoda::testing::random_values(d, 13 + d, -5.0f, -1.0f)});
+    cases.push_back({"positive_wide", pagoda::testing::random_values(d, 17 + d, 0.0f, 300.0f)});
+    auto outlier = pagoda::testing::random_values(d, 19 + d, -0.1f, 0.1f);
     outlier[d / 3] = 120.0f;
     cases.push_back({"outlier", outlier});
     std::mt19937 rng(23 + d);
@@ -207,7 +208,7 @@ TEST(KvQuantizeTest, Int4ErrorWithinHalfAStepOfItsGroup) {
 
 TEST(KvQuantizeTest, Int4GroupsAreIndependent) {
   // A huge value in group 0 must not coarsen group 1.
-  std::vector<float> x = testing::random_values(64, 5, -0.01f, 0.01f);
+  std::vector<float> x = pagoda::testing::random_values(64, 5, -0.01f, 0.01f);
   x[3] = 1000.0f;
   const Stored s = quantize(x, DType::kInt4);
   EXPECT_LT(f16_to_f32(record(s, 1).scale_f16), 0.02f / 15 * 1.01f);
@@ -246,7 +247,7 @@ TEST(KvQuantizeTest, AllEqualVectors) {
 }
 
 TEST(KvQuantizeTest, UnquantizedStorageTypesRoundToNearestEven) {
-  const auto x = testing::random_values(40, 3, -10.0f, 10.0f);
+  const auto x = pagoda::testing::random_values(40, 3, -10.0f, 10.0f);
   const auto bf16 = round_trip(x, DType::kBF16);
   const auto f16 = round_trip(x, DType::kF16);
   const auto f32 = round_trip(x, DType::kF32);
@@ -276,6 +277,32 @@ TEST(KvQuantizeTest, QuantizingTwiceGivesTheSameBytes) {
       EXPECT_EQ(a.scales, b.scales);
     }
   }
+}
+
+}  // namespace
+}  // namespace pagoda::kernels
+
+namespace pagoda::kernels {
+namespace {
+
+// The CPU quantizer against the host reference the CUDA kv_write is checked against bit for bit
+// (tests/gpu/kv_quant_reference.h, written separately from kv_quant.h's formulas): equal codes
+// and records here mean the CPU and GPU pools hold the same bytes for the same K/V.
+TEST(KvQuantizeTest, SameBytesAsTheGpuReference) {
+  int checked = 0;
+  for (const auto& c : bound_cases()) {
+    for (DType dtype : {DType::kFP8E4M3, DType::kInt8, DType::kInt4}) {
+      const int32_t d = static_cast<int32_t>(c.x.size());
+      const Stored cpu = quantize(c.x, dtype);
+      const auto gpu = kernels::testing::quantize_reference(c.x.data(), d, kv_quant_of(dtype));
+      ASSERT_EQ(cpu.data, gpu.codes) << c.name << " d=" << d << " " << dtype_name(dtype);
+      ASSERT_EQ(cpu.scales.size(), gpu.records.size() * 4);
+      EXPECT_EQ(std::memcmp(cpu.scales.data(), gpu.records.data(), cpu.scales.size()), 0)
+          << c.name << " d=" << d << " " << dtype_name(dtype);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 7 * 5 * 3);
 }
 
 }  // namespace
