@@ -62,6 +62,7 @@ double mean(const std::vector<double>& v) {
 
 struct Args {
   std::string config_path, json_out;
+  std::string kv_cache_dtype = "bf16";  // K and V pools: bf16, fp8, int8 or int4
   std::vector<std::string> workloads = {"random"}, samplings = {"top-p", "greedy"};
   int num_requests = 1000, input_len = 1000, output_len = 1000, prefix_len = 2000;
   int prefix_requests = 256, prefix_input_len = 100, prefix_output_len = 64, latency_tokens = 256;
@@ -312,6 +313,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-tokens-per-step", args.max_tokens_per_step)->check(CLI::PositiveNumber);
   app.add_option("--gpu-memory-utilization", args.gpu_memory_utilization)->check(CLI::Range(0.01, 1.0));
   app.add_option("--max-seconds", args.max_seconds);
+  app.add_option("--kv-cache-dtype", args.kv_cache_dtype, "KV cache element type (K and V): bf16, fp8, int8, int4")
+      ->check(CLI::IsMember({"bf16", "fp8", "int8", "int4"}));
   app.add_option("--json", args.json_out);
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -322,6 +325,7 @@ int main(int argc, char** argv) {
   cuda::CudaModelOptions options;
   options.max_num_seqs = args.max_num_seqs;
   options.max_num_tokens = args.max_tokens_per_step;
+  options.kv_key_dtype = options.kv_value_dtype = *dtype_from_name(args.kv_cache_dtype);
   const int32_t longest = std::max({args.input_len + args.output_len,
                                      args.prefix_len + args.prefix_input_len + args.prefix_output_len,
                                      128 + args.latency_tokens});
@@ -340,7 +344,9 @@ int main(int argc, char** argv) {
     for (int32_t& x : t) x = token(rng);
     return t;
   };
-  nlohmann::json figures = {{"kv_pool", (*runner)->kv_pool_report()}, {"runs", nlohmann::json::array()}};
+  nlohmann::json figures = {{"kv_pool", (*runner)->kv_pool_report()},
+                            {"kv_cache_dtype", args.kv_cache_dtype},
+                            {"runs", nlohmann::json::array()}};
   auto save = [&] {
     if (!args.json_out.empty()) std::ofstream(args.json_out) << figures.dump(2) << "\n";
   };

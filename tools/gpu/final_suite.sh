@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Every gpu-labelled test and the end-to-end benchmarks from one build, in as
+# few device calls as possible (the session's device time is short and every
+# cold start costs a minute or two):
+#
+#   tools/gpu/final_suite.sh bundle    # here: build the gpu tests, pagoda and the GPU benchmarks
+#                                      # in BUILD_DIR (default build), pack .device/final/bundle.tar.xz
+#   tools/gpu/final_suite.sh tests     # on the GPU machine: the Mistral sliding-window fixture
+#                                      # (transformers), every gpu test binary, the CLI gpu tests
+#   tools/gpu/final_suite.sh bench     # on the GPU machine: the engine on the Llama-3-8B shape
+#                                      # (random weights) with each KV cache dtype, same call
+#
+# Device calls (run them back to back so the second finds the machine warm):
+#   run(command="tools/gpu/final_suite.sh tests", carry=[".device/final/bundle.tar.xz"])
+#   run(command="tools/gpu/final_suite.sh bench", carry=[".device/final/bundle.tar.xz"])
+# Logs and results land under $OUT as a few archives (the device tool returns a handful of files).
+# Environment (bench): KV_DTYPES (bf16,fp8,int8,int4), SECONDS_PER_DTYPE (60), MAX_NUM_SEQS (384),
+# FULL_DTYPE (fp8: one uncapped 1,000 x 1,000 run with that KV dtype; empty to skip), FULL_SEQS (512).
+set -uo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+dir=$here/.device/final
+bundle=$dir/bundle
+build=${BUILD_DIR:-$here/build}
+gpu_tests=(paged_attention_gpu_tests quantized_attention_gpu_tests cuda_ops_tests cuda_model_tests
+           cuda_sampling_tests fast_attention_gpu_tests)
+
+unpack() {
+  [ -x "$bundle/run.sh" ] || tar xJf "$dir/bundle.tar.xz" -C "$dir"
+  export PAGODA_SOURCE_DIR=$here
+  out=${OUT:-/tmp/final-suite}
+  mkdir -p "$out/logs"
+  {
+    echo "date: $(date -u +%Y-%m-%dT%H:%MZ)  commit: $(cat "$bundle/commit")"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+  } 2>&1 | tee "$out/logs/machine.txt"
+}
+
+# "name: N passed, M failed" from a gtest log.
+summarize() {
+  local name=$1 log=$2 rc=$3
+  local passed failed
+  passed=$(grep -oP '^\[  PASSED  \] \K[0-9]+' "$log" | tail -1)
+  failed=$(grep -c '^\[  FAILED  \] .*\(' "$log")
+  echo "$name: exit $rc, ${passed:-0} passed, $failed failed"
+  grep '^\[  FAILED  \] .*\(' "$log" | head -10
+}
+
+case "${1:-}" in
+bundle)
+  set -e
+  cmake -S "$here" -B "$build" -G Ninja >/dev/null
+  ninja -C "$build" -j2 pagoda_cli "${gpu_tests[@]}" cli_gpu_tests pagoda_gpu_bench pagoda_gpu_engine_bench
+  bins=("$build/pagoda" "$build/tests/e2e/cli_gpu_tests" "$build/bench/gpu/pagoda_gpu_bench"
+        "$build/bench/gpu/pagoda_gpu_engine_bench")
+  for t in "${gpu_tests[@]}"; do bins+=("$(find "$build/tests" -name "$t" -type f | head -1)"); done
+  rm -rf "$bundle"
+  mkdir -p "$dir"
+  "$here/scripts/device-bundle.sh" "$bundle" "${bins[@]}"
+  strip "$bundle"/bin/* || true
+  git -C "$here" rev-parse --short HEAD > "$bundle/commit"
+  tar cJf "$dir/bundle.tar.xz" -C "$dir" bundle
+  ls -la "$dir/bundle.tar.xz"
+  ;;
+tests)
+  unpack
+  # The sliding-window fixture first: transformers is the reference (tests/reference reads it).
+  ( timeout 120 python3 tools/make_model_fixtures.py --only mistral_sliding_bf16 --out "$out/models" \
+      > "$out/logs/fixture.log" 2>&1; echo "fixture exit $?" >> "$out/logs/fixture.log" ) &
+  fixture_pid=$!
+  # One process per binary, all at once (each is small next to the GPU); a kernel fault stays in its process.
+  pids=()
+  for t in "${gpu_tests[@]}"; do
+    ( timeout 400 "$bundle/run.sh" "$t" > "$out/logs/$t.log" 2>&1; echo $? > "$out/logs/$t.rc" ) &
+    pids+=($!)
+  done
+  wait "${pids[@]}" "$fixture_pid"
+  # The CLI tests size a KV pool from free GPU memory: alone on the GPU.
+  PAGODA_CLI="$bundle/run.sh pagoda" timeout 400 "$bundle/run.sh" cli_gpu_tests > "$out/logs/cli_gpu_tests.log" 2>&1
+  echo $? > "$out/logs/cli_gpu_tests.rc"
+  {
+    for t in "${gpu_tests[@]}" cli_gpu_tests; do summarize "$t" "$out/logs/$t.log" "$(cat "$out/logs/$t.rc")"; done
+    tail -1 "$out/logs/fixture.log"
+  } | tee "$out/logs/summary.txt"
+  tar czf "$out/logs.tar.gz" -C "$out" logs
+  [ -d "$out/models" ] && tar czf "$out/fixture.tar.gz" -C "$out/models" .
+  rm -rf "$out/logs" "$out/models"
+  ;;
+bench)
+  unpack
+  engine() {  # engine() LABEL LIMIT_SECONDS ARGS...
+    local label=$1 limit=$2; shift 2
+    timeout "$limit" "$bundle/run.sh" pagoda_gpu_engine_bench --config tools/gpu_backend/llama3_8b_config.json \
+      --json "$out/logs/engine_$label.json" "$@" > "$out/logs/engine_$label.log" 2>&1
+    echo "engine $label exit $?" | tee -a "$out/logs/summary.txt"
+    grep -iE "output tok/s|ttft|itl|ms/token|kv pool|KV cache" "$out/logs/engine_$label.log" | head -12
+  }
+  secs=${SECONDS_PER_DTYPE:-60}
+  IFS=, read -r -a dtypes <<< "${KV_DTYPES:-bf16,fp8,int8,int4}"
+  # Same workload, same cap, one KV dtype after another: 1,000 x 1,000/1,000, top-p on the GPU.
+  for d in "${dtypes[@]}"; do
+    engine "random_$d" $(( secs + 120 )) --workload random --sampling top-p --kv-cache-dtype "$d" \
+      --max-num-seqs "${MAX_NUM_SEQS:-384}" --max-seconds "$secs"
+  done
+  full=${FULL_DTYPE-fp8}
+  if [ -n "$full" ]; then
+    engine "full_$full" 300 --workload random,latency --sampling top-p --kv-cache-dtype "$full" \
+      --max-num-seqs "${FULL_SEQS:-512}" --max-seconds 200
+  fi
+  tar czf "$out/logs.tar.gz" -C "$out" logs
+  rm -rf "$out/logs"
+  ;;
+*)
+  echo "usage: $0 bundle|tests|bench" >&2
+  exit 2
+  ;;
+esac
