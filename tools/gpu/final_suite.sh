@@ -70,12 +70,12 @@ tests)
   # One process per binary, all at once (each is small next to the GPU); a kernel fault stays in its process.
   pids=()
   for t in "${gpu_tests[@]}"; do
-    ( timeout 400 "$bundle/run.sh" "$t" > "$out/logs/$t.log" 2>&1; echo $? > "$out/logs/$t.rc" ) &
+    ( timeout 240 "$bundle/run.sh" "$t" > "$out/logs/$t.log" 2>&1; echo $? > "$out/logs/$t.rc" ) &
     pids+=($!)
   done
   wait "${pids[@]}" "$fixture_pid"
   # The CLI tests size a KV pool from free GPU memory: alone on the GPU.
-  PAGODA_CLI="$bundle/run.sh pagoda" timeout 400 "$bundle/run.sh" cli_gpu_tests > "$out/logs/cli_gpu_tests.log" 2>&1
+  PAGODA_CLI="$bundle/run.sh pagoda" timeout 150 "$bundle/run.sh" cli_gpu_tests > "$out/logs/cli_gpu_tests.log" 2>&1
   echo $? > "$out/logs/cli_gpu_tests.rc"
   {
     for t in "${gpu_tests[@]}" cli_gpu_tests; do summarize "$t" "$out/logs/$t.log" "$(cat "$out/logs/$t.rc")"; done
