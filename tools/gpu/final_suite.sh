@@ -40,9 +40,9 @@ summarize() {
   local name=$1 log=$2 rc=$3
   local passed failed
   passed=$(grep -oP '^\[  PASSED  \] \K[0-9]+' "$log" | tail -1)
-  failed=$(grep -c '^\[  FAILED  \] .*\(' "$log")
+  failed=$(grep -c '^\[  FAILED  \] .*(' "$log")
   echo "$name: exit $rc, ${passed:-0} passed, $failed failed"
-  grep '^\[  FAILED  \] .*\(' "$log" | head -10
+  grep '^\[  FAILED  \] .*(' "$log" | head -10
 }
 
 case "${1:-}" in
