@@ -88,6 +88,22 @@ TEST(KvQuantizeTest, Fp8ExactCodes) {
   EXPECT_EQ(c.data, (std::vector<uint8_t>{0x7e, 0x76, 0x78, 0x77}));
 }
 
+TEST(KvQuantizeTest, Fp8FixedScaleCodesSaturateAndRecordTheScale) {
+  // Per-tensor scale 0.5: codes are fp8(x / 0.5); 300 / 0.5 = 600 saturates at 448.
+  const float x[4] = {1.0f, -0.75f, 300.0f, 0.0f};
+  uint8_t codes[4];
+  float record = 0.0f;
+  quantize_kv_vector_fp8_fixed_scale(x, 4, 0.5f, codes, &record);
+  EXPECT_EQ(record, 0.5f);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(codes[i], f32_to_fp8e4m3(x[i] * 2.0f)) << i;
+  float back[4];
+  dequantize_kv_vector(codes, &record, 4, DType::kFP8E4M3, back);
+  EXPECT_EQ(back[0], 1.0f);
+  EXPECT_EQ(back[1], -0.75f);
+  EXPECT_EQ(back[2], 224.0f);  // 448 x 0.5: the calibrated range clips outliers
+  EXPECT_EQ(back[3], 0.0f);
+}
+
 TEST(KvQuantizeTest, Int8ExactCodesRoundHalfToEven) {
   // zero = -1, scale = (255/128) / 255 = 1/128, both exact in f16.
   const std::vector<float> x = {-1.0f, -1.0f + 10.0f / 128, -1.0f + 100.5f / 128, -1.0f + 101.5f / 128,

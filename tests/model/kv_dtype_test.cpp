@@ -228,6 +228,95 @@ TEST_F(KvDtypeModelTest, QuantizedLogitsStayNearF32AndIgnoreTheBlockSize) {
   }
 }
 
+// A checkpoint with calibrated per-tensor fp8 KV scales (self_attn.k_scale /
+// v_scale, as vLLM reads them): they are bound per layer, the fp8 KV write
+// uses them instead of each vector's amax (a scale far too small saturates
+// every code, which changes the logits), and a sensible one stays near f32.
+class CheckpointKvScaleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::make_temp_dir("kv_scale_model");
+    spec_.num_layers = 2;
+    spec_.hidden_size = 64;
+    spec_.num_heads = 4;
+    spec_.num_kv_heads = 2;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Writes the tiny model plus scalar k_scale / v_scale tensors in every layer.
+  StatusOr<std::unique_ptr<CpuModel>> load_with_scales(float k_scale, float v_scale,
+                                                       std::vector<int64_t> shape = {}) {
+    auto tensors = testing::tiny_model_tensors(spec_);
+    for (int32_t l = 0; l < spec_.num_layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+      tensors[p + "k_scale"] = testing::TensorToWrite{DType::kF32, shape, std::vector<float>(shape.empty() ? 1 : shape[0], k_scale)};
+      tensors[p + "v_scale"] = testing::TensorToWrite{DType::kF32, {}, {v_scale}};
+    }
+    testing::write_model_dir(dir_, testing::tiny_config_json(spec_), tensors, 1);
+    return CpuModel::load(dir_);
+  }
+
+  static std::vector<float> fp8_logits(CpuModel& model, DType k, DType v, const std::vector<int32_t>& tokens) {
+    const int32_t n = static_cast<int32_t>(tokens.size());
+    auto pool = CpuKvPool::create(model.kv_pool_shape(n / 16 + 2, 16, k, v));
+    EXPECT_TRUE(pool.ok()) << pool.status().to_string();
+    if (!pool.ok()) return {};
+    return run(model, *pool, tokens, 5, table_of(n, 16, n / 16 + 2, 3));
+  }
+
+  std::filesystem::path dir_;
+  testing::TinyModelSpec spec_;
+};
+
+TEST_F(CheckpointKvScaleTest, ScalesAreBoundPerLayer) {
+  auto model = load_with_scales(0.25f, 0.125f, {1});
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  for (const LayerWeights& w : (*model)->weights().layers) {
+    EXPECT_EQ(w.k_scale, 0.25f);
+    EXPECT_EQ(w.v_scale, 0.125f);
+  }
+  testing::write_tiny_model(dir_, spec_);  // no scale tensors: 0, the per-vector scales
+  auto plain = CpuModel::load(dir_);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)->weights().layers[0].k_scale, 0.0f);
+}
+
+TEST_F(CheckpointKvScaleTest, BadScalesAreNamedErrors) {
+  auto negative = load_with_scales(-1.0f, 0.5f);
+  ASSERT_FALSE(negative.ok());
+  EXPECT_THAT(negative.status().message(), HasSubstr("'model.layers.0.self_attn.k_scale' is -1"));
+  auto vector = load_with_scales(0.5f, 0.5f, {2});
+  ASSERT_FALSE(vector.ok());
+  EXPECT_THAT(vector.status().message(), HasSubstr("'model.layers.0.self_attn.k_scale' has shape [2]"));
+}
+
+TEST_F(CheckpointKvScaleTest, Fp8WriteUsesTheCheckpointScale) {
+  const auto tokens = random_tokens(37, spec_.vocab_size, 11);
+  testing::write_tiny_model(dir_, spec_);
+  auto plain = CpuModel::load(dir_);
+  ASSERT_TRUE(plain.ok());
+  const auto f32 = fp8_logits(**plain, DType::kF32, DType::kF32, tokens);
+  const auto per_vector = fp8_logits(**plain, DType::kFP8E4M3, DType::kFP8E4M3, tokens);
+  double scale = 0;
+  for (float x : f32) scale = std::max(scale, double(std::abs(x)));
+
+  // A sensible calibrated scale (|K|, |V| of this model stay well under 448 x 0.05): near f32.
+  auto calibrated = load_with_scales(0.05f, 0.05f);
+  ASSERT_TRUE(calibrated.ok()) << calibrated.status().to_string();
+  const auto with_scale = fp8_logits(**calibrated, DType::kFP8E4M3, DType::kFP8E4M3, tokens);
+  ASSERT_EQ(with_scale.size(), f32.size());
+  EXPECT_LT(max_abs_diff(with_scale, f32), 0.1 * scale);
+  EXPECT_NE(with_scale, per_vector);  // not the per-vector path
+  // Scales only matter to fp8: f32 KV ignores them.
+  EXPECT_EQ(fp8_logits(**calibrated, DType::kF32, DType::kF32, tokens), f32);
+
+  // A scale far too small saturates every code at +-448 x scale: the logits move.
+  auto tiny = load_with_scales(1e-6f, 1e-6f);
+  ASSERT_TRUE(tiny.ok());
+  const auto saturated = fp8_logits(**tiny, DType::kFP8E4M3, DType::kFP8E4M3, tokens);
+  EXPECT_GT(max_abs_diff(saturated, f32), 10 * max_abs_diff(with_scale, f32));
+}
+
 TEST_F(KvDtypeModelTest, RunnerCopyOnWriteKeepsScales) {
   // Prefill into blocks {0, 1}, copy them to {2, 3}; decoding the next token from either pair
   // must give the same logits (the copy carries the codes and their scale records).

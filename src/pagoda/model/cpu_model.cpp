@@ -141,7 +141,9 @@ Status CpuModel::forward(const ForwardBatch& batch, CpuKvPool& pool, std::vector
     kernels::apply_rope(q_.data(), batch.positions.data(), T, c.num_q_heads, D, inv_freq_.data());
     kernels::apply_rope(k_.data(), batch.positions.data(), T, c.num_kv_heads, D, inv_freq_.data());
 
-    const kernels::PagedKvLayer kv = pool.layer(l);
+    kernels::PagedKvLayer kv = pool.layer(l);
+    kv.key_fixed_scale = w.k_scale;  // checkpoint-calibrated fp8 scales, when present (0: per vector)
+    kv.value_fixed_scale = w.v_scale;
     kernels::kv_write(k_.data(), v_.data(), slots, kv);
     kernels::paged_attention(q_.data(), kv, sequences, attention, attn_.data());
 

@@ -1,5 +1,6 @@
 #include "pagoda/model/model_weights.h"
 
+#include <cmath>
 #include <optional>
 
 #include "pagoda/core/thread_pool.h"
@@ -46,6 +47,28 @@ class WeightBinder {
     return v;
   }
 
+  // An optional scalar (shape [] or [1], any float dtype); 0 when absent. Errors:
+  // another shape, or a value that is not finite and positive.
+  StatusOr<float> optional_positive_scalar(const std::string& name) {
+    const TensorInfo* t = ckpt_.find(name);
+    if (t == nullptr) return 0.0f;
+    if (!(t->shape.empty() || t->shape == std::vector<int64_t>{1})) {
+      return invalid_argument_error("{}/{}: tensor '{}' has shape {} but a KV scale is a scalar ([] or [1])",
+                                    ckpt_.dir().string(), t->file_name, name, shape_to_string(t->shape));
+    }
+    if (t->dtype != DType::kF32 && t->dtype != DType::kF16 && t->dtype != DType::kBF16) {
+      return invalid_argument_error("{}/{}: tensor '{}' has dtype {}; a KV scale is f32, f16 or bf16",
+                                    ckpt_.dir().string(), t->file_name, name, dtype_name(t->dtype));
+    }
+    float value = 0.0f;
+    convert_to_f32(t->dtype, t->data, &value, 1);
+    if (!std::isfinite(value) || value <= 0.0f) {
+      return invalid_argument_error("{}/{}: tensor '{}' is {}; a KV scale must be finite and positive",
+                                    ckpt_.dir().string(), t->file_name, name, value);
+    }
+    return value;
+  }
+
   std::optional<DType> dtype() const { return first_dtype_; }
 
  private:
@@ -77,6 +100,8 @@ Status bind_layer(WeightBinder& b, const ModelConfig& c, int32_t index, LayerWei
     PAGODA_ASSIGN_OR_RETURN(w.q_norm, b.vector(p + "self_attn.q_norm.weight", c.head_dim));
     PAGODA_ASSIGN_OR_RETURN(w.k_norm, b.vector(p + "self_attn.k_norm.weight", c.head_dim));
   }
+  PAGODA_ASSIGN_OR_RETURN(w.k_scale, b.optional_positive_scalar(p + "self_attn.k_scale"));
+  PAGODA_ASSIGN_OR_RETURN(w.v_scale, b.optional_positive_scalar(p + "self_attn.v_scale"));
   PAGODA_ASSIGN_OR_RETURN(w.gate_proj, b.matrix(p + "mlp.gate_proj.weight", inter, hidden));
   PAGODA_ASSIGN_OR_RETURN(w.up_proj, b.matrix(p + "mlp.up_proj.weight", inter, hidden));
   PAGODA_ASSIGN_OR_RETURN(w.down_proj, b.matrix(p + "mlp.down_proj.weight", hidden, inter));

@@ -36,6 +36,11 @@ struct LayerWeights {
   std::vector<float> q_norm, k_norm;       // [head_dim], Qwen3 only
   std::vector<float> q_bias, k_bias, v_bias, o_bias;       // empty when the model has none
   std::vector<float> gate_bias, up_bias, down_bias;        // Llama mlp_bias only
+  // Per-tensor fp8 KV scales calibrated into the checkpoint (self_attn.k_scale /
+  // self_attn.v_scale, the names vLLM and llm-compressor use); 0: absent. With
+  // an fp8 KV cache they replace the per-vector amax scale (kernels/kv_write.h).
+  float k_scale = 0.0f;
+  float v_scale = 0.0f;
 };
 
 struct ModelWeights {

@@ -41,13 +41,16 @@ inline uint8_t int_code(float x, const IntGroupParams& p, int32_t levels) {
   return static_cast<uint8_t>(std::clamp(q, 0.0f, static_cast<float>(levels)));
 }
 
+void quantize_fp8_with_scale(const float* x, int32_t n, float scale, uint8_t* codes, void* scales) {
+  const float inverse = 1.0f / scale;
+  for (int32_t i = 0; i < n; ++i) codes[i] = f32_to_fp8e4m3(x[i] * inverse);  // saturates at +-448
+  std::memcpy(scales, &scale, sizeof scale);
+}
+
 void quantize_fp8(const float* x, int32_t n, uint8_t* codes, void* scales) {
   float amax = 0.0f;
   for (int32_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
-  const float scale = amax > 0.0f ? amax / kKvFp8Max : 1.0f;
-  const float inverse = 1.0f / scale;
-  for (int32_t i = 0; i < n; ++i) codes[i] = f32_to_fp8e4m3(x[i] * inverse);
-  std::memcpy(scales, &scale, sizeof scale);
+  quantize_fp8_with_scale(x, n, amax > 0.0f ? amax / kKvFp8Max : 1.0f, codes, scales);
 }
 
 void quantize_int8(const float* x, int32_t n, uint8_t* codes, void* scales) {
@@ -105,6 +108,11 @@ void quantize_kv_vector(const float* x, int32_t head_dim, DType dtype, void* dat
     case DType::kInt4: quantize_int4(x, head_dim, static_cast<uint8_t*>(data), scales); return;
   }
   assert(false && "unknown KV dtype");
+}
+
+void quantize_kv_vector_fp8_fixed_scale(const float* x, int32_t head_dim, float scale, void* data, void* scales) {
+  assert(scale > 0.0f);
+  quantize_fp8_with_scale(x, head_dim, scale, static_cast<uint8_t*>(data), scales);
 }
 
 void dequantize_kv_vector(const void* data, const void* scales, int32_t head_dim, DType dtype,

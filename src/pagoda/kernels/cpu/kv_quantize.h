@@ -20,6 +20,10 @@ namespace pagoda::kernels {
 // Stores x[0, head_dim) as dtype into data (+ its scale records into scales).
 void quantize_kv_vector(const float* x, int32_t head_dim, DType dtype, void* data, void* scales);
 
+// fp8 e4m3 with a given per-tensor scale (> 0): codes fp8_satfinite(x * (1 / scale)),
+// and the vector's scale record set to `scale`.
+void quantize_kv_vector_fp8_fixed_scale(const float* x, int32_t head_dim, float scale, void* data, void* scales);
+
 // Reads a stored vector back into out[0, head_dim) as f32.
 void dequantize_kv_vector(const void* data, const void* scales, int32_t head_dim, DType dtype,
                           float* out);

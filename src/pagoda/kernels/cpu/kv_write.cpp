@@ -11,7 +11,7 @@ namespace {
 
 // Writes the rows of one of K or V (src: [num_tokens, kv_heads, head_dim] f32).
 void write_pool(const float* src, std::span<const int64_t> slots, const PagedKvLayer& layer,
-                void* data, void* scales, DType dtype) {
+                void* data, void* scales, DType dtype, float fixed_scale) {
   const size_t heads = static_cast<size_t>(layer.num_kv_heads);
   const size_t head_dim = static_cast<size_t>(layer.head_dim);
   auto* bytes = static_cast<std::byte*>(data);
@@ -24,13 +24,18 @@ void write_pool(const float* src, std::span<const int64_t> slots, const PagedKvL
   const size_t head_bytes = kv_head_bytes(layer.head_dim, dtype);
   const size_t scale_bytes = kv_head_scale_bytes(layer.head_dim, dtype);
   auto* scale_base = static_cast<std::byte*>(scales);
+  const bool per_tensor_fp8 = dtype == DType::kFP8E4M3 && fixed_scale > 0.0f;
   for (size_t t = 0; t < slots.size(); ++t) {
     if (slots[t] < 0) continue;
     for (size_t h = 0; h < heads; ++h) {
       const size_t vector = static_cast<size_t>(slots[t]) * heads + h;
-      quantize_kv_vector(src + (t * heads + h) * head_dim, layer.head_dim, dtype,
-                         bytes + vector * head_bytes,
-                         scale_base != nullptr ? scale_base + vector * scale_bytes : nullptr);
+      const float* x = src + (t * heads + h) * head_dim;
+      void* scale_record = scale_base != nullptr ? scale_base + vector * scale_bytes : nullptr;
+      if (per_tensor_fp8) {
+        quantize_kv_vector_fp8_fixed_scale(x, layer.head_dim, fixed_scale, bytes + vector * head_bytes, scale_record);
+      } else {
+        quantize_kv_vector(x, layer.head_dim, dtype, bytes + vector * head_bytes, scale_record);
+      }
     }
   }
 }
@@ -57,8 +62,8 @@ void kv_write(const float* k, const float* v, std::span<const int64_t> slots,
 #endif
   assert(kv_quant_of(layer.key_dtype) == KvQuant::kNone || layer.key_scales != nullptr);
   assert(kv_quant_of(layer.value_dtype) == KvQuant::kNone || layer.value_scales != nullptr);
-  write_pool(k, slots, layer, layer.key, layer.key_scales, layer.key_dtype);
-  write_pool(v, slots, layer, layer.value, layer.value_scales, layer.value_dtype);
+  write_pool(k, slots, layer, layer.key, layer.key_scales, layer.key_dtype, layer.key_fixed_scale);
+  write_pool(v, slots, layer, layer.value, layer.value_scales, layer.value_dtype, layer.value_fixed_scale);
 }
 
 }  // namespace pagoda::kernels

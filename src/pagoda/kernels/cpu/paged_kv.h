@@ -57,6 +57,11 @@ struct PagedKvLayer {
   DType value_dtype = DType::kF32;
   void* key_scales = nullptr;
   void* value_scales = nullptr;
+  // fp8 only: > 0 quantizes every vector with this per-tensor scale (a
+  // checkpoint's calibrated k_scale / v_scale) instead of its own amax / 448.
+  // The scale record still holds the scale used, so reading is unchanged.
+  float key_fixed_scale = 0.0f;
+  float value_fixed_scale = 0.0f;
 
   // The pools as f32 (only when the dtype is f32).
   float* key_f32() const { return static_cast<float*>(key); }
