@@ -9,71 +9,25 @@
 
 #include <gtest/gtest.h>
 
-#include "fake_model_runner.h"
+#include "engine_harness.h"
 #include "pagoda/engine/engine.h"
 
 namespace pagoda::engine {
 namespace {
 
 using testing::FakeModelRunner;
+using testing_support::drain;
+using testing_support::Collected;
+using testing_support::Harness;
 using namespace std::chrono_literals;
 
-struct DeviceHarness {
+// The shared harness with the fake runner sampling on its "device" (or not).
+struct DeviceHarness : Harness {
   explicit DeviceHarness(bool device, int32_t num_blocks = 256, int32_t block_size = 4, SchedulerConfig sched = {})
-      : runner(num_blocks, block_size, 64, 4096, {}) {
+      : Harness(num_blocks, block_size, sched) {
     runner.device_sampling = device;
-    kv::KvCacheConfig kc;
-    kc.num_blocks = num_blocks;
-    kc.block_size = block_size;
-    kv = std::move(kv::KvCacheManager::create(kc)).value();
-    EngineConfig ec;
-    ec.scheduler = sched;
-    engine = std::make_unique<Engine>(ec, runner, *kv);
   }
-  void run_checked() {
-    int guard = 0;
-    while (engine->step()) {
-      Status s = engine->verify_integrity();
-      ASSERT_TRUE(s.ok()) << s.to_string();
-      ASSERT_LT(++guard, 100000) << "no progress";
-    }
-  }
-  FakeModelRunner runner;
-  std::unique_ptr<kv::KvCacheManager> kv;
-  std::unique_ptr<Engine> engine;
 };
-
-struct Result {
-  std::vector<std::vector<int32_t>> tokens;
-  std::vector<std::vector<SampledToken>> logprobs;
-  std::vector<std::string> text;
-  std::vector<FinishReason> finish;
-  Usage usage;
-  bool finished = false;
-  std::string error;
-};
-
-Result collect(RequestStream& stream, int32_t n = 1) {
-  Result c;
-  c.tokens.resize(n);
-  c.logprobs.resize(n);
-  c.text.resize(n);
-  c.finish.resize(n, FinishReason::kNone);
-  while (auto out = stream.next(0ms)) {
-    for (const auto& d : out->choices) {
-      c.tokens[d.index].insert(c.tokens[d.index].end(), d.tokens.begin(), d.tokens.end());
-      c.logprobs[d.index].insert(c.logprobs[d.index].end(), d.logprobs.begin(), d.logprobs.end());
-      c.text[d.index] += d.text;
-      if (d.finish_reason != FinishReason::kNone) c.finish[d.index] = d.finish_reason;
-    }
-    if (out->finished) {
-      c.finished = true;
-      c.usage = out->usage;
-      c.error = out->error;
-    }
-  }
-  return c;
-}
 
 std::vector<int32_t> prompt_of(int32_t length, int32_t salt) {
   std::vector<int32_t> p(length);
@@ -108,7 +62,7 @@ TEST(EngineDeviceSampling, GreedyOnTheDeviceMatchesTheReferenceAndSendsNoLogits)
   }
   h.run_checked();
   for (int i = 0; i < 6; ++i) {
-    Result c = collect(*streams[i]);
+    Collected c = drain(*streams[i]);
     ASSERT_TRUE(c.finished);
     EXPECT_EQ(c.tokens[0], h.runner.reference_greedy(prompts[i], 7)) << "request " << i;
     EXPECT_EQ(c.finish[0], FinishReason::kLength);
@@ -158,7 +112,7 @@ TEST(EngineDeviceSampling, MixedStepRoutesEachRowToTheRightSampler) {
 
   // Greedy, logprobs and penalty requests: the same tokens, text and usage as the host path.
   for (int i = 0; i < 3; ++i) {
-    Result d = collect(*ds[i]), r = collect(*hs[i]);
+    Collected d = drain(*ds[i]), r = drain(*hs[i]);
     ASSERT_TRUE(d.finished && r.finished) << i;
     EXPECT_EQ(d.tokens, r.tokens) << "request " << i;
     EXPECT_EQ(d.text, r.text) << "request " << i;
@@ -170,15 +124,15 @@ TEST(EngineDeviceSampling, MixedStepRoutesEachRowToTheRightSampler) {
   DeviceHarness again(true);
   auto as = submit_all(again);
   again.run_checked();
-  Result a_lp = collect(*as[1]);
+  Collected a_lp = drain(*as[1]);
   ASSERT_EQ(a_lp.logprobs[0].size(), static_cast<size_t>(max_tokens));
   for (const SampledToken& t : a_lp.logprobs[0]) {
     ASSERT_EQ(t.top_logprobs.size(), 2u);
     EXPECT_EQ(t.top_logprobs[0].token, t.token);
   }
   // The n = 2 request: both choices complete; reproducible run to run (seeded).
-  Result f1 = collect(*as[3], 2);
-  Result f0 = collect(*ds[3], 2);
+  Collected f1 = drain(*as[3], 2);
+  Collected f0 = drain(*ds[3], 2);
   ASSERT_TRUE(f0.finished);
   EXPECT_EQ(f0.tokens, f1.tokens);
   EXPECT_EQ(f0.usage.completion_tokens, 2 * max_tokens);
@@ -200,7 +154,7 @@ TEST(EngineDeviceSampling, SeededDrawsDoNotDependOnTheBatch) {
   for (int i = 0; i < 5; ++i) others.push_back(*crowded.engine->submit(request(prompt_of(6 + i, 20 + i), 9, 0.8f)));
   auto b = *crowded.engine->submit(r);
   crowded.run_checked();
-  Result ra = collect(*a), rb = collect(*b);
+  Collected ra = drain(*a), rb = drain(*b);
   ASSERT_TRUE(ra.finished && rb.finished);
   EXPECT_EQ(ra.tokens, rb.tokens);
   EXPECT_GT(crowded.engine->stats().preemptions, 0) << "the test must exercise preemption";
@@ -225,12 +179,12 @@ TEST(EngineDeviceSampling, StopTokensStopStringsAndUsageAsOnTheHost) {
   r2.sampling.stop = {fmt::format(" <{}> <{}>", ref[1], ref[2])};
   auto s2 = *h.engine->submit(r2);
   h.run_checked();
-  Result c = collect(*s);
+  Collected c = drain(*s);
   const size_t first_stop = std::find(ref.begin(), ref.end(), ref[3]) - ref.begin();
   EXPECT_EQ(c.tokens[0], std::vector<int32_t>(ref.begin(), ref.begin() + first_stop));
   EXPECT_EQ(c.finish[0], FinishReason::kStop);
   EXPECT_EQ(c.usage.completion_tokens, static_cast<int32_t>(first_stop) + 1) << "the stop token counts";
-  Result c2 = collect(*s2);
+  Collected c2 = drain(*s2);
   EXPECT_EQ(c2.finish[0], FinishReason::kStop);
   EXPECT_EQ(c2.text[0], fmt::format(" <{}>", ref[0]));
   EXPECT_EQ(count_rows(h.runner, false), 0u);
@@ -243,7 +197,7 @@ TEST_P(BrokenRunner, TooFewTokensOrAnOutOfVocabularyTokenFailTheStepNotTheProces
   (GetParam() ? h.runner.drop_a_token : h.runner.out_of_vocab_token) = true;
   auto s = *h.engine->submit(request(prompt_of(5, 1), 4));
   h.run_checked();
-  Result c = collect(*s);
+  Collected c = drain(*s);
   ASSERT_TRUE(c.finished);
   EXPECT_NE(c.error.find("model step failed"), std::string::npos) << c.error;
   EXPECT_EQ(h.kv->stats().blocks_in_use, 0);

@@ -9,69 +9,16 @@
 
 #include <gtest/gtest.h>
 
-#include "fake_model_runner.h"
+#include "engine_harness.h"
 
 namespace pagoda::engine {
 namespace {
 
 using testing::FakeModelRunner;
+using testing_support::drain;
+using testing_support::Collected;
+using testing_support::Harness;
 using namespace std::chrono_literals;
-
-struct Harness {
-  Harness(int32_t num_blocks, int32_t block_size, SchedulerConfig sched = {}, int32_t max_queued = 256,
-          std::vector<int32_t> eos = {}, int32_t max_context = 4096)
-      : runner(num_blocks, block_size, 64, max_context, std::move(eos)) {
-    kv::KvCacheConfig kc;
-    kc.num_blocks = num_blocks;
-    kc.block_size = block_size;
-    kv = std::move(kv::KvCacheManager::create(kc)).value();
-    EngineConfig ec;
-    ec.scheduler = sched;
-    ec.max_queued_requests = max_queued;
-    engine = std::make_unique<Engine>(ec, runner, *kv);
-  }
-  // Steps until idle, checking KV invariants after every step.
-  void run_checked() {
-    int guard = 0;
-    while (engine->step()) {
-      Status s = engine->verify_integrity();
-      ASSERT_TRUE(s.ok()) << s.to_string();
-      ASSERT_LT(++guard, 100000) << "no progress";
-    }
-  }
-  FakeModelRunner runner;
-  std::unique_ptr<kv::KvCacheManager> kv;
-  std::unique_ptr<Engine> engine;
-};
-
-struct Collected {
-  std::vector<std::vector<int32_t>> tokens;
-  std::vector<std::string> text;
-  std::vector<FinishReason> finish;
-  Usage usage;
-  bool finished = false;
-  std::string error;
-};
-
-Collected drain(RequestStream& stream, int32_t n = 1) {
-  Collected c;
-  c.tokens.resize(n);
-  c.text.resize(n);
-  c.finish.resize(n, FinishReason::kNone);
-  while (auto out = stream.next(0ms)) {
-    for (const auto& d : out->choices) {
-      c.tokens[d.index].insert(c.tokens[d.index].end(), d.tokens.begin(), d.tokens.end());
-      c.text[d.index] += d.text;
-      if (d.finish_reason != FinishReason::kNone) c.finish[d.index] = d.finish_reason;
-    }
-    if (out->finished) {
-      c.finished = true;
-      c.usage = out->usage;
-      c.error = out->error;
-    }
-  }
-  return c;
-}
 
 std::vector<int32_t> make_prompt(int32_t length, int32_t salt) {
   std::vector<int32_t> p(length);

@@ -1,0 +1,82 @@
+#pragma once
+// Test harness shared by the engine tests: an Engine over a FakeModelRunner
+// and a real KV cache manager, stepped on the test's thread with the KV
+// invariants checked after every step, and drain() to collect a stream.
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "fake_model_runner.h"
+#include "pagoda/engine/engine.h"
+
+namespace pagoda::engine::testing_support {
+
+using ::pagoda::engine::testing::FakeModelRunner;
+using namespace std::chrono_literals;
+
+// The engine over a FakeModelRunner and a real KV cache manager, driven synchronously.
+struct Harness {
+  Harness(int32_t num_blocks, int32_t block_size, SchedulerConfig sched = {}, int32_t max_queued = 256,
+          std::vector<int32_t> eos = {}, int32_t max_context = 4096)
+      : runner(num_blocks, block_size, 64, max_context, std::move(eos)) {
+    kv::KvCacheConfig kc;
+    kc.num_blocks = num_blocks;
+    kc.block_size = block_size;
+    kv = std::move(kv::KvCacheManager::create(kc)).value();
+    EngineConfig ec;
+    ec.scheduler = sched;
+    ec.max_queued_requests = max_queued;
+    engine = std::make_unique<Engine>(ec, runner, *kv);
+  }
+  // Steps until idle, checking KV invariants after every step.
+  void run_checked() {
+    int guard = 0;
+    while (engine->step()) {
+      Status s = engine->verify_integrity();
+      ASSERT_TRUE(s.ok()) << s.to_string();
+      ASSERT_LT(++guard, 100000) << "no progress";
+    }
+  }
+  FakeModelRunner runner;
+  std::unique_ptr<kv::KvCacheManager> kv;
+  std::unique_ptr<Engine> engine;
+};
+
+// Everything a request's stream delivered, per choice.
+struct Collected {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<SampledToken>> logprobs;
+  std::vector<std::string> text;
+  std::vector<FinishReason> finish;
+  Usage usage;
+  bool finished = false;
+  std::string error;
+};
+
+inline Collected drain(RequestStream& stream, int32_t n = 1) {
+  Collected c;
+  c.tokens.resize(n);
+  c.logprobs.resize(n);
+  c.text.resize(n);
+  c.finish.resize(n, FinishReason::kNone);
+  while (auto out = stream.next(0ms)) {
+    for (const auto& d : out->choices) {
+      c.tokens[d.index].insert(c.tokens[d.index].end(), d.tokens.begin(), d.tokens.end());
+      c.logprobs[d.index].insert(c.logprobs[d.index].end(), d.logprobs.begin(), d.logprobs.end());
+      c.text[d.index] += d.text;
+      if (d.finish_reason != FinishReason::kNone) c.finish[d.index] = d.finish_reason;
+    }
+    if (out->finished) {
+      c.finished = true;
+      c.usage = out->usage;
+      c.error = out->error;
+    }
+  }
+  return c;
+}
+
+}  // namespace pagoda::engine::testing_support
