@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 #include <optional>
+#include <unordered_map>
 #include <random>
 #include <utility>
 #include <span>
@@ -24,13 +25,27 @@ namespace pagoda::cuda {
 
 namespace kc = pagoda::kernels::cuda;
 
+// One kernel launch of a step: a plan over some of the step's sequences, whose
+// query rows start at row_offset. Mixed steps have two: the leading decodes on
+// the split-K decode kernel and the prompt chunks on the prefill kernel.
+struct AttentionLaunch {
+  kc::PagedAttentionPlan plan;
+  DeviceBuffer* arena = nullptr;      // the device copy of plan.arena()
+  DeviceBuffer* workspace = nullptr;  // split-K scratch (may be empty)
+  int64_t row_offset = 0;             // first query row of the plan's sequences
+  // The plan reads the bf16 scratch pool (dequantized_* below) instead of the
+  // layer's quantized pool: the prefill kernels read bf16 only.
+  bool reads_scratch = false;
+};
+
 struct FastAttention::State {
   bool prepared = false;
   int32_t num_sms = 132;
-  std::optional<kc::PagedAttentionPlan> plan;
-  bool graph = false;  // plan is a graph-mode plan (uses the graph buffers)
+  std::vector<AttentionLaunch> launches;  // this step's, in launch order
+  int64_t row_elements = 0;               // num_q_heads * head_dim of this step's model
   DeviceBuffer arena;
   DeviceBuffer workspace;
+  DeviceBuffer prefill_arena;  // the prefill launch's arena when a step has two launches
   // Graph mode: sized once for the largest bucket and never reallocated, since
   // captured launches keep their addresses.
   DeviceBuffer graph_arena;
@@ -39,6 +54,13 @@ struct FastAttention::State {
   int32_t graph_stride = 0;
   kc::KvElement key_element = kc::KvElement::kBF16;  // the pool's (set_kv_dtypes)
   kc::KvElement value_element = kc::KvElement::kBF16;
+  // Prefill over a quantized pool: the pool blocks the prompt chunks read
+  // (each once), dequantized per layer into a bf16 scratch pool.
+  std::vector<int32_t> scratch_sources;  // scratch block j = pool block scratch_sources[j]
+  DeviceBuffer scratch_sources_device;
+  DeviceBuffer dequantized_key, dequantized_value;
+
+  bool quantized() const { return key_element != kc::KvElement::kBF16 || value_element != kc::KvElement::kBF16; }
 
   // Once: the SM count for the split and the kernels' shared-memory limits (before any capture).
   Status prepare() {
@@ -104,31 +126,122 @@ void FastAttention::set_kv_dtypes(DType key, DType value) {
   state_->value_element = element(value);
 }
 
+namespace {
+
+// Grows `buffer` to hold at least `bytes` (with room to spare, so a slowly
+// growing step does not reallocate every time). Waits for `stream` first:
+// launches already enqueued may still read the old buffer.
+Status ensure_bytes(DeviceBuffer& buffer, size_t bytes, cudaStream_t stream) {
+  if (bytes <= buffer.bytes()) return ok_status();
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  buffer = DeviceBuffer();  // free first: the new one may need the room
+  PAGODA_ASSIGN_OR_RETURN(buffer, DeviceBuffer::allocate(std::max<size_t>(bytes * 2, 256)));
+  return ok_status();
+}
+
+// The bf16 scratch pool of a quantized-KV prefill is bounded: a step that would
+// need more (very long cached prefixes) runs on the builtin kernel instead.
+constexpr size_t kMaxScratchBytes = size_t{1} << 30;
+
+}  // namespace
+
 StatusOr<bool> FastAttention::plan(const ModelConfig& config, const ForwardBatch& batch, int32_t block_size,
                                    int32_t num_blocks, cudaStream_t stream) {
   State& s = *state_;
   PAGODA_RETURN_IF_ERROR(s.prepare());
-  s.plan.reset();
-  const std::optional<kc::AttentionConfig> attention = attention_config(config, block_size, num_blocks, s.key_element, s.value_element);
-  if (!attention) return false;
+  s.launches.clear();
+  s.row_elements = int64_t{config.num_q_heads} * config.head_dim;
   const std::vector<kc::AttentionSequence> sequences = attention_sequences(batch);
-  auto plan = kc::PagedAttentionPlan::create(*attention, sequences, kc::AttentionDeviceInfo{s.num_sms});
-  if (!plan.ok()) {
-    if (unsupported(plan.status())) return false;
-    return plan.status().with_context("planning Hopper attention");
+  const std::span<const kc::AttentionSequence> all(sequences);
+
+  // Plans `part` (query rows from row_offset) over a pool of `pool_blocks`
+  // blocks of the given element types and appends its launch. false: not
+  // supported (the step goes to the caller's kernel).
+  auto add_launch = [&](std::span<const kc::AttentionSequence> part, int64_t row_offset, int32_t pool_blocks,
+                        kc::KvElement key, kc::KvElement value, DeviceBuffer& arena,
+                        DeviceBuffer* workspace) -> StatusOr<bool> {
+    const std::optional<kc::AttentionConfig> attention = attention_config(config, block_size, pool_blocks, key, value);
+    if (!attention) return false;
+    auto plan = kc::PagedAttentionPlan::create(*attention, part, kc::AttentionDeviceInfo{s.num_sms});
+    if (!plan.ok()) {
+      if (unsupported(plan.status())) return false;
+      return plan.status().with_context("planning Hopper attention");
+    }
+    PAGODA_RETURN_IF_ERROR(ensure_bytes(arena, plan->arena_bytes(), stream));
+    if (plan->workspace_bytes() > 0) {
+      if (workspace == nullptr) return internal_error("fast attention: a prefill plan asked for split-K workspace");
+      PAGODA_RETURN_IF_ERROR(ensure_bytes(*workspace, plan->workspace_bytes(), stream));
+    }
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(arena.data(), plan->arena().data(), plan->arena_bytes(),
+                                                cudaMemcpyHostToDevice, stream));
+    s.launches.push_back({std::move(plan).value(), &arena, workspace, row_offset, false});
+    return true;
+  };
+  auto give_up = [&]() -> StatusOr<bool> {
+    s.launches.clear();
+    return false;
+  };
+
+  // The scheduler puts decodes first: the leading one-token sequences run on
+  // the split-K decode kernel, the prompt chunks after them on the prefill
+  // kernel (one launch for all of them when there are no decodes and the pool is bf16).
+  size_t decodes = 0;
+  while (decodes < sequences.size() && sequences[decodes].num_new_tokens == 1) ++decodes;
+  if (decodes == sequences.size() || (decodes == 0 && !s.quantized())) {
+    PAGODA_ASSIGN_OR_RETURN(const bool ok, add_launch(all, 0, num_blocks, s.key_element, s.value_element, s.arena,
+                                                       &s.workspace));
+    return ok ? true : give_up();
   }
-  if (plan->arena_bytes() > s.arena.bytes()) {
-    PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-    PAGODA_ASSIGN_OR_RETURN(s.arena, DeviceBuffer::allocate(plan->arena_bytes() * 2));
+  if (decodes > 0) {
+    PAGODA_ASSIGN_OR_RETURN(const bool ok, add_launch(all.first(decodes), 0, num_blocks, s.key_element,
+                                                       s.value_element, s.arena, &s.workspace));
+    if (!ok) return give_up();
   }
-  if (plan->workspace_bytes() > s.workspace.bytes()) {
-    PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-    PAGODA_ASSIGN_OR_RETURN(s.workspace, DeviceBuffer::allocate(plan->workspace_bytes() * 2));
+  const std::span<const kc::AttentionSequence> chunks = all.subspan(decodes);
+  const int64_t first_chunk_row = static_cast<int64_t>(decodes);  // each decode has one row
+  if (!s.quantized()) {
+    PAGODA_ASSIGN_OR_RETURN(const bool ok, add_launch(chunks, first_chunk_row, num_blocks, kc::KvElement::kBF16,
+                                                       kc::KvElement::kBF16, s.prefill_arena, nullptr));
+    return ok ? true : give_up();
   }
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.arena.data(), plan->arena().data(), plan->arena_bytes(),
-                                              cudaMemcpyHostToDevice, stream));
-  s.plan.emplace(std::move(plan).value());
-  s.graph = false;
+
+  // Quantized pool: the chunks' blocks (each pool block once, however many
+  // sequences share it) go to a bf16 scratch pool, and the chunks' block
+  // tables are renumbered into it.
+  s.scratch_sources.clear();
+  std::unordered_map<int32_t, int32_t> scratch_of;
+  std::vector<std::vector<int32_t>> tables(chunks.size());
+  std::vector<kc::AttentionSequence> renumbered(chunks.begin(), chunks.end());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const int64_t length = int64_t{chunks[i].num_cached_tokens} + chunks[i].num_new_tokens;
+    const size_t used = static_cast<size_t>((length + block_size - 1) / block_size);
+    if (used > chunks[i].block_table.size()) return give_up();  // the plan would refuse it too
+    for (size_t j = 0; j < used; ++j) {
+      const int32_t block = chunks[i].block_table[j];
+      if (block < 0 || block >= num_blocks) return give_up();
+      auto [it, inserted] = scratch_of.try_emplace(block, static_cast<int32_t>(s.scratch_sources.size()));
+      if (inserted) s.scratch_sources.push_back(block);
+      tables[i].push_back(it->second);
+    }
+    renumbered[i].block_table = tables[i];
+  }
+  const size_t scratch_blocks = s.scratch_sources.size();
+  const size_t scratch_bytes = scratch_blocks * static_cast<size_t>(block_size) * config.num_kv_heads *
+                               config.head_dim * sizeof(bf16);
+  if (2 * scratch_bytes > kMaxScratchBytes) return give_up();
+  PAGODA_ASSIGN_OR_RETURN(const bool ok, add_launch(renumbered, first_chunk_row, static_cast<int32_t>(scratch_blocks),
+                                                     kc::KvElement::kBF16, kc::KvElement::kBF16, s.prefill_arena,
+                                                     nullptr));
+  if (!ok) return give_up();
+  s.launches.back().reads_scratch = true;
+  for (DeviceBuffer* buffer : {&s.dequantized_key, &s.dequantized_value}) {
+    Status grown = ensure_bytes(*buffer, scratch_bytes, stream);
+    if (grown.code() == StatusCode::kResourceExhausted) return give_up();  // no room: the builtin kernel needs none
+    PAGODA_RETURN_IF_ERROR(grown);
+  }
+  PAGODA_RETURN_IF_ERROR(ensure_bytes(s.scratch_sources_device, scratch_blocks * sizeof(int32_t), stream));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.scratch_sources_device.data(), s.scratch_sources.data(),
+                                              scratch_blocks * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   return true;
 }
 
@@ -137,7 +250,8 @@ StatusOr<bool> FastAttention::plan_graph(const ModelConfig& config, const Forwar
                                          int32_t num_blocks, cudaStream_t stream) {
   State& s = *state_;
   PAGODA_RETURN_IF_ERROR(s.prepare());
-  s.plan.reset();
+  s.launches.clear();
+  s.row_elements = int64_t{config.num_q_heads} * config.head_dim;
   if (bucket < static_cast<int32_t>(batch.sequences.size()) || bucket > max_bucket)
     return invalid_argument_error("fast attention (graph mode): {} sequences in bucket {} of at most {}",
                                   batch.sequences.size(), bucket, max_bucket);
@@ -180,19 +294,27 @@ StatusOr<bool> FastAttention::plan_graph(const ModelConfig& config, const Forwar
                           s.graph_workspace.bytes());
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.graph_arena.data(), plan->arena().data(), plan->arena_bytes(),
                                               cudaMemcpyHostToDevice, stream));
-  s.plan.emplace(std::move(plan).value());
-  s.graph = true;
+  s.launches.push_back({std::move(plan).value(), &s.graph_arena, &s.graph_workspace, 0, false});
   return true;
 }
 
 Status FastAttention::run(const DevicePagedKvLayer& layer, const bf16* q, bf16* out, cudaStream_t stream) {
   State& s = *state_;
-  if (!s.plan) return failed_precondition_error("FastAttention::run without a plan for this step");
-  const DeviceBuffer& arena = s.graph ? s.graph_arena : s.arena;
-  const DeviceBuffer& workspace = s.graph ? s.graph_workspace : s.workspace;
-  const kc::AttentionDescriptor desc = s.plan->descriptor(
-      arena.as<int32_t>(), kc::PagedKvPointers{layer.key, layer.value, layer.key_scale, layer.value_scale}, workspace.as<float>());
-  PAGODA_CUDA_RETURN_IF_ERROR(kc::launch_paged_attention(desc, q, out, stream));
+  if (s.launches.empty()) return failed_precondition_error("FastAttention::run without a plan for this step");
+  for (const AttentionLaunch& launch : s.launches) {
+    kc::PagedKvPointers kv{layer.key, layer.value, layer.key_scale, layer.value_scale};
+    if (launch.reads_scratch) {
+      PAGODA_CUDA_RETURN_IF_ERROR(kv_dequantize_blocks(layer, s.scratch_sources_device.as<int32_t>(),
+                                                       static_cast<int32_t>(s.scratch_sources.size()),
+                                                       s.dequantized_key.as<bf16>(), s.dequantized_value.as<bf16>(),
+                                                       stream));
+      kv = {s.dequantized_key.data(), s.dequantized_value.data(), nullptr, nullptr};
+    }
+    const kc::AttentionDescriptor desc = launch.plan.descriptor(
+        launch.arena->as<int32_t>(), kv, launch.workspace != nullptr ? launch.workspace->as<float>() : nullptr);
+    const int64_t offset = launch.row_offset * s.row_elements;
+    PAGODA_CUDA_RETURN_IF_ERROR(kc::launch_paged_attention(desc, q + offset, out + offset, stream));
+  }
   return ok_status();
 }
 
@@ -370,13 +492,16 @@ StatusOr<std::pair<double, double>> check_case(const ModelConfig& config, int32_
 StatusOr<AttentionCheck> FastAttention::check_attention_kernels(const ModelConfig& config, int32_t block_size) {
   AttentionCheck check;
   const CheckCase prefill{{{200, 0}, {77, 0}}};
+  // Decodes first, then prompt chunks (one after a cached prefix): two launches.
+  const CheckCase mixed{{{1, 300}, {1, 45}, {130, 0}, {60, 37}}};
   const CheckCase decode{{{1, 1000}, {1, 77}, {1, 300}}};
   PAGODA_ASSIGN_OR_RETURN(const auto p, check_case(config, block_size, prefill, 17));
+  PAGODA_ASSIGN_OR_RETURN(const auto m, check_case(config, block_size, mixed, 23));
   PAGODA_ASSIGN_OR_RETURN(const auto d, check_case(config, block_size, decode, 29));
-  check.fast_available = p.first >= 0 && d.first >= 0;
-  check.fast_prefill = std::max(p.first, 0.0);
+  check.fast_available = p.first >= 0 && m.first >= 0 && d.first >= 0;
+  check.fast_prefill = std::max({p.first, m.first, 0.0});
   check.fast_decode = std::max(d.first, 0.0);
-  check.builtin_prefill = p.second;
+  check.builtin_prefill = std::max(p.second, m.second);
   check.builtin_decode = d.second;
   return check;
 }

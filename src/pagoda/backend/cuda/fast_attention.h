@@ -39,8 +39,9 @@ namespace pagoda::cuda {
 // (check_attention_kernels below): kernels/cuda's attention and the backend's
 // own kernel each run on the same random bf16 inputs and each are compared with
 // a float64 CPU reference, relative L2 over all outputs, for a prefill step
-// (prompts of 200 and 77 tokens) and a decode step (cached 1,000 / 77 / 300,
-// scattered block tables).
+// (prompts of 200 and 77 tokens), a mixed step (two decodes, then a prompt and
+// a chunk after a cached prefix; the "prefill" figures are the worse of the
+// two) and a decode step (cached 1,000 / 77 / 300, scattered block tables).
 //
 // Why not the two kernels' logits through the whole model against each other:
 // with bf16 activations every layer rounds, and on a deep random-weight model
@@ -70,13 +71,24 @@ class FastAttention {
   static bool compiled_in();
 
   // The pool's element types (bf16 unless set). Quantized pools (fp8 / int8 /
-  // int4) plan decode steps only (head_dim 64 / 128); other steps answer false
-  // and the caller's kernel dequantizes.
+  // int4; head_dim 64 / 128) decode in registers; their prompt chunks run on
+  // the bf16 prefill kernel over a scratch copy of the blocks they read,
+  // dequantized per layer (see plan()).
   void set_kv_dtypes(DType key, DType value);
 
   // Plans `batch` (after the caller validated it). true: run() may be called for
   // every layer of this step; false: not supported here (no error). The arena
   // copy is enqueued on `stream`.
+  //
+  // A step is one launch (all decodes: split-K decode; all prompt chunks over a
+  // bf16 pool: prefill) or two: the leading one-token sequences (the scheduler
+  // puts decodes first) on the decode kernel, the rest on the prefill kernel
+  // from their first query row on. Over a quantized pool the prefill launch
+  // reads a bf16 scratch pool: the blocks of the chunks' tables, each pool block
+  // once, dequantized by kv_dequantize_blocks before each layer's launch (the
+  // new tokens' codes are already in the pool, so every query sees the same
+  // dequantized values as the decode kernel and the CPU would). A step whose
+  // scratch would pass 1 GiB, or cannot be allocated, answers false.
   StatusOr<bool> plan(const ModelConfig& config, const ForwardBatch& batch, int32_t block_size, int32_t num_blocks,
                       cudaStream_t stream);
 
