@@ -90,6 +90,16 @@ struct DevicePagedKvLayer {
 cudaError_t kv_write(const bf16* k, const bf16* v, int64_t row_stride, const int64_t* slots,
                      int32_t num_tokens, const DevicePagedKvLayer& layer, cudaStream_t stream);
 
+// Copies blocks source_blocks[0..num_blocks) (device array of block ids) of
+// `layer` into a bf16 scratch pool: scratch block j = source block
+// source_blocks[j], with the layer's block_size, num_kv_heads and head_dim
+// (key_out / value_out each [num_blocks, block_size, num_kv_heads, head_dim]).
+// Quantized layers are dequantized as the builtin attention does (code x scale
+// + zero in f32, rounded once to bf16); bf16 layers are copied. For the bf16
+// tensor-core prefill over a quantized pool. head_dim % 8 == 0.
+cudaError_t kv_dequantize_blocks(const DevicePagedKvLayer& layer, const int32_t* source_blocks, int32_t num_blocks,
+                                 bf16* key_out, bf16* value_out, cudaStream_t stream);
+
 // Per-token view of the paged KV that attention needs, planned once per step on
 // the host and copied to the device (all pointers are device arrays).
 struct DeviceAttentionPlan {
