@@ -7,6 +7,8 @@
 //
 //   attention_bench [--json FILE] [--iters N] [--only SUBSTRING] [--kv-dtype LIST]
 // --only runs the figures whose name contains SUBSTRING ("copy", "decode", "prefill", ...).
+// Prefill runs on the default wgmma schedule, then on each PAGODA_PREFILL_SM90
+// schedule ("prefill v2 ...", "prefill v4 ...", "prefill v4-lockstep ...").
 // --kv-dtype bf16,fp8,int8,int4,int8/int4 (default bf16): the KV formats the
 // decode figures sweep (K/V for a mixed pair), side by side in one run. A
 // quantized pool holds random codes (fp8 codes all finite) and random scales;
@@ -19,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -368,6 +371,21 @@ int main(int argc, char** argv) {
     const int batch = 1, length = 8192, fresh = 2048;
     run_case("prefill chunk 2048 after 6144 cached", gqa, batch, length, fresh, 0, 4, iters, prop,
              stream);
+  }
+  // Each schedule of the wgmma kernel (PAGODA_PREFILL_SM90, read at launch and
+  // baked into the captured graph) on the same shapes, side by side in this run.
+  {
+    const char* before = std::getenv("PAGODA_PREFILL_SM90");
+    const std::string saved = before ? before : "";
+    for (const char* schedule : {"v2", "v4", "v4-lockstep"}) {
+      setenv("PAGODA_PREFILL_SM90", schedule, 1);
+      const std::string tag = std::string("prefill ") + schedule;
+      run_case(tag + " L=4096", gqa, 1, 4096, 4096, 0, 4, iters, prop, stream);
+      run_case(tag + " L=16384", gqa, 1, 16384, 16384, 0, 2, std::max(5, iters / 3), prop, stream);
+      run_case(tag + " chunk 2048 after 6144 cached", gqa, 1, 8192, 2048, 0, 4, iters, prop, stream);
+    }
+    if (before) setenv("PAGODA_PREFILL_SM90", saved.c_str(), 1);
+    else unsetenv("PAGODA_PREFILL_SM90");
   }
 
   std::printf("\n%-40s %12s %10s %12s\n", "figure", "value", "unit", "time_us");

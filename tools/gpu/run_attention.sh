@@ -9,6 +9,9 @@
 # sass_summary.txt (instruction counts per kernel: HGMMA? HMMA, LDGSTS, spills),
 # gpu_state.txt (nvidia-smi before and after), ncu.txt (counters for one decode
 # and one prefill launch). Prints a short summary last.
+# PREFILL_ONLY=1: only the prefill side (tests under every wgmma schedule in
+# SCHEDULES, default "v2 v4 v4-lockstep", sanitizers on the default and v4,
+# prefill figures, SASS, ncu of the v4 prefill at 16K), for a short call.
 set -uo pipefail
 bundle=${1:-.device/attn}
 out=${OUT:-/tmp/attn-out}
@@ -18,6 +21,36 @@ mkdir -p "$out"
 
 "$bundle/run.sh" attention_plan_tests >"$out/gpu_tests.log" 2>&1
 plan_rc=$?
+prefill_only=${PREFILL_ONLY:-0}
+# The prefill tests under each schedule of the wgmma kernel (PAGODA_PREFILL_SM90);
+# a schedule that hangs (rc 124) is left out of the sanitizers and the figures.
+schedule_rc=0
+hung=""
+for schedule in ${SCHEDULES:-v2 v4 v4-lockstep}; do
+  echo "== PAGODA_PREFILL_SM90=$schedule" >>"$out/gpu_tests.log"
+  PAGODA_PREFILL_SM90=$schedule timeout 40 "$bundle/run.sh" paged_attention_gpu_tests \
+    --gtest_filter='Prefill/*:PagedAttentionGpuProperties.*Prefill*' >>"$out/gpu_tests.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && schedule_rc=$rc
+  [ $rc -eq 124 ] && hung="$hung $schedule" && echo "== $schedule timed out" >>"$out/gpu_tests.log"
+done
+if [ "$prefill_only" = 1 ]; then
+  gpu_rc=$schedule_rc
+  if command -v compute-sanitizer >/dev/null && [[ "$hung" != *" v4"* ]]; then
+    for tool in memcheck synccheck; do
+      echo "== compute-sanitizer $tool PAGODA_PREFILL_SM90=v4" >>"$out/gpu_tests.log"
+      PAGODA_PREFILL_SM90=v4 LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64" timeout 40 \
+        compute-sanitizer --tool $tool --print-limit 5 "$bundle/bin/paged_attention_gpu_tests" \
+        --gtest_filter='Prefill/*gqa32x8_d128_bs16*:Prefill/*mha4_d128_bs64*' 2>&1 | tail -6 >>"$out/gpu_tests.log"
+    done
+  fi
+  grep -E "^== |rel L2|FAILED|PASSED|Failure|ERROR SUMMARY|error" "$out/gpu_tests.log" | head -60
+  only=prefill
+  [ -n "$hung" ] && only="prefill v2"
+  timeout 70 "$bundle/run.sh" attention_bench --only "$only" >"$out/attention_bench.log" 2>&1
+  bench_rc=$?
+fi
+if [ "$prefill_only" != 1 ]; then
 # One process per suite: a kernel fault would poison the context for every later test.
 gpu_rc=0
 for filter in 'Decode/*' 'Prefill/*' 'PagedAttentionGpuProperties.*'; do
@@ -45,6 +78,7 @@ done
 
 PYTHONUNBUFFERED=1 python3 bench/kernels/torch_baselines.py >"$out/torch_baselines.log" 2>&1
 torch_rc=$?
+fi  # not prefill_only
 
 # SASS per kernel: are the tensor-core, async-copy and 16-byte shared loads there; any local memory?
 if command -v cuobjdump >/dev/null; then
@@ -72,7 +106,12 @@ fi
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >>"$out/gpu_state.txt" 2>&1
 
 # Hardware counters for one decode and one prefill launch (clocks left alone).
-if command -v ncu >/dev/null; then
+if command -v ncu >/dev/null && [ "$prefill_only" = 1 ] && [ -z "$hung" ]; then
+  PAGODA_PREFILL_SM90=v4 LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64" timeout 45 ncu --clock-control none \
+    -k regex:prefill_attention_sm90 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+    --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
+    "$bundle/bin/attention_bench" --only "prefill L=16384" --iters 2 >"$out/ncu.txt" 2>&1
+elif command -v ncu >/dev/null && [ "$prefill_only" != 1 ]; then
   export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64"
   { timeout 60 ncu --clock-control none -k regex:decode_attention --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
@@ -84,7 +123,7 @@ if command -v ncu >/dev/null; then
 fi
 
 echo "== sass"; sed 's/_ZN6pagoda7kernels4cuda[^ ]*_cu_[0-9a-f]*//' "$out/sass_summary.txt" | cut -c1-220
-echo "== ncu"; grep -E "DRAM Throughput|Memory Throughput|Compute \\(SM\\)|Duration|Achieved Occupancy|Registers Per|Theoretical Occ" "$out/ncu.txt" | head -20
+echo "== ncu"; grep -E "DRAM Throughput|Memory Throughput|Compute \\(SM\\)|Duration|Achieved Occupancy|Registers Per|Theoretical Occ|Stall|Issue Slots|Pipe" "$out/ncu.txt" | head -40
 echo "== torch"; grep -E "copy|decode|prefill|gemm" "$out/torch_baselines.log" | grep -v expanded
 echo "== pagoda"; grep -A30 "^figure" "$out/attention_bench.log" | grep -v "^figure"; grep -E "rel L2 vs naive|failed|error" "$out/attention_bench.log" | cut -c1-160
-echo "rc: plan_tests=$plan_rc gpu_tests=$gpu_rc bench=$bench_rc torch=$torch_rc"
+echo "rc: plan_tests=$plan_rc gpu_tests=$gpu_rc prefill_schedules=$schedule_rc bench=$bench_rc torch=${torch_rc:-skipped}"

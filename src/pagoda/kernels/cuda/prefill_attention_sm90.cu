@@ -14,9 +14,15 @@
 
 #include <cuda_bf16.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
 #include "pagoda/kernels/cuda/attention_descriptor.h"
 #include "pagoda/kernels/cuda/attention_launch_internal.h"
 #include "pagoda/kernels/cuda/device_primitives.cuh"
+#include "pagoda/kernels/cuda/prefill_sm90_sync.cuh"
+#include "pagoda/kernels/cuda/prefill_sm90_warp_specialized.cuh"
 #include "pagoda/kernels/cuda/wgmma_primitives.cuh"
 
 namespace pagoda::kernels::cuda {
@@ -65,12 +71,6 @@ constexpr int kSmemBytes = smem_bytes(kStages);
 
 [[maybe_unused]] __device__ __forceinline__ void keep_in_order(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
-[[maybe_unused]] __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-[[maybe_unused]] __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_sm90_kernel(const AttentionDescriptor d,
@@ -302,11 +302,33 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// Which schedule runs (docs/KERNELS.md has the figures of each), read from
+// PAGODA_PREFILL_SM90 at every launch so one process can compare them:
+//   v2 (default): the v2.1 kernel above (all warps gather and compute, one barrier per tile);
+//   v4: warp-specialized producer + two consumers in ping-pong
+//       (prefill_sm90_warp_specialized.cuh);
+//   v4-lockstep: the same without the ping-pong turns.
+enum class Sm90PrefillSchedule { kV2, kV4, kV4Lockstep, kUnknown };
+
+Sm90PrefillSchedule schedule_from_environment() {
+  const char* v = std::getenv("PAGODA_PREFILL_SM90");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "v2") == 0) return Sm90PrefillSchedule::kV2;
+  if (std::strcmp(v, "v4") == 0) return Sm90PrefillSchedule::kV4;
+  if (std::strcmp(v, "v4-lockstep") == 0) return Sm90PrefillSchedule::kV4Lockstep;
+  return Sm90PrefillSchedule::kUnknown;
+}
+
 }  // namespace
 
 cudaError_t prepare_prefill_attention_sm90() {
-  return cudaFuncSetAttribute(prefill_attention_sm90_kernel,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  cudaError_t e = cudaFuncSetAttribute(prefill_attention_sm90_kernel,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (e != cudaSuccess) return e;
+  e = cudaFuncSetAttribute(prefill_ws::prefill_attention_sm90_ws_kernel<true>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, prefill_ws::kSmemBytes);
+  if (e != cudaSuccess) return e;
+  return cudaFuncSetAttribute(prefill_ws::prefill_attention_sm90_ws_kernel<false>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, prefill_ws::kSmemBytes);
 }
 
 cudaError_t launch_prefill_attention_sm90(const AttentionDescriptor& d, const void* q, void* out,
@@ -315,9 +337,26 @@ cudaError_t launch_prefill_attention_sm90(const AttentionDescriptor& d, const vo
   if (prepared != cudaSuccess) return prepared;
   if (d.head_dim != kHeadDim) return cudaErrorInvalidValue;
   if (d.num_work_items == 0) return cudaSuccess;
-  prefill_attention_sm90_kernel<<<dim3(d.num_kv_heads, d.num_work_items), kThreads, kSmemBytes,
-                                  stream>>>(d, static_cast<const __nv_bfloat16*>(q),
-                                            static_cast<__nv_bfloat16*>(out));
+  const auto* q_bf16 = static_cast<const __nv_bfloat16*>(q);
+  auto* out_bf16 = static_cast<__nv_bfloat16*>(out);
+  const dim3 grid(d.num_kv_heads, d.num_work_items);
+  switch (schedule_from_environment()) {
+    case Sm90PrefillSchedule::kV4:
+      prefill_ws::prefill_attention_sm90_ws_kernel<true>
+          <<<grid, prefill_ws::kThreads, prefill_ws::kSmemBytes, stream>>>(d, q_bf16, out_bf16);
+      break;
+    case Sm90PrefillSchedule::kV4Lockstep:
+      prefill_ws::prefill_attention_sm90_ws_kernel<false>
+          <<<grid, prefill_ws::kThreads, prefill_ws::kSmemBytes, stream>>>(d, q_bf16, out_bf16);
+      break;
+    case Sm90PrefillSchedule::kV2:
+      prefill_attention_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(d, q_bf16, out_bf16);
+      break;
+    case Sm90PrefillSchedule::kUnknown:
+      std::fprintf(stderr, "PAGODA_PREFILL_SM90=%s: expected v4, v4-lockstep or v2\n",
+                   std::getenv("PAGODA_PREFILL_SM90"));
+      return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 

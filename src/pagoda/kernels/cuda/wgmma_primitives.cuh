@@ -30,6 +30,12 @@ __device__ __forceinline__ void wgmma_commit() {
 __device__ __forceinline__ void wgmma_wait_all() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
+// Waits until at most kPending of this warpgroup's committed wgmma groups are
+// still running (the older ones, and their register operands, are done).
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
 // Orders this thread's generic-proxy shared-memory writes (cp.async included)
 // before later async-proxy reads (wgmma operands).
 __device__ __forceinline__ void fence_proxy_async_shared() {

@@ -1,0 +1,329 @@
+#pragma once
+// v4 of the Hopper prefill kernel (docs/KERNELS.md, "Prefill"): the same
+// contract, work list and shared-memory tile layout as the v2.1 kernel in
+// prefill_attention_sm90.cu (128 query rows = new tokens x the query heads of
+// one GQA group per CTA, head_dim 128, K/V tiles of 128 positions in the
+// 128-byte swizzle), scheduled the FlashAttention-3 way:
+//   - warpgroup 0 is a producer: it only gathers K and V tiles through the
+//     block table (16-byte cp.async, zero-filled past the end) into a 3-stage
+//     ring and signals "K full" / "V full" on mbarriers; its two 64-thread
+//     halves take alternate tiles, so two tiles are in flight while each half
+//     waits for its own copies to land before signalling (the writer-side
+//     proxy fence that wgmma readers need). setmaxnreg leaves it 40 registers;
+//   - warpgroups 1 and 2 are consumers of 64 rows each with 232 registers.
+//     Per tile t: S(t) = Q K(t)^T and O += P(t-1) V(t-1) are issued back to
+//     back, softmax of S(t) runs while P(t-1) V(t-1) is still on the tensor
+//     cores, then O is rescaled and P(t) packed to bf16 registers; each
+//     consumer releases a stage ("empty") once its P V read it;
+//   - with kPingPong, named barriers make the two consumers take turns issuing
+//     their GEMMs, so one warpgroup's softmax runs under the other's GEMMs.
+// Shapes and units as in attention_descriptor.h. Device code; include from
+// prefill_attention_sm90.cu only.
+
+#include <cuda_bf16.h>
+
+#include "pagoda/kernels/cuda/attention_descriptor.h"
+#include "pagoda/kernels/cuda/device_primitives.cuh"
+#include "pagoda/kernels/cuda/prefill_sm90_sync.cuh"
+#include "pagoda/kernels/cuda/wgmma_primitives.cuh"
+
+namespace pagoda::kernels::cuda::prefill_ws {
+
+using namespace device;
+
+constexpr int kHeadDim = 128;
+constexpr int kKeys = 128;  // KV positions per tile
+constexpr int kConsumerThreads = 256;  // 2 warpgroups x 64 query rows
+constexpr int kThreads = 128 + kConsumerThreads;
+constexpr int kLoaderThreads = 64;  // one producer half: tiles half, half + 2, ...
+constexpr int kStages = 3;
+constexpr int kHalfBytes = 128 * 128;  // one 64-element half of head_dim for 128 rows
+constexpr int kTileBytes = 2 * kHalfBytes;
+// Q, then kStages x (K, V), plus slack to align the base to 1024 bytes (224 KB + 1 KB).
+constexpr int kSmemBytes = kTileBytes + kStages * 2 * kTileBytes + 1024;
+// 128 x 40 + 256 x 232 = 64,512 of the SM's 65,536 registers.
+constexpr int kProducerRegisters = 40;
+constexpr int kConsumerRegisters = 232;
+// Named barriers (0 is __syncthreads): 1 + c = consumer c's turn on the tensor
+// cores; 3 + c = consumer c's Q rows have landed.
+constexpr int kTurnBarrier = 1;
+constexpr int kQueryBarrier = 3;
+
+// Byte offset of (row, 16-byte chunk 0..15 of head_dim) in a swizzled 128-row tile.
+__device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
+  return (chunk >> 3) * kHalfBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+
+// The compiler sees a wgmma's accumulators as written when it is issued; this
+// pins every later use of them after the wgmma_wait that precedes this call.
+__device__ __forceinline__ void keep_in_order(float (&r)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+template <bool kPingPong>
+__global__ void __launch_bounds__(kThreads, 1)
+    prefill_attention_sm90_ws_kernel(const AttentionDescriptor d, const __nv_bfloat16* __restrict__ q,
+                                     __nv_bfloat16* __restrict__ out) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // The portable compute_90 PTX has no wgmma / setmaxnreg: sm_90a machine code only.
+  __trap();
+#else
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ uint64_t full_k[kStages], full_v[kStages], empty[kStages];
+  const uint32_t raw_addr = smem_address(smem_raw);
+  uint8_t* base = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);  // wgmma: 1024-byte swizzle atoms
+  uint8_t* q_tile = base;
+  uint8_t* kv_tiles = base + kTileBytes;  // stage s: K at s * 2 * kTileBytes, V after it
+
+  const int tid = threadIdx.x;
+  const int kv_head = blockIdx.x;
+  const int sequence = d.work_items[2 * blockIdx.y];
+  const int first_token = d.work_items[2 * blockIdx.y + 1];
+  const int group = d.num_q_heads / d.num_kv_heads;
+  const int query_row0 = d.query_start[sequence];
+  const int num_new = d.query_start[sequence + 1] - query_row0;
+  const int num_cached = d.kv_length[sequence] - num_new;
+  const int token_end = min(first_token + d.tokens_per_tile, num_new);
+  const int num_keys = num_cached + token_end;
+  const int num_tiles = (num_keys + kKeys - 1) / kKeys;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&full_k[s], kLoaderThreads);
+      mbarrier_init(&full_v[s], kLoaderThreads);
+      mbarrier_init(&empty[s], kConsumerThreads);
+    }
+  }
+  __syncthreads();
+
+  if (tid < 128) {
+    // ---- Producer warpgroup: gathers; no tensor-core work.
+    setmaxnreg_dec<kProducerRegisters>();
+    const int half = tid >> 6;
+    const int loader = tid & (kLoaderThreads - 1);
+    const int chunk = loader & 15;  // 16-byte chunk of head_dim
+    const int row0 = loader >> 4;   // rows row0 + 4 i of the tile
+    const int32_t* table = d.block_tables + d.block_table_start[sequence];
+    const int64_t head_offset = int64_t{kv_head} * kHeadDim + chunk * 8;
+    auto gather = [&](const __nv_bfloat16* pool, uint8_t* dst, int tile) {
+#pragma unroll 8
+      for (int i = 0; i < kKeys / 4; ++i) {
+        const int r = row0 + 4 * i;
+        const int pos = tile * kKeys + r;
+        const bool valid = pos < num_keys;  // past the end: zero-filled, nothing read
+        const int block = valid ? __ldg(table + (pos >> d.log2_block_size)) : 0;
+        const int64_t offset = int64_t{block} * d.block_stride +
+                               int64_t{pos & (d.block_size - 1)} * d.token_stride + head_offset;
+        cp_async_16(dst + tile_offset(r, chunk), pool + offset, valid);
+      }
+    };
+    const auto* key = static_cast<const __nv_bfloat16*>(d.key);
+    const auto* value = static_cast<const __nv_bfloat16*>(d.value);
+    for (int tile = half; tile < num_tiles; tile += 2) {
+      const int stage = tile % kStages;
+      // The stage last held tile - kStages: wait until both consumers are done with it.
+      if (tile >= kStages) mbarrier_wait(&empty[stage], (tile / kStages - 1) & 1);
+      uint8_t* k_dst = kv_tiles + stage * 2 * kTileBytes;
+      gather(key, k_dst, tile);
+      cp_async_commit();
+      gather(value, k_dst + kTileBytes, tile);
+      cp_async_commit();
+      // Signal each half of the tile as it lands. The proxy fence (by the
+      // writing thread, before the release) orders the cp.async writes before
+      // the consumers' wgmma reads of them.
+      cp_async_wait<1>();
+      fence_proxy_async_shared();
+      mbarrier_arrive(&full_k[stage]);
+      cp_async_wait<0>();
+      fence_proxy_async_shared();
+      mbarrier_arrive(&full_v[stage]);
+    }
+    return;
+  }
+
+  // ---- Consumer warpgroups: 64 query rows each.
+  setmaxnreg_inc<kConsumerRegisters>();
+  const int ctid = tid - 128;
+  const int consumer = ctid >> 7;  // rows 64 * consumer ..
+  const int warp = ctid >> 5;      // rows 16 * warp .. (0..7)
+  const int lane = tid & 31;
+  const int rows_used = d.tokens_per_tile * group;
+
+  for (int idx = ctid & 127; idx < 64 * 16; idx += 128) {
+    const int r = consumer * 64 + (idx >> 4), c = idx & 15;
+    const int t = first_token + r / group;
+    const bool valid = r < rows_used && t < num_new;
+    const int head = kv_head * group + r % group;
+    const __nv_bfloat16* src =
+        valid ? q + (int64_t{query_row0 + t} * d.num_q_heads + head) * kHeadDim + c * 8 : q;
+    cp_async_16(q_tile + tile_offset(r, c), src, valid);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async_shared();
+  named_barrier_sync(kQueryBarrier + consumer, 128);
+
+  // This thread's two rows (of the CTA's 128) and their positions.
+  int row_pos[2];
+  bool row_valid[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = warp * 16 + (lane >> 2) + 8 * i;
+    const int t = first_token + r / group;
+    row_valid[i] = r < rows_used && t < num_new;
+    row_pos[i] = num_cached + (row_valid[i] ? t : first_token);
+  }
+  // No valid row of this warpgroup sits before this position: tiles that end
+  // at or before it need no causal mask (rows past the end read zero K/V).
+  const int min_row_pos = num_cached + first_token + (64 * consumer) / group;
+
+  float o[64], s[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = s[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+  float correction[2];
+  uint32_t p[kKeys / 16][4];
+  const uint32_t q_addr = smem_address(q_tile) + consumer * 64 * 128;
+  const uint32_t kv_addr = smem_address(kv_tiles);
+
+  // S = Q K^T: 64 rows x 128 keys, K-major operands, 16 of head_dim per step.
+  auto issue_s = [&](int stage) {
+    const uint32_t k_addr = kv_addr + stage * 2 * kTileBytes;
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      const uint32_t step = (ks >> 2) * kHalfBytes + (ks & 3) * 32;
+      wgmma_m64n128k16_ss(s, make_smem_desc_sw128(q_addr + step, 16, 1024),
+                          make_smem_desc_sw128(k_addr + step, 16, 1024), ks > 0);
+    }
+  };
+  // O += P V: V is [positions][head_dim], MN-major for this product: 8-position
+  // groups 1024 B apart, the two head_dim halves kHalfBytes apart.
+  auto issue_pv = [&](int stage) {
+    const uint32_t v_addr = kv_addr + stage * 2 * kTileBytes + kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+      wgmma_m64n128k16_rs_transb(o, p[kk], make_smem_desc_sw128(v_addr + kk * 16 * 128, kHalfBytes, 1024),
+                                 1);
+  };
+  // Online softmax of S(tile) in place (S becomes exp2 of the scaled scores);
+  // correction = how much this tile's new row maxima shrink the old sums.
+  auto softmax = [&](int tile) {
+    if ((tile + 1) * kKeys - 1 > min_row_pos) {
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int pos = tile * kKeys + j * 8 + (lane & 3) * 2 + (e & 1);
+          if (pos > row_pos[e >> 1]) s[4 * j + e] = -INFINITY;
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j)
+        tile_max = fmaxf(tile_max, fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      // Tile 0 holds position 0 <= every row's position, so m is finite from then on.
+      const float m_new = fmaxf(m[i], tile_max * d.scale_log2);
+      correction[i] = exp2f(m[i] - m_new);
+      m[i] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) {
+        s[4 * j + 2 * i] = exp2f(fmaf(s[4 * j + 2 * i], d.scale_log2, -m_new));
+        s[4 * j + 2 * i + 1] = exp2f(fmaf(s[4 * j + 2 * i + 1], d.scale_log2, -m_new));
+        sum += s[4 * j + 2 * i] + s[4 * j + 2 * i + 1];
+      }
+      l[i] = l[i] * correction[i] + sum;
+    }
+  };
+  // The accumulator layout of two adjacent 8-key blocks is the A fragment of one k-step.
+  auto pack_p = [&]() {
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      p[kk][0] = pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
+      p[kk][1] = pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
+      p[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
+      p[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  };
+  const int my_turn = kTurnBarrier + consumer, other_turn = kTurnBarrier + 1 - consumer;
+  // Every consumer takes num_tiles + 1 turns (tile 0's S, then one per tile
+  // after it, then the last P V); consumer 1 lets consumer 0 go first and skips
+  // its last hand-over, so no arrival is left pending at exit.
+  if (kPingPong && consumer == 1) named_barrier_arrive(kTurnBarrier, kConsumerThreads);
+
+  mbarrier_wait(&full_k[0], 0);
+  if (kPingPong) named_barrier_sync(my_turn, kConsumerThreads);
+  wgmma_fence();
+  issue_s(0);
+  wgmma_commit();
+  if (kPingPong) named_barrier_arrive(other_turn, kConsumerThreads);
+  wgmma_wait<0>();
+  keep_in_order(s);
+  softmax(0);
+  pack_p();
+
+  const int last = num_tiles - 1;
+  for (int tile = 1; tile <= last; ++tile) {
+    const int stage = tile % kStages, prev = (tile - 1) % kStages;
+    mbarrier_wait(&full_k[stage], (tile / kStages) & 1);
+    mbarrier_wait(&full_v[prev], ((tile - 1) / kStages) & 1);  // landed long ago, as a rule
+    if (kPingPong) named_barrier_sync(my_turn, kConsumerThreads);
+    wgmma_fence();
+    issue_s(stage);
+    wgmma_commit();
+    issue_pv(prev);
+    wgmma_commit();
+    if (kPingPong) named_barrier_arrive(other_turn, kConsumerThreads);
+    wgmma_wait<1>();  // S(tile) is in; P(tile - 1) V(tile - 1) may still run
+    keep_in_order(s);
+    softmax(tile);
+    wgmma_wait<0>();
+    keep_in_order(o);
+    mbarrier_arrive(&empty[prev]);
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[4 * j + e] *= correction[e >> 1];
+    }
+    pack_p();
+  }
+  mbarrier_wait(&full_v[last % kStages], (last / kStages) & 1);
+  if (kPingPong) named_barrier_sync(my_turn, kConsumerThreads);
+  wgmma_fence();
+  issue_pv(last % kStages);
+  wgmma_commit();
+  if (kPingPong && consumer == 0) named_barrier_arrive(other_turn, kConsumerThreads);
+  wgmma_wait<0>();
+  keep_in_order(o);
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!row_valid[i]) continue;
+    const int r = warp * 16 + (lane >> 2) + 8 * i;
+    const int t = first_token + r / group;
+    const int head = kv_head * group + r % group;
+    __nv_bfloat16* dst = out + (int64_t{query_row0 + t} * d.num_q_heads + head) * kHeadDim;
+    const float inv = 1.0f / l[i];
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      const uint32_t packed = pack_bf16x2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+      *reinterpret_cast<uint32_t*>(dst + j * 8 + (lane & 3) * 2) = packed;
+    }
+  }
+#endif
+}
+
+}  // namespace pagoda::kernels::cuda::prefill_ws
