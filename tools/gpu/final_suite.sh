@@ -14,8 +14,9 @@
 #   run(command="tools/gpu/final_suite.sh tests", carry=[".device/final/bundle.tar.xz"])
 #   run(command="tools/gpu/final_suite.sh bench", carry=[".device/final/bundle.tar.xz"])
 # Logs and results land under $OUT as a few archives (the device tool returns a handful of files).
-# Environment (bench): KV_DTYPES (bf16,fp8,int8,int4), SECONDS_PER_DTYPE (60), MAX_NUM_SEQS (384),
-# FULL_DTYPE (fp8: one uncapped 1,000 x 1,000 run with that KV dtype; empty to skip), FULL_SEQS (512).
+# Environment (bench): KV_DTYPES (empty; e.g. bf16,fp8,int8,int4: the first SECONDS_PER_DTYPE (60) s of
+# the workload per KV dtype at MAX_NUM_SEQS (384) running), FULL_RUNS (fp8:384,bf16:384: whole
+# 1,000 x 1,000/1,000 runs as KV_DTYPE:RUNNING; empty to skip).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 dir=$here/.device/final
@@ -95,17 +96,19 @@ bench)
     grep -iE "output tok/s|ttft|itl|ms/token|kv pool|KV cache" "$out/logs/engine_$label.log" | head -12
   }
   secs=${SECONDS_PER_DTYPE:-60}
-  IFS=, read -r -a dtypes <<< "${KV_DTYPES:-bf16,fp8,int8,int4}"
+  IFS=, read -r -a dtypes <<< "${KV_DTYPES-}"
   # Same workload, same cap, one KV dtype after another: 1,000 x 1,000/1,000, top-p on the GPU.
   for d in "${dtypes[@]}"; do
     engine "random_$d" $(( secs + 120 )) --workload random --sampling top-p --kv-cache-dtype "$d" \
       --max-num-seqs "${MAX_NUM_SEQS:-384}" --max-seconds "$secs"
   done
-  full=${FULL_DTYPE-fp8}
-  if [ -n "$full" ]; then
-    engine "full_$full" 300 --workload random,latency --sampling top-p --kv-cache-dtype "$full" \
-      --max-num-seqs "${FULL_SEQS:-512}" --max-seconds 200
-  fi
+  # Whole 1,000 x 1,000/1,000 runs, uncapped but for a safety limit: DTYPE:RUNNING, comma-separated.
+  IFS=, read -r -a fulls <<< "${FULL_RUNS-fp8:384,bf16:384}"
+  for f in "${fulls[@]}"; do
+    d=${f%%:*} n=${f##*:}
+    engine "full_${d}_$n" 260 --workload random --sampling top-p --kv-cache-dtype "$d" --max-num-seqs "$n" \
+      --max-seconds 200
+  done
   tar czf "$out/logs.tar.gz" -C "$out" logs
   rm -rf "$out/logs"
   ;;
