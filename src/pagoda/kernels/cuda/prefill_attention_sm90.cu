@@ -8,11 +8,14 @@
 //   - K/V tiles of 128 positions, gathered through the block table with
 //     16-byte cp.async into a double buffer laid out in the 128-byte swizzle
 //     the wgmma descriptors expect ([2 halves of head_dim][128 rows][128 B]).
-// Scheduling: see PAGODA_SM90_PINGPONG below. Not yet done (issue 7): a
-// dedicated producer warp (setmaxnreg) and the intra-warpgroup overlap of
-// softmax with the next tile's S-GEMM.
+// Scheduling: see PAGODA_SM90_PINGPONG below. This file also launches v4
+// (prefill_sm90_warp_specialized.cuh: a TMA producer warpgroup with setmaxnreg,
+// ping-pong consumers that overlap softmax with the previous tile's P V);
+// PAGODA_PREFILL_SM90 (v2 | v4 | v4-lockstep) picks one at launch.
 
+#include <cuda.h>
 #include <cuda_bf16.h>
+#include <cudaTypedefs.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -318,6 +321,54 @@ Sm90PrefillSchedule schedule_from_environment() {
   return Sm90PrefillSchedule::kUnknown;
 }
 
+// The K or V pool as a [positions][num_kv_heads][128] bf16 tensor for the copy
+// engine (position = block * block_size + slot; block_stride = block_size x
+// token_stride, attention_descriptor.h), read in boxes of 64 x 1 x
+// min(block_size, 128) in the 128-byte swizzle the wgmma descriptors expect.
+// The descriptor carries no pool size, so the position extent is a bound
+// (2^30) that no block table exceeds; only real blocks are ever addressed.
+cudaError_t make_kv_tensor_map(CUtensorMap* map, const void* pool, const AttentionDescriptor& d) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[3] = {kHeadDim, static_cast<cuuint64_t>(d.num_kv_heads), cuuint64_t{1} << 30};
+  const cuuint64_t strides[2] = {kHeadDim * sizeof(__nv_bfloat16),
+                                 static_cast<cuuint64_t>(d.token_stride) * sizeof(__nv_bfloat16)};
+  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(d.block_size < 128 ? d.block_size : 128)};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(pool), dims, strides, box,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <bool kPingPong>
+cudaError_t launch_warp_specialized(const AttentionDescriptor& d, const __nv_bfloat16* q, __nv_bfloat16* out,
+                                    cudaStream_t stream) {
+  CUtensorMap key_map, value_map;
+  if (make_kv_tensor_map(&key_map, d.key, d) != cudaSuccess ||
+      make_kv_tensor_map(&value_map, d.value, d) != cudaSuccess) {
+    // No copy-engine maps (old driver, odd pool): the v2.1 kernel is correct too.
+    static bool warned = false;
+    if (!warned) std::fprintf(stderr, "prefill (sm90): no TMA tensor map for the KV pool; running the v2 kernel\n");
+    warned = true;
+    prefill_attention_sm90_kernel<<<dim3(d.num_kv_heads, d.num_work_items), kThreads, kSmemBytes, stream>>>(
+        d, q, out);
+    return cudaGetLastError();
+  }
+  prefill_ws::prefill_attention_sm90_ws_kernel<kPingPong>
+      <<<dim3(d.num_kv_heads, d.num_work_items), prefill_ws::kThreads, prefill_ws::kSmemBytes, stream>>>(
+          d, key_map, value_map, q, out);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t prepare_prefill_attention_sm90() {
@@ -340,15 +391,14 @@ cudaError_t launch_prefill_attention_sm90(const AttentionDescriptor& d, const vo
   const auto* q_bf16 = static_cast<const __nv_bfloat16*>(q);
   auto* out_bf16 = static_cast<__nv_bfloat16*>(out);
   const dim3 grid(d.num_kv_heads, d.num_work_items);
-  switch (schedule_from_environment()) {
+  Sm90PrefillSchedule schedule = schedule_from_environment();
+  // The copy engine's boxes start pages on 1024-byte swizzle atoms: 8 rows or more.
+  if (d.block_size < 8 && schedule != Sm90PrefillSchedule::kUnknown) schedule = Sm90PrefillSchedule::kV2;
+  switch (schedule) {
     case Sm90PrefillSchedule::kV4:
-      prefill_ws::prefill_attention_sm90_ws_kernel<true>
-          <<<grid, prefill_ws::kThreads, prefill_ws::kSmemBytes, stream>>>(d, q_bf16, out_bf16);
-      break;
+      return launch_warp_specialized<true>(d, q_bf16, out_bf16, stream);
     case Sm90PrefillSchedule::kV4Lockstep:
-      prefill_ws::prefill_attention_sm90_ws_kernel<false>
-          <<<grid, prefill_ws::kThreads, prefill_ws::kSmemBytes, stream>>>(d, q_bf16, out_bf16);
-      break;
+      return launch_warp_specialized<false>(d, q_bf16, out_bf16, stream);
     case Sm90PrefillSchedule::kV2:
       prefill_attention_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(d, q_bf16, out_bf16);
       break;

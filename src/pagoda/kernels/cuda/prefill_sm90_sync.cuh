@@ -1,9 +1,10 @@
 #pragma once
-// Synchronization building blocks of the warp-specialized prefill kernel
-// (sm_90): shared-memory mbarriers (producer -> consumer "stage full" and
-// consumer -> producer "stage empty" signals), named barriers (a subset of a
-// CTA's warps), and setmaxnreg (moving registers from the producer warpgroup to
-// the consumers; sm_90a). Device code only; include from .cu files.
+// Synchronization and copy building blocks of the warp-specialized prefill
+// kernel (sm_90): shared-memory mbarriers (producer -> consumer "stage full" and
+// consumer -> producer "stage empty" signals, bulk-copy transaction counts),
+// tensor-map (TMA) loads, named barriers (a subset of a CTA's warps), and
+// setmaxnreg (moving registers from the producer warpgroup to the consumers;
+// sm_90a). Device code only; include from .cu files.
 
 #include <cstdint>
 
@@ -38,6 +39,26 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, int parity) {
       "@!done bra wait_again;\n"
       "}\n" ::"r"(smem_address(bar)),
       "r"(parity)
+      : "memory");
+}
+
+// Arrive (as above) and raise the phase's expected transaction bytes by `bytes`:
+// the phase completes once the arrivals and that many bytes of bulk copies
+// (tma_load_3d with this barrier) have landed.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
+               : "memory");
+}
+
+// One box of a 3-D tensor map (coordinates innermost first, in elements) into
+// shared memory through the copy engine, completing on `bar` (transaction
+// bytes). The map lives in kernel parameter space (__grid_constant__).
+__device__ __forceinline__ void tma_load_3d(void* smem_dst, const void* tensor_map, int c0, int c1, int c2,
+                                            uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(smem_address(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_address(bar))
       : "memory");
 }
 

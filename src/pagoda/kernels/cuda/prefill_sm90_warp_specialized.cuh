@@ -4,13 +4,12 @@
 // prefill_attention_sm90.cu (128 query rows = new tokens x the query heads of
 // one GQA group per CTA, head_dim 128, K/V tiles of 128 positions in the
 // 128-byte swizzle), scheduled the FlashAttention-3 way:
-//   - warpgroup 0 is a producer: it only gathers K and V tiles through the
-//     block table (16-byte cp.async, zero-filled past the end) into a 3-stage
-//     ring and signals "K full" / "V full" on mbarriers; its two 64-thread
-//     halves take alternate tiles, so two tiles are in flight while each half
-//     waits for its own copies to land before signalling (the writer-side
-//     proxy fence that wgmma readers need). setmaxnreg leaves it 40 registers;
-//   - warpgroups 1 and 2 are consumers of 64 rows each with 232 registers.
+//   - warpgroup 0 is a producer: one thread gathers K and V tiles through the
+//     block table with the copy engine (TMA: one box per page and half of
+//     head_dim, already in the wgmma swizzle) into a 3-stage ring; each stage's
+//     "K full" / "V full" mbarrier completes when its bytes have landed.
+//     setmaxnreg leaves the producer 24 registers;
+//   - warpgroups 1 and 2 are consumers of 64 rows each with 240 registers.
 //     Per tile t: S(t) = Q K(t)^T and O += P(t-1) V(t-1) are issued back to
 //     back, softmax of S(t) runs while P(t-1) V(t-1) is still on the tensor
 //     cores, then O is rescaled and P(t) packed to bf16 registers; each
@@ -20,6 +19,7 @@
 // Shapes and units as in attention_descriptor.h. Device code; include from
 // prefill_attention_sm90.cu only.
 
+#include <cuda.h>  // CUtensorMap (a plain 128-byte struct; no driver call here)
 #include <cuda_bf16.h>
 
 #include "pagoda/kernels/cuda/attention_descriptor.h"
@@ -35,19 +35,20 @@ constexpr int kHeadDim = 128;
 constexpr int kKeys = 128;  // KV positions per tile
 constexpr int kConsumerThreads = 256;  // 2 warpgroups x 64 query rows
 constexpr int kThreads = 128 + kConsumerThreads;
-constexpr int kLoaderThreads = 64;  // one producer half: tiles half, half + 2, ...
 constexpr int kStages = 3;
 constexpr int kHalfBytes = 128 * 128;  // one 64-element half of head_dim for 128 rows
 constexpr int kTileBytes = 2 * kHalfBytes;
 // Q, then kStages x (K, V), plus slack to align the base to 1024 bytes (224 KB + 1 KB).
 constexpr int kSmemBytes = kTileBytes + kStages * 2 * kTileBytes + 1024;
-// 128 x 40 + 256 x 232 = 64,512 of the SM's 65,536 registers.
-constexpr int kProducerRegisters = 40;
-constexpr int kConsumerRegisters = 232;
+// 128 x 24 + 256 x 240 = 64,512 of the SM's 65,536 registers.
+constexpr int kProducerRegisters = 24;
+constexpr int kConsumerRegisters = 240;
 // Named barriers (0 is __syncthreads): 1 + c = consumer c's turn on the tensor
-// cores; 3 + c = consumer c's Q rows have landed.
+// cores; 3 + c = consumer c's Q rows have landed; 5: both consumers zeroed the
+// last tile's V rows past the end.
 constexpr int kTurnBarrier = 1;
 constexpr int kQueryBarrier = 3;
+constexpr int kZeroedBarrier = 5;
 
 // Byte offset of (row, 16-byte chunk 0..15 of head_dim) in a swizzled 128-row tile.
 __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
@@ -61,10 +62,14 @@ __device__ __forceinline__ void keep_in_order(float (&r)[64]) {
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
+// key_map / value_map: the K and V pools as [positions][num_kv_heads][128] bf16
+// tensors (make_kv_tensor_map in prefill_attention_sm90.cu), boxes of 64 x 1 x
+// min(block_size, 128) in the 128-byte swizzle; block_size >= 8.
 template <bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1)
-    prefill_attention_sm90_ws_kernel(const AttentionDescriptor d, const __nv_bfloat16* __restrict__ q,
-                                     __nv_bfloat16* __restrict__ out) {
+    prefill_attention_sm90_ws_kernel(const AttentionDescriptor d, const __grid_constant__ CUtensorMap key_map,
+                                     const __grid_constant__ CUtensorMap value_map,
+                                     const __nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ out) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // The portable compute_90 PTX has no wgmma / setmaxnreg: sm_90a machine code only.
   __trap();
@@ -91,54 +96,43 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(&full_k[s], kLoaderThreads);
-      mbarrier_init(&full_v[s], kLoaderThreads);
+      mbarrier_init(&full_k[s], 1);  // the producer's arrive + the copies' bytes
+      mbarrier_init(&full_v[s], 1);
       mbarrier_init(&empty[s], kConsumerThreads);
     }
   }
   __syncthreads();
 
   if (tid < 128) {
-    // ---- Producer warpgroup: gathers; no tensor-core work.
+    // ---- Producer warpgroup: one thread issues every copy; no tensor-core work.
     setmaxnreg_dec<kProducerRegisters>();
-    const int half = tid >> 6;
-    const int loader = tid & (kLoaderThreads - 1);
-    const int chunk = loader & 15;  // 16-byte chunk of head_dim
-    const int row0 = loader >> 4;   // rows row0 + 4 i of the tile
+    if (tid != 0) return;
     const int32_t* table = d.block_tables + d.block_table_start[sequence];
-    const int64_t head_offset = int64_t{kv_head} * kHeadDim + chunk * 8;
-    auto gather = [&](const __nv_bfloat16* pool, uint8_t* dst, int tile) {
-#pragma unroll 8
-      for (int i = 0; i < kKeys / 4; ++i) {
-        const int r = row0 + 4 * i;
-        const int pos = tile * kKeys + r;
-        const bool valid = pos < num_keys;  // past the end: zero-filled, nothing read
-        const int block = valid ? __ldg(table + (pos >> d.log2_block_size)) : 0;
-        const int64_t offset = int64_t{block} * d.block_stride +
-                               int64_t{pos & (d.block_size - 1)} * d.token_stride + head_offset;
-        cp_async_16(dst + tile_offset(r, chunk), pool + offset, valid);
-      }
-    };
-    const auto* key = static_cast<const __nv_bfloat16*>(d.key);
-    const auto* value = static_cast<const __nv_bfloat16*>(d.value);
-    for (int tile = half; tile < num_tiles; tile += 2) {
+    // A box is one page (or, for pages over 128 positions, 128 of its rows) of
+    // one KV head and one 64-element half of head_dim; tiles start on box bounds.
+    const int box_rows = min(d.block_size, kKeys);
+    for (int tile = 0; tile < num_tiles; ++tile) {
       const int stage = tile % kStages;
       // The stage last held tile - kStages: wait until both consumers are done with it.
       if (tile >= kStages) mbarrier_wait(&empty[stage], (tile / kStages - 1) & 1);
+      const int first = tile * kKeys;
+      const int boxes = (min(first + kKeys, num_keys) - first + box_rows - 1) / box_rows;
+      const uint32_t bytes = boxes * box_rows * 128 * 2;
       uint8_t* k_dst = kv_tiles + stage * 2 * kTileBytes;
-      gather(key, k_dst, tile);
-      cp_async_commit();
-      gather(value, k_dst + kTileBytes, tile);
-      cp_async_commit();
-      // Signal each half of the tile as it lands. The proxy fence (by the
-      // writing thread, before the release) orders the cp.async writes before
-      // the consumers' wgmma reads of them.
-      cp_async_wait<1>();
-      fence_proxy_async_shared();
-      mbarrier_arrive(&full_k[stage]);
-      cp_async_wait<0>();
-      fence_proxy_async_shared();
-      mbarrier_arrive(&full_v[stage]);
+      uint8_t* v_dst = k_dst + kTileBytes;
+      // Rows of the last tile past the sequence end hold whatever the pool or an
+      // earlier tile left there: K is masked, V is zeroed by the consumers.
+      mbarrier_arrive_expect_tx(&full_k[stage], bytes);
+      mbarrier_arrive_expect_tx(&full_v[stage], bytes);
+      for (int b = 0; b < boxes; ++b) {
+        const int pos = first + b * box_rows;
+        const int token = __ldg(table + (pos >> d.log2_block_size)) * d.block_size + (pos & (d.block_size - 1));
+        const int offset = b * box_rows * 128;
+        tma_load_3d(k_dst + offset, &key_map, 0, kv_head, token, &full_k[stage]);
+        tma_load_3d(k_dst + kHalfBytes + offset, &key_map, 64, kv_head, token, &full_k[stage]);
+        tma_load_3d(v_dst + offset, &value_map, 0, kv_head, token, &full_v[stage]);
+        tma_load_3d(v_dst + kHalfBytes + offset, &value_map, 64, kv_head, token, &full_v[stage]);
+      }
     }
     return;
   }
@@ -296,6 +290,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     pack_p();
   }
   mbarrier_wait(&full_v[last % kStages], (last / kStages) & 1);
+  const int last_rows = num_keys - last * kKeys;
+  if (last_rows < kKeys) {
+    // P is 0 there, but 0 x NaN is not: zero V past the end (once per CTA).
+    uint8_t* v_tile = kv_tiles + (last % kStages) * 2 * kTileBytes + kTileBytes;
+    for (int idx = ctid; idx < (kKeys - last_rows) * 16; idx += kConsumerThreads)
+      *reinterpret_cast<uint4*>(v_tile + tile_offset(last_rows + (idx >> 4), idx & 15)) = make_uint4(0, 0, 0, 0);
+    fence_proxy_async_shared();  // generic-proxy stores, read next by wgmma
+    named_barrier_sync(kZeroedBarrier, kConsumerThreads);
+  }
   if (kPingPong) named_barrier_sync(my_turn, kConsumerThreads);
   wgmma_fence();
   issue_pv(last % kStages);
