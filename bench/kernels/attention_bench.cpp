@@ -6,7 +6,8 @@
 // the fast output is checked against it at the benchmark shape.
 //
 //   attention_bench [--json FILE] [--iters N] [--only SUBSTRING] [--kv-dtype LIST]
-// --only runs the figures whose name contains SUBSTRING ("copy", "decode", "prefill", ...).
+// --only runs the figures whose name contains SUBSTRING ("copy", "decode", "prefill", ...);
+// "A|B" selects either, "=NAME" one figure exactly ("=decode fp8 B=8 L=32768").
 // Prefill runs on the default wgmma schedule, then on each PAGODA_PREFILL_SM90
 // schedule ("prefill v2 ...", "prefill v4 ...", "prefill v4-lockstep ...").
 // --kv-dtype bf16,fp8,int8,int4,int8/int4 (default bf16): the KV formats the
@@ -55,7 +56,18 @@ struct Figure {
 std::vector<Figure> figures;
 std::string only_filter;
 bool selected(const std::string& name) {
-  return only_filter.empty() || name.find(only_filter) != std::string::npos;
+  if (only_filter.empty()) return true;
+  // "A|B": any of the alternatives; "=NAME": exactly that figure.
+  size_t begin = 0;
+  while (begin <= only_filter.size()) {
+    const size_t bar = std::min(only_filter.find('|', begin), only_filter.size());
+    const std::string alternative = only_filter.substr(begin, bar - begin);
+    if (!alternative.empty() && alternative[0] == '=' ? name == alternative.substr(1)
+                                                      : name.find(alternative) != std::string::npos)
+      return true;
+    begin = bar + 1;
+  }
+  return false;
 }
 
 void* device_alloc(size_t bytes) {
@@ -342,8 +354,14 @@ int main(int argc, char** argv) {
     run_case(tag + " B=64 L=4096", g, 64, 4096, 1, 0, 1, iters, prop, stream);
     run_case(tag + " B=8 L=32768", g, 8, 32768, 1, 0, 1, iters, prop, stream);
     run_case(tag + " B=256 L=1024", g, 256, 1024, 1, 0, 1, iters, prop, stream);
-    // What the split buys, and other block sizes.
+    // What the split buys (and a split of one wave or of four), and other block sizes.
     run_case(tag + " B=8 L=32768 unsplit", g, 8, 32768, 1, 1 << 20, 1, iters, prop, stream);
+    run_case(tag + " B=8 L=32768 split 8192", g, 8, 32768, 1, 8192, 1, iters, prop, stream);
+    run_case(tag + " B=8 L=32768 split 2048", g, 8, 32768, 1, 2048, 1, iters, prop, stream);
+    // One KV head: each block's codes are contiguous per head (is the 8-head
+    // interleave, 128-byte pieces per head and token for fp8, costing HBM efficiency?).
+    Shape one_kv_head{4, 1, 128, 16, key, value};
+    run_case(tag + " GQA 4/1 B=512 L=4096", one_kv_head, 512, 4096, 1, 0, 1, iters, prop, stream);
     for (int bs : {8, 32, 64}) {
       Shape s = g;
       s.block_size = bs;
@@ -377,12 +395,16 @@ int main(int argc, char** argv) {
   {
     const char* before = std::getenv("PAGODA_PREFILL_SM90");
     const std::string saved = before ? before : "";
-    for (const char* schedule : {"v2", "v4", "v4-lockstep"}) {
+    // diag-noload: consumers alone (no K/V copies after the first stages; wrong output).
+    for (const char* schedule : {"v2", "v4", "v4-lockstep", "v4b", "v4b-lockstep", "diag-noload"}) {
       setenv("PAGODA_PREFILL_SM90", schedule, 1);
       const std::string tag = std::string("prefill ") + schedule;
       run_case(tag + " L=4096", gqa, 1, 4096, 4096, 0, 4, iters, prop, stream);
       run_case(tag + " L=16384", gqa, 1, 16384, 16384, 0, 2, std::max(5, iters / 3), prop, stream);
       run_case(tag + " chunk 2048 after 6144 cached", gqa, 1, 8192, 2048, 0, 4, iters, prop, stream);
+      Shape pages64 = gqa;  // 4x fewer, larger copies per tile
+      pages64.block_size = 64;
+      run_case(tag + " bs=64 L=16384", pages64, 1, 16384, 16384, 0, 2, std::max(5, iters / 3), prop, stream);
     }
     if (before) setenv("PAGODA_PREFILL_SM90", saved.c_str(), 1);
     else unsetenv("PAGODA_PREFILL_SM90");

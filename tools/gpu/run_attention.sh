@@ -26,20 +26,24 @@ prefill_only=${PREFILL_ONLY:-0}
 # a schedule that hangs (rc 124) is left out of the sanitizers and the figures.
 schedule_rc=0
 hung=""
-for schedule in ${SCHEDULES:-v2 v4 v4-lockstep}; do
+# QUICK_SCHEDULES run only the Prefill/* cases (13 s instead of 38 s each).
+for schedule in ${SCHEDULES:-v2 v4 v4-lockstep} ${QUICK_SCHEDULES:-}; do
+  filter='Prefill/*:PagedAttentionGpuProperties.*Prefill*'
+  [[ " ${QUICK_SCHEDULES:-} " == *" $schedule "* ]] && filter='Prefill/*'
   echo "== PAGODA_PREFILL_SM90=$schedule" >>"$out/gpu_tests.log"
   PAGODA_PREFILL_SM90=$schedule timeout 40 "$bundle/run.sh" paged_attention_gpu_tests \
-    --gtest_filter='Prefill/*:PagedAttentionGpuProperties.*Prefill*' >>"$out/gpu_tests.log" 2>&1
+    --gtest_filter="$filter" >>"$out/gpu_tests.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && schedule_rc=$rc
   [ $rc -eq 124 ] && hung="$hung $schedule" && echo "== $schedule timed out" >>"$out/gpu_tests.log"
 done
 if [ "$prefill_only" = 1 ]; then
   gpu_rc=$schedule_rc
-  if command -v compute-sanitizer >/dev/null && [[ "$hung" != *" v4"* ]]; then
+  checked=${SANITIZE_SCHEDULE:-v4}
+  if command -v compute-sanitizer >/dev/null && [[ "$hung " != *" $checked "* ]]; then
     for tool in memcheck synccheck; do
-      echo "== compute-sanitizer $tool PAGODA_PREFILL_SM90=v4" >>"$out/gpu_tests.log"
-      PAGODA_PREFILL_SM90=v4 LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64" timeout 40 \
+      echo "== compute-sanitizer $tool PAGODA_PREFILL_SM90=$checked" >>"$out/gpu_tests.log"
+      PAGODA_PREFILL_SM90=$checked LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64" timeout 40 \
         compute-sanitizer --tool $tool --print-limit 5 "$bundle/bin/paged_attention_gpu_tests" \
         --gtest_filter='Prefill/*gqa32x8_d128_bs16*:Prefill/*mha4_d128_bs64*' 2>&1 | tail -6 >>"$out/gpu_tests.log"
     done
@@ -47,7 +51,7 @@ if [ "$prefill_only" = 1 ]; then
   grep -E "^== |rel L2|FAILED|PASSED|Failure|ERROR SUMMARY|error" "$out/gpu_tests.log" | head -60
   only=prefill
   [ -n "$hung" ] && only="prefill v2"
-  timeout 70 "$bundle/run.sh" attention_bench --only "$only" >"$out/attention_bench.log" 2>&1
+  timeout 90 "$bundle/run.sh" attention_bench --only "$only" >"$out/attention_bench.log" 2>&1
   bench_rc=$?
 fi
 if [ "$prefill_only" != 1 ]; then
@@ -107,10 +111,15 @@ nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=
 
 # Hardware counters for one decode and one prefill launch (clocks left alone).
 if command -v ncu >/dev/null && [ "$prefill_only" = 1 ] && [ -z "$hung" ]; then
-  PAGODA_PREFILL_SM90=v4 LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64" timeout 45 ncu --clock-control none \
+  # Stall reasons as raw counters (no PC sampling on this machine).
+  PAGODA_PREFILL_SM90=$checked LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64" timeout 45 ncu --clock-control none \
     -k regex:prefill_attention_sm90 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
     --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
     "$bundle/bin/attention_bench" --only "prefill L=16384" --iters 2 >"$out/ncu.txt" 2>&1
+  PAGODA_PREFILL_SM90=$checked LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64" timeout 45 ncu --clock-control none \
+    -k regex:prefill_attention_sm90 --launch-count 1 \
+    --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor.*cycles_active.*' \
+    "$bundle/bin/attention_bench" --only "prefill L=16384" --iters 2 >>"$out/ncu.txt" 2>&1
 elif command -v ncu >/dev/null && [ "$prefill_only" != 1 ]; then
   export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64"
   { timeout 60 ncu --clock-control none -k regex:decode_attention --launch-count 1 \
@@ -123,7 +132,7 @@ elif command -v ncu >/dev/null && [ "$prefill_only" != 1 ]; then
 fi
 
 echo "== sass"; sed 's/_ZN6pagoda7kernels4cuda[^ ]*_cu_[0-9a-f]*//' "$out/sass_summary.txt" | cut -c1-220
-echo "== ncu"; grep -E "DRAM Throughput|Memory Throughput|Compute \\(SM\\)|Duration|Achieved Occupancy|Registers Per|Theoretical Occ|Stall|Issue Slots|Pipe" "$out/ncu.txt" | head -40
+echo "== ncu"; grep -E "DRAM Throughput|Memory Throughput|Compute \\(SM\\)|Duration|Achieved Occupancy|Registers Per|Theoretical Occ|Issue Slots|pipe_tensor|stalled" "$out/ncu.txt" | head -60
 echo "== torch"; grep -E "copy|decode|prefill|gemm" "$out/torch_baselines.log" | grep -v expanded
 echo "== pagoda"; grep -A30 "^figure" "$out/attention_bench.log" | grep -v "^figure"; grep -E "rel L2 vs naive|failed|error" "$out/attention_bench.log" | cut -c1-160
 echo "rc: plan_tests=$plan_rc gpu_tests=$gpu_rc prefill_schedules=$schedule_rc bench=$bench_rc torch=${torch_rc:-skipped}"
