@@ -1,26 +1,50 @@
-// Per-row sampling on the GPU (sampling.h): thresholds by bisection over the
-// logits' order-preserving keys, Gumbel-max over the survivors.
+// Per-row sampling on the GPU (sampling.h): thresholds by radix select over
+// the logits' order-preserving keys (sampling_select.h), Gumbel-max over the
+// survivors.
 //
 // A token survives when it passes three cuts, each "key > K, or key == K and
-// id < cut_id": min-p (a key threshold, no id cut), top-k and top-p. Counts and
-// masses are summed in double so the top-p boundary agrees with the CPU
-// sampler's double arithmetic except within ~1e-12 of the target.
+// id < cut_id": min-p (a key threshold, no id cut), top-k and top-p. The passes
+// over a row, for temperature + top-p: (1) max, its first id and the raw
+// log-sum-exp, online; (2) the top-p total and a histogram of the top 12 key
+// bits weighted by fixed-point mass; (3, 4) the next 10 and the last 10 bits,
+// reading only the tokens inside the chosen bucket; (5, only when several tokens
+// tie at the threshold and only some are kept) the id cut, in id order with an
+// early exit; (6) Gumbel-max, drawing noise only for survivors. Top-k counts
+// its first histogram during pass 1 and refines like top-p.
 #include <cfloat>
 #include <climits>
 #include <cmath>
 
 #include "pagoda/backend/cuda/sampling.h"
+#include "pagoda/backend/cuda/sampling_select.h"
 
 namespace pagoda::cuda {
 namespace {
 
+namespace sel = sampling_select;
+using sel::KeyCut;
+using sel::order_key;
+using sel::passes;
+
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-constexpr int kProbes = 3;  // thresholds tested per pass: 2 bits of the key per pass
+constexpr unsigned kFullMask = 0xffffffffu;
 
-struct Cut {
-  uint32_t key;
-  int32_t id;  // tokens with key == this key survive when their id < id
+// Shared memory of one CTA (about 33 KB): a radix histogram whose 64-bit
+// bucket values are kept as two 32-bit halves (shared-memory atomics are native
+// for 32-bit integers only; the carry out of the low half is detected from the
+// old value the atomic returns), plus reduction scratch.
+struct Scratch {
+  uint32_t hist_lo[sel::kMaxBuckets];
+  uint32_t hist_hi[sel::kMaxBuckets];
+  uint64_t warp_u64[kWarps];
+  double warp_f64[kWarps];
+  float warp_value[kWarps];
+  int32_t warp_i32[kWarps];
+  int32_t found_id;
+  int32_t found_bucket;
+  uint64_t found_above;
+  uint64_t found_at;
 };
 
 __host__ __device__ inline uint32_t philox_first(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
@@ -46,18 +70,7 @@ __host__ __device__ inline uint32_t draw_bits(uint64_t seed, uint64_t step, int3
                       0x5A6D70u, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
-// NaN -> -inf, -0 -> +0, then the float's bits made order-preserving as unsigned.
-__device__ __forceinline__ float clean(float v) { return isnan(v) ? -INFINITY : v + 0.0f; }
-__device__ __forceinline__ uint32_t order_key(float v) {
-  const uint32_t b = __float_as_uint(v);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-__device__ __forceinline__ float key_value(uint32_t key) {
-  return __uint_as_float((key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key);
-}
-__device__ __forceinline__ bool passes(const Cut& c, uint32_t key, int32_t id) {
-  return key > c.key || (key == c.key && id < c.id);
-}
+__device__ __forceinline__ float clean(float v) { return sel::clean_logit(v); }
 
 // Calls fn(logit, id) for this thread's share of the row. When vocab % 4 == 0
 // (every row then starts 16-byte aligned) it loads float4s, four in flight
@@ -93,25 +106,19 @@ __device__ __forceinline__ void for_each_logit(const float* row, int32_t vocab, 
   }
 }
 
-// Sums N values over the block; every thread gets the totals. Fixed order, so
+// Sum over the block; every thread gets the total. Fixed order of addition, so
 // every thread (and every run) sees the same bits.
-template <int N, typename T>
-__device__ void block_sum(T (&v)[N], T* shared /* [N * kWarps] */) {
+template <typename T>
+__device__ T block_sum(T v, T* shared /* [kWarps] */) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
-  for (int j = 0; j < N; ++j) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v[j] += __shfl_xor_sync(0xffffffffu, v[j], offset);
-    if (lane == 0) shared[j * kWarps + warp] = v[j];
-  }
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  if (lane == 0) shared[warp] = v;
   __syncthreads();
-#pragma unroll
-  for (int j = 0; j < N; ++j) {
-    T s = 0;
-    for (int w = 0; w < kWarps; ++w) s += shared[j * kWarps + w];
-    v[j] = s;
-  }
+  T s = 0;
+  for (int w = 0; w < kWarps; ++w) s += shared[w];
   __syncthreads();
+  return s;
 }
 
 // Best (value, id) over the block: larger value, then smaller id.
@@ -121,230 +128,326 @@ __device__ __forceinline__ void keep_better(float& best, int32_t& best_id, float
     best_id = id;
   }
 }
-__device__ void block_best(float& best, int32_t& best_id, float* shared_value, int32_t* shared_id) {
+__device__ void block_best(float& best, int32_t& best_id, Scratch& s) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
-    const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-    const int32_t other_id = __shfl_xor_sync(0xffffffffu, best_id, offset);
+    const float other = __shfl_xor_sync(kFullMask, best, offset);
+    const int32_t other_id = __shfl_xor_sync(kFullMask, best_id, offset);
     keep_better(best, best_id, other, other_id);
   }
   if (lane == 0) {
-    shared_value[warp] = best;
-    shared_id[warp] = best_id;
+    s.warp_value[warp] = best;
+    s.warp_i32[warp] = best_id;
   }
   __syncthreads();
-  best = shared_value[0];
-  best_id = shared_id[0];
-  for (int w = 1; w < kWarps; ++w) keep_better(best, best_id, shared_value[w], shared_id[w]);
+  best = s.warp_value[0];
+  best_id = s.warp_i32[0];
+  for (int w = 1; w < kWarps; ++w) keep_better(best, best_id, s.warp_value[w], s.warp_i32[w]);
   __syncthreads();
 }
 
-// Smallest key over the block.
-__device__ uint32_t block_min_key(uint32_t key, int32_t* shared /* [kWarps] */) {
-  // Flipping the sign bit makes signed order equal unsigned order.
-  int32_t v = static_cast<int32_t>(key ^ 0x80000000u);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = shared[0];
-  for (int w = 1; w < kWarps; ++w) v = min(v, shared[w]);
-  __syncthreads();
-  return static_cast<uint32_t>(v) ^ 0x80000000u;
+__device__ void clear_histogram(Scratch& s, int buckets) {
+  for (int b = threadIdx.x; b < buckets; b += kThreads) {
+    s.hist_lo[b] = 0;
+    s.hist_hi[b] = 0;
+  }
+}
+__device__ __forceinline__ void histogram_add(Scratch& s, uint32_t bucket, uint64_t amount) {
+  const uint32_t lo = static_cast<uint32_t>(amount);
+  uint32_t hi = static_cast<uint32_t>(amount >> 32);
+  if (lo != 0) {
+    const uint32_t old = atomicAdd(&s.hist_lo[bucket], lo);
+    if (old + lo < old) ++hi;  // the low half wrapped: carry into the high half
+  }
+  if (hi != 0) atomicAdd(&s.hist_hi[bucket], hi);
+}
+__device__ __forceinline__ uint64_t histogram_value(const Scratch& s, int bucket) {
+  return (static_cast<uint64_t>(s.hist_hi[bucket]) << 32) | s.hist_lo[bucket];
 }
 
-// The id one past the `need`-th (1-based) token in id order for which
-// match(id) holds; INT_MAX when fewer match. Threads own contiguous id ranges
-// so an exclusive scan of their match counts orders the matches by id.
-template <typename Match>
-__device__ int32_t id_after_nth_match(int32_t vocab, double need, Match match, int32_t* shared /* [kWarps + 1] */) {
-  const int32_t chunk = (vocab + kThreads - 1) / kThreads;
-  const int32_t begin = min(vocab, static_cast<int32_t>(threadIdx.x) * chunk), end = min(vocab, begin + chunk);
-  int32_t count = 0;
-  for (int32_t i = begin; i < end; ++i) count += match(i) ? 1 : 0;
+struct Crossing {
+  int32_t bucket;
+  uint64_t above;  // measure strictly above the bucket (incl. the caller's `above`)
+  uint64_t at;     // measure inside the bucket
+};
+
+// The parallel form of sel::find_crossing_bucket: each thread owns
+// buckets / kThreads consecutive buckets; a suffix scan over threads gives the
+// measure above each thread's range; the one thread whose range holds the
+// crossing walks it. Integer sums: the answer does not depend on the order.
+__device__ Crossing find_crossing(Scratch& s, int buckets, uint64_t target, uint64_t above) {
+  const int per = buckets / kThreads;
+  const int first = threadIdx.x * per;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  int32_t inclusive = count;
+  uint64_t local = 0;
+  for (int j = 0; j < per; ++j) local += histogram_value(s, first + j);
+  uint64_t suffix = local;  // this lane's and every higher lane's buckets
 #pragma unroll
   for (int offset = 1; offset < 32; offset <<= 1) {
-    const int32_t other = __shfl_up_sync(0xffffffffu, inclusive, offset);
-    if (lane >= offset) inclusive += other;
+    const uint64_t other = __shfl_down_sync(kFullMask, suffix, offset);
+    if (lane + offset < 32) suffix += other;
   }
-  if (lane == 31) shared[warp] = inclusive;
-  if (threadIdx.x == 0) shared[kWarps] = INT_MAX;
+  if (lane == 0) s.warp_u64[warp] = suffix;
+  if (threadIdx.x == 0) {  // unreachable fallback: keep everything
+    s.found_bucket = 0;
+    s.found_above = above;
+    s.found_at = 0;
+  }
   __syncthreads();
-  int32_t before = inclusive - count;
-  for (int w = 0; w < warp; ++w) before += shared[w];
-  const int32_t n = static_cast<int32_t>(need);
-  if (before < n && n <= before + count) {
-    int32_t seen = before;
-    for (int32_t i = begin; i < end; ++i) {
-      if (match(i) && ++seen == n) {
-        shared[kWarps] = i + 1;
+  uint64_t start = above + (suffix - local);
+  for (int w = warp + 1; w < kWarps; ++w) start += s.warp_u64[w];
+  if (start < target && target - start <= local) {
+    uint64_t acc = start;
+    for (int j = per - 1; j >= 0; --j) {
+      const uint64_t h = histogram_value(s, first + j);
+      if (h >= target - acc) {
+        s.found_bucket = first + j;
+        s.found_above = acc;
+        s.found_at = h;
         break;
       }
+      acc += h;
     }
   }
   __syncthreads();
-  const int32_t result = shared[kWarps];
+  const Crossing c{s.found_bucket, s.found_above, s.found_at};
+  __syncthreads();
+  return c;
+}
+
+struct Threshold {
+  uint32_t key;    // the largest key K whose measure at or above it reaches the target
+  uint64_t above;  // measure of the keys > K
+  uint64_t at;     // measure of the keys == K
+};
+
+// Radix select of the threshold key. The first level's histogram must already
+// be in `s` (the caller builds it in a pass that does other work too); the
+// others read only the tokens inside the bucket chosen so far.
+// measure(v, key, id) is a token's count or mass (0: not counted).
+template <typename Measure>
+__device__ Threshold select_threshold(const float* row, int32_t vocab, uint64_t target, Measure measure, Scratch& s) {
+  uint32_t prefix = 0;
+  uint64_t above = 0, at = 0;
+  for (int level = 0; level < sel::kNumRadixLevels; ++level) {
+    const sel::RadixLevel radix = sel::radix_level(level);
+    const int buckets = 1 << radix.bits;
+    if (level > 0) {
+      clear_histogram(s, buckets);
+      __syncthreads();
+      const int high = radix.shift + radix.bits;
+      const uint32_t want = prefix;
+      for_each_logit(row, vocab, [&](float raw, int32_t i) {
+        const float v = clean(raw);
+        const uint32_t key = order_key(v);
+        if ((key >> high) != want) return;
+        const uint64_t m = measure(v, key, i);
+        if (m != 0) histogram_add(s, (key >> radix.shift) & (buckets - 1), m);
+      });
+      __syncthreads();
+    }
+    const Crossing c = find_crossing(s, buckets, target, above);
+    prefix = (prefix << radix.bits) | static_cast<uint32_t>(c.bucket);
+    above = c.above;
+    at = c.at;
+  }
+  return {prefix, above, at};
+}
+
+// The id one past the `need`-th (1-based) token in id order for which
+// match(key, id) holds; INT_MAX when fewer match. Tiles of 16 consecutive ids
+// per thread, threads in id order, a block scan of the match counts per tile;
+// stops at the tile that holds the answer.
+template <typename Match>
+__device__ int32_t id_after_nth_match(const float* row, int32_t vocab, uint64_t need, Match match, Scratch& s) {
+  constexpr int kPerThread = 16;
+  constexpr int32_t kTile = kThreads * kPerThread;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) s.found_id = INT_MAX;
+  uint64_t seen = 0;  // matches in earlier tiles (same in every thread)
+  for (int32_t base = 0; base < vocab && seen < need; base += kTile) {
+    const int32_t first = base + static_cast<int32_t>(threadIdx.x) * kPerThread;
+    uint32_t flags = 0;  // bit j: id first + j matches
+    if ((vocab & 3) == 0 && first + kPerThread <= vocab) {
+      const float4* p4 = reinterpret_cast<const float4*>(row + first);
+      float4 q[kPerThread / 4];
+#pragma unroll
+      for (int u = 0; u < kPerThread / 4; ++u) q[u] = __ldg(p4 + u);
+#pragma unroll
+      for (int u = 0; u < kPerThread / 4; ++u) {
+        const float lane_values[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          if (match(order_key(clean(lane_values[c])), first + 4 * u + c)) flags |= 1u << (4 * u + c);
+        }
+      }
+    } else {
+      for (int j = 0; j < kPerThread; ++j) {
+        const int32_t id = first + j;
+        if (id < vocab && match(order_key(clean(row[id])), id)) flags |= 1u << j;
+      }
+    }
+    const int32_t count = __popc(flags);
+    int32_t inclusive = count;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const int32_t other = __shfl_up_sync(kFullMask, inclusive, offset);
+      if (lane >= offset) inclusive += other;
+    }
+    if (lane == 31) s.warp_i32[warp] = inclusive;
+    __syncthreads();
+    uint64_t before = seen + static_cast<uint64_t>(inclusive - count);
+    uint64_t tile_total = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      if (w < warp) before += static_cast<uint64_t>(s.warp_i32[w]);
+      tile_total += static_cast<uint64_t>(s.warp_i32[w]);
+    }
+    if (before < need && need <= before + static_cast<uint64_t>(count)) {
+      uint32_t rest = flags;
+      for (uint64_t k = need - before; k > 1; --k) rest &= rest - 1;  // drop the lowest matches
+      s.found_id = first + __ffs(static_cast<int>(rest));  // (bit index) + 1
+    }
+    __syncthreads();
+    seen += tile_total;
+  }
+  __syncthreads();
+  const int32_t result = s.found_id;
   __syncthreads();
   return result;
 }
 
-// Largest key K in [lo, hi) with measure(K) >= target, where measure(key) is
-// non-increasing; measure(lo) >= target > measure(hi) on entry. measure sums
-// (count, mass) of the tokens at or above a probe key. On return lo = K and
-// at_lo / at_hi hold the (count, mass) at K and at K + 1.
-template <typename Contribution>
-__device__ void bisect(uint64_t& lo, uint64_t& hi, double target, bool by_mass, double (&at_lo)[2],
-                       double (&at_hi)[2], const float* row, int32_t vocab, Contribution contribution,
-                       double* shared /* [2 * kProbes * kWarps] */) {
-  while (hi - lo > 1) {
-    uint64_t probe[kProbes];
-#pragma unroll
-    for (int j = 0; j < kProbes; ++j) probe[j] = lo + (hi - lo) * (j + 1) / (kProbes + 1);
-    double sums[2 * kProbes];
-#pragma unroll
-    for (int j = 0; j < 2 * kProbes; ++j) sums[j] = 0.0;
-    for_each_logit(row, vocab, [&](float raw, int32_t i) {
-      const float v = clean(raw);
-      const uint32_t key = order_key(v);
-      if (key < probe[0]) return;
-      const double mass = contribution(v, key, i);  // < 0: not a survivor
-      if (mass < 0.0) return;
-#pragma unroll
-      for (int j = 0; j < kProbes; ++j) {
-        if (key >= probe[j]) {
-          sums[j] += 1.0;
-          sums[kProbes + j] += mass;
-        }
-      }
-    });
-    block_sum<2 * kProbes>(sums, shared);
-    // Probes ascend, measures descend: move lo up to the last probe that still
-    // reaches the target and hi down to the first that does not.
-#pragma unroll
-    for (int j = 0; j < kProbes; ++j) {
-      const double measure = by_mass ? sums[kProbes + j] : sums[j];
-      if (probe[j] <= lo || probe[j] >= hi) continue;
-      if (measure >= target) {
-        lo = probe[j];
-        at_lo[0] = sums[j];
-        at_lo[1] = sums[kProbes + j];
-      } else {
-        hi = probe[j];
-        at_hi[0] = sums[j];
-        at_hi[1] = sums[kProbes + j];
-      }
-    }
-  }
-}
-
-__global__ void __launch_bounds__(kThreads) sample_kernel(const float* __restrict__ logits, int32_t vocab,
-                                                          const GpuSamplingParams* __restrict__ params,
-                                                          int32_t* __restrict__ tokens, float* __restrict__ logprobs) {
-  __shared__ double shared_sums[2 * kProbes * kWarps];
-  __shared__ float shared_value[kWarps];
-  __shared__ int32_t shared_id[kWarps + 1];
+__global__ void __launch_bounds__(kThreads, 3)
+    sample_kernel(const float* __restrict__ logits, int32_t vocab, const GpuSamplingParams* __restrict__ params,
+                  int32_t* __restrict__ tokens, float* __restrict__ logprobs, GpuSamplingCuts* __restrict__ cuts) {
+  __shared__ Scratch s;
   const int32_t r = blockIdx.x;
   const float* row = logits + static_cast<int64_t>(r) * vocab;
   const GpuSamplingParams p = params[r];
+  const bool greedy = !(p.temperature > 0.0f) || p.top_k == 1;
+  const bool top_k_on = !greedy && p.top_k > 1 && p.top_k < vocab;
 
-  // Max and its first id; then the raw log-sum-exp for the logprob.
-  float max_value = -INFINITY;
-  int32_t max_id = INT_MAX;
-  for_each_logit(row, vocab, [&](float v, int32_t i) { keep_better(max_value, max_id, clean(v), i); });
-  block_best(max_value, max_id, shared_value, shared_id);
+  // Pass 1: max and its first id; the raw sum of exp(l - max), online (each
+  // thread rescales its sum when its max grows); top-k's first histogram.
+  if (top_k_on) {
+    clear_histogram(s, sel::kMaxBuckets);
+    __syncthreads();
+  }
+  float local_max = -INFINITY;
+  int32_t local_id = INT_MAX;
+  double local_sum = 0.0;
+  const int top_shift = sel::radix_level(0).shift;
+  for_each_logit(row, vocab, [&](float raw, int32_t i) {
+    const float v = clean(raw);
+    if (v > local_max) {
+      local_sum = local_sum * static_cast<double>(expf(local_max - v)) + 1.0;
+      local_max = v;
+      local_id = i;
+    } else {
+      if (v == local_max && i < local_id) local_id = i;
+      if (v != -INFINITY) local_sum += static_cast<double>(expf(v - local_max));
+    }
+    if (top_k_on) atomicAdd(&s.hist_lo[order_key(v) >> top_shift], 1u);
+  });
+  float max_value = local_max;
+  int32_t max_id = local_id;
+  block_best(max_value, max_id, s);
   if (max_id == INT_MAX) max_id = 0;
-  auto finish = [&](int32_t token, double log_z) {
+  const double sum_exp = block_sum(
+      local_max == -INFINITY ? 0.0 : local_sum * static_cast<double>(expf(local_max - max_value)), s.warp_f64);
+  const double log_z = static_cast<double>(max_value) + log(sum_exp);
+
+  auto finish = [&](int32_t token, double z) {
     if (threadIdx.x == 0) {
       tokens[r] = token;
-      logprobs[r] = static_cast<float>(static_cast<double>(clean(row[token])) - log_z);
+      logprobs[r] = static_cast<float>(static_cast<double>(clean(row[token])) - z);
     }
   };
-  if (max_value == -INFINITY) {
-    finish(max_id, INFINITY);
+  if (max_value == -INFINITY || greedy) {
+    if (cuts != nullptr && threadIdx.x == 0) {
+      const uint32_t max_key = order_key(max_value);
+      cuts[r] = GpuSamplingCuts{max_key, max_key, max_id + 1, 0u, 0};
+    }
+    finish(max_id, max_value == -INFINITY ? static_cast<double>(INFINITY) : log_z);
     return;
   }
-  const bool greedy = !(p.temperature > 0.0f) || p.top_k == 1;
-  const float inv_t = greedy ? 1.0f : 1.0f / p.temperature;
-  // The CPU sampler's probability up to a constant: exp((l - max) / T), computed
-  // like it in float then widened.
-  auto weight = [&](float v) { return static_cast<double>(expf((v - max_value) * inv_t)); };
-  // raw: sum exp(l - max); base: count of min-p survivors and their lowest key.
-  double sums[2] = {0.0, 0.0};
-  uint32_t lowest_key = UINT_MAX;
-  for_each_logit(row, vocab, [&](float raw, int32_t) {
-    const float v = clean(raw);
-    sums[0] += static_cast<double>(expf(v - max_value));
-    if (!greedy) {
-      const double w = weight(v);
-      if (w > 0.0 && w >= static_cast<double>(p.min_p)) {
-        sums[1] += 1.0;
-        lowest_key = min(lowest_key, order_key(v));
-      }
-    }
-  });
-  block_sum<2>(sums, shared_sums);
-  const double log_z = static_cast<double>(max_value) + log(sums[0]);
-  if (greedy) {
-    finish(max_id, log_z);
-    return;
-  }
-  lowest_key = block_min_key(lowest_key, shared_id);
-  const double num_base = sums[1];
-  const uint32_t max_key = order_key(max_value);
-  const Cut base{lowest_key, INT_MAX};
-  Cut top_k{0u, 0};  // key > 0 holds for every non-NaN key: no cut
-  Cut top_p{0u, 0};
+  const float inv_t = 1.0f / p.temperature;
+  // The CPU sampler's probability up to a constant: exp((l - max) / T).
+  auto weight = [&](float v) { return expf((v - max_value) * inv_t); };
 
-  if (p.top_k > 0 && static_cast<double>(p.top_k) < num_base) {
-    uint64_t lo = lowest_key, hi = static_cast<uint64_t>(max_key) + 1;
-    double at_lo[2] = {num_base, 0.0}, at_hi[2] = {0.0, 0.0};
-    bisect(lo, hi, static_cast<double>(p.top_k), /*by_mass=*/false, at_lo, at_hi, row, vocab,
-           [&](float, uint32_t key, int32_t) { return passes(base, key, 0) ? 0.0 : -1.0; }, shared_sums);
-    const uint32_t k_key = static_cast<uint32_t>(lo);
-    top_k = Cut{k_key, INT_MAX};
-    if (at_lo[0] > static_cast<double>(p.top_k)) {
-      // Ties at the k-th value: keep the lowest ids among them.
-      const double need = static_cast<double>(p.top_k) - at_hi[0];
-      top_k.id = id_after_nth_match(vocab, need, [&](int32_t i) { return order_key(clean(row[i])) == k_key; },
-                                    shared_id);
+  // min-p (and "probability > 0"): the smallest key whose weight passes, by
+  // bisection over key values (weight is non-decreasing in the key); reads no
+  // memory, so the weight is exp in double like the CPU's: a token whose expf
+  // underflows (a cold temperature) still competes, through its log-weight.
+  KeyCut base{0u, INT_MAX};
+  {
+    auto survives_min_p = [&](uint32_t key) {
+      const double w = exp(static_cast<double>((sel::key_value(key) - max_value) * inv_t));
+      return w > 0.0 && w >= static_cast<double>(p.min_p);
+    };
+    uint32_t fails = order_key(-INFINITY), holds = order_key(max_value);
+    while (holds - fails > 1) {
+      const uint32_t mid = fails + (holds - fails) / 2;
+      if (survives_min_p(mid)) holds = mid; else fails = mid;
     }
+    base.key = holds;
   }
 
+  // top-k by count over all tokens: when fewer than k pass min-p, its key lies
+  // below min-p's and the min-p cut alone decides, as on the CPU.
+  KeyCut top_k{0u, 0};  // key > 0 holds for every cleaned key: no cut
+  if (top_k_on) {
+    const uint64_t k = static_cast<uint64_t>(p.top_k);
+    const Threshold t = select_threshold(row, vocab, k, [](float, uint32_t, int32_t) { return uint64_t{1}; }, s);
+    top_k = KeyCut{t.key, INT_MAX};
+    if (t.above + t.at > k) {
+      const uint32_t k_key = t.key;
+      top_k.id = id_after_nth_match(row, vocab, k - t.above, [&](uint32_t key, int32_t) { return key == k_key; }, s);
+    }
+  }
   auto survives_k = [&](uint32_t key, int32_t id) { return passes(base, key, id) && passes(top_k, key, id); };
+
+  KeyCut top_p{0u, 0};
   if (p.top_p < 1.0f) {
-    double total[2] = {0.0, 0.0};  // count, mass of the min-p and top-k survivors
+    const int shift = sel::mass_shift(vocab);
+    const double scale = static_cast<double>(uint64_t{1} << shift);
+    auto mass = [&](float v) { return sel::to_fixed_mass(weight(v), scale); };
+    const uint64_t skip_below = sel::top_p_skip_floor(p.top_p, shift, vocab);
+    // Pass 2: the survivors' total mass and the first histogram.
+    clear_histogram(s, sel::kMaxBuckets);
+    __syncthreads();
+    uint64_t local_total = 0;
     for_each_logit(row, vocab, [&](float raw, int32_t i) {
       const float v = clean(raw);
-      if (survives_k(order_key(v), i)) {
-        total[0] += 1.0;
-        total[1] += weight(v);
-      }
+      const uint32_t key = order_key(v);
+      if (!survives_k(key, i)) return;
+      const uint64_t m = mass(v);
+      local_total += m;
+      if (m != 0 && m >= skip_below) histogram_add(s, key >> top_shift, m);
     });
-    block_sum<2>(total, shared_sums);
-    const double target = static_cast<double>(p.top_p) * total[1];
-    uint64_t lo = lowest_key, hi = static_cast<uint64_t>(max_key) + 1;
-    double at_lo[2] = {total[0], total[1]}, at_hi[2] = {0.0, 0.0};
-    bisect(lo, hi, target, /*by_mass=*/true, at_lo, at_hi, row, vocab,
-           [&](float v, uint32_t key, int32_t i) { return survives_k(key, i) ? weight(v) : -1.0; }, shared_sums);
-    const uint32_t p_key = static_cast<uint32_t>(lo);
-    top_p = Cut{p_key, INT_MAX};
-    // The CPU keeps adding tokens (best first, ties by id) until the kept mass
-    // reaches the target: all above p_key, then the fewest tied at p_key.
-    const double q = weight(key_value(p_key));
-    const double tied = at_lo[0] - at_hi[0];
-    if (tied > 1.0 && q > 0.0) {
-      const double need = fmax(1.0, ceil((target - at_hi[1]) / q));
+    const uint64_t total = block_sum(local_total, s.warp_u64);
+    const uint64_t target = sel::top_p_target(total, p.top_p);
+    const Threshold t = select_threshold(
+        row, vocab, target,
+        [&](float v, uint32_t key, int32_t i) -> uint64_t {
+          if (!survives_k(key, i)) return 0;
+          const uint64_t m = mass(v);
+          return m >= skip_below ? m : 0;
+        },
+        s);
+    top_p = KeyCut{t.key, INT_MAX};
+    const uint64_t q = mass(sel::key_value(t.key));
+    if (q > 0) {
+      const uint64_t tied = t.at / q;
+      const uint64_t need = sel::tied_tokens_needed(target, t.above, q);
       if (need < tied) {
+        const uint32_t p_key = t.key;
         top_p.id = id_after_nth_match(
-            vocab, need, [&](int32_t i) { const uint32_t key = order_key(clean(row[i]));
-                                          return key == p_key && survives_k(key, i); },
-            shared_id);
+            row, vocab, need, [&](uint32_t key, int32_t i) { return key == p_key && survives_k(key, i); }, s);
       }
     }
   }
+  if (cuts != nullptr && threadIdx.x == 0) cuts[r] = GpuSamplingCuts{base.key, top_k.key, top_k.id, top_p.key, top_p.id};
 
   // Gumbel-max over the survivors: argmax of (l - max) / T + Gumbel noise.
   float best = -INFINITY;
@@ -357,17 +460,22 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* __restric
     const float exponential = -log1pf(-u);  // Exp(1); near 0 stays precise for large Gumbel values
     keep_better(best, best_id, (v - max_value) * inv_t - logf(exponential), i);
   });
-  block_best(best, best_id, shared_value, shared_id);
+  block_best(best, best_id, s);
   finish(best_id == INT_MAX ? max_id : best_id, log_z);
 }
 
 }  // namespace
 
+cudaError_t sample_rows_with_cuts(const float* logits, int32_t rows, int32_t vocab, const GpuSamplingParams* params,
+                                  int32_t* tokens, float* logprobs, GpuSamplingCuts* cuts, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  sample_kernel<<<rows, kThreads, 0, stream>>>(logits, vocab, params, tokens, logprobs, cuts);
+  return cudaGetLastError();
+}
+
 cudaError_t sample_rows(const float* logits, int32_t rows, int32_t vocab, const GpuSamplingParams* params,
                         int32_t* tokens, float* logprobs, cudaStream_t stream) {
-  if (rows == 0) return cudaSuccess;
-  sample_kernel<<<rows, kThreads, 0, stream>>>(logits, vocab, params, tokens, logprobs);
-  return cudaGetLastError();
+  return sample_rows_with_cuts(logits, rows, vocab, params, tokens, logprobs, nullptr, stream);
 }
 
 double sampling_uniform(uint64_t seed, uint64_t step, int32_t token) {

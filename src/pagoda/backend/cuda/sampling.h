@@ -3,16 +3,25 @@
 // device, with the CPU sampler's semantics (engine/sampler.h) minus penalties
 // and top logprobs: temperature (0: argmax) -> min-p -> top-k -> top-p -> draw.
 //
-// One CTA per row, no sort of the vocabulary: a pass for the max and the raw
-// log-sum-exp, then the top-k and top-p thresholds by bisection over the
-// order-preserving 32-bit key of the logit (each pass counts / sums the mass
-// above three probes, so ~16 passes per threshold), ties at a threshold cut
-// by token id (lowest first, like the CPU's stable order), then Gumbel-max over
-// the survivors with Philox-4x32-10 noise keyed by (seed, step, token id): a
-// row's draw depends only on its own logits and key, never on the batch.
+// One CTA per row, no sort of the vocabulary (sampling.cu): one pass for the
+// max and the raw log-sum-exp (online); the min-p threshold by a search over
+// key values that reads no memory; the top-k and top-p thresholds by radix
+// select over the logits' order-preserving 32-bit keys (a histogram of the
+// top 12 key bits, weighted by count for top-k and by exact fixed-point
+// probability mass for top-p, then 10 + 10 bits inside the chosen bucket:
+// sampling_select.h); ties at a threshold cut by token id (lowest first, like
+// the CPU's stable order); then Gumbel-max over the survivors with
+// Philox-4x32-10 noise keyed by (seed, step, token id): a row's draw depends
+// only on its own logits and key, never on the batch.
 //
-// Units and shapes: logits f32 [rows, vocab] row-major (device); params, tokens
-// and logprobs [rows] (device). logprobs[r] = log-softmax of the RAW row at
+// Agreement with the CPU sampler: the kept set is the CPU's except where the
+// top-p target lies within float rounding (~1e-7 relative) of a cumulative-mass
+// boundary (the kernel weighs tokens by expf in float, the CPU by exp in
+// double); equal logits are equal keys and are cut by id exactly like the CPU.
+// Thresholds are deterministic: the same row gives the same cuts on every run.
+//
+// Units and shapes: logits f32 [rows, vocab] row-major (device); params, tokens,
+// logprobs and cuts [rows] (device). logprobs[r] = log-softmax of the RAW row at
 // the chosen token (before temperature), like the OpenAI API. NaN logits are
 // treated as -inf; a row with no finite logit yields its argmax with logprob -inf.
 //
@@ -36,8 +45,25 @@ struct GpuSamplingParams {
   uint64_t step = 0;         // per draw of that sequence (its output index)
 };
 
+// The thresholds a row was sampled under, for tests and diagnostics: a token
+// with cleaned logit v (NaN -> -inf) and key k = order_key(v)
+// (sampling_select.h) was a candidate iff it passes all three cuts, each
+// "k > cut key, or k == cut key and id < cut id". Greedy rows (and rows with
+// no finite logit) report cuts that keep only the chosen argmax.
+struct GpuSamplingCuts {
+  uint32_t min_p_key = 0;  // id cut: none (every id passes at the key)
+  uint32_t top_k_key = 0;
+  int32_t top_k_id = 0;
+  uint32_t top_p_key = 0;
+  int32_t top_p_id = 0;
+};
+
 cudaError_t sample_rows(const float* logits, int32_t rows, int32_t vocab, const GpuSamplingParams* params,
                         int32_t* tokens, float* logprobs, cudaStream_t stream);
+
+// The same, also writing each row's cuts to `cuts` [rows] (device; may be null).
+cudaError_t sample_rows_with_cuts(const float* logits, int32_t rows, int32_t vocab, const GpuSamplingParams* params,
+                                  int32_t* tokens, float* logprobs, GpuSamplingCuts* cuts, cudaStream_t stream);
 
 // The uniform in (0, 1) the draw uses for (seed, step, token): exposed so tests
 // can check the generator itself. Host-callable mirror of the device code.
