@@ -419,9 +419,8 @@ std::string compare_with_cpu(const std::vector<float>& row, const GpuSamplingPar
     return j >= 0 && j < static_cast<int32_t>(cpu.cumulative.size()) &&
            std::abs(cpu.cumulative[j] - cpu.target) <= 1e-6 * total;
   };
-  size_t cpu_count = cpu.kept, count = 0, borderline = 0;
+  size_t borderline = 0;
   for (int32_t i = 0; i < static_cast<int32_t>(row.size()); ++i) {
-    count += kept[i] ? 1 : 0;
     const int32_t j = position[i];
     const bool cpu_kept = j >= 0 && static_cast<size_t>(j) < cpu.kept;
     if (cpu_kept == static_cast<bool>(kept[i])) continue;
@@ -434,12 +433,11 @@ std::string compare_with_cpu(const std::vector<float>& row, const GpuSamplingPar
     }
     std::ostringstream why;
     why << "token " << i << " (logit " << row[i] << ", CPU rank " << j << ") is " << (kept[i] ? "kept" : "dropped")
-        << " but the CPU " << (cpu_kept ? "keeps" : "drops") << " it; CPU keeps " << cpu_count << ", GPU "
+        << " but the CPU " << (cpu_kept ? "keeps" : "drops") << " it; CPU keeps " << cpu.kept << ", GPU "
         << std::count(kept.begin(), kept.end(), 1);
     return why.str();
   }
   if (borderline > 1) return "more than one token decided within rounding: " + std::to_string(borderline);
-  (void)count;
   return "";
 }
 
