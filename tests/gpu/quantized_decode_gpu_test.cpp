@@ -223,6 +223,24 @@ TEST(QuantizedDecodeAttention, SplitKMergeAndGraphModeAndLongContext) {
   }
 }
 
+// The tensor-core kernel is persistent: each CTA walks many (item, head tile)
+// units and its warps' pipelines run on from one unit into the next. Many short,
+// uneven sequences give every CTA several units, units where some warps have no
+// tile at all, and ranges ending mid-tile; a split of 48 adds merged units.
+TEST(QuantizedDecodeAttention, PersistentCtasCarryThePipelineAcrossManyShortUnits) {
+  if (!testing::cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  std::vector<SequenceShape> shapes;
+  for (int32_t i = 0; i < 160; ++i) shapes.push_back({1, (i * 37) % 150});  // 0..149 cached tokens
+  AttentionPlanOptions split;
+  split.split_tokens = 48;
+  uint32_t seed = 300;
+  for (const Formats& f : {kAllFormats[0], kAllFormats[1]}) {
+    check_case({f, 32, 8, 128, 16}, shapes, seed++, Path::kFast);
+    check_case({f, 32, 8, 128, 16}, shapes, seed++, Path::kFast, split);
+    check_case({f, 16, 4, 64, 8}, shapes, seed++, Path::kFast);
+  }
+}
+
 TEST(QuantizedDecodeAttention, NaiveKernelReadsEveryFormat) {
   if (!testing::cuda_device_present()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 200;

@@ -16,6 +16,7 @@
 
 #include "pagoda/kernels/cuda/attention_descriptor.h"
 #include "pagoda/kernels/cuda/attention_launch_internal.h"
+#include "pagoda/kernels/cuda/decode_split_merge.cuh"
 #include "pagoda/kernels/cuda/device_primitives.cuh"
 
 namespace pagoda::kernels::cuda {
@@ -26,7 +27,6 @@ using namespace device;
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeStages = 3;
 constexpr int kStageBytesPerWarp = 8192;  // K + V of one warp tile
-constexpr float kNoScore = -1e30f;        // finite "minus infinity": keeps exp2 of differences NaN-free
 
 template <int kHeadDim>
 struct DecodeShape {
@@ -56,18 +56,14 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   const int chunk_first = swapped ? sub + S::kLanesPerToken : sub;
   const int chunk_second = swapped ? sub : sub + S::kLanesPerToken;
 
-  const int item = blockIdx.y;
-  const int sequence = d.work_items[3 * item];
-  if (sequence < 0) return;  // unused item of a graph-mode plan (fixed grid, fewer items this step)
-  const int kv_begin = d.work_items[3 * item + 1];
-  const int kv_end = d.work_items[3 * item + 2];
-  const int q_head0 = blockIdx.x * kHeads;
-  const int kv_head = q_head0 / (d.num_q_heads / d.num_kv_heads);
-  const int token = d.query_start[sequence];
-  const int32_t* table = d.block_tables + d.block_table_start[sequence];
+  allow_merge_launch();
+  const DecodeWorkItem w = load_decode_work_item(d, blockIdx.y, blockIdx.x, kHeads);
+  if (w.sequence < 0) return;  // unused item of a graph-mode plan
+  const int kv_begin = w.kv_begin, kv_end = w.kv_end, q_head0 = w.q_head0, token = w.token;
+  const int32_t* table = w.table;
   const auto* key = static_cast<const __nv_bfloat16*>(d.key);
   const auto* value = static_cast<const __nv_bfloat16*>(d.value);
-  const int64_t head_offset = int64_t{kv_head} * kHeadDim;
+  const int64_t head_offset = int64_t{w.kv_head} * kHeadDim;
 
   // Query vectors, pre-scaled so that scores come out in log2 units.
   float qf[kHeads][16];
@@ -214,53 +210,24 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
 
   // Merge the warps through shared memory (the stages are free now).
   __syncthreads();
-  float* red = reinterpret_cast<float*>(smem);
-  float* red_m = red;                                 // [warps][heads]
-  float* red_l = red_m + kDecodeWarps * kHeads;       // [warps][heads]
-  float* red_acc = red_l + kDecodeWarps * kHeads;     // [warps][heads][head_dim]
+  const WarpPartials<kDecodeWarps, kHeads, kHeadDim> partials(reinterpret_cast<float*>(smem));
   if (group == 0) {
 #pragma unroll
     for (int h = 0; h < kHeads; ++h) {
-      float* dst = red_acc + (warp * kHeads + h) * kHeadDim;
+      float* dst = partials.acc_row(warp, h);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         dst[chunk_first * 8 + e] = acc[h][e];
         dst[chunk_second * 8 + e] = acc[h][8 + e];
       }
       if (sub == 0) {
-        red_m[warp * kHeads + h] = m[h];
-        red_l[warp * kHeads + h] = l[h];
+        partials.m[warp * kHeads + h] = m[h];
+        partials.l[warp * kHeads + h] = l[h];
       }
     }
   }
   __syncthreads();
-
-  const bool split = d.split_start[sequence + 1] - d.split_start[sequence] > 1;
-  float* partial_o = d.workspace;
-  float* partial_lse = d.workspace + int64_t{d.num_work_items} * d.num_q_heads * kHeadDim;
-  for (int idx = threadIdx.x; idx < kHeads * kHeadDim; idx += blockDim.x) {
-    const int h = idx / kHeadDim;
-    const int col = idx % kHeadDim;
-    float m_all = kNoScore;
-#pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) m_all = fmaxf(m_all, red_m[w * kHeads + h]);
-    float sum = 0.0f, o = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) {
-      const float weight = exp2f(red_m[w * kHeads + h] - m_all);
-      sum += red_l[w * kHeads + h] * weight;
-      o += red_acc[(w * kHeads + h) * kHeadDim + col] * weight;
-    }
-    const int q_head = q_head0 + h;
-    if (!split) {
-      // sum == 0 only for an empty range (a graph bucket's padding row): zeros, as the builtin kernel.
-      out[(int64_t{token} * d.num_q_heads + q_head) * kHeadDim + col] =
-          __float2bfloat16(sum > 0.0f ? o / sum : 0.0f);
-    } else {
-      partial_o[(int64_t{item} * d.num_q_heads + q_head) * kHeadDim + col] = o / sum;
-      if (col == 0) partial_lse[int64_t{item} * d.num_q_heads + q_head] = m_all + log2f(sum);
-    }
-  }
+  write_decode_result(d, w, partials, out);
 }
 
 // One CTA per (sequence, query head), one thread per element of head_dim.
@@ -270,6 +237,7 @@ __global__ void merge_splits_kernel(const AttentionDescriptor d, __nv_bfloat16* 
   const int first = d.split_start[sequence];
   const int last = d.split_start[sequence + 1];
   if (last - first <= 1) return;  // written directly by the decode kernel
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the decode grid's partials are complete
   const float* partial_o = d.workspace;
   const float* partial_lse = d.workspace + int64_t{d.num_work_items} * d.num_q_heads * d.head_dim;
   float m_all = kNoScore;
@@ -291,21 +259,10 @@ template <int kHeadDim, int kHeads>
 cudaError_t launch_decode_variant(const AttentionDescriptor& d, const __nv_bfloat16* q,
                                   __nv_bfloat16* out, cudaStream_t stream) {
   constexpr int smem_bytes = kDecodeWarps * kDecodeStages * kStageBytesPerWarp;
-  static_assert(smem_bytes >= (2 * kDecodeWarps * kHeads + kDecodeWarps * kHeads * kHeadDim) * 4,
+  static_assert(smem_bytes >= WarpPartials<kDecodeWarps, kHeads, kHeadDim>::kFloats * 4,
                 "the warp merge reuses the stage memory");
-  auto* kernel = decode_attention_kernel<kHeadDim, kHeads>;
-  // Once per process (normally before any graph capture: see prepare_paged_attention_kernels).
-  static const cudaError_t prepared =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  if (prepared != cudaSuccess) return prepared;
-  cudaError_t err;
-  if (d.num_work_items == 0) return cudaSuccess;
-  const dim3 grid(d.num_q_heads / kHeads, d.num_work_items);
-  kernel<<<grid, kDecodeWarps * 32, smem_bytes, stream>>>(d, q, out);
-  err = cudaGetLastError();
-  if (err != cudaSuccess || d.max_splits <= 1) return err;
-  merge_splits_kernel<<<dim3(d.num_sequences, d.num_q_heads), d.head_dim, 0, stream>>>(d, out);
-  return cudaGetLastError();
+  return launch_split_decode<decode_attention_kernel<kHeadDim, kHeads>, smem_bytes, kDecodeWarps * 32>(
+      d, q, out, stream);
 }
 
 template <int kHeadDim>
@@ -322,9 +279,19 @@ cudaError_t launch_decode_for_dim(const AttentionDescriptor& d, const __nv_bfloa
 }  // namespace
 
 cudaError_t launch_decode_merge(const AttentionDescriptor& d, void* out, cudaStream_t stream) {
-  merge_splits_kernel<<<dim3(d.num_sequences, d.num_q_heads), d.head_dim, 0, stream>>>(
-      d, static_cast<__nv_bfloat16*>(out));
-  return cudaGetLastError();
+  // A programmatic dependent launch: the merge grid is scheduled while the
+  // decode kernel still runs (it calls allow_merge_launch) and waits for its
+  // results in griddepcontrol.wait, so no launch gap separates the two.
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(d.num_sequences, d.num_q_heads);
+  config.blockDim = dim3(d.head_dim);
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = decode_experiment("no-pdl") ? 0 : 1;
+  return cudaLaunchKernelEx(&config, merge_splits_kernel, d, static_cast<__nv_bfloat16*>(out));
 }
 
 cudaError_t prepare_decode_attention() {
