@@ -10,8 +10,8 @@
 //     the wgmma descriptors expect ([2 halves of head_dim][128 rows][128 B]).
 // Scheduling: see PAGODA_SM90_PINGPONG below. This file also launches v4
 // (prefill_sm90_warp_specialized.cuh: a TMA producer warpgroup with setmaxnreg,
-// ping-pong consumers that overlap softmax with the previous tile's P V);
-// PAGODA_PREFILL_SM90 (v2 | v4 | v4-lockstep) picks one at launch.
+// consumers that overlap softmax with the previous tile's P V, optionally in ping-pong);
+// PAGODA_PREFILL_SM90 (v4-lockstep, the default | v4 | v2) picks one at launch.
 
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -307,21 +307,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // Which schedule runs (docs/KERNELS.md has the figures of each), read from
 // PAGODA_PREFILL_SM90 at every launch so one process can compare them:
-//   v2 (default): the v2.1 kernel above (all warps gather and compute, one barrier per tile);
-//   v4: warp-specialized TMA producer + two consumers in ping-pong
-//       (prefill_sm90_warp_specialized.cuh); v4-lockstep: without the turns;
-//   v4b, v4b-lockstep: the same with K released right after S (kEarlyKeyRelease);
-//   diag-noload: DIAGNOSTIC, wrong output: v4b timed without K/V copies.
-enum class Sm90PrefillSchedule { kV2, kV4, kV4Lockstep, kV4b, kV4bLockstep, kDiagnosticNoLoad, kUnknown };
+//   v4-lockstep (default): warp-specialized TMA producer + two consumers that
+//       each overlap softmax with their previous P V (prefill_sm90_warp_specialized.cuh);
+//   v4: the same with ping-pong turns between the consumers (measured 2% slower at 16K);
+//   v2: the v2.1 kernel above (all warps gather and compute, one barrier per tile).
+// Block sizes under 8 always run v2 (see below).
+enum class Sm90PrefillSchedule { kV2, kV4, kV4Lockstep, kUnknown };
 
 Sm90PrefillSchedule schedule_from_environment() {
   const char* v = std::getenv("PAGODA_PREFILL_SM90");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "v2") == 0) return Sm90PrefillSchedule::kV2;
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "v4-lockstep") == 0) return Sm90PrefillSchedule::kV4Lockstep;
   if (std::strcmp(v, "v4") == 0) return Sm90PrefillSchedule::kV4;
-  if (std::strcmp(v, "v4-lockstep") == 0) return Sm90PrefillSchedule::kV4Lockstep;
-  if (std::strcmp(v, "v4b") == 0) return Sm90PrefillSchedule::kV4b;
-  if (std::strcmp(v, "v4b-lockstep") == 0) return Sm90PrefillSchedule::kV4bLockstep;
-  if (std::strcmp(v, "diag-noload") == 0) return Sm90PrefillSchedule::kDiagnosticNoLoad;
+  if (std::strcmp(v, "v2") == 0) return Sm90PrefillSchedule::kV2;
   return Sm90PrefillSchedule::kUnknown;
 }
 
@@ -353,7 +350,7 @@ cudaError_t make_kv_tensor_map(CUtensorMap* map, const void* pool, const Attenti
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <bool kPingPong, bool kEarlyKeyRelease, bool kTimingWithoutLoads = false>
+template <bool kPingPong>
 cudaError_t launch_warp_specialized(const AttentionDescriptor& d, const __nv_bfloat16* q, __nv_bfloat16* out,
                                     cudaStream_t stream) {
   CUtensorMap key_map, value_map;
@@ -367,7 +364,7 @@ cudaError_t launch_warp_specialized(const AttentionDescriptor& d, const __nv_bfl
         d, q, out);
     return cudaGetLastError();
   }
-  prefill_ws::prefill_attention_sm90_ws_kernel<kPingPong, kEarlyKeyRelease, kTimingWithoutLoads>
+  prefill_ws::prefill_attention_sm90_ws_kernel<kPingPong>
       <<<dim3(d.num_kv_heads, d.num_work_items), prefill_ws::kThreads, prefill_ws::kSmemBytes, stream>>>(
           d, key_map, value_map, q, out);
   return cudaGetLastError();
@@ -376,20 +373,14 @@ cudaError_t launch_warp_specialized(const AttentionDescriptor& d, const __nv_bfl
 }  // namespace
 
 cudaError_t prepare_prefill_attention_sm90() {
-  const cudaFuncAttribute smem = cudaFuncAttributeMaxDynamicSharedMemorySize;
-  for (cudaError_t e : {cudaFuncSetAttribute(prefill_attention_sm90_kernel, smem, kSmemBytes),
-                        cudaFuncSetAttribute(prefill_ws::prefill_attention_sm90_ws_kernel<true, false>, smem,
-                                             prefill_ws::kSmemBytes),
-                        cudaFuncSetAttribute(prefill_ws::prefill_attention_sm90_ws_kernel<false, false>, smem,
-                                             prefill_ws::kSmemBytes),
-                        cudaFuncSetAttribute(prefill_ws::prefill_attention_sm90_ws_kernel<true, true>, smem,
-                                             prefill_ws::kSmemBytes),
-                        cudaFuncSetAttribute(prefill_ws::prefill_attention_sm90_ws_kernel<false, true>, smem,
-                                             prefill_ws::kSmemBytes),
-                        cudaFuncSetAttribute(prefill_ws::prefill_attention_sm90_ws_kernel<true, true, true>, smem,
-                                             prefill_ws::kSmemBytes)})
-    if (e != cudaSuccess) return e;
-  return cudaSuccess;
+  cudaError_t e = cudaFuncSetAttribute(prefill_attention_sm90_kernel,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (e != cudaSuccess) return e;
+  e = cudaFuncSetAttribute(prefill_ws::prefill_attention_sm90_ws_kernel<true>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, prefill_ws::kSmemBytes);
+  if (e != cudaSuccess) return e;
+  return cudaFuncSetAttribute(prefill_ws::prefill_attention_sm90_ws_kernel<false>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, prefill_ws::kSmemBytes);
 }
 
 cudaError_t launch_prefill_attention_sm90(const AttentionDescriptor& d, const void* q, void* out,
@@ -406,20 +397,14 @@ cudaError_t launch_prefill_attention_sm90(const AttentionDescriptor& d, const vo
   if (d.block_size < 8 && schedule != Sm90PrefillSchedule::kUnknown) schedule = Sm90PrefillSchedule::kV2;
   switch (schedule) {
     case Sm90PrefillSchedule::kV4:
-      return launch_warp_specialized<true, false>(d, q_bf16, out_bf16, stream);
+      return launch_warp_specialized<true>(d, q_bf16, out_bf16, stream);
     case Sm90PrefillSchedule::kV4Lockstep:
-      return launch_warp_specialized<false, false>(d, q_bf16, out_bf16, stream);
-    case Sm90PrefillSchedule::kV4b:
-      return launch_warp_specialized<true, true>(d, q_bf16, out_bf16, stream);
-    case Sm90PrefillSchedule::kV4bLockstep:
-      return launch_warp_specialized<false, true>(d, q_bf16, out_bf16, stream);
-    case Sm90PrefillSchedule::kDiagnosticNoLoad:
-      return launch_warp_specialized<true, true, true>(d, q_bf16, out_bf16, stream);
+      return launch_warp_specialized<false>(d, q_bf16, out_bf16, stream);
     case Sm90PrefillSchedule::kV2:
       prefill_attention_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(d, q_bf16, out_bf16);
       break;
     case Sm90PrefillSchedule::kUnknown:
-      std::fprintf(stderr, "PAGODA_PREFILL_SM90=%s: expected v2, v4, v4-lockstep, v4b, v4b-lockstep or diag-noload\n",
+      std::fprintf(stderr, "PAGODA_PREFILL_SM90=%s: expected v4-lockstep, v4 or v2\n",
                    std::getenv("PAGODA_PREFILL_SM90"));
       return cudaErrorInvalidValue;
   }

@@ -65,12 +65,7 @@ __device__ __forceinline__ void keep_in_order(float (&r)[64]) {
 // key_map / value_map: the K and V pools as [positions][num_kv_heads][128] bf16
 // tensors (make_kv_tensor_map in prefill_attention_sm90.cu), boxes of 64 x 1 x
 // min(block_size, 128) in the 128-byte swizzle; block_size >= 8.
-// kEarlyKeyRelease: a stage's K is handed back as soon as S = Q K^T is done
-// (its V after P V), so the next K loads start a tile earlier, and O is
-// rescaled while S runs (FlashAttention-3's order) instead of after P V.
-// kTimingWithoutLoads: DIAGNOSTIC ONLY, wrong output: after the first stages the
-// producer signals without copying, to time the consumers alone.
-template <bool kPingPong, bool kEarlyKeyRelease, bool kTimingWithoutLoads = false>
+template <bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_sm90_ws_kernel(const AttentionDescriptor d, const __grid_constant__ CUtensorMap key_map,
                                      const __grid_constant__ CUtensorMap value_map,
@@ -80,7 +75,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __trap();
 #else
   extern __shared__ uint8_t smem_raw[];
-  __shared__ uint64_t full_k[kStages], full_v[kStages], empty_k[kStages], empty_v[kStages];
+  __shared__ uint64_t full_k[kStages], full_v[kStages], empty[kStages];
   const uint32_t raw_addr = smem_address(smem_raw);
   uint8_t* base = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);  // wgmma: 1024-byte swizzle atoms
   uint8_t* q_tile = base;
@@ -103,8 +98,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(&full_k[s], 1);  // the producer's arrive + the copies' bytes
       mbarrier_init(&full_v[s], 1);
-      mbarrier_init(&empty_k[s], kConsumerThreads);
-      mbarrier_init(&empty_v[s], kConsumerThreads);
+      mbarrier_init(&empty[s], kConsumerThreads);
     }
   }
   __syncthreads();
@@ -119,14 +113,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int box_rows = min(d.block_size, kKeys);
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int stage = tile % kStages;
-      const int released = (tile / kStages - 1) & 1;  // phase of "done with tile - kStages"
-      if (kTimingWithoutLoads && tile >= kStages) {
-        mbarrier_wait(&empty_k[stage], released);
-        mbarrier_arrive(&full_k[stage]);
-        mbarrier_wait(&empty_v[stage], released);
-        mbarrier_arrive(&full_v[stage]);
-        continue;
-      }
+      // The stage last held tile - kStages: wait until both consumers are done with it.
+      if (tile >= kStages) mbarrier_wait(&empty[stage], (tile / kStages - 1) & 1);
       const int first = tile * kKeys;
       const int boxes = (min(first + kKeys, num_keys) - first + box_rows - 1) / box_rows;
       const uint32_t bytes = boxes * box_rows * 128 * 2;
@@ -134,22 +122,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint8_t* v_dst = k_dst + kTileBytes;
       // Rows of the last tile past the sequence end hold whatever the pool or an
       // earlier tile left there: K is masked, V is zeroed by the consumers.
-      // The stage last held tile - kStages: wait until both consumers are done with its K (V).
-      if (tile >= kStages) mbarrier_wait(&empty_k[stage], released);
       mbarrier_arrive_expect_tx(&full_k[stage], bytes);
-      for (int b = 0; b < boxes; ++b) {
-        const int pos = first + b * box_rows;
-        const int token = __ldg(table + (pos >> d.log2_block_size)) * d.block_size + (pos & (d.block_size - 1));
-        tma_load_3d(k_dst + b * box_rows * 128, &key_map, 0, kv_head, token, &full_k[stage]);
-        tma_load_3d(k_dst + kHalfBytes + b * box_rows * 128, &key_map, 64, kv_head, token, &full_k[stage]);
-      }
-      if (tile >= kStages) mbarrier_wait(&empty_v[stage], released);
       mbarrier_arrive_expect_tx(&full_v[stage], bytes);
       for (int b = 0; b < boxes; ++b) {
         const int pos = first + b * box_rows;
         const int token = __ldg(table + (pos >> d.log2_block_size)) * d.block_size + (pos & (d.block_size - 1));
-        tma_load_3d(v_dst + b * box_rows * 128, &value_map, 0, kv_head, token, &full_v[stage]);
-        tma_load_3d(v_dst + kHalfBytes + b * box_rows * 128, &value_map, 64, kv_head, token, &full_v[stage]);
+        const int offset = b * box_rows * 128;
+        tma_load_3d(k_dst + offset, &key_map, 0, kv_head, token, &full_k[stage]);
+        tma_load_3d(k_dst + kHalfBytes + offset, &key_map, 64, kv_head, token, &full_k[stage]);
+        tma_load_3d(v_dst + offset, &value_map, 0, kv_head, token, &full_v[stage]);
+        tma_load_3d(v_dst + kHalfBytes + offset, &value_map, 64, kv_head, token, &full_v[stage]);
       }
     }
     return;
@@ -279,17 +261,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (kPingPong) named_barrier_arrive(other_turn, kConsumerThreads);
   wgmma_wait<0>();
   keep_in_order(s);
-  if (kEarlyKeyRelease) mbarrier_arrive(&empty_k[0]);
   softmax(0);
   pack_p();
-  auto rescale_o = [&]() {
-#pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[4 * j + e] *= correction[e >> 1];
-    }
-    keep_in_order(o);  // before the wgmma_fence that follows, not after it
-  };
 
   const int last = num_tiles - 1;
   for (int tile = 1; tile <= last; ++tile) {
@@ -300,23 +273,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     issue_s(stage);
     wgmma_commit();
-    if (kEarlyKeyRelease) {
-      rescale_o();  // by the previous tile's correction, while S runs
-      wgmma_fence();
-    }
     issue_pv(prev);
     wgmma_commit();
     if (kPingPong) named_barrier_arrive(other_turn, kConsumerThreads);
     wgmma_wait<1>();  // S(tile) is in; P(tile - 1) V(tile - 1) may still run
     keep_in_order(s);
-    if (kEarlyKeyRelease) mbarrier_arrive(&empty_k[stage]);
     softmax(tile);
     wgmma_wait<0>();
     keep_in_order(o);
-    mbarrier_arrive(&empty_v[prev]);
-    if (!kEarlyKeyRelease) {
-      mbarrier_arrive(&empty_k[prev]);
-      rescale_o();
+    mbarrier_arrive(&empty[prev]);
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[4 * j + e] *= correction[e >> 1];
     }
     pack_p();
   }
@@ -331,7 +300,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     named_barrier_sync(kZeroedBarrier, kConsumerThreads);
   }
   if (kPingPong) named_barrier_sync(my_turn, kConsumerThreads);
-  if (kEarlyKeyRelease) rescale_o();
   wgmma_fence();
   issue_pv(last % kStages);
   wgmma_commit();
