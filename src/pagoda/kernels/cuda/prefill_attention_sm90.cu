@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 //       each overlap softmax with their previous P V (prefill_sm90_warp_specialized.cuh);
 //   v4: the same with ping-pong turns between the consumers (measured 2% slower at 16K);
 //   v2: the v2.1 kernel above (all warps gather and compute, one barrier per tile).
-// Block sizes under 8 always run v2 (see below).
+// Block sizes outside 16..64 run v2 (see below).
 enum class Sm90PrefillSchedule { kV2, kV4, kV4Lockstep, kUnknown };
 
 Sm90PrefillSchedule schedule_from_environment() {
@@ -328,7 +328,9 @@ Sm90PrefillSchedule schedule_from_environment() {
 // min(block_size, 128) in the 128-byte swizzle the wgmma descriptors expect.
 // The descriptor carries no pool size, so the position extent is a bound
 // (2^30) that no block table exceeds; only real blocks are ever addressed.
-cudaError_t make_kv_tensor_map(CUtensorMap* map, const void* pool, const AttentionDescriptor& d) {
+// The driver's tensor-map encoder, looked up once (first from
+// prepare_prefill_attention_sm90, outside any graph capture); null if absent.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -338,6 +340,11 @@ cudaError_t make_kv_tensor_map(CUtensorMap* map, const void* pool, const Attenti
       return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
+  return encode;
+}
+
+cudaError_t make_kv_tensor_map(CUtensorMap* map, const void* pool, const AttentionDescriptor& d) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   const cuuint64_t dims[3] = {kHeadDim, static_cast<cuuint64_t>(d.num_kv_heads), cuuint64_t{1} << 30};
   const cuuint64_t strides[2] = {kHeadDim * sizeof(__nv_bfloat16),
@@ -373,6 +380,7 @@ cudaError_t launch_warp_specialized(const AttentionDescriptor& d, const __nv_bfl
 }  // namespace
 
 cudaError_t prepare_prefill_attention_sm90() {
+  tensor_map_encoder();  // a miss is handled per launch (v2 runs instead)
   cudaError_t e = cudaFuncSetAttribute(prefill_attention_sm90_kernel,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (e != cudaSuccess) return e;
@@ -393,8 +401,11 @@ cudaError_t launch_prefill_attention_sm90(const AttentionDescriptor& d, const vo
   auto* out_bf16 = static_cast<__nv_bfloat16*>(out);
   const dim3 grid(d.num_kv_heads, d.num_work_items);
   Sm90PrefillSchedule schedule = schedule_from_environment();
-  // The copy engine's boxes start pages on 1024-byte swizzle atoms: 8 rows or more.
-  if (d.block_size < 8 && schedule != Sm90PrefillSchedule::kUnknown) schedule = Sm90PrefillSchedule::kV2;
+  // v4's copy-engine boxes need pages of 8 rows or more (1024-byte swizzle
+  // atoms); it is checked on the GPU at block sizes 16, 32 and 64 (Prefill/*),
+  // so other sizes keep the v2.1 kernel until a test covers them.
+  if ((d.block_size < 16 || d.block_size > 64) && schedule != Sm90PrefillSchedule::kUnknown)
+    schedule = Sm90PrefillSchedule::kV2;
   switch (schedule) {
     case Sm90PrefillSchedule::kV4:
       return launch_warp_specialized<true>(d, q_bf16, out_bf16, stream);
