@@ -223,11 +223,11 @@ TEST(QuantizedDecodeAttention, SplitKMergeAndGraphModeAndLongContext) {
   }
 }
 
-// The tensor-core kernel is persistent: each CTA walks many (item, head tile)
-// units and its warps' pipelines run on from one unit into the next. Many short,
-// uneven sequences give every CTA several units, units where some warps have no
-// tile at all, and ranges ending mid-tile; a split of 48 adds merged units.
-TEST(QuantizedDecodeAttention, PersistentCtasCarryThePipelineAcrossManyShortUnits) {
+// The tensor-core kernel's warps carry their pipelines from unit to unit (a CTA
+// walks units blockIdx.x, + gridDim.x, ...). Many short, uneven sequences give
+// thousands of units, units where some warps have no tile at all, and ranges
+// ending mid-tile; a split of 48 adds merged units.
+TEST(QuantizedDecodeAttention, ManyShortUnevenUnitsAndSplits) {
   if (!testing::cuda_device_present()) GTEST_SKIP() << "no CUDA device";
   std::vector<SequenceShape> shapes;
   for (int32_t i = 0; i < 160; ++i) shapes.push_back({1, (i * 37) % 150});  // 0..149 cached tokens

@@ -23,8 +23,6 @@
 
 #include <cuda_bf16.h>
 
-#include <algorithm>
-
 #include "pagoda/kernels/cuda/attention_descriptor.h"
 #include "pagoda/kernels/cuda/attention_launch_internal.h"
 #include "pagoda/kernels/cuda/decode_split_merge.cuh"
@@ -321,8 +319,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 // of each tile's time, issue-bound rather than waiting on memory (DRAM at 74%
 // of peak against bf16's 86%). Hence: copies addressed with 32-bit arithmetic
 // and one wide multiply, XOR-swizzled stage rows (the K and V fragment reads
-// had 2- and 4-way bank conflicts), the upper fp8 pair converted in place, and
-// a persistent grid whose warps keep their pipelines full across units.
+// had 2- and 4-way bank conflicts) and the upper fp8 pair converted in place:
+// 30% fewer instructions, fp8 B=8 L=32K from 158 to 145 us (docs/KERNELS.md).
 // ---------------------------------------------------------------------------
 
 __device__ __forceinline__ void mma_f16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -369,12 +367,14 @@ __device__ __forceinline__ int warp_tile_count(const DecodeWorkItem& w, int warp
   return warp < num_tiles ? (num_tiles - warp + kWarps - 1) / kWarps : 0;
 }
 
-// Persistent: CTA b takes the units (work item x head tile) b, b + gridDim.x,
-// ..., with the head tile fastest (the head tiles of one item run side by side,
-// as a non-persistent grid would run them). Each warp streams its tiles of all
-// its CTA's units through one 3-stage cp.async pipeline, so the next unit's
-// first tiles are in flight while this one's warps merge and write (no drained
-// memory pipe between units, no CTA launch per unit).
+// CTA b takes the units (work item x head tile) b, b + gridDim.x, ..., with
+// the head tile fastest (the head tiles of one item run side by side). Each warp
+// streams its tiles of all its CTA's units through one 3-stage cp.async
+// pipeline, so with fewer CTAs than units the next unit's first tiles are in
+// flight while this one's warps merge and write. The launch gives every unit
+// its own CTA all the same: a persistent grid (2 CTAs per SM) measured 1-2%
+// slower on the H200 at B=64 L=4K and B=8 L=32K and equal at B=256 L=1K
+// (docs/KERNELS.md); its GPU tests passed too, so a grid of any size is correct.
 template <int kHeadDim, int kHeads, KvQuant Q>
 __global__ void __launch_bounds__(kWarps * 32)
     decode_attention_mma_kernel(const AttentionDescriptor d, const __nv_bfloat16* __restrict__ q,
@@ -681,33 +681,14 @@ __global__ void __launch_bounds__(kWarps * 32)
   cp_async_wait<0>();  // nothing left in flight at exit (all trailing groups are empty)
 }
 
-// Resident CTAs per SM of one instantiation (its shared memory and registers),
-// queried once.
-template <auto kKernel, int kSmemBytes>
-int resident_ctas() {
-  static const int count = [] {
-    int device = 0, sms = 0, per_sm = 0;
-    if (cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) != cudaSuccess ||
-        cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kWarps * 32, kSmemBytes) != cudaSuccess)
-      return 0;
-    return sms * per_sm;
-  }();
-  return count;
-}
-
 template <int kHeadDim, int kHeads, KvQuant Q>
 cudaError_t launch_mma_variant(const AttentionDescriptor& d, const __nv_bfloat16* q, __nv_bfloat16* out,
                                cudaStream_t stream) {
   using S = QuantizedShape<kHeadDim, Q, Q>;
   constexpr int smem_bytes = kWarps * kStages * S::kStageBytes + WarpPartials<kWarps, kHeads, kHeadDim>::kFloats * 4;
   constexpr auto kernel = decode_attention_mma_kernel<kHeadDim, kHeads, Q>;
-  const int64_t units = int64_t{d.num_work_items} * (d.num_q_heads / kHeads);
-  const int resident = resident_ctas<kernel, smem_bytes>();
-  if (resident <= 0) return cudaErrorInvalidValue;
-  const int64_t ctas = decode_experiment("one-unit") ? units : std::min<int64_t>(units, resident);
-  return launch_split_decode<kernel, smem_bytes, kWarps * 32>(d, q, out, stream, dim3(static_cast<unsigned>(ctas)));
+  const int64_t units = int64_t{d.num_work_items} * (d.num_q_heads / kHeads);  // one CTA each
+  return launch_split_decode<kernel, smem_bytes, kWarps * 32>(d, q, out, stream, dim3(static_cast<unsigned>(units)));
 }
 
 template <KvQuant Q>

@@ -16,8 +16,6 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "pagoda/kernels/cuda/attention_descriptor.h"
 #include "pagoda/kernels/cuda/attention_launch_internal.h"
@@ -78,7 +76,7 @@ struct WarpPartials {
 // outputs and their log2-sum-exp for the merge pass. The whole CTA calls it
 // after a __syncthreads that follows the partials' writes.
 template <int kWarps, int kHeads, int kHeadDim>
-__device__ void write_decode_result(const AttentionDescriptor& d, const DecodeWorkItem& w,
+__device__ __forceinline__ void write_decode_result(const AttentionDescriptor& d, const DecodeWorkItem& w,
                                     const WarpPartials<kWarps, kHeads, kHeadDim>& p,
                                     __nv_bfloat16* __restrict__ out) {
   const bool split = d.split_start[w.sequence + 1] - d.split_start[w.sequence] > 1;
@@ -112,15 +110,6 @@ __device__ void write_decode_result(const AttentionDescriptor& d, const DecodeWo
 }  // namespace pagoda::kernels::cuda::device
 
 namespace pagoda::kernels::cuda {
-
-// Experiments of the fp8 decode tuning (issue 9), read once from
-// PAGODA_DECODE_EXPERIMENT (comma-separated):
-// "one-unit" (tensor-core kernel: a CTA per unit), "no-pdl" (merge launched
-// plainly). TODO(issue 9): remove once measured.
-inline bool decode_experiment(const char* name) {
-  static const char* value = std::getenv("PAGODA_DECODE_EXPERIMENT");
-  return value != nullptr && std::strstr(value, name) != nullptr;
-}
 
 // Lets the merge pass (a programmatic dependent launch) start while this grid
 // runs: its CTAs wait in griddepcontrol.wait for this grid's results. Called
