@@ -14,7 +14,8 @@
 #   run(command="tools/gpu/final_suite.sh tests", carry=[".device/final/bundle.tar.xz"])
 #   run(command="tools/gpu/final_suite.sh bench", carry=[".device/final/bundle.tar.xz"])
 # Logs and results land under $OUT as a few archives (the device tool returns a handful of files).
-# Environment (bench): KV_DTYPES (empty; e.g. bf16,fp8,int8,int4: the first SECONDS_PER_DTYPE (60) s of
+# Environment (bench): KERNELS (1: attention_bench copy / decode per BENCH_KV_DTYPES / prefill first),
+# PEER (1: pagoda and transformers generate_batch on 256 x 512/256 greedy last), KV_DTYPES (empty; e.g. bf16,fp8,int8,int4: the first SECONDS_PER_DTYPE (60) s of
 # the workload per KV dtype at MAX_NUM_SEQS (384) running), FULL_RUNS (fp8:384,bf16:384: whole
 # 1,000 x 1,000/1,000 runs as KV_DTYPE:RUNNING; empty to skip).
 set -uo pipefail
@@ -50,9 +51,10 @@ case "${1:-}" in
 bundle)
   set -e
   cmake -S "$here" -B "$build" -G Ninja >/dev/null
-  ninja -C "$build" -j2 pagoda_cli "${gpu_tests[@]}" cli_gpu_tests pagoda_gpu_bench pagoda_gpu_engine_bench
+  ninja -C "$build" -j2 pagoda_cli "${gpu_tests[@]}" cli_gpu_tests pagoda_gpu_bench pagoda_gpu_engine_bench \
+    attention_bench
   bins=("$build/pagoda" "$build/tests/e2e/cli_gpu_tests" "$build/bench/gpu/pagoda_gpu_bench"
-        "$build/bench/gpu/pagoda_gpu_engine_bench")
+        "$build/bench/gpu/pagoda_gpu_engine_bench" "$build/bench/kernels/attention_bench")
   for t in "${gpu_tests[@]}"; do bins+=("$(find "$build/tests" -name "$t" -type f | head -1)"); done
   rm -rf "$bundle"
   mkdir -p "$dir"
@@ -95,6 +97,14 @@ bench)
     echo "engine $label exit $?" | tee -a "$out/logs/summary.txt"
     grep -iE "output tok/s|ttft|itl|ms/token|kv pool|KV cache" "$out/logs/engine_$label.log" | head -12
   }
+  # The attention kernels first, in one process per part (copy rate, decode per KV dtype, prefill).
+  if [ "${KERNELS:-1}" = 1 ]; then
+    for only in copy decode prefill; do
+      timeout 120 "$bundle/run.sh" attention_bench --only "$only" --kv-dtype "${BENCH_KV_DTYPES:-bf16,fp8,int8,int4}" \
+        >> "$out/logs/attention_bench.log" 2>&1
+      echo "attention_bench $only exit $?" | tee -a "$out/logs/summary.txt"
+    done
+  fi
   secs=${SECONDS_PER_DTYPE:-60}
   IFS=, read -r -a dtypes <<< "${KV_DTYPES-}"
   # Same workload, same cap, one KV dtype after another: 1,000 x 1,000/1,000, top-p on the GPU.
@@ -109,6 +119,16 @@ bench)
     engine "full_${d}_$n" 260 --workload random --sampling top-p --kv-cache-dtype "$d" --max-num-seqs "$n" \
       --max-seconds 200
   done
+  # The peer on its own shape (REFERENCE.md): pagoda, then transformers' generate_batch, 256 x 512/256 greedy.
+  if [ "${PEER:-1}" = 1 ]; then
+    engine peer_shape 120 --workload random --sampling greedy --num-requests 256 --input-len 512 --output-len 256 \
+      --max-num-seqs 256
+    PYTHONUNBUFFERED=1 timeout 200 python3 tools/gpu_backend/transformers_peer.py \
+      --config tools/gpu_backend/llama3_8b_config.json --attn 'paged|sdpa' --json "$out/logs/transformers_peer.json" \
+      > "$out/logs/transformers_peer.log" 2>&1
+    echo "transformers peer exit $?" | tee -a "$out/logs/summary.txt"
+    tail -3 "$out/logs/transformers_peer.log"
+  fi
   tar czf "$out/logs.tar.gz" -C "$out" logs
   rm -rf "$out/logs"
   ;;
