@@ -1,13 +1,17 @@
 // Quantized KV on the CUDA backend: kv_write's codes and scale records equal the
 // host reference of kernels/kv_quant.h bit for bit (fp8, int8, int4, K and V in
 // different formats, head dims with a short int4 group, zero and constant
-// vectors, large values, skipped padding slots), and the backend's own paged
-// attention over a quantized pool matches the CPU attention over the
-// dequantized values (rounded to bf16, as the kernel's shared-memory tiles).
+// vectors, large values, skipped padding slots); with a checkpoint's per-tensor
+// fp8 scales (KvWriteFixedScales) they equal the CPU backend's kv_write with
+// PagedKvLayer::key_fixed_scale / value_fixed_scale byte for byte, saturating
+// values included; and the backend's own paged attention over a quantized pool
+// matches the CPU attention over the dequantized values (rounded to bf16, as
+// the kernel's shared-memory tiles).
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -19,6 +23,7 @@
 #include "gpu_test_support.h"
 #include "pagoda/backend/cuda/cuda_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
+#include "pagoda/kernels/cpu/kv_write.h"
 #include "pagoda/kernels/cpu/paged_attention.h"
 
 namespace pagoda::cuda {
@@ -57,8 +62,9 @@ PoolBytes download(const void* data, const void* scales, size_t vectors, int32_t
   p.codes.resize(vectors * vector_bytes(head_dim, q));
   EXPECT_EQ(cudaMemcpy(p.codes.data(), data, p.codes.size(), cudaMemcpyDeviceToHost), cudaSuccess);
   p.records.resize(vectors * size_t(kernels::kv_scale_groups(head_dim, q)));
-  if (!p.records.empty())
+  if (!p.records.empty()) {
     EXPECT_EQ(cudaMemcpy(p.records.data(), scales, p.records.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
   return p;
 }
 
@@ -148,6 +154,123 @@ INSTANTIATE_TEST_SUITE_P(Formats, KvWriteQuantizedTest,
                            return "k" + std::to_string(int(c.key)) + "v" + std::to_string(int(c.value)) + "d" +
                                   std::to_string(c.head_dim);
                          });
+
+// fp8 with per-tensor scales (a checkpoint's k_scale / v_scale): the GPU pool
+// equals the CPU backend's kv_write over the same bf16 inputs with the same
+// fixed scales, byte for byte (codes and scale records, unwritten vectors
+// included). Scales whose inverse is inexact; values far past 448 x scale
+// (saturating), subnormal codes, zero vectors (record = the fixed scale, not
+// the per-vector path's 1), products that overflow f32 to inf (scale 1e-37);
+// a fixed scale beside a per-vector fp8 pool, and one given to int8 / bf16
+// pools, which ignore it as the CPU does.
+struct FixedScaleCase {
+  KvQuant key, value;
+  float key_scale, value_scale;
+  int32_t head_dim;
+};
+
+class KvWriteFixedScaleTest : public ::testing::TestWithParam<FixedScaleCase> {};
+
+TEST_P(KvWriteFixedScaleTest, PoolEqualsTheCpuKvWriteWithTheSameScales) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const FixedScaleCase c = GetParam();
+  const int32_t kv_heads = 2, block_size = 4, num_blocks = 5, D = c.head_dim, tokens = 8;
+  const int32_t kv_width = kv_heads * D, row_stride = 2 * kv_width + 8;  // [k | v | unused] rows
+  std::vector<float> rows = random_bf16_values(size_t(tokens) * row_stride, -3, 3, 17 + D);
+  for (int32_t kv = 0; kv < 2; ++kv) {
+    const int32_t at = kv * kv_width;
+    std::fill_n(rows.begin() + 0 * row_stride + at, D, 0.0f);  // token 0 head 0: zeros
+    for (int32_t e = 0; e < D; ++e) {
+      rows[1 * row_stride + at + D + e] = round_to_bf16(300.0f * std::sin(0.37f * e));  // saturates
+      rows[2 * row_stride + at + e] = round_to_bf16(1e-3f * std::cos(0.11f * e));       // subnormal codes
+      rows[3 * row_stride + at + e] = round_to_bf16(-20.0f + 0.5f * e);                 // a ramp through +-448 x s
+    }
+  }
+  const std::vector<int64_t> slots = {19, 2, 7, -1, 11, 0, 16, 5};  // token 3 is padding
+
+  // The CPU backend's write: f32 [tokens, kv_heads, D] inputs, the same bf16 values.
+  std::vector<float> cpu_k(size_t(tokens) * kv_width), cpu_v(cpu_k.size());
+  for (int32_t t = 0; t < tokens; ++t) {
+    std::copy_n(rows.begin() + size_t(t) * row_stride, kv_width, cpu_k.begin() + size_t(t) * kv_width);
+    std::copy_n(rows.begin() + size_t(t) * row_stride + kv_width, kv_width, cpu_v.begin() + size_t(t) * kv_width);
+  }
+  const size_t vectors = size_t(num_blocks) * block_size * kv_heads;
+  const DType key_dtype = dtype_of(c.key), value_dtype = dtype_of(c.value);
+  std::vector<uint8_t> cpu_key(vectors * kernels::kv_head_bytes(D, key_dtype));
+  std::vector<uint8_t> cpu_value(vectors * kernels::kv_head_bytes(D, value_dtype));
+  std::vector<uint32_t> cpu_key_records(vectors * size_t(kernels::kv_scale_groups(D, c.key)));
+  std::vector<uint32_t> cpu_value_records(vectors * size_t(kernels::kv_scale_groups(D, c.value)));
+  kernels::PagedKvLayer cpu_layer{cpu_key.data(), cpu_value.data(), num_blocks, block_size, kv_heads, D};
+  cpu_layer.key_dtype = key_dtype;
+  cpu_layer.value_dtype = value_dtype;
+  cpu_layer.key_scales = cpu_key_records.empty() ? nullptr : cpu_key_records.data();
+  cpu_layer.value_scales = cpu_value_records.empty() ? nullptr : cpu_value_records.data();
+  cpu_layer.key_fixed_scale = c.key_scale;
+  cpu_layer.value_fixed_scale = c.value_scale;
+  kernels::kv_write(cpu_k.data(), cpu_v.data(), slots, cpu_layer);
+
+  const KvPoolShape shape{1, num_blocks, block_size, kv_heads, D, key_dtype, value_dtype};
+  auto pool = CudaKvPool::create(shape);
+  ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+  const DevicePagedKvLayer layer = (*pool)->layer(0);
+  DeviceBuffer d_rows = to_device(to_bf16_bits(rows));
+  DeviceBuffer d_slots = to_device(slots);
+  ASSERT_EQ(kv_write(d_rows.as<bf16>(), d_rows.as<bf16>() + kv_width, row_stride, d_slots.as<int64_t>(), tokens,
+                     layer, KvWriteFixedScales{c.key_scale, c.value_scale}, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  int32_t saturated = 0;  // fp8 codes at +-448 (0x7e / 0xfe), so the case really clips
+  for (int32_t kv = 0; kv < 2; ++kv) {
+    const KvQuant q = kv == 0 ? c.key : c.value;
+    const float fixed = kv == 0 ? c.key_scale : c.value_scale;
+    const PoolBytes got = kv == 0 ? download(layer.key, layer.key_scale, vectors, D, q)
+                                  : download(layer.value, layer.value_scale, vectors, D, q);
+    const std::vector<uint8_t>& want_codes = kv == 0 ? cpu_key : cpu_value;
+    const std::vector<uint32_t>& want_records = kv == 0 ? cpu_key_records : cpu_value_records;
+    const char* which = kv == 0 ? "K" : "V";
+    ASSERT_EQ(got.codes.size(), want_codes.size()) << which;
+    ASSERT_EQ(got.records.size(), want_records.size()) << which;
+    const size_t bytes = vector_bytes(D, q);
+    for (size_t i = 0; i < got.codes.size(); ++i)
+      ASSERT_EQ(got.codes[i], want_codes[i]) << which << " vector " << i / bytes << " byte " << i % bytes;
+    for (size_t i = 0; i < got.records.size(); ++i)
+      ASSERT_EQ(got.records[i], want_records[i]) << which << " record " << i;
+    if (q != KvQuant::kFP8E4M3 || fixed <= 0.0f) continue;
+    // Every written fp8 vector records the fixed scale itself.
+    uint32_t fixed_bits;
+    std::memcpy(&fixed_bits, &fixed, 4);
+    for (int32_t t = 0; t < tokens; ++t)
+      for (int32_t h = 0; slots[t] >= 0 && h < kv_heads; ++h)
+        ASSERT_EQ(got.records[size_t(slots[t]) * kv_heads + h], fixed_bits) << which << " token " << t;
+    for (uint8_t code : got.codes) saturated += (code & 0x7f) == 0x7e;
+  }
+  EXPECT_GT(saturated, 0) << "no fp8 code saturated: the case does not test clipping";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Scales, KvWriteFixedScaleTest,
+    ::testing::Values(FixedScaleCase{KvQuant::kFP8E4M3, KvQuant::kFP8E4M3, 0.0371f, 0.0059f, 128},
+                      FixedScaleCase{KvQuant::kFP8E4M3, KvQuant::kFP8E4M3, 1e-37f, 3.0f, 64},  // inf products
+                      FixedScaleCase{KvQuant::kFP8E4M3, KvQuant::kFP8E4M3, 0.013f, 0.0f, 256},  // V per vector
+                      FixedScaleCase{KvQuant::kFP8E4M3, KvQuant::kInt8, 0.21f, 0.5f, 40},  // int8 ignores it
+                      FixedScaleCase{KvQuant::kFP8E4M3, KvQuant::kNone, 0.07f, 0.5f, 16},  // bf16 ignores it
+                      FixedScaleCase{KvQuant::kInt4, KvQuant::kFP8E4M3, 0.5f, 0.0113f, 64}),
+    [](const auto& info) { return "case" + std::to_string(info.index); });
+
+TEST(QuantizedKv, BadFixedScalesAreRejected) {
+  // Checked before anything is launched: no device needed.
+  DevicePagedKvLayer layer{nullptr, nullptr, 1, 16, 1, 64};
+  layer.key_dtype = KvQuant::kFP8E4M3;
+  for (float bad : {-0.5f, NAN, INFINITY}) {
+    EXPECT_EQ(kv_write(nullptr, nullptr, 64, nullptr, 1, layer, KvWriteFixedScales{bad, 0.0f}, nullptr),
+              cudaErrorInvalidValue)
+        << bad;
+    EXPECT_EQ(kv_write(nullptr, nullptr, 64, nullptr, 1, layer, KvWriteFixedScales{0.0f, bad}, nullptr),
+              cudaErrorInvalidValue)
+        << bad;
+  }
+}
 
 // The backend kernel over a pool written by kv_write, against the CPU attention
 // over the dequantized pool (downloaded and read back with the reference).

@@ -238,8 +238,9 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
     PAGODA_CUDA_RETURN_IF_ERROR(
         rope(qkv + q_width, qkv_width, device_.positions, T, c.num_kv_heads, D, inv_freq, stream_));
     const DevicePagedKvLayer kv = pool.layer(l);
-    PAGODA_CUDA_RETURN_IF_ERROR(
-        kv_write(qkv + q_width, qkv + q_width + kv_width, qkv_width, device_.slots, T, kv, stream_));
+    // The checkpoint's fp8 KV scales when present (0: per-vector amax), as CpuModel.
+    PAGODA_CUDA_RETURN_IF_ERROR(kv_write(qkv + q_width, qkv + q_width + kv_width, qkv_width, device_.slots, T, kv,
+                                         KvWriteFixedScales{w.k_scale, w.v_scale}, stream_));
     if (fast_attention) {
       bf16* q = q_contig_.as<bf16>();
       PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(q, q_width * sizeof(bf16), qkv, qkv_width * sizeof(bf16),

@@ -127,6 +127,8 @@ StatusOr<CudaModelWeights> CudaModelWeights::upload(const ModelConfig& config, c
       PAGODA_ASSIGN_OR_RETURN(d.gate_up_bias, upload_vectors({&g, &u}));
     }
     PAGODA_ASSIGN_OR_RETURN(d.down_bias, upload_vectors({&l.down_bias}));
+    d.k_scale = l.k_scale;
+    d.v_scale = l.v_scale;
     w.layers.push_back(d);
   }
   progress.finish();

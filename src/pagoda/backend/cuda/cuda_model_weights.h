@@ -38,6 +38,12 @@ struct CudaLayerWeights {
   float* o_bias = nullptr;                // [hidden] or null
   float* gate_up_bias = nullptr;          // [2 * intermediate] or null
   float* down_bias = nullptr;             // [hidden] or null
+  // A checkpoint's calibrated per-tensor fp8 KV scales (self_attn.k_scale /
+  // v_scale, validated by bind_model_weights: finite and > 0); 0 when absent.
+  // Host floats, passed by value to kv_write (KvWriteFixedScales): with an fp8
+  // KV cache they replace each vector's amax / 448; other KV dtypes ignore them.
+  float k_scale = 0.0f;
+  float v_scale = 0.0f;
 };
 
 class CudaModelWeights {

@@ -90,6 +90,24 @@ struct DevicePagedKvLayer {
 cudaError_t kv_write(const bf16* k, const bf16* v, int64_t row_stride, const int64_t* slots,
                      int32_t num_tokens, const DevicePagedKvLayer& layer, cudaStream_t stream);
 
+// Per-tensor fp8 scales for the KV write: a checkpoint's calibrated
+// self_attn.k_scale / v_scale (CudaLayerWeights::k_scale / v_scale). A scale
+// > 0 makes every vector of an fp8 pool code fp8_satfinite(x * (1 / scale))
+// (saturating at +-448) instead of using its own amax / 448, and still writes
+// the scale used into the vector's scale record, so reads are unchanged; 0
+// keeps the per-vector scale. Ignored for bf16, int8 and int4 pools, as on the
+// CPU (kernels::PagedKvLayer::key_fixed_scale). The codes equal the CPU's
+// quantize_kv_vector_fp8_fixed_scale bit for bit.
+struct KvWriteFixedScales {
+  float key = 0.0f;
+  float value = 0.0f;
+};
+// kv_write with per-tensor fp8 scales. Errors: cudaErrorInvalidValue for a
+// negative, NaN or infinite scale (and kv_write's own).
+cudaError_t kv_write(const bf16* k, const bf16* v, int64_t row_stride, const int64_t* slots,
+                     int32_t num_tokens, const DevicePagedKvLayer& layer, KvWriteFixedScales fixed_scales,
+                     cudaStream_t stream);
+
 // Copies blocks source_blocks[0..num_blocks) (device array of block ids) of
 // `layer` into a bf16 scratch pool: scratch block j = source block
 // source_blocks[j], with the layer's block_size, num_kv_heads and head_dim

@@ -4,7 +4,10 @@
 // of 32 is one register across the warp and amax / min / max are warp
 // shuffles. The arithmetic is kernels/kv_quant.h's, written with explicitly
 // rounded intrinsics (no contraction, no fast-math) so that the codes equal the
-// CPU quantizer's bit for bit.
+// CPU quantizer's bit for bit. fp8 with a checkpoint's per-tensor scale skips
+// the amax and codes x * (1 / scale), as kernels/cpu/kv_quantize.cpp does.
+#include <cmath>
+
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -69,8 +72,9 @@ __device__ __forceinline__ uint32_t int_code(float x, const IntParams& p, int le
 
 // Stores one (token, head) vector (row of head_dim bf16) as `format` at vector
 // index `vec` of the pool (data and scale records). Called by a whole warp.
-__device__ void write_vector(const bf16* __restrict__ row, int32_t head_dim, KvQuant format, void* data,
-                             void* scales, int64_t vec, int lane) {
+// fp8_fixed_scale > 0: fp8 uses it instead of the vector's amax / 448.
+__device__ void write_vector(const bf16* __restrict__ row, int32_t head_dim, KvQuant format, float fp8_fixed_scale,
+                             void* data, void* scales, int64_t vec, int lane) {
   float x[kMaxElementsPerLane];
 #pragma unroll
   for (int j = 0; j < kMaxElementsPerLane; ++j) {
@@ -84,11 +88,16 @@ __device__ void write_vector(const bf16* __restrict__ row, int32_t head_dim, KvQ
       return;
     }
     case KvQuant::kFP8E4M3: {
-      float amax = 0.0f;
+      float scale = fp8_fixed_scale;  // a kernel argument: the branch is uniform across the warp
+      if (!(scale > 0.0f)) {
+        float amax = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kMaxElementsPerLane; ++j) amax = fmaxf(amax, fabsf(x[j]));  // padding is 0
-      amax = warp_max(amax);
-      const float scale = amax > 0.0f ? __fdiv_rn(amax, kernels::kKvFp8Max) : 1.0f;
+        for (int j = 0; j < kMaxElementsPerLane; ++j) amax = fmaxf(amax, fabsf(x[j]));  // padding is 0
+        amax = warp_max(amax);
+        scale = amax > 0.0f ? __fdiv_rn(amax, kernels::kKvFp8Max) : 1.0f;
+      }
+      // Out-of-range products (a fixed scale clips outliers; x * inverse may even
+      // overflow to inf) saturate at +-448, as the CPU's f32_to_fp8e4m3.
       const float inverse = __fdiv_rn(1.0f, scale);
       uint8_t* out = static_cast<uint8_t*>(data) + vec * head_dim;
 #pragma unroll
@@ -144,7 +153,8 @@ __device__ void write_vector(const bf16* __restrict__ row, int32_t head_dim, KvQ
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     kv_write_quantized_kernel(const bf16* __restrict__ k, const bf16* __restrict__ v, int64_t row_stride,
-                              const int64_t* __restrict__ slots, int32_t num_tokens, DevicePagedKvLayer layer) {
+                              const int64_t* __restrict__ slots, int32_t num_tokens, DevicePagedKvLayer layer,
+                              KvWriteFixedScales fixed_scales) {
   const int64_t pair = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;  // (token, head)
   const int lane = threadIdx.x % 32;
   if (pair >= static_cast<int64_t>(num_tokens) * layer.num_kv_heads) return;
@@ -154,16 +164,26 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   if (slot < 0) return;
   const int64_t vec = slot * layer.num_kv_heads + head;
   const int64_t column = static_cast<int64_t>(head) * layer.head_dim;
-  write_vector(k + t * row_stride + column, layer.head_dim, layer.key_dtype, layer.key, layer.key_scale, vec, lane);
-  write_vector(v + t * row_stride + column, layer.head_dim, layer.value_dtype, layer.value, layer.value_scale, vec,
-               lane);
+  write_vector(k + t * row_stride + column, layer.head_dim, layer.key_dtype, fixed_scales.key, layer.key,
+               layer.key_scale, vec, lane);
+  write_vector(v + t * row_stride + column, layer.head_dim, layer.value_dtype, fixed_scales.value, layer.value,
+               layer.value_scale, vec, lane);
 }
+
+// 0 means "per-vector"; a negative, NaN or infinite scale is a caller's bug.
+bool valid_fixed_scale(float scale) { return std::isfinite(scale) && scale >= 0.0f; }
 
 }  // namespace
 
 cudaError_t kv_write(const bf16* k, const bf16* v, int64_t row_stride, const int64_t* slots, int32_t num_tokens,
                      const DevicePagedKvLayer& layer, cudaStream_t stream) {
+  return kv_write(k, v, row_stride, slots, num_tokens, layer, KvWriteFixedScales{}, stream);
+}
+
+cudaError_t kv_write(const bf16* k, const bf16* v, int64_t row_stride, const int64_t* slots, int32_t num_tokens,
+                     const DevicePagedKvLayer& layer, KvWriteFixedScales fixed_scales, cudaStream_t stream) {
   if (layer.head_dim % 8 != 0 || row_stride % 8 != 0) return cudaErrorInvalidValue;
+  if (!valid_fixed_scale(fixed_scales.key) || !valid_fixed_scale(fixed_scales.value)) return cudaErrorInvalidValue;
   if (layer.key_dtype == KvQuant::kNone && layer.value_dtype == KvQuant::kNone) {
     const int64_t n = static_cast<int64_t>(num_tokens) * layer.num_kv_heads * layer.head_dim / 8;
     if (n == 0) return cudaSuccess;
@@ -179,7 +199,8 @@ cudaError_t kv_write(const bf16* k, const bf16* v, int64_t row_stride, const int
   const int64_t pairs = static_cast<int64_t>(num_tokens) * layer.num_kv_heads;
   if (pairs == 0) return cudaSuccess;
   kv_write_quantized_kernel<<<static_cast<unsigned>((pairs + kWarpsPerBlock - 1) / kWarpsPerBlock),
-                              kWarpsPerBlock * 32, 0, stream>>>(k, v, row_stride, slots, num_tokens, layer);
+                              kWarpsPerBlock * 32, 0, stream>>>(k, v, row_stride, slots, num_tokens, layer,
+                                                                 fixed_scales);
   return cudaGetLastError();
 }
 
