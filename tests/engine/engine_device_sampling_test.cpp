@@ -199,6 +199,7 @@ TEST_P(BrokenRunner, TooFewTokensOrAnOutOfVocabularyTokenFailTheStepNotTheProces
   h.run_checked();
   Collected c = drain(*s);
   ASSERT_TRUE(c.finished);
+  EXPECT_EQ(c.error_code, StatusCode::kInternal) << c.error;
   EXPECT_NE(c.error.find("model step failed"), std::string::npos) << c.error;
   EXPECT_EQ(h.kv->stats().blocks_in_use, 0);
 }

@@ -54,6 +54,7 @@ struct Collected {
   std::vector<FinishReason> finish;
   Usage usage;
   bool finished = false;
+  StatusCode error_code = StatusCode::kOk;  // RequestOutput::error_code of the finished delta
   std::string error;
 };
 
@@ -73,6 +74,7 @@ inline Collected drain(RequestStream& stream, int32_t n = 1) {
     if (out->finished) {
       c.finished = true;
       c.usage = out->usage;
+      c.error_code = out->error_code;
       c.error = out->error;
     }
   }

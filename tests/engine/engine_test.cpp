@@ -170,10 +170,10 @@ TEST(EngineTest, RejectsBadRequestsAndBoundsTheQueue) {
   EXPECT_EQ(h.engine->submit(greedy_request({}, 4)).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(h.engine->submit(greedy_request({1, 64}, 4)).status().code(), StatusCode::kInvalidArgument);
   auto too_long = h.engine->submit(greedy_request(make_prompt(60, 1), 10));
-  EXPECT_EQ(too_long.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(too_long.status().code(), StatusCode::kOutOfRange);
   EXPECT_NE(too_long.status().message().find("maximum context length is 64"), std::string::npos);
   auto over_kv = h.engine->submit(greedy_request(make_prompt(30, 1), 10));  // 40 tokens > 32 slots
-  EXPECT_EQ(over_kv.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(over_kv.status().code(), StatusCode::kOutOfRange);
   ASSERT_TRUE(h.engine->submit(greedy_request(make_prompt(4, 1), 2)).ok());
   ASSERT_TRUE(h.engine->submit(greedy_request(make_prompt(4, 2), 2)).ok());
   EXPECT_EQ(h.engine->submit(greedy_request(make_prompt(4, 3), 2)).status().code(), StatusCode::kResourceExhausted);
@@ -211,6 +211,7 @@ TEST(EngineTest, ModelFailureFailsTheStepsRequestsWithoutLeaking) {
   h.run_checked();
   Collected c = drain(*s);
   EXPECT_TRUE(c.finished);
+  EXPECT_EQ(c.error_code, StatusCode::kInternal) << c.error;
   EXPECT_NE(c.error.find("injected failure"), std::string::npos);
   EXPECT_EQ(h.kv->stats().blocks_in_use, 0);
 }

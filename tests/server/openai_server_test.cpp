@@ -73,12 +73,16 @@ class ServerTest : public ::testing::Test {
   // No tokenizer: token-id prompts only.
   virtual TextCodec make_codec() { return {}; }
   virtual engine::EngineConfig make_engine_config() { return {}; }
+  // Runs on the KV cache before the engine starts (the engine thread owns it after).
+  virtual void prepare_kv(kv::KvCacheManager&) {}
+  virtual int32_t kv_num_blocks() const { return 512; }  // of 16 tokens
 
   void SetUp() override {
     kv::KvCacheConfig kc;
-    kc.num_blocks = 512;
+    kc.num_blocks = kv_num_blocks();
     kc.block_size = 16;
     kv_ = std::move(kv::KvCacheManager::create(kc)).value();
+    prepare_kv(*kv_);
     engine_ = std::make_unique<engine::Engine>(make_engine_config(), runner_, *kv_);
     engine_->start();
     ServerConfig config;
@@ -206,6 +210,110 @@ TEST_F(ServerTest, NonStreamedRequestCutShortByShutdownIs503) {
   EXPECT_EQ(json::parse(body)["error"]["code"], "unavailable") << body;
 }
 
+// What submit() refuses is a 400 naming the field, decided by the status code
+// and by the server's own vocabulary checks, never by the engine's wording.
+TEST_F(ServerTest, RefusedSubmissionsAre400NamingTheField) {
+  struct Case {
+    json body;
+    std::string param;
+    std::string code;
+  };
+  const std::vector<int32_t> long_prompt(4000, 3);  // + 200 > the 4096-token context
+  for (const Case& c : std::vector<Case>{
+           {{{"model", "scripted"}, {"prompt", long_prompt}, {"max_tokens", 200}}, "prompt", "context_length_exceeded"},
+           {{{"model", "scripted"}, {"prompt", {1, ScriptedRunner::kVocab}}, {"max_tokens", 2}}, "prompt",
+            "invalid_value"},
+           {{{"model", "scripted"}, {"prompt", {1, 2}}, {"max_tokens", 2}, {"stop_token_ids", {ScriptedRunner::kVocab}}},
+            "stop_token_ids", "invalid_value"},
+       }) {
+    auto res = post(c.body);
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << res->body;
+    const json error = json::parse(res->body)["error"];
+    EXPECT_EQ(error["param"], c.param) << res->body;
+    EXPECT_EQ(error["code"], c.code) << res->body;
+    EXPECT_EQ(error["type"], "invalid_request_error") << res->body;
+  }
+  EXPECT_EQ(engine_->stats().requests_submitted, 0) << "nothing reached the engine's queue";
+}
+
+// A KV cache smaller than the context: a request within the context that needs
+// more than the whole cache is refused at submit() like an over-long one.
+class SmallKvServerTest : public ServerTest {
+ protected:
+  int32_t kv_num_blocks() const override { return 64; }  // 1,024 tokens
+};
+
+TEST_F(SmallKvServerTest, RequestLongerThanTheWholeKvCacheIs400ContextLengthExceeded) {
+  auto res = post({{"model", "scripted"}, {"prompt", std::vector<int32_t>(1000, 3)}, {"max_tokens", 100}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400) << res->body;
+  const json error = json::parse(res->body)["error"];
+  EXPECT_EQ(error["code"], "context_length_exceeded") << res->body;
+  EXPECT_EQ(error["param"], "prompt") << res->body;
+  EXPECT_THAT(error["message"].get<std::string>(), HasSubstr("KV cache"));
+}
+
+// Most of the KV cache (500 of 512 blocks) is held by a sequence the engine does
+// not know, so a 300-token prompt passes submit() (it fits the cache's size)
+// but can never be placed: the engine fails it after admission with its
+// capacity code, which the server maps without reading the message.
+class KvHeldElsewhereServerTest : public ServerTest {
+ protected:
+  void prepare_kv(kv::KvCacheManager& kv) override {
+    const std::vector<int32_t> tokens(500 * 16, 7);
+    auto held = kv.allocate_sequence(/*seq=*/1'000'000, "elsewhere", tokens);
+    ASSERT_TRUE(held.ok()) << held.status().to_string();
+  }
+  static json long_prompt() { return std::vector<int32_t>(300, 5); }
+};
+
+TEST_F(KvHeldElsewhereServerTest, NonStreamedRequestThatCanNeverFitIs503KvCacheCapacity) {
+  auto res = post({{"model", "scripted"}, {"prompt", long_prompt()}, {"max_tokens", 4}});
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 503) << res->body;
+  const json body = json::parse(res->body);
+  EXPECT_EQ(body["error"]["type"], "server_error");
+  EXPECT_EQ(body["error"]["code"], "kv_cache_capacity");
+  EXPECT_THAT(body["error"]["message"].get<std::string>(), HasSubstr("300 tokens"));
+  EXPECT_EQ(engine_->stats().requests_failed, 1);
+  // A request that fits the 12 blocks left is served as usual.
+  auto small = post({{"model", "scripted"}, {"prompt", {1, 2}}, {"max_tokens", 2}});
+  ASSERT_TRUE(small);
+  EXPECT_EQ(small->status, 200) << small->body;
+}
+
+TEST_F(KvHeldElsewhereServerTest, StreamedRequestThatCanNeverFitSendsTheCapacityErrorEventThenDone) {
+  auto res = post({{"model", "scripted"}, {"prompt", long_prompt()}, {"max_tokens", 4}, {"stream", true}});
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+  const std::string& text = res->body;
+  const size_t error_at = text.find("data: {\"error\":");
+  ASSERT_NE(error_at, std::string::npos) << text;
+  const json event = json::parse(text.substr(error_at + 6, text.find("\n\n", error_at) - error_at - 6));
+  EXPECT_EQ(event["error"]["code"], "kv_cache_capacity") << text;
+  EXPECT_EQ(text.rfind("data: [DONE]\n\n") + std::string("data: [DONE]\n\n").size(), text.size()) << text;
+}
+
+TEST_F(ServerTest, StreamedRequestCutShortByShutdownSendsAnUnavailableErrorEventThenDone) {
+  runner_.step_delay_ms = 5;
+  std::string text;
+  std::thread client([&] {
+    auto res = post({{"model", "scripted"}, {"prompt", {1, 2}}, {"max_tokens", 4000}, {"ignore_eos", true},
+                     {"stream", true}});
+    if (res) text = res->body;
+  });
+  const bool started = eventually([&] { return engine_->stats().num_running == 1; });
+  engine_->shutdown(0ms);
+  client.join();
+  ASSERT_TRUE(started);
+  const size_t error_at = text.find("data: {\"error\":");
+  ASSERT_NE(error_at, std::string::npos) << text;
+  const json event = json::parse(text.substr(error_at + 6, text.find("\n\n", error_at) - error_at - 6));
+  EXPECT_EQ(event["error"]["code"], "unavailable") << text;
+  EXPECT_LT(error_at, text.rfind("data: [DONE]\n\n"));
+}
+
 // A chat server over a real chat template; "tokens" are the prompt's bytes (mod
 // the vocabulary), so usage.prompt_tokens is the rendered prompt's length.
 class ChatServerTest : public ServerTest {
@@ -288,6 +396,16 @@ TEST_F(ChatServerTest, BadChatShapesAre400NamingTheFieldAndTheServerStaysUp) {
   EXPECT_EQ(ok->status, 200) << ok->body;
 }
 
+TEST_F(ChatServerTest, ChatOverTheContextLengthIs400NamingMessages) {
+  const json user = {{"role", "user"}, {"content", "hi"}};
+  auto res = post({{"model", "scripted"}, {"messages", {user}}, {"max_tokens", 4096}}, "/v1/chat/completions");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400) << res->body;
+  const json error = json::parse(res->body)["error"];
+  EXPECT_EQ(error["code"], "context_length_exceeded") << res->body;
+  EXPECT_EQ(error["param"], "messages") << res->body;
+}
+
 // The model "writes" a Hermes tool call: the first generated token decodes to
 // the whole block (then nothing), as a Qwen model answering with a call would.
 class ToolCallingServerTest : public ChatServerTest {
@@ -356,16 +474,6 @@ TEST_F(StrictTemplateServerTest, TemplateRaiseIs400WithItsMessage) {
   const json body = json::parse(res->body);
   EXPECT_EQ(body["error"]["param"], "messages");
   EXPECT_THAT(body["error"]["message"].get<std::string>(), HasSubstr("Conversation roles must alternate"));
-}
-
-TEST(ApiErrorTest, EngineFailuresMapTo500Or503) {
-  ApiError model = api_error_from_engine_failure("model step failed: CUDA error");
-  EXPECT_EQ(model.http_status, 500);
-  EXPECT_EQ(model.type, "server_error");
-  ApiError capacity = api_error_from_engine_failure("the request does not fit in the KV cache");
-  EXPECT_EQ(capacity.http_status, 503);
-  EXPECT_EQ(capacity.code, "kv_cache_capacity");
-  EXPECT_EQ(json::parse(capacity.body())["error"]["message"], "the request does not fit in the KV cache");
 }
 
 }  // namespace

@@ -23,6 +23,12 @@ uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// Every choice of the request has ended (its finished delta is out or pending).
+bool all_choices_finished(const RequestState& req) {
+  const bool all_choices_exist = req.forked || req.request.sampling.n == 1 || req.aborted;
+  return all_choices_exist && req.num_finished >= static_cast<int32_t>(req.sequences.size());
+}
+
 }  // namespace
 
 Engine::Engine(EngineConfig config, ModelRunner& runner, kv::KvCacheManager& kv)
@@ -74,16 +80,12 @@ void Engine::shutdown(std::chrono::milliseconds grace) {
     threaded = thread_.joinable();
   }
   if (!threaded) {
-    // Synchronous mode: abort whatever is left.
-    std::vector<RequestId> ids;
-    {
-      std::lock_guard lock(mutex_);
-      for (auto& s : pending_submits_) ids.push_back(s->id);
-    }
-    for (auto& [id, req] : requests_) ids.push_back(id);
-    for (RequestId id : ids) abort(id);
+    // Synchronous mode: admit what was submitted, apply the callers' aborts,
+    // then cancel whatever is left.
     drain_commands();
+    cancel_all_requests();
     flush_outputs();
+    publish_stats(-1);
     return;
   }
   const auto deadline = Clock::now() + grace;
@@ -92,9 +94,7 @@ void Engine::shutdown(std::chrono::milliseconds grace) {
   {
     std::lock_guard lock(mutex_);
     pending_tasks_.push_back([this] {
-      std::vector<RequestState*> all;
-      for (auto& [id, req] : requests_) all.push_back(req.get());
-      for (RequestState* req : all) abort_request(req);
+      cancel_all_requests();
       flush_outputs();
     });
   }
@@ -119,13 +119,15 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest reques
                                     vocab_size_);
   PAGODA_RETURN_IF_ERROR(validate_sampling_params(request.sampling, vocab_size_));
   const int64_t total = static_cast<int64_t>(prompt.size()) + request.sampling.max_tokens;
+  // kOutOfRange for the two length bounds: callers (the server's
+  // "context_length_exceeded") tell them from other bad input by the code.
   if (total > max_context_)
-    return invalid_argument_error(
+    return out_of_range_error(
         "this model's maximum context length is {} tokens, but {} tokens were requested ({} in the prompt, {} "
         "for the completion); shorten the prompt or lower max_tokens",
         max_context_, total, prompt.size(), request.sampling.max_tokens);
   if ((total + kv_block_size_ - 1) / kv_block_size_ > kv_num_blocks_)
-    return invalid_argument_error(
+    return out_of_range_error(
         "the request needs {} tokens of KV cache but the server holds only {}; shorten the prompt or lower "
         "max_tokens",
         total, kv_num_blocks_ * kv_block_size_);
@@ -268,8 +270,7 @@ void Engine::finish_sequence(Sequence* seq, FinishReason reason) {
   delta_for(seq).finish_reason = reason;
   RequestState* req = seq->request;
   ++req->num_finished;
-  const bool all_choices_exist = req->forked || req->request.sampling.n == 1 || req->aborted;
-  if (!all_choices_exist || req->num_finished < static_cast<int32_t>(req->sequences.size())) return;
+  if (!all_choices_finished(*req)) return;
 
   RequestOutput& out = step_outputs_[req->id];
   out.request_id = req->id;
@@ -277,7 +278,8 @@ void Engine::finish_sequence(Sequence* seq, FinishReason reason) {
   out.usage.prompt_tokens = static_cast<int32_t>(req->request.prompt_tokens.size());
   out.usage.completion_tokens = req->completion_tokens;
   out.usage.cached_tokens = std::max(0, req->cached_tokens);
-  if (!out.error.empty()) {
+  // A request cancelled by shutdown counts as aborted, as a caller's abort does.
+  if (out.failed() && out.error_code != StatusCode::kCancelled) {
     ++thread_stats_.requests_failed;
   } else if (req->aborted) {
     ++thread_stats_.requests_aborted;
@@ -296,12 +298,29 @@ void Engine::abort_request(RequestState* req) {
     if (seq) finish_sequence(seq, FinishReason::kAbort);
 }
 
-void Engine::fail_request(RequestState* req, const std::string& message) {
-  step_outputs_[req->id].request_id = req->id;
-  step_outputs_[req->id].error = message;
+void Engine::fail_request(RequestState* req, const Status& failure, FinishReason reason) {
+  assert(!failure.ok());
+  // Already over (a shutdown right after the caller's abort, or a second chunk
+  // of the same failed step): its finished delta stands as it is.
+  if (all_choices_finished(*req)) return;
+  RequestOutput& out = step_outputs_[req->id];
+  out.request_id = req->id;
+  if (!out.failed()) {
+    out.error_code = failure.code();
+    // error is never empty for a failure (request.h): consumers that only look
+    // at the text still see one.
+    out.error = failure.message().empty() ? std::string(status_code_name(failure.code())) : failure.message();
+  }
   req->aborted = true;
   for (Sequence* seq : req->sequences)
-    if (seq) finish_sequence(seq, FinishReason::kError);
+    if (seq) finish_sequence(seq, reason);
+}
+
+void Engine::cancel_all_requests() {
+  const Status shut_down = cancelled_error("the engine shut down before the request finished; retry it");
+  std::vector<RequestState*> all;
+  for (auto& [id, req] : requests_) all.push_back(req.get());
+  for (RequestState* req : all) fail_request(req, shut_down, FinishReason::kAbort);
 }
 
 void Engine::append_token(Sequence* seq, const SampledToken& token) {
@@ -434,8 +453,13 @@ bool Engine::step() {
       thread_stats_.cached_prompt_tokens += std::max(0, req->cached_tokens);
     }
   }
+  // kFailedPrecondition, not kResourceExhausted: waiting will never help (request.h).
   for (Sequence* seq : plan.unschedulable)
-    fail_request(seq->request, "the request does not fit in the KV cache");
+    fail_request(seq->request,
+                 failed_precondition_error("the request's {} tokens can never fit in the KV cache: with nothing "
+                                           "else running only {} of its {} blocks ({} tokens each) can be freed",
+                                           seq->tokens.size(), kv_.num_available_blocks(), kv_num_blocks_,
+                                           kv_block_size_));
   if (plan.empty()) {
     flush_outputs();
     publish_stats(-1);
@@ -478,7 +502,7 @@ bool Engine::step() {
   if (!committed.ok()) {
     for (const ScheduledChunk& chunk : plan.chunks)
       if (chunk.sequence->status != SequenceStatus::kFinished)
-        fail_request(chunk.sequence->request, "model step failed: " + committed.message());
+        fail_request(chunk.sequence->request, internal_error("model step failed: {}", committed.to_string()));
     flush_outputs();
     publish_stats(seconds_between(start, Clock::now()));
     return true;

@@ -83,8 +83,10 @@ class Engine {
 
   // Validates (prompt ids in vocabulary, prompt + max_tokens within the
   // context and the KV cache, sampling params) and enqueues. Errors:
-  // kInvalidArgument (bad request), kResourceExhausted (queue full),
-  // kFailedPrecondition (shutting down).
+  // kInvalidArgument (bad request), kOutOfRange (prompt + max_tokens longer
+  // than the context length or the whole KV cache), kResourceExhausted (queue
+  // full), kFailedPrecondition (shutting down). Failures after this returns
+  // arrive on the stream (RequestOutput::error_code, request.h).
   StatusOr<std::shared_ptr<RequestStream>> submit(GenerationRequest request);
   // Aborts a request (no-op if unknown or finished). Its blocks are freed at the
   // start of the next step; its stream gets a final delta with finish "abort".
@@ -111,7 +113,12 @@ class Engine {
   void drain_commands();
   void admit_request(std::unique_ptr<RequestState> state);
   void abort_request(RequestState* req);
-  void fail_request(RequestState* req, const std::string& message);
+  // Ends every unfinished choice of `req` with `reason` and reports `failure`
+  // (not ok; its code is what callers act on, request.h) on the finished delta.
+  // The first failure of a request is the one reported.
+  void fail_request(RequestState* req, const Status& failure, FinishReason reason = FinishReason::kError);
+  // Shutdown: fails every request still in the engine with kCancelled.
+  void cancel_all_requests();
   // How the runner should sample this sequence's next row (on_device false:
   // it needs the host sampler).
   DeviceSampling device_sampling_for(const Sequence* seq) const;

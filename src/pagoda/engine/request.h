@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "pagoda/core/status.h"
 #include "pagoda/engine/sampler.h"
 #include "pagoda/engine/sampling_params.h"
 
@@ -49,12 +50,35 @@ struct ChoiceDelta {
   FinishReason finish_reason = FinishReason::kNone;
 };
 
+// A request the engine failed after submit() ends with a finished delta whose
+// error_code says why; callers decide on the code, never on the text (error is
+// for people and may be reworded). The codes the engine sets:
+//   kFailedPrecondition  the request can never fit in this engine's KV cache:
+//                        with nothing else running, its tokens still need more
+//                        blocks than the cache can make free. Retrying on the
+//                        same server fails the same way (HTTP 503
+//                        "kv_cache_capacity"). Not kResourceExhausted: that
+//                        code means a passing shortage (submit()'s full queue,
+//                        429, retry soon).
+//   kInternal            the model step failed (the runner's error, or output
+//                        of the wrong shape); every request in that step fails.
+//   (both end their choices with FinishReason::kError)
+//   kCancelled           the engine shut down before the request finished
+//                        (choices end with FinishReason::kAbort).
+// A caller's own abort() is not a failure: its choices end with kAbort and
+// error_code stays kOk. The code sits beside the text (rather than one Status)
+// so readers that only test `error.empty()` keep working.
 struct RequestOutput {
   RequestId request_id = 0;
   std::vector<ChoiceDelta> choices;  // only choices that changed
   bool finished = false;             // last delta of the request
   Usage usage;                       // filled on the last delta
-  std::string error;                 // non-empty if the engine failed the request
+  StatusCode error_code = StatusCode::kOk;  // kOk unless the engine failed the request (see above)
+  std::string error;                        // the failure in words; non-empty exactly when error_code != kOk
+
+  bool failed() const { return error_code != StatusCode::kOk; }
+  // The failure as a Status (ok when the request did not fail).
+  Status failure() const { return failed() ? Status(error_code, error) : Status(); }
 };
 
 // Per-request queue of deltas from the engine thread to the consumer.

@@ -56,18 +56,23 @@ ApiError api_error_from_status(const Status& status, std::optional<std::string> 
   return e;
 }
 
-ApiError api_error_from_engine_failure(const std::string& engine_error) {
+ApiError api_error_from_engine_failure(const Status& failure) {
   ApiError e;
-  e.message = engine_error;
+  e.message = failure.message();
   e.type = "server_error";
-  // The engine reports failures as text (RequestOutput::error); this is its
-  // wording for a request the scheduler can never place (engine.cpp).
-  if (engine_error.find("does not fit in the KV cache") != std::string::npos) {
-    e.http_status = 503;
-    e.code = "kv_cache_capacity";
-  } else {
-    e.http_status = 500;
-    e.code = "internal_error";
+  switch (failure.code()) {
+    case StatusCode::kFailedPrecondition:
+      e.http_status = 503;
+      e.code = "kv_cache_capacity";
+      break;
+    case StatusCode::kCancelled:
+      e.http_status = 503;
+      e.code = "unavailable";
+      break;
+    default:
+      e.http_status = 500;
+      e.code = "internal_error";
+      break;
   }
   return e;
 }

@@ -32,9 +32,13 @@ ApiError invalid_request(std::string message, std::optional<std::string> param =
 // Maps an engine Status: kInvalidArgument -> 400, kResourceExhausted -> 429,
 // kFailedPrecondition -> 503, everything else -> 500.
 ApiError api_error_from_status(const Status& status, std::optional<std::string> param = std::nullopt);
-// A generation the engine failed after admission (RequestOutput::error): one
-// that can never fit the KV cache is 503 (code "kv_cache_capacity"), any other
-// failure (the model step failed) is 500 ("internal_error").
-ApiError api_error_from_engine_failure(const std::string& engine_error);
+// A generation the engine failed after admission (RequestOutput::failure(),
+// codes in engine/request.h), decided by the code alone; the message is passed
+// through as it is:
+//   kFailedPrecondition -> 503 "kv_cache_capacity" (the request can never fit the KV cache)
+//   kCancelled          -> 503 "unavailable"       (the engine shut down under it)
+//   anything else       -> 500 "internal_error"    (the model step failed)
+// All are type "server_error": the request itself was valid.
+ApiError api_error_from_engine_failure(const Status& failure);
 
 }  // namespace pagoda::server

@@ -182,21 +182,32 @@ void OpenAiServer::handle_generate(const httplib::Request& http_req, httplib::Re
     req.sampling.max_tokens = static_cast<int32_t>(std::min(room, wanted));
   }
 
+  // Vocabulary checks the engine repeats, made here because only here is it
+  // known which field to name.
+  const int32_t vocab = engine_.vocab_size();
+  for (size_t i = 0; i < tokens->size(); ++i)
+    if ((*tokens)[i] < 0 || (*tokens)[i] >= vocab)
+      return send_error(res, invalid_request(fmt::format("prompt token {} at index {} is outside the vocabulary [0, {})",
+                                                         (*tokens)[i], i, vocab),
+                                             prompt_param));
+  for (int32_t id : req.sampling.stop_token_ids)
+    if (id < 0 || id >= vocab)
+      return send_error(res, invalid_request(fmt::format("stop_token_ids: {} is outside the vocabulary [0, {})", id,
+                                                         vocab),
+                                             "stop_token_ids"));
+
   engine::GenerationRequest gen;
   gen.tenant_namespace = ApiKeyStore::cache_namespace(*tenant);
   gen.prompt_tokens = std::move(*tokens);
   gen.sampling = req.sampling;
   auto submitted = engine_.submit(std::move(gen));
   if (!submitted.ok()) {
+    // By code, never by the message (engine.h): kOutOfRange is the prompt plus
+    // max_tokens past the context length or the whole KV cache.
     ApiError e = api_error_from_status(submitted.status());
-    if (e.http_status == 400) {
-      const std::string& m = submitted.status().message();
-      if (m.find("context length") != std::string::npos || m.find("KV cache") != std::string::npos) {
-        e.code = "context_length_exceeded";
-        e.param = prompt_param;
-      } else if (m.find("vocabulary") != std::string::npos) {
-        e.param = m.rfind("stop_token_ids", 0) == 0 ? "stop_token_ids" : prompt_param;
-      }
+    if (submitted.status().code() == StatusCode::kOutOfRange) {
+      e.code = "context_length_exceeded";
+      e.param = prompt_param;
     }
     return send_error(res, e);
   }
@@ -245,10 +256,11 @@ void OpenAiServer::whole_response(const httplib::Request& http_req, httplib::Res
     if (!out) continue;
     builder.accumulate(*out);
     if (!out->finished) continue;
-    if (!out->error.empty()) return send_error(res, api_error_from_engine_failure(out->error));
-    if (builder.any_choice_finished(engine::FinishReason::kAbort))  // the engine shut down under it
+    if (out->failed()) return send_error(res, api_error_from_engine_failure(out->failure()));
+    // An abort without a failure is not one this handler asked for: never a 200 with a cut-short text.
+    if (builder.any_choice_finished(engine::FinishReason::kAbort))
       return send_error(res, api_error_from_status(failed_precondition_error(
-                                 "the server shut down before the request finished; retry")));
+                                 "the request was aborted before it finished; retry")));
     return send_json(res, 200, builder.final_response(out->usage));
   }
 }
@@ -276,7 +288,7 @@ void OpenAiServer::stream_response(const httplib::Request&, httplib::Response& r
         payload += ResponseBuilder::sse_event(c);
       }
       if (out->finished) {
-        if (!out->error.empty()) payload += "data: " + api_error_from_engine_failure(out->error).body() + "\n\n";
+        if (out->failed()) payload += "data: " + api_error_from_engine_failure(out->failure()).body() + "\n\n";
         if (state->include_usage) payload += ResponseBuilder::sse_event(state->builder->usage_chunk(out->usage));
         payload += ResponseBuilder::kSseDone;
         state->done = true;
