@@ -29,8 +29,11 @@ struct ApiError {
 
 ApiError invalid_request(std::string message, std::optional<std::string> param = std::nullopt,
                          std::string code = "invalid_value");
-// Maps an engine Status: kInvalidArgument -> 400, kResourceExhausted -> 429,
-// kFailedPrecondition -> 503, everything else -> 500.
+// Maps a Status refused before generation (engine submit(), tokenizer, ...):
+// kInvalidArgument / kOutOfRange -> 400, kUnimplemented -> 400 "unsupported",
+// kResourceExhausted -> 429 "queue_full", kFailedPrecondition -> 503
+// "unavailable", everything else -> 500. The caller adds param / code where it
+// knows them (a kOutOfRange from submit() is "context_length_exceeded").
 ApiError api_error_from_status(const Status& status, std::optional<std::string> param = std::nullopt);
 // A generation the engine failed after admission (RequestOutput::failure(),
 // codes in engine/request.h), decided by the code alone; the message is passed
