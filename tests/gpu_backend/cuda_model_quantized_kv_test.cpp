@@ -57,6 +57,23 @@ struct Run {
 };
 
 // Free-running greedy decoding of kSteps tokens after `prompt`, on a fresh pool.
+// One sequence's forward step: `tokens` at positions cached.. over `table`
+// (the pool's blocks in reverse order, so not the identity).
+ForwardBatch one_sequence_step(const std::vector<int32_t>& tokens, int32_t cached, bool logits_for_all) {
+  ForwardBatch b;
+  b.token_ids = tokens;
+  for (size_t i = 0; i < tokens.size(); ++i) b.positions.push_back(cached + static_cast<int32_t>(i));
+  SequenceSlice s;
+  s.num_new_tokens = static_cast<int32_t>(tokens.size());
+  s.num_cached_tokens = cached;
+  s.block_table.resize(kNumBlocks);
+  std::iota(s.block_table.begin(), s.block_table.end(), 0);
+  std::reverse(s.block_table.begin(), s.block_table.end());
+  s.logits_for_all_new_tokens = logits_for_all;
+  b.sequences.push_back(s);
+  return b;
+}
+
 StatusOr<Run> greedy(const std::filesystem::path& dir, const std::vector<int32_t>& prompt, DType kv_dtype) {
   CudaModelOptions o;
   o.max_num_tokens = 256;
@@ -67,21 +84,11 @@ StatusOr<Run> greedy(const std::filesystem::path& dir, const std::vector<int32_t
   o.kv_key_dtype = o.kv_value_dtype = kv_dtype;
   PAGODA_ASSIGN_OR_RETURN(auto model, CudaModel::load(dir, o));
   PAGODA_ASSIGN_OR_RETURN(auto pool, CudaKvPool::create(model->kv_pool_shape(kNumBlocks)));
-  std::vector<int32_t> table(kNumBlocks);
-  std::iota(table.begin(), table.end(), 0);
-  std::reverse(table.begin(), table.end());  // not the identity
   Run run;
   std::vector<int32_t> step_tokens = prompt;
   int32_t cached = 0;
   for (int32_t step = 0; step < kSteps; ++step) {
-    ForwardBatch b;
-    b.token_ids = step_tokens;
-    for (size_t i = 0; i < step_tokens.size(); ++i) b.positions.push_back(cached + static_cast<int32_t>(i));
-    SequenceSlice s;
-    s.num_new_tokens = static_cast<int32_t>(step_tokens.size());
-    s.num_cached_tokens = cached;
-    s.block_table = table;
-    b.sequences.push_back(s);
+    const ForwardBatch b = one_sequence_step(step_tokens, cached, false);
     std::vector<float> logits;
     PAGODA_RETURN_IF_ERROR(model->forward(b, *pool, logits));
     std::vector<float> sorted = logits;
@@ -375,22 +382,11 @@ constexpr int32_t kDecodeSteps = 4;
 template <typename Model, typename Pool>
 StatusOr<std::vector<std::vector<float>>> prefill_and_decode(Model& model, Pool& pool,
                                                              const std::vector<int32_t>& prompt) {
-  std::vector<int32_t> table(kNumBlocks);
-  std::iota(table.begin(), table.end(), 0);
-  std::reverse(table.begin(), table.end());
   std::vector<std::vector<float>> steps;
   int32_t cached = 0;
   std::vector<int32_t> tokens = prompt;
   for (int32_t step = 0; step <= kDecodeSteps; ++step) {
-    ForwardBatch b;
-    b.token_ids = tokens;
-    for (size_t i = 0; i < tokens.size(); ++i) b.positions.push_back(cached + static_cast<int32_t>(i));
-    SequenceSlice s;
-    s.num_new_tokens = static_cast<int32_t>(tokens.size());
-    s.num_cached_tokens = cached;
-    s.block_table = table;
-    s.logits_for_all_new_tokens = true;
-    b.sequences.push_back(s);
+    const ForwardBatch b = one_sequence_step(tokens, cached, true);
     std::vector<float> logits;
     PAGODA_RETURN_IF_ERROR(model.forward(b, pool, logits));
     cached += static_cast<int32_t>(tokens.size());

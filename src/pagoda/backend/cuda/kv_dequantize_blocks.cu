@@ -6,33 +6,11 @@
 // code * scale + zero rounded once to bf16, exactly as the builtin attention
 // kernel (paged_attention.cu) dequantizes into shared memory.
 #include "pagoda/backend/cuda/cuda_ops.h"
-#include "pagoda/kernels/cuda/kv_dequant.cuh"
+#include "pagoda/backend/cuda/kv_chunk_bf16.cuh"
 
 namespace pagoda::cuda {
 
 namespace {
-
-using kernels::KvQuant;
-
-// Elements [8 c, 8 c + 8) of vector `vec` of a pool in `format` as 16 bytes of bf16.
-__device__ __forceinline__ uint4 dequantize_chunk(const void* pool, const void* scales, KvQuant format, int64_t vec,
-                                                  int32_t head_dim, int32_t c) {
-  if (format == KvQuant::kNone)
-    return reinterpret_cast<const uint4*>(static_cast<const bf16*>(pool) + vec * head_dim)[c];
-  const uint8_t* data = static_cast<const uint8_t*>(pool) + vec * kernels::kv_head_data_bytes(head_dim, format);
-  float f[8];
-  kernels::cuda::device::codes8_to_float(data, c * 8, format, f);
-  const int32_t groups = kernels::kv_scale_groups(head_dim, format);
-  const int32_t group = c * 8 / kernels::kv_scale_group_size(head_dim, format);
-  const kernels::cuda::device::KvScale s = kernels::cuda::device::decode_scale_record(
-      static_cast<const uint32_t*>(scales)[vec * groups + group], format);
-  uint4 out;
-  __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&out);
-#pragma unroll
-  for (int w = 0; w < 4; ++w)
-    pairs[w] = __floats2bfloat162_rn(f[2 * w] * s.scale + s.zero, f[2 * w + 1] * s.scale + s.zero);
-  return out;
-}
 
 __global__ void kv_dequantize_blocks_kernel(DevicePagedKvLayer layer, const int32_t* __restrict__ source_blocks,
                                             int32_t num_blocks, bf16* __restrict__ key_out,
@@ -49,9 +27,9 @@ __global__ void kv_dequantize_blocks_kernel(DevicePagedKvLayer layer, const int3
   const int64_t vec = source * layer.block_size * layer.num_kv_heads + vec_in_block;
   const int64_t dst = (scratch_block * layer.block_size * layer.num_kv_heads + vec_in_block) * chunks + c;
   reinterpret_cast<uint4*>(key_out)[dst] =
-      dequantize_chunk(layer.key, layer.key_scale, layer.key_dtype, vec, layer.head_dim, c);
+      load_kv_chunk_bf16(layer.key, layer.key_scale, layer.key_dtype, vec, layer.head_dim, c);
   reinterpret_cast<uint4*>(value_out)[dst] =
-      dequantize_chunk(layer.value, layer.value_scale, layer.value_dtype, vec, layer.head_dim, c);
+      load_kv_chunk_bf16(layer.value, layer.value_scale, layer.value_dtype, vec, layer.head_dim, c);
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 #include <cfloat>
 
 #include "pagoda/backend/cuda/cuda_ops.h"
-#include "pagoda/kernels/cuda/kv_dequant.cuh"
+#include "pagoda/backend/cuda/kv_chunk_bf16.cuh"
 
 namespace pagoda::cuda {
 
@@ -35,27 +35,14 @@ __device__ float warp_sum(float v) {
   return v;
 }
 
-// Elements [8 c, 8 c + 8) of the vector at index vec (kv_quant.h's numbering)
-// of one pool, as four bf16 pairs.
+// Elements [8 c, 8 c + 8) of the vector at index vec of one pool, as four bf16
+// pairs into a padded shared row (4-byte aligned only, hence word by word).
 __device__ __forceinline__ void load_chunk(const void* pool, const void* scales, kernels::KvQuant format,
                                            int64_t vec, int32_t head_dim, int32_t c, __nv_bfloat162* dst) {
-  if (format == kernels::KvQuant::kNone) {
-    const uint4 raw = reinterpret_cast<const uint4*>(static_cast<const bf16*>(pool) + vec * head_dim)[c];
-    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  const uint4 chunk = load_kv_chunk_bf16(pool, scales, format, vec, head_dim, c);
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&chunk);
 #pragma unroll
-    for (int w = 0; w < 4; ++w) dst[w] = pairs[w];
-    return;
-  }
-  const uint8_t* data = static_cast<const uint8_t*>(pool) + vec * kernels::kv_head_data_bytes(head_dim, format);
-  float f[8];
-  kernels::cuda::device::codes8_to_float(data, c * 8, format, f);
-  const int32_t groups = kernels::kv_scale_groups(head_dim, format);
-  const int32_t group = c * 8 / kernels::kv_scale_group_size(head_dim, format);
-  const kernels::cuda::device::KvScale s = kernels::cuda::device::decode_scale_record(
-      static_cast<const uint32_t*>(scales)[vec * groups + group], format);
-#pragma unroll
-  for (int w = 0; w < 4; ++w)
-    dst[w] = __floats2bfloat162_rn(f[2 * w] * s.scale + s.zero, f[2 * w + 1] * s.scale + s.zero);
+  for (int w = 0; w < 4; ++w) dst[w] = pairs[w];
 }
 
 __global__ void __launch_bounds__(kThreads)
