@@ -160,13 +160,18 @@ struct Case {
   int32_t q_heads, kv_heads, head_dim, block_size;
 };
 
+// value_gain(vector index) multiplies each V vector of the pool before quantization.
 void check_case(const Case& c, const std::vector<SequenceShape>& shapes, uint32_t seed, Path path,
-                const AttentionPlanOptions& options = {}) {
+                const AttentionPlanOptions& options = {}, float (*value_gain)(size_t) = nullptr) {
   PagedBatch b = testing::make_paged_batch(c.q_heads, c.kv_heads, c.head_dim, c.block_size, shapes, seed);
   b.config.key_element = c.formats.key;
   b.config.value_element = c.formats.value;
+  std::vector<float> values = to_floats(b.value);
+  if (value_gain != nullptr) {
+    for (size_t i = 0; i < values.size(); ++i) values[i] *= value_gain(i / size_t(c.head_dim));
+  }
   const QuantizedPool key = quantize_pool(to_floats(b.key), c.head_dim, static_cast<KvQuant>(c.formats.key));
-  const QuantizedPool value = quantize_pool(to_floats(b.value), c.head_dim, static_cast<KvQuant>(c.formats.value));
+  const QuantizedPool value = quantize_pool(values, c.head_dim, static_cast<KvQuant>(c.formats.value));
   const std::string label = "K " + name_of(c.formats.key) + " V " + name_of(c.formats.value) + " heads " +
                             std::to_string(c.q_heads) + "/" + std::to_string(c.kv_heads) + " d=" +
                             std::to_string(c.head_dim) + " block " + std::to_string(c.block_size) + " path " +
@@ -238,6 +243,27 @@ TEST(QuantizedDecodeAttention, ManyShortUnevenUnitsAndSplits) {
     check_case({f, 32, 8, 128, 16}, shapes, seed++, Path::kFast);
     check_case({f, 32, 8, 128, 16}, shapes, seed++, Path::kFast, split);
     check_case({f, 16, 4, 64, 8}, shapes, seed++, Path::kFast);
+  }
+}
+
+// The tensor-core kernel scales P by v_scale / U, U the largest V scale so
+// far, and rescales its accumulators only when U grows or a head's max moves.
+// V scales spread over 2^18 (scattered vectors 256x larger, others 1/1024),
+// so U grows tile after tile and small-scale tokens sit far below it.
+TEST(QuantizedDecodeAttention, VScalesSpreadOverManyOctaves) {
+  if (!testing::cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  auto gain = [](size_t vector) -> float {
+    if (vector % 97 == 5) return 256.0f;
+    if (vector % 89 == 3 || vector % 7 == 1) return 1.0f / 1024.0f;
+    return 1.0f;
+  };
+  AttentionPlanOptions split;
+  split.split_tokens = 1024;
+  uint32_t seed = 400;
+  for (const Formats& f : kAllFormats) {
+    check_case({f, 32, 8, 128, 16}, {{1, 3000}, {1, 777}, {1, 40}}, seed++, Path::kFast, {}, gain);
+    check_case({f, 32, 8, 128, 16}, {{1, 5000}}, seed++, Path::kFast, split, gain);
+    check_case({f, 16, 16, 64, 8}, {{1, 2500}}, seed++, Path::kFast, {}, gain);
   }
 }
 
