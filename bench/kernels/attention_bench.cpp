@@ -375,19 +375,6 @@ int main(int argc, char** argv) {
       cc.cuda_cores = true;
       run_case(tag + " cuda-cores B=64 L=4096", cc, 64, 4096, 1, 0, 1, iters, prop, stream);
       run_case(tag + " cuda-cores B=8 L=32768", cc, 8, 32768, 1, 0, 1, iters, prop, stream);
-      // EXPERIMENT: the other tensor-core variants (PAGODA_QDECODE_VARIANT, read at
-      // each launch) beside the default, in this run.
-      for (const char* variant : {"heads", "tokens"}) {
-        setenv("PAGODA_QDECODE_VARIANT", variant, 1);
-        const std::string vtag = tag + " " + variant;
-        run_case(vtag + " B=64 L=4096", g, 64, 4096, 1, 0, 1, iters, prop, stream);
-        run_case(vtag + " B=8 L=32768", g, 8, 32768, 1, 0, 1, iters, prop, stream);
-        run_case(vtag + " B=256 L=1024", g, 256, 1024, 1, 0, 1, iters, prop, stream);
-        run_case(vtag + " B=8 L=32768 split 8192", g, 8, 32768, 1, 8192, 1, iters, prop, stream);
-      }
-      unsetenv("PAGODA_QDECODE_VARIANT");
-      // The default once more after it (order effects).
-      run_case(tag + " again B=8 L=32768", g, 8, 32768, 1, 0, 1, iters, prop, stream);
     }
   }
   // Prefill, causal, GQA 32/8, d=128, one sequence (rotating input sets past the L2).

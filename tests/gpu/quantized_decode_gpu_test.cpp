@@ -246,10 +246,11 @@ TEST(QuantizedDecodeAttention, ManyShortUnevenUnitsAndSplits) {
   }
 }
 
-// The tensor-core kernel scales P by v_scale / U, U the largest V scale so
-// far, and rescales its accumulators only when U grows or a head's max moves.
-// V scales spread over 2^18 (scattered vectors 256x larger, others 1/1024),
-// so U grows tile after tile and small-scale tokens sit far below it.
+// The tensor-core kernel rounds p * v_scale / U to f16, U a largest V scale
+// (of the tile; of all tiles so far in 738b129's variant), and carries U in its
+// accumulators from tile to tile. V scales spread over 2^18 (scattered vectors
+// 256x larger, others 1/1024): U changes between tiles and small-scale tokens
+// sit far below it. (Passed on the H200 with 738b129's variant as the default.)
 TEST(QuantizedDecodeAttention, VScalesSpreadOverManyOctaves) {
   if (!testing::cuda_device_present()) GTEST_SKIP() << "no CUDA device";
   auto gain = [](size_t vector) -> float {

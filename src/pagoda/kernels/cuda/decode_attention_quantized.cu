@@ -23,9 +23,6 @@
 
 #include <cuda_bf16.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "pagoda/kernels/cuda/attention_descriptor.h"
 #include "pagoda/kernels/cuda/attention_launch_internal.h"
 #include "pagoda/kernels/cuda/decode_split_merge.cuh"
@@ -324,6 +321,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 // and one wide multiply, XOR-swizzled stage rows (the K and V fragment reads
 // had 2- and 4-way bank conflicts) and the upper fp8 pair converted in place:
 // 30% fewer instructions, fp8 B=8 L=32K from 158 to 145 us (docs/KERNELS.md).
+// Tokens as the rows of S (S^T = K Q^T: half the S mma, P^T transposed with
+// movmatrix), a V unit that only grows, one table load per lane and 16-byte V
+// fragment loads were measured too (commit 738b129) and gained nothing.
 // ---------------------------------------------------------------------------
 
 __device__ __forceinline__ void mma_f16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -333,14 +333,6 @@ __device__ __forceinline__ void mma_f16_16816(float (&d)[4], uint32_t a0, uint32
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// The transpose of an 8x8 b16 matrix held in the m16n8 fragment layout (lane
-// (g, t) holds row g, columns 2t, 2t + 1): afterwards it holds row g of the transpose.
-__device__ __forceinline__ uint32_t transpose_8x8_b16(uint32_t x) {
-  uint32_t y;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-  return y;
 }
 
 // Four codes (bytes 0..3 of w) -> two f16x2 registers: (code0, code1), (code2, code3), exact.
@@ -386,13 +378,12 @@ __device__ __forceinline__ int warp_tile_count(const DecodeWorkItem& w, int warp
 // its own CTA all the same: a persistent grid (2 CTAs per SM) measured 1-2%
 // slower on the H200 at B=64 L=4K and B=8 L=32K and equal at B=256 L=1K
 // (docs/KERNELS.md); its GPU tests passed too, so a grid of any size is correct.
-template <int kHeadDim, int kHeads, KvQuant Q, bool kTokenRows, bool kShuffledTable>
+template <int kHeadDim, int kHeads, KvQuant Q>
 __global__ void __launch_bounds__(kWarps * 32)
     decode_attention_mma_kernel(const AttentionDescriptor d, const __nv_bfloat16* __restrict__ q,
                                 __nv_bfloat16* __restrict__ out) {
   using S = QuantizedShape<kHeadDim, Q, Q>;
   constexpr int kNTiles = S::kTileTokens / 8;   // 8-token column tiles of S
-  constexpr int kMTiles = S::kTileTokens / 16;  // 16-token row tiles of S^T (tokens as rows)
   constexpr int kSlices = kHeadDim / 16;        // 16-dim k slices of S = 16-dim m tiles of O
   constexpr int kLaneDims = kHeadDim / 4;       // K codes per lane and token
   constexpr int kChunk = kHeadDim / 16;         // V codes per lane, token and row half
@@ -456,38 +447,22 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     if (issue_left > 0) {
       uint8_t* stage = warp_smem + issue_stage * S::kStageBytes;
-      // The pool token of tile token lane + 32 x, one table load each.
-      constexpr int kLaneTokens = S::kTileTokens / 32;
-      uint32_t lane_tokens[kLaneTokens];
-#pragma unroll
-      for (int x = 0; x < kLaneTokens; ++x) {
-        const int pos = issue_pos + lane + 32 * x;
-        lane_tokens[x] = pool_token(pos, pos < issue_end);
-      }
 #pragma unroll
       for (int k = 0; k < S::kKeyCopies; ++k) {
         constexpr int kRowsPerCopy = 32 / kRowChunks;
         const int row_step = k * kRowsPerCopy;  // this copy's token is lane_row + row_step
         const int pos = issue_pos + lane_row + row_step;
         const bool valid = pos < issue_end;
-        uint32_t token;
-        if constexpr (kShuffledTable) {
-          // lane_row < kRowsPerCopy, which divides 32: the token's x is row_step / 32.
-          token = __shfl_sync(0xffffffffu, lane_tokens[row_step / 32], (lane_row + row_step) & 31);
-        } else {
-          token = pool_token(pos, valid);
-        }
-        const uint64_t offset = uint64_t{token} * token_bytes;
+        const uint64_t offset = uint64_t{pool_token(pos, valid)} * token_bytes;
         // lane_row + row_step has no carries, so the swizzle splits into the lane's and the copy's part.
         const int at = (lane_at ^ ((row_step & (kRowChunks - 1)) << 4)) + row_step * kHeadDim;
         cp_async_16(stage + at, issue_key + offset, valid);
         cp_async_16(stage + S::kValueAt + at, issue_value + offset, valid);
       }
 #pragma unroll
-      for (int x = 0; x < kLaneTokens; ++x) {
-        const int tk = lane + 32 * x;
+      for (int tk = lane; tk < S::kTileTokens; tk += 32) {
         const bool valid = issue_pos + tk < issue_end;
-        const uint64_t offset = uint64_t{lane_tokens[x]} * token_records;
+        const uint64_t offset = uint64_t{pool_token(issue_pos + tk, valid)} * token_records;
         cp_async_ca<4>(stage + S::kKeyScaleAt + tk * 4, issue_key_scale + offset, valid);
         cp_async_ca<4>(stage + S::kValueScaleAt + tk * 4, issue_value_scale + offset, valid);
       }
@@ -533,15 +508,9 @@ __global__ void __launch_bounds__(kWarps * 32)
       qsum += __shfl_xor_sync(0xffffffffu, qsum, 1);
       qsum += __shfl_xor_sync(0xffffffffu, qsum, 2);
     }
-    // Tokens as rows: this lane's heads are 2t, 2t + 1 (lanes 8t and 8t + 4 hold their sums).
-    const float qsum_pair[2] = {__shfl_sync(0xffffffffu, qsum, 8 * t), __shfl_sync(0xffffffffu, qsum, 8 * t + 4)};
 
-    // Online-softmax state (l, zero_sum: over this lane's tokens). Heads as rows:
-    // [0] is head g. Tokens as rows: [e] is head 2t + e, the heads of acc[.][e].
-    float m[2] = {kNoScore, kNoScore}, l[2] = {0.0f, 0.0f}, zero_sum[2] = {0.0f, 0.0f};
-    // acc * unit_scale is the value (U above). Tokens as rows: U is the largest
-    // v_scale so far, 0 before any (then inverse_unit = 0 too).
-    float unit_scale = kTokenRows ? 0.0f : 1.0f, inverse_unit = 0.0f;
+    float m = kNoScore, l = 0.0f, zero_sum = 0.0f;  // head g (l, zero_sum: this lane's tokens)
+    float unit_scale = 1.0f;                        // acc * unit_scale is the value (U above)
     float acc[kSlices][4];
 #pragma unroll
     for (int i = 0; i < kSlices; ++i)
@@ -557,201 +526,85 @@ __global__ void __launch_bounds__(kWarps * 32)
       consume_stage = consume_stage == kStages - 1 ? 0 : consume_stage + 1;
       const int pos0 = w.kv_begin + (warp + i * kWarps) * S::kTileTokens;
 
-      uint32_t pb[kNTiles];  // B fragments of P^T: (tokens 2t, 2t + 1 of n-tile n; head g)
-      if constexpr (kTokenRows) {
-        // S^T = K Q^T, 16 tokens a product: c[0], c[1] are token 16 mt + g, heads
-        // 2t, 2t + 1; c[2], c[3] token 16 mt + g + 8. K is the A operand, whose
-        // k pairs (2t, 2t + 1), (2t + 8, 2t + 9) of slice j are the dims
-        // 4j + (0, 1), (2, 3) of the lane's [t D/4, t D/4 + D/4): the Q B
-        // fragments are the heads-as-rows A fragments as they are.
-        float s[kMTiles][4], v_scale[kMTiles][2], v_zero[kMTiles][2];
+      // Scores of head g for tokens 8 n + 2t + e.
+      float s[kNTiles][2];
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          const int rows[2] = {16 * mt + g, 16 * mt + g + 8};
-          uint32_t words[2][kLaneDims / 4];
+      for (int n = 0; n < kNTiles; ++n) {
+        const int row = 8 * n + g;
+        uint32_t words[kLaneDims / 4];
 #pragma unroll
-          for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int c = 0; c < kLaneDims / 16; ++c) {
-              const uint4 v =
-                  *reinterpret_cast<const uint4*>(stage + stage_offset<kHeadDim>(rows[r], t * kLaneDims + 16 * c));
-              words[r][4 * c] = v.x;
-              words[r][4 * c + 1] = v.y;
-              words[r][4 * c + 2] = v.z;
-              words[r][4 * c + 3] = v.w;
-            }
-          float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-          for (int j = 0; j < kSlices; ++j) {
-            uint32_t a0, a1, a2, a3;
-            codes4_to_f16x2<Q>(words[0][j], a0, a2);
-            codes4_to_f16x2<Q>(words[1][j], a1, a3);
-            mma_f16_16816(c4, a0, a1, a2, a3, qa[j][0], qa[j][1]);
-          }
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const KvScale ks = decode_scale_record(*reinterpret_cast<const uint32_t*>(stage + S::kKeyScaleAt + 4 * rows[r]), Q);
-            const KvScale vs = decode_scale_record(*reinterpret_cast<const uint32_t*>(stage + S::kValueScaleAt + 4 * rows[r]), Q);
-            const bool inside = pos0 + rows[r] < w.kv_end;
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const float score =
-                  Q == KvQuant::kFP8E4M3 ? c4[2 * r + e] * ks.scale : fmaf(c4[2 * r + e], ks.scale, ks.zero * qsum_pair[e]);
-              s[mt][2 * r + e] = inside ? score : -INFINITY;
-            }
-            v_scale[mt][r] = vs.scale;
-            v_zero[mt][r] = vs.zero;
-          }
+        for (int c = 0; c < kLaneDims / 16; ++c) {
+          const uint4 v = *reinterpret_cast<const uint4*>(stage + stage_offset<kHeadDim>(row, t * kLaneDims + 16 * c));
+          words[4 * c] = v.x;
+          words[4 * c + 1] = v.y;
+          words[4 * c + 2] = v.z;
+          words[4 * c + 3] = v.w;
         }
-        // Each head's max over the tile: the lane's tokens, then over g (lanes t share heads).
-        float correction[2], m_new[2];
+        float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < kSlices; ++j) {
+          uint32_t b0, b1;
+          codes4_to_f16x2<Q>(words[j], b0, b1);
+          mma_f16_16816(c4, qa[j][0], 0u, qa[j][1], 0u, b0, b1);
+        }
+        // The records of tokens 2t, 2t + 1 of this n-tile, one 8-byte load.
+        const uint2 records = *reinterpret_cast<const uint2*>(stage + S::kKeyScaleAt + 4 * (8 * n + 2 * t));
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          float tile_max = s[0][e];
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) tile_max = fmaxf(tile_max, fmaxf(s[mt][e], s[mt][2 + e]));
-#pragma unroll
-          for (int offset = 4; offset < 32; offset *= 2)
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, offset));
-          m_new[e] = fmaxf(m[e], tile_max);
-          correction[e] = exp2f(m[e] - m_new[e]);
-          m[e] = m_new[e];
+          const int tk = 8 * n + 2 * t + e;
+          const KvScale ks = decode_scale_record(e == 0 ? records.x : records.y, Q);
+          const float score = Q == KvQuant::kFP8E4M3 ? c4[e] * ks.scale : fmaf(c4[e], ks.scale, ks.zero * qsum);
+          s[n][e] = pos0 + tk < w.kv_end ? score : -INFINITY;
         }
-        float sum[2] = {0.0f, 0.0f}, zeros[2] = {0.0f, 0.0f}, v_max = 0.0f;
+      }
+      float tile_max = s[0][0];
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-          for (int x = 0; x < 4; ++x) {
-            s[mt][x] = exp2f(s[mt][x] - m_new[x & 1]);  // now p; 0 past the end
-            sum[x & 1] += s[mt][x];
-          }
-          v_max = fmaxf(v_max, fmaxf(v_scale[mt][0], v_scale[mt][1]));  // records past the end are zero
-        }
-        if constexpr (Q != KvQuant::kFP8E4M3) {
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              zeros[0] = fmaf(s[mt][2 * r], v_zero[mt][r], zeros[0]);
-              zeros[1] = fmaf(s[mt][2 * r + 1], v_zero[mt][r], zeros[1]);
-            }
-        }
-        // Lanes of one g hold the same tokens: the tile's largest V scale is a max over g.
-#pragma unroll
-        for (int offset = 4; offset < 32; offset *= 2) v_max = fmaxf(v_max, __shfl_xor_sync(0xffffffffu, v_max, offset));
-        // The unit only grows (warp-uniform), so the accumulators are rescaled
-        // only when it does or a head's max moved (rare after the first tiles).
-        float rescale[2] = {correction[0], correction[1]};
-        if (v_max > unit_scale) {
-          const float ratio = unit_scale / v_max;  // 0 on the first tile
-          unit_scale = v_max;
-          inverse_unit = 1.0f / v_max;
-          rescale[0] *= ratio;
-          rescale[1] *= ratio;
-        }
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          l[e] = l[e] * correction[e] + sum[e];
-          zero_sum[e] = zero_sum[e] * correction[e] + zeros[e];
-        }
-        if (__any_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f)) {
-#pragma unroll
-          for (int m_tile = 0; m_tile < kSlices; ++m_tile) {
-            acc[m_tile][0] *= rescale[0];
-            acc[m_tile][1] *= rescale[1];
-            acc[m_tile][2] *= rescale[0];
-            acc[m_tile][3] *= rescale[1];
-          }
-        }
-        // P^T (tokens as rows, scaled by v_scale / U) to f16, transposed into the B fragments.
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const float weight = v_scale[mt][r] * inverse_unit;
-            __half2 h = __floats2half2_rn(s[mt][2 * r] * weight, s[mt][2 * r + 1] * weight);
-            pb[2 * mt + r] = transpose_8x8_b16(*reinterpret_cast<uint32_t*>(&h));
-          }
-      } else {
-        // Scores of head g for tokens 8 n + 2t + e.
-        float s[kNTiles][2];
-#pragma unroll
-        for (int n = 0; n < kNTiles; ++n) {
-          const int row = 8 * n + g;
-          uint32_t words[kLaneDims / 4];
-#pragma unroll
-          for (int c = 0; c < kLaneDims / 16; ++c) {
-            const uint4 v = *reinterpret_cast<const uint4*>(stage + stage_offset<kHeadDim>(row, t * kLaneDims + 16 * c));
-            words[4 * c] = v.x;
-            words[4 * c + 1] = v.y;
-            words[4 * c + 2] = v.z;
-            words[4 * c + 3] = v.w;
-          }
-          float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-          for (int j = 0; j < kSlices; ++j) {
-            uint32_t b0, b1;
-            codes4_to_f16x2<Q>(words[j], b0, b1);
-            mma_f16_16816(c4, qa[j][0], 0u, qa[j][1], 0u, b0, b1);
-          }
-          // The records of tokens 2t, 2t + 1 of this n-tile, one 8-byte load.
-          const uint2 records = *reinterpret_cast<const uint2*>(stage + S::kKeyScaleAt + 4 * (8 * n + 2 * t));
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int tk = 8 * n + 2 * t + e;
-            const KvScale ks = decode_scale_record(e == 0 ? records.x : records.y, Q);
-            const float score = Q == KvQuant::kFP8E4M3 ? c4[e] * ks.scale : fmaf(c4[e], ks.scale, ks.zero * qsum);
-            s[n][e] = pos0 + tk < w.kv_end ? score : -INFINITY;
-          }
-        }
-        float tile_max = s[0][0];
-#pragma unroll
-        for (int n = 0; n < kNTiles; ++n) tile_max = fmaxf(tile_max, fmaxf(s[n][0], s[n][1]));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float m_new = fmaxf(m[0], tile_max);
-        const float correction = exp2f(m[0] - m_new);
-        m[0] = m_new;
+      for (int n = 0; n < kNTiles; ++n) tile_max = fmaxf(tile_max, fmaxf(s[n][0], s[n][1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float m_new = fmaxf(m, tile_max);
+      const float correction = exp2f(m - m_new);
+      m = m_new;
 
-        // Probabilities, the V scales of this lane's tokens, the tile's unit.
-        float p[kNTiles][2], v_scale[kNTiles][2];
-        float sum = 0.0f, zeros = 0.0f, v_max = 0.0f;
+      // Probabilities, the V scales of this lane's tokens, the tile's unit.
+      float p[kNTiles][2], v_scale[kNTiles][2];
+      float sum = 0.0f, zeros = 0.0f, v_max = 0.0f;
 #pragma unroll
-        for (int n = 0; n < kNTiles; ++n) {
-          const uint2 records = *reinterpret_cast<const uint2*>(stage + S::kValueScaleAt + 4 * (8 * n + 2 * t));
+      for (int n = 0; n < kNTiles; ++n) {
+        const uint2 records = *reinterpret_cast<const uint2*>(stage + S::kValueScaleAt + 4 * (8 * n + 2 * t));
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const KvScale vs = decode_scale_record(e == 0 ? records.x : records.y, Q);
-            p[n][e] = exp2f(s[n][e] - m_new);  // 0 past the end
-            sum += p[n][e];
-            if constexpr (Q != KvQuant::kFP8E4M3) zeros = fmaf(p[n][e], vs.zero, zeros);
-            v_scale[n][e] = vs.scale;
-            v_max = fmaxf(v_max, vs.scale);  // records past the end are zero
-          }
+        for (int e = 0; e < 2; ++e) {
+          const KvScale vs = decode_scale_record(e == 0 ? records.x : records.y, Q);
+          p[n][e] = exp2f(s[n][e] - m_new);  // 0 past the end
+          sum += p[n][e];
+          if constexpr (Q != KvQuant::kFP8E4M3) zeros = fmaf(p[n][e], vs.zero, zeros);
+          v_scale[n][e] = vs.scale;
+          v_max = fmaxf(v_max, vs.scale);  // records past the end are zero
         }
-        l[0] = l[0] * correction + sum;
-        zero_sum[0] = zero_sum[0] * correction + zeros;
-        // The four lanes t of any g hold all the tile's tokens between them.
-        v_max = fmaxf(v_max, __shfl_xor_sync(0xffffffffu, v_max, 1));
-        v_max = fmaxf(v_max, __shfl_xor_sync(0xffffffffu, v_max, 2));
-        if (!(v_max > 0.0f)) v_max = 1.0f;
-        inverse_unit = 1.0f / v_max;
-        const float rescale = correction * unit_scale * inverse_unit;  // head g
-        unit_scale = v_max;
-        const float rescale_even = __shfl_sync(0xffffffffu, rescale, 8 * t);     // head 2t
-        const float rescale_odd = __shfl_sync(0xffffffffu, rescale, 8 * t + 4);  // head 2t + 1
+      }
+      l = l * correction + sum;
+      zero_sum = zero_sum * correction + zeros;
+      // The four lanes t of any g hold all the tile's tokens between them.
+      v_max = fmaxf(v_max, __shfl_xor_sync(0xffffffffu, v_max, 1));
+      v_max = fmaxf(v_max, __shfl_xor_sync(0xffffffffu, v_max, 2));
+      if (!(v_max > 0.0f)) v_max = 1.0f;
+      const float inverse_unit = 1.0f / v_max;
+      const float rescale = correction * unit_scale * inverse_unit;  // head g
+      unit_scale = v_max;
+      const float rescale_even = __shfl_sync(0xffffffffu, rescale, 8 * t);     // head 2t
+      const float rescale_odd = __shfl_sync(0xffffffffu, rescale, 8 * t + 4);  // head 2t + 1
 #pragma unroll
-        for (int m_tile = 0; m_tile < kSlices; ++m_tile) {
-          acc[m_tile][0] *= rescale_even;
-          acc[m_tile][1] *= rescale_odd;
-          acc[m_tile][2] *= rescale_even;
-          acc[m_tile][3] *= rescale_odd;
-        }
+      for (int m_tile = 0; m_tile < kSlices; ++m_tile) {
+        acc[m_tile][0] *= rescale_even;
+        acc[m_tile][1] *= rescale_odd;
+        acc[m_tile][2] *= rescale_even;
+        acc[m_tile][3] *= rescale_odd;
+      }
+      uint32_t pb[kNTiles];  // B fragments of P^T: (tokens 2t, 2t + 1 of n-tile n; head g)
 #pragma unroll
-        for (int n = 0; n < kNTiles; ++n) {
-          __half2 h = __floats2half2_rn(p[n][0] * v_scale[n][0] * inverse_unit, p[n][1] * v_scale[n][1] * inverse_unit);
-          pb[n] = *reinterpret_cast<uint32_t*>(&h);
-        }
+      for (int n = 0; n < kNTiles; ++n) {
+        __half2 h = __floats2half2_rn(p[n][0] * v_scale[n][0] * inverse_unit, p[n][1] * v_scale[n][1] * inverse_unit);
+        pb[n] = *reinterpret_cast<uint32_t*>(&h);
       }
 
       // O^T += V^T P^T, 16 tokens (n-tiles 2k, 2k + 1) at a time.
@@ -759,27 +612,10 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int k = 0; k < kNTiles / 2; ++k) {
         // Tokens of k-columns 2t, 2t + 1 (n-tile 2k) and 2t + 8, 2t + 9 (n-tile 2k + 1).
         const int tokens[4] = {16 * k + 2 * t, 16 * k + 2 * t + 1, 16 * k + 8 + 2 * t, 16 * k + 9 + 2 * t};
-        // Rows g and g + 8 of m-tile i are the dims lo_dim(g) + i and hi_dim(g) + i (see kVDim).
-        uint32_t lo[4][kChunk / 4], hi[4][kChunk / 4];
+        uint32_t lo[4][kChunk / 4], hi[4][kChunk / 4];  // dims kChunk g + ..., kChunk (g + 8) + ...
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const uint8_t* rows = stage + S::kValueAt;
-          if constexpr (kTokenRows) {
-            // Tokens as rows: the lane's dims [2 kChunk g, 2 kChunk g + 2 kChunk) of a token, one load.
-            const int at = stage_offset<kHeadDim>(tokens[r], 2 * kChunk * g);
-            if constexpr (kChunk == 8) {
-              const uint4 a = *reinterpret_cast<const uint4*>(rows + at);
-              lo[r][0] = a.x;
-              lo[r][1] = a.y;
-              hi[r][0] = a.z;
-              hi[r][1] = a.w;
-            } else {
-              const uint2 a = *reinterpret_cast<const uint2*>(rows + at);
-              lo[r][0] = a.x;
-              hi[r][0] = a.y;
-            }
-            continue;
-          }
           const int at_lo = stage_offset<kHeadDim>(tokens[r], kChunk * g);
           const int at_hi = stage_offset<kHeadDim>(tokens[r], kChunk * (g + 8));
           if constexpr (kChunk == 8) {
@@ -815,43 +651,21 @@ __global__ void __launch_bounds__(kWarps * 32)
       __syncwarp();
     }
 
-    // Sums over the lanes of each head, then back to values (acc * unit + zeros).
-    float zero_even, zero_odd;
-    if constexpr (kTokenRows) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-#pragma unroll
-        for (int offset = 4; offset < 32; offset *= 2) {
-          l[e] += __shfl_xor_sync(0xffffffffu, l[e], offset);
-          zero_sum[e] += __shfl_xor_sync(0xffffffffu, zero_sum[e], offset);
-        }
-      zero_even = zero_sum[0];
-      zero_odd = zero_sum[1];
-      if (g == 0) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          if (2 * t + e < kHeads) {
-            partials.m[warp * kHeads + 2 * t + e] = m[e];
-            partials.l[warp * kHeads + 2 * t + e] = l[e];
-          }
-        }
-      }
-    } else {
-      l[0] += __shfl_xor_sync(0xffffffffu, l[0], 1);
-      l[0] += __shfl_xor_sync(0xffffffffu, l[0], 2);
-      zero_sum[0] += __shfl_xor_sync(0xffffffffu, zero_sum[0], 1);
-      zero_sum[0] += __shfl_xor_sync(0xffffffffu, zero_sum[0], 2);
-      zero_even = __shfl_sync(0xffffffffu, zero_sum[0], 8 * t);
-      zero_odd = __shfl_sync(0xffffffffu, zero_sum[0], 8 * t + 4);
-      if (t == 0 && g < kHeads) {
-        partials.m[warp * kHeads + g] = m[0];
-        partials.l[warp * kHeads + g] = l[0];
-      }
+    // Sums over the four lanes of each head, then back to values (acc * unit + zeros).
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    zero_sum += __shfl_xor_sync(0xffffffffu, zero_sum, 1);
+    zero_sum += __shfl_xor_sync(0xffffffffu, zero_sum, 2);
+    const float zero_even = __shfl_sync(0xffffffffu, zero_sum, 8 * t);
+    const float zero_odd = __shfl_sync(0xffffffffu, zero_sum, 8 * t + 4);
+
+    if (t == 0 && g < kHeads) {
+      partials.m[warp * kHeads + g] = m;
+      partials.l[warp * kHeads + g] = l;
     }
 #pragma unroll
     for (int m_tile = 0; m_tile < kSlices; ++m_tile) {
-      const int dim_lo = (kTokenRows ? 2 * kChunk * g : kChunk * g) + m_tile;
-      const int dim_hi = (kTokenRows ? 2 * kChunk * g + kChunk : kChunk * (g + 8)) + m_tile;
+      const int dim_lo = kChunk * g + m_tile, dim_hi = kChunk * (g + 8) + m_tile;
       if (2 * t < kHeads) {
         float* dst = partials.acc_row(warp, 2 * t);
         dst[dim_lo] = acc[m_tile][0] * unit_scale + zero_even;
@@ -875,26 +689,9 @@ cudaError_t launch_mma_variant(const AttentionDescriptor& d, const __nv_bfloat16
                                cudaStream_t stream) {
   using S = QuantizedShape<kHeadDim, Q, Q>;
   constexpr int smem_bytes = kWarps * kStages * S::kStageBytes + WarpPartials<kWarps, kHeads, kHeadDim>::kFloats * 4;
+  constexpr auto kernel = decode_attention_mma_kernel<kHeadDim, kHeads, Q>;
   const int64_t units = int64_t{d.num_work_items} * (d.num_q_heads / kHeads);  // one CTA each
-  // EXPERIMENT: PAGODA_QDECODE_VARIANT (read at every launch) = heads (heads-as-rows
-  // S, a table load per copy; the previous default), tokens (S^T, a table load
-  // per copy), anything else: S^T with one table load per lane and tile. A
-  // launch without work items prepares all three.
-  const char* variant = std::getenv("PAGODA_QDECODE_VARIANT");
-  const bool all = d.num_work_items == 0;
-  const dim3 grid(static_cast<unsigned>(units));
-  if (all || (variant != nullptr && std::strcmp(variant, "heads") == 0)) {
-    constexpr auto kernel = decode_attention_mma_kernel<kHeadDim, kHeads, Q, false, false>;
-    const cudaError_t err = launch_split_decode<kernel, smem_bytes, kWarps * 32>(d, q, out, stream, grid);
-    if (err != cudaSuccess || !all) return err;
-  }
-  if (all || (variant != nullptr && std::strcmp(variant, "tokens") == 0)) {
-    constexpr auto kernel = decode_attention_mma_kernel<kHeadDim, kHeads, Q, true, false>;
-    const cudaError_t err = launch_split_decode<kernel, smem_bytes, kWarps * 32>(d, q, out, stream, grid);
-    if (err != cudaSuccess || !all) return err;
-  }
-  constexpr auto kernel = decode_attention_mma_kernel<kHeadDim, kHeads, Q, true, true>;
-  return launch_split_decode<kernel, smem_bytes, kWarps * 32>(d, q, out, stream, grid);
+  return launch_split_decode<kernel, smem_bytes, kWarps * 32>(d, q, out, stream, dim3(static_cast<unsigned>(units)));
 }
 
 template <KvQuant Q>
