@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
       const int c = idx % S::kChunks;
       const int pos = pos0 + t;
       const bool valid = pos < kv_end;
-      const int block = valid ? table[pos >> d.log2_block_size] : 0;
+      const int block = valid ? __ldg(table + (pos >> d.log2_block_size)) : 0;  // ld.global.nc: w.table is a generic pointer
       const int64_t offset = int64_t{block} * d.block_stride +
                              int64_t{pos & (d.block_size - 1)} * d.token_stride + head_offset +
                              c * 8;

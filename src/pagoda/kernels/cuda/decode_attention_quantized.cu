@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   // Vector index (kv_quant.h) of position pos, or of block 0 when pos is past the end.
   auto vector_at = [&](int pos, bool valid) {
-    const int block = valid ? table[pos >> d.log2_block_size] : 0;
+    const int block = valid ? __ldg(table + (pos >> d.log2_block_size)) : 0;  // ld.global.nc, not a generic load
     return (int64_t{block} * d.block_size + (pos & (d.block_size - 1))) * d.num_kv_heads + kv_head;
   };
   auto issue_tile = [&](int my_index) {
