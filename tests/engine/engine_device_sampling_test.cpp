@@ -17,6 +17,7 @@ namespace {
 
 using testing::FakeModelRunner;
 using testing_support::drain;
+using testing_support::test_prompt;
 using testing_support::Collected;
 using testing_support::Harness;
 using namespace std::chrono_literals;
@@ -28,12 +29,6 @@ struct DeviceHarness : Harness {
     runner.device_sampling = device;
   }
 };
-
-std::vector<int32_t> prompt_of(int32_t length, int32_t salt) {
-  std::vector<int32_t> p(length);
-  for (int32_t i = 0; i < length; ++i) p[i] = (i * 5 + salt * 11 + 1) % 64;
-  return p;
-}
 
 GenerationRequest request(std::vector<int32_t> prompt, int32_t max_tokens, float temperature = 0.0f) {
   GenerationRequest r;
@@ -57,7 +52,7 @@ TEST(EngineDeviceSampling, GreedyOnTheDeviceMatchesTheReferenceAndSendsNoLogits)
   std::vector<std::shared_ptr<RequestStream>> streams;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 6; ++i) {
-    prompts.push_back(prompt_of(4 + 3 * i, i));
+    prompts.push_back(test_prompt(4 + 3 * i, i));
     streams.push_back(*h.engine->submit(request(prompts.back(), 7)));
   }
   h.run_checked();
@@ -81,14 +76,14 @@ TEST(EngineDeviceSampling, MixedStepRoutesEachRowToTheRightSampler) {
   const int32_t max_tokens = 6;
   auto submit_all = [&](DeviceHarness& h) {
     std::vector<std::shared_ptr<RequestStream>> s;
-    s.push_back(*h.engine->submit(request(prompt_of(9, 1), max_tokens)));
-    GenerationRequest lp = request(prompt_of(7, 2), max_tokens);
+    s.push_back(*h.engine->submit(request(test_prompt(9, 1), max_tokens)));
+    GenerationRequest lp = request(test_prompt(7, 2), max_tokens);
     lp.sampling.logprobs = 2;
     s.push_back(*h.engine->submit(lp));
-    GenerationRequest pen = request(prompt_of(8, 3), max_tokens);
+    GenerationRequest pen = request(test_prompt(8, 3), max_tokens);
     pen.sampling.repetition_penalty = 1.3f;
     s.push_back(*h.engine->submit(pen));
-    GenerationRequest fork = request(prompt_of(10, 4), max_tokens, 1.0f);
+    GenerationRequest fork = request(test_prompt(10, 4), max_tokens, 1.0f);
     fork.sampling.n = 2;
     fork.sampling.seed = 99;
     s.push_back(*h.engine->submit(fork));
@@ -140,7 +135,7 @@ TEST(EngineDeviceSampling, MixedStepRoutesEachRowToTheRightSampler) {
 }
 
 TEST(EngineDeviceSampling, SeededDrawsDoNotDependOnTheBatch) {
-  GenerationRequest r = request(prompt_of(12, 7), 10, 1.2f);
+  GenerationRequest r = request(test_prompt(12, 7), 10, 1.2f);
   r.sampling.seed = 7;
   r.sampling.top_p = 0.95f;
   DeviceHarness alone(true);
@@ -151,7 +146,7 @@ TEST(EngineDeviceSampling, SeededDrawsDoNotDependOnTheBatch) {
   sched.max_tokens_per_step = 16;
   DeviceHarness crowded(true, /*num_blocks=*/14, 4, sched);
   std::vector<std::shared_ptr<RequestStream>> others;
-  for (int i = 0; i < 5; ++i) others.push_back(*crowded.engine->submit(request(prompt_of(6 + i, 20 + i), 9, 0.8f)));
+  for (int i = 0; i < 5; ++i) others.push_back(*crowded.engine->submit(request(test_prompt(6 + i, 20 + i), 9, 0.8f)));
   auto b = *crowded.engine->submit(r);
   crowded.run_checked();
   Collected ra = drain(*a), rb = drain(*b);
@@ -170,7 +165,7 @@ TEST(EngineDeviceSampling, SeededDrawsDoNotDependOnTheBatch) {
 
 TEST(EngineDeviceSampling, StopTokensStopStringsAndUsageAsOnTheHost) {
   DeviceHarness h(true);
-  const auto prompt = prompt_of(9, 4);
+  const auto prompt = test_prompt(9, 4);
   const auto ref = h.runner.reference_greedy(prompt, 8);
   GenerationRequest r = request(prompt, 8);
   r.sampling.stop_token_ids = {ref[3]};
@@ -195,7 +190,7 @@ class BrokenRunner : public ::testing::TestWithParam<bool> {};
 TEST_P(BrokenRunner, TooFewTokensOrAnOutOfVocabularyTokenFailTheStepNotTheProcess) {
   DeviceHarness h(true);
   (GetParam() ? h.runner.drop_a_token : h.runner.out_of_vocab_token) = true;
-  auto s = *h.engine->submit(request(prompt_of(5, 1), 4));
+  auto s = *h.engine->submit(request(test_prompt(5, 1), 4));
   h.run_checked();
   Collected c = drain(*s);
   ASSERT_TRUE(c.finished);

@@ -18,15 +18,10 @@ namespace {
 
 using testing_support::Collected;
 using testing_support::drain;
+using testing_support::test_prompt;
 using testing_support::Harness;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
-
-std::vector<int32_t> make_prompt(int32_t length, int32_t salt) {
-  std::vector<int32_t> p(length);
-  for (int32_t i = 0; i < length; ++i) p[i] = (i * 5 + salt * 11 + 1) % 64;
-  return p;
-}
 
 GenerationRequest greedy_request(std::vector<int32_t> prompt, int32_t max_tokens, int32_t n = 1) {
   GenerationRequest r;
@@ -45,9 +40,9 @@ constexpr kv::SequenceId kForeignSequence = 1'000'000;
 
 TEST(EngineFailureTest, RequestThatCanNeverFitTheKvCacheFailsWithFailedPrecondition) {
   Harness h(16, 4);  // 64 tokens of KV
-  auto held = h.kv->allocate_sequence(kForeignSequence, "other", make_prompt(40, 9));  // 10 of the 16 blocks
+  auto held = h.kv->allocate_sequence(kForeignSequence, "other", test_prompt(40, 9));  // 10 of the 16 blocks
   ASSERT_TRUE(held.ok()) << held.status().to_string();
-  const auto prompt = make_prompt(30, 1);  // 8 blocks: more than the 6 left
+  const auto prompt = test_prompt(30, 1);  // 8 blocks: more than the 6 left
   auto stream = h.engine->submit(greedy_request(prompt, 4));
   ASSERT_TRUE(stream.ok()) << "34 tokens fit a 64-token cache: submit() accepts it; "
                            << stream.status().to_string();
@@ -75,7 +70,7 @@ TEST(EngineFailureTest, RequestThatCanNeverFitTheKvCacheFailsWithFailedPrecondit
 
 TEST(EngineFailureTest, ModelFailureOfAForkedRequestIsOneInternalFailureForAllChoices) {
   Harness h(128, 4);
-  auto stream = *h.engine->submit(greedy_request(make_prompt(11, 2), 8, /*n=*/3));
+  auto stream = *h.engine->submit(greedy_request(test_prompt(11, 2), 8, /*n=*/3));
   ASSERT_TRUE(h.engine->step());  // the prompt's prefill: the choices fork after it
   h.runner.fail_next = true;
   h.run_checked();
@@ -91,10 +86,10 @@ TEST(EngineFailureTest, ModelFailureOfAForkedRequestIsOneInternalFailureForAllCh
 
 TEST(EngineFailureTest, ShutdownCancelsWhatIsLeftButACallersAbortIsNoFailure) {
   Harness h(256, 4);
-  auto running = *h.engine->submit(greedy_request(make_prompt(8, 3), 200));
-  auto aborted = *h.engine->submit(greedy_request(make_prompt(9, 4), 200));
+  auto running = *h.engine->submit(greedy_request(test_prompt(8, 3), 200));
+  auto aborted = *h.engine->submit(greedy_request(test_prompt(9, 4), 200));
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(h.engine->step());
-  auto queued = *h.engine->submit(greedy_request(make_prompt(7, 5), 200));  // never admitted
+  auto queued = *h.engine->submit(greedy_request(test_prompt(7, 5), 200));  // never admitted
   h.engine->abort(aborted->id());  // applied in the same drain as the shutdown
   h.engine->shutdown(0ms);
 
@@ -122,7 +117,7 @@ TEST(EngineFailureTest, ThreadedShutdownCancelsTheRequestItCutsShort) {
   Harness h(1024, 4);
   h.engine->start();
   // 4,000 steps: far longer than the moment between its first delta and the shutdown.
-  auto stream = *h.engine->submit(greedy_request(make_prompt(8, 6), 4000));
+  auto stream = *h.engine->submit(greedy_request(test_prompt(8, 6), 4000));
   ASSERT_TRUE(stream->next(5s).has_value());
   h.engine->shutdown(0ms);
   ASSERT_TRUE(stream->finished());

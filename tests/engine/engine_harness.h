@@ -81,4 +81,12 @@ inline Collected drain(RequestStream& stream, int32_t n = 1) {
   return c;
 }
 
+// A deterministic prompt of `length` token ids below 64 (the fake model's
+// vocabulary); different salts give different prompts.
+inline std::vector<int32_t> test_prompt(int32_t length, int32_t salt) {
+  std::vector<int32_t> p(static_cast<size_t>(length));
+  for (int32_t i = 0; i < length; ++i) p[static_cast<size_t>(i)] = (i * 5 + salt * 11 + 1) % 64;
+  return p;
+}
+
 }  // namespace pagoda::engine::testing_support
