@@ -74,7 +74,8 @@ ForwardBatch one_sequence_step(const std::vector<int32_t>& tokens, int32_t cache
   return b;
 }
 
-StatusOr<Run> greedy(const std::filesystem::path& dir, const std::vector<int32_t>& prompt, DType kv_dtype) {
+// The small model options of these tests with `kv_dtype` for K and V.
+CudaModelOptions test_options(DType kv_dtype) {
   CudaModelOptions o;
   o.max_num_tokens = 256;
   o.max_num_seqs = 4;
@@ -82,6 +83,11 @@ StatusOr<Run> greedy(const std::filesystem::path& dir, const std::vector<int32_t
   o.block_size = kBlockSize;
   o.show_progress = false;
   o.kv_key_dtype = o.kv_value_dtype = kv_dtype;
+  return o;
+}
+
+StatusOr<Run> greedy(const std::filesystem::path& dir, const std::vector<int32_t>& prompt, DType kv_dtype) {
+  const CudaModelOptions o = test_options(kv_dtype);
   PAGODA_ASSIGN_OR_RETURN(auto model, CudaModel::load(dir, o));
   PAGODA_ASSIGN_OR_RETURN(auto pool, CudaKvPool::create(model->kv_pool_shape(kNumBlocks)));
   Run run;
@@ -406,13 +412,7 @@ StatusOr<std::vector<std::vector<float>>> cpu_fp8_logits(const std::filesystem::
 
 StatusOr<std::vector<std::vector<float>>> gpu_fp8_logits(const std::filesystem::path& dir,
                                                          const std::vector<int32_t>& prompt) {
-  CudaModelOptions o;
-  o.max_num_tokens = 256;
-  o.max_num_seqs = 4;
-  o.max_model_len = 512;
-  o.block_size = kBlockSize;
-  o.show_progress = false;
-  o.kv_key_dtype = o.kv_value_dtype = DType::kFP8E4M3;
+  const CudaModelOptions o = test_options(DType::kFP8E4M3);
   PAGODA_ASSIGN_OR_RETURN(auto model, CudaModel::load(dir, o));
   PAGODA_ASSIGN_OR_RETURN(auto pool, CudaKvPool::create(model->kv_pool_shape(kNumBlocks)));
   return prefill_and_decode(*model, *pool, prompt);
