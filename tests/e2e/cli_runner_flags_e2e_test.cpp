@@ -263,6 +263,25 @@ TEST(CliRunnerFlagsTest, BenchServeTakesTheModelIdFromTheServer) {
   EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 
+TEST(CliRunnerFlagsTest, BenchServeNamesWhyRequestsFailed) {
+  // A KV pool of 16 tokens: the 43-token requests can never fit, so the server refuses each one with
+  // 400 context_length_exceeded, and bench says so by code instead of dumping the body.
+  ServerProcess server;
+  std::string why;
+  ASSERT_TRUE(server.start({"--model", source_path(kFixture), "--max-num-seqs", "2", "--kv-cache-memory", "8KiB",
+                            "--block-size", "8"},
+                           &why))
+      << why;
+  const CliResult r = run_pagoda({"bench", "serve", "--url", "http://127.0.0.1:" + std::to_string(server.port()),
+                                  "--concurrency", "1", "--requests", "2", "--prompt-tokens", "40", "--output-tokens",
+                                  "3", "--warmup", "0", "--no-progress"});
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("request failed: HTTP 400 context_length_exceeded: ")) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("every request failed at concurrency 1 (2 failed: context_length_exceeded 2)"))
+      << r.err;
+  EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
 TEST(CliRunnerFlagsTest, ServeReportsTheKvPoolAndCapacityBeforeListening) {
   // serve does not exit by itself: stop it after a few seconds and read what it printed.
   const CliResult r = run_pagoda({"serve", "--model", source_path(kFixture), "--port", "0", "--kv-cache-memory",

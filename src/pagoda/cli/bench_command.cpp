@@ -18,11 +18,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -56,6 +60,9 @@ struct BenchOptions {
 struct RequestResult {
   bool ok = false;
   std::string error;
+  // What kind of failure, for the summary: the server's error code
+  // ("kv_cache_capacity", "queue_full", ...), else "HTTP <status>", "connection" or "no tokens".
+  std::string failure_kind;
   double ttft_s = 0, latency_s = 0;
   std::vector<double> itl_s;
   int output_tokens = 0, prompt_tokens = 0, cached_tokens = 0;
@@ -63,11 +70,23 @@ struct RequestResult {
 
 struct LevelSummary {
   int concurrency = 0, requests = 0, failed = 0;
+  std::map<std::string, int> failures;  // failure kind -> requests
   double wall_s = 0, output_tok_s = 0, total_tok_s = 0, req_s = 0;
   double ttft_mean = 0, ttft_p50 = 0, ttft_p90 = 0, ttft_p99 = 0;
   double itl_mean = 0, itl_p50 = 0, itl_p99 = 0;
   double latency_mean = 0, cached_fraction = 0;
 };
+
+// "code: message" of an OpenAI error object ({"message", "type", "code", ...}); the code (or type)
+// is also returned as the failure's kind.
+std::pair<std::string, std::string> describe_api_error(const json& error) {
+  std::string kind;
+  if (error.contains("code") && error["code"].is_string()) kind = error["code"].get<std::string>();
+  if (kind.empty() && error.contains("type") && error["type"].is_string()) kind = error["type"].get<std::string>();
+  const std::string message =
+      error.contains("message") && error["message"].is_string() ? error["message"].get<std::string>() : "error";
+  return {kind.empty() ? message : kind + ": " + message, kind};
+}
 
 double percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
@@ -110,8 +129,9 @@ RequestResult run_one(const BenchOptions& opt, const std::vector<int32_t>& promp
       if (payload == "[DONE]") continue;
       json chunk = json::parse(payload, nullptr, false);
       if (chunk.is_discarded()) continue;
-      if (chunk.contains("error")) {
-        r.error = chunk["error"].value("message", "error");
+      if (chunk.contains("error") && chunk["error"].is_object()) {
+        std::tie(r.error, r.failure_kind) = describe_api_error(chunk["error"]);
+        if (r.failure_kind.empty()) r.failure_kind = "stream error";
         continue;
       }
       if (chunk.contains("usage") && chunk["usage"].is_object()) {
@@ -134,15 +154,42 @@ RequestResult run_one(const BenchOptions& opt, const std::vector<int32_t>& promp
   httplib::Error err;
   if (!client.send(req, res, err)) {
     r.error = "connection failed: " + httplib::to_string(err);
+    r.failure_kind = "connection";
     return r;
   }
   if (res.status != 200) {
-    r.error = "HTTP " + std::to_string(res.status) + ": " + res.body.substr(0, 200);
+    const std::string status = "HTTP " + std::to_string(res.status);
+    // The receiver above got the body (an error object, not events): it is still whole in `buffer`.
+    const std::string& raw = res.body.empty() ? buffer : res.body;
+    const json body = json::parse(raw, nullptr, false);
+    if (!body.is_discarded() && body.is_object() && body.contains("error") && body["error"].is_object()) {
+      const auto [text, kind] = describe_api_error(body["error"]);
+      r.error = status + " " + text;
+      r.failure_kind = kind.empty() ? status : kind;
+    } else {
+      r.error = status + ": " + raw.substr(0, 200);
+      r.failure_kind = status;
+    }
     return r;
   }
   r.latency_s = std::chrono::duration<double>(Clock::now() - start).count();
   r.ok = r.error.empty() && last.has_value();
+  if (!r.ok && r.failure_kind.empty()) {
+    r.failure_kind = "no tokens";
+    if (r.error.empty()) r.error = "the stream ended without a token";
+  }
   return r;
+}
+
+// "3 failed: kv_cache_capacity 2, HTTP 502 1".
+std::string failure_text(const LevelSummary& s) {
+  std::string text = std::to_string(s.failed) + " failed:";
+  const char* separator = " ";
+  for (const auto& [kind, count] : s.failures) {
+    text += separator + kind + " " + std::to_string(count);
+    separator = ", ";
+  }
+  return text;
 }
 
 void draw_progress(int done, int total, int concurrency, const std::string& label) {
@@ -189,6 +236,7 @@ LevelSummary run_level(const BenchOptions& opt, int concurrency, std::mt19937_64
   for (const auto& r : results) {
     if (!r.ok) {
       if (++s.failed == 1) std::fprintf(stderr, "request failed: %s\n", r.error.c_str());
+      ++s.failures[r.failure_kind];
       continue;
     }
     ttft.push_back(r.ttft_s);
@@ -288,7 +336,7 @@ void run_bench(BenchOptions opt) {
   for (const auto& s : summaries)
     std::printf("%-10s %5d %9.2f %10.1f %9.3fs %9.3fs %9.4fs %9.4fs %7.1f%%%s\n", opt.label.c_str(), s.concurrency,
                 s.req_s, s.output_tok_s, s.ttft_p50, s.ttft_p90, s.itl_p50, s.itl_p99, 100 * s.cached_fraction,
-                s.failed ? (" (" + std::to_string(s.failed) + " failed)").c_str() : "");
+                s.failed ? (" (" + failure_text(s) + ")").c_str() : "");
   if (!opt.csv.empty()) {
     const bool fresh = !std::filesystem::exists(opt.csv) || std::filesystem::file_size(opt.csv) == 0;
     std::ofstream out(opt.csv, std::ios::app);
@@ -304,7 +352,8 @@ void run_bench(BenchOptions opt) {
     if (!opt.plot.empty()) write_plot(opt.csv, opt.plot);
   }
   for (const auto& s : summaries)
-    if (s.failed == s.requests) fail("every request failed at concurrency " + std::to_string(s.concurrency));
+    if (s.failed == s.requests)
+      fail("every request failed at concurrency " + std::to_string(s.concurrency) + " (" + failure_text(s) + ")");
 }
 
 }  // namespace
