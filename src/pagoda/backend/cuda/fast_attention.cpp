@@ -4,13 +4,13 @@
 #include <cmath>
 #include <numeric>
 #include <optional>
-#include <unordered_map>
 #include <random>
 #include <utility>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "pagoda/backend/cuda/attention_step_split.h"
 #include "pagoda/backend/cuda/cuda_check.h"
 #include "pagoda/core/dtype.h"
 
@@ -185,8 +185,7 @@ StatusOr<bool> FastAttention::plan(const ModelConfig& config, const ForwardBatch
   // The scheduler puts decodes first: the leading one-token sequences run on
   // the split-K decode kernel, the prompt chunks after them on the prefill
   // kernel (one launch for all of them when there are no decodes and the pool is bf16).
-  size_t decodes = 0;
-  while (decodes < sequences.size() && sequences[decodes].num_new_tokens == 1) ++decodes;
+  const size_t decodes = count_leading_decodes(batch.sequences);
   if (decodes == sequences.size() || (decodes == 0 && !s.quantized())) {
     PAGODA_ASSIGN_OR_RETURN(const bool ok, add_launch(all, 0, num_blocks, s.key_element, s.value_element, s.arena,
                                                        &s.workspace));
@@ -208,23 +207,12 @@ StatusOr<bool> FastAttention::plan(const ModelConfig& config, const ForwardBatch
   // Quantized pool: the chunks' blocks (each pool block once, however many
   // sequences share it) go to a bf16 scratch pool, and the chunks' block
   // tables are renumbered into it.
-  s.scratch_sources.clear();
-  std::unordered_map<int32_t, int32_t> scratch_of;
-  std::vector<std::vector<int32_t>> tables(chunks.size());
+  std::optional<ScratchRemap> remap =
+      remap_blocks_to_scratch(std::span(batch.sequences).subspan(decodes), block_size, num_blocks);
+  if (!remap) return give_up();
+  s.scratch_sources = std::move(remap->sources);
   std::vector<kc::AttentionSequence> renumbered(chunks.begin(), chunks.end());
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const int64_t length = int64_t{chunks[i].num_cached_tokens} + chunks[i].num_new_tokens;
-    const size_t used = static_cast<size_t>((length + block_size - 1) / block_size);
-    if (used > chunks[i].block_table.size()) return give_up();  // the plan would refuse it too
-    for (size_t j = 0; j < used; ++j) {
-      const int32_t block = chunks[i].block_table[j];
-      if (block < 0 || block >= num_blocks) return give_up();
-      auto [it, inserted] = scratch_of.try_emplace(block, static_cast<int32_t>(s.scratch_sources.size()));
-      if (inserted) s.scratch_sources.push_back(block);
-      tables[i].push_back(it->second);
-    }
-    renumbered[i].block_table = tables[i];
-  }
+  for (size_t i = 0; i < chunks.size(); ++i) renumbered[i].block_table = remap->tables[i];
   const size_t scratch_blocks = s.scratch_sources.size();
   const size_t scratch_bytes = scratch_blocks * static_cast<size_t>(block_size) * config.num_kv_heads *
                                config.head_dim * sizeof(bf16);
