@@ -9,12 +9,16 @@
 #                                      # (transformers), every gpu test binary, the CLI gpu tests
 #   tools/gpu/final_suite.sh bench     # on the GPU machine: the engine on the Llama-3-8B shape
 #                                      # (random weights) with each KV cache dtype, same call
+#   tools/gpu/final_suite.sh profile   # on the GPU machine: ncu counters (speed of light, pipes,
+#                                      # warp stall reasons) for one launch of each attention_bench
+#                                      # figure in NCU_FIGURES ("decode fp8 B=8 L=32768;prefill L=16384")
 #
 # Device calls (run them back to back so the second finds the machine warm):
 #   run(command="tools/gpu/final_suite.sh tests", carry=[".device/final/bundle.tar.xz"])
 #   run(command="tools/gpu/final_suite.sh bench", carry=[".device/final/bundle.tar.xz"])
 # Logs and results land under $OUT as a few archives (the device tool returns a handful of files).
 # Environment (bench): KERNELS (1: attention_bench copy / decode per BENCH_KV_DTYPES / prefill first),
+# TORCH (0; 1: PyTorch SDPA's cuDNN / flash baselines on the kernel shapes, after the kernels),
 # PEER (1: pagoda and transformers generate_batch on 256 x 512/256 greedy last), KV_DTYPES (empty; e.g. bf16,fp8,int8,int4: the first SECONDS_PER_DTYPE (60) s of
 # the workload per KV dtype at MAX_NUM_SEQS (384) running), FULL_RUNS (fp8:384,bf16:384: whole
 # 1,000 x 1,000/1,000 runs as KV_DTYPE:RUNNING; empty to skip).
@@ -105,6 +109,11 @@ bench)
       echo "attention_bench $only exit $?" | tee -a "$out/logs/summary.txt"
     done
   fi
+  if [ "${TORCH:-0}" = 1 ]; then
+    PYTHONUNBUFFERED=1 timeout 240 python3 bench/kernels/torch_baselines.py > "$out/logs/torch_baselines.log" 2>&1
+    echo "torch baselines exit $?" | tee -a "$out/logs/summary.txt"
+    grep -E "decode|prefill|copy" "$out/logs/torch_baselines.log" | grep -v expanded
+  fi
   secs=${SECONDS_PER_DTYPE:-60}
   IFS=, read -r -a dtypes <<< "${KV_DTYPES-}"
   # Same workload, same cap, one KV dtype after another: 1,000 x 1,000/1,000, top-p on the GPU.
@@ -132,8 +141,27 @@ bench)
   tar czf "$out/logs.tar.gz" -C "$out" logs
   rm -rf "$out/logs"
   ;;
+profile)
+  unpack
+  export PATH=$PATH:/usr/local/cuda/bin
+  IFS=';' read -r -a figures <<< "${NCU_FIGURES:-decode fp8 B=8 L=32768;prefill L=16384}"
+  for f in "${figures[@]}"; do
+    kernel=decode_attention
+    [[ $f == prefill* ]] && kernel=prefill_attention_sm90
+    echo "== $f" >> "$out/logs/ncu.txt"
+    LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64" timeout 90 ncu --clock-control none -k "regex:$kernel" \
+      --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+      --section InstructionStats --section Occupancy --section MemoryWorkloadAnalysis --section LaunchStats \
+      "$bundle/bin/attention_bench" --only "$f" --kv-dtype bf16,fp8,int8 --iters 2 >> "$out/logs/ncu.txt" 2>&1
+    echo "ncu '$f' exit $?" | tee -a "$out/logs/summary.txt"
+  done
+  grep -E "^== |Duration|DRAM Throughput|Issue Slots Busy|Warp Cycles Per Issued|Stall|stall|Pipe|Executed Ipc" \
+    "$out/logs/ncu.txt" | head -80
+  tar czf "$out/logs.tar.gz" -C "$out" logs
+  rm -rf "$out/logs"
+  ;;
 *)
-  echo "usage: $0 bundle|tests|bench" >&2
+  echo "usage: $0 bundle|tests|bench|profile" >&2
   exit 2
   ;;
 esac

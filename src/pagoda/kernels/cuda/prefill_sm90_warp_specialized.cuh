@@ -4,8 +4,8 @@
 // prefill_attention_sm90.cu (128 query rows = new tokens x the query heads of
 // one GQA group per CTA, head_dim 128, K/V tiles of 128 positions in the
 // 128-byte swizzle), scheduled the FlashAttention-3 way:
-//   - warpgroup 0 is a producer: one thread gathers K and V tiles through the
-//     block table with the copy engine (TMA: one box per page and half of
+//   - warpgroup 0 is a producer: its first warp gathers K and V tiles through
+//     the block table with the copy engine (TMA: one box per page and half of
 //     head_dim, already in the wgmma swizzle) into a 3-stage ring; each stage's
 //     "K full" / "V full" mbarrier completes when its bytes have landed.
 //     setmaxnreg leaves the producer 24 registers;
@@ -104,34 +104,43 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (tid < 128) {
-    // ---- Producer warpgroup: one thread issues every copy; no tensor-core work.
+    // ---- Producer warpgroup: its first warp issues every copy; no tensor-core work.
     setmaxnreg_dec<kProducerRegisters>();
-    if (tid != 0) return;
+    if (tid >= 32) return;
     const int32_t* table = d.block_tables + d.block_table_start[sequence];
     // A box is one page (or, for pages over 128 positions, 128 of its rows) of
     // one KV head and one 64-element half of head_dim; tiles start on box bounds.
+    // Lane c issues copy c of a tile: box c / 4, part c % 4 (K or V x half): the lanes look
+    // up their pages and issue their copies side by side, so a tile of eight
+    // 16-position pages costs one table-load latency, not eight in a row.
     const int box_rows = min(d.block_size, kKeys);
+    const int lane = tid;
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int stage = tile % kStages;
-      // The stage last held tile - kStages: wait until both consumers are done with it.
-      if (tile >= kStages) mbarrier_wait(&empty[stage], (tile / kStages - 1) & 1);
       const int first = tile * kKeys;
       const int boxes = (min(first + kKeys, num_keys) - first + box_rows - 1) / box_rows;
-      const uint32_t bytes = boxes * box_rows * 128 * 2;
+      // Table entries first: their latency overlaps the wait for the stage.
+      int token = 0;
+      if (lane < boxes * 4) {
+        const int pos = first + (lane >> 2) * box_rows;
+        token = __ldg(table + (pos >> d.log2_block_size)) * d.block_size + (pos & (d.block_size - 1));
+      }
+      // The stage last held tile - kStages: wait until both consumers are done with it.
+      if (tile >= kStages) mbarrier_wait(&empty[stage], (tile / kStages - 1) & 1);
       uint8_t* k_dst = kv_tiles + stage * 2 * kTileBytes;
-      uint8_t* v_dst = k_dst + kTileBytes;
       // Rows of the last tile past the sequence end hold whatever the pool or an
       // earlier tile left there: K is masked, V is zeroed by the consumers.
-      mbarrier_arrive_expect_tx(&full_k[stage], bytes);
-      mbarrier_arrive_expect_tx(&full_v[stage], bytes);
-      for (int b = 0; b < boxes; ++b) {
-        const int pos = first + b * box_rows;
-        const int token = __ldg(table + (pos >> d.log2_block_size)) * d.block_size + (pos & (d.block_size - 1));
-        const int offset = b * box_rows * 128;
-        tma_load_3d(k_dst + offset, &key_map, 0, kv_head, token, &full_k[stage]);
-        tma_load_3d(k_dst + kHalfBytes + offset, &key_map, 64, kv_head, token, &full_k[stage]);
-        tma_load_3d(v_dst + offset, &value_map, 0, kv_head, token, &full_v[stage]);
-        tma_load_3d(v_dst + kHalfBytes + offset, &value_map, 64, kv_head, token, &full_v[stage]);
+      if (lane == 0) {
+        const uint32_t bytes = boxes * box_rows * 128 * 2;
+        mbarrier_arrive_expect_tx(&full_k[stage], bytes);
+        mbarrier_arrive_expect_tx(&full_v[stage], bytes);
+      }
+      __syncwarp();
+      if (lane < boxes * 4) {  // block sizes 16..64 (the launch's rule): at most 8 boxes, 32 copies
+        const bool value = lane & 2, upper = lane & 1;
+        uint8_t* dst = k_dst + (value ? kTileBytes : 0) + (upper ? kHalfBytes : 0) + (lane >> 2) * box_rows * 128;
+        tma_load_3d(dst, value ? &value_map : &key_map, upper ? 64 : 0, kv_head, token,
+                    value ? &full_v[stage] : &full_k[stage]);
       }
     }
     return;
