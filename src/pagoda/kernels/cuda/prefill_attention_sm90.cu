@@ -322,11 +322,10 @@ Sm90PrefillSchedule schedule_from_environment() {
   return Sm90PrefillSchedule::kUnknown;
 }
 
-// The K or V pool as a [positions][num_kv_heads][128] bf16 tensor for the copy
-// engine (position = block * block_size + slot; block_stride = block_size x
-// token_stride, attention_descriptor.h), read in boxes of 64 x 1 x
-// min(block_size, 128) in the 128-byte swizzle the wgmma descriptors expect.
-// The descriptor carries no pool size, so the position extent is a bound
+// The K and V pools as tensors for the copy engine (position = block *
+// block_size + slot; block_stride = block_size x token_stride,
+// attention_descriptor.h), read in page boxes in the 128-byte swizzle the wgmma
+// descriptors expect. The descriptor carries no pool size, so the position extent is a bound
 // (2^30) that no block table exceeds; only real blocks are ever addressed.
 // The driver's tensor-map encoder, looked up once (first from
 // prepare_prefill_attention_sm90, outside any graph capture); null if absent.
@@ -343,26 +342,42 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-cudaError_t make_kv_tensor_map(CUtensorMap* map, const void* pool, const AttentionDescriptor& d) {
+cudaError_t encode_bf16_tensor_map(CUtensorMap* map, const void* pool, cuuint32_t rank, const cuuint64_t* dims,
+                                   const cuuint64_t* strides, const cuuint32_t* box) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
-  const cuuint64_t dims[3] = {kHeadDim, static_cast<cuuint64_t>(d.num_kv_heads), cuuint64_t{1} << 30};
-  const cuuint64_t strides[2] = {kHeadDim * sizeof(__nv_bfloat16),
-                                 static_cast<cuuint64_t>(d.token_stride) * sizeof(__nv_bfloat16)};
-  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(d.block_size < 128 ? d.block_size : 128)};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(pool), dims, strides, box,
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(pool), dims, strides, box,
                             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// K: [positions][num_kv_heads][128], one box per page and 64-element half.
+cudaError_t make_key_tensor_map(CUtensorMap* map, const void* pool, const AttentionDescriptor& d) {
+  const cuuint64_t dims[3] = {kHeadDim, static_cast<cuuint64_t>(d.num_kv_heads), cuuint64_t{1} << 30};
+  const cuuint64_t strides[2] = {kHeadDim * sizeof(__nv_bfloat16),
+                                 static_cast<cuuint64_t>(d.token_stride) * sizeof(__nv_bfloat16)};
+  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(d.block_size)};
+  return encode_bf16_tensor_map(map, pool, 3, dims, strides, box);
+}
+
+// V: the same bytes seen as [num_kv_heads][2 halves][positions][64], one box
+// per page with both halves, which lands as [half][block_size rows][64].
+cudaError_t make_value_tensor_map(CUtensorMap* map, const void* pool, const AttentionDescriptor& d) {
+  const cuuint64_t dims[4] = {64, cuuint64_t{1} << 30, 2, static_cast<cuuint64_t>(d.num_kv_heads)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(d.token_stride) * sizeof(__nv_bfloat16),
+                                 64 * sizeof(__nv_bfloat16), kHeadDim * sizeof(__nv_bfloat16)};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(d.block_size), 2, 1};
+  return encode_bf16_tensor_map(map, pool, 4, dims, strides, box);
 }
 
 template <bool kPingPong>
 cudaError_t launch_warp_specialized(const AttentionDescriptor& d, const __nv_bfloat16* q, __nv_bfloat16* out,
                                     cudaStream_t stream) {
   CUtensorMap key_map, value_map;
-  if (make_kv_tensor_map(&key_map, d.key, d) != cudaSuccess ||
-      make_kv_tensor_map(&value_map, d.value, d) != cudaSuccess) {
+  if (make_key_tensor_map(&key_map, d.key, d) != cudaSuccess ||
+      make_value_tensor_map(&value_map, d.value, d) != cudaSuccess) {
     // No copy-engine maps (old driver, odd pool): the v2.1 kernel is correct too.
     static bool warned = false;
     if (!warned) std::fprintf(stderr, "prefill (sm90): no TMA tensor map for the KV pool; running the v2 kernel\n");

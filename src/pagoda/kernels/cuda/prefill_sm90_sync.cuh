@@ -62,6 +62,16 @@ __device__ __forceinline__ void tma_load_3d(void* smem_dst, const void* tensor_m
       : "memory");
 }
 
+// The same for a 4-D tensor map.
+__device__ __forceinline__ void tma_load_4d(void* smem_dst, const void* tensor_map, int c0, int c1, int c2, int c3,
+                                            uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+      "%5}], [%6];\n" ::"r"(smem_address(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_address(bar))
+      : "memory");
+}
+
 // Named barriers 1..15 (0 is __syncthreads): `threads` (a multiple of 32) take
 // part; arrive does not wait, sync waits for all of them.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {

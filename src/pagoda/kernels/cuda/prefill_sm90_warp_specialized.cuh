@@ -1,14 +1,14 @@
 #pragma once
 // v4 of the Hopper prefill kernel (docs/KERNELS.md, "Prefill"): the same
-// contract, work list and shared-memory tile layout as the v2.1 kernel in
-// prefill_attention_sm90.cu (128 query rows = new tokens x the query heads of
-// one GQA group per CTA, head_dim 128, K/V tiles of 128 positions in the
-// 128-byte swizzle), scheduled the FlashAttention-3 way:
+// contract and work list as the v2.1 kernel in prefill_attention_sm90.cu (128
+// query rows = new tokens x the query heads of one GQA group per CTA,
+// head_dim 128, K/V tiles of 128 positions in the 128-byte swizzle; V stored
+// page by page), scheduled the FlashAttention-3 way:
 //   - warpgroup 0 is a producer: its first warp gathers K and V tiles through
-//     the block table with the copy engine (TMA: one box per page and half of
-//     head_dim, already in the wgmma swizzle) into a 3-stage ring; each stage's
-//     "K full" / "V full" mbarrier completes when its bytes have landed.
-//     setmaxnreg leaves the producer 24 registers;
+//     the block table with the copy engine (TMA boxes already in the wgmma
+//     swizzle: per page, one per half of head_dim for K, one for V) into a
+//     3-stage ring; each stage's "K full" / "V full" mbarrier completes when
+//     its bytes have landed. setmaxnreg leaves the producer 24 registers;
 //   - warpgroups 1 and 2 are consumers of 64 rows each with 240 registers.
 //     Per tile t: S(t) = Q K(t)^T and O += P(t-1) V(t-1) are issued back to
 //     back, softmax of S(t) runs while P(t-1) V(t-1) is still on the tensor
@@ -55,6 +55,13 @@ __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
   return (chunk >> 3) * kHalfBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
+// Byte offset of (row, 16-byte chunk) in a swizzled V tile, stored page by page
+// ([page][half][block_size rows][64]), block_size = 1 << log2_block_size.
+__device__ __forceinline__ uint32_t value_offset(int row, int chunk, int log2_block_size) {
+  const int page = row >> log2_block_size, slot = row & ((1 << log2_block_size) - 1);
+  return ((page * 2 + (chunk >> 3)) << (log2_block_size + 7)) + slot * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+
 // The compiler sees a wgmma's accumulators as written when it is issued; this
 // pins every later use of them after the wgmma_wait that precedes this call.
 __device__ __forceinline__ void keep_in_order(float (&r)[64]) {
@@ -62,9 +69,11 @@ __device__ __forceinline__ void keep_in_order(float (&r)[64]) {
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
-// key_map / value_map: the K and V pools as [positions][num_kv_heads][128] bf16
-// tensors (make_kv_tensor_map in prefill_attention_sm90.cu), boxes of 64 x 1 x
-// min(block_size, 128) in the 128-byte swizzle; block_size >= 8.
+// key_map: the K pool as a [positions][num_kv_heads][128] bf16 tensor, boxes of
+// 64 x 1 x block_size; value_map: the V pool as [num_kv_heads][2 halves]
+// [positions][64], boxes of 64 x block_size x 2 x 1 (make_key_tensor_map /
+// make_value_tensor_map in prefill_attention_sm90.cu); both in the 128-byte
+// swizzle; block_size 16..64.
 template <bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_sm90_ws_kernel(const AttentionDescriptor d, const __grid_constant__ CUtensorMap key_map,
@@ -108,23 +117,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_dec<kProducerRegisters>();
     if (tid >= 32) return;
     const int32_t* table = d.block_tables + d.block_table_start[sequence];
-    // A box is one page (or, for pages over 128 positions, 128 of its rows) of
-    // one KV head and one 64-element half of head_dim; tiles start on box bounds.
-    // Lane c issues copy c of a tile: box c / 4, part c % 4 (K or V x half): the lanes look
-    // up their pages and issue their copies side by side, so a tile of eight
-    // 16-position pages costs one table-load latency, not eight in a row.
-    const int box_rows = min(d.block_size, kKeys);
+    // A K box is one page of one KV head and one 64-element half of head_dim
+    // (tile_offset's layout); a V box is one page with both halves, stored
+    // page by page (value_offset's layout), which the P V descriptors can
+    // walk, so a tile of 16-position pages takes 16 K and 8 V boxes. Lanes
+    // 0..15 issue the K boxes (page lane / 2, half lane % 2), lanes 16..23 the
+    // V boxes (page lane - 16), side by side: one table-load latency per tile.
+    const int box_rows = d.block_size;  // 16..64 (the launch's rule): at most 8 pages per tile
     const int lane = tid;
+    const bool copies_value = lane >= 16;
+    const int page = copies_value ? lane - 16 : lane >> 1;
+    const int upper = lane & 1;
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int stage = tile % kStages;
       const int first = tile * kKeys;
       const int boxes = (min(first + kKeys, num_keys) - first + box_rows - 1) / box_rows;
+      const bool active = page < boxes;
       // Table entries first: their latency overlaps the wait for the stage.
-      int token = 0;
-      if (lane < boxes * 4) {
-        const int pos = first + (lane >> 2) * box_rows;
-        token = __ldg(table + (pos >> d.log2_block_size)) * d.block_size + (pos & (d.block_size - 1));
-      }
+      const int token = active ? __ldg(table + ((first >> d.log2_block_size) + page)) * d.block_size : 0;
       // The stage last held tile - kStages: wait until both consumers are done with it.
       if (tile >= kStages) mbarrier_wait(&empty[stage], (tile / kStages - 1) & 1);
       uint8_t* k_dst = kv_tiles + stage * 2 * kTileBytes;
@@ -136,12 +146,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbarrier_arrive_expect_tx(&full_v[stage], bytes);
       }
       __syncwarp();
-      if (lane < boxes * 4) {  // block sizes 16..64 (the launch's rule): at most 8 boxes, 32 copies
-        const bool value = lane & 2, upper = lane & 1;
-        uint8_t* dst = k_dst + (value ? kTileBytes : 0) + (upper ? kHalfBytes : 0) + (lane >> 2) * box_rows * 128;
-        tma_load_3d(dst, value ? &value_map : &key_map, upper ? 64 : 0, kv_head, token,
-                    value ? &full_v[stage] : &full_k[stage]);
-      }
+      if (active && copies_value)
+        tma_load_4d(k_dst + kTileBytes + page * box_rows * 256, &value_map, 0, token, 0, kv_head, &full_v[stage]);
+      else if (active)
+        tma_load_3d(k_dst + upper * kHalfBytes + page * box_rows * 128, &key_map, upper * 64, kv_head, token,
+                    &full_k[stage]);
     }
     return;
   }
@@ -202,13 +211,16 @@ __global__ void __launch_bounds__(kThreads, 1)
                           make_smem_desc_sw128(k_addr + step, 16, 1024), ks > 0);
     }
   };
-  // O += P V: V is [positions][head_dim], MN-major for this product: 8-position
-  // groups 1024 B apart, the two head_dim halves kHalfBytes apart.
+  // O += P V: V is MN-major for this product, stored page by page: the 16
+  // positions of k-step kk are rows of one page (block_size >= 16), its
+  // 8-position groups 1024 B apart, its two head_dim halves a page half apart.
+  const uint32_t value_half_bytes = 128u << d.log2_block_size;
   auto issue_pv = [&](int stage) {
     const uint32_t v_addr = kv_addr + stage * 2 * kTileBytes + kTileBytes;
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk)
-      wgmma_m64n128k16_rs_transb(o, p[kk], make_smem_desc_sw128(v_addr + kk * 16 * 128, kHalfBytes, 1024),
+      wgmma_m64n128k16_rs_transb(o, p[kk], make_smem_desc_sw128(v_addr + value_offset(16 * kk, 0, d.log2_block_size),
+                                                                value_half_bytes, 1024),
                                  1);
   };
   // Online softmax of S(tile) in place (S becomes exp2 of the scaled scores);
@@ -304,7 +316,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // P is 0 there, but 0 x NaN is not: zero V past the end (once per CTA).
     uint8_t* v_tile = kv_tiles + (last % kStages) * 2 * kTileBytes + kTileBytes;
     for (int idx = ctid; idx < (kKeys - last_rows) * 16; idx += kConsumerThreads)
-      *reinterpret_cast<uint4*>(v_tile + tile_offset(last_rows + (idx >> 4), idx & 15)) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(v_tile + value_offset(last_rows + (idx >> 4), idx & 15, d.log2_block_size)) =
+          make_uint4(0, 0, 0, 0);
     fence_proxy_async_shared();  // generic-proxy stores, read next by wgmma
     named_barrier_sync(kZeroedBarrier, kConsumerThreads);
   }
