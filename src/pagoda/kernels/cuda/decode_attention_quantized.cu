@@ -447,35 +447,13 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     if (issue_left > 0) {
       uint8_t* stage = warp_smem + issue_stage * S::kStageBytes;
-      // Where a tile starts on a multiple of half its size (always, but for
-      // test-sized splits) and pages hold half a tile or more, its rows lie in
-      // at most two table entries, split at row kHalfTile: two table loads per
-      // tile instead of one per copy.
-      constexpr int kHalfTile = S::kTileTokens / 2;
-      const bool tile_lookup = d.block_size >= kHalfTile && (issue_pos & (kHalfTile - 1)) == 0;
-      uint32_t lower_block = 0, upper_block = 0;
-      if (tile_lookup) {
-        const int lower_entry = issue_pos >> d.log2_block_size;
-        const int upper_entry = (issue_pos + kHalfTile) >> d.log2_block_size;
-        lower_block = static_cast<uint32_t>(__ldg(issue_table + lower_entry));
-        upper_block = upper_entry != lower_entry && issue_pos + kHalfTile < issue_end
-                          ? static_cast<uint32_t>(__ldg(issue_table + upper_entry))
-                          : lower_block;
-      }
-      auto tile_token = [&](int row, bool upper_half) -> uint32_t {  // row: position - issue_pos
-        const int pos = issue_pos + row;
-        const bool valid = pos < issue_end;
-        if (!tile_lookup) return pool_token(pos, valid);
-        const uint32_t block = upper_half ? upper_block : lower_block;
-        return valid ? (block << d.log2_block_size) | static_cast<uint32_t>(pos & (d.block_size - 1)) : 0u;
-      };
 #pragma unroll
       for (int k = 0; k < S::kKeyCopies; ++k) {
         constexpr int kRowsPerCopy = 32 / kRowChunks;
         const int row_step = k * kRowsPerCopy;  // this copy's token is lane_row + row_step
-        const bool valid = issue_pos + lane_row + row_step < issue_end;
-        // lane_row < kRowsPerCopy, which divides kHalfTile: the half is row_step's.
-        const uint64_t offset = uint64_t{tile_token(lane_row + row_step, row_step >= kHalfTile)} * token_bytes;
+        const int pos = issue_pos + lane_row + row_step;
+        const bool valid = pos < issue_end;
+        const uint64_t offset = uint64_t{pool_token(pos, valid)} * token_bytes;
         // lane_row + row_step has no carries, so the swizzle splits into the lane's and the copy's part.
         const int at = (lane_at ^ ((row_step & (kRowChunks - 1)) << 4)) + row_step * kHeadDim;
         cp_async_16(stage + at, issue_key + offset, valid);
@@ -484,7 +462,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int tk = lane; tk < S::kTileTokens; tk += 32) {
         const bool valid = issue_pos + tk < issue_end;
-        const uint64_t offset = uint64_t{tile_token(tk, tk >= kHalfTile)} * token_records;
+        const uint64_t offset = uint64_t{pool_token(issue_pos + tk, valid)} * token_records;
         cp_async_ca<4>(stage + S::kKeyScaleAt + tk * 4, issue_key_scale + offset, valid);
         cp_async_ca<4>(stage + S::kValueScaleAt + tk * 4, issue_value_scale + offset, valid);
       }
