@@ -162,11 +162,8 @@ void Engine::abort(RequestId id) {
   work_ready_.notify_all();
 }
 
-StatusOr<int32_t> Engine::drop_conversation(const std::string& tenant_namespace, std::vector<int32_t> tokens,
-                                              int64_t keep_prefix_tokens) {
-  auto task = std::make_shared<std::packaged_task<int32_t()>>([this, tenant_namespace, tokens, keep_prefix_tokens] {
-    return kv_.drop_conversation(tenant_namespace, tokens, keep_prefix_tokens);
-  });
+int32_t Engine::run_on_engine_thread(std::function<int32_t()> work) {
+  auto task = std::make_shared<std::packaged_task<int32_t()>>(std::move(work));
   auto result = task->get_future();
   bool threaded;
   {
@@ -179,19 +176,15 @@ StatusOr<int32_t> Engine::drop_conversation(const std::string& tenant_namespace,
   return result.get();
 }
 
+StatusOr<int32_t> Engine::drop_conversation(const std::string& tenant_namespace, std::vector<int32_t> tokens,
+                                              int64_t keep_prefix_tokens) {
+  return run_on_engine_thread([this, tenant_namespace, tokens = std::move(tokens), keep_prefix_tokens] {
+    return kv_.drop_conversation(tenant_namespace, tokens, keep_prefix_tokens);
+  });
+}
+
 StatusOr<int32_t> Engine::drop_namespace(const std::string& tenant_namespace) {
-  auto task = std::make_shared<std::packaged_task<int32_t()>>(
-      [this, tenant_namespace] { return kv_.drop_namespace(tenant_namespace); });
-  auto result = task->get_future();
-  bool threaded;
-  {
-    std::lock_guard lock(mutex_);
-    threaded = thread_.joinable() && !stop_thread_;
-    if (threaded) pending_tasks_.push_back([task] { (*task)(); });
-  }
-  if (!threaded) (*task)();
-  work_ready_.notify_all();
-  return result.get();
+  return run_on_engine_thread([this, tenant_namespace] { return kv_.drop_namespace(tenant_namespace); });
 }
 
 EngineStats Engine::stats() const {

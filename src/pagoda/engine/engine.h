@@ -119,6 +119,9 @@ class Engine {
   void fail_request(RequestState* req, const Status& failure, FinishReason reason = FinishReason::kError);
   // Shutdown: fails every request still in the engine with kCancelled.
   void cancel_all_requests();
+  // Runs `work` on the engine thread between steps (or here when no thread
+  // runs) and blocks until it is done: KV-manager calls from other threads.
+  int32_t run_on_engine_thread(std::function<int32_t()> work);
   // How the runner should sample this sequence's next row (on_device false:
   // it needs the host sampler).
   DeviceSampling device_sampling_for(const Sequence* seq) const;
