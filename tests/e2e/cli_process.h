@@ -38,6 +38,17 @@ inline std::vector<std::string> pagoda_command() {
   return {std::string(PAGODA_BINARY_DIR) + "/pagoda"};
 }
 
+// In a forked child: replaces it with `pagoda ARGS...` (exit 127 if that fails).
+[[noreturn]] inline void exec_pagoda(const std::vector<std::string>& args) {
+  std::vector<std::string> full = pagoda_command();
+  full.insert(full.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : full) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  execvp(argv[0], argv.data());
+  _exit(127);
+}
+
 // The repository root: PAGODA_SOURCE_DIR from the environment (ctest sets it;
 // the GPU machine's copy of the tree is elsewhere), else the configured one.
 inline std::string source_dir() {
@@ -56,13 +67,7 @@ inline CliResult run_pagoda(const std::vector<std::string>& args,
     dup2(out_pipe[1], STDOUT_FILENO);
     dup2(err_pipe[1], STDERR_FILENO);
     for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) close(fd);
-    std::vector<std::string> full = pagoda_command();
-    full.insert(full.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : full) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execvp(argv[0], argv.data());
-    _exit(127);
+    exec_pagoda(args);
   }
   close(out_pipe[1]);
   close(err_pipe[1]);

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "cli_process.h"  // pagoda_command(): the binary, or $PAGODA_CLI on the GPU machine
+#include "cli_process.h"  // exec_pagoda(): the binary, or $PAGODA_CLI on the GPU machine
 
 namespace pagoda::e2e {
 
@@ -32,14 +32,8 @@ class ServerProcess {
       dup2(out_pipe[1], STDOUT_FILENO);
       close(out_pipe[0]);
       close(out_pipe[1]);
-      std::vector<std::string> full = pagoda_command();
-      full.insert(full.end(), {"serve", "--host", "127.0.0.1", "--port", "0"});
-      full.insert(full.end(), args.begin(), args.end());
-      std::vector<char*> argv;
-      for (auto& a : full) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execvp(argv[0], argv.data());
-      _exit(127);
+      args.insert(args.begin(), {"serve", "--host", "127.0.0.1", "--port", "0"});
+      exec_pagoda(args);
     }
     close(out_pipe[1]);
     out_ = fdopen(out_pipe[0], "r");
