@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -81,11 +82,24 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Median milliseconds of `iters` event-timed launches of fn(i) (i rotates inputs).
+// Median milliseconds of `iters` event-timed launches of fn(i) (i rotates inputs),
+// after at least `warmup` launches and kWarmupMs of them: the GPU's clocks
+// settle to this kernel's own load (power draw differs by kernel), so a short
+// case is not timed at the clocks the case before it left behind. (Five
+// launches alone let one 4K prefill read 508 or 434 TFLOP/s depending on what
+// ran before it, 2026-11-29.)
+constexpr double kWarmupMs = 50.0;
+
 template <typename Fn>
 double time_median_ms(int warmup, int iters, cudaStream_t stream, Fn fn) {
-  for (int i = 0; i < warmup; ++i) fn(i);
-  CHECK_CUDA(cudaStreamSynchronize(stream));
+  const auto warm_start = std::chrono::steady_clock::now();
+  for (int launched = 0, round = std::max(warmup, 1); launched < 100000; launched += round) {
+    for (int i = 0; i < round; ++i) fn(launched + i);
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    const double elapsed =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - warm_start).count();
+    if (elapsed >= kWarmupMs) break;
+  }
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
