@@ -151,7 +151,7 @@ double compare_bf16(const void* got_dev, const void* want_dev, size_t count) {
 struct Shape {
   int q_heads = 32, kv_heads = 8, head_dim = 128, block_size = 16;
   KvElement key = KvElement::kBF16, value = KvElement::kBF16;
-  bool cuda_cores = false;  // quantized decode: the CUDA-core loop instead of tensor cores
+  bool cuda_cores = false;  // decode: the CUDA-core loop instead of tensor cores
 };
 
 const char* element_name(KvElement e) {
@@ -207,7 +207,7 @@ void run_case(const std::string& name, const Shape& shape, int batch, int length
   AttentionConfig config{shape.q_heads, shape.kv_heads, shape.head_dim, shape.block_size,
                          num_blocks, 0.0f, shape.key, shape.value};
   AttentionPlanOptions options{split_tokens, false, portable_prefill};
-  options.quantized_decode_cuda_cores = shape.cuda_cores;
+  options.decode_cuda_cores = shape.cuda_cores;
   auto plan = PagedAttentionPlan::create(config, seqs, {prop.multiProcessorCount}, options);
   if (!plan.ok()) {
     std::printf("%s: plan failed: %s\n", name.c_str(), plan.status().to_string().c_str());
@@ -372,6 +372,7 @@ int main(int argc, char** argv) {
     run_case(tag + " B=8 L=32768 unsplit", g, 8, 32768, 1, 1 << 20, 1, iters, prop, stream);
     run_case(tag + " B=8 L=32768 split 8192", g, 8, 32768, 1, 8192, 1, iters, prop, stream);
     run_case(tag + " B=8 L=32768 split 2048", g, 8, 32768, 1, 2048, 1, iters, prop, stream);
+    run_case(tag + " B=8 L=32768 split 16384", g, 8, 32768, 1, 16384, 1, iters, prop, stream);
     // One KV head: each block's codes are contiguous per head (is the 8-head
     // interleave, 128-byte pieces per head and token for fp8, costing HBM efficiency?).
     Shape one_kv_head{4, 1, 128, 16, key, value};
@@ -383,12 +384,13 @@ int main(int argc, char** argv) {
     }
     Shape mha64{32, 32, 64, 16, key, value};
     run_case(tag + " MHA 32 d=64 B=64 L=2048", mha64, 64, 2048, 1, 0, 1, iters, prop, stream);
-    if (key == value && (key == KvElement::kFP8E4M3 || key == KvElement::kInt8)) {
+    if (key == value && key != KvElement::kInt4) {
       // What the tensor cores buy: the same shapes on the CUDA-core loop.
       Shape cc = g;
       cc.cuda_cores = true;
       run_case(tag + " cuda-cores B=64 L=4096", cc, 64, 4096, 1, 0, 1, iters, prop, stream);
       run_case(tag + " cuda-cores B=8 L=32768", cc, 8, 32768, 1, 0, 1, iters, prop, stream);
+      run_case(tag + " cuda-cores B=256 L=1024", cc, 256, 1024, 1, 0, 1, iters, prop, stream);
     }
   }
   // Prefill, causal, GQA 32/8, d=128, one sequence (rotating input sets past the L2).

@@ -83,7 +83,9 @@ struct QuantizedPool {
   std::vector<float> values;  // dequantized, [num_vectors, head_dim]
 };
 
-inline QuantizedPool quantize_pool(const std::vector<float>& x, int32_t head_dim, KvQuant format) {
+// x: [num_blocks, block_size, num_kv_heads, head_dim]; records laid out as kv_scale_vector says.
+inline QuantizedPool quantize_pool(const std::vector<float>& x, int32_t head_dim, KvQuant format, int32_t block_size,
+                                   int32_t num_kv_heads) {
   QuantizedPool pool;
   pool.format = format;
   const size_t vectors = x.size() / static_cast<size_t>(head_dim);
@@ -95,9 +97,13 @@ inline QuantizedPool quantize_pool(const std::vector<float>& x, int32_t head_dim
   for (size_t v = 0; v < vectors; ++v) {
     const QuantizedVector q = quantize_reference(&x[v * head_dim], head_dim, format);
     std::copy(q.codes.begin(), q.codes.end(), pool.codes.begin() + v * bytes);
-    std::copy(q.records.begin(), q.records.end(), pool.records.begin() + v * groups);
+    const size_t record_at =
+        static_cast<size_t>(kv_scale_vector(static_cast<int64_t>(v / size_t(num_kv_heads)),
+                                            static_cast<int32_t>(v % size_t(num_kv_heads)), block_size, num_kv_heads)) *
+        groups;
+    std::copy(q.records.begin(), q.records.end(), pool.records.begin() + record_at);
     for (int32_t i = 0; i < head_dim; ++i)
-      pool.values[v * head_dim + i] = dequantize_reference(&pool.codes[v * bytes], &pool.records[v * groups],
+      pool.values[v * head_dim + i] = dequantize_reference(&pool.codes[v * bytes], &pool.records[record_at],
                                                            head_dim, format, i);
   }
   return pool;

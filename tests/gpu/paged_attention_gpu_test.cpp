@@ -137,6 +137,17 @@ TEST_P(PagedAttentionGpuTest, FastAndNaiveMatchFloat64Reference) {
   EXPECT_LT(fast_error, kMaxRelativeError);
   EXPECT_LT(naive_error, kMaxRelativeError);
   EXPECT_LT(fast_vs_naive, kMaxRelativeError);
+  if (c.expected_kernel == AttentionKernel::kDecode) {
+    // Decode has two loops (tensor cores by default at head_dim 64 / 128, CUDA cores): both stay checked.
+    AttentionPlanOptions cuda_cores;
+    cuda_cores.split_tokens = c.split_tokens;
+    cuda_cores.decode_cuda_cores = true;
+    auto other = run_attention(batch, Path::kFast, cuda_cores);
+    ASSERT_TRUE(other.ok()) << other.status().to_string();
+    const double other_error = testing::relative_l2(*other, want);
+    std::printf("[%s] rel L2: cuda-core decode %.2e\n", c.name.c_str(), other_error);
+    EXPECT_LT(other_error, kMaxRelativeError);
+  }
 }
 
 // Odd lengths, lengths not a multiple of the block, a single-position sequence.

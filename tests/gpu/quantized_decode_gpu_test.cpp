@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -170,16 +172,19 @@ void check_case(const Case& c, const std::vector<SequenceShape>& shapes, uint32_
   if (value_gain != nullptr) {
     for (size_t i = 0; i < values.size(); ++i) values[i] *= value_gain(i / size_t(c.head_dim));
   }
-  const QuantizedPool key = quantize_pool(to_floats(b.key), c.head_dim, static_cast<KvQuant>(c.formats.key));
-  const QuantizedPool value = quantize_pool(values, c.head_dim, static_cast<KvQuant>(c.formats.value));
+  const QuantizedPool key = quantize_pool(to_floats(b.key), c.head_dim, static_cast<KvQuant>(c.formats.key),
+                                          c.block_size, c.kv_heads);
+  const QuantizedPool value =
+      quantize_pool(values, c.head_dim, static_cast<KvQuant>(c.formats.value), c.block_size, c.kv_heads);
   const std::string label = "K " + name_of(c.formats.key) + " V " + name_of(c.formats.value) + " heads " +
                             std::to_string(c.q_heads) + "/" + std::to_string(c.kv_heads) + " d=" +
                             std::to_string(c.head_dim) + " block " + std::to_string(c.block_size) + " path " +
                             std::to_string(static_cast<int>(path)) +
-                            (options.quantized_decode_cuda_cores ? " cuda-cores" : "");
+                            (options.decode_cuda_cores ? " cuda-cores" : "");
   auto got = run_quantized(b, key, value, path, options);
   ASSERT_TRUE(got.ok()) << label << ": " << got.status().to_string();
   const double err = testing::relative_l2(*got, reference_attention(b, key.values, value.values));
+  std::printf("[%s] rel L2 %.2e\n", label.c_str(), err);
   EXPECT_LE(err, kMaxRelativeError) << label;
 }
 
@@ -200,7 +205,7 @@ TEST(QuantizedDecodeAttention, EveryFormatHeadLayoutHeadDimAndBlockSize) {
           check_case({f, qh, kvh, d, bs}, shapes, seed, Path::kFast);
           if (f.key == f.value && f.key != KvElement::kInt4) {  // the CUDA-core loop of fp8 / int8 too
             AttentionPlanOptions cuda_cores;
-            cuda_cores.quantized_decode_cuda_cores = true;
+            cuda_cores.decode_cuda_cores = true;
             check_case({f, qh, kvh, d, bs}, shapes, seed, Path::kFast, cuda_cores);
           }
           ++seed;
@@ -222,9 +227,9 @@ TEST(QuantizedDecodeAttention, SplitKMergeAndGraphModeAndLongContext) {
     check_case({f, 32, 8, 128, 16}, {{1, 1000}, {1, 4095}, {1, 5}}, seed++, Path::kFast, split);
     check_case({f, 32, 8, 128, 16}, {{1, 3000}, {1, 17}, {1, 700}, {1, 1}}, seed++, Path::kFastGraph, graph);
     check_case({f, 16, 16, 64, 32}, {{1, 6000}}, seed++, Path::kFast);
-    graph.quantized_decode_cuda_cores = true;  // both decode loops in graph mode
+    graph.decode_cuda_cores = true;  // both decode loops in graph mode
     check_case({f, 32, 8, 128, 16}, {{1, 2000}, {1, 9}}, seed++, Path::kFastGraph, graph);
-    graph.quantized_decode_cuda_cores = false;
+    graph.decode_cuda_cores = false;
   }
 }
 

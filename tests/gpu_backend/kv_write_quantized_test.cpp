@@ -52,6 +52,12 @@ size_t vector_bytes(int32_t head_dim, KvQuant q) {
   return q == KvQuant::kNone ? size_t(head_dim) * 2 : size_t(kernels::kv_head_data_bytes(head_dim, q));
 }
 
+// Record vector (kernels::kv_scale_vector) of data vector vec = slot * kv_heads + head.
+size_t record_vector(size_t vec, int32_t block_size, int32_t kv_heads) {
+  return size_t(kernels::kv_scale_vector(int64_t(vec / size_t(kv_heads)), int32_t(vec % size_t(kv_heads)), block_size,
+                                         kv_heads));
+}
+
 // Downloads the codes and records of every vector of one pool (layer 0).
 struct PoolBytes {
   std::vector<uint8_t> codes;
@@ -129,14 +135,15 @@ TEST_P(KvWriteQuantizedTest, CodesEqualTheReferenceQuantizer) {
           ASSERT_EQ(got.codes[vec * bytes + i], want.codes[i])
               << (kv == 0 ? "K" : "V") << " token " << t << " head " << h << " byte " << i;
         for (size_t g = 0; g < groups; ++g)
-          ASSERT_EQ(got.records[vec * groups + g], want.records[g])
+          ASSERT_EQ(got.records[record_vector(vec, block_size, kv_heads) * groups + g], want.records[g])
               << (kv == 0 ? "K" : "V") << " token " << t << " head " << h << " record " << g;
       }
     }
     for (size_t vec = 0; vec < vectors; ++vec) {
       if (written[vec]) continue;
       for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(got.codes[vec * bytes + i], 0) << "unwritten vector " << vec;
-      for (size_t g = 0; g < groups; ++g) ASSERT_EQ(got.records[vec * groups + g], 0u) << "unwritten vector " << vec;
+      for (size_t g = 0; g < groups; ++g)
+        ASSERT_EQ(got.records[record_vector(vec, block_size, kv_heads) * groups + g], 0u) << "unwritten vector " << vec;
     }
   }
 }
@@ -242,7 +249,8 @@ TEST_P(KvWriteFixedScaleTest, PoolEqualsTheCpuKvWriteWithTheSameScales) {
     std::memcpy(&fixed_bits, &fixed, 4);
     for (int32_t t = 0; t < tokens; ++t)
       for (int32_t h = 0; slots[t] >= 0 && h < kv_heads; ++h)
-        ASSERT_EQ(got.records[size_t(slots[t]) * kv_heads + h], fixed_bits) << which << " token " << t;
+        ASSERT_EQ(got.records[record_vector(size_t(slots[t]) * kv_heads + h, block_size, kv_heads)], fixed_bits)
+            << which << " token " << t;
     for (uint8_t code : got.codes) saturated += (code & 0x7f) == 0x7e;
   }
   EXPECT_GT(saturated, 0) << "no fp8 code saturated: the case does not test clipping";
@@ -340,7 +348,9 @@ TEST_P(QuantizedPagedAttentionTest, MatchesCpuAttentionOverDequantizedValues) {
       for (int32_t i = 0; i < D; ++i)
         out[v * D + i] = q == KvQuant::kNone
                              ? bf16_to_f32(reinterpret_cast<const uint16_t*>(&bytes.codes[v * vb])[i])
-                             : dequantize_reference(&bytes.codes[v * vb], &bytes.records[v * groups], D, q, i);
+                             : dequantize_reference(&bytes.codes[v * vb],
+                                                    &bytes.records[record_vector(v, block_size, c.kv_heads) * groups],
+                                                    D, q, i);
   }
   // The kernel keeps the dequantized tiles as bf16 in shared memory: the
   // reference reads the same rounded values. (Against the unrounded f32 values

@@ -147,7 +147,8 @@ TEST(PagedAttentionQuantTest, KvWriteStoresTheCodesOfKvQuantize) {
     std::vector<uint8_t> data(kv_head_bytes(head_dim, DType::kInt4)), scales(kv_head_scale_bytes(head_dim, DType::kInt4));
     quantize_kv_vector(k.data() + h * head_dim, head_dim, DType::kInt4, data.data(), scales.data());
     EXPECT_TRUE(std::equal(data.begin(), data.end(), pool.key.begin() + vec * data.size()));
-    EXPECT_TRUE(std::equal(scales.begin(), scales.end(), pool.key_scales.begin() + vec * scales.size()));
+    const size_t record_vec = size_t(kv_scale_vector(slot[0], h, block_size, heads));
+    EXPECT_TRUE(std::equal(scales.begin(), scales.end(), pool.key_scales.begin() + record_vec * scales.size()));
   }
   // Nothing else was touched.
   const size_t written = (size_t(slot[0]) * heads) * kv_head_bytes(head_dim, DType::kInt4);

@@ -6,10 +6,13 @@
 //
 // A pool of one layer holds, for K and for V separately:
 //   data   [num_blocks, block_size, num_kv_heads, kv_head_data_bytes(D, dtype)]
-//   scales [num_blocks, block_size, num_kv_heads, kv_scale_groups(D, dtype)] of 4-byte records
+//   scales [num_blocks, num_kv_heads, block_size, kv_scale_groups(D, dtype)] of 4-byte records
 // so the (block b, slot s, head h) vector has its bytes at
 //   ((b * block_size + s) * num_kv_heads + h) * data_bytes
-// and its scale records at ((b * block_size + s) * num_kv_heads + h) * groups.
+// and its scale records at ((b * num_kv_heads + h) * block_size + s) * groups
+// (kv_scale_vector): one head's records of a block are contiguous, so a decode
+// kernel reads those of 4 tokens (fp8 / int8) with one 16-byte load instead of
+// a 4-byte load per token (measured: the per-token loads cost fp8 decode ~5%).
 //
 //   fp8 e4m3  one f32 scale per (token, head): x ~= fp8(x / scale) * scale,
 //             scale = amax / 448 (1 when the vector is all zeros).
@@ -63,6 +66,13 @@ PAGODA_HOST_DEVICE int32_t kv_scale_group_size(int32_t head_dim, KvQuant q) {
   return q == KvQuant::kInt4 ? kKvInt4GroupSize : head_dim;
 }
 PAGODA_HOST_DEVICE int32_t kv_quant_levels(KvQuant q) { return q == KvQuant::kInt4 ? 15 : 255; }
+
+// Record vector (multiply by kv_scale_groups for the record index) of the
+// vector of pool slot `slot` = b * block_size + s and head h: (b * num_kv_heads + h) * block_size + s.
+PAGODA_HOST_DEVICE int64_t kv_scale_vector(int64_t slot, int32_t head, int32_t block_size, int32_t num_kv_heads) {
+  const int64_t block = slot / block_size;
+  return (block * num_kv_heads + head) * block_size + (slot - block * block_size);
+}
 
 // The 4-byte record of the integer formats: raw f16 bits of scale and zero.
 struct KvScaleZero {

@@ -25,11 +25,14 @@ __global__ void kv_dequantize_blocks_kernel(DevicePagedKvLayer layer, const int3
   const int64_t vec_in_block = within / chunks;  // slot * num_kv_heads + head
   const int64_t source = source_blocks[scratch_block];
   const int64_t vec = source * layer.block_size * layer.num_kv_heads + vec_in_block;
+  const int32_t head = static_cast<int32_t>(vec_in_block % layer.num_kv_heads);
+  const int64_t scale_vec = kernels::kv_scale_vector(source * layer.block_size + vec_in_block / layer.num_kv_heads,
+                                                     head, layer.block_size, layer.num_kv_heads);
   const int64_t dst = (scratch_block * layer.block_size * layer.num_kv_heads + vec_in_block) * chunks + c;
   reinterpret_cast<uint4*>(key_out)[dst] =
-      load_kv_chunk_bf16(layer.key, layer.key_scale, layer.key_dtype, vec, layer.head_dim, c);
+      load_kv_chunk_bf16(layer.key, layer.key_scale, layer.key_dtype, vec, scale_vec, layer.head_dim, c);
   reinterpret_cast<uint4*>(value_out)[dst] =
-      load_kv_chunk_bf16(layer.value, layer.value_scale, layer.value_dtype, vec, layer.head_dim, c);
+      load_kv_chunk_bf16(layer.value, layer.value_scale, layer.value_dtype, vec, scale_vec, layer.head_dim, c);
 }
 
 }  // namespace

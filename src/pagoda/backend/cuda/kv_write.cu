@@ -71,10 +71,11 @@ __device__ __forceinline__ uint32_t int_code(float x, const IntParams& p, int le
 }
 
 // Stores one (token, head) vector (row of head_dim bf16) as `format` at vector
-// index `vec` of the pool (data and scale records). Called by a whole warp.
+// index `vec` of the data pool and record vector `scale_vec` of the scale pool
+// (kernels::kv_scale_vector). Called by a whole warp.
 // fp8_fixed_scale > 0: fp8 uses it instead of the vector's amax / 448.
 __device__ void write_vector(const bf16* __restrict__ row, int32_t head_dim, KvQuant format, float fp8_fixed_scale,
-                             void* data, void* scales, int64_t vec, int lane) {
+                             void* data, void* scales, int64_t vec, int64_t scale_vec, int lane) {
   float x[kMaxElementsPerLane];
 #pragma unroll
   for (int j = 0; j < kMaxElementsPerLane; ++j) {
@@ -106,7 +107,7 @@ __device__ void write_vector(const bf16* __restrict__ row, int32_t head_dim, KvQ
         if (e < head_dim)
           out[e] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fmul_rn(x[j], inverse), __NV_SATFINITE, __NV_E4M3));
       }
-      if (lane == 0) static_cast<float*>(scales)[vec] = scale;
+      if (lane == 0) static_cast<float*>(scales)[scale_vec] = scale;
       return;
     }
     case KvQuant::kInt8: {
@@ -125,14 +126,14 @@ __device__ void write_vector(const bf16* __restrict__ row, int32_t head_dim, KvQ
         const int e = lane + 32 * j;
         if (e < head_dim) out[e] = static_cast<uint8_t>(int_code(x[j], p, 255));
       }
-      if (lane == 0) static_cast<kernels::KvScaleZero*>(scales)[vec] = p.record;
+      if (lane == 0) static_cast<kernels::KvScaleZero*>(scales)[scale_vec] = p.record;
       return;
     }
     case KvQuant::kInt4: {
       // Group j is elements [32 j, 32 j + 32): register j of every lane.
       const int32_t groups = kernels::kv_scale_groups(head_dim, KvQuant::kInt4);
       uint8_t* out = static_cast<uint8_t*>(data) + vec * kernels::kv_head_data_bytes(head_dim, KvQuant::kInt4);
-      auto* records = static_cast<kernels::KvScaleZero*>(scales) + vec * groups;
+      auto* records = static_cast<kernels::KvScaleZero*>(scales) + scale_vec * groups;
 #pragma unroll
       for (int j = 0; j < kMaxElementsPerLane; ++j) {
         if (j >= groups) break;
@@ -163,11 +164,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const int64_t slot = slots[t];
   if (slot < 0) return;
   const int64_t vec = slot * layer.num_kv_heads + head;
+  const int64_t scale_vec = kernels::kv_scale_vector(slot, head, layer.block_size, layer.num_kv_heads);
   const int64_t column = static_cast<int64_t>(head) * layer.head_dim;
   write_vector(k + t * row_stride + column, layer.head_dim, layer.key_dtype, fixed_scales.key, layer.key,
-               layer.key_scale, vec, lane);
+               layer.key_scale, vec, scale_vec, lane);
   write_vector(v + t * row_stride + column, layer.head_dim, layer.value_dtype, fixed_scales.value, layer.value,
-               layer.value_scale, vec, lane);
+               layer.value_scale, vec, scale_vec, lane);
 }
 
 // 0 means "per-vector"; a negative, NaN or infinite scale is a caller's bug.

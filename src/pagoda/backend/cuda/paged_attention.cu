@@ -38,8 +38,9 @@ __device__ float warp_sum(float v) {
 // Elements [8 c, 8 c + 8) of the vector at index vec of one pool, as four bf16
 // pairs into a padded shared row (4-byte aligned only, hence word by word).
 __device__ __forceinline__ void load_chunk(const void* pool, const void* scales, kernels::KvQuant format,
-                                           int64_t vec, int32_t head_dim, int32_t c, __nv_bfloat162* dst) {
-  const uint4 chunk = load_kv_chunk_bf16(pool, scales, format, vec, head_dim, c);
+                                           int64_t vec, int64_t scale_vec, int32_t head_dim, int32_t c,
+                                           __nv_bfloat162* dst) {
+  const uint4 chunk = load_kv_chunk_bf16(pool, scales, format, vec, scale_vec, head_dim, c);
   const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&chunk);
 #pragma unroll
   for (int w = 0; w < 4; ++w) dst[w] = pairs[w];
@@ -92,9 +93,11 @@ paged_attention_kernel(const bf16* __restrict__ q, int64_t q_row_stride, DeviceP
       const int32_t key = i / chunks, c = i % chunks;
       const int32_t pos = tile + key;
       const int64_t block = table[pos / layer.block_size];
-      const int64_t vec = (block * layer.block_size + pos % layer.block_size) * layer.num_kv_heads + kv_head;
-      load_chunk(layer.key, layer.key_scale, layer.key_dtype, vec, head_dim, c, &k_s[key][c * 4]);
-      load_chunk(layer.value, layer.value_scale, layer.value_dtype, vec, head_dim, c, &v_s[key][c * 4]);
+      const int64_t slot = block * layer.block_size + pos % layer.block_size;
+      const int64_t vec = slot * layer.num_kv_heads + kv_head;
+      const int64_t scale_vec = kernels::kv_scale_vector(slot, kv_head, layer.block_size, layer.num_kv_heads);
+      load_chunk(layer.key, layer.key_scale, layer.key_dtype, vec, scale_vec, head_dim, c, &k_s[key][c * 4]);
+      load_chunk(layer.value, layer.value_scale, layer.value_dtype, vec, scale_vec, head_dim, c, &v_s[key][c * 4]);
     }
     __syncthreads();
 

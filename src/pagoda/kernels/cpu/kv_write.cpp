@@ -30,7 +30,11 @@ void write_pool(const float* src, std::span<const int64_t> slots, const PagedKvL
     for (size_t h = 0; h < heads; ++h) {
       const size_t vector = static_cast<size_t>(slots[t]) * heads + h;
       const float* x = src + (t * heads + h) * head_dim;
-      void* scale_record = scale_base != nullptr ? scale_base + vector * scale_bytes : nullptr;
+      void* scale_record =
+          scale_base != nullptr
+              ? scale_base + kv_scale_vector(slots[t], static_cast<int32_t>(h), layer.block_size, layer.num_kv_heads) *
+                                 scale_bytes
+              : nullptr;
       if (per_tensor_fp8) {
         quantize_kv_vector_fp8_fixed_scale(x, layer.head_dim, fixed_scale, bytes + vector * head_bytes, scale_record);
       } else {

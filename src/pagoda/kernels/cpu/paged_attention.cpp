@@ -28,6 +28,7 @@ class KvVectorReader {
         dtype_(dtype),
         head_dim_(layer.head_dim),
         num_kv_heads_(static_cast<size_t>(layer.num_kv_heads)),
+        block_size_(layer.block_size),
         head_bytes_(kv_head_bytes(layer.head_dim, dtype)),
         scale_bytes_(kv_head_scale_bytes(layer.head_dim, dtype)) {}
 
@@ -35,7 +36,11 @@ class KvVectorReader {
     const size_t vector = static_cast<size_t>(slot) * num_kv_heads_ + kv_head;
     if (dtype_ == DType::kF32) return reinterpret_cast<const float*>(data_ + vector * head_bytes_);
     dequantize_kv_vector(data_ + vector * head_bytes_,
-                         scales_ != nullptr ? scales_ + vector * scale_bytes_ : nullptr, head_dim_,
+                         scales_ != nullptr ? scales_ + kv_scale_vector(slot, static_cast<int32_t>(kv_head), block_size_,
+                                                                        static_cast<int32_t>(num_kv_heads_)) *
+                                                        scale_bytes_
+                                            : nullptr,
+                         head_dim_,
                          dtype_, buffer);
     return buffer;
   }
@@ -46,6 +51,7 @@ class KvVectorReader {
   DType dtype_;
   int32_t head_dim_;
   size_t num_kv_heads_;
+  int32_t block_size_;
   size_t head_bytes_;
   size_t scale_bytes_;
 };

@@ -44,7 +44,8 @@ inline size_t kv_head_scale_bytes(int32_t head_dim, DType dtype) {
 // ((b * block_size + s) * num_kv_heads + h) * kv_head_bytes(head_dim, dtype).
 // For quantized dtypes (kernels/kv_quant.h) key_scales / value_scales hold the
 // 4-byte scale records of each vector at
-// ((b * block_size + s) * num_kv_heads + h) * kv_head_scale_bytes(head_dim, dtype);
+// ((b * num_kv_heads + h) * block_size + s) * kv_head_scale_bytes(head_dim, dtype)
+// (kernels::kv_scale_vector: one head's records of a block are contiguous);
 // they are null for f32 / f16 / bf16. K and V may use different dtypes.
 struct PagedKvLayer {
   void* key = nullptr;

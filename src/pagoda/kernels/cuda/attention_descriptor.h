@@ -76,9 +76,9 @@ struct AttentionDescriptor {
   int64_t token_stride = 0;  // elements (bf16)
   const void* key_scale = nullptr;    // scale records; null for bf16
   const void* value_scale = nullptr;
-  // Quantized decode: fp8 / int8 pools run on tensor cores unless this is set
-  // (the CUDA-core loop, for comparisons).
-  bool quantized_decode_cuda_cores = false;
+  // Decode: bf16 / fp8 / int8 pools at head_dim 64 / 128 run on tensor cores
+  // unless this is set (the CUDA-core loops, for comparisons).
+  bool decode_cuda_cores = false;
 
   // Split-K workspace (device, fp32), workspace_bytes() of the plan:
   // partial outputs [num_work_items, num_q_heads, head_dim] then log2-sum-exp

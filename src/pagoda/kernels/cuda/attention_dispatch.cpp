@@ -6,6 +6,7 @@ namespace pagoda::kernels::cuda {
 
 cudaError_t prepare_paged_attention_kernels() {
   cudaError_t err = prepare_decode_attention();
+  if (err == cudaSuccess) err = prepare_decode_attention_mma();
   if (err == cudaSuccess) err = prepare_decode_attention_quantized();
   if (err == cudaSuccess) err = prepare_prefill_attention();
   if (err == cudaSuccess) err = prepare_prefill_attention_sm90();
@@ -14,6 +15,9 @@ cudaError_t prepare_paged_attention_kernels() {
 
 cudaError_t launch_paged_attention(const AttentionDescriptor& d, const void* q, void* out,
                                    cudaStream_t stream) {
+  // Decode on tensor cores where it applies (bf16, fp8, int8 at head_dim 64 / 128).
+  if (d.kernel == AttentionKernel::kDecode && decode_attention_mma_supports(d))
+    return launch_decode_attention_mma(d, q, out, stream);
   // Quantized pools: the decode kernel dequantizes in registers; the prefill
   // kernels read bf16 only (the plan refuses them for quantized pools).
   if (d.key_element != KvElement::kBF16 || d.value_element != KvElement::kBF16) {

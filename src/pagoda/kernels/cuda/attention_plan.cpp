@@ -106,6 +106,10 @@ int64_t automatic_split(std::span<const int32_t> lengths, int64_t head_tiles, co
   return std::max<int64_t>(kSplitGranule, (split + kSplitGranule - 1) / kSplitGranule * kSplitGranule);
 }
 
+// A caller's split, rounded up to a multiple of 4: the tensor-core decode copies
+// the scale records of 4 positions at a time, from 4-aligned positions.
+int64_t round_split(int32_t split_tokens) { return (int64_t{split_tokens} + 3) / 4 * 4; }
+
 int64_t count_decode_items(std::span<const int32_t> lengths, int64_t split) {
   int64_t items = 0;
   for (int32_t len : lengths) items += (len + split - 1) / split;
@@ -167,7 +171,7 @@ StatusOr<PagedAttentionPlan> PagedAttentionPlan::create_graph_decode(
   // The same split as an eager plan of these sequences (so both give the same
   // bits), grown only if the fixed capacity would overflow (a small
   // split_tokens from a test).
-  int64_t split = options.split_tokens > 0 ? options.split_tokens : automatic_split(lengths, head_tiles, device);
+  int64_t split = options.split_tokens > 0 ? round_split(options.split_tokens) : automatic_split(lengths, head_tiles, device);
   while (count_decode_items(lengths, split) + (capacity - n) > item_capacity) split *= 2;
 
   auto& a = plan.arena_;
@@ -228,12 +232,12 @@ StatusOr<PagedAttentionPlan> PagedAttentionPlan::create(
     AttentionConfig scaled = config;
     if (scaled.scale == 0.0f) scaled.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
     auto graph_plan = create_graph_decode(scaled, sequences, device, options);
-    if (graph_plan.ok()) graph_plan->quantized_decode_cuda_cores_ = options.quantized_decode_cuda_cores;
+    if (graph_plan.ok()) graph_plan->decode_cuda_cores_ = options.decode_cuda_cores;
     return graph_plan;
   }
 
   PagedAttentionPlan plan;
-  plan.quantized_decode_cuda_cores_ = options.quantized_decode_cuda_cores;
+  plan.decode_cuda_cores_ = options.decode_cuda_cores;
   plan.config_ = config;
   if (plan.config_.scale == 0.0f)
     plan.config_.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
@@ -292,7 +296,7 @@ StatusOr<PagedAttentionPlan> PagedAttentionPlan::create(
   if (plan.kernel_ == AttentionKernel::kDecode) {
     plan.q_heads_per_cta_ = decode_heads_per_cta(config);
     const int64_t head_tiles = config.num_q_heads / plan.q_heads_per_cta_;
-    int64_t split = options.split_tokens;
+    int64_t split = round_split(options.split_tokens);
     if (split == 0) split = automatic_split(lengths, head_tiles, device);
     // Keep the grid within CUDA's y limit by growing the split if needed.
     while (count_decode_items(lengths, split) > kMaxGridY) split *= 2;
@@ -381,7 +385,7 @@ AttentionDescriptor PagedAttentionPlan::descriptor(const int32_t* device_arena,
   d.key_scale = kv.key_scale;
   d.value_scale = kv.value_scale;
   d.workspace = workspace;
-  d.quantized_decode_cuda_cores = quantized_decode_cuda_cores_;
+  d.decode_cuda_cores = decode_cuda_cores_;
   return d;
 }
 

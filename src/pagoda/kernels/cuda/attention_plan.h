@@ -49,7 +49,8 @@ struct AttentionDeviceInfo {
 
 struct AttentionPlanOptions {
   // Decode: KV positions per split. 0 picks it so the grid fills about two waves
-  // of the GPU; tests set it small to exercise the merge.
+  // of the GPU; tests set it small to exercise the merge. Rounded up to a
+  // multiple of 4.
   int32_t split_tokens = 0;
   // Use the prefill (tensor-core) kernel even when every sequence has one new token.
   bool force_prefill = false;
@@ -67,9 +68,9 @@ struct AttentionPlanOptions {
   //    per sequence, so every other offset is fixed.
   int32_t graph_sequences = 0;
   int32_t graph_block_table_stride = 0;  // >= blocks of the longest sequence ever planned
-  // Quantized decode on CUDA cores even for fp8 / int8 (which run on tensor
-  // cores by default): for comparisons.
-  bool quantized_decode_cuda_cores = false;
+  // Decode on CUDA cores even for bf16 / fp8 / int8 pools at head_dim 64 / 128
+  // (which run on tensor cores by default): for comparisons.
+  bool decode_cuda_cores = false;
 };
 
 // Device pointers of one layer's pool.
@@ -137,7 +138,7 @@ class PagedAttentionPlan {
   size_t workspace_bytes_ = 0;
   size_t arena_capacity_bytes_ = 0;
   bool graph_mode_ = false;
-  bool quantized_decode_cuda_cores_ = false;
+  bool decode_cuda_cores_ = false;
   std::vector<int32_t> arena_;
   // Offsets (in int32) of each array inside the arena.
   size_t query_start_at_ = 0, kv_length_at_ = 0, block_table_start_at_ = 0, block_tables_at_ = 0,

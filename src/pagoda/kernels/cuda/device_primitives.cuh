@@ -19,6 +19,19 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem_dst)),
                "l"(gmem_src), "r"(src_bytes));
 }
+// 16 bytes global -> shared, bypassing L1, of which the first src_bytes (0..16)
+// are read and the rest zero-filled.
+__device__ __forceinline__ void cp_async_16_prefix(void* smem_dst, const void* gmem_src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem_dst)),
+               "l"(gmem_src), "r"(src_bytes));
+}
+// cp.async of 4, 8 or 16 bytes through L1 (scale records); zero-fills when !valid.
+template <int kBytes>
+__device__ __forceinline__ void cp_async_ca(void* smem_dst, const void* gmem_src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_address(smem_dst)), "l"(gmem_src),
+               "n"(kBytes), "r"(valid ? kBytes : 0));
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {

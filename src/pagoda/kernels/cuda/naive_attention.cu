@@ -41,7 +41,9 @@ __device__ float kv_element_at(const void* pool, const void* scales, KvElement e
   const auto format = static_cast<KvQuant>(element);
   const int64_t vec = (int64_t{block} * d.block_size + pos % d.block_size) * d.num_kv_heads + kv_head;
   const auto* codes = static_cast<const uint8_t*>(pool) + vec * kv_head_data_bytes(d.head_dim, format);
-  const uint32_t record = static_cast<const uint32_t*>(scales)[vec * kv_scale_groups(d.head_dim, format) +
+  const int64_t scale_vec = kv_scale_vector(int64_t{block} * d.block_size + pos % d.block_size, kv_head, d.block_size,
+                                            d.num_kv_heads);
+  const uint32_t record = static_cast<const uint32_t*>(scales)[scale_vec * kv_scale_groups(d.head_dim, format) +
                                                                i / kv_scale_group_size(d.head_dim, format)];
   const device::KvScale s = device::decode_scale_record(record, format);
   float code;
