@@ -88,7 +88,11 @@ double median(std::vector<double> v) {
 // case is not timed at the clocks the case before it left behind. (Five
 // launches alone let one 4K prefill read 508 or 434 TFLOP/s depending on what
 // ran before it, 2026-11-29.)
-constexpr double kWarmupMs = 50.0;
+// PAGODA_BENCH_WARMUP_MS overrides it (e.g. 0: the launches alone; 500: sustained clocks).
+const double kWarmupMs = [] {
+  const char* v = std::getenv("PAGODA_BENCH_WARMUP_MS");
+  return v != nullptr ? std::atof(v) : 50.0;
+}();
 
 template <typename Fn>
 double time_median_ms(int warmup, int iters, cudaStream_t stream, Fn fn) {

@@ -12,7 +12,7 @@
 # Prefill tests also run under each wgmma schedule (PAGODA_PREFILL_SM90) in
 # SCHEDULES (full filter) and QUICK_SCHEDULES (Prefill/* only).
 # PREFILL_ONLY=1: only the prefill side (those tests, memcheck + synccheck on
-# SANITIZE_SCHEDULE (default v4-lockstep), prefill figures of every schedule,
+# SANITIZE_SCHEDULE (default v4), prefill figures of every schedule,
 # SASS, ncu with stall counters of that schedule at 16K), for a short call.
 set -uo pipefail
 bundle=${1:-.device/attn}
@@ -31,10 +31,10 @@ prefill_only=${PREFILL_ONLY:-0}
 schedule_rc=0
 hung=""
 # QUICK_SCHEDULES run only the Prefill/* cases (13 s instead of 38 s each).
-# Default: the non-default schedules (v2, v4); PREFILL_ONLY adds the default, which
+# Default: the non-default schedules (v2, v4-lockstep); PREFILL_ONLY adds the default, which
 # the full run's own Prefill/* pass covers otherwise.
-default_schedules="v2 v4"
-[ "$prefill_only" = 1 ] && default_schedules="v2 v4 v4-lockstep"
+default_schedules="v2 v4-lockstep"
+[ "$prefill_only" = 1 ] && default_schedules="v2 v4-lockstep v4"
 for schedule in ${SCHEDULES:-$default_schedules} ${QUICK_SCHEDULES:-}; do
   filter='Prefill/*:PagedAttentionGpuProperties.*Prefill*'
   [[ " ${QUICK_SCHEDULES:-} " == *" $schedule "* ]] && filter='Prefill/*'
@@ -47,7 +47,7 @@ for schedule in ${SCHEDULES:-$default_schedules} ${QUICK_SCHEDULES:-}; do
 done
 if [ "$prefill_only" = 1 ]; then
   gpu_rc=$schedule_rc
-  checked=${SANITIZE_SCHEDULE:-v4-lockstep}
+  checked=${SANITIZE_SCHEDULE:-v4}
   if command -v compute-sanitizer >/dev/null && [[ "$hung " != *" $checked "* ]]; then
     for tool in memcheck synccheck; do
       echo "== compute-sanitizer $tool PAGODA_PREFILL_SM90=$checked" >>"$out/gpu_tests.log"

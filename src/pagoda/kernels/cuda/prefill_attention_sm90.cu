@@ -11,7 +11,7 @@
 // Scheduling: see PAGODA_SM90_PINGPONG below. This file also launches v4
 // (prefill_sm90_warp_specialized.cuh: a TMA producer warpgroup with setmaxnreg,
 // consumers that overlap softmax with the previous tile's P V, optionally in ping-pong);
-// PAGODA_PREFILL_SM90 (v4-lockstep, the default | v4 | v2) picks one at launch.
+// PAGODA_PREFILL_SM90 (v4, the default | v4-lockstep | v2) picks one at launch.
 
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -307,17 +307,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // Which schedule runs (docs/KERNELS.md has the figures of each), read from
 // PAGODA_PREFILL_SM90 at every launch so one process can compare them:
-//   v4-lockstep (default): warp-specialized TMA producer + two consumers that
-//       each overlap softmax with their previous P V (prefill_sm90_warp_specialized.cuh);
-//   v4: the same with ping-pong turns between the consumers (measured 2% slower at 16K);
+//   v4 (default): warp-specialized TMA producer + two consumers that each
+//       overlap softmax with their previous P V, taking ping-pong turns
+//       (prefill_sm90_warp_specialized.cuh). With clocks settled at the
+//       H200's software power cap (three calls, 2026-11-29) it ran 16K at
+//       600 / 625 / 564 TFLOP/s against lockstep's 538 / 552 / 572, 4K at
+//       487 / 494 / 495 against 459 / 505 / 466 (docs/KERNELS.md);
+//   v4-lockstep: the same without turns (the earlier default: equal at 16K
+//       when measured at boost clocks, 605-621 vs 610-612);
 //   v2: the v2.1 kernel above (all warps gather and compute, one barrier per tile).
 // Block sizes outside 16..64 run v2 (see below).
 enum class Sm90PrefillSchedule { kV2, kV4, kV4Lockstep, kUnknown };
 
 Sm90PrefillSchedule schedule_from_environment() {
   const char* v = std::getenv("PAGODA_PREFILL_SM90");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "v4-lockstep") == 0) return Sm90PrefillSchedule::kV4Lockstep;
-  if (std::strcmp(v, "v4") == 0) return Sm90PrefillSchedule::kV4;
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "v4") == 0) return Sm90PrefillSchedule::kV4;
+  if (std::strcmp(v, "v4-lockstep") == 0) return Sm90PrefillSchedule::kV4Lockstep;
   if (std::strcmp(v, "v2") == 0) return Sm90PrefillSchedule::kV2;
   return Sm90PrefillSchedule::kUnknown;
 }
@@ -430,7 +435,7 @@ cudaError_t launch_prefill_attention_sm90(const AttentionDescriptor& d, const vo
       prefill_attention_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(d, q_bf16, out_bf16);
       break;
     case Sm90PrefillSchedule::kUnknown:
-      std::fprintf(stderr, "PAGODA_PREFILL_SM90=%s: expected v4-lockstep, v4 or v2\n",
+      std::fprintf(stderr, "PAGODA_PREFILL_SM90=%s: expected v4, v4-lockstep or v2\n",
                    std::getenv("PAGODA_PREFILL_SM90"));
       return cudaErrorInvalidValue;
   }
