@@ -166,7 +166,9 @@ INSTANTIATE_TEST_SUITE_P(
         AttentionCase{"gqa12x4_d64_bs32", 12, 4, 64, 32, kDecodeLengths},
         AttentionCase{"mqa16x1_d256_bs8_split256", 16, 1, 256, 8, kDecodeLengths, 256},
         AttentionCase{"gqa8x4_d256_bs64", 8, 4, 256, 64, kDecodeLengths},
-        AttentionCase{"gqa64x8_d128_bs16_split1024", 64, 8, 128, 16, kDecodeLengths, 1024}),
+        AttentionCase{"gqa64x8_d128_bs16_split1024", 64, 8, 128, 16, kDecodeLengths, 1024},
+        AttentionCase{"gqa8x2_d128_bs2_split512", 8, 2, 128, 2, kDecodeLengths, 512},
+        AttentionCase{"mha4_d64_bs1", 4, 4, 64, 1, kDecodeLengths}),
     [](const auto& info) { return info.param.name; });
 
 // Varlen batches: fresh prompts, prefixes ending mid-block, chunks after long

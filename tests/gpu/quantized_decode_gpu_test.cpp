@@ -215,6 +215,23 @@ TEST(QuantizedDecodeAttention, EveryFormatHeadLayoutHeadDimAndBlockSize) {
   }
 }
 
+// Blocks of 1, 2 and 4 positions: the tensor-core kernel copies the scale
+// records of 4 positions with one 16-byte copy where a block holds 4 or more
+// ([block, head, slot] layout), and one record at a time below that.
+TEST(QuantizedDecodeAttention, BlocksSmallerThanFourPositions) {
+  if (!testing::cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<SequenceShape> shapes = {{1, 0}, {1, 5}, {1, 130}, {1, 257}};
+  AttentionPlanOptions split;
+  split.split_tokens = 64;
+  uint32_t seed = 500;
+  for (const Formats& f : {kAllFormats[0], kAllFormats[1]}) {
+    for (int32_t bs : {1, 2, 4}) {
+      check_case({f, 8, 2, 128, bs}, shapes, seed++, Path::kFast);
+      check_case({f, 4, 4, 64, bs}, shapes, seed++, Path::kFast, split);
+    }
+  }
+}
+
 TEST(QuantizedDecodeAttention, SplitKMergeAndGraphModeAndLongContext) {
   if (!testing::cuda_device_present()) GTEST_SKIP() << "no CUDA device";
   AttentionPlanOptions split;
