@@ -78,8 +78,16 @@ inline PagedBatch make_paged_batch(int32_t q_heads, int32_t kv_heads, int32_t he
   return b;
 }
 
-// float64 causal attention over the paged pool; returns [num_tokens, q_heads, head_dim].
-inline std::vector<double> reference_attention(const PagedBatch& b) {
+inline std::vector<float> bf16_to_floats(const std::vector<uint16_t>& bf16) {
+  std::vector<float> out(bf16.size());
+  for (size_t i = 0; i < bf16.size(); ++i) out[i] = bf16_to_f32(bf16[i]);
+  return out;
+}
+
+// float64 causal attention of the batch's queries over float K / V pools laid
+// out as the batch's (e.g. dequantized values); returns [num_tokens, q_heads, head_dim].
+inline std::vector<double> reference_attention(const PagedBatch& b, const std::vector<float>& key,
+                                               const std::vector<float>& value) {
   const auto& c = b.config;
   const double scale = 1.0 / std::sqrt(double(c.head_dim));
   const int32_t group = c.num_q_heads / c.num_kv_heads;
@@ -101,8 +109,7 @@ inline std::vector<double> reference_attention(const PagedBatch& b) {
         for (int32_t p = 0; p <= position; ++p) {
           const size_t k = at(p);
           double dot = 0;
-          for (int32_t e = 0; e < c.head_dim; ++e)
-            dot += double(bf16_to_f32(qv[e])) * bf16_to_f32(b.key[k + e]);
+          for (int32_t e = 0; e < c.head_dim; ++e) dot += double(bf16_to_f32(qv[e])) * key[k + e];
           scores[p] = dot * scale;
           mx = std::max(mx, scores[p]);
         }
@@ -111,12 +118,17 @@ inline std::vector<double> reference_attention(const PagedBatch& b) {
         double* o = &out[(size_t(row) * c.num_q_heads + h) * c.head_dim];
         for (int32_t p = 0; p <= position; ++p) {
           const size_t v = at(p);
-          for (int32_t e = 0; e < c.head_dim; ++e) o[e] += scores[p] / sum * bf16_to_f32(b.value[v + e]);
+          for (int32_t e = 0; e < c.head_dim; ++e) o[e] += scores[p] / sum * value[v + e];
         }
       }
     }
   }
   return out;
+}
+
+// The same over the batch's own bf16 pools.
+inline std::vector<double> reference_attention(const PagedBatch& b) {
+  return reference_attention(b, bf16_to_floats(b.key), bf16_to_floats(b.value));
 }
 
 // ||got - want|| / ||want||; any NaN or Inf in got gives +inf.

@@ -46,49 +46,6 @@ std::string name_of(KvElement e) {
   return "?";
 }
 
-std::vector<float> to_floats(const std::vector<uint16_t>& bf16) {
-  std::vector<float> out(bf16.size());
-  for (size_t i = 0; i < bf16.size(); ++i) out[i] = bf16_to_f32(bf16[i]);
-  return out;
-}
-
-// float64 causal attention over float K / V pools laid out as the batch's.
-std::vector<double> reference_attention(const PagedBatch& b, const std::vector<float>& key,
-                                        const std::vector<float>& value) {
-  const auto& c = b.config;
-  const double scale = 1.0 / std::sqrt(double(c.head_dim));
-  const int32_t group = c.num_q_heads / c.num_kv_heads;
-  std::vector<double> out(size_t(b.num_tokens) * c.num_q_heads * c.head_dim);
-  int32_t row = 0;
-  std::vector<double> scores;
-  for (size_t i = 0; i < b.shapes.size(); ++i) {
-    for (int32_t j = 0; j < b.shapes[i].num_new; ++j, ++row) {
-      const int32_t position = b.shapes[i].num_cached + j;
-      for (int32_t h = 0; h < c.num_q_heads; ++h) {
-        const uint16_t* qv = &b.q[(size_t(row) * c.num_q_heads + h) * c.head_dim];
-        auto at = [&](int32_t p) {
-          const size_t block = size_t(b.block_tables[i][p / c.block_size]);
-          return ((block * c.block_size + p % c.block_size) * c.num_kv_heads + h / group) * c.head_dim;
-        };
-        scores.assign(position + 1, 0.0);
-        double mx = -1e300;
-        for (int32_t p = 0; p <= position; ++p) {
-          double dot = 0;
-          for (int32_t e = 0; e < c.head_dim; ++e) dot += double(bf16_to_f32(qv[e])) * key[at(p) + e];
-          scores[p] = dot * scale;
-          mx = std::max(mx, scores[p]);
-        }
-        double sum = 0;
-        for (auto& s : scores) sum += (s = std::exp(s - mx));
-        double* o = &out[(size_t(row) * c.num_q_heads + h) * c.head_dim];
-        for (int32_t p = 0; p <= position; ++p)
-          for (int32_t e = 0; e < c.head_dim; ++e) o[e] += scores[p] / sum * value[at(p) + e];
-      }
-    }
-  }
-  return out;
-}
-
 enum class Path { kFast, kNaive, kFastGraph };
 
 // Uploads codes, scales and q; plans; launches; returns the bf16 output
@@ -168,11 +125,11 @@ void check_case(const Case& c, const std::vector<SequenceShape>& shapes, uint32_
   PagedBatch b = testing::make_paged_batch(c.q_heads, c.kv_heads, c.head_dim, c.block_size, shapes, seed);
   b.config.key_element = c.formats.key;
   b.config.value_element = c.formats.value;
-  std::vector<float> values = to_floats(b.value);
+  std::vector<float> values = testing::bf16_to_floats(b.value);
   if (value_gain != nullptr) {
     for (size_t i = 0; i < values.size(); ++i) values[i] *= value_gain(i / size_t(c.head_dim));
   }
-  const QuantizedPool key = quantize_pool(to_floats(b.key), c.head_dim, static_cast<KvQuant>(c.formats.key),
+  const QuantizedPool key = quantize_pool(testing::bf16_to_floats(b.key), c.head_dim, static_cast<KvQuant>(c.formats.key),
                                           c.block_size, c.kv_heads);
   const QuantizedPool value =
       quantize_pool(values, c.head_dim, static_cast<KvQuant>(c.formats.value), c.block_size, c.kv_heads);
@@ -183,7 +140,7 @@ void check_case(const Case& c, const std::vector<SequenceShape>& shapes, uint32_
                             (options.decode_cuda_cores ? " cuda-cores" : "");
   auto got = run_quantized(b, key, value, path, options);
   ASSERT_TRUE(got.ok()) << label << ": " << got.status().to_string();
-  const double err = testing::relative_l2(*got, reference_attention(b, key.values, value.values));
+  const double err = testing::relative_l2(*got, testing::reference_attention(b, key.values, value.values));
   std::printf("[%s] rel L2 %.2e\n", label.c_str(), err);
   EXPECT_LE(err, kMaxRelativeError) << label;
 }
