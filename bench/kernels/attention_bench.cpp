@@ -10,8 +10,9 @@
 // "A|B" selects either, "=NAME" one figure exactly ("=decode fp8 B=8 L=32768").
 // Prefill runs on the default wgmma schedule, then on each PAGODA_PREFILL_SM90
 // schedule ("prefill v2 ...", "prefill v4 ...", "prefill v4-lockstep ...").
-// --kv-dtype bf16,fp8,int8,int4,int8/int4 (default bf16): the KV formats the
-// decode figures sweep (K/V for a mixed pair), side by side in one run. A
+// --kv-dtype bf16,fp8,fp8-tensor,int8,int4,int8/int4 (default bf16): the KV
+// formats the decode figures sweep (K/V for a mixed pair), side by side in one
+// run; fp8-tensor is fp8 with per-tensor scales (no scale records read). A
 // quantized pool holds random codes (fp8 codes all finite) and random scales;
 // its effective GB/s counts the bytes actually read (codes + scale records),
 // and every decode figure also reports tokens/s = sequences per second x context.
@@ -156,6 +157,9 @@ struct Shape {
   int q_heads = 32, kv_heads = 8, head_dim = 128, block_size = 16;
   KvElement key = KvElement::kBF16, value = KvElement::kBF16;
   bool cuda_cores = false;  // decode: the CUDA-core loop instead of tensor cores
+  // fp8: one K and one V scale for the whole pool (a checkpoint's k_scale /
+  // v_scale); the kernel gets no scale records.
+  bool tensor_scales = false;
 };
 
 const char* element_name(KvElement e) {
@@ -235,10 +239,13 @@ void run_case(const std::string& name, const Shape& shape, int batch, int length
   void* workspace = device_alloc(plan->workspace_bytes());
   CHECK_CUDA(cudaMemcpy(arena, plan->arena().data(), plan->arena_bytes(), cudaMemcpyHostToDevice));
   std::vector<AttentionDescriptor> descs;
-  for (int s = 0; s < sets; ++s)
-    descs.push_back(plan->descriptor(static_cast<int32_t*>(arena),
-                                     {keys[s], values[s], key_scales[s], value_scales[s]},
-                                     static_cast<float*>(workspace)));
+  for (int s = 0; s < sets; ++s) {
+    PagedKvPointers kv{keys[s], values[s], key_scales[s], value_scales[s]};
+    // The random codes read as values of about 0.5-1 x 2^k: a scale of 1e-29 keeps them as small as
+    // the random records do.
+    if (shape.tensor_scales) kv = {keys[s], values[s], nullptr, nullptr, 1.5e-29f, 1.5e-29f};
+    descs.push_back(plan->descriptor(static_cast<int32_t*>(arena), kv, static_cast<float*>(workspace)));
+  }
 
   // One graph per input set, as a model forward would replay it.
   std::vector<cudaGraphExec_t> graphs(sets);
@@ -257,7 +264,7 @@ void run_case(const std::string& name, const Shape& shape, int batch, int length
   CHECK_CUDA(cudaGetLastError());
 
   double check = -1;
-  if (length <= 12000) {
+  if (length <= 12000 && !shape.tensor_scales) {  // the naive kernel reads records
     void* naive_out = device_alloc(q_elems * 2);
     CHECK_CUDA(launch_naive_paged_attention(descs[0], qs[0], naive_out, length, stream));
     CHECK_CUDA(cudaStreamSynchronize(stream));
@@ -271,9 +278,12 @@ void run_case(const std::string& name, const Shape& shape, int batch, int length
   double tokens_per_s = 0;
   if (decode) {
     // The bytes actually read: codes (or bf16 elements) and scale records of K and V.
-    const double per_token = double(shape.kv_heads) *
-                             (code_bytes(shape.head_dim, shape.key) + code_bytes(shape.head_dim, shape.value) +
-                              scale_bytes(shape.head_dim, shape.key) + scale_bytes(shape.head_dim, shape.value));
+    const size_t records = shape.tensor_scales ? 0
+                                               : scale_bytes(shape.head_dim, shape.key) +
+                                                     scale_bytes(shape.head_dim, shape.value);
+    const double per_token =
+        double(shape.kv_heads) *
+        (code_bytes(shape.head_dim, shape.key) + code_bytes(shape.head_dim, shape.value) + records);
     const double kv_bytes = double(batch) * length * per_token;
     value = kv_bytes / (ms * 1e-3) / 1e9;
     unit = "GB/s";
@@ -324,7 +334,11 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--kv-dtype") && i + 1 < argc) kv_list = argv[++i];
   }
   // The KV formats of the decode sweep: "fp8" or "K/V" pairs.
-  std::vector<std::pair<KvElement, KvElement>> kv_formats;
+  struct KvFormat {
+    KvElement key, value;
+    bool tensor_scales;
+  };
+  std::vector<KvFormat> kv_formats;
   {
     auto parse = [](const std::string& n, KvElement* e) {
       if (n == "bf16") *e = KvElement::kBF16;
@@ -340,11 +354,15 @@ int main(int argc, char** argv) {
       const std::string item = kv_list.substr(begin, comma - begin);
       const size_t slash = item.find('/');
       KvElement k, v;
-      if (!parse(item.substr(0, slash), &k) || !parse(slash == std::string::npos ? item : item.substr(slash + 1), &v)) {
-        std::fprintf(stderr, "--kv-dtype: '%s' is not bf16, fp8, int8, int4 or K/V\n", item.c_str());
+      const bool tensor_scales = item == "fp8-tensor";
+      if (tensor_scales) {
+        k = v = KvElement::kFP8E4M3;
+      } else if (!parse(item.substr(0, slash), &k) ||
+                 !parse(slash == std::string::npos ? item : item.substr(slash + 1), &v)) {
+        std::fprintf(stderr, "--kv-dtype: '%s' is not bf16, fp8, fp8-tensor, int8, int4 or K/V\n", item.c_str());
         return 2;
       }
-      kv_formats.push_back({k, v});
+      kv_formats.push_back({k, v, tensor_scales});
       begin = comma + 1;
     }
   }
@@ -358,16 +376,18 @@ int main(int argc, char** argv) {
 
   if (selected("copy")) copy_ceiling(stream, iters);
   const Shape gqa;
-  for (const auto& [key, value] : kv_formats) {
+  for (const auto& [key, value, tensor_scales] : kv_formats) {
     // "decode" for bf16 (the names earlier runs used), "decode fp8", "decode int8/int4", ...
     std::string tag = "decode";
     if (key != KvElement::kBF16 || value != KvElement::kBF16) {
       tag += std::string(" ") + element_name(key);
       if (value != key) tag += std::string("/") + element_name(value);
+      if (tensor_scales) tag += "-tensor";
     }
     Shape g = gqa;
     g.key = key;
     g.value = value;
+    g.tensor_scales = tensor_scales;
     // Decode, GQA 32/8, d=128, block 16: the three shapes (automatic split).
     run_case(tag + " B=64 L=4096", g, 64, 4096, 1, 0, 1, iters, prop, stream);
     run_case(tag + " B=8 L=32768", g, 8, 32768, 1, 0, 1, iters, prop, stream);
@@ -375,20 +395,21 @@ int main(int argc, char** argv) {
     // What the split buys (and a split of one wave or of four), and other block sizes.
     run_case(tag + " B=8 L=32768 unsplit", g, 8, 32768, 1, 1 << 20, 1, iters, prop, stream);
     run_case(tag + " B=8 L=32768 split 8192", g, 8, 32768, 1, 8192, 1, iters, prop, stream);
+    run_case(tag + " B=8 L=32768 split 4096", g, 8, 32768, 1, 4096, 1, iters, prop, stream);
     run_case(tag + " B=8 L=32768 split 2048", g, 8, 32768, 1, 2048, 1, iters, prop, stream);
     run_case(tag + " B=8 L=32768 split 16384", g, 8, 32768, 1, 16384, 1, iters, prop, stream);
     // One KV head: each block's codes are contiguous per head (is the 8-head
     // interleave, 128-byte pieces per head and token for fp8, costing HBM efficiency?).
-    Shape one_kv_head{4, 1, 128, 16, key, value};
+    Shape one_kv_head{4, 1, 128, 16, key, value, false, tensor_scales};
     run_case(tag + " GQA 4/1 B=512 L=4096", one_kv_head, 512, 4096, 1, 0, 1, iters, prop, stream);
     for (int bs : {8, 32, 64}) {
       Shape s = g;
       s.block_size = bs;
       run_case(tag + " bs=" + std::to_string(bs) + " B=64 L=4096", s, 64, 4096, 1, 0, 1, iters, prop, stream);
     }
-    Shape mha64{32, 32, 64, 16, key, value};
+    Shape mha64{32, 32, 64, 16, key, value, false, tensor_scales};
     run_case(tag + " MHA 32 d=64 B=64 L=2048", mha64, 64, 2048, 1, 0, 1, iters, prop, stream);
-    if (key == value && key != KvElement::kInt4) {
+    if (key == value && key != KvElement::kInt4 && !tensor_scales) {
       // What the tensor cores buy: the same shapes on the CUDA-core loop.
       Shape cc = g;
       cc.cuda_cores = true;

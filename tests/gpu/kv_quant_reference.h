@@ -23,16 +23,20 @@ struct QuantizedVector {
 
 inline uint32_t int_record(uint16_t scale, uint16_t zero) { return uint32_t{scale} | (uint32_t{zero} << 16); }
 
-inline QuantizedVector quantize_reference(const float* x, int32_t head_dim, KvQuant format) {
+// fp8_tensor_scale > 0: fp8 codes x / that scale, saturated at +-448 (a
+// checkpoint's per-tensor scale, kv_write's fixed scale); the record holds it.
+inline QuantizedVector quantize_reference(const float* x, int32_t head_dim, KvQuant format,
+                                          float fp8_tensor_scale = 0.0f) {
   QuantizedVector out;
   out.codes.assign(static_cast<size_t>(kv_head_data_bytes(head_dim, format)), 0);
   out.records.assign(static_cast<size_t>(kv_scale_groups(head_dim, format)), 0);
   if (format == KvQuant::kFP8E4M3) {
     float amax = 0.0f;
     for (int32_t i = 0; i < head_dim; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const float scale = amax > 0.0f ? amax / kKvFp8Max : 1.0f;
+    const float scale = fp8_tensor_scale > 0.0f ? fp8_tensor_scale : amax > 0.0f ? amax / kKvFp8Max : 1.0f;
     const float inverse = 1.0f / scale;
-    for (int32_t i = 0; i < head_dim; ++i) out.codes[i] = f32_to_fp8e4m3(x[i] * inverse);
+    for (int32_t i = 0; i < head_dim; ++i)
+      out.codes[i] = f32_to_fp8e4m3(std::clamp(x[i] * inverse, -kKvFp8Max, kKvFp8Max));
     std::memcpy(&out.records[0], &scale, 4);
     return out;
   }
@@ -85,7 +89,7 @@ struct QuantizedPool {
 
 // x: [num_blocks, block_size, num_kv_heads, head_dim]; records laid out as kv_scale_vector says.
 inline QuantizedPool quantize_pool(const std::vector<float>& x, int32_t head_dim, KvQuant format, int32_t block_size,
-                                   int32_t num_kv_heads) {
+                                   int32_t num_kv_heads, float fp8_tensor_scale = 0.0f) {
   QuantizedPool pool;
   pool.format = format;
   const size_t vectors = x.size() / static_cast<size_t>(head_dim);
@@ -95,7 +99,7 @@ inline QuantizedPool quantize_pool(const std::vector<float>& x, int32_t head_dim
   pool.records.resize(vectors * groups);
   pool.values.resize(x.size());
   for (size_t v = 0; v < vectors; ++v) {
-    const QuantizedVector q = quantize_reference(&x[v * head_dim], head_dim, format);
+    const QuantizedVector q = quantize_reference(&x[v * head_dim], head_dim, format, fp8_tensor_scale);
     std::copy(q.codes.begin(), q.codes.end(), pool.codes.begin() + v * bytes);
     const size_t record_at =
         static_cast<size_t>(kv_scale_vector(static_cast<int64_t>(v / size_t(num_kv_heads)),

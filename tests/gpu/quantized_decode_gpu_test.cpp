@@ -48,11 +48,18 @@ std::string name_of(KvElement e) {
 
 enum class Path { kFast, kNaive, kFastGraph };
 
+// fp8 pools written with one K and one V scale: the fast paths get them as
+// per-tensor scales and no scale records at all (null), so a read of one faults.
+struct TensorScales {
+  float key = 0.0f, value = 0.0f;
+};
+
 // Uploads codes, scales and q; plans; launches; returns the bf16 output
 // (poisoned with NaN first, so an unwritten element fails).
 StatusOr<std::vector<uint16_t>> run_quantized(const PagedBatch& b, const QuantizedPool& key,
                                               const QuantizedPool& value, Path path,
-                                              const AttentionPlanOptions& options = {}) {
+                                              const AttentionPlanOptions& options = {},
+                                              TensorScales tensor_scales = {}) {
   cudaDeviceProp prop{};
   PAGODA_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
   const auto sequences = b.sequences();
@@ -79,9 +86,11 @@ StatusOr<std::vector<uint16_t>> run_quantized(const PagedBatch& b, const Quantiz
   PAGODA_CUDA_RETURN_IF_ERROR(up(q, b.q.data(), b.q.size() * 2));
   PAGODA_CUDA_RETURN_IF_ERROR(up(arena, plan.arena().data(), plan.arena_bytes()));
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemset(out.get(), 0xff, out.bytes()));
-  const AttentionDescriptor desc =
-      plan.descriptor(arena.get<int32_t>(), PagedKvPointers{k.get(), v.get(), ks.get(), vs.get()},
-                      workspace.get<float>());
+  PagedKvPointers pointers{k.get(), v.get(), ks.get(), vs.get()};
+  if (tensor_scales.key > 0.0f && path != Path::kNaive) {
+    pointers = {k.get(), v.get(), nullptr, nullptr, tensor_scales.key, tensor_scales.value};
+  }
+  const AttentionDescriptor desc = plan.descriptor(arena.get<int32_t>(), pointers, workspace.get<float>());
   cudaStream_t stream;
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
   cudaError_t err = cudaSuccess;
@@ -117,7 +126,16 @@ StatusOr<std::vector<uint16_t>> run_quantized(const PagedBatch& b, const Quantiz
 struct Case {
   Formats formats;
   int32_t q_heads, kv_heads, head_dim, block_size;
+  // fp8 only, > 0: quantize with one scale of amax(pool) / 448 times this
+  // (K and V alike; below 1 clips the tails) and decode with per-tensor scales.
+  float tensor_scale_fraction = 0.0f;
 };
+
+float pool_amax(const std::vector<float>& x) {
+  float amax = 0.0f;
+  for (float v : x) amax = std::max(amax, std::fabs(v));
+  return amax;
+}
 
 // value_gain(vector index) multiplies each V vector of the pool before quantization.
 void check_case(const Case& c, const std::vector<SequenceShape>& shapes, uint32_t seed, Path path,
@@ -129,16 +147,23 @@ void check_case(const Case& c, const std::vector<SequenceShape>& shapes, uint32_
   if (value_gain != nullptr) {
     for (size_t i = 0; i < values.size(); ++i) values[i] *= value_gain(i / size_t(c.head_dim));
   }
-  const QuantizedPool key = quantize_pool(testing::bf16_to_floats(b.key), c.head_dim, static_cast<KvQuant>(c.formats.key),
-                                          c.block_size, c.kv_heads);
-  const QuantizedPool value =
-      quantize_pool(values, c.head_dim, static_cast<KvQuant>(c.formats.value), c.block_size, c.kv_heads);
+  const std::vector<float> keys = testing::bf16_to_floats(b.key);
+  TensorScales tensor;
+  if (c.tensor_scale_fraction > 0.0f) {
+    tensor.key = pool_amax(keys) / kKvFp8Max * c.tensor_scale_fraction;
+    tensor.value = pool_amax(values) / kKvFp8Max * c.tensor_scale_fraction;
+  }
+  const QuantizedPool key = quantize_pool(keys, c.head_dim, static_cast<KvQuant>(c.formats.key), c.block_size,
+                                          c.kv_heads, tensor.key);
+  const QuantizedPool value = quantize_pool(values, c.head_dim, static_cast<KvQuant>(c.formats.value), c.block_size,
+                                            c.kv_heads, tensor.value);
   const std::string label = "K " + name_of(c.formats.key) + " V " + name_of(c.formats.value) + " heads " +
                             std::to_string(c.q_heads) + "/" + std::to_string(c.kv_heads) + " d=" +
                             std::to_string(c.head_dim) + " block " + std::to_string(c.block_size) + " path " +
                             std::to_string(static_cast<int>(path)) +
-                            (options.decode_cuda_cores ? " cuda-cores" : "");
-  auto got = run_quantized(b, key, value, path, options);
+                            (options.decode_cuda_cores ? " cuda-cores" : "") +
+                            (tensor.key > 0.0f ? " per-tensor scales" : "");
+  auto got = run_quantized(b, key, value, path, options, tensor);
   ASSERT_TRUE(got.ok()) << label << ": " << got.status().to_string();
   const double err = testing::relative_l2(*got, testing::reference_attention(b, key.values, value.values));
   std::printf("[%s] rel L2 %.2e\n", label.c_str(), err);
@@ -244,6 +269,31 @@ TEST(QuantizedDecodeAttention, VScalesSpreadOverManyOctaves) {
     check_case({f, 32, 8, 128, 16}, {{1, 3000}, {1, 777}, {1, 40}}, seed++, Path::kFast, {}, gain);
     check_case({f, 32, 8, 128, 16}, {{1, 5000}}, seed++, Path::kFast, split, gain);
     check_case({f, 16, 16, 64, 8}, {{1, 2500}}, seed++, Path::kFast, {}, gain);
+  }
+}
+
+// fp8 with a checkpoint's per-tensor K / V scales: the tensor-core decode reads
+// no scale records (the fast paths get null record pointers), for MHA, GQA and
+// MQA, both head dims, odd lengths, splits and graph mode; a fraction below 1
+// saturates the tails (the reference holds the same saturated values); the
+// naive kernel reads the same pool's records (each holding the tensor scale).
+TEST(QuantizedDecodeAttention, Fp8PerTensorScalesReadNoRecords) {
+  if (!testing::cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  const Formats fp8 = kAllFormats[0];
+  AttentionPlanOptions split;
+  split.split_tokens = 96;
+  AttentionPlanOptions graph;
+  graph.graph_sequences = 5;
+  graph.graph_block_table_stride = 512;
+  uint32_t seed = 600;
+  for (float fraction : {1.0f, 0.6f}) {
+    check_case({fp8, 32, 8, 128, 16, fraction}, {{1, 1000}, {1, 4095}, {1, 5}, {1, 0}}, seed++, Path::kFast);
+    check_case({fp8, 32, 8, 128, 16, fraction}, {{1, 3000}, {1, 17}}, seed++, Path::kFast, split);
+    check_case({fp8, 32, 8, 128, 16, fraction}, {{1, 2000}, {1, 9}, {1, 300}}, seed++, Path::kFastGraph, graph);
+    check_case({fp8, 16, 16, 64, 8, fraction}, {{1, 777}, {1, 64}}, seed++, Path::kFast);
+    check_case({fp8, 8, 1, 128, 32, fraction}, {{1, 1500}, {1, 31}}, seed++, Path::kFast, split);
+    check_case({fp8, 6, 3, 64, 1, fraction}, {{1, 130}, {1, 257}}, seed++, Path::kFast);
+    check_case({fp8, 8, 2, 128, 16, fraction}, {{1, 50}, {1, 333}}, seed++, Path::kNaive);
   }
 }
 

@@ -239,13 +239,14 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
         rope(qkv + q_width, qkv_width, device_.positions, T, c.num_kv_heads, D, inv_freq, stream_));
     const DevicePagedKvLayer kv = pool.layer(l);
     // The checkpoint's fp8 KV scales when present (0: per-vector amax), as CpuModel.
-    PAGODA_CUDA_RETURN_IF_ERROR(kv_write(qkv + q_width, qkv + q_width + kv_width, qkv_width, device_.slots, T, kv,
-                                         KvWriteFixedScales{w.k_scale, w.v_scale}, stream_));
+    const KvWriteFixedScales fixed_scales{w.k_scale, w.v_scale};
+    PAGODA_CUDA_RETURN_IF_ERROR(
+        kv_write(qkv + q_width, qkv + q_width + kv_width, qkv_width, device_.slots, T, kv, fixed_scales, stream_));
     if (fast_attention) {
       bf16* q = q_contig_.as<bf16>();
       PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(q, q_width * sizeof(bf16), qkv, qkv_width * sizeof(bf16),
                                                     q_width * sizeof(bf16), T, cudaMemcpyDeviceToDevice, stream_));
-      PAGODA_RETURN_IF_ERROR(fast_->run(kv, q, attn, stream_));
+      PAGODA_RETURN_IF_ERROR(fast_->run(kv, q, attn, stream_, fixed_scales));
     } else {
       PAGODA_CUDA_RETURN_IF_ERROR(
           paged_attention(qkv, qkv_width, kv, attention, c.num_q_heads, scale, attn, stream_));

@@ -286,11 +286,16 @@ StatusOr<bool> FastAttention::plan_graph(const ModelConfig& config, const Forwar
   return true;
 }
 
-Status FastAttention::run(const DevicePagedKvLayer& layer, const bf16* q, bf16* out, cudaStream_t stream) {
+Status FastAttention::run(const DevicePagedKvLayer& layer, const bf16* q, bf16* out, cudaStream_t stream,
+                          KvWriteFixedScales fixed_scales) {
   State& s = *state_;
   if (s.launches.empty()) return failed_precondition_error("FastAttention::run without a plan for this step");
   for (const AttentionLaunch& launch : s.launches) {
     kc::PagedKvPointers kv{layer.key, layer.value, layer.key_scale, layer.value_scale};
+    if (layer.key_dtype == kernels::KvQuant::kFP8E4M3 && layer.value_dtype == kernels::KvQuant::kFP8E4M3) {
+      kv.key_tensor_scale = fixed_scales.key;  // both > 0: per-tensor scales, no record reads
+      kv.value_tensor_scale = fixed_scales.value;
+    }
     if (launch.reads_scratch) {
       PAGODA_CUDA_RETURN_IF_ERROR(kv_dequantize_blocks(layer, s.scratch_sources_device.as<int32_t>(),
                                                        static_cast<int32_t>(s.scratch_sources.size()),

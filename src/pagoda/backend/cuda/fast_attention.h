@@ -105,8 +105,11 @@ class FastAttention {
                             cudaStream_t stream);
 
   // q: [num_tokens, num_q_heads * head_dim] contiguous; out the same shape
-  // (graph mode: `bucket` rows). Enqueue only: capturable.
-  Status run(const DevicePagedKvLayer& layer, const bf16* q, bf16* out, cudaStream_t stream);
+  // (graph mode: `bucket` rows). fixed_scales: the ones kv_write used for this
+  // layer; an fp8 pool written with both > 0 decodes without reading its scale
+  // records. Enqueue only: capturable.
+  Status run(const DevicePagedKvLayer& layer, const bf16* q, bf16* out, cudaStream_t stream,
+             KvWriteFixedScales fixed_scales = {});
 
   // The check described above AttentionCheck, for config's heads and head_dim
   // (bf16 KV). Allocates and synchronizes: call at start-up, not while serving.

@@ -76,6 +76,13 @@ struct AttentionDescriptor {
   int64_t token_stride = 0;  // elements (bf16)
   const void* key_scale = nullptr;    // scale records; null for bf16
   const void* value_scale = nullptr;
+  // fp8 pools quantized with one scale per tensor (a checkpoint's calibrated
+  // k_scale / v_scale; kv_write's fixed scales), when both are > 0: the
+  // tensor-core decode then reads these instead of the records, which may be
+  // null for it (the CUDA-core and naive kernels read the records, which hold
+  // the same values). 0: per-vector scales, from the records.
+  float key_tensor_scale = 0.0f;
+  float value_tensor_scale = 0.0f;
   // Decode: bf16 / fp8 / int8 pools at head_dim 64 / 128 run on tensor cores
   // unless this is set (the CUDA-core loops, for comparisons).
   bool decode_cuda_cores = false;

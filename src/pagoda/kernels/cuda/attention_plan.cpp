@@ -12,7 +12,7 @@ namespace {
 constexpr int32_t kPrefillRowsPerTile = 128;  // prefill_attention.cu and prefill_attention_sm90.cu
 constexpr int32_t kMaxGridY = 65535;
 // Decode: CTAs per SM that fit (shared memory bound, decode_attention.cu), and
-// how many waves of them the automatic split aims for.
+// how many waves of them the automatic split aims for (bf16; decode_waves).
 constexpr int64_t kDecodeCtasPerSm = 2;
 constexpr int64_t kDecodeWaves = 2;
 constexpr int32_t kSplitGranule = 256;  // split boundaries on multiples of this many positions
@@ -96,12 +96,24 @@ int32_t decode_heads_per_cta(const AttentionConfig& c) {
   return group % 4 == 0 ? 4 : (group % 2 == 0 ? 2 : 1);
 }
 
+// Decode: waves of CTAs the automatic split aims for. A unit's fixed costs
+// (pipeline fill, warp merge, output, the next CTA's start) are paid per CTA,
+// so units are sized by bytes, not positions: pools of 1-byte codes (fp8,
+// int8) get one wave, the bytes per unit of bf16's two. Measured on the H200
+// (fp8, B=8 L=32K, docs/KERNELS.md): 139.5-141.4 us at one wave against
+// 144.7-147.5 at two; bf16 gained 1%.
+int64_t decode_waves(const AttentionConfig& c) {
+  auto one_byte = [](KvElement e) { return e == KvElement::kFP8E4M3 || e == KvElement::kInt8; };
+  return one_byte(c.key_element) && one_byte(c.value_element) ? 1 : kDecodeWaves;
+}
+
 // Decode: the automatic split (KV positions per work item) for these lengths,
-// so that the grid fills about kDecodeWaves waves of kDecodeCtasPerSm CTAs per SM.
-int64_t automatic_split(std::span<const int32_t> lengths, int64_t head_tiles, const AttentionDeviceInfo& device) {
+// so that the grid fills about decode_waves waves of kDecodeCtasPerSm CTAs per SM.
+int64_t automatic_split(std::span<const int32_t> lengths, int64_t head_tiles, const AttentionConfig& config,
+                        const AttentionDeviceInfo& device) {
   int64_t total_positions = 0;
   for (int32_t len : lengths) total_positions += len;
-  const int64_t target_ctas = int64_t{device.num_sms} * kDecodeCtasPerSm * kDecodeWaves;
+  const int64_t target_ctas = int64_t{device.num_sms} * kDecodeCtasPerSm * decode_waves(config);
   int64_t split = (total_positions * head_tiles + target_ctas - 1) / std::max<int64_t>(target_ctas, 1);
   return std::max<int64_t>(kSplitGranule, (split + kSplitGranule - 1) / kSplitGranule * kSplitGranule);
 }
@@ -171,7 +183,7 @@ StatusOr<PagedAttentionPlan> PagedAttentionPlan::create_graph_decode(
   // The same split as an eager plan of these sequences (so both give the same
   // bits), grown only if the fixed capacity would overflow (a small
   // split_tokens from a test).
-  int64_t split = options.split_tokens > 0 ? round_split(options.split_tokens) : automatic_split(lengths, head_tiles, device);
+  int64_t split = options.split_tokens > 0 ? round_split(options.split_tokens) : automatic_split(lengths, head_tiles, config, device);
   while (count_decode_items(lengths, split) + (capacity - n) > item_capacity) split *= 2;
 
   auto& a = plan.arena_;
@@ -297,7 +309,7 @@ StatusOr<PagedAttentionPlan> PagedAttentionPlan::create(
     plan.q_heads_per_cta_ = decode_heads_per_cta(config);
     const int64_t head_tiles = config.num_q_heads / plan.q_heads_per_cta_;
     int64_t split = round_split(options.split_tokens);
-    if (split == 0) split = automatic_split(lengths, head_tiles, device);
+    if (split == 0) split = automatic_split(lengths, head_tiles, config, device);
     // Keep the grid within CUDA's y limit by growing the split if needed.
     while (count_decode_items(lengths, split) > kMaxGridY) split *= 2;
 
@@ -384,6 +396,8 @@ AttentionDescriptor PagedAttentionPlan::descriptor(const int32_t* device_arena,
   d.block_stride = d.token_stride * config_.block_size;
   d.key_scale = kv.key_scale;
   d.value_scale = kv.value_scale;
+  d.key_tensor_scale = kv.key_tensor_scale;
+  d.value_tensor_scale = kv.value_tensor_scale;
   d.workspace = workspace;
   d.decode_cuda_cores = decode_cuda_cores_;
   return d;

@@ -49,7 +49,8 @@ struct AttentionDeviceInfo {
 
 struct AttentionPlanOptions {
   // Decode: KV positions per split. 0 picks it so the grid fills about two waves
-  // of the GPU; tests set it small to exercise the merge. Rounded up to a
+  // of the GPU (one for fp8 / int8, whose units read half the bytes per
+  // position); tests set it small to exercise the merge. Rounded up to a
   // multiple of 4.
   int32_t split_tokens = 0;
   // Use the prefill (tensor-core) kernel even when every sequence has one new token.
@@ -79,6 +80,9 @@ struct PagedKvPointers {
   const void* value = nullptr;  // same shape
   const void* key_scale = nullptr;    // quantized KV: 4-byte scale records (kv_quant.h); null for bf16
   const void* value_scale = nullptr;
+  // fp8 written with fixed per-tensor scales (AttentionDescriptor::key_tensor_scale); 0: per vector.
+  float key_tensor_scale = 0.0f;
+  float value_tensor_scale = 0.0f;
 };
 
 class PagedAttentionPlan {

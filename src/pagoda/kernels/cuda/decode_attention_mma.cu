@@ -80,13 +80,15 @@ constexpr int default_tile_tokens(int head_dim, KvQuant q) {
 }
 
 // One warp stage (bytes): K rows, V rows (kRowBytes each, XOR-swizzled by
-// stage_offset), then the K and V scale records of the quantized formats.
-template <int kHeadDim, KvQuant Q, int kTileTokens>
+// stage_offset), then the K and V scale records of the quantized formats
+// (none for bf16, nor for fp8 with per-tensor scales: kTensorScales).
+template <int kHeadDim, KvQuant Q, int kTileTokens, bool kTensorScales>
 struct MmaStage {
   static constexpr bool kBf16 = Q == KvQuant::kNone;
+  static constexpr bool kRecords = !kBf16 && !kTensorScales;
   static constexpr int kRowBytes = kHeadDim * (kBf16 ? 2 : 1);  // one token of one head, K or V
   static constexpr int kRowChunks = kRowBytes / 16;
-  static constexpr int kRecordBytes = kBf16 ? 0 : 4;
+  static constexpr int kRecordBytes = kRecords ? 4 : 0;
   static constexpr int kValueAt = kTileTokens * kRowBytes;
   static constexpr int kKeyScaleAt = 2 * kValueAt;
   static constexpr int kValueScaleAt = kKeyScaleAt + kTileTokens * kRecordBytes;
@@ -166,12 +168,14 @@ __device__ __forceinline__ int warp_tile_count(const DecodeWorkItem& w, int warp
 // all the same: a persistent grid (2 CTAs per SM) measured 1-2% slower on the
 // H200 at B=64 L=4K and B=8 L=32K and equal at B=256 L=1K (fp8,
 // docs/KERNELS.md); its GPU tests passed too, so a grid of any size is correct.
-template <int kHeadDim, int kHeads, KvQuant Q, int kTileTokens, int kStages>
+template <int kHeadDim, int kHeads, KvQuant Q, int kTileTokens, int kStages, bool kTensorScales>
 __global__ void __launch_bounds__(kWarps * 32)
     decode_attention_mma_kernel(const AttentionDescriptor d, const __nv_bfloat16* __restrict__ q,
                                 __nv_bfloat16* __restrict__ out) {
-  using S = MmaStage<kHeadDim, Q, kTileTokens>;
+  using S = MmaStage<kHeadDim, Q, kTileTokens, kTensorScales>;
   constexpr bool kBf16 = S::kBf16;
+  constexpr bool kRecords = S::kRecords;  // per-vector scale records in the stages
+  static_assert(!kTensorScales || Q == KvQuant::kFP8E4M3, "per-tensor scales are fp8's (a checkpoint's k/v_scale)");
   constexpr int kRowBytes = S::kRowBytes;
   constexpr int kRowChunks = S::kRowChunks;
   constexpr int kNTiles = kTileTokens / 8;  // 8-token column tiles of S
@@ -220,7 +224,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     issue_table = w.table;
     issue_key = key + w.kv_head * kRowBytes + 16 * lane_chunk;
     issue_value = value + w.kv_head * kRowBytes + 16 * lane_chunk;
-    if constexpr (!kBf16) {
+    if constexpr (kRecords) {
       issue_key_scale = key_scale + w.kv_head * d.block_size * 4;
       issue_value_scale = value_scale + w.kv_head * d.block_size * 4;
     }
@@ -260,7 +264,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         cp_async_16(stage + at, issue_key + offset, valid);
         cp_async_16(stage + S::kValueAt + at, issue_value + offset, valid);
       }
-      if constexpr (!kBf16) {
+      if constexpr (kRecords) {
         constexpr int kQuads = kTileTokens / 4;  // 4 tokens' records: 16 contiguous bytes (block_size >= 4)
         static_assert(2 * kQuads <= 32, "one 16-byte record copy per lane");
         if (d.block_size >= 4) {
@@ -337,6 +341,8 @@ __global__ void __launch_bounds__(kWarps * 32)
         frexpf(amax, &exponent);  // amax in [2^(exponent - 1), 2^exponent)
         const float up = amax > 0.0f ? ldexpf(1.0f, 8 - exponent) : 1.0f;
         q_unscale = 1.0f / up;  // exact: a power of two
+        // Per-tensor scales: every K vector's scale is the same, so it joins the unscale.
+        if constexpr (kTensorScales) q_unscale *= d.key_tensor_scale;
         uint32_t hi[kLaneDims / 4], lo[kLaneDims / 4];
 #pragma unroll
         for (int i = 0; i < kLaneDims / 4; ++i) {
@@ -385,7 +391,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
 
     float m = kNoScore, l = 0.0f, zero_sum = 0.0f;  // head g (l, zero_sum: this lane's tokens)
-    float unit_scale = 1.0f;                        // acc * unit_scale is the value (U above; 1 for bf16)
+    // acc * unit_scale is the value (U above; 1 for bf16; the V scale itself for per-tensor scales).
+    float unit_scale = kTensorScales ? d.value_tensor_scale : 1.0f;
     float acc[kSlices][4];
 #pragma unroll
     for (int i = 0; i < kSlices; ++i)
@@ -443,13 +450,17 @@ __global__ void __launch_bounds__(kWarps * 32)
               mma_f16_16816(c4, qa[j][0], 0u, qa[j][1], 0u, b0, b1);
             }
           }
-          // The records of tokens 2t, 2t + 1 of this n-tile, one 8-byte load.
-          const uint2 records = *reinterpret_cast<const uint2*>(stage + S::kKeyScaleAt + 4 * (8 * n + 2 * t));
+          // The records of tokens 2t, 2t + 1 of this n-tile, one 8-byte load (per-tensor: in q_unscale).
+          uint2 records = {0u, 0u};
+          if constexpr (kRecords) records = *reinterpret_cast<const uint2*>(stage + S::kKeyScaleAt + 4 * (8 * n + 2 * t));
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int tk = 8 * n + 2 * t + e;
-            const KvScale ks = decode_scale_record(e == 0 ? records.x : records.y, Q);
-            const float score = Q == KvQuant::kFP8E4M3 ? c4[e] * ks.scale : fmaf(c4[e], ks.scale, ks.zero * qsum);
+            float score = c4[e];
+            if constexpr (kRecords) {
+              const KvScale ks = decode_scale_record(e == 0 ? records.x : records.y, Q);
+              score = Q == KvQuant::kFP8E4M3 ? c4[e] * ks.scale : fmaf(c4[e], ks.scale, ks.zero * qsum);
+            }
             s[n][e] = pos0 + tk < w.kv_end ? score : -INFINITY;
           }
         }
@@ -469,12 +480,12 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int n = 0; n < kNTiles; ++n) {
         uint2 records = {0u, 0u};
-        if constexpr (!kBf16) records = *reinterpret_cast<const uint2*>(stage + S::kValueScaleAt + 4 * (8 * n + 2 * t));
+        if constexpr (kRecords) records = *reinterpret_cast<const uint2*>(stage + S::kValueScaleAt + 4 * (8 * n + 2 * t));
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           p[n][e] = exp2f(s[n][e] - m_new);  // 0 past the end
           sum += p[n][e];
-          if constexpr (!kBf16) {
+          if constexpr (kRecords) {
             const KvScale vs = decode_scale_record(e == 0 ? records.x : records.y, Q);
             if constexpr (Q != KvQuant::kFP8E4M3) zeros = fmaf(p[n][e], vs.zero, zeros);
             v_scale[n][e] = vs.scale;
@@ -484,7 +495,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
       l = l * correction + sum;
       float inverse_unit = 1.0f, rescale = correction;  // head g
-      if constexpr (!kBf16) {
+      if constexpr (kRecords) {
         zero_sum = zero_sum * correction + zeros;
         // The four lanes t of any g hold all the tile's tokens between them.
         v_max = fmaxf(v_max, __shfl_xor_sync(0xffffffffu, v_max, 1));
@@ -508,6 +519,9 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int n = 0; n < kNTiles; ++n) {
         if constexpr (kBf16) {
           pb[n] = pack_bf16x2(p[n][0], p[n][1]);
+        } else if constexpr (!kRecords) {
+          __half2 h = __floats2half2_rn(p[n][0], p[n][1]);  // one V scale for all: in unit_scale
+          pb[n] = *reinterpret_cast<uint32_t*>(&h);
         } else {
           __half2 h = __floats2half2_rn(p[n][0] * v_scale[n][0] * inverse_unit, p[n][1] * v_scale[n][1] * inverse_unit);
           pb[n] = *reinterpret_cast<uint32_t*>(&h);
@@ -604,34 +618,41 @@ __global__ void __launch_bounds__(kWarps * 32)
   cp_async_wait<0>();  // nothing left in flight at exit (all trailing groups are empty)
 }
 
-template <int kHeadDim, int kHeads, KvQuant Q, int kTileTokens, int kStages>
+template <int kHeadDim, int kHeads, KvQuant Q, int kTileTokens, int kStages, bool kTensorScales>
 cudaError_t launch_tiles(const AttentionDescriptor& d, const __nv_bfloat16* q, __nv_bfloat16* out,
                          cudaStream_t stream) {
-  using S = MmaStage<kHeadDim, Q, kTileTokens>;
+  using S = MmaStage<kHeadDim, Q, kTileTokens, kTensorScales>;
   constexpr int smem_bytes = kWarps * kStages * S::kBytes + WarpPartials<kWarps, kHeads, kHeadDim>::kFloats * 4;
-  constexpr auto kernel = decode_attention_mma_kernel<kHeadDim, kHeads, Q, kTileTokens, kStages>;
+  constexpr auto kernel = decode_attention_mma_kernel<kHeadDim, kHeads, Q, kTileTokens, kStages, kTensorScales>;
   const int64_t units = int64_t{d.num_work_items} * (d.num_q_heads / kHeads);  // one CTA each
   return launch_split_decode<kernel, smem_bytes, kWarps * 32>(d, q, out, stream, dim3(static_cast<unsigned>(units)));
 }
 
-template <int kHeadDim, int kHeads, KvQuant Q>
+template <int kHeadDim, int kHeads, KvQuant Q, bool kTensorScales>
 cudaError_t launch_variant(const AttentionDescriptor& d, const __nv_bfloat16* q, __nv_bfloat16* out,
                            cudaStream_t stream) {
-  return launch_tiles<kHeadDim, kHeads, Q, default_tile_tokens(kHeadDim, Q), kStages>(d, q, out, stream);
+  return launch_tiles<kHeadDim, kHeads, Q, default_tile_tokens(kHeadDim, Q), kStages, kTensorScales>(d, q, out,
+                                                                                                    stream);
 }
 
-template <KvQuant Q>
+template <KvQuant Q, bool kTensorScales = false>
 cudaError_t launch_format(const AttentionDescriptor& d, const __nv_bfloat16* q, __nv_bfloat16* out,
                           cudaStream_t stream) {
   switch (d.head_dim * 8 + d.q_heads_per_cta) {
-    case 64 * 8 + 1: return launch_variant<64, 1, Q>(d, q, out, stream);
-    case 64 * 8 + 2: return launch_variant<64, 2, Q>(d, q, out, stream);
-    case 64 * 8 + 4: return launch_variant<64, 4, Q>(d, q, out, stream);
-    case 128 * 8 + 1: return launch_variant<128, 1, Q>(d, q, out, stream);
-    case 128 * 8 + 2: return launch_variant<128, 2, Q>(d, q, out, stream);
-    case 128 * 8 + 4: return launch_variant<128, 4, Q>(d, q, out, stream);
+    case 64 * 8 + 1: return launch_variant<64, 1, Q, kTensorScales>(d, q, out, stream);
+    case 64 * 8 + 2: return launch_variant<64, 2, Q, kTensorScales>(d, q, out, stream);
+    case 64 * 8 + 4: return launch_variant<64, 4, Q, kTensorScales>(d, q, out, stream);
+    case 128 * 8 + 1: return launch_variant<128, 1, Q, kTensorScales>(d, q, out, stream);
+    case 128 * 8 + 2: return launch_variant<128, 2, Q, kTensorScales>(d, q, out, stream);
+    case 128 * 8 + 4: return launch_variant<128, 4, Q, kTensorScales>(d, q, out, stream);
     default: return cudaErrorInvalidValue;
   }
+}
+
+// fp8 pools whose every vector has the same K and the same V scale (a
+// checkpoint's calibrated k_scale / v_scale): the kernel reads no records.
+bool fp8_tensor_scales(const AttentionDescriptor& d) {
+  return d.key_element == KvElement::kFP8E4M3 && d.key_tensor_scale > 0.0f && d.value_tensor_scale > 0.0f;
 }
 
 }  // namespace
@@ -651,11 +672,14 @@ bool decode_attention_mma_supports(const AttentionDescriptor& d) {
 cudaError_t launch_decode_attention_mma(const AttentionDescriptor& d, const void* q, void* out, cudaStream_t stream) {
   const auto* qb = static_cast<const __nv_bfloat16*>(q);
   auto* ob = static_cast<__nv_bfloat16*>(out);
-  if (d.key_element != KvElement::kBF16 && d.num_work_items > 0 && (d.key_scale == nullptr || d.value_scale == nullptr))
+  if (d.key_element != KvElement::kBF16 && !fp8_tensor_scales(d) && d.num_work_items > 0 &&
+      (d.key_scale == nullptr || d.value_scale == nullptr))
     return cudaErrorInvalidValue;
   switch (d.key_element) {
     case KvElement::kBF16: return launch_format<KvQuant::kNone>(d, qb, ob, stream);
-    case KvElement::kFP8E4M3: return launch_format<KvQuant::kFP8E4M3>(d, qb, ob, stream);
+    case KvElement::kFP8E4M3:
+      return fp8_tensor_scales(d) ? launch_format<KvQuant::kFP8E4M3, true>(d, qb, ob, stream)
+                                  : launch_format<KvQuant::kFP8E4M3>(d, qb, ob, stream);
     case KvElement::kInt8: return launch_format<KvQuant::kInt8>(d, qb, ob, stream);
     default: return cudaErrorInvalidValue;
   }
@@ -664,13 +688,17 @@ cudaError_t launch_decode_attention_mma(const AttentionDescriptor& d, const void
 cudaError_t prepare_decode_attention_mma() {
   AttentionDescriptor empty;  // zero work items: sets the attributes, enqueues nothing
   for (KvElement e : {KvElement::kBF16, KvElement::kFP8E4M3, KvElement::kInt8}) {
-    for (int head_dim : {64, 128}) {
-      for (int heads : {1, 2, 4}) {
-        empty.key_element = empty.value_element = e;
-        empty.head_dim = head_dim;
-        empty.q_heads_per_cta = heads;
-        const cudaError_t err = launch_decode_attention_mma(empty, nullptr, nullptr, nullptr);
-        if (err != cudaSuccess) return err;
+    for (float tensor_scale : {0.0f, 1.0f}) {  // fp8: per-vector records, then per-tensor scales
+      if (tensor_scale > 0.0f && e != KvElement::kFP8E4M3) continue;
+      for (int head_dim : {64, 128}) {
+        for (int heads : {1, 2, 4}) {
+          empty.key_element = empty.value_element = e;
+          empty.key_tensor_scale = empty.value_tensor_scale = tensor_scale;
+          empty.head_dim = head_dim;
+          empty.q_heads_per_cta = heads;
+          const cudaError_t err = launch_decode_attention_mma(empty, nullptr, nullptr, nullptr);
+          if (err != cudaSuccess) return err;
+        }
       }
     }
   }
