@@ -15,7 +15,14 @@
 //     cores, then O is rescaled and P(t) packed to bf16 registers; each
 //     consumer releases a stage ("empty") once its P V read it;
 //   - with kPingPong, named barriers make the two consumers take turns issuing
-//     their GEMMs, so one warpgroup's softmax runs under the other's GEMMs.
+//     their GEMMs, so one warpgroup's softmax runs under the other's GEMMs;
+//   - with kLazyRescale, a warp moves its rows' running maxima (and rescales O
+//     and the sums) only when some row's maximum grew by more than
+//     kRescaleThreshold (log2 units) since it last moved; otherwise the tile's
+//     probabilities are taken against the stale maximum (at most 2^8: bf16 P
+//     and the f32 sums hold that exactly as well) and the 64 multiplies of O
+//     and the correction's exp2 are skipped. The result is the same softmax:
+//     O and l always share one maximum.
 // Shapes and units as in attention_descriptor.h. Device code; include from
 // prefill_attention_sm90.cu only.
 
@@ -49,6 +56,8 @@ constexpr int kConsumerRegisters = 240;
 constexpr int kTurnBarrier = 1;
 constexpr int kQueryBarrier = 3;
 constexpr int kZeroedBarrier = 5;
+// kLazyRescale: how far (log2 units) a row's maximum may outgrow the one its O and l are kept against.
+constexpr float kRescaleThreshold = 8.0f;
 
 // Byte offset of (row, 16-byte chunk 0..15 of head_dim) in a swizzled 128-row tile.
 __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
@@ -74,7 +83,7 @@ __device__ __forceinline__ void keep_in_order(float (&r)[64]) {
 // [positions][64], boxes of 64 x block_size x 2 x 1 (make_key_tensor_map /
 // make_value_tensor_map in prefill_attention_sm90.cu); both in the 128-byte
 // swizzle; block_size 16..64.
-template <bool kPingPong>
+template <bool kPingPong, bool kLazyRescale>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_sm90_ws_kernel(const AttentionDescriptor d, const __grid_constant__ CUtensorMap key_map,
                                      const __grid_constant__ CUtensorMap value_map,
@@ -197,6 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.0f, 0.0f};
   float correction[2];
+  bool rescale = true;  // kLazyRescale: whether this tile moved the warp's maxima (warp-uniform)
   uint32_t p[kKeys / 16][4];
   const uint32_t q_addr = smem_address(q_tile) + consumer * 64 * 128;
   const uint32_t kv_addr = smem_address(kv_tiles);
@@ -236,6 +246,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+    float m_new[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       float tile_max = -INFINITY;
@@ -245,17 +256,26 @@ __global__ void __launch_bounds__(kThreads, 1)
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       // Tile 0 holds position 0 <= every row's position, so m is finite from then on.
-      const float m_new = fmaxf(m[i], tile_max * d.scale_log2);
-      correction[i] = exp2f(m[i] - m_new);
-      m[i] = m_new;
+      m_new[i] = fmaxf(m[i], tile_max * d.scale_log2);
+    }
+    if constexpr (kLazyRescale) {
+      // Tile 0 always moves (m is -inf before it).
+      rescale = __any_sync(0xffffffffu, m_new[0] - m[0] > kRescaleThreshold || m_new[1] - m[1] > kRescaleThreshold);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (rescale) {
+        correction[i] = exp2f(m[i] - m_new[i]);
+        m[i] = m_new[i];
+      }
       float sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < kKeys / 8; ++j) {
-        s[4 * j + 2 * i] = exp2f(fmaf(s[4 * j + 2 * i], d.scale_log2, -m_new));
-        s[4 * j + 2 * i + 1] = exp2f(fmaf(s[4 * j + 2 * i + 1], d.scale_log2, -m_new));
+        s[4 * j + 2 * i] = exp2f(fmaf(s[4 * j + 2 * i], d.scale_log2, -m[i]));
+        s[4 * j + 2 * i + 1] = exp2f(fmaf(s[4 * j + 2 * i + 1], d.scale_log2, -m[i]));
         sum += s[4 * j + 2 * i] + s[4 * j + 2 * i + 1];
       }
-      l[i] = l[i] * correction[i] + sum;
+      l[i] = rescale ? l[i] * correction[i] + sum : l[i] + sum;
     }
   };
   // The accumulator layout of two adjacent 8-key blocks is the A fragment of one k-step.
@@ -303,10 +323,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     keep_in_order(o);
     mbarrier_arrive(&empty[prev]);
+    if (rescale) {
 #pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) {
+      for (int j = 0; j < kHeadDim / 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[4 * j + e] *= correction[e >> 1];
+        for (int e = 0; e < 4; ++e) o[4 * j + e] *= correction[e >> 1];
+      }
     }
     pack_p();
   }
