@@ -436,7 +436,7 @@ int main(int argc, char** argv) {
   {
     const char* before = std::getenv("PAGODA_PREFILL_SM90");
     const std::string saved = before ? before : "";
-    for (const char* schedule : {"v2", "v4", "v4-lockstep", "v4-lazy"}) {
+    for (const char* schedule : {"v2", "v4", "v4-lockstep"}) {
       setenv("PAGODA_PREFILL_SM90", schedule, 1);
       const std::string tag = std::string("prefill ") + schedule;
       run_case(tag + " L=4096", gqa, 1, 4096, 4096, 0, 4, iters, prop, stream);

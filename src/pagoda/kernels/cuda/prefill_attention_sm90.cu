@@ -11,7 +11,7 @@
 // Scheduling: see PAGODA_SM90_PINGPONG below. This file also launches v4
 // (prefill_sm90_warp_specialized.cuh: a TMA producer warpgroup with setmaxnreg,
 // consumers that overlap softmax with the previous tile's P V, optionally in ping-pong);
-// PAGODA_PREFILL_SM90 (v4, the default | v4-lockstep | v4-lazy | v2) picks one at launch.
+// PAGODA_PREFILL_SM90 (v4, the default | v4-lockstep | v2) picks one at launch.
 
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -315,16 +315,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 //       487 / 494 / 495 against 459 / 505 / 466 (docs/KERNELS.md);
 //   v4-lockstep: the same without turns (the earlier default: equal at 16K
 //       when measured at boost clocks, 605-621 vs 610-612);
-//   v4-lazy: v4 with the lazy rescale (prefill_sm90_warp_specialized.cuh);
 //   v2: the v2.1 kernel above (all warps gather and compute, one barrier per tile).
 // Block sizes outside 16..64 run v2 (see below).
-enum class Sm90PrefillSchedule { kV2, kV4, kV4Lockstep, kV4Lazy, kUnknown };
+enum class Sm90PrefillSchedule { kV2, kV4, kV4Lockstep, kUnknown };
 
 Sm90PrefillSchedule schedule_from_environment() {
   const char* v = std::getenv("PAGODA_PREFILL_SM90");
   if (v == nullptr || *v == '\0' || std::strcmp(v, "v4") == 0) return Sm90PrefillSchedule::kV4;
   if (std::strcmp(v, "v4-lockstep") == 0) return Sm90PrefillSchedule::kV4Lockstep;
-  if (std::strcmp(v, "v4-lazy") == 0) return Sm90PrefillSchedule::kV4Lazy;
   if (std::strcmp(v, "v2") == 0) return Sm90PrefillSchedule::kV2;
   return Sm90PrefillSchedule::kUnknown;
 }
@@ -379,7 +377,7 @@ cudaError_t make_value_tensor_map(CUtensorMap* map, const void* pool, const Atte
   return encode_bf16_tensor_map(map, pool, 4, dims, strides, box);
 }
 
-template <bool kPingPong, bool kLazyRescale = false>
+template <bool kPingPong>
 cudaError_t launch_warp_specialized(const AttentionDescriptor& d, const __nv_bfloat16* q, __nv_bfloat16* out,
                                     cudaStream_t stream) {
   CUtensorMap key_map, value_map;
@@ -393,7 +391,7 @@ cudaError_t launch_warp_specialized(const AttentionDescriptor& d, const __nv_bfl
         d, q, out);
     return cudaGetLastError();
   }
-  prefill_ws::prefill_attention_sm90_ws_kernel<kPingPong, kLazyRescale>
+  prefill_ws::prefill_attention_sm90_ws_kernel<kPingPong>
       <<<dim3(d.num_kv_heads, d.num_work_items), prefill_ws::kThreads, prefill_ws::kSmemBytes, stream>>>(
           d, key_map, value_map, q, out);
   return cudaGetLastError();
@@ -406,9 +404,8 @@ cudaError_t prepare_prefill_attention_sm90() {
   cudaError_t e = cudaFuncSetAttribute(prefill_attention_sm90_kernel,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (e != cudaSuccess) return e;
-  for (auto kernel : {prefill_ws::prefill_attention_sm90_ws_kernel<true, false>,
-                      prefill_ws::prefill_attention_sm90_ws_kernel<false, false>,
-                      prefill_ws::prefill_attention_sm90_ws_kernel<true, true>}) {
+  for (auto kernel : {prefill_ws::prefill_attention_sm90_ws_kernel<true>,
+                      prefill_ws::prefill_attention_sm90_ws_kernel<false>}) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, prefill_ws::kSmemBytes);
     if (e != cudaSuccess) return e;
   }
@@ -435,13 +432,11 @@ cudaError_t launch_prefill_attention_sm90(const AttentionDescriptor& d, const vo
       return launch_warp_specialized<true>(d, q_bf16, out_bf16, stream);
     case Sm90PrefillSchedule::kV4Lockstep:
       return launch_warp_specialized<false>(d, q_bf16, out_bf16, stream);
-    case Sm90PrefillSchedule::kV4Lazy:
-      return launch_warp_specialized<true, true>(d, q_bf16, out_bf16, stream);
     case Sm90PrefillSchedule::kV2:
       prefill_attention_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(d, q_bf16, out_bf16);
       break;
     case Sm90PrefillSchedule::kUnknown:
-      std::fprintf(stderr, "PAGODA_PREFILL_SM90=%s: expected v4, v4-lockstep, v4-lazy or v2\n",
+      std::fprintf(stderr, "PAGODA_PREFILL_SM90=%s: expected v4, v4-lockstep or v2\n",
                    std::getenv("PAGODA_PREFILL_SM90"));
       return cudaErrorInvalidValue;
   }
