@@ -4,6 +4,7 @@
 # and quantized, tensor-core and CUDA-core loops) side by side, then the kernel figures with PyTorch's
 # beside them. The end-to-end runs are a second call (final_suite.sh bench with KERNELS=0).
 #   run(command="bash tools/gpu/closing_call.sh", carry=[".device/final/bundle.tar.xz"])
+# BENCH=0 stops after the checks.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 bundle=$here/.device/final/bundle
@@ -26,5 +27,6 @@ for schedule in v4-lockstep v2; do
 done
 wait
 tar czf "$out/sanitize_logs.tar.gz" -C "$out" $(cd "$out" && ls memcheck_*.txt prefill_*.txt) && rm -f "$out"/memcheck_*.txt "$out"/prefill_*.txt
+[ "${BENCH:-1}" = 1 ] || exit 0  # BENCH=0: the checks only (the figures in a call of their own)
 KERNELS=1 TORCH=1 BENCH_KV_DTYPES=${BENCH_KV_DTYPES:-bf16,fp8,int8,int4} FULL_RUNS= PEER=0 "$here/tools/gpu/final_suite.sh" bench |
   grep -vE "^ \"" | tail -30
