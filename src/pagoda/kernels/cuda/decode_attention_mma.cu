@@ -39,6 +39,9 @@
 // g + 8; int8 converts K to f16 too. Dims are a free permutation of the k
 // index: for S lane t owns the K dims [t D/4, t D/4 + D/4) (its codes are
 // contiguous), for O lane g owns dims {D/16 g + i, D/16 (g + 8) + i} of m-tile i.
+// fp8 written with per-tensor scales (a checkpoint's k_scale / v_scale;
+// kTensorScales) reads no records: the K scale joins q's unscale and U is the V
+// scale throughout (2-5% faster on the H200, docs/KERNELS.md).
 // Measured on the H200, the e4m3 scores and the 16-byte record copies were
 // each within the run-to-run spread (the fp8 loop is memory-bound at ~3,900
 // GB/s against bf16's ~4,300; docs/KERNELS.md); 16-token tiles x 4-6 stages
