@@ -4,13 +4,7 @@
 # attention_bench process each over bf16, fp8 (per-vector records), fp8-tensor (per-tensor
 # scales, no records) and int8, at the automatic split and at splits 4096 / 8192.
 #   run(command="bash tools/gpu/fp8_ratio_call.sh", carry=[".device/final/bundle.tar.xz"])
-set -uo pipefail
-here=$(cd "$(dirname "$0")/../.." && pwd)
-bundle=$here/.device/final/bundle
-out=${OUT:-/tmp/fp8-ratio}
-mkdir -p "$out"
-[ -x "$bundle/run.sh" ] || tar xJf "$here/.device/final/bundle.tar.xz" -C "$here/.device/final"
-export PAGODA_SOURCE_DIR=$here
+source "$(dirname "$0")/call_common.sh"
 echo "date: $(date -u +%Y-%m-%dT%H:%MZ)  commit: $(cat "$bundle/commit")"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 for t in ${TESTS-attention_plan_tests quantized_attention_gpu_tests paged_attention_gpu_tests}; do
