@@ -409,7 +409,7 @@ int main(int argc, char** argv) {
     }
     Shape mha64{32, 32, 64, 16, key, value, false, tensor_scales};
     run_case(tag + " MHA 32 d=64 B=64 L=2048", mha64, 64, 2048, 1, 0, 1, iters, prop, stream);
-    if (key == value && key != KvElement::kInt4 && !tensor_scales) {
+    if (key == value && !tensor_scales) {
       // What the tensor cores buy: the same shapes on the CUDA-core loop.
       Shape cc = g;
       cc.cuda_cores = true;

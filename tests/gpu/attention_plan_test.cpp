@@ -165,24 +165,25 @@ TEST(AttentionPlanTest, AutomaticSplitFillsTheGpuOnlyWhenNeeded) {
 
 TEST(AttentionPlanTest, AutomaticSplitSizesUnitsByBytesNotPositions) {
   // B=8 L=32K, GQA 32/8 on 132 SMs: bf16 fills two waves of 2 CTAs per SM
-  // (split 4096: 8 x 8 x 8 = 512 units); 1-byte codes (fp8, int8) read half
-  // the bytes per position, so their units are twice as long (one wave, 256).
+  // (split 4096: 8 x 8 x 8 = 512 units); codes of a byte or less (fp8, int8,
+  // int4) read half the bytes per position or less, so their units are twice
+  // as long (one wave, 256); the mixed K int8 / V int4 pair keeps two.
   Batch few_long(std::vector<std::pair<int32_t, int32_t>>(8, {1, 32767}));
   AttentionConfig c = gqa_config(1 << 20);
   auto bf16 = PagedAttentionPlan::create(c, few_long.sequences, {132});
   ASSERT_TRUE(bf16.ok());
   EXPECT_EQ(bf16->max_splits(), 8);
-  for (KvElement e : {KvElement::kFP8E4M3, KvElement::kInt8}) {
+  for (KvElement e : {KvElement::kFP8E4M3, KvElement::kInt8, KvElement::kInt4}) {
     c.key_element = c.value_element = e;
     auto one_byte = PagedAttentionPlan::create(c, few_long.sequences, {132});
     ASSERT_TRUE(one_byte.ok());
     EXPECT_EQ(one_byte->max_splits(), 4);
     EXPECT_EQ(one_byte->num_work_items(), 8 * 4);
   }
-  c.key_element = c.value_element = KvElement::kInt4;  // the CUDA-core loop, at about bf16's time
-  auto int4 = PagedAttentionPlan::create(c, few_long.sequences, {132});
-  ASSERT_TRUE(int4.ok());
-  EXPECT_EQ(int4->max_splits(), 8);
+  c.key_element = KvElement::kInt8;  // V stays int4: the CUDA-core loop, at about bf16's time
+  auto mixed = PagedAttentionPlan::create(c, few_long.sequences, {132});
+  ASSERT_TRUE(mixed.ok());
+  EXPECT_EQ(mixed->max_splits(), 8);
 }
 
 TEST(AttentionPlanTest, PrefillTilesCoverEveryTokenOnceHeaviestFirst) {

@@ -2,8 +2,9 @@
 // V int4): the fast kernel and the naive GPU kernel against float64 attention
 // over the dequantized values (kv_quant_reference.h), for MHA, GQA and MQA,
 // head dims 64 and 128, block sizes 8 to 64, odd lengths, scattered block
-// tables, split-K on and off, graph mode, and for fp8 / int8 both the
-// tensor-core and the CUDA-core loop. Label gpu; skips without a GPU.
+// tables, split-K on and off, graph mode, and for fp8 / int8 / int4 both the
+// tensor-core and the CUDA-core loop (K int8 / V int4 runs on CUDA cores only).
+// Label gpu; skips without a GPU.
 
 #include <gtest/gtest.h>
 
@@ -185,7 +186,7 @@ TEST(QuantizedDecodeAttention, EveryFormatHeadLayoutHeadDimAndBlockSize) {
       for (int32_t d : {64, 128}) {
         for (int32_t bs : {8, 16, 32, 64}) {
           check_case({f, qh, kvh, d, bs}, shapes, seed, Path::kFast);
-          if (f.key == f.value && f.key != KvElement::kInt4) {  // the CUDA-core loop of fp8 / int8 too
+          if (f.key == f.value) {  // the CUDA-core loop of fp8 / int8 / int4 too
             AttentionPlanOptions cuda_cores;
             cuda_cores.decode_cuda_cores = true;
             check_case({f, qh, kvh, d, bs}, shapes, seed, Path::kFast, cuda_cores);
@@ -206,7 +207,7 @@ TEST(QuantizedDecodeAttention, BlocksSmallerThanFourPositions) {
   AttentionPlanOptions split;
   split.split_tokens = 64;
   uint32_t seed = 500;
-  for (const Formats& f : {kAllFormats[0], kAllFormats[1]}) {
+  for (const Formats& f : {kAllFormats[0], kAllFormats[1], kAllFormats[2]}) {
     for (int32_t bs : {1, 2, 4}) {
       check_case({f, 8, 2, 128, bs}, shapes, seed++, Path::kFast);
       check_case({f, 4, 4, 64, bs}, shapes, seed++, Path::kFast, split);
@@ -243,7 +244,7 @@ TEST(QuantizedDecodeAttention, ManyShortUnevenUnitsAndSplits) {
   AttentionPlanOptions split;
   split.split_tokens = 48;
   uint32_t seed = 300;
-  for (const Formats& f : {kAllFormats[0], kAllFormats[1]}) {
+  for (const Formats& f : {kAllFormats[0], kAllFormats[1], kAllFormats[2]}) {
     check_case({f, 32, 8, 128, 16}, shapes, seed++, Path::kFast);
     check_case({f, 32, 8, 128, 16}, shapes, seed++, Path::kFast, split);
     check_case({f, 16, 4, 64, 8}, shapes, seed++, Path::kFast);

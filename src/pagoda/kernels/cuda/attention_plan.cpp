@@ -98,13 +98,16 @@ int32_t decode_heads_per_cta(const AttentionConfig& c) {
 
 // Decode: waves of CTAs the automatic split aims for. A unit's fixed costs
 // (pipeline fill, warp merge, output, the next CTA's start) are paid per CTA,
-// so units are sized by bytes, not positions: pools of 1-byte codes (fp8,
-// int8) get one wave, the bytes per unit of bf16's two. Measured on the H200
-// (fp8, B=8 L=32K, docs/KERNELS.md): 139.5-141.4 us at one wave against
-// 144.7-147.5 at two; bf16 gained 1%.
+// so units are sized by bytes, not positions: the pools the tensor-core decode
+// reads in 1-byte codes or less (fp8, int8, int4; K and V alike) get one wave,
+// at least the bytes per unit of bf16's two. Measured on the H200 (fp8, B=8
+// L=32K, docs/KERNELS.md): 137.0-141.3 us at one wave against 144.6-148.9 at
+// two; bf16's split of one wave is within 0.5% of two.
 int64_t decode_waves(const AttentionConfig& c) {
-  auto one_byte = [](KvElement e) { return e == KvElement::kFP8E4M3 || e == KvElement::kInt8; };
-  return one_byte(c.key_element) && one_byte(c.value_element) ? 1 : kDecodeWaves;
+  const bool compact = c.key_element == c.value_element &&
+                       (c.key_element == KvElement::kFP8E4M3 || c.key_element == KvElement::kInt8 ||
+                        c.key_element == KvElement::kInt4);
+  return compact ? 1 : kDecodeWaves;
 }
 
 // Decode: the automatic split (KV positions per work item) for these lengths,

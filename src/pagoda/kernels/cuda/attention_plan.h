@@ -49,8 +49,8 @@ struct AttentionDeviceInfo {
 
 struct AttentionPlanOptions {
   // Decode: KV positions per split. 0 picks it so the grid fills about two waves
-  // of the GPU (one for fp8 / int8, whose units read half the bytes per
-  // position); tests set it small to exercise the merge. Rounded up to a
+  // of the GPU (one for fp8 / int8 / int4, whose units read half the bytes per
+  // position or less); tests set it small to exercise the merge. Rounded up to a
   // multiple of 4.
   int32_t split_tokens = 0;
   // Use the prefill (tensor-core) kernel even when every sequence has one new token.

@@ -76,11 +76,17 @@ using namespace device;
 constexpr int kWarps = 4;
 constexpr int kStages = 3;
 constexpr int kKvBytesPerStage = 8192;  // K + V rows of one warp tile (plus scale records)
+// int4: 4 stages of 4 KB of codes (+ 1 KB of records): its records are 4x fp8's per token, so an 8 KB
+// tile would not fit 2 CTAs per SM; 4 x 5 KB keeps about the bytes in flight of 3 x 8 KB.
+constexpr int kInt4Stages = 4;
+constexpr int kInt4CodeBytesPerStage = 4096;
 
-// Tokens per warp tile at 8 KB of K + V: bf16 d=128 16, fp8 / int8 d=128 32, d=64 twice that.
+// Tokens per warp tile: bf16 d=128 16, fp8 / int8 d=128 32, int4 d=128 32, d=64 twice that.
 constexpr int default_tile_tokens(int head_dim, KvQuant q) {
+  if (q == KvQuant::kInt4) return kInt4CodeBytesPerStage / head_dim;  // 2 x head_dim / 2 bytes a token
   return kKvBytesPerStage / (2 * head_dim * (q == KvQuant::kNone ? 2 : 1));
 }
+constexpr int default_stages(KvQuant q) { return q == KvQuant::kInt4 ? kInt4Stages : kStages; }
 
 // One warp stage (bytes): K rows, V rows (kRowBytes each, XOR-swizzled by
 // stage_offset), then the K and V scale records of the quantized formats
@@ -88,10 +94,13 @@ constexpr int default_tile_tokens(int head_dim, KvQuant q) {
 template <int kHeadDim, KvQuant Q, int kTileTokens, bool kTensorScales>
 struct MmaStage {
   static constexpr bool kBf16 = Q == KvQuant::kNone;
+  static constexpr bool kInt4 = Q == KvQuant::kInt4;
   static constexpr bool kRecords = !kBf16 && !kTensorScales;
-  static constexpr int kRowBytes = kHeadDim * (kBf16 ? 2 : 1);  // one token of one head, K or V
+  // One token of one head, K or V: bf16 2 bytes an element, fp8 / int8 1, int4 half.
+  static constexpr int kRowBytes = kBf16 ? 2 * kHeadDim : kInt4 ? kHeadDim / 2 : kHeadDim;
   static constexpr int kRowChunks = kRowBytes / 16;
-  static constexpr int kRecordBytes = kRecords ? 4 : 0;
+  static constexpr int kGroups = kInt4 ? kHeadDim / kKvInt4GroupSize : 1;  // scale records a token
+  static constexpr int kRecordBytes = kRecords ? 4 * kGroups : 0;          // a token's records, K or V
   static constexpr int kValueAt = kTileTokens * kRowBytes;
   static constexpr int kKeyScaleAt = 2 * kValueAt;
   static constexpr int kValueScaleAt = kKeyScaleAt + kTileTokens * kRecordBytes;
@@ -146,6 +155,33 @@ __device__ __forceinline__ void codes4_to_f16x2(uint32_t w, uint32_t& lo, uint32
   }
 }
 
+// Eight int4 codes (nibble j of w = code j) -> four f16x2 registers, exact:
+// h[j] = (code j, code j + 4). 0x64XX is the f16 1024 + XX; subtracting 1024 is exact.
+__device__ __forceinline__ void int4x8_to_f16x2(uint32_t w, uint32_t (&h)[4]) {
+  const __half2 magic = __half2(__ushort_as_half(0x6400), __ushort_as_half(0x6400));
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t biased = ((w >> (4 * j)) & 0x000f000fu) | 0x64006400u;
+    const __half2 code = __hsub2(*reinterpret_cast<const __half2*>(&biased), magic);
+    h[j] = *reinterpret_cast<const uint32_t*>(&code);
+  }
+}
+
+// A token's kGroups 4-byte scale records from a stage (16-byte aligned for 4, 8 for 2).
+template <int kGroups>
+__device__ __forceinline__ void load_records(const uint8_t* at, uint32_t (&r)[kGroups]) {
+  if constexpr (kGroups == 4) {
+    const uint4 v = *reinterpret_cast<const uint4*>(at);
+    r[0] = v.x, r[1] = v.y, r[2] = v.z, r[3] = v.w;
+  } else if constexpr (kGroups == 2) {
+    const uint2 v = *reinterpret_cast<const uint2*>(at);
+    r[0] = v.x, r[1] = v.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kGroups; ++i) r[i] = reinterpret_cast<const uint32_t*>(at)[i];
+  }
+}
+
 // Byte offset in a stage's rows of byte `byte` of row `row` (kRowBytes a row):
 // the 16-byte chunks of row r are stored XOR-swizzled by r, so the fragment
 // reads fall into distinct banks: fp8 / int8 K (two rows x 4 chunk pairs per 8
@@ -178,6 +214,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   using S = MmaStage<kHeadDim, Q, kTileTokens, kTensorScales>;
   constexpr bool kBf16 = S::kBf16;
   constexpr bool kRecords = S::kRecords;  // per-vector scale records in the stages
+  constexpr bool kInt4 = S::kInt4;
+  constexpr int kGroups = S::kGroups;     // int4: 32-dim groups, each with its own K and V record
+  constexpr int kUnits = kGroups;         // V-scale units U (one per int4 group, else one)
   static_assert(!kTensorScales || Q == KvQuant::kFP8E4M3, "per-tensor scales are fp8's (a checkpoint's k/v_scale)");
   constexpr int kRowBytes = S::kRowBytes;
   constexpr int kRowChunks = S::kRowChunks;
@@ -228,8 +267,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     issue_key = key + w.kv_head * kRowBytes + 16 * lane_chunk;
     issue_value = value + w.kv_head * kRowBytes + 16 * lane_chunk;
     if constexpr (kRecords) {
-      issue_key_scale = key_scale + w.kv_head * d.block_size * 4;
-      issue_value_scale = value_scale + w.kv_head * d.block_size * 4;
+      issue_key_scale = key_scale + w.kv_head * d.block_size * S::kRecordBytes;
+      issue_value_scale = value_scale + w.kv_head * d.block_size * S::kRecordBytes;
     }
     issue_pos = w.kv_begin + warp * kTileTokens;
     issue_end = w.kv_end;
@@ -268,26 +307,33 @@ __global__ void __launch_bounds__(kWarps * 32)
         cp_async_16(stage + S::kValueAt + at, issue_value + offset, valid);
       }
       if constexpr (kRecords) {
-        constexpr int kQuads = kTileTokens / 4;  // 4 tokens' records: 16 contiguous bytes (block_size >= 4)
-        static_assert(2 * kQuads <= 32, "one 16-byte record copy per lane");
-        if (d.block_size >= 4) {
-          // Lanes [0, kQuads) copy the K records of tokens 4 lane .. 4 lane + 3, the next kQuads lanes the V
-          // records; records past the end are zero-filled (the tile's v_max relies on it).
-          if (lane < 2 * kQuads) {
-            const int quad = lane < kQuads ? lane : lane - kQuads;
-            const int pos = issue_pos + 4 * quad;
-            const int valid_tokens = min(max(issue_end - pos, 0), 4);
-            const uint64_t offset = uint64_t{pool_record(pos, valid_tokens > 0)} * 4;
-            cp_async_16_prefix(stage + (lane < kQuads ? S::kKeyScaleAt : S::kValueScaleAt) + 16 * quad,
-                               (lane < kQuads ? issue_key_scale : issue_value_scale) + offset, 4 * valid_tokens);
+        // One 16-byte copy brings the records of kTokensPerCopy consecutive tokens (4 for fp8 / int8,
+        // int4 2 at d=64 and 1 at d=128), contiguous when block_size >= kTokensPerCopy.
+        constexpr int kTokensPerCopy = 16 / S::kRecordBytes;
+        constexpr int kRecordCopies = kTileTokens / kTokensPerCopy;  // K's; V's as many
+        if (d.block_size >= kTokensPerCopy) {
+          // Copies [0, kRecordCopies) bring the K records, the rest the V records; records past the end
+          // are zero-filled (the tile's v_max relies on it).
+#pragma unroll
+          for (int c = lane; c < 2 * kRecordCopies; c += 32) {
+            const bool is_key = c < kRecordCopies;
+            const int copy = is_key ? c : c - kRecordCopies;
+            const int pos = issue_pos + kTokensPerCopy * copy;
+            const int valid_tokens = min(max(issue_end - pos, 0), kTokensPerCopy);
+            const uint64_t offset = uint64_t{pool_record(pos, valid_tokens > 0)} * S::kRecordBytes;
+            cp_async_16_prefix(stage + (is_key ? S::kKeyScaleAt : S::kValueScaleAt) + 16 * copy,
+                               (is_key ? issue_key_scale : issue_value_scale) + offset,
+                               S::kRecordBytes * valid_tokens);
           }
         } else {
 #pragma unroll
           for (int tk = lane; tk < kTileTokens; tk += 32) {
             const bool valid = issue_pos + tk < issue_end;
-            const uint64_t offset = uint64_t{pool_record(issue_pos + tk, valid)} * 4;
-            cp_async_ca<4>(stage + S::kKeyScaleAt + tk * 4, issue_key_scale + offset, valid);
-            cp_async_ca<4>(stage + S::kValueScaleAt + tk * 4, issue_value_scale + offset, valid);
+            const uint64_t offset = uint64_t{pool_record(issue_pos + tk, valid)} * S::kRecordBytes;
+            cp_async_ca<S::kRecordBytes>(stage + S::kKeyScaleAt + tk * S::kRecordBytes, issue_key_scale + offset,
+                                         valid);
+            cp_async_ca<S::kRecordBytes>(stage + S::kValueScaleAt + tk * S::kRecordBytes,
+                                         issue_value_scale + offset, valid);
           }
         }
       }
@@ -316,6 +362,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     // f16, with sum(q) of the rounded values.
     uint32_t qa[kSlices][2];
     uint32_t q8[kSlices8][4];   // fp8: a0..a3 of k32-slice j, see below
+    float qsum_group[kGroups];  // int4: sum(q) over each group, see below
     float qsum = 0.0f, q_unscale = 1.0f;
     {
       const bool real_head = g < kHeads;
@@ -374,6 +421,33 @@ __global__ void __launch_bounds__(kWarps * 32)
           qa[j][0] = real_head ? *reinterpret_cast<const uint32_t*>(row + 16 * j + 2 * t) : 0u;
           qa[j][1] = real_head ? *reinterpret_cast<const uint32_t*>(row + 16 * j + 8 + 2 * t) : 0u;
         }
+      } else if constexpr (kInt4) {
+        // Lane t's dims of group G are 32 G + 8 t + 0..7, the 8 codes of its word of the group;
+        // k-slice 2G pairs them (0, 4), (1, 5) and slice 2G + 1 (2, 6), (3, 7): int4x8_to_f16x2's pairs.
+        // qsum_group[G]: sum of head g's rounded q over group G (the zero points are per group).
+#pragma unroll
+        for (int G = 0; G < kGroups; ++G) {
+          const uint4 raw = *reinterpret_cast<const uint4*>(row + 32 * G + 8 * t);
+          const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+          __half h[8];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[i]));
+            h[2 * i] = __float2half_rn(real_head ? f.x * d.scale_log2 : 0.0f);
+            h[2 * i + 1] = __float2half_rn(real_head ? f.y * d.scale_log2 : 0.0f);
+          }
+          float sum = 0.0f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) sum += __half2float(h[i]);
+          sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+          qsum_group[G] = sum + __shfl_xor_sync(0xffffffffu, sum, 2);
+          const __half2 pairs[4] = {__halves2half2(h[0], h[4]), __halves2half2(h[1], h[5]),
+                                    __halves2half2(h[2], h[6]), __halves2half2(h[3], h[7])};
+          qa[2 * G][0] = *reinterpret_cast<const uint32_t*>(&pairs[0]);
+          qa[2 * G][1] = *reinterpret_cast<const uint32_t*>(&pairs[1]);
+          qa[2 * G + 1][0] = *reinterpret_cast<const uint32_t*>(&pairs[2]);
+          qa[2 * G + 1][1] = *reinterpret_cast<const uint32_t*>(&pairs[3]);
+        }
       } else {
 #pragma unroll
         for (int j = 0; j < kSlices; ++j) {
@@ -393,9 +467,16 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
 
-    float m = kNoScore, l = 0.0f, zero_sum = 0.0f;  // head g (l, zero_sum: this lane's tokens)
-    // acc * unit_scale is the value (U above; 1 for bf16; the V scale itself for per-tensor scales).
-    float unit_scale = kTensorScales ? d.value_tensor_scale : 1.0f;
+    float m = kNoScore, l = 0.0f;  // head g (l: this lane's tokens)
+    // Per V unit u (int4: group u, else one): acc * unit_scale[u] + zero_sum[u] (head g, this lane's
+    // tokens; summed over the lanes at the end) is the value. unit_scale is U above (1 for bf16; the V
+    // scale itself for per-tensor scales); it is the same in every lane of the warp.
+    float zero_sum[kUnits], unit_scale[kUnits];
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      zero_sum[u] = 0.0f;
+      unit_scale[u] = kTensorScales ? d.value_tensor_scale : 1.0f;
+    }
     float acc[kSlices][4];
 #pragma unroll
     for (int i = 0; i < kSlices; ++i)
@@ -429,6 +510,34 @@ __global__ void __launch_bounds__(kWarps * 32)
           }
 #pragma unroll
           for (int e = 0; e < 2; ++e) s[n][e] = pos0 + 8 * n + 2 * t + e < w.kv_end ? c4[e] * d.scale_log2 : -INFINITY;
+        } else if constexpr (kInt4) {
+          // Per group G: its two k-slices (lane t: the 8 codes of its word of the group), then the
+          // token's K scale and zero of that group.
+          const int row = 8 * n + g;
+          float part[kGroups][4];
+#pragma unroll
+          for (int G = 0; G < kGroups; ++G) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) part[G][e] = 0.0f;
+            uint32_t b[4];
+            int4x8_to_f16x2(*reinterpret_cast<const uint32_t*>(stage + stage_offset<kRowBytes>(row, 16 * G + 4 * t)),
+                            b);
+            mma_f16_16816(part[G], qa[2 * G][0], 0u, qa[2 * G][1], 0u, b[0], b[1]);
+            mma_f16_16816(part[G], qa[2 * G + 1][0], 0u, qa[2 * G + 1][1], 0u, b[2], b[3]);
+          }
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int tk = 8 * n + 2 * t + e;
+            uint32_t records[kGroups];
+            load_records<kGroups>(stage + S::kKeyScaleAt + tk * S::kRecordBytes, records);
+            float score = 0.0f;
+#pragma unroll
+            for (int G = 0; G < kGroups; ++G) {
+              const KvScale ks = decode_scale_record(records[G], Q);
+              score += fmaf(part[G][e], ks.scale, ks.zero * qsum_group[G]);
+            }
+            s[n][e] = pos0 + tk < w.kv_end ? score : -INFINITY;
+          }
         } else {
           const int row = 8 * n + g;
           uint32_t words[kLaneDims / 4];
@@ -479,39 +588,58 @@ __global__ void __launch_bounds__(kWarps * 32)
 
       // Probabilities; quantized: the V scales of this lane's tokens and the tile's unit.
       float p[kNTiles][2], v_scale[kNTiles][2];
-      float sum = 0.0f, zeros = 0.0f, v_max = 0.0f;
+      float sum = 0.0f, zeros[kUnits], v_max[kUnits];
+#pragma unroll
+      for (int u = 0; u < kUnits; ++u) zeros[u] = v_max[u] = 0.0f;
 #pragma unroll
       for (int n = 0; n < kNTiles; ++n) {
         uint2 records = {0u, 0u};
-        if constexpr (kRecords) records = *reinterpret_cast<const uint2*>(stage + S::kValueScaleAt + 4 * (8 * n + 2 * t));
+        if constexpr (kRecords && !kInt4)
+          records = *reinterpret_cast<const uint2*>(stage + S::kValueScaleAt + 4 * (8 * n + 2 * t));
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           p[n][e] = exp2f(s[n][e] - m_new);  // 0 past the end
           sum += p[n][e];
-          if constexpr (kRecords) {
+          if constexpr (kInt4) {  // each group's zero sum and largest scale (the V scales join P.V below)
+            uint32_t group_records[kGroups];
+            load_records<kGroups>(stage + S::kValueScaleAt + (8 * n + 2 * t + e) * S::kRecordBytes, group_records);
+#pragma unroll
+            for (int G = 0; G < kGroups; ++G) {
+              const KvScale vs = decode_scale_record(group_records[G], Q);
+              zeros[G] = fmaf(p[n][e], vs.zero, zeros[G]);
+              v_max[G] = fmaxf(v_max[G], vs.scale);  // records past the end are zero
+            }
+          } else if constexpr (kRecords) {
             const KvScale vs = decode_scale_record(e == 0 ? records.x : records.y, Q);
-            if constexpr (Q != KvQuant::kFP8E4M3) zeros = fmaf(p[n][e], vs.zero, zeros);
+            if constexpr (Q != KvQuant::kFP8E4M3) zeros[0] = fmaf(p[n][e], vs.zero, zeros[0]);
             v_scale[n][e] = vs.scale;
-            v_max = fmaxf(v_max, vs.scale);  // records past the end are zero
+            v_max[0] = fmaxf(v_max[0], vs.scale);  // records past the end are zero
           }
         }
       }
       l = l * correction + sum;
-      float inverse_unit = 1.0f, rescale = correction;  // head g
-      if constexpr (kRecords) {
-        zero_sum = zero_sum * correction + zeros;
-        // The four lanes t of any g hold all the tile's tokens between them.
-        v_max = fmaxf(v_max, __shfl_xor_sync(0xffffffffu, v_max, 1));
-        v_max = fmaxf(v_max, __shfl_xor_sync(0xffffffffu, v_max, 2));
-        if (!(v_max > 0.0f)) v_max = 1.0f;
-        inverse_unit = 1.0f / v_max;
-        rescale = correction * unit_scale * inverse_unit;
-        unit_scale = v_max;
+      // Per unit: 1 / the new unit, and old unit / new unit (the same in every lane).
+      float inverse_unit[kUnits], unit_ratio[kUnits];
+#pragma unroll
+      for (int u = 0; u < kUnits; ++u) {
+        inverse_unit[u] = unit_ratio[u] = 1.0f;
+        if constexpr (kRecords) {
+          zero_sum[u] = zero_sum[u] * correction + zeros[u];
+          // The four lanes t of any g hold all the tile's tokens between them.
+          v_max[u] = fmaxf(v_max[u], __shfl_xor_sync(0xffffffffu, v_max[u], 1));
+          v_max[u] = fmaxf(v_max[u], __shfl_xor_sync(0xffffffffu, v_max[u], 2));
+          if (!(v_max[u] > 0.0f)) v_max[u] = 1.0f;
+          inverse_unit[u] = 1.0f / v_max[u];
+          unit_ratio[u] = unit_scale[u] * inverse_unit[u];
+          unit_scale[u] = v_max[u];
+        }
       }
-      const float rescale_even = __shfl_sync(0xffffffffu, rescale, 8 * t);     // head 2t
-      const float rescale_odd = __shfl_sync(0xffffffffu, rescale, 8 * t + 4);  // head 2t + 1
+      const float correction_even = __shfl_sync(0xffffffffu, correction, 8 * t);     // head 2t
+      const float correction_odd = __shfl_sync(0xffffffffu, correction, 8 * t + 4);  // head 2t + 1
 #pragma unroll
       for (int m_tile = 0; m_tile < kSlices; ++m_tile) {
+        const int u = kInt4 ? m_tile / 2 : 0;  // int4: m-tiles 2G and 2G + 1 are group G's dims
+        const float rescale_even = correction_even * unit_ratio[u], rescale_odd = correction_odd * unit_ratio[u];
         acc[m_tile][0] *= rescale_even;
         acc[m_tile][1] *= rescale_odd;
         acc[m_tile][2] *= rescale_even;
@@ -525,8 +653,9 @@ __global__ void __launch_bounds__(kWarps * 32)
         } else if constexpr (!kRecords) {
           __half2 h = __floats2half2_rn(p[n][0], p[n][1]);  // one V scale for all: in unit_scale
           pb[n] = *reinterpret_cast<uint32_t*>(&h);
-        } else {
-          __half2 h = __floats2half2_rn(p[n][0] * v_scale[n][0] * inverse_unit, p[n][1] * v_scale[n][1] * inverse_unit);
+        } else if constexpr (!kInt4) {  // int4: per group, in P.V below
+          __half2 h = __floats2half2_rn(p[n][0] * v_scale[n][0] * inverse_unit[0],
+                                        p[n][1] * v_scale[n][1] * inverse_unit[0]);
           pb[n] = *reinterpret_cast<uint32_t*>(&h);
         }
       }
@@ -542,6 +671,35 @@ __global__ void __launch_bounds__(kWarps * 32)
             uint32_t a[4];
             ldmatrix_x4_trans(a, stage + S::kValueAt + stage_offset<kRowBytes>(v_row, 16 * (2 * m_tile + ((lane >> 3) & 1))));
             mma_bf16_16816(acc[m_tile], a, pb[2 * k], pb[2 * k + 1]);
+          }
+        } else if constexpr (kInt4) {
+          // Tokens of k-columns 2t, 2t + 1 (n-tile 2k) and 2t + 8, 2t + 9 (n-tile 2k + 1). Lane g owns
+          // dims 32 G + 4 g + 0..3 of group G: the half-word (g & 1) of word g / 2 of the group's
+          // 16 bytes; rows g / g + 8 of m-tile 2G are its dims 0 / 1, of m-tile 2G + 1 its dims 2 / 3.
+          const int tokens[4] = {16 * k + 2 * t, 16 * k + 2 * t + 1, 16 * k + 8 + 2 * t, 16 * k + 9 + 2 * t};
+          uint32_t records[4][kGroups];
+#pragma unroll
+          for (int r = 0; r < 4; ++r) load_records<kGroups>(stage + S::kValueScaleAt + tokens[r] * S::kRecordBytes, records[r]);
+          const uint32_t halves = (g & 1) ? 0x7632u : 0x5410u;  // that half-word of two tokens' words
+#pragma unroll
+          for (int G = 0; G < kGroups; ++G) {
+            uint32_t words[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r)
+              words[r] = *reinterpret_cast<const uint32_t*>(stage + S::kValueAt +
+                                                            stage_offset<kRowBytes>(tokens[r], 16 * G + 4 * (g >> 1)));
+            uint32_t x[4], y[4];  // x[j]: dim j of tokens (2t, 2t + 1); y[j]: of tokens (2t + 8, 2t + 9)
+            int4x8_to_f16x2(__byte_perm(words[0], words[1], halves), x);
+            int4x8_to_f16x2(__byte_perm(words[2], words[3], halves), y);
+            // P^T scaled by this group's V scales over its unit: in [0, 1].
+            const float inv = inverse_unit[G];
+            const float v0 = decode_scale_record(records[0][G], Q).scale, v1 = decode_scale_record(records[1][G], Q).scale;
+            const float v2 = decode_scale_record(records[2][G], Q).scale, v3 = decode_scale_record(records[3][G], Q).scale;
+            __half2 b0 = __floats2half2_rn(p[2 * k][0] * v0 * inv, p[2 * k][1] * v1 * inv);
+            __half2 b1 = __floats2half2_rn(p[2 * k + 1][0] * v2 * inv, p[2 * k + 1][1] * v3 * inv);
+            const uint32_t pb0 = *reinterpret_cast<uint32_t*>(&b0), pb1 = *reinterpret_cast<uint32_t*>(&b1);
+            mma_f16_16816(acc[2 * G], x[0], x[1], y[0], y[1], pb0, pb1);
+            mma_f16_16816(acc[2 * G + 1], x[2], x[3], y[2], y[3], pb0, pb1);
           }
         } else {
           // Tokens of k-columns 2t, 2t + 1 (n-tile 2k) and 2t + 8, 2t + 9 (n-tile 2k + 1).
@@ -589,10 +747,14 @@ __global__ void __launch_bounds__(kWarps * 32)
     // Sums over the four lanes of each head, then back to values (acc * unit + zeros).
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    zero_sum += __shfl_xor_sync(0xffffffffu, zero_sum, 1);
-    zero_sum += __shfl_xor_sync(0xffffffffu, zero_sum, 2);
-    const float zero_even = __shfl_sync(0xffffffffu, zero_sum, 8 * t);
-    const float zero_odd = __shfl_sync(0xffffffffu, zero_sum, 8 * t + 4);
+    float zero_even[kUnits], zero_odd[kUnits];  // heads 2t and 2t + 1
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      zero_sum[u] += __shfl_xor_sync(0xffffffffu, zero_sum[u], 1);
+      zero_sum[u] += __shfl_xor_sync(0xffffffffu, zero_sum[u], 2);
+      zero_even[u] = __shfl_sync(0xffffffffu, zero_sum[u], 8 * t);
+      zero_odd[u] = __shfl_sync(0xffffffffu, zero_sum[u], 8 * t + 4);
+    }
 
     if (t == 0 && g < kHeads) {
       partials.m[warp * kHeads + g] = m;
@@ -600,18 +762,22 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
 #pragma unroll
     for (int m_tile = 0; m_tile < kSlices; ++m_tile) {
-      // Rows g and g + 8 of m-tile m_tile are these dims (bf16: as stored; quantized: the lane's permutation).
-      const int dim_lo = kBf16 ? 16 * m_tile + g : kChunk * g + m_tile;
-      const int dim_hi = kBf16 ? 16 * m_tile + 8 + g : kChunk * (g + 8) + m_tile;
+      // Rows g and g + 8 of m-tile m_tile are these dims (bf16: as stored; fp8 / int8 / int4: the lane's
+      // permutation, int4's within group m_tile / 2).
+      const int dim_lo = kBf16   ? 16 * m_tile + g
+                         : kInt4 ? 32 * (m_tile / 2) + 4 * g + 2 * (m_tile % 2)
+                                 : kChunk * g + m_tile;
+      const int dim_hi = kBf16 ? 16 * m_tile + 8 + g : kInt4 ? dim_lo + 1 : kChunk * (g + 8) + m_tile;
+      const int u = kInt4 ? m_tile / 2 : 0;
       if (2 * t < kHeads) {
         float* dst = partials.acc_row(warp, 2 * t);
-        dst[dim_lo] = acc[m_tile][0] * unit_scale + zero_even;
-        dst[dim_hi] = acc[m_tile][2] * unit_scale + zero_even;
+        dst[dim_lo] = acc[m_tile][0] * unit_scale[u] + zero_even[u];
+        dst[dim_hi] = acc[m_tile][2] * unit_scale[u] + zero_even[u];
       }
       if (2 * t + 1 < kHeads) {
         float* dst = partials.acc_row(warp, 2 * t + 1);
-        dst[dim_lo] = acc[m_tile][1] * unit_scale + zero_odd;
-        dst[dim_hi] = acc[m_tile][3] * unit_scale + zero_odd;
+        dst[dim_lo] = acc[m_tile][1] * unit_scale[u] + zero_odd[u];
+        dst[dim_hi] = acc[m_tile][3] * unit_scale[u] + zero_odd[u];
       }
     }
     __syncthreads();
@@ -634,8 +800,8 @@ cudaError_t launch_tiles(const AttentionDescriptor& d, const __nv_bfloat16* q, _
 template <int kHeadDim, int kHeads, KvQuant Q, bool kTensorScales>
 cudaError_t launch_variant(const AttentionDescriptor& d, const __nv_bfloat16* q, __nv_bfloat16* out,
                            cudaStream_t stream) {
-  return launch_tiles<kHeadDim, kHeads, Q, default_tile_tokens(kHeadDim, Q), kStages, kTensorScales>(d, q, out,
-                                                                                                    stream);
+  return launch_tiles<kHeadDim, kHeads, Q, default_tile_tokens(kHeadDim, Q), default_stages(Q), kTensorScales>(
+      d, q, out, stream);
 }
 
 template <KvQuant Q, bool kTensorScales = false>
@@ -667,7 +833,8 @@ bool decode_attention_mma_supports(const AttentionDescriptor& d) {
       // The copies address token vectors (block * block_size + slot) * num_kv_heads + head: the plan's layout.
       return d.token_stride == int64_t{d.num_kv_heads} * d.head_dim && d.block_stride == d.token_stride * d.block_size;
     case KvElement::kFP8E4M3:
-    case KvElement::kInt8: return true;
+    case KvElement::kInt8:
+    case KvElement::kInt4: return true;
     default: return false;
   }
 }
@@ -684,13 +851,14 @@ cudaError_t launch_decode_attention_mma(const AttentionDescriptor& d, const void
       return fp8_tensor_scales(d) ? launch_format<KvQuant::kFP8E4M3, true>(d, qb, ob, stream)
                                   : launch_format<KvQuant::kFP8E4M3>(d, qb, ob, stream);
     case KvElement::kInt8: return launch_format<KvQuant::kInt8>(d, qb, ob, stream);
+    case KvElement::kInt4: return launch_format<KvQuant::kInt4>(d, qb, ob, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
 cudaError_t prepare_decode_attention_mma() {
   AttentionDescriptor empty;  // zero work items: sets the attributes, enqueues nothing
-  for (KvElement e : {KvElement::kBF16, KvElement::kFP8E4M3, KvElement::kInt8}) {
+  for (KvElement e : {KvElement::kBF16, KvElement::kFP8E4M3, KvElement::kInt8, KvElement::kInt4}) {
     for (float tensor_scale : {0.0f, 1.0f}) {  // fp8: per-vector records, then per-tensor scales
       if (tensor_scale > 0.0f && e != KvElement::kFP8E4M3) continue;
       for (int head_dim : {64, 128}) {
