@@ -1,8 +1,9 @@
 // Decode attention on tensor cores (mma.sync m16n8k16, f32 accumulate) over a
-// bf16, fp8 or int8 paged cache. The default decode path for those pools at
-// head_dim 64 and 128; decode_attention.cu (bf16) and
-// decode_attention_quantized.cu (every format) keep the CUDA-core loops for
-// head_dim 256, int4 and comparisons (AttentionPlanOptions::decode_cuda_cores).
+// bf16, fp8, int8 or int4 paged cache (K and V in the same format). The default
+// decode path for those pools at head_dim 64 and 128; decode_attention.cu
+// (bf16) and decode_attention_quantized.cu (every format) keep the CUDA-core
+// loops for head_dim 256, K int8 / V int4 and comparisons
+// (AttentionPlanOptions::decode_cuda_cores).
 //
 // One CTA per unit (work item x head tile of kHeads query heads of one GQA
 // group), 4 warps; each warp streams its tiles of the unit through a private
@@ -39,6 +40,15 @@
 // g + 8; int8 converts K to f16 too. Dims are a free permutation of the k
 // index: for S lane t owns the K dims [t D/4, t D/4 + D/4) (its codes are
 // contiguous), for O lane g owns dims {D/16 g + i, D/16 (g + 8) + i} of m-tile i.
+// int4 (groups of 32 dims, one {scale, zero} record each; 32-token tiles x 4
+// stages at d=128): the scales differ along the dims, so they go inside:
+//   S[head, token] = sum_G k_scale_G * (Q_G . codes_G) + k_zero_G * sum(Q_G)
+// with each group's two k-slices in an accumulator of its own (lane t holds
+// the 8 codes of its 32-bit word of each group: dims 32 G + 8 t + 0..7, paired
+// (j, j + 4) by the nibble conversion, q paired alike), and
+//   O^T[dims of G, head] += codes^T . (p * v_scale_G / U_G)[token, head]
+// with lane g owning dims 32 G + 4 g + 0..3 (a half-word per token), m-tiles
+// 2G and 2G + 1 being group G's, and a unit U_G and a zero sum per group.
 // fp8 written with per-tensor scales (a checkpoint's k_scale / v_scale;
 // kTensorScales) reads no records: the K scale joins q's unscale and U is the V
 // scale throughout (2-5% faster on the H200, docs/KERNELS.md).

@@ -14,10 +14,10 @@
 // Every byte read from global memory goes through 16-byte cp.async for codes
 // and one 4/8/16-byte cp.async per token-head for its scale records.
 //
-// fp8 and int8 pools (K and V alike) run on tensor cores instead
+// fp8, int8 and int4 pools (K and V alike) run on tensor cores instead
 // (decode_attention_mma.cu) unless decode_cuda_cores is set: this loop spends
 // 8 FMAs per K + V element and 4 query heads, which made it compute-bound at
-// about the bf16 kernel's tokens/s. int4 and K int8 / V int4 run here. The split-K
+// about the bf16 kernel's tokens/s. K int8 / V int4 runs here. The split-K
 // scaffolding (work items, warp merge, output or partials, merge pass) is
 // decode_split_merge.cuh's, shared with the bf16 kernel.
 
