@@ -15,7 +15,7 @@ cudaError_t prepare_paged_attention_kernels() {
 
 cudaError_t launch_paged_attention(const AttentionDescriptor& d, const void* q, void* out,
                                    cudaStream_t stream) {
-  // Decode on tensor cores where it applies (bf16, fp8, int8 at head_dim 64 / 128).
+  // Decode on tensor cores where it applies (bf16, fp8, int8, int4 at head_dim 64 / 128).
   if (d.kernel == AttentionKernel::kDecode && decode_attention_mma_supports(d))
     return launch_decode_attention_mma(d, q, out, stream);
   // Quantized pools: the decode kernel dequantizes in registers; the prefill

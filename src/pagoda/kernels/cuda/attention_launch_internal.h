@@ -14,7 +14,7 @@ cudaError_t prepare_decode_attention();
 // The split-K merge pass of decode (decode_attention.cu): combines the
 // workspace partials of every sequence with more than one work item.
 cudaError_t launch_decode_merge(const AttentionDescriptor& desc, void* out, cudaStream_t stream);
-// Decode on tensor cores (decode_attention_mma.cu): bf16, fp8 or int8 K and V
+// Decode on tensor cores (decode_attention_mma.cu): bf16, fp8, int8 or int4 K and V
 // (the same format), head_dim 64 or 128, unless desc.decode_cuda_cores.
 bool decode_attention_mma_supports(const AttentionDescriptor& desc);
 cudaError_t launch_decode_attention_mma(const AttentionDescriptor& desc, const void* q, void* out,
