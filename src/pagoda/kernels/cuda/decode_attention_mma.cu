@@ -8,7 +8,8 @@
 // One CTA per unit (work item x head tile of kHeads query heads of one GQA
 // group), 4 warps; each warp streams its tiles of the unit through a private
 // cp.async pipeline of kStages stages of 8 KB of K + V (16 tokens of bf16 or
-// 32 of fp8 / int8 at head_dim 128), so no CTA barrier is in the loop; the
+// 32 of fp8 / int8 at head_dim 128; int4: 4 stages of 32 tokens, 4 KB of codes
+// and 1 KB of records), so no CTA barrier is in the loop; the
 // warps merge through shared memory and split-K is merged by the shared merge
 // pass (decode_split_merge.cuh). Per tile, with Q as the A operand (rows =
 // query heads; rows past kHeads are zero):
