@@ -51,8 +51,9 @@ class ServerHttpTest : public ::testing::Test {
   static void SetUpTestSuite() {
     server_ = new ServerProcess();
     std::string error;
-    keys_file_ = std::string(PAGODA_BINARY_DIR) + "/e2e_http_keys.json";
-    std::ofstream(keys_file_) << R"({"keys": [{"key": "sk-alice", "tenant": "alice"}, {"key": "sk-bob", "tenant": "bob"}]})";
+    keys_file_ = std::string(PAGODA_BINARY_DIR) + "/e2e_http_keys_" + std::to_string(getpid()) + ".json";
+    std::ofstream(keys_file_) << R"({"keys": [{"key": "sk-alice", "tenant": "alice"}, {"key": "sk-bob", "tenant": "bob"},
+                                              {"key": "sk-ops", "tenant": "ops", "admin": true}]})";
     ok_ = server_->start({"--model", repo_path(kFixture), "--block-size", "4", "--max-running", "8", "--max-queued",
                           "64", "--kv-cache-memory", "8000000", "--api-keys", keys_file_},
                          &error);
@@ -226,7 +227,7 @@ bool stream_and_disconnect(int port, const std::string& body) {
 }
 
 TEST_F(ServerHttpTest, ThousandsOfDisconnectsReturnBlocksToBaseline) {
-  auto metrics = [&] { return client().Get("/metrics")->body; };
+  auto metrics = [&] { return client("sk-ops").Get("/metrics")->body; };
   const double baseline = metric(metrics(), "pagoda_kv_blocks_in_use");
   ASSERT_GE(baseline, 0);
   std::atomic<int> streamed{0};
@@ -257,7 +258,7 @@ TEST_F(ServerHttpTest, ThousandsOfDisconnectsReturnBlocksToBaseline) {
 }
 
 TEST_F(ServerHttpTest, MetricsArePrometheusText) {
-  auto res = client().Get("/metrics");
+  auto res = client("sk-ops").Get("/metrics");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);
   for (const char* name : {"pagoda_kv_blocks_in_use", "pagoda_prefix_cache_hit_rate", "pagoda_queue_length",

@@ -38,12 +38,6 @@ PrefixMatch NaiveKvModel::match(const std::string& ns, const std::vector<TokenId
     m.reason = MissReason::kEvicted;
     return m;
   }
-  for (const auto& [key, block] : cached_) {
-    if (key.second == miss.second) {
-      m.reason = MissReason::kOtherNamespace;
-      return m;
-    }
-  }
   m.reason = MissReason::kNeverSeen;
   return m;
 }

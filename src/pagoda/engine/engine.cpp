@@ -187,6 +187,15 @@ StatusOr<int32_t> Engine::drop_namespace(const std::string& tenant_namespace) {
   return run_on_engine_thread([this, tenant_namespace] { return kv_.drop_namespace(tenant_namespace); });
 }
 
+kv::NamespaceKvUsage Engine::namespace_usage(const std::string& tenant_namespace) {
+  kv::NamespaceKvUsage usage;
+  run_on_engine_thread([this, &tenant_namespace, &usage] {
+    usage = kv_.namespace_usage(tenant_namespace);
+    return 0;
+  });
+  return usage;
+}
+
 EngineStats Engine::stats() const {
   std::lock_guard lock(stats_mutex_);
   EngineStats out = stats_;

@@ -97,6 +97,9 @@ class Engine {
   StatusOr<int32_t> drop_conversation(const std::string& tenant_namespace, std::vector<int32_t> tokens,
                                       int64_t keep_prefix_tokens);
   StatusOr<int32_t> drop_namespace(const std::string& tenant_namespace);
+  // One namespace's own KV figures (KvCacheManager::namespace_usage); read on
+  // the engine thread, blocks until done.
+  kv::NamespaceKvUsage namespace_usage(const std::string& tenant_namespace);
 
   EngineStats stats() const;
   int32_t vocab_size() const { return vocab_size_; }

@@ -6,6 +6,11 @@
 // radix-tree key and links. The pool itself only moves blocks on and off the
 // free list; KvCacheManager and PrefixCache interpret the rest.
 //
+// Ownership: a block allocated for a namespace (tenant) is held by it until it
+// returns to the free list; the pool counts blocks held per namespace (for
+// quotas) and remembers the last holder of a free block, so the manager knows
+// when a block passes from one namespace to another (and must be zeroed).
+//
 // Thread safety: none (owned by one KvCacheManager).
 
 #include <cstdint>
@@ -47,7 +52,10 @@ class BlockPool {
   int32_t num_free() const { return num_free_; }
 
   // Pops a free block (metadata reset, is_free false, ref 0); kNoBlock if none.
-  BlockId allocate() {
+  // `owner_namespace` (>= 0, or kNoOwner) becomes its holder; the block's
+  // previous holder (kNoOwner if none) goes to *previous_owner when given.
+  static constexpr int32_t kNoOwner = -1;
+  BlockId allocate(int32_t owner_namespace = kNoOwner, int32_t* previous_owner = nullptr) {
     const BlockId block = free_head_;
     if (block == kNoBlock) return kNoBlock;
     BlockMeta& m = meta_[block];
@@ -55,25 +63,43 @@ class BlockPool {
     --num_free_;
     m = BlockMeta{};
     m.is_free = false;
+    if (previous_owner != nullptr) *previous_owner = owner_[block];
+    owner_[block] = owner_namespace;
+    if (owner_namespace >= 0) {
+      if (static_cast<size_t>(owner_namespace) >= held_.size()) held_.resize(static_cast<size_t>(owner_namespace) + 1);
+      ++held_[owner_namespace];
+    }
     return block;
   }
-  // Pushes an unreferenced, uncached block back on the free list.
+  // Pushes an unreferenced, uncached block back on the free list. Its holder
+  // stops holding it but stays recorded as the last owner.
   void free(BlockId block) {
     BlockMeta& m = meta_[block];
     m.is_free = true;
     m.next_free = free_head_;
     free_head_ = block;
     ++num_free_;
+    if (owner_[block] >= 0) --held_[owner_[block]];
+  }
+
+  // Holder of an allocated block, or last holder of a free one; kNoOwner if none.
+  int32_t owner(BlockId block) const { return owner_[block]; }
+  // Allocated blocks held by a namespace.
+  int32_t num_held(int32_t owner_namespace) const {
+    return owner_namespace >= 0 && static_cast<size_t>(owner_namespace) < held_.size() ? held_[owner_namespace] : 0;
   }
 
   BlockMeta& meta(BlockId block) { return meta_[block]; }
   const BlockMeta& meta(BlockId block) const { return meta_[block]; }
 
-  // Free list acyclic, count matches, free blocks unreferenced and uncached.
+  // Free list acyclic, count matches, free blocks unreferenced and uncached,
+  // held counts match the owners of allocated blocks.
   Status verify_integrity() const;
 
  private:
   std::vector<BlockMeta> meta_;
+  std::vector<int32_t> owner_;  // [num_blocks] holder or last holder; kNoOwner if none
+  std::vector<int32_t> held_;   // [namespaces seen] allocated blocks per holder
   BlockId free_head_ = kNoBlock;
   int32_t num_free_ = 0;
 };

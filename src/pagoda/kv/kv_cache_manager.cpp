@@ -1,6 +1,7 @@
 #include "pagoda/kv/kv_cache_manager.h"
 
 #include <algorithm>
+#include <cassert>
 #include <deque>
 #include <unordered_map>
 #include <unordered_set>
@@ -103,17 +104,46 @@ class KvCacheManager::Impl {
   }
 
   // ---- block references ----
-  BlockId take_block() {
-    BlockId b = pool_.allocate();
+  // A fresh block for a sequence of namespace `ns_id`.
+  BlockId take_block(int32_t ns_id) {
+    int32_t previous_owner = BlockPool::kNoOwner;
+    BlockId b = pool_.allocate(ns_id, &previous_owner);
     if (b == kNoBlock) {
       cache_.evict_one();
-      b = pool_.allocate();
+      b = pool_.allocate(ns_id, &previous_owner);
     }
     // Callers check available() first, so this holds; keep it loud if not.
     assert(b != kNoBlock);
     pool_.meta(b).ref_count = 1;
     ++blocks_in_use_;
+    if (config_.zero_blocks_between_namespaces && previous_owner != BlockPool::kNoOwner && previous_owner != ns_id)
+      queue_zero(b);
     return b;
+  }
+  void queue_zero(BlockId b) {
+    if (zero_pending_[b]) return;
+    zero_pending_[b] = true;
+    blocks_to_zero_.push_back(b);
+  }
+  std::vector<BlockId> take_blocks_to_zero() {
+    std::vector<BlockId> out;
+    out.swap(blocks_to_zero_);
+    for (BlockId b : out) zero_pending_[b] = false;
+    return out;
+  }
+  NamespaceKvUsage& usage_of(int32_t ns_id) {
+    if (static_cast<size_t>(ns_id) >= ns_usage_.size()) ns_usage_.resize(static_cast<size_t>(ns_id) + 1);
+    return ns_usage_[ns_id];
+  }
+  NamespaceKvUsage namespace_usage(std::string_view ns) const {
+    NamespaceKvUsage u;
+    const int32_t id = cache_.find_namespace(ns);
+    if (id < 0) return u;
+    if (static_cast<size_t>(id) < ns_usage_.size()) u = ns_usage_[id];
+    u.blocks_held = pool_.num_held(id);
+    u.blocks_cached = cache_.num_cached_in(id);
+    u.blocks_evictable = cache_.num_evictable_in(id);
+    return u;
   }
   void acquire(BlockId b) {
     BlockMeta& m = pool_.meta(b);
@@ -154,24 +184,29 @@ class KvCacheManager::Impl {
       cache_.touch(b, /*reused=*/true);
       seq.blocks.push_back(b);
     }
-    for (int32_t i = 0; i < needed; ++i) seq.blocks.push_back(take_block());
+    for (int32_t i = 0; i < needed; ++i) seq.blocks.push_back(take_block(seq.namespace_id));
     seq.computed = match.cached_tokens;
     seq.next_block_to_cache = static_cast<int32_t>(match.blocks.size());
+    record_match_stats(match, static_cast<int64_t>(prompt.size()), usage_of(seq.namespace_id));
     sequences_.emplace(id, std::move(seq));
-    record_match_stats(match, static_cast<int64_t>(prompt.size()));
     return match;
   }
 
-  void record_match_stats(const PrefixMatch& match, int64_t prompt_size) {
+  // Counts into the totals and into the namespace's own figures.
+  void record_match_stats(const PrefixMatch& match, int64_t prompt_size, NamespaceKvUsage& ns) {
     const int64_t max_blocks = (prompt_size - 1) / bs();
     const int64_t tail = prompt_size - max_blocks * bs();
     const int64_t missed_full = max_blocks * bs() - match.cached_tokens;
-    stats_.hit_tokens += match.cached_tokens;
-    stats_.miss_tokens += prompt_size - match.cached_tokens;
-    stats_.miss_tokens_by_reason[static_cast<int>(MissReason::kShorterThanBlock)] += tail;
-    if (missed_full > 0) stats_.miss_tokens_by_reason[static_cast<int>(match.reason)] += missed_full;
+    auto add = [&](int64_t& hit, int64_t& miss, std::array<int64_t, kNumMissReasons>& by_reason, int64_t& allocated) {
+      hit += match.cached_tokens;
+      miss += prompt_size - match.cached_tokens;
+      by_reason[static_cast<int>(MissReason::kShorterThanBlock)] += tail;
+      if (missed_full > 0) by_reason[static_cast<int>(match.reason)] += missed_full;
+      ++allocated;
+    };
+    add(stats_.hit_tokens, stats_.miss_tokens, stats_.miss_tokens_by_reason, stats_.sequences_allocated);
+    add(ns.hit_tokens, ns.miss_tokens, ns.miss_tokens_by_reason, ns.sequences_allocated);
     stats_.blocks_reused += static_cast<int64_t>(match.blocks.size());
-    ++stats_.sequences_allocated;
   }
 
   Status append_tokens(SequenceId id, std::span<const TokenId> tokens) {
@@ -183,7 +218,7 @@ class KvCacheManager::Impl {
       return resource_exhausted_error("append_tokens: sequence {} needs {} new blocks, {} available", id, needed,
                                       available());
     }
-    for (int32_t i = 0; i < needed; ++i) s->blocks.push_back(take_block());
+    for (int32_t i = 0; i < needed; ++i) s->blocks.push_back(take_block(s->namespace_id));
     s->tokens.insert(s->tokens.end(), tokens.begin(), tokens.end());
     return ok_status();
   }
@@ -257,7 +292,7 @@ class KvCacheManager::Impl {
     }
     for (size_t j = static_cast<size_t>(shared_blocks); j < parent->blocks.size(); ++j) {
       const BlockId src = parent->blocks[j];
-      const BlockId dst = take_block();
+      const BlockId dst = take_block(child.namespace_id);
       const uint16_t written = pool_.meta(src).written_slots;
       pool_.meta(dst).written_slots = written;
       written_slots_in_use_ += written;
@@ -317,6 +352,7 @@ class KvCacheManager::Impl {
   }
   void reset_stats() {
     stats_ = KvStats{};
+    ns_usage_.clear();
     cache_.reset_counters();
   }
 
@@ -330,6 +366,9 @@ class KvCacheManager::Impl {
   KvStats stats_;
   int32_t blocks_in_use_ = 0;
   int64_t written_slots_in_use_ = 0;
+  std::vector<NamespaceKvUsage> ns_usage_;  // counters by namespace id
+  std::vector<BlockId> blocks_to_zero_;      // see take_blocks_to_zero()
+  std::vector<bool> zero_pending_ = std::vector<bool>(static_cast<size_t>(pool_.num_blocks()), false);
   std::deque<KvEvent> events_;
   uint64_t next_event_number_ = 0;
   uint64_t dropped_events_ = 0;
@@ -472,6 +511,8 @@ int32_t KvCacheManager::drop_conversation(std::string_view ns, std::span<const T
   return impl_->drop_conversation(ns, tokens, keep);
 }
 int32_t KvCacheManager::evict(int32_t n) { return impl_->evict(n); }
+std::vector<BlockId> KvCacheManager::take_blocks_to_zero() { return impl_->take_blocks_to_zero(); }
+NamespaceKvUsage KvCacheManager::namespace_usage(std::string_view ns) const { return impl_->namespace_usage(ns); }
 
 KvStats KvCacheManager::stats() const { return impl_->stats(); }
 void KvCacheManager::reset_stats() { impl_->reset_stats(); }

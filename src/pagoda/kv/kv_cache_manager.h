@@ -38,7 +38,10 @@
 //    referenced; only unreferenced leaves are eviction candidates;
 //  - the last, partially written block of a sequence is never shared;
 //  - no match crosses namespaces: namespaces are compared as whole strings and
-//    hashed length-prefixed, and tokens are compared on every match.
+//    hashed length-prefixed, and tokens are compared on every match;
+//  - a block is held by one namespace at a time (blocks are never shared across
+//    namespaces); per-namespace held, cached and evictable counts match the blocks;
+//  - a miss reason depends only on the requesting namespace's own state.
 //
 // Thread safety: none. Single-threaded by design: the engine loop owns it and
 // calls it between forwards. Wrap it in a mutex if that ever changes.
@@ -62,9 +65,14 @@ struct KvCacheConfig {
   int32_t block_size = 16;  // tokens per block, 1..256
   bool enable_prefix_cache = true;
   EvictionPolicyKind eviction_policy = EvictionPolicyKind::kLru;
-  // Remembered keys of removed blocks, to tag misses as kEvicted (about 60
-  // bytes each). 0: max(num_blocks, 65,536).
+  // Remembered keys of removed blocks per namespace, to tag that namespace's
+  // misses as kEvicted (about 60 bytes each). 0: max(num_blocks, 65,536).
   int32_t evicted_key_memory = 0;
+  // A block that passes from one namespace to another is listed by
+  // take_blocks_to_zero(), for the backend to zero before anything reads or
+  // writes it (defense in depth: no kernel reads a slot its sequence did not
+  // write, see docs/SECURITY.md). Off: nothing is listed.
+  bool zero_blocks_between_namespaces = true;
   // Events kept until drain_events(); older ones are dropped (counted).
   int32_t max_pending_events = 1 << 16;
   bool record_events = true;
@@ -163,9 +171,19 @@ class KvCacheManager {
   // Evicts up to `num_blocks` evictable blocks now (memory pressure, tests).
   int32_t evict(int32_t num_blocks);
 
+  // Blocks handed to a namespace other than their last holder since the last
+  // call (each at most once), oldest first; empty when
+  // zero_blocks_between_namespaces is off. The caller must zero them on the
+  // backend before the next forward or block copy (a fork's copy lands on a
+  // zeroed block, never the other way round).
+  std::vector<BlockId> take_blocks_to_zero();
+
   // ---- Observability ----------------------------------------------------------
 
   KvStats stats() const;
+  // One namespace's own hits, misses by reason and blocks (zeros for a
+  // namespace never seen). Never reports on any other namespace.
+  NamespaceKvUsage namespace_usage(std::string_view tenant_namespace) const;
   void reset_stats();  // counters only; gauges always reflect the present
   // Events since the last drain, oldest first.
   std::vector<KvEvent> drain_events();

@@ -7,7 +7,6 @@ std::string_view miss_reason_name(MissReason reason) {
     case MissReason::kHit: return "hit";
     case MissReason::kShorterThanBlock: return "shorter_than_block";
     case MissReason::kEvicted: return "evicted";
-    case MissReason::kOtherNamespace: return "other_namespace";
     case MissReason::kNeverSeen: return "never_seen";
   }
   return "unknown";

@@ -22,15 +22,17 @@ using TokenId = int32_t;
 inline constexpr BlockId kNoBlock = -1;
 
 // Why a prompt's tokens were not served from the prefix cache. A match reports
-// the reason for its *first* missing full block.
+// the reason for its *first* missing full block. Every reason is decided from
+// the requesting namespace's own state only: whether other tenants cached the
+// same tokens is never looked up, so no counter can tell one tenant what
+// another sent.
 enum class MissReason : uint8_t {
   kHit = 0,           // every cacheable full block matched (the tail is always computed)
   kShorterThanBlock,  // nothing cacheable: the prompt minus its last token is under one block
   kEvicted,           // this block was cached in this namespace, then evicted or dropped
-  kOtherNamespace,    // these tokens are cached, but only under another tenant namespace
-  kNeverSeen,         // not cached anywhere (or the prefix cache is disabled)
+  kNeverSeen,         // not cached in this namespace (or the prefix cache is disabled)
 };
-inline constexpr int kNumMissReasons = 5;
+inline constexpr int kNumMissReasons = 4;
 std::string_view miss_reason_name(MissReason reason);
 
 // Why a cached block left the prefix cache.
@@ -90,6 +92,20 @@ struct KvStats {
     const int64_t total = hit_tokens + miss_tokens;
     return total == 0 ? 0.0 : static_cast<double>(hit_tokens) / static_cast<double>(total);
   }
+};
+
+// One namespace's own figures: what a tenant may be shown about itself, and
+// nothing about anyone else. Counters since construction (or reset_stats());
+// gauges are current.
+struct NamespaceKvUsage {
+  int64_t hit_tokens = 0;
+  int64_t miss_tokens = 0;
+  std::array<int64_t, kNumMissReasons> miss_tokens_by_reason{};  // as KvStats, this namespace only
+  int64_t sequences_allocated = 0;
+  int32_t blocks_held = 0;       // gauge: in use by its sequences or cached under it
+  int32_t blocks_cached = 0;     // gauge: in its prefix cache (referenced or not)
+  int32_t blocks_evictable = 0;  // gauge: cached and unreferenced
+  int32_t block_limit = 0;       // its cap on blocks_held; 0: none
 };
 
 // A change to the prefix cache, for a future KV-aware router.

@@ -9,8 +9,6 @@ namespace {
 
 constexpr uint64_t kMulA = 0x9E3779B97F4A7C15ull;
 constexpr uint64_t kMulB = 0xC2B2AE3D27D4EB4Full;
-// Seed of the namespace-free chain used only to diagnose kOtherNamespace misses.
-constexpr uint64_t kTokenOnlySeed = 0x6A09E667F3BCC908ull;
 
 uint64_t finalize(uint64_t x) {  // splitmix64 finalizer: good low bits for the table
   x ^= x >> 30;
@@ -76,7 +74,6 @@ PrefixCache::PrefixCache(BlockPool& pool, int32_t block_size, std::unique_ptr<Ev
       clock_(clock),
       table_(pool.num_blocks()),
       tokens_(static_cast<size_t>(pool.num_blocks()) * block_size),
-      token_only_keys_(static_cast<size_t>(pool.num_blocks()), 0),
       removed_key_memory_(evicted_key_memory) {
   policy_->reset(pool.num_blocks());
 }
@@ -85,7 +82,10 @@ int32_t PrefixCache::intern_namespace(std::string_view tenant_namespace) {
   const int32_t found = find_namespace(tenant_namespace);
   if (found >= 0) return found;
   const int32_t id = static_cast<int32_t>(namespaces_.size());
-  namespaces_.push_back(NamespaceInfo{std::string(tenant_namespace), namespace_seed(tenant_namespace)});
+  NamespaceInfo info;
+  info.name = std::string(tenant_namespace);
+  info.seed = namespace_seed(tenant_namespace);
+  namespaces_.push_back(std::move(info));
   namespace_ids_.emplace(std::string(tenant_namespace), id);
   return id;
 }
@@ -93,6 +93,19 @@ int32_t PrefixCache::intern_namespace(std::string_view tenant_namespace) {
 int32_t PrefixCache::find_namespace(std::string_view tenant_namespace) const {
   const auto it = namespace_ids_.find(tenant_namespace);
   return it == namespace_ids_.end() ? -1 : it->second;
+}
+
+int32_t PrefixCache::num_cached_in(int32_t ns_id) const {
+  return ns_id >= 0 && ns_id < static_cast<int32_t>(namespaces_.size()) ? namespaces_[ns_id].num_cached : 0;
+}
+
+int32_t PrefixCache::num_evictable_in(int32_t ns_id) const {
+  return ns_id >= 0 && ns_id < static_cast<int32_t>(namespaces_.size()) ? namespaces_[ns_id].num_evictable : 0;
+}
+
+void PrefixCache::count_evictable(BlockId block, int32_t delta) {
+  num_evictable_ += delta;
+  namespaces_[pool_.meta(block).namespace_id].num_evictable += delta;
 }
 
 bool PrefixCache::content_equals(BlockId block, int32_t ns_id, BlockId parent, const TokenId* tokens) const {
@@ -130,7 +143,7 @@ PrefixMatch PrefixCache::match(std::string_view tenant_namespace, std::span<cons
       const TokenId* block_tokens_in = tokens.data() + static_cast<size_t>(base + j) * block_size_;
       const BlockId block = ns_id >= 0 ? table_.find(keys[j]) : kNoBlock;
       if (block == kNoBlock || !content_equals(block, ns_id, parent, block_tokens_in)) {
-        result.reason = diagnose_miss(tokens, base + j, keys[j]);
+        result.reason = diagnose_miss(ns_id, keys[j]);
         result.cached_tokens = static_cast<int32_t>(result.blocks.size()) * block_size_;
         return result;
       }
@@ -142,13 +155,22 @@ PrefixMatch PrefixCache::match(std::string_view tenant_namespace, std::span<cons
   return result;
 }
 
-MissReason PrefixCache::diagnose_miss(std::span<const TokenId> tokens, int32_t miss_block, uint64_t miss_key) const {
-  if (removed_key_counts_.count(miss_key) != 0) return MissReason::kEvicted;
-  uint64_t key = kTokenOnlySeed;
-  for (int32_t i = 0; i <= miss_block; ++i)
-    key = chain_block_hash(key, tokens.data() + static_cast<size_t>(i) * block_size_, block_size_);
-  if (token_only_counts_.count(key) != 0) return MissReason::kOtherNamespace;
-  return MissReason::kNeverSeen;
+MissReason PrefixCache::diagnose_miss(int32_t ns_id, uint64_t miss_key) const {
+  // Only this namespace's own memory is consulted: what other tenants cached
+  // must not change the answer (it would tell a tenant what another sent).
+  if (ns_id < 0) return MissReason::kNeverSeen;
+  return namespaces_[ns_id].removed_key_counts.count(miss_key) != 0 ? MissReason::kEvicted : MissReason::kNeverSeen;
+}
+
+void PrefixCache::remember_removed_key(NamespaceInfo& ns, uint64_t key) {
+  if (removed_key_memory_ <= 0) return;
+  ns.removed_keys.push_back(key);
+  ++ns.removed_key_counts[key];
+  if (static_cast<int32_t>(ns.removed_keys.size()) > removed_key_memory_) {
+    const auto it = ns.removed_key_counts.find(ns.removed_keys.front());
+    if (--it->second == 0) ns.removed_key_counts.erase(it);
+    ns.removed_keys.pop_front();
+  }
 }
 
 PrefixCache::InsertResult PrefixCache::insert(BlockId block, int32_t ns_id, BlockId parent, const TokenId* tokens) {
@@ -170,14 +192,11 @@ PrefixCache::InsertResult PrefixCache::insert(BlockId block, int32_t ns_id, Bloc
   m.reuse_count = 0;
   m.branch_count = 0;
   std::memcpy(&tokens_[static_cast<size_t>(block) * block_size_], tokens, sizeof(TokenId) * block_size_);
-  const uint64_t token_key =
-      chain_block_hash(parent == kNoBlock ? kTokenOnlySeed : token_only_keys_[parent], tokens, block_size_);
-  token_only_keys_[block] = token_key;
-  ++token_only_counts_[token_key];
   link_child(parent, block);
   ++num_cached_;
+  ++namespaces_[ns_id].num_cached;
   if (m.ref_count == 0) {  // not the normal path (callers insert referenced blocks), but keep counts right
-    ++num_evictable_;
+    count_evictable(block, +1);
     maybe_add_candidate(block);
   }
   if (event_sink_) event_sink_(KvEvent::Kind::kBlockStored, block, key, parent == kNoBlock ? 0 : parent_key, ns_id);
@@ -214,12 +233,12 @@ void PrefixCache::maybe_add_candidate(BlockId block) {
 }
 
 void PrefixCache::on_referenced(BlockId block) {
-  --num_evictable_;
+  count_evictable(block, -1);
   policy_->remove(block);
 }
 
 void PrefixCache::on_unreferenced(BlockId block) {
-  ++num_evictable_;
+  count_evictable(block, +1);
   pool_.meta(block).last_access_ns = clock_.now_ns();
   maybe_add_candidate(block);
 }
@@ -245,18 +264,10 @@ void PrefixCache::remove_one(BlockId block, RemovalReason reason) {
   const uint64_t parent_key = parent == kNoBlock ? 0 : pool_.meta(parent).key_hash;
   const int32_t ns_id = m.namespace_id;
   table_.erase(key);
-  if (removed_key_memory_ > 0) {
-    removed_keys_.push_back(key);
-    ++removed_key_counts_[key];
-    if (static_cast<int32_t>(removed_keys_.size()) > removed_key_memory_) {
-      const auto it = removed_key_counts_.find(removed_keys_.front());
-      if (--it->second == 0) removed_key_counts_.erase(it);
-      removed_keys_.pop_front();
-    }
-  }
-  const auto token_it = token_only_counts_.find(token_only_keys_[block]);
-  if (--token_it->second == 0) token_only_counts_.erase(token_it);
-  token_only_keys_[block] = 0;
+  NamespaceInfo& ns = namespaces_[ns_id];
+  remember_removed_key(ns, key);
+  --ns.num_cached;
+  if (m.ref_count == 0) count_evictable(block, -1);
   // Forget the key before unlinking, so the parent sees this child gone.
   m.key_hash = 0;
   unlink_child(block);
@@ -268,10 +279,7 @@ void PrefixCache::remove_one(BlockId block, RemovalReason reason) {
   --num_cached_;
   ++removed_by_reason_[static_cast<int>(reason)];
   if (event_sink_) event_sink_(KvEvent::Kind::kBlockRemoved, block, key, parent_key, ns_id);
-  if (m.ref_count == 0) {
-    --num_evictable_;
-    pool_.free(block);
-  }
+  if (m.ref_count == 0) pool_.free(block);
 }
 
 int32_t PrefixCache::remove_subtree(BlockId root, RemovalReason reason) {
@@ -326,7 +334,6 @@ Status PrefixCache::verify_integrity() const {
     if (m.namespace_id < 0 || m.namespace_id >= static_cast<int32_t>(namespaces_.size()))
       return internal_error("cached block {} has namespace id {}", b, m.namespace_id);
     uint64_t parent_key = namespaces_[m.namespace_id].seed;
-    uint64_t parent_token_key = kTokenOnlySeed;
     if (m.parent != kNoBlock) {
       const BlockMeta& p = pool_.meta(m.parent);
       if (!p.is_cached()) return internal_error("cached block {} has uncached parent {}", b, m.parent);
@@ -337,7 +344,6 @@ Status PrefixCache::verify_integrity() const {
       if (m.ref_count > 0 && p.ref_count == 0)
         return internal_error("referenced cached block {} has an unreferenced parent {}", b, m.parent);
       parent_key = p.key_hash;
-      parent_token_key = token_only_keys_[m.parent];
       bool listed = false;
       for (BlockId c = p.first_child; c != kNoBlock; c = pool_.meta(c).next_sibling) listed |= c == b;
       if (!listed) return internal_error("cached block {} is missing from its parent {}'s children", b, m.parent);
@@ -346,8 +352,6 @@ Status PrefixCache::verify_integrity() const {
     }
     if (chain_block_hash(parent_key, block_tokens(b), block_size_) != m.key_hash)
       return internal_error("cached block {} key does not hash its parent key and tokens", b);
-    if (chain_block_hash(parent_token_key, block_tokens(b), block_size_) != token_only_keys_[b])
-      return internal_error("cached block {} namespace-free key is stale", b);
     for (BlockId c = m.first_child; c != kNoBlock; c = pool_.meta(c).next_sibling) {
       if (pool_.meta(c).parent != b) return internal_error("block {} lists child {} whose parent is {}", b, c,
                                                            pool_.meta(c).parent);
@@ -360,10 +364,21 @@ Status PrefixCache::verify_integrity() const {
   if (cached != table_.size()) return internal_error("{} cached blocks, hash table holds {}", cached, table_.size());
   if (evictable != num_evictable_) return internal_error("{} evictable blocks, counter says {}", evictable, num_evictable_);
   if (candidates != policy_->size()) return internal_error("{} candidates, policy holds {}", candidates, policy_->size());
-  int64_t token_only_total = 0;
-  for (const auto& [key, count] : token_only_counts_) token_only_total += count;
-  if (token_only_total != cached)
-    return internal_error("namespace-free index counts {} blocks, {} cached", token_only_total, cached);
+  std::vector<int32_t> cached_in(namespaces_.size(), 0), evictable_in(namespaces_.size(), 0);
+  for (BlockId b = 0; b < pool_.num_blocks(); ++b) {
+    const BlockMeta& m = pool_.meta(b);
+    if (!m.is_cached()) continue;
+    ++cached_in[m.namespace_id];
+    evictable_in[m.namespace_id] += m.ref_count == 0 ? 1 : 0;
+  }
+  for (size_t ns = 0; ns < namespaces_.size(); ++ns) {
+    if (cached_in[ns] != namespaces_[ns].num_cached || evictable_in[ns] != namespaces_[ns].num_evictable)
+      return internal_error("namespace {}: {} cached / {} evictable blocks, counters say {} / {}", ns, cached_in[ns],
+                            evictable_in[ns], namespaces_[ns].num_cached, namespaces_[ns].num_evictable);
+    if (static_cast<int32_t>(namespaces_[ns].removed_keys.size()) > std::max(removed_key_memory_, 0))
+      return internal_error("namespace {} remembers {} removed keys, over {}", ns, namespaces_[ns].removed_keys.size(),
+                            removed_key_memory_);
+  }
   return policy_->verify_integrity();
 }
 

@@ -12,9 +12,10 @@
 //
 // The cache also tracks which cached blocks are evictable (unreferenced leaves)
 // and feeds them to the EvictionPolicy; KvCacheManager tells it when a cached
-// block's ref count goes 0 -> 1 or 1 -> 0. It remembers the keys of recently
-// removed blocks and a namespace-free count of every cached prefix, only to tag
-// misses with a reason.
+// block's ref count goes 0 -> 1 or 1 -> 0. Each namespace remembers the keys of
+// its own recently removed blocks, only to tag its misses with a reason: a miss
+// is diagnosed from the requesting namespace's state alone, never from what
+// other namespaces hold.
 //
 // Thread safety: none (owned by one KvCacheManager).
 
@@ -91,6 +92,9 @@ class PrefixCache {
 
   int32_t num_cached() const { return num_cached_; }
   int32_t num_evictable() const { return num_evictable_; }  // cached and unreferenced
+  // The same two counts for one namespace id (0 for an unknown id).
+  int32_t num_cached_in(int32_t ns_id) const;
+  int32_t num_evictable_in(int32_t ns_id) const;
   int32_t block_size() const { return block_size_; }
   const TokenId* block_tokens(BlockId block) const { return &tokens_[static_cast<size_t>(block) * block_size_]; }
   std::string_view policy_name() const { return policy_->name(); }
@@ -103,6 +107,12 @@ class PrefixCache {
   struct NamespaceInfo {
     std::string name;
     uint64_t seed = 0;
+    int32_t num_cached = 0;
+    int32_t num_evictable = 0;
+    // FIFO of this namespace's removed keys (bounded by removed_key_memory_),
+    // and how often each is in it: tags this namespace's misses as kEvicted.
+    std::deque<uint64_t> removed_keys;
+    std::unordered_map<uint64_t, int32_t> removed_key_counts;
   };
   struct StringHash {
     using is_transparent = void;
@@ -114,8 +124,9 @@ class PrefixCache {
   void link_child(BlockId parent, BlockId child);
   void unlink_child(BlockId child);
   void maybe_add_candidate(BlockId block);
-  uint64_t token_only_key(BlockId block) const { return token_only_keys_[block]; }
-  MissReason diagnose_miss(std::span<const TokenId> tokens, int32_t miss_block, uint64_t miss_key) const;
+  MissReason diagnose_miss(int32_t ns_id, uint64_t miss_key) const;
+  void remember_removed_key(NamespaceInfo& ns, uint64_t key);
+  void count_evictable(BlockId block, int32_t delta);
 
   BlockPool& pool_;
   const int32_t block_size_;
@@ -124,14 +135,10 @@ class PrefixCache {
   EventSink event_sink_;
 
   PrefixHashTable table_;
-  std::vector<TokenId> tokens_;            // [num_blocks * block_size] tokens of cached blocks
-  std::vector<uint64_t> token_only_keys_;  // [num_blocks] namespace-free prefix hash of cached blocks
+  std::vector<TokenId> tokens_;  // [num_blocks * block_size] tokens of cached blocks
   std::vector<NamespaceInfo> namespaces_;
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> namespace_ids_;
-  std::unordered_map<uint64_t, int32_t> token_only_counts_;  // namespace-free prefix hash -> cached blocks
-  std::deque<uint64_t> removed_keys_;                         // FIFO of removed keys, bounded
-  std::unordered_map<uint64_t, int32_t> removed_key_counts_;
-  int32_t removed_key_memory_;
+  int32_t removed_key_memory_;  // per namespace
   int32_t num_cached_ = 0;
   int32_t num_evictable_ = 0;
   std::array<int64_t, kNumRemovalReasons> removed_by_reason_{};

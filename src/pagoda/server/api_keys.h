@@ -1,10 +1,12 @@
 #pragma once
 // Api keys -> tenants. `--api-keys FILE` holds
 //   {"keys": [{"key": "sk-...", "tenant": "name"}, ...]}
+// and, optionally per entry, "admin": true (the key may read the server-wide
+// /metrics). Files without "admin" keep working: their keys are tenants only.
 // With keys loaded, every /v1 request needs `Authorization: Bearer <key>`; the
 // tenant of the key becomes the request's KV cache namespace. The namespace
 // never comes from the request body. Without keys every request is the tenant
-// "default" (one shared namespace).
+// "default" (one shared namespace) and every caller counts as admin.
 //
 // Thread safety: immutable after load; lookups from any thread.
 
@@ -18,11 +20,17 @@
 
 namespace pagoda::server {
 
+// Who a request's key says it is.
+struct KeyIdentity {
+  std::string tenant;
+  bool admin = false;  // may read server-wide figures (/metrics)
+};
+
 class ApiKeyStore {
  public:
   ApiKeyStore() = default;  // disabled: everyone is "default"
   // Errors name the file and the entry: NOT_FOUND, DATA_LOSS (bad JSON, missing
-  // or empty "key"/"tenant", duplicate key).
+  // or empty "key"/"tenant", "admin" not a boolean, duplicate key).
   static StatusOr<ApiKeyStore> load(const std::filesystem::path& path);
   static StatusOr<ApiKeyStore> parse(std::string_view json_text, std::string_view source_name);
 
@@ -32,6 +40,8 @@ class ApiKeyStore {
   // header is missing, malformed or the key is unknown. Keys are compared in
   // constant time. When disabled, always "default".
   std::optional<std::string> tenant_for_authorization(std::string_view header) const;
+  // The same lookup with the key's rights; when disabled, {"default", admin}.
+  std::optional<KeyIdentity> identify(std::string_view authorization_header) const;
 
   // The KV namespace of a tenant: tenant names are user-chosen strings, so the
   // namespace is length-prefixed to keep "a" + "bc" apart from "ab" + "c".
@@ -40,7 +50,7 @@ class ApiKeyStore {
  private:
   struct Entry {
     std::string key;
-    std::string tenant;
+    KeyIdentity identity;
   };
   std::vector<Entry> entries_;
 };

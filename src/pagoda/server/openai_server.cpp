@@ -53,8 +53,8 @@ void OpenAiServer::send_error(httplib::Response& res, const ApiError& error) {
   res.set_content(error.body(), "application/json");
 }
 
-std::optional<std::string> OpenAiServer::authenticate(const httplib::Request& req, httplib::Response& res) {
-  auto tenant = config_.api_keys.tenant_for_authorization(req.get_header_value("Authorization"));
+std::optional<KeyIdentity> OpenAiServer::authenticate(const httplib::Request& req, httplib::Response& res) {
+  auto tenant = config_.api_keys.identify(req.get_header_value("Authorization"));
   if (!tenant) {
     ApiError e;
     e.http_status = 401;
@@ -124,9 +124,16 @@ void OpenAiServer::install_routes() {
     if (draining_) return send_json(res, 503, {{"status", "draining"}});
     send_json(res, 200, {{"status", "ok"}});
   });
-  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(render_prometheus_metrics(engine_.stats(), http_counters()), "text/plain; version=0.0.4");
+  // No endpoint serves byte ranges: a Range header (even many of them) gets
+  // the whole answer, never a multipart amplification of it. httplib parses
+  // the header before routing; the request object it passes is its own
+  // non-const local, so clearing the parsed ranges here is well defined.
+  s.set_pre_routing_handler([](const httplib::Request& req, httplib::Response&) {
+    const_cast<httplib::Request&>(req).ranges.clear();
+    return httplib::Server::HandlerResponse::Unhandled;
   });
+  s.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) { handle_metrics(req, res); });
+  s.Get("/v1/usage", [this](const httplib::Request& req, httplib::Response& res) { handle_usage(req, res); });
   s.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     if (!authenticate(req, res)) return;
     json model = {{"id", config_.model_name},
@@ -146,8 +153,9 @@ void OpenAiServer::install_routes() {
 }
 
 void OpenAiServer::handle_generate(const httplib::Request& http_req, httplib::Response& res, Endpoint endpoint) {
-  auto tenant = authenticate(http_req, res);
-  if (!tenant) return;
+  auto identity = authenticate(http_req, res);
+  if (!identity) return;
+  const std::string& tenant = identity->tenant;
   if (draining_) return send_error(res, api_error_from_status(failed_precondition_error("the server is shutting down")));
 
   auto parsed = parse_openai_request(http_req.body, endpoint);
@@ -197,11 +205,13 @@ void OpenAiServer::handle_generate(const httplib::Request& http_req, httplib::Re
                                              "stop_token_ids"));
 
   engine::GenerationRequest gen;
-  gen.tenant_namespace = ApiKeyStore::cache_namespace(*tenant);
+  gen.tenant_namespace = ApiKeyStore::cache_namespace(tenant);
   gen.prompt_tokens = std::move(*tokens);
   gen.sampling = req.sampling;
   auto submitted = engine_.submit(std::move(gen));
   if (!submitted.ok()) {
+    if (submitted.status().code() == StatusCode::kResourceExhausted)
+      tenant_usage_.record_refused(tenant, Refusal::kQueueFull);
     // By code, never by the message (engine.h): kOutOfRange is the prompt plus
     // max_tokens past the context length or the whole KV cache.
     ApiError e = api_error_from_status(submitted.status());
@@ -211,6 +221,7 @@ void OpenAiServer::handle_generate(const httplib::Request& http_req, httplib::Re
     }
     return send_error(res, e);
   }
+  tenant_usage_.record_accepted(tenant);
 
   const std::string id = fmt::format("{}-{:x}{:06x}", endpoint == Endpoint::kCompletions ? "cmpl" : "chatcmpl",
                                      unix_seconds(), next_response_id_++);
@@ -221,11 +232,11 @@ void OpenAiServer::handle_generate(const httplib::Request& http_req, httplib::Re
   // template was shown tools (streamed deltas stay text).
   if (endpoint == Endpoint::kChatCompletions && !req.stream && req.chat.tools.is_array())
     builder->parse_tool_calls_as(codec_.render_chat.tool_call_syntax);
-  if (req.stream) return stream_response(http_req, res, *submitted, std::move(builder), req.include_usage);
-  whole_response(http_req, res, **submitted, *builder);
+  if (req.stream) return stream_response(http_req, res, tenant, *submitted, std::move(builder), req.include_usage);
+  whole_response(http_req, res, tenant, **submitted, *builder);
 }
 
-void OpenAiServer::whole_response(const httplib::Request& http_req, httplib::Response& res,
+void OpenAiServer::whole_response(const httplib::Request& http_req, httplib::Response& res, const std::string& tenant,
                                   engine::RequestStream& stream, ResponseBuilder& builder) {
   // Nothing is sent until the result is known, so a failure is a real 5xx status
   // rather than a 200 with an error body. The client may leave meanwhile: its
@@ -256,6 +267,7 @@ void OpenAiServer::whole_response(const httplib::Request& http_req, httplib::Res
     if (!out) continue;
     builder.accumulate(*out);
     if (!out->finished) continue;
+    tenant_usage_.record_finished(tenant, out->usage);
     if (out->failed()) return send_error(res, api_error_from_engine_failure(out->failure()));
     // An abort without a failure is not one this handler asked for: never a 200 with a cut-short text.
     if (builder.any_choice_finished(engine::FinishReason::kAbort))
@@ -265,7 +277,7 @@ void OpenAiServer::whole_response(const httplib::Request& http_req, httplib::Res
   }
 }
 
-void OpenAiServer::stream_response(const httplib::Request&, httplib::Response& res,
+void OpenAiServer::stream_response(const httplib::Request&, httplib::Response& res, const std::string& tenant,
                                    std::shared_ptr<engine::RequestStream> stream,
                                    std::unique_ptr<ResponseBuilder> builder, bool include_usage) {
   // Server-sent events: the 200 goes out with the first byte; a failure later
@@ -276,7 +288,7 @@ void OpenAiServer::stream_response(const httplib::Request&, httplib::Response& r
   state->include_usage = include_usage;
   const engine::RequestId request_id = state->stream->id();
 
-  auto provider = [state](size_t, httplib::DataSink& sink) -> bool {
+  auto provider = [this, state, tenant](size_t, httplib::DataSink& sink) -> bool {
     while (!state->done) {
       if (!sink.is_writable()) return false;  // the client left: the releaser aborts
       auto out = state->stream->next(kPollInterval);
@@ -288,6 +300,7 @@ void OpenAiServer::stream_response(const httplib::Request&, httplib::Response& r
         payload += ResponseBuilder::sse_event(c);
       }
       if (out->finished) {
+        tenant_usage_.record_finished(tenant, out->usage);
         if (out->failed()) payload += "data: " + api_error_from_engine_failure(out->failure()).body() + "\n\n";
         if (state->include_usage) payload += ResponseBuilder::sse_event(state->builder->usage_chunk(out->usage));
         payload += ResponseBuilder::kSseDone;
@@ -310,13 +323,53 @@ void OpenAiServer::stream_response(const httplib::Request&, httplib::Response& r
   res.set_chunked_content_provider("text/event-stream", provider, releaser);
 }
 
+void OpenAiServer::handle_metrics(const httplib::Request& req, httplib::Response& res) {
+  // Server-wide figures (every tenant's traffic in sum) are for operators: with
+  // api keys on, only a key marked "admin" reads them.
+  auto identity = authenticate(req, res);
+  if (!identity) return;
+  if (!identity->admin) {
+    ApiError e;
+    e.http_status = 403;
+    e.type = "permission_error";
+    e.code = "admin_key_required";
+    e.message = "/metrics needs an api key marked \"admin\"; a tenant's own figures are at /v1/usage";
+    return send_error(res, e);
+  }
+  res.set_content(render_prometheus_metrics(engine_.stats(), http_counters()), "text/plain; version=0.0.4");
+}
+
+void OpenAiServer::handle_usage(const httplib::Request& req, httplib::Response& res) {
+  auto identity = authenticate(req, res);
+  if (!identity) return;
+  const TenantCounters c = tenant_usage_.counters(identity->tenant);
+  const kv::NamespaceKvUsage kv = engine_.namespace_usage(ApiKeyStore::cache_namespace(identity->tenant));
+  json refused = json::object();
+  for (int r = 0; r < kNumRefusals; ++r) refused[refusal_name(static_cast<Refusal>(r))] = c.requests_refused[r];
+  json misses = json::object();
+  for (int r = 1; r < kv::kNumMissReasons; ++r)
+    misses[std::string(kv::miss_reason_name(static_cast<kv::MissReason>(r)))] = kv.miss_tokens_by_reason[r];
+  send_json(res, 200,
+            {{"object", "usage"},
+             {"tenant", identity->tenant},
+             {"requests", {{"accepted", c.requests_accepted}, {"finished", c.requests_finished}, {"refused", refused}}},
+             {"tokens",
+              {{"prompt", c.prompt_tokens}, {"completion", c.completion_tokens}, {"cached", c.cached_prompt_tokens}}},
+             {"prefix_cache", {{"hit_tokens", kv.hit_tokens}, {"miss_tokens", kv.miss_tokens}, {"miss_tokens_by_reason", misses}}},
+             {"kv_blocks",
+              {{"held", kv.blocks_held},
+               {"cached", kv.blocks_cached},
+               {"evictable", kv.blocks_evictable},
+               {"limit", kv.block_limit}}}});
+}
+
 void OpenAiServer::handle_cache_drop(const httplib::Request& http_req, httplib::Response& res) {
-  auto tenant = authenticate(http_req, res);
-  if (!tenant) return;
+  auto identity = authenticate(http_req, res);
+  if (!identity) return;
   auto parsed = parse_cache_drop_request(http_req.body);
   if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
   const CacheDropRequest& req = std::get<CacheDropRequest>(parsed);
-  const std::string ns = ApiKeyStore::cache_namespace(*tenant);
+  const std::string ns = ApiKeyStore::cache_namespace(identity->tenant);
   StatusOr<int32_t> dropped = 0;
   if (req.all) {
     dropped = engine_.drop_namespace(ns);

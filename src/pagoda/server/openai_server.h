@@ -4,7 +4,9 @@
 // Routes: POST /v1/completions, POST /v1/chat/completions (both with
 // "stream": true as server-sent events ending in "data: [DONE]"),
 // GET /v1/models, POST /v1/cache/drop (pagoda: drop a conversation's or the
-// tenant's cached blocks), GET /health, GET /metrics (Prometheus).
+// tenant's cached blocks), GET /v1/usage (pagoda: the caller's own tenant
+// figures), GET /health, GET /metrics (Prometheus; with api keys, only for a
+// key marked "admin"). No endpoint honours Range: every answer is whole.
 //
 // Request path: auth (api key -> tenant -> cache namespace) -> parse and
 // validate (400 + OpenAI error object) -> model name -> chat template ->
@@ -44,6 +46,7 @@
 #include "pagoda/server/openai_request.h"
 #include "pagoda/server/openai_response.h"
 #include "pagoda/server/prometheus_metrics.h"
+#include "pagoda/server/tenant_usage.h"
 
 namespace httplib {
 class Server;
@@ -96,14 +99,17 @@ class OpenAiServer {
   void install_routes();
   void handle_generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
   // Non-streamed: waits for the whole result, then answers 200 or the error's status.
-  void whole_response(const httplib::Request& req, httplib::Response& res, engine::RequestStream& stream,
-                      ResponseBuilder& builder);
+  void whole_response(const httplib::Request& req, httplib::Response& res, const std::string& tenant,
+                      engine::RequestStream& stream, ResponseBuilder& builder);
   // Streamed: 200 at once, deltas as server-sent events.
-  void stream_response(const httplib::Request& req, httplib::Response& res,
+  void stream_response(const httplib::Request& req, httplib::Response& res, const std::string& tenant,
                        std::shared_ptr<engine::RequestStream> stream, std::unique_ptr<ResponseBuilder> builder,
                        bool include_usage);
   void handle_cache_drop(const httplib::Request& req, httplib::Response& res);
-  std::optional<std::string> authenticate(const httplib::Request& req, httplib::Response& res);
+  void handle_usage(const httplib::Request& req, httplib::Response& res);
+  void handle_metrics(const httplib::Request& req, httplib::Response& res);
+  // The caller's identity, or nullopt after answering 401.
+  std::optional<KeyIdentity> authenticate(const httplib::Request& req, httplib::Response& res);
   void send_error(httplib::Response& res, const ApiError& error);
   StatusOr<std::vector<int32_t>> tokens_for_text(const std::string& text, bool add_special_tokens) const;
   StatusOr<std::vector<int32_t>> tokens_for_chat(const ChatPrompt& prompt) const;
@@ -117,6 +123,7 @@ class OpenAiServer {
   std::atomic<uint64_t> next_response_id_{1};
   mutable std::mutex counters_mutex_;
   HttpCounters counters_;
+  TenantUsageBook tenant_usage_;
 };
 
 }  // namespace pagoda::server

@@ -1,0 +1,155 @@
+// The real `pagoda serve` on loopback, probed as a hostile tenant would: what
+// /metrics, /v1/usage and Range headers reveal or amplify.
+
+#include <fstream>
+#include <random>
+#include <regex>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "raw_http.h"
+#include "server_process.h"
+
+namespace pagoda::e2e {
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+const char* kFixture = "tests/fixtures/models/llama_f32";
+
+class ServerSecurityTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new ServerProcess();
+    // One file per process: ctest -j runs the suite's tests in parallel processes.
+    const std::string keys = std::string(PAGODA_BINARY_DIR) + "/e2e_security_keys_" + std::to_string(getpid()) + ".json";
+    std::ofstream(keys) << R"({"keys": [{"key": "sk-alice", "tenant": "alice"}, {"key": "sk-bob", "tenant": "bob"},
+                                       {"key": "sk-ops", "tenant": "ops", "admin": true}]})";
+    std::string error;
+    ok_ = server_->start({"--model", repo_path(kFixture), "--block-size", "4", "--max-running", "8",
+                          "--kv-cache-memory", "8000000", "--api-keys", keys},
+                         &error);
+    if (!ok_) std::fprintf(stderr, "%s\n", error.c_str());
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override { ASSERT_TRUE(ok_) << "server did not start"; }
+
+  static int port() { return server_->port(); }
+  static Received get(const std::string& path, const std::string& key, const std::string& extra = "") {
+    return exchange(port(), http_get(path, key, extra), 10s);
+  }
+  static json get_json(const std::string& path, const std::string& key) {
+    const Received r = get(path, key);
+    EXPECT_EQ(status_of(r.bytes), 200) << r.bytes.substr(0, 500);
+    return json::parse(body_of(r.bytes), nullptr, false);
+  }
+  static json complete(const std::vector<int>& prompt, const std::string& key) {
+    const json body = {{"model", "llama_f32"}, {"prompt", prompt}, {"max_tokens", 2}, {"temperature", 0}};
+    const Received r = exchange(port(), http_post("/v1/completions", key, body.dump()), 30s);
+    EXPECT_EQ(status_of(r.bytes), 200) << r.bytes.substr(0, 500);
+    return json::parse(body_of(r.bytes), nullptr, false);
+  }
+  // Every pagoda_prefix_cache_miss_tokens_total{reason=...} value.
+  static std::map<std::string, double> miss_counters() {
+    const std::string m = body_of(get("/metrics", "sk-ops").bytes);
+    std::map<std::string, double> out;
+    std::regex re(R"re(pagoda_prefix_cache_miss_tokens_total\{reason="([a-z_]+)"\} ([0-9.e+]+))re");
+    for (std::sregex_iterator it(m.begin(), m.end(), re), end; it != end; ++it) out[(*it)[1]] = std::stod((*it)[2]);
+    return out;
+  }
+
+  static inline ServerProcess* server_ = nullptr;
+  static inline bool ok_ = false;
+};
+
+TEST_F(ServerSecurityTest, MetricsNeedAnAdminKeyWhenKeysAreOn) {
+  EXPECT_EQ(status_of(get("/metrics", "").bytes), 401);
+  EXPECT_EQ(status_of(get("/metrics", "sk-mallory").bytes), 401);
+  const Received tenant = get("/metrics", "sk-alice");
+  EXPECT_EQ(status_of(tenant.bytes), 403);
+  const json error = json::parse(body_of(tenant.bytes), nullptr, false);
+  ASSERT_TRUE(error.contains("error")) << tenant.bytes;
+  EXPECT_EQ(error["error"]["code"], "admin_key_required");
+  EXPECT_EQ(body_of(tenant.bytes).find("pagoda_"), std::string::npos) << "no figure leaks into the refusal";
+  const Received admin = get("/metrics", "sk-ops");
+  EXPECT_EQ(status_of(admin.bytes), 200);
+  EXPECT_NE(admin.bytes.find("pagoda_kv_blocks_in_use"), std::string::npos);
+  EXPECT_EQ(admin.bytes.find("other_namespace"), std::string::npos) << "the cross-tenant miss reason is gone";
+}
+
+TEST_F(ServerSecurityTest, RangeHeadersGetTheWholeAnswerOnEveryEndpoint) {
+  std::string ranges = "Range: bytes=0-";
+  for (int i = 0; i < 1500; ++i) ranges += ",0-";
+  ranges += "\r\n";
+  for (const auto& [path, key] : std::vector<std::pair<std::string, std::string>>{
+           {"/v1/models", "sk-alice"}, {"/metrics", "sk-ops"}, {"/health", ""}, {"/v1/usage", "sk-alice"}}) {
+    const Received plain = get(path, key);
+    const Received ranged = get(path, key, ranges);
+    EXPECT_EQ(status_of(ranged.bytes), 200) << path << ": " << ranged.bytes.substr(0, 300);
+    EXPECT_EQ(ranged.bytes.find("multipart/byteranges"), std::string::npos) << path;
+    EXPECT_EQ(ranged.bytes.find("Content-Range"), std::string::npos) << path;
+    // /metrics moves between the two calls; the others are equal.
+    EXPECT_LT(body_of(ranged.bytes).size(), body_of(plain.bytes).size() + 512) << path << " amplified";
+  }
+}
+
+TEST_F(ServerSecurityTest, UsageShowsTheCallersOwnFiguresOnly) {
+  EXPECT_EQ(status_of(get("/v1/usage", "").bytes), 401);
+  const json bob_before = get_json("/v1/usage", "sk-bob");
+  const json alice_before = get_json("/v1/usage", "sk-alice");
+  ASSERT_EQ(alice_before["tenant"], "alice");
+  complete({9, 8, 7, 6, 5, 4, 3, 2, 1}, "sk-alice");
+  const json alice_after = get_json("/v1/usage", "sk-alice");
+  const json bob_after = get_json("/v1/usage", "sk-bob");
+  EXPECT_EQ(bob_after, bob_before) << "another tenant's request changes nothing bob can see";
+  EXPECT_EQ(alice_after["requests"]["accepted"].get<int>(), alice_before["requests"]["accepted"].get<int>() + 1);
+  EXPECT_EQ(alice_after["tokens"]["prompt"].get<int>(), alice_before["tokens"]["prompt"].get<int>() + 9);
+  EXPECT_EQ(alice_after["tokens"]["completion"].get<int>(), alice_before["tokens"]["completion"].get<int>() + 2);
+  EXPECT_EQ(alice_after["prefix_cache"]["miss_tokens"].get<int>(),
+            alice_before["prefix_cache"]["miss_tokens"].get<int>() + 9);
+  EXPECT_GE(alice_after["kv_blocks"]["held"].get<int>(), 2) << "the prompt's full blocks stay cached";
+}
+
+TEST_F(ServerSecurityTest, AnotherTenantsCachedPromptLeavesNoTraceInMetricsOrUsage) {
+  // The reported attack: tenant B sends a prompt and reads how the miss
+  // counters moved; they moved by the tokens tenant A had cached for it. Now
+  // B's request must move every counter (server-wide and B's own) exactly as
+  // a prompt nobody ever sent does.
+  std::mt19937 rng(7);
+  auto fresh_prompt = [&] {
+    std::vector<int> p(41);
+    for (int& t : p) t = static_cast<int>(rng() % 250) + 1;
+    return p;
+  };
+  for (int pair = 0; pair < 5; ++pair) {
+    const auto secret = fresh_prompt();
+    complete(secret, "sk-alice");
+    const auto metrics0 = miss_counters();
+    const json usage0 = get_json("/v1/usage", "sk-bob");
+    const json got_secret = complete(secret, "sk-bob");
+    const auto metrics1 = miss_counters();
+    const json usage1 = get_json("/v1/usage", "sk-bob");
+    complete(fresh_prompt(), "sk-bob");
+    const auto metrics2 = miss_counters();
+    const json usage2 = get_json("/v1/usage", "sk-bob");
+    ASSERT_FALSE(metrics0.empty());
+    EXPECT_EQ(got_secret["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    for (const auto& [reason, v0] : metrics0) {
+      EXPECT_EQ(metrics1.at(reason) - v0, metrics2.at(reason) - metrics1.at(reason)) << "pair " << pair << " " << reason;
+    }
+    for (const auto& [reason, v] : usage0["prefix_cache"]["miss_tokens_by_reason"].items()) {
+      EXPECT_EQ(usage1["prefix_cache"]["miss_tokens_by_reason"][reason].get<int>() - v.get<int>(),
+                usage2["prefix_cache"]["miss_tokens_by_reason"][reason].get<int>() -
+                    usage1["prefix_cache"]["miss_tokens_by_reason"][reason].get<int>())
+          << "pair " << pair << " " << reason;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pagoda::e2e
