@@ -151,5 +151,57 @@ TEST_F(ServerSecurityTest, AnotherTenantsCachedPromptLeavesNoTraceInMetricsOrUsa
   }
 }
 
+TEST_F(ServerSecurityTest, JsonEndpointsRefuseOtherMediaTypesWith415) {
+  // What a web page may send to a local server without a CORS preflight.
+  const std::string completion = R"({"model": "llama_f32", "prompt": [1, 2, 3], "max_tokens": 1})";
+  for (const std::string type : {"text/plain", "application/x-www-form-urlencoded", ""}) {
+    for (const std::string path : {"/v1/completions", "/v1/chat/completions", "/v1/cache/drop"}) {
+      const Received r = exchange(port(), http_post(path, "sk-alice", completion, type), 10s);
+      EXPECT_EQ(status_of(r.bytes), 415) << path << " with '" << type << "': " << r.bytes.substr(0, 300);
+      const json error = json::parse(body_of(r.bytes), nullptr, false);
+      ASSERT_TRUE(error.contains("error")) << r.bytes;
+      EXPECT_EQ(error["error"]["code"], "unsupported_media_type");
+      for (const char* f : {"message", "type", "param", "code"}) EXPECT_TRUE(error["error"].contains(f)) << f;
+    }
+  }
+  // The drop-everything request a page would forge does nothing.
+  complete({3, 1, 4, 1, 5, 9, 2, 6, 5}, "sk-alice");
+  const int held = get_json("/v1/usage", "sk-alice")["kv_blocks"]["cached"].get<int>();
+  ASSERT_GT(held, 0);
+  EXPECT_EQ(status_of(exchange(port(), http_post("/v1/cache/drop", "sk-alice", R"({"all": true})", "text/plain"), 10s)
+                          .bytes),
+            415);
+  EXPECT_EQ(get_json("/v1/usage", "sk-alice")["kv_blocks"]["cached"].get<int>(), held);
+}
+
+TEST_F(ServerSecurityTest, CacheDropRefusesOutOfVocabularyIds) {
+  for (const char* prompt : {"[1, 99999]", "[-1]", "[256]"}) {
+    const Received r =
+        exchange(port(), http_post("/v1/cache/drop", "sk-alice", std::string(R"({"prompt": )") + prompt + "}"), 10s);
+    EXPECT_EQ(status_of(r.bytes), 400) << prompt << ": " << r.bytes.substr(0, 300);
+    const json error = json::parse(body_of(r.bytes), nullptr, false);
+    ASSERT_TRUE(error.contains("error"));
+    EXPECT_EQ(error["error"]["param"], "prompt");
+  }
+  EXPECT_EQ(status_of(exchange(port(), http_post("/v1/cache/drop", "sk-alice", R"({"prompt": [255, 0]})"), 10s).bytes),
+            200);
+}
+
+TEST_F(ServerSecurityTest, CostlyRequestsAreRefusedBeforeAnyWork) {
+  // n x max_tokens x (1 + logprobs) = 16 x 400 x 21, over the default cap.
+  const json costly = {{"model", "llama_f32"}, {"prompt", {1, 2}}, {"n", 16}, {"max_tokens", 400}, {"logprobs", 20}};
+  const Received r = exchange(port(), http_post("/v1/completions", "sk-bob", costly.dump()), 10s);
+  EXPECT_EQ(status_of(r.bytes), 400) << r.bytes.substr(0, 300);
+  const json error = json::parse(body_of(r.bytes), nullptr, false);
+  ASSERT_TRUE(error.contains("error"));
+  EXPECT_EQ(error["error"]["code"], "request_too_costly");
+  EXPECT_EQ(error["error"]["param"], "max_tokens");
+  EXPECT_EQ(get_json("/v1/usage", "sk-bob")["requests"]["refused"]["request_cost"].get<int>() >= 1, true);
+  json cheaper = costly;
+  cheaper["n"] = 2;
+  cheaper["max_tokens"] = 4;
+  EXPECT_EQ(status_of(exchange(port(), http_post("/v1/completions", "sk-bob", cheaper.dump()), 30s).bytes), 200);
+}
+
 }  // namespace
 }  // namespace pagoda::e2e

@@ -47,6 +47,7 @@ struct ServeOptions {
   bool no_prefix_cache = false;
   int http_threads = 0;
   double shutdown_grace_s = 10.0;
+  int64_t max_request_cost = server::kDefaultMaxRequestCost;
 };
 
 class TokenizerTextDecoder final : public engine::TextDecoder {
@@ -117,6 +118,7 @@ void run_serve(const ServeOptions& opt) {
   server_config.host = opt.host;
   server_config.port = opt.port;
   server_config.http_threads = opt.http_threads > 0 ? opt.http_threads : flags->max_num_seqs + opt.max_queued + 8;
+  server_config.max_request_cost = opt.max_request_cost;
   if (!opt.api_keys_file.empty()) {
     auto keys = server::ApiKeyStore::load(opt.api_keys_file);
     if (!keys.ok()) fail(keys.status().to_string());
@@ -194,6 +196,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_flag("--no-prefix-cache", opt->no_prefix_cache, "Disable prefix caching (benchmark baseline)");
   cmd->add_option("--http-threads", opt->http_threads, "HTTP worker threads (default: max-num-seqs + max-queued + 8)");
   cmd->add_option("--shutdown-grace", opt->shutdown_grace_s, "Seconds in-flight requests get on SIGTERM")
+      ->capture_default_str();
+  cmd->add_option("--max-request-cost", opt->max_request_cost,
+                  "Most n x max_tokens x (1 + logprobs) one request may ask for; past it, 400 (0: no cap)")
       ->capture_default_str();
   cmd->callback([opt] {
     if (opt->runner.model.empty() && opt->runner.config_file.empty())

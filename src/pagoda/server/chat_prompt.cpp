@@ -14,6 +14,10 @@ using Json = nlohmann::ordered_json;
 constexpr int kMaxArgumentsNesting = 48;
 
 constexpr const char* kReservedTemplateVariables[] = {"messages", "tools", "documents", "add_generation_prompt"};
+// The tokenizer's special tokens as templates see them (transformers' names):
+// a request that renamed one could forge BOS/EOS text the template writes.
+constexpr const char* kSpecialTokenVariables[] = {"bos_token", "eos_token", "unk_token", "pad_token",
+                                                  "sep_token", "cls_token", "mask_token", "additional_special_tokens"};
 
 std::optional<ApiError> check_optional_string(const Json& object, const char* key, const std::string& where) {
   auto it = object.find(key);
@@ -185,6 +189,13 @@ std::optional<ApiError> read_template_kwargs(const Json& body, Json& out) {
     if (it->contains(reserved))
       return invalid_request(fmt::format("chat_template_kwargs.{} is set by the server, not the request", reserved),
                              fmt::format("chat_template_kwargs.{}", reserved));
+  for (const char* special : kSpecialTokenVariables)
+    if (it->contains(special))
+      return invalid_request(
+          fmt::format("chat_template_kwargs.{} would rename one of the model's special tokens; it comes from the "
+                      "tokenizer, not the request",
+                      special),
+          fmt::format("chat_template_kwargs.{}", special));
   out = *it;
   return std::nullopt;
 }

@@ -153,6 +153,7 @@ void OpenAiServer::install_routes() {
 }
 
 void OpenAiServer::handle_generate(const httplib::Request& http_req, httplib::Response& res, Endpoint endpoint) {
+  if (auto e = check_json_content_type(http_req.get_header_value("Content-Type"))) return send_error(res, *e);
   auto identity = authenticate(http_req, res);
   if (!identity) return;
   const std::string& tenant = identity->tenant;
@@ -188,6 +189,10 @@ void OpenAiServer::handle_generate(const httplib::Request& http_req, httplib::Re
                                              prompt_param, "context_length_exceeded"));
     const int64_t wanted = endpoint == Endpoint::kCompletions ? 16 : config_.default_chat_max_tokens;
     req.sampling.max_tokens = static_cast<int32_t>(std::min(room, wanted));
+  }
+  if (auto e = check_request_cost(req.sampling, config_.max_request_cost)) {
+    tenant_usage_.record_refused(tenant, Refusal::kRequestCost);
+    return send_error(res, *e);
   }
 
   // Vocabulary checks the engine repeats, made here because only here is it
@@ -364,6 +369,7 @@ void OpenAiServer::handle_usage(const httplib::Request& req, httplib::Response& 
 }
 
 void OpenAiServer::handle_cache_drop(const httplib::Request& http_req, httplib::Response& res) {
+  if (auto e = check_json_content_type(http_req.get_header_value("Content-Type"))) return send_error(res, *e);
   auto identity = authenticate(http_req, res);
   if (!identity) return;
   auto parsed = parse_cache_drop_request(http_req.body);
@@ -380,6 +386,13 @@ void OpenAiServer::handle_cache_drop(const httplib::Request& http_req, httplib::
     else if (req.prompt_text)
       tokens = tokens_for_text(*req.prompt_text, true);
     if (!tokens.ok()) return send_error(res, api_error_from_status(tokens.status(), "prompt"));
+    const int32_t vocab = engine_.vocab_size();
+    for (size_t i = 0; i < tokens->size(); ++i)
+      if ((*tokens)[i] < 0 || (*tokens)[i] >= vocab)
+        return send_error(res, invalid_request(fmt::format("prompt token {} at index {} is outside the vocabulary "
+                                                           "[0, {})",
+                                                           (*tokens)[i], i, vocab),
+                                               "prompt"));
     dropped = engine_.drop_conversation(ns, std::move(*tokens), req.keep_prefix_tokens);
   }
   if (!dropped.ok()) return send_error(res, api_error_from_status(dropped.status()));

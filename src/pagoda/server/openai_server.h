@@ -46,6 +46,7 @@
 #include "pagoda/server/openai_request.h"
 #include "pagoda/server/openai_response.h"
 #include "pagoda/server/prometheus_metrics.h"
+#include "pagoda/server/request_limits.h"
 #include "pagoda/server/tenant_usage.h"
 
 namespace httplib {
@@ -77,6 +78,8 @@ struct ServerConfig {
   size_t max_body_bytes = 8u << 20;
   int retry_after_seconds = 1;
   int32_t default_chat_max_tokens = 1024;  // when the request gives none (capped by the context)
+  // Most n x max_tokens x (1 + logprobs) one request may ask for (request_limits.h); <= 0: no cap.
+  int64_t max_request_cost = kDefaultMaxRequestCost;
 };
 
 class OpenAiServer {
