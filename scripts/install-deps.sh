@@ -10,7 +10,8 @@ packages=(
   libutf8proc-dev           # Unicode normalisation (NFC/NFKC) for tokenizers
   libcli11-dev              # command line
   libfmt-dev libspdlog-dev  # formatting and logging
-  libcpp-httplib-dev        # HTTP server
+  libcpp-httplib-dev        # HTTP client in tests and `pagoda bench serve`
+  libboost1.81-dev          # HTTP server front: Boost.Asio + Boost.Beast (header-only)
   libssl-dev                # SHA-256 block hashes
   libgtest-dev libgmock-dev # unit tests
   libbenchmark-dev          # micro benchmarks

@@ -2,6 +2,7 @@
 // /metrics, /v1/usage and Range headers reveal or amplify.
 
 #include <fstream>
+#include <thread>
 #include <random>
 #include <regex>
 
@@ -96,6 +97,8 @@ TEST_F(ServerSecurityTest, RangeHeadersGetTheWholeAnswerOnEveryEndpoint) {
     // /metrics moves between the two calls; the others are equal.
     EXPECT_LT(body_of(ranged.bytes).size(), body_of(plain.bytes).size() + 512) << path << " amplified";
   }
+  // A malformed Range is ignored too, never a 416.
+  EXPECT_EQ(status_of(get("/v1/models", "sk-alice", "Range: bytes=zz-\r\n").bytes), 200);
 }
 
 TEST_F(ServerSecurityTest, UsageShowsTheCallersOwnFiguresOnly) {
@@ -154,7 +157,8 @@ TEST_F(ServerSecurityTest, AnotherTenantsCachedPromptLeavesNoTraceInMetricsOrUsa
 TEST_F(ServerSecurityTest, JsonEndpointsRefuseOtherMediaTypesWith415) {
   // What a web page may send to a local server without a CORS preflight.
   const std::string completion = R"({"model": "llama_f32", "prompt": [1, 2, 3], "max_tokens": 1})";
-  for (const std::string type : {"text/plain", "application/x-www-form-urlencoded", ""}) {
+  for (const std::string type : {"text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=b",
+                                 ""}) {
     for (const std::string path : {"/v1/completions", "/v1/chat/completions", "/v1/cache/drop"}) {
       const Received r = exchange(port(), http_post(path, "sk-alice", completion, type), 10s);
       EXPECT_EQ(status_of(r.bytes), 415) << path << " with '" << type << "': " << r.bytes.substr(0, 300);
@@ -201,6 +205,48 @@ TEST_F(ServerSecurityTest, CostlyRequestsAreRefusedBeforeAnyWork) {
   cheaper["n"] = 2;
   cheaper["max_tokens"] = 4;
   EXPECT_EQ(status_of(exchange(port(), http_post("/v1/completions", "sk-bob", cheaper.dump()), 30s).bytes), 200);
+}
+
+TEST_F(ServerSecurityTest, AHugeChunkedUploadIsRefusedAtTheBodyLimit) {
+  // The old front read chunked bodies whole (a 200 MB body became 100M tokens).
+  const int fd = connect_loopback(port());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-alice\r\n"
+                           "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"));
+  const std::string chunk = "10000\r\n" + std::string(0x10000, ' ') + "\r\n";
+  size_t sent = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (sent < (64u << 20) && send_all(fd, chunk)) sent += chunk.size();
+  const Received r = receive(fd, 5s, 1);
+  close(fd);
+  EXPECT_EQ(status_of(r.bytes), 413) << r.bytes.substr(0, 300);
+  EXPECT_LT(sent, 32u << 20) << "the server kept reading far past its 8 MiB limit";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+}
+
+TEST(ServerShutdownSecurityTest, SigtermHonoursTheGraceWithDrippingClientsConnected) {
+  ServerProcess server;
+  std::string error;
+  ASSERT_TRUE(server.start({"--model", repo_path(kFixture), "--shutdown-grace", "1"}, &error)) << error;
+  // Fifty clients dripping their headers and one streaming a long generation.
+  std::vector<int> drippers;
+  for (int i = 0; i < 50; ++i) {
+    drippers.push_back(connect_loopback(server.port()));
+    send_all(drippers.back(), "POST /v1/completions HTTP/1.1\r\nHost: x\r\n");
+  }
+  const int streaming = connect_loopback(server.port());
+  const json body = {{"model", "llama_f32"}, {"prompt", {1, 2, 3}}, {"max_tokens", 500}, {"stream", true},
+                     {"ignore_eos", true}};
+  ASSERT_TRUE(send_all(streaming, http_post("/v1/completions", "", body.dump())));
+  std::this_thread::sleep_for(300ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(server.stop(SIGTERM), 0);
+  const auto elapsed = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(elapsed, 4s) << "the old front took 39 s with one dripping client";
+  const Received rest = receive(streaming, 2s);
+  EXPECT_NE(rest.bytes.find("data: [DONE]"), std::string::npos) << "the stream is ended properly";
+  for (int fd : drippers) close(fd);
+  close(streaming);
 }
 
 }  // namespace

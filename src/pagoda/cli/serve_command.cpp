@@ -45,7 +45,11 @@ struct ServeOptions {
   std::string served_model_name;
   int32_t max_queued = 256;
   bool no_prefix_cache = false;
-  int http_threads = 0;
+  int http_threads = 2;
+  int max_connections = 0;
+  double header_timeout_s = 10.0;
+  double body_timeout_s = 30.0;
+  double keep_alive_s = 75.0;
   double shutdown_grace_s = 10.0;
   int64_t max_request_cost = server::kDefaultMaxRequestCost;
 };
@@ -117,8 +121,20 @@ void run_serve(const ServeOptions& opt) {
   if (server_config.model_name.empty()) server_config.model_name = model_path.parent_path().filename();
   server_config.host = opt.host;
   server_config.port = opt.port;
-  server_config.http_threads = opt.http_threads > 0 ? opt.http_threads : flags->max_num_seqs + opt.max_queued + 8;
+  if (opt.http_threads < 1) fail(fmt::format("--http-threads {}: must be >= 1", opt.http_threads));
+  for (const auto& [flag, seconds] : {std::pair{"--http-header-timeout", opt.header_timeout_s},
+                                      {"--http-body-timeout", opt.body_timeout_s},
+                                      {"--http-keep-alive", opt.keep_alive_s},
+                                      {"--shutdown-grace", opt.shutdown_grace_s}})
+    if (!(seconds >= 0 && seconds <= 86400)) fail(fmt::format("{} {}: must be in [0, 86400] seconds", flag, seconds));
+  const auto millis = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+  server_config.http_threads = opt.http_threads;
   server_config.max_request_cost = opt.max_request_cost;
+  server_config.shutdown_grace = millis(opt.shutdown_grace_s);
+  server_config.http.max_connections = opt.max_connections;
+  server_config.http.header_timeout = millis(opt.header_timeout_s);
+  server_config.http.body_timeout = millis(opt.body_timeout_s);
+  server_config.http.keep_alive_timeout = millis(opt.keep_alive_s);
   if (!opt.api_keys_file.empty()) {
     auto keys = server::ApiKeyStore::load(opt.api_keys_file);
     if (!keys.ok()) fail(keys.status().to_string());
@@ -194,8 +210,21 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-queued", opt->max_queued, "Most requests waiting to start; past it, 429")
       ->capture_default_str();
   cmd->add_flag("--no-prefix-cache", opt->no_prefix_cache, "Disable prefix caching (benchmark baseline)");
-  cmd->add_option("--http-threads", opt->http_threads, "HTTP worker threads (default: max-num-seqs + max-queued + 8)");
-  cmd->add_option("--shutdown-grace", opt->shutdown_grace_s, "Seconds in-flight requests get on SIGTERM")
+  cmd->add_option("--http-threads", opt->http_threads,
+                  "Threads that parse, tokenize and submit requests (streams need none: the HTTP front is event-driven)")
+      ->capture_default_str();
+  cmd->add_option("--max-connections", opt->max_connections,
+                  "Most open HTTP connections; past it, 503 and close (0: 90% of the open-file limit)")
+      ->capture_default_str();
+  cmd->add_option("--http-header-timeout", opt->header_timeout_s,
+                  "Seconds for a whole request line + headers to arrive (not per read)")
+      ->capture_default_str();
+  cmd->add_option("--http-body-timeout", opt->body_timeout_s, "Seconds for a whole request body to arrive")
+      ->capture_default_str();
+  cmd->add_option("--http-keep-alive", opt->keep_alive_s, "Seconds an idle keep-alive connection stays open")
+      ->capture_default_str();
+  cmd->add_option("--shutdown-grace", opt->shutdown_grace_s,
+                  "Seconds in-flight requests get on SIGTERM; then every connection closes and the process exits")
       ->capture_default_str();
   cmd->add_option("--max-request-cost", opt->max_request_cost,
                   "Most n x max_tokens x (1 + logprobs) one request may ask for; past it, 400 (0: no cap)")

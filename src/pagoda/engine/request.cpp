@@ -27,13 +27,21 @@ bool RequestStream::finished() const {
 }
 
 void RequestStream::push(RequestOutput output) {
+  std::function<void()> listener;
   {
     std::lock_guard lock(mutex_);
     if (finish_pushed_) return;
     finish_pushed_ = output.finished;
     queue_.push_back(std::move(output));
+    listener = push_listener_;
   }
   ready_.notify_all();
+  if (listener) listener();
+}
+
+void RequestStream::set_push_listener(std::function<void()> listener) {
+  std::lock_guard lock(mutex_);
+  push_listener_ = std::move(listener);
 }
 
 }  // namespace pagoda::engine

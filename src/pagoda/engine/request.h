@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -91,6 +92,11 @@ class RequestStream {
   // finished delta was read.
   std::optional<RequestOutput> next(std::chrono::milliseconds timeout);
   bool finished() const;
+  // For a consumer that does not block in next() (an event loop): `listener`
+  // is called after every later push, on the pushing thread, outside the
+  // stream's lock; it should only schedule a next(0) elsewhere. Replaces any
+  // earlier listener; deltas pushed before it was set are already queued.
+  void set_push_listener(std::function<void()> listener);
 
   // Engine side.
   void push(RequestOutput output);
@@ -101,6 +107,7 @@ class RequestStream {
   std::condition_variable ready_;
   std::deque<RequestOutput> queue_;
   bool finish_pushed_ = false;
+  std::function<void()> push_listener_;
 };
 
 }  // namespace pagoda::engine

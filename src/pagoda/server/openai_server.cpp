@@ -2,70 +2,68 @@
 
 #include <chrono>
 
-#include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "pagoda/server/peer_connection.h"
+#include "pagoda/server/generation_reply.h"
 
 namespace pagoda::server {
 
 using json = nlohmann::json;
-using namespace std::chrono_literals;
 
 namespace {
-
-constexpr auto kPollInterval = 50ms;
 
 int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-void send_json(httplib::Response& res, int status, const json& body) {
-  res.status = status;
-  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+HttpReply json_reply(int status, const json& body) {
+  HttpReply r;
+  r.response.status = status;
+  r.response.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
+  return r;
 }
 
-// State shared between the handler and httplib's content provider calls.
-struct StreamState {
-  std::shared_ptr<engine::RequestStream> stream;
-  std::unique_ptr<ResponseBuilder> builder;
-  bool include_usage = false;
-  bool done = false;
-};
+HttpFrontConfig front_config(const ServerConfig& c) {
+  HttpFrontConfig f = c.http;
+  f.host = c.host;
+  f.port = c.port;
+  f.worker_threads = std::max(1, c.http_threads);
+  f.limits.max_body_bytes = c.max_body_bytes;
+  f.retry_after_seconds = c.retry_after_seconds;
+  return f;
+}
 
 }  // namespace
 
 OpenAiServer::OpenAiServer(ServerConfig config, engine::Engine& engine, TextCodec codec)
-    : config_(std::move(config)), engine_(engine), codec_(std::move(codec)), http_(std::make_unique<httplib::Server>()) {
+    : config_(std::move(config)), engine_(engine), codec_(std::move(codec)), front_(front_config(config_)) {
   install_routes();
 }
 
 OpenAiServer::~OpenAiServer() { stop(); }
 
 HttpCounters OpenAiServer::http_counters() const {
-  std::lock_guard lock(counters_mutex_);
-  return counters_;
+  const HttpFrontCounters f = front_.counters();
+  HttpCounters c;
+  c.responses_by_status = f.responses_by_status;
+  c.client_disconnects = f.client_disconnects;
+  return c;
 }
 
-void OpenAiServer::send_error(httplib::Response& res, const ApiError& error) {
-  res.status = error.http_status;
-  if (error.http_status == 429) res.set_header("Retry-After", std::to_string(config_.retry_after_seconds));
-  res.set_content(error.body(), "application/json");
+HttpReply OpenAiServer::error_reply(const ApiError& error) const {
+  return HttpReply{api_error_response(error, config_.retry_after_seconds), nullptr};
 }
 
-std::optional<KeyIdentity> OpenAiServer::authenticate(const httplib::Request& req, httplib::Response& res) {
-  auto tenant = config_.api_keys.identify(req.get_header_value("Authorization"));
-  if (!tenant) {
-    ApiError e;
-    e.http_status = 401;
-    e.type = "authentication_error";
-    e.code = "invalid_api_key";
-    e.message = req.has_header("Authorization") ? "invalid api key"
-                                                : "missing api key: send 'Authorization: Bearer <key>'";
-    send_error(res, e);
-    return std::nullopt;
-  }
-  return tenant;
+std::variant<KeyIdentity, HttpReply> OpenAiServer::authenticate(const HttpRequest& req) const {
+  auto identity = config_.api_keys.identify(req.header("Authorization"));
+  if (identity) return std::move(*identity);
+  ApiError e;
+  e.http_status = 401;
+  e.type = "authentication_error";
+  e.code = "invalid_api_key";
+  e.message =
+      req.has_header("Authorization") ? "invalid api key" : "missing api key: send 'Authorization: Bearer <key>'";
+  return error_reply(e);
 }
 
 std::string OpenAiServer::token_text(int32_t token) const {
@@ -90,82 +88,46 @@ StatusOr<std::vector<int32_t>> OpenAiServer::tokens_for_chat(const ChatPrompt& p
 }
 
 void OpenAiServer::install_routes() {
-  httplib::Server& s = *http_;
-  s.set_payload_max_length(config_.max_body_bytes);
-  s.set_keep_alive_timeout(1);  // so shutdown is not held up by idle keep-alive connections
-  s.set_read_timeout(30, 0);
-  const int threads = std::max(4, config_.http_threads);
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-
-  s.set_logger([this](const httplib::Request&, const httplib::Response& res) {
-    std::lock_guard lock(counters_mutex_);
-    ++counters_.responses_by_status[res.status];
+  // /health answers on the event loop, so it stays quick however busy the workers are.
+  front_.route("GET", "/health", RouteRuns::kOnLoop, [this](HttpRequest&) {
+    if (draining_) return json_reply(503, {{"status", "draining"}});
+    return json_reply(200, {{"status", "ok"}});
   });
-  s.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-    ApiError e;
-    e.http_status = 500;
-    e.type = "server_error";
-    e.code = "internal_error";
-    e.message = "internal error";
-    send_error(res, e);
-  });
-  s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;  // a handler already wrote an error body
-    ApiError e;
-    e.http_status = res.status;
-    e.code = res.status == 404 ? "not_found" : "http_error";
-    e.message = res.status == 404 ? fmt::format("no route for {} {}", req.method, req.path)
-                : res.status == 413 ? fmt::format("request body over {} bytes", config_.max_body_bytes)
-                                    : fmt::format("HTTP error {}", res.status);
-    send_error(res, e);
-  });
-
-  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (draining_) return send_json(res, 503, {{"status", "draining"}});
-    send_json(res, 200, {{"status", "ok"}});
-  });
-  // No endpoint serves byte ranges: a Range header (even many of them) gets
-  // the whole answer, never a multipart amplification of it. httplib parses
-  // the header before routing; the request object it passes is its own
-  // non-const local, so clearing the parsed ranges here is well defined.
-  s.set_pre_routing_handler([](const httplib::Request& req, httplib::Response&) {
-    const_cast<httplib::Request&>(req).ranges.clear();
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-  s.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) { handle_metrics(req, res); });
-  s.Get("/v1/usage", [this](const httplib::Request& req, httplib::Response& res) { handle_usage(req, res); });
-  s.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!authenticate(req, res)) return;
-    json model = {{"id", config_.model_name},
-                  {"object", "model"},
-                  {"created", 0},
-                  {"owned_by", "pagoda"},
-                  {"max_model_len", engine_.max_context_length()}};
-    send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
-  });
-  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_generate(req, res, Endpoint::kCompletions);
-  });
-  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_generate(req, res, Endpoint::kChatCompletions);
-  });
-  s.Post("/v1/cache/drop", [this](const httplib::Request& req, httplib::Response& res) { handle_cache_drop(req, res); });
+  front_.route("GET", "/metrics", RouteRuns::kOnWorker, [this](HttpRequest& r) { return handle_metrics(r); });
+  front_.route("GET", "/v1/usage", RouteRuns::kOnWorker, [this](HttpRequest& r) { return handle_usage(r); });
+  front_.route("GET", "/v1/models", RouteRuns::kOnWorker, [this](HttpRequest& r) { return handle_models(r); });
+  front_.route("POST", "/v1/completions", RouteRuns::kOnWorker,
+               [this](HttpRequest& r) { return handle_generate(r, Endpoint::kCompletions); });
+  front_.route("POST", "/v1/chat/completions", RouteRuns::kOnWorker,
+               [this](HttpRequest& r) { return handle_generate(r, Endpoint::kChatCompletions); });
+  front_.route("POST", "/v1/cache/drop", RouteRuns::kOnWorker, [this](HttpRequest& r) { return handle_cache_drop(r); });
 }
 
-void OpenAiServer::handle_generate(const httplib::Request& http_req, httplib::Response& res, Endpoint endpoint) {
-  if (auto e = check_json_content_type(http_req.get_header_value("Content-Type"))) return send_error(res, *e);
-  auto identity = authenticate(http_req, res);
-  if (!identity) return;
-  const std::string& tenant = identity->tenant;
-  if (draining_) return send_error(res, api_error_from_status(failed_precondition_error("the server is shutting down")));
+HttpReply OpenAiServer::handle_models(const HttpRequest& http_req) {
+  auto identity = authenticate(http_req);
+  if (auto* refused = std::get_if<HttpReply>(&identity)) return std::move(*refused);
+  json model = {{"id", config_.model_name},
+                {"object", "model"},
+                {"created", 0},
+                {"owned_by", "pagoda"},
+                {"max_model_len", engine_.max_context_length()}};
+  return json_reply(200, {{"object", "list"}, {"data", json::array({model})}});
+}
+
+HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint endpoint) {
+  if (auto e = check_json_content_type(http_req.header("Content-Type"))) return error_reply(*e);
+  auto identity = authenticate(http_req);
+  if (auto* refused = std::get_if<HttpReply>(&identity)) return std::move(*refused);
+  const std::string tenant = std::get<KeyIdentity>(identity).tenant;
+  if (draining_) return error_reply(api_error_from_status(failed_precondition_error("the server is shutting down")));
 
   auto parsed = parse_openai_request(http_req.body, endpoint);
-  if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return error_reply(*e);
   OpenAiRequest& req = std::get<OpenAiRequest>(parsed);
   if (req.model != config_.model_name)
-    return send_error(res, invalid_request(fmt::format("model '{}' does not exist; this server serves '{}'",
-                                                       req.model, config_.model_name),
-                                           "model", "model_not_found"));
+    return error_reply(invalid_request(
+        fmt::format("model '{}' does not exist; this server serves '{}'", req.model, config_.model_name), "model",
+        "model_not_found"));
 
   StatusOr<std::vector<int32_t>> tokens = std::vector<int32_t>{};
   if (endpoint == Endpoint::kChatCompletions)
@@ -175,24 +137,24 @@ void OpenAiServer::handle_generate(const httplib::Request& http_req, httplib::Re
   else
     tokens = req.prompt_tokens;
   const char* prompt_param = endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
-  if (!tokens.ok()) return send_error(res, api_error_from_status(tokens.status(), prompt_param));
-  if (tokens->empty()) return send_error(res, invalid_request("the prompt is empty", prompt_param));
+  if (!tokens.ok()) return error_reply(api_error_from_status(tokens.status(), prompt_param));
+  if (tokens->empty()) return error_reply(invalid_request("the prompt is empty", prompt_param));
 
   const int64_t context = engine_.max_context_length();
   const int64_t prompt_len = static_cast<int64_t>(tokens->size());
   if (!req.max_tokens_given) {
     const int64_t room = context - prompt_len;
     if (room < 1)
-      return send_error(res, invalid_request(fmt::format("this model's maximum context length is {} tokens, but the "
-                                                         "prompt has {} tokens",
-                                                         context, prompt_len),
-                                             prompt_param, "context_length_exceeded"));
+      return error_reply(invalid_request(
+          fmt::format("this model's maximum context length is {} tokens, but the prompt has {} tokens", context,
+                      prompt_len),
+          prompt_param, "context_length_exceeded"));
     const int64_t wanted = endpoint == Endpoint::kCompletions ? 16 : config_.default_chat_max_tokens;
     req.sampling.max_tokens = static_cast<int32_t>(std::min(room, wanted));
   }
   if (auto e = check_request_cost(req.sampling, config_.max_request_cost)) {
     tenant_usage_.record_refused(tenant, Refusal::kRequestCost);
-    return send_error(res, *e);
+    return error_reply(*e);
   }
 
   // Vocabulary checks the engine repeats, made here because only here is it
@@ -200,14 +162,13 @@ void OpenAiServer::handle_generate(const httplib::Request& http_req, httplib::Re
   const int32_t vocab = engine_.vocab_size();
   for (size_t i = 0; i < tokens->size(); ++i)
     if ((*tokens)[i] < 0 || (*tokens)[i] >= vocab)
-      return send_error(res, invalid_request(fmt::format("prompt token {} at index {} is outside the vocabulary [0, {})",
-                                                         (*tokens)[i], i, vocab),
-                                             prompt_param));
+      return error_reply(invalid_request(fmt::format("prompt token {} at index {} is outside the vocabulary [0, {})",
+                                                     (*tokens)[i], i, vocab),
+                                         prompt_param));
   for (int32_t id : req.sampling.stop_token_ids)
     if (id < 0 || id >= vocab)
-      return send_error(res, invalid_request(fmt::format("stop_token_ids: {} is outside the vocabulary [0, {})", id,
-                                                         vocab),
-                                             "stop_token_ids"));
+      return error_reply(invalid_request(
+          fmt::format("stop_token_ids: {} is outside the vocabulary [0, {})", id, vocab), "stop_token_ids"));
 
   engine::GenerationRequest gen;
   gen.tenant_namespace = ApiKeyStore::cache_namespace(tenant);
@@ -224,7 +185,7 @@ void OpenAiServer::handle_generate(const httplib::Request& http_req, httplib::Re
       e.code = "context_length_exceeded";
       e.param = prompt_param;
     }
-    return send_error(res, e);
+    return error_reply(e);
   }
   tenant_usage_.record_accepted(tenant);
 
@@ -237,145 +198,68 @@ void OpenAiServer::handle_generate(const httplib::Request& http_req, httplib::Re
   // template was shown tools (streamed deltas stay text).
   if (endpoint == Endpoint::kChatCompletions && !req.stream && req.chat.tools.is_array())
     builder->parse_tool_calls_as(codec_.render_chat.tool_call_syntax);
-  if (req.stream) return stream_response(http_req, res, tenant, *submitted, std::move(builder), req.include_usage);
-  whole_response(http_req, res, tenant, **submitted, *builder);
+  GenerationReplyParts parts;
+  parts.engine = &engine_;
+  parts.stream = std::move(*submitted);
+  parts.builder = std::move(builder);
+  parts.on_finished = [this, tenant](const engine::Usage& usage) { tenant_usage_.record_finished(tenant, usage); };
+  parts.retry_after_seconds = config_.retry_after_seconds;
+  if (req.stream) return HttpReply::deferred(make_streamed_generation_reply(std::move(parts), req.include_usage));
+  return HttpReply::deferred(make_whole_generation_reply(std::move(parts)));
 }
 
-void OpenAiServer::whole_response(const httplib::Request& http_req, httplib::Response& res, const std::string& tenant,
-                                  engine::RequestStream& stream, ResponseBuilder& builder) {
-  // Nothing is sent until the result is known, so a failure is a real 5xx status
-  // rather than a 200 with an error body. The client may leave meanwhile: its
-  // socket is looked up once the request outlives one poll interval.
-  std::optional<PeerConnection> peer;
-  bool peer_searched = false;
-  auto next_check = std::chrono::steady_clock::now() + kPollInterval;
-  while (true) {
-    auto out = stream.next(kPollInterval);
-    // Deltas may arrive faster than the poll interval: check the client by the clock.
-    if (const auto now = std::chrono::steady_clock::now(); now >= next_check) {
-      next_check = now + kPollInterval;
-      if (!peer_searched) {
-        peer_searched = true;
-        peer = PeerConnection::find(http_req.local_addr, http_req.local_port, http_req.remote_addr,
-                                    http_req.remote_port);
-      }
-      if (peer && peer->closed()) {
-        engine_.abort(stream.id());
-        {
-          std::lock_guard lock(counters_mutex_);
-          ++counters_.client_disconnects;
-        }
-        res.status = 499;  // nginx's "client closed request": only the access counters see it
-        return;
-      }
-    }
-    if (!out) continue;
-    builder.accumulate(*out);
-    if (!out->finished) continue;
-    tenant_usage_.record_finished(tenant, out->usage);
-    if (out->failed()) return send_error(res, api_error_from_engine_failure(out->failure()));
-    // An abort without a failure is not one this handler asked for: never a 200 with a cut-short text.
-    if (builder.any_choice_finished(engine::FinishReason::kAbort))
-      return send_error(res, api_error_from_status(failed_precondition_error(
-                                 "the request was aborted before it finished; retry")));
-    return send_json(res, 200, builder.final_response(out->usage));
-  }
-}
-
-void OpenAiServer::stream_response(const httplib::Request&, httplib::Response& res, const std::string& tenant,
-                                   std::shared_ptr<engine::RequestStream> stream,
-                                   std::unique_ptr<ResponseBuilder> builder, bool include_usage) {
-  // Server-sent events: the 200 goes out with the first byte; a failure later
-  // is an error event in the stream, then [DONE].
-  auto state = std::make_shared<StreamState>();
-  state->stream = std::move(stream);
-  state->builder = std::move(builder);
-  state->include_usage = include_usage;
-  const engine::RequestId request_id = state->stream->id();
-
-  auto provider = [this, state, tenant](size_t, httplib::DataSink& sink) -> bool {
-    while (!state->done) {
-      if (!sink.is_writable()) return false;  // the client left: the releaser aborts
-      auto out = state->stream->next(kPollInterval);
-      if (!out) continue;
-      std::string payload;
-      for (const json& chunk : state->builder->chunks(*out)) {
-        json c = chunk;
-        if (state->include_usage) c["usage"] = nullptr;
-        payload += ResponseBuilder::sse_event(c);
-      }
-      if (out->finished) {
-        tenant_usage_.record_finished(tenant, out->usage);
-        if (out->failed()) payload += "data: " + api_error_from_engine_failure(out->failure()).body() + "\n\n";
-        if (state->include_usage) payload += ResponseBuilder::sse_event(state->builder->usage_chunk(out->usage));
-        payload += ResponseBuilder::kSseDone;
-        state->done = true;
-      }
-      if (!payload.empty() && !sink.write(payload.data(), payload.size())) return false;
-    }
-    sink.done();
-    return true;
-  };
-  auto releaser = [this, state, request_id](bool success) {
-    if (!success || !state->done) {
-      engine_.abort(request_id);
-      std::lock_guard lock(counters_mutex_);
-      ++counters_.client_disconnects;
-    }
-  };
-  res.status = 200;
-  res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", provider, releaser);
-}
-
-void OpenAiServer::handle_metrics(const httplib::Request& req, httplib::Response& res) {
+HttpReply OpenAiServer::handle_metrics(const HttpRequest& req) {
   // Server-wide figures (every tenant's traffic in sum) are for operators: with
   // api keys on, only a key marked "admin" reads them.
-  auto identity = authenticate(req, res);
-  if (!identity) return;
-  if (!identity->admin) {
+  auto identity = authenticate(req);
+  if (auto* refused = std::get_if<HttpReply>(&identity)) return std::move(*refused);
+  if (!std::get<KeyIdentity>(identity).admin) {
     ApiError e;
     e.http_status = 403;
     e.type = "permission_error";
     e.code = "admin_key_required";
     e.message = "/metrics needs an api key marked \"admin\"; a tenant's own figures are at /v1/usage";
-    return send_error(res, e);
+    return error_reply(e);
   }
-  res.set_content(render_prometheus_metrics(engine_.stats(), http_counters()), "text/plain; version=0.0.4");
+  HttpReply r;
+  r.response.content_type = "text/plain; version=0.0.4";
+  r.response.body = render_prometheus_metrics(engine_.stats(), http_counters());
+  return r;
 }
 
-void OpenAiServer::handle_usage(const httplib::Request& req, httplib::Response& res) {
-  auto identity = authenticate(req, res);
-  if (!identity) return;
-  const TenantCounters c = tenant_usage_.counters(identity->tenant);
-  const kv::NamespaceKvUsage kv = engine_.namespace_usage(ApiKeyStore::cache_namespace(identity->tenant));
+HttpReply OpenAiServer::handle_usage(const HttpRequest& req) {
+  auto identity = authenticate(req);
+  if (auto* refused = std::get_if<HttpReply>(&identity)) return std::move(*refused);
+  const std::string& tenant = std::get<KeyIdentity>(identity).tenant;
+  const TenantCounters c = tenant_usage_.counters(tenant);
+  const kv::NamespaceKvUsage kv = engine_.namespace_usage(ApiKeyStore::cache_namespace(tenant));
   json refused = json::object();
   for (int r = 0; r < kNumRefusals; ++r) refused[refusal_name(static_cast<Refusal>(r))] = c.requests_refused[r];
   json misses = json::object();
   for (int r = 1; r < kv::kNumMissReasons; ++r)
     misses[std::string(kv::miss_reason_name(static_cast<kv::MissReason>(r)))] = kv.miss_tokens_by_reason[r];
-  send_json(res, 200,
-            {{"object", "usage"},
-             {"tenant", identity->tenant},
-             {"requests", {{"accepted", c.requests_accepted}, {"finished", c.requests_finished}, {"refused", refused}}},
-             {"tokens",
-              {{"prompt", c.prompt_tokens}, {"completion", c.completion_tokens}, {"cached", c.cached_prompt_tokens}}},
-             {"prefix_cache", {{"hit_tokens", kv.hit_tokens}, {"miss_tokens", kv.miss_tokens}, {"miss_tokens_by_reason", misses}}},
-             {"kv_blocks",
-              {{"held", kv.blocks_held},
-               {"cached", kv.blocks_cached},
-               {"evictable", kv.blocks_evictable},
-               {"limit", kv.block_limit}}}});
+  return json_reply(
+      200, {{"object", "usage"},
+            {"tenant", tenant},
+            {"requests", {{"accepted", c.requests_accepted}, {"finished", c.requests_finished}, {"refused", refused}}},
+            {"tokens", {{"prompt", c.prompt_tokens}, {"completion", c.completion_tokens}, {"cached", c.cached_prompt_tokens}}},
+            {"prefix_cache",
+             {{"hit_tokens", kv.hit_tokens}, {"miss_tokens", kv.miss_tokens}, {"miss_tokens_by_reason", misses}}},
+            {"kv_blocks",
+             {{"held", kv.blocks_held},
+              {"cached", kv.blocks_cached},
+              {"evictable", kv.blocks_evictable},
+              {"limit", kv.block_limit}}}});
 }
 
-void OpenAiServer::handle_cache_drop(const httplib::Request& http_req, httplib::Response& res) {
-  if (auto e = check_json_content_type(http_req.get_header_value("Content-Type"))) return send_error(res, *e);
-  auto identity = authenticate(http_req, res);
-  if (!identity) return;
+HttpReply OpenAiServer::handle_cache_drop(const HttpRequest& http_req) {
+  if (auto e = check_json_content_type(http_req.header("Content-Type"))) return error_reply(*e);
+  auto identity = authenticate(http_req);
+  if (auto* refused = std::get_if<HttpReply>(&identity)) return std::move(*refused);
   auto parsed = parse_cache_drop_request(http_req.body);
-  if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return error_reply(*e);
   const CacheDropRequest& req = std::get<CacheDropRequest>(parsed);
-  const std::string ns = ApiKeyStore::cache_namespace(identity->tenant);
+  const std::string ns = ApiKeyStore::cache_namespace(std::get<KeyIdentity>(identity).tenant);
   StatusOr<int32_t> dropped = 0;
   if (req.all) {
     dropped = engine_.drop_namespace(ns);
@@ -385,43 +269,26 @@ void OpenAiServer::handle_cache_drop(const httplib::Request& http_req, httplib::
       tokens = tokens_for_chat(*req.chat);
     else if (req.prompt_text)
       tokens = tokens_for_text(*req.prompt_text, true);
-    if (!tokens.ok()) return send_error(res, api_error_from_status(tokens.status(), "prompt"));
+    if (!tokens.ok()) return error_reply(api_error_from_status(tokens.status(), "prompt"));
     const int32_t vocab = engine_.vocab_size();
     for (size_t i = 0; i < tokens->size(); ++i)
       if ((*tokens)[i] < 0 || (*tokens)[i] >= vocab)
-        return send_error(res, invalid_request(fmt::format("prompt token {} at index {} is outside the vocabulary "
-                                                           "[0, {})",
-                                                           (*tokens)[i], i, vocab),
-                                               "prompt"));
+        return error_reply(invalid_request(
+            fmt::format("prompt token {} at index {} is outside the vocabulary [0, {})", (*tokens)[i], i, vocab),
+            "prompt"));
     dropped = engine_.drop_conversation(ns, std::move(*tokens), req.keep_prefix_tokens);
   }
-  if (!dropped.ok()) return send_error(res, api_error_from_status(dropped.status()));
-  send_json(res, 200, {{"object", "cache.drop"}, {"dropped_blocks", *dropped}});
+  if (!dropped.ok()) return error_reply(api_error_from_status(dropped.status()));
+  return json_reply(200, {{"object", "cache.drop"}, {"dropped_blocks", *dropped}});
 }
 
-StatusOr<int> OpenAiServer::bind() {
-  if (config_.port == 0) {
-    int port = http_->bind_to_any_port(config_.host);
-    if (port <= 0) return io_error("cannot bind {} on any port", config_.host);
-    config_.port = port;
-    return port;
-  }
-  if (!http_->bind_to_port(config_.host, config_.port))
-    return io_error("cannot bind {}:{} (in use, or not permitted)", config_.host, config_.port);
-  return config_.port;
-}
+StatusOr<int> OpenAiServer::bind() { return front_.bind(); }
 
-Status OpenAiServer::serve() {
-  if (!http_->listen_after_bind()) {
-    if (draining_) return ok_status();
-    return io_error("the HTTP server stopped unexpectedly");
-  }
-  return ok_status();
-}
+Status OpenAiServer::serve() { return front_.serve(); }
 
 void OpenAiServer::stop() {
   draining_ = true;
-  if (http_) http_->stop();
+  front_.stop(config_.shutdown_grace);
 }
 
 }  // namespace pagoda::server

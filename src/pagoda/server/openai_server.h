@@ -1,5 +1,6 @@
 #pragma once
-// The OpenAI-compatible HTTP server (cpp-httplib) in front of an Engine.
+// The OpenAI-compatible HTTP server in front of an Engine, on the event-driven
+// HTTP front (http_front.h).
 //
 // Routes: POST /v1/completions, POST /v1/chat/completions (both with
 // "stream": true as server-sent events ending in "data: [DONE]"),
@@ -8,16 +9,19 @@
 // figures), GET /health, GET /metrics (Prometheus; with api keys, only for a
 // key marked "admin"). No endpoint honours Range: every answer is whole.
 //
-// Request path: auth (api key -> tenant -> cache namespace) -> parse and
-// validate (400 + OpenAI error object) -> model name -> chat template ->
-// tokens -> engine submit (400 too long, 429 + Retry-After queue full: all
-// decided before any byte of the response) -> response.
+// Request path: JSON media type (415) -> auth (api key -> tenant -> cache
+// namespace) -> parse and validate (400 + OpenAI error object) -> model name
+// -> chat template -> tokens -> cost cap -> engine submit (400 too long, 429 +
+// Retry-After queue full: all decided before any byte of the response) ->
+// response.
 //
 // Non-streamed responses hold their status until the generation has finished:
 // 200 with the completion, or the OpenAI error object with 500 (the model
 // failed), 503 (the request can never fit the KV cache, or the server shut
 // down under it). Streamed responses send 200 with the first byte; a later
-// failure is an error event ({"error": {...}}) followed by [DONE].
+// failure is an error event ({"error": {...}}) followed by [DONE]. No thread
+// waits on a generation: the engine's pushes wake the connection
+// (generation_reply.h).
 //
 // Chat with tools: the messages, tools and chat_template_kwargs reach the chat
 // template whole (chat_prompt.h). In non-streamed responses, tool calls the
@@ -25,35 +29,30 @@
 // Qwen2.5 / Qwen3 / Hermes) come back as message.tool_calls with finish_reason
 // "tool_calls"; streamed responses carry them as plain text.
 //
-// A client that disconnects is noticed within one poll interval (50 ms) and
-// its request aborted, which frees its KV blocks at the next engine step.
+// A client that disconnects is noticed from its socket by the front and its
+// request aborted, which frees its KV blocks at the next engine step.
 //
-// Thread safety: handlers run on httplib's worker threads; the engine API they
-// call is thread-safe. stop() may be called from any thread (signal handler
-// thread).
+// Thread safety: handlers run on the front's worker threads; the engine API
+// they call is thread-safe. stop() may be called from any thread (signal
+// handler thread).
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "pagoda/core/status.h"
 #include "pagoda/engine/engine.h"
 #include "pagoda/server/api_keys.h"
+#include "pagoda/server/http_front.h"
 #include "pagoda/server/openai_request.h"
 #include "pagoda/server/openai_response.h"
 #include "pagoda/server/prometheus_metrics.h"
 #include "pagoda/server/request_limits.h"
 #include "pagoda/server/tenant_usage.h"
-
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}  // namespace httplib
 
 namespace pagoda::server {
 
@@ -72,14 +71,21 @@ struct TextCodec {
 struct ServerConfig {
   std::string model_name;  // the only accepted "model"
   std::string host = "127.0.0.1";
-  int port = 8000;         // 0: any free port (see bound_port)
+  int port = 8000;         // 0: any free port (see bind)
   ApiKeyStore api_keys;
-  int http_threads = 64;
+  int http_threads = 2;    // handler threads (parse, tokenize, template, submit)
   size_t max_body_bytes = 8u << 20;
   int retry_after_seconds = 1;
   int32_t default_chat_max_tokens = 1024;  // when the request gives none (capped by the context)
   // Most n x max_tokens x (1 + logprobs) one request may ask for (request_limits.h); <= 0: no cap.
   int64_t max_request_cost = kDefaultMaxRequestCost;
+  // The HTTP front's limits and deadlines (http_front.h); host, port,
+  // worker_threads, limits.max_body_bytes and retry_after_seconds come from
+  // the fields above.
+  HttpFrontConfig http;
+  // After stop(), how long replies in progress may go on before every
+  // connection is closed.
+  std::chrono::milliseconds shutdown_grace{10'000};
 };
 
 class OpenAiServer {
@@ -89,31 +95,27 @@ class OpenAiServer {
 
   // Binds the socket; returns the port (useful with port 0).
   StatusOr<int> bind();
-  // Serves until stop(); returns when every in-flight handler has returned.
+  // Serves until stop() and every connection has closed.
   Status serve();
   // New requests get 503; /health reports draining. In-flight ones continue.
   void begin_drain() { draining_ = true; }
-  // Closes the listening socket; serve() returns once handlers finish.
+  // Stops accepting; replies in progress get config.shutdown_grace, then every
+  // connection closes and serve() returns.
   void stop();
 
   HttpCounters http_counters() const;
+  HttpFrontCounters front_counters() const { return front_.counters(); }
 
  private:
   void install_routes();
-  void handle_generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
-  // Non-streamed: waits for the whole result, then answers 200 or the error's status.
-  void whole_response(const httplib::Request& req, httplib::Response& res, const std::string& tenant,
-                      engine::RequestStream& stream, ResponseBuilder& builder);
-  // Streamed: 200 at once, deltas as server-sent events.
-  void stream_response(const httplib::Request& req, httplib::Response& res, const std::string& tenant,
-                       std::shared_ptr<engine::RequestStream> stream, std::unique_ptr<ResponseBuilder> builder,
-                       bool include_usage);
-  void handle_cache_drop(const httplib::Request& req, httplib::Response& res);
-  void handle_usage(const httplib::Request& req, httplib::Response& res);
-  void handle_metrics(const httplib::Request& req, httplib::Response& res);
-  // The caller's identity, or nullopt after answering 401.
-  std::optional<KeyIdentity> authenticate(const httplib::Request& req, httplib::Response& res);
-  void send_error(httplib::Response& res, const ApiError& error);
+  HttpReply handle_generate(const HttpRequest& req, Endpoint endpoint);
+  HttpReply handle_cache_drop(const HttpRequest& req);
+  HttpReply handle_usage(const HttpRequest& req);
+  HttpReply handle_metrics(const HttpRequest& req);
+  HttpReply handle_models(const HttpRequest& req);
+  // The caller's identity, or the 401 to answer.
+  std::variant<KeyIdentity, HttpReply> authenticate(const HttpRequest& req) const;
+  HttpReply error_reply(const ApiError& error) const;
   StatusOr<std::vector<int32_t>> tokens_for_text(const std::string& text, bool add_special_tokens) const;
   StatusOr<std::vector<int32_t>> tokens_for_chat(const ChatPrompt& prompt) const;
   std::string token_text(int32_t token) const;
@@ -121,11 +123,9 @@ class OpenAiServer {
   ServerConfig config_;
   engine::Engine& engine_;
   TextCodec codec_;
-  std::unique_ptr<httplib::Server> http_;
+  HttpFront front_;
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_response_id_{1};
-  mutable std::mutex counters_mutex_;
-  HttpCounters counters_;
   TenantUsageBook tenant_usage_;
 };
 

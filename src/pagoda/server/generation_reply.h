@@ -1,0 +1,39 @@
+#pragma once
+// A submitted generation as an HTTP reply the front drives without a thread
+// waiting on it (http_message.h ReplySource): the engine's pushes wake the
+// connection, which pulls whatever deltas are ready.
+//
+//  - whole: nothing is sent until the generation has finished; then 200 with
+//    the completion, or the OpenAI error object with the failure's status
+//    (500 model failure, 503 capacity / shutdown; api_error.h).
+//  - streamed: 200 and text/event-stream at once, one event per delta, a
+//    failure as an error event, then "data: [DONE]".
+// cancel() (the client left) aborts the engine request.
+//
+// Thread safety: as ReplySource.
+
+#include <functional>
+#include <memory>
+
+#include "pagoda/engine/engine.h"
+#include "pagoda/server/http_message.h"
+#include "pagoda/server/openai_response.h"
+
+namespace pagoda::server {
+
+struct GenerationReplyParts {
+  engine::Engine* engine = nullptr;
+  std::shared_ptr<engine::RequestStream> stream;
+  std::unique_ptr<ResponseBuilder> builder;
+  // Called once with the final usage when the generation ends (any reason).
+  std::function<void(const engine::Usage&)> on_finished;
+  int retry_after_seconds = 1;  // on a 429 inside the reply
+};
+
+std::shared_ptr<ReplySource> make_whole_generation_reply(GenerationReplyParts parts);
+std::shared_ptr<ReplySource> make_streamed_generation_reply(GenerationReplyParts parts, bool include_usage);
+
+// The OpenAI error object as a whole HTTP response (429 carries Retry-After).
+HttpResponse api_error_response(const ApiError& error, int retry_after_seconds);
+
+}  // namespace pagoda::server
