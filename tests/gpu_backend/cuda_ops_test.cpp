@@ -10,9 +10,10 @@
 
 #include "gpu_test_support.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
-#include "pagoda/kernels/cpu/rmsnorm.h"
-#include "pagoda/kernels/cpu/rope.h"
-#include "pagoda/kernels/cpu/silu_mul.h"
+#include "pagoda/backend/cuda/random_fill.h"
+#include "pagoda/backend/cpu/kernels/rmsnorm.h"
+#include "pagoda/backend/cpu/kernels/rope.h"
+#include "pagoda/backend/cpu/kernels/silu_mul.h"
 
 namespace pagoda::cuda {
 namespace {
@@ -119,8 +120,8 @@ TEST(CudaOps, HeadRmsNormNormalizesEveryHeadOfAStridedSlice) {
 TEST(CudaOps, RopeMatchesCpuWithLlama3Scaling) {
   PAGODA_SKIP_WITHOUT_GPU();
   const int32_t tokens = 9, heads = 4, head_dim = 128, stride = 6 * head_dim;
-  kernels::Llama3RopeScaling llama3;  // factor 8, original context 8192
-  const std::vector<float> inv_freq = kernels::rope_inverse_frequencies(head_dim, 500000.0f, &llama3);
+  Llama3RopeScaling llama3;  // factor 8, original context 8192
+  const std::vector<float> inv_freq = rope_inverse_frequencies(head_dim, 500000.0f, &llama3);
   const std::vector<int32_t> positions = {0, 1, 2, 17, 255, 1024, 8191, 40000, 131071};
   const std::vector<float> x = random_bf16_values(tokens * stride, -2, 2, 9);
 
@@ -231,9 +232,9 @@ TEST(CudaOps, RandomFillIsReproducibleBoundedAndCentered) {
   PAGODA_SKIP_WITHOUT_GPU();
   const int64_t n = 1 << 20;
   auto a = DeviceBuffer::allocate(n * 2), b = DeviceBuffer::allocate(n * 2), c = DeviceBuffer::allocate(n * 2);
-  ASSERT_EQ(fill_random_uniform(a->as<bf16>(), n, 0.5f, 42, nullptr), cudaSuccess);
-  ASSERT_EQ(fill_random_uniform(b->as<bf16>(), n, 0.5f, 42, nullptr), cudaSuccess);
-  ASSERT_EQ(fill_random_uniform(c->as<bf16>(), n, 0.5f, 43, nullptr), cudaSuccess);
+  ASSERT_EQ(fill_random_bf16(a->as<bf16>(), n, -0.5f, 0.5f, 42, nullptr), cudaSuccess);
+  ASSERT_EQ(fill_random_bf16(b->as<bf16>(), n, -0.5f, 0.5f, 42, nullptr), cudaSuccess);
+  ASSERT_EQ(fill_random_bf16(c->as<bf16>(), n, -0.5f, 0.5f, 43, nullptr), cudaSuccess);
   const std::vector<uint16_t> ha = to_host<uint16_t>(*a, n), hb = to_host<uint16_t>(*b, n), hc = to_host<uint16_t>(*c, n);
   EXPECT_EQ(ha, hb);
   EXPECT_NE(ha, hc);

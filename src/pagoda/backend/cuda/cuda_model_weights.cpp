@@ -6,6 +6,7 @@
 
 #include "pagoda/backend/cuda/cuda_check.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
+#include "pagoda/backend/cuda/random_fill.h"
 #include "pagoda/backend/cuda/progress_bar.h"
 #include "pagoda/core/thread_pool.h"
 
@@ -28,7 +29,7 @@ struct Shapes {
 };
 
 // Converts a [rows, cols] matrix in its file dtype into bf16 rows at dst (host).
-void matrix_to_bf16(const kernels::WeightMatrix& m, uint16_t* dst) {
+void matrix_to_bf16(const WeightMatrix& m, uint16_t* dst) {
   const size_t n = m.rows * m.cols;
   if (m.dtype == DType::kBF16) {
     std::memcpy(dst, m.data, n * sizeof(uint16_t));
@@ -69,12 +70,12 @@ StatusOr<CudaModelWeights> CudaModelWeights::upload(const ModelConfig& config, c
   std::vector<uint16_t> staging;
 
   // Stacks matrices row-wise into one bf16 device matrix.
-  auto upload_stacked = [&](std::initializer_list<const kernels::WeightMatrix*> parts) -> StatusOr<__nv_bfloat16*> {
+  auto upload_stacked = [&](std::initializer_list<const WeightMatrix*> parts) -> StatusOr<__nv_bfloat16*> {
     size_t elements = 0;
-    for (const kernels::WeightMatrix* m : parts) elements += m->rows * m->cols;
+    for (const WeightMatrix* m : parts) elements += m->rows * m->cols;
     staging.resize(elements);
     size_t offset = 0;
-    for (const kernels::WeightMatrix* m : parts) {
+    for (const WeightMatrix* m : parts) {
       matrix_to_bf16(*m, staging.data() + offset);
       offset += m->rows * m->cols;
     }
@@ -144,7 +145,7 @@ StatusOr<CudaModelWeights> CudaModelWeights::random(const ModelConfig& config, u
   auto random_matrix = [&](size_t rows, size_t cols) -> StatusOr<__nv_bfloat16*> {
     PAGODA_ASSIGN_OR_RETURN(void* device, w.allocate(rows * cols * 2));
     auto* m = static_cast<__nv_bfloat16*>(device);
-    PAGODA_CUDA_RETURN_IF_ERROR(fill_random_uniform(m, static_cast<int64_t>(rows * cols), scale, ++stream_id, nullptr));
+    PAGODA_CUDA_RETURN_IF_ERROR(fill_random_bf16(m, static_cast<int64_t>(rows * cols), -scale, scale, ++stream_id, nullptr));
     return m;
   };
   auto constant_vector = [&](size_t n, float value) -> StatusOr<float*> {

@@ -1,5 +1,8 @@
-// Reproducible random weights made on the GPU: a splitmix64 hash of (seed, index)
-// per element, so no host memory or transfer is needed for an 8B model.
+// Reproducible random data made on the GPU: a splitmix64 hash of (seed, index)
+// per element, so no host memory or transfer is needed for an 8B model's
+// weights or a benchmark's gigabytes of KV.
+#include "pagoda/backend/cuda/random_fill.h"
+
 #include "pagoda/backend/cuda/cuda_ops.h"
 
 namespace pagoda::cuda {
@@ -13,12 +16,12 @@ __device__ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-__global__ void fill_random_uniform_kernel(bf16* __restrict__ x, int64_t n, float scale, uint64_t seed) {
+__global__ void fill_random_bf16_kernel(bf16* __restrict__ x, int64_t n, float low, float span, uint64_t seed) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const uint64_t bits = splitmix64(seed * 0x100000001b3ull ^ static_cast<uint64_t>(i));
     const float unit = static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-    x[i] = __float2bfloat16((2.0f * unit - 1.0f) * scale);
+    x[i] = __float2bfloat16(low + span * unit);
   }
 }
 
@@ -34,9 +37,9 @@ unsigned grid_for(int64_t n) {
 
 }  // namespace
 
-cudaError_t fill_random_uniform(bf16* x, int64_t n, float scale, uint64_t seed, cudaStream_t stream) {
+cudaError_t fill_random_bf16(void* x, int64_t n, float low, float high, uint64_t seed, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  fill_random_uniform_kernel<<<grid_for(n), 256, 0, stream>>>(x, n, scale, seed);
+  fill_random_bf16_kernel<<<grid_for(n), 256, 0, stream>>>(static_cast<bf16*>(x), n, low, high - low, seed);
   return cudaGetLastError();
 }
 
