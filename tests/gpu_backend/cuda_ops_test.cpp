@@ -1,4 +1,4 @@
-// Each fused kernel of the CUDA backend against its CPU reference (kernels/cpu),
+// Each fused kernel of the CUDA backend against its CPU reference (backend/cpu/kernels),
 // with an error bound chosen per op: inputs are bf16-exact, so the bounds cover
 // f32 reduction order plus one bf16 rounding of the output (2^-8 relative).
 

@@ -1,6 +1,6 @@
 // `pagoda serve`: the OpenAI-compatible server over a model on the CPU or the
-// GPU (runner_factory.h turns --device, --load-format, --kv-cache-dtype, ...
-// into the model runner and the KV manager's geometry).
+// GPU (runner_flags.h checks --device, --load-format, --kv-cache-dtype, ...;
+// backend/registry.h turns them into the model runner and its KV geometry).
 //
 //   pagoda serve --model models/pagoda-tiny --port 8000 [--api-keys keys.json]
 //   pagoda serve --model DIR --device cuda --kv-cache-dtype fp8 --gpu-memory-utilization 0.9
