@@ -2,6 +2,7 @@
 // /metrics, /v1/usage and Range headers reveal or amplify.
 
 #include <fstream>
+#include <future>
 #include <thread>
 #include <random>
 #include <regex>
@@ -222,6 +223,99 @@ TEST_F(ServerSecurityTest, AHugeChunkedUploadIsRefusedAtTheBodyLimit) {
   EXPECT_EQ(status_of(r.bytes), 413) << r.bytes.substr(0, 300);
   EXPECT_LT(sent, 32u << 20) << "the server kept reading far past its 8 MiB limit";
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+}
+
+class ServerQuotaTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new ServerProcess();
+    const std::string keys = std::string(PAGODA_BINARY_DIR) + "/e2e_quota_keys_" + std::to_string(getpid()) + ".json";
+    std::ofstream(keys) << R"({"keys": [
+        {"key": "sk-one", "tenant": "one", "limits": {"max_requests_in_flight": 1}},
+        {"key": "sk-budget", "tenant": "budget", "limits": {"tokens_per_minute": 300}},
+        {"key": "sk-small", "tenant": "small", "limits": {"max_kv_blocks": 8}},
+        {"key": "sk-free", "tenant": "free"},
+        {"key": "sk-ops", "tenant": "ops", "admin": true}]})";
+    std::string error;
+    ok_ = server_->start({"--model", repo_path(kFixture), "--block-size", "4", "--api-keys", keys}, &error);
+    if (!ok_) std::fprintf(stderr, "%s\n", error.c_str());
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override { ASSERT_TRUE(ok_) << "server did not start"; }
+  static Received post(const std::string& key, const json& body) {
+    return exchange(server_->port(), http_post("/v1/completions", key, body.dump()), 30s);
+  }
+  static json body_json(const Received& r) { return json::parse(body_of(r.bytes), nullptr, false); }
+
+  static inline ServerProcess* server_ = nullptr;
+  static inline bool ok_ = false;
+};
+
+TEST_F(ServerQuotaTest, RequestsInFlightPerTenantGet429WithRetryAfter) {
+  const json req = {{"model", "llama_f32"}, {"prompt", {1, 2, 3}}, {"max_tokens", 60}, {"ignore_eos", true}};
+  std::vector<std::future<Received>> calls;
+  for (int i = 0; i < 10; ++i) calls.push_back(std::async(std::launch::async, [&] { return post("sk-one", req); }));
+  // Another tenant at the same time is not affected.
+  std::vector<std::future<Received>> others;
+  for (int i = 0; i < 3; ++i) others.push_back(std::async(std::launch::async, [&] { return post("sk-free", req); }));
+  int ok = 0, refused = 0;
+  for (auto& c : calls) {
+    const Received r = c.get();
+    if (status_of(r.bytes) == 200) ++ok;
+    if (status_of(r.bytes) == 429) {
+      ++refused;
+      EXPECT_NE(r.bytes.find("Retry-After: "), std::string::npos);
+      EXPECT_EQ(body_json(r)["error"]["code"], "tenant_queue_full");
+    }
+  }
+  for (auto& c : others) EXPECT_EQ(status_of(c.get().bytes), 200);
+  EXPECT_EQ(ok + refused, 10);
+  EXPECT_GE(ok, 1);
+  EXPECT_GE(refused, 1) << "ten requests at once against a cap of one";
+  const json usage = body_json(exchange(server_->port(), http_get("/v1/usage", "sk-one"), 10s));
+  EXPECT_EQ(usage["requests"]["refused"]["tenant_queue_full"].get<int>(), refused);
+  EXPECT_EQ(usage["limits"]["max_requests_in_flight"], 1);
+}
+
+TEST_F(ServerQuotaTest, TokensPerMinuteAreBudgetedWith429AndWhenToRetry) {
+  // 3 + 200 of 300 tokens; what is left (about 100) does not cover 3 + 150.
+  json req = {{"model", "llama_f32"}, {"prompt", {1, 2, 3}}, {"max_tokens", 200}, {"ignore_eos", true}};
+  EXPECT_EQ(status_of(post("sk-budget", req).bytes), 200);
+  req["max_tokens"] = 150;
+  const Received r = post("sk-budget", req);
+  EXPECT_EQ(status_of(r.bytes), 429) << r.bytes.substr(0, 400);
+  EXPECT_EQ(body_json(r)["error"]["code"], "tokens_per_minute");
+  const size_t at = r.bytes.find("Retry-After: ");
+  ASSERT_NE(at, std::string::npos);
+  const int retry = std::atoi(r.bytes.c_str() + at + 13);
+  EXPECT_GE(retry, 5);
+  EXPECT_LE(retry, 12) << "about 53 tokens short at 5 tokens a second";
+  // More than a whole minute's budget can never pass: 400, not 429.
+  req["max_tokens"] = 400;
+  const Received never = post("sk-budget", req);
+  EXPECT_EQ(status_of(never.bytes), 400);
+  EXPECT_EQ(body_json(never)["error"]["code"], "tenant_quota_exceeded");
+  // The admin sees per-tenant counters.
+  const std::string metrics = body_of(exchange(server_->port(), http_get("/metrics", "sk-ops"), 10s).bytes);
+  EXPECT_NE(metrics.find("pagoda_tenant_requests_total{tenant=\"budget\",outcome=\"refused_tokens_per_minute\"} 2"),
+            std::string::npos)
+      << metrics.substr(metrics.find("pagoda_tenant"), 1500);
+}
+
+TEST_F(ServerQuotaTest, ARequestBiggerThanItsTenantsKvCapIsRefused) {
+  // 8 blocks of 4 tokens: prompt 3 + max_tokens 30 needs 9.
+  json req = {{"model", "llama_f32"}, {"prompt", {1, 2, 3}}, {"max_tokens", 30}};
+  const Received r = post("sk-small", req);
+  EXPECT_EQ(status_of(r.bytes), 400) << r.bytes.substr(0, 400);
+  EXPECT_EQ(body_json(r)["error"]["code"], "tenant_kv_limit");
+  req["max_tokens"] = 20;
+  EXPECT_EQ(status_of(post("sk-small", req).bytes), 200);
+  const json usage = body_json(exchange(server_->port(), http_get("/v1/usage", "sk-small"), 10s));
+  EXPECT_EQ(usage["kv_blocks"]["limit"], 8) << "the KV manager holds the cap";
+  EXPECT_LE(usage["kv_blocks"]["held"].get<int>(), 8);
 }
 
 TEST(ServerShutdownSecurityTest, SigtermHonoursTheGraceWithDrippingClientsConnected) {

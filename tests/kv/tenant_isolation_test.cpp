@@ -168,3 +168,73 @@ TEST(TenantIsolation, ZeroingCanBeTurnedOff) {
 
 }  // namespace
 }  // namespace pagoda::kv
+
+namespace pagoda::kv {
+namespace {
+
+using testing::iota_tokens;
+using testing::prefill;
+
+// Tenant "b" caches `b_prompts` prompts of 2 full blocks; then tenant "a"
+// churns through many different prompts. Returns how many of b's prompts
+// still hit fully afterwards.
+int b_prompts_surviving_a_churn(int32_t a_cap) {
+  ManualClock clock;
+  KvCacheConfig config;
+  config.num_blocks = 24;
+  config.block_size = 4;
+  auto kv = std::move(KvCacheManager::create(config, &clock)).value();
+  if (a_cap > 0) kv->set_namespace_block_limit("a", a_cap);
+  SequenceId id = 1;
+  for (int p = 0; p < 6; ++p) {  // 6 prompts x 2 cached blocks = 12 of b's blocks
+    clock.advance(10);
+    prefill(*kv, id, "b", iota_tokens(9, 100 * (p + 1)));
+    PAGODA_EXPECT_OK(kv->free_sequence(id++));
+  }
+  for (int p = 0; p < 40; ++p) {  // a's churn: newer than all of b's blocks
+    clock.advance(10);
+    const auto prompt = iota_tokens(13, 5000 + 50 * p);
+    if (!kv->can_allocate_sequence("a", prompt)) {
+      ADD_FAILURE() << "a must always be able to run by recycling its own blocks";
+      break;
+    }
+    prefill(*kv, id, "a", prompt);
+    PAGODA_EXPECT_OK(kv->free_sequence(id++));
+    EXPECT_TRUE(a_cap == 0 || kv->namespace_usage("a").blocks_held <= a_cap);
+    PAGODA_EXPECT_OK(kv->verify_integrity());
+  }
+  int surviving = 0;
+  for (int p = 0; p < 6; ++p) surviving += kv->match_prefix("b", iota_tokens(9, 100 * (p + 1))).cached_tokens == 8;
+  return surviving;
+}
+
+TEST(TenantKvCap, ATenantAtItsCapRecyclesItsOwnCacheAndNeverEvictsOthers) {
+  EXPECT_EQ(b_prompts_surviving_a_churn(/*a_cap=*/8), 6) << "a, capped, must leave b's whole cache alone";
+  // The control: without a cap, a's churn pushes b's cache out.
+  EXPECT_LT(b_prompts_surviving_a_churn(/*a_cap=*/0), 6);
+}
+
+TEST(TenantKvCap, RoomSaysFitsWaitOrNever) {
+  ManualClock clock;
+  auto kv = testing::make_manager(32, 4, &clock);
+  kv->set_namespace_block_limit("a", 4);
+  EXPECT_EQ(kv->namespace_room("a", iota_tokens(16)), NamespaceRoom::kFits);
+  EXPECT_EQ(kv->namespace_room("a", iota_tokens(17)), NamespaceRoom::kNeverFits) << "5 blocks over a cap of 4";
+  EXPECT_EQ(kv->namespace_room("b", iota_tokens(100)), NamespaceRoom::kFits) << "no cap";
+  prefill(*kv, 1, "a", iota_tokens(12, 500));  // 3 blocks in use
+  EXPECT_EQ(kv->namespace_room("a", iota_tokens(8, 900)), NamespaceRoom::kWaitForOwnBlocks);
+  EXPECT_FALSE(kv->can_allocate_sequence("a", iota_tokens(8, 900)));
+  EXPECT_FALSE(kv->allocate_sequence(2, "a", iota_tokens(8, 900)).ok());
+  EXPECT_TRUE(kv->can_allocate_sequence("b", iota_tokens(8, 900))) << "the cap is a's alone";
+  // Appending past the cap fails for a; once its sequence ends its blocks are recyclable.
+  PAGODA_EXPECT_OK(kv->append_tokens(1, std::vector<TokenId>{1, 2, 3, 4}));  // the 4th block
+  EXPECT_FALSE(kv->append_tokens(1, std::vector<TokenId>{5}).ok());
+  PAGODA_EXPECT_OK(kv->mark_computed(1, 0));
+  PAGODA_EXPECT_OK(kv->free_sequence(1));
+  EXPECT_EQ(kv->namespace_room("a", iota_tokens(8, 900)), NamespaceRoom::kFits);
+  EXPECT_EQ(kv->namespace_usage("a").block_limit, 4);
+  PAGODA_EXPECT_OK(kv->verify_integrity());
+}
+
+}  // namespace
+}  // namespace pagoda::kv

@@ -54,6 +54,7 @@ struct ServeOptions {
   double keep_alive_s = 75.0;
   double shutdown_grace_s = 10.0;
   int64_t max_request_cost = server::kDefaultMaxRequestCost;
+  server::TenantLimits tenant_limits;  // defaults for tenants whose api-keys entry sets none
 };
 
 void run_serve(const ServeOptions& opt) {
@@ -129,6 +130,18 @@ void run_serve(const ServeOptions& opt) {
     auto keys = server::ApiKeyStore::load(opt.api_keys_file);
     if (!keys.ok()) fail(keys.status().to_string());
     server_config.api_keys = std::move(*keys);
+  }
+  if (opt.tenant_limits.max_requests_in_flight < 0 || opt.tenant_limits.tokens_per_minute < 0 ||
+      opt.tenant_limits.max_kv_blocks < 0)
+    fail("--tenant-max-requests, --tenant-tokens-per-minute and --tenant-max-kv-blocks must be >= 0");
+  server_config.default_tenant_limits = opt.tenant_limits;
+  // Each tenant's KV cap goes to the KV manager (before the engine thread owns it).
+  for (const std::string& tenant : server_config.api_keys.tenants()) {
+    server::TenantLimits limits = opt.tenant_limits;
+    for (const auto& [name, set] : server_config.api_keys.tenant_limits())
+      if (name == tenant) limits = set;
+    if (limits.max_kv_blocks > 0)
+      (*kv)->set_namespace_block_limit(server::ApiKeyStore::cache_namespace(tenant), limits.max_kv_blocks);
   }
 
   engine::EngineConfig engine_config;
@@ -215,6 +228,18 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--shutdown-grace", opt->shutdown_grace_s,
                   "Seconds in-flight requests get on SIGTERM; then every connection closes and the process exits")
+      ->capture_default_str();
+  cmd->add_option("--tenant-max-requests", opt->tenant_limits.max_requests_in_flight,
+                  "Requests one tenant may have in flight (queued or running); past it, 429 (0: no cap; an api-keys "
+                  "entry's \"limits\" override the --tenant-* defaults)")
+      ->capture_default_str();
+  cmd->add_option("--tenant-tokens-per-minute", opt->tenant_limits.tokens_per_minute,
+                  "Tokens (prompt + n x max_tokens reserved, unused given back) one tenant may use per minute; past "
+                  "it, 429 with Retry-After (0: no cap)")
+      ->capture_default_str();
+  cmd->add_option("--tenant-max-kv-blocks", opt->tenant_limits.max_kv_blocks,
+                  "KV blocks one tenant may hold, in use or cached; at the cap it recycles its own cache, never "
+                  "others' (0: no cap)")
       ->capture_default_str();
   cmd->add_option("--max-request-cost", opt->max_request_cost,
                   "Most n x max_tokens x (1 + logprobs) one request may ask for; past it, 400 (0: no cap)")

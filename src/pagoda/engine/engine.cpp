@@ -529,7 +529,8 @@ bool Engine::step() {
     if (chunk.produces_logits && !chunk.all_logits) last = row_sampling_for(chunk.sequence);
     rows.push_back(last);
   }
-  StatusOr<runtime::StepResult> result = runner_.execute(plan.batch, rows);
+  const Status zeroed = zero_blocks_changing_tenant();
+  StatusOr<runtime::StepResult> result = zeroed.ok() ? runner_.execute(plan.batch, rows) : zeroed;
   const size_t vocab = static_cast<size_t>(vocab_size_);
   if (result.ok()) {
     size_t host_rows = 0;
@@ -591,7 +592,16 @@ bool Engine::step() {
   return true;
 }
 
+Status Engine::zero_blocks_changing_tenant() {
+  std::vector<kv::BlockId> blocks = kv_.take_blocks_to_zero();
+  if (blocks.empty() || !runner_.capabilities().zeroes_blocks) return ok_status();
+  thread_stats_.kv_blocks_zeroed += static_cast<int64_t>(blocks.size());
+  return runner_.zero_blocks(blocks);
+}
+
 Status Engine::copy_blocks_on_runner(std::span<const kv::BlockCopy> copies) {
+  // A copy's target may be a block another tenant held: zeroed first, then written.
+  PAGODA_RETURN_IF_ERROR(zero_blocks_changing_tenant());
   std::vector<runtime::BlockCopy> moves;
   moves.reserve(copies.size());
   for (const kv::BlockCopy& c : copies) moves.push_back(runtime::BlockCopy{c.src, c.dst});

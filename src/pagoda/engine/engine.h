@@ -63,6 +63,7 @@ struct EngineStats {
   int64_t prompt_tokens = 0;
   int64_t cached_prompt_tokens = 0;
   int64_t generated_tokens = 0;
+  int64_t kv_blocks_zeroed = 0;  // blocks zeroed on the runner as they passed between tenants
   kv::KvStats kv;
   LatencyHistogram time_to_first_token;
   LatencyHistogram inter_token_latency;
@@ -111,6 +112,7 @@ class Engine {
   EngineStats stats() const;
   int32_t vocab_size() const { return vocab_size_; }
   int32_t max_context_length() const { return max_context_; }
+  int32_t kv_block_size() const { return kv_block_size_; }
 
   // Synchronous driving (no thread): one step; false if there was nothing to do.
   bool step();
@@ -141,6 +143,11 @@ class Engine {
   void sample_into(Sequence* seq, std::span<const float> logits);
   // Runs the KV manager's copy-on-write copies on the runner's memory.
   Status copy_blocks_on_runner(std::span<const kv::BlockCopy> copies);
+  // Zeroes, on the runner, the blocks the KV manager handed from one tenant to
+  // another since the last call (KvCacheManager::take_blocks_to_zero); runs
+  // before every forward and block copy. A runner that cannot zero
+  // (RunnerCapabilities::zeroes_blocks false) is skipped: the CLI says so at start.
+  Status zero_blocks_changing_tenant();
   void fork_children(Sequence* parent, std::span<const float> logits);
   void append_token(Sequence* seq, const SampledToken& token);
   void finish_sequence(Sequence* seq, FinishReason reason);

@@ -134,20 +134,31 @@ StepPlan Scheduler::schedule() {
     budget -= n;
   }
 
-  // 2. Waiting, FCFS; the head blocks the rest.
+  // 2. Waiting, FCFS; the head blocks the rest, except a sequence held back
+  // only by its own tenant's KV cap: that one waits without blocking others.
   if (plan.preempted.empty()) {
-    while (budget > 0 && !waiting_.empty()) {
-      Sequence* seq = waiting_.front();
+    size_t next = 0;
+    while (budget > 0 && next < waiting_.size()) {
+      Sequence* seq = waiting_[next];
       RequestState* req = seq->request;
       const int32_t slots = (!req->forked && req->request.sampling.n > 1) ? req->request.sampling.n : 1;
       if (static_cast<int32_t>(running_.size()) + slots > config_.max_running_sequences && !running_.empty()) break;
       const std::string& ns = req->request.tenant_namespace;
       seq->block_hashes.extend(seq->tokens);
       const std::span<const uint64_t> hashes = seq->block_hashes.hashes();
+      if (const kv::NamespaceRoom room = tenant_kv_room(seq); room != kv::NamespaceRoom::kFits) {
+        if (room == kv::NamespaceRoom::kWaitForOwnBlocks) {
+          ++next;
+          continue;
+        }
+        waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(next));
+        plan.unschedulable.push_back(seq);
+        continue;
+      }
       if (!kv_.can_allocate_sequence(ns, seq->tokens, hashes)) {
         // With nothing running every block is free or evictable: it can never fit.
         if (running_.empty() && plan.chunks.empty()) {
-          waiting_.pop_front();
+          waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(next));
           plan.unschedulable.push_back(seq);
           continue;
         }
@@ -155,7 +166,7 @@ StepPlan Scheduler::schedule() {
       }
       auto match = kv_.allocate_sequence(seq->id, ns, seq->tokens, hashes);
       if (!match.ok()) break;
-      waiting_.pop_front();
+      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(next));
       seq->in_kv = true;
       seq->num_computed = match->cached_tokens;
       seq->num_reserved = static_cast<int32_t>(seq->tokens.size());
@@ -170,6 +181,10 @@ StepPlan Scheduler::schedule() {
     }
   }
   return plan;
+}
+
+kv::NamespaceRoom Scheduler::tenant_kv_room(Sequence* seq) const {
+  return kv_.namespace_room(seq->request->request.tenant_namespace, seq->tokens, seq->block_hashes.hashes());
 }
 
 Status Scheduler::commit(const StepPlan& plan) {

@@ -12,8 +12,10 @@
 //     kept). If it is the only candidate, it preempts itself.
 //  3. Waiting sequences are admitted in arrival order while budget, running
 //     slots (n per request, for its forks) and KV blocks allow; the queue head
-//     blocks the rest (no overtaking). Nothing is admitted in a step that
-//     preempted.
+//     blocks the rest (no overtaking), except a sequence whose tenant is at its
+//     own KV block cap (KvCacheManager::set_namespace_block_limit): it stays
+//     queued and later ones may pass it, so one tenant's cap never stalls the
+//     others. Nothing is admitted in a step that preempted.
 // Progress: the oldest running sequence is never preempted for a younger one,
 // so it always advances; a request that could never fit in the KV cache even
 // alone is reported as failed instead of waiting forever.
@@ -84,6 +86,9 @@ class Scheduler {
   void preempt(Sequence* seq, StepPlan& plan);
   Sequence* pick_victim(const std::vector<Sequence*>& planned, Sequence* requester) const;
   void add_chunk(Sequence* seq, int32_t num_new_tokens, StepPlan& plan);
+  // Where a waiting sequence stands against its tenant's KV block cap
+  // (KvCacheManager::namespace_room).
+  kv::NamespaceRoom tenant_kv_room(Sequence* seq) const;
 
   SchedulerConfig config_;
   kv::KvCacheManager& kv_;

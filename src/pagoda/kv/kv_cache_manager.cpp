@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <deque>
+#include <limits>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -80,7 +81,37 @@ class KvCacheManager::Impl {
     const PrefixMatch match = match_prefix(ns, prompt, hashes);
     int32_t matched_evictable = 0;
     const int32_t needed = new_blocks_for(match, prompt.size(), &matched_evictable);
-    return needed <= available() - matched_evictable;
+    return needed <= available() - matched_evictable &&
+           needed <= namespace_room(cache_.find_namespace(ns), matched_evictable);
+  }
+
+  // ---- per-namespace caps ----
+  int32_t block_limit(int32_t ns_id) const {
+    return ns_id >= 0 && static_cast<size_t>(ns_id) < block_limit_.size() ? block_limit_[ns_id] : 0;
+  }
+  // New blocks a namespace may still take: below its cap, plus its own cached
+  // unreferenced blocks (recycled for it), less those a match is about to reuse.
+  int32_t namespace_room(int32_t ns_id, int32_t matched_evictable) const {
+    const int32_t limit = block_limit(ns_id);
+    if (limit <= 0) return std::numeric_limits<int32_t>::max();
+    return limit - pool_.num_held(ns_id) + cache_.num_evictable_in(ns_id) - matched_evictable;
+  }
+  NamespaceRoom namespace_room_for_sequence(std::string_view ns, std::span<const TokenId> prompt,
+                                            std::span<const uint64_t> hashes) const {
+    const int32_t ns_id = cache_.find_namespace(ns);
+    if (block_limit(ns_id) <= 0 || prompt.empty()) return NamespaceRoom::kFits;
+    const PrefixMatch match = match_prefix(ns, prompt, hashes);
+    int32_t matched_evictable = 0;
+    const int32_t needed = new_blocks_for(match, prompt.size(), &matched_evictable);
+    if (needed <= namespace_room(ns_id, matched_evictable)) return NamespaceRoom::kFits;
+    // Blocks its running sequences hold come back when they end; with none, waiting cannot help.
+    const int32_t in_use = pool_.num_held(ns_id) - cache_.num_evictable_in(ns_id);
+    return in_use > 0 ? NamespaceRoom::kWaitForOwnBlocks : NamespaceRoom::kNeverFits;
+  }
+  void set_block_limit(std::string_view ns, int32_t limit) {
+    const int32_t ns_id = cache_.intern_namespace(ns);
+    if (static_cast<size_t>(ns_id) >= block_limit_.size()) block_limit_.resize(static_cast<size_t>(ns_id) + 1, 0);
+    block_limit_[ns_id] = std::max(limit, 0);
   }
 
   const Sequence* find(SequenceId id) const {
@@ -119,6 +150,10 @@ class KvCacheManager::Impl {
   // ---- block references ----
   // A fresh block for a sequence of namespace `ns_id`.
   BlockId take_block(int32_t ns_id) {
+    // At its cap a namespace recycles its own cached blocks (callers checked
+    // namespace_room), so it can never push other namespaces out past it.
+    const int32_t limit = block_limit(ns_id);
+    if (limit > 0 && pool_.num_held(ns_id) >= limit) cache_.evict_one_in(ns_id);
     int32_t previous_owner = BlockPool::kNoOwner;
     BlockId b = pool_.allocate(ns_id, &previous_owner);
     if (b == kNoBlock) {
@@ -156,6 +191,7 @@ class KvCacheManager::Impl {
     u.blocks_held = pool_.num_held(id);
     u.blocks_cached = cache_.num_cached_in(id);
     u.blocks_evictable = cache_.num_evictable_in(id);
+    u.block_limit = block_limit(id);
     return u;
   }
   void acquire(BlockId b) {
@@ -188,6 +224,12 @@ class KvCacheManager::Impl {
       ++stats_.allocation_failures;
       return resource_exhausted_error("allocate_sequence: sequence {} needs {} new blocks, {} available", id, needed,
                                       available() - matched_evictable);
+    }
+    if (const int32_t room = namespace_room(cache_.find_namespace(ns), matched_evictable); needed > room) {
+      ++stats_.allocation_failures;
+      return resource_exhausted_error("allocate_sequence: sequence {} needs {} new blocks, its namespace's cap "
+                                      "leaves {}",
+                                      id, needed, room);
     }
     Sequence seq;
     seq.namespace_id = cache_.intern_namespace(ns);
@@ -232,6 +274,11 @@ class KvCacheManager::Impl {
       ++stats_.allocation_failures;
       return resource_exhausted_error("append_tokens: sequence {} needs {} new blocks, {} available", id, needed,
                                       available());
+    }
+    if (const int32_t room = namespace_room(s->namespace_id, 0); needed > room) {
+      ++stats_.allocation_failures;
+      return resource_exhausted_error("append_tokens: sequence {} needs {} new blocks, its namespace's cap leaves {}",
+                                      id, needed, room);
     }
     for (int32_t i = 0; i < needed; ++i) s->blocks.push_back(take_block(s->namespace_id));
     s->tokens.insert(s->tokens.end(), tokens.begin(), tokens.end());
@@ -291,10 +338,11 @@ class KvCacheManager::Impl {
     if (find(child_id) != nullptr) return invalid_argument_error("fork: child sequence {} already exists", child_id);
     const int32_t shared_blocks = static_cast<int32_t>(parent->computed / bs());
     const int32_t needed = static_cast<int32_t>(parent->blocks.size()) - shared_blocks;
-    if (needed > available()) {
+    if (needed > available() || needed > namespace_room(parent->namespace_id, 0)) {
       ++stats_.allocation_failures;
-      return resource_exhausted_error("fork: sequence {} -> {} needs {} new blocks, {} available", parent_id, child_id,
-                                      needed, available());
+      return resource_exhausted_error("fork: sequence {} -> {} needs {} new blocks, {} available ({} under its "
+                                      "namespace's cap)",
+                                      parent_id, child_id, needed, available(), namespace_room(parent->namespace_id, 0));
     }
     Sequence child;
     child.namespace_id = parent->namespace_id;
@@ -390,6 +438,7 @@ class KvCacheManager::Impl {
   int32_t blocks_in_use_ = 0;
   int64_t written_slots_in_use_ = 0;
   std::vector<NamespaceKvUsage> ns_usage_;  // counters by namespace id
+  std::vector<int32_t> block_limit_;         // caps by namespace id; 0: none
   std::vector<BlockId> blocks_to_zero_;      // see take_blocks_to_zero()
   std::vector<bool> zero_pending_ = std::vector<bool>(static_cast<size_t>(pool_.num_blocks()), false);
   std::deque<KvEvent> events_;
@@ -552,6 +601,13 @@ int32_t KvCacheManager::drop_conversation(std::string_view ns, std::span<const T
 }
 int32_t KvCacheManager::evict(int32_t n) { return impl_->evict(n); }
 std::vector<BlockId> KvCacheManager::take_blocks_to_zero() { return impl_->take_blocks_to_zero(); }
+void KvCacheManager::set_namespace_block_limit(std::string_view ns, int32_t max_blocks) {
+  impl_->set_block_limit(ns, max_blocks);
+}
+NamespaceRoom KvCacheManager::namespace_room(std::string_view ns, std::span<const TokenId> prompt,
+                                             std::span<const uint64_t> block_hashes) const {
+  return impl_->namespace_room_for_sequence(ns, prompt, block_hashes);
+}
 NamespaceKvUsage KvCacheManager::namespace_usage(std::string_view ns) const { return impl_->namespace_usage(ns); }
 
 KvStats KvCacheManager::stats() const { return impl_->stats(); }

@@ -183,6 +183,21 @@ class KvCacheManager {
   // Evicts up to `num_blocks` evictable blocks now (memory pressure, tests).
   int32_t evict(int32_t num_blocks);
 
+  // Caps the blocks a namespace may hold (in use by its sequences or cached
+  // under it); 0 lifts the cap. A sequence of a namespace at its cap gets its
+  // new blocks by evicting the namespace's own least recently used cached,
+  // unreferenced blocks, never another namespace's; with none left, the
+  // allocation fails (kResourceExhausted) and can_allocate_sequence says no.
+  // So one tenant can push at most its cap's worth of others' cache out. A cap
+  // below what the namespace holds now takes effect as its blocks come back.
+  void set_namespace_block_limit(std::string_view tenant_namespace, int32_t max_blocks);
+  // Whether `prompt` fits its namespace's cap now (kFits also when there is no
+  // cap), must wait for the namespace's running sequences to release blocks
+  // (kWaitForOwnBlocks: a scheduler should let other namespaces go first), or
+  // can never fit it (kNeverFits). Says nothing about the pool as a whole.
+  NamespaceRoom namespace_room(std::string_view tenant_namespace, std::span<const TokenId> prompt,
+                               std::span<const uint64_t> block_hashes = {}) const;
+
   // Blocks handed to a namespace other than their last holder since the last
   // call (each at most once), oldest first; empty when
   // zero_blocks_between_namespaces is off. The caller must zero them on the

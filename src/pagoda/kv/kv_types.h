@@ -108,6 +108,9 @@ struct NamespaceKvUsage {
   int32_t block_limit = 0;       // its cap on blocks_held; 0: none
 };
 
+// How a prompt stands against its namespace's block cap (KvCacheManager::namespace_room).
+enum class NamespaceRoom : uint8_t { kFits, kWaitForOwnBlocks, kNeverFits };
+
 // A change to the prefix cache, for a future KV-aware router.
 struct KvEvent {
   enum class Kind : uint8_t { kBlockStored, kBlockRemoved };

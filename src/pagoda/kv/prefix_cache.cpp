@@ -74,6 +74,7 @@ PrefixCache::PrefixCache(BlockPool& pool, int32_t block_size, std::unique_ptr<Ev
       clock_(clock),
       table_(pool.num_blocks()),
       tokens_(static_cast<size_t>(pool.num_blocks()) * block_size),
+      candidate_stamp_(static_cast<size_t>(pool.num_blocks()), 0),
       removed_key_memory_(evicted_key_memory) {
   policy_->reset(pool.num_blocks());
 }
@@ -214,7 +215,7 @@ void PrefixCache::link_child(BlockId parent, BlockId child) {
   if (p.first_child != kNoBlock) pool_.meta(p.first_child).prev_sibling = child;
   p.first_child = child;
   ++p.branch_count;
-  policy_->remove(parent);  // no longer a leaf
+  remove_candidate(parent);  // no longer a leaf
 }
 
 void PrefixCache::unlink_child(BlockId child) {
@@ -231,12 +232,25 @@ void PrefixCache::unlink_child(BlockId child) {
 void PrefixCache::maybe_add_candidate(BlockId block) {
   const BlockMeta& m = pool_.meta(block);
   if (!m.is_cached() || m.ref_count != 0 || m.first_child != kNoBlock || policy_->contains(block)) return;
+  add_candidate(block);
+}
+
+void PrefixCache::add_candidate(BlockId block) {
+  const BlockMeta& m = pool_.meta(block);
   policy_->add(EvictionCandidate{block, m.last_access_ns, m.reuse_count, m.branch_count, m.depth, block_size_});
+  candidate_stamp_[block] = m.last_access_ns;
+  namespaces_[m.namespace_id].candidates.emplace(m.last_access_ns, block);
+}
+
+void PrefixCache::remove_candidate(BlockId block) {
+  if (!policy_->contains(block)) return;
+  policy_->remove(block);
+  namespaces_[pool_.meta(block).namespace_id].candidates.erase({candidate_stamp_[block], block});
 }
 
 void PrefixCache::on_referenced(BlockId block) {
   count_evictable(block, -1);
-  policy_->remove(block);
+  remove_candidate(block);
 }
 
 void PrefixCache::on_unreferenced(BlockId block) {
@@ -254,13 +268,24 @@ void PrefixCache::touch(BlockId block, bool reused) {
 bool PrefixCache::evict_one() {
   const std::optional<BlockId> victim = policy_->pop_victim();
   if (!victim) return false;
+  namespaces_[pool_.meta(*victim).namespace_id].candidates.erase({candidate_stamp_[*victim], *victim});
   remove_one(*victim, RemovalReason::kEvictedForSpace);
+  return true;
+}
+
+bool PrefixCache::evict_one_in(int32_t ns_id) {
+  if (ns_id < 0 || ns_id >= static_cast<int32_t>(namespaces_.size())) return false;
+  auto& candidates = namespaces_[ns_id].candidates;
+  if (candidates.empty()) return false;
+  const BlockId victim = candidates.begin()->second;
+  remove_candidate(victim);
+  remove_one(victim, RemovalReason::kEvictedForSpace);
   return true;
 }
 
 void PrefixCache::remove_one(BlockId block, RemovalReason reason) {
   BlockMeta& m = pool_.meta(block);
-  policy_->remove(block);
+  remove_candidate(block);
   const uint64_t key = m.key_hash;
   const BlockId parent = m.parent;
   const uint64_t parent_key = parent == kNoBlock ? 0 : pool_.meta(parent).key_hash;
@@ -367,6 +392,7 @@ Status PrefixCache::verify_integrity() const {
   if (evictable != num_evictable_) return internal_error("{} evictable blocks, counter says {}", evictable, num_evictable_);
   if (candidates != policy_->size()) return internal_error("{} candidates, policy holds {}", candidates, policy_->size());
   std::vector<int32_t> cached_in(namespaces_.size(), 0), evictable_in(namespaces_.size(), 0);
+  int32_t candidates_listed = 0;
   for (BlockId b = 0; b < pool_.num_blocks(); ++b) {
     const BlockMeta& m = pool_.meta(b);
     if (!m.is_cached()) continue;
@@ -377,10 +403,20 @@ Status PrefixCache::verify_integrity() const {
     if (cached_in[ns] != namespaces_[ns].num_cached || evictable_in[ns] != namespaces_[ns].num_evictable)
       return internal_error("namespace {}: {} cached / {} evictable blocks, counters say {} / {}", ns, cached_in[ns],
                             evictable_in[ns], namespaces_[ns].num_cached, namespaces_[ns].num_evictable);
+    int32_t listed = 0;
+    for (const auto& [stamp, block] : namespaces_[ns].candidates) {
+      const BlockMeta& m = pool_.meta(block);
+      if (!policy_->contains(block) || m.namespace_id != static_cast<int32_t>(ns) || candidate_stamp_[block] != stamp)
+        return internal_error("namespace {} lists block {} as a candidate wrongly", ns, block);
+      ++listed;
+    }
+    candidates_listed += listed;
     if (static_cast<int32_t>(namespaces_[ns].removed_keys.size()) > std::max(removed_key_memory_, 0))
       return internal_error("namespace {} remembers {} removed keys, over {}", ns, namespaces_[ns].removed_keys.size(),
                             removed_key_memory_);
   }
+  if (candidates_listed != policy_->size())
+    return internal_error("namespaces list {} candidates, the policy holds {}", candidates_listed, policy_->size());
   return policy_->verify_integrity();
 }
 

@@ -23,6 +23,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -87,6 +88,10 @@ class PrefixCache {
 
   // Evicts the policy's victim onto the pool's free list; false if none.
   bool evict_one();
+  // Evicts the least recently used evictable block of one namespace (its own
+  // cache only, whatever the policy); false if it has none. For a namespace at
+  // its block cap: it recycles its own blocks, never another namespace's.
+  bool evict_one_in(int32_t ns_id);
   // Removes `root` and every cached descendant. Unreferenced ones go to the
   // free list; referenced ones just lose their key. Returns blocks removed.
   int32_t remove_subtree(BlockId root, RemovalReason reason);
@@ -115,6 +120,8 @@ class PrefixCache {
     // and how often each is in it: tags this namespace's misses as kEvicted.
     std::deque<uint64_t> removed_keys;
     std::unordered_map<uint64_t, int32_t> removed_key_counts;
+    // This namespace's eviction candidates by (last access when added, block).
+    std::set<std::pair<uint64_t, BlockId>> candidates;
   };
   struct StringHash {
     using is_transparent = void;
@@ -129,6 +136,9 @@ class PrefixCache {
   MissReason diagnose_miss(int32_t ns_id, uint64_t miss_key) const;
   void remember_removed_key(NamespaceInfo& ns, uint64_t key);
   void count_evictable(BlockId block, int32_t delta);
+  // Every eviction candidate is in the policy and in its namespace's LRU set.
+  void add_candidate(BlockId block);
+  void remove_candidate(BlockId block);
 
   BlockPool& pool_;
   const int32_t block_size_;
@@ -138,6 +148,7 @@ class PrefixCache {
 
   PrefixHashTable table_;
   std::vector<TokenId> tokens_;  // [num_blocks * block_size] tokens of cached blocks
+  std::vector<uint64_t> candidate_stamp_;  // [num_blocks] the key a candidate has in its namespace's set
   std::vector<NamespaceInfo> namespaces_;
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> namespace_ids_;
   int32_t removed_key_memory_;  // per namespace

@@ -53,6 +53,7 @@ struct BlockCopy {
 
 struct RunnerCapabilities {
   bool samples_on_device = false;  // execute() honours RowSampling::on_device
+  bool zeroes_blocks = false;      // zero_blocks() is implemented
 };
 
 class ModelRunner {
@@ -67,6 +68,11 @@ class ModelRunner {
   virtual StatusOr<StepResult> execute(const ForwardBatch& batch, std::span<const RowSampling> rows) = 0;
   // Copies blocks in every layer (copy-on-write forks); runs before the next execute().
   virtual Status copy_blocks(std::span<const BlockCopy> copies) = 0;
+  // Zeroes blocks in every layer, data and scales: blocks the KV manager hands
+  // from one tenant to another (KvCacheManager::take_blocks_to_zero). Runs
+  // before the next copy_blocks() or execute(), which may then write them.
+  // Called only when capabilities().zeroes_blocks; the default refuses.
+  virtual Status zero_blocks(std::span<const int32_t> blocks);
 
   // The KV memory this runner holds: the engine's KV manager must use the same
   // block_size and num_blocks.
@@ -76,6 +82,10 @@ class ModelRunner {
   virtual int32_t max_context_length() const = 0;
   virtual std::vector<int32_t> eos_token_ids() const = 0;
 };
+
+inline Status ModelRunner::zero_blocks(std::span<const int32_t> blocks) {
+  return unimplemented_error("this model runner cannot zero KV blocks ({} asked)", blocks.size());
+}
 
 // Rows of `rows` that the runner samples, checked against what it can do;
 // kUnimplemented if any row is on_device on a runner without device sampling,

@@ -1,6 +1,8 @@
 #include "pagoda/server/api_keys.h"
 
+#include <algorithm>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -17,6 +19,33 @@ StatusOr<ApiKeyStore> ApiKeyStore::load(const std::filesystem::path& path) {
   return parse(buffer.str(), path.string());
 }
 
+namespace {
+
+StatusOr<TenantLimits> parse_limits(const nlohmann::json& j, std::string_view source_name, size_t index) {
+  if (!j.is_object()) return data_loss_error("api keys file {}: keys[{}].limits must be an object", source_name, index);
+  TenantLimits limits;
+  for (const auto& [name, value] : j.items()) {
+    int64_t* wide = nullptr;
+    int32_t* narrow = nullptr;
+    if (name == "max_requests_in_flight") narrow = &limits.max_requests_in_flight;
+    else if (name == "tokens_per_minute") wide = &limits.tokens_per_minute;
+    else if (name == "max_kv_blocks") narrow = &limits.max_kv_blocks;
+    else
+      return data_loss_error("api keys file {}: keys[{}].limits.{} is not a limit (max_requests_in_flight, "
+                             "tokens_per_minute, max_kv_blocks)",
+                             source_name, index, name.substr(0, 64));
+    const int64_t most = narrow ? std::numeric_limits<int32_t>::max() : (int64_t{1} << 53);
+    if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > most)
+      return data_loss_error("api keys file {}: keys[{}].limits.{} must be an integer in [0, {}]", source_name, index,
+                             name, most);
+    if (narrow) *narrow = static_cast<int32_t>(value.get<int64_t>());
+    else *wide = value.get<int64_t>();
+  }
+  return limits;
+}
+
+}  // namespace
+
 StatusOr<ApiKeyStore> ApiKeyStore::parse(std::string_view json_text, std::string_view source_name) {
   nlohmann::json doc = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return data_loss_error("api keys file {}: not valid JSON", source_name);
@@ -32,12 +61,27 @@ StatusOr<ApiKeyStore> ApiKeyStore::parse(std::string_view json_text, std::string
       return data_loss_error("api keys file {}: keys[{}].tenant must be a non-empty string", source_name, i);
     if (k.contains("admin") && !k["admin"].is_boolean())
       return data_loss_error("api keys file {}: keys[{}].admin must be true or false", source_name, i);
-    Entry e{k["key"].get<std::string>(), KeyIdentity{k["tenant"].get<std::string>(), k.value("admin", false)}};
-    for (const auto& existing : store.entries_)
+    Entry e{k["key"].get<std::string>(), KeyIdentity{k["tenant"].get<std::string>(), k.value("admin", false), {}}};
+    if (k.contains("limits")) {
+      auto limits = parse_limits(k["limits"], source_name, i);
+      if (!limits.ok()) return limits.status();
+      e.identity.limits = *limits;
+    }
+    for (const auto& existing : store.entries_) {
       if (existing.key == e.key) return data_loss_error("api keys file {}: keys[{}] repeats a key", source_name, i);
+      if (existing.identity.tenant == e.identity.tenant && existing.identity.limits && e.identity.limits &&
+          !(*existing.identity.limits == *e.identity.limits))
+        return data_loss_error("api keys file {}: keys[{}] sets other limits for tenant '{}' than an earlier key",
+                               source_name, i, e.identity.tenant.substr(0, 64));
+    }
     store.entries_.push_back(std::move(e));
   }
   if (store.entries_.empty()) return data_loss_error("api keys file {}: \"keys\" is empty", source_name);
+  // Limits belong to the tenant: a key of it without "limits" gets its other keys' ones.
+  for (auto& e : store.entries_)
+    if (!e.identity.limits)
+      for (const auto& other : store.entries_)
+        if (other.identity.tenant == e.identity.tenant && other.identity.limits) e.identity.limits = other.identity.limits;
   return store;
 }
 
@@ -61,6 +105,25 @@ std::optional<KeyIdentity> ApiKeyStore::identify(std::string_view header) const 
   }
   if (found == nullptr) return std::nullopt;
   return found->identity;
+}
+
+std::vector<std::pair<std::string, TenantLimits>> ApiKeyStore::tenant_limits() const {
+  std::vector<std::pair<std::string, TenantLimits>> out;
+  for (const auto& e : entries_) {
+    if (!e.identity.limits) continue;
+    bool seen = false;
+    for (const auto& [tenant, limits] : out) seen |= tenant == e.identity.tenant;
+    if (!seen) out.emplace_back(e.identity.tenant, *e.identity.limits);
+  }
+  return out;
+}
+
+std::vector<std::string> ApiKeyStore::tenants() const {
+  if (!enabled()) return {"default"};
+  std::vector<std::string> out;
+  for (const auto& e : entries_)
+    if (std::find(out.begin(), out.end(), e.identity.tenant) == out.end()) out.push_back(e.identity.tenant);
+  return out;
 }
 
 std::string ApiKeyStore::cache_namespace(std::string_view tenant) {

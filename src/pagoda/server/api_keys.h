@@ -2,7 +2,10 @@
 // Api keys -> tenants. `--api-keys FILE` holds
 //   {"keys": [{"key": "sk-...", "tenant": "name"}, ...]}
 // and, optionally per entry, "admin": true (the key may read the server-wide
-// /metrics). Files without "admin" keep working: their keys are tenants only.
+// /metrics) and "limits": {"max_requests_in_flight": N, "tokens_per_minute":
+// N, "max_kv_blocks": N} (each optional, 0 = none; tenant_quotas.h). Limits
+// belong to the tenant: keys of one tenant may not set different ones. Files
+// without "admin" or "limits" keep working.
 // With keys loaded, every /v1 request needs `Authorization: Bearer <key>`; the
 // tenant of the key becomes the request's KV cache namespace. The namespace
 // never comes from the request body. Without keys every request is the tenant
@@ -20,17 +23,27 @@
 
 namespace pagoda::server {
 
+// A tenant's quotas (tenant_quotas.h, KvCacheManager::set_namespace_block_limit).
+struct TenantLimits {
+  int32_t max_requests_in_flight = 0;  // 0: no cap
+  int64_t tokens_per_minute = 0;       // 0: no cap
+  int32_t max_kv_blocks = 0;           // 0: no cap (enforced by the KV manager)
+  bool operator==(const TenantLimits&) const = default;
+};
+
 // Who a request's key says it is.
 struct KeyIdentity {
   std::string tenant;
-  bool admin = false;  // may read server-wide figures (/metrics)
+  bool admin = false;                  // may read server-wide figures (/metrics)
+  std::optional<TenantLimits> limits;  // from the file; none: the server's defaults
 };
 
 class ApiKeyStore {
  public:
   ApiKeyStore() = default;  // disabled: everyone is "default"
   // Errors name the file and the entry: NOT_FOUND, DATA_LOSS (bad JSON, missing
-  // or empty "key"/"tenant", "admin" not a boolean, duplicate key).
+  // or empty "key"/"tenant", "admin" not a boolean, a bad or unknown "limits"
+  // field, limits that differ between keys of one tenant, duplicate key).
   static StatusOr<ApiKeyStore> load(const std::filesystem::path& path);
   static StatusOr<ApiKeyStore> parse(std::string_view json_text, std::string_view source_name);
 
@@ -42,6 +55,11 @@ class ApiKeyStore {
   std::optional<std::string> tenant_for_authorization(std::string_view header) const;
   // The same lookup with the key's rights; when disabled, {"default", admin}.
   std::optional<KeyIdentity> identify(std::string_view authorization_header) const;
+
+  // Every tenant with limits set in the file, once each.
+  std::vector<std::pair<std::string, TenantLimits>> tenant_limits() const;
+  // Every tenant of the file, once each ({"default"} when disabled).
+  std::vector<std::string> tenants() const;
 
   // The KV namespace of a tenant: tenant names are user-chosen strings, so the
   // namespace is length-prefixed to keep "a" + "bc" apart from "ab" + "c".

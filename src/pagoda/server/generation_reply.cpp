@@ -23,6 +23,9 @@ namespace {
 class GenerationReplyBase : public ReplySource {
  public:
   explicit GenerationReplyBase(GenerationReplyParts parts) : parts_(std::move(parts)) {}
+  ~GenerationReplyBase() override {
+    if (!ended_) cancel();  // never started, or the connection went away without a word
+  }
 
   void start(std::function<void()> wake) override {
     parts_.stream->set_push_listener(wake);
@@ -31,6 +34,7 @@ class GenerationReplyBase : public ReplySource {
   void cancel() override {
     parts_.stream->set_push_listener(nullptr);
     if (!finished_) parts_.engine->abort(parts_.stream->id());
+    end(std::nullopt);
   }
 
  protected:
@@ -41,13 +45,19 @@ class GenerationReplyBase : public ReplySource {
     if (out && out->finished) {
       finished_ = true;
       parts_.stream->set_push_listener(nullptr);
-      if (parts_.on_finished) parts_.on_finished(out->usage);
+      end(out->usage);
     }
     return out;
+  }
+  void end(std::optional<engine::Usage> usage) {
+    if (ended_) return;
+    ended_ = true;
+    if (parts_.on_ended) parts_.on_ended(usage);
   }
 
   GenerationReplyParts parts_;
   bool finished_ = false;
+  bool ended_ = false;
 };
 
 class WholeGenerationReply final : public GenerationReplyBase {

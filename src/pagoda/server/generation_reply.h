@@ -14,6 +14,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "pagoda/engine/engine.h"
 #include "pagoda/server/http_message.h"
@@ -25,8 +26,9 @@ struct GenerationReplyParts {
   engine::Engine* engine = nullptr;
   std::shared_ptr<engine::RequestStream> stream;
   std::unique_ptr<ResponseBuilder> builder;
-  // Called once with the final usage when the generation ends (any reason).
-  std::function<void(const engine::Usage&)> on_finished;
+  // Called exactly once: with the final usage when the generation ends (any
+  // reason), or with nullopt when the reply is cancelled (or dropped) first.
+  std::function<void(std::optional<engine::Usage>)> on_ended;
   int retry_after_seconds = 1;  // on a 429 inside the reply
 };
 

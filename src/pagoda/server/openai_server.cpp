@@ -119,6 +119,7 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
   auto identity = authenticate(http_req);
   if (auto* refused = std::get_if<HttpReply>(&identity)) return std::move(*refused);
   const std::string tenant = std::get<KeyIdentity>(identity).tenant;
+  const TenantLimits limits = std::get<KeyIdentity>(identity).limits.value_or(config_.default_tenant_limits);
   if (draining_) return error_reply(api_error_from_status(failed_precondition_error("the server is shutting down")));
 
   auto parsed = parse_openai_request(http_req.body, endpoint);
@@ -170,12 +171,44 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
       return error_reply(invalid_request(
           fmt::format("stop_token_ids: {} is outside the vocabulary [0, {})", id, vocab), "stop_token_ids"));
 
+  // The tenant's quotas. Worst case for its KV cap: the prompt and every token
+  // of every choice, each fork's last block its own.
+  const int64_t n = req.sampling.n, max_tokens = req.sampling.max_tokens;
+  if (limits.max_kv_blocks > 0) {
+    const int64_t bs = engine_.kv_block_size();
+    const int64_t blocks = (prompt_len + max_tokens + bs - 1) / bs + (n - 1) * ((max_tokens + bs - 1) / bs + 1);
+    if (blocks > limits.max_kv_blocks) {
+      tenant_usage_.record_refused(tenant, Refusal::kKvBlocks);
+      return error_reply(invalid_request(
+          fmt::format("this request may need {} KV blocks of {} tokens (prompt, max_tokens, n), over your tenant's "
+                      "cap of {} blocks; lower max_tokens or n, or shorten the prompt",
+                      blocks, bs, limits.max_kv_blocks),
+          "max_tokens", "tenant_kv_limit"));
+    }
+  }
+  const int64_t reserved_tokens = prompt_len + n * max_tokens;
+  if (auto refused = quotas_.admit(tenant, limits, reserved_tokens)) {
+    tenant_usage_.record_refused(tenant, refused->reason);
+    if (!refused->ever_possible)
+      return error_reply(invalid_request(refused->message, "max_tokens", "tenant_quota_exceeded"));
+    ApiError e;
+    e.http_status = 429;
+    e.type = "rate_limit_error";
+    e.code = refusal_name(refused->reason);
+    e.message = refused->message;
+    HttpReply reply = error_reply(e);
+    for (auto& [name, value] : reply.response.headers)
+      if (name == "Retry-After") value = std::to_string(refused->retry_after_seconds);
+    return reply;
+  }
+
   engine::GenerationRequest gen;
   gen.tenant_namespace = ApiKeyStore::cache_namespace(tenant);
   gen.prompt_tokens = std::move(*tokens);
   gen.sampling = req.sampling;
   auto submitted = engine_.submit(std::move(gen));
   if (!submitted.ok()) {
+    quotas_.release(tenant, limits, reserved_tokens, 0);
     if (submitted.status().code() == StatusCode::kResourceExhausted)
       tenant_usage_.record_refused(tenant, Refusal::kQueueFull);
     // By code, never by the message (engine.h): kOutOfRange is the prompt plus
@@ -202,7 +235,12 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
   parts.engine = &engine_;
   parts.stream = std::move(*submitted);
   parts.builder = std::move(builder);
-  parts.on_finished = [this, tenant](const engine::Usage& usage) { tenant_usage_.record_finished(tenant, usage); };
+  parts.on_ended = [this, tenant, limits, reserved_tokens](std::optional<engine::Usage> usage) {
+    // A client that left keeps its whole reservation charged.
+    quotas_.release(tenant, limits, reserved_tokens,
+                    usage ? int64_t{usage->prompt_tokens} + usage->completion_tokens : reserved_tokens);
+    tenant_usage_.record_finished(tenant, usage.value_or(engine::Usage{}));
+  };
   parts.retry_after_seconds = config_.retry_after_seconds;
   if (req.stream) return HttpReply::deferred(make_streamed_generation_reply(std::move(parts), req.include_usage));
   return HttpReply::deferred(make_whole_generation_reply(std::move(parts)));
@@ -223,7 +261,7 @@ HttpReply OpenAiServer::handle_metrics(const HttpRequest& req) {
   }
   HttpReply r;
   r.response.content_type = "text/plain; version=0.0.4";
-  r.response.body = render_prometheus_metrics(engine_.stats(), http_counters());
+  r.response.body = render_prometheus_metrics(engine_.stats(), http_counters(), tenant_usage_.all());
   return r;
 }
 
@@ -231,6 +269,7 @@ HttpReply OpenAiServer::handle_usage(const HttpRequest& req) {
   auto identity = authenticate(req);
   if (auto* refused = std::get_if<HttpReply>(&identity)) return std::move(*refused);
   const std::string& tenant = std::get<KeyIdentity>(identity).tenant;
+  const TenantLimits limits = std::get<KeyIdentity>(identity).limits.value_or(config_.default_tenant_limits);
   const TenantCounters c = tenant_usage_.counters(tenant);
   const kv::NamespaceKvUsage kv = engine_.namespace_usage(ApiKeyStore::cache_namespace(tenant));
   json refused = json::object();
@@ -241,7 +280,15 @@ HttpReply OpenAiServer::handle_usage(const HttpRequest& req) {
   return json_reply(
       200, {{"object", "usage"},
             {"tenant", tenant},
-            {"requests", {{"accepted", c.requests_accepted}, {"finished", c.requests_finished}, {"refused", refused}}},
+            {"requests",
+             {{"accepted", c.requests_accepted},
+              {"finished", c.requests_finished},
+              {"in_flight", quotas_.requests_in_flight(tenant)},
+              {"refused", refused}}},
+            {"limits",
+             {{"max_requests_in_flight", limits.max_requests_in_flight},
+              {"tokens_per_minute", limits.tokens_per_minute},
+              {"max_kv_blocks", limits.max_kv_blocks}}},
             {"tokens", {{"prompt", c.prompt_tokens}, {"completion", c.completion_tokens}, {"cached", c.cached_prompt_tokens}}},
             {"prefix_cache",
              {{"hit_tokens", kv.hit_tokens}, {"miss_tokens", kv.miss_tokens}, {"miss_tokens_by_reason", misses}}},

@@ -11,7 +11,9 @@
 //
 // Request path: JSON media type (415) -> auth (api key -> tenant -> cache
 // namespace) -> parse and validate (400 + OpenAI error object) -> model name
-// -> chat template -> tokens -> cost cap -> engine submit (400 too long, 429 +
+// -> chat template -> tokens -> cost cap -> tenant quotas (requests in flight,
+// tokens per minute, KV blocks: 429 + Retry-After, or 400 when the request
+// alone is over a whole quota) -> engine submit (400 too long, 429 +
 // Retry-After queue full: all decided before any byte of the response) ->
 // response.
 //
@@ -52,6 +54,7 @@
 #include "pagoda/server/openai_response.h"
 #include "pagoda/server/prometheus_metrics.h"
 #include "pagoda/server/request_limits.h"
+#include "pagoda/server/tenant_quotas.h"
 #include "pagoda/server/tenant_usage.h"
 
 namespace pagoda::server {
@@ -79,6 +82,9 @@ struct ServerConfig {
   int32_t default_chat_max_tokens = 1024;  // when the request gives none (capped by the context)
   // Most n x max_tokens x (1 + logprobs) one request may ask for (request_limits.h); <= 0: no cap.
   int64_t max_request_cost = kDefaultMaxRequestCost;
+  // Quotas of tenants whose api-keys entry sets none (tenant_quotas.h). The
+  // KV block caps must also be set on the KV manager (the CLI does both).
+  TenantLimits default_tenant_limits;
   // The HTTP front's limits and deadlines (http_front.h); host, port,
   // worker_threads, limits.max_body_bytes and retry_after_seconds come from
   // the fields above.
@@ -127,6 +133,7 @@ class OpenAiServer {
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_response_id_{1};
   TenantUsageBook tenant_usage_;
+  TenantQuotas quotas_;
 };
 
 }  // namespace pagoda::server

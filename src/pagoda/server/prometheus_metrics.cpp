@@ -24,9 +24,44 @@ void histogram(std::string& out, const char* name, const char* help, const engin
   out += fmt::format("{}_sum {}\n{}_count {}\n", name, h.sum(), name, h.count());
 }
 
+// A label value: backslash, double quote and newline escaped (exposition format).
+std::string label_value(std::string_view v) {
+  std::string out;
+  for (char c : v.substr(0, 256)) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+void tenant_metrics(std::string& out, const std::map<std::string, TenantCounters, std::less<>>& tenants) {
+  if (tenants.empty()) return;
+  header(out, "pagoda_tenant_requests_total", "counter", "Requests per tenant, by outcome.");
+  for (const auto& [name, c] : tenants) {
+    const std::string t = label_value(name);
+    out += fmt::format("pagoda_tenant_requests_total{{tenant=\"{}\",outcome=\"accepted\"}} {}\n", t, c.requests_accepted);
+    out += fmt::format("pagoda_tenant_requests_total{{tenant=\"{}\",outcome=\"finished\"}} {}\n", t, c.requests_finished);
+    for (int r = 0; r < kNumRefusals; ++r)
+      out += fmt::format("pagoda_tenant_requests_total{{tenant=\"{}\",outcome=\"refused_{}\"}} {}\n", t,
+                         refusal_name(static_cast<Refusal>(r)), c.requests_refused[r]);
+  }
+  header(out, "pagoda_tenant_tokens_total", "counter", "Tokens per tenant (requests that reached their end).");
+  for (const auto& [name, c] : tenants) {
+    const std::string t = label_value(name);
+    out += fmt::format("pagoda_tenant_tokens_total{{tenant=\"{}\",kind=\"prompt\"}} {}\n", t, c.prompt_tokens);
+    out += fmt::format("pagoda_tenant_tokens_total{{tenant=\"{}\",kind=\"completion\"}} {}\n", t, c.completion_tokens);
+    out += fmt::format("pagoda_tenant_tokens_total{{tenant=\"{}\",kind=\"cached\"}} {}\n", t, c.cached_prompt_tokens);
+  }
+}
+
 }  // namespace
 
-std::string render_prometheus_metrics(const engine::EngineStats& s, const HttpCounters& http) {
+std::string render_prometheus_metrics(const engine::EngineStats& s, const HttpCounters& http,
+                                      const std::map<std::string, TenantCounters, std::less<>>& tenants) {
   std::string out;
   const auto& kv = s.kv;
   scalar(out, "pagoda_kv_blocks_total", "gauge", "KV cache blocks in the pool.", kv.blocks_total);
@@ -65,6 +100,8 @@ std::string render_prometheus_metrics(const engine::EngineStats& s, const HttpCo
   out += fmt::format("pagoda_requests_total{{outcome=\"rejected_queue_full\"}} {}\n", s.requests_rejected_queue_full);
   scalar(out, "pagoda_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", s.prompt_tokens);
   scalar(out, "pagoda_generation_tokens_total", "counter", "Generated tokens.", s.generated_tokens);
+  scalar(out, "pagoda_kv_blocks_zeroed_total", "counter", "KV blocks zeroed as they passed from one tenant to another.",
+         s.kv_blocks_zeroed);
   histogram(out, "pagoda_time_to_first_token_seconds", "Submit to first generated token.", s.time_to_first_token);
   histogram(out, "pagoda_inter_token_latency_seconds", "Time between tokens of one sequence.", s.inter_token_latency);
   histogram(out, "pagoda_step_duration_seconds", "Wall time of one engine step.", s.step_time);
@@ -74,6 +111,7 @@ std::string render_prometheus_metrics(const engine::EngineStats& s, const HttpCo
     out += fmt::format("pagoda_http_responses_total{{code=\"{}\"}} {}\n", code, n);
   scalar(out, "pagoda_client_disconnects_total", "counter", "Requests aborted because the client went away.",
          http.client_disconnects);
+  tenant_metrics(out, tenants);
   return out;
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "pagoda/engine/engine.h"
+#include "pagoda/server/tenant_usage.h"
 
 namespace pagoda::server {
 
@@ -19,6 +20,9 @@ struct HttpCounters {
   int64_t client_disconnects = 0;              // streams aborted because the client left
 };
 
-std::string render_prometheus_metrics(const engine::EngineStats& stats, const HttpCounters& http);
+// `tenants`: per-tenant counters, labelled by tenant name (the endpoint is for
+// admins only when api keys are on).
+std::string render_prometheus_metrics(const engine::EngineStats& stats, const HttpCounters& http,
+                                      const std::map<std::string, TenantCounters, std::less<>>& tenants = {});
 
 }  // namespace pagoda::server

@@ -38,4 +38,9 @@ TenantCounters TenantUsageBook::counters(const std::string& tenant) const {
   return it == by_tenant_.end() ? TenantCounters{} : it->second;
 }
 
+std::map<std::string, TenantCounters, std::less<>> TenantUsageBook::all() const {
+  std::lock_guard lock(mutex_);
+  return by_tenant_;
+}
+
 }  // namespace pagoda::server

@@ -31,9 +31,9 @@ const char* refusal_name(Refusal refusal);
 
 struct TenantCounters {
   int64_t requests_accepted = 0;    // submitted to the engine
-  int64_t requests_finished = 0;    // ended with a final delta (any reason)
+  int64_t requests_finished = 0;    // ended (any reason, a client leaving included)
   int64_t requests_refused[kNumRefusals] = {};
-  int64_t prompt_tokens = 0;        // of finished requests
+  int64_t prompt_tokens = 0;        // of requests that reached their final delta
   int64_t completion_tokens = 0;
   int64_t cached_prompt_tokens = 0;
 };
@@ -45,6 +45,8 @@ class TenantUsageBook {
   void record_finished(const std::string& tenant, const engine::Usage& usage);
   // Zeros for a tenant never seen.
   TenantCounters counters(const std::string& tenant) const;
+  // Every tenant seen, by name (for the admin-only /metrics).
+  std::map<std::string, TenantCounters, std::less<>> all() const;
 
  private:
   mutable std::mutex mutex_;

@@ -45,4 +45,12 @@ Status CpuModelRunner::copy_blocks(std::span<const runtime::BlockCopy> copies) {
   return ok_status();
 }
 
+Status CpuModelRunner::zero_blocks(std::span<const int32_t> blocks) {
+  const KvPoolShape& shape = pool_.shape();
+  for (int32_t b : blocks)
+    if (b < 0 || b >= shape.num_blocks) return out_of_range_error("block {} outside the pool of {} blocks", b, shape.num_blocks);
+  for (int32_t b : blocks) pool_.zero_block(b);  // every layer, K and V, data and scale records
+  return ok_status();
+}
+
 }  // namespace pagoda

@@ -30,6 +30,8 @@ class CpuModelRunner final : public runtime::ModelRunner {
   StatusOr<runtime::StepResult> execute(const ForwardBatch& batch,
                                         std::span<const runtime::RowSampling> rows) override;
   Status copy_blocks(std::span<const runtime::BlockCopy> copies) override;
+  Status zero_blocks(std::span<const int32_t> blocks) override;  // memset, data and scales
+  runtime::RunnerCapabilities capabilities() const override { return {.zeroes_blocks = true}; }
   const KvPoolShape& kv_geometry() const override { return pool_.shape(); }
   int32_t vocab_size() const override { return model_->config().vocab_size; }
   int32_t max_context_length() const override { return model_->config().max_position_embeddings; }
