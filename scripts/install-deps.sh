@@ -12,6 +12,7 @@ packages=(
   libfmt-dev libspdlog-dev  # formatting and logging
   libcpp-httplib-dev        # HTTP client in tests and `pagoda bench serve`
   libboost1.81-dev          # HTTP server front: Boost.Asio + Boost.Beast (header-only)
+  clang libclang-rt-14-dev  # libFuzzer targets and ASan/UBSan runtimes (scripts/fuzz.sh)
   libssl-dev                # SHA-256 block hashes
   libgtest-dev libgmock-dev # unit tests
   libbenchmark-dev          # micro benchmarks

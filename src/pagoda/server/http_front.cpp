@@ -496,7 +496,13 @@ void Session::write_response(const HttpResponse& response) {
 void Session::pump() {
   if (waker_) waker_->pumped();
   while (source_ && phase_ == Phase::kReplying) {
-    ReplyPiece piece = source_->pull();
+    ReplyPiece piece;
+    try {
+      piece = source_->pull();
+    } catch (...) {
+      // A reply that cannot go on: nothing sensible can follow a started answer.
+      return close();
+    }
     if (!piece.has_head && piece.data.empty() && !piece.done) break;
     if (piece.has_head && !head_sent_) {
       head_sent_ = true;

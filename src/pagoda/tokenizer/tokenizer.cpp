@@ -184,6 +184,14 @@ StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::load_from_contents(const T
       impl->added_tokens.push_back(std::move(token));
     }
   }
+  // The post-processor's ids are written around every encoded text: each must
+  // be a token of this vocabulary (found by fuzzing: a template naming id 8 in
+  // a 7-token vocabulary made encode() return an id past vocab_size()).
+  for (const auto* ids : {&impl->post_processor.prefix(), &impl->post_processor.suffix()})
+    for (int32_t id : *ids)
+      if (id < 0 || id >= impl->vocab_size)
+        return data_loss_error("{}: post_processor: special token id {} is not in the vocabulary (ids [0, {}))", name,
+                               id, impl->vocab_size);
   impl->added_index_by_id.assign(static_cast<size_t>(impl->vocab_size), -1);
   for (size_t i = 0; i < impl->added_tokens.size(); ++i) {
     impl->added_index_by_id[impl->added_tokens[i].id] = static_cast<int32_t>(i);
