@@ -157,6 +157,7 @@ StatusOr<std::string> ChatTemplate::render_json(const Json& messages, bool add_g
     return invalid_argument_error("extra template variables nest deeper than {} levels", kMaxJsonDepth);
   }
 
+  RenderArena arena;  // the variables' containers too (a template may mutate them into cycles)
   Dict variables;
   variables.set("messages", value_from_json(messages));
   variables.set("tools", Value::none());

@@ -12,6 +12,7 @@ StatusOr<Template> Template::parse(std::string_view source) {
 }
 
 StatusOr<std::string> Template::render(const Dict& variables, const RenderOptions& options) const {
+  RenderArena arena;  // declared first: the interpreter's values go before it clears what is left
   Interpreter interpreter(options);
   std::string out;
   PAGODA_RETURN_IF_ERROR(interpreter.render(*nodes_, variables, out));

@@ -60,6 +60,60 @@ Value Value::undefined(std::string hint) {
   return v;
 }
 
+namespace {
+thread_local RenderArena* current_arena = nullptr;
+}  // namespace
+
+Value::Value(std::shared_ptr<List> v) : data_(v) { RenderArena::track(v); }
+Value::Value(std::shared_ptr<Dict> v) : data_(v) { RenderArena::track(v); }
+Value::Value(std::shared_ptr<Callable> v) : data_(v) { RenderArena::track(v); }
+Value::Value(std::shared_ptr<LoopState> v) : data_(v) { RenderArena::track(v); }
+
+RenderArena::RenderArena() {
+  if (current_arena == nullptr) {
+    current_arena = this;
+    outermost_ = true;
+  }
+}
+
+RenderArena::~RenderArena() {
+  if (!outermost_) return;
+  current_arena = nullptr;  // what the clearing destroys is not tracked again
+  // Emptying one container may destroy others further down the lists: lock first.
+  for (auto& w : dicts_)
+    if (auto d = w.lock()) d->clear();
+  for (auto& w : lists_)
+    if (auto l = w.lock()) l->items.clear();
+  for (auto& w : callables_)
+    if (auto c = w.lock()) c->invoke = nullptr;
+  for (auto& w : loops_)
+    if (auto l = w.lock()) {
+      l->items.reset();
+      l->last_changed.reset();
+    }
+}
+
+void RenderArena::track(const std::shared_ptr<List>& v) {
+  if (current_arena && v) current_arena->lists_.push_back(v);
+}
+void RenderArena::track(const std::shared_ptr<Dict>& v) {
+  if (current_arena && v) current_arena->dicts_.push_back(v);
+}
+void RenderArena::track(const std::shared_ptr<Callable>& v) {
+  if (current_arena && v) current_arena->callables_.push_back(v);
+}
+void RenderArena::track(const std::shared_ptr<LoopState>& v) {
+  if (current_arena && v) current_arena->loops_.push_back(v);
+}
+
+void Dict::clear() {
+  // Moved out first: destroying the entries may reach this dict again.
+  auto entries = std::move(entries_);
+  entries_.clear();
+  string_index_.clear();
+  other_index_.clear();
+}
+
 Value Value::list(std::vector<Value> items) {
   auto list = std::make_shared<List>();
   list->items = std::move(items);

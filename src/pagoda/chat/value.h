@@ -57,10 +57,11 @@ class Value {
   Value(std::string v) : data_(std::make_shared<const std::string>(std::move(v))) {}  // NOLINT
   Value(std::string_view v) : Value(std::string(v)) {}  // NOLINT
   Value(const char* v) : Value(std::string(v)) {}       // NOLINT
-  Value(std::shared_ptr<List> v) : data_(std::move(v)) {}    // NOLINT
-  Value(std::shared_ptr<Dict> v) : data_(std::move(v)) {}    // NOLINT
-  Value(std::shared_ptr<Callable> v) : data_(std::move(v)) {}  // NOLINT
-  Value(std::shared_ptr<LoopState> v) : data_(std::move(v)) {}  // NOLINT
+  // Containers are registered with the thread's RenderArena, if one is active.
+  Value(std::shared_ptr<List> v);       // NOLINT
+  Value(std::shared_ptr<Dict> v);       // NOLINT
+  Value(std::shared_ptr<Callable> v);   // NOLINT
+  Value(std::shared_ptr<LoopState> v);  // NOLINT
 
   static Value none() { Value v; v.data_ = NoneValue{}; return v; }
   static Value undefined(std::string hint);
@@ -125,6 +126,7 @@ class Dict {
   void set(std::string_view key, Value value);
   size_t size() const { return entries_.size(); }
   const std::vector<std::pair<Value, Value>>& entries() const { return entries_; }
+  void clear();
 
  private:
   struct StringHash {
@@ -160,6 +162,33 @@ struct LoopState {
   bool has_last_changed = false;
 };
 
+
+// Every container (list, dict, namespace, callable, loop state) that becomes a
+// Value while an arena is active on this thread is remembered; when the arena
+// ends, those still alive are emptied. A template can build reference cycles
+// ({% set ns.me = ns %}, a list holding itself); emptying breaks them, so a
+// render never leaks. Nothing a render made outlives it (it returns text).
+// Nested arenas on one thread: only the outermost one acts.
+// Thread safety: per thread.
+class RenderArena {
+ public:
+  RenderArena();
+  ~RenderArena();
+  RenderArena(const RenderArena&) = delete;
+  RenderArena& operator=(const RenderArena&) = delete;
+
+  static void track(const std::shared_ptr<List>& v);
+  static void track(const std::shared_ptr<Dict>& v);
+  static void track(const std::shared_ptr<Callable>& v);
+  static void track(const std::shared_ptr<LoopState>& v);
+
+ private:
+  bool outermost_ = false;
+  std::vector<std::weak_ptr<List>> lists_;
+  std::vector<std::weak_ptr<Dict>> dicts_;
+  std::vector<std::weak_ptr<Callable>> callables_;
+  std::vector<std::weak_ptr<LoopState>> loops_;
+};
 
 // Python's bool(x); Undefined is false.
 bool is_truthy(const Value& value);

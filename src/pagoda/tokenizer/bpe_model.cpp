@@ -62,8 +62,8 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::from_json(
   size_t key_bytes = 0;
   int64_t max_id = -1;
   for (const auto& [token, id] : vocab) {
-    if (id < 0 || id > 0x7ffffffe) {
-      return data_loss_error("{}.vocab[\"{}\"]: id {} is out of range", where, token, id);
+    if (id < 0 || id >= kMaxTokenIds) {
+      return data_loss_error("{}.vocab[\"{}\"]: id {} is out of range [0, {})", where, token, id, kMaxTokenIds);
     }
     max_id = std::max(max_id, id);
     key_bytes += token.size();

@@ -29,6 +29,11 @@
 
 namespace pagoda::tokenizer {
 
+// Token ids a tokenizer file may use are below this (real vocabularies hold
+// under 300,000): tables are sized by the largest id, so one entry with a huge
+// id must not allocate gigabytes.
+inline constexpr int64_t kMaxTokenIds = int64_t{1} << 24;
+
 class BpeModel {
  public:
   // `spec` is tokenizer.json's "model" without its vocab and merges, which come separately (as

@@ -91,8 +91,15 @@ Status Decoder::add_step(const nlohmann::json& spec, std::string_view where, con
       return data_loss_error("{}.content: expected one character", where);
     }
     step.strip_char = cp;
-    step.strip_start = spec.value("start", size_t{0});
-    step.strip_stop = spec.value("stop", size_t{0});
+    // Counts of characters: small non-negative integers (found by fuzzing: a
+    // float past 2^64 here was an undefined conversion).
+    for (const auto& [field, target] : {std::pair{"start", &step.strip_start}, std::pair{"stop", &step.strip_stop}}) {
+      const auto it = spec.find(field);
+      if (it == spec.end() || it->is_null()) continue;
+      if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > (1 << 20))
+        return data_loss_error("{}.{}: expected a count in [0, {}]", where, field, 1 << 20);
+      *target = static_cast<size_t>(it->get<int64_t>());
+    }
     steps.push_back(std::move(step));
     return ok_status();
   }

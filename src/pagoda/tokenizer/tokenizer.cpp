@@ -128,6 +128,17 @@ StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::load(const std::filesystem
 }
 
 StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::load_from_contents(const TokenizerFiles& files) {
+  // The readers use nlohmann's value()/get(), which throw on a field of the
+  // wrong type (found by fuzzing: "special": "yes" ended the process). A wrong
+  // type anywhere in the files is a DATA_LOSS error, never an exception.
+  try {
+    return load_from_contents_checked(files);
+  } catch (const nlohmann::json::exception& e) {
+    return data_loss_error("{}: a field has the wrong type ({})", files.source_name, e.what());
+  }
+}
+
+StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::load_from_contents_checked(const TokenizerFiles& files) {
   const std::string& name = files.source_name;
   PAGODA_ASSIGN_OR_RETURN(TokenizerJson parsed, read_tokenizer_json(files.tokenizer_json, name));
   const nlohmann::json& spec = parsed.document;
@@ -165,7 +176,7 @@ StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::load_from_contents(const T
     for (size_t i = 0; i < added.size(); ++i) {
       const auto& entry = added[i];
       if (!entry.is_object() || !entry.contains("id") || !entry["id"].is_number_integer() ||
-          entry["id"].get<int64_t>() < 0 || !entry.contains("content") ||
+          entry["id"].get<int64_t>() < 0 || entry["id"].get<int64_t>() >= kMaxTokenIds || !entry.contains("content") ||
           !entry["content"].is_string()) {
         return data_loss_error("{}: added_tokens[{}]: expected {{\"id\": int, \"content\": string}}",
                                name, i);

@@ -107,6 +107,7 @@ class Tokenizer {
   struct Impl;
 
  private:
+  static StatusOr<std::shared_ptr<const Tokenizer>> load_from_contents_checked(const TokenizerFiles& files);
   explicit Tokenizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
