@@ -60,6 +60,9 @@ size_t random_cpu_weight_bytes(const ModelConfig& c) {
 }
 
 StatusOr<std::unique_ptr<CpuModel>> make_random_cpu_model(const ModelConfig& c, uint64_t seed, size_t max_bytes) {
+  if (c.mla)
+    return unimplemented_error("--load-format random: random weights for {} (MLA + MoE) are not made on the CPU; "
+                               "load a checkpoint", c.architecture_name);
   const size_t bytes = random_cpu_weight_bytes(c);
   if (bytes > max_bytes) {
     return resource_exhausted_error(
