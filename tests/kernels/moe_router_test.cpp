@@ -117,3 +117,21 @@ TEST(MoeRouterTest, EveryTokenIsRoutedOnItsOwn) {
 
 }  // namespace
 }  // namespace pagoda::kernels
+
+namespace pagoda::kernels {
+namespace {
+
+TEST(MoeRouterTest, NanLogitsStillGiveValidDistinctExperts) {
+  MoeConfig c;
+  c.num_experts = 4;
+  c.experts_per_token = 2;
+  c.scoring = MoeScoring::kSigmoid;
+  const std::vector<float> logits = {NAN, 1.0f, NAN, 0.5f};
+  std::vector<int32_t> indices(2);
+  std::vector<float> weights(2);
+  moe_route(logits.data(), 1, c, nullptr, indices.data(), weights.data());
+  EXPECT_EQ(indices, (std::vector<int32_t>{1, 3}));
+}
+
+}  // namespace
+}  // namespace pagoda::kernels

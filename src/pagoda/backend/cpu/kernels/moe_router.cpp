@@ -9,16 +9,21 @@ namespace pagoda::kernels {
 
 namespace {
 
-// Indices of the k largest values, in descending order (ties: lower index first).
+// Indices of the k largest values, in descending order (ties: lower index first;
+// NaN ranks lowest, so the order stays strict and every index valid).
 void top_k_indices(const std::vector<float>& values, const std::vector<char>& allowed, size_t k,
                    std::vector<int32_t>& out) {
   out.clear();
   for (size_t i = 0; i < values.size(); ++i)
     if (allowed.empty() || allowed[i]) out.push_back(static_cast<int32_t>(i));
   const size_t n = std::min(k, out.size());
+  const auto key = [&values](int32_t i) {
+    const float v = values[static_cast<size_t>(i)];
+    return std::isnan(v) ? -INFINITY : v;
+  };
   std::partial_sort(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(n), out.end(), [&](int32_t a, int32_t b) {
-    return values[static_cast<size_t>(a)] > values[static_cast<size_t>(b)] ||
-           (values[static_cast<size_t>(a)] == values[static_cast<size_t>(b)] && a < b);
+    const float ka = key(a), kb = key(b);
+    return ka > kb || (ka == kb && a < b);
   });
   out.resize(n);
 }
