@@ -1,5 +1,7 @@
 #include "pagoda/router/backend_monitor.h"
 
+#include <utility>
+
 #include <fmt/format.h>
 #include <httplib.h>
 
@@ -106,12 +108,13 @@ bool BackendMonitor::poll_events() {
   if (res->status != 200) {
     backend_.index().reset();
     events_muted_until_ = now + kMuteAfterRefusal;
-    if (options_.log)
+    if (std::exchange(events_refusal_logged_, res->status) != res->status && options_.log)
       options_.log(fmt::format("backend {}: GET /v1/kv/events answered {} ({}); kv-aware routing sees no prefixes "
                                "there until it answers (--backend-api-key: an admin key of the replicas)",
                                backend_.name(), res->status, first_line(res->body)));
     return false;
   }
+  events_refusal_logged_ = 0;
   auto page = parse_kv_events_page(res->body);
   if (!page.ok()) {
     backend_.index().reset();
@@ -134,12 +137,13 @@ void BackendMonitor::poll_load() {
   if (res->status != 200) {
     backend_.set_reported_load(std::nullopt);
     load_muted_until_ = now + kMuteAfterRefusal;
-    if (options_.log)
+    if (std::exchange(load_refusal_logged_, res->status) != res->status && options_.log)
       options_.log(fmt::format("backend {}: GET /v1/load answered {} ({}); routing uses the router's own request "
                                "counts there",
                                backend_.name(), res->status, first_line(res->body)));
     return;
   }
+  load_refusal_logged_ = 0;
   auto load = parse_backend_load(res->body);
   backend_.set_reported_load(load.ok() ? std::optional<BackendLoad>(*load) : std::nullopt);
 }

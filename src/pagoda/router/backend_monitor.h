@@ -11,8 +11,9 @@
 //     asks for a resync. The page's "load" (admin keys) updates the load.
 //   - Load (other policies, or an events page without load): GET /v1/load
 //     every poll_interval.
-//   A 401/403/404 on events or load is logged once and retried every 10 s:
-//   until then routing sees no prefixes (or no reported load) there.
+//   A refusal (401/403/404) of events or load is retried every 10 s and logged
+//   when it starts or changes: until it ends routing sees no prefixes (or no
+//   reported load) there.
 //
 // The backend's api key for these reads is `api_key` (an admin key when the
 // replicas use --api-keys; empty: no Authorization header).
@@ -79,6 +80,8 @@ class BackendMonitor {
   int failed_probes_ = 0;
   std::chrono::steady_clock::time_point events_muted_until_{};
   std::chrono::steady_clock::time_point load_muted_until_{};
+  int events_refusal_logged_ = 0;  // status last logged; logged again only when it changes
+  int load_refusal_logged_ = 0;
 };
 
 }  // namespace pagoda::router
