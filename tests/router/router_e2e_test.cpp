@@ -13,6 +13,7 @@
 //     OpenAI error shape;
 //   - bad flags are refused, an unreachable backend at start is a warning.
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <regex>
@@ -272,20 +273,49 @@ TEST_F(RouterE2eTest, CacheDropReachesEveryReplica) {
 
 TEST(RouterFailover, AKilledReplicaLosesNoNewRequestAndARestartedOneRejoins) {
   std::string error;
-  PagodaProcess a, b, router;
-  ASSERT_TRUE(a.start(serve_args(), &error)) << error;
-  ASSERT_TRUE(b.start(serve_args(), &error)) << error;
-  const int a_port = a.port();
+  PagodaProcess replicas[2], router;
+  for (auto& r : replicas) ASSERT_TRUE(r.start(serve_args(), &error)) << error;
   ASSERT_TRUE(router.start({"route", "--model", source_path(kModel), "--port", "0", "--backend-api-key", "sk-router",
-                            "--health-interval", "0.2", "--backend", a.url(), "--backend", b.url()},
+                            "--health-interval", "0.2", "--backend", replicas[0].url(), "--backend",
+                            replicas[1].url()},
                            &error))
       << error;
   ASSERT_TRUE(wait_until([&] { return healthy_backends(router.port()) == 2 && synced_backends(router.port()) == 2; },
                          10s));
+  auto metrics = [&] { return client(router.port(), "").Get("/metrics")->body; };
+  auto in_flight = [&](const PagodaProcess& r) {
+    return metric(metrics(), "pagoda_router_backend_in_flight{backend=\"" + r.url() + "\"}");
+  };
 
-  a.stop(SIGKILL);
-  // Requests right after the death: the router has not noticed yet, so some
-  // go to the dead replica, fail to connect and are retried on the other.
+  // A long non-streamed completion sends nothing until it is done: kill its
+  // replica under it, and the router retries it on the other one.
+  std::atomic<int> long_status{0};
+  std::thread long_request([&] {
+    auto res = client(router.port()).Post(
+        "/v1/completions",
+        json{{"model", "pagoda-tiny"}, {"prompt", {9, 8, 7}}, {"max_tokens", 600}, {"ignore_eos", true}}.dump(),
+        "application/json");
+    long_status = res ? res->status : -1;
+  });
+  int victim = -1;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        for (int i = 0; i < 2 && victim < 0; ++i)
+          if (in_flight(replicas[i]) == 1) victim = i;
+        return victim >= 0;
+      },
+      10s));
+  PagodaProcess& dead = replicas[victim];
+  PagodaProcess& alive = replicas[1 - victim];
+  const int dead_port = dead.port();
+  const std::string dead_url = dead.url();
+  dead.stop(SIGKILL);
+  long_request.join();
+  EXPECT_EQ(long_status.load(), 200) << "failed before its first byte: retried elsewhere";
+  EXPECT_EQ(metric(metrics(), "pagoda_router_retries_total"), 1);
+
+  // Requests right after the death: if the router has not noticed yet, they
+  // fail to connect and are retried on the other replica.
   auto c = client(router.port());
   for (int i = 0; i < 8; ++i) {
     auto res = c.Post("/v1/completions",
@@ -295,23 +325,19 @@ TEST(RouterFailover, AKilledReplicaLosesNoNewRequestAndARestartedOneRejoins) {
     EXPECT_EQ(res->status, 200) << "request " << i << ": " << res->body;
   }
   EXPECT_TRUE(wait_until([&] { return healthy_backends(router.port()) == 1; }, 3s)) << "out within seconds";
-  const std::string metrics = client(router.port(), "").Get("/metrics")->body;
-  EXPECT_EQ(metric(metrics, "pagoda_router_backend_healthy{backend=\"" + a.url() + "\"}"), 0) << metrics;
+  EXPECT_EQ(metric(metrics(), "pagoda_router_backend_healthy{backend=\"" + dead_url + "\"}"), 0);
 
-  PagodaProcess a2;
-  ASSERT_TRUE(a2.start(serve_args(a_port), &error)) << error;
+  PagodaProcess restarted;
+  ASSERT_TRUE(restarted.start(serve_args(dead_port), &error)) << error;
   EXPECT_TRUE(wait_until([&] { return healthy_backends(router.port()) == 2; }, 5s)) << "back within seconds";
   // Its index starts over from the new process's events.
   EXPECT_TRUE(wait_until(
-      [&] {
-        const std::string m = client(router.port(), "").Get("/metrics")->body;
-        return metric(m, "pagoda_router_backend_index_resyncs_total{backend=\"" + a2.url() + "\"}") >= 1;
-      },
+      [&] { return metric(metrics(), "pagoda_router_backend_index_resyncs_total{backend=\"" + dead_url + "\"}") >= 1; },
       5s))
-      << client(router.port(), "").Get("/metrics")->body << router.stderr_text();
+      << metrics() << router.stderr_text();
 
-  a2.stop(SIGKILL);
-  b.stop(SIGKILL);
+  restarted.stop(SIGKILL);
+  alive.stop(SIGKILL);
   ASSERT_TRUE(wait_until([&] { return healthy_backends(router.port()) == 0; }, 5s));
   auto none = c.Post("/v1/completions", R"({"model": "pagoda-tiny", "prompt": [1, 2], "max_tokens": 1})",
                      "application/json");
