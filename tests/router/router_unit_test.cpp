@@ -105,6 +105,13 @@ TEST(RoutingPolicy, KvAwareFollowsTheCacheUntilLoadCostsMoreThanTheHit) {
   // No prefix known anywhere: least loaded.
   const std::vector<BackendView> cold = {view(true, 2), view(true, 1), view(true, 4)};
   EXPECT_EQ(choose_backend(RoutingPolicy::kKvAware, cold, 1000, 256, 0).index, 1);
+  // Prefills queued ahead count in full: 800 cached tokens are worth less
+  // than 900 tokens of other prompts still to compute there.
+  v = {view(true, 1), view(true, 1, 800)};
+  v[1].pending_prefill_tokens = 900;
+  EXPECT_EQ(choose_backend(RoutingPolicy::kKvAware, v, 1000, 32, 0).index, 0);
+  v[1].pending_prefill_tokens = 700;
+  EXPECT_EQ(choose_backend(RoutingPolicy::kKvAware, v, 1000, 32, 0).index, 1);
   // A cached count larger than the prompt cannot make a cost negative.
   const std::vector<BackendView> odd = {view(true, 0, 5000), view(true, 0, 0)};
   EXPECT_DOUBLE_EQ(choose_backend(RoutingPolicy::kKvAware, odd, 100, 256, 0).cost, 0.0);

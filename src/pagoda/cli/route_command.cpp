@@ -36,7 +36,7 @@ struct RouteOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string backend_api_key;
-  double load_weight = 256.0;
+  double load_weight = 32.0;
   double health_interval_s = 1.0;
   double poll_interval_s = 0.1;
   double backend_timeout_s = 600.0;
@@ -150,12 +150,12 @@ void add_route_command(CLI::App& app) {
       "  pagoda route --model models/pagoda-tiny --backend http://127.0.0.1:8001 --backend http://127.0.0.1:8002\n"
       "Clients talk to the router exactly as to one server (same endpoints, api keys passed through, streaming "
       "byte for byte). kv-aware routing (the default) sends each request to the replica that already holds the "
-      "longest part of its prompt in its KV cache, unless that replica is busier than the cached tokens are "
-      "worth (--load-weight); it reads the replicas' KV events (GET /v1/kv/events), so with --api-keys on the "
-      "replicas give it an admin key (--backend-api-key). A replica that is down leaves the rotation within "
-      "seconds and rejoins when healthy; a request whose replica fails before answering is retried once on "
-      "another. Prints 'listening on http://HOST:PORT' on stdout once it accepts connections. docs/ROUTER.md "
-      "explains the design.");
+      "longest part of its prompt in its KV cache, unless the prefills queued there and its requests in flight "
+      "(priced by --load-weight) cost more than the cached tokens save. It reads the replicas' KV events "
+      "(GET /v1/kv/events): with --api-keys on the replicas, give it an admin key (--backend-api-key). A replica "
+      "that is down leaves the rotation within seconds and rejoins when healthy; a request whose replica fails "
+      "before answering is retried once on another. Prints 'listening on http://HOST:PORT' on stdout once it "
+      "accepts connections. docs/ROUTER.md explains the design.");
   cmd->add_option("--backend", opt->backends,
                   "A replica's address, http://HOST:PORT (repeat the flag, or separate with commas)")
       ->required()
@@ -174,7 +174,7 @@ void add_route_command(CLI::App& app) {
                   "--api-keys file); also from $PAGODA_BACKEND_API_KEY")
       ->envname("PAGODA_BACKEND_API_KEY");
   cmd->add_option("--load-weight", opt->load_weight,
-                  "kv-aware: how many cached prompt tokens one more request in flight on a replica is worth; "
+                  "kv-aware: what one more request in flight on a replica costs, in prompt tokens to compute; "
                   "higher spreads load, lower follows the cache")
       ->capture_default_str();
   cmd->add_option("--health-interval", opt->health_interval_s, "Seconds between /health probes of each replica")

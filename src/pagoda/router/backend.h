@@ -50,6 +50,9 @@ class Backend {
 
   // Requests this router has open there (from backend pick to the end of the response).
   std::atomic<int64_t> in_flight{0};
+  // Uncached prompt tokens of those requests, until their first body bytes
+  // arrive (the prefill is done) or they end: work queued ahead of a new one.
+  std::atomic<int64_t> pending_prefill_tokens{0};
 
   // Counters for /metrics.
   std::atomic<int64_t> requests{0};          // exchanges started (retries included)

@@ -61,6 +61,9 @@ std::string RouterMetrics::render(std::span<const std::unique_ptr<Backend>> back
               [](const Backend& b) { return b.transport_errors.load(); });
   per_backend(out, backends, "pagoda_router_backend_in_flight", "gauge", "Requests open at the backend.",
               [](const Backend& b) { return b.in_flight.load(); });
+  per_backend(out, backends, "pagoda_router_backend_pending_prefill_tokens", "gauge",
+              "Uncached prompt tokens of requests sent there and not yet answered.",
+              [](const Backend& b) { return b.pending_prefill_tokens.load(); });
   per_backend(out, backends, "pagoda_router_backend_connections_lent", "gauge", "Pooled connections in use.",
               [](Backend& b) { return b.pool().lent(); });
   per_backend(out, backends, "pagoda_router_backend_index_blocks", "gauge",

@@ -76,13 +76,29 @@ httplib::Request backend_request(const httplib::Request& req) {
   return out;
 }
 
-// Gives a backend's in-flight count back when the last holder lets go.
-struct InFlightHold {
-  explicit InFlightHold(Backend& b) : backend(b) { ++backend.in_flight; }
-  ~InFlightHold() { --backend.in_flight; }
+// A request's share of its backend's in-flight count and pending prefill:
+// the prefill part is given back at the first body bytes (end_prefill), the
+// rest when the last holder lets go.
+class InFlightHold {
+ public:
+  InFlightHold(Backend& b, int64_t prefill_tokens) : backend_(b), prefill_tokens_(prefill_tokens) {
+    ++backend_.in_flight;
+    backend_.pending_prefill_tokens += prefill_tokens_;
+  }
+  ~InFlightHold() {
+    end_prefill();
+    --backend_.in_flight;
+  }
   InFlightHold(const InFlightHold&) = delete;
   InFlightHold& operator=(const InFlightHold&) = delete;
-  Backend& backend;
+  void end_prefill() {
+    if (!prefill_done_.exchange(true)) backend_.pending_prefill_tokens -= prefill_tokens_;
+  }
+
+ private:
+  Backend& backend_;
+  const int64_t prefill_tokens_;
+  std::atomic<bool> prefill_done_{false};
 };
 
 }  // namespace
@@ -249,6 +265,7 @@ int RouterServer::pick_backend(const PromptKeys& keys, const std::vector<bool>& 
     BackendView& v = views[i];
     v.eligible = b.healthy() && !excluded[i];
     v.in_flight = b.in_flight.load();
+    v.pending_prefill_tokens = b.pending_prefill_tokens.load();
     if (const auto load = b.reported_load()) {
       v.reported_busy = load->running + load->waiting;
       v.kv_usage = load->kv_usage;
@@ -296,7 +313,7 @@ void RouterServer::handle_proxy(const httplib::Request& req, httplib::Response& 
       excluded[index] = true;
       continue;
     }
-    auto hold = std::make_shared<InFlightHold>(backend);
+    auto hold = std::make_shared<InFlightHold>(backend, keys.known ? keys.prompt_tokens - cached_tokens : 0);
     ++backend.requests;
     if (keys.known) {
       const auto chain = keys.chains.find(backend.index().block_size());
@@ -359,6 +376,7 @@ void RouterServer::handle_proxy(const httplib::Request& req, httplib::Response& 
       for (;;) {
         switch (exchange->next_chunk(&chunk, kPollInterval)) {
           case ProxyExchange::Next::kData:
+            hold->end_prefill();
             if (!sink.write(chunk.data(), chunk.size())) {
               ++metrics_.client_disconnects;
               exchange->cancel();

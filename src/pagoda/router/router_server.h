@@ -70,7 +70,7 @@ struct RouterConfig {
   // Bearer key for the backends' /v1/kv/events and /v1/load (an admin key
   // when they use --api-keys); empty: no header.
   std::string backend_api_key;
-  double load_weight = 256.0;  // kv-aware: cached prompt tokens one request in flight is worth
+  double load_weight = 32.0;  // kv-aware: tokens one request in flight costs (routing_policy.h)
   std::chrono::milliseconds health_interval{1000};
   std::chrono::milliseconds poll_interval{100};
   // kv-aware: how long a prompt just routed counts as cached at its backend

@@ -43,7 +43,8 @@ RoutingChoice choose_backend(RoutingPolicy policy, std::span<const BackendView> 
         break;
       case RoutingPolicy::kKvAware: {
         const int64_t cached = std::clamp<int64_t>(b.cached_tokens, 0, std::max<int64_t>(prompt_tokens, 0));
-        cost = static_cast<double>(std::max<int64_t>(prompt_tokens, 0) - cached) + load_weight * backend_load(b);
+        cost = static_cast<double>(std::max<int64_t>(prompt_tokens, 0) - cached) +
+               static_cast<double>(std::max<int64_t>(b.pending_prefill_tokens, 0)) + load_weight * backend_load(b);
         break;
       }
     }

@@ -11,10 +11,14 @@
 //                 covers other routers and is at most one poll old.
 //   kv-aware      the healthy backend with the lowest
 //                   cost = (prompt tokens - tokens of the prompt it holds cached)
+//                          + prompt tokens it still has to prefill for requests
+//                            this router sent it (pending prefill)
 //                          + load_weight * load
-//                 i.e. the prompt tokens it would have to compute, plus load priced
-//                 in tokens: load_weight is how many cached prompt tokens one more
-//                 request in flight is worth. With no prefix known anywhere it is
+//                 i.e. roughly the tokens it must compute before this request's
+//                 first token: its own uncached part, the prefills queued ahead
+//                 of it, and a price in tokens for every request in flight
+//                 (their decode steps share the engine's steps with ours).
+//                 With no prefix known anywhere and nothing pending it is
 //                 least-loaded.
 // Ties go to the first backend in rotation order (`rotation` mod the backend
 // count, then onwards), so equal backends take turns.
@@ -43,6 +47,7 @@ struct BackendView {
   int64_t reported_busy = 0;   // running + waiting, as the backend last reported (0 if unknown)
   double kv_usage = 0.0;       // 0..1, as last reported (0 if unknown)
   int64_t cached_tokens = 0;   // prompt tokens the backend holds cached (kv-aware; 0 if unknown)
+  int64_t pending_prefill_tokens = 0;  // uncached prompt tokens of this router's requests not yet answered
 };
 
 double backend_load(const BackendView& view);
