@@ -83,5 +83,23 @@ TEST(DeepseekCliTest, ServeAnswersACompletionOnAnFp8LatentCache) {
   EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 
+TEST(DeepseekCliTest, ServeRandomWeightsForADeepseekConfig) {
+  ServerProcess server;
+  std::string why;
+  ASSERT_TRUE(server.start({"--load-format", "random", "--model", source_path(kFixture + "/config.json"),
+                            "--max-num-seqs", "2", "--kv-cache-memory", "64KiB"},
+                           &why))
+      << why;
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_read_timeout(60, 0);
+  const json body = {{"model", "deepseek_v3_bf16"}, {"prompt", {1, 2, 3}}, {"max_tokens", 4}, {"temperature", 0},
+                     {"ignore_eos", true}};
+  auto res = client.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 4) << res->body;
+  EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
 }  // namespace
 }  // namespace pagoda::e2e

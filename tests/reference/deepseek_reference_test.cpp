@@ -22,6 +22,7 @@
 #include "pagoda/backend/cpu/cpu_model.h"
 #include "pagoda/backend/cpu/cpu_model_runner.h"
 #include "pagoda/backend/cpu/kernels/logprobs.h"
+#include "pagoda/backend/cpu/random_cpu_model.h"
 #include "pagoda/model/safetensors_file.h"
 
 namespace pagoda {
@@ -372,6 +373,45 @@ TEST(DeepseekCheckpointTest, LatentPoolRefusesSeparateKeyAndValueDtypes) {
   auto pool = CpuKvPool::create(model->kv_pool_shape(4, 16, DType::kInt8, DType::kInt4));
   ASSERT_FALSE(pool.ok());
   EXPECT_THAT(pool.status().message(), HasSubstr("MLA latent pool"));
+}
+
+// --load-format random for a DeepSeek config: reproducible from the seed, and the
+// whole prompt in one prefill gives the logits a token-by-token decode gives.
+TEST(DeepseekRandomWeightsTest, SeededAndPrefillEqualsDecode) {
+  auto config = parse_model_config(read_json(fixture_dir("deepseek_v3_bf16") / "config.json"), "config.json");
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  const std::vector<int32_t> prompt = {5, 17, 42, 8, 90, 3, 3, 200, 11};
+  const auto last_logits = [&](CpuModel& model, bool one_by_one) {
+    auto pool = CpuKvPool::create(model.kv_pool_shape(4, 4));
+    EXPECT_TRUE(pool.ok());
+    std::vector<float> logits;
+    SequenceSlice seq;
+    seq.block_table = {3, 1, 2};
+    const int32_t step = one_by_one ? 1 : static_cast<int32_t>(prompt.size());
+    for (int32_t done = 0; done < static_cast<int32_t>(prompt.size()); done += step) {
+      ForwardBatch batch;
+      batch.token_ids.assign(prompt.begin() + done, prompt.begin() + done + step);
+      for (int32_t i = 0; i < step; ++i) batch.positions.push_back(done + i);
+      seq.num_cached_tokens = done;
+      seq.num_new_tokens = step;
+      batch.sequences = {seq};
+      EXPECT_TRUE(model.forward(batch, *pool, logits).ok());
+    }
+    return logits;
+  };
+  auto a = make_random_cpu_model(*config, 7, size_t{1} << 30);
+  auto b = make_random_cpu_model(*config, 7, size_t{1} << 30);
+  auto other = make_random_cpu_model(*config, 8, size_t{1} << 30);
+  ASSERT_TRUE(a.ok() && b.ok() && other.ok()) << a.status().to_string();
+  const auto prefill = last_logits(**a, false);
+  const auto decode = last_logits(**a, true);
+  ASSERT_EQ(prefill.size(), static_cast<size_t>(config->vocab_size));
+  for (size_t i = 0; i < prefill.size(); ++i) EXPECT_NEAR(prefill[i], decode[i], 1e-5) << "token " << i;
+  EXPECT_EQ(last_logits(**b, false), prefill);
+  EXPECT_NE(last_logits(**other, false), prefill);
+  auto too_big = make_random_cpu_model(*config, 7, 1024);
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().code(), StatusCode::kResourceExhausted);
 }
 
 }  // namespace
