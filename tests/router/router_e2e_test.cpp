@@ -13,8 +13,11 @@
 //     OpenAI error shape;
 //   - bad flags are refused, an unreachable backend at start is a warning.
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <thread>
@@ -36,10 +39,18 @@ using namespace std::chrono_literals;
 
 const char* kModel = "models/pagoda-tiny";
 
+// One file per test process, written whole before anyone reads it: ctest runs
+// these tests in parallel, and a shared file could be read half-written.
 std::string keys_file() {
-  const std::string path = std::string(PAGODA_BINARY_DIR) + "/router_e2e_keys.json";
-  std::ofstream(path) << R"({"keys": [{"key": "sk-alice", "tenant": "alice"}, {"key": "sk-bob", "tenant": "bob"},
-                                  {"key": "sk-router", "tenant": "ops", "admin": true}]})";
+  static const std::string path = [] {
+    const std::string final_path =
+        std::string(PAGODA_BINARY_DIR) + "/router_e2e_keys." + std::to_string(::getpid()) + ".json";
+    const std::string tmp = final_path + ".tmp";
+    std::ofstream(tmp) << R"({"keys": [{"key": "sk-alice", "tenant": "alice"}, {"key": "sk-bob", "tenant": "bob"},
+                                    {"key": "sk-router", "tenant": "ops", "admin": true}]})";
+    std::filesystem::rename(tmp, final_path);
+    return final_path;
+  }();
   return path;
 }
 
