@@ -41,8 +41,7 @@ TEST(JsonSchemaToGrammarTest, RandomSentencesValidateOnEveryCorpusSchema) {
       Status valid = validate_json_schema(value, nlohmann::json(schema));
       EXPECT_TRUE(valid.ok()) << name << " seed " << seed << ": " << *text << "\n" << valid.to_string();
     }
-    // A random walk finishes the "pattern" schema's unanchored "ab" only by chance.
-    EXPECT_GE(produced, name == "pattern" ? 3 : 15) << name << ": random walks rarely finished";
+    EXPECT_GE(produced, 15) << name << ": random walks rarely finished";
   }
 }
 
