@@ -156,31 +156,40 @@ void GrammarMatcher::compact() {
   frames_ = std::move(kept);
 }
 
-uint64_t GrammarMatcher::state_hash() const {
-  std::vector<uint64_t> hashes;
-  hashes.reserve(state_.tops.size());
-  for (int32_t top : state_.tops) hashes.push_back(frames_[top].hash);
-  std::sort(hashes.begin(), hashes.end());
-  uint64_t h = state_.can_end ? 0xC0FFEEull : 0xBEEFull;
-  for (uint64_t v : hashes) h = mix(h, v);
+uint64_t GrammarMatcher::StateImage::hash() const {
+  uint64_t h = can_end ? 0xC0FFEEull : 0xBEEFull;
+  for (const auto& stack : stacks) {
+    h = mix(h, stack.size());
+    for (uint64_t word : stack) h = mix(h, word);
+  }
   return h;
 }
 
-std::vector<GrammarMatcher::StackImage> GrammarMatcher::state_image() const {
-  std::vector<StackImage> image;
-  for (int32_t top : state_.tops) {
-    StackImage stack;
+GrammarMatcher::StateImage GrammarMatcher::image_of(const State& state) const {
+  StateImage image;
+  image.can_end = state.can_end;
+  image.stacks.reserve(state.tops.size());
+  for (int32_t top : state.tops) {
+    std::vector<uint64_t> stack;
     for (int32_t f = top; f >= 0; f = frames_[f].parent)
       stack.push_back((uint64_t{frames_[f].element} << 32) | frames_[f].count);
-    image.push_back(std::move(stack));
+    image.stacks.push_back(std::move(stack));
   }
-  image.push_back({state_.can_end ? 1u : 0u});
-  std::sort(image.begin(), image.end());
+  std::sort(image.stacks.begin(), image.stacks.end());
   return image;
 }
 
-bool GrammarMatcher::state_equals(const std::vector<StackImage>& image) const {
-  return state_image() == image;
+void GrammarMatcher::load(const StateImage& image) {
+  frames_.clear();
+  state_.tops.clear();
+  state_.can_end = image.can_end;
+  for (const auto& stack : image.stacks) {
+    int32_t parent = -1;
+    for (size_t i = stack.size(); i-- > 0;) {
+      parent = push(static_cast<uint32_t>(stack[i] >> 32), static_cast<uint32_t>(stack[i] & 0xFFFFFFFFu), parent);
+    }
+    if (parent >= 0) state_.tops.push_back(parent);
+  }
 }
 
 }  // namespace pagoda::grammar

@@ -59,12 +59,18 @@ class GrammarMatcher {
   // Drops frames no stack of the current state uses.
   void compact();
 
-  // A hash of the current state (its stacks' contents, order-independent) and an exact equality
-  // test against a recorded copy, for the mask cache.
-  uint64_t state_hash() const;
-  using StackImage = std::vector<uint64_t>;  // (element << 32 | count), top first
-  std::vector<StackImage> state_image() const;
-  bool state_equals(const std::vector<StackImage>& image) const;
+  // A state written out without the arena: each stack as (element << 32 | count) words, top
+  // first; stacks sorted. Equal images are the same state (the same future).
+  struct StateImage {
+    std::vector<std::vector<uint64_t>> stacks;
+    bool can_end = false;
+    bool operator==(const StateImage&) const = default;
+    uint64_t hash() const;
+  };
+  StateImage image_of(const State& state) const;
+  StateImage image() const { return image_of(state_); }
+  // Replaces the arena and the state with `image` (the inverse of image()).
+  void load(const StateImage& image);
 
   const Grammar& grammar() const { return *grammar_; }
 

@@ -7,98 +7,122 @@
 namespace pagoda::grammar {
 
 CompiledGrammar::CompiledGrammar(std::shared_ptr<const Grammar> grammar,
-                                 std::shared_ptr<const TokenVocabulary> vocabulary, size_t max_cached_masks)
-    : grammar_(std::move(grammar)), vocabulary_(std::move(vocabulary)), max_cached_masks_(max_cached_masks) {}
+                                 std::shared_ptr<const TokenVocabulary> vocabulary, size_t max_cached_masks,
+                                 size_t max_tables)
+    : grammar_(std::move(grammar)),
+      vocabulary_(std::move(vocabulary)),
+      max_cached_masks_(max_cached_masks),
+      max_tables_(std::max<size_t>(max_tables, 1)),
+      scratch_(grammar_) {
+  std::lock_guard lock(mutex_);
+  initial_ = intern_locked(scratch_.image());
+}
 
 MaskStats CompiledGrammar::stats() const {
   std::lock_guard lock(mutex_);
   return stats_;
 }
 
-bool CompiledGrammar::lookup(const GrammarMatcher& matcher, uint64_t hash, std::span<uint64_t> out) {
-  std::lock_guard lock(mutex_);
-  auto [begin, end] = index_.equal_range(hash);
-  if (begin == end) {
-    ++stats_.misses;
-    return false;
+int32_t CompiledGrammar::intern_locked(GrammarMatcher::StateImage image) {
+  const uint64_t hash = image.hash();
+  auto [begin, end] = state_index_.equal_range(hash);
+  for (auto it = begin; it != end; ++it)
+    if (states_[it->second].image == image) return it->second;
+  const int32_t id = static_cast<int32_t>(states_.size());
+  StateInfo info;
+  info.has_tops = !image.stacks.empty();
+  info.image = std::move(image);
+  states_.push_back(std::move(info));
+  state_index_.emplace(hash, id);
+  ++stats_.states;
+  return id;
+}
+
+int32_t CompiledGrammar::step_locked(int32_t state, uint8_t byte) {
+  if (!states_[state].has_tops) return kDead;
+  if (!states_[state].next) {
+    if (tables_ >= max_tables_) {
+      for (StateInfo& s : states_) s.next.reset();
+      tables_ = 0;
+    }
+    states_[state].next = std::make_unique<std::array<int32_t, 256>>();
+    states_[state].next->fill(kUnknown);
+    ++tables_;
   }
-  const auto image = matcher.state_image();
-  for (auto it = begin; it != end; ++it) {
-    if (it->second->image != image) continue;
-    const std::vector<uint64_t>& mask = it->second->mask;
-    std::memcpy(out.data(), mask.data(), mask.size() * sizeof(uint64_t));
-    entries_.splice(entries_.begin(), entries_, it->second);  // most recently used first
+  const int32_t known = (*states_[state].next)[byte];
+  if (known != kUnknown) return known;
+  scratch_.load(states_[state].image);
+  GrammarMatcher::State out;
+  scratch_.advance(scratch_.state(), byte, out);
+  const int32_t result = out.dead() ? kDead : intern_locked(scratch_.image_of(out));
+  (*states_[state].next)[byte] = result;  // states_ may have grown: index again
+  ++stats_.transitions_computed;
+  return result;
+}
+
+void CompiledGrammar::walk_trie_locked(int32_t state, std::span<uint64_t> mask) {
+  const TokenVocabulary& vocab = *vocabulary_;
+  walk_states_.assign(static_cast<size_t>(vocab.max_depth()) + 1, kDead);
+  walk_states_[0] = state;
+  const size_t n = vocab.num_nodes();
+  uint64_t visited = 0;
+  for (size_t i = 0; i < n;) {
+    ++visited;
+    const size_t depth = vocab.node_depth(i);
+    const int32_t next = step_locked(walk_states_[depth - 1], vocab.node_byte(i));
+    if (next == kDead) {
+      i = vocab.subtree_end(i);
+      continue;
+    }
+    walk_states_[depth] = next;
+    for (int32_t id : vocab.node_tokens(i)) mask[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
+    i = states_[next].has_tops ? i + 1 : vocab.subtree_end(i);
+  }
+  stats_.trie_nodes_visited += visited;
+}
+
+void CompiledGrammar::fill_mask_locked(int32_t state, std::span<uint64_t> mask) {
+  const size_t words = vocabulary_->mask_words();
+  if (!states_[state].mask.empty()) {
+    std::memcpy(mask.data(), states_[state].mask.data(), words * sizeof(uint64_t));
+    mask_lru_.splice(mask_lru_.begin(), mask_lru_, states_[state].mask_lru);
     ++stats_.hits;
-    return true;
+    return;
   }
   ++stats_.misses;
-  return false;
-}
-
-void CompiledGrammar::store(const GrammarMatcher& matcher, uint64_t hash, std::span<const uint64_t> mask) {
+  std::fill(mask.begin(), mask.begin() + static_cast<std::ptrdiff_t>(words), 0);
+  walk_trie_locked(state, mask);
+  if (states_[state].image.can_end) {
+    for (int32_t id : vocabulary_->end_ids()) mask[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
+  }
   if (max_cached_masks_ == 0) return;
-  CachedMask entry{matcher.state_image(), std::vector<uint64_t>(mask.begin(), mask.end())};
-  std::lock_guard lock(mutex_);
-  entries_.push_front(std::move(entry));
-  index_.emplace(hash, entries_.begin());
-  while (entries_.size() > max_cached_masks_) {
-    auto last = std::prev(entries_.end());
-    for (auto it = index_.begin(); it != index_.end(); ++it) {
-      if (it->second == last) {
-        index_.erase(it);
-        break;
-      }
-    }
-    entries_.pop_back();
+  StateInfo& info = states_[state];
+  info.mask.assign(mask.begin(), mask.begin() + static_cast<std::ptrdiff_t>(words));
+  mask_lru_.push_front(state);
+  info.mask_lru = mask_lru_.begin();
+  while (mask_lru_.size() > max_cached_masks_) {
+    StateInfo& old = states_[mask_lru_.back()];
+    old.mask.clear();
+    old.mask.shrink_to_fit();
+    mask_lru_.pop_back();
   }
 }
 
-TokenMatcher::TokenMatcher(std::shared_ptr<CompiledGrammar> compiled)
-    : compiled_(std::move(compiled)), matcher_(compiled_->grammar_ptr()) {}
-
-void TokenMatcher::walk_trie(std::span<uint64_t> mask, uint64_t& nodes_visited) {
-  const TokenVocabulary& vocab = compiled_->vocabulary();
-  const size_t depths = static_cast<size_t>(vocab.max_depth()) + 1;
-  if (levels_.size() < depths) levels_.resize(depths);
-  if (level_marks_.size() < depths) level_marks_.resize(depths);
-  levels_[0] = matcher_.state();
-  const size_t base = matcher_.mark();
-  level_marks_[0] = base;
-  const size_t n = vocab.num_nodes();
-  for (size_t i = 0; i < n;) {
-    ++nodes_visited;
-    const size_t depth = vocab.node_depth(i);
-    matcher_.rollback(level_marks_[depth - 1]);
-    GrammarMatcher::State& state = levels_[depth];
-    matcher_.advance(levels_[depth - 1], vocab.node_byte(i), state);
-    level_marks_[depth] = matcher_.mark();
-    if (!state.dead()) {
-      for (int32_t id : vocab.node_tokens(i)) mask[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
-    }
-    i = state.tops.empty() ? vocab.subtree_end(i) : i + 1;
-  }
-  matcher_.rollback(base);
+TokenMatcher::TokenMatcher(std::shared_ptr<CompiledGrammar> compiled) : compiled_(std::move(compiled)) {
+  std::lock_guard lock(compiled_->mutex_);
+  state_ = compiled_->initial_;
 }
 
 size_t TokenMatcher::fill_mask(std::span<uint64_t> mask) {
-  std::fill(mask.begin(), mask.end(), 0);
   const size_t words = mask_words();
   if (mask.size() < words) return 0;
+  std::fill(mask.begin() + static_cast<std::ptrdiff_t>(words), mask.end(), 0);
   if (finished_) {
+    std::fill(mask.begin(), mask.end(), 0);
     for (int32_t id : compiled_->vocabulary().end_ids()) mask[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
   } else {
-    const uint64_t hash = matcher_.state_hash();
-    if (!compiled_->lookup(matcher_, hash, mask.first(words))) {
-      uint64_t visited = 0;
-      walk_trie(mask, visited);
-      if (matcher_.can_end()) {
-        for (int32_t id : compiled_->vocabulary().end_ids())
-          mask[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
-      }
-      compiled_->store(matcher_, hash, mask.first(words));
-      std::lock_guard lock(compiled_->mutex_);
-      compiled_->stats_.trie_nodes_visited += visited;
-    }
+    std::lock_guard lock(compiled_->mutex_);
+    compiled_->fill_mask_locked(state_, mask);
   }
   size_t allowed = 0;
   for (size_t w = 0; w < words; ++w) allowed += static_cast<size_t>(std::popcount(mask[w]));
@@ -109,20 +133,30 @@ bool TokenMatcher::accept(int32_t token) {
   const TokenVocabulary& vocab = compiled_->vocabulary();
   if (finished_ || token < 0 || token >= vocab.size()) return false;
   if (vocab.is_end(token)) {
-    if (!matcher_.can_end()) return false;
+    if (!is_complete()) return false;
     finished_ = true;
     return true;
   }
   const std::string_view bytes = vocab.bytes(token);
-  if (bytes.empty() || !matcher_.accept(bytes)) return false;
-  matcher_.compact();
-  return true;
+  if (bytes.empty()) return false;
+  return accept_text(bytes);
 }
 
 bool TokenMatcher::accept_text(std::string_view bytes) {
-  if (finished_ || !matcher_.accept(bytes)) return false;
-  matcher_.compact();
+  if (finished_) return false;
+  std::lock_guard lock(compiled_->mutex_);
+  int32_t s = state_;
+  for (char c : bytes) {
+    s = compiled_->step_locked(s, static_cast<uint8_t>(c));
+    if (s == CompiledGrammar::kDead) return false;
+  }
+  state_ = s;
   return true;
+}
+
+bool TokenMatcher::is_complete() const {
+  std::lock_guard lock(compiled_->mutex_);
+  return compiled_->states_[state_].image.can_end;
 }
 
 }  // namespace pagoda::grammar
