@@ -126,6 +126,9 @@ class Engine {
   // it needs the host sampler).
   DeviceSampling device_sampling_for(const Sequence* seq) const;
   void sample_into(Sequence* seq, std::span<const float> logits);
+  // Structured outputs: samples with the sequence's token mask applied and moves its constraint
+  // past the token; a dead end fails the request (kInternal).
+  void sample_constrained(Sequence* seq, std::span<const float> logits);
   void fork_children(Sequence* parent, std::span<const float> logits);
   void append_token(Sequence* seq, const SampledToken& token);
   void finish_sequence(Sequence* seq, FinishReason reason);
@@ -168,6 +171,8 @@ class Engine {
   uint64_t next_arrival_ = 1;
   std::unordered_map<RequestId, RequestOutput> step_outputs_;
   std::vector<RequestState*> finished_requests_;
+  std::vector<uint64_t> constraint_mask_;    // scratch of sample_constrained
+  std::vector<float> constrained_logits_;   // scratch of sample_constrained
 
   // Counters owned by the engine thread, published under stats_mutex_.
   mutable std::mutex stats_mutex_;
