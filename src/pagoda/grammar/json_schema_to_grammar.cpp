@@ -49,10 +49,19 @@ class Converter {
  public:
   Converter(const nlohmann::ordered_json& root, std::string where) : root_(root), where_(std::move(where)) {}
 
-  StatusOr<std::shared_ptr<const Grammar>> convert() {
+  StatusOr<std::shared_ptr<const Grammar>> convert(const JsonFraming& framing) {
     PAGODA_ASSIGN_OR_RETURN(rules_, parse_gbnf_rules(kCommonRules));
-    PAGODA_ASSIGN_OR_RETURN(ExprPtr root, visit(root_, where_));
-    rules_["root"] = root;
+    PAGODA_ASSIGN_OR_RETURN(ExprPtr value, visit(root_, where_));
+    if (framing.min_items < 1 || (framing.max_items != kUnbounded && framing.max_items < framing.min_items)) {
+      return invalid_argument_error("{}: bad item counts [{}, {}]", where_, framing.min_items, framing.max_items);
+    }
+    rules_["framed-item"] = make_sequence({make_literal(framing.item_prefix), value, make_literal(framing.item_suffix)});
+    const uint32_t more_max = framing.max_items == kUnbounded ? kUnbounded : framing.max_items - 1;
+    rules_["root"] = make_sequence(
+        {make_literal(framing.open), make_rule_ref("framed-item"),
+         make_repeat(make_sequence({make_literal(framing.separator), make_rule_ref("framed-item")}),
+                     framing.min_items - 1, more_max),
+         make_literal(framing.close)});
     return lower_grammar(rules_, "root");
   }
 
@@ -356,7 +365,13 @@ class Converter {
 }  // namespace
 
 StatusOr<std::shared_ptr<const Grammar>> json_schema_to_grammar(const nlohmann::ordered_json& schema, std::string_view where) {
-  return Converter(schema, std::string(where)).convert();
+  return Converter(schema, std::string(where)).convert(JsonFraming{});
+}
+
+StatusOr<std::shared_ptr<const Grammar>> framed_json_schema_grammar(const nlohmann::ordered_json& schema,
+                                                                    std::string_view where,
+                                                                    const JsonFraming& framing) {
+  return Converter(schema, std::string(where)).convert(framing);
 }
 
 StatusOr<std::shared_ptr<const Grammar>> json_schema_to_grammar(const nlohmann::json& schema, std::string_view where) {

@@ -44,6 +44,18 @@ StatusOr<std::shared_ptr<const Grammar>> json_schema_to_grammar(const nlohmann::
 StatusOr<std::shared_ptr<const Grammar>> json_schema_to_grammar(const nlohmann::json& schema,
                                                                 std::string_view where);
 
+// Values of a schema inside literal text, for tool calls in a chat template's syntax:
+//   open item (separator item){min_items - 1, max_items - 1} close,  item = item_prefix VALUE item_suffix
+// e.g. Hermes blocks: item_prefix "<tool_call>\n", item_suffix "\n</tool_call>", separator "\n".
+struct JsonFraming {
+  std::string open, close, item_prefix, item_suffix, separator;
+  uint32_t min_items = 1;
+  uint32_t max_items = 1;  // kUnbounded for no limit
+};
+StatusOr<std::shared_ptr<const Grammar>> framed_json_schema_grammar(const nlohmann::ordered_json& schema,
+                                                                    std::string_view where,
+                                                                    const JsonFraming& framing);
+
 // Any JSON object (`response_format: {type: "json_object"}`).
 std::shared_ptr<const Grammar> json_object_grammar();
 
