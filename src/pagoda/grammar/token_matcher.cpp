@@ -131,7 +131,8 @@ size_t TokenMatcher::fill_mask(std::span<uint64_t> mask) {
 
 bool TokenMatcher::accept(int32_t token) {
   const TokenVocabulary& vocab = compiled_->vocabulary();
-  if (finished_ || token < 0 || token >= vocab.size()) return false;
+  if (token < 0 || token >= vocab.size()) return false;
+  if (finished_) return vocab.is_end(token);  // ignore_eos requests go on emitting end ids
   if (vocab.is_end(token)) {
     if (!is_complete()) return false;
     finished_ = true;

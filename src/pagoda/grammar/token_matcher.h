@@ -103,7 +103,8 @@ class TokenMatcher {
   // words are cleared). Returns the number of allowed tokens.
   size_t fill_mask(std::span<uint64_t> mask);
   // Moves past `token`. False when the grammar does not allow it (the state is unchanged).
-  // An end id is allowed when the grammar is complete; after it the matcher is finished.
+  // An end id is allowed when the grammar is complete; after it the matcher is finished and
+  // allows end ids only (a request with ignore_eos keeps sampling them).
   bool accept(int32_t token);
   // Moves past raw text (e.g. a forced prefix); false when not allowed (state unchanged).
   bool accept_text(std::string_view bytes);
