@@ -121,8 +121,9 @@ int main(int argc, char** argv) {
     for (int rep = 0; rep < 5; ++rep)
       if (!run_documents(compiled, docs, warm, nullptr)) return 1;
     const auto stats = compiled->stats();
-    std::printf("%s: %zu tokens, %llu misses (%.0f trie nodes per miss)\n", c.name, cold.size(),
-                static_cast<unsigned long long>(stats.misses),
+    std::printf("%s: %zu tokens, %llu misses, %llu states, %llu transitions (%.0f trie nodes per miss)\n", c.name,
+                cold.size(), static_cast<unsigned long long>(stats.misses), static_cast<unsigned long long>(stats.states),
+                static_cast<unsigned long long>(stats.transitions_computed),
                 stats.misses ? static_cast<double>(stats.trie_nodes_visited) / static_cast<double>(stats.misses) : 0.0);
     report("cold", cold);
     report("steady", steady);

@@ -133,11 +133,21 @@ std::optional<ApiError> check_unsupported(const json& body) {
     return invalid_request("'suffix' is not supported", "suffix", "unsupported");
   if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null() && !(it->is_object() && it->empty()))
     return invalid_request("'logit_bias' is not supported", "logit_bias", "unsupported");
-  // Fields that change the output and that pagoda does not implement.
-  for (const char* name : {"functions", "function_call", "guided_whitespace_pattern", "logits_processors",
-                           "prompt_logprobs", "use_beam_search", "prediction", "audio", "modalities"}) {
-    if (auto it = body.find(name); it != body.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>()))
-      return invalid_request(fmt::format("'{}' is not supported", name), std::string(name), "unsupported");
+  // Fields that change the output and that pagoda does not implement (OpenAI's and vLLM's): any
+  // value but their default is refused, never silently ignored. docs/API.md lists them.
+  static const std::vector<std::pair<const char*, json>> kUnsupported = {
+      {"functions", nullptr}, {"function_call", nullptr}, {"prediction", nullptr}, {"audio", nullptr},
+      {"modalities", nullptr}, {"reasoning_effort", nullptr}, {"web_search_options", nullptr},
+      {"guided_whitespace_pattern", nullptr}, {"logits_processors", nullptr}, {"prompt_logprobs", nullptr},
+      {"use_beam_search", false}, {"min_tokens", 0}, {"truncate_prompt_tokens", nullptr}, {"bad_words", nullptr},
+      {"allowed_token_ids", nullptr}, {"length_penalty", 1.0}, {"include_stop_str_in_output", false},
+      {"skip_special_tokens", true}, {"spaces_between_special_tokens", true}, {"add_generation_prompt", true},
+      {"continue_final_message", false}, {"add_special_tokens", nullptr}};
+  for (const auto& [name, default_value] : kUnsupported) {
+    auto it = body.find(name);
+    if (it == body.end() || it->is_null() || *it == default_value) continue;
+    return invalid_request(fmt::format("'{}' is not supported (only its default, {}, is)", name, default_value.dump()),
+                           std::string(name), "unsupported");
   }
   return std::nullopt;
 }
