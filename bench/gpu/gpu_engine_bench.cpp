@@ -37,6 +37,7 @@
 #include "pagoda/backend/cuda/sampling.h"
 #include "pagoda/core/dtype.h"
 #include "pagoda/engine/engine.h"
+#include "pagoda/runtime/delegating_model_runner.h"
 #include "pagoda/kv/kv_cache_manager.h"
 
 namespace {
@@ -77,29 +78,21 @@ struct Args {
 // sampling + copies; it synchronizes) per step, decode-only steps apart.
 // host_sampling hides the device sampler (the engine then samples every row
 // from logits on the host, as before).
-class TimedRunner final : public engine::ModelRunner {
+class TimedRunner final : public runtime::DelegatingModelRunner {
  public:
-  TimedRunner(cuda::CudaModelRunner& inner, bool host_sampling) : inner_(inner), host_sampling_(host_sampling) {}
-  StatusOr<std::vector<float>> execute(const ForwardBatch& batch) override {
+  TimedRunner(cuda::CudaModelRunner& inner, bool host_sampling)
+      : DelegatingModelRunner(inner), host_sampling_(host_sampling) {}
+  StatusOr<runtime::StepResult> execute(const ForwardBatch& batch, std::span<const runtime::RowSampling> rows) override {
     const auto t0 = Clock::now();
-    auto out = inner_.execute(batch);
-    record(batch, t0, batch.num_logit_rows());
-    return out;
-  }
-  bool samples_on_device() const override { return !host_sampling_; }
-  StatusOr<engine::SampledStep> execute_sampled(const ForwardBatch& batch,
-                                                std::span<const engine::DeviceSampling> rows) override {
-    const auto t0 = Clock::now();
-    auto out = inner_.execute_sampled(batch, rows);
-    int64_t host_rows = 0;
+    auto out = inner().execute(batch, rows);
+    int64_t host_rows = rows.empty() ? batch.num_logit_rows() : 0;
     for (const auto& r : rows) host_rows += r.on_device ? 0 : 1;
     record(batch, t0, host_rows);
     return out;
   }
-  Status copy_blocks(std::span<const kv::BlockCopy> copies) override { return inner_.copy_blocks(copies); }
-  int32_t vocab_size() const override { return inner_.vocab_size(); }
-  int32_t max_context_length() const override { return inner_.max_context_length(); }
-  std::vector<int32_t> eos_token_ids() const override { return inner_.eos_token_ids(); }
+  runtime::RunnerCapabilities capabilities() const override {
+    return host_sampling_ ? runtime::RunnerCapabilities{} : DelegatingModelRunner::capabilities();
+  }
 
   struct Totals {
     int64_t steps = 0, decode_steps = 0, decode_rows = 0, host_rows = 0, tokens = 0;
@@ -122,7 +115,6 @@ class TimedRunner final : public engine::ModelRunner {
       totals.decode_rows += static_cast<int64_t>(batch.sequences.size());
     }
   }
-  cuda::CudaModelRunner& inner_;
   bool host_sampling_;
 };
 

@@ -144,7 +144,7 @@ nlohmann::json run_latency(CudaModelRunner& runner, const Args& args) {
   return out;
 }
 
-// Checks kernels/cuda's attention and the backend's own kernel, each against a
+// Checks backend/cuda/attention's attention and the backend's own kernel, each against a
 // float64 CPU reference at this model's attention shape (FastAttention::
 // check_attention_kernels), and turns fast attention off if it misses the
 // kernels' bound. The two kernels' logits through the whole model are only
@@ -155,7 +155,7 @@ nlohmann::json check_fast_attention(CudaModelRunner& runner, const Args& args) {
   auto check = pagoda::cuda::FastAttention::check_attention_kernels(model.config(), args.block_size);
   if (!check.ok()) die(check.status(), "attention check");
   const bool on = check->fast_ok();
-  std::printf("attention check vs float64 (relative L2, bound %.0e): kernels/cuda %s prefill %.2e decode %.2e; builtin "
+  std::printf("attention check vs float64 (relative L2, bound %.0e): backend/cuda/attention %s prefill %.2e decode %.2e; builtin "
               "prefill %.2e decode %.2e -> %s\n", pagoda::cuda::AttentionCheck::kBound,
               check->fast_available ? "" : "(not available for this shape)", check->fast_prefill, check->fast_decode,
               check->builtin_prefill, check->builtin_decode,
@@ -180,13 +180,13 @@ nlohmann::json check_fast_attention(CudaModelRunner& runner, const Args& args) {
   double err = 0, scale = 0;
   if (check->fast_available) {
     model.set_fast_attention(true);
-    auto fast = runner.execute(batch);
+    auto fast = runner.execute(batch, {});
     model.set_fast_attention(false);
-    auto builtin = runner.execute(batch);
+    auto builtin = runner.execute(batch, {});
     if (!fast.ok() || !builtin.ok()) die(fast.ok() ? builtin.status() : fast.status(), "attention check");
-    for (size_t i = 0; i < fast->size(); ++i) {
-      err = std::max(err, static_cast<double>(std::abs((*fast)[i] - (*builtin)[i])));
-      scale = std::max(scale, static_cast<double>(std::abs((*builtin)[i])));
+    for (size_t i = 0; i < fast->host_logits.size(); ++i) {
+      err = std::max(err, static_cast<double>(std::abs(fast->host_logits[i] - builtin->host_logits[i])));
+      scale = std::max(scale, static_cast<double>(std::abs(builtin->host_logits[i])));
     }
     std::printf("attention check: whole model, max |fast - builtin| logit %.4g (max |logit| %.3g; information only)\n",
                 err, scale);
@@ -199,9 +199,9 @@ nlohmann::json check_fast_attention(CudaModelRunner& runner, const Args& args) {
 }
 
 // Static batch: B sequences with `context` cached tokens decode `steps` tokens
-// together, timed per step, with (a) graph replay (kernels/cuda's graph-mode
+// together, timed per step, with (a) graph replay (backend/cuda/attention's graph-mode
 // decode when it passed the check, else the backend's attention) and (b) eager
-// steps + kernels/cuda's attention.
+// steps + backend/cuda/attention's attention.
 nlohmann::json run_decode_sweep(CudaModelRunner& runner, const Args& args) {
   CudaModel& model = runner.model();
   const bool fast_ok = model.options().fast_attention;
@@ -235,7 +235,7 @@ nlohmann::json run_decode_sweep(CudaModelRunner& runner, const Args& args) {
     for (int variant = 0; variant < (fast_ok ? 2 : 1); ++variant) {
       const bool graphs = variant == 0;
       model.set_use_cuda_graphs(graphs);
-      model.set_fast_attention(!graphs || fast_ok);  // graphs run kernels/cuda's decode too when it passed the check
+      model.set_fast_attention(!graphs || fast_ok);  // graphs run backend/cuda/attention's decode too when it passed the check
       std::vector<double> ms;
       for (int32_t step = 0; step < steps; ++step) {
         ForwardBatch batch;
@@ -260,8 +260,8 @@ nlohmann::json run_decode_sweep(CudaModelRunner& runner, const Args& args) {
                            static_cast<double>(context + steps / 2) * batch_size / 1e9;
       std::printf("decode sweep: batch %3d, context %d, %s: %.3f ms/step p50 -> %.0f tok/s (KV %.1f GB + weights "
                   "%.1f GB per step)\n", batch_size, context,
-                  graphs ? (fast_ok ? "CUDA graph + kernels/cuda attention" : "CUDA graph + builtin attention")
-                         : "eager + kernels/cuda attention", p50,
+                  graphs ? (fast_ok ? "CUDA graph + backend/cuda/attention attention" : "CUDA graph + builtin attention")
+                         : "eager + backend/cuda/attention attention", p50,
                   batch_size / (p50 / 1e3), kv_gb, model.weight_bytes() / 1e9);
       out.push_back({{"batch", batch_size}, {"context", context}, {"graphs", graphs}, {"fast_attention", !graphs || fast_ok},
                      {"ms_per_step_p50", p50}, {"tok_per_s", batch_size / (p50 / 1e3)}, {"kv_gb_per_step", kv_gb}});
@@ -401,7 +401,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"latency", "sweep", "throughput", "all"}));
   app.add_option("--max-graph-batch", args.max_graph_batch,
                  "decode batches above this run eagerly (0: all graphs; -1: choose from the sweep)");
-  app.add_option("--fast-attention", args.fast_attention, "kernels/cuda attention (graphs and eager steps): auto "
+  app.add_option("--fast-attention", args.fast_attention, "backend/cuda/attention attention (graphs and eager steps): auto "
                  "(each kernel checked against a float64 reference first) or off")
       ->check(CLI::IsMember({"auto", "off"}));
   app.add_option("--num-requests", args.num_requests)->check(CLI::PositiveNumber);
@@ -473,7 +473,7 @@ int main(int argc, char** argv) {
     figures["decode_sweep"] = run_decode_sweep(**runner, args);
     if (args.max_graph_batch < 0) {
       // Graphs for every measured batch size up to the first one where eager
-      // steps with kernels/cuda's attention are faster.
+      // steps with backend/cuda/attention's attention are faster.
       int32_t limit = 0;  // 0: graphs for all
       double graph_ms = 0;
       for (const auto& r : figures["decode_sweep"]) {
@@ -486,7 +486,7 @@ int main(int argc, char** argv) {
       }
       (*runner)->model().set_max_graph_batch(limit);
       figures["chosen_max_graph_batch"] = limit;
-      std::printf("decode sweep: graphs for decode batches up to %s, eager + kernels/cuda attention above\n",
+      std::printf("decode sweep: graphs for decode batches up to %s, eager + backend/cuda/attention attention above\n",
                   limit == 0 ? "max_num_seqs" : std::to_string(limit).c_str());
     }
   }

@@ -1,6 +1,6 @@
 // pagoda_graph_attention_bench: decode step time of the whole model with CUDA
 // graphs, attention by the backend's own kernel (paged_attention.cu) vs
-// kernels/cuda's split-K decode in graph mode (fast_attention.h), on the same
+// backend/cuda/attention's split-K decode in graph mode (fast_attention.h), on the same
 // model and pool, in one process.
 //
 // Static batches: B sequences of `context` cached tokens decode together; every
@@ -25,7 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/backend/cuda/cuda_model.h"
-#include "pagoda/kernels/cuda/random_fill.h"
+#include "pagoda/backend/cuda/random_fill.h"
 
 namespace {
 
@@ -51,7 +51,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   std::string config_path, json_out;
   int warmup = 5, steps = 30, block_size = 16;
-  CLI::App app{"decode step time with CUDA graphs: builtin vs kernels/cuda attention"};
+  CLI::App app{"decode step time with CUDA graphs: builtin vs backend/cuda/attention attention"};
   app.add_option("--config", config_path, "config.json (random bf16 weights)")->required();
   app.add_option("--steps", steps, "timed steps per case")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed steps after the capture");
@@ -90,9 +90,9 @@ int main(int argc, char** argv) {
   const size_t layer_elems = static_cast<size_t>(blocks_needed) * block_size * config->num_kv_heads * config->head_dim;
   for (int32_t l = 0; l < config->num_layers; ++l) {
     const auto layer = (*pool)->layer(l);
-    if (pagoda::kernels::cuda::launch_fill_random_bf16(layer.key, layer_elems, 2 * l + 1, -1.0f, 1.0f, nullptr) !=
+    if (pagoda::cuda::fill_random_bf16(layer.key, layer_elems, -1.0f, 1.0f, 2 * l + 1, nullptr) !=
             cudaSuccess ||
-        pagoda::kernels::cuda::launch_fill_random_bf16(layer.value, layer_elems, 2 * l + 2, -1.0f, 1.0f, nullptr) !=
+        pagoda::cuda::fill_random_bf16(layer.value, layer_elems, -1.0f, 1.0f, 2 * l + 2, nullptr) !=
             cudaSuccess) {
       std::fprintf(stderr, "error: filling the KV pool\n");
       return 1;

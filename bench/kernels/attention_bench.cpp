@@ -31,13 +31,14 @@
 #include <vector>
 
 #include "pagoda/core/dtype.h"
-#include "pagoda/kernels/cuda/attention_kernels.h"
-#include "pagoda/kernels/cuda/attention_plan.h"
-#include "pagoda/kernels/cuda/random_fill.h"
+#include "pagoda/backend/cuda/attention/attention_kernels.h"
+#include "pagoda/backend/cuda/attention/attention_plan.h"
+#include "pagoda/backend/cuda/random_fill.h"
 
 namespace {
 
 using namespace pagoda::kernels::cuda;
+using pagoda::cuda::fill_random_bf16;
 
 #define CHECK_CUDA(call)                                                                   \
   do {                                                                                     \
@@ -127,7 +128,7 @@ double copy_ceiling(cudaStream_t stream, int iters) {
   const size_t bytes = size_t{2} << 30;
   void* a = device_alloc(bytes);
   void* b = device_alloc(bytes);
-  CHECK_CUDA(launch_fill_random_bf16(a, bytes / 2, 1, -1, 1, stream));
+  CHECK_CUDA(fill_random_bf16(a, bytes / 2, -1, 1, 1, stream));
   const double ms = time_median_ms(3, iters, stream, [&](int) {
     CHECK_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream));
   });
@@ -188,12 +189,11 @@ size_t scale_bytes(int head_dim, KvElement e) {
 void fill_pool(void* codes, void* scales, size_t vectors, int head_dim, KvElement e, uint64_t seed, float low,
                float high, cudaStream_t stream) {
   if (e == KvElement::kBF16) {
-    CHECK_CUDA(launch_fill_random_bf16(codes, vectors * head_dim, seed, low, high, stream));
+    CHECK_CUDA(fill_random_bf16(codes, vectors * head_dim, low, high, seed, stream));
     return;
   }
-  CHECK_CUDA(launch_fill_random_bf16(codes, vectors * code_bytes(head_dim, e) / 2, seed, 0.5f, 0.99f, stream));
-  CHECK_CUDA(launch_fill_random_bf16(scales, vectors * scale_bytes(head_dim, e) / 2, seed + 7, 1e-29f, 2e-29f,
-                                     stream));
+  CHECK_CUDA(fill_random_bf16(codes, vectors * code_bytes(head_dim, e) / 2, 0.5f, 0.99f, seed, stream));
+  CHECK_CUDA(fill_random_bf16(scales, vectors * scale_bytes(head_dim, e) / 2, 1e-29f, 2e-29f, seed + 7, stream));
 }
 
 // One attention measurement. All sequences of the batch have `new_tokens` new
@@ -233,7 +233,7 @@ void run_case(const std::string& name, const Shape& shape, int batch, int length
     outs[s] = device_alloc(q_elems * 2);
     fill_pool(keys[s], key_scales[s], vectors, shape.head_dim, shape.key, 10 + s, -2, 2, stream);
     fill_pool(values[s], value_scales[s], vectors, shape.head_dim, shape.value, 20 + s, -1, 1, stream);
-    CHECK_CUDA(launch_fill_random_bf16(qs[s], q_elems, 30 + s, -2, 2, stream));
+    CHECK_CUDA(fill_random_bf16(qs[s], q_elems, -2, 2, 30 + s, stream));
   }
   void* arena = device_alloc(plan->arena_bytes());
   void* workspace = device_alloc(plan->workspace_bytes());

@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <memory>
 
-#include "pagoda/model/cpu_model.h"
+#include "pagoda/backend/cpu/cpu_model.h"
 
 namespace pagoda {
 namespace {

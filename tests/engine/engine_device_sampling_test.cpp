@@ -1,5 +1,5 @@
 // The engine over a runner that samples on its device (ModelRunner::
-// execute_sampled): rows go to the device sampler unless the request needs
+// execute with RowSampling): rows go to the device sampler unless the request needs
 // the host one (top logprobs, penalties, the first token of n > 1), the mixed
 // step hands each row the right result, and the output semantics (tokens,
 // finish reasons, stop strings, usage) are those of the host path.
@@ -41,7 +41,7 @@ GenerationRequest request(std::vector<int32_t> prompt, int32_t max_tokens, float
 size_t count_rows(const FakeModelRunner& runner, bool on_device) {
   size_t n = 0;
   for (const auto& call : runner.sampled_rows)
-    for (const DeviceSampling& row : call) n += row.on_device == on_device ? 1 : 0;
+    for (const runtime::RowSampling& row : call) n += row.on_device == on_device ? 1 : 0;
   return n;
 }
 
@@ -66,7 +66,7 @@ TEST(EngineDeviceSampling, GreedyOnTheDeviceMatchesTheReferenceAndSendsNoLogits)
   EXPECT_EQ(count_rows(h.runner, true), 6u * 7u);
   EXPECT_EQ(count_rows(h.runner, false), 0u) << "plain greedy requests never need host logits";
   for (const auto& call : h.runner.sampled_rows)
-    for (const DeviceSampling& row : call) EXPECT_EQ(row.temperature, 0.0f);
+    for (const runtime::RowSampling& row : call) EXPECT_EQ(row.temperature, 0.0f);
 }
 
 TEST(EngineDeviceSampling, MixedStepRoutesEachRowToTheRightSampler) {
@@ -100,7 +100,7 @@ TEST(EngineDeviceSampling, MixedStepRoutesEachRowToTheRightSampler) {
   bool mixed_step = false;
   for (const auto& call : device.runner.sampled_rows) {
     size_t on = 0;
-    for (const DeviceSampling& row : call) on += row.on_device ? 1 : 0;
+    for (const runtime::RowSampling& row : call) on += row.on_device ? 1 : 0;
     mixed_step |= on > 0 && on < call.size();
   }
   EXPECT_TRUE(mixed_step);
@@ -158,7 +158,7 @@ TEST(EngineDeviceSampling, SeededDrawsDoNotDependOnTheBatch) {
   // Steps key the draws: the device saw output indices 0..9 for this request.
   std::set<uint64_t> steps;
   for (const auto& call : alone.runner.sampled_rows)
-    for (const DeviceSampling& row : call) steps.insert(row.step);
+    for (const runtime::RowSampling& row : call) steps.insert(row.step);
   EXPECT_EQ(steps.size(), 10u);
   EXPECT_EQ(*steps.rbegin(), 9u);
 }

@@ -11,17 +11,27 @@
 #include <string>
 #include <vector>
 
-#include "pagoda/engine/model_runner.h"
+#include "pagoda/runtime/model_runner.h"
 #include "pagoda/engine/sampler.h"
 
 namespace pagoda::engine::testing {
 
-class FakeModelRunner final : public ModelRunner {
+using runtime::BlockCopy;
+using runtime::RowSampling;
+using runtime::StepResult;
+
+class FakeModelRunner final : public runtime::ModelRunner {
  public:
   FakeModelRunner(int32_t num_blocks, int32_t block_size, int32_t vocab_size = 64, int32_t max_context = 4096,
                   std::vector<int32_t> eos = {})
       : num_blocks_(num_blocks), block_size_(block_size), vocab_(vocab_size), max_context_(max_context),
-        eos_(std::move(eos)), pool_(static_cast<size_t>(num_blocks) * block_size, -1) {}
+        eos_(std::move(eos)), pool_(static_cast<size_t>(num_blocks) * block_size, -1) {
+    geometry_.num_layers = 1;
+    geometry_.num_blocks = num_blocks;
+    geometry_.block_size = block_size;
+    geometry_.num_kv_heads = 1;
+    geometry_.head_dim = 1;
+  }
 
   static uint64_t context_hash(std::span<const int32_t> tokens) {
     uint64_t h = 1469598103934665603ull;
@@ -57,7 +67,8 @@ class FakeModelRunner final : public ModelRunner {
     return out;
   }
 
-  StatusOr<std::vector<float>> execute(const ForwardBatch& batch) override {
+  // Every logits row of the batch, as the model computes them.
+  StatusOr<std::vector<float>> all_logits(const ForwardBatch& batch) {
     ++num_executes;
     max_batch_tokens = std::max(max_batch_tokens, batch.num_tokens());
     if (fail_next) {
@@ -75,9 +86,11 @@ class FakeModelRunner final : public ModelRunner {
         PAGODA_ASSIGN_OR_RETURN(size_t slot, slot_of(s.block_table, pos));
         pool_[slot] = batch.token_ids[s.token_offset + i];
       }
-      if (s.logits_for_last_token) {
-        std::vector<int32_t> context(end);
-        for (int32_t pos = 0; pos < end; ++pos) {
+      const int32_t first = s.logits_for_all_new_tokens ? s.num_cached_tokens : end - 1;
+      if (!s.logits_for_all_new_tokens && !s.logits_for_last_token) continue;
+      for (int32_t row_end = first + 1; row_end <= end; ++row_end) {
+        std::vector<int32_t> context(row_end);
+        for (int32_t pos = 0; pos < row_end; ++pos) {
           PAGODA_ASSIGN_OR_RETURN(size_t slot, slot_of(s.block_table, pos));
           context[pos] = pool_[slot];
         }
@@ -90,19 +103,18 @@ class FakeModelRunner final : public ModelRunner {
   // Device sampling (when `device_sampling` is set): on_device rows are drawn
   // here with the CPU sampler from an RNG keyed by (seed, step) only, like a
   // counter-based device sampler; the other rows' logits go back to the engine.
-  bool samples_on_device() const override { return device_sampling; }
-  StatusOr<SampledStep> execute_sampled(const ForwardBatch& batch, std::span<const DeviceSampling> rows) override {
-    if (!device_sampling) return ModelRunner::execute_sampled(batch, rows);
-    sampled_rows.emplace_back(rows.begin(), rows.end());
-    if (static_cast<int32_t>(rows.size()) != batch.num_logit_rows())
-      return internal_error("{} sampling rows for {} logits rows", rows.size(), batch.num_logit_rows());
-    PAGODA_ASSIGN_OR_RETURN(std::vector<float> logits, execute(batch));
-    SampledStep out;
-    out.tokens.assign(rows.size(), 0);
-    out.logprobs.assign(rows.size(), 0.0f);
-    for (size_t r = 0; r < rows.size(); ++r) {
+  runtime::RunnerCapabilities capabilities() const override { return {.samples_on_device = device_sampling}; }
+  StatusOr<StepResult> execute(const ForwardBatch& batch, std::span<const RowSampling> rows) override {
+    PAGODA_RETURN_IF_ERROR(runtime::check_row_sampling(batch, rows, capabilities()));
+    if (device_sampling) sampled_rows.emplace_back(rows.begin(), rows.end());
+    PAGODA_ASSIGN_OR_RETURN(std::vector<float> logits, all_logits(batch));
+    StepResult out;
+    const size_t num_rows = static_cast<size_t>(batch.num_logit_rows());
+    out.tokens.assign(num_rows, 0);
+    out.logprobs.assign(num_rows, 0.0f);
+    for (size_t r = 0; r < num_rows; ++r) {
       std::span<const float> row(logits.data() + r * vocab_, vocab_);
-      if (!rows[r].on_device) {
+      if (rows.empty() || !rows[r].on_device) {
         out.host_logits.insert(out.host_logits.end(), row.begin(), row.end());
         continue;
       }
@@ -120,7 +132,7 @@ class FakeModelRunner final : public ModelRunner {
     if (out_of_vocab_token && !out.tokens.empty()) out.tokens[0] = vocab_ + 5;
     return out;
   }
-  Status copy_blocks(std::span<const kv::BlockCopy> copies) override {
+  Status copy_blocks(std::span<const BlockCopy> copies) override {
     for (const auto& c : copies) {
       if (c.src < 0 || c.src >= num_blocks_ || c.dst < 0 || c.dst >= num_blocks_) return internal_error("bad copy");
       std::copy_n(pool_.begin() + static_cast<size_t>(c.src) * block_size_, block_size_,
@@ -129,6 +141,7 @@ class FakeModelRunner final : public ModelRunner {
     }
     return ok_status();
   }
+  const KvPoolShape& kv_geometry() const override { return geometry_; }
   int32_t vocab_size() const override { return vocab_; }
   int32_t max_context_length() const override { return max_context_; }
   std::vector<int32_t> eos_token_ids() const override { return eos_; }
@@ -140,9 +153,10 @@ class FakeModelRunner final : public ModelRunner {
   bool device_sampling = false;
   bool drop_a_token = false;        // a broken runner: one token short
   bool out_of_vocab_token = false;  // a broken runner: a token id past the vocabulary
-  std::vector<std::vector<DeviceSampling>> sampled_rows;  // per execute_sampled call
+  std::vector<std::vector<RowSampling>> sampled_rows;  // per execute call, with device_sampling
 
  private:
+  KvPoolShape geometry_;
   StatusOr<size_t> slot_of(const std::vector<int32_t>& table, int32_t pos) const {
     const int32_t block = table[pos / block_size_];
     if (block < 0 || block >= num_blocks_) return internal_error("block id {} out of range", block);

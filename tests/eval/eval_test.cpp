@@ -14,6 +14,7 @@
 #include "model/testing/tiny_checkpoint.h"
 #include "pagoda/eval/agreement.h"
 #include "pagoda/eval/log_probs.h"
+#include "cpu_paged_runner.h"
 #include "pagoda/eval/paged_runner.h"
 #include "pagoda/eval/perplexity.h"
 #include "pagoda/eval/text_windows.h"
@@ -101,7 +102,7 @@ class EvalHarnessTest : public ::testing::Test {
     options.block_size = block_size;
     options.prefill_chunk = chunk;
     options.max_sequence_tokens = max_tokens;
-    auto runner = PagedRunner::create(*model_, options);
+    auto runner = make_cpu_paged_runner(model_, options);
     EXPECT_TRUE(runner.ok()) << runner.status().to_string();
     return runner.ok() ? std::move(*runner) : nullptr;
   }
@@ -113,7 +114,7 @@ class EvalHarnessTest : public ::testing::Test {
   std::filesystem::path dir_;
   testing::TinyModelSpec spec_;
   testing::TensorMap tensors_;
-  std::unique_ptr<CpuModel> model_;
+  std::shared_ptr<CpuModel> model_;
 };
 
 TEST_F(EvalHarnessTest, ScoreMatchesDenseReferenceForAnyChunkAndBlockSize) {
@@ -215,7 +216,7 @@ TEST_F(EvalHarnessTest, AgreementSeesADifferentModel) {
   ASSERT_TRUE(other_model.ok());
   PagedRunnerOptions options;
   options.max_sequence_tokens = 64;
-  auto variant = PagedRunner::create(**other_model, options);
+  auto variant = make_cpu_paged_runner(std::move(*other_model), options);
   ASSERT_TRUE(variant.ok());
   auto baseline = make_runner(16, 256, 64);
   const auto tokens = random_tokens(40, spec_.vocab_size, 9);
@@ -247,7 +248,7 @@ TEST_F(EvalHarnessTest, QuantizedKvRunsCloseToBaseline) {
     options.kv_dtype = c.both;
     options.key_dtype = c.key;
     options.value_dtype = c.value;
-    auto variant = PagedRunner::create(*model_, options);
+    auto variant = make_cpu_paged_runner(model_, options);
     ASSERT_TRUE(variant.ok()) << variant.status().to_string();
     variants.push_back(std::move(*variant));
     pointers.push_back(variants.back().get());
@@ -301,10 +302,10 @@ TEST_F(EvalHarnessTest, BadInputIsRejectedAndLeaksNoBlocks) {
 
   PagedRunnerOptions bad;
   bad.block_size = 0;
-  EXPECT_EQ(PagedRunner::create(*model_, bad).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(make_cpu_paged_runner(model_, bad).status().code(), StatusCode::kInvalidArgument);
   bad.block_size = 16;
   bad.prefill_chunk = 0;
-  EXPECT_EQ(PagedRunner::create(*model_, bad).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(make_cpu_paged_runner(model_, bad).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -13,8 +13,9 @@
 #include <gtest/gtest.h>
 
 #include "pagoda/eval/agreement.h"
+#include "cpu_paged_runner.h"
 #include "pagoda/eval/paged_runner.h"
-#include "pagoda/model/cpu_model.h"
+#include "pagoda/backend/cpu/cpu_model.h"
 #include "pagoda/tokenizer/tokenizer.h"
 
 namespace pagoda::eval {
@@ -27,6 +28,7 @@ TEST(KvQuantQualityTest, BundledModelMeetsTheIssueGoals) {
   if (!std::filesystem::exists(kModelDir / "model.safetensors")) FAIL() << "no bundled model in " << kModelDir;
   auto model = CpuModel::load(kModelDir);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
+  std::shared_ptr<CpuModel> shared_model = std::move(*model);
   auto tok = tokenizer::Tokenizer::load(kModelDir);
   ASSERT_TRUE(tok.ok()) << tok.status().to_string();
   std::ifstream in(kModelDir / "heldout.txt", std::ios::binary);
@@ -48,7 +50,7 @@ TEST(KvQuantQualityTest, BundledModelMeetsTheIssueGoals) {
   };
   PagedRunnerOptions base_options;
   base_options.max_sequence_tokens = kWindow;
-  auto baseline = PagedRunner::create(**model, base_options);
+  auto baseline = make_cpu_paged_runner(shared_model, base_options);
   ASSERT_TRUE(baseline.ok());
   std::vector<std::unique_ptr<PagedRunner>> variants;
   std::vector<PagedRunner*> pointers;
@@ -56,7 +58,7 @@ TEST(KvQuantQualityTest, BundledModelMeetsTheIssueGoals) {
     PagedRunnerOptions options = base_options;
     options.key_dtype = g.key;
     options.value_dtype = g.value;
-    auto runner = PagedRunner::create(**model, options);
+    auto runner = make_cpu_paged_runner(shared_model, options);
     ASSERT_TRUE(runner.ok()) << runner.status().to_string();
     variants.push_back(std::move(*runner));
     pointers.push_back(variants.back().get());

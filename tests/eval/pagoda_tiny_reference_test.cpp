@@ -14,9 +14,10 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/eval/log_probs.h"
+#include "cpu_paged_runner.h"
 #include "pagoda/eval/paged_runner.h"
 #include "pagoda/eval/perplexity.h"
-#include "pagoda/model/cpu_model.h"
+#include "pagoda/backend/cpu/cpu_model.h"
 #include "pagoda/tokenizer/tokenizer.h"
 
 namespace pagoda::eval {
@@ -38,16 +39,15 @@ class PagodaTinyReferenceTest : public ::testing::Test {
     report_ = new nlohmann::json(nlohmann::json::parse(read_file(kModelDir / "train_report.json")));
     auto model = CpuModel::load(kModelDir);
     ASSERT_TRUE(model.ok()) << model.status().to_string();
-    model_ = model->release();
+    model_ = std::move(*model);
     auto tok = tokenizer::Tokenizer::load(kModelDir);
     ASSERT_TRUE(tok.ok()) << tok.status().to_string();
     tokenizer_ = new std::shared_ptr<const tokenizer::Tokenizer>(std::move(*tok));
   }
   static void TearDownTestSuite() {
-    delete model_;
+    model_.reset();
     delete report_;
     delete tokenizer_;
-    model_ = nullptr;
     report_ = nullptr;
     tokenizer_ = nullptr;
   }
@@ -57,12 +57,12 @@ class PagodaTinyReferenceTest : public ::testing::Test {
 
   const tokenizer::Tokenizer& tok() const { return **tokenizer_; }
 
-  static CpuModel* model_;
+  static std::shared_ptr<CpuModel> model_;
   static nlohmann::json* report_;
   static std::shared_ptr<const tokenizer::Tokenizer>* tokenizer_;
 };
 
-CpuModel* PagodaTinyReferenceTest::model_ = nullptr;
+std::shared_ptr<CpuModel> PagodaTinyReferenceTest::model_;
 nlohmann::json* PagodaTinyReferenceTest::report_ = nullptr;
 std::shared_ptr<const tokenizer::Tokenizer>* PagodaTinyReferenceTest::tokenizer_ = nullptr;
 
@@ -86,7 +86,7 @@ TEST_F(PagodaTinyReferenceTest, GreedyTextEqualsTransformers) {
   PagedRunnerOptions options;
   options.max_sequence_tokens = 256;
   options.prefill_chunk = 7;  // several chunks per prompt, then decode steps
-  auto runner = PagedRunner::create(*model_, options);
+  auto runner = make_cpu_paged_runner(model_, options);
   ASSERT_TRUE(runner.ok()) << runner.status().to_string();
   const std::vector<int32_t> stop = {
       (*report_)["tokenizer"]["special_token_ids"]["<|eos|>"].get<int32_t>()};
@@ -134,7 +134,7 @@ TEST_F(PagodaTinyReferenceTest, HeldOutPerplexityMatchesTransformers) {
   options.max_sequence_tokens = window;
   options.block_size = 16;
   options.prefill_chunk = 256;
-  auto runner = PagedRunner::create(*model_, options);
+  auto runner = make_cpu_paged_runner(model_, options);
   ASSERT_TRUE(runner.ok()) << runner.status().to_string();
   auto result = compute_perplexity(**runner, ids, window);
   ASSERT_TRUE(result.ok()) << result.status().to_string();
@@ -153,7 +153,7 @@ TEST_F(PagodaTinyReferenceTest, PerplexityDoesNotDependOnBlockOrChunkSize) {
     options.max_sequence_tokens = 160;
     options.block_size = block;
     options.prefill_chunk = chunk;
-    auto runner = PagedRunner::create(*model_, options);
+    auto runner = make_cpu_paged_runner(model_, options);
     ASSERT_TRUE(runner.ok());
     auto result = compute_perplexity(**runner, ids, 160);
     ASSERT_TRUE(result.ok()) << result.status().to_string();

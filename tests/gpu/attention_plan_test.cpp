@@ -7,8 +7,8 @@
 #include <set>
 #include <vector>
 
-#include "pagoda/kernels/cuda/attention_batch.h"
-#include "pagoda/kernels/cuda/attention_plan.h"
+#include "pagoda/backend/cuda/attention/attention_batch.h"
+#include "pagoda/backend/cuda/attention/attention_plan.h"
 
 namespace pagoda::kernels::cuda {
 namespace {

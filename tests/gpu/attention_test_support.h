@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "pagoda/core/dtype.h"
-#include "pagoda/kernels/cuda/attention_plan.h"
+#include "pagoda/backend/cuda/attention/attention_plan.h"
 
 namespace pagoda::kernels::cuda::testing {
 

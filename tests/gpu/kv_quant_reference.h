@@ -1,5 +1,5 @@
 #pragma once
-// A host reference of kernels/kv_quant.h written straight from the header's
+// A host reference of runtime/kv_quant.h written straight from the header's
 // formulas (independently of the CPU backend's quantizer), for the GPU tests:
 // quantize one (token, head) vector to codes + 4-byte scale records, and read
 // them back as floats. Tests compare the GPU's codes to these bit for bit and
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "pagoda/core/dtype.h"
-#include "pagoda/kernels/kv_quant.h"
+#include "pagoda/runtime/kv_quant.h"
 
 namespace pagoda::kernels::testing {
 

@@ -17,8 +17,8 @@
 
 #include "attention_test_support.h"
 #include "kv_quant_reference.h"
-#include "pagoda/kernels/cuda/attention_kernels.h"
-#include "pagoda/kernels/cuda/cuda_status.h"
+#include "pagoda/backend/cuda/attention/attention_kernels.h"
+#include "pagoda/backend/cuda/attention/cuda_status.h"
 
 namespace pagoda::kernels::cuda {
 namespace {

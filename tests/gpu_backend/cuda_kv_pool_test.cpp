@@ -42,7 +42,7 @@ TEST(CudaKvPool, CopyBlocksCopiesKeysAndValuesOfEveryLayer) {
       ASSERT_EQ(cudaMemcpy(base + 1 * block, pattern.data(), block * 2, cudaMemcpyHostToDevice), cudaSuccess);
     }
   }
-  const std::vector<kv::BlockCopy> copies = {{1, 4}, {1, 5}};
+  const std::vector<runtime::BlockCopy> copies = {{1, 4}, {1, 5}};
   ASSERT_TRUE((*pool)->copy_blocks(copies, nullptr).ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   for (int32_t l = 0; l < shape.num_layers; ++l) {
@@ -57,8 +57,8 @@ TEST(CudaKvPool, CopyBlocksCopiesKeysAndValuesOfEveryLayer) {
       }
     }
   }
-  EXPECT_EQ((*pool)->copy_blocks(std::vector<kv::BlockCopy>{{6, 0}}, nullptr).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ((*pool)->copy_blocks(std::vector<kv::BlockCopy>{{0, -1}}, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*pool)->copy_blocks(std::vector<runtime::BlockCopy>{{6, 0}}, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*pool)->copy_blocks(std::vector<runtime::BlockCopy>{{0, -1}}, nullptr).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(CudaKvPool, QuantizedPoolsHaveScalePoolsThatBlockCopiesCarry) {
@@ -97,7 +97,7 @@ TEST(CudaKvPool, QuantizedPoolsHaveScalePoolsThatBlockCopiesCarry) {
                 cudaSuccess);
     }
   }
-  ASSERT_TRUE((*pool)->copy_blocks(std::vector<kv::BlockCopy>{{2, 4}}, nullptr).ok());
+  ASSERT_TRUE((*pool)->copy_blocks(std::vector<runtime::BlockCopy>{{2, 4}}, nullptr).ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   for (int32_t l = 0; l < 2; ++l) {
     const DevicePagedKvLayer layer = (*pool)->layer(l);

@@ -3,7 +3,7 @@
 // the first 8 tokens on the committed fixtures and the bundled model; a
 // divergence is only accepted at a near tie of the bf16 run (top-1 margin under
 // kMarginTol). int4 is reported, not asserted. Prints the divergence step and
-// the logit gap per format as figures. And kernels/cuda's quantized decode in
+// the logit gap per format as figures. And backend/cuda/attention's quantized decode in
 // the model against the builtin kernel on the same codes. And a checkpoint's
 // per-tensor fp8 KV scales (self_attn.k_scale / v_scale, added to a copy of a
 // committed fixture): bound and validated as on the CPU, and fp8 KV logits on
@@ -31,7 +31,7 @@
 #include "pagoda/backend/cuda/cuda_model.h"
 #include "pagoda/backend/cuda/fast_attention.h"
 #include "pagoda/model/checkpoint.h"
-#include "pagoda/model/cpu_model.h"
+#include "pagoda/backend/cpu/cpu_model.h"
 #include "pagoda/model/model_config.h"
 #include "pagoda/model/model_weights.h"
 
@@ -167,13 +167,13 @@ INSTANTIATE_TEST_SUITE_P(Models, QuantizedKvModelTest,
                            return n;
                          });
 
-// kernels/cuda's quantized decode inside the model (head_dim 128, eager and
+// backend/cuda/attention's quantized decode inside the model (head_dim 128, eager and
 // CUDA-graph steps) against the builtin kernel on the same quantized KV: both
 // read the same codes, so only the kernels' arithmetic differs (f16 q and p on
 // tensor cores vs bf16 tiles).
 TEST(QuantizedKvModel, FastDecodeMatchesBuiltinAttentionOnTheSameCodes) {
   PAGODA_SKIP_WITHOUT_GPU();
-  if (!FastAttention::compiled_in()) GTEST_SKIP() << "kernels/cuda not built";
+  if (!FastAttention::compiled_in()) GTEST_SKIP() << "backend/cuda/attention not built";
   const nlohmann::json j = {
       {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 512}, {"hidden_size", 512},
       {"intermediate_size", 1024}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},

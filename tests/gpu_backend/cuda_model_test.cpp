@@ -22,7 +22,7 @@
 #include "pagoda/backend/cuda/cuda_model.h"
 #include "pagoda/backend/cuda/cuda_model_runner.h"
 #include "pagoda/backend/cuda/fast_attention.h"
-#include "pagoda/model/cpu_model.h"
+#include "pagoda/backend/cpu/cpu_model.h"
 
 namespace pagoda::cuda {
 namespace {
@@ -328,12 +328,12 @@ TEST(CudaModel, RandomWeightsAreReproducibleAndFinite) {
   EXPECT_NE(results[0], results[2]);
 }
 
-// kernels/cuda's Hopper attention (eager steps) against the backend's own kernel
+// backend/cuda/attention's Hopper attention (eager steps) against the backend's own kernel
 // inside the same model, for a head_dim it supports: two prefills in one step,
 // a mixed step (decode + chunk after a cached prefix), and a pure decode step.
 TEST(CudaModel, FastAttentionMatchesBuiltinAttentionInTheModel) {
   PAGODA_SKIP_WITHOUT_GPU();
-  if (!FastAttention::compiled_in()) GTEST_SKIP() << "kernels/cuda not built";
+  if (!FastAttention::compiled_in()) GTEST_SKIP() << "backend/cuda/attention not built";
   nlohmann::json j = {
       {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 512}, {"hidden_size", 512},
       {"intermediate_size", 1024}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
@@ -414,18 +414,18 @@ TEST(CudaModelRunner, CopiedBlocksDecodeLikeTheOriginals) {
   EXPECT_EQ((*runner)->vocab_size(), 256);
   const int32_t n = static_cast<int32_t>(e.prompt.size());
   const int32_t blocks = (n + 1 + kBlockSize - 1) / kBlockSize;
-  ASSERT_TRUE((*runner)->execute(single(e.prompt, 0, iota_blocks(0, blocks), false)).ok());
-  std::vector<kv::BlockCopy> copies;
+  ASSERT_TRUE((*runner)->execute(single(e.prompt, 0, iota_blocks(0, blocks), false), {}).ok());
+  std::vector<runtime::BlockCopy> copies;
   for (int32_t b = 0; b < blocks; ++b) copies.push_back({b, 30 + b});
   ASSERT_TRUE((*runner)->copy_blocks(copies).ok());
-  auto original = (*runner)->execute(single({e.greedy[0]}, n, iota_blocks(0, blocks), false));
-  auto copied = (*runner)->execute(single({e.greedy[0]}, n, iota_blocks(30, blocks), false));
+  auto original = (*runner)->execute(single({e.greedy[0]}, n, iota_blocks(0, blocks), false), {});
+  auto copied = (*runner)->execute(single({e.greedy[0]}, n, iota_blocks(30, blocks), false), {});
   ASSERT_TRUE(original.ok() && copied.ok());
-  EXPECT_EQ(*original, *copied);
+  EXPECT_EQ(original->host_logits, copied->host_logits);
   auto greedy = (*runner)->execute_greedy(single({e.greedy[0]}, n, iota_blocks(30, blocks), false));
   ASSERT_TRUE(greedy.ok());
-  EXPECT_EQ((*greedy)[0], argmax(original->data(), 256));
-  EXPECT_FALSE((*runner)->copy_blocks(std::vector<kv::BlockCopy>{{0, kNumBlocks}}).ok());
+  EXPECT_EQ((*greedy)[0], argmax(original->host_logits.data(), 256));
+  EXPECT_FALSE((*runner)->copy_blocks(std::vector<runtime::BlockCopy>{{0, kNumBlocks}}).ok());
 }
 
 TEST(CudaModelRunner, SizesThePoolFromFreeMemory) {

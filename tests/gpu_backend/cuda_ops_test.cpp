@@ -1,4 +1,4 @@
-// Each fused kernel of the CUDA backend against its CPU reference (kernels/cpu),
+// Each fused kernel of the CUDA backend against its CPU reference (backend/cpu/kernels),
 // with an error bound chosen per op: inputs are bf16-exact, so the bounds cover
 // f32 reduction order plus one bf16 rounding of the output (2^-8 relative).
 
@@ -10,9 +10,12 @@
 
 #include "gpu_test_support.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
-#include "pagoda/kernels/cpu/rmsnorm.h"
-#include "pagoda/kernels/cpu/rope.h"
-#include "pagoda/kernels/cpu/silu_mul.h"
+#include "pagoda/backend/cuda/random_fill.h"
+#include "pagoda/model/random_weights.h"
+#include "pagoda/backend/cpu/kernels/rmsnorm.h"
+#include "pagoda/backend/cpu/kernels/rope.h"
+#include "pagoda/model/rope_frequencies.h"
+#include "pagoda/backend/cpu/kernels/silu_mul.h"
 
 namespace pagoda::cuda {
 namespace {
@@ -119,8 +122,8 @@ TEST(CudaOps, HeadRmsNormNormalizesEveryHeadOfAStridedSlice) {
 TEST(CudaOps, RopeMatchesCpuWithLlama3Scaling) {
   PAGODA_SKIP_WITHOUT_GPU();
   const int32_t tokens = 9, heads = 4, head_dim = 128, stride = 6 * head_dim;
-  kernels::Llama3RopeScaling llama3;  // factor 8, original context 8192
-  const std::vector<float> inv_freq = kernels::rope_inverse_frequencies(head_dim, 500000.0f, &llama3);
+  Llama3RopeScaling llama3;  // factor 8, original context 8192
+  const std::vector<float> inv_freq = rope_inverse_frequencies(head_dim, 500000.0f, &llama3);
   const std::vector<int32_t> positions = {0, 1, 2, 17, 255, 1024, 8191, 40000, 131071};
   const std::vector<float> x = random_bf16_values(tokens * stride, -2, 2, 9);
 
@@ -227,13 +230,30 @@ TEST(CudaOps, ArgmaxPicksFirstMaximumAndIgnoresNan) {
   EXPECT_EQ(to_host<int32_t>(*out, 3), (std::vector<int32_t>{77777, 6, cols - 1}));
 }
 
+TEST(CudaOps, RandomFillIsTheHostRecipeRoundedToBf16) {
+  // model/random_weights.h is evaluated on the host by the CPU backend: the GPU's values are the same
+  // f32 numbers, rounded to bf16 (so --load-format random is one model on both devices).
+  PAGODA_SKIP_WITHOUT_GPU();
+  const int64_t n = 100003;
+  const uint64_t stream = random_matrix_stream(7, RandomMatrix::kKProj, 3);
+  auto d = DeviceBuffer::allocate(n * 2);
+  ASSERT_EQ(fill_random_bf16(d->as<bf16>(), n, -kRandomWeightHalfWidth, kRandomWeightHalfWidth, stream, nullptr),
+            cudaSuccess);
+  const std::vector<uint16_t> got = to_host<uint16_t>(*d, n);
+  std::vector<float> want(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    want[static_cast<size_t>(i)] =
+        random_uniform_element(stream, static_cast<uint64_t>(i), -kRandomWeightHalfWidth, kRandomWeightHalfWidth);
+  EXPECT_EQ(got, to_bf16_bits(want));
+}
+
 TEST(CudaOps, RandomFillIsReproducibleBoundedAndCentered) {
   PAGODA_SKIP_WITHOUT_GPU();
   const int64_t n = 1 << 20;
   auto a = DeviceBuffer::allocate(n * 2), b = DeviceBuffer::allocate(n * 2), c = DeviceBuffer::allocate(n * 2);
-  ASSERT_EQ(fill_random_uniform(a->as<bf16>(), n, 0.5f, 42, nullptr), cudaSuccess);
-  ASSERT_EQ(fill_random_uniform(b->as<bf16>(), n, 0.5f, 42, nullptr), cudaSuccess);
-  ASSERT_EQ(fill_random_uniform(c->as<bf16>(), n, 0.5f, 43, nullptr), cudaSuccess);
+  ASSERT_EQ(fill_random_bf16(a->as<bf16>(), n, -0.5f, 0.5f, 42, nullptr), cudaSuccess);
+  ASSERT_EQ(fill_random_bf16(b->as<bf16>(), n, -0.5f, 0.5f, 42, nullptr), cudaSuccess);
+  ASSERT_EQ(fill_random_bf16(c->as<bf16>(), n, -0.5f, 0.5f, 43, nullptr), cudaSuccess);
   const std::vector<uint16_t> ha = to_host<uint16_t>(*a, n), hb = to_host<uint16_t>(*b, n), hc = to_host<uint16_t>(*c, n);
   EXPECT_EQ(ha, hb);
   EXPECT_NE(ha, hc);

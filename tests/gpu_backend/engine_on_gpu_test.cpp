@@ -1,4 +1,4 @@
-// The engine on the CUDA runner with sampling on the GPU (execute_sampled),
+// The engine on the CUDA runner with sampling on the GPU (RowSampling::on_device),
 // against the same engine taking every row's logits to the host sampler, on a
 // committed fixture model: greedy outputs identical, host-only features
 // (top logprobs, penalties) still served in the same steps, and seeded GPU
@@ -14,6 +14,7 @@
 #include "pagoda/backend/cuda/cuda_model.h"
 #include "pagoda/backend/cuda/cuda_model_runner.h"
 #include "pagoda/engine/engine.h"
+#include "pagoda/runtime/delegating_model_runner.h"
 #include "pagoda/kv/kv_cache_manager.h"
 
 namespace pagoda::cuda {
@@ -27,36 +28,18 @@ std::filesystem::path fixture(const char* name) {
 }
 
 // The same runner with device sampling hidden: the engine samples every row on the host.
-class HostSamplingRunner final : public engine::ModelRunner {
+class HostSamplingRunner final : public runtime::DelegatingModelRunner {
  public:
-  explicit HostSamplingRunner(engine::ModelRunner& inner) : inner_(inner) {}
-  StatusOr<std::vector<float>> execute(const ForwardBatch& batch) override { return inner_.execute(batch); }
-  Status copy_blocks(std::span<const kv::BlockCopy> copies) override { return inner_.copy_blocks(copies); }
-  int32_t vocab_size() const override { return inner_.vocab_size(); }
-  int32_t max_context_length() const override { return inner_.max_context_length(); }
+  using DelegatingModelRunner::DelegatingModelRunner;
+  runtime::RunnerCapabilities capabilities() const override { return {}; }
   std::vector<int32_t> eos_token_ids() const override { return {}; }  // fixed-length outputs
-
- private:
-  engine::ModelRunner& inner_;
 };
 
 // A device-sampling runner with no eos (random-ish fixtures would stop early).
-class NoEosRunner final : public engine::ModelRunner {
+class NoEosRunner final : public runtime::DelegatingModelRunner {
  public:
-  explicit NoEosRunner(CudaModelRunner& inner) : inner_(inner) {}
-  StatusOr<std::vector<float>> execute(const ForwardBatch& batch) override { return inner_.execute(batch); }
-  bool samples_on_device() const override { return true; }
-  StatusOr<engine::SampledStep> execute_sampled(const ForwardBatch& batch,
-                                                std::span<const engine::DeviceSampling> rows) override {
-    return inner_.execute_sampled(batch, rows);
-  }
-  Status copy_blocks(std::span<const kv::BlockCopy> copies) override { return inner_.copy_blocks(copies); }
-  int32_t vocab_size() const override { return inner_.vocab_size(); }
-  int32_t max_context_length() const override { return inner_.max_context_length(); }
+  using DelegatingModelRunner::DelegatingModelRunner;
   std::vector<int32_t> eos_token_ids() const override { return {}; }
-
- private:
-  CudaModelRunner& inner_;
 };
 
 // One CUDA runner (llama_f32 fixture) that several engines use one after
@@ -86,8 +69,8 @@ struct GpuEngine {
       seam = std::make_unique<HostSamplingRunner>(runner);
     }
     kv::KvCacheConfig kc;
-    kc.num_blocks = runner.num_blocks();
-    kc.block_size = runner.block_size();
+    kc.num_blocks = runner.kv_geometry().num_blocks;
+    kc.block_size = runner.kv_geometry().block_size;
     kv = std::move(kv::KvCacheManager::create(kc)).value();
     engine::EngineConfig ec;
     ec.scheduler.max_running_sequences = 16;
@@ -98,7 +81,7 @@ struct GpuEngine {
     int guard = 0;
     while (eng->step()) ASSERT_LT(++guard, 10000);
   }
-  std::unique_ptr<engine::ModelRunner> seam;
+  std::unique_ptr<runtime::ModelRunner> seam;
   std::unique_ptr<kv::KvCacheManager> kv;
   std::unique_ptr<engine::Engine> eng;
 };

@@ -1,4 +1,4 @@
-// kernels/cuda's graph-mode decode plan (attention_plan.h), host only (label
+// backend/cuda/attention's graph-mode decode plan (attention_plan.h), host only (label
 // unit): the descriptor a CUDA graph captures must not change between steps of
 // a bucket, while the arena carries each step's lengths, splits and tables.
 
@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "pagoda/kernels/cuda/attention_plan.h"
+#include "pagoda/backend/cuda/attention/attention_plan.h"
 
 namespace pagoda::kernels::cuda {
 namespace {

@@ -1,4 +1,4 @@
-// kernels/cuda's fast attention inside the whole-model GPU forward (label gpu):
+// backend/cuda/attention's fast attention inside the whole-model GPU forward (label gpu):
 //  - graph mode: launches captured once in a CUDA graph, replayed after each
 //    step's plan_graph(), give the same bits as eager fast attention over many
 //    steps with changing batch sizes, lengths and scattered block tables, and
@@ -28,7 +28,7 @@
 #include "gpu_test_support.h"
 #include "pagoda/backend/cuda/cuda_model.h"
 #include "pagoda/backend/cuda/fast_attention.h"
-#include "pagoda/model/cpu_model.h"
+#include "pagoda/backend/cpu/cpu_model.h"
 
 namespace pagoda::cuda {
 namespace {
@@ -84,7 +84,7 @@ class GraphReplay : public ::testing::TestWithParam<AttentionShape> {};
 
 TEST_P(GraphReplay, EqualsEagerFastAttentionBitForBitOverManySteps) {
   PAGODA_SKIP_WITHOUT_GPU();
-  if (!FastAttention::compiled_in()) GTEST_SKIP() << "kernels/cuda not built";
+  if (!FastAttention::compiled_in()) GTEST_SKIP() << "backend/cuda/attention not built";
   const AttentionShape s = GetParam();
   const int32_t block_size = 16, num_blocks = 600, stride = 64;  // up to 1,024 positions per sequence
   const int32_t bucket = 8, max_bucket = 16, layers = 2;
@@ -386,7 +386,7 @@ StepErrors run_step(Models& m, const ForwardBatch& batch, std::vector<float>* cp
 // logits) at growing depth: fast and builtin attention against the f32 CPU.
 TEST(FastAttentionDrift, FastIsAsCloseToTheCpuReferenceAsBuiltinAtEveryDepth) {
   PAGODA_SKIP_WITHOUT_GPU();
-  if (!FastAttention::compiled_in()) GTEST_SKIP() << "kernels/cuda not built";
+  if (!FastAttention::compiled_in()) GTEST_SKIP() << "backend/cuda/attention not built";
   std::mt19937 rng(99);
   std::uniform_int_distribution<int32_t> token(0, kVocab - 1);
   std::vector<int32_t> a(200), b(77);
@@ -431,12 +431,12 @@ TEST(FastAttentionDrift, FastIsAsCloseToTheCpuReferenceAsBuiltinAtEveryDepth) {
 }
 
 // Quantized KV (int8, fp8): decode steps in graphs with fast attention (where
-// kernels/cuda decodes the format) against the CPU model with the same KV
+// backend/cuda/attention decodes the format) against the CPU model with the same KV
 // format, beside the builtin kernel; prefill runs the builtin kernel in both
-// GPU models (kernels/cuda refuses quantized prefill).
+// GPU models (backend/cuda/attention refuses quantized prefill).
 TEST(FastAttentionDrift, QuantizedKvDecodeIsAsCloseToTheCpuAsBuiltin) {
   PAGODA_SKIP_WITHOUT_GPU();
-  if (!FastAttention::compiled_in()) GTEST_SKIP() << "kernels/cuda not built";
+  if (!FastAttention::compiled_in()) GTEST_SKIP() << "backend/cuda/attention not built";
   for (DType kv : {DType::kInt8, DType::kFP8E4M3}) {
     Models m = load_models(4, kv);
     ASSERT_TRUE(m.cpu && m.fast && m.builtin);
@@ -466,7 +466,7 @@ TEST(FastAttentionDrift, QuantizedKvDecodeIsAsCloseToTheCpuAsBuiltin) {
     }
     std::cout << "[ figure ] " << dtype_name(kv) << " KV, 4 layers, 8 decode steps in graphs: max|gpu - cpu| / "
               << "max|cpu| fast " << worst_fast << " (" << m.fast->fast_attention_steps()
-              << " steps on kernels/cuda), builtin " << worst_builtin << "\n";
+              << " steps on backend/cuda/attention), builtin " << worst_builtin << "\n";
     EXPECT_LE(worst_fast, 1.5 * worst_builtin + 0.005) << dtype_name(kv);
     EXPECT_GE(m.fast->graph_replays(), 7);
   }
@@ -476,7 +476,7 @@ TEST(FastAttentionDrift, QuantizedKvDecodeIsAsCloseToTheCpuAsBuiltin) {
 // reference's tokens wherever the CPU's top-1 margin is clear of bf16 noise.
 TEST(FastAttentionDrift, GreedyTokensInGraphsAgreeWithTheCpuReference) {
   PAGODA_SKIP_WITHOUT_GPU();
-  if (!FastAttention::compiled_in()) GTEST_SKIP() << "kernels/cuda not built";
+  if (!FastAttention::compiled_in()) GTEST_SKIP() << "backend/cuda/attention not built";
   Models m = load_models(4);
   ASSERT_TRUE(m.cpu && m.fast);
   std::mt19937 rng(3);

@@ -54,7 +54,7 @@ class FastAttentionMixed : public ::testing::TestWithParam<MixedCase> {};
 
 TEST_P(FastAttentionMixed, MatchesBuiltinKernelPerSequence) {
   PAGODA_SKIP_WITHOUT_GPU();
-  if (!FastAttention::compiled_in()) GTEST_SKIP() << "kernels/cuda not built";
+  if (!FastAttention::compiled_in()) GTEST_SKIP() << "backend/cuda/attention not built";
   const MixedCase& c = GetParam();
   const int32_t bs = c.block_size;
   std::mt19937 rng(1234);
@@ -180,7 +180,7 @@ INSTANTIATE_TEST_SUITE_P(
 // values): the step is refused without an error, so the model uses its builtin kernel.
 TEST(FastAttentionMixedFallback, UnsupportedPairIsRefusedCleanly) {
   PAGODA_SKIP_WITHOUT_GPU();
-  if (!FastAttention::compiled_in()) GTEST_SKIP() << "kernels/cuda not built";
+  if (!FastAttention::compiled_in()) GTEST_SKIP() << "backend/cuda/attention not built";
   ModelConfig config;
   config.num_q_heads = 8;
   config.num_kv_heads = 2;

@@ -9,7 +9,7 @@
 
 #include "gpu_test_support.h"
 #include "pagoda/backend/cuda/gemm.h"
-#include "pagoda/kernels/cpu/matmul.h"
+#include "pagoda/backend/cpu/kernels/matmul.h"
 
 namespace pagoda::cuda {
 namespace {
@@ -35,7 +35,7 @@ TEST_P(GemmTest, MatchesCpuLinear) {
   const std::vector<float> w = random_bf16_values(static_cast<size_t>(c.n) * c.k, -1, 1, 22);
   const std::vector<uint16_t> w_bits = to_bf16_bits(w);
   std::vector<float> want(static_cast<size_t>(c.m) * c.n);
-  kernels::linear(x.data(), c.m, kernels::WeightMatrix{DType::kBF16, w_bits.data(), static_cast<size_t>(c.n),
+  kernels::linear(x.data(), c.m, WeightMatrix{DType::kBF16, w_bits.data(), static_cast<size_t>(c.n),
                                                        static_cast<size_t>(c.k)}, nullptr, want.data());
 
   auto gemm = Gemm::create();

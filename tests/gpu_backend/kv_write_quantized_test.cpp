@@ -1,5 +1,5 @@
 // Quantized KV on the CUDA backend: kv_write's codes and scale records equal the
-// host reference of kernels/kv_quant.h bit for bit (fp8, int8, int4, K and V in
+// host reference of runtime/kv_quant.h bit for bit (fp8, int8, int4, K and V in
 // different formats, head dims with a short int4 group, zero and constant
 // vectors, large values, skipped padding slots); with a checkpoint's per-tensor
 // fp8 scales (KvWriteFixedScales) they equal the CPU backend's kv_write with
@@ -23,8 +23,8 @@
 #include "gpu_test_support.h"
 #include "pagoda/backend/cuda/cuda_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
-#include "pagoda/kernels/cpu/kv_write.h"
-#include "pagoda/kernels/cpu/paged_attention.h"
+#include "pagoda/backend/cpu/kernels/kv_write.h"
+#include "pagoda/backend/cpu/kernels/paged_attention.h"
 
 namespace pagoda::cuda {
 namespace {

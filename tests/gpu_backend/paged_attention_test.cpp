@@ -16,7 +16,7 @@
 
 #include "gpu_test_support.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
-#include "pagoda/kernels/cpu/paged_attention.h"
+#include "pagoda/backend/cpu/kernels/paged_attention.h"
 
 namespace pagoda::cuda {
 namespace {

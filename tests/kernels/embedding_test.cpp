@@ -1,4 +1,4 @@
-#include "pagoda/kernels/cpu/embedding.h"
+#include "pagoda/backend/cpu/kernels/embedding.h"
 
 #include <gtest/gtest.h>
 

@@ -1,9 +1,9 @@
-// The quantized KV formats of kernels/kv_quant.h on the CPU: exact codes for
+// The quantized KV formats of runtime/kv_quant.h on the CPU: exact codes for
 // hand-computed vectors (so the CUDA kernel has a fixed target), round-trip
 // error bounds per format over head dims that do and do not divide by 32, and
 // the edge cases (zeros, all-equal, negative-only, one large outlier).
 
-#include "pagoda/kernels/cpu/kv_quantize.h"
+#include "pagoda/backend/cpu/kernels/kv_quantize.h"
 
 #include <gtest/gtest.h>
 

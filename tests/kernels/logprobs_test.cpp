@@ -1,4 +1,4 @@
-#include "pagoda/kernels/cpu/logprobs.h"
+#include "pagoda/backend/cpu/kernels/logprobs.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "pagoda/kernels/cpu/matmul.h"
+#include "pagoda/backend/cpu/kernels/matmul.h"
 
 #include <gtest/gtest.h>
 

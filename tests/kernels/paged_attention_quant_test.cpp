@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "kernels/random_data.h"
-#include "pagoda/kernels/cpu/kv_quantize.h"
-#include "pagoda/kernels/cpu/kv_write.h"
-#include "pagoda/kernels/cpu/paged_attention.h"
+#include "pagoda/backend/cpu/kernels/kv_quantize.h"
+#include "pagoda/backend/cpu/kernels/kv_write.h"
+#include "pagoda/backend/cpu/kernels/paged_attention.h"
 
 namespace pagoda::kernels {
 namespace {

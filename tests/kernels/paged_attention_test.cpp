@@ -3,7 +3,7 @@
 // have odd lengths, lengths that are not a multiple of the block size, and
 // cached prefixes that end mid-block; prefill chunks and decodes are mixed.
 
-#include "pagoda/kernels/cpu/paged_attention.h"
+#include "pagoda/backend/cpu/kernels/paged_attention.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 #include <random>
 
 #include "kernels/random_data.h"
-#include "pagoda/kernels/cpu/kv_write.h"
+#include "pagoda/backend/cpu/kernels/kv_write.h"
 
 namespace pagoda::kernels {
 namespace {

@@ -1,4 +1,4 @@
-#include "pagoda/kernels/cpu/rmsnorm.h"
+#include "pagoda/backend/cpu/kernels/rmsnorm.h"
 
 #include <gtest/gtest.h>
 

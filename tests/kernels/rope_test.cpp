@@ -1,4 +1,4 @@
-#include "pagoda/kernels/cpu/rope.h"
+#include "pagoda/backend/cpu/kernels/rope.h"
 
 #include <gtest/gtest.h>
 
@@ -7,6 +7,7 @@
 #include <numbers>
 
 #include "kernels/random_data.h"
+#include "pagoda/model/rope_frequencies.h"
 
 namespace pagoda::kernels {
 namespace {

@@ -1,4 +1,4 @@
-#include "pagoda/kernels/cpu/silu_mul.h"
+#include "pagoda/backend/cpu/kernels/silu_mul.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "pagoda/kernels/cpu/vector_dot.h"
+#include "pagoda/backend/cpu/kernels/vector_dot.h"
 
 #include <gtest/gtest.h>
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "kv_test_util.h"
+#include "pagoda/kv/block_hashes.h"
 #include "pagoda/kv/prefix_cache.h"
 
 namespace pagoda::kv {
@@ -209,12 +210,17 @@ TEST_F(KvCacheManagerTest, ForkMidPrefillGivesUnwrittenBlocksFreshIdsWithoutCopi
   EXPECT_EQ((*copies)[0], (BlockCopy{parent[1], child[1]}));
   EXPECT_EQ(kv_->num_computed_tokens(2), 5);
   PAGODA_EXPECT_OK(kv_->mark_computed(2, 9));
-  PAGODA_EXPECT_OK(kv_->mark_computed(1, 9));  // same tokens: deduplicates onto the child's blocks
+  PAGODA_EXPECT_OK(kv_->mark_computed(1, 9));  // same tokens: the child's blocks were cached first
   check();
-  const auto a = table_of(*kv_, 1);
-  const auto b = table_of(*kv_, 2);
-  for (size_t j = 0; j < 3; ++j) EXPECT_EQ(a[j], b[j]) << "full block " << j << " should be shared after dedup";
-  EXPECT_NE(a[3], b[3]) << "the partial last block is never shared";
+  EXPECT_EQ(table_of(*kv_, 1), parent) << "tables are append-only: dedup never swaps a block";
+  EXPECT_EQ(table_of(*kv_, 2), child);
+  EXPECT_EQ(kv_->stats().blocks_deduplicated, 2);
+  PAGODA_EXPECT_OK(kv_->free_sequence(2));
+  PAGODA_EXPECT_OK(kv_->free_sequence(1));
+  check();
+  const PrefixMatch m = prefill(*kv_, 3, "t", iota_tokens(14));
+  EXPECT_EQ(m.cached_tokens, 12);
+  EXPECT_EQ(m.blocks[1], child[1]) << "the child's blocks are the cached ones";
 }
 
 TEST_F(KvCacheManagerTest, DroppingARunningConversationStopsItsCaching) {
@@ -326,20 +332,90 @@ TEST_F(KvCacheManagerTest, FragmentationCountsAllocatedButUnwrittenSlots) {
   check();
 }
 
-TEST_F(KvCacheManagerTest, ConcurrentIdenticalPrefillsDeduplicateToOneCachedBlock) {
+TEST_F(KvCacheManagerTest, ConcurrentIdenticalPrefillsDeduplicateWithoutTouchingTheTables) {
   const auto prompt = iota_tokens(9);
   ASSERT_TRUE(kv_->allocate_sequence(1, "t", prompt).ok());
   ASSERT_TRUE(kv_->allocate_sequence(2, "t", prompt).ok());  // nothing cached yet
+  const auto a_before = table_of(*kv_, 1);
+  const auto b_before = table_of(*kv_, 2);
   PAGODA_EXPECT_OK(kv_->mark_computed(1, 9));
   PAGODA_EXPECT_OK(kv_->mark_computed(2, 9));
   check();
-  const auto a = table_of(*kv_, 1);
-  const auto b = table_of(*kv_, 2);
-  EXPECT_EQ(a[0], b[0]);
-  EXPECT_EQ(a[1], b[1]);
-  EXPECT_NE(a[2], b[2]);
+  // Tables are append-only: the duplicate keeps its own blocks.
+  EXPECT_EQ(table_of(*kv_, 1), a_before);
+  EXPECT_EQ(table_of(*kv_, 2), b_before);
   EXPECT_EQ(kv_->stats().blocks_deduplicated, 2);
-  EXPECT_EQ(kv_->stats().blocks_in_use, 4);
+  EXPECT_EQ(kv_->stats().blocks_in_use, 6);
+  // Sequence 2's own full blocks leave with it; the cache keeps sequence 1's.
+  PAGODA_EXPECT_OK(kv_->free_sequence(2));
+  check();
+  EXPECT_EQ(kv_->stats().blocks_in_use, 3);
+  PAGODA_EXPECT_OK(kv_->free_sequence(1));
+  check();
+  const PrefixMatch m = prefill(*kv_, 3, "t", prompt);
+  EXPECT_EQ(m.cached_tokens, 8);
+  EXPECT_EQ(m.blocks[0], a_before[0]);
+  EXPECT_EQ(m.blocks[1], a_before[1]);
+}
+
+TEST_F(KvCacheManagerTest, BlocksAfterADuplicateChainBelowTheCachedTwin) {
+  const auto prompt = iota_tokens(9);
+  ASSERT_TRUE(kv_->allocate_sequence(1, "t", prompt).ok());
+  ASSERT_TRUE(kv_->allocate_sequence(2, "t", prompt).ok());
+  PAGODA_EXPECT_OK(kv_->mark_computed(1, 9));
+  PAGODA_EXPECT_OK(kv_->mark_computed(2, 9));
+  // Sequence 2 goes on past the shared prompt: its third block is new content
+  // whose cache parent is sequence 1's second block (the twin of its own).
+  const std::vector<TokenId> more = {100, 101, 102, 103};
+  PAGODA_EXPECT_OK(kv_->append_tokens(2, more));
+  PAGODA_EXPECT_OK(kv_->mark_computed(2, 4));
+  check();
+  PAGODA_EXPECT_OK(kv_->free_sequence(1));  // the twin stays referenced by sequence 2's alias
+  check();
+  PAGODA_EXPECT_OK(kv_->free_sequence(2));
+  check();
+  const PrefixMatch m = prefill(*kv_, 3, "t", concat(concat(prompt, more), {7}));
+  EXPECT_EQ(m.cached_tokens, 12) << "the block after the duplicate was cached below its twin";
+}
+
+TEST_F(KvCacheManagerTest, ForkOfASequenceWithAliasesSharesThemToo) {
+  const auto prompt = iota_tokens(9);
+  ASSERT_TRUE(kv_->allocate_sequence(1, "t", prompt).ok());
+  ASSERT_TRUE(kv_->allocate_sequence(2, "t", prompt).ok());
+  PAGODA_EXPECT_OK(kv_->mark_computed(1, 9));
+  PAGODA_EXPECT_OK(kv_->mark_computed(2, 9));
+  ASSERT_TRUE(kv_->fork(2, 3).ok());
+  check();
+  PAGODA_EXPECT_OK(kv_->free_sequence(1));
+  PAGODA_EXPECT_OK(kv_->free_sequence(2));
+  check();
+  PAGODA_EXPECT_OK(kv_->free_sequence(3));
+  check();
+  EXPECT_EQ(kv_->stats().blocks_in_use, 0);
+}
+
+TEST_F(KvCacheManagerTest, PrecomputedBlockHashesMatchLikeHashingTheTokens) {
+  const auto prompt = iota_tokens(13);
+  prefill(*kv_, 1, "t", prompt);
+  PAGODA_EXPECT_OK(kv_->free_sequence(1));
+  BlockHashes hashes(4);
+  hashes.extend(std::span<const TokenId>(prompt).first(6));  // one full block so far
+  EXPECT_EQ(hashes.hashes().size(), 1u);
+  hashes.extend(prompt);
+  EXPECT_EQ(hashes.hashes().size(), 3u);
+  const PrefixMatch plain = kv_->match_prefix("t", prompt);
+  const PrefixMatch fast = kv_->match_prefix("t", prompt, hashes.hashes());
+  EXPECT_EQ(fast.cached_tokens, plain.cached_tokens);
+  EXPECT_EQ(fast.blocks, plain.blocks);
+  EXPECT_TRUE(kv_->can_allocate_sequence("t", prompt, hashes.hashes()));
+  auto m = kv_->allocate_sequence(2, "t", prompt, hashes.hashes());
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->cached_tokens, 12);
+  // Hashes only propose: a wrong hash for the first block is a miss, never a wrong hit.
+  std::vector<uint64_t> wrong(hashes.hashes().begin(), hashes.hashes().end());
+  wrong[0] ^= 1;
+  EXPECT_EQ(kv_->match_prefix("t", prompt, wrong).cached_tokens, 0);
+  check();
 }
 
 TEST(KvCacheManagerNoCache, DisabledPrefixCacheNeverHits) {

@@ -167,6 +167,7 @@ bool NaiveKvModel::allocate(int64_t id, const std::string& ns, const std::vector
     s.blocks.push_back(new_block());
   s.computed = m.cached_tokens;
   s.next_to_cache = matched;
+  s.chain.assign(s.blocks.begin(), s.blocks.begin() + matched);
   sequences_[id] = std::move(s);
   const int64_t size = static_cast<int64_t>(prompt.size());
   const int64_t max_blocks = (size - 1) / bs_;
@@ -199,14 +200,14 @@ void NaiveKvModel::mark_computed(int64_t id, int64_t n) {
   const int32_t full = static_cast<int32_t>(s.computed / bs_);
   for (; s.next_to_cache < full; ++s.next_to_cache) {
     const int32_t j = s.next_to_cache;
-    if (j > 0 && !blocks_[s.blocks[j - 1]].cached) continue;
+    s.chain.push_back(s.blocks[j]);
+    if (j > 0 && !blocks_[s.chain[j - 1]].cached) continue;
     Key key = key_of(s.ns, s.tokens, j + 1);
     const auto it = cached_.find(key);
     if (it != cached_.end()) {
       acquire(it->second);
       blocks_[it->second].last_access = now_;
-      release_block(s.blocks[j]);
-      s.blocks[j] = it->second;
+      s.chain[j] = it->second;
       ++blocks_deduplicated;
     } else {
       Block& b = blocks_[s.blocks[j]];
@@ -228,6 +229,8 @@ std::optional<int32_t> NaiveKvModel::fork(int64_t parent_id, int64_t child_id) {
     return std::nullopt;
   }
   Sequence child = parent;
+  for (size_t j = 0; j < parent.chain.size(); ++j)
+    if (parent.chain[j] != parent.blocks[j]) acquire(parent.chain[j]);
   int32_t copies = 0;
   for (int32_t j = 0; j < static_cast<int32_t>(parent.blocks.size()); ++j) {
     if (j < shared) {
@@ -245,7 +248,10 @@ std::optional<int32_t> NaiveKvModel::fork(int64_t parent_id, int64_t child_id) {
 void NaiveKvModel::release(int64_t id) {
   const Sequence s = sequences_.at(id);
   sequences_.erase(id);
-  for (int32_t b : s.blocks) release_block(b);
+  for (size_t j = s.blocks.size(); j-- > 0;) {
+    release_block(s.blocks[j]);
+    if (j < s.chain.size() && s.chain[j] != s.blocks[j]) release_block(s.chain[j]);
+  }
 }
 
 int32_t NaiveKvModel::drop_namespace(const std::string& ns) {
@@ -284,7 +290,11 @@ int32_t NaiveKvModel::available_after_release(const std::vector<int64_t>& ids) c
   for (int64_t id : unique) {
     const auto it = sequences_.find(id);
     if (it == sequences_.end()) continue;
-    for (int32_t b : it->second.blocks) ++drops[b];
+    const Sequence& s = it->second;
+    for (size_t j = 0; j < s.blocks.size(); ++j) {
+      ++drops[s.blocks[j]];
+      if (j < s.chain.size() && s.chain[j] != s.blocks[j]) ++drops[s.chain[j]];
+    }
   }
   int32_t gained = 0;
   for (const auto& [b, count] : drops) gained += blocks_[b].ref == count ? 1 : 0;

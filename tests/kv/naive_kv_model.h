@@ -77,6 +77,9 @@ class NaiveKvModel {
     std::vector<int32_t> blocks;
     int64_t computed = 0;
     int32_t next_to_cache = 0;
+    // The cached block standing for each offered position: blocks[j], or the
+    // cached twin of a duplicate (held with one more reference; tables never change).
+    std::vector<int32_t> chain;
   };
 
   int32_t blocks_for(int64_t tokens) const { return static_cast<int32_t>((tokens + bs_ - 1) / bs_); }

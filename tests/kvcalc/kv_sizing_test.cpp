@@ -1,4 +1,4 @@
-#include "pagoda/kv/kv_sizing.h"
+#include "pagoda/runtime/kv_sizing.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -3,7 +3,7 @@
 // after cached tokens, decode, several sequences per batch, and scattered
 // block tables of several block sizes.
 
-#include "pagoda/model/cpu_model.h"
+#include "pagoda/backend/cpu/cpu_model.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

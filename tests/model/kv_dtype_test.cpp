@@ -13,12 +13,12 @@
 #include <random>
 
 #include "model/testing/tiny_checkpoint.h"
-#include "pagoda/backend/cpu_kv_pool.h"
-#include "pagoda/engine/cpu_model_runner.h"
-#include "pagoda/kernels/cpu/kv_quantize.h"
-#include "pagoda/kernels/cpu/kv_write.h"
-#include "pagoda/kv/kv_sizing.h"
-#include "pagoda/model/cpu_model.h"
+#include "pagoda/backend/cpu/cpu_kv_pool.h"
+#include "pagoda/backend/cpu/cpu_model_runner.h"
+#include "pagoda/backend/cpu/kernels/kv_quantize.h"
+#include "pagoda/backend/cpu/kernels/kv_write.h"
+#include "pagoda/runtime/kv_sizing.h"
+#include "pagoda/backend/cpu/cpu_model.h"
 
 namespace pagoda {
 namespace {
@@ -324,17 +324,17 @@ TEST_F(KvDtypeModelTest, RunnerCopyOnWriteKeepsScales) {
     SCOPED_TRACE(::testing::Message() << dtype_name(k) << "/" << dtype_name(v));
     auto model = CpuModel::load(dir_);
     ASSERT_TRUE(model.ok());
-    auto runner = engine::CpuModelRunner::create(std::move(*model), 6, 4, k, v);
+    auto runner = CpuModelRunner::create(std::move(*model), 6, 4, k, v);
     ASSERT_TRUE(runner.ok()) << runner.status().to_string();
     const auto tokens = random_tokens(7, spec_.vocab_size, 8);  // 6 cached + 1 decoded: block 1 half full
-    ASSERT_TRUE((*runner)->execute(one_sequence(tokens, 0, 6, {0, 1})).ok());
-    const kv::BlockCopy copies[] = {{0, 2}, {1, 3}};
+    ASSERT_TRUE((*runner)->execute(one_sequence(tokens, 0, 6, {0, 1}), {}).ok());
+    const runtime::BlockCopy copies[] = {{0, 2}, {1, 3}};
     ASSERT_TRUE((*runner)->copy_blocks(copies).ok());
-    auto from_copy = (*runner)->execute(one_sequence(tokens, 6, 7, {2, 3}));
-    auto from_source = (*runner)->execute(one_sequence(tokens, 6, 7, {0, 1}));
+    auto from_copy = (*runner)->execute(one_sequence(tokens, 6, 7, {2, 3}), {});
+    auto from_source = (*runner)->execute(one_sequence(tokens, 6, 7, {0, 1}), {});
     ASSERT_TRUE(from_copy.ok() && from_source.ok());
-    EXPECT_EQ(*from_copy, *from_source);
-    const kv::BlockCopy outside[] = {{0, 6}};
+    EXPECT_EQ(from_copy->host_logits, from_source->host_logits);
+    const runtime::BlockCopy outside[] = {{0, 6}};
     EXPECT_EQ((*runner)->copy_blocks(outside).code(), StatusCode::kOutOfRange);
   }
 }
@@ -342,9 +342,9 @@ TEST_F(KvDtypeModelTest, RunnerCopyOnWriteKeepsScales) {
 TEST_F(KvDtypeModelTest, BlocksForMemoryCountsScales) {
   // Tiny model: 2 layers x 2 KV heads x head dim 16.
   const int64_t budget = 1 << 20;
-  EXPECT_EQ(engine::CpuModelRunner::blocks_for_memory(*model_, budget, 16, DType::kInt8, DType::kInt8),
+  EXPECT_EQ(CpuModelRunner::blocks_for_memory(*model_, budget, 16, DType::kInt8, DType::kInt8),
             budget / (2 * 2 * 2 * (16 + 4) * 16));
-  EXPECT_EQ(engine::CpuModelRunner::blocks_for_memory(*model_, budget, 16, DType::kInt8, DType::kInt4),
+  EXPECT_EQ(CpuModelRunner::blocks_for_memory(*model_, budget, 16, DType::kInt8, DType::kInt4),
             budget / (2 * 2 * ((16 + 4) + (8 + 4)) * 16));
 }
 

@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "model/testing/tiny_checkpoint.h"
-#include "pagoda/model/cpu_model.h"
+#include "pagoda/backend/cpu/cpu_model.h"
 
 namespace pagoda {
 namespace {

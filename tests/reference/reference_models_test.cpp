@@ -17,8 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "pagoda/kernels/cpu/logprobs.h"
-#include "pagoda/model/cpu_model.h"
+#include "pagoda/backend/cpu/kernels/logprobs.h"
+#include "pagoda/backend/cpu/cpu_model.h"
 
 namespace pagoda {
 namespace {
@@ -211,7 +211,7 @@ TEST(ReferenceFixturesTest, NeverReadsSlotsTheSequenceDidNotWrite) {
 }
 
 // Mistral with a sliding window: pagoda attends to the last w positions
-// (kernels/cpu/paged_attention.h: keys [i - w + 1, i] for query i), which must be
+// (backend/cpu/kernels/paged_attention.h: keys [i - w + 1, i] for query i), which must be
 // transformers' window (masking_utils.sliding_window_overlay: key j visible to
 // query i iff i - w < j <= i). The fixture (window 8, 20-token prompt, 24 steps)
 // is made on the GPU machine by

@@ -22,7 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/engine/engine.h"
-#include "pagoda/engine/model_runner.h"
+#include "pagoda/runtime/model_runner.h"
 #include "pagoda/kv/kv_cache_manager.h"
 #include "pagoda/chat/chat_template.h"
 #include "pagoda/server/chat_prompt.h"
@@ -37,11 +37,11 @@ using namespace std::chrono_literals;
 
 // Next token = last token + 1 (mod vocab), so outputs are predictable; every
 // execute() may sleep, and from call `fail_from_call` on it fails.
-class ScriptedRunner final : public engine::ModelRunner {
+class ScriptedRunner final : public runtime::ModelRunner {
  public:
   static constexpr int32_t kVocab = 64;
 
-  StatusOr<std::vector<float>> execute(const ForwardBatch& batch) override {
+  StatusOr<runtime::StepResult> execute(const ForwardBatch& batch, std::span<const runtime::RowSampling>) override {
     const int64_t call = ++calls;
     const int64_t fail_from = fail_from_call.load();
     if (fail_from > 0 && call >= fail_from) return internal_error("injected model failure at step {}", call);
@@ -56,9 +56,16 @@ class ScriptedRunner final : public engine::ModelRunner {
         logits.insert(logits.end(), row.begin(), row.end());
       }
     }
-    return logits;
+    runtime::StepResult out;
+    out.host_logits = std::move(logits);
+    out.tokens.assign(static_cast<size_t>(batch.num_logit_rows()), 0);
+    out.logprobs.assign(static_cast<size_t>(batch.num_logit_rows()), 0.0f);
+    return out;
   }
-  Status copy_blocks(std::span<const kv::BlockCopy>) override { return ok_status(); }
+  Status copy_blocks(std::span<const runtime::BlockCopy>) override { return ok_status(); }
+  // The engine here is built directly (not through Engine::create): the pool's
+  // size is the test's KV manager's, whatever this says.
+  const KvPoolShape& kv_geometry() const override { return geometry_; }
   int32_t vocab_size() const override { return kVocab; }
   int32_t max_context_length() const override { return 4096; }
   std::vector<int32_t> eos_token_ids() const override { return {}; }
@@ -66,6 +73,9 @@ class ScriptedRunner final : public engine::ModelRunner {
   std::atomic<int64_t> calls{0};
   std::atomic<int64_t> fail_from_call{0};
   std::atomic<int32_t> step_delay_ms{0};
+
+ private:
+  KvPoolShape geometry_{};
 };
 
 class ServerTest : public ::testing::Test {

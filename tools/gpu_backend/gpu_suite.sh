@@ -59,7 +59,7 @@ remote)
     timeout 240 "$run" "$t" --gtest_output="xml:$out/$t.xml" > "$out/$t.log" 2>&1
     echo "$t exit $?" >> "$out/tests.txt"
   done
-  # Decode step time in graphs, builtin vs kernels/cuda attention (about 30 s): GRAPH_BENCH=1.
+  # Decode step time in graphs, builtin vs backend/cuda/attention attention (about 30 s): GRAPH_BENCH=1.
   if [ "${GRAPH_BENCH:-0}" = 1 ]; then
     timeout 120 "$run" pagoda_graph_attention_bench --config tools/gpu_backend/llama3_8b_config.json \
       --json "$out/graph_attention.json" > "$out/graph_attention.log" 2>&1
@@ -67,7 +67,7 @@ remote)
   fi
   # One benchmark process (one 8B model on the GPU): attention check, batch-1 latency,
   # static-batch decode sweep, then the throughput run. If it dies (e.g. a kernel
-  # fault), run again without kernels/cuda's attention and a shorter time cap.
+  # fault), run again without backend/cuda/attention's attention and a shorter time cap.
   bench() {
     local limit=$1; shift
     timeout "$limit" "$run" pagoda_gpu_bench --config tools/gpu_backend/llama3_8b_config.json --load-format random \

@@ -47,7 +47,7 @@ def load(name):
 bench = load("bench.json")
 fallback = load("bench_fallback.json")
 if "throughput" not in bench and "throughput" in fallback:
-    print("(throughput from the fallback run without kernels/cuda attention)")
+    print("(throughput from the fallback run without backend/cuda/attention attention)")
     bench["throughput"] = fallback["throughput"]
 print(bench.get("kv_pool", ""))
 if "attention_check" in bench:
@@ -66,7 +66,7 @@ if bench.get("decode_sweep"):
     print("| static-batch decode (context 1024) | batch | ms/step p50 | tok/s |")
     print("|---|---|---|---|")
     for r in bench["decode_sweep"]:
-        how = "CUDA graph + builtin attention" if r["graphs"] else "eager + kernels/cuda attention"
+        how = "CUDA graph + builtin attention" if r["graphs"] else "eager + backend/cuda/attention attention"
         print(f"| {how} | {r['batch']} | {r['ms_per_step_p50']:.2f} | {r['tok_per_s']:.0f} |")
     print("chosen max_graph_batch:", bench.get("chosen_max_graph_batch"))
     print()

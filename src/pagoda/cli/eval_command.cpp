@@ -13,7 +13,7 @@
 //
 // Both tokenize the file without special tokens, cut the ids into windows of --window tokens
 // (default: the model's max_position_embeddings) and run each window from an empty cache through
-// the paged KV path (eval/paged_runner.h), exactly the protocol tools/train/train.py used for the
+// the engine and the paged KV path on --device cpu or cuda (eval/paged_runner.h), exactly the protocol tools/train/train.py used for the
 // transformers figures. Progress goes to stderr; with --json the last stdout line is one JSON
 // object ({"perplexity": ..., "tokens": ...} for perplexity).
 
@@ -33,10 +33,11 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/cli/commands.h"
+#include "pagoda/backend/registry.h"
 #include "pagoda/eval/agreement.h"
 #include "pagoda/eval/paged_runner.h"
 #include "pagoda/eval/perplexity.h"
-#include "pagoda/model/cpu_model.h"
+#include "pagoda/model/model_config.h"
 #include "pagoda/tokenizer/tokenizer.h"
 
 namespace pagoda::cli {
@@ -44,6 +45,7 @@ namespace {
 
 struct EvalOptions {
   std::string model_dir;
+  std::string device = "cpu";
   std::string text_file;
   std::string kv_dtype = "auto";
   std::string key_dtype;    // --kv-cache-dtype-k; empty: as --kv-dtype
@@ -102,16 +104,14 @@ KvDtypes parse_variant(const std::string& spec) {
 }
 
 struct LoadedInputs {
-  std::unique_ptr<CpuModel> model;
   std::vector<int32_t> tokens;
   int32_t window = 0;
 };
 
 LoadedInputs load_inputs(const EvalOptions& opt) {
   LoadedInputs in;
-  auto model = CpuModel::load(opt.model_dir);
-  if (!model.ok()) fail(fmt::format("loading model '{}': {}", opt.model_dir, model.status().to_string()));
-  in.model = std::move(*model);
+  auto config = load_model_config(opt.model_dir);
+  if (!config.ok()) fail(fmt::format("loading model '{}': {}", opt.model_dir, config.status().to_string()));
 
   auto tok = tokenizer::Tokenizer::load(opt.model_dir);
   if (!tok.ok()) fail(fmt::format("loading tokenizer of '{}': {}", opt.model_dir, tok.status().to_string()));
@@ -130,7 +130,7 @@ LoadedInputs load_inputs(const EvalOptions& opt) {
     fail(fmt::format("--text-file '{}' has {} token(s); at least 2 are needed", opt.text_file,
                      in.tokens.size()));
 
-  const int32_t context = in.model->config().max_position_embeddings;
+  const int32_t context = config->max_position_embeddings;
   in.window = opt.window > 0 ? opt.window : context;
   if (in.window < 2)
     fail(fmt::format("the model's max_position_embeddings is {}; pass --window N (>= 2)", context));
@@ -139,15 +139,40 @@ LoadedInputs load_inputs(const EvalOptions& opt) {
   return in;
 }
 
-std::unique_ptr<eval::PagedRunner> make_runner(CpuModel& model, int32_t window, int32_t block_size,
-                                               const KvDtypes& kv_dtypes, int32_t prefill_chunk) {
+backend::Device parse_device(const std::string& name) {
+  if (name == "cpu") return backend::Device::kCpu;
+  if (name == "cuda") return backend::Device::kCuda;
+  fail(fmt::format("--device {}: expected cpu or cuda", name));
+}
+
+// One runner over the model on opt.device with the given KV settings (its own
+// weights and a KV pool sized to one window), driven through the engine.
+std::unique_ptr<eval::PagedRunner> make_runner(const EvalOptions& opt, int32_t window, int32_t block_size,
+                                               const KvDtypes& kv_dtypes) {
+  backend::RunnerSpec spec;
+  spec.device = parse_device(opt.device);
+  spec.model_dir = opt.model_dir;
+  spec.config_path = (std::filesystem::path(opt.model_dir) / "config.json").string();
+  const DType device_default = spec.device == backend::Device::kCuda ? DType::kBF16 : DType::kF32;
+  spec.key_dtype = kv_dtypes.key.value_or(device_default);
+  spec.value_dtype = kv_dtypes.value.value_or(device_default);
+  spec.block_size = block_size;
+  spec.max_num_seqs = 1;
+  spec.max_tokens_per_step = opt.prefill_chunk;
   eval::PagedRunnerOptions options;
   options.block_size = block_size;
   options.key_dtype = kv_dtypes.key;
   options.value_dtype = kv_dtypes.value;
-  options.prefill_chunk = prefill_chunk;
+  options.prefill_chunk = opt.prefill_chunk;
   options.max_sequence_tokens = window;
-  auto runner = eval::PagedRunner::create(model, options);
+  backend::RunnerRequirements needs;
+  needs.min_kv_tokens = static_cast<int64_t>(options.num_kv_blocks()) * block_size;
+  needs.sequence_tokens = window;
+  needs.size_pool_to_request = true;
+  needs.show_progress = false;
+  auto setup = backend::create_model_runner(spec, needs);
+  if (!setup.ok()) fail(setup.status().to_string());
+  auto runner = eval::PagedRunner::create(std::move(setup->runner), options);
   if (!runner.ok()) fail(runner.status().to_string());
   return std::move(*runner);
 }
@@ -165,7 +190,7 @@ eval::ProgressCallback progress_printer(bool quiet, Clock::time_point start) {
 void run_perplexity(const EvalOptions& opt) {
   const KvDtypes kv_dtype = resolve_kv_dtypes(opt.kv_dtype, opt.key_dtype, opt.value_dtype);
   LoadedInputs in = load_inputs(opt);
-  auto runner = make_runner(*in.model, in.window, opt.block_size, kv_dtype, opt.prefill_chunk);
+  auto runner = make_runner(opt, in.window, opt.block_size, kv_dtype);
   const auto start = Clock::now();
   auto result = eval::compute_perplexity(*runner, in.tokens, in.window,
                                          progress_printer(opt.quiet || opt.json, start));
@@ -178,6 +203,7 @@ void run_perplexity(const EvalOptions& opt) {
       {"mean_nll", result->mean_nll},
       {"windows", result->windows},
       {"window", in.window},
+      {"device", opt.device},
       {"kv_dtype", kv_dtype.label()},
       {"key_dtype", kv_dtype_label(kv_dtype.key)},
       {"value_dtype", kv_dtype_label(kv_dtype.value)},
@@ -212,12 +238,11 @@ void run_agreement(const EvalOptions& opt) {
   if (variants.empty()) fail("give the variant's KV dtype: --kv-dtype X (or --kv-cache-dtype-k / -v)");
   const KvDtypes baseline_dtype = resolve_kv_dtypes(opt.baseline_kv_dtype, "", "");
   LoadedInputs in = load_inputs(opt);
-  auto baseline = make_runner(*in.model, in.window, opt.baseline_block_size, baseline_dtype,
-                              opt.prefill_chunk);
+  auto baseline = make_runner(opt, in.window, opt.baseline_block_size, baseline_dtype);
   std::vector<std::unique_ptr<eval::PagedRunner>> runners;
   std::vector<eval::PagedRunner*> pointers;
   for (const KvDtypes& v : variants) {
-    runners.push_back(make_runner(*in.model, in.window, opt.block_size, v, opt.prefill_chunk));
+    runners.push_back(make_runner(opt, in.window, opt.block_size, v));
     pointers.push_back(runners.back().get());
   }
   const auto start = Clock::now();
@@ -238,6 +263,7 @@ void run_agreement(const EvalOptions& opt) {
         {"tokens", result.tokens},
         {"windows", result.windows},
         {"window", in.window},
+        {"device", opt.device},
         {"kv_dtype", variants[i].label()},
         {"key_dtype", kv_dtype_label(variants[i].key)},
         {"value_dtype", kv_dtype_label(variants[i].value)},
@@ -266,6 +292,10 @@ void add_common_options(CLI::App* cmd, EvalOptions& opt) {
   cmd->add_option("--model", opt.model_dir, "Hugging Face model directory (config.json, safetensors, tokenizer.json)")
       ->required()
       ->check(CLI::ExistingDirectory);
+  cmd->add_option("--device", opt.device,
+                  "cpu (the reference backend) or cuda (NVIDIA Hopper GPU, when compiled in): where the model and "
+                  "its KV cache run, so a device's own KV quantization is what gets measured")
+      ->capture_default_str();
   cmd->add_option("--text-file", opt.text_file, "UTF-8 text to score, e.g. models/pagoda-tiny/heldout.txt")
       ->required()
       ->check(CLI::ExistingFile);

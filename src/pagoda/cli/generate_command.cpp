@@ -1,10 +1,9 @@
 // `pagoda generate`: one prompt, one sequence, on the CPU reference model or
-// the GPU (--device cuda), through a model runner from runner_factory.h and a
-// local paged KV pool (blocks 0..n-1 of the runner's pool). Deliberately thin:
-// the real scheduler lives in engine/; this command is the shortest path from a
-// checkpoint to tokens, and what the reference tests' numbers can be
-// reproduced with by hand. Tokens are chosen by engine::Sampler (greedy at
-// temperature 0; otherwise min-p, top-k, top-p, seeded).
+// the GPU (--device cuda), through the same engine, KV manager and
+// ModelRunner as `pagoda serve` (driven step by step on this thread). The
+// shortest path from a checkpoint to tokens, and what the reference tests'
+// numbers can be reproduced with by hand. Tokens are chosen by the engine's
+// sampler (greedy at temperature 0; otherwise min-p, top-k, top-p, seeded).
 
 #include <chrono>
 #include <cmath>
@@ -19,9 +18,11 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/cli/commands.h"
-#include "pagoda/cli/runner_factory.h"
-#include "pagoda/engine/sampler.h"
-#include "pagoda/kernels/cpu/logprobs.h"
+#include "pagoda/backend/registry.h"
+#include "pagoda/cli/runner_flags.h"
+#include "pagoda/cli/tokenizer_text_decoder.h"
+#include "pagoda/engine/engine.h"
+#include "pagoda/kv/kv_cache_manager.h"
 #include "pagoda/tokenizer/tokenizer.h"
 
 namespace pagoda::cli {
@@ -113,20 +114,19 @@ void run_generate(const GenerateOptions& opt) {
 
   const int64_t total = static_cast<int64_t>(prompt.size()) + opt.max_tokens;
   if (total > INT32_MAX) fail("prompt + --max-tokens is too long");
-  RunnerRequirements needs;
+  backend::RunnerRequirements needs;
   needs.min_kv_tokens = total;
   needs.sequence_tokens = static_cast<int32_t>(total);
   needs.prompt_tokens = static_cast<int32_t>(prompt.size());
   needs.progress = progress;
   const auto load_start = Clock::now();
-  auto setup = create_model_runner(*flags, needs);
+  auto setup = backend::create_model_runner(*flags, needs);
   if (!setup.ok()) {
     if (setup.status().code() != StatusCode::kOutOfRange) fail(setup.status().to_string());
     fail(setup.status()
              .with_context(fmt::format("prompt ({} tokens) + --max-tokens {}", prompt.size(), opt.max_tokens))
              .to_string());
   }
-  engine::ModelRunner& runner = *setup->runner;
   const ModelConfig& config = setup->config;
   std::istringstream report(setup->report);
   for (std::string line; std::getline(report, line);) progress(line);
@@ -135,63 +135,67 @@ void run_generate(const GenerateOptions& opt) {
   for (int32_t id : prompt)
     if (id >= config.vocab_size)
       fail(fmt::format("prompt token id {} is outside the model's vocabulary [0, {})", id, config.vocab_size));
+  if (opt.logprobs > 0) sampling.logprobs = opt.logprobs;
+  sampling.seed = opt.seed;
+  sampling.ignore_eos = opt.ignore_eos;
   if (Status valid = engine::validate_sampling_params(sampling, config.vocab_size); !valid.ok())
     fail("sampling flags: " + valid.to_string());
 
-  // One sequence owning blocks 0..n-1 of the runner's pool.
-  const int32_t num_blocks = static_cast<int32_t>((total + setup->block_size - 1) / setup->block_size);
-  SequenceSlice seq;
-  for (int32_t b = 0; b < num_blocks; ++b) seq.block_table.push_back(b);
-  ForwardBatch batch;
-  batch.token_ids = prompt;
-  for (size_t i = 0; i < prompt.size(); ++i) batch.positions.push_back(static_cast<int32_t>(i));
-  seq.num_new_tokens = static_cast<int32_t>(prompt.size());
-  batch.sequences = {seq};
+  // The engine as serve runs it; the whole prompt goes in one forward.
+  auto kv = kv::KvCacheManager::create(kv_cache_config(*setup, /*enable_prefix_cache=*/false));
+  if (!kv.ok()) fail("KV cache: " + kv.status().to_string());
+  engine::EngineConfig engine_config;
+  engine_config.scheduler = scheduler_config(*setup);
+  engine_config.scheduler.max_running_sequences = 1;
+  engine_config.scheduler.max_tokens_per_step =
+      std::max<int32_t>(engine_config.scheduler.max_tokens_per_step, static_cast<int32_t>(prompt.size()));
+  engine_config.max_queued_requests = 1;
+  if (tok) engine_config.text_decoder_factory = make_tokenizer_text_decoder_factory(tok);
+  auto created = engine::Engine::create(engine_config, *setup->runner, **kv);
+  if (!created.ok()) fail(created.status().to_string());
+  engine::Engine& engine = **created;
 
-  std::mt19937_64 rng(opt.seed);
-  engine::TokenHistory history;
-  history.add_prompt(prompt);
-  std::vector<float> logprobs(static_cast<size_t>(config.vocab_size));
+  engine::GenerationRequest request;
+  request.prompt_tokens = prompt;
+  request.sampling = sampling;
+  auto stream = engine.submit(std::move(request));
+  if (!stream.ok()) fail(stream.status().to_string());
+
   std::vector<int32_t> generated;
   nlohmann::json top_logprobs = nlohmann::json::array();
-  std::unique_ptr<tokenizer::IncrementalDetokenizer> stream;
-  if (tok && !opt.json) stream = std::make_unique<tokenizer::IncrementalDetokenizer>(*tok);
-
+  auto add_logprobs = [&](const engine::SampledToken& t) {
+    nlohmann::json step = nlohmann::json::array();
+    for (const auto& alt : t.top_logprobs) step.push_back({alt.token, alt.logprob});
+    top_logprobs.push_back(step);
+  };
+  const bool print_text = tok && !opt.json;
   const auto prefill_start = Clock::now();
   double prefill_seconds = 0;
   Clock::time_point decode_start;
-  int32_t context = 0;
-  while (static_cast<int32_t>(generated.size()) < opt.max_tokens) {
-    auto logits = runner.execute(batch);
-    if (!logits.ok()) fail(logits.status().to_string());
-    if (generated.empty()) {
-      prefill_seconds = seconds_since(prefill_start);
-      decode_start = Clock::now();
+  bool finished = false;
+  while (!finished) {
+    engine.step();
+    while (auto out = (*stream)->next(std::chrono::milliseconds(0))) {
+      if (out->failed()) fail("generation failed: " + out->error);
+      for (const engine::ChoiceDelta& delta : out->choices) {
+        const size_t before = generated.size();
+        generated.insert(generated.end(), delta.tokens.begin(), delta.tokens.end());
+        for (const engine::SampledToken& t : delta.logprobs) add_logprobs(t);
+        if (delta.stop_token) {
+          generated.push_back(delta.stop_token->token);
+          if (opt.logprobs > 0) add_logprobs(*delta.stop_token);
+        }
+        if (before == 0 && !generated.empty()) {
+          prefill_seconds = seconds_since(prefill_start);
+          decode_start = Clock::now();
+        }
+        if (print_text) std::cout << delta.text << std::flush;
+      }
+      finished |= out->finished;
     }
-    context += batch.num_tokens();
-
-    if (opt.logprobs > 0) {
-      kernels::log_softmax(logits->data(), logprobs.data(), logprobs.size());
-      nlohmann::json step = nlohmann::json::array();
-      for (const auto& [id, lp] : kernels::top_k(logprobs.data(), logprobs.size(), static_cast<size_t>(opt.logprobs)))
-        step.push_back({id, lp});
-      top_logprobs.push_back(step);
-    }
-    const int32_t next = engine::Sampler::sample(*logits, sampling, history, rng).token;
-    history.add_output(next);
-    generated.push_back(next);
-    if (stream) {
-      std::cout << stream->feed(next) << std::flush;
-    }
-    if (!opt.ignore_eos && config.is_eos(next)) break;
-
-    batch.token_ids = {next};
-    batch.positions = {context};
-    batch.sequences[0].num_cached_tokens = context;
-    batch.sequences[0].num_new_tokens = 1;
   }
-  const double decode_seconds = seconds_since(decode_start);
-  if (stream) std::cout << stream->flush() << std::endl;
+  const double decode_seconds = generated.empty() ? 0.0 : seconds_since(decode_start);
+  if (print_text) std::cout << std::endl;
 
   const size_t decode_steps = generated.size() > 0 ? generated.size() - 1 : 0;
   progress(fmt::format("prefill {} tokens in {:.3f} s ({:.1f} tok/s); decode {} tokens in {:.3f} s ({:.1f} tok/s)",
@@ -203,7 +207,7 @@ void run_generate(const GenerateOptions& opt) {
     if (opt.logprobs > 0) out["logprobs"] = top_logprobs;
     if (tok) out["text"] = tok->decode(generated, /*skip_special_tokens=*/true);
     std::cout << out.dump() << std::endl;
-  } else if (!stream) {
+  } else if (!tok) {
     for (size_t i = 0; i < generated.size(); ++i) std::cout << (i ? "," : "") << generated[i];
     std::cout << std::endl;
   }
@@ -233,7 +237,8 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--min-p", opt->min_p, "drop tokens less likely than P x the most likely one (0 = off)")
       ->capture_default_str();
   cmd->add_option("--seed", opt->seed, "sampling seed")->capture_default_str();
-  cmd->add_option("--logprobs", opt->logprobs, "report the top K log-probabilities of every step")->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--logprobs", opt->logprobs, "report the top K (<= 20) log-probabilities of every step")
+      ->check(CLI::Range(0, 20));
   cmd->add_flag("--json", opt->json, "print {\"tokens\", \"logprobs\", \"text\"} as one JSON line last on stdout");
   cmd->add_flag("--ignore-eos", opt->ignore_eos, "keep generating past end-of-sequence tokens");
   cmd->callback([opt] {

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/cli/commands.h"
-#include "pagoda/kv/kv_sizing.h"
+#include "pagoda/runtime/kv_sizing.h"
 
 namespace pagoda::cli {
 namespace {

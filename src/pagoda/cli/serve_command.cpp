@@ -1,6 +1,6 @@
 // `pagoda serve`: the OpenAI-compatible server over a model on the CPU or the
-// GPU (runner_factory.h turns --device, --load-format, --kv-cache-dtype, ...
-// into the model runner and the KV manager's geometry).
+// GPU (runner_flags.h checks --device, --load-format, --kv-cache-dtype, ...;
+// backend/registry.h turns them into the model runner and its KV geometry).
 //
 //   pagoda serve --model models/pagoda-tiny --port 8000 [--api-keys keys.json]
 //   pagoda serve --model DIR --device cuda --kv-cache-dtype fp8 --gpu-memory-utilization 0.9
@@ -26,7 +26,9 @@
 
 #include "pagoda/chat/chat_template.h"
 #include "pagoda/cli/commands.h"
-#include "pagoda/cli/runner_factory.h"
+#include "pagoda/backend/registry.h"
+#include "pagoda/cli/runner_flags.h"
+#include "pagoda/cli/tokenizer_text_decoder.h"
 #include "pagoda/engine/engine.h"
 #include "pagoda/grammar/token_vocabulary.h"
 #include "pagoda/kv/kv_cache_manager.h"
@@ -50,18 +52,6 @@ struct ServeOptions {
   double shutdown_grace_s = 10.0;
 };
 
-class TokenizerTextDecoder final : public engine::TextDecoder {
- public:
-  explicit TokenizerTextDecoder(std::shared_ptr<const tokenizer::Tokenizer> tok)
-      : tok_(std::move(tok)), detok_(*tok_, /*skip_special_tokens=*/true) {}
-  std::string append(int32_t token) override { return detok_.feed(token); }
-  std::string finish() override { return detok_.flush(); }
-
- private:
-  std::shared_ptr<const tokenizer::Tokenizer> tok_;
-  tokenizer::IncrementalDetokenizer detok_;
-};
-
 void run_serve(const ServeOptions& opt) {
   namespace fs = std::filesystem;
   auto flags = resolve_runner_flags(opt.runner, RunnerCommand::kServe);
@@ -77,9 +67,9 @@ void run_serve(const ServeOptions& opt) {
   sigaction(SIGINT, &action, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client that leaves mid-write is an error return, not a crash
 
-  RunnerRequirements needs;
+  backend::RunnerRequirements needs;
   needs.progress = [](const std::string& line) { std::fprintf(stderr, "pagoda serve: %s\n", line.c_str()); };
-  auto setup = create_model_runner(*flags, needs);
+  auto setup = backend::create_model_runner(*flags, needs);
   if (!setup.ok()) fail("loading the model: " + setup.status().to_string());
   {
     std::istringstream report(setup->report);
@@ -103,7 +93,7 @@ void run_serve(const ServeOptions& opt) {
       fail("loading chat template: " + loaded.status().to_string());
   }
 
-  auto kv = kv::KvCacheManager::create(setup->kv_cache_config(!opt.no_prefix_cache));
+  auto kv = kv::KvCacheManager::create(kv_cache_config(*setup, !opt.no_prefix_cache));
   if (!kv.ok()) fail("KV cache: " + kv.status().to_string());
 
   server::ServerConfig server_config;
@@ -125,20 +115,20 @@ void run_serve(const ServeOptions& opt) {
   }
 
   engine::EngineConfig engine_config;
-  engine_config.scheduler = setup->scheduler_config();
+  engine_config.scheduler = scheduler_config(*setup);
   engine_config.max_queued_requests = opt.max_queued;
   server::TextCodec codec;
   if (tok) {
-    engine_config.text_decoder_factory = [tok](std::span<const int32_t>) {
-      return std::make_unique<TokenizerTextDecoder>(tok);
-    };
+    engine_config.text_decoder_factory = make_tokenizer_text_decoder_factory(tok);
     codec.encode = [tok](std::string_view text, bool special) { return tok->encode(text, special); };
     codec.token_text = [tok](int32_t t) { return tok->decode(std::span<const int32_t>(&t, 1), false); };
     codec.vocabulary = grammar::TokenVocabulary::from_tokenizer(*tok);
   }
   if (chat_template) codec.render_chat = server::make_chat_renderer(std::move(*chat_template));
 
-  engine::Engine engine(engine_config, *setup->runner, **kv);
+  auto created = engine::Engine::create(engine_config, *setup->runner, **kv);
+  if (!created.ok()) fail(created.status().to_string());
+  engine::Engine& engine = **created;
   engine.start();
   server::OpenAiServer server(server_config, engine, codec);
   auto port = server.bind();
@@ -161,7 +151,7 @@ void run_serve(const ServeOptions& opt) {
     }
   });
   std::printf("pagoda serve: model '%s' on %s, %d KV blocks of %d tokens (%s), context %d, listening on "
-              "http://%s:%d\n", server_config.model_name.c_str(), std::string(device_name(flags->device)).c_str(),
+              "http://%s:%d\n", server_config.model_name.c_str(), std::string(backend::device_name(flags->device)).c_str(),
               setup->num_blocks, setup->block_size, opt.no_prefix_cache ? "prefix cache off" : "prefix cache on",
               engine.max_context_length(), opt.host.c_str(), *port);
   std::fflush(stdout);

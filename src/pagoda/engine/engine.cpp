@@ -31,7 +31,17 @@ bool all_choices_finished(const RequestState& req) {
 
 }  // namespace
 
-Engine::Engine(EngineConfig config, ModelRunner& runner, kv::KvCacheManager& kv)
+StatusOr<std::unique_ptr<Engine>> Engine::create(EngineConfig config, runtime::ModelRunner& runner,
+                                                 kv::KvCacheManager& kv) {
+  const KvPoolShape& geometry = runner.kv_geometry();
+  if (geometry.block_size != kv.block_size() || geometry.num_blocks != kv.num_blocks())
+    return invalid_argument_error(
+        "the KV manager has {} blocks of {} tokens but the model runner's KV pool holds {} blocks of {}",
+        kv.num_blocks(), kv.block_size(), geometry.num_blocks, geometry.block_size);
+  return std::make_unique<Engine>(std::move(config), runner, kv);
+}
+
+Engine::Engine(EngineConfig config, runtime::ModelRunner& runner, kv::KvCacheManager& kv)
     : config_(std::move(config)),
       runner_(runner),
       kv_(kv),
@@ -50,7 +60,8 @@ Engine::~Engine() { shutdown(std::chrono::milliseconds(0)); }
 
 void Engine::start() {
   std::lock_guard lock(mutex_);
-  if (thread_.joinable() || stop_thread_) return;
+  if (thread_state_ != ThreadState::kNotStarted) return;
+  thread_state_ = ThreadState::kRunning;
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -70,6 +81,20 @@ void Engine::loop() {
       work_ready_.wait_for(lock, std::chrono::milliseconds(1));
     }
   }
+  // Tasks queued while the thread was told to stop still run here, on this
+  // thread: after this point run_on_engine_thread runs them inline.
+  for (;;) {
+    std::vector<std::function<void()>> tasks;
+    {
+      std::lock_guard lock(mutex_);
+      if (pending_tasks_.empty()) {
+        thread_state_ = ThreadState::kExited;
+        break;
+      }
+      tasks.swap(pending_tasks_);
+    }
+    for (auto& task : tasks) task();
+  }
 }
 
 void Engine::shutdown(std::chrono::milliseconds grace) {
@@ -77,37 +102,35 @@ void Engine::shutdown(std::chrono::milliseconds grace) {
   {
     std::lock_guard lock(mutex_);
     accepting_ = false;
-    threaded = thread_.joinable();
+    threaded = thread_state_ == ThreadState::kRunning;
   }
   if (!threaded) {
-    // Synchronous mode: admit what was submitted, apply the callers' aborts,
-    // then cancel whatever is left.
+    // Synchronous mode (or already shut down): admit what was submitted, apply
+    // the callers' aborts, then cancel whatever is left.
+    std::lock_guard inline_lock(inline_mutex_);
     drain_commands();
     cancel_all_requests();
     flush_outputs();
     publish_stats(-1);
     return;
   }
-  const auto deadline = Clock::now() + grace;
-  while (num_in_flight_.load() > 0 && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   {
-    std::lock_guard lock(mutex_);
-    pending_tasks_.push_back([this] {
-      cancel_all_requests();
-      flush_outputs();
-    });
+    // In-flight requests finish on their own until the grace period ends.
+    std::unique_lock lock(mutex_);
+    idle_.wait_for(lock, grace, [&] { return num_in_flight_.load() == 0; });
   }
-  work_ready_.notify_all();
-  const auto abort_deadline = Clock::now() + std::chrono::seconds(10);
-  while (num_in_flight_.load() > 0 && Clock::now() < abort_deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  // Then the rest is cancelled on the engine thread, which then stops.
+  run_on_engine_thread([this] {
+    cancel_all_requests();
+    flush_outputs();
+    return 0;
+  });
   {
     std::lock_guard lock(mutex_);
     stop_thread_ = true;
   }
   work_ready_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 StatusOr<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest request) {
@@ -117,7 +140,14 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest reques
     if (prompt[i] < 0 || prompt[i] >= vocab_size_)
       return invalid_argument_error("prompt token {} at index {} is outside the vocabulary [0, {})", prompt[i], i,
                                     vocab_size_);
-  PAGODA_RETURN_IF_ERROR(validate_sampling_params(request.sampling, vocab_size_));
+  if (request.sampling.max_tokens == 0 && request.return_prompt_logits) {
+    // Scoring only: the request ends once its prompt logits are out.
+    SamplingParams checked = request.sampling;
+    checked.max_tokens = 1;
+    PAGODA_RETURN_IF_ERROR(validate_sampling_params(checked, vocab_size_));
+  } else {
+    PAGODA_RETURN_IF_ERROR(validate_sampling_params(request.sampling, vocab_size_));
+  }
   const int64_t total = static_cast<int64_t>(prompt.size()) + request.sampling.max_tokens;
   // kOutOfRange for the two length bounds: callers (the server's
   // "context_length_exceeded") tell them from other bad input by the code.
@@ -165,14 +195,22 @@ void Engine::abort(RequestId id) {
 int32_t Engine::run_on_engine_thread(std::function<int32_t()> work) {
   auto task = std::make_shared<std::packaged_task<int32_t()>>(std::move(work));
   auto result = task->get_future();
-  bool threaded;
+  bool queued = false;
   {
     std::lock_guard lock(mutex_);
-    threaded = thread_.joinable() && !stop_thread_;
-    if (threaded) pending_tasks_.push_back([task] { (*task)(); });
+    // While the thread lives (even when told to stop) it runs every queued task.
+    if (thread_state_ == ThreadState::kRunning) {
+      pending_tasks_.push_back([task] { (*task)(); });
+      queued = true;
+    }
   }
-  if (!threaded) (*task)();
-  work_ready_.notify_all();
+  if (queued) {
+    work_ready_.notify_all();
+  } else {
+    // No engine thread: callers take turns on the single-threaded KV manager.
+    std::lock_guard inline_lock(inline_mutex_);
+    (*task)();
+  }
   return result.get();
 }
 
@@ -217,6 +255,7 @@ void Engine::drain_commands() {
 Sequence* Engine::new_sequence(RequestState* req, int32_t choice_index) {
   auto seq = std::make_unique<Sequence>();
   seq->id = next_sequence_id_++;
+  seq->block_hashes = kv::BlockHashes(kv_block_size_);
   seq->request = req;
   seq->choice_index = choice_index;
   seq->stop_matcher = StopStringMatcher(req->request.sampling.stop);
@@ -336,6 +375,7 @@ void Engine::append_token(Sequence* seq, const SampledToken& token) {
   const bool stop_token =
       (!params.ignore_eos && contains(eos_ids_, token.token)) || contains(params.stop_token_ids, token.token);
   if (stop_token) {
+    delta.stop_token = token;
     // The stop token itself is not part of the text; release what was held back.
     delta.text += seq->stop_matcher.append(seq->decoder->finish());
     delta.text += seq->stop_matcher.flush();
@@ -360,14 +400,15 @@ void Engine::append_token(Sequence* seq, const SampledToken& token) {
   }
 }
 
-DeviceSampling Engine::device_sampling_for(const Sequence* seq) const {
+runtime::RowSampling Engine::row_sampling_for(const Sequence* seq) const {
   const RequestState* req = seq->request;
   const SamplingParams& p = req->request.sampling;
-  DeviceSampling row;
+  runtime::RowSampling row;
   // The device sampler has no penalties and no top logprobs, and the first
   // token of an n > 1 request is drawn n times from one row on the host.
-  row.on_device = p.repetition_penalty == 1.0f && p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f &&
-                  p.logprobs.value_or(0) == 0 && (p.n == 1 || req->forked) && !seq->constraint;
+  row.on_device = runner_.capabilities().samples_on_device && p.repetition_penalty == 1.0f && p.frequency_penalty == 0.0f &&
+                  p.presence_penalty == 0.0f && p.logprobs.value_or(0) == 0 && (p.n == 1 || req->forked) &&
+                  !req->request.return_logits && !seq->constraint;
   if (!row.on_device) return row;
   row.temperature = p.temperature;
   row.top_k = p.top_k;
@@ -412,11 +453,12 @@ void Engine::fork_children(Sequence* parent, std::span<const float> logits) {
     Sequence* child = new_sequence(req, i);
     child->arrival_order = parent->arrival_order;
     child->tokens = parent->tokens;
+    child->block_hashes = parent->block_hashes;
     child->prompt_length = parent->prompt_length;
     child->history = parent->history;
     if (parent->constraint) child->constraint = parent->constraint->clone();
     auto copies = kv_.fork(parent->id, child->id);
-    if (copies.ok() && runner_.copy_blocks(*copies).ok()) {
+    if (copies.ok() && copy_blocks_on_runner(*copies).ok()) {
       child->in_kv = true;
       child->num_computed = parent->num_computed;
       child->num_reserved = parent->num_reserved;
@@ -444,6 +486,10 @@ void Engine::flush_outputs() {
     const RequestId id = req->id;
     requests_.erase(id);
     --num_in_flight_;
+  }
+  if (!finished_requests_.empty()) {
+    std::lock_guard lock(mutex_);
+    idle_.notify_all();
   }
   finished_requests_.clear();
 }
@@ -484,31 +530,28 @@ bool Engine::step() {
 
   const auto start = Clock::now();
   ++thread_stats_.steps;
-  // With a device sampler, rows are sampled where the logits are unless the
-  // request needs the host sampler; only those rows' logits come back.
-  const bool device_sampling = runner_.samples_on_device();
-  std::vector<DeviceSampling> rows;
-  if (device_sampling) {
-    rows.reserve(plan.chunks.size());
-    for (const ScheduledChunk& chunk : plan.chunks)
-      if (chunk.produces_logits) rows.push_back(device_sampling_for(chunk.sequence));
+  // Rows are sampled where the logits are (on the runner's device) unless the
+  // request needs the host sampler; only those rows' logits come back. A chunk
+  // that returns prompt logits has a host row per token, the last of which is
+  // also its sampling row.
+  std::vector<runtime::RowSampling> rows;
+  rows.reserve(plan.chunks.size());
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    for (int32_t i = 0; i + 1 < chunk.logit_rows(); ++i) rows.push_back(runtime::RowSampling{});
+    if (chunk.logit_rows() == 0) continue;
+    runtime::RowSampling last;
+    if (chunk.produces_logits && !chunk.all_logits) last = row_sampling_for(chunk.sequence);
+    rows.push_back(last);
   }
-  StatusOr<SampledStep> result = [&]() -> StatusOr<SampledStep> {
-    if (device_sampling) return runner_.execute_sampled(plan.batch, rows);
-    SampledStep out;
-    PAGODA_ASSIGN_OR_RETURN(out.host_logits, runner_.execute(plan.batch));
-    return out;
-  }();
+  StatusOr<runtime::StepResult> result = runner_.execute(plan.batch, rows);
   const size_t vocab = static_cast<size_t>(vocab_size_);
   if (result.ok()) {
-    size_t host_rows = 0, all_rows = 0;
-    for (const ScheduledChunk& chunk : plan.chunks) all_rows += chunk.produces_logits ? 1 : 0;
-    for (const DeviceSampling& row : rows) host_rows += row.on_device ? 0 : 1;
-    if (!device_sampling) host_rows = all_rows;
-    if (result->host_logits.size() != host_rows * vocab ||
-        (device_sampling && (result->tokens.size() != all_rows || result->logprobs.size() != all_rows)))
+    size_t host_rows = 0;
+    for (const runtime::RowSampling& row : rows) host_rows += row.on_device ? 0 : 1;
+    if (result->host_logits.size() != host_rows * vocab || result->tokens.size() != rows.size() ||
+        result->logprobs.size() != rows.size())
       result = internal_error("the model runner returned {} logits, {} tokens for {} rows ({} sampled on the host)",
-                              result->host_logits.size(), result->tokens.size(), all_rows, host_rows);
+                              result->host_logits.size(), result->tokens.size(), rows.size(), host_rows);
     for (size_t r = 0; result.ok() && r < rows.size(); ++r)
       if (rows[r].on_device && (result->tokens[r] < 0 || result->tokens[r] >= vocab_size_))
         result = internal_error("the model runner sampled token {} for row {}, outside the vocabulary [0, {})",
@@ -525,24 +568,48 @@ bool Engine::step() {
   }
   size_t row = 0, host_row = 0;
   for (const ScheduledChunk& chunk : plan.chunks) {
-    if (!chunk.produces_logits) continue;
-    const size_t r = row++;
-    const bool on_device = device_sampling && rows[r].on_device;
-    std::span<const float> logits_row;
-    if (!on_device) logits_row = std::span<const float>(result->host_logits.data() + host_row++ * vocab, vocab);
     Sequence* seq = chunk.sequence;
-    if (seq->status != SequenceStatus::kRunning) continue;
+    std::span<const float> logits_row;
+    size_t r = 0;
+    bool on_device = false;
+    for (int32_t i = 0; i < chunk.logit_rows(); ++i) {
+      r = row++;
+      on_device = rows[r].on_device;
+      if (!on_device) logits_row = std::span<const float>(result->host_logits.data() + host_row++ * vocab, vocab);
+      if (chunk.all_logits && seq->status == SequenceStatus::kRunning) {
+        RequestOutput& out = step_outputs_[seq->request->id];
+        out.request_id = seq->request->id;
+        out.prompt_logits.insert(out.prompt_logits.end(), logits_row.begin(), logits_row.end());
+      }
+    }
+    if (chunk.all_logits) seq->prompt_logits_done += chunk.num_new_tokens;
+    if (!chunk.produces_logits || seq->status != SequenceStatus::kRunning) continue;
     if (on_device) {
       append_token(seq, SampledToken{result->tokens[r], result->logprobs[r], {}});
       continue;
     }
     RequestState* req = seq->request;
+    if (req->request.sampling.max_tokens == 0) {  // scoring only (return_prompt_logits)
+      finish_sequence(seq, FinishReason::kLength);
+      continue;
+    }
+    if (req->request.return_logits) {
+      std::vector<float>& out = delta_for(seq).logits;
+      out.insert(out.end(), logits_row.begin(), logits_row.end());
+    }
     if (req->request.sampling.n > 1 && !req->forked) fork_children(seq, logits_row);
     sample_into(seq, logits_row);
   }
   flush_outputs();
   publish_stats(seconds_between(start, Clock::now()));
   return true;
+}
+
+Status Engine::copy_blocks_on_runner(std::span<const kv::BlockCopy> copies) {
+  std::vector<runtime::BlockCopy> moves;
+  moves.reserve(copies.size());
+  for (const kv::BlockCopy& c : copies) moves.push_back(runtime::BlockCopy{c.src, c.dst});
+  return runner_.copy_blocks(moves);
 }
 
 void Engine::run_until_idle() {

@@ -28,12 +28,13 @@
 
 #include "pagoda/core/status.h"
 #include "pagoda/engine/latency_histogram.h"
-#include "pagoda/engine/model_runner.h"
+#include "pagoda/runtime/model_runner.h"
 #include "pagoda/engine/request.h"
 #include "pagoda/engine/scheduler.h"
 #include "pagoda/engine/sequence.h"
 #include "pagoda/engine/text_decoder.h"
 #include "pagoda/kv/kv_cache_manager.h"
+#include "pagoda/runtime/model_runner.h"
 
 namespace pagoda::engine {
 
@@ -70,8 +71,14 @@ struct EngineStats {
 
 class Engine {
  public:
-  // `runner` and `kv` must outlive the engine.
-  Engine(EngineConfig config, ModelRunner& runner, kv::KvCacheManager& kv);
+  // `runner` and `kv` must outlive the engine. kInvalidArgument when the KV
+  // manager's blocks are not the runner's (block size or count differ from
+  // runner.kv_geometry()): every step would otherwise name memory that the
+  // runner does not hold.
+  static StatusOr<std::unique_ptr<Engine>> create(EngineConfig config, runtime::ModelRunner& runner,
+                                                  kv::KvCacheManager& kv);
+  // As create(), for callers that built both from one geometry (tests).
+  Engine(EngineConfig config, runtime::ModelRunner& runner, kv::KvCacheManager& kv);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -119,16 +126,21 @@ class Engine {
   void fail_request(RequestState* req, const Status& failure, FinishReason reason = FinishReason::kError);
   // Shutdown: fails every request still in the engine with kCancelled.
   void cancel_all_requests();
-  // Runs `work` on the engine thread between steps (or here when no thread
-  // runs) and blocks until it is done: KV-manager calls from other threads.
+  // Runs `work` on the engine thread between steps and blocks until it is
+  // done: KV-manager calls from other threads. Without a running engine
+  // thread (never started, or exited) it runs here, one caller at a time; a
+  // thread told to stop still runs what was queued before it exits, so work
+  // never runs beside a step.
   int32_t run_on_engine_thread(std::function<int32_t()> work);
   // How the runner should sample this sequence's next row (on_device false:
   // it needs the host sampler).
-  DeviceSampling device_sampling_for(const Sequence* seq) const;
+  runtime::RowSampling row_sampling_for(const Sequence* seq) const;
   void sample_into(Sequence* seq, std::span<const float> logits);
   // Structured outputs: samples with the sequence's token mask applied and moves its constraint
   // past the token; a dead end fails the request (kInternal).
   void sample_constrained(Sequence* seq, std::span<const float> logits);
+  // Runs the KV manager's copy-on-write copies on the runner's memory.
+  Status copy_blocks_on_runner(std::span<const kv::BlockCopy> copies);
   void fork_children(Sequence* parent, std::span<const float> logits);
   void append_token(Sequence* seq, const SampledToken& token);
   void finish_sequence(Sequence* seq, FinishReason reason);
@@ -138,7 +150,7 @@ class Engine {
   void publish_stats(double step_seconds);
 
   EngineConfig config_;
-  ModelRunner& runner_;
+  runtime::ModelRunner& runner_;
   kv::KvCacheManager& kv_;
   Scheduler scheduler_;
   const int32_t vocab_size_;
@@ -162,6 +174,11 @@ class Engine {
   std::atomic<int64_t> rejected_queue_full_{0};
   bool accepting_ = true;
   bool stop_thread_ = false;
+  // kRunning from start() until the loop has run its last queued task.
+  enum class ThreadState { kNotStarted, kRunning, kExited };
+  ThreadState thread_state_ = ThreadState::kNotStarted;
+  std::condition_variable idle_;  // notified when requests finish (shutdown's grace wait)
+  std::mutex inline_mutex_;       // serializes KV work run inline when no engine thread runs
   std::thread thread_;
 
   // Engine-thread state.

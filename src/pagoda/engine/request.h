@@ -34,6 +34,14 @@ struct GenerationRequest {
   // Structured outputs: which tokens may come next, in its initial state (each choice samples
   // through its own clone, on the host). nullptr: unconstrained.
   std::shared_ptr<const TokenConstraint> constraint;
+  // The quality harness (eval/): logits of every prompt position that is
+  // computed (RequestOutput::prompt_logits; positions served from the prefix
+  // cache have none), and of every generated position (ChoiceDelta::logits).
+  // Both take the host path: the logits cross to the host. With
+  // return_prompt_logits, sampling.max_tokens may be 0: the request ends
+  // (finish "length") once its prompt is computed.
+  bool return_prompt_logits = false;
+  bool return_logits = false;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
@@ -52,6 +60,12 @@ struct ChoiceDelta {
   std::string text;
   std::vector<SampledToken> logprobs;  // one per token when logprobs were requested
   FinishReason finish_reason = FinishReason::kNone;
+  // The eos or stop token id that ended the choice (not part of `tokens` or
+  // the text), with its logprobs when requested; nullopt otherwise.
+  std::optional<SampledToken> stop_token;
+  // return_logits: the vocab-size logits row each token (stop token last) was
+  // drawn from, concatenated.
+  std::vector<float> logits;
 };
 
 // A request the engine failed after submit() ends with a finished delta whose
@@ -77,6 +91,9 @@ struct RequestOutput {
   std::vector<ChoiceDelta> choices;  // only choices that changed
   bool finished = false;             // last delta of the request
   Usage usage;                       // filled on the last delta
+  // return_prompt_logits: vocab-size rows for the prompt positions computed in
+  // this delta's steps, in order; row i predicts the token after position i.
+  std::vector<float> prompt_logits;
   StatusCode error_code = StatusCode::kOk;  // kOk unless the engine failed the request (see above)
   std::string error;                        // the failure in words; non-empty exactly when error_code != kOk
 

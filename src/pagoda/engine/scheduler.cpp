@@ -87,16 +87,19 @@ void Scheduler::add_chunk(Sequence* seq, int32_t num_new_tokens, StepPlan& plan)
     batch.positions.push_back(seq->num_computed + i);
   }
   const bool reaches_end = seq->num_computed + num_new_tokens == static_cast<int32_t>(seq->tokens.size());
+  // Prompt logits once per position: not again for a recompute after preemption.
+  const bool all_logits = seq->request->request.return_prompt_logits &&
+                          seq->num_computed == seq->prompt_logits_done &&
+                          seq->num_computed + num_new_tokens <= seq->prompt_length;
   slice.logits_for_last_token = reaches_end;
-  slice.logits_for_all_new_tokens = false;
-  // The table is read when the plan is built; mark_computed may swap blocks
-  // afterwards, which only affects the next step's plan.
+  slice.logits_for_all_new_tokens = all_logits;
+  // Tables are append-only (kv_cache_manager.h): this prefix stays valid.
   auto table = kv_.block_table(seq->id);
   assert(table.ok());
   const int32_t needed = kv_.blocks_for_tokens(seq->num_computed + num_new_tokens);
   slice.block_table.assign(table->begin(), table->begin() + std::min<size_t>(needed, table->size()));
   batch.sequences.push_back(std::move(slice));
-  plan.chunks.push_back({seq, num_new_tokens, reaches_end});
+  plan.chunks.push_back({seq, num_new_tokens, reaches_end, all_logits});
 }
 
 StepPlan Scheduler::schedule() {
@@ -139,7 +142,9 @@ StepPlan Scheduler::schedule() {
       const int32_t slots = (!req->forked && req->request.sampling.n > 1) ? req->request.sampling.n : 1;
       if (static_cast<int32_t>(running_.size()) + slots > config_.max_running_sequences && !running_.empty()) break;
       const std::string& ns = req->request.tenant_namespace;
-      if (!kv_.can_allocate_sequence(ns, seq->tokens)) {
+      seq->block_hashes.extend(seq->tokens);
+      const std::span<const uint64_t> hashes = seq->block_hashes.hashes();
+      if (!kv_.can_allocate_sequence(ns, seq->tokens, hashes)) {
         // With nothing running every block is free or evictable: it can never fit.
         if (running_.empty() && plan.chunks.empty()) {
           waiting_.pop_front();
@@ -148,7 +153,7 @@ StepPlan Scheduler::schedule() {
         }
         break;
       }
-      auto match = kv_.allocate_sequence(seq->id, ns, seq->tokens);
+      auto match = kv_.allocate_sequence(seq->id, ns, seq->tokens, hashes);
       if (!match.ok()) break;
       waiting_.pop_front();
       seq->in_kv = true;

@@ -30,7 +30,7 @@
 #include "pagoda/core/status.h"
 #include "pagoda/engine/sequence.h"
 #include "pagoda/kv/kv_cache_manager.h"
-#include "pagoda/model/forward_batch.h"
+#include "pagoda/runtime/forward_batch.h"
 
 namespace pagoda::engine {
 
@@ -43,6 +43,11 @@ struct ScheduledChunk {
   Sequence* sequence = nullptr;
   int32_t num_new_tokens = 0;
   bool produces_logits = false;  // the chunk reaches the last token: sample after it
+  // return_prompt_logits: every new token gets a logits row (the last one is
+  // also the sampling row when produces_logits).
+  bool all_logits = false;
+  // Logits rows this chunk adds to the step's output.
+  int32_t logit_rows() const { return all_logits ? num_new_tokens : (produces_logits ? 1 : 0); }
 };
 
 struct StepPlan {

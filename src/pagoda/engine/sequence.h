@@ -23,6 +23,7 @@
 #include "pagoda/engine/sampler.h"
 #include "pagoda/engine/stop_string_matcher.h"
 #include "pagoda/engine/text_decoder.h"
+#include "pagoda/kv/block_hashes.h"
 #include "pagoda/kv/kv_types.h"
 
 namespace pagoda::engine {
@@ -40,9 +41,13 @@ struct Sequence {
   uint64_t arrival_order = 0;  // FCFS key; forks inherit their parent's
 
   std::vector<int32_t> tokens;
+  // Content hashes of tokens' full blocks, extended as tokens arrive: a waiting
+  // sequence is matched against the prefix cache without re-hashing.
+  kv::BlockHashes block_hashes;
   int32_t prompt_length = 0;
   int32_t num_computed = 0;
   int32_t num_reserved = 0;
+  int32_t prompt_logits_done = 0;  // return_prompt_logits: positions whose rows went out
   bool in_kv = false;  // registered with the KV manager
   SequenceStatus status = SequenceStatus::kWaiting;
   FinishReason finish_reason = FinishReason::kNone;

@@ -1,12 +1,14 @@
 #pragma once
-// PagedRunner: runs one token sequence at a time through the CPU model and the normal paged KV
-// path: a KvCacheManager hands out blocks, the tokens go through the model in prefill chunks of
-// `prefill_chunk` tokens (each chunk attends to the earlier chunks' K/V through the block table
-// only), and decode steps append one token at a time. So the KV settings under test (block size,
-// KV dtype) act exactly as they do when serving. The prefix cache is off: every call starts from
-// an empty cache, as the perplexity protocol requires.
+// PagedRunner: runs one token sequence at a time through the engine, over any
+// runtime::ModelRunner (the CPU reference or the GPU), so the KV settings under
+// test (block size, KV dtype, the runner's kernels) act exactly as they do when
+// serving: the engine's scheduler cuts the prompt into chunks of
+// `prefill_chunk` tokens (each chunk attends to the earlier chunks' K/V through
+// the block table only) and decodes one token per step. The prefix cache is
+// off: every call starts from an empty cache, as the perplexity protocol
+// requires.
 //
-// Thread safety: one call at a time (the model's scratch buffers and the pool are shared).
+// Thread safety: one call at a time.
 
 #include <cstdint>
 #include <memory>
@@ -14,21 +16,29 @@
 #include <span>
 #include <vector>
 
-#include "pagoda/backend/cpu_kv_pool.h"
 #include "pagoda/core/dtype.h"
 #include "pagoda/core/status.h"
+#include "pagoda/engine/engine.h"
 #include "pagoda/kv/kv_cache_manager.h"
-#include "pagoda/model/cpu_model.h"
+#include "pagoda/runtime/model_runner.h"
 
 namespace pagoda::eval {
 
 struct PagedRunnerOptions {
+  // How the caller should build the runner's KV pool (the runner's
+  // kv_geometry() is what counts once built).
   int32_t block_size = 16;                // tokens per KV block
-  std::optional<DType> kv_dtype;          // nullopt ("auto"): the model's own KV dtype (f32 on CPU)
+  std::optional<DType> kv_dtype;          // nullopt ("auto"): the device's own KV dtype
   std::optional<DType> key_dtype;         // overrides kv_dtype for K only (e.g. K int8, V int4)
   std::optional<DType> value_dtype;       // overrides kv_dtype for V only
+  // How the engine drives it.
   int32_t prefill_chunk = 256;            // tokens per forward while prefilling (>= 1)
   int64_t max_sequence_tokens = 1024;     // the longest sequence run() / greedy() will see
+
+  // KV blocks a runner needs for max_sequence_tokens (one spare).
+  int32_t num_kv_blocks() const {
+    return static_cast<int32_t>((max_sequence_tokens + block_size - 1) / block_size + 1);
+  }
 };
 
 struct GreedyOutput {
@@ -38,9 +48,9 @@ struct GreedyOutput {
 
 class PagedRunner {
  public:
-  // `model` must outlive the runner. Errors: bad options (kInvalidArgument, e.g. a dtype that
-  // is not a KV dtype).
-  static StatusOr<std::unique_ptr<PagedRunner>> create(CpuModel& model,
+  // Takes the runner. Errors (kInvalidArgument): bad options, or a runner whose
+  // KV pool cannot hold max_sequence_tokens.
+  static StatusOr<std::unique_ptr<PagedRunner>> create(std::unique_ptr<runtime::ModelRunner> runner,
                                                        const PagedRunnerOptions& options);
 
   // Logits for every position of `tokens` (row i predicts tokens[i + 1]), [n, vocab] row-major
@@ -51,28 +61,25 @@ class PagedRunner {
   StatusOr<GreedyOutput> greedy(std::span<const int32_t> prompt, int32_t max_new_tokens,
                                 std::span<const int32_t> stop_ids);
 
-  int32_t vocab_size() const { return model_.config().vocab_size; }
+  int32_t vocab_size() const { return runner_->vocab_size(); }
   const PagedRunnerOptions& options() const { return options_; }
-  DType key_dtype() const { return pool_.shape().key_dtype; }
-  DType value_dtype() const { return pool_.shape().value_dtype; }
+  DType key_dtype() const { return runner_->kv_geometry().key_dtype; }
+  DType value_dtype() const { return runner_->kv_geometry().value_dtype; }
+  int32_t block_size() const { return runner_->kv_geometry().block_size; }
   // KV manager invariants (tests call it after each run).
   Status verify_integrity() const { return kv_->verify_integrity(); }
 
  private:
-  PagedRunner(CpuModel& model, PagedRunnerOptions options, std::unique_ptr<kv::KvCacheManager> kv,
-              CpuKvPool pool);
-  // Forwards tokens [begin, end) of the sequence already registered as `seq`, whose first
-  // `begin` tokens have K/V in the pool.
-  Status forward_range(kv::SequenceId seq, std::span<const int32_t> tokens, int64_t begin,
-                       int64_t end, bool all_logits, std::vector<float>& logits);
+  PagedRunner(std::unique_ptr<runtime::ModelRunner> runner, PagedRunnerOptions options,
+              std::unique_ptr<kv::KvCacheManager> kv, std::unique_ptr<engine::Engine> engine);
   Status check_tokens(std::span<const int32_t> tokens, int64_t extra) const;
+  // Submits and steps the engine until the request ends; every delta in order.
+  StatusOr<std::vector<engine::RequestOutput>> run(engine::GenerationRequest request);
 
-  CpuModel& model_;
+  std::unique_ptr<runtime::ModelRunner> runner_;
   PagedRunnerOptions options_;
   std::unique_ptr<kv::KvCacheManager> kv_;
-  CpuKvPool pool_;
-  kv::SequenceId next_sequence_ = 1;
-  ForwardBatch batch_;
+  std::unique_ptr<engine::Engine> engine_;
 };
 
 }  // namespace pagoda::eval

@@ -15,9 +15,17 @@ namespace {
 struct Sequence {
   int32_t namespace_id = -1;
   std::vector<TokenId> tokens;  // every reserved token, prompt first
-  std::vector<BlockId> blocks;  // ceil(tokens / block_size) ids
+  std::vector<BlockId> blocks;  // ceil(tokens / block_size) ids; append-only
   int64_t computed = 0;         // tokens [0, computed) have K/V written
   int32_t next_block_to_cache = 0;  // blocks before this one were offered to the prefix cache
+  // The prefix cache's block for each offered position (next_block_to_cache
+  // entries): blocks[j] itself, or, when blocks[j] duplicated a block already
+  // cached, that cached block, on which the sequence then holds one more
+  // reference (an alias) so the chain below it stays valid. The table keeps
+  // blocks[j] either way: tables are append-only, a backend may mirror them.
+  std::vector<BlockId> chain;
+
+  bool has_alias(size_t j) const { return j < chain.size() && chain[j] != blocks[j]; }
 };
 
 }  // namespace
@@ -44,7 +52,8 @@ class KvCacheManager::Impl {
   }
   int32_t available() const { return pool_.num_free() + cache_.num_evictable(); }
 
-  PrefixMatch match_prefix(std::string_view ns, std::span<const TokenId> prompt) const {
+  PrefixMatch match_prefix(std::string_view ns, std::span<const TokenId> prompt,
+                           std::span<const uint64_t> hashes) const {
     // At least one token must be computed: its logits are what we sample from.
     const int32_t max_blocks =
         prompt.empty() ? 0 : static_cast<int32_t>((static_cast<int64_t>(prompt.size()) - 1) / bs());
@@ -53,7 +62,7 @@ class KvCacheManager::Impl {
       none.reason = max_blocks == 0 ? MissReason::kShorterThanBlock : MissReason::kNeverSeen;
       return none;
     }
-    return cache_.match(ns, prompt, max_blocks);
+    return cache_.match(ns, prompt, max_blocks, hashes);
   }
 
   // Blocks the sequence would need from the free/evictable supply, given a match.
@@ -64,9 +73,10 @@ class KvCacheManager::Impl {
     return blocks_for_tokens(static_cast<int64_t>(prompt_size)) - static_cast<int32_t>(match.blocks.size());
   }
 
-  bool can_allocate_sequence(std::string_view ns, std::span<const TokenId> prompt) const {
+  bool can_allocate_sequence(std::string_view ns, std::span<const TokenId> prompt,
+                             std::span<const uint64_t> hashes) const {
     if (prompt.empty()) return false;
-    const PrefixMatch match = match_prefix(ns, prompt);
+    const PrefixMatch match = match_prefix(ns, prompt, hashes);
     int32_t matched_evictable = 0;
     const int32_t needed = new_blocks_for(match, prompt.size(), &matched_evictable);
     return needed <= available() - matched_evictable;
@@ -95,7 +105,10 @@ class KvCacheManager::Impl {
     for (SequenceId id : unique) {
       const Sequence* s = find(id);
       if (s == nullptr) continue;
-      for (BlockId b : s->blocks) ++drops[b];
+      for (size_t j = 0; j < s->blocks.size(); ++j) {
+        ++drops[s->blocks[j]];
+        if (s->has_alias(j)) ++drops[s->chain[j]];
+      }
     }
     int32_t gained = 0;
     for (const auto& [block, count] : drops) gained += pool_.meta(block).ref_count == count ? 1 : 0;
@@ -134,10 +147,11 @@ class KvCacheManager::Impl {
   }
 
   // ---- mutations ----
-  StatusOr<PrefixMatch> allocate_sequence(SequenceId id, std::string_view ns, std::span<const TokenId> prompt) {
+  StatusOr<PrefixMatch> allocate_sequence(SequenceId id, std::string_view ns, std::span<const TokenId> prompt,
+                                          std::span<const uint64_t> hashes) {
     if (prompt.empty()) return invalid_argument_error("allocate_sequence: sequence {} has an empty prompt", id);
     if (find(id) != nullptr) return invalid_argument_error("allocate_sequence: sequence {} already exists", id);
-    PrefixMatch match = match_prefix(ns, prompt);
+    PrefixMatch match = match_prefix(ns, prompt, hashes);
     int32_t matched_evictable = 0;
     const int32_t needed = new_blocks_for(match, prompt.size(), &matched_evictable);
     if (needed > available() - matched_evictable) {
@@ -157,6 +171,7 @@ class KvCacheManager::Impl {
     for (int32_t i = 0; i < needed; ++i) seq.blocks.push_back(take_block());
     seq.computed = match.cached_tokens;
     seq.next_block_to_cache = static_cast<int32_t>(match.blocks.size());
+    seq.chain = match.blocks;
     sequences_.emplace(id, std::move(seq));
     record_match_stats(match, static_cast<int64_t>(prompt.size()));
     return match;
@@ -213,9 +228,10 @@ class KvCacheManager::Impl {
   void offer_full_blocks(Sequence& s) {
     const int32_t full = static_cast<int32_t>(s.computed / bs());
     for (; s.next_block_to_cache < full; ++s.next_block_to_cache) {
-      if (!config_.enable_prefix_cache) continue;
       const int32_t j = s.next_block_to_cache;
-      const BlockId parent = j == 0 ? kNoBlock : s.blocks[j - 1];
+      s.chain.push_back(s.blocks[j]);
+      if (!config_.enable_prefix_cache) continue;
+      const BlockId parent = j == 0 ? kNoBlock : s.chain[j - 1];
       if (parent != kNoBlock && !pool_.meta(parent).is_cached()) continue;  // chain broken (dropped)
       const PrefixCache::InsertResult r =
           cache_.insert(s.blocks[j], s.namespace_id, parent, s.tokens.data() + static_cast<size_t>(j) * bs());
@@ -223,11 +239,12 @@ class KvCacheManager::Impl {
         ++stats_.blocks_stored;
       } else if (r.outcome == PrefixCache::InsertOutcome::kDuplicate) {
         // Same tokens at the same positions in the same namespace were computed
-        // by another sequence first: share its block, free ours.
+        // by another sequence first. Our block stays in the table (tables are
+        // append-only) and is freed with the sequence; the cached one becomes
+        // this position's link in the chain, so later blocks hang below it.
         acquire(r.existing);
         cache_.touch(r.existing, /*reused=*/false);
-        release(s.blocks[j]);
-        s.blocks[j] = r.existing;
+        s.chain[j] = r.existing;
         ++stats_.blocks_deduplicated;
       }
     }
@@ -249,6 +266,9 @@ class KvCacheManager::Impl {
     child.tokens = parent->tokens;
     child.computed = parent->computed;
     child.next_block_to_cache = parent->next_block_to_cache;
+    child.chain = parent->chain;
+    for (size_t j = 0; j < parent->chain.size(); ++j)
+      if (parent->has_alias(j)) acquire(parent->chain[j]);
     child.blocks.reserve(parent->blocks.size());
     std::vector<BlockCopy> copies;
     for (int32_t j = 0; j < shared_blocks; ++j) {
@@ -273,8 +293,11 @@ class KvCacheManager::Impl {
     if (it == sequences_.end())
       return not_found_error("{}: unknown sequence {}", aborted ? "abort_sequence" : "free_sequence", id);
     // Deepest first, so each block's descendants are already released.
-    const std::vector<BlockId>& blocks = it->second.blocks;
-    for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) release(*b);
+    const Sequence& s = it->second;
+    for (size_t j = s.blocks.size(); j-- > 0;) {
+      release(s.blocks[j]);
+      if (s.has_alias(j)) release(s.chain[j]);
+    }
     sequences_.erase(it);
     if (aborted) ++stats_.sequences_aborted;
     return ok_status();
@@ -344,6 +367,9 @@ Status KvCacheManager::Impl::verify_integrity() const {
     if (static_cast<int32_t>(s.blocks.size()) != blocks_for_tokens(n))
       return internal_error("sequence {}: {} blocks for {} tokens", id, s.blocks.size(), n);
     if (s.computed < 0 || s.computed > n) return internal_error("sequence {}: {} computed of {} tokens", id, s.computed, n);
+    if (s.chain.size() != static_cast<size_t>(s.next_block_to_cache) || s.chain.size() > s.blocks.size())
+      return internal_error("sequence {}: {} chain links for {} offered blocks", id, s.chain.size(),
+                            s.next_block_to_cache);
     bool chain_cached = true;
     for (size_t j = 0; j < s.blocks.size(); ++j) {
       const BlockId b = s.blocks[j];
@@ -357,17 +383,28 @@ Status KvCacheManager::Impl::verify_integrity() const {
                               m.written_slots, expected_written);
       if (expected_written < bs() && m.ref_count != 1)
         return internal_error("sequence {}: partial block {} is shared (ref {})", id, b, m.ref_count);
-      if (m.is_cached()) {
-        if (!chain_cached) return internal_error("sequence {}: cached block {} after an uncached one", id, b);
-        if (m.namespace_id != s.namespace_id)
-          return internal_error("sequence {}: block {} cached under namespace {}, sequence is in {}", id, b,
-                                m.namespace_id, s.namespace_id);
-        if (m.parent != (j == 0 ? kNoBlock : s.blocks[j - 1]))
-          return internal_error("sequence {}: block {} has tree parent {}, table says {}", id, b, m.parent,
-                                j == 0 ? kNoBlock : s.blocks[j - 1]);
+      // The block the prefix cache knows for this position: the table's, or an alias.
+      BlockId link = b;
+      if (s.has_alias(j)) {
+        link = s.chain[j];
+        if (link < 0 || link >= pool_.num_blocks()) return internal_error("sequence {}: invalid alias {}", id, link);
+        ++refs[link];
+        if (m.is_cached()) return internal_error("sequence {}: block {} is cached beside its alias {}", id, b, link);
+        if (pool_.meta(link).is_free) return internal_error("sequence {} holds free alias block {}", id, link);
+      }
+      const BlockMeta& lm = pool_.meta(link);
+      if (lm.is_cached()) {
+        if (j >= s.chain.size()) return internal_error("sequence {}: block {} is cached before it was offered", id, b);
+        if (!chain_cached) return internal_error("sequence {}: cached block {} after an uncached one", id, link);
+        if (lm.namespace_id != s.namespace_id)
+          return internal_error("sequence {}: block {} cached under namespace {}, sequence is in {}", id, link,
+                                lm.namespace_id, s.namespace_id);
+        if (lm.parent != (j == 0 ? kNoBlock : s.chain[j - 1]))
+          return internal_error("sequence {}: block {} has tree parent {}, chain says {}", id, link, lm.parent,
+                                j == 0 ? kNoBlock : s.chain[j - 1]);
         if (!std::equal(s.tokens.begin() + static_cast<int64_t>(j) * bs(),
-                        s.tokens.begin() + static_cast<int64_t>(j + 1) * bs(), cache_.block_tokens(b)))
-          return internal_error("sequence {}: cached block {} holds other tokens than the sequence", id, b);
+                        s.tokens.begin() + static_cast<int64_t>(j + 1) * bs(), cache_.block_tokens(link)))
+          return internal_error("sequence {}: cached block {} holds other tokens than the sequence", id, link);
       } else {
         chain_cached = false;
       }
@@ -378,7 +415,7 @@ Status KvCacheManager::Impl::verify_integrity() const {
   for (BlockId b = 0; b < pool_.num_blocks(); ++b) {
     const BlockMeta& m = pool_.meta(b);
     if (m.ref_count != refs[b])
-      return internal_error("block {}: ref count {}, but {} block tables hold it", b, m.ref_count, refs[b]);
+      return internal_error("block {}: ref count {}, but {} block tables and aliases hold it", b, m.ref_count, refs[b]);
     if (m.ref_count == 0 && !m.is_free && !m.is_cached())
       return internal_error("block {} is leaked: unreferenced, uncached and not free", b);
     if (m.ref_count > 0) {
@@ -419,15 +456,17 @@ int32_t KvCacheManager::block_size() const { return impl_->bs(); }
 int32_t KvCacheManager::num_blocks() const { return impl_->pool_.num_blocks(); }
 const KvCacheConfig& KvCacheManager::config() const { return impl_->config_; }
 
-PrefixMatch KvCacheManager::match_prefix(std::string_view ns, std::span<const TokenId> prompt) const {
-  return impl_->match_prefix(ns, prompt);
+PrefixMatch KvCacheManager::match_prefix(std::string_view ns, std::span<const TokenId> prompt,
+                                         std::span<const uint64_t> block_hashes) const {
+  return impl_->match_prefix(ns, prompt, block_hashes);
 }
 int32_t KvCacheManager::blocks_for_tokens(int64_t num_tokens) const { return impl_->blocks_for_tokens(num_tokens); }
 bool KvCacheManager::can_allocate(int64_t num_tokens) const {
   return impl_->blocks_for_tokens(num_tokens) <= impl_->available();
 }
-bool KvCacheManager::can_allocate_sequence(std::string_view ns, std::span<const TokenId> prompt) const {
-  return impl_->can_allocate_sequence(ns, prompt);
+bool KvCacheManager::can_allocate_sequence(std::string_view ns, std::span<const TokenId> prompt,
+                                           std::span<const uint64_t> block_hashes) const {
+  return impl_->can_allocate_sequence(ns, prompt, block_hashes);
 }
 int32_t KvCacheManager::blocks_needed_to_append(SequenceId seq, int32_t n) const {
   return impl_->blocks_needed_to_append(seq, n);
@@ -453,8 +492,9 @@ StatusOr<std::span<const BlockId>> KvCacheManager::block_table(SequenceId seq) c
 }
 
 StatusOr<PrefixMatch> KvCacheManager::allocate_sequence(SequenceId seq, std::string_view ns,
-                                                        std::span<const TokenId> prompt) {
-  return impl_->allocate_sequence(seq, ns, prompt);
+                                                        std::span<const TokenId> prompt,
+                                                        std::span<const uint64_t> block_hashes) {
+  return impl_->allocate_sequence(seq, ns, prompt, block_hashes);
 }
 Status KvCacheManager::append_tokens(SequenceId seq, std::span<const TokenId> tokens) {
   return impl_->append_tokens(seq, tokens);

@@ -31,9 +31,13 @@
 // Invariants (checked by verify_integrity()):
 //  - every block is exactly one of: free (on the free list, ref 0, uncached),
 //    in use (ref >= 1), cached-and-unreferenced (evictable);
-//  - a block's ref count equals the number of sequence block tables holding it;
+//  - a block's ref count equals the number of sequence block tables holding it
+//    plus the sequences holding it as the cached twin of a duplicate (alias);
+//  - block tables are append-only: block_table(seq)[j] never changes while
+//    the sequence lives;
 //  - a cached block is full and written; its key is (namespace, parent block,
 //    its block_size tokens); a block that is freed and reused has lost its key;
+//    a sequence's cached blocks (its own or aliases) form one chain from the root;
 //  - a cached block's parent is cached; a referenced cached block's ancestors are
 //    referenced; only unreferenced leaves are eviction candidates;
 //  - the last, partially written block of a sequence is never shared;
@@ -89,14 +93,19 @@ class KvCacheManager {
 
   // Longest cached prefix of `prompt` inside `tenant_namespace`. Never returns
   // the whole prompt: cached_tokens <= prompt.size() - 1, rounded down to blocks.
-  PrefixMatch match_prefix(std::string_view tenant_namespace, std::span<const TokenId> prompt) const;
+  // `block_hashes`, optional everywhere it appears: the prompt's content
+  // hashes (block_hashes.h), computed once by the caller and kept with the
+  // request; without them the prompt is hashed on every call.
+  PrefixMatch match_prefix(std::string_view tenant_namespace, std::span<const TokenId> prompt,
+                           std::span<const uint64_t> block_hashes = {}) const;
 
   // Blocks needed to hold `num_tokens` new tokens in fresh blocks.
   int32_t blocks_for_tokens(int64_t num_tokens) const;
   // Could `num_tokens` tokens get fresh blocks now (free + evictable)?
   bool can_allocate(int64_t num_tokens) const;
   // Would allocate_sequence(ns, prompt) succeed now (counts the prefix match)?
-  bool can_allocate_sequence(std::string_view tenant_namespace, std::span<const TokenId> prompt) const;
+  bool can_allocate_sequence(std::string_view tenant_namespace, std::span<const TokenId> prompt,
+                             std::span<const uint64_t> block_hashes = {}) const;
   // New blocks that append_tokens(seq, num_new_tokens) would take; -1 if unknown seq.
   int32_t blocks_needed_to_append(SequenceId seq, int32_t num_new_tokens) const;
   // Free + evictable blocks: what allocation can draw on right now.
@@ -123,16 +132,19 @@ class KvCacheManager {
   // stats. kInvalidArgument: empty prompt or seq already exists.
   // kResourceExhausted: not enough blocks (nothing changes).
   StatusOr<PrefixMatch> allocate_sequence(SequenceId seq, std::string_view tenant_namespace,
-                                          std::span<const TokenId> prompt);
+                                          std::span<const TokenId> prompt,
+                                          std::span<const uint64_t> block_hashes = {});
 
   // Reserves slots for `tokens` after the sequence's current tokens (decode:
   // the token just sampled). kResourceExhausted if impossible, allocating nothing.
   Status append_tokens(SequenceId seq, std::span<const TokenId> tokens);
 
   // The next `num_tokens` reserved tokens now have K/V written in the pool.
-  // Blocks that become full enter the prefix cache (if enabled); a block whose
-  // key is already cached is swapped for the cached one (the table changes;
-  // re-read block_table). kOutOfRange if past the reserved tokens.
+  // Blocks that become full enter the prefix cache (if enabled). A block whose
+  // key is already cached stays in the table (tables are append-only: a block
+  // keeps its index until the sequence ends); the sequence holds a reference
+  // on the cached twin so later blocks chain below it, and its own copy is
+  // freed with the sequence. kOutOfRange if past the reserved tokens.
   Status mark_computed(SequenceId seq, int64_t num_tokens);
 
   // `child` becomes a copy of `parent`: full written blocks are shared (ref

@@ -102,7 +102,7 @@ bool PrefixCache::content_equals(BlockId block, int32_t ns_id, BlockId parent, c
 }
 
 PrefixMatch PrefixCache::match(std::string_view tenant_namespace, std::span<const TokenId> tokens,
-                               int32_t max_blocks) const {
+                               int32_t max_blocks, std::span<const uint64_t> content_hashes) const {
   PrefixMatch result;
   if (max_blocks <= 0) {
     result.reason = MissReason::kShorterThanBlock;
@@ -120,7 +120,9 @@ PrefixMatch PrefixCache::match(std::string_view tenant_namespace, std::span<cons
   for (int32_t base = 0; base < max_blocks; base += kChunk) {
     const int32_t n = std::min(kChunk, max_blocks - base);
     for (int32_t j = 0; j < n; ++j)
-      keys[j] = block_content_hash(tokens.data() + static_cast<size_t>(base + j) * block_size_, block_size_);
+      keys[j] = static_cast<size_t>(base + j) < content_hashes.size()
+                    ? content_hashes[static_cast<size_t>(base + j)]
+                    : block_content_hash(tokens.data() + static_cast<size_t>(base + j) * block_size_, block_size_);
     for (int32_t j = 0; j < n; ++j) {
       key = chain_combine(key, keys[j]);
       keys[j] = key;

@@ -61,8 +61,10 @@ class PrefixCache {
 
   // Longest chain of cached blocks matching tokens[0, max_blocks * block_size).
   // Fills cached_tokens, blocks and reason (kHit when all max_blocks matched;
-  // kShorterThanBlock when max_blocks == 0).
-  PrefixMatch match(std::string_view tenant_namespace, std::span<const TokenId> tokens, int32_t max_blocks) const;
+  // kShorterThanBlock when max_blocks == 0). `content_hashes`, when it holds
+  // block_content_hash of the first blocks (block_hashes.h), saves hashing them.
+  PrefixMatch match(std::string_view tenant_namespace, std::span<const TokenId> tokens, int32_t max_blocks,
+                    std::span<const uint64_t> content_hashes = {}) const;
 
   enum class InsertOutcome { kInserted, kDuplicate, kNotCacheable };
   struct InsertResult {
@@ -71,7 +73,7 @@ class PrefixCache {
   };
   // Caches `block` (full, written, referenced) under `parent` (a cached block,
   // or kNoBlock for the first block of a prompt). kDuplicate: an equal block is
-  // cached already (the caller should switch to it). kNotCacheable: parent not
+  // cached already (the caller may reference it instead). kNotCacheable: parent not
   // cached, or a hash collision with different content.
   InsertResult insert(BlockId block, int32_t ns_id, BlockId parent, const TokenId* tokens);
 

@@ -118,7 +118,7 @@ Status parse_rope(const json& j, const ConfigReader& reader, std::string_view so
   if (type != "llama3") {
     return unimplemented_error("{}: rope type '{}' not supported (supported: default, llama3)", source, type);
   }
-  kernels::Llama3RopeScaling s;
+  Llama3RopeScaling s;
   PAGODA_ASSIGN_OR_RETURN(s.factor, reader.optional_float(*scaling, "factor", s.factor));
   PAGODA_ASSIGN_OR_RETURN(s.low_freq_factor, reader.optional_float(*scaling, "low_freq_factor", s.low_freq_factor));
   PAGODA_ASSIGN_OR_RETURN(s.high_freq_factor, reader.optional_float(*scaling, "high_freq_factor", s.high_freq_factor));

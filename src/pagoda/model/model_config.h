@@ -18,7 +18,7 @@
 
 #include "pagoda/core/dtype.h"
 #include "pagoda/core/status.h"
-#include "pagoda/kernels/cpu/rope.h"
+#include "pagoda/model/rope_frequencies.h"
 
 namespace pagoda {
 
@@ -42,7 +42,7 @@ struct ModelConfig {
 
   float rms_norm_eps = 1e-6f;
   float rope_theta = 10000.0f;
-  std::optional<kernels::Llama3RopeScaling> rope_llama3;  // set for rope_type "llama3"
+  std::optional<Llama3RopeScaling> rope_llama3;  // set for rope_type "llama3"
   int32_t sliding_window = 0;  // 0: full attention (Mistral may set a window)
 
   bool tie_word_embeddings = false;  // lm_head shares embed_tokens

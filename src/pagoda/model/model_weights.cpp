@@ -35,9 +35,9 @@ class WeightBinder {
     return t;
   }
 
-  StatusOr<kernels::WeightMatrix> matrix(const std::string& name, int64_t rows, int64_t cols) {
+  StatusOr<WeightMatrix> matrix(const std::string& name, int64_t rows, int64_t cols) {
     PAGODA_ASSIGN_OR_RETURN(const TensorInfo* t, tensor(name, {rows, cols}));
-    return kernels::WeightMatrix{t->dtype, t->data, static_cast<size_t>(rows), static_cast<size_t>(cols)};
+    return WeightMatrix{t->dtype, t->data, static_cast<size_t>(rows), static_cast<size_t>(cols)};
   }
 
   StatusOr<std::vector<float>> vector(const std::string& name, int64_t size) {
@@ -114,7 +114,7 @@ Status bind_layer(WeightBinder& b, const ModelConfig& c, int32_t index, LayerWei
 }
 
 // Replaces a view by an owned f32 copy.
-void upcast(kernels::WeightMatrix& m, std::vector<std::unique_ptr<float[]>>& owned) {
+void upcast(WeightMatrix& m, std::vector<std::unique_ptr<float[]>>& owned) {
   if (m.dtype == DType::kF32) return;
   const size_t n = m.rows * m.cols;
   auto copy = std::make_unique<float[]>(n);
@@ -122,7 +122,7 @@ void upcast(kernels::WeightMatrix& m, std::vector<std::unique_ptr<float[]>>& own
   ThreadPool::global().parallel_for(n, [&](size_t begin, size_t end) {
     convert_to_f32(m.dtype, static_cast<const char*>(m.data) + begin * elem, copy.get() + begin, end - begin);
   }, 1 << 16);
-  m = kernels::WeightMatrix{DType::kF32, copy.get(), m.rows, m.cols};
+  m = WeightMatrix{DType::kF32, copy.get(), m.rows, m.cols};
   owned.push_back(std::move(copy));
 }
 

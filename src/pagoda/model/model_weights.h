@@ -22,15 +22,15 @@
 #include <vector>
 
 #include "pagoda/core/status.h"
-#include "pagoda/kernels/cpu/matmul.h"
+#include "pagoda/model/weight_matrix.h"
 #include "pagoda/model/checkpoint.h"
 #include "pagoda/model/model_config.h"
 
 namespace pagoda {
 
 struct LayerWeights {
-  kernels::WeightMatrix q_proj, k_proj, v_proj, o_proj;  // [heads * head_dim, hidden] etc.
-  kernels::WeightMatrix gate_proj, up_proj, down_proj;
+  WeightMatrix q_proj, k_proj, v_proj, o_proj;  // [heads * head_dim, hidden] etc.
+  WeightMatrix gate_proj, up_proj, down_proj;
   std::vector<float> input_norm;           // [hidden]
   std::vector<float> post_attention_norm;  // [hidden]
   std::vector<float> q_norm, k_norm;       // [head_dim], Qwen3 only
@@ -44,8 +44,8 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  kernels::WeightMatrix embed_tokens;  // [vocab, hidden]
-  kernels::WeightMatrix lm_head;       // [vocab, hidden]; == embed_tokens when tied
+  WeightMatrix embed_tokens;  // [vocab, hidden]
+  WeightMatrix lm_head;       // [vocab, hidden]; == embed_tokens when tied
   std::vector<float> final_norm;       // [hidden]
   std::vector<LayerWeights> layers;
   DType file_dtype = DType::kF32;      // dtype of the matrices in the checkpoint

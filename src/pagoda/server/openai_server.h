@@ -76,7 +76,7 @@ struct TextCodec {
 struct ServerConfig {
   std::string model_name;  // the only accepted "model"
   std::string host = "127.0.0.1";
-  int port = 8000;         // 0: any free port (see bound_port)
+  int port = 8000;         // 0: any free port (bind() returns it)
   ApiKeyStore api_keys;
   int http_threads = 64;
   size_t max_body_bytes = 8u << 20;

@@ -18,7 +18,7 @@
 #include <span>
 #include <vector>
 
-#include "pagoda/model/forward_batch.h"
+#include "pagoda/runtime/forward_batch.h"
 
 namespace pagoda::cuda {
 

@@ -116,14 +116,14 @@ DevicePagedKvLayer CudaKvPool::layer(int32_t layer) const {
                             at(value_scale_)};
 }
 
-Status CudaKvPool::copy_blocks(std::span<const kv::BlockCopy> copies, cudaStream_t stream) {
-  for (const kv::BlockCopy& c : copies) {
+Status CudaKvPool::copy_blocks(std::span<const runtime::BlockCopy> copies, cudaStream_t stream) {
+  for (const runtime::BlockCopy& c : copies) {
     if (c.src < 0 || c.src >= shape_.num_blocks || c.dst < 0 || c.dst >= shape_.num_blocks)
       return invalid_argument_error("block copy {} -> {}: ids must be in [0, {})", c.src, c.dst, shape_.num_blocks);
   }
   for (int32_t l = 0; l < shape_.num_layers; ++l) {
     char* base = memory_.as<char>() + static_cast<size_t>(l) * layer_bytes_;
-    for (const kv::BlockCopy& c : copies) {
+    for (const runtime::BlockCopy& c : copies) {
       for (const SubPool* sub : {&key_, &value_, &key_scale_, &value_scale_}) {
         if (sub->block_bytes == 0) continue;
         char* pool = base + sub->offset;

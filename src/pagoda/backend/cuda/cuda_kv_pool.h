@@ -4,7 +4,7 @@
 // in bf16), or, for the quantized KV formats (fp8 / int8 / int4, K and V each
 // their own), code pools of kv_head_data_bytes per (block, slot, head) vector
 // beside scale pools of kv_scale_groups 4-byte records per vector, laid out as
-// kernels/kv_quant.h says. All in one allocation; every sub-pool starts on a
+// runtime/kv_quant.h says. All in one allocation; every sub-pool starts on a
 // 256-byte boundary. Block id b names the same token range in every layer.
 // Memory only: which blocks belong to whom is the KV manager's business, handed
 // over in ForwardBatch block tables. Copies (copy on write) move the codes and
@@ -23,11 +23,11 @@
 
 #include <cuda_runtime_api.h>
 
-#include "pagoda/backend/cpu_kv_pool.h"
+#include "pagoda/runtime/kv_pool_shape.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
 #include "pagoda/backend/cuda/device_buffer.h"
 #include "pagoda/core/status.h"
-#include "pagoda/kv/kv_types.h"
+#include "pagoda/runtime/model_runner.h"
 
 namespace pagoda::cuda {
 
@@ -61,7 +61,7 @@ class CudaKvPool {
 
   // Copies block src -> dst in every layer, K and V, codes and scales
   // (copy-on-write forks), on `stream`. Errors: ids outside [0, num_blocks).
-  Status copy_blocks(std::span<const kv::BlockCopy> copies, cudaStream_t stream);
+  Status copy_blocks(std::span<const runtime::BlockCopy> copies, cudaStream_t stream);
 
  private:
   // One block of one sub-pool of one layer, and where it starts inside a layer.

@@ -5,9 +5,10 @@
 
 #include "pagoda/backend/cuda/cuda_check.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
-#include "pagoda/kernels/cpu/rope.h"
+#include "pagoda/model/rope_frequencies.h"
 #include "pagoda/model/checkpoint.h"
 #include "pagoda/model/model_weights.h"
+#include "pagoda/runtime/batch_validation.h"
 
 namespace pagoda::cuda {
 
@@ -99,7 +100,7 @@ Status CudaModel::init() {
   PAGODA_ASSIGN_OR_RETURN(tokens_, DeviceBuffer::allocate(R * 4));
 
   const std::vector<float> inv_freq =
-      kernels::rope_inverse_frequencies(c.head_dim, c.rope_theta, c.rope_llama3 ? &*c.rope_llama3 : nullptr);
+      rope_inverse_frequencies(c.head_dim, c.rope_theta, c.rope_llama3 ? &*c.rope_llama3 : nullptr);
   PAGODA_ASSIGN_OR_RETURN(inv_freq_, DeviceBuffer::allocate(inv_freq.size() * 4));
   PAGODA_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(inv_freq_.data(), inv_freq.data(), inv_freq.size() * 4, cudaMemcpyHostToDevice));
@@ -113,61 +114,13 @@ KvPoolShape CudaModel::kv_pool_shape(int32_t num_blocks) const {
 
 Status CudaModel::validate(const ForwardBatch& batch, const CudaKvPool& pool) const {
   const KvPoolShape& ps = pool.shape();
-  if (ps.num_layers != config_.num_layers || ps.num_kv_heads != config_.num_kv_heads ||
-      ps.head_dim != config_.head_dim || ps.block_size != options_.block_size ||
-      ps.key_dtype != options_.kv_key_dtype || ps.value_dtype != options_.kv_value_dtype) {
-    return invalid_argument_error(
-        "CUDA KV pool (layers={} kv_heads={} head_dim={} block_size={} kv dtypes={}/{}) does not fit the model "
-        "(layers={} kv_heads={} head_dim={} block_size={} kv dtypes={}/{})", ps.num_layers, ps.num_kv_heads,
-        ps.head_dim, ps.block_size, dtype_name(ps.key_dtype), dtype_name(ps.value_dtype), config_.num_layers,
-        config_.num_kv_heads, config_.head_dim, options_.block_size, dtype_name(options_.kv_key_dtype),
-        dtype_name(options_.kv_value_dtype));
-  }
-  if (batch.positions.size() != batch.token_ids.size())
-    return invalid_argument_error("forward batch: {} token ids but {} positions", batch.token_ids.size(),
-                                  batch.positions.size());
-  if (batch.num_tokens() > options_.max_num_tokens)
-    return invalid_argument_error("forward batch: {} tokens, over max_num_tokens {}", batch.num_tokens(),
-                                  options_.max_num_tokens);
-  if (static_cast<int64_t>(batch.sequences.size()) > options_.max_num_seqs)
-    return invalid_argument_error("forward batch: {} sequences, over max_num_seqs {}", batch.sequences.size(),
-                                  options_.max_num_seqs);
-  for (size_t t = 0; t < batch.token_ids.size(); ++t) {
-    if (batch.token_ids[t] < 0 || batch.token_ids[t] >= config_.vocab_size)
-      return invalid_argument_error("forward batch: token id {} at row {} is outside the vocabulary [0, {})",
-                                    batch.token_ids[t], t, config_.vocab_size);
-    if (batch.positions[t] < 0)
-      return invalid_argument_error("forward batch: negative position {} at row {}", batch.positions[t], t);
-  }
-  int32_t expected_offset = 0;
-  for (size_t s = 0; s < batch.sequences.size(); ++s) {
-    const SequenceSlice& seq = batch.sequences[s];
-    if (seq.token_offset != expected_offset || seq.num_new_tokens < 1 || seq.num_cached_tokens < 0)
-      return invalid_argument_error(
-          "forward batch: sequence {} has token_offset {} (expected {}), num_new_tokens {} (>= 1), "
-          "num_cached_tokens {} (>= 0)", s, seq.token_offset, expected_offset, seq.num_new_tokens,
-          seq.num_cached_tokens);
-    expected_offset += seq.num_new_tokens;
-    const int64_t total = static_cast<int64_t>(seq.num_cached_tokens) + seq.num_new_tokens;
-    if (total > max_model_len_)
-      return invalid_argument_error("forward batch: sequence {} holds {} tokens, over max_model_len {}", s, total,
-                                    max_model_len_);
-    const int64_t blocks_needed = (total + ps.block_size - 1) / ps.block_size;
-    if (static_cast<int64_t>(seq.block_table.size()) < blocks_needed)
-      return invalid_argument_error("forward batch: sequence {} holds {} tokens and needs {} blocks of {}, but its "
-                                    "block table has {}", s, total, blocks_needed, ps.block_size,
-                                    seq.block_table.size());
-    for (int64_t j = 0; j < blocks_needed; ++j) {
-      const int32_t block = seq.block_table[static_cast<size_t>(j)];
-      if (block < 0 || block >= ps.num_blocks)
-        return invalid_argument_error("forward batch: sequence {} block table entry {} = {} is outside the pool "
-                                      "[0, {})", s, j, block, ps.num_blocks);
-    }
-  }
-  if (expected_offset != batch.num_tokens())
-    return invalid_argument_error("forward batch: sequences cover {} tokens but the batch has {}", expected_offset,
-                                  batch.num_tokens());
-  return ok_status();
+  PAGODA_RETURN_IF_ERROR(runtime::check_pool_matches(ps, kv_pool_shape(ps.num_blocks)));
+  runtime::BatchLimits limits;
+  limits.vocab_size = config_.vocab_size;
+  limits.max_num_tokens = options_.max_num_tokens;
+  limits.max_num_seqs = options_.max_num_seqs;
+  limits.max_sequence_tokens = max_model_len_;
+  return runtime::validate_forward_batch(batch, ps, limits);
 }
 
 int32_t CudaModel::graph_bucket(const ForwardBatch& batch) const {
@@ -278,7 +231,7 @@ Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {
 }
 
 bool CudaModel::fast_attention_usable() const {
-  // Quantized KV too: kernels/cuda decodes fp8 / int8 / int4 pools (FastAttention
+  // Quantized KV too: backend/cuda/attention decodes fp8 / int8 / int4 pools (FastAttention
   // answers false for the steps it cannot run, and the builtin kernel dequantizes).
   return options_.fast_attention;
 }
@@ -330,7 +283,7 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
   };
 
   if (step.bucket > 0) {
-    // kernels/cuda's decode in graph mode: this step's arena goes to fixed
+    // backend/cuda/attention's decode in graph mode: this step's arena goes to fixed
     // device memory ahead of the graph, which replays the same launches.
     bool fast = false;
     if (fast_attention_usable()) {

@@ -17,7 +17,7 @@
 // of B <= max_graph_batch sequences runs padded to the smallest bucket >= B
 // (padding rows write no KV and attend to nothing). The first step of a bucket
 // runs eagerly and captures the graph; later ones replay it. Attention is
-// kernels/cuda's Hopper kernels (fast_attention.h) where they support the
+// backend/cuda/attention's Hopper kernels (fast_attention.h) where they support the
 // shape: split-K decode in graph mode inside the graphs, decode or tensor-core
 // prefill in eager steps; the backend's own kernel otherwise.
 //
@@ -32,7 +32,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include "pagoda/backend/cpu_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_model_weights.h"
 #include "pagoda/backend/cuda/device_buffer.h"
@@ -41,7 +40,7 @@
 #include "pagoda/backend/cuda/sampling.h"
 #include "pagoda/backend/cuda/step_plan.h"
 #include "pagoda/core/status.h"
-#include "pagoda/model/forward_batch.h"
+#include "pagoda/runtime/forward_batch.h"
 #include "pagoda/model/model_config.h"
 
 namespace pagoda::cuda {
@@ -55,10 +54,10 @@ struct CudaModelOptions {
   // Decode batches up to this size replay graphs (0: up to max_num_seqs);
   // larger ones run eagerly, with the fast attention kernels when enabled.
   int32_t max_graph_batch = 0;
-  // Eager steps use kernels/cuda's Hopper attention where it supports the shape.
+  // Eager steps use backend/cuda/attention's Hopper attention where it supports the shape.
   bool fast_attention = true;
   bool show_progress = true;      // weight-loading bar on stderr
-  // KV cache element types (bf16, or a quantized format of kernels/kv_quant.h);
+  // KV cache element types (bf16, or a quantized format of runtime/kv_quant.h);
   // kv_pool_shape() carries them to the pool.
   DType kv_key_dtype = DType::kBF16;
   DType kv_value_dtype = DType::kBF16;
@@ -109,7 +108,7 @@ class CudaModel {
   // Graph statistics (tests, benchmarks).
   int64_t graph_replays() const { return graph_replays_; }
   int64_t graphs_captured() const { return static_cast<int64_t>(graphs_.size()); }
-  // Steps whose attention ran on kernels/cuda's kernels.
+  // Steps whose attention ran on backend/cuda/attention's kernels.
   int64_t fast_attention_steps() const { return fast_attention_steps_; }
 
  private:
@@ -184,7 +183,7 @@ class CudaModel {
   struct Graph {
     cudaGraphExec_t exec = nullptr;
     const CudaKvPool* pool = nullptr;  // the pool whose addresses the graph baked in
-    bool fast_attention = false;       // captured with kernels/cuda's graph-mode decode attention
+    bool fast_attention = false;       // captured with backend/cuda/attention's graph-mode decode attention
   };
   std::map<int32_t, Graph> graphs_;
   int64_t graph_replays_ = 0;

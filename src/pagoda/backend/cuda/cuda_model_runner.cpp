@@ -23,25 +23,26 @@ StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::unique_p
   return std::unique_ptr<CudaModelRunner>(new CudaModelRunner(std::move(model), std::move(pool), std::move(report)));
 }
 
-StatusOr<std::vector<float>> CudaModelRunner::execute(const ForwardBatch& batch) {
-  std::vector<float> logits;
-  PAGODA_RETURN_IF_ERROR(model_->forward(batch, *pool_, logits));
-  return logits;
-}
-
-StatusOr<engine::SampledStep> CudaModelRunner::execute_sampled(const ForwardBatch& batch,
-                                                               std::span<const engine::DeviceSampling> rows) {
+StatusOr<runtime::StepResult> CudaModelRunner::execute(const ForwardBatch& batch,
+                                                       std::span<const runtime::RowSampling> rows) {
+  PAGODA_RETURN_IF_ERROR(runtime::check_row_sampling(batch, rows, capabilities()));
+  runtime::StepResult out;
+  if (rows.empty()) {
+    PAGODA_RETURN_IF_ERROR(model_->forward(batch, *pool_, out.host_logits));
+    out.tokens.assign(static_cast<size_t>(batch.num_logit_rows()), 0);
+    out.logprobs.assign(static_cast<size_t>(batch.num_logit_rows()), 0.0f);
+    return out;
+  }
   std::vector<GpuSamplingParams> params(rows.size());
   std::vector<int32_t> host_rows;
   for (size_t r = 0; r < rows.size(); ++r) {
-    const engine::DeviceSampling& row = rows[r];
+    const runtime::RowSampling& row = rows[r];
     if (!row.on_device) {
       host_rows.push_back(static_cast<int32_t>(r));  // its GPU draw (greedy: cheapest) is ignored
       continue;
     }
     params[r] = GpuSamplingParams{row.temperature, row.top_k, row.top_p, row.min_p, row.seed, row.step};
   }
-  engine::SampledStep out;
   PAGODA_RETURN_IF_ERROR(
       model_->forward_sampled(batch, *pool_, params, host_rows, out.tokens, out.logprobs, out.host_logits));
   return out;
@@ -53,7 +54,7 @@ StatusOr<std::vector<int32_t>> CudaModelRunner::execute_greedy(const ForwardBatc
   return tokens;
 }
 
-Status CudaModelRunner::copy_blocks(std::span<const kv::BlockCopy> copies) {
+Status CudaModelRunner::copy_blocks(std::span<const runtime::BlockCopy> copies) {
   PAGODA_RETURN_IF_ERROR(pool_->copy_blocks(copies, model_->stream()));
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(model_->stream()));
   return ok_status();

@@ -1,10 +1,10 @@
 #pragma once
 // The engine's seam on the GPU: a CudaModel plus the CudaKvPool it reads and
-// writes, behind engine::ModelRunner. The pool is sized from free GPU memory
+// writes, behind runtime::ModelRunner. The pool is sized from free GPU memory
 // after the model (weights + scratch) is on the device, like vLLM's
 // --gpu-memory-utilization; the sizing line (kv_pool_report) is printed to
-// stderr at start. The engine's KV manager must be built with num_blocks() and
-// block_size() from here.
+// stderr at start. The engine's KV manager must be built with the block size
+// and count of kv_geometry().
 //
 // Thread safety: the engine thread only (ModelRunner's contract).
 
@@ -16,7 +16,7 @@
 
 #include "pagoda/backend/cuda/cuda_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_model.h"
-#include "pagoda/engine/model_runner.h"
+#include "pagoda/runtime/model_runner.h"
 
 namespace pagoda::cuda {
 
@@ -26,18 +26,18 @@ struct CudaRunnerOptions {
   bool print_report = true;             // the KV pool line on stderr
 };
 
-class CudaModelRunner final : public engine::ModelRunner {
+class CudaModelRunner final : public runtime::ModelRunner {
  public:
   static StatusOr<std::unique_ptr<CudaModelRunner>> create(std::unique_ptr<CudaModel> model,
                                                            const CudaRunnerOptions& options = {});
 
-  StatusOr<std::vector<float>> execute(const ForwardBatch& batch) override;
   // Rows flagged on_device are sampled on the GPU (sampling.h); only the other
-  // rows' logits cross PCIe.
-  bool samples_on_device() const override { return true; }
-  StatusOr<engine::SampledStep> execute_sampled(const ForwardBatch& batch,
-                                                std::span<const engine::DeviceSampling> rows) override;
-  Status copy_blocks(std::span<const kv::BlockCopy> copies) override;
+  // rows' logits cross PCIe. No rows: every row's logits come back.
+  StatusOr<runtime::StepResult> execute(const ForwardBatch& batch,
+                                        std::span<const runtime::RowSampling> rows) override;
+  Status copy_blocks(std::span<const runtime::BlockCopy> copies) override;
+  const KvPoolShape& kv_geometry() const override { return pool_->shape(); }
+  runtime::RunnerCapabilities capabilities() const override { return {.samples_on_device = true}; }
   int32_t vocab_size() const override { return model_->config().vocab_size; }
   int32_t max_context_length() const override { return model_->max_model_len(); }
   std::vector<int32_t> eos_token_ids() const override { return model_->config().eos_token_ids; }

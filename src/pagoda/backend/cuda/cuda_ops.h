@@ -1,6 +1,6 @@
 #pragma once
 // Launchers of the CUDA backend's fused kernels (the GEMMs live in gemm.h, the
-// fast attention in kernels/cuda once it lands). Every launcher enqueues on
+// paged attention in attention/, driven through fast_attention.h). Every launcher enqueues on
 // `stream`, never synchronizes, never allocates, and reads its sizes from host
 // arguments and its per-token metadata from device arrays, so a whole forward
 // can be captured in a CUDA graph. Each returns cudaGetLastError() after the
@@ -10,14 +10,14 @@
 // f32 and rounds to bf16 once on store. Matrices are row-major; a row_stride
 // (in elements) lets a kernel work on a column slice of a wider matrix, e.g.
 // the q, k or v part of the fused qkv projection output. Every op has a CPU
-// reference in kernels/cpu and a comparison test in tests/gpu_backend.
+// reference in backend/cpu/kernels and a comparison test in tests/gpu_backend.
 
 #include <cstdint>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
-#include "pagoda/kernels/kv_quant.h"
+#include "pagoda/runtime/kv_quant.h"
 
 namespace pagoda::cuda {
 
@@ -50,7 +50,7 @@ cudaError_t head_rmsnorm(bf16* x, int64_t row_stride, int32_t num_tokens, int32_
 // Rotary embedding in place ("rotate half"): element i < head_dim/2 of every head
 // pairs with i + head_dim/2, angle = positions[t] * inv_freq[i] (f32 product, as
 // the CPU kernel and transformers). inv_freq [head_dim/2] f32 on the device
-// (llama3 scaling is already folded in: kernels::rope_inverse_frequencies).
+// (llama3 scaling is already folded in: rope_inverse_frequencies).
 cudaError_t rope(bf16* x, int64_t row_stride, const int32_t* positions, int32_t num_tokens,
                  int32_t num_heads, int32_t head_dim, const float* inv_freq, cudaStream_t stream);
 
@@ -65,7 +65,7 @@ cudaError_t silu_mul(const bf16* gate_up, bf16* out, int32_t rows, int32_t inter
 
 // One layer of the paged KV pool on the GPU. For bf16 (KvQuant::kNone), key and
 // value are each [num_blocks, block_size, num_kv_heads, head_dim] bf16 (the
-// CpuKvPool layout). For the quantized formats of kernels/kv_quant.h they hold
+// CpuKvPool layout). For the quantized formats of runtime/kv_quant.h they hold
 // kv_head_data_bytes(head_dim, dtype) bytes per (block, slot, head) vector, and
 // key_scale / value_scale kv_scale_groups(head_dim, dtype) 4-byte records per
 // vector (null for bf16). K and V may use different formats.
@@ -86,7 +86,7 @@ struct DevicePagedKvLayer {
 // (row stride row_stride) go to flat slot slots[t] = block * block_size + offset;
 // a negative slot skips the token (padding rows of a CUDA graph bucket). head_dim % 8 == 0.
 // Quantized pools are quantized here, one warp per (token, kv head), with the
-// arithmetic of kernels/kv_quant.h (the same codes as the CPU's quantize_kv_vector).
+// arithmetic of runtime/kv_quant.h (the same codes as the CPU's quantize_kv_vector).
 cudaError_t kv_write(const bf16* k, const bf16* v, int64_t row_stride, const int64_t* slots,
                      int32_t num_tokens, const DevicePagedKvLayer& layer, cudaStream_t stream);
 
@@ -138,7 +138,7 @@ struct DeviceAttentionPlan {
 // <= 256; num_q_heads % num_kv_heads == 0. The new tokens' K/V must already be
 // in the pool (kv_write). Quantized pools are dequantized (codes x scale + zero,
 // in f32, then bf16) as the tiles are loaded. A simple, correct kernel;
-// kernels/cuda has the fast ones.
+// backend/cuda/attention has the fast ones.
 cudaError_t paged_attention(const bf16* q, int64_t q_row_stride, const DevicePagedKvLayer& layer,
                             const DeviceAttentionPlan& plan, int32_t num_q_heads, float scale,
                             bf16* out, cudaStream_t stream);
@@ -147,9 +147,6 @@ cudaError_t paged_attention(const bf16* q, int64_t q_row_stride, const DevicePag
 cudaError_t argmax_rows(const float* logits, int32_t rows, int32_t cols, int32_t* out,
                         cudaStream_t stream);
 
-// x[i] = uniform in [-scale, scale), a pure function of (seed, i): reproducible
-// random weights built directly on the GPU (--load-format random).
-cudaError_t fill_random_uniform(bf16* x, int64_t n, float scale, uint64_t seed, cudaStream_t stream);
 // x[i] = value (f32), e.g. norm weights of a random model.
 cudaError_t fill_constant(float* x, int64_t n, float value, cudaStream_t stream);
 

@@ -15,8 +15,8 @@
 #include "pagoda/core/dtype.h"
 
 #ifdef PAGODA_HAVE_KERNELS_CUDA
-#include "pagoda/kernels/cuda/attention_kernels.h"
-#include "pagoda/kernels/cuda/attention_plan.h"
+#include "pagoda/backend/cuda/attention/attention_kernels.h"
+#include "pagoda/backend/cuda/attention/attention_plan.h"
 #endif
 
 namespace pagoda::cuda {
@@ -311,7 +311,7 @@ Status FastAttention::run(const DevicePagedKvLayer& layer, const bf16* q, bf16* 
   return ok_status();
 }
 
-#else  // kernels/cuda not built: always fall back to the backend's own kernel.
+#else  // backend/cuda/attention not built: always fall back to the backend's own kernel.
 
 struct FastAttention::State {};
 FastAttention::FastAttention() : state_(std::make_unique<State>()) {}
@@ -326,7 +326,7 @@ StatusOr<bool> FastAttention::plan_graph(const ModelConfig&, const ForwardBatch&
   return false;
 }
 Status FastAttention::run(const DevicePagedKvLayer&, const bf16*, bf16*, cudaStream_t) {
-  return failed_precondition_error("FastAttention: kernels/cuda is not compiled in");
+  return failed_precondition_error("FastAttention: backend/cuda/attention is not compiled in");
 }
 
 #endif

@@ -1,5 +1,5 @@
 #pragma once
-// Adapter to the Hopper paged attention kernels of kernels/cuda (split-K
+// Adapter to the Hopper paged attention kernels of backend/cuda/attention (split-K
 // decode, tensor-core prefill): plans a step with PagedAttentionPlan, keeps the
 // plan's int32 arena and split-K workspace on the device, and launches the
 // kernel for one layer.
@@ -7,14 +7,14 @@
 // Two kinds of plan, one per step:
 //  - plan(): any step (prefill chunks, mixed steps, eager decodes). Arena and
 //    workspace grow as needed, so launches are only valid for this step.
-//  - plan_graph(): a pure decode step padded to a CUDA-graph bucket. kernels/cuda's
+//  - plan_graph(): a pure decode step padded to a CUDA-graph bucket. backend/cuda/attention's
 //    graph mode gives a descriptor that is the same for every step of the
 //    bucket (fixed sequence count, fixed work-item capacity, block tables last
 //    with the model's stride), and the arena and workspace live in buffers
 //    sized once for the largest bucket and never moved, so launches captured
 //    in a graph replay correctly after each step's plan_graph().
 //
-// When kernels/cuda is not built, or the shape is outside what it supports
+// When backend/cuda/attention is not built, or the shape is outside what it supports
 // (head_dim not 64/128/256, sliding window, prefill with head_dim 256 or more
 // than 128 query heads per KV head), the plan calls answer false and the
 // caller uses its own kernel (paged_attention.cu).
@@ -30,13 +30,13 @@
 #include "pagoda/backend/cuda/device_buffer.h"
 #include "pagoda/core/dtype.h"
 #include "pagoda/core/status.h"
-#include "pagoda/model/forward_batch.h"
+#include "pagoda/runtime/forward_batch.h"
 #include "pagoda/model/model_config.h"
 
 namespace pagoda::cuda {
 
 // The start-up check of the attention kernels at one model's attention shape
-// (check_attention_kernels below): kernels/cuda's attention and the backend's
+// (check_attention_kernels below): backend/cuda/attention's attention and the backend's
 // own kernel each run on the same random bf16 inputs and each are compared with
 // a float64 CPU reference, relative L2 over all outputs, for a prefill step
 // (prompts of 200 and 77 tokens), a mixed step (two decodes, then a prompt and
@@ -50,7 +50,7 @@ namespace pagoda::cuda {
 // logit range after 32 layers (docs/KERNELS.md, "Fast attention in the model").
 // Against a reference, per op, a wrong kernel stands out at once.
 struct AttentionCheck {
-  bool fast_available = false;  // kernels/cuda built and supporting this shape
+  bool fast_available = false;  // backend/cuda/attention built and supporting this shape
   // Relative L2 error vs float64 (0 when not run).
   double fast_prefill = 0, builtin_prefill = 0;
   double fast_decode = 0, builtin_decode = 0;
@@ -67,7 +67,7 @@ class FastAttention {
   FastAttention(const FastAttention&) = delete;
   FastAttention& operator=(const FastAttention&) = delete;
 
-  // True when kernels/cuda was compiled in.
+  // True when backend/cuda/attention was compiled in.
   static bool compiled_in();
 
   // The pool's element types (bf16 unless set). Quantized pools (fp8 / int8 /

@@ -3,12 +3,12 @@
 // shared read of the builtin attention kernel (paged_attention.cu) and of the
 // scratch copy for the prefill over quantized KV (kv_dequantize_blocks.cu), so
 // that both see exactly the same values: code x scale + zero in f32, rounded
-// once to bf16 (kernels/kv_quant.h's formats). Device code only (.cu files).
+// once to bf16 (runtime/kv_quant.h's formats). Device code only (.cu files).
 
 #include <cstdint>
 
 #include "pagoda/backend/cuda/cuda_ops.h"
-#include "pagoda/kernels/cuda/kv_dequant.cuh"
+#include "pagoda/backend/cuda/attention/kv_dequant.cuh"
 
 namespace pagoda::cuda {
 

@@ -2,10 +2,10 @@
 // (token, kv head) vector, K and V together. Quantized pools: one warp per
 // (token, kv head); lane i holds elements i, i + 32, ... so that an int4 group
 // of 32 is one register across the warp and amax / min / max are warp
-// shuffles. The arithmetic is kernels/kv_quant.h's, written with explicitly
+// shuffles. The arithmetic is runtime/kv_quant.h's, written with explicitly
 // rounded intrinsics (no contraction, no fast-math) so that the codes equal the
 // CPU quantizer's bit for bit. fp8 with a checkpoint's per-tensor scale skips
-// the amax and codes x * (1 / scale), as kernels/cpu/kv_quantize.cpp does.
+// the amax and codes x * (1 / scale), as backend/cpu/kernels/kv_quantize.cpp does.
 #include <cmath>
 
 #include <cuda_fp16.h>

@@ -1,4 +1,4 @@
-// Paged attention, simple and correct (the fast kernels are kernels/cuda's).
+// Paged attention, simple and correct (the fast kernels are backend/cuda/attention's).
 //
 // Grid (token, kv head, group of up to 8 query heads): the query heads that
 // share a KV head share every K/V tile, loaded into shared memory 32 keys at a

@@ -1,24 +1,19 @@
-// Reproducible random weights made on the GPU: a splitmix64 hash of (seed, index)
-// per element, so no host memory or transfer is needed for an 8B model.
+// Reproducible random data made on the GPU: a splitmix64 hash of (seed, index)
+// per element, so no host memory or transfer is needed for an 8B model's
+// weights or a benchmark's gigabytes of KV.
+#include "pagoda/backend/cuda/random_fill.h"
+
 #include "pagoda/backend/cuda/cuda_ops.h"
+#include "pagoda/model/random_weights.h"
 
 namespace pagoda::cuda {
 
 namespace {
 
-__device__ uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-__global__ void fill_random_uniform_kernel(bf16* __restrict__ x, int64_t n, float scale, uint64_t seed) {
+__global__ void fill_random_bf16_kernel(bf16* __restrict__ x, int64_t n, float low, float high, uint64_t seed) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const uint64_t bits = splitmix64(seed * 0x100000001b3ull ^ static_cast<uint64_t>(i));
-    const float unit = static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-    x[i] = __float2bfloat16((2.0f * unit - 1.0f) * scale);
+    x[i] = __float2bfloat16(random_uniform_element(seed, static_cast<uint64_t>(i), low, high));
   }
 }
 
@@ -34,9 +29,9 @@ unsigned grid_for(int64_t n) {
 
 }  // namespace
 
-cudaError_t fill_random_uniform(bf16* x, int64_t n, float scale, uint64_t seed, cudaStream_t stream) {
+cudaError_t fill_random_bf16(void* x, int64_t n, float low, float high, uint64_t seed, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  fill_random_uniform_kernel<<<grid_for(n), 256, 0, stream>>>(x, n, scale, seed);
+  fill_random_bf16_kernel<<<grid_for(n), 256, 0, stream>>>(static_cast<bf16*>(x), n, low, high, seed);
   return cudaGetLastError();
 }
 

@@ -1,0 +1,113 @@
+#include "pagoda/backend/cpu/cpu_kv_pool.h"
+
+#include <cassert>
+#include <cstring>
+#include <new>
+
+namespace pagoda {
+
+namespace {
+
+bool is_kv_dtype(DType d) {
+  switch (d) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kFP8E4M3:
+    case DType::kInt8:
+    case DType::kInt4: return true;
+  }
+  return false;
+}
+
+std::unique_ptr<std::byte[]> zeroed_bytes(size_t n) {
+  if (n == 0) return nullptr;
+  return std::unique_ptr<std::byte[]>(new std::byte[n]());
+}
+
+}  // namespace
+
+CpuKvPool::Store CpuKvPool::make_store(const KvPoolShape& shape, DType dtype) {
+  Store s;
+  s.dtype = dtype;
+  const size_t vectors_per_block = static_cast<size_t>(shape.block_size) * shape.num_kv_heads;
+  s.block_data_bytes = vectors_per_block * kernels::kv_head_bytes(shape.head_dim, dtype);
+  s.block_scale_bytes = vectors_per_block * kernels::kv_head_scale_bytes(shape.head_dim, dtype);
+  const size_t blocks = static_cast<size_t>(shape.num_layers) * shape.num_blocks;
+  s.data = zeroed_bytes(blocks * s.block_data_bytes);
+  s.scales = zeroed_bytes(blocks * s.block_scale_bytes);
+  return s;
+}
+
+StatusOr<CpuKvPool> CpuKvPool::create(const KvPoolShape& shape) {
+  if (shape.num_layers <= 0 || shape.num_blocks <= 0 || shape.block_size <= 0 ||
+      shape.num_kv_heads <= 0 || shape.head_dim <= 0) {
+    return invalid_argument_error(
+        "KV pool shape must be positive: layers={} blocks={} block_size={} kv_heads={} head_dim={}",
+        shape.num_layers, shape.num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim);
+  }
+  if (!is_kv_dtype(shape.key_dtype) || !is_kv_dtype(shape.value_dtype)) {
+    return invalid_argument_error("KV pool dtypes must be f32, f16, bf16, fp8, int8 or int4 (got K {}, V {})",
+                                  static_cast<int>(shape.key_dtype), static_cast<int>(shape.value_dtype));
+  }
+  try {
+    Store key = make_store(shape, shape.key_dtype);
+    Store value = make_store(shape, shape.value_dtype);
+    return CpuKvPool(shape, std::move(key), std::move(value));
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted_error("cannot allocate a CPU KV pool of {} blocks x {} tokens ({} MiB)",
+                                    shape.num_blocks, shape.block_size,
+                                    shape.bytes_per_token() * shape.block_size * shape.num_blocks >> 20);
+  }
+}
+
+CpuKvPool::CpuKvPool(const KvPoolShape& shape, Store key, Store value)
+    : shape_(shape), key_(std::move(key)), value_(std::move(value)) {}
+
+std::byte* CpuKvPool::block_data(const Store& store, int32_t layer, int32_t block) const {
+  return store.data.get() + (static_cast<size_t>(layer) * shape_.num_blocks + block) * store.block_data_bytes;
+}
+
+std::byte* CpuKvPool::block_scales(const Store& store, int32_t layer, int32_t block) const {
+  if (!store.scales) return nullptr;
+  return store.scales.get() + (static_cast<size_t>(layer) * shape_.num_blocks + block) * store.block_scale_bytes;
+}
+
+kernels::PagedKvLayer CpuKvPool::layer(int32_t layer) {
+  assert(layer >= 0 && layer < shape_.num_layers);
+  kernels::PagedKvLayer view;
+  view.key = block_data(key_, layer, 0);
+  view.value = block_data(value_, layer, 0);
+  view.num_blocks = shape_.num_blocks;
+  view.block_size = shape_.block_size;
+  view.num_kv_heads = shape_.num_kv_heads;
+  view.head_dim = shape_.head_dim;
+  view.key_dtype = shape_.key_dtype;
+  view.value_dtype = shape_.value_dtype;
+  view.key_scales = block_scales(key_, layer, 0);
+  view.value_scales = block_scales(value_, layer, 0);
+  return view;
+}
+
+void CpuKvPool::zero_block(int32_t block) {
+  assert(block >= 0 && block < shape_.num_blocks);
+  for (int32_t l = 0; l < shape_.num_layers; ++l) {
+    for (const Store* s : {&key_, &value_}) {
+      std::memset(block_data(*s, l, block), 0, s->block_data_bytes);
+      if (s->scales) std::memset(block_scales(*s, l, block), 0, s->block_scale_bytes);
+    }
+  }
+}
+
+void CpuKvPool::copy_block(int32_t src, int32_t dst) {
+  assert(src >= 0 && src < shape_.num_blocks && dst >= 0 && dst < shape_.num_blocks);
+  if (src == dst) return;
+  for (int32_t l = 0; l < shape_.num_layers; ++l) {
+    for (const Store* s : {&key_, &value_}) {
+      std::memcpy(block_data(*s, l, dst), block_data(*s, l, src), s->block_data_bytes);
+      if (s->scales) std::memcpy(block_scales(*s, l, dst), block_scales(*s, l, src), s->block_scale_bytes);
+    }
+  }
+}
+
+}  // namespace pagoda

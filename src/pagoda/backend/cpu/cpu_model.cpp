@@ -1,0 +1,136 @@
+#include "pagoda/backend/cpu/cpu_model.h"
+
+#include <cmath>
+
+#include "pagoda/backend/cpu/kernels/embedding.h"
+#include "pagoda/backend/cpu/kernels/kv_write.h"
+#include "pagoda/backend/cpu/kernels/matmul.h"
+#include "pagoda/backend/cpu/kernels/paged_attention.h"
+#include "pagoda/backend/cpu/kernels/rmsnorm.h"
+#include "pagoda/backend/cpu/kernels/rope.h"
+#include "pagoda/backend/cpu/kernels/silu_mul.h"
+#include "pagoda/runtime/batch_validation.h"
+
+namespace pagoda {
+
+namespace {
+
+const float* bias_or_null(const std::vector<float>& bias) { return bias.empty() ? nullptr : bias.data(); }
+
+void add_in_place(float* dst, const float* src, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<CpuModel>> CpuModel::load(const std::filesystem::path& model_dir,
+                                                   const WeightLoadOptions& options) {
+  PAGODA_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(model_dir));
+  PAGODA_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(model_dir, options.progress));
+  auto shared = std::make_shared<const Checkpoint>(std::move(checkpoint));
+  PAGODA_ASSIGN_OR_RETURN(ModelWeights weights, bind_model_weights(config, std::move(shared), options));
+  return std::make_unique<CpuModel>(std::move(config), std::move(weights));
+}
+
+CpuModel::CpuModel(ModelConfig config, ModelWeights weights)
+    : config_(std::move(config)), weights_(std::move(weights)) {
+  inv_freq_ = rope_inverse_frequencies(
+      config_.head_dim, config_.rope_theta, config_.rope_llama3 ? &*config_.rope_llama3 : nullptr);
+}
+
+KvPoolShape CpuModel::kv_pool_shape(int32_t num_blocks, int32_t block_size, DType key_dtype,
+                                    DType value_dtype) const {
+  return KvPoolShape{config_.num_layers, num_blocks, block_size, config_.num_kv_heads,
+                     config_.head_dim, key_dtype, value_dtype};
+}
+
+Status CpuModel::validate(const ForwardBatch& batch, const CpuKvPool& pool) const {
+  const KvPoolShape& ps = pool.shape();
+  PAGODA_RETURN_IF_ERROR(runtime::check_pool_matches(
+      ps, kv_pool_shape(ps.num_blocks, ps.block_size, ps.key_dtype, ps.value_dtype)));
+  runtime::BatchLimits limits;
+  limits.vocab_size = config_.vocab_size;
+  return runtime::validate_forward_batch(batch, ps, limits);
+}
+
+Status CpuModel::forward(const ForwardBatch& batch, CpuKvPool& pool, std::vector<float>& logits) {
+  PAGODA_RETURN_IF_ERROR(validate(batch, pool));
+  const ModelConfig& c = config_;
+  const size_t T = static_cast<size_t>(batch.num_tokens());
+  const size_t H = static_cast<size_t>(c.hidden_size);
+  const size_t D = static_cast<size_t>(c.head_dim);
+  const size_t q_width = static_cast<size_t>(c.num_q_heads) * D;
+  const size_t kv_width = static_cast<size_t>(c.num_kv_heads) * D;
+  const size_t I = static_cast<size_t>(c.intermediate_size);
+  logits.assign(static_cast<size_t>(batch.num_logit_rows()) * c.vocab_size, 0.0f);
+  if (T == 0) return ok_status();
+
+  // Plan once per batch: the attention view of every sequence and the KV slot of every token.
+  std::vector<kernels::PagedSequence> sequences;
+  sequences.reserve(batch.sequences.size());
+  for (const SequenceSlice& s : batch.sequences)
+    sequences.push_back({s.token_offset, s.num_new_tokens, s.num_cached_tokens, s.block_table});
+  const std::vector<int64_t> slots = kernels::plan_kv_slots(sequences, pool.shape().block_size, T);
+  const kernels::PagedAttentionParams attention{c.num_q_heads, 1.0f / std::sqrt(static_cast<float>(D)),
+                                                c.sliding_window};
+
+  hidden_.resize(T * H);
+  normed_.resize(T * H);
+  q_.resize(T * q_width);
+  k_.resize(T * kv_width);
+  v_.resize(T * kv_width);
+  attn_.resize(T * q_width);
+  proj_.resize(T * H);
+  gate_.resize(T * I);
+  up_.resize(T * I);
+
+  kernels::embedding_lookup(weights_.embed_tokens, batch.token_ids.data(), T, hidden_.data());
+
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+    kernels::rmsnorm(hidden_.data(), w.input_norm.data(), normed_.data(), T, H, c.rms_norm_eps);
+    kernels::linear(normed_.data(), T, w.q_proj, bias_or_null(w.q_bias), q_.data());
+    kernels::linear(normed_.data(), T, w.k_proj, bias_or_null(w.k_bias), k_.data());
+    kernels::linear(normed_.data(), T, w.v_proj, bias_or_null(w.v_bias), v_.data());
+    if (c.qk_norm) {
+      kernels::rmsnorm(q_.data(), w.q_norm.data(), q_.data(), T * c.num_q_heads, D, c.rms_norm_eps);
+      kernels::rmsnorm(k_.data(), w.k_norm.data(), k_.data(), T * c.num_kv_heads, D, c.rms_norm_eps);
+    }
+    kernels::apply_rope(q_.data(), batch.positions.data(), T, c.num_q_heads, D, inv_freq_.data());
+    kernels::apply_rope(k_.data(), batch.positions.data(), T, c.num_kv_heads, D, inv_freq_.data());
+
+    kernels::PagedKvLayer kv = pool.layer(l);
+    kv.key_fixed_scale = w.k_scale;  // checkpoint-calibrated fp8 scales, when present (0: per vector)
+    kv.value_fixed_scale = w.v_scale;
+    kernels::kv_write(k_.data(), v_.data(), slots, kv);
+    kernels::paged_attention(q_.data(), kv, sequences, attention, attn_.data());
+
+    kernels::linear(attn_.data(), T, w.o_proj, bias_or_null(w.o_bias), proj_.data());
+    add_in_place(hidden_.data(), proj_.data(), T * H);
+
+    kernels::rmsnorm(hidden_.data(), w.post_attention_norm.data(), normed_.data(), T, H, c.rms_norm_eps);
+    kernels::linear(normed_.data(), T, w.gate_proj, bias_or_null(w.gate_bias), gate_.data());
+    kernels::linear(normed_.data(), T, w.up_proj, bias_or_null(w.up_bias), up_.data());
+    kernels::silu_mul(gate_.data(), up_.data(), gate_.data(), T * I);
+    kernels::linear(gate_.data(), T, w.down_proj, bias_or_null(w.down_bias), proj_.data());
+    add_in_place(hidden_.data(), proj_.data(), T * H);
+  }
+
+  // Only the requested rows go through the final norm and the (large) lm_head.
+  std::vector<size_t> rows;
+  for (const SequenceSlice& s : batch.sequences) {
+    if (s.logits_for_all_new_tokens) {
+      for (int32_t i = 0; i < s.num_new_tokens; ++i) rows.push_back(static_cast<size_t>(s.token_offset + i));
+    } else if (s.logits_for_last_token) {
+      rows.push_back(static_cast<size_t>(s.token_offset + s.num_new_tokens - 1));
+    }
+  }
+  if (rows.empty()) return ok_status();
+  for (size_t r = 0; r < rows.size(); ++r)
+    std::copy_n(hidden_.data() + rows[r] * H, H, normed_.data() + r * H);  // normed_ has >= T rows
+  kernels::rmsnorm(normed_.data(), weights_.final_norm.data(), normed_.data(), rows.size(), H, c.rms_norm_eps);
+  kernels::linear(normed_.data(), rows.size(), weights_.lm_head, nullptr, logits.data());
+  return ok_status();
+}
+
+}  // namespace pagoda

@@ -1,0 +1,62 @@
+#pragma once
+// The CPU reference forward of the llama family (Llama incl. llama3 RoPE,
+// Mistral, Qwen2, Qwen3), f32 compute on f32/f16/bf16 weights, multi-threaded
+// on ThreadPool::global().
+//
+// One call runs one ForwardBatch: any mix of prefill chunks (after cached
+// tokens or not) and decodes, several sequences. Per layer: rmsnorm -> q/k/v
+// (+bias) -> (Qwen3 q/k norm) -> RoPE -> write K/V into the pool at the slots
+// of each sequence's block table -> paged attention (K/V read only through the
+// block tables) -> o_proj -> residual -> rmsnorm -> silu(gate) * up -> down ->
+// residual; then final norm and lm_head for the requested rows only.
+//
+// Thread safety: forward() uses per-model scratch buffers: one call at a time
+// per model. The pool is written at the batch's slots only.
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "pagoda/backend/cpu/cpu_kv_pool.h"
+#include "pagoda/core/status.h"
+#include "pagoda/runtime/forward_batch.h"
+#include "pagoda/model/model_config.h"
+#include "pagoda/model/model_weights.h"
+
+namespace pagoda {
+
+class CpuModel {
+ public:
+  // Reads config.json (+ generation_config.json), mmaps the safetensors and binds the weights.
+  static StatusOr<std::unique_ptr<CpuModel>> load(const std::filesystem::path& model_dir,
+                                                  const WeightLoadOptions& options = {});
+  CpuModel(ModelConfig config, ModelWeights weights);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+
+  // The pool shape this model needs for num_blocks blocks of block_size tokens,
+  // K and V stored as key_dtype / value_dtype (f32, f16, bf16, fp8, int8, int4).
+  KvPoolShape kv_pool_shape(int32_t num_blocks, int32_t block_size, DType key_dtype = DType::kF32,
+                            DType value_dtype = DType::kF32) const;
+
+  // Runs the batch. logits is resized to [batch.num_logit_rows(), vocab_size],
+  // rows in order of sequences, then tokens. Errors (nothing is written to the
+  // pool then): batch inconsistent (lengths, offsets, token ids out of vocab,
+  // block table too short or naming blocks outside the pool) or a pool whose
+  // shape does not fit the model.
+  Status forward(const ForwardBatch& batch, CpuKvPool& pool, std::vector<float>& logits);
+
+ private:
+  Status validate(const ForwardBatch& batch, const CpuKvPool& pool) const;
+
+  ModelConfig config_;
+  ModelWeights weights_;
+  std::vector<float> inv_freq_;  // [head_dim / 2]
+
+  // Scratch, reused across calls: [num_tokens, ...].
+  std::vector<float> hidden_, normed_, q_, k_, v_, attn_, proj_, gate_, up_;
+};
+
+}  // namespace pagoda

@@ -1,0 +1,47 @@
+#pragma once
+// ModelRunner over the CPU reference model (backend/cpu/cpu_model.h) and its
+// paged KV pool (backend/cpu/cpu_kv_pool.h). Owns the pool and shares the
+// model (several runners with different KV settings may use one model, one at
+// a time). Every row comes back as logits: the engine's host sampler picks the
+// tokens.
+//
+// Thread safety: one thread (CpuModel::forward uses shared scratch).
+
+#include <cstdint>
+#include <memory>
+
+#include "pagoda/backend/cpu/cpu_kv_pool.h"
+#include "pagoda/backend/cpu/cpu_model.h"
+#include "pagoda/runtime/model_runner.h"
+
+namespace pagoda {
+
+class CpuModelRunner final : public runtime::ModelRunner {
+ public:
+  // Pool of num_blocks blocks of block_size tokens for `model`, K and V stored
+  // as key_dtype / value_dtype (f32, or a quantized format of runtime/kv_quant.h).
+  static StatusOr<std::unique_ptr<CpuModelRunner>> create(std::shared_ptr<CpuModel> model, int32_t num_blocks,
+                                                          int32_t block_size, DType key_dtype = DType::kF32,
+                                                          DType value_dtype = DType::kF32);
+  // Blocks that fit in `bytes` of KV memory for this model (K and V, every layer, scales included).
+  static int64_t blocks_for_memory(const CpuModel& model, int64_t bytes, int32_t block_size,
+                                   DType key_dtype = DType::kF32, DType value_dtype = DType::kF32);
+
+  StatusOr<runtime::StepResult> execute(const ForwardBatch& batch,
+                                        std::span<const runtime::RowSampling> rows) override;
+  Status copy_blocks(std::span<const runtime::BlockCopy> copies) override;
+  const KvPoolShape& kv_geometry() const override { return pool_.shape(); }
+  int32_t vocab_size() const override { return model_->config().vocab_size; }
+  int32_t max_context_length() const override { return model_->config().max_position_embeddings; }
+  std::vector<int32_t> eos_token_ids() const override { return model_->config().eos_token_ids; }
+
+  const CpuModel& model() const { return *model_; }
+  const CpuKvPool& pool() const { return pool_; }
+
+ private:
+  CpuModelRunner(std::shared_ptr<CpuModel> model, CpuKvPool pool);
+  std::shared_ptr<CpuModel> model_;
+  CpuKvPool pool_;
+};
+
+}  // namespace pagoda

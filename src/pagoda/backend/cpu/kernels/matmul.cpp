@@ -1,0 +1,84 @@
+#include "pagoda/backend/cpu/kernels/matmul.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cassert>
+#include <mutex>
+#include <vector>
+
+#include "pagoda/core/thread_pool.h"
+#include "pagoda/backend/cpu/kernels/vector_dot.h"
+
+namespace pagoda::kernels {
+
+namespace {
+
+void pin_openblas_to_one_thread() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+// y[:, n0:n1] = x · W[n0:n1, :]^T for f32 rows w_rows (already offset to n0).
+void sgemm_rows(const float* x, size_t m, const float* w_rows, size_t n_rows, size_t k,
+                float* y, size_t ldy) {
+  if (m == 1) {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n_rows), static_cast<int>(k), 1.0f,
+                w_rows, static_cast<int>(k), x, 1, 0.0f, y, 1);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
+              static_cast<int>(n_rows), static_cast<int>(k), 1.0f, x, static_cast<int>(k), w_rows,
+              static_cast<int>(k), 0.0f, y, static_cast<int>(ldy));
+}
+
+// Up to this many input rows, per-row dot products (vector_dot.h) beat sgemm:
+// each weight row is read once for all inputs and f16/bf16 need no tile copy.
+constexpr size_t kMaxRowsForDotPath = 4;
+
+// Waking the pool costs microseconds; below ~256K multiply-adds per task (a
+// decode-step projection of a small model) one thread finishes sooner.
+size_t rows_per_task(size_t m, size_t k) {
+  constexpr size_t kMinMacsPerTask = size_t{1} << 18;
+  return std::max<size_t>(16, kMinMacsPerTask / std::max<size_t>(1, m * k));
+}
+
+}  // namespace
+
+void linear(const float* x, size_t m, const WeightMatrix& w, const float* bias, float* y) {
+  assert(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16);
+  pin_openblas_to_one_thread();
+  const size_t n = w.rows, k = w.cols;
+  if (m == 0 || n == 0) return;
+  const size_t elem_bytes = static_cast<size_t>(dtype_bits(w.dtype) / 8);
+  // Rows per converted tile: ~256 KB of f32, at least 8 rows.
+  const size_t tile_rows = std::max<size_t>(8, (256 * 1024 / sizeof(float)) / std::max<size_t>(1, k));
+
+  ThreadPool::global().parallel_for(n, [&](size_t begin, size_t end) {
+    if (m <= kMaxRowsForDotPath) {
+      // Decode: one pass over the weight rows in their own dtype, no conversion buffer.
+      for (size_t j = begin; j < end; ++j) {
+        const void* row = static_cast<const char*>(w.data) + j * k * elem_bytes;
+        for (size_t r = 0; r < m; ++r) y[r * n + j] = dot_weights(x + r * k, row, w.dtype, k);
+      }
+    } else if (w.dtype == DType::kF32) {
+      const float* rows = static_cast<const float*>(w.data) + begin * k;
+      sgemm_rows(x, m, rows, end - begin, k, y + begin, n);
+    } else {
+      thread_local std::vector<float> tile;
+      for (size_t r0 = begin; r0 < end; r0 += tile_rows) {
+        const size_t r1 = std::min(end, r0 + tile_rows);
+        tile.resize((r1 - r0) * k);
+        convert_to_f32(w.dtype, static_cast<const char*>(w.data) + r0 * k * elem_bytes,
+                       tile.data(), (r1 - r0) * k);
+        sgemm_rows(x, m, tile.data(), r1 - r0, k, y + r0, n);
+      }
+    }
+    if (bias != nullptr) {
+      for (size_t r = 0; r < m; ++r)
+        for (size_t j = begin; j < end; ++j) y[r * n + j] += bias[j];
+    }
+  }, rows_per_task(m, k));
+}
+
+}  // namespace pagoda::kernels

@@ -1,0 +1,24 @@
+#pragma once
+// The linear layer y = x · W^T + bias on the CPU, for weights kept in their file
+// dtype (f32, f16 or bf16, usually a zero-copy view into an mmapped checkpoint).
+// Compute is f32: f32 weights go straight to OpenBLAS sgemm; f16/bf16 weights
+// are converted to f32 a tile of rows at a time (a few hundred KB, cache
+// resident) and each tile goes through sgemm, so no full f32 copy is ever made.
+// With at most 4 input rows (decode) the weights are read directly by SIMD dot
+// products (vector_dot.h) instead.
+//
+// Threading: output columns are split across ThreadPool::global(); OpenBLAS is
+// pinned to one thread per call so the two pools never oversubscribe the cores.
+// Call from one thread at a time.
+
+#include <cstddef>
+
+#include "pagoda/model/weight_matrix.h"
+
+namespace pagoda::kernels {
+
+// y[m, w.rows] = x[m, w.cols] · w^T (+ bias[w.rows] when bias != nullptr).
+// x, y, bias: f32, row-major, y must not alias x.
+void linear(const float* x, size_t m, const WeightMatrix& w, const float* bias, float* y);
+
+}  // namespace pagoda::kernels

@@ -1,0 +1,84 @@
+#pragma once
+// Plain descriptors the paged-KV kernels take (plan on the host, then run).
+// They hold no ownership; the KV pool (backend/) and the block tables
+// (ForwardBatch) outlive the kernel call.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "pagoda/core/dtype.h"
+#include "pagoda/runtime/kv_quant.h"
+
+namespace pagoda::kernels {
+
+// The quantized format of a KV dtype (kNone for f32 / f16 / bf16).
+inline KvQuant kv_quant_of(DType dtype) {
+  switch (dtype) {
+    case DType::kFP8E4M3: return KvQuant::kFP8E4M3;
+    case DType::kInt8: return KvQuant::kInt8;
+    case DType::kInt4: return KvQuant::kInt4;
+    default: return KvQuant::kNone;
+  }
+}
+
+// Data bytes of one (token, head) vector of head_dim elements stored as dtype
+// (scales not included: they live in the scale pool).
+inline size_t kv_head_bytes(int32_t head_dim, DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return static_cast<size_t>(head_dim) * 4;
+    case DType::kF16:
+    case DType::kBF16: return static_cast<size_t>(head_dim) * 2;
+    default: return static_cast<size_t>(kv_head_data_bytes(head_dim, kv_quant_of(dtype)));
+  }
+}
+
+// Bytes of the scale records of one (token, head) vector: 0 for unquantized dtypes.
+inline size_t kv_head_scale_bytes(int32_t head_dim, DType dtype) {
+  return static_cast<size_t>(kv_scale_groups(head_dim, kv_quant_of(dtype))) * 4;
+}
+
+// One layer of the paged KV pool. key and value each hold
+// [num_blocks, block_size, num_kv_heads, kv_head_bytes(head_dim, dtype)] bytes,
+// row-major: the vector of (block b, slot s, head h) starts at byte
+// ((b * block_size + s) * num_kv_heads + h) * kv_head_bytes(head_dim, dtype).
+// For quantized dtypes (runtime/kv_quant.h) key_scales / value_scales hold the
+// 4-byte scale records of each vector at
+// ((b * num_kv_heads + h) * block_size + s) * kv_head_scale_bytes(head_dim, dtype)
+// (kernels::kv_scale_vector: one head's records of a block are contiguous);
+// they are null for f32 / f16 / bf16. K and V may use different dtypes.
+struct PagedKvLayer {
+  void* key = nullptr;
+  void* value = nullptr;
+  int32_t num_blocks = 0;
+  int32_t block_size = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  DType key_dtype = DType::kF32;
+  DType value_dtype = DType::kF32;
+  void* key_scales = nullptr;
+  void* value_scales = nullptr;
+  // fp8 only: > 0 quantizes every vector with this per-tensor scale (a
+  // checkpoint's calibrated k_scale / v_scale) instead of its own amax / 448.
+  // The scale record still holds the scale used, so reading is unchanged.
+  float key_fixed_scale = 0.0f;
+  float value_fixed_scale = 0.0f;
+
+  // The pools as f32 (only when the dtype is f32).
+  float* key_f32() const { return static_cast<float*>(key); }
+  float* value_f32() const { return static_cast<float*>(value); }
+};
+
+// One sequence of a batch, as attention sees it. New token i (0-based) sits at
+// sequence index num_cached_tokens + i and attends to indices
+// [0, num_cached_tokens + i] (causal), restricted to the last `sliding_window`
+// of them when the kernel is given a window. Index p lives in block
+// block_table[p / block_size] at slot p % block_size.
+struct PagedSequence {
+  int32_t token_offset = 0;  // row of the first new token in q / out
+  int32_t num_new_tokens = 0;
+  int32_t num_cached_tokens = 0;
+  std::span<const int32_t> block_table;
+};
+
+}  // namespace pagoda::kernels

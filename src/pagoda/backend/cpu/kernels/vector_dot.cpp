@@ -1,0 +1,109 @@
+#include "pagoda/backend/cpu/kernels/vector_dot.h"
+
+#include <immintrin.h>
+
+namespace pagoda::kernels {
+
+namespace {
+
+// ---- generic ----
+float dot_f32_generic(const float* a, const float* b, size_t n) {
+  float s = 0.0f;
+  for (size_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+float dot_weights_generic(const float* x, const void* w, DType dtype, size_t n) {
+  if (dtype == DType::kF32) return dot_f32_generic(x, static_cast<const float*>(w), n);
+  const auto* h = static_cast<const uint16_t*>(w);
+  float s = 0.0f;
+  for (size_t i = 0; i < n; ++i) s += x[i] * (dtype == DType::kBF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]));
+  return s;
+}
+void axpy_generic(float alpha, const float* x, float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+// ---- AVX2 + FMA + F16C ----
+#define PAGODA_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+PAGODA_AVX2 inline float horizontal_sum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+  return _mm_cvtss_f32(lo);
+}
+
+PAGODA_AVX2 inline __m256 load_bf16(const uint16_t* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+PAGODA_AVX2 inline __m256 load_f16(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+template <int kKind>  // 0 f32, 1 bf16, 2 f16
+PAGODA_AVX2 float dot_avx2(const float* x, const void* w, size_t n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  auto load = [w](size_t i) PAGODA_AVX2 {
+    if constexpr (kKind == 0) return _mm256_loadu_ps(static_cast<const float*>(w) + i);
+    else if constexpr (kKind == 1) return load_bf16(static_cast<const uint16_t*>(w) + i);
+    else return load_f16(static_cast<const uint16_t*>(w) + i);
+  };
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), load(i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), load(i + 8), acc1);
+  }
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), load(i), acc0);
+  float s = horizontal_sum(_mm256_add_ps(acc0, acc1));
+  for (; i < n; ++i) {
+    if constexpr (kKind == 0) s += x[i] * static_cast<const float*>(w)[i];
+    else if constexpr (kKind == 1) s += x[i] * bf16_to_f32(static_cast<const uint16_t*>(w)[i]);
+    else s += x[i] * f16_to_f32(static_cast<const uint16_t*>(w)[i]);
+  }
+  return s;
+}
+
+PAGODA_AVX2 float dot_f32_avx2(const float* a, const float* b, size_t n) { return dot_avx2<0>(a, b, n); }
+PAGODA_AVX2 float dot_weights_avx2(const float* x, const void* w, DType dtype, size_t n) {
+  switch (dtype) {
+    case DType::kBF16: return dot_avx2<1>(x, w, n);
+    case DType::kF16: return dot_avx2<2>(x, w, n);
+    default: return dot_avx2<0>(x, w, n);
+  }
+}
+PAGODA_AVX2 void axpy_avx2(float alpha, const float* x, float* y, size_t n) {
+  const __m256 a = _mm256_set1_ps(alpha);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+struct Dispatch {
+  float (*dot_f32)(const float*, const float*, size_t);
+  float (*dot_weights)(const float*, const void*, DType, size_t);
+  void (*axpy)(float, const float*, float*, size_t);
+  const char* name;
+};
+
+const Dispatch& dispatch() {
+  static const Dispatch d = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+      return Dispatch{dot_f32_avx2, dot_weights_avx2, axpy_avx2, "avx2+fma+f16c"};
+    return Dispatch{dot_f32_generic, dot_weights_generic, axpy_generic, "generic"};
+  }();
+  return d;
+}
+
+}  // namespace
+
+float dot_f32(const float* a, const float* b, size_t n) { return dispatch().dot_f32(a, b, n); }
+float dot_weights(const float* x, const void* w, DType w_dtype, size_t n) {
+  return dispatch().dot_weights(x, w, w_dtype, n);
+}
+void axpy(float alpha, const float* x, float* y, size_t n) { dispatch().axpy(alpha, x, y, n); }
+const char* vector_dot_implementation() { return dispatch().name; }
+
+}  // namespace pagoda::kernels

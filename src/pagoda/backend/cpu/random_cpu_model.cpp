@@ -1,0 +1,100 @@
+#include "pagoda/backend/cpu/random_cpu_model.h"
+
+#include <cmath>
+
+#include "pagoda/core/thread_pool.h"
+#include "pagoda/model/random_weights.h"
+#include "pagoda/runtime/kv_sizing.h"
+
+namespace pagoda {
+
+namespace {
+
+// Fills owned f32 matrices with model/random_weights.h's values.
+class RandomMatrices {
+ public:
+  RandomMatrices(uint64_t seed, std::vector<std::unique_ptr<float[]>>& owned) : seed_(seed), owned_(owned) {}
+
+  WeightMatrix make(RandomMatrix kind, int32_t layer, int64_t rows, int64_t cols) {
+    const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
+    auto data = std::make_unique<float[]>(n);
+    const uint64_t stream = random_matrix_stream(seed_, kind, layer);
+    float* out = data.get();
+    ThreadPool::global().parallel_for(n, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i)
+        out[i] = random_uniform_element(stream, i, -kRandomWeightHalfWidth, kRandomWeightHalfWidth);
+    }, 1 << 16);
+    WeightMatrix m{DType::kF32, data.get(), static_cast<size_t>(rows), static_cast<size_t>(cols)};
+    owned_.push_back(std::move(data));
+    return m;
+  }
+
+ private:
+  uint64_t seed_;
+  std::vector<std::unique_ptr<float[]>>& owned_;
+};
+
+std::vector<float> ones(int64_t n) { return std::vector<float>(static_cast<size_t>(n), 1.0f); }
+std::vector<float> zeros(int64_t n) { return std::vector<float>(static_cast<size_t>(n), 0.0f); }
+
+}  // namespace
+
+size_t random_cpu_weight_bytes(const ModelConfig& c) {
+  const size_t hidden = c.hidden_size, inter = c.intermediate_size;
+  const size_t q_out = static_cast<size_t>(c.num_q_heads) * c.head_dim;
+  const size_t kv_out = static_cast<size_t>(c.num_kv_heads) * c.head_dim;
+  const size_t per_layer = q_out * hidden * 2 + kv_out * hidden * 2 + inter * hidden * 3;
+  const size_t embeddings = static_cast<size_t>(c.vocab_size) * hidden * (c.tie_word_embeddings ? 1 : 2);
+  return (per_layer * static_cast<size_t>(c.num_layers) + embeddings) * sizeof(float);
+}
+
+StatusOr<std::unique_ptr<CpuModel>> make_random_cpu_model(const ModelConfig& c, uint64_t seed, size_t max_bytes) {
+  const size_t bytes = random_cpu_weight_bytes(c);
+  if (bytes > max_bytes) {
+    return resource_exhausted_error(
+        "random f32 weights of this {} config need {} of memory (more than the {} the CPU path allows); "
+        "use --device cuda, which makes bf16 weights on the GPU", c.architecture_name, format_bytes(bytes),
+        format_bytes(max_bytes));
+  }
+  ModelWeights w;
+  RandomMatrices random(seed, w.owned_f32);
+  const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
+  const int64_t q_out = static_cast<int64_t>(c.num_q_heads) * c.head_dim;
+  const int64_t kv_out = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  w.embed_tokens = random.make(RandomMatrix::kEmbedTokens, -1, c.vocab_size, hidden);
+  w.layers.resize(static_cast<size_t>(c.num_layers));
+  for (int32_t layer = 0; layer < c.num_layers; ++layer) {
+    LayerWeights& l = w.layers[static_cast<size_t>(layer)];
+    l.input_norm = ones(hidden);
+    l.post_attention_norm = ones(hidden);
+    l.q_proj = random.make(RandomMatrix::kQProj, layer, q_out, hidden);
+    l.k_proj = random.make(RandomMatrix::kKProj, layer, kv_out, hidden);
+    l.v_proj = random.make(RandomMatrix::kVProj, layer, kv_out, hidden);
+    l.o_proj = random.make(RandomMatrix::kOProj, layer, hidden, q_out);
+    if (c.qkv_bias) {
+      l.q_bias = zeros(q_out);
+      l.k_bias = zeros(kv_out);
+      l.v_bias = zeros(kv_out);
+    }
+    if (c.o_proj_bias) l.o_bias = zeros(hidden);
+    if (c.qk_norm) {
+      l.q_norm = ones(c.head_dim);
+      l.k_norm = ones(c.head_dim);
+    }
+    l.gate_proj = random.make(RandomMatrix::kGateProj, layer, inter, hidden);
+    l.up_proj = random.make(RandomMatrix::kUpProj, layer, inter, hidden);
+    l.down_proj = random.make(RandomMatrix::kDownProj, layer, hidden, inter);
+    if (c.mlp_bias) {
+      l.gate_bias = zeros(inter);
+      l.up_bias = zeros(inter);
+      l.down_bias = zeros(hidden);
+    }
+  }
+  w.final_norm = ones(hidden);
+  w.lm_head = c.tie_word_embeddings ? w.embed_tokens : random.make(RandomMatrix::kLmHead, -1, c.vocab_size, hidden);
+  w.file_dtype = DType::kF32;
+  w.upcast_to_f32 = false;
+  return std::make_unique<CpuModel>(c, std::move(w));
+}
+
+}  // namespace pagoda

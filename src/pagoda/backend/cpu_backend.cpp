@@ -1,0 +1,118 @@
+#include "pagoda/backend/cpu_backend.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "pagoda/backend/cpu/cpu_kv_pool.h"
+#include "pagoda/backend/cpu/cpu_model.h"
+#include "pagoda/backend/cpu/cpu_model_runner.h"
+#include "pagoda/backend/cpu/random_cpu_model.h"
+#include "pagoda/backend/startup_report.h"
+#include "pagoda/core/thread_pool.h"
+#include "pagoda/model/checkpoint.h"
+#include "pagoda/model/model_weights.h"
+#include "pagoda/runtime/kv_sizing.h"
+
+namespace pagoda::backend {
+namespace {
+
+size_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : size_t{8} << 30;
+}
+
+int64_t cpu_weight_bytes(const ModelWeights& w) {
+  auto bytes = [](const WeightMatrix& m) {
+    return static_cast<int64_t>(m.rows * m.cols) * dtype_bits(m.dtype) / 8;
+  };
+  int64_t total = bytes(w.embed_tokens) + (w.lm_head.data == w.embed_tokens.data ? 0 : bytes(w.lm_head));
+  for (const LayerWeights& l : w.layers)
+    for (const auto* m : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj})
+      total += bytes(*m);
+  return total;
+}
+
+}  // namespace
+
+StatusOr<RunnerSetup> create_cpu_runner(const RunnerSpec& spec, const RunnerRequirements& req,
+                                             ModelConfig config) {
+  // A one-block pool first: a KV dtype the CPU pool cannot store fails before the weights load.
+  if (auto probe = CpuKvPool::create(pool_shape(config, spec, 1)); !probe.ok())
+    return with_kv_dtype_context(probe.status(), spec);
+
+  auto progress = [&req](const std::string& line) {
+    if (req.progress) req.progress(line);
+  };
+  std::unique_ptr<CpuModel> model;
+  std::string weights_text;
+  if (spec.load_format == LoadFormat::kRandom) {
+    // Half the machine's memory, at most 16 GiB: small shapes for tests and demos, not 8B-class models.
+    const size_t max_bytes = std::min(physical_memory_bytes() / 2, size_t{16} << 30);
+    PAGODA_ASSIGN_OR_RETURN(model, make_random_cpu_model(config, spec.weight_seed, max_bytes));
+    weights_text = "f32 (random)";
+  } else {
+    progress("loading " + spec.model_dir);
+    PAGODA_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(spec.model_dir, progress));
+    WeightLoadOptions options;
+    options.progress = progress;
+    PAGODA_ASSIGN_OR_RETURN(
+        ModelWeights weights,
+        bind_model_weights(config, std::make_shared<const Checkpoint>(std::move(checkpoint)), options));
+    model = std::make_unique<CpuModel>(config, std::move(weights));
+    weights_text = fmt::format("{}{}", dtype_name(model->weights().file_dtype),
+                               model->weights().upcast_to_f32 ? " (upcast to f32)" : " (mmapped)");
+  }
+
+  RunnerSetup setup;
+  setup.spec = spec;
+  setup.config = config;
+  setup.max_model_len = req.sequence_tokens > 0 ? req.sequence_tokens : config.max_position_embeddings;
+  setup.block_size = spec.block_size;
+  setup.weight_bytes = cpu_weight_bytes(model->weights());
+  setup.kv_bytes_per_token = static_cast<int64_t>(pool_shape(config, spec, 1).bytes_per_token());
+
+  std::string sizing;
+  int64_t num_blocks = 0;
+  if (spec.kv_cache_memory > 0) {
+    num_blocks = CpuModelRunner::blocks_for_memory(*model, spec.kv_cache_memory, spec.block_size,
+                                                           spec.key_dtype, spec.value_dtype);
+    sizing = fmt::format("--kv-cache-memory {}", format_bytes(static_cast<double>(spec.kv_cache_memory)));
+    if (num_blocks < 1)
+      return invalid_argument_error("--kv-cache-memory {}: holds no KV block of {} tokens ({} per token)",
+                                    spec.kv_cache_memory, spec.block_size,
+                                    format_bytes(static_cast<double>(setup.kv_bytes_per_token)));
+  } else {
+    num_blocks = blocks_for_tokens(std::max<int64_t>(req.min_kv_tokens, 1), spec.block_size);
+    sizing = "sized to the request";
+  }
+  if (num_blocks > INT32_MAX)
+    return invalid_argument_error("--kv-cache-memory {}: {} blocks is more than a pool can index",
+                                  spec.kv_cache_memory, num_blocks);
+  if (num_blocks * spec.block_size < req.min_kv_tokens)
+    return invalid_argument_error("--kv-cache-memory {}: holds {} tokens, this run needs {}", spec.kv_cache_memory,
+                                  num_blocks * spec.block_size, req.min_kv_tokens);
+
+  auto runner = CpuModelRunner::create(std::move(model), static_cast<int32_t>(num_blocks), spec.block_size,
+                                               spec.key_dtype, spec.value_dtype);
+  if (!runner.ok()) return with_kv_dtype_context(runner.status(), spec);
+  setup.num_blocks = static_cast<int32_t>(num_blocks);
+  setup.runner = std::move(*runner);
+
+  std::vector<std::string> lines;
+  lines.push_back(fmt::format("device: cpu ({} threads)", ThreadPool::global().size()));
+  lines.push_back(model_summary(config, spec) +
+                  fmt::format("; weights {} {}", format_bytes(static_cast<double>(setup.weight_bytes)), weights_text));
+  add_kv_report(setup, lines);
+  lines.insert(lines.end() - 1,
+               fmt::format("KV pool: {} blocks x {} tokens = {} tokens, {} ({})", setup.num_blocks, setup.block_size,
+                           setup.kv_pool_tokens(),
+                           format_bytes(static_cast<double>(setup.kv_pool_tokens() * setup.kv_bytes_per_token)),
+                           sizing));
+  for (const std::string& l : lines) setup.report += l + "\n";
+  return setup;
+}
+
+}  // namespace pagoda::backend

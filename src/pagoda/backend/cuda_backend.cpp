@@ -1,0 +1,107 @@
+#include "pagoda/backend/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "pagoda/backend/cuda/cuda_kv_pool.h"
+#include "pagoda/backend/cuda/cuda_model.h"
+#include "pagoda/backend/cuda/cuda_model_runner.h"
+#include "pagoda/backend/startup_report.h"
+#include "pagoda/runtime/kv_sizing.h"
+
+namespace pagoda::backend {
+namespace {
+
+// "NVIDIA H200, 139.8 GiB, sm_90" of device 0, or why no device can be used.
+StatusOr<std::string> probe_cuda_device() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    return failed_precondition_error(
+        "--device cuda: no usable CUDA device on this machine ({}); run with --device cpu",
+        err != cudaSuccess ? fmt::format("{}: {}", cudaGetErrorName(err), cudaGetErrorString(err))
+                           : std::string("no devices"));
+  }
+  cudaDeviceProp prop{};
+  if (const cudaError_t e = cudaGetDeviceProperties(&prop, 0); e != cudaSuccess)
+    return failed_precondition_error("--device cuda: cannot query device 0 ({})", cudaGetErrorString(e));
+  if (prop.major < 9) {
+    return failed_precondition_error("--device cuda: device 0 ({}) is sm_{}{}; pagoda's CUDA kernels are built for "
+                                     "Hopper (sm_90a)", prop.name, prop.major, prop.minor);
+  }
+  return fmt::format("{}, {:.1f} GiB, sm_{}{}", prop.name, prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0),
+                     prop.major, prop.minor);
+}
+
+}  // namespace
+
+StatusOr<RunnerSetup> create_cuda_runner(const RunnerSpec& spec, const RunnerRequirements& req,
+                                              ModelConfig config) {
+  PAGODA_ASSIGN_OR_RETURN(std::string device_text, probe_cuda_device());
+  if (auto probe = cuda::CudaKvPool::create(pool_shape(config, spec, 1)); !probe.ok())
+    return with_kv_dtype_context(probe.status(), spec);
+
+  cuda::CudaModelOptions options;
+  options.max_num_seqs = spec.max_num_seqs;
+  // generate runs its whole prompt in one forward: the scratch must hold it.
+  options.max_num_tokens = std::max(spec.max_tokens_per_step, req.prompt_tokens);
+  options.max_model_len = req.sequence_tokens > 0 ? req.sequence_tokens : config.max_position_embeddings;
+  options.block_size = spec.block_size;
+  options.show_progress = req.show_progress;
+  options.kv_key_dtype = spec.key_dtype;
+  options.kv_value_dtype = spec.value_dtype;
+  std::unique_ptr<cuda::CudaModel> model;
+  if (spec.load_format == LoadFormat::kRandom) {
+    PAGODA_ASSIGN_OR_RETURN(model, cuda::CudaModel::create_random(config, spec.weight_seed, options));
+  } else {
+    if (req.progress) req.progress("loading " + spec.model_dir + " to the GPU");
+    PAGODA_ASSIGN_OR_RETURN(model, cuda::CudaModel::load(spec.model_dir, options));
+  }
+
+  RunnerSetup setup;
+  setup.spec = spec;
+  setup.config = config;
+  setup.block_size = spec.block_size;
+  setup.weight_bytes = static_cast<int64_t>(model->weight_bytes());
+  setup.kv_bytes_per_token = static_cast<int64_t>(pool_shape(config, spec, 1).bytes_per_token());
+
+  cuda::CudaRunnerOptions runner_options;
+  runner_options.gpu_memory_utilization = spec.gpu_memory_utilization;
+  runner_options.print_report = false;  // part of our report
+  if (spec.kv_cache_memory > 0) {
+    const int64_t blocks = spec.kv_cache_memory / (setup.kv_bytes_per_token * spec.block_size);
+    if (blocks < 1)
+      return invalid_argument_error("--kv-cache-memory {}: holds no KV block of {} tokens ({} per token)",
+                                    spec.kv_cache_memory, spec.block_size,
+                                    format_bytes(static_cast<double>(setup.kv_bytes_per_token)));
+    runner_options.num_blocks = static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX));
+  } else if (req.size_pool_to_request && req.min_kv_tokens > 0) {
+    runner_options.num_blocks = static_cast<int32_t>(blocks_for_tokens(req.min_kv_tokens, spec.block_size));
+  }
+  auto runner = cuda::CudaModelRunner::create(std::move(model), runner_options);
+  if (!runner.ok()) {
+    return runner.status().with_context(fmt::format("allocating the KV pool ({}, --gpu-memory-utilization {})",
+                                                    kv_dtype_flags_text(spec), spec.gpu_memory_utilization));
+  }
+  setup.num_blocks = (*runner)->num_blocks();
+  setup.max_model_len = (*runner)->max_context_length();
+  if (setup.kv_pool_tokens() < req.min_kv_tokens)
+    return resource_exhausted_error("the KV pool holds {} tokens, this run needs {} (raise --gpu-memory-utilization "
+                                    "or --kv-cache-memory)", setup.kv_pool_tokens(), req.min_kv_tokens);
+  const std::string pool_report = (*runner)->kv_pool_report();
+  setup.runner = std::move(*runner);
+
+  std::vector<std::string> lines;
+  lines.push_back("device: cuda (" + device_text + ")");
+  lines.push_back(model_summary(config, spec) +
+                  fmt::format("; weights {} bf16 on the GPU", format_bytes(static_cast<double>(setup.weight_bytes))));
+  add_kv_report(setup, lines);
+  lines.insert(lines.end() - 1, pool_report);
+  for (const std::string& l : lines) setup.report += l + "\n";
+  return setup;
+}
+
+}  // namespace pagoda::backend

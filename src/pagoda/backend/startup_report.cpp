@@ -1,0 +1,55 @@
+#include "pagoda/backend/startup_report.h"
+
+#include <fmt/format.h>
+
+#include "pagoda/runtime/kv_sizing.h"
+
+namespace pagoda::backend {
+
+std::string_view device_name(Device device) { return device == Device::kCuda ? "cuda" : "cpu"; }
+
+int64_t blocks_for_tokens(int64_t tokens, int32_t block_size) { return (tokens + block_size - 1) / block_size; }
+
+int64_t RunnerSetup::max_concurrent_full_requests() const {
+  if (max_model_len <= 0 || block_size <= 0) return 0;
+  return num_blocks / blocks_for_tokens(max_model_len, block_size);
+}
+
+KvPoolShape pool_shape(const ModelConfig& config, const RunnerSpec& spec, int32_t num_blocks) {
+  return KvPoolShape{config.num_layers, num_blocks, spec.block_size, config.num_kv_heads, config.head_dim,
+                     spec.key_dtype, spec.value_dtype};
+}
+
+std::string kv_dtype_flags_text(const RunnerSpec& spec) {
+  if (spec.key_dtype == spec.value_dtype) return fmt::format("--kv-cache-dtype {}", dtype_name(spec.key_dtype));
+  return fmt::format("--kv-cache-dtype-k {} --kv-cache-dtype-v {}", dtype_name(spec.key_dtype),
+                     dtype_name(spec.value_dtype));
+}
+
+Status with_kv_dtype_context(const Status& status, const RunnerSpec& spec) {
+  return status.with_context(fmt::format("{} on --device {}", kv_dtype_flags_text(spec), device_name(spec.device)));
+}
+
+std::string model_summary(const ModelConfig& c, const RunnerSpec& spec) {
+  const std::string source = spec.load_format == LoadFormat::kRandom
+                                 ? fmt::format("random weights for {} (seed {})", spec.config_path, spec.weight_seed)
+                                 : spec.model_dir;
+  return fmt::format("model: {} from {}: {} layers, hidden {}, heads {}/{} (head_dim {}), vocab {}",
+                     c.architecture_name, source, c.num_layers, c.hidden_size, c.num_q_heads, c.num_kv_heads,
+                     c.head_dim, c.vocab_size);
+}
+
+void add_kv_report(const RunnerSetup& setup, std::vector<std::string>& lines) {
+  const RunnerSpec& f = setup.spec;
+  const KvShape shape{setup.config.num_layers, setup.config.num_q_heads, setup.config.num_kv_heads,
+                      setup.config.head_dim};
+  lines.push_back(format_kv_cache_line(shape, f.key_dtype, f.value_dtype,
+                                       setup.kv_pool_tokens() * setup.kv_bytes_per_token, setup.block_size) +
+                  " (scales included)");
+  lines.push_back(fmt::format(
+      "capacity: {} tokens in the KV pool = {} requests of {} tokens (max_model_len) at once; max-num-seqs {}, "
+      "max-tokens-per-step {}", setup.kv_pool_tokens(), setup.max_concurrent_full_requests(), setup.max_model_len,
+      f.max_num_seqs, f.max_tokens_per_step));
+}
+
+}  // namespace pagoda::backend

@@ -1,0 +1,213 @@
+#include "pagoda/cli/runner_flags.h"
+
+#include <array>
+#include <filesystem>
+
+#include "pagoda/runtime/kv_sizing.h"
+
+namespace pagoda::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int32_t kMaxBlockSize = 256;  // the KV manager's limit
+constexpr const char* kDefaultServeCpuKvMemory = "256MiB";
+constexpr int32_t kCpuDefaultMaxNumSeqs = 64, kCpuDefaultMaxTokensPerStep = 512;
+// vLLM's defaults on a GPU; the CUDA model sizes its scratch and graph buckets from them.
+constexpr int32_t kCudaDefaultMaxNumSeqs = 256, kCudaDefaultMaxTokensPerStep = 8192;
+
+bool given(const CLI::Option* option) { return option != nullptr && option->count() > 0; }
+
+StatusOr<DType> parse_kv_dtype(const std::string& flag, const std::string& value, backend::Device device) {
+  static constexpr std::array<std::pair<const char*, DType>, 5> kNames = {
+      {{"f32", DType::kF32}, {"bf16", DType::kBF16}, {"fp8", DType::kFP8E4M3}, {"int8", DType::kInt8},
+       {"int4", DType::kInt4}}};
+  if (value == "auto") return device == backend::Device::kCuda ? DType::kBF16 : DType::kF32;
+  for (const auto& [name, dtype] : kNames)
+    if (value == name) return dtype;
+  return invalid_argument_error("{} {}: expected one of auto, f32, bf16, fp8, int8, int4 (auto: f32 on cpu, bf16 "
+                                "on cuda)", flag, value.empty() ? "''" : value);
+}
+
+}  // namespace
+
+void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) {
+  cmd.add_option("--model", flags.model,
+                 "Required: a Hugging Face model directory (config.json + safetensors [+ tokenizer.json]); with "
+                 "--load-format random also a bare config.json file (or use --config)");
+  cmd.add_option("--config", flags.config_file,
+                 "config.json for --load-format random (the model's shape; no weights needed)");
+  cmd.add_option("--device", flags.device,
+                 "Where the model runs: cpu (the reference backend) or cuda (NVIDIA Hopper GPU, when compiled in: "
+                 "see `pagoda --version`)")
+      ->capture_default_str();
+  cmd.add_option("--load-format", flags.load_format,
+                 "auto: weights from the checkpoint in --model; random: random weights for the config.json's shape "
+                 "(bf16 made on the GPU with --device cuda, f32 on the CPU), to benchmark real shapes without a "
+                 "download")
+      ->capture_default_str();
+  cmd.add_option("--weight-seed", flags.weight_seed, "Seed of the --load-format random weights")->capture_default_str();
+  cmd.add_option("--kv-cache-dtype", flags.kv_cache_dtype,
+                 "KV cache element type: auto (f32 on cpu, bf16 on cuda), f32, bf16, fp8 (e4m3, per-token-head "
+                 "scale), int8 (per-token-head scale + zero), int4 (groups of 32); smaller types fit more tokens")
+      ->capture_default_str();
+  cmd.add_option("--kv-cache-dtype-k", flags.kv_cache_dtype_k, "Element type of the keys only (overrides --kv-cache-dtype)");
+  cmd.add_option("--kv-cache-dtype-v", flags.kv_cache_dtype_v,
+                 "Element type of the values only (overrides --kv-cache-dtype)");
+  cmd.add_option("--block-size", flags.block_size, "Tokens per KV cache block")->capture_default_str();
+  flags.kv_cache_memory_option = cmd.add_option(
+      "--kv-cache-memory", flags.kv_cache_memory,
+      command == RunnerCommand::kServe
+          ? "Bytes of KV cache, e.g. 256MiB, 4GiB or 1e9 (cpu default 256MiB; on cuda it replaces "
+            "--gpu-memory-utilization)"
+          : "Bytes of KV cache, e.g. 256MiB (cpu default: what the prompt + --max-tokens need; on cuda it replaces "
+            "--gpu-memory-utilization)");
+  flags.gpu_memory_utilization_option =
+      cmd.add_option("--gpu-memory-utilization", flags.gpu_memory_utilization,
+                     "--device cuda: fraction of the GPU's memory pagoda may hold (weights, scratch and the KV pool, "
+                     "which takes the rest), in (0, 1], like vLLM")
+          ->capture_default_str();
+  cmd.add_option("--max-model-len", flags.max_model_len,
+                 "Longest sequence (prompt + output) in tokens; default: config.json's max_position_embeddings. "
+                 "Larger values run past the trained context (benchmarks)");
+  if (command == RunnerCommand::kServe) {
+    flags.max_num_seqs_option = cmd.add_option("--max-num-seqs,--max-running", flags.max_num_seqs,
+                                               "Most sequences in one batch (default: 64 on cpu, 256 on cuda)");
+    flags.max_tokens_per_step_option =
+        cmd.add_option("--max-tokens-per-step,--max-num-batched-tokens", flags.max_tokens_per_step,
+                       "Token budget of one engine step, prefill chunks + decodes (default: 512 on cpu, 8192 on cuda)");
+  }
+}
+
+StatusOr<backend::RunnerSpec> resolve_runner_flags(const RunnerFlags& flags, RunnerCommand command) {
+  backend::RunnerSpec r;
+  if (flags.device == "cpu") {
+    r.device = backend::Device::kCpu;
+  } else if (flags.device == "cuda") {
+    r.device = backend::Device::kCuda;  // compiled in or not: checked last, after the values
+  } else {
+    return invalid_argument_error("--device {}: expected cpu or cuda", flags.device);
+  }
+
+  if (flags.load_format == "auto") {
+    r.load_format = backend::LoadFormat::kAuto;
+  } else if (flags.load_format == "random") {
+    r.load_format = backend::LoadFormat::kRandom;
+  } else {
+    return invalid_argument_error("--load-format {}: expected auto (weights from --model) or random", flags.load_format);
+  }
+
+  // Where the model comes from.
+  std::error_code ec;
+  if (r.load_format == backend::LoadFormat::kAuto) {
+    if (!flags.config_file.empty())
+      return invalid_argument_error("--config {} needs --load-format random (with auto the checkpoint in --model "
+                                    "brings its own config.json)", flags.config_file);
+    if (flags.model.empty()) return invalid_argument_error("--model is required: a Hugging Face model directory");
+    if (!fs::is_directory(flags.model, ec))
+      return invalid_argument_error("--model {}: not a directory (a checkpoint: config.json + safetensors)",
+                                    flags.model);
+    r.model_dir = flags.model;
+    r.config_path = (fs::path(flags.model) / "config.json").string();
+  } else {
+    if (flags.model.empty() && flags.config_file.empty())
+      return invalid_argument_error("--load-format random needs a config.json: --model DIR|FILE or --config FILE");
+    if (!flags.model.empty()) {
+      if (fs::is_directory(flags.model, ec)) {
+        r.model_dir = flags.model;
+        r.config_path = (fs::path(flags.model) / "config.json").string();
+      } else if (fs::is_regular_file(flags.model, ec)) {
+        if (!flags.config_file.empty())
+          return invalid_argument_error("--model {} is a file and --config {} another: give one config.json",
+                                        flags.model, flags.config_file);
+        r.config_path = flags.model;
+      } else {
+        return invalid_argument_error("--model {}: no such directory or file", flags.model);
+      }
+    }
+    if (!flags.config_file.empty()) r.config_path = flags.config_file;
+    if (!fs::is_regular_file(r.config_path, ec))
+      return invalid_argument_error("{} {}: no such file", flags.config_file.empty() ? "--model" : "--config",
+                                    r.config_path);
+  }
+
+  // KV cache element types.
+  PAGODA_ASSIGN_OR_RETURN(const DType both, parse_kv_dtype("--kv-cache-dtype", flags.kv_cache_dtype, r.device));
+  r.key_dtype = both;
+  r.value_dtype = both;
+  if (!flags.kv_cache_dtype_k.empty()) {
+    PAGODA_ASSIGN_OR_RETURN(r.key_dtype, parse_kv_dtype("--kv-cache-dtype-k", flags.kv_cache_dtype_k, r.device));
+  }
+  if (!flags.kv_cache_dtype_v.empty()) {
+    PAGODA_ASSIGN_OR_RETURN(r.value_dtype, parse_kv_dtype("--kv-cache-dtype-v", flags.kv_cache_dtype_v, r.device));
+  }
+
+  if (flags.block_size < 1 || flags.block_size > kMaxBlockSize)
+    return invalid_argument_error("--block-size {}: must be in [1, {}]", flags.block_size, kMaxBlockSize);
+  r.block_size = flags.block_size;
+
+  // KV memory: bytes on cpu; a fraction of the GPU (or bytes) on cuda.
+  if (!(flags.gpu_memory_utilization > 0.0 && flags.gpu_memory_utilization <= 1.0))
+    return invalid_argument_error("--gpu-memory-utilization {}: must be in (0, 1] (a fraction of the GPU's memory, "
+                                  "e.g. 0.9)", flags.gpu_memory_utilization);
+  r.gpu_memory_utilization = flags.gpu_memory_utilization;
+  const bool memory_given = given(flags.kv_cache_memory_option) || !flags.kv_cache_memory.empty();
+  if (r.device == backend::Device::kCpu && given(flags.gpu_memory_utilization_option))
+    return invalid_argument_error("--gpu-memory-utilization applies to --device cuda; on cpu the KV pool is sized "
+                                  "by --kv-cache-memory");
+  if (r.device == backend::Device::kCuda && memory_given && given(flags.gpu_memory_utilization_option))
+    return invalid_argument_error("--kv-cache-memory and --gpu-memory-utilization both size the GPU's KV pool: "
+                                  "give one");
+  std::string memory_text = flags.kv_cache_memory;
+  if (!memory_given && r.device == backend::Device::kCpu && command == RunnerCommand::kServe)
+    memory_text = kDefaultServeCpuKvMemory;
+  if (!memory_text.empty()) {
+    auto bytes = parse_byte_size(memory_text);
+    if (!bytes.ok() || *bytes <= 0)
+      return invalid_argument_error("--kv-cache-memory {}: expected a positive size such as 256MiB, 4GiB or 1e9",
+                                    memory_text);
+    r.kv_cache_memory = *bytes;
+  }
+
+  // Scheduler limits (serve); generate runs one sequence.
+  const bool cuda = r.device == backend::Device::kCuda;
+  r.max_num_seqs = given(flags.max_num_seqs_option) || flags.max_num_seqs != 0 ? flags.max_num_seqs
+                   : command != RunnerCommand::kServe                          ? 1
+                   : cuda                                                       ? kCudaDefaultMaxNumSeqs
+                                                                                : kCpuDefaultMaxNumSeqs;
+  r.max_tokens_per_step = given(flags.max_tokens_per_step_option) || flags.max_tokens_per_step != 0
+                              ? flags.max_tokens_per_step
+                          : cuda ? kCudaDefaultMaxTokensPerStep
+                                 : kCpuDefaultMaxTokensPerStep;
+  if (r.max_num_seqs < 1) return invalid_argument_error("--max-num-seqs {}: must be >= 1", flags.max_num_seqs);
+  if (r.max_tokens_per_step < 1)
+    return invalid_argument_error("--max-tokens-per-step {}: must be >= 1", flags.max_tokens_per_step);
+  if (flags.max_model_len < 0) return invalid_argument_error("--max-model-len {}: must be >= 1", flags.max_model_len);
+  r.max_model_len = flags.max_model_len;
+  r.weight_seed = flags.weight_seed;
+#ifndef PAGODA_HAVE_CUDA
+  if (r.device == backend::Device::kCuda)
+    return failed_precondition_error("--device cuda: this pagoda was built without the CUDA backend (backends: cpu); "
+                                     "rebuild where nvcc is found (cmake -DPAGODA_CUDA=ON) or use --device cpu");
+#endif
+  return r;
+}
+
+kv::KvCacheConfig kv_cache_config(const backend::RunnerSetup& setup, bool enable_prefix_cache) {
+  kv::KvCacheConfig config;
+  config.num_blocks = setup.num_blocks;
+  config.block_size = setup.block_size;
+  config.enable_prefix_cache = enable_prefix_cache;
+  config.record_events = false;
+  return config;
+}
+
+engine::SchedulerConfig scheduler_config(const backend::RunnerSetup& setup) {
+  engine::SchedulerConfig config;
+  config.max_running_sequences = setup.spec.max_num_seqs;
+  config.max_tokens_per_step = setup.spec.max_tokens_per_step;
+  return config;
+}
+
+}  // namespace pagoda::cli

@@ -1,0 +1,68 @@
+#pragma once
+// The model, device and KV cache flags that `pagoda generate`, `serve` and
+// `eval` share, and their checking into a backend::RunnerSpec. Flags only: the
+// backends load models, size pools and write reports (backend/registry.h).
+//
+//   RunnerFlags flags;
+//   add_runner_flags(*cmd, flags, RunnerCommand::kServe);   // registers --device, --kv-cache-dtype, ...
+//   ... in the command's callback:
+//   auto spec = resolve_runner_flags(flags, RunnerCommand::kServe);
+//   auto setup = backend::create_model_runner(*spec, {});
+//   auto kv = kv::KvCacheManager::create(kv_cache_config(*setup, prefix_cache));
+//
+// Every flag is checked (resolve_runner_flags) before anything is loaded; an
+// error names the flag and the bad value, e.g. "--kv-cache-dtype int3: expected
+// one of auto, f32, bf16, fp8, int8, int4".
+//
+// Thread safety: plain functions; call from one thread at start-up.
+
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "pagoda/backend/runner_setup.h"
+#include "pagoda/core/status.h"
+#include "pagoda/engine/scheduler.h"
+#include "pagoda/kv/kv_cache_manager.h"
+
+namespace pagoda::cli {
+
+// The raw flag values, as CLI11 fills them. Strings are checked by resolve_runner_flags.
+struct RunnerFlags {
+  std::string model;        // --model: checkpoint directory; with random weights also a config.json file
+  std::string config_file;  // --config: config.json for --load-format random (instead of --model)
+  std::string device = "cpu";
+  std::string load_format = "auto";
+  std::string kv_cache_dtype = "auto";
+  std::string kv_cache_dtype_k;  // empty: --kv-cache-dtype
+  std::string kv_cache_dtype_v;
+  int32_t block_size = 16;
+  std::string kv_cache_memory;  // bytes ("256MiB"); empty: the command's default
+  double gpu_memory_utilization = 0.9;
+  int32_t max_num_seqs = 0;         // not given (and 0): the device's default
+  int32_t max_tokens_per_step = 0;  // not given (and 0): the device's default
+  int32_t max_model_len = 0;        // 0: config.json's max_position_embeddings
+  uint64_t weight_seed = 0;         // --load-format random
+
+  // Set by add_runner_flags: tells a flag given on the command line from its default.
+  const CLI::Option* gpu_memory_utilization_option = nullptr;
+  const CLI::Option* kv_cache_memory_option = nullptr;
+  const CLI::Option* max_num_seqs_option = nullptr;
+  const CLI::Option* max_tokens_per_step_option = nullptr;
+};
+
+enum class RunnerCommand { kGenerate, kServe };
+
+// Registers the shared flags (with --help texts) on `cmd`; `flags` must outlive it.
+// generate gets no --max-num-seqs / --max-tokens-per-step (one sequence).
+void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command);
+
+// The flags, checked and with the device's defaults filled in.
+StatusOr<backend::RunnerSpec> resolve_runner_flags(const RunnerFlags& flags, RunnerCommand command);
+
+// The KV manager and scheduler settings that match a runner.
+kv::KvCacheConfig kv_cache_config(const backend::RunnerSetup& setup, bool enable_prefix_cache);
+engine::SchedulerConfig scheduler_config(const backend::RunnerSetup& setup);
+
+}  // namespace pagoda::cli

@@ -1,0 +1,33 @@
+#pragma once
+// A ModelRunner that forwards every call to another runner: a base for
+// decorators that change one thing (hide device sampling, hide eos ids, time
+// each step) without restating the rest.
+//
+// Thread safety: as the inner runner's.
+
+#include "pagoda/runtime/model_runner.h"
+
+namespace pagoda::runtime {
+
+class DelegatingModelRunner : public ModelRunner {
+ public:
+  explicit DelegatingModelRunner(ModelRunner& inner) : inner_(inner) {}
+
+  StatusOr<StepResult> execute(const ForwardBatch& batch, std::span<const RowSampling> rows) override {
+    return inner_.execute(batch, rows);
+  }
+  Status copy_blocks(std::span<const BlockCopy> copies) override { return inner_.copy_blocks(copies); }
+  const KvPoolShape& kv_geometry() const override { return inner_.kv_geometry(); }
+  RunnerCapabilities capabilities() const override { return inner_.capabilities(); }
+  int32_t vocab_size() const override { return inner_.vocab_size(); }
+  int32_t max_context_length() const override { return inner_.max_context_length(); }
+  std::vector<int32_t> eos_token_ids() const override { return inner_.eos_token_ids(); }
+
+ protected:
+  ModelRunner& inner() { return inner_; }
+
+ private:
+  ModelRunner& inner_;
+};
+
+}  // namespace pagoda::runtime

@@ -1,0 +1,86 @@
+#pragma once
+// The seam between whoever schedules work (the engine) and a model on any
+// backend. One entry point runs one planned step: execute(batch, rows) returns
+// the sampled token of every row the runner may sample where the logits are
+// (`RowSampling::on_device`) and the logits of every other row. The engine owns
+// scheduling and KV block ids; the runner owns weights and KV memory, whose
+// shape it states in kv_geometry() so the engine can check, once at
+// construction, that its KV manager hands out blocks of the same size and
+// number.
+//
+// Thread safety: called from one thread (the engine's) only.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "pagoda/core/status.h"
+#include "pagoda/runtime/forward_batch.h"
+#include "pagoda/runtime/kv_pool_shape.h"
+
+namespace pagoda::runtime {
+
+// How one logits row is sampled by the runner: the sampler's temperature (0:
+// argmax), min-p, top-k and top-p (engine/sampler.h order and semantics), and
+// a counter-based key: the draw depends only on (seed, step) and the row, so a
+// seeded request is reproducible whatever else is batched with it. Only set
+// on_device when RunnerCapabilities::samples_on_device.
+struct RowSampling {
+  bool on_device = false;  // false: the runner returns this row's logits instead
+  float temperature = 0.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  uint64_t seed = 0;  // per sequence
+  uint64_t step = 0;  // the sequence's output index
+};
+
+struct StepResult {
+  // Per logits row (batch.num_logit_rows()): the token and its log-probability
+  // under the raw distribution (log-softmax of the logits); set for on_device
+  // rows, 0 for the others.
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  // vocab_size() floats per row that is not on_device, in row order.
+  std::vector<float> host_logits;
+};
+
+// Copies block src's K/V (data and scales, every layer) to block dst.
+struct BlockCopy {
+  int32_t src = 0;
+  int32_t dst = 0;
+};
+
+struct RunnerCapabilities {
+  bool samples_on_device = false;  // execute() honours RowSampling::on_device
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+
+  // Runs the forward. `rows` has one entry per logits row
+  // (batch.num_logit_rows(), in the order ForwardBatch documents); empty means
+  // every row returns logits. Errors: a batch that does not fit the pool
+  // (runtime/batch_validation.h), an on_device row on a runner that cannot
+  // sample, backend failures. Nothing is written to the pool on a validation error.
+  virtual StatusOr<StepResult> execute(const ForwardBatch& batch, std::span<const RowSampling> rows) = 0;
+  // Copies blocks in every layer (copy-on-write forks); runs before the next execute().
+  virtual Status copy_blocks(std::span<const BlockCopy> copies) = 0;
+
+  // The KV memory this runner holds: the engine's KV manager must use the same
+  // block_size and num_blocks.
+  virtual const KvPoolShape& kv_geometry() const = 0;
+  virtual RunnerCapabilities capabilities() const { return {}; }
+  virtual int32_t vocab_size() const = 0;
+  virtual int32_t max_context_length() const = 0;
+  virtual std::vector<int32_t> eos_token_ids() const = 0;
+};
+
+// Rows of `rows` that the runner samples, checked against what it can do;
+// kUnimplemented if any row is on_device on a runner without device sampling,
+// kInvalidArgument if `rows` is neither empty nor one entry per logits row.
+[[nodiscard]] Status check_row_sampling(const ForwardBatch& batch, std::span<const RowSampling> rows,
+                                        const RunnerCapabilities& capabilities);
+
+}  // namespace pagoda::runtime

@@ -1,0 +1,2 @@
+#pragma once
+#include "pagoda/core/status.h"
