@@ -54,7 +54,7 @@ struct MaskStats {
 class CompiledGrammar {
  public:
   CompiledGrammar(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenVocabulary> vocabulary,
-                  size_t max_cached_masks = 512, size_t max_tables = 65536);
+                  size_t max_cached_masks = 128, size_t max_tables = 8192);
 
   const Grammar& grammar() const { return *grammar_; }
   const TokenVocabulary& vocabulary() const { return *vocabulary_; }

@@ -12,7 +12,9 @@
 //   guided_json, guided_regex, guided_grammar (GBNF), guided_choice   (vLLM extensions)
 //
 // Compiled grammars are kept by their text in a small LRU cache, so a schema that recurs costs
-// nothing to compile and its token masks are already warm (token_matcher.h).
+// nothing to compile and its token masks are already warm (token_matcher.h). Memory: each cached
+// grammar holds at most max_cached_masks masks (vocabulary / 8 bytes each) and max_tables
+// transition tables (1 KiB each), see CompiledGrammar.
 //
 // Errors are ApiErrors naming the request field, with the path inside a schema, e.g.
 // param "response_format.json_schema.schema" and message
@@ -52,7 +54,7 @@ struct StructuredOutputSpec {
 class StructuredOutputCompiler {
  public:
   explicit StructuredOutputCompiler(std::shared_ptr<const grammar::TokenVocabulary> vocabulary,
-                                    size_t max_cached_grammars = 64);
+                                    size_t max_cached_grammars = 32);
 
   // The constraint for a request: from `spec`, or from the chat prompt's tool_choice when it is
   // "required" or names a function (written in `syntax`). nullptr when nothing is asked for.
