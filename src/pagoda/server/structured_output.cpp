@@ -197,6 +197,11 @@ std::variant<std::shared_ptr<const engine::TokenConstraint>, ApiError> Structure
     if (auto* error = std::get_if<ApiError>(&built)) return *error;
     compiled = std::make_shared<grammar::CompiledGrammar>(std::get<std::shared_ptr<const grammar::Grammar>>(built),
                                                           vocabulary_);
+    // The first mask (a walk of the whole vocabulary trie) is made here, on the request's thread,
+    // rather than in the engine step that would otherwise wait for it.
+    grammar::TokenMatcher first(compiled);
+    std::vector<uint64_t> scratch(vocabulary_->mask_words());
+    first.fill_mask(scratch);
     remember(key, compiled);
   }
   return std::shared_ptr<const engine::TokenConstraint>(std::make_shared<GrammarConstraint>(std::move(compiled)));

@@ -12,7 +12,8 @@
 //   guided_json, guided_regex, guided_grammar (GBNF), guided_choice   (vLLM extensions)
 //
 // Compiled grammars are kept by their text in a small LRU cache, so a schema that recurs costs
-// nothing to compile and its token masks are already warm (token_matcher.h). Memory: each cached
+// nothing to compile and its token masks are already warm (token_matcher.h); a new grammar's
+// first mask is computed on the calling (HTTP) thread, not in an engine step. Memory: each cached
 // grammar holds at most max_cached_masks masks (vocabulary / 8 bytes each) and max_tables
 // transition tables (1 KiB each), see CompiledGrammar.
 //
