@@ -102,7 +102,7 @@ TEST(EngineConstraintTest, ConstrainedRowsTakeTheHostPathUnderADeviceSampler) {
   for (int32_t t : cb.tokens[0]) EXPECT_TRUE(t == 9 || t == 10) << t;
   size_t host = 0, device = 0;
   for (const auto& call : h.runner.sampled_rows)
-    for (const DeviceSampling& row : call) (row.on_device ? device : host) += 1;
+    for (const runtime::RowSampling& row : call) (row.on_device ? device : host) += 1;
   EXPECT_EQ(host, 5u);    // every row of the constrained request
   EXPECT_EQ(device, 5u);  // the plain request stays on the device
 }
