@@ -30,6 +30,7 @@
 #include "pagoda/cli/runner_flags.h"
 #include "pagoda/cli/tokenizer_text_decoder.h"
 #include "pagoda/engine/engine.h"
+#include "pagoda/grammar/token_vocabulary.h"
 #include "pagoda/kv/kv_cache_manager.h"
 #include "pagoda/server/openai_server.h"
 #include "pagoda/tokenizer/tokenizer.h"
@@ -126,6 +127,7 @@ void run_serve(const ServeOptions& opt) {
     engine_config.text_decoder_factory = make_tokenizer_text_decoder_factory(tok);
     codec.encode = [tok](std::string_view text, bool special) { return tok->encode(text, special); };
     codec.token_text = [tok](int32_t t) { return tok->decode(std::span<const int32_t>(&t, 1), false); };
+    codec.vocabulary = grammar::TokenVocabulary::from_tokenizer(*tok);
   }
   if (chat_template) codec.render_chat = server::make_chat_renderer(std::move(*chat_template));
 

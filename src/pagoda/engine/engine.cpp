@@ -272,6 +272,7 @@ Sequence* Engine::new_sequence(RequestState* req, int32_t choice_index) {
                               : std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32));
   const auto& prompt = req->request.prompt_tokens;
   seq->decoder = config_.text_decoder_factory(prompt);
+  if (req->request.constraint) seq->constraint = req->request.constraint->clone();
   Sequence* raw = seq.get();
   sequences_.emplace(raw->id, std::move(seq));
   if (static_cast<int32_t>(req->sequences.size()) <= choice_index) req->sequences.resize(choice_index + 1, nullptr);
@@ -414,7 +415,7 @@ runtime::RowSampling Engine::row_sampling_for(const Sequence* seq) const {
   // token of an n > 1 request is drawn n times from one row on the host.
   row.on_device = runner_.capabilities().samples_on_device && p.repetition_penalty == 1.0f && p.frequency_penalty == 0.0f &&
                   p.presence_penalty == 0.0f && p.logprobs.value_or(0) == 0 && (p.n == 1 || req->forked) &&
-                  !req->request.return_logits;
+                  !req->request.return_logits && !seq->constraint;
   if (!row.on_device) return row;
   row.temperature = p.temperature;
   row.top_k = p.top_k;
@@ -428,7 +429,28 @@ runtime::RowSampling Engine::row_sampling_for(const Sequence* seq) const {
 }
 
 void Engine::sample_into(Sequence* seq, std::span<const float> logits) {
+  if (seq->constraint) {
+    sample_constrained(seq, logits);
+    return;
+  }
   append_token(seq, Sampler::sample(logits, seq->request->request.sampling, seq->history, seq->rng));
+}
+
+void Engine::sample_constrained(Sequence* seq, std::span<const float> logits) {
+  constraint_mask_.assign(allowed_words(static_cast<int32_t>(logits.size())), 0);
+  if (seq->constraint->fill_allowed(constraint_mask_) == 0) {
+    fail_request(seq->request, internal_error("structured output: no token can continue the output (choice {})",
+                                              seq->choice_index));
+    return;
+  }
+  constrained_logits_.assign(logits.begin(), logits.end());
+  apply_token_mask(constrained_logits_, constraint_mask_);
+  const SampledToken token = Sampler::sample(constrained_logits_, seq->request->request.sampling, seq->history, seq->rng);
+  if (!seq->constraint->accept(token.token)) {
+    fail_request(seq->request, internal_error("structured output: sampled token {} is outside the mask", token.token));
+    return;
+  }
+  append_token(seq, token);
 }
 
 void Engine::fork_children(Sequence* parent, std::span<const float> logits) {
@@ -441,6 +463,7 @@ void Engine::fork_children(Sequence* parent, std::span<const float> logits) {
     child->block_hashes = parent->block_hashes;
     child->prompt_length = parent->prompt_length;
     child->history = parent->history;
+    if (parent->constraint) child->constraint = parent->constraint->clone();
     auto copies = kv_.fork(parent->id, child->id);
     if (copies.ok() && copy_blocks_on_runner(*copies).ok()) {
       child->in_kv = true;

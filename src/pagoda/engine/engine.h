@@ -141,6 +141,9 @@ class Engine {
   // it needs the host sampler).
   runtime::RowSampling row_sampling_for(const Sequence* seq) const;
   void sample_into(Sequence* seq, std::span<const float> logits);
+  // Structured outputs: samples with the sequence's token mask applied and moves its constraint
+  // past the token; a dead end fails the request (kInternal).
+  void sample_constrained(Sequence* seq, std::span<const float> logits);
   // Runs the KV manager's copy-on-write copies on the runner's memory.
   Status copy_blocks_on_runner(std::span<const kv::BlockCopy> copies);
   void fork_children(Sequence* parent, std::span<const float> logits);
@@ -190,6 +193,8 @@ class Engine {
   uint64_t next_arrival_ = 1;
   std::unordered_map<RequestId, RequestOutput> step_outputs_;
   std::vector<RequestState*> finished_requests_;
+  std::vector<uint64_t> constraint_mask_;    // scratch of sample_constrained
+  std::vector<float> constrained_logits_;   // scratch of sample_constrained
 
   // Counters owned by the engine thread, published under stats_mutex_.
   mutable std::mutex stats_mutex_;

@@ -56,6 +56,7 @@ struct Sequence {
   TokenHistory history;
   std::unique_ptr<TextDecoder> decoder;
   StopStringMatcher stop_matcher;
+  std::unique_ptr<TokenConstraint> constraint;  // this choice's structured-output state, or null
   std::optional<Clock::time_point> last_token_time;
 
   int32_t num_output_tokens() const { return static_cast<int32_t>(tokens.size()) - prompt_length; }

@@ -39,6 +39,7 @@ struct StreamState {
 
 OpenAiServer::OpenAiServer(ServerConfig config, engine::Engine& engine, TextCodec codec)
     : config_(std::move(config)), engine_(engine), codec_(std::move(codec)), http_(std::make_unique<httplib::Server>()) {
+  if (codec_.vocabulary) structured_ = std::make_unique<StructuredOutputCompiler>(codec_.vocabulary);
   if (config_.publish_kv_events) kv_feed_ = std::make_unique<KvEventFeed>(engine_);
   install_routes();
 }
@@ -202,10 +203,14 @@ void OpenAiServer::handle_generate(const httplib::Request& http_req, httplib::Re
                                                          vocab),
                                              "stop_token_ids"));
 
+  auto constraint = constraint_for(req);
+  if (auto* e = std::get_if<ApiError>(&constraint)) return send_error(res, *e);
+
   engine::GenerationRequest gen;
   gen.tenant_namespace = ApiKeyStore::cache_namespace(*tenant);
   gen.prompt_tokens = std::move(*tokens);
   gen.sampling = req.sampling;
+  gen.constraint = std::get<std::shared_ptr<const engine::TokenConstraint>>(std::move(constraint));
   auto submitted = engine_.submit(std::move(gen));
   if (!submitted.ok()) {
     // By code, never by the message (engine.h): kOutOfRange is the prompt plus
@@ -223,12 +228,29 @@ void OpenAiServer::handle_generate(const httplib::Request& http_req, httplib::Re
   auto builder = std::make_unique<ResponseBuilder>(endpoint, id, config_.model_name, unix_seconds(), req.sampling.n,
                                                    req.sampling.logprobs.has_value(),
                                                    [this](int32_t t) { return token_text(t); });
-  // Tool calls are read back only from whole responses, and only when the
-  // template was shown tools (streamed deltas stay text).
-  if (endpoint == Endpoint::kChatCompletions && !req.stream && req.chat.tools.is_array())
-    builder->parse_tool_calls_as(codec_.render_chat.tool_call_syntax);
+  // Tool calls are read back only when the template was shown tools; forced
+  // calls are written in the syntax the constraint used.
+  if (endpoint == Endpoint::kChatCompletions && req.chat.tools.is_array()) {
+    const bool forced = req.chat.tool_choice == ToolChoice::kRequired || req.chat.tool_choice == ToolChoice::kNamed;
+    const ToolCallSyntax syntax = codec_.render_chat.tool_call_syntax;
+    builder->parse_tool_calls_as(forced ? StructuredOutputCompiler::forced_tool_syntax(syntax) : syntax);
+  }
   if (req.stream) return stream_response(http_req, res, *submitted, std::move(builder), req.include_usage);
   whole_response(http_req, res, **submitted, *builder);
+}
+
+std::variant<std::shared_ptr<const engine::TokenConstraint>, ApiError> OpenAiServer::constraint_for(
+    const OpenAiRequest& req) {
+  const ChatPrompt* chat = req.endpoint == Endpoint::kChatCompletions ? &req.chat : nullptr;
+  const bool forced_tools =
+      chat != nullptr && (chat->tool_choice == ToolChoice::kRequired || chat->tool_choice == ToolChoice::kNamed);
+  if (req.structured.kind == StructuredOutputSpec::Kind::kNone && !forced_tools)
+    return std::shared_ptr<const engine::TokenConstraint>();
+  if (!structured_) {
+    return invalid_request("structured outputs need the model's tokenizer, which this server has not loaded",
+                           forced_tools ? std::string("tool_choice") : req.structured.param, "unsupported");
+  }
+  return structured_->constraint_for(req.structured, chat, codec_.render_chat.tool_call_syntax);
 }
 
 void OpenAiServer::whole_response(const httplib::Request& http_req, httplib::Response& res,

@@ -19,10 +19,14 @@
 // failure is an error event ({"error": {...}}) followed by [DONE].
 //
 // Chat with tools: the messages, tools and chat_template_kwargs reach the chat
-// template whole (chat_prompt.h). In non-streamed responses, tool calls the
-// model writes in its template's syntax (tool_call_parser.h: Hermes blocks of
-// Qwen2.5 / Qwen3 / Hermes) come back as message.tool_calls with finish_reason
-// "tool_calls"; streamed responses carry them as plain text.
+// template whole (chat_prompt.h). Tool calls the model writes in its
+// template's syntax (tool_call_parser.h: Hermes blocks, Llama 3 JSON, Mistral
+// [TOOL_CALLS]) come back as message.tool_calls with finish_reason
+// "tool_calls", or streamed as delta.tool_calls.
+//
+// Structured outputs (structured_output.h): response_format json_object /
+// json_schema, tool_choice "required" or a named function, and the guided_*
+// extensions constrain decoding; docs/API.md lists every supported field.
 //
 // A client that disconnects is noticed within one poll interval (50 ms) and
 // its request aborted, which frees its KV blocks at the next engine step.
@@ -45,6 +49,7 @@
 #include "pagoda/server/openai_request.h"
 #include "pagoda/server/openai_response.h"
 #include "pagoda/server/prometheus_metrics.h"
+#include "pagoda/server/structured_output.h"
 
 namespace httplib {
 class Server;
@@ -66,6 +71,9 @@ struct TextCodec {
   ChatRenderer render_chat;
   // Token -> text, for logprobs.
   TokenText token_text;
+  // The vocabulary as structured outputs see it (grammar::TokenVocabulary::from_tokenizer);
+  // null: requests for structured outputs get a 400.
+  std::shared_ptr<const grammar::TokenVocabulary> vocabulary;
 };
 
 struct ServerConfig {
@@ -113,10 +121,13 @@ class OpenAiServer {
   StatusOr<std::vector<int32_t>> tokens_for_text(const std::string& text, bool add_special_tokens) const;
   StatusOr<std::vector<int32_t>> tokens_for_chat(const ChatPrompt& prompt) const;
   std::string token_text(int32_t token) const;
+  // The request's structured-output constraint (null when it asks for none).
+  std::variant<std::shared_ptr<const engine::TokenConstraint>, ApiError> constraint_for(const OpenAiRequest& req);
 
   ServerConfig config_;
   engine::Engine& engine_;
   TextCodec codec_;
+  std::unique_ptr<StructuredOutputCompiler> structured_;
   std::unique_ptr<httplib::Server> http_;
   std::unique_ptr<KvEventFeed> kv_feed_;  // null unless config_.publish_kv_events
   std::atomic<bool> draining_{false};
