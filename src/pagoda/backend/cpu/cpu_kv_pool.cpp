@@ -110,4 +110,34 @@ void CpuKvPool::copy_block(int32_t src, int32_t dst) {
   }
 }
 
+void CpuKvPool::export_block(int32_t block, std::byte* chunk) const {
+  assert(block >= 0 && block < shape_.num_blocks);
+  for (int32_t l = 0; l < shape_.num_layers; ++l) {
+    std::memcpy(chunk, block_data(key_, l, block), key_.block_data_bytes);
+    chunk += key_.block_data_bytes;
+    std::memcpy(chunk, block_data(value_, l, block), value_.block_data_bytes);
+    chunk += value_.block_data_bytes;
+    for (const Store* s : {&key_, &value_}) {
+      if (!s->scales) continue;
+      std::memcpy(chunk, block_scales(*s, l, block), s->block_scale_bytes);
+      chunk += s->block_scale_bytes;
+    }
+  }
+}
+
+void CpuKvPool::import_block(int32_t block, const std::byte* chunk) {
+  assert(block >= 0 && block < shape_.num_blocks);
+  for (int32_t l = 0; l < shape_.num_layers; ++l) {
+    std::memcpy(block_data(key_, l, block), chunk, key_.block_data_bytes);
+    chunk += key_.block_data_bytes;
+    std::memcpy(block_data(value_, l, block), chunk, value_.block_data_bytes);
+    chunk += value_.block_data_bytes;
+    for (const Store* s : {&key_, &value_}) {
+      if (!s->scales) continue;
+      std::memcpy(block_scales(*s, l, block), chunk, s->block_scale_bytes);
+      chunk += s->block_scale_bytes;
+    }
+  }
+}
+
 }  // namespace pagoda
