@@ -491,6 +491,14 @@ void Engine::publish_stats(double step_seconds) {
 bool Engine::step() {
   drain_commands();
   StepPlan plan = scheduler_.schedule();
+  for (Sequence* seq : plan.admitted) {
+    RequestState* req = seq->request;
+    if (!req->admitted_once) {
+      req->admitted_once = true;
+      --num_queued_;
+      thread_stats_.cached_prompt_tokens += std::max(0, req->cached_tokens);
+    }
+  }
   // The step's moves between the tiers (promotions of host hits, write-backs
   // of evicted blocks, swaps) run before its forward. If they fail, the
   // sequences whose K/V was lost start over and this plan is dropped: its
@@ -499,14 +507,6 @@ bool Engine::step() {
     flush_outputs();
     publish_stats(-1);
     return true;
-  }
-  for (Sequence* seq : plan.admitted) {
-    RequestState* req = seq->request;
-    if (!req->admitted_once) {
-      req->admitted_once = true;
-      --num_queued_;
-      thread_stats_.cached_prompt_tokens += std::max(0, req->cached_tokens);
-    }
   }
   // kFailedPrecondition, not kResourceExhausted: waiting will never help (request.h).
   for (Sequence* seq : plan.unschedulable)
