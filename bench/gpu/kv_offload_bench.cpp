@@ -121,7 +121,9 @@ nlohmann::json bench_transfers(const ModelConfig& config) {
         const double t_d2h = time_transfers(**host, **pool, d2h, stream, reps);
         const double t_h2d = time_transfers(**host, **pool, h2d, stream, reps);
         const double t_both = time_transfers(**host, **pool, both, stream, reps);
+        const bool batch_api = (*host)->batched_copies();
         nlohmann::json r = {{"kv_dtype", dtype_name(dtype)},
+                            {"batch_api_in_use", batch_api},
                             {"block_size", block_size},
                             {"block_mb", mb},
                             {"pieces_per_block", (dtype == DType::kBF16 ? 2 : 4) * config.num_layers},
@@ -135,7 +137,9 @@ nlohmann::json bench_transfers(const ModelConfig& config) {
                             {"both_ways_ms", t_both * 1e3}};
         std::printf("transfers %s, %d blocks of %.2f MB (%s): device->host %.1f GB/s (%.3f ms), host->device %.1f "
                     "GB/s (%.3f ms), both ways %.1f GB/s (%.3f ms)\n",
-                    dtype_name(dtype).data(), n, mb, batched ? "batched, 2 streams" : "per piece",
+                    dtype_name(dtype).data(), n, mb,
+                    batched ? (batch_api ? "batched, 2 streams" : "batch API refused: per piece, 2 streams")
+                            : "per piece, 2 streams",
                     bytes / t_d2h / 1e9, t_d2h * 1e3, bytes / t_h2d / 1e9, t_h2d * 1e3, 2 * bytes / t_both / 1e9,
                     t_both * 1e3);
         out.push_back(r);

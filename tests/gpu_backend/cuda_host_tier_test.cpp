@@ -49,7 +49,7 @@ TEST(CudaHostTierTest, TransfersMoveEveryByteInListOrderForEveryKvDtype) {
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   for (const auto& [k, v] : dtypes) {
-    SCOPED_TRACE(std::string(dtype_name(k)) + "/" + dtype_name(v));
+    SCOPED_TRACE(std::string(dtype_name(k)) + "/" + std::string(dtype_name(v)));
     const KvPoolShape shape{3, 8, 4, 2, 64, k, v};
     auto pool = CudaKvPool::create(shape);
     ASSERT_TRUE(pool.ok()) << pool.status().to_string();

@@ -499,6 +499,13 @@ bool Engine::step() {
       thread_stats_.cached_prompt_tokens += std::max(0, req->cached_tokens);
     }
   }
+  // kFailedPrecondition, not kResourceExhausted: waiting will never help (request.h).
+  for (Sequence* seq : plan.unschedulable)
+    fail_request(seq->request,
+                 failed_precondition_error("the request's {} tokens can never fit in the KV cache: with nothing "
+                                           "else running only {} of its {} blocks ({} tokens each) can be freed",
+                                           seq->tokens.size(), kv_.num_available_blocks(), kv_num_blocks_,
+                                           kv_block_size_));
   // The step's moves between the tiers (promotions of host hits, write-backs
   // of evicted blocks, swaps) run before its forward. If they fail, the
   // sequences whose K/V was lost start over and this plan is dropped: its
@@ -508,13 +515,6 @@ bool Engine::step() {
     publish_stats(-1);
     return true;
   }
-  // kFailedPrecondition, not kResourceExhausted: waiting will never help (request.h).
-  for (Sequence* seq : plan.unschedulable)
-    fail_request(seq->request,
-                 failed_precondition_error("the request's {} tokens can never fit in the KV cache: with nothing "
-                                           "else running only {} of its {} blocks ({} tokens each) can be freed",
-                                           seq->tokens.size(), kv_.num_available_blocks(), kv_num_blocks_,
-                                           kv_block_size_));
   if (plan.empty()) {
     flush_outputs();
     publish_stats(-1);

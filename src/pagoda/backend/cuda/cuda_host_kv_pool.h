@@ -55,6 +55,8 @@ class CudaHostKvPool {
   runtime::TransferStats stats();
   // false: one cudaMemcpyAsync per piece instead of cudaMemcpyBatchAsync (benchmarks compare the two).
   void set_batched_copies(bool batched) { batch_api_ = batched; }
+  // Whether copies still go through cudaMemcpyBatchAsync (false after the driver refused it).
+  bool batched_copies() const { return batch_api_; }
 
  private:
   struct Timing {
