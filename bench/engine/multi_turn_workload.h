@@ -87,6 +87,7 @@ inline nlohmann::json run_multi_turn(engine::Engine& eng, const MultiTurnConfig&
 
   struct InFlight {
     int32_t conversation = 0;
+    int32_t turn = 0;
     std::shared_ptr<engine::RequestStream> stream;
     Clock::time_point submitted;
     bool first = false;
@@ -94,6 +95,7 @@ inline nlohmann::json run_multi_turn(engine::Engine& eng, const MultiTurnConfig&
   };
   std::vector<InFlight> in_flight;
   std::vector<double> ttft_ms;
+  std::vector<std::vector<double>> ttft_by_turn(static_cast<size_t>(c.turns));
   int64_t prompt_tokens = 0, cached_tokens = 0, output_tokens = 0, failed = 0;
   const auto t0 = Clock::now();
   bool timed_out = false;
@@ -126,7 +128,7 @@ inline nlohmann::json run_multi_turn(engine::Engine& eng, const MultiTurnConfig&
       }
       prompt_tokens += static_cast<int64_t>(h.size());
       busy[static_cast<size_t>(conv)] = true;
-      in_flight.push_back(InFlight{conv, *stream, Clock::now(), false, {}});
+      in_flight.push_back(InFlight{conv, turn, *stream, Clock::now(), false, {}});
       it = queue.erase(it);
     }
     bool any = false;
@@ -139,6 +141,7 @@ inline nlohmann::json run_multi_turn(engine::Engine& eng, const MultiTurnConfig&
           if (!ch.tokens.empty() && !f.first) {
             f.first = true;
             ttft_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - f.submitted).count());
+            ttft_by_turn[static_cast<size_t>(f.turn)].push_back(ttft_ms.back());
           }
           f.reply.insert(f.reply.end(), ch.tokens.begin(), ch.tokens.end());
         }
@@ -210,6 +213,14 @@ inline nlohmann::json run_multi_turn(engine::Engine& eng, const MultiTurnConfig&
       {"preemptions", s.preemptions},
       {"swap_preemptions", s.swap_preemptions},
       {"engine_steps", s.steps}};
+  nlohmann::json by_turn = nlohmann::json::array();
+  std::string by_turn_text;
+  for (const auto& t : ttft_by_turn) {
+    by_turn.push_back(percentile(t, 50));
+    by_turn_text += (by_turn_text.empty() ? "" : " / ") + std::to_string(static_cast<int>(percentile(t, 50)));
+  }
+  r["ttft_ms_p50_by_turn"] = by_turn;
+  std::printf("%s: TTFT p50 by turn (ms): %s\n", label.c_str(), by_turn_text.c_str());
   std::printf("%s: %lld requests in %.1f s%s: %.1f output tok/s; TTFT mean %.1f ms p50 %.1f p90 %.1f p99 %.1f; "
               "prompt tokens %lld, cached %lld (device %lld, host %lld); demoted %lld (copied %lld), promoted "
               "%lld; moved %.2f GB to host in %.3f s, %.2f GB to device in %.3f s; %lld preemptions (%lld by swap)\n",

@@ -2,9 +2,10 @@
 //
 //   transfers   host<->device copy rate per direction (and both at once) at
 //               1, 16 and 256 blocks of ~2 MB (Llama-3-8B shape: bf16 blocks of
-//               16 tokens, fp8 blocks of 32), through CudaHostKvPool as the
-//               runner uses it (batched pieces on two copy streams), and
-//               with one cudaMemcpyAsync per piece for comparison
+//               16 tokens, fp8 blocks of 32) and the engine's fp8 blocks of 16,
+//               through CudaHostKvPool as the runner uses it, for each copy
+//               method (the copy kernel, cudaMemcpyBatchAsync, one
+//               cudaMemcpyAsync per piece), each checked byte for byte first
 //   multiturn   the multi-turn chat workload (bench/engine/multi_turn_workload.h)
 //               on the Llama-3-8B shape with random weights, whose working set
 //               is 3x the device pool: host tier vs device pool only
@@ -15,7 +16,9 @@
 // fresh KV manager and engine.
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <random>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -46,7 +49,9 @@ using runtime::TransferDirection;
 }
 
 // The runner seen with fewer device blocks and host blocks than it holds (ids
-// below those counts are valid in the real pools).
+// below those counts are valid in the real pools), timing on the engine
+// thread what execute() and transfer_blocks() take (the latter only queues
+// the copies; the forward after it waits for them on the GPU).
 class PoolView final : public runtime::DelegatingModelRunner {
  public:
   PoolView(runtime::ModelRunner& inner, int32_t device_blocks, int32_t host_blocks)
@@ -59,6 +64,21 @@ class PoolView final : public runtime::DelegatingModelRunner {
     c.host_kv_blocks = host_blocks_;
     return c;
   }
+  StatusOr<runtime::StepResult> execute(const ForwardBatch& batch, std::span<const runtime::RowSampling> rows) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto out = inner().execute(batch, rows);
+    execute_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return out;
+  }
+  Status transfer_blocks(std::span<const BlockTransfer> transfers) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = inner().transfer_blocks(transfers);
+    transfer_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++transfer_calls;
+    return s;
+  }
+  double execute_s = 0, transfer_s = 0;
+  int64_t transfer_calls = 0;
 
  private:
   KvPoolShape shape_;
@@ -94,11 +114,47 @@ double time_transfers(cuda::CudaHostKvPool& host, const cuda::CudaKvPool& pool, 
   return median(times);
 }
 
-nlohmann::json bench_transfers(const ModelConfig& config) {
+using Method = cuda::CudaHostKvPool::CopyMethod;
+const char* method_name(Method m) {
+  return m == Method::kKernel ? "copy kernel" : m == Method::kBatchedMemcpy ? "cudaMemcpyBatchAsync" : "cudaMemcpyAsync per piece";
+}
+
+// Device block `block`, read back piece by piece.
+std::vector<uint8_t> read_block(const cuda::CudaKvPool& pool, size_t block_bytes, int32_t block) {
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<size_t> sizes;
+  std::vector<uint8_t> bytes(block_bytes);
+  pool.append_block_copies(block, reinterpret_cast<std::byte*>(bytes.data()), true, dsts, srcs, sizes);
+  for (size_t i = 0; i < dsts.size(); ++i) cudaMemcpy(dsts[i], srcs[i], sizes[i], cudaMemcpyDeviceToHost);
+  return bytes;
+}
+
+// Random device blocks 0..15 out to the host and back into 100..115: byte for byte?
+bool round_trip_exact(cuda::CudaHostKvPool& host, const cuda::CudaKvPool& pool, cudaStream_t stream) {
+  std::vector<uint8_t> noise(pool.total_bytes());
+  std::mt19937 rng(11);
+  for (auto& b : noise) b = static_cast<uint8_t>(rng());
+  cudaMemcpy(pool.layer(0).key, noise.data(), noise.size(), cudaMemcpyHostToDevice);
+  std::vector<BlockTransfer> out, in;
+  for (int32_t i = 0; i < 16; ++i) {
+    out.push_back({TransferDirection::kDeviceToHost, i, 200 + i});
+    in.push_back({TransferDirection::kHostToDevice, 100 + i, 200 + i});
+  }
+  if (!host.transfer(out, pool, stream).ok() || !host.transfer(in, pool, stream).ok()) return false;
+  cudaStreamSynchronize(stream);
+  for (int32_t i = 0; i < 16; ++i)
+    if (read_block(pool, host.block_bytes(), i) != read_block(pool, host.block_bytes(), 100 + i)) return false;
+  return cudaGetLastError() == cudaSuccess;
+}
+
+nlohmann::json bench_transfers(const ModelConfig& config, bool* kernel_exact) {
   nlohmann::json out = nlohmann::json::array();
   cudaStream_t stream;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  for (const auto& [dtype, block_size] : {std::pair{DType::kBF16, 16}, std::pair{DType::kFP8E4M3, 32}}) {
+  *kernel_exact = true;
+  for (const auto& [dtype, block_size] :
+       {std::pair{DType::kBF16, 16}, std::pair{DType::kFP8E4M3, 32}, std::pair{DType::kFP8E4M3, 16}}) {
     const int32_t blocks = 520;
     const KvPoolShape shape{config.num_layers, blocks, block_size, config.num_kv_heads, config.head_dim, dtype, dtype};
     auto pool = cuda::CudaKvPool::create(shape);
@@ -106,8 +162,13 @@ nlohmann::json bench_transfers(const ModelConfig& config) {
     auto host = cuda::CudaHostKvPool::create(shape, blocks);
     if (!host.ok()) die(host.status(), "host pool");
     const double mb = (*host)->block_bytes() / 1e6;
-    for (bool batched : {true, false}) {
-      (*host)->set_batched_copies(batched);
+    for (Method method : {Method::kKernel, Method::kBatchedMemcpy, Method::kMemcpyPerPiece}) {
+      (*host)->set_copy_method(method);
+      const bool exact = round_trip_exact(**host, **pool, stream);
+      if (method == Method::kKernel) *kernel_exact &= exact;
+      std::printf("transfers %s, blocks of %d tokens, %s: round trip %s\n", dtype_name(dtype).data(), block_size,
+                  method_name(method), exact ? "byte-exact" : "WRONG BYTES");
+      const bool batched = method == Method::kBatchedMemcpy;
       for (int32_t n : {1, 16, 256}) {
         std::vector<BlockTransfer> d2h, h2d, both;
         for (int32_t i = 0; i < n; ++i) {
@@ -121,13 +182,14 @@ nlohmann::json bench_transfers(const ModelConfig& config) {
         const double t_d2h = time_transfers(**host, **pool, d2h, stream, reps);
         const double t_h2d = time_transfers(**host, **pool, h2d, stream, reps);
         const double t_both = time_transfers(**host, **pool, both, stream, reps);
-        const bool batch_api = (*host)->batched_copies();
+        const bool batch_api = (*host)->batch_api_in_use();
         nlohmann::json r = {{"kv_dtype", dtype_name(dtype)},
-                            {"batch_api_in_use", batch_api},
+                            {"round_trip_exact", exact},
+                            {"batch_api_in_use", batched && batch_api},
                             {"block_size", block_size},
                             {"block_mb", mb},
                             {"pieces_per_block", (dtype == DType::kBF16 ? 2 : 4) * config.num_layers},
-                            {"copies", batched ? "cudaMemcpyBatchAsync, two copy streams" : "cudaMemcpyAsync per piece"},
+                            {"copies", method_name(method)},
                             {"blocks", n},
                             {"device_to_host_gbps", bytes / t_d2h / 1e9},
                             {"host_to_device_gbps", bytes / t_h2d / 1e9},
@@ -135,11 +197,10 @@ nlohmann::json bench_transfers(const ModelConfig& config) {
                             {"device_to_host_ms", t_d2h * 1e3},
                             {"host_to_device_ms", t_h2d * 1e3},
                             {"both_ways_ms", t_both * 1e3}};
-        std::printf("transfers %s, %d blocks of %.2f MB (%s): device->host %.1f GB/s (%.3f ms), host->device %.1f "
-                    "GB/s (%.3f ms), both ways %.1f GB/s (%.3f ms)\n",
-                    dtype_name(dtype).data(), n, mb,
-                    batched ? (batch_api ? "batched, 2 streams" : "batch API refused: per piece, 2 streams")
-                            : "per piece, 2 streams",
+        std::printf("transfers %s, %d blocks of %.2f MB (%s%s): device->host %.1f GB/s (%.3f ms), host->device "
+                    "%.1f GB/s (%.3f ms), both ways %.1f GB/s (%.3f ms)\n",
+                    dtype_name(dtype).data(), n, mb, method_name(method),
+                    batched && !batch_api ? ", REFUSED: per piece" : "",
                     bytes / t_d2h / 1e9, t_d2h * 1e3, bytes / t_h2d / 1e9, t_h2d * 1e3, 2 * bytes / t_both / 1e9,
                     t_both * 1e3);
         out.push_back(r);
@@ -191,10 +252,12 @@ int main(int argc, char** argv) {
   c.conversations = 32;
   c.turns = 6;
   c.user_tokens = 1024;
-  c.output_tokens = 64;
-  c.concurrency = 8;
-  int32_t pressure_requests = 64, pressure_input = 2048, pressure_output = 256, max_tokens_per_step = 8192;
-  double max_seconds = 60, device_fraction = 1.0 / 3.0;
+  c.output_tokens = 32;
+  c.concurrency = 4;
+  // Short prompts, long replies: admission lets in more than the pool can grow, so decoding preempts.
+  int32_t pressure_requests = 64, pressure_input = 1024, pressure_output = 512, max_tokens_per_step = 8192;
+  double max_seconds = 45, device_fraction = 1.0 / 3.0;
+  std::vector<std::string> multiturn_runs = {"host-kernel", "device"};
   CLI::App app{"pagoda_kv_offload_bench: the host KV tier on the GPU"};
   app.add_option("--config", config_path, "config.json (random bf16 weights made on the GPU)")->required();
   app.add_option("--only", parts, "transfers, multiturn, swap (comma-separated)")->delimiter(',');
@@ -209,6 +272,7 @@ int main(int argc, char** argv) {
   app.add_option("--pressure-input", pressure_input);
   app.add_option("--pressure-output", pressure_output);
   app.add_option("--max-seconds", max_seconds, "cap per engine run");
+  app.add_option("--multiturn-runs", multiturn_runs, "host-kernel, device, host-batched (in order)")->delimiter(',');
   app.add_option("--json", json_out);
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -221,8 +285,9 @@ int main(int argc, char** argv) {
   auto save = [&] {
     if (!json_out.empty()) std::ofstream(json_out) << figures.dump(2) << "\n";
   };
+  bool kernel_exact = true;
   if (has("transfers")) {
-    figures["transfers"] = bench_transfers(*config);
+    figures["transfers"] = bench_transfers(*config, &kernel_exact);
     save();
   }
   if (!has("multiturn") && !has("swap")) return 0;
@@ -268,19 +333,33 @@ int main(int argc, char** argv) {
     std::printf("multi-turn: working set %lld tokens (%.2f GB); device pool %d blocks = %.2fx of it; host tier %d "
                 "blocks\n", static_cast<long long>(ws), ws * per_token / 1e9, mt_device,
                 static_cast<double>(mt_device) * block_size / static_cast<double>(ws), mt_host);
-    for (bool tier : {true, false}) {
+    for (const std::string& run : multiturn_runs) {
+      const bool tier = run != "device";
+      const Method method = run == "host-batched" ? Method::kBatchedMemcpy : Method::kKernel;
+      if (tier && method == Method::kKernel && !kernel_exact) {
+        std::printf("multi-turn, %s: skipped, the copy kernel's round trip was not exact\n", run.c_str());
+        continue;
+      }
+      (*runner)->host_pool()->set_copy_method(method);
       EngineRun e = make_engine(**runner, mt_device, tier ? mt_host : 0,
                                 tier ? engine::PreemptionMode::kSwap : engine::PreemptionMode::kRecompute,
                                 c.concurrency, max_tokens_per_step);
       const runtime::TransferStats base = (*runner)->transfer_stats();
-      nlohmann::json r = bench::run_multi_turn(*e.engine, c, tier ? "multi-turn, host tier" : "multi-turn, device only",
-                                               base);
+      const std::string label = tier ? std::string("multi-turn, host tier (") + method_name(method) + ")"
+                                     : std::string("multi-turn, device only");
+      nlohmann::json r = bench::run_multi_turn(*e.engine, c, label, base);
       e.engine->shutdown(std::chrono::milliseconds(0));
       r["device_blocks"] = mt_device;
       r["host_blocks"] = tier ? mt_host : 0;
+      r["engine_thread_execute_s"] = e.view->execute_s;
+      r["engine_thread_transfer_s"] = e.view->transfer_s;
+      r["transfer_calls"] = e.view->transfer_calls;
+      std::printf("  engine thread: %.2f s in execute, %.3f s queueing %lld transfer calls\n", e.view->execute_s,
+                  e.view->transfer_s, static_cast<long long>(e.view->transfer_calls));
       figures["runs"].push_back(r);
       save();
     }
+    (*runner)->host_pool()->set_copy_method(kernel_exact ? Method::kKernel : Method::kBatchedMemcpy);
   }
   if (has("swap")) {
     std::printf("pressure: %d requests x (%d + %d) tokens at once into %d device blocks (a third)\n", pressure_requests,

@@ -46,16 +46,21 @@ TEST(CudaHostTierTest, TransfersMoveEveryByteInListOrderForEveryKvDtype) {
   const std::pair<DType, DType> dtypes[] = {{DType::kBF16, DType::kBF16}, {DType::kFP8E4M3, DType::kFP8E4M3},
                                             {DType::kInt8, DType::kInt8}, {DType::kInt4, DType::kInt4},
                                             {DType::kInt8, DType::kInt4}};
+  using Method = CudaHostKvPool::CopyMethod;
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  for (const auto& [k, v] : dtypes) {
-    SCOPED_TRACE(std::string(dtype_name(k)) + "/" + std::string(dtype_name(v)));
-    const KvPoolShape shape{3, 8, 4, 2, 64, k, v};
+  for (const Method method : {Method::kKernel, Method::kBatchedMemcpy, Method::kMemcpyPerPiece})
+  for (const auto& [k, v] : dtypes)
+  for (const int32_t block_size : {4, 1}) {  // block size 1: pieces not multiples of 16 bytes
+    SCOPED_TRACE(std::string(dtype_name(k)) + "/" + std::string(dtype_name(v)) + " method " +
+                 std::to_string(static_cast<int>(method)) + " block size " + std::to_string(block_size));
+    const KvPoolShape shape{3, 8, block_size, 2, 64, k, v};
     auto pool = CudaKvPool::create(shape);
     ASSERT_TRUE(pool.ok()) << pool.status().to_string();
     auto host = CudaHostKvPool::create(shape, 6);
     ASSERT_TRUE(host.ok()) << host.status().to_string();
-    EXPECT_EQ((*host)->block_bytes(), shape.bytes_per_token() * 4);
+    (*host)->set_copy_method(method);
+    EXPECT_EQ((*host)->block_bytes(), shape.bytes_per_token() * block_size);
     // Random bytes over the whole device pool (one allocation from layer 0's K codes).
     std::vector<uint8_t> noise((*pool)->total_bytes());
     std::mt19937 rng(5);

@@ -89,12 +89,19 @@ Status CudaHostKvPool::transfer(std::span<const runtime::BlockTransfer> transfer
     std::vector<void*> dsts[runtime::kNumTransferDirections];
     std::vector<const void*> srcs[runtime::kNumTransferDirections];
     std::vector<size_t> sizes[runtime::kNumTransferDirections];
+    std::vector<int32_t> device_blocks[runtime::kNumTransferDirections], host_blocks[runtime::kNumTransferDirections];
     int64_t blocks[runtime::kNumTransferDirections] = {0, 0};
     for (size_t i = begin; i < end; ++i) {
       const runtime::BlockTransfer& t = transfers[i];
       const int d = static_cast<int>(t.direction);
-      device.append_block_copies(t.device_block, block(t.host_block),
-                                 t.direction == runtime::TransferDirection::kDeviceToHost, dsts[d], srcs[d], sizes[d]);
+      if (method_ == CopyMethod::kKernel) {
+        device_blocks[d].push_back(t.device_block);
+        host_blocks[d].push_back(t.host_block);
+      } else {
+        device.append_block_copies(t.device_block, block(t.host_block),
+                                   t.direction == runtime::TransferDirection::kDeviceToHost, dsts[d], srcs[d],
+                                   sizes[d]);
+      }
       ++blocks[d];
     }
     for (int d = 0; d < runtime::kNumTransferDirections; ++d) {
@@ -112,7 +119,20 @@ Status CudaHostKvPool::transfer(std::span<const runtime::BlockTransfer> transfer
       PAGODA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&timing.stop));
       timings_.push_back(timing);
       PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(timing.start, copy));
-      PAGODA_RETURN_IF_ERROR(issue(dsts[d], srcs[d], sizes[d], copy));
+      if (method_ == CopyMethod::kKernel) {
+        const KvHostCopyGeometry geometry = device.host_copy_geometry(block(0), block_bytes_);
+        const bool to_host = d == static_cast<int>(runtime::TransferDirection::kDeviceToHost);
+        KvHostCopyPairs pairs;
+        for (size_t at = 0; at < device_blocks[d].size(); at += kKvHostCopyMaxPairs) {
+          pairs.count = static_cast<int32_t>(std::min<size_t>(kKvHostCopyMaxPairs, device_blocks[d].size() - at));
+          std::copy_n(device_blocks[d].begin() + static_cast<int64_t>(at), pairs.count, pairs.device_block);
+          std::copy_n(host_blocks[d].begin() + static_cast<int64_t>(at), pairs.count, pairs.host_block);
+          PAGODA_CUDA_RETURN_IF_ERROR(kv_host_copy(geometry, pairs, to_host, copy));
+        }
+      } else {
+        if (method_ == CopyMethod::kMemcpyPerPiece) batch_api_ = false;
+        PAGODA_RETURN_IF_ERROR(issue(dsts[d], srcs[d], sizes[d], copy));
+      }
       PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(timing.stop, copy));
       stats_.blocks[d] += blocks[d];
       stats_.bytes[d] += blocks[d] * static_cast<int64_t>(block_bytes_);

@@ -10,10 +10,13 @@
 // (a later transfer may read or overwrite what an earlier one wrote: those
 // land in a later batch). In a batch, device->host copies run on one copy
 // stream and host->device copies on another, so both directions of PCIe are
-// busy at once, each direction's pieces (2 to 4 per layer per block) issued
-// with one cudaMemcpyBatchAsync (or one cudaMemcpyAsync each where the driver
-// lacks it). Each direction of each batch is timed with a pair of events,
-// read back once they have completed.
+// busy at once. How a direction's blocks move (CopyMethod): by default one
+// launch of the copy kernel (kv_host_copy.h), which reads and writes the
+// pinned memory directly; or their pieces (2 to 4 per layer per block) issued
+// to the copy engines with one cudaMemcpyBatchAsync, or one cudaMemcpyAsync
+// each (the rates of the three are in docs/BENCHMARKS.md). Each direction of
+// each batch is timed with a pair of events, read back once they have
+// completed.
 //
 // Thread safety: the engine thread only, like the runner that owns it.
 
@@ -53,10 +56,14 @@ class CudaHostKvPool {
   Status transfer(std::span<const runtime::BlockTransfer> transfers, const CudaKvPool& device, cudaStream_t stream);
   // Totals so far; the times of copies still in flight are added once they finish.
   runtime::TransferStats stats();
-  // false: one cudaMemcpyAsync per piece instead of cudaMemcpyBatchAsync (benchmarks compare the two).
-  void set_batched_copies(bool batched) { batch_api_ = batched; }
-  // Whether copies still go through cudaMemcpyBatchAsync (false after the driver refused it).
-  bool batched_copies() const { return batch_api_; }
+  enum class CopyMethod { kKernel, kBatchedMemcpy, kMemcpyPerPiece };
+  void set_copy_method(CopyMethod method) {
+    method_ = method;
+    batch_api_ = true;
+  }
+  CopyMethod copy_method() const { return method_; }
+  // With kBatchedMemcpy: false once the driver refused cudaMemcpyBatchAsync (then one cudaMemcpyAsync per piece).
+  bool batch_api_in_use() const { return batch_api_; }
 
  private:
   struct Timing {
@@ -74,6 +81,7 @@ class CudaHostKvPool {
   cudaStream_t streams_[runtime::kNumTransferDirections] = {nullptr, nullptr};
   cudaEvent_t ready_ = nullptr;                                   // the model stream's work so far
   cudaEvent_t done_[runtime::kNumTransferDirections] = {nullptr, nullptr};  // a batch's copies per direction
+  CopyMethod method_ = CopyMethod::kKernel;
   bool batch_api_ = true;  // cudaMemcpyBatchAsync works here
   std::vector<Timing> timings_;
   runtime::TransferStats stats_;

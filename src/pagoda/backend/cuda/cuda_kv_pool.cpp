@@ -151,4 +151,19 @@ void CudaKvPool::append_block_copies(int32_t block, std::byte* host_chunk, bool 
   }
 }
 
+KvHostCopyGeometry CudaKvPool::host_copy_geometry(std::byte* host, size_t host_block_bytes) const {
+  KvHostCopyGeometry g;
+  g.device = memory_.as<char>();
+  g.host = reinterpret_cast<char*>(host);
+  g.layer_bytes = layer_bytes_;
+  g.host_block_bytes = host_block_bytes;
+  const SubPool* subs[4] = {&key_, &value_, &key_scale_, &value_scale_};
+  for (int s = 0; s < 4; ++s) {
+    g.segment_offset[s] = subs[s]->offset;
+    g.segment_bytes[s] = subs[s]->block_bytes;
+  }
+  g.num_layers = shape_.num_layers;
+  return g;
+}
+
 }  // namespace pagoda::cuda

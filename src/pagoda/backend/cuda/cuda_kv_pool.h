@@ -28,6 +28,7 @@
 #include "pagoda/runtime/kv_pool_shape.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
 #include "pagoda/backend/cuda/device_buffer.h"
+#include "pagoda/backend/cuda/kv_host_copy.h"
 #include "pagoda/core/status.h"
 #include "pagoda/runtime/model_runner.h"
 
@@ -72,6 +73,9 @@ class CudaKvPool {
   // The caller checks the id.
   void append_block_copies(int32_t block, std::byte* host_chunk, bool to_host, std::vector<void*>& dsts,
                            std::vector<const void*>& srcs, std::vector<size_t>& sizes) const;
+  // The same layout for the copy kernel (kv_host_copy.h), against a host pool
+  // of chunks of host_block_bytes starting at `host`.
+  KvHostCopyGeometry host_copy_geometry(std::byte* host, size_t host_block_bytes) const;
 
  private:
   // One block of one sub-pool of one layer, and where it starts inside a layer.
