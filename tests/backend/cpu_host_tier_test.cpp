@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "pagoda/backend/cpu/cpu_kv_pool.h"
 #include "pagoda/backend/cpu/cpu_model.h"
 #include "pagoda/backend/cpu/cpu_model_runner.h"
 #include "pagoda/engine/engine.h"
@@ -81,6 +82,37 @@ TEST(CpuHostTierTest, TransfersMoveEveryByteOfABlockForEveryKvDtype) {
     EXPECT_EQ(stats.blocks[0], 3);
     EXPECT_EQ(stats.blocks[1], 3);
     EXPECT_EQ(stats.bytes[1], 3 * static_cast<int64_t>(r.host_block_bytes()));
+  }
+}
+
+TEST(CpuHostTierTest, MlaLatentPoolsRoundTripThroughAHostChunk) {
+  for (DType dtype : {DType::kBF16, DType::kFP8E4M3, DType::kInt4}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    KvPoolShape shape{2, 5, 3, 1, 48, dtype, dtype};
+    shape.latent = true;  // one latent vector per token, no V
+    auto pool = CpuKvPool::create(shape);
+    ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+    const size_t block_bytes = runtime::host_block_layout(shape).block_bytes();
+    EXPECT_EQ(block_bytes, shape.bytes_per_token() * 3) << "no V bytes in a latent host block";
+    EXPECT_EQ(block_bytes * 5, pool->total_bytes());
+    // Distinct bytes in every layer's latent codes and scales.
+    for (int32_t l = 0; l < 2; ++l) {
+      const kernels::PagedKvLayer view = pool->layer(l);
+      auto* codes = static_cast<uint8_t*>(view.key);
+      for (size_t i = 0; i < block_bytes * 5 / 2; ++i) codes[i] = static_cast<uint8_t>(i * 7 + l);
+      if (view.key_scales == nullptr) continue;
+      auto* scales = static_cast<uint8_t*>(view.key_scales);
+      for (size_t i = 0; i < 5 * 3 * runtime::host_block_layout(shape).segment_bytes[runtime::kKeyScales] / 3; ++i)
+        scales[i] = static_cast<uint8_t>(i * 13 + l + 1);
+    }
+    std::vector<std::byte> chunk(block_bytes), again(block_bytes);
+    pool->export_block(1, chunk.data());
+    pool->import_block(3, chunk.data());
+    pool->export_block(3, again.data());
+    EXPECT_EQ(again, chunk);
+    std::vector<std::byte> other(block_bytes);
+    pool->export_block(2, other.data());
+    EXPECT_NE(other, chunk);
   }
 }
 

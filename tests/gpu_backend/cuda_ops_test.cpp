@@ -1,4 +1,4 @@
-// Each fused kernel of the CUDA backend against its CPU reference (kernels/cpu),
+// Each fused kernel of the CUDA backend against its CPU reference (backend/cpu/kernels),
 // with an error bound chosen per op: inputs are bf16-exact, so the bounds cover
 // f32 reduction order plus one bf16 rounding of the output (2^-8 relative).
 
@@ -11,8 +11,10 @@
 #include "gpu_test_support.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
 #include "pagoda/backend/cuda/random_fill.h"
+#include "pagoda/model/random_weights.h"
 #include "pagoda/backend/cpu/kernels/rmsnorm.h"
 #include "pagoda/backend/cpu/kernels/rope.h"
+#include "pagoda/model/rope_frequencies.h"
 #include "pagoda/backend/cpu/kernels/silu_mul.h"
 
 namespace pagoda::cuda {
@@ -226,6 +228,23 @@ TEST(CudaOps, ArgmaxPicksFirstMaximumAndIgnoresNan) {
   auto out = DeviceBuffer::allocate(3 * 4);
   ASSERT_EQ(argmax_rows(d_logits.as<float>(), 3, cols, out->as<int32_t>(), nullptr), cudaSuccess);
   EXPECT_EQ(to_host<int32_t>(*out, 3), (std::vector<int32_t>{77777, 6, cols - 1}));
+}
+
+TEST(CudaOps, RandomFillIsTheHostRecipeRoundedToBf16) {
+  // model/random_weights.h is evaluated on the host by the CPU backend: the GPU's values are the same
+  // f32 numbers, rounded to bf16 (so --load-format random is one model on both devices).
+  PAGODA_SKIP_WITHOUT_GPU();
+  const int64_t n = 100003;
+  const uint64_t stream = random_matrix_stream(7, RandomMatrix::kKProj, 3);
+  auto d = DeviceBuffer::allocate(n * 2);
+  ASSERT_EQ(fill_random_bf16(d->as<bf16>(), n, -kRandomWeightHalfWidth, kRandomWeightHalfWidth, stream, nullptr),
+            cudaSuccess);
+  const std::vector<uint16_t> got = to_host<uint16_t>(*d, n);
+  std::vector<float> want(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    want[static_cast<size_t>(i)] =
+        random_uniform_element(stream, static_cast<uint64_t>(i), -kRandomWeightHalfWidth, kRandomWeightHalfWidth);
+  EXPECT_EQ(got, to_bf16_bits(want));
 }
 
 TEST(CudaOps, RandomFillIsReproducibleBoundedAndCentered) {

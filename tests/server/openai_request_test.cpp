@@ -156,6 +156,21 @@ TEST(ApiKeyStoreTest, LoadsKeysAndMapsBearerToTenant) {
   }
 }
 
+TEST(ApiKeyStoreTest, AdminIsOptInPerKeyAndEveryoneWithoutKeys) {
+  auto store = ApiKeyStore::parse(
+      R"({"keys": [{"key": "sk-a", "tenant": "alice"}, {"key": "sk-ops", "tenant": "ops", "admin": true}]})",
+      "keys.json");
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  EXPECT_FALSE(store->caller_for_authorization("Bearer sk-a")->admin);
+  EXPECT_EQ(store->caller_for_authorization("Bearer sk-ops")->tenant, "ops");
+  EXPECT_TRUE(store->caller_for_authorization("Bearer sk-ops")->admin);
+  EXPECT_FALSE(store->caller_for_authorization("Bearer sk-x"));
+  EXPECT_TRUE(ApiKeyStore().caller_for_authorization("")->admin);
+  auto bad = ApiKeyStore::parse(R"({"keys": [{"key": "k", "tenant": "a", "admin": "yes"}]})", "keys.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("keys[0].admin"), std::string::npos);
+}
+
 TEST(ResponseBuilderTest, ChatStreamChunksCarryRoleOnceAndUsage) {
   ResponseBuilder b(Endpoint::kChatCompletions, "id", "m", 1, 1, false, [](int32_t t) { return std::to_string(t); });
   engine::RequestOutput d1;

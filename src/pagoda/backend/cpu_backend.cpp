@@ -30,8 +30,7 @@ int64_t cpu_weight_bytes(const ModelWeights& w) {
   };
   int64_t total = bytes(w.embed_tokens) + (w.lm_head.data == w.embed_tokens.data ? 0 : bytes(w.lm_head));
   for (const LayerWeights& l : w.layers)
-    for (const auto* m : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj})
-      total += bytes(*m);
+    for (const WeightMatrix* m : l.matrices()) total += bytes(*m);
   return total;
 }
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "pagoda/model/kv_geometry.h"
 #include "pagoda/runtime/kv_sizing.h"
 
 namespace pagoda::backend {
@@ -45,8 +46,7 @@ int64_t RunnerSetup::max_concurrent_full_requests() const {
 }
 
 KvPoolShape pool_shape(const ModelConfig& config, const RunnerSpec& spec, int32_t num_blocks) {
-  return KvPoolShape{config.num_layers, num_blocks, spec.block_size, config.num_kv_heads, config.head_dim,
-                     spec.key_dtype, spec.value_dtype};
+  return model_kv_pool_shape(config, num_blocks, spec.block_size, spec.key_dtype, spec.value_dtype);
 }
 
 std::string kv_dtype_flags_text(const RunnerSpec& spec) {
@@ -63,6 +63,19 @@ std::string model_summary(const ModelConfig& c, const RunnerSpec& spec) {
   const std::string source = spec.load_format == LoadFormat::kRandom
                                  ? fmt::format("random weights for {} (seed {})", spec.config_path, spec.weight_seed)
                                  : spec.model_dir;
+  if (c.mla) {
+    const MlaConfig& m = *c.mla;
+    std::string experts;
+    if (c.moe)
+      experts = fmt::format("; MoE from layer {}: {} routed experts (top {}) + {} shared, {} each",
+                            c.moe->first_k_dense_replace, c.moe->num_experts, c.moe->experts_per_token,
+                            c.moe->num_shared_experts, c.moe->moe_intermediate_size);
+    return fmt::format("model: {} from {}: {} layers, hidden {}, {} heads, attention MLA (latent {} + rope {}, "
+                       "q {}, qk {} + {}, v {}){}, vocab {}", c.architecture_name, source, c.num_layers,
+                       c.hidden_size, c.num_q_heads, m.kv_lora_rank, m.qk_rope_head_dim,
+                       m.q_lora_rank > 0 ? fmt::format("LoRA {}", m.q_lora_rank) : std::string("plain"),
+                       m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, experts, c.vocab_size);
+  }
   return fmt::format("model: {} from {}: {} layers, hidden {}, heads {}/{} (head_dim {}), vocab {}",
                      c.architecture_name, source, c.num_layers, c.hidden_size, c.num_q_heads, c.num_kv_heads,
                      c.head_dim, c.vocab_size);
@@ -70,8 +83,7 @@ std::string model_summary(const ModelConfig& c, const RunnerSpec& spec) {
 
 void add_kv_report(const RunnerSetup& setup, std::vector<std::string>& lines) {
   const RunnerSpec& f = setup.spec;
-  const KvShape shape{setup.config.num_layers, setup.config.num_q_heads, setup.config.num_kv_heads,
-                      setup.config.head_dim};
+  const KvShape shape = model_kv_shape(setup.config);
   lines.push_back(format_kv_cache_line(shape, f.key_dtype, f.value_dtype,
                                        setup.kv_pool_tokens() * setup.kv_bytes_per_token, setup.block_size) +
                   " (scales included)");

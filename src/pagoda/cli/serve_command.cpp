@@ -1,6 +1,6 @@
 // `pagoda serve`: the OpenAI-compatible server over a model on the CPU or the
-// GPU (runner_factory.h turns --device, --load-format, --kv-cache-dtype, ...
-// into the model runner and the KV manager's geometry).
+// GPU (runner_flags.h checks --device, --load-format, --kv-cache-dtype, ...;
+// backend/registry.h turns them into the model runner and its KV geometry).
 //
 //   pagoda serve --model models/pagoda-tiny --port 8000 [--api-keys keys.json]
 //   pagoda serve --model DIR --device cuda --kv-cache-dtype fp8 --gpu-memory-utilization 0.9
@@ -47,6 +47,7 @@ struct ServeOptions {
   std::string served_model_name;
   int32_t max_queued = 256;
   bool no_prefix_cache = false;
+  bool no_kv_events = false;
   int http_threads = 0;
   double shutdown_grace_s = 10.0;
 };
@@ -95,7 +96,10 @@ void run_serve(const ServeOptions& opt) {
       fail("loading chat template: " + loaded.status().to_string());
   }
 
-  auto kv = kv::KvCacheManager::create(kv_cache_config(*setup, !opt.no_prefix_cache));
+  kv::KvCacheConfig kv_config = kv_cache_config(*setup, !opt.no_prefix_cache);
+  // Block events feed GET /v1/kv/events (a KV-aware `pagoda route` reads them).
+  kv_config.record_events = !opt.no_kv_events;
+  auto kv = kv::KvCacheManager::create(kv_config);
   if (!kv.ok()) fail("KV cache: " + kv.status().to_string());
 
   server::ServerConfig server_config;
@@ -107,6 +111,7 @@ void run_serve(const ServeOptions& opt) {
                              : model_dir.empty()            ? model_path.stem().string()
                                                             : model_path.filename().string();
   if (server_config.model_name.empty()) server_config.model_name = model_path.parent_path().filename();
+  server_config.publish_kv_events = !opt.no_kv_events;
   server_config.host = opt.host;
   server_config.port = opt.port;
   server_config.http_threads = opt.http_threads > 0 ? opt.http_threads : flags->max_num_seqs + opt.max_queued + 8;
@@ -180,11 +185,14 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--host", opt->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", opt->port, "Port (0: any free port, printed at start)")->capture_default_str();
   cmd->add_option("--api-keys", opt->api_keys_file,
-                  "JSON {\"keys\": [{\"key\": \"sk-...\", \"tenant\": \"name\"}]}; requires Bearer auth on /v1");
+                  "JSON {\"keys\": [{\"key\": \"sk-...\", \"tenant\": \"name\"}]}; requires Bearer auth on /v1. "
+                  "A key with \"admin\": true may also read every tenant's KV events and the load (for pagoda route)");
   cmd->add_option("--served-model-name", opt->served_model_name, "Model id clients send (default: directory name)");
   cmd->add_option("--max-queued", opt->max_queued, "Most requests waiting to start; past it, 429")
       ->capture_default_str();
   cmd->add_flag("--no-prefix-cache", opt->no_prefix_cache, "Disable prefix caching (benchmark baseline)");
+  cmd->add_flag("--no-kv-events", opt->no_kv_events,
+                "Publish no KV block events (GET /v1/kv/events, read by a kv-aware `pagoda route`)");
   cmd->add_option("--http-threads", opt->http_threads, "HTTP worker threads (default: max-num-seqs + max-queued + 8)");
   cmd->add_option("--shutdown-grace", opt->shutdown_grace_s, "Seconds in-flight requests get on SIGTERM")
       ->capture_default_str();

@@ -230,6 +230,13 @@ StatusOr<int32_t> Engine::drop_namespace(const std::string& tenant_namespace) {
   return run_on_engine_thread([this, tenant_namespace] { return kv_.drop_namespace(tenant_namespace); });
 }
 
+void Engine::visit_kv_cache(const std::function<void(kv::KvCacheManager&)>& read) {
+  run_on_engine_thread([this, &read] {
+    read(kv_);
+    return 0;
+  });
+}
+
 EngineStats Engine::stats() const {
   std::lock_guard lock(stats_mutex_);
   EngineStats out = stats_;

@@ -109,6 +109,11 @@ class Engine {
   StatusOr<int32_t> drop_conversation(const std::string& tenant_namespace, std::vector<int32_t> tokens,
                                       int64_t keep_prefix_tokens);
   StatusOr<int32_t> drop_namespace(const std::string& tenant_namespace);
+  // Runs `read` with the KV manager on the engine thread between steps and
+  // blocks until it returns: for readers of KV state outside the engine (the
+  // server's KV event feed drains events and takes snapshots through it).
+  // `read` must not keep the reference, nor call back into the engine.
+  void visit_kv_cache(const std::function<void(kv::KvCacheManager&)>& read);
 
   EngineStats stats() const;
   int32_t vocab_size() const { return vocab_size_; }

@@ -800,6 +800,25 @@ std::vector<KvEvent> KvCacheManager::drain_events() {
   return out;
 }
 uint64_t KvCacheManager::dropped_events() const { return impl_->dropped_events_; }
+uint64_t KvCacheManager::last_event_number() const { return impl_->next_event_number_; }
+std::vector<KvEvent> KvCacheManager::cached_blocks() const {
+  const BlockPool& pool = impl_->pool_;
+  std::vector<BlockId> blocks;
+  for (BlockId b = 0; b < pool.num_ids(); ++b)  // both tiers: a demoted block is still cached
+    if (pool.meta(b).is_cached()) blocks.push_back(b);
+  // A parent is one block shallower than its children: by depth, parents come first.
+  std::stable_sort(blocks.begin(), blocks.end(),
+                   [&](BlockId a, BlockId b) { return pool.meta(a).depth < pool.meta(b).depth; });
+  std::vector<KvEvent> out;
+  out.reserve(blocks.size());
+  for (BlockId b : blocks) {
+    const BlockMeta& m = pool.meta(b);
+    const uint64_t parent_key = m.parent == kNoBlock ? 0 : pool.meta(m.parent).key_hash;
+    out.push_back(KvEvent{0, KvEvent::Kind::kBlockStored, b, m.key_hash, parent_key,
+                          impl_->cache_.namespace_name(m.namespace_id)});
+  }
+  return out;
+}
 std::string_view KvCacheManager::eviction_policy_name() const { return impl_->cache_.policy_name(); }
 Status KvCacheManager::verify_integrity() const { return impl_->verify_integrity(); }
 

@@ -236,6 +236,15 @@ class KvCacheManager {
   // Events since the last drain, oldest first.
   std::vector<KvEvent> drain_events();
   uint64_t dropped_events() const;
+  // Number of the newest event recorded so far (drained or not); 0 if none.
+  uint64_t last_event_number() const;
+  // Every block in the prefix cache now (either tier: moving between tiers
+  // records no event), as kBlockStored events with
+  // sequence_number 0, parents before children: what a consumer of the events
+  // must hold after applying every event up to last_event_number(). A consumer
+  // that lost events (a gap in the numbers) resynchronizes from it.
+  // O(num_blocks).
+  std::vector<KvEvent> cached_blocks() const;
   std::string_view eviction_policy_name() const;
 
   // Checks every invariant listed above; kInternal naming the first violation.

@@ -31,9 +31,11 @@ HostBlockLayout host_block_layout(const KvPoolShape& shape) {
   HostBlockLayout layout;
   layout.num_layers = shape.num_layers;
   layout.segment_bytes[kKeyCodes] = vectors * code_bytes(shape.head_dim, shape.key_dtype);
-  layout.segment_bytes[kValueCodes] = vectors * code_bytes(shape.head_dim, shape.value_dtype);
   layout.segment_bytes[kKeyScales] = vectors * scale_bytes(shape.head_dim, shape.key_dtype);
-  layout.segment_bytes[kValueScales] = vectors * scale_bytes(shape.head_dim, shape.value_dtype);
+  if (!shape.latent) {  // an MLA latent pool has no V
+    layout.segment_bytes[kValueCodes] = vectors * code_bytes(shape.head_dim, shape.value_dtype);
+    layout.segment_bytes[kValueScales] = vectors * scale_bytes(shape.head_dim, shape.value_dtype);
+  }
   return layout;
 }
 

@@ -40,8 +40,8 @@ struct HostBlockLayout {
   }
 };
 
-// The layout for a pool of this shape (num_blocks is ignored); block_bytes()
-// equals bytes_per_token() * block_size.
+// The layout for a pool of this shape (num_blocks is ignored; an MLA latent
+// pool has empty V segments); block_bytes() equals bytes_per_token() * block_size.
 HostBlockLayout host_block_layout(const KvPoolShape& shape);
 
 }  // namespace pagoda::runtime

@@ -12,7 +12,8 @@
 // and its scale records at ((b * num_kv_heads + h) * block_size + s) * groups
 // (kv_scale_vector): one head's records of a block are contiguous, so a decode
 // kernel reads those of 4 tokens (fp8 / int8) with one 16-byte load instead of
-// a 4-byte load per token (measured: the per-token loads cost fp8 decode ~5%).
+// a 4-byte load per token: a quarter of the copies, and whole sectors rather
+// than scattered 4-byte pieces (docs/KERNELS.md, "Quantized decode").
 //
 //   fp8 e4m3  one f32 scale per (token, head): x ~= fp8(x / scale) * scale,
 //             scale = amax / 448 (1 when the vector is all zeros).

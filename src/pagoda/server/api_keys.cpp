@@ -30,7 +30,9 @@ StatusOr<ApiKeyStore> ApiKeyStore::parse(std::string_view json_text, std::string
       return data_loss_error("api keys file {}: keys[{}].key must be a non-empty string", source_name, i);
     if (!k.contains("tenant") || !k["tenant"].is_string() || k["tenant"].get<std::string>().empty())
       return data_loss_error("api keys file {}: keys[{}].tenant must be a non-empty string", source_name, i);
-    Entry e{k["key"].get<std::string>(), k["tenant"].get<std::string>()};
+    if (k.contains("admin") && !k["admin"].is_boolean())
+      return data_loss_error("api keys file {}: keys[{}].admin must be true or false", source_name, i);
+    Entry e{k["key"].get<std::string>(), k["tenant"].get<std::string>(), k.value("admin", false)};
     for (const auto& existing : store.entries_)
       if (existing.key == e.key) return data_loss_error("api keys file {}: keys[{}] repeats a key", source_name, i);
     store.entries_.push_back(std::move(e));
@@ -40,18 +42,24 @@ StatusOr<ApiKeyStore> ApiKeyStore::parse(std::string_view json_text, std::string
 }
 
 std::optional<std::string> ApiKeyStore::tenant_for_authorization(std::string_view header) const {
-  if (!enabled()) return std::string("default");
+  auto caller = caller_for_authorization(header);
+  if (!caller) return std::nullopt;
+  return std::move(caller->tenant);
+}
+
+std::optional<ApiKeyStore::Caller> ApiKeyStore::caller_for_authorization(std::string_view header) const {
+  if (!enabled()) return Caller{"default", true};
   constexpr std::string_view kPrefix = "Bearer ";
   if (header.size() <= kPrefix.size() || header.substr(0, kPrefix.size()) != kPrefix) return std::nullopt;
   std::string_view presented = header.substr(kPrefix.size());
-  std::optional<std::string> tenant;
+  std::optional<Caller> caller;
   // Check every entry with a constant-time compare so timing does not reveal
   // how much of a key matched.
   for (const auto& e : entries_) {
     if (e.key.size() == presented.size() && CRYPTO_memcmp(e.key.data(), presented.data(), presented.size()) == 0)
-      tenant = e.tenant;
+      caller = Caller{e.tenant, e.admin};
   }
-  return tenant;
+  return caller;
 }
 
 std::string ApiKeyStore::cache_namespace(std::string_view tenant) {

@@ -1,10 +1,15 @@
 #pragma once
 // Api keys -> tenants. `--api-keys FILE` holds
-//   {"keys": [{"key": "sk-...", "tenant": "name"}, ...]}
+//   {"keys": [{"key": "sk-...", "tenant": "name"}, {"key": "sk-ops", "tenant": "ops", "admin": true}, ...]}
 // With keys loaded, every /v1 request needs `Authorization: Bearer <key>`; the
 // tenant of the key becomes the request's KV cache namespace. The namespace
 // never comes from the request body. Without keys every request is the tenant
 // "default" (one shared namespace).
+//
+// An admin key (optional "admin": true) may also read what spans tenants: the
+// KV events of every namespace and the load figures (a router polls with one).
+// It still generates inside its own tenant's namespace. Without keys everyone
+// is admin: there is only one tenant.
 //
 // Thread safety: immutable after load; lookups from any thread.
 
@@ -33,6 +38,14 @@ class ApiKeyStore {
   // constant time. When disabled, always "default".
   std::optional<std::string> tenant_for_authorization(std::string_view header) const;
 
+  struct Caller {
+    std::string tenant;
+    bool admin = false;
+  };
+  // Tenant and admin right for an Authorization header value; nullopt as for
+  // tenant_for_authorization. When disabled, always {"default", admin}.
+  std::optional<Caller> caller_for_authorization(std::string_view header) const;
+
   // The KV namespace of a tenant: tenant names are user-chosen strings, so the
   // namespace is length-prefixed to keep "a" + "bc" apart from "ab" + "c".
   static std::string cache_namespace(std::string_view tenant);
@@ -41,6 +54,7 @@ class ApiKeyStore {
   struct Entry {
     std::string key;
     std::string tenant;
+    bool admin = false;
   };
   std::vector<Entry> entries_;
 };

@@ -5,6 +5,8 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "pagoda/server/kv_event_feed.h"
+#include "pagoda/server/kv_routes.h"
 #include "pagoda/server/peer_connection.h"
 
 namespace pagoda::server {
@@ -37,6 +39,7 @@ struct StreamState {
 
 OpenAiServer::OpenAiServer(ServerConfig config, engine::Engine& engine, TextCodec codec)
     : config_(std::move(config)), engine_(engine), codec_(std::move(codec)), http_(std::make_unique<httplib::Server>()) {
+  if (config_.publish_kv_events) kv_feed_ = std::make_unique<KvEventFeed>(engine_);
   install_routes();
 }
 
@@ -143,6 +146,9 @@ void OpenAiServer::install_routes() {
     handle_generate(req, res, Endpoint::kChatCompletions);
   });
   s.Post("/v1/cache/drop", [this](const httplib::Request& req, httplib::Response& res) { handle_cache_drop(req, res); });
+  int32_t block_size = 0;
+  engine_.visit_kv_cache([&](kv::KvCacheManager& kv) { block_size = kv.block_size(); });
+  install_kv_routes(s, KvRoutesContext{&config_.api_keys, &engine_, kv_feed_.get(), block_size, &draining_});
 }
 
 void OpenAiServer::handle_generate(const httplib::Request& http_req, httplib::Response& res, Endpoint endpoint) {

@@ -4,7 +4,8 @@
 // Routes: POST /v1/completions, POST /v1/chat/completions (both with
 // "stream": true as server-sent events ending in "data: [DONE]"),
 // GET /v1/models, POST /v1/cache/drop (pagoda: drop a conversation's or the
-// tenant's cached blocks), GET /health, GET /metrics (Prometheus).
+// tenant's cached blocks), GET /health, GET /metrics (Prometheus), and for a
+// KV-aware router GET /v1/kv/events, /v1/kv/namespace, /v1/load (kv_routes.h).
 //
 // Request path: auth (api key -> tenant -> cache namespace) -> parse and
 // validate (400 + OpenAI error object) -> model name -> chat template ->
@@ -53,6 +54,8 @@ struct Response;
 
 namespace pagoda::server {
 
+class KvEventFeed;
+
 // What the server needs from a tokenizer and chat template; any may be empty
 // (fixture models without tokenizer accept token-id prompts only).
 struct TextCodec {
@@ -68,12 +71,14 @@ struct TextCodec {
 struct ServerConfig {
   std::string model_name;  // the only accepted "model"
   std::string host = "127.0.0.1";
-  int port = 8000;         // 0: any free port (see bound_port)
+  int port = 8000;         // 0: any free port (bind() returns it)
   ApiKeyStore api_keys;
   int http_threads = 64;
   size_t max_body_bytes = 8u << 20;
   int retry_after_seconds = 1;
   int32_t default_chat_max_tokens = 1024;  // when the request gives none (capped by the context)
+  // Serve GET /v1/kv/events (the KV manager must record events: KvCacheConfig::record_events).
+  bool publish_kv_events = true;
 };
 
 class OpenAiServer {
@@ -113,6 +118,7 @@ class OpenAiServer {
   engine::Engine& engine_;
   TextCodec codec_;
   std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<KvEventFeed> kv_feed_;  // null unless config_.publish_kv_events
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_response_id_{1};
   mutable std::mutex counters_mutex_;

@@ -1,8 +1,8 @@
 #pragma once
-// A JSON reader specialised for tokenizer.json: 99% of the file is model.vocab (token -> id)
+// A JSON reader specialised for tokenizer.json: nearly all of the file is model.vocab (token -> id)
 // and model.merges, which are streamed into flat vectors instead of a DOM; everything else
-// becomes an nlohmann::json document. nlohmann's DOM for Qwen3's 11 MB file costs ~0.4 s of
-// parse + free alone; this reader keeps loading well under that.
+// becomes an nlohmann::json document. A DOM of a large vocabulary's file costs more to build and
+// free than the whole load should take (docs/BENCHMARKS.md, "Tokenizer", has the figures).
 //
 // Strict JSON (RFC 8259). Errors are DATA_LOSS naming the file and the byte offset.
 //

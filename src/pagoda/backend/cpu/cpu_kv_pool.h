@@ -2,8 +2,10 @@
 // The KV cache memory of the CPU backend: for every layer, a K pool and a V pool
 // of [num_blocks, block_size, num_kv_heads, head_dim] elements of key_dtype /
 // value_dtype (f32, f16, bf16, fp8 e4m3, int8, int4), plus for the quantized
-// dtypes a scale pool of [num_blocks, block_size, num_kv_heads, groups] 4-byte
-// records beside each (layout and arithmetic: runtime/kv_quant.h). Block id b
+// dtypes a scale pool of [num_blocks, num_kv_heads, block_size, groups] 4-byte
+// records beside each (layout and arithmetic: runtime/kv_quant.h). An MLA
+// model's pool (KvPoolShape::latent) holds only the K side: one latent vector
+// per token (num_kv_heads 1), and layer() returns a null value pointer. Block id b
 // names the same token range in every layer. This class is memory only: which
 // blocks belong to which sequence is the KV manager's business (kv/), handed to
 // the model through ForwardBatch block tables.
@@ -53,7 +55,7 @@ class CpuKvPool {
 
  private:
   // One of K or V over all layers: data [layers, blocks, block_size, kv_heads, head bytes]
-  // and scales [layers, blocks, block_size, kv_heads, scale bytes].
+  // and scales [layers, blocks, kv_heads, block_size, scale bytes] (kernels::kv_scale_vector).
   struct Store {
     DType dtype = DType::kF32;
     size_t block_data_bytes = 0;   // one block of one layer

@@ -7,6 +7,7 @@
 #include "pagoda/backend/cuda/cuda_check.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
 #include "pagoda/backend/cuda/random_fill.h"
+#include "pagoda/model/random_weights.h"
 #include "pagoda/backend/cuda/progress_bar.h"
 #include "pagoda/core/thread_pool.h"
 
@@ -139,13 +140,24 @@ StatusOr<CudaModelWeights> CudaModelWeights::upload(const ModelConfig& config, c
 StatusOr<CudaModelWeights> CudaModelWeights::random(const ModelConfig& config, uint64_t seed) {
   const Shapes s(config);
   CudaModelWeights w;
-  // Uniform [-a, a) has std a / sqrt(3); 0.02 is transformers' initializer_range.
-  const float scale = 0.02f * 1.7320508f;
-  uint64_t stream_id = seed * 1000003ull;
-  auto random_matrix = [&](size_t rows, size_t cols) -> StatusOr<__nv_bfloat16*> {
+  // model/random_weights.h's matrices, as the CPU makes them: a stacked matrix
+  // (q|k|v, gate|up) is filled part by part, each part from its own stream.
+  const float a = kRandomWeightHalfWidth;
+  struct Part {
+    RandomMatrix kind;
+    size_t rows;
+  };
+  auto random_matrix = [&](std::initializer_list<Part> parts, int32_t layer, size_t cols) -> StatusOr<__nv_bfloat16*> {
+    size_t rows = 0;
+    for (const Part& p : parts) rows += p.rows;
     PAGODA_ASSIGN_OR_RETURN(void* device, w.allocate(rows * cols * 2));
     auto* m = static_cast<__nv_bfloat16*>(device);
-    PAGODA_CUDA_RETURN_IF_ERROR(fill_random_bf16(m, static_cast<int64_t>(rows * cols), -scale, scale, ++stream_id, nullptr));
+    size_t offset = 0;
+    for (const Part& p : parts) {
+      PAGODA_CUDA_RETURN_IF_ERROR(fill_random_bf16(m + offset, static_cast<int64_t>(p.rows * cols), -a, a,
+                                                   random_matrix_stream(seed, p.kind, layer), nullptr));
+      offset += p.rows * cols;
+    }
     return m;
   };
   auto constant_vector = [&](size_t n, float value) -> StatusOr<float*> {
@@ -154,19 +166,25 @@ StatusOr<CudaModelWeights> CudaModelWeights::random(const ModelConfig& config, u
     PAGODA_CUDA_RETURN_IF_ERROR(fill_constant(v, static_cast<int64_t>(n), value, nullptr));
     return v;
   };
-  PAGODA_ASSIGN_OR_RETURN(w.embed_tokens, random_matrix(s.vocab, s.hidden));
+  PAGODA_ASSIGN_OR_RETURN(w.embed_tokens, random_matrix({{RandomMatrix::kEmbedTokens, s.vocab}}, -1, s.hidden));
   if (config.tie_word_embeddings) {
     w.lm_head = w.embed_tokens;
   } else {
-    PAGODA_ASSIGN_OR_RETURN(w.lm_head, random_matrix(s.vocab, s.hidden));
+    PAGODA_ASSIGN_OR_RETURN(w.lm_head, random_matrix({{RandomMatrix::kLmHead, s.vocab}}, -1, s.hidden));
   }
   PAGODA_ASSIGN_OR_RETURN(w.final_norm, constant_vector(s.hidden, 1.0f));
   for (int32_t layer = 0; layer < config.num_layers; ++layer) {
     CudaLayerWeights d;
-    PAGODA_ASSIGN_OR_RETURN(d.qkv_proj, random_matrix(s.qkv_rows, s.hidden));
-    PAGODA_ASSIGN_OR_RETURN(d.o_proj, random_matrix(s.hidden, s.q_width));
-    PAGODA_ASSIGN_OR_RETURN(d.gate_up_proj, random_matrix(2 * s.inter, s.hidden));
-    PAGODA_ASSIGN_OR_RETURN(d.down_proj, random_matrix(s.hidden, s.inter));
+    const size_t kv_width = (s.qkv_rows - s.q_width) / 2;
+    PAGODA_ASSIGN_OR_RETURN(d.qkv_proj, random_matrix({{RandomMatrix::kQProj, s.q_width},
+                                                       {RandomMatrix::kKProj, kv_width},
+                                                       {RandomMatrix::kVProj, kv_width}},
+                                                      layer, s.hidden));
+    PAGODA_ASSIGN_OR_RETURN(d.o_proj, random_matrix({{RandomMatrix::kOProj, s.hidden}}, layer, s.q_width));
+    PAGODA_ASSIGN_OR_RETURN(d.gate_up_proj, random_matrix({{RandomMatrix::kGateProj, s.inter},
+                                                           {RandomMatrix::kUpProj, s.inter}},
+                                                          layer, s.hidden));
+    PAGODA_ASSIGN_OR_RETURN(d.down_proj, random_matrix({{RandomMatrix::kDownProj, s.hidden}}, layer, s.inter));
     PAGODA_ASSIGN_OR_RETURN(d.input_norm, constant_vector(s.hidden, 1.0f));
     PAGODA_ASSIGN_OR_RETURN(d.post_attention_norm, constant_vector(s.hidden, 1.0f));
     if (config.qk_norm) {

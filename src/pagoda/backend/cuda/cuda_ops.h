@@ -1,6 +1,6 @@
 #pragma once
 // Launchers of the CUDA backend's fused kernels (the GEMMs live in gemm.h, the
-// fast attention in backend/cuda/attention once it lands). Every launcher enqueues on
+// paged attention in attention/, driven through fast_attention.h). Every launcher enqueues on
 // `stream`, never synchronizes, never allocates, and reads its sizes from host
 // arguments and its per-token metadata from device arrays, so a whole forward
 // can be captured in a CUDA graph. Each returns cudaGetLastError() after the
@@ -10,7 +10,7 @@
 // f32 and rounds to bf16 once on store. Matrices are row-major; a row_stride
 // (in elements) lets a kernel work on a column slice of a wider matrix, e.g.
 // the q, k or v part of the fused qkv projection output. Every op has a CPU
-// reference in kernels/cpu and a comparison test in tests/gpu_backend.
+// reference in backend/cpu/kernels and a comparison test in tests/gpu_backend.
 
 #include <cstdint>
 

@@ -4,24 +4,16 @@
 #include "pagoda/backend/cuda/random_fill.h"
 
 #include "pagoda/backend/cuda/cuda_ops.h"
+#include "pagoda/model/random_weights.h"
 
 namespace pagoda::cuda {
 
 namespace {
 
-__device__ uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-__global__ void fill_random_bf16_kernel(bf16* __restrict__ x, int64_t n, float low, float span, uint64_t seed) {
+__global__ void fill_random_bf16_kernel(bf16* __restrict__ x, int64_t n, float low, float high, uint64_t seed) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const uint64_t bits = splitmix64(seed * 0x100000001b3ull ^ static_cast<uint64_t>(i));
-    const float unit = static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-    x[i] = __float2bfloat16(low + span * unit);
+    x[i] = __float2bfloat16(random_uniform_element(seed, static_cast<uint64_t>(i), low, high));
   }
 }
 
@@ -39,7 +31,7 @@ unsigned grid_for(int64_t n) {
 
 cudaError_t fill_random_bf16(void* x, int64_t n, float low, float high, uint64_t seed, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  fill_random_bf16_kernel<<<grid_for(n), 256, 0, stream>>>(static_cast<bf16*>(x), n, low, high - low, seed);
+  fill_random_bf16_kernel<<<grid_for(n), 256, 0, stream>>>(static_cast<bf16*>(x), n, low, high, seed);
   return cudaGetLastError();
 }
 

@@ -1,8 +1,10 @@
 #pragma once
 // Deterministic pseudo-random bf16 data made on the GPU, for random weights
 // (--load-format random) and for tests and benchmarks that need gigabytes of
-// non-zero data without a host round trip. Element i depends only on (seed, i):
-// uniform in [low, high). Enqueued on `stream`; returns the launch status.
+// non-zero data without a host round trip. Element i is
+// random_uniform_element(seed, i, low, high) of model/random_weights.h, the
+// value the CPU computes for the same (seed, i). Enqueued on `stream`; returns
+// the launch status.
 
 #include <cuda_runtime.h>
 

@@ -100,9 +100,9 @@ int32_t decode_heads_per_cta(const AttentionConfig& c) {
 // (pipeline fill, warp merge, output, the next CTA's start) are paid per CTA,
 // so units are sized by bytes, not positions: the pools the tensor-core decode
 // reads in 1-byte codes or less (fp8, int8, int4; K and V alike) get one wave,
-// at least the bytes per unit of bf16's two. Measured on the H200 (fp8, B=8
-// L=32K, docs/KERNELS.md): 137.0-141.3 us at one wave against 144.6-148.9 at
-// two; bf16's split of one wave is within 0.5% of two.
+// at least the bytes per unit of bf16's two, which shortened fp8's long-context
+// decode. bf16 keeps two waves: one wave gained it nothing measurable, and two
+// balance uneven lengths better (docs/KERNELS.md has the figures).
 int64_t decode_waves(const AttentionConfig& c) {
   const bool compact = c.key_element == c.value_element &&
                        (c.key_element == KvElement::kFP8E4M3 || c.key_element == KvElement::kInt8 ||

@@ -116,8 +116,9 @@ class PagedAttentionPlan {
                                  float* workspace) const;
 
   // Graph mode: work items of a plan for `graph_sequences` sequences. Enough
-  // for any lengths with the automatic split (which aims at a grid of about
-  // 4 CTAs per SM: <= that many / head tiles items plus one per sequence).
+  // for any lengths with the automatic split (which aims at a grid of at most
+  // 4 CTAs per SM, two waves of 2; one wave for 1-byte codes: <= that many /
+  // head tiles items plus one per sequence).
   static int32_t graph_work_item_capacity(const AttentionConfig& config, int32_t graph_sequences,
                                           const AttentionDeviceInfo& device = {});
   // Graph mode: split-K workspace bytes, the same for every step of the bucket.

@@ -281,8 +281,9 @@ cudaError_t launch_decode_for_dim(const AttentionDescriptor& d, const __nv_bfloa
 cudaError_t launch_decode_merge(const AttentionDescriptor& d, void* out, cudaStream_t stream) {
   // A programmatic dependent launch: the merge grid is scheduled while the
   // decode kernel still runs (it calls allow_merge_launch) and waits for its
-  // results in griddepcontrol.wait. Measured neutral on the H200 (within the
-  // +-1% run-to-run spread, bf16 and fp8), kept as the configuration measured.
+  // results in griddepcontrol.wait. It neither gained nor lost beyond the
+  // run-to-run spread (docs/KERNELS.md); kept because every timing since was
+  // taken with it.
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(d.num_sequences, d.num_q_heads);
   config.blockDim = dim3(d.head_dim);

@@ -21,11 +21,10 @@
 // 2t + 1 of its m-tile rows.
 //
 // bf16: K and V are read with ldmatrix (V transposed) from XOR-swizzled rows,
-// P is rounded to bf16 (as in prefill) and scores are scaled in f32. About 50
-// instructions per 1 KB of KV, against ~160 in the CUDA-core loop, which was
-// issue-bound at small units (ncu at B=256 L=1K: issue slots 61.5% busy):
-// 4,267-4,376 GB/s against 3,969-4,276 on the issue's three shapes (H200,
-// docs/KERNELS.md).
+// P is rounded to bf16 (as in prefill) and scores are scaled in f32. Per byte
+// of KV this issues a fraction of the CUDA-core loop's instructions; that loop
+// is issue-bound when units are short (many short sequences), which is where
+// this kernel gains most (docs/KERNELS.md has the profile and the figures).
 //
 // fp8 / int8 (one scale record per vector, records [block, head, slot] so one
 // 16-byte copy brings 4 tokens' records): the per-token scales stay outside
@@ -52,22 +51,24 @@
 // 2G and 2G + 1 being group G's, and a unit U_G and a zero sum per group.
 // fp8 written with per-tensor scales (a checkpoint's k_scale / v_scale;
 // kTensorScales) reads no records: the K scale joins q's unscale and U is the V
-// scale throughout (2-5% faster on the H200, docs/KERNELS.md).
-// Measured on the H200, the e4m3 scores and the 16-byte record copies were
-// each within the run-to-run spread (the fp8 loop is memory-bound at ~3,900
-// GB/s against bf16's ~4,300; docs/KERNELS.md); 16-token tiles x 4-6 stages
-// (same shared memory, or 3 CTAs per SM) were 2-20% slower.
+// scale throughout, so the stages hold codes only and the V-unit bookkeeping
+// goes.
 //
 // At the bytes of a bf16 tile an fp8 warp holds twice the tokens, so per byte
-// it issues more work; profiled (ncu, B=8 L=32K) its warps were busy ~90% of
-// each tile's time, issue-bound rather than waiting on memory (DRAM at 74% of
-// peak against bf16's 86%). Hence: copies addressed with 32-bit arithmetic and
+// it issues more work; a profile showed its warps issue-bound rather than
+// waiting on memory. Hence: copies addressed with 32-bit arithmetic and
 // one wide multiply, XOR-swizzled stage rows (the K and V fragment reads had
-// 2- and 4-way bank conflicts) and the upper fp8 pair converted in place: 30%
-// fewer instructions, fp8 B=8 L=32K from 158 to 145 us (docs/KERNELS.md).
+// 2- and 4-way bank conflicts) and the upper fp8 pair converted in place,
+// which cut the loop's instructions and its time. With those, the fp8 loop is
+// memory-bound: the e4m3 scores and the 16-byte record copies are kept for
+// their fewer instructions and requests, though neither moved the time beyond
+// the run-to-run spread. 16-token tiles with more stages (in the same shared
+// memory, or at 3 CTAs per SM) were slower: the per-tile softmax work is paid
+// every 16 tokens, and 3 CTAs per SM break the plan's waves.
 // Tokens as the rows of S (S^T = K Q^T: half the S mma, P^T transposed with
 // movmatrix), a V unit that only grows, one table load per lane and 16-byte V
-// fragment loads were measured too (commit 738b129) and gained nothing.
+// fragment loads were tried too and gained nothing.
+// docs/KERNELS.md ("Quantized decode") has the measurements behind each choice.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -215,9 +216,9 @@ __device__ __forceinline__ int warp_tile_count(const DecodeWorkItem& w, int warp
 // streams its tiles of all its CTA's units through one cp.async pipeline, so
 // with fewer CTAs than units the next unit's first tiles are in flight while
 // this one's warps merge and write. The launch gives every unit its own CTA
-// all the same: a persistent grid (2 CTAs per SM) measured 1-2% slower on the
-// H200 at B=64 L=4K and B=8 L=32K and equal at B=256 L=1K (fp8,
-// docs/KERNELS.md); its GPU tests passed too, so a grid of any size is correct.
+// all the same: a persistent grid (2 CTAs per SM) was no faster once the loop
+// was lean (docs/KERNELS.md); its GPU tests passed too, so a grid of any size
+// is correct.
 template <int kHeadDim, int kHeads, KvQuant Q, int kTileTokens, int kStages, bool kTensorScales>
 __global__ void __launch_bounds__(kWarps * 32)
     decode_attention_mma_kernel(const AttentionDescriptor d, const __nv_bfloat16* __restrict__ q,

@@ -9,7 +9,9 @@
 // through the block table with 16-byte cp.async (zero-filled past the end)
 // into a double buffer with an XOR swizzle that keeps ldmatrix conflict-free.
 // Causal masking is applied only on tiles that reach past the first row's
-// position. TODO(issue 7): wgmma + TMA warp-specialized version for sm_90a.
+// position. At head_dim 128 the plan picks the wgmma kernels of
+// prefill_attention_sm90.cu instead; this one serves the other head dims, and
+// head_dim 128 for comparisons (AttentionPlanOptions::portable_prefill).
 
 #include <cuda_bf16.h>
 

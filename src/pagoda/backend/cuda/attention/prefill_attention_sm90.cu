@@ -309,12 +309,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 // PAGODA_PREFILL_SM90 at every launch so one process can compare them:
 //   v4 (default): warp-specialized TMA producer + two consumers that each
 //       overlap softmax with their previous P V, taking ping-pong turns
-//       (prefill_sm90_warp_specialized.cuh). With clocks settled at the
-//       H200's software power cap (three calls, 2026-11-29) it ran 16K at
-//       600 / 625 / 564 TFLOP/s against lockstep's 538 / 552 / 572, 4K at
-//       487 / 494 / 495 against 459 / 505 / 466 (docs/KERNELS.md);
-//   v4-lockstep: the same without turns (the earlier default: equal at 16K
-//       when measured at boost clocks, 605-621 vs 610-612);
+//       (prefill_sm90_warp_specialized.cuh). The default because it led
+//       lockstep in most comparisons with the clocks settled at the GPU's
+//       power cap, where a long prefill runs (docs/KERNELS.md, "Prefill at
+//       settled clocks");
+//   v4-lockstep: the same without turns (the earlier default; equal to v4 at
+//       boost clocks);
 //   v2: the v2.1 kernel above (all warps gather and compute, one barrier per tile).
 // Block sizes outside 16..64 run v2 (see below).
 enum class Sm90PrefillSchedule { kV2, kV4, kV4Lockstep, kUnknown };

@@ -22,8 +22,9 @@
 //     probabilities are taken against the stale maximum (at most 2^8: bf16 P
 //     and the f32 sums hold that as well) and the 64 multiplies of O and the
 //     correction's exp2 are skipped. The result is the same softmax: O and l
-//     always share one maximum. Measured at settled clocks (H200, one call,
-//     four rounds; docs/KERNELS.md): 16K 572 vs 550 TFLOP/s mean, 4K 486 vs 477.
+//     always share one maximum. In a causal prefill most tiles past the first
+//     few do not move the maximum, so most skip the rescale (docs/KERNELS.md,
+//     "Lazy O rescale", has the gain).
 // Shapes and units as in attention_descriptor.h. Device code; include from
 // prefill_attention_sm90.cu only.
 
