@@ -96,13 +96,15 @@ TEST(CpuHostTierTest, MlaLatentPoolsRoundTripThroughAHostChunk) {
     EXPECT_EQ(block_bytes, shape.bytes_per_token() * 3) << "no V bytes in a latent host block";
     EXPECT_EQ(block_bytes * 5, pool->total_bytes());
     // Distinct bytes in every layer's latent codes and scales.
+    const runtime::HostBlockLayout layout = runtime::host_block_layout(shape);
     for (int32_t l = 0; l < 2; ++l) {
       const kernels::PagedKvLayer view = pool->layer(l);
+      EXPECT_EQ(view.value, nullptr);
       auto* codes = static_cast<uint8_t*>(view.key);
-      for (size_t i = 0; i < block_bytes * 5 / 2; ++i) codes[i] = static_cast<uint8_t>(i * 7 + l);
+      for (size_t i = 0; i < 5 * layout.segment_bytes[runtime::kKeyCodes]; ++i) codes[i] = static_cast<uint8_t>(i * 7 + l);
       if (view.key_scales == nullptr) continue;
       auto* scales = static_cast<uint8_t*>(view.key_scales);
-      for (size_t i = 0; i < 5 * 3 * runtime::host_block_layout(shape).segment_bytes[runtime::kKeyScales] / 3; ++i)
+      for (size_t i = 0; i < 5 * layout.segment_bytes[runtime::kKeyScales]; ++i)
         scales[i] = static_cast<uint8_t>(i * 13 + l + 1);
     }
     std::vector<std::byte> chunk(block_bytes), again(block_bytes);
