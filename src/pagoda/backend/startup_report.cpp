@@ -11,6 +11,35 @@ std::string_view device_name(Device device) { return device == Device::kCuda ? "
 
 int64_t blocks_for_tokens(int64_t tokens, int32_t block_size) { return (tokens + block_size - 1) / block_size; }
 
+StatusOr<int32_t> host_tier_blocks(const RunnerSpec& spec, int64_t kv_bytes_per_token) {
+  if (spec.kv_offload_memory <= 0) return 0;
+  const int64_t block_bytes = kv_bytes_per_token * spec.block_size;
+  const int64_t blocks = block_bytes > 0 ? spec.kv_offload_memory / block_bytes : 0;
+  if (blocks < 1)
+    return invalid_argument_error("--kv-offload-memory {}: holds no KV block of {} tokens ({} per block)",
+                                  format_bytes(static_cast<double>(spec.kv_offload_memory)), spec.block_size,
+                                  format_bytes(static_cast<double>(block_bytes)));
+  if (blocks > INT32_MAX / 2)
+    return invalid_argument_error("--kv-offload-memory {}: {} blocks is more than a pool can index",
+                                  format_bytes(static_cast<double>(spec.kv_offload_memory)), blocks);
+  return static_cast<int32_t>(blocks);
+}
+
+std::string kv_tiers_line(const RunnerSetup& setup, bool pinned) {
+  const auto bytes = [&](int64_t blocks) {
+    return format_bytes(static_cast<double>(blocks * setup.block_size * setup.kv_bytes_per_token));
+  };
+  if (setup.num_host_blocks == 0)
+    return fmt::format("KV tiers: device {} blocks ({}); no host tier (--kv-offload-memory 0)",
+                       format_with_commas(setup.num_blocks), bytes(setup.num_blocks));
+  return fmt::format("KV tiers: device {} blocks ({}), host {} blocks ({}{}) = {} tokens; evicted blocks are "
+                     "written back to the host tier", format_with_commas(setup.num_blocks), bytes(setup.num_blocks),
+                     format_with_commas(setup.num_host_blocks), bytes(setup.num_host_blocks),
+                     pinned ? ", pinned" : "",
+                     format_with_commas((static_cast<int64_t>(setup.num_blocks) + setup.num_host_blocks) *
+                                        setup.block_size));
+}
+
 int64_t RunnerSetup::max_concurrent_full_requests() const {
   if (max_model_len <= 0 || block_size <= 0) return 0;
   return num_blocks / blocks_for_tokens(max_model_len, block_size);

@@ -57,6 +57,8 @@ void run_serve(const ServeOptions& opt) {
   namespace fs = std::filesystem;
   auto flags = resolve_runner_flags(opt.runner, RunnerCommand::kServe);
   if (!flags.ok()) fail(flags.status().to_string());
+  auto preemption = resolve_preemption_mode(opt.runner, *flags);
+  if (!preemption.ok()) fail(preemption.status().to_string());
   if (opt.max_queued < 0) fail(fmt::format("--max-queued {}: must be >= 0", opt.max_queued));
 
   // SIGTERM/SIGINT only set a flag (async-signal-safe, whichever thread gets
@@ -75,6 +77,7 @@ void run_serve(const ServeOptions& opt) {
   {
     std::istringstream report(setup->report);
     for (std::string line; std::getline(report, line);) std::fprintf(stderr, "pagoda serve: %s\n", line.c_str());
+    std::fprintf(stderr, "pagoda serve: preemption by %s\n", std::string(engine::preemption_mode_name(*preemption)).c_str());
   }
 
   // Tokenizer and chat template are optional (fixture models and bare config files have neither).
@@ -120,7 +123,7 @@ void run_serve(const ServeOptions& opt) {
   }
 
   engine::EngineConfig engine_config;
-  engine_config.scheduler = scheduler_config(*setup);
+  engine_config.scheduler = scheduler_config(*setup, *preemption);
   engine_config.max_queued_requests = opt.max_queued;
   server::TextCodec codec;
   if (tok) {

@@ -38,6 +38,11 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(EngineConfig config, runtime::M
     return invalid_argument_error(
         "the KV manager has {} blocks of {} tokens but the model runner's KV pool holds {} blocks of {}",
         kv.num_blocks(), kv.block_size(), geometry.num_blocks, geometry.block_size);
+  if (kv.num_host_blocks() != runner.capabilities().host_kv_blocks)
+    return invalid_argument_error("the KV manager has a host tier of {} blocks but the model runner's host pool "
+                                  "holds {}", kv.num_host_blocks(), runner.capabilities().host_kv_blocks);
+  if (config.scheduler.preemption_mode == PreemptionMode::kSwap && kv.num_host_blocks() == 0)
+    return invalid_argument_error("preemption by swap needs a host tier (the KV manager has none)");
   return std::make_unique<Engine>(std::move(config), runner, kv);
 }
 
@@ -506,7 +511,9 @@ void Engine::publish_stats(double step_seconds) {
   thread_stats_.num_waiting = static_cast<int64_t>(scheduler_.num_waiting());
   thread_stats_.num_running = static_cast<int64_t>(scheduler_.num_running());
   thread_stats_.preemptions = scheduler_.num_preemptions();
+  thread_stats_.swap_preemptions = scheduler_.num_swap_preemptions();
   thread_stats_.kv = kv_.stats();
+  thread_stats_.transfers = runner_.transfer_stats();
   std::lock_guard lock(stats_mutex_);
   stats_ = thread_stats_;
 }
@@ -529,6 +536,15 @@ bool Engine::step() {
                                            "else running only {} of its {} blocks ({} tokens each) can be freed",
                                            seq->tokens.size(), kv_.num_available_blocks(), kv_num_blocks_,
                                            kv_block_size_));
+  // The step's moves between the tiers (promotions of host hits, write-backs
+  // of evicted blocks, swaps) run before its forward. If they fail, the
+  // sequences whose K/V was lost start over and this plan is dropped: its
+  // sequences run next step (nothing was committed).
+  if (!run_transfers().ok()) {
+    flush_outputs();
+    publish_stats(-1);
+    return true;
+  }
   if (plan.empty()) {
     flush_outputs();
     publish_stats(-1);
@@ -612,7 +628,27 @@ bool Engine::step() {
   return true;
 }
 
+Status Engine::run_transfers() {
+  const std::vector<kv::BlockTransfer> moves = kv_.take_transfers();
+  if (moves.empty()) return ok_status();
+  std::vector<runtime::BlockTransfer> runner_moves;
+  runner_moves.reserve(moves.size());
+  for (const kv::BlockTransfer& t : moves)
+    runner_moves.push_back(runtime::BlockTransfer{static_cast<runtime::TransferDirection>(t.direction), t.device_block,
+                                                  t.host_block});
+  Status moved = runner_.transfer_blocks(runner_moves);
+  if (moved.ok()) return moved;
+  ++thread_stats_.transfer_failures;
+  for (kv::SequenceId id : kv_.transfers_failed(moves)) {
+    auto it = sequences_.find(id);
+    if (it != sequences_.end() && it->second->status != SequenceStatus::kFinished) scheduler_.restart(it->second.get());
+  }
+  return moved;
+}
+
 Status Engine::copy_blocks_on_runner(std::span<const kv::BlockCopy> copies) {
+  // A fork's blocks may have come from evictions whose write-backs are pending.
+  PAGODA_RETURN_IF_ERROR(run_transfers());
   std::vector<runtime::BlockCopy> moves;
   moves.reserve(copies.size());
   for (const kv::BlockCopy& c : copies) moves.push_back(runtime::BlockCopy{c.src, c.dst});

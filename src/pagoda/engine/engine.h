@@ -53,7 +53,9 @@ struct EngineStats {
   int64_t num_running = 0;
   int64_t num_requests_in_flight = 0;
   int64_t steps = 0;
-  int64_t preemptions = 0;
+  int64_t preemptions = 0;       // both modes
+  int64_t swap_preemptions = 0;  // of which by swap (scheduler.h)
+  int64_t transfer_failures = 0;  // transfer_blocks calls that failed (their sequences recomputed)
   int64_t requests_submitted = 0;
   int64_t requests_rejected_queue_full = 0;
   int64_t requests_finished_stop = 0;
@@ -64,6 +66,7 @@ struct EngineStats {
   int64_t cached_prompt_tokens = 0;
   int64_t generated_tokens = 0;
   kv::KvStats kv;
+  runtime::TransferStats transfers;  // the runner's, between its device and host pools
   LatencyHistogram time_to_first_token;
   LatencyHistogram inter_token_latency;
   LatencyHistogram step_time;
@@ -73,8 +76,10 @@ class Engine {
  public:
   // `runner` and `kv` must outlive the engine. kInvalidArgument when the KV
   // manager's blocks are not the runner's (block size or count differ from
-  // runner.kv_geometry()): every step would otherwise name memory that the
-  // runner does not hold.
+  // runner.kv_geometry(), or its host tier from the runner's host pool,
+  // capabilities().host_kv_blocks): every step would otherwise name memory
+  // that the runner does not hold; and for preemption by swap without a host
+  // tier.
   static StatusOr<std::unique_ptr<Engine>> create(EngineConfig config, runtime::ModelRunner& runner,
                                                   kv::KvCacheManager& kv);
   // As create(), for callers that built both from one geometry (tests).
@@ -144,8 +149,14 @@ class Engine {
   // Structured outputs: samples with the sequence's token mask applied and moves its constraint
   // past the token; a dead end fails the request (kInternal).
   void sample_constrained(Sequence* seq, std::span<const float> logits);
-  // Runs the KV manager's copy-on-write copies on the runner's memory.
+  // Runs the KV manager's copy-on-write copies on the runner's memory (after
+  // the pending tier transfers, which must come first).
   Status copy_blocks_on_runner(std::span<const kv::BlockCopy> copies);
+  // Hands the KV manager's pending tier transfers to the runner, in order. On
+  // failure the KV manager forgets what was lost and the sequences whose K/V
+  // it was start over (recompute); the caller must not run a forward planned
+  // before that.
+  Status run_transfers();
   void fork_children(Sequence* parent, std::span<const float> logits);
   void append_token(Sequence* seq, const SampledToken& token);
   void finish_sequence(Sequence* seq, FinishReason reason);

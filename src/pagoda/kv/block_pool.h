@@ -1,10 +1,15 @@
 #pragma once
-// BlockPool: metadata of every KV block and an O(1) intrusive free list.
+// BlockPool: metadata of every KV block, in two tiers, and an O(1) intrusive
+// free list per tier.
 //
-// A block is an index into the backend's pools; BlockMeta holds no pointer to
+// A block is an index into a backend's pool; BlockMeta holds no pointer to
 // memory, only bookkeeping: ref count, written slots, and (while cached) the
-// radix-tree key and links. The pool itself only moves blocks on and off the
-// free list; KvCacheManager and PrefixCache interpret the rest.
+// radix-tree key and links. Ids [0, num_blocks) are the device tier (the
+// backend's KV pool, block id = pool index); ids [num_blocks, num_blocks +
+// num_host_blocks) are the host tier (host pool index = id - num_blocks). One
+// id space lets the prefix cache link a host block under a device block. The
+// pool itself only moves blocks on and off the free lists; KvCacheManager and
+// PrefixCache interpret the rest.
 //
 // Thread safety: none (owned by one KvCacheManager).
 
@@ -41,41 +46,55 @@ static_assert(sizeof(BlockMeta) <= 64, "BlockMeta grew past a cache line");
 
 class BlockPool {
  public:
-  explicit BlockPool(int32_t num_blocks);
+  explicit BlockPool(int32_t num_blocks, int32_t num_host_blocks = 0);
 
-  int32_t num_blocks() const { return static_cast<int32_t>(meta_.size()); }
-  int32_t num_free() const { return num_free_; }
+  int32_t num_blocks() const { return num_device_; }  // device tier
+  int32_t num_host_blocks() const { return static_cast<int32_t>(meta_.size()) - num_device_; }
+  int32_t num_ids() const { return static_cast<int32_t>(meta_.size()); }  // both tiers
+  int32_t num_free() const { return tiers_[0].num_free; }                 // device tier
+  int32_t num_host_free() const { return tiers_[1].num_free; }
+  BlockTier tier(BlockId block) const { return block < num_device_ ? BlockTier::kDevice : BlockTier::kHost; }
+  bool is_host(BlockId block) const { return block >= num_device_; }
+  BlockId host_index(BlockId host_block) const { return host_block - num_device_; }  // host pool index
+  BlockId host_id(BlockId host_index) const { return host_index + num_device_; }
 
-  // Pops a free block (metadata reset, is_free false, ref 0); kNoBlock if none.
-  BlockId allocate() {
-    const BlockId block = free_head_;
+  // Pops a free block of the tier (metadata reset, is_free false, ref 0); kNoBlock if none.
+  BlockId allocate(BlockTier tier = BlockTier::kDevice) {
+    FreeList& list = tiers_[static_cast<int>(tier)];
+    const BlockId block = list.head;
     if (block == kNoBlock) return kNoBlock;
     BlockMeta& m = meta_[block];
-    free_head_ = m.next_free;
-    --num_free_;
+    list.head = m.next_free;
+    --list.num_free;
     m = BlockMeta{};
     m.is_free = false;
     return block;
   }
-  // Pushes an unreferenced, uncached block back on the free list.
+  // Pushes an unreferenced, uncached block back on its tier's free list.
   void free(BlockId block) {
+    FreeList& list = tiers_[static_cast<int>(tier(block))];
     BlockMeta& m = meta_[block];
     m.is_free = true;
-    m.next_free = free_head_;
-    free_head_ = block;
-    ++num_free_;
+    m.next_free = list.head;
+    list.head = block;
+    ++list.num_free;
   }
 
   BlockMeta& meta(BlockId block) { return meta_[block]; }
   const BlockMeta& meta(BlockId block) const { return meta_[block]; }
 
-  // Free list acyclic, count matches, free blocks unreferenced and uncached.
+  // Per tier: free list acyclic and inside the tier, count matches, free
+  // blocks unreferenced and uncached.
   Status verify_integrity() const;
 
  private:
+  struct FreeList {
+    BlockId head = kNoBlock;
+    int32_t num_free = 0;
+  };
   std::vector<BlockMeta> meta_;
-  BlockId free_head_ = kNoBlock;
-  int32_t num_free_ = 0;
+  int32_t num_device_ = 0;
+  FreeList tiers_[kNumTiers];
 };
 
 }  // namespace pagoda::kv

@@ -120,4 +120,37 @@ void CpuKvPool::copy_block(int32_t src, int32_t dst) {
   }
 }
 
+void CpuKvPool::export_block(int32_t block, std::byte* chunk) const {
+  assert(block >= 0 && block < shape_.num_blocks);
+  for (int32_t l = 0; l < shape_.num_layers; ++l) {
+    // The host block layout's order: K codes, V codes, K scales, V scales (an MLA pool has no V).
+    for (const Store* s : {&key_, &value_}) {
+      if (!s->data) continue;
+      std::memcpy(chunk, block_data(*s, l, block), s->block_data_bytes);
+      chunk += s->block_data_bytes;
+    }
+    for (const Store* s : {&key_, &value_}) {
+      if (!s->data || !s->scales) continue;
+      std::memcpy(chunk, block_scales(*s, l, block), s->block_scale_bytes);
+      chunk += s->block_scale_bytes;
+    }
+  }
+}
+
+void CpuKvPool::import_block(int32_t block, const std::byte* chunk) {
+  assert(block >= 0 && block < shape_.num_blocks);
+  for (int32_t l = 0; l < shape_.num_layers; ++l) {
+    for (const Store* s : {&key_, &value_}) {
+      if (!s->data) continue;
+      std::memcpy(block_data(*s, l, block), chunk, s->block_data_bytes);
+      chunk += s->block_data_bytes;
+    }
+    for (const Store* s : {&key_, &value_}) {
+      if (!s->data || !s->scales) continue;
+      std::memcpy(block_scales(*s, l, block), chunk, s->block_scale_bytes);
+      chunk += s->block_scale_bytes;
+    }
+  }
+}
+
 }  // namespace pagoda

@@ -46,6 +46,12 @@ class CpuKvPool {
   // Copies block src's data and scales to block dst in every layer, bytes as
   // they are (copy on write keeps quantized codes exact). 0 <= src, dst < num_blocks.
   void copy_block(int32_t src, int32_t dst);
+  // Copies a block out to / in from one contiguous chunk of
+  // runtime::host_block_layout(shape()).block_bytes() bytes laid out as that
+  // header says (every layer's K codes, V codes, K scales, V scales), bytes as
+  // they are. 0 <= block < num_blocks.
+  void export_block(int32_t block, std::byte* chunk) const;
+  void import_block(int32_t block, const std::byte* chunk);
 
  private:
   // One of K or V over all layers: data [layers, blocks, block_size, kv_heads, head bytes]
