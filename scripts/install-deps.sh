@@ -20,6 +20,7 @@ packages=(
   nodejs                    # openai client for e2e tests; tokenizer.json packages
   gnuplot-nox               # benchmark plots
   python3                   # fixture checks and small tools
+  json-schema-test-suite    # the official JSON Schema tests, for pagoda's validator
   r-cran-janeaustenr bible-kjv-text  # public-domain training / eval text
 )
 

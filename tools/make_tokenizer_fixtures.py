@@ -6,13 +6,16 @@ Run on the GPU machine (Python with `tokenizers` and `transformers`, no network)
     python3 tools/make_tokenizer_fixtures.py --npm-dir .cache/npm \
         --corpus tests/fixtures/tokenizer/corpus.jsonl --out $OUT/tokenizer
 
-For each tokenizer (qwen3, llama3, llama2: <npm-dir>/<name>/package/models/) it writes
+For each tokenizer (qwen3, llama3, llama2: <npm-dir>/<name>/package/models/, plus any
+--model NAME=DIR, e.g. --model pagoda-tiny=models/pagoda-tiny) it writes
 <out>/<name>.json holding, per corpus line:
   ids            Tokenizer.encode(text, add_special_tokens=False).ids   (`tokenizers`)
   ids_special    Tokenizer.encode(text, add_special_tokens=True).ids
   decode         Tokenizer.decode(ids_special, skip_special_tokens=False)
   decode_skip    Tokenizer.decode(ids_special, skip_special_tokens=True)
   transformers   only the fields where AutoTokenizer (transformers) differs from the above
+plus, per tokenizer, the class AutoTokenizer picked and the pipeline it runs (its backend's
+normalizer, pre-tokenizer, post-processor, decoder and model settings, without the vocabulary),
 plus byte-level decode cases (invalid / truncated UTF-8 through byte tokens) decoded with
 errors=replace semantics, special ids, and a one-thread timing of `tokenizers` encoding one
 ~4 MiB string built from the corpus (same recipe as bench/tokenizer: every corpus text joined
@@ -174,7 +177,16 @@ def make_fixture(name, model_dir, cases, with_timing):
         byte_cases.append(record)
 
     special = {}
+    pipeline = None
     if hf is not None:
+        backend = json.loads(hf.backend_tokenizer.to_str())
+        model_settings = {k: v for k, v in backend.get("model", {}).items() if k not in ("vocab", "merges")}
+        pipeline = {"class": type(hf).__name__,
+                    "normalizer": backend.get("normalizer"),
+                    "pre_tokenizer": backend.get("pre_tokenizer"),
+                    "post_processor": backend.get("post_processor"),
+                    "decoder": backend.get("decoder"),
+                    "model": model_settings}
         special = {
             "bos_token": hf.bos_token, "bos_token_id": hf.bos_token_id,
             "eos_token": hf.eos_token, "eos_token_id": hf.eos_token_id,
@@ -189,6 +201,7 @@ def make_fixture(name, model_dir, cases, with_timing):
         "vocab_size_with_added": tokenizer.get_vocab_size(with_added_tokens=True),
         "load_seconds": round(load_seconds, 4),
         "special": special,
+        "transformers_pipeline": pipeline,
         "cases": out_cases,
         "byte_decode_cases": byte_cases,
     }
@@ -208,13 +221,20 @@ def main():
     parser.add_argument("--corpus", required=True, help="JSONL, one {\"name\", \"text\"} per line")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--no-timing", action="store_true", help="skip the 4 MiB encode timing")
+    parser.add_argument("--model", action="append", default=[], metavar="NAME=DIR",
+                        help="another tokenizer directory (tokenizer.json + tokenizer_config.json)")
     args = parser.parse_args()
+    model_dirs = [(name, os.path.join(args.npm_dir, name, "package", "models")) for name in TOKENIZER_NAMES]
+    for entry in args.model:
+        if "=" not in entry:
+            sys.exit(f"--model {entry}: expected NAME=DIR")
+        name, directory = entry.split("=", 1)
+        model_dirs.append((name, directory))
 
     cases = read_corpus(args.corpus)
     os.makedirs(args.out, exist_ok=True)
     failures = 0
-    for name in TOKENIZER_NAMES:
-        model_dir = os.path.join(args.npm_dir, name, "package", "models")
+    for name, model_dir in model_dirs:
         if not os.path.isfile(os.path.join(model_dir, "tokenizer.json")):
             print(f"{name}: no tokenizer.json under {model_dir}", file=sys.stderr)
             failures += 1

@@ -2,6 +2,8 @@
 // Usage: node openai_client_check.mjs <base_url> <model> <mode>
 //   mode "token-ids": completions with token-id prompts (fixture models, no tokenizer)
 //   mode "text":      completions and chat with text (a model with tokenizer + chat template)
+//   mode "structured": tools with tool_choice "required" / named (whole and streamed),
+//                     response_format json_schema and json_object, a bad schema as the SDK sees it
 // Exits 0 when every check passes; prints what failed otherwise.
 import { createRequire } from 'node:module';
 import path from 'node:path';
@@ -94,6 +96,91 @@ if (mode === 'text') {
     check(false, 'empty messages must fail');
   } catch (e) {
     check(e.status === 400 && e.error?.param === 'messages', 'empty messages is a 400', e.error);
+  }
+}
+
+if (mode === 'structured') {
+  const messages = [{ role: 'user', content: 'What is the weather in Paris?' }];
+  const weatherParams = {
+    type: 'object',
+    properties: { city: { type: 'string', maxLength: 16 }, unit: { type: 'string', enum: ['celsius', 'fahrenheit'] } },
+    required: ['city', 'unit'],
+    additionalProperties: false,
+  };
+  const tools = [
+    { type: 'function', function: { name: 'get_weather', description: 'Weather of a city', parameters: weatherParams } },
+    { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: { tz: { type: 'string', maxLength: 8 } }, required: ['tz'] } } },
+  ];
+  const validWeather = (args) => typeof args.city === 'string' && args.city.length <= 16 &&
+    ['celsius', 'fahrenheit'].includes(args.unit) && Object.keys(args).every(k => k === 'city' || k === 'unit');
+
+  const required = await client.chat.completions.create({ model, messages, tools, tool_choice: 'required', parallel_tool_calls: false, max_tokens: 200, seed: 3 });
+  const rc = required.choices[0];
+  check(rc.finish_reason === 'tool_calls', 'tool_choice required ends with tool_calls', rc);
+  check(rc.message.tool_calls?.length === 1 && rc.message.tool_calls[0].type === 'function', 'one function call', rc.message);
+  const call = rc.message.tool_calls?.[0];
+  if (call) {
+    const args = JSON.parse(call.function.arguments);
+    check(['get_weather', 'get_time'].includes(call.function.name), 'a declared tool is called', call);
+    if (call.function.name === 'get_weather') check(validWeather(args), 'arguments follow the tool schema', args);
+    else check(typeof args.tz === 'string' && args.tz.length <= 8, 'arguments follow the tool schema', args);
+  }
+
+  const named = await client.chat.completions.create({ model, messages, tools, tool_choice: { type: 'function', function: { name: 'get_weather' } }, max_tokens: 200, seed: 5 });
+  const nc = named.choices[0];
+  check(nc.message.tool_calls?.length === 1 && nc.message.tool_calls[0].function.name === 'get_weather', 'named tool_choice calls that tool', nc.message);
+  if (nc.message.tool_calls?.[0]) check(validWeather(JSON.parse(nc.message.tool_calls[0].function.arguments)), 'named call arguments valid', nc.message.tool_calls[0]);
+
+  // Streamed: the SDK reassembles delta.tool_calls; the result equals the whole response.
+  const stream = await client.chat.completions.create({ model, messages, tools, tool_choice: { type: 'function', function: { name: 'get_weather' } }, max_tokens: 200, seed: 5, stream: true });
+  const streamedCalls = [];
+  let streamFinish = null;
+  for await (const chunk of stream) {
+    for (const c of chunk.choices) {
+      if (c.finish_reason) streamFinish = c.finish_reason;
+      for (const tc of c.delta.tool_calls ?? []) {
+        const slot = streamedCalls[tc.index] ?? (streamedCalls[tc.index] = { name: '', arguments: '' });
+        slot.name += tc.function?.name ?? '';
+        slot.arguments += tc.function?.arguments ?? '';
+      }
+    }
+  }
+  check(streamFinish === 'tool_calls', 'streamed tool call finishes with tool_calls', streamFinish);
+  check(streamedCalls.length === 1 && streamedCalls[0].name === 'get_weather' &&
+        streamedCalls[0].arguments === nc.message.tool_calls?.[0]?.function.arguments, 'streamed tool call equals the whole one', [streamedCalls, nc.message.tool_calls]);
+
+  const personSchema = {
+    type: 'object',
+    properties: { name: { type: 'string', maxLength: 20 }, age: { type: 'integer', minimum: 0 }, tags: { type: 'array', items: { type: 'string', maxLength: 8 }, maxItems: 3 } },
+    required: ['name', 'age', 'tags'],
+    additionalProperties: false,
+  };
+  for (const seed of [1, 2, 3]) {
+    const r = await client.chat.completions.create({
+      model, messages: [{ role: 'user', content: 'Describe a person.' }], max_tokens: 300, seed,
+      response_format: { type: 'json_schema', json_schema: { name: 'person', strict: true, schema: personSchema } },
+    });
+    const text = r.choices[0].message.content;
+    let value = null;
+    try { value = JSON.parse(text); } catch (e) { check(false, 'json_schema output parses', text); }
+    if (value) {
+      check(typeof value.name === 'string' && value.name.length <= 20 && Number.isInteger(value.age) && value.age >= 0 &&
+            Array.isArray(value.tags) && value.tags.length <= 3 && value.tags.every(t => typeof t === 'string' && t.length <= 8) &&
+            Object.keys(value).every(k => ['name', 'age', 'tags'].includes(k)), 'json_schema output validates', value);
+    }
+  }
+  const obj = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'JSON please' }], max_tokens: 400, seed: 4, response_format: { type: 'json_object' } });
+  if (obj.choices[0].finish_reason === 'stop') {
+    let value = null;
+    try { value = JSON.parse(obj.choices[0].message.content); } catch (e) {}
+    check(value !== null && typeof value === 'object' && !Array.isArray(value), 'json_object output is an object', obj.choices[0].message.content);
+  }
+  try {
+    await client.chat.completions.create({ model, messages, response_format: { type: 'json_schema', json_schema: { name: 'bad', schema: { type: 'object', properties: { n: { type: 'integer', maximum: 3 } } } } } });
+    check(false, 'an unsupported schema keyword must fail');
+  } catch (e) {
+    check(e.status === 400 && e.error?.param === 'response_format.json_schema.schema' &&
+          String(e.error?.message).startsWith('response_format.json_schema.schema.properties.n.maximum'), 'bad schema is a 400 naming the path', e.error);
   }
 }
 

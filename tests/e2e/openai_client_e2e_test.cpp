@@ -1,6 +1,8 @@
 // The official `openai` npm package (v6) against the real `pagoda serve`:
 // completions (token ids on a fixture; text on the bundled model), chat,
-// streaming with include_usage, seeds, n > 1, errors as the SDK sees them.
+// streaming with include_usage, seeds, n > 1, errors as the SDK sees them;
+// structured outputs: tools with tool_choice required / named (whole and
+// streamed) and response_format json_schema / json_object.
 // The package is installed once into .cache/node/ by install_openai_client.sh.
 
 #include <cstdlib>
@@ -52,6 +54,17 @@ TEST(OpenAiClientTest, CompletionsAndChatWithTextOnTheBundledModel) {
   ServerProcess server;
   ASSERT_TRUE(server.start({"--model", model_dir, "--api-keys", keys}, &why)) << why;
   EXPECT_EQ(run_node(server.port(), "pagoda-tiny", "text", "sk-e2e"), 0);
+  EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+TEST(OpenAiClientTest, ToolsAndJsonSchemaThroughTheClientOnTheBundledModel) {
+  const std::string model_dir = repo_path("models/pagoda-tiny");
+  if (!std::filesystem::exists(model_dir + "/model.safetensors")) FAIL() << "models/pagoda-tiny not present";
+  std::string why;
+  if (!ensure_client(&why)) FAIL() << why;
+  ServerProcess server;
+  ASSERT_TRUE(server.start({"--model", model_dir}, &why)) << why;
+  EXPECT_EQ(run_node(server.port(), "pagoda-tiny", "structured", "none"), 0);
   EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 

@@ -21,16 +21,19 @@ using namespace std::chrono_literals;
 // The engine over a FakeModelRunner and a real KV cache manager, driven synchronously.
 struct Harness {
   Harness(int32_t num_blocks, int32_t block_size, SchedulerConfig sched = {}, int32_t max_queued = 256,
-          std::vector<int32_t> eos = {}, int32_t max_context = 4096)
-      : runner(num_blocks, block_size, 64, max_context, std::move(eos)) {
+          std::vector<int32_t> eos = {}, int32_t max_context = 4096, int32_t num_host_blocks = 0)
+      : runner(num_blocks, block_size, 64, max_context, std::move(eos), num_host_blocks) {
     kv::KvCacheConfig kc;
     kc.num_blocks = num_blocks;
     kc.block_size = block_size;
+    kc.num_host_blocks = num_host_blocks;
     kv = std::move(kv::KvCacheManager::create(kc)).value();
     EngineConfig ec;
     ec.scheduler = sched;
     ec.max_queued_requests = max_queued;
-    engine = std::make_unique<Engine>(ec, runner, *kv);
+    auto created = Engine::create(ec, runner, *kv);
+    EXPECT_TRUE(created.ok()) << created.status().to_string();
+    engine = std::move(created).value();
   }
   // Steps until idle, checking KV invariants after every step.
   void run_checked() {

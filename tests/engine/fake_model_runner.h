@@ -22,10 +22,13 @@ using runtime::StepResult;
 
 class FakeModelRunner final : public runtime::ModelRunner {
  public:
+  // num_host_blocks > 0: a host pool of that many blocks, for the host tier.
   FakeModelRunner(int32_t num_blocks, int32_t block_size, int32_t vocab_size = 64, int32_t max_context = 4096,
-                  std::vector<int32_t> eos = {})
+                  std::vector<int32_t> eos = {}, int32_t num_host_blocks = 0)
       : num_blocks_(num_blocks), block_size_(block_size), vocab_(vocab_size), max_context_(max_context),
-        eos_(std::move(eos)), pool_(static_cast<size_t>(num_blocks) * block_size, -1) {
+        num_host_blocks_(num_host_blocks), eos_(std::move(eos)),
+        pool_(static_cast<size_t>(num_blocks) * block_size, -1),
+        host_pool_(static_cast<size_t>(num_host_blocks) * block_size, -1) {
     geometry_.num_layers = 1;
     geometry_.num_blocks = num_blocks;
     geometry_.block_size = block_size;
@@ -103,7 +106,9 @@ class FakeModelRunner final : public runtime::ModelRunner {
   // Device sampling (when `device_sampling` is set): on_device rows are drawn
   // here with the CPU sampler from an RNG keyed by (seed, step) only, like a
   // counter-based device sampler; the other rows' logits go back to the engine.
-  runtime::RunnerCapabilities capabilities() const override { return {.samples_on_device = device_sampling}; }
+  runtime::RunnerCapabilities capabilities() const override {
+    return {.samples_on_device = device_sampling, .host_kv_blocks = num_host_blocks_};
+  }
   StatusOr<StepResult> execute(const ForwardBatch& batch, std::span<const RowSampling> rows) override {
     PAGODA_RETURN_IF_ERROR(runtime::check_row_sampling(batch, rows, capabilities()));
     if (device_sampling) sampled_rows.emplace_back(rows.begin(), rows.end());
@@ -141,6 +146,28 @@ class FakeModelRunner final : public runtime::ModelRunner {
     }
     return ok_status();
   }
+  // Copies token slots between the pools; a failing call (fail_transfers > 0)
+  // first writes garbage into every destination, as a half-done copy would.
+  Status transfer_blocks(std::span<const runtime::BlockTransfer> transfers) override {
+    if (transfers.empty()) return ok_status();
+    if (num_host_blocks_ == 0) return runtime::ModelRunner::transfer_blocks(transfers);
+    PAGODA_RETURN_IF_ERROR(runtime::check_block_transfers(transfers, num_blocks_, num_host_blocks_));
+    const bool fail = fail_transfers > 0;
+    for (const auto& t : transfers) {
+      auto device = pool_.begin() + static_cast<size_t>(t.device_block) * block_size_;
+      auto host = host_pool_.begin() + static_cast<size_t>(t.host_block) * block_size_;
+      const bool to_host = t.direction == runtime::TransferDirection::kDeviceToHost;
+      if (fail) std::fill_n(to_host ? host : device, block_size_, vocab_ - 1);
+      else if (to_host) std::copy_n(device, block_size_, host);
+      else std::copy_n(host, block_size_, device);
+      ++num_transfers[static_cast<int>(t.direction)];
+    }
+    if (fail) {
+      --fail_transfers;
+      return internal_error("injected transfer failure");
+    }
+    return ok_status();
+  }
   const KvPoolShape& kv_geometry() const override { return geometry_; }
   int32_t vocab_size() const override { return vocab_; }
   int32_t max_context_length() const override { return max_context_; }
@@ -148,6 +175,8 @@ class FakeModelRunner final : public runtime::ModelRunner {
 
   int64_t num_executes = 0;
   int64_t num_block_copies = 0;
+  int64_t num_transfers[runtime::kNumTransferDirections] = {0, 0};
+  int32_t fail_transfers = 0;  // the next this many transfer_blocks calls fail
   int32_t max_batch_tokens = 0;
   bool fail_next = false;
   bool device_sampling = false;
@@ -163,9 +192,10 @@ class FakeModelRunner final : public runtime::ModelRunner {
     return static_cast<size_t>(block) * block_size_ + pos % block_size_;
   }
 
-  int32_t num_blocks_, block_size_, vocab_, max_context_;
+  int32_t num_blocks_, block_size_, vocab_, max_context_, num_host_blocks_;
   std::vector<int32_t> eos_;
   std::vector<int32_t> pool_;
+  std::vector<int32_t> host_pool_;
 };
 
 }  // namespace pagoda::engine::testing

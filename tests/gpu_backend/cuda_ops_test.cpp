@@ -14,6 +14,7 @@
 #include "pagoda/model/random_weights.h"
 #include "pagoda/backend/cpu/kernels/rmsnorm.h"
 #include "pagoda/backend/cpu/kernels/rope.h"
+#include "pagoda/model/rope_frequencies.h"
 #include "pagoda/backend/cpu/kernels/silu_mul.h"
 
 namespace pagoda::cuda {

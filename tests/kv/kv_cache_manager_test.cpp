@@ -320,6 +320,29 @@ TEST(KvCacheManagerEvents, OldestEventsAreDroppedAndCountedWhenNobodyDrains) {
   EXPECT_EQ(events.front().sequence_number, 3u) << "sequence numbers reveal the gap";
 }
 
+TEST(KvCacheManagerEvents, SnapshotAfterAGapHoldsEveryCachedBlockParentsFirst) {
+  ManualClock clock;
+  KvCacheConfig config;
+  config.num_blocks = 8;
+  config.block_size = 2;
+  config.max_pending_events = 3;
+  auto kv = std::move(KvCacheManager::create(config, &clock)).value();
+  testing::prefill(*kv, 1, "t", iota_tokens(11));  // stores 5 blocks, 2 events dropped
+  PAGODA_EXPECT_OK(kv->free_sequence(1));
+  EXPECT_EQ(kv->last_event_number(), 5u);
+  const auto snapshot = kv->cached_blocks();
+  ASSERT_EQ(snapshot.size(), 5u);
+  EXPECT_EQ(snapshot.front().parent_key_hash, 0u);
+  for (size_t i = 1; i < snapshot.size(); ++i) {
+    EXPECT_EQ(snapshot[i].parent_key_hash, snapshot[i - 1].key_hash);
+    EXPECT_EQ(snapshot[i].kind, KvEvent::Kind::kBlockStored);
+    EXPECT_EQ(snapshot[i].tenant_namespace, "t");
+  }
+  EXPECT_EQ(kv->evict(8), 5);
+  EXPECT_TRUE(kv->cached_blocks().empty());
+  EXPECT_EQ(kv->last_event_number(), 10u);
+}
+
 TEST_F(KvCacheManagerTest, FragmentationCountsAllocatedButUnwrittenSlots) {
   ASSERT_TRUE(kv_->allocate_sequence(1, "t", iota_tokens(10)).ok());
   EXPECT_EQ(kv_->stats().allocated_slots, 12);

@@ -295,6 +295,13 @@ class PropertyRun {
       expected.insert(key);
     }
     EXPECT_TRUE(expected == real_cached_) << "the manager caches other prefixes than the model";
+    // A consumer that resynchronizes from the snapshot holds the same set, parents first.
+    std::set<uint64_t> snapshot;
+    for (const KvEvent& e : kv_->cached_blocks()) {
+      EXPECT_TRUE(e.parent_key_hash == 0 || snapshot.count(e.parent_key_hash) == 1) << "a child before its parent";
+      snapshot.insert(e.key_hash);
+    }
+    EXPECT_TRUE(snapshot == real_cached_) << "the snapshot differs from the events";
   }
 
   void compare_gauges() {

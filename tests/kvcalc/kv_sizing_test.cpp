@@ -102,3 +102,49 @@ TEST(KvSizingTest, ParsesByteSizes) {
 
 }  // namespace
 }  // namespace pagoda
+
+namespace pagoda {
+namespace {
+
+// DeepSeek-V2-Lite's attention: 27 layers, 16 heads, latent 512 + rope 64, per-head K 128 + 64, V 128.
+KvShape v2_lite_attention() {
+  KvShape s;
+  s.layers = 27;
+  s.query_heads = 16;
+  s.mla_latent_dim = 512;
+  s.mla_rope_dim = 64;
+  s.head_dim = 192;
+  s.v_head_dim = 128;
+  return s;
+}
+
+TEST(KvSizingMlaTest, LatentBytesAgainstMhaOfTheSameModel) {
+  const KvShape s = v2_lite_attention();
+  EXPECT_EQ(s.values_per_token_per_layer(), 576);
+  EXPECT_EQ(kv_bytes_per_token(s, DType::kBF16), 27 * 576 * 2);
+  EXPECT_EQ(kv_bytes_per_token(s, DType::kFP8E4M3), 27 * (576 + 4));  // one f32 scale per token and layer
+  EXPECT_EQ(kv_bytes_per_token(s, DType::kInt4), 27 * (288 + 18 * 4));
+  const KvShape mha = mha_equivalent(s);
+  EXPECT_EQ(mha.kind(), AttentionKind::kMHA);
+  EXPECT_EQ(mha.values_per_token_per_layer(), 16 * (192 + 128));
+  EXPECT_EQ(kv_bytes_per_token(mha, DType::kBF16), 27 * 16 * (192 + 128) * 2);
+}
+
+TEST(KvSizingMlaTest, StartupLineNamesMlaValuesAndTheMhaBytes) {
+  EXPECT_EQ(format_kv_cache_line(v2_lite_attention(), DType::kFP8E4M3, DType::kFP8E4M3, int64_t{1} << 30),
+            "KV cache: MLA, 576 values/token/layer (latent 512 + rope 64), fp8 (latent), 15,660 B/token "
+            "(bf16: 31,104 B; MHA K/V in bf16: 276,480 B), 68,560 tokens fit in 1.00 GiB");
+}
+
+TEST(KvSizingMlaTest, DeepseekConfigKeepsThePerHeadDimsForTheComparison) {
+  auto s = kv_shape_from_config(nlohmann::json::parse(
+      R"({"num_hidden_layers": 27, "num_attention_heads": 16, "hidden_size": 2048, "kv_lora_rank": 512,
+          "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "q_lora_rank": null})"));
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->head_dim, 192);
+  EXPECT_EQ(s->v_head_dim, 128);
+  EXPECT_EQ(kv_bytes_per_token(mha_equivalent(*s), DType::kBF16), 276480);
+}
+
+}  // namespace
+}  // namespace pagoda

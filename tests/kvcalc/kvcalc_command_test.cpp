@@ -83,3 +83,34 @@ TEST(KvcalcCommandTest, BadInputGivesClearErrors) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(KvcalcCommandTest, MlaModelShowsValuesPerTokenAndWhatMhaWouldNeed) {
+  Result r = run_pagoda("kvcalc --layers 27 --heads 16 --kv-lora-rank 512 --qk-rope-dim 64 --head-dim 192 "
+                        "--v-head-dim 128 --kv-dtype bf16,fp8 --memory 1GiB --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = last_json_line(r.output);
+  ASSERT_EQ(j["rows"].size(), 4u);  // MLA bf16, fp8; MHA bf16, fp8
+  EXPECT_EQ(j["rows"][0]["attention"], "MLA");
+  EXPECT_EQ(j["rows"][0]["values_per_token_per_layer"], 576);
+  EXPECT_EQ(j["rows"][0]["bytes_per_token"], 31104);
+  EXPECT_EQ(j["rows"][1]["bytes_per_token"], 15660);
+  EXPECT_EQ(j["rows"][2]["attention"], "MHA");
+  EXPECT_EQ(j["rows"][2]["values_per_token_per_layer"], 16 * (192 + 128));
+  EXPECT_EQ(j["rows"][2]["bytes_per_token"], 276480);
+  EXPECT_NE(j["model"].get<std::string>().find("576 values per token per layer"), std::string::npos) << j["model"];
+  EXPECT_NE(j["rows"][1]["startup_line"].get<std::string>().find("MLA, 576 values/token/layer"), std::string::npos);
+}
+
+TEST(KvcalcCommandTest, ReadsADeepseekFixture) {
+  Result r = run_pagoda(std::string("kvcalc --model ") + PAGODA_SOURCE_DIR +
+                        "/tests/fixtures/models/deepseek_v2_lite_bf16 --kv-dtype bf16");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // 3 layers, latent 32 + rope 8; MHA: 4 heads x (24 K + 16 V).
+  EXPECT_NE(r.output.find("MLA latent 32 + rope 8 = 40 values per token per layer"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("MHA with 4 heads x (24 K + 16 V) would cache 160"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("240"), std::string::npos) << r.output;  // 3 x 40 x 2 bytes
+}
+
+}  // namespace

@@ -156,6 +156,21 @@ TEST(ApiKeyStoreTest, LoadsKeysAndMapsBearerToTenant) {
   }
 }
 
+TEST(ApiKeyStoreTest, AdminIsOptInPerKeyAndEveryoneWithoutKeys) {
+  auto store = ApiKeyStore::parse(
+      R"({"keys": [{"key": "sk-a", "tenant": "alice"}, {"key": "sk-ops", "tenant": "ops", "admin": true}]})",
+      "keys.json");
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  EXPECT_FALSE(store->caller_for_authorization("Bearer sk-a")->admin);
+  EXPECT_EQ(store->caller_for_authorization("Bearer sk-ops")->tenant, "ops");
+  EXPECT_TRUE(store->caller_for_authorization("Bearer sk-ops")->admin);
+  EXPECT_FALSE(store->caller_for_authorization("Bearer sk-x"));
+  EXPECT_TRUE(ApiKeyStore().caller_for_authorization("")->admin);
+  auto bad = ApiKeyStore::parse(R"({"keys": [{"key": "k", "tenant": "a", "admin": "yes"}]})", "keys.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("keys[0].admin"), std::string::npos);
+}
+
 TEST(ResponseBuilderTest, ChatStreamChunksCarryRoleOnceAndUsage) {
   ResponseBuilder b(Endpoint::kChatCompletions, "id", "m", 1, 1, false, [](int32_t t) { return std::to_string(t); });
   engine::RequestOutput d1;
@@ -193,6 +208,34 @@ TEST(PrometheusMetricsTest, RendersHistogramsAndLabels) {
   EXPECT_NE(text.find("pagoda_http_responses_total{code=\"429\"} 2\n"), std::string::npos);
   // Every sample line belongs to a declared family.
   EXPECT_EQ(text.back(), '\n');
+}
+
+TEST(PrometheusMetricsTest, HostTierHitsGaugesAndTransfersCarryTheirLabels) {
+  engine::EngineStats s;
+  s.kv.hit_tokens = 48;
+  s.kv.hit_tokens_by_tier = {16, 32};
+  s.kv.blocks_total = 10;
+  s.kv.blocks_free = 4;
+  s.kv.host_blocks_total = 40;
+  s.kv.host_blocks_free = 30;
+  s.kv.blocks_promoted = 2;
+  s.transfers.blocks[0] = 5;
+  s.transfers.bytes[1] = 4096;
+  s.transfers.seconds[1] = 0.25;
+  s.preemptions = 3;
+  s.swap_preemptions = 2;
+  const std::string text = render_prometheus_metrics(s, HttpCounters{});
+  for (const char* line :
+       {"pagoda_prefix_cache_hit_tokens_total{tier=\"device\"} 16\n",
+        "pagoda_prefix_cache_hit_tokens_total{tier=\"host\"} 32\n",
+        "pagoda_kv_tier_blocks_capacity{tier=\"host\"} 40\n", "pagoda_kv_tier_blocks_used{tier=\"device\"} 6\n",
+        "pagoda_kv_tier_blocks_used{tier=\"host\"} 10\n", "pagoda_kv_blocks_promoted_total 2\n",
+        "pagoda_kv_transfer_blocks_total{direction=\"device_to_host\"} 5\n",
+        "pagoda_kv_transfer_bytes_total{direction=\"host_to_device\"} 4096\n",
+        "pagoda_kv_transfer_seconds_total{direction=\"host_to_device\"} 0.25\n", "pagoda_preemptions_total 3\n",
+        "pagoda_swap_preemptions_total 2\n"})
+    EXPECT_NE(text.find(line), std::string::npos) << line;
+  EXPECT_EQ(text.find("pagoda_prefix_cache_hit_tokens_total 48"), std::string::npos) << "the total is the sum of tiers";
 }
 
 }  // namespace

@@ -99,12 +99,16 @@ TEST(NpmTokenizersTest, DecodeInvertsEncodeOnTheCorpus) {
       // either: "▁" decodes to a space, and the piece after a special token gets its own "▁".
       if (name == "llama2" && (line.text.find("\u2581") != std::string::npos ||
                                line.text.find("<s>") != std::string::npos ||
-                               line.text.find("</s>") != std::string::npos)) {
+                               line.text.find("</s>") != std::string::npos ||
+                               line.text.find("<unk>") != std::string::npos)) {
         continue;
       }
       const Ids ids = tok->encode(line.text, false);
       // Qwen normalizes to NFC first; the others keep the text as is.
-      const std::string expected = name == "qwen3" ? to_nfc(line.text) : line.text;
+      std::string expected = name == "qwen3" ? to_nfc(line.text) : line.text;
+      // AutoTokenizer's Llama pipeline adds no "▁" before text that starts with a space, yet its
+      // decoder strips one leading space: such text comes back one space shorter (as in HF).
+      if (name == "llama2" && expected.starts_with(' ')) expected.erase(0, 1);
       EXPECT_EQ(tok->decode(ids, false), expected) << name << " / " << line.name;
     }
   }
@@ -215,6 +219,33 @@ TEST(NpmTokenizersTest, RandomBytesAndRandomIds) {
       }
     }
   }
+}
+
+TEST(NpmTokenizersTest, NonLegacyLlamaConfigAddsNoMetaspaceAfterSpecialTokens) {
+  // The same Llama 2 files with legacy: false: transformers' prepend_scheme becomes "first", so
+  // text after <s> gets no "▁" (legacy: true gives "▁hello").
+  const auto dir = model_dir("llama2");
+  auto read_file = [](const std::filesystem::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  TokenizerFiles files;
+  files.tokenizer_json = read_file(dir / "tokenizer.json");
+  auto config = nlohmann::json::parse(read_file(dir / "tokenizer_config.json"));
+  auto legacy = Tokenizer::load_from_contents(
+      {files.tokenizer_json, config.dump(), "", "tokenizer.json", true});
+  config["legacy"] = false;
+  auto first = Tokenizer::load_from_contents({files.tokenizer_json, config.dump(), "", "tokenizer.json", true});
+  ASSERT_TRUE(legacy.ok() && first.ok());
+  const Ids with_metaspace = (*legacy)->encode("<s>hello", false);
+  const Ids without = (*first)->encode("<s>hello", false);
+  ASSERT_GE(with_metaspace.size(), 2u);
+  EXPECT_EQ(with_metaspace[0], 1);
+  EXPECT_EQ((*legacy)->id_to_token(with_metaspace[1]).value_or("").rfind("\u2581", 0), 0u);
+  EXPECT_NE(with_metaspace, without);
+  EXPECT_EQ((*first)->decode(without, true), "hello");
+  // The first piece of the text still gets its "▁".
+  EXPECT_EQ((*first)->encode("hello", false), (*legacy)->encode("hello", false));
 }
 
 }  // namespace

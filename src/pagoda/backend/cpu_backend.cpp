@@ -30,8 +30,7 @@ int64_t cpu_weight_bytes(const ModelWeights& w) {
   };
   int64_t total = bytes(w.embed_tokens) + (w.lm_head.data == w.embed_tokens.data ? 0 : bytes(w.lm_head));
   for (const LayerWeights& l : w.layers)
-    for (const auto* m : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj})
-      total += bytes(*m);
+    for (const WeightMatrix* m : l.matrices()) total += bytes(*m);
   return total;
 }
 
@@ -95,10 +94,17 @@ StatusOr<RunnerSetup> create_cpu_runner(const RunnerSpec& spec, const RunnerRequ
     return invalid_argument_error("--kv-cache-memory {}: holds {} tokens, this run needs {}", spec.kv_cache_memory,
                                   num_blocks * spec.block_size, req.min_kv_tokens);
 
+  PAGODA_ASSIGN_OR_RETURN(const int32_t host_blocks, host_tier_blocks(spec, setup.kv_bytes_per_token));
   auto runner = CpuModelRunner::create(std::move(model), static_cast<int32_t>(num_blocks), spec.block_size,
-                                               spec.key_dtype, spec.value_dtype);
-  if (!runner.ok()) return with_kv_dtype_context(runner.status(), spec);
+                                               spec.key_dtype, spec.value_dtype, host_blocks);
+  if (!runner.ok()) {
+    if (runner.status().message().find("host KV pool") != std::string::npos)
+      return runner.status().with_context(
+          fmt::format("--kv-offload-memory {}", format_bytes(static_cast<double>(spec.kv_offload_memory))));
+    return with_kv_dtype_context(runner.status(), spec);
+  }
   setup.num_blocks = static_cast<int32_t>(num_blocks);
+  setup.num_host_blocks = host_blocks;
   setup.runner = std::move(*runner);
 
   std::vector<std::string> lines;
@@ -111,6 +117,7 @@ StatusOr<RunnerSetup> create_cpu_runner(const RunnerSpec& spec, const RunnerRequ
                            setup.kv_pool_tokens(),
                            format_bytes(static_cast<double>(setup.kv_pool_tokens() * setup.kv_bytes_per_token)),
                            sizing));
+  lines.insert(lines.end() - 1, kv_tiers_line(setup, /*pinned=*/false));
   for (const std::string& l : lines) setup.report += l + "\n";
   return setup;
 }

@@ -81,12 +81,17 @@ StatusOr<RunnerSetup> create_cuda_runner(const RunnerSpec& spec, const RunnerReq
   } else if (req.size_pool_to_request && req.min_kv_tokens > 0) {
     runner_options.num_blocks = static_cast<int32_t>(blocks_for_tokens(req.min_kv_tokens, spec.block_size));
   }
+  PAGODA_ASSIGN_OR_RETURN(runner_options.num_host_blocks, host_tier_blocks(spec, setup.kv_bytes_per_token));
   auto runner = cuda::CudaModelRunner::create(std::move(model), runner_options);
   if (!runner.ok()) {
+    if (runner.status().message().find("host KV tier") != std::string::npos)
+      return runner.status().with_context(
+          fmt::format("--kv-offload-memory {}", format_bytes(static_cast<double>(spec.kv_offload_memory))));
     return runner.status().with_context(fmt::format("allocating the KV pool ({}, --gpu-memory-utilization {})",
                                                     kv_dtype_flags_text(spec), spec.gpu_memory_utilization));
   }
   setup.num_blocks = (*runner)->num_blocks();
+  setup.num_host_blocks = runner_options.num_host_blocks;
   setup.max_model_len = (*runner)->max_context_length();
   if (setup.kv_pool_tokens() < req.min_kv_tokens)
     return resource_exhausted_error("the KV pool holds {} tokens, this run needs {} (raise --gpu-memory-utilization "
@@ -100,6 +105,7 @@ StatusOr<RunnerSetup> create_cuda_runner(const RunnerSpec& spec, const RunnerReq
                   fmt::format("; weights {} bf16 on the GPU", format_bytes(static_cast<double>(setup.weight_bytes))));
   add_kv_report(setup, lines);
   lines.insert(lines.end() - 1, pool_report);
+  lines.insert(lines.end() - 1, kv_tiers_line(setup, /*pinned=*/true));
   for (const std::string& l : lines) setup.report += l + "\n";
   return setup;
 }

@@ -35,6 +35,7 @@ struct RunnerSpec {
   DType value_dtype = DType::kF32;
   int32_t block_size = 16;
   int64_t kv_cache_memory = 0;  // > 0: a pool of this many bytes; 0: see RunnerRequirements / utilization
+  int64_t kv_offload_memory = 0;  // > 0: a host tier of this many bytes (pinned on cuda); 0: none
   double gpu_memory_utilization = 0.9;
   int32_t max_num_seqs = 64;
   int32_t max_tokens_per_step = 512;
@@ -66,6 +67,7 @@ struct RunnerSetup {
   ModelConfig config;          // as run (max_model_len applied)
   int32_t max_model_len = 0;   // longest sequence: the context, or RunnerRequirements::sequence_tokens
   int32_t num_blocks = 0;      // of the runner's KV pool (= runner->kv_geometry().num_blocks)
+  int32_t num_host_blocks = 0; // of the runner's host pool (= runner->capabilities().host_kv_blocks)
   int32_t block_size = 0;
   int64_t weight_bytes = 0;
   int64_t kv_bytes_per_token = 0;  // K + V over all layers, scales included

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "pagoda/model/kv_geometry.h"
 #include "pagoda/runtime/kv_sizing.h"
 
 namespace pagoda::backend {
@@ -10,14 +11,42 @@ std::string_view device_name(Device device) { return device == Device::kCuda ? "
 
 int64_t blocks_for_tokens(int64_t tokens, int32_t block_size) { return (tokens + block_size - 1) / block_size; }
 
+StatusOr<int32_t> host_tier_blocks(const RunnerSpec& spec, int64_t kv_bytes_per_token) {
+  if (spec.kv_offload_memory <= 0) return 0;
+  const int64_t block_bytes = kv_bytes_per_token * spec.block_size;
+  const int64_t blocks = block_bytes > 0 ? spec.kv_offload_memory / block_bytes : 0;
+  if (blocks < 1)
+    return invalid_argument_error("--kv-offload-memory {}: holds no KV block of {} tokens ({} per block)",
+                                  format_bytes(static_cast<double>(spec.kv_offload_memory)), spec.block_size,
+                                  format_bytes(static_cast<double>(block_bytes)));
+  if (blocks > INT32_MAX / 2)
+    return invalid_argument_error("--kv-offload-memory {}: {} blocks is more than a pool can index",
+                                  format_bytes(static_cast<double>(spec.kv_offload_memory)), blocks);
+  return static_cast<int32_t>(blocks);
+}
+
+std::string kv_tiers_line(const RunnerSetup& setup, bool pinned) {
+  const auto bytes = [&](int64_t blocks) {
+    return format_bytes(static_cast<double>(blocks * setup.block_size * setup.kv_bytes_per_token));
+  };
+  if (setup.num_host_blocks == 0)
+    return fmt::format("KV tiers: device {} blocks ({}); no host tier (--kv-offload-memory 0)",
+                       format_with_commas(setup.num_blocks), bytes(setup.num_blocks));
+  return fmt::format("KV tiers: device {} blocks ({}), host {} blocks ({}{}) = {} tokens; evicted blocks are "
+                     "written back to the host tier", format_with_commas(setup.num_blocks), bytes(setup.num_blocks),
+                     format_with_commas(setup.num_host_blocks), bytes(setup.num_host_blocks),
+                     pinned ? ", pinned" : "",
+                     format_with_commas((static_cast<int64_t>(setup.num_blocks) + setup.num_host_blocks) *
+                                        setup.block_size));
+}
+
 int64_t RunnerSetup::max_concurrent_full_requests() const {
   if (max_model_len <= 0 || block_size <= 0) return 0;
   return num_blocks / blocks_for_tokens(max_model_len, block_size);
 }
 
 KvPoolShape pool_shape(const ModelConfig& config, const RunnerSpec& spec, int32_t num_blocks) {
-  return KvPoolShape{config.num_layers, num_blocks, spec.block_size, config.num_kv_heads, config.head_dim,
-                     spec.key_dtype, spec.value_dtype};
+  return model_kv_pool_shape(config, num_blocks, spec.block_size, spec.key_dtype, spec.value_dtype);
 }
 
 std::string kv_dtype_flags_text(const RunnerSpec& spec) {
@@ -34,6 +63,19 @@ std::string model_summary(const ModelConfig& c, const RunnerSpec& spec) {
   const std::string source = spec.load_format == LoadFormat::kRandom
                                  ? fmt::format("random weights for {} (seed {})", spec.config_path, spec.weight_seed)
                                  : spec.model_dir;
+  if (c.mla) {
+    const MlaConfig& m = *c.mla;
+    std::string experts;
+    if (c.moe)
+      experts = fmt::format("; MoE from layer {}: {} routed experts (top {}) + {} shared, {} each",
+                            c.moe->first_k_dense_replace, c.moe->num_experts, c.moe->experts_per_token,
+                            c.moe->num_shared_experts, c.moe->moe_intermediate_size);
+    return fmt::format("model: {} from {}: {} layers, hidden {}, {} heads, attention MLA (latent {} + rope {}, "
+                       "q {}, qk {} + {}, v {}){}, vocab {}", c.architecture_name, source, c.num_layers,
+                       c.hidden_size, c.num_q_heads, m.kv_lora_rank, m.qk_rope_head_dim,
+                       m.q_lora_rank > 0 ? fmt::format("LoRA {}", m.q_lora_rank) : std::string("plain"),
+                       m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, experts, c.vocab_size);
+  }
   return fmt::format("model: {} from {}: {} layers, hidden {}, heads {}/{} (head_dim {}), vocab {}",
                      c.architecture_name, source, c.num_layers, c.hidden_size, c.num_q_heads, c.num_kv_heads,
                      c.head_dim, c.vocab_size);
@@ -41,8 +83,7 @@ std::string model_summary(const ModelConfig& c, const RunnerSpec& spec) {
 
 void add_kv_report(const RunnerSetup& setup, std::vector<std::string>& lines) {
   const RunnerSpec& f = setup.spec;
-  const KvShape shape{setup.config.num_layers, setup.config.num_q_heads, setup.config.num_kv_heads,
-                      setup.config.head_dim};
+  const KvShape shape = model_kv_shape(setup.config);
   lines.push_back(format_kv_cache_line(shape, f.key_dtype, f.value_dtype,
                                        setup.kv_pool_tokens() * setup.kv_bytes_per_token, setup.block_size) +
                   " (scales included)");

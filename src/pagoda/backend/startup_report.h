@@ -25,5 +25,10 @@ std::string model_summary(const ModelConfig& config, const RunnerSpec& spec);
 // The KV line and the capacity line; both end the report.
 void add_kv_report(const RunnerSetup& setup, std::vector<std::string>& lines);
 int64_t blocks_for_tokens(int64_t tokens, int32_t block_size);
+// Host-tier blocks that --kv-offload-memory holds (0 when it is 0); kInvalidArgument
+// naming the flag when it holds no block or more than a pool can index.
+StatusOr<int32_t> host_tier_blocks(const RunnerSpec& spec, int64_t kv_bytes_per_token);
+// "KV tiers: device 1,000 blocks (1.95 GiB), host 3,000 blocks (5.86 GiB, pinned) = 64,000 tokens"
+std::string kv_tiers_line(const RunnerSetup& setup, bool pinned);
 
 }  // namespace pagoda::backend

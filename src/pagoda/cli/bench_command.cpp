@@ -55,6 +55,10 @@ struct BenchOptions {
   std::string csv;
   std::string plot;
   bool no_progress = false;
+  // Fields merged into every request body, e.g. {"response_format": {"type": "json_object"}}
+  // to measure what structured outputs cost.
+  std::string extra_body;
+  json extra;
 };
 
 struct RequestResult {
@@ -109,6 +113,7 @@ RequestResult run_one(const BenchOptions& opt, const std::vector<int32_t>& promp
   client.set_connection_timeout(10, 0);
   json body = {{"model", opt.model}, {"prompt", prompt}, {"max_tokens", opt.output_tokens}, {"temperature", 0},
                {"stream", true}, {"ignore_eos", true}, {"stream_options", {{"include_usage", true}}}};
+  if (opt.extra.is_object()) body.update(opt.extra);
   httplib::Request req;
   req.method = "POST";
   req.path = "/v1/completions";
@@ -314,6 +319,10 @@ void run_bench(BenchOptions opt) {
     auto health = probe.Get("/health");
     if (!health || health->status != 200) fail("no healthy server at " + opt.url);
   }
+  if (!opt.extra_body.empty()) {
+    opt.extra = json::parse(opt.extra_body, nullptr, false);
+    if (opt.extra.is_discarded() || !opt.extra.is_object()) fail("--extra-body must be a JSON object");
+  }
   if (opt.model.empty()) {
     opt.model = served_model_id(opt);
     std::fprintf(stderr, "bench: model '%s' (from /v1/models)\n", opt.model.c_str());
@@ -379,6 +388,8 @@ void add_bench_command(CLI::App& app) {
   serve->add_option("--seed", opt->seed, "Seed of the random prompts")->capture_default_str();
   serve->add_option("--label", opt->label, "Name of this run in the CSV and the plot")->capture_default_str();
   serve->add_option("--csv", opt->csv, "Append one row per concurrency level to this CSV");
+  serve->add_option("--extra-body", opt->extra_body,
+                    "JSON object merged into every request, e.g. '{\"guided_regex\": \"[a-z ]*\"}'");
   serve->add_option("--plot", opt->plot, "PNG of throughput and latency against concurrency (needs --csv)");
   serve->add_flag("--no-progress", opt->no_progress, "No progress bar");
   serve->callback([opt] { run_bench(*opt); });

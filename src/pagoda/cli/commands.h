@@ -15,6 +15,7 @@ void add_render_chat_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_route_command(CLI::App& app);
 
 // Prints "error: <message>" to stderr and throws CLI::RuntimeError(exit_code).
 [[noreturn]] void fail(const std::string& message, int exit_code = 1);

@@ -47,6 +47,8 @@ KvShape shape_from_options(const KvcalcOptions& o) {
   if (o.kv_lora_rank > 0) {
     s.mla_latent_dim = o.kv_lora_rank;
     s.mla_rope_dim = o.qk_rope_dim;
+    s.head_dim = o.head_dim;  // the per-head K / V dims, for the MHA comparison (optional)
+    s.v_head_dim = o.v_head_dim;
     if (s.layers <= 0) fail("--layers must be positive");
     if (s.query_heads <= 0) s.query_heads = 1;
     return s;
@@ -64,7 +66,7 @@ KvShape shape_from_options(const KvcalcOptions& o) {
 // The same model geometry under the other attention kinds, for comparison.
 std::vector<KvShape> comparison_shapes(const KvShape& s) {
   std::vector<KvShape> out;
-  if (s.is_mla()) return {s};
+  if (s.is_mla()) return {s, mha_equivalent(s)};
   KvShape mha = s, mqa = s, mla = s;
   mha.kv_heads = s.query_heads;
   mqa.kv_heads = 1;
@@ -78,8 +80,15 @@ std::vector<KvShape> comparison_shapes(const KvShape& s) {
 }
 
 std::string describe(const KvShape& s) {
-  if (s.is_mla())
-    return fmt::format("{} layers, MLA latent {} + rope {}", s.layers, s.mla_latent_dim, s.mla_rope_dim);
+  if (s.is_mla()) {
+    std::string mha;
+    if (s.head_dim > 0)
+      mha = fmt::format("; MHA with {} heads x ({} K + {} V) would cache {}", s.query_heads, s.head_dim,
+                        s.v_head_dim > 0 ? s.v_head_dim : s.head_dim,
+                        format_with_commas(mha_equivalent(s).values_per_token_per_layer()));
+    return fmt::format("{} layers, MLA latent {} + rope {} = {} values per token per layer{}", s.layers,
+                       s.mla_latent_dim, s.mla_rope_dim, s.values_per_token_per_layer(), mha);
+  }
   return fmt::format("{} layers, {} query heads, {} KV heads ({}), head dim {}", s.layers, s.query_heads,
                      s.kv_heads, attention_kind_name(s.kind()), s.head_dim);
 }
@@ -115,7 +124,9 @@ void run_kvcalc(const KvcalcOptions& o) {
   int64_t request_tokens = (o.tokens + o.block_size - 1) / o.block_size * o.block_size;
   int64_t bf16_bytes = kv_bytes_per_token(shape, DType::kBF16);
 
-  std::vector<KvShape> shapes = o.compare ? comparison_shapes(shape) : std::vector<KvShape>{shape};
+  // An MLA model always shows what MHA caching of it would take beside it.
+  std::vector<KvShape> shapes = o.compare || (shape.is_mla() && shape.head_dim > 0) ? comparison_shapes(shape)
+                                                                                     : std::vector<KvShape>{shape};
   nlohmann::json rows = nlohmann::json::array();
   for (const KvShape& s : shapes) {
     for (const auto& [k, v] : dtypes) {
@@ -124,6 +135,7 @@ void run_kvcalc(const KvcalcOptions& o) {
           k == v || s.is_mla() ? std::string(dtype_name(k)) : fmt::format("{}/{}", dtype_name(k), dtype_name(v));
       nlohmann::json row = {{"attention", attention_kind_name(s.kind())},
                             {"kv_heads", s.is_mla() ? 0 : s.kv_heads},
+                            {"values_per_token_per_layer", s.values_per_token_per_layer()},
                             {"kv_dtype", label},
                             {"key_dtype", dtype_name(k)},
                             {"value_dtype", s.is_mla() ? dtype_name(k) : dtype_name(v)},
@@ -153,18 +165,19 @@ void run_kvcalc(const KvcalcOptions& o) {
   std::cout << fmt::format("request: {} tokens ({} after rounding to blocks of {}), batch of {}\n", o.tokens,
                            request_tokens, o.block_size, o.batch);
   if (budget) std::cout << fmt::format("budget: {} ({} bytes)\n", format_bytes(static_cast<double>(*budget)), *budget);
+  std::cout << "values: cached values per token per layer (K + V over the KV heads, or the MLA latent + rope)\n";
   std::cout << "vs base: how many times smaller than the given model's KV in bf16\n";
   std::cout << "scales included: fp8 one f32 per token-head; int8 f16 scale + zero per token-head; "
                "int4 f16 scale + zero per 32 values\n\n";
-  std::string header = fmt::format("{:<5} {:>4} {:<9} {:>14} {:>8} {:>12} {:>12}", "attn", "kv", "dtype",
-                                   "bytes/token", "vs base", "per request", "per batch");
+  std::string header = fmt::format("{:<5} {:>4} {:>7} {:<9} {:>14} {:>8} {:>12} {:>12}", "attn", "kv", "values",
+                                   "dtype", "bytes/token", "vs base", "per request", "per batch");
   if (budget) header += fmt::format(" {:>16} {:>10}", "tokens that fit", "requests");
   std::cout << header << "\n";
   for (const auto& r : rows) {
     std::string line = fmt::format(
-        "{:<5} {:>4} {:<9} {:>14} {:>7.2f}x {:>12} {:>12}", r["attention"].get<std::string>(),
+        "{:<5} {:>4} {:>7} {:<9} {:>14} {:>7.2f}x {:>12} {:>12}", r["attention"].get<std::string>(),
         r["kv_heads"].get<int64_t>() == 0 ? std::string("-") : std::to_string(r["kv_heads"].get<int64_t>()),
-        r["kv_dtype"].get<std::string>(), format_with_commas(r["bytes_per_token"].get<int64_t>()), r["ratio_to_bf16"].get<double>(),
+        r["values_per_token_per_layer"].get<int64_t>(), r["kv_dtype"].get<std::string>(), format_with_commas(r["bytes_per_token"].get<int64_t>()), r["ratio_to_bf16"].get<double>(),
         format_bytes(r["bytes_per_request"].get<double>()), format_bytes(r["bytes_per_batch"].get<double>()));
     if (budget)
       line += fmt::format(" {:>16} {:>10}", format_with_commas(r["tokens_in_budget"].get<int64_t>()),

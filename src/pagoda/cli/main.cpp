@@ -53,6 +53,9 @@ int main(int argc, char** argv) {
 #ifdef PAGODA_HAVE_BENCH_COMMAND
   add_bench_command(app);
 #endif
+#ifdef PAGODA_HAVE_ROUTE_COMMAND
+  add_route_command(app);
+#endif
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

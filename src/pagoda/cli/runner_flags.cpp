@@ -1,5 +1,7 @@
 #include "pagoda/cli/runner_flags.h"
 
+#include <unistd.h>
+
 #include <array>
 #include <filesystem>
 
@@ -18,6 +20,11 @@ constexpr int32_t kCpuDefaultMaxNumSeqs = 64, kCpuDefaultMaxTokensPerStep = 512;
 constexpr int32_t kCudaDefaultMaxNumSeqs = 256, kCudaDefaultMaxTokensPerStep = 8192;
 
 bool given(const CLI::Option* option) { return option != nullptr && option->count() > 0; }
+
+int64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
 
 StatusOr<DType> parse_kv_dtype(const std::string& flag, const std::string& value, backend::Device device) {
   static constexpr std::array<std::pair<const char*, DType>, 5> kNames = {
@@ -72,6 +79,15 @@ void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) 
                  "Longest sequence (prompt + output) in tokens; default: config.json's max_position_embeddings. "
                  "Larger values run past the trained context (benchmarks)");
   if (command == RunnerCommand::kServe) {
+    cmd.add_option("--kv-offload-memory", flags.kv_offload_memory,
+                   "Bytes of host memory for a second KV tier, e.g. 64GiB (pinned on cuda; 0: none). Blocks the "
+                   "device evicts from the prefix cache are written back there and copied back on a hit, and "
+                   "preempted sequences are swapped there")
+        ->capture_default_str();
+    cmd.add_option("--preemption-mode", flags.preemption_mode,
+                   "How a sequence is preempted when the KV pool is full: swap (its K/V goes to the host tier and "
+                   "comes back; needs --kv-offload-memory) or recompute (its K/V is computed again). Default: swap "
+                   "with a host tier, recompute without");
     flags.max_num_seqs_option = cmd.add_option("--max-num-seqs,--max-running", flags.max_num_seqs,
                                                "Most sequences in one batch (default: 64 on cpu, 256 on cuda)");
     flags.max_tokens_per_step_option =
@@ -170,6 +186,20 @@ StatusOr<backend::RunnerSpec> resolve_runner_flags(const RunnerFlags& flags, Run
     r.kv_cache_memory = *bytes;
   }
 
+  // The host tier: bytes of host memory, at most what the machine has.
+  {
+    const std::string& text = flags.kv_offload_memory.empty() ? std::string("0") : flags.kv_offload_memory;
+    auto bytes = parse_byte_size(text);
+    if (!bytes.ok() || *bytes < 0)
+      return invalid_argument_error("--kv-offload-memory {}: expected a size such as 64GiB, 512MiB or 1e9 (0: no "
+                                    "host tier)", text);
+    const int64_t physical = physical_memory_bytes();
+    if (physical > 0 && *bytes > physical)
+      return invalid_argument_error("--kv-offload-memory {}: more than this machine's {} of memory", text,
+                                    format_bytes(static_cast<double>(physical)));
+    r.kv_offload_memory = *bytes;
+  }
+
   // Scheduler limits (serve); generate runs one sequence.
   const bool cuda = r.device == backend::Device::kCuda;
   r.max_num_seqs = given(flags.max_num_seqs_option) || flags.max_num_seqs != 0 ? flags.max_num_seqs
@@ -194,17 +224,33 @@ StatusOr<backend::RunnerSpec> resolve_runner_flags(const RunnerFlags& flags, Run
   return r;
 }
 
+StatusOr<engine::PreemptionMode> resolve_preemption_mode(const RunnerFlags& flags, const backend::RunnerSpec& spec) {
+  const bool host_tier = spec.kv_offload_memory > 0;
+  if (flags.preemption_mode.empty())
+    return host_tier ? engine::PreemptionMode::kSwap : engine::PreemptionMode::kRecompute;
+  if (flags.preemption_mode == "recompute") return engine::PreemptionMode::kRecompute;
+  if (flags.preemption_mode == "swap") {
+    if (!host_tier)
+      return invalid_argument_error("--preemption-mode swap needs a host tier to swap to: give --kv-offload-memory "
+                                    "(e.g. 16GiB) or use --preemption-mode recompute");
+    return engine::PreemptionMode::kSwap;
+  }
+  return invalid_argument_error("--preemption-mode {}: expected swap or recompute", flags.preemption_mode);
+}
+
 kv::KvCacheConfig kv_cache_config(const backend::RunnerSetup& setup, bool enable_prefix_cache) {
   kv::KvCacheConfig config;
   config.num_blocks = setup.num_blocks;
+  config.num_host_blocks = setup.num_host_blocks;
   config.block_size = setup.block_size;
   config.enable_prefix_cache = enable_prefix_cache;
   config.record_events = false;
   return config;
 }
 
-engine::SchedulerConfig scheduler_config(const backend::RunnerSetup& setup) {
+engine::SchedulerConfig scheduler_config(const backend::RunnerSetup& setup, engine::PreemptionMode preemption) {
   engine::SchedulerConfig config;
+  config.preemption_mode = preemption;
   config.max_running_sequences = setup.spec.max_num_seqs;
   config.max_tokens_per_step = setup.spec.max_tokens_per_step;
   return config;

@@ -39,6 +39,8 @@ struct RunnerFlags {
   std::string kv_cache_dtype_v;
   int32_t block_size = 16;
   std::string kv_cache_memory;  // bytes ("256MiB"); empty: the command's default
+  std::string kv_offload_memory = "0";  // serve: bytes of the host tier ("64GiB"); "0": none
+  std::string preemption_mode;          // serve: swap or recompute; empty: swap with a host tier
   double gpu_memory_utilization = 0.9;
   int32_t max_num_seqs = 0;         // not given (and 0): the device's default
   int32_t max_tokens_per_step = 0;  // not given (and 0): the device's default
@@ -61,8 +63,14 @@ void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command);
 // The flags, checked and with the device's defaults filled in.
 StatusOr<backend::RunnerSpec> resolve_runner_flags(const RunnerFlags& flags, RunnerCommand command);
 
-// The KV manager and scheduler settings that match a runner.
+// --preemption-mode, checked against the host tier the spec asks for:
+// default swap with a host tier (--kv-offload-memory), recompute without;
+// swap without a host tier is an error naming both flags.
+StatusOr<engine::PreemptionMode> resolve_preemption_mode(const RunnerFlags& flags, const backend::RunnerSpec& spec);
+
+// The KV manager and scheduler settings that match a runner (its host tier included).
 kv::KvCacheConfig kv_cache_config(const backend::RunnerSetup& setup, bool enable_prefix_cache);
-engine::SchedulerConfig scheduler_config(const backend::RunnerSetup& setup);
+engine::SchedulerConfig scheduler_config(const backend::RunnerSetup& setup,
+                                         engine::PreemptionMode preemption = engine::PreemptionMode::kRecompute);
 
 }  // namespace pagoda::cli

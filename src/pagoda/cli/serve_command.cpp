@@ -30,6 +30,7 @@
 #include "pagoda/cli/runner_flags.h"
 #include "pagoda/cli/tokenizer_text_decoder.h"
 #include "pagoda/engine/engine.h"
+#include "pagoda/grammar/token_vocabulary.h"
 #include "pagoda/kv/kv_cache_manager.h"
 #include "pagoda/server/openai_server.h"
 #include "pagoda/tokenizer/tokenizer.h"
@@ -47,6 +48,7 @@ struct ServeOptions {
   std::string served_model_name;
   int32_t max_queued = 256;
   bool no_prefix_cache = false;
+  bool no_kv_events = false;
   int http_threads = 2;
   int max_connections = 0;
   double header_timeout_s = 10.0;
@@ -61,6 +63,8 @@ void run_serve(const ServeOptions& opt) {
   namespace fs = std::filesystem;
   auto flags = resolve_runner_flags(opt.runner, RunnerCommand::kServe);
   if (!flags.ok()) fail(flags.status().to_string());
+  auto preemption = resolve_preemption_mode(opt.runner, *flags);
+  if (!preemption.ok()) fail(preemption.status().to_string());
   if (opt.max_queued < 0) fail(fmt::format("--max-queued {}: must be >= 0", opt.max_queued));
 
   // SIGTERM/SIGINT only set a flag (async-signal-safe, whichever thread gets
@@ -79,6 +83,7 @@ void run_serve(const ServeOptions& opt) {
   {
     std::istringstream report(setup->report);
     for (std::string line; std::getline(report, line);) std::fprintf(stderr, "pagoda serve: %s\n", line.c_str());
+    std::fprintf(stderr, "pagoda serve: preemption by %s\n", std::string(engine::preemption_mode_name(*preemption)).c_str());
   }
 
   // Tokenizer and chat template are optional (fixture models and bare config files have neither).
@@ -98,7 +103,10 @@ void run_serve(const ServeOptions& opt) {
       fail("loading chat template: " + loaded.status().to_string());
   }
 
-  auto kv = kv::KvCacheManager::create(kv_cache_config(*setup, !opt.no_prefix_cache));
+  kv::KvCacheConfig kv_config = kv_cache_config(*setup, !opt.no_prefix_cache);
+  // Block events feed GET /v1/kv/events (a KV-aware `pagoda route` reads them).
+  kv_config.record_events = !opt.no_kv_events;
+  auto kv = kv::KvCacheManager::create(kv_config);
   if (!kv.ok()) fail("KV cache: " + kv.status().to_string());
 
   server::ServerConfig server_config;
@@ -110,6 +118,7 @@ void run_serve(const ServeOptions& opt) {
                              : model_dir.empty()            ? model_path.stem().string()
                                                             : model_path.filename().string();
   if (server_config.model_name.empty()) server_config.model_name = model_path.parent_path().filename();
+  server_config.publish_kv_events = !opt.no_kv_events;
   server_config.host = opt.host;
   server_config.port = opt.port;
   if (opt.http_threads < 1) fail(fmt::format("--http-threads {}: must be >= 1", opt.http_threads));
@@ -145,13 +154,14 @@ void run_serve(const ServeOptions& opt) {
   }
 
   engine::EngineConfig engine_config;
-  engine_config.scheduler = scheduler_config(*setup);
+  engine_config.scheduler = scheduler_config(*setup, *preemption);
   engine_config.max_queued_requests = opt.max_queued;
   server::TextCodec codec;
   if (tok) {
     engine_config.text_decoder_factory = make_tokenizer_text_decoder_factory(tok);
     codec.encode = [tok](std::string_view text, bool special) { return tok->encode(text, special); };
     codec.token_text = [tok](int32_t t) { return tok->decode(std::span<const int32_t>(&t, 1), false); };
+    codec.vocabulary = grammar::TokenVocabulary::from_tokenizer(*tok);
   }
   if (chat_template) codec.render_chat = server::make_chat_renderer(std::move(*chat_template));
 
@@ -208,11 +218,14 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--host", opt->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", opt->port, "Port (0: any free port, printed at start)")->capture_default_str();
   cmd->add_option("--api-keys", opt->api_keys_file,
-                  "JSON {\"keys\": [{\"key\": \"sk-...\", \"tenant\": \"name\"}]}; requires Bearer auth on /v1");
+                  "JSON {\"keys\": [{\"key\": \"sk-...\", \"tenant\": \"name\"}]}; requires Bearer auth on /v1. "
+                  "A key with \"admin\": true may also read every tenant's KV events and the load (for pagoda route)");
   cmd->add_option("--served-model-name", opt->served_model_name, "Model id clients send (default: directory name)");
   cmd->add_option("--max-queued", opt->max_queued, "Most requests waiting to start; past it, 429")
       ->capture_default_str();
   cmd->add_flag("--no-prefix-cache", opt->no_prefix_cache, "Disable prefix caching (benchmark baseline)");
+  cmd->add_flag("--no-kv-events", opt->no_kv_events,
+                "Publish no KV block events (GET /v1/kv/events, read by a kv-aware `pagoda route`)");
   cmd->add_option("--http-threads", opt->http_threads,
                   "Threads that parse, tokenize and submit requests (streams need none: the HTTP front is event-driven)")
       ->capture_default_str();

@@ -38,6 +38,11 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(EngineConfig config, runtime::M
     return invalid_argument_error(
         "the KV manager has {} blocks of {} tokens but the model runner's KV pool holds {} blocks of {}",
         kv.num_blocks(), kv.block_size(), geometry.num_blocks, geometry.block_size);
+  if (kv.num_host_blocks() != runner.capabilities().host_kv_blocks)
+    return invalid_argument_error("the KV manager has a host tier of {} blocks but the model runner's host pool "
+                                  "holds {}", kv.num_host_blocks(), runner.capabilities().host_kv_blocks);
+  if (config.scheduler.preemption_mode == PreemptionMode::kSwap && kv.num_host_blocks() == 0)
+    return invalid_argument_error("preemption by swap needs a host tier (the KV manager has none)");
   return std::make_unique<Engine>(std::move(config), runner, kv);
 }
 
@@ -234,6 +239,13 @@ kv::NamespaceKvUsage Engine::namespace_usage(const std::string& tenant_namespace
   return usage;
 }
 
+void Engine::visit_kv_cache(const std::function<void(kv::KvCacheManager&)>& read) {
+  run_on_engine_thread([this, &read] {
+    read(kv_);
+    return 0;
+  });
+}
+
 EngineStats Engine::stats() const {
   std::lock_guard lock(stats_mutex_);
   EngineStats out = stats_;
@@ -274,6 +286,7 @@ Sequence* Engine::new_sequence(RequestState* req, int32_t choice_index) {
                               : std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32));
   const auto& prompt = req->request.prompt_tokens;
   seq->decoder = config_.text_decoder_factory(prompt);
+  if (req->request.constraint) seq->constraint = req->request.constraint->clone();
   Sequence* raw = seq.get();
   sequences_.emplace(raw->id, std::move(seq));
   if (static_cast<int32_t>(req->sequences.size()) <= choice_index) req->sequences.resize(choice_index + 1, nullptr);
@@ -416,7 +429,7 @@ runtime::RowSampling Engine::row_sampling_for(const Sequence* seq) const {
   // token of an n > 1 request is drawn n times from one row on the host.
   row.on_device = runner_.capabilities().samples_on_device && p.repetition_penalty == 1.0f && p.frequency_penalty == 0.0f &&
                   p.presence_penalty == 0.0f && p.logprobs.value_or(0) == 0 && (p.n == 1 || req->forked) &&
-                  !req->request.return_logits;
+                  !req->request.return_logits && !seq->constraint;
   if (!row.on_device) return row;
   row.temperature = p.temperature;
   row.top_k = p.top_k;
@@ -430,7 +443,28 @@ runtime::RowSampling Engine::row_sampling_for(const Sequence* seq) const {
 }
 
 void Engine::sample_into(Sequence* seq, std::span<const float> logits) {
+  if (seq->constraint) {
+    sample_constrained(seq, logits);
+    return;
+  }
   append_token(seq, Sampler::sample(logits, seq->request->request.sampling, seq->history, seq->rng));
+}
+
+void Engine::sample_constrained(Sequence* seq, std::span<const float> logits) {
+  constraint_mask_.assign(allowed_words(static_cast<int32_t>(logits.size())), 0);
+  if (seq->constraint->fill_allowed(constraint_mask_) == 0) {
+    fail_request(seq->request, internal_error("structured output: no token can continue the output (choice {})",
+                                              seq->choice_index));
+    return;
+  }
+  constrained_logits_.assign(logits.begin(), logits.end());
+  apply_token_mask(constrained_logits_, constraint_mask_);
+  const SampledToken token = Sampler::sample(constrained_logits_, seq->request->request.sampling, seq->history, seq->rng);
+  if (!seq->constraint->accept(token.token)) {
+    fail_request(seq->request, internal_error("structured output: sampled token {} is outside the mask", token.token));
+    return;
+  }
+  append_token(seq, token);
 }
 
 void Engine::fork_children(Sequence* parent, std::span<const float> logits) {
@@ -443,6 +477,7 @@ void Engine::fork_children(Sequence* parent, std::span<const float> logits) {
     child->block_hashes = parent->block_hashes;
     child->prompt_length = parent->prompt_length;
     child->history = parent->history;
+    if (parent->constraint) child->constraint = parent->constraint->clone();
     auto copies = kv_.fork(parent->id, child->id);
     if (copies.ok() && copy_blocks_on_runner(*copies).ok()) {
       child->in_kv = true;
@@ -485,7 +520,9 @@ void Engine::publish_stats(double step_seconds) {
   thread_stats_.num_waiting = static_cast<int64_t>(scheduler_.num_waiting());
   thread_stats_.num_running = static_cast<int64_t>(scheduler_.num_running());
   thread_stats_.preemptions = scheduler_.num_preemptions();
+  thread_stats_.swap_preemptions = scheduler_.num_swap_preemptions();
   thread_stats_.kv = kv_.stats();
+  thread_stats_.transfers = runner_.transfer_stats();
   std::lock_guard lock(stats_mutex_);
   stats_ = thread_stats_;
 }
@@ -508,6 +545,15 @@ bool Engine::step() {
                                            "else running only {} of its {} blocks ({} tokens each) can be freed",
                                            seq->tokens.size(), kv_.num_available_blocks(), kv_num_blocks_,
                                            kv_block_size_));
+  // The step's moves between the tiers (promotions of host hits, write-backs
+  // of evicted blocks, swaps) run before its forward. If they fail, the
+  // sequences whose K/V was lost start over and this plan is dropped: its
+  // sequences run next step (nothing was committed).
+  if (!run_transfers().ok()) {
+    flush_outputs();
+    publish_stats(-1);
+    return true;
+  }
   if (plan.empty()) {
     flush_outputs();
     publish_stats(-1);
@@ -529,8 +575,7 @@ bool Engine::step() {
     if (chunk.produces_logits && !chunk.all_logits) last = row_sampling_for(chunk.sequence);
     rows.push_back(last);
   }
-  const Status zeroed = zero_blocks_changing_tenant();
-  StatusOr<runtime::StepResult> result = zeroed.ok() ? runner_.execute(plan.batch, rows) : zeroed;
+  StatusOr<runtime::StepResult> result = runner_.execute(plan.batch, rows);
   const size_t vocab = static_cast<size_t>(vocab_size_);
   if (result.ok()) {
     size_t host_rows = 0;
@@ -599,9 +644,31 @@ Status Engine::zero_blocks_changing_tenant() {
   return runner_.zero_blocks(blocks);
 }
 
-Status Engine::copy_blocks_on_runner(std::span<const kv::BlockCopy> copies) {
-  // A copy's target may be a block another tenant held: zeroed first, then written.
+Status Engine::run_transfers() {
+  // A block another tenant held is zeroed before anything (a host->device
+  // transfer, a copy, the forward) writes it.
   PAGODA_RETURN_IF_ERROR(zero_blocks_changing_tenant());
+  const std::vector<kv::BlockTransfer> moves = kv_.take_transfers();
+  if (moves.empty()) return ok_status();
+  std::vector<runtime::BlockTransfer> runner_moves;
+  runner_moves.reserve(moves.size());
+  for (const kv::BlockTransfer& t : moves)
+    runner_moves.push_back(runtime::BlockTransfer{static_cast<runtime::TransferDirection>(t.direction), t.device_block,
+                                                  t.host_block});
+  Status moved = runner_.transfer_blocks(runner_moves);
+  if (moved.ok()) return moved;
+  ++thread_stats_.transfer_failures;
+  for (kv::SequenceId id : kv_.transfers_failed(moves)) {
+    auto it = sequences_.find(id);
+    if (it != sequences_.end() && it->second->status != SequenceStatus::kFinished) scheduler_.restart(it->second.get());
+  }
+  return moved;
+}
+
+Status Engine::copy_blocks_on_runner(std::span<const kv::BlockCopy> copies) {
+  // A fork's blocks may have come from evictions whose write-backs are pending
+  // (and from other tenants: run_transfers zeroes those first).
+  PAGODA_RETURN_IF_ERROR(run_transfers());
   std::vector<runtime::BlockCopy> moves;
   moves.reserve(copies.size());
   for (const kv::BlockCopy& c : copies) moves.push_back(runtime::BlockCopy{c.src, c.dst});

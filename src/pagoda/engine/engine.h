@@ -53,7 +53,9 @@ struct EngineStats {
   int64_t num_running = 0;
   int64_t num_requests_in_flight = 0;
   int64_t steps = 0;
-  int64_t preemptions = 0;
+  int64_t preemptions = 0;       // both modes
+  int64_t swap_preemptions = 0;  // of which by swap (scheduler.h)
+  int64_t transfer_failures = 0;  // transfer_blocks calls that failed (their sequences recomputed)
   int64_t requests_submitted = 0;
   int64_t requests_rejected_queue_full = 0;
   int64_t requests_finished_stop = 0;
@@ -65,6 +67,7 @@ struct EngineStats {
   int64_t generated_tokens = 0;
   int64_t kv_blocks_zeroed = 0;  // blocks zeroed on the runner as they passed between tenants
   kv::KvStats kv;
+  runtime::TransferStats transfers;  // the runner's, between its device and host pools
   LatencyHistogram time_to_first_token;
   LatencyHistogram inter_token_latency;
   LatencyHistogram step_time;
@@ -74,8 +77,10 @@ class Engine {
  public:
   // `runner` and `kv` must outlive the engine. kInvalidArgument when the KV
   // manager's blocks are not the runner's (block size or count differ from
-  // runner.kv_geometry()): every step would otherwise name memory that the
-  // runner does not hold.
+  // runner.kv_geometry(), or its host tier from the runner's host pool,
+  // capabilities().host_kv_blocks): every step would otherwise name memory
+  // that the runner does not hold; and for preemption by swap without a host
+  // tier.
   static StatusOr<std::unique_ptr<Engine>> create(EngineConfig config, runtime::ModelRunner& runner,
                                                   kv::KvCacheManager& kv);
   // As create(), for callers that built both from one geometry (tests).
@@ -108,6 +113,11 @@ class Engine {
   // One namespace's own KV figures (KvCacheManager::namespace_usage); read on
   // the engine thread, blocks until done.
   kv::NamespaceKvUsage namespace_usage(const std::string& tenant_namespace);
+  // Runs `read` with the KV manager on the engine thread between steps and
+  // blocks until it returns: for readers of KV state outside the engine (the
+  // server's KV event feed drains events and takes snapshots through it).
+  // `read` must not keep the reference, nor call back into the engine.
+  void visit_kv_cache(const std::function<void(kv::KvCacheManager&)>& read);
 
   EngineStats stats() const;
   int32_t vocab_size() const { return vocab_size_; }
@@ -141,13 +151,23 @@ class Engine {
   // it needs the host sampler).
   runtime::RowSampling row_sampling_for(const Sequence* seq) const;
   void sample_into(Sequence* seq, std::span<const float> logits);
-  // Runs the KV manager's copy-on-write copies on the runner's memory.
+  // Structured outputs: samples with the sequence's token mask applied and moves its constraint
+  // past the token; a dead end fails the request (kInternal).
+  void sample_constrained(Sequence* seq, std::span<const float> logits);
+  // Runs the KV manager's copy-on-write copies on the runner's memory (after
+  // the pending tier transfers, which must come first).
   Status copy_blocks_on_runner(std::span<const kv::BlockCopy> copies);
   // Zeroes, on the runner, the blocks the KV manager handed from one tenant to
   // another since the last call (KvCacheManager::take_blocks_to_zero); runs
-  // before every forward and block copy. A runner that cannot zero
-  // (RunnerCapabilities::zeroes_blocks false) is skipped: the CLI says so at start.
+  // first in run_transfers(), so before every transfer, block copy and
+  // forward. A runner that cannot zero (RunnerCapabilities::zeroes_blocks
+  // false) is skipped: docs/SECURITY.md says which.
   Status zero_blocks_changing_tenant();
+  // Hands the KV manager's pending tier transfers to the runner, in order. On
+  // failure the KV manager forgets what was lost and the sequences whose K/V
+  // it was start over (recompute); the caller must not run a forward planned
+  // before that.
+  Status run_transfers();
   void fork_children(Sequence* parent, std::span<const float> logits);
   void append_token(Sequence* seq, const SampledToken& token);
   void finish_sequence(Sequence* seq, FinishReason reason);
@@ -195,6 +215,8 @@ class Engine {
   uint64_t next_arrival_ = 1;
   std::unordered_map<RequestId, RequestOutput> step_outputs_;
   std::vector<RequestState*> finished_requests_;
+  std::vector<uint64_t> constraint_mask_;    // scratch of sample_constrained
+  std::vector<float> constrained_logits_;   // scratch of sample_constrained
 
   // Counters owned by the engine thread, published under stats_mutex_.
   mutable std::mutex stats_mutex_;

@@ -20,6 +20,7 @@
 #include "pagoda/core/status.h"
 #include "pagoda/engine/sampler.h"
 #include "pagoda/engine/sampling_params.h"
+#include "pagoda/engine/token_constraint.h"
 
 namespace pagoda::engine {
 
@@ -31,6 +32,9 @@ struct GenerationRequest {
   std::string tenant_namespace;
   std::vector<int32_t> prompt_tokens;  // >= 1 token
   SamplingParams sampling;
+  // Structured outputs: which tokens may come next, in its initial state (each choice samples
+  // through its own clone, on the host). nullptr: unconstrained.
+  std::shared_ptr<const TokenConstraint> constraint;
   // The quality harness (eval/): logits of every prompt position that is
   // computed (RequestOutput::prompt_logits; positions served from the prefix
   // cache have none), and of every generated position (ChoiceDelta::logits).

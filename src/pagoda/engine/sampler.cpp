@@ -37,6 +37,17 @@ void fill_logprobs(std::span<const float> raw, const SamplingParams& params, Sam
 
 }  // namespace
 
+void apply_token_mask(std::span<float> logits, std::span<const uint64_t> allowed) {
+  const size_t n = logits.size();
+  for (size_t w = 0; w * 64 < n; ++w) {
+    const uint64_t bits = w < allowed.size() ? allowed[w] : 0;
+    if (bits == ~uint64_t{0}) continue;
+    const size_t end = std::min(n, (w + 1) * 64);
+    for (size_t i = w * 64; i < end; ++i)
+      if (!((bits >> (i - w * 64)) & 1)) logits[i] = kNegInf;
+  }
+}
+
 SampledToken Sampler::sample(std::span<const float> raw, const SamplingParams& params,
                              const TokenHistory& history, std::mt19937_64& rng) {
   std::vector<float> logits(raw.begin(), raw.end());

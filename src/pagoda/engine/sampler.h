@@ -39,6 +39,10 @@ struct TokenHistory {
   void add_output(int32_t token) { ++output_counts[token]; }
 };
 
+// Structured outputs: sets logits[t] to -inf for every token whose bit is clear in `allowed`
+// (64 tokens per word, little-endian; words past the row are ignored). Run before sample().
+void apply_token_mask(std::span<float> logits, std::span<const uint64_t> allowed);
+
 class Sampler {
  public:
   // `logits` has vocab_size entries. Never fails for validated params; if every

@@ -15,6 +15,10 @@ void insert_by_arrival(std::vector<Sequence*>& running, Sequence* seq) {
 
 }  // namespace
 
+std::string_view preemption_mode_name(PreemptionMode mode) {
+  return mode == PreemptionMode::kSwap ? "swap" : "recompute";
+}
+
 Scheduler::Scheduler(SchedulerConfig config, kv::KvCacheManager& kv) : config_(config), kv_(kv) {}
 
 void Scheduler::enqueue(Sequence* seq, bool at_front) {
@@ -42,27 +46,75 @@ void Scheduler::remove(Sequence* seq, bool aborted) {
   }
   seq->num_computed = 0;
   seq->num_reserved = 0;
+  seq->swapped = false;
   seq->status = SequenceStatus::kFinished;
 }
 
-void Scheduler::preempt(Sequence* seq, StepPlan& plan) {
-  std::erase(running_, seq);
+void Scheduler::drop_kv(Sequence* seq) {
   if (seq->in_kv) {
     Status s = kv_.free_sequence(seq->id);
     assert(s.ok());
     (void)s;
     seq->in_kv = false;
   }
+  seq->swapped = false;
   seq->num_computed = 0;
   seq->num_reserved = 0;
+}
+
+void Scheduler::requeue(Sequence* seq) {
+  std::erase(running_, seq);
+  std::erase(waiting_, seq);
   // Back to the queue in arrival order among the preempted, ahead of new requests.
   auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const Sequence* w) {
     return w->arrival_order > seq->arrival_order || !w->request->admitted_once;
   });
   waiting_.insert(it, seq);
   seq->status = SequenceStatus::kWaiting;
+}
+
+void Scheduler::restart(Sequence* seq) {
+  drop_kv(seq);
+  requeue(seq);
+}
+
+void Scheduler::preempt(Sequence* seq, StepPlan& plan) {
+  std::erase(running_, seq);
+  // By swap when there is a host tier with room; by recompute otherwise.
+  if (config_.preemption_mode == PreemptionMode::kSwap && seq->in_kv && kv_.swap_out(seq->id).ok()) {
+    seq->swapped = true;
+    ++num_swap_preemptions_;
+  } else {
+    drop_kv(seq);
+  }
+  requeue(seq);
   plan.preempted.push_back(seq);
   ++num_preemptions_;
+}
+
+bool Scheduler::admit_swapped(Sequence* seq, int32_t& budget, StepPlan& plan, std::vector<Sequence*>& planned) {
+  const int32_t unreserved = static_cast<int32_t>(seq->tokens.size()) - seq->num_reserved;
+  if (!kv_.can_swap_in(seq->id, unreserved)) return false;
+  Status in = kv_.swap_in(seq->id);
+  if (!in.ok()) return false;
+  seq->swapped = false;
+  if (unreserved > 0) {
+    std::span<const int32_t> tail(seq->tokens.data() + seq->num_reserved, unreserved);
+    if (!kv_.append_tokens(seq->id, tail).ok()) {  // not expected: can_swap_in counted these blocks
+      drop_kv(seq);
+      return false;
+    }
+    seq->num_reserved += unreserved;
+  }
+  waiting_.pop_front();
+  seq->status = SequenceStatus::kRunning;
+  insert_by_arrival(running_, seq);
+  plan.admitted.push_back(seq);
+  const int32_t n = std::min(seq->num_pending(), budget);
+  add_chunk(seq, n, plan);
+  planned.push_back(seq);
+  budget -= n;
+  return true;
 }
 
 Sequence* Scheduler::pick_victim(const std::vector<Sequence*>& planned, Sequence* requester) const {
@@ -143,6 +195,13 @@ StepPlan Scheduler::schedule() {
       RequestState* req = seq->request;
       const int32_t slots = (!req->forked && req->request.sampling.n > 1) ? req->request.sampling.n : 1;
       if (static_cast<int32_t>(running_.size()) + slots > config_.max_running_sequences && !running_.empty()) break;
+      if (seq->swapped) {
+        if (admit_swapped(seq, budget, plan, planned)) continue;
+        if (!running_.empty() || !plan.chunks.empty()) break;
+        // Nothing else holds device blocks and it still cannot come back (its
+        // blocks plus the tokens to append exceed the pool): recompute instead.
+        drop_kv(seq);
+      }
       const std::string& ns = req->request.tenant_namespace;
       seq->block_hashes.extend(seq->tokens);
       const std::span<const uint64_t> hashes = seq->block_hashes.hashes();

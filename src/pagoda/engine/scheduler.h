@@ -7,9 +7,13 @@
 //     arrival order (FCFS with decode priority). A prefill takes a chunk of at
 //     most the remaining budget (chunked prefill mixes with decodes).
 //  2. When a running sequence needs a KV block and none is free, the youngest
-//     running sequence that is not yet in this step is preempted by recompute
-//     (its blocks freed, it goes back to the front of the queue, its tokens
-//     kept). If it is the only candidate, it preempts itself.
+//     running sequence that is not yet in this step is preempted (it goes back
+//     to the front of the queue, its tokens kept). If it is the only
+//     candidate, it preempts itself. By recompute, its blocks are freed and its
+//     K/V computed again when it resumes; by swap (with a host tier), its K/V
+//     moves to the host tier and comes back before it resumes, never
+//     recomputed (a swap that does not fit in the host tier falls back to
+//     recompute).
 //  3. Waiting sequences are admitted in arrival order while budget, running
 //     slots (n per request, for its forks) and KV blocks allow; the queue head
 //     blocks the rest (no overtaking), except a sequence whose tenant is at its
@@ -27,6 +31,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <string_view>
 #include <vector>
 
 #include "pagoda/core/status.h"
@@ -36,9 +41,13 @@
 
 namespace pagoda::engine {
 
+enum class PreemptionMode : uint8_t { kRecompute, kSwap };
+std::string_view preemption_mode_name(PreemptionMode mode);  // "recompute", "swap"
+
 struct SchedulerConfig {
   int32_t max_running_sequences = 64;  // >= 1
   int32_t max_tokens_per_step = 512;   // >= 1: prefill chunk + decode tokens per forward
+  PreemptionMode preemption_mode = PreemptionMode::kRecompute;  // kSwap needs a KV manager with a host tier
 };
 
 struct ScheduledChunk {
@@ -72,6 +81,9 @@ class Scheduler {
   void add_running(Sequence* seq);
   // Drops a finished or aborted sequence and releases its KV blocks.
   void remove(Sequence* seq, bool aborted);
+  // Its K/V was lost (a failed transfer): frees its KV blocks and queues it to
+  // be recomputed from its first token, ahead of new requests.
+  void restart(Sequence* seq);
 
   StepPlan schedule();
   // After the forward: the chunks' K/V is written.
@@ -79,11 +91,16 @@ class Scheduler {
 
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }
-  int64_t num_preemptions() const { return num_preemptions_; }
+  int64_t num_preemptions() const { return num_preemptions_; }  // both modes
+  int64_t num_swap_preemptions() const { return num_swap_preemptions_; }
   const SchedulerConfig& config() const { return config_; }
 
  private:
   void preempt(Sequence* seq, StepPlan& plan);
+  void drop_kv(Sequence* seq);
+  void requeue(Sequence* seq);
+  // Admits the queue head that was swapped out; false if it must wait.
+  bool admit_swapped(Sequence* seq, int32_t& budget, StepPlan& plan, std::vector<Sequence*>& planned);
   Sequence* pick_victim(const std::vector<Sequence*>& planned, Sequence* requester) const;
   void add_chunk(Sequence* seq, int32_t num_new_tokens, StepPlan& plan);
   // Where a waiting sequence stands against its tenant's KV block cap
@@ -95,6 +112,7 @@ class Scheduler {
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;  // arrival order
   int64_t num_preemptions_ = 0;
+  int64_t num_swap_preemptions_ = 0;
 };
 
 }  // namespace pagoda::engine

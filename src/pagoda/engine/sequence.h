@@ -8,7 +8,8 @@
 // first `num_computed` have K/V in the pool and the first `num_reserved` have
 // slots. Preemption by recompute drops both to 0 and keeps `tokens`, so the
 // sequence resumes exactly where it stopped (prefix-cache hits make the
-// recompute cheap).
+// recompute cheap). Preemption by swap keeps both: the K/V waits in the host
+// tier (`swapped`) and comes back before the sequence runs again.
 //
 // Thread safety: engine thread only.
 
@@ -48,7 +49,8 @@ struct Sequence {
   int32_t num_computed = 0;
   int32_t num_reserved = 0;
   int32_t prompt_logits_done = 0;  // return_prompt_logits: positions whose rows went out
-  bool in_kv = false;  // registered with the KV manager
+  bool in_kv = false;    // registered with the KV manager
+  bool swapped = false;  // in_kv, with its K/V in the host tier (preempted by swap)
   SequenceStatus status = SequenceStatus::kWaiting;
   FinishReason finish_reason = FinishReason::kNone;
 
@@ -56,6 +58,7 @@ struct Sequence {
   TokenHistory history;
   std::unique_ptr<TextDecoder> decoder;
   StopStringMatcher stop_matcher;
+  std::unique_ptr<TokenConstraint> constraint;  // this choice's structured-output state, or null
   std::optional<Clock::time_point> last_token_time;
 
   int32_t num_output_tokens() const { return static_cast<int32_t>(tokens.size()) - prompt_length; }

@@ -2,30 +2,40 @@
 
 namespace pagoda::kv {
 
-BlockPool::BlockPool(int32_t num_blocks)
-    : meta_(static_cast<size_t>(num_blocks)), owner_(static_cast<size_t>(num_blocks), kNoOwner) {
+BlockPool::BlockPool(int32_t num_blocks, int32_t num_host_blocks)
+    : meta_(static_cast<size_t>(num_blocks) + static_cast<size_t>(num_host_blocks)),
+      owner_(meta_.size(), kNoOwner),
+      num_device_(num_blocks) {
   // Low ids first, so fresh managers hand out 0, 1, 2, ... (readable tests).
-  for (BlockId b = num_blocks - 1; b >= 0; --b) free(b);
+  for (BlockId b = num_ids() - 1; b >= 0; --b) free(b);
 }
 
 Status BlockPool::verify_integrity() const {
   std::vector<bool> seen(meta_.size(), false);
-  int32_t count = 0;
-  for (BlockId b = free_head_; b != kNoBlock; b = meta_[b].next_free) {
-    if (b < 0 || b >= num_blocks()) return internal_error("free list holds invalid block {}", b);
-    if (seen[b]) return internal_error("free list has a cycle at block {}", b);
-    seen[b] = true;
-    ++count;
-    const BlockMeta& m = meta_[b];
-    if (!m.is_free) return internal_error("block {} on the free list is not marked free", b);
-    if (m.ref_count != 0) return internal_error("free block {} has ref count {}", b, m.ref_count);
-    if (m.is_cached()) return internal_error("free block {} still has a cache key", b);
+  for (int t = 0; t < kNumTiers; ++t) {
+    const BlockTier want = static_cast<BlockTier>(t);
+    int32_t count = 0;
+    for (BlockId b = tiers_[t].head; b != kNoBlock; b = meta_[b].next_free) {
+      if (b < 0 || b >= num_ids()) return internal_error("free list holds invalid block {}", b);
+      if (tier(b) != want)
+        return internal_error("{} free list holds block {} of the {} tier", block_tier_name(want), b,
+                              block_tier_name(tier(b)));
+      if (seen[b]) return internal_error("free list has a cycle at block {}", b);
+      seen[b] = true;
+      ++count;
+      const BlockMeta& m = meta_[b];
+      if (!m.is_free) return internal_error("block {} on the free list is not marked free", b);
+      if (m.ref_count != 0) return internal_error("free block {} has ref count {}", b, m.ref_count);
+      if (m.is_cached()) return internal_error("free block {} still has a cache key", b);
+    }
+    if (count != tiers_[t].num_free)
+      return internal_error("{} free list holds {} blocks, counter says {}", block_tier_name(want), count,
+                            tiers_[t].num_free);
   }
-  if (count != num_free_) return internal_error("free list holds {} blocks, counter says {}", count, num_free_);
-  for (BlockId b = 0; b < num_blocks(); ++b)
+  for (BlockId b = 0; b < num_ids(); ++b)
     if (meta_[b].is_free && !seen[b]) return internal_error("block {} marked free but not on the free list", b);
   std::vector<int32_t> held(held_.size(), 0);
-  for (BlockId b = 0; b < num_blocks(); ++b) {
+  for (BlockId b = 0; b < num_ids(); ++b) {
     if (meta_[b].is_free || owner_[b] < 0) continue;
     if (static_cast<size_t>(owner_[b]) >= held.size())
       return internal_error("block {} held by namespace {} that has no count", b, owner_[b]);

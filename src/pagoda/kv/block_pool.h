@@ -1,10 +1,15 @@
 #pragma once
-// BlockPool: metadata of every KV block and an O(1) intrusive free list.
+// BlockPool: metadata of every KV block, in two tiers, and an O(1) intrusive
+// free list per tier.
 //
-// A block is an index into the backend's pools; BlockMeta holds no pointer to
+// A block is an index into a backend's pool; BlockMeta holds no pointer to
 // memory, only bookkeeping: ref count, written slots, and (while cached) the
-// radix-tree key and links. The pool itself only moves blocks on and off the
-// free list; KvCacheManager and PrefixCache interpret the rest.
+// radix-tree key and links. Ids [0, num_blocks) are the device tier (the
+// backend's KV pool, block id = pool index); ids [num_blocks, num_blocks +
+// num_host_blocks) are the host tier (host pool index = id - num_blocks). One
+// id space lets the prefix cache link a host block under a device block. The
+// pool itself only moves blocks on and off the free lists; KvCacheManager and
+// PrefixCache interpret the rest.
 //
 // Ownership: a block allocated for a namespace (tenant) is held by it until it
 // returns to the free list; the pool counts blocks held per namespace (for
@@ -46,21 +51,31 @@ static_assert(sizeof(BlockMeta) <= 64, "BlockMeta grew past a cache line");
 
 class BlockPool {
  public:
-  explicit BlockPool(int32_t num_blocks);
+  explicit BlockPool(int32_t num_blocks, int32_t num_host_blocks = 0);
 
-  int32_t num_blocks() const { return static_cast<int32_t>(meta_.size()); }
-  int32_t num_free() const { return num_free_; }
+  int32_t num_blocks() const { return num_device_; }  // device tier
+  int32_t num_host_blocks() const { return static_cast<int32_t>(meta_.size()) - num_device_; }
+  int32_t num_ids() const { return static_cast<int32_t>(meta_.size()); }  // both tiers
+  int32_t num_free() const { return tiers_[0].num_free; }                 // device tier
+  int32_t num_host_free() const { return tiers_[1].num_free; }
+  BlockTier tier(BlockId block) const { return block < num_device_ ? BlockTier::kDevice : BlockTier::kHost; }
+  bool is_host(BlockId block) const { return block >= num_device_; }
+  BlockId host_index(BlockId host_block) const { return host_block - num_device_; }  // host pool index
+  BlockId host_id(BlockId host_index) const { return host_index + num_device_; }
 
-  // Pops a free block (metadata reset, is_free false, ref 0); kNoBlock if none.
-  // `owner_namespace` (>= 0, or kNoOwner) becomes its holder; the block's
-  // previous holder (kNoOwner if none) goes to *previous_owner when given.
+  // Pops a free block of the tier (metadata reset, is_free false, ref 0);
+  // kNoBlock if none. `owner_namespace` (>= 0, or kNoOwner) becomes its holder;
+  // the block's previous holder (kNoOwner if none) goes to *previous_owner when
+  // given. Ownership is tracked for the device tier (host blocks: kNoOwner).
   static constexpr int32_t kNoOwner = -1;
-  BlockId allocate(int32_t owner_namespace = kNoOwner, int32_t* previous_owner = nullptr) {
-    const BlockId block = free_head_;
+  BlockId allocate(BlockTier tier = BlockTier::kDevice, int32_t owner_namespace = kNoOwner,
+                   int32_t* previous_owner = nullptr) {
+    FreeList& list = tiers_[static_cast<int>(tier)];
+    const BlockId block = list.head;
     if (block == kNoBlock) return kNoBlock;
     BlockMeta& m = meta_[block];
-    free_head_ = m.next_free;
-    --num_free_;
+    list.head = m.next_free;
+    --list.num_free;
     m = BlockMeta{};
     m.is_free = false;
     if (previous_owner != nullptr) *previous_owner = owner_[block];
@@ -71,14 +86,15 @@ class BlockPool {
     }
     return block;
   }
-  // Pushes an unreferenced, uncached block back on the free list. Its holder
-  // stops holding it but stays recorded as the last owner.
+  // Pushes an unreferenced, uncached block back on its tier's free list. Its
+  // holder stops holding it but stays recorded as the last owner.
   void free(BlockId block) {
+    FreeList& list = tiers_[static_cast<int>(tier(block))];
     BlockMeta& m = meta_[block];
     m.is_free = true;
-    m.next_free = free_head_;
-    free_head_ = block;
-    ++num_free_;
+    m.next_free = list.head;
+    list.head = block;
+    ++list.num_free;
     if (owner_[block] >= 0) --held_[owner_[block]];
   }
 
@@ -92,16 +108,20 @@ class BlockPool {
   BlockMeta& meta(BlockId block) { return meta_[block]; }
   const BlockMeta& meta(BlockId block) const { return meta_[block]; }
 
-  // Free list acyclic, count matches, free blocks unreferenced and uncached,
-  // held counts match the owners of allocated blocks.
+  // Per tier: free list acyclic and inside the tier, count matches, free
+  // blocks unreferenced and uncached; held counts match the owners of allocated blocks.
   Status verify_integrity() const;
 
  private:
+  struct FreeList {
+    BlockId head = kNoBlock;
+    int32_t num_free = 0;
+  };
   std::vector<BlockMeta> meta_;
-  std::vector<int32_t> owner_;  // [num_blocks] holder or last holder; kNoOwner if none
+  std::vector<int32_t> owner_;  // [num_ids] holder or last holder; kNoOwner if none
   std::vector<int32_t> held_;   // [namespaces seen] allocated blocks per holder
-  BlockId free_head_ = kNoBlock;
-  int32_t num_free_ = 0;
+  int32_t num_device_ = 0;
+  FreeList tiers_[kNumTiers];
 };
 
 }  // namespace pagoda::kv

@@ -26,6 +26,11 @@ struct Sequence {
   // reference (an alias) so the chain below it stays valid. The table keeps
   // blocks[j] either way: tables are append-only, a backend may mirror them.
   std::vector<BlockId> chain;
+  // Swapped out (swap_out): `blocks` and `chain` are empty and host_blocks
+  // holds, per block position, the host block with its K/V (kNoBlock for a
+  // reserved block with nothing written yet).
+  bool swapped = false;
+  std::vector<BlockId> host_blocks;
 
   bool has_alias(size_t j) const { return j < chain.size() && chain[j] != blocks[j]; }
 };
@@ -37,8 +42,8 @@ class KvCacheManager::Impl {
   Impl(const KvCacheConfig& config, const Clock& clock, std::unique_ptr<EvictionPolicy> policy)
       : config_(config),
         clock_(clock),
-        pool_(config.num_blocks),
-        cache_(pool_, config.block_size, std::move(policy), clock,
+        pool_(config.num_blocks, config.num_host_blocks),
+        cache_(pool_, config.block_size, std::move(policy), make_eviction_policy(config.host_eviction_policy), clock,
                config.evicted_key_memory > 0 ? config.evicted_key_memory : std::max(config.num_blocks, 1 << 16)) {
     if (config_.record_events) {
       cache_.set_event_sink([this](KvEvent::Kind kind, BlockId block, uint64_t key, uint64_t parent_key, int32_t ns) {
@@ -53,6 +58,7 @@ class KvCacheManager::Impl {
     return n <= 0 ? 0 : static_cast<int32_t>((n + bs() - 1) / bs());
   }
   int32_t available() const { return pool_.num_free() + cache_.num_evictable(); }
+  int32_t host_available() const { return pool_.num_host_free() + cache_.num_host_evictable(); }
 
   PrefixMatch match_prefix(std::string_view ns, std::span<const TokenId> prompt,
                            std::span<const uint64_t> hashes) const {
@@ -67,12 +73,14 @@ class KvCacheManager::Impl {
     return cache_.match(ns, prompt, max_blocks, hashes);
   }
 
-  // Blocks the sequence would need from the free/evictable supply, given a match.
+  // Blocks the sequence would need from the free/evictable supply, given a
+  // match: host-tier hits need fresh device blocks too (promotion).
   int32_t new_blocks_for(const PrefixMatch& match, size_t prompt_size, int32_t* matched_evictable) const {
     int32_t evictable_in_match = 0;
-    for (BlockId b : match.blocks) evictable_in_match += pool_.meta(b).ref_count == 0 ? 1 : 0;
+    const size_t device_matched = match.blocks.size() - static_cast<size_t>(match.host_blocks);
+    for (size_t j = 0; j < device_matched; ++j) evictable_in_match += pool_.meta(match.blocks[j]).ref_count == 0 ? 1 : 0;
     *matched_evictable = evictable_in_match;
-    return blocks_for_tokens(static_cast<int64_t>(prompt_size)) - static_cast<int32_t>(match.blocks.size());
+    return blocks_for_tokens(static_cast<int64_t>(prompt_size)) - static_cast<int32_t>(device_matched);
   }
 
   bool can_allocate_sequence(std::string_view ns, std::span<const TokenId> prompt,
@@ -89,8 +97,9 @@ class KvCacheManager::Impl {
   int32_t block_limit(int32_t ns_id) const {
     return ns_id >= 0 && static_cast<size_t>(ns_id) < block_limit_.size() ? block_limit_[ns_id] : 0;
   }
-  // New blocks a namespace may still take: below its cap, plus its own cached
-  // unreferenced blocks (recycled for it), less those a match is about to reuse.
+  // New device blocks a namespace may still take: below its cap, plus its own
+  // cached unreferenced device blocks (recycled for it), less those a match is
+  // about to reuse.
   int32_t namespace_room(int32_t ns_id, int32_t matched_evictable) const {
     const int32_t limit = block_limit(ns_id);
     if (limit <= 0) return std::numeric_limits<int32_t>::max();
@@ -125,7 +134,7 @@ class KvCacheManager::Impl {
 
   int32_t blocks_needed_to_append(SequenceId id, int32_t n) const {
     const Sequence* s = find(id);
-    if (s == nullptr || n < 0) return -1;
+    if (s == nullptr || n < 0 || s->swapped) return -1;
     return blocks_for_tokens(static_cast<int64_t>(s->tokens.size()) + n) - static_cast<int32_t>(s->blocks.size());
   }
 
@@ -148,17 +157,20 @@ class KvCacheManager::Impl {
   }
 
   // ---- block references ----
-  // A fresh block for a sequence of namespace `ns_id`.
+  // A fresh device block (ref 1) for a sequence of namespace `ns_id`: a free
+  // one, else one made free by device eviction (which demotes to the host tier
+  // when there is one). At its cap a namespace recycles its own cached blocks
+  // (callers checked namespace_room), so it never pushes other namespaces out
+  // past it. A block whose last holder was another namespace is listed for
+  // zeroing.
   BlockId take_block(int32_t ns_id) {
-    // At its cap a namespace recycles its own cached blocks (callers checked
-    // namespace_room), so it can never push other namespaces out past it.
     const int32_t limit = block_limit(ns_id);
     if (limit > 0 && pool_.num_held(ns_id) >= limit) cache_.evict_one_in(ns_id);
     int32_t previous_owner = BlockPool::kNoOwner;
-    BlockId b = pool_.allocate(ns_id, &previous_owner);
+    BlockId b = pool_.allocate(BlockTier::kDevice, ns_id, &previous_owner);
     if (b == kNoBlock) {
       cache_.evict_one();
-      b = pool_.allocate(ns_id, &previous_owner);
+      b = pool_.allocate(BlockTier::kDevice, ns_id, &previous_owner);
     }
     // Callers check available() first, so this holds; keep it loud if not.
     assert(b != kNoBlock);
@@ -194,20 +206,36 @@ class KvCacheManager::Impl {
     u.block_limit = block_limit(id);
     return u;
   }
+  // A fresh host block (ref 1); callers check host_available() first.
+  BlockId take_host_block() {
+    const BlockId h = cache_.allocate_host_block();
+    assert(h != kNoBlock);
+    pool_.meta(h).ref_count = 1;
+    ++host_blocks_referenced_;
+    return h;
+  }
   void acquire(BlockId b) {
     BlockMeta& m = pool_.meta(b);
     if (++m.ref_count == 1) {
-      ++blocks_in_use_;
-      written_slots_in_use_ += m.written_slots;
-      if (m.is_cached()) cache_.on_referenced(b);
+      if (pool_.is_host(b)) {
+        ++host_blocks_referenced_;
+      } else {
+        ++blocks_in_use_;
+        written_slots_in_use_ += m.written_slots;
+      }
+      if (cache_.is_tracked(b)) cache_.on_referenced(b);
     }
   }
   void release(BlockId b) {
     BlockMeta& m = pool_.meta(b);
     if (--m.ref_count == 0) {
-      --blocks_in_use_;
-      written_slots_in_use_ -= m.written_slots;
-      if (m.is_cached()) cache_.on_unreferenced(b);
+      if (pool_.is_host(b)) {
+        --host_blocks_referenced_;
+      } else {
+        --blocks_in_use_;
+        written_slots_in_use_ -= m.written_slots;
+      }
+      if (cache_.is_tracked(b)) cache_.on_unreferenced(b);
       else pool_.free(b);
     }
   }
@@ -235,17 +263,31 @@ class KvCacheManager::Impl {
     seq.namespace_id = cache_.intern_namespace(ns);
     seq.tokens.assign(prompt.begin(), prompt.end());
     seq.blocks.reserve(match.blocks.size() + static_cast<size_t>(needed));
+    // Every matched block is referenced before any block is taken: a matched
+    // device block must not be evicted for them, nor a matched host block
+    // reclaimed for a demotion they cause.
     for (BlockId b : match.blocks) {
-      acquire(b);  // before taking new blocks: a matched block must not be evicted for them
+      acquire(b);
       cache_.touch(b, /*reused=*/true);
-      seq.blocks.push_back(b);
     }
-    for (int32_t i = 0; i < needed; ++i) seq.blocks.push_back(take_block(seq.namespace_id));
+    // Host hits move into fresh device blocks (host->device transfers); the
+    // host blocks stay behind as their copies.
+    const size_t device_matched = match.blocks.size() - static_cast<size_t>(match.host_blocks);
+    for (size_t j = device_matched; j < match.blocks.size(); ++j) {
+      const BlockId host = match.blocks[j];
+      const BlockId device = take_block(seq.namespace_id);
+      written_slots_in_use_ += bs();
+      cache_.promote(host, device);
+      release(host);
+      match.blocks[j] = device;
+    }
+    seq.blocks = match.blocks;
+    for (int32_t i = 0; i < needed - match.host_blocks; ++i) seq.blocks.push_back(take_block(seq.namespace_id));
     seq.computed = match.cached_tokens;
     seq.next_block_to_cache = static_cast<int32_t>(match.blocks.size());
     seq.chain = match.blocks;
-    record_match_stats(match, static_cast<int64_t>(prompt.size()), usage_of(seq.namespace_id));
     sequences_.emplace(id, std::move(seq));
+    record_match_stats(match, static_cast<int64_t>(prompt.size()), usage_of(seq.namespace_id));
     return match;
   }
 
@@ -254,6 +296,8 @@ class KvCacheManager::Impl {
     const int64_t max_blocks = (prompt_size - 1) / bs();
     const int64_t tail = prompt_size - max_blocks * bs();
     const int64_t missed_full = max_blocks * bs() - match.cached_tokens;
+    stats_.hit_tokens_by_tier[1] += static_cast<int64_t>(match.host_blocks) * bs();
+    stats_.hit_tokens_by_tier[0] += match.cached_tokens - static_cast<int64_t>(match.host_blocks) * bs();
     auto add = [&](int64_t& hit, int64_t& miss, std::array<int64_t, kNumMissReasons>& by_reason, int64_t& allocated) {
       hit += match.cached_tokens;
       miss += prompt_size - match.cached_tokens;
@@ -269,6 +313,7 @@ class KvCacheManager::Impl {
   Status append_tokens(SequenceId id, std::span<const TokenId> tokens) {
     Sequence* s = find(id);
     if (s == nullptr) return not_found_error("append_tokens: unknown sequence {}", id);
+    if (s->swapped) return failed_precondition_error("append_tokens: sequence {} is swapped out", id);
     const int32_t needed = blocks_needed_to_append(id, static_cast<int32_t>(tokens.size()));
     if (needed > available()) {
       ++stats_.allocation_failures;
@@ -288,6 +333,7 @@ class KvCacheManager::Impl {
   Status mark_computed(SequenceId id, int64_t n) {
     Sequence* s = find(id);
     if (s == nullptr) return not_found_error("mark_computed: unknown sequence {}", id);
+    if (s->swapped) return failed_precondition_error("mark_computed: sequence {} is swapped out", id);
     if (n < 0) return invalid_argument_error("mark_computed: sequence {}: negative token count {}", id, n);
     const int64_t total = static_cast<int64_t>(s->tokens.size());
     if (s->computed + n > total)
@@ -336,6 +382,7 @@ class KvCacheManager::Impl {
     const Sequence* parent = find(parent_id);
     if (parent == nullptr) return not_found_error("fork: unknown parent sequence {}", parent_id);
     if (find(child_id) != nullptr) return invalid_argument_error("fork: child sequence {} already exists", child_id);
+    if (parent->swapped) return failed_precondition_error("fork: parent sequence {} is swapped out", parent_id);
     const int32_t shared_blocks = static_cast<int32_t>(parent->computed / bs());
     const int32_t needed = static_cast<int32_t>(parent->blocks.size()) - shared_blocks;
     if (needed > available() || needed > namespace_room(parent->namespace_id, 0)) {
@@ -377,14 +424,29 @@ class KvCacheManager::Impl {
       return not_found_error("{}: unknown sequence {}", aborted ? "abort_sequence" : "free_sequence", id);
     // Deepest first, so each block's descendants are already released.
     const Sequence& s = it->second;
-    for (size_t j = s.blocks.size(); j-- > 0;) {
-      release(s.blocks[j]);
-      if (s.has_alias(j)) release(s.chain[j]);
-    }
+    release_device_blocks(s);
+    for (size_t j = s.host_blocks.size(); j-- > 0;)
+      if (s.host_blocks[j] != kNoBlock) release(s.host_blocks[j]);
     sequences_.erase(it);
     if (aborted) ++stats_.sequences_aborted;
     return ok_status();
   }
+
+  void release_device_blocks(const Sequence& s) {
+    for (size_t j = s.blocks.size(); j-- > 0;) {
+      release(s.blocks[j]);
+      if (s.has_alias(j)) release(s.chain[j]);
+    }
+  }
+
+  // ---- the host tier: swap ----
+  Status swap_out(SequenceId id);
+  // Device blocks swap_in(id) then appending `extra` tokens would take; -1 if
+  // the sequence is unknown or not swapped. *reused_evictable: unreferenced
+  // device blocks swap_in would reference (they leave the available supply).
+  int32_t swap_in_blocks(SequenceId id, int32_t extra, int32_t* reused_evictable) const;
+  Status swap_in(SequenceId id);
+  std::vector<SequenceId> transfers_failed(std::span<const BlockTransfer> failed);
 
   int32_t drop_conversation(std::string_view ns, std::span<const TokenId> tokens, int64_t keep) {
     if (!config_.enable_prefix_cache || keep < 0) return 0;
@@ -412,6 +474,22 @@ class KvCacheManager::Impl {
   KvStats stats() const {
     KvStats s = stats_;
     s.removed_blocks_by_reason = cache_.removed_by_reason();
+    const PrefixCache::TierCounters& tier = cache_.tier_counters();
+    s.blocks_written_back = tier.written_back;
+    s.blocks_demoted = tier.demoted;
+    s.blocks_promoted = tier.promoted;
+    s.host_blocks_evicted = tier.host_evicted;
+    s.host_blocks_total = pool_.num_host_blocks();
+    s.host_blocks_free = pool_.num_host_free();
+    s.host_blocks_cached = cache_.num_host_cached();
+    int32_t swapped = 0, swapped_blocks = 0;
+    for (const auto& [id, seq] : sequences_) {
+      if (!seq.swapped) continue;
+      ++swapped;
+      for (BlockId h : seq.host_blocks) swapped_blocks += h != kNoBlock ? 1 : 0;
+    }
+    s.sequences_swapped = swapped;
+    s.host_blocks_swapped = swapped_blocks;
     s.blocks_total = pool_.num_blocks();
     s.blocks_free = pool_.num_free();
     s.blocks_in_use = blocks_in_use_;
@@ -437,31 +515,208 @@ class KvCacheManager::Impl {
   KvStats stats_;
   int32_t blocks_in_use_ = 0;
   int64_t written_slots_in_use_ = 0;
+  int32_t host_blocks_referenced_ = 0;
   std::vector<NamespaceKvUsage> ns_usage_;  // counters by namespace id
   std::vector<int32_t> block_limit_;         // caps by namespace id; 0: none
   std::vector<BlockId> blocks_to_zero_;      // see take_blocks_to_zero()
-  std::vector<bool> zero_pending_ = std::vector<bool>(static_cast<size_t>(pool_.num_blocks()), false);
+  std::vector<bool> zero_pending_ = std::vector<bool>(static_cast<size_t>(pool_.num_ids()), false);
   std::deque<KvEvent> events_;
   uint64_t next_event_number_ = 0;
   uint64_t dropped_events_ = 0;
 };
 
+Status KvCacheManager::Impl::swap_out(SequenceId id) {
+  Sequence* s = find(id);
+  if (s == nullptr) return not_found_error("swap_out: unknown sequence {}", id);
+  if (s->swapped) return failed_precondition_error("swap_out: sequence {} is swapped out already", id);
+  if (pool_.num_host_blocks() == 0) return failed_precondition_error("swap_out: there is no host tier");
+  // The K/V to keep per position: the table's block, or for an alias the
+  // cached block the prefix cache knows (same tokens, same positions), so the
+  // sequence comes back with one chain and no aliases.
+  const size_t n = s->blocks.size();
+  std::vector<BlockId> source(n, kNoBlock);
+  for (size_t j = 0; j < n; ++j)
+    if (pool_.meta(s->blocks[j]).written_slots > 0) source[j] = s->has_alias(j) ? s->chain[j] : s->blocks[j];
+  // Existing host copies are referenced first (host eviction must not take
+  // them), then the rest must fit in what host eviction can free.
+  std::vector<BlockId> host(n, kNoBlock);
+  int32_t needed = 0;
+  for (size_t j = 0; j < n; ++j) {
+    if (source[j] == kNoBlock) continue;
+    const BlockId twin = pool_.meta(source[j]).is_cached() ? cache_.twin(source[j]) : kNoBlock;
+    if (twin != kNoBlock) {
+      acquire(twin);
+      host[j] = twin;
+    } else {
+      ++needed;
+    }
+  }
+  if (needed > host_available()) {
+    for (BlockId h : host)
+      if (h != kNoBlock) release(h);
+    ++stats_.swap_out_failures;
+    return resource_exhausted_error("swap_out: sequence {} needs {} host blocks, {} available", id, needed,
+                                    host_available());
+  }
+  for (size_t j = 0; j < n; ++j) {
+    if (source[j] == kNoBlock || host[j] != kNoBlock) continue;
+    const BlockId h = take_host_block();
+    host[j] = h;
+    if (pool_.meta(source[j]).is_cached()) {
+      cache_.add_twin(source[j], h);  // a cached block gains a host copy: its demotion then copies nothing
+    } else {
+      pool_.meta(h).written_slots = pool_.meta(source[j]).written_slots;
+      cache_.record_transfer(BlockTransfer{TransferDirection::kDeviceToHost, source[j], pool_.host_index(h)});
+    }
+  }
+  release_device_blocks(*s);
+  s->blocks.clear();
+  s->chain.clear();
+  s->host_blocks = std::move(host);
+  s->swapped = true;
+  ++stats_.swap_outs;
+  return ok_status();
+}
+
+int32_t KvCacheManager::Impl::swap_in_blocks(SequenceId id, int32_t extra, int32_t* reused_evictable) const {
+  const Sequence* s = find(id);
+  *reused_evictable = 0;
+  if (s == nullptr || !s->swapped || extra < 0) return -1;
+  int32_t needed = 0;
+  for (BlockId h : s->host_blocks) {
+    const BlockId device = h == kNoBlock ? kNoBlock : cache_.twin(h);
+    if (device == kNoBlock) {
+      ++needed;
+    } else if (pool_.meta(device).ref_count == 0) {
+      ++*reused_evictable;
+    }
+  }
+  const int32_t total = blocks_for_tokens(static_cast<int64_t>(s->tokens.size()) + extra);
+  return needed + std::max(0, total - static_cast<int32_t>(s->host_blocks.size()));
+}
+
+Status KvCacheManager::Impl::swap_in(SequenceId id) {
+  Sequence* s = find(id);
+  if (s == nullptr) return not_found_error("swap_in: unknown sequence {}", id);
+  if (!s->swapped) return failed_precondition_error("swap_in: sequence {} is not swapped out", id);
+  int32_t reused_evictable = 0;
+  const int32_t needed = swap_in_blocks(id, 0, &reused_evictable);
+  if (needed > available() - reused_evictable) {
+    ++stats_.allocation_failures;
+    return resource_exhausted_error("swap_in: sequence {} needs {} device blocks, {} available", id, needed,
+                                    available() - reused_evictable);
+  }
+  if (const int32_t room = namespace_room(s->namespace_id, reused_evictable); needed > room) {
+    ++stats_.allocation_failures;
+    return resource_exhausted_error("swap_in: sequence {} needs {} device blocks, its namespace's cap leaves {}", id,
+                                    needed, room);
+  }
+  const size_t n = s->host_blocks.size();
+  std::vector<BlockId> blocks(n, kNoBlock);
+  // Device blocks that still hold a position's K/V (the device side of a host
+  // copy) are referenced before any block is taken, so none is evicted for them.
+  for (size_t j = 0; j < n; ++j) {
+    const BlockId h = s->host_blocks[j];
+    if (h != kNoBlock && cache_.twin(h) != kNoBlock) {
+      blocks[j] = cache_.twin(h);
+      acquire(blocks[j]);
+    }
+  }
+  for (size_t j = 0; j < n; ++j) {
+    if (blocks[j] != kNoBlock) continue;
+    const BlockId h = s->host_blocks[j];
+    const BlockId device = take_block(s->namespace_id);
+    blocks[j] = device;
+    if (h == kNoBlock) continue;  // reserved, nothing written yet
+    if (pool_.meta(h).is_cached()) {
+      // Demoted while swapped out: it comes back as a device node (its parent,
+      // the previous position, is on the device by now).
+      written_slots_in_use_ += bs();
+      cache_.promote(h, device);
+    } else {
+      const uint16_t written = pool_.meta(h).written_slots;
+      pool_.meta(device).written_slots = written;
+      written_slots_in_use_ += written;
+      cache_.record_transfer(BlockTransfer{TransferDirection::kHostToDevice, device, pool_.host_index(h)});
+    }
+  }
+  for (size_t j = n; j-- > 0;)
+    if (s->host_blocks[j] != kNoBlock) release(s->host_blocks[j]);
+  s->host_blocks.clear();
+  s->blocks = std::move(blocks);
+  s->chain.assign(s->blocks.begin(), s->blocks.begin() + s->next_block_to_cache);
+  s->swapped = false;
+  ++stats_.swap_ins;
+  return ok_status();
+}
+
+std::vector<SequenceId> KvCacheManager::Impl::transfers_failed(std::span<const BlockTransfer> failed) {
+  // Every destination of a failed batch is garbage: drop what the cache knows
+  // of it (a miss later), and name the sequences whose own K/V was there.
+  std::unordered_set<BlockId> lost;
+  for (const BlockTransfer& t : failed) {
+    const bool to_host = t.direction == TransferDirection::kDeviceToHost;
+    if (to_host ? (t.host_block < 0 || t.host_block >= pool_.num_host_blocks())
+                : (t.device_block < 0 || t.device_block >= pool_.num_blocks()))
+      continue;
+    lost.insert(to_host ? pool_.host_id(t.host_block) : t.device_block);
+  }
+  for (BlockId b : lost) {
+    ++stats_.blocks_lost;
+    cache_.drop_lost(b);
+  }
+  std::vector<SequenceId> out;
+  for (const auto& [id, s] : sequences_) {
+    bool hit = false;
+    for (BlockId b : s.swapped ? s.host_blocks : s.blocks) hit |= b != kNoBlock && lost.count(b) != 0;
+    if (hit) out.push_back(id);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 Status KvCacheManager::Impl::verify_integrity() const {
   PAGODA_RETURN_IF_ERROR(pool_.verify_integrity());
   PAGODA_RETURN_IF_ERROR(cache_.verify_integrity());
-  std::vector<int32_t> refs(static_cast<size_t>(pool_.num_blocks()), 0);
+  std::vector<int32_t> refs(static_cast<size_t>(pool_.num_ids()), 0);
   for (const auto& [id, s] : sequences_) {
     const int64_t n = static_cast<int64_t>(s.tokens.size());
+    if (s.computed < 0 || s.computed > n) return internal_error("sequence {}: {} computed of {} tokens", id, s.computed, n);
+    if (s.swapped) {
+      if (!s.blocks.empty() || !s.chain.empty())
+        return internal_error("swapped sequence {} still holds {} device blocks", id, s.blocks.size());
+      if (static_cast<int32_t>(s.host_blocks.size()) != blocks_for_tokens(n))
+        return internal_error("swapped sequence {}: {} host blocks for {} tokens", id, s.host_blocks.size(), n);
+      for (size_t j = 0; j < s.host_blocks.size(); ++j) {
+        const BlockId h = s.host_blocks[j];
+        const int64_t expected_written = std::clamp<int64_t>(s.computed - static_cast<int64_t>(j) * bs(), 0, bs());
+        if (h == kNoBlock) {
+          if (expected_written != 0)
+            return internal_error("swapped sequence {}: block #{} holds {} written slots but has no host block", id,
+                                  j, expected_written);
+          continue;
+        }
+        if (h < pool_.num_blocks() || h >= pool_.num_ids())
+          return internal_error("swapped sequence {}: block #{} is {}, not a host-tier id", id, j, h);
+        ++refs[h];
+        const BlockMeta& m = pool_.meta(h);
+        if (m.is_free) return internal_error("swapped sequence {} holds free host block {}", id, h);
+        if (m.written_slots != expected_written)
+          return internal_error("swapped sequence {} host block {} (#{}) has {} written slots, expected {}", id, h, j,
+                                m.written_slots, expected_written);
+      }
+      continue;
+    }
+    if (!s.host_blocks.empty()) return internal_error("running sequence {} holds host blocks", id);
     if (static_cast<int32_t>(s.blocks.size()) != blocks_for_tokens(n))
       return internal_error("sequence {}: {} blocks for {} tokens", id, s.blocks.size(), n);
-    if (s.computed < 0 || s.computed > n) return internal_error("sequence {}: {} computed of {} tokens", id, s.computed, n);
     if (s.chain.size() != static_cast<size_t>(s.next_block_to_cache) || s.chain.size() > s.blocks.size())
       return internal_error("sequence {}: {} chain links for {} offered blocks", id, s.chain.size(),
                             s.next_block_to_cache);
     bool chain_cached = true;
     for (size_t j = 0; j < s.blocks.size(); ++j) {
       const BlockId b = s.blocks[j];
-      if (b < 0 || b >= pool_.num_blocks()) return internal_error("sequence {}: invalid block id {}", id, b);
+      if (b < 0 || b >= pool_.num_blocks()) return internal_error("sequence {}: invalid device block id {}", id, b);
       ++refs[b];
       const BlockMeta& m = pool_.meta(b);
       if (m.is_free) return internal_error("sequence {} holds free block {}", id, b);
@@ -498,20 +753,24 @@ Status KvCacheManager::Impl::verify_integrity() const {
       }
     }
   }
-  int32_t in_use = 0;
+  int32_t in_use = 0, host_referenced = 0;
   int64_t written = 0;
-  for (BlockId b = 0; b < pool_.num_blocks(); ++b) {
+  for (BlockId b = 0; b < pool_.num_ids(); ++b) {
     const BlockMeta& m = pool_.meta(b);
     if (m.ref_count != refs[b])
       return internal_error("block {}: ref count {}, but {} block tables and aliases hold it", b, m.ref_count, refs[b]);
-    if (m.ref_count == 0 && !m.is_free && !m.is_cached())
-      return internal_error("block {} is leaked: unreferenced, uncached and not free", b);
-    if (m.ref_count > 0) {
+    if (m.ref_count == 0 && !m.is_free && !cache_.is_tracked(b))
+      return internal_error("{} block {} is leaked: unreferenced, uncached and not free",
+                            block_tier_name(pool_.tier(b)), b);
+    if (m.ref_count > 0 && pool_.is_host(b)) ++host_referenced;
+    if (m.ref_count > 0 && !pool_.is_host(b)) {
       ++in_use;
       written += m.written_slots;
     }
   }
   if (in_use != blocks_in_use_) return internal_error("{} blocks in use, counter says {}", in_use, blocks_in_use_);
+  if (host_referenced != host_blocks_referenced_)
+    return internal_error("{} host blocks referenced, counter says {}", host_referenced, host_blocks_referenced_);
   if (written != written_slots_in_use_)
     return internal_error("{} written slots in use, counter says {}", written, written_slots_in_use_);
   if (pool_.num_free() + cache_.num_evictable() + blocks_in_use_ != pool_.num_blocks())
@@ -531,6 +790,9 @@ StatusOr<std::unique_ptr<KvCacheManager>> KvCacheManager::create(const KvCacheCo
     return invalid_argument_error("kv cache: max_pending_events must be >= 1, got {}", config.max_pending_events);
   if (config.evicted_key_memory < 0)
     return invalid_argument_error("kv cache: evicted_key_memory must be >= 0, got {}", config.evicted_key_memory);
+  if (config.num_host_blocks < 0 || config.num_host_blocks > INT32_MAX - config.num_blocks)
+    return invalid_argument_error("kv cache: num_host_blocks must be in [0, {}], got {}",
+                                  INT32_MAX - config.num_blocks, config.num_host_blocks);
   if (policy == nullptr) policy = make_eviction_policy(config.eviction_policy);
   const Clock& chosen = clock != nullptr ? *clock : static_cast<const Clock&>(SteadyClock::instance());
   return std::unique_ptr<KvCacheManager>(
@@ -542,6 +804,7 @@ KvCacheManager::~KvCacheManager() = default;
 
 int32_t KvCacheManager::block_size() const { return impl_->bs(); }
 int32_t KvCacheManager::num_blocks() const { return impl_->pool_.num_blocks(); }
+int32_t KvCacheManager::num_host_blocks() const { return impl_->pool_.num_host_blocks(); }
 const KvCacheConfig& KvCacheManager::config() const { return impl_->config_; }
 
 PrefixMatch KvCacheManager::match_prefix(std::string_view ns, std::span<const TokenId> prompt,
@@ -576,6 +839,7 @@ int64_t KvCacheManager::num_computed_tokens(SequenceId seq) const {
 StatusOr<std::span<const BlockId>> KvCacheManager::block_table(SequenceId seq) const {
   const Sequence* s = impl_->find(seq);
   if (s == nullptr) return not_found_error("block_table: unknown sequence {}", seq);
+  if (s->swapped) return failed_precondition_error("block_table: sequence {} is swapped out", seq);
   return std::span<const BlockId>(s->blocks);
 }
 
@@ -601,6 +865,7 @@ int32_t KvCacheManager::drop_conversation(std::string_view ns, std::span<const T
 }
 int32_t KvCacheManager::evict(int32_t n) { return impl_->evict(n); }
 std::vector<BlockId> KvCacheManager::take_blocks_to_zero() { return impl_->take_blocks_to_zero(); }
+NamespaceKvUsage KvCacheManager::namespace_usage(std::string_view ns) const { return impl_->namespace_usage(ns); }
 void KvCacheManager::set_namespace_block_limit(std::string_view ns, int32_t max_blocks) {
   impl_->set_block_limit(ns, max_blocks);
 }
@@ -608,7 +873,28 @@ NamespaceRoom KvCacheManager::namespace_room(std::string_view ns, std::span<cons
                                              std::span<const uint64_t> block_hashes) const {
   return impl_->namespace_room_for_sequence(ns, prompt, block_hashes);
 }
-NamespaceKvUsage KvCacheManager::namespace_usage(std::string_view ns) const { return impl_->namespace_usage(ns); }
+Status KvCacheManager::swap_out(SequenceId seq) { return impl_->swap_out(seq); }
+bool KvCacheManager::is_swapped(SequenceId seq) const {
+  const Sequence* s = impl_->find(seq);
+  return s != nullptr && s->swapped;
+}
+bool KvCacheManager::can_swap_in(SequenceId seq, int32_t extra_tokens) const {
+  int32_t reused_evictable = 0;
+  const int32_t needed = impl_->swap_in_blocks(seq, extra_tokens, &reused_evictable);
+  const Sequence* s = impl_->find(seq);
+  return needed >= 0 && needed <= impl_->available() - reused_evictable &&
+         needed <= impl_->namespace_room(s->namespace_id, reused_evictable);
+}
+Status KvCacheManager::swap_in(SequenceId seq) { return impl_->swap_in(seq); }
+std::vector<BlockTransfer> KvCacheManager::take_transfers() {
+  std::vector<BlockTransfer> out = impl_->cache_.take_transfers();
+  for (const BlockTransfer& t : out) ++impl_->stats_.transfers[static_cast<int>(t.direction)];
+  return out;
+}
+bool KvCacheManager::has_pending_transfers() const { return impl_->cache_.has_pending_transfers(); }
+std::vector<SequenceId> KvCacheManager::transfers_failed(std::span<const BlockTransfer> failed) {
+  return impl_->transfers_failed(failed);
+}
 
 KvStats KvCacheManager::stats() const { return impl_->stats(); }
 void KvCacheManager::reset_stats() { impl_->reset_stats(); }
@@ -619,6 +905,25 @@ std::vector<KvEvent> KvCacheManager::drain_events() {
   return out;
 }
 uint64_t KvCacheManager::dropped_events() const { return impl_->dropped_events_; }
+uint64_t KvCacheManager::last_event_number() const { return impl_->next_event_number_; }
+std::vector<KvEvent> KvCacheManager::cached_blocks() const {
+  const BlockPool& pool = impl_->pool_;
+  std::vector<BlockId> blocks;
+  for (BlockId b = 0; b < pool.num_ids(); ++b)  // both tiers: a demoted block is still cached
+    if (pool.meta(b).is_cached()) blocks.push_back(b);
+  // A parent is one block shallower than its children: by depth, parents come first.
+  std::stable_sort(blocks.begin(), blocks.end(),
+                   [&](BlockId a, BlockId b) { return pool.meta(a).depth < pool.meta(b).depth; });
+  std::vector<KvEvent> out;
+  out.reserve(blocks.size());
+  for (BlockId b : blocks) {
+    const BlockMeta& m = pool.meta(b);
+    const uint64_t parent_key = m.parent == kNoBlock ? 0 : pool.meta(m.parent).key_hash;
+    out.push_back(KvEvent{0, KvEvent::Kind::kBlockStored, b, m.key_hash, parent_key,
+                          impl_->cache_.namespace_name(m.namespace_id)});
+  }
+  return out;
+}
 std::string_view KvCacheManager::eviction_policy_name() const { return impl_->cache_.policy_name(); }
 Status KvCacheManager::verify_integrity() const { return impl_->verify_integrity(); }
 

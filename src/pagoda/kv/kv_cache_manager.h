@@ -7,6 +7,19 @@
 // memory: when a fork needs data copied it returns BlockCopy items that the
 // engine executes on the backend before the next forward.
 //
+// Host tier (config.num_host_blocks > 0): a second pool of blocks in host
+// memory, owned by the backend like the first. The prefix cache spans both
+// (prefix_cache.h): a match walks device blocks, then host blocks; device
+// eviction writes cached blocks back to the host tier instead of dropping
+// them; a host hit is copied back into fresh device blocks by
+// allocate_sequence; and swap_out / swap_in move a preempted sequence's K/V
+// there and back instead of recomputing it. Each such copy is a BlockTransfer
+// the manager decides (metadata is updated at once) and the engine runs on the
+// backend, in order, before the next forward or block copy: take_transfers().
+// A transfer that fails is reported back (transfers_failed): what the cache
+// knew of its destination is dropped (a later miss, never wrong K/V) and the
+// sequences whose own K/V was lost are named, for the engine to recompute.
+//
 // Per sequence (SequenceId, chosen by the caller) and tenant namespace (from the
 // authenticated api key, never from a request body):
 //
@@ -18,6 +31,8 @@
 //   mark_computed(id, n)           n more tokens have K/V written; full written
 //                                  blocks enter the prefix cache
 //   fork(parent, child)            copy-on-write share (n > 1 sampling, beams)
+//   swap_out(id) / swap_in(id)     preemption by swap (host tier)
+//   take_transfers()               copies between the tiers to run before the next forward
 //   free_sequence(id) / abort_sequence(id)
 //
 // Lifecycle of one request:
@@ -29,8 +44,12 @@
 //   }
 //
 // Invariants (checked by verify_integrity()):
-//  - every block is exactly one of: free (on the free list, ref 0, uncached),
-//    in use (ref >= 1), cached-and-unreferenced (evictable);
+//  - every device block is exactly one of: free (on the free list, ref 0,
+//    uncached), in use (ref >= 1), cached-and-unreferenced (evictable);
+//  - every host block is exactly one of: free, a host node of the prefix
+//    cache, the host copy of one device node, or held only by swapped-out
+//    sequences (ref >= 1); its ref count is the number of swapped-out
+//    sequences holding it; no id of one tier appears where the other's is due;
 //  - a block's ref count equals the number of sequence block tables holding it
 //    plus the sequences holding it as the cached twin of a duplicate (alias);
 //  - block tables are append-only: block_table(seq)[j] never changes while
@@ -69,6 +88,9 @@ struct KvCacheConfig {
   int32_t block_size = 16;  // tokens per block, 1..256
   bool enable_prefix_cache = true;
   EvictionPolicyKind eviction_policy = EvictionPolicyKind::kLru;
+  // Blocks of the host tier (0: none). Same block size as the device pool.
+  int32_t num_host_blocks = 0;
+  EvictionPolicyKind host_eviction_policy = EvictionPolicyKind::kLru;
   // Remembered keys of removed blocks per namespace, to tag that namespace's
   // misses as kEvicted (about 60 bytes each). 0: max(num_blocks, 65,536).
   int32_t evicted_key_memory = 0;
@@ -95,12 +117,14 @@ class KvCacheManager {
 
   int32_t block_size() const;
   int32_t num_blocks() const;
+  int32_t num_host_blocks() const;  // 0 without a host tier
   const KvCacheConfig& config() const;
 
   // ---- Questions (no state change) -------------------------------------------
 
-  // Longest cached prefix of `prompt` inside `tenant_namespace`. Never returns
-  // the whole prompt: cached_tokens <= prompt.size() - 1, rounded down to blocks.
+  // Longest cached prefix of `prompt` inside `tenant_namespace`, in either
+  // tier (PrefixMatch::host_blocks). Never returns the whole prompt:
+  // cached_tokens <= prompt.size() - 1, rounded down to blocks.
   // `block_hashes`, optional everywhere it appears: the prompt's content
   // hashes (block_hashes.h), computed once by the caller and kept with the
   // request; without them the prompt is hashed on every call.
@@ -136,8 +160,9 @@ class KvCacheManager {
 
   // Registers `seq` with its prompt (>= 1 token): reuses the matched blocks
   // (their K/V is already written: num_computed_tokens starts at
-  // match.cached_tokens) and reserves blocks for the rest. Records hit/miss
-  // stats. kInvalidArgument: empty prompt or seq already exists.
+  // match.cached_tokens; host-tier hits are promoted into fresh device blocks,
+  // with host->device transfers) and reserves blocks for the rest. Records
+  // hit/miss stats. kInvalidArgument: empty prompt or seq already exists.
   // kResourceExhausted: not enough blocks (nothing changes).
   StatusOr<PrefixMatch> allocate_sequence(SequenceId seq, std::string_view tenant_namespace,
                                           std::span<const TokenId> prompt,
@@ -180,11 +205,12 @@ class KvCacheManager {
   // prompt. Returns the number of blocks removed from the cache.
   int32_t drop_conversation(std::string_view tenant_namespace, std::span<const TokenId> tokens,
                             int64_t keep_prefix_tokens = 0);
-  // Evicts up to `num_blocks` evictable blocks now (memory pressure, tests).
+  // Evicts up to `num_blocks` evictable device blocks now (memory pressure,
+  // tests); with a host tier they are demoted to it.
   int32_t evict(int32_t num_blocks);
 
-  // Caps the blocks a namespace may hold (in use by its sequences or cached
-  // under it); 0 lifts the cap. A sequence of a namespace at its cap gets its
+  // Caps the device blocks a namespace may hold (in use by its sequences or
+  // cached under it; host-tier blocks do not count); 0 lifts the cap. A sequence of a namespace at its cap gets its
   // new blocks by evicting the namespace's own least recently used cached,
   // unreferenced blocks, never another namespace's; with none left, the
   // allocation fails (kResourceExhausted) and can_allocate_sequence says no.
@@ -198,12 +224,42 @@ class KvCacheManager {
   NamespaceRoom namespace_room(std::string_view tenant_namespace, std::span<const TokenId> prompt,
                                std::span<const uint64_t> block_hashes = {}) const;
 
-  // Blocks handed to a namespace other than their last holder since the last
-  // call (each at most once), oldest first; empty when
+  // Device blocks handed to a namespace other than their last holder since the
+  // last call (each at most once), oldest first; empty when
   // zero_blocks_between_namespaces is off. The caller must zero them on the
-  // backend before the next forward or block copy (a fork's copy lands on a
-  // zeroed block, never the other way round).
+  // backend before the next transfer, block copy or forward (a copy or a
+  // host->device transfer lands on a zeroed block, never the other way round).
+  // Host blocks are not listed: they are only ever written whole, by a copy of
+  // a device block.
   std::vector<BlockId> take_blocks_to_zero();
+
+  // ---- The host tier ----------------------------------------------------------
+
+  // Moves a sequence's K/V to the host tier and frees its device blocks
+  // (preemption by swap): every block holding K/V gets a host block (a cached
+  // block's existing host copy is shared, not copied again). The sequence
+  // keeps its tokens and computed count; block_table() fails until swap_in.
+  // kNotFound: unknown; kFailedPrecondition: swapped already, or no host tier;
+  // kResourceExhausted: the host tier cannot hold it (nothing changes; the
+  // caller may recompute instead).
+  Status swap_out(SequenceId seq);
+  bool is_swapped(SequenceId seq) const;
+  // Would swap_in(seq) and then appending `extra_tokens` succeed now?
+  bool can_swap_in(SequenceId seq, int32_t extra_tokens = 0) const;
+  // Brings a swapped sequence back into device blocks (host->device transfers;
+  // blocks whose device copy is still cached are shared, not copied). Its
+  // block table is new. kResourceExhausted: not enough device blocks (nothing
+  // changes).
+  Status swap_in(SequenceId seq);
+  // The transfers decided since the last call, in the order they must run.
+  std::vector<BlockTransfer> take_transfers();
+  bool has_pending_transfers() const;
+  // The backend could not run these transfers (all of them count as failed):
+  // their destinations' K/V is garbage. Cached blocks there leave the cache
+  // (RemovalReason::kTransferFailed, a miss later); returns the sequences
+  // (sorted) whose own blocks were destinations: they must be recomputed
+  // (free them and start over), never run on that K/V.
+  std::vector<SequenceId> transfers_failed(std::span<const BlockTransfer> failed);
 
   // ---- Observability ----------------------------------------------------------
 
@@ -215,6 +271,15 @@ class KvCacheManager {
   // Events since the last drain, oldest first.
   std::vector<KvEvent> drain_events();
   uint64_t dropped_events() const;
+  // Number of the newest event recorded so far (drained or not); 0 if none.
+  uint64_t last_event_number() const;
+  // Every block in the prefix cache now (either tier: moving between tiers
+  // records no event), as kBlockStored events with
+  // sequence_number 0, parents before children: what a consumer of the events
+  // must hold after applying every event up to last_event_number(). A consumer
+  // that lost events (a gap in the numbers) resynchronizes from it.
+  // O(num_blocks).
+  std::vector<KvEvent> cached_blocks() const;
   std::string_view eviction_policy_name() const;
 
   // Checks every invariant listed above; kInternal naming the first violation.

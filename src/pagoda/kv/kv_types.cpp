@@ -17,8 +17,15 @@ std::string_view removal_reason_name(RemovalReason reason) {
     case RemovalReason::kEvictedForSpace: return "evicted_for_space";
     case RemovalReason::kDroppedNamespace: return "dropped_namespace";
     case RemovalReason::kDroppedConversation: return "dropped_conversation";
+    case RemovalReason::kTransferFailed: return "transfer_failed";
   }
   return "unknown";
+}
+
+std::string_view block_tier_name(BlockTier tier) { return tier == BlockTier::kHost ? "host" : "device"; }
+
+std::string_view transfer_direction_name(TransferDirection direction) {
+  return direction == TransferDirection::kHostToDevice ? "host_to_device" : "device_to_host";
 }
 
 }  // namespace pagoda::kv

@@ -1,7 +1,7 @@
 #pragma once
 // Plain value types shared by the KV cache manager and its callers (scheduler,
-// model runner, router): ids, prefix-match results, pending block copies,
-// counters and cache events. No behaviour lives here.
+// model runner, router): ids, tiers, prefix-match results, pending block copies
+// and tier transfers, counters and cache events. No behaviour lives here.
 //
 // Thread safety: values; safe to copy between threads.
 
@@ -20,6 +20,18 @@ using SequenceId = int64_t;
 using TokenId = int32_t;
 
 inline constexpr BlockId kNoBlock = -1;
+
+// Where a block's K/V lives. The device tier is the backend's KV pool (GPU
+// memory, or the CPU backend's pool); the host tier is a second pool in host
+// memory (pinned on the GPU) that cached blocks are written back to when the
+// device evicts them, and that swapped-out sequences occupy.
+enum class BlockTier : uint8_t { kDevice = 0, kHost = 1 };
+inline constexpr int kNumTiers = 2;
+std::string_view block_tier_name(BlockTier tier);  // "device", "host"
+
+enum class TransferDirection : uint8_t { kDeviceToHost = 0, kHostToDevice = 1 };
+inline constexpr int kNumTransferDirections = 2;
+std::string_view transfer_direction_name(TransferDirection direction);  // "device_to_host", "host_to_device"
 
 // Why a prompt's tokens were not served from the prefix cache. A match reports
 // the reason for its *first* missing full block. Every reason is decided from
@@ -40,8 +52,9 @@ enum class RemovalReason : uint8_t {
   kEvictedForSpace = 0,  // the eviction policy picked it to make room
   kDroppedNamespace,     // drop_namespace()
   kDroppedConversation,  // drop_conversation()
+  kTransferFailed,       // a copy between tiers failed: the block's K/V is lost (a miss, never wrong K/V)
 };
-inline constexpr int kNumRemovalReasons = 3;
+inline constexpr int kNumRemovalReasons = 4;
 std::string_view removal_reason_name(RemovalReason reason);
 
 // Result of a longest-prefix match of a prompt inside one namespace.
@@ -52,6 +65,12 @@ struct PrefixMatch {
   int32_t cached_tokens = 0;
   std::vector<BlockId> blocks;  // cached_tokens / block_size ids, in position order
   MissReason reason = MissReason::kNeverSeen;
+  // How many of `blocks`, at the end, were found in the host tier (a device
+  // block's ancestors are always on the device, so host blocks only follow
+  // device blocks). From match_prefix these ids are host-tier ids (>= the
+  // device pool's num_blocks); allocate_sequence promotes them into fresh
+  // device blocks and returns the device ids.
+  int32_t host_blocks = 0;
 };
 
 // A copy the engine must run on the backend (every layer, K and V) before the
@@ -62,10 +81,24 @@ struct BlockCopy {
   bool operator==(const BlockCopy&) const = default;
 };
 
+// A copy between the device pool and the host pool that the engine must run on
+// the backend (every layer, K and V, codes and scales) before the next forward
+// and before any other copy: the KV manager has already updated its metadata
+// as if it had happened. Transfers run in the order they were decided (a block
+// freed by one may be the target of a later one). `host_block` indexes the
+// host pool, [0, num_host_blocks).
+struct BlockTransfer {
+  TransferDirection direction = TransferDirection::kDeviceToHost;
+  BlockId device_block = kNoBlock;
+  BlockId host_block = kNoBlock;
+  bool operator==(const BlockTransfer&) const = default;
+};
+
 // Counters since construction (or reset_stats()). Token counts are prompt tokens
 // seen by allocate_sequence().
 struct KvStats {
-  int64_t hit_tokens = 0;
+  int64_t hit_tokens = 0;  // == sum of hit_tokens_by_tier
+  std::array<int64_t, kNumTiers> hit_tokens_by_tier{};  // indexed by BlockTier: where the matched blocks were
   int64_t miss_tokens = 0;  // == sum of miss_tokens_by_reason
   // Indexed by MissReason. The full blocks after the match are counted under the
   // match's reason; the uncacheable tail (tokens after the last full block that
@@ -78,6 +111,16 @@ struct KvStats {
   int64_t sequences_allocated = 0;
   int64_t sequences_aborted = 0;
   int64_t allocation_failures = 0;  // kResourceExhausted answers
+  // Host tier (all 0 without one).
+  int64_t blocks_written_back = 0;  // device blocks copied to the host tier on eviction (demotions with a copy)
+  int64_t blocks_demoted = 0;       // cached blocks that moved from the device to the host tier (with or without a copy)
+  int64_t blocks_promoted = 0;      // host-tier hits copied back into fresh device blocks
+  int64_t host_blocks_evicted = 0;  // host-tier blocks reclaimed by the host tier's own eviction
+  int64_t swap_outs = 0;            // sequences moved to the host tier (preemption by swap)
+  int64_t swap_ins = 0;             // swapped sequences moved back
+  int64_t swap_out_failures = 0;    // swap_out answered kResourceExhausted (host tier full)
+  int64_t blocks_lost = 0;          // blocks whose transfer failed (their K/V is recomputed)
+  std::array<int64_t, kNumTransferDirections> transfers{};  // blocks handed out, by TransferDirection
 
   // Gauges (current values, filled by KvCacheManager::stats()).
   int32_t blocks_total = 0;
@@ -87,6 +130,11 @@ struct KvStats {
   int32_t blocks_evictable = 0;   // cached and unreferenced: can be reclaimed
   int64_t allocated_slots = 0;    // blocks_in_use * block_size
   int64_t unwritten_slots = 0;    // allocated slots not (yet) holding K/V: fragmentation
+  int32_t host_blocks_total = 0;
+  int32_t host_blocks_free = 0;
+  int32_t host_blocks_cached = 0;   // host-tier prefix-cache blocks (only on the host, or copies of device blocks)
+  int32_t host_blocks_swapped = 0;  // held by swapped-out sequences
+  int32_t sequences_swapped = 0;
 
   double hit_rate() const {
     const int64_t total = hit_tokens + miss_tokens;
@@ -116,7 +164,7 @@ struct KvEvent {
   enum class Kind : uint8_t { kBlockStored, kBlockRemoved };
   uint64_t sequence_number = 0;  // strictly increasing, from 1, never reused
   Kind kind = Kind::kBlockStored;
-  BlockId block = kNoBlock;
+  BlockId block = kNoBlock;  // a device block id; a removal may name a host-tier id (>= the device pool's size)
   uint64_t key_hash = 0;         // hash of (namespace, every token up to the end of this block)
   uint64_t parent_key_hash = 0;  // 0 for the first block of a prompt
   std::string tenant_namespace;

@@ -67,16 +67,20 @@ uint64_t chain_block_hash(uint64_t previous, const TokenId* tokens, int32_t bloc
 }
 
 PrefixCache::PrefixCache(BlockPool& pool, int32_t block_size, std::unique_ptr<EvictionPolicy> policy,
-                         const Clock& clock, int32_t evicted_key_memory)
+                         std::unique_ptr<EvictionPolicy> host_policy, const Clock& clock, int32_t evicted_key_memory)
     : pool_(pool),
       block_size_(block_size),
       policy_(std::move(policy)),
+      host_policy_(host_policy ? std::move(host_policy) : make_eviction_policy(EvictionPolicyKind::kLru)),
       clock_(clock),
-      table_(pool.num_blocks()),
-      tokens_(static_cast<size_t>(pool.num_blocks()) * block_size),
-      candidate_stamp_(static_cast<size_t>(pool.num_blocks()), 0),
+      table_(pool.num_ids()),
+      tokens_(static_cast<size_t>(pool.num_ids()) * block_size),
+      candidate_stamp_(static_cast<size_t>(pool.num_ids()), 0),
+      twin_(static_cast<size_t>(pool.num_ids()), kNoBlock),
+      device_children_(static_cast<size_t>(pool.num_ids()), 0),
       removed_key_memory_(evicted_key_memory) {
   policy_->reset(pool.num_blocks());
+  host_policy_->reset(pool.num_host_blocks());
 }
 
 int32_t PrefixCache::intern_namespace(std::string_view tenant_namespace) {
@@ -105,8 +109,15 @@ int32_t PrefixCache::num_evictable_in(int32_t ns_id) const {
 }
 
 void PrefixCache::count_evictable(BlockId block, int32_t delta) {
-  num_evictable_ += delta;
-  namespaces_[pool_.meta(block).namespace_id].num_evictable += delta;
+  num_evictable_[tier_index(block)] += delta;
+  const int32_t ns = pool_.meta(block).namespace_id;
+  if (!pool_.is_host(block) && ns >= 0) namespaces_[ns].num_evictable += delta;
+}
+
+void PrefixCache::count_cached(BlockId block, int32_t delta) {
+  num_cached_[tier_index(block)] += delta;
+  const int32_t ns = pool_.meta(block).namespace_id;
+  if (!pool_.is_host(block) && ns >= 0) namespaces_[ns].num_cached += delta;
 }
 
 bool PrefixCache::content_equals(BlockId block, int32_t ns_id, BlockId parent, const TokenId* tokens) const {
@@ -151,6 +162,7 @@ PrefixMatch PrefixCache::match(std::string_view tenant_namespace, std::span<cons
         return result;
       }
       result.blocks.push_back(block);
+      result.host_blocks += pool_.is_host(block) ? 1 : 0;
       parent = block;
     }
   }
@@ -182,8 +194,22 @@ PrefixCache::InsertResult PrefixCache::insert(BlockId block, int32_t ns_id, Bloc
   const uint64_t key = chain_block_hash(parent_key, tokens, block_size_);
   const BlockId existing = table_.find(key);
   if (existing != kNoBlock) {
-    if (content_equals(existing, ns_id, parent, tokens)) return {InsertOutcome::kDuplicate, existing};
-    return {};  // a 64-bit collision with other content: leave this block uncached
+    if (!content_equals(existing, ns_id, parent, tokens)) return {};  // a 64-bit collision: leave this block uncached
+    if (!pool_.is_host(existing)) return {InsertOutcome::kDuplicate, existing};
+    // Cached only in the host tier: this device block (same tokens, same
+    // parent) takes the node's place and the host block becomes its twin.
+    remove_candidate(existing);
+    BlockMeta& host = pool_.meta(existing);
+    if (host.ref_count == 0) count_evictable(existing, -1);
+    move_node(existing, block);
+    link_twin(block, existing);
+    if (host.ref_count == 0) {
+      count_evictable(existing, +1);  // as a twin
+      maybe_add_candidate(existing);
+    }
+    if (parent != kNoBlock) remove_candidate(parent);
+    pool_.meta(block).last_access_ns = clock_.now_ns();
+    return {InsertOutcome::kInserted, block};
   }
   table_.insert(key, block);
   BlockMeta& m = pool_.meta(block);
@@ -196,8 +222,7 @@ PrefixCache::InsertResult PrefixCache::insert(BlockId block, int32_t ns_id, Bloc
   m.branch_count = 0;
   std::memcpy(&tokens_[static_cast<size_t>(block) * block_size_], tokens, sizeof(TokenId) * block_size_);
   link_child(parent, block);
-  ++num_cached_;
-  ++namespaces_[ns_id].num_cached;
+  count_cached(block, +1);
   if (m.ref_count == 0) {  // not the normal path (callers insert referenced blocks), but keep counts right
     count_evictable(block, +1);
     maybe_add_candidate(block);
@@ -215,7 +240,10 @@ void PrefixCache::link_child(BlockId parent, BlockId child) {
   if (p.first_child != kNoBlock) pool_.meta(p.first_child).prev_sibling = child;
   p.first_child = child;
   ++p.branch_count;
-  remove_candidate(parent);  // no longer a leaf
+  if (!pool_.is_host(child)) ++device_children_[parent];
+  // A device node stops being a device candidate with a device child; a host
+  // node stops being a host candidate with any child.
+  if (!pool_.is_host(child) || pool_.is_host(parent)) remove_candidate(parent);
 }
 
 void PrefixCache::unlink_child(BlockId child) {
@@ -226,23 +254,32 @@ void PrefixCache::unlink_child(BlockId child) {
   else p.first_child = c.next_sibling;
   if (c.next_sibling != kNoBlock) pool_.meta(c.next_sibling).prev_sibling = c.prev_sibling;
   c.prev_sibling = c.next_sibling = kNoBlock;
+  if (!pool_.is_host(child)) --device_children_[c.parent];
   maybe_add_candidate(c.parent);  // may have become an unreferenced leaf
 }
 
 void PrefixCache::maybe_add_candidate(BlockId block) {
   const BlockMeta& m = pool_.meta(block);
-  if (!m.is_cached() || m.ref_count != 0 || m.first_child != kNoBlock || policy_->contains(block)) return;
-  add_candidate(block);
-}
-
-void PrefixCache::add_candidate(BlockId block) {
-  const BlockMeta& m = pool_.meta(block);
-  policy_->add(EvictionCandidate{block, m.last_access_ns, m.reuse_count, m.branch_count, m.depth, block_size_});
-  candidate_stamp_[block] = m.last_access_ns;
-  namespaces_[m.namespace_id].candidates.emplace(m.last_access_ns, block);
+  if (m.ref_count != 0) return;
+  if (!pool_.is_host(block)) {
+    if (!m.is_cached() || device_children_[block] != 0 || policy_->contains(block)) return;
+    policy_->add(EvictionCandidate{block, m.last_access_ns, m.reuse_count, m.branch_count, m.depth, block_size_});
+    // Also in its namespace's own LRU set, for a namespace at its block cap (evict_one_in).
+    candidate_stamp_[block] = m.last_access_ns;
+    namespaces_[m.namespace_id].candidates.emplace(m.last_access_ns, block);
+    return;
+  }
+  const BlockId index = pool_.host_index(block);
+  if (host_policy_->contains(index)) return;
+  if (m.is_cached() ? m.first_child != kNoBlock : twin_[block] == kNoBlock) return;
+  host_policy_->add(EvictionCandidate{index, m.last_access_ns, m.reuse_count, m.branch_count, m.depth, block_size_});
 }
 
 void PrefixCache::remove_candidate(BlockId block) {
+  if (pool_.is_host(block)) {
+    host_policy_->remove(pool_.host_index(block));
+    return;
+  }
   if (!policy_->contains(block)) return;
   policy_->remove(block);
   namespaces_[pool_.meta(block).namespace_id].candidates.erase({candidate_stamp_[block], block});
@@ -259,6 +296,81 @@ void PrefixCache::on_unreferenced(BlockId block) {
   maybe_add_candidate(block);
 }
 
+void PrefixCache::link_twin(BlockId device, BlockId host) {
+  twin_[device] = host;
+  twin_[host] = device;
+  pool_.meta(host).written_slots = static_cast<uint16_t>(block_size_);
+  ++num_twins_;
+}
+
+void PrefixCache::unlink_twin(BlockId device) {
+  const BlockId host = twin_[device];
+  twin_[device] = twin_[host] = kNoBlock;
+  --num_twins_;
+}
+
+void PrefixCache::move_node(BlockId from, BlockId to) {
+  BlockMeta& f = pool_.meta(from);
+  BlockMeta& t = pool_.meta(to);
+  t.key_hash = f.key_hash;
+  t.last_access_ns = f.last_access_ns;
+  t.parent = f.parent;
+  t.first_child = f.first_child;
+  t.next_sibling = f.next_sibling;
+  t.prev_sibling = f.prev_sibling;
+  t.namespace_id = f.namespace_id;
+  t.depth = f.depth;
+  t.reuse_count = f.reuse_count;
+  t.branch_count = f.branch_count;
+  t.written_slots = static_cast<uint16_t>(block_size_);
+  if (t.prev_sibling != kNoBlock) pool_.meta(t.prev_sibling).next_sibling = to;
+  else if (t.parent != kNoBlock) pool_.meta(t.parent).first_child = to;
+  if (t.next_sibling != kNoBlock) pool_.meta(t.next_sibling).prev_sibling = to;
+  for (BlockId c = t.first_child; c != kNoBlock; c = pool_.meta(c).next_sibling) pool_.meta(c).parent = to;
+  if (t.parent != kNoBlock && pool_.is_host(from) != pool_.is_host(to))
+    device_children_[t.parent] += pool_.is_host(to) ? -1 : 1;
+  device_children_[to] = device_children_[from];
+  device_children_[from] = 0;
+  table_.reassign(t.key_hash, to);
+  std::memcpy(&tokens_[static_cast<size_t>(to) * block_size_], block_tokens(from), sizeof(TokenId) * block_size_);
+  count_cached(from, -1);  // both still carry the namespace id here
+  count_cached(to, +1);
+  f.key_hash = 0;
+  f.parent = f.first_child = f.next_sibling = f.prev_sibling = kNoBlock;
+  f.namespace_id = -1;
+  f.depth = 0;
+  f.reuse_count = 0;
+  f.branch_count = 0;
+}
+
+BlockId PrefixCache::allocate_host_block() {
+  if (pool_.num_host_blocks() == 0) return kNoBlock;
+  BlockId host = pool_.allocate(BlockTier::kHost);
+  if (host == kNoBlock && evict_one_host()) host = pool_.allocate(BlockTier::kHost);
+  return host;
+}
+
+void PrefixCache::promote(BlockId host, BlockId device) {
+  // The caller holds a reference on `host` (so it is no candidate) and on `device`.
+  move_node(host, device);
+  link_twin(device, host);
+  if (pool_.meta(device).parent != kNoBlock) remove_candidate(pool_.meta(device).parent);  // it has a device child
+  transfers_.push_back(BlockTransfer{TransferDirection::kHostToDevice, device, pool_.host_index(host)});
+  ++tier_counters_.promoted;
+}
+
+void PrefixCache::add_twin(BlockId device, BlockId host) {
+  link_twin(device, host);
+  transfers_.push_back(BlockTransfer{TransferDirection::kDeviceToHost, device, pool_.host_index(host)});
+  ++tier_counters_.written_back;
+}
+
+std::vector<BlockTransfer> PrefixCache::take_transfers() {
+  std::vector<BlockTransfer> out;
+  out.swap(transfers_);
+  return out;
+}
+
 void PrefixCache::touch(BlockId block, bool reused) {
   BlockMeta& m = pool_.meta(block);
   m.last_access_ns = clock_.now_ns();
@@ -269,32 +381,106 @@ bool PrefixCache::evict_one() {
   const std::optional<BlockId> victim = policy_->pop_victim();
   if (!victim) return false;
   namespaces_[pool_.meta(*victim).namespace_id].candidates.erase({candidate_stamp_[*victim], *victim});
-  remove_one(*victim, RemovalReason::kEvictedForSpace);
+  evict_device_node(*victim);
   return true;
 }
 
 bool PrefixCache::evict_one_in(int32_t ns_id) {
   if (ns_id < 0 || ns_id >= static_cast<int32_t>(namespaces_.size())) return false;
-  auto& candidates = namespaces_[ns_id].candidates;
+  const auto& candidates = namespaces_[ns_id].candidates;
   if (candidates.empty()) return false;
   const BlockId victim = candidates.begin()->second;
   remove_candidate(victim);
-  remove_one(victim, RemovalReason::kEvictedForSpace);
+  evict_device_node(victim);
   return true;
+}
+
+void PrefixCache::evict_device_node(BlockId device) {
+  if (pool_.num_host_blocks() > 0) {
+    // Demote: onto the twin when there is one, else onto a fresh host block.
+    BlockId host = twin_[device];
+    if (host != kNoBlock) {
+      unlink_twin(device);
+      remove_candidate(host);
+      if (pool_.meta(host).ref_count == 0) count_evictable(host, -1);  // counted again below, as a node
+    } else {
+      host = allocate_host_block();
+      // Host eviction may have removed a host child of the victim, which
+      // offers the victim as a candidate again: it is leaving.
+      remove_candidate(device);
+      if (host != kNoBlock) {
+        transfers_.push_back(BlockTransfer{TransferDirection::kDeviceToHost, device, pool_.host_index(host)});
+        ++tier_counters_.written_back;
+      }
+    }
+    if (host != kNoBlock) {
+      count_evictable(device, -1);  // before the move: the device block still carries the namespace
+      move_node(device, host);
+      BlockMeta& h = pool_.meta(host);
+      if (h.ref_count == 0) count_evictable(host, +1);
+      maybe_add_candidate(host);
+      if (h.parent != kNoBlock) maybe_add_candidate(h.parent);  // it may have lost its last device child
+      pool_.free(device);
+      ++tier_counters_.demoted;
+      return;
+    }
+  }
+  // No host tier, or no room in it: the victim and its host descendants go.
+  remove_subtree(device, RemovalReason::kEvictedForSpace);
+}
+
+bool PrefixCache::evict_one_host() {
+  const std::optional<BlockId> victim = host_policy_->pop_victim();
+  if (!victim) return false;
+  const BlockId host = pool_.host_id(*victim);
+  ++tier_counters_.host_evicted;
+  if (twin_[host] != kNoBlock) {
+    unlink_twin(twin_[host]);
+    count_evictable(host, -1);
+    pool_.free(host);
+  } else {
+    remove_one(host, RemovalReason::kEvictedForSpace);
+  }
+  return true;
+}
+
+int32_t PrefixCache::drop_lost(BlockId block) {
+  if (pool_.meta(block).is_cached()) return remove_subtree(block, RemovalReason::kTransferFailed);
+  const BlockId other = twin_[block];
+  if (other == kNoBlock) return 0;
+  if (!pool_.is_host(block)) return 0;  // only host blocks are twins without being nodes
+  unlink_twin(other);
+  remove_candidate(block);
+  if (pool_.meta(block).ref_count == 0) {
+    count_evictable(block, -1);
+    pool_.free(block);
+  }
+  return 0;
 }
 
 void PrefixCache::remove_one(BlockId block, RemovalReason reason) {
   BlockMeta& m = pool_.meta(block);
   remove_candidate(block);
+  if (twin_[block] != kNoBlock) {
+    // A device node's host copy goes with it (a swapped sequence may still hold it).
+    const BlockId host = twin_[block];
+    unlink_twin(block);
+    remove_candidate(host);
+    if (pool_.meta(host).ref_count == 0) {
+      count_evictable(host, -1);
+      pool_.free(host);
+    }
+  }
   const uint64_t key = m.key_hash;
   const BlockId parent = m.parent;
   const uint64_t parent_key = parent == kNoBlock ? 0 : pool_.meta(parent).key_hash;
   const int32_t ns_id = m.namespace_id;
   table_.erase(key);
-  NamespaceInfo& ns = namespaces_[ns_id];
-  remember_removed_key(ns, key);
-  --ns.num_cached;
-  if (m.ref_count == 0) count_evictable(block, -1);
+  remember_removed_key(namespaces_[ns_id], key);
+  // Counted out while the block still carries its namespace.
+  count_cached(block, -1);
+  const bool was_evictable = m.ref_count == 0;
+  if (was_evictable) count_evictable(block, -1);
   // Forget the key before unlinking, so the parent sees this child gone.
   m.key_hash = 0;
   unlink_child(block);
@@ -303,10 +489,10 @@ void PrefixCache::remove_one(BlockId block, RemovalReason reason) {
   m.depth = 0;
   m.reuse_count = 0;
   m.branch_count = 0;
-  --num_cached_;
+  device_children_[block] = 0;
   ++removed_by_reason_[static_cast<int>(reason)];
   if (event_sink_) event_sink_(KvEvent::Kind::kBlockRemoved, block, key, parent_key, ns_id);
-  if (m.ref_count == 0) pool_.free(block);
+  if (was_evictable) pool_.free(block);
 }
 
 int32_t PrefixCache::remove_subtree(BlockId root, RemovalReason reason) {
@@ -327,7 +513,7 @@ int32_t PrefixCache::drop_namespace(std::string_view tenant_namespace) {
   const int32_t ns_id = find_namespace(tenant_namespace);
   if (ns_id < 0) return 0;
   std::vector<BlockId> roots;
-  for (BlockId b = 0; b < pool_.num_blocks(); ++b) {
+  for (BlockId b = 0; b < pool_.num_ids(); ++b) {
     const BlockMeta& m = pool_.meta(b);
     if (m.is_cached() && m.namespace_id == ns_id && m.parent == kNoBlock) roots.push_back(b);
   }
@@ -337,23 +523,52 @@ int32_t PrefixCache::drop_namespace(std::string_view tenant_namespace) {
 }
 
 Status PrefixCache::verify_integrity() const {
-  int32_t cached = 0, evictable = 0, candidates = 0;
-  for (BlockId b = 0; b < pool_.num_blocks(); ++b) {
+  int32_t cached[kNumTiers] = {0, 0}, evictable[kNumTiers] = {0, 0}, candidates[kNumTiers] = {0, 0}, twins = 0;
+  for (BlockId b = 0; b < pool_.num_ids(); ++b) {
     const BlockMeta& m = pool_.meta(b);
-    const bool candidate = m.is_cached() && m.ref_count == 0 && m.first_child == kNoBlock;
-    if (policy_->contains(b) != candidate)
-      return internal_error("block {}: eviction candidate is {}, should be {} (cached {}, ref {}, has children {})", b,
-                            policy_->contains(b), candidate, m.is_cached(), m.ref_count, m.first_child != kNoBlock);
-    candidates += candidate ? 1 : 0;
+    const bool host = pool_.is_host(b);
+    const int tier = host ? 1 : 0;
+    // Twins: a device node and a host block that is not a node, linked both ways.
+    if (twin_[b] != kNoBlock) {
+      const BlockId other = twin_[b];
+      if (other < 0 || other >= pool_.num_ids() || twin_[other] != b || pool_.is_host(other) == host)
+        return internal_error("block {}: twin link to {} is not mutual across tiers", b, other);
+      if (host) {
+        ++twins;
+        if (m.is_cached()) return internal_error("host block {} is both a node and the twin of {}", b, other);
+        if (m.is_free) return internal_error("host twin {} of block {} is on the free list", b, other);
+        if (m.written_slots != block_size_) return internal_error("host twin {} is not full", b);
+        evictable[1] += m.ref_count == 0 ? 1 : 0;
+      } else if (!m.is_cached()) {
+        return internal_error("device block {} has a twin {} but is not cached", b, other);
+      }
+    }
+    int32_t device_children = 0;
+    bool children_host_only = true;
+    for (BlockId c = m.first_child; c != kNoBlock; c = pool_.meta(c).next_sibling) {
+      device_children += pool_.is_host(c) ? 0 : 1;
+      children_host_only &= pool_.is_host(c);
+    }
+    if (device_children != device_children_[b])
+      return internal_error("block {} has {} device children, counter says {}", b, device_children,
+                            device_children_[b]);
+    const bool candidate = m.ref_count == 0 && (host ? (m.is_cached() ? m.first_child == kNoBlock : twin_[b] != kNoBlock)
+                                                     : (m.is_cached() && device_children == 0));
+    const bool contained = host ? host_policy_->contains(pool_.host_index(b)) : policy_->contains(b);
+    if (contained != candidate)
+      return internal_error("{} block {}: eviction candidate is {}, should be {} (cached {}, ref {}, children {}, twin {})",
+                            block_tier_name(pool_.tier(b)), b, contained, candidate, m.is_cached(), m.ref_count,
+                            m.first_child != kNoBlock, twin_[b]);
+    candidates[tier] += candidate ? 1 : 0;
     if (!m.is_cached()) {
       if (m.first_child != kNoBlock || m.parent != kNoBlock || m.namespace_id != -1)
         return internal_error("uncached block {} keeps tree links (parent {}, first child {}, namespace {})", b,
                               m.parent, m.first_child, m.namespace_id);
-      if (table_.find(0) != kNoBlock) return internal_error("hash table holds the empty key");
       continue;
     }
-    ++cached;
-    evictable += m.ref_count == 0 ? 1 : 0;
+    ++cached[tier];
+    evictable[tier] += m.ref_count == 0 ? 1 : 0;
+    if (host && !children_host_only) return internal_error("host node {} has a device child", b);
     if (m.is_free) return internal_error("cached block {} is on the free list", b);
     if (m.written_slots != block_size_)
       return internal_error("cached block {} has {} of {} slots written", b, m.written_slots, block_size_);
@@ -364,11 +579,14 @@ Status PrefixCache::verify_integrity() const {
     if (m.parent != kNoBlock) {
       const BlockMeta& p = pool_.meta(m.parent);
       if (!p.is_cached()) return internal_error("cached block {} has uncached parent {}", b, m.parent);
+      if (!host && pool_.is_host(m.parent))
+        return internal_error("device node {} has a host parent {}: device nodes are closed under ancestors", b,
+                              m.parent);
       if (p.namespace_id != m.namespace_id)
         return internal_error("cached block {} (namespace {}) under parent {} of namespace {}", b, m.namespace_id,
                               m.parent, p.namespace_id);
       if (m.depth != p.depth + 1) return internal_error("cached block {} depth {} under depth {}", b, m.depth, p.depth);
-      if (m.ref_count > 0 && p.ref_count == 0)
+      if (!host && m.ref_count > 0 && p.ref_count == 0)
         return internal_error("referenced cached block {} has an unreferenced parent {}", b, m.parent);
       parent_key = p.key_hash;
       bool listed = false;
@@ -387,37 +605,49 @@ Status PrefixCache::verify_integrity() const {
         return internal_error("sibling links broken between blocks {} and {}", c, next);
     }
   }
-  if (cached != num_cached_) return internal_error("{} cached blocks, counter says {}", cached, num_cached_);
-  if (cached != table_.size()) return internal_error("{} cached blocks, hash table holds {}", cached, table_.size());
-  if (evictable != num_evictable_) return internal_error("{} evictable blocks, counter says {}", evictable, num_evictable_);
-  if (candidates != policy_->size()) return internal_error("{} candidates, policy holds {}", candidates, policy_->size());
+  if (table_.find(0) != kNoBlock) return internal_error("hash table holds the empty key");
+  for (int t = 0; t < kNumTiers; ++t) {
+    const std::string_view name = block_tier_name(static_cast<BlockTier>(t));
+    if (cached[t] != num_cached_[t])
+      return internal_error("{} cached {} blocks, counter says {}", cached[t], name, num_cached_[t]);
+    if (evictable[t] != num_evictable_[t])
+      return internal_error("{} evictable {} blocks, counter says {}", evictable[t], name, num_evictable_[t]);
+  }
+  if (twins != num_twins_) return internal_error("{} twins, counter says {}", twins, num_twins_);
+  if (cached[0] + cached[1] != table_.size())
+    return internal_error("{} cached blocks, hash table holds {}", cached[0] + cached[1], table_.size());
+  if (candidates[0] != policy_->size())
+    return internal_error("{} device candidates, policy holds {}", candidates[0], policy_->size());
+  if (candidates[1] != host_policy_->size())
+    return internal_error("{} host candidates, host policy holds {}", candidates[1], host_policy_->size());
+  // Per namespace (device tier): cached and evictable nodes, the LRU candidate set, removed-key memory.
   std::vector<int32_t> cached_in(namespaces_.size(), 0), evictable_in(namespaces_.size(), 0);
-  int32_t candidates_listed = 0;
   for (BlockId b = 0; b < pool_.num_blocks(); ++b) {
     const BlockMeta& m = pool_.meta(b);
     if (!m.is_cached()) continue;
     ++cached_in[m.namespace_id];
     evictable_in[m.namespace_id] += m.ref_count == 0 ? 1 : 0;
   }
+  int32_t listed_total = 0;
   for (size_t ns = 0; ns < namespaces_.size(); ++ns) {
-    if (cached_in[ns] != namespaces_[ns].num_cached || evictable_in[ns] != namespaces_[ns].num_evictable)
-      return internal_error("namespace {}: {} cached / {} evictable blocks, counters say {} / {}", ns, cached_in[ns],
-                            evictable_in[ns], namespaces_[ns].num_cached, namespaces_[ns].num_evictable);
-    int32_t listed = 0;
-    for (const auto& [stamp, block] : namespaces_[ns].candidates) {
-      const BlockMeta& m = pool_.meta(block);
-      if (!policy_->contains(block) || m.namespace_id != static_cast<int32_t>(ns) || candidate_stamp_[block] != stamp)
+    const NamespaceInfo& info = namespaces_[ns];
+    if (cached_in[ns] != info.num_cached || evictable_in[ns] != info.num_evictable)
+      return internal_error("namespace {}: {} cached / {} evictable device blocks, counters say {} / {}", ns,
+                            cached_in[ns], evictable_in[ns], info.num_cached, info.num_evictable);
+    for (const auto& [stamp, block] : info.candidates) {
+      if (pool_.is_host(block) || !policy_->contains(block) || pool_.meta(block).namespace_id != static_cast<int32_t>(ns) ||
+          candidate_stamp_[block] != stamp)
         return internal_error("namespace {} lists block {} as a candidate wrongly", ns, block);
-      ++listed;
+      ++listed_total;
     }
-    candidates_listed += listed;
-    if (static_cast<int32_t>(namespaces_[ns].removed_keys.size()) > std::max(removed_key_memory_, 0))
-      return internal_error("namespace {} remembers {} removed keys, over {}", ns, namespaces_[ns].removed_keys.size(),
+    if (static_cast<int32_t>(info.removed_keys.size()) > std::max(removed_key_memory_, 0))
+      return internal_error("namespace {} remembers {} removed keys, over {}", ns, info.removed_keys.size(),
                             removed_key_memory_);
   }
-  if (candidates_listed != policy_->size())
-    return internal_error("namespaces list {} candidates, the policy holds {}", candidates_listed, policy_->size());
-  return policy_->verify_integrity();
+  if (listed_total != policy_->size())
+    return internal_error("namespaces list {} device candidates, the policy holds {}", listed_total, policy_->size());
+  PAGODA_RETURN_IF_ERROR(policy_->verify_integrity());
+  return host_policy_->verify_integrity();
 }
 
 }  // namespace pagoda::kv

@@ -21,6 +21,16 @@ bool PrefixHashTable::insert(uint64_t key, BlockId block) {
   return true;
 }
 
+bool PrefixHashTable::reassign(uint64_t key, BlockId block) {
+  size_t slot = key & mask_;
+  while (entries_[slot].key != key) {
+    if (entries_[slot].key == 0) return false;
+    slot = (slot + 1) & mask_;
+  }
+  entries_[slot].block = block;
+  return true;
+}
+
 bool PrefixHashTable::erase(uint64_t key) {
   size_t slot = key & mask_;
   while (entries_[slot].key != key) {

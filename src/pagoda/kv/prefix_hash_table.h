@@ -34,6 +34,9 @@ class PrefixHashTable {
   bool insert(uint64_t key, BlockId block);
   // False if the key is absent.
   bool erase(uint64_t key);
+  // Points a present key at another block (a cached block moving between
+  // tiers); false if the key is absent.
+  bool reassign(uint64_t key, BlockId block);
   int32_t size() const { return size_; }
 
  private:

@@ -21,6 +21,8 @@ constexpr ArchitectureName kArchitectures[] = {
     {"MistralForCausalLM", Architecture::kMistral},
     {"Qwen2ForCausalLM", Architecture::kQwen2},
     {"Qwen3ForCausalLM", Architecture::kQwen3},
+    {"DeepseekV2ForCausalLM", Architecture::kDeepseekV2},
+    {"DeepseekV3ForCausalLM", Architecture::kDeepseekV3},
 };
 
 // Reads config fields with type checks; every error names the file and the key.
@@ -177,6 +179,18 @@ StatusOr<ModelConfig> parse_model_config(const json& j, std::string_view source)
   PAGODA_ASSIGN_OR_RETURN(cfg.intermediate_size, r.required_int("intermediate_size"));
   PAGODA_ASSIGN_OR_RETURN(cfg.num_layers, r.required_int("num_hidden_layers"));
   PAGODA_ASSIGN_OR_RETURN(cfg.num_q_heads, r.required_int("num_attention_heads"));
+  const bool deepseek = cfg.architecture == Architecture::kDeepseekV2 || cfg.architecture == Architecture::kDeepseekV3;
+  if (deepseek) {
+    // MLA: heads, cache geometry, rope (incl. yarn) and the experts come from their own fields.
+    PAGODA_ASSIGN_OR_RETURN(cfg.max_position_embeddings, r.optional_int("max_position_embeddings", 2048));
+    PAGODA_ASSIGN_OR_RETURN(cfg.rms_norm_eps, r.optional_float(j, "rms_norm_eps", 1e-6f));
+    PAGODA_RETURN_IF_ERROR(parse_deepseek_config(j, source, cfg));
+    PAGODA_ASSIGN_OR_RETURN(cfg.tie_word_embeddings, r.optional_bool("tie_word_embeddings", false));
+    PAGODA_ASSIGN_OR_RETURN(cfg.bos_token_ids, r.token_ids(j, "bos_token_id"));
+    PAGODA_ASSIGN_OR_RETURN(cfg.eos_token_ids, r.token_ids(j, "eos_token_id"));
+    PAGODA_ASSIGN_OR_RETURN(cfg.dtype, parse_torch_dtype(j, source));
+    return cfg;
+  }
   PAGODA_ASSIGN_OR_RETURN(cfg.num_kv_heads, r.optional_int("num_key_value_heads", cfg.num_q_heads));
   if (cfg.num_q_heads % cfg.num_kv_heads != 0) {
     return invalid_argument_error("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
@@ -223,6 +237,8 @@ StatusOr<ModelConfig> parse_model_config(const json& j, std::string_view source)
         return unimplemented_error("{}: Qwen3 use_sliding_window=true is not supported", source);
       break;
     }
+    case Architecture::kDeepseekV2:
+    case Architecture::kDeepseekV3: break;  // returned above
   }
   return cfg;
 }

@@ -2,82 +2,17 @@
 
 #include <cmath>
 #include <optional>
+#include <utility>
 
 #include "pagoda/core/thread_pool.h"
+#include "pagoda/model/weight_binder.h"
 
 namespace pagoda {
 
 namespace {
 
-class WeightBinder {
- public:
-  WeightBinder(const ModelConfig& config, const Checkpoint& ckpt) : config_(config), ckpt_(ckpt) {}
-
-  StatusOr<const TensorInfo*> tensor(const std::string& name, std::vector<int64_t> shape) {
-    const TensorInfo* t = ckpt_.find(name);
-    if (t == nullptr) {
-      return not_found_error("{}: missing tensor '{}' (expected shape {}) in {}", ckpt_.dir().string(),
-                             name, shape_to_string(shape), ckpt_.source_name());
-    }
-    if (t->shape != shape) {
-      return invalid_argument_error("{}/{}: tensor '{}' has shape {} but config.json implies {}",
-                                    ckpt_.dir().string(), t->file_name, name, shape_to_string(t->shape),
-                                    shape_to_string(shape));
-    }
-    const std::optional<DType> expected = config_.dtype ? config_.dtype : first_dtype_;
-    if (expected && t->dtype != *expected) {
-      return invalid_argument_error("{}/{}: tensor '{}' has dtype {} but {} is {}", ckpt_.dir().string(),
-                                    t->file_name, name, dtype_name(t->dtype),
-                                    config_.dtype ? "config.json torch_dtype" : "the rest of the checkpoint",
-                                    dtype_name(*expected));
-    }
-    if (!first_dtype_) first_dtype_ = t->dtype;
-    return t;
-  }
-
-  StatusOr<WeightMatrix> matrix(const std::string& name, int64_t rows, int64_t cols) {
-    PAGODA_ASSIGN_OR_RETURN(const TensorInfo* t, tensor(name, {rows, cols}));
-    return WeightMatrix{t->dtype, t->data, static_cast<size_t>(rows), static_cast<size_t>(cols)};
-  }
-
-  StatusOr<std::vector<float>> vector(const std::string& name, int64_t size) {
-    PAGODA_ASSIGN_OR_RETURN(const TensorInfo* t, tensor(name, {size}));
-    std::vector<float> v(static_cast<size_t>(size));
-    convert_to_f32(t->dtype, t->data, v.data(), v.size());
-    return v;
-  }
-
-  // An optional scalar (shape [] or [1], any float dtype); 0 when absent. Errors:
-  // another shape, or a value that is not finite and positive.
-  StatusOr<float> optional_positive_scalar(const std::string& name) {
-    const TensorInfo* t = ckpt_.find(name);
-    if (t == nullptr) return 0.0f;
-    if (!(t->shape.empty() || t->shape == std::vector<int64_t>{1})) {
-      return invalid_argument_error("{}/{}: tensor '{}' has shape {} but a KV scale is a scalar ([] or [1])",
-                                    ckpt_.dir().string(), t->file_name, name, shape_to_string(t->shape));
-    }
-    if (t->dtype != DType::kF32 && t->dtype != DType::kF16 && t->dtype != DType::kBF16) {
-      return invalid_argument_error("{}/{}: tensor '{}' has dtype {}; a KV scale is f32, f16 or bf16",
-                                    ckpt_.dir().string(), t->file_name, name, dtype_name(t->dtype));
-    }
-    float value = 0.0f;
-    convert_to_f32(t->dtype, t->data, &value, 1);
-    if (!std::isfinite(value) || value <= 0.0f) {
-      return invalid_argument_error("{}/{}: tensor '{}' is {}; a KV scale must be finite and positive",
-                                    ckpt_.dir().string(), t->file_name, name, value);
-    }
-    return value;
-  }
-
-  std::optional<DType> dtype() const { return first_dtype_; }
-
- private:
-  const ModelConfig& config_;
-  const Checkpoint& ckpt_;
-  std::optional<DType> first_dtype_;
-};
-
 Status bind_layer(WeightBinder& b, const ModelConfig& c, int32_t index, LayerWeights& w) {
+  if (c.mla) return bind_deepseek_layer(b, c, index, w);
   const std::string p = "model.layers." + std::to_string(index) + ".";
   const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
   const int64_t q_out = static_cast<int64_t>(c.num_q_heads) * c.head_dim;
@@ -128,6 +63,31 @@ void upcast(WeightMatrix& m, std::vector<std::unique_ptr<float[]>>& owned) {
 
 }  // namespace
 
+std::vector<const WeightMatrix*> LayerWeights::matrices() const {
+  std::vector<const WeightMatrix*> out;
+  auto add = [&out](const WeightMatrix& m) {
+    if (m.data != nullptr) out.push_back(&m);
+  };
+  for (const WeightMatrix* m : {&q_proj, &k_proj, &v_proj, &o_proj, &gate_proj, &up_proj, &down_proj}) add(*m);
+  for (const WeightMatrix* m : {&mla.q_proj, &mla.q_a_proj, &mla.q_b_proj, &mla.kv_a_proj, &mla.kv_b_proj}) add(*m);
+  add(moe.router);
+  for (const ExpertWeights& e : moe.experts) {
+    add(e.gate_proj);
+    add(e.up_proj);
+    add(e.down_proj);
+  }
+  add(moe.shared.gate_proj);
+  add(moe.shared.up_proj);
+  add(moe.shared.down_proj);
+  return out;
+}
+
+std::vector<WeightMatrix*> LayerWeights::matrices() {
+  std::vector<WeightMatrix*> out;
+  for (const WeightMatrix* m : std::as_const(*this).matrices()) out.push_back(const_cast<WeightMatrix*>(m));
+  return out;
+}
+
 StatusOr<ModelWeights> bind_model_weights(const ModelConfig& config,
                                           std::shared_ptr<const Checkpoint> checkpoint,
                                           const WeightLoadOptions& options) {
@@ -150,8 +110,7 @@ StatusOr<ModelWeights> bind_model_weights(const ModelConfig& config,
   // converting tiles on every step.
   size_t f32_bytes = (config.tie_word_embeddings ? 1 : 2) * w.embed_tokens.rows * w.embed_tokens.cols;
   for (const auto& l : w.layers) {
-    for (const auto* m : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj})
-      f32_bytes += m->rows * m->cols;
+    for (const WeightMatrix* m : l.matrices()) f32_bytes += m->rows * m->cols;
   }
   f32_bytes *= sizeof(float);
   if (w.file_dtype != DType::kF32 && f32_bytes <= options.f32_cache_bytes) {
@@ -161,8 +120,7 @@ StatusOr<ModelWeights> bind_model_weights(const ModelConfig& config,
     if (config.tie_word_embeddings) w.lm_head = w.embed_tokens;
     else upcast(w.lm_head, w.owned_f32);
     for (auto& l : w.layers) {
-      for (auto* m : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj})
-        upcast(*m, w.owned_f32);
+      for (WeightMatrix* m : l.matrices()) upcast(*m, w.owned_f32);
     }
     w.upcast_to_f32 = true;
   }

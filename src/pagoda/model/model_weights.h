@@ -1,6 +1,7 @@
 #pragma once
-// The weights of a llama-family model (Llama, Mistral, Qwen2, Qwen3) bound to
-// the tensors of a Checkpoint and checked against the ModelConfig: every
+// The weights of a llama-family model (Llama, Mistral, Qwen2, Qwen3) or a
+// DeepSeek V2/V3 model (MLA + MoE, model/deepseek_weights.h) bound to the
+// tensors of a Checkpoint and checked against the ModelConfig: every
 // expected tensor present, shape as the config implies, dtype equal to the
 // config's torch_dtype (or, without one, the same across tensors). Errors name
 // the tensor and the file it came from.
@@ -24,6 +25,7 @@
 #include "pagoda/core/status.h"
 #include "pagoda/model/weight_matrix.h"
 #include "pagoda/model/checkpoint.h"
+#include "pagoda/model/deepseek_weights.h"
 #include "pagoda/model/model_config.h"
 
 namespace pagoda {
@@ -41,6 +43,14 @@ struct LayerWeights {
   // an fp8 KV cache they replace the per-vector amax scale (kernels/kv_write.h).
   float k_scale = 0.0f;
   float v_scale = 0.0f;
+  // DeepSeek: the latent attention (q/k/v_proj stay empty) and, from
+  // first_k_dense_replace on, the experts (gate/up/down_proj stay empty).
+  MlaLayerWeights mla;
+  MoeLayerWeights moe;
+
+  // Every bound matrix of the layer (empty ones left out), e.g. to count or upcast them.
+  std::vector<WeightMatrix*> matrices();
+  std::vector<const WeightMatrix*> matrices() const;
 };
 
 struct ModelWeights {

@@ -31,7 +31,22 @@ enum class RandomMatrix : uint32_t {
   kGateProj,
   kUpProj,
   kDownProj,
+  // DeepSeek (MLA + MoE). Routed experts draw with random_expert_key(layer, expert) as their layer.
+  kMlaQAProj,
+  kMlaQBProj,
+  kMlaKvAProj,
+  kMlaKvBProj,
+  kMoeRouter,
+  kMoeExpertGate,
+  kMoeExpertUp,
+  kMoeExpertDown,
+  kMoeSharedGate,
+  kMoeSharedUp,
+  kMoeSharedDown,
 };
+
+// The `layer` argument of a routed expert's matrices: distinct for every (layer, expert).
+PAGODA_RANDOM_HD int32_t random_expert_key(int32_t layer, int32_t expert) { return layer * 65536 + expert; }
 
 constexpr float kRandomWeightHalfWidth = 0.02f * 1.7320508f;
 

@@ -53,13 +53,15 @@ Status validate_forward_batch(const ForwardBatch& batch, const KvPoolShape& pool
 Status check_pool_matches(const KvPoolShape& pool, const KvPoolShape& expected) {
   if (pool.num_layers != expected.num_layers || pool.num_kv_heads != expected.num_kv_heads ||
       pool.head_dim != expected.head_dim || pool.block_size != expected.block_size ||
-      pool.key_dtype != expected.key_dtype || pool.value_dtype != expected.value_dtype)
+      pool.key_dtype != expected.key_dtype || pool.value_dtype != expected.value_dtype ||
+      pool.latent != expected.latent)
     return invalid_argument_error(
-        "KV pool (layers={} kv_heads={} head_dim={} block_size={} kv dtypes={}/{}) does not fit the model "
-        "(layers={} kv_heads={} head_dim={} block_size={} kv dtypes={}/{})", pool.num_layers, pool.num_kv_heads,
-        pool.head_dim, pool.block_size, dtype_name(pool.key_dtype), dtype_name(pool.value_dtype),
-        expected.num_layers, expected.num_kv_heads, expected.head_dim, expected.block_size,
-        dtype_name(expected.key_dtype), dtype_name(expected.value_dtype));
+        "KV pool ({}layers={} kv_heads={} head_dim={} block_size={} kv dtypes={}/{}) does not fit the model "
+        "({}layers={} kv_heads={} head_dim={} block_size={} kv dtypes={}/{})", pool.latent ? "MLA latent, " : "",
+        pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.block_size, dtype_name(pool.key_dtype),
+        dtype_name(pool.value_dtype), expected.latent ? "MLA latent, " : "", expected.num_layers,
+        expected.num_kv_heads, expected.head_dim, expected.block_size, dtype_name(expected.key_dtype),
+        dtype_name(expected.value_dtype));
   return ok_status();
 }
 

@@ -17,6 +17,10 @@ class DelegatingModelRunner : public ModelRunner {
     return inner_.execute(batch, rows);
   }
   Status copy_blocks(std::span<const BlockCopy> copies) override { return inner_.copy_blocks(copies); }
+  Status transfer_blocks(std::span<const BlockTransfer> transfers) override {
+    return inner_.transfer_blocks(transfers);
+  }
+  TransferStats transfer_stats() const override { return inner_.transfer_stats(); }
   const KvPoolShape& kv_geometry() const override { return inner_.kv_geometry(); }
   RunnerCapabilities capabilities() const override { return inner_.capabilities(); }
   int32_t vocab_size() const override { return inner_.vocab_size(); }

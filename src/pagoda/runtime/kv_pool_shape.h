@@ -5,6 +5,12 @@
 // num_kv_heads, head_dim] elements of key_dtype / value_dtype, plus scale
 // records for the quantized dtypes (runtime/kv_quant.h); the bytes are counted
 // by runtime/kv_sizing.h, the one copy of that arithmetic.
+//
+// An MLA model (DeepSeek V2/V3) caches one latent vector per token and layer
+// instead of K and V: `latent` is set, num_kv_heads is 1, head_dim is
+// kv_lora_rank + qk_rope_head_dim (the normalized latent, then the rotated rope
+// key) and there is no V pool: value_dtype equals key_dtype and counts no bytes.
+// Block ids, block tables and copies are the same as for K/V pools.
 
 #include <cstddef>
 #include <cstdint>
@@ -24,15 +30,17 @@ struct KvPoolShape {
   // formats and their scale pools).
   DType key_dtype = DType::kF32;
   DType value_dtype = DType::kF32;
+  bool latent = false;  // MLA: one latent pool per layer, no V pool
 
   // Elements of one block of one layer's K (or V) pool.
   size_t elements_per_block() const {
     return static_cast<size_t>(block_size) * num_kv_heads * head_dim;
   }
-  // Bytes of K plus V for one token over all layers, scales included (kv_sizing.h).
+  // Bytes of K plus V (or of the latent) for one token over all layers, scales included (kv_sizing.h).
   size_t bytes_per_token() const {
+    const int64_t value_bytes = latent ? 0 : kv_vector_bytes(head_dim, value_dtype);
     return static_cast<size_t>(num_layers) * num_kv_heads *
-           static_cast<size_t>(kv_vector_bytes(head_dim, key_dtype) + kv_vector_bytes(head_dim, value_dtype));
+           static_cast<size_t>(kv_vector_bytes(head_dim, key_dtype) + value_bytes);
   }
 };
 

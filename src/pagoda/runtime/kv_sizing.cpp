@@ -28,6 +28,21 @@ AttentionKind KvShape::kind() const {
   return AttentionKind::kMHA;
 }
 
+int64_t KvShape::values_per_token_per_layer() const {
+  if (is_mla()) return mla_latent_dim + mla_rope_dim;
+  return kv_heads * (head_dim + (v_head_dim > 0 ? v_head_dim : head_dim));
+}
+
+KvShape mha_equivalent(const KvShape& s) {
+  KvShape mha;
+  mha.layers = s.layers;
+  mha.query_heads = s.query_heads;
+  mha.kv_heads = s.query_heads;
+  mha.head_dim = s.head_dim;
+  mha.v_head_dim = s.v_head_dim;
+  return mha;
+}
+
 int64_t kv_vector_bytes(int64_t elements, DType dtype) {
   // The quantized formats' bytes come from runtime/kv_quant.h, which the
   // kernels read and write: codes plus 4-byte scale records.
@@ -85,6 +100,16 @@ StatusOr<KvShape> kv_shape_from_config(const nlohmann::json& config) {
   if (has_field(c, "kv_lora_rank")) {
     PAGODA_ASSIGN_OR_RETURN(s.mla_latent_dim, positive_field(c, "kv_lora_rank"));
     PAGODA_ASSIGN_OR_RETURN(s.mla_rope_dim, positive_field(c, "qk_rope_head_dim"));
+    // Per-head dims of the decompressed attention (transformers' defaults when absent).
+    int64_t nope = 128;
+    s.v_head_dim = 128;
+    if (has_field(c, "qk_nope_head_dim")) {
+      PAGODA_ASSIGN_OR_RETURN(nope, positive_field(c, "qk_nope_head_dim"));
+    }
+    if (has_field(c, "v_head_dim")) {
+      PAGODA_ASSIGN_OR_RETURN(s.v_head_dim, positive_field(c, "v_head_dim"));
+    }
+    s.head_dim = nope + s.mla_rope_dim;
     return s;
   }
   if (has_field(c, "num_key_value_heads")) {
@@ -130,8 +155,16 @@ std::string format_kv_cache_line(const KvShape& shape, DType k_dtype, DType v_dt
   auto capacity = kv_capacity(shape, k_dtype, v_dtype, std::max<int64_t>(budget_bytes, 1), block_size);
   const int64_t per_token = kv_bytes_per_token(shape, k_dtype, v_dtype);
   const int64_t tokens = capacity.ok() && budget_bytes > 0 ? capacity->tokens : 0;
-  return fmt::format("KV cache: {}, {} B/token (bf16: {} B), {} tokens fit in {}", dtypes,
-                     format_with_commas(per_token), format_with_commas(bf16), format_with_commas(tokens),
+  std::string kind;
+  std::string comparison;
+  if (shape.is_mla()) {
+    kind = fmt::format("MLA, {} values/token/layer (latent {} + rope {}), ", shape.values_per_token_per_layer(),
+                       shape.mla_latent_dim, shape.mla_rope_dim);
+    const int64_t mha = kv_bytes_per_token(mha_equivalent(shape), DType::kBF16);
+    if (mha > 0) comparison = fmt::format("; MHA K/V in bf16: {} B", format_with_commas(mha));
+  }
+  return fmt::format("KV cache: {}{}, {} B/token (bf16: {} B{}), {} tokens fit in {}", kind, dtypes,
+                     format_with_commas(per_token), format_with_commas(bf16), comparison, format_with_commas(tokens),
                      format_bytes(static_cast<double>(std::max<int64_t>(budget_bytes, 0))));
 }
 

@@ -12,7 +12,10 @@
 //               elements (a head dim not divisible by 32 ends with a short group)
 //
 // An MLA layer caches one latent vector (kv_lora_rank) plus the decoupled rope
-// key (qk_rope_head_dim) per token, shared by all heads: no separate V.
+// key (qk_rope_head_dim) per token, shared by all heads: no separate V. Its
+// KvShape keeps the per-head K and V dims as well (head_dim = qk_nope_head_dim +
+// qk_rope_head_dim, v_head_dim), so the report can say what MHA caching of the
+// same model would take.
 
 #include <cstdint>
 #include <optional>
@@ -34,14 +37,21 @@ struct KvShape {
   int64_t layers = 0;
   int64_t query_heads = 0;
   int64_t kv_heads = 0;   // unused for MLA
-  int64_t head_dim = 0;   // K head dim (and V unless v_head_dim is set); unused for MLA
+  int64_t head_dim = 0;   // K head dim (and V unless v_head_dim is set); MLA: per-head K dim, for comparison only
   int64_t v_head_dim = 0; // 0: same as head_dim
   int64_t mla_latent_dim = 0;  // kv_lora_rank; > 0 means MLA
   int64_t mla_rope_dim = 0;    // qk_rope_head_dim
 
   bool is_mla() const { return mla_latent_dim > 0; }
   AttentionKind kind() const;
+  // Values cached per token in one layer: kv_heads x (K dim + V dim), or for MLA latent + rope.
+  int64_t values_per_token_per_layer() const;
 };
+
+// The same model caching full K and V for every query head (MHA): for MLA the
+// per-head K dim and V dim of the decompressed attention. A shape without those
+// dims (head_dim 0) comes back with no bytes.
+KvShape mha_equivalent(const KvShape& shape);
 
 // Bytes of one cached vector of `elements` values in `dtype`, scales included.
 int64_t kv_vector_bytes(int64_t elements, DType dtype);
@@ -55,7 +65,8 @@ inline int64_t kv_bytes_per_token(const KvShape& shape, DType dtype) {
 // Reads the attention geometry from a Hugging Face config.json: num_hidden_layers,
 // num_attention_heads, num_key_value_heads (default: the query heads), head_dim
 // (default hidden_size / heads), and for DeepSeek-style MLA kv_lora_rank and
-// qk_rope_head_dim. Errors name the missing or bad field.
+// qk_rope_head_dim (plus qk_nope_head_dim and v_head_dim, default 128 as in
+// transformers, for the MHA comparison). Errors name the missing or bad field.
 StatusOr<KvShape> kv_shape_from_config(const nlohmann::json& config);
 
 // What a KV memory budget holds: paging rounds every request up to whole blocks.
@@ -72,7 +83,11 @@ StatusOr<KvCapacity> kv_capacity(const KvShape& shape, DType k_dtype, DType v_dt
 
 // The start-up line a server prints, e.g.
 //   "KV cache: int8 (K) / int4 (V), 43,008 B/token (bf16: 131,072 B), 24,960 tokens fit in 1.00 GiB"
-// (for MLA, whose one latent vector has no separate V: "KV cache: int8 (latent), ...").
+// For MLA, whose one latent vector has no separate V, the line names the kind,
+// the values cached per token per layer and what MHA caching would take, e.g.
+// for DeepSeek-V2-Lite's shape:
+//   "KV cache: MLA, 576 values/token/layer (latent 512 + rope 64), fp8 (latent), 15,660 B/token
+//    (bf16: 31,104 B; MHA K/V in bf16: 276,480 B), 68,560 tokens fit in 1.00 GiB".
 // Tokens are whole blocks of block_size.
 std::string format_kv_cache_line(const KvShape& shape, DType k_dtype, DType v_dtype, int64_t budget_bytes,
                                  int64_t block_size = 16);

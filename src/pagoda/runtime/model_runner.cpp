@@ -14,4 +14,21 @@ Status check_row_sampling(const ForwardBatch& batch, std::span<const RowSampling
   return ok_status();
 }
 
+Status ModelRunner::transfer_blocks(std::span<const BlockTransfer> transfers) {
+  if (transfers.empty()) return ok_status();
+  return unimplemented_error("this model runner has no host KV pool ({} block transfers asked)", transfers.size());
+}
+
+Status check_block_transfers(std::span<const BlockTransfer> transfers, int32_t num_blocks, int32_t num_host_blocks) {
+  for (const BlockTransfer& t : transfers) {
+    if (t.device_block < 0 || t.device_block >= num_blocks || t.host_block < 0 || t.host_block >= num_host_blocks)
+      return out_of_range_error("block transfer {} {} -> {} outside the pools ({} device blocks, {} host blocks)",
+                                t.direction == TransferDirection::kDeviceToHost ? "device_to_host" : "host_to_device",
+                                t.direction == TransferDirection::kDeviceToHost ? t.device_block : t.host_block,
+                                t.direction == TransferDirection::kDeviceToHost ? t.host_block : t.device_block,
+                                num_blocks, num_host_blocks);
+  }
+  return ok_status();
+}
+
 }  // namespace pagoda::runtime

@@ -8,6 +8,13 @@
 // construction, that its KV manager hands out blocks of the same size and
 // number.
 //
+// Host tier: a runner may also own a second KV pool in host memory
+// (capabilities().host_kv_blocks blocks of the same shape; pinned on a GPU)
+// and move blocks between it and its device pool when the KV manager says so
+// (transfer_blocks). A host block is one contiguous chunk holding the block's
+// K and V codes and scales of every layer (runtime/host_block_layout.h), so a
+// block moves as one unit whatever the device layout is.
+//
 // Thread safety: called from one thread (the engine's) only.
 
 #include <cstdint>
@@ -51,9 +58,31 @@ struct BlockCopy {
   int32_t dst = 0;
 };
 
+enum class TransferDirection : uint8_t { kDeviceToHost = 0, kHostToDevice = 1 };
+inline constexpr int kNumTransferDirections = 2;
+
+// Copies one block between the device pool and the host pool: every layer, K
+// and V, codes and scales, bytes as they are. host_block indexes the host pool.
+struct BlockTransfer {
+  TransferDirection direction = TransferDirection::kDeviceToHost;
+  int32_t device_block = 0;
+  int32_t host_block = 0;
+};
+
+// What transfer_blocks() has moved since the runner was made, per direction
+// (indexed by TransferDirection). seconds: time the copies took (on a GPU,
+// measured on the copy stream by events, so it excludes queueing).
+struct TransferStats {
+  int64_t blocks[kNumTransferDirections] = {0, 0};
+  int64_t bytes[kNumTransferDirections] = {0, 0};
+  double seconds[kNumTransferDirections] = {0.0, 0.0};
+  int64_t failed_calls = 0;
+};
+
 struct RunnerCapabilities {
   bool samples_on_device = false;  // execute() honours RowSampling::on_device
   bool zeroes_blocks = false;      // zero_blocks() is implemented
+  int32_t host_kv_blocks = 0;      // blocks in the host pool (0: no host tier); block shape as kv_geometry()
 };
 
 class ModelRunner {
@@ -68,11 +97,21 @@ class ModelRunner {
   virtual StatusOr<StepResult> execute(const ForwardBatch& batch, std::span<const RowSampling> rows) = 0;
   // Copies blocks in every layer (copy-on-write forks); runs before the next execute().
   virtual Status copy_blocks(std::span<const BlockCopy> copies) = 0;
-  // Zeroes blocks in every layer, data and scales: blocks the KV manager hands
-  // from one tenant to another (KvCacheManager::take_blocks_to_zero). Runs
-  // before the next copy_blocks() or execute(), which may then write them.
+  // Zeroes device blocks in every layer, data and scales: blocks the KV
+  // manager hands from one tenant to another (KvCacheManager::
+  // take_blocks_to_zero). Runs before the next transfer_blocks(),
+  // copy_blocks() or execute(), which may then write them.
   // Called only when capabilities().zeroes_blocks; the default refuses.
   virtual Status zero_blocks(std::span<const int32_t> blocks);
+  // Moves blocks between the device pool and the host pool, in list order (a
+  // block written by one transfer may be read or overwritten by a later one),
+  // all before the next execute() or copy_blocks() touches the pool. May run
+  // asynchronously (a GPU copy stream ordered before the next step's kernels).
+  // An error means every transfer of the call must be treated as failed: their
+  // destinations hold garbage. Ids are checked first (kOutOfRange, nothing
+  // moved). Runners without a host pool: kUnimplemented for a non-empty list.
+  virtual Status transfer_blocks(std::span<const BlockTransfer> transfers);
+  virtual TransferStats transfer_stats() const { return {}; }
 
   // The KV memory this runner holds: the engine's KV manager must use the same
   // block_size and num_blocks.
@@ -92,5 +131,8 @@ inline Status ModelRunner::zero_blocks(std::span<const int32_t> blocks) {
 // kInvalidArgument if `rows` is neither empty nor one entry per logits row.
 [[nodiscard]] Status check_row_sampling(const ForwardBatch& batch, std::span<const RowSampling> rows,
                                         const RunnerCapabilities& capabilities);
+// kOutOfRange naming the first transfer whose ids fall outside the pools.
+[[nodiscard]] Status check_block_transfers(std::span<const BlockTransfer> transfers, int32_t num_blocks,
+                                           int32_t num_host_blocks);
 
 }  // namespace pagoda::runtime

@@ -1,8 +1,7 @@
 #pragma once
 // Api keys -> tenants. `--api-keys FILE` holds
 //   {"keys": [{"key": "sk-...", "tenant": "name"}, ...]}
-// and, optionally per entry, "admin": true (the key may read the server-wide
-// /metrics) and "limits": {"max_requests_in_flight": N, "tokens_per_minute":
+// and, optionally per entry, "admin": true and "limits": {"max_requests_in_flight": N, "tokens_per_minute":
 // N, "max_kv_blocks": N} (each optional, 0 = none; tenant_quotas.h). Limits
 // belong to the tenant: keys of one tenant may not set different ones. Files
 // without "admin" or "limits" keep working.
@@ -10,6 +9,11 @@
 // tenant of the key becomes the request's KV cache namespace. The namespace
 // never comes from the request body. Without keys every request is the tenant
 // "default" (one shared namespace) and every caller counts as admin.
+//
+// An admin key (optional "admin": true) may also read what spans tenants: the
+// server-wide /metrics, the KV events of every namespace and the load figures
+// (a router polls with one). It still generates inside its own tenant's
+// namespace. Without keys everyone is admin: there is only one tenant.
 //
 // Thread safety: immutable after load; lookups from any thread.
 
@@ -34,7 +38,7 @@ struct TenantLimits {
 // Who a request's key says it is.
 struct KeyIdentity {
   std::string tenant;
-  bool admin = false;                  // may read server-wide figures (/metrics)
+  bool admin = false;                  // may read what spans tenants (/metrics, KV events, load)
   std::optional<TenantLimits> limits;  // from the file; none: the server's defaults
 };
 
@@ -55,6 +59,9 @@ class ApiKeyStore {
   std::optional<std::string> tenant_for_authorization(std::string_view header) const;
   // The same lookup with the key's rights; when disabled, {"default", admin}.
   std::optional<KeyIdentity> identify(std::string_view authorization_header) const;
+  // The same, under the name the KV routes use.
+  using Caller = KeyIdentity;
+  std::optional<Caller> caller_for_authorization(std::string_view header) const { return identify(header); }
 
   // Every tenant with limits set in the file, once each.
   std::vector<std::pair<std::string, TenantLimits>> tenant_limits() const;

@@ -155,30 +155,45 @@ std::optional<ApiError> read_tools(const Json& body, Json& out) {
   return std::nullopt;
 }
 
-// Returns whether the tools are shown to the template.
-std::optional<ApiError> read_tool_choice(const Json& body, bool& show_tools) {
-  show_tools = true;
+// tool_choice: "auto" / "none" / "required" / {"type": "function", "function": {"name": ...}}.
+std::optional<ApiError> read_tool_choice(const Json& body, const Json& tools, ChatPrompt& out) {
+  out.tool_choice = ToolChoice::kAuto;
   auto it = body.find("tool_choice");
   if (it == body.end() || it->is_null()) return std::nullopt;
+  const bool has_tools = tools.is_array() && !tools.empty();
   if (it->is_string()) {
     const std::string choice = it->get<std::string>();
     if (choice == "auto") return std::nullopt;
     if (choice == "none") {
-      show_tools = false;
+      out.tool_choice = ToolChoice::kNone;
       return std::nullopt;
     }
-    if (choice == "required")
-      return invalid_request("tool_choice \"required\" is not supported (pagoda does not constrain decoding); "
-                             "use \"auto\" or \"none\"",
-                             "tool_choice", "unsupported");
-    return invalid_request(fmt::format("'tool_choice' must be \"auto\" or \"none\", got \"{}\"", choice),
-                           "tool_choice");
+    if (choice == "required") {
+      if (!has_tools) return invalid_request("tool_choice \"required\" needs 'tools'", "tool_choice");
+      out.tool_choice = ToolChoice::kRequired;
+      return std::nullopt;
+    }
+    return invalid_request(
+        fmt::format("'tool_choice' must be \"auto\", \"none\", \"required\" or a named function, got \"{}\"", choice),
+        "tool_choice");
   }
-  if (it->is_object())
-    return invalid_request("a named tool_choice is not supported (pagoda does not constrain decoding); "
-                           "use \"auto\" or \"none\"",
-                           "tool_choice", "unsupported");
-  return invalid_request("'tool_choice' must be a string", "tool_choice");
+  if (it->is_object()) {
+    auto type = it->find("type");
+    auto function = it->find("function");
+    if (type == it->end() || *type != "function" || function == it->end() || !function->is_object() ||
+        !function->contains("name") || !(*function)["name"].is_string())
+      return invalid_request("a named tool_choice is {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                             "tool_choice");
+    const std::string name = (*function)["name"].get<std::string>();
+    bool found = false;
+    for (const auto& tool : has_tools ? tools : Json::array())
+      found = found || tool["function"].value("name", std::string()) == name;
+    if (!found) return invalid_request(fmt::format("tool_choice names '{}', which is not in 'tools'", name), "tool_choice");
+    out.tool_choice = ToolChoice::kNamed;
+    out.tool_choice_name = name;
+    return std::nullopt;
+  }
+  return invalid_request("'tool_choice' must be a string or an object", "tool_choice");
 }
 
 std::optional<ApiError> read_template_kwargs(const Json& body, Json& out) {
@@ -224,11 +239,12 @@ std::optional<ApiError> read_chat_prompt(const Json& body, ChatPrompt& out) {
   if (auto e = read_messages(body, out.messages)) return e;
   Json tools;
   if (auto e = read_tools(body, tools)) return e;
-  bool show_tools = true;
-  if (auto e = read_tool_choice(body, show_tools)) return e;
-  if (auto it = body.find("parallel_tool_calls"); it != body.end() && !it->is_null() && !it->is_boolean())
-    return invalid_request("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
-  out.tools = show_tools ? std::move(tools) : Json();
+  if (auto e = read_tool_choice(body, tools, out)) return e;
+  if (auto it = body.find("parallel_tool_calls"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean()) return invalid_request("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
+    out.parallel_tool_calls = it->get<bool>();
+  }
+  out.tools = out.tool_choice != ToolChoice::kNone ? std::move(tools) : Json();
   return read_template_kwargs(body, out.template_kwargs);
 }
 

@@ -15,7 +15,9 @@
 //     through unchanged after a type check.
 // tool_choice: "auto" (default) shows the tools to the template; "none" hides
 // them (the model is not told about tools, so it cannot call one); "required"
-// and a named function are rejected, since pagoda does not constrain decoding.
+// and a named function show them too, and the server constrains the output to
+// tool calls in the template's syntax whose arguments follow each tool's
+// parameters schema (structured_output.h).
 //
 // Every problem is an ApiError naming the field, e.g. "messages[2].tool_calls[0].function.name".
 //
@@ -35,10 +37,15 @@
 
 namespace pagoda::server {
 
+enum class ToolChoice { kAuto, kNone, kRequired, kNamed };
+
 struct ChatPrompt {
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();  // normalized message objects
   nlohmann::ordered_json tools;                                        // null, or the tools shown to the template
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // chat_template_kwargs
+  ToolChoice tool_choice = ToolChoice::kAuto;
+  std::string tool_choice_name;     // kNamed: the function
+  bool parallel_tool_calls = true;  // kRequired: more than one call may be made
 
   // The extra variables of ChatTemplate::render: template_kwargs, plus tools
   // when there are any.

@@ -27,6 +27,49 @@ bool HttpRequest::has_header(std::string_view name) const {
   return false;
 }
 
+namespace {
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+std::string url_decode(std::string_view in) {
+  std::string out;
+  out.reserve(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] == '+') {
+      out += ' ';
+    } else if (in[i] == '%' && i + 2 < in.size() && hex_value(in[i + 1]) >= 0 && hex_value(in[i + 2]) >= 0) {
+      out += static_cast<char>(hex_value(in[i + 1]) * 16 + hex_value(in[i + 2]));
+      i += 2;
+    } else {
+      out += in[i];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::string> HttpRequest::query_param(std::string_view name) const {
+  const size_t q = target.find('?');
+  if (q == std::string::npos) return std::nullopt;
+  std::string_view rest = std::string_view(target).substr(q + 1);
+  while (!rest.empty()) {
+    const size_t amp = rest.find('&');
+    const std::string_view pair = rest.substr(0, amp);
+    const size_t eq = pair.find('=');
+    if (url_decode(pair.substr(0, eq)) == name)
+      return eq == std::string_view::npos ? std::string() : url_decode(pair.substr(eq + 1));
+    if (amp == std::string_view::npos) break;
+    rest.remove_prefix(amp + 1);
+  }
+  return std::nullopt;
+}
+
 std::string_view http_reason_phrase(int status) {
   switch (status) {
     case 100: return "Continue";

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -34,6 +35,9 @@ struct HttpRequest {
 
   std::string_view header(std::string_view name) const { return find_header(headers, name); }
   bool has_header(std::string_view name) const;
+  // The first query parameter `name` of the target ("?since=3&x=y"), percent-
+  // and '+'-decoded; nullopt when absent.
+  std::optional<std::string> query_param(std::string_view name) const;
 };
 
 // A complete response. Content-Length, Connection and Date are the front's.

@@ -133,10 +133,96 @@ std::optional<ApiError> check_unsupported(const json& body) {
     return invalid_request("'suffix' is not supported", "suffix", "unsupported");
   if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null() && !(it->is_object() && it->empty()))
     return invalid_request("'logit_bias' is not supported", "logit_bias", "unsupported");
+  // Fields that change the output and that pagoda does not implement (OpenAI's and vLLM's): any
+  // value but their default is refused, never silently ignored. docs/API.md lists them.
+  static const std::vector<std::pair<const char*, json>> kUnsupported = {
+      {"functions", nullptr}, {"function_call", nullptr}, {"prediction", nullptr}, {"audio", nullptr},
+      {"modalities", nullptr}, {"reasoning_effort", nullptr}, {"web_search_options", nullptr},
+      {"guided_whitespace_pattern", nullptr}, {"logits_processors", nullptr}, {"prompt_logprobs", nullptr},
+      {"use_beam_search", false}, {"min_tokens", 0}, {"truncate_prompt_tokens", nullptr}, {"bad_words", nullptr},
+      {"allowed_token_ids", nullptr}, {"length_penalty", 1.0}, {"include_stop_str_in_output", false},
+      {"skip_special_tokens", true}, {"spaces_between_special_tokens", true}, {"add_generation_prompt", true},
+      {"continue_final_message", false}, {"add_special_tokens", nullptr}};
+  for (const auto& [name, default_value] : kUnsupported) {
+    auto it = body.find(name);
+    if (it == body.end() || it->is_null() || *it == default_value) continue;
+    return invalid_request(fmt::format("'{}' is not supported (only its default, {}, is)", name, default_value.dump()),
+                           std::string(name), "unsupported");
+  }
+  return std::nullopt;
+}
+
+// response_format and the vLLM-style guided_* fields; at most one of them.
+std::optional<ApiError> read_structured_output(const json& body, StructuredOutputSpec& out) {
+  auto claim = [&](const char* param) -> std::optional<ApiError> {
+    if (out.kind != StructuredOutputSpec::Kind::kNone)
+      return invalid_request(fmt::format("'{}' cannot be combined with '{}'", param, out.param), std::string(param));
+    out.param = param;
+    return std::nullopt;
+  };
   if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
-    if (!it->is_object() || it->value("type", "") != "text")
-      return invalid_request("only response_format {\"type\": \"text\"} is supported", "response_format",
-                             "unsupported");
+    if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string())
+      return invalid_request("'response_format' must be an object with a string 'type'", "response_format");
+    const std::string type = (*it)["type"].get<std::string>();
+    if (type == "json_object") {
+      if (auto e = claim("response_format")) return e;
+      out.kind = StructuredOutputSpec::Kind::kJsonObject;
+    } else if (type == "json_schema") {
+      if (auto e = claim("response_format")) return e;
+      auto spec = it->find("json_schema");
+      if (spec == it->end() || !spec->is_object())
+        return invalid_request("response_format.json_schema must be an object", "response_format.json_schema");
+      if (auto name = spec->find("name"); name != spec->end() && !name->is_string())
+        return invalid_request("response_format.json_schema.name must be a string", "response_format.json_schema.name");
+      if (auto strict = spec->find("strict"); strict != spec->end() && !strict->is_null() && !strict->is_boolean())
+        return invalid_request("response_format.json_schema.strict must be a boolean",
+                               "response_format.json_schema.strict");
+      auto schema = spec->find("schema");
+      out.kind = StructuredOutputSpec::Kind::kJsonSchema;
+      out.schema_path = "response_format.json_schema.schema";
+      // No schema: any JSON value (OpenAI requires one; vLLM accepts its absence).
+      out.schema = schema == spec->end() || schema->is_null() ? json::object() : *schema;
+      if (!out.schema.is_object() && !out.schema.is_boolean())
+        return invalid_request("response_format.json_schema.schema must be an object", out.schema_path);
+    } else if (type != "text") {
+      return invalid_request(
+          fmt::format("response_format type '{}' is not supported (text, json_object, json_schema are)", type),
+          "response_format.type", "unsupported");
+    }
+  }
+  if (auto it = body.find("guided_json"); it != body.end() && !it->is_null()) {
+    if (auto e = claim("guided_json")) return e;
+    out.kind = StructuredOutputSpec::Kind::kJsonSchema;
+    out.schema_path = "guided_json";
+    if (it->is_string()) {
+      out.schema = json::parse(it->get<std::string>(), nullptr, false);
+      if (out.schema.is_discarded()) return invalid_request("'guided_json' is not valid JSON", "guided_json");
+    } else {
+      out.schema = *it;
+    }
+    if (!out.schema.is_object() && !out.schema.is_boolean())
+      return invalid_request("'guided_json' must be a JSON Schema object", "guided_json");
+  }
+  for (auto [name, kind] : {std::pair{"guided_regex", StructuredOutputSpec::Kind::kRegex},
+                            std::pair{"guided_grammar", StructuredOutputSpec::Kind::kGrammar}}) {
+    auto it = body.find(name);
+    if (it == body.end() || it->is_null()) continue;
+    if (!it->is_string() || it->get<std::string>().empty())
+      return invalid_request(fmt::format("'{}' must be a non-empty string", name), std::string(name));
+    if (auto e = claim(name)) return e;
+    out.kind = kind;
+    out.text = it->get<std::string>();
+  }
+  if (auto it = body.find("guided_choice"); it != body.end() && !it->is_null()) {
+    if (!it->is_array() || it->empty())
+      return invalid_request("'guided_choice' must be a non-empty array of strings", "guided_choice");
+    if (auto e = claim("guided_choice")) return e;
+    out.kind = StructuredOutputSpec::Kind::kChoice;
+    for (const auto& v : *it) {
+      if (!v.is_string() || v.get<std::string>().empty())
+        return invalid_request("'guided_choice' must be a non-empty array of strings", "guided_choice");
+      out.choices.push_back(v.get<std::string>());
+    }
   }
   return std::nullopt;
 }
@@ -164,6 +250,7 @@ std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view text
     if (auto e = read_chat_prompt(body, req.chat)) return *e;
   }
   if (auto e = check_unsupported(body)) return *e;
+  if (auto e = read_structured_output(body, req.structured)) return *e;
 
   auto& s = req.sampling;
   if (auto v = r.number("temperature")) s.temperature = static_cast<float>(*v);

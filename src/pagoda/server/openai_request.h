@@ -6,9 +6,11 @@
 // model (known model name, tokenization, context length) happen in the server.
 //
 // Unknown fields are ignored, as OpenAI clients send extras; known fields with
-// unsupported values (echo, logit_bias, tool_choice "required", ...) are
-// rejected rather than silently ignored. Chat messages, tools and
-// chat_template_kwargs are read by chat_prompt.h.
+// unsupported values (echo, suffix, logit_bias, functions, ...) are rejected
+// rather than silently ignored (docs/API.md lists them). Chat messages, tools,
+// tool_choice and chat_template_kwargs are read by chat_prompt.h; the
+// structured-output fields (response_format, guided_json, guided_regex,
+// guided_grammar, guided_choice) into OpenAiRequest::structured, at most one.
 //
 // Thread safety: pure functions.
 
@@ -22,6 +24,7 @@
 #include "pagoda/engine/sampling_params.h"
 #include "pagoda/server/api_error.h"
 #include "pagoda/server/chat_prompt.h"
+#include "pagoda/server/structured_output.h"
 
 namespace pagoda::server {
 
@@ -40,6 +43,7 @@ struct OpenAiRequest {
   bool max_tokens_given = false;  // else the server picks (16 / rest of context)
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage
+  StructuredOutputSpec structured;  // response_format / guided_*; kind kNone when absent
 };
 
 // The largest max_tokens accepted before the context check (anything larger is

@@ -124,6 +124,32 @@ std::vector<json> ResponseBuilder::chunks(const engine::RequestOutput& delta) {
     choice["logprobs"] = want_logprobs_ && !d.logprobs.empty() ? logprobs_json(d.logprobs, offset) : json(nullptr);
     if (endpoint_ == Endpoint::kCompletions) {
       choice["text"] = d.text;
+    } else if (tool_call_syntax_ != ToolCallSyntax::kNone) {
+      if (!c.tool_stream) c.tool_stream.emplace(tool_call_syntax_);
+      ToolCallStream::Delta td = c.tool_stream->feed(d.text);
+      if (finished) {
+        ToolCallStream::Delta rest = c.tool_stream->finish();
+        td.content += rest.content;
+        for (auto& call : rest.calls) td.calls.push_back(std::move(call));
+      }
+      if (td.content.empty() && td.calls.empty() && !finished && c.role_sent) continue;
+      json delta_obj = json::object();
+      if (!c.role_sent) delta_obj["role"] = "assistant";
+      if (!td.content.empty() || !c.role_sent) delta_obj["content"] = td.content;
+      if (!td.calls.empty()) {
+        json calls = json::array();
+        for (auto& call : td.calls) {
+          const size_t k = c.tool_calls_sent++;
+          calls.push_back({{"index", k},
+                           {"id", fmt::format("call_{}_{}_{}", id_, d.index, k)},
+                           {"type", "function"},
+                           {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+        }
+        delta_obj["tool_calls"] = calls;
+      }
+      choice["delta"] = delta_obj;
+      if (finished && c.tool_calls_sent > 0 && d.finish_reason == engine::FinishReason::kStop)
+        choice["finish_reason"] = "tool_calls";
     } else {
       json delta_obj = json::object();
       if (!c.role_sent) delta_obj["role"] = "assistant";

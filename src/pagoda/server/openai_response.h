@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,8 +27,10 @@ class ResponseBuilder {
   ResponseBuilder(Endpoint endpoint, std::string id, std::string model, int64_t created, int32_t n,
                   bool want_logprobs, TokenText token_text);
 
-  // Non-streamed chat: read tool calls written in `syntax` out of each choice's
-  // text into message.tool_calls (finish_reason "tool_calls"). Off by default.
+  // Chat: read tool calls written in `syntax` out of each choice's text into
+  // message.tool_calls (finish_reason "tool_calls"); streamed, as
+  // delta.tool_calls entries released as each call completes (ToolCallStream).
+  // Off by default.
   void parse_tool_calls_as(ToolCallSyntax syntax) { tool_call_syntax_ = syntax; }
 
   // Non-streaming: feed every delta, then build the final body.
@@ -54,6 +57,8 @@ class ResponseBuilder {
     std::vector<int32_t> tokens;
     engine::FinishReason finish = engine::FinishReason::kNone;
     bool role_sent = false;
+    std::optional<ToolCallStream> tool_stream;  // streamed chat with a tool-call syntax
+    size_t tool_calls_sent = 0;
   };
   nlohmann::json logprobs_json(const std::vector<engine::SampledToken>& tokens, size_t text_offset) const;
   nlohmann::json chunk_base() const;

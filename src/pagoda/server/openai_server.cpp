@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/server/generation_reply.h"
+#include "pagoda/server/kv_event_feed.h"
+#include "pagoda/server/kv_routes.h"
 
 namespace pagoda::server {
 
@@ -37,6 +39,8 @@ HttpFrontConfig front_config(const ServerConfig& c) {
 
 OpenAiServer::OpenAiServer(ServerConfig config, engine::Engine& engine, TextCodec codec)
     : config_(std::move(config)), engine_(engine), codec_(std::move(codec)), front_(front_config(config_)) {
+  if (codec_.vocabulary) structured_ = std::make_unique<StructuredOutputCompiler>(codec_.vocabulary);
+  if (config_.publish_kv_events) kv_feed_ = std::make_unique<KvEventFeed>(engine_);
   install_routes();
 }
 
@@ -101,6 +105,9 @@ void OpenAiServer::install_routes() {
   front_.route("POST", "/v1/chat/completions", RouteRuns::kOnWorker,
                [this](HttpRequest& r) { return handle_generate(r, Endpoint::kChatCompletions); });
   front_.route("POST", "/v1/cache/drop", RouteRuns::kOnWorker, [this](HttpRequest& r) { return handle_cache_drop(r); });
+  int32_t block_size = 0;
+  engine_.visit_kv_cache([&](kv::KvCacheManager& kv) { block_size = kv.block_size(); });
+  install_kv_routes(front_, KvRoutesContext{&config_.api_keys, &engine_, kv_feed_.get(), block_size, &draining_});
 }
 
 HttpReply OpenAiServer::handle_models(const HttpRequest& http_req) {
@@ -171,6 +178,10 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
       return error_reply(invalid_request(
           fmt::format("stop_token_ids: {} is outside the vocabulary [0, {})", id, vocab), "stop_token_ids"));
 
+  // Structured outputs: the constraint is compiled before any quota is taken.
+  auto constraint = constraint_for(req);
+  if (auto* e = std::get_if<ApiError>(&constraint)) return error_reply(*e);
+
   // The tenant's quotas. Worst case for its KV cap: the prompt and every token
   // of every choice, each fork's last block its own.
   const int64_t n = req.sampling.n, max_tokens = req.sampling.max_tokens;
@@ -206,6 +217,7 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
   gen.tenant_namespace = ApiKeyStore::cache_namespace(tenant);
   gen.prompt_tokens = std::move(*tokens);
   gen.sampling = req.sampling;
+  gen.constraint = std::get<std::shared_ptr<const engine::TokenConstraint>>(std::move(constraint));
   auto submitted = engine_.submit(std::move(gen));
   if (!submitted.ok()) {
     quotas_.release(tenant, limits, reserved_tokens, 0);
@@ -227,10 +239,13 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
   auto builder = std::make_unique<ResponseBuilder>(endpoint, id, config_.model_name, unix_seconds(), req.sampling.n,
                                                    req.sampling.logprobs.has_value(),
                                                    [this](int32_t t) { return token_text(t); });
-  // Tool calls are read back only from whole responses, and only when the
-  // template was shown tools (streamed deltas stay text).
-  if (endpoint == Endpoint::kChatCompletions && !req.stream && req.chat.tools.is_array())
-    builder->parse_tool_calls_as(codec_.render_chat.tool_call_syntax);
+  // Tool calls are read back only when the template was shown tools; forced
+  // calls are written in the syntax the constraint used.
+  if (endpoint == Endpoint::kChatCompletions && req.chat.tools.is_array()) {
+    const bool forced = req.chat.tool_choice == ToolChoice::kRequired || req.chat.tool_choice == ToolChoice::kNamed;
+    const ToolCallSyntax syntax = codec_.render_chat.tool_call_syntax;
+    builder->parse_tool_calls_as(forced ? StructuredOutputCompiler::forced_tool_syntax(syntax) : syntax);
+  }
   GenerationReplyParts parts;
   parts.engine = &engine_;
   parts.stream = std::move(*submitted);
@@ -244,6 +259,20 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
   parts.retry_after_seconds = config_.retry_after_seconds;
   if (req.stream) return HttpReply::deferred(make_streamed_generation_reply(std::move(parts), req.include_usage));
   return HttpReply::deferred(make_whole_generation_reply(std::move(parts)));
+}
+
+std::variant<std::shared_ptr<const engine::TokenConstraint>, ApiError> OpenAiServer::constraint_for(
+    const OpenAiRequest& req) {
+  const ChatPrompt* chat = req.endpoint == Endpoint::kChatCompletions ? &req.chat : nullptr;
+  const bool forced_tools =
+      chat != nullptr && (chat->tool_choice == ToolChoice::kRequired || chat->tool_choice == ToolChoice::kNamed);
+  if (req.structured.kind == StructuredOutputSpec::Kind::kNone && !forced_tools)
+    return std::shared_ptr<const engine::TokenConstraint>();
+  if (!structured_) {
+    return invalid_request("structured outputs need the model's tokenizer, which this server has not loaded",
+                           forced_tools ? std::string("tool_choice") : req.structured.param, "unsupported");
+  }
+  return structured_->constraint_for(req.structured, chat, codec_.render_chat.tool_call_syntax);
 }
 
 HttpReply OpenAiServer::handle_metrics(const HttpRequest& req) {

@@ -7,7 +7,9 @@
 // GET /v1/models, POST /v1/cache/drop (pagoda: drop a conversation's or the
 // tenant's cached blocks), GET /v1/usage (pagoda: the caller's own tenant
 // figures), GET /health, GET /metrics (Prometheus; with api keys, only for a
-// key marked "admin"). No endpoint honours Range: every answer is whole.
+// key marked "admin"), and for a KV-aware router GET /v1/kv/events,
+// /v1/kv/namespace, /v1/load (kv_routes.h). No endpoint honours Range: every
+// answer is whole.
 //
 // Request path: JSON media type (415) -> auth (api key -> tenant -> cache
 // namespace) -> parse and validate (400 + OpenAI error object) -> model name
@@ -26,10 +28,14 @@
 // (generation_reply.h).
 //
 // Chat with tools: the messages, tools and chat_template_kwargs reach the chat
-// template whole (chat_prompt.h). In non-streamed responses, tool calls the
-// model writes in its template's syntax (tool_call_parser.h: Hermes blocks of
-// Qwen2.5 / Qwen3 / Hermes) come back as message.tool_calls with finish_reason
-// "tool_calls"; streamed responses carry them as plain text.
+// template whole (chat_prompt.h). Tool calls the model writes in its
+// template's syntax (tool_call_parser.h: Hermes blocks, Llama 3 JSON, Mistral
+// [TOOL_CALLS]) come back as message.tool_calls with finish_reason
+// "tool_calls", or streamed as delta.tool_calls.
+//
+// Structured outputs (structured_output.h): response_format json_object /
+// json_schema, tool_choice "required" or a named function, and the guided_*
+// extensions constrain decoding; docs/API.md lists every supported field.
 //
 // A client that disconnects is noticed from its socket by the front and its
 // request aborted, which frees its KV blocks at the next engine step.
@@ -56,8 +62,11 @@
 #include "pagoda/server/request_limits.h"
 #include "pagoda/server/tenant_quotas.h"
 #include "pagoda/server/tenant_usage.h"
+#include "pagoda/server/structured_output.h"
 
 namespace pagoda::server {
+
+class KvEventFeed;
 
 // What the server needs from a tokenizer and chat template; any may be empty
 // (fixture models without tokenizer accept token-id prompts only).
@@ -69,6 +78,9 @@ struct TextCodec {
   ChatRenderer render_chat;
   // Token -> text, for logprobs.
   TokenText token_text;
+  // The vocabulary as structured outputs see it (grammar::TokenVocabulary::from_tokenizer);
+  // null: requests for structured outputs get a 400.
+  std::shared_ptr<const grammar::TokenVocabulary> vocabulary;
 };
 
 struct ServerConfig {
@@ -92,6 +104,8 @@ struct ServerConfig {
   // After stop(), how long replies in progress may go on before every
   // connection is closed.
   std::chrono::milliseconds shutdown_grace{10'000};
+  // Serve GET /v1/kv/events (the KV manager must record events: KvCacheConfig::record_events).
+  bool publish_kv_events = true;
 };
 
 class OpenAiServer {
@@ -125,15 +139,20 @@ class OpenAiServer {
   StatusOr<std::vector<int32_t>> tokens_for_text(const std::string& text, bool add_special_tokens) const;
   StatusOr<std::vector<int32_t>> tokens_for_chat(const ChatPrompt& prompt) const;
   std::string token_text(int32_t token) const;
+  // The request's structured-output constraint (null when it asks for none).
+  std::variant<std::shared_ptr<const engine::TokenConstraint>, ApiError> constraint_for(const OpenAiRequest& req);
 
   ServerConfig config_;
   engine::Engine& engine_;
   TextCodec codec_;
-  HttpFront front_;
+  std::unique_ptr<StructuredOutputCompiler> structured_;
+  std::unique_ptr<KvEventFeed> kv_feed_;  // null unless config_.publish_kv_events
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_response_id_{1};
   TenantUsageBook tenant_usage_;
   TenantQuotas quotas_;
+  // Last: destroyed first, so no handler runs while the members above go away.
+  HttpFront front_;
 };
 
 }  // namespace pagoda::server

@@ -73,8 +73,11 @@ std::string render_prometheus_metrics(const engine::EngineStats& s, const HttpCo
          kv.blocks_total ? static_cast<double>(kv.blocks_in_use) / kv.blocks_total : 0.0);
   scalar(out, "pagoda_kv_unwritten_slots", "gauge", "Allocated KV slots not holding K/V (fragmentation).",
          kv.unwritten_slots);
-  scalar(out, "pagoda_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.",
-         kv.hit_tokens);
+  header(out, "pagoda_prefix_cache_hit_tokens_total", "counter",
+         "Prompt tokens served from the prefix cache, by the tier the blocks were found in.");
+  for (int t = 0; t < kv::kNumTiers; ++t)
+    out += fmt::format("pagoda_prefix_cache_hit_tokens_total{{tier=\"{}\"}} {}\n",
+                       kv::block_tier_name(static_cast<kv::BlockTier>(t)), kv.hit_tokens_by_tier[t]);
   header(out, "pagoda_prefix_cache_miss_tokens_total", "counter", "Prompt tokens computed, by miss reason.");
   for (int r = 1; r < kv::kNumMissReasons; ++r)
     out += fmt::format("pagoda_prefix_cache_miss_tokens_total{{reason=\"{}\"}} {}\n",
@@ -86,11 +89,54 @@ std::string render_prometheus_metrics(const engine::EngineStats& s, const HttpCo
     out += fmt::format("pagoda_kv_removed_blocks_total{{reason=\"{}\"}} {}\n",
                        kv::removal_reason_name(static_cast<kv::RemovalReason>(r)), kv.removed_blocks_by_reason[r]);
 
+  // The tiers: device (the backend's KV pool) and host (--kv-offload-memory).
+  header(out, "pagoda_kv_tier_blocks_capacity", "gauge", "KV blocks each tier holds.");
+  out += fmt::format("pagoda_kv_tier_blocks_capacity{{tier=\"device\"}} {}\n", kv.blocks_total);
+  out += fmt::format("pagoda_kv_tier_blocks_capacity{{tier=\"host\"}} {}\n", kv.host_blocks_total);
+  header(out, "pagoda_kv_tier_blocks_used", "gauge",
+         "KV blocks not free in each tier (in use by sequences or holding cached K/V).");
+  out += fmt::format("pagoda_kv_tier_blocks_used{{tier=\"device\"}} {}\n", kv.blocks_total - kv.blocks_free);
+  out += fmt::format("pagoda_kv_tier_blocks_used{{tier=\"host\"}} {}\n", kv.host_blocks_total - kv.host_blocks_free);
+  scalar(out, "pagoda_kv_host_blocks_cached", "gauge",
+         "Host-tier blocks holding prefix-cache K/V (written back, or copies of device blocks).", kv.host_blocks_cached);
+  scalar(out, "pagoda_kv_host_blocks_swapped", "gauge", "Host-tier blocks held by swapped-out sequences.",
+         kv.host_blocks_swapped);
+  scalar(out, "pagoda_kv_swapped_sequences", "gauge", "Sequences whose K/V waits in the host tier.",
+         kv.sequences_swapped);
+  scalar(out, "pagoda_kv_blocks_demoted_total", "counter",
+         "Cached blocks the device evicted into the host tier instead of dropping them.", kv.blocks_demoted);
+  scalar(out, "pagoda_kv_blocks_written_back_total", "counter",
+         "Demotions that copied the block (the others reused a host copy already there).", kv.blocks_written_back);
+  scalar(out, "pagoda_kv_blocks_promoted_total", "counter", "Host-tier hits copied back into device blocks.",
+         kv.blocks_promoted);
+  scalar(out, "pagoda_kv_host_blocks_evicted_total", "counter", "Host-tier blocks reclaimed by host-tier eviction.",
+         kv.host_blocks_evicted);
+  scalar(out, "pagoda_kv_blocks_lost_total", "counter",
+         "Blocks whose transfer between tiers failed (dropped from the cache, recomputed).", kv.blocks_lost);
+  const char* directions[runtime::kNumTransferDirections] = {"device_to_host", "host_to_device"};
+  header(out, "pagoda_kv_transfer_blocks_total", "counter", "KV blocks copied between the tiers, by direction.");
+  for (int d = 0; d < runtime::kNumTransferDirections; ++d)
+    out += fmt::format("pagoda_kv_transfer_blocks_total{{direction=\"{}\"}} {}\n", directions[d],
+                       s.transfers.blocks[d]);
+  header(out, "pagoda_kv_transfer_bytes_total", "counter", "Bytes copied between the tiers, by direction.");
+  for (int d = 0; d < runtime::kNumTransferDirections; ++d)
+    out += fmt::format("pagoda_kv_transfer_bytes_total{{direction=\"{}\"}} {}\n", directions[d],
+                       s.transfers.bytes[d]);
+  header(out, "pagoda_kv_transfer_seconds_total", "counter",
+         "Time the copies between the tiers took, by direction (on a GPU: on its copy stream).");
+  for (int d = 0; d < runtime::kNumTransferDirections; ++d)
+    out += fmt::format("pagoda_kv_transfer_seconds_total{{direction=\"{}\"}} {}\n", directions[d],
+                       s.transfers.seconds[d]);
+  scalar(out, "pagoda_kv_transfer_failures_total", "counter",
+         "Calls that moved blocks between the tiers and failed.", s.transfer_failures);
+
   scalar(out, "pagoda_queue_length", "gauge", "Requests accepted but not yet started.", s.num_queued_requests);
   scalar(out, "pagoda_waiting_sequences", "gauge", "Sequences waiting (incl. preempted).", s.num_waiting);
   scalar(out, "pagoda_running_sequences", "gauge", "Sequences in the running batch.", s.num_running);
   scalar(out, "pagoda_requests_in_flight", "gauge", "Requests accepted and not finished.", s.num_requests_in_flight);
-  scalar(out, "pagoda_preemptions_total", "counter", "Sequences preempted by recompute.", s.preemptions);
+  scalar(out, "pagoda_preemptions_total", "counter", "Sequences preempted (by swap or by recompute).", s.preemptions);
+  scalar(out, "pagoda_swap_preemptions_total", "counter",
+         "Preemptions by swap: the K/V went to the host tier and came back, not recomputed.", s.swap_preemptions);
   scalar(out, "pagoda_engine_steps_total", "counter", "Model forward steps.", s.steps);
   header(out, "pagoda_requests_total", "counter", "Requests by outcome.");
   out += fmt::format("pagoda_requests_total{{outcome=\"stop\"}} {}\n", s.requests_finished_stop);

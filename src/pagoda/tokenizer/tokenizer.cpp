@@ -14,6 +14,7 @@
 #include "pagoda/tokenizer/post_processor.h"
 #include "pagoda/tokenizer/pre_tokenizer.h"
 #include "pagoda/tokenizer/tokenizer_json_reader.h"
+#include "pagoda/tokenizer/transformers_class.h"
 #include "pagoda/tokenizer/utf8.h"
 
 namespace pagoda::tokenizer {
@@ -35,6 +36,8 @@ struct Tokenizer::Impl {
   std::optional<std::string> bos_token, eos_token, pad_token, unk_token;
   std::vector<TokenId> generation_eos_ids;
   std::string chat_template;
+  std::string tokenizer_class;
+  bool pipeline_rebuilt = false;
 
   const AddedToken* added(TokenId id) const {
     if (id < 0 || static_cast<size_t>(id) >= added_index_by_id.size()) return nullptr;
@@ -105,8 +108,10 @@ bool json_mentions_type(const nlohmann::json& spec, std::string_view type) {
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Tokenizer::~Tokenizer() = default;
 
-StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::load(const std::filesystem::path& model_dir) {
+StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::load(const std::filesystem::path& model_dir,
+                                                          bool follow_transformers_class) {
   TokenizerFiles files;
+  files.follow_transformers_class = follow_transformers_class;
   const auto tokenizer_path = model_dir / "tokenizer.json";
   files.source_name = tokenizer_path.string();
   std::error_code error;
@@ -151,17 +156,47 @@ StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::load_from_contents_checked
   auto field = [&](const char* key) -> const nlohmann::json& {
     return spec.contains(key) ? spec[key] : null_value;
   };
+  PipelineSpecs specs{field("normalizer"), field("pre_tokenizer"), field("post_processor"),
+                      field("decoder"), spec["model"]};
+  const std::string config_name = "tokenizer_config.json";
+  nlohmann::json config;
+  if (!files.tokenizer_config_json.empty()) {
+    PAGODA_ASSIGN_OR_RETURN(config, parse_json(files.tokenizer_config_json, config_name));
+  }
+  if (files.follow_transformers_class) {
+    auto token_id = [&](const std::string& token) -> std::optional<int32_t> {
+      for (const auto& entry : field("added_tokens")) {
+        if (entry.is_object() && entry.value("content", std::string()) == token &&
+            entry.contains("id") && entry["id"].is_number_integer()) {
+          return entry["id"].get<int32_t>();
+        }
+      }
+      for (const auto& [vocab_token, id] : parsed.vocab) {
+        if (vocab_token == token) return static_cast<int32_t>(id);
+      }
+      return std::nullopt;
+    };
+    PAGODA_ASSIGN_OR_RETURN(TransformersClassReport report,
+                            apply_transformers_class(config, token_id, config_name, specs));
+    impl->tokenizer_class = report.tokenizer_class;
+    impl->pipeline_rebuilt = report.pipeline_rebuilt;
+  } else if (config.is_object() && config.contains("tokenizer_class") &&
+             config["tokenizer_class"].is_string()) {
+    impl->tokenizer_class = config["tokenizer_class"].get<std::string>();
+  }
+  // Names in errors say where a rebuilt component came from.
+  const std::string rebuilt = impl->pipeline_rebuilt ? " (as rebuilt for " + impl->tokenizer_class + ")" : "";
   PAGODA_ASSIGN_OR_RETURN(impl->normalizer,
-                          Normalizer::from_json(field("normalizer"), name + ": normalizer"));
-  PAGODA_ASSIGN_OR_RETURN(impl->pre_tokenizer,
-                          PreTokenizer::from_json(field("pre_tokenizer"), name + ": pre_tokenizer"));
-  PAGODA_ASSIGN_OR_RETURN(impl->post_processor, PostProcessor::from_json(
-                                                    field("post_processor"), name + ": post_processor"));
-  PAGODA_ASSIGN_OR_RETURN(impl->decoder, Decoder::from_json(field("decoder"), name + ": decoder"));
+                          Normalizer::from_json(specs.normalizer, name + ": normalizer" + rebuilt));
+  PAGODA_ASSIGN_OR_RETURN(impl->pre_tokenizer, PreTokenizer::from_json(
+                                                   specs.pre_tokenizer, name + ": pre_tokenizer" + rebuilt));
+  PAGODA_ASSIGN_OR_RETURN(impl->post_processor,
+                          PostProcessor::from_json(specs.post_processor, name + ": post_processor"));
+  PAGODA_ASSIGN_OR_RETURN(impl->decoder, Decoder::from_json(specs.decoder, name + ": decoder" + rebuilt));
   const bool byte_level =
-      json_mentions_type(field("pre_tokenizer"), "ByteLevel") || impl->decoder.has_byte_level();
+      json_mentions_type(specs.pre_tokenizer, "ByteLevel") || impl->decoder.has_byte_level();
   PAGODA_ASSIGN_OR_RETURN(impl->model,
-                          BpeModel::from_json(spec["model"], parsed.vocab, parsed.merges,
+                          BpeModel::from_json(specs.model, parsed.vocab, parsed.merges,
                                               byte_level, name + ": model"));
   impl->vocab_size = impl->model->id_limit();
 
@@ -219,9 +254,6 @@ StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::load_from_contents_checked
 
   // tokenizer_config.json and generation_config.json.
   if (!files.tokenizer_config_json.empty()) {
-    const std::string config_name = "tokenizer_config.json";
-    PAGODA_ASSIGN_OR_RETURN(nlohmann::json config,
-                            parse_json(files.tokenizer_config_json, config_name));
     impl->bos_token = config_token(config, "bos_token");
     impl->eos_token = config_token(config, "eos_token");
     impl->pad_token = config_token(config, "pad_token");
@@ -238,16 +270,16 @@ StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::load_from_contents_checked
     }
   }
   if (!files.generation_config_json.empty()) {
-    const std::string config_name = "generation_config.json";
-    PAGODA_ASSIGN_OR_RETURN(nlohmann::json config,
-                            parse_json(files.generation_config_json, config_name));
-    if (config.is_object() && config.contains("eos_token_id")) {
-      const auto& value = config["eos_token_id"];
+    const std::string generation_name = "generation_config.json";
+    PAGODA_ASSIGN_OR_RETURN(nlohmann::json generation,
+                            parse_json(files.generation_config_json, generation_name));
+    if (generation.is_object() && generation.contains("eos_token_id")) {
+      const auto& value = generation["eos_token_id"];
       auto add_id = [&](const nlohmann::json& id) -> Status {
         if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
             id.get<int64_t>() >= impl->vocab_size) {
           return data_loss_error("{}: eos_token_id: {} is not a token id (vocab size {})",
-                                 config_name, id.dump(), impl->vocab_size);
+                                 generation_name, id.dump(), impl->vocab_size);
         }
         impl->generation_eos_ids.push_back(id.get<int32_t>());
         return ok_status();
@@ -384,6 +416,8 @@ bool Tokenizer::decode_depends_on_next(TokenId id) const {
 }
 
 const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
+const std::string& Tokenizer::tokenizer_class() const { return impl_->tokenizer_class; }
+bool Tokenizer::follows_transformers_rebuild() const { return impl_->pipeline_rebuilt; }
 
 std::string Tokenizer::token_bytes(TokenId id) const {
   if (const AddedToken* added = impl_->added(id)) return added->content;

@@ -1,6 +1,10 @@
 #pragma once
 // Tokenizer: Hugging Face tokenizer.json (+ tokenizer_config.json, generation_config.json) loaded
-// and run the way the `tokenizers` library runs it, byte for byte.
+// and run the way transformers 5's AutoTokenizer runs it, byte for byte: tokenizer.json as the
+// `tokenizers` library runs it, except where the tokenizer_class named in tokenizer_config.json
+// makes transformers rebuild parts of the pipeline (transformers_class.h: the Llama /
+// sentencepiece classes' Metaspace pre-tokenizer, add_bos_token / add_eos_token). The literal
+// `tokenizers` reading stays available (TokenizerFiles::follow_transformers_class = false).
 //
 // Pipeline of encode(text): added/special tokens are cut out of the raw text first (leftmost-
 // longest, as HF's AddedVocabulary does), every other piece goes through the normalizer (NFC,
@@ -41,6 +45,10 @@ struct TokenizerFiles {
   std::string tokenizer_config_json;    // contents of tokenizer_config.json (optional)
   std::string generation_config_json;   // contents of generation_config.json (optional)
   std::string source_name = "tokenizer.json";  // used in error messages (usually the path)
+  // true: read the files as transformers 5's AutoTokenizer does (tokenizer_config.json's
+  // tokenizer_class may rebuild the pipeline; see transformers_class.h). false: run
+  // tokenizer.json literally, as the `tokenizers` library's Tokenizer.from_file does.
+  bool follow_transformers_class = true;
 };
 
 struct EncodeOptions {
@@ -52,7 +60,8 @@ class Tokenizer {
   // Loads <model_dir>/tokenizer.json, plus tokenizer_config.json and generation_config.json when
   // present. Errors name the file and the field: NOT_FOUND (no tokenizer.json), DATA_LOSS (bad
   // JSON / bad field), UNIMPLEMENTED (a model / normalizer / pre-tokenizer type pagoda lacks).
-  static StatusOr<std::shared_ptr<const Tokenizer>> load(const std::filesystem::path& model_dir);
+  static StatusOr<std::shared_ptr<const Tokenizer>> load(const std::filesystem::path& model_dir,
+                                                         bool follow_transformers_class = true);
   // Same, from contents already in memory (tests, embedded models).
   static StatusOr<std::shared_ptr<const Tokenizer>> load_from_contents(const TokenizerFiles& files);
 
@@ -60,12 +69,14 @@ class Tokenizer {
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
 
-  // Text -> ids, exactly as tokenizers' Tokenizer.encode(text, add_special_tokens).ids.
+  // Text -> ids, exactly as AutoTokenizer(text, add_special_tokens).input_ids (or, loaded
+  // literally, tokenizers' Tokenizer.encode(text, add_special_tokens).ids).
   std::vector<TokenId> encode(std::string_view text, bool add_special_tokens = true) const;
   // Appends to `out` (reuses its capacity); same result as encode().
   void encode_into(std::string_view text, bool add_special_tokens, std::vector<TokenId>& out) const;
 
-  // Ids -> text, exactly as tokenizers' Tokenizer.decode(ids, skip_special_tokens). Ids outside
+  // Ids -> text, exactly as AutoTokenizer.decode / Tokenizer.decode(ids, skip_special_tokens)
+  // (transformers skips clean_up_tokenization_spaces for BPE models, so they agree). Ids outside
   // the vocabulary are skipped (HF does the same).
   std::string decode(std::span<const TokenId> ids, bool skip_special_tokens = false) const;
 
@@ -93,6 +104,11 @@ class Tokenizer {
   // tokenizer_config.json's "chat_template" when it is a string (else empty); rendering it is
   // pagoda::chat's job.
   const std::string& chat_template() const;
+
+  // tokenizer_config.json's "tokenizer_class" ("" when absent) and whether loading rebuilt the
+  // pipeline for it the way transformers does (false when loaded literally).
+  const std::string& tokenizer_class() const;
+  bool follows_transformers_rebuild() const;
 
   // The raw bytes that `id` stands for, before any decoder-level joining: for byte-level
   // vocabularies the decoded bytes of the token, for sentencepiece ones with "▁" -> " " and

@@ -50,9 +50,17 @@ StatusOr<CpuKvPool> CpuKvPool::create(const KvPoolShape& shape) {
     return invalid_argument_error("KV pool dtypes must be f32, f16, bf16, fp8, int8 or int4 (got K {}, V {})",
                                   static_cast<int>(shape.key_dtype), static_cast<int>(shape.value_dtype));
   }
+  if (shape.latent && (shape.num_kv_heads != 1 || shape.value_dtype != shape.key_dtype)) {
+    return invalid_argument_error(
+        "an MLA latent pool caches one vector per token in one dtype: kv_heads must be 1 (got {}) and the V dtype "
+        "must be the K dtype (got K {}, V {})", shape.num_kv_heads, dtype_name(shape.key_dtype),
+        dtype_name(shape.value_dtype));
+  }
   try {
     Store key = make_store(shape, shape.key_dtype);
-    Store value = make_store(shape, shape.value_dtype);
+    Store value;  // an MLA latent pool has no V: an empty store
+    value.dtype = shape.value_dtype;
+    if (!shape.latent) value = make_store(shape, shape.value_dtype);
     return CpuKvPool(shape, std::move(key), std::move(value));
   } catch (const std::bad_alloc&) {
     return resource_exhausted_error("cannot allocate a CPU KV pool of {} blocks x {} tokens ({} MiB)",
@@ -77,7 +85,7 @@ kernels::PagedKvLayer CpuKvPool::layer(int32_t layer) {
   assert(layer >= 0 && layer < shape_.num_layers);
   kernels::PagedKvLayer view;
   view.key = block_data(key_, layer, 0);
-  view.value = block_data(value_, layer, 0);
+  view.value = value_.data ? block_data(value_, layer, 0) : nullptr;
   view.num_blocks = shape_.num_blocks;
   view.block_size = shape_.block_size;
   view.num_kv_heads = shape_.num_kv_heads;
@@ -93,6 +101,7 @@ void CpuKvPool::zero_block(int32_t block) {
   assert(block >= 0 && block < shape_.num_blocks);
   for (int32_t l = 0; l < shape_.num_layers; ++l) {
     for (const Store* s : {&key_, &value_}) {
+      if (!s->data) continue;  // the V store of an MLA latent pool
       std::memset(block_data(*s, l, block), 0, s->block_data_bytes);
       if (s->scales) std::memset(block_scales(*s, l, block), 0, s->block_scale_bytes);
     }
@@ -104,8 +113,42 @@ void CpuKvPool::copy_block(int32_t src, int32_t dst) {
   if (src == dst) return;
   for (int32_t l = 0; l < shape_.num_layers; ++l) {
     for (const Store* s : {&key_, &value_}) {
+      if (!s->data) continue;  // the V store of an MLA latent pool
       std::memcpy(block_data(*s, l, dst), block_data(*s, l, src), s->block_data_bytes);
       if (s->scales) std::memcpy(block_scales(*s, l, dst), block_scales(*s, l, src), s->block_scale_bytes);
+    }
+  }
+}
+
+void CpuKvPool::export_block(int32_t block, std::byte* chunk) const {
+  assert(block >= 0 && block < shape_.num_blocks);
+  for (int32_t l = 0; l < shape_.num_layers; ++l) {
+    // The host block layout's order: K codes, V codes, K scales, V scales (an MLA pool has no V).
+    for (const Store* s : {&key_, &value_}) {
+      if (!s->data) continue;
+      std::memcpy(chunk, block_data(*s, l, block), s->block_data_bytes);
+      chunk += s->block_data_bytes;
+    }
+    for (const Store* s : {&key_, &value_}) {
+      if (!s->data || !s->scales) continue;
+      std::memcpy(chunk, block_scales(*s, l, block), s->block_scale_bytes);
+      chunk += s->block_scale_bytes;
+    }
+  }
+}
+
+void CpuKvPool::import_block(int32_t block, const std::byte* chunk) {
+  assert(block >= 0 && block < shape_.num_blocks);
+  for (int32_t l = 0; l < shape_.num_layers; ++l) {
+    for (const Store* s : {&key_, &value_}) {
+      if (!s->data) continue;
+      std::memcpy(block_data(*s, l, block), chunk, s->block_data_bytes);
+      chunk += s->block_data_bytes;
+    }
+    for (const Store* s : {&key_, &value_}) {
+      if (!s->data || !s->scales) continue;
+      std::memcpy(block_scales(*s, l, block), chunk, s->block_scale_bytes);
+      chunk += s->block_scale_bytes;
     }
   }
 }

@@ -3,7 +3,9 @@
 // of [num_blocks, block_size, num_kv_heads, head_dim] elements of key_dtype /
 // value_dtype (f32, f16, bf16, fp8 e4m3, int8, int4), plus for the quantized
 // dtypes a scale pool of [num_blocks, num_kv_heads, block_size, groups] 4-byte
-// records beside each (layout and arithmetic: runtime/kv_quant.h). Block id b
+// records beside each (layout and arithmetic: runtime/kv_quant.h). An MLA
+// model's pool (KvPoolShape::latent) holds only the K side: one latent vector
+// per token (num_kv_heads 1), and layer() returns a null value pointer. Block id b
 // names the same token range in every layer. This class is memory only: which
 // blocks belong to which sequence is the KV manager's business (kv/), handed to
 // the model through ForwardBatch block tables.
@@ -44,6 +46,12 @@ class CpuKvPool {
   // Copies block src's data and scales to block dst in every layer, bytes as
   // they are (copy on write keeps quantized codes exact). 0 <= src, dst < num_blocks.
   void copy_block(int32_t src, int32_t dst);
+  // Copies a block out to / in from one contiguous chunk of
+  // runtime::host_block_layout(shape()).block_bytes() bytes laid out as that
+  // header says (every layer's K codes, V codes, K scales, V scales), bytes as
+  // they are. 0 <= block < num_blocks.
+  void export_block(int32_t block, std::byte* chunk) const;
+  void import_block(int32_t block, const std::byte* chunk);
 
  private:
   // One of K or V over all layers: data [layers, blocks, block_size, kv_heads, head bytes]

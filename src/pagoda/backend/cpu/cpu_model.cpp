@@ -9,6 +9,7 @@
 #include "pagoda/backend/cpu/kernels/rmsnorm.h"
 #include "pagoda/backend/cpu/kernels/rope.h"
 #include "pagoda/backend/cpu/kernels/silu_mul.h"
+#include "pagoda/model/kv_geometry.h"
 #include "pagoda/runtime/batch_validation.h"
 
 namespace pagoda {
@@ -34,14 +35,18 @@ StatusOr<std::unique_ptr<CpuModel>> CpuModel::load(const std::filesystem::path& 
 
 CpuModel::CpuModel(ModelConfig config, ModelWeights weights)
     : config_(std::move(config)), weights_(std::move(weights)) {
+  if (config_.mla) {
+    mla_ = std::make_unique<CpuMlaAttention>(config_, weights_);
+    if (config_.moe) moe_ = std::make_unique<CpuMoeBlock>(*config_.moe, config_.hidden_size);
+    return;
+  }
   inv_freq_ = rope_inverse_frequencies(
       config_.head_dim, config_.rope_theta, config_.rope_llama3 ? &*config_.rope_llama3 : nullptr);
 }
 
 KvPoolShape CpuModel::kv_pool_shape(int32_t num_blocks, int32_t block_size, DType key_dtype,
                                     DType value_dtype) const {
-  return KvPoolShape{config_.num_layers, num_blocks, block_size, config_.num_kv_heads,
-                     config_.head_dim, key_dtype, value_dtype};
+  return model_kv_pool_shape(config_, num_blocks, block_size, key_dtype, value_dtype);
 }
 
 Status CpuModel::validate(const ForwardBatch& batch, const CpuKvPool& pool) const {
@@ -51,6 +56,31 @@ Status CpuModel::validate(const ForwardBatch& batch, const CpuKvPool& pool) cons
   runtime::BatchLimits limits;
   limits.vocab_size = config_.vocab_size;
   return runtime::validate_forward_batch(batch, ps, limits);
+}
+
+void CpuModel::attention_layer(int32_t l, const ForwardBatch& batch, std::span<const int64_t> slots,
+                               std::span<const kernels::PagedSequence> sequences,
+                               const kernels::PagedAttentionParams& attention, CpuKvPool& pool) {
+  const ModelConfig& c = config_;
+  const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+  const size_t T = static_cast<size_t>(batch.num_tokens());
+  const size_t D = static_cast<size_t>(c.head_dim);
+  kernels::linear(normed_.data(), T, w.q_proj, bias_or_null(w.q_bias), q_.data());
+  kernels::linear(normed_.data(), T, w.k_proj, bias_or_null(w.k_bias), k_.data());
+  kernels::linear(normed_.data(), T, w.v_proj, bias_or_null(w.v_bias), v_.data());
+  if (c.qk_norm) {
+    kernels::rmsnorm(q_.data(), w.q_norm.data(), q_.data(), T * c.num_q_heads, D, c.rms_norm_eps);
+    kernels::rmsnorm(k_.data(), w.k_norm.data(), k_.data(), T * c.num_kv_heads, D, c.rms_norm_eps);
+  }
+  kernels::apply_rope(q_.data(), batch.positions.data(), T, c.num_q_heads, D, inv_freq_.data());
+  kernels::apply_rope(k_.data(), batch.positions.data(), T, c.num_kv_heads, D, inv_freq_.data());
+
+  kernels::PagedKvLayer kv = pool.layer(l);
+  kv.key_fixed_scale = w.k_scale;  // checkpoint-calibrated fp8 scales, when present (0: per vector)
+  kv.value_fixed_scale = w.v_scale;
+  kernels::kv_write(k_.data(), v_.data(), slots, kv);
+  kernels::paged_attention(q_.data(), kv, sequences, attention, attn_.data());
+  kernels::linear(attn_.data(), T, w.o_proj, bias_or_null(w.o_bias), proj_.data());
 }
 
 Status CpuModel::forward(const ForwardBatch& batch, CpuKvPool& pool, std::vector<float>& logits) {
@@ -76,10 +106,12 @@ Status CpuModel::forward(const ForwardBatch& batch, CpuKvPool& pool, std::vector
 
   hidden_.resize(T * H);
   normed_.resize(T * H);
-  q_.resize(T * q_width);
-  k_.resize(T * kv_width);
-  v_.resize(T * kv_width);
-  attn_.resize(T * q_width);
+  if (!mla_) {
+    q_.resize(T * q_width);
+    k_.resize(T * kv_width);
+    v_.resize(T * kv_width);
+    attn_.resize(T * q_width);
+  }
   proj_.resize(T * H);
   gate_.resize(T * I);
   up_.resize(T * I);
@@ -89,30 +121,22 @@ Status CpuModel::forward(const ForwardBatch& batch, CpuKvPool& pool, std::vector
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
     kernels::rmsnorm(hidden_.data(), w.input_norm.data(), normed_.data(), T, H, c.rms_norm_eps);
-    kernels::linear(normed_.data(), T, w.q_proj, bias_or_null(w.q_bias), q_.data());
-    kernels::linear(normed_.data(), T, w.k_proj, bias_or_null(w.k_bias), k_.data());
-    kernels::linear(normed_.data(), T, w.v_proj, bias_or_null(w.v_bias), v_.data());
-    if (c.qk_norm) {
-      kernels::rmsnorm(q_.data(), w.q_norm.data(), q_.data(), T * c.num_q_heads, D, c.rms_norm_eps);
-      kernels::rmsnorm(k_.data(), w.k_norm.data(), k_.data(), T * c.num_kv_heads, D, c.rms_norm_eps);
+    if (mla_) {
+      mla_->forward(l, normed_.data(), T, batch.positions.data(), slots, sequences, pool.layer(l), proj_.data());
+    } else {
+      attention_layer(l, batch, slots, sequences, attention, pool);
     }
-    kernels::apply_rope(q_.data(), batch.positions.data(), T, c.num_q_heads, D, inv_freq_.data());
-    kernels::apply_rope(k_.data(), batch.positions.data(), T, c.num_kv_heads, D, inv_freq_.data());
-
-    kernels::PagedKvLayer kv = pool.layer(l);
-    kv.key_fixed_scale = w.k_scale;  // checkpoint-calibrated fp8 scales, when present (0: per vector)
-    kv.value_fixed_scale = w.v_scale;
-    kernels::kv_write(k_.data(), v_.data(), slots, kv);
-    kernels::paged_attention(q_.data(), kv, sequences, attention, attn_.data());
-
-    kernels::linear(attn_.data(), T, w.o_proj, bias_or_null(w.o_bias), proj_.data());
     add_in_place(hidden_.data(), proj_.data(), T * H);
 
     kernels::rmsnorm(hidden_.data(), w.post_attention_norm.data(), normed_.data(), T, H, c.rms_norm_eps);
-    kernels::linear(normed_.data(), T, w.gate_proj, bias_or_null(w.gate_bias), gate_.data());
-    kernels::linear(normed_.data(), T, w.up_proj, bias_or_null(w.up_bias), up_.data());
-    kernels::silu_mul(gate_.data(), up_.data(), gate_.data(), T * I);
-    kernels::linear(gate_.data(), T, w.down_proj, bias_or_null(w.down_bias), proj_.data());
+    if (moe_ && c.moe->is_moe_layer(l)) {
+      moe_->forward(normed_.data(), T, w.moe, proj_.data());
+    } else {
+      kernels::linear(normed_.data(), T, w.gate_proj, bias_or_null(w.gate_bias), gate_.data());
+      kernels::linear(normed_.data(), T, w.up_proj, bias_or_null(w.up_bias), up_.data());
+      kernels::silu_mul(gate_.data(), up_.data(), gate_.data(), T * I);
+      kernels::linear(gate_.data(), T, w.down_proj, bias_or_null(w.down_bias), proj_.data());
+    }
     add_in_place(hidden_.data(), proj_.data(), T * H);
   }
 

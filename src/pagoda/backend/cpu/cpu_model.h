@@ -1,14 +1,18 @@
 #pragma once
 // The CPU reference forward of the llama family (Llama incl. llama3 RoPE,
-// Mistral, Qwen2, Qwen3), f32 compute on f32/f16/bf16 weights, multi-threaded
-// on ThreadPool::global().
+// Mistral, Qwen2, Qwen3) and of DeepSeek V2/V3 (multi-head latent attention
+// over a paged latent pool, backend/cpu/mla_attention_layer.h, and mixture of
+// experts, backend/cpu/moe_block.h), f32 compute on f32/f16/bf16 weights,
+// multi-threaded on ThreadPool::global().
 //
 // One call runs one ForwardBatch: any mix of prefill chunks (after cached
 // tokens or not) and decodes, several sequences. Per layer: rmsnorm -> q/k/v
 // (+bias) -> (Qwen3 q/k norm) -> RoPE -> write K/V into the pool at the slots
 // of each sequence's block table -> paged attention (K/V read only through the
 // block tables) -> o_proj -> residual -> rmsnorm -> silu(gate) * up -> down ->
-// residual; then final norm and lm_head for the requested rows only.
+// residual; then final norm and lm_head for the requested rows only. A
+// DeepSeek layer swaps the attention for MLA (the pool holds one latent vector
+// per token) and, from first_k_dense_replace on, the MLP for the MoE block.
 //
 // Thread safety: forward() uses per-model scratch buffers: one call at a time
 // per model. The pool is written at the batch's slots only.
@@ -16,9 +20,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "pagoda/backend/cpu/cpu_kv_pool.h"
+#include "pagoda/backend/cpu/kernels/paged_attention.h"
+#include "pagoda/backend/cpu/mla_attention_layer.h"
+#include "pagoda/backend/cpu/moe_block.h"
 #include "pagoda/core/status.h"
 #include "pagoda/runtime/forward_batch.h"
 #include "pagoda/model/model_config.h"
@@ -32,12 +40,15 @@ class CpuModel {
   static StatusOr<std::unique_ptr<CpuModel>> load(const std::filesystem::path& model_dir,
                                                   const WeightLoadOptions& options = {});
   CpuModel(ModelConfig config, ModelWeights weights);
+  CpuModel(const CpuModel&) = delete;
+  CpuModel& operator=(const CpuModel&) = delete;
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
 
   // The pool shape this model needs for num_blocks blocks of block_size tokens,
-  // K and V stored as key_dtype / value_dtype (f32, f16, bf16, fp8, int8, int4).
+  // K and V stored as key_dtype / value_dtype (f32, f16, bf16, fp8, int8, int4);
+  // for an MLA model one latent pool stored as key_dtype (model/kv_geometry.h).
   KvPoolShape kv_pool_shape(int32_t num_blocks, int32_t block_size, DType key_dtype = DType::kF32,
                             DType value_dtype = DType::kF32) const;
 
@@ -50,10 +61,16 @@ class CpuModel {
 
  private:
   Status validate(const ForwardBatch& batch, const CpuKvPool& pool) const;
+  // The llama family's attention of layer l on normed_, into proj_.
+  void attention_layer(int32_t l, const ForwardBatch& batch, std::span<const int64_t> slots,
+                       std::span<const kernels::PagedSequence> sequences,
+                       const kernels::PagedAttentionParams& attention, CpuKvPool& pool);
 
   ModelConfig config_;
   ModelWeights weights_;
   std::vector<float> inv_freq_;  // [head_dim / 2]
+  std::unique_ptr<CpuMlaAttention> mla_;  // DeepSeek only
+  std::unique_ptr<CpuMoeBlock> moe_;      // DeepSeek only
 
   // Scratch, reused across calls: [num_tokens, ...].
   std::vector<float> hidden_, normed_, q_, k_, v_, attn_, proj_, gate_, up_;

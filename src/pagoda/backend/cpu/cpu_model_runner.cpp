@@ -1,19 +1,39 @@
 #include "pagoda/backend/cpu/cpu_model_runner.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
+
+#include "pagoda/runtime/host_block_layout.h"
 
 namespace pagoda {
 
 CpuModelRunner::CpuModelRunner(std::shared_ptr<CpuModel> model, CpuKvPool pool)
     : model_(std::move(model)), pool_(std::move(pool)) {}
 
+void CpuModelRunner::FreeDeleter::operator()(std::byte* p) const { std::free(p); }
+
 StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::create(std::shared_ptr<CpuModel> model,
                                                                   int32_t num_blocks, int32_t block_size,
-                                                                  DType key_dtype, DType value_dtype) {
+                                                                  DType key_dtype, DType value_dtype,
+                                                                  int32_t num_host_blocks) {
   if (!model) return invalid_argument_error("CpuModelRunner needs a model");
+  if (num_host_blocks < 0) return invalid_argument_error("host KV pool: {} blocks", num_host_blocks);
   const KvPoolShape shape = model->kv_pool_shape(num_blocks, block_size, key_dtype, value_dtype);
   PAGODA_ASSIGN_OR_RETURN(CpuKvPool pool, CpuKvPool::create(shape));
-  return std::unique_ptr<CpuModelRunner>(new CpuModelRunner(std::move(model), std::move(pool)));
+  std::unique_ptr<CpuModelRunner> runner(new CpuModelRunner(std::move(model), std::move(pool)));
+  if (num_host_blocks > 0) {
+    const size_t block_bytes = runtime::host_block_layout(shape).block_bytes();
+    // calloc: the pages are the kernel's zero pages until a block is first written.
+    runner->host_pool_.reset(static_cast<std::byte*>(std::calloc(static_cast<size_t>(num_host_blocks), block_bytes)));
+    if (!runner->host_pool_)
+      return resource_exhausted_error("cannot allocate a host KV pool of {} blocks x {} bytes ({} MiB)",
+                                      num_host_blocks, block_bytes,
+                                      (static_cast<size_t>(num_host_blocks) * block_bytes) >> 20);
+    runner->num_host_blocks_ = num_host_blocks;
+    runner->host_block_bytes_ = block_bytes;
+  }
+  return runner;
 }
 
 int64_t CpuModelRunner::blocks_for_memory(const CpuModel& model, int64_t bytes, int32_t block_size,
@@ -50,6 +70,23 @@ Status CpuModelRunner::zero_blocks(std::span<const int32_t> blocks) {
   for (int32_t b : blocks)
     if (b < 0 || b >= shape.num_blocks) return out_of_range_error("block {} outside the pool of {} blocks", b, shape.num_blocks);
   for (int32_t b : blocks) pool_.zero_block(b);  // every layer, K and V, data and scale records
+  return ok_status();
+}
+
+Status CpuModelRunner::transfer_blocks(std::span<const runtime::BlockTransfer> transfers) {
+  if (transfers.empty()) return ok_status();
+  if (num_host_blocks_ == 0) return runtime::ModelRunner::transfer_blocks(transfers);
+  PAGODA_RETURN_IF_ERROR(runtime::check_block_transfers(transfers, pool_.shape().num_blocks, num_host_blocks_));
+  for (const runtime::BlockTransfer& t : transfers) {
+    const auto start = std::chrono::steady_clock::now();
+    std::byte* chunk = host_pool_.get() + static_cast<size_t>(t.host_block) * host_block_bytes_;
+    if (t.direction == runtime::TransferDirection::kDeviceToHost) pool_.export_block(t.device_block, chunk);
+    else pool_.import_block(t.device_block, chunk);
+    const int d = static_cast<int>(t.direction);
+    transfer_stats_.seconds[d] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ++transfer_stats_.blocks[d];
+    transfer_stats_.bytes[d] += static_cast<int64_t>(host_block_bytes_);
+  }
   return ok_status();
 }
 

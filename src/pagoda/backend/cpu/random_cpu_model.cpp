@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "pagoda/backend/cpu/random_deepseek_model.h"
 #include "pagoda/core/thread_pool.h"
 #include "pagoda/model/random_weights.h"
 #include "pagoda/runtime/kv_sizing.h"
@@ -40,6 +41,7 @@ std::vector<float> zeros(int64_t n) { return std::vector<float>(static_cast<size
 }  // namespace
 
 size_t random_cpu_weight_bytes(const ModelConfig& c) {
+  if (c.mla) return random_deepseek_weight_bytes(c);
   const size_t hidden = c.hidden_size, inter = c.intermediate_size;
   const size_t q_out = static_cast<size_t>(c.num_q_heads) * c.head_dim;
   const size_t kv_out = static_cast<size_t>(c.num_kv_heads) * c.head_dim;
@@ -49,6 +51,7 @@ size_t random_cpu_weight_bytes(const ModelConfig& c) {
 }
 
 StatusOr<std::unique_ptr<CpuModel>> make_random_cpu_model(const ModelConfig& c, uint64_t seed, size_t max_bytes) {
+  if (c.mla) return make_random_deepseek_cpu_model(c, seed, max_bytes);
   const size_t bytes = random_cpu_weight_bytes(c);
   if (bytes > max_bytes) {
     return resource_exhausted_error(

@@ -135,4 +135,35 @@ Status CudaKvPool::copy_blocks(std::span<const runtime::BlockCopy> copies, cudaS
   return ok_status();
 }
 
+void CudaKvPool::append_block_copies(int32_t block, std::byte* host_chunk, bool to_host, std::vector<void*>& dsts,
+                                     std::vector<const void*>& srcs, std::vector<size_t>& sizes) const {
+  std::byte* host = host_chunk;
+  for (int32_t l = 0; l < shape_.num_layers; ++l) {
+    char* base = memory_.as<char>() + static_cast<size_t>(l) * layer_bytes_;
+    for (const SubPool* sub : {&key_, &value_, &key_scale_, &value_scale_}) {
+      if (sub->block_bytes == 0) continue;
+      char* device = base + sub->offset + static_cast<size_t>(block) * sub->block_bytes;
+      dsts.push_back(to_host ? static_cast<void*>(host) : static_cast<void*>(device));
+      srcs.push_back(to_host ? static_cast<const void*>(device) : static_cast<const void*>(host));
+      sizes.push_back(sub->block_bytes);
+      host += sub->block_bytes;
+    }
+  }
+}
+
+KvHostCopyGeometry CudaKvPool::host_copy_geometry(std::byte* host, size_t host_block_bytes) const {
+  KvHostCopyGeometry g;
+  g.device = memory_.as<char>();
+  g.host = reinterpret_cast<char*>(host);
+  g.layer_bytes = layer_bytes_;
+  g.host_block_bytes = host_block_bytes;
+  const SubPool* subs[4] = {&key_, &value_, &key_scale_, &value_scale_};
+  for (int s = 0; s < 4; ++s) {
+    g.segment_offset[s] = subs[s]->offset;
+    g.segment_bytes[s] = subs[s]->block_bytes;
+  }
+  g.num_layers = shape_.num_layers;
+  return g;
+}
+
 }  // namespace pagoda::cuda

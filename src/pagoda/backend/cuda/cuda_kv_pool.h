@@ -18,14 +18,17 @@
 
 #include <cstdint>
 #include <memory>
+#include <cstddef>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
 #include "pagoda/runtime/kv_pool_shape.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
 #include "pagoda/backend/cuda/device_buffer.h"
+#include "pagoda/backend/cuda/kv_host_copy.h"
 #include "pagoda/core/status.h"
 #include "pagoda/runtime/model_runner.h"
 
@@ -62,6 +65,17 @@ class CudaKvPool {
   // Copies block src -> dst in every layer, K and V, codes and scales
   // (copy-on-write forks), on `stream`. Errors: ids outside [0, num_blocks).
   Status copy_blocks(std::span<const runtime::BlockCopy> copies, cudaStream_t stream);
+
+  // The contiguous pieces of device block `block` (every layer's K codes, V
+  // codes, K scales, V scales, in that order) paired with where each sits in
+  // a host chunk laid out as runtime/host_block_layout.h says: appends
+  // (destination, source, bytes) for a copy to the host (to_host) or from it.
+  // The caller checks the id.
+  void append_block_copies(int32_t block, std::byte* host_chunk, bool to_host, std::vector<void*>& dsts,
+                           std::vector<const void*>& srcs, std::vector<size_t>& sizes) const;
+  // The same layout for the copy kernel (kv_host_copy.h), against a host pool
+  // of chunks of host_block_bytes starting at `host`.
+  KvHostCopyGeometry host_copy_geometry(std::byte* host, size_t host_block_bytes) const;
 
  private:
   // One block of one sub-pool of one layer, and where it starts inside a layer.

@@ -19,8 +19,15 @@ StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::unique_p
     report = fmt::format("KV pool: {} blocks x {} tokens (fixed)", shape.num_blocks, shape.block_size);
   }
   PAGODA_ASSIGN_OR_RETURN(std::unique_ptr<CudaKvPool> pool, CudaKvPool::create(shape));
+  std::unique_ptr<CudaHostKvPool> host;
+  if (options.num_host_blocks > 0) {
+    PAGODA_ASSIGN_OR_RETURN(host, CudaHostKvPool::create(shape, options.num_host_blocks));
+  }
   if (options.print_report) std::fprintf(stderr, "%s\n", report.c_str());
-  return std::unique_ptr<CudaModelRunner>(new CudaModelRunner(std::move(model), std::move(pool), std::move(report)));
+  auto runner =
+      std::unique_ptr<CudaModelRunner>(new CudaModelRunner(std::move(model), std::move(pool), std::move(report)));
+  runner->host_ = std::move(host);
+  return runner;
 }
 
 StatusOr<runtime::StepResult> CudaModelRunner::execute(const ForwardBatch& batch,
@@ -52,6 +59,18 @@ StatusOr<std::vector<int32_t>> CudaModelRunner::execute_greedy(const ForwardBatc
   std::vector<int32_t> tokens;
   PAGODA_RETURN_IF_ERROR(model_->forward_greedy(batch, *pool_, tokens));
   return tokens;
+}
+
+Status CudaModelRunner::transfer_blocks(std::span<const runtime::BlockTransfer> transfers) {
+  if (transfers.empty()) return ok_status();
+  if (!host_) return runtime::ModelRunner::transfer_blocks(transfers);
+  PAGODA_RETURN_IF_ERROR(runtime::check_block_transfers(transfers, pool_->shape().num_blocks, host_->num_blocks()));
+  Status queued = host_->transfer(transfers, *pool_, model_->stream());
+  if (!queued.ok()) {
+    // Some copies may be in flight: wait for them before the destinations are declared lost.
+    cudaStreamSynchronize(model_->stream());
+  }
+  return queued;
 }
 
 Status CudaModelRunner::copy_blocks(std::span<const runtime::BlockCopy> copies) {

@@ -6,6 +6,11 @@
 // stderr at start. The engine's KV manager must be built with the block size
 // and count of kv_geometry().
 //
+// Host tier (CudaRunnerOptions::num_host_blocks > 0): a pinned host pool of
+// blocks of the same shape (cuda_host_kv_pool.h); transfer_blocks() queues the
+// copies on its copy streams, ordered after the previous step and before the
+// next one on the model's stream.
+//
 // Thread safety: the engine thread only (ModelRunner's contract).
 
 #include <cstdint>
@@ -14,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "pagoda/backend/cuda/cuda_host_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_model.h"
 #include "pagoda/runtime/model_runner.h"
@@ -24,6 +30,7 @@ struct CudaRunnerOptions {
   double gpu_memory_utilization = 0.9;  // fraction of total GPU memory pagoda may hold
   int32_t num_blocks = 0;               // > 0: exactly this many KV blocks (tests)
   bool print_report = true;             // the KV pool line on stderr
+  int32_t num_host_blocks = 0;          // > 0: a pinned host pool of this many blocks (the host tier)
 };
 
 class CudaModelRunner final : public runtime::ModelRunner {
@@ -36,8 +43,12 @@ class CudaModelRunner final : public runtime::ModelRunner {
   StatusOr<runtime::StepResult> execute(const ForwardBatch& batch,
                                         std::span<const runtime::RowSampling> rows) override;
   Status copy_blocks(std::span<const runtime::BlockCopy> copies) override;
+  Status transfer_blocks(std::span<const runtime::BlockTransfer> transfers) override;
+  runtime::TransferStats transfer_stats() const override { return host_ ? host_->stats() : runtime::TransferStats{}; }
   const KvPoolShape& kv_geometry() const override { return pool_->shape(); }
-  runtime::RunnerCapabilities capabilities() const override { return {.samples_on_device = true}; }
+  runtime::RunnerCapabilities capabilities() const override {
+    return {.samples_on_device = true, .host_kv_blocks = host_ ? host_->num_blocks() : 0};
+  }
   int32_t vocab_size() const override { return model_->config().vocab_size; }
   int32_t max_context_length() const override { return model_->max_model_len(); }
   std::vector<int32_t> eos_token_ids() const override { return model_->config().eos_token_ids; }
@@ -50,6 +61,7 @@ class CudaModelRunner final : public runtime::ModelRunner {
   const std::string& kv_pool_report() const { return report_; }
   CudaModel& model() { return *model_; }
   CudaKvPool& pool() { return *pool_; }
+  CudaHostKvPool* host_pool() { return host_.get(); }  // null without a host tier
 
  private:
   CudaModelRunner(std::unique_ptr<CudaModel> model, std::unique_ptr<CudaKvPool> pool, std::string report)
@@ -57,6 +69,7 @@ class CudaModelRunner final : public runtime::ModelRunner {
 
   std::unique_ptr<CudaModel> model_;
   std::unique_ptr<CudaKvPool> pool_;
+  std::unique_ptr<CudaHostKvPool> host_;
   std::string report_;
 };
 

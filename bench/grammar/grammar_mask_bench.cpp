@@ -1,0 +1,140 @@
+// How long one token mask takes on a real vocabulary, the way the engine asks for it: for each
+// token of JSON documents that a model would write (schema-valid documents tokenized with the
+// tokenizer), time TokenMatcher::fill_mask, then accept the token.
+//
+// Three regimes, each over the same token sequences:
+//   cold    a fresh CompiledGrammar: the first request with a new schema (every new state walks
+//           the vocabulary trie);
+//   warm    the same CompiledGrammar, a new matcher: later requests with that schema (the server
+//           keeps compiled grammars by schema text);
+//   steady  per token within one document once its states recur (the second copy of each
+//           document in one request).
+// Prints p50 / p99 / max in microseconds per regime, the trie size and the vocabulary build time.
+//
+//   pagoda_bench_grammar_mask [tokenizer_dir]   (default .cache/npm/qwen3/package/models)
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "pagoda/grammar/json_schema_to_grammar.h"
+#include "pagoda/grammar/token_matcher.h"
+#include "pagoda/tokenizer/tokenizer.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using pagoda::grammar::CompiledGrammar;
+using pagoda::grammar::TokenMatcher;
+
+struct Case {
+  const char* name;
+  const char* schema;  // "" = json_object
+  std::vector<const char*> documents;
+};
+
+const std::vector<Case> kCases = {
+    {"person",
+     R"({"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer","minimum":0},"email":{"type":"string"},"tags":{"type":"array","items":{"type":"string"}}},"required":["name","age"]})",
+     {R"({"name": "Ada Lovelace", "age": 36, "email": "ada@example.com", "tags": ["math", "poetry", "engines"]})",
+      R"({"name": "Alan Mathison Turing, who described the universal machine", "age": 41, "tags": []})",
+      R"({"name": "Grace Hopper", "age": 85, "email": "grace.hopper@navy.example.mil"})"}},
+    {"tool_call",
+     R"({"type":"object","properties":{"name":{"enum":["get_weather","search_web"]},"arguments":{"type":"object","properties":{"city":{"type":"string"},"unit":{"enum":["celsius","fahrenheit"]},"days":{"type":"integer"}},"required":["city"]}},"required":["name","arguments"]})",
+     {R"({"name": "get_weather", "arguments": {"city": "San Francisco, California", "unit": "celsius", "days": 3}})",
+      R"({"name": "search_web", "arguments": {"city": "Paris"}})"}},
+    {"json_object",
+     "",
+     {R"({"summary": "The quick brown fox jumps over the lazy dog.", "scores": [0.91, 0.07, 0.02], "meta": {"model": "pagoda", "ok": true, "notes": null}})",
+      "{\n  \"items\": [\n    {\"id\": 1, \"text\": \"first line\\nsecond line\"},\n    {\"id\": 2, \"text\": \"caf\u00e9 \u4e2d\u6587\"}\n  ]\n}"}},
+};
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5))];
+}
+
+void report(const char* label, const std::vector<double>& us) {
+  std::printf("  %-7s %5zu masks  p50 %8.1f us  p99 %8.1f us  max %8.1f us\n", label, us.size(), percentile(us, 0.5),
+              percentile(us, 0.99), percentile(us, 1.0));
+}
+
+// Runs every document once with a fresh matcher; appends per-token mask times (us).
+bool run_documents(const std::shared_ptr<CompiledGrammar>& compiled, const std::vector<std::vector<int32_t>>& docs,
+                   std::vector<double>& first_pass, std::vector<double>* second_pass) {
+  std::vector<uint64_t> mask(compiled->vocabulary().mask_words());
+  for (const auto& ids : docs) {
+    for (int copy = 0; copy < (second_pass ? 2 : 1); ++copy) {
+      TokenMatcher matcher(compiled);
+      for (int32_t id : ids) {
+        const auto start = Clock::now();
+        matcher.fill_mask(mask);
+        const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+        (copy == 0 ? first_pass : *second_pass).push_back(us);
+        if (!((mask[id >> 6] >> (id & 63)) & 1) || !matcher.accept(id)) {
+          std::fprintf(stderr, "token %d is not allowed by the grammar\n", id);
+          return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string dir = argc > 1 ? argv[1] : std::string(PAGODA_SOURCE_DIR) + "/.cache/npm/qwen3/package/models";
+  auto tok = pagoda::tokenizer::Tokenizer::load(dir);
+  if (!tok.ok()) {
+    std::fprintf(stderr, "%s\n", tok.status().to_string().c_str());
+    return 1;
+  }
+  auto start = Clock::now();
+  auto vocab = pagoda::grammar::TokenVocabulary::from_tokenizer(**tok);
+  const double build_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  std::printf("vocabulary %d ids, trie %zu nodes, depth %u, built in %.1f ms\n", vocab->size(), vocab->num_nodes(),
+              vocab->max_depth(), build_ms);
+  std::vector<double> all_cold, all_warm, all_steady;
+  for (const Case& c : kCases) {
+    std::shared_ptr<const pagoda::grammar::Grammar> grammar;
+    if (std::string(c.schema).empty()) {
+      grammar = pagoda::grammar::json_object_grammar();
+    } else {
+      auto g = pagoda::grammar::json_schema_to_grammar(nlohmann::ordered_json::parse(c.schema), "schema");
+      if (!g.ok()) {
+        std::fprintf(stderr, "%s: %s\n", c.name, g.status().to_string().c_str());
+        return 1;
+      }
+      grammar = *g;
+    }
+    std::vector<std::vector<int32_t>> docs;
+    for (const char* d : c.documents) docs.push_back((*tok)->encode(d, false));
+    auto compiled = std::make_shared<CompiledGrammar>(grammar, vocab);
+    std::vector<double> cold, warm, steady, unused;
+    if (!run_documents(compiled, docs, cold, &steady)) return 1;
+    for (int rep = 0; rep < 5; ++rep)
+      if (!run_documents(compiled, docs, warm, nullptr)) return 1;
+    const auto stats = compiled->stats();
+    std::printf("%s: %zu tokens, %llu misses, %llu states, %llu transitions (%.0f trie nodes per miss)\n", c.name,
+                cold.size(), static_cast<unsigned long long>(stats.misses), static_cast<unsigned long long>(stats.states),
+                static_cast<unsigned long long>(stats.transitions_computed),
+                stats.misses ? static_cast<double>(stats.trie_nodes_visited) / static_cast<double>(stats.misses) : 0.0);
+    report("cold", cold);
+    report("steady", steady);
+    report("warm", warm);
+    all_cold.insert(all_cold.end(), cold.begin(), cold.end());
+    all_warm.insert(all_warm.end(), warm.begin(), warm.end());
+    all_steady.insert(all_steady.end(), steady.begin(), steady.end());
+  }
+  std::printf("all cases:\n");
+  report("cold", all_cold);
+  report("steady", all_steady);
+  report("warm", all_warm);
+  return 0;
+}

@@ -1,0 +1,41 @@
+#pragma once
+// One kernel that copies whole KV blocks between the device pool and the
+// host tier's pinned memory, which the GPU reads and writes directly (pinned
+// host memory is mapped at the same address on a unified-addressing system).
+// A CTA per (block, layer) moves that layer's segments (K codes, V codes, K
+// scales, V scales) with 16-byte accesses where alignment allows: no DMA
+// descriptor per piece, so a block of 2 to 4 x num_layers pieces costs one
+// launch among up to kKvHostCopyMaxPairs blocks.
+//
+// Header for .cu and .cpp files alike (C++17, no std containers).
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace pagoda::cuda {
+
+struct KvHostCopyGeometry {
+  char* device = nullptr;            // the device pool's first byte (layer 0)
+  char* host = nullptr;              // the host pool's first byte
+  uint64_t layer_bytes = 0;          // device: bytes of one layer (every sub-pool, padded)
+  uint64_t host_block_bytes = 0;     // one host block (every layer)
+  uint64_t segment_offset[4] = {0, 0, 0, 0};  // device: where each sub-pool starts in a layer
+  uint64_t segment_bytes[4] = {0, 0, 0, 0};   // one block of one layer per sub-pool; 0: none
+  int32_t num_layers = 0;
+};
+
+// Blocks per launch: keeps the kernel's parameters under 4 KB.
+constexpr int32_t kKvHostCopyMaxPairs = 448;
+struct KvHostCopyPairs {
+  int32_t count = 0;
+  int32_t device_block[kKvHostCopyMaxPairs];
+  int32_t host_block[kKvHostCopyMaxPairs];
+};
+
+// Copies pairs.count blocks (device_block[i] <-> host_block[i]) on `stream`;
+// to_host: device -> host. Blocks must be distinct within a launch.
+cudaError_t kv_host_copy(const KvHostCopyGeometry& geometry, const KvHostCopyPairs& pairs, bool to_host,
+                         cudaStream_t stream);
+
+}  // namespace pagoda::cuda

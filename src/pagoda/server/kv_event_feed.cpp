@@ -1,0 +1,87 @@
+#include "pagoda/server/kv_event_feed.h"
+
+#include <algorithm>
+#include <random>
+
+namespace pagoda::server {
+
+namespace {
+
+uint64_t random_instance_id() {
+  std::random_device rd;
+  const uint64_t id = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return id == 0 ? 1 : id;
+}
+
+KvFeedEvent feed_event(const kv::KvEvent& e) {
+  return KvFeedEvent{e.sequence_number, e.kind == kv::KvEvent::Kind::kBlockStored, e.key_hash, e.parent_key_hash};
+}
+
+}  // namespace
+
+KvEventFeed::KvEventFeed(engine::Engine& engine, size_t capacity)
+    : engine_(engine), capacity_(std::max<size_t>(capacity, 1)), instance_id_(random_instance_id()) {}
+
+int32_t KvEventFeed::intern_namespace(const std::string& name) {
+  const auto it = namespace_ids_.find(name);
+  if (it != namespace_ids_.end()) return it->second;
+  const int32_t id = static_cast<int32_t>(namespace_names_.size());
+  namespace_names_.push_back(name);
+  namespace_ids_.emplace(name, id);
+  return id;
+}
+
+void KvEventFeed::append(std::vector<kv::KvEvent> events, uint64_t manager_last) {
+  if (!events.empty() && events.front().sequence_number != last_ + 1) {
+    // The manager dropped events nobody drained in time: the ring can no
+    // longer answer for anything before this batch.
+    ring_.clear();
+    covered_from_ = events.front().sequence_number - 1;
+  }
+  for (kv::KvEvent& e : events) ring_.push_back(Entry{feed_event(e), intern_namespace(e.tenant_namespace)});
+  const uint64_t newest = events.empty() ? last_ : events.back().sequence_number;
+  if (manager_last > newest) {  // drained by someone else: nothing before now can be answered
+    ring_.clear();
+    covered_from_ = manager_last;
+  }
+  last_ = std::max(last_, manager_last);
+  while (ring_.size() > capacity_) {
+    covered_from_ = ring_.front().event.sequence_number;
+    ring_.pop_front();
+  }
+}
+
+KvFeedPage KvEventFeed::read(uint64_t since, const std::optional<std::string>& only_namespace, size_t max_events) {
+  std::lock_guard lock(mutex_);
+  max_events = std::max<size_t>(max_events, 1);
+  KvFeedPage page;
+  page.since = since;
+  std::vector<kv::KvEvent> snapshot;
+  engine_.visit_kv_cache([&](kv::KvCacheManager& kv) {
+    append(kv.drain_events(), kv.last_event_number());
+    page.snapshot = needs_snapshot(since);
+    if (page.snapshot) snapshot = kv.cached_blocks();  // consistent with last_: same instant
+  });
+  page.last = last_;
+  const int32_t wanted_ns = only_namespace ? intern_namespace(*only_namespace) : -1;
+  if (page.snapshot) {
+    page.events.reserve(snapshot.size());
+    for (const kv::KvEvent& e : snapshot)
+      if (wanted_ns < 0 || intern_namespace(e.tenant_namespace) == wanted_ns) page.events.push_back(feed_event(e));
+    return page;
+  }
+  auto it = std::partition_point(ring_.begin(), ring_.end(),
+                                 [since](const Entry& e) { return e.event.sequence_number <= since; });
+  for (; it != ring_.end(); ++it) {
+    if (wanted_ns >= 0 && it->namespace_id != wanted_ns) continue;
+    if (page.events.size() == max_events) {
+      page.more = true;
+      page.last = page.events.back().sequence_number;
+      break;
+    }
+    page.events.push_back(it->event);
+  }
+  return page;
+}
+
+}  // namespace pagoda::server

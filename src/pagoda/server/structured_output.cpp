@@ -1,0 +1,210 @@
+#include "pagoda/server/structured_output.h"
+
+#include <fmt/format.h>
+
+#include "pagoda/grammar/gbnf_parser.h"
+#include "pagoda/grammar/json_schema_to_grammar.h"
+#include "pagoda/grammar/regex_to_grammar.h"
+#include "pagoda/server/chat_prompt.h"
+
+namespace pagoda::server {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// A grammar matcher as the engine's per-choice constraint.
+class GrammarConstraint final : public engine::TokenConstraint {
+ public:
+  explicit GrammarConstraint(std::shared_ptr<grammar::CompiledGrammar> compiled) : matcher_(std::move(compiled)) {}
+  size_t fill_allowed(std::span<uint64_t> allowed) override { return matcher_.fill_mask(allowed); }
+  bool accept(int32_t token) override { return matcher_.accept(token); }
+  std::unique_ptr<engine::TokenConstraint> clone() const override {
+    return std::make_unique<GrammarConstraint>(*this);
+  }
+
+ private:
+  grammar::TokenMatcher matcher_;
+};
+
+// References inside a tool's parameters point at the parameters object; once it sits inside the
+// call schema they must point there.
+void rebase_refs(Json& schema, const std::string& prefix) {
+  if (schema.is_object()) {
+    for (auto& [key, value] : schema.items()) {
+      if (key == "$ref" && value.is_string() && value.get<std::string>().starts_with("#")) {
+        value = prefix + value.get<std::string>().substr(1);
+      } else {
+        rebase_refs(value, prefix);
+      }
+    }
+  } else if (schema.is_array()) {
+    for (auto& value : schema) rebase_refs(value, prefix);
+  }
+}
+
+std::string json_pointer_token(const std::string& key) {
+  std::string out;
+  for (char c : key) {
+    if (c == '~') out += "~0";
+    else if (c == '/') out += "~1";
+    else out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+StructuredOutputCompiler::StructuredOutputCompiler(std::shared_ptr<const grammar::TokenVocabulary> vocabulary,
+                                                   size_t max_cached_grammars)
+    : vocabulary_(std::move(vocabulary)), max_cached_(std::max<size_t>(1, max_cached_grammars)) {}
+
+ToolCallSyntax StructuredOutputCompiler::forced_tool_syntax(ToolCallSyntax template_syntax) {
+  return template_syntax == ToolCallSyntax::kNone ? ToolCallSyntax::kHermes : template_syntax;
+}
+
+StructuredOutputCompiler::GrammarOrError StructuredOutputCompiler::build_grammar(
+    const StructuredOutputSpec& spec) const {
+  StatusOr<std::shared_ptr<const grammar::Grammar>> g = internal_error("no grammar");
+  std::string param = spec.param;
+  switch (spec.kind) {
+    case StructuredOutputSpec::Kind::kNone:
+      return invalid_request("no structured output was asked for", spec.param);
+    case StructuredOutputSpec::Kind::kJsonObject:
+      return grammar::json_object_grammar();
+    case StructuredOutputSpec::Kind::kJsonSchema:
+      g = grammar::json_schema_to_grammar(spec.schema, spec.schema_path);
+      param = spec.schema_path;
+      break;
+    case StructuredOutputSpec::Kind::kRegex:
+      g = grammar::regex_to_grammar(spec.text);
+      break;
+    case StructuredOutputSpec::Kind::kGrammar:
+      g = grammar::parse_gbnf(spec.text);
+      break;
+    case StructuredOutputSpec::Kind::kChoice: {
+      std::vector<grammar::ExprPtr> options;
+      for (const std::string& choice : spec.choices) options.push_back(grammar::make_literal(choice));
+      std::map<std::string, grammar::ExprPtr> rules{{"root", grammar::make_alternatives(std::move(options))}};
+      g = grammar::lower_grammar(rules, "root");
+      break;
+    }
+  }
+  if (!g.ok()) {
+    const std::string message = g.status().message();
+    return invalid_request(message.starts_with(param) ? message : fmt::format("{}: {}", param, message), param,
+                           g.status().code() == StatusCode::kUnimplemented ? "unsupported" : "invalid_value");
+  }
+  return *g;
+}
+
+StructuredOutputCompiler::GrammarOrError StructuredOutputCompiler::build_tool_grammar(const ChatPrompt& chat,
+                                                                                      ToolCallSyntax syntax) const {
+  const bool llama3 = syntax == ToolCallSyntax::kLlama3Json;
+  const char* args_key = llama3 ? "parameters" : "arguments";
+  Json options = Json::array();
+  for (size_t i = 0; i < chat.tools.size(); ++i) {
+    const Json& function = chat.tools[i]["function"];
+    const std::string name = function.value("name", std::string());
+    if (chat.tool_choice == ToolChoice::kNamed && name != chat.tool_choice_name) continue;
+    Json parameters = function.contains("parameters") && !function["parameters"].is_null() ? function["parameters"]
+                                                                                             : Json{{"type", "object"}};
+    const std::string where = fmt::format("tools[{}].function.parameters", i);
+    // Checked on its own first, so an error names the tool's own path.
+    if (auto alone = grammar::json_schema_to_grammar(parameters, where); !alone.ok()) {
+      return invalid_request(alone.status().message(), where,
+                             alone.status().code() == StatusCode::kUnimplemented ? "unsupported" : "invalid_value");
+    }
+    const size_t branch = options.size();
+    rebase_refs(parameters, fmt::format("#/anyOf/{}/properties/{}", branch, json_pointer_token(args_key)));
+    Json call = {{"type", "object"},
+                 {"properties", {{"name", {{"const", name}}}, {args_key, parameters}}},
+                 {"required", {"name", args_key}},
+                 {"additionalProperties", false}};
+    options.push_back(std::move(call));
+  }
+  if (options.empty()) return invalid_request("tool_choice matches no tool", "tool_choice");
+  const Json schema = {{"anyOf", options}};
+  grammar::JsonFraming framing;
+  // Several calls when allowed, a bounded number so a generation always ends.
+  const uint32_t most = chat.tool_choice == ToolChoice::kRequired && chat.parallel_tool_calls ? 8 : 1;
+  framing.max_items = most;
+  switch (syntax) {
+    case ToolCallSyntax::kHermes:
+    case ToolCallSyntax::kNone:
+      framing.item_prefix = "<tool_call>\n";
+      framing.item_suffix = "\n</tool_call>";
+      framing.separator = "\n";
+      break;
+    case ToolCallSyntax::kLlama3Json:
+      framing.separator = "; ";
+      break;
+    case ToolCallSyntax::kMistral:
+      framing.open = "[TOOL_CALLS][";
+      framing.close = "]";
+      framing.separator = ", ";
+      break;
+  }
+  auto g = grammar::framed_json_schema_grammar(schema, "tools", framing);
+  if (!g.ok()) return invalid_request(g.status().message(), "tools");
+  return *g;
+}
+
+std::shared_ptr<grammar::CompiledGrammar> StructuredOutputCompiler::cached(const std::string& key) {
+  std::lock_guard lock(mutex_);
+  auto it = index_.find(key);
+  if (it == index_.end()) return nullptr;
+  lru_.splice(lru_.begin(), lru_, it->second);
+  return it->second->second;
+}
+
+void StructuredOutputCompiler::remember(const std::string& key, std::shared_ptr<grammar::CompiledGrammar> compiled) {
+  std::lock_guard lock(mutex_);
+  if (index_.contains(key)) return;
+  lru_.emplace_front(key, std::move(compiled));
+  index_[key] = lru_.begin();
+  while (lru_.size() > max_cached_) {
+    index_.erase(lru_.back().first);
+    lru_.pop_back();
+  }
+}
+
+std::variant<std::shared_ptr<const engine::TokenConstraint>, ApiError> StructuredOutputCompiler::constraint_for(
+    const StructuredOutputSpec& spec, const ChatPrompt* chat, ToolCallSyntax syntax) {
+  const bool forced_tools =
+      chat != nullptr && (chat->tool_choice == ToolChoice::kRequired || chat->tool_choice == ToolChoice::kNamed);
+  if (forced_tools && spec.kind != StructuredOutputSpec::Kind::kNone) {
+    return invalid_request(fmt::format("'{}' cannot be combined with tool_choice \"required\" or a named function",
+                                       spec.param),
+                           spec.param);
+  }
+  if (!forced_tools && spec.kind == StructuredOutputSpec::Kind::kNone) {
+    return std::shared_ptr<const engine::TokenConstraint>();
+  }
+  std::string key;
+  if (forced_tools) {
+    const ToolCallSyntax forced = forced_tool_syntax(syntax);
+    key = fmt::format("tools:{}:{}:{}:{}:{}", static_cast<int>(forced), static_cast<int>(chat->tool_choice),
+                      chat->tool_choice_name, chat->parallel_tool_calls, chat->tools.dump());
+  } else {
+    key = fmt::format("{}:{}", static_cast<int>(spec.kind), spec.kind == StructuredOutputSpec::Kind::kJsonSchema
+                                                                ? spec.schema.dump()
+                                                                : spec.text);
+    for (const std::string& c : spec.choices) key += "\x1F" + c;
+  }
+  std::shared_ptr<grammar::CompiledGrammar> compiled = cached(key);
+  if (!compiled) {
+    GrammarOrError built = forced_tools ? build_tool_grammar(*chat, forced_tool_syntax(syntax)) : build_grammar(spec);
+    if (auto* error = std::get_if<ApiError>(&built)) return *error;
+    compiled = std::make_shared<grammar::CompiledGrammar>(std::get<std::shared_ptr<const grammar::Grammar>>(built),
+                                                          vocabulary_);
+    // The first mask (a walk of the whole vocabulary trie) is made here, on the request's thread,
+    // rather than in the engine step that would otherwise wait for it.
+    grammar::TokenMatcher first(compiled);
+    std::vector<uint64_t> scratch(vocabulary_->mask_words());
+    first.fill_mask(scratch);
+    remember(key, compiled);
+  }
+  return std::shared_ptr<const engine::TokenConstraint>(std::make_shared<GrammarConstraint>(std::move(compiled)));
+}
+
+}  // namespace pagoda::server

@@ -1,0 +1,161 @@
+// Structured outputs end to end on the bundled model (models/pagoda-tiny on the CPU, real
+// `pagoda serve`): every output constrained by a JSON Schema parses and validates against it,
+// over every schema of tests/fixtures/grammar/schemas.json and several seeds; json_object,
+// guided_regex, guided_grammar and guided_choice outputs match; tool_choice "required" / named
+// give tool calls whose arguments validate against the tool's parameters; bad schemas are 400s
+// naming the schema path.
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "pagoda/grammar/json_schema_validator.h"
+#include "server_process.h"
+
+namespace pagoda::e2e {
+namespace {
+
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+class StructuredOutputE2eTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!std::filesystem::exists(repo_path("models/pagoda-tiny/model.safetensors"))) return;
+    server_ = new ServerProcess();
+    std::string error;
+    ok_ = server_->start({"--model", repo_path("models/pagoda-tiny"), "--max-running", "16"}, &error);
+    if (!ok_) std::fprintf(stderr, "%s\n", error.c_str());
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override { ASSERT_TRUE(ok_) << "pagoda serve on models/pagoda-tiny did not start"; }
+
+  // Posts a chat request; returns the status and the parsed body.
+  std::pair<int, json> chat(ordered_json body) {
+    body["model"] = "pagoda-tiny";
+    if (!body.contains("messages")) body["messages"] = {{{"role", "user"}, {"content", "Answer in JSON."}}};
+    httplib::Client c("127.0.0.1", server_->port());
+    c.set_read_timeout(120, 0);
+    auto res = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    if (!res) return {0, json()};
+    return {res->status, json::parse(res->body, nullptr, false)};
+  }
+
+  static ServerProcess* server_;
+  static bool ok_;
+};
+ServerProcess* StructuredOutputE2eTest::server_ = nullptr;
+bool StructuredOutputE2eTest::ok_ = false;
+
+ordered_json load(const char* name) {
+  std::ifstream in(repo_path(std::string("tests/fixtures/grammar/") + name));
+  return ordered_json::parse(in);
+}
+
+TEST_F(StructuredOutputE2eTest, EveryJsonSchemaOutputValidates) {
+  const auto schemas = load("schemas.json");
+  size_t checked = 0;
+  for (const auto& [name, schema] : schemas.items()) {
+    // Keys of "map" and every string of "any_value" have no length bound, so a small model may
+    // write until max_tokens; the grammar's random walks (tests/grammar) cover those two.
+    if (name == "map" || name == "any_value") continue;
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      ordered_json body = {{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", name}, {"schema", schema}}}}},
+                           {"max_tokens", 600}, {"temperature", 1.0}, {"seed", seed}};
+      auto [status, response] = chat(body);
+      ASSERT_EQ(status, 200) << name << ": " << response.dump();
+      const auto& choice = response["choices"][0];
+      const std::string content = choice["message"]["content"].get<std::string>();
+      ASSERT_EQ(choice["finish_reason"], "stop") << name << " seed " << seed << ": " << content;
+      const json value = json::parse(content, nullptr, false);
+      ASSERT_FALSE(value.is_discarded()) << name << " seed " << seed << ": not JSON: " << content;
+      Status valid = grammar::validate_json_schema(value, json(schema));
+      EXPECT_TRUE(valid.ok()) << name << " seed " << seed << ": " << content << "\n" << valid.to_string();
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 80u);
+}
+
+TEST_F(StructuredOutputE2eTest, JsonObjectRegexGrammarAndChoice) {
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    auto [s1, object] = chat({{"response_format", {{"type", "json_object"}}}, {"max_tokens", 800}, {"seed", seed}});
+    ASSERT_EQ(s1, 200);
+    if (object["choices"][0]["finish_reason"] == "stop") {
+      const json v = json::parse(object["choices"][0]["message"]["content"].get<std::string>(), nullptr, false);
+      EXPECT_TRUE(v.is_object()) << object.dump();
+    }
+    auto [s2, regex] = chat({{"guided_regex", R"([A-Z]{2}-\d{3,5}( ok)?)"}, {"max_tokens", 40}, {"seed", seed}});
+    ASSERT_EQ(s2, 200);
+    EXPECT_TRUE(std::regex_match(regex["choices"][0]["message"]["content"].get<std::string>(),
+                                 std::regex(R"([A-Z]{2}-\d{3,5}( ok)?)")))
+        << regex.dump();
+    auto [s3, gbnf] = chat({{"guided_grammar", "root ::= \"yes\" | \"no\" | \"maybe, \" [a-z]{1,8}"},
+                            {"max_tokens", 40}, {"seed", seed}});
+    ASSERT_EQ(s3, 200);
+    EXPECT_TRUE(std::regex_match(gbnf["choices"][0]["message"]["content"].get<std::string>(),
+                                 std::regex("yes|no|maybe, [a-z]{1,8}")))
+        << gbnf.dump();
+    auto [s4, choice] = chat({{"guided_choice", {"red", "green", "blue"}}, {"max_tokens", 10}, {"seed", seed}});
+    ASSERT_EQ(s4, 200);
+    const std::string picked = choice["choices"][0]["message"]["content"].get<std::string>();
+    EXPECT_TRUE(picked == "red" || picked == "green" || picked == "blue") << picked;
+  }
+}
+
+TEST_F(StructuredOutputE2eTest, RequiredAndNamedToolChoiceGiveValidCalls) {
+  const ordered_json weather = ordered_json::parse(R"({"type":"object","properties":{"city":{"type":"string","maxLength":16},
+      "unit":{"enum":["celsius","fahrenheit"]}},"required":["city","unit"],"additionalProperties":false})");
+  const ordered_json time = ordered_json::parse(R"({"type":"object","properties":{"tz":{"type":"string","maxLength":8}},"required":["tz"]})");
+  const ordered_json tools = {
+      {{"type", "function"}, {"function", {{"name", "get_weather"}, {"parameters", weather}}}},
+      {{"type", "function"}, {"function", {{"name", "get_time"}, {"parameters", time}}}}};
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    for (const ordered_json& tool_choice :
+         {ordered_json("required"), ordered_json{{"type", "function"}, {"function", {{"name", "get_time"}}}}}) {
+      auto [status, response] = chat({{"tools", tools}, {"tool_choice", tool_choice}, {"parallel_tool_calls", false},
+                                      {"max_tokens", 300}, {"seed", seed}});
+      ASSERT_EQ(status, 200) << response.dump();
+      const auto& choice = response["choices"][0];
+      ASSERT_EQ(choice["finish_reason"], "tool_calls") << response.dump();
+      const auto& calls = choice["message"]["tool_calls"];
+      ASSERT_EQ(calls.size(), 1u) << response.dump();
+      const std::string name = calls[0]["function"]["name"].get<std::string>();
+      if (tool_choice.is_object()) EXPECT_EQ(name, "get_time");
+      const json args = json::parse(calls[0]["function"]["arguments"].get<std::string>(), nullptr, false);
+      ASSERT_FALSE(args.is_discarded()) << response.dump();
+      Status valid = grammar::validate_json_schema(args, json(name == "get_weather" ? weather : time));
+      EXPECT_TRUE(valid.ok()) << response.dump() << "\n" << valid.to_string();
+    }
+  }
+}
+
+TEST_F(StructuredOutputE2eTest, BadSchemasAre400sNamingTheSchemaPath) {
+  for (const auto& c : load("bad_schemas.json")) {
+    auto [status, response] =
+        chat({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "bad"}, {"schema", c[0]}}}}}});
+    if (!c[0].is_object()) {
+      EXPECT_EQ(status, 400) << response.dump();
+      continue;
+    }
+    ASSERT_EQ(status, 400) << c[0].dump() << " -> " << response.dump();
+    EXPECT_EQ(response["error"]["param"], "response_format.json_schema.schema");
+    const std::string path = "response_format.json_schema." + c[1].get<std::string>() + ":";
+    EXPECT_EQ(response["error"]["message"].get<std::string>().rfind(path, 0), 0u) << response.dump();
+  }
+  auto [status, response] = chat({{"tools", ordered_json::parse(R"([{"type":"function","function":{"name":"f",
+      "parameters":{"type":"object","properties":{"n":{"type":"integer","maximum":3}}}}}])")},
+                                  {"tool_choice", "required"}});
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(response["error"]["param"], "tools[0].function.parameters") << response.dump();
+}
+
+}  // namespace
+}  // namespace pagoda::e2e

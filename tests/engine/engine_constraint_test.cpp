@@ -1,0 +1,111 @@
+// Structured outputs in the engine: rows with a TokenConstraint sample only allowed tokens, each
+// choice advances its own clone, and a dead end fails the request instead of emitting junk.
+
+#include <gtest/gtest.h>
+
+#include "engine_harness.h"
+#include "pagoda/engine/engine.h"
+
+namespace pagoda::engine {
+namespace {
+
+using testing_support::Collected;
+using testing_support::drain;
+using testing_support::Harness;
+
+// Allows the tokens of a cycle: after token cycle[i] only cycle[i + 1] or the "free" set.
+class CycleConstraint : public TokenConstraint {
+ public:
+  CycleConstraint(std::vector<int32_t> allowed, int32_t dead_after) : allowed_(std::move(allowed)), dead_after_(dead_after) {}
+  size_t fill_allowed(std::span<uint64_t> mask) override {
+    ++fills_;
+    if (accepted_ >= dead_after_) return 0;
+    for (int32_t t : allowed_) mask[t >> 6] |= uint64_t{1} << (t & 63);
+    return allowed_.size();
+  }
+  bool accept(int32_t token) override {
+    if (std::find(allowed_.begin(), allowed_.end(), token) == allowed_.end()) return false;
+    ++accepted_;
+    return true;
+  }
+  std::unique_ptr<TokenConstraint> clone() const override { return std::make_unique<CycleConstraint>(*this); }
+
+  int32_t accepted_ = 0;
+  int32_t fills_ = 0;
+
+ private:
+  std::vector<int32_t> allowed_;
+  int32_t dead_after_;
+};
+
+GenerationRequest request(int32_t max_tokens, std::shared_ptr<const TokenConstraint> constraint) {
+  GenerationRequest r;
+  r.tenant_namespace = "t";
+  r.prompt_tokens = {1, 2, 3, 4, 5, 6, 7};
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = 7;
+  r.sampling.max_tokens = max_tokens;
+  r.constraint = std::move(constraint);
+  return r;
+}
+
+TEST(EngineConstraintTest, EveryChoiceSamplesOnlyAllowedTokens) {
+  Harness h(128, 4);
+  const std::vector<int32_t> allowed = {3, 17, 40, 63};
+  for (int32_t n : {1, 3}) {
+    GenerationRequest r = request(12, std::make_shared<CycleConstraint>(allowed, 1000));
+    r.sampling.n = n;
+    auto stream = h.engine->submit(r);
+    ASSERT_TRUE(stream.ok()) << stream.status().to_string();
+    h.run_checked();
+    Collected c = drain(**stream, n);
+    ASSERT_TRUE(c.finished);
+    for (int32_t i = 0; i < n; ++i) {
+      ASSERT_EQ(c.tokens[i].size(), 12u) << "choice " << i;
+      for (int32_t t : c.tokens[i]) EXPECT_NE(std::find(allowed.begin(), allowed.end(), t), allowed.end()) << t;
+    }
+  }
+  EXPECT_EQ(h.kv->stats().blocks_in_use, 0);
+}
+
+TEST(EngineConstraintTest, GreedyPicksTheBestAllowedToken) {
+  Harness h(128, 4);
+  GenerationRequest r = request(6, std::make_shared<CycleConstraint>(std::vector<int32_t>{11}, 1000));
+  r.sampling.temperature = 0.0f;
+  auto stream = *h.engine->submit(r);
+  h.run_checked();
+  Collected c = drain(*stream);
+  EXPECT_EQ(c.tokens[0], std::vector<int32_t>(6, 11));
+}
+
+TEST(EngineConstraintTest, ADeadEndFailsTheRequest) {
+  Harness h(128, 4);
+  auto stream = *h.engine->submit(request(10, std::make_shared<CycleConstraint>(std::vector<int32_t>{5, 6}, 3)));
+  h.run_checked();
+  Collected c = drain(*stream);
+  ASSERT_TRUE(c.finished);
+  EXPECT_EQ(c.tokens[0].size(), 3u);
+  EXPECT_EQ(c.error_code, StatusCode::kInternal);
+  EXPECT_EQ(h.kv->stats().blocks_in_use, 0);
+}
+
+TEST(EngineConstraintTest, ConstrainedRowsTakeTheHostPathUnderADeviceSampler) {
+  Harness h(128, 4);
+  h.runner.device_sampling = true;
+  GenerationRequest plain = request(5, nullptr);
+  plain.sampling.temperature = 0.0f;
+  auto a = *h.engine->submit(plain);
+  auto b = *h.engine->submit(request(5, std::make_shared<CycleConstraint>(std::vector<int32_t>{9, 10}, 1000)));
+  h.run_checked();
+  Collected ca = drain(*a), cb = drain(*b);
+  ASSERT_TRUE(ca.finished && cb.finished);
+  for (int32_t t : cb.tokens[0]) EXPECT_TRUE(t == 9 || t == 10) << t;
+  size_t host = 0, device = 0;
+  for (const auto& call : h.runner.sampled_rows)
+    for (const runtime::RowSampling& row : call) (row.on_device ? device : host) += 1;
+  EXPECT_EQ(host, 5u);    // every row of the constrained request
+  EXPECT_EQ(device, 5u);  // the plain request stays on the device
+}
+
+}  // namespace
+}  // namespace pagoda::engine

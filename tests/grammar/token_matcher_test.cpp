@@ -1,0 +1,103 @@
+// Token masks: the trie walk and the mask cache agree with a naive scan (every token tried on a
+// copy of the matcher) along random generations; end ids exactly when the grammar is complete.
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "pagoda/grammar/gbnf_parser.h"
+#include "pagoda/grammar/json_schema_to_grammar.h"
+#include "pagoda/grammar/token_matcher.h"
+
+namespace pagoda::grammar {
+namespace {
+
+constexpr int32_t kEnd = 0;
+
+// Id 0 ends generation; ids 1..256 are single bytes; the rest are multi-byte pieces.
+std::shared_ptr<const TokenVocabulary> test_vocabulary() {
+  std::vector<std::string> bytes = {""};
+  for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
+  for (const char* piece : {"{\"", "\":", "\": ", "\",", "\"}", "true", "false", "null", "na", "name", "\"name\"",
+                            "12", "3.", "e+", ", \"", "}\n", "\u00e9", "\xC3", "\xA9x", "[{", "}]", "\"a\":1}",
+                            "abc", "ab", "a", " ", "  ", "\n ", "\"\"", "\\n", "\\u00", "x\"", "\":\"", "{}"}) {
+    bytes.push_back(piece);
+  }
+  bytes.push_back("ab");  // a duplicate piece: both ids must be allowed together
+  return TokenVocabulary::build(std::move(bytes), {kEnd});
+}
+
+std::vector<uint64_t> naive_mask(const TokenMatcher& matcher, const TokenVocabulary& vocab) {
+  std::vector<uint64_t> mask(vocab.mask_words(), 0);
+  for (int32_t id = 0; id < vocab.size(); ++id) {
+    TokenMatcher copy = matcher;
+    if (copy.accept(id)) mask[id >> 6] |= uint64_t{1} << (id & 63);
+  }
+  return mask;
+}
+
+void check_random_generations(const std::shared_ptr<const Grammar>& grammar, int runs, int steps) {
+  auto vocab = test_vocabulary();
+  auto compiled = std::make_shared<CompiledGrammar>(grammar, vocab);
+  std::vector<uint64_t> mask(vocab->mask_words());
+  for (int run = 0; run < runs; ++run) {
+    std::mt19937_64 rng(run);
+    TokenMatcher matcher(compiled);
+    for (int step = 0; step < steps && !matcher.is_finished(); ++step) {
+      const size_t allowed = matcher.fill_mask(mask);
+      ASSERT_EQ(mask, naive_mask(matcher, *vocab)) << "run " << run << " step " << step;
+      ASSERT_GT(allowed, 0u);
+      EXPECT_EQ((mask[0] & 1) != 0, matcher.is_complete());
+      std::vector<int32_t> ids;
+      for (int32_t id = 0; id < vocab->size(); ++id)
+        if ((mask[id >> 6] >> (id & 63)) & 1) ids.push_back(id);
+      // Prefer not to end early so the walk goes deep.
+      int32_t pick = ids[std::uniform_int_distribution<size_t>(0, ids.size() - 1)(rng)];
+      if (pick == kEnd && ids.size() > 1 && step < steps / 2) pick = ids.back();
+      ASSERT_TRUE(matcher.accept(pick));
+    }
+  }
+  const MaskStats stats = compiled->stats();
+  EXPECT_GT(stats.hits, 0u);  // recurring states come from the cache
+}
+
+TEST(TokenMatcherTest, MasksMatchANaiveScanOnAGbnfGrammar) {
+  auto g = parse_gbnf(R"(
+root ::= "{" ws ( pair ( "," ws pair )* )? "}"
+pair ::= "\"" [a-z]{1,6} "\"" ws ":" ws ( [0-9]+ | "true" | "null" | root )
+ws ::= [ \n]?
+)");
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  check_random_generations(*g, 30, 60);
+}
+
+TEST(TokenMatcherTest, MasksMatchANaiveScanOnAJsonSchema) {
+  auto g = json_schema_to_grammar(nlohmann::ordered_json::parse(
+      R"({"type":"object","properties":{"name":{"type":"string","maxLength":8},"n":{"type":"number"},"tags":{"type":"array","items":{"enum":["a","ab",null]}}},"required":["name"]})"), "s");
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  check_random_generations(*g, 30, 80);
+}
+
+TEST(TokenMatcherTest, EndIdsOnlyWhenCompleteAndRejectedTokensChangeNothing) {
+  auto g = parse_gbnf(R"(root ::= "ab" "c"?)");
+  ASSERT_TRUE(g.ok());
+  auto vocab = test_vocabulary();
+  TokenMatcher m(std::make_shared<CompiledGrammar>(*g, vocab));
+  std::vector<uint64_t> mask(vocab->mask_words());
+  m.fill_mask(mask);
+  EXPECT_EQ(mask[0] & 1, 0u);
+  EXPECT_FALSE(m.accept(kEnd));
+  EXPECT_FALSE(m.accept(1 + 'x'));
+  ASSERT_TRUE(m.accept(1 + 'a'));
+  ASSERT_TRUE(m.accept(1 + 'b'));
+  m.fill_mask(mask);
+  EXPECT_EQ(mask[0] & 1, 1u);                                   // complete: may end
+  EXPECT_TRUE((mask[(1 + 'c') >> 6] >> ((1 + 'c') & 63)) & 1);  // or go on
+  ASSERT_TRUE(m.accept(1 + 'c'));
+  EXPECT_EQ(m.fill_mask(mask), 1u);  // only the end id is left
+  EXPECT_TRUE(m.accept(kEnd));
+  EXPECT_TRUE(m.is_finished());
+}
+
+}  // namespace
+}  // namespace pagoda::grammar

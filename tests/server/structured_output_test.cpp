@@ -1,0 +1,170 @@
+// Structured outputs in the server: request fields -> StructuredOutputSpec (which field, which
+// conflicts and unsupported values are 400s naming the field), and StructuredOutputCompiler's
+// constraints on a real vocabulary (pagoda-tiny's tokenizer): the tool-call grammars of each
+// syntax accept what the parsers read back, bad schemas name their path, compiled grammars are
+// reused.
+
+#include "pagoda/server/structured_output.h"
+
+#include <gtest/gtest.h>
+
+#include "pagoda/server/openai_request.h"
+#include "pagoda/tokenizer/tokenizer.h"
+
+namespace pagoda::server {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::variant<OpenAiRequest, ApiError> parse_chat(const std::string& fields) {
+  return parse_openai_request(R"({"model": "m", "messages": [{"role": "user", "content": "hi"}], )" + fields + "}",
+                              Endpoint::kChatCompletions);
+}
+
+std::string param_of(const std::variant<OpenAiRequest, ApiError>& r) {
+  const ApiError* e = std::get_if<ApiError>(&r);
+  return e && e->param ? *e->param : "<no error>";
+}
+
+TEST(StructuredOutputRequestTest, ResponseFormatAndGuidedFieldsParse) {
+  auto schema = parse_chat(R"("response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": true,
+      "schema": {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}}})");
+  ASSERT_TRUE(std::holds_alternative<OpenAiRequest>(schema)) << param_of(schema);
+  const auto& spec = std::get<OpenAiRequest>(schema).structured;
+  EXPECT_EQ(spec.kind, StructuredOutputSpec::Kind::kJsonSchema);
+  EXPECT_EQ(spec.schema_path, "response_format.json_schema.schema");
+  EXPECT_EQ(spec.schema["properties"].begin().key(), "b");  // the client's key order is kept
+  auto object = parse_chat(R"("response_format": {"type": "json_object"})");
+  EXPECT_EQ(std::get<OpenAiRequest>(object).structured.kind, StructuredOutputSpec::Kind::kJsonObject);
+  auto text = parse_chat(R"("response_format": {"type": "text"})");
+  EXPECT_EQ(std::get<OpenAiRequest>(text).structured.kind, StructuredOutputSpec::Kind::kNone);
+  auto regex = parse_openai_request(R"({"model": "m", "prompt": "x", "guided_regex": "[0-9]+"})", Endpoint::kCompletions);
+  EXPECT_EQ(std::get<OpenAiRequest>(regex).structured.kind, StructuredOutputSpec::Kind::kRegex);
+  auto json_text = parse_chat(R"("guided_json": "{\"type\": \"boolean\"}")");
+  EXPECT_EQ(std::get<OpenAiRequest>(json_text).structured.schema_path, "guided_json");
+  auto choice = parse_chat(R"("guided_choice": ["a", "b"])");
+  EXPECT_EQ(std::get<OpenAiRequest>(choice).structured.choices.size(), 2u);
+}
+
+TEST(StructuredOutputRequestTest, BadOrConflictingFieldsAre400sNamingTheField) {
+  EXPECT_EQ(param_of(parse_chat(R"("response_format": {"type": "yaml"})")), "response_format.type");
+  EXPECT_EQ(param_of(parse_chat(R"("response_format": {"type": "json_schema"})")), "response_format.json_schema");
+  EXPECT_EQ(param_of(parse_chat(R"("response_format": {"type": "json_schema", "json_schema": {"schema": 3}})")),
+            "response_format.json_schema.schema");
+  EXPECT_EQ(param_of(parse_chat(R"("response_format": {"type": "json_object"}, "guided_regex": "a")")), "guided_regex");
+  EXPECT_EQ(param_of(parse_chat(R"("guided_regex": "")")), "guided_regex");
+  EXPECT_EQ(param_of(parse_chat(R"("guided_choice": [])")), "guided_choice");
+  EXPECT_EQ(param_of(parse_chat(R"("functions": [{"name": "f"}])")), "functions");
+  EXPECT_EQ(param_of(parse_chat(R"("guided_whitespace_pattern": " ")")), "guided_whitespace_pattern");
+  EXPECT_EQ(param_of(parse_chat(R"("tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}})")), "tool_choice");
+}
+
+class StructuredOutputCompilerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto tok = tokenizer::Tokenizer::load(std::string(PAGODA_SOURCE_DIR) + "/models/pagoda-tiny");
+    ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+    tokenizer_ = *tok;
+    vocabulary_ = grammar::TokenVocabulary::from_tokenizer(*tokenizer_);
+  }
+  // Feeds `text` token by token; true when every token is allowed and the output may end there.
+  static bool accepts(const std::shared_ptr<const engine::TokenConstraint>& prototype, const std::string& text) {
+    auto c = prototype->clone();
+    std::vector<uint64_t> mask(engine::allowed_words(vocabulary_->size()));
+    for (int32_t id : tokenizer_->encode(text, false)) {
+      std::fill(mask.begin(), mask.end(), 0);
+      c->fill_allowed(mask);
+      if (!((mask[id >> 6] >> (id & 63)) & 1) || !c->accept(id)) return false;
+    }
+    std::fill(mask.begin(), mask.end(), 0);
+    c->fill_allowed(mask);
+    const int32_t eos = *tokenizer_->eos_token_id();
+    return (mask[eos >> 6] >> (eos & 63)) & 1;
+  }
+  static std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
+  static std::shared_ptr<const grammar::TokenVocabulary> vocabulary_;
+};
+std::shared_ptr<const tokenizer::Tokenizer> StructuredOutputCompilerTest::tokenizer_;
+std::shared_ptr<const grammar::TokenVocabulary> StructuredOutputCompilerTest::vocabulary_;
+
+ChatPrompt tool_prompt(ToolChoice choice, bool parallel = true) {
+  ChatPrompt chat;
+  chat.tools = Json::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": false}}},
+      {"type": "function", "function": {"name": "ping"}}])");
+  chat.tool_choice = choice;
+  chat.tool_choice_name = choice == ToolChoice::kNamed ? "get_weather" : "";
+  chat.parallel_tool_calls = parallel;
+  return chat;
+}
+
+TEST_F(StructuredOutputCompilerTest, ToolCallGrammarsMatchWhatEachParserReads) {
+  StructuredOutputCompiler compiler(vocabulary_);
+  struct Case {
+    ToolCallSyntax syntax;
+    std::string text;
+  };
+  const Case cases[] = {
+      {ToolCallSyntax::kHermes, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"},
+      {ToolCallSyntax::kNone, "<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n"
+                              "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>"},
+      {ToolCallSyntax::kLlama3Json, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}"},
+      {ToolCallSyntax::kMistral, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lima\"}}, "
+                                 "{\"name\": \"ping\", \"arguments\": {}}]"},
+  };
+  for (const Case& c : cases) {
+    const ChatPrompt chat = tool_prompt(ToolChoice::kRequired);
+    auto constraint = compiler.constraint_for({}, &chat, c.syntax);
+    ASSERT_TRUE(std::holds_alternative<std::shared_ptr<const engine::TokenConstraint>>(constraint));
+    auto prototype = std::get<std::shared_ptr<const engine::TokenConstraint>>(constraint);
+    EXPECT_TRUE(accepts(prototype, c.text)) << c.text;
+    EXPECT_FALSE(accepts(prototype, "Sure! " + c.text));
+    auto parsed = parse_tool_calls(c.text, StructuredOutputCompiler::forced_tool_syntax(c.syntax));
+    ASSERT_TRUE(parsed.has_value()) << c.text;
+    EXPECT_GE(parsed->calls.size(), 1u);
+  }
+  // Arguments must follow the schema; a named choice allows only that tool, once.
+  const ChatPrompt named = tool_prompt(ToolChoice::kNamed);
+  auto prototype = std::get<std::shared_ptr<const engine::TokenConstraint>>(
+      compiler.constraint_for({}, &named, ToolCallSyntax::kHermes));
+  EXPECT_TRUE(accepts(prototype, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"X\"}}\n</tool_call>"));
+  EXPECT_FALSE(accepts(prototype, "<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>"));
+  EXPECT_FALSE(accepts(prototype, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": 3}}\n</tool_call>"));
+  EXPECT_FALSE(accepts(prototype, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"X\"}}\n</tool_call>\n"
+                                  "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Y\"}}\n</tool_call>"));
+}
+
+TEST_F(StructuredOutputCompilerTest, SchemasCompileOnceAndErrorsNameThePath) {
+  StructuredOutputCompiler compiler(vocabulary_);
+  StructuredOutputSpec spec;
+  spec.kind = StructuredOutputSpec::Kind::kJsonSchema;
+  spec.param = "response_format";
+  spec.schema_path = "response_format.json_schema.schema";
+  spec.schema = Json::parse(R"({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})");
+  auto first = std::get<std::shared_ptr<const engine::TokenConstraint>>(compiler.constraint_for(spec, nullptr, ToolCallSyntax::kNone));
+  EXPECT_TRUE(accepts(first, "{\"n\": 12}"));
+  EXPECT_FALSE(accepts(first, "{\"n\": \"12\"}"));
+  spec.schema = Json::parse(R"({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}})");
+  auto bad = compiler.constraint_for(spec, nullptr, ToolCallSyntax::kNone);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(bad));
+  EXPECT_EQ(std::get<ApiError>(bad).param, "response_format.json_schema.schema");
+  EXPECT_EQ(std::get<ApiError>(bad).message.rfind("response_format.json_schema.schema.properties.n.multipleOf:", 0), 0u)
+      << std::get<ApiError>(bad).message;
+  StructuredOutputSpec regex;
+  regex.kind = StructuredOutputSpec::Kind::kRegex;
+  regex.param = "guided_regex";
+  regex.text = "(?=x)";
+  auto bad_regex = compiler.constraint_for(regex, nullptr, ToolCallSyntax::kNone);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(bad_regex));
+  EXPECT_EQ(std::get<ApiError>(bad_regex).param, "guided_regex");
+  // A structured request and forced tools at once is refused.
+  const ChatPrompt chat = tool_prompt(ToolChoice::kRequired);
+  StructuredOutputSpec object;
+  object.kind = StructuredOutputSpec::Kind::kJsonObject;
+  object.param = "response_format";
+  EXPECT_TRUE(std::holds_alternative<ApiError>(compiler.constraint_for(object, &chat, ToolCallSyntax::kHermes)));
+}
+
+}  // namespace
+}  // namespace pagoda::server
