@@ -155,6 +155,30 @@ TEST_F(ServerSecurityTest, AnotherTenantsCachedPromptLeavesNoTraceInMetricsOrUsa
   }
 }
 
+TEST_F(ServerSecurityTest, KvEventNumbersCountOnlyTheReadersOwnTenant) {
+  // With global numbers, the gap between two of bob's events counted every
+  // block alice cached meanwhile.
+  const auto events = [&](const std::string& key, uint64_t since) {
+    return get_json("/v1/kv/events?since=" + std::to_string(since), key);
+  };
+  const json start = events("sk-bob", 0);
+  ASSERT_EQ(start["scope"], "tenant");
+  const uint64_t bob_last = start["last"].get<uint64_t>();
+  complete({11, 12, 13, 14, 15, 16, 17, 18, 19}, "sk-bob");
+  const json first = events("sk-bob", bob_last);
+  ASSERT_FALSE(first["events"].empty());
+  const uint64_t after_first = first["last"].get<uint64_t>();
+  for (int i = 0; i < 5; ++i) complete({21 + i, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33}, "sk-alice");
+  complete({41, 42, 43, 44, 45, 46, 47, 48, 49}, "sk-bob");
+  const json second = events("sk-bob", after_first);
+  ASSERT_FALSE(second["events"].empty());
+  EXPECT_EQ(second["events"][0]["seq"].get<uint64_t>(), after_first + 1)
+      << "bob's numbering moved while only alice cached blocks: " << second.dump().substr(0, 400);
+  for (const auto& e : second["events"]) EXPECT_LE(e["seq"].get<uint64_t>(), second["last"].get<uint64_t>());
+  // The admin still reads global numbers.
+  EXPECT_EQ(events("sk-ops", 0)["scope"], "all");
+}
+
 TEST_F(ServerSecurityTest, JsonEndpointsRefuseOtherMediaTypesWith415) {
   // What a web page may send to a local server without a CORS preflight.
   const std::string completion = R"({"model": "llama_f32", "prompt": [1, 2, 3], "max_tokens": 1})";

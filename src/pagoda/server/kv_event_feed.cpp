@@ -28,7 +28,14 @@ int32_t KvEventFeed::intern_namespace(const std::string& name) {
   const int32_t id = static_cast<int32_t>(namespace_names_.size());
   namespace_names_.push_back(name);
   namespace_ids_.emplace(name, id);
+  namespace_last_.push_back(new_namespace_start_);
+  namespace_covered_from_.push_back(new_namespace_start_);
   return id;
+}
+
+void KvEventFeed::mark_loss_for_every_namespace() {
+  for (size_t id = 0; id < namespace_last_.size(); ++id) namespace_covered_from_[id] = ++namespace_last_[id];
+  new_namespace_start_ = 1;
 }
 
 void KvEventFeed::append(std::vector<kv::KvEvent> events, uint64_t manager_last) {
@@ -37,16 +44,22 @@ void KvEventFeed::append(std::vector<kv::KvEvent> events, uint64_t manager_last)
     // longer answer for anything before this batch.
     ring_.clear();
     covered_from_ = events.front().sequence_number - 1;
+    mark_loss_for_every_namespace();
   }
-  for (kv::KvEvent& e : events) ring_.push_back(Entry{feed_event(e), intern_namespace(e.tenant_namespace)});
+  for (kv::KvEvent& e : events) {
+    const int32_t ns = intern_namespace(e.tenant_namespace);
+    ring_.push_back(Entry{feed_event(e), ns, ++namespace_last_[ns]});
+  }
   const uint64_t newest = events.empty() ? last_ : events.back().sequence_number;
   if (manager_last > newest) {  // drained by someone else: nothing before now can be answered
     ring_.clear();
     covered_from_ = manager_last;
+    mark_loss_for_every_namespace();
   }
   last_ = std::max(last_, manager_last);
   while (ring_.size() > capacity_) {
     covered_from_ = ring_.front().event.sequence_number;
+    namespace_covered_from_[ring_.front().namespace_id] = ring_.front().namespace_sequence;
     ring_.pop_front();
   }
 }
@@ -56,30 +69,39 @@ KvFeedPage KvEventFeed::read(uint64_t since, const std::optional<std::string>& o
   max_events = std::max<size_t>(max_events, 1);
   KvFeedPage page;
   page.since = since;
+  const int32_t wanted_ns = only_namespace ? intern_namespace(*only_namespace) : -1;
+  // A scoped reader counts in its namespace's own sequence (see the header).
+  auto newest = [&] { return wanted_ns < 0 ? last_ : namespace_last_[wanted_ns]; };
+  auto number = [&](const Entry& e) { return wanted_ns < 0 ? e.event.sequence_number : e.namespace_sequence; };
   std::vector<kv::KvEvent> snapshot;
   engine_.visit_kv_cache([&](kv::KvCacheManager& kv) {
     append(kv.drain_events(), kv.last_event_number());
-    page.snapshot = needs_snapshot(since);
+    page.snapshot = wanted_ns < 0 ? needs_snapshot(since)
+                                  : since > namespace_last_[wanted_ns] || since < namespace_covered_from_[wanted_ns];
     if (page.snapshot) snapshot = kv.cached_blocks();  // consistent with last_: same instant
   });
-  page.last = last_;
-  const int32_t wanted_ns = only_namespace ? intern_namespace(*only_namespace) : -1;
+  page.last = newest();
   if (page.snapshot) {
     page.events.reserve(snapshot.size());
     for (const kv::KvEvent& e : snapshot)
       if (wanted_ns < 0 || intern_namespace(e.tenant_namespace) == wanted_ns) page.events.push_back(feed_event(e));
     return page;
   }
-  auto it = std::partition_point(ring_.begin(), ring_.end(),
-                                 [since](const Entry& e) { return e.event.sequence_number <= since; });
+  // Global numbers grow along the ring: an admin reader starts at `since`.
+  auto it = wanted_ns >= 0 ? ring_.begin()
+                           : std::partition_point(ring_.begin(), ring_.end(),
+                                                  [since](const Entry& e) { return e.event.sequence_number <= since; });
   for (; it != ring_.end(); ++it) {
-    if (wanted_ns >= 0 && it->namespace_id != wanted_ns) continue;
+    const Entry& e = *it;
+    if (wanted_ns >= 0 && e.namespace_id != wanted_ns) continue;
+    if (number(e) <= since) continue;
     if (page.events.size() == max_events) {
       page.more = true;
       page.last = page.events.back().sequence_number;
       break;
     }
-    page.events.push_back(it->event);
+    page.events.push_back(e.event);
+    page.events.back().sequence_number = number(e);
   }
   return page;
 }

@@ -14,9 +14,12 @@
 //     feed: the reader knew another process), every block cached now,
 //     consistent with `last`. The reader replaces what it held with it.
 // A reader continues from `last` either way. A reader restricted to one
-// namespace (a non-admin api key) sees only that namespace's events; numbers
-// stay global, so its events skip numbers: a real gap is always signalled by a
-// snapshot, never by the numbering.
+// namespace (a non-admin api key) sees only that namespace's events, numbered
+// in that namespace's own sequence (`since`, `last` and each `seq` too): with
+// global numbers, the gaps between its own events would count what every
+// other tenant cached or lost meanwhile. When events are lost before anyone
+// read them, every namespace's sequence skips one number, so each of its
+// readers gets a snapshot.
 //
 // What leaves this class: kinds and key hashes. A key hash chains the
 // namespace's seed (kv::namespace_seed) with every token up to the end of the
@@ -71,7 +74,10 @@ class KvEventFeed {
   struct Entry {
     KvFeedEvent event;
     int32_t namespace_id = -1;
+    uint64_t namespace_sequence = 0;  // its number in its namespace's own sequence
   };
+  // Every namespace's sequence skips a number: events were lost unread.
+  void mark_loss_for_every_namespace();
   int32_t intern_namespace(const std::string& name);
   // Appends drained events; `manager_last` is the manager's newest number.
   void append(std::vector<kv::KvEvent> events, uint64_t manager_last);
@@ -88,6 +94,11 @@ class KvEventFeed {
   uint64_t covered_from_ = 0;  // the ring holds every event numbered > covered_from_
   std::vector<std::string> namespace_names_;
   std::unordered_map<std::string, int32_t> namespace_ids_;
+  // Per namespace id: its newest event's own number, and the ring holds every
+  // event of it numbered above covered_from (as last_ / covered_from_ do globally).
+  std::vector<uint64_t> namespace_last_;
+  std::vector<uint64_t> namespace_covered_from_;
+  uint64_t new_namespace_start_ = 0;  // 1 once events were lost: a namespace seen later may have lost some
 };
 
 }  // namespace pagoda::server
