@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "pagoda/backend/cpu/random_deepseek_model.h"
+#include "pagoda/backend/cpu/random_matrices.h"
 #include "pagoda/core/thread_pool.h"
 #include "pagoda/model/random_weights.h"
 #include "pagoda/runtime/kv_sizing.h"
@@ -10,30 +11,6 @@
 namespace pagoda {
 
 namespace {
-
-// Fills owned f32 matrices with model/random_weights.h's values.
-class RandomMatrices {
- public:
-  RandomMatrices(uint64_t seed, std::vector<std::unique_ptr<float[]>>& owned) : seed_(seed), owned_(owned) {}
-
-  WeightMatrix make(RandomMatrix kind, int32_t layer, int64_t rows, int64_t cols) {
-    const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
-    auto data = std::make_unique<float[]>(n);
-    const uint64_t stream = random_matrix_stream(seed_, kind, layer);
-    float* out = data.get();
-    ThreadPool::global().parallel_for(n, [&](size_t begin, size_t end) {
-      for (size_t i = begin; i < end; ++i)
-        out[i] = random_uniform_element(stream, i, -kRandomWeightHalfWidth, kRandomWeightHalfWidth);
-    }, 1 << 16);
-    WeightMatrix m{DType::kF32, data.get(), static_cast<size_t>(rows), static_cast<size_t>(cols)};
-    owned_.push_back(std::move(data));
-    return m;
-  }
-
- private:
-  uint64_t seed_;
-  std::vector<std::unique_ptr<float[]>>& owned_;
-};
 
 std::vector<float> ones(int64_t n) { return std::vector<float>(static_cast<size_t>(n), 1.0f); }
 std::vector<float> zeros(int64_t n) { return std::vector<float>(static_cast<size_t>(n), 0.0f); }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "pagoda/backend/cpu/random_matrices.h"
 #include "pagoda/core/thread_pool.h"
 #include "pagoda/model/random_weights.h"
 #include "pagoda/runtime/kv_sizing.h"
@@ -9,30 +10,6 @@
 namespace pagoda {
 
 namespace {
-
-// Owned f32 matrices with model/random_weights.h's values.
-class RandomMatrices {
- public:
-  RandomMatrices(uint64_t seed, std::vector<std::unique_ptr<float[]>>& owned) : seed_(seed), owned_(owned) {}
-
-  WeightMatrix make(RandomMatrix kind, int32_t layer, int64_t rows, int64_t cols) {
-    const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
-    auto data = std::make_unique<float[]>(n);
-    const uint64_t stream = random_matrix_stream(seed_, kind, layer);
-    float* out = data.get();
-    ThreadPool::global().parallel_for(n, [&](size_t begin, size_t end) {
-      for (size_t i = begin; i < end; ++i)
-        out[i] = random_uniform_element(stream, i, -kRandomWeightHalfWidth, kRandomWeightHalfWidth);
-    }, 1 << 16);
-    WeightMatrix m{DType::kF32, data.get(), static_cast<size_t>(rows), static_cast<size_t>(cols)};
-    owned_.push_back(std::move(data));
-    return m;
-  }
-
- private:
-  uint64_t seed_;
-  std::vector<std::unique_ptr<float[]>>& owned_;
-};
 
 std::vector<float> filled(int64_t n, float value) { return std::vector<float>(static_cast<size_t>(n), value); }
 
