@@ -261,6 +261,14 @@ TEST_F(MlaDecodeGpuTest, FewSmsManySegmentsPerCta) {
   expect_close(with_options(make_case("fp8 h128 5 sms", 128, 64, KvElement::kFP8E4M3, {129, 1, 2000, 40}, 12), 0, 5));
 }
 
+TEST_F(MlaDecodeGpuTest, LongSegmentsOneSm) {
+  // One SM: every row in one CTA, segments of many tiles (the copies run two tiles ahead).
+  expect_close(with_options(make_case("bf16 h16 1 sm", 16, 16, KvElement::kBF16, {1000, 130}, 16), 0, 1));
+  expect_close(with_options(make_case("fp8 h16 1 sm", 16, 16, KvElement::kFP8E4M3, {1000, 130}, 17), 0, 1));
+  expect_close(with_options(make_case("bf16 h128 1 sm", 128, 64, KvElement::kBF16, {700, 3}, 18), 0, 1));
+  expect_close(with_options(make_case("fp8 h128 1 sm", 128, 64, KvElement::kFP8E4M3, {700, 3}, 19), 0, 1));
+}
+
 TEST_F(MlaDecodeGpuTest, RowsSharingBlocks) {
   // Prefill-style rows of one sequence (context_len = position + 1, one block
   // table), then rows of a fork that shares the first sequence's first blocks.

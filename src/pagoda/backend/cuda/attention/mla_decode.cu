@@ -253,11 +253,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         fence_proxy_async_shared();
         __syncthreads();  // the tile is converted: its staging buffer is free
-        // This thread's scales leave the staging area before tile + 2's copies overwrite it.
+        // The scales leave the staging area (every thread's, hence the barrier)
+        // before tile + 2's copies overwrite it.
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
           for (int e = 0; e < 2; ++e) pos_scale[2 * j + e] = scales[stage * kTile + warpgroup * 32 + 8 * j + col + e];
+        __syncthreads();
         if (tile + 2 < num_tiles) issue_tile(kv0 + 2 * kTile, stage);
         cp_async_commit();
       }
@@ -412,8 +414,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // (a 64 x 64 x 576 S-GEMM and 64 x 512 x 64 P V per 64 positions, 4x the useful
 // work). Here the positions are the MMA rows instead:
 //   S^T = K Q^T   64 positions x 16 heads, 36 wgmma m64n16k16 (K the A operand,
-//                 Q the B operand, both K-major); both warpgroups compute it (it is
-//                 cheap), so neither waits for the other's softmax;
+//                 Q the B operand, both K-major), 18 per warpgroup over half the K
+//                 dims each; the halves are swapped through shared memory and both
+//                 groups then hold all of S^T and run the same softmax;
 //   softmax       per head = per column: the column maxima go through the
 //                 warpgroup's 4 warps in shared memory; each thread's 4 heads are
 //                 the same 4 columns in S^T and in O^T, so the online rescaling
@@ -430,7 +433,8 @@ constexpr int kNarrowHeads = 16;
 [[maybe_unused]] constexpr int kNarrowScalesAt = kNarrowPAt + 2 * kNarrowHeads * 128;
 [[maybe_unused]] constexpr int kNarrowMaxAt = kNarrowScalesAt + 2 * kTile * 4;
 [[maybe_unused]] constexpr int kNarrowSumAt = kNarrowMaxAt + 2 * 4 * kNarrowHeads * 4;
-constexpr int kNarrowSmemBytes = kNarrowSumAt + 2 * 4 * kNarrowHeads * 4 + 1024;
+[[maybe_unused]] constexpr int kNarrowPartialAt = kNarrowSumAt + 2 * 4 * kNarrowHeads * 4;  // S^T halves [2][128][8]
+constexpr int kNarrowSmemBytes = kNarrowPartialAt + 2 * 128 * 8 * 4 + 1024;
 static_assert(kNarrowQBytes % 1024 == 0 && kNarrowPAt % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
 
 [[maybe_unused]] __device__ __forceinline__ void named_barrier(int id, int threads) {
@@ -562,29 +566,44 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         fence_proxy_async_shared();
         __syncthreads();
-        // This thread's scales leave the staging area before tile + 2's copies overwrite it.
+        // The scales leave the staging area (every thread's, hence the barrier)
+        // before tile + 2's copies overwrite it.
         pos_scale[0] = scales[stage * kTile + row0];
         pos_scale[1] = scales[stage * kTile + row0 + 8];
+        __syncthreads();
         if (tile + 2 < num_tiles) issue_tile(kv0 + 2 * kTile, stage);
         cp_async_commit();
       }
       const uint32_t kv_addr = smem_address(kv_tile);
 
-      // S^T = K Q^T: 64 positions x 16 heads.
+      // S^T = K Q^T: 64 positions x 16 heads; group g sums over the K dims
+      // [288 g, 288 g + 288), then the groups add each other's half (the same
+      // thread of the other group holds the same elements).
       float s[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) s[i] = 0.0f;
       wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < kMlaKeyDim / 16; ++ks) {
+      for (int step = 0; step < kMlaKeyDim / 32; ++step) {
+        const int ks = warpgroup * (kMlaKeyDim / 32) + step;
         wgmma_m64n16k16_ss<0>(s, make_smem_desc_sw128(kv_addr + (ks >> 2) * kBlockBytes + (ks & 3) * 32, 16, 1024),
                               make_smem_desc_sw128(q_addr + (ks >> 2) * kNarrowQBlockBytes + (ks & 3) * 32, 16, 1024),
-                              ks > 0);
+                              step > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < 8; ++i) keep_in_order(s[i]);
+      {
+        float4* mine = reinterpret_cast<float4*>(base + kNarrowPartialAt) + 2 * tid;
+        const float4* other = reinterpret_cast<const float4*>(base + kNarrowPartialAt) + 2 * (tid ^ 128);
+        mine[0] = make_float4(s[0], s[1], s[2], s[3]);
+        mine[1] = make_float4(s[4], s[5], s[6], s[7]);
+        __syncthreads();
+        const float4 a = other[0], b = other[1];
+        s[0] += a.x; s[1] += a.y; s[2] += a.z; s[3] += a.w;
+        s[4] += b.x; s[5] += b.y; s[6] += b.z; s[7] += b.w;
+      }
 
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
