@@ -1,10 +1,11 @@
 // Paged MLA decode on Hopper's warpgroup MMA (wgmma, sm_90a): the kernels
 // behind mla_decode_descriptor.h (planned by mla_decode.h).
 //
-// One CTA = 2 warpgroups (256 threads) = one tile of 64 query heads of one row
-// (fewer heads: the rows past num_heads are zeros) over a segment of the row's
-// KV positions, 64 positions per tile. The latent is MQA's single KV head, so
-// the CTA reads each cached vector once for all its heads. Per tile:
+// Two kernels, both one CTA of 2 warpgroups (256 threads, one CTA per SM) per
+// (head tile, list of segments of the plan), 64 KV positions per tile; the
+// latent is MQA's single KV head, so a CTA reads each cached vector once for
+// all of its heads. More than 16 heads (mla_decode_kernel): a tile of 64 query
+// heads (rows past num_heads are zeros). Per tile:
 //   S = Q K^T     64 heads x 64 positions, K dim 576: warpgroup g computes the
 //                 positions [32 g, 32 g + 32) as 36 wgmma m64n32k16, Q and K both
 //                 read K-major straight from shared memory;
@@ -14,12 +15,14 @@
 //   O += P V      warpgroup g owns the latent dims [256 g, 256 g + 256): 4 k-steps
 //                 x 2 wgmma m64n128k16 with P K-major and V MN-major from the
 //                 same shared tile that served as K (its first 512 columns).
+// At most 16 heads: mla_decode_narrow_kernel (below), positions as the MMA rows.
 // Tiles (and Q) are stored in shared memory as 9 column blocks of 64 values x
-// 64 rows x 128 B with the 128-byte swizzle (16-byte chunk c of row r at
+// rows of 128 B with the 128-byte swizzle (16-byte chunk c of row r at
 // c ^ (r % 8)), which is at once the K-major layout of S's operands and the
 // MN-major layout of V, so one copy of the latent serves both products.
-// bf16 pools: the tile is gathered with 16-byte cp.async through the block
-// table into a double buffer (the next tile loads while this one is computed).
+// bf16 pools: tiles are gathered with 16-byte cp.async through the block table
+// (4 threads a position, one table read each) into a double buffer, refilled as
+// soon as a tile is consumed, so two tiles are in flight while one is computed.
 // fp8 pools: the codes (576 B a position) and the scale records land in a
 // double-buffered staging area, are converted to bf16 (exact: e4m3 fits in
 // bf16) into the tile, and the per-position scale stays outside the products:
@@ -28,6 +31,7 @@
 // subnormals).
 // A segment that is not its row's only one writes its normalized partial
 // output and log2-sum-exp to the workspace; mla_decode_merge combines them.
+// docs/KERNELS.md ("MLA decode") has the versions and their measurements.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
