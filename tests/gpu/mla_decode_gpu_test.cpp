@@ -247,6 +247,9 @@ TEST_F(MlaDecodeGpuTest, Fp8Heads128Block64) {
 TEST_F(MlaDecodeGpuTest, PartialHeadTiles) {
   expect_close(make_case("bf16 h20 bs16", 20, 16, KvElement::kBF16, {33, 700}, 7));
   expect_close(make_case("fp8 h96 bs64", 96, 64, KvElement::kFP8E4M3, {1, 900}, 8));
+  // Fewer than 16 heads (e.g. DeepSeek-V2-Lite's 16 split over tensor-parallel ranks): the narrow kernel's padding.
+  expect_close(make_case("bf16 h8 bs16", 8, 16, KvElement::kBF16, {1, 500}, 20));
+  expect_close(make_case("fp8 h1 bs64", 1, 64, KvElement::kFP8E4M3, {64, 129}, 21));
 }
 
 TEST_F(MlaDecodeGpuTest, FixedSmallSplitsMerge) {
