@@ -3,12 +3,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "pagoda/backend/cpu/cpu_kv_pool.h"
 #include "pagoda/backend/cpu/cpu_model.h"
 #include "pagoda/backend/cpu/cpu_model_runner.h"
+#include "pagoda/backend/cpu/kernels/quant_dot.h"
 #include "pagoda/backend/cpu/random_cpu_model.h"
 #include "pagoda/backend/startup_report.h"
 #include "pagoda/core/thread_pool.h"
@@ -26,12 +29,26 @@ size_t physical_memory_bytes() {
 
 int64_t cpu_weight_bytes(const ModelWeights& w) {
   auto bytes = [](const WeightMatrix& m) {
+    if (kernels::is_quantized_weight(m.dtype))
+      return static_cast<int64_t>(m.rows * kernels::quantized_row_bytes(m.dtype, m.cols));
     return static_cast<int64_t>(m.rows * m.cols) * dtype_bits(m.dtype) / 8;
   };
   int64_t total = bytes(w.embed_tokens) + (w.lm_head.data == w.embed_tokens.data ? 0 : bytes(w.lm_head));
   for (const LayerWeights& l : w.layers)
     for (const WeightMatrix* m : l.matrices()) total += bytes(*m);
   return total;
+}
+
+// --quantization on a checkpoint whose config.json declares its own quantization.
+Status check_not_prequantized(const RunnerSpec& spec) {
+  std::ifstream in(spec.config_path);
+  if (!in) return ok_status();  // load_model_config reports an unreadable config
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object() && j.contains("quantization_config"))
+    return invalid_argument_error("--quantization {}: {} has a quantization_config: the checkpoint is already "
+                                  "quantized; --quantization needs f32, f16 or bf16 weights",
+                                  dtype_name(*spec.weight_quantization), spec.config_path);
+  return ok_status();
 }
 
 }  // namespace
@@ -45,6 +62,7 @@ StatusOr<RunnerSetup> create_cpu_runner(const RunnerSpec& spec, const RunnerRequ
   auto progress = [&req](const std::string& line) {
     if (req.progress) req.progress(line);
   };
+  if (spec.weight_quantization) PAGODA_RETURN_IF_ERROR(check_not_prequantized(spec));
   std::unique_ptr<CpuModel> model;
   std::string weights_text;
   if (spec.load_format == LoadFormat::kRandom) {
@@ -63,6 +81,13 @@ StatusOr<RunnerSetup> create_cpu_runner(const RunnerSpec& spec, const RunnerRequ
     model = std::make_unique<CpuModel>(config, std::move(weights));
     weights_text = fmt::format("{}{}", dtype_name(model->weights().file_dtype),
                                model->weights().upcast_to_f32 ? " (upcast to f32)" : " (mmapped)");
+  }
+
+  if (spec.weight_quantization) {
+    progress(fmt::format("quantizing weights to {}", dtype_name(*spec.weight_quantization)));
+    PAGODA_RETURN_IF_ERROR(model->quantize_weights(*spec.weight_quantization));
+    weights_text = fmt::format("{} -> {} blocks of {} (--quantization; lm_head int8)", weights_text,
+                               dtype_name(*spec.weight_quantization), kernels::kQuantBlock);
   }
 
   RunnerSetup setup;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -41,6 +42,8 @@ struct RunnerSpec {
   int32_t max_tokens_per_step = 512;
   int32_t max_model_len = 0;
   uint64_t weight_seed = 0;
+  // --quantization (CPU only): kInt8 or kInt4 weights, block-quantized at load; none: as loaded.
+  std::optional<DType> weight_quantization;
 };
 
 // What the command needs beyond the spec.

@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/cli/commands.h"
+#include "pagoda/cli/runner_flags.h"
 #include "pagoda/backend/registry.h"
 #include "pagoda/eval/agreement.h"
 #include "pagoda/eval/paged_runner.h"
@@ -55,6 +56,7 @@ struct EvalOptions {
   int32_t baseline_block_size = 16;
   int32_t window = 0;  // 0: max_position_embeddings
   int32_t prefill_chunk = 256;
+  std::string quantization;  // --quantization: the (variant) runner's weights; the agree baseline stays as loaded
   int64_t max_tokens = 0;  // 0: the whole file
   bool json = false;
   bool quiet = false;
@@ -148,9 +150,14 @@ backend::Device parse_device(const std::string& name) {
 // One runner over the model on opt.device with the given KV settings (its own
 // weights and a KV pool sized to one window), driven through the engine.
 std::unique_ptr<eval::PagedRunner> make_runner(const EvalOptions& opt, int32_t window, int32_t block_size,
-                                               const KvDtypes& kv_dtypes) {
+                                               const KvDtypes& kv_dtypes, bool quantize = true) {
   backend::RunnerSpec spec;
   spec.device = parse_device(opt.device);
+  if (quantize) {
+    auto quantization = parse_weight_quantization(opt.quantization, spec.device);
+    if (!quantization.ok()) fail(quantization.status().to_string());
+    spec.weight_quantization = *quantization;
+  }
   spec.model_dir = opt.model_dir;
   spec.config_path = (std::filesystem::path(opt.model_dir) / "config.json").string();
   const DType device_default = spec.device == backend::Device::kCuda ? DType::kBF16 : DType::kF32;
@@ -238,7 +245,7 @@ void run_agreement(const EvalOptions& opt) {
   if (variants.empty()) fail("give the variant's KV dtype: --kv-dtype X (or --kv-cache-dtype-k / -v)");
   const KvDtypes baseline_dtype = resolve_kv_dtypes(opt.baseline_kv_dtype, "", "");
   LoadedInputs in = load_inputs(opt);
-  auto baseline = make_runner(opt, in.window, opt.baseline_block_size, baseline_dtype);
+  auto baseline = make_runner(opt, in.window, opt.baseline_block_size, baseline_dtype, /*quantize=*/false);
   std::vector<std::unique_ptr<eval::PagedRunner>> runners;
   std::vector<eval::PagedRunner*> pointers;
   for (const KvDtypes& v : variants) {
@@ -310,6 +317,7 @@ void add_common_options(CLI::App* cmd, EvalOptions& opt) {
   cmd->add_option("--max-tokens", opt.max_tokens, "score only the first N tokens of the file (0 = all)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  cli::add_quantization_flag(*cmd, opt.quantization);
   cmd->add_flag("--json", opt.json, "print the result as one JSON line (last on stdout), no progress");
   cmd->add_flag("--quiet", opt.quiet, "no progress on stderr");
 }

@@ -39,6 +39,22 @@ StatusOr<DType> parse_kv_dtype(const std::string& flag, const std::string& value
 
 }  // namespace
 
+StatusOr<std::optional<DType>> parse_weight_quantization(const std::string& text, backend::Device device) {
+  if (text.empty() || text == "none") return std::optional<DType>();
+  if (text != "int8" && text != "int4")
+    return invalid_argument_error("--quantization {}: expected none, int8 or int4", text);
+  if (device != backend::Device::kCpu)
+    return invalid_argument_error("--quantization {}: weight quantization runs on the CPU backend only; with "
+                                  "--device cuda leave it out (the GPU runs bf16 weights)", text);
+  return std::optional<DType>(text == "int8" ? DType::kInt8 : DType::kInt4);
+}
+
+void add_quantization_flag(CLI::App& cmd, std::string& value) {
+  cmd.add_option("--quantization", value,
+                 "CPU weights: none (as loaded), int8 (blocks of 32, f16 scale, like Q8_0) or int4 (groups of 32, "
+                 "f16 scale, like Q4_0), quantized at load from f32/f16/bf16; decode stays in integer dot products");
+}
+
 void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) {
   cmd.add_option("--model", flags.model,
                  "Required: a Hugging Face model directory (config.json + safetensors [+ tokenizer.json]); with "
@@ -55,6 +71,7 @@ void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) 
                  "download")
       ->capture_default_str();
   cmd.add_option("--weight-seed", flags.weight_seed, "Seed of the --load-format random weights")->capture_default_str();
+  add_quantization_flag(cmd, flags.quantization);
   cmd.add_option("--kv-cache-dtype", flags.kv_cache_dtype,
                  "KV cache element type: auto (f32 on cpu, bf16 on cuda), f32, bf16, fp8 (e4m3, per-token-head "
                  "scale), int8 (per-token-head scale + zero), int4 (groups of 32); smaller types fit more tokens")
@@ -216,6 +233,7 @@ StatusOr<backend::RunnerSpec> resolve_runner_flags(const RunnerFlags& flags, Run
   if (flags.max_model_len < 0) return invalid_argument_error("--max-model-len {}: must be >= 1", flags.max_model_len);
   r.max_model_len = flags.max_model_len;
   r.weight_seed = flags.weight_seed;
+  PAGODA_ASSIGN_OR_RETURN(r.weight_quantization, parse_weight_quantization(flags.quantization, r.device));
 #ifndef PAGODA_HAVE_CUDA
   if (r.device == backend::Device::kCuda)
     return failed_precondition_error("--device cuda: this pagoda was built without the CUDA backend (backends: cpu); "

@@ -17,6 +17,7 @@
 // Thread safety: plain functions; call from one thread at start-up.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -46,6 +47,7 @@ struct RunnerFlags {
   int32_t max_tokens_per_step = 0;  // not given (and 0): the device's default
   int32_t max_model_len = 0;        // 0: config.json's max_position_embeddings
   uint64_t weight_seed = 0;         // --load-format random
+  std::string quantization;         // --quantization: empty/none, int8 or int4 (CPU only)
 
   // Set by add_runner_flags: tells a flag given on the command line from its default.
   const CLI::Option* gpu_memory_utilization_option = nullptr;
@@ -62,6 +64,13 @@ void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command);
 
 // The flags, checked and with the device's defaults filled in.
 StatusOr<backend::RunnerSpec> resolve_runner_flags(const RunnerFlags& flags, RunnerCommand command);
+
+// --quantization TEXT on `device`: none (or empty) -> nullopt; int8 / int4 on
+// the CPU -> kInt8 / kInt4; anything else, or int8/int4 on cuda, an error naming the flag.
+StatusOr<std::optional<DType>> parse_weight_quantization(const std::string& text, backend::Device device);
+
+// Registers --quantization on cmd (generate, serve, eval).
+void add_quantization_flag(CLI::App& cmd, std::string& value);
 
 // --preemption-mode, checked against the host tier the spec asks for:
 // default swap with a host tier (--kv-offload-memory), recompute without;

@@ -15,8 +15,8 @@ enum class DType : uint8_t {
   kF16,
   kBF16,
   kFP8E4M3,  // KV cache only (float8_e4m3fn: no infinities, max 448)
-  kInt8,     // KV cache only
-  kInt4,     // KV cache only, two per byte
+  kInt8,     // KV cache; CPU weights as 32-element blocks with a scale (--quantization)
+  kInt4,     // KV cache, two per byte; CPU weights as 32-element blocks with a scale
 };
 
 // "f32", "f16", "bf16", "fp8", "int8", "int4".

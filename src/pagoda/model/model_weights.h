@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,9 @@ struct ModelWeights {
 
   std::shared_ptr<const Checkpoint> checkpoint;       // keeps the mappings alive
   std::vector<std::unique_ptr<float[]>> owned_f32;    // upcast matrices
+  // --quantization: the CPU backend's block-quantized matrices (backend/cpu/quantize_weights.h).
+  std::optional<DType> quantization;                  // kInt8 or kInt4 once quantized
+  std::vector<std::unique_ptr<uint8_t[]>> owned_quantized;
 };
 
 struct WeightLoadOptions {

@@ -11,7 +11,10 @@ namespace pagoda {
 // A row-major [rows, cols] matrix as PyTorch's nn.Linear stores it:
 // rows = output features, cols = input features.
 struct WeightMatrix {
-  DType dtype = DType::kF32;  // kF32, kF16 or kBF16
+  // kF32, kF16 or kBF16 as in the checkpoint; kInt8 or kInt4 once the CPU
+  // backend has block-quantized it (--quantization, backend/cpu/kernels/quant_dot.h:
+  // rows of 32-weight blocks, not one element per dtype_bits).
+  DType dtype = DType::kF32;
   const void* data = nullptr;
   size_t rows = 0;
   size_t cols = 0;

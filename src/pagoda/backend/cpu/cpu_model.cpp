@@ -9,6 +9,7 @@
 #include "pagoda/backend/cpu/kernels/rmsnorm.h"
 #include "pagoda/backend/cpu/kernels/rope.h"
 #include "pagoda/backend/cpu/kernels/silu_mul.h"
+#include "pagoda/backend/cpu/quantize_weights.h"
 #include "pagoda/model/kv_geometry.h"
 #include "pagoda/runtime/batch_validation.h"
 
@@ -43,6 +44,8 @@ CpuModel::CpuModel(ModelConfig config, ModelWeights weights)
   inv_freq_ = rope_inverse_frequencies(
       config_.head_dim, config_.rope_theta, config_.rope_llama3 ? &*config_.rope_llama3 : nullptr);
 }
+
+Status CpuModel::quantize_weights(DType dtype) { return quantize_model_weights(config_, weights_, dtype); }
 
 KvPoolShape CpuModel::kv_pool_shape(int32_t num_blocks, int32_t block_size, DType key_dtype,
                                     DType value_dtype) const {

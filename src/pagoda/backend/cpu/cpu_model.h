@@ -45,6 +45,9 @@ class CpuModel {
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
+  // --quantization: block-quantizes the linear weights (int8 or int4) before
+  // the first forward; see backend/cpu/quantize_weights.h for what and errors.
+  Status quantize_weights(DType dtype);
 
   // The pool shape this model needs for num_blocks blocks of block_size tokens,
   // K and V stored as key_dtype / value_dtype (f32, f16, bf16, fp8, int8, int4);

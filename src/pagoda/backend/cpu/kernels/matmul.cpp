@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "pagoda/core/thread_pool.h"
+#include "pagoda/backend/cpu/kernels/quant_dot.h"
 #include "pagoda/backend/cpu/kernels/vector_dot.h"
 
 namespace pagoda::kernels {
@@ -43,16 +44,63 @@ size_t rows_per_task(size_t m, size_t k) {
   return std::max<size_t>(16, kMinMacsPerTask / std::max<size_t>(1, m * k));
 }
 
+// Bytes of f32 per converted tile of f16/bf16/quantized rows for sgemm. Each
+// sgemm call repacks the whole activation matrix, so the tile is large (at
+// k = 2048, 512 rows): with 256 KB tiles, prefill spent more time repacking
+// activations than multiplying (docs/BENCHMARKS.md, CPU prefill).
+constexpr size_t kTileBytes = size_t{4} << 20;
+
+// Rows [r0, r1) of w (f16, bf16, int8 or int4) into f32.
+void rows_to_f32(const WeightMatrix& w, size_t r0, size_t r1, float* out) {
+  if (is_quantized_weight(w.dtype)) {
+    const size_t row_bytes = quantized_row_bytes(w.dtype, w.cols);
+    dequantize_weight_rows(w.dtype, static_cast<const uint8_t*>(w.data) + r0 * row_bytes, r1 - r0, w.cols, out);
+    return;
+  }
+  const size_t elem_bytes = static_cast<size_t>(dtype_bits(w.dtype) / 8);
+  convert_to_f32(w.dtype, static_cast<const char*>(w.data) + r0 * w.cols * elem_bytes, out, (r1 - r0) * w.cols);
+}
+
+// Decode on quantized weights: the m input rows are quantized per block once,
+// then every weight row is read once for all of them by integer dot products.
+void linear_quantized_dot(const float* x, size_t m, const WeightMatrix& w, const float* bias, float* y) {
+  const size_t n = w.rows, k = w.cols, blocks = quant_blocks(k);
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<float> xscale;
+  thread_local std::vector<int32_t> xsum;
+  xq.resize(m * blocks * kQuantBlock);
+  xscale.resize(m * blocks);
+  xsum.resize(m * blocks);
+  for (size_t r = 0; r < m; ++r)
+    quantize_activation(x + r * k, k, xq.data() + r * blocks * kQuantBlock, xscale.data() + r * blocks,
+                        xsum.data() + r * blocks);
+  const int8_t* q = xq.data();
+  const float* scale = xscale.data();
+  const int32_t* sum = xsum.data();
+  const size_t row_bytes = quantized_row_bytes(w.dtype, k);
+  ThreadPool::global().parallel_for(n, [&](size_t begin, size_t end) {
+    for (size_t j = begin; j < end; ++j) {
+      const uint8_t* row = static_cast<const uint8_t*>(w.data) + j * row_bytes;
+      for (size_t r = 0; r < m; ++r) {
+        const QuantizedActivation a{q + r * blocks * kQuantBlock, scale + r * blocks, sum + r * blocks};
+        y[r * n + j] = dot_quantized(w.dtype, row, a, blocks) + (bias != nullptr ? bias[j] : 0.0f);
+      }
+    }
+  }, rows_per_task(m, k));
+}
+
 }  // namespace
 
 void linear(const float* x, size_t m, const WeightMatrix& w, const float* bias, float* y) {
-  assert(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16);
+  assert(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16 ||
+         is_quantized_weight(w.dtype));
   pin_openblas_to_one_thread();
   const size_t n = w.rows, k = w.cols;
   if (m == 0 || n == 0) return;
+  if (is_quantized_weight(w.dtype) && m <= kMaxRowsForDotPath) return linear_quantized_dot(x, m, w, bias, y);
   const size_t elem_bytes = static_cast<size_t>(dtype_bits(w.dtype) / 8);
-  // Rows per converted tile: ~256 KB of f32, at least 8 rows.
-  const size_t tile_rows = std::max<size_t>(8, (256 * 1024 / sizeof(float)) / std::max<size_t>(1, k));
+  // Rows per converted tile (at least 8).
+  const size_t tile_rows = std::max<size_t>(8, (kTileBytes / sizeof(float)) / std::max<size_t>(1, k));
 
   ThreadPool::global().parallel_for(n, [&](size_t begin, size_t end) {
     if (m <= kMaxRowsForDotPath) {
@@ -69,8 +117,7 @@ void linear(const float* x, size_t m, const WeightMatrix& w, const float* bias, 
       for (size_t r0 = begin; r0 < end; r0 += tile_rows) {
         const size_t r1 = std::min(end, r0 + tile_rows);
         tile.resize((r1 - r0) * k);
-        convert_to_f32(w.dtype, static_cast<const char*>(w.data) + r0 * k * elem_bytes,
-                       tile.data(), (r1 - r0) * k);
+        rows_to_f32(w, r0, r1, tile.data());
         sgemm_rows(x, m, tile.data(), r1 - r0, k, y + r0, n);
       }
     }

@@ -1,0 +1,62 @@
+#pragma once
+// Block-quantized weight rows on the CPU (--quantization int8|int4) and the
+// integer dot products that read them, in llama.cpp's Q8_0 / Q4_0 layouts:
+//
+//   DType::kInt8: blocks of 32 weights, each an f16 scale d and 32 int8 q
+//                 (34 bytes); w = d * q, |q| <= 127.
+//   DType::kInt4: groups of 32 weights, each an f16 scale d and 16 bytes of
+//                 nibbles (18 bytes); byte j holds element j in its low nibble
+//                 and element j + 16 in its high nibble; w = d * (q - 8).
+//
+// A row of k weights takes ceil(k / 32) blocks; the last block is padded with
+// zeros. The activation side is quantized per block of 32 to int8 (an f32
+// scale, symmetric, |q| <= 127, plus the block's sum of q for the int4
+// offset), so a dot product stays in integers within a block (AVX-512 VNNI
+// vpdpbusd on 256-bit lanes, else AVX2 maddubs, else plain loops; picked at
+// run time) and is scaled to f32 once per block.
+//
+// Thread safety: pure functions.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "pagoda/core/dtype.h"
+
+namespace pagoda::kernels {
+
+inline constexpr size_t kQuantBlock = 32;
+
+inline size_t quant_blocks(size_t cols) { return (cols + kQuantBlock - 1) / kQuantBlock; }
+// Bytes of one quantized row of `cols` weights (dtype kInt8 or kInt4).
+size_t quantized_row_bytes(DType dtype, size_t cols);
+// True for the block-quantized weight dtypes (kInt8, kInt4).
+inline bool is_quantized_weight(DType dtype) { return dtype == DType::kInt8 || dtype == DType::kInt4; }
+
+// Quantizes rows x cols f32 weights into dst (rows * quantized_row_bytes bytes).
+void quantize_weight_rows(DType dtype, const float* src, size_t rows, size_t cols, uint8_t* dst);
+// The inverse: rows x cols f32 from quantized rows.
+void dequantize_weight_rows(DType dtype, const uint8_t* src, size_t rows, size_t cols, float* dst);
+
+// One activation row quantized per block: q holds quant_blocks(k) * 32 int8
+// (zero padded), scale and sum one entry per block.
+struct QuantizedActivation {
+  const int8_t* q;
+  const float* scale;
+  const int32_t* sum;
+};
+void quantize_activation(const float* x, size_t k, int8_t* q, float* scale, int32_t* sum);
+
+// sum_i w[i] * x[i] for one quantized weight row (dtype kInt8 or kInt4) of
+// `blocks` blocks against a quantized activation of the same length.
+float dot_quantized(DType dtype, const uint8_t* row, const QuantizedActivation& x, size_t blocks);
+// The same with plain loops (the reference the SIMD versions are tested against).
+float dot_quantized_reference(DType dtype, const uint8_t* row, const QuantizedActivation& x, size_t blocks);
+
+// The AVX2 (maddubs) version even where VNNI is picked, so tests cover both
+// on a VNNI machine; the reference where the CPU lacks AVX2.
+float dot_quantized_avx2(DType dtype, const uint8_t* row, const QuantizedActivation& x, size_t blocks);
+
+// "avx512vnni", "avx2" or "generic": which implementation the dispatch picked.
+const char* quant_dot_implementation();
+
+}  // namespace pagoda::kernels
