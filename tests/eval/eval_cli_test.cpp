@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -135,6 +136,42 @@ TEST_F(EvalCliTest, QuantizedKvDtypesAndTheirSpellings) {
     EXPECT_GT(j["top1_agreement"].get<double>(), 0.8);
     EXPECT_GT(j["mean_kl"].get<double>(), 0.0);
   }
+}
+
+// --quantization int8|int4 (CPU weights): the variant of `eval agreement` is the
+// quantized model, the baseline the model as loaded; bad values, cuda and a
+// checkpoint that declares its own quantization fail naming the flag.
+TEST_F(EvalCliTest, WeightQuantizationFlag) {
+  auto r = run("eval agreement " + common() + " --max-tokens 100 --kv-dtype f32 --quantization int8 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto json = nlohmann::json::parse(last_line(r.output), nullptr, false);
+  ASSERT_FALSE(json.is_discarded()) << r.output;
+  EXPECT_GT(json["top1_agreement"].get<double>(), 0.95);
+  EXPECT_GT(json["mean_kl"].get<double>(), 0.0);  // the weights really were quantized
+  EXPECT_LT(std::abs(json["perplexity_change_percent"].get<double>()), 1.0);
+
+  r = run("eval perplexity " + common() + " --max-tokens 64 --quantization int3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--quantization int3"), std::string::npos) << r.output;
+
+  r = run("eval perplexity " + common() + " --max-tokens 64 --device cuda --quantization int4");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--quantization int4"), std::string::npos) << r.output;
+
+  // generate: a config.json that declares a quantization_config (an already-quantized checkpoint).
+  const auto dir = std::filesystem::temp_directory_path() / ("pagoda_quant_cli_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    auto config = nlohmann::json::parse(std::ifstream(kModel / "config.json"));
+    config["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}};
+    std::ofstream(dir / "config.json") << config.dump();
+  }
+  r = run("generate --load-format random --config " + (dir / "config.json").string() +
+          " --prompt-ids 1,2,3 --max-tokens 2 --quantization int8");
+  std::filesystem::remove_all(dir);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--quantization int8"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("already quantized"), std::string::npos) << r.output;
 }
 
 }  // namespace
