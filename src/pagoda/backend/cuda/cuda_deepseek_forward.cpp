@@ -105,6 +105,8 @@ Status CudaDeepseekForward::init(int32_t max_num_tokens) {
     PAGODA_RETURN_IF_ERROR(alloc(rows_act_, T * K * I * 2));
     PAGODA_RETURN_IF_ERROR(alloc(rows_out_, T * K * H * 2));
     PAGODA_ASSIGN_OR_RETURN(host_offsets_, PinnedBuffer::allocate((E + 1) * 4));
+    PAGODA_ASSIGN_OR_RETURN(host_pointers_, PinnedBuffer::allocate(2 * 3 * E * sizeof(void*)));
+    PAGODA_RETURN_IF_ERROR(alloc(device_pointers_, 2 * 3 * E * sizeof(void*)));
     if (e.num_shared_experts > 0) {
       const size_t S = static_cast<size_t>(e.shared_intermediate_size());
       PAGODA_RETURN_IF_ERROR(alloc(shared_gate_up_, T * 2 * S * 2));
@@ -121,6 +123,57 @@ Status CudaDeepseekForward::linear(const bf16* x, int32_t m, const bf16* w, int3
   PAGODA_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w, CUDA_R_16BF, k, x,
                                              CUDA_R_16BF, k, &zero, y, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
                                              CUBLAS_GEMM_DEFAULT));
+  return ok_status();
+}
+
+Status CudaDeepseekForward::expert_gemms(const int32_t* offsets, const bf16* x, const bf16* w, int32_t n, int32_t k,
+                                         bf16* y, int slot) {
+  const int32_t E = config_.moe->num_experts;
+  const size_t w_elements = static_cast<size_t>(n) * k;
+  if (grouped_gemm_) {
+    // Column-major per expert: y_e^T (n x rows) = op_T(w_e: k x n, ld k) x x_e^T (k x rows, ld k).
+    const void** pointers = host_pointers_.as<const void*>() + static_cast<size_t>(slot) * 3 * E;
+    std::vector<int> m_array, n_array, k_array, lda, ldb, ldc, group_size;
+    std::vector<cublasOperation_t> trans_a, trans_b;
+    std::vector<float> alpha, beta;
+    int32_t groups = 0;
+    for (int32_t e = 0; e < E; ++e) {
+      const int32_t begin = offsets[e], count = offsets[e + 1] - offsets[e];
+      if (count <= 0) continue;
+      pointers[groups] = w + e * w_elements;
+      pointers[E + groups] = x + static_cast<size_t>(begin) * k;
+      pointers[2 * E + groups] = y + static_cast<size_t>(begin) * n;
+      m_array.push_back(n);
+      n_array.push_back(count);
+      k_array.push_back(k);
+      lda.push_back(k);
+      ldb.push_back(k);
+      ldc.push_back(n);
+      group_size.push_back(1);
+      trans_a.push_back(CUBLAS_OP_T);
+      trans_b.push_back(CUBLAS_OP_N);
+      alpha.push_back(1.0f);
+      beta.push_back(0.0f);
+      ++groups;
+    }
+    if (groups == 0) return ok_status();
+    void** device = device_pointers_.as<void*>() + static_cast<size_t>(slot) * 3 * E;
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device, pointers, 3 * E * sizeof(void*), cudaMemcpyHostToDevice,
+                                                stream_));
+    const cublasStatus_t status = cublasGemmGroupedBatchedEx(
+        cublas_, trans_a.data(), trans_b.data(), m_array.data(), n_array.data(), k_array.data(), alpha.data(),
+        const_cast<const void* const*>(device), CUDA_R_16BF, lda.data(), const_cast<const void* const*>(device + E),
+        CUDA_R_16BF, ldb.data(), beta.data(), device + 2 * E, CUDA_R_16BF, ldc.data(), groups, group_size.data(),
+        CUBLAS_COMPUTE_32F);
+    if (status == CUBLAS_STATUS_SUCCESS) return ok_status();
+    grouped_gemm_ = false;  // this cuBLAS does not take it: one GEMM per expert from now on
+  }
+  for (int32_t e = 0; e < E; ++e) {
+    const int32_t begin = offsets[e], count = offsets[e + 1] - offsets[e];
+    if (count <= 0) continue;
+    PAGODA_RETURN_IF_ERROR(linear(x + static_cast<size_t>(begin) * k, count, w + e * w_elements, n, k,
+                                  y + static_cast<size_t>(begin) * n));
+  }
   return ok_status();
 }
 
@@ -218,22 +271,9 @@ Status CudaDeepseekForward::moe(int32_t l, int32_t T, Gemm& gemm, const bf16* x,
   bf16* gate_up = rows_gate_up_.as<bf16>();
   bf16* act = rows_act_.as<bf16>();
   bf16* rows_out = rows_out_.as<bf16>();
-  const size_t gate_up_elements = static_cast<size_t>(2) * I * H, down_elements = static_cast<size_t>(H) * I;
-  for (int32_t x_e = 0; x_e < E; ++x_e) {
-    const int32_t begin = offsets[x_e], count = offsets[x_e + 1] - offsets[x_e];
-    if (count <= 0) continue;
-    PAGODA_RETURN_IF_ERROR(linear(rows + static_cast<size_t>(begin) * H, count,
-                                  w.experts_gate_up + x_e * gate_up_elements, 2 * I, H,
-                                  gate_up + static_cast<size_t>(begin) * 2 * I));
-  }
-  const int32_t pairs = T * K;
-  PAGODA_CUDA_RETURN_IF_ERROR(silu_mul(gate_up, act, pairs, I, stream_));
-  for (int32_t x_e = 0; x_e < E; ++x_e) {
-    const int32_t begin = offsets[x_e], count = offsets[x_e + 1] - offsets[x_e];
-    if (count <= 0) continue;
-    PAGODA_RETURN_IF_ERROR(linear(act + static_cast<size_t>(begin) * I, count, w.experts_down + x_e * down_elements,
-                                  H, I, rows_out + static_cast<size_t>(begin) * H));
-  }
+  PAGODA_RETURN_IF_ERROR(expert_gemms(offsets, rows, w.experts_gate_up, 2 * I, H, gate_up, 0));
+  PAGODA_CUDA_RETURN_IF_ERROR(silu_mul(gate_up, act, T * K, I, stream_));
+  PAGODA_RETURN_IF_ERROR(expert_gemms(offsets, act, w.experts_down, H, I, rows_out, 1));
   PAGODA_CUDA_RETURN_IF_ERROR(moe_unpermute(rows_out, position, route_weights, shared, T, K, H, out, stream_));
   return ok_status();
 }

@@ -11,11 +11,11 @@
 //   -> attended latent x W_UV^T (strided batched, in place from kv_b_proj) -> o_proj
 //   -> residual add + RMSNorm -> dense SwiGLU MLP (first_k_dense_replace layers)
 //      or MoE: f32 router + routing kernel, tokens grouped by expert (permute),
-//      one cuBLAS GEMM per non-empty expert for gate|up and for down (a loop on
-//      the host over the expert offsets, which are copied back each MoE layer:
-//      the simple, obviously correct start; it synchronizes the stream, so MoE
-//      models run every step eagerly, without CUDA graphs), SiLU-mul, weighted
-//      un-permute plus the shared experts.
+//      the expert GEMMs as one cuBLAS grouped GEMM per projection (gate|up,
+//      down) over the non-empty experts, whose row counts come back to the
+//      host each MoE layer (a stream synchronization: MoE models run every step
+//      eagerly, without CUDA graphs), SiLU-mul, weighted un-permute plus the
+//      shared experts.
 // bf16 GEMM inputs and outputs with f32 accumulation, an f32 residual stream,
 // as the llama forward. The same math as backend/cpu (CpuMlaAttention, CpuMoeBlock).
 //
@@ -70,6 +70,12 @@ class CudaDeepseekForward {
   Status moe(int32_t layer, int32_t T, Gemm& gemm, const bf16* x, bf16* out);
   // y[m, n] = x[m, k] . w[n, k]^T (row-major, contiguous) through cuBLAS.
   Status linear(const bf16* x, int32_t m, const bf16* w, int32_t n, int32_t k, bf16* y);
+  // For every expert e with rows (offsets[e + 1] > offsets[e]): y_e = x_e . w_e^T,
+  // x_e / y_e the expert's rows of x [*, k] / y [*, n], w_e = w + e * n * k.
+  // One cuBLAS grouped GEMM (pointer arrays staged through pinned memory, set
+  // `slot` 0 or 1 so the two projections of a layer do not share one), or one
+  // GEMM per expert if cuBLAS refuses the grouped call.
+  Status expert_gemms(const int32_t* offsets, const bf16* x, const bf16* w, int32_t n, int32_t k, bf16* y, int slot);
 
   ModelConfig config_;
   CudaDeepseekWeights weights_;
@@ -81,6 +87,9 @@ class CudaDeepseekForward {
   DeviceBuffer logits_, indices_, weights_route_, offsets_, position_, rows_, rows_gate_up_, rows_act_, rows_out_;
   DeviceBuffer shared_gate_up_, shared_act_, shared_out_;
   PinnedBuffer host_offsets_;
+  PinnedBuffer host_pointers_;    // [2 slots][3][experts] A, B, C pointers of the grouped GEMMs
+  DeviceBuffer device_pointers_;  // the same, on the device
+  bool grouped_gemm_ = true;      // false once cuBLAS refused cublasGemmGroupedBatchedEx
 };
 
 }  // namespace pagoda::cuda
