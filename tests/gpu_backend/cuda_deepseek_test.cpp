@@ -178,6 +178,7 @@ class DeepseekFixtureTest : public ::testing::TestWithParam<Param> {
     ASSERT_TRUE(pool.ok()) << pool.status().to_string();
     pool_ = std::move(pool).value();
   }
+  std::string name() const { return param_name(::testing::TestParamInfo<Param>(GetParam(), 0)); }
   // Blocks for a sequence of up to 64 tokens.
   std::vector<int32_t> table(int32_t first) const { return blocks_from(first, (64 + block_size_ - 1) / block_size_); }
 
@@ -221,7 +222,7 @@ TEST_P(DeepseekFixtureTest, PrefillAndTeacherForcedDecodeMatchCpu) {
     const Status d = gpu_->forward(next, *pool_, got);
     ASSERT_TRUE(d.ok()) << d.to_string();
   }
-  std::cout << "[ figure ] " << param_name(::testing::TestParamInfo<Param>(GetParam(), 0)) << ": max top-5 logprob |gpu - cpu| prefill "
+  std::cout << "[ figure ] " << name() << ": max top-5 logprob |gpu - cpu| prefill "
             << prefill_error << ", over prefill + " << expected_.greedy.size() << " decode steps " << worst
             << " (bound " << bound_ << ", transformers bf16 spread " << expected_.bf16_spread << "); greedy equal to "
             << "the CPU at " << checked << " steps where its margin > 2 x error\n";
@@ -243,7 +244,7 @@ TEST_P(DeepseekFixtureTest, FreeRunningGreedyAgainstTransformers) {
     ++agreed;
     ASSERT_TRUE(gpu_->forward_greedy(single({tokens[0]}, length++, table(0), false), *pool_, tokens).ok());
   }
-  std::cout << "[ figure ] " << param_name(::testing::TestParamInfo<Param>(GetParam(), 0)) << " free-running greedy: " << agreed << "/"
+  std::cout << "[ figure ] " << name() << " free-running greedy: " << agreed << "/"
             << expected_.greedy.size() << " tokens equal to transformers'\n";
 }
 
@@ -283,7 +284,7 @@ TEST_P(DeepseekFixtureTest, BatchOfSequencesAndChunkedPrefillMatchSingleRuns) {
   const double second = top5_logprob_error({both.begin() + vocab, both.end()}, alone, vocab);
   EXPECT_LE(first, bound_);
   EXPECT_LE(second, bound_);
-  std::cout << "[ figure ] " << param_name(::testing::TestParamInfo<Param>(GetParam(), 0))
+  std::cout << "[ figure ] " << name()
             << ": chunked vs one-shot prefill " << chunked << ", batched vs alone " << first << " / " << second << "\n";
 }
 

@@ -215,8 +215,8 @@ Status CudaDeepseekForward::attention(int32_t l, int32_t T, const CudaKvPool& po
   // Per head: W_UV_h [v, rank] (kv_b_proj's value rows) expands the attended latent:
   // column-major (v x T) = W_UV_h^T... as op T of (rank x v, ld rank) x att_h^T (rank x T).
   bf16* ho = heads_out_.as<bf16>();
-  PAGODA_CUBLAS_RETURN_IF_ERROR(batched(cublas_, CUBLAS_OP_T, v, T, rank, w.kv_b_proj + static_cast<size_t>(nope) * rank,
-                                        rank, kv_b_head, att, heads * rank, rank, ho, heads * v, v, heads));
+  const bf16* w_uv = w.kv_b_proj + static_cast<size_t>(nope) * rank;
+  PAGODA_CUBLAS_RETURN_IF_ERROR(batched(cublas_, CUBLAS_OP_T, v, T, rank, w_uv, rank, kv_b_head, att, heads * rank, rank, ho, heads * v, v, heads));
   PAGODA_RETURN_IF_ERROR(gemm.linear(ho, T, w.o_proj, H, heads * v, out, GemmOutput::kBF16, stream_));
   if (w.o_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(out, H, T, H, w.o_bias, stream_));
   return ok_status();

@@ -50,7 +50,8 @@ StatusOr<void*> CudaDeepseekWeights::allocate(size_t bytes) {
 
 StatusOr<CudaDeepseekWeights> CudaDeepseekWeights::upload(const ModelConfig& config, const ModelWeights& host,
                                                           bool show_progress) {
-  if (!config.mla) return invalid_argument_error("CudaDeepseekWeights: {} is not an MLA config", config.architecture_name);
+  if (!config.mla)
+    return invalid_argument_error("CudaDeepseekWeights: {} is not an MLA config", config.architecture_name);
   const Dims d(config);
   CudaDeepseekWeights w;
   size_t total = 0;
@@ -147,7 +148,8 @@ StatusOr<CudaDeepseekWeights> CudaDeepseekWeights::upload(const ModelConfig& con
 }
 
 StatusOr<CudaDeepseekWeights> CudaDeepseekWeights::random(const ModelConfig& config, uint64_t seed) {
-  if (!config.mla) return invalid_argument_error("CudaDeepseekWeights: {} is not an MLA config", config.architecture_name);
+  if (!config.mla)
+    return invalid_argument_error("CudaDeepseekWeights: {} is not an MLA config", config.architecture_name);
   const Dims d(config);
   const MlaConfig& mla = *config.mla;
   CudaDeepseekWeights w;
@@ -189,8 +191,8 @@ StatusOr<CudaDeepseekWeights> CudaDeepseekWeights::random(const ModelConfig& con
       PAGODA_ASSIGN_OR_RETURN(g.q_a_norm, constant(d.q_rank, 1.0f));
       PAGODA_ASSIGN_OR_RETURN(g.q_b_proj, matrix(RandomMatrix::kMlaQBProj, layer, q_out, d.q_rank));
       if (mla.attention_bias) {
-      PAGODA_ASSIGN_OR_RETURN(g.q_a_bias, constant(d.q_rank, 0.0f));
-    }
+        PAGODA_ASSIGN_OR_RETURN(g.q_a_bias, constant(d.q_rank, 0.0f));
+      }
     }
     PAGODA_ASSIGN_OR_RETURN(g.kv_a_proj, matrix(RandomMatrix::kMlaKvAProj, layer, d.rank + d.rope, d.hidden));
     if (mla.attention_bias) {
@@ -213,8 +215,8 @@ StatusOr<CudaDeepseekWeights> CudaDeepseekWeights::random(const ModelConfig& con
                                                   random_matrix_stream(seed, RandomMatrix::kMoeRouter, layer),
                                                   nullptr));
       if (config.moe->score_correction_bias) {
-      PAGODA_ASSIGN_OR_RETURN(g.correction_bias, constant(d.experts, 0.0f));
-    }
+        PAGODA_ASSIGN_OR_RETURN(g.correction_bias, constant(d.experts, 0.0f));
+      }
       const size_t gate_up = 2 * d.moe_inter * d.hidden, down = d.hidden * d.moe_inter;
       PAGODA_ASSIGN_OR_RETURN(void* experts_gate_up, w.allocate(d.experts * gate_up * 2));
       PAGODA_ASSIGN_OR_RETURN(void* experts_down, w.allocate(d.experts * down * 2));
@@ -224,8 +226,10 @@ StatusOr<CudaDeepseekWeights> CudaDeepseekWeights::random(const ModelConfig& con
         const int32_t key = random_expert_key(layer, static_cast<int32_t>(e));
         bf16* gu = g.experts_gate_up + e * gate_up;
         PAGODA_RETURN_IF_ERROR(fill(gu, RandomMatrix::kMoeExpertGate, key, d.moe_inter, d.hidden));
-        PAGODA_RETURN_IF_ERROR(fill(gu + d.moe_inter * d.hidden, RandomMatrix::kMoeExpertUp, key, d.moe_inter, d.hidden));
-        PAGODA_RETURN_IF_ERROR(fill(g.experts_down + e * down, RandomMatrix::kMoeExpertDown, key, d.hidden, d.moe_inter));
+        PAGODA_RETURN_IF_ERROR(
+            fill(gu + d.moe_inter * d.hidden, RandomMatrix::kMoeExpertUp, key, d.moe_inter, d.hidden));
+        PAGODA_RETURN_IF_ERROR(
+            fill(g.experts_down + e * down, RandomMatrix::kMoeExpertDown, key, d.hidden, d.moe_inter));
       }
       if (d.shared_inter > 0) {
         PAGODA_ASSIGN_OR_RETURN(g.shared_gate_up, stacked(RandomMatrix::kMoeSharedGate, RandomMatrix::kMoeSharedUp,

@@ -87,7 +87,8 @@ StatusOr<std::unique_ptr<CudaKvPool>> CudaKvPool::create(const KvPoolShape& shap
       shape.head_dim <= 0 || shape.head_dim % 8 != 0 || (shape.latent && shape.num_kv_heads != 1)) {
     return invalid_argument_error(
         "CUDA KV pool shape: layers={} blocks={} block_size={} kv_heads={} head_dim={} (all > 0, head_dim a "
-        "multiple of 8, one head for a latent pool)", shape.num_layers, shape.num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim);
+        "multiple of 8, one head for a latent pool)", shape.num_layers, shape.num_blocks, shape.block_size,
+        shape.num_kv_heads, shape.head_dim);
   }
   for (DType dtype : {shape.key_dtype, shape.value_dtype}) {
     if (!kv_quant_of(dtype))

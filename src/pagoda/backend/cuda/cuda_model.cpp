@@ -25,7 +25,8 @@ StatusOr<std::unique_ptr<CudaModel>> CudaModel::load(const std::filesystem::path
   PAGODA_ASSIGN_OR_RETURN(CudaModelWeights weights, CudaModelWeights::upload(config, host, options.show_progress));
   std::unique_ptr<CudaDeepseekWeights> deepseek;
   if (config.mla) {
-    PAGODA_ASSIGN_OR_RETURN(CudaDeepseekWeights layers, CudaDeepseekWeights::upload(config, host, options.show_progress));
+    PAGODA_ASSIGN_OR_RETURN(CudaDeepseekWeights layers,
+                            CudaDeepseekWeights::upload(config, host, options.show_progress));
     deepseek = std::make_unique<CudaDeepseekWeights>(std::move(layers));
   }
   std::unique_ptr<CudaModel> model(new CudaModel(std::move(config), options, std::move(weights)));

@@ -32,7 +32,8 @@ __device__ float block_reduce(float v, int op, float* scratch) {
   __syncthreads();
   const int warps = blockDim.x / 32;
   float r = scratch[0];
-  for (int w = 1; w < warps; ++w) r = op == 0 ? r + scratch[w] : (op == 1 ? fmaxf(r, scratch[w]) : fminf(r, scratch[w]));
+  for (int w = 1; w < warps; ++w)
+    r = op == 0 ? r + scratch[w] : (op == 1 ? fmaxf(r, scratch[w]) : fminf(r, scratch[w]));
   return r;
 }
 
