@@ -1,8 +1,9 @@
 // `pagoda generate` and `pagoda serve` with --device cuda, through the real
 // binary (label gpu: the GPU machine runs it, see tests/e2e/run_cli_gpu_tests.sh):
 // greedy text on the GPU equals the CPU's on the bundled model, random weights
-// of the Llama-3-8B shape run, the server answers a chat completion, and a
-// quantized KV dtype either runs or says clearly that the pool cannot store it.
+// of the Llama-3-8B shape run, the server answers a chat completion, a
+// quantized KV dtype either runs or says clearly that the pool cannot store it,
+// and a DeepSeek (MLA + MoE) fixture generates and serves on the GPU.
 // Without a GPU every test skips.
 
 #include <filesystem>
