@@ -115,8 +115,8 @@ void Engine::shutdown(std::chrono::milliseconds grace) {
     std::lock_guard inline_lock(inline_mutex_);
     drain_commands();
     cancel_all_requests();
-    flush_outputs();
     publish_stats(-1);
+    flush_outputs();
     return;
   }
   {
@@ -569,13 +569,13 @@ bool Engine::step() {
   // sequences whose K/V was lost start over and this plan is dropped: its
   // sequences run next step (nothing was committed).
   if (!run_transfers().ok()) {
-    flush_outputs();
     publish_stats(-1);
+    flush_outputs();
     return true;
   }
   if (plan.empty()) {
-    flush_outputs();
     publish_stats(-1);
+    flush_outputs();
     return false;
   }
 
@@ -616,8 +616,8 @@ bool Engine::step() {
     for (const ScheduledChunk& chunk : plan.chunks)
       if (chunk.sequence->status != SequenceStatus::kFinished)
         fail_request(chunk.sequence->request, internal_error("model step failed: {}", committed.to_string()));
-    flush_outputs();
     publish_stats(seconds_between(start, Clock::now()));
+    flush_outputs();
     return true;
   }
   size_t row = 0, host_row = 0;
@@ -660,8 +660,10 @@ bool Engine::step() {
     if (req->request.sampling.n > 1 && !req->forked) fork_children(seq, logits_row);
     sample_into(seq, logits_row);
   }
-  flush_outputs();
+  // Stats before outputs, here and above: a client that sees its request end
+  // also sees its blocks freed in /metrics.
   publish_stats(seconds_between(start, Clock::now()));
+  flush_outputs();
   return true;
 }
 
