@@ -37,6 +37,7 @@
 #include "pagoda/backend/cuda/device_buffer.h"
 #include "pagoda/backend/cuda/fast_attention.h"
 #include "pagoda/backend/cuda/gemm.h"
+#include "pagoda/backend/cuda/kv_layer_waits.h"
 #include "pagoda/backend/cuda/sampling.h"
 #include "pagoda/backend/cuda/step_plan.h"
 #include "pagoda/core/status.h"
@@ -100,6 +101,13 @@ class CudaModel {
                          std::span<const int32_t> host_rows, std::vector<int32_t>& tokens,
                          std::vector<float>& logprobs, std::vector<float>& host_logits);
 
+  // Events the next forward (one call) waits on before it touches each layer
+  // of the pool: the host tier's loads issued layer by layer (kv_layer_waits.h).
+  // An eager step waits for layer l's just before layer l's KV write, so the
+  // layers before it overlap the copy; a graph replay waits for all of them
+  // first. Every one is waited on by the time the forward returns, error or not.
+  void set_kv_layer_waits(KvLayerWaits waits) { layer_waits_ = std::move(waits); }
+
   // Turns graph replay of decode steps on or off (benchmarks compare both).
   void set_use_cuda_graphs(bool on) { options_.use_cuda_graphs = on; }
   void set_fast_attention(bool on) { options_.fast_attention = on; }
@@ -132,7 +140,8 @@ class CudaModel {
   Status validate(const ForwardBatch& batch, const CudaKvPool& pool) const;
   int32_t graph_bucket(const ForwardBatch& batch) const;
   StatusOr<StepShape> plan(const ForwardBatch& batch);
-  Status run_layers(int32_t num_tokens, const CudaKvPool& pool, bool fast_attention);
+  Status run_layers(int32_t num_tokens, const CudaKvPool& pool, bool fast_attention,
+                    const KvLayerWaits* waits = nullptr);
   Status run_head(int32_t row_begin, int32_t num_rows);
   // Samples logit rows [row_begin, row_begin + n) (already in logits_) and
   // copies tokens, logprobs and the host rows' logits out; synchronizes.
@@ -186,6 +195,7 @@ class CudaModel {
     bool fast_attention = false;       // captured with backend/cuda/attention's graph-mode decode attention
   };
   std::map<int32_t, Graph> graphs_;
+  KvLayerWaits layer_waits_;  // for the next run() only
   int64_t graph_replays_ = 0;
 };
 
