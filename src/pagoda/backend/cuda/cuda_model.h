@@ -107,6 +107,11 @@ class CudaModel {
   // layers before it overlap the copy; a graph replay waits for all of them
   // first. Every one is waited on by the time the forward returns, error or not.
   void set_kv_layer_waits(KvLayerWaits waits) { layer_waits_ = std::move(waits); }
+  // Waits given but not consumed (a forward refused before it ran): the stream waits for all of them now.
+  void flush_kv_layer_waits() {
+    layer_waits_.wait_all(stream_);
+    layer_waits_ = KvLayerWaits{};
+  }
 
   // Turns graph replay of decode steps on or off (benchmarks compare both).
   void set_use_cuda_graphs(bool on) { options_.use_cuda_graphs = on; }

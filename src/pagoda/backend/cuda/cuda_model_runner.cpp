@@ -37,11 +37,13 @@ void CudaModelRunner::hand_layer_waits_to_model() {
 
 StatusOr<runtime::StepResult> CudaModelRunner::execute(const ForwardBatch& batch,
                                                        std::span<const runtime::RowSampling> rows) {
-  hand_layer_waits_to_model();
   PAGODA_RETURN_IF_ERROR(runtime::check_row_sampling(batch, rows, capabilities()));
+  hand_layer_waits_to_model();
   runtime::StepResult out;
   if (rows.empty()) {
-    PAGODA_RETURN_IF_ERROR(model_->forward(batch, *pool_, out.host_logits));
+    const Status status = model_->forward(batch, *pool_, out.host_logits);
+    model_->flush_kv_layer_waits();
+    PAGODA_RETURN_IF_ERROR(status);
     out.tokens.assign(static_cast<size_t>(batch.num_logit_rows()), 0);
     out.logprobs.assign(static_cast<size_t>(batch.num_logit_rows()), 0.0f);
     return out;
@@ -56,15 +58,19 @@ StatusOr<runtime::StepResult> CudaModelRunner::execute(const ForwardBatch& batch
     }
     params[r] = GpuSamplingParams{row.temperature, row.top_k, row.top_p, row.min_p, row.seed, row.step};
   }
-  PAGODA_RETURN_IF_ERROR(
-      model_->forward_sampled(batch, *pool_, params, host_rows, out.tokens, out.logprobs, out.host_logits));
+  const Status status =
+      model_->forward_sampled(batch, *pool_, params, host_rows, out.tokens, out.logprobs, out.host_logits);
+  model_->flush_kv_layer_waits();
+  PAGODA_RETURN_IF_ERROR(status);
   return out;
 }
 
 StatusOr<std::vector<int32_t>> CudaModelRunner::execute_greedy(const ForwardBatch& batch) {
   std::vector<int32_t> tokens;
   hand_layer_waits_to_model();
-  PAGODA_RETURN_IF_ERROR(model_->forward_greedy(batch, *pool_, tokens));
+  const Status status = model_->forward_greedy(batch, *pool_, tokens);
+  model_->flush_kv_layer_waits();
+  PAGODA_RETURN_IF_ERROR(status);
   return tokens;
 }
 
