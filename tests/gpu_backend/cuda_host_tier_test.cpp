@@ -164,14 +164,28 @@ TEST(CudaHostTierTest, LayerByLayerLoadsAreReadyLayerByLayer) {
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     for (int32_t i = 0; i < 32; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], expected[static_cast<size_t>(i)]) << i;
     EXPECT_EQ(std::memcmp((*host)->block(40), expected[0].data(), expected[0].size()), 0);
-    // A list that is not one batch (a block touched twice) goes whole.
-    const std::vector<BlockTransfer> chain = {{kD2H, 5, 50}, {kH2D, 6, 50}};
+    // A list of several batches (blocks touched twice: 5 -> h50 -> 6, then 7 -> h51 and h50 -> 7) goes layer
+    // by layer in list order on one stream, one event per layer.
+    const auto b5 = device_block(**pool, 5), b7 = device_block(**pool, 7);
+    const std::vector<BlockTransfer> chain = {{kD2H, 5, 50}, {kH2D, 6, 50}, {kD2H, 7, 51}, {kH2D, 7, 50}};
+    went = (*host)->transfer_layered(chain, **pool, stream);
+    ASSERT_TRUE(went.ok());
+    EXPECT_TRUE(*went);
+    const KvLayerWaits chain_waits = (*host)->take_layer_waits();
+    EXPECT_EQ(chain_waits.per_layer, 1);
+    ASSERT_EQ(chain_waits.wait_all(stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(device_block(**pool, 6), b5);
+    EXPECT_EQ(device_block(**pool, 7), b5);
+    EXPECT_EQ(std::memcmp((*host)->block(51), b7.data(), b7.size()), 0);
+    // With a DMA method the same list goes whole: nothing pending, the stream already waits.
+    (*host)->set_copy_method(kH2D, CudaHostKvPool::CopyMethod::kStaged);
     went = (*host)->transfer_layered(chain, **pool, stream);
     ASSERT_TRUE(went.ok());
     EXPECT_FALSE(*went);
     EXPECT_FALSE((*host)->layer_waits_pending());
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    EXPECT_EQ(device_block(**pool, 6), device_block(**pool, 5));
+    EXPECT_EQ(device_block(**pool, 6), b5);
   }
   cudaStreamDestroy(stream);
 }

@@ -218,50 +218,93 @@ Status CudaHostKvPool::transfer_impl(std::span<const runtime::BlockTransfer> tra
   collect_timings(/*wait=*/false);
   // The copies start after everything queued on the model's stream so far.
   PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_, stream));
-  bool first_batch = true;
-  bool used[runtime::kNumTransferDirections] = {false, false};
-  size_t begin = 0;
-  while (begin < transfers.size()) {
-    // The longest run from `begin` in which no block is touched twice.
+  // Batches: the longest runs in which no block is touched twice, each one's blocks per direction.
+  struct Batch {
+    std::vector<int32_t> device_blocks[runtime::kNumTransferDirections], host_blocks[runtime::kNumTransferDirections];
+  };
+  std::vector<Batch> batches;
+  int64_t blocks[runtime::kNumTransferDirections] = {0, 0};
+  for (size_t begin = 0; begin < transfers.size();) {
     std::unordered_set<int64_t> touched;
+    Batch& batch = batches.emplace_back();
     size_t end = begin;
     for (; end < transfers.size(); ++end) {
-      const int64_t device_key = transfers[end].device_block;
-      const int64_t host_key = -1 - static_cast<int64_t>(transfers[end].host_block);
+      const runtime::BlockTransfer& t = transfers[end];
+      const int64_t device_key = t.device_block;
+      const int64_t host_key = -1 - static_cast<int64_t>(t.host_block);
       if (touched.count(device_key) || touched.count(host_key)) break;
       touched.insert(device_key);
       touched.insert(host_key);
-    }
-    // Layer by layer only when the whole list is this one batch.
-    const bool per_layer = layered && first_batch && end == transfers.size();
-    std::vector<int32_t> device_blocks[runtime::kNumTransferDirections], host_blocks[runtime::kNumTransferDirections];
-    for (size_t i = begin; i < end; ++i) {
-      const runtime::BlockTransfer& t = transfers[i];
       const int d = static_cast<int>(t.direction);
-      device_blocks[d].push_back(t.device_block);
-      host_blocks[d].push_back(t.host_block);
+      batch.device_blocks[d].push_back(t.device_block);
+      batch.host_blocks[d].push_back(t.host_block);
+      ++blocks[d];
     }
+    begin = end;
+  }
+  for (int d = 0; d < runtime::kNumTransferDirections; ++d) {
+    stats_.blocks[d] += blocks[d];
+    stats_.bytes[d] += blocks[d] * static_cast<int64_t>(block_bytes_);
+  }
+  auto start_timing = [&](int d, cudaStream_t copy, double share_out) -> StatusOr<size_t> {
+    Timing timing{d, nullptr, nullptr, share_out};
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&timing.start));
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&timing.stop));
+    timings_.push_back(timing);
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(timing.start, copy));
+    return timings_.size() - 1;
+  };
+
+  const bool kernels = methods_[0] == CopyMethod::kKernel && methods_[1] == CopyMethod::kKernel;
+  if (layered && kernels && batches.size() > 1) {
+    // Several batches, layer by layer: everything on one copy stream in list order per layer (layer l of
+    // batch b after layer l of batch b - 1), one event per layer. The directions share the stream.
+    cudaStream_t copy = streams_[0];
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy, ready_, 0));
+    const double out_share = static_cast<double>(blocks[0]) / static_cast<double>(blocks[0] + blocks[1]);
+    PAGODA_ASSIGN_OR_RETURN(const size_t timing, start_timing(-1, copy, out_share));
+    const KvHostCopyGeometry geometry = device.host_copy_geometry(block(0), block_bytes_);
+    KvHostCopyPairs pairs;
+    for (int32_t l = 0; l < num_layers_; ++l) {
+      for (const Batch& batch : batches)
+        for (int d = 0; d < runtime::kNumTransferDirections; ++d) {
+          const auto& device_blocks = batch.device_blocks[d];
+          for (size_t at = 0; at < device_blocks.size(); at += kKvHostCopyMaxPairs) {
+            pairs.count = static_cast<int32_t>(std::min<size_t>(kKvHostCopyMaxPairs, device_blocks.size() - at));
+            std::copy_n(device_blocks.begin() + static_cast<int64_t>(at), pairs.count, pairs.device_block);
+            std::copy_n(batch.host_blocks[d].begin() + static_cast<int64_t>(at), pairs.count, pairs.host_block);
+            PAGODA_CUDA_RETURN_IF_ERROR(kv_host_copy_layers(geometry, pairs, d == kD2H, l, 1, copy));
+          }
+        }
+      PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(layer_done_[0][static_cast<size_t>(l)], copy));
+    }
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(timings_[timing].stop, copy));
+    pending_[0] = true;
+    *went_layered = true;
+    ++layered_calls_;
+    return ok_status();
+  }
+
+  bool used[runtime::kNumTransferDirections] = {false, false};
+  for (size_t b = 0; b < batches.size(); ++b) {
+    const Batch& batch = batches[b];
+    // Layer by layer only when the whole list is this one batch.
+    const bool per_layer = layered && batches.size() == 1;
     for (int d = 0; d < runtime::kNumTransferDirections; ++d) {
-      if (device_blocks[d].empty()) continue;
+      if (batch.device_blocks[d].empty()) continue;
       cudaStream_t copy = streams_[d];
       // After the model's work, and after every copy of the previous batch.
-      if (first_batch) {
+      if (b == 0) {
         PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy, ready_, 0));
       } else {
         for (int e = 0; e < runtime::kNumTransferDirections; ++e)
           if (used[e]) PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy, done_[e], 0));
       }
-      Timing timing{d, nullptr, nullptr};
-      PAGODA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&timing.start));
-      PAGODA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&timing.stop));
-      timings_.push_back(timing);
-      PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(timing.start, copy));
+      PAGODA_ASSIGN_OR_RETURN(const size_t timing, start_timing(d, copy, 0.0));
       const bool direction_per_layer = per_layer && methods_[d] == CopyMethod::kKernel;
-      PAGODA_RETURN_IF_ERROR(copy_direction(d, device_blocks[d], host_blocks[d], device, direction_per_layer));
-      PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(timing.stop, copy));
-      const int64_t blocks = static_cast<int64_t>(device_blocks[d].size());
-      stats_.blocks[d] += blocks;
-      stats_.bytes[d] += blocks * static_cast<int64_t>(block_bytes_);
+      PAGODA_RETURN_IF_ERROR(copy_direction(d, batch.device_blocks[d], batch.host_blocks[d], device,
+                                            direction_per_layer));
+      PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(timings_[timing].stop, copy));
       if (direction_per_layer) {
         pending_[d] = true;
         *went_layered = true;
@@ -269,14 +312,12 @@ Status CudaHostKvPool::transfer_impl(std::span<const runtime::BlockTransfer> tra
     }
     // This batch's copies, as the next batch (and the model's stream) will wait on them.
     for (int d = 0; d < runtime::kNumTransferDirections; ++d) {
-      if (device_blocks[d].empty()) continue;
+      if (batch.device_blocks[d].empty()) continue;
       PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(done_[d], streams_[d]));
       used[d] = true;
     }
     // A direction idle in this batch keeps its older done_ event, which is
     // complete before this batch started: waiting on it again is harmless.
-    first_batch = false;
-    begin = end;
   }
   if (*went_layered) ++layered_calls_;
   // The next work on the model's stream waits for every copy not left to the layer events.
@@ -296,8 +337,14 @@ void CudaHostKvPool::collect_timings(bool wait) {
       continue;
     }
     float ms = 0.0f;
-    if (state == cudaSuccess && cudaEventElapsedTime(&ms, t.start, t.stop) == cudaSuccess)
-      stats_.seconds[t.direction] += ms * 1e-3;
+    if (state == cudaSuccess && cudaEventElapsedTime(&ms, t.start, t.stop) == cudaSuccess) {
+      if (t.direction >= 0) {
+        stats_.seconds[t.direction] += ms * 1e-3;
+      } else {  // both directions on one stream: split by their share of the blocks
+        stats_.seconds[kD2H] += ms * 1e-3 * t.share_out;
+        stats_.seconds[1 - kD2H] += ms * 1e-3 * (1.0 - t.share_out);
+      }
+    }
     cudaGetLastError();
     cudaEventDestroy(t.start);
     cudaEventDestroy(t.stop);

@@ -23,7 +23,10 @@
 //
 // Layer by layer (transfer_layered): when a list is one batch, a direction
 // moved by the copy kernel is issued one layer at a time with an event after
-// each layer, and the model's stream is not made to wait; the caller takes
+// each layer; a list of several batches (a block written back and then
+// reloaded in one list, say), with the kernel both ways, goes layer by layer
+// on one copy stream, each layer's batches in list order, one event per
+// layer. The model's stream is not made to wait; the caller takes
 // those events (take_layer_waits) and its forward waits for layer l's before
 // it touches layer l, so a load overlaps the step's compute. Until they are
 // taken, any other use of the pool on the model's stream must call
@@ -100,8 +103,9 @@ class CudaHostKvPool {
 
  private:
   struct Timing {
-    int direction;
+    int direction;  // -1: both directions on one stream
     cudaEvent_t start, stop;
+    double share_out;  // direction -1: the device->host share of its blocks
   };
   CudaHostKvPool() = default;
   Status transfer_impl(std::span<const runtime::BlockTransfer> transfers, const CudaKvPool& device,
