@@ -1,7 +1,7 @@
 #include "pagoda/backend/cuda/cuda_host_kv_pool.h"
 
 #include <algorithm>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "pagoda/backend/cuda/cuda_check.h"
 #include "pagoda/runtime/host_block_layout.h"
@@ -218,29 +218,30 @@ Status CudaHostKvPool::transfer_impl(std::span<const runtime::BlockTransfer> tra
   collect_timings(/*wait=*/false);
   // The copies start after everything queued on the model's stream so far.
   PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_, stream));
-  // Batches: the longest runs in which no block is touched twice, each one's blocks per direction.
+  // Batches: a transfer goes into the batch after the last one that touched either of its blocks (so every
+  // block's transfers keep their list order and no batch touches a block twice), in list order within a
+  // batch. A full device pool's lists (write a block back, then load another into it) take two batches,
+  // however long they are.
   struct Batch {
     std::vector<int32_t> device_blocks[runtime::kNumTransferDirections], host_blocks[runtime::kNumTransferDirections];
   };
   std::vector<Batch> batches;
   int64_t blocks[runtime::kNumTransferDirections] = {0, 0};
-  for (size_t begin = 0; begin < transfers.size();) {
-    std::unordered_set<int64_t> touched;
-    Batch& batch = batches.emplace_back();
-    size_t end = begin;
-    for (; end < transfers.size(); ++end) {
-      const runtime::BlockTransfer& t = transfers[end];
-      const int64_t device_key = t.device_block;
-      const int64_t host_key = -1 - static_cast<int64_t>(t.host_block);
-      if (touched.count(device_key) || touched.count(host_key)) break;
-      touched.insert(device_key);
-      touched.insert(host_key);
-      const int d = static_cast<int>(t.direction);
-      batch.device_blocks[d].push_back(t.device_block);
-      batch.host_blocks[d].push_back(t.host_block);
-      ++blocks[d];
-    }
-    begin = end;
+  std::unordered_map<int64_t, size_t> next_batch;  // block key -> the first batch it may join
+  next_batch.reserve(transfers.size() * 2);
+  for (const runtime::BlockTransfer& t : transfers) {
+    const int64_t device_key = t.device_block;
+    const int64_t host_key = -1 - static_cast<int64_t>(t.host_block);
+    const auto device_it = next_batch.find(device_key), host_it = next_batch.find(host_key);
+    const size_t b = std::max(device_it == next_batch.end() ? 0 : device_it->second,
+                              host_it == next_batch.end() ? 0 : host_it->second);
+    if (b == batches.size()) batches.emplace_back();
+    const int d = static_cast<int>(t.direction);
+    batches[b].device_blocks[d].push_back(t.device_block);
+    batches[b].host_blocks[d].push_back(t.host_block);
+    ++blocks[d];
+    next_batch[device_key] = b + 1;
+    next_batch[host_key] = b + 1;
   }
   for (int d = 0; d < runtime::kNumTransferDirections; ++d) {
     stats_.blocks[d] += blocks[d];

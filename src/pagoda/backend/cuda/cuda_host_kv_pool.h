@@ -7,8 +7,10 @@
 // model's stream (the previous step's forward) and before any work queued on
 // it afterwards (the next forward, block copies): an event orders each side.
 // The list is cut into batches in which no block is touched by two transfers
-// (a later transfer may read or overwrite what an earlier one wrote: those
-// land in a later batch). In a batch, device->host copies run on one copy
+// (a later transfer may read or overwrite what an earlier one wrote: it goes
+// into the batch after the last one that touched its blocks, so a full device
+// pool's lists, write-backs then loads into the blocks they freed, take two
+// batches). In a batch, device->host copies run on one copy
 // stream and host->device copies on another (both of the highest priority, so
 // their CTAs are not queued behind a forward's), so both directions of PCIe
 // are busy at once. How a direction's blocks move (CopyMethod, per
