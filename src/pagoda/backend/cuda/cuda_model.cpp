@@ -319,7 +319,10 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
     PAGODA_ASSIGN_OR_RETURN(fast, fast_->plan(config_, batch, options_.block_size, pool.shape().num_blocks, stream_));
   }
   if (fast) ++fast_attention_steps_;
-  PAGODA_RETURN_IF_ERROR(run_layers(step.num_tokens, pool, fast, &waits));
+  // Only the llama-family layer loop waits layer by layer; any other forward (MLA) waits for the whole load first.
+  const bool per_layer_waits = !config_.mla.has_value();
+  if (!per_layer_waits) PAGODA_CUDA_RETURN_IF_ERROR(waits.wait_all(stream_));
+  PAGODA_RETURN_IF_ERROR(run_layers(step.num_tokens, pool, fast, per_layer_waits ? &waits : nullptr));
   for (int32_t row = 0; row < step.num_rows; row += max_rows_) {
     const int32_t n = std::min(max_rows_, step.num_rows - row);
     PAGODA_RETURN_IF_ERROR(run_head(row, n));
