@@ -1,10 +1,10 @@
 #include "pagoda/backend/cuda/cuda_host_kv_pool.h"
 
 #include <algorithm>
-#include <unordered_map>
 
 #include "pagoda/backend/cuda/cuda_check.h"
 #include "pagoda/runtime/host_block_layout.h"
+#include "pagoda/runtime/transfer_batches.h"
 
 namespace pagoda::cuda {
 namespace {
@@ -218,31 +218,13 @@ Status CudaHostKvPool::transfer_impl(std::span<const runtime::BlockTransfer> tra
   collect_timings(/*wait=*/false);
   // The copies start after everything queued on the model's stream so far.
   PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_, stream));
-  // Batches: a transfer goes into the batch after the last one that touched either of its blocks (so every
-  // block's transfers keep their list order and no batch touches a block twice), in list order within a
-  // batch. A full device pool's lists (write a block back, then load another into it) take two batches,
-  // however long they are.
-  struct Batch {
-    std::vector<int32_t> device_blocks[runtime::kNumTransferDirections], host_blocks[runtime::kNumTransferDirections];
-  };
-  std::vector<Batch> batches;
+  // Batches of distinct blocks, each block's transfers in list order (runtime/transfer_batches.h).
+  using Batch = runtime::TransferBatch;
+  const std::vector<Batch> batches = runtime::plan_transfer_batches(transfers);
   int64_t blocks[runtime::kNumTransferDirections] = {0, 0};
-  std::unordered_map<int64_t, size_t> next_batch;  // block key -> the first batch it may join
-  next_batch.reserve(transfers.size() * 2);
-  for (const runtime::BlockTransfer& t : transfers) {
-    const int64_t device_key = t.device_block;
-    const int64_t host_key = -1 - static_cast<int64_t>(t.host_block);
-    const auto device_it = next_batch.find(device_key), host_it = next_batch.find(host_key);
-    const size_t b = std::max(device_it == next_batch.end() ? 0 : device_it->second,
-                              host_it == next_batch.end() ? 0 : host_it->second);
-    if (b == batches.size()) batches.emplace_back();
-    const int d = static_cast<int>(t.direction);
-    batches[b].device_blocks[d].push_back(t.device_block);
-    batches[b].host_blocks[d].push_back(t.host_block);
-    ++blocks[d];
-    next_batch[device_key] = b + 1;
-    next_batch[host_key] = b + 1;
-  }
+  for (const Batch& batch : batches)
+    for (int d = 0; d < runtime::kNumTransferDirections; ++d)
+      blocks[d] += static_cast<int64_t>(batch.device_blocks[d].size());
   for (int d = 0; d < runtime::kNumTransferDirections; ++d) {
     stats_.blocks[d] += blocks[d];
     stats_.bytes[d] += blocks[d] * static_cast<int64_t>(block_bytes_);
