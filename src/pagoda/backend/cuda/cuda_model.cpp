@@ -343,10 +343,18 @@ Status CudaModel::forward_greedy(const ForwardBatch& batch, CudaKvPool& pool, st
 Status CudaModel::forward_sampled(const ForwardBatch& batch, CudaKvPool& pool,
                                   std::span<const GpuSamplingParams> params, std::span<const int32_t> host_rows,
                                   std::vector<int32_t>& tokens, std::vector<float>& logprobs,
-                                  std::vector<float>& host_logits) {
+                                  std::vector<float>& host_logits, std::span<const uint64_t* const> masks) {
   const int32_t rows = batch.num_logit_rows();
   if (static_cast<int64_t>(params.size()) != rows)
     return invalid_argument_error("forward_sampled: {} sampling params for {} logits rows", params.size(), rows);
+  if (!masks.empty() && static_cast<int64_t>(masks.size()) != rows)
+    return invalid_argument_error("forward_sampled: {} token masks for {} logits rows", masks.size(), rows);
+  if (mask_host_.data() == nullptr && std::any_of(masks.begin(), masks.end(), [](const uint64_t* m) { return m; })) {
+    const size_t words = (static_cast<size_t>(config_.vocab_size) + 63) / 64;
+    const size_t bytes = static_cast<size_t>(max_rows_) * (sizeof(int32_t) + words * sizeof(uint64_t)) + 8;
+    PAGODA_ASSIGN_OR_RETURN(mask_host_, PinnedBuffer::allocate(bytes));
+    PAGODA_ASSIGN_OR_RETURN(mask_device_, DeviceBuffer::allocate(bytes));
+  }
   for (size_t i = 0; i < host_rows.size(); ++i)
     if (host_rows[i] < 0 || host_rows[i] >= rows || (i > 0 && host_rows[i] <= host_rows[i - 1]))
       return invalid_argument_error("forward_sampled: host row {} at index {} is not ascending within [0, {})",
@@ -359,7 +367,7 @@ Status CudaModel::forward_sampled(const ForwardBatch& batch, CudaKvPool& pool,
   tokens.assign(static_cast<size_t>(rows), 0);
   logprobs.assign(static_cast<size_t>(rows), 0.0f);
   host_logits.assign(host_rows.size() * static_cast<size_t>(config_.vocab_size), 0.0f);
-  sampled_ = SampledOutput{params, host_rows, &tokens, &logprobs, &host_logits};
+  sampled_ = SampledOutput{params, host_rows, &tokens, &logprobs, &host_logits, masks};
   Status status = run(batch, pool, Output::kSampled, nullptr, nullptr);
   sampled_ = SampledOutput{};
   return status;
@@ -376,6 +384,7 @@ Status CudaModel::sample_out(int32_t row_begin, int32_t n) {
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_params, host_params, n * sizeof(GpuSamplingParams),
                                               cudaMemcpyHostToDevice, stream_));
   float* device_logprobs = reinterpret_cast<float*>(device_tokens + max_rows_);
+  PAGODA_RETURN_IF_ERROR(mask_rows(row_begin, n));
   PAGODA_CUDA_RETURN_IF_ERROR(sample_rows(logits_.as<float>(), n, config_.vocab_size, device_params, device_tokens,
                                           device_logprobs, stream_));
   // Tokens and logprobs in one copy (adjacent), then the host rows' logits.
@@ -392,6 +401,31 @@ Status CudaModel::sample_out(int32_t row_begin, int32_t n) {
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   std::copy_n(host_tokens, n, sampled_.tokens->data() + row_begin);
   std::copy_n(reinterpret_cast<const float*>(host_tokens + max_rows_), n, sampled_.logprobs->data() + row_begin);
+  return ok_status();
+}
+
+Status CudaModel::mask_rows(int32_t row_begin, int32_t n) {
+  if (sampled_.masks.empty()) return ok_status();
+  const size_t words = (static_cast<size_t>(config_.vocab_size) + 63) / 64;
+  // Row indices first, masks 8-byte aligned after them, packed in the order of the rows.
+  auto* host_rows = mask_host_.as<int32_t>();
+  auto* host_masks = reinterpret_cast<uint64_t*>(mask_host_.as<char>() + ((static_cast<size_t>(max_rows_) * 4 + 7) & ~size_t{7}));
+  int32_t count = 0;
+  for (int32_t r = 0; r < n; ++r) {
+    const uint64_t* mask = sampled_.masks[static_cast<size_t>(row_begin + r)];
+    if (mask == nullptr) continue;
+    host_rows[count] = r;
+    std::copy_n(mask, words, host_masks + static_cast<size_t>(count) * words);
+    ++count;
+  }
+  if (count == 0) return ok_status();
+  const size_t masks_offset = reinterpret_cast<char*>(host_masks) - mask_host_.as<char>();
+  const size_t bytes = masks_offset + static_cast<size_t>(count) * words * sizeof(uint64_t);
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mask_device_.as<char>(), mask_host_.as<char>(), bytes,
+                                              cudaMemcpyHostToDevice, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(apply_token_masks(logits_.as<float>(), config_.vocab_size, mask_device_.as<int32_t>(),
+                                                reinterpret_cast<const uint64_t*>(mask_device_.as<char>() + masks_offset),
+                                                count, stream_));
   return ok_status();
 }
 

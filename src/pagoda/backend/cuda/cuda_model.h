@@ -95,11 +95,14 @@ class CudaModel {
   // Same, but every logits row r is sampled on the GPU with params[r]
   // (sampling.h): tokens and logprobs get one entry per row, and only the rows
   // listed in host_rows (ascending) copy their logits out, to host_logits
-  // [host_rows.size(), vocab]. Errors: params not one per logits row, host_rows
-  // not ascending within [0, rows).
+  // [host_rows.size(), vocab]. masks: empty, or one entry per row: null, or the
+  // row's allowed-token bits (runtime::RowSampling::allowed), applied on the GPU
+  // before the draw. Errors: params (or masks) not one per logits row,
+  // host_rows not ascending within [0, rows).
   Status forward_sampled(const ForwardBatch& batch, CudaKvPool& pool, std::span<const GpuSamplingParams> params,
                          std::span<const int32_t> host_rows, std::vector<int32_t>& tokens,
-                         std::vector<float>& logprobs, std::vector<float>& host_logits);
+                         std::vector<float>& logprobs, std::vector<float>& host_logits,
+                         std::span<const uint64_t* const> masks = {});
 
   // Events the next forward (one call) waits on before it touches each layer
   // of the pool: the host tier's loads issued layer by layer (kv_layer_waits.h).
@@ -133,6 +136,7 @@ class CudaModel {
     std::vector<int32_t>* tokens = nullptr;
     std::vector<float>* logprobs = nullptr;
     std::vector<float>* host_logits = nullptr;
+    std::span<const uint64_t* const> masks;
   };
   struct StepShape {
     int32_t num_tokens = 0;  // rows run (decode: padded to the bucket)
@@ -150,6 +154,8 @@ class CudaModel {
   Status run_head(int32_t row_begin, int32_t num_rows);
   // Samples logit rows [row_begin, row_begin + n) (already in logits_) and
   // copies tokens, logprobs and the host rows' logits out; synchronizes.
+  // Applies the token masks of rows [row_begin, row_begin + n) of forward_sampled() to logits_.
+  Status mask_rows(int32_t row_begin, int32_t n);
   Status sample_out(int32_t row_begin, int32_t n);
   Status capture_graph(int32_t bucket, const CudaKvPool& pool, bool fast_attention);
   bool fast_attention_usable() const;
@@ -192,6 +198,8 @@ class CudaModel {
   SampledOutput sampled_;
   PinnedBuffer sampling_host_;
   DeviceBuffer sampling_device_;
+  PinnedBuffer mask_host_;      // [max_rows] row indices, then [max_rows, words] masks (first masked step)
+  DeviceBuffer mask_device_;    // the same on the device
   DeviceBuffer inv_freq_;  // f32 [D / 2]
 
   struct Graph {
