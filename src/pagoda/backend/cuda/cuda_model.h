@@ -21,6 +21,10 @@
 // shape: split-K decode in graph mode inside the graphs, decode or tensor-core
 // prefill in eager steps; the backend's own kernel otherwise.
 //
+// DeepSeek V2/V3 (config.mla): the layers are CudaDeepseekForward's (MLA over
+// a latent pool, MoE); embedding, head and sampling are shared. Those steps
+// always run eagerly (the MoE loop reads expert counts on the host).
+//
 // Thread safety: one caller at a time (scratch, graphs and the stream are per model).
 
 #include <cstdint>
@@ -32,6 +36,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "pagoda/backend/cuda/cuda_deepseek_forward.h"
 #include "pagoda/backend/cuda/cuda_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_model_weights.h"
 #include "pagoda/backend/cuda/device_buffer.h"
@@ -79,7 +84,9 @@ class CudaModel {
   const ModelConfig& config() const { return config_; }
   const CudaModelOptions& options() const { return options_; }
   int32_t max_model_len() const { return max_model_len_; }
-  size_t weight_bytes() const { return weights_.total_bytes(); }
+  size_t weight_bytes() const {
+    return weights_.total_bytes() + (deepseek_ ? deepseek_->weight_bytes() : 0);
+  }
   cudaStream_t stream() const { return stream_; }
 
   // The bf16 pool shape this model needs for num_blocks blocks.
@@ -145,7 +152,8 @@ class CudaModel {
   };
 
   CudaModel(ModelConfig config, CudaModelOptions options, CudaModelWeights weights);
-  Status init();
+  // deepseek_weights: the layers of an MLA config (null otherwise).
+  Status init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights = nullptr);
   Status validate(const ForwardBatch& batch, const CudaKvPool& pool) const;
   int32_t graph_bucket(const ForwardBatch& batch) const;
   StatusOr<StepShape> plan(const ForwardBatch& batch);
@@ -173,6 +181,8 @@ class CudaModel {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<FastAttention> fast_;
+  // DeepSeek (MLA + MoE) configs: their layers run here instead of the llama loop.
+  std::unique_ptr<CudaDeepseekForward> deepseek_;
   int64_t fast_attention_steps_ = 0;
 
   // Step metadata (step_plan.h): pinned host mirror and device copy, same layout.
