@@ -27,6 +27,7 @@ StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::unique_p
   auto runner =
       std::unique_ptr<CudaModelRunner>(new CudaModelRunner(std::move(model), std::move(pool), std::move(report)));
   runner->host_ = std::move(host);
+  PAGODA_ASSIGN_OR_RETURN(runner->zeroer_, BlockZeroer::create());
   return runner;
 }
 
@@ -71,6 +72,10 @@ Status CudaModelRunner::transfer_blocks(std::span<const runtime::BlockTransfer> 
     cudaStreamSynchronize(model_->stream());
   }
   return queued;
+}
+
+Status CudaModelRunner::zero_blocks(std::span<const int32_t> blocks) {
+  return zeroer_->zero(*pool_, blocks, model_->stream());
 }
 
 Status CudaModelRunner::copy_blocks(std::span<const runtime::BlockCopy> copies) {
