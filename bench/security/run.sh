@@ -11,22 +11,24 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="${1:-$root/build}"
 model="${2:-$root/models/pagoda-tiny}"
 samples="${3:-60}"
-floor="${4:-1000}"
+floor="${4:-2000}"
 out="$root/bench/security"
 port=18471
 keys="$(mktemp)"
-trap 'rm -f "$keys"' EXIT
+log="$(mktemp)"
+trap 'rm -f "$keys" "$log"' EXIT
 echo '{"keys": [{"key": "sk-app", "tenant": "acme", "user_salt": true}]}' > "$keys"
 
 serve() {  # serve <extra flags...>
   "$build/pagoda" serve --model "$model" --port "$port" --api-keys "$keys" --kv-cache-memory 268435456 \
-    --max-running 16 "$@" > "$out/server.log" 2>&1 &
+    --max-running 16 "$@" > "$log" 2>&1 &
   server_pid=$!
   for _ in $(seq 100); do
     curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
     sleep 0.2
   done
-  echo "server did not start; see $out/server.log" >&2
+  echo "server did not start:" >&2
+  cat "$log" >&2
   exit 1
 }
 stop() { kill -TERM "$server_pid"; wait "$server_pid" || true; }
