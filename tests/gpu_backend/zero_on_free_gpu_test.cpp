@@ -214,7 +214,7 @@ TEST(CudaZeroOnFree, WithoutZeroingTheOtherTenantsBytesAreStillThere) {
 
 // The cost, printed for docs/BENCHMARKS.md. (1) The clear itself on a
 // Llama-3-8B-shaped bf16 pool (32 layers, 8 KV heads of 128, blocks of 16:
-// 4 MiB per block over K and V). (2) The engine's throughput on the bundled
+// 2 MiB per block over K and V). (2) The engine's throughput on the bundled
 // model (PAGODA_TINY_MODEL, default models/pagoda-tiny) with every request
 // its own tenant and a pool small enough that blocks keep changing hands,
 // zeroing on vs off, best of three each. Fails only when zeroing costs over 5%.
