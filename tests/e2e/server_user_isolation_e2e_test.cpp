@@ -175,6 +175,19 @@ TEST_F(UserIsolationTest, PrefixHitsComeInWholeShareUnitsOnly) {
   }
 }
 
+TEST(UserSaltKvCap, EachUserNamespaceGetsItsTenantsKvCap) {
+  ServerProcess server;
+  std::string error;
+  ASSERT_TRUE(server.start(server_args("cap", {"--tenant-max-kv-blocks", "20"}), &error)) << error;
+  const std::vector<int> prompt = {5, 6, 7, 8, 9, 10, 11, 12, 13};
+  ASSERT_EQ(complete(server.port(), prompt, "sk-app", "capped").status, 200);
+  const Received usage = exchange(server.port(), http_get("/v1/usage", "sk-app", "X-Pagoda-User: capped\r\n"), 10s);
+  ASSERT_EQ(status_of(usage.bytes), 200) << usage.bytes.substr(0, 300);
+  const json u = json::parse(body_of(usage.bytes), nullptr, false);
+  EXPECT_EQ(u["kv_blocks"]["limit"].get<int>(), 20) << "the user's namespace is capped like its tenant";
+  EXPECT_GE(u["kv_blocks"]["held"].get<int>(), 2);
+}
+
 // The floor: scope "all" holds every first token; scope "hits" only hits.
 TEST(FirstTokenFloor, HitsAndMissesWaitForTheFloorInScopeAll) {
   ServerProcess server;
