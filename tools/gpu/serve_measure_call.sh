@@ -8,8 +8,9 @@
 #      multi-turn chat workload of bench/router/multi_turn.py under round-robin and kv-aware (fresh
 #      replicas for each policy, so both start from cold caches).
 #
-#   BUILD_DIR=build-cuda tools/gpu/serve_measure_call.sh bundle   # here: .device/serve/bundle.tar.xz
+#   BUILD_DIR=build-cuda tools/gpu/serve_measure_call.sh bundle   # here: .device/serve/bundle.tar.gz
 #   run(command="tools/gpu/serve_measure_call.sh run", carry=[".device/serve"], timeout_s=480)
+#   (PARTS=structured: the first measurement only)
 # Results: $OUT/structured.csv, $OUT/router.csv, $OUT/logs.tar.gz.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -25,7 +26,7 @@ if [ "${1:-}" = bundle ]; then
   cp "$here/tools/gpu_backend/llama3_8b_config.json" "$model/config.json"
   cp "$here/.cache/npm/llama3/package/models/tokenizer.json" "$here/.cache/npm/llama3/package/models/tokenizer_config.json" "$model/"
   git -C "$here" rev-parse --short HEAD > "$dir/bundle/commit"
-  tar cJf "$dir/bundle.tar.xz" -C "$dir" bundle
+  tar czf "$dir/bundle.tar.gz" -C "$dir" bundle
   rm -rf "$dir/bundle"
   ls -la "$dir"
   exit 0
@@ -33,7 +34,7 @@ fi
 
 [ "${1:-}" = run ] || { echo "usage: $0 bundle|run" >&2; exit 2; }
 bundle=$dir/bundle
-[ -x "$bundle/run.sh" ] || tar xJf "$dir/bundle.tar.xz" -C "$dir"
+[ -x "$bundle/run.sh" ] || tar xzf "$dir/bundle.tar.gz" -C "$dir"
 out=${OUT:-/tmp/serve-measure}
 logs=$out/logs
 mkdir -p "$logs"
@@ -78,6 +79,8 @@ fi
 stop_all
 grep -iE "sampler|host" "$logs/serve_structured.log" | tail -5
 
+[ "${PARTS:-all}" = structured ] && exit 0
+
 # 2. Router smoke: two replicas on the one GPU, each with a KV pool of 4 GiB, which holds about the
 #    workload's half that kv-aware sends it but not all of it (round-robin sends every replica every
 #    conversation), as a cluster whose cache is the scarce resource.
@@ -86,16 +89,16 @@ for policy in round-robin kv-aware; do
   serve 18801 "replica1_$policy.log" --kv-cache-memory 4GiB --max-queued 256
   serve 18802 "replica2_$policy.log" --kv-cache-memory 4GiB --max-queued 256
   wait_health 18801 && wait_health 18802 || { tail -20 "$logs/replica1_$policy.log" "$logs/replica2_$policy.log"; exit 1; }
-  "$bundle/run.sh" pagoda route --model "$model" --policy "$policy" --port 18800 \
+  "$bundle/run.sh" pagoda route --model "$model" --policy "$policy" --port 18810 \
     --backend http://127.0.0.1:18801 --backend http://127.0.0.1:18802 > "$logs/route_$policy.log" 2>&1 &
   pids+=($!)
-  wait_health 18800 || { tail -20 "$logs/route_$policy.log"; exit 1; }
+  wait_health 18810 || { tail -20 "$logs/route_$policy.log"; exit 1; }
   echo "replicas + router up after $(( $(date +%s) - t0 )) s"
   sleep 1
-  python3 "$here/bench/router/multi_turn.py" --url http://127.0.0.1:18800 --model llama3-8b-random \
+  python3 "$here/bench/router/multi_turn.py" --url http://127.0.0.1:18810 --model llama3-8b-random \
     --conversations 64 --turns 5 --concurrency 16 --max-tokens 32 --context-chars 6000 \
     --label "h200 2 replicas $policy" --csv "$out/router.csv"
-  python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:18800/metrics').read().decode())" \
+  python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:18810/metrics').read().decode())" \
     > "$logs/router_metrics_$policy.txt" 2>&1
   grep -E '^pagoda_router_(requests_total|retries_total|backend_healthy)' "$logs/router_metrics_$policy.txt" | head
   stop_all

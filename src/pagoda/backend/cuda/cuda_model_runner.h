@@ -53,7 +53,10 @@ class CudaModelRunner final : public runtime::ModelRunner {
   runtime::TransferStats transfer_stats() const override { return host_ ? host_->stats() : runtime::TransferStats{}; }
   const KvPoolShape& kv_geometry() const override { return pool_->shape(); }
   runtime::RunnerCapabilities capabilities() const override {
-    return {.samples_on_device = true, .zeroes_blocks = true, .host_kv_blocks = host_ ? host_->num_blocks() : 0};
+    return {.samples_on_device = true,
+            .samples_masked_on_device = true,
+            .zeroes_blocks = true,
+            .host_kv_blocks = host_ ? host_->num_blocks() : 0};
   }
   int32_t vocab_size() const override { return model_->config().vocab_size; }
   int32_t max_context_length() const override { return model_->max_model_len(); }
