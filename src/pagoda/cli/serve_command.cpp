@@ -56,6 +56,9 @@ struct ServeOptions {
   double keep_alive_s = 75.0;
   double shutdown_grace_s = 10.0;
   int64_t max_request_cost = server::kDefaultMaxRequestCost;
+  int32_t prefix_share_min_tokens = 0;
+  double ttft_floor_ms = 0;
+  std::string ttft_floor_scope = "all";
   server::TenantLimits tenant_limits;  // defaults for tenants whose api-keys entry sets none
 };
 
@@ -106,6 +109,10 @@ void run_serve(const ServeOptions& opt) {
   kv::KvCacheConfig kv_config = kv_cache_config(*setup, !opt.no_prefix_cache);
   // Block events feed GET /v1/kv/events (a KV-aware `pagoda route` reads them).
   kv_config.record_events = !opt.no_kv_events;
+  if (opt.prefix_share_min_tokens < 0 || opt.prefix_share_min_tokens % kv_config.block_size != 0)
+    fail(fmt::format("--prefix-share-min-tokens {}: must be 0 or a positive multiple of the KV block size {}",
+                     opt.prefix_share_min_tokens, kv_config.block_size));
+  kv_config.prefix_share_min_tokens = opt.prefix_share_min_tokens;
   auto kv = kv::KvCacheManager::create(kv_config);
   if (!kv.ok()) fail("KV cache: " + kv.status().to_string());
 
@@ -135,6 +142,12 @@ void run_serve(const ServeOptions& opt) {
   server_config.http.header_timeout = millis(opt.header_timeout_s);
   server_config.http.body_timeout = millis(opt.body_timeout_s);
   server_config.http.keep_alive_timeout = millis(opt.keep_alive_s);
+  if (!(opt.ttft_floor_ms >= 0 && opt.ttft_floor_ms <= 600'000))
+    fail(fmt::format("--cache-hit-ttft-floor-ms {}: must be in [0, 600000]", opt.ttft_floor_ms));
+  if (opt.ttft_floor_scope != "all" && opt.ttft_floor_scope != "hits")
+    fail(fmt::format("--cache-hit-ttft-floor-scope '{}': must be 'all' or 'hits'", opt.ttft_floor_scope));
+  server_config.first_token_floor = std::chrono::milliseconds(static_cast<int64_t>(opt.ttft_floor_ms));
+  server_config.first_token_floor_hits_only = opt.ttft_floor_scope == "hits";
   if (!opt.api_keys_file.empty()) {
     auto keys = server::ApiKeyStore::load(opt.api_keys_file);
     if (!keys.ok()) fail(keys.status().to_string());
@@ -253,6 +266,18 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--tenant-max-kv-blocks", opt->tenant_limits.max_kv_blocks,
                   "KV blocks one tenant may hold, in use or cached; at the cap it recycles its own cache, never "
                   "others' (0: no cap)")
+      ->capture_default_str();
+  cmd->add_option("--prefix-share-min-tokens", opt->prefix_share_min_tokens,
+                  "Use prefix-cache hits only in whole units of this many tokens, none below one unit (0: off; a "
+                  "multiple of the KV block size): a short probe cannot test a guess")
+      ->capture_default_str();
+  cmd->add_option("--cache-hit-ttft-floor-ms", opt->ttft_floor_ms,
+                  "Send no first token (or non-streamed answer) earlier than this many ms after the request "
+                  "arrived, so prefix-cache hits look like misses up to that time (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--cache-hit-ttft-floor-scope", opt->ttft_floor_scope,
+                  "Which requests wait for the floor: 'all' (hides hits for every prompt whose miss is quicker than "
+                  "the floor) or 'hits' (cheaper; a hit can then come later than its miss)")
       ->capture_default_str();
   cmd->add_option("--max-request-cost", opt->max_request_cost,
                   "Most n x max_tokens x (1 + logprobs) one request may ask for; past it, 400 (0: no cap)")

@@ -310,6 +310,7 @@ void Engine::admit_request(std::unique_ptr<RequestState> state) {
 ChoiceDelta& Engine::delta_for(Sequence* seq) {
   RequestOutput& out = step_outputs_[seq->request->id];
   out.request_id = seq->request->id;
+  out.usage.cached_tokens = std::max(0, seq->request->cached_tokens);
   for (auto& c : out.choices)
     if (c.index == seq->choice_index) return c;
   out.choices.push_back(ChoiceDelta{});

@@ -70,7 +70,20 @@ class KvCacheManager::Impl {
       none.reason = max_blocks == 0 ? MissReason::kShorterThanBlock : MissReason::kNeverSeen;
       return none;
     }
-    return cache_.match(ns, prompt, max_blocks, hashes);
+    return in_whole_share_units(cache_.match(ns, prompt, max_blocks, hashes));
+  }
+  // A match cut down to whole prefix-share units (KvCacheConfig::prefix_share_min_tokens).
+  PrefixMatch in_whole_share_units(PrefixMatch match) const {
+    const int32_t unit = config_.prefix_share_min_tokens;
+    if (unit <= 0 || match.cached_tokens % unit == 0) return match;
+    const int32_t keep_blocks = match.cached_tokens / unit * (unit / bs());
+    // Host blocks are the tail of the match: keep only those below the cut.
+    const int32_t device_blocks = static_cast<int32_t>(match.blocks.size()) - match.host_blocks;
+    match.blocks.resize(static_cast<size_t>(keep_blocks));
+    match.host_blocks = std::max(0, keep_blocks - device_blocks);
+    match.cached_tokens = keep_blocks * bs();
+    match.reason = MissReason::kBelowShareUnit;
+    return match;
   }
 
   // Blocks the sequence would need from the free/evictable supply, given a
@@ -298,15 +311,18 @@ class KvCacheManager::Impl {
     const int64_t missed_full = max_blocks * bs() - match.cached_tokens;
     stats_.hit_tokens_by_tier[1] += static_cast<int64_t>(match.host_blocks) * bs();
     stats_.hit_tokens_by_tier[0] += match.cached_tokens - static_cast<int64_t>(match.host_blocks) * bs();
-    auto add = [&](int64_t& hit, int64_t& miss, std::array<int64_t, kNumMissReasons>& by_reason, int64_t& allocated) {
+    auto add = [&](int64_t& hit, int64_t& miss, std::array<int64_t, kNumMissReasons>& by_reason, int64_t& allocated,
+                   MissReason reason) {
       hit += match.cached_tokens;
       miss += prompt_size - match.cached_tokens;
       by_reason[static_cast<int>(MissReason::kShorterThanBlock)] += tail;
-      if (missed_full > 0) by_reason[static_cast<int>(match.reason)] += missed_full;
+      if (missed_full > 0) by_reason[static_cast<int>(reason)] += missed_full;
       ++allocated;
     };
-    add(stats_.hit_tokens, stats_.miss_tokens, stats_.miss_tokens_by_reason, stats_.sequences_allocated);
-    add(ns.hit_tokens, ns.miss_tokens, ns.miss_tokens_by_reason, ns.sequences_allocated);
+    add(stats_.hit_tokens, stats_.miss_tokens, stats_.miss_tokens_by_reason, stats_.sequences_allocated, match.reason);
+    // With a share unit, a namespace's own figures do not tell why a full block missed.
+    add(ns.hit_tokens, ns.miss_tokens, ns.miss_tokens_by_reason, ns.sequences_allocated,
+        config_.prefix_share_min_tokens > 0 ? MissReason::kNeverSeen : match.reason);
     stats_.blocks_reused += static_cast<int64_t>(match.blocks.size());
   }
 
@@ -790,6 +806,10 @@ StatusOr<std::unique_ptr<KvCacheManager>> KvCacheManager::create(const KvCacheCo
     return invalid_argument_error("kv cache: max_pending_events must be >= 1, got {}", config.max_pending_events);
   if (config.evicted_key_memory < 0)
     return invalid_argument_error("kv cache: evicted_key_memory must be >= 0, got {}", config.evicted_key_memory);
+  if (config.prefix_share_min_tokens < 0 || config.prefix_share_min_tokens % config.block_size != 0)
+    return invalid_argument_error(
+        "kv cache: prefix_share_min_tokens must be 0 or a positive multiple of the block size {}, got {}",
+        config.block_size, config.prefix_share_min_tokens);
   if (config.num_host_blocks < 0 || config.num_host_blocks > INT32_MAX - config.num_blocks)
     return invalid_argument_error("kv cache: num_host_blocks must be in [0, {}], got {}",
                                   INT32_MAX - config.num_blocks, config.num_host_blocks);

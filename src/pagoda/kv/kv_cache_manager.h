@@ -99,6 +99,15 @@ struct KvCacheConfig {
   // writes it (defense in depth: no kernel reads a slot its sequence did not
   // write, see docs/SECURITY.md). Off: nothing is listed.
   bool zero_blocks_between_namespaces = true;
+  // Minimum shared-prefix granularity (0: off): a prefix hit is used only in
+  // whole units of this many tokens, and not at all below one unit, so a short
+  // probe cannot test a guess by its timing or its cached-token count. A
+  // multiple of block_size. The cut-off blocks are recomputed (and then found
+  // cached again: the sequence chains below its cached twins). A namespace's
+  // own miss figures then count every missed full block as never_seen: its
+  // evicted / cut-off reasons would tell a probe about prefixes shorter than a
+  // unit. The server-wide figures keep the reasons (kBelowShareUnit).
+  int32_t prefix_share_min_tokens = 0;
   // Events kept until drain_events(); older ones are dropped (counted).
   int32_t max_pending_events = 1 << 16;
   bool record_events = true;

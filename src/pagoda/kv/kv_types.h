@@ -43,8 +43,10 @@ enum class MissReason : uint8_t {
   kShorterThanBlock,  // nothing cacheable: the prompt minus its last token is under one block
   kEvicted,           // this block was cached in this namespace, then evicted or dropped
   kNeverSeen,         // not cached in this namespace (or the prefix cache is disabled)
+  kBelowShareUnit,    // cached, but past the last whole prefix-share unit (KvCacheConfig::prefix_share_min_tokens);
+                      // counted in the server-wide figures only: a namespace's own figures call it kNeverSeen
 };
-inline constexpr int kNumMissReasons = 4;
+inline constexpr int kNumMissReasons = 5;
 std::string_view miss_reason_name(MissReason reason);
 
 // Why a cached block left the prefix cache.

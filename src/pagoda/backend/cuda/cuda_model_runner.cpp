@@ -28,6 +28,7 @@ StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::unique_p
       std::unique_ptr<CudaModelRunner>(new CudaModelRunner(std::move(model), std::move(pool), std::move(report)));
   runner->host_ = std::move(host);
   runner->layer_by_layer_ = options.layer_by_layer;
+  PAGODA_ASSIGN_OR_RETURN(runner->zeroer_, BlockZeroer::create());
   return runner;
 }
 
@@ -89,6 +90,13 @@ Status CudaModelRunner::transfer_blocks(std::span<const runtime::BlockTransfer> 
   }
   // The copies' layer events reach the model at the next execute(); anything else waits for all of them.
   return host_->transfer_layered(transfers, *pool_, model_->stream()).status();
+}
+
+Status CudaModelRunner::zero_blocks(std::span<const int32_t> blocks) {
+  // A layer-by-layer write-back queued by this step's transfers may still be reading a block
+  // that is now being zeroed: the model stream waits for every copy first.
+  if (host_) PAGODA_RETURN_IF_ERROR(host_->wait_all(model_->stream()));
+  return zeroer_->zero(*pool_, blocks, model_->stream());
 }
 
 Status CudaModelRunner::copy_blocks(std::span<const runtime::BlockCopy> copies) {

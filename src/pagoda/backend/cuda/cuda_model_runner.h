@@ -15,6 +15,10 @@
 // (cuda_model.h), so a host hit's load overlaps the step's compute;
 // copy_blocks() first waits for all of them.
 //
+// Zero on free (zero_blocks): blocks passing to another tenant are cleared on a
+// side stream ordered between the model stream's work before and after
+// (block_zeroer.h).
+//
 // Thread safety: the engine thread only (ModelRunner's contract).
 
 #include <cstdint>
@@ -23,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "pagoda/backend/cuda/block_zeroer.h"
 #include "pagoda/backend/cuda/cuda_host_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_model.h"
@@ -49,11 +54,13 @@ class CudaModelRunner final : public runtime::ModelRunner {
                                         std::span<const runtime::RowSampling> rows) override;
   Status copy_blocks(std::span<const runtime::BlockCopy> copies) override;
   Status transfer_blocks(std::span<const runtime::BlockTransfer> transfers) override;
+  Status zero_blocks(std::span<const int32_t> blocks) override;
   runtime::TransferStats transfer_stats() const override { return host_ ? host_->stats() : runtime::TransferStats{}; }
   const KvPoolShape& kv_geometry() const override { return pool_->shape(); }
   runtime::RunnerCapabilities capabilities() const override {
     return {.samples_on_device = true,
             .samples_masked_on_device = true,
+            .zeroes_blocks = true,
             .host_kv_blocks = host_ ? host_->num_blocks() : 0};
   }
   int32_t vocab_size() const override { return model_->config().vocab_size; }
@@ -83,6 +90,7 @@ class CudaModelRunner final : public runtime::ModelRunner {
 
   std::unique_ptr<CudaHostKvPool> host_;
   bool layer_by_layer_ = true;
+  std::unique_ptr<BlockZeroer> zeroer_;
   std::string report_;
 };
 
