@@ -47,8 +47,13 @@ class CudaModelRunner final : public runtime::ModelRunner {
   runtime::TransferStats transfer_stats() const override { return host_ ? host_->stats() : runtime::TransferStats{}; }
   const KvPoolShape& kv_geometry() const override { return pool_->shape(); }
   runtime::RunnerCapabilities capabilities() const override {
-    return {.samples_on_device = true, .host_kv_blocks = host_ ? host_->num_blocks() : 0};
+    return {.samples_on_device = true, .host_kv_blocks = host_ ? host_->num_blocks() : 0,
+            .host_block_access = host_ != nullptr};
   }
+  // Both wait for the device (every queued transfer and kernel) first: simple
+  // and correct; the disk / redis tiers call them once per spilled or loaded block.
+  Status read_host_block(int32_t host_block, std::span<std::byte> out) override;
+  Status write_host_block(int32_t host_block, std::span<const std::byte> data) override;
   int32_t vocab_size() const override { return model_->config().vocab_size; }
   int32_t max_context_length() const override { return model_->max_model_len(); }
   std::vector<int32_t> eos_token_ids() const override { return model_->config().eos_token_ids; }
