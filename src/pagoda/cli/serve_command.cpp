@@ -27,6 +27,7 @@
 #include "pagoda/chat/chat_template.h"
 #include "pagoda/cli/commands.h"
 #include "pagoda/backend/registry.h"
+#include "pagoda/cli/kv_tier_flags.h"
 #include "pagoda/cli/runner_flags.h"
 #include "pagoda/cli/tokenizer_text_decoder.h"
 #include "pagoda/engine/engine.h"
@@ -42,6 +43,7 @@ volatile std::sig_atomic_t g_received_signal = 0;
 
 struct ServeOptions {
   RunnerFlags runner;
+  KvTierFlags kv_tiers;
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string api_keys_file;
@@ -75,6 +77,7 @@ void run_serve(const ServeOptions& opt) {
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client that leaves mid-write is an error return, not a crash
+  signal(SIGXFSZ, SIG_IGN);  // a file past the size limit (disk KV tier) is an error return, not a crash
 
   backend::RunnerRequirements needs;
   needs.progress = [](const std::string& line) { std::fprintf(stderr, "pagoda serve: %s\n", line.c_str()); };
@@ -106,6 +109,14 @@ void run_serve(const ServeOptions& opt) {
   kv::KvCacheConfig kv_config = kv_cache_config(*setup, !opt.no_prefix_cache);
   // Block events feed GET /v1/kv/events (a KV-aware `pagoda route` reads them).
   kv_config.record_events = !opt.no_kv_events;
+  // Tiers below the host (disk, redis); they outlive the engine (declared first).
+  auto lower_tiers = open_kv_tiers(opt.kv_tiers, *setup, kv_config, [](const std::string& line) {
+    std::fprintf(stderr, "pagoda serve: warning: %s\n", line.c_str());
+  });
+  if (!lower_tiers.ok()) fail(lower_tiers.status().to_string());
+  if (*lower_tiers)
+    std::fprintf(stderr, "pagoda serve: KV tiers below the host: %s; blocks are written through the host tier\n",
+                 (*lower_tiers)->describe().c_str());
   auto kv = kv::KvCacheManager::create(kv_config);
   if (!kv.ok()) fail("KV cache: " + kv.status().to_string());
 
@@ -156,6 +167,7 @@ void run_serve(const ServeOptions& opt) {
   engine::EngineConfig engine_config;
   engine_config.scheduler = scheduler_config(*setup, *preemption);
   engine_config.max_queued_requests = opt.max_queued;
+  engine_config.lower_tiers = lower_tiers->get();
   server::TextCodec codec;
   if (tok) {
     engine_config.text_decoder_factory = make_tokenizer_text_decoder_factory(tok);
@@ -215,6 +227,7 @@ void add_serve_command(CLI::App& app) {
       "Prints 'listening on http://HOST:PORT' on stdout once it accepts connections; the model/device/KV report "
       "goes to stderr.");
   add_runner_flags(*cmd, opt->runner, RunnerCommand::kServe);
+  add_kv_tier_flags(*cmd, opt->kv_tiers);
   cmd->add_option("--host", opt->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", opt->port, "Port (0: any free port, printed at start)")->capture_default_str();
   cmd->add_option("--api-keys", opt->api_keys_file,
