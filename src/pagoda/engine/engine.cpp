@@ -648,6 +648,12 @@ bool Engine::step() {
     if (req->request.sampling.n > 1 && !req->forked) fork_children(seq, logits_row);
     sample_into(seq, logits_row);
   }
+  // With tiers below the host, the write-backs this step decided (blocks it
+  // filled) run now when nothing is left running: otherwise they would wait
+  // for the next request, and a server stopped meanwhile would never store them.
+  if (config_.lower_tiers != nullptr && scheduler_.num_running() == 0 && scheduler_.num_waiting() == 0 &&
+      kv_.has_pending_transfers())
+    (void)run_transfers();
   flush_outputs();
   publish_stats(seconds_between(start, Clock::now()));
   return true;

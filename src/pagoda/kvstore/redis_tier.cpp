@@ -140,6 +140,7 @@ int32_t RedisTier::read_prefix(std::span<const kv::StableKey> keys, std::span<st
     std::lock_guard lock(mutex_);
     stats_.connected = false;
     ++stats_.miss_blocks;
+    written_.clear();
     return 0;
   }
   int32_t n = 0;
@@ -187,6 +188,7 @@ int32_t RedisTier::read_prefix(std::span<const kv::StableKey> keys, std::span<st
     if (failed) {
       drop(reader_);
       ++stats_.miss_blocks;
+      written_.clear();  // it may come back empty
       return n;
     }
     stats_.hit_blocks += hits;
@@ -255,6 +257,7 @@ void RedisTier::write_batch(std::vector<Job>& jobs) {
     std::lock_guard lock(mutex_);
     stats_.connected = false;
     stats_.writes_dropped += static_cast<int64_t>(jobs.size());
+    written_.clear();  // it may come back empty
     return;
   }
   if (fresh) {  // the server may have restarted empty: forget what it held
