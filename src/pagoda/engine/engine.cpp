@@ -266,6 +266,8 @@ EngineStats Engine::stats() const {
   out.num_queued_requests = num_queued_.load();
   out.num_requests_in_flight = num_in_flight_.load();
   out.requests_rejected_queue_full = rejected_queue_full_.load();
+  // Live: the tiers' writer threads go on after the last step.
+  if (config_.lower_tiers != nullptr) out.lower_tiers = config_.lower_tiers->stats();
   return out;
 }
 
@@ -538,7 +540,6 @@ void Engine::publish_stats(double step_seconds) {
   thread_stats_.swap_preemptions = scheduler_.num_swap_preemptions();
   thread_stats_.kv = kv_.stats();
   thread_stats_.transfers = runner_.transfer_stats();
-  if (config_.lower_tiers != nullptr) thread_stats_.lower_tiers = config_.lower_tiers->stats();
   std::lock_guard lock(stats_mutex_);
   stats_ = thread_stats_;
 }

@@ -135,14 +135,29 @@ int32_t RedisTier::read_prefix(std::span<const kv::StableKey> keys, std::span<st
   const size_t bb = options_.block_bytes;
   if (out.size() != keys.size() * bb || keys.empty()) return 0;
   std::lock_guard read_lock(read_mutex_);
-  redisContext* ctx = ensure(reader_);
-  if (ctx == nullptr) {
-    std::lock_guard lock(mutex_);
-    stats_.connected = false;
-    ++stats_.miss_blocks;
-    written_.clear();
-    return 0;
+  // A connection made before a server restart fails on first use: then one
+  // fresh connection is tried at once.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const bool fresh = reader_.ctx == nullptr;
+    redisContext* ctx = ensure(reader_);
+    if (ctx == nullptr) break;
+    bool failed = false;
+    const int32_t n = read_prefix_on(ctx, keys, out, failed);
+    if (!failed) return n;
+    drop(reader_);
+    if (fresh || n > 0) return n;
+    reader_.next_try = {};
   }
+  std::lock_guard lock(mutex_);
+  stats_.connected = false;
+  ++stats_.miss_blocks;
+  written_.clear();  // it may come back empty
+  return 0;
+}
+
+int32_t RedisTier::read_prefix_on(redisContext* ctx, std::span<const kv::StableKey> keys, std::span<std::byte> out,
+                                  bool& failed) {
+  const size_t bb = options_.block_bytes;
   int32_t n = 0;
   std::vector<std::string> names;
   for (size_t base = 0; base < keys.size(); base += kReadBatch) {
@@ -153,14 +168,14 @@ int32_t RedisTier::read_prefix(std::span<const kv::StableKey> keys, std::span<st
       names.push_back(redis_key(keys[base + i]));
       redisAppendCommand(ctx, "GET %b", names.back().data(), names.back().size());
     }
-    bool run_on = true, failed = false;
+    bool run_on = true;
     std::vector<size_t> refused;
     int64_t hits = 0;
     for (size_t i = 0; i < count; ++i) {
       Reply r = next_reply(ctx);  // every reply is read, to keep the connection in step
       if (!r) {
         failed = true;
-        break;
+        return n;
       }
       if (!run_on) continue;
       if (r->type != REDIS_REPLY_STRING) {
@@ -176,26 +191,18 @@ int32_t RedisTier::read_prefix(std::span<const kv::StableKey> keys, std::span<st
       ++hits;
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (!failed) {
-      for (size_t i : refused) {
-        Reply r(static_cast<redisReply*>(redisCommand(ctx, "DEL %b", names[i].data(), names[i].size())));
-        if (!r) failed = true;
-      }
+    for (size_t i : refused) {
+      Reply r(static_cast<redisReply*>(redisCommand(ctx, "DEL %b", names[i].data(), names[i].size())));
+      if (!r) failed = true;
     }
     std::lock_guard lock(mutex_);
     stats_.connected = !failed;
     stats_.corrupt_blocks += static_cast<int64_t>(refused.size());
-    if (failed) {
-      drop(reader_);
-      ++stats_.miss_blocks;
-      written_.clear();  // it may come back empty
-      return n;
-    }
     stats_.hit_blocks += hits;
     stats_.bytes_read += hits * static_cast<int64_t>(bb);
     for (int64_t i = 0; i < hits; ++i) stats_.observe_read(seconds / static_cast<double>(count));
     n += static_cast<int32_t>(hits);
-    if (!run_on) {
+    if (!run_on || failed) {
       ++stats_.miss_blocks;
       return n;
     }
@@ -251,19 +258,44 @@ void RedisTier::writer_loop() {
 }
 
 void RedisTier::write_batch(std::vector<Job>& jobs) {
-  const bool fresh = writer_conn_.ctx == nullptr;
-  redisContext* ctx = ensure(writer_conn_);
-  if (ctx == nullptr) {
-    std::lock_guard lock(mutex_);
-    stats_.connected = false;
-    stats_.writes_dropped += static_cast<int64_t>(jobs.size());
-    written_.clear();  // it may come back empty
-    return;
+  std::vector<bool> stored(jobs.size(), false);
+  int64_t errors = 0;
+  bool failed = true;
+  // A connection made before a server restart fails on first use: then one
+  // fresh connection is tried at once.
+  for (int attempt = 0; attempt < 2 && failed; ++attempt) {
+    const bool fresh = writer_conn_.ctx == nullptr;
+    redisContext* ctx = ensure(writer_conn_);
+    if (ctx == nullptr) break;
+    if (fresh) {  // the server may have restarted empty: forget what it held
+      std::lock_guard lock(mutex_);
+      written_.clear();
+    }
+    errors = 0;
+    failed = !write_batch_on(ctx, jobs, stored, errors);
+    if (!failed) break;
+    drop(writer_conn_);
+    if (fresh) break;
+    writer_conn_.next_try = {};
   }
-  if (fresh) {  // the server may have restarted empty: forget what it held
-    std::lock_guard lock(mutex_);
-    written_.clear();
+  std::lock_guard lock(mutex_);
+  stats_.connected = !failed;
+  stats_.write_errors += errors + (failed ? 1 : 0);
+  if (failed) written_.clear();  // it may come back empty
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (failed || !stored[i]) {
+      ++stats_.writes_dropped;
+      continue;
+    }
+    ++stats_.blocks_written;
+    stats_.bytes_written += static_cast<int64_t>(jobs[i].block.size());
+    if (written_.size() >= kWrittenMemory) written_.clear();
+    written_.insert(jobs[i].key);
   }
+}
+
+bool RedisTier::write_batch_on(redisContext* ctx, const std::vector<Job>& jobs, std::vector<bool>& stored,
+                               int64_t& errors) {
   for (const Job& job : jobs) {
     const std::vector<std::byte> record = encode_record(job.key, job.block);
     const std::string name = redis_key(job.key);
@@ -273,32 +305,13 @@ void RedisTier::write_batch(std::vector<Job>& jobs) {
     else
       redisAppendCommand(ctx, "SET %b %b", name.data(), name.size(), record.data(), record.size());
   }
-  std::vector<bool> stored(jobs.size(), false);
-  bool failed = false;
-  int64_t errors = 0;
   for (size_t i = 0; i < jobs.size(); ++i) {
     Reply r = next_reply(ctx);
-    if (!r) {
-      failed = true;
-      break;
-    }
+    if (!r) return false;
     if (r->type == REDIS_REPLY_ERROR) ++errors;
     else stored[i] = true;
   }
-  if (failed) drop(writer_conn_);
-  std::lock_guard lock(mutex_);
-  stats_.connected = !failed;
-  stats_.write_errors += errors + (failed ? 1 : 0);
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    if (!stored[i]) {
-      ++stats_.writes_dropped;
-      continue;
-    }
-    ++stats_.blocks_written;
-    stats_.bytes_written += static_cast<int64_t>(jobs[i].block.size());
-    if (written_.size() >= kWrittenMemory) written_.clear();
-    written_.insert(jobs[i].key);
-  }
+  return true;
 }
 
 TierIoStats RedisTier::stats() const {

@@ -82,6 +82,10 @@ class RedisTier final : public BlockStore {
   StatusOr<redisContext*> connect() const;
   void writer_loop();
   void write_batch(std::vector<Job>& jobs);
+  // One attempt on `ctx`; false (or `failed`) when the connection broke.
+  bool write_batch_on(redisContext* ctx, const std::vector<Job>& jobs, std::vector<bool>& stored, int64_t& errors);
+  int32_t read_prefix_on(redisContext* ctx, std::span<const kv::StableKey> keys, std::span<std::byte> out,
+                         bool& failed);
 
   RedisTierOptions options_;
   std::mutex read_mutex_;
