@@ -8,11 +8,15 @@ Prints per run: mean / median time to first token (first SSE chunk) and prompt t
 served from cache, as a markdown table.
 
   bench/serve/disk_tier_replay.py --pagoda build/pagoda --model models/pagoda-tiny [--prompts 16]
+  # random weights (no tokenizer): token-id prompts; extra serve flags; a bundled binary
+  bench/serve/disk_tier_replay.py --pagoda ".device/x/run.sh pagoda" --token-prompts 2048 \
+      --serve-args "--device cuda --load-format random --config tools/gpu_backend/llama3_8b_config.json"
 """
 import argparse
 import http.client
 import json
 import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -22,7 +26,7 @@ import time
 
 
 def start(pagoda, args):
-    p = subprocess.Popen([pagoda, "serve", "--host", "127.0.0.1", "--port", "0"] + args,
+    p = subprocess.Popen(shlex.split(pagoda) + ["serve", "--host", "127.0.0.1", "--port", "0"] + args,
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     for line in p.stdout:
         if "listening on http://" in line:
@@ -58,9 +62,18 @@ def ttft(port, model, prompt):
     return first, (usage or {}).get("prompt_tokens", 0), cached
 
 
-def run(pagoda, flags, model, prompts):
+def served_model(port):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/v1/models")
+    name = json.loads(c.getresponse().read())["data"][0]["id"]
+    c.close()
+    return name
+
+
+def run(pagoda, flags, prompts):
     p, port = start(pagoda, flags)
     try:
+        model = served_model(port)
         return [ttft(port, model, q) for q in prompts]
     finally:
         stop(p)
@@ -72,17 +85,28 @@ def main():
     ap.add_argument("--model", default="models/pagoda-tiny")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--chars", type=int, default=3000)
+    ap.add_argument("--token-prompts", type=int, default=0, help="token-id prompts of this length (no tokenizer)")
+    ap.add_argument("--serve-args", default="", help="extra pagoda serve flags")
+    ap.add_argument("--offload-memory", default="64MiB")
+    ap.add_argument("--disk-size", default="1GiB")
+    ap.add_argument("--dir", default="", help="disk tier directory (default: a temporary one, removed)")
     args = ap.parse_args()
-    text = open(os.path.join(args.model, "heldout.txt"), encoding="utf-8").read()
-    prompts = [text[i * args.chars:(i + 1) * args.chars] for i in range(args.prompts)]
-    name = os.path.basename(os.path.normpath(args.model))
-    tmp = tempfile.mkdtemp(prefix="pagoda_replay_")
-    base = ["--model", args.model, "--kv-offload-memory", "64MiB"]
-    disk = ["--kv-offload-disk", os.path.join(tmp, "kv"), "--kv-offload-disk-size", "1GiB"]
+    if args.token_prompts > 0:
+        prompts = [[(j * 7919 + i * 104729 + 13) % 32000 for j in range(args.token_prompts)] for i in range(args.prompts)]
+        base = []
+        name = "token prompts of %d" % args.token_prompts
+    else:
+        text = open(os.path.join(args.model, "heldout.txt"), encoding="utf-8").read()
+        prompts = [text[i * args.chars:(i + 1) * args.chars] for i in range(args.prompts)]
+        base = ["--model", args.model]
+        name = os.path.basename(os.path.normpath(args.model))
+    tmp = tempfile.mkdtemp(prefix="pagoda_replay_", dir=args.dir or None)
+    base += ["--kv-offload-memory", args.offload_memory] + shlex.split(args.serve_args)
+    disk = ["--kv-offload-disk", os.path.join(tmp, "kv"), "--kv-offload-disk-size", args.disk_size]
     try:
-        results = [("1: first run, empty disk tier", run(args.pagoda, base + disk, name, prompts)),
-                   ("2: restarted, same disk tier", run(args.pagoda, base + disk, name, prompts)),
-                   ("3: restarted, no disk tier (control)", run(args.pagoda, base, name, prompts))]
+        results = [("1: first run, empty disk tier", run(args.pagoda, base + disk, prompts)),
+                   ("2: restarted, same disk tier", run(args.pagoda, base + disk, prompts)),
+                   ("3: restarted, no disk tier (control)", run(args.pagoda, base, prompts))]
         files = len(os.listdir(os.path.join(tmp, "kv", "blocks")))
     finally:
         shutil.rmtree(tmp)
