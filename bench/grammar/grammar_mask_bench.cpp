@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/grammar/json_schema_to_grammar.h"
+#include "pagoda/grammar/regex_to_grammar.h"
 #include "pagoda/grammar/token_matcher.h"
 #include "pagoda/tokenizer/tokenizer.h"
 
@@ -33,7 +34,7 @@ using pagoda::grammar::TokenMatcher;
 
 struct Case {
   const char* name;
-  const char* schema;  // "" = json_object
+  const char* schema;  // "" = json_object; "regex:PATTERN" = a guided_regex
   std::vector<const char*> documents;
 };
 
@@ -51,6 +52,13 @@ const std::vector<Case> kCases = {
      "",
      {R"({"summary": "The quick brown fox jumps over the lazy dog.", "scores": [0.91, 0.07, 0.02], "meta": {"model": "pagoda", "ok": true, "notes": null}})",
       "{\n  \"items\": [\n    {\"id\": 1, \"text\": \"first line\\nsecond line\"},\n    {\"id\": 2, \"text\": \"caf\u00e9 \u4e2d\u6587\"}\n  ]\n}"}},
+    // The grammar of docs/API.md's throughput measurement: a loop that never has to end.
+    {"regex_loop",
+     "regex:[a-z ,.]*",
+     {"it is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
+      "want of a wife. however little known the feelings or views of such a man may be on his first entering a "
+      "neighbourhood, this truth is so well fixed in the minds of the surrounding families, that he is considered "
+      "the rightful property of some one or other of their daughters."}},
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -103,8 +111,16 @@ int main(int argc, char** argv) {
   std::vector<double> all_cold, all_warm, all_steady;
   for (const Case& c : kCases) {
     std::shared_ptr<const pagoda::grammar::Grammar> grammar;
-    if (std::string(c.schema).empty()) {
+    const std::string schema = c.schema;
+    if (schema.empty()) {
       grammar = pagoda::grammar::json_object_grammar();
+    } else if (schema.starts_with("regex:")) {
+      auto g = pagoda::grammar::regex_to_grammar(schema.substr(6));
+      if (!g.ok()) {
+        std::fprintf(stderr, "%s: %s\n", c.name, g.status().to_string().c_str());
+        return 1;
+      }
+      grammar = *g;
     } else {
       auto g = pagoda::grammar::json_schema_to_grammar(nlohmann::ordered_json::parse(c.schema), "schema");
       if (!g.ok()) {

@@ -107,5 +107,79 @@ TEST(EngineConstraintTest, ConstrainedRowsTakeTheHostPathUnderADeviceSampler) {
   EXPECT_EQ(device, 5u);  // the plain request stays on the device
 }
 
+
+// With a runner that masks on the device, constrained rows stay there: the engine hands it each
+// row's mask, filled before the forward, and accepts the device's token into the constraint.
+// Greedy rows give the same tokens on both paths (random draws differ: the device keys its RNG
+// by seed and step, the host by the sequence's own generator).
+TEST(EngineConstraintTest, ConstrainedRowsStayOnADeviceThatMasks) {
+  const std::vector<int32_t> allowed = {9, 10, 33, 70};
+  std::vector<std::vector<int32_t>> outputs;
+  for (bool masking : {false, true}) {
+    Harness h(128, 4);
+    h.runner.device_sampling = true;
+    h.runner.device_masking = masking;
+    GenerationRequest r = request(8, std::make_shared<CycleConstraint>(allowed, 1000));
+    auto stream = *h.engine->submit(r);
+    h.run_checked();
+    Collected c = drain(*stream);
+    ASSERT_TRUE(c.finished);
+    ASSERT_EQ(c.tokens[0].size(), 8u);
+    for (int32_t t : c.tokens[0]) EXPECT_NE(std::find(allowed.begin(), allowed.end(), t), allowed.end()) << t;
+    size_t host = 0, device = 0, masked = 0;
+    for (const auto& call : h.runner.sampled_rows)
+      for (const runtime::RowSampling& row : call) {
+        (row.on_device ? device : host) += 1;
+        masked += row.allowed != nullptr ? 1 : 0;
+      }
+    EXPECT_EQ(device, masking ? 8u : 0u);
+    EXPECT_EQ(masked, masking ? 8u : 0u);
+    EXPECT_EQ(host, masking ? 0u : 8u);
+    outputs.push_back(c.tokens[0]);
+    EXPECT_EQ(h.kv->stats().blocks_in_use, 0);
+  }
+  // Greedy rows pick the same best allowed token on either path.
+  std::vector<std::vector<int32_t>> greedy;
+  for (bool masking : {false, true}) {
+    Harness h(128, 4);
+    h.runner.device_sampling = true;
+    h.runner.device_masking = masking;
+    GenerationRequest r = request(8, std::make_shared<CycleConstraint>(allowed, 1000));
+    r.sampling.temperature = 0.0f;
+    auto stream = *h.engine->submit(r);
+    h.run_checked();
+    greedy.push_back(drain(*stream).tokens[0]);
+  }
+  EXPECT_EQ(greedy[0], greedy[1]);
+}
+
+TEST(EngineConstraintTest, ADeviceTokenOutsideTheMaskFailsTheRequest) {
+  Harness h(128, 4);
+  h.runner.device_sampling = true;
+  h.runner.device_masking = true;
+  h.runner.ignore_masks = true;  // claims to mask, does not
+  GenerationRequest r = request(8, std::make_shared<CycleConstraint>(std::vector<int32_t>{3}, 1000));
+  r.sampling.temperature = 0.0f;
+  auto stream = *h.engine->submit(r);
+  h.run_checked();
+  Collected c = drain(*stream);
+  ASSERT_TRUE(c.finished);
+  EXPECT_EQ(c.error_code, StatusCode::kInternal);
+  EXPECT_EQ(h.kv->stats().blocks_in_use, 0);
+}
+
+TEST(EngineConstraintTest, ADeadEndUnderADeviceThatMasksStillFailsTheRequest) {
+  Harness h(128, 4);
+  h.runner.device_sampling = true;
+  h.runner.device_masking = true;
+  auto stream = *h.engine->submit(request(10, std::make_shared<CycleConstraint>(std::vector<int32_t>{5, 6}, 3)));
+  h.run_checked();
+  Collected c = drain(*stream);
+  ASSERT_TRUE(c.finished);
+  EXPECT_EQ(c.tokens[0].size(), 3u);
+  EXPECT_EQ(c.error_code, StatusCode::kInternal);
+  EXPECT_EQ(h.kv->stats().blocks_in_use, 0);
+}
+
 }  // namespace
 }  // namespace pagoda::engine

@@ -107,7 +107,9 @@ class FakeModelRunner final : public runtime::ModelRunner {
   // here with the CPU sampler from an RNG keyed by (seed, step) only, like a
   // counter-based device sampler; the other rows' logits go back to the engine.
   runtime::RunnerCapabilities capabilities() const override {
-    return {.samples_on_device = device_sampling, .host_kv_blocks = num_host_blocks_};
+    return {.samples_on_device = device_sampling,
+            .samples_masked_on_device = device_sampling && device_masking,
+            .host_kv_blocks = num_host_blocks_};
   }
   StatusOr<StepResult> execute(const ForwardBatch& batch, std::span<const RowSampling> rows) override {
     PAGODA_RETURN_IF_ERROR(runtime::check_row_sampling(batch, rows, capabilities()));
@@ -129,7 +131,10 @@ class FakeModelRunner final : public runtime::ModelRunner {
       params.top_p = rows[r].top_p;
       params.min_p = rows[r].min_p;
       std::mt19937_64 rng(rows[r].seed ^ (rows[r].step * 0x9E3779B97F4A7C15ull));
-      const SampledToken t = Sampler::sample(row, params, {}, rng);
+      std::vector<float> masked(row.begin(), row.end());
+      if (rows[r].allowed != nullptr && !ignore_masks)
+        apply_token_mask(masked, std::span<const uint64_t>(rows[r].allowed, (static_cast<size_t>(vocab_) + 63) / 64));
+      const SampledToken t = Sampler::sample(masked, params, {}, rng);
       out.tokens[r] = t.token;
       out.logprobs[r] = t.logprob;
     }
@@ -180,6 +185,8 @@ class FakeModelRunner final : public runtime::ModelRunner {
   int32_t max_batch_tokens = 0;
   bool fail_next = false;
   bool device_sampling = false;
+  bool device_masking = false;      // with device_sampling: RowSampling::allowed is honoured
+  bool ignore_masks = false;        // a broken runner: claims device masking, samples unmasked
   bool drop_a_token = false;        // a broken runner: one token short
   bool out_of_vocab_token = false;  // a broken runner: a token id past the vocabulary
   std::vector<std::vector<RowSampling>> sampled_rows;  // per execute call, with device_sampling

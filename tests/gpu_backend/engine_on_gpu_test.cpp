@@ -4,6 +4,7 @@
 // (top logprobs, penalties) still served in the same steps, and seeded GPU
 // draws reproducible whatever else is batched.
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <set>
@@ -172,6 +173,60 @@ TEST(EngineOnGpu, SeededGpuSamplingIsReproducibleWhateverTheBatch) {
   std::set<int32_t> distinct(oa.tokens.begin(), oa.tokens.end());
   EXPECT_GT(distinct.size(), 1u);
   for (auto& s : others) EXPECT_EQ(collect(*s).tokens.size(), 16u);
+}
+
+
+// Allows a fixed set of tokens forever (a stand-in for a grammar state that loops).
+class FixedSetConstraint final : public engine::TokenConstraint {
+ public:
+  explicit FixedSetConstraint(std::vector<int32_t> allowed) : allowed_(std::move(allowed)) {}
+  size_t fill_allowed(std::span<uint64_t> mask) override {
+    for (int32_t t : allowed_) mask[static_cast<size_t>(t) >> 6] |= uint64_t{1} << (t & 63);
+    return allowed_.size();
+  }
+  bool accept(int32_t token) override { return std::find(allowed_.begin(), allowed_.end(), token) != allowed_.end(); }
+  std::unique_ptr<engine::TokenConstraint> clone() const override { return std::make_unique<FixedSetConstraint>(*this); }
+
+ private:
+  std::vector<int32_t> allowed_;
+};
+
+// Structured outputs on the GPU: constrained rows are masked and drawn on the device (no logits
+// leave it) and give the host path's greedy tokens and logprobs; sampled rows stay inside the set.
+TEST(EngineOnGpu, MaskedRowsOnTheDeviceGiveTheHostPathsGreedyOutputs) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  auto runner = make_runner();
+  ASSERT_TRUE(runner->capabilities().samples_masked_on_device);
+  std::vector<int32_t> allowed;
+  for (int32_t t = 3; t < 256; t += 7) allowed.push_back(t);
+  GpuEngine device(*runner, true), host(*runner, false);
+  std::vector<std::shared_ptr<engine::RequestStream>> d, h;
+  for (int i = 0; i < 4; ++i) {
+    engine::GenerationRequest r = request(prompt_of(17 + 5 * i, 60 + i), 10, 0.0f);
+    if (i != 3) r.constraint = std::make_shared<FixedSetConstraint>(allowed);  // request 3: unconstrained neighbour
+    d.push_back(*device.eng->submit(r));
+    h.push_back(*host.eng->submit(r));
+  }
+  engine::GenerationRequest sampled = request(prompt_of(25, 77), 10, 1.0f);
+  sampled.sampling.seed = 3;
+  sampled.constraint = std::make_shared<FixedSetConstraint>(allowed);
+  auto s = *device.eng->submit(sampled);
+  device.run();
+  host.run();
+  for (int i = 0; i < 4; ++i) {
+    const Output a = collect(*d[i]), b = collect(*h[i]);
+    ASSERT_TRUE(a.finished && b.finished) << i;
+    EXPECT_TRUE(a.error.empty()) << a.error;
+    ASSERT_EQ(a.tokens.size(), 10u);
+    EXPECT_EQ(a.tokens, b.tokens) << "request " << i;
+    if (i != 3)
+      for (int32_t t : a.tokens) EXPECT_EQ((t - 3) % 7, 0) << t;
+  }
+  const Output os = collect(*s);
+  ASSERT_TRUE(os.finished);
+  EXPECT_TRUE(os.error.empty()) << os.error;
+  ASSERT_EQ(os.tokens.size(), 10u);
+  for (int32_t t : os.tokens) EXPECT_EQ((t - 3) % 7, 0) << t;
 }
 
 }  // namespace

@@ -766,5 +766,60 @@ TEST(GpuSampling, PlainSampleRowsDrawsWhatTheCutsVersionDraws) {
 }
 
 
+
+// Structured outputs: apply_token_masks makes the masked rows' disallowed logits -inf exactly as
+// the CPU's apply_token_mask does, leaves the other rows alone, and the sampler then draws the
+// CPU's greedy token with the masked distribution's logprob, and only allowed tokens otherwise.
+TEST(GpuSampling, TokenMasksMatchTheCpuMaskAndKeepDrawsInsideTheSet) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const int32_t vocab = 128256, rows = 9;
+  const size_t words = (vocab + 63) / 64;
+  std::vector<float> logits;
+  std::vector<std::vector<float>> raw;
+  std::vector<GpuSamplingParams> params(rows);
+  for (int32_t r = 0; r < rows; ++r) {
+    raw.push_back(llama_like_row(300 + r, vocab));
+    logits.insert(logits.end(), raw.back().begin(), raw.back().end());
+    params[r].temperature = r % 2 == 0 ? 0.0f : 1.0f;
+    params[r].seed = 11 + r;
+  }
+  // Rows 1, 4, 7 masked: ~5% of the vocabulary, one token only, everything but the argmax.
+  std::mt19937 rng(5);
+  std::vector<int32_t> masked_rows = {1, 4, 7};
+  std::vector<uint64_t> masks(masked_rows.size() * words, 0);
+  auto allow = [&](size_t k, int32_t t) { masks[k * words + (static_cast<size_t>(t) >> 6)] |= uint64_t{1} << (t & 63); };
+  for (int32_t t = 0; t < vocab; ++t)
+    if (rng() % 20 == 0) allow(0, t);
+  allow(1, 4242);
+  const int32_t argmax7 = static_cast<int32_t>(std::max_element(raw[7].begin(), raw[7].end()) - raw[7].begin());
+  for (int32_t t = 0; t < vocab; ++t)
+    if (t != argmax7) allow(2, t);
+  DeviceBuffer d_logits = to_device(logits);
+  DeviceBuffer d_rows = to_device(masked_rows);
+  DeviceBuffer d_masks = to_device(masks);
+  ASSERT_EQ(apply_token_masks(d_logits.as<float>(), vocab, d_rows.as<int32_t>(), d_masks.as<uint64_t>(),
+                              static_cast<int32_t>(masked_rows.size()), nullptr),
+            cudaSuccess);
+  const std::vector<float> after = to_host<float>(d_logits, logits.size());
+  std::vector<std::vector<float>> expected = raw;
+  for (size_t k = 0; k < masked_rows.size(); ++k)
+    engine::apply_token_mask(expected[masked_rows[k]], std::span<const uint64_t>(masks.data() + k * words, words));
+  for (int32_t r = 0; r < rows; ++r)
+    ASSERT_TRUE(std::equal(expected[r].begin(), expected[r].end(), after.begin() + static_cast<size_t>(r) * vocab))
+        << "row " << r;
+  const GpuDraws gpu = sample_on_gpu(after, vocab, params);
+  for (int32_t r = 0; r < rows; ++r) {
+    std::mt19937_64 cpu_rng(1);
+    const engine::SampledToken cpu = engine::Sampler::sample(expected[r], cpu_params(params[r]), {}, cpu_rng);
+    if (params[r].temperature == 0.0f) {
+      EXPECT_EQ(gpu.tokens[r], cpu.token) << "row " << r;
+      EXPECT_NEAR(gpu.logprobs[r], cpu.logprob, 1e-4) << "row " << r;
+    }
+    EXPECT_TRUE(std::isfinite(expected[r][gpu.tokens[r]])) << "row " << r << " drew masked token " << gpu.tokens[r];
+  }
+  EXPECT_EQ(gpu.tokens[4], 4242);
+  EXPECT_NE(gpu.tokens[7], argmax7);
+}
+
 }  // namespace
 }  // namespace pagoda::cuda

@@ -444,9 +444,12 @@ runtime::RowSampling Engine::row_sampling_for(const Sequence* seq) const {
   runtime::RowSampling row;
   // The device sampler has no penalties and no top logprobs, and the first
   // token of an n > 1 request is drawn n times from one row on the host.
-  row.on_device = runner_.capabilities().samples_on_device && p.repetition_penalty == 1.0f && p.frequency_penalty == 0.0f &&
+  // Constrained rows stay on the device where the runner applies token masks
+  // (the engine fills the mask before the forward: step()).
+  const runtime::RunnerCapabilities caps = runner_.capabilities();
+  row.on_device = caps.samples_on_device && p.repetition_penalty == 1.0f && p.frequency_penalty == 0.0f &&
                   p.presence_penalty == 0.0f && p.logprobs.value_or(0) == 0 && (p.n == 1 || req->forked) &&
-                  !req->request.return_logits && !seq->constraint;
+                  !req->request.return_logits && (!seq->constraint || caps.samples_masked_on_device);
   if (!row.on_device) return row;
   row.temperature = p.temperature;
   row.top_k = p.top_k;
@@ -465,6 +468,22 @@ void Engine::sample_into(Sequence* seq, std::span<const float> logits) {
     return;
   }
   append_token(seq, Sampler::sample(logits, seq->request->request.sampling, seq->history, seq->rng));
+}
+
+void Engine::fill_device_masks(std::span<const std::pair<size_t, Sequence*>> masked_rows,
+                               std::vector<runtime::RowSampling>& rows) {
+  const size_t words = allowed_words(vocab_size_);
+  device_masks_.assign(masked_rows.size() * words, 0);
+  for (size_t k = 0; k < masked_rows.size(); ++k) {
+    const auto [r, seq] = masked_rows[k];
+    const std::span<uint64_t> mask(device_masks_.data() + k * words, words);
+    // A dead end samples on the host, which fails the request with its reason.
+    if (seq->constraint->fill_allowed(mask) == 0) {
+      rows[r] = runtime::RowSampling{};
+      continue;
+    }
+    rows[r].allowed = mask.data();
+  }
 }
 
 void Engine::sample_constrained(Sequence* seq, std::span<const float> logits) {
@@ -584,14 +603,17 @@ bool Engine::step() {
   // that returns prompt logits has a host row per token, the last of which is
   // also its sampling row.
   std::vector<runtime::RowSampling> rows;
+  std::vector<std::pair<size_t, Sequence*>> masked_rows;  // constrained rows sampled on the device
   rows.reserve(plan.chunks.size());
   for (const ScheduledChunk& chunk : plan.chunks) {
     for (int32_t i = 0; i + 1 < chunk.logit_rows(); ++i) rows.push_back(runtime::RowSampling{});
     if (chunk.logit_rows() == 0) continue;
     runtime::RowSampling last;
     if (chunk.produces_logits && !chunk.all_logits) last = row_sampling_for(chunk.sequence);
+    if (last.on_device && chunk.sequence->constraint) masked_rows.emplace_back(rows.size(), chunk.sequence);
     rows.push_back(last);
   }
+  fill_device_masks(masked_rows, rows);
   StatusOr<runtime::StepResult> result = runner_.execute(plan.batch, rows);
   const size_t vocab = static_cast<size_t>(vocab_size_);
   if (result.ok()) {
@@ -634,7 +656,13 @@ bool Engine::step() {
     if (chunk.all_logits) seq->prompt_logits_done += chunk.num_new_tokens;
     if (!chunk.produces_logits || seq->status != SequenceStatus::kRunning) continue;
     if (on_device) {
-      append_token(seq, SampledToken{result->tokens[r], result->logprobs[r], {}});
+      const int32_t token = result->tokens[r];
+      if (seq->constraint && !seq->constraint->accept(token)) {
+        fail_request(seq->request, internal_error("structured output: the device sampled token {}, outside the mask "
+                                                  "(choice {})", token, seq->choice_index));
+        continue;
+      }
+      append_token(seq, SampledToken{token, result->logprobs[r], {}});
       continue;
     }
     RequestState* req = seq->request;

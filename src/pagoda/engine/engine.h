@@ -24,6 +24,8 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <span>
+#include <utility>
 #include <unordered_map>
 #include <vector>
 
@@ -161,6 +163,10 @@ class Engine {
   // How the runner should sample this sequence's next row (on_device false:
   // it needs the host sampler).
   runtime::RowSampling row_sampling_for(const Sequence* seq) const;
+  // Fills the token masks of the constrained rows that are sampled on the device
+  // (row index, sequence) into device_masks_ and points their RowSampling at them.
+  void fill_device_masks(std::span<const std::pair<size_t, Sequence*>> masked_rows,
+                         std::vector<runtime::RowSampling>& rows);
   void sample_into(Sequence* seq, std::span<const float> logits);
   // Structured outputs: samples with the sequence's token mask applied and moves its constraint
   // past the token; a dead end fails the request (kInternal).
@@ -233,6 +239,7 @@ class Engine {
   std::unordered_map<RequestId, RequestOutput> step_outputs_;
   std::vector<RequestState*> finished_requests_;
   std::vector<uint64_t> constraint_mask_;    // scratch of sample_constrained
+  std::vector<uint64_t> device_masks_;       // masks of this step's device-sampled constrained rows
   std::vector<float> constrained_logits_;   // scratch of sample_constrained
 
   // Counters owned by the engine thread, published under stats_mutex_.

@@ -1,6 +1,7 @@
 #include "pagoda/engine/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -21,7 +22,10 @@ int32_t argmax(std::span<const float> row) {
 void fill_logprobs(std::span<const float> raw, const SamplingParams& params, SampledToken& out) {
   float max_logit = raw[argmax(raw)];
   double sum = 0.0;
-  for (float v : raw) sum += std::exp(static_cast<double>(v - max_logit));
+  // Masked-out tokens (structured outputs) are -inf and add nothing: skipping them keeps a
+  // constrained row's cost proportional to the tokens it allows rather than to the vocabulary.
+  for (float v : raw)
+    if (v != kNegInf) sum += static_cast<double>(std::exp(v - max_logit));
   const float log_z = max_logit + static_cast<float>(std::log(sum));
   out.logprob = raw[out.token] - log_z;
   const int32_t k = std::min<int32_t>(params.logprobs.value_or(0), static_cast<int32_t>(raw.size()));
@@ -42,9 +46,17 @@ void apply_token_mask(std::span<float> logits, std::span<const uint64_t> allowed
   for (size_t w = 0; w * 64 < n; ++w) {
     const uint64_t bits = w < allowed.size() ? allowed[w] : 0;
     if (bits == ~uint64_t{0}) continue;
-    const size_t end = std::min(n, (w + 1) * 64);
-    for (size_t i = w * 64; i < end; ++i)
-      if (!((bits >> (i - w * 64)) & 1)) logits[i] = kNegInf;
+    const size_t base = w * 64;
+    const size_t end = std::min(n, base + 64);
+    if (bits == 0) {
+      std::fill(logits.begin() + static_cast<std::ptrdiff_t>(base), logits.begin() + static_cast<std::ptrdiff_t>(end),
+                kNegInf);
+      continue;
+    }
+    for (uint64_t off = ~bits; off != 0; off &= off - 1) {  // only the disallowed bits
+      const size_t i = base + static_cast<size_t>(std::countr_zero(off));
+      if (i < end) logits[i] = kNegInf;
+    }
   }
 }
 

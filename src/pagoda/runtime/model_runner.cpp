@@ -8,9 +8,14 @@ Status check_row_sampling(const ForwardBatch& batch, std::span<const RowSampling
   if (static_cast<int64_t>(rows.size()) != batch.num_logit_rows())
     return invalid_argument_error("{} sampling rows for a batch of {} logits rows", rows.size(),
                                   batch.num_logit_rows());
-  if (!capabilities.samples_on_device)
-    for (const RowSampling& row : rows)
-      if (row.on_device) return unimplemented_error("this model runner does not sample on the device");
+  for (const RowSampling& row : rows) {
+    if (row.on_device && !capabilities.samples_on_device)
+      return unimplemented_error("this model runner does not sample on the device");
+    if (row.allowed != nullptr && !row.on_device)
+      return invalid_argument_error("a token mask on a row that is not sampled on the device");
+    if (row.allowed != nullptr && !capabilities.samples_masked_on_device)
+      return unimplemented_error("this model runner does not apply token masks on the device");
+  }
   return ok_status();
 }
 

@@ -33,6 +33,13 @@ namespace pagoda::runtime {
 // a counter-based key: the draw depends only on (seed, step) and the row, so a
 // seeded request is reproducible whatever else is batched with it. Only set
 // on_device when RunnerCapabilities::samples_on_device.
+//
+// `allowed` (structured outputs; only on on_device rows, only when
+// RunnerCapabilities::samples_masked_on_device): the tokens the row may
+// produce, one bit per token id, 64 per word, least significant bit first,
+// ceil(vocab / 64) words; the other tokens' logits count as -inf for the draw
+// and for the reported logprob. It points into the caller's memory and must
+// stay valid for the execute() call only. Null: every token.
 struct RowSampling {
   bool on_device = false;  // false: the runner returns this row's logits instead
   float temperature = 0.0f;
@@ -41,6 +48,7 @@ struct RowSampling {
   float min_p = 0.0f;
   uint64_t seed = 0;  // per sequence
   uint64_t step = 0;  // the sequence's output index
+  const uint64_t* allowed = nullptr;
 };
 
 struct StepResult {
@@ -82,6 +90,7 @@ struct TransferStats {
 
 struct RunnerCapabilities {
   bool samples_on_device = false;  // execute() honours RowSampling::on_device
+  bool samples_masked_on_device = false;  // ... and RowSampling::allowed
   bool zeroes_blocks = false;      // zero_blocks() is implemented
   int32_t host_kv_blocks = 0;      // blocks in the host pool (0: no host tier); block shape as kv_geometry()
   bool host_block_access = false;  // read_host_block / write_host_block are implemented
@@ -95,7 +104,7 @@ class ModelRunner {
   // (batch.num_logit_rows(), in the order ForwardBatch documents); empty means
   // every row returns logits. Errors: a batch that does not fit the pool
   // (runtime/batch_validation.h), an on_device row on a runner that cannot
-  // sample, backend failures. Nothing is written to the pool on a validation error.
+  // sample (or a masked row on one that cannot mask), backend failures. Nothing is written to the pool on a validation error.
   virtual StatusOr<StepResult> execute(const ForwardBatch& batch, std::span<const RowSampling> rows) = 0;
   // Copies blocks in every layer (copy-on-write forks); runs before the next execute().
   virtual Status copy_blocks(std::span<const BlockCopy> copies) = 0;

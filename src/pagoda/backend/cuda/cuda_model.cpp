@@ -7,6 +7,7 @@
 #include "pagoda/backend/cuda/cuda_ops.h"
 #include "pagoda/model/rope_frequencies.h"
 #include "pagoda/model/checkpoint.h"
+#include "pagoda/model/kv_geometry.h"
 #include "pagoda/model/model_weights.h"
 #include "pagoda/runtime/batch_validation.h"
 
@@ -22,16 +23,27 @@ StatusOr<std::unique_ptr<CudaModel>> CudaModel::load(const std::filesystem::path
   bind_options.f32_cache_bytes = 0;  // keep mmapped views; conversion happens per tensor on upload
   PAGODA_ASSIGN_OR_RETURN(ModelWeights host, bind_model_weights(config, std::move(shared), bind_options));
   PAGODA_ASSIGN_OR_RETURN(CudaModelWeights weights, CudaModelWeights::upload(config, host, options.show_progress));
+  std::unique_ptr<CudaDeepseekWeights> deepseek;
+  if (config.mla) {
+    PAGODA_ASSIGN_OR_RETURN(CudaDeepseekWeights layers,
+                            CudaDeepseekWeights::upload(config, host, options.show_progress));
+    deepseek = std::make_unique<CudaDeepseekWeights>(std::move(layers));
+  }
   std::unique_ptr<CudaModel> model(new CudaModel(std::move(config), options, std::move(weights)));
-  PAGODA_RETURN_IF_ERROR(model->init());
+  PAGODA_RETURN_IF_ERROR(model->init(std::move(deepseek)));
   return model;
 }
 
 StatusOr<std::unique_ptr<CudaModel>> CudaModel::create_random(const ModelConfig& config, uint64_t seed,
                                                               const CudaModelOptions& options) {
   PAGODA_ASSIGN_OR_RETURN(CudaModelWeights weights, CudaModelWeights::random(config, seed));
+  std::unique_ptr<CudaDeepseekWeights> deepseek;
+  if (config.mla) {
+    PAGODA_ASSIGN_OR_RETURN(CudaDeepseekWeights layers, CudaDeepseekWeights::random(config, seed));
+    deepseek = std::make_unique<CudaDeepseekWeights>(std::move(layers));
+  }
   std::unique_ptr<CudaModel> model(new CudaModel(config, options, std::move(weights)));
-  PAGODA_RETURN_IF_ERROR(model->init());
+  PAGODA_RETURN_IF_ERROR(model->init(std::move(deepseek)));
   return model;
 }
 
@@ -46,10 +58,12 @@ CudaModel::~CudaModel() {
   }
 }
 
-Status CudaModel::init() {
+Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
   const ModelConfig& c = config_;
-  if (c.head_dim % 8 != 0 || c.head_dim > 256 || c.hidden_size % 8 != 0 || c.num_kv_heads <= 0 ||
-      c.num_q_heads % c.num_kv_heads != 0) {
+  if (c.mla && deepseek_weights == nullptr)
+    return invalid_argument_error("{}: an MLA config needs its DeepSeek layer weights", c.architecture_name);
+  if (!c.mla && (c.head_dim % 8 != 0 || c.head_dim > 256 || c.hidden_size % 8 != 0 || c.num_kv_heads <= 0 ||
+      c.num_q_heads % c.num_kv_heads != 0)) {
     return unimplemented_error("CUDA backend needs head_dim a multiple of 8 and <= 256, hidden_size a multiple of "
                                "8 and q heads a multiple of kv heads; {} has head_dim={} hidden={} heads={}/{}",
                                c.architecture_name, c.head_dim, c.hidden_size, c.num_q_heads, c.num_kv_heads);
@@ -81,23 +95,28 @@ Status CudaModel::init() {
 
   const size_t T = static_cast<size_t>(options_.max_num_tokens);
   const size_t H = static_cast<size_t>(c.hidden_size);
-  const size_t D = static_cast<size_t>(c.head_dim);
-  const size_t qkv = static_cast<size_t>(c.num_q_heads + 2 * c.num_kv_heads) * D;
-  const size_t I = static_cast<size_t>(c.intermediate_size);
   const size_t R = static_cast<size_t>(max_rows_);
   PAGODA_ASSIGN_OR_RETURN(residual_, DeviceBuffer::allocate(T * H * 4));
   PAGODA_ASSIGN_OR_RETURN(normed_, DeviceBuffer::allocate(T * H * 2));
+  PAGODA_ASSIGN_OR_RETURN(proj_, DeviceBuffer::allocate(T * H * 2));
+  PAGODA_ASSIGN_OR_RETURN(head_normed_, DeviceBuffer::allocate(R * H * 2));
+  PAGODA_ASSIGN_OR_RETURN(logits_, DeviceBuffer::allocate(R * c.vocab_size * 4));
+  PAGODA_ASSIGN_OR_RETURN(tokens_, DeviceBuffer::allocate(R * 4));
+  if (c.mla) {
+    PAGODA_ASSIGN_OR_RETURN(deepseek_, CudaDeepseekForward::create(c, std::move(*deepseek_weights),
+                                                                   options_.max_num_tokens, stream_));
+    return ok_status();
+  }
+  const size_t D = static_cast<size_t>(c.head_dim);
+  const size_t qkv = static_cast<size_t>(c.num_q_heads + 2 * c.num_kv_heads) * D;
+  const size_t I = static_cast<size_t>(c.intermediate_size);
   PAGODA_ASSIGN_OR_RETURN(qkv_, DeviceBuffer::allocate(T * qkv * 2));
   PAGODA_ASSIGN_OR_RETURN(attn_, DeviceBuffer::allocate(T * c.num_q_heads * D * 2));
   if (FastAttention::compiled_in()) {
     PAGODA_ASSIGN_OR_RETURN(q_contig_, DeviceBuffer::allocate(T * c.num_q_heads * D * 2));
   }
-  PAGODA_ASSIGN_OR_RETURN(proj_, DeviceBuffer::allocate(T * H * 2));
   PAGODA_ASSIGN_OR_RETURN(gate_up_, DeviceBuffer::allocate(T * 2 * I * 2));
   PAGODA_ASSIGN_OR_RETURN(act_, DeviceBuffer::allocate(T * I * 2));
-  PAGODA_ASSIGN_OR_RETURN(head_normed_, DeviceBuffer::allocate(R * H * 2));
-  PAGODA_ASSIGN_OR_RETURN(logits_, DeviceBuffer::allocate(R * c.vocab_size * 4));
-  PAGODA_ASSIGN_OR_RETURN(tokens_, DeviceBuffer::allocate(R * 4));
 
   const std::vector<float> inv_freq =
       rope_inverse_frequencies(c.head_dim, c.rope_theta, c.rope_llama3 ? &*c.rope_llama3 : nullptr);
@@ -108,6 +127,9 @@ Status CudaModel::init() {
 }
 
 KvPoolShape CudaModel::kv_pool_shape(int32_t num_blocks) const {
+  // The latent pool (MLA) has one dtype: the key's.
+  if (config_.mla)
+    return model_kv_pool_shape(config_, num_blocks, options_.block_size, options_.kv_key_dtype, options_.kv_key_dtype);
   return KvPoolShape{config_.num_layers, num_blocks, options_.block_size, config_.num_kv_heads, config_.head_dim,
                      options_.kv_key_dtype, options_.kv_value_dtype};
 }
@@ -124,7 +146,7 @@ Status CudaModel::validate(const ForwardBatch& batch, const CudaKvPool& pool) co
 }
 
 int32_t CudaModel::graph_bucket(const ForwardBatch& batch) const {
-  if (!options_.use_cuda_graphs) return 0;
+  if (!options_.use_cuda_graphs || deepseek_) return 0;
   return choose_graph_bucket(batch, buckets_, options_.max_graph_batch);
 }
 
@@ -169,6 +191,11 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
                                       device_.block_tables, block_table_stride_, T};
 
   PAGODA_CUDA_RETURN_IF_ERROR(embedding_gather(weights_.embed_tokens, device_.token_ids, T, H, residual, stream_));
+  if (deepseek_) {
+    PAGODA_RETURN_IF_ERROR(deepseek_->run_layers(T, pool, device_, attention, *gemm_, residual, normed, proj));
+    PAGODA_CUDA_RETURN_IF_ERROR(add_residual(residual, proj, static_cast<int64_t>(T) * H, stream_));
+    return ok_status();
+  }
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const CudaLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
     // The previous layer's MLP output joins the residual inside the norm.
@@ -233,7 +260,7 @@ Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {
 bool CudaModel::fast_attention_usable() const {
   // Quantized KV too: backend/cuda/attention decodes fp8 / int8 / int4 pools (FastAttention
   // answers false for the steps it cannot run, and the builtin kernel dequantizes).
-  return options_.fast_attention;
+  return options_.fast_attention && !deepseek_;
 }
 
 Status CudaModel::capture_graph(int32_t bucket, const CudaKvPool& pool, bool fast_attention) {
@@ -329,10 +356,18 @@ Status CudaModel::forward_greedy(const ForwardBatch& batch, CudaKvPool& pool, st
 Status CudaModel::forward_sampled(const ForwardBatch& batch, CudaKvPool& pool,
                                   std::span<const GpuSamplingParams> params, std::span<const int32_t> host_rows,
                                   std::vector<int32_t>& tokens, std::vector<float>& logprobs,
-                                  std::vector<float>& host_logits) {
+                                  std::vector<float>& host_logits, std::span<const uint64_t* const> masks) {
   const int32_t rows = batch.num_logit_rows();
   if (static_cast<int64_t>(params.size()) != rows)
     return invalid_argument_error("forward_sampled: {} sampling params for {} logits rows", params.size(), rows);
+  if (!masks.empty() && static_cast<int64_t>(masks.size()) != rows)
+    return invalid_argument_error("forward_sampled: {} token masks for {} logits rows", masks.size(), rows);
+  if (mask_host_.data() == nullptr && std::any_of(masks.begin(), masks.end(), [](const uint64_t* m) { return m; })) {
+    const size_t words = (static_cast<size_t>(config_.vocab_size) + 63) / 64;
+    const size_t bytes = static_cast<size_t>(max_rows_) * (sizeof(int32_t) + words * sizeof(uint64_t)) + 8;
+    PAGODA_ASSIGN_OR_RETURN(mask_host_, PinnedBuffer::allocate(bytes));
+    PAGODA_ASSIGN_OR_RETURN(mask_device_, DeviceBuffer::allocate(bytes));
+  }
   for (size_t i = 0; i < host_rows.size(); ++i)
     if (host_rows[i] < 0 || host_rows[i] >= rows || (i > 0 && host_rows[i] <= host_rows[i - 1]))
       return invalid_argument_error("forward_sampled: host row {} at index {} is not ascending within [0, {})",
@@ -345,7 +380,7 @@ Status CudaModel::forward_sampled(const ForwardBatch& batch, CudaKvPool& pool,
   tokens.assign(static_cast<size_t>(rows), 0);
   logprobs.assign(static_cast<size_t>(rows), 0.0f);
   host_logits.assign(host_rows.size() * static_cast<size_t>(config_.vocab_size), 0.0f);
-  sampled_ = SampledOutput{params, host_rows, &tokens, &logprobs, &host_logits};
+  sampled_ = SampledOutput{params, host_rows, &tokens, &logprobs, &host_logits, masks};
   Status status = run(batch, pool, Output::kSampled, nullptr, nullptr);
   sampled_ = SampledOutput{};
   return status;
@@ -362,6 +397,7 @@ Status CudaModel::sample_out(int32_t row_begin, int32_t n) {
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_params, host_params, n * sizeof(GpuSamplingParams),
                                               cudaMemcpyHostToDevice, stream_));
   float* device_logprobs = reinterpret_cast<float*>(device_tokens + max_rows_);
+  PAGODA_RETURN_IF_ERROR(mask_rows(row_begin, n));
   PAGODA_CUDA_RETURN_IF_ERROR(sample_rows(logits_.as<float>(), n, config_.vocab_size, device_params, device_tokens,
                                           device_logprobs, stream_));
   // Tokens and logprobs in one copy (adjacent), then the host rows' logits.
@@ -378,6 +414,31 @@ Status CudaModel::sample_out(int32_t row_begin, int32_t n) {
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   std::copy_n(host_tokens, n, sampled_.tokens->data() + row_begin);
   std::copy_n(reinterpret_cast<const float*>(host_tokens + max_rows_), n, sampled_.logprobs->data() + row_begin);
+  return ok_status();
+}
+
+Status CudaModel::mask_rows(int32_t row_begin, int32_t n) {
+  if (sampled_.masks.empty()) return ok_status();
+  const size_t words = (static_cast<size_t>(config_.vocab_size) + 63) / 64;
+  // Row indices first, masks 8-byte aligned after them, packed in the order of the rows.
+  auto* host_rows = mask_host_.as<int32_t>();
+  auto* host_masks = reinterpret_cast<uint64_t*>(mask_host_.as<char>() + ((static_cast<size_t>(max_rows_) * 4 + 7) & ~size_t{7}));
+  int32_t count = 0;
+  for (int32_t r = 0; r < n; ++r) {
+    const uint64_t* mask = sampled_.masks[static_cast<size_t>(row_begin + r)];
+    if (mask == nullptr) continue;
+    host_rows[count] = r;
+    std::copy_n(mask, words, host_masks + static_cast<size_t>(count) * words);
+    ++count;
+  }
+  if (count == 0) return ok_status();
+  const size_t masks_offset = reinterpret_cast<char*>(host_masks) - mask_host_.as<char>();
+  const size_t bytes = masks_offset + static_cast<size_t>(count) * words * sizeof(uint64_t);
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mask_device_.as<char>(), mask_host_.as<char>(), bytes,
+                                              cudaMemcpyHostToDevice, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(apply_token_masks(logits_.as<float>(), config_.vocab_size, mask_device_.as<int32_t>(),
+                                                reinterpret_cast<const uint64_t*>(mask_device_.as<char>() + masks_offset),
+                                                count, stream_));
   return ok_status();
 }
 

@@ -21,6 +21,10 @@
 // shape: split-K decode in graph mode inside the graphs, decode or tensor-core
 // prefill in eager steps; the backend's own kernel otherwise.
 //
+// DeepSeek V2/V3 (config.mla): the layers are CudaDeepseekForward's (MLA over
+// a latent pool, MoE); embedding, head and sampling are shared. Those steps
+// always run eagerly (the MoE loop reads expert counts on the host).
+//
 // Thread safety: one caller at a time (scratch, graphs and the stream are per model).
 
 #include <cstdint>
@@ -32,6 +36,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "pagoda/backend/cuda/cuda_deepseek_forward.h"
 #include "pagoda/backend/cuda/cuda_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_model_weights.h"
 #include "pagoda/backend/cuda/device_buffer.h"
@@ -78,7 +83,9 @@ class CudaModel {
   const ModelConfig& config() const { return config_; }
   const CudaModelOptions& options() const { return options_; }
   int32_t max_model_len() const { return max_model_len_; }
-  size_t weight_bytes() const { return weights_.total_bytes(); }
+  size_t weight_bytes() const {
+    return weights_.total_bytes() + (deepseek_ ? deepseek_->weight_bytes() : 0);
+  }
   cudaStream_t stream() const { return stream_; }
 
   // The bf16 pool shape this model needs for num_blocks blocks.
@@ -94,11 +101,14 @@ class CudaModel {
   // Same, but every logits row r is sampled on the GPU with params[r]
   // (sampling.h): tokens and logprobs get one entry per row, and only the rows
   // listed in host_rows (ascending) copy their logits out, to host_logits
-  // [host_rows.size(), vocab]. Errors: params not one per logits row, host_rows
-  // not ascending within [0, rows).
+  // [host_rows.size(), vocab]. masks: empty, or one entry per row: null, or the
+  // row's allowed-token bits (runtime::RowSampling::allowed), applied on the GPU
+  // before the draw. Errors: params (or masks) not one per logits row,
+  // host_rows not ascending within [0, rows).
   Status forward_sampled(const ForwardBatch& batch, CudaKvPool& pool, std::span<const GpuSamplingParams> params,
                          std::span<const int32_t> host_rows, std::vector<int32_t>& tokens,
-                         std::vector<float>& logprobs, std::vector<float>& host_logits);
+                         std::vector<float>& logprobs, std::vector<float>& host_logits,
+                         std::span<const uint64_t* const> masks = {});
 
   // Turns graph replay of decode steps on or off (benchmarks compare both).
   void set_use_cuda_graphs(bool on) { options_.use_cuda_graphs = on; }
@@ -120,6 +130,7 @@ class CudaModel {
     std::vector<int32_t>* tokens = nullptr;
     std::vector<float>* logprobs = nullptr;
     std::vector<float>* host_logits = nullptr;
+    std::span<const uint64_t* const> masks;
   };
   struct StepShape {
     int32_t num_tokens = 0;  // rows run (decode: padded to the bucket)
@@ -128,7 +139,8 @@ class CudaModel {
   };
 
   CudaModel(ModelConfig config, CudaModelOptions options, CudaModelWeights weights);
-  Status init();
+  // deepseek_weights: the layers of an MLA config (null otherwise).
+  Status init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights = nullptr);
   Status validate(const ForwardBatch& batch, const CudaKvPool& pool) const;
   int32_t graph_bucket(const ForwardBatch& batch) const;
   StatusOr<StepShape> plan(const ForwardBatch& batch);
@@ -136,6 +148,8 @@ class CudaModel {
   Status run_head(int32_t row_begin, int32_t num_rows);
   // Samples logit rows [row_begin, row_begin + n) (already in logits_) and
   // copies tokens, logprobs and the host rows' logits out; synchronizes.
+  // Applies the token masks of rows [row_begin, row_begin + n) of forward_sampled() to logits_.
+  Status mask_rows(int32_t row_begin, int32_t n);
   Status sample_out(int32_t row_begin, int32_t n);
   Status capture_graph(int32_t bucket, const CudaKvPool& pool, bool fast_attention);
   bool fast_attention_usable() const;
@@ -153,6 +167,8 @@ class CudaModel {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<FastAttention> fast_;
+  // DeepSeek (MLA + MoE) configs: their layers run here instead of the llama loop.
+  std::unique_ptr<CudaDeepseekForward> deepseek_;
   int64_t fast_attention_steps_ = 0;
 
   // Step metadata (step_plan.h): pinned host mirror and device copy, same layout.
@@ -178,6 +194,8 @@ class CudaModel {
   SampledOutput sampled_;
   PinnedBuffer sampling_host_;
   DeviceBuffer sampling_device_;
+  PinnedBuffer mask_host_;      // [max_rows] row indices, then [max_rows, words] masks (first masked step)
+  DeviceBuffer mask_device_;    // the same on the device
   DeviceBuffer inv_freq_;  // f32 [D / 2]
 
   struct Graph {

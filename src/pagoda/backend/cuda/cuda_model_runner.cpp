@@ -43,6 +43,7 @@ StatusOr<runtime::StepResult> CudaModelRunner::execute(const ForwardBatch& batch
   }
   std::vector<GpuSamplingParams> params(rows.size());
   std::vector<int32_t> host_rows;
+  std::vector<const uint64_t*> masks;  // empty unless a row has one
   for (size_t r = 0; r < rows.size(); ++r) {
     const runtime::RowSampling& row = rows[r];
     if (!row.on_device) {
@@ -50,9 +51,13 @@ StatusOr<runtime::StepResult> CudaModelRunner::execute(const ForwardBatch& batch
       continue;
     }
     params[r] = GpuSamplingParams{row.temperature, row.top_k, row.top_p, row.min_p, row.seed, row.step};
+    if (row.allowed != nullptr) {
+      masks.resize(rows.size(), nullptr);
+      masks[r] = row.allowed;
+    }
   }
   PAGODA_RETURN_IF_ERROR(
-      model_->forward_sampled(batch, *pool_, params, host_rows, out.tokens, out.logprobs, out.host_logits));
+      model_->forward_sampled(batch, *pool_, params, host_rows, out.tokens, out.logprobs, out.host_logits, masks));
   return out;
 }
 

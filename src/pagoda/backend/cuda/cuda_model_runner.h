@@ -47,7 +47,9 @@ class CudaModelRunner final : public runtime::ModelRunner {
   runtime::TransferStats transfer_stats() const override { return host_ ? host_->stats() : runtime::TransferStats{}; }
   const KvPoolShape& kv_geometry() const override { return pool_->shape(); }
   runtime::RunnerCapabilities capabilities() const override {
-    return {.samples_on_device = true, .host_kv_blocks = host_ ? host_->num_blocks() : 0,
+    return {.samples_on_device = true,
+            .samples_masked_on_device = true,
+            .host_kv_blocks = host_ ? host_->num_blocks() : 0,
             .host_block_access = host_ != nullptr};
   }
   // Both wait for the device (every queued transfer and kernel) first: simple

@@ -65,6 +65,13 @@ cudaError_t sample_rows(const float* logits, int32_t rows, int32_t vocab, const 
 cudaError_t sample_rows_with_cuts(const float* logits, int32_t rows, int32_t vocab, const GpuSamplingParams* params,
                                   int32_t* tokens, float* logprobs, GpuSamplingCuts* cuts, cudaStream_t stream);
 
+// Structured outputs: for k < count, sets logits[rows[k]][t] = -inf for every token t whose bit
+// is clear in masks[k] (ceil(vocab / 64) words per mask, 64 tokens per word, least significant
+// bit first: runtime::RowSampling::allowed). rows and masks are device memory. Run before
+// sample_rows, the masked rows' logprobs are those of the masked distribution.
+cudaError_t apply_token_masks(float* logits, int32_t vocab, const int32_t* rows, const uint64_t* masks,
+                              int32_t count, cudaStream_t stream);
+
 // The uniform in (0, 1) the draw uses for (seed, step, token): exposed so tests
 // can check the generator itself. Host-callable mirror of the device code.
 double sampling_uniform(uint64_t seed, uint64_t step, int32_t token);

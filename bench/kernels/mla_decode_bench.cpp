@@ -1,0 +1,256 @@
+// MLA decode kernel harness for the GPU machine (backend/cuda/attention/mla_decode.h):
+// GB/s over the paged latent bytes read (codes + fp8 scale records) at the
+// issue's shapes, batch 64 x 4K and 8 x 32K context, bf16 and fp8 latent,
+// 16 and 128 heads, blocks of 64 (and 16 for one shape), next to the HBM copy
+// ceiling. Each figure is the median of event-timed launches after warm-up;
+// the pools (150-300 MB) are far past the 60 MB L2. Row 0's first 16 heads are
+// checked against a float64 reference at every shape (rel L2 printed), and
+// every output is checked finite.
+//
+//   mla_decode_bench [--iters N] [--only SUBSTRING]
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "pagoda/backend/cuda/attention/mla_decode.h"
+#include "pagoda/core/dtype.h"
+
+namespace {
+
+using namespace pagoda::kernels::cuda;
+
+#define CHECK_CUDA(call)                                                                           \
+  do {                                                                                             \
+    cudaError_t e_ = (call);                                                                       \
+    if (e_ != cudaSuccess) {                                                                       \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                                \
+    }                                                                                              \
+  } while (0)
+
+void* device_alloc(size_t bytes) {
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 256)));
+  return p;
+}
+
+struct Xorshift {
+  uint64_t s;
+  uint64_t next() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  }
+  float unit() { return float(next() >> 40) / float(1 << 24) * 2.0f - 1.0f; }  // [-1, 1)
+};
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Result {
+  std::string name;
+  double gbps, tflops, micros, check;
+};
+
+int iters = 50;
+std::string only;
+
+double copy_ceiling() {
+  const size_t bytes = size_t{1} << 30;
+  void* a = device_alloc(bytes);
+  void* b = device_alloc(bytes);
+  CHECK_CUDA(cudaMemset(a, 1, bytes));
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  std::vector<float> ms;
+  for (int i = 0; i < 13; ++i) {
+    CHECK_CUDA(cudaEventRecord(start));
+    CHECK_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float t = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+    if (i >= 3) ms.push_back(t);
+  }
+  CHECK_CUDA(cudaFree(a));
+  CHECK_CUDA(cudaFree(b));
+  return 2.0 * double(bytes) / (median(ms) * 1e-3) / 1e9;
+}
+
+Result run_shape(int batch, int context, int heads, bool fp8, int block_size, int num_sms, uint64_t seed) {
+  char name[128];
+  std::snprintf(name, sizeof(name), "mla decode %s H=%d B=%d L=%d bs=%d", fp8 ? "fp8" : "bf16", heads, batch, context,
+                block_size);
+  const int blocks_per_row = (context + block_size - 1) / block_size;
+  const int num_blocks = batch * blocks_per_row;
+  const size_t slots = size_t(num_blocks) * block_size;
+  const size_t code_bytes = slots * kMlaKeyDim * (fp8 ? 1 : 2);
+  Xorshift rng{seed};
+
+  // Pool: bf16 values in [-1, 1), or fp8 codes (never NaN) with scales in [0.002, 0.004).
+  std::vector<uint8_t> codes(code_bytes);
+  std::vector<float> scales(fp8 ? slots : 0);
+  if (fp8) {
+    for (auto& c : codes) {
+      c = uint8_t(rng.next() >> 56);
+      if ((c & 0x7f) == 0x7f) c ^= 1;
+    }
+    for (auto& s : scales) s = 0.002f + 0.002f * (rng.unit() + 1.0f) / 2.0f;
+  } else {
+    auto* v = reinterpret_cast<uint16_t*>(codes.data());
+    for (size_t i = 0; i < slots * kMlaKeyDim; ++i) v[i] = pagoda::f32_to_bf16(rng.unit());
+  }
+  std::vector<int32_t> ids(num_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(uint32_t(seed)));
+  std::vector<MlaDecodeRow> rows;
+  for (int r = 0; r < batch; ++r)
+    rows.push_back({context, std::span<const int32_t>(ids.data() + size_t(r) * blocks_per_row, blocks_per_row)});
+  std::vector<uint16_t> q(size_t(batch) * heads * kMlaKeyDim);
+  for (auto& e : q) e = pagoda::f32_to_bf16(rng.unit());
+
+  const float scale = 1.0f / std::sqrt(192.0f);
+  const MlaDecodeConfig config{heads, block_size, num_blocks, scale,
+                               fp8 ? pagoda::kernels::cuda::KvElement::kFP8E4M3 : pagoda::kernels::cuda::KvElement::kBF16};
+  auto plan = MlaDecodePlan::create(config, rows, AttentionDeviceInfo{num_sms});
+  if (!plan.ok()) {
+    std::fprintf(stderr, "%s: %s\n", name, std::string(plan.status().message()).c_str());
+    std::exit(1);
+  }
+  const size_t out_elems = size_t(batch) * heads * kMlaLatentDim;
+  void* d_codes = device_alloc(code_bytes);
+  void* d_scales = device_alloc(scales.size() * 4);
+  void* d_q = device_alloc(q.size() * 2);
+  void* d_out = device_alloc(out_elems * 2);
+  void* d_arena = device_alloc(plan->arena_bytes());
+  void* d_work = device_alloc(plan->workspace_bytes());
+  CHECK_CUDA(cudaMemcpy(d_codes, codes.data(), code_bytes, cudaMemcpyHostToDevice));
+  if (fp8) CHECK_CUDA(cudaMemcpy(d_scales, scales.data(), scales.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(d_q, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(d_arena, plan->arena().data(), plan->arena_bytes(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemset(d_out, 0xff, out_elems * 2));
+  const auto desc = plan->descriptor(static_cast<int32_t*>(d_arena), d_codes, fp8 ? d_scales : nullptr,
+                                     static_cast<float*>(d_work));
+
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  for (int i = 0; i < 5; ++i) CHECK_CUDA(launch_mla_decode(desc, d_q, d_out, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<float> ms;
+  for (int i = 0; i < iters; ++i) {
+    CHECK_CUDA(cudaEventRecord(start));
+    CHECK_CUDA(launch_mla_decode(desc, d_q, d_out, nullptr));
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float t = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  const double seconds = median(ms) * 1e-3;
+
+  // Check: all finite; row 0, heads 0..15 against float64.
+  std::vector<uint16_t> out(out_elems);
+  CHECK_CUDA(cudaMemcpy(out.data(), d_out, out_elems * 2, cudaMemcpyDeviceToHost));
+  for (uint16_t v : out)
+    if (!std::isfinite(pagoda::bf16_to_f32(v))) {
+      std::fprintf(stderr, "%s: non-finite output\n", name);
+      std::exit(1);
+    }
+  double num = 0, den = 0;
+  std::vector<double> sc(context);
+  for (int h = 0; h < std::min(heads, 16); ++h) {
+    const uint16_t* qv = &q[size_t(h) * kMlaKeyDim];
+    auto value = [&](int p, int i) -> double {
+      const size_t slot = size_t(ids[p / block_size]) * block_size + p % block_size;
+      if (fp8) return pagoda::fp8e4m3_to_f32(codes[slot * kMlaKeyDim + i]) * double(scales[slot]);
+      return pagoda::bf16_to_f32(reinterpret_cast<const uint16_t*>(codes.data())[slot * kMlaKeyDim + i]);
+    };
+    double mx = -1e300;
+    for (int p = 0; p < context; ++p) {
+      double dot = 0;
+      for (int i = 0; i < kMlaKeyDim; ++i) dot += double(pagoda::bf16_to_f32(qv[i])) * value(p, i);
+      sc[p] = dot * scale;
+      mx = std::max(mx, sc[p]);
+    }
+    double sum = 0;
+    for (auto& s : sc) sum += (s = std::exp(s - mx));
+    for (int i = 0; i < kMlaLatentDim; ++i) {
+      double o = 0;
+      for (int p = 0; p < context; ++p) o += sc[p] * value(p, i);
+      o /= sum;
+      const double g = pagoda::bf16_to_f32(out[size_t(h) * kMlaLatentDim + i]);
+      num += (g - o) * (g - o);
+      den += o * o;
+    }
+  }
+  const double bytes = double(batch) * context * (fp8 ? kMlaKeyDim + 4 : 2 * kMlaKeyDim);
+  const double flops = 2.0 * batch * context * heads * double(kMlaKeyDim + kMlaLatentDim);
+  for (void* p : {d_codes, d_scales, d_q, d_out, d_arena, d_work}) CHECK_CUDA(cudaFree(p));
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  Result r{name, bytes / seconds / 1e9, flops / seconds / 1e12, seconds * 1e6, std::sqrt(num / den)};
+  std::printf("%-44s %8.1f us %7.0f GB/s %6.0f TFLOP/s  ctas %d x %d segments %d  check %.1e\n", name, r.micros,
+              r.gbps, r.tflops, plan->num_ctas(), (heads + 63) / 64, plan->num_segments(), r.check);
+  std::fflush(stdout);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: mla_decode_bench [--iters N] [--only SUBSTRING]\n");
+      return 2;
+    }
+  }
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  CHECK_CUDA(prepare_mla_decode_kernels());
+  std::printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  const double ceiling = copy_ceiling();
+  std::printf("HBM copy ceiling (read + write): %.0f GB/s\n", ceiling);
+  struct Shape {
+    int batch, context, heads;
+    bool fp8;
+    int block_size;
+  };
+  std::vector<Shape> shapes;
+  for (int heads : {16, 128})
+    for (bool fp8 : {false, true}) {
+      shapes.push_back({64, 4096, heads, fp8, 64});
+      shapes.push_back({8, 32768, heads, fp8, 64});
+    }
+  shapes.push_back({64, 4096, 16, false, 16});
+  shapes.push_back({64, 4096, 16, true, 16});
+  std::vector<Result> results;
+  uint64_t seed = 0x9e3779b97f4a7c15ull;
+  for (const auto& s : shapes) {
+    char name[128];
+    std::snprintf(name, sizeof(name), "mla decode %s H=%d B=%d L=%d bs=%d", s.fp8 ? "fp8" : "bf16", s.heads, s.batch,
+                  s.context, s.block_size);
+    if (!only.empty() && std::string(name).find(only) == std::string::npos) continue;
+    results.push_back(run_shape(s.batch, s.context, s.heads, s.fp8, s.block_size, prop.multiProcessorCount, seed++));
+  }
+  std::printf("\n| figure | us | GB/s | TFLOP/s | check (rel L2) |\n|---|---|---|---|---|\n");
+  for (const auto& r : results)
+    std::printf("| %s | %.1f | %.0f | %.0f | %.1e |\n", r.name.c_str(), r.micros, r.gbps, r.tflops, r.check);
+  std::printf("| HBM copy ceiling | | %.0f | | |\n", ceiling);
+  return 0;
+}

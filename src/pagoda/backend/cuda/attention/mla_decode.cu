@@ -1,0 +1,819 @@
+// Paged MLA decode on Hopper's warpgroup MMA (wgmma, sm_90a): the kernels
+// behind mla_decode_descriptor.h (planned by mla_decode.h).
+//
+// Two kernels, both one CTA of 2 warpgroups (256 threads, one CTA per SM) per
+// (head tile, list of segments of the plan), 64 KV positions per tile; the
+// latent is MQA's single KV head, so a CTA reads each cached vector once for
+// all of its heads. More than 16 heads (mla_decode_kernel): a tile of 64 query
+// heads (rows past num_heads are zeros). Per tile:
+//   S = Q K^T     64 heads x 64 positions, K dim 576: warpgroup g computes the
+//                 positions [32 g, 32 g + 32) as 36 wgmma m64n32k16, Q and K both
+//                 read K-major straight from shared memory;
+//   softmax       online, in log2 units; the two groups swap their row maxima
+//                 through shared memory so both scale by the same maximum;
+//                 P (bf16) goes to shared memory, each group writing its 32 columns;
+//   O += P V      warpgroup g owns the latent dims [256 g, 256 g + 256): 4 k-steps
+//                 x 2 wgmma m64n128k16 with P K-major and V MN-major from the
+//                 same shared tile that served as K (its first 512 columns).
+// At most 16 heads: mla_decode_narrow_kernel (below), positions as the MMA rows.
+// Tiles (and Q) are stored in shared memory as 9 column blocks of 64 values x
+// rows of 128 B with the 128-byte swizzle (16-byte chunk c of row r at
+// c ^ (r % 8)), which is at once the K-major layout of S's operands and the
+// MN-major layout of V, so one copy of the latent serves both products.
+// bf16 pools: tiles are gathered with 16-byte cp.async through the block table
+// (4 threads a position, one table read each) into a double buffer, refilled as
+// soon as a tile is consumed, so two tiles are in flight while one is computed.
+// fp8 pools: the codes (576 B a position) and the scale records land in a
+// double-buffered staging area, are converted to bf16 (exact: e4m3 fits in
+// bf16) into the tile, and the per-position scale stays outside the products:
+// S[h, t] = (q_h . codes_t) * scale_t, and P[h, t] = p[h, t] * scale_t against
+// the unscaled codes as V (bf16's exponent range keeps p * scale clear of
+// subnormals).
+// A segment that is not its row's only one writes its normalized partial
+// output and log2-sum-exp to the workspace; mla_decode_merge combines them.
+// docs/KERNELS.md ("MLA decode") has the versions and their measurements.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "pagoda/backend/cuda/attention/device_primitives.cuh"
+#include "pagoda/backend/cuda/attention/mla_decode_descriptor.h"
+#include "pagoda/backend/cuda/attention/wgmma_primitives.cuh"
+
+namespace pagoda::kernels::cuda {
+namespace {
+
+using namespace device;
+
+constexpr int kThreads = 256;
+constexpr int kHeads = 64;        // query heads per CTA (rows of the MMAs)
+constexpr int kTile = 64;         // KV positions per tile
+[[maybe_unused]] constexpr int kColumnBlocks = 9;  // 576 / 64
+constexpr int kBlockBytes = 64 * 128;                    // one column block of a 64-row tile
+constexpr int kTileBytes = kColumnBlocks * kBlockBytes;  // 73,728: Q, or one KV tile
+[[maybe_unused]] constexpr int kKeyChunks = kMlaKeyDim / 8;               // 72 16-byte bf16 chunks a vector
+[[maybe_unused]] constexpr int kCodeChunks = kMlaKeyDim / 16;             // 36 16-byte fp8 chunks a vector
+[[maybe_unused]] constexpr int kStagingBytes = kTile * kMlaKeyDim;        // fp8 codes of one tile
+[[maybe_unused]] constexpr float kNoScore = -1e30f;
+
+// Shared memory (after aligning the base to 1024 B): Q | KV tile 0 | KV tile 1
+// (fp8: one bf16 tile, then two staging areas of codes) | P | 2 stages of 64 scales |
+// row maxima [2][64] | row sums [2][64].
+[[maybe_unused]] constexpr int kQAt = 0;
+[[maybe_unused]] constexpr int kTilesAt = kTileBytes;
+[[maybe_unused]] constexpr int kPAt = 3 * kTileBytes;
+[[maybe_unused]] constexpr int kScalesAt = kPAt + kBlockBytes;
+[[maybe_unused]] constexpr int kMaxAt = kScalesAt + 2 * kTile * 4;
+[[maybe_unused]] constexpr int kSumAt = kMaxAt + 2 * kHeads * 4;
+constexpr int kSmemBytes = kSumAt + 2 * kHeads * 4 + 1024;
+static_assert(2 * kStagingBytes <= kTileBytes, "fp8 staging fits in the second tile's room");
+static_assert(kSmemBytes <= 232448, "one CTA per SM");
+
+// Byte offset of (row, 16-byte chunk 0..71) in a swizzled 64-row tile.
+[[maybe_unused]] __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
+  return (chunk >> 3) * kBlockBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+
+[[maybe_unused]] __device__ __forceinline__ void keep_in_order(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+// d[16] (+)= A * B for m64n32k16, A and B K-major in shared memory. Accumulator
+// layout as wgmma_m64n128k16_ss: d[4j + {0,1}] = row 16w + t/4, cols 8j + 2(t%4) + {0,1};
+// d[4j + {2,3}] the same cols of row + 8.
+[[maybe_unused]] __device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
+                                                   int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// d[64] += A * B for m64n128k16: A K-major, B MN-major (transposed), both in shared memory.
+[[maybe_unused]] __device__ __forceinline__ void wgmma_m64n128k16_ss_transb(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+
+// Sixteen e4m3 codes -> sixteen bf16 (exact), as two 16-byte chunks.
+[[maybe_unused]] __device__ __forceinline__ void fp8x16_to_bf16(const uint4& codes, uint4& lo, uint4& hi) {
+  const uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
+  uint32_t out[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>(w[i] >> (16 * half));
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+      const float2 f = __half22float2(__half2(h));
+      out[2 * i + half] = pack_bf16x2(f.x, f.y);
+    }
+  }
+  lo = make_uint4(out[0], out[1], out[2], out[3]);
+  hi = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+template <bool kFp8>
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_decode_kernel(const MlaDecodeDescriptor d, const __nv_bfloat16* __restrict__ q,
+                      __nv_bfloat16* __restrict__ out) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // The portable compute_90 PTX has no wgmma: this body exists only in the sm_90a machine code.
+  __trap();
+#else
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_addr = smem_address(smem_raw);
+  uint8_t* base = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
+  uint8_t* q_tile = base + kQAt;
+  uint8_t* p_tile = base + kPAt;
+  float* scales = reinterpret_cast<float*>(base + kScalesAt);  // fp8: [2 stages][64]
+  float* row_max = reinterpret_cast<float*>(base + kMaxAt);    // [2 groups][64 heads]
+  float* row_sum = reinterpret_cast<float*>(base + kSumAt);
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warpgroup = tid >> 7;
+  const int wg_warp = (tid >> 5) & 3;
+  const int head0 = blockIdx.x * kHeads;
+  const int heads_here = min(kHeads, d.num_heads - head0);
+  const int bs = d.block_size;
+  // This thread's two accumulator rows (heads of the tile).
+  const int r0 = wg_warp * 16 + (lane >> 2);
+  const int r1 = r0 + 8;
+  const int col = 2 * (lane & 3);  // first accumulator column of each 8-column block
+  // The loaders: 4 threads a position.
+  const int load_pos = tid >> 2;
+  const int load_lane = tid & 3;
+
+  const int seg_begin = d.cta_segment_start[blockIdx.y];
+  const int seg_end = d.cta_segment_start[blockIdx.y + 1];
+  for (int seg = seg_begin; seg < seg_end; ++seg) {
+    const int row = d.segments[3 * seg];
+    const int kv_begin = d.segments[3 * seg + 1];
+    const int kv_end = d.segments[3 * seg + 2];
+    const int32_t* table = d.block_tables + d.block_table_start[row];
+    const int num_tiles = (kv_end - kv_begin + kTile - 1) / kTile;
+
+    __syncthreads();  // the previous segment is done with every buffer
+    // Q of heads [head0, head0 + 64): 64 rows x 72 chunks.
+    {
+      const __nv_bfloat16* q_row = q + (int64_t{row} * d.num_heads + head0) * kMlaKeyDim;
+#pragma unroll 6
+      for (int i = 0; i < kHeads * kKeyChunks / kThreads; ++i) {
+        const int idx = tid + i * kThreads;
+        const int r = idx / kKeyChunks, c = idx % kKeyChunks;
+        const bool valid = r < heads_here;
+        cp_async_16(q_tile + tile_offset(r, c), valid ? q_row + r * kMlaKeyDim + c * 8 : q, valid);
+      }
+    }
+    // Gathers the tile starting at position kv0 into stage `stage`: bf16 straight
+    // into the swizzled tile, fp8 codes into staging (and the scales).
+    auto issue_tile = [&](int kv0, int stage) {
+      const int pos = kv0 + load_pos;
+      const bool valid = pos < kv_end;
+      const int64_t slot = valid ? int64_t{table[pos / bs]} * bs + pos % bs : 0;
+      if constexpr (!kFp8) {
+        uint8_t* dst = base + kTilesAt + stage * kTileBytes;
+        const uint8_t* src = static_cast<const uint8_t*>(d.latent) + slot * (kMlaKeyDim * 2);
+#pragma unroll
+        for (int k = 0; k < kKeyChunks / 4; ++k) {
+          const int c = load_lane + 4 * k;
+          cp_async_16(dst + tile_offset(load_pos, c), src + c * 16, valid);
+        }
+      } else {
+        uint8_t* dst = base + kTilesAt + kTileBytes + stage * kStagingBytes + load_pos * kMlaKeyDim;
+        const uint8_t* src = static_cast<const uint8_t*>(d.latent) + slot * kMlaKeyDim;
+#pragma unroll
+        for (int k = 0; k < kCodeChunks / 4; ++k) {
+          const int c = load_lane + 4 * k;
+          cp_async_16(dst + c * 16, src + c * 16, valid);
+        }
+        if (load_lane == 0) cp_async_ca<4>(scales + stage * kTile + load_pos, d.latent_scale + slot, valid);
+      }
+    };
+    // Two tiles in flight: the next tile's copies are issued as soon as the
+    // buffer they overwrite has been consumed, so while a tile is computed the
+    // following one (bf16) or two (fp8 staging) are on their way.
+    issue_tile(kv_begin, 0);
+    cp_async_commit();
+    if (num_tiles > 1) issue_tile(kv_begin + kTile, 1);
+    cp_async_commit();
+
+    float o[2][64];
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[n][i] = 0.0f;
+    float m[2] = {kNoScore, kNoScore};
+    float l[2] = {0.0f, 0.0f};
+    const uint32_t q_addr = smem_address(q_tile);
+    const uint32_t p_addr = smem_address(p_tile);
+
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      const int kv0 = kv_begin + tile * kTile;
+      const int stage = tile & 1;
+      cp_async_wait<1>();  // this tile's group is done; the next one may still run
+      float pos_scale[8] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};  // fp8: scales of the 8 columns
+      uint8_t* kv_tile;
+      if constexpr (!kFp8) {
+        fence_proxy_async_shared();  // cp.async wrote in the generic proxy; wgmma reads in the async one
+        __syncthreads();             // the tile has landed for every thread
+        kv_tile = base + kTilesAt + stage * kTileBytes;
+      } else {
+        __syncthreads();  // staging landed; every group is done with the bf16 tile
+        kv_tile = base + kTilesAt;
+        const uint8_t* staged = base + kTilesAt + kTileBytes + stage * kStagingBytes + load_pos * kMlaKeyDim;
+#pragma unroll
+        for (int k = 0; k < kCodeChunks / 4; ++k) {
+          const int c = load_lane + 4 * k;
+          const uint4 codes = *reinterpret_cast<const uint4*>(staged + c * 16);
+          uint4 lo, hi;
+          fp8x16_to_bf16(codes, lo, hi);
+          *reinterpret_cast<uint4*>(kv_tile + tile_offset(load_pos, 2 * c)) = lo;
+          *reinterpret_cast<uint4*>(kv_tile + tile_offset(load_pos, 2 * c + 1)) = hi;
+        }
+        fence_proxy_async_shared();
+        __syncthreads();  // the tile is converted: its staging buffer is free
+        // The scales leave the staging area (every thread's, hence the barrier)
+        // before tile + 2's copies overwrite it.
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) pos_scale[2 * j + e] = scales[stage * kTile + warpgroup * 32 + 8 * j + col + e];
+        __syncthreads();
+        if (tile + 2 < num_tiles) issue_tile(kv0 + 2 * kTile, stage);
+        cp_async_commit();
+      }
+      const uint32_t kv_addr = smem_address(kv_tile);
+
+      // S = Q K^T over this group's 32 positions.
+      float s[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) s[i] = 0.0f;
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kMlaKeyDim / 16; ++ks) {
+        const uint32_t step = (ks >> 2) * kBlockBytes + (ks & 3) * 32;
+        wgmma_m64n32k16_ss(s, make_smem_desc_sw128(q_addr + step, 16, 1024),
+                           make_smem_desc_sw128(kv_addr + warpgroup * 32 * 128 + step, 16, 1024), ks > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 16; ++i) keep_in_order(s[i]);
+
+      // Scores in log2 units; positions past the segment never count.
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int t = warpgroup * 32 + 8 * j + col + e;
+          const bool valid = kv0 + t < kv_end;
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            float& v = s[4 * j + 2 * i + e];
+            v = valid ? v * pos_scale[2 * j + e] * d.scale_log2 : kNoScore;
+          }
+        }
+      float tile_max[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx = kNoScore;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        tile_max[i] = mx;
+      }
+      if ((lane & 3) == 0) {
+        row_max[warpgroup * kHeads + r0] = tile_max[0];
+        row_max[warpgroup * kHeads + r1] = tile_max[1];
+      }
+      __syncthreads();  // both groups' maxima are in
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = i == 0 ? r0 : r1;
+        const float m_new = fmaxf(m[i], fmaxf(row_max[r], row_max[kHeads + r]));
+        const float correction = exp2f(m[i] - m_new);
+        m[i] = m_new;
+        l[i] *= correction;
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            o[n][4 * j + 2 * i] *= correction;
+            o[n][4 * j + 2 * i + 1] *= correction;
+          }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float p0 = exp2f(s[4 * j + 2 * i] - m_new);
+          const float p1 = exp2f(s[4 * j + 2 * i + 1] - m_new);
+          l[i] += p0 + p1;
+          // P[r][position]: chunk (group * 4 + j) of row r, bytes 4 (t % 4) of it.
+          const uint32_t at = r * 128 + ((((warpgroup * 4 + j) ^ (r & 7))) << 4) + 2 * col;
+          *reinterpret_cast<uint32_t*>(p_tile + at) = pack_bf16x2(p0 * pos_scale[2 * j], p1 * pos_scale[2 * j + 1]);
+        }
+      }
+      fence_proxy_async_shared();
+      __syncthreads();  // P is complete
+
+      // O[:, 256 g + 128 n + ...] += P V.
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int i = 0; i < 64; ++i) keep_in_order(o[n][i]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        const uint64_t desc_p = make_smem_desc_sw128(p_addr + kk * 32, 16, 1024);
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          const uint32_t v_addr = kv_addr + (warpgroup * 4 + 2 * n) * kBlockBytes + kk * 16 * 128;
+          wgmma_m64n128k16_ss_transb(o[n], desc_p, make_smem_desc_sw128(v_addr, kBlockBytes, 1024));
+        }
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int i = 0; i < 64; ++i) keep_in_order(o[n][i]);
+      if constexpr (!kFp8) {
+        __syncthreads();  // both groups are done with this stage: refill it
+        if (tile + 2 < num_tiles) issue_tile(kv0 + 2 * kTile, stage);
+        cp_async_commit();
+      }
+    }
+
+    // Row sums: over the quad, then over both groups (they share the maxima).
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+    if ((lane & 3) == 0) {
+      row_sum[warpgroup * kHeads + r0] = l[0];
+      row_sum[warpgroup * kHeads + r1] = l[1];
+    }
+    __syncthreads();
+    const bool split = d.row_segment_start[row + 1] - d.row_segment_start[row] > 1;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = i == 0 ? r0 : r1;
+      if (r >= heads_here) continue;
+      const float sum = row_sum[r] + row_sum[kHeads + r];
+      const float inv = 1.0f / sum;
+      const int head = head0 + r;
+      if (!split) {
+        __nv_bfloat16* dst = out + (int64_t{row} * d.num_heads + head) * kMlaLatentDim + warpgroup * 256;
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int j = 0; j < 16; ++j)
+            *reinterpret_cast<uint32_t*>(dst + 128 * n + 8 * j + col) =
+                pack_bf16x2(o[n][4 * j + 2 * i] * inv, o[n][4 * j + 2 * i + 1] * inv);
+      } else {
+        float* dst = d.workspace + (int64_t{seg} * d.num_heads + head) * kMlaLatentDim + warpgroup * 256;
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int j = 0; j < 16; ++j)
+            *reinterpret_cast<float2*>(dst + 128 * n + 8 * j + col) =
+                make_float2(o[n][4 * j + 2 * i] * inv, o[n][4 * j + 2 * i + 1] * inv);
+        if (warpgroup == 0 && (lane & 3) == 0) {
+          float* lse = d.workspace + int64_t{d.num_segments} * d.num_heads * kMlaLatentDim;
+          lse[int64_t{seg} * d.num_heads + head] = m[i] + log2f(sum);
+        }
+      }
+    }
+  }
+#endif
+}
+
+// ---- Narrow rows: at most 16 heads (DeepSeek-V2-Lite). A 64-head tile would be
+// three-quarters padding, and its tensor-core time would exceed the memory time
+// (a 64 x 64 x 576 S-GEMM and 64 x 512 x 64 P V per 64 positions, 4x the useful
+// work). Here the positions are the MMA rows instead:
+//   S^T = K Q^T   64 positions x 16 heads, 36 wgmma m64n16k16 (K the A operand,
+//                 Q the B operand, both K-major), 18 per warpgroup over half the K
+//                 dims each; the halves are swapped through shared memory and both
+//                 groups then hold all of S^T and run the same softmax;
+//   softmax       per head = per column: the column maxima go through the
+//                 warpgroup's 4 warps in shared memory; each thread's 4 heads are
+//                 the same 4 columns in S^T and in O^T, so the online rescaling
+//                 needs no shuffle;
+//   O^T += V^T P^T  warpgroup g owns dims [256 g, 256 g + 256) = 4 m-tiles of 64:
+//                 4 k-steps x 4 wgmma m64n16k16 with V^T read MN-major (transposed
+//                 A) from the same tile, and P^T (its own copy, [head][position],
+//                 K-major) as B.
+constexpr int kNarrowHeads = 16;
+[[maybe_unused]] constexpr int kNarrowQBlockBytes = kNarrowHeads * 128;  // one column block of Q
+[[maybe_unused]] constexpr int kNarrowQBytes = kColumnBlocks * kNarrowQBlockBytes;
+[[maybe_unused]] constexpr int kNarrowTilesAt = kNarrowQBytes;
+[[maybe_unused]] constexpr int kNarrowPAt = kNarrowTilesAt + 2 * kTileBytes;
+[[maybe_unused]] constexpr int kNarrowScalesAt = kNarrowPAt + 2 * kNarrowHeads * 128;
+[[maybe_unused]] constexpr int kNarrowMaxAt = kNarrowScalesAt + 2 * kTile * 4;
+[[maybe_unused]] constexpr int kNarrowSumAt = kNarrowMaxAt + 2 * 4 * kNarrowHeads * 4;
+[[maybe_unused]] constexpr int kNarrowPartialAt = kNarrowSumAt + 2 * 4 * kNarrowHeads * 4;  // S^T halves [2][128][8]
+constexpr int kNarrowSmemBytes = kNarrowPartialAt + 2 * 128 * 8 * 4 + 1024;
+static_assert(kNarrowQBytes % 1024 == 0 && kNarrowPAt % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
+
+[[maybe_unused]] __device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// d[8] (+)= A * B for m64n16k16; kTransA: A MN-major (transposed), else K-major; B K-major.
+template <int kTransA>
+__device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[8], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA));
+}
+
+template <bool kFp8>
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_decode_narrow_kernel(const MlaDecodeDescriptor d, const __nv_bfloat16* __restrict__ q,
+                             __nv_bfloat16* __restrict__ out) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();
+#else
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_addr = smem_address(smem_raw);
+  uint8_t* base = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
+  uint8_t* q_tile = base;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warpgroup = tid >> 7;
+  const int wg_warp = (tid >> 5) & 3;
+  uint8_t* p_tile = base + kNarrowPAt + warpgroup * kNarrowHeads * 128;  // this group's P^T
+  float* scales = reinterpret_cast<float*>(base + kNarrowScalesAt);     // fp8: [2 stages][64]
+  float* col_max = reinterpret_cast<float*>(base + kNarrowMaxAt) + warpgroup * 4 * kNarrowHeads;  // [warp][head]
+  float* col_sum = reinterpret_cast<float*>(base + kNarrowSumAt) + warpgroup * 4 * kNarrowHeads;
+  const int heads_here = min(kNarrowHeads, d.num_heads);
+  const int bs = d.block_size;
+  // This thread's accumulator rows (positions of S^T, dims of O^T within an
+  // m-tile) and its 4 heads: h(j, e) = 8 j + 2 (lane % 4) + e, index 2 j + e.
+  const int row0 = wg_warp * 16 + (lane >> 2);
+  const int col = 2 * (lane & 3);
+  const int load_pos = tid >> 2;
+  const int load_lane = tid & 3;
+
+  const int seg_begin = d.cta_segment_start[blockIdx.y];
+  const int seg_end = d.cta_segment_start[blockIdx.y + 1];
+  for (int seg = seg_begin; seg < seg_end; ++seg) {
+    const int row = d.segments[3 * seg];
+    const int kv_begin = d.segments[3 * seg + 1];
+    const int kv_end = d.segments[3 * seg + 2];
+    const int32_t* table = d.block_tables + d.block_table_start[row];
+    const int num_tiles = (kv_end - kv_begin + kTile - 1) / kTile;
+
+    __syncthreads();  // the previous segment is done with every buffer
+    {
+      // Q: 16 rows x 72 chunks, column blocks of 16 rows.
+      const __nv_bfloat16* q_row = q + int64_t{row} * d.num_heads * kMlaKeyDim;
+      for (int idx = tid; idx < kNarrowHeads * kKeyChunks; idx += kThreads) {
+        const int r = idx / kKeyChunks, c = idx % kKeyChunks;
+        const bool valid = r < heads_here;
+        cp_async_16(q_tile + (c >> 3) * kNarrowQBlockBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4),
+                    valid ? q_row + r * kMlaKeyDim + c * 8 : q, valid);
+      }
+    }
+    auto issue_tile = [&](int kv0, int stage) {
+      const int pos = kv0 + load_pos;
+      const bool valid = pos < kv_end;
+      const int64_t slot = valid ? int64_t{table[pos / bs]} * bs + pos % bs : 0;
+      if constexpr (!kFp8) {
+        uint8_t* dst = base + kNarrowTilesAt + stage * kTileBytes;
+        const uint8_t* src = static_cast<const uint8_t*>(d.latent) + slot * (kMlaKeyDim * 2);
+#pragma unroll
+        for (int k = 0; k < kKeyChunks / 4; ++k) {
+          const int c = load_lane + 4 * k;
+          cp_async_16(dst + tile_offset(load_pos, c), src + c * 16, valid);
+        }
+      } else {
+        uint8_t* dst = base + kNarrowTilesAt + kTileBytes + stage * kStagingBytes + load_pos * kMlaKeyDim;
+        const uint8_t* src = static_cast<const uint8_t*>(d.latent) + slot * kMlaKeyDim;
+#pragma unroll
+        for (int k = 0; k < kCodeChunks / 4; ++k) {
+          const int c = load_lane + 4 * k;
+          cp_async_16(dst + c * 16, src + c * 16, valid);
+        }
+        if (load_lane == 0) cp_async_ca<4>(scales + stage * kTile + load_pos, d.latent_scale + slot, valid);
+      }
+    };
+    issue_tile(kv_begin, 0);
+    cp_async_commit();
+    if (num_tiles > 1) issue_tile(kv_begin + kTile, 1);
+    cp_async_commit();
+
+    float o[4][8];
+#pragma unroll
+    for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[mi][i] = 0.0f;
+    float m[4] = {kNoScore, kNoScore, kNoScore, kNoScore};
+    float l[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const uint32_t q_addr = smem_address(q_tile);
+    const uint32_t p_addr = smem_address(p_tile);
+
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      const int kv0 = kv_begin + tile * kTile;
+      const int stage = tile & 1;
+      cp_async_wait<1>();
+      float pos_scale[2] = {1.0f, 1.0f};  // fp8: scales of the 2 rows
+      uint8_t* kv_tile;
+      if constexpr (!kFp8) {
+        fence_proxy_async_shared();
+        __syncthreads();
+        kv_tile = base + kNarrowTilesAt + stage * kTileBytes;
+      } else {
+        __syncthreads();
+        kv_tile = base + kNarrowTilesAt;
+        const uint8_t* staged = base + kNarrowTilesAt + kTileBytes + stage * kStagingBytes + load_pos * kMlaKeyDim;
+#pragma unroll
+        for (int k = 0; k < kCodeChunks / 4; ++k) {
+          const int c = load_lane + 4 * k;
+          const uint4 codes = *reinterpret_cast<const uint4*>(staged + c * 16);
+          uint4 lo, hi;
+          fp8x16_to_bf16(codes, lo, hi);
+          *reinterpret_cast<uint4*>(kv_tile + tile_offset(load_pos, 2 * c)) = lo;
+          *reinterpret_cast<uint4*>(kv_tile + tile_offset(load_pos, 2 * c + 1)) = hi;
+        }
+        fence_proxy_async_shared();
+        __syncthreads();
+        // The scales leave the staging area (every thread's, hence the barrier)
+        // before tile + 2's copies overwrite it.
+        pos_scale[0] = scales[stage * kTile + row0];
+        pos_scale[1] = scales[stage * kTile + row0 + 8];
+        __syncthreads();
+        if (tile + 2 < num_tiles) issue_tile(kv0 + 2 * kTile, stage);
+        cp_async_commit();
+      }
+      const uint32_t kv_addr = smem_address(kv_tile);
+
+      // S^T = K Q^T: 64 positions x 16 heads; group g sums over the K dims
+      // [288 g, 288 g + 288), then the groups add each other's half (the same
+      // thread of the other group holds the same elements).
+      float s[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s[i] = 0.0f;
+      wgmma_fence();
+#pragma unroll
+      for (int step = 0; step < kMlaKeyDim / 32; ++step) {
+        const int ks = warpgroup * (kMlaKeyDim / 32) + step;
+        wgmma_m64n16k16_ss<0>(s, make_smem_desc_sw128(kv_addr + (ks >> 2) * kBlockBytes + (ks & 3) * 32, 16, 1024),
+                              make_smem_desc_sw128(q_addr + (ks >> 2) * kNarrowQBlockBytes + (ks & 3) * 32, 16, 1024),
+                              step > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 8; ++i) keep_in_order(s[i]);
+      {
+        float4* mine = reinterpret_cast<float4*>(base + kNarrowPartialAt) + 2 * tid;
+        const float4* other = reinterpret_cast<const float4*>(base + kNarrowPartialAt) + 2 * (tid ^ 128);
+        mine[0] = make_float4(s[0], s[1], s[2], s[3]);
+        mine[1] = make_float4(s[4], s[5], s[6], s[7]);
+        __syncthreads();
+        const float4 a = other[0], b = other[1];
+        s[0] += a.x; s[1] += a.y; s[2] += a.z; s[3] += a.w;
+        s[4] += b.x; s[5] += b.y; s[6] += b.z; s[7] += b.w;
+      }
+
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int t = row0 + 8 * i;
+        const bool valid = kv0 + t < kv_end;
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& v = s[4 * j + 2 * i + e];
+            v = valid ? v * pos_scale[i] * d.scale_log2 : kNoScore;
+          }
+      }
+      // Column maxima: this warp's 16 positions, then the group's 4 warps.
+      float mx[4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float v = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
+          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+          mx[2 * j + e] = v;
+        }
+      if (lane < 4) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) col_max[wg_warp * kNarrowHeads + 8 * j + col + e] = mx[2 * j + e];
+      }
+      named_barrier(1 + warpgroup, 128);
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int h = 8 * j + col + e;
+          const float tile_max = fmaxf(fmaxf(col_max[h], col_max[kNarrowHeads + h]),
+                                       fmaxf(col_max[2 * kNarrowHeads + h], col_max[3 * kNarrowHeads + h]));
+          const int k = 2 * j + e;
+          const float m_new = fmaxf(m[k], tile_max);
+          const float correction = exp2f(m[k] - m_new);
+          m[k] = m_new;
+          l[k] *= correction;
+#pragma unroll
+          for (int mi = 0; mi < 4; ++mi) {
+            o[mi][4 * j + e] *= correction;
+            o[mi][4 * j + 2 + e] *= correction;
+          }
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const float p = exp2f(s[4 * j + 2 * i + e] - m_new);
+            l[k] += p;
+            const int t = row0 + 8 * i;
+            // P^T[h][t]: row h of 128 B, 16-byte chunk t / 8 swizzled, bf16 t % 8.
+            *reinterpret_cast<__nv_bfloat16*>(p_tile + h * 128 + (((t >> 3) ^ (h & 7)) << 4) + (t & 7) * 2) =
+                __float2bfloat16(p * pos_scale[i]);
+          }
+        }
+      fence_proxy_async_shared();
+      named_barrier(1 + warpgroup, 128);  // this group's P^T is complete (and its maxima read)
+
+      // O^T[dims of m-tile mi] += V^T P^T.
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) keep_in_order(o[mi][i]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        const uint64_t desc_p = make_smem_desc_sw128(p_addr + kk * 32, 16, 1024);
+#pragma unroll
+        for (int mi = 0; mi < 4; ++mi) {
+          const uint32_t v_addr = kv_addr + (warpgroup * 4 + mi) * kBlockBytes + kk * 16 * 128;
+          wgmma_m64n16k16_ss<1>(o[mi], make_smem_desc_sw128(v_addr, kBlockBytes, 1024), desc_p, 1);
+        }
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) keep_in_order(o[mi][i]);
+      if constexpr (!kFp8) {
+        __syncthreads();
+        if (tile + 2 < num_tiles) issue_tile(kv0 + 2 * kTile, stage);
+        cp_async_commit();
+      }
+    }
+
+    // Column sums over the group (each group has them all: it computed every position).
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      l[k] += __shfl_xor_sync(0xffffffffu, l[k], 4);
+      l[k] += __shfl_xor_sync(0xffffffffu, l[k], 8);
+      l[k] += __shfl_xor_sync(0xffffffffu, l[k], 16);
+    }
+    if (lane < 4) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) col_sum[wg_warp * kNarrowHeads + 8 * j + col + e] = l[2 * j + e];
+    }
+    named_barrier(1 + warpgroup, 128);
+    const bool split = d.row_segment_start[row + 1] - d.row_segment_start[row] > 1;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int h = 8 * j + col + e;
+        if (h >= heads_here) continue;
+        const float sum = col_sum[h] + col_sum[kNarrowHeads + h] + col_sum[2 * kNarrowHeads + h] +
+                          col_sum[3 * kNarrowHeads + h];
+        const float inv = 1.0f / sum;
+        const int64_t at = (split ? int64_t{seg} : int64_t{row}) * d.num_heads + h;
+#pragma unroll
+        for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int dim = warpgroup * 256 + mi * 64 + row0 + 8 * i;
+            const float v = o[mi][4 * j + 2 * i + e] * inv;
+            if (!split) out[at * kMlaLatentDim + dim] = __float2bfloat16(v);
+            else d.workspace[at * kMlaLatentDim + dim] = v;
+          }
+        if (split && warpgroup == 0 && lane < 4 && wg_warp == 0) {
+          float* lse = d.workspace + int64_t{d.num_segments} * d.num_heads * kMlaLatentDim;
+          lse[at] = m[2 * j + e] + log2f(sum);
+        }
+      }
+  }
+#endif
+}
+
+// Combines the segments of split rows: one CTA per (row, head), 128 threads x 4 dims.
+__global__ void __launch_bounds__(128) mla_decode_merge_kernel(const MlaDecodeDescriptor d,
+                                                               __nv_bfloat16* __restrict__ out) {
+  const int row = blockIdx.x;
+  const int head = blockIdx.y;
+  const int first = d.row_segment_start[row];
+  const int count = d.row_segment_start[row + 1] - first;
+  if (count <= 1) return;
+  const float* partial = d.workspace;
+  const float* lse = d.workspace + int64_t{d.num_segments} * d.num_heads * kMlaLatentDim;
+  float max_lse = kNoScore;
+  for (int s = 0; s < count; ++s) max_lse = fmaxf(max_lse, lse[int64_t{first + s} * d.num_heads + head]);
+  float sum = 0.0f;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int s = 0; s < count; ++s) {
+    const int64_t at = int64_t{first + s} * d.num_heads + head;
+    const float w = exp2f(lse[at] - max_lse);
+    sum += w;
+    const float4 v = reinterpret_cast<const float4*>(partial + at * kMlaLatentDim)[threadIdx.x];
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
+  }
+  const float inv = 1.0f / sum;
+  uint2 packed;
+  packed.x = pack_bf16x2(acc.x * inv, acc.y * inv);
+  packed.y = pack_bf16x2(acc.z * inv, acc.w * inv);
+  reinterpret_cast<uint2*>(out + (int64_t{row} * d.num_heads + head) * kMlaLatentDim)[threadIdx.x] = packed;
+}
+
+template <bool kFp8>
+cudaError_t prepare_one() {
+  static const cudaError_t prepared = [] {
+    const cudaError_t e =
+        cudaFuncSetAttribute(mla_decode_kernel<kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (e != cudaSuccess) return e;
+    return cudaFuncSetAttribute(mla_decode_narrow_kernel<kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                kNarrowSmemBytes);
+  }();
+  return prepared;
+}
+
+}  // namespace
+
+cudaError_t prepare_mla_decode_kernels() {
+  const cudaError_t e = prepare_one<false>();
+  return e != cudaSuccess ? e : prepare_one<true>();
+}
+
+cudaError_t launch_mla_decode(const MlaDecodeDescriptor& d, const void* q, void* out, cudaStream_t stream) {
+  const bool fp8 = d.latent_element == KvElement::kFP8E4M3;
+  if (!fp8 && d.latent_element != KvElement::kBF16) return cudaErrorInvalidValue;
+  if (fp8 && d.latent_scale == nullptr) return cudaErrorInvalidValue;
+  if (d.max_splits > 1 && d.workspace == nullptr) return cudaErrorInvalidValue;
+  const cudaError_t prepared = fp8 ? prepare_one<true>() : prepare_one<false>();
+  if (prepared != cudaSuccess) return prepared;
+  if (d.num_ctas == 0) return cudaSuccess;
+  const dim3 grid((d.num_heads + kHeads - 1) / kHeads, d.num_ctas);
+  const auto* qb = static_cast<const __nv_bfloat16*>(q);
+  auto* ob = static_cast<__nv_bfloat16*>(out);
+  if (d.num_heads <= kNarrowHeads) {
+    if (fp8) mla_decode_narrow_kernel<true><<<grid, kThreads, kNarrowSmemBytes, stream>>>(d, qb, ob);
+    else mla_decode_narrow_kernel<false><<<grid, kThreads, kNarrowSmemBytes, stream>>>(d, qb, ob);
+  } else if (fp8) {
+    mla_decode_kernel<true><<<grid, kThreads, kSmemBytes, stream>>>(d, qb, ob);
+  } else {
+    mla_decode_kernel<false><<<grid, kThreads, kSmemBytes, stream>>>(d, qb, ob);
+  }
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || d.max_splits <= 1) return err;
+  mla_decode_merge_kernel<<<dim3(d.num_rows, d.num_heads), 128, 0, stream>>>(d, ob);
+  return cudaGetLastError();
+}
+
+}  // namespace pagoda::kernels::cuda

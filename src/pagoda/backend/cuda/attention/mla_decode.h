@@ -1,0 +1,98 @@
+#pragma once
+// Paged MLA (multi-head latent attention) decode on Hopper, in the absorbed
+// form (docs/MLA.md): every query row attends over the cached latent vectors
+// of its sequence as MQA with K = the whole 576-value vector (kv_lora_rank 512
+// + the 64 roped values) and V = its first 512 values.
+//
+//   q   [num_rows, num_heads, 576] bf16: per head q_nope already multiplied by
+//       W_UK (512 values), then the roped q_pe (64).
+//   out [num_rows, num_heads, 512] bf16: softmax(q . K * scale) V over the row's
+//       cache positions [0, context_len).
+//   latent pool: CudaKvPool's K sub-pool of a KvPoolShape with latent = true:
+//       codes [num_blocks, block_size, 1, 576] in bf16 or fp8 e4m3, and for fp8
+//       one f32 scale record per vector at slot b * block_size + s
+//       (runtime/kv_quant.h with num_kv_heads 1 and kv_scale_groups(576, fp8) = 1).
+//
+// Rows, not sequences: decode plans one row per sequence; a prefill can use it
+// as a slow fallback with one row per prompt token (context_len = position + 1),
+// rows of a sequence sharing one block table.
+//
+// Plan, then run, as PagedAttentionPlan (attention_plan.h): create() validates
+// and splits the rows' KV ranges into segments spread evenly over the GPU's
+// SMs (a CTA may run several segments in turn; a row split over several is
+// merged by a second pass); the caller copies arena() to the device, reserves
+// workspace_bytes() of scratch and launches with descriptor(). Launches only
+// enqueue work (no allocation, no synchronization): graph-capturable for a
+// fixed plan.
+//
+// Thread safety: a plan is an immutable value after create(); launches are
+// stream-ordered.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "pagoda/backend/cuda/attention/attention_descriptor.h"
+#include "pagoda/backend/cuda/attention/attention_plan.h"
+#include "pagoda/backend/cuda/attention/mla_decode_descriptor.h"
+#include "pagoda/core/status.h"
+
+namespace pagoda::kernels::cuda {
+
+struct MlaDecodeConfig {
+  int32_t num_heads = 0;   // query heads, 1..1024 (tiles of 64 heads share each latent read)
+  int32_t block_size = 0;  // tokens per cache block, >= 1 (any, not only powers of two)
+  int32_t num_blocks = 0;  // blocks in the pool: every block id must be below it
+  float scale = 0.0f;      // softmax scale (> 0, finite), yarn's mscale included by the caller
+  KvElement latent_element = KvElement::kBF16;  // kBF16 or kFP8E4M3
+};
+
+// One query row.
+struct MlaDecodeRow {
+  int32_t context_len = 0;               // >= 1: attends to cache positions [0, context_len)
+  std::span<const int32_t> block_table;  // at least ceil(context_len / block_size) ids
+};
+
+struct MlaDecodeOptions {
+  // KV positions per segment, one segment per CTA (rounded up to a multiple of
+  // 64). 0: automatic, the rows' tiles balanced over one wave of the GPU.
+  // Tests set it small to exercise the merge.
+  int32_t split_tokens = 0;
+};
+
+class MlaDecodePlan {
+ public:
+  // Errors (invalid_argument / unimplemented) name the field and value:
+  // num_heads, block_size, num_blocks, scale, latent_element, a row's
+  // context_len (0 is refused), a block table too short or holding an id
+  // outside [0, num_blocks). Zero rows give an empty plan (launch does nothing).
+  static StatusOr<MlaDecodePlan> create(const MlaDecodeConfig& config, std::span<const MlaDecodeRow> rows,
+                                        const AttentionDeviceInfo& device = {},
+                                        const MlaDecodeOptions& options = {});
+
+  int32_t num_rows() const { return num_rows_; }
+  int32_t num_segments() const { return num_segments_; }
+  int32_t num_ctas() const { return num_ctas_; }
+  int32_t max_splits() const { return max_splits_; }
+  // The int32 arena to copy to the device (4-byte aligned destination).
+  std::span<const int32_t> arena() const { return arena_; }
+  size_t arena_bytes() const { return arena_.size() * sizeof(int32_t); }
+  // Split-K scratch the launch needs (0 when no row is split).
+  size_t workspace_bytes() const { return workspace_bytes_; }
+
+  // device_arena: the device copy of arena(); latent / latent_scale: the
+  // layer's K codes and (fp8) scale records; workspace: workspace_bytes().
+  MlaDecodeDescriptor descriptor(const int32_t* device_arena, const void* latent, const void* latent_scale,
+                                 float* workspace) const;
+
+ private:
+  MlaDecodePlan() = default;
+  MlaDecodeConfig config_;
+  int32_t num_rows_ = 0, num_segments_ = 0, num_ctas_ = 0, max_splits_ = 1;
+  size_t workspace_bytes_ = 0;
+  std::vector<int32_t> arena_;
+  size_t row_segment_start_at_ = 0, cta_segment_start_at_ = 0, block_table_start_at_ = 0, block_tables_at_ = 0;
+};
+
+}  // namespace pagoda::kernels::cuda

@@ -1,0 +1,54 @@
+#pragma once
+// The device-side contract of the paged MLA decode (mla_decode.h has the
+// whole story and the planner): the descriptor the kernels read and the
+// launches. C++17 (included from .cu files).
+//
+// Thread safety: launches are stream-ordered; the descriptor is a plain value.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "pagoda/backend/cuda/attention/attention_descriptor.h"
+
+namespace pagoda::kernels::cuda {
+
+inline constexpr int32_t kMlaLatentDim = 512;  // kv_lora_rank: V dim and the first K values
+inline constexpr int32_t kMlaRopeDim = 64;     // qk_rope_head_dim
+inline constexpr int32_t kMlaKeyDim = kMlaLatentDim + kMlaRopeDim;
+
+// What the kernels read (device pointers; plain value, passed by value).
+struct MlaDecodeDescriptor {
+  int32_t num_rows = 0;
+  int32_t num_heads = 0;
+  int32_t block_size = 0;
+  int32_t num_ctas = 0;       // CTAs per head tile
+  int32_t num_segments = 0;
+  int32_t max_splits = 1;     // most segments of one row: > 1 runs the merge pass
+  float scale_log2 = 0.0f;    // scale * log2(e)
+  KvElement latent_element = KvElement::kBF16;
+  // Arena views: segments [num_segments][3] = (row, kv_begin, kv_end);
+  // row_segment_start [num_rows + 1]; cta_segment_start [num_ctas + 1];
+  // block_table_start [num_rows]; block_tables.
+  const int32_t* segments = nullptr;
+  const int32_t* row_segment_start = nullptr;
+  const int32_t* cta_segment_start = nullptr;
+  const int32_t* block_table_start = nullptr;
+  const int32_t* block_tables = nullptr;
+  const void* latent = nullptr;        // codes
+  const float* latent_scale = nullptr;  // fp8: scale records; null for bf16
+  // Split rows: partial outputs [num_segments, num_heads, 512] f32 (normalized),
+  // then log2-sum-exp [num_segments, num_heads].
+  float* workspace = nullptr;
+};
+
+// Raises the kernels' shared-memory limits (once; launches also do it on first
+// use). Call before capturing a launch in a graph.
+cudaError_t prepare_mla_decode_kernels();
+
+// Enqueues the decode (and the merge pass when some row is split) on `stream`.
+// q [num_rows, num_heads, 576] bf16, out [num_rows, num_heads, 512] bf16 (not
+// aliasing q or the pool). Returns the launch error.
+cudaError_t launch_mla_decode(const MlaDecodeDescriptor& desc, const void* q, void* out, cudaStream_t stream);
+
+}  // namespace pagoda::kernels::cuda

@@ -1,0 +1,179 @@
+// MlaDecodePlan: validation, the segment schedule and the arena (mla_decode.h).
+//
+// Schedule. The kernel's unit of KV is a tile of 64 positions; a CTA runs a
+// list of segments (row, [kv_begin, kv_end)) one after the other, each costing
+// its tiles plus about one tile of overhead (loading the row's query, the
+// epilogue). The automatic plan spreads the rows' tiles evenly over one wave
+// (num_sms / head_tiles CTAs per head tile, one CTA per SM: the kernel holds
+// ~226 KB of shared memory), cutting rows at tile boundaries where a CTA's
+// share ends, so a batch of few long rows and one of many short rows both
+// fill the GPU without a second, mostly idle wave.
+
+#include <algorithm>
+#include <cmath>
+
+#include "pagoda/backend/cuda/attention/mla_decode.h"
+
+namespace pagoda::kernels::cuda {
+namespace {
+
+constexpr int32_t kTile = 64;          // positions per kernel tile
+constexpr int32_t kHeadTile = 64;      // heads per CTA
+constexpr int64_t kSegmentOverhead = 1;  // tiles' worth of time a segment costs beyond its tiles
+constexpr int64_t kMinSegmentTiles = 2;  // a CTA's leftover share smaller than this goes to the next CTA
+
+}  // namespace
+
+StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std::span<const MlaDecodeRow> rows,
+                                              const AttentionDeviceInfo& device, const MlaDecodeOptions& options) {
+  if (config.num_heads < 1 || config.num_heads > 1024)
+    return invalid_argument_error("mla decode: num_heads {} must be in [1, 1024]", config.num_heads);
+  if (config.block_size < 1) return invalid_argument_error("mla decode: block_size {} must be >= 1", config.block_size);
+  if (config.num_blocks < 1)
+    return invalid_argument_error("mla decode: num_blocks {} must be positive", config.num_blocks);
+  if (!(config.scale > 0.0f) || !std::isfinite(config.scale))
+    return invalid_argument_error("mla decode: scale {} must be positive and finite", config.scale);
+  if (config.latent_element != KvElement::kBF16 && config.latent_element != KvElement::kFP8E4M3)
+    return unimplemented_error("mla decode: latent_element {} (supported: bf16, fp8 e4m3)",
+                               static_cast<int>(config.latent_element));
+  if (options.split_tokens < 0)
+    return invalid_argument_error("mla decode: split_tokens {} must be >= 0", options.split_tokens);
+  if (device.num_sms < 1) return invalid_argument_error("mla decode: num_sms {} must be positive", device.num_sms);
+  if (rows.size() > size_t{1} << 24)
+    return invalid_argument_error("mla decode: {} rows (at most 16M)", rows.size());
+
+  int64_t total_cost = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const MlaDecodeRow& r = rows[i];
+    if (r.context_len < 1)
+      return invalid_argument_error("mla decode: rows[{}].context_len {} must be >= 1", i, r.context_len);
+    const int64_t needed = (int64_t{r.context_len} + config.block_size - 1) / config.block_size;
+    if (int64_t(r.block_table.size()) < needed)
+      return invalid_argument_error("mla decode: rows[{}].block_table has {} ids, context_len {} needs {}", i,
+                                    r.block_table.size(), r.context_len, needed);
+    for (int64_t b = 0; b < needed; ++b) {
+      const int32_t id = r.block_table[size_t(b)];
+      if (id < 0 || id >= config.num_blocks)
+        return invalid_argument_error("mla decode: rows[{}].block_table[{}] = {} outside [0, {})", i, b, id,
+                                      config.num_blocks);
+    }
+    total_cost += (r.context_len + kTile - 1) / kTile + kSegmentOverhead;
+  }
+
+  MlaDecodePlan plan;
+  plan.config_ = config;
+  plan.num_rows_ = int32_t(rows.size());
+  const int32_t head_tiles = (config.num_heads + kHeadTile - 1) / kHeadTile;
+
+  // Segments (row, begin, end), rows in order, and where each CTA's list starts.
+  std::vector<int32_t> segments, row_start, cta_start;
+  row_start.reserve(rows.size() + 1);
+  cta_start.push_back(0);
+  if (options.split_tokens > 0) {
+    const int64_t split = (int64_t{options.split_tokens} + kTile - 1) / kTile * kTile;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      row_start.push_back(int32_t(segments.size() / 3));
+      for (int64_t b = 0; b < rows[i].context_len; b += split) {
+        segments.insert(segments.end(),
+                        {int32_t(i), int32_t(b), int32_t(std::min<int64_t>(b + split, rows[i].context_len))});
+        cta_start.push_back(int32_t(segments.size() / 3));
+      }
+    }
+  } else if (!rows.empty()) {
+    // Greedy fill with a per-CTA budget of tiles; a budget that spills past one
+    // wave (the overheads of cut rows add up) is raised until it fits.
+    const int64_t ctas = std::max<int64_t>(1, device.num_sms / head_tiles);
+    int64_t budget = std::max<int64_t>(kMinSegmentTiles + kSegmentOverhead, (total_cost + ctas - 1) / ctas);
+    for (;;) {
+      segments.clear();
+      row_start.clear();
+      cta_start.assign(1, 0);
+      int64_t left = budget;  // of the current CTA
+      auto next_cta = [&] {
+        if (int32_t(segments.size() / 3) != cta_start.back()) cta_start.push_back(int32_t(segments.size() / 3));
+        left = budget;
+      };
+      for (size_t i = 0; i < rows.size(); ++i) {
+        row_start.push_back(int32_t(segments.size() / 3));
+        const int64_t tiles = (rows[i].context_len + kTile - 1) / kTile;
+        int64_t done = 0;
+        while (done < tiles) {
+          const int64_t take = std::min(tiles - done, left - kSegmentOverhead);
+          // A share too small to be worth a segment of its own goes to the next
+          // CTA, unless it finishes the row.
+          if (take < std::min(kMinSegmentTiles, tiles - done)) {
+            next_cta();
+            continue;
+          }
+          segments.insert(segments.end(), {int32_t(i), int32_t(done * kTile),
+                                           int32_t(std::min<int64_t>((done + take) * kTile, rows[i].context_len))});
+          done += take;
+          left -= take + kSegmentOverhead;
+          if (left < kMinSegmentTiles + kSegmentOverhead) next_cta();
+        }
+      }
+      if (int32_t(segments.size() / 3) != cta_start.back()) cta_start.push_back(int32_t(segments.size() / 3));
+      if (int64_t(cta_start.size()) - 1 <= ctas) break;
+      budget += std::max<int64_t>(1, budget / 64);
+    }
+  }
+  row_start.push_back(int32_t(segments.size() / 3));
+
+  plan.num_segments_ = int32_t(segments.size() / 3);
+  plan.num_ctas_ = int32_t(cta_start.size()) - 1;
+  for (size_t i = 0; i + 1 < row_start.size(); ++i)
+    plan.max_splits_ = std::max(plan.max_splits_, row_start[i + 1] - row_start[i]);
+  if (plan.max_splits_ > 1)
+    plan.workspace_bytes_ = size_t(plan.num_segments_) * size_t(config.num_heads) * (kMlaLatentDim + 1) * sizeof(float);
+
+  // Arena: segments | row starts | CTA starts | block table starts | block tables.
+  // Rows that share a block table (a prefill's rows of one sequence) share its copy.
+  auto& a = plan.arena_;
+  a = std::move(segments);
+  plan.row_segment_start_at_ = a.size();
+  a.insert(a.end(), row_start.begin(), row_start.end());
+  plan.cta_segment_start_at_ = a.size();
+  a.insert(a.end(), cta_start.begin(), cta_start.end());
+  plan.block_table_start_at_ = a.size();
+  a.resize(a.size() + rows.size());
+  plan.block_tables_at_ = a.size();
+  auto needed = [&](size_t i) {
+    return (size_t(rows[i].context_len) + size_t(config.block_size) - 1) / size_t(config.block_size);
+  };
+  for (size_t i = 0; i < rows.size();) {
+    // Consecutive rows on the same table (by address) share one copy of its longest used prefix.
+    size_t end = i + 1, longest = i;
+    for (; end < rows.size() && rows[end].block_table.data() == rows[i].block_table.data(); ++end)
+      if (needed(end) > needed(longest)) longest = end;
+    const int32_t start = int32_t(a.size() - plan.block_tables_at_);
+    const auto& src = rows[longest].block_table;
+    a.insert(a.end(), src.begin(), src.begin() + ptrdiff_t(needed(longest)));
+    for (; i < end; ++i) a[plan.block_table_start_at_ + i] = start;
+  }
+  if (a.size() > size_t{1} << 31) return invalid_argument_error("mla decode: plan arena of {} entries too large", a.size());
+  return plan;
+}
+
+MlaDecodeDescriptor MlaDecodePlan::descriptor(const int32_t* device_arena, const void* latent,
+                                              const void* latent_scale, float* workspace) const {
+  MlaDecodeDescriptor d;
+  d.num_rows = num_rows_;
+  d.num_heads = config_.num_heads;
+  d.block_size = config_.block_size;
+  d.num_ctas = num_ctas_;
+  d.num_segments = num_segments_;
+  d.max_splits = max_splits_;
+  d.scale_log2 = config_.scale * 1.4426950408889634f;
+  d.latent_element = config_.latent_element;
+  d.segments = device_arena;
+  d.row_segment_start = device_arena + row_segment_start_at_;
+  d.cta_segment_start = device_arena + cta_segment_start_at_;
+  d.block_table_start = device_arena + block_table_start_at_;
+  d.block_tables = device_arena + block_tables_at_;
+  d.latent = latent;
+  d.latent_scale = static_cast<const float*>(latent_scale);
+  d.workspace = workspace;
+  return d;
+}
+
+}  // namespace pagoda::kernels::cuda

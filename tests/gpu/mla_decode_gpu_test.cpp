@@ -1,0 +1,305 @@
+// The paged MLA decode kernel (backend/cuda/attention/mla_decode.h) against
+// float64 absorbed attention over the pool's values (bf16, or the fp8 codes
+// dequantized as runtime/kv_quant.h says): heads 16 and 128 (and partial head
+// tiles), block sizes 1 / 16 / 64, ragged context lengths from 1 to several
+// thousand, scattered block tables, rows sharing blocks (prefill-style rows of
+// one sequence, a forked prefix), the automatic schedule (one segment or
+// several per CTA, rows cut across CTAs) and fixed small splits (the merge).
+// Outputs are poisoned with NaN first. Label gpu; skips without a GPU.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention_test_support.h"
+#include "kv_quant_reference.h"
+#include "pagoda/backend/cuda/attention/cuda_status.h"
+#include "pagoda/backend/cuda/attention/mla_decode.h"
+#include "pagoda/core/dtype.h"
+
+namespace pagoda::kernels::cuda {
+namespace {
+
+using testing::DeviceBuffer;
+
+// bf16 operands (q, the pool, P) and a bf16 output: ~3e-3 typical.
+constexpr double kMaxRelativeError = 1e-2;
+
+struct Row {
+  int32_t sequence;
+  int32_t context_len;
+};
+
+struct MlaCase {
+  std::string name;
+  int32_t heads = 16;
+  int32_t block_size = 16;
+  KvElement element = KvElement::kBF16;
+  std::vector<int32_t> sequence_lengths;
+  std::vector<Row> rows;  // empty: one row per sequence over its whole length
+  MlaDecodeOptions options;
+  int32_t num_sms = 0;  // 0: the device's
+  int32_t shared_prefix_blocks = 0;  // sequence 1 starts with sequence 0's first blocks (a fork)
+  uint32_t seed = 1;
+};
+
+struct MlaBatch {
+  MlaDecodeConfig config;
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<Row> rows;
+  std::vector<uint8_t> codes;      // bf16 or fp8 codes, [num_blocks, block_size, 576]
+  std::vector<uint32_t> records;   // fp8 scales (f32 bits), one a slot
+  std::vector<float> values;       // what the codes mean, [num_blocks * block_size, 576]
+  std::vector<uint16_t> q;         // [rows, heads, 576] bf16
+};
+
+MlaCase make_case(std::string name, int32_t heads, int32_t block_size, KvElement element,
+                  std::vector<int32_t> lengths, uint32_t seed) {
+  MlaCase c;
+  c.name = std::move(name);
+  c.heads = heads;
+  c.block_size = block_size;
+  c.element = element;
+  c.sequence_lengths = std::move(lengths);
+  c.seed = seed;
+  return c;
+}
+MlaCase with_options(MlaCase c, int32_t split_tokens, int32_t num_sms) {
+  c.options.split_tokens = split_tokens;
+  c.num_sms = num_sms;
+  return c;
+}
+
+MlaBatch make_batch(const MlaCase& c) {
+  std::mt19937 rng(c.seed);
+  MlaBatch b;
+  int32_t blocks_needed = 0;
+  for (int32_t len : c.sequence_lengths) blocks_needed += (len + c.block_size - 1) / c.block_size;
+  const int32_t num_blocks = blocks_needed + blocks_needed / 3 + 2;
+  b.config = MlaDecodeConfig{c.heads, c.block_size, num_blocks, 1.0f / std::sqrt(192.0f), c.element};
+  std::vector<int32_t> ids(num_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  size_t next = 0;
+  for (size_t s = 0; s < c.sequence_lengths.size(); ++s) {
+    const int32_t n = (c.sequence_lengths[s] + c.block_size - 1) / c.block_size;
+    std::vector<int32_t> table(ids.begin() + ptrdiff_t(next), ids.begin() + ptrdiff_t(next + n));
+    next += size_t(n);
+    if (s == 1 && c.shared_prefix_blocks > 0)
+      for (int32_t i = 0; i < std::min<int32_t>(c.shared_prefix_blocks, n); ++i) table[i] = b.tables[0][i];
+    b.tables.push_back(std::move(table));
+  }
+  b.rows = c.rows;
+  if (b.rows.empty())
+    for (size_t s = 0; s < c.sequence_lengths.size(); ++s) b.rows.push_back({int32_t(s), c.sequence_lengths[s]});
+
+  // Latent values of mixed magnitude (some tokens larger) so softmax is peaked; never zeros.
+  const size_t slots = size_t(num_blocks) * c.block_size;
+  std::vector<float> x(slots * kMlaKeyDim);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f), gain(0.5f, 2.0f);
+  for (size_t v = 0; v < slots; ++v) {
+    const float g = gain(rng);
+    for (int32_t i = 0; i < kMlaKeyDim; ++i) x[v * kMlaKeyDim + i] = g * unit(rng);
+  }
+  if (c.element == KvElement::kBF16) {
+    b.codes.resize(x.size() * 2);
+    b.values.resize(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const uint16_t h = f32_to_bf16(x[i]);
+      std::memcpy(&b.codes[2 * i], &h, 2);
+      b.values[i] = bf16_to_f32(h);
+    }
+  } else {
+    auto pool = kernels::testing::quantize_pool(x, kMlaKeyDim, KvQuant::kFP8E4M3, c.block_size, 1);
+    b.codes = std::move(pool.codes);
+    b.records = std::move(pool.records);
+    b.values = std::move(pool.values);
+  }
+  b.q.resize(b.rows.size() * size_t(c.heads) * kMlaKeyDim);
+  for (auto& e : b.q) e = f32_to_bf16(unit(rng));
+  return b;
+}
+
+// float64 softmax(q . K * scale) V per (row, head) over the pool's values.
+std::vector<double> reference(const MlaBatch& b) {
+  const auto& c = b.config;
+  std::vector<double> out(b.rows.size() * size_t(c.num_heads) * kMlaLatentDim, 0.0);
+  std::vector<double> scores, qd(kMlaKeyDim);
+  for (size_t r = 0; r < b.rows.size(); ++r) {
+    const auto& table = b.tables[size_t(b.rows[r].sequence)];
+    const int32_t len = b.rows[r].context_len;
+    auto at = [&](int32_t p) {
+      return (size_t(table[size_t(p / c.block_size)]) * c.block_size + size_t(p % c.block_size)) * kMlaKeyDim;
+    };
+    for (int32_t h = 0; h < c.num_heads; ++h) {
+      const uint16_t* qv = &b.q[(r * size_t(c.num_heads) + size_t(h)) * kMlaKeyDim];
+      for (int32_t i = 0; i < kMlaKeyDim; ++i) qd[size_t(i)] = bf16_to_f32(qv[i]);
+      scores.assign(size_t(len), 0.0);
+      double mx = -1e300;
+      for (int32_t p = 0; p < len; ++p) {
+        const float* k = &b.values[at(p)];
+        double dot = 0;
+        for (int32_t i = 0; i < kMlaKeyDim; ++i) dot += qd[size_t(i)] * k[i];
+        scores[size_t(p)] = dot * c.scale;
+        mx = std::max(mx, scores[size_t(p)]);
+      }
+      double sum = 0;
+      for (auto& s : scores) sum += (s = std::exp(s - mx));
+      double* o = &out[(r * size_t(c.num_heads) + size_t(h)) * kMlaLatentDim];
+      for (int32_t p = 0; p < len; ++p) {
+        const float* v = &b.values[at(p)];
+        const double w = scores[size_t(p)] / sum;
+        for (int32_t i = 0; i < kMlaLatentDim; ++i) o[i] += w * v[i];
+      }
+    }
+  }
+  return out;
+}
+
+StatusOr<std::vector<uint16_t>> run(const MlaBatch& b, const MlaCase& c, MlaDecodePlan* plan_out = nullptr) {
+  cudaDeviceProp prop{};
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
+  std::vector<MlaDecodeRow> rows;
+  for (const auto& r : b.rows) rows.push_back({r.context_len, b.tables[size_t(r.sequence)]});
+  const AttentionDeviceInfo device{c.num_sms > 0 ? c.num_sms : prop.multiProcessorCount};
+  PAGODA_ASSIGN_OR_RETURN(auto plan, MlaDecodePlan::create(b.config, rows, device, c.options));
+  const size_t out_elements = b.rows.size() * size_t(b.config.num_heads) * kMlaLatentDim;
+  DeviceBuffer codes(b.codes.size()), records(b.records.size() * 4), q(b.q.size() * 2), out(out_elements * 2),
+      arena(plan.arena_bytes()), workspace(plan.workspace_bytes());
+  for (auto* buf : {&codes, &records, &q, &out, &arena, &workspace})
+    if (!buf->ok()) return resource_exhausted_error("cudaMalloc of {} bytes failed", buf->bytes());
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy(codes.get(), b.codes.data(), b.codes.size(), cudaMemcpyHostToDevice));
+  if (!b.records.empty())
+    PAGODA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(records.get(), b.records.data(), b.records.size() * 4, cudaMemcpyHostToDevice));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy(q.get(), b.q.data(), b.q.size() * 2, cudaMemcpyHostToDevice));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy(arena.get(), plan.arena().data(), plan.arena_bytes(), cudaMemcpyHostToDevice));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemset(out.get(), 0xff, out_elements * 2));  // NaN
+  if (workspace.bytes() > 0) PAGODA_CUDA_RETURN_IF_ERROR(cudaMemset(workspace.get(), 0xff, workspace.bytes()));
+  const auto desc = plan.descriptor(arena.get<int32_t>(), codes.get(), b.records.empty() ? nullptr : records.get(),
+                                    workspace.get<float>());
+  PAGODA_CUDA_RETURN_IF_ERROR(launch_mla_decode(desc, q.get(), out.get(), nullptr));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  std::vector<uint16_t> host(out_elements);
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy(host.data(), out.get(), out_elements * 2, cudaMemcpyDeviceToHost));
+  if (plan_out) *plan_out = std::move(plan);
+  return host;
+}
+
+// Overall and worst per-row relative L2 error (inf on any NaN / Inf).
+void expect_close(const MlaCase& c) {
+  const MlaBatch b = make_batch(c);
+  MlaDecodePlan plan = MlaDecodePlan::create(b.config, {}).value();
+  auto got = run(b, c, &plan);
+  ASSERT_TRUE(got.ok()) << c.name << ": " << got.status().message();
+  const auto want = reference(b);
+  const double overall = testing::relative_l2(*got, want);
+  double worst = 0.0;
+  const size_t per_row = size_t(c.heads) * kMlaLatentDim;
+  for (size_t r = 0; r < b.rows.size(); ++r) {
+    std::vector<uint16_t> g(got->begin() + ptrdiff_t(r * per_row), got->begin() + ptrdiff_t((r + 1) * per_row));
+    std::vector<double> w(want.begin() + ptrdiff_t(r * per_row), want.begin() + ptrdiff_t((r + 1) * per_row));
+    worst = std::max(worst, testing::relative_l2(g, w));
+  }
+  std::printf("%-40s rows %3zu segments %4d ctas %4d max_splits %3d  rel L2 %.2e (worst row %.2e)\n",
+              c.name.c_str(), b.rows.size(), plan.num_segments(), plan.num_ctas(), plan.max_splits(), overall, worst);
+  EXPECT_LT(overall, kMaxRelativeError) << c.name;
+  EXPECT_LT(worst, 2 * kMaxRelativeError) << c.name;
+}
+
+class MlaDecodeGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_F(MlaDecodeGpuTest, Bf16Heads16RaggedBlock16) {
+  expect_close(make_case("bf16 h16 bs16 ragged", 16, 16, KvElement::kBF16, {1, 17, 64, 65, 300, 1000, 4097}, 1));
+}
+
+TEST_F(MlaDecodeGpuTest, Bf16Heads128Block64) {
+  expect_close(make_case("bf16 h128 bs64 ragged", 128, 64, KvElement::kBF16, {1, 63, 129, 2000, 5000}, 2));
+}
+
+TEST_F(MlaDecodeGpuTest, Bf16Block1) {
+  expect_close(make_case("bf16 h16 bs1", 16, 1, KvElement::kBF16, {1, 2, 3, 130, 777}, 3));
+}
+
+TEST_F(MlaDecodeGpuTest, Fp8Heads16Block1) {
+  expect_close(make_case("fp8 h16 bs1", 16, 1, KvElement::kFP8E4M3, {1, 2, 100, 777}, 4));
+}
+
+TEST_F(MlaDecodeGpuTest, Fp8Heads16Block16Long) {
+  expect_close(make_case("fp8 h16 bs16 ragged", 16, 16, KvElement::kFP8E4M3, {5, 64, 1500, 6000}, 5));
+}
+
+TEST_F(MlaDecodeGpuTest, Fp8Heads128Block64) {
+  expect_close(make_case("fp8 h128 bs64 ragged", 128, 64, KvElement::kFP8E4M3, {3, 64, 1500, 3000}, 6));
+}
+
+TEST_F(MlaDecodeGpuTest, PartialHeadTiles) {
+  expect_close(make_case("bf16 h20 bs16", 20, 16, KvElement::kBF16, {33, 700}, 7));
+  expect_close(make_case("fp8 h96 bs64", 96, 64, KvElement::kFP8E4M3, {1, 900}, 8));
+  // Fewer than 16 heads (e.g. DeepSeek-V2-Lite's 16 split over tensor-parallel ranks): the narrow kernel's padding.
+  expect_close(make_case("bf16 h8 bs16", 8, 16, KvElement::kBF16, {1, 500}, 20));
+  expect_close(make_case("fp8 h1 bs64", 1, 64, KvElement::kFP8E4M3, {64, 129}, 21));
+}
+
+TEST_F(MlaDecodeGpuTest, FixedSmallSplitsMerge) {
+  expect_close(with_options(make_case("bf16 h16 split 64", 16, 16, KvElement::kBF16, {1, 100, 1000, 2500}, 9), 64, 0));
+  // 100 is rounded up to 128.
+  expect_close(with_options(make_case("fp8 h128 split 128", 128, 16, KvElement::kFP8E4M3, {7, 333, 1200}, 10), 100, 0));
+}
+
+TEST_F(MlaDecodeGpuTest, FewSmsManySegmentsPerCta) {
+  // 7 SMs: the automatic schedule cuts rows across CTAs and gives CTAs several segments.
+  expect_close(with_options(make_case("bf16 h16 7 sms", 16, 16, KvElement::kBF16, {1, 5, 70, 300, 1000, 2000, 64, 3}, 11), 0, 7));
+  expect_close(with_options(make_case("fp8 h128 5 sms", 128, 64, KvElement::kFP8E4M3, {129, 1, 2000, 40}, 12), 0, 5));
+}
+
+TEST_F(MlaDecodeGpuTest, LongSegmentsOneSm) {
+  // One SM: every row in one CTA, segments of many tiles (the copies run two tiles ahead).
+  expect_close(with_options(make_case("bf16 h16 1 sm", 16, 16, KvElement::kBF16, {1000, 130}, 16), 0, 1));
+  expect_close(with_options(make_case("fp8 h16 1 sm", 16, 16, KvElement::kFP8E4M3, {1000, 130}, 17), 0, 1));
+  expect_close(with_options(make_case("bf16 h128 1 sm", 128, 64, KvElement::kBF16, {700, 3}, 18), 0, 1));
+  expect_close(with_options(make_case("fp8 h128 1 sm", 128, 64, KvElement::kFP8E4M3, {700, 3}, 19), 0, 1));
+}
+
+TEST_F(MlaDecodeGpuTest, RowsSharingBlocks) {
+  // Prefill-style rows of one sequence (context_len = position + 1, one block
+  // table), then rows of a fork that shares the first sequence's first blocks.
+  MlaCase c = make_case("bf16 h16 prefill rows + fork", 16, 16, KvElement::kBF16, {300, 200}, 13);
+  for (int32_t p = 250; p < 300; ++p) c.rows.push_back({0, p + 1});
+  c.rows.push_back({1, 200});
+  c.rows.push_back({1, 37});
+  c.shared_prefix_blocks = 5;
+  expect_close(c);
+  MlaCase f = c;
+  f.name = "fp8 h128 bs1 prefill rows + fork";
+  f.heads = 128;
+  f.block_size = 1;
+  f.element = KvElement::kFP8E4M3;
+  f.shared_prefix_blocks = 80;
+  f.seed = 14;
+  expect_close(f);
+}
+
+TEST_F(MlaDecodeGpuTest, Fp8WithoutScalesRefusedAtLaunch) {
+  MlaCase c = make_case("fp8", 16, 16, KvElement::kFP8E4M3, {10}, 15);
+  const MlaBatch b = make_batch(c);
+  std::vector<MlaDecodeRow> rows{{10, b.tables[0]}};
+  auto plan = MlaDecodePlan::create(b.config, rows);
+  ASSERT_TRUE(plan.ok());
+  const auto desc = plan->descriptor(nullptr, nullptr, nullptr, nullptr);
+  EXPECT_EQ(launch_mla_decode(desc, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace pagoda::kernels::cuda

@@ -1,0 +1,128 @@
+// MlaDecodePlan (backend/cuda/attention/mla_decode.h) without a GPU: every bad
+// parameter is refused with the field named, and the schedule covers every
+// row's positions exactly once, in tile-aligned segments, over about one wave.
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "pagoda/backend/cuda/attention/mla_decode.h"
+
+namespace pagoda::kernels::cuda {
+namespace {
+
+MlaDecodeConfig config(int32_t heads = 16, int32_t block_size = 16, int32_t num_blocks = 1000) {
+  return MlaDecodeConfig{heads, block_size, num_blocks, 0.1f, KvElement::kBF16};
+}
+
+std::vector<int32_t> table(int32_t n) {
+  std::vector<int32_t> t(n);
+  std::iota(t.begin(), t.end(), 0);
+  return t;
+}
+
+void expect_error(const MlaDecodeConfig& c, const std::vector<MlaDecodeRow>& rows, const std::string& needle,
+                  MlaDecodeOptions options = {}) {
+  auto plan = MlaDecodePlan::create(c, rows, {}, options);
+  ASSERT_FALSE(plan.ok()) << needle;
+  EXPECT_NE(std::string(plan.status().message()).find(needle), std::string::npos) << plan.status().message();
+}
+
+TEST(MlaDecodePlanTest, RefusesBadParameters) {
+  const auto t = table(10);
+  const std::vector<MlaDecodeRow> one{{100, t}};
+  auto c = config();
+  c.num_heads = 0;
+  expect_error(c, one, "num_heads 0");
+  c = config();
+  c.block_size = 0;
+  expect_error(c, one, "block_size 0");
+  c = config();
+  c.num_blocks = 0;
+  expect_error(c, one, "num_blocks 0");
+  c = config();
+  c.scale = 0.0f;
+  expect_error(c, one, "scale");
+  c = config();
+  c.latent_element = KvElement::kInt8;
+  expect_error(c, one, "latent_element");
+  expect_error(config(), {{0, t}}, "rows[0].context_len 0");
+  expect_error(config(), {{100, t}, {161, t}}, "rows[1].block_table has 10 ids");
+  std::vector<int32_t> bad = t;
+  bad[3] = 1000;
+  expect_error(config(), {{100, bad}}, "rows[0].block_table[3] = 1000");
+  bad[3] = -1;
+  expect_error(config(), {{100, bad}}, "rows[0].block_table[3] = -1");
+  expect_error(config(), one, "split_tokens -1", MlaDecodeOptions{-1});
+}
+
+TEST(MlaDecodePlanTest, EmptyBatchPlansNothing) {
+  auto plan = MlaDecodePlan::create(config(), {});
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->num_ctas(), 0);
+  EXPECT_EQ(plan->workspace_bytes(), 0u);
+}
+
+// Every row's [0, context_len) is covered once by its segments, in order, cut at
+// multiples of 64; CTAs list consecutive segments.
+void check_cover(const MlaDecodePlan& plan, const std::vector<MlaDecodeRow>& rows) {
+  const auto a = plan.arena();
+  const int32_t segs = plan.num_segments();
+  const int32_t* row_start = a.data() + 3 * segs;
+  const int32_t* cta_start = row_start + rows.size() + 1;
+  EXPECT_EQ(cta_start[0], 0);
+  EXPECT_EQ(cta_start[plan.num_ctas()], segs);
+  for (int32_t c = 0; c < plan.num_ctas(); ++c) EXPECT_LT(cta_start[c], cta_start[c + 1]);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    int32_t pos = 0;
+    for (int32_t s = row_start[r]; s < row_start[r + 1]; ++s) {
+      EXPECT_EQ(a[3 * s], int32_t(r));
+      EXPECT_EQ(a[3 * s + 1], pos);
+      EXPECT_EQ(pos % 64, 0);
+      EXPECT_GT(a[3 * s + 2], pos);
+      pos = a[3 * s + 2];
+    }
+    EXPECT_EQ(pos, rows[r].context_len);
+  }
+}
+
+TEST(MlaDecodePlanTest, AutomaticScheduleFillsOneWave) {
+  const auto t = table(256);
+  std::vector<MlaDecodeRow> rows(64, MlaDecodeRow{4096, t});
+  auto plan = MlaDecodePlan::create(config(16, 16, 1000), rows, AttentionDeviceInfo{132});
+  ASSERT_TRUE(plan.ok());
+  check_cover(*plan, rows);
+  EXPECT_LE(plan->num_ctas(), 133);
+  EXPECT_GE(plan->num_ctas(), 120);
+  EXPECT_GT(plan->workspace_bytes(), 0u);
+  // 128 heads: two head tiles, so half the CTAs per tile.
+  auto wide = MlaDecodePlan::create(config(128, 16, 1000), rows, AttentionDeviceInfo{132});
+  ASSERT_TRUE(wide.ok());
+  check_cover(*wide, rows);
+  EXPECT_LE(wide->num_ctas(), 67);
+  // Ragged short rows.
+  std::vector<MlaDecodeRow> ragged;
+  for (int32_t i = 1; i < 300; i += 7) ragged.push_back({i, t});
+  auto r = MlaDecodePlan::create(config(16, 16, 1000), ragged, AttentionDeviceInfo{13});
+  ASSERT_TRUE(r.ok());
+  check_cover(*r, ragged);
+  EXPECT_LE(r->num_ctas(), 14);
+}
+
+TEST(MlaDecodePlanTest, FixedSplitsAndSharedTables) {
+  const auto t = table(100);
+  std::vector<MlaDecodeRow> rows{{1, t}, {1000, t}, {1600, t}};
+  auto plan = MlaDecodePlan::create(config(), rows, {}, MlaDecodeOptions{100});
+  ASSERT_TRUE(plan.ok());
+  check_cover(*plan, rows);
+  EXPECT_EQ(plan->num_segments(), 1 + 8 + 13);  // splits of 128
+  EXPECT_EQ(plan->num_ctas(), plan->num_segments());
+  EXPECT_EQ(plan->max_splits(), 13);
+  // One table copy serves the three rows (the longest row's length of it).
+  EXPECT_EQ(plan->arena().size(), size_t(3 * 22 + 4 + 23 + 3 + 100));
+}
+
+}  // namespace
+}  // namespace pagoda::kernels::cuda
