@@ -129,8 +129,8 @@ void Engine::shutdown(std::chrono::milliseconds grace) {
     std::lock_guard inline_lock(inline_mutex_);
     drain_commands();
     cancel_all_requests();
-    flush_outputs();
     publish_stats(-1);
+    flush_outputs();
     return;
   }
   {
@@ -586,13 +586,13 @@ bool Engine::step() {
   // sequences whose K/V was lost start over and this plan is dropped: its
   // sequences run next step (nothing was committed).
   if (!run_transfers().ok()) {
-    flush_outputs();
     publish_stats(-1);
+    flush_outputs();
     return true;
   }
   if (plan.empty()) {
-    flush_outputs();
     publish_stats(-1);
+    flush_outputs();
     return false;
   }
 
@@ -633,8 +633,8 @@ bool Engine::step() {
     for (const ScheduledChunk& chunk : plan.chunks)
       if (chunk.sequence->status != SequenceStatus::kFinished)
         fail_request(chunk.sequence->request, internal_error("model step failed: {}", committed.to_string()));
-    flush_outputs();
     publish_stats(seconds_between(start, Clock::now()));
+    flush_outputs();
     return true;
   }
   size_t row = 0, host_row = 0;
@@ -683,8 +683,10 @@ bool Engine::step() {
   if (config_.lower_tiers != nullptr && scheduler_.num_running() == 0 && scheduler_.num_waiting() == 0 &&
       kv_.has_pending_transfers())
     (void)run_transfers();
-  flush_outputs();
+  // Stats before outputs, here and above: a client that sees its request end
+  // also sees its blocks freed in /metrics.
   publish_stats(seconds_between(start, Clock::now()));
+  flush_outputs();
   return true;
 }
 

@@ -174,7 +174,7 @@ StatusOr<CudaModel::StepShape> CudaModel::plan(const ForwardBatch& batch) {
   return step;
 }
 
-Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attention) {
+Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attention, const KvLayerWaits* waits) {
   const ModelConfig& c = config_;
   const int32_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
   const int32_t q_width = c.num_q_heads * D, kv_width = c.num_kv_heads * D;
@@ -218,6 +218,8 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
     PAGODA_CUDA_RETURN_IF_ERROR(
         rope(qkv + q_width, qkv_width, device_.positions, T, c.num_kv_heads, D, inv_freq, stream_));
     const DevicePagedKvLayer kv = pool.layer(l);
+    // This layer's host-tier copies land (and write-backs leave blocks this step may write) before its KV is touched.
+    if (waits != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(waits->wait_layer(stream_, l));
     // The checkpoint's fp8 KV scales when present (0: per-vector amax), as CpuModel.
     const KvWriteFixedScales fixed_scales{w.k_scale, w.v_scale};
     PAGODA_CUDA_RETURN_IF_ERROR(
@@ -286,6 +288,14 @@ Status CudaModel::capture_graph(int32_t bucket, const CudaKvPool& pool, bool fas
 
 Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output, std::vector<float>* logits,
                       std::vector<int32_t>* tokens) {
+  // The host tier's copies for this step; whatever happens below, the stream waits for all of them before run() returns.
+  const KvLayerWaits waits = std::move(layer_waits_);
+  layer_waits_ = KvLayerWaits{};
+  struct WaitAllOnExit {
+    const KvLayerWaits& waits;
+    cudaStream_t stream;
+    ~WaitAllOnExit() { waits.wait_all(stream); }
+  } wait_all_on_exit{waits, stream_};
   PAGODA_RETURN_IF_ERROR(validate(batch, pool));
   const size_t vocab = static_cast<size_t>(config_.vocab_size);
   const int32_t wanted_rows = batch.num_logit_rows();
@@ -310,6 +320,7 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
   };
 
   if (step.bucket > 0) {
+    PAGODA_CUDA_RETURN_IF_ERROR(waits.wait_all(stream_));
     // backend/cuda/attention's decode in graph mode: this step's arena goes to fixed
     // device memory ahead of the graph, which replays the same launches.
     bool fast = false;
@@ -335,7 +346,10 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
     PAGODA_ASSIGN_OR_RETURN(fast, fast_->plan(config_, batch, options_.block_size, pool.shape().num_blocks, stream_));
   }
   if (fast) ++fast_attention_steps_;
-  PAGODA_RETURN_IF_ERROR(run_layers(step.num_tokens, pool, fast));
+  // Only the llama-family layer loop waits layer by layer; any other forward (MLA) waits for the whole load first.
+  const bool per_layer_waits = !config_.mla.has_value();
+  if (!per_layer_waits) PAGODA_CUDA_RETURN_IF_ERROR(waits.wait_all(stream_));
+  PAGODA_RETURN_IF_ERROR(run_layers(step.num_tokens, pool, fast, per_layer_waits ? &waits : nullptr));
   for (int32_t row = 0; row < step.num_rows; row += max_rows_) {
     const int32_t n = std::min(max_rows_, step.num_rows - row);
     PAGODA_RETURN_IF_ERROR(run_head(row, n));

@@ -42,6 +42,7 @@
 #include "pagoda/backend/cuda/device_buffer.h"
 #include "pagoda/backend/cuda/fast_attention.h"
 #include "pagoda/backend/cuda/gemm.h"
+#include "pagoda/backend/cuda/kv_layer_waits.h"
 #include "pagoda/backend/cuda/sampling.h"
 #include "pagoda/backend/cuda/step_plan.h"
 #include "pagoda/core/status.h"
@@ -110,6 +111,18 @@ class CudaModel {
                          std::vector<float>& logprobs, std::vector<float>& host_logits,
                          std::span<const uint64_t* const> masks = {});
 
+  // Events the next forward (one call) waits on before it touches each layer
+  // of the pool: the host tier's loads issued layer by layer (kv_layer_waits.h).
+  // An eager step waits for layer l's just before layer l's KV write, so the
+  // layers before it overlap the copy; a graph replay waits for all of them
+  // first. Every one is waited on by the time the forward returns, error or not.
+  void set_kv_layer_waits(KvLayerWaits waits) { layer_waits_ = std::move(waits); }
+  // Waits given but not consumed (a forward refused before it ran): the stream waits for all of them now.
+  void flush_kv_layer_waits() {
+    layer_waits_.wait_all(stream_);
+    layer_waits_ = KvLayerWaits{};
+  }
+
   // Turns graph replay of decode steps on or off (benchmarks compare both).
   void set_use_cuda_graphs(bool on) { options_.use_cuda_graphs = on; }
   void set_fast_attention(bool on) { options_.fast_attention = on; }
@@ -144,7 +157,8 @@ class CudaModel {
   Status validate(const ForwardBatch& batch, const CudaKvPool& pool) const;
   int32_t graph_bucket(const ForwardBatch& batch) const;
   StatusOr<StepShape> plan(const ForwardBatch& batch);
-  Status run_layers(int32_t num_tokens, const CudaKvPool& pool, bool fast_attention);
+  Status run_layers(int32_t num_tokens, const CudaKvPool& pool, bool fast_attention,
+                    const KvLayerWaits* waits = nullptr);
   Status run_head(int32_t row_begin, int32_t num_rows);
   // Samples logit rows [row_begin, row_begin + n) (already in logits_) and
   // copies tokens, logprobs and the host rows' logits out; synchronizes.
@@ -204,6 +218,7 @@ class CudaModel {
     bool fast_attention = false;       // captured with backend/cuda/attention's graph-mode decode attention
   };
   std::map<int32_t, Graph> graphs_;
+  KvLayerWaits layer_waits_;  // for the next run() only
   int64_t graph_replays_ = 0;
 };
 

@@ -9,7 +9,11 @@
 // Host tier (CudaRunnerOptions::num_host_blocks > 0): a pinned host pool of
 // blocks of the same shape (cuda_host_kv_pool.h); transfer_blocks() queues the
 // copies on its copy streams, ordered after the previous step and before the
-// next one on the model's stream.
+// next one on the model's stream. Layer by layer (the default): when a list
+// allows it, the copies go one layer at a time and the next execute()'s
+// forward waits for layer l's copies only before its layer l touches the KV
+// (cuda_model.h), so a host hit's load overlaps the step's compute;
+// copy_blocks() first waits for all of them.
 //
 // Thread safety: the engine thread only (ModelRunner's contract).
 
@@ -31,6 +35,7 @@ struct CudaRunnerOptions {
   int32_t num_blocks = 0;               // > 0: exactly this many KV blocks (tests)
   bool print_report = true;             // the KV pool line on stderr
   int32_t num_host_blocks = 0;          // > 0: a pinned host pool of this many blocks (the host tier)
+  bool layer_by_layer = true;           // host tier loads overlap the forward layer by layer
 };
 
 class CudaModelRunner final : public runtime::ModelRunner {
@@ -69,6 +74,8 @@ class CudaModelRunner final : public runtime::ModelRunner {
   CudaModel& model() { return *model_; }
   CudaKvPool& pool() { return *pool_; }
   CudaHostKvPool* host_pool() { return host_.get(); }  // null without a host tier
+  void set_layer_by_layer(bool on) { layer_by_layer_ = on; }
+  bool layer_by_layer() const { return layer_by_layer_; }
 
  private:
   CudaModelRunner(std::unique_ptr<CudaModel> model, std::unique_ptr<CudaKvPool> pool, std::string report)
@@ -76,7 +83,11 @@ class CudaModelRunner final : public runtime::ModelRunner {
 
   std::unique_ptr<CudaModel> model_;
   std::unique_ptr<CudaKvPool> pool_;
+  // The host pool's pending layer events go to the model's next forward.
+  void hand_layer_waits_to_model();
+
   std::unique_ptr<CudaHostKvPool> host_;
+  bool layer_by_layer_ = true;
   std::string report_;
 };
 
