@@ -27,6 +27,7 @@
 #include "pagoda/chat/chat_template.h"
 #include "pagoda/cli/commands.h"
 #include "pagoda/backend/registry.h"
+#include "pagoda/cli/kv_tier_flags.h"
 #include "pagoda/cli/runner_flags.h"
 #include "pagoda/cli/tokenizer_text_decoder.h"
 #include "pagoda/engine/engine.h"
@@ -42,6 +43,7 @@ volatile std::sig_atomic_t g_received_signal = 0;
 
 struct ServeOptions {
   RunnerFlags runner;
+  KvTierFlags kv_tiers;
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string api_keys_file;
@@ -78,6 +80,7 @@ void run_serve(const ServeOptions& opt) {
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client that leaves mid-write is an error return, not a crash
+  signal(SIGXFSZ, SIG_IGN);  // a file past the size limit (disk KV tier) is an error return, not a crash
 
   backend::RunnerRequirements needs;
   needs.progress = [](const std::string& line) { std::fprintf(stderr, "pagoda serve: %s\n", line.c_str()); };
@@ -113,6 +116,14 @@ void run_serve(const ServeOptions& opt) {
     fail(fmt::format("--prefix-share-min-tokens {}: must be 0 or a positive multiple of the KV block size {}",
                      opt.prefix_share_min_tokens, kv_config.block_size));
   kv_config.prefix_share_min_tokens = opt.prefix_share_min_tokens;
+  // Tiers below the host (disk, redis); they outlive the engine (declared first).
+  auto lower_tiers = open_kv_tiers(opt.kv_tiers, *setup, kv_config, [](const std::string& line) {
+    std::fprintf(stderr, "pagoda serve: warning: %s\n", line.c_str());
+  });
+  if (!lower_tiers.ok()) fail(lower_tiers.status().to_string());
+  if (*lower_tiers)
+    std::fprintf(stderr, "pagoda serve: KV tiers below the host: %s; blocks are written through the host tier\n",
+                 (*lower_tiers)->describe().c_str());
   auto kv = kv::KvCacheManager::create(kv_config);
   if (!kv.ok()) fail("KV cache: " + kv.status().to_string());
 
@@ -169,6 +180,7 @@ void run_serve(const ServeOptions& opt) {
   engine::EngineConfig engine_config;
   engine_config.scheduler = scheduler_config(*setup, *preemption);
   engine_config.max_queued_requests = opt.max_queued;
+  engine_config.lower_tiers = lower_tiers->get();
   server::TextCodec codec;
   if (tok) {
     engine_config.text_decoder_factory = make_tokenizer_text_decoder_factory(tok);
@@ -228,6 +240,7 @@ void add_serve_command(CLI::App& app) {
       "Prints 'listening on http://HOST:PORT' on stdout once it accepts connections; the model/device/KV report "
       "goes to stderr.");
   add_runner_flags(*cmd, opt->runner, RunnerCommand::kServe);
+  add_kv_tier_flags(*cmd, opt->kv_tiers);
   cmd->add_option("--host", opt->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", opt->port, "Port (0: any free port, printed at start)")->capture_default_str();
   cmd->add_option("--api-keys", opt->api_keys_file,

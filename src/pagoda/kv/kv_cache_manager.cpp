@@ -45,11 +45,31 @@ class KvCacheManager::Impl {
         pool_(config.num_blocks, config.num_host_blocks),
         cache_(pool_, config.block_size, std::move(policy), make_eviction_policy(config.host_eviction_policy), clock,
                config.evicted_key_memory > 0 ? config.evicted_key_memory : std::max(config.num_blocks, 1 << 16)) {
+    if (!config_.stable_key_fingerprint.empty()) cache_.enable_stable_keys(config_.stable_key_fingerprint);
     if (config_.record_events) {
       cache_.set_event_sink([this](KvEvent::Kind kind, BlockId block, uint64_t key, uint64_t parent_key, int32_t ns) {
         record_event(kind, block, key, parent_key, ns);
       });
     }
+  }
+
+  std::vector<int32_t> adopt_host_blocks(std::string_view ns, std::span<const TokenId> prompt, int32_t first,
+                                         int32_t count, uint8_t origin) {
+    std::vector<int32_t> out;
+    if (!cache_.has_stable_keys() || !config_.enable_prefix_cache || first < 0 || count <= 0 ||
+        static_cast<int64_t>(first + count) * bs() > static_cast<int64_t>(prompt.size()))
+      return out;
+    const PrefixMatch m = cache_.match(ns, prompt, first);
+    if (static_cast<int32_t>(m.blocks.size()) != first) return out;
+    const int32_t ns_id = cache_.intern_namespace(ns);
+    BlockId parent = first == 0 ? kNoBlock : m.blocks.back();
+    for (int32_t j = first; j < first + count; ++j) {
+      const BlockId host = cache_.adopt_host(ns_id, parent, prompt.data() + static_cast<size_t>(j) * bs(), origin);
+      if (host == kNoBlock) break;
+      out.push_back(pool_.host_index(host));
+      parent = host;
+    }
+    return out;
   }
 
   // ---- questions ----
@@ -288,6 +308,8 @@ class KvCacheManager::Impl {
     const size_t device_matched = match.blocks.size() - static_cast<size_t>(match.host_blocks);
     for (size_t j = device_matched; j < match.blocks.size(); ++j) {
       const BlockId host = match.blocks[j];
+      if (const uint8_t origin = cache_.origin(host); origin != 0)
+        stats_.hit_tokens_by_lower_tier[origin - 1] += bs();
       const BlockId device = take_block(seq.namespace_id);
       written_slots_in_use_ += bs();
       cache_.promote(host, device);
@@ -381,6 +403,7 @@ class KvCacheManager::Impl {
           cache_.insert(s.blocks[j], s.namespace_id, parent, s.tokens.data() + static_cast<size_t>(j) * bs());
       if (r.outcome == PrefixCache::InsertOutcome::kInserted) {
         ++stats_.blocks_stored;
+        if (config_.host_write_through) cache_.write_through(s.blocks[j]);
       } else if (r.outcome == PrefixCache::InsertOutcome::kDuplicate) {
         // Same tokens at the same positions in the same namespace were computed
         // by another sequence first. Our block stays in the table (tables are
@@ -797,6 +820,35 @@ Status KvCacheManager::Impl::verify_integrity() const {
 
 // ---- facade ----------------------------------------------------------------------
 
+bool KvCacheManager::has_stable_keys() const { return !impl_->config_.stable_key_fingerprint.empty(); }
+
+std::vector<StableKey> KvCacheManager::stable_keys(std::string_view ns, std::span<const TokenId> prompt,
+                                                   int32_t num_blocks) const {
+  std::vector<StableKey> keys;
+  const int32_t bs = impl_->config_.block_size;
+  if (!has_stable_keys() || num_blocks <= 0) return keys;
+  num_blocks = std::min<int64_t>(num_blocks, static_cast<int64_t>(prompt.size()) / bs);
+  keys.reserve(static_cast<size_t>(num_blocks));
+  StableKey key = stable_namespace_root(impl_->config_.stable_key_fingerprint, ns);
+  for (int32_t j = 0; j < num_blocks; ++j) {
+    key = stable_block_key(key, prompt.data() + static_cast<size_t>(j) * bs, bs);
+    keys.push_back(key);
+  }
+  return keys;
+}
+
+std::optional<StableKey> KvCacheManager::host_block_stable_key(int32_t host_index) const {
+  if (host_index < 0 || host_index >= impl_->pool_.num_host_blocks()) return std::nullopt;
+  const StableKey* key = impl_->cache_.stable_key(impl_->pool_.host_id(host_index));
+  if (key == nullptr) return std::nullopt;
+  return *key;
+}
+
+std::vector<int32_t> KvCacheManager::adopt_host_blocks(std::string_view ns, std::span<const TokenId> prompt,
+                                                       int32_t first_block, int32_t count, uint8_t origin) {
+  return impl_->adopt_host_blocks(ns, prompt, first_block, count, origin);
+}
+
 StatusOr<std::unique_ptr<KvCacheManager>> KvCacheManager::create(const KvCacheConfig& config, const Clock* clock,
                                                                   std::unique_ptr<EvictionPolicy> policy) {
   if (config.num_blocks < 1) return invalid_argument_error("kv cache: num_blocks must be >= 1, got {}", config.num_blocks);
@@ -813,6 +865,8 @@ StatusOr<std::unique_ptr<KvCacheManager>> KvCacheManager::create(const KvCacheCo
   if (config.num_host_blocks < 0 || config.num_host_blocks > INT32_MAX - config.num_blocks)
     return invalid_argument_error("kv cache: num_host_blocks must be in [0, {}], got {}",
                                   INT32_MAX - config.num_blocks, config.num_host_blocks);
+  if (config.host_write_through && config.num_host_blocks == 0)
+    return invalid_argument_error("kv cache: host_write_through needs a host tier (num_host_blocks > 0)");
   if (policy == nullptr) policy = make_eviction_policy(config.eviction_policy);
   const Clock& chosen = clock != nullptr ? *clock : static_cast<const Clock&>(SteadyClock::instance());
   return std::unique_ptr<KvCacheManager>(

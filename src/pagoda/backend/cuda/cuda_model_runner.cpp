@@ -1,6 +1,7 @@
 #include "pagoda/backend/cuda/cuda_model_runner.h"
 
 #include <cstdio>
+#include <cstring>
 
 #include "pagoda/backend/cuda/cuda_check.h"
 
@@ -78,6 +79,28 @@ StatusOr<std::vector<int32_t>> CudaModelRunner::execute_greedy(const ForwardBatc
   model_->flush_kv_layer_waits();
   PAGODA_RETURN_IF_ERROR(status);
   return tokens;
+}
+
+Status CudaModelRunner::read_host_block(int32_t host_block, std::span<std::byte> out) {
+  if (!host_) return runtime::ModelRunner::read_host_block(host_block, out);
+  if (host_block < 0 || host_block >= host_->num_blocks())
+    return out_of_range_error("read_host_block: block {} outside the host pool of {}", host_block, host_->num_blocks());
+  if (out.size() != host_->block_bytes())
+    return invalid_argument_error("read_host_block: {} bytes given, a block is {}", out.size(), host_->block_bytes());
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  std::memcpy(out.data(), host_->block(host_block), out.size());
+  return ok_status();
+}
+
+Status CudaModelRunner::write_host_block(int32_t host_block, std::span<const std::byte> data) {
+  if (!host_) return runtime::ModelRunner::write_host_block(host_block, data);
+  if (host_block < 0 || host_block >= host_->num_blocks())
+    return out_of_range_error("write_host_block: block {} outside the host pool of {}", host_block, host_->num_blocks());
+  if (data.size() != host_->block_bytes())
+    return invalid_argument_error("write_host_block: {} bytes given, a block is {}", data.size(), host_->block_bytes());
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  std::memcpy(host_->block(host_block), data.data(), data.size());
+  return ok_status();
 }
 
 Status CudaModelRunner::transfer_blocks(std::span<const runtime::BlockTransfer> transfers) {

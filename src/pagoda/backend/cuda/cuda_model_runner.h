@@ -61,8 +61,13 @@ class CudaModelRunner final : public runtime::ModelRunner {
     return {.samples_on_device = true,
             .samples_masked_on_device = true,
             .zeroes_blocks = true,
-            .host_kv_blocks = host_ ? host_->num_blocks() : 0};
+            .host_kv_blocks = host_ ? host_->num_blocks() : 0,
+            .host_block_access = host_ != nullptr};
   }
+  // Both wait for the device (every queued transfer and kernel) first: simple
+  // and correct; the disk / redis tiers call them once per spilled or loaded block.
+  Status read_host_block(int32_t host_block, std::span<std::byte> out) override;
+  Status write_host_block(int32_t host_block, std::span<const std::byte> data) override;
   int32_t vocab_size() const override { return model_->config().vocab_size; }
   int32_t max_context_length() const override { return model_->max_model_len(); }
   std::vector<int32_t> eos_token_ids() const override { return model_->config().eos_token_ids; }
