@@ -13,7 +13,10 @@ packages=(
   libcpp-httplib-dev        # HTTP client in tests and `pagoda bench serve`
   libboost1.81-dev          # HTTP server front: Boost.Asio + Boost.Beast (header-only)
   clang libclang-rt-14-dev  # libFuzzer targets and ASan/UBSan runtimes (scripts/fuzz.sh)
-  libssl-dev                # SHA-256 block hashes
+  libssl-dev                # SHA-256 block hashes (stable KV block keys)
+  libxxhash-dev             # checksums of KV blocks on disk and in redis (XXH3)
+  libhiredis-dev            # the redis KV tier
+  redis-server              # tests of the redis KV tier start their own on loopback
   libgtest-dev libgmock-dev # unit tests
   libbenchmark-dev          # micro benchmarks
   libopenblas-dev           # CPU GEMM

@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: installs packages, fetches test data,
-# builds, and runs every ctest label except gpu (run those with scripts/gpu-run.sh).
+# builds, and runs every ctest label except gpu (run those with scripts/gpu-run.sh),
+# then a CI-sized libFuzzer run of every fuzz target on its committed corpus
+# (scripts/fuzz.sh: Clang, ASan + UBSan, build-fuzz/), failing on any crash,
+# leak or sanitizer report. PAGODA_CI_FUZZ_SECONDS per target (default 20;
+# 0 skips it). The fuzz build is most of its cost (about 20 min on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 [ -x scripts/fetch-test-data.sh ] && bash scripts/fetch-test-data.sh
 bash scripts/build.sh
-cd build
-ctest -LE gpu --output-on-failure -j "$(nproc)" --timeout 900
+(cd build && ctest -LE gpu --output-on-failure -j "$(nproc)" --timeout 900)
+fuzz_seconds="${PAGODA_CI_FUZZ_SECONDS:-20}"
+if [ "$fuzz_seconds" -gt 0 ]; then
+  JOBS="${PAGODA_BUILD_JOBS:-$(nproc)}" bash scripts/fuzz.sh "$fuzz_seconds"
+fi

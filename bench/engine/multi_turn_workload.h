@@ -213,14 +213,19 @@ inline nlohmann::json run_multi_turn(engine::Engine& eng, const MultiTurnConfig&
       {"preemptions", s.preemptions},
       {"swap_preemptions", s.swap_preemptions},
       {"engine_steps", s.steps}};
-  nlohmann::json by_turn = nlohmann::json::array();
-  std::string by_turn_text;
+  nlohmann::json by_turn = nlohmann::json::array(), by_turn_p90 = nlohmann::json::array();
+  std::string by_turn_text, by_turn_p90_text;
   for (const auto& t : ttft_by_turn) {
     by_turn.push_back(percentile(t, 50));
+    by_turn_p90.push_back(percentile(t, 90));
     by_turn_text += (by_turn_text.empty() ? "" : " / ") + std::to_string(static_cast<int>(percentile(t, 50)));
+    by_turn_p90_text +=
+        (by_turn_p90_text.empty() ? "" : " / ") + std::to_string(static_cast<int>(percentile(t, 90)));
   }
   r["ttft_ms_p50_by_turn"] = by_turn;
-  std::printf("%s: TTFT p50 by turn (ms): %s\n", label.c_str(), by_turn_text.c_str());
+  r["ttft_ms_p90_by_turn"] = by_turn_p90;
+  std::printf("%s: TTFT p50 by turn (ms): %s; p90 by turn: %s\n", label.c_str(), by_turn_text.c_str(),
+              by_turn_p90_text.c_str());
   std::printf("%s: %lld requests in %.1f s%s: %.1f output tok/s; TTFT mean %.1f ms p50 %.1f p90 %.1f p99 %.1f; "
               "prompt tokens %lld, cached %lld (device %lld, host %lld); demoted %lld (copied %lld), promoted "
               "%lld; moved %.2f GB to host in %.3f s, %.2f GB to device in %.3f s; %lld preemptions (%lld by swap)\n",

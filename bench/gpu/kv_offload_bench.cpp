@@ -4,11 +4,15 @@
 //               1, 16 and 256 blocks of ~2 MB (Llama-3-8B shape: bf16 blocks of
 //               16 tokens, fp8 blocks of 32) and the engine's fp8 blocks of 16,
 //               through CudaHostKvPool as the runner uses it, for each copy
-//               method (the copy kernel, cudaMemcpyBatchAsync, one
-//               cudaMemcpyAsync per piece), each checked byte for byte first
+//               method (--methods: the copy kernel, the kernel issued layer by
+//               layer, a device staging buffer with whole-chunk DMA, staging for
+//               one direction and the kernel for the other,
+//               cudaMemcpyBatchAsync, one cudaMemcpyAsync per piece), each
+//               checked byte for byte first
 //   multiturn   the multi-turn chat workload (bench/engine/multi_turn_workload.h)
 //               on the Llama-3-8B shape with random weights, whose working set
-//               is 3x the device pool: host tier vs device pool only
+//               is 3x the device pool: host tier (loads layer by layer, or
+//               whole) vs device pool only
 //   swap        preemption by swap vs recompute under memory pressure
 //
 // One runner (one model, one device pool, one pinned host pool) serves every
@@ -94,14 +98,20 @@ double median(std::vector<double> v) {
 
 // Median seconds of `reps` runs of `moves` (after 2 warm-ups), timed on the stream.
 double time_transfers(cuda::CudaHostKvPool& host, const cuda::CudaKvPool& pool, const std::vector<BlockTransfer>& moves,
-                      cudaStream_t stream, int reps) {
+                      cudaStream_t stream, int reps, bool layered) {
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
   std::vector<double> times;
   for (int r = 0; r < reps + 2; ++r) {
     cudaEventRecord(start, stream);
-    const Status s = host.transfer(moves, pool, stream);
+    Status s = ok_status();
+    if (layered) {
+      auto went = host.transfer_layered(moves, pool, stream);
+      s = went.ok() ? host.wait_all(stream) : went.status();
+    } else {
+      s = host.transfer(moves, pool, stream);
+    }
     if (!s.ok()) die(s, "transfer");
     cudaEventRecord(stop, stream);
     cudaEventSynchronize(stop);
@@ -116,7 +126,36 @@ double time_transfers(cuda::CudaHostKvPool& host, const cuda::CudaKvPool& pool, 
 
 using Method = cuda::CudaHostKvPool::CopyMethod;
 const char* method_name(Method m) {
-  return m == Method::kKernel ? "copy kernel" : m == Method::kBatchedMemcpy ? "cudaMemcpyBatchAsync" : "cudaMemcpyAsync per piece";
+  switch (m) {
+    case Method::kKernel: return "copy kernel";
+    case Method::kBatchedMemcpy: return "cudaMemcpyBatchAsync";
+    case Method::kMemcpyPerPiece: return "cudaMemcpyAsync per piece";
+    case Method::kStaged: return "staging + whole-chunk DMA";
+  }
+  return "?";
+}
+
+// A --methods entry: the method of each direction (out = device->host, in = host->device) and whether the
+// copies are issued layer by layer.
+struct MethodChoice {
+  std::string name;
+  Method out, in;
+  bool layered = false;
+};
+MethodChoice method_choice(const std::string& name) {
+  if (name == "kernel") return {name, Method::kKernel, Method::kKernel};
+  if (name == "layered") return {name, Method::kKernel, Method::kKernel, true};
+  if (name == "staged") return {name, Method::kStaged, Method::kStaged};
+  if (name == "staged-out") return {name, Method::kStaged, Method::kKernel};
+  if (name == "staged-in") return {name, Method::kKernel, Method::kStaged};
+  if (name == "batched") return {name, Method::kBatchedMemcpy, Method::kBatchedMemcpy};
+  if (name == "per-piece") return {name, Method::kMemcpyPerPiece, Method::kMemcpyPerPiece};
+  die(invalid_argument_error("--methods: unknown method '{}'", name), "flags");
+}
+void apply(cuda::CudaHostKvPool& host, const MethodChoice& m) {
+  host.set_copy_method(Method::kKernel);
+  host.set_copy_method(TransferDirection::kDeviceToHost, m.out);
+  host.set_copy_method(TransferDirection::kHostToDevice, m.in);
 }
 
 // Device block `block`, read back piece by piece.
@@ -131,24 +170,37 @@ std::vector<uint8_t> read_block(const cuda::CudaKvPool& pool, size_t block_bytes
 }
 
 // Random device blocks 0..15 out to the host and back into 100..115: byte for byte?
-bool round_trip_exact(cuda::CudaHostKvPool& host, const cuda::CudaKvPool& pool, cudaStream_t stream) {
-  std::vector<uint8_t> noise(pool.total_bytes());
-  std::mt19937 rng(11);
-  for (auto& b : noise) b = static_cast<uint8_t>(rng());
-  cudaMemcpy(pool.layer(0).key, noise.data(), noise.size(), cudaMemcpyHostToDevice);
+bool round_trip_exact(cuda::CudaHostKvPool& host, const cuda::CudaKvPool& pool, cudaStream_t stream, bool layered) {
+  // Random bytes over the whole pool, 8 at a time (xorshift: a GB in well under a second).
+  std::vector<uint64_t> noise((pool.total_bytes() + 7) / 8);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (auto& w : noise) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    w = x;
+  }
+  cudaMemcpy(pool.layer(0).key, noise.data(), pool.total_bytes(), cudaMemcpyHostToDevice);
   std::vector<BlockTransfer> out, in;
   for (int32_t i = 0; i < 16; ++i) {
     out.push_back({TransferDirection::kDeviceToHost, i, 200 + i});
     in.push_back({TransferDirection::kHostToDevice, 100 + i, 200 + i});
   }
-  if (!host.transfer(out, pool, stream).ok() || !host.transfer(in, pool, stream).ok()) return false;
+  if (layered) {
+    if (!host.transfer_layered(out, pool, stream).ok() || !host.transfer_layered(in, pool, stream).ok() ||
+        !host.wait_all(stream).ok())
+      return false;
+  } else if (!host.transfer(out, pool, stream).ok() || !host.transfer(in, pool, stream).ok()) {
+    return false;
+  }
   cudaStreamSynchronize(stream);
   for (int32_t i = 0; i < 16; ++i)
     if (read_block(pool, host.block_bytes(), i) != read_block(pool, host.block_bytes(), 100 + i)) return false;
   return cudaGetLastError() == cudaSuccess;
 }
 
-nlohmann::json bench_transfers(const ModelConfig& config, bool* kernel_exact) {
+nlohmann::json bench_transfers(const ModelConfig& config, const std::vector<std::string>& methods,
+                               bool* kernel_exact) {
   nlohmann::json out = nlohmann::json::array();
   cudaStream_t stream;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
@@ -162,13 +214,14 @@ nlohmann::json bench_transfers(const ModelConfig& config, bool* kernel_exact) {
     auto host = cuda::CudaHostKvPool::create(shape, blocks);
     if (!host.ok()) die(host.status(), "host pool");
     const double mb = (*host)->block_bytes() / 1e6;
-    for (Method method : {Method::kKernel, Method::kBatchedMemcpy, Method::kMemcpyPerPiece}) {
-      (*host)->set_copy_method(method);
-      const bool exact = round_trip_exact(**host, **pool, stream);
-      if (method == Method::kKernel) *kernel_exact &= exact;
+    for (const std::string& method_text : methods) {
+      const MethodChoice method = method_choice(method_text);
+      apply(**host, method);
+      const bool exact = round_trip_exact(**host, **pool, stream, method.layered);
+      if (method.out == Method::kKernel || method.in == Method::kKernel) *kernel_exact &= exact;
       std::printf("transfers %s, blocks of %d tokens, %s: round trip %s\n", dtype_name(dtype).data(), block_size,
-                  method_name(method), exact ? "byte-exact" : "WRONG BYTES");
-      const bool batched = method == Method::kBatchedMemcpy;
+                  method.name.c_str(), exact ? "byte-exact" : "WRONG BYTES");
+      const bool batched = method.out == Method::kBatchedMemcpy;
       for (int32_t n : {1, 16, 256}) {
         std::vector<BlockTransfer> d2h, h2d, both;
         for (int32_t i = 0; i < n; ++i) {
@@ -179,9 +232,9 @@ nlohmann::json bench_transfers(const ModelConfig& config, bool* kernel_exact) {
         both.insert(both.end(), h2d.begin(), h2d.end());
         const int reps = n >= 256 ? 5 : 20;
         const double bytes = static_cast<double>(n) * static_cast<double>((*host)->block_bytes());
-        const double t_d2h = time_transfers(**host, **pool, d2h, stream, reps);
-        const double t_h2d = time_transfers(**host, **pool, h2d, stream, reps);
-        const double t_both = time_transfers(**host, **pool, both, stream, reps);
+        const double t_d2h = time_transfers(**host, **pool, d2h, stream, reps, method.layered);
+        const double t_h2d = time_transfers(**host, **pool, h2d, stream, reps, method.layered);
+        const double t_both = time_transfers(**host, **pool, both, stream, reps, method.layered);
         const bool batch_api = (*host)->batch_api_in_use();
         nlohmann::json r = {{"kv_dtype", dtype_name(dtype)},
                             {"round_trip_exact", exact},
@@ -189,7 +242,10 @@ nlohmann::json bench_transfers(const ModelConfig& config, bool* kernel_exact) {
                             {"block_size", block_size},
                             {"block_mb", mb},
                             {"pieces_per_block", (dtype == DType::kBF16 ? 2 : 4) * config.num_layers},
-                            {"copies", method_name(method)},
+                            {"copies", method.name},
+                            {"device_to_host_method", method_name(method.out)},
+                            {"host_to_device_method", method_name(method.in)},
+                            {"layer_by_layer", method.layered},
                             {"blocks", n},
                             {"device_to_host_gbps", bytes / t_d2h / 1e9},
                             {"host_to_device_gbps", bytes / t_h2d / 1e9},
@@ -199,7 +255,7 @@ nlohmann::json bench_transfers(const ModelConfig& config, bool* kernel_exact) {
                             {"both_ways_ms", t_both * 1e3}};
         std::printf("transfers %s, %d blocks of %.2f MB (%s%s): device->host %.1f GB/s (%.3f ms), host->device "
                     "%.1f GB/s (%.3f ms), both ways %.1f GB/s (%.3f ms)\n",
-                    dtype_name(dtype).data(), n, mb, method_name(method),
+                    dtype_name(dtype).data(), n, mb, method.name.c_str(),
                     batched && !batch_api ? ", REFUSED: per piece" : "",
                     bytes / t_d2h / 1e9, t_d2h * 1e3, bytes / t_h2d / 1e9, t_h2d * 1e3, 2 * bytes / t_both / 1e9,
                     t_both * 1e3);
@@ -258,6 +314,8 @@ int main(int argc, char** argv) {
   int32_t pressure_requests = 64, pressure_input = 1024, pressure_output = 512, max_tokens_per_step = 8192;
   double max_seconds = 45, device_fraction = 1.0 / 3.0;
   std::vector<std::string> multiturn_runs = {"host-kernel", "device"};
+  std::vector<std::string> methods = {"kernel", "layered", "staged", "staged-out", "staged-in"};
+  double host_fraction = 1.25;
   CLI::App app{"pagoda_kv_offload_bench: the host KV tier on the GPU"};
   app.add_option("--config", config_path, "config.json (random bf16 weights made on the GPU)")->required();
   app.add_option("--only", parts, "transfers, multiturn, swap (comma-separated)")->delimiter(',');
@@ -272,7 +330,13 @@ int main(int argc, char** argv) {
   app.add_option("--pressure-input", pressure_input);
   app.add_option("--pressure-output", pressure_output);
   app.add_option("--max-seconds", max_seconds, "cap per engine run");
-  app.add_option("--multiturn-runs", multiturn_runs, "host-kernel, device, host-batched (in order)")->delimiter(',');
+  app.add_option("--multiturn-runs", multiturn_runs,
+                 "host-kernel (loads layer by layer), host-whole (whole loads), host-staged (staging + DMA both ways), "
+                 "host-staged-out, host-batched, device "
+                 "(in order)")->delimiter(',');
+  app.add_option("--methods", methods, "transfer methods: kernel, layered, staged, staged-out, staged-in, batched, "
+                 "per-piece")->delimiter(',');
+  app.add_option("--host-fraction", host_fraction, "host tier / multi-turn working set");
   app.add_option("--json", json_out);
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -287,7 +351,7 @@ int main(int argc, char** argv) {
   };
   bool kernel_exact = true;
   if (has("transfers")) {
-    figures["transfers"] = bench_transfers(*config, &kernel_exact);
+    figures["transfers"] = bench_transfers(*config, methods, &kernel_exact);
     save();
   }
   if (!has("multiturn") && !has("swap")) return 0;
@@ -298,7 +362,7 @@ int main(int argc, char** argv) {
   const int32_t block_size = 16;
   const int64_t ws = c.working_set_tokens();
   const int32_t mt_device = static_cast<int32_t>(ws * device_fraction / block_size);
-  const int32_t mt_host = static_cast<int32_t>(ws * 1.25 / block_size);
+  const int32_t mt_host = static_cast<int32_t>(ws * host_fraction / block_size);
   const int32_t pr_device =
       static_cast<int32_t>(static_cast<int64_t>(pressure_requests) * (pressure_input + pressure_output) / 3 / block_size);
   const int32_t pr_host = 3 * pr_device;
@@ -306,9 +370,8 @@ int main(int argc, char** argv) {
   options.max_num_seqs = std::max(c.concurrency, pressure_requests);
   options.max_num_tokens = max_tokens_per_step;
   options.kv_key_dtype = options.kv_value_dtype = *kv_dtype;
-  options.max_model_len =
-      std::min(config->max_position_embeddings,
-               std::max(c.turns * (c.user_tokens + c.output_tokens), pressure_input + pressure_output) + 64);
+  // Random weights: the context may run past the config's trained length (8 turns of 1,032 tokens do).
+  options.max_model_len = std::max(c.turns * (c.user_tokens + c.output_tokens), pressure_input + pressure_output) + 64;
   options.show_progress = false;
   auto model = cuda::CudaModel::create_random(*config, 1, options);
   if (!model.ok()) die(model.status(), "model");
@@ -341,11 +404,16 @@ int main(int argc, char** argv) {
         continue;
       }
       (*runner)->host_pool()->set_copy_method(method);
+      if (run == "host-staged-out")
+        (*runner)->host_pool()->set_copy_method(TransferDirection::kDeviceToHost, Method::kStaged);
+      if (run == "host-staged") (*runner)->host_pool()->set_copy_method(Method::kStaged);
+      (*runner)->set_layer_by_layer(run != "host-whole");
+      const int64_t layered_before = (*runner)->host_pool()->layered_calls();
       EngineRun e = make_engine(**runner, mt_device, tier ? mt_host : 0,
                                 tier ? engine::PreemptionMode::kSwap : engine::PreemptionMode::kRecompute,
                                 c.concurrency, max_tokens_per_step);
       const runtime::TransferStats base = (*runner)->transfer_stats();
-      const std::string label = tier ? std::string("multi-turn, host tier (") + method_name(method) + ")"
+      const std::string label = tier ? std::string("multi-turn, host tier (") + run + ")"
                                      : std::string("multi-turn, device only");
       nlohmann::json r = bench::run_multi_turn(*e.engine, c, label, base);
       e.engine->shutdown(std::chrono::milliseconds(0));
@@ -354,12 +422,16 @@ int main(int argc, char** argv) {
       r["engine_thread_execute_s"] = e.view->execute_s;
       r["engine_thread_transfer_s"] = e.view->transfer_s;
       r["transfer_calls"] = e.view->transfer_calls;
-      std::printf("  engine thread: %.2f s in execute, %.3f s queueing %lld transfer calls\n", e.view->execute_s,
-                  e.view->transfer_s, static_cast<long long>(e.view->transfer_calls));
+      r["layered_transfer_calls"] = (*runner)->host_pool()->layered_calls() - layered_before;
+      r["run"] = run;
+      std::printf("  engine thread: %.2f s in execute, %.3f s queueing %lld transfer calls (%lld layer by layer)\n",
+                  e.view->execute_s, e.view->transfer_s, static_cast<long long>(e.view->transfer_calls),
+                  static_cast<long long>((*runner)->host_pool()->layered_calls() - layered_before));
       figures["runs"].push_back(r);
       save();
     }
     (*runner)->host_pool()->set_copy_method(kernel_exact ? Method::kKernel : Method::kBatchedMemcpy);
+    (*runner)->set_layer_by_layer(true);
   }
   if (has("swap")) {
     std::printf("pressure: %d requests x (%d + %d) tokens at once into %d device blocks (a third)\n", pressure_requests,

@@ -1,8 +1,9 @@
 // `pagoda generate` and `pagoda serve` with --device cuda, through the real
 // binary (label gpu: the GPU machine runs it, see tests/e2e/run_cli_gpu_tests.sh):
 // greedy text on the GPU equals the CPU's on the bundled model, random weights
-// of the Llama-3-8B shape run, the server answers a chat completion, and a
-// quantized KV dtype either runs or says clearly that the pool cannot store it.
+// of the Llama-3-8B shape run, the server answers a chat completion, a
+// quantized KV dtype either runs or says clearly that the pool cannot store it,
+// and a DeepSeek (MLA + MoE) fixture generates and serves on the GPU.
 // Without a GPU every test skips.
 
 #include <filesystem>
@@ -125,6 +126,54 @@ TEST_F(CliGpuTest, QuantizedKvRunsOrFailsClearly) {
     EXPECT_EQ(out["tokens"].size(), 16u) << dtype;
     std::printf("KV %s on cuda: %s\n", dtype, out.value("text", "").c_str());
   }
+}
+
+// DeepSeek (MLA + MoE) on the GPU: greedy tokens of the V3 fixture against
+// transformers' up to the first step whose top-1 margin is inside the bf16
+// spread that transformers itself shows on this fixture (docs/MLA.md), with an
+// fp8 latent too; and serve answers a completion.
+const std::string kDeepseek = "tests/fixtures/models/deepseek_v3_bf16";
+
+TEST_F(CliGpuTest, DeepseekGreedyOnCudaFollowsTransformers) {
+  std::ifstream in(source_path(kDeepseek + "/expected.json"));
+  const json e = json::parse(in);
+  const auto greedy = e["greedy_tokens"].get<std::vector<int32_t>>();
+  const auto margin = e["top1_margin"].get<std::vector<double>>();
+  const double spread = e["bf16_gpu_max_top5_logprob_error"].get<double>();
+  std::string ids;
+  for (int32_t id : e["prompt_ids"].get<std::vector<int32_t>>()) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+  for (const char* dtype : {"bf16", "fp8"}) {
+    const Generated g = generate({"--device", "cuda", "--model", source_path(kDeepseek), "--prompt-ids", ids,
+                                  "--max-tokens", "12", "--ignore-eos", "--kv-cache-dtype", dtype,
+                                  "--kv-cache-memory", "1MiB"});
+    ASSERT_EQ(g.tokens.size(), 12u) << dtype;
+    size_t agreed = 0;
+    while (agreed < g.tokens.size() && g.tokens[agreed] == greedy[agreed]) ++agreed;
+    if (agreed < g.tokens.size()) {
+      EXPECT_LE(margin[agreed], 2 * spread) << dtype << " diverged at step " << agreed;
+    }
+    EXPECT_THAT(g.raw.err, HasSubstr("MLA")) << g.raw.err;
+    std::printf("DeepSeek V3 fixture on cuda, %s latent: %zu/12 greedy tokens equal to transformers'\n%s", dtype,
+                agreed, g.raw.err.c_str());
+  }
+}
+
+TEST_F(CliGpuTest, DeepseekServeOnCudaAnswersACompletion) {
+  ServerProcess server;
+  std::string why;
+  ASSERT_TRUE(server.start({"--model", source_path(kDeepseek), "--device", "cuda", "--max-num-seqs", "4",
+                            "--kv-cache-memory", "1MiB"},
+                           &why))
+      << why;
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_read_timeout(120, 0);
+  const json body = {{"model", "deepseek_v3_bf16"}, {"prompt", {1, 2, 3, 4, 5}}, {"max_tokens", 6},
+                     {"temperature", 0}, {"ignore_eos", true}};
+  auto res = client.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res) << "no response";
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 6) << res->body;
+  EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 
 TEST_F(CliGpuTest, ServeOnCudaAnswersAChatCompletion) {

@@ -1,4 +1,5 @@
-// The model/device/KV flags of `pagoda generate` and `pagoda serve`, through the
+// The model/device/KV flags of `pagoda generate` and `pagoda serve` (the host
+// tier's also of `pagoda eval`), through the
 // real binary on the CPU: greedy output with --kv-cache-dtype f32 equals
 // transformers' on every fixture and the default output on the bundled model;
 // quantized KV dtypes either run or fail with the pool's clear UNIMPLEMENTED
@@ -204,6 +205,51 @@ TEST(CliRunnerFlagsTest, BadValuesFailNamingTheFlag) {
   }
   expect_flag_error({"serve", "--model", model, "--max-num-seqs", "0"}, "--max-num-seqs", "0");
   expect_flag_error({"generate", "--model", source_path("no/such/dir"), "--prompt-ids", "1"}, "--model", "no/such/dir");
+}
+
+// --kv-offload-memory / --preemption-mode reach generate and eval through the shared flags: the host tier
+// appears in the start-up report, the output is unchanged, bad values name the flag.
+TEST(CliRunnerFlagsTest, GenerateAndEvalTakeTheHostTierFlags) {
+  const std::string model = source_path(kFixture);
+  const std::vector<std::string> base = {"--model", model, "--kv-cache-dtype", "f32", "--prompt-ids", "1,2,3,4,5,6,7",
+                                         "--max-tokens", "8"};
+  const auto plain = generate_tokens(base);
+  ASSERT_FALSE(plain.empty());
+  std::vector<std::string> tier = base;
+  tier.insert(tier.end(), {"--kv-offload-memory", "1MiB", "--preemption-mode", "swap"});
+  CliResult raw;
+  EXPECT_EQ(generate_tokens(tier, &raw), plain);
+  EXPECT_THAT(raw.err, HasSubstr("KV tiers: device"));
+  EXPECT_THAT(raw.err, HasSubstr("host"));
+  EXPECT_THAT(raw.err, Not(HasSubstr("no host tier")));
+  expect_flag_error({"generate", "--model", model, "--prompt-ids", "1,2", "--preemption-mode", "swap"},
+                    "--preemption-mode swap", "--kv-offload-memory");
+  expect_flag_error({"generate", "--model", model, "--prompt-ids", "1,2", "--preemption-mode", "later"},
+                    "--preemption-mode", "later");
+  expect_flag_error({"generate", "--model", model, "--prompt-ids", "1,2", "--kv-offload-memory", "lots"},
+                    "--kv-offload-memory", "lots");
+
+  require_bundled_model();
+  const std::vector<std::string> eval = {"eval", "perplexity", "--model", source_path(kTiny), "--text-file",
+                                         source_path(kTiny + "/heldout.txt"), "--max-tokens", "96", "--window", "48",
+                                         "--json"};
+  auto perplexity = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = eval;
+    args.insert(args.end(), extra.begin(), extra.end());
+    CliResult r = run_pagoda(args, std::chrono::seconds(120));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const json out = json::parse(last_line(r.out), nullptr, false);
+    return out.is_discarded() || !out.contains("perplexity") ? -1.0 : out["perplexity"].get<double>();
+  };
+  const double without = perplexity({});
+  EXPECT_GT(without, 0.0);
+  EXPECT_DOUBLE_EQ(perplexity({"--kv-offload-memory", "4MiB", "--preemption-mode", "recompute"}), without);
+  std::vector<std::string> bad = eval;
+  bad.insert(bad.end(), {"--kv-offload-memory", "-3"});
+  expect_flag_error(bad, "--kv-offload-memory", "-3");
+  bad = eval;
+  bad.insert(bad.end(), {"--preemption-mode", "swap"});
+  expect_flag_error(bad, "--preemption-mode swap", "--kv-offload-memory");
 }
 
 TEST(CliRunnerFlagsTest, RandomWeightsOnTheCpuFromAConfigFile) {

@@ -4,9 +4,11 @@
 // greedy text, /metrics with tier="host"), and concurrent requests that
 // overflow the device are preempted by swap and all finish.
 
+#include <chrono>
 #include <future>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -108,7 +110,12 @@ TEST_F(ServerHostTierTest, ConcurrentRequestsOverflowingTheDeviceAreSwappedAndFi
     ASSERT_FALSE(out.is_null());
     EXPECT_EQ(out["usage"]["completion_tokens"], 40);
   }
-  const std::string m = metrics();
+  // A reply can reach the client a moment before the engine frees its sequence: wait (bounded) for that.
+  std::string m = metrics();
+  for (int i = 0; i < 100 && metric(m, "pagoda_kv_blocks_in_use") != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    m = metrics();
+  }
   EXPECT_GT(metric(m, "pagoda_swap_preemptions_total"), 0) << "the test must exercise swapping";
   EXPECT_EQ(metric(m, "pagoda_swap_preemptions_total"), metric(m, "pagoda_preemptions_total"));
   EXPECT_EQ(metric(m, "pagoda_kv_swapped_sequences"), 0);

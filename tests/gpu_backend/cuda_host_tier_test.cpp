@@ -1,7 +1,9 @@
 // The host tier on the GPU: the pinned host pool's transfers move every byte
-// of a block (codes and scales, every layer) for every KV dtype, in list order
-// across batches; and through the engine on a fixture model, a host-tier hit
-// and preemption by swap give exactly the output of a miss / no preemption.
+// of a block (codes and scales, every layer) for every KV dtype and copy
+// method, in list order across batches; loads issued layer by layer are ready
+// layer by layer; and through the engine on a fixture model, a host-tier hit
+// (loads layer by layer or whole) and preemption by swap give exactly the
+// output of a miss / no preemption.
 
 #include <cstring>
 #include <filesystem>
@@ -49,17 +51,26 @@ TEST(CudaHostTierTest, TransfersMoveEveryByteInListOrderForEveryKvDtype) {
   using Method = CudaHostKvPool::CopyMethod;
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  for (const Method method : {Method::kKernel, Method::kBatchedMemcpy, Method::kMemcpyPerPiece})
+  // (device->host, host->device) methods.
+  const std::pair<Method, Method> methods[] = {{Method::kKernel, Method::kKernel},
+                                               {Method::kBatchedMemcpy, Method::kBatchedMemcpy},
+                                               {Method::kMemcpyPerPiece, Method::kMemcpyPerPiece},
+                                               {Method::kStaged, Method::kStaged},
+                                               {Method::kStaged, Method::kKernel},
+                                               {Method::kKernel, Method::kStaged}};
+  for (const auto& [out_method, in_method] : methods)
   for (const auto& [k, v] : dtypes)
   for (const int32_t block_size : {4, 1}) {  // block size 1: pieces not multiples of 16 bytes
-    SCOPED_TRACE(std::string(dtype_name(k)) + "/" + std::string(dtype_name(v)) + " method " +
-                 std::to_string(static_cast<int>(method)) + " block size " + std::to_string(block_size));
+    SCOPED_TRACE(std::string(dtype_name(k)) + "/" + std::string(dtype_name(v)) + " methods " +
+                 std::to_string(static_cast<int>(out_method)) + "/" + std::to_string(static_cast<int>(in_method)) +
+                 " block size " + std::to_string(block_size));
     const KvPoolShape shape{3, 8, block_size, 2, 64, k, v};
     auto pool = CudaKvPool::create(shape);
     ASSERT_TRUE(pool.ok()) << pool.status().to_string();
     auto host = CudaHostKvPool::create(shape, 6);
     ASSERT_TRUE(host.ok()) << host.status().to_string();
-    (*host)->set_copy_method(method);
+    (*host)->set_copy_method(kD2H, out_method);
+    (*host)->set_copy_method(kH2D, in_method);
     EXPECT_EQ((*host)->block_bytes(), shape.bytes_per_token() * block_size);
     // Random bytes over the whole device pool (one allocation from layer 0's K codes).
     std::vector<uint8_t> noise((*pool)->total_bytes());
@@ -82,6 +93,99 @@ TEST(CudaHostTierTest, TransfersMoveEveryByteInListOrderForEveryKvDtype) {
     EXPECT_EQ(stats.blocks[1], 3);
     EXPECT_GT(stats.seconds[0], 0.0);
     EXPECT_GT(stats.seconds[1], 0.0);
+  }
+  cudaStreamDestroy(stream);
+}
+
+// A list of one batch goes layer by layer: the stream that waits for layer l's
+// events (and nothing else) reads layer l of the loaded blocks whole, and a
+// write-back in the same list leaves its block for the writes after it.
+TEST(CudaHostTierTest, LayerByLayerLoadsAreReadyLayerByLayer) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (const auto& [dtype, block_size] : {std::pair{DType::kBF16, 16}, std::pair{DType::kFP8E4M3, 16},
+                                          std::pair{DType::kInt4, 3}}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const KvPoolShape shape{6, 64, block_size, 4, 128, dtype, dtype};
+    auto pool = CudaKvPool::create(shape);
+    ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+    auto host = CudaHostKvPool::create(shape, 64);
+    ASSERT_TRUE(host.ok()) << host.status().to_string();
+    std::vector<uint8_t> noise((*pool)->total_bytes());
+    std::mt19937 rng(9);
+    for (auto& b : noise) b = static_cast<uint8_t>(rng());
+    ASSERT_EQ(cudaMemcpy((*pool)->layer(0).key, noise.data(), noise.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    // Blocks 0..31 out to host 0..31 (whole), then one list: host 0..31 into device 32..63, and device 0 to host 40.
+    std::vector<BlockTransfer> out, mixed;
+    std::vector<std::vector<std::byte>> expected;
+    for (int32_t i = 0; i < 32; ++i) {
+      out.push_back({kD2H, i, i});
+      mixed.push_back({kH2D, 32 + i, i});
+      expected.push_back(device_block(**pool, i));
+    }
+    mixed.push_back({kD2H, 0, 40});
+    ASSERT_TRUE((*host)->transfer(out, **pool, stream).ok());
+    auto went = (*host)->transfer_layered(mixed, **pool, stream);
+    ASSERT_TRUE(went.ok()) << went.status().to_string();
+    EXPECT_TRUE(*went);
+    EXPECT_EQ((*host)->layered_calls(), 1);
+    ASSERT_TRUE((*host)->layer_waits_pending());
+    const KvLayerWaits waits = (*host)->take_layer_waits();
+    EXPECT_FALSE((*host)->layer_waits_pending());
+    ASSERT_EQ(waits.num_layers(), shape.num_layers);
+    EXPECT_EQ(waits.per_layer, 2);
+    // Layer by layer on `stream`: wait for the layer, read its pieces of every loaded block, then overwrite
+    // block 0's pieces of that layer (the write-back must have read them first).
+    std::vector<std::vector<std::byte>> got(32, std::vector<std::byte>(expected[0].size()));
+    std::vector<std::vector<void*>> dsts(32);
+    std::vector<std::vector<const void*>> srcs(32);
+    std::vector<std::vector<size_t>> sizes(32);
+    for (int32_t i = 0; i < 32; ++i)
+      (*pool)->append_block_copies(32 + i, got[static_cast<size_t>(i)].data(), true, dsts[static_cast<size_t>(i)],
+                                   srcs[static_cast<size_t>(i)], sizes[static_cast<size_t>(i)]);
+    std::vector<void*> block0_dsts;
+    std::vector<const void*> block0_srcs;
+    std::vector<size_t> block0_sizes;
+    std::vector<std::byte> zeros(expected[0].size());
+    (*pool)->append_block_copies(0, zeros.data(), false, block0_dsts, block0_srcs, block0_sizes);
+    const size_t per_layer = dsts[0].size() / static_cast<size_t>(shape.num_layers);
+    for (int32_t l = 0; l < shape.num_layers; ++l) {
+      ASSERT_EQ(waits.wait_layer(stream, l), cudaSuccess);
+      for (int32_t i = 0; i < 32; ++i)
+        for (size_t p = l * per_layer; p < (l + 1) * per_layer; ++p)
+          ASSERT_EQ(cudaMemcpyAsync(dsts[static_cast<size_t>(i)][p], srcs[static_cast<size_t>(i)][p],
+                                    sizes[static_cast<size_t>(i)][p], cudaMemcpyDeviceToHost, stream),
+                    cudaSuccess);
+      for (size_t p = l * per_layer; p < (l + 1) * per_layer; ++p)
+        ASSERT_EQ(cudaMemcpyAsync(block0_dsts[p], block0_srcs[p], block0_sizes[p], cudaMemcpyHostToDevice, stream),
+                  cudaSuccess);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    for (int32_t i = 0; i < 32; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], expected[static_cast<size_t>(i)]) << i;
+    EXPECT_EQ(std::memcmp((*host)->block(40), expected[0].data(), expected[0].size()), 0);
+    // A list of several batches (blocks touched twice: 5 -> h50 -> 6, then 7 -> h51 and h50 -> 7) goes layer
+    // by layer in list order on one stream, one event per layer.
+    const auto b5 = device_block(**pool, 5), b7 = device_block(**pool, 7);
+    const std::vector<BlockTransfer> chain = {{kD2H, 5, 50}, {kH2D, 6, 50}, {kD2H, 7, 51}, {kH2D, 7, 50}};
+    went = (*host)->transfer_layered(chain, **pool, stream);
+    ASSERT_TRUE(went.ok());
+    EXPECT_TRUE(*went);
+    const KvLayerWaits chain_waits = (*host)->take_layer_waits();
+    EXPECT_EQ(chain_waits.per_layer, 1);
+    ASSERT_EQ(chain_waits.wait_all(stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(device_block(**pool, 6), b5);
+    EXPECT_EQ(device_block(**pool, 7), b5);
+    EXPECT_EQ(std::memcmp((*host)->block(51), b7.data(), b7.size()), 0);
+    // With a DMA method the same list goes whole: nothing pending, the stream already waits.
+    (*host)->set_copy_method(kH2D, CudaHostKvPool::CopyMethod::kStaged);
+    went = (*host)->transfer_layered(chain, **pool, stream);
+    ASSERT_TRUE(went.ok());
+    EXPECT_FALSE(*went);
+    EXPECT_FALSE((*host)->layer_waits_pending());
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(device_block(**pool, 6), b5);
   }
   cudaStreamDestroy(stream);
 }
@@ -173,10 +277,12 @@ std::vector<int32_t> prompt_of(int32_t length, int32_t salt) {
 
 TEST(CudaHostTierTest, AHostHitGivesTheMissOutputOnTheGpu) {
   PAGODA_SKIP_WITHOUT_GPU();
-  for (DType dtype : {DType::kBF16, DType::kFP8E4M3, DType::kInt4}) {
-    SCOPED_TRACE(dtype_name(dtype));
+  for (DType dtype : {DType::kBF16, DType::kFP8E4M3, DType::kInt4})
+  for (bool layer_by_layer : {true, false}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)) + (layer_by_layer ? " layer by layer" : " whole loads"));
     auto runner = make_runner(/*device_blocks=*/16, /*host_blocks=*/64, dtype);
     ASSERT_NE(runner, nullptr);
+    runner->set_layer_by_layer(layer_by_layer);
     const auto prompt = prompt_of(41, 1);
     std::vector<int32_t> cached;
     engine::EngineStats stats;
@@ -189,6 +295,11 @@ TEST(CudaHostTierTest, AHostHitGivesTheMissOutputOnTheGpu) {
     EXPECT_EQ(out[3], out[0]);
     EXPECT_EQ(stats.kv.hit_tokens_by_tier[static_cast<int>(kv::BlockTier::kHost)], 40);
     EXPECT_GT(stats.transfers.blocks[static_cast<int>(kH2D)], 0);
+    if (layer_by_layer) {
+      EXPECT_GT(runner->host_pool()->layered_calls(), 0) << "the loads must go layer by layer";
+    } else {
+      EXPECT_EQ(runner->host_pool()->layered_calls(), 0);
+    }
   }
 }
 

@@ -35,7 +35,10 @@ struct SimSequence {
 
 class HostTierWalk {
  public:
-  HostTierWalk(uint32_t seed, int32_t device_blocks, int32_t host_blocks, int32_t block_size)
+  // write_through: the settings a disk or redis tier below the host brings
+  // (stable keys, every cached block copied to a host twin at once).
+  HostTierWalk(uint32_t seed, int32_t device_blocks, int32_t host_blocks, int32_t block_size,
+               bool write_through = false)
       : rng_(seed), bs_(block_size),
         device_(static_cast<size_t>(device_blocks) * block_size, 0),
         host_(static_cast<size_t>(host_blocks) * block_size, 0) {
@@ -44,6 +47,10 @@ class HostTierWalk {
     config.num_host_blocks = host_blocks;
     config.block_size = block_size;
     config.evicted_key_memory = 64;
+    if (write_through) {
+      config.stable_key_fingerprint = "walk";
+      config.host_write_through = true;
+    }
     kv_ = std::move(KvCacheManager::create(config, &clock_)).value();
     // Conversations: prompts share long prefixes, so hits in both tiers are common.
     for (int c = 0; c < 6; ++c) {
@@ -200,6 +207,19 @@ class HostTierWalk {
   std::map<SequenceId, SimSequence> seqs_;
   SequenceId next_id_ = 1;
 };
+
+TEST(HostTierProperty, RandomWalksWithWriteThroughAndStableKeysReadBackTheirOwnKv) {
+  for (const int32_t bs : {4, 1}) {
+    for (uint32_t seed = 1; seed <= 3; ++seed) {
+      HostTierWalk walk(seed * 104729 + static_cast<uint32_t>(bs), 24 / bs + 6, 40 / bs + 4, bs, /*write_through=*/true);
+      ASSERT_NO_FATAL_FAILURE(walk.run(3000)) << "block size " << bs << " seed " << seed;
+      const KvStats stats = walk.kv().stats();
+      EXPECT_GT(stats.blocks_written_back, 0);  // (StableKeyTest checks a twin per inserted block)
+      EXPECT_GT(stats.blocks_promoted, 0);
+      EXPECT_GT(stats.swap_ins, 0);
+    }
+  }
+}
 
 TEST(HostTierProperty, RandomWalksReadBackTheirOwnKvAtBlockSizes4And3And1) {
   for (const int32_t bs : {4, 3, 1}) {

@@ -11,6 +11,8 @@
 #         .device/hosttier; a helper's calls send the session's checkout, so DEST=<that checkout>/.device/hosttier)
 # There:  run(command="bash .device/hosttier/kv_offload_call.sh run", carry=[".device/hosttier"])
 # Results: $OUT/summary.txt and $OUT/kv_offload.json, logs in $OUT/logs.tar.gz.
+# Environment there: BENCH_ARGS (extra bench flags), BENCH_LIMIT (seconds); BENCH2_ARGS: a second bench run
+# (e.g. another workload size) into $OUT/kv_offload2.json within BENCH2_LIMIT; SKIP_TESTS=1 / SKIP_SERVE=1.
 set -uo pipefail
 case "${1:-}" in
 bundle)
@@ -42,20 +44,30 @@ run)
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
     free -g | head -2
   } | tee "$out/summary.txt"
+  if [ -z "${SKIP_TESTS:-}" ]; then
   timeout 150 "$bundle/run.sh" cuda_host_tier_tests > "$out/logs/cuda_host_tier_tests.log" 2>&1
   echo "cuda_host_tier_tests: exit $? $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/logs/cuda_host_tier_tests.log" | tr '\n' ' ')" \
     | tee -a "$out/summary.txt"
-  grep -E "Failure|Expected|Which is|error" "$out/logs/cuda_host_tier_tests.log" | head -20
+  grep -E "Failure|Expected|Which is|error|OK \]" "$out/logs/cuda_host_tier_tests.log" | head -30
+  fi
+  if [ -z "${SKIP_SERVE:-}" ]; then
   timeout 40 "$bundle/run.sh" pagoda serve --model tests/fixtures/models/llama_f32 --device cuda --kv-cache-memory 64MiB \
     --kv-offload-memory 256MiB --port 0 > "$out/logs/serve.log" 2>&1 &
   serve=$!
   for _ in $(seq 1 60); do grep -q "listening" "$out/logs/serve.log" && break; sleep 0.5; done
   kill $serve 2>/dev/null; wait $serve 2>/dev/null
   grep -E "KV tiers|preemption|error" "$out/logs/serve.log" | tee -a "$out/summary.txt"
+  fi
   timeout ${BENCH_LIMIT:-200} "$bundle/run.sh" pagoda_kv_offload_bench --config tools/gpu_backend/llama3_8b_config.json \
     --json "$out/kv_offload.json" ${BENCH_ARGS:-} > "$out/logs/bench.log" 2>&1
   echo "bench: exit $?" | tee -a "$out/summary.txt"
   grep -vE "^\s*$" "$out/logs/bench.log" | tee -a "$out/summary.txt" | tail -40
+  if [ -n "${BENCH2_ARGS:-}" ]; then
+    timeout ${BENCH2_LIMIT:-200} "$bundle/run.sh" pagoda_kv_offload_bench --config tools/gpu_backend/llama3_8b_config.json \
+      --json "$out/kv_offload2.json" $BENCH2_ARGS > "$out/logs/bench2.log" 2>&1
+    echo "bench 2: exit $?" | tee -a "$out/summary.txt"
+    grep -vE "^\s*$" "$out/logs/bench2.log" | tee -a "$out/summary.txt" | tail -30
+  fi
   tar czf "$out/logs.tar.gz" -C "$out" logs
   rm -rf "$out/logs"
   ;;

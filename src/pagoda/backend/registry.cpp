@@ -39,10 +39,6 @@ StatusOr<RunnerSetup> create_model_runner(const RunnerSpec& spec,
                                   "max_position_embeddings, or --max-model-len)", requirements.sequence_tokens,
                                   config.max_position_embeddings);
   if (spec.device == Device::kCuda) {
-    if (config.mla)
-      return unimplemented_error("{}: {} (multi-head latent attention + MoE) runs on --device cpu only; the CUDA "
-                                 "backend has no MLA kernels yet", spec.load_format == LoadFormat::kAuto
-                                     ? spec.model_dir : spec.config_path, config.architecture_name);
 #ifdef PAGODA_HAVE_CUDA
     return create_cuda_runner(spec, requirements, std::move(config));
 #else

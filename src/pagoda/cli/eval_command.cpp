@@ -58,6 +58,8 @@ struct EvalOptions {
   int32_t prefill_chunk = 256;
   std::string quantization;  // --quantization: the (variant) runner's weights; the agree baseline stays as loaded
   int64_t max_tokens = 0;  // 0: the whole file
+  std::string kv_offload_memory = "0";  // the host KV tier (runner_flags.h)
+  std::string preemption_mode;
   bool json = false;
   bool quiet = false;
 };
@@ -166,7 +168,13 @@ std::unique_ptr<eval::PagedRunner> make_runner(const EvalOptions& opt, int32_t w
   spec.block_size = block_size;
   spec.max_num_seqs = 1;
   spec.max_tokens_per_step = opt.prefill_chunk;
+  auto offload = parse_kv_offload_memory(opt.kv_offload_memory);
+  if (!offload.ok()) fail(offload.status().to_string());
+  spec.kv_offload_memory = *offload;
+  auto preemption = parse_preemption_mode(opt.preemption_mode, spec.kv_offload_memory > 0);
+  if (!preemption.ok()) fail(preemption.status().to_string());
   eval::PagedRunnerOptions options;
+  options.preemption_mode = *preemption;
   options.block_size = block_size;
   options.key_dtype = kv_dtypes.key;
   options.value_dtype = kv_dtypes.value;
@@ -314,6 +322,7 @@ void add_common_options(CLI::App* cmd, EvalOptions& opt) {
   cmd->add_option("--prefill-chunk", opt.prefill_chunk, "tokens per forward while prefilling a window (1 = decode path)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
+  add_host_tier_flags(*cmd, opt.kv_offload_memory, opt.preemption_mode);
   cmd->add_option("--max-tokens", opt.max_tokens, "score only the first N tokens of the file (0 = all)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));

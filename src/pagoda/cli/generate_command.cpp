@@ -77,6 +77,8 @@ void run_generate(const GenerateOptions& opt) {
   // Cheap checks first, before a possibly long model load.
   auto flags = resolve_runner_flags(opt.runner, RunnerCommand::kGenerate);
   if (!flags.ok()) fail(flags.status().to_string());
+  auto preemption = resolve_preemption_mode(opt.runner, *flags);
+  if (!preemption.ok()) fail(preemption.status().to_string());
   std::vector<int32_t> prompt;
   if (!opt.prompt_ids.empty()) prompt = parse_prompt_ids(opt.prompt_ids);
   std::error_code ec;
@@ -145,7 +147,7 @@ void run_generate(const GenerateOptions& opt) {
   auto kv = kv::KvCacheManager::create(kv_cache_config(*setup, /*enable_prefix_cache=*/false));
   if (!kv.ok()) fail("KV cache: " + kv.status().to_string());
   engine::EngineConfig engine_config;
-  engine_config.scheduler = scheduler_config(*setup);
+  engine_config.scheduler = scheduler_config(*setup, *preemption);
   engine_config.scheduler.max_running_sequences = 1;
   engine_config.scheduler.max_tokens_per_step =
       std::max<int32_t>(engine_config.scheduler.max_tokens_per_step, static_cast<int32_t>(prompt.size()));

@@ -95,22 +95,51 @@ void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) 
   cmd.add_option("--max-model-len", flags.max_model_len,
                  "Longest sequence (prompt + output) in tokens; default: config.json's max_position_embeddings. "
                  "Larger values run past the trained context (benchmarks)");
+  add_host_tier_flags(cmd, flags.kv_offload_memory, flags.preemption_mode);
   if (command == RunnerCommand::kServe) {
-    cmd.add_option("--kv-offload-memory", flags.kv_offload_memory,
-                   "Bytes of host memory for a second KV tier, e.g. 64GiB (pinned on cuda; 0: none). Blocks the "
-                   "device evicts from the prefix cache are written back there and copied back on a hit, and "
-                   "preempted sequences are swapped there")
-        ->capture_default_str();
-    cmd.add_option("--preemption-mode", flags.preemption_mode,
-                   "How a sequence is preempted when the KV pool is full: swap (its K/V goes to the host tier and "
-                   "comes back; needs --kv-offload-memory) or recompute (its K/V is computed again). Default: swap "
-                   "with a host tier, recompute without");
     flags.max_num_seqs_option = cmd.add_option("--max-num-seqs,--max-running", flags.max_num_seqs,
                                                "Most sequences in one batch (default: 64 on cpu, 256 on cuda)");
     flags.max_tokens_per_step_option =
         cmd.add_option("--max-tokens-per-step,--max-num-batched-tokens", flags.max_tokens_per_step,
                        "Token budget of one engine step, prefill chunks + decodes (default: 512 on cpu, 8192 on cuda)");
   }
+}
+
+void add_host_tier_flags(CLI::App& cmd, std::string& kv_offload_memory, std::string& preemption_mode) {
+  cmd.add_option("--kv-offload-memory", kv_offload_memory,
+                 "Bytes of host memory for a second KV tier, e.g. 64GiB (pinned on cuda; 0: none). Blocks the "
+                 "device evicts from the prefix cache are written back there and copied back on a hit, and "
+                 "preempted sequences are swapped there")
+      ->capture_default_str();
+  cmd.add_option("--preemption-mode", preemption_mode,
+                 "How a sequence is preempted when the KV pool is full: swap (its K/V goes to the host tier and "
+                 "comes back; needs --kv-offload-memory) or recompute (its K/V is computed again). Default: swap "
+                 "with a host tier, recompute without");
+}
+
+StatusOr<int64_t> parse_kv_offload_memory(const std::string& value) {
+  const std::string& text = value.empty() ? std::string("0") : value;
+  auto bytes = parse_byte_size(text);
+  if (!bytes.ok() || *bytes < 0)
+    return invalid_argument_error("--kv-offload-memory {}: expected a size such as 64GiB, 512MiB or 1e9 (0: no "
+                                  "host tier)", text);
+  const int64_t physical = physical_memory_bytes();
+  if (physical > 0 && *bytes > physical)
+    return invalid_argument_error("--kv-offload-memory {}: more than this machine's {} of memory", text,
+                                  format_bytes(static_cast<double>(physical)));
+  return *bytes;
+}
+
+StatusOr<engine::PreemptionMode> parse_preemption_mode(const std::string& mode, bool host_tier) {
+  if (mode.empty()) return host_tier ? engine::PreemptionMode::kSwap : engine::PreemptionMode::kRecompute;
+  if (mode == "recompute") return engine::PreemptionMode::kRecompute;
+  if (mode == "swap") {
+    if (!host_tier)
+      return invalid_argument_error("--preemption-mode swap needs a host tier to swap to: give --kv-offload-memory "
+                                    "(e.g. 16GiB) or use --preemption-mode recompute");
+    return engine::PreemptionMode::kSwap;
+  }
+  return invalid_argument_error("--preemption-mode {}: expected swap or recompute", mode);
 }
 
 StatusOr<backend::RunnerSpec> resolve_runner_flags(const RunnerFlags& flags, RunnerCommand command) {
@@ -204,18 +233,7 @@ StatusOr<backend::RunnerSpec> resolve_runner_flags(const RunnerFlags& flags, Run
   }
 
   // The host tier: bytes of host memory, at most what the machine has.
-  {
-    const std::string& text = flags.kv_offload_memory.empty() ? std::string("0") : flags.kv_offload_memory;
-    auto bytes = parse_byte_size(text);
-    if (!bytes.ok() || *bytes < 0)
-      return invalid_argument_error("--kv-offload-memory {}: expected a size such as 64GiB, 512MiB or 1e9 (0: no "
-                                    "host tier)", text);
-    const int64_t physical = physical_memory_bytes();
-    if (physical > 0 && *bytes > physical)
-      return invalid_argument_error("--kv-offload-memory {}: more than this machine's {} of memory", text,
-                                    format_bytes(static_cast<double>(physical)));
-    r.kv_offload_memory = *bytes;
-  }
+  PAGODA_ASSIGN_OR_RETURN(r.kv_offload_memory, parse_kv_offload_memory(flags.kv_offload_memory));
 
   // Scheduler limits (serve); generate runs one sequence.
   const bool cuda = r.device == backend::Device::kCuda;
@@ -243,17 +261,7 @@ StatusOr<backend::RunnerSpec> resolve_runner_flags(const RunnerFlags& flags, Run
 }
 
 StatusOr<engine::PreemptionMode> resolve_preemption_mode(const RunnerFlags& flags, const backend::RunnerSpec& spec) {
-  const bool host_tier = spec.kv_offload_memory > 0;
-  if (flags.preemption_mode.empty())
-    return host_tier ? engine::PreemptionMode::kSwap : engine::PreemptionMode::kRecompute;
-  if (flags.preemption_mode == "recompute") return engine::PreemptionMode::kRecompute;
-  if (flags.preemption_mode == "swap") {
-    if (!host_tier)
-      return invalid_argument_error("--preemption-mode swap needs a host tier to swap to: give --kv-offload-memory "
-                                    "(e.g. 16GiB) or use --preemption-mode recompute");
-    return engine::PreemptionMode::kSwap;
-  }
-  return invalid_argument_error("--preemption-mode {}: expected swap or recompute", flags.preemption_mode);
+  return parse_preemption_mode(flags.preemption_mode, spec.kv_offload_memory > 0);
 }
 
 kv::KvCacheConfig kv_cache_config(const backend::RunnerSetup& setup, bool enable_prefix_cache) {

@@ -40,8 +40,8 @@ struct RunnerFlags {
   std::string kv_cache_dtype_v;
   int32_t block_size = 16;
   std::string kv_cache_memory;  // bytes ("256MiB"); empty: the command's default
-  std::string kv_offload_memory = "0";  // serve: bytes of the host tier ("64GiB"); "0": none
-  std::string preemption_mode;          // serve: swap or recompute; empty: swap with a host tier
+  std::string kv_offload_memory = "0";  // bytes of the host tier ("64GiB"); "0": none
+  std::string preemption_mode;          // swap or recompute; empty: swap with a host tier
   double gpu_memory_utilization = 0.9;
   int32_t max_num_seqs = 0;         // not given (and 0): the device's default
   int32_t max_tokens_per_step = 0;  // not given (and 0): the device's default
@@ -71,6 +71,14 @@ StatusOr<std::optional<DType>> parse_weight_quantization(const std::string& text
 
 // Registers --quantization on cmd (generate, serve, eval).
 void add_quantization_flag(CLI::App& cmd, std::string& value);
+
+// --kv-offload-memory and --preemption-mode alone, for a command with flags of
+// its own (eval); add_runner_flags registers them too.
+void add_host_tier_flags(CLI::App& cmd, std::string& kv_offload_memory, std::string& preemption_mode);
+// --kv-offload-memory's bytes (empty or "0": no tier); errors name the flag.
+StatusOr<int64_t> parse_kv_offload_memory(const std::string& value);
+// --preemption-mode given whether there is a host tier (see resolve_preemption_mode).
+StatusOr<engine::PreemptionMode> parse_preemption_mode(const std::string& mode, bool host_tier);
 
 // --preemption-mode, checked against the host tier the spec asks for:
 // default swap with a host tier (--kv-offload-memory), recompute without;

@@ -27,6 +27,7 @@
 #include "pagoda/chat/chat_template.h"
 #include "pagoda/cli/commands.h"
 #include "pagoda/backend/registry.h"
+#include "pagoda/cli/kv_tier_flags.h"
 #include "pagoda/cli/runner_flags.h"
 #include "pagoda/cli/tokenizer_text_decoder.h"
 #include "pagoda/engine/engine.h"
@@ -42,6 +43,7 @@ volatile std::sig_atomic_t g_received_signal = 0;
 
 struct ServeOptions {
   RunnerFlags runner;
+  KvTierFlags kv_tiers;
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string api_keys_file;
@@ -56,6 +58,9 @@ struct ServeOptions {
   double keep_alive_s = 75.0;
   double shutdown_grace_s = 10.0;
   int64_t max_request_cost = server::kDefaultMaxRequestCost;
+  int32_t prefix_share_min_tokens = 0;
+  double ttft_floor_ms = 0;
+  std::string ttft_floor_scope = "all";
   server::TenantLimits tenant_limits;  // defaults for tenants whose api-keys entry sets none
 };
 
@@ -75,6 +80,7 @@ void run_serve(const ServeOptions& opt) {
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client that leaves mid-write is an error return, not a crash
+  signal(SIGXFSZ, SIG_IGN);  // a file past the size limit (disk KV tier) is an error return, not a crash
 
   backend::RunnerRequirements needs;
   needs.progress = [](const std::string& line) { std::fprintf(stderr, "pagoda serve: %s\n", line.c_str()); };
@@ -106,6 +112,18 @@ void run_serve(const ServeOptions& opt) {
   kv::KvCacheConfig kv_config = kv_cache_config(*setup, !opt.no_prefix_cache);
   // Block events feed GET /v1/kv/events (a KV-aware `pagoda route` reads them).
   kv_config.record_events = !opt.no_kv_events;
+  if (opt.prefix_share_min_tokens < 0 || opt.prefix_share_min_tokens % kv_config.block_size != 0)
+    fail(fmt::format("--prefix-share-min-tokens {}: must be 0 or a positive multiple of the KV block size {}",
+                     opt.prefix_share_min_tokens, kv_config.block_size));
+  kv_config.prefix_share_min_tokens = opt.prefix_share_min_tokens;
+  // Tiers below the host (disk, redis); they outlive the engine (declared first).
+  auto lower_tiers = open_kv_tiers(opt.kv_tiers, *setup, kv_config, [](const std::string& line) {
+    std::fprintf(stderr, "pagoda serve: warning: %s\n", line.c_str());
+  });
+  if (!lower_tiers.ok()) fail(lower_tiers.status().to_string());
+  if (*lower_tiers)
+    std::fprintf(stderr, "pagoda serve: KV tiers below the host: %s; blocks are written through the host tier\n",
+                 (*lower_tiers)->describe().c_str());
   auto kv = kv::KvCacheManager::create(kv_config);
   if (!kv.ok()) fail("KV cache: " + kv.status().to_string());
 
@@ -135,6 +153,12 @@ void run_serve(const ServeOptions& opt) {
   server_config.http.header_timeout = millis(opt.header_timeout_s);
   server_config.http.body_timeout = millis(opt.body_timeout_s);
   server_config.http.keep_alive_timeout = millis(opt.keep_alive_s);
+  if (!(opt.ttft_floor_ms >= 0 && opt.ttft_floor_ms <= 600'000))
+    fail(fmt::format("--cache-hit-ttft-floor-ms {}: must be in [0, 600000]", opt.ttft_floor_ms));
+  if (opt.ttft_floor_scope != "all" && opt.ttft_floor_scope != "hits")
+    fail(fmt::format("--cache-hit-ttft-floor-scope '{}': must be 'all' or 'hits'", opt.ttft_floor_scope));
+  server_config.first_token_floor = std::chrono::milliseconds(static_cast<int64_t>(opt.ttft_floor_ms));
+  server_config.first_token_floor_hits_only = opt.ttft_floor_scope == "hits";
   if (!opt.api_keys_file.empty()) {
     auto keys = server::ApiKeyStore::load(opt.api_keys_file);
     if (!keys.ok()) fail(keys.status().to_string());
@@ -156,6 +180,7 @@ void run_serve(const ServeOptions& opt) {
   engine::EngineConfig engine_config;
   engine_config.scheduler = scheduler_config(*setup, *preemption);
   engine_config.max_queued_requests = opt.max_queued;
+  engine_config.lower_tiers = lower_tiers->get();
   server::TextCodec codec;
   if (tok) {
     engine_config.text_decoder_factory = make_tokenizer_text_decoder_factory(tok);
@@ -215,6 +240,7 @@ void add_serve_command(CLI::App& app) {
       "Prints 'listening on http://HOST:PORT' on stdout once it accepts connections; the model/device/KV report "
       "goes to stderr.");
   add_runner_flags(*cmd, opt->runner, RunnerCommand::kServe);
+  add_kv_tier_flags(*cmd, opt->kv_tiers);
   cmd->add_option("--host", opt->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", opt->port, "Port (0: any free port, printed at start)")->capture_default_str();
   cmd->add_option("--api-keys", opt->api_keys_file,
@@ -253,6 +279,18 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--tenant-max-kv-blocks", opt->tenant_limits.max_kv_blocks,
                   "KV blocks one tenant may hold, in use or cached; at the cap it recycles its own cache, never "
                   "others' (0: no cap)")
+      ->capture_default_str();
+  cmd->add_option("--prefix-share-min-tokens", opt->prefix_share_min_tokens,
+                  "Use prefix-cache hits only in whole units of this many tokens, none below one unit (0: off; a "
+                  "multiple of the KV block size): a short probe cannot test a guess")
+      ->capture_default_str();
+  cmd->add_option("--cache-hit-ttft-floor-ms", opt->ttft_floor_ms,
+                  "Send no first token (or non-streamed answer) earlier than this many ms after the request "
+                  "arrived, so prefix-cache hits look like misses up to that time (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--cache-hit-ttft-floor-scope", opt->ttft_floor_scope,
+                  "Which requests wait for the floor: 'all' (hides hits for every prompt whose miss is quicker than "
+                  "the floor) or 'hits' (cheaper; a hit can then come later than its miss)")
       ->capture_default_str();
   cmd->add_option("--max-request-cost", opt->max_request_cost,
                   "Most n x max_tokens x (1 + logprobs) one request may ask for; past it, 400 (0: no cap)")

@@ -4,6 +4,8 @@
 #include <cassert>
 #include <random>
 
+#include "pagoda/runtime/host_block_layout.h"
+
 namespace pagoda::engine {
 namespace {
 
@@ -43,6 +45,18 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(EngineConfig config, runtime::M
                                   "holds {}", kv.num_host_blocks(), runner.capabilities().host_kv_blocks);
   if (config.scheduler.preemption_mode == PreemptionMode::kSwap && kv.num_host_blocks() == 0)
     return invalid_argument_error("preemption by swap needs a host tier (the KV manager has none)");
+  if (config.lower_tiers != nullptr && !config.lower_tiers->empty()) {
+    if (kv.num_host_blocks() == 0)
+      return invalid_argument_error("KV tiers below the host (disk, redis) need a host tier (--kv-offload-memory)");
+    if (!kv.has_stable_keys())
+      return invalid_argument_error("KV tiers below the host need stable block keys in the KV manager");
+    if (!runner.capabilities().host_block_access)
+      return unimplemented_error("KV tiers below the host: this model runner cannot read or write host blocks");
+    const size_t block_bytes = runtime::host_block_layout(geometry).block_bytes();
+    if (block_bytes != config.lower_tiers->block_bytes())
+      return invalid_argument_error("KV tiers below the host store blocks of {} bytes, the runner's are {}",
+                                    config.lower_tiers->block_bytes(), block_bytes);
+  }
   return std::make_unique<Engine>(std::move(config), runner, kv);
 }
 
@@ -115,8 +129,8 @@ void Engine::shutdown(std::chrono::milliseconds grace) {
     std::lock_guard inline_lock(inline_mutex_);
     drain_commands();
     cancel_all_requests();
-    flush_outputs();
     publish_stats(-1);
+    flush_outputs();
     return;
   }
   {
@@ -252,6 +266,8 @@ EngineStats Engine::stats() const {
   out.num_queued_requests = num_queued_.load();
   out.num_requests_in_flight = num_in_flight_.load();
   out.requests_rejected_queue_full = rejected_queue_full_.load();
+  // Live: the tiers' writer threads go on after the last step.
+  if (config_.lower_tiers != nullptr) out.lower_tiers = config_.lower_tiers->stats();
   return out;
 }
 
@@ -302,6 +318,7 @@ void Engine::admit_request(std::unique_ptr<RequestState> state) {
   seq->tokens = req->request.prompt_tokens;
   seq->prompt_length = static_cast<int32_t>(seq->tokens.size());
   seq->history.add_prompt(seq->tokens);
+  load_from_lower_tiers(seq);
   scheduler_.enqueue(seq);
   ++thread_stats_.requests_submitted;
   thread_stats_.prompt_tokens += seq->prompt_length;
@@ -310,6 +327,7 @@ void Engine::admit_request(std::unique_ptr<RequestState> state) {
 ChoiceDelta& Engine::delta_for(Sequence* seq) {
   RequestOutput& out = step_outputs_[seq->request->id];
   out.request_id = seq->request->id;
+  out.usage.cached_tokens = std::max(0, seq->request->cached_tokens);
   for (auto& c : out.choices)
     if (c.index == seq->choice_index) return c;
   out.choices.push_back(ChoiceDelta{});
@@ -569,13 +587,13 @@ bool Engine::step() {
   // sequences whose K/V was lost start over and this plan is dropped: its
   // sequences run next step (nothing was committed).
   if (!run_transfers().ok()) {
-    flush_outputs();
     publish_stats(-1);
+    flush_outputs();
     return true;
   }
   if (plan.empty()) {
-    flush_outputs();
     publish_stats(-1);
+    flush_outputs();
     return false;
   }
 
@@ -616,8 +634,8 @@ bool Engine::step() {
     for (const ScheduledChunk& chunk : plan.chunks)
       if (chunk.sequence->status != SequenceStatus::kFinished)
         fail_request(chunk.sequence->request, internal_error("model step failed: {}", committed.to_string()));
-    flush_outputs();
     publish_stats(seconds_between(start, Clock::now()));
+    flush_outputs();
     return true;
   }
   size_t row = 0, host_row = 0;
@@ -660,8 +678,16 @@ bool Engine::step() {
     if (req->request.sampling.n > 1 && !req->forked) fork_children(seq, logits_row);
     sample_into(seq, logits_row);
   }
-  flush_outputs();
+  // With tiers below the host, the write-backs this step decided (blocks it
+  // filled) run now when nothing is left running: otherwise they would wait
+  // for the next request, and a server stopped meanwhile would never store them.
+  if (config_.lower_tiers != nullptr && scheduler_.num_running() == 0 && scheduler_.num_waiting() == 0 &&
+      kv_.has_pending_transfers())
+    (void)run_transfers();
+  // Stats before outputs, here and above: a client that sees its request end
+  // also sees its blocks freed in /metrics.
   publish_stats(seconds_between(start, Clock::now()));
+  flush_outputs();
   return true;
 }
 
@@ -684,13 +710,70 @@ Status Engine::run_transfers() {
     runner_moves.push_back(runtime::BlockTransfer{static_cast<runtime::TransferDirection>(t.direction), t.device_block,
                                                   t.host_block});
   Status moved = runner_.transfer_blocks(runner_moves);
-  if (moved.ok()) return moved;
+  if (moved.ok()) {
+    spill_to_lower_tiers(moves);
+    return moved;
+  }
   ++thread_stats_.transfer_failures;
   for (kv::SequenceId id : kv_.transfers_failed(moves)) {
     auto it = sequences_.find(id);
     if (it != sequences_.end() && it->second->status != SequenceStatus::kFinished) scheduler_.restart(it->second.get());
   }
   return moved;
+}
+
+void Engine::spill_to_lower_tiers(std::span<const kv::BlockTransfer> moves) {
+  kvstore::LowerTiers* tiers = config_.lower_tiers;
+  if (tiers == nullptr || tiers->empty()) return;
+  // After the whole list ran, a host block holds what its last transfer wrote,
+  // which is what the manager's metadata (decided at once) says it holds.
+  spill_buffer_.resize(tiers->block_bytes());
+  for (const kv::BlockTransfer& t : moves) {
+    if (t.direction != kv::TransferDirection::kDeviceToHost) continue;
+    const std::optional<kv::StableKey> key = kv_.host_block_stable_key(t.host_block);
+    if (!key) continue;
+    if (!runner_.read_host_block(t.host_block, spill_buffer_).ok()) continue;
+    tiers->store(*key, spill_buffer_);
+  }
+}
+
+void Engine::load_from_lower_tiers(Sequence* seq) {
+  kvstore::LowerTiers* tiers = config_.lower_tiers;
+  if (tiers == nullptr || tiers->empty()) return;
+  const std::string& ns = seq->request->request.tenant_namespace;
+  const int64_t max_blocks = (static_cast<int64_t>(seq->tokens.size()) - 1) / kv_block_size_;
+  if (max_blocks <= 0) return;
+  seq->block_hashes.extend(seq->tokens);
+  const kv::PrefixMatch match = kv_.match_prefix(ns, seq->tokens, seq->block_hashes.hashes());
+  const auto have = static_cast<int32_t>(match.blocks.size());
+  if (have >= max_blocks) return;
+  const std::vector<kv::StableKey> keys = kv_.stable_keys(ns, seq->tokens, static_cast<int32_t>(max_blocks));
+  if (static_cast<int64_t>(keys.size()) != max_blocks) return;
+  const kvstore::LowerTiers::Fetched fetched = tiers->fetch(std::span(keys).subspan(static_cast<size_t>(have)));
+  if (fetched.from_disk + fetched.from_redis == 0) return;
+  // Pending write-backs land first: a host block they target may be reclaimed below.
+  if (!run_transfers().ok()) return;
+  const size_t bb = tiers->block_bytes();
+  int32_t loaded = 0;
+  for (const auto& [origin, count] : {std::pair<uint8_t, int32_t>{1, fetched.from_disk}, {2, fetched.from_redis}}) {
+    if (count == 0) continue;
+    const std::vector<int32_t> hosts = kv_.adopt_host_blocks(ns, seq->tokens, have + loaded, count, origin);
+    for (size_t i = 0; i < hosts.size(); ++i) {
+      const auto bytes = std::span(fetched.data).subspan((static_cast<size_t>(loaded) + i) * bb, bb);
+      if (!runner_.write_host_block(hosts[i], bytes).ok()) {
+        // Never read: the cache forgets these blocks (and what hangs below them).
+        std::vector<kv::BlockTransfer> lost;
+        for (size_t j = i; j < hosts.size(); ++j)
+          lost.push_back(kv::BlockTransfer{kv::TransferDirection::kDeviceToHost, 0, hosts[j]});
+        kv_.transfers_failed(lost);
+        thread_stats_.lower_tier_blocks_loaded += loaded + static_cast<int64_t>(i);
+        return;
+      }
+    }
+    loaded += static_cast<int32_t>(hosts.size());
+    if (static_cast<int32_t>(hosts.size()) < count) break;
+  }
+  thread_stats_.lower_tier_blocks_loaded += loaded;
 }
 
 Status Engine::copy_blocks_on_runner(std::span<const kv::BlockCopy> copies) {

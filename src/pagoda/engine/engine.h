@@ -15,6 +15,7 @@
 // thread. The runner and KV manager are used from the engine thread only
 // (or the thread calling step()).
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -36,6 +37,7 @@
 #include "pagoda/engine/sequence.h"
 #include "pagoda/engine/text_decoder.h"
 #include "pagoda/kv/kv_cache_manager.h"
+#include "pagoda/kvstore/lower_tiers.h"
 #include "pagoda/runtime/model_runner.h"
 
 namespace pagoda::engine {
@@ -46,6 +48,13 @@ struct EngineConfig {
   int32_t max_queued_requests = 256;
   // Makes one decoder per sequence; default: token ids as " <id>".
   TextDecoderFactory text_decoder_factory;
+  // KV tiers below the host tier (disk, redis), or null. Must outlive the
+  // engine; needs a host tier, stable keys in the KV manager and a runner
+  // with host_block_access. A request's prompt blocks missing from the device
+  // and host tiers are looked up there when it arrives and loaded into the
+  // host tier (then promoted like any host hit); every block the host tier
+  // receives is handed to them to write (their own threads do the I/O).
+  kvstore::LowerTiers* lower_tiers = nullptr;
 };
 
 // A consistent snapshot for /metrics and tests.
@@ -70,6 +79,8 @@ struct EngineStats {
   int64_t kv_blocks_zeroed = 0;  // blocks zeroed on the runner as they passed between tenants
   kv::KvStats kv;
   runtime::TransferStats transfers;  // the runner's, between its device and host pools
+  std::array<kvstore::TierIoStats, 2> lower_tiers{};  // [0] disk, [1] redis (enabled false when off)
+  int64_t lower_tier_blocks_loaded = 0;  // blocks loaded into the host tier from disk or redis
   LatencyHistogram time_to_first_token;
   LatencyHistogram inter_token_latency;
   LatencyHistogram step_time;
@@ -174,6 +185,11 @@ class Engine {
   // it was start over (recompute); the caller must not run a forward planned
   // before that.
   Status run_transfers();
+  // Hands the host blocks that `moves` wrote (device->host) to the lower tiers.
+  void spill_to_lower_tiers(std::span<const kv::BlockTransfer> moves);
+  // Loads the blocks of seq's prompt that the device and host tiers miss from
+  // the lower tiers into the host tier (engine thread, before scheduling it).
+  void load_from_lower_tiers(Sequence* seq);
   void fork_children(Sequence* parent, std::span<const float> logits);
   void append_token(Sequence* seq, const SampledToken& token);
   void finish_sequence(Sequence* seq, FinishReason reason);
@@ -192,6 +208,7 @@ class Engine {
   // Copied at construction: submit() runs on client threads and must not touch the KV manager.
   const int32_t kv_block_size_;
   const int64_t kv_num_blocks_;
+  std::vector<std::byte> spill_buffer_;  // one host block, reused
   // Keys the device draws of unseeded requests (with the request id): differs per engine.
   const uint64_t unseeded_salt_;
 

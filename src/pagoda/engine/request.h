@@ -91,7 +91,8 @@ struct RequestOutput {
   RequestId request_id = 0;
   std::vector<ChoiceDelta> choices;  // only choices that changed
   bool finished = false;             // last delta of the request
-  Usage usage;                       // filled on the last delta
+  Usage usage;                       // filled on the last delta; cached_tokens on every delta
+                                     // after admission (the server's TTFT floor reads it)
   // return_prompt_logits: vocab-size rows for the prompt positions computed in
   // this delta's steps, in order; row i predicts the token after position i.
   std::vector<float> prompt_logits;

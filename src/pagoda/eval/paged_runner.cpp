@@ -21,6 +21,7 @@ StatusOr<std::unique_ptr<PagedRunner>> PagedRunner::create(std::unique_ptr<runti
   kv::KvCacheConfig kv_config;
   kv_config.num_blocks = geometry.num_blocks;
   kv_config.block_size = geometry.block_size;
+  kv_config.num_host_blocks = runner->capabilities().host_kv_blocks;
   kv_config.enable_prefix_cache = false;
   kv_config.record_events = false;
   PAGODA_ASSIGN_OR_RETURN(auto kv, kv::KvCacheManager::create(kv_config));
@@ -28,6 +29,8 @@ StatusOr<std::unique_ptr<PagedRunner>> PagedRunner::create(std::unique_ptr<runti
   engine::EngineConfig engine_config;
   engine_config.scheduler.max_running_sequences = 1;
   engine_config.scheduler.max_tokens_per_step = options.prefill_chunk;
+  engine_config.scheduler.preemption_mode =
+      kv_config.num_host_blocks > 0 ? options.preemption_mode : engine::PreemptionMode::kRecompute;
   engine_config.max_queued_requests = 1;
   PAGODA_ASSIGN_OR_RETURN(auto engine, engine::Engine::create(engine_config, *runner, *kv));
   return std::unique_ptr<PagedRunner>(

@@ -34,6 +34,9 @@ struct PagedRunnerOptions {
   // How the engine drives it.
   int32_t prefill_chunk = 256;            // tokens per forward while prefilling (>= 1)
   int64_t max_sequence_tokens = 1024;     // the longest sequence run() / greedy() will see
+  // With a runner that has a host tier (capabilities().host_kv_blocks), the
+  // KV manager gets it too; preemption swaps there or recomputes.
+  engine::PreemptionMode preemption_mode = engine::PreemptionMode::kRecompute;
 
   // KV blocks a runner needs for max_sequence_tokens (one spare).
   int32_t num_kv_blocks() const {

@@ -45,11 +45,31 @@ class KvCacheManager::Impl {
         pool_(config.num_blocks, config.num_host_blocks),
         cache_(pool_, config.block_size, std::move(policy), make_eviction_policy(config.host_eviction_policy), clock,
                config.evicted_key_memory > 0 ? config.evicted_key_memory : std::max(config.num_blocks, 1 << 16)) {
+    if (!config_.stable_key_fingerprint.empty()) cache_.enable_stable_keys(config_.stable_key_fingerprint);
     if (config_.record_events) {
       cache_.set_event_sink([this](KvEvent::Kind kind, BlockId block, uint64_t key, uint64_t parent_key, int32_t ns) {
         record_event(kind, block, key, parent_key, ns);
       });
     }
+  }
+
+  std::vector<int32_t> adopt_host_blocks(std::string_view ns, std::span<const TokenId> prompt, int32_t first,
+                                         int32_t count, uint8_t origin) {
+    std::vector<int32_t> out;
+    if (!cache_.has_stable_keys() || !config_.enable_prefix_cache || first < 0 || count <= 0 ||
+        static_cast<int64_t>(first + count) * bs() > static_cast<int64_t>(prompt.size()))
+      return out;
+    const PrefixMatch m = cache_.match(ns, prompt, first);
+    if (static_cast<int32_t>(m.blocks.size()) != first) return out;
+    const int32_t ns_id = cache_.intern_namespace(ns);
+    BlockId parent = first == 0 ? kNoBlock : m.blocks.back();
+    for (int32_t j = first; j < first + count; ++j) {
+      const BlockId host = cache_.adopt_host(ns_id, parent, prompt.data() + static_cast<size_t>(j) * bs(), origin);
+      if (host == kNoBlock) break;
+      out.push_back(pool_.host_index(host));
+      parent = host;
+    }
+    return out;
   }
 
   // ---- questions ----
@@ -70,7 +90,20 @@ class KvCacheManager::Impl {
       none.reason = max_blocks == 0 ? MissReason::kShorterThanBlock : MissReason::kNeverSeen;
       return none;
     }
-    return cache_.match(ns, prompt, max_blocks, hashes);
+    return in_whole_share_units(cache_.match(ns, prompt, max_blocks, hashes));
+  }
+  // A match cut down to whole prefix-share units (KvCacheConfig::prefix_share_min_tokens).
+  PrefixMatch in_whole_share_units(PrefixMatch match) const {
+    const int32_t unit = config_.prefix_share_min_tokens;
+    if (unit <= 0 || match.cached_tokens % unit == 0) return match;
+    const int32_t keep_blocks = match.cached_tokens / unit * (unit / bs());
+    // Host blocks are the tail of the match: keep only those below the cut.
+    const int32_t device_blocks = static_cast<int32_t>(match.blocks.size()) - match.host_blocks;
+    match.blocks.resize(static_cast<size_t>(keep_blocks));
+    match.host_blocks = std::max(0, keep_blocks - device_blocks);
+    match.cached_tokens = keep_blocks * bs();
+    match.reason = MissReason::kBelowShareUnit;
+    return match;
   }
 
   // Blocks the sequence would need from the free/evictable supply, given a
@@ -275,6 +308,8 @@ class KvCacheManager::Impl {
     const size_t device_matched = match.blocks.size() - static_cast<size_t>(match.host_blocks);
     for (size_t j = device_matched; j < match.blocks.size(); ++j) {
       const BlockId host = match.blocks[j];
+      if (const uint8_t origin = cache_.origin(host); origin != 0)
+        stats_.hit_tokens_by_lower_tier[origin - 1] += bs();
       const BlockId device = take_block(seq.namespace_id);
       written_slots_in_use_ += bs();
       cache_.promote(host, device);
@@ -298,15 +333,18 @@ class KvCacheManager::Impl {
     const int64_t missed_full = max_blocks * bs() - match.cached_tokens;
     stats_.hit_tokens_by_tier[1] += static_cast<int64_t>(match.host_blocks) * bs();
     stats_.hit_tokens_by_tier[0] += match.cached_tokens - static_cast<int64_t>(match.host_blocks) * bs();
-    auto add = [&](int64_t& hit, int64_t& miss, std::array<int64_t, kNumMissReasons>& by_reason, int64_t& allocated) {
+    auto add = [&](int64_t& hit, int64_t& miss, std::array<int64_t, kNumMissReasons>& by_reason, int64_t& allocated,
+                   MissReason reason) {
       hit += match.cached_tokens;
       miss += prompt_size - match.cached_tokens;
       by_reason[static_cast<int>(MissReason::kShorterThanBlock)] += tail;
-      if (missed_full > 0) by_reason[static_cast<int>(match.reason)] += missed_full;
+      if (missed_full > 0) by_reason[static_cast<int>(reason)] += missed_full;
       ++allocated;
     };
-    add(stats_.hit_tokens, stats_.miss_tokens, stats_.miss_tokens_by_reason, stats_.sequences_allocated);
-    add(ns.hit_tokens, ns.miss_tokens, ns.miss_tokens_by_reason, ns.sequences_allocated);
+    add(stats_.hit_tokens, stats_.miss_tokens, stats_.miss_tokens_by_reason, stats_.sequences_allocated, match.reason);
+    // With a share unit, a namespace's own figures do not tell why a full block missed.
+    add(ns.hit_tokens, ns.miss_tokens, ns.miss_tokens_by_reason, ns.sequences_allocated,
+        config_.prefix_share_min_tokens > 0 ? MissReason::kNeverSeen : match.reason);
     stats_.blocks_reused += static_cast<int64_t>(match.blocks.size());
   }
 
@@ -365,6 +403,7 @@ class KvCacheManager::Impl {
           cache_.insert(s.blocks[j], s.namespace_id, parent, s.tokens.data() + static_cast<size_t>(j) * bs());
       if (r.outcome == PrefixCache::InsertOutcome::kInserted) {
         ++stats_.blocks_stored;
+        if (config_.host_write_through) cache_.write_through(s.blocks[j]);
       } else if (r.outcome == PrefixCache::InsertOutcome::kDuplicate) {
         // Same tokens at the same positions in the same namespace were computed
         // by another sequence first. Our block stays in the table (tables are
@@ -781,6 +820,35 @@ Status KvCacheManager::Impl::verify_integrity() const {
 
 // ---- facade ----------------------------------------------------------------------
 
+bool KvCacheManager::has_stable_keys() const { return !impl_->config_.stable_key_fingerprint.empty(); }
+
+std::vector<StableKey> KvCacheManager::stable_keys(std::string_view ns, std::span<const TokenId> prompt,
+                                                   int32_t num_blocks) const {
+  std::vector<StableKey> keys;
+  const int32_t bs = impl_->config_.block_size;
+  if (!has_stable_keys() || num_blocks <= 0) return keys;
+  num_blocks = std::min<int64_t>(num_blocks, static_cast<int64_t>(prompt.size()) / bs);
+  keys.reserve(static_cast<size_t>(num_blocks));
+  StableKey key = stable_namespace_root(impl_->config_.stable_key_fingerprint, ns);
+  for (int32_t j = 0; j < num_blocks; ++j) {
+    key = stable_block_key(key, prompt.data() + static_cast<size_t>(j) * bs, bs);
+    keys.push_back(key);
+  }
+  return keys;
+}
+
+std::optional<StableKey> KvCacheManager::host_block_stable_key(int32_t host_index) const {
+  if (host_index < 0 || host_index >= impl_->pool_.num_host_blocks()) return std::nullopt;
+  const StableKey* key = impl_->cache_.stable_key(impl_->pool_.host_id(host_index));
+  if (key == nullptr) return std::nullopt;
+  return *key;
+}
+
+std::vector<int32_t> KvCacheManager::adopt_host_blocks(std::string_view ns, std::span<const TokenId> prompt,
+                                                       int32_t first_block, int32_t count, uint8_t origin) {
+  return impl_->adopt_host_blocks(ns, prompt, first_block, count, origin);
+}
+
 StatusOr<std::unique_ptr<KvCacheManager>> KvCacheManager::create(const KvCacheConfig& config, const Clock* clock,
                                                                   std::unique_ptr<EvictionPolicy> policy) {
   if (config.num_blocks < 1) return invalid_argument_error("kv cache: num_blocks must be >= 1, got {}", config.num_blocks);
@@ -790,9 +858,15 @@ StatusOr<std::unique_ptr<KvCacheManager>> KvCacheManager::create(const KvCacheCo
     return invalid_argument_error("kv cache: max_pending_events must be >= 1, got {}", config.max_pending_events);
   if (config.evicted_key_memory < 0)
     return invalid_argument_error("kv cache: evicted_key_memory must be >= 0, got {}", config.evicted_key_memory);
+  if (config.prefix_share_min_tokens < 0 || config.prefix_share_min_tokens % config.block_size != 0)
+    return invalid_argument_error(
+        "kv cache: prefix_share_min_tokens must be 0 or a positive multiple of the block size {}, got {}",
+        config.block_size, config.prefix_share_min_tokens);
   if (config.num_host_blocks < 0 || config.num_host_blocks > INT32_MAX - config.num_blocks)
     return invalid_argument_error("kv cache: num_host_blocks must be in [0, {}], got {}",
                                   INT32_MAX - config.num_blocks, config.num_host_blocks);
+  if (config.host_write_through && config.num_host_blocks == 0)
+    return invalid_argument_error("kv cache: host_write_through needs a host tier (num_host_blocks > 0)");
   if (policy == nullptr) policy = make_eviction_policy(config.eviction_policy);
   const Clock& chosen = clock != nullptr ? *clock : static_cast<const Clock&>(SteadyClock::instance());
   return std::unique_ptr<KvCacheManager>(

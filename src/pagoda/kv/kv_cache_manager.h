@@ -71,6 +71,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -80,6 +81,7 @@
 #include "pagoda/kv/clock.h"
 #include "pagoda/kv/eviction_policy.h"
 #include "pagoda/kv/kv_types.h"
+#include "pagoda/kv/stable_key.h"
 
 namespace pagoda::kv {
 
@@ -99,9 +101,25 @@ struct KvCacheConfig {
   // writes it (defense in depth: no kernel reads a slot its sequence did not
   // write, see docs/SECURITY.md). Off: nothing is listed.
   bool zero_blocks_between_namespaces = true;
+  // Minimum shared-prefix granularity (0: off): a prefix hit is used only in
+  // whole units of this many tokens, and not at all below one unit, so a short
+  // probe cannot test a guess by its timing or its cached-token count. A
+  // multiple of block_size. The cut-off blocks are recomputed (and then found
+  // cached again: the sequence chains below its cached twins). A namespace's
+  // own miss figures then count every missed full block as never_seen: its
+  // evicted / cut-off reasons would tell a probe about prefixes shorter than a
+  // unit. The server-wide figures keep the reasons (kBelowShareUnit).
+  int32_t prefix_share_min_tokens = 0;
   // Events kept until drain_events(); older ones are dropped (counted).
   int32_t max_pending_events = 1 << 16;
   bool record_events = true;
+  // Tiers below the host tier (disk, redis: kvstore/). Non-empty: every cached
+  // block gets a stable key (stable_key.h) under this model fingerprint.
+  std::string stable_key_fingerprint;
+  // Every block that enters the prefix cache on the device also gets a host
+  // twin at once (a device->host transfer), so that its K/V can be written to
+  // the tiers below while it is still cached; needs a host tier.
+  bool host_write_through = false;
 };
 
 class KvCacheManager {
@@ -260,6 +278,27 @@ class KvCacheManager {
   // (sorted) whose own blocks were destinations: they must be recomputed
   // (free them and start over), never run on that K/V.
   std::vector<SequenceId> transfers_failed(std::span<const BlockTransfer> failed);
+
+  // ---- Stable keys and the tiers below the host (kvstore/) --------------------
+  // Empty without KvCacheConfig::stable_key_fingerprint.
+
+  bool has_stable_keys() const;
+  // Stable keys of the first `num_blocks` full blocks of `prompt` in the
+  // namespace (pure: whether they are cached does not matter).
+  std::vector<StableKey> stable_keys(std::string_view tenant_namespace, std::span<const TokenId> prompt,
+                                     int32_t num_blocks) const;
+  // The stable key of the K/V in host block `host_index` (a host node, or a
+  // device node's twin), if the cache knows it.
+  std::optional<StableKey> host_block_stable_key(int32_t host_index) const;
+  // Caches host blocks for prompt blocks [first_block, first_block + count),
+  // whose K/V the caller loaded from a lower tier and writes into the returned
+  // host pool indices (in order) before the next transfer: blocks
+  // [0, first_block) must be cached (either tier). Stops early (fewer indices)
+  // when a block is cached already, the chain is broken or the host tier is
+  // full. The blocks are unreferenced host nodes: a later match promotes them
+  // (counted in KvStats::hit_tokens_by_lower_tier under `origin`: 1 disk, 2 redis).
+  std::vector<int32_t> adopt_host_blocks(std::string_view tenant_namespace, std::span<const TokenId> prompt,
+                                         int32_t first_block, int32_t count, uint8_t origin);
 
   // ---- Observability ----------------------------------------------------------
 

@@ -8,6 +8,7 @@ std::string_view miss_reason_name(MissReason reason) {
     case MissReason::kShorterThanBlock: return "shorter_than_block";
     case MissReason::kEvicted: return "evicted";
     case MissReason::kNeverSeen: return "never_seen";
+    case MissReason::kBelowShareUnit: return "below_share_unit";
   }
   return "unknown";
 }

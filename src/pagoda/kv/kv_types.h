@@ -43,8 +43,10 @@ enum class MissReason : uint8_t {
   kShorterThanBlock,  // nothing cacheable: the prompt minus its last token is under one block
   kEvicted,           // this block was cached in this namespace, then evicted or dropped
   kNeverSeen,         // not cached in this namespace (or the prefix cache is disabled)
+  kBelowShareUnit,    // cached, but past the last whole prefix-share unit (KvCacheConfig::prefix_share_min_tokens);
+                      // counted in the server-wide figures only: a namespace's own figures call it kNeverSeen
 };
-inline constexpr int kNumMissReasons = 4;
+inline constexpr int kNumMissReasons = 5;
 std::string_view miss_reason_name(MissReason reason);
 
 // Why a cached block left the prefix cache.
@@ -99,6 +101,9 @@ struct BlockTransfer {
 struct KvStats {
   int64_t hit_tokens = 0;  // == sum of hit_tokens_by_tier
   std::array<int64_t, kNumTiers> hit_tokens_by_tier{};  // indexed by BlockTier: where the matched blocks were
+  // Of hit_tokens_by_tier[host]: tokens of host blocks just loaded from a tier
+  // below it ([0] disk, [1] redis; KvCacheManager::adopt_host_blocks).
+  std::array<int64_t, 2> hit_tokens_by_lower_tier{};
   int64_t miss_tokens = 0;  // == sum of miss_tokens_by_reason
   // Indexed by MissReason. The full blocks after the match are counted under the
   // match's reason; the uncacheable tail (tokens after the last full block that

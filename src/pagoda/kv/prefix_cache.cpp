@@ -90,6 +90,7 @@ int32_t PrefixCache::intern_namespace(std::string_view tenant_namespace) {
   NamespaceInfo info;
   info.name = std::string(tenant_namespace);
   info.seed = namespace_seed(tenant_namespace);
+  if (stable_keys_on_) info.stable_root = stable_namespace_root(model_fingerprint_, tenant_namespace);
   namespaces_.push_back(std::move(info));
   namespace_ids_.emplace(std::string(tenant_namespace), id);
   return id;
@@ -221,6 +222,11 @@ PrefixCache::InsertResult PrefixCache::insert(BlockId block, int32_t ns_id, Bloc
   m.reuse_count = 0;
   m.branch_count = 0;
   std::memcpy(&tokens_[static_cast<size_t>(block) * block_size_], tokens, sizeof(TokenId) * block_size_);
+  if (stable_keys_on_) {
+    stable_[block] = stable_block_key(parent == kNoBlock ? namespaces_[ns_id].stable_root : stable_[parent], tokens,
+                                      block_size_);
+    origin_[block] = 0;
+  }
   link_child(parent, block);
   count_cached(block, +1);
   if (m.ref_count == 0) {  // not the normal path (callers insert referenced blocks), but keep counts right
@@ -332,6 +338,10 @@ void PrefixCache::move_node(BlockId from, BlockId to) {
   device_children_[to] = device_children_[from];
   device_children_[from] = 0;
   table_.reassign(t.key_hash, to);
+  if (stable_keys_on_) {
+    stable_[to] = stable_[from];
+    origin_[to] = origin_[from] = 0;
+  }
   std::memcpy(&tokens_[static_cast<size_t>(to) * block_size_], block_tokens(from), sizeof(TokenId) * block_size_);
   count_cached(from, -1);  // both still carry the namespace id here
   count_cached(to, +1);
@@ -363,6 +373,74 @@ void PrefixCache::add_twin(BlockId device, BlockId host) {
   link_twin(device, host);
   transfers_.push_back(BlockTransfer{TransferDirection::kDeviceToHost, device, pool_.host_index(host)});
   ++tier_counters_.written_back;
+}
+
+void PrefixCache::enable_stable_keys(std::string_view model_fingerprint) {
+  stable_keys_on_ = true;
+  model_fingerprint_ = std::string(model_fingerprint);
+  stable_.assign(static_cast<size_t>(pool_.num_ids()), StableKey{});
+  origin_.assign(static_cast<size_t>(pool_.num_ids()), 0);
+  for (NamespaceInfo& ns : namespaces_) ns.stable_root = stable_namespace_root(model_fingerprint_, ns.name);
+}
+
+const StableKey* PrefixCache::stable_key(BlockId block) const {
+  if (!stable_keys_on_ || block < 0 || block >= pool_.num_ids()) return nullptr;
+  if (pool_.meta(block).is_cached()) return &stable_[block];
+  const BlockId other = twin_[block];
+  if (other != kNoBlock && pool_.meta(other).is_cached()) return &stable_[other];
+  return nullptr;
+}
+
+BlockId PrefixCache::adopt_host(int32_t ns_id, BlockId parent, const TokenId* tokens, uint8_t origin) {
+  if (!stable_keys_on_ || pool_.num_host_blocks() == 0) return kNoBlock;
+  if (parent != kNoBlock && !pool_.meta(parent).is_cached()) return kNoBlock;
+  const uint64_t parent_key = parent == kNoBlock ? namespaces_[ns_id].seed : pool_.meta(parent).key_hash;
+  const uint64_t key = chain_block_hash(parent_key, tokens, block_size_);
+  if (table_.find(key) != kNoBlock) return kNoBlock;  // cached already (or a 64-bit collision: not cached)
+  // A host parent leaf must not be reclaimed to make room for its own child.
+  const bool shield = parent != kNoBlock && pool_.is_host(parent);
+  if (shield) remove_candidate(parent);
+  const BlockId host = allocate_host_block();
+  if (host == kNoBlock) {
+    if (shield) maybe_add_candidate(parent);
+    return kNoBlock;
+  }
+  if (parent != kNoBlock && !pool_.meta(parent).is_cached()) {  // cannot happen once shielded; keep counts right
+    pool_.free(host);
+    return kNoBlock;
+  }
+  BlockMeta& m = pool_.meta(host);
+  table_.insert(key, host);
+  m.key_hash = key;
+  m.namespace_id = ns_id;
+  m.parent = parent;
+  m.depth = parent == kNoBlock ? 0 : pool_.meta(parent).depth + 1;
+  m.last_access_ns = clock_.now_ns();
+  m.reuse_count = 0;
+  m.branch_count = 0;
+  m.written_slots = static_cast<uint16_t>(block_size_);
+  std::memcpy(&tokens_[static_cast<size_t>(host) * block_size_], tokens, sizeof(TokenId) * block_size_);
+  stable_[host] = stable_block_key(parent == kNoBlock ? namespaces_[ns_id].stable_root : stable_[parent], tokens,
+                                   block_size_);
+  origin_[host] = origin;
+  link_child(parent, host);
+  count_cached(host, +1);
+  count_evictable(host, +1);
+  maybe_add_candidate(host);
+  if (event_sink_) event_sink_(KvEvent::Kind::kBlockStored, host, key, parent == kNoBlock ? 0 : parent_key, ns_id);
+  return host;
+}
+
+bool PrefixCache::write_through(BlockId device) {
+  if (pool_.num_host_blocks() == 0 || twin_[device] != kNoBlock || !pool_.meta(device).is_cached()) return false;
+  const BlockId host = allocate_host_block();
+  if (host == kNoBlock) return false;
+  link_twin(device, host);
+  transfers_.push_back(BlockTransfer{TransferDirection::kDeviceToHost, device, pool_.host_index(host)});
+  ++tier_counters_.written_back;
+  count_evictable(host, +1);  // an unreferenced twin
+  maybe_add_candidate(host);
+  return true;
 }
 
 std::vector<BlockTransfer> PrefixCache::take_transfers() {
@@ -490,6 +568,7 @@ void PrefixCache::remove_one(BlockId block, RemovalReason reason) {
   m.reuse_count = 0;
   m.branch_count = 0;
   device_children_[block] = 0;
+  if (stable_keys_on_) origin_[block] = 0;
   ++removed_by_reason_[static_cast<int>(reason)];
   if (event_sink_) event_sink_(KvEvent::Kind::kBlockRemoved, block, key, parent_key, ns_id);
   if (was_evictable) pool_.free(block);
@@ -646,6 +725,16 @@ Status PrefixCache::verify_integrity() const {
   }
   if (listed_total != policy_->size())
     return internal_error("namespaces list {} device candidates, the policy holds {}", listed_total, policy_->size());
+  if (stable_keys_on_) {
+    for (BlockId b = 0; b < pool_.num_ids(); ++b) {
+      const BlockMeta& m = pool_.meta(b);
+      if (!m.is_cached()) continue;
+      const StableKey& previous = m.parent == kNoBlock ? namespaces_[m.namespace_id].stable_root : stable_[m.parent];
+      if (stable_[b] != stable_block_key(previous, block_tokens(b), block_size_))
+        return internal_error("block {}: stable key is not hash(parent key, tokens)", b);
+      if (origin_[b] != 0 && !pool_.is_host(b)) return internal_error("device block {} keeps a lower-tier origin", b);
+    }
+  }
   PAGODA_RETURN_IF_ERROR(policy_->verify_integrity());
   return host_policy_->verify_integrity();
 }

@@ -57,6 +57,7 @@
 #include "pagoda/kv/eviction_policy.h"
 #include "pagoda/kv/kv_types.h"
 #include "pagoda/kv/prefix_hash_table.h"
+#include "pagoda/kv/stable_key.h"
 
 namespace pagoda::kv {
 
@@ -77,6 +78,29 @@ class PrefixCache {
               std::unique_ptr<EvictionPolicy> host_policy, const Clock& clock, int32_t evicted_key_memory);
 
   void set_event_sink(EventSink sink) { event_sink_ = std::move(sink); }
+
+  // ---- Tiers below the host (disk, redis: kvstore/) ----------------------------
+  // Turns on stable keys (stable_key.h) under `model_fingerprint`: every node
+  // gets one as it is inserted. Call before the first namespace is interned.
+  void enable_stable_keys(std::string_view model_fingerprint);
+  bool has_stable_keys() const { return stable_keys_on_; }
+  // The stable key of a node, or of the device node a twin copies; nullptr for
+  // any other block or without stable keys.
+  const StableKey* stable_key(BlockId block) const;
+  StableKey stable_root(int32_t ns_id) const { return namespaces_[ns_id].stable_root; }
+  // Caches a fresh host block as a host node under `parent` (a cached node of
+  // either tier, or kNoBlock for a prompt's first block), holding K/V the
+  // caller loads from a lower tier (`origin`: 1 disk, 2 redis, counted when a
+  // match promotes it). Unreferenced, so evictable at once. kNoBlock when the
+  // key is cached already, the parent is not cached, or the host tier has no
+  // room.
+  BlockId adopt_host(int32_t ns_id, BlockId parent, const TokenId* tokens, uint8_t origin);
+  // The lower tier a host node was loaded from (0: none); cleared by a promotion.
+  uint8_t origin(BlockId block) const { return origin_.empty() ? 0 : origin_[block]; }
+  // Gives device node `device` (no twin yet) an unreferenced host twin with a
+  // device->host transfer, so that its K/V reaches the host tier, and from there
+  // the tiers below, while it is still on the device. False without room.
+  bool write_through(BlockId device);
 
   // Namespace ids are dense, never reused; the name is kept.
   int32_t intern_namespace(std::string_view tenant_namespace);
@@ -186,6 +210,7 @@ class PrefixCache {
     std::unordered_map<uint64_t, int32_t> removed_key_counts;
     // This namespace's device candidates by (last access when added, block).
     std::set<std::pair<uint64_t, BlockId>> candidates;
+    StableKey stable_root;  // with stable keys on
   };
 
   struct StringHash {
@@ -226,6 +251,10 @@ class PrefixCache {
   std::vector<BlockId> twin_;              // [num_ids] device node <-> its host copy, both ways
   std::vector<int32_t> device_children_;   // [num_ids] cached device children of each node
   std::vector<BlockTransfer> transfers_;   // decided, not yet taken
+  bool stable_keys_on_ = false;
+  std::string model_fingerprint_;
+  std::vector<StableKey> stable_;  // [num_ids] with stable keys on: a node's key (moves with the node)
+  std::vector<uint8_t> origin_;    // [num_ids] with stable keys on: lower tier a host node came from
   std::vector<NamespaceInfo> namespaces_;
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> namespace_ids_;
   int32_t removed_key_memory_;  // per namespace

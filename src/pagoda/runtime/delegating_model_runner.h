@@ -17,6 +17,7 @@ class DelegatingModelRunner : public ModelRunner {
     return inner_.execute(batch, rows);
   }
   Status copy_blocks(std::span<const BlockCopy> copies) override { return inner_.copy_blocks(copies); }
+  Status zero_blocks(std::span<const int32_t> blocks) override { return inner_.zero_blocks(blocks); }
   Status transfer_blocks(std::span<const BlockTransfer> transfers) override {
     return inner_.transfer_blocks(transfers);
   }

@@ -17,6 +17,7 @@
 //
 // Thread safety: called from one thread (the engine's) only.
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -92,6 +93,7 @@ struct RunnerCapabilities {
   bool samples_masked_on_device = false;  // ... and RowSampling::allowed
   bool zeroes_blocks = false;      // zero_blocks() is implemented
   int32_t host_kv_blocks = 0;      // blocks in the host pool (0: no host tier); block shape as kv_geometry()
+  bool host_block_access = false;  // read_host_block / write_host_block are implemented
 };
 
 class ModelRunner {
@@ -121,6 +123,14 @@ class ModelRunner {
   // moved). Runners without a host pool: kUnimplemented for a non-empty list.
   virtual Status transfer_blocks(std::span<const BlockTransfer> transfers);
   virtual TransferStats transfer_stats() const { return {}; }
+  // One host block's bytes (host_block_layout.h), for the tiers below the
+  // host (disk, redis). read_host_block sees every transfer_blocks() call made
+  // so far completed; write_host_block's bytes are in place before the next
+  // transfer_blocks() reads them. `out` / `data` are exactly one block.
+  // kOutOfRange / kInvalidArgument on a bad index or size. Called only when
+  // capabilities().host_block_access; the defaults refuse.
+  virtual Status read_host_block(int32_t host_block, std::span<std::byte> out);
+  virtual Status write_host_block(int32_t host_block, std::span<const std::byte> data);
 
   // The KV memory this runner holds: the engine's KV manager must use the same
   // block_size and num_blocks.
@@ -133,6 +143,14 @@ class ModelRunner {
 
 inline Status ModelRunner::zero_blocks(std::span<const int32_t> blocks) {
   return unimplemented_error("this model runner cannot zero KV blocks ({} asked)", blocks.size());
+}
+
+inline Status ModelRunner::read_host_block(int32_t host_block, std::span<std::byte>) {
+  return unimplemented_error("this model runner cannot read host KV block {}", host_block);
+}
+
+inline Status ModelRunner::write_host_block(int32_t host_block, std::span<const std::byte>) {
+  return unimplemented_error("this model runner cannot write host KV block {}", host_block);
 }
 
 // Rows of `rows` that the runner samples, checked against what it can do;

@@ -62,6 +62,16 @@ StatusOr<ApiKeyStore> ApiKeyStore::parse(std::string_view json_text, std::string
     if (k.contains("admin") && !k["admin"].is_boolean())
       return data_loss_error("api keys file {}: keys[{}].admin must be true or false", source_name, i);
     Entry e{k["key"].get<std::string>(), KeyIdentity{k["tenant"].get<std::string>(), k.value("admin", false), {}}};
+    if (k.contains("user_salt")) {
+      const auto& salt = k["user_salt"];
+      if (salt.is_boolean())
+        e.identity.user_salt = salt.get<bool>() ? UserSalt::kAllowed : UserSalt::kNotAllowed;
+      else if (salt.is_string() && salt.get<std::string>() == "required")
+        e.identity.user_salt = UserSalt::kRequired;
+      else
+        return data_loss_error("api keys file {}: keys[{}].user_salt must be true, false or \"required\"", source_name,
+                               i);
+    }
     if (k.contains("limits")) {
       auto limits = parse_limits(k["limits"], source_name, i);
       if (!limits.ok()) return limits.status();
@@ -92,7 +102,8 @@ std::optional<std::string> ApiKeyStore::tenant_for_authorization(std::string_vie
 }
 
 std::optional<KeyIdentity> ApiKeyStore::identify(std::string_view header) const {
-  if (!enabled()) return KeyIdentity{"default", true};
+  // Without keys every caller is one trust domain: all are admin and may salt.
+  if (!enabled()) return KeyIdentity{"default", true, {}, UserSalt::kAllowed};
   constexpr std::string_view kPrefix = "Bearer ";
   if (header.size() <= kPrefix.size() || header.substr(0, kPrefix.size()) != kPrefix) return std::nullopt;
   std::string_view presented = header.substr(kPrefix.size());
@@ -128,6 +139,11 @@ std::vector<std::string> ApiKeyStore::tenants() const {
 
 std::string ApiKeyStore::cache_namespace(std::string_view tenant) {
   return fmt::format("tenant:{}:{}", tenant.size(), tenant);
+}
+
+std::string ApiKeyStore::cache_namespace(std::string_view tenant, std::string_view user) {
+  if (user.empty()) return cache_namespace(tenant);
+  return fmt::format("tenant:{}:{}/user:{}:{}", tenant.size(), tenant, user.size(), user);
 }
 
 }  // namespace pagoda::server

@@ -15,8 +15,16 @@
 // (a router polls with one). It still generates inside its own tenant's
 // namespace. Without keys everyone is admin: there is only one tenant.
 //
+// Isolation inside a tenant (optional "user_salt" per entry): a key with
+// "user_salt": true may send the header X-Pagoda-User: <id> with a request;
+// the id is mixed into the namespace (cache_namespace(tenant, user)), so two
+// users of one tenant never share KV blocks in any tier. "user_salt":
+// "required" makes the header mandatory for that key. A key without the right
+// that sends the header is refused (403), never silently salted or unsalted.
+//
 // Thread safety: immutable after load; lookups from any thread.
 
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -35,18 +43,32 @@ struct TenantLimits {
   bool operator==(const TenantLimits&) const = default;
 };
 
+// Whether a key may salt its requests' namespace with a user id.
+enum class UserSalt : uint8_t {
+  kNotAllowed = 0,  // the X-Pagoda-User header is refused (403)
+  kAllowed,         // optional: with it, the user's own namespace; without, the tenant's
+  kRequired,        // every request of the key must name its user (400 without)
+};
+
 // Who a request's key says it is.
 struct KeyIdentity {
   std::string tenant;
   bool admin = false;                  // may read what spans tenants (/metrics, KV events, load)
   std::optional<TenantLimits> limits;  // from the file; none: the server's defaults
+  UserSalt user_salt = UserSalt::kNotAllowed;
 };
+
+// The request header carrying the end user's id for a salting key.
+inline constexpr std::string_view kUserSaltHeader = "X-Pagoda-User";
+// Longest accepted user id, in bytes.
+inline constexpr size_t kMaxUserIdBytes = 256;
 
 class ApiKeyStore {
  public:
   ApiKeyStore() = default;  // disabled: everyone is "default"
   // Errors name the file and the entry: NOT_FOUND, DATA_LOSS (bad JSON, missing
-  // or empty "key"/"tenant", "admin" not a boolean, a bad or unknown "limits"
+  // or empty "key"/"tenant", "admin" not a boolean, "user_salt" not a boolean
+  // or "required", a bad or unknown "limits"
   // field, limits that differ between keys of one tenant, duplicate key).
   static StatusOr<ApiKeyStore> load(const std::filesystem::path& path);
   static StatusOr<ApiKeyStore> parse(std::string_view json_text, std::string_view source_name);
@@ -71,6 +93,10 @@ class ApiKeyStore {
   // The KV namespace of a tenant: tenant names are user-chosen strings, so the
   // namespace is length-prefixed to keep "a" + "bc" apart from "ab" + "c".
   static std::string cache_namespace(std::string_view tenant);
+  // The namespace of one user of a tenant (a salting key's X-Pagoda-User):
+  // the tenant's namespace with the length-prefixed id appended, so no tenant
+  // name or user id can alias another pair. An empty user is the tenant's own.
+  static std::string cache_namespace(std::string_view tenant, std::string_view user);
 
  private:
   struct Entry {

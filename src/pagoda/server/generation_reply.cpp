@@ -1,6 +1,7 @@
 #include "pagoda/server/generation_reply.h"
 
 #include <chrono>
+#include <deque>
 
 #include <nlohmann/json.hpp>
 
@@ -28,6 +29,7 @@ class GenerationReplyBase : public ReplySource {
   }
 
   void start(std::function<void()> wake) override {
+    wake_ = wake;
     parts_.stream->set_push_listener(wake);
     wake();  // deltas pushed before the listener was set
   }
@@ -38,8 +40,31 @@ class GenerationReplyBase : public ReplySource {
   }
 
  protected:
-  // The next delta already pushed, if any.
+  // The next delta to send, if any: with a floor, nothing until its time.
   std::optional<engine::RequestOutput> next_delta() {
+    if (parts_.floor.active() && !released_) {
+      while (auto out = fetch()) held_.push_back(std::move(*out));
+      if (held_.empty()) return std::nullopt;
+      // Every delta after admission carries the prompt's cached tokens.
+      const bool applies = !parts_.floor.hits_only || held_.front().usage.cached_tokens > 0;
+      if (applies && std::chrono::steady_clock::now() < parts_.floor.not_before) {
+        if (!wake_scheduled_) {
+          wake_scheduled_ = true;
+          parts_.floor.timer->wake_at(parts_.floor.not_before, wake_);
+        }
+        return std::nullopt;
+      }
+      released_ = true;
+    }
+    if (!held_.empty()) {
+      engine::RequestOutput out = std::move(held_.front());
+      held_.pop_front();
+      return out;
+    }
+    return fetch();
+  }
+  // The next delta already pushed by the engine, if any.
+  std::optional<engine::RequestOutput> fetch() {
     if (finished_) return std::nullopt;
     auto out = parts_.stream->next(std::chrono::milliseconds(0));
     if (out && out->finished) {
@@ -56,6 +81,10 @@ class GenerationReplyBase : public ReplySource {
   }
 
   GenerationReplyParts parts_;
+  std::function<void()> wake_;
+  std::deque<engine::RequestOutput> held_;  // fetched, waiting for the floor
+  bool released_ = false;                   // the floor has passed (or does not apply)
+  bool wake_scheduled_ = false;
   bool finished_ = false;
   bool ended_ = false;
 };

@@ -9,6 +9,8 @@
 //  - streamed: 200 and text/event-stream at once, one event per delta, a
 //    failure as an error event, then "data: [DONE]".
 // cancel() (the client left) aborts the engine request.
+// With a FirstTokenFloor (first_token_floor.h) the first delta (streamed) or
+// the whole answer is held back until the floor's time.
 //
 // Thread safety: as ReplySource.
 
@@ -17,6 +19,7 @@
 #include <optional>
 
 #include "pagoda/engine/engine.h"
+#include "pagoda/server/first_token_floor.h"
 #include "pagoda/server/http_message.h"
 #include "pagoda/server/openai_response.h"
 
@@ -30,6 +33,7 @@ struct GenerationReplyParts {
   // reason), or with nullopt when the reply is cancelled (or dropped) first.
   std::function<void(std::optional<engine::Usage>)> on_ended;
   int retry_after_seconds = 1;  // on a 429 inside the reply
+  FirstTokenFloor floor;         // inactive: nothing is held back
 };
 
 std::shared_ptr<ReplySource> make_whole_generation_reply(GenerationReplyParts parts);

@@ -7,6 +7,7 @@
 #include "pagoda/server/generation_reply.h"
 #include "pagoda/server/kv_event_feed.h"
 #include "pagoda/server/kv_routes.h"
+#include "pagoda/server/user_salt.h"
 
 namespace pagoda::server {
 
@@ -41,6 +42,7 @@ OpenAiServer::OpenAiServer(ServerConfig config, engine::Engine& engine, TextCode
     : config_(std::move(config)), engine_(engine), codec_(std::move(codec)), front_(front_config(config_)) {
   if (codec_.vocabulary) structured_ = std::make_unique<StructuredOutputCompiler>(codec_.vocabulary);
   if (config_.publish_kv_events) kv_feed_ = std::make_unique<KvEventFeed>(engine_);
+  if (config_.first_token_floor.count() > 0) wake_timer_ = std::make_unique<WakeTimer>();
   install_routes();
 }
 
@@ -68,6 +70,25 @@ std::variant<KeyIdentity, HttpReply> OpenAiServer::authenticate(const HttpReques
   e.message =
       req.has_header("Authorization") ? "invalid api key" : "missing api key: send 'Authorization: Bearer <key>'";
   return error_reply(e);
+}
+
+std::variant<OpenAiServer::Caller, HttpReply> OpenAiServer::authenticate_with_namespace(const HttpRequest& req) const {
+  auto identity = authenticate(req);
+  if (auto* refused = std::get_if<HttpReply>(&identity)) return std::move(*refused);
+  auto ns = request_namespace(std::get<KeyIdentity>(identity), req);
+  if (auto* e = std::get_if<ApiError>(&ns)) return error_reply(*e);
+  RequestNamespace& n = std::get<RequestNamespace>(ns);
+  return Caller{std::get<KeyIdentity>(std::move(identity)), std::move(n.cache_namespace), std::move(n.user)};
+}
+
+void OpenAiServer::cap_user_namespace(const Caller& caller, const TenantLimits& limits) {
+  if (caller.user.empty() || limits.max_kv_blocks <= 0) return;
+  {
+    std::lock_guard lock(capped_users_mutex_);
+    if (!capped_user_namespaces_.insert(caller.cache_namespace).second) return;
+  }
+  engine_.visit_kv_cache(
+      [&](kv::KvCacheManager& kv) { kv.set_namespace_block_limit(caller.cache_namespace, limits.max_kv_blocks); });
 }
 
 std::string OpenAiServer::token_text(int32_t token) const {
@@ -122,11 +143,13 @@ HttpReply OpenAiServer::handle_models(const HttpRequest& http_req) {
 }
 
 HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint endpoint) {
+  const auto arrived = std::chrono::steady_clock::now();
   if (auto e = check_json_content_type(http_req.header("Content-Type"))) return error_reply(*e);
-  auto identity = authenticate(http_req);
-  if (auto* refused = std::get_if<HttpReply>(&identity)) return std::move(*refused);
-  const std::string tenant = std::get<KeyIdentity>(identity).tenant;
-  const TenantLimits limits = std::get<KeyIdentity>(identity).limits.value_or(config_.default_tenant_limits);
+  auto authenticated = authenticate_with_namespace(http_req);
+  if (auto* refused = std::get_if<HttpReply>(&authenticated)) return std::move(*refused);
+  const Caller& caller = std::get<Caller>(authenticated);
+  const std::string tenant = caller.identity.tenant;
+  const TenantLimits limits = caller.identity.limits.value_or(config_.default_tenant_limits);
   if (draining_) return error_reply(api_error_from_status(failed_precondition_error("the server is shutting down")));
 
   auto parsed = parse_openai_request(http_req.body, endpoint);
@@ -213,8 +236,9 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
     return reply;
   }
 
+  cap_user_namespace(caller, limits);
   engine::GenerationRequest gen;
-  gen.tenant_namespace = ApiKeyStore::cache_namespace(tenant);
+  gen.tenant_namespace = caller.cache_namespace;
   gen.prompt_tokens = std::move(*tokens);
   gen.sampling = req.sampling;
   gen.constraint = std::get<std::shared_ptr<const engine::TokenConstraint>>(std::move(constraint));
@@ -257,6 +281,11 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
     tenant_usage_.record_finished(tenant, usage.value_or(engine::Usage{}));
   };
   parts.retry_after_seconds = config_.retry_after_seconds;
+  if (wake_timer_) {
+    parts.floor.timer = wake_timer_.get();
+    parts.floor.not_before = arrived + config_.first_token_floor;
+    parts.floor.hits_only = config_.first_token_floor_hits_only;
+  }
   if (req.stream) return HttpReply::deferred(make_streamed_generation_reply(std::move(parts), req.include_usage));
   return HttpReply::deferred(make_whole_generation_reply(std::move(parts)));
 }
@@ -295,12 +324,14 @@ HttpReply OpenAiServer::handle_metrics(const HttpRequest& req) {
 }
 
 HttpReply OpenAiServer::handle_usage(const HttpRequest& req) {
-  auto identity = authenticate(req);
-  if (auto* refused = std::get_if<HttpReply>(&identity)) return std::move(*refused);
-  const std::string& tenant = std::get<KeyIdentity>(identity).tenant;
-  const TenantLimits limits = std::get<KeyIdentity>(identity).limits.value_or(config_.default_tenant_limits);
+  auto authenticated = authenticate_with_namespace(req);
+  if (auto* refused = std::get_if<HttpReply>(&authenticated)) return std::move(*refused);
+  const Caller& caller = std::get<Caller>(authenticated);
+  const std::string& tenant = caller.identity.tenant;
+  const TenantLimits limits = caller.identity.limits.value_or(config_.default_tenant_limits);
   const TenantCounters c = tenant_usage_.counters(tenant);
-  const kv::NamespaceKvUsage kv = engine_.namespace_usage(ApiKeyStore::cache_namespace(tenant));
+  // The KV figures are the request's namespace's: with X-Pagoda-User, that user's.
+  const kv::NamespaceKvUsage kv = engine_.namespace_usage(caller.cache_namespace);
   json refused = json::object();
   for (int r = 0; r < kNumRefusals; ++r) refused[refusal_name(static_cast<Refusal>(r))] = c.requests_refused[r];
   json misses = json::object();
@@ -309,6 +340,7 @@ HttpReply OpenAiServer::handle_usage(const HttpRequest& req) {
   return json_reply(
       200, {{"object", "usage"},
             {"tenant", tenant},
+            {"user", caller.user.empty() ? json(nullptr) : json(caller.user)},
             {"requests",
              {{"accepted", c.requests_accepted},
               {"finished", c.requests_finished},
@@ -330,12 +362,13 @@ HttpReply OpenAiServer::handle_usage(const HttpRequest& req) {
 
 HttpReply OpenAiServer::handle_cache_drop(const HttpRequest& http_req) {
   if (auto e = check_json_content_type(http_req.header("Content-Type"))) return error_reply(*e);
-  auto identity = authenticate(http_req);
-  if (auto* refused = std::get_if<HttpReply>(&identity)) return std::move(*refused);
+  auto authenticated = authenticate_with_namespace(http_req);
+  if (auto* refused = std::get_if<HttpReply>(&authenticated)) return std::move(*refused);
   auto parsed = parse_cache_drop_request(http_req.body);
   if (auto* e = std::get_if<ApiError>(&parsed)) return error_reply(*e);
   const CacheDropRequest& req = std::get<CacheDropRequest>(parsed);
-  const std::string ns = ApiKeyStore::cache_namespace(std::get<KeyIdentity>(identity).tenant);
+  // A salting key drops inside the user's namespace it names (or the tenant's own without the header).
+  const std::string ns = std::get<Caller>(authenticated).cache_namespace;
   StatusOr<int32_t> dropped = 0;
   if (req.all) {
     dropped = engine_.drop_namespace(ns);

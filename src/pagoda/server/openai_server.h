@@ -11,8 +11,8 @@
 // /v1/kv/namespace, /v1/load (kv_routes.h). No endpoint honours Range: every
 // answer is whole.
 //
-// Request path: JSON media type (415) -> auth (api key -> tenant -> cache
-// namespace) -> parse and validate (400 + OpenAI error object) -> model name
+// Request path: JSON media type (415) -> auth (api key -> tenant; with a
+// salting key, X-Pagoda-User -> the user's own cache namespace, user_salt.h) -> parse and validate (400 + OpenAI error object) -> model name
 // -> chat template -> tokens -> cost cap -> tenant quotas (requests in flight,
 // tokens per minute, KV blocks: 429 + Retry-After, or 400 when the request
 // alone is over a whole quota) -> engine submit (400 too long, 429 +
@@ -49,12 +49,15 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <unordered_set>
 #include <string>
 #include <vector>
 
 #include "pagoda/core/status.h"
 #include "pagoda/engine/engine.h"
 #include "pagoda/server/api_keys.h"
+#include "pagoda/server/first_token_floor.h"
 #include "pagoda/server/http_front.h"
 #include "pagoda/server/openai_request.h"
 #include "pagoda/server/openai_response.h"
@@ -106,6 +109,11 @@ struct ServerConfig {
   std::chrono::milliseconds shutdown_grace{10'000};
   // Serve GET /v1/kv/events (the KV manager must record events: KvCacheConfig::record_events).
   bool publish_kv_events = true;
+  // No generation sends its first token (or, not streamed, its answer) earlier
+  // than this after it arrived (first_token_floor.h); 0: no floor. With
+  // first_token_floor_hits_only, only requests whose prompt hit the cache wait.
+  std::chrono::milliseconds first_token_floor{0};
+  bool first_token_floor_hits_only = false;
 };
 
 class OpenAiServer {
@@ -135,6 +143,15 @@ class OpenAiServer {
   HttpReply handle_models(const HttpRequest& req);
   // The caller's identity, or the 401 to answer.
   std::variant<KeyIdentity, HttpReply> authenticate(const HttpRequest& req) const;
+  // The identity and its request's cache namespace (user_salt.h), or the reply refusing it.
+  struct Caller {
+    KeyIdentity identity;
+    std::string cache_namespace;
+    std::string user;  // empty: the tenant's own namespace
+  };
+  std::variant<Caller, HttpReply> authenticate_with_namespace(const HttpRequest& req) const;
+  // A user namespace of a tenant with a KV cap gets the same cap, once.
+  void cap_user_namespace(const Caller& caller, const TenantLimits& limits);
   HttpReply error_reply(const ApiError& error) const;
   StatusOr<std::vector<int32_t>> tokens_for_text(const std::string& text, bool add_special_tokens) const;
   StatusOr<std::vector<int32_t>> tokens_for_chat(const ChatPrompt& prompt) const;
@@ -151,6 +168,9 @@ class OpenAiServer {
   std::atomic<uint64_t> next_response_id_{1};
   TenantUsageBook tenant_usage_;
   TenantQuotas quotas_;
+  std::mutex capped_users_mutex_;
+  std::unordered_set<std::string> capped_user_namespaces_;
+  std::unique_ptr<WakeTimer> wake_timer_;  // only with a first-token floor; outlives the front's replies
   // Last: destroyed first, so no handler runs while the members above go away.
   HttpFront front_;
 };

@@ -15,6 +15,67 @@ void scalar(std::string& out, const char* name, const char* type, const char* he
   out += fmt::format("{} {}\n", name, value);
 }
 
+// The tiers below the host (--kv-offload-disk, --kv-offload-redis), label tier.
+void lower_tier_metrics(std::string& out, const engine::EngineStats& s) {
+  const char* names[2] = {"disk", "redis"};
+  bool any = false;
+  for (const kvstore::TierIoStats& t : s.lower_tiers) any = any || t.enabled;
+  if (!any) return;
+  struct Counter {
+    const char* name;
+    const char* type;
+    const char* help;
+    int64_t kvstore::TierIoStats::*field;
+  };
+  static constexpr Counter kCounters[] = {
+      {"pagoda_kv_tier_read_blocks_total", "counter", "Blocks read back intact from a tier below the host.",
+       &kvstore::TierIoStats::hit_blocks},
+      {"pagoda_kv_tier_read_bytes_total", "counter", "Bytes read back from a tier below the host.",
+       &kvstore::TierIoStats::bytes_read},
+      {"pagoda_kv_tier_written_bytes_total", "counter", "Bytes written to a tier below the host.",
+       &kvstore::TierIoStats::bytes_written},
+      {"pagoda_kv_tier_written_blocks_total", "counter", "Blocks written to a tier below the host.",
+       &kvstore::TierIoStats::blocks_written},
+      {"pagoda_kv_tier_writes_dropped_total", "counter",
+       "Block writes dropped (queue full, tier down, disk full).", &kvstore::TierIoStats::writes_dropped},
+      {"pagoda_kv_tier_write_errors_total", "counter", "Block writes the OS or server refused.",
+       &kvstore::TierIoStats::write_errors},
+      {"pagoda_kv_tier_corrupt_blocks_total", "counter",
+       "Stored blocks refused on read (torn, short, bad checksum): deleted, a miss.",
+       &kvstore::TierIoStats::corrupt_blocks},
+      {"pagoda_kv_tier_evicted_blocks_total", "counter", "Blocks deleted to stay under the tier's size bound.",
+       &kvstore::TierIoStats::blocks_evicted},
+      {"pagoda_kv_tier_stored_bytes", "gauge", "Bytes a tier below the host holds (disk).",
+       &kvstore::TierIoStats::stored_bytes},
+  };
+  for (const Counter& c : kCounters) {
+    header(out, c.name, c.type, c.help);
+    for (int t = 0; t < 2; ++t)
+      if (s.lower_tiers[static_cast<size_t>(t)].enabled)
+        out += fmt::format("{}{{tier=\"{}\"}} {}\n", c.name, names[t], s.lower_tiers[static_cast<size_t>(t)].*c.field);
+  }
+  header(out, "pagoda_kv_tier_up", "gauge", "1 when a tier below the host is reachable and writing.");
+  for (int t = 0; t < 2; ++t) {
+    const kvstore::TierIoStats& x = s.lower_tiers[static_cast<size_t>(t)];
+    if (x.enabled) out += fmt::format("pagoda_kv_tier_up{{tier=\"{}\"}} {}\n", names[t], x.connected && !x.writes_stopped ? 1 : 0);
+  }
+  header(out, "pagoda_kv_tier_read_seconds", "histogram", "Time to read and verify one block from a tier below the host.");
+  for (int t = 0; t < 2; ++t) {
+    const kvstore::TierIoStats& x = s.lower_tiers[static_cast<size_t>(t)];
+    if (!x.enabled) continue;
+    int64_t cumulative = 0;
+    for (size_t b = 0; b < x.read_latency_counts.size(); ++b) {
+      cumulative += x.read_latency_counts[b];
+      const std::string le = b < kvstore::TierIoStats::kLatencyBounds.size()
+                                 ? fmt::format("{}", kvstore::TierIoStats::kLatencyBounds[b])
+                                 : std::string("+Inf");
+      out += fmt::format("pagoda_kv_tier_read_seconds_bucket{{tier=\"{}\",le=\"{}\"}} {}\n", names[t], le, cumulative);
+    }
+    out += fmt::format("pagoda_kv_tier_read_seconds_sum{{tier=\"{}\"}} {}\n", names[t], x.read_latency_sum);
+    out += fmt::format("pagoda_kv_tier_read_seconds_count{{tier=\"{}\"}} {}\n", names[t], cumulative);
+  }
+}
+
 void histogram(std::string& out, const char* name, const char* help, const engine::LatencyHistogram& h) {
   header(out, name, "histogram", help);
   const auto counts = h.cumulative_counts();
@@ -75,9 +136,17 @@ std::string render_prometheus_metrics(const engine::EngineStats& s, const HttpCo
          kv.unwritten_slots);
   header(out, "pagoda_prefix_cache_hit_tokens_total", "counter",
          "Prompt tokens served from the prefix cache, by the tier the blocks were found in.");
+  // Host hits loaded from disk or redis just before are counted under those tiers.
+  const int64_t lower_hits = kv.hit_tokens_by_lower_tier[0] + kv.hit_tokens_by_lower_tier[1];
   for (int t = 0; t < kv::kNumTiers; ++t)
     out += fmt::format("pagoda_prefix_cache_hit_tokens_total{{tier=\"{}\"}} {}\n",
-                       kv::block_tier_name(static_cast<kv::BlockTier>(t)), kv.hit_tokens_by_tier[t]);
+                       kv::block_tier_name(static_cast<kv::BlockTier>(t)),
+                       kv.hit_tokens_by_tier[t] - (t == static_cast<int>(kv::BlockTier::kHost) ? lower_hits : 0));
+  const char* lower_names[2] = {"disk", "redis"};
+  for (int t = 0; t < 2; ++t)
+    if (s.lower_tiers[static_cast<size_t>(t)].enabled)
+      out += fmt::format("pagoda_prefix_cache_hit_tokens_total{{tier=\"{}\"}} {}\n", lower_names[t],
+                         kv.hit_tokens_by_lower_tier[static_cast<size_t>(t)]);
   header(out, "pagoda_prefix_cache_miss_tokens_total", "counter", "Prompt tokens computed, by miss reason.");
   for (int r = 1; r < kv::kNumMissReasons; ++r)
     out += fmt::format("pagoda_prefix_cache_miss_tokens_total{{reason=\"{}\"}} {}\n",
@@ -129,6 +198,7 @@ std::string render_prometheus_metrics(const engine::EngineStats& s, const HttpCo
                        s.transfers.seconds[d]);
   scalar(out, "pagoda_kv_transfer_failures_total", "counter",
          "Calls that moved blocks between the tiers and failed.", s.transfer_failures);
+  lower_tier_metrics(out, s);
 
   scalar(out, "pagoda_queue_length", "gauge", "Requests accepted but not yet started.", s.num_queued_requests);
   scalar(out, "pagoda_waiting_sequences", "gauge", "Sequences waiting (incl. preempted).", s.num_waiting);

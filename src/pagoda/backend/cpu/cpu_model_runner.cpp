@@ -1,5 +1,7 @@
 #include "pagoda/backend/cpu/cpu_model_runner.h"
 
+#include <cstring>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -70,6 +72,24 @@ Status CpuModelRunner::zero_blocks(std::span<const int32_t> blocks) {
   for (int32_t b : blocks)
     if (b < 0 || b >= shape.num_blocks) return out_of_range_error("block {} outside the pool of {} blocks", b, shape.num_blocks);
   for (int32_t b : blocks) pool_.zero_block(b);  // every layer, K and V, data and scale records
+  return ok_status();
+}
+
+Status CpuModelRunner::read_host_block(int32_t host_block, std::span<std::byte> out) {
+  if (host_block < 0 || host_block >= num_host_blocks_)
+    return out_of_range_error("read_host_block: block {} outside the host pool of {}", host_block, num_host_blocks_);
+  if (out.size() != host_block_bytes_)
+    return invalid_argument_error("read_host_block: {} bytes given, a block is {}", out.size(), host_block_bytes_);
+  std::memcpy(out.data(), host_pool_.get() + static_cast<size_t>(host_block) * host_block_bytes_, host_block_bytes_);
+  return ok_status();
+}
+
+Status CpuModelRunner::write_host_block(int32_t host_block, std::span<const std::byte> data) {
+  if (host_block < 0 || host_block >= num_host_blocks_)
+    return out_of_range_error("write_host_block: block {} outside the host pool of {}", host_block, num_host_blocks_);
+  if (data.size() != host_block_bytes_)
+    return invalid_argument_error("write_host_block: {} bytes given, a block is {}", data.size(), host_block_bytes_);
+  std::memcpy(host_pool_.get() + static_cast<size_t>(host_block) * host_block_bytes_, data.data(), host_block_bytes_);
   return ok_status();
 }
 

@@ -40,8 +40,10 @@ class CpuModelRunner final : public runtime::ModelRunner {
   Status zero_blocks(std::span<const int32_t> blocks) override;  // memset, data and scales
   Status transfer_blocks(std::span<const runtime::BlockTransfer> transfers) override;
   runtime::TransferStats transfer_stats() const override { return transfer_stats_; }
+  Status read_host_block(int32_t host_block, std::span<std::byte> out) override;
+  Status write_host_block(int32_t host_block, std::span<const std::byte> data) override;
   runtime::RunnerCapabilities capabilities() const override {
-    return {.zeroes_blocks = true, .host_kv_blocks = num_host_blocks_};
+    return {.zeroes_blocks = true, .host_kv_blocks = num_host_blocks_, .host_block_access = num_host_blocks_ > 0};
   }
   const KvPoolShape& kv_geometry() const override { return pool_.shape(); }
   int32_t vocab_size() const override { return model_->config().vocab_size; }

@@ -73,6 +73,7 @@ CudaKvPool::CudaKvPool(const KvPoolShape& shape) : shape_(shape) {
   value_.block_bytes = vectors_per_block * vector_data_bytes(shape.head_dim, vq);
   key_scale_.block_bytes = vectors_per_block * vector_scale_bytes(shape.head_dim, kq);
   value_scale_.block_bytes = vectors_per_block * vector_scale_bytes(shape.head_dim, vq);
+  if (shape.latent) value_.block_bytes = value_scale_.block_bytes = 0;  // MLA: the latent (K) sub-pool only
   size_t offset = 0;
   for (SubPool* sub : {&key_, &value_, &key_scale_, &value_scale_}) {
     sub->offset = offset;
@@ -83,10 +84,11 @@ CudaKvPool::CudaKvPool(const KvPoolShape& shape) : shape_(shape) {
 
 StatusOr<std::unique_ptr<CudaKvPool>> CudaKvPool::create(const KvPoolShape& shape) {
   if (shape.num_layers <= 0 || shape.num_blocks <= 0 || shape.block_size <= 0 || shape.num_kv_heads <= 0 ||
-      shape.head_dim <= 0 || shape.head_dim % 8 != 0) {
+      shape.head_dim <= 0 || shape.head_dim % 8 != 0 || (shape.latent && shape.num_kv_heads != 1)) {
     return invalid_argument_error(
         "CUDA KV pool shape: layers={} blocks={} block_size={} kv_heads={} head_dim={} (all > 0, head_dim a "
-        "multiple of 8)", shape.num_layers, shape.num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim);
+        "multiple of 8, one head for a latent pool)", shape.num_layers, shape.num_blocks, shape.block_size,
+        shape.num_kv_heads, shape.head_dim);
   }
   for (DType dtype : {shape.key_dtype, shape.value_dtype}) {
     if (!kv_quant_of(dtype))

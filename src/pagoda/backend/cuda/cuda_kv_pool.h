@@ -6,6 +6,9 @@
 // beside scale pools of kv_scale_groups 4-byte records per vector, laid out as
 // runtime/kv_quant.h says. All in one allocation; every sub-pool starts on a
 // 256-byte boundary. Block id b names the same token range in every layer.
+// An MLA latent pool (KvPoolShape::latent: one head of kv_lora_rank +
+// qk_rope_head_dim) has the K codes and K scales only; its V segments are empty
+// and layer() gives null value pointers.
 // Memory only: which blocks belong to whom is the KV manager's business, handed
 // over in ForwardBatch block tables. Copies (copy on write) move the codes and
 // scales as they are.

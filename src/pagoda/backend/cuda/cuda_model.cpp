@@ -7,6 +7,7 @@
 #include "pagoda/backend/cuda/cuda_ops.h"
 #include "pagoda/model/rope_frequencies.h"
 #include "pagoda/model/checkpoint.h"
+#include "pagoda/model/kv_geometry.h"
 #include "pagoda/model/model_weights.h"
 #include "pagoda/runtime/batch_validation.h"
 
@@ -22,16 +23,27 @@ StatusOr<std::unique_ptr<CudaModel>> CudaModel::load(const std::filesystem::path
   bind_options.f32_cache_bytes = 0;  // keep mmapped views; conversion happens per tensor on upload
   PAGODA_ASSIGN_OR_RETURN(ModelWeights host, bind_model_weights(config, std::move(shared), bind_options));
   PAGODA_ASSIGN_OR_RETURN(CudaModelWeights weights, CudaModelWeights::upload(config, host, options.show_progress));
+  std::unique_ptr<CudaDeepseekWeights> deepseek;
+  if (config.mla) {
+    PAGODA_ASSIGN_OR_RETURN(CudaDeepseekWeights layers,
+                            CudaDeepseekWeights::upload(config, host, options.show_progress));
+    deepseek = std::make_unique<CudaDeepseekWeights>(std::move(layers));
+  }
   std::unique_ptr<CudaModel> model(new CudaModel(std::move(config), options, std::move(weights)));
-  PAGODA_RETURN_IF_ERROR(model->init());
+  PAGODA_RETURN_IF_ERROR(model->init(std::move(deepseek)));
   return model;
 }
 
 StatusOr<std::unique_ptr<CudaModel>> CudaModel::create_random(const ModelConfig& config, uint64_t seed,
                                                               const CudaModelOptions& options) {
   PAGODA_ASSIGN_OR_RETURN(CudaModelWeights weights, CudaModelWeights::random(config, seed));
+  std::unique_ptr<CudaDeepseekWeights> deepseek;
+  if (config.mla) {
+    PAGODA_ASSIGN_OR_RETURN(CudaDeepseekWeights layers, CudaDeepseekWeights::random(config, seed));
+    deepseek = std::make_unique<CudaDeepseekWeights>(std::move(layers));
+  }
   std::unique_ptr<CudaModel> model(new CudaModel(config, options, std::move(weights)));
-  PAGODA_RETURN_IF_ERROR(model->init());
+  PAGODA_RETURN_IF_ERROR(model->init(std::move(deepseek)));
   return model;
 }
 
@@ -46,10 +58,12 @@ CudaModel::~CudaModel() {
   }
 }
 
-Status CudaModel::init() {
+Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
   const ModelConfig& c = config_;
-  if (c.head_dim % 8 != 0 || c.head_dim > 256 || c.hidden_size % 8 != 0 || c.num_kv_heads <= 0 ||
-      c.num_q_heads % c.num_kv_heads != 0) {
+  if (c.mla && deepseek_weights == nullptr)
+    return invalid_argument_error("{}: an MLA config needs its DeepSeek layer weights", c.architecture_name);
+  if (!c.mla && (c.head_dim % 8 != 0 || c.head_dim > 256 || c.hidden_size % 8 != 0 || c.num_kv_heads <= 0 ||
+      c.num_q_heads % c.num_kv_heads != 0)) {
     return unimplemented_error("CUDA backend needs head_dim a multiple of 8 and <= 256, hidden_size a multiple of "
                                "8 and q heads a multiple of kv heads; {} has head_dim={} hidden={} heads={}/{}",
                                c.architecture_name, c.head_dim, c.hidden_size, c.num_q_heads, c.num_kv_heads);
@@ -81,23 +95,28 @@ Status CudaModel::init() {
 
   const size_t T = static_cast<size_t>(options_.max_num_tokens);
   const size_t H = static_cast<size_t>(c.hidden_size);
-  const size_t D = static_cast<size_t>(c.head_dim);
-  const size_t qkv = static_cast<size_t>(c.num_q_heads + 2 * c.num_kv_heads) * D;
-  const size_t I = static_cast<size_t>(c.intermediate_size);
   const size_t R = static_cast<size_t>(max_rows_);
   PAGODA_ASSIGN_OR_RETURN(residual_, DeviceBuffer::allocate(T * H * 4));
   PAGODA_ASSIGN_OR_RETURN(normed_, DeviceBuffer::allocate(T * H * 2));
+  PAGODA_ASSIGN_OR_RETURN(proj_, DeviceBuffer::allocate(T * H * 2));
+  PAGODA_ASSIGN_OR_RETURN(head_normed_, DeviceBuffer::allocate(R * H * 2));
+  PAGODA_ASSIGN_OR_RETURN(logits_, DeviceBuffer::allocate(R * c.vocab_size * 4));
+  PAGODA_ASSIGN_OR_RETURN(tokens_, DeviceBuffer::allocate(R * 4));
+  if (c.mla) {
+    PAGODA_ASSIGN_OR_RETURN(deepseek_, CudaDeepseekForward::create(c, std::move(*deepseek_weights),
+                                                                   options_.max_num_tokens, stream_));
+    return ok_status();
+  }
+  const size_t D = static_cast<size_t>(c.head_dim);
+  const size_t qkv = static_cast<size_t>(c.num_q_heads + 2 * c.num_kv_heads) * D;
+  const size_t I = static_cast<size_t>(c.intermediate_size);
   PAGODA_ASSIGN_OR_RETURN(qkv_, DeviceBuffer::allocate(T * qkv * 2));
   PAGODA_ASSIGN_OR_RETURN(attn_, DeviceBuffer::allocate(T * c.num_q_heads * D * 2));
   if (FastAttention::compiled_in()) {
     PAGODA_ASSIGN_OR_RETURN(q_contig_, DeviceBuffer::allocate(T * c.num_q_heads * D * 2));
   }
-  PAGODA_ASSIGN_OR_RETURN(proj_, DeviceBuffer::allocate(T * H * 2));
   PAGODA_ASSIGN_OR_RETURN(gate_up_, DeviceBuffer::allocate(T * 2 * I * 2));
   PAGODA_ASSIGN_OR_RETURN(act_, DeviceBuffer::allocate(T * I * 2));
-  PAGODA_ASSIGN_OR_RETURN(head_normed_, DeviceBuffer::allocate(R * H * 2));
-  PAGODA_ASSIGN_OR_RETURN(logits_, DeviceBuffer::allocate(R * c.vocab_size * 4));
-  PAGODA_ASSIGN_OR_RETURN(tokens_, DeviceBuffer::allocate(R * 4));
 
   const std::vector<float> inv_freq =
       rope_inverse_frequencies(c.head_dim, c.rope_theta, c.rope_llama3 ? &*c.rope_llama3 : nullptr);
@@ -108,6 +127,9 @@ Status CudaModel::init() {
 }
 
 KvPoolShape CudaModel::kv_pool_shape(int32_t num_blocks) const {
+  // The latent pool (MLA) has one dtype: the key's.
+  if (config_.mla)
+    return model_kv_pool_shape(config_, num_blocks, options_.block_size, options_.kv_key_dtype, options_.kv_key_dtype);
   return KvPoolShape{config_.num_layers, num_blocks, options_.block_size, config_.num_kv_heads, config_.head_dim,
                      options_.kv_key_dtype, options_.kv_value_dtype};
 }
@@ -124,7 +146,7 @@ Status CudaModel::validate(const ForwardBatch& batch, const CudaKvPool& pool) co
 }
 
 int32_t CudaModel::graph_bucket(const ForwardBatch& batch) const {
-  if (!options_.use_cuda_graphs) return 0;
+  if (!options_.use_cuda_graphs || deepseek_) return 0;
   return choose_graph_bucket(batch, buckets_, options_.max_graph_batch);
 }
 
@@ -152,7 +174,7 @@ StatusOr<CudaModel::StepShape> CudaModel::plan(const ForwardBatch& batch) {
   return step;
 }
 
-Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attention) {
+Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attention, const KvLayerWaits* waits) {
   const ModelConfig& c = config_;
   const int32_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
   const int32_t q_width = c.num_q_heads * D, kv_width = c.num_kv_heads * D;
@@ -169,6 +191,11 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
                                       device_.block_tables, block_table_stride_, T};
 
   PAGODA_CUDA_RETURN_IF_ERROR(embedding_gather(weights_.embed_tokens, device_.token_ids, T, H, residual, stream_));
+  if (deepseek_) {
+    PAGODA_RETURN_IF_ERROR(deepseek_->run_layers(T, pool, device_, attention, *gemm_, residual, normed, proj));
+    PAGODA_CUDA_RETURN_IF_ERROR(add_residual(residual, proj, static_cast<int64_t>(T) * H, stream_));
+    return ok_status();
+  }
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const CudaLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
     // The previous layer's MLP output joins the residual inside the norm.
@@ -191,6 +218,8 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
     PAGODA_CUDA_RETURN_IF_ERROR(
         rope(qkv + q_width, qkv_width, device_.positions, T, c.num_kv_heads, D, inv_freq, stream_));
     const DevicePagedKvLayer kv = pool.layer(l);
+    // This layer's host-tier copies land (and write-backs leave blocks this step may write) before its KV is touched.
+    if (waits != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(waits->wait_layer(stream_, l));
     // The checkpoint's fp8 KV scales when present (0: per-vector amax), as CpuModel.
     const KvWriteFixedScales fixed_scales{w.k_scale, w.v_scale};
     PAGODA_CUDA_RETURN_IF_ERROR(
@@ -233,7 +262,7 @@ Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {
 bool CudaModel::fast_attention_usable() const {
   // Quantized KV too: backend/cuda/attention decodes fp8 / int8 / int4 pools (FastAttention
   // answers false for the steps it cannot run, and the builtin kernel dequantizes).
-  return options_.fast_attention;
+  return options_.fast_attention && !deepseek_;
 }
 
 Status CudaModel::capture_graph(int32_t bucket, const CudaKvPool& pool, bool fast_attention) {
@@ -259,6 +288,14 @@ Status CudaModel::capture_graph(int32_t bucket, const CudaKvPool& pool, bool fas
 
 Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output, std::vector<float>* logits,
                       std::vector<int32_t>* tokens) {
+  // The host tier's copies for this step; whatever happens below, the stream waits for all of them before run() returns.
+  const KvLayerWaits waits = std::move(layer_waits_);
+  layer_waits_ = KvLayerWaits{};
+  struct WaitAllOnExit {
+    const KvLayerWaits& waits;
+    cudaStream_t stream;
+    ~WaitAllOnExit() { waits.wait_all(stream); }
+  } wait_all_on_exit{waits, stream_};
   PAGODA_RETURN_IF_ERROR(validate(batch, pool));
   const size_t vocab = static_cast<size_t>(config_.vocab_size);
   const int32_t wanted_rows = batch.num_logit_rows();
@@ -283,6 +320,7 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
   };
 
   if (step.bucket > 0) {
+    PAGODA_CUDA_RETURN_IF_ERROR(waits.wait_all(stream_));
     // backend/cuda/attention's decode in graph mode: this step's arena goes to fixed
     // device memory ahead of the graph, which replays the same launches.
     bool fast = false;
@@ -308,7 +346,10 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
     PAGODA_ASSIGN_OR_RETURN(fast, fast_->plan(config_, batch, options_.block_size, pool.shape().num_blocks, stream_));
   }
   if (fast) ++fast_attention_steps_;
-  PAGODA_RETURN_IF_ERROR(run_layers(step.num_tokens, pool, fast));
+  // Only the llama-family layer loop waits layer by layer; any other forward (MLA) waits for the whole load first.
+  const bool per_layer_waits = !config_.mla.has_value();
+  if (!per_layer_waits) PAGODA_CUDA_RETURN_IF_ERROR(waits.wait_all(stream_));
+  PAGODA_RETURN_IF_ERROR(run_layers(step.num_tokens, pool, fast, per_layer_waits ? &waits : nullptr));
   for (int32_t row = 0; row < step.num_rows; row += max_rows_) {
     const int32_t n = std::min(max_rows_, step.num_rows - row);
     PAGODA_RETURN_IF_ERROR(run_head(row, n));

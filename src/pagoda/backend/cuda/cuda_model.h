@@ -21,6 +21,10 @@
 // shape: split-K decode in graph mode inside the graphs, decode or tensor-core
 // prefill in eager steps; the backend's own kernel otherwise.
 //
+// DeepSeek V2/V3 (config.mla): the layers are CudaDeepseekForward's (MLA over
+// a latent pool, MoE); embedding, head and sampling are shared. Those steps
+// always run eagerly (the MoE loop reads expert counts on the host).
+//
 // Thread safety: one caller at a time (scratch, graphs and the stream are per model).
 
 #include <cstdint>
@@ -32,11 +36,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include "pagoda/backend/cuda/cuda_deepseek_forward.h"
 #include "pagoda/backend/cuda/cuda_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_model_weights.h"
 #include "pagoda/backend/cuda/device_buffer.h"
 #include "pagoda/backend/cuda/fast_attention.h"
 #include "pagoda/backend/cuda/gemm.h"
+#include "pagoda/backend/cuda/kv_layer_waits.h"
 #include "pagoda/backend/cuda/sampling.h"
 #include "pagoda/backend/cuda/step_plan.h"
 #include "pagoda/core/status.h"
@@ -78,7 +84,9 @@ class CudaModel {
   const ModelConfig& config() const { return config_; }
   const CudaModelOptions& options() const { return options_; }
   int32_t max_model_len() const { return max_model_len_; }
-  size_t weight_bytes() const { return weights_.total_bytes(); }
+  size_t weight_bytes() const {
+    return weights_.total_bytes() + (deepseek_ ? deepseek_->weight_bytes() : 0);
+  }
   cudaStream_t stream() const { return stream_; }
 
   // The bf16 pool shape this model needs for num_blocks blocks.
@@ -102,6 +110,18 @@ class CudaModel {
                          std::span<const int32_t> host_rows, std::vector<int32_t>& tokens,
                          std::vector<float>& logprobs, std::vector<float>& host_logits,
                          std::span<const uint64_t* const> masks = {});
+
+  // Events the next forward (one call) waits on before it touches each layer
+  // of the pool: the host tier's loads issued layer by layer (kv_layer_waits.h).
+  // An eager step waits for layer l's just before layer l's KV write, so the
+  // layers before it overlap the copy; a graph replay waits for all of them
+  // first. Every one is waited on by the time the forward returns, error or not.
+  void set_kv_layer_waits(KvLayerWaits waits) { layer_waits_ = std::move(waits); }
+  // Waits given but not consumed (a forward refused before it ran): the stream waits for all of them now.
+  void flush_kv_layer_waits() {
+    layer_waits_.wait_all(stream_);
+    layer_waits_ = KvLayerWaits{};
+  }
 
   // Turns graph replay of decode steps on or off (benchmarks compare both).
   void set_use_cuda_graphs(bool on) { options_.use_cuda_graphs = on; }
@@ -132,11 +152,13 @@ class CudaModel {
   };
 
   CudaModel(ModelConfig config, CudaModelOptions options, CudaModelWeights weights);
-  Status init();
+  // deepseek_weights: the layers of an MLA config (null otherwise).
+  Status init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights = nullptr);
   Status validate(const ForwardBatch& batch, const CudaKvPool& pool) const;
   int32_t graph_bucket(const ForwardBatch& batch) const;
   StatusOr<StepShape> plan(const ForwardBatch& batch);
-  Status run_layers(int32_t num_tokens, const CudaKvPool& pool, bool fast_attention);
+  Status run_layers(int32_t num_tokens, const CudaKvPool& pool, bool fast_attention,
+                    const KvLayerWaits* waits = nullptr);
   Status run_head(int32_t row_begin, int32_t num_rows);
   // Samples logit rows [row_begin, row_begin + n) (already in logits_) and
   // copies tokens, logprobs and the host rows' logits out; synchronizes.
@@ -159,6 +181,8 @@ class CudaModel {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<FastAttention> fast_;
+  // DeepSeek (MLA + MoE) configs: their layers run here instead of the llama loop.
+  std::unique_ptr<CudaDeepseekForward> deepseek_;
   int64_t fast_attention_steps_ = 0;
 
   // Step metadata (step_plan.h): pinned host mirror and device copy, same layout.
@@ -194,6 +218,7 @@ class CudaModel {
     bool fast_attention = false;       // captured with backend/cuda/attention's graph-mode decode attention
   };
   std::map<int32_t, Graph> graphs_;
+  KvLayerWaits layer_waits_;  // for the next run() only
   int64_t graph_replays_ = 0;
 };
 

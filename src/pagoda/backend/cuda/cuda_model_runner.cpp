@@ -1,6 +1,7 @@
 #include "pagoda/backend/cuda/cuda_model_runner.h"
 
 #include <cstdio>
+#include <cstring>
 
 #include "pagoda/backend/cuda/cuda_check.h"
 
@@ -27,15 +28,24 @@ StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::unique_p
   auto runner =
       std::unique_ptr<CudaModelRunner>(new CudaModelRunner(std::move(model), std::move(pool), std::move(report)));
   runner->host_ = std::move(host);
+  runner->layer_by_layer_ = options.layer_by_layer;
+  PAGODA_ASSIGN_OR_RETURN(runner->zeroer_, BlockZeroer::create());
   return runner;
+}
+
+void CudaModelRunner::hand_layer_waits_to_model() {
+  if (host_ && host_->layer_waits_pending()) model_->set_kv_layer_waits(host_->take_layer_waits());
 }
 
 StatusOr<runtime::StepResult> CudaModelRunner::execute(const ForwardBatch& batch,
                                                        std::span<const runtime::RowSampling> rows) {
   PAGODA_RETURN_IF_ERROR(runtime::check_row_sampling(batch, rows, capabilities()));
+  hand_layer_waits_to_model();
   runtime::StepResult out;
   if (rows.empty()) {
-    PAGODA_RETURN_IF_ERROR(model_->forward(batch, *pool_, out.host_logits));
+    const Status status = model_->forward(batch, *pool_, out.host_logits);
+    model_->flush_kv_layer_waits();
+    PAGODA_RETURN_IF_ERROR(status);
     out.tokens.assign(static_cast<size_t>(batch.num_logit_rows()), 0);
     out.logprobs.assign(static_cast<size_t>(batch.num_logit_rows()), 0.0f);
     return out;
@@ -55,30 +65,65 @@ StatusOr<runtime::StepResult> CudaModelRunner::execute(const ForwardBatch& batch
       masks[r] = row.allowed;
     }
   }
-  PAGODA_RETURN_IF_ERROR(
-      model_->forward_sampled(batch, *pool_, params, host_rows, out.tokens, out.logprobs, out.host_logits, masks));
+  const Status status = model_->forward_sampled(batch, *pool_, params, host_rows, out.tokens, out.logprobs,
+                                                out.host_logits, masks);
+  model_->flush_kv_layer_waits();
+  PAGODA_RETURN_IF_ERROR(status);
   return out;
 }
 
 StatusOr<std::vector<int32_t>> CudaModelRunner::execute_greedy(const ForwardBatch& batch) {
   std::vector<int32_t> tokens;
-  PAGODA_RETURN_IF_ERROR(model_->forward_greedy(batch, *pool_, tokens));
+  hand_layer_waits_to_model();
+  const Status status = model_->forward_greedy(batch, *pool_, tokens);
+  model_->flush_kv_layer_waits();
+  PAGODA_RETURN_IF_ERROR(status);
   return tokens;
+}
+
+Status CudaModelRunner::read_host_block(int32_t host_block, std::span<std::byte> out) {
+  if (!host_) return runtime::ModelRunner::read_host_block(host_block, out);
+  if (host_block < 0 || host_block >= host_->num_blocks())
+    return out_of_range_error("read_host_block: block {} outside the host pool of {}", host_block, host_->num_blocks());
+  if (out.size() != host_->block_bytes())
+    return invalid_argument_error("read_host_block: {} bytes given, a block is {}", out.size(), host_->block_bytes());
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  std::memcpy(out.data(), host_->block(host_block), out.size());
+  return ok_status();
+}
+
+Status CudaModelRunner::write_host_block(int32_t host_block, std::span<const std::byte> data) {
+  if (!host_) return runtime::ModelRunner::write_host_block(host_block, data);
+  if (host_block < 0 || host_block >= host_->num_blocks())
+    return out_of_range_error("write_host_block: block {} outside the host pool of {}", host_block, host_->num_blocks());
+  if (data.size() != host_->block_bytes())
+    return invalid_argument_error("write_host_block: {} bytes given, a block is {}", data.size(), host_->block_bytes());
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  std::memcpy(host_->block(host_block), data.data(), data.size());
+  return ok_status();
 }
 
 Status CudaModelRunner::transfer_blocks(std::span<const runtime::BlockTransfer> transfers) {
   if (transfers.empty()) return ok_status();
   if (!host_) return runtime::ModelRunner::transfer_blocks(transfers);
   PAGODA_RETURN_IF_ERROR(runtime::check_block_transfers(transfers, pool_->shape().num_blocks, host_->num_blocks()));
-  Status queued = host_->transfer(transfers, *pool_, model_->stream());
-  if (!queued.ok()) {
-    // Some copies may be in flight: wait for them before the destinations are declared lost.
-    cudaStreamSynchronize(model_->stream());
+  if (!layer_by_layer_) {
+    // The pool waits for whatever of a failed call was queued before it returns.
+    return host_->transfer(transfers, *pool_, model_->stream());
   }
-  return queued;
+  // The copies' layer events reach the model at the next execute(); anything else waits for all of them.
+  return host_->transfer_layered(transfers, *pool_, model_->stream()).status();
+}
+
+Status CudaModelRunner::zero_blocks(std::span<const int32_t> blocks) {
+  // A layer-by-layer write-back queued by this step's transfers may still be reading a block
+  // that is now being zeroed: the model stream waits for every copy first.
+  if (host_) PAGODA_RETURN_IF_ERROR(host_->wait_all(model_->stream()));
+  return zeroer_->zero(*pool_, blocks, model_->stream());
 }
 
 Status CudaModelRunner::copy_blocks(std::span<const runtime::BlockCopy> copies) {
+  if (host_) PAGODA_RETURN_IF_ERROR(host_->wait_all(model_->stream()));
   PAGODA_RETURN_IF_ERROR(pool_->copy_blocks(copies, model_->stream()));
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(model_->stream()));
   return ok_status();

@@ -9,7 +9,15 @@
 // Host tier (CudaRunnerOptions::num_host_blocks > 0): a pinned host pool of
 // blocks of the same shape (cuda_host_kv_pool.h); transfer_blocks() queues the
 // copies on its copy streams, ordered after the previous step and before the
-// next one on the model's stream.
+// next one on the model's stream. Layer by layer (the default): when a list
+// allows it, the copies go one layer at a time and the next execute()'s
+// forward waits for layer l's copies only before its layer l touches the KV
+// (cuda_model.h), so a host hit's load overlaps the step's compute;
+// copy_blocks() first waits for all of them.
+//
+// Zero on free (zero_blocks): blocks passing to another tenant are cleared on a
+// side stream ordered between the model stream's work before and after
+// (block_zeroer.h).
 //
 // Thread safety: the engine thread only (ModelRunner's contract).
 
@@ -19,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "pagoda/backend/cuda/block_zeroer.h"
 #include "pagoda/backend/cuda/cuda_host_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_model.h"
@@ -31,6 +40,7 @@ struct CudaRunnerOptions {
   int32_t num_blocks = 0;               // > 0: exactly this many KV blocks (tests)
   bool print_report = true;             // the KV pool line on stderr
   int32_t num_host_blocks = 0;          // > 0: a pinned host pool of this many blocks (the host tier)
+  bool layer_by_layer = true;           // host tier loads overlap the forward layer by layer
 };
 
 class CudaModelRunner final : public runtime::ModelRunner {
@@ -44,13 +54,20 @@ class CudaModelRunner final : public runtime::ModelRunner {
                                         std::span<const runtime::RowSampling> rows) override;
   Status copy_blocks(std::span<const runtime::BlockCopy> copies) override;
   Status transfer_blocks(std::span<const runtime::BlockTransfer> transfers) override;
+  Status zero_blocks(std::span<const int32_t> blocks) override;
   runtime::TransferStats transfer_stats() const override { return host_ ? host_->stats() : runtime::TransferStats{}; }
   const KvPoolShape& kv_geometry() const override { return pool_->shape(); }
   runtime::RunnerCapabilities capabilities() const override {
     return {.samples_on_device = true,
             .samples_masked_on_device = true,
-            .host_kv_blocks = host_ ? host_->num_blocks() : 0};
+            .zeroes_blocks = true,
+            .host_kv_blocks = host_ ? host_->num_blocks() : 0,
+            .host_block_access = host_ != nullptr};
   }
+  // Both wait for the device (every queued transfer and kernel) first: simple
+  // and correct; the disk / redis tiers call them once per spilled or loaded block.
+  Status read_host_block(int32_t host_block, std::span<std::byte> out) override;
+  Status write_host_block(int32_t host_block, std::span<const std::byte> data) override;
   int32_t vocab_size() const override { return model_->config().vocab_size; }
   int32_t max_context_length() const override { return model_->max_model_len(); }
   std::vector<int32_t> eos_token_ids() const override { return model_->config().eos_token_ids; }
@@ -64,6 +81,8 @@ class CudaModelRunner final : public runtime::ModelRunner {
   CudaModel& model() { return *model_; }
   CudaKvPool& pool() { return *pool_; }
   CudaHostKvPool* host_pool() { return host_.get(); }  // null without a host tier
+  void set_layer_by_layer(bool on) { layer_by_layer_ = on; }
+  bool layer_by_layer() const { return layer_by_layer_; }
 
  private:
   CudaModelRunner(std::unique_ptr<CudaModel> model, std::unique_ptr<CudaKvPool> pool, std::string report)
@@ -71,7 +90,12 @@ class CudaModelRunner final : public runtime::ModelRunner {
 
   std::unique_ptr<CudaModel> model_;
   std::unique_ptr<CudaKvPool> pool_;
+  // The host pool's pending layer events go to the model's next forward.
+  void hand_layer_waits_to_model();
+
   std::unique_ptr<CudaHostKvPool> host_;
+  bool layer_by_layer_ = true;
+  std::unique_ptr<BlockZeroer> zeroer_;
   std::string report_;
 };
 

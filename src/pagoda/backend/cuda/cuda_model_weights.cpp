@@ -29,7 +29,8 @@ struct Shapes {
   }
 };
 
-// Converts a [rows, cols] matrix in its file dtype into bf16 rows at dst (host).
+}  // namespace
+
 void matrix_to_bf16(const WeightMatrix& m, uint16_t* dst) {
   const size_t n = m.rows * m.cols;
   if (m.dtype == DType::kBF16) {
@@ -46,11 +47,10 @@ void matrix_to_bf16(const WeightMatrix& m, uint16_t* dst) {
   });
 }
 
-}  // namespace
-
 size_t cuda_weight_bytes(const ModelConfig& config) {
   const Shapes s(config);
-  size_t bytes = static_cast<size_t>(config.num_layers) * s.layer_matrix_elements() * 2;
+  // DeepSeek layers are CudaDeepseekWeights' (its own count and progress bar).
+  size_t bytes = config.mla ? 0 : static_cast<size_t>(config.num_layers) * s.layer_matrix_elements() * 2;
   bytes += s.vocab * s.hidden * 2 * (config.tie_word_embeddings ? 1 : 2);
   return bytes;
 }
@@ -104,6 +104,7 @@ StatusOr<CudaModelWeights> CudaModelWeights::upload(const ModelConfig& config, c
   }
   PAGODA_ASSIGN_OR_RETURN(w.final_norm, upload_vectors({&host.final_norm}));
   for (const LayerWeights& l : host.layers) {
+    if (config.mla) break;  // DeepSeek layers: CudaDeepseekWeights
     CudaLayerWeights d;
     PAGODA_ASSIGN_OR_RETURN(d.qkv_proj, upload_stacked({&l.q_proj, &l.k_proj, &l.v_proj}));
     PAGODA_ASSIGN_OR_RETURN(d.o_proj, upload_stacked({&l.o_proj}));
@@ -173,7 +174,7 @@ StatusOr<CudaModelWeights> CudaModelWeights::random(const ModelConfig& config, u
     PAGODA_ASSIGN_OR_RETURN(w.lm_head, random_matrix({{RandomMatrix::kLmHead, s.vocab}}, -1, s.hidden));
   }
   PAGODA_ASSIGN_OR_RETURN(w.final_norm, constant_vector(s.hidden, 1.0f));
-  for (int32_t layer = 0; layer < config.num_layers; ++layer) {
+  for (int32_t layer = 0; layer < (config.mla ? 0 : config.num_layers); ++layer) {
     CudaLayerWeights d;
     const size_t kv_width = (s.qkv_rows - s.q_width) / 2;
     PAGODA_ASSIGN_OR_RETURN(d.qkv_proj, random_matrix({{RandomMatrix::kQProj, s.q_width},

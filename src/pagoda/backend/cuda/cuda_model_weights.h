@@ -58,7 +58,7 @@ class CudaModelWeights {
   __nv_bfloat16* embed_tokens = nullptr;  // [vocab, hidden]
   __nv_bfloat16* lm_head = nullptr;       // [vocab, hidden]; == embed_tokens when tied
   float* final_norm = nullptr;            // [hidden]
-  std::vector<CudaLayerWeights> layers;
+  std::vector<CudaLayerWeights> layers;  // empty for DeepSeek (MLA) configs: CudaDeepseekWeights holds those
 
   size_t total_bytes() const { return total_bytes_; }
 
@@ -67,6 +67,9 @@ class CudaModelWeights {
   std::vector<DeviceBuffer> buffers_;
   size_t total_bytes_ = 0;
 };
+
+// Converts a [rows, cols] matrix in its file dtype (f32 / f16 / bf16) into bf16 rows at dst (host).
+void matrix_to_bf16(const WeightMatrix& m, uint16_t* dst);
 
 // Bytes of bf16 matrices (+ f32 vectors) the GPU copy of `config` takes.
 size_t cuda_weight_bytes(const ModelConfig& config);

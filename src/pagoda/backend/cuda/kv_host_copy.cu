@@ -5,6 +5,8 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kUnroll = 4;
+constexpr uint64_t kSliceBytes = 8192;  // target bytes per CTA and segment
+constexpr int kMaxSlices = 8;
 
 // A CTA copies n bytes: 16-byte vectors (several loads in flight per thread
 // before the stores: host memory is a PCIe round trip away) when both ends
@@ -37,9 +39,13 @@ __device__ void copy_bytes(char* dst, const char* src, uint64_t n) {
   }
 }
 
-__global__ void __launch_bounds__(kThreads) kv_host_copy_kernel(KvHostCopyGeometry g, KvHostCopyPairs p, bool to_host) {
-  const int32_t pair = static_cast<int32_t>(blockIdx.x) / g.num_layers;
-  const int32_t layer = static_cast<int32_t>(blockIdx.x) % g.num_layers;
+// blockIdx.x: (pair, layer - layer_begin); blockIdx.y: the slice of every segment.
+__global__ void __launch_bounds__(kThreads)
+    kv_host_copy_kernel(KvHostCopyGeometry g, KvHostCopyPairs p, bool to_host, int32_t layer_begin,
+                        int32_t layer_count) {
+  const int32_t pair = static_cast<int32_t>(blockIdx.x) / layer_count;
+  const int32_t layer = layer_begin + static_cast<int32_t>(blockIdx.x) % layer_count;
+  const uint64_t slices = gridDim.y, slice = blockIdx.y;
   const uint64_t device_block = static_cast<uint64_t>(p.device_block[pair]);
   const uint64_t host_layer_bytes = g.segment_bytes[0] + g.segment_bytes[1] + g.segment_bytes[2] + g.segment_bytes[3];
   char* device_layer = g.device + static_cast<uint64_t>(layer) * g.layer_bytes;
@@ -49,20 +55,37 @@ __global__ void __launch_bounds__(kThreads) kv_host_copy_kernel(KvHostCopyGeomet
     const uint64_t bytes = g.segment_bytes[s];
     if (bytes == 0) continue;
     char* device = device_layer + g.segment_offset[s] + device_block * bytes;
-    if (to_host) copy_bytes(host, device, bytes);
-    else copy_bytes(device, host, bytes);
+    // This CTA's slice: a multiple of 16 bytes long, the last one shorter.
+    const uint64_t slice_bytes = (((bytes + slices - 1) / slices) + 15) & ~uint64_t{15};
+    const uint64_t begin = slice * slice_bytes;
+    if (begin < bytes) {
+      const uint64_t n = bytes - begin < slice_bytes ? bytes - begin : slice_bytes;
+      if (to_host) copy_bytes(host + begin, device + begin, n);
+      else copy_bytes(device + begin, host + begin, n);
+    }
     host += bytes;
   }
 }
 
 }  // namespace
 
+cudaError_t kv_host_copy_layers(const KvHostCopyGeometry& geometry, const KvHostCopyPairs& pairs, bool to_host,
+                                int32_t layer_begin, int32_t layer_count, cudaStream_t stream) {
+  if (pairs.count <= 0 || layer_count <= 0 || layer_begin < 0 || layer_begin + layer_count > geometry.num_layers)
+    return cudaSuccess;
+  uint64_t largest = 0;
+  for (uint64_t b : geometry.segment_bytes) largest = b > largest ? b : largest;
+  uint64_t slices = (largest + kSliceBytes - 1) / kSliceBytes;
+  slices = slices < 1 ? 1 : slices > kMaxSlices ? kMaxSlices : slices;
+  const dim3 grid(static_cast<unsigned>(pairs.count) * static_cast<unsigned>(layer_count),
+                  static_cast<unsigned>(slices));
+  kv_host_copy_kernel<<<grid, kThreads, 0, stream>>>(geometry, pairs, to_host, layer_begin, layer_count);
+  return cudaGetLastError();
+}
+
 cudaError_t kv_host_copy(const KvHostCopyGeometry& geometry, const KvHostCopyPairs& pairs, bool to_host,
                          cudaStream_t stream) {
-  if (pairs.count <= 0 || geometry.num_layers <= 0) return cudaSuccess;
-  const unsigned grid = static_cast<unsigned>(pairs.count) * static_cast<unsigned>(geometry.num_layers);
-  kv_host_copy_kernel<<<grid, kThreads, 0, stream>>>(geometry, pairs, to_host);
-  return cudaGetLastError();
+  return kv_host_copy_layers(geometry, pairs, to_host, 0, geometry.num_layers, stream);
 }
 
 }  // namespace pagoda::cuda

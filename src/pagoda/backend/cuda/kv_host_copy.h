@@ -2,10 +2,13 @@
 // One kernel that copies whole KV blocks between the device pool and the
 // host tier's pinned memory, which the GPU reads and writes directly (pinned
 // host memory is mapped at the same address on a unified-addressing system).
-// A CTA per (block, layer) moves that layer's segments (K codes, V codes, K
-// scales, V scales) with 16-byte accesses where alignment allows: no DMA
-// descriptor per piece, so a block of 2 to 4 x num_layers pieces costs one
-// launch among up to kKvHostCopyMaxPairs blocks.
+// A CTA per (block, layer, slice) moves its slice of each of that layer's
+// segments (K codes, V codes, K scales, V scales) with 16-byte accesses where
+// alignment allows: no DMA descriptor per piece, so a block of 2 to 4 x
+// num_layers pieces costs one launch among up to kKvHostCopyMaxPairs blocks.
+// Segments are cut into slices of about 8 KB so that even one block keeps
+// enough loads in flight. The "host" side may equally be device memory laid
+// out as host chunks (a staging buffer).
 //
 // Header for .cu and .cpp files alike (C++17, no std containers).
 
@@ -37,5 +40,9 @@ struct KvHostCopyPairs {
 // to_host: device -> host. Blocks must be distinct within a launch.
 cudaError_t kv_host_copy(const KvHostCopyGeometry& geometry, const KvHostCopyPairs& pairs, bool to_host,
                          cudaStream_t stream);
+// The same for layers [layer_begin, layer_begin + layer_count) only (a load
+// issued layer by layer, each layer's launch followed by its own event).
+cudaError_t kv_host_copy_layers(const KvHostCopyGeometry& geometry, const KvHostCopyPairs& pairs, bool to_host,
+                                int32_t layer_begin, int32_t layer_count, cudaStream_t stream);
 
 }  // namespace pagoda::cuda
