@@ -26,8 +26,8 @@ struct Shape {
 
 TEST(LinearTest, MatchesReferenceForEveryDtypeAndShape) {
   // m = 1 (decode, gemv path), small and odd prefill sizes; n large enough for several
-  // threads and, with k = 1000, several converted tiles per thread.
-  for (Shape s : {Shape{1, 33, 17}, Shape{7, 129, 64}, Shape{3, 301, 1000}, Shape{16, 5, 3}}) {
+  // threads and, with n = 2500 and k = 1000, several converted (4 MiB) tiles per thread.
+  for (Shape s : {Shape{1, 33, 17}, Shape{7, 129, 64}, Shape{3, 301, 1000}, Shape{16, 5, 3}, Shape{5, 2500, 1000}}) {
     const auto x = testing::random_values(s.m * s.k, s.m + s.k);
     auto w = testing::random_values(s.n * s.k, s.n);
     const auto bias = testing::random_values(s.n, 99);

@@ -101,13 +101,13 @@ TEST(QuantDotTest, ZeroBlocksGiveZero) {
 }
 
 // linear() on quantized weights (the integer dot path up to 4 rows, dequantized
-// tiles + sgemm beyond) against f32 linear() on the dequantized weights.
+// tiles + sgemm beyond; n = 2500 at k = 1000 makes several 4 MiB tiles per thread) against f32 linear() on the dequantized weights.
 TEST(QuantDotTest, LinearMatchesDequantizedF32) {
   struct Shape {
     size_t m, n, k;
   };
   for (DType dtype : {DType::kInt8, DType::kInt4}) {
-    for (Shape s : {Shape{1, 37, 33}, Shape{3, 301, 1000}, Shape{4, 5, 64}, Shape{9, 129, 70}, Shape{40, 33, 17}}) {
+    for (Shape s : {Shape{1, 37, 33}, Shape{3, 301, 1000}, Shape{4, 5, 64}, Shape{9, 129, 70}, Shape{40, 33, 17}, Shape{5, 2500, 1000}}) {
       const auto x = testing::random_values(s.m * s.k, s.m + s.k);
       const auto w = testing::random_values(s.n * s.k, s.n);
       const auto bias = testing::random_values(s.n, 7);
