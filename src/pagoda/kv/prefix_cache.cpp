@@ -212,6 +212,17 @@ PrefixCache::InsertResult PrefixCache::insert(BlockId block, int32_t ns_id, Bloc
     pool_.meta(block).last_access_ns = clock_.now_ns();
     return {InsertOutcome::kInserted, block};
   }
+  add_node(block, key, ns_id, parent, tokens);
+  if (stable_keys_on_) origin_[block] = 0;
+  if (pool_.meta(block).ref_count == 0) {  // not the normal path (callers insert referenced blocks), but keep counts right
+    count_evictable(block, +1);
+    maybe_add_candidate(block);
+  }
+  if (event_sink_) event_sink_(KvEvent::Kind::kBlockStored, block, key, parent == kNoBlock ? 0 : parent_key, ns_id);
+  return {InsertOutcome::kInserted, block};
+}
+
+void PrefixCache::add_node(BlockId block, uint64_t key, int32_t ns_id, BlockId parent, const TokenId* tokens) {
   table_.insert(key, block);
   BlockMeta& m = pool_.meta(block);
   m.key_hash = key;
@@ -222,19 +233,11 @@ PrefixCache::InsertResult PrefixCache::insert(BlockId block, int32_t ns_id, Bloc
   m.reuse_count = 0;
   m.branch_count = 0;
   std::memcpy(&tokens_[static_cast<size_t>(block) * block_size_], tokens, sizeof(TokenId) * block_size_);
-  if (stable_keys_on_) {
+  if (stable_keys_on_)
     stable_[block] = stable_block_key(parent == kNoBlock ? namespaces_[ns_id].stable_root : stable_[parent], tokens,
                                       block_size_);
-    origin_[block] = 0;
-  }
   link_child(parent, block);
   count_cached(block, +1);
-  if (m.ref_count == 0) {  // not the normal path (callers insert referenced blocks), but keep counts right
-    count_evictable(block, +1);
-    maybe_add_candidate(block);
-  }
-  if (event_sink_) event_sink_(KvEvent::Kind::kBlockStored, block, key, parent == kNoBlock ? 0 : parent_key, ns_id);
-  return {InsertOutcome::kInserted, block};
 }
 
 void PrefixCache::link_child(BlockId parent, BlockId child) {
@@ -409,22 +412,9 @@ BlockId PrefixCache::adopt_host(int32_t ns_id, BlockId parent, const TokenId* to
     pool_.free(host);
     return kNoBlock;
   }
-  BlockMeta& m = pool_.meta(host);
-  table_.insert(key, host);
-  m.key_hash = key;
-  m.namespace_id = ns_id;
-  m.parent = parent;
-  m.depth = parent == kNoBlock ? 0 : pool_.meta(parent).depth + 1;
-  m.last_access_ns = clock_.now_ns();
-  m.reuse_count = 0;
-  m.branch_count = 0;
-  m.written_slots = static_cast<uint16_t>(block_size_);
-  std::memcpy(&tokens_[static_cast<size_t>(host) * block_size_], tokens, sizeof(TokenId) * block_size_);
-  stable_[host] = stable_block_key(parent == kNoBlock ? namespaces_[ns_id].stable_root : stable_[parent], tokens,
-                                   block_size_);
+  pool_.meta(host).written_slots = static_cast<uint16_t>(block_size_);
+  add_node(host, key, ns_id, parent, tokens);
   origin_[host] = origin;
-  link_child(parent, host);
-  count_cached(host, +1);
   count_evictable(host, +1);
   maybe_add_candidate(host);
   if (event_sink_) event_sink_(KvEvent::Kind::kBlockStored, host, key, parent == kNoBlock ? 0 : parent_key, ns_id);

@@ -220,6 +220,10 @@ class PrefixCache {
 
   bool content_equals(BlockId block, int32_t ns_id, BlockId parent, const TokenId* tokens) const;
   void remove_one(BlockId block, RemovalReason reason);
+  // Makes `block` the cached node of (parent, tokens) under chain hash `key`: table entry,
+  // metadata, tokens, stable key, child link and cached counts (origin and evictability are the
+  // caller's).
+  void add_node(BlockId block, uint64_t key, int32_t ns_id, BlockId parent, const TokenId* tokens);
   void link_child(BlockId parent, BlockId child);
   void unlink_child(BlockId child);
   void maybe_add_candidate(BlockId block);
