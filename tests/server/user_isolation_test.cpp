@@ -104,7 +104,7 @@ TEST(UserSalt, RequiredKeysMustNameTheUserAndBadIdsAreRefused) {
   ASSERT_TRUE(std::holds_alternative<ApiError>(missing));
   EXPECT_EQ(std::get<ApiError>(missing).http_status, 400);
   EXPECT_EQ(std::get<ApiError>(missing).code, "user_required");
-  for (const std::string bad : {std::string(""), std::string(257, 'u'), std::string("a b"), std::string("a\x01"),
+  for (const std::string& bad : {std::string(""), std::string(257, 'u'), std::string("a b"), std::string("a\x01"),
                                 std::string("caf\xc3\xa9")}) {
     auto r = resolve("sk-app", bad);
     ASSERT_TRUE(std::holds_alternative<ApiError>(r)) << bad;
