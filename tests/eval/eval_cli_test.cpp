@@ -163,7 +163,7 @@ TEST_F(EvalCliTest, WeightQuantizationFlag) {
   std::filesystem::create_directories(dir);
   {
     auto config = nlohmann::json::parse(std::ifstream(kModel / "config.json"));
-    config["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}};
+    config["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
     std::ofstream(dir / "config.json") << config.dump();
   }
   r = run("generate --load-format random --config " + (dir / "config.json").string() +

@@ -10,6 +10,7 @@
 #include "pagoda/core/thread_pool.h"
 #include "pagoda/backend/cpu/kernels/quant_dot.h"
 #include "pagoda/backend/cpu/kernels/vector_dot.h"
+#include "pagoda/model/fp8_matrix.h"
 
 namespace pagoda::kernels {
 
@@ -52,6 +53,7 @@ constexpr size_t kTileBytes = size_t{4} << 20;
 
 // Rows [r0, r1) of w (f16, bf16, int8 or int4) into f32.
 void rows_to_f32(const WeightMatrix& w, size_t r0, size_t r1, float* out) {
+  if (w.dtype == DType::kFP8E4M3) return dequantize_fp8_rows(w, r0, r1, out);
   if (is_quantized_weight(w.dtype)) {
     const size_t row_bytes = quantized_row_bytes(w.dtype, w.cols);
     dequantize_weight_rows(w.dtype, static_cast<const uint8_t*>(w.data) + r0 * row_bytes, r1 - r0, w.cols, out);
@@ -91,19 +93,29 @@ void linear_quantized_dot(const float* x, size_t m, const WeightMatrix& w, const
 
 }  // namespace
 
-void linear(const float* x, size_t m, const WeightMatrix& w, const float* bias, float* y) {
+void linear(const float* x_in, size_t m, const WeightMatrix& w, const float* bias, float* y) {
   assert(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16 ||
-         is_quantized_weight(w.dtype));
+         w.dtype == DType::kFP8E4M3 || is_quantized_weight(w.dtype));
   pin_openblas_to_one_thread();
   const size_t n = w.rows, k = w.cols;
   if (m == 0 || n == 0) return;
+  const float* x = x_in;
+  if (w.fp8.activation != Fp8Activation::kNone) {
+    // The fp8 layer's input as its GEMM sees it: rounded through fp8 with the scheme's scales.
+    thread_local std::vector<float> x_fp8;
+    x_fp8.assign(x_in, x_in + m * k);
+    fake_quantize_fp8_activations(x_fp8.data(), m, k, w.fp8);
+    x = x_fp8.data();
+  }
   if (is_quantized_weight(w.dtype) && m <= kMaxRowsForDotPath) return linear_quantized_dot(x, m, w, bias, y);
+  // fp8 weights are dequantized a tile at a time for any m (the reference path, not a fast one).
+  const bool dot_path = m <= kMaxRowsForDotPath && w.dtype != DType::kFP8E4M3;
   const size_t elem_bytes = static_cast<size_t>(dtype_bits(w.dtype) / 8);
   // Rows per converted tile (at least 8).
   const size_t tile_rows = std::max<size_t>(8, (kTileBytes / sizeof(float)) / std::max<size_t>(1, k));
 
   ThreadPool::global().parallel_for(n, [&](size_t begin, size_t end) {
-    if (m <= kMaxRowsForDotPath) {
+    if (dot_path) {
       // Decode: one pass over the weight rows in their own dtype, no conversion buffer.
       for (size_t j = begin; j < end; ++j) {
         const void* row = static_cast<const char*>(w.data) + j * k * elem_bytes;
