@@ -138,7 +138,7 @@ TEST_F(EvalCliTest, QuantizedKvDtypesAndTheirSpellings) {
   }
 }
 
-// --quantization int8|int4 (CPU weights): the variant of `eval agreement` is the
+// --quantization int8|int4|fp8 (CPU weights): the variant of `eval agreement` is the
 // quantized model, the baseline the model as loaded; bad values, cuda and a
 // checkpoint that declares its own quantization fail naming the flag.
 TEST_F(EvalCliTest, WeightQuantizationFlag) {
@@ -171,6 +171,22 @@ TEST_F(EvalCliTest, WeightQuantizationFlag) {
   std::filesystem::remove_all(dir);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--quantization int8"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("already quantized"), std::string::npos) << r.output;
+
+  // fp8: the quantized variant runs; an FP8 checkpoint loads as it is and refuses the flag.
+  r = run("eval agreement " + common() + " --max-tokens 100 --kv-dtype f32 --quantization fp8 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  json = nlohmann::json::parse(last_line(r.output), nullptr, false);
+  ASSERT_FALSE(json.is_discarded()) << r.output;
+  EXPECT_GT(json["top1_agreement"].get<double>(), 0.9);
+  EXPECT_GT(json["mean_kl"].get<double>(), 0.0);
+  const auto fp8_fixture = std::filesystem::path(PAGODA_SOURCE_DIR) / "tests/fixtures/fp8/block_fp8";
+  r = run("generate --model " + fp8_fixture.string() + " --prompt-ids 5,6,7 --max-tokens 3 --temperature 0");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("block fp8, 32x32 block weight scales"), std::string::npos) << r.output;
+  r = run("generate --model " + fp8_fixture.string() + " --prompt-ids 5,6,7 --max-tokens 3 --quantization fp8");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--quantization fp8"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("already quantized"), std::string::npos) << r.output;
 }
 

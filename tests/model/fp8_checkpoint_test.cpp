@@ -433,16 +433,36 @@ std::string f32_bytes(std::vector<float> values) {
   return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
 }
 
-// Copies the fixture, applies edit to its tensors, and returns the load error.
-Status load_edited(const char* name, const std::function<void(std::map<std::string, RawTensor>&)>& edit) {
-  const fs::path dir = testing::make_temp_dir(std::string("fp8_bad_") + name);
+// A copy of the fixture with edit applied to its tensors (the caller removes the directory).
+fs::path edited_copy(const char* name, const std::function<void(std::map<std::string, RawTensor>&)>& edit) {
+  const fs::path dir = testing::make_temp_dir(std::string("fp8_edit_") + name);
   for (const auto& entry : fs::directory_iterator(kFixtures / name)) fs::copy_file(entry.path(), dir / entry.path().filename());
   auto tensors = read_raw(dir / "model.safetensors");
   edit(tensors);
   write_raw(dir / "model.safetensors", tensors);
+  return dir;
+}
+
+// The load error of an edited copy.
+Status load_edited(const char* name, const std::function<void(std::map<std::string, RawTensor>&)>& edit) {
+  const fs::path dir = edited_copy(name, edit);
   auto model = CpuModel::load(dir);
   fs::remove_all(dir);
   return model.ok() ? ok_status() : model.status();
+}
+
+// ModelOpt names the fp8 KV scales after the projections (self_attn.k_proj.k_scale).
+TEST(Fp8FixtureTest, ReadsModelOptKvScaleNames) {
+  const fs::path dir = edited_copy("modelopt_fp8", [](auto& t) {
+    t["model.layers.1.self_attn.k_proj.k_scale"] = RawTensor{"F32", {}, f32_bytes({0.5f})};
+    t["model.layers.1.self_attn.v_proj.v_scale"] = RawTensor{"F32", {}, f32_bytes({0.25f})};
+  });
+  auto model = CpuModel::load(dir);
+  fs::remove_all(dir);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  EXPECT_EQ((*model)->weights().layers[1].k_scale, 0.5f);
+  EXPECT_EQ((*model)->weights().layers[1].v_scale, 0.25f);
+  EXPECT_EQ((*model)->weights().layers[0].k_scale, 0.0f);
 }
 
 void expect_error(const Status& st, const std::string& tensor, const std::string& what) {
