@@ -307,29 +307,31 @@ double max_logprob_difference(eval::PagedRunner& runner, const json& prompt, con
   return worst;
 }
 
-std::unique_ptr<eval::PagedRunner> fixture_runner(const fs::path& dir) {
+std::unique_ptr<eval::PagedRunner> fixture_runner(const fs::path& dir, int32_t prefill_chunk) {
   auto model = CpuModel::load(dir);
   EXPECT_TRUE(model.ok()) << model.status().to_string();
   if (!model.ok()) return nullptr;
   eval::PagedRunnerOptions options;
   options.max_sequence_tokens = 64;
-  options.prefill_chunk = 7;  // prefill in chunks and decode: activations are rounded per token either way
+  options.prefill_chunk = prefill_chunk;
   auto runner = eval::make_cpu_paged_runner(std::shared_ptr<CpuModel>(std::move(*model)), options);
   EXPECT_TRUE(runner.ok()) << runner.status().to_string();
   return runner.ok() ? std::move(*runner) : nullptr;
 }
 
+// Chunks of 3 tokens run the per-row fp8 dot products (kernels::linear's path for at most 4 rows), chunks
+// of 16 the dequantized tiles + sgemm; activations are rounded per token (or group) either way.
 TEST(Fp8FixtureTest, LogitsMatchTheTorchEmulationAndStayNearBf16) {
   const json bf16 = read_json(kSource / "expected.json");
-  for (const Bound& bound : kBounds) {
-    SCOPED_TRACE(bound.name);
+  for (const Bound& bound : kBounds) for (const int32_t chunk : {3, 16}) {
+    SCOPED_TRACE(::testing::Message() << bound.name << ", chunks of " << chunk);
     const json expected = read_json(kFixtures / bound.name / "expected.json");
-    auto runner = fixture_runner(kFixtures / bound.name);
+    auto runner = fixture_runner(kFixtures / bound.name, chunk);
     ASSERT_NE(runner, nullptr);
     const double vs_emulated = max_logprob_difference(*runner, expected["prompt_ids"], expected["emulated"]);
     const double vs_bf16 = max_logprob_difference(*runner, bf16["prompt_ids"], bf16);
-    std::printf("%s: max |logprob - torch emulation| %.3e, max |logprob - bf16 model| %.3e\n", bound.name,
-                vs_emulated, vs_bf16);
+    std::printf("%s, chunks of %d: max |logprob - torch emulation| %.3e, max |logprob - bf16 model| %.3e\n",
+                bound.name, chunk, vs_emulated, vs_bf16);
     EXPECT_LE(vs_emulated, bound.vs_emulated);
     EXPECT_LE(vs_bf16, bound.vs_bf16);
     EXPECT_GT(vs_bf16, 1e-4);  // the weights really are fp8
