@@ -7,10 +7,13 @@
 //     saturating): the arithmetic of model/fp8_matrix.h's kDynamicToken, byte
 //     for byte.
 //   Fp8Gemm::linear: y bf16 [m, n] = (s_x[m] x s_w[n]) * (q_x [m, k] . q_w [n, k]^T),
-//     f32 accumulation, scales applied by cuBLASLt's outer-vector scaling
-//     (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F on both operands), so no
-//     epilogue kernel runs. A per-tensor weight scale is passed as a vector of
-//     n equal values.
+//     f32 accumulation. Where cuBLASLt offers outer-vector scaling
+//     (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F on both operands) the scales
+//     are applied inside the GEMM. On the H200 with CUDA 13's cuBLASLt the
+//     heuristic refuses that mode (status 7, measured), so there the GEMM runs
+//     with unit scales into an f32 scratch [m, n] and fp8_apply_outer_scales
+//     applies both scale vectors and rounds to bf16. A per-tensor weight scale
+//     is passed as a vector of n equal values.
 //
 // This is the building block of the GPU's fp8 Linear layers; the CUDA model
 // does not call it yet (FP8 checkpoints upload dequantized to bf16 there).
@@ -18,10 +21,12 @@
 // sm_89 or newer (create() checks: an error names the device otherwise).
 //
 // Thread safety: one Fp8Gemm per stream owner; plans are cached per shape, so
-// after the first call of a shape a call only enqueues work (graph capturable).
+// after the first call of a shape a call only enqueues work (graph capturable
+// once an eager call of the largest m x n has sized the f32 scratch).
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <memory>
 #include <tuple>
 
@@ -53,12 +58,17 @@ class Fp8Gemm {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    bool outer_vector = false;  // scales inside the GEMM; else unit scales into f32 + the epilogue
   };
   Fp8Gemm() = default;
-  StatusOr<Plan*> plan_for(int32_t m, int32_t n, int32_t k);
+  StatusOr<Plan*> plan_for(int32_t m, int32_t n, int32_t k, const float* x_scales, const float* w_scales);
+  // A plan with outer-vector scales, or nullopt where cuBLASLt has no algorithm for it.
+  StatusOr<std::optional<Plan>> make_plan(int32_t m, int32_t n, int32_t k, bool outer_vector, const float* x_scales,
+                                          const float* w_scales);
 
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer workspace_;
+  DeviceBuffer scratch_;  // f32 [m, n] of the unit-scale path; grows on eager calls only
   std::map<std::tuple<int32_t, int32_t, int32_t>, Plan> plans_;
 };
 

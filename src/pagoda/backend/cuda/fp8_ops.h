@@ -1,7 +1,8 @@
 #pragma once
-// The launcher of the per-token fp8 activation quantization (fp8_quantize.cu),
+// The launchers of the fp8 kernels (fp8_quantize.cu): per-token activation
+// quantization and the scaling epilogue,
 // apart from fp8_gemm.h so the .cu file needs only CUDA headers (C++17).
-// Contract: see quantize_fp8_per_token in fp8_gemm.h.
+// Used by Fp8Gemm (fp8_gemm.h).
 
 #include <cstdint>
 
@@ -16,5 +17,11 @@ namespace pagoda::cuda {
 // bytes. One block per row. Enqueues on stream; returns cudaGetLastError().
 cudaError_t quantize_fp8_per_token(const __nv_bfloat16* x, int32_t m, int32_t k, uint8_t* q, float* scales,
                                    cudaStream_t stream);
+
+// The epilogue of an fp8 GEMM run with unit scales into f32: y[r, c] =
+// bf16(d[r * n + c] * x_scales[r] * w_scales[c]) for r < m, c < n (d and y
+// row-major [m, n]; x_scales [m] per token, w_scales [n] per output channel).
+cudaError_t fp8_apply_outer_scales(const float* d, const float* x_scales, const float* w_scales, int32_t m,
+                                   int32_t n, __nv_bfloat16* y, cudaStream_t stream);
 
 }  // namespace pagoda::cuda

@@ -1,4 +1,4 @@
-// Per-token fp8 quantization of bf16 activations (fp8_ops.h).
+// Per-token fp8 quantization of bf16 activations and the fp8 GEMM's scaling epilogue (fp8_ops.h).
 
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -32,7 +32,25 @@ __global__ void quantize_fp8_per_token_kernel(const __nv_bfloat16* x, int32_t k,
   }
 }
 
+__global__ void fp8_apply_outer_scales_kernel(const float* d, const float* x_scales, const float* w_scales,
+                                              int32_t m, int32_t n, __nv_bfloat16* y) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<int64_t>(m) * n) return;
+  const int64_t r = i / n, c = i % n;
+  y[i] = __float2bfloat16(d[i] * x_scales[r] * w_scales[c]);
+}
+
 }  // namespace
+
+cudaError_t fp8_apply_outer_scales(const float* d, const float* x_scales, const float* w_scales, int32_t m,
+                                   int32_t n, __nv_bfloat16* y, cudaStream_t stream) {
+  const int64_t total = static_cast<int64_t>(m) * n;
+  if (total <= 0) return cudaSuccess;
+  const int64_t blocks = (total + kThreads - 1) / kThreads;
+  fp8_apply_outer_scales_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(d, x_scales, w_scales, m, n,
+                                                                                       y);
+  return cudaGetLastError();
+}
 
 cudaError_t quantize_fp8_per_token(const __nv_bfloat16* x, int32_t m, int32_t k, uint8_t* q, float* scales,
                                    cudaStream_t stream) {
