@@ -2,6 +2,8 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
+#include <cctype>
 #include <regex>
 
 #include <fmt/format.h>
@@ -19,6 +21,7 @@ class Fields {
   Fields(std::string_view source, std::string path) : source_(source), path_(std::move(path)) {}
   Fields child(const std::string& key) const { return Fields(source_, path_ + "." + key); }
   std::string name(const std::string& key) const { return path_ + "." + key; }
+  const std::string& path() const { return path_; }
 
   StatusOr<std::string> string(const json& obj, const std::string& key, std::string fallback,
                                bool required = false) const {
@@ -92,7 +95,7 @@ StatusOr<Fp8QuantConfig> parse_compressed_tensors(const json& qc, const Fields& 
   const std::string group_name = groups->begin().key();
   const json& group = groups->begin().value();
   const Fields g = f.child("config_groups").child(group_name);
-  if (!group.is_object()) return invalid_argument_error("{}: field '{}' must be an object", f.source(), g.name(""));
+  if (!group.is_object()) return invalid_argument_error("{}: field '{}' must be an object", f.source(), g.path());
   PAGODA_ASSIGN_OR_RETURN(const std::string group_format, g.string(group, "format", format));
   if (group_format != "float-quantized") return g.unsupported("format", group_format, "float-quantized");
   PAGODA_ASSIGN_OR_RETURN(const auto targets, g.strings(group, "targets"));
