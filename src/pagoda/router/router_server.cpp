@@ -319,7 +319,10 @@ class RouterServer::ProxyReply final : public server::ReplySource {
 
   server::ReplyPiece pull() override {
     server::ReplyPiece piece;
-    if (broken_) throw BackendBrokeOff();
+    if (broken_) {
+      finished_ = true;  // the close that follows is the backend's doing, not the client's
+      throw BackendBrokeOff();
+    }
     while (!head_sent_ && !error_) {
       const auto head = exchange_->head();
       if (!head) return piece;  // still waiting: the exchange wakes us
@@ -356,7 +359,10 @@ class RouterServer::ProxyReply final : public server::ReplySource {
       case ProxyExchange::Next::kBroken:
         // Never invent bytes: the head (if it goes out now) and what came are
         // all the client gets, and the connection closes.
-        if (!piece.has_head) throw BackendBrokeOff();
+        if (!piece.has_head) {
+          finished_ = true;
+          throw BackendBrokeOff();
+        }
         broken_ = true;
         break;
       case ProxyExchange::Next::kPending:
