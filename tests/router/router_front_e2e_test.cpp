@@ -262,6 +262,33 @@ TEST_F(RouterFrontTest, AnOversizedBodyIsRefusedBeforeItIsRead) {
   EXPECT_NE(got.find("\"error\""), std::string::npos) << "the OpenAI error shape: " << got;
 }
 
+// A non-streamed completion sends nothing until it is done; its prefill stops
+// counting as queued once the replica's load report shows it running, not
+// at its end.
+TEST_F(RouterFrontTest, ALongNonStreamedRequestCountsAsRunningOnceTheReplicaReportsIt) {
+  const std::string url = replica_.url();
+  auto answer = std::async(std::launch::async, [this] {
+    httplib::Client c("127.0.0.1", router_.port());
+    c.set_read_timeout(120, 0);
+    json body = {{"model", "pagoda-tiny"}, {"prompt", "Once upon a time"}, {"max_tokens", 900},
+                 {"temperature", 0}, {"ignore_eos", true}};
+    auto res = c.Post("/v1/completions", body.dump(), "application/json");
+    return res ? res->status : 0;
+  });
+  bool settled_while_running = false;
+  const auto deadline = Clock::now() + 60s;
+  while (Clock::now() < deadline && answer.wait_for(20ms) != std::future_status::ready) {
+    const std::string m = metrics_of(router_.port());
+    if (metric(m, "pagoda_router_backend_in_flight{backend=\"" + url + "\"}") == 1 &&
+        metric(m, "pagoda_router_backend_prefills_settled_by_load_total{backend=\"" + url + "\"}") == 1) {
+      settled_while_running = true;
+      break;
+    }
+  }
+  EXPECT_EQ(answer.get(), 200);
+  EXPECT_TRUE(settled_while_running) << metrics_of(router_.port());
+}
+
 // ---- the tokenizer check -----------------------------------------------------------
 
 // The bundled model with a tokenizer_config.json that differs by one byte:
