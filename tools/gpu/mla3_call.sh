@@ -8,7 +8,7 @@
 # Logs go to $OUT.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-[ "${1:-}" = bundle ] || [ -x "$here/bundle/run.sh" ] || tar xJf "$here/bundle.tar.xz" -C "$here"
+[ "${1:-}" = bundle ] || [ -x "$here/bundle/run.sh" ] || tar xzf "$here/bundle.tar.gz" -C "$here"
 root=$(cd "$here/../.." && pwd)
 out=${OUT:-/tmp/mla3}
 export PAGODA_SOURCE_DIR=$root PAGODA_V2_LITE_CONFIG=$here/deepseek_v2_lite_config.json
@@ -27,7 +27,7 @@ bundle)
   "$root/scripts/device-bundle.sh" "$dest/bundle" "$build/pagoda" "$build/tests/gpu_backend/cuda_model_tests" \
     "$build/tests/e2e/cli_gpu_tests" "$build/bench/gpu/pagoda_gpu_engine_bench" "$build/tests/gpu/mla_decode_gpu_tests"
   strip "$dest"/bundle/bin/* || true
-  tar cJf "$dest/bundle.tar.xz" -C "$dest" bundle && rm -rf "$dest/bundle"
+  tar czf "$dest/bundle.tar.gz" -C "$dest" bundle && rm -rf "$dest/bundle"
   cp "$0" "$dest/mla3_call.sh"
   cp "$root/tools/gpu_backend/deepseek_v2_lite_config.json" "$dest/"
   git -C "$root" rev-parse --short HEAD > "$dest/commit"

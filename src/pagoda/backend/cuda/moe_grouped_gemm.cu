@@ -3,7 +3,7 @@
 // step can be captured in a CUDA graph.
 //
 // One CTA of 4 warps per (64-column tile of n, expert). A CTA whose expert has
-// no rows exits at once; the others walk their expert's rows in chunks of 32,
+// no rows exits at once; the others walk their expert's rows in chunks of 64,
 // and for each chunk stream the weight tile [64 x k] through shared memory in
 // steps of 64 along k, so at decode sizes (a chunk or two per expert) every
 // active expert's weights are read about once: the kernel is bound by weight
@@ -23,13 +23,17 @@ namespace pagoda::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kRowsTile = 32;  // expert rows per chunk
+constexpr int kRowsTile = 64;  // expert rows per chunk (16 per MMA row block, 4 blocks)
 constexpr int kColsTile = 64;  // output columns per CTA (16 per warp)
 constexpr int kKStep = 64;
 constexpr int kPad = 8;        // bf16 padding of a shared row (bank conflicts; keeps 16-byte alignment)
 constexpr int kLd = kKStep + kPad;
 constexpr int kChunksA = kRowsTile * kKStep / 8 / kThreads;  // 16-byte chunks per thread
 constexpr int kChunksB = kColsTile * kKStep / 8 / kThreads;
+constexpr int kTilesBytes = (kRowsTile + kColsTile) * kLd * 2;
+constexpr int kOutBytes = kRowsTile * (kColsTile + 4) * 4;
+constexpr int kSmemBytes = kTilesBytes > kOutBytes ? kTilesBytes : kOutBytes;
+static_assert(kSmemBytes <= 48 * 1024, "static shared memory");
 
 __global__ void __launch_bounds__(kThreads) moe_grouped_gemm_kernel(const int32_t* __restrict__ offsets,
                                                                     const __nv_bfloat16* __restrict__ x,
@@ -39,9 +43,11 @@ __global__ void __launch_bounds__(kThreads) moe_grouped_gemm_kernel(const int32_
   const int expert = blockIdx.y;
   const int begin = offsets[expert], end = offsets[expert + 1];
   if (end <= begin) return;
-  __shared__ __align__(32) __nv_bfloat16 a_tile[kRowsTile * kLd];
-  __shared__ __align__(32) __nv_bfloat16 b_tile[kColsTile * kLd];
-  __shared__ __align__(32) float c_tile[kRowsTile * (kColsTile + 4)];
+  // A and B tiles during the k loop; the f32 output tile reuses their bytes afterwards.
+  __shared__ __align__(128) uint8_t smem[kSmemBytes];
+  __nv_bfloat16* a_tile = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* b_tile = a_tile + kRowsTile * kLd;
+  float* c_tile = reinterpret_cast<float*>(smem);
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int n0 = blockIdx.x * kColsTile;
@@ -68,9 +74,9 @@ __global__ void __launch_bounds__(kThreads) moe_grouped_gemm_kernel(const int32_
                    : make_uint4(0u, 0u, 0u, 0u);
       }
     };
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
-    wmma::fill_fragment(acc[0], 0.0f);
-    wmma::fill_fragment(acc[1], 0.0f);
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kRowsTile / 16];
+#pragma unroll
+    for (int mi = 0; mi < kRowsTile / 16; ++mi) wmma::fill_fragment(acc[mi], 0.0f);
     load(0);
     for (int k0 = 0; k0 < k; k0 += kKStep) {
 #pragma unroll
@@ -91,7 +97,7 @@ __global__ void __launch_bounds__(kThreads) moe_grouped_gemm_kernel(const int32_
         wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
         wmma::load_matrix_sync(b, b_tile + (warp * 16) * kLd + kk, kLd);
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi) {
+        for (int mi = 0; mi < kRowsTile / 16; ++mi) {
           wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
           wmma::load_matrix_sync(a, a_tile + (mi * 16) * kLd + kk, kLd);
           wmma::mma_sync(acc[mi], a, b, acc[mi]);
@@ -100,7 +106,7 @@ __global__ void __launch_bounds__(kThreads) moe_grouped_gemm_kernel(const int32_
       __syncthreads();  // every warp is done with the tiles before they are overwritten
     }
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
+    for (int mi = 0; mi < kRowsTile / 16; ++mi)
       wmma::store_matrix_sync(c_tile + (mi * 16) * (kColsTile + 4) + warp * 16, acc[mi], kColsTile + 4,
                               wmma::mem_row_major);
     __syncthreads();
