@@ -39,14 +39,14 @@ tests)
   { echo "commit $(cat "$here/commit")  $(date -u +%FT%TZ)"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } | tee "$out/tests.log"
   timeout 40 "$here/bundle/run.sh" mla_decode_gpu_tests > "$out/mla_decode.log" 2>&1
   echo "mla_decode_gpu_tests rc=$?"; grep -E "rel L2|FAILED|Failure|PASSED" "$out/mla_decode.log" | head -30
-  timeout 90 "$here/bundle/run.sh" cuda_model_tests --gtest_filter='*Deepseek*:-*Timing*' >> "$out/tests.log" 2>&1
+  timeout 80 "$here/bundle/run.sh" cuda_model_tests --gtest_filter='*Deepseek*:-*Timing*' >> "$out/tests.log" 2>&1
   echo "cuda_model_tests (DeepSeek) rc=$?"
   grep -E "Failure|FAILED|PASSED|Which is|actual:|figure" "$out/tests.log" | head -60
   export PAGODA_CLI="$here/bundle/run.sh pagoda"
-  timeout 40 "$here/bundle/run.sh" cli_gpu_tests --gtest_filter='*Deepseek*' > "$out/cli.log" 2>&1
+  timeout 30 "$here/bundle/run.sh" cli_gpu_tests --gtest_filter='*Deepseek*' > "$out/cli.log" 2>&1
   echo "cli_gpu_tests (DeepSeek) rc=$?"
   grep -E "Failure|FAILED|PASSED" "$out/cli.log" | head -10
-  PAGODA_V2_LITE_MAX_SEQS=${SEQS:-1024} timing 60
+  PAGODA_V2_LITE_MAX_SEQS=${SEQS:-1024} timing 52
   ;;
 bench)
   mkdir -p "$out"
