@@ -5,7 +5,7 @@
 // One CTA of 4 warps per (64-column tile of n, expert). A CTA whose expert has
 // no rows exits at once; the others walk their expert's rows in chunks of 64,
 // and for each chunk stream the weight tile [64 x k] through shared memory in
-// steps of 64 along k, so at decode sizes (a chunk or two per expert) every
+// steps of 128 along k, so at decode sizes (a chunk or two per expert) every
 // active expert's weights are read about once: the kernel is bound by weight
 // bandwidth, as a decode step should be. bf16 tensor cores (WMMA 16x16x16,
 // f32 accumulation); the next k-step's global loads are issued into registers
@@ -25,7 +25,8 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kRowsTile = 64;  // expert rows per chunk (16 per MMA row block, 4 blocks)
 constexpr int kColsTile = 64;  // output columns per CTA (16 per warp)
-constexpr int kKStep = 64;
+constexpr int kKStep = 128;  // 16 KB of weights per CTA and step in flight
+constexpr int kRowChunks = kKStep / 8;  // 16-byte chunks of a tile row
 constexpr int kPad = 8;        // bf16 padding of a shared row (bank conflicts; keeps 16-byte alignment)
 constexpr int kLd = kKStep + kPad;
 constexpr int kChunksA = kRowsTile * kKStep / 8 / kThreads;  // 16-byte chunks per thread
@@ -60,7 +61,7 @@ __global__ void __launch_bounds__(kThreads) moe_grouped_gemm_kernel(const int32_
 #pragma unroll
       for (int i = 0; i < kChunksA; ++i) {
         const int idx = tid + i * kThreads;
-        const int r = idx >> 3, c = (idx & 7) * 8;
+        const int r = idx / kRowChunks, c = (idx % kRowChunks) * 8;
         const bool ok = m0 + r < end && k0 + c < k;
         ra[i] = ok ? *reinterpret_cast<const uint4*>(x + static_cast<int64_t>(m0 + r) * k + k0 + c)
                    : make_uint4(0u, 0u, 0u, 0u);
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(kThreads) moe_grouped_gemm_kernel(const int32_
 #pragma unroll
       for (int i = 0; i < kChunksB; ++i) {
         const int idx = tid + i * kThreads;
-        const int r = idx >> 3, c = (idx & 7) * 8;
+        const int r = idx / kRowChunks, c = (idx % kRowChunks) * 8;
         const bool ok = n0 + r < n && k0 + c < k;
         rb[i] = ok ? __ldg(reinterpret_cast<const uint4*>(we + static_cast<int64_t>(n0 + r) * k + k0 + c))
                    : make_uint4(0u, 0u, 0u, 0u);
@@ -82,12 +83,12 @@ __global__ void __launch_bounds__(kThreads) moe_grouped_gemm_kernel(const int32_
 #pragma unroll
       for (int i = 0; i < kChunksA; ++i) {
         const int idx = tid + i * kThreads;
-        *reinterpret_cast<uint4*>(a_tile + (idx >> 3) * kLd + (idx & 7) * 8) = ra[i];
+        *reinterpret_cast<uint4*>(a_tile + (idx / kRowChunks) * kLd + (idx % kRowChunks) * 8) = ra[i];
       }
 #pragma unroll
       for (int i = 0; i < kChunksB; ++i) {
         const int idx = tid + i * kThreads;
-        *reinterpret_cast<uint4*>(b_tile + (idx >> 3) * kLd + (idx & 7) * 8) = rb[i];
+        *reinterpret_cast<uint4*>(b_tile + (idx / kRowChunks) * kLd + (idx % kRowChunks) * 8) = rb[i];
       }
       __syncthreads();
       if (k0 + kKStep < k) load(k0 + kKStep);  // in flight during the MMAs below
