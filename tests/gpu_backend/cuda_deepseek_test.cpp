@@ -353,9 +353,10 @@ namespace pagoda::cuda {
 namespace {
 
 // Step times of the DeepSeek-V2-Lite shape (random weights, bf16 latent): a
-// prefill chunk of 8 x 1,024 tokens, then decode steps of 256 sequences at
-// context ~1K. A figure printer for benchmarks, not a check: run it with
-// --gtest_also_run_disabled_tests on the GPU machine.
+// prefill chunk of 8 x 1,024 tokens, then decode steps at context ~1K for
+// batches up to PAGODA_V2_LITE_MAX_SEQS (default 1,024) eager with the simple
+// MLA kernel, eager with the fast one, and in CUDA graphs. A figure printer for
+// benchmarks, not a check: run it with --gtest_also_run_disabled_tests on the GPU machine.
 TEST(CudaDeepseekTiming, DISABLED_V2LiteShapeStepTimes) {
   PAGODA_SKIP_WITHOUT_GPU();
   const std::filesystem::path source =
