@@ -75,7 +75,6 @@ StatusOr<int32_t> CudaMlaDecode::plan(const ForwardBatch& batch, const KvPoolSha
   const kc::MlaDecodeConfig config{s.num_heads, pool.block_size, pool.num_blocks, s.scale, element};
   const kc::AttentionDeviceInfo device{s.num_sms};
   DeviceBuffer* arena = &s.arena;
-  DeviceBuffer* workspace = &s.workspace;
   kc::MlaDecodeOptions options;
   if (bucket > 0) {
     if (s.graph_max_bucket == 0) {
@@ -95,7 +94,6 @@ StatusOr<int32_t> CudaMlaDecode::plan(const ForwardBatch& batch, const KvPoolSha
     options.fixed_rows = bucket;
     options.fixed_block_table_stride = block_table_stride;
     arena = &s.graph_arena;
-    workspace = &s.graph_workspace;
   }
   PAGODA_ASSIGN_OR_RETURN(kc::MlaDecodePlan plan, kc::MlaDecodePlan::create(config, s.rows, device, options));
   if (bucket == 0) {
@@ -112,7 +110,6 @@ StatusOr<int32_t> CudaMlaDecode::plan(const ForwardBatch& batch, const KvPoolSha
   }
   PAGODA_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(arena->data(), plan.arena().data(), plan.arena_bytes(), cudaMemcpyHostToDevice, stream));
-  (void)workspace;
   s.graph = bucket > 0;
   s.plan.emplace(std::move(plan));
   return bucket > 0 ? bucket : static_cast<int32_t>(s.rows.size());
