@@ -309,6 +309,11 @@ Status CudaHostKvPool::transfer_impl(std::span<const runtime::BlockTransfer> tra
   return ok_status();
 }
 
+Status CudaHostKvPool::wait_for_copies_on_host() const {
+  for (cudaStream_t copy : streams_) PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy));
+  return ok_status();
+}
+
 void CudaHostKvPool::collect_timings(bool wait) {
   size_t kept = 0;
   for (size_t i = 0; i < timings_.size(); ++i) {

@@ -34,7 +34,8 @@
 // taken, any other use of the pool on the model's stream must call
 // wait_all() first (copy_blocks does; the next transfer does it itself).
 //
-// Thread safety: the engine thread only, like the runner that owns it.
+// Thread safety: the engine thread only, like the runner that owns it, but for
+// wait_for_copies_on_host().
 
 #include <cuda_runtime_api.h>
 
@@ -83,6 +84,11 @@ class CudaHostKvPool {
   bool layer_waits_pending() const { return pending_[0] || pending_[1]; }
   // Makes `stream` wait for every pending layer-by-layer copy.
   Status wait_all(cudaStream_t stream);
+  // Blocks the calling thread until every copy queued so far (both copy
+  // streams) is done, without waiting for the model's stream: the host pool's
+  // bytes are then what the transfers wrote. The one method that may be called
+  // from a thread other than the engine's, while no transfer is being queued.
+  Status wait_for_copies_on_host() const;
   // Calls that went layer by layer so far (tests, benchmarks).
   int64_t layered_calls() const { return layered_calls_; }
 
