@@ -10,7 +10,8 @@
 # Environment there: SKIP_TESTS=1, SKIP_DISK=1 (the replay), SKIP_BENCH=1; REPLAY_LIMIT, PROMPTS, PROMPT_TOKENS
 # (disk_tier_call.sh; its pagoda_bench_kv_tiers limit is DISK_BENCH_LIMIT); BENCH_ARGS, BENCH_LIMIT
 # (kv_offload_call.sh).
-# Results: $OUT/host/ (summary.txt, kv_offload.json, logs.tar.gz) and $OUT/disk/ (summary.txt, logs.tar.gz).
+# Results: $OUT/summary.txt and tests.log (TESTS_LIMIT), $OUT/host/ (summary.txt, kv_offload.json, logs.tar.gz)
+# and $OUT/disk/ (summary.txt, logs.tar.gz).
 set -uo pipefail
 case "${1:-}" in
 bundle)
@@ -35,13 +36,20 @@ run)
   dir=$(cd "$(dirname "$0")" && pwd)
   out=${OUT:-/tmp/tiers}
   mkdir -p "$out/host" "$out/disk"
-  # The disk replay first (short), then the tests and the benchmark (kv_offload_call.sh runs both).
+  tar xJf "$dir/bundle.tar.xz" -C /tmp
+  export PAGODA_SOURCE_DIR=$PWD
+  # The tests first (host and disk tiers on the GPU), then the disk replay, then the host tier's benchmark.
+  if [ -z "${SKIP_TESTS:-}" ]; then
+    timeout ${TESTS_LIMIT:-120} /tmp/bundle/run.sh cuda_host_tier_tests > "$out/tests.log" 2>&1
+    echo "cuda_host_tier_tests: exit $? $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/tests.log" | tr '\n' ' ')" \
+      | tee "$out/summary.txt"
+    grep -E "Failure|Expected|Which is|error|OK \]|FAILED" "$out/tests.log" | head -40
+  fi
   if [ -z "${SKIP_DISK:-}" ]; then
     OUT=$out/disk BENCH_LIMIT=${DISK_BENCH_LIMIT:-30} bash "$dir/disk_tier_call.sh" run
   fi
-  if [ -z "${SKIP_TESTS:-}" ] || [ -z "${SKIP_BENCH:-}" ]; then
-    [ -n "${SKIP_BENCH:-}" ] && export BENCH_ARGS="--only transfers --methods kernel" BENCH_LIMIT=1
-    OUT=$out/host SKIP_SERVE=1 bash "$dir/kv_offload_call.sh" run
+  if [ -z "${SKIP_BENCH:-}" ]; then
+    OUT=$out/host SKIP_TESTS=1 SKIP_SERVE=1 bash "$dir/kv_offload_call.sh" run
   fi
   ;;
 *)
