@@ -335,12 +335,15 @@ int main(int argc, char** argv) {
   app.add_option("--pressure-output", pressure_output);
   app.add_option("--max-seconds", max_seconds, "cap per engine run");
   app.add_option("--multiturn-runs", multiturn_runs,
-                 "host-kernel (loads layer by layer), host-whole (whole loads), host-staged (staging + DMA both ways), "
+                 "host-kernel (loads layer by layer), host-capped (the same, the copy kernel's grid capped at "
+                 "--copy-ctas), host-whole (whole loads), host-staged (staging + DMA both ways), "
                  "host-staged-out, host-batched, device, device-all (a device pool holding the whole working "
                  "set: the bound) (in order)")->delimiter(',');
   app.add_option("--methods", methods, "transfer methods: kernel, layered, staged, staged-out, staged-in, batched, "
                  "per-piece")->delimiter(',');
   app.add_option("--host-fraction", host_fraction, "host tier / multi-turn working set");
+  int32_t copy_ctas = 32;
+  app.add_option("--copy-ctas", copy_ctas, "the host-capped run's copy-kernel grid cap (CTAs per launch)");
   app.add_option("--json", json_out);
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -423,6 +426,7 @@ int main(int argc, char** argv) {
         (*runner)->host_pool()->set_copy_method(TransferDirection::kDeviceToHost, Method::kStaged);
       if (run == "host-staged") (*runner)->host_pool()->set_copy_method(Method::kStaged);
       (*runner)->set_layer_by_layer(run != "host-whole");
+      (*runner)->host_pool()->set_copy_kernel_ctas(run == "host-capped" ? copy_ctas : 0);
       const int64_t layered_before = (*runner)->host_pool()->layered_calls();
       EngineRun e = make_engine(**runner, device_blocks, tier ? mt_host : 0,
                                 tier ? engine::PreemptionMode::kSwap : engine::PreemptionMode::kRecompute,
@@ -441,6 +445,7 @@ int main(int argc, char** argv) {
       r["transfer_calls"] = e.view->transfer_calls;
       r["layered_transfer_calls"] = (*runner)->host_pool()->layered_calls() - layered_before;
       r["run"] = run;
+      r["copy_kernel_ctas"] = (*runner)->host_pool()->copy_kernel_ctas();
       std::printf("  engine thread: %.2f s in execute, %.3f s queueing %lld transfer calls (%lld layer by layer)\n",
                   e.view->execute_s, e.view->transfer_s, static_cast<long long>(e.view->transfer_calls),
                   static_cast<long long>((*runner)->host_pool()->layered_calls() - layered_before));
@@ -449,6 +454,7 @@ int main(int argc, char** argv) {
     }
     (*runner)->host_pool()->set_copy_method(kernel_exact ? Method::kKernel : Method::kBatchedMemcpy);
     (*runner)->set_layer_by_layer(true);
+    (*runner)->host_pool()->set_copy_kernel_ctas(0);
   }
   if (has("swap")) {
     std::printf("pressure: %d requests x (%d + %d) tokens at once into %d device blocks (a third)\n", pressure_requests,

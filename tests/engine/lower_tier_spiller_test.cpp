@@ -1,8 +1,9 @@
 // LowerTierSpiller: host blocks handed to it are read on its own thread (not
 // the caller's), in order, and reach the tiers below the host with their
-// bytes; wait_idle() returns only once every submitted block has been read
-// (the engine calls it before anything may overwrite one); the destructor
-// finishes what was queued.
+// bytes; wait_for(blocks) returns only once no named block is still to be
+// read (the engine calls it before it overwrites host blocks) and does not
+// wait for the others; wait_idle() waits for all; the destructor finishes what
+// was queued.
 
 #include "pagoda/engine/lower_tier_spiller.h"
 
@@ -127,6 +128,24 @@ TEST_F(LowerTierSpillerTest, WaitIdleWaitsForEveryReadWhichRunsOffTheCallersThre
   EXPECT_EQ(spiller.spilled(), 3);
   EXPECT_EQ(spiller.failed(), 0);
   expect_stored(runner, {3, 1, 6});
+}
+
+TEST_F(LowerTierSpillerTest, WaitForWaitsOnlyForTheNamedBlocksStillToBeRead) {
+  GatedRunner runner;
+  LowerTierSpiller spiller(runner, *tiers_);
+  spiller.submit({{3, key_of(3)}, {1, key_of(1)}});
+  const std::vector<int32_t> others = {0, 2, 5}, one = {5, 1};
+  auto free_blocks = std::async(std::launch::async, [&] { spiller.wait_for(others); });
+  EXPECT_EQ(free_blocks.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+      << "blocks no spill names must not wait for the pending reads";
+  auto pending = std::async(std::launch::async, [&] { spiller.wait_for(one); });
+  EXPECT_EQ(pending.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout)
+      << "block 1 is still to be read";
+  runner.open();
+  ASSERT_EQ(pending.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  spiller.wait_idle();
+  EXPECT_EQ(spiller.spilled(), 2);
+  expect_stored(runner, {3, 1});
 }
 
 TEST_F(LowerTierSpillerTest, AFailedReadIsCountedAndNotStored) {

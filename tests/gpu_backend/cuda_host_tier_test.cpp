@@ -66,10 +66,11 @@ TEST(CudaHostTierTest, TransfersMoveEveryByteInListOrderForEveryKvDtype) {
                                                {Method::kKernel, Method::kStaged}};
   for (const auto& [out_method, in_method] : methods)
   for (const auto& [k, v] : dtypes)
-  for (const int32_t block_size : {4, 1}) {  // block size 1: pieces not multiples of 16 bytes
+  for (const int32_t block_size : {4, 1})  // block size 1: pieces not multiples of 16 bytes
+  for (const int32_t ctas : {0, 3}) {      // the copy kernel's grid uncapped, or capped (CTAs loop over blocks)
     SCOPED_TRACE(std::string(dtype_name(k)) + "/" + std::string(dtype_name(v)) + " methods " +
                  std::to_string(static_cast<int>(out_method)) + "/" + std::to_string(static_cast<int>(in_method)) +
-                 " block size " + std::to_string(block_size));
+                 " block size " + std::to_string(block_size) + " CTAs " + std::to_string(ctas));
     const KvPoolShape shape{3, 8, block_size, 2, 64, k, v};
     auto pool = CudaKvPool::create(shape);
     ASSERT_TRUE(pool.ok()) << pool.status().to_string();
@@ -77,6 +78,7 @@ TEST(CudaHostTierTest, TransfersMoveEveryByteInListOrderForEveryKvDtype) {
     ASSERT_TRUE(host.ok()) << host.status().to_string();
     (*host)->set_copy_method(kD2H, out_method);
     (*host)->set_copy_method(kH2D, in_method);
+    (*host)->set_copy_kernel_ctas(ctas);
     EXPECT_EQ((*host)->block_bytes(), shape.bytes_per_token() * block_size);
     // Random bytes over the whole device pool (one allocation from layer 0's K codes).
     std::vector<uint8_t> noise((*pool)->total_bytes());
@@ -292,11 +294,13 @@ std::vector<int32_t> prompt_of(int32_t length, int32_t salt) {
 TEST(CudaHostTierTest, AHostHitGivesTheMissOutputOnTheGpu) {
   PAGODA_SKIP_WITHOUT_GPU();
   for (DType dtype : {DType::kBF16, DType::kFP8E4M3, DType::kInt4})
-  for (bool layer_by_layer : {true, false}) {
-    SCOPED_TRACE(std::string(dtype_name(dtype)) + (layer_by_layer ? " layer by layer" : " whole loads"));
+  for (const auto& [layer_by_layer, ctas] : {std::pair{true, 0}, std::pair{false, 0}, std::pair{true, 2}}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)) + (layer_by_layer ? " layer by layer" : " whole loads") +
+                 " CTAs " + std::to_string(ctas));
     auto runner = make_runner(/*device_blocks=*/16, /*host_blocks=*/64, dtype);
     ASSERT_NE(runner, nullptr);
     runner->set_layer_by_layer(layer_by_layer);
+    runner->host_pool()->set_copy_kernel_ctas(ctas);
     const auto prompt = prompt_of(41, 1);
     std::vector<int32_t> cached;
     engine::EngineStats stats;

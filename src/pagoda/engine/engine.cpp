@@ -714,8 +714,13 @@ Status Engine::run_transfers() {
   for (const kv::BlockTransfer& t : moves)
     runner_moves.push_back(runtime::BlockTransfer{static_cast<runtime::TransferDirection>(t.direction), t.device_block,
                                                   t.host_block});
-  // Spills of the last list still read their host blocks, which these transfers may overwrite.
-  if (spiller_) spiller_->wait_idle();
+  if (spiller_) {
+    // A spill not yet read must not see its host block overwritten by these transfers.
+    std::vector<int32_t> written;
+    for (const kv::BlockTransfer& t : moves)
+      if (t.direction == kv::TransferDirection::kDeviceToHost) written.push_back(t.host_block);
+    spiller_->wait_for(written);
+  }
   Status moved = runner_.transfer_blocks(runner_moves);
   if (moved.ok()) {
     spill_to_lower_tiers(moves);
@@ -758,14 +763,14 @@ void Engine::load_from_lower_tiers(Sequence* seq) {
   if (static_cast<int64_t>(keys.size()) != max_blocks) return;
   const kvstore::LowerTiers::Fetched fetched = tiers->fetch(std::span(keys).subspan(static_cast<size_t>(have)));
   if (fetched.from_disk + fetched.from_redis == 0) return;
-  // Pending write-backs land first, and their spills are read: a host block they target may be reclaimed below.
+  // Pending write-backs land first: a host block they target may be reclaimed below.
   if (!run_transfers().ok()) return;
-  if (spiller_) spiller_->wait_idle();
   const size_t bb = tiers->block_bytes();
   int32_t loaded = 0;
   for (const auto& [origin, count] : {std::pair<uint8_t, int32_t>{1, fetched.from_disk}, {2, fetched.from_redis}}) {
     if (count == 0) continue;
     const std::vector<int32_t> hosts = kv_.adopt_host_blocks(ns, seq->tokens, have + loaded, count, origin);
+    if (spiller_) spiller_->wait_for(hosts);  // a reclaimed block may still be due to be spilled
     for (size_t i = 0; i < hosts.size(); ++i) {
       const auto bytes = std::span(fetched.data).subspan((static_cast<size_t>(loaded) + i) * bb, bb);
       if (!runner_.write_host_block(hosts[i], bytes).ok()) {

@@ -20,6 +20,7 @@ void LowerTierSpiller::submit(std::vector<Spill> spills) {
   if (spills.empty()) return;
   {
     std::lock_guard lock(mutex_);
+    for (const Spill& spill : spills) ++unread_[spill.host_block];
     if (queue_.empty()) {
       queue_ = std::move(spills);
     } else {
@@ -31,7 +32,16 @@ void LowerTierSpiller::submit(std::vector<Spill> spills) {
 
 void LowerTierSpiller::wait_idle() {
   std::unique_lock lock(mutex_);
-  idle_.wait(lock, [&] { return queue_.empty() && !busy_; });
+  read_.wait(lock, [&] { return queue_.empty() && !busy_; });
+}
+
+void LowerTierSpiller::wait_for(std::span<const int32_t> host_blocks) {
+  std::unique_lock lock(mutex_);
+  read_.wait(lock, [&] {
+    for (int32_t b : host_blocks)
+      if (unread_.contains(b)) return false;
+    return true;
+  });
 }
 
 int64_t LowerTierSpiller::spilled() const {
@@ -51,7 +61,7 @@ void LowerTierSpiller::loop() {
     {
       std::unique_lock lock(mutex_);
       busy_ = false;
-      if (queue_.empty()) idle_.notify_all();
+      if (queue_.empty()) read_.notify_all();
       // Stop only once everything submitted is spilled: a server stopping stores its last blocks.
       work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       if (queue_.empty()) return;
@@ -59,20 +69,20 @@ void LowerTierSpiller::loop() {
       queue_.clear();
       busy_ = true;
     }
-    int64_t ok = 0, bad = 0;
     for (const Spill& s : batch) {
       // The first read waits for the copies (the copy streams on a GPU, not the forward); the rest are ready.
-      if (runner_.read_host_block(s.host_block, buffer).ok()) {
-        tiers_.store(s.key, buffer);
-        ++ok;
-      } else {
-        ++bad;
+      const bool ok = runner_.read_host_block(s.host_block, buffer).ok();
+      {
+        std::lock_guard lock(mutex_);
+        auto it = unread_.find(s.host_block);
+        if (--it->second == 0) unread_.erase(it);
+        ++(ok ? spilled_ : failed_);
       }
+      read_.notify_all();
+      // The bytes are in `buffer`: the host block may be overwritten from here on.
+      if (ok) tiers_.store(s.key, buffer);
     }
     batch.clear();
-    std::lock_guard lock(mutex_);
-    spilled_ += ok;
-    failed_ += bad;
   }
 }
 
