@@ -335,8 +335,8 @@ int main(int argc, char** argv) {
   app.add_option("--pressure-output", pressure_output);
   app.add_option("--max-seconds", max_seconds, "cap per engine run");
   app.add_option("--multiturn-runs", multiturn_runs,
-                 "host-kernel (loads layer by layer), host-capped (the same, the copy kernel's grid capped at "
-                 "--copy-ctas), host-whole (whole loads), host-staged (staging + DMA both ways), "
+                 "host-kernel (loads layer by layer, the copy kernel's grid uncapped), host-capped (the same, "
+                 "its grid capped at --copy-ctas: the runner's default), host-whole (whole loads), host-staged (staging + DMA both ways), "
                  "host-staged-out, host-batched, device, device-all (a device pool holding the whole working "
                  "set: the bound) (in order)")->delimiter(',');
   app.add_option("--methods", methods, "transfer methods: kernel, layered, staged, staged-out, staged-in, batched, "
@@ -454,7 +454,7 @@ int main(int argc, char** argv) {
     }
     (*runner)->host_pool()->set_copy_method(kernel_exact ? Method::kKernel : Method::kBatchedMemcpy);
     (*runner)->set_layer_by_layer(true);
-    (*runner)->host_pool()->set_copy_kernel_ctas(0);
+    (*runner)->host_pool()->set_copy_kernel_ctas(runner_options.copy_kernel_ctas);
   }
   if (has("swap")) {
     std::printf("pressure: %d requests x (%d + %d) tokens at once into %d device blocks (a third)\n", pressure_requests,

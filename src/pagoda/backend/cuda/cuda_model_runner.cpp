@@ -23,6 +23,7 @@ StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::unique_p
   std::unique_ptr<CudaHostKvPool> host;
   if (options.num_host_blocks > 0) {
     PAGODA_ASSIGN_OR_RETURN(host, CudaHostKvPool::create(shape, options.num_host_blocks));
+    host->set_copy_kernel_ctas(options.copy_kernel_ctas);
   }
   if (options.print_report) std::fprintf(stderr, "%s\n", report.c_str());
   auto runner =

@@ -41,6 +41,9 @@ struct CudaRunnerOptions {
   bool print_report = true;             // the KV pool line on stderr
   int32_t num_host_blocks = 0;          // > 0: a pinned host pool of this many blocks (the host tier)
   bool layer_by_layer = true;           // host tier loads overlap the forward layer by layer
+  // The host tier's copy kernel holds at most this many CTAs per launch (0: one per block, layer and
+  // slice), so that a load beside a forward leaves the forward the other SMs (docs/BENCHMARKS.md).
+  int32_t copy_kernel_ctas = 32;
 };
 
 class CudaModelRunner final : public runtime::ModelRunner {
