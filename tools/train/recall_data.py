@@ -17,9 +17,10 @@ Training sequences (RecallSequences) are of two kinds, half each:
     place and recalled (INTRO, the same words, TERMINATOR) at a depth drawn uniformly from
     [MIN_DEPTH, max_depth]; the sequence then goes on with filler. Words come from the training
     vocabulary minus the held-out words (split_words).
-  - "passage": a crop of the training stream in which one span of 32-256 tokens is repeated
-    verbatim later, at a gap (end of the span to the start of its copy) drawn uniformly from
-    [MIN_DEPTH, max_depth]: unmarked repetition, which trains the copy mechanism the lists use.
+  - "passage": a crop of the training stream in which one to three spans of 32-256 tokens are
+    repeated verbatim later, each at a gap (end of the span to the start of its copy) drawn
+    uniformly from [MIN_DEPTH, max_depth], no copy overlapping a span or another copy: unmarked
+    repetition, a dense signal for the copy mechanism the lists use.
 """
 
 import random
@@ -32,6 +33,7 @@ TERMINATOR = ".\n"
 LIST_WORDS = 8  # words per list in the recall check (pagoda eval recall's default too)
 MIN_DEPTH = 16
 PASSAGE_TOKENS = (32, 256)
+PASSAGES = 3  # repeated spans per passage sequence, at most
 TRAIN_LIST_WORDS = (4, 12)
 
 # The words `pagoda eval recall` draws its lists from; never used in a training list.
@@ -124,16 +126,30 @@ class RecallSequences:
         return ids, info
 
     def _passage_sequence(self):
+        """One to PASSAGES spans repeated later; no copy overlaps a span or another copy."""
         rng = self.rng
         ids = self._crop(self.total)
+        taken, pairs = [], []
         span_high = min(PASSAGE_TOKENS[1], (self.total - MIN_DEPTH) // 2)
-        span = rng.randint(min(PASSAGE_TOKENS[0], span_high), span_high)
-        gap = rng.randint(MIN_DEPTH, max(MIN_DEPTH, min(self.max_depth, self.total - 2 * span)))
-        source = rng.randint(0, self.total - 2 * span - gap)
-        target = source + span + gap
-        ids[target:target + span] = ids[source:source + span]
-        return ids, {"kind": "passage", "source": source, "target": target, "span": span,
-                     "gap": gap}
+        span_low = min(PASSAGE_TOKENS[0], span_high)
+        for _ in range(rng.randint(1, PASSAGES)):
+            for _attempt in range(20):
+                span = rng.randint(span_low, span_high)
+                gap = rng.randint(MIN_DEPTH, max(MIN_DEPTH, min(self.max_depth,
+                                                                self.total - 2 * span)))
+                if self.total - 2 * span - gap < 0:
+                    continue
+                source = rng.randint(0, self.total - 2 * span - gap)
+                target = source + span + gap
+                regions = [(source, source + span), (target, target + span)]
+                if all(e <= a or b <= s for s, e in regions for a, b in taken):
+                    break
+            else:
+                continue
+            taken += regions
+            ids[target:target + span] = ids[source:source + span]
+            pairs.append({"source": source, "target": target, "span": span, "gap": gap})
+        return ids, {"kind": "passage", "pairs": pairs}
 
 
 def recall_trials(filler, encode, words, context_tokens, depths, trials, list_words, seed):

@@ -223,9 +223,16 @@ class RecallDataTest(unittest.TestCase):
             self.assertEqual(ids[recall + n:recall + n + len(term)], term)
             self.assertEqual(recall - (start + n + len(term)), info["depth"])
         else:
-            src, dst, span = info["source"], info["target"], info["span"]
-            self.assertEqual(ids[src:src + span], ids[dst:dst + span])
-            self.assertEqual(dst - src - span, info["gap"])
+            self.assertTrue(info["pairs"])
+            for pair in info["pairs"]:
+                src, dst, span = pair["source"], pair["target"], pair["span"]
+                self.assertEqual(ids[src:src + span], ids[dst:dst + span])
+                self.assertEqual(dst - src - span, pair["gap"])
+            regions = sorted(r for p in info["pairs"] for r in
+                             [(p["source"], p["source"] + p["span"]),
+                              (p["target"], p["target"] + p["span"])])
+            for (_, end), (start, _) in zip(regions, regions[1:]):
+                self.assertLessEqual(end, start)
 
     def test_sequences_hold_their_recall_and_are_seeded(self):
         a = recall_data.RecallSequences(self.stream, fake_encode, self.words, 2048, 5)
@@ -236,12 +243,18 @@ class RecallDataTest(unittest.TestCase):
             self.assertEqual((ids, info), b.next())
             self.check_sequence(ids, info, fake_encode, 2049)
             kinds[info["kind"]] += 1
-            depths.append(info["depth"] if info["kind"] == "list" else info["gap"])
+            if info["kind"] == "list":
+                depths.append(info["depth"])
+            else:
+                depths += [p["gap"] for p in info["pairs"]]
         self.assertTrue(150 < kinds["list"] < 250, kinds)
         self.assertLessEqual(max(depths), 1800)
         self.assertGreater(max(depths), 1500)  # spread up to the maximum
         self.assertLess(min(depths), 300)
         self.assertGreater(sum(d >= 1000 for d in depths), 100)
+        pairs = [len(seq[1]["pairs"]) for seq in (a.next() for _ in range(200))
+                 if seq[1]["kind"] == "passage"]
+        self.assertGreater(sum(p > 1 for p in pairs), len(pairs) // 4)
 
     def test_short_sequences_still_fit(self):
         seqs = recall_data.RecallSequences(self.stream, fake_encode, self.words, 128, 1)

@@ -554,7 +554,7 @@ def parse_args(argv=None):
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--intermediate", type=int, default=768)
     p.add_argument("--context", type=int, default=2048)
-    p.add_argument("--recall-fraction", type=float, default=0.25,
+    p.add_argument("--recall-fraction", type=float, default=0.375,
                    help="share of every batch that is in-context recall sequences (0: none)")
     p.add_argument("--recall-max-depth", type=int, default=1800,
                    help="longest distance between a list or passage and its recall, in tokens")
