@@ -6,9 +6,9 @@
 #                                      #    xz-compressed) and the commit
 # then in one device call (carry .device/train2k), from the checkout's root:
 #   .device/train2k/train_call.sh run
-# Knobs (environment): MINUTES (train.py --minutes, the whole run's wall-time budget; default 3.1,
+# Knobs (environment): MINUTES (train.py --minutes, the whole run's wall-time budget; default 3.0,
 # for a call of timeout_s 200; 7 for a 10-minute call), EPOCHS (default 8,16), RESERVE (seconds
-# kept back for export and evaluation, default 45), EXTRA (more train.py flags).
+# kept back for export and evaluation, default 50), EXTRA (more train.py flags).
 # Brings back under $OUT the 8 files train.py writes: model/{config.json, generation_config.json,
 # model.safetensors, tokenizer.json, tokenizer_config.json}, train_report.json, loss.csv,
 # loss_curve.png; the log is the call's output, which ends with the figures that decide the swap.
@@ -37,11 +37,11 @@ run)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   data=$(mktemp -d)
   tar xJf "$here/train-data.tar.xz" -C "$data" || exit 1
-  minutes=${MINUTES:-3.1}
+  minutes=${MINUTES:-3.0}
   # train.py stops training at its own deadline; the timeout is only a guard against a hang.
-  PYTHONUNBUFFERED=1 timeout "$(python3 -c "print(int(${minutes} * 60 + 30))")" \
+  PYTHONUNBUFFERED=1 timeout "$(python3 -c "print(int(${minutes} * 60 + 15))")" \
     python3 "$here/train.py" --data "$data" --out "$out" --minutes "$minutes" \
-    --reserve-seconds "${RESERVE:-45}" --epochs "${EPOCHS:-8,16}" \
+    --reserve-seconds "${RESERVE:-50}" --epochs "${EPOCHS:-8,16}" \
     --baseline-model models/pagoda-tiny ${EXTRA:-}
   rc=$?
   echo "train.py rc=$rc"

@@ -399,7 +399,7 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
         # Best held-out loss among evaluations whose recall reaches the bar, else best recall.
         if recall is None or recall >= args.recall_select:
             return (1, -val_loss)
-        return (0, recall)
+        return (0, recall, -val_loss)
 
     def keep_if_best(val_loss, recall):
         nonlocal best
