@@ -445,8 +445,10 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
             made = [recall_source.next() for _ in range(recall_rows)]
             for _, info in made:
                 kinds[info["kind"]] += 1
-            extra = torch.tensor([ids for ids, _ in made], dtype=torch.long).to(
-                device, non_blocking=True)
+            extra = torch.tensor([ids for ids, _ in made], dtype=torch.long)
+            if device.type == "cuda":  # pinned: the copy does not wait for the queued step
+                extra = extra.pin_memory()
+            extra = extra.to(device, non_blocking=True)
             chunk = torch.cat([chunk, extra], dim=0)
         x, y = chunk[:, :-1], chunk[:, 1:]
         with autocast:
