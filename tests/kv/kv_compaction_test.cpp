@@ -68,11 +68,18 @@ TEST_F(KvCompactionTest, ACompressedSequenceNeverEntersThePrefixCache) {
 TEST_F(KvCompactionTest, ReservedTokensKeepSlotsAfterTheKeptOnes) {
   ASSERT_TRUE(kv_->allocate_sequence(1, "t", iota_tokens(20)).ok());
   ASSERT_TRUE(kv_->mark_computed(1, 12).ok());  // 8 reserved, not yet computed
+  const std::vector<BlockId> before = table_of(*kv_, 1);
+  const int32_t free_before = kv_->num_free_blocks();
   auto c = kv_->compact_sequence(1, 5);
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(kv_->num_tokens(1), 13);
   EXPECT_EQ(kv_->num_computed_tokens(1), 5);
-  EXPECT_EQ(c->new_blocks.size(), 4u);
+  ASSERT_EQ(c->new_blocks.size(), 4u);
+  // The kept slots are in fresh blocks; the reserved tail moved over in the two old empty blocks.
+  for (int j = 0; j < 2; ++j) EXPECT_EQ(std::count(before.begin(), before.end(), c->new_blocks[j]), 0);
+  EXPECT_EQ(c->new_blocks[2], before[3]);
+  EXPECT_EQ(c->new_blocks[3], before[4]);
+  EXPECT_EQ(kv_->num_free_blocks(), free_before - 2) << "two fresh blocks, three old written ones cached";
   check();
   ASSERT_TRUE(kv_->mark_computed(1, 8).ok());
   check();

@@ -733,7 +733,10 @@ Status Engine::compact_sequence(Sequence* seq) {
   const int32_t kept = std::min(slots, runtime::kv_compaction_capacity(c, kv_num_layers_));
   StatusOr<kv::SequenceCompaction> r = kv_.compact_sequence(seq->id, kept);
   // No room for the fresh blocks now: the sequence keeps its cache and tries again next step.
-  if (r.status().code() == StatusCode::kResourceExhausted) return ok_status();
+  if (r.status().code() == StatusCode::kResourceExhausted) {
+    ++thread_stats_.kv_compactions_deferred;
+    return ok_status();
+  }
   PAGODA_RETURN_IF_ERROR(r.status());
   // Blocks handed over from another tenant are zeroed, and write-backs of the
   // blocks the allocation evicted run, before the runner writes the new ones.
@@ -741,9 +744,10 @@ Status Engine::compact_sequence(Sequence* seq) {
   runtime::KvCompaction job;
   job.kv_state = seq->id;
   job.config = c;
-  job.old_block_table.assign(r->old_blocks.begin(), r->old_blocks.end());
+  // Only the blocks the copy reads and writes: the reserved tail may be in both tables.
+  job.old_block_table.assign(r->old_blocks.begin(), r->old_blocks.begin() + kv_.blocks_for_tokens(slots));
   job.old_length = slots;
-  job.new_block_table.assign(r->new_blocks.begin(), r->new_blocks.end());
+  job.new_block_table.assign(r->new_blocks.begin(), r->new_blocks.begin() + kv_.blocks_for_tokens(kept));
   job.new_length = kept;
   PAGODA_RETURN_IF_ERROR(runner_.compact_kv(job));
   seq->kv_evicted += slots - kept;

@@ -82,6 +82,7 @@ struct EngineStats {
   int64_t kv_blocks_zeroed = 0;  // blocks zeroed on the runner as they passed between tenants
   int64_t kv_compactions = 0;     // token eviction: sequences compacted
   int64_t kv_evicted_slots = 0;   // cache slots those compactions freed
+  int64_t kv_compactions_deferred = 0;  // due, but no room for the fresh blocks yet (tried again next step)
   kv::KvStats kv;
   runtime::TransferStats transfers;  // the runner's, between its device and host pools
   std::array<kvstore::TierIoStats, 2> lower_tiers{};  // [0] disk, [1] redis (enabled false when off)

@@ -17,6 +17,10 @@ StatusOr<std::unique_ptr<PagedRunner>> PagedRunner::create(std::unique_ptr<runti
     return invalid_argument_error("the runner's KV pool holds {} tokens, fewer than the {} a sequence may need",
                                   static_cast<int64_t>(geometry.num_blocks) * geometry.block_size,
                                   options.max_sequence_tokens);
+  if (options.kv_compression.enabled() && geometry.num_blocks < options.num_kv_blocks())
+    return invalid_argument_error("token eviction needs {} KV blocks (the sequence plus a compaction's fresh "
+                                  "blocks), the runner's pool has {}",
+                                  options.num_kv_blocks(), geometry.num_blocks);
 
   kv::KvCacheConfig kv_config;
   kv_config.num_blocks = geometry.num_blocks;

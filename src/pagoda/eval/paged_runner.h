@@ -43,9 +43,12 @@ struct PagedRunnerOptions {
   // predicted from an evicted cache: perplexity under eviction.
   runtime::KvCompressionConfig kv_compression;
 
-  // KV blocks a runner needs for max_sequence_tokens (one spare).
+  // KV blocks a runner needs for max_sequence_tokens (one spare), plus, with
+  // token eviction, the fresh blocks a compaction takes before it frees the
+  // old ones (at most 2 x budget slots, the entropy policy's largest head).
   int32_t num_kv_blocks() const {
-    return static_cast<int32_t>((max_sequence_tokens + block_size - 1) / block_size + 1);
+    const int64_t spare = kv_compression.enabled() ? (2 * int64_t{kv_compression.budget} + block_size - 1) / block_size + 1 : 0;
+    return static_cast<int32_t>((max_sequence_tokens + block_size - 1) / block_size + 1 + spare);
   }
 };
 

@@ -485,7 +485,16 @@ class KvCacheManager::Impl {
       return invalid_argument_error("compact_sequence: sequence {}: cannot keep {} of {} computed tokens", id, kept,
                                     s->computed);
     const int64_t pending = static_cast<int64_t>(s->tokens.size()) - s->computed;
-    const int32_t needed = blocks_for_tokens(kept + pending);
+    // The kept slots go to fresh blocks; the reserved-but-unwritten tail
+    // moves over in the old blocks that hold nothing yet (a prompt reserved
+    // whole and compacted between its chunks would otherwise need its
+    // reservation twice), topped up with fresh blocks when rounding asks.
+    const int32_t kept_blocks = blocks_for_tokens(kept);
+    const int32_t total_blocks = blocks_for_tokens(kept + pending);
+    const auto first_empty = static_cast<size_t>(blocks_for_tokens(s->computed));
+    const int32_t reused = std::min(static_cast<int32_t>(s->blocks.size() - std::min(first_empty, s->blocks.size())),
+                                    total_blocks - kept_blocks);
+    const int32_t needed = total_blocks - reused;
     // The fresh blocks come first: the old ones must stay readable (and so
     // unavailable) until the runner has copied from them.
     if (needed > available() || needed > namespace_room(s->namespace_id, 0)) {
@@ -496,13 +505,19 @@ class KvCacheManager::Impl {
     }
     SequenceCompaction out;
     out.old_blocks = s->blocks;
-    for (int32_t j = 0; j < needed; ++j) {
+    auto take_fresh = [&](int32_t j) {
       const BlockId b = take_block(s->namespace_id);
       const auto written = static_cast<uint16_t>(std::clamp<int64_t>(kept - static_cast<int64_t>(j) * bs(), 0, bs()));
       pool_.meta(b).written_slots = written;
       written_slots_in_use_ += written;
       out.new_blocks.push_back(b);
-    }
+    };
+    for (int32_t j = 0; j < kept_blocks; ++j) take_fresh(j);
+    for (int32_t r = 0; r < reused; ++r) out.new_blocks.push_back(s->blocks[first_empty + static_cast<size_t>(r)]);
+    for (int32_t j = kept_blocks + reused; j < total_blocks; ++j) take_fresh(j);
+    // The reused blocks stay referenced, by the new table instead of the old.
+    s->blocks.erase(s->blocks.begin() + static_cast<std::ptrdiff_t>(first_empty),
+                    s->blocks.begin() + static_cast<std::ptrdiff_t>(first_empty) + reused);
     // The old blocks: cached ones stay cached (their K/V is untouched), the rest are freed.
     release_device_blocks(*s);
     std::vector<TokenId> tokens(static_cast<size_t>(kept), 0);

@@ -90,7 +90,10 @@ namespace pagoda::kv {
 
 // What compact_sequence did: the runner copies the kept K/V from old_blocks
 // (released in the metadata already, unchanged until the next allocation)
-// into new_blocks (no block in both) before anything else touches the pool.
+// into new_blocks before anything else touches the pool. The blocks holding
+// written K/V in old_blocks and the blocks of the kept slots in new_blocks
+// are disjoint; the blocks after them (reserved slots, nothing written) may
+// be the same.
 struct SequenceCompaction {
   std::vector<BlockId> old_blocks;
   std::vector<BlockId> new_blocks;
@@ -240,9 +243,10 @@ class KvCacheManager {
   // Token eviction (runtime/kv_compression.h, docs/KV_CACHE.md): the
   // sequence's computed tokens are compacted into `kept_tokens` slots of fresh
   // blocks (written), followed by slots for the tokens reserved but not yet
-  // computed. Fresh blocks are taken first, then the old ones are released
-  // (cached ones stay cached: their K/V is unchanged), so the two tables share
-  // no block. From then on the sequence is compressed: num_tokens() and
+  // computed, which reuse the old blocks that hold nothing written. Fresh
+  // blocks are taken first, then the old ones are released (cached ones stay
+  // cached: their K/V is unchanged), so no written old block is a kept-slot
+  // block. From then on the sequence is compressed: num_tokens() and
   // num_computed_tokens() count slots, and none of its blocks enters the
   // prefix cache (a compressed table would otherwise be found as the full
   // prefix). kNotFound; kFailedPrecondition (swapped out); kInvalidArgument

@@ -92,9 +92,8 @@ struct TransferStats {
 // One sequence's compaction (token eviction, runtime/kv_compression.h): its
 // cache indices [0, old_length) under old_block_table are rewritten into
 // new_block_table as the compacted region [0, new_length): per (layer, KV
-// head) the kept tokens in order, then holes. new_block_table covers
-// new_length plus any slots reserved after old_length (the next forward
-// writes them); the two tables share no block.
+// head) the kept tokens in order, then holes. The tables cover exactly
+// [0, old_length) and [0, new_length) and share no block.
 struct KvCompaction {
   int64_t kv_state = 0;
   KvCompressionConfig config;
