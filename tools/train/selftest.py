@@ -62,6 +62,36 @@ class WindowsTest(unittest.TestCase):
             train.make_windows([1, 2, 3], 1)
 
 
+class RecallPiecesTest(unittest.TestCase):
+    def test_the_list_repeats_after_the_gap(self):
+        import random
+        filler = list(range(1000, 1500))
+        words = [[7], [8, 9], [10], [11], [12]]
+        piece = train.make_recall_piece(random.Random(3), filler, words, [1, 2], [3], 3, gap=40, head=20)
+        listed_len = (len(piece) - 60) // 2
+        first, second = piece[20:20 + listed_len], piece[20 + listed_len + 40:]
+        self.assertEqual(first, second)
+        self.assertEqual(first[:2], [1, 2])
+        self.assertEqual(first[-1], 3)
+        self.assertTrue(all(t >= 1000 for t in piece[:20] + piece[20 + listed_len:20 + listed_len + 40]))
+
+    def test_pieces_fit_a_window_and_reach_the_total(self):
+        import random
+        pieces = train.recall_pieces(random.Random(1), list(range(5000)), [[w] for w in range(10, 60)],
+                                     [1, 2, 3], [4], 8, 256, 5000)
+        self.assertGreaterEqual(sum(len(p) for p in pieces), 5000)
+        self.assertTrue(all(len(p) <= 256 for p in pieces))
+        with self.assertRaises(ValueError):
+            train.recall_pieces(random.Random(1), list(range(5000)), [[w] for w in range(10, 60)],
+                                [1, 2, 3], [4], 8, 24, 100)
+
+    def test_recall_words_are_frequent_lowercase_words(self):
+        self.assertEqual(train.recall_words(["the cat and the dog", "The cat sat; the end"], 2), ["the", "cat"])
+
+    def test_recall_share_defaults_off(self):
+        self.assertEqual(train.parse_args(["--data", "d", "--out", "o"]).recall_share, 0.0)
+
+
 class LearningRateTest(unittest.TestCase):
     def test_warmup_peak_and_floor(self):
         lr = [train.learning_rate(s, 1000, 1e-3, 100, 0.1) for s in range(1001)]

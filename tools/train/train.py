@@ -96,6 +96,50 @@ def make_windows(ids, window):
     return [w for w in windows if len(w) >= 2]
 
 
+def make_recall_piece(rng, filler_ids, word_ids, intro_ids, end_ids, list_words, gap, head):
+    """A training sequence that rewards in-context recall (issue #21): `head` filler tokens, a list
+    (intro, `list_words` words drawn from `word_ids`, end), `gap` filler tokens, then the same list
+    again: its words can only be predicted from the first copy, `gap` + len(intro) tokens back.
+    Filler comes from one random place in `filler_ids`; word_ids holds each candidate word's ids."""
+    if list_words > len(word_ids):
+        raise ValueError(f"{len(word_ids)} candidate words for lists of {list_words}")
+    if head + gap > len(filler_ids):
+        raise ValueError(f"{len(filler_ids)} filler tokens for {head} + {gap}")
+    words = rng.sample(range(len(word_ids)), list_words)
+    listed = list(intro_ids) + [t for w in words for t in word_ids[w]] + list(end_ids)
+    start = rng.randrange(0, len(filler_ids) - head - gap + 1)
+    filler = filler_ids[start:start + head + gap]
+    return filler[:head] + listed + filler[head:] + listed
+
+
+def recall_pieces(rng, filler_ids, word_ids, intro_ids, end_ids, list_words, context, total_tokens):
+    """Recall pieces (make_recall_piece) adding up to about total_tokens, each fitting in one
+    `context` window, gaps uniform over what the window allows (so lists recalled from far back)."""
+    listed = len(intro_ids) + len(end_ids) + list_words * max(len(w) for w in word_ids)
+    room = context - 2 * listed - 1
+    if room < 16:
+        raise ValueError(f"context {context} leaves no room for two lists of {listed} tokens")
+    pieces, made = [], 0
+    while made < total_tokens:
+        gap = rng.randrange(16, room + 1)
+        head = rng.randrange(0, room - gap + 1)
+        piece = make_recall_piece(rng, filler_ids, word_ids, intro_ids, end_ids, list_words, gap, head)
+        pieces.append(piece)
+        made += len(piece)
+    return pieces
+
+
+def recall_words(texts, count):
+    """The `count` most frequent lowercase alphabetic words (3-10 letters) of the texts: the
+    candidates recall lists are drawn from."""
+    counts = {}
+    for text in texts:
+        for word in text.split():
+            if word.isalpha() and word.islower() and 3 <= len(word) <= 10:
+                counts[word] = counts.get(word, 0) + 1
+    return [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:count]]
+
+
 def learning_rate(step, total_steps, peak, warmup, min_ratio):
     """Linear warmup to `peak`, then cosine decay to peak * min_ratio at total_steps."""
     if step < warmup:
@@ -450,6 +494,10 @@ def parse_args(argv=None):
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--intermediate", type=int, default=768)
     p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--recall-share", type=float, default=0.0,
+                   help="share of training tokens in recall sequences (a word list repeated up to a "
+                        "window later; issue #21); 0: none")
+    p.add_argument("--recall-words", type=int, default=8, help="words per recall list")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--min-lr-ratio", type=float, default=0.1)
@@ -545,6 +593,23 @@ def main():
         chat_ids = encode_all(tokenizer, chat_texts)
         # Books open with <|bos|> and close with <|eos|>; conversations carry theirs.
         pieces = [[bos_id] + ids + [eos_id] for ids in doc_ids] + chat_ids
+        if not 0.0 <= args.recall_share < 1.0:
+            raise SystemExit(f"--recall-share {args.recall_share}: must be in [0, 1)")
+        if args.recall_share > 0:
+            # Sequences that reward in-context recall, a share of the training tokens (issue #21).
+            rng = random.Random(args.seed + 1)
+            words = recall_words([d["text"] for d in train_docs], 2000)
+            word_ids = [ids for ids in encode_all(tokenizer, [" " + w for w in words]) if ids]
+            filler = [t for ids in doc_ids for t in ids]
+            base = sum(len(p) for p in pieces)
+            extra = recall_pieces(rng, filler, word_ids,
+                                  tokenizer.encode("\nThe words to remember are:", add_special_tokens=False).ids,
+                                  tokenizer.encode(".\n", add_special_tokens=False).ids, args.recall_words,
+                                  args.context, int(base * args.recall_share / (1 - args.recall_share)))
+            report["recall_training"] = {"share": args.recall_share, "pieces": len(extra),
+                                         "tokens": sum(len(p) for p in extra), "candidate_words": len(word_ids),
+                                         "list_words": args.recall_words}
+            pieces += extra
         random.Random(args.seed).shuffle(pieces)
         train_ids = [t for piece in pieces for t in piece]
         heldout_ids = [t for ids in encode_all(tokenizer, [d["text"] for d in heldout_docs])
