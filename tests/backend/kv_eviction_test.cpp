@@ -6,7 +6,8 @@
 //  - through the engine with the bundled model: at full budget every policy's
 //    output is identical to none; under a budget the cache is compacted, blocks
 //    never leak, a compressed sequence never enters the prefix cache, and a
-//    failed compaction fails the request and frees everything.
+//    failed compaction fails the request and frees everything; compressed sequences go through
+//    preemption by swap without errors or leaks.
 
 #include <algorithm>
 #include <cmath>
