@@ -42,6 +42,8 @@
 
 namespace pagoda::engine {
 
+class LowerTierSpiller;
+
 struct EngineConfig {
   SchedulerConfig scheduler;
   // Requests submitted but not yet started; submit() past it is kResourceExhausted.
@@ -224,7 +226,8 @@ class Engine {
   const int64_t kv_num_blocks_;
   const bool runner_compacts_kv_;
   const int32_t kv_num_layers_;
-  std::vector<std::byte> spill_buffer_;  // one host block, reused
+  // Reads spilled host blocks for the tiers below the host off this thread (null without such tiers).
+  std::unique_ptr<LowerTierSpiller> spiller_;
   // Keys the device draws of unseeded requests (with the request id): differs per engine.
   const uint64_t unseeded_salt_;
 

@@ -24,6 +24,12 @@ class DelegatingModelRunner : public ModelRunner {
   TransferStats transfer_stats() const override { return inner_.transfer_stats(); }
   Status compact_kv(const KvCompaction& compaction) override { return inner_.compact_kv(compaction); }
   void release_kv_state(int64_t kv_state) override { inner_.release_kv_state(kv_state); }
+  Status read_host_block(int32_t host_block, std::span<std::byte> out) override {
+    return inner_.read_host_block(host_block, out);
+  }
+  Status write_host_block(int32_t host_block, std::span<const std::byte> data) override {
+    return inner_.write_host_block(host_block, data);
+  }
   const KvPoolShape& kv_geometry() const override { return inner_.kv_geometry(); }
   RunnerCapabilities capabilities() const override { return inner_.capabilities(); }
   int32_t vocab_size() const override { return inner_.vocab_size(); }
