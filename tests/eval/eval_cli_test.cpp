@@ -190,4 +190,38 @@ TEST_F(EvalCliTest, WeightQuantizationFlag) {
   EXPECT_NE(r.output.find("already quantized"), std::string::npos) << r.output;
 }
 
+TEST_F(EvalCliTest, RecallSweepPrintsOneJsonLinePerPolicyAndBudget) {
+  const auto r = run("eval recall " + common() +
+                     " --policies none,streaming,snapkv --budgets 64 --trials 1 --depths 40,100 --context 240"
+                     " --list-words 4 --agreement-tokens 300 --window 150 --prefill-chunk 16 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<nlohmann::json> rows;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty() && line[0] == '{') rows.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(rows.size(), 3u) << r.output;
+  EXPECT_EQ(rows[0]["policy"], "none");
+  EXPECT_EQ(rows[0]["top1_agreement"], 1.0);
+  EXPECT_EQ(rows[0]["kv_tokens_held"], 240 + 64);
+  for (const auto& row : rows) {
+    EXPECT_GE(row["recall"].get<double>(), 0.0);
+    EXPECT_LE(row["recall"].get<double>(), 1.0);
+    EXPECT_EQ(row["recall_by_depth"].size(), 2u);
+    EXPECT_GT(row["perplexity"].get<double>(), 1.0);
+  }
+  // Under a budget the sequence holds budget + one block, and the scores move off the baseline.
+  EXPECT_EQ(rows[1]["kv_tokens_held"], 64 + 16);
+  EXPECT_LT(rows[1]["top1_agreement"].get<double>(), 1.0);
+}
+
+TEST_F(EvalCliTest, TokenEvictionFlagsAreCheckedByName) {
+  auto r = run("eval perplexity " + common() + " --max-tokens 100 --kv-compression snapkv --kv-budget 20");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--kv-budget 20 must exceed --kv-sink-tokens + --kv-window"), std::string::npos)
+      << r.output;
+  r = run("eval recall " + common() + " --policies lru --budgets 64");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--kv-compression 'lru'"), std::string::npos) << r.output;
+}
+
 }  // namespace
