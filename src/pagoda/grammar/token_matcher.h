@@ -90,7 +90,7 @@ class CompiledGrammar {
     size_t max_cached_masks = 128;
     size_t max_tables = 8192;
     size_t max_windows = 4096;
-    size_t max_window_bytes = size_t{16} << 20;  // all windows together
+    size_t max_window_bytes = size_t{8} << 20;  // all windows together
     size_t max_uncertain = 4096;
   };
   CompiledGrammar(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenVocabulary> vocabulary,
