@@ -481,7 +481,11 @@ void Engine::DeviceMasks::add(size_t row, Sequence* seq) { sequences_[row] = seq
 void Engine::DeviceMasks::fill_mask(size_t row, std::span<uint64_t> mask) {
   std::fill(mask.begin(), mask.end(), 0);
   if (row >= sequences_.size() || sequences_[row] == nullptr) return;
-  if (sequences_[row]->constraint->fill_allowed(mask) == 0) dead_[row] = 1;
+  if (sequences_[row]->constraint->fill_allowed(mask) != 0) return;
+  // A dead end: the device still draws the row, from token 0 alone so that its sampler sees a
+  // finite logit; the engine discards the draw and fails the request after the step.
+  dead_[row] = 1;
+  mask[0] = 1;
 }
 
 void Engine::sample_constrained(Sequence* seq, std::span<const float> logits) {
