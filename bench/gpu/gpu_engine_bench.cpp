@@ -11,6 +11,10 @@
 //   shared-prefix  N requests = one shared prefix (prefix-len) + unique tokens
 //                  (input-len) + output-len; prefix cache off, then on
 //   sampler        the GPU sampler alone on [max-num-seqs, vocab] logits
+//   zero-on-free   N random requests, each its own tenant (cache namespace), on
+//                  a KV pool cut to --zero-kv-blocks so blocks change tenants
+//                  every step: zeroing on free (issue #22) off vs on, best of
+//                  --zero-reps each, alternating; "[zero-cost]" line
 //
 // Every request has ignore_eos, so it generates exactly output-len tokens on
 // random weights. Per run: where the step time goes (engine host work vs the
@@ -69,6 +73,7 @@ struct Args {
   int num_requests = 1000, input_len = 1000, output_len = 1000, prefix_len = 2000;
   int prefix_requests = 256, prefix_input_len = 100, prefix_output_len = 64, latency_tokens = 256;
   int max_num_seqs = 256, max_tokens_per_step = 8192;
+  int zero_kv_blocks = 2048, zero_reps = 3;
   float temperature = 1.0f, top_p = 0.9f;
   bool host_sampling = false;
   double gpu_memory_utilization = 0.9, max_seconds = 600, prefix_max_seconds = 120;
@@ -123,17 +128,27 @@ struct SamplingChoice {
   float temperature = 0.0f, top_p = 1.0f;
 };
 
+// What the zero-on-free workload changes in a run.
+struct TenancyChoice {
+  int kv_blocks = 0;        // blocks the KV manager uses (0: the runner's whole pool)
+  bool distinct_tenants = false;  // every request its own cache namespace
+  bool zero_on_free = false;      // KvCacheConfig::zero_blocks_between_namespaces
+};
+
 // Submits every prompt at once, drains the streams from one client thread per
 // request batch, and reports client-side TTFT / ITL and throughput.
 nlohmann::json run_engine(cuda::CudaModelRunner& cuda_runner, const std::vector<std::vector<int32_t>>& prompts,
                           const Args& args, bool prefix_cache, const std::string& label_text,
-                          const SamplingChoice& sampling, int output_len, double max_seconds) {
+                          const SamplingChoice& sampling, int output_len, double max_seconds,
+                          const TenancyChoice& tenancy = {}) {
   const char* label = label_text.c_str();
   TimedRunner runner(cuda_runner, args.host_sampling);
   kv::KvCacheConfig kv_config;
-  kv_config.num_blocks = cuda_runner.num_blocks();
+  kv_config.num_blocks = tenancy.kv_blocks > 0 ? std::min(tenancy.kv_blocks, cuda_runner.num_blocks())
+                                              : cuda_runner.num_blocks();
   kv_config.block_size = cuda_runner.block_size();
   kv_config.enable_prefix_cache = prefix_cache;
+  kv_config.zero_blocks_between_namespaces = tenancy.zero_on_free;
   kv_config.record_events = false;
   auto kv = kv::KvCacheManager::create(kv_config);
   if (!kv.ok()) die(kv.status(), "KV manager");
@@ -149,6 +164,7 @@ nlohmann::json run_engine(cuda::CudaModelRunner& cuda_runner, const std::vector<
   for (const auto& prompt : prompts) {
     engine::GenerationRequest request;
     request.prompt_tokens = prompt;
+    if (tenancy.distinct_tenants) request.tenant_namespace = fmt::format("tenant{}", streams.size());
     request.sampling.temperature = sampling.temperature;
     request.sampling.top_p = sampling.top_p;
     request.sampling.max_tokens = output_len;
@@ -219,7 +235,9 @@ nlohmann::json run_engine(cuda::CudaModelRunner& cuda_runner, const std::vector<
       {"total_tok_per_s", (tokens + prompt_tokens) / wall}, {"cached_prompt_tokens", cached},
       {"ttft_ms_mean", mean(ttft_ms)}, {"ttft_ms_p50", percentile(ttft_ms, 50)},
       {"ttft_ms_p99", percentile(ttft_ms, 99)}, {"itl_ms_mean", mean(itl_ms)}, {"itl_ms_p50", percentile(itl_ms, 50)},
-      {"itl_ms_p99", percentile(itl_ms, 99)}, {"engine_steps", stats.steps}, {"preemptions", stats.preemptions}};
+      {"itl_ms_p99", percentile(itl_ms, 99)}, {"engine_steps", stats.steps}, {"preemptions", stats.preemptions},
+      {"kv_blocks", kv_config.num_blocks}, {"zero_on_free", tenancy.zero_on_free},
+      {"distinct_tenants", tenancy.distinct_tenants}, {"kv_blocks_zeroed", stats.kv_blocks_zeroed}};
   std::printf("%s: %zu/%zu requests in %.1f s%s: %.0f output tok/s, %.0f total tok/s; TTFT mean %.0f ms p50 %.0f "
               "p99 %.0f; ITL mean %.1f ms p50 %.1f p99 %.1f; %lld cached prompt tokens; %lld steps, %lld "
               "preemptions\n", label, finished, prompts.size(), wall, timed_out ? " (TIME LIMIT)" : "",
@@ -300,9 +318,9 @@ int main(int argc, char** argv) {
   Args args;
   CLI::App app{"pagoda_gpu_engine_bench: end-to-end runs through the engine on the CUDA backend"};
   app.add_option("--config", args.config_path, "config.json; weights are random bf16 made on the GPU")->required();
-  app.add_option("--workload", args.workloads, "random, latency, shared-prefix, sampler (comma-separated, in order)")
+  app.add_option("--workload", args.workloads, "random, latency, shared-prefix, sampler, zero-on-free (comma-separated, in order)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"random", "shared-prefix", "latency", "sampler"}));
+      ->check(CLI::IsMember({"random", "shared-prefix", "latency", "sampler", "zero-on-free"}));
   app.add_option("--sampling", args.samplings, "random workload: top-p (temperature + top_p on the GPU), greedy")
       ->delimiter(',')
       ->check(CLI::IsMember({"top-p", "greedy"}));
@@ -326,6 +344,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-seconds", args.max_seconds);
   app.add_option("--kv-cache-dtype", args.kv_cache_dtype, "KV cache element type (K and V): bf16, fp8, int8, int4")
       ->check(CLI::IsMember({"bf16", "fp8", "int8", "int4"}));
+  app.add_option("--zero-kv-blocks", args.zero_kv_blocks, "zero-on-free: KV blocks the manager may use")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--zero-reps", args.zero_reps, "zero-on-free: runs per setting (the best counts)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--json", args.json_out);
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -401,6 +423,30 @@ int main(int argc, char** argv) {
                                              greedy, args.prefix_output_len, args.prefix_max_seconds));
         save();
       }
+    } else if (workload == "zero-on-free") {
+      std::vector<std::vector<int32_t>> prompts;
+      for (int i = 0; i < args.num_requests; ++i) prompts.push_back(random_tokens(args.input_len));
+      double best[2] = {0, 0};
+      int64_t zeroed[2] = {0, 0};
+      for (int rep = 0; rep < args.zero_reps; ++rep)
+        for (int zero = 0; zero < 2; ++zero) {
+          const TenancyChoice tenancy{args.zero_kv_blocks, true, zero == 1};
+          nlohmann::json r = run_engine(**runner, prompts, args, true,
+                                        fmt::format("zero-on-free {}, rep {}", zero ? "on" : "off", rep + 1), greedy,
+                                        args.output_len, args.max_seconds, tenancy);
+          best[zero] = std::max(best[zero], r["output_tok_per_s"].get<double>());
+          zeroed[zero] = r["kv_blocks_zeroed"].get<int64_t>();
+          figures["runs"].push_back(r);
+          save();
+        }
+      const double cost = 100.0 * (best[0] - best[1]) / best[0];
+      figures["zero_on_free"] = {{"best_off_tok_s", best[0]}, {"best_on_tok_s", best[1]}, {"cost_percent", cost},
+                                 {"blocks_zeroed_per_run", zeroed[1]}, {"reps", args.zero_reps}};
+      std::printf("[zero-cost] engine, %d requests of %d tenants (%d prompt + %d output tokens), %d KV blocks, "
+                  "best of %d: zeroing off %.0f tok/s, on %.0f tok/s: cost %.2f%%, %lld blocks zeroed per run\n",
+                  args.num_requests, args.num_requests, args.input_len, args.output_len, args.zero_kv_blocks,
+                  args.zero_reps, best[0], best[1], cost, static_cast<long long>(zeroed[1]));
+      save();
     } else if (workload == "sampler") {
       figures["sampler"] = bench_sampler(args.max_num_seqs, config->vocab_size, args.temperature, args.top_p);
       save();

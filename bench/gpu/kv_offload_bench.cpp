@@ -12,7 +12,9 @@
 //   multiturn   the multi-turn chat workload (bench/engine/multi_turn_workload.h)
 //               on the Llama-3-8B shape with random weights, whose working set
 //               is 3x the device pool: host tier (loads layer by layer, or
-//               whole) vs device pool only
+//               whole) vs device pool only, and the bound: a device pool that
+//               holds the whole working set (device-all); at each of
+//               --concurrency's in-flight counts
 //   swap        preemption by swap vs recompute under memory pressure
 //
 // One runner (one model, one device pool, one pinned host pool) serves every
@@ -29,6 +31,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <cuda_runtime_api.h>
 #include <nlohmann/json.hpp>
 
@@ -324,22 +327,32 @@ int main(int argc, char** argv) {
   app.add_option("--turns", c.turns);
   app.add_option("--user-tokens", c.user_tokens);
   app.add_option("--output-tokens", c.output_tokens);
-  app.add_option("--concurrency", c.concurrency);
+  std::vector<int32_t> concurrencies;
+  app.add_option("--concurrency", concurrencies, "requests in flight; a list runs every run at each")->delimiter(',');
   app.add_option("--device-fraction", device_fraction, "device pool / multi-turn working set");
   app.add_option("--pressure-requests", pressure_requests);
   app.add_option("--pressure-input", pressure_input);
   app.add_option("--pressure-output", pressure_output);
   app.add_option("--max-seconds", max_seconds, "cap per engine run");
   app.add_option("--multiturn-runs", multiturn_runs,
-                 "host-kernel (loads layer by layer), host-whole (whole loads), host-staged (staging + DMA both ways), "
-                 "host-staged-out, host-batched, device "
-                 "(in order)")->delimiter(',');
+                 "host-kernel (loads layer by layer, the copy kernel's grid uncapped), host-capped (the same, "
+                 "its grid capped at --copy-ctas: the runner's default), host-whole (whole loads), host-staged (staging + DMA both ways), "
+                 "host-staged-out, host-batched, device, device-all (a device pool holding the whole working "
+                 "set: the bound) (in order)")->delimiter(',');
   app.add_option("--methods", methods, "transfer methods: kernel, layered, staged, staged-out, staged-in, batched, "
                  "per-piece")->delimiter(',');
   app.add_option("--host-fraction", host_fraction, "host tier / multi-turn working set");
+  int32_t copy_ctas = 32;
+  app.add_option("--copy-ctas", copy_ctas, "the host-capped run's copy-kernel grid cap (CTAs per launch)");
   app.add_option("--json", json_out);
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (concurrencies.empty()) concurrencies.push_back(c.concurrency);
+  for (int32_t n : concurrencies)
+    if (n <= 0) die(invalid_argument_error("--concurrency {}: must be positive", n), "flags");
+  c.concurrency = *std::max_element(concurrencies.begin(), concurrencies.end());
+  const bool want_device_all =
+      std::find(multiturn_runs.begin(), multiturn_runs.end(), "device-all") != multiturn_runs.end();
   auto has = [&](const char* p) { return std::find(parts.begin(), parts.end(), p) != parts.end(); };
 
   std::ifstream in(config_path);
@@ -362,6 +375,8 @@ int main(int argc, char** argv) {
   const int32_t block_size = 16;
   const int64_t ws = c.working_set_tokens();
   const int32_t mt_device = static_cast<int32_t>(ws * device_fraction / block_size);
+  // The bound's pool: every conversation's history plus the last turn's prompts and replies in flight.
+  const int32_t mt_all = static_cast<int32_t>(ws / block_size) + c.concurrency * (c.turns + 2);
   const int32_t mt_host = static_cast<int32_t>(ws * host_fraction / block_size);
   const int32_t pr_device =
       static_cast<int32_t>(static_cast<int64_t>(pressure_requests) * (pressure_input + pressure_output) / 3 / block_size);
@@ -376,7 +391,7 @@ int main(int argc, char** argv) {
   auto model = cuda::CudaModel::create_random(*config, 1, options);
   if (!model.ok()) die(model.status(), "model");
   cuda::CudaRunnerOptions runner_options;
-  runner_options.num_blocks = std::max(mt_device, pr_device);
+  runner_options.num_blocks = std::max({mt_device, pr_device, want_device_all ? mt_all : 0});
   runner_options.num_host_blocks = std::max(mt_host, pr_host);
   const auto pin_start = std::chrono::steady_clock::now();
   auto runner = cuda::CudaModelRunner::create(std::move(model).value(), runner_options);
@@ -396,8 +411,11 @@ int main(int argc, char** argv) {
     std::printf("multi-turn: working set %lld tokens (%.2f GB); device pool %d blocks = %.2fx of it; host tier %d "
                 "blocks\n", static_cast<long long>(ws), ws * per_token / 1e9, mt_device,
                 static_cast<double>(mt_device) * block_size / static_cast<double>(ws), mt_host);
+    for (const int32_t concurrency : concurrencies)
     for (const std::string& run : multiturn_runs) {
-      const bool tier = run != "device";
+      c.concurrency = concurrency;
+      const bool tier = run != "device" && run != "device-all";
+      const int32_t device_blocks = run == "device-all" ? mt_all : mt_device;
       const Method method = run == "host-batched" ? Method::kBatchedMemcpy : Method::kKernel;
       if (tier && method == Method::kKernel && !kernel_exact) {
         std::printf("multi-turn, %s: skipped, the copy kernel's round trip was not exact\n", run.c_str());
@@ -408,22 +426,26 @@ int main(int argc, char** argv) {
         (*runner)->host_pool()->set_copy_method(TransferDirection::kDeviceToHost, Method::kStaged);
       if (run == "host-staged") (*runner)->host_pool()->set_copy_method(Method::kStaged);
       (*runner)->set_layer_by_layer(run != "host-whole");
+      (*runner)->host_pool()->set_copy_kernel_ctas(run == "host-capped" ? copy_ctas : 0);
       const int64_t layered_before = (*runner)->host_pool()->layered_calls();
-      EngineRun e = make_engine(**runner, mt_device, tier ? mt_host : 0,
+      EngineRun e = make_engine(**runner, device_blocks, tier ? mt_host : 0,
                                 tier ? engine::PreemptionMode::kSwap : engine::PreemptionMode::kRecompute,
                                 c.concurrency, max_tokens_per_step);
       const runtime::TransferStats base = (*runner)->transfer_stats();
-      const std::string label = tier ? std::string("multi-turn, host tier (") + run + ")"
-                                     : std::string("multi-turn, device only");
+      const std::string label = fmt::format("multi-turn, {} in flight, {}", concurrency,
+                                            tier                ? "host tier (" + run + ")"
+                                            : run == "device"   ? std::string("device pool only")
+                                                                : std::string("device pool holding everything"));
       nlohmann::json r = bench::run_multi_turn(*e.engine, c, label, base);
       e.engine->shutdown(std::chrono::milliseconds(0));
-      r["device_blocks"] = mt_device;
+      r["device_blocks"] = device_blocks;
       r["host_blocks"] = tier ? mt_host : 0;
       r["engine_thread_execute_s"] = e.view->execute_s;
       r["engine_thread_transfer_s"] = e.view->transfer_s;
       r["transfer_calls"] = e.view->transfer_calls;
       r["layered_transfer_calls"] = (*runner)->host_pool()->layered_calls() - layered_before;
       r["run"] = run;
+      r["copy_kernel_ctas"] = (*runner)->host_pool()->copy_kernel_ctas();
       std::printf("  engine thread: %.2f s in execute, %.3f s queueing %lld transfer calls (%lld layer by layer)\n",
                   e.view->execute_s, e.view->transfer_s, static_cast<long long>(e.view->transfer_calls),
                   static_cast<long long>((*runner)->host_pool()->layered_calls() - layered_before));
@@ -432,6 +454,7 @@ int main(int argc, char** argv) {
     }
     (*runner)->host_pool()->set_copy_method(kernel_exact ? Method::kKernel : Method::kBatchedMemcpy);
     (*runner)->set_layer_by_layer(true);
+    (*runner)->host_pool()->set_copy_kernel_ctas(runner_options.copy_kernel_ctas);
   }
   if (has("swap")) {
     std::printf("pressure: %d requests x (%d + %d) tokens at once into %d device blocks (a third)\n", pressure_requests,

@@ -9,6 +9,8 @@
 #   bench/router/run.sh [build-dir] [extra multi_turn.py flags...]
 #   SERVE_FLAGS="--kv-cache-memory 48MiB" TAG=small-kv bench/router/run.sh build   (a KV cache that
 #     holds about a third of the workload per replica)
+#   SKIP_KILL=1 ...   leaves out the run with a replica killed
+# Before each run stops, every replica's /metrics goes to $LOGS too (evictions, cache usage).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="${1:-$root/build}"
@@ -50,6 +52,10 @@ start_all() {  # start_all POLICY
   sleep 0.5  # the router's first KV event reads
 }
 
+save_replica_metrics() {  # save_replica_metrics RUN
+  for p in "${ports[@]}"; do curl -s "http://127.0.0.1:$p/metrics" > "$logs/replica_${p}_$1.txt" || true; done
+}
+
 stop_all() {
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
@@ -60,9 +66,14 @@ for policy in round-robin least-loaded kv-aware; do
   start_all "$policy"
   python3 "$out/multi_turn.py" --url "http://127.0.0.1:$router_port" --label "${TAG:+$TAG }$policy" --csv "$out/results.csv" "$@"
   curl -s "http://127.0.0.1:$router_port/metrics" > "$logs/metrics_$policy.txt"
+  save_replica_metrics "$policy"
   stop_all
 done
 
+if [[ -n "${SKIP_KILL:-}" ]]; then
+  echo "appended to $out/results.csv; logs in $logs"
+  exit 0
+fi
 start_all kv-aware
 python3 "$out/multi_turn.py" --url "http://127.0.0.1:$router_port" --label "${TAG:+$TAG }kv-aware, replica 2 killed" \
   --kill-pid "${pids[1]}" --csv "$out/results.csv" "$@"

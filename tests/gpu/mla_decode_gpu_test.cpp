@@ -169,7 +169,8 @@ StatusOr<std::vector<uint16_t>> run(const MlaBatch& b, const MlaCase& c, MlaDeco
   for (const auto& r : b.rows) rows.push_back({r.context_len, b.tables[size_t(r.sequence)]});
   const AttentionDeviceInfo device{c.num_sms > 0 ? c.num_sms : prop.multiProcessorCount};
   PAGODA_ASSIGN_OR_RETURN(auto plan, MlaDecodePlan::create(b.config, rows, device, c.options));
-  const size_t out_elements = b.rows.size() * size_t(b.config.num_heads) * kMlaLatentDim;
+  const size_t out_rows = std::max(b.rows.size(), size_t(std::max(0, c.options.fixed_rows)));
+  const size_t out_elements = out_rows * size_t(b.config.num_heads) * kMlaLatentDim;
   DeviceBuffer codes(b.codes.size()), records(b.records.size() * 4), q(b.q.size() * 2), out(out_elements * 2),
       arena(plan.arena_bytes()), workspace(plan.workspace_bytes());
   for (auto* buf : {&codes, &records, &q, &out, &arena, &workspace})
@@ -198,6 +199,10 @@ void expect_close(const MlaCase& c) {
   MlaDecodePlan plan = MlaDecodePlan::create(b.config, {}).value();
   auto got = run(b, c, &plan);
   ASSERT_TRUE(got.ok()) << c.name << ": " << got.status().message();
+  // A fixed plan's padding rows (past the real ones) must be zeros.
+  const size_t real = b.rows.size() * size_t(c.heads) * kMlaLatentDim;
+  for (size_t i = real; i < got->size(); ++i) ASSERT_EQ((*got)[i], 0) << c.name << ": padding element " << i;
+  got->resize(real);
   const auto want = reference(b);
   const double overall = testing::relative_l2(*got, want);
   double worst = 0.0;
@@ -262,6 +267,22 @@ TEST_F(MlaDecodeGpuTest, FewSmsManySegmentsPerCta) {
   // 7 SMs: the automatic schedule cuts rows across CTAs and gives CTAs several segments.
   expect_close(with_options(make_case("bf16 h16 7 sms", 16, 16, KvElement::kBF16, {1, 5, 70, 300, 1000, 2000, 64, 3}, 11), 0, 7));
   expect_close(with_options(make_case("fp8 h128 5 sms", 128, 64, KvElement::kFP8E4M3, {129, 1, 2000, 40}, 12), 0, 5));
+}
+
+TEST_F(MlaDecodeGpuTest, FixedModeForGraphsPadsWithZeros) {
+  // The CUDA-graph layout: 8 fixed rows (3 padding), tables at a stride of 400 blocks.
+  MlaCase c = make_case("bf16 h16 fixed 8", 16, 16, KvElement::kBF16, {1, 70, 3000, 640, 5}, 22);
+  c.options.fixed_rows = 8;
+  c.options.fixed_block_table_stride = 400;
+  expect_close(c);
+  MlaCase f = make_case("fp8 h16 bs1 fixed 4", 16, 1, KvElement::kFP8E4M3, {2, 300, 1000}, 23);
+  f.options.fixed_rows = 4;
+  f.options.fixed_block_table_stride = 1000;
+  expect_close(f);
+  MlaCase w = make_case("bf16 h128 bs64 fixed 3", 128, 64, KvElement::kBF16, {65, 2000}, 24);
+  w.options.fixed_rows = 3;
+  w.options.fixed_block_table_stride = 40;
+  expect_close(w);
 }
 
 TEST_F(MlaDecodeGpuTest, LongSegmentsOneSm) {

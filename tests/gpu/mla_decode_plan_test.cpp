@@ -124,5 +124,59 @@ TEST(MlaDecodePlanTest, FixedSplitsAndSharedTables) {
   EXPECT_EQ(plan->arena().size(), size_t(3 * 22 + 4 + 23 + 3 + 100));
 }
 
+TEST(MlaDecodePlanTest, FixedModeDescriptorIsTheSameForEveryStep) {
+  const auto t = table(300);
+  MlaDecodeOptions o;
+  o.fixed_rows = 8;
+  o.fixed_block_table_stride = 300;
+  const std::vector<MlaDecodeRow> a{{4000, t}, {1, t}, {77, t}};
+  const std::vector<MlaDecodeRow> b{{5, t}, {1000, t}, {64, t}, {129, t}, {4800, t}, {2, t}, {3, t}, {4, t}};
+  auto pa = MlaDecodePlan::create(config(), a, AttentionDeviceInfo{132}, o);
+  auto pb = MlaDecodePlan::create(config(), b, AttentionDeviceInfo{132}, o);
+  ASSERT_TRUE(pa.ok() && pb.ok());
+  EXPECT_EQ(pa->arena().size(), pb->arena().size());
+  EXPECT_EQ(pa->workspace_bytes(), pb->workspace_bytes());
+  int32_t arena = 0;
+  float workspace = 0;
+  const auto da = pa->descriptor(&arena, &arena, nullptr, &workspace);
+  const auto db = pb->descriptor(&arena, &arena, nullptr, &workspace);
+  EXPECT_EQ(da.num_rows, db.num_rows);
+  EXPECT_EQ(da.num_heads, db.num_heads);
+  EXPECT_EQ(da.block_size, db.block_size);
+  EXPECT_EQ(da.num_ctas, db.num_ctas);
+  EXPECT_EQ(da.num_segments, db.num_segments);
+  EXPECT_EQ(da.max_splits, db.max_splits);
+  EXPECT_EQ(da.scale_log2, db.scale_log2);
+  EXPECT_EQ(da.segments, db.segments);
+  EXPECT_EQ(da.row_segment_start, db.row_segment_start);
+  EXPECT_EQ(da.cta_segment_start, db.cta_segment_start);
+  EXPECT_EQ(da.block_table_start, db.block_table_start);
+  EXPECT_EQ(da.block_tables, db.block_tables);
+  EXPECT_EQ(da.num_rows, 8);
+  EXPECT_EQ(da.num_ctas, 132);
+  EXPECT_GE(da.max_splits, 2);
+  // Padding rows (3..7 of a) have no segments; every real row is covered once.
+  const auto ar = pa->arena();
+  const int32_t* row_start = ar.data() + 3 * da.num_segments;
+  const int32_t* cta_start = row_start + 9;
+  for (int r = 3; r < 8; ++r) EXPECT_EQ(row_start[r], row_start[r + 1]);
+  EXPECT_EQ(cta_start[0], 0);
+  EXPECT_EQ(cta_start[132], row_start[8]);
+  for (size_t r = 0; r < a.size(); ++r) {
+    int32_t pos = 0;
+    for (int32_t s = row_start[r]; s < row_start[r + 1]; ++s) {
+      EXPECT_EQ(ar[3 * s], int32_t(r));
+      EXPECT_EQ(ar[3 * s + 1], pos);
+      pos = ar[3 * s + 2];
+    }
+    EXPECT_EQ(pos, a[r].context_len);
+  }
+  // Refusals name the field.
+  expect_error(config(), b, "more than fixed_rows 4", MlaDecodeOptions{0, 4, 300});
+  expect_error(config(), a, "more than fixed_block_table_stride 10", MlaDecodeOptions{0, 8, 10});
+  expect_error(config(), a, "split_tokens 64 with fixed_rows", MlaDecodeOptions{64, 8, 300});
+  expect_error(config(), a, "fixed_block_table_stride 0", MlaDecodeOptions{0, 8, 0});
+}
+
 }  // namespace
 }  // namespace pagoda::kernels::cuda

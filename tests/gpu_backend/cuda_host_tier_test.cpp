@@ -3,7 +3,11 @@
 // method, in list order across batches; loads issued layer by layer are ready
 // layer by layer; and through the engine on a fixture model, a host-tier hit
 // (loads layer by layer or whole) and preemption by swap give exactly the
-// output of a miss / no preemption.
+// output of a miss / no preemption; a disk-tier hit (blocks spilled by the
+// engine's spiller thread while forwards run, read back into a fresh engine
+// through the host pool) gives the output of the miss that wrote them.
+
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -20,6 +24,8 @@
 #include "pagoda/backend/cuda/cuda_model_runner.h"
 #include "pagoda/engine/engine.h"
 #include "pagoda/kv/kv_cache_manager.h"
+#include "pagoda/kvstore/disk_tier.h"
+#include "pagoda/kvstore/lower_tiers.h"
 #include "pagoda/runtime/delegating_model_runner.h"
 #include "pagoda/runtime/host_block_layout.h"
 
@@ -60,10 +66,11 @@ TEST(CudaHostTierTest, TransfersMoveEveryByteInListOrderForEveryKvDtype) {
                                                {Method::kKernel, Method::kStaged}};
   for (const auto& [out_method, in_method] : methods)
   for (const auto& [k, v] : dtypes)
-  for (const int32_t block_size : {4, 1}) {  // block size 1: pieces not multiples of 16 bytes
+  for (const int32_t block_size : {4, 1})  // block size 1: pieces not multiples of 16 bytes
+  for (const int32_t ctas : {0, 3}) {      // the copy kernel's grid uncapped, or capped (CTAs loop over blocks)
     SCOPED_TRACE(std::string(dtype_name(k)) + "/" + std::string(dtype_name(v)) + " methods " +
                  std::to_string(static_cast<int>(out_method)) + "/" + std::to_string(static_cast<int>(in_method)) +
-                 " block size " + std::to_string(block_size));
+                 " block size " + std::to_string(block_size) + " CTAs " + std::to_string(ctas));
     const KvPoolShape shape{3, 8, block_size, 2, 64, k, v};
     auto pool = CudaKvPool::create(shape);
     ASSERT_TRUE(pool.ok()) << pool.status().to_string();
@@ -71,6 +78,7 @@ TEST(CudaHostTierTest, TransfersMoveEveryByteInListOrderForEveryKvDtype) {
     ASSERT_TRUE(host.ok()) << host.status().to_string();
     (*host)->set_copy_method(kD2H, out_method);
     (*host)->set_copy_method(kH2D, in_method);
+    (*host)->set_copy_kernel_ctas(ctas);
     EXPECT_EQ((*host)->block_bytes(), shape.bytes_per_token() * block_size);
     // Random bytes over the whole device pool (one allocation from layer 0's K codes).
     std::vector<uint8_t> noise((*pool)->total_bytes());
@@ -201,14 +209,15 @@ class NoEosRunner final : public runtime::DelegatingModelRunner {
   std::vector<int32_t> eos_token_ids() const override { return {}; }
 };
 
-std::unique_ptr<CudaModelRunner> make_runner(int32_t device_blocks, int32_t host_blocks, DType kv_dtype) {
+std::unique_ptr<CudaModelRunner> make_runner(int32_t device_blocks, int32_t host_blocks, DType kv_dtype,
+                                             int32_t block_size = 4) {
   CudaModelOptions options;
   options.max_num_seqs = 8;
   options.max_num_tokens = 256;
   options.max_model_len = 256;
   options.show_progress = false;
   options.kv_key_dtype = options.kv_value_dtype = kv_dtype;
-  options.block_size = 4;
+  options.block_size = block_size;
   auto model = CudaModel::load(fixture("llama_f32"), options);
   EXPECT_TRUE(model.ok()) << model.status().to_string();
   CudaRunnerOptions runner_options;
@@ -223,14 +232,21 @@ std::unique_ptr<CudaModelRunner> make_runner(int32_t device_blocks, int32_t host
 // Greedy tokens of `prompts` run through one engine: one at a time, or all at once.
 std::vector<std::vector<int32_t>> generate(CudaModelRunner& runner, const std::vector<std::vector<int32_t>>& prompts,
                                            bool together, engine::PreemptionMode mode, engine::EngineStats* stats,
-                                           std::vector<int32_t>* cached = nullptr) {
+                                           std::vector<int32_t>* cached = nullptr,
+                                           kvstore::LowerTiers* lower_tiers = nullptr) {
   NoEosRunner seam(runner);
   kv::KvCacheConfig kc;
   kc.num_blocks = runner.kv_geometry().num_blocks;
   kc.block_size = runner.kv_geometry().block_size;
   kc.num_host_blocks = runner.capabilities().host_kv_blocks;
+  if (lower_tiers != nullptr) {
+    kc.stable_key_fingerprint = "cuda-host-tier-test/" + std::string(dtype_name(runner.kv_geometry().key_dtype)) +
+                                "/" + std::to_string(kc.block_size);
+    kc.host_write_through = true;
+  }
   auto kv = std::move(kv::KvCacheManager::create(kc)).value();
   engine::EngineConfig ec;
+  ec.lower_tiers = lower_tiers;
   ec.scheduler.max_running_sequences = together ? 8 : 1;
   ec.scheduler.max_tokens_per_step = 64;
   ec.scheduler.preemption_mode = mode;
@@ -278,11 +294,13 @@ std::vector<int32_t> prompt_of(int32_t length, int32_t salt) {
 TEST(CudaHostTierTest, AHostHitGivesTheMissOutputOnTheGpu) {
   PAGODA_SKIP_WITHOUT_GPU();
   for (DType dtype : {DType::kBF16, DType::kFP8E4M3, DType::kInt4})
-  for (bool layer_by_layer : {true, false}) {
-    SCOPED_TRACE(std::string(dtype_name(dtype)) + (layer_by_layer ? " layer by layer" : " whole loads"));
+  for (const auto& [layer_by_layer, ctas] : {std::pair{true, 0}, std::pair{false, 0}, std::pair{true, 2}}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)) + (layer_by_layer ? " layer by layer" : " whole loads") +
+                 " CTAs " + std::to_string(ctas));
     auto runner = make_runner(/*device_blocks=*/16, /*host_blocks=*/64, dtype);
     ASSERT_NE(runner, nullptr);
     runner->set_layer_by_layer(layer_by_layer);
+    runner->host_pool()->set_copy_kernel_ctas(ctas);
     const auto prompt = prompt_of(41, 1);
     std::vector<int32_t> cached;
     engine::EngineStats stats;
@@ -318,6 +336,70 @@ TEST(CudaHostTierTest, PreemptionBySwapGivesTheOutputOfNoPreemptionOnTheGpu) {
   int32_t same = 0;
   for (size_t i = 0; i < prompts.size(); ++i) same += swapped[i] == alone[i] ? 1 : 0;
   EXPECT_GE(same, static_cast<int32_t>(prompts.size()) - 1) << "at most one greedy tie may flip";
+}
+
+// The tiers below the host on the GPU: the engine spills the blocks a miss
+// wrote (its spiller thread reads the pinned pool once the copy streams are
+// done, while forwards run), and a fresh engine on the same runner, with its
+// device and host pools overwritten with noise, loads them from disk through
+// the host pool (write_host_block, then a host->device promotion layer by
+// layer) and must produce the miss's greedy output.
+TEST(CudaHostTierTest, ADiskTierHitGivesTheMissOutputOnTheGpu) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  for (DType dtype : {DType::kBF16, DType::kFP8E4M3})
+  for (int32_t block_size : {16, 1}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)) + " block size " + std::to_string(block_size));
+    const int32_t device_blocks = 512 / block_size, host_blocks = 2048 / block_size;
+    auto runner = make_runner(device_blocks, host_blocks, dtype, block_size);
+    ASSERT_NE(runner, nullptr);
+    const size_t block_bytes = runner->host_pool()->block_bytes();
+    const std::filesystem::path dir =
+        std::filesystem::temp_directory_path() /
+        ("pagoda_cuda_disk_tier_" + std::to_string(::getpid()) + "_" + std::to_string(block_size) + "_" +
+         std::string(dtype_name(dtype)));
+    std::filesystem::remove_all(dir);
+    auto open_tiers = [&] {
+      auto disk = kvstore::DiskTier::open({.dir = dir, .capacity_bytes = int64_t{1} << 30, .block_bytes = block_bytes});
+      EXPECT_TRUE(disk.ok()) << disk.status().to_string();
+      return disk.ok() ? std::make_unique<kvstore::LowerTiers>(block_bytes, std::move(*disk), nullptr) : nullptr;
+    };
+    // A prompt of 120 tokens and two others after it (their spills overlap forwards of the next request).
+    const std::vector<std::vector<int32_t>> prompts = {prompt_of(120, 7), prompt_of(60, 8), prompt_of(90, 9)};
+    const int32_t full_blocks = (120 - 1) / block_size;
+    std::vector<std::vector<int32_t>> miss;
+    {
+      auto tiers = open_tiers();
+      ASSERT_NE(tiers, nullptr);
+      engine::EngineStats stats;
+      miss = generate(*runner, prompts, false, engine::PreemptionMode::kRecompute, &stats, nullptr, tiers.get());
+      ASSERT_EQ(miss.size(), prompts.size());
+      tiers->flush();
+      EXPECT_GE(tiers->stats()[0].blocks_written, full_blocks) << "the miss's blocks must reach the disk";
+      EXPECT_EQ(tiers->stats()[0].writes_dropped, 0);
+    }  // closed: the index is written
+    // Noise over both pools: nothing of the first engine's K/V may be read by accident.
+    std::vector<uint8_t> noise(runner->pool().total_bytes());
+    std::mt19937 rng(17);
+    for (auto& b : noise) b = static_cast<uint8_t>(rng());
+    ASSERT_EQ(cudaMemcpy(runner->pool().layer(0).key, noise.data(), noise.size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    std::memset(runner->host_pool()->block(0), 0x5a, runner->host_pool()->total_bytes());
+    {
+      auto tiers = open_tiers();
+      ASSERT_NE(tiers, nullptr);
+      engine::EngineStats stats;
+      std::vector<int32_t> cached;
+      const auto hit = generate(*runner, {prompts[0]}, false, engine::PreemptionMode::kRecompute, &stats, &cached,
+                                tiers.get());
+      ASSERT_EQ(cached.size(), 1u);
+      EXPECT_EQ(cached[0], full_blocks * block_size) << "served from the disk tier";
+      EXPECT_EQ(stats.kv.hit_tokens_by_lower_tier[0], full_blocks * block_size);
+      EXPECT_EQ(stats.lower_tier_blocks_loaded, full_blocks);
+      ASSERT_EQ(hit.size(), 1u);
+      EXPECT_EQ(hit[0], miss[0]) << "a disk hit must give the miss's greedy output";
+    }
+    std::filesystem::remove_all(dir);
+  }
 }
 
 }  // namespace

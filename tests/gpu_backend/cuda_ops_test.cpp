@@ -10,6 +10,7 @@
 
 #include "gpu_test_support.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
+#include "pagoda/backend/cuda/mla_ops.h"
 #include "pagoda/backend/cuda/random_fill.h"
 #include "pagoda/model/random_weights.h"
 #include "pagoda/backend/cpu/kernels/rmsnorm.h"
@@ -266,6 +267,43 @@ TEST(CudaOps, RandomFillIsReproducibleBoundedAndCentered) {
   }
   EXPECT_NEAR(sum / n, 0.0, 0.005);
   EXPECT_NEAR(std::sqrt(sum_sq / n), 0.5 / std::sqrt(3.0), 0.005);  // std of uniform[-a, a)
+}
+
+// The MoE expert GEMMs on device row ranges (mla_ops.h): experts with no rows,
+// one row, several 64-row chunks; n past a 64-column tile; k several 128-wide
+// steps plus a tail; rows outside every range left untouched. Against a double
+// reference over the same bf16 inputs: f32 accumulation, one bf16 rounding.
+TEST(CudaOps, MoeGroupedGemmMatchesReferenceOnDeviceRanges) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const int32_t n = 200, k = 296;
+  const std::vector<int32_t> offsets = {0, 0, 1, 71, 201, 204, 204};  // experts of 0, 1, 70, 130, 3, 0 rows
+  const int32_t experts = static_cast<int32_t>(offsets.size()) - 1, rows = offsets.back() + 5;  // 5 spare rows
+  const std::vector<float> x = random_bf16_values(static_cast<size_t>(rows) * k, -1, 1, 21);
+  const std::vector<float> w = random_bf16_values(static_cast<size_t>(experts) * n * k, -1, 1, 22);
+  DeviceBuffer d_x = to_device(to_bf16_bits(x));
+  DeviceBuffer d_w = to_device(to_bf16_bits(w));
+  DeviceBuffer d_offsets = to_device(offsets);
+  const std::vector<uint16_t> sentinel(static_cast<size_t>(rows) * n, 0x7fc0);  // bf16 NaN
+  DeviceBuffer d_y = to_device(sentinel);
+  ASSERT_TRUE(moe_grouped_gemm_supported(n, k));
+  EXPECT_FALSE(moe_grouped_gemm_supported(n, 1407));
+  ASSERT_EQ(moe_grouped_gemm(d_offsets.as<int32_t>(), experts, d_x.as<bf16>(), d_w.as<bf16>(), n, k, d_y.as<bf16>(),
+                             nullptr),
+            cudaSuccess);
+  const std::vector<float> got = from_bf16_bits(to_host<uint16_t>(d_y, static_cast<size_t>(rows) * n));
+  std::vector<float> want(static_cast<size_t>(offsets.back()) * n);
+  for (int32_t e = 0; e < experts; ++e)
+    for (int32_t r = offsets[e]; r < offsets[e + 1]; ++r)
+      for (int32_t c = 0; c < n; ++c) {
+        double sum = 0;
+        for (int32_t i = 0; i < k; ++i)
+          sum += static_cast<double>(x[static_cast<size_t>(r) * k + i]) *
+                 w[(static_cast<size_t>(e) * n + c) * k + i];
+        want[static_cast<size_t>(r) * n + c] = static_cast<float>(sum);
+      }
+  const std::vector<float> covered(got.begin(), got.begin() + static_cast<ptrdiff_t>(want.size()));
+  EXPECT_LE(worst_error_ratio(covered, want, 1e-2, kBf16Rel), 1.0);
+  for (size_t i = want.size(); i < got.size(); ++i) ASSERT_TRUE(std::isnan(got[i])) << "row outside the ranges, " << i;
 }
 
 }  // namespace

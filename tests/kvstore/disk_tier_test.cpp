@@ -3,7 +3,8 @@
 // flipped or truncated file is a miss and is deleted, the size bound evicts
 // the least recently used, a second opener of the directory is refused, an
 // unwritable directory is an error naming it, and a full disk stops writes
-// while reads go on.
+// while reads go on. LowerTiers::fetch over the disk returns the run it holds,
+// sized to it, and counts the key that ended it as a miss.
 
 #include <sys/resource.h>
 
@@ -16,6 +17,7 @@
 
 #include "pagoda/kvstore/block_record.h"
 #include "pagoda/kvstore/disk_tier.h"
+#include "pagoda/kvstore/lower_tiers.h"
 
 namespace pagoda::kvstore {
 namespace {
@@ -198,6 +200,30 @@ TEST_F(DiskTierTest, AFullDiskStopsWritesAndReadsGoOn) {
   EXPECT_EQ(read_run(*t, 4), 2);
   for (const auto& entry : fs::directory_iterator(dir_ / "blocks"))
     EXPECT_EQ(entry.path().extension(), ".kvb") << entry.path();  // no torn leftovers
+}
+
+TEST_F(DiskTierTest, LowerTiersFetchReturnsTheDiskRunSizedToItAndCountsOneMiss) {
+  auto disk = open();
+  write(*disk, 0, 3);
+  LowerTiers tiers(kBlockBytes, std::move(disk), nullptr);
+  std::vector<kv::StableKey> keys;
+  for (int i = 0; i < 40; ++i) keys.push_back(key_of(i));
+  const LowerTiers::Fetched f = tiers.fetch(keys);
+  EXPECT_EQ(f.from_disk, 3);
+  EXPECT_EQ(f.from_redis, 0);
+  ASSERT_EQ(f.data.size(), 3 * kBlockBytes) << "the buffer holds what was found, not the 40 blocks asked";
+  for (int i = 0; i < 3; ++i) {
+    const auto expect = block_of(i);
+    EXPECT_TRUE(std::equal(expect.begin(), expect.end(), f.data.begin() + static_cast<std::ptrdiff_t>(i * kBlockBytes)));
+  }
+  EXPECT_EQ(tiers.stats()[0].hit_blocks, 3);
+  EXPECT_EQ(tiers.stats()[0].miss_blocks, 1) << "the key that ended the run is a miss";
+  // A prompt the disk has never seen: nothing read, one miss, an empty buffer.
+  const std::vector<kv::StableKey> unseen = {key_of(100), key_of(101)};
+  const LowerTiers::Fetched none = tiers.fetch(unseen);
+  EXPECT_EQ(none.from_disk, 0);
+  EXPECT_TRUE(none.data.empty());
+  EXPECT_EQ(tiers.stats()[0].miss_blocks, 2);
 }
 
 }  // namespace

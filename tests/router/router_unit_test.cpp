@@ -4,7 +4,11 @@
 // expected blocks), prompt block keys equal to the KV manager's own keys, and
 // the feed's pages (in order, cut, per namespace, snapshots after gaps).
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -19,12 +23,17 @@
 #include "pagoda/router/prefix_index.h"
 #include "pagoda/router/prompt_hasher.h"
 #include "pagoda/router/routing_policy.h"
+#include "pagoda/router/backend.h"
 #include "pagoda/server/kv_event_feed.h"
+#include "pagoda/server/tokenizer_fingerprint.h"
 
 namespace pagoda::router {
 namespace {
 
 using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+std::string source_path(const std::string& relative) { return std::string(PAGODA_SOURCE_DIR) + "/" + relative; }
 
 // ---- backend URLs -------------------------------------------------------------
 
@@ -122,6 +131,88 @@ TEST(RoutingPolicy, NoEligibleBackendIsMinusOne) {
   for (auto p : {RoutingPolicy::kKvAware, RoutingPolicy::kRoundRobin, RoutingPolicy::kLeastLoaded})
     EXPECT_EQ(choose_backend(p, v, 10, 256, 0).index, -1);
   EXPECT_EQ(choose_backend(RoutingPolicy::kKvAware, std::vector<BackendView>{}, 10, 256, 0).index, -1);
+}
+
+// ---- pending prefill: first bytes, or the backend's load report --------------
+
+BackendUrl local_url() {
+  auto url = parse_backend_url("http://127.0.0.1:9");
+  EXPECT_TRUE(url.ok());
+  return *url;
+}
+
+TEST(BackendPrefill, EndsAtFirstBytesOnceAndWithoutDoubleCounting) {
+  Backend b(local_url(), BackendOptions{});
+  const uint64_t t1 = b.begin_prefill(100);
+  const uint64_t t2 = b.begin_prefill(40);
+  EXPECT_EQ(b.pending_prefill_tokens(), 140);
+  b.end_prefill(t1);
+  b.end_prefill(t1);  // idempotent
+  EXPECT_EQ(b.pending_prefill_tokens(), 40);
+  b.end_prefill(t2);
+  EXPECT_EQ(b.pending_prefill_tokens(), 0);
+  b.begin_prefill(-5);  // a negative share (a prompt shorter than its match) counts as nothing
+  EXPECT_EQ(b.pending_prefill_tokens(), 0);
+}
+
+TEST(BackendPrefill, ALoadReportSettlesTheOldestRequestsItShowsStarted) {
+  using Clock = std::chrono::steady_clock;
+  Backend b(local_url(), BackendOptions{});
+  const uint64_t oldest = b.begin_prefill(100);
+  b.begin_prefill(200);
+  b.begin_prefill(300);
+  const auto asked = Clock::now() + 1s;  // after all three were routed
+  BackendLoad load;
+  load.running = 2;
+  load.waiting = 1;  // one of the three has not started there
+  b.settle_prefills(load, asked, 0ms);
+  EXPECT_EQ(b.pending_prefill_tokens(), 300) << "the two oldest started; the newest waits";
+  EXPECT_EQ(b.prefills_settled_by_load(), 2);
+  b.end_prefill(oldest);  // its first bytes later: nothing left to give back
+  EXPECT_EQ(b.pending_prefill_tokens(), 300);
+
+  // Requests routed after the report was asked for (or within the arrival
+  // allowance) are not in its figures: they stay pending.
+  b.begin_prefill(50);
+  load.waiting = 0;
+  load.queued = 0;
+  b.settle_prefills(load, Clock::now(), 10s);
+  EXPECT_EQ(b.pending_prefill_tokens(), 350);
+  // Queued requests (accepted, not yet sequences) count as not started too.
+  load.queued = 2;
+  b.settle_prefills(load, Clock::now() + 1s, 0ms);
+  EXPECT_EQ(b.pending_prefill_tokens(), 350);
+  load.queued = 1;
+  b.settle_prefills(load, Clock::now() + 1s, 0ms);
+  EXPECT_EQ(b.pending_prefill_tokens(), 50);
+  EXPECT_EQ(b.prefills_settled_by_load(), 3);
+}
+
+// ---- tokenizer fingerprint ----------------------------------------------------
+
+TEST(TokenizerFingerprint, SameFilesSameDigestAnyChangeAnotherAndNoTokenizerNone) {
+  namespace fs = std::filesystem;
+  const std::string model = source_path("models/pagoda-tiny");
+  auto a = server::tokenizer_fingerprint(model);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(a->size(), 64u);
+  EXPECT_EQ(*server::tokenizer_fingerprint(model), *a);
+
+  const fs::path dir = fs::temp_directory_path() / ("pagoda_fp_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  EXPECT_EQ(*server::tokenizer_fingerprint(dir.string()), "") << "no tokenizer.json: nothing to fingerprint";
+  fs::copy_file(fs::path(model) / "tokenizer.json", dir / "tokenizer.json");
+  fs::copy_file(fs::path(model) / "tokenizer_config.json", dir / "tokenizer_config.json");
+  EXPECT_EQ(*server::tokenizer_fingerprint(dir.string()), *a);
+  std::ofstream(dir / "chat_template.jinja") << "";  // an empty template file is not an absent one
+  const auto with_template = server::tokenizer_fingerprint(dir.string());
+  EXPECT_NE(*with_template, *a);
+  fs::remove(dir / "chat_template.jinja");
+  std::ofstream(dir / "tokenizer_config.json", std::ios::app) << " ";
+  EXPECT_NE(*server::tokenizer_fingerprint(dir.string()), *a);
+  fs::remove_all(dir);
+  EXPECT_EQ(server::tokenizer_fingerprint(dir.string()).status().code(), StatusCode::kNotFound);
 }
 
 // ---- event pages and the prefix index ---------------------------------------

@@ -5,6 +5,7 @@ Run: python3 tools/train/selftest.py   (jinja2, when installed, also checks the 
 renders exactly like the Python twin the training data is built with).
 """
 
+import json
 import math
 import os
 import sys
@@ -13,7 +14,62 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import chat_samples  # noqa: E402
 import extract_text  # noqa: E402
+import recall_data  # noqa: E402
 import train  # noqa: E402
+
+TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "models", "pagoda-tiny")
+
+
+class MiniBpe:
+    """Byte-level BPE encode/decode of a tokenizer.json, enough to check the recall data with the
+    bundled model's real tokenizer (needs the `regex` module for the split pattern)."""
+
+    def __init__(self, path):
+        import regex
+        with open(path, encoding="utf-8") as f:
+            model = json.load(f)["model"]
+        self.vocab = model["vocab"]
+        self.inverse = {i: t for t, i in self.vocab.items()}
+        self.ranks = {tuple(m if isinstance(m, list) else m.split(" ")): r
+                      for r, m in enumerate(model["merges"])}
+        chars = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+        mapped, extra = list(chars), 0
+        for b in range(256):
+            if b not in chars:
+                chars.append(b)
+                mapped.append(256 + extra)
+                extra += 1
+        self.byte_char = {b: chr(c) for b, c in zip(chars, mapped)}
+        self.char_byte = {v: k for k, v in self.byte_char.items()}
+        self.split = regex.compile(train.SPLIT_PATTERN)
+        self.cache = {}
+
+    def _piece(self, piece):
+        if piece in self.cache:
+            return self.cache[piece]
+        parts = [self.byte_char[b] for b in piece.encode("utf-8")]
+        while len(parts) > 1:
+            pairs = [(self.ranks.get((a, b), 1 << 30), i) for i, (a, b) in
+                     enumerate(zip(parts, parts[1:]))]
+            rank, i = min(pairs)
+            if rank == 1 << 30:
+                break
+            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        ids = [self.vocab[p] for p in parts]
+        self.cache[piece] = ids
+        return ids
+
+    def encode(self, text):
+        return [t for piece in self.split.findall(text) for t in self._piece(piece)]
+
+    def decode(self, ids):
+        return bytes(self.char_byte[c] for i in ids for c in self.inverse[i]).decode(
+            "utf-8", errors="replace")
+
+
+def fake_encode(text):
+    """A stand-in tokenizer: one id per character (ids 10..), so lengths are easy to reason about."""
+    return [10 + ord(c) % 500 for c in text]
 
 
 class RenderChatTest(unittest.TestCase):
@@ -85,8 +141,21 @@ class ArgsTest(unittest.TestCase):
             + 3 * args.hidden * args.intermediate + 2 * args.hidden) + args.hidden)
         self.assertTrue(5e6 <= params <= 10e6, params)
         self.assertLess(params * 2, 24 * 2**20)  # bf16 export under 24 MB
-        self.assertEqual(args.context, 1024)
+        self.assertEqual(args.context, 2048)
+        self.assertGreater(args.recall_fraction, 0)
+        self.assertLessEqual(args.recall_context + 32, args.context)
+        self.assertGreaterEqual(min(args.recall_depth_list), 1000)
         self.assertLess(args.kv_heads, args.heads)  # GQA
+
+    def test_smoke_settings_are_consistent(self):
+        args = train.parse_args(["--data", "d", "--out", "o", "--smoke"])
+        self.assertLess(max(args.recall_depth_list), args.recall_context)
+
+    def test_bad_recall_flags_are_rejected(self):
+        for flags in (["--recall-fraction", "1.5"], ["--recall-depths", "1000,x"],
+                      ["--recall-context", "2040"], ["--recall-depths", "2000"]):
+            with self.assertRaises(SystemExit, msg=flags):
+                train.parse_args(["--data", "d", "--out", "o"] + flags)
 
     def test_bad_epochs_are_rejected(self):
         with self.assertRaises(SystemExit):
@@ -133,6 +202,117 @@ class ChatSamplesTest(unittest.TestCase):
         self.assertTrue(0.04 <= size / len(docs[0]["text"]) <= 0.07)
         for conversation in a:
             self.assertEqual(conversation["messages"][-1]["role"], "assistant")
+
+
+class RecallDataTest(unittest.TestCase):
+    def setUp(self):
+        self.stream = [1000 + (i * 7919) % 3000 for i in range(50_000)]
+        self.words = [f"w{i:03d}x" for i in range(200)]
+
+    def check_sequence(self, ids, info, encode, total):
+        self.assertEqual(len(ids), total)
+        if info["kind"] == "list":
+            intro, term = encode(recall_data.INTRO), encode(recall_data.TERMINATOR)
+            start, n, recall = info["list_start"], info["list_tokens"], info["recall_start"]
+            self.assertEqual(ids[start - len(intro):start], intro)
+            self.assertEqual(ids[recall - len(intro):recall], intro)
+            self.assertEqual(ids[start:start + n], ids[recall:recall + n])
+            self.assertEqual(ids[start:start + n],
+                             [t for w in info["words"] for t in encode(" " + w)])
+            self.assertEqual(ids[start + n:start + n + len(term)], term)
+            self.assertEqual(ids[recall + n:recall + n + len(term)], term)
+            self.assertEqual(recall - (start + n + len(term)), info["depth"])
+        else:
+            self.assertTrue(info["pairs"])
+            for pair in info["pairs"]:
+                src, dst, span = pair["source"], pair["target"], pair["span"]
+                self.assertEqual(ids[src:src + span], ids[dst:dst + span])
+                self.assertEqual(dst - src - span, pair["gap"])
+            regions = sorted(r for p in info["pairs"] for r in
+                             [(p["source"], p["source"] + p["span"]),
+                              (p["target"], p["target"] + p["span"])])
+            for (_, end), (start, _) in zip(regions, regions[1:]):
+                self.assertLessEqual(end, start)
+
+    def test_sequences_hold_their_recall_and_are_seeded(self):
+        a = recall_data.RecallSequences(self.stream, fake_encode, self.words, 2048, 5)
+        b = recall_data.RecallSequences(self.stream, fake_encode, self.words, 2048, 5)
+        depths, kinds = [], {"list": 0, "passage": 0}
+        for _ in range(400):
+            ids, info = a.next()
+            self.assertEqual((ids, info), b.next())
+            self.check_sequence(ids, info, fake_encode, 2049)
+            kinds[info["kind"]] += 1
+            if info["kind"] == "list":
+                depths.append(info["depth"])
+            else:
+                depths += [p["gap"] for p in info["pairs"]]
+        self.assertTrue(150 < kinds["list"] < 250, kinds)
+        self.assertLessEqual(max(depths), 1800)
+        self.assertGreater(max(depths), 1500)  # spread up to the maximum
+        self.assertLess(min(depths), 300)
+        self.assertGreater(sum(d >= 1000 for d in depths), 100)
+        pairs = [len(seq[1]["pairs"]) for seq in (a.next() for _ in range(200))
+                 if seq[1]["kind"] == "passage"]
+        self.assertGreater(sum(p > 1 for p in pairs), len(pairs) // 4)
+
+    def test_short_sequences_still_fit(self):
+        seqs = recall_data.RecallSequences(self.stream, fake_encode, self.words, 128, 1)
+        for _ in range(100):
+            ids, info = seqs.next()
+            self.check_sequence(ids, info, fake_encode, 129)
+
+    def test_word_split_keeps_eval_words_out_of_training(self):
+        words = recall_data.vocabulary_words(["the apple and the river " * 5 + "zebra " * 2])
+        self.assertEqual(words, ["and", "apple", "river", "the"])
+        train_words, heldout = recall_data.split_words(words + ["candle", "meadow"] +
+                                                       [f"word{i}" for i in range(100)])
+        for word in recall_data.EVAL_WORDS:
+            self.assertNotIn(word, train_words)
+            self.assertNotIn(word, heldout)
+        self.assertFalse(set(train_words) & set(heldout))
+        self.assertTrue(3 <= len(heldout) <= 25, heldout)
+
+    def test_trials_match_the_eval_format(self):
+        trials = recall_data.recall_trials(self.stream, fake_encode, recall_data.EVAL_WORDS,
+                                           2000, [1000, 1750], 3, 8, 9)
+        self.assertEqual(len(trials), 6)
+        intro, term = fake_encode(recall_data.INTRO), fake_encode(recall_data.TERMINATOR)
+        for t in trials:
+            prompt, listed = t["prompt"], t["expected"]
+            self.assertEqual(len(prompt), 2000)
+            self.assertEqual(prompt[-len(intro):], intro)
+            self.assertEqual(len(t["words"]), 8)
+            end = len(prompt) - t["depth"]  # just after the list's terminator
+            self.assertEqual(prompt[end - len(term):end], term)
+            self.assertEqual(prompt[end - len(term) - len(listed):end - len(term)], listed)
+        with self.assertRaises(ValueError):
+            recall_data.recall_trials(self.stream, fake_encode, recall_data.EVAL_WORDS,
+                                      2000, [1995], 1, 8, 9)
+
+    def test_in_place_accuracy(self):
+        self.assertEqual(recall_data.in_place_accuracy([1, 2, 3, 4], [1, 9, 3]), (2, 4))
+
+
+@unittest.skipUnless(os.path.exists(os.path.join(TINY, "tokenizer.json")), "no models/pagoda-tiny")
+class RecallWithRealTokenizerTest(unittest.TestCase):
+    def test_sequences_decode_to_the_eval_format(self):
+        try:
+            bpe = MiniBpe(os.path.join(TINY, "tokenizer.json"))
+        except ImportError:
+            self.skipTest("regex not installed")
+        with open(os.path.join(TINY, "heldout.txt"), encoding="utf-8") as f:
+            stream = bpe.encode(f.read())
+        self.assertEqual(bpe.decode(stream[:50]), bpe.decode(stream[:50]))
+        words = recall_data.split_words(recall_data.vocabulary_words([bpe.decode(stream)]))[0]
+        seqs = recall_data.RecallSequences(stream, bpe.encode, words, 2048, 3)
+        for _ in range(20):
+            ids, info = seqs.next()
+            RecallDataTest.check_sequence(self, ids, info, bpe.encode, 2049)
+            if info["kind"] == "list":
+                text = bpe.decode(ids)
+                listed = "The words to remember are: " + " ".join(info["words"]) + ".\n"
+                self.assertEqual(text.count(listed), 2, text)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,13 @@ struct RouteOptions {
   double poll_interval_s = 0.1;
   double backend_timeout_s = 600.0;
   int max_connections = 64;
-  int http_threads = 0;
+  int http_threads = 4;
+  int max_open_requests = 0;
+  bool strict_tokenizer = false;
+  int max_client_connections = 0;
+  double header_timeout_s = 10.0;
+  double body_timeout_s = 30.0;
+  double keep_alive_s = 75.0;
   double shutdown_grace_s = 10.0;
 };
 
@@ -72,6 +78,15 @@ void run_route(const RouteOptions& opt) {
   config.backend_timeout = seconds_flag(opt.backend_timeout_s, "--backend-timeout");
   config.max_connections_per_backend = opt.max_connections;
   config.http_threads = opt.http_threads;
+  config.max_open_requests = opt.max_open_requests;
+  config.strict_tokenizer = opt.strict_tokenizer;
+  config.shutdown_grace = std::chrono::milliseconds(static_cast<int64_t>(opt.shutdown_grace_s * 1000));
+  if (opt.max_client_connections < 0)
+    fail(fmt::format("--max-client-connections {}: must be >= 0", opt.max_client_connections));
+  config.front.max_connections = opt.max_client_connections;
+  config.front.header_timeout = seconds_flag(opt.header_timeout_s, "--http-header-timeout");
+  config.front.body_timeout = seconds_flag(opt.body_timeout_s, "--http-body-timeout");
+  config.front.keep_alive_timeout = seconds_flag(opt.keep_alive_s, "--http-keep-alive");
   config.log = [](const std::string& line) {
     std::lock_guard lock(log_mutex);
     std::fprintf(stderr, "pagoda route: %s\n", line.c_str());
@@ -102,25 +117,9 @@ void run_route(const RouteOptions& opt) {
       if (sig == 0) continue;
       std::fprintf(stderr, "pagoda route: signal %d, draining\n", sig);
       server.begin_drain();
-      const auto deadline = std::chrono::steady_clock::now() +
-                            std::chrono::milliseconds(static_cast<int64_t>(opt.shutdown_grace_s * 1000));
-      auto in_flight = [&] {
-        int64_t n = 0;
-        for (const auto& b : server.backends()) n += b->in_flight.load();
-        return n;
-      };
-      while (in_flight() > 0 && std::chrono::steady_clock::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      // Stops accepting; replies in progress get --shutdown-grace, then every
+      // connection closes and serve() returns.
       server.stop();
-      // Responses still streaming past the grace keep the HTTP workers busy:
-      // give them a moment, then leave without them.
-      for (int i = 0; i < 100 && !served; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      if (!served) {
-        std::fprintf(stderr, "pagoda route: exiting with %lld requests in flight\n",
-                     static_cast<long long>(in_flight()));
-        std::fflush(stderr);
-        std::_Exit(0);
-      }
       return;
     }
   });
@@ -189,7 +188,24 @@ void add_route_command(CLI::App& app) {
                   "Connections the router keeps to each replica at most (requests past it wait)")
       ->capture_default_str();
   cmd->add_option("--http-threads", opt->http_threads,
-                  "HTTP worker threads (default: replicas x max-connections + 16)");
+                  "Threads that parse and hash prompts (the exchanges with replicas run on threads of their own)")
+      ->capture_default_str();
+  cmd->add_option("--max-open-requests", opt->max_open_requests,
+                  "Requests open at once, past which new ones get 429 with Retry-After at once (default: 2 x "
+                  "replicas x max-connections)");
+  cmd->add_flag("--strict-tokenizer", opt->strict_tokenizer,
+                "Keep a replica whose tokenizer fingerprint (GET /v1/models) differs from --model's out of "
+                "rotation; without it such a replica gets a warning and is routed by load only");
+  cmd->add_option("--max-client-connections", opt->max_client_connections,
+                  "Most open client connections; past it, 503 and close (0: 90% of the open-file limit)")
+      ->capture_default_str();
+  cmd->add_option("--http-header-timeout", opt->header_timeout_s,
+                  "Seconds for a whole request line + headers to arrive (not per read)")
+      ->capture_default_str();
+  cmd->add_option("--http-body-timeout", opt->body_timeout_s, "Seconds for a whole request body to arrive")
+      ->capture_default_str();
+  cmd->add_option("--http-keep-alive", opt->keep_alive_s, "Seconds an idle keep-alive connection stays open")
+      ->capture_default_str();
   cmd->add_option("--shutdown-grace", opt->shutdown_grace_s, "Seconds in-flight requests get on SIGTERM")
       ->capture_default_str();
   cmd->callback([opt] { run_route(*opt); });

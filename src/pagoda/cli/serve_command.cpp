@@ -35,6 +35,7 @@
 #include "pagoda/kv/kv_cache_manager.h"
 #include "pagoda/server/openai_server.h"
 #include "pagoda/tokenizer/tokenizer.h"
+#include "pagoda/server/tokenizer_fingerprint.h"
 
 namespace pagoda::cli {
 namespace {
@@ -137,6 +138,11 @@ void run_serve(const ServeOptions& opt) {
                                                             : model_path.filename().string();
   if (server_config.model_name.empty()) server_config.model_name = model_path.parent_path().filename();
   server_config.publish_kv_events = !opt.no_kv_events;
+  if (!model_dir.empty()) {
+    auto fingerprint = server::tokenizer_fingerprint(model_dir);
+    if (!fingerprint.ok()) fail("tokenizer fingerprint: " + fingerprint.status().to_string());
+    server_config.tokenizer_fingerprint = *fingerprint;
+  }
   server_config.host = opt.host;
   server_config.port = opt.port;
   if (opt.http_threads < 1) fail(fmt::format("--http-threads {}: must be >= 1", opt.http_threads));

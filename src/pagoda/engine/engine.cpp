@@ -4,6 +4,7 @@
 #include <cassert>
 #include <random>
 
+#include "pagoda/engine/lower_tier_spiller.h"
 #include "pagoda/runtime/host_block_layout.h"
 
 namespace pagoda::engine {
@@ -73,6 +74,8 @@ Engine::Engine(EngineConfig config, runtime::ModelRunner& runner, kv::KvCacheMan
       unseeded_salt_(mix64(std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32))) {
   if (!config_.text_decoder_factory)
     config_.text_decoder_factory = [](std::span<const int32_t>) { return make_token_id_text_decoder(); };
+  if (config_.lower_tiers != nullptr && !config_.lower_tiers->empty())
+    spiller_ = std::make_unique<LowerTierSpiller>(runner_, *config_.lower_tiers);
 }
 
 Engine::~Engine() { shutdown(std::chrono::milliseconds(0)); }
@@ -131,6 +134,7 @@ void Engine::shutdown(std::chrono::milliseconds grace) {
     cancel_all_requests();
     publish_stats(-1);
     flush_outputs();
+    if (spiller_) spiller_->wait_idle();  // the tiers get the last blocks before their owner closes them
     return;
   }
   {
@@ -150,6 +154,7 @@ void Engine::shutdown(std::chrono::milliseconds grace) {
   }
   work_ready_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (spiller_) spiller_->wait_idle();  // the tiers get the last blocks before their owner closes them
 }
 
 StatusOr<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest request) {
@@ -719,6 +724,13 @@ Status Engine::run_transfers() {
   for (const kv::BlockTransfer& t : moves)
     runner_moves.push_back(runtime::BlockTransfer{static_cast<runtime::TransferDirection>(t.direction), t.device_block,
                                                   t.host_block});
+  if (spiller_) {
+    // A spill not yet read must not see its host block overwritten by these transfers.
+    std::vector<int32_t> written;
+    for (const kv::BlockTransfer& t : moves)
+      if (t.direction == kv::TransferDirection::kDeviceToHost) written.push_back(t.host_block);
+    spiller_->wait_for(written);
+  }
   Status moved = runner_.transfer_blocks(runner_moves);
   if (moved.ok()) {
     spill_to_lower_tiers(moves);
@@ -733,18 +745,18 @@ Status Engine::run_transfers() {
 }
 
 void Engine::spill_to_lower_tiers(std::span<const kv::BlockTransfer> moves) {
-  kvstore::LowerTiers* tiers = config_.lower_tiers;
-  if (tiers == nullptr || tiers->empty()) return;
+  if (!spiller_) return;
   // After the whole list ran, a host block holds what its last transfer wrote,
-  // which is what the manager's metadata (decided at once) says it holds.
-  spill_buffer_.resize(tiers->block_bytes());
+  // which is what the manager's metadata (decided at once) says it holds. The
+  // spiller reads it once the copies are done, while this thread goes on to
+  // the forward.
+  std::vector<LowerTierSpiller::Spill> spills;
   for (const kv::BlockTransfer& t : moves) {
     if (t.direction != kv::TransferDirection::kDeviceToHost) continue;
     const std::optional<kv::StableKey> key = kv_.host_block_stable_key(t.host_block);
-    if (!key) continue;
-    if (!runner_.read_host_block(t.host_block, spill_buffer_).ok()) continue;
-    tiers->store(*key, spill_buffer_);
+    if (key) spills.push_back(LowerTierSpiller::Spill{t.host_block, *key});
   }
+  spiller_->submit(std::move(spills));
 }
 
 void Engine::load_from_lower_tiers(Sequence* seq) {
@@ -768,6 +780,7 @@ void Engine::load_from_lower_tiers(Sequence* seq) {
   for (const auto& [origin, count] : {std::pair<uint8_t, int32_t>{1, fetched.from_disk}, {2, fetched.from_redis}}) {
     if (count == 0) continue;
     const std::vector<int32_t> hosts = kv_.adopt_host_blocks(ns, seq->tokens, have + loaded, count, origin);
+    if (spiller_) spiller_->wait_for(hosts);  // a reclaimed block may still be due to be spilled
     for (size_t i = 0; i < hosts.size(); ++i) {
       const auto bytes = std::span(fetched.data).subspan((static_cast<size_t>(loaded) + i) * bb, bb);
       if (!runner_.write_host_block(hosts[i], bytes).ok()) {

@@ -42,6 +42,8 @@
 
 namespace pagoda::engine {
 
+class LowerTierSpiller;
+
 struct EngineConfig {
   SchedulerConfig scheduler;
   // Requests submitted but not yet started; submit() past it is kResourceExhausted.
@@ -221,7 +223,8 @@ class Engine {
   // Copied at construction: submit() runs on client threads and must not touch the KV manager.
   const int32_t kv_block_size_;
   const int64_t kv_num_blocks_;
-  std::vector<std::byte> spill_buffer_;  // one host block, reused
+  // Reads spilled host blocks for the tiers below the host off this thread (null without such tiers).
+  std::unique_ptr<LowerTierSpiller> spiller_;
   // Keys the device draws of unseeded requests (with the request id): differs per engine.
   const uint64_t unseeded_salt_;
 

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 #include <httplib.h>
+#include <nlohmann/json.hpp>
 
 namespace pagoda::router {
 
@@ -71,9 +72,52 @@ Status BackendMonitor::probe(bool* refused) {
   return ok_status();
 }
 
+bool BackendMonitor::check_tokenizer() {
+  if (options_.tokenizer_fingerprint.empty()) return true;
+  set_timeouts(*client_, options_.report_timeout);
+  httplib::Headers headers;
+  if (!options_.api_key.empty()) headers.emplace("Authorization", "Bearer " + options_.api_key);
+  auto res = client_->Get("/v1/models", headers);
+  std::string advertised;
+  std::string why_unknown;
+  if (!res) {
+    why_unknown = fmt::format("GET /v1/models: {}", describe_http_error(res.error()));
+  } else if (res->status != 200) {
+    why_unknown = fmt::format("GET /v1/models answered {}", res->status);
+  } else {
+    const nlohmann::json j = nlohmann::json::parse(res->body, nullptr, false);
+    if (j.is_object() && j.contains("data") && j["data"].is_array())
+      for (const auto& model : j["data"])
+        if (model.is_object() && model.contains("tokenizer_fingerprint") && model["tokenizer_fingerprint"].is_string())
+          advertised = model["tokenizer_fingerprint"].get<std::string>();
+    if (advertised.empty()) why_unknown = "it advertises no tokenizer_fingerprint in /v1/models";
+  }
+  std::string verdict;
+  bool join = true;
+  if (!why_unknown.empty()) {
+    backend_.set_tokenizer_check(Backend::TokenizerCheck::kUnknown);
+    verdict = fmt::format("warning: backend {}: tokenizer not checked ({}); routed as if it matched",
+                          backend_.name(), why_unknown);
+  } else if (advertised == options_.tokenizer_fingerprint) {
+    backend_.set_tokenizer_check(Backend::TokenizerCheck::kMatch);
+  } else {
+    backend_.set_tokenizer_check(Backend::TokenizerCheck::kMismatch);
+    join = !options_.strict_tokenizer;
+    verdict = fmt::format(
+        "warning: backend {} tokenizes differently from --model (tokenizer fingerprint {}, the router's {}): {}",
+        backend_.name(), advertised.substr(0, 16), options_.tokenizer_fingerprint.substr(0, 16),
+        join ? "it is routed by load only (--strict-tokenizer keeps it out)"
+             : "kept out of rotation (--strict-tokenizer) until it serves the same tokenizer");
+  }
+  if (verdict != tokenizer_logged_ && !verdict.empty() && options_.log) options_.log(verdict);
+  tokenizer_logged_ = verdict;
+  return join;
+}
+
 void BackendMonitor::record_probe(const Status& result, bool refused) {
   if (result.ok()) {
     failed_probes_ = 0;
+    if (!backend_.healthy() && !check_tokenizer()) return;
     if (backend_.set_healthy(true)) {
       ++backend_.health_transitions;
       if (options_.log) options_.log(fmt::format("backend {} is up", backend_.name()));
@@ -93,6 +137,8 @@ Status BackendMonitor::probe_now() {
   bool refused = false;
   Status s = probe(&refused);
   record_probe(s, /*refused=*/true);  // at start-up any failure leaves it out until a probe succeeds
+  if (s.ok() && !backend_.healthy())
+    return failed_precondition_error("its tokenizer differs from --model's (--strict-tokenizer)");
   return s;
 }
 
@@ -103,6 +149,7 @@ bool BackendMonitor::poll_events() {
   httplib::Headers headers;
   if (!options_.api_key.empty()) headers.emplace("Authorization", "Bearer " + options_.api_key);
   const uint64_t since = backend_.index().next_since();
+  const auto asked = std::chrono::steady_clock::now();
   auto res = client_->Get(fmt::format("/v1/kv/events?since={}&max_events=4096", since), headers);
   if (!res) return false;  // health probes decide what that means
   if (res->status != 200) {
@@ -121,7 +168,10 @@ bool BackendMonitor::poll_events() {
     if (options_.log) options_.log(fmt::format("backend {}: {}", backend_.name(), page.status().message()));
     return false;
   }
-  if (page->load) backend_.set_reported_load(page->load);
+  if (page->load) {
+    backend_.set_reported_load(page->load);
+    backend_.settle_prefills(*page->load, asked, options_.arrival_allowance);
+  }
   const auto applied = backend_.index().apply(*page);
   return applied == PrefixIndex::ApplyResult::kResync || (applied == PrefixIndex::ApplyResult::kApplied && page->more);
 }
@@ -132,6 +182,7 @@ void BackendMonitor::poll_load() {
   set_timeouts(*client_, options_.report_timeout);
   httplib::Headers headers;
   if (!options_.api_key.empty()) headers.emplace("Authorization", "Bearer " + options_.api_key);
+  const auto asked = std::chrono::steady_clock::now();
   auto res = client_->Get("/v1/load", headers);
   if (!res) return;
   if (res->status != 200) {
@@ -146,6 +197,7 @@ void BackendMonitor::poll_load() {
   load_refusal_logged_ = 0;
   auto load = parse_backend_load(res->body);
   backend_.set_reported_load(load.ok() ? std::optional<BackendLoad>(*load) : std::nullopt);
+  if (load.ok()) backend_.settle_prefills(*load, asked, options_.arrival_allowance);
 }
 
 void BackendMonitor::poll_reports() {

@@ -11,6 +11,15 @@
 //     asks for a resync. The page's "load" (admin keys) updates the load.
 //   - Load (other policies, or an events page without load): GET /v1/load
 //     every poll_interval.
+//   - Tokenizer check: whenever the backend is about to join the rotation,
+//     GET /v1/models and compare its "tokenizer_fingerprint" with
+//     `tokenizer_fingerprint` (the router's own; empty: no check). A
+//     different one is logged as a warning naming the backend, which then
+//     joins but is routed by load only (its prefix matches are ignored), or,
+//     with `strict_tokenizer`, stays out of rotation (checked again at every
+//     probe, so a replica restarted with the right model joins). A backend
+//     that advertises none, or refuses /v1/models, is logged as unchecked and
+//     routed as usual.
 //   A refusal (401/403/404) of events or load is retried every 10 s and logged
 //   when it starts or changes: until it ends routing sees no prefixes (or no
 //   reported load) there.
@@ -44,6 +53,9 @@ struct MonitorOptions {
   std::chrono::milliseconds poll_interval{100};
   std::chrono::milliseconds probe_timeout{2000};
   std::chrono::milliseconds report_timeout{5000};
+  std::chrono::milliseconds arrival_allowance{200};  // Backend::settle_prefills
+  std::string tokenizer_fingerprint;
+  bool strict_tokenizer = false;
   std::function<void(const std::string&)> log;  // one line, no newline
 };
 
@@ -65,6 +77,8 @@ class BackendMonitor {
   // Returns the failure, ok if 200. `refused`: the connection could not be made.
   Status probe(bool* refused);
   void record_probe(const Status& result, bool refused);
+  // The tokenizer check (above); false: keep the backend out of rotation.
+  bool check_tokenizer();
   void poll_reports();
   bool poll_events();  // false: stop polling this round
   void poll_load();
@@ -82,6 +96,7 @@ class BackendMonitor {
   std::chrono::steady_clock::time_point load_muted_until_{};
   int events_refusal_logged_ = 0;  // status last logged; logged again only when it changes
   int load_refusal_logged_ = 0;
+  std::string tokenizer_logged_;  // the last check's verdict, logged when it changes
 };
 
 }  // namespace pagoda::router

@@ -22,6 +22,11 @@ StatusOr<BackendLoad> load_from(const json& j) {
   out.running = j["running"].get<int64_t>();
   out.waiting = j["waiting"].get<int64_t>();
   out.kv_usage = j["kv_usage"].get<double>();
+  if (j.contains("queued")) {  // newer replicas: requests accepted, not yet sequences
+    if (!j["queued"].is_number_integer() || j["queued"].get<int64_t>() < 0)
+      return bad("load.queued must be a non-negative integer");
+    out.queued = j["queued"].get<int64_t>();
+  }
   return out;
 }
 

@@ -19,7 +19,8 @@ namespace pagoda::router {
 
 struct BackendLoad {
   int64_t running = 0;
-  int64_t waiting = 0;  // sequences waiting, incl. queued requests and preempted ones
+  int64_t waiting = 0;  // sequences waiting, incl. preempted ones
+  int64_t queued = 0;   // requests accepted and not yet started (0 if not reported)
   double kv_usage = 0.0;  // blocks referenced by sequences / all blocks
 };
 

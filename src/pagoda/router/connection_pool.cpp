@@ -36,9 +36,12 @@ std::unique_ptr<httplib::Client> ConnectionPool::new_client() const {
   return client;
 }
 
-std::optional<ConnectionPool::Lease> ConnectionPool::acquire(std::chrono::milliseconds wait) {
+std::optional<ConnectionPool::Lease> ConnectionPool::acquire(std::chrono::milliseconds wait,
+                                                            const std::atomic<bool>* abandoned) {
+  const auto given_up = [abandoned] { return abandoned != nullptr && abandoned->load(); };
   std::unique_lock lock(mutex_);
-  if (!returned_.wait_for(lock, wait, [&] { return !idle_.empty() || lent_ < max_connections_; }))
+  if (!returned_.wait_for(lock, wait, [&] { return given_up() || !idle_.empty() || lent_ < max_connections_; }) ||
+      given_up())
     return std::nullopt;
   ++lent_;
   if (!idle_.empty()) {
@@ -48,6 +51,11 @@ std::optional<ConnectionPool::Lease> ConnectionPool::acquire(std::chrono::millis
   }
   lock.unlock();
   return Lease(this, new_client());
+}
+
+void ConnectionPool::wake_waiters() {
+  { std::lock_guard lock(mutex_); }  // a waiter between its check and its wait sees the flag or the notify
+  returned_.notify_all();
 }
 
 void ConnectionPool::give_back(std::unique_ptr<httplib::Client> client, bool discard) {

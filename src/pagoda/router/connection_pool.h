@@ -14,6 +14,7 @@
 // Thread safety: acquire() and the counters from any thread; one Lease is used
 // by one thread at a time. The pool must outlive its leases.
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -51,8 +52,11 @@ class ConnectionPool {
   ConnectionPool(std::string host, int port, int max_connections, std::chrono::milliseconds connect_timeout);
   ~ConnectionPool();
 
-  // nullopt when every connection stayed lent for `wait`.
-  std::optional<Lease> acquire(std::chrono::milliseconds wait);
+  // nullopt when every connection stayed lent for `wait`, or, with
+  // `abandoned` given, as soon as it reads true after a wake_waiters().
+  std::optional<Lease> acquire(std::chrono::milliseconds wait, const std::atomic<bool>* abandoned = nullptr);
+  // Makes every waiting acquire() look at its `abandoned` flag again.
+  void wake_waiters();
 
   int max_connections() const { return max_connections_; }
   int lent() const;

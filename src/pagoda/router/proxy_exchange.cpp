@@ -2,12 +2,13 @@
 
 namespace pagoda::router {
 
-ProxyExchange::ProxyExchange(ConnectionPool::Lease lease, httplib::Request request,
-                             std::chrono::milliseconds read_timeout, size_t max_buffered_bytes)
-    : state_(std::make_shared<State>()) {
+ProxyExchange::ProxyExchange(ConnectionPool& pool, std::chrono::milliseconds pool_wait, httplib::Request request,
+                             std::chrono::milliseconds read_timeout, size_t max_buffered_bytes,
+                             std::function<void()> on_change)
+    : state_(std::make_shared<State>()), pool_(&pool) {
   state_->max_buffered = std::max<size_t>(max_buffered_bytes, 1);
-  state_->client = &lease.client();
-  thread_ = std::thread(pump, state_, std::move(lease), std::move(request), read_timeout);
+  state_->on_change = std::move(on_change);
+  thread_ = std::thread(pump, state_, pool_, pool_wait, std::move(request), read_timeout);
 }
 
 ProxyExchange::~ProxyExchange() {
@@ -15,58 +16,87 @@ ProxyExchange::~ProxyExchange() {
   if (thread_.joinable()) thread_.join();
 }
 
-void ProxyExchange::pump(std::shared_ptr<State> state, ConnectionPool::Lease lease, httplib::Request request,
-                         std::chrono::milliseconds read_timeout) {
-  httplib::Client& client = lease.client();
+void ProxyExchange::pump(std::shared_ptr<State> state, ConnectionPool* pool, std::chrono::milliseconds pool_wait,
+                         httplib::Request request, std::chrono::milliseconds read_timeout) {
+  const auto notify = [&state] {
+    if (state->on_change) state->on_change();
+  };
+  std::optional<ConnectionPool::Lease> lease = pool->acquire(pool_wait, &state->abandoned);
+  if (!lease) {
+    {
+      std::lock_guard lock(state->mutex);
+      state->head.received = false;
+      state->head.pool_exhausted = !state->cancelled;
+      state->head.error = state->cancelled ? httplib::Error::Canceled : httplib::Error::Success;
+      state->head_ready = true;
+      state->finished = true;
+      state->changed.notify_all();
+    }
+    return notify();
+  }
+  httplib::Client& client = lease->client();
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(read_timeout).count();
   client.set_read_timeout(static_cast<time_t>(us / 1000000), static_cast<time_t>(us % 1000000));
-  request.response_handler = [&state](const httplib::Response& r) {
-    std::lock_guard lock(state->mutex);
-    state->head.received = true;
-    state->head.status = r.status;
-    state->head.headers = r.headers;
-    state->head_ready = true;
-    state->changed.notify_all();
-    return !state->cancelled;
+  request.response_handler = [&state, &notify](const httplib::Response& r) {
+    bool go_on;
+    {
+      std::lock_guard lock(state->mutex);
+      state->head.received = true;
+      state->head.status = r.status;
+      state->head.headers = r.headers;
+      state->head_ready = true;
+      state->changed.notify_all();
+      go_on = !state->cancelled;
+    }
+    notify();
+    return go_on;
   };
-  request.content_receiver = [&state](const char* data, size_t size, uint64_t, uint64_t) {
-    std::unique_lock lock(state->mutex);
-    state->space.wait(lock, [&] { return state->buffered < state->max_buffered || state->cancelled; });
-    if (state->cancelled) return false;
-    state->chunks.emplace_back(data, size);
-    state->buffered += size;
-    state->changed.notify_all();
+  request.content_receiver = [&state, &notify](const char* data, size_t size, uint64_t, uint64_t) {
+    {
+      std::unique_lock lock(state->mutex);
+      state->space.wait(lock, [&] { return state->buffered < state->max_buffered || state->cancelled; });
+      if (state->cancelled) return false;
+      state->chunks.emplace_back(data, size);
+      state->buffered += size;
+      state->changed.notify_all();
+    }
+    notify();
     return true;
   };
-  httplib::Response response;
-  httplib::Error error = httplib::Error::Success;
   bool cancelled_first;
   {
     std::lock_guard lock(state->mutex);
     cancelled_first = state->cancelled;
+    if (!cancelled_first) state->client = &client;
   }
+  httplib::Response response;
+  httplib::Error error = httplib::Error::Success;
   const bool ok = !cancelled_first && client.send(request, response, error);
-  std::lock_guard lock(state->mutex);
-  if (!state->head_ready) {
-    // No response handler call: a failure before any response, or a response
-    // without a body (204), whose head is in `response`.
-    state->head.received = ok;
-    if (ok) {
-      state->head.status = response.status;
-      state->head.headers = response.headers;
-    } else {
-      state->head.error = cancelled_first ? httplib::Error::Canceled : error;
+  {
+    std::lock_guard lock(state->mutex);
+    if (!state->head_ready) {
+      // No response handler call: a failure before any response, or a response
+      // without a body (204), whose head is in `response`.
+      state->head.received = ok;
+      if (ok) {
+        state->head.status = response.status;
+        state->head.headers = response.headers;
+      } else {
+        state->head.error = cancelled_first ? httplib::Error::Canceled : error;
+      }
+      state->head_ready = true;
     }
-    state->head_ready = true;
+    state->ok = ok && !state->cancelled;
+    state->finished = true;
+    state->client = nullptr;
+    if (!state->ok) lease->discard();
+    state->changed.notify_all();
   }
-  state->ok = ok && !state->cancelled;
-  state->finished = true;
-  state->client = nullptr;
-  if (!state->ok) lease.discard();
-  state->changed.notify_all();
+  lease.reset();  // back to the pool (or closed) before anyone hears the exchange ended
+  notify();
 }
 
-std::optional<ProxyExchange::Head> ProxyExchange::wait_head(std::chrono::milliseconds wait) {
+std::optional<ProxyExchange::Head> ProxyExchange::head(std::chrono::milliseconds wait) {
   std::unique_lock lock(state_->mutex);
   if (!state_->changed.wait_for(lock, wait, [&] { return state_->head_ready; })) return std::nullopt;
   return state_->head;
@@ -77,9 +107,10 @@ ProxyExchange::Next ProxyExchange::next_chunk(std::string* out, std::chrono::mil
   state_->changed.wait_for(lock, wait,
                            [&] { return !state_->chunks.empty() || state_->finished || state_->cancelled; });
   if (!state_->chunks.empty()) {
-    *out = std::move(state_->chunks.front());
-    state_->chunks.pop_front();
-    state_->buffered -= out->size();
+    out->clear();
+    for (std::string& chunk : state_->chunks) out->append(chunk);
+    state_->chunks.clear();
+    state_->buffered = 0;
     state_->space.notify_all();
     return Next::kData;
   }
@@ -89,13 +120,17 @@ ProxyExchange::Next ProxyExchange::next_chunk(std::string* out, std::chrono::mil
 }
 
 void ProxyExchange::cancel() {
-  std::lock_guard lock(state_->mutex);
-  if (state_->finished || state_->cancelled) return;
-  state_->cancelled = true;
-  // Shuts the socket down under a running send, which then fails at once.
-  if (state_->client != nullptr) state_->client->stop();
-  state_->changed.notify_all();
-  state_->space.notify_all();
+  {
+    std::lock_guard lock(state_->mutex);
+    if (state_->finished || state_->cancelled) return;
+    state_->cancelled = true;
+    state_->abandoned = true;
+    // Shuts the socket down under a running send, which then fails at once.
+    if (state_->client != nullptr) state_->client->stop();
+    state_->changed.notify_all();
+    state_->space.notify_all();
+  }
+  pool_->wake_waiters();
 }
 
 }  // namespace pagoda::router

@@ -43,7 +43,8 @@ void RouterMetrics::record_prefix_match(int64_t cached_tokens, int64_t prompt_to
   prompt_tokens_ += prompt_tokens;
 }
 
-std::string RouterMetrics::render(std::span<const std::unique_ptr<Backend>> backends, std::string_view policy) const {
+std::string RouterMetrics::render(std::span<const std::unique_ptr<Backend>> backends, std::string_view policy,
+                                  const server::HttpFrontCounters& front) const {
   std::string out;
   header(out, "pagoda_router_info", "gauge", "The router's routing policy.");
   out += fmt::format("pagoda_router_info{{policy=\"{}\"}} 1\n", policy);
@@ -62,8 +63,23 @@ std::string RouterMetrics::render(std::span<const std::unique_ptr<Backend>> back
   per_backend(out, backends, "pagoda_router_backend_in_flight", "gauge", "Requests open at the backend.",
               [](const Backend& b) { return b.in_flight.load(); });
   per_backend(out, backends, "pagoda_router_backend_pending_prefill_tokens", "gauge",
-              "Uncached prompt tokens of requests sent there and not yet answered.",
-              [](const Backend& b) { return b.pending_prefill_tokens.load(); });
+              "Uncached prompt tokens of requests sent there whose prefill has not started (no first "
+              "byte yet, and the backend's load report does not show them started).",
+              [](const Backend& b) { return b.pending_prefill_tokens(); });
+  per_backend(out, backends, "pagoda_router_backend_prefills_settled_by_load_total", "counter",
+              "Requests counted as started from the backend's load report before their first byte "
+              "(non-streamed ones).",
+              [](const Backend& b) { return b.prefills_settled_by_load(); });
+  per_backend(out, backends, "pagoda_router_backend_tokenizer_match", "gauge",
+              "1: the backend's tokenizer fingerprint is the router's; 0: it differs (routed by load "
+              "only); -1: not known.",
+              [](const Backend& b) {
+                switch (b.tokenizer_check()) {
+                  case Backend::TokenizerCheck::kMatch: return 1;
+                  case Backend::TokenizerCheck::kMismatch: return 0;
+                  default: return -1;
+                }
+              });
   per_backend(out, backends, "pagoda_router_backend_connections_lent", "gauge", "Pooled connections in use.",
               [](Backend& b) { return b.pool().lent(); });
   per_backend(out, backends, "pagoda_router_backend_index_blocks", "gauge",
@@ -88,6 +104,24 @@ std::string RouterMetrics::render(std::span<const std::unique_ptr<Backend>> back
   header(out, "pagoda_router_unhashed_prompts_total", "counter",
          "kv-aware requests routed by load alone (prompt or namespace unknown).");
   out += fmt::format("pagoda_router_unhashed_prompts_total {}\n", unhashed_prompts.load());
+
+  header(out, "pagoda_router_http_connections_open", "gauge", "Client connections open at the router.");
+  out += fmt::format("pagoda_router_http_connections_open {}\n", front.connections_open);
+  header(out, "pagoda_router_http_connections_refused_total", "counter",
+         "Client connections refused (503) over the connection cap.");
+  out += fmt::format("pagoda_router_http_connections_refused_total {}\n", front.connections_refused);
+  header(out, "pagoda_router_http_busy_refusals_total", "counter",
+         "Requests answered 429 at once: the handler queue or the router's open requests were full.");
+  out += fmt::format("pagoda_router_http_busy_refusals_total {}\n", front.busy_refusals + busy_refusals.load());
+  header(out, "pagoda_router_http_timeouts_total", "counter", "Client requests cut off by a read deadline.");
+  out += fmt::format("pagoda_router_http_timeouts_total{{phase=\"header\"}} {}\n", front.header_timeouts);
+  out += fmt::format("pagoda_router_http_timeouts_total{{phase=\"body\"}} {}\n", front.body_timeouts);
+  header(out, "pagoda_router_http_slow_readers_dropped_total", "counter",
+         "Clients dropped for not reading their streamed response.");
+  out += fmt::format("pagoda_router_http_slow_readers_dropped_total {}\n", front.slow_readers_dropped);
+  header(out, "pagoda_router_http_responses_total", "counter", "Responses the router sent, by status.");
+  for (const auto& [status, n] : front.responses_by_status)
+    out += fmt::format("pagoda_router_http_responses_total{{code=\"{}\"}} {}\n", status, n);
 
   std::lock_guard lock(mutex_);
   header(out, "pagoda_router_prefix_match_tokens", "histogram",

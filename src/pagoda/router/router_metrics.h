@@ -1,8 +1,9 @@
 #pragma once
 // The router's own counters and their Prometheus text (GET /metrics of
 // `pagoda route`). Per backend: requests, responses by status class,
-// transport errors, health, requests in flight, pooled connections, prefix
-// index size and resyncs. Router-wide: retries, 503s for want of a healthy
+// transport errors, health, requests in flight, pending prefill, pooled
+// connections, prefix index size and resyncs, the tokenizer check. The HTTP
+// front's connections, refusals and deadlines. Router-wide: retries, 503s for want of a healthy
 // backend, client disconnects, and for kv-aware decisions the cached-prefix
 // length of the chosen backend (a histogram in tokens) with the prompt tokens
 // routed, so predicted hits / prompt tokens is the cluster's expected hit rate.
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "pagoda/router/backend.h"
+#include "pagoda/server/http_front.h"
 
 namespace pagoda::router {
 
@@ -33,8 +35,11 @@ class RouterMetrics {
   std::atomic<int64_t> no_backend{0};          // 503: no healthy backend
   std::atomic<int64_t> client_disconnects{0};  // the client left before the response ended
   std::atomic<int64_t> unhashed_prompts{0};    // kv-aware requests routed without prefix knowledge
+  std::atomic<int64_t> busy_refusals{0};       // 429: the router's open requests at their cap
 
-  std::string render(std::span<const std::unique_ptr<Backend>> backends, std::string_view policy) const;
+  // `front`: the HTTP front's own counters (connections, refusals, deadlines).
+  std::string render(std::span<const std::unique_ptr<Backend>> backends, std::string_view policy,
+                     const server::HttpFrontCounters& front) const;
 
  private:
   mutable std::mutex mutex_;

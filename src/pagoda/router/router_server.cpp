@@ -12,7 +12,7 @@
 
 #include "pagoda/router/proxy_exchange.h"
 #include "pagoda/server/api_error.h"
-#include "pagoda/server/peer_connection.h"
+#include "pagoda/server/tokenizer_fingerprint.h"
 
 namespace pagoda::router {
 
@@ -21,7 +21,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr auto kPollInterval = 50ms;
+using server::HttpReply;
+using server::HttpRequest;
+using server::HttpResponse;
 
 bool equals_ignoring_case(std::string_view a, std::string_view b) {
   return a.size() == b.size() && strncasecmp(a.data(), b.data(), a.size()) == 0;
@@ -33,30 +35,36 @@ bool in_list(std::string_view name, std::initializer_list<std::string_view> list
   return false;
 }
 
-// Headers that describe one hop, not the message (RFC 9110 7.6.1), plus
-// httplib's own pseudo headers and what the client library sets itself.
+// Headers that describe one hop, not the message (RFC 9110 7.6.1), plus what
+// the client library sets itself.
 bool skip_request_header(std::string_view name) {
   return in_list(name, {"Host", "Connection", "Keep-Alive", "Transfer-Encoding", "TE", "Trailer", "Upgrade",
-                        "Proxy-Connection", "Proxy-Authorization", "Content-Length", "Accept-Encoding",
-                        "REMOTE_ADDR", "REMOTE_PORT", "LOCAL_ADDR", "LOCAL_PORT"});
+                        "Proxy-Connection", "Proxy-Authorization", "Content-Length", "Accept-Encoding", "Expect"});
 }
 
+// The front writes its own framing and Content-Type (from the reply's content_type).
 bool skip_response_header(std::string_view name) {
   return in_list(name, {"Connection", "Keep-Alive", "Transfer-Encoding", "Trailer", "Upgrade", "Proxy-Connection",
                         "Content-Length", "Content-Type"});
 }
 
-void send_error(httplib::Response& res, int status, std::string type, std::string code, std::string message) {
+HttpResponse error_response(int status, std::string type, std::string code, std::string message) {
   server::ApiError e;
   e.http_status = status;
   e.type = std::move(type);
   e.code = std::move(code);
   e.message = std::move(message);
-  res.status = status;
-  res.set_content(e.body(), "application/json");
+  HttpResponse r;
+  r.status = status;
+  r.body = e.body();
+  return r;
 }
 
-httplib::Request backend_request(const httplib::Request& req) {
+HttpReply error_reply(int status, std::string type, std::string code, std::string message) {
+  return HttpReply{error_response(status, std::move(type), std::move(code), std::move(message)), nullptr};
+}
+
+httplib::Request backend_request(const HttpRequest& req) {
   httplib::Request out;
   out.method = req.method;
   out.path = req.target.empty() ? req.path : req.target;
@@ -70,35 +78,37 @@ httplib::Request backend_request(const httplib::Request& req) {
     }
     out.headers.emplace(name, value);
   }
-  if (!req.remote_addr.empty())
-    forwarded_for = forwarded_for.empty() ? req.remote_addr : forwarded_for + ", " + req.remote_addr;
+  if (!req.remote_address.empty())
+    forwarded_for = forwarded_for.empty() ? req.remote_address : forwarded_for + ", " + req.remote_address;
   if (!forwarded_for.empty()) out.headers.emplace("X-Forwarded-For", forwarded_for);
   return out;
 }
 
 // A request's share of its backend's in-flight count and pending prefill:
-// the prefill part is given back at the first body bytes (end_prefill), the
-// rest when the last holder lets go.
+// the prefill ends at the first body bytes (end_prefill), when the backend's
+// load report shows it started (Backend::settle_prefills), or with the hold.
 class InFlightHold {
  public:
-  InFlightHold(Backend& b, int64_t prefill_tokens) : backend_(b), prefill_tokens_(prefill_tokens) {
+  InFlightHold(Backend& b, int64_t prefill_tokens) : backend_(b), ticket_(b.begin_prefill(prefill_tokens)) {
     ++backend_.in_flight;
-    backend_.pending_prefill_tokens += prefill_tokens_;
   }
   ~InFlightHold() {
-    end_prefill();
+    backend_.end_prefill(ticket_);
     --backend_.in_flight;
   }
   InFlightHold(const InFlightHold&) = delete;
   InFlightHold& operator=(const InFlightHold&) = delete;
-  void end_prefill() {
-    if (!prefill_done_.exchange(true)) backend_.pending_prefill_tokens -= prefill_tokens_;
-  }
+  void end_prefill() { backend_.end_prefill(ticket_); }
 
  private:
   Backend& backend_;
-  const int64_t prefill_tokens_;
-  std::atomic<bool> prefill_done_{false};
+  const uint64_t ticket_;
+};
+
+// The body of a response the backend broke off: the front closes the client's
+// connection without the final chunk, so the client sees it incomplete.
+struct BackendBrokeOff : std::runtime_error {
+  BackendBrokeOff() : std::runtime_error("the backend broke off its response") {}
 };
 
 }  // namespace
@@ -123,7 +133,12 @@ StatusOr<std::unique_ptr<RouterServer>> RouterServer::create(RouterConfig config
     if (value.count() <= 0) return invalid_argument_error("{}: must be positive", name);
   if (config.max_connections_per_backend < 1)
     return invalid_argument_error("--max-connections {}: must be >= 1", config.max_connections_per_backend);
+  if (config.http_threads < 1) return invalid_argument_error("--http-threads {}: must be >= 1", config.http_threads);
+  if (config.max_open_requests < 0)
+    return invalid_argument_error("--max-open-requests {}: must be >= 0", config.max_open_requests);
   if (config.port < 0 || config.port > 65535) return invalid_argument_error("--port {}: must be in [0, 65535]", config.port);
+  if (config.max_open_requests == 0)
+    config.max_open_requests = 2 * static_cast<int>(config.backends.size()) * config.max_connections_per_backend;
 
   std::unique_ptr<RouterServer> router(new RouterServer(std::move(config)));
   const RouterConfig& c = router->config_;
@@ -136,31 +151,43 @@ StatusOr<std::unique_ptr<RouterServer>> RouterServer::create(RouterConfig config
     if (!seen.insert(url.text).second) return invalid_argument_error("--backend {}: given twice", url.text);
     router->backends_.push_back(std::make_unique<Backend>(std::move(url), options));
   }
-  MonitorOptions monitor;
-  monitor.follow_kv_events = c.policy == RoutingPolicy::kKvAware;
-  monitor.api_key = c.backend_api_key;
-  monitor.health_interval = c.health_interval;
-  monitor.poll_interval = c.poll_interval;
-  monitor.probe_timeout = std::max(c.connect_timeout, std::chrono::milliseconds(1000));
-  monitor.log = c.log;
-  for (auto& b : router->backends_) router->monitors_.push_back(std::make_unique<BackendMonitor>(*b, monitor));
-
   if (c.model_dir.empty()) {
     router->hasher_ = PromptHasher::token_ids_only();
   } else {
     auto hasher = PromptHasher::load(c.model_dir);
     if (!hasher.ok()) return hasher.status();
     router->hasher_ = std::move(*hasher);
+    auto fingerprint = server::tokenizer_fingerprint(c.model_dir);
+    if (!fingerprint.ok()) return fingerprint.status();
+    router->tokenizer_fingerprint_ = *fingerprint;
   }
+  MonitorOptions monitor;
+  monitor.follow_kv_events = c.policy == RoutingPolicy::kKvAware;
+  monitor.api_key = c.backend_api_key;
+  monitor.health_interval = c.health_interval;
+  monitor.poll_interval = c.poll_interval;
+  monitor.probe_timeout = std::max(c.connect_timeout, std::chrono::milliseconds(1000));
+  monitor.arrival_allowance = std::max(2 * c.poll_interval, std::chrono::milliseconds(100));
+  monitor.tokenizer_fingerprint = router->tokenizer_fingerprint_;
+  monitor.strict_tokenizer = c.strict_tokenizer;
+  monitor.log = c.log;
+  for (auto& b : router->backends_) router->monitors_.push_back(std::make_unique<BackendMonitor>(*b, monitor));
+
+  server::HttpFrontConfig front = c.front;
+  front.host = c.host;
+  front.port = c.port;
+  front.worker_threads = c.http_threads;
+  front.limits.max_body_bytes = c.max_body_bytes;
+  router->front_ = std::make_unique<server::HttpFront>(std::move(front));
   router->install_routes();
   return router;
 }
 
-RouterServer::RouterServer(RouterConfig config)
-    : config_(std::move(config)), http_(std::make_unique<httplib::Server>()) {}
+RouterServer::RouterServer(RouterConfig config) : config_(std::move(config)) {}
 
 RouterServer::~RouterServer() {
   stop();
+  front_.reset();  // closes every connection: their exchanges end before the backends go
   for (auto& m : monitors_) m->stop();
 }
 
@@ -173,9 +200,11 @@ std::vector<std::string> RouterServer::check_backends() {
   for (size_t i = 0; i < backends_.size(); ++i) {
     Status s = monitors_[i]->probe_now();
     if (!s.ok())
-      warnings.push_back(fmt::format("backend {} is not healthy now ({}); it joins the rotation once /health answers "
-                                     "200",
-                                     backends_[i]->name(), s.message()));
+      warnings.push_back(fmt::format("backend {} is not healthy now ({}); it joins the rotation once /health answers 200{}",
+                                     backends_[i]->name(), s.message(),
+                                     config_.strict_tokenizer && !tokenizer_fingerprint_.empty()
+                                         ? " and its tokenizer matches"
+                                         : ""));
   }
   return warnings;
 }
@@ -185,56 +214,38 @@ void RouterServer::start_monitors() {
 }
 
 void RouterServer::install_routes() {
-  httplib::Server& s = *http_;
-  s.set_payload_max_length(config_.max_body_bytes);
-  s.set_read_timeout(30, 0);
-  const int threads = config_.http_threads > 0
-                          ? config_.http_threads
-                          : static_cast<int>(backends_.size()) * config_.max_connections_per_backend + 16;
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(std::max(4, threads)); };
-  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-    send_error(res, 500, "server_error", "internal_error", "internal error in the router");
+  using server::RouteRuns;
+  server::HttpFront& f = *front_;
+  f.route("GET", "/health", RouteRuns::kOnLoop, [this](HttpRequest&) { return handle_health(); });
+  f.route("GET", "/metrics", RouteRuns::kOnWorker, [this](HttpRequest&) {
+    HttpResponse r;
+    r.content_type = "text/plain; version=0.0.4";
+    r.body = metrics_.render(backends_, routing_policy_name(config_.policy), front_->counters());
+    return HttpReply{std::move(r), nullptr};
   });
-  s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    // A backend's own answer (streamed through a provider) or the 499 of a
-    // client that left is not the router's to rewrite.
-    if (!res.body.empty() || res.content_provider_ || res.status == 499) return;
-    const int status = res.status;
-    send_error(res, status, "invalid_request_error", status == 404 ? "not_found" : "http_error",
-               status == 404   ? fmt::format("no route for {} {}", req.method, req.path.substr(0, 200))
-               : status == 413 ? fmt::format("request body over {} bytes", config_.max_body_bytes)
-                               : fmt::format("HTTP error {}", status));
-  });
-
-  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) { handle_health(res); });
-  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_.render(backends_, routing_policy_name(config_.policy)), "text/plain; version=0.0.4");
-  });
-  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { handle_proxy(req, res, true); });
-  s.Post("/v1/chat/completions",
-         [this](const httplib::Request& req, httplib::Response& res) { handle_proxy(req, res, true); });
-  s.Post("/v1/cache/drop", [this](const httplib::Request& req, httplib::Response& res) { handle_cache_drop(req, res); });
-  const auto other = [this](const httplib::Request& req, httplib::Response& res) { handle_proxy(req, res, false); };
-  s.Get(R"(/v1/.*)", other);
-  s.Post(R"(/v1/.*)", other);
-  s.Put(R"(/v1/.*)", other);
-  s.Delete(R"(/v1/.*)", other);
+  f.route("POST", "/v1/completions", RouteRuns::kOnWorker, [this](HttpRequest& r) { return handle_proxy(r, true); });
+  f.route("POST", "/v1/chat/completions", RouteRuns::kOnWorker,
+          [this](HttpRequest& r) { return handle_proxy(r, true); });
+  f.route("POST", "/v1/cache/drop", RouteRuns::kOnWorker, [this](HttpRequest& r) { return handle_cache_drop(r); });
+  for (const char* method : {"GET", "POST", "PUT", "DELETE"})
+    f.route_prefix(method, "/v1/", RouteRuns::kOnWorker, [this](HttpRequest& r) { return handle_proxy(r, false); });
 }
 
-void RouterServer::handle_health(httplib::Response& res) {
+HttpReply RouterServer::handle_health() {
   int healthy = 0;
   for (const auto& b : backends_) healthy += b->healthy() ? 1 : 0;
   const char* status = draining_ ? "draining" : healthy > 0 ? "ok" : "no healthy backend";
-  res.status = !draining_ && healthy > 0 ? 200 : 503;
-  res.set_content(json{{"status", status},
-                       {"backends", backends_.size()},
-                       {"healthy_backends", healthy},
-                       {"policy", routing_policy_name(config_.policy)}}
-                      .dump(),
-                  "application/json");
+  HttpResponse r;
+  r.status = !draining_ && healthy > 0 ? 200 : 503;
+  r.body = json{{"status", status},
+                {"backends", backends_.size()},
+                {"healthy_backends", healthy},
+                {"policy", routing_policy_name(config_.policy)}}
+               .dump();
+  return HttpReply{std::move(r), nullptr};
 }
 
-void RouterServer::hash_prompt(const httplib::Request& req, PromptKeys& keys) {
+void RouterServer::hash_prompt(const HttpRequest& req, PromptKeys& keys) {
   const server::Endpoint endpoint =
       req.path == "/v1/chat/completions" ? server::Endpoint::kChatCompletions : server::Endpoint::kCompletions;
   auto tokens = hasher_->prompt_tokens(req.body, endpoint);
@@ -246,7 +257,7 @@ void RouterServer::hash_prompt(const httplib::Request& req, PromptKeys& keys) {
   for (size_t k = 0; k < n && asked == nullptr; ++k)
     if (backends_[(start + k) % n]->healthy()) asked = backends_[(start + k) % n].get();
   if (asked == nullptr) return;
-  const auto seed = seeds_.seed_for(req.get_header_value("Authorization"), *asked);
+  const auto seed = seeds_.seed_for(std::string(req.header("Authorization")), *asked);
   if (!seed) return;
   keys.known = true;
   keys.seed = *seed;
@@ -265,12 +276,13 @@ int RouterServer::pick_backend(const PromptKeys& keys, const std::vector<bool>& 
     BackendView& v = views[i];
     v.eligible = b.healthy() && !excluded[i];
     v.in_flight = b.in_flight.load();
-    v.pending_prefill_tokens = b.pending_prefill_tokens.load();
+    v.pending_prefill_tokens = b.pending_prefill_tokens();
     if (const auto load = b.reported_load()) {
       v.reported_busy = load->running + load->waiting;
       v.kv_usage = load->kv_usage;
     }
-    if (keys.known) {
+    // A backend that tokenizes differently holds none of our hashes: load only.
+    if (keys.known && b.tokenizer_check() != Backend::TokenizerCheck::kMismatch) {
       const int32_t bs = b.index().block_size();
       const auto chain = keys.chains.find(bs);
       if (bs > 0 && chain != keys.chains.end())
@@ -283,137 +295,217 @@ int RouterServer::pick_backend(const PromptKeys& keys, const std::vector<bool>& 
   return choice.index;
 }
 
-void RouterServer::handle_proxy(const httplib::Request& req, httplib::Response& res, bool generate) {
+// One proxied request, driven by the client's connection: picks a backend,
+// runs the exchange, retries once on another backend if the first fails
+// before its first response byte (or answers 429/503), then passes the
+// response through as it arrives. Every method runs on the connection's
+// strand (never two at once); none blocks for long (a retry's exchange starts
+// a thread; a replaced one is cancelled first, so joining it is prompt).
+class RouterServer::ProxyReply final : public server::ReplySource {
+ public:
+  ProxyReply(RouterServer& router, PromptKeys keys, httplib::Request request)
+      : router_(router), keys_(std::move(keys)), request_(std::move(request)),
+        excluded_(router.backends_.size(), false) {}
+  ~ProxyReply() override {
+    exchange_.reset();
+    hold_.reset();
+    --router_.open_requests_;
+  }
+
+  void start(std::function<void()> wake) override {
+    wake_ = std::move(wake);
+    launch();
+  }
+
+  server::ReplyPiece pull() override {
+    server::ReplyPiece piece;
+    if (broken_) {
+      finished_ = true;  // the close that follows is the backend's doing, not the client's
+      throw BackendBrokeOff();
+    }
+    while (!head_sent_ && !error_) {
+      const auto head = exchange_->head();
+      if (!head) return piece;  // still waiting: the exchange wakes us
+      if (accept_head(*head)) {
+        head_sent_ = true;
+        piece.has_head = true;
+        piece.streamed = true;
+        piece.head.status = head->status;
+        piece.head.content_type = "application/octet-stream";
+        for (const auto& [name, value] : head->headers) {
+          if (equals_ignoring_case(name, "Content-Type")) piece.head.content_type = value;
+          if (!skip_response_header(name)) piece.head.headers.emplace_back(name, value);
+        }
+      }
+    }
+    if (error_) {
+      piece.has_head = true;
+      piece.head = std::move(*error_);
+      piece.done = true;
+      error_.reset();
+      finished_ = true;
+      return piece;
+    }
+    std::string data;
+    switch (exchange_->next_chunk(&data)) {
+      case ProxyExchange::Next::kData:
+        hold_->end_prefill();
+        piece.data = std::move(data);
+        break;
+      case ProxyExchange::Next::kEnd:
+        piece.done = true;
+        finished_ = true;
+        break;
+      case ProxyExchange::Next::kBroken:
+        // Never invent bytes: the head (if it goes out now) and what came are
+        // all the client gets, and the connection closes.
+        if (!piece.has_head) {
+          finished_ = true;
+          throw BackendBrokeOff();
+        }
+        broken_ = true;
+        break;
+      case ProxyExchange::Next::kPending:
+        break;
+    }
+    return piece;
+  }
+
+  void cancel() override {
+    if (exchange_) exchange_->cancel();
+    if (!finished_) ++router_.metrics_.client_disconnects;
+    finished_ = true;
+  }
+
+ private:
+  // Picks a backend for this attempt and starts the exchange; sets error_
+  // when there is none.
+  void launch() {
+    int64_t cached_tokens = 0;
+    const int index = router_.pick_backend(keys_, excluded_, &cached_tokens);
+    if (index < 0) {
+      if (attempt_ == 0) {
+        ++router_.metrics_.no_backend;
+        error_ = error_response(503, "server_error", "no_healthy_backend",
+                                "no healthy backend: every backend of this router is down or unreachable; retry "
+                                "shortly");
+      } else {
+        fail_after_retry();
+      }
+      return;
+    }
+    if (attempt_ > 0) ++router_.metrics_.retries;
+    index_ = index;
+    cached_tokens_ = cached_tokens;
+    Backend& backend = *router_.backends_[index];
+    exchange_.reset();
+    hold_ = std::make_unique<InFlightHold>(backend, keys_.known ? keys_.prompt_tokens - cached_tokens : 0);
+    ++backend.requests;
+    if (keys_.known) {
+      const auto chain = keys_.chains.find(backend.index().block_size());
+      if (chain != keys_.chains.end())
+        backend.index().note_routed(chain->second,
+                                    std::chrono::steady_clock::now() + router_.config_.expect_routed_for);
+    }
+    const RouterConfig& c = router_.config_;
+    exchange_ = std::make_unique<ProxyExchange>(backend.pool(), c.pool_wait, request_, c.backend_timeout,
+                                                c.max_buffered_bytes, wake_);
+  }
+
+  // The attempt's head: true to pass it on; false when another attempt was
+  // started or error_ set.
+  bool accept_head(const ProxyExchange::Head& head) {
+    Backend& backend = *router_.backends_[index_];
+    if (!head.received) {
+      if (head.pool_exhausted) {
+        last_failure_ = fmt::format("backend {} kept all {} connections busy", backend.name(),
+                                    backend.pool().max_connections());
+      } else {
+        ++backend.transport_errors;
+        last_failure_ = fmt::format("backend {} failed before answering ({})", backend.name(),
+                                    describe_http_error(head.error));
+        if (head.error == httplib::Error::Connection && backend.set_healthy(false)) {
+          ++backend.health_transitions;
+          router_.log(fmt::format("backend {} is down (a request could not connect)", backend.name()));
+        }
+        router_.monitors_[index_]->poke();
+      }
+      return retry();
+    }
+    ++backend.responses_by_class[std::clamp(head.status / 100, 1, 5)];
+    if (attempt_ == 0 && (head.status == 503 || head.status == 429)) {
+      bool another = false;
+      for (size_t i = 0; i < router_.backends_.size(); ++i)
+        another |= static_cast<int>(i) != index_ && !excluded_[i] && router_.backends_[i]->healthy();
+      if (another) {
+        exchange_->cancel();
+        last_failure_ = fmt::format("backend {} answered {}", backend.name(), head.status);
+        return retry();
+      }
+    }
+    if (keys_.known) router_.metrics_.record_prefix_match(cached_tokens_, keys_.prompt_tokens);
+    return true;
+  }
+
+  bool retry() {
+    excluded_[index_] = true;
+    hold_.reset();
+    if (++attempt_ >= 2) {
+      fail_after_retry();
+      return false;
+    }
+    launch();
+    return false;
+  }
+
+  void fail_after_retry() {
+    error_ = error_response(502, "server_error", "backend_unavailable",
+                            last_failure_.empty()
+                                ? "no backend could take the request"
+                                : last_failure_ + "; the retry found no other healthy backend or failed too");
+  }
+
+  RouterServer& router_;
+  const PromptKeys keys_;
+  const httplib::Request request_;  // copied for each attempt
+  std::vector<bool> excluded_;
+  std::function<void()> wake_;
+  int attempt_ = 0;
+  int index_ = -1;
+  int64_t cached_tokens_ = 0;
+  std::unique_ptr<InFlightHold> hold_;
+  std::unique_ptr<ProxyExchange> exchange_;
+  std::optional<HttpResponse> error_;
+  std::string last_failure_;
+  bool head_sent_ = false;
+  bool broken_ = false;
+  bool finished_ = false;
+};
+
+HttpReply RouterServer::handle_proxy(HttpRequest& req, bool generate) {
   if (draining_)
-    return send_error(res, 503, "server_error", "unavailable", "the router is shutting down; retry on another");
+    return error_reply(503, "server_error", "unavailable", "the router is shutting down; retry on another");
+  if (open_requests_.fetch_add(1) >= config_.max_open_requests) {
+    --open_requests_;
+    ++metrics_.busy_refusals;
+    HttpReply busy = error_reply(429, "server_error", "router_busy",
+                                 fmt::format("the router has {} requests open, its limit; retry shortly",
+                                             config_.max_open_requests));
+    busy.response.headers.emplace_back("Retry-After", std::to_string(std::max(1, config_.front.retry_after_seconds)));
+    return busy;
+  }
   PromptKeys keys;
   if (generate && config_.policy == RoutingPolicy::kKvAware) {
     hash_prompt(req, keys);
     if (!keys.known) ++metrics_.unhashed_prompts;
   }
-  std::vector<bool> excluded(backends_.size(), false);
-  std::string last_failure;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    int64_t cached_tokens = 0;
-    const int index = pick_backend(keys, excluded, &cached_tokens);
-    if (index < 0) {
-      if (attempt == 0) {
-        ++metrics_.no_backend;
-        return send_error(res, 503, "server_error", "no_healthy_backend",
-                          "no healthy backend: every backend of this router is down or unreachable; retry shortly");
-      }
-      break;
-    }
-    if (attempt > 0) ++metrics_.retries;
-    Backend& backend = *backends_[index];
-    auto lease = backend.pool().acquire(config_.pool_wait);
-    if (!lease) {
-      last_failure = fmt::format("backend {} kept all {} connections busy", backend.name(),
-                                 backend.pool().max_connections());
-      excluded[index] = true;
-      continue;
-    }
-    auto hold = std::make_shared<InFlightHold>(backend, keys.known ? keys.prompt_tokens - cached_tokens : 0);
-    ++backend.requests;
-    if (keys.known) {
-      const auto chain = keys.chains.find(backend.index().block_size());
-      if (chain != keys.chains.end())
-        backend.index().note_routed(chain->second, std::chrono::steady_clock::now() + config_.expect_routed_for);
-    }
-    auto exchange = std::make_shared<ProxyExchange>(std::move(*lease), backend_request(req), config_.backend_timeout,
-                                                    config_.max_buffered_bytes);
-    // Non-streamed completions send nothing until they finish: watch the
-    // client meanwhile, so one that leaves stops the backend's generation too.
-    std::optional<ProxyExchange::Head> head;
-    std::optional<server::PeerConnection> peer;
-    bool peer_searched = false;
-    while (!(head = exchange->wait_head(kPollInterval))) {
-      if (!peer_searched) {
-        peer_searched = true;
-        peer = server::PeerConnection::find(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
-      }
-      if (peer && peer->closed()) {
-        exchange->cancel();
-        ++metrics_.client_disconnects;
-        res.status = 499;  // nginx's "client closed request": nobody reads it
-        return;
-      }
-    }
-    if (!head->received) {
-      ++backend.transport_errors;
-      last_failure = fmt::format("backend {} failed before answering ({})", backend.name(),
-                                 describe_http_error(head->error));
-      if (head->error == httplib::Error::Connection && backend.set_healthy(false)) {
-        ++backend.health_transitions;
-        log(fmt::format("backend {} is down (a request could not connect)", backend.name()));
-      }
-      monitors_[index]->poke();
-      excluded[index] = true;
-      continue;
-    }
-    ++backend.responses_by_class[std::clamp(head->status / 100, 1, 5)];
-    if (attempt == 0 && (head->status == 503 || head->status == 429)) {
-      bool another = false;
-      for (size_t i = 0; i < backends_.size(); ++i)
-        another |= static_cast<int>(i) != index && !excluded[i] && backends_[i]->healthy();
-      if (another) {
-        exchange->cancel();
-        excluded[index] = true;
-        last_failure = fmt::format("backend {} answered {}", backend.name(), head->status);
-        continue;
-      }
-    }
-    if (keys.known) metrics_.record_prefix_match(cached_tokens, keys.prompt_tokens);
-
-    res.status = head->status;
-    std::string content_type = "application/octet-stream";
-    for (const auto& [name, value] : head->headers) {
-      if (equals_ignoring_case(name, "Content-Type")) content_type = value;
-      if (!skip_response_header(name)) res.headers.emplace(name, value);
-    }
-    auto provider = [this, exchange, hold](size_t, httplib::DataSink& sink) {
-      std::string chunk;
-      for (;;) {
-        switch (exchange->next_chunk(&chunk, kPollInterval)) {
-          case ProxyExchange::Next::kData:
-            hold->end_prefill();
-            if (!sink.write(chunk.data(), chunk.size())) {
-              ++metrics_.client_disconnects;
-              exchange->cancel();
-              return false;
-            }
-            break;
-          case ProxyExchange::Next::kEnd:
-            sink.done();
-            return true;
-          case ProxyExchange::Next::kBroken:
-            // The backend failed mid-body: cut the client's response short
-            // (no final chunk), so the client sees it incomplete.
-            return false;
-          case ProxyExchange::Next::kPending:
-            if (!sink.is_writable()) {
-              ++metrics_.client_disconnects;
-              exchange->cancel();
-              return false;
-            }
-            break;
-        }
-      }
-    };
-    res.set_chunked_content_provider(content_type, std::move(provider),
-                                     [exchange](bool success) {
-                                       if (!success) exchange->cancel();
-                                     });
-    return;
-  }
-  send_error(res, 502, "server_error", "backend_unavailable",
-             last_failure.empty() ? "no backend could take the request"
-                                  : last_failure + "; the retry found no other healthy backend or failed too");
+  // From here the reply owns the open-request count.
+  return HttpReply::deferred(std::make_shared<ProxyReply>(*this, std::move(keys), backend_request(req)));
 }
 
-void RouterServer::handle_cache_drop(const httplib::Request& req, httplib::Response& res) {
+HttpReply RouterServer::handle_cache_drop(HttpRequest& req) {
   if (draining_)
-    return send_error(res, 503, "server_error", "unavailable", "the router is shutting down; retry on another");
+    return error_reply(503, "server_error", "unavailable", "the router is shutting down; retry on another");
   int64_t dropped = 0;
   int answered = 0;
   int healthy = 0;
@@ -441,9 +533,11 @@ void RouterServer::handle_cache_drop(const httplib::Request& req, httplib::Respo
     }
     ++b->responses_by_class[std::clamp(answer.status / 100, 1, 5)];
     if (answer.status != 200) {  // the backend's verdict (bad key, bad body) is the answer
-      res.status = answer.status;
-      res.set_content(answer.body, answer.get_header_value("Content-Type"));
-      return;
+      HttpResponse r;
+      r.status = answer.status;
+      r.content_type = answer.get_header_value("Content-Type");
+      r.body = answer.body;
+      return HttpReply{std::move(r), nullptr};
     }
     const json j = json::parse(answer.body, nullptr, false);
     if (j.is_object() && j.contains("dropped_blocks") && j["dropped_blocks"].is_number_integer())
@@ -452,37 +546,30 @@ void RouterServer::handle_cache_drop(const httplib::Request& req, httplib::Respo
   }
   if (healthy == 0) {
     ++metrics_.no_backend;
-    return send_error(res, 503, "server_error", "no_healthy_backend",
-                      "no healthy backend: every backend of this router is down or unreachable; retry shortly");
+    return error_reply(503, "server_error", "no_healthy_backend",
+                       "no healthy backend: every backend of this router is down or unreachable; retry shortly");
   }
-  if (answered == 0) return send_error(res, 502, "server_error", "backend_unavailable", last_failure);
-  res.status = 200;
-  res.set_content(json{{"object", "cache.drop"}, {"dropped_blocks", dropped}, {"backends", answered}}.dump(),
-                  "application/json");
+  if (answered == 0) return error_reply(502, "server_error", "backend_unavailable", last_failure);
+  HttpResponse r;
+  r.body = json{{"object", "cache.drop"}, {"dropped_blocks", dropped}, {"backends", answered}}.dump();
+  return HttpReply{std::move(r), nullptr};
 }
 
 StatusOr<int> RouterServer::bind() {
-  if (config_.port == 0) {
-    const int port = http_->bind_to_any_port(config_.host);
-    if (port <= 0) return io_error("cannot bind {} on any port", config_.host);
-    config_.port = port;
-    return port;
-  }
-  if (!http_->bind_to_port(config_.host, config_.port))
-    return io_error("cannot bind {}:{} (in use, or not permitted)", config_.host, config_.port);
-  return config_.port;
+  PAGODA_ASSIGN_OR_RETURN(const int port, front_->bind());
+  config_.port = port;
+  return port;
 }
 
 Status RouterServer::serve() {
-  const bool ok = http_->listen_after_bind();
+  Status s = front_->serve();
   for (auto& m : monitors_) m->stop();
-  if (!ok && !draining_) return io_error("the HTTP server stopped unexpectedly");
-  return ok_status();
+  return s;
 }
 
 void RouterServer::stop() {
   draining_ = true;
-  if (http_) http_->stop();
+  if (front_) front_->stop(config_.shutdown_grace);
 }
 
 }  // namespace pagoda::router

@@ -32,8 +32,18 @@
 // looks them up in each backend's PrefixIndex, fed by a BackendMonitor per
 // backend. docs/ROUTER.md has the whole design.
 //
-// Thread safety: handlers run on httplib's workers; stop() and begin_drain()
-// may be called from any thread.
+// The client side is the hardened HTTP front of `pagoda serve`
+// (server/http_front.h: listen backlog, header and body deadlines, body cap,
+// connection cap, 429 when the handler queue is full). Handlers run on its
+// workers only to parse and hash the prompt and pick a backend; the exchange
+// with the backend runs on a thread of its own (proxy_exchange.h) and feeds
+// the client's connection as bytes arrive, so a long generation holds no
+// worker. Requests open at once are capped (max_open_requests; past it 429
+// with Retry-After at once), which bounds those threads too. A client that
+// leaves is noticed by the front and cancels its backend exchange.
+//
+// Thread safety: handlers run on the front's workers and event loop; stop()
+// and begin_drain() may be called from any thread.
 
 #include <atomic>
 #include <chrono>
@@ -50,12 +60,7 @@
 #include "pagoda/router/prompt_hasher.h"
 #include "pagoda/router/router_metrics.h"
 #include "pagoda/router/routing_policy.h"
-
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}  // namespace httplib
+#include "pagoda/server/http_front.h"
 
 namespace pagoda::router {
 
@@ -80,7 +85,19 @@ struct RouterConfig {
   std::chrono::milliseconds backend_timeout{600000};  // longest wait for backend bytes
   std::chrono::milliseconds pool_wait{30000};         // longest wait for a free pooled connection
   int max_connections_per_backend = 64;
-  int http_threads = 0;  // 0: backends * max_connections_per_backend + 16
+  int http_threads = 4;  // the front's handler workers (prompt parsing and hashing)
+  // Requests open at once (waiting for a pooled connection or exchanging);
+  // past it 429 at once. 0: 2 x backends x max_connections_per_backend.
+  int max_open_requests = 0;
+  // The client side: deadlines, connection cap, listen backlog, body cap
+  // (front.limits.max_body_bytes is set from max_body_bytes). Its host,
+  // port and worker_threads come from the fields above.
+  server::HttpFrontConfig front;
+  std::chrono::milliseconds shutdown_grace{10000};  // stop(): replies in progress may finish within it
+  // The tokenizer check (backend_monitor.h): with --model, a backend whose
+  // tokenizer fingerprint differs is routed by load only, or with
+  // strict_tokenizer kept out of rotation.
+  bool strict_tokenizer = false;
   size_t max_body_bytes = 8u << 20;
   size_t max_buffered_bytes = 1u << 20;  // per exchange, backend -> client
   std::function<void(const std::string&)> log;  // one line, no newline; may be empty
@@ -96,26 +113,34 @@ class RouterServer {
   // Probes every backend once; returns a warning line for each that is not
   // healthy now (it joins the rotation once a probe succeeds).
   std::vector<std::string> check_backends();
+  // The router's tokenizer fingerprint (server/tokenizer_fingerprint.h) of
+  // --model; "" without one (no check).
+  const std::string& tokenizer_fingerprint() const { return tokenizer_fingerprint_; }
   // Starts the monitors (health, KV events, load).
   void start_monitors();
   StatusOr<int> bind();
-  // Serves until stop(); returns when every handler has returned.
+  // Serves until stop() has closed every connection.
   Status serve();
   // New requests get 503; in-flight ones continue.
   void begin_drain() { draining_ = true; }
+  // Stops accepting; replies in progress get shutdown_grace, then every
+  // connection closes and serve() returns.
   void stop();
+  // Requests open now (waiting for a backend connection or exchanging).
+  int64_t open_requests() const { return open_requests_.load(); }
 
   const std::vector<std::unique_ptr<Backend>>& backends() const { return backends_; }
 
  private:
   explicit RouterServer(RouterConfig config);
   struct PromptKeys;
+  class ProxyReply;
   void install_routes();
-  void handle_proxy(const httplib::Request& req, httplib::Response& res, bool generate);
-  void handle_cache_drop(const httplib::Request& req, httplib::Response& res);
-  void handle_health(httplib::Response& res);
+  server::HttpReply handle_proxy(server::HttpRequest& req, bool generate);
+  server::HttpReply handle_cache_drop(server::HttpRequest& req);
+  server::HttpReply handle_health();
   // The prompt's block keys per block size in use (kv-aware generate requests).
-  void hash_prompt(const httplib::Request& req, PromptKeys& keys);
+  void hash_prompt(const server::HttpRequest& req, PromptKeys& keys);
   int pick_backend(const PromptKeys& keys, const std::vector<bool>& excluded, int64_t* cached_tokens);
   void log(const std::string& line) const;
 
@@ -125,8 +150,10 @@ class RouterServer {
   std::unique_ptr<PromptHasher> hasher_;
   NamespaceSeeds seeds_;
   RouterMetrics metrics_;
-  std::unique_ptr<httplib::Server> http_;
+  std::string tokenizer_fingerprint_;
+  std::unique_ptr<server::HttpFront> front_;
   std::atomic<bool> draining_{false};
+  std::atomic<int64_t> open_requests_{0};
   std::atomic<uint64_t> rotation_{0};
 };
 

@@ -22,6 +22,12 @@ class DelegatingModelRunner : public ModelRunner {
     return inner_.transfer_blocks(transfers);
   }
   TransferStats transfer_stats() const override { return inner_.transfer_stats(); }
+  Status read_host_block(int32_t host_block, std::span<std::byte> out) override {
+    return inner_.read_host_block(host_block, out);
+  }
+  Status write_host_block(int32_t host_block, std::span<const std::byte> data) override {
+    return inner_.write_host_block(host_block, data);
+  }
   const KvPoolShape& kv_geometry() const override { return inner_.kv_geometry(); }
   RunnerCapabilities capabilities() const override { return inner_.capabilities(); }
   int32_t vocab_size() const override { return inner_.vocab_size(); }

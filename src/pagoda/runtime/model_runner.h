@@ -149,6 +149,10 @@ class ModelRunner {
   // transfer_blocks() reads them. `out` / `data` are exactly one block.
   // kOutOfRange / kInvalidArgument on a bad index or size. Called only when
   // capabilities().host_block_access; the defaults refuse.
+  // Neither waits for the forward, only for the transfers. read_host_block
+  // may be called from one thread other than the caller of the rest, while
+  // any other call runs there, as long as none of them writes the block being
+  // read (engine/lower_tier_spiller.h).
   virtual Status read_host_block(int32_t host_block, std::span<std::byte> out);
   virtual Status write_host_block(int32_t host_block, std::span<const std::byte> data);
 

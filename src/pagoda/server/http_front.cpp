@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <deque>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -204,6 +205,20 @@ class HttpFront::Impl : public std::enable_shared_from_this<HttpFront::Impl> {
   asio::steady_timer accept_retry_timer_;
   std::unique_ptr<BoundedWorkQueue> workers_;
   std::unordered_map<std::string, std::vector<Route>> routes_;  // path -> methods
+  std::map<std::string, std::vector<Route>> prefix_routes_;     // prefix -> methods
+
+  // The routes of `path`: its exact ones, else those of its longest prefix; null if none.
+  const std::vector<Route>* find_routes(const std::string& path) const {
+    if (const auto exact = routes_.find(path); exact != routes_.end()) return &exact->second;
+    const std::vector<Route>* best = nullptr;
+    size_t best_length = 0;
+    for (const auto& [prefix, routes] : prefix_routes_)
+      if (path.starts_with(prefix) && (best == nullptr || prefix.size() > best_length)) {
+        best = &routes;
+        best_length = prefix.size();
+      }
+    return best;
+  }
   std::atomic<bool> stopping_{false};
   std::atomic<bool> bound_{false};
 
@@ -419,14 +434,14 @@ void Session::dispatch_request() {
   request_version_ = request.version;
   phase_ = Phase::kHandling;
 
-  const auto found = front_->routes_.find(request.path);
-  if (found == front_->routes_.end())
+  const std::vector<HttpFront::Impl::Route>* found = front_->find_routes(request.path);
+  if (found == nullptr)
     return on_reply(HttpReply{error_response(404, "not_found", fmt::format("no route for {} {}", request.method,
                                                                              request.path.substr(0, 256))),
                               nullptr});
   const HttpFront::Impl::Route* route = nullptr;
   std::string allowed;
-  for (const auto& r : found->second) {
+  for (const auto& r : *found) {
     if (r.method == request.method) route = &r;
     allowed += (allowed.empty() ? "" : ", ") + r.method;
   }
@@ -796,6 +811,10 @@ HttpFront::~HttpFront() {
 
 void HttpFront::route(std::string method, std::string path, RouteRuns where, RouteHandler handler) {
   impl_->routes_[std::move(path)].push_back(Impl::Route{std::move(method), where, std::move(handler)});
+}
+
+void HttpFront::route_prefix(std::string method, std::string prefix, RouteRuns where, RouteHandler handler) {
+  impl_->prefix_routes_[std::move(prefix)].push_back(Impl::Route{std::move(method), where, std::move(handler)});
 }
 
 StatusOr<int> HttpFront::bind() { return impl_->bind(); }

@@ -90,6 +90,9 @@ class HttpFront {
   // Exact path match. A known path with another method is 405, an unknown
   // path 404 (both with the OpenAI error object).
   void route(std::string method, std::string path, RouteRuns where, RouteHandler handler);
+  // Every path that starts with `prefix` and has no exact route (a proxy's
+  // catch-all); the longest matching prefix wins. 405/404 as for route().
+  void route_prefix(std::string method, std::string prefix, RouteRuns where, RouteHandler handler);
 
   // Binds and listens; returns the port (useful with port 0).
   StatusOr<int> bind();

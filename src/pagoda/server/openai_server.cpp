@@ -139,6 +139,7 @@ HttpReply OpenAiServer::handle_models(const HttpRequest& http_req) {
                 {"created", 0},
                 {"owned_by", "pagoda"},
                 {"max_model_len", engine_.max_context_length()}};
+  if (!config_.tokenizer_fingerprint.empty()) model["tokenizer_fingerprint"] = config_.tokenizer_fingerprint;
   return json_reply(200, {{"object", "list"}, {"data", json::array({model})}});
 }
 

@@ -88,6 +88,9 @@ struct TextCodec {
 
 struct ServerConfig {
   std::string model_name;  // the only accepted "model"
+  // server/tokenizer_fingerprint.h of the model directory, advertised in
+  // /v1/models for routers to check; empty: not advertised.
+  std::string tokenizer_fingerprint;
   std::string host = "127.0.0.1";
   int port = 8000;         // 0: any free port (bind() returns it)
   ApiKeyStore api_keys;

@@ -17,6 +17,7 @@ constexpr int32_t kMaxRank = 512;
 constexpr int32_t kMaxLatent = 640;
 constexpr int32_t kMaxExperts = 256;
 constexpr int32_t kMaxTopK = 16;
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
 // One strided batched bf16 GEMM in cuBLAS's column-major terms (f32 accumulation).
 cublasStatus_t batched(cublasHandle_t h, cublasOperation_t op_a, int m, int n, int k, const bf16* a, int lda,
@@ -62,6 +63,9 @@ Status CudaDeepseekForward::init(int32_t max_num_tokens) {
   const MlaConfig& m = *c.mla;
   PAGODA_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
   PAGODA_CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas_, stream_));
+  PAGODA_ASSIGN_OR_RETURN(cublas_workspace_, DeviceBuffer::allocate(kCublasWorkspaceBytes));
+  PAGODA_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(cublas_, cublas_workspace_.data(), cublas_workspace_.bytes()));
+  mla_decode_ = std::make_unique<CudaMlaDecode>(c);
 
   const std::vector<float> inv_freq =
       c.rope_yarn ? yarn_inverse_frequencies(m.qk_rope_head_dim, c.rope_theta, *c.rope_yarn)
@@ -211,7 +215,16 @@ Status CudaDeepseekForward::attention(int32_t l, int32_t T, const CudaKvPool& po
   PAGODA_CUDA_RETURN_IF_ERROR(mla_query_rope(q, qa, meta.positions, T, heads, nope, rope, rank, inv_freq,
                                              m.rope_interleave, m.rope_attention_factor, stream_));
   bf16* att = attended_.as<bf16>();
-  PAGODA_CUDA_RETURN_IF_ERROR(mla_attention_simple(qa, kv, plan, heads, rank, m.softmax_scale, att, stream_));
+  // Leading decode rows on the fast kernel, the rest (prompt chunks) on the simple one.
+  const int32_t fast = std::min(fast_rows_, T);
+  if (fast > 0) PAGODA_RETURN_IF_ERROR(mla_decode_->run(kv, qa, att, stream_));
+  if (fast < T) {
+    const DeviceAttentionPlan rest{plan.token_sequence + fast, plan.kv_begin + fast, plan.kv_end + fast,
+                                   plan.block_tables, plan.block_table_stride, T - fast};
+    PAGODA_CUDA_RETURN_IF_ERROR(mla_attention_simple(qa + static_cast<size_t>(fast) * heads * latent, kv, rest, heads,
+                                                     rank, m.softmax_scale,
+                                                     att + static_cast<size_t>(fast) * heads * rank, stream_));
+  }
   // Per head: W_UV_h [v, rank] (kv_b_proj's value rows) expands the attended latent:
   // column-major (v x T) = W_UV_h^T... as op T of (rank x v, ld rank) x att_h^T (rank x T).
   bf16* ho = heads_out_.as<bf16>();
@@ -253,8 +266,11 @@ Status CudaDeepseekForward::moe(int32_t l, int32_t T, Gemm& gemm, const bf16* x,
   PAGODA_CUDA_RETURN_IF_ERROR(moe_group_by_expert(indices, T, K, E, offsets_.as<int32_t>(), position, stream_));
   bf16* rows = rows_.as<bf16>();
   PAGODA_CUDA_RETURN_IF_ERROR(moe_permute(x, position, T, K, H, rows, stream_));
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_offsets_.data(), offsets_.data(), (E + 1) * sizeof(int32_t),
-                                              cudaMemcpyDeviceToHost, stream_));
+  // Eager steps: the row counts go to the host for cuBLAS's grouped GEMM.
+  if (!graph_step_) {
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_offsets_.data(), offsets_.data(), (E + 1) * sizeof(int32_t),
+                                                cudaMemcpyDeviceToHost, stream_));
+  }
   // The shared experts are enqueued before the wait, so the GPU works while the host waits for the offsets.
   const bf16* shared = nullptr;
   if (w.shared_gate_up != nullptr) {
@@ -266,16 +282,41 @@ Status CudaDeepseekForward::moe(int32_t l, int32_t T, Gemm& gemm, const bf16* x,
         gemm.linear(shared_act_.as<bf16>(), T, w.shared_down, H, S, shared_out_.data(), GemmOutput::kBF16, stream_));
     shared = shared_out_.as<bf16>();
   }
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  const int32_t* offsets = host_offsets_.as<int32_t>();
   bf16* gate_up = rows_gate_up_.as<bf16>();
   bf16* act = rows_act_.as<bf16>();
   bf16* rows_out = rows_out_.as<bf16>();
-  PAGODA_RETURN_IF_ERROR(expert_gemms(offsets, rows, w.experts_gate_up, 2 * I, H, gate_up, 0));
-  PAGODA_CUDA_RETURN_IF_ERROR(silu_mul(gate_up, act, T * K, I, stream_));
-  PAGODA_RETURN_IF_ERROR(expert_gemms(offsets, act, w.experts_down, H, I, rows_out, 1));
+  if (graph_step_) {
+    const int32_t* offsets = offsets_.as<int32_t>();
+    PAGODA_CUDA_RETURN_IF_ERROR(moe_grouped_gemm(offsets, E, rows, w.experts_gate_up, 2 * I, H, gate_up, stream_));
+    PAGODA_CUDA_RETURN_IF_ERROR(silu_mul(gate_up, act, T * K, I, stream_));
+    PAGODA_CUDA_RETURN_IF_ERROR(moe_grouped_gemm(offsets, E, act, w.experts_down, H, I, rows_out, stream_));
+  } else {
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    const int32_t* offsets = host_offsets_.as<int32_t>();
+    PAGODA_RETURN_IF_ERROR(expert_gemms(offsets, rows, w.experts_gate_up, 2 * I, H, gate_up, 0));
+    PAGODA_CUDA_RETURN_IF_ERROR(silu_mul(gate_up, act, T * K, I, stream_));
+    PAGODA_RETURN_IF_ERROR(expert_gemms(offsets, act, w.experts_down, H, I, rows_out, 1));
+  }
   PAGODA_CUDA_RETURN_IF_ERROR(moe_unpermute(rows_out, position, route_weights, shared, T, K, H, out, stream_));
   return ok_status();
+}
+
+bool CudaDeepseekForward::graph_capable() const {
+  if (!config_.moe) return true;
+  const MoeConfig& e = *config_.moe;
+  return moe_grouped_gemm_supported(2 * e.moe_intermediate_size, config_.hidden_size) &&
+         moe_grouped_gemm_supported(config_.hidden_size, e.moe_intermediate_size);
+}
+
+StatusOr<bool> CudaDeepseekForward::plan_step(const ForwardBatch& batch, const KvPoolShape& pool, int32_t bucket,
+                                              int32_t max_bucket, int32_t block_table_stride, bool fast_decode) {
+  if (bucket > 0 && !graph_capable()) return internal_error("DeepSeek forward: graph step for a model without graphs");
+  graph_step_ = bucket > 0;
+  fast_rows_ = 0;
+  if (fast_decode) {
+    PAGODA_ASSIGN_OR_RETURN(fast_rows_, mla_decode_->plan(batch, pool, bucket, max_bucket, block_table_stride, stream_));
+  }
+  return fast_rows_ > 0;
 }
 
 Status CudaDeepseekForward::run_layers(int32_t T, const CudaKvPool& pool, const StepMetadata& meta,

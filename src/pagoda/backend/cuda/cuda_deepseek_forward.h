@@ -7,15 +7,19 @@
 //   rope on the rope key, quantize into the pool: mla_ops.h)
 //   -> absorbed query [heads, rank + rope]: q_nope x W_UK (one strided batched
 //   GEMM over the heads, W_UK read in place from kv_b_proj) and the rotated q_pe
-//   -> MLA attention over the paged latent (mla_attention_simple)
+//   -> MLA attention over the paged latent: the step's leading decode rows on the
+//      paged MLA decode kernel (CudaMlaDecode, attention/mla_decode.h) when it covers
+//      the shape, every other row on mla_attention_simple
 //   -> attended latent x W_UV^T (strided batched, in place from kv_b_proj) -> o_proj
 //   -> residual add + RMSNorm -> dense SwiGLU MLP (first_k_dense_replace layers)
 //      or MoE: f32 router + routing kernel, tokens grouped by expert (permute),
-//      the expert GEMMs as one cuBLAS grouped GEMM per projection (gate|up,
-//      down) over the non-empty experts, whose row counts come back to the
-//      host each MoE layer (a stream synchronization: MoE models run every step
-//      eagerly, without CUDA graphs), SiLU-mul, weighted un-permute plus the
-//      shared experts.
+//      the expert GEMMs per projection (gate|up, down), SiLU-mul, weighted
+//      un-permute plus the shared experts. The expert GEMMs: graph steps (pure
+//      decodes padded to a bucket) use moe_grouped_gemm, which reads the
+//      per-expert row ranges on the device (no host synchronization, so the
+//      step is captured in a CUDA graph); eager steps one cuBLAS grouped GEMM
+//      over the non-empty experts, whose row counts come back to the host each
+//      MoE layer (a stream synchronization).
 // bf16 GEMM inputs and outputs with f32 accumulation, an f32 residual stream,
 // as the llama forward. The same math as backend/cpu (CpuMlaAttention, CpuMoeBlock).
 //
@@ -28,6 +32,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include "pagoda/backend/cuda/cuda_deepseek_mla_decode.h"
 #include "pagoda/backend/cuda/cuda_deepseek_weights.h"
 #include "pagoda/backend/cuda/cuda_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
@@ -36,6 +41,8 @@
 #include "pagoda/backend/cuda/step_plan.h"
 #include "pagoda/core/status.h"
 #include "pagoda/model/model_config.h"
+#include "pagoda/runtime/forward_batch.h"
+#include "pagoda/runtime/kv_pool_shape.h"
 
 namespace pagoda::cuda {
 
@@ -57,6 +64,18 @@ class CudaDeepseekForward {
   // [T, hidden] scratch. meta: the step's device metadata.
   Status run_layers(int32_t T, const CudaKvPool& pool, const StepMetadata& meta, const DeviceAttentionPlan& plan,
                     Gemm& gemm, float* residual, bf16* normed, bf16* proj);
+
+  // Plans a step before run_layers (and before capturing or replaying its
+  // graph): bucket > 0 for a graph step (a pure decode padded to `bucket` rows,
+  // run_layers then runs exactly what a capture may record: no host
+  // synchronization), 0 for an eager step. fast_decode false keeps every row on
+  // the simple attention kernel. Returns whether decode rows run on the fast
+  // MLA decode kernel. Enqueues the plan's arena copy on the stream.
+  StatusOr<bool> plan_step(const ForwardBatch& batch, const KvPoolShape& pool, int32_t bucket, int32_t max_bucket,
+                           int32_t block_table_stride, bool fast_decode);
+
+  // True when graph steps can run (moe_grouped_gemm covers the expert shapes).
+  bool graph_capable() const;
 
   size_t weight_bytes() const { return weights_.total_bytes(); }
 
@@ -90,6 +109,10 @@ class CudaDeepseekForward {
   PinnedBuffer host_pointers_;    // [2 slots][3][experts] A, B, C pointers of the grouped GEMMs
   DeviceBuffer device_pointers_;  // the same, on the device
   bool grouped_gemm_ = true;      // false once cuBLAS refused cublasGemmGroupedBatchedEx
+  DeviceBuffer cublas_workspace_;  // set on cublas_ so its calls allocate nothing (graph capture)
+  std::unique_ptr<CudaMlaDecode> mla_decode_;
+  int32_t fast_rows_ = 0;    // this step's leading rows on the fast decode kernel
+  bool graph_step_ = false;  // this step is a graph step (plan_step)
 };
 
 }  // namespace pagoda::cuda

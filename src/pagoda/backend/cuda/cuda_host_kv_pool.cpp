@@ -143,8 +143,8 @@ Status CudaHostKvPool::copy_direction(int d, std::span<const int32_t> device_blo
           pairs.count = static_cast<int32_t>(std::min<size_t>(kKvHostCopyMaxPairs, device_blocks.size() - at));
           std::copy_n(device_blocks.begin() + static_cast<int64_t>(at), pairs.count, pairs.device_block);
           std::copy_n(host_blocks.begin() + static_cast<int64_t>(at), pairs.count, pairs.host_block);
-          PAGODA_CUDA_RETURN_IF_ERROR(per_layer ? kv_host_copy_layers(geometry, pairs, to_host, l, 1, copy)
-                                                : kv_host_copy(geometry, pairs, to_host, copy));
+          PAGODA_CUDA_RETURN_IF_ERROR(per_layer ? kv_host_copy_layers(geometry, pairs, to_host, l, 1, copy, copy_ctas_)
+                                                : kv_host_copy(geometry, pairs, to_host, copy, copy_ctas_));
         }
         if (per_layer) PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(layer_done_[d][static_cast<size_t>(l)], copy));
       }
@@ -256,7 +256,7 @@ Status CudaHostKvPool::transfer_impl(std::span<const runtime::BlockTransfer> tra
             pairs.count = static_cast<int32_t>(std::min<size_t>(kKvHostCopyMaxPairs, device_blocks.size() - at));
             std::copy_n(device_blocks.begin() + static_cast<int64_t>(at), pairs.count, pairs.device_block);
             std::copy_n(batch.host_blocks[d].begin() + static_cast<int64_t>(at), pairs.count, pairs.host_block);
-            PAGODA_CUDA_RETURN_IF_ERROR(kv_host_copy_layers(geometry, pairs, d == kD2H, l, 1, copy));
+            PAGODA_CUDA_RETURN_IF_ERROR(kv_host_copy_layers(geometry, pairs, d == kD2H, l, 1, copy, copy_ctas_));
           }
         }
       PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(layer_done_[0][static_cast<size_t>(l)], copy));
@@ -306,6 +306,11 @@ Status CudaHostKvPool::transfer_impl(std::span<const runtime::BlockTransfer> tra
   // The next work on the model's stream waits for every copy not left to the layer events.
   for (int d = 0; d < runtime::kNumTransferDirections; ++d)
     if (used[d] && !pending_[d]) PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, done_[d], 0));
+  return ok_status();
+}
+
+Status CudaHostKvPool::wait_for_copies_on_host() const {
+  for (cudaStream_t copy : streams_) PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy));
   return ok_status();
 }
 

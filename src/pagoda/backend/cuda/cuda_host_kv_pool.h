@@ -34,7 +34,8 @@
 // taken, any other use of the pool on the model's stream must call
 // wait_all() first (copy_blocks does; the next transfer does it itself).
 //
-// Thread safety: the engine thread only, like the runner that owns it.
+// Thread safety: the engine thread only, like the runner that owns it, but for
+// wait_for_copies_on_host().
 
 #include <cuda_runtime_api.h>
 
@@ -83,6 +84,12 @@ class CudaHostKvPool {
   bool layer_waits_pending() const { return pending_[0] || pending_[1]; }
   // Makes `stream` wait for every pending layer-by-layer copy.
   Status wait_all(cudaStream_t stream);
+  // Blocks the calling thread until every copy queued so far (both copy
+  // streams) is done, without waiting for the model's stream: the host pool's
+  // bytes are then what the transfers wrote. The one method that may be called
+  // from a thread other than the engine's (it may then also wait for copies
+  // queued meanwhile).
+  Status wait_for_copies_on_host() const;
   // Calls that went layer by layer so far (tests, benchmarks).
   int64_t layered_calls() const { return layered_calls_; }
 
@@ -102,6 +109,11 @@ class CudaHostKvPool {
   }
   // With kBatchedMemcpy: false once the driver refused cudaMemcpyBatchAsync (then one cudaMemcpyAsync per piece).
   bool batch_api_in_use() const { return batch_api_; }
+  // The copy kernel's grid cap between the pools (kv_host_copy.h): 0 (default)
+  // one CTA per block, layer and slice; n > 0 at most n CTAs per launch, so a
+  // load beside the forward leaves it the other SMs.
+  void set_copy_kernel_ctas(int32_t max_ctas) { copy_ctas_ = max_ctas < 0 ? 0 : max_ctas; }
+  int32_t copy_kernel_ctas() const { return copy_ctas_; }
 
  private:
   struct Timing {
@@ -137,6 +149,7 @@ class CudaHostKvPool {
   DeviceBuffer staging_[runtime::kNumTransferDirections];  // kStaged: blocks in host-chunk layout
   CopyMethod methods_[runtime::kNumTransferDirections] = {CopyMethod::kKernel, CopyMethod::kKernel};
   bool batch_api_ = true;  // cudaMemcpyBatchAsync works here
+  int32_t copy_ctas_ = 0;  // the copy kernel's grid cap (0: none)
   std::vector<Timing> timings_;
   runtime::TransferStats stats_;
 };

@@ -146,7 +146,7 @@ Status CudaModel::validate(const ForwardBatch& batch, const CudaKvPool& pool) co
 }
 
 int32_t CudaModel::graph_bucket(const ForwardBatch& batch) const {
-  if (!options_.use_cuda_graphs || deepseek_) return 0;
+  if (!options_.use_cuda_graphs || (deepseek_ && !deepseek_->graph_capable())) return 0;
   return choose_graph_bucket(batch, buckets_, options_.max_graph_batch);
 }
 
@@ -324,7 +324,10 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
     // backend/cuda/attention's decode in graph mode: this step's arena goes to fixed
     // device memory ahead of the graph, which replays the same launches.
     bool fast = false;
-    if (fast_attention_usable()) {
+    if (deepseek_) {
+      PAGODA_ASSIGN_OR_RETURN(fast, deepseek_->plan_step(batch, pool.shape(), step.bucket, buckets_.back(),
+                                                         block_table_stride_, options_.fast_attention));
+    } else if (fast_attention_usable()) {
       PAGODA_ASSIGN_OR_RETURN(fast, fast_->plan_graph(config_, batch, step.bucket, buckets_.back(), block_table_stride_,
                                                       options_.block_size, pool.shape().num_blocks, stream_));
     }
@@ -342,7 +345,10 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
     return copy_out(0, step.num_rows);
   }
   bool fast = false;
-  if (fast_attention_usable()) {
+  if (deepseek_) {
+    PAGODA_ASSIGN_OR_RETURN(fast, deepseek_->plan_step(batch, pool.shape(), 0, buckets_.back(), block_table_stride_,
+                                                       options_.fast_attention));
+  } else if (fast_attention_usable()) {
     PAGODA_ASSIGN_OR_RETURN(fast, fast_->plan(config_, batch, options_.block_size, pool.shape().num_blocks, stream_));
   }
   if (fast) ++fast_attention_steps_;

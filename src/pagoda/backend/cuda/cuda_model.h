@@ -22,8 +22,11 @@
 // prefill in eager steps; the backend's own kernel otherwise.
 //
 // DeepSeek V2/V3 (config.mla): the layers are CudaDeepseekForward's (MLA over
-// a latent pool, MoE); embedding, head and sampling are shared. Those steps
-// always run eagerly (the MoE loop reads expert counts on the host).
+// a latent pool, MoE); embedding, head and sampling are shared. Their pure
+// decode steps run in the same CUDA graphs (the MoE's expert GEMMs then read
+// the per-expert row counts on the device; decode rows attend on the paged MLA
+// decode kernel when fast_attention is on); other steps run eagerly, with one
+// host synchronization per MoE layer for cuBLAS's grouped GEMM.
 //
 // Thread safety: one caller at a time (scratch, graphs and the stream are per model).
 

@@ -23,6 +23,7 @@ StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::unique_p
   std::unique_ptr<CudaHostKvPool> host;
   if (options.num_host_blocks > 0) {
     PAGODA_ASSIGN_OR_RETURN(host, CudaHostKvPool::create(shape, options.num_host_blocks));
+    host->set_copy_kernel_ctas(options.copy_kernel_ctas);
   }
   if (options.print_report) std::fprintf(stderr, "%s\n", report.c_str());
   auto runner =
@@ -84,7 +85,8 @@ Status CudaModelRunner::read_host_block(int32_t host_block, std::span<std::byte>
     return out_of_range_error("read_host_block: block {} outside the host pool of {}", host_block, host_->num_blocks());
   if (out.size() != host_->block_bytes())
     return invalid_argument_error("read_host_block: {} bytes given, a block is {}", out.size(), host_->block_bytes());
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  // The copy streams only: the forward that runs meanwhile never writes the host pool.
+  PAGODA_RETURN_IF_ERROR(host_->wait_for_copies_on_host());
   std::memcpy(out.data(), host_->block(host_block), out.size());
   return ok_status();
 }
@@ -95,7 +97,8 @@ Status CudaModelRunner::write_host_block(int32_t host_block, std::span<const std
     return out_of_range_error("write_host_block: block {} outside the host pool of {}", host_block, host_->num_blocks());
   if (data.size() != host_->block_bytes())
     return invalid_argument_error("write_host_block: {} bytes given, a block is {}", data.size(), host_->block_bytes());
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  // A copy still in flight may read (a load) or write (a write-back) this host block: those streams finish first.
+  PAGODA_RETURN_IF_ERROR(host_->wait_for_copies_on_host());
   std::memcpy(host_->block(host_block), data.data(), data.size());
   return ok_status();
 }

@@ -41,6 +41,9 @@ struct CudaRunnerOptions {
   bool print_report = true;             // the KV pool line on stderr
   int32_t num_host_blocks = 0;          // > 0: a pinned host pool of this many blocks (the host tier)
   bool layer_by_layer = true;           // host tier loads overlap the forward layer by layer
+  // The host tier's copy kernel holds at most this many CTAs per launch (0: one per block, layer and
+  // slice), so that a load beside a forward leaves the forward the other SMs (docs/BENCHMARKS.md).
+  int32_t copy_kernel_ctas = 32;
 };
 
 class CudaModelRunner final : public runtime::ModelRunner {
@@ -64,8 +67,10 @@ class CudaModelRunner final : public runtime::ModelRunner {
             .host_kv_blocks = host_ ? host_->num_blocks() : 0,
             .host_block_access = host_ != nullptr};
   }
-  // Both wait for the device (every queued transfer and kernel) first: simple
-  // and correct; the disk / redis tiers call them once per spilled or loaded block.
+  // Both wait for the host pool's copy streams (every queued transfer), not
+  // for the model's stream: a forward in flight never touches the host pool,
+  // so the disk / redis tiers' reads overlap it (engine/lower_tier_spiller.h).
+  // read_host_block may run on another thread as ModelRunner says.
   Status read_host_block(int32_t host_block, std::span<std::byte> out) override;
   Status write_host_block(int32_t host_block, std::span<const std::byte> data) override;
   int32_t vocab_size() const override { return model_->config().vocab_size; }

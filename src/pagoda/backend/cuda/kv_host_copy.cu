@@ -39,13 +39,11 @@ __device__ void copy_bytes(char* dst, const char* src, uint64_t n) {
   }
 }
 
-// blockIdx.x: (pair, layer - layer_begin); blockIdx.y: the slice of every segment.
-__global__ void __launch_bounds__(kThreads)
-    kv_host_copy_kernel(KvHostCopyGeometry g, KvHostCopyPairs p, bool to_host, int32_t layer_begin,
-                        int32_t layer_count) {
-  const int32_t pair = static_cast<int32_t>(blockIdx.x) / layer_count;
-  const int32_t layer = layer_begin + static_cast<int32_t>(blockIdx.x) % layer_count;
-  const uint64_t slices = gridDim.y, slice = blockIdx.y;
+// One (pair, layer - layer_begin) item x: its slice `slice` of every segment.
+__device__ void copy_item(const KvHostCopyGeometry& g, const KvHostCopyPairs& p, bool to_host, int32_t layer_begin,
+                          int32_t layer_count, int32_t x, uint64_t slices, uint64_t slice) {
+  const int32_t pair = x / layer_count;
+  const int32_t layer = layer_begin + x % layer_count;
   const uint64_t device_block = static_cast<uint64_t>(p.device_block[pair]);
   const uint64_t host_layer_bytes = g.segment_bytes[0] + g.segment_bytes[1] + g.segment_bytes[2] + g.segment_bytes[3];
   char* device_layer = g.device + static_cast<uint64_t>(layer) * g.layer_bytes;
@@ -67,25 +65,39 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// blockIdx.x: items x, x + gridDim.x, ... of (pair, layer - layer_begin); blockIdx.y: the slice of every segment.
+__global__ void __launch_bounds__(kThreads)
+    kv_host_copy_kernel(KvHostCopyGeometry g, KvHostCopyPairs p, bool to_host, int32_t layer_begin,
+                        int32_t layer_count) {
+  const int32_t items = p.count * layer_count;
+  for (int32_t x = static_cast<int32_t>(blockIdx.x); x < items; x += static_cast<int32_t>(gridDim.x))
+    copy_item(g, p, to_host, layer_begin, layer_count, x, gridDim.y, blockIdx.y);
+}
+
 }  // namespace
 
 cudaError_t kv_host_copy_layers(const KvHostCopyGeometry& geometry, const KvHostCopyPairs& pairs, bool to_host,
-                                int32_t layer_begin, int32_t layer_count, cudaStream_t stream) {
+                                int32_t layer_begin, int32_t layer_count, cudaStream_t stream, int32_t max_ctas) {
   if (pairs.count <= 0 || layer_count <= 0 || layer_begin < 0 || layer_begin + layer_count > geometry.num_layers)
     return cudaSuccess;
   uint64_t largest = 0;
   for (uint64_t b : geometry.segment_bytes) largest = b > largest ? b : largest;
   uint64_t slices = (largest + kSliceBytes - 1) / kSliceBytes;
   slices = slices < 1 ? 1 : slices > kMaxSlices ? kMaxSlices : slices;
-  const dim3 grid(static_cast<unsigned>(pairs.count) * static_cast<unsigned>(layer_count),
-                  static_cast<unsigned>(slices));
+  uint64_t grid_x = static_cast<uint64_t>(pairs.count) * static_cast<uint64_t>(layer_count);
+  if (max_ctas > 0) {
+    // Keep the slices (each CTA's share of one segment); the CTAs loop over the (pair, layer) items.
+    const uint64_t per_slice = static_cast<uint64_t>(max_ctas) / slices;
+    grid_x = per_slice < 1 ? 1 : per_slice < grid_x ? per_slice : grid_x;
+  }
+  const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(slices));
   kv_host_copy_kernel<<<grid, kThreads, 0, stream>>>(geometry, pairs, to_host, layer_begin, layer_count);
   return cudaGetLastError();
 }
 
 cudaError_t kv_host_copy(const KvHostCopyGeometry& geometry, const KvHostCopyPairs& pairs, bool to_host,
-                         cudaStream_t stream) {
-  return kv_host_copy_layers(geometry, pairs, to_host, 0, geometry.num_layers, stream);
+                         cudaStream_t stream, int32_t max_ctas) {
+  return kv_host_copy_layers(geometry, pairs, to_host, 0, geometry.num_layers, stream, max_ctas);
 }
 
 }  // namespace pagoda::cuda

@@ -38,11 +38,14 @@ struct KvHostCopyPairs {
 
 // Copies pairs.count blocks (device_block[i] <-> host_block[i]) on `stream`;
 // to_host: device -> host. Blocks must be distinct within a launch.
+// max_ctas > 0 caps the grid (each CTA then loops over several blocks and
+// layers): a copy that runs beside a forward holds only that many CTAs' worth
+// of SMs while it waits on PCIe, instead of one per block, layer and slice.
 cudaError_t kv_host_copy(const KvHostCopyGeometry& geometry, const KvHostCopyPairs& pairs, bool to_host,
-                         cudaStream_t stream);
+                         cudaStream_t stream, int32_t max_ctas = 0);
 // The same for layers [layer_begin, layer_begin + layer_count) only (a load
 // issued layer by layer, each layer's launch followed by its own event).
 cudaError_t kv_host_copy_layers(const KvHostCopyGeometry& geometry, const KvHostCopyPairs& pairs, bool to_host,
-                                int32_t layer_begin, int32_t layer_count, cudaStream_t stream);
+                                int32_t layer_begin, int32_t layer_count, cudaStream_t stream, int32_t max_ctas = 0);
 
 }  // namespace pagoda::cuda

@@ -84,6 +84,16 @@ cudaError_t moe_group_by_expert(const int32_t* indices, int32_t num_tokens, int3
 cudaError_t moe_permute(const bf16* x, const int32_t* position, int32_t num_tokens, int32_t top_k, int32_t hidden,
                         bf16* rows, cudaStream_t stream);
 
+// The expert GEMMs of a grouped MoE without a host synchronization: for every
+// expert e, rows [offsets[e], offsets[e + 1]) of x (bf16 [*, k]) times w_e^T
+// into the same rows of y (bf16 [*, n]), w_e = w + e * n * k ([n, k] row-major),
+// f32 accumulation. offsets is a device array (moe_group_by_expert's), so the
+// launch is graph-capturable; experts without rows cost a CTA that exits.
+// Needs moe_grouped_gemm_supported(n, k): n even, k a multiple of 8 (16-byte rows).
+bool moe_grouped_gemm_supported(int32_t n, int32_t k);
+cudaError_t moe_grouped_gemm(const int32_t* offsets, int32_t num_experts, const bf16* x, const bf16* w, int32_t n,
+                             int32_t k, bf16* y, cudaStream_t stream);
+
 // out[t, :] = bf16(sum_i weights[t, i] * expert_out[position[t * k + i], :] + shared[t, :]),
 // summed in f32 in choice order; shared bf16 [T, hidden] or null.
 cudaError_t moe_unpermute(const bf16* expert_out, const int32_t* position, const float* weights, const bf16* shared,

@@ -136,6 +136,53 @@ static_assert(kSmemBytes <= 232448, "one CTA per SM");
   hi = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
+// Gathers the tile of positions [kv0, kv0 + 64) of a row (those below kv_end)
+// into stage `stage`, 4 threads a position (load_pos, load_lane): bf16 straight
+// into the swizzled tile at tiles + stage * kTileBytes; fp8 codes into the
+// staging area that follows the first tile, and the scale records into scales.
+template <bool kFp8>
+__device__ __forceinline__ void issue_latent_tile(const MlaDecodeDescriptor& d, const int32_t* table, int kv0,
+                                                  int kv_end, uint8_t* tiles, float* scales, int stage, int load_pos,
+                                                  int load_lane) {
+  const int pos = kv0 + load_pos;
+  const bool valid = pos < kv_end;
+  const int bs = d.block_size;
+  const int64_t slot = valid ? int64_t{table[pos / bs]} * bs + pos % bs : 0;
+  if constexpr (!kFp8) {
+    uint8_t* dst = tiles + stage * kTileBytes;
+    const uint8_t* src = static_cast<const uint8_t*>(d.latent) + slot * (kMlaKeyDim * 2);
+#pragma unroll
+    for (int k = 0; k < kKeyChunks / 4; ++k) {
+      const int c = load_lane + 4 * k;
+      cp_async_16(dst + tile_offset(load_pos, c), src + c * 16, valid);
+    }
+  } else {
+    uint8_t* dst = tiles + kTileBytes + stage * kStagingBytes + load_pos * kMlaKeyDim;
+    const uint8_t* src = static_cast<const uint8_t*>(d.latent) + slot * kMlaKeyDim;
+#pragma unroll
+    for (int k = 0; k < kCodeChunks / 4; ++k) {
+      const int c = load_lane + 4 * k;
+      cp_async_16(dst + c * 16, src + c * 16, valid);
+    }
+    if (load_lane == 0) cp_async_ca<4>(scales + stage * kTile + load_pos, d.latent_scale + slot, valid);
+  }
+}
+
+// fp8: this thread's quarter of position load_pos, from staging `stage` into
+// the bf16 tile at `tiles` (exact conversion; the scales stay outside).
+__device__ __forceinline__ void convert_fp8_tile(uint8_t* tiles, int stage, int load_pos, int load_lane) {
+  const uint8_t* staged = tiles + kTileBytes + stage * kStagingBytes + load_pos * kMlaKeyDim;
+#pragma unroll
+  for (int k = 0; k < kCodeChunks / 4; ++k) {
+    const int c = load_lane + 4 * k;
+    const uint4 codes = *reinterpret_cast<const uint4*>(staged + c * 16);
+    uint4 lo, hi;
+    fp8x16_to_bf16(codes, lo, hi);
+    *reinterpret_cast<uint4*>(tiles + tile_offset(load_pos, 2 * c)) = lo;
+    *reinterpret_cast<uint4*>(tiles + tile_offset(load_pos, 2 * c + 1)) = hi;
+  }
+}
+
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_kernel(const MlaDecodeDescriptor d, const __nv_bfloat16* __restrict__ q,
@@ -159,7 +206,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg_warp = (tid >> 5) & 3;
   const int head0 = blockIdx.x * kHeads;
   const int heads_here = min(kHeads, d.num_heads - head0);
-  const int bs = d.block_size;
   // This thread's two accumulator rows (heads of the tile).
   const int r0 = wg_warp * 16 + (lane >> 2);
   const int r1 = r0 + 8;
@@ -192,27 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Gathers the tile starting at position kv0 into stage `stage`: bf16 straight
     // into the swizzled tile, fp8 codes into staging (and the scales).
     auto issue_tile = [&](int kv0, int stage) {
-      const int pos = kv0 + load_pos;
-      const bool valid = pos < kv_end;
-      const int64_t slot = valid ? int64_t{table[pos / bs]} * bs + pos % bs : 0;
-      if constexpr (!kFp8) {
-        uint8_t* dst = base + kTilesAt + stage * kTileBytes;
-        const uint8_t* src = static_cast<const uint8_t*>(d.latent) + slot * (kMlaKeyDim * 2);
-#pragma unroll
-        for (int k = 0; k < kKeyChunks / 4; ++k) {
-          const int c = load_lane + 4 * k;
-          cp_async_16(dst + tile_offset(load_pos, c), src + c * 16, valid);
-        }
-      } else {
-        uint8_t* dst = base + kTilesAt + kTileBytes + stage * kStagingBytes + load_pos * kMlaKeyDim;
-        const uint8_t* src = static_cast<const uint8_t*>(d.latent) + slot * kMlaKeyDim;
-#pragma unroll
-        for (int k = 0; k < kCodeChunks / 4; ++k) {
-          const int c = load_lane + 4 * k;
-          cp_async_16(dst + c * 16, src + c * 16, valid);
-        }
-        if (load_lane == 0) cp_async_ca<4>(scales + stage * kTile + load_pos, d.latent_scale + slot, valid);
-      }
+      issue_latent_tile<kFp8>(d, table, kv0, kv_end, base + kTilesAt, scales, stage, load_pos, load_lane);
     };
     // Two tiles in flight: the next tile's copies are issued as soon as the
     // buffer they overwrite has been consumed, so while a tile is computed the
@@ -245,16 +271,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else {
         __syncthreads();  // staging landed; every group is done with the bf16 tile
         kv_tile = base + kTilesAt;
-        const uint8_t* staged = base + kTilesAt + kTileBytes + stage * kStagingBytes + load_pos * kMlaKeyDim;
-#pragma unroll
-        for (int k = 0; k < kCodeChunks / 4; ++k) {
-          const int c = load_lane + 4 * k;
-          const uint4 codes = *reinterpret_cast<const uint4*>(staged + c * 16);
-          uint4 lo, hi;
-          fp8x16_to_bf16(codes, lo, hi);
-          *reinterpret_cast<uint4*>(kv_tile + tile_offset(load_pos, 2 * c)) = lo;
-          *reinterpret_cast<uint4*>(kv_tile + tile_offset(load_pos, 2 * c + 1)) = hi;
-        }
+        convert_fp8_tile(kv_tile, stage, load_pos, load_lane);
         fence_proxy_async_shared();
         __syncthreads();  // the tile is converted: its staging buffer is free
         // The scales leave the staging area (every thread's, hence the barrier)
@@ -479,7 +496,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* col_max = reinterpret_cast<float*>(base + kNarrowMaxAt) + warpgroup * 4 * kNarrowHeads;  // [warp][head]
   float* col_sum = reinterpret_cast<float*>(base + kNarrowSumAt) + warpgroup * 4 * kNarrowHeads;
   const int heads_here = min(kNarrowHeads, d.num_heads);
-  const int bs = d.block_size;
   // This thread's accumulator rows (positions of S^T, dims of O^T within an
   // m-tile) and its 4 heads: h(j, e) = 8 j + 2 (lane % 4) + e, index 2 j + e.
   const int row0 = wg_warp * 16 + (lane >> 2);
@@ -508,27 +524,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     auto issue_tile = [&](int kv0, int stage) {
-      const int pos = kv0 + load_pos;
-      const bool valid = pos < kv_end;
-      const int64_t slot = valid ? int64_t{table[pos / bs]} * bs + pos % bs : 0;
-      if constexpr (!kFp8) {
-        uint8_t* dst = base + kNarrowTilesAt + stage * kTileBytes;
-        const uint8_t* src = static_cast<const uint8_t*>(d.latent) + slot * (kMlaKeyDim * 2);
-#pragma unroll
-        for (int k = 0; k < kKeyChunks / 4; ++k) {
-          const int c = load_lane + 4 * k;
-          cp_async_16(dst + tile_offset(load_pos, c), src + c * 16, valid);
-        }
-      } else {
-        uint8_t* dst = base + kNarrowTilesAt + kTileBytes + stage * kStagingBytes + load_pos * kMlaKeyDim;
-        const uint8_t* src = static_cast<const uint8_t*>(d.latent) + slot * kMlaKeyDim;
-#pragma unroll
-        for (int k = 0; k < kCodeChunks / 4; ++k) {
-          const int c = load_lane + 4 * k;
-          cp_async_16(dst + c * 16, src + c * 16, valid);
-        }
-        if (load_lane == 0) cp_async_ca<4>(scales + stage * kTile + load_pos, d.latent_scale + slot, valid);
-      }
+      issue_latent_tile<kFp8>(d, table, kv0, kv_end, base + kNarrowTilesAt, scales, stage, load_pos, load_lane);
     };
     issue_tile(kv_begin, 0);
     cp_async_commit();
@@ -558,16 +554,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else {
         __syncthreads();
         kv_tile = base + kNarrowTilesAt;
-        const uint8_t* staged = base + kNarrowTilesAt + kTileBytes + stage * kStagingBytes + load_pos * kMlaKeyDim;
-#pragma unroll
-        for (int k = 0; k < kCodeChunks / 4; ++k) {
-          const int c = load_lane + 4 * k;
-          const uint4 codes = *reinterpret_cast<const uint4*>(staged + c * 16);
-          uint4 lo, hi;
-          fp8x16_to_bf16(codes, lo, hi);
-          *reinterpret_cast<uint4*>(kv_tile + tile_offset(load_pos, 2 * c)) = lo;
-          *reinterpret_cast<uint4*>(kv_tile + tile_offset(load_pos, 2 * c + 1)) = hi;
-        }
+        convert_fp8_tile(kv_tile, stage, load_pos, load_lane);
         fence_proxy_async_shared();
         __syncthreads();
         // The scales leave the staging area (every thread's, hence the barrier)
@@ -742,13 +729,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // Combines the segments of split rows: one CTA per (row, head), 128 threads x 4 dims.
+// A row without segments (a fixed plan's padding row) gets zeros.
 __global__ void __launch_bounds__(128) mla_decode_merge_kernel(const MlaDecodeDescriptor d,
                                                                __nv_bfloat16* __restrict__ out) {
   const int row = blockIdx.x;
   const int head = blockIdx.y;
   const int first = d.row_segment_start[row];
   const int count = d.row_segment_start[row + 1] - first;
-  if (count <= 1) return;
+  if (count == 1) return;
+  if (count <= 0) {
+    reinterpret_cast<uint2*>(out + (int64_t{row} * d.num_heads + head) * kMlaLatentDim)[threadIdx.x] =
+        make_uint2(0u, 0u);
+    return;
+  }
   const float* partial = d.workspace;
   const float* lse = d.workspace + int64_t{d.num_segments} * d.num_heads * kMlaLatentDim;
   float max_lse = kNoScore;

@@ -59,6 +59,17 @@ struct MlaDecodeOptions {
   // 64). 0: automatic, the rows' tiles balanced over one wave of the GPU.
   // Tests set it small to exercise the merge.
   int32_t split_tokens = 0;
+  // Fixed (CUDA-graph) mode when > 0: the arena is laid out for fixed_rows rows
+  // (the graph bucket; rows.size() may be smaller, the rest are padding rows
+  // whose output is zeros) with block tables at fixed_block_table_stride ids a
+  // row, the grid is one whole wave and the workspace is sized for the most
+  // segments fixed_rows rows can need, so descriptor() (given the same device
+  // buffers) is identical for every plan of the same config, fixed_rows and
+  // stride: a launch captured once replays correctly after each later plan's
+  // arena is copied to the same device address. The merge pass always runs.
+  // Requires split_tokens 0 and every row's blocks to fit the stride.
+  int32_t fixed_rows = 0;
+  int32_t fixed_block_table_stride = 0;
 };
 
 class MlaDecodePlan {
@@ -88,6 +99,10 @@ class MlaDecodePlan {
 
  private:
   MlaDecodePlan() = default;
+  static MlaDecodePlan lay_out_fixed(MlaDecodePlan plan, std::span<const MlaDecodeRow> rows,
+                                     const AttentionDeviceInfo& device, const MlaDecodeOptions& options,
+                                     std::vector<int32_t> segments, std::vector<int32_t> row_start,
+                                     std::vector<int32_t> cta_start);
   MlaDecodeConfig config_;
   int32_t num_rows_ = 0, num_segments_ = 0, num_ctas_ = 0, max_splits_ = 1;
   size_t workspace_bytes_ = 0;

@@ -24,7 +24,7 @@ struct MlaDecodeDescriptor {
   int32_t block_size = 0;
   int32_t num_ctas = 0;       // CTAs per head tile
   int32_t num_segments = 0;
-  int32_t max_splits = 1;     // most segments of one row: > 1 runs the merge pass
+  int32_t max_splits = 1;     // most segments of one row: > 1 runs the merge pass (fixed plans: always 2)
   float scale_log2 = 0.0f;    // scale * log2(e)
   KvElement latent_element = KvElement::kBF16;
   // Arena views: segments [num_segments][3] = (row, kv_begin, kv_end);

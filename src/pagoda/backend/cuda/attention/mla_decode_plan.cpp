@@ -41,6 +41,21 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
   if (device.num_sms < 1) return invalid_argument_error("mla decode: num_sms {} must be positive", device.num_sms);
   if (rows.size() > size_t{1} << 24)
     return invalid_argument_error("mla decode: {} rows (at most 16M)", rows.size());
+  const bool fixed = options.fixed_rows > 0;
+  if (options.fixed_rows < 0)
+    return invalid_argument_error("mla decode: fixed_rows {} must be >= 0", options.fixed_rows);
+  if (fixed) {
+    if (options.split_tokens != 0)
+      return invalid_argument_error("mla decode: split_tokens {} with fixed_rows (must be 0)", options.split_tokens);
+    if (rows.size() > size_t(options.fixed_rows))
+      return invalid_argument_error("mla decode: {} rows, more than fixed_rows {}", rows.size(), options.fixed_rows);
+    if (options.fixed_block_table_stride < 1)
+      return invalid_argument_error("mla decode: fixed_block_table_stride {} must be >= 1",
+                                    options.fixed_block_table_stride);
+    if (int64_t{options.fixed_rows} * options.fixed_block_table_stride > int64_t{1} << 30)
+      return invalid_argument_error("mla decode: fixed_rows {} x fixed_block_table_stride {} too large",
+                                    options.fixed_rows, options.fixed_block_table_stride);
+  }
 
   int64_t total_cost = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -57,6 +72,9 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
         return invalid_argument_error("mla decode: rows[{}].block_table[{}] = {} outside [0, {})", i, b, id,
                                       config.num_blocks);
     }
+    if (fixed && needed > options.fixed_block_table_stride)
+      return invalid_argument_error("mla decode: rows[{}] needs {} blocks, more than fixed_block_table_stride {}", i,
+                                    needed, options.fixed_block_table_stride);
     total_cost += (r.context_len + kTile - 1) / kTile + kSegmentOverhead;
   }
 
@@ -123,6 +141,8 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
   plan.num_ctas_ = int32_t(cta_start.size()) - 1;
   for (size_t i = 0; i + 1 < row_start.size(); ++i)
     plan.max_splits_ = std::max(plan.max_splits_, row_start[i + 1] - row_start[i]);
+  if (fixed) return lay_out_fixed(std::move(plan), rows, device, options, std::move(segments), std::move(row_start),
+                                  std::move(cta_start));
   if (plan.max_splits_ > 1)
     plan.workspace_bytes_ = size_t(plan.num_segments_) * size_t(config.num_heads) * (kMlaLatentDim + 1) * sizeof(float);
 
@@ -151,6 +171,45 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
     for (; i < end; ++i) a[plan.block_table_start_at_ + i] = start;
   }
   if (a.size() > size_t{1} << 31) return invalid_argument_error("mla decode: plan arena of {} entries too large", a.size());
+  return plan;
+}
+
+// Fixed mode: capacities instead of this plan's counts. A new segment starts
+// only with a new row or a new CTA, so rows + CTAs bounds the segments.
+MlaDecodePlan MlaDecodePlan::lay_out_fixed(MlaDecodePlan plan, std::span<const MlaDecodeRow> rows,
+                                           const AttentionDeviceInfo& device, const MlaDecodeOptions& options,
+                                           std::vector<int32_t> segments, std::vector<int32_t> row_start,
+                                           std::vector<int32_t> cta_start) {
+  const int32_t head_tiles = (plan.config_.num_heads + kHeadTile - 1) / kHeadTile;
+  const int32_t ctas = std::max(1, device.num_sms / head_tiles);
+  const int32_t capacity = options.fixed_rows + ctas;
+  const int32_t used = int32_t(segments.size() / 3);
+  const size_t stride = size_t(options.fixed_block_table_stride);
+  plan.num_rows_ = options.fixed_rows;
+  plan.num_ctas_ = ctas;
+  plan.num_segments_ = capacity;
+  plan.max_splits_ = 2;  // the merge pass always runs (and zeroes padding rows), whatever this step's splits
+  plan.workspace_bytes_ = size_t(capacity) * size_t(plan.config_.num_heads) * (kMlaLatentDim + 1) * sizeof(float);
+  auto& a = plan.arena_;
+  a.assign(size_t(capacity) * 3 + size_t(options.fixed_rows) + 1 + size_t(ctas) + 1 + size_t(options.fixed_rows) +
+               size_t(options.fixed_rows) * stride,
+           0);
+  std::copy(segments.begin(), segments.end(), a.begin());
+  plan.row_segment_start_at_ = size_t(capacity) * 3;
+  std::copy(row_start.begin(), row_start.end(), a.begin() + ptrdiff_t(plan.row_segment_start_at_));
+  for (size_t i = row_start.size(); i < size_t(options.fixed_rows) + 1; ++i) a[plan.row_segment_start_at_ + i] = used;
+  plan.cta_segment_start_at_ = plan.row_segment_start_at_ + size_t(options.fixed_rows) + 1;
+  std::copy(cta_start.begin(), cta_start.end(), a.begin() + ptrdiff_t(plan.cta_segment_start_at_));
+  for (size_t i = cta_start.size(); i < size_t(ctas) + 1; ++i) a[plan.cta_segment_start_at_ + i] = used;
+  plan.block_table_start_at_ = plan.cta_segment_start_at_ + size_t(ctas) + 1;
+  plan.block_tables_at_ = plan.block_table_start_at_ + size_t(options.fixed_rows);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    a[plan.block_table_start_at_ + i] = int32_t(i * stride);
+    const size_t needed = (size_t(rows[i].context_len) + size_t(plan.config_.block_size) - 1) /
+                          size_t(plan.config_.block_size);
+    std::copy(rows[i].block_table.begin(), rows[i].block_table.begin() + ptrdiff_t(needed),
+              a.begin() + ptrdiff_t(plan.block_tables_at_ + i * stride));
+  }
   return plan;
 }
 
