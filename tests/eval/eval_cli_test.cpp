@@ -138,7 +138,7 @@ TEST_F(EvalCliTest, QuantizedKvDtypesAndTheirSpellings) {
   }
 }
 
-// --quantization int8|int4 (CPU weights): the variant of `eval agreement` is the
+// --quantization int8|int4|fp8 (CPU weights): the variant of `eval agreement` is the
 // quantized model, the baseline the model as loaded; bad values, cuda and a
 // checkpoint that declares its own quantization fail naming the flag.
 TEST_F(EvalCliTest, WeightQuantizationFlag) {
@@ -163,7 +163,7 @@ TEST_F(EvalCliTest, WeightQuantizationFlag) {
   std::filesystem::create_directories(dir);
   {
     auto config = nlohmann::json::parse(std::ifstream(kModel / "config.json"));
-    config["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}};
+    config["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
     std::ofstream(dir / "config.json") << config.dump();
   }
   r = run("generate --load-format random --config " + (dir / "config.json").string() +
@@ -172,6 +172,56 @@ TEST_F(EvalCliTest, WeightQuantizationFlag) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--quantization int8"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("already quantized"), std::string::npos) << r.output;
+
+  // fp8: the quantized variant runs; an FP8 checkpoint loads as it is and refuses the flag.
+  r = run("eval agreement " + common() + " --max-tokens 100 --kv-dtype f32 --quantization fp8 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  json = nlohmann::json::parse(last_line(r.output), nullptr, false);
+  ASSERT_FALSE(json.is_discarded()) << r.output;
+  EXPECT_GT(json["top1_agreement"].get<double>(), 0.9);
+  EXPECT_GT(json["mean_kl"].get<double>(), 0.0);
+  const auto fp8_fixture = std::filesystem::path(PAGODA_SOURCE_DIR) / "tests/fixtures/fp8/block_fp8";
+  r = run("generate --model " + fp8_fixture.string() + " --prompt-ids 5,6,7 --max-tokens 3 --temperature 0");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("block fp8, 32x32 block weight scales"), std::string::npos) << r.output;
+  r = run("generate --model " + fp8_fixture.string() + " --prompt-ids 5,6,7 --max-tokens 3 --quantization fp8");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--quantization fp8"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("already quantized"), std::string::npos) << r.output;
+}
+
+TEST_F(EvalCliTest, RecallSweepPrintsOneJsonLinePerPolicyAndBudget) {
+  const auto r = run("eval recall " + common() +
+                     " --policies none,streaming,snapkv --budgets 64 --trials 1 --depths 40,100 --context 240"
+                     " --list-words 4 --agreement-tokens 300 --window 150 --prefill-chunk 16 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<nlohmann::json> rows;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty() && line[0] == '{') rows.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(rows.size(), 3u) << r.output;
+  EXPECT_EQ(rows[0]["policy"], "none");
+  EXPECT_EQ(rows[0]["top1_agreement"], 1.0);
+  EXPECT_EQ(rows[0]["kv_tokens_held"], 240 + 64);
+  for (const auto& row : rows) {
+    EXPECT_GE(row["recall"].get<double>(), 0.0);
+    EXPECT_LE(row["recall"].get<double>(), 1.0);
+    EXPECT_EQ(row["recall_by_depth"].size(), 2u);
+    EXPECT_GT(row["perplexity"].get<double>(), 1.0);
+  }
+  // Under a budget the sequence holds budget + one block, and the scores move off the baseline.
+  EXPECT_EQ(rows[1]["kv_tokens_held"], 64 + 16);
+  EXPECT_LT(rows[1]["top1_agreement"].get<double>(), 1.0);
+}
+
+TEST_F(EvalCliTest, TokenEvictionFlagsAreCheckedByName) {
+  auto r = run("eval perplexity " + common() + " --max-tokens 100 --kv-compression snapkv --kv-budget 20");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--kv-budget 20 must exceed --kv-sink-tokens + --kv-window"), std::string::npos)
+      << r.output;
+  r = run("eval recall " + common() + " --policies lru --budgets 64");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--kv-compression 'lru'"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -78,7 +78,7 @@ void run_case(const Case& c) {
     const int32_t nb = (cached + fresh + c.block_size - 1) / c.block_size;
     tables.emplace_back(ids.end() - nb, ids.end());
     ids.resize(ids.size() - nb);
-    seqs.push_back({rows, fresh, cached, {}});
+    seqs.push_back({rows, fresh, cached, {}, {}});
     rows += fresh;
   }
   for (size_t s = 0; s < specs.size(); ++s) seqs[s].block_table = tables[s];
@@ -88,7 +88,7 @@ void run_case(const Case& c) {
   std::vector<PagedSequence> all;
   int32_t all_rows = 0;
   for (size_t s = 0; s < specs.size(); ++s) {
-    all.push_back({all_rows, specs[s].first + specs[s].second, 0, tables[s]});
+    all.push_back({all_rows, specs[s].first + specs[s].second, 0, tables[s], {}});
     all_rows += specs[s].first + specs[s].second;
   }
   auto k = testing::random_values(size_t(all_rows) * kv_row, 1000 + c.head_dim, -1.0f, 1.0f);

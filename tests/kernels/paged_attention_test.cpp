@@ -52,7 +52,7 @@ void run_case(const Config& cfg, const std::vector<SeqSpec>& specs, uint64_t see
     free_ids.resize(free_ids.size() - nb);
     keys.push_back(testing::random_values(size_t(len) * kv_row, seed * 31 + s));
     values.push_back(testing::random_values(size_t(len) * kv_row, seed * 37 + s));
-    seqs.push_back({rows, specs[s].fresh, specs[s].cached, {}});
+    seqs.push_back({rows, specs[s].fresh, specs[s].cached, {}, {}});
     rows += specs[s].fresh;
   }
   for (size_t s = 0; s < specs.size(); ++s) seqs[s].block_table = tables[s];

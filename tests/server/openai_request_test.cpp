@@ -240,3 +240,38 @@ TEST(PrometheusMetricsTest, HostTierHitsGaugesAndTransfersCarryTheirLabels) {
 
 }  // namespace
 }  // namespace pagoda::server
+
+namespace pagoda::server {
+namespace {
+
+TEST(OpenAiRequestKvCompressionTest, ReadsTheExtensionFieldAndNamesBadMembers) {
+  OpenAiRequest r = ok_of(R"({"model": "m", "prompt": "hi",
+      "kv_compression": {"policy": "snapkv", "budget": 256, "sink_tokens": 2, "window": 16}})");
+  ASSERT_TRUE(r.kv_compression.has_value());
+  EXPECT_EQ(r.kv_compression->policy, runtime::KvCompressionPolicy::kSnapKV);
+  EXPECT_EQ(r.kv_compression->budget, 256);
+  EXPECT_EQ(r.kv_compression->sink_tokens, 2);
+  EXPECT_EQ(r.kv_compression->window, 16);
+  EXPECT_FALSE(ok_of(R"({"model": "m", "prompt": "hi"})").kv_compression.has_value());
+  EXPECT_EQ(ok_of(R"({"model": "m", "prompt": "hi", "kv_compression": {"policy": "none"}})").kv_compression->policy,
+            runtime::KvCompressionPolicy::kNone);
+  struct Case {
+    const char* field;
+    const char* param;
+  };
+  for (const Case& c : {Case{R"("kv_compression": 3)", "kv_compression"},
+                        Case{R"("kv_compression": {"policy": "lru", "budget": 64})", "kv_compression.policy"},
+                        Case{R"("kv_compression": {"policy": 7})", "kv_compression.policy"},
+                        Case{R"("kv_compression": {"policy": "h2o", "budget": 20})", "kv_compression.budget"},
+                        Case{R"("kv_compression": {"policy": "h2o", "budget": -1})", "kv_compression.budget"},
+                        Case{R"("kv_compression": {"policy": "h2o", "budget": 64, "ratio": 2})",
+                             "kv_compression.ratio"},
+                        Case{R"("kv_compression": {"budget": 64})", "kv_compression.budget"}}) {
+    const ApiError e = error_of(std::string(R"({"model": "m", "prompt": "hi", )") + c.field + "}");
+    EXPECT_EQ(e.http_status, 400) << c.field;
+    EXPECT_EQ(e.param.value_or(""), c.param) << c.field << ": " << e.message;
+  }
+}
+
+}  // namespace
+}  // namespace pagoda::server

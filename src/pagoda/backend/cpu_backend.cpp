@@ -81,13 +81,20 @@ StatusOr<RunnerSetup> create_cpu_runner(const RunnerSpec& spec, const RunnerRequ
     model = std::make_unique<CpuModel>(config, std::move(weights));
     weights_text = fmt::format("{}{}", dtype_name(model->weights().file_dtype),
                                model->weights().upcast_to_f32 ? " (upcast to f32)" : " (mmapped)");
+    if (model->weights().fp8)
+      weights_text += fmt::format(" with fp8 Linear weights ({}; the CPU dequantizes them to f32)",
+                                  model->weights().fp8->describe());
   }
 
   if (spec.weight_quantization) {
     progress(fmt::format("quantizing weights to {}", dtype_name(*spec.weight_quantization)));
     PAGODA_RETURN_IF_ERROR(model->quantize_weights(*spec.weight_quantization));
-    weights_text = fmt::format("{} -> {} blocks of {} (--quantization; lm_head int8)", weights_text,
-                               dtype_name(*spec.weight_quantization), kernels::kQuantBlock);
+    if (*spec.weight_quantization == DType::kFP8E4M3)
+      weights_text = fmt::format("{} -> fp8 e4m3 (--quantization; per-channel scales, dynamic per-token "
+                                 "activations; lm_head as loaded)", weights_text);
+    else
+      weights_text = fmt::format("{} -> {} blocks of {} (--quantization; lm_head int8)", weights_text,
+                                 dtype_name(*spec.weight_quantization), kernels::kQuantBlock);
   }
 
   RunnerSetup setup;

@@ -102,7 +102,10 @@ StatusOr<RunnerSetup> create_cuda_runner(const RunnerSpec& spec, const RunnerReq
   std::vector<std::string> lines;
   lines.push_back("device: cuda (" + device_text + ")");
   lines.push_back(model_summary(config, spec) +
-                  fmt::format("; weights {} bf16 on the GPU", format_bytes(static_cast<double>(setup.weight_bytes))));
+                  fmt::format("; weights {} bf16 on the GPU{}", format_bytes(static_cast<double>(setup.weight_bytes)),
+                              config.fp8 ? fmt::format(" (dequantized from the checkpoint's fp8: {}; no fp8 GEMMs "
+                                                       "on the GPU yet)", config.fp8->describe())
+                                         : std::string()));
   add_kv_report(setup, lines);
   lines.insert(lines.end() - 1, pool_report);
   lines.insert(lines.end() - 1, kv_tiers_line(setup, /*pinned=*/true));

@@ -33,11 +33,13 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/cli/commands.h"
+#include "pagoda/cli/kv_compression_flags.h"
 #include "pagoda/cli/runner_flags.h"
 #include "pagoda/backend/registry.h"
 #include "pagoda/eval/agreement.h"
 #include "pagoda/eval/paged_runner.h"
 #include "pagoda/eval/perplexity.h"
+#include "pagoda/eval/recall.h"
 #include "pagoda/model/model_config.h"
 #include "pagoda/tokenizer/tokenizer.h"
 
@@ -62,6 +64,16 @@ struct EvalOptions {
   std::string preemption_mode;
   bool json = false;
   bool quiet = false;
+  KvCompressionFlags kv_compression;  // the (variant) runner's token eviction
+  // eval recall's sweep.
+  std::string policies = "none,streaming,h2o,snapkv,pyramidkv,entropy";
+  std::string budgets = "128,256";
+  int32_t context_tokens = 900;
+  std::string depths = "128,256,512,768";
+  int32_t trials = 2;
+  int32_t list_words = 8;
+  int64_t agreement_tokens = 0;  // 0: no perplexity / agreement in the sweep
+  uint64_t seed = 1;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -152,7 +164,8 @@ backend::Device parse_device(const std::string& name) {
 // One runner over the model on opt.device with the given KV settings (its own
 // weights and a KV pool sized to one window), driven through the engine.
 std::unique_ptr<eval::PagedRunner> make_runner(const EvalOptions& opt, int32_t window, int32_t block_size,
-                                               const KvDtypes& kv_dtypes, bool quantize = true) {
+                                               const KvDtypes& kv_dtypes, bool quantize = true,
+                                               const runtime::KvCompressionConfig& compression = {}) {
   backend::RunnerSpec spec;
   spec.device = parse_device(opt.device);
   if (quantize) {
@@ -180,6 +193,7 @@ std::unique_ptr<eval::PagedRunner> make_runner(const EvalOptions& opt, int32_t w
   options.value_dtype = kv_dtypes.value;
   options.prefill_chunk = opt.prefill_chunk;
   options.max_sequence_tokens = window;
+  options.kv_compression = compression;
   backend::RunnerRequirements needs;
   needs.min_kv_tokens = static_cast<int64_t>(options.num_kv_blocks()) * block_size;
   needs.sequence_tokens = window;
@@ -205,7 +219,9 @@ eval::ProgressCallback progress_printer(bool quiet, Clock::time_point start) {
 void run_perplexity(const EvalOptions& opt) {
   const KvDtypes kv_dtype = resolve_kv_dtypes(opt.kv_dtype, opt.key_dtype, opt.value_dtype);
   LoadedInputs in = load_inputs(opt);
-  auto runner = make_runner(opt, in.window, opt.block_size, kv_dtype);
+  auto compression = resolve_kv_compression_flags(opt.kv_compression, parse_device(opt.device));
+  if (!compression.ok()) fail(compression.status().to_string());
+  auto runner = make_runner(opt, in.window, opt.block_size, kv_dtype, true, *compression);
   const auto start = Clock::now();
   auto result = eval::compute_perplexity(*runner, in.tokens, in.window,
                                          progress_printer(opt.quiet || opt.json, start));
@@ -223,6 +239,8 @@ void run_perplexity(const EvalOptions& opt) {
       {"key_dtype", kv_dtype_label(kv_dtype.key)},
       {"value_dtype", kv_dtype_label(kv_dtype.value)},
       {"block_size", opt.block_size},
+      {"kv_compression", opt.kv_compression.policy},
+      {"kv_budget", opt.kv_compression.budget},
       {"seconds", seconds},
       {"text_file", opt.text_file},
   };
@@ -256,8 +274,10 @@ void run_agreement(const EvalOptions& opt) {
   auto baseline = make_runner(opt, in.window, opt.baseline_block_size, baseline_dtype, /*quantize=*/false);
   std::vector<std::unique_ptr<eval::PagedRunner>> runners;
   std::vector<eval::PagedRunner*> pointers;
+  auto compression = resolve_kv_compression_flags(opt.kv_compression, parse_device(opt.device));
+  if (!compression.ok()) fail(compression.status().to_string());
   for (const KvDtypes& v : variants) {
-    runners.push_back(make_runner(opt, in.window, opt.block_size, v));
+    runners.push_back(make_runner(opt, in.window, opt.block_size, v, true, *compression));
     pointers.push_back(runners.back().get());
   }
   const auto start = Clock::now();
@@ -285,6 +305,8 @@ void run_agreement(const EvalOptions& opt) {
         {"block_size", opt.block_size},
         {"baseline_kv_dtype", baseline_dtype.label()},
         {"baseline_block_size", opt.baseline_block_size},
+        {"kv_compression", opt.kv_compression.policy},
+        {"kv_budget", opt.kv_compression.budget},
         {"seconds", seconds},
         {"text_file", opt.text_file},
     };
@@ -301,6 +323,130 @@ void run_agreement(const EvalOptions& opt) {
         result.baseline_perplexity, result.variant_perplexity, result.perplexity_change_percent);
   }
   if (!opt.json) std::cout << fmt::format("{:.1f} s\n", seconds);
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream list(text);
+  std::string item;
+  while (std::getline(list, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+int32_t parse_count(const std::string& text, const char* flag) {
+  try {
+    size_t used = 0;
+    const long v = std::stol(text, &used);
+    if (used == text.size() && v > 0 && v < (1L << 24)) return static_cast<int32_t>(v);
+  } catch (...) {
+  }
+  fail(fmt::format("{} '{}': expected a positive integer", flag, text));
+}
+
+// Words the recall lists are drawn from: common, mostly one token each.
+constexpr const char* kRecallWords[] = {
+    "apple",  "river",  "stone",  "candle", "garden", "silver", "window", "horse",  "bread",  "winter",
+    "mirror", "forest", "letter", "castle", "button", "ribbon", "violet", "anchor", "copper", "meadow",
+    "pencil", "barrel", "saddle", "orange", "tiger",  "velvet", "harbor", "ladder", "marble", "feather",
+    "kettle", "pepper", "rabbit", "shadow", "thunder", "valley", "wagon",  "cherry", "dragon", "lantern"};
+
+// `pagoda eval recall`: per policy and budget, recall token accuracy of word
+// lists at depths, decode speed, the KV a sequence holds, and (with
+// --agreement-tokens) perplexity and agreement against no eviction.
+void run_recall(const EvalOptions& opt) {
+  const backend::Device device = parse_device(opt.device);
+  auto config = load_model_config(opt.model_dir);
+  if (!config.ok()) fail(fmt::format("loading model '{}': {}", opt.model_dir, config.status().to_string()));
+  auto tok = tokenizer::Tokenizer::load(opt.model_dir);
+  if (!tok.ok()) fail(fmt::format("loading tokenizer of '{}': {}", opt.model_dir, tok.status().to_string()));
+  LoadedInputs in = load_inputs(opt);
+
+  eval::RecallSpec spec;
+  spec.filler = in.tokens;
+  for (const char* w : kRecallWords) spec.words.push_back((*tok)->encode(std::string(" ") + w, false));
+  spec.intro = (*tok)->encode("\nThe words to remember are:", false);
+  spec.terminator = (*tok)->encode(".\n", false);
+  spec.list_words = opt.list_words;
+  spec.context_tokens = opt.context_tokens;
+  spec.depths.clear();
+  for (const std::string& d : split_list(opt.depths)) spec.depths.push_back(parse_count(d, "--depths"));
+  spec.trials = opt.trials;
+  spec.seed = opt.seed;
+  const int32_t sequence_tokens = opt.context_tokens + 64;
+  if (config->max_position_embeddings > 0 && sequence_tokens > config->max_position_embeddings)
+    fail(fmt::format("--context {} (+64 for the list) exceeds the model's max_position_embeddings {}",
+                     opt.context_tokens, config->max_position_embeddings));
+
+  std::vector<int32_t> agreement_text;
+  if (opt.agreement_tokens > 0)
+    agreement_text.assign(in.tokens.begin(),
+                          in.tokens.begin() + std::min<int64_t>(opt.agreement_tokens, in.tokens.size()));
+  const KvDtypes dtypes = resolve_kv_dtypes(opt.kv_dtype, opt.key_dtype, opt.value_dtype);
+  std::unique_ptr<eval::PagedRunner> baseline;
+  if (!agreement_text.empty()) baseline = make_runner(opt, in.window, opt.block_size, dtypes, false);
+
+  if (!opt.json)
+    std::cout << "| policy | budget | recall | ppl | ppl change | top-1 agreement | KV held / seq | decode tok/s |\n"
+                 "|---|---|---|---|---|---|---|---|\n";
+  for (const std::string& policy : split_list(opt.policies)) {
+    std::vector<std::string> budgets = policy == "none" ? std::vector<std::string>{"0"} : split_list(opt.budgets);
+    for (const std::string& budget_text : budgets) {
+      KvCompressionFlags flags = opt.kv_compression;
+      flags.policy = policy;
+      flags.budget = policy == "none" ? 0 : parse_count(budget_text, "--budgets");
+      auto compression = resolve_kv_compression_flags(flags, device);
+      if (!compression.ok()) fail(compression.status().to_string());
+      auto runner = make_runner(opt, std::max(in.window, sequence_tokens), opt.block_size, dtypes, true,
+                                *compression);
+      auto recall = eval::evaluate_recall(*runner, spec);
+      if (!recall.ok()) fail(recall.status().to_string());
+      std::optional<eval::AgreementResult> agreement;
+      if (baseline) {
+        auto a = eval::compute_agreement(*baseline, *runner, agreement_text, in.window);
+        if (!a.ok()) fail(a.status().to_string());
+        agreement = *a;
+      }
+      const KvPoolShape& shape = runner->kv_geometry();
+      // The slots a sequence holds at most: its whole length without eviction,
+      // else the largest head budget plus the block it grows before the next compaction.
+      int64_t held = sequence_tokens;
+      if (compression->enabled())
+        held = std::min<int64_t>(held, runtime::kv_compaction_trigger(*compression, shape.num_layers, shape.block_size));
+      const int64_t held_bytes = held * static_cast<int64_t>(shape.bytes_per_token());
+      const double tok_s = recall->decode_seconds > 0 ? recall->decoded_tokens / recall->decode_seconds : 0.0;
+      nlohmann::json depth_acc = nlohmann::json::array();
+      for (double a : recall->accuracy_by_depth) depth_acc.push_back(a);
+      nlohmann::json out = {{"policy", policy},
+                            {"budget", flags.budget},
+                            {"recall", recall->token_accuracy},
+                            {"recall_by_depth", depth_acc},
+                            {"depths", spec.depths},
+                            {"list_tokens", recall->list_tokens},
+                            {"kv_tokens_held", held},
+                            {"kv_bytes_held", held_bytes},
+                            {"decode_tokens_per_second", tok_s},
+                            {"context", opt.context_tokens}};
+      if (agreement) {
+        out["perplexity"] = agreement->variant_perplexity;
+        out["baseline_perplexity"] = agreement->baseline_perplexity;
+        out["perplexity_change_percent"] = agreement->perplexity_change_percent;
+        out["top1_agreement"] = agreement->top1_agreement;
+        out["agreement_tokens"] = agreement->tokens;
+      }
+      if (opt.json) {
+        std::cout << out.dump() << std::endl;
+        continue;
+      }
+      std::cout << fmt::format("| {} | {} | {:.3f} | {} | {} | {} | {} tokens, {:.2f} MiB | {:.1f} |\n", policy,
+                               policy == "none" ? std::string("full") : budget_text, recall->token_accuracy,
+                               agreement ? fmt::format("{:.3f}", agreement->variant_perplexity) : "-",
+                               agreement ? fmt::format("{:+.2f}%", agreement->perplexity_change_percent) : "-",
+                               agreement ? fmt::format("{:.4f}", agreement->top1_agreement) : "-", held,
+                               held_bytes / 1048576.0, tok_s);
+      std::cout.flush();
+    }
+  }
 }
 
 void add_common_options(CLI::App* cmd, EvalOptions& opt) {
@@ -329,6 +475,7 @@ void add_common_options(CLI::App* cmd, EvalOptions& opt) {
   cli::add_quantization_flag(*cmd, opt.quantization);
   cmd->add_flag("--json", opt.json, "print the result as one JSON line (last on stdout), no progress");
   cmd->add_flag("--quiet", opt.quiet, "no progress on stderr");
+  add_kv_compression_flags(*cmd, opt.kv_compression);
 }
 
 }  // namespace
@@ -363,6 +510,35 @@ void add_eval_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
   agree_cmd->callback([agree] { run_agreement(*agree); });
+
+  auto recall = std::make_shared<EvalOptions>();
+  CLI::App* recall_cmd = eval->add_subcommand(
+      "recall",
+      "Token eviction sweep: word-list recall at depths, decode speed, KV held and (with --agreement-tokens) "
+      "perplexity / agreement, per --kv-compression policy and budget.\n"
+      "  pagoda eval recall --model models/pagoda-tiny --text-file models/pagoda-tiny/heldout.txt "
+      "--policies none,streaming,snapkv --budgets 128,256 --agreement-tokens 4096 --window 512");
+  add_common_options(recall_cmd, *recall);
+  recall_cmd->add_option("--kv-dtype,--kv-cache-dtype", recall->kv_dtype, "KV cache dtype")->capture_default_str();
+  recall_cmd->add_option("--policies", recall->policies, "token eviction policies to compare, comma-separated")
+      ->capture_default_str();
+  recall_cmd->add_option("--budgets", recall->budgets, "--kv-budget values to compare, comma-separated")
+      ->capture_default_str();
+  recall_cmd->add_option("--context", recall->context_tokens, "prompt tokens of each recall trial")
+      ->capture_default_str()
+      ->check(CLI::Range(16, 1 << 20));
+  recall_cmd->add_option("--depths", recall->depths, "tokens from the list's end to the prompt's end, comma-separated")
+      ->capture_default_str();
+  recall_cmd->add_option("--trials", recall->trials, "trials per depth")->capture_default_str()->check(CLI::Range(1, 1000));
+  recall_cmd->add_option("--list-words", recall->list_words, "words per list")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 40));
+  recall_cmd->add_option("--agreement-tokens", recall->agreement_tokens,
+                         "also score the first N tokens of --text-file in --window windows against no eviction "
+                         "(0: skip)")
+      ->capture_default_str();
+  recall_cmd->add_option("--seed", recall->seed, "word and filler choice")->capture_default_str();
+  recall_cmd->callback([recall] { run_recall(*recall); });
 }
 
 }  // namespace pagoda::cli

@@ -19,6 +19,7 @@
 
 #include "pagoda/cli/commands.h"
 #include "pagoda/backend/registry.h"
+#include "pagoda/cli/kv_compression_flags.h"
 #include "pagoda/cli/runner_flags.h"
 #include "pagoda/cli/tokenizer_text_decoder.h"
 #include "pagoda/engine/engine.h"
@@ -31,6 +32,7 @@ namespace {
 
 struct GenerateOptions {
   RunnerFlags runner;
+  KvCompressionFlags kv_compression;
   std::string prompt;
   std::string prompt_ids;
   int32_t max_tokens = 32;
@@ -77,6 +79,8 @@ void run_generate(const GenerateOptions& opt) {
   // Cheap checks first, before a possibly long model load.
   auto flags = resolve_runner_flags(opt.runner, RunnerCommand::kGenerate);
   if (!flags.ok()) fail(flags.status().to_string());
+  auto kv_compression = resolve_kv_compression_flags(opt.kv_compression, flags->device);
+  if (!kv_compression.ok()) fail(kv_compression.status().to_string());
   auto preemption = resolve_preemption_mode(opt.runner, *flags);
   if (!preemption.ok()) fail(preemption.status().to_string());
   std::vector<int32_t> prompt;
@@ -148,6 +152,10 @@ void run_generate(const GenerateOptions& opt) {
   if (!kv.ok()) fail("KV cache: " + kv.status().to_string());
   engine::EngineConfig engine_config;
   engine_config.scheduler = scheduler_config(*setup, *preemption);
+  engine_config.kv_compression = *kv_compression;
+  if (kv_compression->enabled() && !setup->runner->capabilities().compacts_kv)
+    fail(fmt::format("--kv-compression {}: this model cannot run token eviction (MLA or sliding-window attention)",
+                     opt.kv_compression.policy));
   engine_config.scheduler.max_running_sequences = 1;
   engine_config.scheduler.max_tokens_per_step =
       std::max<int32_t>(engine_config.scheduler.max_tokens_per_step, static_cast<int32_t>(prompt.size()));
@@ -228,6 +236,7 @@ void add_generate_command(CLI::App& app) {
       "--prompt-ids 1,2,3\n"
       "The model/device/KV report goes to stderr; the text (or token ids) to stdout.");
   add_runner_flags(*cmd, opt->runner, RunnerCommand::kGenerate);
+  add_kv_compression_flags(*cmd, opt->kv_compression);
   auto* prompt = cmd->add_option("--prompt", opt->prompt, "prompt text (needs tokenizer.json in the model directory)");
   auto* ids = cmd->add_option("--prompt-ids", opt->prompt_ids, "prompt as comma-separated token ids, e.g. 1,2,3");
   prompt->excludes(ids);

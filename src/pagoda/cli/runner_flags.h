@@ -47,7 +47,7 @@ struct RunnerFlags {
   int32_t max_tokens_per_step = 0;  // not given (and 0): the device's default
   int32_t max_model_len = 0;        // 0: config.json's max_position_embeddings
   uint64_t weight_seed = 0;         // --load-format random
-  std::string quantization;         // --quantization: empty/none, int8 or int4 (CPU only)
+  std::string quantization;         // --quantization: empty/none, int8, int4 or fp8 (CPU only)
 
   // Set by add_runner_flags: tells a flag given on the command line from its default.
   const CLI::Option* gpu_memory_utilization_option = nullptr;

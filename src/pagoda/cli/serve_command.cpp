@@ -28,6 +28,7 @@
 #include "pagoda/cli/commands.h"
 #include "pagoda/backend/registry.h"
 #include "pagoda/cli/kv_tier_flags.h"
+#include "pagoda/cli/kv_compression_flags.h"
 #include "pagoda/cli/runner_flags.h"
 #include "pagoda/cli/tokenizer_text_decoder.h"
 #include "pagoda/engine/engine.h"
@@ -44,6 +45,7 @@ volatile std::sig_atomic_t g_received_signal = 0;
 
 struct ServeOptions {
   RunnerFlags runner;
+  KvCompressionFlags kv_compression;
   KvTierFlags kv_tiers;
   std::string host = "127.0.0.1";
   int port = 8000;
@@ -69,6 +71,8 @@ void run_serve(const ServeOptions& opt) {
   namespace fs = std::filesystem;
   auto flags = resolve_runner_flags(opt.runner, RunnerCommand::kServe);
   if (!flags.ok()) fail(flags.status().to_string());
+  auto kv_compression = resolve_kv_compression_flags(opt.kv_compression, flags->device);
+  if (!kv_compression.ok()) fail(kv_compression.status().to_string());
   auto preemption = resolve_preemption_mode(opt.runner, *flags);
   if (!preemption.ok()) fail(preemption.status().to_string());
   if (opt.max_queued < 0) fail(fmt::format("--max-queued {}: must be >= 0", opt.max_queued));
@@ -185,6 +189,10 @@ void run_serve(const ServeOptions& opt) {
 
   engine::EngineConfig engine_config;
   engine_config.scheduler = scheduler_config(*setup, *preemption);
+  engine_config.kv_compression = *kv_compression;
+  if (kv_compression->enabled() && !setup->runner->capabilities().compacts_kv)
+    fail(fmt::format("--kv-compression {}: this model cannot run token eviction (MLA or sliding-window attention)",
+                     opt.kv_compression.policy));
   engine_config.max_queued_requests = opt.max_queued;
   engine_config.lower_tiers = lower_tiers->get();
   server::TextCodec codec;
@@ -246,6 +254,7 @@ void add_serve_command(CLI::App& app) {
       "Prints 'listening on http://HOST:PORT' on stdout once it accepts connections; the model/device/KV report "
       "goes to stderr.");
   add_runner_flags(*cmd, opt->runner, RunnerCommand::kServe);
+  add_kv_compression_flags(*cmd, opt->kv_compression);
   add_kv_tier_flags(*cmd, opt->kv_tiers);
   cmd->add_option("--host", opt->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", opt->port, "Port (0: any free port, printed at start)")->capture_default_str();

@@ -1,6 +1,7 @@
 #include "pagoda/core/dtype.h"
 
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <cmath>
 
@@ -121,6 +122,32 @@ uint8_t f32_to_fp8e4m3(float f) {
   return sign | static_cast<uint8_t>(exp << 3) | static_cast<uint8_t>(m - 8);
 }
 
+const float* fp8e4m3_table() {
+  static const auto table = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[static_cast<size_t>(i)] = fp8e4m3_to_f32(static_cast<uint8_t>(i));
+    return t;
+  }();
+  return table.data();
+}
+
+float round_to_fp8e4m3(float f) {
+  if (std::isnan(f)) return f;
+  const float a = std::min(std::fabs(f), 448.0f);
+  float r;
+  if (a < 0.015625f) {  // below the smallest normal 2^-6: subnormal steps of 2^-9
+    r = std::nearbyint(a * 512.0f) * (1.0f / 512.0f);
+  } else {  // keep 3 mantissa bits, round to nearest even
+    uint32_t u;
+    std::memcpy(&u, &a, sizeof u);
+    u += 0x7ffffu + ((u >> 20) & 1u);
+    u &= 0xfff00000u;
+    std::memcpy(&r, &u, sizeof r);
+    r = std::min(r, 448.0f);
+  }
+  return std::signbit(f) ? -r : r;
+}
+
 void convert_to_f32(DType dtype, const void* src, float* dst, size_t n) {
   switch (dtype) {
     case DType::kF32:
@@ -138,7 +165,8 @@ void convert_to_f32(DType dtype, const void* src, float* dst, size_t n) {
     }
     case DType::kFP8E4M3: {
       const auto* s = static_cast<const uint8_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = fp8e4m3_to_f32(s[i]);
+      const float* table = fp8e4m3_table();
+      for (size_t i = 0; i < n; ++i) dst[i] = table[s[i]];
       return;
     }
     case DType::kInt8: {

@@ -48,8 +48,14 @@ uint16_t f32_to_f16(float f);
 float fp8e4m3_to_f32(uint8_t bits);
 uint8_t f32_to_fp8e4m3(float f);
 
+// The 256 values of float8_e4m3fn (index: the byte), for fast conversions.
+const float* fp8e4m3_table();
+
 // Rounds f through the type and back (e.g. to emulate a bf16 activation on the CPU).
 inline float round_to_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+// fp8e4m3_to_f32(f32_to_fp8e4m3(f)) without the byte: saturates at +-448, rounds
+// to nearest even, subnormals in steps of 2^-9; NaN stays NaN.
+float round_to_fp8e4m3(float f);
 
 // Converts n elements of src (of dtype) into f32.
 void convert_to_f32(DType dtype, const void* src, float* dst, size_t n);

@@ -71,6 +71,8 @@ Engine::Engine(EngineConfig config, runtime::ModelRunner& runner, kv::KvCacheMan
       eos_ids_(runner.eos_token_ids()),
       kv_block_size_(kv.block_size()),
       kv_num_blocks_(kv.num_blocks()),
+      runner_compacts_kv_(runner.capabilities().compacts_kv),
+      kv_num_layers_(runner.kv_geometry().num_layers),
       unseeded_salt_(mix64(std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32))) {
   if (!config_.text_decoder_factory)
     config_.text_decoder_factory = [](std::span<const int32_t>) { return make_token_id_text_decoder(); };
@@ -172,6 +174,7 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest reques
   } else {
     PAGODA_RETURN_IF_ERROR(validate_sampling_params(request.sampling, vocab_size_));
   }
+  PAGODA_ASSIGN_OR_RETURN(const runtime::KvCompressionConfig kv_compression, resolve_kv_compression(request));
   const int64_t total = static_cast<int64_t>(prompt.size()) + request.sampling.max_tokens;
   // kOutOfRange for the two length bounds: callers (the server's
   // "context_length_exceeded") tell them from other bad input by the code.
@@ -188,6 +191,7 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest reques
 
   auto state = std::make_unique<RequestState>();
   state->request = std::move(request);
+  state->kv_compression = kv_compression;
   state->arrival_time = Clock::now();
   std::shared_ptr<RequestStream> stream;
   {
@@ -206,6 +210,22 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest reques
   }
   work_ready_.notify_all();
   return stream;
+}
+
+StatusOr<runtime::KvCompressionConfig> Engine::resolve_kv_compression(const GenerationRequest& request) const {
+  const bool own = request.kv_compression.has_value();
+  const runtime::KvCompressionConfig c = own ? *request.kv_compression : config_.kv_compression;
+  const std::string_view field = own ? "kv_compression." : "--kv-";
+  PAGODA_RETURN_IF_ERROR(runtime::validate_kv_compression(c, field));
+  if (!c.enabled()) return c;
+  if (!runner_compacts_kv_)
+    return unimplemented_error("{}: this device cannot run token eviction (policy {}); use the cpu device or none",
+                               own ? "kv_compression.policy" : "--kv-compression",
+                               runtime::kv_compression_policy_name(c.policy));
+  if (request.sampling.n > 1)
+    return invalid_argument_error("{}: token eviction runs one choice per request; n is {}",
+                                  own ? "kv_compression" : "--kv-compression", request.sampling.n);
+  return c;
 }
 
 void Engine::abort(RequestId id) {
@@ -545,8 +565,11 @@ void Engine::flush_outputs() {
   step_outputs_.clear();
   for (RequestState* req : finished_requests_) {
     if (!req->admitted_once) --num_queued_;
-    for (Sequence* seq : req->sequences)
-      if (seq) sequences_.erase(seq->id);
+    for (Sequence* seq : req->sequences) {
+      if (!seq) continue;
+      if (req->kv_compression.enabled()) runner_.release_kv_state(seq->id);
+      sequences_.erase(seq->id);
+    }
     const RequestId id = req->id;
     requests_.erase(id);
     --num_in_flight_;
@@ -693,6 +716,7 @@ bool Engine::step() {
     if (req->request.sampling.n > 1 && !req->forked) fork_children(seq, logits_row);
     sample_into(seq, logits_row);
   }
+  compact_sequences(plan);
   // With tiers below the host, the write-backs this step decided (blocks it
   // filled) run now when nothing is left running: otherwise they would wait
   // for the next request, and a server stopped meanwhile would never store them.
@@ -704,6 +728,47 @@ bool Engine::step() {
   publish_stats(seconds_between(start, Clock::now()));
   flush_outputs();
   return true;
+}
+
+void Engine::compact_sequences(const StepPlan& plan) {
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    Sequence* seq = chunk.sequence;
+    const runtime::KvCompressionConfig& c = seq->request->kv_compression;
+    if (!c.enabled() || seq->status != SequenceStatus::kRunning || !seq->in_kv || seq->swapped) continue;
+    if (seq->num_computed < seq->prompt_length && !c.compact_during_prefill) continue;
+    if (seq->num_cached_slots() <= runtime::kv_compaction_trigger(c, kv_num_layers_, kv_block_size_)) continue;
+    if (Status s = compact_sequence(seq); !s.ok())
+      fail_request(seq->request, internal_error("token eviction failed: {}", s.to_string()));
+  }
+}
+
+Status Engine::compact_sequence(Sequence* seq) {
+  const runtime::KvCompressionConfig& c = seq->request->kv_compression;
+  const int32_t slots = seq->num_cached_slots();
+  const int32_t kept = std::min(slots, runtime::kv_compaction_capacity(c, kv_num_layers_));
+  StatusOr<kv::SequenceCompaction> r = kv_.compact_sequence(seq->id, kept);
+  // No room for the fresh blocks now: the sequence keeps its cache and tries again next step.
+  if (r.status().code() == StatusCode::kResourceExhausted) {
+    ++thread_stats_.kv_compactions_deferred;
+    return ok_status();
+  }
+  PAGODA_RETURN_IF_ERROR(r.status());
+  // Blocks handed over from another tenant are zeroed, and write-backs of the
+  // blocks the allocation evicted run, before the runner writes the new ones.
+  PAGODA_RETURN_IF_ERROR(run_transfers());
+  runtime::KvCompaction job;
+  job.kv_state = seq->id;
+  job.config = c;
+  // Only the blocks the copy reads and writes: the reserved tail may be in both tables.
+  job.old_block_table.assign(r->old_blocks.begin(), r->old_blocks.begin() + kv_.blocks_for_tokens(slots));
+  job.old_length = slots;
+  job.new_block_table.assign(r->new_blocks.begin(), r->new_blocks.begin() + kv_.blocks_for_tokens(kept));
+  job.new_length = kept;
+  PAGODA_RETURN_IF_ERROR(runner_.compact_kv(job));
+  seq->kv_evicted += slots - kept;
+  ++thread_stats_.kv_compactions;
+  thread_stats_.kv_evicted_slots += slots - kept;
+  return ok_status();
 }
 
 Status Engine::zero_blocks_changing_tenant() {

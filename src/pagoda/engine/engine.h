@@ -57,6 +57,9 @@ struct EngineConfig {
   // host tier (then promoted like any host hit); every block the host tier
   // receives is handed to them to write (their own threads do the I/O).
   kvstore::LowerTiers* lower_tiers = nullptr;
+  // Token eviction for requests that do not set their own
+  // (GenerationRequest::kv_compression); default none.
+  runtime::KvCompressionConfig kv_compression;
 };
 
 // A consistent snapshot for /metrics and tests.
@@ -79,6 +82,9 @@ struct EngineStats {
   int64_t cached_prompt_tokens = 0;
   int64_t generated_tokens = 0;
   int64_t kv_blocks_zeroed = 0;  // blocks zeroed on the runner as they passed between tenants
+  int64_t kv_compactions = 0;     // token eviction: sequences compacted
+  int64_t kv_evicted_slots = 0;   // cache slots those compactions freed
+  int64_t kv_compactions_deferred = 0;  // due, but no room for the fresh blocks yet (tried again next step)
   kv::KvStats kv;
   runtime::TransferStats transfers;  // the runner's, between its device and host pools
   std::array<kvstore::TierIoStats, 2> lower_tiers{};  // [0] disk, [1] redis (enabled false when off)
@@ -206,6 +212,14 @@ class Engine {
   // the lower tiers into the host tier (engine thread, before scheduling it).
   void load_from_lower_tiers(Sequence* seq);
   void fork_children(Sequence* parent, std::span<const float> logits);
+  // Token eviction: compacts the sequences of this step whose cache passed
+  // their policy's trigger (KvCacheManager::compact_sequence, then the
+  // runner's compact_kv). A failure fails the request.
+  void compact_sequences(const StepPlan& plan);
+  Status compact_sequence(Sequence* seq);
+  // Which settings a request runs under, checked: kInvalidArgument naming the
+  // kv_compression field, or kUnimplemented when the runner cannot compact.
+  StatusOr<runtime::KvCompressionConfig> resolve_kv_compression(const GenerationRequest& request) const;
   void append_token(Sequence* seq, const SampledToken& token);
   void finish_sequence(Sequence* seq, FinishReason reason);
   ChoiceDelta& delta_for(Sequence* seq);
@@ -223,6 +237,8 @@ class Engine {
   // Copied at construction: submit() runs on client threads and must not touch the KV manager.
   const int32_t kv_block_size_;
   const int64_t kv_num_blocks_;
+  const bool runner_compacts_kv_;
+  const int32_t kv_num_layers_;
   // Reads spilled host blocks for the tiers below the host off this thread (null without such tiers).
   std::unique_ptr<LowerTierSpiller> spiller_;
   // Keys the device draws of unseeded requests (with the request id): differs per engine.

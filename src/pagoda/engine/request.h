@@ -21,6 +21,7 @@
 #include "pagoda/engine/sampler.h"
 #include "pagoda/engine/sampling_params.h"
 #include "pagoda/engine/token_constraint.h"
+#include "pagoda/runtime/kv_compression.h"
 
 namespace pagoda::engine {
 
@@ -43,6 +44,10 @@ struct GenerationRequest {
   // (finish "length") once its prompt is computed.
   bool return_prompt_logits = false;
   bool return_logits = false;
+  // Token eviction for this request (runtime/kv_compression.h); nullopt: the
+  // engine's default (EngineConfig::kv_compression). Needs n == 1 and a
+  // runner that compacts KV (RunnerCapabilities::compacts_kv).
+  std::optional<runtime::KvCompressionConfig> kv_compression;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };

@@ -46,6 +46,7 @@ void Scheduler::remove(Sequence* seq, bool aborted) {
   }
   seq->num_computed = 0;
   seq->num_reserved = 0;
+  seq->kv_evicted = 0;
   seq->swapped = false;
   seq->status = SequenceStatus::kFinished;
 }
@@ -60,6 +61,7 @@ void Scheduler::drop_kv(Sequence* seq) {
   seq->swapped = false;
   seq->num_computed = 0;
   seq->num_reserved = 0;
+  seq->kv_evicted = 0;  // recomputed from its first token: the runner's state starts afresh
 }
 
 void Scheduler::requeue(Sequence* seq) {
@@ -133,7 +135,26 @@ void Scheduler::add_chunk(Sequence* seq, int32_t num_new_tokens, StepPlan& plan)
   SequenceSlice slice;
   slice.token_offset = batch.num_tokens();
   slice.num_new_tokens = num_new_tokens;
-  slice.num_cached_tokens = seq->num_computed;
+  // Cache slots, not positions: after token eviction fewer (sequence.h).
+  slice.num_cached_tokens = seq->num_cached_slots();
+  const runtime::KvCompressionConfig& compression = seq->request->kv_compression;
+  if (compression.enabled()) {
+    slice.kv_state = seq->id;
+    slice.kv_state_reset = seq->kv_state_fresh;
+    seq->kv_state_fresh = false;
+    // h2o scores every query; the observation-window policies the last
+    // `window` queries (their scores start afresh at each compaction).
+    if (runtime::kv_policy_accumulates(compression.policy))
+      slice.score_from_index = 0;
+    else if (runtime::kv_policy_uses_scores(compression.policy)) {
+      // The window ends where the next compaction may happen: after this step,
+      // or, while the prompt is prefilled whole first, at the prompt's end.
+      int32_t end = slice.num_cached_tokens + num_new_tokens;
+      if (!compression.compact_during_prefill && seq->num_computed + num_new_tokens < seq->prompt_length)
+        end = seq->prompt_length - seq->kv_evicted;
+      slice.score_from_index = std::max(0, end - compression.window);
+    }
+  }
   for (int32_t i = 0; i < num_new_tokens; ++i) {
     batch.token_ids.push_back(seq->tokens[seq->num_computed + i]);
     batch.positions.push_back(seq->num_computed + i);
@@ -148,7 +169,7 @@ void Scheduler::add_chunk(Sequence* seq, int32_t num_new_tokens, StepPlan& plan)
   // Tables are append-only (kv_cache_manager.h): this prefix stays valid.
   auto table = kv_.block_table(seq->id);
   assert(table.ok());
-  const int32_t needed = kv_.blocks_for_tokens(seq->num_computed + num_new_tokens);
+  const int32_t needed = kv_.blocks_for_tokens(seq->num_cached_slots() + num_new_tokens);
   slice.block_table.assign(table->begin(), table->begin() + std::min<size_t>(needed, table->size()));
   batch.sequences.push_back(std::move(slice));
   plan.chunks.push_back({seq, num_new_tokens, reaches_end, all_logits});
@@ -227,6 +248,7 @@ StepPlan Scheduler::schedule() {
       if (!match.ok()) break;
       waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(next));
       seq->in_kv = true;
+      seq->kv_state_fresh = true;
       seq->num_computed = match->cached_tokens;
       seq->num_reserved = static_cast<int32_t>(seq->tokens.size());
       if (req->cached_tokens < 0) req->cached_tokens = match->cached_tokens;

@@ -51,6 +51,11 @@ struct Sequence {
   int32_t prompt_logits_done = 0;  // return_prompt_logits: positions whose rows went out
   bool in_kv = false;    // registered with the KV manager
   bool swapped = false;  // in_kv, with its K/V in the host tier (preempted by swap)
+  // Token eviction: tokens whose K/V was dropped by compactions, so the KV
+  // manager and the runner count num_computed - kv_evicted cache slots;
+  // kv_state_fresh: the next slice tells the runner to start its state afresh.
+  int32_t kv_evicted = 0;
+  bool kv_state_fresh = false;
   SequenceStatus status = SequenceStatus::kWaiting;
   FinishReason finish_reason = FinishReason::kNone;
 
@@ -61,6 +66,8 @@ struct Sequence {
   std::unique_ptr<TokenConstraint> constraint;  // this choice's structured-output state, or null
   std::optional<Clock::time_point> last_token_time;
 
+  // Slots this sequence's computed tokens occupy in the KV cache.
+  int32_t num_cached_slots() const { return num_computed - kv_evicted; }
   int32_t num_output_tokens() const { return static_cast<int32_t>(tokens.size()) - prompt_length; }
   int32_t num_pending() const { return static_cast<int32_t>(tokens.size()) - num_computed; }
 };
@@ -75,6 +82,7 @@ struct RequestState {
   bool forked = false;          // n > 1 children created
   bool aborted = false;
   int32_t cached_tokens = -1;   // prefix-cache hit on first admission
+  runtime::KvCompressionConfig kv_compression;  // resolved: the request's or the engine's
   int32_t completion_tokens = 0;
   int32_t num_finished = 0;
   bool first_token_seen = false;

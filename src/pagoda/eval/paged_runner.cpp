@@ -17,6 +17,10 @@ StatusOr<std::unique_ptr<PagedRunner>> PagedRunner::create(std::unique_ptr<runti
     return invalid_argument_error("the runner's KV pool holds {} tokens, fewer than the {} a sequence may need",
                                   static_cast<int64_t>(geometry.num_blocks) * geometry.block_size,
                                   options.max_sequence_tokens);
+  if (options.kv_compression.enabled() && geometry.num_blocks < options.num_kv_blocks())
+    return invalid_argument_error("token eviction needs {} KV blocks (the sequence plus a compaction's fresh "
+                                  "blocks), the runner's pool has {}",
+                                  options.num_kv_blocks(), geometry.num_blocks);
 
   kv::KvCacheConfig kv_config;
   kv_config.num_blocks = geometry.num_blocks;
@@ -32,6 +36,8 @@ StatusOr<std::unique_ptr<PagedRunner>> PagedRunner::create(std::unique_ptr<runti
   engine_config.scheduler.preemption_mode =
       kv_config.num_host_blocks > 0 ? options.preemption_mode : engine::PreemptionMode::kRecompute;
   engine_config.max_queued_requests = 1;
+  engine_config.kv_compression = options.kv_compression;
+  engine_config.kv_compression.compact_during_prefill = false;
   PAGODA_ASSIGN_OR_RETURN(auto engine, engine::Engine::create(engine_config, *runner, *kv));
   return std::unique_ptr<PagedRunner>(
       new PagedRunner(std::move(runner), options, std::move(kv), std::move(engine)));
@@ -55,14 +61,21 @@ Status PagedRunner::check_tokens(std::span<const int32_t> tokens, int64_t extra)
   return ok_status();
 }
 
-StatusOr<std::vector<engine::RequestOutput>> PagedRunner::run(engine::GenerationRequest request) {
+StatusOr<std::vector<engine::RequestOutput>> PagedRunner::run(engine::GenerationRequest request,
+                                                              double* first_token_seconds) {
+  const auto start = std::chrono::steady_clock::now();
   PAGODA_ASSIGN_OR_RETURN(auto stream, engine_->submit(std::move(request)));
   std::vector<engine::RequestOutput> outputs;
   bool finished = false;
+  bool first = true;
   while (!finished) {
     const bool stepped = engine_->step();
     while (auto out = stream->next(std::chrono::milliseconds(0))) {
       finished |= out->finished;
+      if (first_token_seconds != nullptr && first && !out->choices.empty() && !out->choices[0].tokens.empty()) {
+        first = false;
+        *first_token_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      }
       outputs.push_back(std::move(*out));
     }
     if (!stepped && !finished) return internal_error("the engine stopped before the request finished");
@@ -78,6 +91,10 @@ Status PagedRunner::score(std::span<const int32_t> tokens, std::vector<float>& l
   request.sampling.temperature = 0.0f;
   request.sampling.max_tokens = 0;  // prompt logits only
   request.return_prompt_logits = true;
+  if (options_.kv_compression.enabled()) {
+    request.kv_compression = options_.kv_compression;
+    request.kv_compression->compact_during_prefill = true;
+  }
   PAGODA_ASSIGN_OR_RETURN(auto outputs, run(std::move(request)));
   logits.clear();
   for (const engine::RequestOutput& out : outputs)
@@ -100,8 +117,13 @@ StatusOr<GreedyOutput> PagedRunner::greedy(std::span<const int32_t> prompt, int3
   request.sampling.ignore_eos = true;  // only stop_ids end the run
   request.sampling.stop_token_ids.assign(stop_ids.begin(), stop_ids.end());
   request.return_logits = true;
-  PAGODA_ASSIGN_OR_RETURN(auto outputs, run(std::move(request)));
+  const auto start = std::chrono::steady_clock::now();
+  double first_token = 0.0;
+  PAGODA_ASSIGN_OR_RETURN(auto outputs, run(std::move(request), &first_token));
   GreedyOutput result;
+  result.prefill_seconds = first_token;
+  result.decode_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() - first_token;
   std::vector<float> rows;
   for (const engine::RequestOutput& out : outputs)
     for (const engine::ChoiceDelta& delta : out.choices) {

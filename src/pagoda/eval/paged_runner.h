@@ -37,16 +37,26 @@ struct PagedRunnerOptions {
   // With a runner that has a host tier (capabilities().host_kv_blocks), the
   // KV manager gets it too; preemption swaps there or recomputes.
   engine::PreemptionMode preemption_mode = engine::PreemptionMode::kRecompute;
+  // Token eviction (runtime/kv_compression.h). greedy() prefills the whole
+  // prompt, then compacts as serving does; score() compacts between prefill
+  // chunks too (compact_during_prefill), so every chunk after the budget is
+  // predicted from an evicted cache: perplexity under eviction.
+  runtime::KvCompressionConfig kv_compression;
 
-  // KV blocks a runner needs for max_sequence_tokens (one spare).
+  // KV blocks a runner needs for max_sequence_tokens (one spare), plus, with
+  // token eviction, the fresh blocks a compaction takes before it frees the
+  // old ones (at most 2 x budget slots, the entropy policy's largest head).
   int32_t num_kv_blocks() const {
-    return static_cast<int32_t>((max_sequence_tokens + block_size - 1) / block_size + 1);
+    const int64_t spare = kv_compression.enabled() ? (2 * int64_t{kv_compression.budget} + block_size - 1) / block_size + 1 : 0;
+    return static_cast<int32_t>((max_sequence_tokens + block_size - 1) / block_size + 1 + spare);
   }
 };
 
 struct GreedyOutput {
   std::vector<int32_t> tokens;             // generated ids (the stop id included when hit)
   std::vector<std::vector<float>> logits;  // logits that chose each generated token
+  double prefill_seconds = 0.0;            // submit to the first token
+  double decode_seconds = 0.0;             // first token to the last
 };
 
 class PagedRunner {
@@ -69,15 +79,20 @@ class PagedRunner {
   DType key_dtype() const { return runner_->kv_geometry().key_dtype; }
   DType value_dtype() const { return runner_->kv_geometry().value_dtype; }
   int32_t block_size() const { return runner_->kv_geometry().block_size; }
+  const KvPoolShape& kv_geometry() const { return runner_->kv_geometry(); }
   // KV manager invariants (tests call it after each run).
   Status verify_integrity() const { return kv_->verify_integrity(); }
+  engine::EngineStats engine_stats() const { return engine_->stats(); }
+  const kv::KvCacheManager& kv_cache() const { return *kv_; }
 
  private:
   PagedRunner(std::unique_ptr<runtime::ModelRunner> runner, PagedRunnerOptions options,
               std::unique_ptr<kv::KvCacheManager> kv, std::unique_ptr<engine::Engine> engine);
   Status check_tokens(std::span<const int32_t> tokens, int64_t extra) const;
   // Submits and steps the engine until the request ends; every delta in order.
-  StatusOr<std::vector<engine::RequestOutput>> run(engine::GenerationRequest request);
+  // first_token_seconds: when given, the time from submit to the first generated token.
+  StatusOr<std::vector<engine::RequestOutput>> run(engine::GenerationRequest request,
+                                                   double* first_token_seconds = nullptr);
 
   std::unique_ptr<runtime::ModelRunner> runner_;
   PagedRunnerOptions options_;

@@ -31,6 +31,10 @@ struct Sequence {
   // reserved block with nothing written yet).
   bool swapped = false;
   std::vector<BlockId> host_blocks;
+  // Token eviction compacted it (compact_sequence): its slots no longer hold
+  // the K/V of its token prefix, so none of its blocks is ever offered to the
+  // prefix cache (chain stays empty).
+  bool compressed = false;
 
   bool has_alias(size_t j) const { return j < chain.size() && chain[j] != blocks[j]; }
 };
@@ -392,6 +396,7 @@ class KvCacheManager::Impl {
 
   // Full written blocks enter the prefix cache, in order.
   void offer_full_blocks(Sequence& s) {
+    if (s.compressed) return;
     const int32_t full = static_cast<int32_t>(s.computed / bs());
     for (; s.next_block_to_cache < full; ++s.next_block_to_cache) {
       const int32_t j = s.next_block_to_cache;
@@ -435,6 +440,7 @@ class KvCacheManager::Impl {
     child.tokens = parent->tokens;
     child.computed = parent->computed;
     child.next_block_to_cache = parent->next_block_to_cache;
+    child.compressed = parent->compressed;
     child.chain = parent->chain;
     for (size_t j = 0; j < parent->chain.size(); ++j)
       if (parent->has_alias(j)) acquire(parent->chain[j]);
@@ -469,6 +475,60 @@ class KvCacheManager::Impl {
     sequences_.erase(it);
     if (aborted) ++stats_.sequences_aborted;
     return ok_status();
+  }
+
+  StatusOr<SequenceCompaction> compact_sequence(SequenceId id, int64_t kept) {
+    Sequence* s = find(id);
+    if (s == nullptr) return not_found_error("compact_sequence: unknown sequence {}", id);
+    if (s->swapped) return failed_precondition_error("compact_sequence: sequence {} is swapped out", id);
+    if (kept < 0 || kept > s->computed)
+      return invalid_argument_error("compact_sequence: sequence {}: cannot keep {} of {} computed tokens", id, kept,
+                                    s->computed);
+    const int64_t pending = static_cast<int64_t>(s->tokens.size()) - s->computed;
+    // The kept slots go to fresh blocks; the reserved-but-unwritten tail
+    // moves over in the old blocks that hold nothing yet (a prompt reserved
+    // whole and compacted between its chunks would otherwise need its
+    // reservation twice), topped up with fresh blocks when rounding asks.
+    const int32_t kept_blocks = blocks_for_tokens(kept);
+    const int32_t total_blocks = blocks_for_tokens(kept + pending);
+    const auto first_empty = static_cast<size_t>(blocks_for_tokens(s->computed));
+    const int32_t reused = std::min(static_cast<int32_t>(s->blocks.size() - std::min(first_empty, s->blocks.size())),
+                                    total_blocks - kept_blocks);
+    const int32_t needed = total_blocks - reused;
+    // The fresh blocks come first: the old ones must stay readable (and so
+    // unavailable) until the runner has copied from them.
+    if (needed > available() || needed > namespace_room(s->namespace_id, 0)) {
+      ++stats_.allocation_failures;
+      return resource_exhausted_error("compact_sequence: sequence {} needs {} new blocks, {} available ({} under its "
+                                      "namespace's cap)",
+                                      id, needed, available(), namespace_room(s->namespace_id, 0));
+    }
+    SequenceCompaction out;
+    out.old_blocks = s->blocks;
+    auto take_fresh = [&](int32_t j) {
+      const BlockId b = take_block(s->namespace_id);
+      const auto written = static_cast<uint16_t>(std::clamp<int64_t>(kept - static_cast<int64_t>(j) * bs(), 0, bs()));
+      pool_.meta(b).written_slots = written;
+      written_slots_in_use_ += written;
+      out.new_blocks.push_back(b);
+    };
+    for (int32_t j = 0; j < kept_blocks; ++j) take_fresh(j);
+    for (int32_t r = 0; r < reused; ++r) out.new_blocks.push_back(s->blocks[first_empty + static_cast<size_t>(r)]);
+    for (int32_t j = kept_blocks + reused; j < total_blocks; ++j) take_fresh(j);
+    // The reused blocks stay referenced, by the new table instead of the old.
+    s->blocks.erase(s->blocks.begin() + static_cast<std::ptrdiff_t>(first_empty),
+                    s->blocks.begin() + static_cast<std::ptrdiff_t>(first_empty) + reused);
+    // The old blocks: cached ones stay cached (their K/V is untouched), the rest are freed.
+    release_device_blocks(*s);
+    std::vector<TokenId> tokens(static_cast<size_t>(kept), 0);
+    tokens.insert(tokens.end(), s->tokens.end() - pending, s->tokens.end());
+    s->tokens = std::move(tokens);
+    s->blocks = out.new_blocks;
+    s->chain.clear();
+    s->next_block_to_cache = 0;
+    s->computed = kept;
+    s->compressed = true;
+    return out;
   }
 
   void release_device_blocks(const Sequence& s) {
@@ -747,6 +807,8 @@ Status KvCacheManager::Impl::verify_integrity() const {
       continue;
     }
     if (!s.host_blocks.empty()) return internal_error("running sequence {} holds host blocks", id);
+    if (s.compressed && !s.chain.empty())
+      return internal_error("compressed sequence {} offered {} blocks to the prefix cache", id, s.chain.size());
     if (static_cast<int32_t>(s.blocks.size()) != blocks_for_tokens(n))
       return internal_error("sequence {}: {} blocks for {} tokens", id, s.blocks.size(), n);
     if (s.chain.size() != static_cast<size_t>(s.next_block_to_cache) || s.chain.size() > s.blocks.size())
@@ -938,6 +1000,13 @@ int32_t KvCacheManager::drop_conversation(std::string_view ns, std::span<const T
   return impl_->drop_conversation(ns, tokens, keep);
 }
 int32_t KvCacheManager::evict(int32_t n) { return impl_->evict(n); }
+StatusOr<SequenceCompaction> KvCacheManager::compact_sequence(SequenceId seq, int64_t kept_tokens) {
+  return impl_->compact_sequence(seq, kept_tokens);
+}
+bool KvCacheManager::is_compressed(SequenceId seq) const {
+  const Sequence* s = impl_->find(seq);
+  return s != nullptr && s->compressed;
+}
 std::vector<BlockId> KvCacheManager::take_blocks_to_zero() { return impl_->take_blocks_to_zero(); }
 NamespaceKvUsage KvCacheManager::namespace_usage(std::string_view ns) const { return impl_->namespace_usage(ns); }
 void KvCacheManager::set_namespace_block_limit(std::string_view ns, int32_t max_blocks) {

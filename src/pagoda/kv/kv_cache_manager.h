@@ -32,6 +32,7 @@
 //                                  blocks enter the prefix cache
 //   fork(parent, child)            copy-on-write share (n > 1 sampling, beams)
 //   swap_out(id) / swap_in(id)     preemption by swap (host tier)
+//   compact_sequence(id, kept)     token eviction: fresh blocks for the kept tokens
 //   take_transfers()               copies between the tiers to run before the next forward
 //   free_sequence(id) / abort_sequence(id)
 //
@@ -53,7 +54,9 @@
 //  - a block's ref count equals the number of sequence block tables holding it
 //    plus the sequences holding it as the cached twin of a duplicate (alias);
 //  - block tables are append-only: block_table(seq)[j] never changes while
-//    the sequence lives;
+//    the sequence lives, except that compact_sequence replaces the whole table;
+//  - a compressed sequence (compact_sequence) offers no block to the prefix
+//    cache: its slots do not hold its token prefix's K/V;
 //  - a cached block is full and written; its key is (namespace, parent block,
 //    its block_size tokens); a block that is freed and reused has lost its key;
 //    a sequence's cached blocks (its own or aliases) form one chain from the root;
@@ -84,6 +87,17 @@
 #include "pagoda/kv/stable_key.h"
 
 namespace pagoda::kv {
+
+// What compact_sequence did: the runner copies the kept K/V from old_blocks
+// (released in the metadata already, unchanged until the next allocation)
+// into new_blocks before anything else touches the pool. The blocks holding
+// written K/V in old_blocks and the blocks of the kept slots in new_blocks
+// are disjoint; the blocks after them (reserved slots, nothing written) may
+// be the same.
+struct SequenceCompaction {
+  std::vector<BlockId> old_blocks;
+  std::vector<BlockId> new_blocks;
+};
 
 struct KvCacheConfig {
   int32_t num_blocks = 0;   // >= 1: blocks in every layer's pool
@@ -226,6 +240,19 @@ class KvCacheManager {
   // Evicts up to `num_blocks` evictable device blocks now (memory pressure,
   // tests); with a host tier they are demoted to it.
   int32_t evict(int32_t num_blocks);
+  // Token eviction (runtime/kv_compression.h, docs/KV_CACHE.md): the
+  // sequence's computed tokens are compacted into `kept_tokens` slots of fresh
+  // blocks (written), followed by slots for the tokens reserved but not yet
+  // computed, which reuse the old blocks that hold nothing written. Fresh
+  // blocks are taken first, then the old ones are released (cached ones stay
+  // cached: their K/V is unchanged), so no written old block is a kept-slot
+  // block. From then on the sequence is compressed: num_tokens() and
+  // num_computed_tokens() count slots, and none of its blocks enters the
+  // prefix cache (a compressed table would otherwise be found as the full
+  // prefix). kNotFound; kFailedPrecondition (swapped out); kInvalidArgument
+  // (kept_tokens outside [0, computed]); kResourceExhausted (nothing changes).
+  StatusOr<SequenceCompaction> compact_sequence(SequenceId seq, int64_t kept_tokens);
+  bool is_compressed(SequenceId seq) const;
 
   // Caps the device blocks a namespace may hold (in use by its sequences or
   // cached under it; host-tier blocks do not count); 0 lifts the cap. A sequence of a namespace at its cap gets its

@@ -210,6 +210,7 @@ StatusOr<ModelConfig> parse_model_config(const json& j, std::string_view source)
   PAGODA_ASSIGN_OR_RETURN(cfg.bos_token_ids, r.token_ids(j, "bos_token_id"));
   PAGODA_ASSIGN_OR_RETURN(cfg.eos_token_ids, r.token_ids(j, "eos_token_id"));
   PAGODA_ASSIGN_OR_RETURN(cfg.dtype, parse_torch_dtype(j, source));
+  PAGODA_ASSIGN_OR_RETURN(cfg.fp8, parse_fp8_quant_config(j, source));
 
   PAGODA_ASSIGN_OR_RETURN(bool attention_bias, r.optional_bool("attention_bias", false));
   switch (cfg.architecture) {
@@ -256,6 +257,19 @@ StatusOr<ModelConfig> load_model_config(const std::filesystem::path& model_dir) 
   const auto config_path = model_dir / "config.json";
   PAGODA_ASSIGN_OR_RETURN(json j, read(config_path));
   PAGODA_ASSIGN_OR_RETURN(ModelConfig cfg, parse_model_config(j, config_path.string()));
+
+  // ModelOpt exports may keep their quantization in hf_quant_config.json only.
+  const auto modelopt_path = model_dir / "hf_quant_config.json";
+  std::error_code modelopt_ec;
+  if (!cfg.fp8 && !cfg.mla && std::filesystem::exists(modelopt_path, modelopt_ec)) {
+    PAGODA_ASSIGN_OR_RETURN(json q, read(modelopt_path));
+    const auto nested = q.is_object() ? q.find("quantization") : q.end();
+    if (nested != q.end() && nested->is_object() && nested->contains("quant_algo") &&
+        (*nested)["quant_algo"].is_string()) {
+      PAGODA_ASSIGN_OR_RETURN(Fp8QuantConfig fp8, parse_modelopt_quant_file(q, modelopt_path.string()));
+      cfg.fp8 = std::move(fp8);
+    }
+  }
 
   // Chat models often list extra stop tokens (e.g. <|eot_id|>) only here.
   const auto gen_path = model_dir / "generation_config.json";

@@ -23,6 +23,7 @@
 #include "pagoda/core/dtype.h"
 #include "pagoda/core/status.h"
 #include "pagoda/model/deepseek_config.h"
+#include "pagoda/model/fp8_config.h"
 #include "pagoda/model/rope_frequencies.h"
 #include "pagoda/model/yarn_rope.h"
 
@@ -62,7 +63,10 @@ struct ModelConfig {
 
   std::vector<int32_t> bos_token_ids;
   std::vector<int32_t> eos_token_ids;
-  std::optional<DType> dtype;  // torch_dtype / dtype, when given: every weight must have it
+  std::optional<DType> dtype;  // torch_dtype / dtype, when given: every weight must have it (fp8 Linear weights aside)
+  // An FP8 checkpoint (quantization_config or ModelOpt's hf_quant_config.json): its Linear weights are
+  // F8_E4M3 with scales (model/fp8_config.h); nullopt: not quantized.
+  std::optional<Fp8QuantConfig> fp8;
 
   bool is_eos(int32_t token) const;
 };

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "pagoda/core/thread_pool.h"
+#include "pagoda/model/fp8_matrix.h"
 #include "pagoda/model/weight_binder.h"
 
 namespace pagoda {
@@ -19,10 +20,10 @@ Status bind_layer(WeightBinder& b, const ModelConfig& c, int32_t index, LayerWei
   const int64_t kv_out = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
   PAGODA_ASSIGN_OR_RETURN(w.input_norm, b.vector(p + "input_layernorm.weight", hidden));
   PAGODA_ASSIGN_OR_RETURN(w.post_attention_norm, b.vector(p + "post_attention_layernorm.weight", hidden));
-  PAGODA_ASSIGN_OR_RETURN(w.q_proj, b.matrix(p + "self_attn.q_proj.weight", q_out, hidden));
-  PAGODA_ASSIGN_OR_RETURN(w.k_proj, b.matrix(p + "self_attn.k_proj.weight", kv_out, hidden));
-  PAGODA_ASSIGN_OR_RETURN(w.v_proj, b.matrix(p + "self_attn.v_proj.weight", kv_out, hidden));
-  PAGODA_ASSIGN_OR_RETURN(w.o_proj, b.matrix(p + "self_attn.o_proj.weight", hidden, q_out));
+  PAGODA_ASSIGN_OR_RETURN(w.q_proj, b.linear(p + "self_attn.q_proj", q_out, hidden));
+  PAGODA_ASSIGN_OR_RETURN(w.k_proj, b.linear(p + "self_attn.k_proj", kv_out, hidden));
+  PAGODA_ASSIGN_OR_RETURN(w.v_proj, b.linear(p + "self_attn.v_proj", kv_out, hidden));
+  PAGODA_ASSIGN_OR_RETURN(w.o_proj, b.linear(p + "self_attn.o_proj", hidden, q_out));
   if (c.qkv_bias) {
     PAGODA_ASSIGN_OR_RETURN(w.q_bias, b.vector(p + "self_attn.q_proj.bias", q_out));
     PAGODA_ASSIGN_OR_RETURN(w.k_bias, b.vector(p + "self_attn.k_proj.bias", kv_out));
@@ -35,11 +36,14 @@ Status bind_layer(WeightBinder& b, const ModelConfig& c, int32_t index, LayerWei
     PAGODA_ASSIGN_OR_RETURN(w.q_norm, b.vector(p + "self_attn.q_norm.weight", c.head_dim));
     PAGODA_ASSIGN_OR_RETURN(w.k_norm, b.vector(p + "self_attn.k_norm.weight", c.head_dim));
   }
-  PAGODA_ASSIGN_OR_RETURN(w.k_scale, b.optional_positive_scalar(p + "self_attn.k_scale"));
-  PAGODA_ASSIGN_OR_RETURN(w.v_scale, b.optional_positive_scalar(p + "self_attn.v_scale"));
-  PAGODA_ASSIGN_OR_RETURN(w.gate_proj, b.matrix(p + "mlp.gate_proj.weight", inter, hidden));
-  PAGODA_ASSIGN_OR_RETURN(w.up_proj, b.matrix(p + "mlp.up_proj.weight", inter, hidden));
-  PAGODA_ASSIGN_OR_RETURN(w.down_proj, b.matrix(p + "mlp.down_proj.weight", hidden, inter));
+  // ModelOpt names the KV scales after the projections (self_attn.k_proj.k_scale).
+  const char* k_scale_name = b.has(p + "self_attn.k_scale") ? "self_attn.k_scale" : "self_attn.k_proj.k_scale";
+  const char* v_scale_name = b.has(p + "self_attn.v_scale") ? "self_attn.v_scale" : "self_attn.v_proj.v_scale";
+  PAGODA_ASSIGN_OR_RETURN(w.k_scale, b.optional_positive_scalar(p + k_scale_name));
+  PAGODA_ASSIGN_OR_RETURN(w.v_scale, b.optional_positive_scalar(p + v_scale_name));
+  PAGODA_ASSIGN_OR_RETURN(w.gate_proj, b.linear(p + "mlp.gate_proj", inter, hidden));
+  PAGODA_ASSIGN_OR_RETURN(w.up_proj, b.linear(p + "mlp.up_proj", inter, hidden));
+  PAGODA_ASSIGN_OR_RETURN(w.down_proj, b.linear(p + "mlp.down_proj", hidden, inter));
   if (c.mlp_bias) {
     PAGODA_ASSIGN_OR_RETURN(w.gate_bias, b.vector(p + "mlp.gate_proj.bias", inter));
     PAGODA_ASSIGN_OR_RETURN(w.up_bias, b.vector(p + "mlp.up_proj.bias", inter));
@@ -48,11 +52,24 @@ Status bind_layer(WeightBinder& b, const ModelConfig& c, int32_t index, LayerWei
   return ok_status();
 }
 
-// Replaces a view by an owned f32 copy.
+// Replaces a view by an owned f32 copy (fp8: dequantized with its scales; the
+// activation scheme stays, so the layer still rounds its input to fp8).
 void upcast(WeightMatrix& m, std::vector<std::unique_ptr<float[]>>& owned) {
   if (m.dtype == DType::kF32) return;
   const size_t n = m.rows * m.cols;
   auto copy = std::make_unique<float[]>(n);
+  if (m.dtype == DType::kFP8E4M3) {
+    ThreadPool::global().parallel_for(m.rows, [&](size_t begin, size_t end) {
+      dequantize_fp8_rows(m, begin, end, copy.get() + begin * m.cols);
+    }, 64);
+    Fp8MatrixScales activation_only;
+    activation_only.activation = m.fp8.activation;
+    activation_only.activation_group = m.fp8.activation_group;
+    activation_only.input_scale = m.fp8.input_scale;
+    m = WeightMatrix{DType::kF32, copy.get(), m.rows, m.cols, activation_only};
+    owned.push_back(std::move(copy));
+    return;
+  }
   const size_t elem = static_cast<size_t>(dtype_bits(m.dtype) / 8);
   ThreadPool::global().parallel_for(n, [&](size_t begin, size_t end) {
     convert_to_f32(m.dtype, static_cast<const char*>(m.data) + begin * elem, copy.get() + begin, end - begin);
@@ -102,9 +119,11 @@ StatusOr<ModelWeights> bind_model_weights(const ModelConfig& config,
   if (config.tie_word_embeddings) {
     w.lm_head = w.embed_tokens;
   } else {
-    PAGODA_ASSIGN_OR_RETURN(w.lm_head, b.matrix("lm_head.weight", vocab, hidden));
+    PAGODA_ASSIGN_OR_RETURN(w.lm_head, b.linear("lm_head", vocab, hidden));
   }
   w.file_dtype = b.dtype().value_or(DType::kF32);
+  w.owned_f32 = b.take_owned_scales();
+  w.fp8 = config.fp8;
 
   // Upcast when the f32 copy is small enough: sgemm straight on f32 beats
   // converting tiles on every step.

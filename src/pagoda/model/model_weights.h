@@ -63,7 +63,10 @@ struct ModelWeights {
   bool upcast_to_f32 = false;          // matrices were converted to f32 at load
 
   std::shared_ptr<const Checkpoint> checkpoint;       // keeps the mappings alive
-  std::vector<std::unique_ptr<float[]>> owned_f32;    // upcast matrices
+  std::vector<std::unique_ptr<float[]>> owned_f32;    // upcast matrices, fp8 scales
+  // An FP8 checkpoint's scheme (its Linear weights are kFP8E4M3 with scales
+  // unless the scheme skips them), or --quantization fp8's; nullopt: none.
+  std::optional<Fp8QuantConfig> fp8;
   // --quantization: the CPU backend's block-quantized matrices (backend/cpu/quantize_weights.h).
   std::optional<DType> quantization;                  // kInt8 or kInt4 once quantized
   std::vector<std::unique_ptr<uint8_t[]>> owned_quantized;

@@ -17,6 +17,7 @@ std::optional<DType> safetensors_dtype(const std::string& name) {
   if (name == "F32") return DType::kF32;
   if (name == "F16") return DType::kF16;
   if (name == "BF16") return DType::kBF16;
+  if (name == "F8_E4M3") return DType::kFP8E4M3;  // FP8 checkpoints (float8_e4m3fn)
   return std::nullopt;
 }
 
@@ -76,7 +77,7 @@ StatusOr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::path& pat
     const std::string dtype_name_str = dtype_it->get<std::string>();
     const auto dtype = safetensors_dtype(dtype_name_str);
     if (!dtype) {
-      return unimplemented_error("{}: tensor '{}': dtype {} not supported (supported: F32, F16, BF16)",
+      return unimplemented_error("{}: tensor '{}': dtype {} not supported (supported: F32, F16, BF16, F8_E4M3)",
                                  where, name, dtype_name_str);
     }
     info.dtype = *dtype;

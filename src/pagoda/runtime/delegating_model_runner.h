@@ -22,6 +22,8 @@ class DelegatingModelRunner : public ModelRunner {
     return inner_.transfer_blocks(transfers);
   }
   TransferStats transfer_stats() const override { return inner_.transfer_stats(); }
+  Status compact_kv(const KvCompaction& compaction) override { return inner_.compact_kv(compaction); }
+  void release_kv_state(int64_t kv_state) override { inner_.release_kv_state(kv_state); }
   Status read_host_block(int32_t host_block, std::span<std::byte> out) override {
     return inner_.read_host_block(host_block, out);
   }

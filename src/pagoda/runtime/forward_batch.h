@@ -6,6 +6,7 @@
 // consumed by the backend ("run").
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace pagoda {
@@ -25,6 +26,18 @@ struct SequenceSlice {
   // chunk, or every decode token; all of them for perplexity).
   bool logits_for_all_new_tokens = false;
   bool logits_for_last_token = true;
+
+  // Token eviction (runtime/kv_compression.h), only on runners with
+  // RunnerCapabilities::compacts_kv. kv_state != 0 names the runner's state
+  // for this sequence (attention mass, per-head kept lengths after a
+  // compaction); the engine uses its sequence id. With it, num_cached_tokens
+  // and the block table count cache indices (after compaction fewer than the
+  // positions, which stay the true ones).
+  int64_t kv_state = 0;
+  bool kv_state_reset = false;  // the sequence starts (again): drop what the runner kept under kv_state
+  // New tokens at cache index >= this add their attention distribution (mass
+  // per attended index, entropy) to the state; the int32 maximum: none do.
+  int32_t score_from_index = std::numeric_limits<int32_t>::max();
 };
 
 struct ForwardBatch {

@@ -24,6 +24,7 @@
 
 #include "pagoda/core/status.h"
 #include "pagoda/runtime/forward_batch.h"
+#include "pagoda/runtime/kv_compression.h"
 #include "pagoda/runtime/kv_pool_shape.h"
 
 namespace pagoda::runtime {
@@ -108,12 +109,27 @@ struct TransferStats {
   int64_t failed_calls = 0;
 };
 
+// One sequence's compaction (token eviction, runtime/kv_compression.h): its
+// cache indices [0, old_length) under old_block_table are rewritten into
+// new_block_table as the compacted region [0, new_length): per (layer, KV
+// head) the kept tokens in order, then holes. The tables cover exactly
+// [0, old_length) and [0, new_length) and share no block.
+struct KvCompaction {
+  int64_t kv_state = 0;
+  KvCompressionConfig config;
+  std::vector<int32_t> old_block_table;
+  int32_t old_length = 0;
+  std::vector<int32_t> new_block_table;
+  int32_t new_length = 0;
+};
+
 struct RunnerCapabilities {
   bool samples_on_device = false;  // execute() honours RowSampling::on_device
   bool samples_masked_on_device = false;  // ... and RowSampling::allowed
   bool zeroes_blocks = false;      // zero_blocks() is implemented
   int32_t host_kv_blocks = 0;      // blocks in the host pool (0: no host tier); block shape as kv_geometry()
   bool host_block_access = false;  // read_host_block / write_host_block are implemented
+  bool compacts_kv = false;        // compact_kv() and SequenceSlice's kv_state are honoured
 };
 
 class ModelRunner {
@@ -155,6 +171,15 @@ class ModelRunner {
   // read (engine/lower_tier_spiller.h).
   virtual Status read_host_block(int32_t host_block, std::span<std::byte> out);
   virtual Status write_host_block(int32_t host_block, std::span<const std::byte> data);
+  // Token eviction: chooses each (layer, KV head)'s kept tokens from the
+  // state under compaction.kv_state and rewrites them (KvCompaction). Runs
+  // before the next execute(); the old blocks may be reused after it returns.
+  // Errors: bad ids or lengths (kOutOfRange / kInvalidArgument); afterwards
+  // the sequence's K/V must be treated as lost. Called only when
+  // capabilities().compacts_kv; the default refuses.
+  virtual Status compact_kv(const KvCompaction& compaction);
+  // Forgets the state kept under kv_state (the sequence ended). No-op when unknown.
+  virtual void release_kv_state(int64_t /*kv_state*/) {}
 
   // The KV memory this runner holds: the engine's KV manager must use the same
   // block_size and num_blocks.
@@ -167,6 +192,11 @@ class ModelRunner {
 
 inline Status ModelRunner::zero_blocks(std::span<const int32_t> blocks) {
   return unimplemented_error("this model runner cannot zero KV blocks ({} asked)", blocks.size());
+}
+
+inline Status ModelRunner::compact_kv(const KvCompaction& compaction) {
+  return unimplemented_error("this model runner cannot compact KV (policy {})",
+                             kv_compression_policy_name(compaction.config.policy));
 }
 
 inline Status ModelRunner::read_host_block(int32_t host_block, std::span<std::byte>) {

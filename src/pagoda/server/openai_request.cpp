@@ -227,6 +227,40 @@ std::optional<ApiError> read_structured_output(const json& body, StructuredOutpu
   return std::nullopt;
 }
 
+// The pagoda extension "kv_compression": {"policy": "snapkv", "budget": 256,
+// "sink_tokens": 4, "window": 32}; unset members take their defaults.
+std::optional<ApiError> read_kv_compression(const json& body, std::optional<runtime::KvCompressionConfig>& out) {
+  auto it = body.find("kv_compression");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_object()) return invalid_request("'kv_compression' must be an object", "kv_compression");
+  runtime::KvCompressionConfig c;
+  for (auto m = it->begin(); m != it->end(); ++m) {
+    const std::string param = "kv_compression." + m.key();
+    if (m.key() == "policy") {
+      if (!m->is_string()) return invalid_request(fmt::format("'{}' must be a string", param), param);
+      auto policy = runtime::parse_kv_compression_policy(m->get<std::string>(), param);
+      if (!policy.ok()) return invalid_request(policy.status().message(), param);
+      c.policy = *policy;
+    } else if (m.key() == "budget" || m.key() == "sink_tokens" || m.key() == "window") {
+      if (!m->is_number_integer() || m->get<int64_t>() < 0 || m->get<int64_t>() > (1 << 24))
+        return invalid_request(fmt::format("'{}' must be an integer in [0, {}]", param, 1 << 24), param);
+      const auto v = static_cast<int32_t>(m->get<int64_t>());
+      (m.key() == "budget" ? c.budget : m.key() == "window" ? c.window : c.sink_tokens) = v;
+    } else {
+      return invalid_request(fmt::format("'{}' is not a kv_compression setting (policy, budget, sink_tokens, window)",
+                                         param),
+                             param);
+    }
+  }
+  if (Status s = runtime::validate_kv_compression(c, "kv_compression."); !s.ok()) {
+    // validate_kv_compression's messages start with the field they name.
+    const std::string& msg = s.message();
+    return invalid_request(msg, msg.substr(0, msg.find(' ')));
+  }
+  out = c;
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view text, Endpoint endpoint) {
@@ -251,6 +285,7 @@ std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view text
   }
   if (auto e = check_unsupported(body)) return *e;
   if (auto e = read_structured_output(body, req.structured)) return *e;
+  if (auto e = read_kv_compression(body, req.kv_compression)) return *e;
 
   auto& s = req.sampling;
   if (auto v = r.number("temperature")) s.temperature = static_cast<float>(*v);

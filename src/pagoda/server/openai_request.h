@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "pagoda/engine/sampling_params.h"
+#include "pagoda/runtime/kv_compression.h"
 #include "pagoda/server/api_error.h"
 #include "pagoda/server/chat_prompt.h"
 #include "pagoda/server/structured_output.h"
@@ -44,6 +45,10 @@ struct OpenAiRequest {
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage
   StructuredOutputSpec structured;  // response_format / guided_*; kind kNone when absent
+  // pagoda extension "kv_compression": {"policy", "budget", "sink_tokens",
+  // "window"} (docs/API.md): token eviction for this request; absent: the
+  // server's --kv-compression settings.
+  std::optional<runtime::KvCompressionConfig> kv_compression;
 };
 
 // The largest max_tokens accepted before the context check (anything larger is

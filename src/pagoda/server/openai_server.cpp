@@ -242,6 +242,7 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
   gen.tenant_namespace = caller.cache_namespace;
   gen.prompt_tokens = std::move(*tokens);
   gen.sampling = req.sampling;
+  gen.kv_compression = req.kv_compression;
   gen.constraint = std::get<std::shared_ptr<const engine::TokenConstraint>>(std::move(constraint));
   auto submitted = engine_.submit(std::move(gen));
   if (!submitted.ok()) {

@@ -218,6 +218,11 @@ std::string render_prometheus_metrics(const engine::EngineStats& s, const HttpCo
   scalar(out, "pagoda_generation_tokens_total", "counter", "Generated tokens.", s.generated_tokens);
   scalar(out, "pagoda_kv_blocks_zeroed_total", "counter", "KV blocks zeroed as they passed from one tenant to another.",
          s.kv_blocks_zeroed);
+  scalar(out, "pagoda_kv_compactions_total", "counter", "Token eviction: sequences compacted.", s.kv_compactions);
+  scalar(out, "pagoda_kv_evicted_slots_total", "counter", "Token eviction: KV cache slots freed by compactions.",
+         s.kv_evicted_slots);
+  scalar(out, "pagoda_kv_compactions_deferred_total", "counter",
+         "Token eviction: compactions put off for want of fresh blocks.", s.kv_compactions_deferred);
   histogram(out, "pagoda_time_to_first_token_seconds", "Submit to first generated token.", s.time_to_first_token);
   histogram(out, "pagoda_inter_token_latency_seconds", "Time between tokens of one sequence.", s.inter_token_latency);
   histogram(out, "pagoda_step_duration_seconds", "Wall time of one engine step.", s.step_time);

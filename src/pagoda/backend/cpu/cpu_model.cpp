@@ -62,7 +62,8 @@ Status CpuModel::validate(const ForwardBatch& batch, const CpuKvPool& pool) cons
 }
 
 void CpuModel::attention_layer(int32_t l, const ForwardBatch& batch, std::span<const int64_t> slots,
-                               std::span<const kernels::PagedSequence> sequences,
+                               std::span<kernels::PagedSequence> sequences,
+                               std::span<CpuSequenceEviction* const> eviction,
                                const kernels::PagedAttentionParams& attention, CpuKvPool& pool) {
   const ModelConfig& c = config_;
   const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
@@ -82,12 +83,21 @@ void CpuModel::attention_layer(int32_t l, const ForwardBatch& batch, std::span<c
   kv.key_fixed_scale = w.k_scale;  // checkpoint-calibrated fp8 scales, when present (0: per vector)
   kv.value_fixed_scale = w.v_scale;
   kernels::kv_write(k_.data(), v_.data(), slots, kv);
+  for (size_t i = 0; i < eviction.size(); ++i)
+    if (eviction[i] != nullptr)
+      sequences[i].eviction = eviction[i]->layer_view(l, batch.sequences[i].score_from_index);
   kernels::paged_attention(q_.data(), kv, sequences, attention, attn_.data());
   kernels::linear(attn_.data(), T, w.o_proj, bias_or_null(w.o_bias), proj_.data());
 }
 
-Status CpuModel::forward(const ForwardBatch& batch, CpuKvPool& pool, std::vector<float>& logits) {
+Status CpuModel::forward(const ForwardBatch& batch, CpuKvPool& pool, std::vector<float>& logits,
+                         std::span<CpuSequenceEviction* const> eviction) {
   PAGODA_RETURN_IF_ERROR(validate(batch, pool));
+  if (!eviction.empty() && eviction.size() != batch.sequences.size())
+    return invalid_argument_error("token eviction: {} states for {} sequences", eviction.size(),
+                                  batch.sequences.size());
+  if (!eviction.empty() && !supports_token_eviction())
+    return unimplemented_error("token eviction needs a model without MLA or a sliding window");
   const ModelConfig& c = config_;
   const size_t T = static_cast<size_t>(batch.num_tokens());
   const size_t H = static_cast<size_t>(c.hidden_size);
@@ -102,7 +112,7 @@ Status CpuModel::forward(const ForwardBatch& batch, CpuKvPool& pool, std::vector
   std::vector<kernels::PagedSequence> sequences;
   sequences.reserve(batch.sequences.size());
   for (const SequenceSlice& s : batch.sequences)
-    sequences.push_back({s.token_offset, s.num_new_tokens, s.num_cached_tokens, s.block_table});
+    sequences.push_back({s.token_offset, s.num_new_tokens, s.num_cached_tokens, s.block_table, {}});
   const std::vector<int64_t> slots = kernels::plan_kv_slots(sequences, pool.shape().block_size, T);
   const kernels::PagedAttentionParams attention{c.num_q_heads, 1.0f / std::sqrt(static_cast<float>(D)),
                                                 c.sliding_window};
@@ -127,7 +137,7 @@ Status CpuModel::forward(const ForwardBatch& batch, CpuKvPool& pool, std::vector
     if (mla_) {
       mla_->forward(l, normed_.data(), T, batch.positions.data(), slots, sequences, pool.layer(l), proj_.data());
     } else {
-      attention_layer(l, batch, slots, sequences, attention, pool);
+      attention_layer(l, batch, slots, sequences, eviction, attention, pool);
     }
     add_in_place(hidden_.data(), proj_.data(), T * H);
 

@@ -23,6 +23,7 @@
 #include <span>
 #include <vector>
 
+#include "pagoda/backend/cpu/cpu_kv_eviction.h"
 #include "pagoda/backend/cpu/cpu_kv_pool.h"
 #include "pagoda/backend/cpu/kernels/paged_attention.h"
 #include "pagoda/backend/cpu/mla_attention_layer.h"
@@ -48,6 +49,9 @@ class CpuModel {
   // --quantization: block-quantizes the linear weights (int8 or int4) before
   // the first forward; see backend/cpu/quantize_weights.h for what and errors.
   Status quantize_weights(DType dtype);
+  // Token eviction works with the llama family's attention without a sliding
+  // window (window indices would count compacted slots, not positions).
+  bool supports_token_eviction() const { return !config_.mla && config_.sliding_window <= 0; }
 
   // The pool shape this model needs for num_blocks blocks of block_size tokens,
   // K and V stored as key_dtype / value_dtype (f32, f16, bf16, fp8, int8, int4);
@@ -60,13 +64,17 @@ class CpuModel {
   // pool then): batch inconsistent (lengths, offsets, token ids out of vocab,
   // block table too short or naming blocks outside the pool) or a pool whose
   // shape does not fit the model.
-  Status forward(const ForwardBatch& batch, CpuKvPool& pool, std::vector<float>& logits);
+  // `eviction` (token eviction, backend/cpu/cpu_kv_eviction.h): empty, or
+  // one entry per slice, null for slices without eviction state; the
+  // attention skips each head's holes and adds scores as the state says.
+  Status forward(const ForwardBatch& batch, CpuKvPool& pool, std::vector<float>& logits,
+                 std::span<CpuSequenceEviction* const> eviction = {});
 
  private:
   Status validate(const ForwardBatch& batch, const CpuKvPool& pool) const;
   // The llama family's attention of layer l on normed_, into proj_.
   void attention_layer(int32_t l, const ForwardBatch& batch, std::span<const int64_t> slots,
-                       std::span<const kernels::PagedSequence> sequences,
+                       std::span<kernels::PagedSequence> sequences, std::span<CpuSequenceEviction* const> eviction,
                        const kernels::PagedAttentionParams& attention, CpuKvPool& pool);
 
   ModelConfig config_;

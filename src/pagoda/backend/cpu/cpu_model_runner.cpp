@@ -11,7 +11,9 @@
 namespace pagoda {
 
 CpuModelRunner::CpuModelRunner(std::shared_ptr<CpuModel> model, CpuKvPool pool)
-    : model_(std::move(model)), pool_(std::move(pool)) {}
+    : model_(std::move(model)),
+      pool_(std::move(pool)),
+      eviction_(pool_.shape().num_layers, pool_.shape().num_kv_heads) {}
 
 void CpuModelRunner::FreeDeleter::operator()(std::byte* p) const { std::free(p); }
 
@@ -50,11 +52,23 @@ StatusOr<runtime::StepResult> CpuModelRunner::execute(const ForwardBatch& batch,
                                                       std::span<const runtime::RowSampling> rows) {
   PAGODA_RETURN_IF_ERROR(runtime::check_row_sampling(batch, rows, capabilities()));
   runtime::StepResult out;
-  PAGODA_RETURN_IF_ERROR(model_->forward(batch, pool_, out.host_logits));
+  std::vector<CpuSequenceEviction*> eviction;
+  for (const SequenceSlice& s : batch.sequences) {
+    if (s.kv_state == 0) continue;
+    if (!capabilities().compacts_kv) return unimplemented_error("this model cannot run token eviction");
+    eviction = eviction_.prepare(batch);
+    break;
+  }
+  PAGODA_RETURN_IF_ERROR(model_->forward(batch, pool_, out.host_logits, eviction));
   const size_t num_rows = static_cast<size_t>(batch.num_logit_rows());
   out.tokens.assign(num_rows, 0);
   out.logprobs.assign(num_rows, 0.0f);
   return out;
+}
+
+Status CpuModelRunner::compact_kv(const runtime::KvCompaction& compaction) {
+  if (!capabilities().compacts_kv) return runtime::ModelRunner::compact_kv(compaction);
+  return eviction_.compact(compaction, pool_);
 }
 
 Status CpuModelRunner::copy_blocks(std::span<const runtime::BlockCopy> copies) {

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "pagoda/backend/cpu/cpu_kv_eviction.h"
 #include "pagoda/backend/cpu/cpu_kv_pool.h"
 #include "pagoda/backend/cpu/cpu_model.h"
 #include "pagoda/runtime/model_runner.h"
@@ -43,8 +44,15 @@ class CpuModelRunner final : public runtime::ModelRunner {
   Status read_host_block(int32_t host_block, std::span<std::byte> out) override;
   Status write_host_block(int32_t host_block, std::span<const std::byte> data) override;
   runtime::RunnerCapabilities capabilities() const override {
-    return {.zeroes_blocks = true, .host_kv_blocks = num_host_blocks_, .host_block_access = num_host_blocks_ > 0};
+    return {.zeroes_blocks = true,
+            .host_kv_blocks = num_host_blocks_,
+            .host_block_access = num_host_blocks_ > 0,
+            .compacts_kv = model_->supports_token_eviction()};
   }
+  // Token eviction (backend/cpu/cpu_kv_eviction.h).
+  Status compact_kv(const runtime::KvCompaction& compaction) override;
+  void release_kv_state(int64_t kv_state) override { eviction_.release(kv_state); }
+  const CpuKvEviction& eviction() const { return eviction_; }
   const KvPoolShape& kv_geometry() const override { return pool_.shape(); }
   int32_t vocab_size() const override { return model_->config().vocab_size; }
   int32_t max_context_length() const override { return model_->config().max_position_embeddings; }
@@ -70,6 +78,7 @@ class CpuModelRunner final : public runtime::ModelRunner {
   size_t host_block_bytes_ = 0;
   std::unique_ptr<std::byte[], FreeDeleter> host_pool_;
   runtime::TransferStats transfer_stats_;
+  CpuKvEviction eviction_;
 };
 
 }  // namespace pagoda

@@ -7,6 +7,7 @@
 #include "pagoda/backend/cuda/cuda_check.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
 #include "pagoda/backend/cuda/random_fill.h"
+#include "pagoda/model/fp8_matrix.h"
 #include "pagoda/model/random_weights.h"
 #include "pagoda/backend/cuda/progress_bar.h"
 #include "pagoda/core/thread_pool.h"
@@ -41,7 +42,9 @@ void matrix_to_bf16(const WeightMatrix& m, uint16_t* dst) {
     std::vector<float> row(m.cols);
     const size_t element_bytes = static_cast<size_t>(dtype_bits(m.dtype)) / 8;
     for (size_t r = begin; r < end; ++r) {
-      convert_to_f32(m.dtype, static_cast<const char*>(m.data) + r * m.cols * element_bytes, row.data(), m.cols);
+      // An FP8 checkpoint's weights run as bf16 on the GPU for now: dequantized with their scales.
+      if (m.dtype == DType::kFP8E4M3) dequantize_fp8_rows(m, r, r + 1, row.data());
+      else convert_to_f32(m.dtype, static_cast<const char*>(m.data) + r * m.cols * element_bytes, row.data(), m.cols);
       for (size_t c = 0; c < m.cols; ++c) dst[r * m.cols + c] = f32_to_bf16(row[c]);
     }
   });

@@ -10,6 +10,7 @@
 #include "pagoda/core/thread_pool.h"
 #include "pagoda/backend/cpu/kernels/quant_dot.h"
 #include "pagoda/backend/cpu/kernels/vector_dot.h"
+#include "pagoda/model/fp8_matrix.h"
 
 namespace pagoda::kernels {
 
@@ -52,6 +53,7 @@ constexpr size_t kTileBytes = size_t{4} << 20;
 
 // Rows [r0, r1) of w (f16, bf16, int8 or int4) into f32.
 void rows_to_f32(const WeightMatrix& w, size_t r0, size_t r1, float* out) {
+  if (w.dtype == DType::kFP8E4M3) return dequantize_fp8_rows(w, r0, r1, out);
   if (is_quantized_weight(w.dtype)) {
     const size_t row_bytes = quantized_row_bytes(w.dtype, w.cols);
     dequantize_weight_rows(w.dtype, static_cast<const uint8_t*>(w.data) + r0 * row_bytes, r1 - r0, w.cols, out);
@@ -89,25 +91,62 @@ void linear_quantized_dot(const float* x, size_t m, const WeightMatrix& w, const
   }, rows_per_task(m, k));
 }
 
+// sum_{c in [c0, c1)} table[row[c]] * x[c] with 8 independent sums (a single running sum is one add per
+// element on the critical path).
+float dot_fp8_span(const float* table, const uint8_t* row, const float* x, size_t c0, size_t c1) {
+  float acc[8] = {};
+  size_t c = c0;
+  for (; c + 8 <= c1; c += 8)
+    for (size_t i = 0; i < 8; ++i) acc[i] += table[row[c + i]] * x[c + i];
+  for (; c < c1; ++c) acc[0] += table[row[c]] * x[c];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// One fp8 weight row (row j of w) against x: one scale per row, or per block of columns applied to the
+// block's sum.
+float dot_fp8_row(const float* x, const WeightMatrix& w, size_t j) {
+  const float* table = fp8e4m3_table();
+  const uint8_t* row = static_cast<const uint8_t*>(w.data) + j * w.cols;
+  const Fp8MatrixScales& s = w.fp8;
+  if (s.layout != Fp8WeightScale::kBlock)
+    return dot_fp8_span(table, row, x, 0, w.cols) * (s.layout == Fp8WeightScale::kTensor ? s.scales[0] : s.scales[j]);
+  const size_t bc = static_cast<size_t>(s.block_cols);
+  const float* scales = s.scales + (j / static_cast<size_t>(s.block_rows)) * ((w.cols + bc - 1) / bc);
+  float total = 0.0f;
+  for (size_t c0 = 0, b = 0; c0 < w.cols; c0 += bc, ++b)
+    total += dot_fp8_span(table, row, x, c0, std::min(w.cols, c0 + bc)) * scales[b];
+  return total;
+}
+
 }  // namespace
 
-void linear(const float* x, size_t m, const WeightMatrix& w, const float* bias, float* y) {
+void linear(const float* x_in, size_t m, const WeightMatrix& w, const float* bias, float* y) {
   assert(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16 ||
-         is_quantized_weight(w.dtype));
+         w.dtype == DType::kFP8E4M3 || is_quantized_weight(w.dtype));
   pin_openblas_to_one_thread();
   const size_t n = w.rows, k = w.cols;
   if (m == 0 || n == 0) return;
+  const float* x = x_in;
+  if (w.fp8.activation != Fp8Activation::kNone) {
+    // The fp8 layer's input as its GEMM sees it: rounded through fp8 with the scheme's scales.
+    thread_local std::vector<float> x_fp8;
+    x_fp8.assign(x_in, x_in + m * k);
+    fake_quantize_fp8_activations(x_fp8.data(), m, k, w.fp8);
+    x = x_fp8.data();
+  }
   if (is_quantized_weight(w.dtype) && m <= kMaxRowsForDotPath) return linear_quantized_dot(x, m, w, bias, y);
+  const bool dot_path = m <= kMaxRowsForDotPath;
   const size_t elem_bytes = static_cast<size_t>(dtype_bits(w.dtype) / 8);
   // Rows per converted tile (at least 8).
   const size_t tile_rows = std::max<size_t>(8, (kTileBytes / sizeof(float)) / std::max<size_t>(1, k));
 
   ThreadPool::global().parallel_for(n, [&](size_t begin, size_t end) {
-    if (m <= kMaxRowsForDotPath) {
+    if (dot_path) {
       // Decode: one pass over the weight rows in their own dtype, no conversion buffer.
       for (size_t j = begin; j < end; ++j) {
         const void* row = static_cast<const char*>(w.data) + j * k * elem_bytes;
-        for (size_t r = 0; r < m; ++r) y[r * n + j] = dot_weights(x + r * k, row, w.dtype, k);
+        for (size_t r = 0; r < m; ++r)
+          y[r * n + j] = w.dtype == DType::kFP8E4M3 ? dot_fp8_row(x + r * k, w, j) : dot_weights(x + r * k, row, w.dtype, k);
       }
     } else if (w.dtype == DType::kF32) {
       const float* rows = static_cast<const float*>(w.data) + begin * k;

@@ -12,6 +12,12 @@
 // into a thread-local f32 buffer (backend/cpu/kernels/kv_quantize.h) and then used
 // exactly as an f32 vector would be: the result equals attention over an f32
 // pool holding the dequantized values. f32 pools are read in place.
+// Token eviction (PagedSequence::eviction, paged_kv.h): a sequence's per-head
+// holes are neither read nor attended, and scoring queries add their
+// attention distribution to the sequence's mass and entropy sums (each
+// scoring (token, head) fills a private row; the rows are summed after, per
+// (sequence, head), so no two threads write the same memory). With the
+// defaults nothing of this runs but a null check.
 // Parallel over (token, head) on ThreadPool::global(); call from one thread at a time.
 
 #include <cstddef>

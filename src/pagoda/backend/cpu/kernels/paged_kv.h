@@ -74,11 +74,35 @@ struct PagedKvLayer {
 // [0, num_cached_tokens + i] (causal), restricted to the last `sliding_window`
 // of them when the kernel is given a window. Index p lives in block
 // block_table[p / block_size] at slot p % block_size.
+// Token eviction (runtime/kv_compression.h): one sequence's view in one
+// layer. Defaults mean "off" and cost the kernel one branch per (token, head).
+struct PagedSequenceEviction {
+  // Per KV head h, indices [head_kept[h], compacted_length) are holes: never
+  // read, not attended. Null: no holes.
+  const int32_t* head_kept = nullptr;
+  int32_t compacted_length = 0;
+  // New tokens at index >= score_from_index add, per KV head, the attention
+  // probability of each index (summed over the head's query heads) to
+  // mass[h * mass_stride + index], and the entropy of each query head's
+  // distribution (divided by log of the indices it attended, so in [0, 1])
+  // to entropy_sum[h], counting each in entropy_count[h]. mass null: no scores.
+  float* mass = nullptr;
+  int64_t mass_stride = 0;
+  double* entropy_sum = nullptr;
+  int64_t* entropy_count = nullptr;
+  int32_t score_from_index = 0;
+
+  bool is_hole(int32_t index, size_t kv_head) const {
+    return head_kept != nullptr && index >= head_kept[kv_head] && index < compacted_length;
+  }
+};
+
 struct PagedSequence {
   int32_t token_offset = 0;  // row of the first new token in q / out
   int32_t num_new_tokens = 0;
   int32_t num_cached_tokens = 0;
   std::span<const int32_t> block_table;
+  PagedSequenceEviction eviction;
 };
 
 }  // namespace pagoda::kernels

@@ -1,0 +1,27 @@
+#pragma once
+// The launchers of the fp8 kernels (fp8_quantize.cu): per-token activation
+// quantization and the scaling epilogue,
+// apart from fp8_gemm.h so the .cu file needs only CUDA headers (C++17).
+// Used by Fp8Gemm (fp8_gemm.h).
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+namespace pagoda::cuda {
+
+// q [m, k] fp8 e4m3 bytes and scales [m] f32 from x [m, k] bf16 (row-major,
+// contiguous): scales[r] = amax(x[r, :]) / 448, q = fp8(x / scale) rounded to
+// nearest even and saturated at +-448; an all-zero row gets scale 0 and zero
+// bytes. One block per row. Enqueues on stream; returns cudaGetLastError().
+cudaError_t quantize_fp8_per_token(const __nv_bfloat16* x, int32_t m, int32_t k, uint8_t* q, float* scales,
+                                   cudaStream_t stream);
+
+// The epilogue of an fp8 GEMM run with unit scales into f32: y[r, c] =
+// bf16(d[r * n + c] * x_scales[r] * w_scales[c]) for r < m, c < n (d and y
+// row-major [m, n]; x_scales [m] per token, w_scales [n] per output channel).
+cudaError_t fp8_apply_outer_scales(const float* d, const float* x_scales, const float* w_scales, int32_t m,
+                                   int32_t n, __nv_bfloat16* y, cudaStream_t stream);
+
+}  // namespace pagoda::cuda

@@ -1,0 +1,33 @@
+#include "pagoda/cli/kv_compression_flags.h"
+
+namespace pagoda::cli {
+
+void add_kv_compression_flags(CLI::App& cmd, KvCompressionFlags& flags) {
+  cmd.add_option("--kv-compression", flags.policy,
+                 "token eviction: none, streaming, h2o, snapkv, pyramidkv or entropy (docs/KV_CACHE.md)")
+      ->capture_default_str();
+  cmd.add_option("--kv-budget", flags.budget,
+                 "KV tokens kept per sequence, layer and KV head under --kv-compression (mean over heads for "
+                 "pyramidkv and entropy)");
+  cmd.add_option("--kv-sink-tokens", flags.sink_tokens, "first tokens token eviction always keeps")
+      ->capture_default_str();
+  cmd.add_option("--kv-window", flags.window,
+                 "most recent tokens token eviction always keeps; also the observation window of the scores")
+      ->capture_default_str();
+}
+
+StatusOr<runtime::KvCompressionConfig> resolve_kv_compression_flags(const KvCompressionFlags& flags,
+                                                                    backend::Device device) {
+  runtime::KvCompressionConfig c;
+  PAGODA_ASSIGN_OR_RETURN(c.policy, runtime::parse_kv_compression_policy(flags.policy, "--kv-compression"));
+  c.budget = flags.budget;
+  c.sink_tokens = flags.sink_tokens;
+  c.window = flags.window;
+  PAGODA_RETURN_IF_ERROR(runtime::validate_kv_compression(c, "--kv-"));
+  if (c.enabled() && device == backend::Device::kCuda)
+    return unimplemented_error("--kv-compression {}: the cuda device cannot run token eviction yet; use --device cpu",
+                               flags.policy);
+  return c;
+}
+
+}  // namespace pagoda::cli

@@ -1,0 +1,37 @@
+#pragma once
+// The token-eviction flags that `pagoda generate`, `serve` and `eval` share
+// (runtime/kv_compression.h, docs/KV_CACHE.md "Token eviction"):
+//
+//   --kv-compression none|streaming|h2o|snapkv|pyramidkv|entropy
+//   --kv-budget TOKENS       KV tokens kept per layer and KV head (mean for pyramidkv / entropy)
+//   --kv-sink-tokens N       first tokens always kept (default 4)
+//   --kv-window N            most recent tokens always kept, and the observation window (default 32)
+//
+// Errors name the flag: an unknown policy, a budget not above sinks + window,
+// a budget without a policy, or a device that cannot evict (cuda for now).
+//
+// Thread safety: plain functions; call from one thread at start-up.
+
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "pagoda/backend/runner_setup.h"
+#include "pagoda/core/status.h"
+#include "pagoda/runtime/kv_compression.h"
+
+namespace pagoda::cli {
+
+struct KvCompressionFlags {
+  std::string policy = "none";
+  int32_t budget = 0;
+  int32_t sink_tokens = 4;
+  int32_t window = 32;
+};
+
+void add_kv_compression_flags(CLI::App& cmd, KvCompressionFlags& flags);
+StatusOr<runtime::KvCompressionConfig> resolve_kv_compression_flags(const KvCompressionFlags& flags,
+                                                                    backend::Device device);
+
+}  // namespace pagoda::cli
