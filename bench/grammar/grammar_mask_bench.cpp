@@ -2,9 +2,10 @@
 // token of JSON documents that a model would write (schema-valid documents tokenized with the
 // tokenizer), time TokenMatcher::fill_mask, then accept the token.
 //
-// Three regimes, each over the same token sequences:
-//   cold    a fresh CompiledGrammar: the first request with a new schema (every new state walks
-//           the vocabulary trie);
+// Four regimes, each over the same token sequences:
+//   lazy    a fresh CompiledGrammar without precompute(): every window is computed on first use;
+//   cold    a fresh CompiledGrammar after precompute(), as the server compiles it: the first
+//           request with a new schema (every state is new; its mask is composed from windows);
 //   warm    the same CompiledGrammar, a new matcher: later requests with that schema (the server
 //           keeps compiled grammars by schema text);
 //   steady  per token within one document once its states recur (the second copy of each
@@ -61,6 +62,10 @@ const std::vector<Case> kCases = {
       "the rightful property of some one or other of their daughters."}},
 };
 
+// The server's precompute budget (server/structured_output.cpp).
+constexpr size_t kPrecomputeStates = 4096;
+constexpr double kPrecomputeSeconds = 0.5;
+
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -108,7 +113,7 @@ int main(int argc, char** argv) {
   const double build_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   std::printf("vocabulary %d ids, trie %zu nodes, depth %u, built in %.1f ms\n", vocab->size(), vocab->num_nodes(),
               vocab->max_depth(), build_ms);
-  std::vector<double> all_cold, all_warm, all_steady;
+  std::vector<double> all_cold, all_lazy, all_warm, all_steady;
   for (const Case& c : kCases) {
     std::shared_ptr<const pagoda::grammar::Grammar> grammar;
     const std::string schema = c.schema;
@@ -131,24 +136,38 @@ int main(int argc, char** argv) {
     }
     std::vector<std::vector<int32_t>> docs;
     for (const char* d : c.documents) docs.push_back((*tok)->encode(d, false));
+    // cold: a fresh grammar after precompute() (what the server does when it compiles one);
+    // lazy: a fresh grammar without it (every window computed on first use).
+    std::vector<double> lazy, unused_steady;
+    if (!run_documents(std::make_shared<CompiledGrammar>(grammar, vocab), docs, lazy, &unused_steady)) return 1;
     auto compiled = std::make_shared<CompiledGrammar>(grammar, vocab);
+    const auto pre = compiled->precompute(kPrecomputeStates, kPrecomputeSeconds);
+    std::printf("%s: precompute %.1f ms, %llu states, %llu windows%s\n", c.name, pre.seconds * 1e3,
+                static_cast<unsigned long long>(pre.states), static_cast<unsigned long long>(pre.windows),
+                pre.complete ? " (every reachable state)" : "");
     std::vector<double> cold, warm, steady, unused;
     if (!run_documents(compiled, docs, cold, &steady)) return 1;
     for (int rep = 0; rep < 5; ++rep)
       if (!run_documents(compiled, docs, warm, nullptr)) return 1;
     const auto stats = compiled->stats();
-    std::printf("%s: %zu tokens, %llu misses, %llu states, %llu transitions (%.0f trie nodes per miss)\n", c.name,
-                cold.size(), static_cast<unsigned long long>(stats.misses), static_cast<unsigned long long>(stats.states),
+    std::printf("%s: %zu tokens, %llu misses (%llu whole-trie walks), %llu states, %llu transitions, %llu windows, "
+                "%llu uncertain tokens checked, windows hold %.1f MB\n",
+                c.name, cold.size(), static_cast<unsigned long long>(stats.misses),
+                static_cast<unsigned long long>(stats.whole_walks), static_cast<unsigned long long>(stats.states),
                 static_cast<unsigned long long>(stats.transitions_computed),
-                stats.misses ? static_cast<double>(stats.trie_nodes_visited) / static_cast<double>(stats.misses) : 0.0);
+                static_cast<unsigned long long>(stats.windows), static_cast<unsigned long long>(stats.uncertain_checked),
+                static_cast<double>(stats.window_bytes) / 1e6);
+    report("lazy", lazy);
     report("cold", cold);
     report("steady", steady);
     report("warm", warm);
     all_cold.insert(all_cold.end(), cold.begin(), cold.end());
+    all_lazy.insert(all_lazy.end(), lazy.begin(), lazy.end());
     all_warm.insert(all_warm.end(), warm.begin(), warm.end());
     all_steady.insert(all_steady.end(), steady.begin(), steady.end());
   }
   std::printf("all cases:\n");
+  report("lazy", all_lazy);
   report("cold", all_cold);
   report("steady", all_steady);
   report("warm", all_warm);

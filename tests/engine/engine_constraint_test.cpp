@@ -108,8 +108,9 @@ TEST(EngineConstraintTest, ConstrainedRowsTakeTheHostPathUnderADeviceSampler) {
 }
 
 
-// With a runner that masks on the device, constrained rows stay there: the engine hands it each
-// row's mask, filled before the forward, and accepts the device's token into the constraint.
+// With a runner that masks on the device, constrained rows stay there: the runner asks the engine
+// for each row's mask after its forward (RowSampling::mask_source) and the engine accepts the
+// device's token into the constraint.
 // Greedy rows give the same tokens on both paths (random draws differ: the device keys its RNG
 // by seed and step, the host by the sequence's own generator).
 TEST(EngineConstraintTest, ConstrainedRowsStayOnADeviceThatMasks) {
@@ -130,10 +131,12 @@ TEST(EngineConstraintTest, ConstrainedRowsStayOnADeviceThatMasks) {
     for (const auto& call : h.runner.sampled_rows)
       for (const runtime::RowSampling& row : call) {
         (row.on_device ? device : host) += 1;
-        masked += row.allowed != nullptr ? 1 : 0;
+        masked += row.mask_source != nullptr ? 1 : 0;
+        EXPECT_EQ(row.allowed, nullptr);
       }
     EXPECT_EQ(device, masking ? 8u : 0u);
     EXPECT_EQ(masked, masking ? 8u : 0u);
+    EXPECT_EQ(h.runner.num_deferred_masks, masking ? 8 : 0);
     EXPECT_EQ(host, masking ? 0u : 8u);
     outputs.push_back(c.tokens[0]);
     EXPECT_EQ(h.kv->stats().blocks_in_use, 0);
@@ -173,12 +176,52 @@ TEST(EngineConstraintTest, ADeadEndUnderADeviceThatMasksStillFailsTheRequest) {
   h.runner.device_sampling = true;
   h.runner.device_masking = true;
   auto stream = *h.engine->submit(request(10, std::make_shared<CycleConstraint>(std::vector<int32_t>{5, 6}, 3)));
+  GenerationRequest plain = request(6, nullptr);
+  plain.sampling.temperature = 0.0f;
+  auto neighbour = *h.engine->submit(plain);
   h.run_checked();
   Collected c = drain(*stream);
   ASSERT_TRUE(c.finished);
   EXPECT_EQ(c.tokens[0].size(), 3u);
   EXPECT_EQ(c.error_code, StatusCode::kInternal);
+  EXPECT_NE(c.error.find("no token can continue"), std::string::npos) << c.error;
+  // The dead end was found while the step ran; the batch it shared goes on.
+  Collected n = drain(*neighbour);
+  ASSERT_TRUE(n.finished);
+  EXPECT_EQ(n.tokens[0].size(), 6u);
   EXPECT_EQ(h.kv->stats().blocks_in_use, 0);
+}
+
+// The overlapped path gives every choice the tokens the mask-before-the-step path gave: masks
+// asked for after the forward are the same masks, for many constrained rows sharing batches
+// with plain ones and with n > 1 forks.
+TEST(EngineConstraintTest, DeferredMasksGiveTheTokensOfTheHostPath) {
+  std::vector<std::vector<std::vector<int32_t>>> per_path;
+  for (bool masking : {false, true}) {
+    Harness h(256, 8);
+    h.runner.device_sampling = true;
+    h.runner.device_masking = masking;
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (int32_t i = 0; i < 6; ++i) {
+      std::vector<int32_t> allowed = {3 + i, 17, 40 + 2 * i, 63, 90 - i};
+      GenerationRequest r = request(10, i == 2 ? nullptr : std::make_shared<CycleConstraint>(allowed, 1000));
+      r.sampling.temperature = 0.0f;
+      r.prompt_tokens.push_back(i);
+      streams.push_back(std::move(*h.engine->submit(r)));
+    }
+    h.run_checked();
+    std::vector<std::vector<int32_t>> outputs;
+    for (auto& s : streams) {
+      Collected c = drain(*s);
+      ASSERT_TRUE(c.finished);
+      EXPECT_EQ(c.error_code, StatusCode::kOk) << c.error;
+      outputs.push_back(c.tokens[0]);
+    }
+    EXPECT_EQ(h.runner.num_deferred_masks, masking ? 50 : 0);
+    per_path.push_back(outputs);
+    EXPECT_EQ(h.kv->stats().blocks_in_use, 0);
+  }
+  EXPECT_EQ(per_path[0], per_path[1]);
 }
 
 }  // namespace

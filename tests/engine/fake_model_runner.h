@@ -115,6 +115,16 @@ class FakeModelRunner final : public runtime::ModelRunner {
     PAGODA_RETURN_IF_ERROR(runtime::check_row_sampling(batch, rows, capabilities()));
     if (device_sampling) sampled_rows.emplace_back(rows.begin(), rows.end());
     PAGODA_ASSIGN_OR_RETURN(std::vector<float> logits, all_logits(batch));
+    // Deferred masks are asked for after the "forward", as a device runner does once it has
+    // queued its kernels.
+    const size_t words = (static_cast<size_t>(vocab_) + 63) / 64;
+    std::vector<std::vector<uint64_t>> deferred(rows.size());
+    for (size_t r = 0; r < rows.size(); ++r) {
+      if (rows[r].mask_source == nullptr) continue;
+      deferred[r].assign(words, ~uint64_t{0});  // garbage on entry, as the contract allows
+      rows[r].mask_source->fill_mask(r, deferred[r]);
+      ++num_deferred_masks;
+    }
     StepResult out;
     const size_t num_rows = static_cast<size_t>(batch.num_logit_rows());
     out.tokens.assign(num_rows, 0);
@@ -132,8 +142,8 @@ class FakeModelRunner final : public runtime::ModelRunner {
       params.min_p = rows[r].min_p;
       std::mt19937_64 rng(rows[r].seed ^ (rows[r].step * 0x9E3779B97F4A7C15ull));
       std::vector<float> masked(row.begin(), row.end());
-      if (rows[r].allowed != nullptr && !ignore_masks)
-        apply_token_mask(masked, std::span<const uint64_t>(rows[r].allowed, (static_cast<size_t>(vocab_) + 63) / 64));
+      const uint64_t* mask = rows[r].mask_source != nullptr ? deferred[r].data() : rows[r].allowed;
+      if (mask != nullptr && !ignore_masks) apply_token_mask(masked, std::span<const uint64_t>(mask, words));
       const SampledToken t = Sampler::sample(masked, params, {}, rng);
       out.tokens[r] = t.token;
       out.logprobs[r] = t.logprob;
@@ -180,6 +190,7 @@ class FakeModelRunner final : public runtime::ModelRunner {
 
   int64_t num_executes = 0;
   int64_t num_block_copies = 0;
+  int64_t num_deferred_masks = 0;  // RowSampling::mask_source calls
   int64_t num_transfers[runtime::kNumTransferDirections] = {0, 0};
   int32_t fail_transfers = 0;  // the next this many transfer_blocks calls fail
   int32_t max_batch_tokens = 0;

@@ -229,5 +229,98 @@ TEST(EngineOnGpu, MaskedRowsOnTheDeviceGiveTheHostPathsGreedyOutputs) {
   for (int32_t t : os.tokens) EXPECT_EQ((t - 3) % 7, 0) << t;
 }
 
+// Turns the engine's deferred masks (RowSampling::mask_source, filled while the forward runs)
+// back into masks filled before the step (RowSampling::allowed): the two must draw the same.
+class EagerMaskRunner final : public runtime::DelegatingModelRunner {
+ public:
+  using DelegatingModelRunner::DelegatingModelRunner;
+  std::vector<int32_t> eos_token_ids() const override { return {}; }
+  StatusOr<runtime::StepResult> execute(const ForwardBatch& batch, std::span<const runtime::RowSampling> rows) override {
+    const size_t words = (static_cast<size_t>(vocab_size()) + 63) / 64;
+    std::vector<runtime::RowSampling> eager(rows.begin(), rows.end());
+    masks_.assign(rows.size() * words, 0);
+    for (size_t r = 0; r < eager.size(); ++r) {
+      if (eager[r].mask_source == nullptr) continue;
+      eager[r].mask_source->fill_mask(r, std::span<uint64_t>(masks_.data() + r * words, words));
+      eager[r].mask_source = nullptr;
+      eager[r].allowed = masks_.data() + r * words;
+      ++eager_masks;
+    }
+    return DelegatingModelRunner::execute(batch, eager);
+  }
+  int64_t eager_masks = 0;
+
+ private:
+  std::vector<uint64_t> masks_;
+};
+
+// Allows a set that changes with every accepted token, and nothing after `dead_after` tokens.
+class ShiftingSetConstraint final : public engine::TokenConstraint {
+ public:
+  explicit ShiftingSetConstraint(int32_t dead_after) : dead_after_(dead_after) {}
+  size_t fill_allowed(std::span<uint64_t> mask) override {
+    if (accepted_ >= dead_after_) return 0;
+    size_t n = 0;
+    for (int32_t t = 2 + accepted_ % 5; t < 256; t += 5 + accepted_ % 3, ++n)
+      mask[static_cast<size_t>(t) >> 6] |= uint64_t{1} << (t & 63);
+    return n;
+  }
+  bool accept(int32_t token) override {
+    std::vector<uint64_t> mask(4, 0);
+    if (fill_allowed(mask) == 0 || token < 0 || token >= 256 || !((mask[token >> 6] >> (token & 63)) & 1)) return false;
+    ++accepted_;
+    return true;
+  }
+  std::unique_ptr<engine::TokenConstraint> clone() const override {
+    return std::make_unique<ShiftingSetConstraint>(*this);
+  }
+
+ private:
+  int32_t dead_after_;
+  int32_t accepted_ = 0;
+};
+
+// The overlapped path: masks filled while the GPU runs the forward and written straight into the
+// upload buffer draw exactly what masks filled before the step draw (greedy and seeded rows), a
+// dead end found during the step fails only its request, and the neighbours go on.
+TEST(EngineOnGpu, DeferredMasksDrawWhatMasksFilledBeforeTheStepDraw) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  auto runner = make_runner();
+  EagerMaskRunner eager_seam(*runner);
+  kv::KvCacheConfig kc;
+  kc.num_blocks = runner->kv_geometry().num_blocks;
+  kc.block_size = runner->kv_geometry().block_size;
+  auto eager_kv = std::move(kv::KvCacheManager::create(kc)).value();
+  GpuEngine deferred(*runner, true), eager(*runner, true);
+  engine::EngineConfig ec;
+  ec.scheduler.max_running_sequences = 16;
+  ec.scheduler.max_tokens_per_step = 64;
+  eager.eng = std::make_unique<engine::Engine>(ec, eager_seam, *eager_kv);
+  std::vector<std::shared_ptr<engine::RequestStream>> d, e;
+  for (int i = 0; i < 7; ++i) {
+    engine::GenerationRequest r = request(prompt_of(13 + 3 * i, 30 + i), 12, i % 2 == 0 ? 0.0f : 1.0f);
+    r.sampling.seed = 40 + i;
+    if (i != 5) r.constraint = std::make_shared<ShiftingSetConstraint>(i == 3 ? 4 : 1000);  // 3: dead end; 5: plain
+    d.push_back(*deferred.eng->submit(r));
+    e.push_back(*eager.eng->submit(r));
+  }
+  deferred.run();
+  eager.run();
+  EXPECT_GT(eager_seam.eager_masks, 0);
+  for (int i = 0; i < 7; ++i) {
+    const Output a = collect(*d[i]), b = collect(*e[i]);
+    ASSERT_TRUE(a.finished && b.finished) << i;
+    EXPECT_EQ(a.tokens, b.tokens) << "request " << i;
+    if (i == 3) {
+      EXPECT_EQ(a.tokens.size(), 4u);
+      EXPECT_NE(a.error.find("no token can continue"), std::string::npos) << a.error;
+      EXPECT_NE(b.error.find("no token can continue"), std::string::npos) << b.error;
+    } else {
+      EXPECT_TRUE(a.error.empty()) << i << ": " << a.error;
+      EXPECT_EQ(a.tokens.size(), 12u) << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pagoda::cuda

@@ -36,17 +36,26 @@ std::vector<uint64_t> naive_mask(const TokenMatcher& matcher, const TokenVocabul
   return mask;
 }
 
-void check_random_generations(const std::shared_ptr<const Grammar>& grammar, int runs, int steps) {
+// Returns the grammar's stats after `runs` random generations of up to `steps` tokens, each
+// mask checked against the naive scan.
+MaskStats check_random_generations(const std::shared_ptr<const Grammar>& grammar, int runs, int steps,
+                                   CompiledGrammar::Limits limits = {}, bool precompute = false) {
   auto vocab = test_vocabulary();
-  auto compiled = std::make_shared<CompiledGrammar>(grammar, vocab);
+  auto compiled = std::make_shared<CompiledGrammar>(grammar, vocab, limits);
+  if (precompute) {
+    const PrecomputeStats pre = compiled->precompute(2000, 30.0);
+    EXPECT_GT(pre.states, 0u);
+    EXPECT_GT(pre.windows, 0u);
+  }
   std::vector<uint64_t> mask(vocab->mask_words());
   for (int run = 0; run < runs; ++run) {
     std::mt19937_64 rng(run);
     TokenMatcher matcher(compiled);
     for (int step = 0; step < steps && !matcher.is_finished(); ++step) {
       const size_t allowed = matcher.fill_mask(mask);
-      ASSERT_EQ(mask, naive_mask(matcher, *vocab)) << "run " << run << " step " << step;
-      ASSERT_GT(allowed, 0u);
+      EXPECT_EQ(mask, naive_mask(matcher, *vocab)) << "run " << run << " step " << step;
+      if (mask != naive_mask(matcher, *vocab)) return compiled->stats();
+      EXPECT_GT(allowed, 0u);
       EXPECT_EQ((mask[0] & 1) != 0, matcher.is_complete());
       std::vector<int32_t> ids;
       for (int32_t id = 0; id < vocab->size(); ++id)
@@ -54,28 +63,101 @@ void check_random_generations(const std::shared_ptr<const Grammar>& grammar, int
       // Prefer not to end early so the walk goes deep.
       int32_t pick = ids[std::uniform_int_distribution<size_t>(0, ids.size() - 1)(rng)];
       if (pick == kEnd && ids.size() > 1 && step < steps / 2) pick = ids.back();
-      ASSERT_TRUE(matcher.accept(pick));
+      EXPECT_TRUE(matcher.accept(pick));
     }
   }
   const MaskStats stats = compiled->stats();
   EXPECT_GT(stats.hits, 0u);  // recurring states come from the cache
+  return stats;
 }
 
-TEST(TokenMatcherTest, MasksMatchANaiveScanOnAGbnfGrammar) {
-  auto g = parse_gbnf(R"(
+const char* kPairsGrammar = R"(
 root ::= "{" ws ( pair ( "," ws pair )* )? "}"
 pair ::= "\"" [a-z]{1,6} "\"" ws ":" ws ( [0-9]+ | "true" | "null" | root )
 ws ::= [ \n]?
-)");
+)";
+const char* kSchema =
+    R"({"type":"object","properties":{"name":{"type":"string","maxLength":8},"n":{"type":"number"},"tags":{"type":"array","items":{"enum":["a","ab",null]}}},"required":["name"]})";
+
+TEST(TokenMatcherTest, MasksMatchANaiveScanOnAGbnfGrammar) {
+  auto g = parse_gbnf(kPairsGrammar);
   ASSERT_TRUE(g.ok()) << g.status().to_string();
   check_random_generations(*g, 30, 60);
 }
 
 TEST(TokenMatcherTest, MasksMatchANaiveScanOnAJsonSchema) {
-  auto g = json_schema_to_grammar(nlohmann::ordered_json::parse(
-      R"({"type":"object","properties":{"name":{"type":"string","maxLength":8},"n":{"type":"number"},"tags":{"type":"array","items":{"enum":["a","ab",null]}}},"required":["name"]})"), "s");
+  auto g = json_schema_to_grammar(nlohmann::ordered_json::parse(kSchema), "s");
   ASSERT_TRUE(g.ok()) << g.status().to_string();
   check_random_generations(*g, 30, 80);
+}
+
+// Masks by parts: windows computed ahead (precompute) or on first use, composed with the uncertain
+// tokens checked against each state, equal the naive scan on every state of many generations,
+// including nested JSON whose stacks are deeper than every window size.
+TEST(TokenMatcherTest, MasksComposedFromWindowsMatchANaiveScan) {
+  auto pairs = parse_gbnf(kPairsGrammar);
+  ASSERT_TRUE(pairs.ok()) << pairs.status().to_string();
+  auto schema = json_schema_to_grammar(nlohmann::ordered_json::parse(kSchema), "s");
+  ASSERT_TRUE(schema.ok()) << schema.status().to_string();
+  uint64_t uncertain = 0;
+  for (const auto& grammar : {*pairs, *schema, json_object_grammar()}) {
+    for (bool precompute : {false, true}) {
+      const MaskStats stats = check_random_generations(grammar, 25, 120, {}, precompute);
+      EXPECT_EQ(stats.whole_walks, 0u);
+      EXPECT_GT(stats.windows, 0u);
+      uncertain += stats.uncertain_checked;
+    }
+  }
+  EXPECT_GT(uncertain, 0u);  // the context-dependent tokens were exercised
+}
+
+// Precomputed windows make the first masks of a new grammar cheap: after precompute() no mask of
+// these generations needs a new window (json_object is unbounded, so only a bounded grammar).
+TEST(TokenMatcherTest, PrecomputeCoversABoundedGrammarAndStaysInItsBudget) {
+  auto schema = json_schema_to_grammar(nlohmann::ordered_json::parse(kSchema), "s");
+  ASSERT_TRUE(schema.ok());
+  auto vocab = test_vocabulary();
+  auto compiled = std::make_shared<CompiledGrammar>(*schema, vocab);
+  const PrecomputeStats pre = compiled->precompute(100000, 60.0);
+  EXPECT_TRUE(pre.complete);
+  const uint64_t windows = compiled->stats().windows;
+  std::vector<uint64_t> mask(vocab->mask_words());
+  std::mt19937_64 rng(3);
+  for (int run = 0; run < 20; ++run) {
+    TokenMatcher matcher(compiled);
+    for (int step = 0; step < 60 && !matcher.is_finished(); ++step) {
+      matcher.fill_mask(mask);
+      std::vector<int32_t> ids;
+      for (int32_t id = 0; id < vocab->size(); ++id)
+        if ((mask[id >> 6] >> (id & 63)) & 1) ids.push_back(id);
+      ASSERT_FALSE(ids.empty());
+      ASSERT_TRUE(matcher.accept(ids[std::uniform_int_distribution<size_t>(0, ids.size() - 1)(rng)]));
+    }
+  }
+  EXPECT_EQ(compiled->stats().windows, windows);
+  // A budget of states stops early on an unbounded grammar.
+  auto object = std::make_shared<CompiledGrammar>(json_object_grammar(), vocab);
+  const PrecomputeStats bounded = object->precompute(50, 60.0);
+  EXPECT_FALSE(bounded.complete);
+  EXPECT_EQ(bounded.states, 50u);
+}
+
+// The bounds: a full window cache falls back to whole-trie walks, and windows with too many
+// uncertain tokens to larger windows (up to the whole stack); masks stay exact either way.
+TEST(TokenMatcherTest, WindowLimitsFallBackToExactMasks) {
+  auto g = json_schema_to_grammar(nlohmann::ordered_json::parse(kSchema), "s");
+  ASSERT_TRUE(g.ok());
+  CompiledGrammar::Limits few_windows;
+  few_windows.max_windows = 3;
+  EXPECT_GT(check_random_generations(*g, 10, 80, few_windows).whole_walks, 0u);
+  CompiledGrammar::Limits small_memory;
+  small_memory.max_window_bytes = 1;
+  EXPECT_GT(check_random_generations(*g, 10, 80, small_memory).whole_walks, 0u);
+  CompiledGrammar::Limits no_uncertain;
+  no_uncertain.max_uncertain = 0;
+  const MaskStats stats = check_random_generations(json_object_grammar(), 15, 120, no_uncertain, true);
+  EXPECT_EQ(stats.uncertain_checked, 0u);
+  EXPECT_EQ(stats.whole_walks, 0u);
 }
 
 TEST(TokenMatcherTest, EndIdsOnlyWhenCompleteAndRejectedTokensChangeNothing) {

@@ -13,12 +13,13 @@
 #include <string_view>
 #include <vector>
 
+#include "pagoda/core/utf8.h"
+
 namespace pagoda::chat {
 
-// Decodes the code point starting at text[offset]; sets *length to its byte length (1 for an
-// invalid byte, which decodes to 0xFFFD).
-char32_t decode_utf8_at(std::string_view text, size_t offset, size_t* length);
-void append_utf8(std::string& out, char32_t code_point);
+// One code point at a time (core/utf8.h; an invalid byte decodes to 0xFFFD, length 1).
+using pagoda::append_utf8;
+using pagoda::decode_utf8_at;
 
 // Byte offsets of every code point start, plus text.size() at the end (size = count + 1).
 std::vector<size_t> code_point_offsets(std::string_view text);

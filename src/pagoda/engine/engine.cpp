@@ -496,20 +496,21 @@ void Engine::sample_into(Sequence* seq, std::span<const float> logits) {
   append_token(seq, Sampler::sample(logits, seq->request->request.sampling, seq->history, seq->rng));
 }
 
-void Engine::fill_device_masks(std::span<const std::pair<size_t, Sequence*>> masked_rows,
-                               std::vector<runtime::RowSampling>& rows) {
-  const size_t words = allowed_words(vocab_size_);
-  device_masks_.assign(masked_rows.size() * words, 0);
-  for (size_t k = 0; k < masked_rows.size(); ++k) {
-    const auto [r, seq] = masked_rows[k];
-    const std::span<uint64_t> mask(device_masks_.data() + k * words, words);
-    // A dead end samples on the host, which fails the request with its reason.
-    if (seq->constraint->fill_allowed(mask) == 0) {
-      rows[r] = runtime::RowSampling{};
-      continue;
-    }
-    rows[r].allowed = mask.data();
-  }
+void Engine::DeviceMasks::reset(size_t num_rows) {
+  sequences_.assign(num_rows, nullptr);
+  dead_.assign(num_rows, 0);
+}
+
+void Engine::DeviceMasks::add(size_t row, Sequence* seq) { sequences_[row] = seq; }
+
+void Engine::DeviceMasks::fill_mask(size_t row, std::span<uint64_t> mask) {
+  std::fill(mask.begin(), mask.end(), 0);
+  if (row >= sequences_.size() || sequences_[row] == nullptr) return;
+  if (sequences_[row]->constraint->fill_allowed(mask) != 0) return;
+  // A dead end: the device still draws the row, from token 0 alone so that its sampler sees a
+  // finite logit; the engine discards the draw and fails the request after the step.
+  dead_[row] = 1;
+  mask[0] = 1;
 }
 
 void Engine::sample_constrained(Sequence* seq, std::span<const float> logits) {
@@ -631,18 +632,22 @@ bool Engine::step() {
   // request needs the host sampler; only those rows' logits come back. A chunk
   // that returns prompt logits has a host row per token, the last of which is
   // also its sampling row.
+  // A constrained row sampled on the device gets its mask from device_masks_ when the runner
+  // asks, after it has queued the forward: the masks are computed while the device works.
   std::vector<runtime::RowSampling> rows;
-  std::vector<std::pair<size_t, Sequence*>> masked_rows;  // constrained rows sampled on the device
   rows.reserve(plan.chunks.size());
+  device_masks_.reset(static_cast<size_t>(plan.batch.num_logit_rows()));
   for (const ScheduledChunk& chunk : plan.chunks) {
     for (int32_t i = 0; i + 1 < chunk.logit_rows(); ++i) rows.push_back(runtime::RowSampling{});
     if (chunk.logit_rows() == 0) continue;
     runtime::RowSampling last;
     if (chunk.produces_logits && !chunk.all_logits) last = row_sampling_for(chunk.sequence);
-    if (last.on_device && chunk.sequence->constraint) masked_rows.emplace_back(rows.size(), chunk.sequence);
+    if (last.on_device && chunk.sequence->constraint) {
+      last.mask_source = &device_masks_;
+      device_masks_.add(rows.size(), chunk.sequence);
+    }
     rows.push_back(last);
   }
-  fill_device_masks(masked_rows, rows);
   StatusOr<runtime::StepResult> result = runner_.execute(plan.batch, rows);
   const size_t vocab = static_cast<size_t>(vocab_size_);
   if (result.ok()) {
@@ -653,7 +658,7 @@ bool Engine::step() {
       result = internal_error("the model runner returned {} logits, {} tokens for {} rows ({} sampled on the host)",
                               result->host_logits.size(), result->tokens.size(), rows.size(), host_rows);
     for (size_t r = 0; result.ok() && r < rows.size(); ++r)
-      if (rows[r].on_device && (result->tokens[r] < 0 || result->tokens[r] >= vocab_size_))
+      if (rows[r].on_device && !device_masks_.dead_end(r) && (result->tokens[r] < 0 || result->tokens[r] >= vocab_size_))
         result = internal_error("the model runner sampled token {} for row {}, outside the vocabulary [0, {})",
                                 result->tokens[r], r, vocab_size_);
   }
@@ -685,6 +690,11 @@ bool Engine::step() {
     if (chunk.all_logits) seq->prompt_logits_done += chunk.num_new_tokens;
     if (!chunk.produces_logits || seq->status != SequenceStatus::kRunning) continue;
     if (on_device) {
+      if (device_masks_.dead_end(r)) {
+        fail_request(seq->request, internal_error("structured output: no token can continue the output (choice {})",
+                                                  seq->choice_index));
+        continue;
+      }
       const int32_t token = result->tokens[r];
       if (seq->constraint && !seq->constraint->accept(token)) {
         fail_request(seq->request, internal_error("structured output: the device sampled token {}, outside the mask "

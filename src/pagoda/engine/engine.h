@@ -171,10 +171,23 @@ class Engine {
   // How the runner should sample this sequence's next row (on_device false:
   // it needs the host sampler).
   runtime::RowSampling row_sampling_for(const Sequence* seq) const;
-  // Fills the token masks of the constrained rows that are sampled on the device
-  // (row index, sequence) into device_masks_ and points their RowSampling at them.
-  void fill_device_masks(std::span<const std::pair<size_t, Sequence*>> masked_rows,
-                         std::vector<runtime::RowSampling>& rows);
+  // The masks of a step's constrained rows sampled on the device, filled when the runner asks
+  // for them (after it has queued the forward: RowSampling::mask_source). A row whose
+  // constraint allows nothing is recorded as a dead end; its device token is discarded and
+  // the request fails after the step.
+  class DeviceMasks final : public runtime::TokenMaskSource {
+   public:
+    // Starts a step of `num_rows` rows with no masked row.
+    void reset(size_t num_rows);
+    // Row `row` samples under `seq`'s constraint.
+    void add(size_t row, Sequence* seq);
+    bool dead_end(size_t row) const { return row < dead_.size() && dead_[row] != 0; }
+    void fill_mask(size_t row, std::span<uint64_t> mask) override;
+
+   private:
+    std::vector<Sequence*> sequences_;  // per row; null for rows without a deferred mask
+    std::vector<char> dead_;
+  };
   void sample_into(Sequence* seq, std::span<const float> logits);
   // Structured outputs: samples with the sequence's token mask applied and moves its constraint
   // past the token; a dead end fails the request (kInternal).
@@ -258,7 +271,7 @@ class Engine {
   std::unordered_map<RequestId, RequestOutput> step_outputs_;
   std::vector<RequestState*> finished_requests_;
   std::vector<uint64_t> constraint_mask_;    // scratch of sample_constrained
-  std::vector<uint64_t> device_masks_;       // masks of this step's device-sampled constrained rows
+  DeviceMasks device_masks_;                 // this step's device-sampled constrained rows
   std::vector<float> constrained_logits_;   // scratch of sample_constrained
 
   // Counters owned by the engine thread, published under stats_mutex_.

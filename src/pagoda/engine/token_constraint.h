@@ -6,9 +6,10 @@
 //
 // A request carries one constraint in its initial state (GenerationRequest::constraint); every
 // choice gets its own clone() when its sequence is created (n > 1 forks clone the parent's state
-// at the fork). A constrained row's mask is filled before the step; the runner applies it and
-// samples on the device when it can (RunnerCapabilities::samples_masked_on_device), otherwise the
-// row is sampled on the host with the mask applied (apply_token_mask in sampler.h).
+// at the fork). When the runner samples masked rows on the device
+// (RunnerCapabilities::samples_masked_on_device) it asks for the mask during the step, after it
+// has queued the forward (runtime::TokenMaskSource), and applies it there; otherwise the row is
+// sampled on the host with the mask applied (apply_token_mask in sampler.h).
 //
 // Thread safety: a constraint object is used by the engine thread only; clone() may be called
 // on a constraint that other clones share state with (implementations make that safe).

@@ -4,26 +4,10 @@
 
 #include <fmt/format.h>
 
+#include "pagoda/core/utf8.h"
+
 namespace pagoda::grammar {
 namespace {
-
-void append_utf8(char32_t c, std::string& out) {
-  if (c < 0x80) {
-    out.push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
-}
 
 bool is_name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'; }
 
@@ -159,15 +143,9 @@ class Parser {
       }
     }
     (void)in_class;
-    // Decode one UTF-8 character.
-    int length = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (length == 0 || pos_ + length > text_.size()) return error("invalid UTF-8");
-    char32_t value = length == 1 ? c : length == 2 ? (c & 0x1F) : length == 3 ? (c & 0x0F) : (c & 0x07);
-    for (int i = 1; i < length; ++i) {
-      const unsigned char cc = static_cast<unsigned char>(text_[pos_ + i]);
-      if ((cc & 0xC0) != 0x80) return error("invalid UTF-8");
-      value = (value << 6) | (cc & 0x3F);
-    }
+    size_t length = 0;
+    const char32_t value = decode_utf8_at(text_, pos_, &length);
+    if (static_cast<unsigned char>(text_[pos_]) >= 0x80 && length == 1) return error("invalid UTF-8");
     pos_ += length;
     return value;
   }
@@ -184,7 +162,7 @@ class Parser {
           break;
         }
         PAGODA_ASSIGN_OR_RETURN(char32_t ch, parse_char(false));
-        append_utf8(ch, bytes);
+        append_utf8(bytes, ch);
       }
       return make_literal(std::move(bytes));
     }

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "pagoda/core/utf8.h"
+
 namespace pagoda::grammar {
 namespace {
 
@@ -32,24 +34,6 @@ std::string json_escape(char32_t c) {
 }
 
 bool json_must_escape(char32_t c) { return c < 0x20 || c == '"' || c == '\\'; }
-
-void append_utf8(char32_t c, std::string& out) {
-  if (c < 0x80) {
-    out.push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
-}
 
 class RegexParser {
  public:
@@ -119,7 +103,7 @@ class RegexParser {
   ExprPtr literal_char(char32_t c) {
     if (options_.json_string_content && json_must_escape(c)) return make_literal(json_escape(c));
     std::string bytes;
-    append_utf8(c, bytes);
+    append_utf8(bytes, c);
     return make_literal(std::move(bytes));
   }
 
@@ -148,11 +132,9 @@ class RegexParser {
   }
 
   StatusOr<char32_t> parse_utf8_char() {
-    const unsigned char c = static_cast<unsigned char>(p_[pos_]);
-    int length = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (length == 0 || pos_ + length > end_) return error("invalid UTF-8");
-    char32_t value = length == 1 ? c : length == 2 ? (c & 0x1F) : length == 3 ? (c & 0x0F) : (c & 0x07);
-    for (int i = 1; i < length; ++i) value = (value << 6) | (static_cast<unsigned char>(p_[pos_ + i]) & 0x3F);
+    size_t length = 0;
+    const char32_t value = decode_utf8_at(p_.substr(0, end_), pos_, &length);
+    if (static_cast<unsigned char>(p_[pos_]) >= 0x80 && length == 1) return error("invalid UTF-8");
     pos_ += length;
     return value;
   }

@@ -6,13 +6,26 @@
 
 namespace pagoda::grammar {
 
+namespace {
+
+// Window sizes tried in turn (frames from the top of a stack); past the last, the whole stack.
+constexpr size_t kWindowFrames[] = {4, 8, 16};
+
+void set_bit(std::span<uint64_t> mask, int32_t id) { mask[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63); }
+bool test_bit(std::span<const uint64_t> mask, int32_t id) { return (mask[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1; }
+
+CompiledGrammar::Limits with_a_table(CompiledGrammar::Limits limits) {
+  limits.max_tables = std::max<size_t>(limits.max_tables, 1);
+  return limits;
+}
+
+}  // namespace
+
 CompiledGrammar::CompiledGrammar(std::shared_ptr<const Grammar> grammar,
-                                 std::shared_ptr<const TokenVocabulary> vocabulary, size_t max_cached_masks,
-                                 size_t max_tables)
+                                 std::shared_ptr<const TokenVocabulary> vocabulary, Limits limits)
     : grammar_(std::move(grammar)),
       vocabulary_(std::move(vocabulary)),
-      max_cached_masks_(max_cached_masks),
-      max_tables_(std::max<size_t>(max_tables, 1)),
+      limits_(with_a_table(limits)),
       scratch_(grammar_) {
   std::lock_guard lock(mutex_);
   initial_ = intern_locked(scratch_.image());
@@ -41,7 +54,7 @@ int32_t CompiledGrammar::intern_locked(GrammarMatcher::StateImage image) {
 int32_t CompiledGrammar::step_locked(int32_t state, uint8_t byte) {
   if (!states_[state].has_tops) return kDead;
   if (!states_[state].next) {
-    if (tables_ >= max_tables_) {
+    if (tables_ >= limits_.max_tables) {
       for (StateInfo& s : states_) s.next.reset();
       tables_ = 0;
     }
@@ -51,8 +64,15 @@ int32_t CompiledGrammar::step_locked(int32_t state, uint8_t byte) {
   }
   const int32_t known = (*states_[state].next)[byte];
   if (known != kUnknown) return known;
-  scratch_.load(states_[state].image);
-  GrammarMatcher::State out;
+  // Consecutive steps from one state (a breadth-first visit, siblings in the trie) load it once.
+  if (loaded_state_ != state) {
+    scratch_.load(states_[state].image);
+    loaded_state_ = state;
+    loaded_mark_ = scratch_.mark();
+  } else {
+    scratch_.rollback(loaded_mark_);
+  }
+  GrammarMatcher::State& out = step_out_;
   scratch_.advance(scratch_.state(), byte, out);
   const int32_t result = out.dead() ? kDead : intern_locked(scratch_.image_of(out));
   (*states_[state].next)[byte] = result;  // states_ may have grown: index again
@@ -75,10 +95,138 @@ void CompiledGrammar::walk_trie_locked(int32_t state, std::span<uint64_t> mask) 
       continue;
     }
     walk_states_[depth] = next;
-    for (int32_t id : vocab.node_tokens(i)) mask[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
+    for (int32_t id : vocab.node_tokens(i)) set_bit(mask, id);
     i = states_[next].has_tops ? i + 1 : vocab.subtree_end(i);
   }
   stats_.trie_nodes_visited += visited;
+}
+
+// The trie walk of a window's frames: `local_state` is the window alone, so a path that returns
+// below its bottom frame shows as can_end (when `cut`: the rest of the stack decides what may
+// follow; otherwise the window is the whole stack and that is the grammar's real end).
+void CompiledGrammar::compute_window_locked(int32_t local_state, bool cut, Window& window) {
+  const TokenVocabulary& vocab = *vocabulary_;
+  std::vector<uint64_t>& accepted = window_scratch_;
+  accepted.assign(vocab.mask_words(), 0);
+  window.uncertain.clear();
+  window.too_uncertain = false;
+  ++stats_.windows;
+  walk_states_.assign(static_cast<size_t>(vocab.max_depth()) + 1, kDead);
+  walk_escaped_.assign(static_cast<size_t>(vocab.max_depth()) + 1, 0);
+  walk_states_[0] = local_state;
+  const size_t n = vocab.num_nodes();
+  uint64_t visited = 0;
+  // Every token of the node range [begin, end) depends on the frames below the window.
+  auto all_uncertain = [&](size_t begin, size_t end) {
+    for (size_t j = begin; j < end && !window.too_uncertain; ++j) {
+      const auto ids = vocab.node_tokens(j);
+      window.uncertain.insert(window.uncertain.end(), ids.begin(), ids.end());
+      if (window.uncertain.size() > limits_.max_uncertain) window.too_uncertain = true;
+    }
+  };
+  for (size_t i = 0; i < n && !window.too_uncertain;) {
+    ++visited;
+    const size_t depth = vocab.node_depth(i);
+    const int32_t next = step_locked(walk_states_[depth - 1], vocab.node_byte(i));
+    if (next == kDead) {
+      if (cut && walk_escaped_[depth - 1]) all_uncertain(i, vocab.subtree_end(i));
+      i = vocab.subtree_end(i);
+      continue;
+    }
+    walk_states_[depth] = next;
+    walk_escaped_[depth] = walk_escaped_[depth - 1] || (cut && states_[next].image.can_end);
+    for (int32_t id : vocab.node_tokens(i)) set_bit(accepted, id);
+    if (states_[next].has_tops) {
+      ++i;
+      continue;
+    }
+    if (walk_escaped_[depth]) all_uncertain(i + 1, vocab.subtree_end(i));
+    i = vocab.subtree_end(i);
+  }
+  stats_.trie_nodes_visited += visited;
+  if (window.too_uncertain) {
+    window.uncertain = {};
+    return;
+  }
+  window.uncertain.shrink_to_fit();
+  size_t count = 0;
+  for (uint64_t w : accepted) count += static_cast<size_t>(std::popcount(w));
+  if (count * 2 >= accepted.size()) {
+    window.accepted_bits = accepted;
+    return;
+  }
+  window.accepted_ids.reserve(count);
+  for (size_t w = 0; w < accepted.size(); ++w)
+    for (uint64_t bits = accepted[w]; bits != 0; bits &= bits - 1)
+      window.accepted_ids.push_back(static_cast<int32_t>(w * 64 + static_cast<size_t>(std::countr_zero(bits))));
+}
+
+const CompiledGrammar::Window* CompiledGrammar::window_for_locked(const std::vector<uint64_t>& stack) {
+  for (size_t k = 0; k <= std::size(kWindowFrames); ++k) {
+    const bool cut = k < std::size(kWindowFrames) && stack.size() > kWindowFrames[k];
+    GrammarMatcher::StateImage image;
+    image.stacks.emplace_back(stack.begin(), stack.begin() + static_cast<std::ptrdiff_t>(cut ? kWindowFrames[k] : stack.size()));
+    const int32_t local = intern_locked(std::move(image));
+    const uint64_t key = static_cast<uint64_t>(local) * 2 + (cut ? 1 : 0);
+    auto it = windows_.find(key);
+    if (it == windows_.end()) {
+      if (windows_.size() >= limits_.max_windows || window_bytes_ >= limits_.max_window_bytes) return nullptr;
+      Window window;
+      compute_window_locked(local, cut, window);
+      window_bytes_ += window.bytes();
+      stats_.window_bytes = window_bytes_;
+      it = windows_.emplace(key, std::move(window)).first;
+    }
+    if (!it->second.too_uncertain) return &it->second;
+    if (!cut) return nullptr;  // cannot happen: a whole stack has no uncertain tokens
+  }
+  return nullptr;
+}
+
+void CompiledGrammar::check_uncertain_locked(int32_t state, const std::vector<int32_t>& ids, std::span<uint64_t> mask) {
+  const TokenVocabulary& vocab = *vocabulary_;
+  // Consecutive ids share their common prefix's states (they are in trie order).
+  walk_states_.resize(static_cast<size_t>(vocab.max_depth()) + 1);
+  walk_states_[0] = state;
+  size_t known = 0;  // walk_states_[0..known] hold the states along `previous`
+  std::string_view previous;
+  for (int32_t id : ids) {
+    if (test_bit(mask, id)) continue;
+    ++stats_.uncertain_checked;
+    const std::string_view bytes = vocab.bytes(id);
+    size_t d = 0;
+    while (d < known && d < bytes.size() && bytes[d] == previous[d]) ++d;
+    int32_t s = walk_states_[d];
+    while (s != kDead && d < bytes.size()) {
+      s = step_locked(s, static_cast<uint8_t>(bytes[d]));
+      walk_states_[++d] = s;
+    }
+    known = d;
+    previous = bytes;
+    if (s != kDead && d == bytes.size()) set_bit(mask, id);
+  }
+}
+
+bool CompiledGrammar::compose_mask_locked(int32_t state, std::span<uint64_t> mask) {
+  const size_t words = vocabulary_->mask_words();
+  // A copy: computing windows interns states, which may move states_.
+  const std::vector<std::vector<uint64_t>> stacks = states_[state].image.stacks;
+  std::vector<const Window*> windows;
+  windows.reserve(stacks.size());
+  for (const auto& stack : stacks) {
+    const Window* w = window_for_locked(stack);
+    if (w == nullptr) return false;
+    windows.push_back(w);  // stable: windows_ is node-based
+  }
+  std::fill(mask.begin(), mask.begin() + static_cast<std::ptrdiff_t>(words), 0);
+  for (const Window* w : windows) {
+    if (!w->accepted_bits.empty()) {
+      for (size_t i = 0; i < words; ++i) mask[i] |= w->accepted_bits[i];
+    }
+    for (int32_t id : w->accepted_ids) set_bit(mask, id);
+  }
+  for (const Window* w : windows) check_uncertain_locked(state, w->uncertain, mask);
+  return true;
 }
 
 void CompiledGrammar::fill_mask_locked(int32_t state, std::span<uint64_t> mask) {
@@ -90,22 +238,54 @@ void CompiledGrammar::fill_mask_locked(int32_t state, std::span<uint64_t> mask) 
     return;
   }
   ++stats_.misses;
-  std::fill(mask.begin(), mask.begin() + static_cast<std::ptrdiff_t>(words), 0);
-  walk_trie_locked(state, mask);
-  if (states_[state].image.can_end) {
-    for (int32_t id : vocabulary_->end_ids()) mask[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
+  if (!compose_mask_locked(state, mask)) {
+    ++stats_.whole_walks;
+    std::fill(mask.begin(), mask.begin() + static_cast<std::ptrdiff_t>(words), 0);
+    walk_trie_locked(state, mask);
   }
-  if (max_cached_masks_ == 0) return;
+  if (states_[state].image.can_end) {
+    for (int32_t id : vocabulary_->end_ids()) set_bit(mask, id);
+  }
+  if (limits_.max_cached_masks == 0) return;
   StateInfo& info = states_[state];
   info.mask.assign(mask.begin(), mask.begin() + static_cast<std::ptrdiff_t>(words));
   mask_lru_.push_front(state);
   info.mask_lru = mask_lru_.begin();
-  while (mask_lru_.size() > max_cached_masks_) {
+  while (mask_lru_.size() > limits_.max_cached_masks) {
     StateInfo& old = states_[mask_lru_.back()];
     old.mask.clear();
     old.mask.shrink_to_fit();
     mask_lru_.pop_back();
   }
+}
+
+PrecomputeStats CompiledGrammar::precompute(size_t max_states, double max_seconds) {
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  std::lock_guard lock(mutex_);
+  PrecomputeStats out;
+  const uint64_t windows_before = stats_.windows;
+  std::vector<int32_t> queue = {initial_};
+  std::unordered_map<int32_t, char> seen = {{initial_, 1}};
+  size_t head = 0;
+  for (; head < queue.size(); ++head) {
+    if (out.states >= max_states || elapsed() > max_seconds || windows_.size() >= limits_.max_windows ||
+        window_bytes_ >= limits_.max_window_bytes)
+      break;
+    const int32_t state = queue[head];
+    ++out.states;
+    const std::vector<std::vector<uint64_t>> stacks = states_[state].image.stacks;
+    for (const auto& stack : stacks) (void)window_for_locked(stack);
+    if (!states_[state].has_tops) continue;
+    for (int b = 0; b < 256; ++b) {
+      const int32_t next = step_locked(state, static_cast<uint8_t>(b));
+      if (next != kDead && seen.emplace(next, 1).second) queue.push_back(next);
+    }
+  }
+  out.complete = head == queue.size();
+  out.windows = stats_.windows - windows_before;
+  out.seconds = elapsed();
+  return out;
 }
 
 TokenMatcher::TokenMatcher(std::shared_ptr<CompiledGrammar> compiled) : compiled_(std::move(compiled)) {
@@ -119,7 +299,7 @@ size_t TokenMatcher::fill_mask(std::span<uint64_t> mask) {
   std::fill(mask.begin() + static_cast<std::ptrdiff_t>(words), mask.end(), 0);
   if (finished_) {
     std::fill(mask.begin(), mask.end(), 0);
-    for (int32_t id : compiled_->vocabulary().end_ids()) mask[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
+    for (int32_t id : compiled_->vocabulary().end_ids()) set_bit(mask, id);
   } else {
     std::lock_guard lock(compiled_->mutex_);
     compiled_->fill_mask_locked(state_, mask);

@@ -17,8 +17,29 @@
 // and then copied. End-of-sequence ids are allowed exactly when the grammar is complete (and are
 // the only ones when nothing may follow).
 //
-// Memory bounds: at most max_tables transition tables (1 KiB each) and max_cached_masks masks
-// (mask_words() * 8 bytes each, oldest dropped first). When the tables run out they are all
+// Masks by parts (what makes a state's first mask cheap). A state is a set of stacks, and most
+// of a token is decided by the top few frames of a stack: the "window" of the stack's top K
+// frames (K = 4, 8, 16, then the whole stack). Walking the trie from the window alone, with the
+// frames below it cut off, splits the vocabulary three ways: tokens the window accepts on its
+// own (accepted whatever lies below), tokens it rejects before ever returning below its bottom
+// frame (rejected whatever lies below), and tokens that return below the window part-way
+// through ("uncertain": they depend on the rest of the stack). A window's accepted bits and
+// uncertain ids are kept (keyed by the window's frames), so many states share them: the inside
+// of a JSON string at any depth, every value position of the same type. A state's mask is then
+// the union of its stacks' accepted bits plus the uncertain tokens it accepts, checked one by
+// one along the state's byte transitions. A window with more than max_uncertain uncertain
+// tokens is tried again with the next K. The whole-trie walk remains the fallback when the
+// window cache is full.
+//
+// precompute() fills the window cache ahead of the first request: a breadth-first walk over
+// the automaton's states (byte by byte from the start) that computes every window it meets,
+// within a budget of states and time. The server runs it when it compiles a grammar, on the
+// request's thread.
+//
+// Memory bounds: at most max_tables transition tables (1 KiB each), max_cached_masks masks
+// (mask_words() * 8 bytes each, oldest dropped first) and max_windows windows holding at most
+// max_window_bytes together (a mask or a list of ids, plus at most max_uncertain ids each; none
+// added when full). When the tables run out they are all
 // dropped and recomputed as needed, which only costs time; state ids stay valid (a state itself
 // is its small stack image).
 //
@@ -28,6 +49,7 @@
 // and the masks). A TokenMatcher belongs to one sequence; copies are independent.
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -45,16 +67,40 @@ namespace pagoda::grammar {
 
 struct MaskStats {
   uint64_t hits = 0;                // masks copied from the cache
-  uint64_t misses = 0;              // masks computed by a trie walk
-  uint64_t trie_nodes_visited = 0;  // over all misses
+  uint64_t misses = 0;              // masks computed (by parts or by a whole-trie walk)
+  uint64_t whole_walks = 0;         // misses that walked the whole trie (window cache full)
+  uint64_t trie_nodes_visited = 0;  // over all trie walks (windows and whole)
   uint64_t states = 0;              // automaton states interned
   uint64_t transitions_computed = 0;
+  uint64_t windows = 0;             // windows computed
+  uint64_t window_bytes = 0;        // memory the windows hold
+  uint64_t uncertain_checked = 0;   // uncertain tokens checked against a state
+};
+
+struct PrecomputeStats {
+  uint64_t states = 0;   // automaton states visited
+  uint64_t windows = 0;  // windows computed
+  bool complete = false;  // every reachable state was visited within the budget
+  double seconds = 0;
 };
 
 class CompiledGrammar {
  public:
+  struct Limits {
+    size_t max_cached_masks = 128;
+    size_t max_tables = 8192;
+    size_t max_windows = 4096;
+    size_t max_window_bytes = size_t{8} << 20;  // all windows together
+    size_t max_uncertain = 4096;
+  };
   CompiledGrammar(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenVocabulary> vocabulary,
-                  size_t max_cached_masks = 128, size_t max_tables = 8192);
+                  Limits limits);
+  CompiledGrammar(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenVocabulary> vocabulary)
+      : CompiledGrammar(std::move(grammar), std::move(vocabulary), Limits{}) {}
+
+  // Computes the windows of the states reachable from the start, breadth first, until every
+  // reachable state is visited, `max_states` are, or `max_seconds` have passed.
+  PrecomputeStats precompute(size_t max_states, double max_seconds);
 
   const Grammar& grammar() const { return *grammar_; }
   const TokenVocabulary& vocabulary() const { return *vocabulary_; }
@@ -73,25 +119,53 @@ class CompiledGrammar {
     std::vector<uint64_t> mask;
   };
 
+  // A window's verdicts (see the file comment).
+  struct Window {
+    // The accepted tokens: mask words when many, else their ids (most windows are inside
+    // literals and accept a handful of tokens).
+    std::vector<uint64_t> accepted_bits;
+    std::vector<int32_t> accepted_ids;
+    std::vector<int32_t> uncertain;  // ids in trie order (sorted by bytes)
+    bool too_uncertain = false;      // more than max_uncertain: use the next window size
+    size_t bytes() const {
+      return accepted_bits.capacity() * 8 + (accepted_ids.capacity() + uncertain.capacity()) * 4;
+    }
+  };
+
   // All under mutex_.
-  int32_t initial_state_locked();
   int32_t intern_locked(GrammarMatcher::StateImage image);
   int32_t step_locked(int32_t state, uint8_t byte);
   void fill_mask_locked(int32_t state, std::span<uint64_t> mask);
   void walk_trie_locked(int32_t state, std::span<uint64_t> mask);
+  // The mask of `state` from its stacks' windows; false (mask undefined) when a window is
+  // missing and the window cache is full.
+  bool compose_mask_locked(int32_t state, std::span<uint64_t> mask);
+  // The window that decides `stack` (top frame first), computed if missing; null when the
+  // window cache is full.
+  const Window* window_for_locked(const std::vector<uint64_t>& stack);
+  void compute_window_locked(int32_t local_state, bool cut, Window& window);
+  // Sets the bits of the ids in `ids` (trie order) that `state` accepts.
+  void check_uncertain_locked(int32_t state, const std::vector<int32_t>& ids, std::span<uint64_t> mask);
 
   std::shared_ptr<const Grammar> grammar_;
   std::shared_ptr<const TokenVocabulary> vocabulary_;
-  const size_t max_cached_masks_;
-  const size_t max_tables_;
+  const Limits limits_;
   size_t tables_ = 0;
   mutable std::mutex mutex_;
   GrammarMatcher scratch_;  // materializes states to compute transitions
+  int32_t loaded_state_ = -1;  // the state scratch_ holds (its frames below loaded_mark_)
+  size_t loaded_mark_ = 0;
+  GrammarMatcher::State step_out_;
   std::vector<StateInfo> states_;
   std::unordered_multimap<uint64_t, int32_t> state_index_;
   std::list<int32_t> mask_lru_;  // states holding a mask, most recent first
   int32_t initial_ = -1;
   std::vector<int32_t> walk_states_;  // per trie depth during a walk
+  std::vector<char> walk_escaped_;    // per trie depth: a prefix returned below the window
+  std::vector<uint64_t> window_scratch_;
+  // Windows by (state id of the window's frames) * 2 + (frames were cut off below it).
+  std::unordered_map<uint64_t, Window> windows_;
+  size_t window_bytes_ = 0;
   MaskStats stats_;
 };
 

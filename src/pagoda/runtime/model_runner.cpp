@@ -11,9 +11,11 @@ Status check_row_sampling(const ForwardBatch& batch, std::span<const RowSampling
   for (const RowSampling& row : rows) {
     if (row.on_device && !capabilities.samples_on_device)
       return unimplemented_error("this model runner does not sample on the device");
-    if (row.allowed != nullptr && !row.on_device)
+    if (row.allowed != nullptr && row.mask_source != nullptr)
+      return invalid_argument_error("a row with both a token mask and a mask source");
+    if (row.masked() && !row.on_device)
       return invalid_argument_error("a token mask on a row that is not sampled on the device");
-    if (row.allowed != nullptr && !capabilities.samples_masked_on_device)
+    if (row.masked() && !capabilities.samples_masked_on_device)
       return unimplemented_error("this model runner does not apply token masks on the device");
   }
   return ok_status();

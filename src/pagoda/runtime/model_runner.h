@@ -41,6 +41,13 @@ namespace pagoda::runtime {
 // ceil(vocab / 64) words; the other tokens' logits count as -inf for the draw
 // and for the reported logprob. It points into the caller's memory and must
 // stay valid for the execute() call only. Null: every token.
+//
+// `mask_source` (same conditions; exclusive with `allowed`): the row's mask is
+// not ready yet. The runner calls mask_source->fill_mask(row, words) once for
+// the row during execute(), from the calling thread, after it has queued the
+// forward, so computing the masks on the host overlaps the device's work.
+// `row` is the row's index in `rows`.
+class TokenMaskSource;
 struct RowSampling {
   bool on_device = false;  // false: the runner returns this row's logits instead
   float temperature = 0.0f;
@@ -50,6 +57,19 @@ struct RowSampling {
   uint64_t seed = 0;  // per sequence
   uint64_t step = 0;  // the sequence's output index
   const uint64_t* allowed = nullptr;
+  TokenMaskSource* mask_source = nullptr;
+  bool masked() const { return allowed != nullptr || mask_source != nullptr; }
+};
+
+// Computes deferred token masks (RowSampling::mask_source) when the runner asks.
+class TokenMaskSource {
+ public:
+  // Writes row `row`'s allowed-token bits (RowSampling::allowed's layout) to
+  // `mask`, whose ceil(vocab / 64) words hold garbage on entry.
+  virtual void fill_mask(size_t row, std::span<uint64_t> mask) = 0;
+
+ protected:
+  ~TokenMaskSource() = default;
 };
 
 struct StepResult {

@@ -10,6 +10,12 @@
 namespace pagoda::server {
 namespace {
 
+// CompiledGrammar::precompute's budget for a new grammar, spent on the HTTP thread once per
+// grammar (compiled grammars are cached): every reachable state of a small schema, a bounded
+// part of an unbounded one (json_object).
+constexpr size_t kPrecomputeStates = 4096;
+constexpr double kPrecomputeSeconds = 0.5;
+
 using Json = nlohmann::ordered_json;
 
 // A grammar matcher as the engine's per-choice constraint.
@@ -197,8 +203,10 @@ std::variant<std::shared_ptr<const engine::TokenConstraint>, ApiError> Structure
     if (auto* error = std::get_if<ApiError>(&built)) return *error;
     compiled = std::make_shared<grammar::CompiledGrammar>(std::get<std::shared_ptr<const grammar::Grammar>>(built),
                                                           vocabulary_);
-    // The first mask (a walk of the whole vocabulary trie) is made here, on the request's thread,
-    // rather than in the engine step that would otherwise wait for it.
+    // The windows of the states a generation is likely to meet (breadth first from the start,
+    // bounded) and the first mask are made here, on the request's thread, so that the engine
+    // steps compose masks from windows instead of walking the vocabulary trie.
+    (void)compiled->precompute(kPrecomputeStates, kPrecomputeSeconds);
     grammar::TokenMatcher first(compiled);
     std::vector<uint64_t> scratch(vocabulary_->mask_words());
     first.fill_mask(scratch);

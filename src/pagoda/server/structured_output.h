@@ -13,9 +13,10 @@
 //
 // Compiled grammars are kept by their text in a small LRU cache, so a schema that recurs costs
 // nothing to compile and its token masks are already warm (token_matcher.h); a new grammar's
-// first mask is computed on the calling (HTTP) thread, not in an engine step. Memory: each cached
-// grammar holds at most max_cached_masks masks (vocabulary / 8 bytes each) and max_tables
-// transition tables (1 KiB each), see CompiledGrammar.
+// windows (CompiledGrammar::precompute, at most 0.5 s) and first mask are computed on the
+// calling (HTTP) thread, not in an engine step. Memory: each cached grammar holds at most
+// max_cached_masks masks (vocabulary / 8 bytes each), max_tables transition tables (1 KiB
+// each) and max_window_bytes of windows, see CompiledGrammar::Limits.
 //
 // Errors are ApiErrors naming the request field, with the path inside a schema, e.g.
 // param "response_format.json_schema.schema" and message

@@ -11,6 +11,8 @@
 #include <string>
 #include <string_view>
 
+#include "pagoda/core/utf8.h"
+
 namespace pagoda::tokenizer {
 
 inline constexpr std::string_view kReplacementCharacter = "\xEF\xBF\xBD";  // U+FFFD
@@ -26,7 +28,7 @@ inline size_t utf8_char_length(std::string_view text, size_t pos) {
   return decode_utf8(text, pos, ignored);
 }
 
-void append_utf8(std::string& out, char32_t code_point);
+using pagoda::append_utf8;  // core/utf8.h
 
 bool is_valid_utf8(std::string_view text);
 

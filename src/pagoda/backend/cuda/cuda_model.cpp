@@ -376,13 +376,14 @@ Status CudaModel::forward_greedy(const ForwardBatch& batch, CudaKvPool& pool, st
 Status CudaModel::forward_sampled(const ForwardBatch& batch, CudaKvPool& pool,
                                   std::span<const GpuSamplingParams> params, std::span<const int32_t> host_rows,
                                   std::vector<int32_t>& tokens, std::vector<float>& logprobs,
-                                  std::vector<float>& host_logits, std::span<const uint64_t* const> masks) {
+                                  std::vector<float>& host_logits, std::span<const runtime::RowSampling> masks) {
   const int32_t rows = batch.num_logit_rows();
   if (static_cast<int64_t>(params.size()) != rows)
     return invalid_argument_error("forward_sampled: {} sampling params for {} logits rows", params.size(), rows);
   if (!masks.empty() && static_cast<int64_t>(masks.size()) != rows)
     return invalid_argument_error("forward_sampled: {} token masks for {} logits rows", masks.size(), rows);
-  if (mask_host_.data() == nullptr && std::any_of(masks.begin(), masks.end(), [](const uint64_t* m) { return m; })) {
+  if (mask_host_.data() == nullptr &&
+      std::any_of(masks.begin(), masks.end(), [](const runtime::RowSampling& m) { return m.masked(); })) {
     const size_t words = (static_cast<size_t>(config_.vocab_size) + 63) / 64;
     const size_t bytes = static_cast<size_t>(max_rows_) * (sizeof(int32_t) + words * sizeof(uint64_t)) + 8;
     PAGODA_ASSIGN_OR_RETURN(mask_host_, PinnedBuffer::allocate(bytes));
@@ -444,11 +445,17 @@ Status CudaModel::mask_rows(int32_t row_begin, int32_t n) {
   auto* host_rows = mask_host_.as<int32_t>();
   auto* host_masks = reinterpret_cast<uint64_t*>(mask_host_.as<char>() + ((static_cast<size_t>(max_rows_) * 4 + 7) & ~size_t{7}));
   int32_t count = 0;
+  // The forward is queued: the deferred masks are computed here while the GPU runs it.
   for (int32_t r = 0; r < n; ++r) {
-    const uint64_t* mask = sampled_.masks[static_cast<size_t>(row_begin + r)];
-    if (mask == nullptr) continue;
+    const runtime::RowSampling& row = sampled_.masks[static_cast<size_t>(row_begin + r)];
+    if (!row.masked()) continue;
     host_rows[count] = r;
-    std::copy_n(mask, words, host_masks + static_cast<size_t>(count) * words);
+    uint64_t* out = host_masks + static_cast<size_t>(count) * words;
+    if (row.mask_source != nullptr) {
+      row.mask_source->fill_mask(static_cast<size_t>(row_begin + r), std::span<uint64_t>(out, words));
+    } else {
+      std::copy_n(row.allowed, words, out);
+    }
     ++count;
   }
   if (count == 0) return ok_status();

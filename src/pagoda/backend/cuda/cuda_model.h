@@ -50,6 +50,7 @@
 #include "pagoda/backend/cuda/step_plan.h"
 #include "pagoda/core/status.h"
 #include "pagoda/runtime/forward_batch.h"
+#include "pagoda/runtime/model_runner.h"
 #include "pagoda/model/model_config.h"
 
 namespace pagoda::cuda {
@@ -105,14 +106,16 @@ class CudaModel {
   // Same, but every logits row r is sampled on the GPU with params[r]
   // (sampling.h): tokens and logprobs get one entry per row, and only the rows
   // listed in host_rows (ascending) copy their logits out, to host_logits
-  // [host_rows.size(), vocab]. masks: empty, or one entry per row: null, or the
-  // row's allowed-token bits (runtime::RowSampling::allowed), applied on the GPU
-  // before the draw. Errors: params (or masks) not one per logits row,
-  // host_rows not ascending within [0, rows).
+  // [host_rows.size(), vocab]. masks: empty, or one entry per row whose
+  // `allowed` or `mask_source` (runtime::RowSampling) gives the row's
+  // allowed-token bits, applied on the GPU before the draw; a mask_source is
+  // asked after the forward is queued, while the GPU runs it, and writes
+  // straight into the pinned upload buffer. Errors: params (or masks) not one
+  // per logits row, host_rows not ascending within [0, rows).
   Status forward_sampled(const ForwardBatch& batch, CudaKvPool& pool, std::span<const GpuSamplingParams> params,
                          std::span<const int32_t> host_rows, std::vector<int32_t>& tokens,
                          std::vector<float>& logprobs, std::vector<float>& host_logits,
-                         std::span<const uint64_t* const> masks = {});
+                         std::span<const runtime::RowSampling> masks = {});
 
   // Events the next forward (one call) waits on before it touches each layer
   // of the pool: the host tier's loads issued layer by layer (kv_layer_waits.h).
@@ -146,7 +149,7 @@ class CudaModel {
     std::vector<int32_t>* tokens = nullptr;
     std::vector<float>* logprobs = nullptr;
     std::vector<float>* host_logits = nullptr;
-    std::span<const uint64_t* const> masks;
+    std::span<const runtime::RowSampling> masks;
   };
   struct StepShape {
     int32_t num_tokens = 0;  // rows run (decode: padded to the bucket)

@@ -53,7 +53,7 @@ StatusOr<runtime::StepResult> CudaModelRunner::execute(const ForwardBatch& batch
   }
   std::vector<GpuSamplingParams> params(rows.size());
   std::vector<int32_t> host_rows;
-  std::vector<const uint64_t*> masks;  // empty unless a row has one
+  bool masked = false;
   for (size_t r = 0; r < rows.size(); ++r) {
     const runtime::RowSampling& row = rows[r];
     if (!row.on_device) {
@@ -61,13 +61,10 @@ StatusOr<runtime::StepResult> CudaModelRunner::execute(const ForwardBatch& batch
       continue;
     }
     params[r] = GpuSamplingParams{row.temperature, row.top_k, row.top_p, row.min_p, row.seed, row.step};
-    if (row.allowed != nullptr) {
-      masks.resize(rows.size(), nullptr);
-      masks[r] = row.allowed;
-    }
+    masked = masked || row.masked();
   }
   const Status status = model_->forward_sampled(batch, *pool_, params, host_rows, out.tokens, out.logprobs,
-                                                out.host_logits, masks);
+                                                out.host_logits, masked ? rows : std::span<const runtime::RowSampling>{});
   model_->flush_kv_layer_waits();
   PAGODA_RETURN_IF_ERROR(status);
   return out;
