@@ -107,6 +107,19 @@ Status CpuModelRunner::write_host_block(int32_t host_block, std::span<const std:
   return ok_status();
 }
 
+StatusOr<std::vector<std::span<std::byte>>> CpuModelRunner::host_blocks_for_writing(
+    std::span<const int32_t> blocks) {
+  std::vector<std::span<std::byte>> out;
+  out.reserve(blocks.size());
+  for (int32_t b : blocks) {
+    if (b < 0 || b >= num_host_blocks_)
+      return out_of_range_error("host_blocks_for_writing: block {} outside the host pool of {}", b, num_host_blocks_);
+    // Transfers run synchronously here: none is in flight.
+    out.emplace_back(host_pool_.get() + static_cast<size_t>(b) * host_block_bytes_, host_block_bytes_);
+  }
+  return out;
+}
+
 Status CpuModelRunner::transfer_blocks(std::span<const runtime::BlockTransfer> transfers) {
   if (transfers.empty()) return ok_status();
   if (num_host_blocks_ == 0) return runtime::ModelRunner::transfer_blocks(transfers);

@@ -43,6 +43,7 @@ class CpuModelRunner final : public runtime::ModelRunner {
   runtime::TransferStats transfer_stats() const override { return transfer_stats_; }
   Status read_host_block(int32_t host_block, std::span<std::byte> out) override;
   Status write_host_block(int32_t host_block, std::span<const std::byte> data) override;
+  StatusOr<std::vector<std::span<std::byte>>> host_blocks_for_writing(std::span<const int32_t> blocks) override;
   runtime::RunnerCapabilities capabilities() const override {
     return {.zeroes_blocks = true,
             .host_kv_blocks = num_host_blocks_,

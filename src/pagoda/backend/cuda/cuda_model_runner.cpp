@@ -103,6 +103,21 @@ Status CudaModelRunner::write_host_block(int32_t host_block, std::span<const std
   return ok_status();
 }
 
+StatusOr<std::vector<std::span<std::byte>>> CudaModelRunner::host_blocks_for_writing(
+    std::span<const int32_t> blocks) {
+  if (!host_) return runtime::ModelRunner::host_blocks_for_writing(blocks);
+  std::vector<std::span<std::byte>> out;
+  out.reserve(blocks.size());
+  for (int32_t b : blocks) {
+    if (b < 0 || b >= host_->num_blocks())
+      return out_of_range_error("host_blocks_for_writing: block {} outside the host pool of {}", b, host_->num_blocks());
+    out.emplace_back(static_cast<std::byte*>(host_->block(b)), host_->block_bytes());
+  }
+  // A copy handed over earlier may still read (a load) or write (a write-back) one of these blocks.
+  PAGODA_RETURN_IF_ERROR(host_->wait_for_copies_on_host());
+  return out;
+}
+
 Status CudaModelRunner::transfer_blocks(std::span<const runtime::BlockTransfer> transfers) {
   if (transfers.empty()) return ok_status();
   if (!host_) return runtime::ModelRunner::transfer_blocks(transfers);

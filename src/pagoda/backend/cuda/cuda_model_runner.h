@@ -73,6 +73,8 @@ class CudaModelRunner final : public runtime::ModelRunner {
   // read_host_block may run on another thread as ModelRunner says.
   Status read_host_block(int32_t host_block, std::span<std::byte> out) override;
   Status write_host_block(int32_t host_block, std::span<const std::byte> data) override;
+  // Waits for the copy streams too; the pinned memory itself is handed out.
+  StatusOr<std::vector<std::span<std::byte>>> host_blocks_for_writing(std::span<const int32_t> blocks) override;
   int32_t vocab_size() const override { return model_->config().vocab_size; }
   int32_t max_context_length() const override { return model_->max_model_len(); }
   std::vector<int32_t> eos_token_ids() const override { return model_->config().eos_token_ids; }
