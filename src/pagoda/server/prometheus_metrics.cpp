@@ -59,6 +59,11 @@ void lower_tier_metrics(std::string& out, const engine::EngineStats& s) {
     const kvstore::TierIoStats& x = s.lower_tiers[static_cast<size_t>(t)];
     if (x.enabled) out += fmt::format("pagoda_kv_tier_up{{tier=\"{}\"}} {}\n", names[t], x.connected && !x.writes_stopped ? 1 : 0);
   }
+  scalar(out, "pagoda_kv_tier_loads_total", "counter",
+         "Requests that waited, holding no step, for their prompt blocks to be read from disk or redis.",
+         s.lower_tier_loads);
+  scalar(out, "pagoda_kv_tier_loads_in_flight", "gauge",
+         "Requests waiting now for their prompt blocks to be read from disk or redis.", s.lower_tier_loads_in_flight);
   header(out, "pagoda_kv_tier_read_seconds", "histogram", "Time to read and verify one block from a tier below the host.");
   for (int t = 0; t < 2; ++t) {
     const kvstore::TierIoStats& x = s.lower_tiers[static_cast<size_t>(t)];
