@@ -89,7 +89,11 @@ Engine::Engine(EngineConfig config, runtime::ModelRunner& runner, kv::KvCacheMan
   }
 }
 
-Engine::~Engine() { shutdown(std::chrono::milliseconds(0)); }
+Engine::~Engine() {
+  shutdown(std::chrono::milliseconds(0));
+  // Its readers call back into this engine (mutex_, work_ready_), which are destroyed before it would be.
+  loader_.reset();
+}
 
 void Engine::start() {
   std::lock_guard lock(mutex_);
