@@ -124,6 +124,8 @@ struct FixtureCase {
   int32_t size;
 };
 
+void PrintTo(const FixtureCase& c, std::ostream* os) { *os << c.name << " TP=" << c.size; }
+
 class TensorParallelFixtureTest : public ::testing::TestWithParam<FixtureCase> {};
 
 TEST_P(TensorParallelFixtureTest, ReproducesTp1AndTransformers) {
