@@ -1,7 +1,8 @@
 // --tensor-parallel-size through the real binary on the CPU
 // (docs/TENSOR_PARALLEL.md): generate at TP=2 and TP=4 gives transformers'
 // greedy tokens on fixtures with split, replicated (MQA) and bias-carrying
-// KV heads, and the start-up report says how the model is split; serve at
+// KV heads, and the start-up report says how the model is split; eval's
+// perplexity on the bundled model equals TP=1's; serve at
 // TP=2 answers concurrent completions with the same tokens as TP=1 and keeps
 // its prefix cache (one KV manager over both ranks); bad sizes and
 // unsupported architectures fail naming the flag and the numbers.
@@ -54,6 +55,24 @@ TEST(TensorParallelCliTest, GenerateAtTp2AndTp4GivesTransformersTokens) {
       EXPECT_THAT(r.err, HasSubstr(std::string("tensor parallel: ") + tp + " ranks")) << r.err;
     }
   }
+}
+
+TEST(TensorParallelCliTest, EvalPerplexityAtTp2AndTp4EqualsTp1) {
+  const std::string model = source_path("models/pagoda-tiny");
+  if (!std::filesystem::exists(model + "/model.safetensors"))
+    FAIL() << "models/pagoda-tiny is missing (scripts/fetch-test-data.sh)";
+  auto perplexity = [&](const char* tp) {
+    CliResult r = run_pagoda({"eval", "perplexity", "--model", model, "--text-file", model + "/heldout.txt",
+                              "--max-tokens", "512", "--window", "128", "--tensor-parallel-size", tp, "--json"});
+    EXPECT_EQ(r.exit_code, 0) << "TP=" << tp << "\n" << r.err;
+    const json out = json::parse(last_line(r.out), nullptr, false);
+    EXPECT_FALSE(out.is_discarded() || !out.contains("perplexity")) << r.out;
+    return out.is_discarded() || !out.contains("perplexity") ? 0.0 : out["perplexity"].get<double>();
+  };
+  const double tp1 = perplexity("1");
+  ASSERT_GT(tp1, 1.0);
+  EXPECT_NEAR(perplexity("2"), tp1, 1e-4 * tp1);
+  EXPECT_NEAR(perplexity("4"), tp1, 1e-4 * tp1);
 }
 
 // A bad size: exit code != 0 (no crash), the message names the flag and the numbers.
