@@ -185,5 +185,37 @@ TEST_F(TensorParallelServeTest, Tp2AnswersConcurrentRequestsLikeTp1) {
   EXPECT_GE(cached[0], 8) << "the repeated prompt should hit the prefix cache";
 }
 
+TEST_F(TensorParallelServeTest, DiskTierAtTp2HoldsEveryRanksBlocksAcrossARestart) {
+  // A TP=2 server writes its blocks (both ranks' halves) through the host tier to disk; a restarted
+  // TP=2 server reads them back and gives the computed greedy output; a TP=1 server on the same
+  // directory does not take them (another byte layout, another fingerprint).
+  char templ[] = "/tmp/pagoda_tp_disk_XXXXXX";
+  ASSERT_NE(mkdtemp(templ), nullptr);
+  const std::string dir = std::string(templ) + "/kv";
+  auto flags = [&](const char* tp) {
+    return std::vector<std::string>{"--model", source_path("tests/fixtures/models/llama_f32"), "--block-size", "4",
+                                    "--kv-cache-memory", "131072", "--kv-offload-memory", "1MiB", "--kv-offload-disk",
+                                    dir, "--kv-offload-disk-size", "16MiB", "--tensor-parallel-size", tp};
+  };
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 41; ++i) prompt.push_back((i * 53 + 7) % 256);
+  json first, again, single;
+  for (const char* tp : {"2", "2", "1"}) {
+    ServerProcess server;
+    std::string why;
+    ASSERT_TRUE(server.start(flags(tp), &why)) << why;
+    json out = completion(server.port(), prompt, 8);
+    (first.is_null() ? first : again.is_null() ? again : single) = out;
+    EXPECT_EQ(server.stop(), 0);
+  }
+  ASSERT_FALSE(first.is_null() || again.is_null() || single.is_null());
+  EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(again["usage"]["prompt_tokens_details"]["cached_tokens"], 40) << "the cacheable prefix came from disk";
+  EXPECT_EQ(again["choices"][0]["text"], first["choices"][0]["text"]);
+  EXPECT_EQ(single["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << "TP=1 must not read TP=2's blocks";
+  EXPECT_EQ(single["choices"][0]["text"], first["choices"][0]["text"]);
+  std::filesystem::remove_all(templ);
+}
+
 }  // namespace
 }  // namespace pagoda::e2e

@@ -26,6 +26,7 @@
 #include "pagoda/backend/cpu/random_cpu_model.h"
 #include "pagoda/model/checkpoint.h"
 #include "pagoda/model/model_config.h"
+#include "pagoda/runtime/host_block_layout.h"
 
 namespace pagoda {
 namespace {
@@ -320,6 +321,53 @@ TEST(TensorParallelTest, BlockCopiesAndZeroingReachEveryRank) {
   EXPECT_EQ((*runner)->kv_geometry().num_kv_heads, 2);
   EXPECT_EQ((*runner)->kv_geometry().num_blocks, 4);
   EXPECT_EQ((*runner)->rank(1).pool().shape().num_kv_heads, 1);
+}
+
+TEST(TensorParallelTest, HostBlocksAreTheRanksBlocksInRankOrder) {
+  // The host tier through the group: transfers reach every rank's host pool, and a host block as the
+  // disk / redis tiers see it is the ranks' host blocks one after another.
+  const ModelConfig config = random_config(128);
+  auto made = make_random_cpu_model(config, 5, size_t{64} << 20);
+  ASSERT_TRUE(made.ok());
+  std::shared_ptr<CpuModel> model(std::move(*made));
+  auto created = CpuTensorParallelRunner::create(
+      config, std::shared_ptr<const ModelWeights>(model, &model->weights()), 2,
+      {.num_blocks = 4, .block_size = 4, .num_host_blocks = 3});
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  CpuTensorParallelRunner& runner = **created;
+  EXPECT_TRUE(runner.capabilities().host_block_access);
+  ForwardBatch batch;
+  batch.token_ids = {7, 8, 9, 10};
+  batch.positions = {0, 1, 2, 3};
+  SequenceSlice s;
+  s.num_new_tokens = 4;
+  s.block_table = {0};
+  batch.sequences = {s};
+  ASSERT_TRUE(runner.execute(batch, {}).ok());
+  const runtime::BlockTransfer out{runtime::TransferDirection::kDeviceToHost, 0, 1};
+  ASSERT_TRUE(runner.transfer_blocks({&out, 1}).ok());
+  EXPECT_EQ(runner.transfer_stats().blocks[0], 2);  // one per rank
+
+  const size_t bytes = runtime::host_block_layout(runner.kv_geometry()).block_bytes();
+  ASSERT_EQ(bytes, runner.rank(0).host_block_bytes() + runner.rank(1).host_block_bytes());
+  std::vector<std::byte> block(bytes);
+  ASSERT_TRUE(runner.read_host_block(1, block).ok());
+  const size_t first = runner.rank(0).host_block_bytes();
+  EXPECT_EQ(std::memcmp(block.data(), runner.rank(0).host_block(1), first), 0);
+  EXPECT_EQ(std::memcmp(block.data() + first, runner.rank(1).host_block(1), bytes - first), 0);
+  EXPECT_NE(std::memcmp(block.data(), block.data() + first, first), 0) << "the ranks hold different KV heads";
+
+  // Written into host block 2 and brought back to device block 3: every rank's block 3 is its block 0.
+  ASSERT_TRUE(runner.write_host_block(2, block).ok());
+  const runtime::BlockTransfer in{runtime::TransferDirection::kHostToDevice, 3, 2};
+  ASSERT_TRUE(runner.transfer_blocks({&in, 1}).ok());
+  for (int32_t r = 0; r < 2; ++r) {
+    kernels::PagedKvLayer layer = const_cast<CpuKvPool&>(runner.rank(r).pool()).layer(1);
+    const size_t n = runner.rank(r).pool().shape().elements_per_block();
+    EXPECT_EQ(std::memcmp(layer.value_f32(), layer.value_f32() + 3 * n, n * sizeof(float)), 0) << "rank " << r;
+  }
+  EXPECT_FALSE(runner.read_host_block(1, std::span<std::byte>(block).first(bytes - 1)).ok());
+  EXPECT_EQ(runner.write_host_block(3, block).code(), StatusCode::kOutOfRange);
 }
 
 }  // namespace

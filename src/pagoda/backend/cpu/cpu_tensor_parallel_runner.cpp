@@ -120,6 +120,36 @@ Status CpuTensorParallelRunner::transfer_blocks(std::span<const runtime::BlockTr
   return ok_status();
 }
 
+Status CpuTensorParallelRunner::read_host_block(int32_t host_block, std::span<std::byte> out) {
+  size_t total = 0;
+  for (const auto& rank : ranks_) total += rank->host_block_bytes();
+  if (out.size() != total)
+    return invalid_argument_error("read_host_block: {} bytes given, a block of the {} ranks is {}", out.size(), size(),
+                                  total);
+  size_t at = 0;
+  for (auto& rank : ranks_) {
+    PAGODA_RETURN_IF_ERROR(rank->read_host_block(host_block, out.subspan(at, rank->host_block_bytes())));
+    at += rank->host_block_bytes();
+  }
+  return ok_status();
+}
+
+Status CpuTensorParallelRunner::write_host_block(int32_t host_block, std::span<const std::byte> data) {
+  size_t total = 0;
+  for (const auto& rank : ranks_) total += rank->host_block_bytes();
+  if (data.size() != total)
+    return invalid_argument_error("write_host_block: {} bytes given, a block of the {} ranks is {}", data.size(),
+                                  size(), total);
+  if (host_block < 0 || host_block >= num_host_blocks_)
+    return out_of_range_error("write_host_block: block {} outside the host pool of {}", host_block, num_host_blocks_);
+  size_t at = 0;
+  for (auto& rank : ranks_) {
+    PAGODA_RETURN_IF_ERROR(rank->write_host_block(host_block, data.subspan(at, rank->host_block_bytes())));
+    at += rank->host_block_bytes();
+  }
+  return ok_status();
+}
+
 runtime::TransferStats CpuTensorParallelRunner::transfer_stats() const {
   runtime::TransferStats total;
   for (const auto& rank : ranks_) {

@@ -15,10 +15,13 @@
 // TP=1) and to be the reference for the GPU ranks; they share one machine's
 // cores and memory bandwidth, so they are not faster than TP=1.
 //
-// Not supported (kUnimplemented from the checks named): token eviction
-// (compacts_kv is false), host-block access for disk/redis tiers.
+// A host block, as read_host_block / write_host_block see it (the disk and
+// redis tiers), is the ranks' host blocks one after another in rank order:
+// host_block_layout(kv_geometry()).block_bytes() in all. Not supported: token
+// eviction (compacts_kv is false).
 //
-// Thread safety: one caller thread, as every ModelRunner.
+// Thread safety: one caller thread, as every ModelRunner; read_host_block
+// also as ModelRunner allows (runtime/model_runner.h).
 
 #include <condition_variable>
 #include <cstdint>
@@ -66,8 +69,10 @@ class CpuTensorParallelRunner final : public runtime::ModelRunner {
   Status transfer_blocks(std::span<const runtime::BlockTransfer> transfers) override;
   runtime::TransferStats transfer_stats() const override;
   runtime::RunnerCapabilities capabilities() const override {
-    return {.zeroes_blocks = true, .host_kv_blocks = num_host_blocks_};
+    return {.zeroes_blocks = true, .host_kv_blocks = num_host_blocks_, .host_block_access = num_host_blocks_ > 0};
   }
+  Status read_host_block(int32_t host_block, std::span<std::byte> out) override;
+  Status write_host_block(int32_t host_block, std::span<const std::byte> data) override;
   // Rank 0's pool shape with num_kv_heads summed over the ranks (replicated
   // heads counted on every rank that holds them): the group's KV memory.
   const KvPoolShape& kv_geometry() const override { return geometry_; }
