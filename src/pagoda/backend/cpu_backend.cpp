@@ -68,9 +68,6 @@ StatusOr<RunnerSetup> create_cpu_runner(const RunnerSpec& spec, const RunnerRequ
   // Tensor parallelism is checked against the config before any weight loads.
   const int32_t tp = spec.tensor_parallel_size;
   PAGODA_RETURN_IF_ERROR(check_tensor_parallel(config, tp));
-  if (tp > 1 && spec.weight_quantization)
-    return unimplemented_error("--tensor-parallel-size {} with --quantization {}: quantized weights are not sharded "
-                               "yet; leave one of them out", tp, dtype_name(*spec.weight_quantization));
   std::unique_ptr<CpuModel> model;
   std::string weights_text;
   if (spec.load_format == LoadFormat::kRandom) {
@@ -95,8 +92,10 @@ StatusOr<RunnerSetup> create_cpu_runner(const RunnerSpec& spec, const RunnerRequ
   }
 
   if (spec.weight_quantization) {
-    progress(fmt::format("quantizing weights to {}", dtype_name(*spec.weight_quantization)));
-    PAGODA_RETURN_IF_ERROR(model->quantize_weights(*spec.weight_quantization));
+    progress(fmt::format("quantizing weights to {}{}", dtype_name(*spec.weight_quantization),
+                         tp > 1 ? " (each rank its shard)" : ""));
+    // With tensor parallelism each rank quantizes its own shard (CpuTensorParallelRunner).
+    if (tp == 1) PAGODA_RETURN_IF_ERROR(model->quantize_weights(*spec.weight_quantization));
     if (*spec.weight_quantization == DType::kFP8E4M3)
       weights_text = fmt::format("{} -> fp8 e4m3 (--quantization; per-channel scales, dynamic per-token "
                                  "activations; lm_head as loaded)", weights_text);
@@ -149,7 +148,8 @@ StatusOr<RunnerSetup> create_cpu_runner(const RunnerSpec& spec, const RunnerRequ
                                              .block_size = spec.block_size,
                                              .key_dtype = spec.key_dtype,
                                              .value_dtype = spec.value_dtype,
-                                             .num_host_blocks = host_blocks};
+                                             .num_host_blocks = host_blocks,
+                                             .quantization = spec.weight_quantization};
     auto group = CpuTensorParallelRunner::create(config, std::shared_ptr<const ModelWeights>(whole, &whole->weights()),
                                                  tp, options);
     if (group.ok()) {
@@ -159,6 +159,9 @@ StatusOr<RunnerSetup> create_cpu_runner(const RunnerSpec& spec, const RunnerRequ
                             tp, (*group)->threads_per_rank(), s.num_q_heads, config.num_q_heads, s.num_kv_heads,
                             config.num_kv_heads, config.num_kv_heads < tp ? " (replicated)" : "",
                             s.intermediate_size, config.intermediate_size, s.vocab_chunk);
+      // The ranks' weights together: quantized or not, each matrix counted once (slices partition it).
+      setup.weight_bytes = 0;
+      for (int32_t r = 0; r < tp; ++r) setup.weight_bytes += cpu_weight_bytes((*group)->rank(r).model().weights());
       runner = std::unique_ptr<runtime::ModelRunner>(std::move(*group));
     } else {
       runner = group.status();

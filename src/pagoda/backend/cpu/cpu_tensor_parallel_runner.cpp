@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "pagoda/backend/cpu/quantize_weights.h"
 #include "pagoda/model/kv_geometry.h"
 #include "pagoda/model/tensor_shard.h"
 #include "pagoda/parallel/thread_communicator.h"
@@ -20,7 +21,12 @@ StatusOr<std::unique_ptr<CpuTensorParallelRunner>> CpuTensorParallelRunner::crea
   for (int32_t r = 0; r < size; ++r) {
     const TensorShard shard = tensor_shard(config, r, size);
     PAGODA_ASSIGN_OR_RETURN(ModelWeights weights, shard_model_weights(config, whole, shard));
-    auto model = std::make_shared<CpuModel>(shard_config(config, shard), std::move(weights));
+    const ModelConfig local = shard_config(config, shard);
+    if (options.quantization) {
+      PAGODA_RETURN_IF_ERROR(quantize_model_weights(local, weights, *options.quantization));
+      weights.owned_slices.clear();  // every row-parallel slice now lives in its quantized copy
+    }
+    auto model = std::make_shared<CpuModel>(local, std::move(weights));
     model->attach_tensor_parallel(shard, runner->comms_[static_cast<size_t>(r)].get());
     PAGODA_ASSIGN_OR_RETURN(auto rank_runner,
                             CpuModelRunner::create(std::move(model), options.num_blocks, options.block_size,

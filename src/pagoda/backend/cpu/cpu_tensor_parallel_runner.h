@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -49,6 +50,12 @@ class CpuTensorParallelRunner final : public runtime::ModelRunner {
     DType value_dtype = DType::kF32;
     int32_t num_host_blocks = 0;   // of every rank's host pool (0: none)
     size_t threads_per_rank = 0;   // 0: the process pool's threads / ranks, at least 1
+    // --quantization (kInt8, kInt4 or kFP8E4M3): each rank quantizes its own shard
+    // (backend/cpu/quantize_weights.h). int8/int4 blocks of 32 columns are the
+    // TP=1 blocks wherever a row-parallel slice starts at a multiple of 32;
+    // fp8's per-row scales of o_proj / down_proj are taken over the rank's
+    // columns only.
+    std::optional<DType> quantization;
   };
 
   // Shards `whole` (the weights of `config`) over `size` ranks. Errors:
