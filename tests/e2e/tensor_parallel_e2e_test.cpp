@@ -123,6 +123,9 @@ TEST(TensorParallelCliTest, BadSizesFailNamingTheFlagAndTheNumbers) {
     expect_error(with({"--tensor-parallel-size", "0"}), {"--tensor-parallel-size 0", "at least 1"});
     expect_error(with({"--tensor-parallel-size", "8"}), {"--tensor-parallel-size 8", "4 attention heads"});
   }
+  expect_error({"generate", "--model", llama, "--prompt-ids", "1,2,3", "--tensor-parallel-size", "2", "--kv-compression",
+                "snapkv", "--kv-budget", "64"},
+               {"--kv-compression snapkv", "--tensor-parallel-size above 1"});
   expect_error({"generate", "--model", source_path("tests/fixtures/models/deepseek_v2_lite_bf16"), "--prompt-ids",
                 "1,2", "--tensor-parallel-size", "2"},
                {"--tensor-parallel-size 2", "DeepseekV2ForCausalLM"});
