@@ -25,6 +25,7 @@
 #include <fstream>
 #include <iostream>
 #include <numeric>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -228,6 +229,35 @@ TEST_P(DeepseekFixtureTest, PrefillAndTeacherForcedDecodeMatchCpu) {
             << "the CPU at " << checked << " steps where its margin > 2 x error\n";
 }
 
+// A figure printer, not a check (run with --gtest_also_run_disabled_tests): the
+// fixture prompts are shorter than CudaMlaPrefill's min_rows, so the test
+// above runs them on the simple kernel; here they run on the tensor-core
+// prefill (min_rows 1), and each prompt row's error against the CPU is printed
+// beside the simple kernel's, with the two paths' own difference.
+TEST_P(DeepseekFixtureTest, DISABLED_TensorCorePrefillRowsAgainstCpu) {
+  const int32_t vocab = gpu_->config().vocab_size;
+  std::vector<float> want, prefill, simple;
+  ASSERT_TRUE(cpu_->forward(single(expected_.prompt, 0, table(0), true), *cpu_pool_, want).ok());
+  CudaMlaPrefill::Tuning tuning;
+  tuning.min_rows = 1;
+  gpu_->set_mla_prefill_tuning(tuning);
+  ASSERT_TRUE(gpu_->forward(single(expected_.prompt, 0, table(0), true), *pool_, prefill).ok());
+  EXPECT_EQ(gpu_->mla_prefill_steps(), 1);
+  gpu_->set_fast_attention(false);
+  ASSERT_TRUE(gpu_->forward(single(expected_.prompt, 0, table(0), true), *pool_, simple).ok());
+  auto row = [&](const std::vector<float>& v, size_t r) {
+    return std::vector<float>(v.begin() + r * vocab, v.begin() + (r + 1) * vocab);
+  };
+  std::ostringstream rows;
+  for (size_t r = 0; r * vocab < want.size(); ++r) {
+    rows << " " << r << ":" << top5_logprob_error(row(prefill, r), row(want, r), vocab) << "/"
+         << top5_logprob_error(row(simple, r), row(want, r), vocab) << "/"
+         << top5_logprob_error(row(prefill, r), row(simple, r), vocab);
+  }
+  std::cout << "[ figure ] " << name() << " prompt rows, error vs CPU (tensor-core prefill / simple kernel / "
+            << "prefill vs simple):" << rows.str() << "\n";
+}
+
 TEST_P(DeepseekFixtureTest, FreeRunningGreedyAgainstTransformers) {
   std::vector<int32_t> tokens;
   ASSERT_TRUE(gpu_->forward_greedy(single(expected_.prompt, 0, table(0), false), *pool_, tokens).ok());
@@ -428,8 +458,8 @@ TEST(CudaDeepseekTiming, DISABLED_V2LiteShapeStepTimes) {
   // The graph path here is uncapped (moe_max_graph_batch 0): the sweep 1..256 of eager against
   // graphs is what CudaModelOptions::kDefaultMoeMaxGraphBatch is chosen from.
   const std::vector<Mode> modes{{"eager+simple", false, false, {1, 64}},
-                                {"eager+fast-mla", false, true, {1, 8, 16, 32, 48, 64, 128, 256, 512}},
-                                {"graphs+fast-mla", true, true, {1, 8, 16, 32, 48, 64, 128, 182, 256, 512, 1024}}};
+                                {"eager+fast-mla", false, true, {1, 2, 4, 8, 16, 32, 48, 64, 128, 256, 512}},
+                                {"graphs+fast-mla", true, true, {1, 2, 4, 8, 16, 32, 48, 64, 128, 182, 256, 512, 1024}}};
   (*model)->set_moe_max_graph_batch(0);
   for (const Mode& mode : modes) {
     (*model)->set_use_cuda_graphs(mode.graphs);
@@ -505,6 +535,7 @@ TEST_P(DeepseekFastDecodeTest, FastDecodeEqualsSimpleKernel) {
   auto model = CudaModel::create_random(*config, 11, o);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   CudaModel& m = **model;
+  m.set_moe_max_graph_batch(0);  // graphs at bucket 4 whatever the default cap
   const int32_t per_seq = 512 / block_size;
   auto pool_or = CudaKvPool::create(m.kv_pool_shape(4 * per_seq));
   ASSERT_TRUE(pool_or.ok()) << pool_or.status().to_string();
@@ -678,9 +709,11 @@ TEST_P(DeepseekPrefillTest, TensorCorePrefillEqualsSimpleKernel) {
   hit.resize(static_cast<size_t>(per_seq));
   add_sequence(mixed, prompt_tokens(300, 5), 960, hit, true);
   compare(mixed, "decodes + chunk after 200 + prefix hit 960 + 300");
-  m.set_mla_prefill_score_budget(size_t{1} << 20);  // ~ a few query rows per chunk
+  CudaMlaPrefill::Tuning small;
+  small.score_budget_bytes = size_t{1} << 20;  // ~ a few query rows per chunk
+  m.set_mla_prefill_tuning(small);
   compare(mixed, "the same in small query chunks");
-  m.set_mla_prefill_score_budget(CudaMlaPrefill::kDefaultScoreBudgetBytes);
+  m.set_mla_prefill_tuning(CudaMlaPrefill::Tuning{});
 }
 
 INSTANTIATE_TEST_SUITE_P(BlockSizes, DeepseekPrefillTest,

@@ -5,7 +5,10 @@
 # then in a device call (carry .device/mla4):
 #   .device/mla4/mla4_call.sh tests    # model gpu tests (prefill vs simple kernel, fixtures), the CLI's
 #                                      # DeepSeek tests, step times (prefill, eager vs graph decode sweep)
-#   .device/mla4/mla4_call.sh bench    # step times, then the engine at 1K/1K: MLA vs MHA-sized concurrency
+#   .device/mla4/mla4_call.sh bench    # the engine at 1K/1K: MLA vs MHA-sized concurrency (WITH_TESTS=1: the
+#                                      # tests first, WITH_TIMING=1: step times too)
+#   .device/mla4/mla4_call.sh final    # the prefill / fast-decode model tests and the fixture figure printer,
+#                                      # the 1K/1K runs, then step times up to batch 64
 # Logs go to $OUT.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -63,5 +66,16 @@ bench)
     echo "rc=$?"; tail -8 "$out/bench.log"
   done
   ;;
-*) echo "usage: $0 bundle|tests|bench" >&2; exit 2 ;;
+final)
+  mkdir -p "$out"
+  cd "$root"
+  echo "commit $(cat "$here/commit")  $(date -u +%FT%TZ)" | tee "$out/final.log"
+  timeout 30 "$here/bundle/run.sh" cuda_model_tests --gtest_also_run_disabled_tests \
+    --gtest_filter='*DeepseekFixtureTest.PrefillAndTeacher*:*TensorCorePrefillRows*:*DeepseekPrefill*:*FastDecode*' \
+    >> "$out/final.log" 2>&1
+  echo "cuda_model_tests rc=$?"; grep -E "FAILED|PASSED|figure.*(prompt rows|MLA prefill vs)" "$out/final.log" | cut -c1-600 | head -40
+  RUNS=${RUNS:-mla:512:512:75 mha:182:182:45} "$0" bench
+  PAGODA_V2_LITE_MAX_SEQS=64 timing 45
+  ;;
+*) echo "usage: $0 bundle|tests|bench|final" >&2; exit 2 ;;
 esac

@@ -87,7 +87,7 @@ class CudaDeepseekForward {
 
   // Eager steps whose prompt rows ran on the tensor-core prefill (tests).
   int64_t prefill_steps() const { return prefill_steps_; }
-  void set_prefill_score_budget(size_t bytes) { mla_prefill_->set_score_budget(bytes); }
+  void set_prefill_tuning(const CudaMlaPrefill::Tuning& tuning) { mla_prefill_->set_tuning(tuning); }
 
  private:
   CudaDeepseekForward(const ModelConfig& config, CudaDeepseekWeights weights, cudaStream_t stream)

@@ -35,14 +35,14 @@ StatusOr<int32_t> CudaMlaPrefill::plan(const ForwardBatch& batch, int32_t first_
   for (size_t s = 0; s < batch.sequences.size(); ++s) {
     const SequenceSlice& seq = batch.sequences[s];
     if (seq.token_offset < first_row) continue;
-    if (segments_.empty() && seq.num_new_tokens < 2) continue;
+    if (segments_.empty() && seq.num_new_tokens < std::max(tuning_.min_rows, 2)) continue;
     Segment g;
     g.row = seq.token_offset;
     g.rows = seq.num_new_tokens;
     g.context = seq.num_cached_tokens + seq.num_new_tokens;
     g.sequence = static_cast<int32_t>(s);
     const size_t per_row = static_cast<size_t>(heads_) * round_up8(g.context) * (sizeof(float) + sizeof(bf16));
-    g.chunk = static_cast<int32_t>(std::clamp<size_t>(score_budget_ / per_row, 1, g.rows));
+    g.chunk = static_cast<int32_t>(std::clamp<size_t>(tuning_.score_budget_bytes / per_row, 1, g.rows));
     if (segments_.empty()) first = g.row;
     segments_.push_back(g);
     max_context = std::max<size_t>(max_context, g.context);

@@ -23,11 +23,12 @@
 // agree within bf16 rounding.
 //
 // Which rows: the step's rows from the first sequence (at or after
-// `first_row`, the rows the fast decode kernel took) with more than one new
-// token to the end; rows before it stay on the decode / simple kernels (one
-// new token per sequence: decompressing a whole context per decode row would
-// cost more than the absorbed form reads). Eager steps only (scratch grows on
-// the host in plan()).
+// `first_row`, the rows the fast decode kernel took) with at least
+// `min_rows` new tokens to the end; rows before it stay on the decode /
+// simple kernels. Decompressing a sequence's whole context costs about as
+// much as the absorbed form of a dozen query rows on CUDA cores, so short
+// segments (decodes, small chunks) keep the absorbed form, whose latent is
+// never rounded again. Eager steps only (scratch grows on the host in plan()).
 //
 // Thread safety: one caller at a time (owned by a CudaDeepseekForward).
 
@@ -50,11 +51,14 @@ class CudaMlaPrefill {
   // config.mla set; the softmax scale comes from it (yarn's mscale included).
   explicit CudaMlaPrefill(const ModelConfig& config);
 
-  // Scores (f32) plus probabilities (bf16) of one query chunk stay within
-  // this many bytes (at least one query row per chunk). Tests lower it to
-  // run many chunks.
-  static constexpr size_t kDefaultScoreBudgetBytes = size_t{256} << 20;
-  void set_score_budget(size_t bytes) { score_budget_ = bytes; }
+  // score_budget_bytes: scores (f32) plus probabilities (bf16) of one query
+  // chunk stay within it (at least one query row per chunk). min_rows: the
+  // first prefill segment's least new rows. Tests change both.
+  struct Tuning {
+    size_t score_budget_bytes = size_t{256} << 20;
+    int32_t min_rows = 32;
+  };
+  void set_tuning(const Tuning& tuning) { tuning_ = tuning; }
 
   // Chooses the step's prefill rows (see above) and grows the scratch for
   // them. Returns the first prefill row, batch.num_tokens() when none.
@@ -79,7 +83,7 @@ class CudaMlaPrefill {
   };
   int32_t heads_, nope_, rope_, rank_, v_;
   float scale_;
-  size_t score_budget_ = kDefaultScoreBudgetBytes;
+  Tuning tuning_;
   std::vector<Segment> segments_;
   DeviceBuffer latent_, kv_, scores_, probs_;
 };

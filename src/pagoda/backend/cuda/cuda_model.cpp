@@ -147,8 +147,8 @@ Status CudaModel::validate(const ForwardBatch& batch, const CudaKvPool& pool) co
 
 int64_t CudaModel::mla_prefill_steps() const { return deepseek_ ? deepseek_->prefill_steps() : 0; }
 
-void CudaModel::set_mla_prefill_score_budget(size_t bytes) {
-  if (deepseek_) deepseek_->set_prefill_score_budget(bytes);
+void CudaModel::set_mla_prefill_tuning(const CudaMlaPrefill::Tuning& tuning) {
+  if (deepseek_) deepseek_->set_prefill_tuning(tuning);
 }
 
 int32_t CudaModel::graph_bucket(const ForwardBatch& batch) const {

@@ -144,9 +144,9 @@ class CudaModel {
   void set_max_graph_batch(int32_t n) { options_.max_graph_batch = n; }
   void set_moe_max_graph_batch(int32_t n) { options_.moe_max_graph_batch = n; }
   // DeepSeek: eager steps whose prompt rows ran on the tensor-core MLA prefill,
-  // and its per-chunk score budget (tests; 0 / no effect for other models).
+  // and its tuning (tests; 0 / no effect for other models).
   int64_t mla_prefill_steps() const;
-  void set_mla_prefill_score_budget(size_t bytes);
+  void set_mla_prefill_tuning(const CudaMlaPrefill::Tuning& tuning);
 
   // Graph statistics (tests, benchmarks).
   int64_t graph_replays() const { return graph_replays_; }
