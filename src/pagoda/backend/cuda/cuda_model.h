@@ -72,7 +72,7 @@ struct CudaModelOptions {
   // cuBLAS grouped GEMM at large ones; the default is the measured crossover
   // (docs/BENCHMARKS.md, "CUDA graphs by batch size for DeepSeek").
   int32_t moe_max_graph_batch = kDefaultMoeMaxGraphBatch;
-  static constexpr int32_t kDefaultMoeMaxGraphBatch = 32;
+  static constexpr int32_t kDefaultMoeMaxGraphBatch = 2;
   // Eager steps use backend/cuda/attention's Hopper attention where it supports the shape.
   bool fast_attention = true;
   bool show_progress = true;      // weight-loading bar on stderr
