@@ -882,11 +882,18 @@ bool Engine::start_lower_tier_load(Sequence* seq) {
     load->disk_hosts = kv_.reserve_host_blocks(static_cast<int32_t>(disk_run));
     if (spiller_) spiller_->wait_for(load->disk_hosts);  // a reclaimed block may still be due to be spilled
     StatusOr<std::vector<std::span<std::byte>>> memory = runner_.host_blocks_for_writing(load->disk_hosts);
-    if (!memory.ok()) {
+    if (memory.ok()) {
+      load->disk_memory = std::move(*memory);
+    } else if (memory.status().code() == StatusCode::kUnimplemented) {
+      // Its host blocks are not one piece of memory: read into a buffer, written into them when the load is back.
+      const size_t bb = tiers->block_bytes();
+      load->disk_staging.resize(load->disk_hosts.size() * bb);
+      for (size_t i = 0; i < load->disk_hosts.size(); ++i)
+        load->disk_memory.push_back(std::span(load->disk_staging).subspan(i * bb, bb));
+    } else {
       kv_.release_host_blocks(load->disk_hosts);
       return false;
     }
-    load->disk_memory = std::move(*memory);
   }
   // Redis continues the run only past a whole disk run (the host tier may have given fewer blocks).
   load->try_redis = redis && load->disk_hosts.size() == disk_run;
@@ -912,11 +919,21 @@ void Engine::finish_lower_tier_loads() {
       continue;
     }
     const std::string& ns = seq->request->request.tenant_namespace;
-    const auto disk_read = static_cast<size_t>(load->disk_read);
+    auto disk_read = static_cast<size_t>(load->disk_read);
+    if (!load->disk_staging.empty()) {
+      // Staged: the blocks go into the reserved host blocks now (a failed write ends the run there).
+      const size_t bb = config_.lower_tiers->block_bytes();
+      for (size_t i = 0; i < disk_read; ++i) {
+        if (!runner_.write_host_block(hosts[i], std::span(load->disk_staging).subspan(i * bb, bb)).ok()) {
+          disk_read = i;
+          break;
+        }
+      }
+    }
     kv_.release_host_blocks(hosts.subspan(disk_read));  // past a failed or corrupt read: recomputed
     int32_t loaded =
         kv_.adopt_reserved_host_blocks(ns, seq->tokens, load->first_block, hosts.first(disk_read), /*origin=*/1);
-    if (load->redis_read > 0 && run_transfers().ok()) {
+    if (load->redis_read > 0 && disk_read == static_cast<size_t>(load->disk_read) && run_transfers().ok()) {
       // Redis's blocks arrived in the load's buffer: copied into fresh host blocks here.
       const size_t bb = config_.lower_tiers->block_bytes();
       const std::vector<int32_t> fresh = kv_.adopt_host_blocks(

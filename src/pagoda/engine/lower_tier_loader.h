@@ -55,6 +55,10 @@ class LowerTierLoader {
     // blocks, whose memory is disk_memory (one block each).
     std::vector<int32_t> disk_hosts;
     std::vector<std::span<std::byte>> disk_memory;
+    // A runner that cannot hand out its host blocks' memory (a host block split
+    // over tensor-parallel ranks): disk_memory points into this buffer, and the
+    // engine writes the blocks into the host pool when it takes the load back.
+    std::vector<std::byte> disk_staging;
     bool try_redis = false;  // continue the run from redis once every disk block came in
     // Results (valid once taken back).
     int32_t disk_read = 0;   // disk_hosts[0, disk_read) hold K/V read intact
