@@ -109,7 +109,7 @@ StatusOr<RunnerSetup> create_cpu_runner(const RunnerSpec& spec, const RunnerRequ
   int64_t num_blocks = 0;
   if (spec.kv_cache_memory > 0) {
     num_blocks = CpuModelRunner::blocks_for_memory(*model, spec.kv_cache_memory, spec.block_size,
-                                                           spec.key_dtype, spec.value_dtype);
+                                                           spec.key_dtype, spec.value_dtype, spec.kv_cross_layer_share);
     sizing = fmt::format("--kv-cache-memory {}", format_bytes(static_cast<double>(spec.kv_cache_memory)));
     if (num_blocks < 1)
       return invalid_argument_error("--kv-cache-memory {}: holds no KV block of {} tokens ({} per token)",
@@ -128,8 +128,9 @@ StatusOr<RunnerSetup> create_cpu_runner(const RunnerSpec& spec, const RunnerRequ
 
   PAGODA_ASSIGN_OR_RETURN(const int32_t host_blocks, host_tier_blocks(spec, setup.kv_bytes_per_token));
   auto runner = CpuModelRunner::create(std::move(model), static_cast<int32_t>(num_blocks), spec.block_size,
-                                               spec.key_dtype, spec.value_dtype, host_blocks);
+                                               spec.key_dtype, spec.value_dtype, host_blocks, spec.kv_cross_layer_share);
   if (!runner.ok()) {
+    if (runner.status().message().find("--kv-cross-layer-share") != std::string::npos) return runner.status();
     if (runner.status().message().find("host KV pool") != std::string::npos)
       return runner.status().with_context(
           fmt::format("--kv-offload-memory {}", format_bytes(static_cast<double>(spec.kv_offload_memory))));
