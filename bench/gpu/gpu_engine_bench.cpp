@@ -327,9 +327,9 @@ int main(int argc, char** argv) {
   Args args;
   CLI::App app{"pagoda_gpu_engine_bench: end-to-end runs through the engine on the CUDA backend"};
   app.add_option("--config", args.config_path, "config.json; weights are random bf16 made on the GPU")->required();
-  app.add_option("--workload", args.workloads, "random, latency, shared-prefix, sampler, zero-on-free (comma-separated, in order)")
+  app.add_option("--workload", args.workloads, "random, latency, shared-prefix, sampler, zero-on-free, evict (comma-separated, in order)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"random", "shared-prefix", "latency", "sampler", "zero-on-free"}));
+      ->check(CLI::IsMember({"random", "shared-prefix", "latency", "sampler", "zero-on-free", "evict"}));
   app.add_option("--sampling", args.samplings, "random workload: top-p (temperature + top_p on the GPU), greedy")
       ->delimiter(',')
       ->check(CLI::IsMember({"top-p", "greedy"}));
