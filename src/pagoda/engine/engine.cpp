@@ -220,7 +220,8 @@ StatusOr<runtime::KvCompressionConfig> Engine::resolve_kv_compression(const Gene
   PAGODA_RETURN_IF_ERROR(runtime::validate_kv_compression(c, field));
   if (!c.enabled()) return c;
   if (!runner_compacts_kv_)
-    return unimplemented_error("{}: this device cannot run token eviction (policy {}); use the cpu device or none",
+    return unimplemented_error("{}: this runner cannot run token eviction (policy {}): its model has MLA or a "
+                               "sliding window, or its KV is shared across layers (--kv-cross-layer-share)",
                                own ? "kv_compression.policy" : "--kv-compression",
                                runtime::kv_compression_policy_name(c.policy));
   if (!runner_kv_scores_ && c.policy != runtime::KvCompressionPolicy::kStreaming)
