@@ -8,6 +8,7 @@
 #include <cstddef>
 
 #include <cublasLt.h>
+#include <cuda_runtime_api.h>
 
 namespace pagoda::cuda {
 
@@ -25,5 +26,12 @@ void destroy_lt_plan(LtMatmulPlan& plan);
 // number into *found (0 when the status is not success).
 cublasStatus_t lt_heuristic(cublasLtHandle_t handle, const LtMatmulPlan& plan, size_t workspace_bytes,
                             cublasLtMatmulHeuristicResult_t* results, int wanted, int* found);
+
+// Times the top `candidates` heuristic algorithms of plan on these operands
+// (D = C = d, alpha 1, beta 0; each run 5 times after one warm-up) and keeps the
+// fastest in plan.algo. Synchronizes the stream. Returns the cuBLAS status of
+// the heuristic query; algorithms that fail to run are skipped.
+cublasStatus_t lt_autotune(cublasLtHandle_t handle, LtMatmulPlan& plan, const void* a, const void* b, void* d,
+                           void* workspace, size_t workspace_bytes, cudaStream_t stream, int candidates);
 
 }  // namespace pagoda::cuda

@@ -1,5 +1,8 @@
 #include "pagoda/backend/cuda/fp8_gemm.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "pagoda/backend/cuda/cuda_check.h"
 
 namespace pagoda::cuda {
@@ -34,6 +37,8 @@ StatusOr<std::unique_ptr<Fp8Gemm>> Fp8Gemm::create(std::optional<Fp8ScaleMode> m
   std::unique_ptr<Fp8Gemm> gemm(new Fp8Gemm());
   gemm->mode_ = chosen;
   gemm->compute_capability_ = cc;
+  const char* env = std::getenv("PAGODA_GEMM_AUTOTUNE");
+  gemm->autotune_ = env == nullptr || std::strcmp(env, "0") != 0;
   PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&gemm->handle_));
   PAGODA_ASSIGN_OR_RETURN(gemm->workspace_, DeviceBuffer::allocate(workspace_bytes));
   return gemm;
@@ -98,7 +103,7 @@ cublasStatus_t Fp8Gemm::make_plan(int32_t weight_mode, int32_t activation_mode, 
   return CUBLAS_STATUS_SUCCESS;
 }
 
-StatusOr<LtMatmulPlan*> Fp8Gemm::plan_for(Kind kind, int32_t m, int32_t n, int32_t k, const float* x_scales,
+StatusOr<Fp8Gemm::Plan*> Fp8Gemm::plan_for(Kind kind, int32_t m, int32_t n, int32_t k, const float* x_scales,
                                           const float* w_scales) {
   const auto key = std::make_tuple(static_cast<int>(kind), m, n, k);
   if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
@@ -110,7 +115,7 @@ StatusOr<LtMatmulPlan*> Fp8Gemm::plan_for(Kind kind, int32_t m, int32_t n, int32
     weight_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
     activation_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
   }
-  LtMatmulPlan plan;
+  Plan plan;
   const cublasStatus_t s = make_plan(weight_mode, activation_mode, kind == Kind::kUnitScales, m, n, k,
                                      kind == Kind::kUnitScales ? nullptr : x_scales,
                                      kind == Kind::kUnitScales ? nullptr : w_scales, plan);
@@ -131,7 +136,16 @@ Status Fp8Gemm::set_scale_pointers(LtMatmulPlan& plan, const float* x_scales, co
   return ok_status();
 }
 
-Status Fp8Gemm::run(const LtMatmulPlan& plan, const uint8_t* x, const uint8_t* w, void* y, cudaStream_t stream) {
+Status Fp8Gemm::run(Plan& plan, int32_t m, const uint8_t* x, const uint8_t* w, void* y, cudaStream_t stream) {
+  if (!plan.tuned) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+    if (capture == cudaStreamCaptureStatusNone) {
+      plan.tuned = true;
+      if (autotune_ && m <= kMaxTunedRows)
+        lt_autotune(handle_, plan, w, x, y, workspace_.data(), workspace_.bytes(), stream, kTunedCandidates);
+    }
+  }
   const float alpha = 1.0f, beta = 0.0f;
   PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, y, plan.c, y,
                                                plan.c, &plan.algo, workspace_.data(), workspace_.bytes(), stream));
@@ -151,11 +165,11 @@ Status Fp8Gemm::linear(const uint8_t* x, const float* x_scales, int32_t m, const
                        int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream) {
   if (m == 0) return ok_status();
   if (mode_ == Fp8ScaleMode::kOuterVector) {
-    PAGODA_ASSIGN_OR_RETURN(LtMatmulPlan * plan, plan_for(Kind::kOuterVector, m, n, k, x_scales, w_scales));
+    PAGODA_ASSIGN_OR_RETURN(Plan * plan, plan_for(Kind::kOuterVector, m, n, k, x_scales, w_scales));
     PAGODA_RETURN_IF_ERROR(set_scale_pointers(*plan, x_scales, w_scales));
-    return run(*plan, x, w, y, stream);
+    return run(*plan, m, x, w, y, stream);
   }
-  PAGODA_ASSIGN_OR_RETURN(LtMatmulPlan * plan, plan_for(Kind::kUnitScales, m, n, k, nullptr, nullptr));
+  PAGODA_ASSIGN_OR_RETURN(Plan * plan, plan_for(Kind::kUnitScales, m, n, k, nullptr, nullptr));
   const size_t scratch_bytes = static_cast<size_t>(m) * n * sizeof(float);
   if (scratch_.bytes() < scratch_bytes) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -166,7 +180,7 @@ Status Fp8Gemm::linear(const uint8_t* x, const float* x_scales, int32_t m, const
     PAGODA_RETURN_IF_ERROR(reserve(m, n));
   }
   float* d = scratch_.as<float>();
-  PAGODA_RETURN_IF_ERROR(run(*plan, x, w, d, stream));
+  PAGODA_RETURN_IF_ERROR(run(*plan, m, x, w, d, stream));
   PAGODA_CUDA_RETURN_IF_ERROR(fp8_apply_outer_scales(d, x_scales, w_scales, m, n, y, stream));
   return ok_status();
 }
@@ -178,9 +192,9 @@ Status Fp8Gemm::linear_block128(const uint8_t* x, const float* x_scales, int32_t
     return unimplemented_error("fp8 128x128 block scales are cuBLASLt's on compute capability 9.0 only (this "
                                "device: {})", compute_capability_);
   const int32_t rows = fp8_block_padded_rows(m);
-  PAGODA_ASSIGN_OR_RETURN(LtMatmulPlan * plan, plan_for(Kind::kBlock128, rows, n, k, x_scales, w_scales));
+  PAGODA_ASSIGN_OR_RETURN(Plan * plan, plan_for(Kind::kBlock128, rows, n, k, x_scales, w_scales));
   PAGODA_RETURN_IF_ERROR(set_scale_pointers(*plan, x_scales, w_scales));
-  return run(*plan, x, w, y, stream);
+  return run(*plan, rows, x, w, y, stream);
 }
 
 Fp8Gemm::Acceptance Fp8Gemm::probe(int32_t weight_mode, int32_t activation_mode, int32_t m, int32_t n, int32_t k) {
@@ -188,7 +202,7 @@ Fp8Gemm::Acceptance Fp8Gemm::probe(int32_t weight_mode, int32_t activation_mode,
   const float* scales = workspace_.as<float>();
   const bool scalar = weight_mode == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F &&
                       activation_mode == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
-  LtMatmulPlan plan;
+  Plan plan;
   const cublasStatus_t s = make_plan(weight_mode, activation_mode, false, m, n, k, scalar ? nullptr : scales,
                                      scalar ? nullptr : scales, plan);
   destroy_lt_plan(plan);

@@ -24,6 +24,10 @@
 // Requirements: k % 16 == 0, n % 16 == 0; the device must be sm_89 or newer
 // (create() checks: an error names the device otherwise).
 //
+// Autotuning as gemm.h's: the first eager call of a shape with m <= 512 times
+// the top heuristics on its own buffers and keeps the fastest (synchronizes;
+// skipped while capturing; PAGODA_GEMM_AUTOTUNE=0 turns it off).
+//
 // Thread safety: one Fp8Gemm per stream owner; plans are cached per shape, so
 // after the first call of a shape a call only enqueues work. Graph capture:
 // capture only shapes whose plan exists (an eager call made it) and, in
@@ -98,21 +102,28 @@ class Fp8Gemm {
 
  private:
   enum class Kind { kOuterVector, kUnitScales, kBlock128 };
+  struct Plan : LtMatmulPlan {
+    bool tuned = false;  // autotune ran (or was skipped for good)
+  };
+  static constexpr int32_t kMaxTunedRows = 512;
+  static constexpr int kTunedCandidates = 8;
   Fp8Gemm() = default;
-  StatusOr<LtMatmulPlan*> plan_for(Kind kind, int32_t m, int32_t n, int32_t k, const float* x_scales,
+  StatusOr<Plan*> plan_for(Kind kind, int32_t m, int32_t n, int32_t k, const float* x_scales,
                                    const float* w_scales);
   // Builds a plan; on failure returns the cuBLAS status (plan destroyed).
   cublasStatus_t make_plan(int32_t weight_mode, int32_t activation_mode, bool f32_output, int32_t m, int32_t n,
                            int32_t k, const float* x_scales, const float* w_scales, LtMatmulPlan& plan);
   Status set_scale_pointers(LtMatmulPlan& plan, const float* x_scales, const float* w_scales);
-  Status run(const LtMatmulPlan& plan, const uint8_t* x, const uint8_t* w, void* y, cudaStream_t stream);
+  // Autotunes plan on first eager use (see above), then enqueues the GEMM into y.
+  Status run(Plan& plan, int32_t m, const uint8_t* x, const uint8_t* w, void* y, cudaStream_t stream);
 
   Fp8ScaleMode mode_ = Fp8ScaleMode::kEpilogue;
   int compute_capability_ = 0;
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer workspace_;
   DeviceBuffer scratch_;  // f32 [m, n] of kEpilogue; grows on eager calls only
-  std::map<std::tuple<int, int32_t, int32_t, int32_t>, LtMatmulPlan> plans_;
+  bool autotune_ = true;
+  std::map<std::tuple<int, int32_t, int32_t, int32_t>, Plan> plans_;
 };
 
 }  // namespace pagoda::cuda

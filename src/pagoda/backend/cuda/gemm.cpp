@@ -2,7 +2,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 
 #include "pagoda/backend/cuda/cuda_check.h"
 
@@ -73,39 +72,7 @@ Status Gemm::autotune(Plan& plan, const __nv_bfloat16* x, int32_t m, const __nv_
   plan.tuned = true;
   if (!autotune_ || m > kMaxTunedRows) return ok_status();
 
-  cublasLtMatmulHeuristicResult_t results[kTunedCandidates] = {};
-  int found = 0;
-  const cublasStatus_t heuristic =
-      lt_heuristic(handle_, plan, workspace_.bytes(), results, kTunedCandidates, &found);
-  if (heuristic != CUBLAS_STATUS_SUCCESS || found <= 1) return ok_status();
-
-  cudaEvent_t start = nullptr, stop = nullptr;
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
-  const float alpha = 1.0f, beta = 0.0f;
-  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
-    return cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, y, plan.c, y, plan.c, &algo,
-                          workspace_.data(), workspace_.bytes(), stream);
-  };
-  float best_ms = std::numeric_limits<float>::infinity();
-  constexpr int kRuns = 5;
-  for (int i = 0; i < found; ++i) {
-    if (results[i].state != CUBLAS_STATUS_SUCCESS || run(results[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
-    cudaEventRecord(start, stream);
-    bool ok = true;
-    for (int r = 0; r < kRuns && ok; ++r) ok = run(results[i].algo) == CUBLAS_STATUS_SUCCESS;
-    cudaEventRecord(stop, stream);
-    if (cudaEventSynchronize(stop) != cudaSuccess || !ok) continue;
-    float ms = 0.0f;
-    cudaEventElapsedTime(&ms, start, stop);
-    if (ms < best_ms) {
-      best_ms = ms;
-      plan.algo = results[i].algo;
-    }
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaGetLastError();
+  lt_autotune(handle_, plan, w, x, y, workspace_.data(), workspace_.bytes(), stream, kTunedCandidates);
   return ok_status();
 }
 
