@@ -5,9 +5,13 @@
 // computes what an fp8 GEMM computes in f32 (dequantized weights, activations
 // rounded through fp8 as the scheme says); the GPU runs e4m3 tensor-core GEMMs
 // on bf16 activations, so an activation near an fp8 rounding boundary may round
-// the other way there. Bound: the bf16 model tests' (0.02 + 0.02 max|logit|)
-// widened for that, kAbsTol + kRelTol * max|logit|, with the measured error
-// printed. Prefill (all rows) and decode steps replayed from CUDA graphs.
+// the other way there, and every other op runs on bf16 activations (the CPU's
+// are f32). Bound kAbsTol + kRelTol * max|logit|, measured on the H200
+// (docs/BENCHMARKS.md): 2.26-2.63x of 0.05 + 0.03 max|logit| for every case,
+// the block_fp8 fixture (which runs dequantized bf16 on the GPU) included at
+// 2.54x, so the distance is the GPU's bf16 activations, not its fp8 GEMMs; the
+// bound is 3x that. A scale applied the wrong way misses by orders of
+// magnitude. Prefill (all rows) and decode steps replayed from CUDA graphs.
 
 #include <cmath>
 #include <cstdlib>
@@ -28,8 +32,8 @@ namespace {
 
 constexpr int32_t kBlockSize = 16;
 constexpr int32_t kNumBlocks = 32;
-constexpr double kAbsTol = 0.05;
-constexpr double kRelTol = 0.03;
+constexpr double kAbsTol = 0.15;
+constexpr double kRelTol = 0.09;
 
 std::filesystem::path source_dir() {
   const char* env = std::getenv("PAGODA_SOURCE_DIR");

@@ -52,7 +52,7 @@ TEST_P(Fp8GemmTest, MatchesTheCpuReference) {
   PAGODA_SKIP_WITHOUT_GPU();
   const Fp8Case c = std::get<0>(GetParam());
   const Fp8ScaleMode mode = std::get<1>(GetParam());
-  if (mode == Fp8ScaleMode::kOuterVector && device_compute_capability() != 90)
+  if (mode != Fp8ScaleMode::kEpilogue && device_compute_capability() != 90)
     GTEST_SKIP() << "outer-vector scales are sm_90's";
   std::vector<float> x = random_bf16_values(static_cast<size_t>(c.m) * c.k, -2, 2, 31);
   for (int32_t k = 0; k < c.k; ++k) x[k] = 0.0f;  // an all-zero token: scale 0
@@ -109,10 +109,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8GemmTest,
                          ::testing::Combine(::testing::Values(Fp8Case{1, 4096, 4096}, Fp8Case{7, 1024, 4096},
                                                               Fp8Case{64, 256, 64}, Fp8Case{300, 512, 1024},
                                                               Fp8Case{33, 6144, 512}),
-                                            ::testing::Values(Fp8ScaleMode::kOuterVector, Fp8ScaleMode::kEpilogue)));
+                                            ::testing::Values(Fp8ScaleMode::kOuterVector, Fp8ScaleMode::kEpilogue,
+                                                              Fp8ScaleMode::kMixed)));
 
 TEST(Fp8ScaleModeTest, DefaultFollowsTheComputeCapability) {
-  EXPECT_EQ(default_fp8_scale_mode(90), Fp8ScaleMode::kOuterVector);
+  EXPECT_EQ(default_fp8_scale_mode(90), Fp8ScaleMode::kMixed);
   EXPECT_EQ(default_fp8_scale_mode(89), Fp8ScaleMode::kEpilogue);
   EXPECT_EQ(default_fp8_scale_mode(100), Fp8ScaleMode::kEpilogue);
   EXPECT_EQ(default_fp8_scale_mode(120), Fp8ScaleMode::kEpilogue);
@@ -207,11 +208,16 @@ TEST(Fp8ScaleModeTest, ProbeAndChosenModeAccepted) {
     }
     std::printf("\n");
   }
-  const int32_t chosen = (*gemm)->mode() == Fp8ScaleMode::kOuterVector ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
-                                                                        : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
-  for (const auto& [n, k] : {std::pair{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}})
-    for (int32_t m : ms)
+  // kMixed runs unit (scalar) scales up to kEpilogueMaxRows rows and outer vectors above; kEpilogue scalar only.
+  const Fp8ScaleMode mode = (*gemm)->mode();
+  for (const auto& [n, k] : {std::pair{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}}) {
+    for (int32_t m : ms) {
+      const bool outer = mode == Fp8ScaleMode::kOuterVector ||
+                         (mode == Fp8ScaleMode::kMixed && m > Fp8Gemm::kEpilogueMaxRows);
+      const int32_t chosen = outer ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
       EXPECT_TRUE((*gemm)->probe(chosen, chosen, m, n, k).accepted) << "m=" << m << " n=" << n << " k=" << k;
+    }
+  }
 }
 
 // Time of n GEMMs (after warm-up), in microseconds per GEMM.
@@ -227,7 +233,8 @@ double time_us(F&& call, int reps) {
 
 TEST(Fp8GemmSpeed, Llama3_8BShapes) {
   PAGODA_SKIP_WITHOUT_GPU();
-  auto fp8 = Fp8Gemm::create();
+  // "fp8": outer-vector scales where the device has them; "epilogue": unit scales + the scaling kernel.
+  auto fp8 = device_compute_capability() == 90 ? Fp8Gemm::create(Fp8ScaleMode::kOuterVector) : Fp8Gemm::create();
   auto fp8_epilogue = Fp8Gemm::create(Fp8ScaleMode::kEpilogue);
   auto bf16 = Gemm::create();
   ASSERT_TRUE(fp8.ok() && fp8_epilogue.ok() && bf16.ok());

@@ -1,5 +1,6 @@
 #include "pagoda/backend/cuda/fp8_gemm.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -8,13 +9,18 @@
 namespace pagoda::cuda {
 
 const char* fp8_scale_mode_name(Fp8ScaleMode mode) {
-  return mode == Fp8ScaleMode::kOuterVector ? "outer-vector" : "epilogue";
+  switch (mode) {
+    case Fp8ScaleMode::kOuterVector: return "outer-vector";
+    case Fp8ScaleMode::kEpilogue: return "epilogue";
+    case Fp8ScaleMode::kMixed: return "mixed (epilogue <= 64 rows, outer-vector above)";
+  }
+  return "?";
 }
 
 // cuBLAS's narrow-precision table lists outer-vector and the 128-element block
 // modes for compute capability 9.0 alone; tensor-wide (scalar) scales for 8.9+.
 Fp8ScaleMode default_fp8_scale_mode(int compute_capability) {
-  return compute_capability == 90 ? Fp8ScaleMode::kOuterVector : Fp8ScaleMode::kEpilogue;
+  return compute_capability == 90 ? Fp8ScaleMode::kMixed : Fp8ScaleMode::kEpilogue;
 }
 
 int32_t fp8_block_groups(int32_t k) { return (k + 127) / 128; }
@@ -31,7 +37,7 @@ StatusOr<std::unique_ptr<Fp8Gemm>> Fp8Gemm::create(std::optional<Fp8ScaleMode> m
     return unimplemented_error("fp8 GEMMs need FP8 tensor cores (compute capability 8.9 or newer); device {} is "
                                "{}.{}", device, major, minor);
   const Fp8ScaleMode chosen = mode.value_or(default_fp8_scale_mode(cc));
-  if (chosen == Fp8ScaleMode::kOuterVector && cc != 90)
+  if (chosen != Fp8ScaleMode::kEpilogue && cc != 90)
     return unimplemented_error("fp8 outer-vector scales are cuBLASLt's on compute capability 9.0 only; device {} is "
                                "{}.{}", device, major, minor);
   std::unique_ptr<Fp8Gemm> gemm(new Fp8Gemm());
@@ -153,7 +159,8 @@ Status Fp8Gemm::run(Plan& plan, int32_t m, const uint8_t* x, const uint8_t* w, v
 }
 
 Status Fp8Gemm::reserve(int32_t max_m, int32_t max_n) {
-  if (mode_ != Fp8ScaleMode::kEpilogue) return ok_status();
+  if (mode_ == Fp8ScaleMode::kOuterVector) return ok_status();
+  if (mode_ == Fp8ScaleMode::kMixed) max_m = std::min(max_m, kEpilogueMaxRows);
   const size_t bytes = static_cast<size_t>(max_m) * max_n * sizeof(float);
   if (scratch_.bytes() >= bytes) return ok_status();
   PAGODA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());  // the old scratch may still be read
@@ -164,7 +171,7 @@ Status Fp8Gemm::reserve(int32_t max_m, int32_t max_n) {
 Status Fp8Gemm::linear(const uint8_t* x, const float* x_scales, int32_t m, const uint8_t* w, const float* w_scales,
                        int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream) {
   if (m == 0) return ok_status();
-  if (mode_ == Fp8ScaleMode::kOuterVector) {
+  if (mode_ == Fp8ScaleMode::kOuterVector || (mode_ == Fp8ScaleMode::kMixed && m > kEpilogueMaxRows)) {
     PAGODA_ASSIGN_OR_RETURN(Plan * plan, plan_for(Kind::kOuterVector, m, n, k, x_scales, w_scales));
     PAGODA_RETURN_IF_ERROR(set_scale_pointers(*plan, x_scales, w_scales));
     return run(*plan, m, x, w, y, stream);

@@ -17,6 +17,10 @@
 //   kEpilogue: the GEMM runs with unit scales into an f32 scratch [m, n] and
 //     fp8_apply_outer_scales applies both vectors and rounds to bf16: every
 //     other FP8 device (8.9, 10.x, 12.x), and selectable for tests.
+//   kMixed (sm_90's default): kEpilogue for m <= kEpilogueMaxRows, kOuterVector
+//     above. On the H200 cuBLASLt's unit-scale kernels are faster for decode-
+//     sized m (1-64 rows: 1.1-1.9x at the Llama-3-8B shapes) and its
+//     outer-vector ones from 256 rows on (docs/BENCHMARKS.md, "FP8 GEMM").
 //   The block mode exists on sm_90 only (block128_supported()).
 // quantize_fp8_per_token (fp8_ops.h) produces the activations byte for byte as
 // the CPU reference (model/fp8_matrix.h) rounds them.
@@ -50,7 +54,7 @@
 
 namespace pagoda::cuda {
 
-enum class Fp8ScaleMode { kOuterVector, kEpilogue };
+enum class Fp8ScaleMode { kOuterVector, kEpilogue, kMixed };
 
 const char* fp8_scale_mode_name(Fp8ScaleMode mode);
 
@@ -66,17 +70,20 @@ class Fp8Gemm {
  public:
   // mode: nullopt picks default_fp8_scale_mode for the current device.
   // Errors: no FP8 tensor cores on the current device (compute capability < 8.9);
-  // kOuterVector asked on a device other than sm_90.
+  // kOuterVector or kMixed asked on a device other than sm_90.
   static StatusOr<std::unique_ptr<Fp8Gemm>> create(std::optional<Fp8ScaleMode> mode = std::nullopt,
                                                     size_t workspace_bytes = 32ull << 20);
   ~Fp8Gemm();
   Fp8Gemm(const Fp8Gemm&) = delete;
   Fp8Gemm& operator=(const Fp8Gemm&) = delete;
 
+  static constexpr int32_t kEpilogueMaxRows = 64;  // kMixed's switch
+
   Fp8ScaleMode mode() const { return mode_; }
   bool block128_supported() const { return compute_capability_ == 90; }
 
-  // Sizes the kEpilogue f32 scratch for m x n outputs (no-op otherwise); eager only.
+  // Sizes the f32 scratch of the unit-scale path for max_m x max_n outputs (kMixed: at most
+  // kEpilogueMaxRows rows; kOuterVector: none); eager only.
   Status reserve(int32_t max_m, int32_t max_n);
 
   // y [m, n] bf16 = diag(x_scales) (x [m, k] . w [n, k]^T) diag(w_scales); x, w fp8 e4m3 row-major;
