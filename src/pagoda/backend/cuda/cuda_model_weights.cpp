@@ -130,13 +130,22 @@ StatusOr<CudaModelWeights> CudaModelWeights::upload(const ModelConfig& config, c
   // Stacked parts as e4m3 bytes with per-output-channel scales (a tensor scale repeated per row; f32/f16/bf16
   // parts quantized here with quantize_fp8_row) and, for static activations, the largest input scale.
   std::vector<uint8_t> bytes;
-  std::vector<float> scales, row;
+  std::vector<float> scales;
+  // The staged fp8 bytes and scales into new device buffers of f.
+  auto copy_fp8_staging = [&](CudaFp8Weight& f) -> Status {
+    PAGODA_ASSIGN_OR_RETURN(void* data, w.allocate(bytes.size()));
+    PAGODA_ASSIGN_OR_RETURN(void* s, w.allocate(scales.size() * sizeof(float)));
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy(data, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy(s, scales.data(), scales.size() * sizeof(float), cudaMemcpyHostToDevice));
+    f.data = static_cast<uint8_t*>(data);
+    f.scales = static_cast<float*>(s);
+    return ok_status();
+  };
   auto upload_fp8_channel = [&](std::initializer_list<const WeightMatrix*> parts) -> StatusOr<CudaFp8Weight> {
     size_t rows = 0, cols = (*parts.begin())->cols;
     for (const WeightMatrix* m : parts) rows += m->rows;
     bytes.resize(rows * cols);
     scales.resize(rows);
-    row.resize(cols);
     float input_scale = 0.0f;
     size_t r0 = 0;
     for (const WeightMatrix* m : parts) {
@@ -158,12 +167,7 @@ StatusOr<CudaModelWeights> CudaModelWeights::upload(const ModelConfig& config, c
       r0 += m->rows;
     }
     CudaFp8Weight f;
-    PAGODA_ASSIGN_OR_RETURN(void* data, w.allocate(bytes.size()));
-    PAGODA_ASSIGN_OR_RETURN(void* s, w.allocate(scales.size() * sizeof(float)));
-    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy(data, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
-    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy(s, scales.data(), scales.size() * sizeof(float), cudaMemcpyHostToDevice));
-    f.data = static_cast<uint8_t*>(data);
-    f.scales = static_cast<float*>(s);
+    PAGODA_RETURN_IF_ERROR(copy_fp8_staging(f));
     if (input_scale > 0.0f) {
       PAGODA_ASSIGN_OR_RETURN(void* in, w.allocate(sizeof(float)));
       PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy(in, &input_scale, sizeof(float), cudaMemcpyHostToDevice));
@@ -191,12 +195,7 @@ StatusOr<CudaModelWeights> CudaModelWeights::upload(const ModelConfig& config, c
     }
     CudaFp8Weight f;
     f.block128 = true;
-    PAGODA_ASSIGN_OR_RETURN(void* data, w.allocate(bytes.size()));
-    PAGODA_ASSIGN_OR_RETURN(void* s, w.allocate(scales.size() * sizeof(float)));
-    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy(data, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
-    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy(s, scales.data(), scales.size() * sizeof(float), cudaMemcpyHostToDevice));
-    f.data = static_cast<uint8_t*>(data);
-    f.scales = static_cast<float*>(s);
+    PAGODA_RETURN_IF_ERROR(copy_fp8_staging(f));
     progress.advance(rows * cols * 2);
     return f;
   };
