@@ -74,6 +74,7 @@ double mean(const std::vector<double>& v) {
 struct Args {
   std::string config_path, json_out;
   std::string kv_cache_dtype = "bf16";  // K and V pools: bf16, fp8, int8 or int4
+  std::string quantization = "none";    // weights: none (bf16) or fp8
   std::vector<std::string> workloads = {"random"}, samplings = {"top-p", "greedy"};
   int num_requests = 1000, input_len = 1000, output_len = 1000, prefix_len = 2000;
   int prefix_requests = 256, prefix_input_len = 100, prefix_output_len = 64, latency_tokens = 256;
@@ -351,6 +352,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-tokens-per-step", args.max_tokens_per_step)->check(CLI::PositiveNumber);
   app.add_option("--gpu-memory-utilization", args.gpu_memory_utilization)->check(CLI::Range(0.01, 1.0));
   app.add_option("--max-seconds", args.max_seconds);
+  app.add_option("--quantization", args.quantization, "weights: none (bf16) or fp8 (e4m3 per channel, fp8 GEMMs)")
+      ->check(CLI::IsMember({"none", "fp8"}));
   app.add_option("--kv-cache-dtype", args.kv_cache_dtype, "KV cache element type (K and V): bf16, fp8, int8, int4")
       ->check(CLI::IsMember({"bf16", "fp8", "int8", "int4"}));
   app.add_option("--zero-kv-blocks", args.zero_kv_blocks, "zero-on-free: KV blocks the manager may use")
@@ -372,6 +375,7 @@ int main(int argc, char** argv) {
   options.max_num_seqs = args.max_num_seqs;
   options.max_num_tokens = args.max_tokens_per_step;
   options.kv_key_dtype = options.kv_value_dtype = *dtype_from_name(args.kv_cache_dtype);
+  options.fp8_weights = args.quantization == "fp8";
   const int32_t longest = std::max({args.input_len + args.output_len,
                                      args.prefix_len + args.prefix_input_len + args.prefix_output_len,
                                      128 + args.latency_tokens});

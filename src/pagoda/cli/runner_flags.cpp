@@ -43,10 +43,10 @@ StatusOr<std::optional<DType>> parse_weight_quantization(const std::string& text
   if (text.empty() || text == "none") return std::optional<DType>();
   if (text != "int8" && text != "int4" && text != "fp8")
     return invalid_argument_error("--quantization {}: expected none, int8, int4 or fp8", text);
-  if (device != backend::Device::kCpu)
-    return invalid_argument_error("--quantization {}: weight quantization runs on the CPU backend only; with "
-                                  "--device cuda leave it out (the GPU runs bf16 weights)", text);
   if (text == "fp8") return std::optional<DType>(DType::kFP8E4M3);
+  if (device != backend::Device::kCpu)
+    return invalid_argument_error("--quantization {}: int8/int4 weights run on the CPU backend only; with "
+                                  "--device cuda use fp8 or leave it out", text);
   return std::optional<DType>(text == "int8" ? DType::kInt8 : DType::kInt4);
 }
 
@@ -65,9 +65,9 @@ Status check_tensor_parallel_size(int32_t value) {
 
 void add_quantization_flag(CLI::App& cmd, std::string& value) {
   cmd.add_option("--quantization", value,
-                 "CPU weights: none (as loaded), int8 (blocks of 32, f16 scale, like Q8_0), int4 (groups of 32, "
-                 "f16 scale, like Q4_0) or fp8 (e4m3, one scale per output channel, activations rounded to fp8 per "
-                 "token: the reference of the GPU's fp8 GEMMs), quantized at load from f32/f16/bf16");
+                 "Weights: none (as loaded), int8 (blocks of 32, f16 scale, like Q8_0; CPU), int4 (groups of 32, "
+                 "f16 scale, like Q4_0; CPU) or fp8 (e4m3, one scale per output channel, activations quantized to "
+                 "fp8 per token; CPU reference and GPU fp8 GEMMs), quantized at load from f32/f16/bf16");
 }
 
 void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) {
