@@ -96,7 +96,15 @@ int32_t CompiledGrammar::step_locked(int32_t state, uint8_t byte) {
   }
   GrammarMatcher::State& out = step_out_;
   scratch_.advance(scratch_.state(), byte, out);
-  const int32_t result = out.dead() ? kDead : intern_locked(scratch_.image_of(out));
+  int32_t result = kDead;
+  if (!out.dead()) {
+    // Most transitions lead to a known state: find it without building its image.
+    const uint64_t hash = scratch_.hash_of(out);
+    auto [begin, end] = state_index_.equal_range(hash);
+    for (auto it = begin; it != end && result == kDead; ++it)
+      if (scratch_.same_state(out, states_[it->second].image)) result = it->second;
+    if (result == kDead) result = intern_locked(scratch_.image_of(out));
+  }
   (*states_[state].next)[byte] = result;  // states_ may have grown: index again
   ++stats_.transitions_computed;
   return result;
