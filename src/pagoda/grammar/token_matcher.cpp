@@ -193,20 +193,27 @@ void CompiledGrammar::compute_window_locked(int32_t local_state, bool cut, Windo
 const CompiledGrammar::Window* CompiledGrammar::window_for_locked(const std::vector<uint64_t>& stack) {
   for (size_t k = 0; k <= std::size(kWindowFrames); ++k) {
     const bool cut = k < std::size(kWindowFrames) && stack.size() > kWindowFrames[k];
-    GrammarMatcher::StateImage image;
-    image.stacks.emplace_back(stack.begin(), stack.begin() + static_cast<std::ptrdiff_t>(cut ? kWindowFrames[k] : stack.size()));
-    const int32_t local = intern_locked(std::move(image));
-    const uint64_t key = static_cast<uint64_t>(local) * 2 + (cut ? 1 : 0);
-    auto it = windows_.find(key);
-    if (it == windows_.end()) {
+    const std::span<const uint64_t> frames(stack.data(), cut ? kWindowFrames[k] : stack.size());
+    uint64_t key = cut ? 0x9E3779B97F4A7C15ull : 0x2545F4914F6CDD1Dull;
+    for (uint64_t word : frames) key = (key ^ word) * 0xBF58476D1CE4E5B9ull + (key >> 29);
+    const Window* found = nullptr;
+    auto [begin, end] = windows_.equal_range(key);
+    for (auto it = begin; it != end && found == nullptr; ++it)
+      if (it->second.cut == cut && std::ranges::equal(it->second.frames, frames)) found = &it->second;
+    if (found == nullptr) {
       if (windows_.size() >= limits_.max_windows || window_bytes_ >= limits_.max_window_bytes) return nullptr;
+      // `stack` may live in states_, which interning can move: nothing reads it past here.
       Window window;
-      compute_window_locked(local, cut, window);
+      window.frames.assign(frames.begin(), frames.end());
+      window.cut = cut;
+      GrammarMatcher::StateImage image;
+      image.stacks.push_back(window.frames);
+      compute_window_locked(intern_locked(std::move(image)), cut, window);
       window_bytes_ += window.bytes();
       stats_.window_bytes = window_bytes_;
-      it = windows_.emplace(key, std::move(window)).first;
+      found = &windows_.emplace(key, std::move(window))->second;
     }
-    if (!it->second.too_uncertain) return &it->second;
+    if (!found->too_uncertain) return found;
     if (!cut) return nullptr;  // cannot happen: a whole stack has no uncertain tokens
   }
   return nullptr;
@@ -238,12 +245,12 @@ void CompiledGrammar::check_uncertain_locked(int32_t state, const std::vector<in
 
 bool CompiledGrammar::compose_mask_locked(int32_t state, std::span<uint64_t> mask) {
   const size_t words = vocabulary_->mask_words();
-  // A copy: computing windows interns states, which may move states_.
-  const std::vector<std::vector<uint64_t>> stacks = states_[state].image.stacks;
-  std::vector<const Window*> windows;
-  windows.reserve(stacks.size());
-  for (const auto& stack : stacks) {
-    const Window* w = window_for_locked(stack);
+  // Indexed each time: computing a window interns states, which may move states_.
+  const size_t num_stacks = states_[state].image.stacks.size();
+  std::vector<const Window*>& windows = compose_windows_;
+  windows.clear();
+  for (size_t i = 0; i < num_stacks; ++i) {
+    const Window* w = window_for_locked(states_[state].image.stacks[i]);
     if (w == nullptr) return false;
     windows.push_back(w);  // stable: windows_ is node-based
   }
@@ -303,8 +310,7 @@ PrecomputeStats CompiledGrammar::precompute(size_t max_states, double max_second
       break;
     const int32_t state = queue[head];
     ++out.states;
-    const std::vector<std::vector<uint64_t>> stacks = states_[state].image.stacks;
-    for (const auto& stack : stacks) (void)window_for_locked(stack);
+    for (size_t i = 0; i < states_[state].image.stacks.size(); ++i) (void)window_for_locked(states_[state].image.stacks[i]);
     if (!states_[state].has_tops) continue;
     for (int b = 0; b < 256; ++b) {
       const int32_t next = step_locked(state, static_cast<uint8_t>(b));

@@ -121,6 +121,8 @@ class CompiledGrammar {
 
   // A window's verdicts (see the file comment).
   struct Window {
+    std::vector<uint64_t> frames;  // the window's stack words, top first
+    bool cut = false;              // frames lay below it (part of a longer stack)
     // The accepted tokens: mask words when many, else their ids (most windows are inside
     // literals and accept a handful of tokens).
     std::vector<uint64_t> accepted_bits;
@@ -128,7 +130,7 @@ class CompiledGrammar {
     std::vector<int32_t> uncertain;  // ids in trie order (sorted by bytes)
     bool too_uncertain = false;      // more than max_uncertain: use the next window size
     size_t bytes() const {
-      return accepted_bits.capacity() * 8 + (accepted_ids.capacity() + uncertain.capacity()) * 4;
+      return (accepted_bits.capacity() + frames.capacity()) * 8 + (accepted_ids.capacity() + uncertain.capacity()) * 4;
     }
   };
 
@@ -163,8 +165,10 @@ class CompiledGrammar {
   std::vector<int32_t> walk_states_;  // per trie depth during a walk
   std::vector<char> walk_escaped_;    // per trie depth: a prefix returned below the window
   std::vector<uint64_t> window_scratch_;
-  // Windows by (state id of the window's frames) * 2 + (frames were cut off below it).
-  std::unordered_map<uint64_t, Window> windows_;
+  std::vector<const Window*> compose_windows_;
+  // Windows by a hash of their frames and cut flag (found without interning the window's
+  // frames as a state: a lookup per stack of every composed mask).
+  std::unordered_multimap<uint64_t, Window> windows_;
   size_t window_bytes_ = 0;
   MaskStats stats_;
 };
