@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <map>
 
 namespace pagoda::grammar {
 
@@ -49,6 +50,16 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<const Grammar> grammar,
       vocabulary_(std::move(vocabulary)),
       limits_(with_a_table(limits)),
       scratch_(grammar_) {
+  // Classes by the set of byte sets a byte belongs to.
+  const size_t num_sets = grammar_->byte_sets.size();
+  std::map<std::vector<bool>, uint8_t> classes;
+  for (unsigned b = 0; b < 256; ++b) {
+    std::vector<bool> signature(num_sets);
+    for (size_t i = 0; i < num_sets; ++i) signature[i] = grammar_->byte_sets[i].test(static_cast<uint8_t>(b));
+    auto [it, added] = classes.emplace(std::move(signature), static_cast<uint8_t>(class_byte_.size()));
+    if (added) class_byte_.push_back(static_cast<uint8_t>(b));
+    byte_class_[b] = it->second;
+  }
   std::lock_guard lock(mutex_);
   initial_ = intern_locked(scratch_.image());
 }
@@ -80,11 +91,12 @@ int32_t CompiledGrammar::step_locked(int32_t state, uint8_t byte) {
       for (StateInfo& s : states_) s.next.reset();
       tables_ = 0;
     }
-    states_[state].next = std::make_unique<std::array<int32_t, 256>>();
-    states_[state].next->fill(kUnknown);
+    states_[state].next = std::make_unique<int32_t[]>(class_byte_.size());
+    std::fill_n(states_[state].next.get(), class_byte_.size(), kUnknown);
     ++tables_;
   }
-  const int32_t known = (*states_[state].next)[byte];
+  const uint8_t byte_class = byte_class_[byte];
+  const int32_t known = states_[state].next[byte_class];
   if (known != kUnknown) return known;
   // Consecutive steps from one state (a breadth-first visit, siblings in the trie) load it once.
   if (loaded_state_ != state) {
@@ -105,7 +117,7 @@ int32_t CompiledGrammar::step_locked(int32_t state, uint8_t byte) {
       if (scratch_.same_state(out, states_[it->second].image)) result = it->second;
     if (result == kDead) result = intern_locked(scratch_.image_of(out));
   }
-  (*states_[state].next)[byte] = result;  // states_ may have grown: index again
+  states_[state].next[byte_class] = result;  // states_ may have grown: index again
   ++stats_.transitions_computed;
   return result;
 }
@@ -312,8 +324,8 @@ PrecomputeStats CompiledGrammar::precompute(size_t max_states, double max_second
     ++out.states;
     for (size_t i = 0; i < states_[state].image.stacks.size(); ++i) (void)window_for_locked(states_[state].image.stacks[i]);
     if (!states_[state].has_tops) continue;
-    for (int b = 0; b < 256; ++b) {
-      const int32_t next = step_locked(state, static_cast<uint8_t>(b));
+    for (uint8_t b : class_byte_) {
+      const int32_t next = step_locked(state, b);
       if (next != kDead && seen.emplace(next, 1).second) queue.push_back(next);
     }
   }

@@ -11,8 +11,8 @@
 // The automaton: a state is one set of pushdown stacks (GrammarMatcher::StateImage), interned
 // by content, so equal configurations -- inside a JSON string, between fields, in every request
 // with the same schema -- are one state. Its byte transitions are computed by the pushdown matcher
-// the first time they are needed and kept in a 256-entry table, so stepping a byte is a table
-// lookup afterwards. A state's token mask is a depth-first walk of the vocabulary trie along
+// the first time they are needed and kept in a table with an entry per byte class, so stepping
+// a byte is a table lookup afterwards. A state's token mask is a depth-first walk of the vocabulary trie along
 // those transitions (a subtree is dropped at its first dead byte); it is computed once per state
 // and then copied. End-of-sequence ids are allowed exactly when the grammar is complete (and are
 // the only ones when nothing may follow).
@@ -36,7 +36,8 @@
 // within a budget of states and time. The server runs it when it compiles a grammar, on the
 // request's thread.
 //
-// Memory bounds: at most max_tables transition tables (1 KiB each), max_cached_masks masks
+// Memory bounds: at most max_tables transition tables (4 bytes per byte class each: bytes that
+// no byte set of the grammar tells apart share an entry; tens of classes for JSON), max_cached_masks masks
 // (mask_words() * 8 bytes each, oldest dropped first) and max_windows windows holding at most
 // max_window_bytes together (a mask or a list of ids, plus at most max_uncertain ids each; none
 // added when full). When the tables run out they are all
@@ -88,10 +89,10 @@ class CompiledGrammar {
  public:
   struct Limits {
     size_t max_cached_masks = 128;
-    size_t max_tables = 8192;
+    size_t max_tables = 32768;
     size_t max_windows = 4096;
     size_t max_window_bytes = size_t{8} << 20;  // all windows together
-    size_t max_uncertain = 4096;
+    size_t max_uncertain = 1024;
   };
   CompiledGrammar(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenVocabulary> vocabulary,
                   Limits limits);
@@ -114,7 +115,7 @@ class CompiledGrammar {
   struct StateInfo {
     GrammarMatcher::StateImage image;
     bool has_tops = false;  // some byte may follow
-    std::unique_ptr<std::array<int32_t, 256>> next;  // kUnknown until computed
+    std::unique_ptr<int32_t[]> next;  // per byte class; kUnknown until computed
     std::list<int32_t>::iterator mask_lru;            // valid when mask is not empty
     std::vector<uint64_t> mask;
   };
@@ -153,6 +154,11 @@ class CompiledGrammar {
   std::shared_ptr<const TokenVocabulary> vocabulary_;
   const Limits limits_;
   size_t tables_ = 0;
+  // Bytes no byte set of the grammar tells apart share a class (every step depends on a byte
+  // only through the sets it is in): a table has one entry per class, and precompute() steps
+  // one representative byte per class.
+  std::array<uint8_t, 256> byte_class_{};
+  std::vector<uint8_t> class_byte_;
   mutable std::mutex mutex_;
   GrammarMatcher scratch_;  // materializes states to compute transitions
   int32_t loaded_state_ = -1;  // the state scratch_ holds (its frames below loaded_mark_)
