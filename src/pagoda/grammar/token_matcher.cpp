@@ -69,6 +69,15 @@ MaskStats CompiledGrammar::stats() const {
   return stats_;
 }
 
+size_t CompiledGrammar::memory_bytes() const {
+  std::lock_guard lock(mutex_);
+  // Node-based containers: an entry's node plus about two pointers of bucket and allocator.
+  constexpr size_t kNode = 32;
+  return state_bytes_ + tables_ * class_byte_.size() * sizeof(int32_t) +
+         mask_lru_.size() * (vocabulary_->mask_words() * sizeof(uint64_t) + kNode) + window_bytes_ +
+         windows_.size() * (sizeof(Window) + kNode);
+}
+
 int32_t CompiledGrammar::intern_locked(GrammarMatcher::StateImage image) {
   const uint64_t hash = image.hash();
   auto [begin, end] = state_index_.equal_range(hash);
@@ -77,6 +86,8 @@ int32_t CompiledGrammar::intern_locked(GrammarMatcher::StateImage image) {
   const int32_t id = static_cast<int32_t>(states_.size());
   StateInfo info;
   info.has_tops = !image.stacks.empty();
+  state_bytes_ += sizeof(StateInfo) + 32 + image.stacks.capacity() * sizeof(std::vector<uint64_t>);
+  for (const auto& stack : image.stacks) state_bytes_ += stack.capacity() * sizeof(uint64_t);
   info.image = std::move(image);
   states_.push_back(std::move(info));
   state_index_.emplace(hash, id);
@@ -231,6 +242,23 @@ const CompiledGrammar::Window* CompiledGrammar::window_for_locked(const std::vec
   return nullptr;
 }
 
+int CompiledGrammar::forced_byte_locked(int32_t state) {
+  StateInfo& info = states_[state];
+  if (info.forced != -2) return info.forced;
+  info.forced = -1;
+  if (info.image.can_end || !info.has_tops) return -1;
+  // Every top is a byte terminal (grammar_matcher.h): the union of their sets is what may follow.
+  ByteSet next;
+  for (const auto& stack : info.image.stacks) {
+    const Element& e = grammar_->elements[static_cast<size_t>(stack[0] >> 32)];
+    for (size_t w = 0; w < next.bits.size(); ++w) next.bits[w] |= grammar_->byte_sets[e.index].bits[w];
+  }
+  if (count_bits(next.bits) != 1) return -1;
+  for (size_t w = 0; w < next.bits.size(); ++w)
+    if (next.bits[w] != 0) info.forced = static_cast<int16_t>(w * 64 + static_cast<size_t>(std::countr_zero(next.bits[w])));
+  return info.forced;
+}
+
 void CompiledGrammar::check_uncertain_locked(int32_t state, const std::vector<int32_t>& ids, std::span<uint64_t> mask) {
   const TokenVocabulary& vocab = *vocabulary_;
   // Consecutive ids share their common prefix's states (they are in trie order).
@@ -378,6 +406,21 @@ bool TokenMatcher::accept_text(std::string_view bytes) {
   }
   state_ = s;
   return true;
+}
+
+std::string TokenMatcher::forced_text(size_t max_bytes) const {
+  std::string text;
+  if (finished_) return text;
+  std::lock_guard lock(compiled_->mutex_);
+  int32_t s = state_;
+  while (text.size() < max_bytes) {
+    const int byte = compiled_->forced_byte_locked(s);
+    if (byte < 0) break;
+    s = compiled_->step_locked(s, static_cast<uint8_t>(byte));
+    if (s == CompiledGrammar::kDead) break;  // cannot happen: the byte is allowed
+    text.push_back(static_cast<char>(byte));
+  }
+  return text;
 }
 
 bool TokenMatcher::is_complete() const {

@@ -106,6 +106,9 @@ class CompiledGrammar {
   const Grammar& grammar() const { return *grammar_; }
   const TokenVocabulary& vocabulary() const { return *vocabulary_; }
   MaskStats stats() const;
+  // Bytes this grammar holds now (states, transition tables, cached masks, windows; the grammar
+  // and the vocabulary, shared, not counted). Grows as sequences meet new states, within Limits.
+  size_t memory_bytes() const;
 
  private:
   friend class TokenMatcher;
@@ -118,6 +121,7 @@ class CompiledGrammar {
     std::unique_ptr<int32_t[]> next;  // per byte class; kUnknown until computed
     std::list<int32_t>::iterator mask_lru;            // valid when mask is not empty
     std::vector<uint64_t> mask;
+    int16_t forced = -2;  // the only byte that may follow (-1: none or several; -2: not known yet)
   };
 
   // A window's verdicts (see the file comment).
@@ -147,6 +151,9 @@ class CompiledGrammar {
   // window cache is full.
   const Window* window_for_locked(const std::vector<uint64_t>& stack);
   void compute_window_locked(int32_t local_state, bool cut, Window& window);
+  // The only byte that may follow `state` when exactly one may and the grammar cannot end there,
+  // else -1.
+  int forced_byte_locked(int32_t state);
   // Sets the bits of the ids in `ids` (trie order) that `state` accepts.
   void check_uncertain_locked(int32_t state, const std::vector<int32_t>& ids, std::span<uint64_t> mask);
 
@@ -154,6 +161,7 @@ class CompiledGrammar {
   std::shared_ptr<const TokenVocabulary> vocabulary_;
   const Limits limits_;
   size_t tables_ = 0;
+  size_t state_bytes_ = 0;  // states_ and state_index_
   // Bytes no byte set of the grammar tells apart share a class (every step depends on a byte
   // only through the sets it is in): a table has one entry per class, and precompute() steps
   // one representative byte per class.
@@ -192,6 +200,10 @@ class TokenMatcher {
   bool accept(int32_t token);
   // Moves past raw text (e.g. a forced prefix); false when not allowed (state unchanged).
   bool accept_text(std::string_view bytes);
+  // The text the grammar forces from here (each byte the only one allowed, the grammar not
+  // complete before it), at most `max_bytes`; empty when the next byte is a choice. For
+  // jump-forward: that text follows whatever the model samples. The state is unchanged.
+  std::string forced_text(size_t max_bytes) const;
 
   bool is_complete() const;                        // an end id is allowed now
   bool is_finished() const { return finished_; }   // an end id was accepted
