@@ -44,9 +44,8 @@ OpenAiServer::OpenAiServer(ServerConfig config, engine::Engine& engine, TextCode
     StructuredOutputCompiler::Options options;
     options.max_memory_bytes = config_.grammar_cache_memory_bytes;
     options.warm_json_object = config_.warm_json_object_grammar;
-    if (config_.jump_forward && codec_.encode) {
-      options.encode = [encode = codec_.encode](std::string_view text) { return encode(text, false); };
-    }
+    if (codec_.encode) options.encode = [encode = codec_.encode](std::string_view text) { return encode(text, false); };
+    options.jump_forward = config_.jump_forward;
     structured_ = std::make_unique<StructuredOutputCompiler>(codec_.vocabulary, std::move(options));
   }
   if (config_.publish_kv_events) kv_feed_ = std::make_unique<KvEventFeed>(engine_);

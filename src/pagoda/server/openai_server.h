@@ -119,7 +119,7 @@ struct ServerConfig {
   bool first_token_floor_hits_only = false;
   // Structured outputs (structured_output.h): the compiled-grammar cache's memory bound; the
   // json_object grammar compiled at start; jump-forward (text a grammar forces is appended as
-  // the tokenizer's tokens without a forward pass each; needs TextCodec::encode).
+  // its canonical tokens without a forward pass each; needs TextCodec::encode).
   size_t grammar_cache_memory_bytes = size_t{256} << 20;
   bool warm_json_object_grammar = true;
   bool jump_forward = true;

@@ -35,40 +35,76 @@ std::string_view whole_characters(std::string_view text) {
 }
 
 // A grammar matcher as the engine's per-choice constraint.
+//
+// With an encoder, text the grammar forces is written in its canonical tokens: the tokenizer's
+// tokens of the forced text alone, less the last one (it may merge with the free text after
+// it). While such tokens are pending the mask allows only the next of them, whether or not
+// jump-forward hands them to the engine at once, so the output is the same token for token
+// with jump-forward on or off (for greedy decoding; a sampled row draws differently).
 class GrammarConstraint final : public engine::TokenConstraint {
  public:
-  GrammarConstraint(std::shared_ptr<grammar::CompiledGrammar> compiled, std::shared_ptr<const Encoder> encode)
-      : matcher_(std::move(compiled)), encode_(std::move(encode)) {}
-  size_t fill_allowed(std::span<uint64_t> allowed) override { return matcher_.fill_mask(allowed); }
-  bool accept(int32_t token) override { return matcher_.accept(token); }
+  GrammarConstraint(std::shared_ptr<grammar::CompiledGrammar> compiled, std::shared_ptr<const Encoder> encode,
+                    bool jump_forward)
+      : matcher_(std::move(compiled)), encode_(std::move(encode)), jump_forward_(jump_forward && encode_) {}
+  size_t fill_allowed(std::span<uint64_t> allowed) override {
+    refresh_pending();
+    if (next_pending_ >= pending_.size()) return matcher_.fill_mask(allowed);
+    std::fill(allowed.begin(), allowed.end(), 0);
+    const int32_t id = pending_[next_pending_];
+    allowed[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
+    return 1;
+  }
+  bool accept(int32_t token) override {
+    if (!matcher_.accept(token)) return false;
+    if (next_pending_ < pending_.size() && pending_[next_pending_] == token) {
+      if (++next_pending_ == pending_.size()) pending_known_ = false;
+    } else {
+      pending_known_ = false;
+    }
+    return true;
+  }
   std::unique_ptr<engine::TokenConstraint> clone() const override {
     return std::make_unique<GrammarConstraint>(*this);
   }
   void forced_tokens(std::vector<int32_t>& out) override {
     out.clear();
-    if (!encode_) return;
+    if (!jump_forward_) return;
+    refresh_pending();
+    out.assign(pending_.begin() + static_cast<std::ptrdiff_t>(next_pending_), pending_.end());
+  }
+
+ private:
+  // The canonical tokens of the text forced from the current state, once per forced run: a
+  // run's tokens are not recomputed part-way (a shorter text could tokenize differently).
+  void refresh_pending() {
+    if (pending_known_ || !encode_) return;
+    pending_known_ = true;
+    pending_.clear();
+    next_pending_ = 0;
     const std::string forced = matcher_.forced_text(kMaxForcedBytes);
     const std::string_view text = whole_characters(forced);
     if (text.empty()) return;
     std::vector<int32_t> ids = (*encode_)(text);
-    // The last token may merge with the text after the forced part: the model writes it.
     if (!ids.empty()) ids.pop_back();
-    // Only tokens that spell the forced text exactly, in order (a tokenizer's normalizer could
-    // write something else).
+    // Only tokens that spell the forced text exactly, in order (a normalizer could write
+    // something else).
     const grammar::TokenVocabulary& vocab = matcher_.compiled().vocabulary();
     size_t at = 0;
     for (int32_t id : ids) {
       if (id < 0 || id >= vocab.size()) break;
       const std::string_view bytes = vocab.bytes(id);
       if (bytes.empty() || text.substr(at, bytes.size()) != bytes) break;
-      out.push_back(id);
+      pending_.push_back(id);
       at += bytes.size();
     }
   }
 
- private:
   grammar::TokenMatcher matcher_;
-  std::shared_ptr<const Encoder> encode_;  // null: no jump-forward
+  std::shared_ptr<const Encoder> encode_;  // null: no canonical tokens, no jump-forward
+  bool jump_forward_;
+  bool pending_known_ = false;
+  std::vector<int32_t> pending_;
+  size_t next_pending_ = 0;
 };
 
 // References inside a tool's parameters point at the parameters object; once it sits inside the
@@ -304,7 +340,7 @@ std::variant<std::shared_ptr<const engine::TokenConstraint>, ApiError> Structure
     if (auto* error = std::get_if<ApiError>(&built)) return *error;
     compiled = compile(key, std::get<std::shared_ptr<const grammar::Grammar>>(built));
   }
-  return std::shared_ptr<const engine::TokenConstraint>(std::make_shared<GrammarConstraint>(std::move(compiled), encode_));
+  return std::shared_ptr<const engine::TokenConstraint>(std::make_shared<GrammarConstraint>(std::move(compiled), encode_, options_.jump_forward));
 }
 
 }  // namespace pagoda::server

@@ -11,10 +11,12 @@
 //       "required" allows several calls unless parallel_tool_calls is false
 //   guided_json, guided_regex, guided_grammar (GBNF), guided_choice   (vLLM extensions)
 //
-// Jump-forward (Options::encode set): where the grammar allows exactly one continuation text
-// (e.g. `"name": "` after `{` in an object whose first key is fixed), the constraint reports it
-// as the tokenizer's tokens of that text alone, less its last token (which may merge with the
-// free text after it), and the engine appends them without a forward pass each.
+// Jump-forward (Options::encode set, Options::jump_forward): where the grammar allows exactly
+// one continuation text (e.g. `"name": "` after `{` in an object whose first key is fixed), that
+// text's canonical tokens -- the tokenizer's tokens of the text alone, less its last token,
+// which may merge with the free text after it -- are the only ones the mask allows, one by one,
+// and with jump-forward the engine appends them at once without a forward pass each. The
+// output is then the same with jump-forward on or off (token for token, for greedy decoding).
 //
 // Compiled grammars are kept by their text in an LRU cache, so a schema that recurs costs
 // nothing to compile and its token masks are already warm (token_matcher.h); a new grammar's
@@ -72,9 +74,12 @@ class StructuredOutputCompiler {
     size_t max_grammars = 32;
     size_t max_memory_bytes = size_t{256} << 20;
     bool warm_json_object = false;  // compile json_object on a background thread now
-    // Text -> token ids without special tokens. Set: jump-forward is on (the constraints
-    // report the tokens a grammar forces, engine::TokenConstraint::forced_tokens); null: off.
+    // Text -> token ids without special tokens. Set: text a grammar forces is written in its
+    // canonical tokens (the file comment); null: masks allow every token that fits.
     std::function<std::vector<int32_t>(std::string_view)> encode;
+    // Those tokens are reported for the engine to append at once
+    // (engine::TokenConstraint::forced_tokens); needs `encode`.
+    bool jump_forward = true;
   };
   StructuredOutputCompiler(std::shared_ptr<const grammar::TokenVocabulary> vocabulary, Options options);
   explicit StructuredOutputCompiler(std::shared_ptr<const grammar::TokenVocabulary> vocabulary)
