@@ -186,6 +186,8 @@ TEST_F(StructuredOutputE2eTest, JumpForwardGivesTheTextOfNoJumpForwardForGreedyD
   EXPECT_EQ(compared, 6u);
   EXPECT_GT(metric(*server_, "pagoda_jump_forward_tokens_total"), forced_before + 30);
   EXPECT_EQ(metric(plain, "pagoda_jump_forward_tokens_total"), 0);
+  EXPECT_GT(metric(*server_, "pagoda_grammar_cache_bytes"), 0);
+  EXPECT_GE(metric(*server_, "pagoda_grammar_cache_evictions_total"), 0);
 }
 
 TEST_F(StructuredOutputE2eTest, BadSchemasAre400sNamingTheSchemaPath) {
