@@ -83,7 +83,9 @@ class GrammarConstraint final : public engine::TokenConstraint {
     next_pending_ = 0;
     const std::string forced = matcher_.forced_text(kMaxForcedBytes);
     const std::string_view text = whole_characters(forced);
-    if (text.empty()) return;
+    // Text that starts inside a character (the last token ended part-way through one) is left
+    // to the model: the tokenizer encodes whole characters.
+    if (text.empty() || (static_cast<uint8_t>(text[0]) & 0xC0) == 0x80) return;
     std::vector<int32_t> ids = (*encode_)(text);
     if (!ids.empty()) ids.pop_back();
     // Only tokens that spell the forced text exactly, in order (a normalizer could write
@@ -144,7 +146,7 @@ std::string cache_key(const StructuredOutputSpec& spec) {
 
 StructuredOutputCompiler::StructuredOutputCompiler(std::shared_ptr<const grammar::TokenVocabulary> vocabulary,
                                                    Options options)
-    : vocabulary_(std::move(vocabulary)), options_(options) {
+    : vocabulary_(std::move(vocabulary)), options_(std::move(options)) {
   if (options_.encode) encode_ = std::make_shared<const Encoder>(options_.encode);
   if (options_.warm_json_object) {
     warm_thread_ = std::thread([this] {
