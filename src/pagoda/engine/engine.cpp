@@ -554,6 +554,18 @@ void Engine::sample_constrained(Sequence* seq, std::span<const float> logits) {
     return;
   }
   append_token(seq, token);
+  jump_forward(seq);
+}
+
+void Engine::jump_forward(Sequence* seq) {
+  const GenerationRequest& r = seq->request->request;
+  if (seq->status != SequenceStatus::kRunning || r.sampling.logprobs.has_value() || r.return_logits) return;
+  seq->constraint->forced_tokens(forced_tokens_);
+  for (int32_t token : forced_tokens_) {
+    if (seq->status != SequenceStatus::kRunning || !seq->constraint->accept(token)) break;
+    append_token(seq, SampledToken{token, 0.0f, {}});
+    ++thread_stats_.jump_forward_tokens;
+  }
 }
 
 void Engine::fork_children(Sequence* parent, std::span<const float> logits) {
@@ -737,6 +749,7 @@ bool Engine::step() {
         continue;
       }
       append_token(seq, SampledToken{token, result->logprobs[r], {}});
+      if (seq->constraint) jump_forward(seq);
       continue;
     }
     RequestState* req = seq->request;

@@ -86,6 +86,7 @@ struct EngineStats {
   int64_t prompt_tokens = 0;
   int64_t cached_prompt_tokens = 0;
   int64_t generated_tokens = 0;
+  int64_t jump_forward_tokens = 0;  // of which a constraint forced (TokenConstraint::forced_tokens)
   int64_t kv_blocks_zeroed = 0;  // blocks zeroed on the runner as they passed between tenants
   int64_t kv_compactions = 0;     // token eviction: sequences compacted
   int64_t kv_evicted_slots = 0;   // cache slots those compactions freed
@@ -199,6 +200,8 @@ class Engine {
   // Structured outputs: samples with the sequence's token mask applied and moves its constraint
   // past the token; a dead end fails the request (kInternal).
   void sample_constrained(Sequence* seq, std::span<const float> logits);
+  // Appends the tokens seq's constraint forces after the token just accepted (jump-forward).
+  void jump_forward(Sequence* seq);
   // Runs the KV manager's copy-on-write copies on the runner's memory (after
   // the pending tier transfers, which must come first).
   Status copy_blocks_on_runner(std::span<const kv::BlockCopy> copies);
@@ -289,6 +292,7 @@ class Engine {
   std::unordered_map<RequestId, RequestOutput> step_outputs_;
   std::vector<RequestState*> finished_requests_;
   std::vector<uint64_t> constraint_mask_;    // scratch of sample_constrained
+  std::vector<int32_t> forced_tokens_;       // scratch of jump_forward
   DeviceMasks device_masks_;                 // this step's device-sampled constrained rows
   std::vector<float> constrained_logits_;   // scratch of sample_constrained
 

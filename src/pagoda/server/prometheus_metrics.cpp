@@ -221,6 +221,9 @@ std::string render_prometheus_metrics(const engine::EngineStats& s, const HttpCo
   out += fmt::format("pagoda_requests_total{{outcome=\"rejected_queue_full\"}} {}\n", s.requests_rejected_queue_full);
   scalar(out, "pagoda_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", s.prompt_tokens);
   scalar(out, "pagoda_generation_tokens_total", "counter", "Generated tokens.", s.generated_tokens);
+  scalar(out, "pagoda_jump_forward_tokens_total", "counter",
+         "Generated tokens a grammar forced, appended without a forward pass of their own (jump-forward).",
+         s.jump_forward_tokens);
   scalar(out, "pagoda_kv_blocks_zeroed_total", "counter", "KV blocks zeroed as they passed from one tenant to another.",
          s.kv_blocks_zeroed);
   scalar(out, "pagoda_kv_compactions_total", "counter", "Token eviction: sequences compacted.", s.kv_compactions);
@@ -238,6 +241,18 @@ std::string render_prometheus_metrics(const engine::EngineStats& s, const HttpCo
   scalar(out, "pagoda_client_disconnects_total", "counter", "Requests aborted because the client went away.",
          http.client_disconnects);
   tenant_metrics(out, tenants);
+  return out;
+}
+
+std::string render_grammar_cache_metrics(const GrammarCacheCounters& g) {
+  std::string out;
+  scalar(out, "pagoda_grammar_cache_grammars", "gauge", "Compiled structured-output grammars cached.", g.grammars);
+  scalar(out, "pagoda_grammar_cache_bytes", "gauge",
+         "Memory of the cached compiled grammars (states, transition tables, masks, windows).", g.bytes);
+  scalar(out, "pagoda_grammar_compiled_total", "counter", "Structured-output grammars compiled (cache misses).",
+         g.compiled);
+  scalar(out, "pagoda_grammar_cache_evictions_total", "counter",
+         "Compiled grammars dropped to stay under --grammar-cache-memory or the grammar count bound.", g.evictions);
   return out;
 }
 
