@@ -135,7 +135,7 @@ TEST(TenantKvCapInTheEngine, ATenantWaitingOnItsOwnCapDoesNotBlockOthers) {
   SchedulerConfig sched;
   sched.max_running_sequences = 8;
   Harness h(/*num_blocks=*/64, /*block_size=*/4, sched);
-  h.kv->set_namespace_block_limit("a", 7);
+  PAGODA_EXPECT_OK(h.kv->set_namespace_block_limit("a", 7));
   auto a1 = *h.engine->submit(request_for("a", prompt_of(24, 1), 4));  // 6 blocks, 7 at the end
   auto a2 = *h.engine->submit(request_for("a", prompt_of(8, 2), 4));   // 2 more: over a's cap for now
   auto b1 = *h.engine->submit(request_for("b", prompt_of(8, 3), 4));   // behind a2 in the queue
@@ -153,7 +153,7 @@ TEST(TenantKvCapInTheEngine, ATenantWaitingOnItsOwnCapDoesNotBlockOthers) {
 
 TEST(TenantKvCapInTheEngine, ARequestOverItsTenantsWholeCapFailsInsteadOfWaitingForever) {
   Harness h(/*num_blocks=*/64, /*block_size=*/4);
-  h.kv->set_namespace_block_limit("a", 3);
+  PAGODA_EXPECT_OK(h.kv->set_namespace_block_limit("a", 3));
   auto big = *h.engine->submit(request_for("a", prompt_of(20, 1), 2));  // 5 blocks of prompt alone
   auto other = *h.engine->submit(request_for("b", prompt_of(8, 2), 2));
   h.run_checked();

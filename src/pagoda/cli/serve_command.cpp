@@ -178,13 +178,16 @@ void run_serve(const ServeOptions& opt) {
       opt.tenant_limits.max_kv_blocks < 0)
     fail("--tenant-max-requests, --tenant-tokens-per-minute and --tenant-max-kv-blocks must be >= 0");
   server_config.default_tenant_limits = opt.tenant_limits;
-  // Each tenant's KV cap goes to the KV manager (before the engine thread owns it).
+  // Each tenant becomes a namespace group with its KV cap (0: none) in the KV
+  // manager, before the engine thread owns it: the cap counts the tenant's own
+  // namespace and every salted user namespace of it together.
   for (const std::string& tenant : server_config.api_keys.tenants()) {
     server::TenantLimits limits = opt.tenant_limits;
     for (const auto& [name, set] : server_config.api_keys.tenant_limits())
       if (name == tenant) limits = set;
-    if (limits.max_kv_blocks > 0)
-      (*kv)->set_namespace_block_limit(server::ApiKeyStore::cache_namespace(tenant), limits.max_kv_blocks);
+    if (Status s = (*kv)->set_namespace_block_limit(server::ApiKeyStore::cache_namespace(tenant), limits.max_kv_blocks);
+        !s.ok())
+      fail(s.to_string());
   }
 
   engine::EngineConfig engine_config;
