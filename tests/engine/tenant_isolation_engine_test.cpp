@@ -135,7 +135,7 @@ TEST(TenantKvCapInTheEngine, ATenantWaitingOnItsOwnCapDoesNotBlockOthers) {
   SchedulerConfig sched;
   sched.max_running_sequences = 8;
   Harness h(/*num_blocks=*/64, /*block_size=*/4, sched);
-  PAGODA_EXPECT_OK(h.kv->set_namespace_block_limit("a", 7));
+  EXPECT_TRUE(h.kv->set_namespace_block_limit("a", 7).ok());
   auto a1 = *h.engine->submit(request_for("a", prompt_of(24, 1), 4));  // 6 blocks, 7 at the end
   auto a2 = *h.engine->submit(request_for("a", prompt_of(8, 2), 4));   // 2 more: over a's cap for now
   auto b1 = *h.engine->submit(request_for("b", prompt_of(8, 3), 4));   // behind a2 in the queue
@@ -151,9 +151,31 @@ TEST(TenantKvCapInTheEngine, ATenantWaitingOnItsOwnCapDoesNotBlockOthers) {
   EXPECT_LE(h.kv->namespace_usage("a").blocks_held, 7);
 }
 
+TEST(TenantKvCapInTheEngine, SaltedUsersOfOneTenantWaitOnTheirTenantsOneCap) {
+  SchedulerConfig sched;
+  sched.max_running_sequences = 8;
+  Harness h(/*num_blocks=*/64, /*block_size=*/4, sched);
+  EXPECT_TRUE(h.kv->set_namespace_block_limit("a", 7).ok());
+  auto u1 = *h.engine->submit(request_for("a/user:1", prompt_of(24, 1), 4));  // 6 blocks, 7 at the end
+  auto u2 = *h.engine->submit(request_for("a/user:2", prompt_of(8, 2), 4));   // another user, same cap: waits
+  auto b1 = *h.engine->submit(request_for("b", prompt_of(8, 3), 4));          // behind u2 in the queue
+  ASSERT_TRUE(h.engine->step());
+  EXPECT_EQ(h.engine->stats().num_running, 2) << "u2 waits for a's blocks; b passes it";
+  EXPECT_LE(h.kv->namespace_usage("a").group_blocks_held, 7);
+  h.run_checked();
+  for (auto* s : {&u1, &u2, &b1}) {
+    const auto c = drain(**s);
+    EXPECT_TRUE(c.finished);
+    EXPECT_EQ(c.error_code, StatusCode::kOk) << c.error;
+    EXPECT_EQ(c.usage.completion_tokens, 4);
+  }
+  EXPECT_LE(h.kv->namespace_usage("a").group_blocks_held, 7);
+  EXPECT_TRUE(h.engine->verify_integrity().ok());
+}
+
 TEST(TenantKvCapInTheEngine, ARequestOverItsTenantsWholeCapFailsInsteadOfWaitingForever) {
   Harness h(/*num_blocks=*/64, /*block_size=*/4);
-  PAGODA_EXPECT_OK(h.kv->set_namespace_block_limit("a", 3));
+  EXPECT_TRUE(h.kv->set_namespace_block_limit("a", 3).ok());
   auto big = *h.engine->submit(request_for("a", prompt_of(20, 1), 2));  // 5 blocks of prompt alone
   auto other = *h.engine->submit(request_for("b", prompt_of(8, 2), 2));
   h.run_checked();
