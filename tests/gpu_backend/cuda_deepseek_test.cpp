@@ -25,6 +25,7 @@
 #include <fstream>
 #include <iostream>
 #include <numeric>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -228,6 +229,35 @@ TEST_P(DeepseekFixtureTest, PrefillAndTeacherForcedDecodeMatchCpu) {
             << "the CPU at " << checked << " steps where its margin > 2 x error\n";
 }
 
+// A figure printer, not a check (run with --gtest_also_run_disabled_tests): the
+// fixture prompts are shorter than CudaMlaPrefill's min_rows, so the test
+// above runs them on the simple kernel; here they run on the tensor-core
+// prefill (min_rows 1), and each prompt row's error against the CPU is printed
+// beside the simple kernel's, with the two paths' own difference.
+TEST_P(DeepseekFixtureTest, DISABLED_TensorCorePrefillRowsAgainstCpu) {
+  const int32_t vocab = gpu_->config().vocab_size;
+  std::vector<float> want, prefill, simple;
+  ASSERT_TRUE(cpu_->forward(single(expected_.prompt, 0, table(0), true), *cpu_pool_, want).ok());
+  CudaMlaPrefill::Tuning tuning;
+  tuning.min_rows = 1;
+  gpu_->set_mla_prefill_tuning(tuning);
+  ASSERT_TRUE(gpu_->forward(single(expected_.prompt, 0, table(0), true), *pool_, prefill).ok());
+  EXPECT_EQ(gpu_->mla_prefill_steps(), 1);
+  gpu_->set_fast_attention(false);
+  ASSERT_TRUE(gpu_->forward(single(expected_.prompt, 0, table(0), true), *pool_, simple).ok());
+  auto row = [&](const std::vector<float>& v, size_t r) {
+    return std::vector<float>(v.begin() + r * vocab, v.begin() + (r + 1) * vocab);
+  };
+  std::ostringstream rows;
+  for (size_t r = 0; r * vocab < want.size(); ++r) {
+    rows << " " << r << ":" << top5_logprob_error(row(prefill, r), row(want, r), vocab) << "/"
+         << top5_logprob_error(row(simple, r), row(want, r), vocab) << "/"
+         << top5_logprob_error(row(prefill, r), row(simple, r), vocab);
+  }
+  std::cout << "[ figure ] " << name() << " prompt rows, error vs CPU (tensor-core prefill / simple kernel / "
+            << "prefill vs simple):" << rows.str() << "\n";
+}
+
 TEST_P(DeepseekFixtureTest, FreeRunningGreedyAgainstTransformers) {
   std::vector<int32_t> tokens;
   ASSERT_TRUE(gpu_->forward_greedy(single(expected_.prompt, 0, table(0), false), *pool_, tokens).ok());
@@ -388,40 +418,49 @@ TEST(CudaDeepseekTiming, DISABLED_V2LiteShapeStepTimes) {
   }
   std::vector<int32_t> tokens;
   using Clock = std::chrono::steady_clock;
-  // Prefill chunks of 8 sequences x 1,024 tokens (the first one warms cuBLAS up and is not counted).
-  double prefill_s = 0;
-  const int32_t prefill_chunks = 4;
-  for (int32_t s0 = 0; s0 < 8 * prefill_chunks; s0 += 8) {
-    ForwardBatch b;
-    for (int32_t s = s0; s < s0 + 8; ++s) {
-      SequenceSlice slice;
-      slice.token_offset = static_cast<int32_t>(b.token_ids.size());
-      slice.num_new_tokens = prompt;
-      slice.block_table = blocks_from(s * per_seq, per_seq);
-      for (int32_t i = 0; i < prompt; ++i) {
-        b.token_ids.push_back((s * 131 + i * 7) % 100000);
-        b.positions.push_back(i);
+  // Prefill chunks of 8 sequences x 1,024 tokens (the first one warms cuBLAS up and is not counted),
+  // with the simple MLA kernel (fast_attention off), then the tensor-core prefill.
+  for (const bool fast_prefill : {false, true}) {
+    (*model)->set_fast_attention(fast_prefill);
+    double prefill_s = 0;
+    const int32_t prefill_chunks = 4;
+    for (int32_t s0 = 0; s0 < 8 * prefill_chunks; s0 += 8) {
+      ForwardBatch b;
+      for (int32_t s = s0; s < s0 + 8; ++s) {
+        SequenceSlice slice;
+        slice.token_offset = static_cast<int32_t>(b.token_ids.size());
+        slice.num_new_tokens = prompt;
+        slice.block_table = blocks_from(s * per_seq, per_seq);
+        for (int32_t i = 0; i < prompt; ++i) {
+          b.token_ids.push_back((s * 131 + i * 7) % 100000);
+          b.positions.push_back(i);
+        }
+        b.sequences.push_back(slice);
       }
-      b.sequences.push_back(slice);
+      const auto t0 = Clock::now();
+      ASSERT_TRUE((*model)->forward_greedy(b, **pool, tokens).ok());
+      prefill_s += std::chrono::duration<double>(Clock::now() - t0).count();
+      if (s0 == 0) prefill_s = 0;
     }
-    const auto t0 = Clock::now();
-    ASSERT_TRUE((*model)->forward_greedy(b, **pool, tokens).ok());
-    prefill_s += std::chrono::duration<double>(Clock::now() - t0).count();
-    if (s0 == 0) prefill_s = 0;
+    std::cout << "[ figure ] V2-Lite shape: prefill chunk of 8 x 1024 tokens, "
+              << (fast_prefill ? "tensor-core MLA prefill: " : "simple MLA kernel: ")
+              << 1e3 * prefill_s / (prefill_chunks - 1) << " ms\n";
   }
-  std::cout << "[ figure ] V2-Lite shape: prefill chunk of 8 x 1024 tokens " << 1e3 * prefill_s / (prefill_chunks - 1)
-            << " ms\n";
-  // Before (eager, simple MLA kernel, cuBLAS grouped MoE with a host sync per layer), the fast
-  // MLA decode alone, and both with CUDA graphs (device-count MoE GEMMs), then the graph path at
-  // the batch sizes MHA KV (182) and MLA KV (1,024 here; 1,618 fit at 0.9 utilization) can hold.
+  // Before (eager, simple MLA kernel, cuBLAS grouped MoE with a host sync per
+  // layer), the fast MLA decode alone, and both with CUDA graphs (device-count
+  // MoE GEMMs), then the graph path at the batch sizes MHA KV (182) and MLA KV
+  // (1,024 here; 1,618 fit at 0.9 utilization) can hold.
   struct Mode {
     const char* name;
     bool graphs, fast;
     std::vector<int32_t> batches;
   };
-  const std::vector<Mode> modes{{"eager+simple", false, false, {1, 64, 256}},
-                                {"eager+fast-mla", false, true, {1, 64, 256}},
-                                {"graphs+fast-mla", true, true, {1, 64, 182, 256, 512, 1024}}};
+  // The graph path here is uncapped (moe_max_graph_batch 0): the sweep 1..256 of eager against
+  // graphs is what CudaModelOptions::kDefaultMoeMaxGraphBatch is chosen from.
+  const std::vector<Mode> modes{{"eager+simple", false, false, {1, 64}},
+                                {"eager+fast-mla", false, true, {1, 2, 4, 8, 16, 32, 48, 64, 128, 256, 512}},
+                                {"graphs+fast-mla", true, true, {1, 2, 4, 8, 16, 32, 48, 64, 128, 182, 256, 512, 1024}}};
+  (*model)->set_moe_max_graph_batch(0);
   for (const Mode& mode : modes) {
     (*model)->set_use_cuda_graphs(mode.graphs);
     (*model)->set_fast_attention(mode.fast);
@@ -496,6 +535,7 @@ TEST_P(DeepseekFastDecodeTest, FastDecodeEqualsSimpleKernel) {
   auto model = CudaModel::create_random(*config, 11, o);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   CudaModel& m = **model;
+  m.set_moe_max_graph_batch(0);  // graphs at bucket 4 whatever the default cap
   const int32_t per_seq = 512 / block_size;
   auto pool_or = CudaKvPool::create(m.kv_pool_shape(4 * per_seq));
   ASSERT_TRUE(pool_or.ok()) << pool_or.status().to_string();
@@ -566,6 +606,117 @@ TEST_P(DeepseekFastDecodeTest, FastDecodeEqualsSimpleKernel) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BlockSizes, DeepseekFastDecodeTest,
+                         ::testing::Combine(::testing::Values(16, 64, 1),
+                                            ::testing::Values(DType::kBF16, DType::kFP8E4M3)),
+                         [](const ::testing::TestParamInfo<std::tuple<int32_t, DType>>& info) {
+                           return "block" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  (std::get<1>(info.param) == DType::kBF16 ? "bf16" : "fp8");
+                         });
+
+}  // namespace
+}  // namespace pagoda::cuda
+
+namespace pagoda::cuda {
+namespace {
+
+// The tensor-core MLA prefill (cuda_deepseek_mla_prefill.h) in the model
+// against the simple kernel (fast_attention off), on DeepSeek's head dims
+// (qk 128 nope + 64 rope, v 128, latent 512 + 64, 16 heads as V2-Lite):
+//  1. fresh prompts of 1, 33, 1,500, 1 and 200 tokens in one step (the first
+//     one-token prompt stays on the absorbed kernels, the rest on the prefill;
+//     logits at every row);
+//  2. a mixed step: two decodes (fast kernel), a chunk continuing the
+//     200-token prompt (100 rows after 200 cached), and a prefix hit: a new
+//     sequence on the 1,500-token prompt's first 960 cached positions (its
+//     full blocks at every block size here) with 300 new rows in fresh blocks;
+//  3. step 2 again with a small score budget, so that every segment runs in
+//     many query chunks.
+// Measure: largest top-5 logprob difference over every logit row (bound 0.05,
+// as the fast decode's); the prefill rounds K, V and P to bf16.
+class DeepseekPrefillTest : public ::testing::TestWithParam<std::tuple<int32_t, DType>> {};
+
+std::vector<int32_t> prompt_tokens(int32_t n, int32_t salt) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = (i * 37 + salt * 11 + 5) % 256;
+  return t;
+}
+
+void add_sequence(ForwardBatch& b, const std::vector<int32_t>& tokens, int32_t cached, std::vector<int32_t> table,
+                  bool all_logits) {
+  SequenceSlice s;
+  s.token_offset = b.num_tokens();
+  s.num_new_tokens = static_cast<int32_t>(tokens.size());
+  s.num_cached_tokens = cached;
+  s.block_table = std::move(table);
+  s.logits_for_all_new_tokens = all_logits;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    b.token_ids.push_back(tokens[i]);
+    b.positions.push_back(cached + static_cast<int32_t>(i));
+  }
+  b.sequences.push_back(std::move(s));
+}
+
+TEST_P(DeepseekPrefillTest, TensorCorePrefillEqualsSimpleKernel) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const auto& [block_size, latent] = GetParam();
+  auto config = load_model_config(fixtures_dir() / "deepseek_v3_latent512_bf16");
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  config->num_q_heads = 16;
+  config->mla->qk_nope_head_dim = 128;
+  config->mla->v_head_dim = 128;
+  config->mla->softmax_scale = 1.0f / std::sqrt(192.0f);
+  CudaModelOptions o = options_for(block_size, latent);
+  o.max_model_len = 2048;
+  o.max_num_tokens = 2048;
+  auto model = CudaModel::create_random(*config, 13, o);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  CudaModel& m = **model;
+  m.set_use_cuda_graphs(false);
+  const int32_t per_seq = 2048 / block_size;
+  auto pool_or = CudaKvPool::create(m.kv_pool_shape(7 * per_seq));
+  ASSERT_TRUE(pool_or.ok()) << pool_or.status().to_string();
+  CudaKvPool& pool = **pool_or;
+  const int32_t vocab = m.config().vocab_size;
+  auto table = [&](int32_t s) { return blocks_from(s * per_seq, per_seq); };
+  // Runs `b` with the prefill and with the simple kernel; returns the logit difference.
+  auto compare = [&](const ForwardBatch& b, const char* what) {
+    std::vector<float> prefill, simple;
+    m.set_fast_attention(true);
+    const int64_t steps = m.mla_prefill_steps();
+    EXPECT_TRUE(m.forward(b, pool, prefill).ok());
+    EXPECT_EQ(m.mla_prefill_steps(), steps + 1) << what << ": the prefill did not run";
+    m.set_fast_attention(false);
+    EXPECT_TRUE(m.forward(b, pool, simple).ok());
+    EXPECT_EQ(m.mla_prefill_steps(), steps + 1);
+    EXPECT_EQ(prefill.size(), simple.size());
+    const double error = top5_logprob_error(prefill, simple, vocab);
+    std::cout << "[ figure ] MLA prefill vs simple kernel, block " << block_size << " "
+              << (latent == DType::kBF16 ? "bf16" : "fp8") << ", " << what << ": max top-5 logprob diff " << error
+              << " over " << prefill.size() / vocab << " rows\n";
+    EXPECT_LE(error, 0.05) << what;
+  };
+  ForwardBatch fresh;
+  const std::vector<int32_t> lengths{1, 33, 1500, 1, 200};
+  for (size_t s = 0; s < lengths.size(); ++s)
+    add_sequence(fresh, prompt_tokens(lengths[s], static_cast<int32_t>(s)), 0, table(static_cast<int32_t>(s)), true);
+  compare(fresh, "fresh prompts 1/33/1500/1/200");
+  ForwardBatch mixed;
+  add_sequence(mixed, {7}, 1, table(0), false);
+  add_sequence(mixed, {9}, 33, table(1), false);
+  add_sequence(mixed, prompt_tokens(100, 4), 200, table(4), true);
+  std::vector<int32_t> hit = blocks_from(2 * per_seq, 960 / block_size);
+  for (int32_t b : blocks_from(5 * per_seq, per_seq)) hit.push_back(b);
+  hit.resize(static_cast<size_t>(per_seq));
+  add_sequence(mixed, prompt_tokens(300, 5), 960, hit, true);
+  compare(mixed, "decodes + chunk after 200 + prefix hit 960 + 300");
+  CudaMlaPrefill::Tuning small;
+  small.score_budget_bytes = size_t{1} << 20;  // ~ a few query rows per chunk
+  m.set_mla_prefill_tuning(small);
+  compare(mixed, "the same in small query chunks");
+  m.set_mla_prefill_tuning(CudaMlaPrefill::Tuning{});
+}
+
+INSTANTIATE_TEST_SUITE_P(BlockSizes, DeepseekPrefillTest,
                          ::testing::Combine(::testing::Values(16, 64, 1),
                                             ::testing::Values(DType::kBF16, DType::kFP8E4M3)),
                          [](const ::testing::TestParamInfo<std::tuple<int32_t, DType>>& info) {

@@ -1,6 +1,7 @@
 #include "pagoda/backend/cuda/cuda_deepseek_forward.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "pagoda/backend/cuda/cuda_check.h"
 #include "pagoda/backend/cuda/mla_ops.h"
@@ -66,6 +67,7 @@ Status CudaDeepseekForward::init(int32_t max_num_tokens) {
   PAGODA_ASSIGN_OR_RETURN(cublas_workspace_, DeviceBuffer::allocate(kCublasWorkspaceBytes));
   PAGODA_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(cublas_, cublas_workspace_.data(), cublas_workspace_.bytes()));
   mla_decode_ = std::make_unique<CudaMlaDecode>(c);
+  mla_prefill_ = std::make_unique<CudaMlaPrefill>(c);
 
   const std::vector<float> inv_freq =
       c.rope_yarn ? yarn_inverse_frequencies(m.qk_rope_head_dim, c.rope_theta, *c.rope_yarn)
@@ -208,28 +210,40 @@ Status CudaDeepseekForward::attention(int32_t l, int32_t T, const CudaKvPool& po
                                                m.rope_attention_factor, kv, stream_));
   // Absorbed query [T, heads, latent]: q_nope_h . W_UK_h for every head in one batched GEMM
   // (column-major: (rank x T) = W_UK_h (rank x nope, kv_b_proj rows read as ld rank) x q_nope_h^T), then q_pe.
+  // Rows [0, absorbed) attend in the absorbed form (fast decode kernel, then the simple one);
+  // rows [absorbed, T) are prompt segments on the tensor-core prefill (CudaMlaPrefill).
+  const int32_t absorbed = std::min(prefill_row_, T);
   bf16* qa = q_absorbed_.as<bf16>();
   const long long kv_b_head = static_cast<long long>(nope + v) * rank;
-  PAGODA_CUBLAS_RETURN_IF_ERROR(batched(cublas_, CUBLAS_OP_N, rank, T, nope, w.kv_b_proj, rank, kv_b_head, q,
-                                        heads * qk, qk, qa, heads * latent, latent, heads));
+  if (absorbed > 0) {
+    PAGODA_CUBLAS_RETURN_IF_ERROR(batched(cublas_, CUBLAS_OP_N, rank, absorbed, nope, w.kv_b_proj, rank, kv_b_head,
+                                          q, heads * qk, qk, qa, heads * latent, latent, heads));
+  }
   PAGODA_CUDA_RETURN_IF_ERROR(mla_query_rope(q, qa, meta.positions, T, heads, nope, rope, rank, inv_freq,
                                              m.rope_interleave, m.rope_attention_factor, stream_));
   bf16* att = attended_.as<bf16>();
-  // Leading decode rows on the fast kernel, the rest (prompt chunks) on the simple one.
-  const int32_t fast = std::min(fast_rows_, T);
+  bf16* ho = heads_out_.as<bf16>();
+  // Leading decode rows on the fast kernel, then up to `absorbed` on the simple one.
+  const int32_t fast = std::min(fast_rows_, absorbed);
   if (fast > 0) PAGODA_RETURN_IF_ERROR(mla_decode_->run(kv, qa, att, stream_));
-  if (fast < T) {
+  if (fast < absorbed) {
     const DeviceAttentionPlan rest{plan.token_sequence + fast, plan.kv_begin + fast, plan.kv_end + fast,
-                                   plan.block_tables, plan.block_table_stride, T - fast};
+                                   plan.block_tables, plan.block_table_stride, absorbed - fast};
     PAGODA_CUDA_RETURN_IF_ERROR(mla_attention_simple(qa + static_cast<size_t>(fast) * heads * latent, kv, rest, heads,
                                                      rank, m.softmax_scale,
                                                      att + static_cast<size_t>(fast) * heads * rank, stream_));
   }
-  // Per head: W_UV_h [v, rank] (kv_b_proj's value rows) expands the attended latent:
-  // column-major (v x T) = W_UV_h^T... as op T of (rank x v, ld rank) x att_h^T (rank x T).
-  bf16* ho = heads_out_.as<bf16>();
-  const bf16* w_uv = w.kv_b_proj + static_cast<size_t>(nope) * rank;
-  PAGODA_CUBLAS_RETURN_IF_ERROR(batched(cublas_, CUBLAS_OP_T, v, T, rank, w_uv, rank, kv_b_head, att, heads * rank, rank, ho, heads * v, v, heads));
+  if (absorbed > 0) {
+    // Per head: W_UV_h [v, rank] (kv_b_proj's value rows) expands the attended latent:
+    // column-major (v x T) = op T of (rank x v, ld rank) x att_h^T (rank x T).
+    const bf16* w_uv = w.kv_b_proj + static_cast<size_t>(nope) * rank;
+    PAGODA_CUBLAS_RETURN_IF_ERROR(batched(cublas_, CUBLAS_OP_T, v, absorbed, rank, w_uv, rank, kv_b_head, att,
+                                          heads * rank, rank, ho, heads * v, v, heads));
+  }
+  if (absorbed < T) {
+    PAGODA_RETURN_IF_ERROR(mla_prefill_->run(cublas_, kv, plan.block_tables, plan.block_table_stride, q, qa,
+                                             w.kv_b_proj, ho, stream_));
+  }
   PAGODA_RETURN_IF_ERROR(gemm.linear(ho, T, w.o_proj, H, heads * v, out, GemmOutput::kBF16, stream_));
   if (w.o_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(out, H, T, H, w.o_bias, stream_));
   return ok_status();
@@ -313,8 +327,13 @@ StatusOr<bool> CudaDeepseekForward::plan_step(const ForwardBatch& batch, const K
   if (bucket > 0 && !graph_capable()) return internal_error("DeepSeek forward: graph step for a model without graphs");
   graph_step_ = bucket > 0;
   fast_rows_ = 0;
+  prefill_row_ = std::numeric_limits<int32_t>::max();  // graph steps (padded rows) never reach the prefill
   if (fast_decode) {
     PAGODA_ASSIGN_OR_RETURN(fast_rows_, mla_decode_->plan(batch, pool, bucket, max_bucket, block_table_stride, stream_));
+    if (bucket == 0) {
+      PAGODA_ASSIGN_OR_RETURN(prefill_row_, mla_prefill_->plan(batch, fast_rows_));
+      if (prefill_row_ < batch.num_tokens()) ++prefill_steps_;
+    }
   }
   return fast_rows_ > 0;
 }

@@ -9,8 +9,11 @@
 //   GEMM over the heads, W_UK read in place from kv_b_proj) and the rotated q_pe
 //   -> MLA attention over the paged latent: the step's leading decode rows on the
 //      paged MLA decode kernel (CudaMlaDecode, attention/mla_decode.h) when it covers
-//      the shape, every other row on mla_attention_simple
-//   -> attended latent x W_UV^T (strided batched, in place from kv_b_proj) -> o_proj
+//      the shape, then rows up to the first prompt segment on mla_attention_simple
+//   -> attended latent x W_UV^T (strided batched, in place from kv_b_proj); the
+//      prompt segments instead run the tensor-core prefill (CudaMlaPrefill: per-head
+//      K / V decompressed from the latent, cuBLAS GEMMs) straight to the head outputs
+//   -> o_proj
 //   -> residual add + RMSNorm -> dense SwiGLU MLP (first_k_dense_replace layers)
 //      or MoE: f32 router + routing kernel, tokens grouped by expert (permute),
 //      the expert GEMMs per projection (gate|up, down), SiLU-mul, weighted
@@ -33,6 +36,7 @@
 #include <cuda_runtime_api.h>
 
 #include "pagoda/backend/cuda/cuda_deepseek_mla_decode.h"
+#include "pagoda/backend/cuda/cuda_deepseek_mla_prefill.h"
 #include "pagoda/backend/cuda/cuda_deepseek_weights.h"
 #include "pagoda/backend/cuda/cuda_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
@@ -69,8 +73,10 @@ class CudaDeepseekForward {
   // graph): bucket > 0 for a graph step (a pure decode padded to `bucket` rows,
   // run_layers then runs exactly what a capture may record: no host
   // synchronization), 0 for an eager step. fast_decode false keeps every row on
-  // the simple attention kernel. Returns whether decode rows run on the fast
-  // MLA decode kernel. Enqueues the plan's arena copy on the stream.
+  // the simple attention kernel (neither the fast decode kernel nor the
+  // tensor-core prefill: the reference the tests compare them with). Returns
+  // whether decode rows run on the fast MLA decode kernel. Enqueues the plan's
+  // arena copy on the stream.
   StatusOr<bool> plan_step(const ForwardBatch& batch, const KvPoolShape& pool, int32_t bucket, int32_t max_bucket,
                            int32_t block_table_stride, bool fast_decode);
 
@@ -78,6 +84,10 @@ class CudaDeepseekForward {
   bool graph_capable() const;
 
   size_t weight_bytes() const { return weights_.total_bytes(); }
+
+  // Eager steps whose prompt rows ran on the tensor-core prefill (tests).
+  int64_t prefill_steps() const { return prefill_steps_; }
+  void set_prefill_tuning(const CudaMlaPrefill::Tuning& tuning) { mla_prefill_->set_tuning(tuning); }
 
  private:
   CudaDeepseekForward(const ModelConfig& config, CudaDeepseekWeights weights, cudaStream_t stream)
@@ -111,7 +121,10 @@ class CudaDeepseekForward {
   bool grouped_gemm_ = true;      // false once cuBLAS refused cublasGemmGroupedBatchedEx
   DeviceBuffer cublas_workspace_;  // set on cublas_ so its calls allocate nothing (graph capture)
   std::unique_ptr<CudaMlaDecode> mla_decode_;
+  std::unique_ptr<CudaMlaPrefill> mla_prefill_;
   int32_t fast_rows_ = 0;    // this step's leading rows on the fast decode kernel
+  int64_t prefill_steps_ = 0;
+  int32_t prefill_row_ = 0;  // this step's first row on the tensor-core prefill (int32 max: none)
   bool graph_step_ = false;  // this step is a graph step (plan_step)
 };
 

@@ -145,9 +145,18 @@ Status CudaModel::validate(const ForwardBatch& batch, const CudaKvPool& pool) co
   return runtime::validate_forward_batch(batch, ps, limits);
 }
 
+int64_t CudaModel::mla_prefill_steps() const { return deepseek_ ? deepseek_->prefill_steps() : 0; }
+
+void CudaModel::set_mla_prefill_tuning(const CudaMlaPrefill::Tuning& tuning) {
+  if (deepseek_) deepseek_->set_prefill_tuning(tuning);
+}
+
 int32_t CudaModel::graph_bucket(const ForwardBatch& batch) const {
   if (!options_.use_cuda_graphs || (deepseek_ && !deepseek_->graph_capable())) return 0;
-  return choose_graph_bucket(batch, buckets_, options_.max_graph_batch);
+  int32_t cap = options_.max_graph_batch;
+  if (deepseek_ && config_.moe && options_.moe_max_graph_batch > 0)
+    cap = cap > 0 ? std::min(cap, options_.moe_max_graph_batch) : options_.moe_max_graph_batch;
+  return choose_graph_bucket(batch, buckets_, cap);
 }
 
 StatusOr<CudaModel::StepShape> CudaModel::plan(const ForwardBatch& batch) {

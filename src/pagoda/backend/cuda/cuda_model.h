@@ -23,10 +23,12 @@
 //
 // DeepSeek V2/V3 (config.mla): the layers are CudaDeepseekForward's (MLA over
 // a latent pool, MoE); embedding, head and sampling are shared. Their pure
-// decode steps run in the same CUDA graphs (the MoE's expert GEMMs then read
-// the per-expert row counts on the device; decode rows attend on the paged MLA
-// decode kernel when fast_attention is on); other steps run eagerly, with one
-// host synchronization per MoE layer for cuBLAS's grouped GEMM.
+// decode steps of up to moe_max_graph_batch sequences run in the same CUDA
+// graphs (the MoE's expert GEMMs then read the per-expert row counts on the
+// device; decode rows attend on the paged MLA decode kernel when fast_attention
+// is on); other steps run eagerly, with one host synchronization per MoE layer
+// for cuBLAS's grouped GEMM, and their prompt rows on the tensor-core MLA
+// prefill (cuda_deepseek_mla_prefill.h) when fast_attention is on.
 //
 // Thread safety: one caller at a time (scratch, graphs and the stream are per model).
 
@@ -64,6 +66,13 @@ struct CudaModelOptions {
   // Decode batches up to this size replay graphs (0: up to max_num_seqs);
   // larger ones run eagerly, with the fast attention kernels when enabled.
   int32_t max_graph_batch = 0;
+  // DeepSeek (MoE) models: decode batches above this run eagerly (0: no cap
+  // beyond max_graph_batch). In a graph the expert GEMMs are the device-count
+  // moe_grouped_gemm, which wins at small batches and loses to the eager path's
+  // cuBLAS grouped GEMM at large ones; the default is the measured crossover
+  // (docs/BENCHMARKS.md, "CUDA graphs by batch size for DeepSeek").
+  int32_t moe_max_graph_batch = kDefaultMoeMaxGraphBatch;
+  static constexpr int32_t kDefaultMoeMaxGraphBatch = 2;
   // Eager steps use backend/cuda/attention's Hopper attention where it supports the shape.
   bool fast_attention = true;
   bool show_progress = true;      // weight-loading bar on stderr
@@ -133,6 +142,11 @@ class CudaModel {
   void set_use_cuda_graphs(bool on) { options_.use_cuda_graphs = on; }
   void set_fast_attention(bool on) { options_.fast_attention = on; }
   void set_max_graph_batch(int32_t n) { options_.max_graph_batch = n; }
+  void set_moe_max_graph_batch(int32_t n) { options_.moe_max_graph_batch = n; }
+  // DeepSeek: eager steps whose prompt rows ran on the tensor-core MLA prefill,
+  // and its tuning (tests; 0 / no effect for other models).
+  int64_t mla_prefill_steps() const;
+  void set_mla_prefill_tuning(const CudaMlaPrefill::Tuning& tuning);
 
   // Graph statistics (tests, benchmarks).
   int64_t graph_replays() const { return graph_replays_; }

@@ -54,6 +54,20 @@ cudaError_t mla_query_rope(const bf16* q, bf16* q_absorbed, const int32_t* posit
 cudaError_t mla_attention_simple(const bf16* q, const DevicePagedKvLayer& layer, const DeviceAttentionPlan& plan,
                                  int32_t num_heads, int32_t rank, float scale, bf16* out, cudaStream_t stream);
 
+// The tensor-core MLA prefill's kernels (CudaMlaPrefill, cuda_deepseek_mla_prefill.h).
+// mla_gather_latent: out[j, :] = the cached vector of key j (j < num_tokens) of the
+// one-head latent pool `layer`, through the block table row `block_table`
+// (device), as bf16 whatever the pool's format (code x scale + zero rounded once).
+// out bf16 [num_tokens, layer.head_dim]; head_dim % 8 == 0.
+cudaError_t mla_gather_latent(const DevicePagedKvLayer& layer, const int32_t* block_table, int32_t num_tokens,
+                              bf16* out, cudaStream_t stream);
+// mla_causal_softmax: for head h and row i of scores f32 [num_heads, rows, ld]
+// (cols <= ld columns used), probs[h, i, j] = softmax_j(scores[h, i, :visible] *
+// scale) for j < visible = min(cols, first_visible + i), 0 for the other j < cols
+// (bf16, same layout; columns from cols to ld untouched).
+cudaError_t mla_causal_softmax(const float* scores, int32_t num_heads, int32_t rows, int32_t cols, int32_t ld,
+                               int32_t first_visible, float scale, bf16* probs, cudaStream_t stream);
+
 // The MoE router of model/deepseek_config.h, one thread per token:
 // logits[t, e] = x[t, :] . router[e, :] (x bf16 [T, hidden], router f32
 // [experts, hidden]) into the f32 scratch logits [T, experts], then scores,
