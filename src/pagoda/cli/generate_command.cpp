@@ -79,7 +79,7 @@ void run_generate(const GenerateOptions& opt) {
   // Cheap checks first, before a possibly long model load.
   auto flags = resolve_runner_flags(opt.runner, RunnerCommand::kGenerate);
   if (!flags.ok()) fail(flags.status().to_string());
-  auto kv_compression = resolve_kv_compression_flags(opt.kv_compression, flags->device);
+  auto kv_compression = resolve_kv_compression_flags(opt.kv_compression, flags->device, flags->kv_cross_layer_share);
   if (!kv_compression.ok()) fail(kv_compression.status().to_string());
   auto preemption = resolve_preemption_mode(opt.runner, *flags);
   if (!preemption.ok()) fail(preemption.status().to_string());
@@ -154,7 +154,7 @@ void run_generate(const GenerateOptions& opt) {
   engine_config.scheduler = scheduler_config(*setup, *preemption);
   engine_config.kv_compression = *kv_compression;
   if (kv_compression->enabled() && !setup->runner->capabilities().compacts_kv)
-    fail(fmt::format("--kv-compression {}: this model cannot run token eviction (MLA or sliding-window attention)",
+    fail(fmt::format("--kv-compression {}: this model cannot run token eviction (MLA, sliding-window attention, or --tensor-parallel-size above 1)",
                      opt.kv_compression.policy));
   engine_config.scheduler.max_running_sequences = 1;
   engine_config.scheduler.max_tokens_per_step =

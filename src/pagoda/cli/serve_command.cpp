@@ -68,7 +68,7 @@ void run_serve(const ServeOptions& opt) {
   namespace fs = std::filesystem;
   auto flags = resolve_runner_flags(opt.runner, RunnerCommand::kServe);
   if (!flags.ok()) fail(flags.status().to_string());
-  auto kv_compression = resolve_kv_compression_flags(opt.kv_compression, flags->device);
+  auto kv_compression = resolve_kv_compression_flags(opt.kv_compression, flags->device, flags->kv_cross_layer_share);
   if (!kv_compression.ok()) fail(kv_compression.status().to_string());
   auto preemption = resolve_preemption_mode(opt.runner, *flags);
   if (!preemption.ok()) fail(preemption.status().to_string());
@@ -183,7 +183,7 @@ void run_serve(const ServeOptions& opt) {
   engine_config.scheduler = scheduler_config(*setup, *preemption);
   engine_config.kv_compression = *kv_compression;
   if (kv_compression->enabled() && !setup->runner->capabilities().compacts_kv)
-    fail(fmt::format("--kv-compression {}: this model cannot run token eviction (MLA or sliding-window attention)",
+    fail(fmt::format("--kv-compression {}: this model cannot run token eviction (MLA, sliding-window attention, or --tensor-parallel-size above 1)",
                      opt.kv_compression.policy));
   engine_config.max_queued_requests = opt.max_queued;
   engine_config.lower_tiers = lower_tiers->get();

@@ -72,6 +72,7 @@ Engine::Engine(EngineConfig config, runtime::ModelRunner& runner, kv::KvCacheMan
       kv_block_size_(kv.block_size()),
       kv_num_blocks_(kv.num_blocks()),
       runner_compacts_kv_(runner.capabilities().compacts_kv),
+      runner_kv_scores_(runner.capabilities().kv_attention_scores),
       kv_num_layers_(runner.kv_geometry().num_layers),
       unseeded_salt_(mix64(std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32))) {
   if (!config_.text_decoder_factory)
@@ -219,7 +220,12 @@ StatusOr<runtime::KvCompressionConfig> Engine::resolve_kv_compression(const Gene
   PAGODA_RETURN_IF_ERROR(runtime::validate_kv_compression(c, field));
   if (!c.enabled()) return c;
   if (!runner_compacts_kv_)
-    return unimplemented_error("{}: this device cannot run token eviction (policy {}); use the cpu device or none",
+    return unimplemented_error("{}: this runner cannot run token eviction (policy {}): its model has MLA or a "
+                               "sliding window, or its KV is shared across layers (--kv-cross-layer-share)",
+                               own ? "kv_compression.policy" : "--kv-compression",
+                               runtime::kv_compression_policy_name(c.policy));
+  if (!runner_kv_scores_ && c.policy != runtime::KvCompressionPolicy::kStreaming)
+    return unimplemented_error("{} {}: this device has no attention scores yet; it runs streaming only",
                                own ? "kv_compression.policy" : "--kv-compression",
                                runtime::kv_compression_policy_name(c.policy));
   if (request.sampling.n > 1)

@@ -122,6 +122,10 @@ struct KvCompaction {
   std::vector<int32_t> new_block_table;
   int32_t new_length = 0;
 };
+// The checks every runner's compact_kv makes before anything moves: a named
+// sequence, new_length <= old_length, tables long enough for their lengths,
+// ids in [0, num_blocks) (kOutOfRange) and no block in both tables.
+Status check_kv_compaction(const KvCompaction& compaction, int32_t num_blocks, int32_t block_size);
 
 struct RunnerCapabilities {
   bool samples_on_device = false;  // execute() honours RowSampling::on_device
@@ -130,6 +134,8 @@ struct RunnerCapabilities {
   int32_t host_kv_blocks = 0;      // blocks in the host pool (0: no host tier); block shape as kv_geometry()
   bool host_block_access = false;  // read_host_block / write_host_block are implemented
   bool compacts_kv = false;        // compact_kv() and SequenceSlice's kv_state are honoured
+  // ... with attention scores: every policy; without, streaming only (it needs no scores).
+  bool kv_attention_scores = false;
 };
 
 class ModelRunner {

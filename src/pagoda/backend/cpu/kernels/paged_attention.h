@@ -18,6 +18,9 @@
 // scoring (token, head) fills a private row; the rows are summed after, per
 // (sequence, head), so no two threads write the same memory). With the
 // defaults nothing of this runs but a null check.
+// Cross-layer sharing (PagedKvLayer::share_norms): each stored K / V vector is
+// read as this layer's norm x the stored direction (the score is scaled, the
+// value weight is scaled), one f32 load per vector more.
 // Parallel over (token, head) on ThreadPool::global(); call from one thread at a time.
 
 #include <cstddef>
