@@ -3,6 +3,7 @@
 // right cannot salt, prefix hits come in whole share units only, and the
 // first-token floor holds hits (and, in scope "all", misses) back.
 
+#include <algorithm>
 #include <fstream>
 #include <random>
 
@@ -175,17 +176,37 @@ TEST_F(UserIsolationTest, PrefixHitsComeInWholeShareUnitsOnly) {
   }
 }
 
-TEST(UserSaltKvCap, EachUserNamespaceGetsItsTenantsKvCap) {
+// One KV cap per tenant, however many users it salts: 30 users of "acme"
+// together stay within its 12 blocks, "ops"'s cached prompt survives them, and
+// the users whose blocks were recycled leave the KV namespace table.
+TEST(UserSaltKvCap, AllUsersOfATenantShareItsOneKvCap) {
   ServerProcess server;
   std::string error;
-  ASSERT_TRUE(server.start(server_args("cap", {"--tenant-max-kv-blocks", "20"}), &error)) << error;
-  const std::vector<int> prompt = {5, 6, 7, 8, 9, 10, 11, 12, 13};
-  ASSERT_EQ(complete(server.port(), prompt, "sk-app", "capped").status, 200);
-  const Received usage = exchange(server.port(), http_get("/v1/usage", "sk-app", "X-Pagoda-User: capped\r\n"), 10s);
-  ASSERT_EQ(status_of(usage.bytes), 200) << usage.bytes.substr(0, 300);
-  const json u = json::parse(body_of(usage.bytes), nullptr, false);
-  EXPECT_EQ(u["kv_blocks"]["limit"].get<int>(), 20) << "the user's namespace is capped like its tenant";
-  EXPECT_GE(u["kv_blocks"]["held"].get<int>(), 2);
+  ASSERT_TRUE(server.start(server_args("cap", {"--tenant-max-kv-blocks", "12"}), &error)) << error;
+  std::mt19937 rng(41);
+  const auto ops_prompt = random_prompt(rng, 9);  // 2 cacheable blocks
+  ASSERT_EQ(complete(server.port(), ops_prompt, "sk-ops", "").status, 200);
+  int most_held = 0;
+  for (int u = 0; u < 30; ++u) {
+    const std::string user = "user" + std::to_string(u);
+    ASSERT_EQ(complete(server.port(), random_prompt(rng, 17), "sk-app", user).status, 200) << user;
+    const Received usage =
+        exchange(server.port(), http_get("/v1/usage", "sk-app", "X-Pagoda-User: " + user + "\r\n"), 10s);
+    ASSERT_EQ(status_of(usage.bytes), 200) << usage.bytes.substr(0, 300);
+    const json k = json::parse(body_of(usage.bytes), nullptr, false)["kv_blocks"];
+    EXPECT_EQ(k["limit"].get<int>(), 12) << "a user's limit is its tenant's";
+    EXPECT_GE(k["held"].get<int>(), 4) << "the user's own blocks";
+    EXPECT_LE(k["tenant_held"].get<int>(), 12) << "every user of acme together, after " << user;
+    most_held = std::max(most_held, k["tenant_held"].get<int>());
+  }
+  EXPECT_GE(most_held, 8) << "the users did fill acme's cap (else the test proves nothing)";
+  EXPECT_EQ(complete(server.port(), ops_prompt, "sk-ops", "").cached_tokens, 8) << "ops's cache survived acme";
+  const Received metrics = exchange(server.port(), http_get("/metrics", "sk-ops"), 10s);
+  const std::string text = body_of(metrics.bytes);
+  const size_t at = text.find("\npagoda_kv_namespaces ");
+  ASSERT_NE(at, std::string::npos) << text.substr(0, 300);
+  // acme, ops, and the users still holding blocks (at most 12 of acme's blocks).
+  EXPECT_LE(std::stoi(text.substr(at + 22)), 2 + 12) << "30 users came and went";
 }
 
 // The floor: scope "all" holds every first token; scope "hits" only hits.

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine_harness.h"
@@ -131,16 +132,20 @@ TEST(ZeroOnFree, WithoutZeroingTheOtherTenantsSlotsAreStillThere) {
   EXPECT_EQ(engine_zeroed, 0);
 }
 
-TEST(TenantKvCapInTheEngine, ATenantWaitingOnItsOwnCapDoesNotBlockOthers) {
+// Tenant "a" (cap 7) sends a 6-block request from `first` and a 2-block one
+// from `second` (both "a", or two salted users of it): the second must wait for
+// a's own blocks, and "b", queued behind it, must pass it.
+void second_request_of_a_waits_and_b_passes(const std::string& first, const std::string& second) {
   SchedulerConfig sched;
   sched.max_running_sequences = 8;
   Harness h(/*num_blocks=*/64, /*block_size=*/4, sched);
-  h.kv->set_namespace_block_limit("a", 7);
-  auto a1 = *h.engine->submit(request_for("a", prompt_of(24, 1), 4));  // 6 blocks, 7 at the end
-  auto a2 = *h.engine->submit(request_for("a", prompt_of(8, 2), 4));   // 2 more: over a's cap for now
-  auto b1 = *h.engine->submit(request_for("b", prompt_of(8, 3), 4));   // behind a2 in the queue
+  EXPECT_TRUE(h.kv->set_namespace_block_limit("a", 7).ok());
+  auto a1 = *h.engine->submit(request_for(first, prompt_of(24, 1), 4));  // 6 blocks, 7 at the end
+  auto a2 = *h.engine->submit(request_for(second, prompt_of(8, 2), 4));  // 2 more: over a's cap for now
+  auto b1 = *h.engine->submit(request_for("b", prompt_of(8, 3), 4));     // behind a2 in the queue
   ASSERT_TRUE(h.engine->step());
   EXPECT_EQ(h.engine->stats().num_running, 2) << "b must pass a2, which waits for a's own blocks";
+  EXPECT_LE(h.kv->namespace_usage(first).group_blocks_held, 7);
   h.run_checked();
   for (auto* s : {&a1, &a2, &b1}) {
     const auto c = drain(**s);
@@ -148,12 +153,21 @@ TEST(TenantKvCapInTheEngine, ATenantWaitingOnItsOwnCapDoesNotBlockOthers) {
     EXPECT_EQ(c.error_code, StatusCode::kOk) << c.error;
     EXPECT_EQ(c.usage.completion_tokens, 4);
   }
-  EXPECT_LE(h.kv->namespace_usage("a").blocks_held, 7);
+  EXPECT_LE(h.kv->namespace_usage("a").group_blocks_held, 7);
+  EXPECT_TRUE(h.engine->verify_integrity().ok());
+}
+
+TEST(TenantKvCapInTheEngine, ATenantWaitingOnItsOwnCapDoesNotBlockOthers) {
+  second_request_of_a_waits_and_b_passes("a", "a");
+}
+
+TEST(TenantKvCapInTheEngine, SaltedUsersOfOneTenantWaitOnTheirTenantsOneCap) {
+  second_request_of_a_waits_and_b_passes("a/user:1", "a/user:2");
 }
 
 TEST(TenantKvCapInTheEngine, ARequestOverItsTenantsWholeCapFailsInsteadOfWaitingForever) {
   Harness h(/*num_blocks=*/64, /*block_size=*/4);
-  h.kv->set_namespace_block_limit("a", 3);
+  EXPECT_TRUE(h.kv->set_namespace_block_limit("a", 3).ok());
   auto big = *h.engine->submit(request_for("a", prompt_of(20, 1), 2));  // 5 blocks of prompt alone
   auto other = *h.engine->submit(request_for("b", prompt_of(8, 2), 2));
   h.run_checked();

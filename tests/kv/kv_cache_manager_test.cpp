@@ -484,6 +484,7 @@ TEST(KvCacheManagerMissReasons, EvictedKeyMemoryIsBounded) {
   config.block_size = 4;
   config.evicted_key_memory = 1;
   auto kv = std::move(KvCacheManager::create(config, &clock)).value();
+  PAGODA_EXPECT_OK(kv->set_namespace_block_limit("t", 0));  // a group: kept, with its memory, while empty
   const auto a = iota_tokens(5, 10);
   const auto b = iota_tokens(5, 50);
   prefill(*kv, 1, "t", a);

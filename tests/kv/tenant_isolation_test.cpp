@@ -65,6 +65,10 @@ TEST(TenantIsolation, EvictedKeyMemoryIsPerNamespace) {
   config.block_size = 4;
   config.evicted_key_memory = 1;
   auto kv = std::move(KvCacheManager::create(config, &clock)).value();
+  // Tenants are groups (as the server makes them), kept while empty: an
+  // ungrouped namespace with nothing left is reclaimed with its memory.
+  PAGODA_EXPECT_OK(kv->set_namespace_block_limit("a", 0));
+  PAGODA_EXPECT_OK(kv->set_namespace_block_limit("b", 0));
   const auto b_prompt = iota_tokens(5, 10);
   prefill(*kv, 1, "b", b_prompt);
   PAGODA_EXPECT_OK(kv->free_sequence(1));
@@ -184,7 +188,7 @@ int b_prompts_surviving_a_churn(int32_t a_cap) {
   config.num_blocks = 24;
   config.block_size = 4;
   auto kv = std::move(KvCacheManager::create(config, &clock)).value();
-  if (a_cap > 0) kv->set_namespace_block_limit("a", a_cap);
+  if (a_cap > 0) PAGODA_EXPECT_OK(kv->set_namespace_block_limit("a", a_cap));
   SequenceId id = 1;
   for (int p = 0; p < 6; ++p) {  // 6 prompts x 2 cached blocks = 12 of b's blocks
     clock.advance(10);
@@ -217,7 +221,7 @@ TEST(TenantKvCap, ATenantAtItsCapRecyclesItsOwnCacheAndNeverEvictsOthers) {
 TEST(TenantKvCap, RoomSaysFitsWaitOrNever) {
   ManualClock clock;
   auto kv = testing::make_manager(32, 4, &clock);
-  kv->set_namespace_block_limit("a", 4);
+  PAGODA_EXPECT_OK(kv->set_namespace_block_limit("a", 4));
   EXPECT_EQ(kv->namespace_room("a", iota_tokens(16)), NamespaceRoom::kFits);
   EXPECT_EQ(kv->namespace_room("a", iota_tokens(17)), NamespaceRoom::kNeverFits) << "5 blocks over a cap of 4";
   EXPECT_EQ(kv->namespace_room("b", iota_tokens(100)), NamespaceRoom::kFits) << "no cap";

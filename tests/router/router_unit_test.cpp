@@ -452,6 +452,30 @@ TEST_F(KvEventFeedTest, ANamespaceReaderSeesOnlyItsOwnBlocks) {
   EXPECT_TRUE(feed_->read(0, std::string("c"), 100).events.empty());
 }
 
+TEST_F(KvEventFeedTest, SaltedUserNamespacesDoNotPileUpAndTenantReadersKeepTheirPlace) {
+  make(1 << 16, 8);
+  // The tenant's block stays referenced, so the users' churn never evicts it.
+  ASSERT_TRUE(kv_->allocate_sequence(1'000'000, "t", tokens(5, 1)).ok());
+  ASSERT_TRUE(kv_->mark_computed(1'000'000, 5).ok());
+  auto own = feed_->read(0, std::string("t"), 100);  // a tenant's reader: "t" is kept from now on
+  ASSERT_EQ(own.events.size(), 1u);
+  for (int32_t u = 0; u < 1000; ++u) {
+    prefill("t/user:" + std::to_string(u), tokens(5, 100 + u));
+    if (u % 10 == 0) (void)feed_->read(0, std::nullopt, 1);  // drains the manager into the ring
+  }
+  (void)feed_->read(0, std::nullopt, 1);
+  EXPECT_LE(feed_->namespaces_tracked(), 8u + 1u) << "the ring's namespaces and the one read";
+  // The tenant's reader continues in its own numbering; a namespace first read
+  // after others were forgotten starts from a snapshot.
+  prefill("t", tokens(5, 500));
+  const auto next = feed_->read(own.last, std::string("t"), 100);
+  EXPECT_FALSE(next.snapshot);
+  ASSERT_EQ(next.events.size(), 1u);
+  EXPECT_EQ(next.events[0].sequence_number, own.last + 1);
+  const auto late = feed_->read(0, std::string("t/user:3"), 100);
+  EXPECT_TRUE(late.snapshot);
+}
+
 TEST_F(KvEventFeedTest, AReaderBehindTheRingGetsASnapshotConsistentWithLast) {
   make(1024, 3);
   prefill("a", tokens(21, 1));  // 5 blocks, events 1..5; the ring keeps 3..5

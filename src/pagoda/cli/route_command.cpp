@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "pagoda/cli/commands.h"
+#include "pagoda/cli/http_front_flags.h"
 #include "pagoda/router/router_server.h"
 
 namespace pagoda::cli {
@@ -44,11 +45,7 @@ struct RouteOptions {
   int http_threads = 4;
   int max_open_requests = 0;
   bool strict_tokenizer = false;
-  int max_client_connections = 0;
-  double header_timeout_s = 10.0;
-  double body_timeout_s = 30.0;
-  double keep_alive_s = 75.0;
-  double shutdown_grace_s = 10.0;
+  HttpFrontFlags http;
 };
 
 std::chrono::milliseconds seconds_flag(double seconds, const char* flag) {
@@ -62,7 +59,6 @@ void run_route(const RouteOptions& opt) {
   if (*policy == router::RoutingPolicy::kKvAware && opt.model.empty())
     fail("--policy kv-aware needs --model DIR: the model directory the backends serve (its tokenizer and chat "
          "template turn prompts into the blocks the backends cache); or choose --policy least-loaded");
-  if (opt.shutdown_grace_s < 0) fail(fmt::format("--shutdown-grace {}: must be >= 0", opt.shutdown_grace_s));
 
   static std::mutex log_mutex;
   router::RouterConfig config;
@@ -80,13 +76,9 @@ void run_route(const RouteOptions& opt) {
   config.http_threads = opt.http_threads;
   config.max_open_requests = opt.max_open_requests;
   config.strict_tokenizer = opt.strict_tokenizer;
-  config.shutdown_grace = std::chrono::milliseconds(static_cast<int64_t>(opt.shutdown_grace_s * 1000));
-  if (opt.max_client_connections < 0)
-    fail(fmt::format("--max-client-connections {}: must be >= 0", opt.max_client_connections));
-  config.front.max_connections = opt.max_client_connections;
-  config.front.header_timeout = seconds_flag(opt.header_timeout_s, "--http-header-timeout");
-  config.front.body_timeout = seconds_flag(opt.body_timeout_s, "--http-body-timeout");
-  config.front.keep_alive_timeout = seconds_flag(opt.keep_alive_s, "--http-keep-alive");
+  if (Status s = apply_http_front_flags(opt.http, "--max-client-connections", config.front, &config.shutdown_grace);
+      !s.ok())
+    fail(s.message());
   config.log = [](const std::string& line) {
     std::lock_guard lock(log_mutex);
     std::fprintf(stderr, "pagoda route: %s\n", line.c_str());
@@ -196,18 +188,7 @@ void add_route_command(CLI::App& app) {
   cmd->add_flag("--strict-tokenizer", opt->strict_tokenizer,
                 "Keep a replica whose tokenizer fingerprint (GET /v1/models) differs from --model's out of "
                 "rotation; without it such a replica gets a warning and is routed by load only");
-  cmd->add_option("--max-client-connections", opt->max_client_connections,
-                  "Most open client connections; past it, 503 and close (0: 90% of the open-file limit)")
-      ->capture_default_str();
-  cmd->add_option("--http-header-timeout", opt->header_timeout_s,
-                  "Seconds for a whole request line + headers to arrive (not per read)")
-      ->capture_default_str();
-  cmd->add_option("--http-body-timeout", opt->body_timeout_s, "Seconds for a whole request body to arrive")
-      ->capture_default_str();
-  cmd->add_option("--http-keep-alive", opt->keep_alive_s, "Seconds an idle keep-alive connection stays open")
-      ->capture_default_str();
-  cmd->add_option("--shutdown-grace", opt->shutdown_grace_s, "Seconds in-flight requests get on SIGTERM")
-      ->capture_default_str();
+  add_http_front_flags(*cmd, opt->http, "--max-client-connections");
   cmd->callback([opt] { run_route(*opt); });
 }
 

@@ -27,6 +27,7 @@
 #include "pagoda/chat/chat_template.h"
 #include "pagoda/cli/commands.h"
 #include "pagoda/backend/registry.h"
+#include "pagoda/cli/http_front_flags.h"
 #include "pagoda/cli/kv_tier_flags.h"
 #include "pagoda/cli/kv_compression_flags.h"
 #include "pagoda/cli/runner_flags.h"
@@ -56,11 +57,7 @@ struct ServeOptions {
   bool no_prefix_cache = false;
   bool no_kv_events = false;
   int http_threads = 2;
-  int max_connections = 0;
-  double header_timeout_s = 10.0;
-  double body_timeout_s = 30.0;
-  double keep_alive_s = 75.0;
-  double shutdown_grace_s = 10.0;
+  HttpFrontFlags http;
   int64_t max_request_cost = server::kDefaultMaxRequestCost;
   int32_t prefix_share_min_tokens = 0;
   double ttft_floor_ms = 0;
@@ -153,19 +150,11 @@ void run_serve(const ServeOptions& opt) {
   server_config.host = opt.host;
   server_config.port = opt.port;
   if (opt.http_threads < 1) fail(fmt::format("--http-threads {}: must be >= 1", opt.http_threads));
-  for (const auto& [flag, seconds] : {std::pair{"--http-header-timeout", opt.header_timeout_s},
-                                      {"--http-body-timeout", opt.body_timeout_s},
-                                      {"--http-keep-alive", opt.keep_alive_s},
-                                      {"--shutdown-grace", opt.shutdown_grace_s}})
-    if (!(seconds >= 0 && seconds <= 86400)) fail(fmt::format("{} {}: must be in [0, 86400] seconds", flag, seconds));
-  const auto millis = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+  if (Status s = apply_http_front_flags(opt.http, "--max-connections", server_config.http, &server_config.shutdown_grace);
+      !s.ok())
+    fail(s.message());
   server_config.http_threads = opt.http_threads;
   server_config.max_request_cost = opt.max_request_cost;
-  server_config.shutdown_grace = millis(opt.shutdown_grace_s);
-  server_config.http.max_connections = opt.max_connections;
-  server_config.http.header_timeout = millis(opt.header_timeout_s);
-  server_config.http.body_timeout = millis(opt.body_timeout_s);
-  server_config.http.keep_alive_timeout = millis(opt.keep_alive_s);
   if (!(opt.ttft_floor_ms >= 0 && opt.ttft_floor_ms <= 600'000))
     fail(fmt::format("--cache-hit-ttft-floor-ms {}: must be in [0, 600000]", opt.ttft_floor_ms));
   if (opt.ttft_floor_scope != "all" && opt.ttft_floor_scope != "hits")
@@ -187,13 +176,16 @@ void run_serve(const ServeOptions& opt) {
       opt.tenant_limits.max_kv_blocks < 0)
     fail("--tenant-max-requests, --tenant-tokens-per-minute and --tenant-max-kv-blocks must be >= 0");
   server_config.default_tenant_limits = opt.tenant_limits;
-  // Each tenant's KV cap goes to the KV manager (before the engine thread owns it).
+  // Each tenant becomes a namespace group with its KV cap (0: none) in the KV
+  // manager, before the engine thread owns it: the cap counts the tenant's own
+  // namespace and every salted user namespace of it together.
   for (const std::string& tenant : server_config.api_keys.tenants()) {
     server::TenantLimits limits = opt.tenant_limits;
     for (const auto& [name, set] : server_config.api_keys.tenant_limits())
       if (name == tenant) limits = set;
-    if (limits.max_kv_blocks > 0)
-      (*kv)->set_namespace_block_limit(server::ApiKeyStore::cache_namespace(tenant), limits.max_kv_blocks);
+    if (Status s = (*kv)->set_namespace_block_limit(server::ApiKeyStore::cache_namespace(tenant), limits.max_kv_blocks);
+        !s.ok())
+      fail(s.to_string());
   }
 
   engine::EngineConfig engine_config;
@@ -232,7 +224,7 @@ void run_serve(const ServeOptions& opt) {
         std::fprintf(stderr, "pagoda serve: signal %d, draining\n", sig);
         server.begin_drain();
         server.stop();
-        engine.shutdown(std::chrono::milliseconds(static_cast<int64_t>(opt.shutdown_grace_s * 1000)));
+        engine.shutdown(server_config.shutdown_grace);
         return;
       }
     }
@@ -286,19 +278,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--http-threads", opt->http_threads,
                   "Threads that parse, tokenize and submit requests (streams need none: the HTTP front is event-driven)")
       ->capture_default_str();
-  cmd->add_option("--max-connections", opt->max_connections,
-                  "Most open HTTP connections; past it, 503 and close (0: 90% of the open-file limit)")
-      ->capture_default_str();
-  cmd->add_option("--http-header-timeout", opt->header_timeout_s,
-                  "Seconds for a whole request line + headers to arrive (not per read)")
-      ->capture_default_str();
-  cmd->add_option("--http-body-timeout", opt->body_timeout_s, "Seconds for a whole request body to arrive")
-      ->capture_default_str();
-  cmd->add_option("--http-keep-alive", opt->keep_alive_s, "Seconds an idle keep-alive connection stays open")
-      ->capture_default_str();
-  cmd->add_option("--shutdown-grace", opt->shutdown_grace_s,
-                  "Seconds in-flight requests get on SIGTERM; then every connection closes and the process exits")
-      ->capture_default_str();
+  add_http_front_flags(*cmd, opt->http, "--max-connections");
   cmd->add_option("--tenant-max-requests", opt->tenant_limits.max_requests_in_flight,
                   "Requests one tenant may have in flight (queued or running); past it, 429 (0: no cap; an api-keys "
                   "entry's \"limits\" override the --tenant-* defaults)")

@@ -65,7 +65,7 @@ class KvCacheManager::Impl {
       return out;
     const PrefixMatch m = cache_.match(ns, prompt, first);
     if (static_cast<int32_t>(m.blocks.size()) != first) return out;
-    const int32_t ns_id = cache_.intern_namespace(ns);
+    const int32_t ns_id = intern(ns);
     BlockId parent = first == 0 ? kNoBlock : m.blocks.back();
     for (int32_t j = first; j < first + count; ++j) {
       const BlockId host = cache_.adopt_host(ns_id, parent, prompt.data() + static_cast<size_t>(j) * bs(), origin);
@@ -185,38 +185,78 @@ class KvCacheManager::Impl {
     const PrefixMatch match = match_prefix(ns, prompt, hashes);
     int32_t matched_evictable = 0;
     const int32_t needed = new_blocks_for(match, prompt.size(), &matched_evictable);
-    return needed <= available() - matched_evictable &&
-           needed <= namespace_room(cache_.find_namespace(ns), matched_evictable);
+    return needed <= available() - matched_evictable && needed <= group_room(cache_.group_for(ns), matched_evictable);
   }
 
-  // ---- per-namespace caps ----
-  int32_t block_limit(int32_t ns_id) const {
-    return ns_id >= 0 && static_cast<size_t>(ns_id) < block_limit_.size() ? block_limit_[ns_id] : 0;
+  // ---- caps per namespace group (a tenant and its salted user namespaces) ----
+  int32_t group_limit(int32_t group) const {
+    return group >= 0 && static_cast<size_t>(group) < block_limit_.size() ? block_limit_[group] : 0;
   }
-  // New device blocks a namespace may still take: below its cap, plus its own
+  // New device blocks a group may still take: below its cap, plus its own
   // cached unreferenced device blocks (recycled for it), less those a match is
   // about to reuse.
-  int32_t namespace_room(int32_t ns_id, int32_t matched_evictable) const {
-    const int32_t limit = block_limit(ns_id);
+  int32_t group_room(int32_t group, int32_t matched_evictable) const {
+    const int32_t limit = group_limit(group);
     if (limit <= 0) return std::numeric_limits<int32_t>::max();
-    return limit - pool_.num_held(ns_id) + cache_.num_evictable_in(ns_id) - matched_evictable;
+    return limit - pool_.num_held_by_group(group) + cache_.num_evictable_in_group(group) - matched_evictable;
+  }
+  int32_t sequence_room(const Sequence& s, int32_t matched_evictable) const {
+    return group_room(pool_.group_of(s.namespace_id), matched_evictable);
   }
   NamespaceRoom namespace_room_for_sequence(std::string_view ns, std::span<const TokenId> prompt,
                                             std::span<const uint64_t> hashes) const {
-    const int32_t ns_id = cache_.find_namespace(ns);
-    if (block_limit(ns_id) <= 0 || prompt.empty()) return NamespaceRoom::kFits;
+    const int32_t group = cache_.group_for(ns);
+    if (group_limit(group) <= 0 || prompt.empty()) return NamespaceRoom::kFits;
     const PrefixMatch match = match_prefix(ns, prompt, hashes);
     int32_t matched_evictable = 0;
     const int32_t needed = new_blocks_for(match, prompt.size(), &matched_evictable);
-    if (needed <= namespace_room(ns_id, matched_evictable)) return NamespaceRoom::kFits;
-    // Blocks its running sequences hold come back when they end; with none, waiting cannot help.
-    const int32_t in_use = pool_.num_held(ns_id) - cache_.num_evictable_in(ns_id);
+    if (needed <= group_room(group, matched_evictable)) return NamespaceRoom::kFits;
+    // Blocks the group's running sequences hold come back when they end; with none, waiting cannot help.
+    const int32_t in_use = pool_.num_held_by_group(group) - cache_.num_evictable_in_group(group);
     return in_use > 0 ? NamespaceRoom::kWaitForOwnBlocks : NamespaceRoom::kNeverFits;
   }
-  void set_block_limit(std::string_view ns, int32_t limit) {
-    const int32_t ns_id = cache_.intern_namespace(ns);
+  Status set_block_limit(std::string_view ns, int32_t limit) {
+    const int32_t ns_id = intern(ns);
+    PAGODA_RETURN_IF_ERROR(cache_.make_group(ns_id));
     if (static_cast<size_t>(ns_id) >= block_limit_.size()) block_limit_.resize(static_cast<size_t>(ns_id) + 1, 0);
     block_limit_[ns_id] = std::max(limit, 0);
+    return ok_status();
+  }
+
+  // ---- the namespace table ----
+  int32_t intern(std::string_view ns) {
+    const int32_t id = cache_.intern_namespace(ns);
+    maybe_idle_.push_back(id);  // reclaimed again at the end of the call if nothing came to refer to it
+    return id;
+  }
+  int32_t live_sequences_in(int32_t ns_id) const {
+    return static_cast<size_t>(ns_id) < sequences_in_.size() ? sequences_in_[ns_id] : 0;
+  }
+  void add_sequence_to(int32_t ns_id) {
+    if (static_cast<size_t>(ns_id) >= sequences_in_.size()) sequences_in_.resize(static_cast<size_t>(ns_id) + 1, 0);
+    ++sequences_in_[ns_id];
+  }
+  void remove_sequence_from(int32_t ns_id) {
+    if (--sequences_in_[ns_id] == 0) maybe_idle_.push_back(ns_id);
+  }
+  bool namespace_unreferenced(int32_t ns_id) const {
+    return cache_.namespace_unreferenced(ns_id) && live_sequences_in(ns_id) == 0;
+  }
+  // Reclaims every namespace that no block, node or sequence refers to any
+  // more (and that is no group), so the table holds live state only. Run at
+  // the end of every mutating call.
+  void reclaim_unreferenced_namespaces() {
+    std::vector<int32_t> maybe = pool_.take_released_holders();
+    for (int32_t ns : cache_.take_released_namespaces()) maybe.push_back(ns);
+    maybe.insert(maybe.end(), maybe_idle_.begin(), maybe_idle_.end());
+    maybe_idle_.clear();
+    for (int32_t ns : maybe) {
+      if (!namespace_unreferenced(ns)) continue;  // also skips a slot reclaimed already
+      cache_.reclaim_namespace(ns);
+      if (static_cast<size_t>(ns) < ns_usage_.size()) ns_usage_[ns] = NamespaceKvUsage{};
+      if (static_cast<size_t>(ns) < block_limit_.size()) block_limit_[ns] = 0;
+      ++namespaces_reclaimed_;
+    }
   }
 
   const Sequence* find(SequenceId id) const {
@@ -255,25 +295,27 @@ class KvCacheManager::Impl {
   // ---- block references ----
   // A fresh device block (ref 1) for a sequence of namespace `ns_id`: a free
   // one, else one made free by device eviction (which demotes to the host tier
-  // when there is one). At its cap a namespace recycles its own cached blocks
-  // (callers checked namespace_room), so it never pushes other namespaces out
-  // past it. A block whose last holder was another namespace is listed for
-  // zeroing.
+  // when there is one). At its cap a group recycles its own cached blocks, of
+  // any of its namespaces (callers checked group_room), so it never pushes
+  // other groups out past it. A block whose last holder was another namespace
+  // (another tag) is listed for zeroing.
   BlockId take_block(int32_t ns_id) {
-    const int32_t limit = block_limit(ns_id);
-    if (limit > 0 && pool_.num_held(ns_id) >= limit) cache_.evict_one_in(ns_id);
-    int32_t previous_owner = BlockPool::kNoOwner;
-    BlockId b = pool_.allocate(BlockTier::kDevice, ns_id, &previous_owner);
+    const int32_t group = pool_.group_of(ns_id);
+    const int32_t limit = group_limit(group);
+    if (limit > 0 && pool_.num_held_by_group(group) >= limit) cache_.evict_one_in_group(group);
+    const uint64_t tag = cache_.namespace_tag(ns_id);
+    uint64_t previous_tag = 0;
+    BlockId b = pool_.allocate(BlockTier::kDevice, ns_id, tag, &previous_tag);
     if (b == kNoBlock) {
       cache_.evict_one();
-      b = pool_.allocate(BlockTier::kDevice, ns_id, &previous_owner);
+      b = pool_.allocate(BlockTier::kDevice, ns_id, tag, &previous_tag);
     }
     // Callers check available() first, so this holds; keep it loud if not.
     assert(b != kNoBlock);
     pool_.meta(b).ref_count = 1;
     ++blocks_in_use_;
-    if (config_.zero_blocks_between_namespaces && previous_owner != BlockPool::kNoOwner && previous_owner != ns_id)
-      queue_zero(b);
+    // Tags, not slots: a namespace re-created in a reclaimed slot is another holder.
+    if (config_.zero_blocks_between_namespaces && previous_tag != 0 && previous_tag != tag) queue_zero(b);
     return b;
   }
   void queue_zero(BlockId b) {
@@ -299,7 +341,8 @@ class KvCacheManager::Impl {
     u.blocks_held = pool_.num_held(id);
     u.blocks_cached = cache_.num_cached_in(id);
     u.blocks_evictable = cache_.num_evictable_in(id);
-    u.block_limit = block_limit(id);
+    u.group_blocks_held = pool_.num_held_by_group(pool_.group_of(id));
+    u.block_limit = group_limit(pool_.group_of(id));
     return u;
   }
   // A fresh host block (ref 1); callers check host_available() first.
@@ -349,14 +392,15 @@ class KvCacheManager::Impl {
       return resource_exhausted_error("allocate_sequence: sequence {} needs {} new blocks, {} available", id, needed,
                                       available() - matched_evictable);
     }
-    if (const int32_t room = namespace_room(cache_.find_namespace(ns), matched_evictable); needed > room) {
+    if (const int32_t room = group_room(cache_.group_for(ns), matched_evictable); needed > room) {
       ++stats_.allocation_failures;
       return resource_exhausted_error("allocate_sequence: sequence {} needs {} new blocks, its namespace's cap "
                                       "leaves {}",
                                       id, needed, room);
     }
     Sequence seq;
-    seq.namespace_id = cache_.intern_namespace(ns);
+    seq.namespace_id = intern(ns);
+    add_sequence_to(seq.namespace_id);
     seq.tokens.assign(prompt.begin(), prompt.end());
     seq.blocks.reserve(match.blocks.size() + static_cast<size_t>(needed));
     // Every matched block is referenced before any block is taken: a matched
@@ -421,7 +465,7 @@ class KvCacheManager::Impl {
       return resource_exhausted_error("append_tokens: sequence {} needs {} new blocks, {} available", id, needed,
                                       available());
     }
-    if (const int32_t room = namespace_room(s->namespace_id, 0); needed > room) {
+    if (const int32_t room = sequence_room(*s, 0); needed > room) {
       ++stats_.allocation_failures;
       return resource_exhausted_error("append_tokens: sequence {} needs {} new blocks, its namespace's cap leaves {}",
                                       id, needed, room);
@@ -488,14 +532,15 @@ class KvCacheManager::Impl {
     if (parent->swapped) return failed_precondition_error("fork: parent sequence {} is swapped out", parent_id);
     const int32_t shared_blocks = static_cast<int32_t>(parent->computed / bs());
     const int32_t needed = static_cast<int32_t>(parent->blocks.size()) - shared_blocks;
-    if (needed > available() || needed > namespace_room(parent->namespace_id, 0)) {
+    if (needed > available() || needed > sequence_room(*parent, 0)) {
       ++stats_.allocation_failures;
       return resource_exhausted_error("fork: sequence {} -> {} needs {} new blocks, {} available ({} under its "
                                       "namespace's cap)",
-                                      parent_id, child_id, needed, available(), namespace_room(parent->namespace_id, 0));
+                                      parent_id, child_id, needed, available(), sequence_room(*parent, 0));
     }
     Sequence child;
     child.namespace_id = parent->namespace_id;
+    add_sequence_to(child.namespace_id);
     child.tokens = parent->tokens;
     child.computed = parent->computed;
     child.next_block_to_cache = parent->next_block_to_cache;
@@ -531,6 +576,7 @@ class KvCacheManager::Impl {
     release_device_blocks(s);
     for (size_t j = s.host_blocks.size(); j-- > 0;)
       if (s.host_blocks[j] != kNoBlock) release(s.host_blocks[j]);
+    remove_sequence_from(s.namespace_id);
     sequences_.erase(it);
     if (aborted) ++stats_.sequences_aborted;
     return ok_status();
@@ -556,11 +602,11 @@ class KvCacheManager::Impl {
     const int32_t needed = total_blocks - reused;
     // The fresh blocks come first: the old ones must stay readable (and so
     // unavailable) until the runner has copied from them.
-    if (needed > available() || needed > namespace_room(s->namespace_id, 0)) {
+    if (needed > available() || needed > sequence_room(*s, 0)) {
       ++stats_.allocation_failures;
       return resource_exhausted_error("compact_sequence: sequence {} needs {} new blocks, {} available ({} under its "
                                       "namespace's cap)",
-                                      id, needed, available(), namespace_room(s->namespace_id, 0));
+                                      id, needed, available(), sequence_room(*s, 0));
     }
     SequenceCompaction out;
     out.old_blocks = s->blocks;
@@ -654,6 +700,8 @@ class KvCacheManager::Impl {
     s.blocks_in_use = blocks_in_use_;
     s.blocks_cached = cache_.num_cached();
     s.blocks_evictable = cache_.num_evictable();
+    s.namespaces_live = cache_.num_live_namespaces();
+    s.namespaces_reclaimed = namespaces_reclaimed_;
     s.allocated_slots = static_cast<int64_t>(blocks_in_use_) * bs();
     s.unwritten_slots = s.allocated_slots - written_slots_in_use_;
     return s;
@@ -679,7 +727,10 @@ class KvCacheManager::Impl {
   std::vector<uint8_t> reserved_ = std::vector<uint8_t>(static_cast<size_t>(pool_.num_ids()), 0);
   int32_t host_blocks_reserved_ = 0;
   std::vector<NamespaceKvUsage> ns_usage_;  // counters by namespace id
-  std::vector<int32_t> block_limit_;         // caps by namespace id; 0: none
+  std::vector<int32_t> block_limit_;         // caps by group (namespace id); 0: none
+  std::vector<int32_t> sequences_in_;        // live sequences by namespace id
+  std::vector<int32_t> maybe_idle_;          // namespaces to check in reclaim_unreferenced_namespaces()
+  int64_t namespaces_reclaimed_ = 0;
   std::vector<BlockId> blocks_to_zero_;      // see take_blocks_to_zero()
   std::vector<bool> zero_pending_ = std::vector<bool>(static_cast<size_t>(pool_.num_ids()), false);
   std::deque<KvEvent> events_;
@@ -768,7 +819,7 @@ Status KvCacheManager::Impl::swap_in(SequenceId id) {
     return resource_exhausted_error("swap_in: sequence {} needs {} device blocks, {} available", id, needed,
                                     available() - reused_evictable);
   }
-  if (const int32_t room = namespace_room(s->namespace_id, reused_evictable); needed > room) {
+  if (const int32_t room = sequence_room(*s, reused_evictable); needed > room) {
     ++stats_.allocation_failures;
     return resource_exhausted_error("swap_in: sequence {} needs {} device blocks, its namespace's cap leaves {}", id,
                                     needed, room);
@@ -953,6 +1004,21 @@ Status KvCacheManager::Impl::verify_integrity() const {
   if (pool_.num_free() + cache_.num_evictable() + blocks_in_use_ != pool_.num_blocks())
     return internal_error("free {} + evictable {} + in use {} != {} blocks", pool_.num_free(), cache_.num_evictable(),
                           blocks_in_use_, pool_.num_blocks());
+  // The namespace table: live sequences per namespace, and no entry that
+  // nothing refers to (reclaimed at the end of every mutating call).
+  std::vector<int32_t> sequences_in(static_cast<size_t>(cache_.num_namespace_slots()), 0);
+  for (const auto& [id, s] : sequences_) {
+    if (!cache_.is_live(s.namespace_id)) return internal_error("sequence {} is in a reclaimed namespace slot", id);
+    ++sequences_in[s.namespace_id];
+  }
+  for (int32_t ns = 0; ns < cache_.num_namespace_slots(); ++ns) {
+    if (sequences_in[ns] != live_sequences_in(ns))
+      return internal_error("namespace {} has {} live sequences, counter says {}", ns, sequences_in[ns],
+                            live_sequences_in(ns));
+    if (namespace_unreferenced(ns))
+      return internal_error("namespace {} ('{}') is referred to by nothing but was not reclaimed", ns,
+                            cache_.namespace_name(ns));
+  }
   return ok_status();
 }
 
@@ -996,7 +1062,9 @@ int32_t KvCacheManager::adopt_reserved_host_blocks(std::string_view ns, std::spa
 
 std::vector<int32_t> KvCacheManager::adopt_host_blocks(std::string_view ns, std::span<const TokenId> prompt,
                                                        int32_t first_block, int32_t count, uint8_t origin) {
-  return impl_->adopt_host_blocks(ns, prompt, first_block, count, origin);
+  auto out = impl_->adopt_host_blocks(ns, prompt, first_block, count, origin);
+  impl_->reclaim_unreferenced_namespaces();
+  return out;
 }
 
 StatusOr<std::unique_ptr<KvCacheManager>> KvCacheManager::create(const KvCacheConfig& config, const Clock* clock,
@@ -1024,6 +1092,12 @@ StatusOr<std::unique_ptr<KvCacheManager>> KvCacheManager::create(const KvCacheCo
 }
 
 KvCacheManager::KvCacheManager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+template <typename T>
+T KvCacheManager::reclaiming(T result) {
+  impl_->reclaim_unreferenced_namespaces();
+  return result;
+}
 KvCacheManager::~KvCacheManager() = default;
 
 int32_t KvCacheManager::block_size() const { return impl_->bs(); }
@@ -1070,26 +1144,26 @@ StatusOr<std::span<const BlockId>> KvCacheManager::block_table(SequenceId seq) c
 StatusOr<PrefixMatch> KvCacheManager::allocate_sequence(SequenceId seq, std::string_view ns,
                                                         std::span<const TokenId> prompt,
                                                         std::span<const uint64_t> block_hashes) {
-  return impl_->allocate_sequence(seq, ns, prompt, block_hashes);
+  return reclaiming(impl_->allocate_sequence(seq, ns, prompt, block_hashes));
 }
 Status KvCacheManager::append_tokens(SequenceId seq, std::span<const TokenId> tokens) {
-  return impl_->append_tokens(seq, tokens);
+  return reclaiming(impl_->append_tokens(seq, tokens));
 }
-Status KvCacheManager::mark_computed(SequenceId seq, int64_t n) { return impl_->mark_computed(seq, n); }
+Status KvCacheManager::mark_computed(SequenceId seq, int64_t n) { return reclaiming(impl_->mark_computed(seq, n)); }
 StatusOr<std::vector<BlockCopy>> KvCacheManager::fork(SequenceId parent, SequenceId child) {
-  return impl_->fork(parent, child);
+  return reclaiming(impl_->fork(parent, child));
 }
-Status KvCacheManager::free_sequence(SequenceId seq) { return impl_->release_sequence(seq, false); }
-Status KvCacheManager::abort_sequence(SequenceId seq) { return impl_->release_sequence(seq, true); }
+Status KvCacheManager::free_sequence(SequenceId seq) { return reclaiming(impl_->release_sequence(seq, false)); }
+Status KvCacheManager::abort_sequence(SequenceId seq) { return reclaiming(impl_->release_sequence(seq, true)); }
 int32_t KvCacheManager::drop_namespace(std::string_view ns) {
-  return impl_->config_.enable_prefix_cache ? impl_->cache_.drop_namespace(ns) : 0;
+  return reclaiming(impl_->config_.enable_prefix_cache ? impl_->cache_.drop_namespace(ns) : 0);
 }
 int32_t KvCacheManager::drop_conversation(std::string_view ns, std::span<const TokenId> tokens, int64_t keep) {
-  return impl_->drop_conversation(ns, tokens, keep);
+  return reclaiming(impl_->drop_conversation(ns, tokens, keep));
 }
-int32_t KvCacheManager::evict(int32_t n) { return impl_->evict(n); }
+int32_t KvCacheManager::evict(int32_t n) { return reclaiming(impl_->evict(n)); }
 StatusOr<SequenceCompaction> KvCacheManager::compact_sequence(SequenceId seq, int64_t kept_tokens) {
-  return impl_->compact_sequence(seq, kept_tokens);
+  return reclaiming(impl_->compact_sequence(seq, kept_tokens));
 }
 bool KvCacheManager::is_compressed(SequenceId seq) const {
   const Sequence* s = impl_->find(seq);
@@ -1097,14 +1171,14 @@ bool KvCacheManager::is_compressed(SequenceId seq) const {
 }
 std::vector<BlockId> KvCacheManager::take_blocks_to_zero() { return impl_->take_blocks_to_zero(); }
 NamespaceKvUsage KvCacheManager::namespace_usage(std::string_view ns) const { return impl_->namespace_usage(ns); }
-void KvCacheManager::set_namespace_block_limit(std::string_view ns, int32_t max_blocks) {
-  impl_->set_block_limit(ns, max_blocks);
+Status KvCacheManager::set_namespace_block_limit(std::string_view ns, int32_t max_blocks) {
+  return reclaiming(impl_->set_block_limit(ns, max_blocks));
 }
 NamespaceRoom KvCacheManager::namespace_room(std::string_view ns, std::span<const TokenId> prompt,
                                              std::span<const uint64_t> block_hashes) const {
   return impl_->namespace_room_for_sequence(ns, prompt, block_hashes);
 }
-Status KvCacheManager::swap_out(SequenceId seq) { return impl_->swap_out(seq); }
+Status KvCacheManager::swap_out(SequenceId seq) { return reclaiming(impl_->swap_out(seq)); }
 bool KvCacheManager::is_swapped(SequenceId seq) const {
   const Sequence* s = impl_->find(seq);
   return s != nullptr && s->swapped;
@@ -1114,9 +1188,9 @@ bool KvCacheManager::can_swap_in(SequenceId seq, int32_t extra_tokens) const {
   const int32_t needed = impl_->swap_in_blocks(seq, extra_tokens, &reused_evictable);
   const Sequence* s = impl_->find(seq);
   return needed >= 0 && needed <= impl_->available() - reused_evictable &&
-         needed <= impl_->namespace_room(s->namespace_id, reused_evictable);
+         needed <= impl_->sequence_room(*s, reused_evictable);
 }
-Status KvCacheManager::swap_in(SequenceId seq) { return impl_->swap_in(seq); }
+Status KvCacheManager::swap_in(SequenceId seq) { return reclaiming(impl_->swap_in(seq)); }
 std::vector<BlockTransfer> KvCacheManager::take_transfers() {
   std::vector<BlockTransfer> out = impl_->cache_.take_transfers();
   for (const BlockTransfer& t : out) ++impl_->stats_.transfers[static_cast<int>(t.direction)];
@@ -1124,7 +1198,7 @@ std::vector<BlockTransfer> KvCacheManager::take_transfers() {
 }
 bool KvCacheManager::has_pending_transfers() const { return impl_->cache_.has_pending_transfers(); }
 std::vector<SequenceId> KvCacheManager::transfers_failed(std::span<const BlockTransfer> failed) {
-  return impl_->transfers_failed(failed);
+  return reclaiming(impl_->transfers_failed(failed));
 }
 
 KvStats KvCacheManager::stats() const { return impl_->stats(); }

@@ -66,7 +66,12 @@
 //  - no match crosses namespaces: namespaces are compared as whole strings and
 //    hashed length-prefixed, and tokens are compared on every match;
 //  - a block is held by one namespace at a time (blocks are never shared across
-//    namespaces); per-namespace held, cached and evictable counts match the blocks;
+//    namespaces); per-namespace and per-group held, cached and evictable counts
+//    match the blocks;
+//  - the namespace table holds live namespaces only: one that no block, cached
+//    node or sequence refers to (and that is no group) is reclaimed at the end
+//    of the call that let it go; its slot is reused under a new tag, and a block
+//    whose last holder had another tag is zeroed before reuse;
 //  - a miss reason depends only on the requesting namespace's own state.
 //
 // Thread safety: none. Single-threaded by design: the engine loop owns it and
@@ -254,16 +259,23 @@ class KvCacheManager {
   StatusOr<SequenceCompaction> compact_sequence(SequenceId seq, int64_t kept_tokens);
   bool is_compressed(SequenceId seq) const;
 
-  // Caps the device blocks a namespace may hold (in use by its sequences or
-  // cached under it; host-tier blocks do not count); 0 lifts the cap. A sequence of a namespace at its cap gets its
-  // new blocks by evicting the namespace's own least recently used cached,
-  // unreferenced blocks, never another namespace's; with none left, the
-  // allocation fails (kResourceExhausted) and can_allocate_sequence says no.
-  // So one tenant can push at most its cap's worth of others' cache out. A cap
-  // below what the namespace holds now takes effect as its blocks come back.
-  void set_namespace_block_limit(std::string_view tenant_namespace, int32_t max_blocks);
-  // Whether `prompt` fits its namespace's cap now (kFits also when there is no
-  // cap), must wait for the namespace's running sequences to release blocks
+  // Makes `tenant_namespace` a namespace group and caps the device blocks the
+  // group may hold (in use by its sequences or cached under any of its
+  // namespaces; host-tier blocks do not count); 0: no cap, a group all the
+  // same. The group's namespaces are itself and every namespace named
+  // `<tenant_namespace>/<anything>` (a tenant's salted user namespaces,
+  // server/api_keys.h): they share the one cap. A sequence of a group at its
+  // cap gets its new blocks by evicting the group's own least recently used
+  // cached, unreferenced blocks (of any of its namespaces), never another
+  // group's; with none left, the allocation fails (kResourceExhausted) and
+  // can_allocate_sequence says no. So one tenant can push at most its cap's
+  // worth of others' cache out, however many users it salts. A cap below
+  // what the group holds now takes effect as its blocks come back. A group is
+  // kept for the manager's life. kInvalidArgument: the namespace is itself a
+  // member of another group.
+  Status set_namespace_block_limit(std::string_view tenant_namespace, int32_t max_blocks);
+  // Whether `prompt` fits its namespace group's cap now (kFits also when there
+  // is no cap), must wait for the group's running sequences to release blocks
   // (kWaitForOwnBlocks: a scheduler should let other namespaces go first), or
   // can never fit it (kNeverFits). Says nothing about the pool as a whole.
   NamespaceRoom namespace_room(std::string_view tenant_namespace, std::span<const TokenId> prompt,
@@ -373,6 +385,9 @@ class KvCacheManager {
  private:
   class Impl;
   explicit KvCacheManager(std::unique_ptr<Impl> impl);
+  // Reclaims the namespaces a mutation left unreferenced, then hands back its result.
+  template <typename T>
+  T reclaiming(T result);
   std::unique_ptr<Impl> impl_;
 };
 

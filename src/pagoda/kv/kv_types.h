@@ -133,6 +133,8 @@ struct KvStats {
   int32_t blocks_in_use = 0;      // referenced by at least one sequence
   int32_t blocks_cached = 0;      // in the prefix cache (referenced or not)
   int32_t blocks_evictable = 0;   // cached and unreferenced: can be reclaimed
+  int32_t namespaces_live = 0;    // entries in the namespace table: namespaces with blocks or sequences, and groups
+  int64_t namespaces_reclaimed = 0;  // counter: entries reclaimed once nothing referred to them
   int64_t allocated_slots = 0;    // blocks_in_use * block_size
   int64_t unwritten_slots = 0;    // allocated slots not (yet) holding K/V: fragmentation
   int32_t host_blocks_total = 0;
@@ -159,7 +161,8 @@ struct NamespaceKvUsage {
   int32_t blocks_held = 0;       // gauge: in use by its sequences or cached under it
   int32_t blocks_cached = 0;     // gauge: in its prefix cache (referenced or not)
   int32_t blocks_evictable = 0;  // gauge: cached and unreferenced
-  int32_t block_limit = 0;       // its cap on blocks_held; 0: none
+  int32_t group_blocks_held = 0;  // gauge: held by its whole group (a tenant and its salted users)
+  int32_t block_limit = 0;       // its group's cap on group_blocks_held; 0: none
 };
 
 // How a prompt stands against its namespace's block cap (KvCacheManager::namespace_room).

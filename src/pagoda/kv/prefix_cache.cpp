@@ -86,19 +86,81 @@ PrefixCache::PrefixCache(BlockPool& pool, int32_t block_size, std::unique_ptr<Ev
 int32_t PrefixCache::intern_namespace(std::string_view tenant_namespace) {
   const int32_t found = find_namespace(tenant_namespace);
   if (found >= 0) return found;
-  const int32_t id = static_cast<int32_t>(namespaces_.size());
-  NamespaceInfo info;
+  const int32_t group = group_for(tenant_namespace);  // before it is live: found by its name's prefixes
+  int32_t id = static_cast<int32_t>(namespaces_.size());
+  if (!free_slots_.empty()) {
+    id = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    namespaces_.emplace_back();
+  }
+  NamespaceInfo& info = namespaces_[id];
   info.name = std::string(tenant_namespace);
   info.seed = namespace_seed(tenant_namespace);
+  info.tag = ++next_tag_;
   if (stable_keys_on_) info.stable_root = stable_namespace_root(model_fingerprint_, tenant_namespace);
-  namespaces_.push_back(std::move(info));
   namespace_ids_.emplace(std::string(tenant_namespace), id);
+  pool_.set_group(id, group >= 0 ? group : id);
   return id;
 }
 
 int32_t PrefixCache::find_namespace(std::string_view tenant_namespace) const {
   const auto it = namespace_ids_.find(tenant_namespace);
   return it == namespace_ids_.end() ? -1 : it->second;
+}
+
+int32_t PrefixCache::group_for(std::string_view tenant_namespace) const {
+  if (const int32_t id = find_namespace(tenant_namespace); id >= 0) return pool_.group_of(id);
+  // Not live: the first group named by a prefix that ends at a '/'.
+  for (size_t slash = tenant_namespace.find('/'); slash != std::string_view::npos;
+       slash = tenant_namespace.find('/', slash + 1)) {
+    const int32_t prefix = find_namespace(tenant_namespace.substr(0, slash));
+    if (prefix >= 0 && namespaces_[prefix].is_group) return prefix;
+  }
+  return -1;
+}
+
+Status PrefixCache::make_group(int32_t ns_id) {
+  if (!is_live(ns_id)) return invalid_argument_error("make_group: namespace slot {} is not live", ns_id);
+  NamespaceInfo& group = namespaces_[ns_id];
+  if (group.is_group) return ok_status();
+  if (pool_.group_of(ns_id) != ns_id)
+    return invalid_argument_error("namespace '{}' is in the group '{}': caps are set on the group", group.name,
+                                  namespaces_[pool_.group_of(ns_id)].name);
+  group.is_group = true;
+  const std::string prefix = group.name + "/";
+  for (int32_t m = 0; m < static_cast<int32_t>(namespaces_.size()); ++m) {
+    NamespaceInfo& member = namespaces_[m];
+    if (m == ns_id || member.tag == 0 || member.is_group || pool_.group_of(m) != m ||
+        !std::string_view(member.name).starts_with(prefix))
+      continue;
+    // Its own group until now: its candidates and evictable count move over.
+    group.candidates.merge(member.candidates);
+    group.group_evictable += member.group_evictable;
+    member.candidates.clear();
+    member.group_evictable = 0;
+    pool_.set_group(m, ns_id);
+  }
+  return ok_status();
+}
+
+bool PrefixCache::namespace_unreferenced(int32_t ns_id) const {
+  if (!is_live(ns_id)) return false;
+  const NamespaceInfo& info = namespaces_[ns_id];
+  return !info.is_group && info.num_nodes == 0 && pool_.num_held(ns_id) == 0;
+}
+
+void PrefixCache::reclaim_namespace(int32_t ns_id) {
+  namespace_ids_.erase(namespace_ids_.find(std::string_view(namespaces_[ns_id].name)));
+  pool_.set_group(ns_id, ns_id);
+  namespaces_[ns_id] = NamespaceInfo{};  // releases its removed-key memory
+  free_slots_.push_back(ns_id);
+}
+
+std::vector<int32_t> PrefixCache::take_released_namespaces() {
+  std::vector<int32_t> out;
+  out.swap(released_namespaces_);
+  return out;
 }
 
 int32_t PrefixCache::num_cached_in(int32_t ns_id) const {
@@ -109,16 +171,26 @@ int32_t PrefixCache::num_evictable_in(int32_t ns_id) const {
   return ns_id >= 0 && ns_id < static_cast<int32_t>(namespaces_.size()) ? namespaces_[ns_id].num_evictable : 0;
 }
 
+int32_t PrefixCache::num_evictable_in_group(int32_t group) const {
+  return group >= 0 && group < static_cast<int32_t>(namespaces_.size()) ? namespaces_[group].group_evictable : 0;
+}
+
 void PrefixCache::count_evictable(BlockId block, int32_t delta) {
   num_evictable_[tier_index(block)] += delta;
   const int32_t ns = pool_.meta(block).namespace_id;
-  if (!pool_.is_host(block) && ns >= 0) namespaces_[ns].num_evictable += delta;
+  if (pool_.is_host(block) || ns < 0) return;
+  namespaces_[ns].num_evictable += delta;
+  group_info(ns).group_evictable += delta;
 }
 
 void PrefixCache::count_cached(BlockId block, int32_t delta) {
   num_cached_[tier_index(block)] += delta;
   const int32_t ns = pool_.meta(block).namespace_id;
-  if (!pool_.is_host(block) && ns >= 0) namespaces_[ns].num_cached += delta;
+  if (ns < 0) return;
+  NamespaceInfo& info = namespaces_[ns];
+  if (!pool_.is_host(block)) info.num_cached += delta;
+  info.num_nodes += delta;
+  if (info.num_nodes == 0) released_namespaces_.push_back(ns);
 }
 
 bool PrefixCache::content_equals(BlockId block, int32_t ns_id, BlockId parent, const TokenId* tokens) const {
@@ -273,9 +345,9 @@ void PrefixCache::maybe_add_candidate(BlockId block) {
   if (!pool_.is_host(block)) {
     if (!m.is_cached() || device_children_[block] != 0 || policy_->contains(block)) return;
     policy_->add(EvictionCandidate{block, m.last_access_ns, m.reuse_count, m.branch_count, m.depth, block_size_});
-    // Also in its namespace's own LRU set, for a namespace at its block cap (evict_one_in).
+    // Also in its group's own LRU set, for a group at its block cap (evict_one_in_group).
     candidate_stamp_[block] = m.last_access_ns;
-    namespaces_[m.namespace_id].candidates.emplace(m.last_access_ns, block);
+    group_info(m.namespace_id).candidates.emplace(m.last_access_ns, block);
     return;
   }
   const BlockId index = pool_.host_index(block);
@@ -291,7 +363,7 @@ void PrefixCache::remove_candidate(BlockId block) {
   }
   if (!policy_->contains(block)) return;
   policy_->remove(block);
-  namespaces_[pool_.meta(block).namespace_id].candidates.erase({candidate_stamp_[block], block});
+  group_info(pool_.meta(block).namespace_id).candidates.erase({candidate_stamp_[block], block});
 }
 
 void PrefixCache::on_referenced(BlockId block) {
@@ -383,7 +455,8 @@ void PrefixCache::enable_stable_keys(std::string_view model_fingerprint) {
   model_fingerprint_ = std::string(model_fingerprint);
   stable_.assign(static_cast<size_t>(pool_.num_ids()), StableKey{});
   origin_.assign(static_cast<size_t>(pool_.num_ids()), 0);
-  for (NamespaceInfo& ns : namespaces_) ns.stable_root = stable_namespace_root(model_fingerprint_, ns.name);
+  for (NamespaceInfo& ns : namespaces_)
+    if (ns.tag != 0) ns.stable_root = stable_namespace_root(model_fingerprint_, ns.name);
 }
 
 const StableKey* PrefixCache::stable_key(BlockId block) const {
@@ -456,14 +529,14 @@ void PrefixCache::touch(BlockId block, bool reused) {
 bool PrefixCache::evict_one() {
   const std::optional<BlockId> victim = policy_->pop_victim();
   if (!victim) return false;
-  namespaces_[pool_.meta(*victim).namespace_id].candidates.erase({candidate_stamp_[*victim], *victim});
+  group_info(pool_.meta(*victim).namespace_id).candidates.erase({candidate_stamp_[*victim], *victim});
   evict_device_node(*victim);
   return true;
 }
 
-bool PrefixCache::evict_one_in(int32_t ns_id) {
-  if (ns_id < 0 || ns_id >= static_cast<int32_t>(namespaces_.size())) return false;
-  const auto& candidates = namespaces_[ns_id].candidates;
+bool PrefixCache::evict_one_in_group(int32_t group) {
+  if (group < 0 || group >= static_cast<int32_t>(namespaces_.size())) return false;
+  const auto& candidates = namespaces_[group].candidates;
   if (candidates.empty()) return false;
   const BlockId victim = candidates.begin()->second;
   remove_candidate(victim);
@@ -697,30 +770,56 @@ Status PrefixCache::verify_integrity() const {
     return internal_error("{} device candidates, policy holds {}", candidates[0], policy_->size());
   if (candidates[1] != host_policy_->size())
     return internal_error("{} host candidates, host policy holds {}", candidates[1], host_policy_->size());
-  // Per namespace (device tier): cached and evictable nodes, the LRU candidate set, removed-key memory.
-  std::vector<int32_t> cached_in(namespaces_.size(), 0), evictable_in(namespaces_.size(), 0);
-  for (BlockId b = 0; b < pool_.num_blocks(); ++b) {
+  // Per namespace: nodes, cached and evictable device nodes, removed-key
+  // memory; per group: evictable device nodes and the LRU candidate set.
+  const size_t slots = namespaces_.size();
+  std::vector<int32_t> nodes_in(slots, 0), cached_in(slots, 0), evictable_in(slots, 0), group_evictable(slots, 0);
+  for (BlockId b = 0; b < pool_.num_ids(); ++b) {
     const BlockMeta& m = pool_.meta(b);
     if (!m.is_cached()) continue;
+    if (namespaces_[m.namespace_id].tag == 0) return internal_error("cached block {} is in a reclaimed namespace slot", b);
+    ++nodes_in[m.namespace_id];
+    if (pool_.is_host(b)) continue;
     ++cached_in[m.namespace_id];
     evictable_in[m.namespace_id] += m.ref_count == 0 ? 1 : 0;
+    group_evictable[pool_.group_of(m.namespace_id)] += m.ref_count == 0 ? 1 : 0;
   }
-  int32_t listed_total = 0;
-  for (size_t ns = 0; ns < namespaces_.size(); ++ns) {
+  int32_t listed_total = 0, live = 0;
+  for (size_t ns = 0; ns < slots; ++ns) {
     const NamespaceInfo& info = namespaces_[ns];
-    if (cached_in[ns] != info.num_cached || evictable_in[ns] != info.num_evictable)
-      return internal_error("namespace {}: {} cached / {} evictable device blocks, counters say {} / {}", ns,
-                            cached_in[ns], evictable_in[ns], info.num_cached, info.num_evictable);
+    const int32_t id = static_cast<int32_t>(ns);
+    if (info.tag == 0) {
+      if (!info.name.empty() || info.num_nodes != 0 || !info.candidates.empty() || info.group_evictable != 0 ||
+          !info.removed_keys.empty() || pool_.num_held(id) != 0 || pool_.group_of(id) != id)
+        return internal_error("reclaimed namespace slot {} keeps state", ns);
+      continue;
+    }
+    ++live;
+    if (find_namespace(info.name) != id) return internal_error("namespace {} ('{}') is not found by its name", ns, info.name);
+    const int32_t group = pool_.group_of(id);
+    if (group != id && (!is_live(group) || !namespaces_[group].is_group || info.is_group))
+      return internal_error("namespace {} is in {}, which is not a live group", ns, group);
+    if (nodes_in[ns] != info.num_nodes || cached_in[ns] != info.num_cached || evictable_in[ns] != info.num_evictable)
+      return internal_error("namespace {}: {} nodes / {} cached / {} evictable device blocks, counters say {} / {} / {}",
+                            ns, nodes_in[ns], cached_in[ns], evictable_in[ns], info.num_nodes, info.num_cached,
+                            info.num_evictable);
+    if (group_evictable[ns] != info.group_evictable)
+      return internal_error("namespace group {}: {} evictable device blocks, counter says {}", ns, group_evictable[ns],
+                            info.group_evictable);
     for (const auto& [stamp, block] : info.candidates) {
-      if (pool_.is_host(block) || !policy_->contains(block) || pool_.meta(block).namespace_id != static_cast<int32_t>(ns) ||
+      if (pool_.is_host(block) || !policy_->contains(block) || pool_.group_of(pool_.meta(block).namespace_id) != id ||
           candidate_stamp_[block] != stamp)
-        return internal_error("namespace {} lists block {} as a candidate wrongly", ns, block);
+        return internal_error("namespace group {} lists block {} as a candidate wrongly", ns, block);
       ++listed_total;
     }
     if (static_cast<int32_t>(info.removed_keys.size()) > std::max(removed_key_memory_, 0))
       return internal_error("namespace {} remembers {} removed keys, over {}", ns, info.removed_keys.size(),
                             removed_key_memory_);
   }
+  if (live != num_live_namespaces())
+    return internal_error("{} live namespace slots, the name table holds {}", live, num_live_namespaces());
+  if (static_cast<size_t>(live) + free_slots_.size() != slots)
+    return internal_error("{} live + {} free namespace slots != {}", live, free_slots_.size(), slots);
   if (listed_total != policy_->size())
     return internal_error("namespaces list {} device candidates, the policy holds {}", listed_total, policy_->size());
   if (stable_keys_on_) {

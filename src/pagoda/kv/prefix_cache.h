@@ -34,9 +34,14 @@
 // block's ref count goes 0 -> 1 or 1 -> 0. Each namespace remembers the keys of
 // its own recently removed blocks, only to tag its misses with a reason: a miss
 // is diagnosed from the requesting namespace's state alone, never from what
-// other namespaces hold. Per namespace it also counts its device nodes (cached,
-// evictable) and keeps its device candidates in LRU order, so that a namespace
-// at its block cap can recycle its own cache (evict_one_in).
+// other namespaces hold. Per namespace it also counts its nodes and device
+// nodes (cached, evictable), and per namespace group (block_pool.h) it keeps the
+// group's device candidates in LRU order, so that a group at its block cap can
+// recycle its own cache (evict_one_in_group).
+//
+// The namespace table holds live namespaces only: a namespace that no node,
+// block or sequence refers to any more is reclaimed (reclaim_namespace), and its
+// slot is reused with a new tag; groups are kept for the cache's life.
 //
 // Thread safety: none (owned by one KvCacheManager).
 
@@ -106,10 +111,39 @@ class PrefixCache {
   // the tiers below, while it is still on the device. False without room.
   bool write_through(BlockId device);
 
-  // Namespace ids are dense, never reused; the name is kept.
+  // Namespace ids are slots: dense, reused after reclaim_namespace. A new
+  // namespace named `<group>/<anything>` joins that group when `<group>` is a
+  // group (make_group), else it is its own group.
   int32_t intern_namespace(std::string_view tenant_namespace);
-  int32_t find_namespace(std::string_view tenant_namespace) const;  // -1 if never seen
+  int32_t find_namespace(std::string_view tenant_namespace) const;  // -1 if not live
   const std::string& namespace_name(int32_t ns_id) const { return namespaces_[ns_id].name; }
+  // The incarnation of a live namespace: never reused, not even by a namespace
+  // re-created in the same slot (block_pool.h: what zeroing compares).
+  uint64_t namespace_tag(int32_t ns_id) const { return namespaces_[ns_id].tag; }
+  // The group `tenant_namespace` belongs to (or would belong to, if interned
+  // now): a group's id, or the namespace's own id; -1 for an unknown namespace
+  // outside every group.
+  int32_t group_for(std::string_view tenant_namespace) const;
+  // Makes a live namespace a group: live namespaces named `<it>/...` join it
+  // (their held blocks, evictable blocks and candidates move with them), new
+  // ones join it as they are interned. A group is never reclaimed.
+  // kInvalidArgument if it is a member of another group.
+  Status make_group(int32_t ns_id);
+  bool is_group(int32_t ns_id) const { return namespaces_[ns_id].is_group; }
+  // Whether nothing in the cache or the pool refers to a live namespace (its
+  // nodes, held blocks) and it is no group: the manager, which also knows its
+  // sequences, may then reclaim it.
+  bool namespace_unreferenced(int32_t ns_id) const;
+  // Forgets a namespace for which namespace_unreferenced() holds: its name,
+  // removed-key memory and counters; the slot is reused by a later intern.
+  void reclaim_namespace(int32_t ns_id);
+  // Namespaces whose node count fell to 0 since the last call.
+  std::vector<int32_t> take_released_namespaces();
+  int32_t num_live_namespaces() const { return static_cast<int32_t>(namespace_ids_.size()); }
+  int32_t num_namespace_slots() const { return static_cast<int32_t>(namespaces_.size()); }
+  bool is_live(int32_t ns_id) const {
+    return ns_id >= 0 && ns_id < static_cast<int32_t>(namespaces_.size()) && namespaces_[ns_id].tag != 0;
+  }
 
   // Longest chain of cached blocks matching tokens[0, max_blocks * block_size).
   // Fills cached_tokens, blocks (device ids, then host ids), host_blocks and
@@ -147,9 +181,10 @@ class PrefixCache {
   // tier when there is one (see the header). False if nothing is evictable.
   bool evict_one();
   // Evicts (demotes, as evict_one does) the least recently used device
-  // candidate of one namespace, whatever the policy; false if it has none. For
-  // a namespace at its block cap: it recycles its own blocks, never another's.
-  bool evict_one_in(int32_t ns_id);
+  // candidate of one namespace group (any of its namespaces), whatever the
+  // policy; false if it has none. For a group at its block cap: it recycles its
+  // own blocks, never another group's.
+  bool evict_one_in_group(int32_t group);
   // Host eviction: frees the host policy's victim. False if nothing is evictable.
   bool evict_one_host();
   // A host block for the caller (metadata reset, ref 0): a free one, else one
@@ -187,6 +222,8 @@ class PrefixCache {
   // Device nodes of one namespace: cached, and cached unreferenced (0 for an unknown id).
   int32_t num_cached_in(int32_t ns_id) const;
   int32_t num_evictable_in(int32_t ns_id) const;
+  // Cached unreferenced device nodes of a whole group (0 for an unknown id).
+  int32_t num_evictable_in_group(int32_t group) const;
   struct TierCounters {
     int64_t written_back = 0, demoted = 0, promoted = 0, host_evicted = 0;
   };
@@ -206,16 +243,24 @@ class PrefixCache {
   struct NamespaceInfo {
     std::string name;
     uint64_t seed = 0;
+    uint64_t tag = 0;           // this incarnation; 0 while the slot is free
+    bool is_group = false;
+    int32_t num_nodes = 0;      // nodes of either tier
     int32_t num_cached = 0;     // device nodes
     int32_t num_evictable = 0;  // device nodes, unreferenced
     // FIFO of this namespace's removed keys (bounded by removed_key_memory_),
     // and how often each is in it: tags this namespace's misses as kEvicted.
     std::deque<uint64_t> removed_keys;
     std::unordered_map<uint64_t, int32_t> removed_key_counts;
-    // This namespace's device candidates by (last access when added, block).
+    // As a group (every namespace is its own unless it joined one): the
+    // group's device candidates by (last access when added, block), and how
+    // many device nodes of the group are unreferenced.
     std::set<std::pair<uint64_t, BlockId>> candidates;
+    int32_t group_evictable = 0;
     StableKey stable_root;  // with stable keys on
   };
+  // The group slot that holds a namespace's candidates.
+  NamespaceInfo& group_info(int32_t ns_id) { return namespaces_[pool_.group_of(ns_id)]; }
 
   struct StringHash {
     using is_transparent = void;
@@ -266,6 +311,9 @@ class PrefixCache {
   std::vector<NamespaceInfo> namespaces_;
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> namespace_ids_;
   int32_t removed_key_memory_;  // per namespace
+  std::vector<int32_t> free_slots_;         // reclaimed namespace slots
+  std::vector<int32_t> released_namespaces_;  // see take_released_namespaces()
+  uint64_t next_tag_ = 0;
   int32_t num_cached_[kNumTiers] = {0, 0};     // nodes per tier
   int32_t num_evictable_[kNumTiers] = {0, 0};  // unreferenced nodes per tier (host: and unreferenced twins)
   int32_t num_twins_ = 0;

@@ -25,12 +25,46 @@ KvEventFeed::KvEventFeed(engine::Engine& engine, size_t capacity)
 int32_t KvEventFeed::intern_namespace(const std::string& name) {
   const auto it = namespace_ids_.find(name);
   if (it != namespace_ids_.end()) return it->second;
-  const int32_t id = static_cast<int32_t>(namespace_names_.size());
-  namespace_names_.push_back(name);
+  int32_t id = static_cast<int32_t>(namespace_names_.size());
+  if (!free_namespace_ids_.empty()) {
+    id = free_namespace_ids_.back();
+    free_namespace_ids_.pop_back();
+  } else {
+    namespace_names_.emplace_back();
+    namespace_last_.push_back(0);
+    namespace_covered_from_.push_back(0);
+    namespace_in_ring_.push_back(0);
+    namespace_read_.push_back(false);
+  }
+  namespace_names_[id] = name;
   namespace_ids_.emplace(name, id);
-  namespace_last_.push_back(new_namespace_start_);
-  namespace_covered_from_.push_back(new_namespace_start_);
+  namespace_last_[id] = new_namespace_start_;
+  namespace_covered_from_[id] = new_namespace_start_;
+  namespace_in_ring_[id] = 0;
+  namespace_read_[id] = false;
   return id;
+}
+
+void KvEventFeed::pop_oldest() {
+  const int32_t ns = ring_.front().namespace_id;
+  ring_.pop_front();
+  if (--namespace_in_ring_[ns] > 0 || namespace_read_[ns]) return;
+  // Nothing of it is left to answer for and no reader follows it: forgotten.
+  // A reader that asks for it later has lost its past events: namespaces seen
+  // from now on start as after a loss, so their first reader gets a snapshot.
+  namespace_ids_.erase(namespace_names_[ns]);
+  namespace_names_[ns].clear();
+  free_namespace_ids_.push_back(ns);
+  new_namespace_start_ = 1;
+}
+
+void KvEventFeed::clear_ring() {
+  while (!ring_.empty()) pop_oldest();
+}
+
+size_t KvEventFeed::namespaces_tracked() {
+  std::lock_guard lock(mutex_);
+  return namespace_ids_.size();
 }
 
 void KvEventFeed::mark_loss_for_every_namespace() {
@@ -42,17 +76,18 @@ void KvEventFeed::append(std::vector<kv::KvEvent> events, uint64_t manager_last)
   if (!events.empty() && events.front().sequence_number != last_ + 1) {
     // The manager dropped events nobody drained in time: the ring can no
     // longer answer for anything before this batch.
-    ring_.clear();
+    clear_ring();
     covered_from_ = events.front().sequence_number - 1;
     mark_loss_for_every_namespace();
   }
   for (kv::KvEvent& e : events) {
     const int32_t ns = intern_namespace(e.tenant_namespace);
     ring_.push_back(Entry{feed_event(e), ns, ++namespace_last_[ns]});
+    ++namespace_in_ring_[ns];
   }
   const uint64_t newest = events.empty() ? last_ : events.back().sequence_number;
   if (manager_last > newest) {  // drained by someone else: nothing before now can be answered
-    ring_.clear();
+    clear_ring();
     covered_from_ = manager_last;
     mark_loss_for_every_namespace();
   }
@@ -60,7 +95,7 @@ void KvEventFeed::append(std::vector<kv::KvEvent> events, uint64_t manager_last)
   while (ring_.size() > capacity_) {
     covered_from_ = ring_.front().event.sequence_number;
     namespace_covered_from_[ring_.front().namespace_id] = ring_.front().namespace_sequence;
-    ring_.pop_front();
+    pop_oldest();
   }
 }
 
@@ -70,6 +105,7 @@ KvFeedPage KvEventFeed::read(uint64_t since, const std::optional<std::string>& o
   KvFeedPage page;
   page.since = since;
   const int32_t wanted_ns = only_namespace ? intern_namespace(*only_namespace) : -1;
+  if (wanted_ns >= 0) namespace_read_[wanted_ns] = true;
   // A scoped reader counts in its namespace's own sequence (see the header).
   auto newest = [&] { return wanted_ns < 0 ? last_ : namespace_last_[wanted_ns]; };
   auto number = [&](const Entry& e) { return wanted_ns < 0 ? e.event.sequence_number : e.namespace_sequence; };
@@ -84,7 +120,7 @@ KvFeedPage KvEventFeed::read(uint64_t since, const std::optional<std::string>& o
   if (page.snapshot) {
     page.events.reserve(snapshot.size());
     for (const kv::KvEvent& e : snapshot)
-      if (wanted_ns < 0 || intern_namespace(e.tenant_namespace) == wanted_ns) page.events.push_back(feed_event(e));
+      if (!only_namespace || e.tenant_namespace == *only_namespace) page.events.push_back(feed_event(e));
     return page;
   }
   // Global numbers grow along the ring: an admin reader starts at `since`.

@@ -21,6 +21,10 @@
 // read them, every namespace's sequence skips one number, so each of its
 // readers gets a snapshot.
 //
+// Namespaces are tracked while the ring holds an event of theirs, and for the
+// feed's life once a reader asked for them (a tenant's namespace): salted user
+// namespaces, which no reader can ask for, do not pile up.
+//
 // What leaves this class: kinds and key hashes. A key hash chains the
 // namespace's seed (kv::namespace_seed) with every token up to the end of the
 // block (kv::chain_block_hash), so the same text in two namespaces gives
@@ -69,6 +73,8 @@ class KvEventFeed {
   // `only_namespace`: the reader's namespace, or nullopt for every namespace
   // (admin). max_events >= 1.
   KvFeedPage read(uint64_t since, const std::optional<std::string>& only_namespace, size_t max_events);
+  // Namespaces tracked now (see above).
+  size_t namespaces_tracked();
 
  private:
   struct Entry {
@@ -79,6 +85,9 @@ class KvEventFeed {
   // Every namespace's sequence skips a number: events were lost unread.
   void mark_loss_for_every_namespace();
   int32_t intern_namespace(const std::string& name);
+  // Drops the oldest ring entry (and, with it gone, its namespace unless tracked for a reader).
+  void pop_oldest();
+  void clear_ring();
   // Appends drained events; `manager_last` is the manager's newest number.
   void append(std::vector<kv::KvEvent> events, uint64_t manager_last);
   bool needs_snapshot(uint64_t since) const { return since > last_ || since < covered_from_; }
@@ -98,6 +107,9 @@ class KvEventFeed {
   // event of it numbered above covered_from (as last_ / covered_from_ do globally).
   std::vector<uint64_t> namespace_last_;
   std::vector<uint64_t> namespace_covered_from_;
+  std::vector<int64_t> namespace_in_ring_;  // ring entries per namespace id
+  std::vector<bool> namespace_read_;        // a reader asked for it: kept
+  std::vector<int32_t> free_namespace_ids_;
   uint64_t new_namespace_start_ = 0;  // 1 once events were lost: a namespace seen later may have lost some
 };
 

@@ -88,16 +88,6 @@ std::variant<OpenAiServer::Caller, HttpReply> OpenAiServer::authenticate_with_na
   return Caller{std::get<KeyIdentity>(std::move(identity)), std::move(n.cache_namespace), std::move(n.user)};
 }
 
-void OpenAiServer::cap_user_namespace(const Caller& caller, const TenantLimits& limits) {
-  if (caller.user.empty() || limits.max_kv_blocks <= 0) return;
-  {
-    std::lock_guard lock(capped_users_mutex_);
-    if (!capped_user_namespaces_.insert(caller.cache_namespace).second) return;
-  }
-  engine_.visit_kv_cache(
-      [&](kv::KvCacheManager& kv) { kv.set_namespace_block_limit(caller.cache_namespace, limits.max_kv_blocks); });
-}
-
 std::string OpenAiServer::token_text(int32_t token) const {
   if (codec_.token_text) return codec_.token_text(token);
   return fmt::format("<{}>", token);
@@ -244,7 +234,6 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
     return reply;
   }
 
-  cap_user_namespace(caller, limits);
   engine::GenerationRequest gen;
   gen.tenant_namespace = caller.cache_namespace;
   gen.prompt_tokens = std::move(*tokens);
@@ -367,6 +356,7 @@ HttpReply OpenAiServer::handle_usage(const HttpRequest& req) {
              {{"held", kv.blocks_held},
               {"cached", kv.blocks_cached},
               {"evictable", kv.blocks_evictable},
+              {"tenant_held", kv.group_blocks_held},
               {"limit", kv.block_limit}}}});
 }
 

@@ -49,8 +49,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <unordered_set>
 #include <string>
 #include <vector>
 
@@ -159,8 +157,6 @@ class OpenAiServer {
     std::string user;  // empty: the tenant's own namespace
   };
   std::variant<Caller, HttpReply> authenticate_with_namespace(const HttpRequest& req) const;
-  // A user namespace of a tenant with a KV cap gets the same cap, once.
-  void cap_user_namespace(const Caller& caller, const TenantLimits& limits);
   HttpReply error_reply(const ApiError& error) const;
   StatusOr<std::vector<int32_t>> tokens_for_text(const std::string& text, bool add_special_tokens) const;
   StatusOr<std::vector<int32_t>> tokens_for_chat(const ChatPrompt& prompt) const;
@@ -177,8 +173,6 @@ class OpenAiServer {
   std::atomic<uint64_t> next_response_id_{1};
   TenantUsageBook tenant_usage_;
   TenantQuotas quotas_;
-  std::mutex capped_users_mutex_;
-  std::unordered_set<std::string> capped_user_namespaces_;
   std::unique_ptr<WakeTimer> wake_timer_;  // only with a first-token floor; outlives the front's replies
   // Last: destroyed first, so no handler runs while the members above go away.
   HttpFront front_;

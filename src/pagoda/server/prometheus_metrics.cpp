@@ -135,6 +135,10 @@ std::string render_prometheus_metrics(const engine::EngineStats& s, const HttpCo
   scalar(out, "pagoda_kv_blocks_cached", "gauge", "KV blocks in the prefix cache.", kv.blocks_cached);
   scalar(out, "pagoda_kv_blocks_evictable", "gauge", "Cached, unreferenced KV blocks.", kv.blocks_evictable);
   scalar(out, "pagoda_kv_blocks_free", "gauge", "KV blocks on the free list.", kv.blocks_free);
+  scalar(out, "pagoda_kv_namespaces", "gauge",
+         "Live KV namespaces (tenants, and salted users holding blocks or running requests).", kv.namespaces_live);
+  scalar(out, "pagoda_kv_namespaces_reclaimed_total", "counter",
+         "KV namespaces forgotten once nothing referred to them.", kv.namespaces_reclaimed);
   scalar(out, "pagoda_kv_usage_ratio", "gauge", "Fraction of KV blocks in use by sequences.",
          kv.blocks_total ? static_cast<double>(kv.blocks_in_use) / kv.blocks_total : 0.0);
   scalar(out, "pagoda_kv_unwritten_slots", "gauge", "Allocated KV slots not holding K/V (fragmentation).",
