@@ -18,7 +18,12 @@
 // scoring (token, head) fills a private row; the rows are summed after, per
 // (sequence, head), so no two threads write the same memory). With the
 // defaults nothing of this runs but a null check.
-// Parallel over (token, head) on ThreadPool::global(); call from one thread at a time.
+// Two implementations: paged_attention_tiled (paged_attention_tiled.h: tiles of
+// queries x keys, online softmax) runs every call without eviction scoring;
+// paged_attention_reference (one dot / axpy per position, parallel over
+// (token, KV head)) runs calls with scoring and is what the tiled one is tested
+// against. They agree up to f32 summation order.
+// Parallel on ThreadPool::global(); call from one thread at a time.
 
 #include <cstddef>
 #include <cstdint>
@@ -37,5 +42,10 @@ struct PagedAttentionParams {
 void paged_attention(const float* q, const PagedKvLayer& layer,
                      std::span<const PagedSequence> sequences, const PagedAttentionParams& params,
                      float* out);
+
+// The per-position implementation (also the only one that scores for eviction).
+void paged_attention_reference(const float* q, const PagedKvLayer& layer,
+                               std::span<const PagedSequence> sequences, const PagedAttentionParams& params,
+                               float* out);
 
 }  // namespace pagoda::kernels
