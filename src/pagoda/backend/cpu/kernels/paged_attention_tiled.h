@@ -10,6 +10,7 @@
 // by the same routine the reference uses) once per unit and shared by all of
 // the unit's rows: scores are a small GEMM (a query row against the tile's
 // transposed keys), the softmax is online (running max and sum per row, the
+// exponentials 8 lanes at a time by a polynomial within ~2e-7 of expf, the
 // accumulator rescaled when the max grows), and P·V is accumulated row by row.
 // Causal masking, sliding windows and per-head holes (eviction) are masks on
 // the score tile; a fully masked tile of a row is skipped.
