@@ -11,12 +11,14 @@
 #include "pagoda/backend/cpu/cpu_kv_pool.h"
 #include "pagoda/backend/cpu/cpu_model.h"
 #include "pagoda/backend/cpu/cpu_model_runner.h"
+#include "pagoda/backend/cpu/cpu_tensor_parallel_runner.h"
 #include "pagoda/backend/cpu/kernels/quant_dot.h"
 #include "pagoda/backend/cpu/random_cpu_model.h"
 #include "pagoda/backend/startup_report.h"
 #include "pagoda/core/thread_pool.h"
 #include "pagoda/model/checkpoint.h"
 #include "pagoda/model/model_weights.h"
+#include "pagoda/model/tensor_shard.h"
 #include "pagoda/runtime/kv_sizing.h"
 
 namespace pagoda::backend {
@@ -63,6 +65,9 @@ StatusOr<RunnerSetup> create_cpu_runner(const RunnerSpec& spec, const RunnerRequ
     if (req.progress) req.progress(line);
   };
   if (spec.weight_quantization) PAGODA_RETURN_IF_ERROR(check_not_prequantized(spec));
+  // Tensor parallelism is checked against the config before any weight loads.
+  const int32_t tp = spec.tensor_parallel_size;
+  PAGODA_RETURN_IF_ERROR(check_tensor_parallel(config, tp));
   std::unique_ptr<CpuModel> model;
   std::string weights_text;
   if (spec.load_format == LoadFormat::kRandom) {
@@ -87,8 +92,10 @@ StatusOr<RunnerSetup> create_cpu_runner(const RunnerSpec& spec, const RunnerRequ
   }
 
   if (spec.weight_quantization) {
-    progress(fmt::format("quantizing weights to {}", dtype_name(*spec.weight_quantization)));
-    PAGODA_RETURN_IF_ERROR(model->quantize_weights(*spec.weight_quantization));
+    progress(fmt::format("quantizing weights to {}{}", dtype_name(*spec.weight_quantization),
+                         tp > 1 ? " (each rank its shard)" : ""));
+    // With tensor parallelism each rank quantizes its own shard (CpuTensorParallelRunner).
+    if (tp == 1) PAGODA_RETURN_IF_ERROR(model->quantize_weights(*spec.weight_quantization));
     if (*spec.weight_quantization == DType::kFP8E4M3)
       weights_text = fmt::format("{} -> fp8 e4m3 (--quantization; per-channel scales, dynamic per-token "
                                  "activations; lm_head as loaded)", weights_text);
@@ -103,13 +110,18 @@ StatusOr<RunnerSetup> create_cpu_runner(const RunnerSpec& spec, const RunnerRequ
   setup.max_model_len = req.sequence_tokens > 0 ? req.sequence_tokens : config.max_position_embeddings;
   setup.block_size = spec.block_size;
   setup.weight_bytes = cpu_weight_bytes(model->weights());
-  setup.kv_bytes_per_token = static_cast<int64_t>(pool_shape(config, spec, 1).bytes_per_token());
+  // With tensor parallelism: every rank's pool together (each rank holds its KV heads of every block).
+  setup.kv_bytes_per_token =
+      tp > 1 ? static_cast<int64_t>(tp) * static_cast<int64_t>(
+                                              pool_shape(shard_config(config, tensor_shard(config, 0, tp)), spec, 1)
+                                                  .bytes_per_token())
+             : static_cast<int64_t>(pool_shape(config, spec, 1).bytes_per_token());
 
   std::string sizing;
   int64_t num_blocks = 0;
   if (spec.kv_cache_memory > 0) {
-    num_blocks = CpuModelRunner::blocks_for_memory(*model, spec.kv_cache_memory, spec.block_size,
-                                                           spec.key_dtype, spec.value_dtype);
+    const int64_t block_bytes = setup.kv_bytes_per_token * spec.block_size;
+    num_blocks = block_bytes > 0 ? spec.kv_cache_memory / block_bytes : 0;
     sizing = fmt::format("--kv-cache-memory {}", format_bytes(static_cast<double>(spec.kv_cache_memory)));
     if (num_blocks < 1)
       return invalid_argument_error("--kv-cache-memory {}: holds no KV block of {} tokens ({} per token)",
@@ -127,8 +139,39 @@ StatusOr<RunnerSetup> create_cpu_runner(const RunnerSpec& spec, const RunnerRequ
                                   num_blocks * spec.block_size, req.min_kv_tokens);
 
   PAGODA_ASSIGN_OR_RETURN(const int32_t host_blocks, host_tier_blocks(spec, setup.kv_bytes_per_token));
-  auto runner = CpuModelRunner::create(std::move(model), static_cast<int32_t>(num_blocks), spec.block_size,
-                                               spec.key_dtype, spec.value_dtype, host_blocks);
+  StatusOr<std::unique_ptr<runtime::ModelRunner>> runner = internal_error("no runner");
+  std::string tp_line;
+  if (tp > 1) {
+    // The ranks' views point into the whole model's weights, which the runner keeps alive through them.
+    std::shared_ptr<const CpuModel> whole(std::move(model));
+    CpuTensorParallelRunner::Options options{.num_blocks = static_cast<int32_t>(num_blocks),
+                                             .block_size = spec.block_size,
+                                             .key_dtype = spec.key_dtype,
+                                             .value_dtype = spec.value_dtype,
+                                             .num_host_blocks = host_blocks,
+                                             .quantization = spec.weight_quantization};
+    auto group = CpuTensorParallelRunner::create(config, std::shared_ptr<const ModelWeights>(whole, &whole->weights()),
+                                                 tp, options);
+    if (group.ok()) {
+      const TensorShard s = tensor_shard(config, 0, tp);
+      tp_line = fmt::format("tensor parallel: {} ranks as threads of this process, {} threads each; per rank {} of {} "
+                            "attention heads, {} of {} KV heads{}, {} of {} MLP features, {} vocabulary rows",
+                            tp, (*group)->threads_per_rank(), s.num_q_heads, config.num_q_heads, s.num_kv_heads,
+                            config.num_kv_heads, config.num_kv_heads < tp ? " (replicated)" : "",
+                            s.intermediate_size, config.intermediate_size, s.vocab_chunk);
+      // The ranks' weights together: quantized or not, each matrix counted once (slices partition it).
+      setup.weight_bytes = 0;
+      for (int32_t r = 0; r < tp; ++r) setup.weight_bytes += cpu_weight_bytes((*group)->rank(r).model().weights());
+      runner = std::unique_ptr<runtime::ModelRunner>(std::move(*group));
+    } else {
+      runner = group.status();
+    }
+  } else {
+    auto single = CpuModelRunner::create(std::move(model), static_cast<int32_t>(num_blocks), spec.block_size,
+                                         spec.key_dtype, spec.value_dtype, host_blocks);
+    if (single.ok()) runner = std::unique_ptr<runtime::ModelRunner>(std::move(*single));
+    else runner = single.status();
+  }
   if (!runner.ok()) {
     if (runner.status().message().find("host KV pool") != std::string::npos)
       return runner.status().with_context(
@@ -141,6 +184,7 @@ StatusOr<RunnerSetup> create_cpu_runner(const RunnerSpec& spec, const RunnerRequ
 
   std::vector<std::string> lines;
   lines.push_back(fmt::format("device: cpu ({} threads)", ThreadPool::global().size()));
+  if (!tp_line.empty()) lines.push_back(tp_line);
   lines.push_back(model_summary(config, spec) +
                   fmt::format("; weights {} {}", format_bytes(static_cast<double>(setup.weight_bytes)), weights_text));
   add_kv_report(setup, lines);

@@ -42,6 +42,8 @@ struct RunnerSpec {
   int32_t max_tokens_per_step = 512;
   int32_t max_model_len = 0;
   uint64_t weight_seed = 0;
+  // --tensor-parallel-size: ranks the model is sharded over (docs/TENSOR_PARALLEL.md); 1: none.
+  int32_t tensor_parallel_size = 1;
   // --quantization (CPU only): kInt8 or kInt4 weights, block-quantized at load; none: as loaded.
   std::optional<DType> weight_quantization;
 };

@@ -58,6 +58,7 @@ struct EvalOptions {
   int32_t baseline_block_size = 16;
   int32_t window = 0;  // 0: max_position_embeddings
   int32_t prefill_chunk = 256;
+  int32_t tensor_parallel_size = 1;  // --tensor-parallel-size: every runner of the run
   std::string quantization;  // --quantization: the (variant) runner's weights; the agree baseline stays as loaded
   int64_t max_tokens = 0;  // 0: the whole file
   std::string kv_offload_memory = "0";  // the host KV tier (runner_flags.h)
@@ -173,6 +174,8 @@ std::unique_ptr<eval::PagedRunner> make_runner(const EvalOptions& opt, int32_t w
     if (!quantization.ok()) fail(quantization.status().to_string());
     spec.weight_quantization = *quantization;
   }
+  if (auto tp = check_tensor_parallel_size(opt.tensor_parallel_size); !tp.ok()) fail(tp.to_string());
+  spec.tensor_parallel_size = opt.tensor_parallel_size;
   spec.model_dir = opt.model_dir;
   spec.config_path = (std::filesystem::path(opt.model_dir) / "config.json").string();
   const DType device_default = spec.device == backend::Device::kCuda ? DType::kBF16 : DType::kF32;
@@ -473,6 +476,7 @@ void add_common_options(CLI::App* cmd, EvalOptions& opt) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cli::add_quantization_flag(*cmd, opt.quantization);
+  cli::add_tensor_parallel_flag(*cmd, opt.tensor_parallel_size);
   cmd->add_flag("--json", opt.json, "print the result as one JSON line (last on stdout), no progress");
   cmd->add_flag("--quiet", opt.quiet, "no progress on stderr");
   add_kv_compression_flags(*cmd, opt.kv_compression);

@@ -49,8 +49,12 @@ StatusOr<std::unique_ptr<kvstore::LowerTiers>> open_kv_tiers(const KvTierFlags& 
       fmt::format("device={} k={} v={} block_size={} block_bytes={} weight_seed={}", backend::device_name(spec.device),
                   dtype_name(spec.key_dtype), dtype_name(spec.value_dtype), setup.block_size, block_bytes,
                   spec.model_dir.empty() ? spec.weight_seed : 0);
+  // A tensor-parallel host block is the ranks' blocks in rank order: another byte layout than TP=1's.
+  const std::string settings = spec.tensor_parallel_size > 1
+                                   ? fmt::format("{} tensor_parallel_size={}", kv_settings, spec.tensor_parallel_size)
+                                   : kv_settings;
   PAGODA_ASSIGN_OR_RETURN(const std::string fingerprint,
-                          kvstore::model_fingerprint(spec.model_dir, spec.config_path, kv_settings));
+                          kvstore::model_fingerprint(spec.model_dir, spec.config_path, settings));
 
   std::unique_ptr<kvstore::BlockStore> disk, redis;
   if (want_disk) {

@@ -50,6 +50,19 @@ StatusOr<std::optional<DType>> parse_weight_quantization(const std::string& text
   return std::optional<DType>(text == "int8" ? DType::kInt8 : DType::kInt4);
 }
 
+void add_tensor_parallel_flag(CLI::App& cmd, int32_t& value) {
+  cmd.add_option("--tensor-parallel-size,--tp", value,
+                 "Ranks the model is sharded over (Megatron-style: attention heads, MLP and vocabulary split, one "
+                 "all-reduce after attention and after the MLP); on cpu the ranks are threads of this process, on "
+                 "cuda one GPU each (docs/TENSOR_PARALLEL.md)")
+      ->capture_default_str();
+}
+
+Status check_tensor_parallel_size(int32_t value) {
+  if (value < 1) return invalid_argument_error("--tensor-parallel-size {}: must be at least 1", value);
+  return ok_status();
+}
+
 void add_quantization_flag(CLI::App& cmd, std::string& value) {
   cmd.add_option("--quantization", value,
                  "CPU weights: none (as loaded), int8 (blocks of 32, f16 scale, like Q8_0), int4 (groups of 32, "
@@ -74,6 +87,7 @@ void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) 
       ->capture_default_str();
   cmd.add_option("--weight-seed", flags.weight_seed, "Seed of the --load-format random weights")->capture_default_str();
   add_quantization_flag(cmd, flags.quantization);
+  add_tensor_parallel_flag(cmd, flags.tensor_parallel_size);
   cmd.add_option("--kv-cache-dtype", flags.kv_cache_dtype,
                  "KV cache element type: auto (f32 on cpu, bf16 on cuda), f32, bf16, fp8 (e4m3, per-token-head "
                  "scale), int8 (per-token-head scale + zero), int4 (groups of 32); smaller types fit more tokens")
@@ -254,6 +268,8 @@ StatusOr<backend::RunnerSpec> resolve_runner_flags(const RunnerFlags& flags, Run
   r.max_model_len = flags.max_model_len;
   r.weight_seed = flags.weight_seed;
   PAGODA_ASSIGN_OR_RETURN(r.weight_quantization, parse_weight_quantization(flags.quantization, r.device));
+  PAGODA_RETURN_IF_ERROR(check_tensor_parallel_size(flags.tensor_parallel_size));
+  r.tensor_parallel_size = flags.tensor_parallel_size;
 #ifndef PAGODA_HAVE_CUDA
   if (r.device == backend::Device::kCuda)
     return failed_precondition_error("--device cuda: this pagoda was built without the CUDA backend (backends: cpu); "

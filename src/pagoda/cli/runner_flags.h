@@ -48,6 +48,7 @@ struct RunnerFlags {
   int32_t max_model_len = 0;        // 0: config.json's max_position_embeddings
   uint64_t weight_seed = 0;         // --load-format random
   std::string quantization;         // --quantization: empty/none, int8, int4 or fp8 (CPU only)
+  int32_t tensor_parallel_size = 1; // --tensor-parallel-size
 
   // Set by add_runner_flags: tells a flag given on the command line from its default.
   const CLI::Option* gpu_memory_utilization_option = nullptr;
@@ -68,6 +69,11 @@ StatusOr<backend::RunnerSpec> resolve_runner_flags(const RunnerFlags& flags, Run
 // --quantization TEXT on `device`: none (or empty) -> nullopt; int8 / int4 on
 // the CPU -> kInt8 / kInt4; anything else, or int8/int4 on cuda, an error naming the flag.
 StatusOr<std::optional<DType>> parse_weight_quantization(const std::string& text, backend::Device device);
+
+// Registers --tensor-parallel-size on cmd (generate, serve, eval).
+void add_tensor_parallel_flag(CLI::App& cmd, int32_t& value);
+// --tensor-parallel-size N: kInvalidArgument naming the flag when N < 1.
+Status check_tensor_parallel_size(int32_t value);
 
 // Registers --quantization on cmd (generate, serve, eval).
 void add_quantization_flag(CLI::App& cmd, std::string& value);

@@ -8,7 +8,12 @@ namespace pagoda {
 
 namespace {
 thread_local bool tls_inside_task = false;
+thread_local ThreadPool* tls_current = nullptr;
 }
+
+ThreadPool::ScopedCurrent::ScopedCurrent(ThreadPool* pool) : previous_(tls_current) { tls_current = pool; }
+
+ThreadPool::ScopedCurrent::~ScopedCurrent() { tls_current = previous_; }
 
 ThreadPool::ThreadPool(size_t threads) {
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
@@ -24,7 +29,9 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-ThreadPool& ThreadPool::global() {
+ThreadPool& ThreadPool::global() { return tls_current != nullptr ? *tls_current : process(); }
+
+ThreadPool& ThreadPool::process() {
   static ThreadPool pool([] {
     const char* env = std::getenv("PAGODA_THREADS");
     return env ? static_cast<size_t>(std::max(0, std::atoi(env))) : size_t{0};

@@ -29,8 +29,26 @@ class ThreadPool {
   // least min_chunk long, so tiny loops stay on the calling thread.
   void parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn, size_t min_chunk = 1);
 
-  // The process-wide pool (size from PAGODA_THREADS, else hardware threads).
+  // The pool for this thread's data-parallel work: the one a ScopedCurrent
+  // installed on this thread, else the process-wide pool (size from
+  // PAGODA_THREADS, else hardware threads).
   static ThreadPool& global();
+  // The process-wide pool, whatever this thread's current one is.
+  static ThreadPool& process();
+
+  // Makes `pool` this thread's global() until the scope ends (tensor-parallel
+  // ranks: each rank thread runs its kernels on its own pool, so ranks never
+  // call one pool concurrently). Scopes nest; one thread only.
+  class ScopedCurrent {
+   public:
+    explicit ScopedCurrent(ThreadPool* pool);
+    ~ScopedCurrent();
+    ScopedCurrent(const ScopedCurrent&) = delete;
+    ScopedCurrent& operator=(const ScopedCurrent&) = delete;
+
+   private:
+    ThreadPool* previous_;
+  };
 
  private:
   void worker_loop(size_t index);

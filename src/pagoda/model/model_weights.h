@@ -70,6 +70,10 @@ struct ModelWeights {
   // --quantization: the CPU backend's block-quantized matrices (backend/cpu/quantize_weights.h).
   std::optional<DType> quantization;                  // kInt8 or kInt4 once quantized
   std::vector<std::unique_ptr<uint8_t[]>> owned_quantized;
+  // A tensor-parallel rank's weights (model/tensor_shard.h): the whole model's
+  // weights its views point into, and its copied row-parallel slices.
+  std::shared_ptr<const ModelWeights> whole;
+  std::vector<std::unique_ptr<uint8_t[]>> owned_slices;
 };
 
 struct WeightLoadOptions {

@@ -1,5 +1,6 @@
 #include "pagoda/backend/cpu/cpu_model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "pagoda/backend/cpu/kernels/embedding.h"
@@ -43,6 +44,55 @@ CpuModel::CpuModel(ModelConfig config, ModelWeights weights)
   }
   inv_freq_ = rope_inverse_frequencies(
       config_.head_dim, config_.rope_theta, config_.rope_llama3 ? &*config_.rope_llama3 : nullptr);
+}
+
+void CpuModel::attach_tensor_parallel(const TensorShard& shard, parallel::Communicator* comm) {
+  shard_ = shard;
+  comm_ = comm;
+}
+
+Status CpuModel::embed(const ForwardBatch& batch) {
+  const size_t T = static_cast<size_t>(batch.num_tokens()), H = static_cast<size_t>(config_.hidden_size);
+  if (comm_ == nullptr) {
+    kernels::embedding_lookup(weights_.embed_tokens, batch.token_ids.data(), T, hidden_.data());
+    return ok_status();
+  }
+  // Vocab-parallel: each rank fills the rows of its own tokens, zeros elsewhere; the sum is the lookup.
+  for (size_t t = 0; t < T; ++t) {
+    const int32_t id = batch.token_ids[t];
+    if (id >= shard_.vocab_begin && id < shard_.vocab_end) {
+      const int32_t local = id - shard_.vocab_begin;
+      kernels::embedding_lookup(weights_.embed_tokens, &local, 1, hidden_.data() + t * H);
+    } else {
+      std::fill_n(hidden_.data() + t * H, H, 0.0f);
+    }
+  }
+  return comm_->all_reduce_sum(hidden_.data(), T * H, DType::kF32);
+}
+
+Status CpuModel::lm_head(size_t num_rows, std::vector<float>& logits) {
+  if (comm_ == nullptr) {
+    kernels::linear(normed_.data(), num_rows, weights_.lm_head, nullptr, logits.data());
+    return ok_status();
+  }
+  // Vocab-parallel: each rank's [rows, chunk] slice (padded past the vocabulary), gathered by rank.
+  const size_t V = static_cast<size_t>(config_.vocab_size), chunk = static_cast<size_t>(shard_.vocab_chunk);
+  const size_t local = static_cast<size_t>(shard_.vocab_end - shard_.vocab_begin);
+  const size_t ranks = static_cast<size_t>(shard_.size);
+  gathered_logits_.resize(num_rows * local);
+  kernels::linear(normed_.data(), num_rows, weights_.lm_head, nullptr, gathered_logits_.data());
+  shard_logits_.assign(num_rows * chunk, 0.0f);
+  for (size_t r = 0; r < num_rows; ++r)
+    std::copy_n(gathered_logits_.data() + r * local, local, shard_logits_.data() + r * chunk);
+  gathered_logits_.resize(ranks * num_rows * chunk);
+  PAGODA_RETURN_IF_ERROR(
+      comm_->all_gather(shard_logits_.data(), gathered_logits_.data(), num_rows * chunk, DType::kF32));
+  for (size_t k = 0; k < ranks; ++k) {
+    const size_t begin = std::min(V, k * chunk), width = std::min(V, begin + chunk) - begin;
+    for (size_t r = 0; r < num_rows; ++r)
+      std::copy_n(gathered_logits_.data() + (k * num_rows + r) * chunk, width, logits.data() + r * V + begin);
+  }
+  return ok_status();
 }
 
 Status CpuModel::quantize_weights(DType dtype) { return quantize_model_weights(config_, weights_, dtype); }
@@ -129,7 +179,7 @@ Status CpuModel::forward(const ForwardBatch& batch, CpuKvPool& pool, std::vector
   gate_.resize(T * I);
   up_.resize(T * I);
 
-  kernels::embedding_lookup(weights_.embed_tokens, batch.token_ids.data(), T, hidden_.data());
+  PAGODA_RETURN_IF_ERROR(embed(batch));
 
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
@@ -139,6 +189,7 @@ Status CpuModel::forward(const ForwardBatch& batch, CpuKvPool& pool, std::vector
     } else {
       attention_layer(l, batch, slots, sequences, eviction, attention, pool);
     }
+    if (comm_ != nullptr) PAGODA_RETURN_IF_ERROR(comm_->all_reduce_sum(proj_.data(), T * H, DType::kF32));
     add_in_place(hidden_.data(), proj_.data(), T * H);
 
     kernels::rmsnorm(hidden_.data(), w.post_attention_norm.data(), normed_.data(), T, H, c.rms_norm_eps);
@@ -150,6 +201,7 @@ Status CpuModel::forward(const ForwardBatch& batch, CpuKvPool& pool, std::vector
       kernels::silu_mul(gate_.data(), up_.data(), gate_.data(), T * I);
       kernels::linear(gate_.data(), T, w.down_proj, bias_or_null(w.down_bias), proj_.data());
     }
+    if (comm_ != nullptr) PAGODA_RETURN_IF_ERROR(comm_->all_reduce_sum(proj_.data(), T * H, DType::kF32));
     add_in_place(hidden_.data(), proj_.data(), T * H);
   }
 
@@ -166,8 +218,7 @@ Status CpuModel::forward(const ForwardBatch& batch, CpuKvPool& pool, std::vector
   for (size_t r = 0; r < rows.size(); ++r)
     std::copy_n(hidden_.data() + rows[r] * H, H, normed_.data() + r * H);  // normed_ has >= T rows
   kernels::rmsnorm(normed_.data(), weights_.final_norm.data(), normed_.data(), rows.size(), H, c.rms_norm_eps);
-  kernels::linear(normed_.data(), rows.size(), weights_.lm_head, nullptr, logits.data());
-  return ok_status();
+  return lm_head(rows.size(), logits);
 }
 
 }  // namespace pagoda

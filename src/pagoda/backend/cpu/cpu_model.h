@@ -14,8 +14,15 @@
 // DeepSeek layer swaps the attention for MLA (the pool holds one latent vector
 // per token) and, from first_k_dense_replace on, the MLP for the MoE block.
 //
+// Tensor parallelism (docs/TENSOR_PARALLEL.md): a model may be one rank's
+// shard (attach_tensor_parallel); its forward then runs the rank's heads and
+// intermediate features and joins the other ranks through a Communicator: an
+// all-reduce of the embedding (vocab-parallel rows), of o_proj's and of
+// down_proj's outputs (row-parallel), and an all-gather of the logits.
+//
 // Thread safety: forward() uses per-model scratch buffers: one call at a time
-// per model. The pool is written at the batch's slots only.
+// per model (the ranks of a group run concurrently, one thread each). The pool
+// is written at the batch's slots only.
 
 #include <cstdint>
 #include <filesystem>
@@ -32,6 +39,8 @@
 #include "pagoda/runtime/forward_batch.h"
 #include "pagoda/model/model_config.h"
 #include "pagoda/model/model_weights.h"
+#include "pagoda/model/tensor_shard.h"
+#include "pagoda/parallel/communicator.h"
 
 namespace pagoda {
 
@@ -51,7 +60,15 @@ class CpuModel {
   Status quantize_weights(DType dtype);
   // Token eviction works with the llama family's attention without a sliding
   // window (window indices would count compacted slots, not positions).
-  bool supports_token_eviction() const { return !config_.mla && config_.sliding_window <= 0; }
+  bool supports_token_eviction() const { return !config_.mla && config_.sliding_window <= 0 && comm_ == nullptr; }
+
+  // Makes this model rank shard.rank of a tensor-parallel group: config() and
+  // weights() must be shard_config / shard_model_weights of that shard
+  // (model/tensor_shard.h), `comm` is the rank's communicator (outlives the
+  // model), and every rank of the group must run forward() on the same
+  // batches in the same order.
+  void attach_tensor_parallel(const TensorShard& shard, parallel::Communicator* comm);
+  const TensorShard& tensor_shard() const { return shard_; }
 
   // The pool shape this model needs for num_blocks blocks of block_size tokens,
   // K and V stored as key_dtype / value_dtype (f32, f16, bf16, fp8, int8, int4);
@@ -82,9 +99,15 @@ class CpuModel {
   std::vector<float> inv_freq_;  // [head_dim / 2]
   std::unique_ptr<CpuMlaAttention> mla_;  // DeepSeek only
   std::unique_ptr<CpuMoeBlock> moe_;      // DeepSeek only
+  TensorShard shard_;                     // rank 0 of 1 unless attached
+  parallel::Communicator* comm_ = nullptr;
+
+  Status embed(const ForwardBatch& batch);
+  Status lm_head(size_t num_rows, std::vector<float>& logits);
 
   // Scratch, reused across calls: [num_tokens, ...].
   std::vector<float> hidden_, normed_, q_, k_, v_, attn_, proj_, gate_, up_;
+  std::vector<float> shard_logits_, gathered_logits_;  // tensor parallelism only
 };
 
 }  // namespace pagoda
