@@ -15,6 +15,10 @@
 //                  a KV pool cut to --zero-kv-blocks so blocks change tenants
 //                  every step: zeroing on free (issue #22) off vs on, best of
 //                  --zero-reps each, alternating; "[zero-cost]" line
+//   evict          N random requests (input-len / output-len), greedy, with the
+//                  full cache and then with token eviction (--kv-compression
+//                  streaming, --kv-budget): decode-only tok/s of each and the
+//                  ratio; "[evict]" line (issue #21's long-context goal)
 //
 // Every request has ignore_eos, so it generates exactly output-len tokens on
 // random weights. Per run: where the step time goes (engine host work vs the
@@ -42,6 +46,7 @@
 #include "pagoda/core/dtype.h"
 #include "pagoda/engine/engine.h"
 #include "pagoda/runtime/delegating_model_runner.h"
+#include "pagoda/runtime/kv_compression.h"
 #include "pagoda/kv/kv_cache_manager.h"
 
 namespace {
@@ -69,11 +74,14 @@ double mean(const std::vector<double>& v) {
 struct Args {
   std::string config_path, json_out;
   std::string kv_cache_dtype = "bf16";  // K and V pools: bf16, fp8, int8 or int4
+  std::string quantization = "none";    // weights: none (bf16) or fp8
   std::vector<std::string> workloads = {"random"}, samplings = {"top-p", "greedy"};
   int num_requests = 1000, input_len = 1000, output_len = 1000, prefix_len = 2000;
   int prefix_requests = 256, prefix_input_len = 100, prefix_output_len = 64, latency_tokens = 256;
   int max_num_seqs = 256, max_tokens_per_step = 8192;
   int zero_kv_blocks = 2048, zero_reps = 3;
+  std::string kv_compression = "streaming";  // evict: the policy (the cuda device runs streaming)
+  int kv_budget = 2048, kv_sink_tokens = 4, kv_window = 32;
   float temperature = 1.0f, top_p = 0.9f;
   bool host_sampling = false;
   double gpu_memory_utilization = 0.9, max_seconds = 600, prefix_max_seconds = 120;
@@ -140,7 +148,8 @@ struct TenancyChoice {
 nlohmann::json run_engine(cuda::CudaModelRunner& cuda_runner, const std::vector<std::vector<int32_t>>& prompts,
                           const Args& args, bool prefix_cache, const std::string& label_text,
                           const SamplingChoice& sampling, int output_len, double max_seconds,
-                          const TenancyChoice& tenancy = {}) {
+                          const TenancyChoice& tenancy = {},
+                          const runtime::KvCompressionConfig& compression = {}) {
   const char* label = label_text.c_str();
   TimedRunner runner(cuda_runner, args.host_sampling);
   kv::KvCacheConfig kv_config;
@@ -156,6 +165,7 @@ nlohmann::json run_engine(cuda::CudaModelRunner& cuda_runner, const std::vector<
   config.scheduler.max_running_sequences = args.max_num_seqs;
   config.scheduler.max_tokens_per_step = args.max_tokens_per_step;
   config.max_queued_requests = static_cast<int32_t>(prompts.size()) + 1;
+  config.kv_compression = compression;
   engine::Engine eng(config, runner, **kv);
   eng.start();
 
@@ -235,7 +245,7 @@ nlohmann::json run_engine(cuda::CudaModelRunner& cuda_runner, const std::vector<
       {"total_tok_per_s", (tokens + prompt_tokens) / wall}, {"cached_prompt_tokens", cached},
       {"ttft_ms_mean", mean(ttft_ms)}, {"ttft_ms_p50", percentile(ttft_ms, 50)},
       {"ttft_ms_p99", percentile(ttft_ms, 99)}, {"itl_ms_mean", mean(itl_ms)}, {"itl_ms_p50", percentile(itl_ms, 50)},
-      {"itl_ms_p99", percentile(itl_ms, 99)}, {"engine_steps", stats.steps}, {"preemptions", stats.preemptions},
+      {"itl_ms_p99", percentile(itl_ms, 99)}, {"engine_steps", stats.steps}, {"preemptions", stats.preemptions}, {"kv_compactions", stats.kv_compactions},
       {"kv_blocks", kv_config.num_blocks}, {"zero_on_free", tenancy.zero_on_free},
       {"distinct_tenants", tenancy.distinct_tenants}, {"kv_blocks_zeroed", stats.kv_blocks_zeroed}};
   std::printf("%s: %zu/%zu requests in %.1f s%s: %.0f output tok/s, %.0f total tok/s; TTFT mean %.0f ms p50 %.0f "
@@ -318,9 +328,9 @@ int main(int argc, char** argv) {
   Args args;
   CLI::App app{"pagoda_gpu_engine_bench: end-to-end runs through the engine on the CUDA backend"};
   app.add_option("--config", args.config_path, "config.json; weights are random bf16 made on the GPU")->required();
-  app.add_option("--workload", args.workloads, "random, latency, shared-prefix, sampler, zero-on-free (comma-separated, in order)")
+  app.add_option("--workload", args.workloads, "random, latency, shared-prefix, sampler, zero-on-free, evict (comma-separated, in order)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"random", "shared-prefix", "latency", "sampler", "zero-on-free"}));
+      ->check(CLI::IsMember({"random", "shared-prefix", "latency", "sampler", "zero-on-free", "evict"}));
   app.add_option("--sampling", args.samplings, "random workload: top-p (temperature + top_p on the GPU), greedy")
       ->delimiter(',')
       ->check(CLI::IsMember({"top-p", "greedy"}));
@@ -342,12 +352,18 @@ int main(int argc, char** argv) {
   app.add_option("--max-tokens-per-step", args.max_tokens_per_step)->check(CLI::PositiveNumber);
   app.add_option("--gpu-memory-utilization", args.gpu_memory_utilization)->check(CLI::Range(0.01, 1.0));
   app.add_option("--max-seconds", args.max_seconds);
+  app.add_option("--quantization", args.quantization, "weights: none (bf16) or fp8 (e4m3 per channel, fp8 GEMMs)")
+      ->check(CLI::IsMember({"none", "fp8"}));
   app.add_option("--kv-cache-dtype", args.kv_cache_dtype, "KV cache element type (K and V): bf16, fp8, int8, int4")
       ->check(CLI::IsMember({"bf16", "fp8", "int8", "int4"}));
   app.add_option("--zero-kv-blocks", args.zero_kv_blocks, "zero-on-free: KV blocks the manager may use")
       ->check(CLI::PositiveNumber);
   app.add_option("--zero-reps", args.zero_reps, "zero-on-free: runs per setting (the best counts)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--kv-compression", args.kv_compression, "evict: the token eviction policy");
+  app.add_option("--kv-budget", args.kv_budget, "evict: KV tokens kept per sequence, layer and KV head");
+  app.add_option("--kv-sink-tokens", args.kv_sink_tokens);
+  app.add_option("--kv-window", args.kv_window);
   app.add_option("--json", args.json_out);
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -359,6 +375,7 @@ int main(int argc, char** argv) {
   options.max_num_seqs = args.max_num_seqs;
   options.max_num_tokens = args.max_tokens_per_step;
   options.kv_key_dtype = options.kv_value_dtype = *dtype_from_name(args.kv_cache_dtype);
+  options.fp8_weights = args.quantization == "fp8";
   const int32_t longest = std::max({args.input_len + args.output_len,
                                      args.prefix_len + args.prefix_input_len + args.prefix_output_len,
                                      128 + args.latency_tokens});
@@ -446,6 +463,38 @@ int main(int argc, char** argv) {
                   "best of %d: zeroing off %.0f tok/s, on %.0f tok/s: cost %.2f%%, %lld blocks zeroed per run\n",
                   args.num_requests, args.num_requests, args.input_len, args.output_len, args.zero_kv_blocks,
                   args.zero_reps, best[0], best[1], cost, static_cast<long long>(zeroed[1]));
+      save();
+    } else if (workload == "evict") {
+      std::vector<std::vector<int32_t>> prompts;
+      for (int i = 0; i < args.num_requests; ++i) prompts.push_back(random_tokens(args.input_len));
+      runtime::KvCompressionConfig compression;
+      auto policy = runtime::parse_kv_compression_policy(args.kv_compression, "--kv-compression");
+      if (!policy.ok()) die(policy.status(), "--kv-compression");
+      compression.policy = *policy;
+      compression.budget = args.kv_budget;
+      compression.sink_tokens = args.kv_sink_tokens;
+      compression.window = args.kv_window;
+      if (Status valid = runtime::validate_kv_compression(compression, "--kv-"); !valid.ok()) die(valid, "evict");
+      double decode_tok_s[2] = {0, 0};
+      for (int evict = 0; evict < 2; ++evict) {
+        nlohmann::json r = run_engine(**runner, prompts, args, false,
+                                      evict ? fmt::format("evict: {} budget {}", args.kv_compression, args.kv_budget)
+                                            : std::string("evict: full cache"),
+                                      greedy, args.output_len, args.max_seconds, {},
+                                      evict ? compression : runtime::KvCompressionConfig{});
+        const double step_ms = r["decode_step_ms"].get<double>();
+        decode_tok_s[evict] = step_ms > 0 ? r["decode_batch_mean"].get<double>() * 1e3 / step_ms : 0;
+        r["decode_tok_per_s"] = decode_tok_s[evict];
+        figures["runs"].push_back(r);
+        save();
+      }
+      const double ratio = decode_tok_s[0] > 0 ? decode_tok_s[1] / decode_tok_s[0] : 0;
+      figures["evict"] = {{"full_decode_tok_s", decode_tok_s[0]}, {"evict_decode_tok_s", decode_tok_s[1]},
+                          {"ratio", ratio}, {"policy", args.kv_compression}, {"budget", args.kv_budget},
+                          {"requests", args.num_requests}, {"input_len", args.input_len}};
+      std::printf("[evict] %d requests of %d prompt + %d output tokens: decode-only %.0f tok/s full cache, %.0f tok/s "
+                  "%s budget %d: %.2fx\n", args.num_requests, args.input_len, args.output_len, decode_tok_s[0],
+                  decode_tok_s[1], args.kv_compression.c_str(), args.kv_budget, ratio);
       save();
     } else if (workload == "sampler") {
       figures["sampler"] = bench_sampler(args.max_num_seqs, config->vocab_size, args.temperature, args.top_p);

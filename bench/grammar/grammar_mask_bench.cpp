@@ -11,12 +11,16 @@
 //   steady  per token within one document once its states recur (the second copy of each
 //           document in one request).
 // Prints p50 / p99 / max in microseconds per regime, the trie size and the vocabulary build time.
+// With runs > 1 every regime is measured that many times (a fresh grammar each) and each figure
+// is the median over the runs, which keeps a shared machine's preemptions out of the table (a
+// single run's p99 of ~100 masks is its second-worst mask).
 //
-//   pagoda_bench_grammar_mask [tokenizer_dir]   (default .cache/npm/qwen3/package/models)
+//   pagoda_bench_grammar_mask [tokenizer_dir] [runs]   ("" or nothing: .cache/npm/qwen3/package/models; 1)
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -72,9 +76,27 @@ double percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5))];
 }
 
-void report(const char* label, const std::vector<double>& us) {
-  std::printf("  %-7s %5zu masks  p50 %8.1f us  p99 %8.1f us  max %8.1f us\n", label, us.size(), percentile(us, 0.5),
-              percentile(us, 0.99), percentile(us, 1.0));
+// Per-run samples of one regime; reported as the median over runs of each run's percentiles.
+struct Regime {
+  std::vector<std::vector<double>> runs;
+  std::vector<double>& next() { return runs.emplace_back(); }
+  void add(const Regime& other) {
+    runs.resize(std::max(runs.size(), other.runs.size()));
+    for (size_t r = 0; r < other.runs.size(); ++r) runs[r].insert(runs[r].end(), other.runs[r].begin(), other.runs[r].end());
+  }
+};
+
+double median_over_runs(const Regime& regime, double p) {
+  std::vector<double> per_run;
+  for (const auto& run : regime.runs) per_run.push_back(percentile(run, p));
+  return percentile(per_run, 0.5);
+}
+
+void report(const char* label, const Regime& regime) {
+  const size_t masks = regime.runs.empty() ? 0 : regime.runs[0].size();
+  std::printf("  %-7s %5zu masks x %zu runs  p50 %8.1f us  p99 %8.1f us  max %8.1f us\n", label, masks,
+              regime.runs.size(), median_over_runs(regime, 0.5), median_over_runs(regime, 0.99),
+              median_over_runs(regime, 1.0));
 }
 
 // Runs every document once with a fresh matcher; appends per-token mask times (us).
@@ -102,7 +124,8 @@ bool run_documents(const std::shared_ptr<CompiledGrammar>& compiled, const std::
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string dir = argc > 1 ? argv[1] : std::string(PAGODA_SOURCE_DIR) + "/.cache/npm/qwen3/package/models";
+  const std::string dir = argc > 1 && argv[1][0] != 0 ? argv[1] : std::string(PAGODA_SOURCE_DIR) + "/.cache/npm/qwen3/package/models";
+  const int runs = argc > 2 ? std::max(1, std::atoi(argv[2])) : 1;
   auto tok = pagoda::tokenizer::Tokenizer::load(dir);
   if (!tok.ok()) {
     std::fprintf(stderr, "%s\n", tok.status().to_string().c_str());
@@ -113,7 +136,7 @@ int main(int argc, char** argv) {
   const double build_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   std::printf("vocabulary %d ids, trie %zu nodes, depth %u, built in %.1f ms\n", vocab->size(), vocab->num_nodes(),
               vocab->max_depth(), build_ms);
-  std::vector<double> all_cold, all_lazy, all_warm, all_steady;
+  Regime all_cold, all_lazy, all_warm, all_steady;
   for (const Case& c : kCases) {
     std::shared_ptr<const pagoda::grammar::Grammar> grammar;
     const std::string schema = c.schema;
@@ -136,35 +159,41 @@ int main(int argc, char** argv) {
     }
     std::vector<std::vector<int32_t>> docs;
     for (const char* d : c.documents) docs.push_back((*tok)->encode(d, false));
-    // cold: a fresh grammar after precompute() (what the server does when it compiles one);
-    // lazy: a fresh grammar without it (every window computed on first use).
-    std::vector<double> lazy, unused_steady;
-    if (!run_documents(std::make_shared<CompiledGrammar>(grammar, vocab), docs, lazy, &unused_steady)) return 1;
-    auto compiled = std::make_shared<CompiledGrammar>(grammar, vocab);
-    const auto pre = compiled->precompute(kPrecomputeStates, kPrecomputeSeconds);
-    std::printf("%s: precompute %.1f ms, %llu states, %llu windows%s\n", c.name, pre.seconds * 1e3,
-                static_cast<unsigned long long>(pre.states), static_cast<unsigned long long>(pre.windows),
-                pre.complete ? " (every reachable state)" : "");
-    std::vector<double> cold, warm, steady, unused;
-    if (!run_documents(compiled, docs, cold, &steady)) return 1;
-    for (int rep = 0; rep < 5; ++rep)
-      if (!run_documents(compiled, docs, warm, nullptr)) return 1;
-    const auto stats = compiled->stats();
-    std::printf("%s: %zu tokens, %llu misses (%llu whole-trie walks), %llu states, %llu transitions, %llu windows, "
-                "%llu uncertain tokens checked, windows hold %.1f MB\n",
-                c.name, cold.size(), static_cast<unsigned long long>(stats.misses),
-                static_cast<unsigned long long>(stats.whole_walks), static_cast<unsigned long long>(stats.states),
-                static_cast<unsigned long long>(stats.transitions_computed),
-                static_cast<unsigned long long>(stats.windows), static_cast<unsigned long long>(stats.uncertain_checked),
-                static_cast<double>(stats.window_bytes) / 1e6);
+    Regime cold, lazy, warm, steady;
+    for (int run = 0; run < runs; ++run) {
+      // cold: a fresh grammar after precompute() (what the server does when it compiles one);
+      // lazy: a fresh grammar without it (every window computed on first use).
+      std::vector<double> unused_steady;
+      if (!run_documents(std::make_shared<CompiledGrammar>(grammar, vocab), docs, lazy.next(), &unused_steady))
+        return 1;
+      auto compiled = std::make_shared<CompiledGrammar>(grammar, vocab);
+      const auto pre = compiled->precompute(kPrecomputeStates, kPrecomputeSeconds);
+      if (!run_documents(compiled, docs, cold.next(), &steady.next())) return 1;
+      std::vector<double>& warm_run = warm.next();
+      for (int rep = 0; rep < 5; ++rep)
+        if (!run_documents(compiled, docs, warm_run, nullptr)) return 1;
+      if (run > 0) continue;
+      std::printf("%s: precompute %.1f ms, %llu states, %llu windows%s\n", c.name, pre.seconds * 1e3,
+                  static_cast<unsigned long long>(pre.states), static_cast<unsigned long long>(pre.windows),
+                  pre.complete ? " (every reachable state)" : "");
+      const auto stats = compiled->stats();
+      std::printf("%s: %zu tokens, %llu misses (%llu whole-trie walks), %llu states, %llu transitions, %llu windows, "
+                  "%llu uncertain tokens checked, windows hold %.1f MB\n",
+                  c.name, cold.runs[0].size(), static_cast<unsigned long long>(stats.misses),
+                  static_cast<unsigned long long>(stats.whole_walks), static_cast<unsigned long long>(stats.states),
+                  static_cast<unsigned long long>(stats.transitions_computed),
+                  static_cast<unsigned long long>(stats.windows),
+                  static_cast<unsigned long long>(stats.uncertain_checked),
+                  static_cast<double>(stats.window_bytes) / 1e6);
+    }
     report("lazy", lazy);
     report("cold", cold);
     report("steady", steady);
     report("warm", warm);
-    all_cold.insert(all_cold.end(), cold.begin(), cold.end());
-    all_lazy.insert(all_lazy.end(), lazy.begin(), lazy.end());
-    all_warm.insert(all_warm.end(), warm.begin(), warm.end());
-    all_steady.insert(all_steady.end(), steady.begin(), steady.end());
+    all_cold.add(cold);
+    all_lazy.add(lazy);
+    all_warm.add(warm);
+    all_steady.add(steady);
   }
   std::printf("all cases:\n");
   report("lazy", all_lazy);

@@ -118,6 +118,10 @@ def main():
         total = sum(r[1] for r in rows)
         cached = sum(r[2] for r in rows)
         print(f"| {label} | {statistics.mean(t):.1f} | {statistics.median(t):.1f} | {total} | {total - cached} | {cached} |")
+    # Per request, in the order sent: a run's first request also pays the process's warm-up.
+    print()
+    for label, rows in results:
+        print(f"{label}: TTFT ms per request: " + " ".join(f"{r[0] * 1000:.1f}" for r in rows))
 
 
 if __name__ == "__main__":

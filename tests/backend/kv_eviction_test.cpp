@@ -20,6 +20,7 @@
 
 #include <gtest/gtest.h>
 
+#include "bundled_model.h"
 #include "pagoda/backend/cpu/cpu_model.h"
 #include "pagoda/backend/cpu/cpu_model_runner.h"
 #include "pagoda/backend/cpu/kernels/paged_attention.h"
@@ -204,20 +205,8 @@ TEST(KvEvictionKernelTest, HolesAreSkippedAndScoresAreTheAttentionDistribution) 
 
 // ---- with the bundled model ----
 
-std::shared_ptr<CpuModel> tiny_model() {
-  static std::shared_ptr<CpuModel> model = [] {
-    auto loaded = CpuModel::load(std::string(PAGODA_SOURCE_DIR) + "/models/pagoda-tiny");
-    EXPECT_TRUE(loaded.ok()) << loaded.status().to_string();
-    return loaded.ok() ? std::shared_ptr<CpuModel>(std::move(*loaded)) : nullptr;
-  }();
-  return model;
-}
-
-std::vector<int32_t> prompt_of(int32_t length, int32_t salt) {
-  std::vector<int32_t> p;
-  for (int32_t i = 0; i < length; ++i) p.push_back((i * 131 + salt * 977 + 7) % 4000 + 3);
-  return p;
-}
+using testing::prompt_of;
+using testing::tiny_model;
 
 TEST(KvEvictionRunnerTest, CompactionMovesEachHeadsKeptVectorsInOrder) {
   ASSERT_NE(tiny_model(), nullptr);

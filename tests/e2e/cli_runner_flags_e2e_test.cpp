@@ -202,9 +202,25 @@ TEST(CliRunnerFlagsTest, BadValuesFailNamingTheFlag) {
     expect_flag_error(with({"--kv-cache-memory", "lots"}), "--kv-cache-memory", "lots");
     expect_flag_error(with({"--kv-cache-memory", "16"}), "--kv-cache-memory", "16");
     expect_flag_error(with({"--config", model + "/config.json"}), "--config", "--load-format random");
+    expect_flag_error(with({"--kv-cross-layer-share", "0"}), "--kv-cross-layer-share", "0");
+    expect_flag_error(with({"--kv-cross-layer-share", "2", "--kv-compression", "snapkv", "--kv-budget", "64"}),
+                      "--kv-compression snapkv", "--kv-cross-layer-share 2");
   }
   expect_flag_error({"serve", "--model", model, "--max-num-seqs", "0"}, "--max-num-seqs", "0");
   expect_flag_error({"generate", "--model", source_path("no/such/dir"), "--prompt-ids", "1"}, "--model", "no/such/dir");
+}
+
+// --kv-cross-layer-share: the start-up report counts the shared pool; K past layers / 2 names the flag.
+TEST(CliRunnerFlagsTest, CrossLayerShareShrinksTheReportedPool) {
+  require_bundled_model();
+  CliResult r;
+  generate_tokens({"--model", source_path(kTiny), "--prompt-ids", "5,6,7", "--max-tokens", "4", "--kv-cache-memory",
+                   "1MiB", "--kv-cross-layer-share", "2"}, &r);
+  // 6 of 8 layers' K/V (3,072 B) plus the norm records of the two shared slots (2 x 2 heads x 2 x 3 x 4 B).
+  EXPECT_THAT(r.err, HasSubstr("cross-layer share 2 (layers 4-7 in groups, 6 of 8 layers' K/V stored; unshared: "
+                               "4,096 B/token), f32 (K) / f32 (V), 3,168 B/token"));
+  expect_flag_error({"generate", "--model", source_path(kTiny), "--prompt-ids", "1,2", "--kv-cross-layer-share", "5"},
+                    "--kv-cross-layer-share 5", "at most 4");
 }
 
 // --kv-offload-memory / --preemption-mode reach generate and eval through the shared flags: the host tier

@@ -38,10 +38,10 @@ class StructuredOutputE2eTest : public ::testing::Test {
   void SetUp() override { ASSERT_TRUE(ok_) << "pagoda serve on models/pagoda-tiny did not start"; }
 
   // Posts a chat request; returns the status and the parsed body.
-  std::pair<int, json> chat(ordered_json body) {
+  std::pair<int, json> chat(ordered_json body, const ServerProcess* server = nullptr) {
     body["model"] = "pagoda-tiny";
     if (!body.contains("messages")) body["messages"] = {{{"role", "user"}, {"content", "Answer in JSON."}}};
-    httplib::Client c("127.0.0.1", server_->port());
+    httplib::Client c("127.0.0.1", (server ? server : server_)->port());
     c.set_read_timeout(120, 0);
     auto res = c.Post("/v1/chat/completions", body.dump(), "application/json");
     if (!res) return {0, json()};
@@ -135,6 +135,59 @@ TEST_F(StructuredOutputE2eTest, RequiredAndNamedToolChoiceGiveValidCalls) {
       EXPECT_TRUE(valid.ok()) << response.dump() << "\n" << valid.to_string();
     }
   }
+}
+
+// A counter of /metrics; -1 when absent.
+double metric(const ServerProcess& server, const std::string& name) {
+  httplib::Client c("127.0.0.1", server.port());
+  auto res = c.Get("/metrics");
+  if (!res || res->status != 200) return -1;
+  std::smatch m;
+  if (!std::regex_search(res->body, m, std::regex("(^|\\n)" + name + " ([0-9.e+-]+)"))) return -1;
+  return std::stod(m[2].str());
+}
+
+// Jump-forward (on by default) appends the text a grammar forces (fixed keys, the punctuation
+// around them, enum values once their first letters are chosen) without a forward pass per token
+// and counts those tokens; greedy outputs are the same text as a server with --no-jump-forward.
+TEST_F(StructuredOutputE2eTest, JumpForwardGivesTheTextOfNoJumpForwardForGreedyDecoding) {
+  ServerProcess plain;
+  std::string error;
+  ASSERT_TRUE(plain.start({"--model", repo_path("models/pagoda-tiny"), "--max-running", "16", "--no-jump-forward"},
+                          &error))
+      << error;
+  const double forced_before = metric(*server_, "pagoda_jump_forward_tokens_total");
+  ASSERT_GE(forced_before, 0);
+  const ordered_json schemas = {
+      ordered_json::parse(R"({"type":"object","properties":{"customer_full_name":{"type":"string","maxLength":12},
+          "customer_account_number":{"type":"integer"},"subscription_status":{"enum":["active_and_paid","cancelled"]}},
+          "required":["customer_full_name","customer_account_number","subscription_status"],"additionalProperties":false})"),
+      ordered_json::parse(R"({"type":"array","items":{"type":"object","properties":{"identifier":{"type":"integer"},
+          "description_of_the_item":{"type":"string","maxLength":10}},"required":["identifier","description_of_the_item"]},
+          "minItems":2,"maxItems":2})")};
+  size_t compared = 0;
+  for (const ordered_json& schema : schemas) {
+    for (const char* prompt : {"Answer in JSON.", "Describe a customer.", "List two things."}) {
+      ordered_json body = {{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "s"}, {"schema", schema}}}}},
+                           {"max_tokens", 300}, {"temperature", 0.0},
+                           {"messages", {{{"role", "user"}, {"content", prompt}}}}};
+      auto [s1, jumped] = chat(body);
+      auto [s2, sampled] = chat(body, &plain);
+      ASSERT_EQ(s1, 200) << jumped.dump();
+      ASSERT_EQ(s2, 200) << sampled.dump();
+      const std::string text = jumped["choices"][0]["message"]["content"].get<std::string>();
+      EXPECT_EQ(text, sampled["choices"][0]["message"]["content"].get<std::string>()) << prompt;
+      const json value = json::parse(text, nullptr, false);
+      ASSERT_FALSE(value.is_discarded()) << text;
+      EXPECT_TRUE(grammar::validate_json_schema(value, json(schema)).ok()) << text;
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 6u);
+  EXPECT_GT(metric(*server_, "pagoda_jump_forward_tokens_total"), forced_before + 30);
+  EXPECT_EQ(metric(plain, "pagoda_jump_forward_tokens_total"), 0);
+  EXPECT_GT(metric(*server_, "pagoda_grammar_cache_bytes"), 0);
+  EXPECT_GE(metric(*server_, "pagoda_grammar_cache_evictions_total"), 0);
 }
 
 TEST_F(StructuredOutputE2eTest, BadSchemasAre400sNamingTheSchemaPath) {

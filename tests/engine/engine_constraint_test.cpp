@@ -224,5 +224,80 @@ TEST(EngineConstraintTest, DeferredMasksGiveTheTokensOfTheHostPath) {
   EXPECT_EQ(per_path[0], per_path[1]);
 }
 
+// A fixed script of allowed sets, one per output position (free past its end); a position with
+// one allowed token is forced, and reported as such when `forcing` (jump-forward).
+class ScriptConstraint : public TokenConstraint {
+ public:
+  ScriptConstraint(std::vector<std::vector<int32_t>> script, bool forcing) : script_(std::move(script)), forcing_(forcing) {}
+  size_t fill_allowed(std::span<uint64_t> mask) override {
+    for (int32_t t : allowed()) mask[t >> 6] |= uint64_t{1} << (t & 63);
+    return allowed().size();
+  }
+  bool accept(int32_t token) override {
+    const auto a = allowed();
+    if (std::find(a.begin(), a.end(), token) == a.end()) return false;
+    ++position_;
+    return true;
+  }
+  std::unique_ptr<TokenConstraint> clone() const override { return std::make_unique<ScriptConstraint>(*this); }
+  void forced_tokens(std::vector<int32_t>& out) override {
+    out.clear();
+    for (size_t p = position_; forcing_ && p < script_.size() && script_[p].size() == 1; ++p) out.push_back(script_[p][0]);
+  }
+
+ private:
+  std::vector<int32_t> allowed() const {
+    if (position_ < script_.size()) return script_[position_];
+    std::vector<int32_t> free;
+    for (int32_t t = 1; t < 60; ++t) free.push_back(t);
+    return free;
+  }
+  std::vector<std::vector<int32_t>> script_;
+  bool forcing_;
+  size_t position_ = 0;
+};
+
+// Jump-forward appends the forced tokens without a forward pass each: greedy choices get the
+// tokens of the run without it (on the host and on a device that masks), in fewer steps, and
+// the engine counts them; requests that report logprobs get no jump-forward.
+TEST(EngineConstraintTest, JumpForwardAppendsForcedTokensWithoutAForwardEach) {
+  const std::vector<std::vector<int32_t>> script = {{3, 17, 40}, {5}, {6}, {7}, {8, 9, 20}, {11}, {12, 13}, {14}, {15}};
+  for (bool device : {false, true}) {
+    std::vector<std::vector<int32_t>> outputs;
+    std::vector<int64_t> steps, forced;
+    for (bool forcing : {false, true}) {
+      Harness h(128, 4);
+      h.runner.device_sampling = device;
+      h.runner.device_masking = device;
+      GenerationRequest r = request(14, std::make_shared<ScriptConstraint>(script, forcing));
+      r.sampling.temperature = 0.0f;
+      r.sampling.n = 2;
+      auto stream = *h.engine->submit(r);
+      h.run_checked();
+      Collected c = drain(*stream, 2);
+      ASSERT_TRUE(c.finished);
+      EXPECT_EQ(c.error_code, StatusCode::kOk) << c.error;
+      ASSERT_EQ(c.tokens[0].size(), 14u);
+      EXPECT_EQ(c.tokens[0], c.tokens[1]);
+      outputs.push_back(c.tokens[0]);
+      steps.push_back(h.engine->stats().steps);
+      forced.push_back(h.engine->stats().jump_forward_tokens);
+      EXPECT_EQ(h.kv->stats().blocks_in_use, 0);
+    }
+    EXPECT_EQ(outputs[0], outputs[1]) << "device " << device;
+    EXPECT_EQ(forced[0], 0);
+    EXPECT_EQ(forced[1], 2 * 6);  // positions 1-3, 5, 7-8 of both choices
+    EXPECT_EQ(steps[1], steps[0] - 6) << "device " << device;
+  }
+  Harness h(128, 4);
+  GenerationRequest r = request(8, std::make_shared<ScriptConstraint>(script, true));
+  r.sampling.temperature = 0.0f;
+  r.sampling.logprobs = 0;
+  auto stream = *h.engine->submit(r);
+  h.run_checked();
+  ASSERT_EQ(drain(*stream).tokens[0].size(), 8u);
+  EXPECT_EQ(h.engine->stats().jump_forward_tokens, 0);
+}
+
 }  // namespace
 }  // namespace pagoda::engine

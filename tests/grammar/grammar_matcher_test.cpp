@@ -105,6 +105,24 @@ TEST(GrammarMatcherTest, LoopStateIsStableFromByteToByte) {
   }
 }
 
+TEST(GrammarMatcherTest, HashAndEqualityFromFramesAgreeWithTheImage) {
+  // hash_of / same_state read the arena directly; they must agree with the image they stand for.
+  auto g = gbnf(R"(root ::= "{" ( "\"" [a-z]* "\"" | [0-9]{1,3} | root )? "}")");
+  ASSERT_TRUE(g);
+  GrammarMatcher m(g);
+  std::vector<GrammarMatcher::StateImage> seen;
+  for (const std::string text : {"{", "{\"", "{\"ab", "{1", "{12", "{{", "{{{\"x", "{{}"}) {
+    GrammarMatcher fresh(g);
+    ASSERT_TRUE(fresh.accept(text)) << text;
+    const auto image = fresh.image();
+    EXPECT_EQ(fresh.hash_of(fresh.state()), image.hash()) << text;
+    EXPECT_TRUE(fresh.same_state(fresh.state(), image)) << text;
+    for (const auto& other : seen)
+      if (!(other == image)) EXPECT_FALSE(fresh.same_state(fresh.state(), other)) << text;
+    seen.push_back(image);
+  }
+}
+
 TEST(GrammarMatcherTest, AmbiguousGrammarKeepsAllParses) {
   auto g = gbnf(R"(root ::= ( "a" | "aa" )* "b")");
   ASSERT_TRUE(g);

@@ -181,5 +181,25 @@ TEST(TokenMatcherTest, EndIdsOnlyWhenCompleteAndRejectedTokensChangeNothing) {
   EXPECT_TRUE(m.is_finished());
 }
 
+// forced_text: the bytes every continuation starts with, up to the first choice or a point
+// where the grammar may end; the matcher does not move.
+TEST(TokenMatcherTest, ForcedTextStopsAtAChoiceOrAPossibleEnd) {
+  auto g = parse_gbnf(R"(root ::= "{" ( "abc" | "abd" ) "xyz" [0-9]+ "!"?)");
+  ASSERT_TRUE(g.ok());
+  auto vocab = test_vocabulary();
+  TokenMatcher m(std::make_shared<CompiledGrammar>(*g, vocab));
+  EXPECT_EQ(m.forced_text(100), "{ab");
+  EXPECT_EQ(m.forced_text(2), "{a");
+  EXPECT_EQ(m.forced_text(100), "{ab");  // unchanged
+  ASSERT_TRUE(m.accept_text("{abd"));
+  EXPECT_EQ(m.forced_text(100), "xyz");
+  ASSERT_TRUE(m.accept_text("xyz7"));
+  EXPECT_EQ(m.forced_text(100), "");  // another digit, "!" or the end
+  auto optional_tail = parse_gbnf(R"(root ::= "ab" "cd"?)");
+  ASSERT_TRUE(optional_tail.ok());
+  TokenMatcher t(std::make_shared<CompiledGrammar>(*optional_tail, vocab));
+  EXPECT_EQ(t.forced_text(100), "ab");
+}
+
 }  // namespace
 }  // namespace pagoda::grammar

@@ -6,6 +6,7 @@
 
 #include "pagoda/server/structured_output.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "pagoda/server/openai_request.h"
@@ -164,6 +165,97 @@ TEST_F(StructuredOutputCompilerTest, SchemasCompileOnceAndErrorsNameThePath) {
   object.kind = StructuredOutputSpec::Kind::kJsonObject;
   object.param = "response_format";
   EXPECT_TRUE(std::holds_alternative<ApiError>(compiler.constraint_for(object, &chat, ToolCallSyntax::kHermes)));
+}
+
+StructuredOutputSpec enum_schema(int i) {
+  StructuredOutputSpec spec;
+  spec.kind = StructuredOutputSpec::Kind::kJsonSchema;
+  spec.param = "response_format";
+  spec.schema_path = "response_format.json_schema.schema";
+  spec.schema = Json::parse(fmt::format(R"({{"type": "object", "properties": {{"k{0}": {{"enum": ["v{0}", "w{0}"]}},
+      "n": {{"type": "integer"}}, "s": {{"type": "string"}}}}, "required": ["k{0}"]}})", i));
+  return spec;
+}
+
+// Many distinct schemas: the cache drops the least recently used grammars to stay under its
+// memory bound, counts them, and a constraint made earlier keeps working after its grammar left.
+TEST_F(StructuredOutputCompilerTest, ManyDistinctSchemasStayUnderTheMemoryBound) {
+  size_t one = 0;
+  {
+    StructuredOutputCompiler probe(vocabulary_);
+    (void)probe.constraint_for(enum_schema(0), nullptr, ToolCallSyntax::kNone);
+    one = static_cast<size_t>(probe.counters().bytes);
+    ASSERT_GT(one, 0u);
+  }
+  StructuredOutputCompiler::Options options;
+  options.max_grammars = 1000;
+  options.max_memory_bytes = 4 * one;
+  StructuredOutputCompiler compiler(vocabulary_, options);
+  auto first = std::get<std::shared_ptr<const engine::TokenConstraint>>(
+      compiler.constraint_for(enum_schema(0), nullptr, ToolCallSyntax::kNone));
+  for (int i = 1; i < 40; ++i) {
+    auto c = compiler.constraint_for(enum_schema(i), nullptr, ToolCallSyntax::kNone);
+    ASSERT_TRUE(std::holds_alternative<std::shared_ptr<const engine::TokenConstraint>>(c));
+    EXPECT_TRUE(accepts(std::get<std::shared_ptr<const engine::TokenConstraint>>(c),
+                        fmt::format("{{\"k{0}\": \"w{0}\", \"n\": 3}}", i)));
+    const GrammarCacheCounters counters = compiler.counters();
+    EXPECT_LE(static_cast<size_t>(counters.bytes), options.max_memory_bytes) << i;
+  }
+  const GrammarCacheCounters counters = compiler.counters();
+  EXPECT_EQ(counters.compiled, 40);
+  EXPECT_LT(counters.grammars, 40);
+  EXPECT_GE(counters.grammars, 2);
+  EXPECT_EQ(counters.evictions, 40 - counters.grammars);
+  EXPECT_TRUE(accepts(first, "{\"k0\": \"v0\"}"));
+  EXPECT_FALSE(accepts(first, "{\"k0\": \"v1\"}"));
+  // A cached grammar comes back without a compile; an evicted one is compiled again.
+  (void)compiler.constraint_for(enum_schema(39), nullptr, ToolCallSyntax::kNone);
+  EXPECT_EQ(compiler.counters().compiled, 40);
+  (void)compiler.constraint_for(enum_schema(0), nullptr, ToolCallSyntax::kNone);
+  EXPECT_EQ(compiler.counters().compiled, 41);
+}
+
+// With an encoder, text the grammar forces is pending as the tokenizer's tokens of that text
+// (less the last): the mask allows only the next of them, and with jump-forward the constraint
+// hands them all to the engine.
+TEST_F(StructuredOutputCompilerTest, ForcedTextIsWrittenInItsCanonicalTokens) {
+  StructuredOutputSpec spec;
+  spec.kind = StructuredOutputSpec::Kind::kJsonSchema;
+  spec.param = "response_format";
+  spec.schema_path = "response_format.json_schema.schema";
+  spec.schema = Json::parse(R"({"type": "object", "properties": {"customer_account_number": {"type": "integer"}},
+      "required": ["customer_account_number"], "additionalProperties": false})");
+  const std::string key = "customer_account_number\"";
+  for (bool jump_forward : {false, true}) {
+    StructuredOutputCompiler::Options options;
+    options.encode = [](std::string_view text) { return tokenizer_->encode(text, false); };
+    options.jump_forward = jump_forward;
+    StructuredOutputCompiler compiler(vocabulary_, options);
+    auto c = std::get<std::shared_ptr<const engine::TokenConstraint>>(
+        compiler.constraint_for(spec, nullptr, ToolCallSyntax::kNone))->clone();
+    std::vector<uint64_t> mask(engine::allowed_words(vocabulary_->size()));
+    std::vector<int32_t> forced;
+    c->forced_tokens(forced);
+    EXPECT_TRUE(forced.empty());  // "{" comes first, then a choice of whitespace or the key
+    for (int32_t id : tokenizer_->encode("{\"", false)) ASSERT_TRUE(c->accept(id));
+    std::vector<int32_t> canonical = tokenizer_->encode(key, false);
+    ASSERT_GE(canonical.size(), 2u);
+    const int32_t last = canonical.back();
+    canonical.pop_back();
+    c->forced_tokens(forced);
+    EXPECT_EQ(forced, jump_forward ? canonical : std::vector<int32_t>{});
+    for (int32_t id : canonical) {
+      EXPECT_EQ(c->fill_allowed(mask), 1u);
+      EXPECT_TRUE((mask[id >> 6] >> (id & 63)) & 1);
+      ASSERT_TRUE(c->accept(id));
+    }
+    // The last piece of the key is the model's again (here one token fits: `"`), nothing pending.
+    c->forced_tokens(forced);
+    EXPECT_TRUE(forced.empty());
+    std::fill(mask.begin(), mask.end(), 0);
+    EXPECT_GE(c->fill_allowed(mask), 1u);
+    EXPECT_TRUE((mask[last >> 6] >> (last & 63)) & 1);
+  }
 }
 
 }  // namespace

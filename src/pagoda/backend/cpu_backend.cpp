@@ -168,11 +168,12 @@ StatusOr<RunnerSetup> create_cpu_runner(const RunnerSpec& spec, const RunnerRequ
     }
   } else {
     auto single = CpuModelRunner::create(std::move(model), static_cast<int32_t>(num_blocks), spec.block_size,
-                                         spec.key_dtype, spec.value_dtype, host_blocks);
+                                         spec.key_dtype, spec.value_dtype, host_blocks, spec.kv_cross_layer_share);
     if (single.ok()) runner = std::unique_ptr<runtime::ModelRunner>(std::move(*single));
     else runner = single.status();
   }
   if (!runner.ok()) {
+    if (runner.status().message().find("--kv-cross-layer-share") != std::string::npos) return runner.status();
     if (runner.status().message().find("host KV pool") != std::string::npos)
       return runner.status().with_context(
           fmt::format("--kv-offload-memory {}", format_bytes(static_cast<double>(spec.kv_offload_memory))));

@@ -65,6 +65,18 @@ StatusOr<RunnerSetup> create_cuda_runner(const RunnerSpec& spec, const RunnerReq
   options.show_progress = req.show_progress;
   options.kv_key_dtype = spec.key_dtype;
   options.kv_value_dtype = spec.value_dtype;
+  if (spec.weight_quantization) {
+    if (*spec.weight_quantization != DType::kFP8E4M3)
+      return invalid_argument_error("--quantization {}: --device cuda runs fp8 weight quantization only",
+                                    dtype_name(*spec.weight_quantization));
+    if (config.fp8)
+      return invalid_argument_error("--quantization fp8: {} is already quantized ({}); --quantization needs f32, "
+                                    "f16 or bf16 weights", spec.config_path, config.fp8->describe());
+    if (config.mla)
+      return invalid_argument_error("--quantization fp8: {} (MLA/MoE) layers run bf16 on the GPU",
+                                    config.architecture_name);
+    options.fp8_weights = true;
+  }
   std::unique_ptr<cuda::CudaModel> model;
   if (spec.load_format == LoadFormat::kRandom) {
     PAGODA_ASSIGN_OR_RETURN(model, cuda::CudaModel::create_random(config, spec.weight_seed, options));
@@ -73,6 +85,20 @@ StatusOr<RunnerSetup> create_cuda_runner(const RunnerSpec& spec, const RunnerReq
     PAGODA_ASSIGN_OR_RETURN(model, cuda::CudaModel::load(spec.model_dir, options));
   }
 
+  const int32_t fp8_projections = model->fp8_projections();
+  const int32_t projections = config.mla ? 0 : 4 * config.num_layers;
+  std::string weights_text =
+      fmt::format("; weights {} on the GPU", format_bytes(static_cast<double>(model->weight_bytes())));
+  if (fp8_projections > 0)
+    weights_text += fmt::format(" (fp8 e4m3 GEMMs for {} of {} projections, {} scales{})",
+                                fp8_projections, projections, model->fp8_scale_mode_name(),
+                                spec.weight_quantization ? ", --quantization fp8: per channel, dynamic per token"
+                                                         : ", " + config.fp8->describe());
+  else if (config.fp8)
+    weights_text += fmt::format(" (bf16, dequantized from the checkpoint's fp8: {}; a scheme the GPU's fp8 GEMMs do "
+                                "not run)", config.fp8->describe());
+  else
+    weights_text += " (bf16)";
   RunnerSetup setup;
   setup.spec = spec;
   setup.config = config;
@@ -113,11 +139,7 @@ StatusOr<RunnerSetup> create_cuda_runner(const RunnerSpec& spec, const RunnerReq
 
   std::vector<std::string> lines;
   lines.push_back("device: cuda (" + device_text + ")");
-  lines.push_back(model_summary(config, spec) +
-                  fmt::format("; weights {} bf16 on the GPU{}", format_bytes(static_cast<double>(setup.weight_bytes)),
-                              config.fp8 ? fmt::format(" (dequantized from the checkpoint's fp8: {}; no fp8 GEMMs "
-                                                       "on the GPU yet)", config.fp8->describe())
-                                         : std::string()));
+  lines.push_back(model_summary(config, spec) + weights_text);
   add_kv_report(setup, lines);
   lines.insert(lines.end() - 1, pool_report);
   lines.insert(lines.end() - 1, kv_tiers_line(setup, /*pinned=*/true));

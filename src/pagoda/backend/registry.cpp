@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/backend/cpu_backend.h"
+#include "pagoda/backend/startup_report.h"
 #ifdef PAGODA_HAVE_CUDA
 #include "pagoda/backend/cuda_backend.h"
 #endif
@@ -38,6 +39,7 @@ StatusOr<RunnerSetup> create_model_runner(const RunnerSpec& spec,
     return out_of_range_error("this run needs {} tokens of context, more than {} (config.json's "
                                   "max_position_embeddings, or --max-model-len)", requirements.sequence_tokens,
                                   config.max_position_embeddings);
+  PAGODA_RETURN_IF_ERROR(check_cross_layer_share(config, spec));
   if (spec.device == Device::kCuda) {
 #ifdef PAGODA_HAVE_CUDA
     return create_cuda_runner(spec, requirements, std::move(config));

@@ -37,6 +37,7 @@ struct RunnerSpec {
   int32_t block_size = 16;
   int64_t kv_cache_memory = 0;  // > 0: a pool of this many bytes; 0: see RunnerRequirements / utilization
   int64_t kv_offload_memory = 0;  // > 0: a host tier of this many bytes (pinned on cuda); 0: none
+  int32_t kv_cross_layer_share = 1;  // --kv-cross-layer-share K (runtime/cross_layer_share.h); 1: off
   double gpu_memory_utilization = 0.9;
   int32_t max_num_seqs = 64;
   int32_t max_tokens_per_step = 512;

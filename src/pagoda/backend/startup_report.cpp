@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "pagoda/model/kv_geometry.h"
+#include "pagoda/runtime/cross_layer_share.h"
 #include "pagoda/runtime/kv_sizing.h"
 
 namespace pagoda::backend {
@@ -46,7 +47,28 @@ int64_t RunnerSetup::max_concurrent_full_requests() const {
 }
 
 KvPoolShape pool_shape(const ModelConfig& config, const RunnerSpec& spec, int32_t num_blocks) {
-  return model_kv_pool_shape(config, num_blocks, spec.block_size, spec.key_dtype, spec.value_dtype);
+  KvPoolShape shape = model_kv_pool_shape(config, num_blocks, spec.block_size, spec.key_dtype, spec.value_dtype);
+  shape.cross_layer_share = spec.kv_cross_layer_share;
+  return shape;
+}
+
+Status check_cross_layer_share(const ModelConfig& config, const RunnerSpec& spec) {
+  if (spec.kv_cross_layer_share == 1) return ok_status();
+  PAGODA_RETURN_IF_ERROR(
+      runtime::validate_cross_layer_share(spec.kv_cross_layer_share, config.num_layers, "--kv-cross-layer-share"));
+  if (config.mla)
+    return invalid_argument_error("--kv-cross-layer-share {}: not for an MLA model (it caches one latent per layer)",
+                                  spec.kv_cross_layer_share);
+  if (spec.device != Device::kCpu)
+    return unimplemented_error("--kv-cross-layer-share {}: not on --device {} yet (cpu only)",
+                               spec.kv_cross_layer_share, device_name(spec.device));
+  if (spec.tensor_parallel_size > 1)
+    return unimplemented_error("--kv-cross-layer-share {} cannot be combined with --tensor-parallel-size {} yet",
+                               spec.kv_cross_layer_share, spec.tensor_parallel_size);
+  if (spec.kv_offload_memory > 0)
+    return invalid_argument_error("--kv-cross-layer-share {} cannot be combined with --kv-offload-memory: a shared "
+                                  "block's norm records have no host form yet", spec.kv_cross_layer_share);
+  return ok_status();
 }
 
 std::string kv_dtype_flags_text(const RunnerSpec& spec) {
@@ -83,7 +105,8 @@ std::string model_summary(const ModelConfig& c, const RunnerSpec& spec) {
 
 void add_kv_report(const RunnerSetup& setup, std::vector<std::string>& lines) {
   const RunnerSpec& f = setup.spec;
-  const KvShape shape = model_kv_shape(setup.config);
+  KvShape shape = model_kv_shape(setup.config);
+  shape.cross_layer_share = f.kv_cross_layer_share;
   lines.push_back(format_kv_cache_line(shape, f.key_dtype, f.value_dtype,
                                        setup.kv_pool_tokens() * setup.kv_bytes_per_token, setup.block_size) +
                   " (scales included)");

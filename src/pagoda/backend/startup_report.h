@@ -17,6 +17,9 @@
 namespace pagoda::backend {
 
 KvPoolShape pool_shape(const ModelConfig& config, const RunnerSpec& spec, int32_t num_blocks);
+// --kv-cross-layer-share against the model and the other settings: K in [1, layers / 2], no MLA,
+// cpu only, no host tier. Errors name the flag.
+Status check_cross_layer_share(const ModelConfig& config, const RunnerSpec& spec);
 // "--kv-cache-dtype int8" or "--kv-cache-dtype-k int8 --kv-cache-dtype-v int4".
 std::string kv_dtype_flags_text(const RunnerSpec& spec);
 // A backend error caused by the chosen KV dtypes keeps its code and gains the flags.

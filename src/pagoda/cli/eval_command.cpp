@@ -66,6 +66,7 @@ struct EvalOptions {
   bool json = false;
   bool quiet = false;
   KvCompressionFlags kv_compression;  // the (variant) runner's token eviction
+  int32_t kv_cross_layer_share = 1;   // the (variant) runner's --kv-cross-layer-share
   // eval recall's sweep.
   std::string policies = "none,streaming,h2o,snapkv,pyramidkv,entropy";
   std::string budgets = "128,256";
@@ -173,6 +174,7 @@ std::unique_ptr<eval::PagedRunner> make_runner(const EvalOptions& opt, int32_t w
     auto quantization = parse_weight_quantization(opt.quantization, spec.device);
     if (!quantization.ok()) fail(quantization.status().to_string());
     spec.weight_quantization = *quantization;
+    spec.kv_cross_layer_share = opt.kv_cross_layer_share;  // the variant's; an agreement baseline shares nothing
   }
   if (auto tp = check_tensor_parallel_size(opt.tensor_parallel_size); !tp.ok()) fail(tp.to_string());
   spec.tensor_parallel_size = opt.tensor_parallel_size;
@@ -222,7 +224,8 @@ eval::ProgressCallback progress_printer(bool quiet, Clock::time_point start) {
 void run_perplexity(const EvalOptions& opt) {
   const KvDtypes kv_dtype = resolve_kv_dtypes(opt.kv_dtype, opt.key_dtype, opt.value_dtype);
   LoadedInputs in = load_inputs(opt);
-  auto compression = resolve_kv_compression_flags(opt.kv_compression, parse_device(opt.device));
+  auto compression = resolve_kv_compression_flags(opt.kv_compression, parse_device(opt.device),
+                                                  opt.kv_cross_layer_share);
   if (!compression.ok()) fail(compression.status().to_string());
   auto runner = make_runner(opt, in.window, opt.block_size, kv_dtype, true, *compression);
   const auto start = Clock::now();
@@ -243,6 +246,7 @@ void run_perplexity(const EvalOptions& opt) {
       {"value_dtype", kv_dtype_label(kv_dtype.value)},
       {"block_size", opt.block_size},
       {"kv_compression", opt.kv_compression.policy},
+      {"kv_cross_layer_share", opt.kv_cross_layer_share},
       {"kv_budget", opt.kv_compression.budget},
       {"seconds", seconds},
       {"text_file", opt.text_file},
@@ -277,7 +281,8 @@ void run_agreement(const EvalOptions& opt) {
   auto baseline = make_runner(opt, in.window, opt.baseline_block_size, baseline_dtype, /*quantize=*/false);
   std::vector<std::unique_ptr<eval::PagedRunner>> runners;
   std::vector<eval::PagedRunner*> pointers;
-  auto compression = resolve_kv_compression_flags(opt.kv_compression, parse_device(opt.device));
+  auto compression = resolve_kv_compression_flags(opt.kv_compression, parse_device(opt.device),
+                                                  opt.kv_cross_layer_share);
   if (!compression.ok()) fail(compression.status().to_string());
   for (const KvDtypes& v : variants) {
     runners.push_back(make_runner(opt, in.window, opt.block_size, v, true, *compression));
@@ -309,6 +314,7 @@ void run_agreement(const EvalOptions& opt) {
         {"baseline_kv_dtype", baseline_dtype.label()},
         {"baseline_block_size", opt.baseline_block_size},
         {"kv_compression", opt.kv_compression.policy},
+        {"kv_cross_layer_share", opt.kv_cross_layer_share},
         {"kv_budget", opt.kv_compression.budget},
         {"seconds", seconds},
         {"text_file", opt.text_file},
@@ -398,7 +404,7 @@ void run_recall(const EvalOptions& opt) {
       KvCompressionFlags flags = opt.kv_compression;
       flags.policy = policy;
       flags.budget = policy == "none" ? 0 : parse_count(budget_text, "--budgets");
-      auto compression = resolve_kv_compression_flags(flags, device);
+      auto compression = resolve_kv_compression_flags(flags, device, opt.kv_cross_layer_share);
       if (!compression.ok()) fail(compression.status().to_string());
       auto runner = make_runner(opt, std::max(in.window, sequence_tokens), opt.block_size, dtypes, true,
                                 *compression);
@@ -480,6 +486,7 @@ void add_common_options(CLI::App* cmd, EvalOptions& opt) {
   cmd->add_flag("--json", opt.json, "print the result as one JSON line (last on stdout), no progress");
   cmd->add_flag("--quiet", opt.quiet, "no progress on stderr");
   add_kv_compression_flags(*cmd, opt.kv_compression);
+  add_cross_layer_share_flag(*cmd, opt.kv_cross_layer_share);
 }
 
 }  // namespace

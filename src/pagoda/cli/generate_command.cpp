@@ -79,7 +79,7 @@ void run_generate(const GenerateOptions& opt) {
   // Cheap checks first, before a possibly long model load.
   auto flags = resolve_runner_flags(opt.runner, RunnerCommand::kGenerate);
   if (!flags.ok()) fail(flags.status().to_string());
-  auto kv_compression = resolve_kv_compression_flags(opt.kv_compression, flags->device);
+  auto kv_compression = resolve_kv_compression_flags(opt.kv_compression, flags->device, flags->kv_cross_layer_share);
   if (!kv_compression.ok()) fail(kv_compression.status().to_string());
   auto preemption = resolve_preemption_mode(opt.runner, *flags);
   if (!preemption.ok()) fail(preemption.status().to_string());

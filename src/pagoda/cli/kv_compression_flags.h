@@ -8,7 +8,8 @@
 //   --kv-window N            most recent tokens always kept, and the observation window (default 32)
 //
 // Errors name the flag: an unknown policy, a budget not above sinks + window,
-// a budget without a policy, or a device that cannot evict (cuda for now).
+// a budget without a policy, a scored policy on cuda (streaming only there for now), or a
+// policy with --kv-cross-layer-share > 1 (not combined yet).
 //
 // Thread safety: plain functions; call from one thread at start-up.
 
@@ -32,6 +33,7 @@ struct KvCompressionFlags {
 
 void add_kv_compression_flags(CLI::App& cmd, KvCompressionFlags& flags);
 StatusOr<runtime::KvCompressionConfig> resolve_kv_compression_flags(const KvCompressionFlags& flags,
-                                                                    backend::Device device);
+                                                                    backend::Device device,
+                                                                    int32_t cross_layer_share = 1);
 
 }  // namespace pagoda::cli

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/cli/commands.h"
+#include "pagoda/runtime/cross_layer_share.h"
 #include "pagoda/runtime/kv_sizing.h"
 
 namespace pagoda::cli {
@@ -28,6 +29,7 @@ struct KvcalcOptions {
   std::vector<std::string> dtypes = {"bf16", "fp8", "int8", "int4"};
   bool compare = false;
   bool json = false;
+  int64_t cross_layer_share = 1;  // --kv-cross-layer-share (runtime/cross_layer_share.h)
 };
 
 KvShape shape_from_options(const KvcalcOptions& o) {
@@ -95,6 +97,16 @@ std::string describe(const KvShape& s) {
 
 void run_kvcalc(const KvcalcOptions& o) {
   KvShape shape = shape_from_options(o);
+  if (o.cross_layer_share != 1) {
+    if (o.cross_layer_share > INT32_MAX) fail(fmt::format("--kv-cross-layer-share {}: too large", o.cross_layer_share));
+    const Status valid = runtime::validate_cross_layer_share(static_cast<int32_t>(o.cross_layer_share),
+                                                             static_cast<int32_t>(shape.layers), "--kv-cross-layer-share");
+    if (!valid.ok()) fail(valid.message());
+    if (shape.is_mla()) fail(fmt::format("--kv-cross-layer-share {}: not for an MLA model", o.cross_layer_share));
+  }
+  // The base of "vs base" is the unshared model in bf16, so a shared row shows its saving.
+  const int64_t bf16_bytes = kv_bytes_per_token(shape, DType::kBF16);
+  shape.cross_layer_share = o.cross_layer_share;
   if (o.tokens <= 0) fail(fmt::format("--tokens must be positive, got {}", o.tokens));
   if (o.batch <= 0) fail(fmt::format("--batch must be positive, got {}", o.batch));
   if (o.block_size <= 0 || o.block_size > 256) fail(fmt::format("--block-size must be 1..256, got {}", o.block_size));
@@ -122,7 +134,6 @@ void run_kvcalc(const KvcalcOptions& o) {
   }
   // Paging rounds each request up to whole blocks.
   int64_t request_tokens = (o.tokens + o.block_size - 1) / o.block_size * o.block_size;
-  int64_t bf16_bytes = kv_bytes_per_token(shape, DType::kBF16);
 
   // An MLA model always shows what MHA caching of it would take beside it.
   std::vector<KvShape> shapes = o.compare || (shape.is_mla() && shape.head_dim > 0) ? comparison_shapes(shape)
@@ -139,6 +150,7 @@ void run_kvcalc(const KvcalcOptions& o) {
                             {"kv_dtype", label},
                             {"key_dtype", dtype_name(k)},
                             {"value_dtype", s.is_mla() ? dtype_name(k) : dtype_name(v)},
+                            {"cross_layer_share", s.cross_layer_share},
                             {"bytes_per_token", per_token},
                             {"ratio_to_bf16", static_cast<double>(bf16_bytes) / per_token},
                             {"bytes_per_request", per_token * request_tokens},
@@ -162,6 +174,13 @@ void run_kvcalc(const KvcalcOptions& o) {
     return;
   }
   std::cout << fmt::format("model: {}\n", describe(shape));
+  if (shape.cross_layer_share > 1) {
+    const runtime::CrossLayerShare share{static_cast<int32_t>(shape.layers), static_cast<int32_t>(shape.cross_layer_share)};
+    std::cout << fmt::format("cross-layer share {}: layers {}-{} in groups of {}, {} of {} layers' K/V stored, plus "
+                             "per-token norms (2 x {} f32 per KV head per shared slot)\n",
+                             shape.cross_layer_share, share.first_shared(), shape.layers - 1, shape.cross_layer_share,
+                             share.num_slots(), shape.layers, share.norm_record());
+  }
   std::cout << fmt::format("request: {} tokens ({} after rounding to blocks of {}), batch of {}\n", o.tokens,
                            request_tokens, o.block_size, o.batch);
   if (budget) std::cout << fmt::format("budget: {} ({} bytes)\n", format_bytes(static_cast<double>(*budget)), *budget);
@@ -198,6 +217,10 @@ void add_kvcalc_command(CLI::App& app) {
   cmd->add_option("--config", opts->config_path, "a Hugging Face config.json")->check(CLI::ExistingFile);
   cmd->add_option("--model", opts->model_dir, "a model directory holding config.json")->check(CLI::ExistingDirectory);
   cmd->add_option("--layers", opts->layers, "number of layers (without --config)");
+  cmd->add_option("--kv-cross-layer-share", opts->cross_layer_share,
+                  "K > 1: groups of K upper layers store one merged K/V plus per-token norms (as pagoda generate / "
+                  "serve / eval --kv-cross-layer-share)")
+      ->capture_default_str();
   cmd->add_option("--heads", opts->heads, "query heads (default: --kv-heads)");
   cmd->add_option("--kv-heads", opts->kv_heads, "key/value heads: = heads for MHA, 1 for MQA");
   cmd->add_option("--head-dim", opts->head_dim, "dimension of one head");

@@ -43,10 +43,10 @@ StatusOr<std::optional<DType>> parse_weight_quantization(const std::string& text
   if (text.empty() || text == "none") return std::optional<DType>();
   if (text != "int8" && text != "int4" && text != "fp8")
     return invalid_argument_error("--quantization {}: expected none, int8, int4 or fp8", text);
-  if (device != backend::Device::kCpu)
-    return invalid_argument_error("--quantization {}: weight quantization runs on the CPU backend only; with "
-                                  "--device cuda leave it out (the GPU runs bf16 weights)", text);
   if (text == "fp8") return std::optional<DType>(DType::kFP8E4M3);
+  if (device != backend::Device::kCpu)
+    return invalid_argument_error("--quantization {}: int8/int4 weights run on the CPU backend only; with "
+                                  "--device cuda use fp8 or leave it out", text);
   return std::optional<DType>(text == "int8" ? DType::kInt8 : DType::kInt4);
 }
 
@@ -65,9 +65,9 @@ Status check_tensor_parallel_size(int32_t value) {
 
 void add_quantization_flag(CLI::App& cmd, std::string& value) {
   cmd.add_option("--quantization", value,
-                 "CPU weights: none (as loaded), int8 (blocks of 32, f16 scale, like Q8_0), int4 (groups of 32, "
-                 "f16 scale, like Q4_0) or fp8 (e4m3, one scale per output channel, activations rounded to fp8 per "
-                 "token: the reference of the GPU's fp8 GEMMs), quantized at load from f32/f16/bf16");
+                 "Weights: none (as loaded), int8 (blocks of 32, f16 scale, like Q8_0; CPU), int4 (groups of 32, "
+                 "f16 scale, like Q4_0; CPU) or fp8 (e4m3, one scale per output channel, activations quantized to "
+                 "fp8 per token; CPU reference and GPU fp8 GEMMs), quantized at load from f32/f16/bf16");
 }
 
 void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) {
@@ -112,6 +112,7 @@ void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) 
                  "Longest sequence (prompt + output) in tokens; default: config.json's max_position_embeddings. "
                  "Larger values run past the trained context (benchmarks)");
   add_host_tier_flags(cmd, flags.kv_offload_memory, flags.preemption_mode);
+  add_cross_layer_share_flag(cmd, flags.kv_cross_layer_share);
   if (command == RunnerCommand::kServe) {
     flags.max_num_seqs_option = cmd.add_option("--max-num-seqs,--max-running", flags.max_num_seqs,
                                                "Most sequences in one batch (default: 64 on cpu, 256 on cuda)");
@@ -119,6 +120,14 @@ void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) 
         cmd.add_option("--max-tokens-per-step,--max-num-batched-tokens", flags.max_tokens_per_step,
                        "Token budget of one engine step, prefill chunks + decodes (default: 512 on cpu, 8192 on cuda)");
   }
+}
+
+void add_cross_layer_share_flag(CLI::App& cmd, int32_t& value) {
+  cmd.add_option("--kv-cross-layer-share", value,
+                 "K > 1: the upper half of the layers is cut into groups of K that store one merged K/V (the mean "
+                 "of their directions, each layer's norms kept, MiniCache-style): fewer KV bytes per token, at a "
+                 "quality cost (docs/KV_CACHE.md); at most layers / 2; cpu only; 1: off")
+      ->capture_default_str();
 }
 
 void add_host_tier_flags(CLI::App& cmd, std::string& kv_offload_memory, std::string& preemption_mode) {
@@ -250,6 +259,10 @@ StatusOr<backend::RunnerSpec> resolve_runner_flags(const RunnerFlags& flags, Run
 
   // The host tier: bytes of host memory, at most what the machine has.
   PAGODA_ASSIGN_OR_RETURN(r.kv_offload_memory, parse_kv_offload_memory(flags.kv_offload_memory));
+  // Against the model's layers when it is loaded (backend::check_cross_layer_share).
+  if (flags.kv_cross_layer_share < 1)
+    return invalid_argument_error("--kv-cross-layer-share {}: must be >= 1 (1: no sharing)", flags.kv_cross_layer_share);
+  r.kv_cross_layer_share = flags.kv_cross_layer_share;
 
   // Scheduler limits (serve); generate runs one sequence.
   const bool cuda = r.device == backend::Device::kCuda;

@@ -49,6 +49,7 @@ struct RunnerFlags {
   uint64_t weight_seed = 0;         // --load-format random
   std::string quantization;         // --quantization: empty/none, int8, int4 or fp8 (CPU only)
   int32_t tensor_parallel_size = 1; // --tensor-parallel-size
+  int32_t kv_cross_layer_share = 1; // --kv-cross-layer-share K (runtime/cross_layer_share.h)
 
   // Set by add_runner_flags: tells a flag given on the command line from its default.
   const CLI::Option* gpu_memory_utilization_option = nullptr;
@@ -77,6 +78,9 @@ Status check_tensor_parallel_size(int32_t value);
 
 // Registers --quantization on cmd (generate, serve, eval).
 void add_quantization_flag(CLI::App& cmd, std::string& value);
+
+// --kv-cross-layer-share (generate, serve, eval), into `value`.
+void add_cross_layer_share_flag(CLI::App& cmd, int32_t& value);
 
 // --kv-offload-memory and --preemption-mode alone, for a command with flags of
 // its own (eval); add_runner_flags registers them too.

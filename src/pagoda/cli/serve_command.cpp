@@ -30,6 +30,7 @@
 #include "pagoda/cli/kv_tier_flags.h"
 #include "pagoda/cli/kv_compression_flags.h"
 #include "pagoda/cli/runner_flags.h"
+#include "pagoda/runtime/kv_sizing.h"
 #include "pagoda/cli/tokenizer_text_decoder.h"
 #include "pagoda/engine/engine.h"
 #include "pagoda/grammar/token_vocabulary.h"
@@ -64,6 +65,8 @@ struct ServeOptions {
   int32_t prefix_share_min_tokens = 0;
   double ttft_floor_ms = 0;
   std::string ttft_floor_scope = "all";
+  std::string grammar_cache_memory = "256MiB";
+  bool no_jump_forward = false;
   server::TenantLimits tenant_limits;  // defaults for tenants whose api-keys entry sets none
 };
 
@@ -71,7 +74,7 @@ void run_serve(const ServeOptions& opt) {
   namespace fs = std::filesystem;
   auto flags = resolve_runner_flags(opt.runner, RunnerCommand::kServe);
   if (!flags.ok()) fail(flags.status().to_string());
-  auto kv_compression = resolve_kv_compression_flags(opt.kv_compression, flags->device);
+  auto kv_compression = resolve_kv_compression_flags(opt.kv_compression, flags->device, flags->kv_cross_layer_share);
   if (!kv_compression.ok()) fail(kv_compression.status().to_string());
   auto preemption = resolve_preemption_mode(opt.runner, *flags);
   if (!preemption.ok()) fail(preemption.status().to_string());
@@ -169,6 +172,12 @@ void run_serve(const ServeOptions& opt) {
     fail(fmt::format("--cache-hit-ttft-floor-scope '{}': must be 'all' or 'hits'", opt.ttft_floor_scope));
   server_config.first_token_floor = std::chrono::milliseconds(static_cast<int64_t>(opt.ttft_floor_ms));
   server_config.first_token_floor_hits_only = opt.ttft_floor_scope == "hits";
+  auto grammar_bytes = parse_byte_size(opt.grammar_cache_memory);
+  if (!grammar_bytes.ok() || *grammar_bytes < 0)
+    fail(fmt::format("--grammar-cache-memory '{}': {}", opt.grammar_cache_memory,
+                     grammar_bytes.ok() ? "must be >= 0" : grammar_bytes.status().message()));
+  server_config.grammar_cache_memory_bytes = static_cast<size_t>(*grammar_bytes);
+  server_config.jump_forward = !opt.no_jump_forward;
   if (!opt.api_keys_file.empty()) {
     auto keys = server::ApiKeyStore::load(opt.api_keys_file);
     if (!keys.ok()) fail(keys.status().to_string());
@@ -265,6 +274,13 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-queued", opt->max_queued, "Most requests waiting to start; past it, 429")
       ->capture_default_str();
   cmd->add_flag("--no-prefix-cache", opt->no_prefix_cache, "Disable prefix caching (benchmark baseline)");
+  cmd->add_option("--grammar-cache-memory", opt->grammar_cache_memory,
+                  "Most memory the cached compiled grammars of structured outputs hold together (e.g. 256MiB); "
+                  "past it the least recently used are dropped")
+      ->capture_default_str();
+  cmd->add_flag("--no-jump-forward", opt->no_jump_forward,
+                "Structured outputs: sample every token, also where the grammar allows one continuation only "
+                "(default: that text is appended as the tokenizer's tokens without a forward pass each)");
   cmd->add_flag("--no-kv-events", opt->no_kv_events,
                 "Publish no KV block events (GET /v1/kv/events, read by a kv-aware `pagoda route`)");
   cmd->add_option("--http-threads", opt->http_threads,

@@ -4,6 +4,7 @@
 #include <cassert>
 #include <random>
 
+#include "pagoda/engine/lower_tier_loader.h"
 #include "pagoda/engine/lower_tier_spiller.h"
 #include "pagoda/runtime/host_block_layout.h"
 
@@ -72,15 +73,28 @@ Engine::Engine(EngineConfig config, runtime::ModelRunner& runner, kv::KvCacheMan
       kv_block_size_(kv.block_size()),
       kv_num_blocks_(kv.num_blocks()),
       runner_compacts_kv_(runner.capabilities().compacts_kv),
+      runner_kv_scores_(runner.capabilities().kv_attention_scores),
       kv_num_layers_(runner.kv_geometry().num_layers),
       unseeded_salt_(mix64(std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32))) {
   if (!config_.text_decoder_factory)
     config_.text_decoder_factory = [](std::span<const int32_t>) { return make_token_id_text_decoder(); };
-  if (config_.lower_tiers != nullptr && !config_.lower_tiers->empty())
+  if (config_.lower_tiers != nullptr && !config_.lower_tiers->empty()) {
     spiller_ = std::make_unique<LowerTierSpiller>(runner_, *config_.lower_tiers);
+    loader_ = std::make_unique<LowerTierLoader>(*config_.lower_tiers, std::max(1, config_.lower_tier_readers), [this] {
+      {
+        std::lock_guard lock(mutex_);
+        loads_finished_ = true;
+      }
+      work_ready_.notify_all();
+    });
+  }
 }
 
-Engine::~Engine() { shutdown(std::chrono::milliseconds(0)); }
+Engine::~Engine() {
+  shutdown(std::chrono::milliseconds(0));
+  // Its readers call back into this engine (mutex_, work_ready_), which are destroyed before it would be.
+  loader_.reset();
+}
 
 void Engine::start() {
   std::lock_guard lock(mutex_);
@@ -134,6 +148,7 @@ void Engine::shutdown(std::chrono::milliseconds grace) {
     std::lock_guard inline_lock(inline_mutex_);
     drain_commands();
     cancel_all_requests();
+    settle_lower_tier_loads();
     publish_stats(-1);
     flush_outputs();
     if (spiller_) spiller_->wait_idle();  // the tiers get the last blocks before their owner closes them
@@ -147,6 +162,7 @@ void Engine::shutdown(std::chrono::milliseconds grace) {
   // Then the rest is cancelled on the engine thread, which then stops.
   run_on_engine_thread([this] {
     cancel_all_requests();
+    settle_lower_tier_loads();
     flush_outputs();
     return 0;
   });
@@ -219,7 +235,12 @@ StatusOr<runtime::KvCompressionConfig> Engine::resolve_kv_compression(const Gene
   PAGODA_RETURN_IF_ERROR(runtime::validate_kv_compression(c, field));
   if (!c.enabled()) return c;
   if (!runner_compacts_kv_)
-    return unimplemented_error("{}: this device cannot run token eviction (policy {}); use the cpu device or none",
+    return unimplemented_error("{}: this runner cannot run token eviction (policy {}): its model has MLA or a "
+                               "sliding window, or its KV is shared across layers (--kv-cross-layer-share)",
+                               own ? "kv_compression.policy" : "--kv-compression",
+                               runtime::kv_compression_policy_name(c.policy));
+  if (!runner_kv_scores_ && c.policy != runtime::KvCompressionPolicy::kStreaming)
+    return unimplemented_error("{} {}: this device has no attention scores yet; it runs streaming only",
                                own ? "kv_compression.policy" : "--kv-compression",
                                runtime::kv_compression_policy_name(c.policy));
   if (request.sampling.n > 1)
@@ -343,8 +364,7 @@ void Engine::admit_request(std::unique_ptr<RequestState> state) {
   seq->tokens = req->request.prompt_tokens;
   seq->prompt_length = static_cast<int32_t>(seq->tokens.size());
   seq->history.add_prompt(seq->tokens);
-  load_from_lower_tiers(seq);
-  scheduler_.enqueue(seq);
+  if (!start_lower_tier_load(seq)) scheduler_.enqueue(seq);  // else scheduled once its blocks are in
   ++thread_stats_.requests_submitted;
   thread_stats_.prompt_tokens += seq->prompt_length;
 }
@@ -391,8 +411,11 @@ void Engine::finish_sequence(Sequence* seq, FinishReason reason) {
 void Engine::abort_request(RequestState* req) {
   if (req->num_finished == static_cast<int32_t>(req->sequences.size()) && req->aborted) return;
   req->aborted = true;
-  for (Sequence* seq : req->sequences)
-    if (seq) finish_sequence(seq, FinishReason::kAbort);
+  for (Sequence* seq : req->sequences) {
+    if (!seq) continue;
+    if (loader_) loader_->cancel(seq->id);  // its reads not started are skipped; blocks back when it returns
+    finish_sequence(seq, FinishReason::kAbort);
+  }
 }
 
 void Engine::fail_request(RequestState* req, const Status& failure, FinishReason reason) {
@@ -409,8 +432,11 @@ void Engine::fail_request(RequestState* req, const Status& failure, FinishReason
     out.error = failure.message().empty() ? std::string(status_code_name(failure.code())) : failure.message();
   }
   req->aborted = true;
-  for (Sequence* seq : req->sequences)
-    if (seq) finish_sequence(seq, reason);
+  for (Sequence* seq : req->sequences) {
+    if (!seq) continue;
+    if (loader_) loader_->cancel(seq->id);
+    finish_sequence(seq, reason);
+  }
 }
 
 void Engine::cancel_all_requests() {
@@ -528,6 +554,18 @@ void Engine::sample_constrained(Sequence* seq, std::span<const float> logits) {
     return;
   }
   append_token(seq, token);
+  jump_forward(seq);
+}
+
+void Engine::jump_forward(Sequence* seq) {
+  const GenerationRequest& r = seq->request->request;
+  if (seq->status != SequenceStatus::kRunning || r.sampling.logprobs.has_value() || r.return_logits) return;
+  seq->constraint->forced_tokens(forced_tokens_);
+  for (int32_t token : forced_tokens_) {
+    if (seq->status != SequenceStatus::kRunning || !seq->constraint->accept(token)) break;
+    append_token(seq, SampledToken{token, 0.0f, {}});
+    ++thread_stats_.jump_forward_tokens;
+  }
 }
 
 void Engine::fork_children(Sequence* parent, std::span<const float> logits) {
@@ -589,12 +627,14 @@ void Engine::publish_stats(double step_seconds) {
   thread_stats_.swap_preemptions = scheduler_.num_swap_preemptions();
   thread_stats_.kv = kv_.stats();
   thread_stats_.transfers = runner_.transfer_stats();
+  thread_stats_.lower_tier_loads_in_flight = loader_ ? loader_->in_flight() : 0;
   std::lock_guard lock(stats_mutex_);
   stats_ = thread_stats_;
 }
 
 bool Engine::step() {
   drain_commands();
+  finish_lower_tier_loads();
   StepPlan plan = scheduler_.schedule();
   for (Sequence* seq : plan.admitted) {
     RequestState* req = seq->request;
@@ -623,7 +663,14 @@ bool Engine::step() {
   if (plan.empty()) {
     publish_stats(-1);
     flush_outputs();
-    return false;
+    if (loader_ == nullptr || loader_->in_flight() == 0) return false;
+    // Only sequences waiting for their lower-tier reads: sleep until one is in or a command comes.
+    std::unique_lock lock(mutex_);
+    work_ready_.wait_for(lock, std::chrono::milliseconds(20), [&] {
+      return loads_finished_ || stop_thread_ || !pending_submits_.empty() || !pending_aborts_.empty() ||
+             !pending_tasks_.empty();
+    });
+    return true;
   }
 
   const auto start = Clock::now();
@@ -702,6 +749,7 @@ bool Engine::step() {
         continue;
       }
       append_token(seq, SampledToken{token, result->logprobs[r], {}});
+      if (seq->constraint) jump_forward(seq);
       continue;
     }
     RequestState* req = seq->request;
@@ -824,44 +872,113 @@ void Engine::spill_to_lower_tiers(std::span<const kv::BlockTransfer> moves) {
   spiller_->submit(std::move(spills));
 }
 
-void Engine::load_from_lower_tiers(Sequence* seq) {
+bool Engine::start_lower_tier_load(Sequence* seq) {
   kvstore::LowerTiers* tiers = config_.lower_tiers;
-  if (tiers == nullptr || tiers->empty()) return;
+  if (tiers == nullptr || tiers->empty() || loader_ == nullptr) return false;
   const std::string& ns = seq->request->request.tenant_namespace;
   const int64_t max_blocks = (static_cast<int64_t>(seq->tokens.size()) - 1) / kv_block_size_;
-  if (max_blocks <= 0) return;
+  if (max_blocks <= 0) return false;
   seq->block_hashes.extend(seq->tokens);
   const kv::PrefixMatch match = kv_.match_prefix(ns, seq->tokens, seq->block_hashes.hashes());
   const auto have = static_cast<int32_t>(match.blocks.size());
-  if (have >= max_blocks) return;
-  const std::vector<kv::StableKey> keys = kv_.stable_keys(ns, seq->tokens, static_cast<int32_t>(max_blocks));
-  if (static_cast<int64_t>(keys.size()) != max_blocks) return;
-  const kvstore::LowerTiers::Fetched fetched = tiers->fetch(std::span(keys).subspan(static_cast<size_t>(have)));
-  if (fetched.from_disk + fetched.from_redis == 0) return;
-  // Pending write-backs land first: a host block they target may be reclaimed below.
-  if (!run_transfers().ok()) return;
-  const size_t bb = tiers->block_bytes();
-  int32_t loaded = 0;
-  for (const auto& [origin, count] : {std::pair<uint8_t, int32_t>{1, fetched.from_disk}, {2, fetched.from_redis}}) {
-    if (count == 0) continue;
-    const std::vector<int32_t> hosts = kv_.adopt_host_blocks(ns, seq->tokens, have + loaded, count, origin);
-    if (spiller_) spiller_->wait_for(hosts);  // a reclaimed block may still be due to be spilled
-    for (size_t i = 0; i < hosts.size(); ++i) {
-      const auto bytes = std::span(fetched.data).subspan((static_cast<size_t>(loaded) + i) * bb, bb);
-      if (!runner_.write_host_block(hosts[i], bytes).ok()) {
-        // Never read: the cache forgets these blocks (and what hangs below them).
-        std::vector<kv::BlockTransfer> lost;
-        for (size_t j = i; j < hosts.size(); ++j)
-          lost.push_back(kv::BlockTransfer{kv::TransferDirection::kDeviceToHost, 0, hosts[j]});
-        kv_.transfers_failed(lost);
-        thread_stats_.lower_tier_blocks_loaded += loaded + static_cast<int64_t>(i);
-        return;
+  if (have >= max_blocks) return false;
+  std::vector<kv::StableKey> keys = kv_.stable_keys(ns, seq->tokens, static_cast<int32_t>(max_blocks));
+  if (static_cast<int64_t>(keys.size()) != max_blocks) return false;
+  keys.erase(keys.begin(), keys.begin() + have);
+  // The run the disk's index holds (in memory: no I/O here).
+  size_t disk_run = 0;
+  if (kvstore::BlockStore* disk = tiers->disk(); disk != nullptr)
+    while (disk_run < keys.size() && disk->probably_holds(keys[disk_run])) ++disk_run;
+  const bool redis = tiers->redis() != nullptr;
+  if (disk_run == 0 && !redis) return false;  // a miss costs nothing
+  auto load = std::make_unique<LowerTierLoader::Load>();
+  load->sequence = seq->id;
+  load->first_block = have;
+  if (disk_run > 0) {
+    // Pending write-backs are handed to the runner first: a host block they
+    // target may be reclaimed by the reservation below.
+    if (!run_transfers().ok()) return false;
+    load->disk_hosts = kv_.reserve_host_blocks(static_cast<int32_t>(disk_run));
+    if (spiller_) spiller_->wait_for(load->disk_hosts);  // a reclaimed block may still be due to be spilled
+    StatusOr<std::vector<std::span<std::byte>>> memory = runner_.host_blocks_for_writing(load->disk_hosts);
+    if (memory.ok()) {
+      load->disk_memory = std::move(*memory);
+    } else if (memory.status().code() == StatusCode::kUnimplemented) {
+      // Its host blocks are not one piece of memory: read into a buffer, written into them when the load is back.
+      const size_t bb = tiers->block_bytes();
+      load->disk_staging.resize(load->disk_hosts.size() * bb);
+      for (size_t i = 0; i < load->disk_hosts.size(); ++i)
+        load->disk_memory.push_back(std::span(load->disk_staging).subspan(i * bb, bb));
+    } else {
+      kv_.release_host_blocks(load->disk_hosts);
+      return false;
+    }
+  }
+  // Redis continues the run only past a whole disk run (the host tier may have given fewer blocks).
+  load->try_redis = redis && load->disk_hosts.size() == disk_run;
+  if (load->disk_hosts.empty() && !load->try_redis) return false;
+  load->keys = std::move(keys);
+  loader_->submit(std::move(load));
+  ++thread_stats_.lower_tier_loads;
+  return true;
+}
+
+void Engine::finish_lower_tier_loads() {
+  if (loader_ == nullptr) return;
+  {
+    std::lock_guard lock(mutex_);
+    loads_finished_ = false;
+  }
+  for (const std::unique_ptr<LowerTierLoader::Load>& load : loader_->take_finished()) {
+    const std::span<const int32_t> hosts(load->disk_hosts);
+    auto it = sequences_.find(load->sequence);
+    Sequence* seq = it == sequences_.end() ? nullptr : it->second.get();
+    if (seq == nullptr || seq->status != SequenceStatus::kWaiting || seq->request->aborted) {
+      kv_.release_host_blocks(hosts);  // aborted meanwhile: every reserved block goes back, read or not
+      continue;
+    }
+    const std::string& ns = seq->request->request.tenant_namespace;
+    auto disk_read = static_cast<size_t>(load->disk_read);
+    if (!load->disk_staging.empty()) {
+      // Staged: the blocks go into the reserved host blocks now (a failed write ends the run there).
+      const size_t bb = config_.lower_tiers->block_bytes();
+      for (size_t i = 0; i < disk_read; ++i) {
+        if (!runner_.write_host_block(hosts[i], std::span(load->disk_staging).subspan(i * bb, bb)).ok()) {
+          disk_read = i;
+          break;
+        }
       }
     }
-    loaded += static_cast<int32_t>(hosts.size());
-    if (static_cast<int32_t>(hosts.size()) < count) break;
+    kv_.release_host_blocks(hosts.subspan(disk_read));  // past a failed or corrupt read: recomputed
+    int32_t loaded =
+        kv_.adopt_reserved_host_blocks(ns, seq->tokens, load->first_block, hosts.first(disk_read), /*origin=*/1);
+    if (load->redis_read > 0 && disk_read == static_cast<size_t>(load->disk_read) && run_transfers().ok()) {
+      // Redis's blocks arrived in the load's buffer: copied into fresh host blocks here.
+      const size_t bb = config_.lower_tiers->block_bytes();
+      const std::vector<int32_t> fresh = kv_.adopt_host_blocks(
+          ns, seq->tokens, load->first_block + load->disk_read, load->redis_read, /*origin=*/2);
+      if (spiller_) spiller_->wait_for(fresh);
+      for (size_t i = 0; i < fresh.size(); ++i) {
+        if (!runner_.write_host_block(fresh[i], std::span(load->redis_data).subspan(i * bb, bb)).ok()) {
+          // Never read: the cache forgets these blocks (and what hangs below them).
+          std::vector<kv::BlockTransfer> lost;
+          for (size_t j = i; j < fresh.size(); ++j)
+            lost.push_back(kv::BlockTransfer{kv::TransferDirection::kDeviceToHost, 0, fresh[j]});
+          kv_.transfers_failed(lost);
+          break;
+        }
+        ++loaded;
+      }
+    }
+    thread_stats_.lower_tier_blocks_loaded += loaded;
+    scheduler_.enqueue(seq);
   }
-  thread_stats_.lower_tier_blocks_loaded += loaded;
+}
+
+void Engine::settle_lower_tier_loads() {
+  if (loader_ == nullptr) return;
+  loader_->wait_idle();
+  finish_lower_tier_loads();
 }
 
 Status Engine::copy_blocks_on_runner(std::span<const kv::BlockCopy> copies) {

@@ -42,6 +42,7 @@
 
 namespace pagoda::engine {
 
+class LowerTierLoader;
 class LowerTierSpiller;
 
 struct EngineConfig {
@@ -53,10 +54,14 @@ struct EngineConfig {
   // KV tiers below the host tier (disk, redis), or null. Must outlive the
   // engine; needs a host tier, stable keys in the KV manager and a runner
   // with host_block_access. A request's prompt blocks missing from the device
-  // and host tiers are looked up there when it arrives and loaded into the
-  // host tier (then promoted like any host hit); every block the host tier
-  // receives is handed to them to write (their own threads do the I/O).
+  // and host tiers are looked up there when it arrives and read into the host
+  // tier by reader threads (engine/lower_tier_loader.h) while the other
+  // sequences keep stepping; the request is scheduled once they are in (then
+  // promoted like any host hit). Every block the host tier receives is handed
+  // to them to write (their own threads do the I/O).
   kvstore::LowerTiers* lower_tiers = nullptr;
+  // Reader threads for lower-tier hits (>= 1).
+  int32_t lower_tier_readers = 4;
   // Token eviction for requests that do not set their own
   // (GenerationRequest::kv_compression); default none.
   runtime::KvCompressionConfig kv_compression;
@@ -81,6 +86,7 @@ struct EngineStats {
   int64_t prompt_tokens = 0;
   int64_t cached_prompt_tokens = 0;
   int64_t generated_tokens = 0;
+  int64_t jump_forward_tokens = 0;  // of which a constraint forced (TokenConstraint::forced_tokens)
   int64_t kv_blocks_zeroed = 0;  // blocks zeroed on the runner as they passed between tenants
   int64_t kv_compactions = 0;     // token eviction: sequences compacted
   int64_t kv_evicted_slots = 0;   // cache slots those compactions freed
@@ -89,6 +95,8 @@ struct EngineStats {
   runtime::TransferStats transfers;  // the runner's, between its device and host pools
   std::array<kvstore::TierIoStats, 2> lower_tiers{};  // [0] disk, [1] redis (enabled false when off)
   int64_t lower_tier_blocks_loaded = 0;  // blocks loaded into the host tier from disk or redis
+  int64_t lower_tier_loads = 0;          // requests that waited for a lower-tier read
+  int64_t lower_tier_loads_in_flight = 0;  // gauge: requests waiting for their reads now
   LatencyHistogram time_to_first_token;
   LatencyHistogram inter_token_latency;
   LatencyHistogram step_time;
@@ -192,6 +200,8 @@ class Engine {
   // Structured outputs: samples with the sequence's token mask applied and moves its constraint
   // past the token; a dead end fails the request (kInternal).
   void sample_constrained(Sequence* seq, std::span<const float> logits);
+  // Appends the tokens seq's constraint forces after the token just accepted (jump-forward).
+  void jump_forward(Sequence* seq);
   // Runs the KV manager's copy-on-write copies on the runner's memory (after
   // the pending tier transfers, which must come first).
   Status copy_blocks_on_runner(std::span<const kv::BlockCopy> copies);
@@ -208,9 +218,15 @@ class Engine {
   Status run_transfers();
   // Hands the host blocks that `moves` wrote (device->host) to the lower tiers.
   void spill_to_lower_tiers(std::span<const kv::BlockTransfer> moves);
-  // Loads the blocks of seq's prompt that the device and host tiers miss from
-  // the lower tiers into the host tier (engine thread, before scheduling it).
-  void load_from_lower_tiers(Sequence* seq);
+  // Starts reading the blocks of seq's prompt that the device and host tiers
+  // miss from the lower tiers (reserving host blocks for the disk's run);
+  // false when there is nothing to read: schedule it at once.
+  bool start_lower_tier_load(Sequence* seq);
+  // Adopts the finished reads into the host tier and schedules their
+  // sequences; the reserved blocks of aborted ones go back.
+  void finish_lower_tier_loads();
+  // Shutdown: waits for every read in flight, then gives its blocks back.
+  void settle_lower_tier_loads();
   void fork_children(Sequence* parent, std::span<const float> logits);
   // Token eviction: compacts the sequences of this step whose cache passed
   // their policy's trigger (KvCacheManager::compact_sequence, then the
@@ -238,9 +254,13 @@ class Engine {
   const int32_t kv_block_size_;
   const int64_t kv_num_blocks_;
   const bool runner_compacts_kv_;
+  const bool runner_kv_scores_;  // RunnerCapabilities::kv_attention_scores
   const int32_t kv_num_layers_;
   // Reads spilled host blocks for the tiers below the host off this thread (null without such tiers).
   std::unique_ptr<LowerTierSpiller> spiller_;
+  // Reads lower-tier hits off this thread (null without such tiers). After
+  // spiller_: destroyed first, as it waits for its readers.
+  std::unique_ptr<LowerTierLoader> loader_;
   // Keys the device draws of unseeded requests (with the request id): differs per engine.
   const uint64_t unseeded_salt_;
 
@@ -250,6 +270,7 @@ class Engine {
   std::vector<std::unique_ptr<RequestState>> pending_submits_;
   std::vector<RequestId> pending_aborts_;
   std::vector<std::function<void()>> pending_tasks_;
+  bool loads_finished_ = false;  // the loader has a finished load to hand back
   std::atomic<int64_t> num_queued_{0};
   std::atomic<int64_t> num_in_flight_{0};
   std::atomic<RequestId> next_request_id_{1};
@@ -271,6 +292,7 @@ class Engine {
   std::unordered_map<RequestId, RequestOutput> step_outputs_;
   std::vector<RequestState*> finished_requests_;
   std::vector<uint64_t> constraint_mask_;    // scratch of sample_constrained
+  std::vector<int32_t> forced_tokens_;       // scratch of jump_forward
   DeviceMasks device_masks_;                 // this step's device-sampled constrained rows
   std::vector<float> constrained_logits_;   // scratch of sample_constrained
 

@@ -9,7 +9,9 @@
 // at the fork). When the runner samples masked rows on the device
 // (RunnerCapabilities::samples_masked_on_device) it asks for the mask during the step, after it
 // has queued the forward (runtime::TokenMaskSource), and applies it there; otherwise the row is
-// sampled on the host with the mask applied (apply_token_mask in sampler.h).
+// sampled on the host with the mask applied (apply_token_mask in sampler.h). After a token is
+// accepted the engine asks for forced_tokens() (jump-forward; not for requests that report
+// per-token logprobs or logits, which a token without a forward pass does not have).
 //
 // Thread safety: a constraint object is used by the engine thread only; clone() may be called
 // on a constraint that other clones share state with (implementations make that safe).
@@ -17,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 namespace pagoda::engine {
 
@@ -31,6 +34,11 @@ class TokenConstraint {
   virtual bool accept(int32_t token) = 0;
   // An independent copy in the same state.
   virtual std::unique_ptr<TokenConstraint> clone() const = 0;
+  // Jump-forward: tokens the constraint forces next whatever the model would pick (the text
+  // every allowed continuation starts with, as the tokenizer writes it), written to `out`
+  // (cleared first). The engine accepts and appends them without a forward pass of their own;
+  // the next step computes them with the token after them. Default: none.
+  virtual void forced_tokens(std::vector<int32_t>& out) { out.clear(); }
 };
 
 inline size_t allowed_words(int32_t vocab_size) { return (static_cast<size_t>(vocab_size) + 63) / 64; }

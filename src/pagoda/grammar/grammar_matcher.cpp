@@ -15,6 +15,11 @@ uint64_t mix(uint64_t h, uint64_t v) {
   return h ^ (h >> 31);
 }
 
+// The hash a stack's bottom frame chains from.
+constexpr uint64_t kRootHash = 0x5A17ull;
+
+uint64_t state_hash_from(uint64_t stack_sum, bool can_end) { return mix(can_end ? 0xC0FFEEull : 0xBEEFull, stack_sum); }
+
 }  // namespace
 
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar) : grammar_(std::move(grammar)) {
@@ -25,7 +30,7 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar) : grammar
 }
 
 int32_t GrammarMatcher::push(uint32_t element, uint32_t count, int32_t parent) {
-  const uint64_t parent_hash = parent >= 0 ? frames_[parent].hash : 0x5A17ull;
+  const uint64_t parent_hash = parent >= 0 ? frames_[parent].hash : kRootHash;
   frames_.push_back({element, count, parent, mix(mix(parent_hash, element), count)});
   return static_cast<int32_t>(frames_.size() - 1);
 }
@@ -156,13 +161,46 @@ void GrammarMatcher::compact() {
   frames_ = std::move(kept);
 }
 
+// A state's hash: the sum (order-free: stacks are distinct) of its stacks' hashes, each the
+// hash its top frame carries (push(): a chain from the bottom frame up) mixed with its depth.
 uint64_t GrammarMatcher::StateImage::hash() const {
-  uint64_t h = can_end ? 0xC0FFEEull : 0xBEEFull;
+  uint64_t sum = 0;
   for (const auto& stack : stacks) {
-    h = mix(h, stack.size());
-    for (uint64_t word : stack) h = mix(h, word);
+    uint64_t h = kRootHash;
+    for (size_t i = stack.size(); i-- > 0;) h = mix(mix(h, stack[i] >> 32), stack[i] & 0xFFFFFFFFu);
+    sum += mix(h, stack.size());
   }
-  return h;
+  return state_hash_from(sum, can_end);
+}
+
+uint64_t GrammarMatcher::hash_of(const State& state) const {
+  uint64_t sum = 0;
+  for (int32_t top : state.tops) {
+    size_t depth = 0;
+    for (int32_t f = top; f >= 0; f = frames_[f].parent) ++depth;
+    sum += mix(frames_[top].hash, depth);
+  }
+  return state_hash_from(sum, state.can_end);
+}
+
+bool GrammarMatcher::same_state(const State& state, const StateImage& image) const {
+  if (state.can_end != image.can_end || state.tops.size() != image.stacks.size()) return false;
+  // Stacks are distinct on both sides, so a one-to-one match is a containment check.
+  for (int32_t top : state.tops) {
+    bool found = false;
+    for (const auto& stack : image.stacks) {
+      size_t i = 0;
+      int32_t f = top;
+      for (; f >= 0 && i < stack.size(); f = frames_[f].parent, ++i)
+        if (stack[i] != ((uint64_t{frames_[f].element} << 32) | frames_[f].count)) break;
+      if (f < 0 && i == stack.size()) {
+        found = true;
+        break;
+      }
+    }
+    if (!found) return false;
+  }
+  return true;
 }
 
 GrammarMatcher::StateImage GrammarMatcher::image_of(const State& state) const {

@@ -68,6 +68,10 @@ class GrammarMatcher {
     uint64_t hash() const;
   };
   StateImage image_of(const State& state) const;
+  // image_of(state).hash() and image_of(state) == image, without building the image (the
+  // frames carry their stack's hash).
+  uint64_t hash_of(const State& state) const;
+  bool same_state(const State& state, const StateImage& image) const;
   StateImage image() const { return image_of(state_); }
   // Replaces the arena and the state with `image` (the inverse of image()).
   void load(const StateImage& image);

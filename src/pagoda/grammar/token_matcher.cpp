@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <map>
 
 namespace pagoda::grammar {
 
@@ -13,6 +14,28 @@ constexpr size_t kWindowFrames[] = {4, 8, 16};
 
 void set_bit(std::span<uint64_t> mask, int32_t id) { mask[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63); }
 bool test_bit(std::span<const uint64_t> mask, int32_t id) { return (mask[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1; }
+
+// Set bits of `words`. std::popcount compiles to a library call without -mpopcnt (the default
+// x86-64 target), ~4 ns a word: the whole cost of a cached mask. The POPCNT instruction is
+// chosen once at run time where the CPU has it.
+size_t count_bits_portable(std::span<const uint64_t> words) {
+  size_t n = 0;
+  for (uint64_t w : words) n += static_cast<size_t>(std::popcount(w));
+  return n;
+}
+#if defined(__x86_64__)
+__attribute__((target("popcnt"))) size_t count_bits_popcnt(std::span<const uint64_t> words) {
+  size_t n = 0;
+  for (uint64_t w : words) n += static_cast<size_t>(__builtin_popcountll(w));
+  return n;
+}
+size_t count_bits(std::span<const uint64_t> words) {
+  static const bool has_popcnt = __builtin_cpu_supports("popcnt");
+  return has_popcnt ? count_bits_popcnt(words) : count_bits_portable(words);
+}
+#else
+size_t count_bits(std::span<const uint64_t> words) { return count_bits_portable(words); }
+#endif
 
 CompiledGrammar::Limits with_a_table(CompiledGrammar::Limits limits) {
   limits.max_tables = std::max<size_t>(limits.max_tables, 1);
@@ -27,6 +50,16 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<const Grammar> grammar,
       vocabulary_(std::move(vocabulary)),
       limits_(with_a_table(limits)),
       scratch_(grammar_) {
+  // Classes by the set of byte sets a byte belongs to.
+  const size_t num_sets = grammar_->byte_sets.size();
+  std::map<std::vector<bool>, uint8_t> classes;
+  for (unsigned b = 0; b < 256; ++b) {
+    std::vector<bool> signature(num_sets);
+    for (size_t i = 0; i < num_sets; ++i) signature[i] = grammar_->byte_sets[i].test(static_cast<uint8_t>(b));
+    auto [it, added] = classes.emplace(std::move(signature), static_cast<uint8_t>(class_byte_.size()));
+    if (added) class_byte_.push_back(static_cast<uint8_t>(b));
+    byte_class_[b] = it->second;
+  }
   std::lock_guard lock(mutex_);
   initial_ = intern_locked(scratch_.image());
 }
@@ -34,6 +67,15 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<const Grammar> grammar,
 MaskStats CompiledGrammar::stats() const {
   std::lock_guard lock(mutex_);
   return stats_;
+}
+
+size_t CompiledGrammar::memory_bytes() const {
+  std::lock_guard lock(mutex_);
+  // Node-based containers: an entry's node plus about two pointers of bucket and allocator.
+  constexpr size_t kNode = 32;
+  return state_bytes_ + tables_ * class_byte_.size() * sizeof(int32_t) +
+         mask_lru_.size() * (vocabulary_->mask_words() * sizeof(uint64_t) + kNode) + window_bytes_ +
+         windows_.size() * (sizeof(Window) + kNode);
 }
 
 int32_t CompiledGrammar::intern_locked(GrammarMatcher::StateImage image) {
@@ -44,6 +86,8 @@ int32_t CompiledGrammar::intern_locked(GrammarMatcher::StateImage image) {
   const int32_t id = static_cast<int32_t>(states_.size());
   StateInfo info;
   info.has_tops = !image.stacks.empty();
+  state_bytes_ += sizeof(StateInfo) + 32 + image.stacks.capacity() * sizeof(std::vector<uint64_t>);
+  for (const auto& stack : image.stacks) state_bytes_ += stack.capacity() * sizeof(uint64_t);
   info.image = std::move(image);
   states_.push_back(std::move(info));
   state_index_.emplace(hash, id);
@@ -58,11 +102,12 @@ int32_t CompiledGrammar::step_locked(int32_t state, uint8_t byte) {
       for (StateInfo& s : states_) s.next.reset();
       tables_ = 0;
     }
-    states_[state].next = std::make_unique<std::array<int32_t, 256>>();
-    states_[state].next->fill(kUnknown);
+    states_[state].next = std::make_unique<int32_t[]>(class_byte_.size());
+    std::fill_n(states_[state].next.get(), class_byte_.size(), kUnknown);
     ++tables_;
   }
-  const int32_t known = (*states_[state].next)[byte];
+  const uint8_t byte_class = byte_class_[byte];
+  const int32_t known = states_[state].next[byte_class];
   if (known != kUnknown) return known;
   // Consecutive steps from one state (a breadth-first visit, siblings in the trie) load it once.
   if (loaded_state_ != state) {
@@ -74,8 +119,16 @@ int32_t CompiledGrammar::step_locked(int32_t state, uint8_t byte) {
   }
   GrammarMatcher::State& out = step_out_;
   scratch_.advance(scratch_.state(), byte, out);
-  const int32_t result = out.dead() ? kDead : intern_locked(scratch_.image_of(out));
-  (*states_[state].next)[byte] = result;  // states_ may have grown: index again
+  int32_t result = kDead;
+  if (!out.dead()) {
+    // Most transitions lead to a known state: find it without building its image.
+    const uint64_t hash = scratch_.hash_of(out);
+    auto [begin, end] = state_index_.equal_range(hash);
+    for (auto it = begin; it != end && result == kDead; ++it)
+      if (scratch_.same_state(out, states_[it->second].image)) result = it->second;
+    if (result == kDead) result = intern_locked(scratch_.image_of(out));
+  }
+  states_[state].next[byte_class] = result;  // states_ may have grown: index again
   ++stats_.transitions_computed;
   return result;
 }
@@ -149,8 +202,7 @@ void CompiledGrammar::compute_window_locked(int32_t local_state, bool cut, Windo
     return;
   }
   window.uncertain.shrink_to_fit();
-  size_t count = 0;
-  for (uint64_t w : accepted) count += static_cast<size_t>(std::popcount(w));
+  const size_t count = count_bits(accepted);
   if (count * 2 >= accepted.size()) {
     window.accepted_bits = accepted;
     return;
@@ -164,23 +216,47 @@ void CompiledGrammar::compute_window_locked(int32_t local_state, bool cut, Windo
 const CompiledGrammar::Window* CompiledGrammar::window_for_locked(const std::vector<uint64_t>& stack) {
   for (size_t k = 0; k <= std::size(kWindowFrames); ++k) {
     const bool cut = k < std::size(kWindowFrames) && stack.size() > kWindowFrames[k];
-    GrammarMatcher::StateImage image;
-    image.stacks.emplace_back(stack.begin(), stack.begin() + static_cast<std::ptrdiff_t>(cut ? kWindowFrames[k] : stack.size()));
-    const int32_t local = intern_locked(std::move(image));
-    const uint64_t key = static_cast<uint64_t>(local) * 2 + (cut ? 1 : 0);
-    auto it = windows_.find(key);
-    if (it == windows_.end()) {
+    const std::span<const uint64_t> frames(stack.data(), cut ? kWindowFrames[k] : stack.size());
+    uint64_t key = cut ? 0x9E3779B97F4A7C15ull : 0x2545F4914F6CDD1Dull;
+    for (uint64_t word : frames) key = (key ^ word) * 0xBF58476D1CE4E5B9ull + (key >> 29);
+    const Window* found = nullptr;
+    auto [begin, end] = windows_.equal_range(key);
+    for (auto it = begin; it != end && found == nullptr; ++it)
+      if (it->second.cut == cut && std::ranges::equal(it->second.frames, frames)) found = &it->second;
+    if (found == nullptr) {
       if (windows_.size() >= limits_.max_windows || window_bytes_ >= limits_.max_window_bytes) return nullptr;
+      // `stack` may live in states_, which interning can move: nothing reads it past here.
       Window window;
-      compute_window_locked(local, cut, window);
+      window.frames.assign(frames.begin(), frames.end());
+      window.cut = cut;
+      GrammarMatcher::StateImage image;
+      image.stacks.push_back(window.frames);
+      compute_window_locked(intern_locked(std::move(image)), cut, window);
       window_bytes_ += window.bytes();
       stats_.window_bytes = window_bytes_;
-      it = windows_.emplace(key, std::move(window)).first;
+      found = &windows_.emplace(key, std::move(window))->second;
     }
-    if (!it->second.too_uncertain) return &it->second;
+    if (!found->too_uncertain) return found;
     if (!cut) return nullptr;  // cannot happen: a whole stack has no uncertain tokens
   }
   return nullptr;
+}
+
+int CompiledGrammar::forced_byte_locked(int32_t state) {
+  StateInfo& info = states_[state];
+  if (info.forced != -2) return info.forced;
+  info.forced = -1;
+  if (info.image.can_end || !info.has_tops) return -1;
+  // Every top is a byte terminal (grammar_matcher.h): the union of their sets is what may follow.
+  ByteSet next;
+  for (const auto& stack : info.image.stacks) {
+    const Element& e = grammar_->elements[static_cast<size_t>(stack[0] >> 32)];
+    for (size_t w = 0; w < next.bits.size(); ++w) next.bits[w] |= grammar_->byte_sets[e.index].bits[w];
+  }
+  if (count_bits(next.bits) != 1) return -1;
+  for (size_t w = 0; w < next.bits.size(); ++w)
+    if (next.bits[w] != 0) info.forced = static_cast<int16_t>(w * 64 + static_cast<size_t>(std::countr_zero(next.bits[w])));
+  return info.forced;
 }
 
 void CompiledGrammar::check_uncertain_locked(int32_t state, const std::vector<int32_t>& ids, std::span<uint64_t> mask) {
@@ -209,12 +285,12 @@ void CompiledGrammar::check_uncertain_locked(int32_t state, const std::vector<in
 
 bool CompiledGrammar::compose_mask_locked(int32_t state, std::span<uint64_t> mask) {
   const size_t words = vocabulary_->mask_words();
-  // A copy: computing windows interns states, which may move states_.
-  const std::vector<std::vector<uint64_t>> stacks = states_[state].image.stacks;
-  std::vector<const Window*> windows;
-  windows.reserve(stacks.size());
-  for (const auto& stack : stacks) {
-    const Window* w = window_for_locked(stack);
+  // Indexed each time: computing a window interns states, which may move states_.
+  const size_t num_stacks = states_[state].image.stacks.size();
+  std::vector<const Window*>& windows = compose_windows_;
+  windows.clear();
+  for (size_t i = 0; i < num_stacks; ++i) {
+    const Window* w = window_for_locked(states_[state].image.stacks[i]);
     if (w == nullptr) return false;
     windows.push_back(w);  // stable: windows_ is node-based
   }
@@ -274,11 +350,10 @@ PrecomputeStats CompiledGrammar::precompute(size_t max_states, double max_second
       break;
     const int32_t state = queue[head];
     ++out.states;
-    const std::vector<std::vector<uint64_t>> stacks = states_[state].image.stacks;
-    for (const auto& stack : stacks) (void)window_for_locked(stack);
+    for (size_t i = 0; i < states_[state].image.stacks.size(); ++i) (void)window_for_locked(states_[state].image.stacks[i]);
     if (!states_[state].has_tops) continue;
-    for (int b = 0; b < 256; ++b) {
-      const int32_t next = step_locked(state, static_cast<uint8_t>(b));
+    for (uint8_t b : class_byte_) {
+      const int32_t next = step_locked(state, b);
       if (next != kDead && seen.emplace(next, 1).second) queue.push_back(next);
     }
   }
@@ -304,9 +379,7 @@ size_t TokenMatcher::fill_mask(std::span<uint64_t> mask) {
     std::lock_guard lock(compiled_->mutex_);
     compiled_->fill_mask_locked(state_, mask);
   }
-  size_t allowed = 0;
-  for (size_t w = 0; w < words; ++w) allowed += static_cast<size_t>(std::popcount(mask[w]));
-  return allowed;
+  return count_bits(mask.first(words));
 }
 
 bool TokenMatcher::accept(int32_t token) {
@@ -333,6 +406,21 @@ bool TokenMatcher::accept_text(std::string_view bytes) {
   }
   state_ = s;
   return true;
+}
+
+std::string TokenMatcher::forced_text(size_t max_bytes) const {
+  std::string text;
+  if (finished_) return text;
+  std::lock_guard lock(compiled_->mutex_);
+  int32_t s = state_;
+  while (text.size() < max_bytes) {
+    const int byte = compiled_->forced_byte_locked(s);
+    if (byte < 0) break;
+    s = compiled_->step_locked(s, static_cast<uint8_t>(byte));
+    if (s == CompiledGrammar::kDead) break;  // cannot happen: the byte is allowed
+    text.push_back(static_cast<char>(byte));
+  }
+  return text;
 }
 
 bool TokenMatcher::is_complete() const {

@@ -11,8 +11,8 @@
 // The automaton: a state is one set of pushdown stacks (GrammarMatcher::StateImage), interned
 // by content, so equal configurations -- inside a JSON string, between fields, in every request
 // with the same schema -- are one state. Its byte transitions are computed by the pushdown matcher
-// the first time they are needed and kept in a 256-entry table, so stepping a byte is a table
-// lookup afterwards. A state's token mask is a depth-first walk of the vocabulary trie along
+// the first time they are needed and kept in a table with an entry per byte class, so stepping
+// a byte is a table lookup afterwards. A state's token mask is a depth-first walk of the vocabulary trie along
 // those transitions (a subtree is dropped at its first dead byte); it is computed once per state
 // and then copied. End-of-sequence ids are allowed exactly when the grammar is complete (and are
 // the only ones when nothing may follow).
@@ -36,7 +36,8 @@
 // within a budget of states and time. The server runs it when it compiles a grammar, on the
 // request's thread.
 //
-// Memory bounds: at most max_tables transition tables (1 KiB each), max_cached_masks masks
+// Memory bounds: at most max_tables transition tables (4 bytes per byte class each: bytes that
+// no byte set of the grammar tells apart share an entry; tens of classes for JSON), max_cached_masks masks
 // (mask_words() * 8 bytes each, oldest dropped first) and max_windows windows holding at most
 // max_window_bytes together (a mask or a list of ids, plus at most max_uncertain ids each; none
 // added when full). When the tables run out they are all
@@ -88,10 +89,10 @@ class CompiledGrammar {
  public:
   struct Limits {
     size_t max_cached_masks = 128;
-    size_t max_tables = 8192;
+    size_t max_tables = 32768;
     size_t max_windows = 4096;
     size_t max_window_bytes = size_t{8} << 20;  // all windows together
-    size_t max_uncertain = 4096;
+    size_t max_uncertain = 1024;
   };
   CompiledGrammar(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenVocabulary> vocabulary,
                   Limits limits);
@@ -105,6 +106,9 @@ class CompiledGrammar {
   const Grammar& grammar() const { return *grammar_; }
   const TokenVocabulary& vocabulary() const { return *vocabulary_; }
   MaskStats stats() const;
+  // Bytes this grammar holds now (states, transition tables, cached masks, windows; the grammar
+  // and the vocabulary, shared, not counted). Grows as sequences meet new states, within Limits.
+  size_t memory_bytes() const;
 
  private:
   friend class TokenMatcher;
@@ -114,13 +118,16 @@ class CompiledGrammar {
   struct StateInfo {
     GrammarMatcher::StateImage image;
     bool has_tops = false;  // some byte may follow
-    std::unique_ptr<std::array<int32_t, 256>> next;  // kUnknown until computed
+    std::unique_ptr<int32_t[]> next;  // per byte class; kUnknown until computed
     std::list<int32_t>::iterator mask_lru;            // valid when mask is not empty
     std::vector<uint64_t> mask;
+    int16_t forced = -2;  // the only byte that may follow (-1: none or several; -2: not known yet)
   };
 
   // A window's verdicts (see the file comment).
   struct Window {
+    std::vector<uint64_t> frames;  // the window's stack words, top first
+    bool cut = false;              // frames lay below it (part of a longer stack)
     // The accepted tokens: mask words when many, else their ids (most windows are inside
     // literals and accept a handful of tokens).
     std::vector<uint64_t> accepted_bits;
@@ -128,7 +135,7 @@ class CompiledGrammar {
     std::vector<int32_t> uncertain;  // ids in trie order (sorted by bytes)
     bool too_uncertain = false;      // more than max_uncertain: use the next window size
     size_t bytes() const {
-      return accepted_bits.capacity() * 8 + (accepted_ids.capacity() + uncertain.capacity()) * 4;
+      return (accepted_bits.capacity() + frames.capacity()) * 8 + (accepted_ids.capacity() + uncertain.capacity()) * 4;
     }
   };
 
@@ -144,6 +151,9 @@ class CompiledGrammar {
   // window cache is full.
   const Window* window_for_locked(const std::vector<uint64_t>& stack);
   void compute_window_locked(int32_t local_state, bool cut, Window& window);
+  // The only byte that may follow `state` when exactly one may and the grammar cannot end there,
+  // else -1.
+  int forced_byte_locked(int32_t state);
   // Sets the bits of the ids in `ids` (trie order) that `state` accepts.
   void check_uncertain_locked(int32_t state, const std::vector<int32_t>& ids, std::span<uint64_t> mask);
 
@@ -151,6 +161,12 @@ class CompiledGrammar {
   std::shared_ptr<const TokenVocabulary> vocabulary_;
   const Limits limits_;
   size_t tables_ = 0;
+  size_t state_bytes_ = 0;  // states_ and state_index_
+  // Bytes no byte set of the grammar tells apart share a class (every step depends on a byte
+  // only through the sets it is in): a table has one entry per class, and precompute() steps
+  // one representative byte per class.
+  std::array<uint8_t, 256> byte_class_{};
+  std::vector<uint8_t> class_byte_;
   mutable std::mutex mutex_;
   GrammarMatcher scratch_;  // materializes states to compute transitions
   int32_t loaded_state_ = -1;  // the state scratch_ holds (its frames below loaded_mark_)
@@ -163,8 +179,10 @@ class CompiledGrammar {
   std::vector<int32_t> walk_states_;  // per trie depth during a walk
   std::vector<char> walk_escaped_;    // per trie depth: a prefix returned below the window
   std::vector<uint64_t> window_scratch_;
-  // Windows by (state id of the window's frames) * 2 + (frames were cut off below it).
-  std::unordered_map<uint64_t, Window> windows_;
+  std::vector<const Window*> compose_windows_;
+  // Windows by a hash of their frames and cut flag (found without interning the window's
+  // frames as a state: a lookup per stack of every composed mask).
+  std::unordered_multimap<uint64_t, Window> windows_;
   size_t window_bytes_ = 0;
   MaskStats stats_;
 };
@@ -182,6 +200,10 @@ class TokenMatcher {
   bool accept(int32_t token);
   // Moves past raw text (e.g. a forced prefix); false when not allowed (state unchanged).
   bool accept_text(std::string_view bytes);
+  // The text the grammar forces from here (each byte the only one allowed, the grammar not
+  // complete before it), at most `max_bytes`; empty when the next byte is a choice. For
+  // jump-forward: that text follows whatever the model samples. The state is unchanged.
+  std::string forced_text(size_t max_bytes) const;
 
   bool is_complete() const;                        // an end id is allowed now
   bool is_finished() const { return finished_; }   // an end id was accepted

@@ -76,6 +76,65 @@ class KvCacheManager::Impl {
     return out;
   }
 
+  std::vector<int32_t> reserve_host_blocks(int32_t count) {
+    std::vector<int32_t> out;
+    while (static_cast<int32_t>(out.size()) < count && host_available() > 0) {
+      const BlockId h = take_host_block();
+      ++reserved_[static_cast<size_t>(h)];
+      ++host_blocks_reserved_;
+      out.push_back(pool_.host_index(h));
+    }
+    return out;
+  }
+  // Ends the reservation of host block `index`; false if it holds none.
+  bool unreserve(int32_t index) {
+    if (index < 0 || index >= pool_.num_host_blocks()) return false;
+    const BlockId h = pool_.host_id(index);
+    if (reserved_[static_cast<size_t>(h)] == 0) return false;
+    --reserved_[static_cast<size_t>(h)];
+    --host_blocks_reserved_;
+    return true;
+  }
+  void release_host_blocks(std::span<const int32_t> hosts) {
+    for (int32_t index : hosts)
+      if (unreserve(index)) release(pool_.host_id(index));
+  }
+  int32_t adopt_reserved_host_blocks(std::string_view ns, std::span<const TokenId> prompt, int32_t first,
+                                     std::span<const int32_t> hosts, uint8_t origin) {
+    const auto count = static_cast<int32_t>(hosts.size());
+    PrefixMatch m;  // the prompt's blocks cached now, from the start
+    if (cache_.has_stable_keys() && config_.enable_prefix_cache && first >= 0 &&
+        static_cast<int64_t>(first + count) * bs() <= static_cast<int64_t>(prompt.size()))
+      m = cache_.match(ns, prompt, first + count);
+    const auto have = static_cast<int32_t>(m.blocks.size());
+    if (have < first || first < 0) {  // the prefix the blocks hang under is gone (or bad arguments)
+      release_host_blocks(hosts);
+      return 0;
+    }
+    BlockId parent = have == 0 ? kNoBlock : m.blocks.back();
+    const int32_t ns_id = cache_.intern_namespace(ns);
+    int32_t adopted = 0;
+    for (int32_t j = 0; j < count; ++j) {
+      const int32_t index = hosts[static_cast<size_t>(j)];
+      if (first + j < have || (parent == kNoBlock && first + j > 0) || !unreserve(index)) {
+        release_host_blocks(hosts.subspan(static_cast<size_t>(j), 1));
+        continue;
+      }
+      const BlockId h = pool_.host_id(index);
+      // Unreferenced before it becomes a node (release() would free an untracked block).
+      pool_.meta(h).ref_count = 0;
+      --host_blocks_referenced_;
+      if (cache_.adopt_host_into(ns_id, parent, prompt.data() + static_cast<size_t>(first + j) * bs(), origin, h)) {
+        parent = h;
+        ++adopted;
+      } else {
+        pool_.free(h);
+        parent = kNoBlock;  // the chain ends: the rest are released
+      }
+    }
+    return adopted;
+  }
+
   // ---- questions ----
   int32_t bs() const { return config_.block_size; }
   int32_t blocks_for_tokens(int64_t n) const {
@@ -589,6 +648,7 @@ class KvCacheManager::Impl {
     }
     s.sequences_swapped = swapped;
     s.host_blocks_swapped = swapped_blocks;
+    s.host_blocks_reserved = host_blocks_reserved_;
     s.blocks_total = pool_.num_blocks();
     s.blocks_free = pool_.num_free();
     s.blocks_in_use = blocks_in_use_;
@@ -615,6 +675,9 @@ class KvCacheManager::Impl {
   int32_t blocks_in_use_ = 0;
   int64_t written_slots_in_use_ = 0;
   int32_t host_blocks_referenced_ = 0;
+  // Host blocks held by reserve_host_blocks (per block id: 0 or 1).
+  std::vector<uint8_t> reserved_ = std::vector<uint8_t>(static_cast<size_t>(pool_.num_ids()), 0);
+  int32_t host_blocks_reserved_ = 0;
   std::vector<NamespaceKvUsage> ns_usage_;  // counters by namespace id
   std::vector<int32_t> block_limit_;         // caps by namespace id; 0: none
   std::vector<BlockId> blocks_to_zero_;      // see take_blocks_to_zero()
@@ -854,12 +917,25 @@ Status KvCacheManager::Impl::verify_integrity() const {
       }
     }
   }
+  int32_t reserved = 0;
+  for (BlockId b = 0; b < pool_.num_ids(); ++b) {
+    if (reserved_[static_cast<size_t>(b)] == 0) continue;
+    if (!pool_.is_host(b)) return internal_error("device block {} is reserved for a lower-tier read", b);
+    if (pool_.meta(b).is_free || cache_.is_tracked(b))
+      return internal_error("host block {} is reserved for a lower-tier read but is {}", b,
+                            pool_.meta(b).is_free ? "free" : "cached");
+    refs[b] += reserved_[static_cast<size_t>(b)];
+    reserved += reserved_[static_cast<size_t>(b)];
+  }
+  if (reserved != host_blocks_reserved_)
+    return internal_error("{} host blocks reserved, counter says {}", reserved, host_blocks_reserved_);
   int32_t in_use = 0, host_referenced = 0;
   int64_t written = 0;
   for (BlockId b = 0; b < pool_.num_ids(); ++b) {
     const BlockMeta& m = pool_.meta(b);
     if (m.ref_count != refs[b])
-      return internal_error("block {}: ref count {}, but {} block tables and aliases hold it", b, m.ref_count, refs[b]);
+      return internal_error("block {}: ref count {}, but {} block tables, aliases and reservations hold it", b,
+                            m.ref_count, refs[b]);
     if (m.ref_count == 0 && !m.is_free && !cache_.is_tracked(b))
       return internal_error("{} block {} is leaked: unreferenced, uncached and not free",
                             block_tier_name(pool_.tier(b)), b);
@@ -904,6 +980,18 @@ std::optional<StableKey> KvCacheManager::host_block_stable_key(int32_t host_inde
   const StableKey* key = impl_->cache_.stable_key(impl_->pool_.host_id(host_index));
   if (key == nullptr) return std::nullopt;
   return *key;
+}
+
+std::vector<int32_t> KvCacheManager::reserve_host_blocks(int32_t count) { return impl_->reserve_host_blocks(count); }
+
+void KvCacheManager::release_host_blocks(std::span<const int32_t> host_blocks) {
+  impl_->release_host_blocks(host_blocks);
+}
+
+int32_t KvCacheManager::adopt_reserved_host_blocks(std::string_view ns, std::span<const TokenId> prompt,
+                                                   int32_t first_block, std::span<const int32_t> host_blocks,
+                                                   uint8_t origin) {
+  return impl_->adopt_reserved_host_blocks(ns, prompt, first_block, host_blocks, origin);
 }
 
 std::vector<int32_t> KvCacheManager::adopt_host_blocks(std::string_view ns, std::span<const TokenId> prompt,

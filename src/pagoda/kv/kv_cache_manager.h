@@ -326,6 +326,24 @@ class KvCacheManager {
   // (counted in KvStats::hit_tokens_by_lower_tier under `origin`: 1 disk, 2 redis).
   std::vector<int32_t> adopt_host_blocks(std::string_view tenant_namespace, std::span<const TokenId> prompt,
                                          int32_t first_block, int32_t count, uint8_t origin);
+  // Reads from a lower tier straight into the host pool, off the engine
+  // thread: reserve_host_blocks takes up to `count` host blocks (evicting
+  // unreferenced host blocks as host eviction does; fewer when the host tier
+  // cannot give more) and holds them for the caller: nothing caches, evicts,
+  // transfers or hands them out until the caller gives them back, with
+  // release_host_blocks (the read failed or is not wanted), or with
+  // adopt_reserved_host_blocks: the blocks hold K/V of prompt blocks
+  // [first_block, first_block + hosts.size()) and become unreferenced host
+  // nodes like adopt_host_blocks' (counted under `origin`). Blocks of that range
+  // that got cached meanwhile (another request computed or loaded them) are
+  // released, the rest adopted in order until one cannot be (blocks
+  // [0, first_block) no longer cached: nothing is adopted); every reservation
+  // passed in ends either way. Returns the number adopted. verify_integrity()
+  // counts reservations as holders (host_blocks_reserved in KvStats).
+  std::vector<int32_t> reserve_host_blocks(int32_t count);
+  void release_host_blocks(std::span<const int32_t> host_blocks);
+  int32_t adopt_reserved_host_blocks(std::string_view tenant_namespace, std::span<const TokenId> prompt,
+                                     int32_t first_block, std::span<const int32_t> host_blocks, uint8_t origin);
 
   // ---- Observability ----------------------------------------------------------
 

@@ -140,6 +140,7 @@ struct KvStats {
   int32_t host_blocks_cached = 0;   // host-tier prefix-cache blocks (only on the host, or copies of device blocks)
   int32_t host_blocks_swapped = 0;  // held by swapped-out sequences
   int32_t sequences_swapped = 0;
+  int32_t host_blocks_reserved = 0;  // held for lower-tier reads in flight (KvCacheManager::reserve_host_blocks)
 
   double hit_rate() const {
     const int64_t total = hit_tokens + miss_tokens;

@@ -398,27 +398,35 @@ BlockId PrefixCache::adopt_host(int32_t ns_id, BlockId parent, const TokenId* to
   if (!stable_keys_on_ || pool_.num_host_blocks() == 0) return kNoBlock;
   if (parent != kNoBlock && !pool_.meta(parent).is_cached()) return kNoBlock;
   const uint64_t parent_key = parent == kNoBlock ? namespaces_[ns_id].seed : pool_.meta(parent).key_hash;
-  const uint64_t key = chain_block_hash(parent_key, tokens, block_size_);
-  if (table_.find(key) != kNoBlock) return kNoBlock;  // cached already (or a 64-bit collision: not cached)
+  if (table_.find(chain_block_hash(parent_key, tokens, block_size_)) != kNoBlock) return kNoBlock;
   // A host parent leaf must not be reclaimed to make room for its own child.
   const bool shield = parent != kNoBlock && pool_.is_host(parent);
   if (shield) remove_candidate(parent);
   const BlockId host = allocate_host_block();
-  if (host == kNoBlock) {
-    if (shield) maybe_add_candidate(parent);
-    return kNoBlock;
-  }
-  if (parent != kNoBlock && !pool_.meta(parent).is_cached()) {  // cannot happen once shielded; keep counts right
-    pool_.free(host);
-    return kNoBlock;
-  }
+  // Once the child is in, the parent is no leaf (no candidate); otherwise it is one again.
+  if (host != kNoBlock && adopt_host_into(ns_id, parent, tokens, origin, host)) return host;
+  if (host != kNoBlock) pool_.free(host);  // cannot happen once shielded; keep counts right
+  if (shield) maybe_add_candidate(parent);
+  return kNoBlock;
+}
+
+bool PrefixCache::adopt_host_into(int32_t ns_id, BlockId parent, const TokenId* tokens, uint8_t origin,
+                                  BlockId host) {
+  if (!stable_keys_on_ || !pool_.is_host(host) || pool_.meta(host).is_free || pool_.meta(host).ref_count != 0 ||
+      is_tracked(host))
+    return false;
+  if (parent != kNoBlock && !pool_.meta(parent).is_cached()) return false;
+  const uint64_t parent_key = parent == kNoBlock ? namespaces_[ns_id].seed : pool_.meta(parent).key_hash;
+  const uint64_t key = chain_block_hash(parent_key, tokens, block_size_);
+  if (table_.find(key) != kNoBlock) return false;  // cached already (or a 64-bit collision: not cached)
+  if (parent != kNoBlock && pool_.is_host(parent)) remove_candidate(parent);  // a leaf no more
   pool_.meta(host).written_slots = static_cast<uint16_t>(block_size_);
   add_node(host, key, ns_id, parent, tokens);
   origin_[host] = origin;
   count_evictable(host, +1);
   maybe_add_candidate(host);
   if (event_sink_) event_sink_(KvEvent::Kind::kBlockStored, host, key, parent == kNoBlock ? 0 : parent_key, ns_id);
-  return host;
+  return true;
 }
 
 bool PrefixCache::write_through(BlockId device) {

@@ -95,6 +95,10 @@ class PrefixCache {
   // key is cached already, the parent is not cached, or the host tier has no
   // room.
   BlockId adopt_host(int32_t ns_id, BlockId parent, const TokenId* tokens, uint8_t origin);
+  // As adopt_host, into `host`: a host block the caller allocated and holds
+  // unreferenced (ref 0, uncached). false (nothing changed; the caller still
+  // owns `host`) when the block is cached already or `parent` is not cached.
+  bool adopt_host_into(int32_t ns_id, BlockId parent, const TokenId* tokens, uint8_t origin, BlockId host);
   // The lower tier a host node was loaded from (0: none); cleared by a promotion.
   uint8_t origin(BlockId block) const { return origin_.empty() ? 0 : origin_[block]; }
   // Gives device node `device` (no twin yet) an unreferenced host twin with a

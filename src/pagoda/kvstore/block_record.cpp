@@ -56,18 +56,25 @@ StatusOr<RecordHeader> parse_record_header(std::span<const std::byte> header) {
   return h;
 }
 
-Status decode_record(std::span<const std::byte> record, const kv::StableKey& expected_key,
-                     std::span<std::byte> payload) {
-  PAGODA_ASSIGN_OR_RETURN(RecordHeader h, parse_record_header(record));
+Status verify_record(std::span<const std::byte> header, const kv::StableKey& expected_key,
+                     std::span<const std::byte> payload) {
+  PAGODA_ASSIGN_OR_RETURN(RecordHeader h, parse_record_header(header));
   if (h.key != expected_key) return data_loss_error("KV block record: key differs from the one asked for");
   if (h.payload_bytes != payload.size())
     return data_loss_error("KV block record: payload length {} (expected {})", h.payload_bytes, payload.size());
+  if (get_u64(header.data() + 56) != checksum(header.first(56), payload))
+    return data_loss_error("KV block record: checksum mismatch");
+  return ok_status();
+}
+
+Status decode_record(std::span<const std::byte> record, const kv::StableKey& expected_key,
+                     std::span<std::byte> payload) {
+  PAGODA_RETURN_IF_ERROR(parse_record_header(record).status());
   if (record.size() != kRecordHeaderBytes + payload.size())
     return data_loss_error("KV block record: {} bytes (expected {})", record.size(),
                            kRecordHeaderBytes + payload.size());
   const std::span<const std::byte> body = record.subspan(kRecordHeaderBytes);
-  if (get_u64(record.data() + 56) != checksum(record.first(56), body))
-    return data_loss_error("KV block record: checksum mismatch");
+  PAGODA_RETURN_IF_ERROR(verify_record(record.first(kRecordHeaderBytes), expected_key, body));
   std::memcpy(payload.data(), body.data(), payload.size());
   return ok_status();
 }

@@ -44,5 +44,10 @@ StatusOr<RecordHeader> parse_record_header(std::span<const std::byte> header);
 // copies the payload out. kDataLoss naming what is wrong.
 Status decode_record(std::span<const std::byte> record, const kv::StableKey& expected_key,
                      std::span<std::byte> payload);
+// As decode_record, for a record read in two pieces: its 64-byte header and
+// its payload, already where the payload is wanted (a disk read straight into
+// a host-pool block). Nothing is copied; on kDataLoss the payload is garbage.
+Status verify_record(std::span<const std::byte> header, const kv::StableKey& expected_key,
+                     std::span<const std::byte> payload);
 
 }  // namespace pagoda::kvstore

@@ -7,8 +7,9 @@
 // writer thread: writes never wait on I/O, and a full queue drops the write
 // (counted).
 //
-// Thread safety: every method may be called from any thread; the engine calls
-// read_prefix and write_async from its own thread, stats from any.
+// Thread safety: every method may be called from any thread, reads from
+// several at once (the engine's reader pool, engine/lower_tier_loader.h);
+// write_async from the engine's threads, stats from any.
 
 #include <array>
 #include <cstddef>
@@ -56,11 +57,22 @@ class BlockStore {
  public:
   virtual ~BlockStore() = default;
   virtual std::string_view name() const = 0;  // "disk", "redis": the metrics' tier label
-  // Reads keys[0], keys[1], ... into consecutive `block_bytes` slices of
-  // `out` (out.size() == keys.size() * block_bytes) until the first block that
-  // is absent or refused; returns how many were read. A refused record is
-  // deleted and is a miss. Never fails otherwise (an unreachable tier is a miss).
-  virtual int32_t read_prefix(std::span<const kv::StableKey> keys, std::span<std::byte> out) = 0;
+  // Reads keys[0], keys[1], ... into outs[0], outs[1], ... (each exactly
+  // one block's payload, anywhere: a host-pool block is written in place)
+  // until the first block that is absent or refused; returns how many were
+  // read. A refused record is deleted and is a miss; outs[i] past the count
+  // hold garbage. Never fails otherwise (an unreachable tier is a miss).
+  virtual int32_t read_into(std::span<const kv::StableKey> keys, std::span<const std::span<std::byte>> outs) = 0;
+  // read_into with the blocks in consecutive `block_bytes` slices of `out`
+  // (out.size() == keys.size() * block_bytes; 0 otherwise).
+  int32_t read_prefix(std::span<const kv::StableKey> keys, std::span<std::byte> out) {
+    if (keys.empty() || out.size() % keys.size() != 0) return 0;
+    const size_t bb = out.size() / keys.size();
+    std::vector<std::span<std::byte>> outs;
+    outs.reserve(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) outs.push_back(out.subspan(i * bb, bb));
+    return read_into(keys, outs);
+  }
   // Queues `block` for writing under `key`; returns at once. Skips a key this
   // tier knows it holds; drops (counted) when the queue is full.
   virtual void write_async(const kv::StableKey& key, std::vector<std::byte> block) = 0;

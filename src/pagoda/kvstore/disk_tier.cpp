@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <fmt/format.h>
@@ -34,6 +36,31 @@ bool read_file(const fs::path& path, std::vector<std::byte>& out, size_t max_byt
       if (n <= 0) ok = false;
       else done += static_cast<size_t>(n);
     }
+  }
+  ::close(fd);
+  return ok;
+}
+
+// Reads a record file of exactly header.size() + payload.size() bytes: the
+// header into `header`, the payload into `payload` (one preadv, no copy);
+// false if it cannot be opened or read or has another size.
+bool read_record_split(const fs::path& path, std::span<std::byte> header, std::span<std::byte> payload) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  const size_t total = header.size() + payload.size();
+  bool ok = ::fstat(fd, &st) == 0 && st.st_size >= 0 && static_cast<size_t>(st.st_size) == total;
+  size_t done = 0;
+  while (ok && done < total) {
+    std::array<iovec, 2> iov{};
+    int count = 0;
+    if (done < header.size()) iov[count++] = iovec{header.data() + done, header.size() - done};
+    const size_t into_payload = done > header.size() ? done - header.size() : 0;
+    iov[count++] = iovec{payload.data() + into_payload, payload.size() - into_payload};
+    const ssize_t got = ::preadv(fd, iov.data(), count, static_cast<off_t>(done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) ok = false;
+    else done += static_cast<size_t>(got);
   }
   ::close(fd);
   return ok;
@@ -279,12 +306,14 @@ bool DiskTier::probably_holds(const kv::StableKey& key) const {
   return entries_.contains(key) || queued_.contains(key);
 }
 
-int32_t DiskTier::read_prefix(std::span<const kv::StableKey> keys, std::span<std::byte> out) {
+int32_t DiskTier::read_into(std::span<const kv::StableKey> keys, std::span<const std::span<std::byte>> outs) {
   const size_t bb = options_.block_bytes;
-  if (out.size() != keys.size() * bb) return 0;
-  std::vector<std::byte> record;
+  if (outs.size() != keys.size()) return 0;
+  std::array<std::byte, kRecordHeaderBytes> header{};
   int32_t n = 0;
-  for (const kv::StableKey& key : keys) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const kv::StableKey& key = keys[i];
+    if (outs[i].size() != bb) break;
     {
       std::lock_guard lock(mutex_);
       if (!entries_.contains(key)) {
@@ -294,11 +323,10 @@ int32_t DiskTier::read_prefix(std::span<const kv::StableKey> keys, std::span<std
     }
     const auto start = std::chrono::steady_clock::now();
     const fs::path path = block_path(key);
-    const bool read = read_file(path, record, kRecordHeaderBytes + bb + 1);
-    const Status decoded = read ? decode_record(record, key, out.subspan(static_cast<size_t>(n) * bb, bb))
-                                : data_loss_error("missing or unreadable");
+    const bool read = read_record_split(path, header, outs[i]);
+    const Status checked = read ? verify_record(header, key, outs[i]) : data_loss_error("missing, short or unreadable");
     std::lock_guard lock(mutex_);
-    if (!decoded.ok()) {
+    if (!checked.ok()) {
       // Never served: deleted, and the run ends here.
       std::error_code ec;
       fs::remove(path, ec);

@@ -56,7 +56,9 @@ class DiskTier final : public BlockStore {
   ~DiskTier() override;  // finishes queued writes, writes the index, releases the lock
 
   std::string_view name() const override { return "disk"; }
-  int32_t read_prefix(std::span<const kv::StableKey> keys, std::span<std::byte> out) override;
+  // Each record is read with one preadv: its header into a local buffer, its
+  // payload straight into outs[i], then checked there.
+  int32_t read_into(std::span<const kv::StableKey> keys, std::span<const std::span<std::byte>> outs) override;
   void write_async(const kv::StableKey& key, std::vector<std::byte> block) override;
   bool probably_holds(const kv::StableKey& key) const override;
   void flush() override;

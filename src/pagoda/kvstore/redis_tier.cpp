@@ -131,9 +131,11 @@ redisContext* RedisTier::ensure(Connection& c) {
   return c.ctx;
 }
 
-int32_t RedisTier::read_prefix(std::span<const kv::StableKey> keys, std::span<std::byte> out) {
+int32_t RedisTier::read_into(std::span<const kv::StableKey> keys, std::span<const std::span<std::byte>> outs) {
   const size_t bb = options_.block_bytes;
-  if (out.size() != keys.size() * bb || keys.empty()) return 0;
+  if (outs.size() != keys.size() || keys.empty()) return 0;
+  for (const std::span<std::byte>& out : outs)
+    if (out.size() != bb) return 0;
   std::lock_guard read_lock(read_mutex_);
   // A connection made before a server restart fails on first use: then one
   // fresh connection is tried at once.
@@ -142,7 +144,7 @@ int32_t RedisTier::read_prefix(std::span<const kv::StableKey> keys, std::span<st
     redisContext* ctx = ensure(reader_);
     if (ctx == nullptr) break;
     bool failed = false;
-    const int32_t n = read_prefix_on(ctx, keys, out, failed);
+    const int32_t n = read_into_on(ctx, keys, outs, failed);
     if (!failed) return n;
     drop(reader_);
     if (fresh || n > 0) return n;
@@ -155,8 +157,8 @@ int32_t RedisTier::read_prefix(std::span<const kv::StableKey> keys, std::span<st
   return 0;
 }
 
-int32_t RedisTier::read_prefix_on(redisContext* ctx, std::span<const kv::StableKey> keys, std::span<std::byte> out,
-                                  bool& failed) {
+int32_t RedisTier::read_into_on(redisContext* ctx, std::span<const kv::StableKey> keys,
+                                std::span<const std::span<std::byte>> outs, bool& failed) {
   const size_t bb = options_.block_bytes;
   int32_t n = 0;
   std::vector<std::string> names;
@@ -183,7 +185,7 @@ int32_t RedisTier::read_prefix_on(redisContext* ctx, std::span<const kv::StableK
         continue;
       }
       const std::span<const std::byte> record(reinterpret_cast<const std::byte*>(r->str), r->len);
-      if (!decode_record(record, keys[base + i], out.subspan((base + i) * bb, bb)).ok()) {
+      if (!decode_record(record, keys[base + i], outs[base + i]).ok()) {
         refused.push_back(i);
         run_on = false;
         continue;

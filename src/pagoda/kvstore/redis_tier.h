@@ -57,7 +57,7 @@ class RedisTier final : public BlockStore {
   ~RedisTier() override;
 
   std::string_view name() const override { return "redis"; }
-  int32_t read_prefix(std::span<const kv::StableKey> keys, std::span<std::byte> out) override;
+  int32_t read_into(std::span<const kv::StableKey> keys, std::span<const std::span<std::byte>> outs) override;
   void write_async(const kv::StableKey& key, std::vector<std::byte> block) override;
   bool probably_holds(const kv::StableKey& key) const override;
   void flush() override;
@@ -84,7 +84,7 @@ class RedisTier final : public BlockStore {
   void write_batch(std::vector<Job>& jobs);
   // One attempt on `ctx`; false (or `failed`) when the connection broke.
   bool write_batch_on(redisContext* ctx, const std::vector<Job>& jobs, std::vector<bool>& stored, int64_t& errors);
-  int32_t read_prefix_on(redisContext* ctx, std::span<const kv::StableKey> keys, std::span<std::byte> out,
+  int32_t read_into_on(redisContext* ctx, std::span<const kv::StableKey> keys, std::span<const std::span<std::byte>> outs,
                          bool& failed);
 
   RedisTierOptions options_;

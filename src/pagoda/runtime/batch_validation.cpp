@@ -54,13 +54,13 @@ Status check_pool_matches(const KvPoolShape& pool, const KvPoolShape& expected) 
   if (pool.num_layers != expected.num_layers || pool.num_kv_heads != expected.num_kv_heads ||
       pool.head_dim != expected.head_dim || pool.block_size != expected.block_size ||
       pool.key_dtype != expected.key_dtype || pool.value_dtype != expected.value_dtype ||
-      pool.latent != expected.latent)
+      pool.latent != expected.latent || pool.cross_layer_share != expected.cross_layer_share)
     return invalid_argument_error(
-        "KV pool ({}layers={} kv_heads={} head_dim={} block_size={} kv dtypes={}/{}) does not fit the model "
-        "({}layers={} kv_heads={} head_dim={} block_size={} kv dtypes={}/{})", pool.latent ? "MLA latent, " : "",
-        pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.block_size, dtype_name(pool.key_dtype),
+        "KV pool ({}layers={} (cross-layer share {}) kv_heads={} head_dim={} block_size={} kv dtypes={}/{}) does not fit the model "
+        "({}layers={} (cross-layer share {}) kv_heads={} head_dim={} block_size={} kv dtypes={}/{})",
+        pool.latent ? "MLA latent, " : "", pool.num_layers, pool.cross_layer_share, pool.num_kv_heads, pool.head_dim, pool.block_size, dtype_name(pool.key_dtype),
         dtype_name(pool.value_dtype), expected.latent ? "MLA latent, " : "", expected.num_layers,
-        expected.num_kv_heads, expected.head_dim, expected.block_size, dtype_name(expected.key_dtype),
+        expected.cross_layer_share, expected.num_kv_heads, expected.head_dim, expected.block_size, dtype_name(expected.key_dtype),
         dtype_name(expected.value_dtype));
   return ok_status();
 }

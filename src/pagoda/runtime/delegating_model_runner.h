@@ -30,6 +30,9 @@ class DelegatingModelRunner : public ModelRunner {
   Status write_host_block(int32_t host_block, std::span<const std::byte> data) override {
     return inner_.write_host_block(host_block, data);
   }
+  StatusOr<std::vector<std::span<std::byte>>> host_blocks_for_writing(std::span<const int32_t> blocks) override {
+    return inner_.host_blocks_for_writing(blocks);
+  }
   const KvPoolShape& kv_geometry() const override { return inner_.kv_geometry(); }
   RunnerCapabilities capabilities() const override { return inner_.capabilities(); }
   int32_t vocab_size() const override { return inner_.vocab_size(); }

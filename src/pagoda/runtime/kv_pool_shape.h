@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "pagoda/core/dtype.h"
+#include "pagoda/runtime/cross_layer_share.h"
 #include "pagoda/runtime/kv_sizing.h"
 
 namespace pagoda {
@@ -31,6 +32,12 @@ struct KvPoolShape {
   DType key_dtype = DType::kF32;
   DType value_dtype = DType::kF32;
   bool latent = false;  // MLA: one latent pool per layer, no V pool
+  // --kv-cross-layer-share (runtime/cross_layer_share.h): 1 is off; K > 1 stores
+  // share().num_slots() layers' worth of K/V plus, for each shared slot, per
+  // (token, KV head) a K and a V record of share().norm_record() f32 norms.
+  int32_t cross_layer_share = 1;
+
+  runtime::CrossLayerShare share() const { return {num_layers, cross_layer_share}; }
 
   // Elements of one block of one layer's K (or V) pool.
   size_t elements_per_block() const {
@@ -39,8 +46,10 @@ struct KvPoolShape {
   // Bytes of K plus V (or of the latent) for one token over all layers, scales included (kv_sizing.h).
   size_t bytes_per_token() const {
     const int64_t value_bytes = latent ? 0 : kv_vector_bytes(head_dim, value_dtype);
-    return static_cast<size_t>(num_layers) * num_kv_heads *
-           static_cast<size_t>(kv_vector_bytes(head_dim, key_dtype) + value_bytes);
+    const runtime::CrossLayerShare s = share();
+    return static_cast<size_t>(s.num_slots()) * num_kv_heads *
+               static_cast<size_t>(kv_vector_bytes(head_dim, key_dtype) + value_bytes) +
+           static_cast<size_t>(s.num_shared_slots()) * num_kv_heads * 2 * s.norm_record() * sizeof(float);
   }
 };
 

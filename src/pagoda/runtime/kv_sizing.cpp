@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pagoda/runtime/cross_layer_share.h"
 #include "pagoda/runtime/kv_quant.h"
 
 namespace pagoda {
@@ -69,7 +70,11 @@ int64_t kv_bytes_per_token(const KvShape& s, DType k_dtype, DType v_dtype) {
     return s.layers * kv_vector_bytes(s.mla_latent_dim + s.mla_rope_dim, k_dtype);
   }
   int64_t v_dim = s.v_head_dim > 0 ? s.v_head_dim : s.head_dim;
-  return s.layers * s.kv_heads * (kv_vector_bytes(s.head_dim, k_dtype) + kv_vector_bytes(v_dim, v_dtype));
+  const runtime::CrossLayerShare share{static_cast<int32_t>(s.layers), static_cast<int32_t>(s.cross_layer_share)};
+  const int64_t per_slot = s.kv_heads * (kv_vector_bytes(s.head_dim, k_dtype) + kv_vector_bytes(v_dim, v_dtype));
+  // A shared slot also holds, per KV head, a K and a V record of f32 norms (runtime/cross_layer_share.h).
+  const int64_t norms = s.kv_heads * 2 * share.norm_record() * static_cast<int64_t>(sizeof(float));
+  return share.num_slots() * per_slot + share.num_shared_slots() * norms;
 }
 
 namespace {
@@ -162,6 +167,14 @@ std::string format_kv_cache_line(const KvShape& shape, DType k_dtype, DType v_dt
                        shape.mla_latent_dim, shape.mla_rope_dim);
     const int64_t mha = kv_bytes_per_token(mha_equivalent(shape), DType::kBF16);
     if (mha > 0) comparison = fmt::format("; MHA K/V in bf16: {} B", format_with_commas(mha));
+  }
+  if (shape.cross_layer_share > 1 && !shape.is_mla()) {
+    const runtime::CrossLayerShare share{static_cast<int32_t>(shape.layers), static_cast<int32_t>(shape.cross_layer_share)};
+    KvShape unshared = shape;
+    unshared.cross_layer_share = 1;
+    kind = fmt::format("cross-layer share {} (layers {}-{} in groups, {} of {} layers' K/V stored; unshared: {} B/token), ",
+                       shape.cross_layer_share, share.first_shared(), shape.layers - 1, share.num_slots(), shape.layers,
+                       format_with_commas(kv_bytes_per_token(unshared, k_dtype, v_dtype)));
   }
   return fmt::format("KV cache: {}{}, {} B/token (bf16: {} B{}), {} tokens fit in {}", kind, dtypes,
                      format_with_commas(per_token), format_with_commas(bf16), comparison, format_with_commas(tokens),

@@ -41,6 +41,9 @@ struct KvShape {
   int64_t v_head_dim = 0; // 0: same as head_dim
   int64_t mla_latent_dim = 0;  // kv_lora_rank; > 0 means MLA
   int64_t mla_rope_dim = 0;    // qk_rope_head_dim
+  // --kv-cross-layer-share K (runtime/cross_layer_share.h): groups of K upper layers store one K/V plus
+  // per-token norm records; 1: off. Not for MLA.
+  int64_t cross_layer_share = 1;
 
   bool is_mla() const { return mla_latent_dim > 0; }
   AttentionKind kind() const;

@@ -1,5 +1,7 @@
 #include "pagoda/runtime/model_runner.h"
 
+#include <unordered_set>
+
 namespace pagoda::runtime {
 
 Status check_row_sampling(const ForwardBatch& batch, std::span<const RowSampling> rows,
@@ -24,6 +26,28 @@ Status check_row_sampling(const ForwardBatch& batch, std::span<const RowSampling
 Status ModelRunner::transfer_blocks(std::span<const BlockTransfer> transfers) {
   if (transfers.empty()) return ok_status();
   return unimplemented_error("this model runner has no host KV pool ({} block transfers asked)", transfers.size());
+}
+
+Status check_kv_compaction(const KvCompaction& c, int32_t num_blocks, int32_t bs) {
+  if (c.kv_state == 0) return invalid_argument_error("compact_kv: kv_state 0 names no sequence");
+  if (c.old_length < 0 || c.new_length < 0 || c.new_length > c.old_length)
+    return invalid_argument_error("compact_kv: sequence {}: cannot compact {} tokens into {}", c.kv_state,
+                                  c.old_length, c.new_length);
+  if (static_cast<int64_t>(c.old_block_table.size()) * bs < c.old_length ||
+      static_cast<int64_t>(c.new_block_table.size()) * bs < c.new_length)
+    return invalid_argument_error("compact_kv: sequence {}: tables of {} and {} blocks for {} and {} tokens",
+                                  c.kv_state, c.old_block_table.size(), c.new_block_table.size(), c.old_length,
+                                  c.new_length);
+  for (const auto* table : {&c.old_block_table, &c.new_block_table})
+    for (int32_t b : *table)
+      if (b < 0 || b >= num_blocks)
+        return out_of_range_error("compact_kv: sequence {}: block {} outside the pool of {}", c.kv_state, b,
+                                  num_blocks);
+  const std::unordered_set<int32_t> old_ids(c.old_block_table.begin(), c.old_block_table.end());
+  for (int32_t b : c.new_block_table)
+    if (old_ids.contains(b))
+      return invalid_argument_error("compact_kv: sequence {}: block {} is in both tables", c.kv_state, b);
+  return ok_status();
 }
 
 Status check_block_transfers(std::span<const BlockTransfer> transfers, int32_t num_blocks, int32_t num_host_blocks) {

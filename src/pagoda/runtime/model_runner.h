@@ -122,6 +122,10 @@ struct KvCompaction {
   std::vector<int32_t> new_block_table;
   int32_t new_length = 0;
 };
+// The checks every runner's compact_kv makes before anything moves: a named
+// sequence, new_length <= old_length, tables long enough for their lengths,
+// ids in [0, num_blocks) (kOutOfRange) and no block in both tables.
+Status check_kv_compaction(const KvCompaction& compaction, int32_t num_blocks, int32_t block_size);
 
 struct RunnerCapabilities {
   bool samples_on_device = false;  // execute() honours RowSampling::on_device
@@ -130,6 +134,8 @@ struct RunnerCapabilities {
   int32_t host_kv_blocks = 0;      // blocks in the host pool (0: no host tier); block shape as kv_geometry()
   bool host_block_access = false;  // read_host_block / write_host_block are implemented
   bool compacts_kv = false;        // compact_kv() and SequenceSlice's kv_state are honoured
+  // ... with attention scores: every policy; without, streaming only (it needs no scores).
+  bool kv_attention_scores = false;
 };
 
 class ModelRunner {
@@ -171,6 +177,15 @@ class ModelRunner {
   // read (engine/lower_tier_spiller.h).
   virtual Status read_host_block(int32_t host_block, std::span<std::byte> out);
   virtual Status write_host_block(int32_t host_block, std::span<const std::byte> data);
+  // The memory of host blocks, for readers that fill them in place from
+  // other threads (engine/lower_tier_loader.h: disk reads straight into the
+  // pinned pool). Returns once no transfer handed to the runner so far can
+  // still read or write them; after that the caller owns the bytes until it
+  // next names a block in a transfer_blocks() call, and any thread may write
+  // them meanwhile (the runner never touches a host block no transfer names).
+  // kOutOfRange on a bad index. Called only when
+  // capabilities().host_block_access; the default refuses.
+  virtual StatusOr<std::vector<std::span<std::byte>>> host_blocks_for_writing(std::span<const int32_t> host_blocks);
   // Token eviction: chooses each (layer, KV head)'s kept tokens from the
   // state under compaction.kv_state and rewrites them (KvCompaction). Runs
   // before the next execute(); the old blocks may be reused after it returns.
@@ -205,6 +220,11 @@ inline Status ModelRunner::read_host_block(int32_t host_block, std::span<std::by
 
 inline Status ModelRunner::write_host_block(int32_t host_block, std::span<const std::byte>) {
   return unimplemented_error("this model runner cannot write host KV block {}", host_block);
+}
+
+inline StatusOr<std::vector<std::span<std::byte>>> ModelRunner::host_blocks_for_writing(
+    std::span<const int32_t> host_blocks) {
+  return unimplemented_error("this model runner cannot hand out {} host KV blocks", host_blocks.size());
 }
 
 // Rows of `rows` that the runner samples, checked against what it can do;

@@ -40,7 +40,14 @@ HttpFrontConfig front_config(const ServerConfig& c) {
 
 OpenAiServer::OpenAiServer(ServerConfig config, engine::Engine& engine, TextCodec codec)
     : config_(std::move(config)), engine_(engine), codec_(std::move(codec)), front_(front_config(config_)) {
-  if (codec_.vocabulary) structured_ = std::make_unique<StructuredOutputCompiler>(codec_.vocabulary);
+  if (codec_.vocabulary) {
+    StructuredOutputCompiler::Options options;
+    options.max_memory_bytes = config_.grammar_cache_memory_bytes;
+    options.warm_json_object = config_.warm_json_object_grammar;
+    if (codec_.encode) options.encode = [encode = codec_.encode](std::string_view text) { return encode(text, false); };
+    options.jump_forward = config_.jump_forward;
+    structured_ = std::make_unique<StructuredOutputCompiler>(codec_.vocabulary, std::move(options));
+  }
   if (config_.publish_kv_events) kv_feed_ = std::make_unique<KvEventFeed>(engine_);
   if (config_.first_token_floor.count() > 0) wake_timer_ = std::make_unique<WakeTimer>();
   install_routes();
@@ -322,6 +329,7 @@ HttpReply OpenAiServer::handle_metrics(const HttpRequest& req) {
   HttpReply r;
   r.response.content_type = "text/plain; version=0.0.4";
   r.response.body = render_prometheus_metrics(engine_.stats(), http_counters(), tenant_usage_.all());
+  if (structured_) r.response.body += render_grammar_cache_metrics(structured_->counters());
   return r;
 }
 

@@ -117,6 +117,12 @@ struct ServerConfig {
   // first_token_floor_hits_only, only requests whose prompt hit the cache wait.
   std::chrono::milliseconds first_token_floor{0};
   bool first_token_floor_hits_only = false;
+  // Structured outputs (structured_output.h): the compiled-grammar cache's memory bound; the
+  // json_object grammar compiled at start; jump-forward (text a grammar forces is appended as
+  // its canonical tokens without a forward pass each; needs TextCodec::encode).
+  size_t grammar_cache_memory_bytes = size_t{256} << 20;
+  bool warm_json_object_grammar = true;
+  bool jump_forward = true;
 };
 
 class OpenAiServer {

@@ -59,6 +59,11 @@ void lower_tier_metrics(std::string& out, const engine::EngineStats& s) {
     const kvstore::TierIoStats& x = s.lower_tiers[static_cast<size_t>(t)];
     if (x.enabled) out += fmt::format("pagoda_kv_tier_up{{tier=\"{}\"}} {}\n", names[t], x.connected && !x.writes_stopped ? 1 : 0);
   }
+  scalar(out, "pagoda_kv_tier_loads_total", "counter",
+         "Requests that waited, holding no step, for their prompt blocks to be read from disk or redis.",
+         s.lower_tier_loads);
+  scalar(out, "pagoda_kv_tier_loads_in_flight", "gauge",
+         "Requests waiting now for their prompt blocks to be read from disk or redis.", s.lower_tier_loads_in_flight);
   header(out, "pagoda_kv_tier_read_seconds", "histogram", "Time to read and verify one block from a tier below the host.");
   for (int t = 0; t < 2; ++t) {
     const kvstore::TierIoStats& x = s.lower_tiers[static_cast<size_t>(t)];
@@ -216,6 +221,9 @@ std::string render_prometheus_metrics(const engine::EngineStats& s, const HttpCo
   out += fmt::format("pagoda_requests_total{{outcome=\"rejected_queue_full\"}} {}\n", s.requests_rejected_queue_full);
   scalar(out, "pagoda_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", s.prompt_tokens);
   scalar(out, "pagoda_generation_tokens_total", "counter", "Generated tokens.", s.generated_tokens);
+  scalar(out, "pagoda_jump_forward_tokens_total", "counter",
+         "Generated tokens a grammar forced, appended without a forward pass of their own (jump-forward).",
+         s.jump_forward_tokens);
   scalar(out, "pagoda_kv_blocks_zeroed_total", "counter", "KV blocks zeroed as they passed from one tenant to another.",
          s.kv_blocks_zeroed);
   scalar(out, "pagoda_kv_compactions_total", "counter", "Token eviction: sequences compacted.", s.kv_compactions);
@@ -233,6 +241,18 @@ std::string render_prometheus_metrics(const engine::EngineStats& s, const HttpCo
   scalar(out, "pagoda_client_disconnects_total", "counter", "Requests aborted because the client went away.",
          http.client_disconnects);
   tenant_metrics(out, tenants);
+  return out;
+}
+
+std::string render_grammar_cache_metrics(const GrammarCacheCounters& g) {
+  std::string out;
+  scalar(out, "pagoda_grammar_cache_grammars", "gauge", "Compiled structured-output grammars cached.", g.grammars);
+  scalar(out, "pagoda_grammar_cache_bytes", "gauge",
+         "Memory of the cached compiled grammars (states, transition tables, masks, windows).", g.bytes);
+  scalar(out, "pagoda_grammar_compiled_total", "counter", "Structured-output grammars compiled (cache misses).",
+         g.compiled);
+  scalar(out, "pagoda_grammar_cache_evictions_total", "counter",
+         "Compiled grammars dropped to stay under --grammar-cache-memory or the grammar count bound.", g.evictions);
   return out;
 }
 

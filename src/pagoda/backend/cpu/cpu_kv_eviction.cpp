@@ -84,24 +84,7 @@ void copy_vector(std::byte* data, std::byte* scales, DType dtype, const kernels:
 Status CpuKvEviction::compact(const runtime::KvCompaction& c, CpuKvPool& pool) {
   const KvPoolShape& shape = pool.shape();
   const int32_t bs = shape.block_size;
-  if (c.kv_state == 0) return invalid_argument_error("compact_kv: kv_state 0 names no sequence");
-  if (c.old_length < 0 || c.new_length < 0 || c.new_length > c.old_length)
-    return invalid_argument_error("compact_kv: sequence {}: cannot compact {} tokens into {}", c.kv_state,
-                                  c.old_length, c.new_length);
-  if (static_cast<int64_t>(c.old_block_table.size()) * bs < c.old_length ||
-      static_cast<int64_t>(c.new_block_table.size()) * bs < c.new_length)
-    return invalid_argument_error("compact_kv: sequence {}: tables of {} and {} blocks for {} and {} tokens",
-                                  c.kv_state, c.old_block_table.size(), c.new_block_table.size(), c.old_length,
-                                  c.new_length);
-  std::unordered_set<int32_t> old_ids(c.old_block_table.begin(), c.old_block_table.end());
-  for (const auto* table : {&c.old_block_table, &c.new_block_table})
-    for (int32_t b : *table)
-      if (b < 0 || b >= shape.num_blocks)
-        return out_of_range_error("compact_kv: sequence {}: block {} outside the pool of {}", c.kv_state, b,
-                                  shape.num_blocks);
-  for (int32_t b : c.new_block_table)
-    if (old_ids.contains(b))
-      return invalid_argument_error("compact_kv: sequence {}: block {} is in both tables", c.kv_state, b);
+  PAGODA_RETURN_IF_ERROR(runtime::check_kv_compaction(c, shape.num_blocks, bs));
 
   auto [it, fresh] = states_.try_emplace(c.kv_state);
   CpuSequenceEviction& st = it->second;

@@ -33,7 +33,7 @@ CpuKvPool::Store CpuKvPool::make_store(const KvPoolShape& shape, DType dtype) {
   const size_t vectors_per_block = static_cast<size_t>(shape.block_size) * shape.num_kv_heads;
   s.block_data_bytes = vectors_per_block * kernels::kv_head_bytes(shape.head_dim, dtype);
   s.block_scale_bytes = vectors_per_block * kernels::kv_head_scale_bytes(shape.head_dim, dtype);
-  const size_t blocks = static_cast<size_t>(shape.num_layers) * shape.num_blocks;
+  const size_t blocks = static_cast<size_t>(shape.share().num_slots()) * shape.num_blocks;
   s.data = zeroed_bytes(blocks * s.block_data_bytes);
   s.scales = zeroed_bytes(blocks * s.block_scale_bytes);
   return s;
@@ -56,6 +56,9 @@ StatusOr<CpuKvPool> CpuKvPool::create(const KvPoolShape& shape) {
         "must be the K dtype (got K {}, V {})", shape.num_kv_heads, dtype_name(shape.key_dtype),
         dtype_name(shape.value_dtype));
   }
+  if (shape.cross_layer_share < 1 || (shape.cross_layer_share > 1 && shape.latent))
+    return invalid_argument_error("cross-layer KV sharing {}: must be >= 1 and not on an MLA latent pool",
+                                  shape.cross_layer_share);
   try {
     Store key = make_store(shape, shape.key_dtype);
     Store value;  // an MLA latent pool has no V: an empty store
@@ -70,7 +73,13 @@ StatusOr<CpuKvPool> CpuKvPool::create(const KvPoolShape& shape) {
 }
 
 CpuKvPool::CpuKvPool(const KvPoolShape& shape, Store key, Store value)
-    : shape_(shape), key_(std::move(key)), value_(std::move(value)) {}
+    : shape_(shape), key_(std::move(key)), value_(std::move(value)) {
+  const runtime::CrossLayerShare share = shape_.share();
+  if (share.num_shared_slots() == 0) return;
+  norm_block_floats_ = static_cast<size_t>(shape_.block_size) * shape_.num_kv_heads * 2 * share.norm_record();
+  const size_t n = static_cast<size_t>(share.num_shared_slots()) * shape_.num_blocks * norm_block_floats_;
+  norms_ = std::unique_ptr<float[]>(new float[n]());
+}
 
 std::byte* CpuKvPool::block_data(const Store& store, int32_t layer, int32_t block) const {
   return store.data.get() + (static_cast<size_t>(layer) * shape_.num_blocks + block) * store.block_data_bytes;
@@ -81,9 +90,16 @@ std::byte* CpuKvPool::block_scales(const Store& store, int32_t layer, int32_t bl
   return store.scales.get() + (static_cast<size_t>(layer) * shape_.num_blocks + block) * store.block_scale_bytes;
 }
 
-kernels::PagedKvLayer CpuKvPool::layer(int32_t layer) {
-  assert(layer >= 0 && layer < shape_.num_layers);
+kernels::PagedKvLayer CpuKvPool::layer(int32_t model_layer) {
+  assert(model_layer >= 0 && model_layer < shape_.num_layers);
+  const runtime::CrossLayerShare share = shape_.share();
+  const int32_t layer = share.slot_of(model_layer);
   kernels::PagedKvLayer view;
+  if (norms_ && share.member_of(model_layer) >= 0) {
+    view.share_norms = block_norms(layer - share.first_shared(), 0);
+    view.share_record = share.norm_record();
+    view.share_member = share.member_of(model_layer);
+  }
   view.key = block_data(key_, layer, 0);
   view.value = value_.data ? block_data(value_, layer, 0) : nullptr;
   view.num_blocks = shape_.num_blocks;
@@ -99,7 +115,10 @@ kernels::PagedKvLayer CpuKvPool::layer(int32_t layer) {
 
 void CpuKvPool::zero_block(int32_t block) {
   assert(block >= 0 && block < shape_.num_blocks);
-  for (int32_t l = 0; l < shape_.num_layers; ++l) {
+  const runtime::CrossLayerShare share = shape_.share();
+  for (int32_t l = 0; l < share.num_shared_slots(); ++l)
+    std::memset(block_norms(l, block), 0, norm_block_floats_ * sizeof(float));
+  for (int32_t l = 0; l < share.num_slots(); ++l) {
     for (const Store* s : {&key_, &value_}) {
       if (!s->data) continue;  // the V store of an MLA latent pool
       std::memset(block_data(*s, l, block), 0, s->block_data_bytes);
@@ -111,7 +130,10 @@ void CpuKvPool::zero_block(int32_t block) {
 void CpuKvPool::copy_block(int32_t src, int32_t dst) {
   assert(src >= 0 && src < shape_.num_blocks && dst >= 0 && dst < shape_.num_blocks);
   if (src == dst) return;
-  for (int32_t l = 0; l < shape_.num_layers; ++l) {
+  const runtime::CrossLayerShare share = shape_.share();
+  for (int32_t l = 0; l < share.num_shared_slots(); ++l)
+    std::memcpy(block_norms(l, dst), block_norms(l, src), norm_block_floats_ * sizeof(float));
+  for (int32_t l = 0; l < share.num_slots(); ++l) {
     for (const Store* s : {&key_, &value_}) {
       if (!s->data) continue;  // the V store of an MLA latent pool
       std::memcpy(block_data(*s, l, dst), block_data(*s, l, src), s->block_data_bytes);
@@ -122,6 +144,7 @@ void CpuKvPool::copy_block(int32_t src, int32_t dst) {
 
 void CpuKvPool::export_block(int32_t block, std::byte* chunk) const {
   assert(block >= 0 && block < shape_.num_blocks);
+  assert(!norms_);  // a shared pool has no host-block form (the runner refuses a host tier)
   for (int32_t l = 0; l < shape_.num_layers; ++l) {
     // The host block layout's order: K codes, V codes, K scales, V scales (an MLA pool has no V).
     for (const Store* s : {&key_, &value_}) {
@@ -139,6 +162,7 @@ void CpuKvPool::export_block(int32_t block, std::byte* chunk) const {
 
 void CpuKvPool::import_block(int32_t block, const std::byte* chunk) {
   assert(block >= 0 && block < shape_.num_blocks);
+  assert(!norms_);
   for (int32_t l = 0; l < shape_.num_layers; ++l) {
     for (const Store* s : {&key_, &value_}) {
       if (!s->data) continue;

@@ -13,6 +13,7 @@
 #include "pagoda/backend/cpu/quantize_weights.h"
 #include "pagoda/model/kv_geometry.h"
 #include "pagoda/runtime/batch_validation.h"
+#include "pagoda/runtime/cross_layer_share.h"
 
 namespace pagoda {
 
@@ -104,8 +105,14 @@ KvPoolShape CpuModel::kv_pool_shape(int32_t num_blocks, int32_t block_size, DTyp
 
 Status CpuModel::validate(const ForwardBatch& batch, const CpuKvPool& pool) const {
   const KvPoolShape& ps = pool.shape();
-  PAGODA_RETURN_IF_ERROR(runtime::check_pool_matches(
-      ps, kv_pool_shape(ps.num_blocks, ps.block_size, ps.key_dtype, ps.value_dtype)));
+  KvPoolShape expected = kv_pool_shape(ps.num_blocks, ps.block_size, ps.key_dtype, ps.value_dtype);
+  if (ps.cross_layer_share != 1) {
+    if (config_.mla) return unimplemented_error("cross-layer KV sharing needs a model without MLA");
+    PAGODA_RETURN_IF_ERROR(
+        runtime::validate_cross_layer_share(ps.cross_layer_share, config_.num_layers, "--kv-cross-layer-share"));
+    expected.cross_layer_share = ps.cross_layer_share;
+  }
+  PAGODA_RETURN_IF_ERROR(runtime::check_pool_matches(ps, expected));
   runtime::BatchLimits limits;
   limits.vocab_size = config_.vocab_size;
   return runtime::validate_forward_batch(batch, ps, limits);
@@ -148,6 +155,8 @@ Status CpuModel::forward(const ForwardBatch& batch, CpuKvPool& pool, std::vector
                                   batch.sequences.size());
   if (!eviction.empty() && !supports_token_eviction())
     return unimplemented_error("token eviction needs a model without MLA or a sliding window");
+  if (!eviction.empty() && pool.shape().cross_layer_share > 1)
+    return unimplemented_error("token eviction with --kv-cross-layer-share is not supported");
   const ModelConfig& c = config_;
   const size_t T = static_cast<size_t>(batch.num_tokens());
   const size_t H = static_cast<size_t>(c.hidden_size);

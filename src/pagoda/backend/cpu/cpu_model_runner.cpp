@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "pagoda/runtime/cross_layer_share.h"
 #include "pagoda/runtime/host_block_layout.h"
 
 namespace pagoda {
@@ -20,10 +21,22 @@ void CpuModelRunner::FreeDeleter::operator()(std::byte* p) const { std::free(p);
 StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::create(std::shared_ptr<CpuModel> model,
                                                                   int32_t num_blocks, int32_t block_size,
                                                                   DType key_dtype, DType value_dtype,
-                                                                  int32_t num_host_blocks) {
+                                                                  int32_t num_host_blocks, int32_t cross_layer_share) {
   if (!model) return invalid_argument_error("CpuModelRunner needs a model");
   if (num_host_blocks < 0) return invalid_argument_error("host KV pool: {} blocks", num_host_blocks);
-  const KvPoolShape shape = model->kv_pool_shape(num_blocks, block_size, key_dtype, value_dtype);
+  KvPoolShape shape = model->kv_pool_shape(num_blocks, block_size, key_dtype, value_dtype);
+  if (cross_layer_share != 1) {
+    PAGODA_RETURN_IF_ERROR(runtime::validate_cross_layer_share(cross_layer_share, model->config().num_layers,
+                                                               "--kv-cross-layer-share"));
+    if (model->config().mla)
+      return invalid_argument_error("--kv-cross-layer-share {}: not for an MLA model (it caches one latent per layer)",
+                                    cross_layer_share);
+    if (num_host_blocks > 0 && cross_layer_share > 1)
+      return invalid_argument_error("--kv-cross-layer-share {} cannot be combined with a host KV tier "
+                                    "(--kv-offload-memory): a shared block's norm records have no host form yet",
+                                    cross_layer_share);
+    shape.cross_layer_share = cross_layer_share;
+  }
   PAGODA_ASSIGN_OR_RETURN(CpuKvPool pool, CpuKvPool::create(shape));
   std::unique_ptr<CpuModelRunner> runner(new CpuModelRunner(std::move(model), std::move(pool)));
   if (num_host_blocks > 0) {
@@ -41,8 +54,9 @@ StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::create(std::shared_ptr
 }
 
 int64_t CpuModelRunner::blocks_for_memory(const CpuModel& model, int64_t bytes, int32_t block_size,
-                                          DType key_dtype, DType value_dtype) {
-  const KvPoolShape shape = model.kv_pool_shape(1, block_size, key_dtype, value_dtype);
+                                          DType key_dtype, DType value_dtype, int32_t cross_layer_share) {
+  KvPoolShape shape = model.kv_pool_shape(1, block_size, key_dtype, value_dtype);
+  shape.cross_layer_share = cross_layer_share;
   const size_t per_token = shape.bytes_per_token();
   if (per_token == 0 || block_size <= 0) return 0;
   return bytes / static_cast<int64_t>(per_token * block_size);
@@ -105,6 +119,19 @@ Status CpuModelRunner::write_host_block(int32_t host_block, std::span<const std:
     return invalid_argument_error("write_host_block: {} bytes given, a block is {}", data.size(), host_block_bytes_);
   std::memcpy(host_pool_.get() + static_cast<size_t>(host_block) * host_block_bytes_, data.data(), host_block_bytes_);
   return ok_status();
+}
+
+StatusOr<std::vector<std::span<std::byte>>> CpuModelRunner::host_blocks_for_writing(
+    std::span<const int32_t> blocks) {
+  std::vector<std::span<std::byte>> out;
+  out.reserve(blocks.size());
+  for (int32_t b : blocks) {
+    if (b < 0 || b >= num_host_blocks_)
+      return out_of_range_error("host_blocks_for_writing: block {} outside the host pool of {}", b, num_host_blocks_);
+    // Transfers run synchronously here: none is in flight.
+    out.emplace_back(host_pool_.get() + static_cast<size_t>(b) * host_block_bytes_, host_block_bytes_);
+  }
+  return out;
 }
 
 Status CpuModelRunner::transfer_blocks(std::span<const runtime::BlockTransfer> transfers) {

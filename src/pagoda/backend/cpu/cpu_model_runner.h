@@ -27,13 +27,17 @@ class CpuModelRunner final : public runtime::ModelRunner {
   // Pool of num_blocks blocks of block_size tokens for `model`, K and V stored
   // as key_dtype / value_dtype (f32, or a quantized format of runtime/kv_quant.h).
   // num_host_blocks: blocks of the host tier's pool (0: none); kResourceExhausted
-  // when that memory cannot be had.
+  // when that memory cannot be had. cross_layer_share: --kv-cross-layer-share
+  // (runtime/cross_layer_share.h; 1: off); errors name the flag (K out of
+  // range, an MLA model, a host tier with it).
   static StatusOr<std::unique_ptr<CpuModelRunner>> create(std::shared_ptr<CpuModel> model, int32_t num_blocks,
                                                           int32_t block_size, DType key_dtype = DType::kF32,
-                                                          DType value_dtype = DType::kF32, int32_t num_host_blocks = 0);
+                                                          DType value_dtype = DType::kF32, int32_t num_host_blocks = 0,
+                                                          int32_t cross_layer_share = 1);
   // Blocks that fit in `bytes` of KV memory for this model (K and V, every layer, scales included).
   static int64_t blocks_for_memory(const CpuModel& model, int64_t bytes, int32_t block_size,
-                                   DType key_dtype = DType::kF32, DType value_dtype = DType::kF32);
+                                   DType key_dtype = DType::kF32, DType value_dtype = DType::kF32,
+                                   int32_t cross_layer_share = 1);
 
   StatusOr<runtime::StepResult> execute(const ForwardBatch& batch,
                                         std::span<const runtime::RowSampling> rows) override;
@@ -43,11 +47,13 @@ class CpuModelRunner final : public runtime::ModelRunner {
   runtime::TransferStats transfer_stats() const override { return transfer_stats_; }
   Status read_host_block(int32_t host_block, std::span<std::byte> out) override;
   Status write_host_block(int32_t host_block, std::span<const std::byte> data) override;
+  StatusOr<std::vector<std::span<std::byte>>> host_blocks_for_writing(std::span<const int32_t> blocks) override;
   runtime::RunnerCapabilities capabilities() const override {
     return {.zeroes_blocks = true,
             .host_kv_blocks = num_host_blocks_,
             .host_block_access = num_host_blocks_ > 0,
-            .compacts_kv = model_->supports_token_eviction()};
+            .compacts_kv = model_->supports_token_eviction() && pool_.shape().cross_layer_share == 1,
+            .kv_attention_scores = true};
   }
   // Token eviction (backend/cpu/cpu_kv_eviction.h).
   Status compact_kv(const runtime::KvCompaction& compaction) override;

@@ -22,7 +22,15 @@ StatusOr<std::unique_ptr<CudaModel>> CudaModel::load(const std::filesystem::path
   WeightLoadOptions bind_options;
   bind_options.f32_cache_bytes = 0;  // keep mmapped views; conversion happens per tensor on upload
   PAGODA_ASSIGN_OR_RETURN(ModelWeights host, bind_model_weights(config, std::move(shared), bind_options));
-  PAGODA_ASSIGN_OR_RETURN(CudaModelWeights weights, CudaModelWeights::upload(config, host, options.show_progress));
+  Fp8UploadOptions fp8;
+  fp8.quantize = options.fp8_weights;
+  if (options.fp8_weights || host.fp8) {
+    // The device decides which fp8 schemes run (create() refuses one without FP8 tensor cores).
+    PAGODA_ASSIGN_OR_RETURN(std::unique_ptr<Fp8Gemm> probe, Fp8Gemm::create());
+    fp8.block128_supported = probe->block128_supported();
+  }
+  PAGODA_ASSIGN_OR_RETURN(CudaModelWeights weights,
+                          CudaModelWeights::upload(config, host, options.show_progress, fp8));
   std::unique_ptr<CudaDeepseekWeights> deepseek;
   if (config.mla) {
     PAGODA_ASSIGN_OR_RETURN(CudaDeepseekWeights layers,
@@ -36,7 +44,8 @@ StatusOr<std::unique_ptr<CudaModel>> CudaModel::load(const std::filesystem::path
 
 StatusOr<std::unique_ptr<CudaModel>> CudaModel::create_random(const ModelConfig& config, uint64_t seed,
                                                               const CudaModelOptions& options) {
-  PAGODA_ASSIGN_OR_RETURN(CudaModelWeights weights, CudaModelWeights::random(config, seed));
+  if (options.fp8_weights) PAGODA_RETURN_IF_ERROR(Fp8Gemm::create().status());  // FP8 tensor cores present
+  PAGODA_ASSIGN_OR_RETURN(CudaModelWeights weights, CudaModelWeights::random(config, seed, options.fp8_weights));
   std::unique_ptr<CudaDeepseekWeights> deepseek;
   if (config.mla) {
     PAGODA_ASSIGN_OR_RETURN(CudaDeepseekWeights layers, CudaDeepseekWeights::random(config, seed));
@@ -93,7 +102,8 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
   host_ = bind_step_metadata(host_metadata_buffer_.data(), layout);
   device_ = bind_step_metadata(device_metadata_buffer_.data(), layout);
 
-  const size_t T = static_cast<size_t>(options_.max_num_tokens);
+  // Rows rounded up to 4: the 128-block fp8 GEMM runs on whole groups of 4 rows (fp8_gemm.h).
+  const size_t T = static_cast<size_t>(fp8_block_padded_rows(options_.max_num_tokens));
   const size_t H = static_cast<size_t>(c.hidden_size);
   const size_t R = static_cast<size_t>(max_rows_);
   PAGODA_ASSIGN_OR_RETURN(residual_, DeviceBuffer::allocate(T * H * 4));
@@ -117,6 +127,17 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
   }
   PAGODA_ASSIGN_OR_RETURN(gate_up_, DeviceBuffer::allocate(T * 2 * I * 2));
   PAGODA_ASSIGN_OR_RETURN(act_, DeviceBuffer::allocate(T * I * 2));
+  if (weights_.has_fp8()) {
+    if (options_.fp8_weights && config_.fp8)
+      return invalid_argument_error("--quantization fp8: the checkpoint is already quantized ({})",
+                                    config_.fp8->describe());
+    PAGODA_ASSIGN_OR_RETURN(fp8_gemm_, Fp8Gemm::create());
+    const size_t widest = std::max({H, static_cast<size_t>(c.num_q_heads) * D, I});
+    PAGODA_ASSIGN_OR_RETURN(fp8_x_, DeviceBuffer::allocate(T * widest));
+    PAGODA_ASSIGN_OR_RETURN(fp8_x_scales_, DeviceBuffer::allocate(T * ((widest + 127) / 128) * sizeof(float)));
+    // The epilogue mode's f32 scratch is sized now, before any graph is captured.
+    PAGODA_RETURN_IF_ERROR(fp8_gemm_->reserve(static_cast<int32_t>(T), static_cast<int32_t>(std::max(qkv, 2 * I))));
+  }
 
   const std::vector<float> inv_freq =
       rope_inverse_frequencies(c.head_dim, c.rope_theta, c.rope_llama3 ? &*c.rope_llama3 : nullptr);
@@ -213,7 +234,7 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
     } else {
       PAGODA_CUDA_RETURN_IF_ERROR(add_rmsnorm(residual, proj, w.input_norm, normed, T, H, c.rms_norm_eps, stream_));
     }
-    PAGODA_RETURN_IF_ERROR(gemm_->linear(normed, T, w.qkv_proj, qkv_width, H, qkv, GemmOutput::kBF16, stream_));
+    PAGODA_RETURN_IF_ERROR(project(normed, T, w.qkv_proj, w.qkv_fp8, qkv_width, H, qkv));
     if (w.qkv_bias != nullptr)
       PAGODA_CUDA_RETURN_IF_ERROR(add_bias(qkv, qkv_width, T, qkv_width, w.qkv_bias, stream_));
     if (c.qk_norm) {
@@ -242,19 +263,37 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
       PAGODA_CUDA_RETURN_IF_ERROR(
           paged_attention(qkv, qkv_width, kv, attention, c.num_q_heads, scale, attn, stream_));
     }
-    PAGODA_RETURN_IF_ERROR(gemm_->linear(attn, T, w.o_proj, H, q_width, proj, GemmOutput::kBF16, stream_));
+    PAGODA_RETURN_IF_ERROR(project(attn, T, w.o_proj, w.o_fp8, H, q_width, proj));
     if (w.o_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.o_bias, stream_));
     PAGODA_CUDA_RETURN_IF_ERROR(
         add_rmsnorm(residual, proj, w.post_attention_norm, normed, T, H, c.rms_norm_eps, stream_));
-    PAGODA_RETURN_IF_ERROR(gemm_->linear(normed, T, w.gate_up_proj, 2 * I, H, gate_up, GemmOutput::kBF16, stream_));
+    PAGODA_RETURN_IF_ERROR(project(normed, T, w.gate_up_proj, w.gate_up_fp8, 2 * I, H, gate_up));
     if (w.gate_up_bias != nullptr)
       PAGODA_CUDA_RETURN_IF_ERROR(add_bias(gate_up, 2 * I, T, 2 * I, w.gate_up_bias, stream_));
     PAGODA_CUDA_RETURN_IF_ERROR(silu_mul(gate_up, act, T, I, stream_));
-    PAGODA_RETURN_IF_ERROR(gemm_->linear(act, T, w.down_proj, H, I, proj, GemmOutput::kBF16, stream_));
+    PAGODA_RETURN_IF_ERROR(project(act, T, w.down_proj, w.down_fp8, H, I, proj));
     if (w.down_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.down_bias, stream_));
   }
   PAGODA_CUDA_RETURN_IF_ERROR(add_residual(residual, proj, static_cast<int64_t>(T) * H, stream_));
   return ok_status();
+}
+
+Status CudaModel::project(const bf16* x, int32_t T, const bf16* w, const CudaFp8Weight& fp8, int32_t n, int32_t k,
+                          bf16* y) {
+  if (fp8.data == nullptr) return gemm_->linear(x, T, w, n, k, y, GemmOutput::kBF16, stream_);
+  uint8_t* q = fp8_x_.as<uint8_t>();
+  float* scales = fp8_x_scales_.as<float>();
+  if (fp8.block128) {
+    const int32_t rows = fp8_block_padded_rows(T);
+    PAGODA_CUDA_RETURN_IF_ERROR(quantize_fp8_per_token_group128(x, T, rows, k, q, scales, rows, stream_));
+    return fp8_gemm_->linear_block128(q, scales, T, fp8.data, fp8.scales, n, k, y, stream_);
+  }
+  if (fp8.input_scale != nullptr) {
+    PAGODA_CUDA_RETURN_IF_ERROR(quantize_fp8_static(x, T, k, fp8.input_scale, q, scales, stream_));
+  } else {
+    PAGODA_CUDA_RETURN_IF_ERROR(quantize_fp8_per_token(x, T, k, q, scales, stream_));
+  }
+  return fp8_gemm_->linear(q, scales, T, fp8.data, fp8.scales, n, k, y, stream_);
 }
 
 Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {

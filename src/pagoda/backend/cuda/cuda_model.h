@@ -46,6 +46,7 @@
 #include "pagoda/backend/cuda/cuda_model_weights.h"
 #include "pagoda/backend/cuda/device_buffer.h"
 #include "pagoda/backend/cuda/fast_attention.h"
+#include "pagoda/backend/cuda/fp8_gemm.h"
 #include "pagoda/backend/cuda/gemm.h"
 #include "pagoda/backend/cuda/kv_layer_waits.h"
 #include "pagoda/backend/cuda/sampling.h"
@@ -80,6 +81,9 @@ struct CudaModelOptions {
   // kv_pool_shape() carries them to the pool.
   DType kv_key_dtype = DType::kBF16;
   DType kv_value_dtype = DType::kBF16;
+  // --quantization fp8: f32/f16/bf16 projections become e4m3 with per-channel scales and run as fp8 GEMMs
+  // with dynamic per-token activations (an FP8 checkpoint's projections run fp8 without it).
+  bool fp8_weights = false;
 };
 
 class CudaModel {
@@ -101,6 +105,11 @@ class CudaModel {
     return weights_.total_bytes() + (deepseek_ ? deepseek_->weight_bytes() : 0);
   }
   cudaStream_t stream() const { return stream_; }
+  // Projections running as fp8 GEMMs (of 4 per layer) and the scale mode they use ("bf16" when none).
+  int32_t fp8_projections() const { return weights_.fp8_projections(); }
+  const char* fp8_scale_mode_name() const {
+    return fp8_gemm_ ? pagoda::cuda::fp8_scale_mode_name(fp8_gemm_->mode()) : "bf16";
+  }
 
   // The bf16 pool shape this model needs for num_blocks blocks.
   KvPoolShape kv_pool_shape(int32_t num_blocks) const;
@@ -180,6 +189,8 @@ class CudaModel {
   Status run_layers(int32_t num_tokens, const CudaKvPool& pool, bool fast_attention,
                     const KvLayerWaits* waits = nullptr);
   Status run_head(int32_t row_begin, int32_t num_rows);
+  // y [T, n] = x [T, k] . w^T through the bf16 GEMM, or quantize x + the fp8 GEMM where fp8.data is set.
+  Status project(const bf16* x, int32_t T, const bf16* w, const CudaFp8Weight& fp8, int32_t n, int32_t k, bf16* y);
   // Samples logit rows [row_begin, row_begin + n) (already in logits_) and
   // copies tokens, logprobs and the host rows' logits out; synchronizes.
   // Applies the token masks of rows [row_begin, row_begin + n) of forward_sampled() to logits_.
@@ -200,6 +211,9 @@ class CudaModel {
 
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
+  std::unique_ptr<Fp8Gemm> fp8_gemm_;  // when some projection runs fp8
+  DeviceBuffer fp8_x_;         // e4m3 [T4, max(hidden, Hq * D, intermediate)]: a projection's quantized input
+  DeviceBuffer fp8_x_scales_;  // f32 per token (or token x 128-group) of fp8_x_
   std::unique_ptr<FastAttention> fast_;
   // DeepSeek (MLA + MoE) configs: their layers run here instead of the llama loop.
   std::unique_ptr<CudaDeepseekForward> deepseek_;

@@ -4,6 +4,8 @@
 #include <cstring>
 
 #include "pagoda/backend/cuda/cuda_check.h"
+#include "pagoda/backend/cuda/kv_compact.h"
+#include "pagoda/runtime/kv_compression.h"
 
 namespace pagoda::cuda {
 
@@ -103,6 +105,21 @@ Status CudaModelRunner::write_host_block(int32_t host_block, std::span<const std
   return ok_status();
 }
 
+StatusOr<std::vector<std::span<std::byte>>> CudaModelRunner::host_blocks_for_writing(
+    std::span<const int32_t> blocks) {
+  if (!host_) return runtime::ModelRunner::host_blocks_for_writing(blocks);
+  std::vector<std::span<std::byte>> out;
+  out.reserve(blocks.size());
+  for (int32_t b : blocks) {
+    if (b < 0 || b >= host_->num_blocks())
+      return out_of_range_error("host_blocks_for_writing: block {} outside the host pool of {}", b, host_->num_blocks());
+    out.emplace_back(static_cast<std::byte*>(host_->block(b)), host_->block_bytes());
+  }
+  // A copy handed over earlier may still read (a load) or write (a write-back) one of these blocks.
+  PAGODA_RETURN_IF_ERROR(host_->wait_for_copies_on_host());
+  return out;
+}
+
 Status CudaModelRunner::transfer_blocks(std::span<const runtime::BlockTransfer> transfers) {
   if (transfers.empty()) return ok_status();
   if (!host_) return runtime::ModelRunner::transfer_blocks(transfers);
@@ -125,6 +142,45 @@ Status CudaModelRunner::zero_blocks(std::span<const int32_t> blocks) {
 Status CudaModelRunner::copy_blocks(std::span<const runtime::BlockCopy> copies) {
   if (host_) PAGODA_RETURN_IF_ERROR(host_->wait_all(model_->stream()));
   PAGODA_RETURN_IF_ERROR(pool_->copy_blocks(copies, model_->stream()));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(model_->stream()));
+  return ok_status();
+}
+
+Status CudaModelRunner::compact_kv(const runtime::KvCompaction& c) {
+  if (!capabilities().compacts_kv) return runtime::ModelRunner::compact_kv(c);
+  if (c.config.policy != runtime::KvCompressionPolicy::kStreaming)
+    return unimplemented_error("compact_kv: policy {} needs attention scores, which the cuda device has not yet "
+                               "(streaming only)", runtime::kv_compression_policy_name(c.config.policy));
+  const KvPoolShape& shape = pool_->shape();
+  const int32_t bs = shape.block_size;
+  PAGODA_RETURN_IF_ERROR(runtime::check_kv_compaction(c, shape.num_blocks, bs));
+  // Streaming's budget is the same for every head (kv_head_budgets), and its kept set ignores scores.
+  const int32_t budget = std::min(c.config.budget, c.new_length);
+  const std::vector<int32_t> kept = runtime::select_kept_tokens(c.config, budget, c.old_length, {});
+  if (static_cast<int32_t>(kept.size()) != c.new_length)
+    return invalid_argument_error("compact_kv: sequence {}: {} kept tokens for a compacted region of {} (the cuda "
+                                  "attention reads no holes)", c.kv_state, kept.size(), c.new_length);
+  auto slot = [bs](const std::vector<int32_t>& table, int32_t index) {
+    return static_cast<int64_t>(table[static_cast<size_t>(index / bs)]) * bs + index % bs;
+  };
+  std::vector<KvVectorMove> moves;
+  moves.reserve(kept.size() * static_cast<size_t>(shape.num_kv_heads));
+  for (int32_t h = 0; h < shape.num_kv_heads; ++h)
+    for (size_t k = 0; k < kept.size(); ++k)
+      moves.push_back({slot(c.old_block_table, kept[k]), slot(c.new_block_table, static_cast<int32_t>(k)), h, 0});
+  if (moves.empty()) return ok_status();
+  const size_t bytes = moves.size() * sizeof(KvVectorMove);
+  if (compact_moves_.bytes() < bytes) {
+    PAGODA_ASSIGN_OR_RETURN(compact_moves_, DeviceBuffer::allocate(bytes));
+  }
+  // A layer-by-layer copy of this step's transfers may still read or write these blocks.
+  if (host_) PAGODA_RETURN_IF_ERROR(host_->wait_all(model_->stream()));
+  PAGODA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(compact_moves_.data(), moves.data(), bytes, cudaMemcpyHostToDevice, model_->stream()));
+  for (int32_t l = 0; l < shape.num_layers; ++l)
+    PAGODA_CUDA_RETURN_IF_ERROR(kv_move_vectors(pool_->layer(l), compact_moves_.as<KvVectorMove>(),
+                                                static_cast<int64_t>(moves.size()), model_->stream()));
+  // `moves` is pageable host memory the copy reads: wait before it goes.
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(model_->stream()));
   return ok_status();
 }

@@ -65,14 +65,25 @@ class CudaModelRunner final : public runtime::ModelRunner {
             .samples_masked_on_device = true,
             .zeroes_blocks = true,
             .host_kv_blocks = host_ ? host_->num_blocks() : 0,
-            .host_block_access = host_ != nullptr};
+            .host_block_access = host_ != nullptr,
+            .compacts_kv = !model_->config().mla && model_->config().sliding_window <= 0};
   }
+  // Token eviction (docs/KV_CACHE.md "Token eviction"), streaming only: this
+  // device has no attention scores yet, so every (layer, KV head) keeps the
+  // same tokens (sinks + the most recent) and the compacted region has no
+  // holes; a gather kernel (kv_compact.h) moves their vectors, any KV dtype,
+  // into the fresh blocks. The forward needs nothing more: new tokens take
+  // their true positions from the batch and their cache index from the table.
+  // Errors: a scored policy (kUnimplemented), bad tables (check_kv_compaction).
+  Status compact_kv(const runtime::KvCompaction& compaction) override;
   // Both wait for the host pool's copy streams (every queued transfer), not
   // for the model's stream: a forward in flight never touches the host pool,
   // so the disk / redis tiers' reads overlap it (engine/lower_tier_spiller.h).
   // read_host_block may run on another thread as ModelRunner says.
   Status read_host_block(int32_t host_block, std::span<std::byte> out) override;
   Status write_host_block(int32_t host_block, std::span<const std::byte> data) override;
+  // Waits for the copy streams too; the pinned memory itself is handed out.
+  StatusOr<std::vector<std::span<std::byte>>> host_blocks_for_writing(std::span<const int32_t> blocks) override;
   int32_t vocab_size() const override { return model_->config().vocab_size; }
   int32_t max_context_length() const override { return model_->max_model_len(); }
   std::vector<int32_t> eos_token_ids() const override { return model_->config().eos_token_ids; }
@@ -101,6 +112,7 @@ class CudaModelRunner final : public runtime::ModelRunner {
   std::unique_ptr<CudaHostKvPool> host_;
   bool layer_by_layer_ = true;
   std::unique_ptr<BlockZeroer> zeroer_;
+  DeviceBuffer compact_moves_;  // kv_compact.h's moves of the last compaction
   std::string report_;
 };
 

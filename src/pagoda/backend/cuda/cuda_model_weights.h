@@ -11,6 +11,16 @@
 // on the GPU (`--load-format random`: real shapes such as Llama-3-8B benchmarked
 // without a download).
 //
+// fp8 projections (docs/CPU_QUANT.md "What runs where"): an FP8 checkpoint's
+// q|k|v, o, gate|up and down upload as e4m3 bytes with their scales when the
+// stacked parts agree on a scheme the GPU's fp8 GEMMs run (tensor or channel
+// weight scales with dynamic per-token or static activations; 128x128 blocks
+// with per-token groups of 128 on devices with block scales), and dequantized to
+// bf16 otherwise (any other scheme, or parts that disagree). With
+// Fp8UploadOptions::quantize (--quantization fp8) f32/f16/bf16 projections are
+// quantized at load, one scale per output channel, by model/fp8_matrix.h's
+// quantize_fp8_row: the CPU's arithmetic, byte for byte.
+//
 // Thread safety: immutable after construction.
 
 #include <cstdint>
@@ -25,11 +35,26 @@
 
 namespace pagoda::cuda {
 
+// One projection's fp8 form; data == nullptr: the projection runs bf16.
+struct CudaFp8Weight {
+  uint8_t* data = nullptr;        // e4m3 [rows, cols]
+  float* scales = nullptr;        // per output channel [rows], or block128's [ceil(rows/128)][stride]
+  float* input_scale = nullptr;   // static activations: one f32 (the largest of the stacked parts'); null: dynamic
+  bool block128 = false;          // 128x128 weight blocks, per-token groups of 128 (fp8_gemm.h linear_block128)
+};
+
+struct Fp8UploadOptions {
+  bool quantize = false;          // --quantization fp8: f32/f16/bf16 projections to fp8 (per channel)
+  bool block128_supported = false;  // the device runs 128x128 block scales (Fp8Gemm::block128_supported)
+};
+
 struct CudaLayerWeights {
   __nv_bfloat16* qkv_proj = nullptr;      // [(Hq + 2 Hkv) * D, hidden]
   __nv_bfloat16* o_proj = nullptr;        // [hidden, Hq * D]
   __nv_bfloat16* gate_up_proj = nullptr;  // [2 * intermediate, hidden]
   __nv_bfloat16* down_proj = nullptr;     // [hidden, intermediate]
+  // fp8 forms of the four projections (the bf16 pointer is null where one is set).
+  CudaFp8Weight qkv_fp8, o_fp8, gate_up_fp8, down_fp8;
   float* input_norm = nullptr;            // [hidden]
   float* post_attention_norm = nullptr;   // [hidden]
   float* q_norm = nullptr;                // [D], Qwen3 only
@@ -51,9 +76,10 @@ class CudaModelWeights {
   // host: bound with WeightLoadOptions{.f32_cache_bytes = 0} so matrices are
   // mmapped views. show_progress draws the bar on stderr.
   static StatusOr<CudaModelWeights> upload(const ModelConfig& config, const ModelWeights& host,
-                                           bool show_progress);
-  // Uniform weights with std 0.02 (initializer_range), norms 1, biases 0.
-  static StatusOr<CudaModelWeights> random(const ModelConfig& config, uint64_t seed);
+                                           bool show_progress, const Fp8UploadOptions& fp8 = {});
+  // Uniform weights with std 0.02 (initializer_range), norms 1, biases 0. quantize_fp8: the
+  // projections then become e4m3 with one scale per output channel (quantized on the GPU).
+  static StatusOr<CudaModelWeights> random(const ModelConfig& config, uint64_t seed, bool quantize_fp8 = false);
 
   __nv_bfloat16* embed_tokens = nullptr;  // [vocab, hidden]
   __nv_bfloat16* lm_head = nullptr;       // [vocab, hidden]; == embed_tokens when tied
@@ -61,9 +87,14 @@ class CudaModelWeights {
   std::vector<CudaLayerWeights> layers;  // empty for DeepSeek (MLA) configs: CudaDeepseekWeights holds those
 
   size_t total_bytes() const { return total_bytes_; }
+  // Projections running fp8, of 4 per layer.
+  int32_t fp8_projections() const { return fp8_projections_; }
+  bool has_fp8() const { return fp8_projections_ > 0; }
 
  private:
   StatusOr<void*> allocate(size_t bytes);
+  void release(const void* data);  // frees a buffer allocate() returned
+  int32_t fp8_projections_ = 0;
   std::vector<DeviceBuffer> buffers_;
   size_t total_bytes_ = 0;
 };

@@ -1,8 +1,8 @@
 #pragma once
-// The launchers of the fp8 kernels (fp8_quantize.cu): per-token activation
-// quantization and the scaling epilogue,
+// The launchers of the fp8 kernels (fp8_quantize.cu): activation quantization
+// (per token, per token and 128-column group, static) and the scaling epilogue,
 // apart from fp8_gemm.h so the .cu file needs only CUDA headers (C++17).
-// Used by Fp8Gemm (fp8_gemm.h).
+// Used by Fp8Gemm (fp8_gemm.h) and the CUDA model's fp8 projections.
 
 #include <cstdint>
 
@@ -17,6 +17,18 @@ namespace pagoda::cuda {
 // bytes. One block per row. Enqueues on stream; returns cudaGetLastError().
 cudaError_t quantize_fp8_per_token(const __nv_bfloat16* x, int32_t m, int32_t k, uint8_t* q, float* scales,
                                    cudaStream_t stream);
+
+// As quantize_fp8_per_token with one scale per token and 128-column group (the
+// last group may be shorter): scales[g * scale_stride + r] for g < ceil(k / 128),
+// r < m (token fastest: cuBLASLt's VEC128_32F layout for the B operand). Rows
+// m <= r < padded_m (padded_m >= m) get zero bytes and scale 0 without reading x.
+cudaError_t quantize_fp8_per_token_group128(const __nv_bfloat16* x, int32_t m, int32_t padded_m, int32_t k,
+                                            uint8_t* q, float* scales, int32_t scale_stride, cudaStream_t stream);
+
+// Static activations: q = fp8(x / *input_scale) (saturated), scales[r] =
+// *input_scale for every row (input_scale: one f32 on the device, > 0).
+cudaError_t quantize_fp8_static(const __nv_bfloat16* x, int32_t m, int32_t k, const float* input_scale, uint8_t* q,
+                                float* scales, cudaStream_t stream);
 
 // The epilogue of an fp8 GEMM run with unit scales into f32: y[r, c] =
 // bf16(d[r * n + c] * x_scales[r] * w_scales[c]) for r < m, c < n (d and y

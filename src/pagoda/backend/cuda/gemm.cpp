@@ -2,7 +2,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 
 #include "pagoda/backend/cuda/cuda_check.h"
 
@@ -18,12 +17,7 @@ StatusOr<std::unique_ptr<Gemm>> Gemm::create(size_t workspace_bytes) {
 }
 
 Gemm::~Gemm() {
-  for (auto& [key, plan] : plans_) {
-    if (plan.a) cublasLtMatrixLayoutDestroy(plan.a);
-    if (plan.b) cublasLtMatrixLayoutDestroy(plan.b);
-    if (plan.c) cublasLtMatrixLayoutDestroy(plan.c);
-    if (plan.desc) cublasLtMatmulDescDestroy(plan.desc);
-  }
+  for (auto& [key, plan] : plans_) destroy_lt_plan(plan);
   if (handle_) cublasLtDestroy(handle_);
 }
 
@@ -46,21 +40,11 @@ StatusOr<Gemm::Plan*> Gemm::plan_for(int32_t m, int32_t n, int32_t k, GemmOutput
   PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, k, m, k));
   PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.c, out_type, n, m, n));
 
-  cublasLtMatmulPreference_t preference = nullptr;
-  PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&preference));
-  const size_t workspace_bytes = workspace_.bytes();
-  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-                                       sizeof workspace_bytes);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(handle_, plan.desc, plan.a, plan.b, plan.c,
-                                                                  plan.c, preference, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(preference);
+  const cublasStatus_t heuristic = lt_heuristic(handle_, plan, workspace_.bytes(), &result, 1, &found);
   if (heuristic != CUBLAS_STATUS_SUCCESS || found == 0) {
-    cublasLtMatrixLayoutDestroy(plan.a);
-    cublasLtMatrixLayoutDestroy(plan.b);
-    cublasLtMatrixLayoutDestroy(plan.c);
-    cublasLtMatmulDescDestroy(plan.desc);
+    destroy_lt_plan(plan);
     return internal_error("cuBLASLt has no bf16 algorithm for m={} n={} k={} (status {})", m, n, k,
                           static_cast<int>(heuristic));
   }
@@ -88,45 +72,7 @@ Status Gemm::autotune(Plan& plan, const __nv_bfloat16* x, int32_t m, const __nv_
   plan.tuned = true;
   if (!autotune_ || m > kMaxTunedRows) return ok_status();
 
-  cublasLtMatmulPreference_t preference = nullptr;
-  PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&preference));
-  const size_t workspace_bytes = workspace_.bytes();
-  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-                                       sizeof workspace_bytes);
-  cublasLtMatmulHeuristicResult_t results[kTunedCandidates] = {};
-  int found = 0;
-  const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(handle_, plan.desc, plan.a, plan.b, plan.c, plan.c,
-                                                                  preference, kTunedCandidates, results, &found);
-  cublasLtMatmulPreferenceDestroy(preference);
-  if (heuristic != CUBLAS_STATUS_SUCCESS || found <= 1) return ok_status();
-
-  cudaEvent_t start = nullptr, stop = nullptr;
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
-  const float alpha = 1.0f, beta = 0.0f;
-  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
-    return cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, y, plan.c, y, plan.c, &algo,
-                          workspace_.data(), workspace_.bytes(), stream);
-  };
-  float best_ms = std::numeric_limits<float>::infinity();
-  constexpr int kRuns = 5;
-  for (int i = 0; i < found; ++i) {
-    if (results[i].state != CUBLAS_STATUS_SUCCESS || run(results[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
-    cudaEventRecord(start, stream);
-    bool ok = true;
-    for (int r = 0; r < kRuns && ok; ++r) ok = run(results[i].algo) == CUBLAS_STATUS_SUCCESS;
-    cudaEventRecord(stop, stream);
-    if (cudaEventSynchronize(stop) != cudaSuccess || !ok) continue;
-    float ms = 0.0f;
-    cudaEventElapsedTime(&ms, start, stop);
-    if (ms < best_ms) {
-      best_ms = ms;
-      plan.algo = results[i].algo;
-    }
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaGetLastError();
+  lt_autotune(handle_, plan, w, x, y, workspace_.data(), workspace_.bytes(), stream, kTunedCandidates);
   return ok_status();
 }
 

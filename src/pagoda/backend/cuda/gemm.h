@@ -22,6 +22,7 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
+#include "pagoda/backend/cuda/cublaslt_plan.h"
 #include "pagoda/backend/cuda/device_buffer.h"
 #include "pagoda/core/status.h"
 
@@ -45,10 +46,7 @@ class Gemm {
                 GemmOutput output, cudaStream_t stream);
 
  private:
-  struct Plan {
-    cublasLtMatmulDesc_t desc = nullptr;
-    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-    cublasLtMatmulAlgo_t algo{};
+  struct Plan : LtMatmulPlan {
     bool tuned = false;  // autotune ran (or was skipped for good)
   };
   Gemm() = default;

@@ -6,6 +6,9 @@
 // (runtime/kv_quant.h, backend/cpu/kernels/kv_quantize.h).
 // k, v: [num_tokens, num_kv_heads, head_dim] f32. slots[t] = block * block_size +
 // slot-in-block for token t, from plan_kv_slots; a negative slot skips the token.
+// A view with share_norms (cross-layer sharing, paged_kv.h) merges each vector's
+// direction into the slot's stored one and records its norm; the fp8 fixed
+// scale is not used then (directions are unit vectors, not the calibrated range).
 
 #include <cstddef>
 #include <cstdint>

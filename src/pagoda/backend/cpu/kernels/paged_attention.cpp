@@ -62,9 +62,10 @@ class KvVectorReader {
 
 void paged_attention(const float* q, const PagedKvLayer& layer, std::span<const PagedSequence> sequences,
                      const PagedAttentionParams& params, float* out) {
-  for (const PagedSequence& s : sequences) {
-    if (s.eviction.mass != nullptr) return paged_attention_reference(q, layer, sequences, params, out);
-  }
+  // The tiled kernel reads neither eviction scores' full distributions nor cross-layer norms.
+  bool reference = layer.share_norms != nullptr;
+  for (const PagedSequence& s : sequences) reference |= s.eviction.mass != nullptr;
+  if (reference) return paged_attention_reference(q, layer, sequences, params, out);
   paged_attention_tiled(q, layer, sequences, params, out);
 }
 
@@ -77,6 +78,13 @@ void paged_attention_reference(const float* q, const PagedKvLayer& layer,
   const KvVectorReader keys(layer.key, layer.key_scales, layer.key_dtype, layer);
   const KvVectorReader values(layer.value, layer.value_scales, layer.value_dtype, layer);
   const int32_t block_size = layer.block_size;
+  // Cross-layer sharing: stored vectors are directions; this layer's norm of each scales them.
+  const bool shared = layer.share_norms != nullptr;
+  const auto share_norm = [&layer](int64_t slot, size_t kv_head, size_t side) {
+    const size_t vector = static_cast<size_t>(slot) * static_cast<size_t>(layer.num_kv_heads) + kv_head;
+    return layer.share_norms[(vector * 2 + side) * static_cast<size_t>(layer.share_record) +
+                             static_cast<size_t>(layer.share_member)];
+  };
 
   std::vector<WorkItem> tokens;
   for (size_t s = 0; s < sequences.size(); ++s)
@@ -143,9 +151,10 @@ void paged_attention_reference(const float* q, const PagedKvLayer& layer,
         const int64_t slot = static_cast<int64_t>(seq.block_table[index / block_size]) * block_size +
                              index % block_size;
         const float* k = keys.read(slot, kv_head, kv_buffer.data());
+        const float k_scale = shared ? params.scale * share_norm(slot, kv_head, 0) : params.scale;
         for (size_t g = 0; g < group; ++g) {
           const float* qh = q + (row * num_q_heads + kv_head * group + g) * head_dim;
-          scores[g * context + p] = dot_f32(qh, k, head_dim) * params.scale;
+          scores[g * context + p] = dot_f32(qh, k, head_dim) * k_scale;
         }
       }
       for (size_t g = 0; g < group; ++g) {
@@ -166,8 +175,9 @@ void paged_attention_reference(const float* q, const PagedKvLayer& layer,
         const int64_t slot = static_cast<int64_t>(seq.block_table[index / block_size]) * block_size +
                              index % block_size;
         const float* v = values.read(slot, kv_head, kv_buffer.data());
+        const float v_scale = shared ? share_norm(slot, kv_head, 1) : 1.0f;
         for (size_t g = 0; g < group; ++g) {
-          axpy(scores[g * context + p], v, acc.data() + g * head_dim, head_dim);
+          axpy(scores[g * context + p] * v_scale, v, acc.data() + g * head_dim, head_dim);
         }
       }
       for (size_t g = 0; g < group; ++g)

@@ -18,10 +18,14 @@
 // scoring (token, head) fills a private row; the rows are summed after, per
 // (sequence, head), so no two threads write the same memory). With the
 // defaults nothing of this runs but a null check.
+// Cross-layer sharing (PagedKvLayer::share_norms): each stored K / V vector is
+// read as this layer's norm x the stored direction (the score is scaled, the
+// value weight is scaled), one f32 load per vector more.
 // Two implementations: paged_attention_tiled (paged_attention_tiled.h: tiles of
-// queries x keys, online softmax) runs every call without eviction scoring;
+// queries x keys, online softmax) runs every call without eviction scoring
+// or cross-layer sharing;
 // paged_attention_reference (one dot / axpy per position, parallel over
-// (token, KV head)) runs calls with scoring and is what the tiled one is tested
+// (token, KV head)) runs calls with scoring or sharing and is what the tiled one is tested
 // against. They agree up to f32 summation order.
 // Parallel on ThreadPool::global(); call from one thread at a time.
 

@@ -26,7 +26,8 @@
 
 namespace pagoda::kernels {
 
-// Must not be given sequences whose eviction.mass is set (scoring); holes are fine.
+// Must not be given sequences whose eviction.mass is set (scoring) nor a layer with
+// share_norms (cross-layer sharing): paged_attention() sends those to the reference. Holes are fine.
 void paged_attention_tiled(const float* q, const PagedKvLayer& layer,
                            std::span<const PagedSequence> sequences, const PagedAttentionParams& params,
                            float* out);

@@ -63,6 +63,16 @@ struct PagedKvLayer {
   // The scale record still holds the scale used, so reading is unchanged.
   float key_fixed_scale = 0.0f;
   float value_fixed_scale = 0.0f;
+  // Cross-layer sharing (runtime/cross_layer_share.h); null: off. The pool's
+  // vectors are unit directions shared by a group of layers, and share_norms
+  // holds per (slot, head) at ((b * block_size + s) * num_kv_heads + h) *
+  // 2 * share_record floats a K record then a V record, each share_record
+  // floats: the members' norms, then the length of the merged direction sum.
+  // This view is member share_member of its group: kv_write merges its K/V
+  // into the stored direction, attention reads norm[share_member] x direction.
+  float* share_norms = nullptr;
+  int32_t share_record = 0;
+  int32_t share_member = 0;
 
   // The pools as f32 (only when the dtype is f32).
   float* key_f32() const { return static_cast<float*>(key); }
