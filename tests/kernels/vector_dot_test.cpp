@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include <cmath>
 
 #include "kernels/random_data.h"
@@ -31,6 +34,32 @@ TEST(VectorDotTest, MatchesDoubleLoopForEveryLengthAndDtype) {
     std::vector<float> y = w;
     axpy(0.37f, x.data(), y.data(), n);
     for (size_t i = 0; i < n; ++i) EXPECT_NEAR(y[i], w[i] + 0.37 * x[i], 1e-6) << n << " " << i;
+  }
+}
+
+TEST(VectorDotTest, WidenEqualsConvertToF32BitForBit) {
+  // Lengths around the 8-lane step, and special values: zeros, subnormals, infinities, the extremes.
+  for (size_t n : {0u, 1u, 7u, 8u, 9u, 17u, 1000u}) {
+    const auto w = testing::random_values(n, n + 5, -3.0f, 3.0f);
+    std::vector<uint16_t> bf16(n), f16(n);
+    for (size_t i = 0; i < n; ++i) {
+      bf16[i] = f32_to_bf16(w[i]);
+      f16[i] = f32_to_f16(w[i]);
+    }
+    const uint16_t f16_special[] = {0x0000, 0x8000, 0x0001, 0x03ff, 0x7c00, 0xfc00, 0x7bff, 0x0400};
+    const uint16_t bf16_special[] = {0x0000, 0x8000, 0x0001, 0x007f, 0x7f80, 0xff80, 0x7f7f, 0x0080};
+    for (size_t i = 0; i < std::min<size_t>(n, 8); ++i) {
+      f16[i] = f16_special[i];
+      bf16[i] = bf16_special[i];
+    }
+    for (DType dtype : {DType::kBF16, DType::kF16}) {
+      const std::vector<uint16_t>& src = dtype == DType::kBF16 ? bf16 : f16;
+      std::vector<float> got(n, -1.0f), want(n, -2.0f);
+      widen_to_f32(src.data(), dtype, got.data(), n);
+      convert_to_f32(dtype, src.data(), want.data(), n);
+      for (size_t i = 0; i < n; ++i)
+        EXPECT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0) << dtype_name(dtype) << " n " << n << " i " << i;
+    }
   }
 }
 

@@ -60,7 +60,7 @@ void rows_to_f32(const WeightMatrix& w, size_t r0, size_t r1, float* out) {
     return;
   }
   const size_t elem_bytes = static_cast<size_t>(dtype_bits(w.dtype) / 8);
-  convert_to_f32(w.dtype, static_cast<const char*>(w.data) + r0 * w.cols * elem_bytes, out, (r1 - r0) * w.cols);
+  widen_to_f32(static_cast<const char*>(w.data) + r0 * w.cols * elem_bytes, w.dtype, out, (r1 - r0) * w.cols);
 }
 
 // Decode on quantized weights: the m input rows are quantized per block once,

@@ -7,6 +7,7 @@
 
 #include "pagoda/core/thread_pool.h"
 #include "pagoda/backend/cpu/kernels/kv_quantize.h"
+#include "pagoda/backend/cpu/kernels/paged_attention_tiled.h"
 #include "pagoda/backend/cpu/kernels/vector_dot.h"
 
 namespace pagoda::kernels {
@@ -59,9 +60,18 @@ class KvVectorReader {
 
 }  // namespace
 
-void paged_attention(const float* q, const PagedKvLayer& layer,
-                     std::span<const PagedSequence> sequences, const PagedAttentionParams& params,
-                     float* out) {
+void paged_attention(const float* q, const PagedKvLayer& layer, std::span<const PagedSequence> sequences,
+                     const PagedAttentionParams& params, float* out) {
+  // The tiled kernel reads neither eviction scores' full distributions nor cross-layer norms.
+  bool reference = layer.share_norms != nullptr;
+  for (const PagedSequence& s : sequences) reference |= s.eviction.mass != nullptr;
+  if (reference) return paged_attention_reference(q, layer, sequences, params, out);
+  paged_attention_tiled(q, layer, sequences, params, out);
+}
+
+void paged_attention_reference(const float* q, const PagedKvLayer& layer,
+                               std::span<const PagedSequence> sequences, const PagedAttentionParams& params,
+                               float* out) {
   const size_t head_dim = static_cast<size_t>(layer.head_dim);
   const size_t num_q_heads = static_cast<size_t>(params.num_q_heads);
   const size_t group = num_q_heads / static_cast<size_t>(layer.num_kv_heads);

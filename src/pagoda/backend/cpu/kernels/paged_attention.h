@@ -21,7 +21,13 @@
 // Cross-layer sharing (PagedKvLayer::share_norms): each stored K / V vector is
 // read as this layer's norm x the stored direction (the score is scaled, the
 // value weight is scaled), one f32 load per vector more.
-// Parallel over (token, head) on ThreadPool::global(); call from one thread at a time.
+// Two implementations: paged_attention_tiled (paged_attention_tiled.h: tiles of
+// queries x keys, online softmax) runs every call without eviction scoring
+// or cross-layer sharing;
+// paged_attention_reference (one dot / axpy per position, parallel over
+// (token, KV head)) runs calls with scoring or sharing and is what the tiled one is tested
+// against. They agree up to f32 summation order.
+// Parallel on ThreadPool::global(); call from one thread at a time.
 
 #include <cstddef>
 #include <cstdint>
@@ -40,5 +46,10 @@ struct PagedAttentionParams {
 void paged_attention(const float* q, const PagedKvLayer& layer,
                      std::span<const PagedSequence> sequences, const PagedAttentionParams& params,
                      float* out);
+
+// The per-position implementation (also the only one that scores for eviction).
+void paged_attention_reference(const float* q, const PagedKvLayer& layer,
+                               std::span<const PagedSequence> sequences, const PagedAttentionParams& params,
+                               float* out);
 
 }  // namespace pagoda::kernels

@@ -22,6 +22,7 @@ float dot_weights_generic(const float* x, const void* w, DType dtype, size_t n) 
 void axpy_generic(float alpha, const float* x, float* y, size_t n) {
   for (size_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
+void widen_generic(const void* w, DType dtype, float* out, size_t n) { convert_to_f32(dtype, w, out, n); }
 
 // ---- AVX2 + FMA + F16C ----
 #define PAGODA_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -80,10 +81,25 @@ PAGODA_AVX2 void axpy_avx2(float alpha, const float* x, float* y, size_t n) {
   for (; i < n; ++i) y[i] += alpha * x[i];
 }
 
+PAGODA_AVX2 void widen_avx2(const void* w, DType dtype, float* out, size_t n) {
+  const auto* h = static_cast<const uint16_t*>(w);
+  size_t i = 0;
+  if (dtype == DType::kBF16) {
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, load_bf16(h + i));
+    for (; i < n; ++i) out[i] = bf16_to_f32(h[i]);
+  } else if (dtype == DType::kF16) {
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, load_f16(h + i));
+    for (; i < n; ++i) out[i] = f16_to_f32(h[i]);
+  } else {
+    convert_to_f32(dtype, w, out, n);
+  }
+}
+
 struct Dispatch {
   float (*dot_f32)(const float*, const float*, size_t);
   float (*dot_weights)(const float*, const void*, DType, size_t);
   void (*axpy)(float, const float*, float*, size_t);
+  void (*widen)(const void*, DType, float*, size_t);
   const char* name;
 };
 
@@ -91,8 +107,8 @@ const Dispatch& dispatch() {
   static const Dispatch d = [] {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-      return Dispatch{dot_f32_avx2, dot_weights_avx2, axpy_avx2, "avx2+fma+f16c"};
-    return Dispatch{dot_f32_generic, dot_weights_generic, axpy_generic, "generic"};
+      return Dispatch{dot_f32_avx2, dot_weights_avx2, axpy_avx2, widen_avx2, "avx2+fma+f16c"};
+    return Dispatch{dot_f32_generic, dot_weights_generic, axpy_generic, widen_generic, "generic"};
   }();
   return d;
 }
@@ -104,6 +120,7 @@ float dot_weights(const float* x, const void* w, DType w_dtype, size_t n) {
   return dispatch().dot_weights(x, w, w_dtype, n);
 }
 void axpy(float alpha, const float* x, float* y, size_t n) { dispatch().axpy(alpha, x, y, n); }
+void widen_to_f32(const void* w, DType w_dtype, float* out, size_t n) { dispatch().widen(w, w_dtype, out, n); }
 const char* vector_dot_implementation() { return dispatch().name; }
 
 }  // namespace pagoda::kernels

@@ -2,7 +2,8 @@
 // Dot products and axpy on the CPU, with AVX2/FMA/F16C versions picked at run
 // time (the build does not assume -march=native) and plain loops as fallback.
 // Used where OpenBLAS is not the right tool: one-row GEMMs (decode) straight
-// on f16/bf16 weights, and the per-position loops of paged attention.
+// on f16/bf16 weights, the per-position loops of paged attention, and the
+// widening of f16/bf16 weight tiles for prefill sgemm.
 //
 // Summation order differs from a sequential loop (8 lanes), well within f32
 // rounding for the lengths used here. Thread-safe (pure functions).
@@ -20,6 +21,9 @@ float dot_f32(const float* a, const float* b, size_t n);
 float dot_weights(const float* x, const void* w, DType w_dtype, size_t n);
 // y[i] += alpha * x[i].
 void axpy(float alpha, const float* x, float* y, size_t n);
+// out[i] = f32(w[i]) for w in f16 or bf16 (w_dtype): exact, as convert_to_f32, 8 at a time
+// (the f16/bf16 weight tiles of prefill GEMMs, linear() in matmul.h).
+void widen_to_f32(const void* w, DType w_dtype, float* out, size_t n);
 
 // "avx2+fma+f16c" or "generic": which implementation the dispatch picked.
 const char* vector_dot_implementation();

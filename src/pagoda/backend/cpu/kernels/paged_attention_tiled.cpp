@@ -1,0 +1,359 @@
+#include "pagoda/backend/cpu/kernels/paged_attention_tiled.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "pagoda/backend/cpu/kernels/kv_quantize.h"
+#include "pagoda/core/thread_pool.h"
+
+namespace pagoda::kernels {
+
+namespace {
+
+constexpr size_t kQueryBlock = 16;  // new tokens of one sequence per work unit
+constexpr size_t kKeyBlock = 64;    // key positions per K/V tile
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// ---- tile loops: generic ----
+
+// s[j] = sum_d q[d] * kt[d * kKeyBlock + j] for j in [0, kKeyBlock).
+void scores_generic(const float* q, const float* kt, size_t head_dim, float* s) {
+  for (size_t j = 0; j < kKeyBlock; ++j) s[j] = 0.0f;
+  for (size_t d = 0; d < head_dim; ++d) {
+    const float qd = q[d];
+    const float* row = kt + d * kKeyBlock;
+    for (size_t j = 0; j < kKeyBlock; ++j) s[j] += qd * row[j];
+  }
+}
+
+// acc[d] += sum_{j < n} p[j] * v[j * head_dim + d].
+void accumulate_generic(const float* p, const float* v, size_t n, size_t head_dim, float* acc) {
+  for (size_t j = 0; j < n; ++j) {
+    const float* row = v + j * head_dim;
+    for (size_t d = 0; d < head_dim; ++d) acc[d] += p[j] * row[d];
+  }
+}
+
+// p[j] = exp(s[j] - max) for j in [0, kKeyBlock) (0 where s[j] is -inf); returns sum_j p[j].
+float exp_tile_generic(const float* s, float max, float* p) {
+  float sum = 0.0f;
+  for (size_t j = 0; j < kKeyBlock; ++j) {
+    p[j] = s[j] == kNegInf ? 0.0f : std::exp(s[j] - max);
+    sum += p[j];
+  }
+  return sum;
+}
+
+// ---- tile loops: AVX2 + FMA ----
+#define PAGODA_AVX2 __attribute__((target("avx2,fma")))
+
+PAGODA_AVX2 void scores_avx2(const float* q, const float* kt, size_t head_dim, float* s) {
+  static_assert(kKeyBlock == 64, "eight 8-lane accumulators cover one key tile");
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  __m256 a4 = _mm256_setzero_ps(), a5 = _mm256_setzero_ps(), a6 = _mm256_setzero_ps(), a7 = _mm256_setzero_ps();
+  for (size_t d = 0; d < head_dim; ++d) {
+    const __m256 b = _mm256_broadcast_ss(q + d);
+    const float* row = kt + d * kKeyBlock;
+    a0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row), a0);
+    a1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 8), a1);
+    a2 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 16), a2);
+    a3 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 24), a3);
+    a4 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 32), a4);
+    a5 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 40), a5);
+    a6 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 48), a6);
+    a7 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 56), a7);
+  }
+  _mm256_storeu_ps(s, a0);
+  _mm256_storeu_ps(s + 8, a1);
+  _mm256_storeu_ps(s + 16, a2);
+  _mm256_storeu_ps(s + 24, a3);
+  _mm256_storeu_ps(s + 32, a4);
+  _mm256_storeu_ps(s + 40, a5);
+  _mm256_storeu_ps(s + 48, a6);
+  _mm256_storeu_ps(s + 56, a7);
+}
+
+PAGODA_AVX2 void accumulate_avx2(const float* p, const float* v, size_t n, size_t head_dim, float* acc) {
+  size_t d = 0;
+  for (; d + 32 <= head_dim; d += 32) {
+    __m256 a0 = _mm256_loadu_ps(acc + d), a1 = _mm256_loadu_ps(acc + d + 8);
+    __m256 a2 = _mm256_loadu_ps(acc + d + 16), a3 = _mm256_loadu_ps(acc + d + 24);
+    for (size_t j = 0; j < n; ++j) {
+      const __m256 b = _mm256_broadcast_ss(p + j);
+      const float* row = v + j * head_dim + d;
+      a0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row), a0);
+      a1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 8), a1);
+      a2 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 16), a2);
+      a3 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 24), a3);
+    }
+    _mm256_storeu_ps(acc + d, a0);
+    _mm256_storeu_ps(acc + d + 8, a1);
+    _mm256_storeu_ps(acc + d + 16, a2);
+    _mm256_storeu_ps(acc + d + 24, a3);
+  }
+  for (; d + 8 <= head_dim; d += 8) {
+    __m256 a = _mm256_loadu_ps(acc + d);
+    for (size_t j = 0; j < n; ++j) a = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), _mm256_loadu_ps(v + j * head_dim + d), a);
+    _mm256_storeu_ps(acc + d, a);
+  }
+  for (; d < head_dim; ++d) {
+    float a = acc[d];
+    for (size_t j = 0; j < n; ++j) a += p[j] * v[j * head_dim + d];
+    acc[d] = a;
+  }
+}
+
+// exp(x) of 8 lanes: Cephes' expf (range reduction by ln 2 in two parts, degree-6 polynomial,
+// 2^n built in the exponent bits), relative error about 2e-7 over the clamped range.
+PAGODA_AVX2 inline __m256 exp_avx2(__m256 x) {
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+PAGODA_AVX2 float exp_tile_avx2(const float* s, float max, float* p) {
+  const __m256 m = _mm256_set1_ps(max), neg_inf = _mm256_set1_ps(kNegInf);
+  __m256 sum = _mm256_setzero_ps();
+  for (size_t j = 0; j < kKeyBlock; j += 8) {
+    const __m256 x = _mm256_loadu_ps(s + j);
+    const __m256 live = _mm256_cmp_ps(x, neg_inf, _CMP_NEQ_OQ);  // masked keys give exactly 0
+    const __m256 e = _mm256_and_ps(exp_avx2(_mm256_sub_ps(x, m)), live);
+    _mm256_storeu_ps(p + j, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+  return _mm_cvtss_f32(lo);
+}
+
+struct TileOps {
+  void (*scores)(const float*, const float*, size_t, float*);
+  float (*exp_tile)(const float*, float, float*);
+  void (*accumulate)(const float*, const float*, size_t, size_t, float*);
+  const char* name;
+};
+
+const TileOps& tile_ops() {
+  static const TileOps ops = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+      return TileOps{scores_avx2, exp_tile_avx2, accumulate_avx2, "avx2+fma"};
+    return TileOps{scores_generic, exp_tile_generic, accumulate_generic, "generic"};
+  }();
+  return ops;
+}
+
+// Copies (position, head) vectors of K or V into f32 tiles: f32 pools straight
+// from the pool, other dtypes through dequantize_kv_vector (as the reference).
+class KvTileReader {
+ public:
+  KvTileReader(const void* data, const void* scales, DType dtype, const PagedKvLayer& layer)
+      : data_(static_cast<const std::byte*>(data)),
+        scales_(static_cast<const std::byte*>(scales)),
+        dtype_(dtype),
+        head_dim_(layer.head_dim),
+        num_kv_heads_(layer.num_kv_heads),
+        block_size_(layer.block_size),
+        head_bytes_(kv_head_bytes(layer.head_dim, dtype)),
+        scale_bytes_(kv_head_scale_bytes(layer.head_dim, dtype)) {}
+
+  // The f32 values of (slot, kv_head): a pointer into the pool for f32, else into buffer.
+  const float* read(int64_t slot, int32_t kv_head, float* buffer) const {
+    const size_t vector = static_cast<size_t>(slot) * static_cast<size_t>(num_kv_heads_) + static_cast<size_t>(kv_head);
+    if (dtype_ == DType::kF32) return reinterpret_cast<const float*>(data_ + vector * head_bytes_);
+    const std::byte* scales =
+        scales_ != nullptr ? scales_ + kv_scale_vector(slot, kv_head, block_size_, num_kv_heads_) * scale_bytes_ : nullptr;
+    dequantize_kv_vector(data_ + vector * head_bytes_, scales, head_dim_, dtype_, buffer);
+    return buffer;
+  }
+
+ private:
+  const std::byte* data_;
+  const std::byte* scales_;
+  DType dtype_;
+  int32_t head_dim_;
+  int32_t num_kv_heads_;
+  int32_t block_size_;
+  size_t head_bytes_;
+  size_t scale_bytes_;
+};
+
+struct Unit {
+  int32_t sequence;
+  int32_t first_token;  // among the sequence's new tokens
+  int32_t num_tokens;
+  int32_t kv_head;
+  uint64_t cost;  // query rows x key positions spanned
+};
+
+struct Context {
+  const float* q;
+  float* out;
+  std::span<const PagedSequence> sequences;
+  const KvTileReader* keys;
+  const KvTileReader* values;
+  size_t head_dim, group, num_q_heads;
+  int32_t block_size;
+  float scale;
+  int32_t window;
+};
+
+// Index of the first key new token `index` (a sequence index) attends to.
+int32_t first_key(int32_t index, int32_t window) { return window > 0 ? std::max(0, index - window + 1) : 0; }
+
+void run_unit(const Context& c, const Unit& u) {
+  const TileOps& ops = tile_ops();
+  const PagedSequence& seq = c.sequences[static_cast<size_t>(u.sequence)];
+  const PagedSequenceEviction& ev = seq.eviction;
+  const size_t D = c.head_dim, G = c.group, T = static_cast<size_t>(u.num_tokens), R = T * G;
+  const size_t kv_head = static_cast<size_t>(u.kv_head);
+
+  thread_local std::vector<float> kt, vt, acc, row_max, row_sum, buffer;
+  thread_local std::vector<const float*> q_rows;
+  kt.resize(D * kKeyBlock);
+  vt.resize(kKeyBlock * D);
+  buffer.resize(D);
+  acc.assign(R * D, 0.0f);
+  row_max.assign(R, kNegInf);
+  row_sum.assign(R, 0.0f);
+  q_rows.resize(R);
+  for (size_t t = 0; t < T; ++t) {
+    const size_t row = static_cast<size_t>(seq.token_offset + u.first_token) + t;
+    for (size_t g = 0; g < G; ++g) q_rows[t * G + g] = c.q + (row * c.num_q_heads + kv_head * G + g) * D;
+  }
+  const int32_t first_index = seq.num_cached_tokens + u.first_token;  // sequence index of token 0
+  const int32_t last_index = first_index + u.num_tokens - 1;
+  bool hole[kKeyBlock];
+  alignas(32) float s[kKeyBlock];
+  alignas(32) float p[kKeyBlock];
+
+  for (int32_t j0 = first_key(first_index, c.window); j0 <= last_index; j0 += static_cast<int32_t>(kKeyBlock)) {
+    const size_t nk = static_cast<size_t>(std::min<int32_t>(static_cast<int32_t>(kKeyBlock), last_index + 1 - j0));
+    // The tile: K transposed ([d][j]) for the score GEMM, V as rows ([j][d]); holes and padding are zeros.
+    for (size_t j = 0; j < kKeyBlock; ++j) {
+      const int32_t index = j0 + static_cast<int32_t>(j);
+      hole[j] = j >= nk || ev.is_hole(index, kv_head);
+      if (hole[j]) {
+        for (size_t d = 0; d < D; ++d) kt[d * kKeyBlock + j] = 0.0f;
+        std::fill_n(vt.data() + j * D, D, 0.0f);
+        continue;
+      }
+      const int64_t slot = static_cast<int64_t>(seq.block_table[static_cast<size_t>(index / c.block_size)]) * c.block_size +
+                           index % c.block_size;
+      const float* k = c.keys->read(slot, u.kv_head, buffer.data());
+      for (size_t d = 0; d < D; ++d) kt[d * kKeyBlock + j] = k[d];
+      const float* v = c.values->read(slot, u.kv_head, buffer.data());
+      std::copy_n(v, D, vt.data() + j * D);
+    }
+    for (size_t t = 0; t < T; ++t) {
+      const int32_t index = first_index + static_cast<int32_t>(t);
+      const int32_t lo = std::max(first_key(index, c.window), j0) - j0;
+      const int32_t hi = std::min<int32_t>(index + 1 - j0, static_cast<int32_t>(nk));  // exclusive
+      if (hi <= lo) continue;  // no key of this tile is in the token's window
+      for (size_t g = 0; g < G; ++g) {
+        const size_t r = t * G + g;
+        ops.scores(q_rows[r], kt.data(), D, s);
+        float tile_max = kNegInf;
+        for (int32_t j = 0; j < static_cast<int32_t>(kKeyBlock); ++j) {
+          s[j] = j >= lo && j < hi && !hole[j] ? s[j] * c.scale : kNegInf;  // masked: -inf
+          tile_max = std::max(tile_max, s[j]);
+        }
+        if (tile_max == kNegInf) continue;  // every key here is a hole
+        const float new_max = std::max(row_max[r], tile_max);
+        const float correction = std::exp(row_max[r] - new_max);  // 0 for the first tile
+        const float sum = ops.exp_tile(s, new_max, p);
+        float* a = acc.data() + r * D;
+        if (correction != 1.0f) {
+          for (size_t d = 0; d < D; ++d) a[d] *= correction;
+        }
+        row_sum[r] = row_sum[r] * correction + sum;
+        row_max[r] = new_max;
+        ops.accumulate(p + lo, vt.data() + static_cast<size_t>(lo) * D, static_cast<size_t>(hi - lo), D, a);
+      }
+    }
+  }
+  for (size_t t = 0; t < T; ++t) {
+    const size_t row = static_cast<size_t>(seq.token_offset + u.first_token) + t;
+    for (size_t g = 0; g < G; ++g) {
+      const size_t r = t * G + g;
+      const float inv = 1.0f / row_sum[r];
+      float* o = c.out + (row * c.num_q_heads + kv_head * G + g) * D;
+      for (size_t d = 0; d < D; ++d) o[d] = acc[r * D + d] * inv;
+    }
+  }
+}
+
+}  // namespace
+
+const char* paged_attention_tiled_implementation() { return tile_ops().name; }
+
+void paged_attention_tiled(const float* q, const PagedKvLayer& layer,
+                           std::span<const PagedSequence> sequences, const PagedAttentionParams& params,
+                           float* out) {
+  const size_t head_dim = static_cast<size_t>(layer.head_dim);
+  const size_t num_q_heads = static_cast<size_t>(params.num_q_heads);
+  const size_t group = num_q_heads / static_cast<size_t>(layer.num_kv_heads);
+  const KvTileReader keys(layer.key, layer.key_scales, layer.key_dtype, layer);
+  const KvTileReader values(layer.value, layer.value_scales, layer.value_dtype, layer);
+  const Context c{q, out, sequences, &keys, &values, head_dim, group, num_q_heads, layer.block_size, params.scale,
+                  params.sliding_window};
+
+  std::vector<Unit> units;
+  uint64_t total_cost = 0;
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    const PagedSequence& seq = sequences[s];
+    for (int32_t t0 = 0; t0 < seq.num_new_tokens; t0 += static_cast<int32_t>(kQueryBlock)) {
+      const int32_t n = std::min<int32_t>(static_cast<int32_t>(kQueryBlock), seq.num_new_tokens - t0);
+      const int32_t last = seq.num_cached_tokens + t0 + n - 1;
+      const uint64_t span = static_cast<uint64_t>(last - first_key(seq.num_cached_tokens + t0, params.sliding_window) + 1);
+      const uint64_t cost = static_cast<uint64_t>(n) * group * span;
+      for (int32_t h = 0; h < layer.num_kv_heads; ++h) {
+        units.push_back({static_cast<int32_t>(s), t0, n, h, cost});
+        total_cost += cost;
+      }
+    }
+  }
+  if (units.empty()) return;
+
+  // Longest first into the least loaded of `bins` lists, one list per thread; small
+  // batches (a short decode) stay on the calling thread.
+  size_t bins = std::min(ThreadPool::global().size(), units.size());
+  if (total_cost * head_dim * 2 < (uint64_t{1} << 16)) bins = 1;
+  std::vector<std::vector<const Unit*>> lists(bins);
+  if (bins == 1) {
+    for (const Unit& u : units) lists[0].push_back(&u);
+  } else {
+    std::vector<const Unit*> order;
+    order.reserve(units.size());
+    for (const Unit& u : units) order.push_back(&u);
+    std::stable_sort(order.begin(), order.end(), [](const Unit* a, const Unit* b) { return a->cost > b->cost; });
+    std::vector<uint64_t> load(bins, 0);
+    for (const Unit* u : order) {
+      const size_t b = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      lists[b].push_back(u);
+      load[b] += u->cost;
+    }
+  }
+  ThreadPool::global().parallel_for(bins, [&](size_t begin, size_t end) {
+    for (size_t b = begin; b < end; ++b)
+      for (const Unit* u : lists[b]) run_unit(c, *u);
+  }, 1);
+}
+
+}  // namespace pagoda::kernels
