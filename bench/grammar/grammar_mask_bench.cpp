@@ -15,7 +15,11 @@
 // is the median over the runs, which keeps a shared machine's preemptions out of the table (a
 // single run's p99 of ~100 masks is its second-worst mask).
 //
-//   pagoda_bench_grammar_mask [tokenizer_dir] [runs]   ("" or nothing: .cache/npm/qwen3/package/models; 1)
+// With slowest > 0, each run lists its slowest cold masks with what they did (stacks composed,
+// windows computed, uncertain tokens checked, transitions computed, trie nodes walked).
+//
+//   pagoda_bench_grammar_mask [tokenizer_dir] [runs] [slowest]
+//       ("" or nothing: .cache/npm/qwen3/package/models; 1; 0)
 
 #include <algorithm>
 #include <chrono>
@@ -99,18 +103,46 @@ void report(const char* label, const Regime& regime) {
               median_over_runs(regime, 1.0));
 }
 
-// Runs every document once with a fresh matcher; appends per-token mask times (us).
+// What one mask did (the grammar's counters around it), for the slowest-masks listing.
+struct MaskDetail {
+  double us = 0;
+  size_t doc = 0, pos = 0;
+  pagoda::grammar::MaskStats delta;
+};
+
+pagoda::grammar::MaskStats minus(const pagoda::grammar::MaskStats& a, const pagoda::grammar::MaskStats& b) {
+  pagoda::grammar::MaskStats d;
+  d.hits = a.hits - b.hits;
+  d.misses = a.misses - b.misses;
+  d.whole_walks = a.whole_walks - b.whole_walks;
+  d.trie_nodes_visited = a.trie_nodes_visited - b.trie_nodes_visited;
+  d.states = a.states - b.states;
+  d.transitions_computed = a.transitions_computed - b.transitions_computed;
+  d.windows = a.windows - b.windows;
+  d.uncertain_checked = a.uncertain_checked - b.uncertain_checked;
+  d.stacks_composed = a.stacks_composed - b.stacks_composed;
+  return d;
+}
+
+// Runs every document once with a fresh matcher; appends per-token mask times (us). With
+// `details`, also what each first-pass mask did.
 bool run_documents(const std::shared_ptr<CompiledGrammar>& compiled, const std::vector<std::vector<int32_t>>& docs,
-                   std::vector<double>& first_pass, std::vector<double>* second_pass) {
+                   std::vector<double>& first_pass, std::vector<double>* second_pass,
+                   std::vector<MaskDetail>* details = nullptr) {
   std::vector<uint64_t> mask(compiled->vocabulary().mask_words());
-  for (const auto& ids : docs) {
+  for (size_t doc = 0; doc < docs.size(); ++doc) {
+    const auto& ids = docs[doc];
     for (int copy = 0; copy < (second_pass ? 2 : 1); ++copy) {
       TokenMatcher matcher(compiled);
-      for (int32_t id : ids) {
+      for (size_t pos = 0; pos < ids.size(); ++pos) {
+        const int32_t id = ids[pos];
+        const bool detail = details != nullptr && copy == 0;
+        const pagoda::grammar::MaskStats before = detail ? compiled->stats() : pagoda::grammar::MaskStats{};
         const auto start = Clock::now();
         matcher.fill_mask(mask);
         const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
         (copy == 0 ? first_pass : *second_pass).push_back(us);
+        if (detail) details->push_back({us, doc, pos, minus(compiled->stats(), before)});
         if (!((mask[id >> 6] >> (id & 63)) & 1) || !matcher.accept(id)) {
           std::fprintf(stderr, "token %d is not allowed by the grammar\n", id);
           return false;
@@ -126,6 +158,7 @@ bool run_documents(const std::shared_ptr<CompiledGrammar>& compiled, const std::
 int main(int argc, char** argv) {
   const std::string dir = argc > 1 && argv[1][0] != 0 ? argv[1] : std::string(PAGODA_SOURCE_DIR) + "/.cache/npm/qwen3/package/models";
   const int runs = argc > 2 ? std::max(1, std::atoi(argv[2])) : 1;
+  const size_t slowest = argc > 3 ? static_cast<size_t>(std::max(0, std::atoi(argv[3]))) : 0;
   auto tok = pagoda::tokenizer::Tokenizer::load(dir);
   if (!tok.ok()) {
     std::fprintf(stderr, "%s\n", tok.status().to_string().c_str());
@@ -168,7 +201,22 @@ int main(int argc, char** argv) {
         return 1;
       auto compiled = std::make_shared<CompiledGrammar>(grammar, vocab);
       const auto pre = compiled->precompute(kPrecomputeStates, kPrecomputeSeconds);
-      if (!run_documents(compiled, docs, cold.next(), &steady.next())) return 1;
+      std::vector<MaskDetail> details;
+      if (!run_documents(compiled, docs, cold.next(), &steady.next(), &details)) return 1;
+      if (slowest > 0) {
+        std::sort(details.begin(), details.end(), [](const MaskDetail& a, const MaskDetail& b) { return a.us > b.us; });
+        std::printf("%s run %d: slowest cold masks (us: doc/token, stacks, windows computed, uncertain checked, "
+                    "transitions computed, trie nodes)\n", c.name, run);
+        for (size_t i = 0; i < std::min<size_t>(slowest, details.size()); ++i) {
+          const MaskDetail& d = details[i];
+          std::printf("    %7.1f us  %zu/%-3zu %3llu stacks %2llu windows %5llu uncertain %4llu transitions %7llu nodes%s\n",
+                      d.us, d.doc, d.pos, static_cast<unsigned long long>(d.delta.stacks_composed),
+                      static_cast<unsigned long long>(d.delta.windows),
+                      static_cast<unsigned long long>(d.delta.uncertain_checked),
+                      static_cast<unsigned long long>(d.delta.transitions_computed),
+                      static_cast<unsigned long long>(d.delta.trie_nodes_visited), d.delta.hits ? "  (hit)" : "");
+        }
+      }
       std::vector<double>& warm_run = warm.next();
       for (int rep = 0; rep < 5; ++rep)
         if (!run_documents(compiled, docs, warm_run, nullptr)) return 1;

@@ -289,6 +289,7 @@ bool CompiledGrammar::compose_mask_locked(int32_t state, std::span<uint64_t> mas
   const size_t num_stacks = states_[state].image.stacks.size();
   std::vector<const Window*>& windows = compose_windows_;
   windows.clear();
+  stats_.stacks_composed += num_stacks;
   for (size_t i = 0; i < num_stacks; ++i) {
     const Window* w = window_for_locked(states_[state].image.stacks[i]);
     if (w == nullptr) return false;

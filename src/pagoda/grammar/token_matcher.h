@@ -76,6 +76,7 @@ struct MaskStats {
   uint64_t windows = 0;             // windows computed
   uint64_t window_bytes = 0;        // memory the windows hold
   uint64_t uncertain_checked = 0;   // uncertain tokens checked against a state
+  uint64_t stacks_composed = 0;     // stacks whose windows made up composed masks
 };
 
 struct PrecomputeStats {
