@@ -37,6 +37,27 @@ size_t count_bits(std::span<const uint64_t> words) {
 size_t count_bits(std::span<const uint64_t> words) { return count_bits_portable(words); }
 #endif
 
+// dst |= src over n words. The plain loop is not vectorized at -O2 (its pointers may alias), and a
+// state with several mask windows ORs ~2,400 words per window: AVX2 where the CPU has it.
+void or_words_portable(uint64_t* __restrict dst, const uint64_t* __restrict src, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] |= src[i];
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void or_words_avx2(uint64_t* __restrict dst, const uint64_t* __restrict src, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] |= src[i];
+}
+void or_words(uint64_t* dst, const uint64_t* src, size_t n) {
+  static const bool has_avx2 = __builtin_cpu_supports("avx2");
+  if (has_avx2) {
+    or_words_avx2(dst, src, n);
+  } else {
+    or_words_portable(dst, src, n);
+  }
+}
+#else
+void or_words(uint64_t* dst, const uint64_t* src, size_t n) { or_words_portable(dst, src, n); }
+#endif
+
 CompiledGrammar::Limits with_a_table(CompiledGrammar::Limits limits) {
   limits.max_tables = std::max<size_t>(limits.max_tables, 1);
   return limits;
@@ -295,13 +316,23 @@ bool CompiledGrammar::compose_mask_locked(int32_t state, std::span<uint64_t> mas
     if (w == nullptr) return false;
     windows.push_back(w);  // stable: windows_ is node-based
   }
-  std::fill(mask.begin(), mask.begin() + static_cast<std::ptrdiff_t>(words), 0);
-  for (const Window* w : windows) {
-    if (!w->accepted_bits.empty()) {
-      for (size_t i = 0; i < words; ++i) mask[i] |= w->accepted_bits[i];
+  // The first mask window is copied, the others ORed; a window shared by two stacks counts once.
+  bool started = false;
+  for (size_t i = 0; i < windows.size(); ++i) {
+    const Window* w = windows[i];
+    if (w->accepted_bits.empty() || std::find(windows.begin(), windows.begin() + static_cast<std::ptrdiff_t>(i), w) !=
+                                        windows.begin() + static_cast<std::ptrdiff_t>(i))
+      continue;
+    if (started) {
+      or_words(mask.data(), w->accepted_bits.data(), words);
+    } else {
+      std::memcpy(mask.data(), w->accepted_bits.data(), words * sizeof(uint64_t));
+      started = true;
     }
-    for (int32_t id : w->accepted_ids) set_bit(mask, id);
   }
+  if (!started) std::fill(mask.begin(), mask.begin() + static_cast<std::ptrdiff_t>(words), 0);
+  for (const Window* w : windows)
+    for (int32_t id : w->accepted_ids) set_bit(mask, id);
   for (const Window* w : windows) check_uncertain_locked(state, w->uncertain, mask);
   return true;
 }
