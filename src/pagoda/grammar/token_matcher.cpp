@@ -130,13 +130,18 @@ int32_t CompiledGrammar::step_locked(int32_t state, uint8_t byte) {
   const uint8_t byte_class = byte_class_[byte];
   const int32_t known = states_[state].next[byte_class];
   if (known != kUnknown) return known;
-  // Consecutive steps from one state (a breadth-first visit, siblings in the trie) load it once.
-  if (loaded_state_ != state) {
+  // Consecutive steps from one state (a breadth-first visit) load it once; otherwise only the
+  // stacks that accept the byte are loaded (a value position has a dozen stacks, deep ones in
+  // nested JSON, and a byte such as '"' continues one or two of them).
+  if (loaded_state_ == state) {
+    scratch_.rollback(loaded_mark_);
+  } else if (load_whole_states_) {
     scratch_.load(states_[state].image);
     loaded_state_ = state;
     loaded_mark_ = scratch_.mark();
   } else {
-    scratch_.rollback(loaded_mark_);
+    scratch_.load_for_byte(states_[state].image, byte);
+    loaded_state_ = -1;
   }
   GrammarMatcher::State& out = step_out_;
   scratch_.advance(scratch_.state(), byte, out);
@@ -373,6 +378,7 @@ PrecomputeStats CompiledGrammar::precompute(size_t max_states, double max_second
   std::lock_guard lock(mutex_);
   PrecomputeStats out;
   const uint64_t windows_before = stats_.windows;
+  load_whole_states_ = true;  // every byte class is stepped from each state in turn
   std::vector<int32_t> queue = {initial_};
   std::unordered_map<int32_t, char> seen = {{initial_, 1}};
   size_t head = 0;
@@ -389,6 +395,7 @@ PrecomputeStats CompiledGrammar::precompute(size_t max_states, double max_second
       if (next != kDead && seen.emplace(next, 1).second) queue.push_back(next);
     }
   }
+  load_whole_states_ = false;
   out.complete = head == queue.size();
   out.windows = stats_.windows - windows_before;
   out.seconds = elapsed();

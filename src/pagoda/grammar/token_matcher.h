@@ -172,6 +172,7 @@ class CompiledGrammar {
   GrammarMatcher scratch_;  // materializes states to compute transitions
   int32_t loaded_state_ = -1;  // the state scratch_ holds (its frames below loaded_mark_)
   size_t loaded_mark_ = 0;
+  bool load_whole_states_ = false;  // precompute(): keep a loaded state for its next byte classes
   GrammarMatcher::State step_out_;
   std::vector<StateInfo> states_;
   std::unordered_multimap<uint64_t, int32_t> state_index_;
