@@ -397,9 +397,12 @@ PrecomputeStats CompiledGrammar::precompute(size_t max_states, double max_second
   }
   load_whole_states_ = false;
   out.complete = head == queue.size();
-  // Room for as many states again before the index rehashes (a rehash moves every entry: a
-  // spike in whichever mask interns the state that triggers it).
-  state_index_.reserve(std::max<size_t>(states_.size() * 4, 16384));
+  // Room for several times the states met so far before the state vector grows or the index
+  // rehashes (either moves every entry: a spike in whichever mask interns the state that
+  // triggers it).
+  const size_t room = std::max<size_t>(states_.size() * 4, 4096);
+  states_.reserve(room);
+  state_index_.reserve(room);
   out.windows = stats_.windows - windows_before;
   out.seconds = elapsed();
   return out;
