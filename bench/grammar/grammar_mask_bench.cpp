@@ -246,8 +246,8 @@ int main(int argc, char** argv) {
       for (int rep = 0; rep < 5; ++rep)
         if (!run_documents(compiled, docs, warm_run, nullptr)) return 1;
       if (run > 0) continue;
-      std::printf("%s: precompute %.1f ms, %llu states, %llu windows%s\n", c.name, pre.seconds * 1e3,
-                  static_cast<unsigned long long>(pre.states), static_cast<unsigned long long>(pre.windows),
+      std::printf("%s: precompute %.1f ms, %llu states, %llu stacks with count siblings, %llu windows%s\n", c.name, pre.seconds * 1e3,
+                  static_cast<unsigned long long>(pre.states), static_cast<unsigned long long>(pre.count_siblings), static_cast<unsigned long long>(pre.windows),
                   pre.complete ? " (every reachable state)" : "");
       const auto stats = compiled->stats();
       std::printf("%s: %zu tokens, %llu misses (%llu whole-trie walks), %llu states, %llu transitions, %llu windows, "

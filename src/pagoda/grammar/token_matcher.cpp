@@ -383,7 +383,7 @@ PrecomputeStats CompiledGrammar::precompute(size_t max_states, double max_second
   std::unordered_map<int32_t, char> seen = {{initial_, 1}};
   size_t head = 0;
   for (; head < queue.size(); ++head) {
-    if (out.states >= max_states || elapsed() > max_seconds || windows_.size() >= limits_.max_windows ||
+    if (out.states >= max_states || elapsed() > max_seconds * 0.7 || windows_.size() >= limits_.max_windows ||
         window_bytes_ >= limits_.max_window_bytes)
       break;
     const int32_t state = queue[head];
@@ -397,6 +397,35 @@ PrecomputeStats CompiledGrammar::precompute(size_t max_states, double max_second
   }
   load_whole_states_ = false;
   out.complete = head == queue.size();
+  // A bounded repetition (the indentation of JSON whitespace, up to 20 blanks) gives every
+  // count its own frames, so the walk above meets the windows of a few counts only where the
+  // state space is wide (json_object). The windows of the other counts at the same place follow
+  // from the stacks met: the same frames with the first such count replaced.
+  if (!out.complete) {
+    std::vector<uint64_t> sibling;
+    for (size_t i = 0; i < head; ++i) {
+      const size_t num_stacks = states_[queue[i]].image.stacks.size();
+      for (size_t j = 0; j < num_stacks; ++j) {
+        if (elapsed() > max_seconds || windows_.size() >= limits_.max_windows ||
+            window_bytes_ >= limits_.max_window_bytes)
+          break;
+        sibling = states_[queue[i]].image.stacks[j];
+        const size_t top = std::min(sibling.size(), kWindowFrames[std::size(kWindowFrames) - 1]);
+        for (size_t f = 0; f < top; ++f) {
+          const Element& e = grammar_->elements[static_cast<size_t>(sibling[f] >> 32)];
+          if (e.kind != ElementKind::kRepeat || e.max == kUnbounded || e.max > 64) continue;
+          const uint64_t count = sibling[f] & 0xFFFFFFFFu;
+          for (uint64_t c = 1; c <= e.max; ++c) {
+            if (c == count) continue;
+            sibling[f] = (sibling[f] & ~uint64_t{0xFFFFFFFFu}) | c;
+            (void)window_for_locked(sibling);
+          }
+          ++out.count_siblings;
+          break;
+        }
+      }
+    }
+  }
   // Room for several times the states met so far before the state vector grows or the index
   // rehashes (either moves every entry: a spike in whichever mask interns the state that
   // triggers it).

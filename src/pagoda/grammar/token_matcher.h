@@ -82,6 +82,7 @@ struct MaskStats {
 struct PrecomputeStats {
   uint64_t states = 0;   // automaton states visited
   uint64_t windows = 0;  // windows computed
+  uint64_t count_siblings = 0;  // stacks whose windows were computed for every repetition count
   bool complete = false;  // every reachable state was visited within the budget
   double seconds = 0;
 };
