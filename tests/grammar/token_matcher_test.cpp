@@ -142,6 +142,26 @@ TEST(TokenMatcherTest, PrecomputeCoversABoundedGrammarAndStaysInItsBudget) {
   EXPECT_EQ(bounded.states, 50u);
 }
 
+// A bounded repetition (json_object's indentation: a newline and up to 20 blanks) has a state per
+// count; precompute() walks the first rounds and computes the windows of the other counts from
+// the stacks it met, so every indentation's first mask needs no new window, and stays exact.
+TEST(TokenMatcherTest, PrecomputeCoversEveryCountOfABoundedRepetition) {
+  auto vocab = test_vocabulary();
+  auto compiled = std::make_shared<CompiledGrammar>(json_object_grammar(), vocab);
+  const PrecomputeStats pre = compiled->precompute(300, 60.0);
+  EXPECT_FALSE(pre.complete);
+  EXPECT_GT(pre.count_siblings, 0u);
+  const uint64_t windows = compiled->stats().windows;
+  std::vector<uint64_t> mask(vocab->mask_words());
+  for (int blanks = 1; blanks <= 20; ++blanks) {
+    TokenMatcher matcher(compiled);
+    ASSERT_TRUE(matcher.accept_text("{\n" + std::string(static_cast<size_t>(blanks), blanks % 2 ? ' ' : '\t')));
+    matcher.fill_mask(mask);
+    EXPECT_EQ(mask, naive_mask(matcher, *vocab)) << blanks << " blanks";
+  }
+  EXPECT_EQ(compiled->stats().windows, windows);
+}
+
 // The bounds: a full window cache falls back to whole-trie walks, and windows with too many
 // uncertain tokens to larger windows (up to the whole stack); masks stay exact either way.
 TEST(TokenMatcherTest, WindowLimitsFallBackToExactMasks) {

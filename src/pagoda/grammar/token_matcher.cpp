@@ -11,6 +11,9 @@ namespace {
 
 // Window sizes tried in turn (frames from the top of a stack); past the last, the whole stack.
 constexpr size_t kWindowFrames[] = {4, 8, 16};
+// precompute() computes the windows of every count of a bounded repetition up to this many
+// (and does not walk on from the states past its second repetition).
+constexpr uint32_t kMaxSiblingCount = 64;
 
 void set_bit(std::span<uint64_t> mask, int32_t id) { mask[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63); }
 bool test_bit(std::span<const uint64_t> mask, int32_t id) { return (mask[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1; }
@@ -372,6 +375,18 @@ void CompiledGrammar::fill_mask_locked(int32_t state, std::span<uint64_t> mask) 
   }
 }
 
+bool CompiledGrammar::repeats_again_locked(int32_t state) const {
+  for (const auto& stack : states_[state].image.stacks) {
+    const size_t top = std::min(stack.size(), kWindowFrames[std::size(kWindowFrames) - 1]);
+    for (size_t f = 0; f < top; ++f) {
+      const Element& e = grammar_->elements[static_cast<size_t>(stack[f] >> 32)];
+      if (e.kind == ElementKind::kRepeat && e.max != kUnbounded && e.max <= kMaxSiblingCount && (stack[f] & 0xFFFFFFFFu) >= 2)
+        return true;
+    }
+  }
+  return false;
+}
+
 PrecomputeStats CompiledGrammar::precompute(size_t max_states, double max_seconds) {
   const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
@@ -381,8 +396,16 @@ PrecomputeStats CompiledGrammar::precompute(size_t max_states, double max_second
   load_whole_states_ = true;  // every byte class is stepped from each state in turn
   std::vector<int32_t> queue = {initial_};
   std::unordered_map<int32_t, char> seen = {{initial_, 1}};
+  // States past the second round of a bounded repetition wait until nothing else is left: the
+  // count siblings below give their windows, and an unbounded grammar's budget goes further in.
+  std::vector<int32_t> deferred;
   size_t head = 0;
-  for (; head < queue.size(); ++head) {
+  for (;; ++head) {
+    if (head == queue.size()) {
+      if (deferred.empty()) break;
+      queue.insert(queue.end(), deferred.begin(), deferred.end());
+      deferred.clear();
+    }
     if (out.states >= max_states || elapsed() > max_seconds * 0.7 || windows_.size() >= limits_.max_windows ||
         window_bytes_ >= limits_.max_window_bytes)
       break;
@@ -392,11 +415,11 @@ PrecomputeStats CompiledGrammar::precompute(size_t max_states, double max_second
     if (!states_[state].has_tops) continue;
     for (uint8_t b : class_byte_) {
       const int32_t next = step_locked(state, b);
-      if (next != kDead && seen.emplace(next, 1).second) queue.push_back(next);
+      if (next != kDead && seen.emplace(next, 1).second) (repeats_again_locked(next) ? deferred : queue).push_back(next);
     }
   }
   load_whole_states_ = false;
-  out.complete = head == queue.size();
+  out.complete = head == queue.size() && deferred.empty();
   // A bounded repetition (the indentation of JSON whitespace, up to 20 blanks) gives every
   // count its own frames, so the walk above meets the windows of a few counts only where the
   // state space is wide (json_object). The windows of the other counts at the same place follow
@@ -413,7 +436,7 @@ PrecomputeStats CompiledGrammar::precompute(size_t max_states, double max_second
         const size_t top = std::min(sibling.size(), kWindowFrames[std::size(kWindowFrames) - 1]);
         for (size_t f = 0; f < top; ++f) {
           const Element& e = grammar_->elements[static_cast<size_t>(sibling[f] >> 32)];
-          if (e.kind != ElementKind::kRepeat || e.max == kUnbounded || e.max > 64) continue;
+          if (e.kind != ElementKind::kRepeat || e.max == kUnbounded || e.max > kMaxSiblingCount) continue;
           const uint64_t count = sibling[f] & 0xFFFFFFFFu;
           for (uint64_t c = 1; c <= e.max; ++c) {
             if (c == count) continue;

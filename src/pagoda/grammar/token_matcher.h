@@ -156,6 +156,9 @@ class CompiledGrammar {
   // The only byte that may follow `state` when exactly one may and the grammar cannot end there,
   // else -1.
   int forced_byte_locked(int32_t state);
+  // Some stack of `state` is past the second round of a bounded repetition within its top frames
+  // (precompute() covers those counts from the first round's stacks).
+  bool repeats_again_locked(int32_t state) const;
   // Sets the bits of the ids in `ids` (trie order) that `state` accepts.
   void check_uncertain_locked(int32_t state, const std::vector<int32_t>& ids, std::span<uint64_t> mask);
 
