@@ -20,7 +20,9 @@ std::shared_ptr<const TokenVocabulary> test_vocabulary() {
   for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
   for (const char* piece : {"{\"", "\":", "\": ", "\",", "\"}", "true", "false", "null", "na", "name", "\"name\"",
                             "12", "3.", "e+", ", \"", "}\n", "\u00e9", "\xC3", "\xA9x", "[{", "}]", "\"a\":1}",
-                            "abc", "ab", "a", " ", "  ", "\n ", "\"\"", "\\n", "\\u00", "x\"", "\":\"", "{}"}) {
+                            "abc", "ab", "a", " ", "  ", "\n ", "\"\"", "\\n", "\\u00", "x\"", "\":\"", "{}",
+                            // Closing several levels at once: decided by frames below a window.
+                            "}}", "]}", "}]}", "\"}}", "1}", "1]", "\"]", "null}", "true]}", "\"]}", "e]"}) {
     bytes.push_back(piece);
   }
   bytes.push_back("ab");  // a duplicate piece: both ids must be allowed together

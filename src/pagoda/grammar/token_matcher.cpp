@@ -61,6 +61,80 @@ void or_words(uint64_t* dst, const uint64_t* src, size_t n) {
 void or_words(uint64_t* dst, const uint64_t* src, size_t n) { or_words_portable(dst, src, n); }
 #endif
 
+// Per rule: the bytes that may come first in it, and the bytes that may come right after it
+// completes, wherever the grammar references it (an over-approximation: every context at once).
+struct RuleBytes {
+  std::vector<ByteSet> first, follow;
+  std::vector<uint32_t> rule_of_element;
+};
+
+bool or_into(ByteSet& dst, const ByteSet& src) {
+  bool changed = false;
+  for (size_t w = 0; w < dst.bits.size(); ++w) {
+    const uint64_t merged = dst.bits[w] | src.bits[w];
+    changed = changed || merged != dst.bits[w];
+    dst.bits[w] = merged;
+  }
+  return changed;
+}
+
+RuleBytes rule_bytes(const Grammar& g) {
+  RuleBytes out;
+  out.first.assign(g.rules.size(), ByteSet{});
+  out.follow.assign(g.rules.size(), ByteSet{});
+  out.rule_of_element.assign(g.elements.size(), 0);
+  for (uint32_t r = 0; r < g.rules.size(); ++r)
+    for (uint32_t start : g.rules[r].alternatives)
+      for (uint32_t k = start; k < g.elements.size(); ++k) {
+        out.rule_of_element[k] = r;
+        if (g.elements[k].kind == ElementKind::kEnd) break;
+      }
+  // The first bytes of the elements from `k` to the end of its alternative into `acc`; true when
+  // they can all match nothing (the alternative's end is reachable without a byte).
+  auto first_of = [&](uint32_t k, ByteSet& acc) {
+    for (; k < g.elements.size(); ++k) {
+      const Element& e = g.elements[k];
+      switch (e.kind) {
+        case ElementKind::kEnd:
+          return true;
+        case ElementKind::kBytes:
+          or_into(acc, g.byte_sets[e.index]);
+          return false;
+        case ElementKind::kRule:
+          or_into(acc, out.first[e.index]);
+          if (!g.rules[e.index].nullable) return false;
+          break;
+        case ElementKind::kRepeat:
+          or_into(acc, out.first[e.index]);
+          if (e.min > 0 && !g.rules[e.index].nullable) return false;
+          break;
+      }
+    }
+    return true;
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (uint32_t r = 0; r < g.rules.size(); ++r)
+      for (uint32_t start : g.rules[r].alternatives) {
+        ByteSet acc = out.first[r];
+        (void)first_of(start, acc);
+        changed = or_into(out.first[r], acc) || changed;
+      }
+  }
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (uint32_t x = 0; x < g.elements.size(); ++x) {
+      const Element& e = g.elements[x];
+      if (e.kind != ElementKind::kRule && e.kind != ElementKind::kRepeat) continue;
+      ByteSet acc = out.follow[e.index];
+      if (e.kind == ElementKind::kRepeat) or_into(acc, out.first[e.index]);  // another round
+      if (first_of(x + 1, acc)) or_into(acc, out.follow[out.rule_of_element[x]]);
+      changed = or_into(out.follow[e.index], acc) || changed;
+    }
+  }
+  return out;
+}
+
 CompiledGrammar::Limits with_a_table(CompiledGrammar::Limits limits) {
   limits.max_tables = std::max<size_t>(limits.max_tables, 1);
   return limits;
@@ -84,6 +158,9 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<const Grammar> grammar,
     if (added) class_byte_.push_back(static_cast<uint8_t>(b));
     byte_class_[b] = it->second;
   }
+  RuleBytes bytes = rule_bytes(*grammar_);
+  follow_ = std::move(bytes.follow);
+  rule_of_element_ = std::move(bytes.rule_of_element);
   std::lock_guard lock(mutex_);
   initial_ = intern_locked(scratch_.image());
 }
@@ -195,7 +272,17 @@ void CompiledGrammar::compute_window_locked(int32_t local_state, bool cut, Windo
   ++stats_.windows;
   walk_states_.assign(static_cast<size_t>(vocab.max_depth()) + 1, kDead);
   walk_escaped_.assign(static_cast<size_t>(vocab.max_depth()) + 1, 0);
+  walk_fresh_.assign(static_cast<size_t>(vocab.max_depth()) + 1, 0);
   walk_states_[0] = local_state;
+  // A path that returns below the window (the bottom frame's rule completes) goes on, in any
+  // context, with a byte that may follow that rule somewhere in the grammar: a token whose next
+  // byte may not is rejected whatever lies below. Past that first byte nothing is known.
+  // walk_fresh_[d]: a path returned below at depth d; walk_escaped_[d]: a returned path may be
+  // alive past its first byte.
+  const ByteSet& follow = follow_[rule_of_element_[static_cast<size_t>(window.frames.back() >> 32)]];
+  auto escaped_through = [&](size_t parent_depth, uint8_t byte) {
+    return walk_escaped_[parent_depth] || (walk_fresh_[parent_depth] && follow.test(byte));
+  };
   const size_t n = vocab.num_nodes();
   uint64_t visited = 0;
   // Every token of the node range [begin, end) depends on the frames below the window.
@@ -211,18 +298,22 @@ void CompiledGrammar::compute_window_locked(int32_t local_state, bool cut, Windo
     const size_t depth = vocab.node_depth(i);
     const int32_t next = step_locked(walk_states_[depth - 1], vocab.node_byte(i));
     if (next == kDead) {
-      if (cut && walk_escaped_[depth - 1]) all_uncertain(i, vocab.subtree_end(i));
+      if (cut && escaped_through(depth - 1, vocab.node_byte(i))) all_uncertain(i, vocab.subtree_end(i));
       i = vocab.subtree_end(i);
       continue;
     }
     walk_states_[depth] = next;
-    walk_escaped_[depth] = walk_escaped_[depth - 1] || (cut && states_[next].image.can_end);
+    walk_escaped_[depth] = cut && escaped_through(depth - 1, vocab.node_byte(i));
+    walk_fresh_[depth] = cut && states_[next].image.can_end;
     for (int32_t id : vocab.node_tokens(i)) set_bit(accepted, id);
     if (states_[next].has_tops) {
       ++i;
       continue;
     }
-    if (walk_escaped_[depth]) all_uncertain(i + 1, vocab.subtree_end(i));
+    if (walk_escaped_[depth] || walk_fresh_[depth]) {
+      for (size_t child = i + 1; child < vocab.subtree_end(i); child = vocab.subtree_end(child))
+        if (escaped_through(depth, vocab.node_byte(child))) all_uncertain(child, vocab.subtree_end(child));
+    }
     i = vocab.subtree_end(i);
   }
   stats_.trie_nodes_visited += visited;

@@ -185,7 +185,11 @@ class CompiledGrammar {
   std::list<int32_t> mask_lru_;  // states holding a mask, most recent first
   int32_t initial_ = -1;
   std::vector<int32_t> walk_states_;  // per trie depth during a walk
-  std::vector<char> walk_escaped_;    // per trie depth: a prefix returned below the window
+  std::vector<char> walk_escaped_;    // per trie depth: a path returned below the window, alive past its next byte
+  std::vector<char> walk_fresh_;      // per trie depth: a path returned below the window here
+  // Per rule: the bytes that may follow it anywhere in the grammar; the rule of each element.
+  std::vector<ByteSet> follow_;
+  std::vector<uint32_t> rule_of_element_;
   std::vector<uint64_t> window_scratch_;
   std::vector<const Window*> compose_windows_;
   // Windows by a hash of their frames and cut flag (found without interning the window's
