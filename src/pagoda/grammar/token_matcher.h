@@ -29,12 +29,20 @@
 // the union of its stacks' accepted bits plus the uncertain tokens it accepts, checked one by
 // one along the state's byte transitions. A window with more than max_uncertain uncertain
 // tokens is tried again with the next K. The whole-trie walk remains the fallback when the
-// window cache is full.
+// window cache is full. A path that returns below the window continues, in whatever context,
+// with a byte that may follow the returning rule somewhere in the grammar (the rule's FOLLOW
+// set, computed once per grammar): a token whose next byte is in no such set is rejected by the
+// window, not left uncertain (inside a JSON string, of the tokens that close it only those going
+// on with blanks, ',', ':', '}' or ']' stay uncertain).
 //
 // precompute() fills the window cache ahead of the first request: a breadth-first walk over
 // the automaton's states (byte by byte from the start) that computes every window it meets,
-// within a budget of states and time. The server runs it when it compiles a grammar, on the
-// request's thread.
+// within a budget of states and 70% of its time. A bounded repetition gives each count its own
+// frames (json_object's indentation: a newline and up to 20 blanks), which would spend an
+// unbounded grammar's budget on blanks: states past a repetition's second round are walked
+// last, and the windows of every other count are computed from the stacks the walk met (the
+// same frames, the count replaced), in the rest of the time. The server runs it when it
+// compiles a grammar, on the request's thread (json_object: at start, on a background thread).
 //
 // Memory bounds: at most max_tables transition tables (4 bytes per byte class each: bytes that
 // no byte set of the grammar tells apart share an entry; tens of classes for JSON), max_cached_masks masks
