@@ -56,6 +56,15 @@ TEST(MlaDecodePlanTest, RefusesBadParameters) {
   bad[3] = -1;
   expect_error(config(), {{100, bad}}, "rows[0].block_table[3] = -1");
   expect_error(config(), one, "split_tokens -1", MlaDecodeOptions{-1});
+  MlaDecodeOptions slots;
+  slots.latent_slots = 17;
+  expect_error(config(), one, "latent_slots 17", slots);
+  slots.latent_slots = 25;
+  expect_error(config(), one, "latent_slots 25", slots);
+  slots.latent_slots = 20;
+  EXPECT_EQ(MlaDecodePlan::create(config(), one, AttentionDeviceInfo{4}, slots)->descriptor(nullptr, nullptr, nullptr, nullptr).latent_slots, 20);
+  EXPECT_EQ(MlaDecodePlan::create(config(), one, AttentionDeviceInfo{4})->descriptor(nullptr, nullptr, nullptr, nullptr).latent_slots,
+            kMlaMaxLatentSlots);
 }
 
 TEST(MlaDecodePlanTest, EmptyBatchPlansNothing) {
