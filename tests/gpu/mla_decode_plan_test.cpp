@@ -61,6 +61,14 @@ TEST(MlaDecodePlanTest, RefusesBadParameters) {
   expect_error(config(), one, "latent_slots 17", slots);
   slots.latent_slots = 25;
   expect_error(config(), one, "latent_slots 25", slots);
+  c = config();
+  c.latent_layout = MlaLatentLayout::kFlashMla656;
+  expect_error(c, one, "latent_layout flashmla_656 needs latent_element fp8");
+  c.latent_element = KvElement::kFP8E4M3;
+  c.num_heads = 17;
+  expect_error(c, one, "num_heads 17 with latent_layout flashmla_656");
+  c.num_heads = 16;
+  EXPECT_TRUE(MlaDecodePlan::create(c, one, AttentionDeviceInfo{4}).ok());
   slots.latent_slots = 20;
   EXPECT_EQ(MlaDecodePlan::create(config(), one, AttentionDeviceInfo{4}, slots)->descriptor(nullptr, nullptr, nullptr, nullptr).latent_slots, 20);
   EXPECT_EQ(MlaDecodePlan::create(config(), one, AttentionDeviceInfo{4})->descriptor(nullptr, nullptr, nullptr, nullptr).latent_slots,
