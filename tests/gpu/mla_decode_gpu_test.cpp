@@ -339,7 +339,8 @@ TEST_F(MlaDecodeGpuTest, FlashMla656Records) {
   expect_close(flash(make_case("fp8-656 h16 bs64", 16, 64, KvElement::kFP8E4M3, {1, 63, 64, 65, 2000, 4100}, 50)));
   expect_close(flash(make_case("fp8-656 h16 bs16", 16, 16, KvElement::kFP8E4M3, {5, 64, 1500, 6000}, 51)));
   expect_close(flash(make_case("fp8-656 h16 bs1", 16, 1, KvElement::kFP8E4M3, {1, 2, 100, 777}, 52)));
-  expect_close(flash(with_options(make_case("fp8-656 h16 split 64", 16, 16, KvElement::kFP8E4M3, {1, 100, 1000}, 53), 64, 0)));
+  expect_close(
+      flash(with_options(make_case("fp8-656 h16 split 64", 16, 16, KvElement::kFP8E4M3, {1, 100, 1000}, 53), 64, 0)));
   expect_close(flash(with_options(make_case("fp8-656 h16 1 sm", 16, 64, KvElement::kFP8E4M3, {1000, 130}, 54), 0, 1)));
   expect_close(flash(make_case("fp8-656 h8 bs16", 8, 16, KvElement::kFP8E4M3, {1, 500}, 55)));
   MlaCase f = flash(make_case("fp8-656 h16 fixed 4", 16, 16, KvElement::kFP8E4M3, {2, 300, 1000}, 56));

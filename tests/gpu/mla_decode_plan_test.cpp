@@ -70,9 +70,13 @@ TEST(MlaDecodePlanTest, RefusesBadParameters) {
   c.num_heads = 16;
   EXPECT_TRUE(MlaDecodePlan::create(c, one, AttentionDeviceInfo{4}).ok());
   slots.latent_slots = 20;
-  EXPECT_EQ(MlaDecodePlan::create(config(), one, AttentionDeviceInfo{4}, slots)->descriptor(nullptr, nullptr, nullptr, nullptr).latent_slots, 20);
-  EXPECT_EQ(MlaDecodePlan::create(config(), one, AttentionDeviceInfo{4})->descriptor(nullptr, nullptr, nullptr, nullptr).latent_slots,
-            kMlaMaxLatentSlots);
+  auto slots_of = [&](const MlaDecodeOptions& o) {
+    return MlaDecodePlan::create(config(), one, AttentionDeviceInfo{4}, o)
+        ->descriptor(nullptr, nullptr, nullptr, nullptr)
+        .latent_slots;
+  };
+  EXPECT_EQ(slots_of(slots), 20);
+  EXPECT_EQ(slots_of(MlaDecodeOptions{}), kMlaMaxLatentSlots);
 }
 
 TEST(MlaDecodePlanTest, EmptyBatchPlansNothing) {

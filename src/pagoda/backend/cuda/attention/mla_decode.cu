@@ -22,13 +22,19 @@
 // MN-major layout of V, so one copy of the latent serves both products.
 // bf16 pools: tiles are gathered with 16-byte cp.async through the block table
 // (4 threads a position, one table read each) into a double buffer, refilled as
-// soon as a tile is consumed, so two tiles are in flight while one is computed.
+// soon as a tile is consumed, so two tiles are in flight while one is computed;
+// the narrow kernel instead keeps a ring of 8 KB column-block slots (24 by
+// default: the next 1.67 tiles in flight while one is computed, issue_ring_blocks).
 // fp8 pools: the codes (576 B a position) and the scale records land in a
 // double-buffered staging area, are converted to bf16 (exact: e4m3 fits in
 // bf16) into the tile, and the per-position scale stays outside the products:
 // S[h, t] = (q_h . codes_t) * scale_t, and P[h, t] = p[h, t] * scale_t against
 // the unscaled codes as V (bf16's exponent range keeps p * scale clear of
 // subnormals).
+// FlashMLA's 656-byte fp8 records (narrow kernel only): the whole record lands
+// in staging; the conversion multiplies each code by its group's scale (one per
+// 128 latent values) while rounding to bf16, and copies the bf16 rope values,
+// so S and P need no scales.
 // A segment that is not its row's only one writes its normalized partial
 // output and log2-sum-exp to the workspace; mla_decode_merge combines them.
 // docs/KERNELS.md ("MLA decode") has the versions and their measurements.
@@ -126,24 +132,6 @@ static_assert(kSmemBytes <= 232448, "one CTA per SM");
       : "l"(desc_a), "l"(desc_b), "r"(1));
 }
 
-// Sixteen e4m3 codes -> sixteen bf16 (exact), as two 16-byte chunks.
-[[maybe_unused]] __device__ __forceinline__ void fp8x16_to_bf16(const uint4& codes, uint4& lo, uint4& hi) {
-  const uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
-  uint32_t out[8];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>(w[i] >> (16 * half));
-      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
-      const float2 f = __half22float2(__half2(h));
-      out[2 * i + half] = pack_bf16x2(f.x, f.y);
-    }
-  }
-  lo = make_uint4(out[0], out[1], out[2], out[3]);
-  hi = make_uint4(out[4], out[5], out[6], out[7]);
-}
-
 // Sixteen e4m3 codes times `scale` -> sixteen bf16 (rounded to nearest even).
 [[maybe_unused]] __device__ __forceinline__ void fp8x16_scaled_to_bf16(const uint4& codes, float scale, uint4& lo,
                                                                        uint4& hi) {
@@ -161,6 +149,10 @@ static_assert(kSmemBytes <= 232448, "one CTA per SM");
   }
   lo = make_uint4(out[0], out[1], out[2], out[3]);
   hi = make_uint4(out[4], out[5], out[6], out[7]);
+}
+// Sixteen e4m3 codes -> sixteen bf16 (exact: e4m3 fits in bf16; x * 1 is x).
+[[maybe_unused]] __device__ __forceinline__ void fp8x16_to_bf16(const uint4& codes, uint4& lo, uint4& hi) {
+  fp8x16_scaled_to_bf16(codes, 1.0f, lo, hi);
 }
 
 // Gathers the tile of positions [kv0, kv0 + 64) of a row (those below kv_end)
@@ -523,8 +515,8 @@ static_assert(kNarrowQBytes % 1024 == 0 && kNarrowPAt % 1024 == 0, "swizzle atom
 static_assert(kNarrowSmemBytes <= 232448, "one CTA per SM");
 static_assert(kTileBytes + 2 * kFlashStagingBytes <= kMlaMaxLatentSlots * kBlockBytes,
               "the FlashMLA staging fits the ring's room");
-static_assert(kMlaMinLatentSlots == 2 * kColumnBlocks && 3 * kTileBytes <= kMlaMaxLatentSlots * kBlockBytes + kTileBytes,
-              "two whole tiles at least; the fp8 tile and staging fit the ring's room");
+static_assert(kMlaMinLatentSlots == 2 * kColumnBlocks, "two whole tiles at least");
+static_assert(2 * kTileBytes <= kMlaMaxLatentSlots * kBlockBytes, "the fp8 tile and staging fit the ring's room");
 
 // The narrow bf16 kernel's latent ring. Column block c of the segment's tile t
 // is unit u = 9 t + c and lives in slot u % slots (8 KB, swizzled like a tile's
@@ -532,9 +524,10 @@ static_assert(kMlaMinLatentSlots == 2 * kColumnBlocks && 3 * kTileBytes <= kMlaM
 // tile need not be adjacent). Issues the units [u_begin, u_end) that exist (u <
 // 9 num_tiles), this thread's 2 chunks of position load_pos in each; positions
 // past kv_end are zero-filled.
-[[maybe_unused]] __device__ __forceinline__ void issue_ring_blocks(const MlaDecodeDescriptor& d, const int32_t* table, int kv_begin,
-                                                  int kv_end, int num_tiles, uint8_t* ring, int u_begin, int u_end,
-                                                  int load_pos, int load_lane) {
+[[maybe_unused]] __device__ __forceinline__ void issue_ring_blocks(const MlaDecodeDescriptor& d, const int32_t* table,
+                                                                   int kv_begin, int kv_end, int num_tiles,
+                                                                   uint8_t* ring, int u_begin, int u_end, int load_pos,
+                                                                   int load_lane) {
   u_end = min(u_end, kColumnBlocks * num_tiles);
   int tile = -1;
   bool valid = false;
