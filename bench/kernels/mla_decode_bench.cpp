@@ -8,10 +8,7 @@
 // checked against a float64 reference at every shape (rel L2 printed), and
 // every output is checked finite.
 //
-//   mla_decode_bench [--iters N] [--only SUBSTRING] [--slots N]
-//
-// --slots: the narrow bf16 kernel's latent ring (MlaDecodeOptions::latent_slots;
-// 0, the default, is the kernel's default; 18 is two whole tiles).
+//   mla_decode_bench [--iters N] [--only SUBSTRING]
 
 #include <cuda_runtime.h>
 
@@ -70,7 +67,6 @@ struct Result {
 };
 
 int iters = 50;
-int latent_slots = 0;
 std::string only;
 
 double copy_ceiling() {
@@ -101,8 +97,6 @@ Result run_shape(int batch, int context, int heads, bool fp8, int block_size, in
   char name[128];
   std::snprintf(name, sizeof(name), "mla decode %s H=%d B=%d L=%d bs=%d", flash ? "fp8-656" : fp8 ? "fp8" : "bf16",
                 heads, batch, context, block_size);
-  if (latent_slots != 0 && !fp8 && heads <= 16)
-    std::snprintf(name + std::strlen(name), sizeof(name) - std::strlen(name), " slots=%d", latent_slots);
   const int blocks_per_row = (context + block_size - 1) / block_size;
   const int num_blocks = batch * blocks_per_row;
   const size_t slots = size_t(num_blocks) * block_size;
@@ -154,9 +148,7 @@ Result run_shape(int batch, int context, int heads, bool fp8, int block_size, in
   const MlaDecodeConfig config{heads, block_size, num_blocks, scale,
                                fp8 ? pagoda::kernels::cuda::KvElement::kFP8E4M3 : pagoda::kernels::cuda::KvElement::kBF16,
                                flash ? MlaLatentLayout::kFlashMla656 : MlaLatentLayout::kPerVectorScale};
-  MlaDecodeOptions options;
-  options.latent_slots = latent_slots;
-  auto plan = MlaDecodePlan::create(config, rows, AttentionDeviceInfo{num_sms}, options);
+  auto plan = MlaDecodePlan::create(config, rows, AttentionDeviceInfo{num_sms});
   if (!plan.ok()) {
     std::fprintf(stderr, "%s: %s\n", name, std::string(plan.status().message()).c_str());
     std::exit(1);
@@ -247,9 +239,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
-    else if (!std::strcmp(argv[i], "--slots") && i + 1 < argc) latent_slots = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--slots N]\n");
+      std::fprintf(stderr, "usage: mla_decode_bench [--iters N] [--only SUBSTRING]\n");
       return 2;
     }
   }

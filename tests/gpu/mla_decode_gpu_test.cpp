@@ -306,27 +306,6 @@ TEST_F(MlaDecodeGpuTest, LongSegmentsOneSm) {
   expect_close(with_options(make_case("fp8 h128 1 sm", 128, 64, KvElement::kFP8E4M3, {700, 3}, 19), 0, 1));
 }
 
-TEST_F(MlaDecodeGpuTest, LatentRingSlotCounts) {
-  // The narrow bf16 kernel's ring of column blocks: 18 slots (two whole tiles),
-  // 19 (tiles straddle the wrap at every offset) and 24 (the default), on one
-  // SM (long segments, many wraps), at blocks of 64 / 16 / 1 and ragged ends.
-  for (int32_t slots : {18, 19, 24}) {
-    for (int32_t bs : {64, 16, 1}) {
-      MlaCase c = with_options(make_case("bf16 h16 ring " + std::to_string(slots) + " bs" + std::to_string(bs), 16, bs,
-                                         KvElement::kBF16, {1200, 65, 1, 130}, 30 + uint32_t(slots + bs)),
-                               0, 1);
-      c.options.latent_slots = slots;
-      expect_close(c);
-    }
-  }
-  // The same in a fixed (graph) plan over the whole device.
-  MlaCase f = make_case("bf16 h16 ring 19 fixed 4", 16, 16, KvElement::kBF16, {3000, 70, 900}, 40);
-  f.options.fixed_rows = 4;
-  f.options.fixed_block_table_stride = 200;
-  f.options.latent_slots = 19;
-  expect_close(f);
-}
-
 MlaCase flash(MlaCase c) {
   c.layout = MlaLatentLayout::kFlashMla656;
   return c;

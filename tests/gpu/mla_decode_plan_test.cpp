@@ -56,11 +56,6 @@ TEST(MlaDecodePlanTest, RefusesBadParameters) {
   bad[3] = -1;
   expect_error(config(), {{100, bad}}, "rows[0].block_table[3] = -1");
   expect_error(config(), one, "split_tokens -1", MlaDecodeOptions{-1});
-  MlaDecodeOptions slots;
-  slots.latent_slots = 17;
-  expect_error(config(), one, "latent_slots 17", slots);
-  slots.latent_slots = 25;
-  expect_error(config(), one, "latent_slots 25", slots);
   c = config();
   c.latent_layout = MlaLatentLayout::kFlashMla656;
   expect_error(c, one, "latent_layout flashmla_656 needs latent_element fp8");
@@ -69,14 +64,9 @@ TEST(MlaDecodePlanTest, RefusesBadParameters) {
   expect_error(c, one, "num_heads 17 with latent_layout flashmla_656");
   c.num_heads = 16;
   EXPECT_TRUE(MlaDecodePlan::create(c, one, AttentionDeviceInfo{4}).ok());
-  slots.latent_slots = 20;
-  auto slots_of = [&](const MlaDecodeOptions& o) {
-    return MlaDecodePlan::create(config(), one, AttentionDeviceInfo{4}, o)
-        ->descriptor(nullptr, nullptr, nullptr, nullptr)
-        .latent_slots;
-  };
-  EXPECT_EQ(slots_of(slots), 20);
-  EXPECT_EQ(slots_of(MlaDecodeOptions{}), kMlaMaxLatentSlots);
+  EXPECT_EQ(MlaDecodePlan::create(c, one, AttentionDeviceInfo{4})->descriptor(nullptr, nullptr, nullptr, nullptr)
+                .latent_layout,
+            MlaLatentLayout::kFlashMla656);
 }
 
 TEST(MlaDecodePlanTest, EmptyBatchPlansNothing) {

@@ -22,9 +22,7 @@
 // MN-major layout of V, so one copy of the latent serves both products.
 // bf16 pools: tiles are gathered with 16-byte cp.async through the block table
 // (4 threads a position, one table read each) into a double buffer, refilled as
-// soon as a tile is consumed, so two tiles are in flight while one is computed;
-// the narrow kernel instead keeps a ring of 8 KB column-block slots (24 by
-// default: the next 1.67 tiles in flight while one is computed, issue_ring_blocks).
+// soon as a tile is consumed, so two tiles are in flight while one is computed.
 // fp8 pools: the codes (576 B a position) and the scale records land in a
 // double-buffered staging area, are converted to bf16 (exact: e4m3 fits in
 // bf16) into the tile, and the per-position scale stays outside the products:
@@ -503,9 +501,13 @@ constexpr int kNarrowHeads = 16;
 [[maybe_unused]] constexpr int kNarrowQBlockBytes = kNarrowHeads * 128;  // one column block of Q
 [[maybe_unused]] constexpr int kNarrowQBytes = kColumnBlocks * kNarrowQBlockBytes;
 [[maybe_unused]] constexpr int kNarrowTilesAt = kNarrowQBytes;
-// The latent region: bf16, a ring of up to kMlaMaxLatentSlots column blocks
-// (issue_ring_blocks); fp8, one bf16 tile and two staging areas as above.
-[[maybe_unused]] constexpr int kNarrowPAt = kNarrowTilesAt + kMlaMaxLatentSlots * kBlockBytes;
+// The latent region: bf16, two tiles; fp8, one bf16 tile and two staging areas
+// (of codes, or of whole FlashMLA records: the larger).
+[[maybe_unused]] constexpr int kNarrowLatentBytes =
+    (kTileBytes + 2 * kFlashStagingBytes + 1023) / 1024 * 1024 > 2 * kTileBytes
+        ? (kTileBytes + 2 * kFlashStagingBytes + 1023) / 1024 * 1024
+        : 2 * kTileBytes;
+[[maybe_unused]] constexpr int kNarrowPAt = kNarrowTilesAt + kNarrowLatentBytes;
 [[maybe_unused]] constexpr int kNarrowScalesAt = kNarrowPAt + 2 * kNarrowHeads * 128;
 [[maybe_unused]] constexpr int kNarrowMaxAt = kNarrowScalesAt + 2 * kTile * 4;
 [[maybe_unused]] constexpr int kNarrowSumAt = kNarrowMaxAt + 2 * 4 * kNarrowHeads * 4;
@@ -513,45 +515,6 @@ constexpr int kNarrowHeads = 16;
 constexpr int kNarrowSmemBytes = kNarrowPartialAt + 2 * 128 * 8 * 4 + 1024;
 static_assert(kNarrowQBytes % 1024 == 0 && kNarrowPAt % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
 static_assert(kNarrowSmemBytes <= 232448, "one CTA per SM");
-static_assert(kTileBytes + 2 * kFlashStagingBytes <= kMlaMaxLatentSlots * kBlockBytes,
-              "the FlashMLA staging fits the ring's room");
-static_assert(kMlaMinLatentSlots == 2 * kColumnBlocks, "two whole tiles at least");
-static_assert(2 * kTileBytes <= kMlaMaxLatentSlots * kBlockBytes, "the fp8 tile and staging fit the ring's room");
-
-// The narrow bf16 kernel's latent ring. Column block c of the segment's tile t
-// is unit u = 9 t + c and lives in slot u % slots (8 KB, swizzled like a tile's
-// column block: every wgmma reads a single column block, so the blocks of a
-// tile need not be adjacent). Issues the units [u_begin, u_end) that exist (u <
-// 9 num_tiles), this thread's 2 chunks of position load_pos in each; positions
-// past kv_end are zero-filled.
-[[maybe_unused]] __device__ __forceinline__ void issue_ring_blocks(const MlaDecodeDescriptor& d, const int32_t* table,
-                                                                   int kv_begin, int kv_end, int num_tiles,
-                                                                   uint8_t* ring, int u_begin, int u_end, int load_pos,
-                                                                   int load_lane) {
-  u_end = min(u_end, kColumnBlocks * num_tiles);
-  int tile = -1;
-  bool valid = false;
-  const uint8_t* src = nullptr;
-  int slot = u_begin % d.latent_slots;
-  for (int u = u_begin; u < u_end; ++u, slot = slot + 1 == d.latent_slots ? 0 : slot + 1) {
-    const int t = u / kColumnBlocks;
-    const int c = u - t * kColumnBlocks;
-    if (t != tile) {
-      tile = t;
-      const int pos = kv_begin + t * kTile + load_pos;
-      valid = pos < kv_end;
-      const int bs = d.block_size;
-      const int64_t at = valid ? int64_t{table[pos / bs]} * bs + pos % bs : 0;
-      src = static_cast<const uint8_t*>(d.latent) + at * (kMlaKeyDim * 2);
-    }
-    uint8_t* dst = ring + slot * kBlockBytes + load_pos * 128;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int chunk = 2 * load_lane + k;
-      cp_async_16(dst + ((chunk ^ (load_pos & 7)) << 4), src + c * 128 + chunk * 16, valid);
-    }
-  }
-}
 
 [[maybe_unused]] __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -622,25 +585,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto issue_tile = [&](int kv0, int stage) {
       issue_latent_tile<kFormat>(d, table, kv0, kv_end, base + kNarrowTilesAt, scales, stage, load_pos, load_lane);
     };
-    // bf16: units [9 (t + 1) - 9 + slots, 9 (t + 1) + slots) are issued when
-    // tile t is done (the slots it frees), so tile t's units were issued by
-    // the end of tile t - 2 and one commit group (tile t - 1's) may still be
-    // pending when tile t starts. The prologue: tile 0, then the rest of the ring.
-    auto issue_units = [&](int u_begin, int u_end) {
-      issue_ring_blocks(d, table, kv_begin, kv_end, num_tiles, base + kNarrowTilesAt, u_begin, u_end, load_pos,
-                        load_lane);
-    };
-    if constexpr (!kFp8) {
-      issue_units(0, kColumnBlocks);
-      cp_async_commit();
-      issue_units(kColumnBlocks, d.latent_slots);
-      cp_async_commit();
-    } else {
-      issue_tile(kv_begin, 0);
-      cp_async_commit();
-      if (num_tiles > 1) issue_tile(kv_begin + kTile, 1);
-      cp_async_commit();
-    }
+    issue_tile(kv_begin, 0);
+    cp_async_commit();
+    if (num_tiles > 1) issue_tile(kv_begin + kTile, 1);
+    cp_async_commit();
 
     float o[4][8];
 #pragma unroll
@@ -654,17 +602,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int kv0 = kv_begin + tile * kTile;
-      [[maybe_unused]] const int stage = tile & 1;
+      const int stage = tile & 1;
       cp_async_wait<1>();
       float pos_scale[2] = {1.0f, 1.0f};  // fp8: scales of the 2 rows
-      uint8_t* kv_tile = base + kNarrowTilesAt;
-      // Slot of this tile's column block 0 (bf16 ring; fp8: the one bf16 tile).
-      const int slot0 = kFp8 ? 0 : (kColumnBlocks * tile) % d.latent_slots;
+      uint8_t* kv_tile;
       if constexpr (!kFp8) {
         fence_proxy_async_shared();
         __syncthreads();
+        kv_tile = base + kNarrowTilesAt + stage * kTileBytes;
       } else {
         __syncthreads();
+        kv_tile = base + kNarrowTilesAt;
         if constexpr (kFormat == kFp8FlashMla) convert_flash_tile(kv_tile, stage, load_pos, load_lane);
         else convert_fp8_tile(kv_tile, stage, load_pos, load_lane);
         fence_proxy_async_shared();
@@ -681,11 +629,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         cp_async_commit();
       }
       const uint32_t kv_addr = smem_address(kv_tile);
-      // Shared-memory address of this tile's column block c.
-      auto block_addr = [&](int c) -> uint32_t {
-        const int slot = slot0 + c;
-        return kv_addr + uint32_t(slot >= d.latent_slots ? slot - d.latent_slots : slot) * kBlockBytes;
-      };
 
       // S^T = K Q^T: 64 positions x 16 heads; group g sums over the K dims
       // [288 g, 288 g + 288), then the groups add each other's half (the same
@@ -697,7 +640,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int step = 0; step < kMlaKeyDim / 32; ++step) {
         const int ks = warpgroup * (kMlaKeyDim / 32) + step;
-        wgmma_m64n16k16_ss<0>(s, make_smem_desc_sw128(block_addr(ks >> 2) + (ks & 3) * 32, 16, 1024),
+        wgmma_m64n16k16_ss<0>(s, make_smem_desc_sw128(kv_addr + (ks >> 2) * kBlockBytes + (ks & 3) * 32, 16, 1024),
                               make_smem_desc_sw128(q_addr + (ks >> 2) * kNarrowQBlockBytes + (ks & 3) * 32, 16, 1024),
                               step > 0);
       }
@@ -788,7 +731,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint64_t desc_p = make_smem_desc_sw128(p_addr + kk * 32, 16, 1024);
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi) {
-          const uint32_t v_addr = block_addr(warpgroup * 4 + mi) + kk * 16 * 128;
+          const uint32_t v_addr = kv_addr + (warpgroup * 4 + mi) * kBlockBytes + kk * 16 * 128;
           wgmma_m64n16k16_ss<1>(o[mi], make_smem_desc_sw128(v_addr, kBlockBytes, 1024), desc_p, 1);
         }
       }
@@ -799,8 +742,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int i = 0; i < 8; ++i) keep_in_order(o[mi][i]);
       if constexpr (!kFp8) {
-        __syncthreads();  // every group is done with this tile's slots: refill them
-        issue_units(kColumnBlocks * tile + d.latent_slots, kColumnBlocks * (tile + 1) + d.latent_slots);
+        __syncthreads();
+        if (tile + 2 < num_tiles) issue_tile(kv0 + 2 * kTile, stage);
         cp_async_commit();
       }
     }

@@ -75,10 +75,6 @@ struct MlaDecodeOptions {
   // Requires split_tokens 0 and every row's blocks to fit the stride.
   int32_t fixed_rows = 0;
   int32_t fixed_block_table_stride = 0;
-  // Column-block slots of the narrow (<= 16 heads) bf16 kernel's latent ring
-  // (mla_decode_descriptor.h): 0 = kMlaMaxLatentSlots, else in
-  // [kMlaMinLatentSlots, kMlaMaxLatentSlots] (18: two whole tiles, for A/B runs).
-  int32_t latent_slots = 0;
 };
 
 class MlaDecodePlan {
@@ -113,7 +109,7 @@ class MlaDecodePlan {
                                      std::vector<int32_t> segments, std::vector<int32_t> row_start,
                                      std::vector<int32_t> cta_start);
   MlaDecodeConfig config_;
-  int32_t num_rows_ = 0, num_segments_ = 0, num_ctas_ = 0, max_splits_ = 1, latent_slots_ = kMlaMaxLatentSlots;
+  int32_t num_rows_ = 0, num_segments_ = 0, num_ctas_ = 0, max_splits_ = 1;
   size_t workspace_bytes_ = 0;
   std::vector<int32_t> arena_;
   size_t row_segment_start_at_ = 0, cta_segment_start_at_ = 0, block_table_start_at_ = 0, block_tables_at_ = 0;

@@ -16,13 +16,6 @@ namespace pagoda::kernels::cuda {
 inline constexpr int32_t kMlaLatentDim = 512;  // kv_lora_rank: V dim and the first K values
 inline constexpr int32_t kMlaRopeDim = 64;     // qk_rope_head_dim
 inline constexpr int32_t kMlaKeyDim = kMlaLatentDim + kMlaRopeDim;
-// The narrow (<= 16 heads) bf16 kernel keeps the latent in a ring of column
-// blocks (64 positions x 64 values, 8 KB each; a 64-position tile is 9 of them).
-// 18 slots = two whole tiles (the tile t + 2 refill after tile t); more slots let
-// the next tiles' blocks be in flight while one is computed. 24 fill the SM's
-// shared memory.
-inline constexpr int32_t kMlaMinLatentSlots = 18;
-inline constexpr int32_t kMlaMaxLatentSlots = 24;
 
 // How an fp8 latent is stored (latent_element kFP8E4M3).
 enum class MlaLatentLayout : int32_t {
@@ -44,7 +37,6 @@ struct MlaDecodeDescriptor {
   int32_t num_segments = 0;
   int32_t max_splits = 1;     // most segments of one row: > 1 runs the merge pass (fixed plans: always 2)
   float scale_log2 = 0.0f;    // scale * log2(e)
-  int32_t latent_slots = kMlaMaxLatentSlots;  // narrow bf16 kernel's ring, [kMlaMinLatentSlots, kMlaMaxLatentSlots]
   KvElement latent_element = KvElement::kBF16;
   MlaLatentLayout latent_layout = MlaLatentLayout::kPerVectorScale;
   // Arena views: segments [num_segments][3] = (row, kv_begin, kv_end);

@@ -48,10 +48,6 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
   }
   if (options.split_tokens < 0)
     return invalid_argument_error("mla decode: split_tokens {} must be >= 0", options.split_tokens);
-  if (options.latent_slots != 0 &&
-      (options.latent_slots < kMlaMinLatentSlots || options.latent_slots > kMlaMaxLatentSlots))
-    return invalid_argument_error("mla decode: latent_slots {} must be 0 or in [{}, {}]", options.latent_slots,
-                                  kMlaMinLatentSlots, kMlaMaxLatentSlots);
   if (device.num_sms < 1) return invalid_argument_error("mla decode: num_sms {} must be positive", device.num_sms);
   if (rows.size() > size_t{1} << 24)
     return invalid_argument_error("mla decode: {} rows (at most 16M)", rows.size());
@@ -94,7 +90,6 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
 
   MlaDecodePlan plan;
   plan.config_ = config;
-  plan.latent_slots_ = options.latent_slots != 0 ? options.latent_slots : kMlaMaxLatentSlots;
   plan.num_rows_ = int32_t(rows.size());
   const int32_t head_tiles = (config.num_heads + kHeadTile - 1) / kHeadTile;
 
@@ -239,7 +234,6 @@ MlaDecodeDescriptor MlaDecodePlan::descriptor(const int32_t* device_arena, const
   d.max_splits = max_splits_;
   d.scale_log2 = config_.scale * 1.4426950408889634f;
   d.latent_element = config_.latent_element;
-  d.latent_slots = latent_slots_;
   d.latent_layout = config_.latent_layout;
   d.segments = device_arena;
   d.row_segment_start = device_arena + row_segment_start_at_;
