@@ -5,7 +5,9 @@
 // Four regimes, each over the same token sequences:
 //   lazy    a fresh CompiledGrammar without precompute(): every window is computed on first use;
 //   cold    a fresh CompiledGrammar after precompute(), as the server compiles it: the first
-//           request with a new schema (every state is new; its mask is composed from windows);
+//           request with a new schema (every state is new; its mask is composed from windows),
+//           or with json_object the first request after the server started (compiled then, with
+//           the startup budget);
 //   warm    the same CompiledGrammar, a new matcher: later requests with that schema (the server
 //           keeps compiled grammars by schema text);
 //   steady  per token within one document once its states recur (the second copy of each
@@ -84,9 +86,6 @@ const std::vector<Case> kCases = {
       "the rightful property of some one or other of their daughters."}},
 };
 
-// The server's precompute budget (server/structured_output.cpp).
-constexpr size_t kPrecomputeStates = 4096;
-constexpr double kPrecomputeSeconds = 0.5;
 
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
@@ -225,7 +224,10 @@ int main(int argc, char** argv) {
       if (!run_documents(std::make_shared<CompiledGrammar>(grammar, vocab), docs, lazy.next(), &unused_steady))
         return 1;
       auto compiled = std::make_shared<CompiledGrammar>(grammar, vocab);
-      const auto pre = compiled->precompute(kPrecomputeStates, kPrecomputeSeconds);
+      // The server's budgets: json_object is compiled at start, other grammars on a request.
+      const pagoda::grammar::PrecomputeBudget budget =
+          schema.empty() ? pagoda::grammar::kStartupPrecompute : pagoda::grammar::kRequestPrecompute;
+      const auto pre = compiled->precompute(budget.states, budget.seconds);
       std::vector<MaskDetail> details;
       if (!run_documents(compiled, docs, cold.next(), &steady.next(), &details)) return 1;
       if (slowest > 0) {

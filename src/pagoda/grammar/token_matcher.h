@@ -87,6 +87,17 @@ struct MaskStats {
   uint64_t stacks_composed = 0;     // stacks whose windows made up composed masks
 };
 
+// precompute()'s budget. On a request's thread (a new schema): a bound on the request's wait. At
+// server start (json_object, the same for every request, compiled on a background thread): off
+// every request's path, so bounded by states and not by how loaded the machine is (the same
+// states take 0.1-0.2 s on a quiet core and over 1 s on a loaded one).
+struct PrecomputeBudget {
+  size_t states;
+  double seconds;
+};
+inline constexpr PrecomputeBudget kRequestPrecompute{4096, 0.5};
+inline constexpr PrecomputeBudget kStartupPrecompute{4096, 5.0};
+
 struct PrecomputeStats {
   uint64_t states = 0;   // automaton states visited
   uint64_t windows = 0;  // windows computed
