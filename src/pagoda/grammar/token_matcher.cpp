@@ -174,7 +174,8 @@ size_t CompiledGrammar::memory_bytes() const {
   std::lock_guard lock(mutex_);
   // Node-based containers: an entry's node plus about two pointers of bucket and allocator.
   constexpr size_t kNode = 32;
-  return state_bytes_ + tables_ * class_byte_.size() * sizeof(int32_t) +
+  return state_bytes_ + (states_.capacity() - states_.size()) * sizeof(StateInfo) +
+         tables_ * class_byte_.size() * sizeof(int32_t) +
          mask_lru_.size() * (vocabulary_->mask_words() * sizeof(uint64_t) + kNode) + window_bytes_ +
          windows_.size() * (sizeof(Window) + kNode);
 }
