@@ -140,6 +140,9 @@ std::vector<Fp8Case> cases() {
       {"modelopt_fp8", fp8 / "modelopt_fp8", false, -1},
       // 32x32 blocks (the fixture's model is 64 wide): not cuBLASLt's 128x128, so dequantized to bf16.
       {"block_fp8", fp8 / "block_fp8", false, 0},
+      // 128x128 blocks on a model of whole blocks (a tiny Qwen3): block fp8 GEMMs in prefill, the fp8 GEMV
+      // with block scales in the decode steps.
+      {"block_fp8_128", fp8 / "block_fp8_128", false, -1},
       {"pagoda_tiny_quantization_fp8", source_dir() / "models/pagoda-tiny", true, -1},
   };
 }
