@@ -301,8 +301,9 @@ Status CudaModel::project(const bf16* x, int32_t T, const bf16* w, const CudaFp8
     }
     return gemm_->linear(x, T, w, n, k, y, GemmOutput::kBF16, stream_);
   }
-  if (T <= gemv_rows_fp8_ && gemv_supported(T, k, true, x, fp8.data)) {
-    // Weight-only at decode sizes: the activations stay bf16 (gemv.h).
+  if (T <= gemv_rows_fp8_ && fp8.input_scale == nullptr && gemv_supported(T, k, true, x, fp8.data)) {
+    // Weight-only at decode sizes: the activations stay bf16 (gemv.h). Static input scales are the
+    // checkpoint's arithmetic (its activations rounded at a calibrated scale) and keep the GEMM path.
     const int32_t block_stride = fp8.block128 ? fp8_block_weight_scale_stride(k) : 0;
     PAGODA_CUDA_RETURN_IF_ERROR(gemv_fp8(x, T, fp8.data, fp8.scales, block_stride, n, k, y, stream_));
     return ok_status();

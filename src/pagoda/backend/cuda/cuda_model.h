@@ -86,8 +86,8 @@ struct CudaModelOptions {
   // with dynamic per-token activations (an FP8 checkpoint's projections run fp8 without it).
   bool fp8_weights = false;
   // Projections (and the lm_head) of steps with at most this many rows run as the weight-streaming GEMV
-  // (gemv.h) instead of cuBLASLt: -1 picks gemv.h's defaults per weight type (bf16 and fp8 differ), 0 turns
-  // it off, 1 ... kGemvMaxRows sets both. The environment variable PAGODA_GEMV_MAX_ROWS, when set,
+  // (gemv.h) instead of cuBLASLt (fp8 projections with dynamic activations only): -1 picks gemv.h's
+  // defaults per weight type, 0 turns it off, 1 ... kGemvMaxRows sets both. The environment variable PAGODA_GEMV_MAX_ROWS, when set,
   // overrides this (benchmarks compare both paths without rebuilding).
   int32_t gemv_max_rows = -1;
 };

@@ -9,7 +9,9 @@
 // Weights:
 //   gemv_bf16: bf16 weights, output bf16 (projections) or f32 (logits).
 //   gemv_fp8: e4m3 weights with their f32 scales, output bf16. Weight-only: the activations stay bf16 (the
-//     fp8 GEMM quantizes them per token; here the product is the dequantized weights' at bf16 inputs).
+//     fp8 GEMM quantizes them per token; here the product is the dequantized weights' at bf16 inputs), so
+//     the CUDA model uses it for dynamic activation schemes only: a static input_scale is part of the
+//     checkpoint's arithmetic and keeps the quantize + fp8 GEMM path.
 //     block_stride == 0: scales [n], one per output channel (a per-tensor scale as n equal values);
 //     block_stride > 0: 128x128 blocks, scales [ceil(n / 128)][block_stride] (k-block fastest), the layout
 //     of Fp8Gemm::linear_block128 (block_stride = fp8_block_weight_scale_stride(k)).
@@ -29,11 +31,12 @@ namespace pagoda::cuda {
 inline constexpr int32_t kGemvMaxRows = 8;
 inline constexpr int32_t kGemvRowsPerBlock = 4;
 
-// Default dispatch thresholds of the CUDA model (rows up to which a projection runs as a GEMV): bf16
-// weights stream at up to 8 rows; fp8 GEMVs turn compute-bound on CUDA cores sooner (twice the
-// multiply-adds per byte), so they stop at 4. PAGODA_GEMV_MAX_ROWS (0 ... 8) overrides both.
-inline constexpr int32_t kGemvDefaultMaxRowsBf16 = 8;
-inline constexpr int32_t kGemvDefaultMaxRowsFp8 = 4;
+// Default dispatch thresholds of the CUDA model (rows up to which a projection runs as a GEMV), measured
+// on the H200 at the Llama-3-8B shapes (docs/BENCHMARKS.md, "Weight-streaming GEMV"): the GEMV wins at 1
+// and 2 rows (fp8 also saves the activation quantization), breaks even with cuBLASLt at 4 and loses at 8,
+// where every weight feeds 8 multiply-adds on CUDA cores. PAGODA_GEMV_MAX_ROWS (0 ... 8) overrides both.
+inline constexpr int32_t kGemvDefaultMaxRowsBf16 = 2;
+inline constexpr int32_t kGemvDefaultMaxRowsFp8 = 2;
 
 bool gemv_supported(int32_t m, int32_t k, bool fp8_weights, const void* x, const void* w);
 
