@@ -11,6 +11,7 @@
 #include <cuda_fp8.h>
 
 #include "pagoda/backend/cuda/gemv.h"
+#include "pagoda/backend/cuda/attention/device_primitives.cuh"
 
 namespace pagoda::cuda {
 
@@ -28,14 +29,7 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   return v;
 }
 
-__device__ __forceinline__ void bf16x8_to_float(const uint4& v, float* f) {
-  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(words[i] << 16);
-    f[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-  }
-}
+using kernels::cuda::device::bf16x8_to_float;
 
 __device__ __forceinline__ void fp8x16_to_float(const uint4& v, float* f) {
   const uint32_t words[4] = {v.x, v.y, v.z, v.w};
