@@ -101,16 +101,18 @@ TEST(TokenMatcherTest, MasksComposedFromWindowsMatchANaiveScan) {
   ASSERT_TRUE(pairs.ok()) << pairs.status().to_string();
   auto schema = json_schema_to_grammar(nlohmann::ordered_json::parse(kSchema), "s");
   ASSERT_TRUE(schema.ok()) << schema.status().to_string();
-  uint64_t uncertain = 0;
+  uint64_t uncertain = 0, union_hits = 0;
   for (const auto& grammar : {*pairs, *schema, json_object_grammar()}) {
     for (bool precompute : {false, true}) {
       const MaskStats stats = check_random_generations(grammar, 25, 120, {}, precompute);
       EXPECT_EQ(stats.whole_walks, 0u);
       EXPECT_GT(stats.windows, 0u);
       uncertain += stats.uncertain_checked;
+      union_hits += stats.union_hits;
     }
   }
-  EXPECT_GT(uncertain, 0u);  // the context-dependent tokens were exercised
+  EXPECT_GT(uncertain, 0u);   // the context-dependent tokens were exercised
+  EXPECT_GT(union_hits, 0u);  // and the kept unions of window sets
 }
 
 // Precomputed windows make the first masks of a new grammar cheap: after precompute() no mask of

@@ -14,6 +14,9 @@ constexpr size_t kWindowFrames[] = {4, 8, 16};
 // precompute() computes the windows of every count of a bounded repetition up to this many
 // (and does not walk on from the states past its second repetition).
 constexpr uint32_t kMaxSiblingCount = 64;
+// A window set's union of accepted tokens is kept when it ORs two mask windows or sets this many
+// ids (cheaper ones are recomputed).
+constexpr size_t kCostlyUnionIds = 1024;
 
 void set_bit(std::span<uint64_t> mask, int32_t id) { mask[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63); }
 bool test_bit(std::span<const uint64_t> mask, int32_t id) { return (mask[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1; }
@@ -175,6 +178,7 @@ size_t CompiledGrammar::memory_bytes() const {
   // Node-based containers: an entry's node plus about two pointers of bucket and allocator.
   constexpr size_t kNode = 32;
   return state_bytes_ + (states_.capacity() - states_.size()) * sizeof(StateInfo) +
+         unions_.size() * (vocabulary_->mask_words() * sizeof(uint64_t) + sizeof(WindowUnion) + kNode) +
          tables_ * class_byte_.size() * sizeof(int32_t) +
          mask_lru_.size() * (vocabulary_->mask_words() * sizeof(uint64_t) + kNode) + window_bytes_ +
          windows_.size() * (sizeof(Window) + kNode);
@@ -404,6 +408,50 @@ void CompiledGrammar::check_uncertain_locked(int32_t state, const std::vector<in
   }
 }
 
+void CompiledGrammar::accepted_union_locked(const std::vector<const Window*>& windows, std::span<uint64_t> mask) {
+  const size_t words = vocabulary_->mask_words();
+  std::vector<const Window*>& key = union_key_;
+  key.assign(windows.begin(), windows.end());
+  std::sort(key.begin(), key.end());
+  key.erase(std::unique(key.begin(), key.end()), key.end());
+  size_t bit_windows = 0, ids = 0;
+  uint64_t hash = 0x51ED270B27E1B6B5ull;
+  for (const Window* w : key) {
+    bit_windows += !w->accepted_bits.empty();
+    ids += w->accepted_ids.size();
+    hash = (hash ^ reinterpret_cast<uintptr_t>(w)) * 0x9E3779B97F4A7C15ull + (hash >> 31);
+  }
+  const bool costly = bit_windows >= 2 || ids >= kCostlyUnionIds;
+  if (costly) {
+    auto [begin, end] = unions_.equal_range(hash);
+    for (auto it = begin; it != end; ++it) {
+      if (it->second.windows != key) continue;
+      std::memcpy(mask.data(), it->second.bits.data(), words * sizeof(uint64_t));
+      ++stats_.union_hits;
+      return;
+    }
+  }
+  // The first mask window is copied, the others ORed.
+  bool started = false;
+  for (const Window* w : key) {
+    if (w->accepted_bits.empty()) continue;
+    if (started) {
+      or_words(mask.data(), w->accepted_bits.data(), words);
+    } else {
+      std::memcpy(mask.data(), w->accepted_bits.data(), words * sizeof(uint64_t));
+      started = true;
+    }
+  }
+  if (!started) std::fill(mask.begin(), mask.begin() + static_cast<std::ptrdiff_t>(words), 0);
+  for (const Window* w : key)
+    for (int32_t id : w->accepted_ids) set_bit(mask, id);
+  if (costly && unions_.size() < limits_.max_window_unions) {
+    WindowUnion& u = unions_.emplace(hash, WindowUnion{})->second;
+    u.windows = key;
+    u.bits.assign(mask.begin(), mask.begin() + static_cast<std::ptrdiff_t>(words));
+  }
+}
+
 bool CompiledGrammar::compose_mask_locked(int32_t state, std::span<uint64_t> mask) {
   const size_t words = vocabulary_->mask_words();
   // Indexed each time: computing a window interns states, which may move states_.
@@ -416,23 +464,7 @@ bool CompiledGrammar::compose_mask_locked(int32_t state, std::span<uint64_t> mas
     if (w == nullptr) return false;
     windows.push_back(w);  // stable: windows_ is node-based
   }
-  // The first mask window is copied, the others ORed; a window shared by two stacks counts once.
-  bool started = false;
-  for (size_t i = 0; i < windows.size(); ++i) {
-    const Window* w = windows[i];
-    if (w->accepted_bits.empty() || std::find(windows.begin(), windows.begin() + static_cast<std::ptrdiff_t>(i), w) !=
-                                        windows.begin() + static_cast<std::ptrdiff_t>(i))
-      continue;
-    if (started) {
-      or_words(mask.data(), w->accepted_bits.data(), words);
-    } else {
-      std::memcpy(mask.data(), w->accepted_bits.data(), words * sizeof(uint64_t));
-      started = true;
-    }
-  }
-  if (!started) std::fill(mask.begin(), mask.begin() + static_cast<std::ptrdiff_t>(words), 0);
-  for (const Window* w : windows)
-    for (int32_t id : w->accepted_ids) set_bit(mask, id);
+  accepted_union_locked(windows, mask);
   for (const Window* w : windows) check_uncertain_locked(state, w->uncertain, mask);
   return true;
 }
@@ -503,7 +535,17 @@ PrecomputeStats CompiledGrammar::precompute(size_t max_states, double max_second
       break;
     const int32_t state = queue[head];
     ++out.states;
-    for (size_t i = 0; i < states_[state].image.stacks.size(); ++i) (void)window_for_locked(states_[state].image.stacks[i]);
+    // The state's windows, and the union of their accepted tokens when it costs enough to keep
+    // (a JSON value position ORs several mask windows; at other depths the same windows recur).
+    compose_windows_.clear();
+    for (size_t i = 0; i < states_[state].image.stacks.size(); ++i) {
+      const Window* w = window_for_locked(states_[state].image.stacks[i]);
+      if (w != nullptr) compose_windows_.push_back(w);
+    }
+    if (compose_windows_.size() > 1 && unions_.size() < limits_.max_window_unions) {
+      union_scratch_.resize(vocabulary_->mask_words());
+      accepted_union_locked(compose_windows_, union_scratch_);
+    }
     if (!states_[state].has_tops) continue;
     for (uint8_t b : class_byte_) {
       const int32_t next = step_locked(state, b);

@@ -33,7 +33,9 @@
 // with a byte that may follow the returning rule somewhere in the grammar (the rule's FOLLOW
 // set, computed once per grammar): a token whose next byte is in no such set is rejected by the
 // window, not left uncertain (inside a JSON string, of the tokens that close it only those going
-// on with blanks, ',', ':', '}' or ']' stay uncertain).
+// on with blanks, ',', ':', '}' or ']' stay uncertain). The union of a window set's accepted
+// tokens is kept when it costs several mask ORs (a JSON value position: a dozen stacks; the same
+// windows recur at every depth), at most max_window_unions of them, filled by precompute() too.
 //
 // precompute() fills the window cache ahead of the first request: a breadth-first walk over
 // the automaton's states (byte by byte from the start) that computes every window it meets,
@@ -48,7 +50,8 @@
 // no byte set of the grammar tells apart share an entry; tens of classes for JSON), max_cached_masks masks
 // (mask_words() * 8 bytes each, oldest dropped first) and max_windows windows holding at most
 // max_window_bytes together (a mask or a list of ids, plus at most max_uncertain ids each; none
-// added when full). When the tables run out they are all
+// added when full), max_window_unions unions (a mask each; none added when full). When the
+// tables run out they are all
 // dropped and recomputed as needed, which only costs time; state ids stay valid (a state itself
 // is its small stack image).
 //
@@ -85,6 +88,7 @@ struct MaskStats {
   uint64_t window_bytes = 0;        // memory the windows hold
   uint64_t uncertain_checked = 0;   // uncertain tokens checked against a state
   uint64_t stacks_composed = 0;     // stacks whose windows made up composed masks
+  uint64_t union_hits = 0;          // composed masks that copied a kept union of accepted tokens
 };
 
 // precompute()'s budget. On a request's thread (a new schema): a bound on the request's wait. At
@@ -114,6 +118,7 @@ class CompiledGrammar {
     size_t max_windows = 4096;
     size_t max_window_bytes = size_t{8} << 20;  // all windows together
     size_t max_uncertain = 1024;
+    size_t max_window_unions = 128;  // kept unions of a window set's accepted tokens (a mask each)
   };
   CompiledGrammar(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenVocabulary> vocabulary,
                   Limits limits);
@@ -160,7 +165,16 @@ class CompiledGrammar {
     }
   };
 
+  // The union of a window set's accepted tokens (the set sorted, each window once).
+  struct WindowUnion {
+    std::vector<const Window*> windows;
+    std::vector<uint64_t> bits;
+  };
+
   // All under mutex_.
+  // Writes the union of `windows`' accepted tokens into `mask` (every word), copied from unions_
+  // when the set is kept there; a costly one is kept while there is room.
+  void accepted_union_locked(const std::vector<const Window*>& windows, std::span<uint64_t> mask);
   int32_t intern_locked(GrammarMatcher::StateImage image);
   int32_t step_locked(int32_t state, uint8_t byte);
   void fill_mask_locked(int32_t state, std::span<uint64_t> mask);
@@ -211,6 +225,9 @@ class CompiledGrammar {
   std::vector<uint32_t> rule_of_element_;
   std::vector<uint64_t> window_scratch_;
   std::vector<const Window*> compose_windows_;
+  std::vector<const Window*> union_key_;
+  std::vector<uint64_t> union_scratch_;
+  std::unordered_multimap<uint64_t, WindowUnion> unions_;  // by a hash of the sorted window pointers
   // Windows by a hash of their frames and cut flag (found without interning the window's
   // frames as a state: a lookup per stack of every composed mask).
   std::unordered_multimap<uint64_t, Window> windows_;
