@@ -145,6 +145,17 @@ TEST_F(CliGpuTest, TensorParallelOnOneGpuEqualsTp1) {
   }
 }
 
+TEST_F(CliGpuTest, TensorParallelRandomWeightsRunOnOneGpu) {
+  // --load-format random at TP=2: each rank makes its own shard on the GPU (benchmarks of real shapes).
+  const Generated g = generate({"--device", "cuda", "--load-format", "random", "--model",
+                                source_path("tests/fixtures/models/llama_f32/config.json"), "--prompt-ids", "1,2,3,4",
+                                "--max-tokens", "8", "--ignore-eos", "--tensor-parallel-size", "2",
+                                "--tensor-parallel-same-device", "--kv-cache-memory", "16MiB"});
+  EXPECT_EQ(g.tokens.size(), 8u);
+  for (int32_t t : g.tokens) EXPECT_TRUE(t >= 0 && t < 256) << t;
+  EXPECT_THAT(g.raw.err, HasSubstr("random: each rank its own shard"));
+}
+
 TEST_F(CliGpuTest, RandomWeightsOfTheLlama3_8bShape) {
   const Generated g = generate({"--device", "cuda", "--load-format", "random", "--model",
                                 source_path("tools/gpu_backend/llama3_8b_config.json"), "--prompt-ids", "1,2,3,4",

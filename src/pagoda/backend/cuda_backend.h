@@ -17,8 +17,8 @@ namespace pagoda::backend {
                                                        ModelConfig config);
 // --tensor-parallel-size above 1 (cuda_tensor_parallel_backend.cpp): errors
 // name the flag and the numbers (sizes that do not divide the heads, more
-// ranks than GPUs), random weights and --quantization are not sharded on the
-// GPU yet (kUnimplemented).
+// ranks than GPUs), --quantization is not sharded on the GPU yet
+// (kUnimplemented); random weights are each rank's own (not TP=1's model).
 [[nodiscard]] StatusOr<RunnerSetup> create_cuda_tensor_parallel_runner(const RunnerSpec& spec,
                                                                        const RunnerRequirements& requirements,
                                                                        const ModelConfig& config,

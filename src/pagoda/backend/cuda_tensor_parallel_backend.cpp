@@ -27,9 +27,6 @@ StatusOr<RunnerSetup> create_cuda_tensor_parallel_runner(const RunnerSpec& spec,
   if (!spec.tensor_parallel_same_device && tp > gpus)
     return invalid_argument_error("--tensor-parallel-size {}: more ranks than the {} visible GPU(s) (one rank per "
                                   "GPU)", tp, gpus);
-  if (spec.load_format == LoadFormat::kRandom)
-    return unimplemented_error("--tensor-parallel-size {} on cuda with --load-format random: random weights are not "
-                               "sharded on the GPU yet (docs/TENSOR_PARALLEL.md)", tp);
   if (spec.weight_quantization)
     return unimplemented_error("--tensor-parallel-size {} on cuda with --quantization: not built yet", tp);
   if (spec.kv_cross_layer_share != 1)
@@ -73,16 +70,22 @@ StatusOr<RunnerSetup> create_cuda_tensor_parallel_runner(const RunnerSpec& spec,
   // Each rank's host tier holds its own heads of every host block.
   PAGODA_ASSIGN_OR_RETURN(options.runner.num_host_blocks, host_tier_blocks(spec, setup.kv_bytes_per_token));
 
-  if (req.progress) req.progress("loading " + spec.model_dir + " to the GPUs, sharded over " + std::to_string(tp) +
-                                 " ranks");
-  PAGODA_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(spec.model_dir));
-  WeightLoadOptions bind_options;
-  bind_options.f32_cache_bytes = 0;  // mmapped views; each rank converts its slices on upload
-  PAGODA_ASSIGN_OR_RETURN(
-      ModelWeights weights,
-      bind_model_weights(config, std::make_shared<const Checkpoint>(std::move(checkpoint)), bind_options));
-  auto whole = std::make_shared<const ModelWeights>(std::move(weights));
-  auto group = cuda::CudaTensorParallelRunner::create(config, whole, tp, options);
+  StatusOr<std::unique_ptr<cuda::CudaTensorParallelRunner>> group = internal_error("no runner");
+  if (spec.load_format == LoadFormat::kRandom) {
+    // Each rank's own random shard: for benchmarks of real shapes, not TP=1's model.
+    group = cuda::CudaTensorParallelRunner::create_random(config, spec.weight_seed, tp, options);
+  } else {
+    if (req.progress)
+      req.progress("loading " + spec.model_dir + " to the GPUs, sharded over " + std::to_string(tp) + " ranks");
+    PAGODA_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(spec.model_dir));
+    WeightLoadOptions bind_options;
+    bind_options.f32_cache_bytes = 0;  // mmapped views; each rank converts its slices on upload
+    PAGODA_ASSIGN_OR_RETURN(
+        ModelWeights weights,
+        bind_model_weights(config, std::make_shared<const Checkpoint>(std::move(checkpoint)), bind_options));
+    group = cuda::CudaTensorParallelRunner::create(config, std::make_shared<const ModelWeights>(std::move(weights)),
+                                                   tp, options);
+  }
   if (!group.ok())
     return group.status().with_context(fmt::format("--tensor-parallel-size {} ({}, --gpu-memory-utilization {})", tp,
                                                    kv_dtype_flags_text(spec), spec.gpu_memory_utilization));
@@ -109,8 +112,12 @@ StatusOr<RunnerSetup> create_cuda_tensor_parallel_runner(const RunnerSpec& spec,
                               s.num_q_heads, config.num_q_heads, s.num_kv_heads, config.num_kv_heads,
                               config.num_kv_heads < tp ? " (replicated)" : "", s.intermediate_size,
                               config.intermediate_size, s.vocab_chunk));
-  lines.push_back(model_summary(config, spec) + fmt::format("; weights {} over the ranks (bf16)",
-                                                            format_bytes(static_cast<double>(setup.weight_bytes))));
+  lines.push_back(model_summary(config, spec) +
+                  fmt::format("; weights {} over the ranks (bf16{})", format_bytes(static_cast<double>(setup.weight_bytes)),
+                              spec.load_format == LoadFormat::kRandom
+                                  ? ", random: each rank its own shard from seed + rank, every rank the whole "
+                                    "vocabulary's embedding and lm_head rows"
+                                  : ""));
   add_kv_report(setup, lines);
   lines.insert(lines.end() - 1, "rank 0 " + pool_report + " (every rank the same blocks)");
   lines.insert(lines.end() - 1, kv_tiers_line(setup, /*pinned=*/true));

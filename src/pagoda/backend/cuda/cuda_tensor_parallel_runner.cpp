@@ -6,7 +6,6 @@
 
 #include "pagoda/backend/cuda/cuda_check.h"
 #include "pagoda/backend/cuda/same_device_communicator.h"
-#include "pagoda/model/tensor_shard.h"
 #ifdef PAGODA_HAVE_NCCL
 #include "pagoda/parallel/nccl_communicator.h"
 #endif
@@ -33,6 +32,31 @@ StatusOr<std::vector<std::unique_ptr<parallel::DeviceCommunicator>>> make_commun
 StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunner::create(
     const ModelConfig& config, std::shared_ptr<const ModelWeights> whole, int32_t size,
     const CudaTensorParallelOptions& options) {
+  CudaModelOptions model_options = options.model;
+  model_options.use_cuda_graphs = false;
+  return create_with(config, size, options,
+                     [&](int32_t r, const TensorShard& shard) -> StatusOr<std::unique_ptr<CudaModel>> {
+                       PAGODA_ASSIGN_OR_RETURN(const ModelWeights weights, shard_model_weights(config, whole, shard));
+                       CudaModelOptions o = model_options;
+                       o.show_progress = options.model.show_progress && r == 0;
+                       return CudaModel::from_weights(shard_config(config, shard), weights, o);
+                     });
+}
+
+StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunner::create_random(
+    const ModelConfig& config, uint64_t seed, int32_t size, const CudaTensorParallelOptions& options) {
+  CudaModelOptions model_options = options.model;
+  model_options.use_cuda_graphs = false;
+  return create_with(config, size, options,
+                     [&](int32_t r, const TensorShard& shard) -> StatusOr<std::unique_ptr<CudaModel>> {
+                       return CudaModel::create_random(shard_config(config, shard), seed + static_cast<uint64_t>(r),
+                                                       model_options);
+                     });
+}
+
+StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunner::create_with(
+    const ModelConfig& config, int32_t size, const CudaTensorParallelOptions& options,
+    const RankModelMaker& make_rank) {
   PAGODA_RETURN_IF_ERROR(check_tensor_parallel(config, size));
   std::unique_ptr<CudaTensorParallelRunner> runner(new CudaTensorParallelRunner());
   runner->config_ = config;
@@ -59,11 +83,7 @@ StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunner::cr
   for (int32_t r = 0; r < size; ++r) {
     PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner->devices_[static_cast<size_t>(r)]));
     const TensorShard shard = tensor_shard(config, r, size);
-    PAGODA_ASSIGN_OR_RETURN(const ModelWeights weights, shard_model_weights(config, whole, shard));
-    CudaModelOptions model_options = options.model;
-    model_options.use_cuda_graphs = false;
-    model_options.show_progress = options.model.show_progress && r == 0;
-    PAGODA_ASSIGN_OR_RETURN(auto model, CudaModel::from_weights(shard_config(config, shard), weights, model_options));
+    PAGODA_ASSIGN_OR_RETURN(auto model, make_rank(r, shard));
     PAGODA_RETURN_IF_ERROR(model->attach_tensor_parallel(shard, runner->comms_[static_cast<size_t>(r)].get()));
     models.push_back(std::move(model));
   }

@@ -36,6 +36,7 @@
 #include "pagoda/backend/cuda/cuda_model_runner.h"
 #include "pagoda/model/model_config.h"
 #include "pagoda/model/model_weights.h"
+#include "pagoda/model/tensor_shard.h"
 #include "pagoda/parallel/device_communicator.h"
 #include "pagoda/parallel/rank_threads.h"
 #include "pagoda/runtime/model_runner.h"
@@ -64,6 +65,14 @@ class CudaTensorParallelRunner final : public runtime::ModelRunner {
                                                                     std::shared_ptr<const ModelWeights> whole,
                                                                     int32_t size,
                                                                     const CudaTensorParallelOptions& options);
+  // Random bf16 weights (`--load-format random`, for benchmarks of real
+  // shapes): each rank makes its own shard's matrices on its GPU from
+  // seed + rank, so a TP=N model is not TP=1's random model (its tokens
+  // differ); every rank holds the whole vocabulary's embedding and lm_head
+  // rows and uses its own range of them. Errors as create().
+  static StatusOr<std::unique_ptr<CudaTensorParallelRunner>> create_random(const ModelConfig& config, uint64_t seed,
+                                                                           int32_t size,
+                                                                           const CudaTensorParallelOptions& options);
   ~CudaTensorParallelRunner() override;
 
   StatusOr<runtime::StepResult> execute(const ForwardBatch& batch,
@@ -95,6 +104,11 @@ class CudaTensorParallelRunner final : public runtime::ModelRunner {
 
  private:
   CudaTensorParallelRunner() = default;
+  // create() and create_random(): make_rank(r, shard) builds rank r's model on the current device.
+  using RankModelMaker = std::function<StatusOr<std::unique_ptr<CudaModel>>(int32_t, const TensorShard&)>;
+  static StatusOr<std::unique_ptr<CudaTensorParallelRunner>> create_with(const ModelConfig& config, int32_t size,
+                                                                         const CudaTensorParallelOptions& options,
+                                                                         const RankModelMaker& make_rank);
   // job(r) on every rank at once, each with its device current; the first error by rank order.
   Status run_on_ranks(const std::function<Status(int32_t)>& job);
   // job(r) for each rank in turn on the calling thread, with rank r's device current.
