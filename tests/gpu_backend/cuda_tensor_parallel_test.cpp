@@ -43,6 +43,10 @@ constexpr int32_t kBlockSize = 16;
 constexpr double kRelativeBound = 0.02;
 constexpr double kFp8RelativeBound = 0.05;
 
+// to_device's copies run on the legacy default stream, which the ranks' non-blocking streams do not
+// wait for: a rank waits for them before it hands its buffers to a collective.
+void wait_for_uploads() { ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess); }
+
 // Runs job(r) on `n` threads at once (rank 0 included) and joins them.
 void on_threads(int32_t n, const std::function<void(int32_t)>& job) {
   std::vector<std::thread> threads;
@@ -86,6 +90,7 @@ TEST(SameDeviceCommunicatorTest, AllReduceSumsInRankOrderBitForBit) {
       cudaSetDevice(0);
       DeviceBuffer a = to_device(f32[i]);
       DeviceBuffer b = to_device(bf16[i]);
+      wait_for_uploads();
       // One collective through the blocking call, one enqueued on a stream of the rank's own.
       status[i] = (*comms)[i]->all_reduce_sum(a.data(), count, DType::kF32);
       cudaStream_t stream = nullptr;
@@ -121,6 +126,7 @@ TEST(SameDeviceCommunicatorTest, AllGatherBroadcastAndManyRounds) {
       for (size_t k = 0; k < count; ++k) mine[k] = static_cast<float>(round * 10000 + r * 1000) + static_cast<float>(k);
       DeviceBuffer send = to_device(mine);
       DeviceBuffer recv = to_device(std::vector<float>(count * n, -1.0f));
+      wait_for_uploads();
       if (!comm.all_gather(send.data(), recv.data(), count, DType::kF32).ok()) ++failures[i];
       const std::vector<float> all = to_host<float>(recv, count * n);
       for (int32_t k = 0; k < n; ++k)
@@ -149,6 +155,7 @@ TEST(SameDeviceCommunicatorTest, DisagreementIsTheSameErrorOnEveryRankAndTheGrou
     const size_t i = static_cast<size_t>(r);
     cudaSetDevice(0);
     DeviceBuffer a = to_device(std::vector<float>(8, 1.0f));
+    wait_for_uploads();
     const Status s = (*comms)[i]->all_reduce_sum(a.data(), r == 1 ? 4 : 8, DType::kF32);
     errors[i] = s.ok() ? "ok" : s.to_string();
     if ((*comms)[i]->all_reduce_sum(a.data(), 8, DType::kF32).ok()) after[i] = to_host<float>(a, 8)[7];
