@@ -273,6 +273,7 @@ nlohmann::json bench_transfers(const ModelConfig& config, const std::vector<std:
 // ---- engine runs ----------------------------------------------------------------
 
 struct EngineRun {
+  std::unique_ptr<bench::TimelineLog> timelines = std::make_unique<bench::TimelineLog>();
   std::unique_ptr<PoolView> view;
   std::unique_ptr<kv::KvCacheManager> kv;
   std::unique_ptr<engine::Engine> engine;
@@ -293,6 +294,7 @@ EngineRun make_engine(cuda::CudaModelRunner& runner, int32_t device_blocks, int3
   ec.scheduler.max_tokens_per_step = max_tokens_per_step;
   ec.scheduler.preemption_mode = mode;
   ec.max_queued_requests = 100000;
+  ec.timeline_sink = e.timelines->sink();
   auto created = engine::Engine::create(ec, *e.view, *e.kv);
   if (!created.ok()) die(created.status(), "engine");
   e.engine = std::move(*created);
@@ -436,7 +438,7 @@ int main(int argc, char** argv) {
                                             tier                ? "host tier (" + run + ")"
                                             : run == "device"   ? std::string("device pool only")
                                                                 : std::string("device pool holding everything"));
-      nlohmann::json r = bench::run_multi_turn(*e.engine, c, label, base);
+      nlohmann::json r = bench::run_multi_turn(*e.engine, c, label, base, e.timelines.get());
       e.engine->shutdown(std::chrono::milliseconds(0));
       r["device_blocks"] = device_blocks;
       r["host_blocks"] = tier ? mt_host : 0;

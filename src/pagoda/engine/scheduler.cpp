@@ -251,7 +251,10 @@ StepPlan Scheduler::schedule() {
       seq->kv_state_fresh = true;
       seq->num_computed = match->cached_tokens;
       seq->num_reserved = static_cast<int32_t>(seq->tokens.size());
-      if (req->cached_tokens < 0) req->cached_tokens = match->cached_tokens;
+      if (req->cached_tokens < 0) {
+        req->cached_tokens = match->cached_tokens;
+        req->timeline.host_hit_tokens = match->host_blocks * kv_.block_size();
+      }
       seq->status = SequenceStatus::kRunning;
       insert_by_arrival(running_, seq);
       plan.admitted.push_back(seq);
