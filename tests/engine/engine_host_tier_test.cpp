@@ -148,8 +148,6 @@ TEST(EngineHostTierTest, FailedTransfersAreRecomputedNeverServed) {
   EXPECT_EQ(h.engine->stats().transfer_failures, 1);
 }
 
-}  // namespace
-}  // namespace pagoda::engine
 
 // The request timeline (request_timeline.h) of a host-tier hit: every phase in
 // order, the load counted in its admission step and reported complete.
@@ -202,3 +200,6 @@ TEST(EngineHostTierTest, TimelineOfAHostHitHasEveryPhaseInOrder) {
   const std::string line = format_timeline(hit);
   EXPECT_NE(line.find("request 5: prompt 17 (cached 16, host 16)"), std::string::npos) << line;
 }
+
+}  // namespace
+}  // namespace pagoda::engine
