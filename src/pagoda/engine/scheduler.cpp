@@ -223,7 +223,9 @@ StepPlan Scheduler::schedule() {
       RequestState* req = seq->request;
       const int32_t slots = (!req->forked && req->request.sampling.n > 1) ? req->request.sampling.n : 1;
       if (static_cast<int32_t>(running_.size()) + slots > config_.max_running_sequences && !running_.empty()) break;
-      if (config_.prefill_join_limit > 0 && prefill_tokens() >= config_.prefill_join_limit) break;
+      // A swapped-out decode (one token to go) is no prefill: it is never held back.
+      if (config_.prefill_join_limit > 0 && seq->num_pending() > 1 && prefill_tokens() >= config_.prefill_join_limit)
+        break;
       if (seq->swapped) {
         if (admit_swapped(seq, budget, plan, planned)) continue;
         if (!running_.empty() || !plan.chunks.empty()) break;
