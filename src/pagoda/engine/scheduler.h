@@ -60,7 +60,9 @@ struct SchedulerConfig {
   // comes after its own prefill, not after everyone's, throughput is
   // unchanged, and a host-tier hit's load is not waited on by the other
   // requests' first steps. Decode rows are never held back, and a long prompt
-  // still takes the whole budget. 0 (default): the token budget alone decides.
+  // still takes the whole budget. The price: with many requests arriving at
+  // once the same prompts take more steps (one prefill each), each also
+  // running every decode row. 0 (default): the token budget alone decides.
   int32_t prefill_join_limit = 0;
 };
 
