@@ -42,6 +42,7 @@
 #include <cuda_runtime_api.h>
 
 #include "pagoda/backend/cuda/cuda_deepseek_forward.h"
+#include "pagoda/backend/cuda/cuda_kv_scores.h"
 #include "pagoda/backend/cuda/cuda_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_model_weights.h"
 #include "pagoda/backend/cuda/device_buffer.h"
@@ -146,6 +147,12 @@ class CudaModel {
     layer_waits_.wait_all(stream_);
     layer_waits_ = KvLayerWaits{};
   }
+
+  // Token eviction's scores (cuda_kv_scores.h, owned by the runner; null: none).
+  // Each forward first lists its scoring queries; a step with any runs eagerly
+  // (no graph) and adds a scoring pass after each layer's KV write. A step
+  // without runs exactly as before.
+  void set_kv_scores(CudaKvScores* scores) { kv_scores_ = scores; }
 
   // Turns graph replay of decode steps on or off (benchmarks compare both).
   void set_use_cuda_graphs(bool on) { options_.use_cuda_graphs = on; }
@@ -253,6 +260,7 @@ class CudaModel {
   };
   std::map<int32_t, Graph> graphs_;
   KvLayerWaits layer_waits_;  // for the next run() only
+  CudaKvScores* kv_scores_ = nullptr;
   int64_t graph_replays_ = 0;
 };
 
