@@ -172,6 +172,15 @@ Status CudaKvScores::compact(const runtime::KvCompaction& c, CudaKvPool& pool, D
       PAGODA_CUDA_RETURN_IF_ERROR(
           kv_move_vectors(pool.layer(l), moves_buffer.as<KvVectorMove>() + l * per_layer, per_layer, stream));
   }
+  // A prompt's scores span its whole length; after the compaction a state needs about the budget: give
+  // the rest back (decode grows it again by doubling, from twice the compacted length).
+  if (st.capacity > 4 * static_cast<int64_t>(new_len) + 64) {
+    const int64_t smaller = 2 * static_cast<int64_t>(new_len) + 64;
+    PAGODA_ASSIGN_OR_RETURN(DeviceBuffer next,
+                            DeviceBuffer::allocate(heads * static_cast<size_t>(smaller) * sizeof(float)));
+    st.mass = std::move(next);  // the old buffer's cudaFree waits for work in flight
+    st.capacity = smaller;
+  }
   // The kept tokens' mass (h2o) or none at [0, new_length); nothing beyond.
   const size_t pitch = static_cast<size_t>(st.capacity) * sizeof(float);
   if (new_len > 0)
