@@ -386,7 +386,8 @@ int main(int argc, char** argv) {
   app.add_option("--zero-reps", args.zero_reps, "zero-on-free: runs per setting (the best counts)")
       ->check(CLI::PositiveNumber);
   app.add_option("--kv-compression", args.kv_compression, "evict: the token eviction policy");
-  app.add_option("--evict-runs", args.evict_runs, "evict: policy:requests,... (requests may be 'fit')");
+  app.add_option("--evict-runs", args.evict_runs,
+                 "evict: policy:requests,... (requests may be 'fit'; policy none-detached: none without the score hook)");
   app.add_flag("--evict-shared-prompt", args.evict_shared_prompt, "evict: one prompt for every request, computed once");
   app.add_option("--kv-budget", args.kv_budget, "evict: KV tokens kept per sequence, layer and KV head");
   app.add_option("--kv-sink-tokens", args.kv_sink_tokens);
@@ -516,7 +517,11 @@ int main(int argc, char** argv) {
       int full_requests = 0;
       for (const EvictRun& run : plan) {
         runtime::KvCompressionConfig compression;
-        auto policy = runtime::parse_kv_compression_policy(run.policy, "--evict-runs");
+        // "none-detached": the full cache with the runner's score state detached from the model, as
+        // before token eviction had scores on this device (eviction off must cost nothing).
+        const bool detached = run.policy == "none-detached";
+        (*runner)->model().set_kv_scores(detached ? nullptr : &(*runner)->kv_scores());
+        auto policy = runtime::parse_kv_compression_policy(detached ? "none" : run.policy, "--evict-runs");
         if (!policy.ok()) die(policy.status(), "--evict-runs");
         compression.policy = *policy;
         if (compression.enabled()) {
@@ -529,7 +534,8 @@ int main(int argc, char** argv) {
         for (int i = 0; i < run.requests; ++i) prompts.push_back(args.evict_shared_prompt ? shared : random_tokens(args.input_len));
         const std::string label = compression.enabled()
                                       ? fmt::format("evict: {} budget {}, {} requests", run.policy, args.kv_budget, run.requests)
-                                      : fmt::format("evict: full cache, {} requests", run.requests);
+                                      : fmt::format("evict: full cache{}, {} requests", detached ? " (scores detached)" : "",
+                                                    run.requests);
         nlohmann::json r = run_engine(**runner, prompts, args, args.evict_shared_prompt, label, greedy, args.output_len,
                                       args.max_seconds, {}, compression,
                                       args.evict_shared_prompt ? shared : std::vector<int32_t>{});
@@ -539,7 +545,7 @@ int main(int argc, char** argv) {
         r["policy"] = run.policy;
         r["budget"] = compression.enabled() ? args.kv_budget : 0;
         r["fit_full_requests"] = fit;
-        if (!compression.enabled()) {
+        if (!compression.enabled() && !detached) {
           full_tok_s = tok_s;
           full_requests = run.requests;
         }
@@ -555,6 +561,7 @@ int main(int argc, char** argv) {
                                           : "");
         save();
       }
+      (*runner)->model().set_kv_scores(&(*runner)->kv_scores());
       figures["evict"] = {{"fit_full_requests", fit}, {"budget", args.kv_budget}, {"input_len", args.input_len},
                           {"shared_prompt", args.evict_shared_prompt}};
       save();

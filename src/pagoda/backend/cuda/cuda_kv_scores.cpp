@@ -47,11 +47,14 @@ Status CudaKvScores::prepare(const ForwardBatch& batch, int64_t table_stride, cu
   for (size_t i = 0; i < batch.sequences.size(); ++i) {
     const SequenceSlice& s = batch.sequences[i];
     if (s.kv_state == 0) continue;
+    if (s.kv_state_reset) states_.erase(s.kv_state);
+    // A state exists only once its sequence scores (streaming never does), and is sized then.
+    const int32_t end = s.num_cached_tokens + s.num_new_tokens;
+    if (s.score_from_index == std::numeric_limits<int32_t>::max() || end <= s.score_from_index) continue;
     auto [it, fresh] = states_.try_emplace(s.kv_state);
     State& st = it->second;
-    if (fresh || s.kv_state_reset) PAGODA_RETURN_IF_ERROR(reset(st, stream));
-    PAGODA_RETURN_IF_ERROR(grow(st, static_cast<int64_t>(s.num_cached_tokens) + s.num_new_tokens, stream));
-    if (s.score_from_index == std::numeric_limits<int32_t>::max()) continue;
+    if (fresh) PAGODA_RETURN_IF_ERROR(reset(st, stream));
+    PAGODA_RETURN_IF_ERROR(grow(st, end, stream));
     const int32_t index = static_cast<int32_t>(sequences_.size());
     bool any = false;
     for (int32_t j = 0; j < s.num_new_tokens; ++j) {
