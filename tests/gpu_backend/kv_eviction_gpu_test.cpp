@@ -194,11 +194,20 @@ TEST(KvEvictionGpu, ThroughTheEngineEveryDevicePolicyAndBlockSize) {
     const std::vector<int32_t> prompt = prompt_of(150, 1);
     const GreedyRun none = run_greedy(*runner, prompt, 40, {});
     ASSERT_EQ(none.tokens.size(), 40u) << none.error;
+    // A step that scores runs eagerly (no CUDA graph), and graph replay is not bit-identical to an
+    // eager step (padded GEMM shapes): the scored policies are compared with none run eagerly.
+    runner->model().set_use_cuda_graphs(false);
+    const GreedyRun none_eager = run_greedy(*runner, prompt, 40, {});
+    runner->model().set_use_cuda_graphs(true);
+    ASSERT_EQ(none_eager.tokens.size(), 40u) << none_eager.error;
     for (P policy : {P::kStreaming, P::kH2O, P::kSnapKV}) {
       SCOPED_TRACE(::testing::Message() << runtime::kv_compression_policy_name(policy) << " block size " << block_size);
       // Full budget: never compacted, the same output.
       const GreedyRun full = run_greedy(*runner, prompt, 40, policy_config(policy, 200));
-      EXPECT_EQ(full.tokens, none.tokens);
+      EXPECT_EQ(full.tokens, runtime::kv_policy_uses_scores(policy) ? none_eager.tokens : none.tokens);
+      if (runtime::kv_policy_uses_scores(policy) && full.tokens != none.tokens)
+        std::printf("[full budget] %s block size %d: equal to none run eagerly, not to none with graphs\n",
+                    std::string(runtime::kv_compression_policy_name(policy)).c_str(), block_size);
       EXPECT_EQ(full.stats.kv_compactions, 0);
       // Under a budget: compacted after the prompt and then once per block of decode.
       const GreedyRun small = run_greedy(*runner, prompt, 60, policy_config(policy, 64));

@@ -5,6 +5,7 @@
 
 #include "pagoda/backend/cuda/cuda_check.h"
 #include "pagoda/backend/cuda/kv_compact.h"
+#include "pagoda/core/thread_pool.h"
 #include "pagoda/runtime/kv_compression.h"
 
 namespace pagoda::cuda {
@@ -145,22 +146,28 @@ Status CudaKvScores::compact(const runtime::KvCompaction& c, CudaKvPool& pool, D
     return static_cast<int64_t>(table[static_cast<size_t>(index / bs)]) * bs + index % bs;
   };
   const size_t old_len = static_cast<size_t>(c.old_length), new_len = static_cast<size_t>(c.new_length);
+  // Each (layer, KV head)'s choice on the host, heads in parallel (a 32K prompt has 32K candidates per head).
+  std::vector<std::vector<int32_t>> kept(heads);
+  ThreadPool::global().parallel_for(heads, [&](size_t begin, size_t end) {
+    for (size_t lh = begin; lh < end; ++lh) {
+      const std::span<const float> mass(scores.mass.data() + lh * old_len, old_len);
+      kept[lh] = runtime::select_kept_tokens(c.config, std::min(budgets[lh], c.new_length), c.old_length, mass);
+    }
+  });
   std::vector<KvVectorMove> moves;
   moves.reserve(heads * new_len);
   std::vector<float> new_mass(heads * new_len, 0.0f);
   for (int32_t l = 0; l < num_layers_; ++l)
     for (int32_t h = 0; h < num_kv_heads_; ++h) {
       const size_t lh = static_cast<size_t>(l) * static_cast<size_t>(num_kv_heads_) + static_cast<size_t>(h);
-      const std::span<const float> mass(scores.mass.data() + lh * old_len, old_len);
-      const int32_t budget = std::min(budgets[lh], c.new_length);
-      const std::vector<int32_t> kept = runtime::select_kept_tokens(c.config, budget, c.old_length, mass);
-      if (kept.size() != new_len)
+      if (kept[lh].size() != new_len)
         return invalid_argument_error("compact_kv: sequence {}: {} kept tokens in layer {} head {} for a compacted "
-                                      "region of {} (the cuda attention reads no holes)", c.kv_state, kept.size(), l,
-                                      h, c.new_length);
-      for (size_t k = 0; k < kept.size(); ++k) {
-        moves.push_back({slot(c.old_block_table, kept[k]), slot(c.new_block_table, static_cast<int32_t>(k)), h, 0});
-        if (keep_mass) new_mass[lh * new_len + k] = mass[static_cast<size_t>(kept[k])];
+                                      "region of {} (the cuda attention reads no holes)", c.kv_state, kept[lh].size(),
+                                      l, h, c.new_length);
+      for (size_t k = 0; k < new_len; ++k) {
+        const int32_t src = kept[lh][k];
+        moves.push_back({slot(c.old_block_table, src), slot(c.new_block_table, static_cast<int32_t>(k)), h, 0});
+        if (keep_mass) new_mass[lh * new_len + k] = scores.mass[lh * old_len + static_cast<size_t>(src)];
       }
     }
   if (!moves.empty()) {
