@@ -4,7 +4,7 @@
 #   (a) equal batch: 16 requests, full cache vs streaming / snapkv (and the full cache with the score
 #       hook detached: eviction off must cost nothing);
 #   (b) equal KV memory: the full cache at the most 32K sequences the pool holds ("fit") vs streaming /
-#       snapkv at 512 requests (what compute and the call's time allow; the pool would hold more).
+#       snapkv at 512 / 256 requests (what compute and the call's time allow; the pool would hold more).
 # Every request sends one shared prompt, computed once by an untimed warm-up, so that a run's prefill
 # is short (decode-only tok/s is what is compared). Pack first, on the build machine:
 #   d=/work/main/.device/evict3 && mkdir -p $d &&
@@ -27,6 +27,6 @@ echo "== evict bench"
 timeout "${EVICT_SECONDS:-150}" "$here/bundle/run.sh" pagoda_gpu_engine_bench --config "$here/llama3_8b_40k_config.json" \
   --workload evict --kv-cache-dtype fp8 --input-len 32768 --output-len 256 --max-num-seqs 512 \
   --max-tokens-per-step 16384 --gpu-memory-utilization 0.8 --kv-budget 2048 --evict-shared-prompt \
-  --evict-runs "${EVICT_RUNS:-none:16,none-detached:16,streaming:16,snapkv:16,none:fit,streaming:512,snapkv:512}" \
+  --evict-runs "${EVICT_RUNS:-none:16,none-detached:16,streaming:16,snapkv:16,none:fit,streaming:512,snapkv:256}" \
   --max-seconds 30 --json "$out/evict_bench.json" 2>&1 | tee "$out/bench.log" | grep -vE "^request [0-9]+ failed" | tail -60
 echo "rc=$?"
