@@ -358,20 +358,7 @@ TEST(CudaModel, FastAttentionMatchesBuiltinAttentionInTheModel) {
     for (int32_t& x : t) x = token(rng);
     return t;
   };
-  auto append = [](ForwardBatch& b, const std::vector<int32_t>& t, int32_t cached, std::vector<int32_t> table,
-                   bool all) {
-    SequenceSlice s;
-    s.token_offset = b.num_tokens();
-    s.num_new_tokens = static_cast<int32_t>(t.size());
-    s.num_cached_tokens = cached;
-    s.block_table = std::move(table);
-    s.logits_for_all_new_tokens = all;
-    for (size_t i = 0; i < t.size(); ++i) {
-      b.token_ids.push_back(t[i]);
-      b.positions.push_back(cached + static_cast<int32_t>(i));
-    }
-    b.sequences.push_back(std::move(s));
-  };
+  const auto append = testing::append_sequence;
   auto compare = [&](const ForwardBatch& b, const char* what) {
     std::vector<float> la, lb;
     const Status sa = (*fast)->forward(b, **pool_a, la);
