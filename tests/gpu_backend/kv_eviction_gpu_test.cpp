@@ -287,7 +287,9 @@ void check_scores(const ScoreCase& c, runtime::KvCompressionPolicy policy) {
   auto copy_pool_to_cpu = [&] {
     for (int32_t l = 0; l < c.layers; ++l)
       for (const Segment& s : segments((*gpu)->layer(l), cpu->layer(l), c.dtype, c.dtype))
-        if (s.bytes > 0) ASSERT_EQ(cudaMemcpy(s.host, s.device, s.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+        if (s.bytes > 0) {
+          ASSERT_EQ(cudaMemcpy(s.host, s.device, s.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+        }
   };
   copy_pool_to_cpu();
   const size_t q_width = static_cast<size_t>(c.q_heads) * c.head_dim;
