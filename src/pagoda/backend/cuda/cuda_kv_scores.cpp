@@ -146,7 +146,7 @@ Status CudaKvScores::compact(const runtime::KvCompaction& c, CudaKvPool& pool, D
     return static_cast<int64_t>(table[static_cast<size_t>(index / bs)]) * bs + index % bs;
   };
   const size_t old_len = static_cast<size_t>(c.old_length), new_len = static_cast<size_t>(c.new_length);
-  // Each (layer, KV head)'s choice on the host, heads in parallel (a 32K prompt has 32K candidates per head).
+  // Each (layer, KV head)'s choice on the host, heads in parallel (after a long prompt every token is a candidate).
   std::vector<std::vector<int32_t>> kept(heads);
   ThreadPool::global().parallel_for(heads, [&](size_t begin, size_t end) {
     for (size_t lh = begin; lh < end; ++lh) {
