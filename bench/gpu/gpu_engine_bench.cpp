@@ -16,9 +16,12 @@
 //                  every step: zeroing on free (issue #22) off vs on, best of
 //                  --zero-reps each, alternating; "[zero-cost]" line
 //   evict          N random requests (input-len / output-len), greedy, with the
-//                  full cache and then with token eviction (--kv-compression
-//                  streaming, --kv-budget): decode-only tok/s of each and the
-//                  ratio; "[evict]" line (issue #21's long-context goal)
+//                  full cache and then with token eviction (--kv-compression,
+//                  --kv-budget), or the runs of --evict-runs (policy:requests,
+//                  "fit": the full sequences the pool holds), optionally all on
+//                  one prompt computed once (--evict-shared-prompt): decode-only
+//                  tok/s of each and its ratio to the last full-cache run;
+//                  "[evict]" lines (issue #21's long-context goal)
 //
 // Every request has ignore_eos, so it generates exactly output-len tokens on
 // random weights. Per run: where the step time goes (engine host work vs the
@@ -30,6 +33,7 @@
 #include <fstream>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -80,7 +84,12 @@ struct Args {
   int prefix_requests = 256, prefix_input_len = 100, prefix_output_len = 64, latency_tokens = 256;
   int max_num_seqs = 256, max_tokens_per_step = 8192;
   int zero_kv_blocks = 2048, zero_reps = 3;
-  std::string kv_compression = "streaming";  // evict: the policy (the cuda device runs streaming)
+  std::string kv_compression = "streaming";  // evict: the policy (the cuda device runs streaming, h2o, snapkv)
+  // evict: runs "policy:requests,..." (requests "fit": as many full prompt + output sequences as the pool
+  // holds); empty: none and --kv-compression at --num-requests. --evict-shared-prompt: every request sends
+  // the same prompt, computed once by an untimed warm-up (prefix cache on), so a run's prefill is short.
+  std::string evict_runs;
+  bool evict_shared_prompt = false;
   int kv_budget = 2048, kv_sink_tokens = 4, kv_window = 32;
   float temperature = 1.0f, top_p = 0.9f;
   bool host_sampling = false;
@@ -149,7 +158,8 @@ nlohmann::json run_engine(cuda::CudaModelRunner& cuda_runner, const std::vector<
                           const Args& args, bool prefix_cache, const std::string& label_text,
                           const SamplingChoice& sampling, int output_len, double max_seconds,
                           const TenancyChoice& tenancy = {},
-                          const runtime::KvCompressionConfig& compression = {}) {
+                          const runtime::KvCompressionConfig& compression = {},
+                          const std::vector<int32_t>& warm_up = {}) {
   const char* label = label_text.c_str();
   TimedRunner runner(cuda_runner, args.host_sampling);
   kv::KvCacheConfig kv_config;
@@ -168,6 +178,21 @@ nlohmann::json run_engine(cuda::CudaModelRunner& cuda_runner, const std::vector<
   config.kv_compression = compression;
   engine::Engine eng(config, runner, **kv);
   eng.start();
+  if (!warm_up.empty()) {
+    // One request computes the shared prompt first (untimed), so that the timed ones find it cached.
+    engine::GenerationRequest request;
+    request.prompt_tokens = warm_up;
+    request.sampling.max_tokens = 1;
+    request.sampling.ignore_eos = true;
+    auto stream = eng.submit(std::move(request));
+    if (!stream.ok()) die(stream.status(), "submit (warm-up)");
+    for (bool finished = false; !finished;)
+      while (auto out = (*stream)->next(std::chrono::milliseconds(100))) {
+        if (!out->error.empty()) std::fprintf(stderr, "warm-up failed: %s\n", out->error.c_str());
+        if (out->finished) finished = true;
+      }
+    runner.totals = {};
+  }
 
   const auto t0 = Clock::now();
   std::vector<std::shared_ptr<engine::RequestStream>> streams;
@@ -361,6 +386,9 @@ int main(int argc, char** argv) {
   app.add_option("--zero-reps", args.zero_reps, "zero-on-free: runs per setting (the best counts)")
       ->check(CLI::PositiveNumber);
   app.add_option("--kv-compression", args.kv_compression, "evict: the token eviction policy");
+  app.add_option("--evict-runs", args.evict_runs,
+                 "evict: policy:requests,... (requests may be 'fit'; policy none-detached: none without the score hook)");
+  app.add_flag("--evict-shared-prompt", args.evict_shared_prompt, "evict: one prompt for every request, computed once");
   app.add_option("--kv-budget", args.kv_budget, "evict: KV tokens kept per sequence, layer and KV head");
   app.add_option("--kv-sink-tokens", args.kv_sink_tokens);
   app.add_option("--kv-window", args.kv_window);
@@ -465,36 +493,77 @@ int main(int argc, char** argv) {
                   args.zero_reps, best[0], best[1], cost, static_cast<long long>(zeroed[1]));
       save();
     } else if (workload == "evict") {
-      std::vector<std::vector<int32_t>> prompts;
-      for (int i = 0; i < args.num_requests; ++i) prompts.push_back(random_tokens(args.input_len));
-      runtime::KvCompressionConfig compression;
-      auto policy = runtime::parse_kv_compression_policy(args.kv_compression, "--kv-compression");
-      if (!policy.ok()) die(policy.status(), "--kv-compression");
-      compression.policy = *policy;
-      compression.budget = args.kv_budget;
-      compression.sink_tokens = args.kv_sink_tokens;
-      compression.window = args.kv_window;
-      if (Status valid = runtime::validate_kv_compression(compression, "--kv-"); !valid.ok()) die(valid, "evict");
-      double decode_tok_s[2] = {0, 0};
-      for (int evict = 0; evict < 2; ++evict) {
-        nlohmann::json r = run_engine(**runner, prompts, args, false,
-                                      evict ? fmt::format("evict: {} budget {}", args.kv_compression, args.kv_budget)
-                                            : std::string("evict: full cache"),
-                                      greedy, args.output_len, args.max_seconds, {},
-                                      evict ? compression : runtime::KvCompressionConfig{});
+      struct EvictRun {
+        std::string policy;
+        int requests;
+      };
+      const int per_sequence_blocks = ((args.input_len + args.output_len) + (*runner)->block_size() - 1) /
+                                      (*runner)->block_size();
+      const int fit = (*runner)->num_blocks() / per_sequence_blocks;
+      std::vector<EvictRun> plan;
+      if (args.evict_runs.empty()) {
+        plan = {{"none", args.num_requests}, {args.kv_compression, args.num_requests}};
+      } else {
+        std::stringstream list(args.evict_runs);
+        for (std::string item; std::getline(list, item, ',');) {
+          const size_t colon = item.find(':');
+          if (colon == std::string::npos) die(invalid_argument_error("--evict-runs: '{}' is not policy:requests", item), "evict");
+          const std::string count = item.substr(colon + 1);
+          plan.push_back({item.substr(0, colon), count == "fit" ? fit : std::max(1, std::atoi(count.c_str()))});
+        }
+      }
+      const std::vector<int32_t> shared = random_tokens(args.input_len);
+      double full_tok_s = 0;
+      int full_requests = 0;
+      for (const EvictRun& run : plan) {
+        runtime::KvCompressionConfig compression;
+        // "none-detached": the full cache with the runner's score state detached from the model, as
+        // before token eviction had scores on this device (eviction off must cost nothing).
+        const bool detached = run.policy == "none-detached";
+        (*runner)->model().set_kv_scores(detached ? nullptr : &(*runner)->kv_scores());
+        auto policy = runtime::parse_kv_compression_policy(detached ? "none" : run.policy, "--evict-runs");
+        if (!policy.ok()) die(policy.status(), "--evict-runs");
+        compression.policy = *policy;
+        if (compression.enabled()) {
+          compression.budget = args.kv_budget;
+          compression.sink_tokens = args.kv_sink_tokens;
+          compression.window = args.kv_window;
+        }
+        if (Status valid = runtime::validate_kv_compression(compression, "--kv-"); !valid.ok()) die(valid, "evict");
+        std::vector<std::vector<int32_t>> prompts;
+        for (int i = 0; i < run.requests; ++i) prompts.push_back(args.evict_shared_prompt ? shared : random_tokens(args.input_len));
+        const std::string label = compression.enabled()
+                                      ? fmt::format("evict: {} budget {}, {} requests", run.policy, args.kv_budget, run.requests)
+                                      : fmt::format("evict: full cache{}, {} requests", detached ? " (scores detached)" : "",
+                                                    run.requests);
+        nlohmann::json r = run_engine(**runner, prompts, args, args.evict_shared_prompt, label, greedy, args.output_len,
+                                      args.max_seconds, {}, compression,
+                                      args.evict_shared_prompt ? shared : std::vector<int32_t>{});
         const double step_ms = r["decode_step_ms"].get<double>();
-        decode_tok_s[evict] = step_ms > 0 ? r["decode_batch_mean"].get<double>() * 1e3 / step_ms : 0;
-        r["decode_tok_per_s"] = decode_tok_s[evict];
+        const double tok_s = step_ms > 0 ? r["decode_batch_mean"].get<double>() * 1e3 / step_ms : 0;
+        r["decode_tok_per_s"] = tok_s;
+        r["policy"] = run.policy;
+        r["budget"] = compression.enabled() ? args.kv_budget : 0;
+        r["fit_full_requests"] = fit;
+        if (!compression.enabled() && !detached) {
+          full_tok_s = tok_s;
+          full_requests = run.requests;
+        }
+        const double ratio = full_tok_s > 0 ? tok_s / full_tok_s : 0;
+        r["ratio_to_last_full"] = compression.enabled() ? ratio : 1.0;
         figures["runs"].push_back(r);
+        std::printf("[evict] %s at %d requests of %d prompt + %d output tokens: decode-only %.0f tok/s (%.2f ms steps at "
+                    "mean batch %.1f), %.0f output tok/s whole run, %lld compactions%s\n",
+                    run.policy.c_str(), run.requests, args.input_len, args.output_len, tok_s, step_ms,
+                    r["decode_batch_mean"].get<double>(), r["output_tok_per_s"].get<double>(),
+                    static_cast<long long>(r["kv_compactions"].get<int64_t>()),
+                    compression.enabled() ? fmt::format(": {:.2f}x the full cache at {} requests", ratio, full_requests).c_str()
+                                          : "");
         save();
       }
-      const double ratio = decode_tok_s[0] > 0 ? decode_tok_s[1] / decode_tok_s[0] : 0;
-      figures["evict"] = {{"full_decode_tok_s", decode_tok_s[0]}, {"evict_decode_tok_s", decode_tok_s[1]},
-                          {"ratio", ratio}, {"policy", args.kv_compression}, {"budget", args.kv_budget},
-                          {"requests", args.num_requests}, {"input_len", args.input_len}};
-      std::printf("[evict] %d requests of %d prompt + %d output tokens: decode-only %.0f tok/s full cache, %.0f tok/s "
-                  "%s budget %d: %.2fx\n", args.num_requests, args.input_len, args.output_len, decode_tok_s[0],
-                  decode_tok_s[1], args.kv_compression.c_str(), args.kv_budget, ratio);
+      (*runner)->model().set_kv_scores(&(*runner)->kv_scores());
+      figures["evict"] = {{"fit_full_requests", fit}, {"budget", args.kv_budget}, {"input_len", args.input_len},
+                          {"shared_prompt", args.evict_shared_prompt}};
       save();
     } else if (workload == "sampler") {
       figures["sampler"] = bench_sampler(args.max_num_seqs, config->vocab_size, args.temperature, args.top_p);

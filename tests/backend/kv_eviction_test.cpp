@@ -448,6 +448,27 @@ TEST(KvEvictionEngineTest, BadRequestsNameTheField) {
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kUnimplemented);
   EXPECT_NE(refused.status().message().find("kv_compression.policy"), std::string::npos);
+  // A runner with scores but no per-head budgets (the cuda backend) runs snapkv and refuses pyramidkv / entropy.
+  class NoHeadBudgets final : public runtime::DelegatingModelRunner {
+   public:
+    using DelegatingModelRunner::DelegatingModelRunner;
+    runtime::RunnerCapabilities capabilities() const override {
+      runtime::RunnerCapabilities c = DelegatingModelRunner::capabilities();
+      c.kv_head_budgets = false;
+      return c;
+    }
+  } uniform(**runner);
+  engine::Engine third({}, uniform, **kv);
+  EXPECT_TRUE(third.submit(request).ok());
+  for (KvCompressionPolicy policy : {KvCompressionPolicy::kPyramidKV, KvCompressionPolicy::kEntropy}) {
+    request.kv_compression = config_of(policy, 64, 4, 16);
+    auto per_head = third.submit(request);
+    ASSERT_FALSE(per_head.ok());
+    EXPECT_EQ(per_head.status().code(), StatusCode::kUnimplemented);
+    EXPECT_NE(per_head.status().message().find("kv_compression.policy " +
+                                               std::string(runtime::kv_compression_policy_name(policy))),
+              std::string::npos) << per_head.status().message();
+  }
 }
 
 // Several compressed sequences in a pool too small for all: preemption by swap moves their

@@ -1,24 +1,32 @@
 #!/usr/bin/env bash
 # Token eviction on the H200 (issue #21): the GPU eviction tests, then the long-context decode goal
-# (Llama-3-8B shape, random weights, 16 requests of 32K prompt tokens, decode-only tok/s with the full
-# cache vs streaming at a 2K budget). Pack first, on the build machine:
-#   scripts/device-bundle.sh .device/evict/bundle build-cuda/tests/gpu_backend/cuda_kv_eviction_tests \
-#     build-cuda/bench/gpu/pagoda_gpu_engine_bench && strip .device/evict/bundle/bin/* &&
-#   (cd .device/evict && tar cJf bundle.tar.xz bundle && rm -rf bundle) &&
-#   cp tools/gpu/evict_call.sh tools/gpu/llama3_8b_40k_config.json .device/evict/
-# then run `bash .device/evict/evict_call.sh` with carry [".device/evict"] (about 3 minutes).
+# (Llama-3-8B shape, random weights, fp8 KV, 32K prompts, budget 2K), measured two ways:
+#   (a) equal batch: 16 requests, full cache vs streaming / snapkv (and the full cache with the score
+#       hook detached: eviction off must cost nothing);
+#   (b) equal KV memory: the full cache at the most 32K sequences the pool holds ("fit") vs streaming /
+#       snapkv at 512 / 256 requests (what compute and the call's time allow; the pool would hold more).
+# Every request sends one shared prompt, computed once by an untimed warm-up, so that a run's prefill
+# is short (decode-only tok/s is what is compared). Pack first, on the build machine:
+#   d=/work/main/.device/evict3 && mkdir -p $d &&
+#   scripts/device-bundle.sh $d/bundle build-cuda/tests/gpu_backend/cuda_kv_eviction_tests \
+#     build-cuda/bench/gpu/pagoda_gpu_engine_bench && strip $d/bundle/bin/* &&
+#   (cd $d && tar cJf bundle.tar.xz bundle && rm -rf bundle) &&
+#   cp tools/gpu/evict_call.sh tools/gpu/llama3_8b_40k_config.json $d/
+# then run `bash .device/evict3/evict_call.sh` with carry [".device/evict3"] (about 3 minutes).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 [ -x "$here/bundle/run.sh" ] || tar xJf "$here/bundle.tar.xz" -C "$here"
 root=$(cd "$here/../.." && pwd)
 export PAGODA_SOURCE_DIR=$root
-out=${OUT:-/tmp/evict2}
+out=${OUT:-/tmp/evict3}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,clocks.sm,memory.used --format=csv,noheader
 echo "== cuda_kv_eviction_tests"
-timeout 45 "$here/bundle/run.sh" cuda_kv_eviction_tests 2>&1 | grep -vE "^\[       OK|^\[ RUN" | tail -25
+timeout 50 "$here/bundle/run.sh" cuda_kv_eviction_tests 2>&1 | grep -vE "^\[       OK|^\[ RUN" | tee "$out/tests.log" | tail -40
 echo "== evict bench"
-timeout 155 "$here/bundle/run.sh" pagoda_gpu_engine_bench --config "$here/llama3_8b_40k_config.json" --workload evict \
-  --num-requests "${EVICT_REQUESTS:-16}" --input-len 32768 --output-len 256 --max-num-seqs 16 --max-tokens-per-step 16384 \
-  --kv-compression streaming --kv-budget 2048 --max-seconds 70 --json "$out/evict_bench.json" 2>&1 | tail -12
+timeout "${EVICT_SECONDS:-150}" "$here/bundle/run.sh" pagoda_gpu_engine_bench --config "$here/llama3_8b_40k_config.json" \
+  --workload evict --kv-cache-dtype fp8 --input-len 32768 --output-len 256 --max-num-seqs 512 \
+  --max-tokens-per-step 16384 --gpu-memory-utilization 0.8 --kv-budget 2048 --evict-shared-prompt \
+  --evict-runs "${EVICT_RUNS:-none:16,none-detached:16,streaming:16,snapkv:16,none:fit,streaming:512,snapkv:256}" \
+  --max-seconds 30 --json "$out/evict_bench.json" 2>&1 | tee "$out/bench.log" | grep -vE "^request [0-9]+ failed" | tail -60
 echo "rc=$?"

@@ -8,7 +8,7 @@
 //   --kv-window N            most recent tokens always kept, and the observation window (default 32)
 //
 // Errors name the flag: an unknown policy, a budget not above sinks + window,
-// a budget without a policy, a scored policy on cuda (streaming only there for now), or a
+// a budget without a policy, pyramidkv / entropy on cuda (per-head budgets: not there yet), or a
 // policy with --kv-cross-layer-share > 1 (not combined yet).
 //
 // Thread safety: plain functions; call from one thread at start-up.

@@ -75,6 +75,7 @@ Engine::Engine(EngineConfig config, runtime::ModelRunner& runner, kv::KvCacheMan
       kv_num_blocks_(kv.num_blocks()),
       runner_compacts_kv_(runner.capabilities().compacts_kv),
       runner_kv_scores_(runner.capabilities().kv_attention_scores),
+      runner_kv_head_budgets_(runner.capabilities().kv_head_budgets),
       kv_num_layers_(runner.kv_geometry().num_layers),
       unseeded_salt_(mix64(std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32))) {
   if (!config_.text_decoder_factory)
@@ -242,6 +243,12 @@ StatusOr<runtime::KvCompressionConfig> Engine::resolve_kv_compression(const Gene
                                runtime::kv_compression_policy_name(c.policy));
   if (!runner_kv_scores_ && c.policy != runtime::KvCompressionPolicy::kStreaming)
     return unimplemented_error("{} {}: this device has no attention scores yet; it runs streaming only",
+                               own ? "kv_compression.policy" : "--kv-compression",
+                               runtime::kv_compression_policy_name(c.policy));
+  if (!runner_kv_head_budgets_ && (c.policy == runtime::KvCompressionPolicy::kPyramidKV ||
+                                   c.policy == runtime::KvCompressionPolicy::kEntropy))
+    return unimplemented_error("{} {}: this device's attention cannot skip the holes that per-head budgets leave; "
+                               "it runs streaming, h2o and snapkv",
                                own ? "kv_compression.policy" : "--kv-compression",
                                runtime::kv_compression_policy_name(c.policy));
   if (request.sampling.n > 1)

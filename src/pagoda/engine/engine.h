@@ -266,6 +266,7 @@ class Engine {
   const int64_t kv_num_blocks_;
   const bool runner_compacts_kv_;
   const bool runner_kv_scores_;  // RunnerCapabilities::kv_attention_scores
+  const bool runner_kv_head_budgets_;  // RunnerCapabilities::kv_head_budgets
   const int32_t kv_num_layers_;
   // Reads spilled host blocks for the tiers below the host off this thread (null without such tiers).
   std::unique_ptr<LowerTierSpiller> spiller_;

@@ -138,6 +138,8 @@ struct RunnerCapabilities {
   bool compacts_kv = false;        // compact_kv() and SequenceSlice's kv_state are honoured
   // ... with attention scores: every policy; without, streaming only (it needs no scores).
   bool kv_attention_scores = false;
+  // ... and per-head budgets (pyramidkv, entropy): the attention skips the holes they leave.
+  bool kv_head_budgets = false;
 };
 
 class ModelRunner {

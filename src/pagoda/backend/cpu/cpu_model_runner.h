@@ -56,7 +56,8 @@ class CpuModelRunner final : public runtime::ModelRunner {
             .host_kv_blocks = num_host_blocks_,
             .host_block_access = num_host_blocks_ > 0,
             .compacts_kv = model_->supports_token_eviction() && pool_.shape().cross_layer_share == 1,
-            .kv_attention_scores = true};
+            .kv_attention_scores = true,
+            .kv_head_budgets = true};
   }
   // Token eviction (backend/cpu/cpu_kv_eviction.h).
   Status compact_kv(const runtime::KvCompaction& compaction) override;

@@ -192,6 +192,7 @@ void CudaModel::set_mla_prefill_tuning(const CudaMlaPrefill::Tuning& tuning) {
 }
 
 int32_t CudaModel::graph_bucket(const ForwardBatch& batch) const {
+  if (kv_scores_ != nullptr && kv_scores_->active()) return 0;  // the scoring pass runs eagerly
   if (!options_.use_cuda_graphs || (deepseek_ && !deepseek_->graph_capable())) return 0;
   int32_t cap = options_.max_graph_batch;
   if (deepseek_ && config_.moe && options_.moe_max_graph_batch > 0)
@@ -277,6 +278,8 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
     const KvWriteFixedScales fixed_scales{w.k_scale, w.v_scale};
     PAGODA_CUDA_RETURN_IF_ERROR(
         kv_write(qkv + q_width, qkv + q_width + kv_width, qkv_width, device_.slots, T, kv, fixed_scales, stream_));
+    if (kv_scores_ != nullptr && kv_scores_->active())
+      PAGODA_RETURN_IF_ERROR(kv_scores_->score_layer(l, qkv, qkv_width, scale, kv, device_.block_tables, stream_));
     if (fast_attention) {
       bf16* q = q_contig_.as<bf16>();
       PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(q, q_width * sizeof(bf16), qkv, qkv_width * sizeof(bf16),
@@ -444,6 +447,7 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
   if (tokens != nullptr) tokens->assign(static_cast<size_t>(wanted_rows), 0);
   if (batch.num_tokens() == 0) return ok_status();
 
+  if (kv_scores_ != nullptr) PAGODA_RETURN_IF_ERROR(kv_scores_->prepare(batch, block_table_stride_, stream_));
   PAGODA_ASSIGN_OR_RETURN(const StepShape step, plan(batch));
   // Copies logit rows [row_begin, row_begin + n) of this pass to the caller.
   auto copy_out = [&](int32_t row_begin, int32_t n) -> Status {

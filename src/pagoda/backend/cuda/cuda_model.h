@@ -52,6 +52,7 @@
 #include <cuda_runtime_api.h>
 
 #include "pagoda/backend/cuda/cuda_deepseek_forward.h"
+#include "pagoda/backend/cuda/cuda_kv_scores.h"
 #include "pagoda/backend/cuda/cuda_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_model_weights.h"
 #include "pagoda/backend/cuda/device_buffer.h"
@@ -169,6 +170,11 @@ class CudaModel {
     layer_waits_ = KvLayerWaits{};
   }
 
+  // Token eviction's scores (cuda_kv_scores.h, owned by the runner; null: none).
+  // Each forward first lists its scoring queries; a step with any runs eagerly
+  // (no graph) and adds a scoring pass after each layer's KV write. A step
+  // without runs exactly as before.
+  void set_kv_scores(CudaKvScores* scores) { kv_scores_ = scores; }
   // Makes this model rank shard.rank of shard.size: its config and weights must
   // be that shard's, and every rank's model must be attached before any
   // forward; the ranks then call their forwards concurrently, one thread each
@@ -289,6 +295,7 @@ class CudaModel {
   };
   std::map<int32_t, Graph> graphs_;
   KvLayerWaits layer_waits_;  // for the next run() only
+  CudaKvScores* kv_scores_ = nullptr;
 
   // Tensor parallelism (attach_tensor_parallel); rank 0 of 1 and null otherwise.
   TensorShard shard_;

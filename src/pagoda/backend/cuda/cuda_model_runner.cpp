@@ -33,6 +33,9 @@ StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::unique_p
   runner->host_ = std::move(host);
   runner->layer_by_layer_ = options.layer_by_layer;
   PAGODA_ASSIGN_OR_RETURN(runner->zeroer_, BlockZeroer::create());
+  const ModelConfig& mc = runner->model_->config();
+  runner->scores_ = std::make_unique<CudaKvScores>(mc.num_layers, mc.num_kv_heads, mc.num_q_heads);
+  runner->model_->set_kv_scores(runner->scores_.get());
   return runner;
 }
 
@@ -148,9 +151,11 @@ Status CudaModelRunner::copy_blocks(std::span<const runtime::BlockCopy> copies) 
 
 Status CudaModelRunner::compact_kv(const runtime::KvCompaction& c) {
   if (!capabilities().compacts_kv) return runtime::ModelRunner::compact_kv(c);
-  if (c.config.policy != runtime::KvCompressionPolicy::kStreaming)
-    return unimplemented_error("compact_kv: policy {} needs attention scores, which the cuda device has not yet "
-                               "(streaming only)", runtime::kv_compression_policy_name(c.config.policy));
+  if (c.config.policy != runtime::KvCompressionPolicy::kStreaming) {
+    // A layer-by-layer copy of this step's transfers may still read or write these blocks.
+    if (host_) PAGODA_RETURN_IF_ERROR(host_->wait_all(model_->stream()));
+    return scores_->compact(c, *pool_, compact_moves_, model_->stream());
+  }
   const KvPoolShape& shape = pool_->shape();
   const int32_t bs = shape.block_size;
   PAGODA_RETURN_IF_ERROR(runtime::check_kv_compaction(c, shape.num_blocks, bs));

@@ -30,6 +30,7 @@
 #include "pagoda/backend/cuda/block_zeroer.h"
 #include "pagoda/backend/cuda/cuda_host_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_kv_pool.h"
+#include "pagoda/backend/cuda/cuda_kv_scores.h"
 #include "pagoda/backend/cuda/cuda_model.h"
 #include "pagoda/runtime/model_runner.h"
 
@@ -69,15 +70,20 @@ class CudaModelRunner final : public runtime::ModelRunner {
             .zeroes_blocks = true,
             .host_kv_blocks = host_ ? host_->num_blocks() : 0,
             .host_block_access = host_ != nullptr,
-            .compacts_kv = !model_->config().mla && model_->config().sliding_window <= 0};
+            .compacts_kv = !model_->config().mla && model_->config().sliding_window <= 0,
+            .kv_attention_scores = true,
+            .kv_head_budgets = false};
   }
-  // Token eviction (docs/KV_CACHE.md "Token eviction"), streaming only: this
-  // device has no attention scores yet, so every (layer, KV head) keeps the
-  // same tokens (sinks + the most recent) and the compacted region has no
-  // holes; a gather kernel (kv_compact.h) moves their vectors, any KV dtype,
-  // into the fresh blocks. The forward needs nothing more: new tokens take
-  // their true positions from the batch and their cache index from the table.
-  // Errors: a scored policy (kUnimplemented), bad tables (check_kv_compaction).
+  // Token eviction (docs/KV_CACHE.md "Token eviction"): streaming, h2o and
+  // snapkv, whose (layer, KV head)s all keep the same count, so the
+  // compacted region has no holes. Streaming keeps the same tokens everywhere;
+  // h2o and snapkv choose per (layer, KV head) from the scores the forward
+  // adds (cuda_kv_scores.h). A gather kernel (kv_compact.h) moves the kept
+  // vectors, any KV dtype, into the fresh blocks. The forward needs nothing
+  // more: new tokens take their true positions from the batch and their cache
+  // index from the table. Errors: pyramidkv / entropy (kUnimplemented: per-head
+  // budgets leave holes the CUDA attention cannot skip), bad tables
+  // (check_kv_compaction).
   Status compact_kv(const runtime::KvCompaction& compaction) override;
   // Both wait for the host pool's copy streams (every queued transfer), not
   // for the model's stream: a forward in flight never touches the host pool,
@@ -87,6 +93,8 @@ class CudaModelRunner final : public runtime::ModelRunner {
   Status write_host_block(int32_t host_block, std::span<const std::byte> data) override;
   // Waits for the copy streams too; the pinned memory itself is handed out.
   StatusOr<std::vector<std::span<std::byte>>> host_blocks_for_writing(std::span<const int32_t> blocks) override;
+  void release_kv_state(int64_t kv_state) override { scores_->release(kv_state); }
+  CudaKvScores& kv_scores() { return *scores_; }
   int32_t vocab_size() const override { return model_->config().vocab_size; }
   int32_t max_context_length() const override { return model_->max_model_len(); }
   std::vector<int32_t> eos_token_ids() const override { return model_->config().eos_token_ids; }
@@ -117,6 +125,7 @@ class CudaModelRunner final : public runtime::ModelRunner {
   bool layer_by_layer_ = true;
   std::unique_ptr<BlockZeroer> zeroer_;
   DeviceBuffer compact_moves_;  // kv_compact.h's moves of the last compaction
+  std::unique_ptr<CudaKvScores> scores_;  // token eviction's per-sequence scores; the model reads it
   std::string report_;
 };
 

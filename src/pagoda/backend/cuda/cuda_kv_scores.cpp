@@ -1,0 +1,210 @@
+#include "pagoda/backend/cuda/cuda_kv_scores.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "pagoda/backend/cuda/cuda_check.h"
+#include "pagoda/backend/cuda/kv_compact.h"
+#include "pagoda/core/thread_pool.h"
+#include "pagoda/runtime/kv_compression.h"
+
+namespace pagoda::cuda {
+
+Status CudaKvScores::reset(State& st, cudaStream_t stream) {
+  const size_t heads = static_cast<size_t>(num_layers_) * static_cast<size_t>(num_kv_heads_);
+  if (st.entropy.bytes() == 0) {
+    PAGODA_ASSIGN_OR_RETURN(st.entropy, DeviceBuffer::allocate(heads * sizeof(double)));
+  }
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(st.entropy.data(), 0, heads * sizeof(double), stream));
+  if (st.capacity > 0)
+    PAGODA_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(st.mass.data(), 0, heads * static_cast<size_t>(st.capacity) * sizeof(float), stream));
+  st.entropy_count = 0;
+  return ok_status();
+}
+
+Status CudaKvScores::grow(State& st, int64_t length, cudaStream_t stream) {
+  if (length <= st.capacity) return ok_status();
+  const int64_t grown = std::max(length, st.capacity * 2);
+  const size_t heads = static_cast<size_t>(num_layers_) * static_cast<size_t>(num_kv_heads_);
+  PAGODA_ASSIGN_OR_RETURN(DeviceBuffer next, DeviceBuffer::allocate(heads * static_cast<size_t>(grown) * sizeof(float)));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(next.data(), 0, next.bytes(), stream));
+  if (st.capacity > 0)
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(next.data(), static_cast<size_t>(grown) * sizeof(float), st.mass.data(),
+                                                  static_cast<size_t>(st.capacity) * sizeof(float),
+                                                  static_cast<size_t>(st.capacity) * sizeof(float), heads,
+                                                  cudaMemcpyDeviceToDevice, stream));
+  // The old buffer is freed below while the copy may still read it: cudaFree waits for the device.
+  st.mass = std::move(next);
+  st.capacity = grown;
+  return ok_status();
+}
+
+Status CudaKvScores::prepare(const ForwardBatch& batch, int64_t table_stride, cudaStream_t stream) {
+  items_.clear();
+  sequences_.clear();
+  num_items_ = 0;
+  const int32_t group = num_q_heads_ / num_kv_heads_;
+  for (size_t i = 0; i < batch.sequences.size(); ++i) {
+    const SequenceSlice& s = batch.sequences[i];
+    if (s.kv_state == 0) continue;
+    if (s.kv_state_reset) states_.erase(s.kv_state);
+    // A state exists only once its sequence scores (streaming never does), and is sized then.
+    const int32_t end = s.num_cached_tokens + s.num_new_tokens;
+    if (s.score_from_index == std::numeric_limits<int32_t>::max() || end <= s.score_from_index) continue;
+    auto [it, fresh] = states_.try_emplace(s.kv_state);
+    State& st = it->second;
+    if (fresh) PAGODA_RETURN_IF_ERROR(reset(st, stream));
+    PAGODA_RETURN_IF_ERROR(grow(st, end, stream));
+    const int32_t index = static_cast<int32_t>(sequences_.size());
+    bool any = false;
+    for (int32_t j = 0; j < s.num_new_tokens; ++j) {
+      const int32_t query_index = s.num_cached_tokens + j;
+      if (query_index < s.score_from_index) continue;
+      items_.push_back({s.token_offset + j, index, query_index, 0});
+      st.entropy_count += group;
+      any = true;
+    }
+    if (any)
+      sequences_.push_back({st.mass.as<float>(), st.entropy.as<double>(), st.capacity,
+                            static_cast<int64_t>(i) * table_stride});
+  }
+  if (items_.empty()) return ok_status();
+  const size_t item_bytes = items_.size() * sizeof(KvScoreItem);
+  const size_t bytes = item_bytes + sequences_.size() * sizeof(KvScoreSequence);
+  if (step_buffer_.bytes() < bytes) {
+    PAGODA_ASSIGN_OR_RETURN(step_buffer_, DeviceBuffer::allocate(std::max(bytes, step_buffer_.bytes() * 2)));
+  }
+  // Pageable sources: the calls return once the bytes are staged, so the vectors may change afterwards.
+  PAGODA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(step_buffer_.data(), items_.data(), item_bytes, cudaMemcpyHostToDevice, stream));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(step_buffer_.data()) + item_bytes, sequences_.data(),
+                                              sequences_.size() * sizeof(KvScoreSequence), cudaMemcpyHostToDevice,
+                                              stream));
+  num_items_ = static_cast<int32_t>(items_.size());
+  return ok_status();
+}
+
+Status CudaKvScores::score_layer(int32_t layer, const bf16* q, int64_t q_row_stride, float scale,
+                                 const DevicePagedKvLayer& kv, const int32_t* block_tables,
+                                 cudaStream_t stream) const {
+  if (num_items_ == 0) return ok_status();
+  const auto* items = step_buffer_.as<KvScoreItem>();
+  const auto* sequences = reinterpret_cast<const KvScoreSequence*>(static_cast<const char*>(step_buffer_.data()) +
+                                                                     items_.size() * sizeof(KvScoreItem));
+  PAGODA_CUDA_RETURN_IF_ERROR(kv_attention_scores(q, q_row_stride, num_q_heads_, scale, kv, layer, block_tables, items,
+                                                  num_items_, sequences, stream));
+  return ok_status();
+}
+
+StatusOr<CudaKvScores::HostScores> CudaKvScores::download(int64_t kv_state, int32_t length,
+                                                          cudaStream_t stream) const {
+  const auto it = states_.find(kv_state);
+  if (it == states_.end()) return not_found_error("kv scores: no state {}", kv_state);
+  const State& st = it->second;
+  if (length < 0 || length > st.capacity)
+    return out_of_range_error("kv scores: length {} outside the state's {}", length, st.capacity);
+  const size_t heads = static_cast<size_t>(num_layers_) * static_cast<size_t>(num_kv_heads_);
+  HostScores out;
+  out.mass.resize(heads * static_cast<size_t>(length));
+  out.entropy_sum.resize(heads);
+  out.entropy_count = st.entropy_count;
+  if (length > 0)
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(out.mass.data(), static_cast<size_t>(length) * sizeof(float),
+                                                  st.mass.data(), static_cast<size_t>(st.capacity) * sizeof(float),
+                                                  static_cast<size_t>(length) * sizeof(float), heads,
+                                                  cudaMemcpyDeviceToHost, stream));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.entropy_sum.data(), st.entropy.data(), heads * sizeof(double),
+                                              cudaMemcpyDeviceToHost, stream));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return out;
+}
+
+Status CudaKvScores::compact(const runtime::KvCompaction& c, CudaKvPool& pool, DeviceBuffer& moves_buffer,
+                             cudaStream_t stream) {
+  const KvPoolShape& shape = pool.shape();
+  const int32_t bs = shape.block_size;
+  PAGODA_RETURN_IF_ERROR(runtime::check_kv_compaction(c, shape.num_blocks, bs));
+  if (c.config.policy == runtime::KvCompressionPolicy::kPyramidKV ||
+      c.config.policy == runtime::KvCompressionPolicy::kEntropy)
+    return unimplemented_error("compact_kv: policy {} gives each head its own budget, and the cuda attention kernels "
+                               "cannot skip the holes that leaves (h2o, snapkv and streaming run here)",
+                               runtime::kv_compression_policy_name(c.config.policy));
+  auto [it, fresh] = states_.try_emplace(c.kv_state);
+  State& st = it->second;
+  if (fresh) PAGODA_RETURN_IF_ERROR(reset(st, stream));
+  PAGODA_RETURN_IF_ERROR(grow(st, c.old_length, stream));
+  PAGODA_ASSIGN_OR_RETURN(HostScores scores, download(c.kv_state, c.old_length, stream));
+
+  const size_t heads = static_cast<size_t>(num_layers_) * static_cast<size_t>(num_kv_heads_);
+  std::vector<float> entropy(heads, 0.0f);
+  for (size_t i = 0; i < heads; ++i)
+    entropy[i] = scores.entropy_count > 0 ? static_cast<float>(scores.entropy_sum[i] / scores.entropy_count) : 0.0f;
+  const std::vector<int32_t> budgets = runtime::kv_head_budgets(c.config, num_layers_, num_kv_heads_, entropy);
+  const bool keep_mass = runtime::kv_policy_accumulates(c.config.policy);
+  auto slot = [bs](const std::vector<int32_t>& table, int32_t index) {
+    return static_cast<int64_t>(table[static_cast<size_t>(index / bs)]) * bs + index % bs;
+  };
+  const size_t old_len = static_cast<size_t>(c.old_length), new_len = static_cast<size_t>(c.new_length);
+  // Each (layer, KV head)'s choice on the host, heads in parallel (after a long prompt every token is a candidate).
+  std::vector<std::vector<int32_t>> kept(heads);
+  ThreadPool::global().parallel_for(heads, [&](size_t begin, size_t end) {
+    for (size_t lh = begin; lh < end; ++lh) {
+      const std::span<const float> mass(scores.mass.data() + lh * old_len, old_len);
+      kept[lh] = runtime::select_kept_tokens(c.config, std::min(budgets[lh], c.new_length), c.old_length, mass);
+    }
+  });
+  std::vector<KvVectorMove> moves;
+  moves.reserve(heads * new_len);
+  std::vector<float> new_mass(heads * new_len, 0.0f);
+  for (int32_t l = 0; l < num_layers_; ++l)
+    for (int32_t h = 0; h < num_kv_heads_; ++h) {
+      const size_t lh = static_cast<size_t>(l) * static_cast<size_t>(num_kv_heads_) + static_cast<size_t>(h);
+      if (kept[lh].size() != new_len)
+        return invalid_argument_error("compact_kv: sequence {}: {} kept tokens in layer {} head {} for a compacted "
+                                      "region of {} (the cuda attention reads no holes)", c.kv_state, kept[lh].size(),
+                                      l, h, c.new_length);
+      for (size_t k = 0; k < new_len; ++k) {
+        const int32_t src = kept[lh][k];
+        moves.push_back({slot(c.old_block_table, src), slot(c.new_block_table, static_cast<int32_t>(k)), h, 0});
+        if (keep_mass) new_mass[lh * new_len + k] = scores.mass[lh * old_len + static_cast<size_t>(src)];
+      }
+    }
+  if (!moves.empty()) {
+    const size_t bytes = moves.size() * sizeof(KvVectorMove);
+    if (moves_buffer.bytes() < bytes) {
+      PAGODA_ASSIGN_OR_RETURN(moves_buffer, DeviceBuffer::allocate(bytes));
+    }
+    PAGODA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(moves_buffer.data(), moves.data(), bytes, cudaMemcpyHostToDevice, stream));
+    const int64_t per_layer = static_cast<int64_t>(num_kv_heads_) * static_cast<int64_t>(new_len);
+    for (int32_t l = 0; l < num_layers_; ++l)
+      PAGODA_CUDA_RETURN_IF_ERROR(
+          kv_move_vectors(pool.layer(l), moves_buffer.as<KvVectorMove>() + l * per_layer, per_layer, stream));
+  }
+  // A prompt's scores span its whole length; after the compaction a state needs about the budget: give
+  // the rest back (decode grows it again by doubling, from twice the compacted length).
+  if (st.capacity > 4 * static_cast<int64_t>(new_len) + 64) {
+    const int64_t smaller = 2 * static_cast<int64_t>(new_len) + 64;
+    PAGODA_ASSIGN_OR_RETURN(DeviceBuffer next,
+                            DeviceBuffer::allocate(heads * static_cast<size_t>(smaller) * sizeof(float)));
+    st.mass = std::move(next);  // the old buffer's cudaFree waits for work in flight
+    st.capacity = smaller;
+  }
+  // The kept tokens' mass (h2o) or none at [0, new_length); nothing beyond.
+  const size_t pitch = static_cast<size_t>(st.capacity) * sizeof(float);
+  if (new_len > 0)
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(st.mass.data(), pitch, new_mass.data(), new_len * sizeof(float),
+                                                  new_len * sizeof(float), heads, cudaMemcpyHostToDevice, stream));
+  if (static_cast<int64_t>(new_len) < st.capacity)
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemset2DAsync(st.mass.as<float>() + new_len, pitch, 0,
+                                                  (static_cast<size_t>(st.capacity) - new_len) * sizeof(float), heads,
+                                                  stream));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(st.entropy.data(), 0, heads * sizeof(double), stream));
+  st.entropy_count = 0;
+  // `moves` and `new_mass` are pageable host memory the copies read: wait before they go.
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return ok_status();
+}
+
+}  // namespace pagoda::cuda
