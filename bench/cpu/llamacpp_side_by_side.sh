@@ -28,9 +28,10 @@
 #    the prefill warms pagoda's). Both engines' default KV cache and attention. The 1-minute load
 #    average is printed beside every figure.
 #
-# Prints one line per measurement, then the medians as the markdown table of docs/BENCHMARKS.md. With a
-# cached build and weights, RUNS=3 THREADS=2 takes ~15 min on the 2-core box when it is quiet; the
-# first run adds the llama.cpp build (~25 min at -j2) and ~6 min writing ~14 GB of weights.
+# Prints one line per measurement, then the medians as the markdown table of docs/BENCHMARKS.md. Time with
+# the build and weights cached: one run of the five formats at 2 threads is ~7 min on a quiet 2-core box
+# (estimated; docs/BENCHMARKS.md), so RUNS=3 is ~21 min; split FORMATS over two calls to stay under 15 min
+# each. The first call also builds llama.cpp (~40 min at -j2 on a loaded box) and writes ~14 GB of weights.
 set -euo pipefail
 PAGODA=$(realpath "${1:-build/pagoda}")
 THREADS=${THREADS:-2}
