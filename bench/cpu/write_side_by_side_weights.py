@@ -8,8 +8,8 @@ f16 / bf16 files of the two engines are bit for bit the same numbers. Norm weigh
 
 GGUF files are written with llama.cpp's own gguf-py (pass its directory with --gguf-py) the way its
 convert_hf_to_gguf.py writes a LlamaForCausalLM: the same metadata keys, tensor names, f32 norms, and
-q_proj / k_proj rows permuted from the Hugging Face rotary layout to llama.cpp's (so both engines compute
-the same function). The vocabulary is synthetic (llama-bench and pagoda's --prompt-ids use token ids):
+q_proj / k_proj rows permuted from the Hugging Face rotary layout to llama.cpp's interleaved one, as that
+converter does (not checked here by comparing the two engines' outputs). The vocabulary is synthetic (llama-bench and pagoda's --prompt-ids use token ids):
 <unk>, <s>, </s>, the 256 byte tokens, then "t<id>". Q8_0 / Q4_0 files are made from the f32 GGUF by
 llama-quantize (the shell script does that).
 
@@ -25,6 +25,8 @@ import struct
 import sys
 
 import numpy as np
+
+from write_random_checkpoint import add_shape_args  # same directory
 
 DTYPES = ("f32", "f16", "bf16")
 ST_NAMES = {"f32": "F32", "f16": "F16", "bf16": "BF16"}
@@ -130,12 +132,7 @@ def main() -> None:
     p.add_argument("out_dir")
     p.add_argument("--gguf-py", required=True, help="llama.cpp's gguf-py directory")
     p.add_argument("--seed", type=int, default=27)
-    p.add_argument("--hidden", type=int, default=2048)
-    p.add_argument("--layers", type=int, default=16)
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--intermediate", type=int, default=5632)
-    p.add_argument("--vocab", type=int, default=32000)
+    add_shape_args(p)
     p.add_argument("--context", type=int, default=2048)
     a = p.parse_args()
     if a.vocab < 260 or a.hidden % a.heads or a.heads % a.kv_heads or (a.hidden // a.heads) % 2:
