@@ -88,6 +88,10 @@ void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) 
   cmd.add_option("--weight-seed", flags.weight_seed, "Seed of the --load-format random weights")->capture_default_str();
   add_quantization_flag(cmd, flags.quantization);
   add_tensor_parallel_flag(cmd, flags.tensor_parallel_size);
+  // Hidden (no help group): tests run the cuda ranks on one GPU; not a serving mode.
+  cmd.add_flag("--tensor-parallel-same-device", flags.tensor_parallel_same_device,
+               "Tests only: every --device cuda rank on GPU 0 (same-device communicator)")
+      ->group("");
   cmd.add_option("--kv-cache-dtype", flags.kv_cache_dtype,
                  "KV cache element type: auto (f32 on cpu, bf16 on cuda), f32, bf16, fp8 (e4m3, per-token-head "
                  "scale), int8 (per-token-head scale + zero), int4 (groups of 32); smaller types fit more tokens")
@@ -119,6 +123,11 @@ void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) 
     flags.max_tokens_per_step_option =
         cmd.add_option("--max-tokens-per-step,--max-num-batched-tokens", flags.max_tokens_per_step,
                        "Token budget of one engine step, prefill chunks + decodes (default: 512 on cpu, 8192 on cuda)");
+    cmd.add_option("--prefill-join-limit", flags.prefill_join_limit,
+                   "N > 0: a new request does not join a step whose prefill chunks already hold N tokens; it "
+                   "starts in a later step, so requests arriving together get their first tokens one after "
+                   "another instead of all after one long step (e.g. 512 on cuda: docs/KV_CACHE.md); 0: off")
+        ->capture_default_str();
   }
 }
 
@@ -277,12 +286,17 @@ StatusOr<backend::RunnerSpec> resolve_runner_flags(const RunnerFlags& flags, Run
   if (r.max_num_seqs < 1) return invalid_argument_error("--max-num-seqs {}: must be >= 1", flags.max_num_seqs);
   if (r.max_tokens_per_step < 1)
     return invalid_argument_error("--max-tokens-per-step {}: must be >= 1", flags.max_tokens_per_step);
+  if (flags.prefill_join_limit < 0)
+    return invalid_argument_error("--prefill-join-limit {}: must be >= 0 (0: off)", flags.prefill_join_limit);
   if (flags.max_model_len < 0) return invalid_argument_error("--max-model-len {}: must be >= 1", flags.max_model_len);
   r.max_model_len = flags.max_model_len;
   r.weight_seed = flags.weight_seed;
   PAGODA_ASSIGN_OR_RETURN(r.weight_quantization, parse_weight_quantization(flags.quantization, r.device));
   PAGODA_RETURN_IF_ERROR(check_tensor_parallel_size(flags.tensor_parallel_size));
   r.tensor_parallel_size = flags.tensor_parallel_size;
+  r.tensor_parallel_same_device = flags.tensor_parallel_same_device;
+  if (r.tensor_parallel_same_device && r.device != backend::Device::kCuda)
+    return invalid_argument_error("--tensor-parallel-same-device: only with --device cuda");
 #ifndef PAGODA_HAVE_CUDA
   if (r.device == backend::Device::kCuda)
     return failed_precondition_error("--device cuda: this pagoda was built without the CUDA backend (backends: cpu); "

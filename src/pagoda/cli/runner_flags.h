@@ -45,10 +45,12 @@ struct RunnerFlags {
   double gpu_memory_utilization = 0.9;
   int32_t max_num_seqs = 0;         // not given (and 0): the device's default
   int32_t max_tokens_per_step = 0;  // not given (and 0): the device's default
+  int32_t prefill_join_limit = 0;   // serve: SchedulerConfig::prefill_join_limit (0: none)
   int32_t max_model_len = 0;        // 0: config.json's max_position_embeddings
   uint64_t weight_seed = 0;         // --load-format random
   std::string quantization;         // --quantization: empty/none, int8, int4 or fp8 (CPU only)
   int32_t tensor_parallel_size = 1; // --tensor-parallel-size
+  bool tensor_parallel_same_device = false;  // --tensor-parallel-same-device (hidden; tests)
   int32_t kv_cross_layer_share = 1; // --kv-cross-layer-share K (runtime/cross_layer_share.h)
 
   // Set by add_runner_flags: tells a flag given on the command line from its default.

@@ -59,6 +59,9 @@ class CudaModelRunner final : public runtime::ModelRunner {
   Status transfer_blocks(std::span<const runtime::BlockTransfer> transfers) override;
   Status zero_blocks(std::span<const int32_t> blocks) override;
   runtime::TransferStats transfer_stats() const override { return host_ ? host_->stats() : runtime::TransferStats{}; }
+  std::optional<std::chrono::steady_clock::time_point> last_transfer_done_at() const override {
+    return host_ ? host_->last_done_at() : std::nullopt;
+  }
   const KvPoolShape& kv_geometry() const override { return pool_->shape(); }
   runtime::RunnerCapabilities capabilities() const override {
     return {.samples_on_device = true,
@@ -97,6 +100,7 @@ class CudaModelRunner final : public runtime::ModelRunner {
   CudaModel& model() { return *model_; }
   CudaKvPool& pool() { return *pool_; }
   CudaHostKvPool* host_pool() { return host_.get(); }  // null without a host tier
+  const CudaHostKvPool* host_pool() const { return host_.get(); }
   void set_layer_by_layer(bool on) { layer_by_layer_ = on; }
   bool layer_by_layer() const { return layer_by_layer_; }
 
