@@ -29,16 +29,21 @@ def random_halves(count: int, dtype: str) -> bytes:
     return bytes(out)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("out_dir")
-    p.add_argument("--dtype", choices=["bf16", "f16"], default="bf16")
+def add_shape_args(p: argparse.ArgumentParser) -> None:
+    """The Llama shape flags, defaults the issue-27 ~0.85B model (also write_side_by_side_weights.py's)."""
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--intermediate", type=int, default=5632)
     p.add_argument("--vocab", type=int, default=32000)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out_dir")
+    p.add_argument("--dtype", choices=["bf16", "f16"], default="bf16")
+    add_shape_args(p)
     a = p.parse_args()
     head_dim = a.hidden // a.heads
     q_out, kv_out = a.heads * head_dim, a.kv_heads * head_dim

@@ -7,6 +7,7 @@
 
 #include "pagoda/core/thread_pool.h"
 #include "pagoda/backend/cpu/kernels/kv_quantize.h"
+#include "pagoda/backend/cpu/kernels/kv_vector_reader.h"
 #include "pagoda/backend/cpu/kernels/paged_attention_tiled.h"
 #include "pagoda/backend/cpu/kernels/vector_dot.h"
 
@@ -17,45 +18,6 @@ namespace {
 struct WorkItem {
   int32_t sequence;
   int32_t new_token;  // index among the sequence's new tokens
-};
-
-// Reads (slot, head) vectors of one of K or V as f32: f32 pools in place, the
-// other dtypes dequantized into the caller's buffer (so attention over a
-// quantized pool is attention over the dequantized values, by construction).
-class KvVectorReader {
- public:
-  KvVectorReader(const void* data, const void* scales, DType dtype, const PagedKvLayer& layer)
-      : data_(static_cast<const std::byte*>(data)),
-        scales_(static_cast<const std::byte*>(scales)),
-        dtype_(dtype),
-        head_dim_(layer.head_dim),
-        num_kv_heads_(static_cast<size_t>(layer.num_kv_heads)),
-        block_size_(layer.block_size),
-        head_bytes_(kv_head_bytes(layer.head_dim, dtype)),
-        scale_bytes_(kv_head_scale_bytes(layer.head_dim, dtype)) {}
-
-  const float* read(int64_t slot, size_t kv_head, float* buffer) const {
-    const size_t vector = static_cast<size_t>(slot) * num_kv_heads_ + kv_head;
-    if (dtype_ == DType::kF32) return reinterpret_cast<const float*>(data_ + vector * head_bytes_);
-    dequantize_kv_vector(data_ + vector * head_bytes_,
-                         scales_ != nullptr ? scales_ + kv_scale_vector(slot, static_cast<int32_t>(kv_head), block_size_,
-                                                                        static_cast<int32_t>(num_kv_heads_)) *
-                                                        scale_bytes_
-                                            : nullptr,
-                         head_dim_,
-                         dtype_, buffer);
-    return buffer;
-  }
-
- private:
-  const std::byte* data_;
-  const std::byte* scales_;
-  DType dtype_;
-  int32_t head_dim_;
-  size_t num_kv_heads_;
-  int32_t block_size_;
-  size_t head_bytes_;
-  size_t scale_bytes_;
 };
 
 }  // namespace
@@ -150,7 +112,7 @@ void paged_attention_reference(const float* q, const PagedKvLayer& layer,
         }
         const int64_t slot = static_cast<int64_t>(seq.block_table[index / block_size]) * block_size +
                              index % block_size;
-        const float* k = keys.read(slot, kv_head, kv_buffer.data());
+        const float* k = keys.read(slot, static_cast<int32_t>(kv_head), kv_buffer.data());
         const float k_scale = shared ? params.scale * share_norm(slot, kv_head, 0) : params.scale;
         for (size_t g = 0; g < group; ++g) {
           const float* qh = q + (row * num_q_heads + kv_head * group + g) * head_dim;
@@ -174,7 +136,7 @@ void paged_attention_reference(const float* q, const PagedKvLayer& layer,
         if (ev.is_hole(index, kv_head)) continue;
         const int64_t slot = static_cast<int64_t>(seq.block_table[index / block_size]) * block_size +
                              index % block_size;
-        const float* v = values.read(slot, kv_head, kv_buffer.data());
+        const float* v = values.read(slot, static_cast<int32_t>(kv_head), kv_buffer.data());
         const float v_scale = shared ? share_norm(slot, kv_head, 1) : 1.0f;
         for (size_t g = 0; g < group; ++g) {
           axpy(scores[g * context + p] * v_scale, v, acc.data() + g * head_dim, head_dim);

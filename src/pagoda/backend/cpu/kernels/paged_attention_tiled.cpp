@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "pagoda/backend/cpu/kernels/kv_quantize.h"
+#include "pagoda/backend/cpu/kernels/kv_vector_reader.h"
 #include "pagoda/core/thread_pool.h"
 
 namespace pagoda::kernels {
@@ -159,41 +160,6 @@ const TileOps& tile_ops() {
   return ops;
 }
 
-// Copies (position, head) vectors of K or V into f32 tiles: f32 pools straight
-// from the pool, other dtypes through dequantize_kv_vector (as the reference).
-class KvTileReader {
- public:
-  KvTileReader(const void* data, const void* scales, DType dtype, const PagedKvLayer& layer)
-      : data_(static_cast<const std::byte*>(data)),
-        scales_(static_cast<const std::byte*>(scales)),
-        dtype_(dtype),
-        head_dim_(layer.head_dim),
-        num_kv_heads_(layer.num_kv_heads),
-        block_size_(layer.block_size),
-        head_bytes_(kv_head_bytes(layer.head_dim, dtype)),
-        scale_bytes_(kv_head_scale_bytes(layer.head_dim, dtype)) {}
-
-  // The f32 values of (slot, kv_head): a pointer into the pool for f32, else into buffer.
-  const float* read(int64_t slot, int32_t kv_head, float* buffer) const {
-    const size_t vector = static_cast<size_t>(slot) * static_cast<size_t>(num_kv_heads_) + static_cast<size_t>(kv_head);
-    if (dtype_ == DType::kF32) return reinterpret_cast<const float*>(data_ + vector * head_bytes_);
-    const std::byte* scales =
-        scales_ != nullptr ? scales_ + kv_scale_vector(slot, kv_head, block_size_, num_kv_heads_) * scale_bytes_ : nullptr;
-    dequantize_kv_vector(data_ + vector * head_bytes_, scales, head_dim_, dtype_, buffer);
-    return buffer;
-  }
-
- private:
-  const std::byte* data_;
-  const std::byte* scales_;
-  DType dtype_;
-  int32_t head_dim_;
-  int32_t num_kv_heads_;
-  int32_t block_size_;
-  size_t head_bytes_;
-  size_t scale_bytes_;
-};
-
 struct Unit {
   int32_t sequence;
   int32_t first_token;  // among the sequence's new tokens
@@ -206,8 +172,8 @@ struct Context {
   const float* q;
   float* out;
   std::span<const PagedSequence> sequences;
-  const KvTileReader* keys;
-  const KvTileReader* values;
+  const KvVectorReader* keys;
+  const KvVectorReader* values;
   size_t head_dim, group, num_q_heads;
   int32_t block_size;
   float scale;
@@ -309,8 +275,8 @@ void paged_attention_tiled(const float* q, const PagedKvLayer& layer,
   const size_t head_dim = static_cast<size_t>(layer.head_dim);
   const size_t num_q_heads = static_cast<size_t>(params.num_q_heads);
   const size_t group = num_q_heads / static_cast<size_t>(layer.num_kv_heads);
-  const KvTileReader keys(layer.key, layer.key_scales, layer.key_dtype, layer);
-  const KvTileReader values(layer.value, layer.value_scales, layer.value_dtype, layer);
+  const KvVectorReader keys(layer.key, layer.key_scales, layer.key_dtype, layer);
+  const KvVectorReader values(layer.value, layer.value_scales, layer.value_dtype, layer);
   const Context c{q, out, sequences, &keys, &values, head_dim, group, num_q_heads, layer.block_size, params.scale,
                   params.sliding_window};
 

@@ -140,32 +140,44 @@ PAGODA_VNNI inline __m256i dot_u8s8_vnni(__m256i acc, __m256i u, __m256i s) { re
 
 // The Q8 and Q4 dot products for one target and integer product (dot_u8s8_*):
 // written once, compiled per target so the AVX2 copy holds no AVX-512 code.
-// Two accumulators hide the add latency.
+// Blocks go in pairs into two register accumulators, which hides the add
+// latency without indexing an accumulator array (that kept it in memory).
 #define PAGODA_QUANT_DOTS(SUFFIX, TARGET, DOT_U8S8)                                                   \
+  TARGET inline __m256 q8_block_##SUFFIX(const uint8_t* p, const int8_t* xq, float xs, __m256 acc) {  \
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));                   \
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));                     \
+    const __m256i prod = DOT_U8S8(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w)); \
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), _mm256_set1_ps(load_scale(p) * xs), acc);        \
+  }                                                                                                   \
+  /* sum (q - 8) x = sum q x - 8 sum x: the offset starts lane 0, the lanes are summed at the end */  \
+  TARGET inline __m256 q4_block_##SUFFIX(const uint8_t* p, const int8_t* xq, float xs, int32_t xsum,  \
+                                         __m256 acc) {                                                \
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));                     \
+    const __m256i offset = _mm256_castsi128_si256(_mm_cvtsi32_si128(-8 * xsum));                      \
+    const __m256i prod = DOT_U8S8(offset, unpack_nibbles(p + 2), xv);                                  \
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), _mm256_set1_ps(load_scale(p) * xs), acc);        \
+  }                                                                                                   \
   TARGET float dot_q8_##SUFFIX(const uint8_t* row, const QuantizedActivation& x, size_t blocks) {     \
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};                                       \
-    for (size_t b = 0; b < blocks; ++b) {                                                             \
-      const uint8_t* p = row + b * kQ8BlockBytes;                                                     \
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));                 \
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + b * kQuantBlock)); \
-      const __m256i prod = DOT_U8S8(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w)); \
-      acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), _mm256_set1_ps(load_scale(p) * x.scale[b]), \
-                                   acc[b & 1]);                                                       \
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                    \
+    size_t b = 0;                                                                                     \
+    for (; b + 2 <= blocks; b += 2) {                                                                 \
+      acc0 = q8_block_##SUFFIX(row + b * kQ8BlockBytes, x.q + b * kQuantBlock, x.scale[b], acc0);     \
+      acc1 = q8_block_##SUFFIX(row + (b + 1) * kQ8BlockBytes, x.q + (b + 1) * kQuantBlock, x.scale[b + 1], acc1); \
     }                                                                                                 \
-    return hsum(_mm256_add_ps(acc[0], acc[1]));                                                       \
+    if (b < blocks) acc0 = q8_block_##SUFFIX(row + b * kQ8BlockBytes, x.q + b * kQuantBlock, x.scale[b], acc0); \
+    return hsum(_mm256_add_ps(acc0, acc1));                                                           \
   }                                                                                                   \
   TARGET float dot_q4_##SUFFIX(const uint8_t* row, const QuantizedActivation& x, size_t blocks) {     \
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};                                       \
-    for (size_t b = 0; b < blocks; ++b) {                                                             \
-      const uint8_t* p = row + b * kQ4BlockBytes;                                                     \
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + b * kQuantBlock)); \
-      /* sum (q - 8) x = sum q x - 8 sum x: the offset starts lane 0, the lanes are summed at the end */ \
-      const __m256i offset = _mm256_castsi128_si256(_mm_cvtsi32_si128(-8 * x.sum[b]));                \
-      const __m256i prod = DOT_U8S8(offset, unpack_nibbles(p + 2), xv);                                \
-      acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), _mm256_set1_ps(load_scale(p) * x.scale[b]), \
-                                   acc[b & 1]);                                                       \
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                    \
+    size_t b = 0;                                                                                     \
+    for (; b + 2 <= blocks; b += 2) {                                                                 \
+      acc0 = q4_block_##SUFFIX(row + b * kQ4BlockBytes, x.q + b * kQuantBlock, x.scale[b], x.sum[b], acc0); \
+      acc1 = q4_block_##SUFFIX(row + (b + 1) * kQ4BlockBytes, x.q + (b + 1) * kQuantBlock, x.scale[b + 1], \
+                               x.sum[b + 1], acc1);                                                   \
     }                                                                                                 \
-    return hsum(_mm256_add_ps(acc[0], acc[1]));                                                       \
+    if (b < blocks)                                                                                   \
+      acc0 = q4_block_##SUFFIX(row + b * kQ4BlockBytes, x.q + b * kQuantBlock, x.scale[b], x.sum[b], acc0); \
+    return hsum(_mm256_add_ps(acc0, acc1));                                                           \
   }                                                                                                   \
   TARGET float dot_##SUFFIX(DType dtype, const uint8_t* row, const QuantizedActivation& x, size_t blocks) { \
     return dtype == DType::kInt8 ? dot_q8_##SUFFIX(row, x, blocks) : dot_q4_##SUFFIX(row, x, blocks); \
