@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "pagoda/backend/cuda/cuda_check.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
@@ -93,6 +94,18 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
 
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   PAGODA_ASSIGN_OR_RETURN(gemm_, Gemm::create());
+  int32_t gemv_rows = options_.gemv_max_rows;
+  if (const char* env = std::getenv("PAGODA_GEMV_MAX_ROWS"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (*end != '\0' || v < 0 || v > kGemvMaxRows)
+      return invalid_argument_error("PAGODA_GEMV_MAX_ROWS={}: expected 0 ... {}", env, kGemvMaxRows);
+    gemv_rows = static_cast<int32_t>(v);
+  }
+  if (gemv_rows < -1 || gemv_rows > kGemvMaxRows)
+    return invalid_argument_error("CUDA model options: gemv_max_rows={} (-1 ... {})", gemv_rows, kGemvMaxRows);
+  gemv_rows_bf16_ = gemv_rows < 0 ? kGemvDefaultMaxRowsBf16 : gemv_rows;
+  gemv_rows_fp8_ = gemv_rows < 0 ? kGemvDefaultMaxRowsFp8 : gemv_rows;
   fast_ = std::make_unique<FastAttention>();
   fast_->set_kv_dtypes(options_.kv_key_dtype, options_.kv_value_dtype);
 
@@ -280,7 +293,21 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
 
 Status CudaModel::project(const bf16* x, int32_t T, const bf16* w, const CudaFp8Weight& fp8, int32_t n, int32_t k,
                           bf16* y) {
-  if (fp8.data == nullptr) return gemm_->linear(x, T, w, n, k, y, GemmOutput::kBF16, stream_);
+  if (fp8.data == nullptr) {
+    if (T <= gemv_rows_bf16_ && gemv_supported(T, k, false, x, w))
+      {
+      PAGODA_CUDA_RETURN_IF_ERROR(gemv_bf16(x, T, w, n, k, y, false, stream_));
+      return ok_status();
+    }
+    return gemm_->linear(x, T, w, n, k, y, GemmOutput::kBF16, stream_);
+  }
+  if (T <= gemv_rows_fp8_ && fp8.input_scale == nullptr && gemv_supported(T, k, true, x, fp8.data)) {
+    // Weight-only at decode sizes: the activations stay bf16 (gemv.h). Static input scales are the
+    // checkpoint's arithmetic (its activations rounded at a calibrated scale) and keep the GEMM path.
+    const int32_t block_stride = fp8.block128 ? fp8_block_weight_scale_stride(k) : 0;
+    PAGODA_CUDA_RETURN_IF_ERROR(gemv_fp8(x, T, fp8.data, fp8.scales, block_stride, n, k, y, stream_));
+    return ok_status();
+  }
   uint8_t* q = fp8_x_.as<uint8_t>();
   float* scales = fp8_x_scales_.as<float>();
   if (fp8.block128) {
@@ -301,8 +328,13 @@ Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {
   bf16* normed = head_normed_.as<bf16>();
   PAGODA_CUDA_RETURN_IF_ERROR(rmsnorm(residual_.as<float>(), device_.logit_rows + row_begin, weights_.final_norm,
                                       normed, num_rows, c.hidden_size, c.rms_norm_eps, stream_));
-  PAGODA_RETURN_IF_ERROR(gemm_->linear(normed, num_rows, weights_.lm_head, c.vocab_size, c.hidden_size,
-                                       logits_.data(), GemmOutput::kF32, stream_));
+  if (num_rows <= gemv_rows_bf16_ && gemv_supported(num_rows, c.hidden_size, false, normed, weights_.lm_head)) {
+    PAGODA_CUDA_RETURN_IF_ERROR(gemv_bf16(normed, num_rows, weights_.lm_head, c.vocab_size, c.hidden_size,
+                                          logits_.data(), true, stream_));
+  } else {
+    PAGODA_RETURN_IF_ERROR(gemm_->linear(normed, num_rows, weights_.lm_head, c.vocab_size, c.hidden_size,
+                                         logits_.data(), GemmOutput::kF32, stream_));
+  }
   PAGODA_CUDA_RETURN_IF_ERROR(argmax_rows(logits_.as<float>(), num_rows, c.vocab_size, tokens_.as<int32_t>(), stream_));
   return ok_status();
 }

@@ -48,6 +48,7 @@
 #include "pagoda/backend/cuda/fast_attention.h"
 #include "pagoda/backend/cuda/fp8_gemm.h"
 #include "pagoda/backend/cuda/gemm.h"
+#include "pagoda/backend/cuda/gemv.h"
 #include "pagoda/backend/cuda/kv_layer_waits.h"
 #include "pagoda/backend/cuda/sampling.h"
 #include "pagoda/backend/cuda/step_plan.h"
@@ -84,6 +85,11 @@ struct CudaModelOptions {
   // --quantization fp8: f32/f16/bf16 projections become e4m3 with per-channel scales and run as fp8 GEMMs
   // with dynamic per-token activations (an FP8 checkpoint's projections run fp8 without it).
   bool fp8_weights = false;
+  // Projections (and the lm_head) of steps with at most this many rows run as the weight-streaming GEMV
+  // (gemv.h) instead of cuBLASLt (fp8 projections with dynamic activations only): -1 picks gemv.h's
+  // defaults per weight type, 0 turns it off, 1 ... kGemvMaxRows sets both. The environment variable PAGODA_GEMV_MAX_ROWS, when set,
+  // overrides this (benchmarks compare both paths without rebuilding).
+  int32_t gemv_max_rows = -1;
 };
 
 class CudaModel {
@@ -212,6 +218,8 @@ class CudaModel {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<Fp8Gemm> fp8_gemm_;  // when some projection runs fp8
+  int32_t gemv_rows_bf16_ = 0;  // steps of at most this many rows run bf16 projections as GEMVs
+  int32_t gemv_rows_fp8_ = 0;   // the same for fp8 projections
   DeviceBuffer fp8_x_;         // e4m3 [T4, max(hidden, Hq * D, intermediate)]: a projection's quantized input
   DeviceBuffer fp8_x_scales_;  // f32 per token (or token x 128-group) of fp8_x_
   std::unique_ptr<FastAttention> fast_;
