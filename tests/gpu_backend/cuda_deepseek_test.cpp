@@ -704,6 +704,50 @@ TEST_P(DeepseekFastDecodeTest, FastDecodeEqualsSimpleKernel) {
   EXPECT_LE(moe_error, 0.05);
 }
 
+// The decode kernel reads the fp8 pool's 656-byte records at up to 16 heads;
+// with 20 heads an fp8 decode step plans no fast rows and runs on the simple
+// kernel (no error), giving exactly the fast_attention-off logits; bf16 at 20
+// heads still takes the fast kernel.
+TEST(DeepseekFastDecode, Fp8RecordsWithMoreThan16HeadsRunOnTheSimpleKernel) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  for (DType latent : {DType::kFP8E4M3, DType::kBF16}) {
+    SCOPED_TRACE(dtype_name(latent));
+    auto config = load_model_config(fixtures_dir() / "deepseek_v3_latent512_bf16");
+    ASSERT_TRUE(config.ok()) << config.status().to_string();
+    config->num_q_heads = 20;
+    CudaModelOptions o = options_for(16, latent);
+    o.max_model_len = 128;
+    o.max_num_tokens = 256;
+    auto model = CudaModel::create_random(*config, 5, o);
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    CudaModel& m = **model;
+    m.set_use_cuda_graphs(false);
+    auto pool = CudaKvPool::create(m.kv_pool_shape(2 * 8));
+    ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+    const std::vector<int32_t> lengths{9, 40};
+    std::vector<float> logits, fast, simple;
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      std::vector<int32_t> prompt(static_cast<size_t>(lengths[s]));
+      for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 29 + 5 * s + 1) % 256);
+      ASSERT_TRUE(m.forward(single(prompt, 0, blocks_from(static_cast<int32_t>(s) * 8, 8), false), **pool, logits).ok());
+    }
+    const ForwardBatch step = decode_batch(lengths, 8);
+    m.set_fast_attention(true);
+    const int64_t before = m.fast_attention_steps();
+    ASSERT_TRUE(m.forward(step, **pool, fast).ok());
+    const bool took_fast = m.fast_attention_steps() > before;
+    m.set_fast_attention(false);
+    ASSERT_TRUE(m.forward(step, **pool, simple).ok());
+    if (latent == DType::kFP8E4M3) {
+      EXPECT_FALSE(took_fast) << "fp8 records at 20 heads must not plan the narrow-only decode";
+      EXPECT_EQ(fast, simple);
+    } else {
+      EXPECT_TRUE(took_fast);
+      EXPECT_LE(top5_logprob_error(fast, simple, m.config().vocab_size), 0.05);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(BlockSizes, DeepseekFastDecodeTest,
                          ::testing::Combine(::testing::Values(16, 64, 1),
                                             ::testing::Values(DType::kBF16, DType::kFP8E4M3)),
