@@ -90,6 +90,7 @@ TEST(CpuHostTierTest, MlaLatentPoolsRoundTripThroughAHostChunk) {
     SCOPED_TRACE(dtype_name(dtype));
     KvPoolShape shape{2, 5, 3, 1, 48, dtype, dtype};
     shape.latent = true;  // one latent vector per token, no V
+    shape.latent_rope_dim = 8;
     auto pool = CpuKvPool::create(shape);
     ASSERT_TRUE(pool.ok()) << pool.status().to_string();
     const size_t block_bytes = runtime::host_block_layout(shape).block_bytes();

@@ -45,6 +45,19 @@ TEST(DeepseekCliTest, GenerateReproducesTransformersGreedyTokens) {
   EXPECT_EQ(out["tokens"].get<std::vector<int32_t>>(), std::vector<int32_t>(greedy.begin(), greedy.begin() + 12));
   EXPECT_THAT(r.err, HasSubstr("attention MLA (latent 32 + rope 8"));
   EXPECT_THAT(r.err, HasSubstr("KV cache: MLA, 40 values/token/layer (latent 32 + rope 8), f32 (latent)"));
+  EXPECT_THAT(r.err, HasSubstr("KV cache per layer: MLA f32 160 B/token (MHA K/V in bf16: 320 B/token)"));
+}
+
+// An fp8 latent is one runtime/mla_fp8_layout.h record per token and layer: 32 codes, a scale and 8 bf16
+// rope values, padded to 64 bytes (FlashMLA's 656 for 512 + 64), named in the start-up report.
+TEST(DeepseekCliTest, StartupReportNamesTheFp8LatentRecordBytesPerLayer) {
+  const json e = expected();
+  const CliResult r = run_pagoda({"generate", "--model", source_path(kFixture), "--prompt-ids",
+                                  joined(e["prompt_ids"].get<std::vector<int32_t>>()), "--max-tokens", "2",
+                                  "--ignore-eos", "--kv-cache-dtype", "fp8", "--block-size", "64", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("fp8 (latent), 192 B/token"));
+  EXPECT_THAT(r.err, HasSubstr("KV cache per layer: MLA fp8 64 B/token (MHA K/V in bf16: 320 B/token)"));
 }
 
 TEST(DeepseekCliTest, RefusesSplitKeyValueDtypes) {

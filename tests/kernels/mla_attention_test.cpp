@@ -16,6 +16,7 @@
 #include "pagoda/backend/cpu/kernels/mla_latent_write.h"
 #include "pagoda/backend/cpu/kernels/rope.h"
 #include "pagoda/backend/cpu/kernels/rope_strided.h"
+#include "pagoda/runtime/mla_fp8_layout.h"
 
 namespace pagoda::kernels {
 namespace {
@@ -30,13 +31,18 @@ std::vector<float> random_vector(size_t n, std::mt19937& rng, float scale = 1.0f
   return v;
 }
 
-// One latent pool layer of kBlocks blocks in `dtype`, owning its memory.
+// One latent pool layer of kBlocks blocks in `dtype`, owning its memory. records:
+// an MLA pool's fp8 records (runtime/mla_fp8_layout.h, what CpuKvPool makes for an
+// fp8 latent pool) instead of kv_quant.h's codes + scale records.
 struct LatentPool {
-  explicit LatentPool(DType dtype)
-      : data(static_cast<size_t>(kBlocks) * kBlock * kv_head_bytes(kDim, dtype)),
+  explicit LatentPool(DType dtype, bool records = false)
+      : data(static_cast<size_t>(kBlocks) * kBlock *
+             (records ? static_cast<size_t>(mla_fp8_record_bytes(kRank, kRope)) : kv_head_bytes(kDim, dtype))),
         scales(static_cast<size_t>(kBlocks) * kBlock * kv_head_scale_bytes(kDim, dtype) + 4) {
     layer.key = data.data();
-    layer.key_scales = kv_head_scale_bytes(kDim, dtype) > 0 ? scales.data() : nullptr;
+    layer.key_scales = kv_head_scale_bytes(kDim, dtype) > 0 && !records ? scales.data() : nullptr;
+    layer.latent = records;
+    layer.latent_rope_dim = records ? kRope : 0;
     layer.num_blocks = kBlocks;
     layer.block_size = kBlock;
     layer.num_kv_heads = 1;
@@ -134,10 +140,10 @@ std::vector<float> absorbed_attention(const PagedKvLayer& layer, const Case& c, 
   return out;
 }
 
-void run(DType dtype, double tolerance) {
+void run(DType dtype, double tolerance, bool records = false) {
   std::mt19937 rng(42);
   const Case c = make_case();
-  LatentPool pool(dtype);
+  LatentPool pool(dtype, records);
   // Every position of both sequences (cached and new) written through mla_latent_write.
   std::vector<std::vector<float>> latent;  // as stored (dequantized for the reference)
   size_t first[2] = {0, 7};
@@ -149,6 +155,13 @@ void run(DType dtype, double tolerance) {
       const int64_t slot = static_cast<int64_t>(seq.block_table[p / kBlock]) * kBlock + p % kBlock;
       mla_latent_write(v.data(), kDim, std::vector<int64_t>{slot}, pool.layer);
       std::vector<float> stored(kDim);
+      if (records) {
+        const size_t record_bytes = static_cast<size_t>(mla_fp8_record_bytes(kRank, kRope));
+        mla_fp8_dequantize(reinterpret_cast<const uint8_t*>(pool.data.data()) + static_cast<size_t>(slot) * record_bytes,
+                           kRank, kRope, stored.data());
+        latent.push_back(stored);
+        continue;
+      }
       const size_t scale_bytes = kv_head_scale_bytes(kDim, dtype);
       dequantize_kv_vector(pool.data.data() + static_cast<size_t>(slot) * kv_head_bytes(kDim, dtype),
                            scale_bytes ? pool.scales.data() + kv_scale_vector(slot, 0, kBlock, 1) * scale_bytes : nullptr,
@@ -174,6 +187,32 @@ TEST(MlaAttentionTest, AbsorbedEqualsDecompressedOnBf16Fp8AndInt8Pools) {
     SCOPED_TRACE(dtype_name(d));
     run(d, 5e-5);
   }
+}
+
+TEST(MlaAttentionTest, AbsorbedEqualsDecompressedOnFp8LatentRecords) { run(DType::kFP8E4M3, 5e-5, true); }
+
+TEST(MlaAttentionTest, LatentWriteStoresFp8RecordsAndSkipsNegativeSlots) {
+  LatentPool pool(DType::kFP8E4M3, true);
+  const size_t record_bytes = static_cast<size_t>(mla_fp8_record_bytes(kRank, kRope));
+  ASSERT_EQ(record_bytes, 48u);  // 16 codes, one f32 scale, 8 bf16 rope values = 36, padded to 16
+  std::mt19937 rng(3);
+  std::vector<float> v = random_vector(2 * kDim, rng);
+  mla_latent_write(v.data(), kDim, std::vector<int64_t>{-1, 5}, pool.layer);
+  std::vector<uint8_t> expected(record_bytes, 0xee);
+  mla_fp8_quantize(v.data() + kDim, kRank, kRope, expected.data());
+  const auto* stored = reinterpret_cast<const uint8_t*>(pool.data.data());
+  for (size_t i = 0; i < record_bytes; ++i) EXPECT_EQ(stored[5 * record_bytes + i], expected[i]) << "byte " << i;
+  // The rope values are the bf16 rounding of the input, the latent within half an fp8 step of its group's scale.
+  std::vector<float> back(kDim);
+  mla_fp8_dequantize(stored + 5 * record_bytes, kRank, kRope, back.data());
+  for (int32_t i = 0; i < kRope; ++i)
+    EXPECT_EQ(back[static_cast<size_t>(kRank + i)], bf16_to_f32(f32_to_bf16(v[static_cast<size_t>(kDim + kRank + i)])));
+  for (int32_t i = 0; i < kRank; ++i) {
+    const float x = v[static_cast<size_t>(kDim + i)];
+    EXPECT_NEAR(back[static_cast<size_t>(i)], x, std::abs(x) / 16 + 1e-6);
+  }
+  for (size_t i = 0; i < pool.data.size(); ++i)
+    if (i / record_bytes != 5) EXPECT_EQ(pool.data[i], std::byte{0}) << "byte " << i;
 }
 
 TEST(MlaAttentionTest, LatentWriteSkipsNegativeSlotsAndStoresFp8WithOneScalePerToken) {

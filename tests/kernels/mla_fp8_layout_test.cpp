@@ -94,3 +94,40 @@ TEST(MlaFp8LayoutTest, GroupScalesBeatOneScaleWhenGroupsDiffer) {
 
 }  // namespace
 }  // namespace pagoda::kernels
+
+namespace pagoda::kernels {
+namespace {
+
+TEST(MlaFp8LayoutTest, OtherDimsUseTheSameSchemePaddedTo16Bytes) {
+  EXPECT_EQ(mla_fp8_record_bytes(512, 64), 656);
+  EXPECT_EQ(mla_fp8_record_bytes(32, 8), 64);    // 32 codes, 1 scale at 32, rope at 36 + 16 = 52
+  EXPECT_EQ(mla_fp8_record_bytes(130, 6), 160);  // 130 codes, 2 scales at 132, rope at 140 + 12 = 152
+  EXPECT_EQ(mla_fp8_rope_at(130), 140);
+  // A short last group gets its own scale; the padding is zero.
+  std::vector<float> v(136);
+  for (int i = 0; i < 136; ++i) v[static_cast<size_t>(i)] = i < 128 ? 1.0f : 100.0f;
+  std::vector<uint8_t> r(160, 0xee);
+  mla_fp8_quantize(v.data(), 130, 6, r.data());
+  float s0, s1;
+  std::memcpy(&s0, r.data() + 132, 4);
+  std::memcpy(&s1, r.data() + 136, 4);
+  EXPECT_EQ(s0, 1.0f / 448.0f);
+  EXPECT_EQ(s1, 100.0f / 448.0f);
+  for (int i = 152; i < 160; ++i) EXPECT_EQ(r[static_cast<size_t>(i)], 0) << "padding byte " << i;
+  std::vector<float> back(136);
+  mla_fp8_dequantize(r.data(), 130, 6, back.data());
+  for (int i = 0; i < 136; ++i) EXPECT_NEAR(back[static_cast<size_t>(i)], v[static_cast<size_t>(i)], 1e-5f * v[i]) << i;
+  // The 512 + 64 overloads read what the general one wrote.
+  std::vector<float> w(576);
+  for (int i = 0; i < 576; ++i) w[static_cast<size_t>(i)] = std::sin(0.1f * static_cast<float>(i)) * (1 + i / 100);
+  std::vector<uint8_t> a(656), b(656);
+  mla_fp8_quantize(w.data(), a.data());
+  mla_fp8_quantize(w.data(), 512, 64, b.data());
+  EXPECT_EQ(a, b);
+  back.resize(576);
+  mla_fp8_dequantize(a.data(), 512, 64, back.data());
+  for (int i = 0; i < 576; ++i) EXPECT_EQ(back[static_cast<size_t>(i)], mla_fp8_value(a.data(), i)) << i;
+}
+
+}  // namespace
+}  // namespace pagoda::kernels

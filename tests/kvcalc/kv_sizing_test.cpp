@@ -122,7 +122,10 @@ TEST(KvSizingMlaTest, LatentBytesAgainstMhaOfTheSameModel) {
   const KvShape s = v2_lite_attention();
   EXPECT_EQ(s.values_per_token_per_layer(), 576);
   EXPECT_EQ(kv_bytes_per_token(s, DType::kBF16), 27 * 576 * 2);
-  EXPECT_EQ(kv_bytes_per_token(s, DType::kFP8E4M3), 27 * (576 + 4));  // one f32 scale per token and layer
+  EXPECT_EQ(kv_bytes_per_token(s, DType::kFP8E4M3), 27 * 656);  // FlashMLA's record: 512 codes, 4 scales, 64 bf16
+  EXPECT_EQ(mla_vector_bytes(512, 64, DType::kFP8E4M3), 656);
+  EXPECT_EQ(mla_vector_bytes(32, 8, DType::kFP8E4M3), 64);  // 32 codes, 1 scale, 8 bf16 = 52, padded to 16
+  EXPECT_EQ(mla_vector_bytes(512, 64, DType::kBF16), 1152);
   EXPECT_EQ(kv_bytes_per_token(s, DType::kInt4), 27 * (288 + 18 * 4));
   const KvShape mha = mha_equivalent(s);
   EXPECT_EQ(mha.kind(), AttentionKind::kMHA);
@@ -132,8 +135,8 @@ TEST(KvSizingMlaTest, LatentBytesAgainstMhaOfTheSameModel) {
 
 TEST(KvSizingMlaTest, StartupLineNamesMlaValuesAndTheMhaBytes) {
   EXPECT_EQ(format_kv_cache_line(v2_lite_attention(), DType::kFP8E4M3, DType::kFP8E4M3, int64_t{1} << 30),
-            "KV cache: MLA, 576 values/token/layer (latent 512 + rope 64), fp8 (latent), 15,660 B/token "
-            "(bf16: 31,104 B; MHA K/V in bf16: 276,480 B), 68,560 tokens fit in 1.00 GiB");
+            "KV cache: MLA, 576 values/token/layer (latent 512 + rope 64), fp8 (latent), 17,712 B/token "
+            "(bf16: 31,104 B; MHA K/V in bf16: 276,480 B), 60,608 tokens fit in 1.00 GiB");
 }
 
 TEST(KvSizingMlaTest, DeepseekConfigKeepsThePerHeadDimsForTheComparison) {

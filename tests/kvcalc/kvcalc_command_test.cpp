@@ -95,7 +95,7 @@ TEST(KvcalcCommandTest, MlaModelShowsValuesPerTokenAndWhatMhaWouldNeed) {
   EXPECT_EQ(j["rows"][0]["attention"], "MLA");
   EXPECT_EQ(j["rows"][0]["values_per_token_per_layer"], 576);
   EXPECT_EQ(j["rows"][0]["bytes_per_token"], 31104);
-  EXPECT_EQ(j["rows"][1]["bytes_per_token"], 15660);
+  EXPECT_EQ(j["rows"][1]["bytes_per_token"], 27 * 656);  // FlashMLA's fp8 record
   EXPECT_EQ(j["rows"][2]["attention"], "MHA");
   EXPECT_EQ(j["rows"][2]["values_per_token_per_layer"], 16 * (192 + 128));
   EXPECT_EQ(j["rows"][2]["bytes_per_token"], 276480);
@@ -105,12 +105,15 @@ TEST(KvcalcCommandTest, MlaModelShowsValuesPerTokenAndWhatMhaWouldNeed) {
 
 TEST(KvcalcCommandTest, ReadsADeepseekFixture) {
   Result r = run_pagoda(std::string("kvcalc --model ") + PAGODA_SOURCE_DIR +
-                        "/tests/fixtures/models/deepseek_v2_lite_bf16 --kv-dtype bf16");
+                        "/tests/fixtures/models/deepseek_v2_lite_bf16 --kv-dtype bf16,fp8");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // 3 layers, latent 32 + rope 8; MHA: 4 heads x (24 K + 16 V).
   EXPECT_NE(r.output.find("MLA latent 32 + rope 8 = 40 values per token per layer"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("MHA with 4 heads x (24 K + 16 V) would cache 160"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("240"), std::string::npos) << r.output;  // 3 x 40 x 2 bytes
+  // fp8: 3 x one 64-byte record (32 codes, a scale, 8 bf16 rope values = 52, padded to 16).
+  EXPECT_NE(r.output.find(" 192 "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("656 B for 512 + 64"), std::string::npos) << r.output;
 }
 
 }  // namespace

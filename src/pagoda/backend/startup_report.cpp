@@ -1,5 +1,7 @@
 #include "pagoda/backend/startup_report.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "pagoda/model/kv_geometry.h"
@@ -110,6 +112,15 @@ void add_kv_report(const RunnerSetup& setup, std::vector<std::string>& lines) {
   lines.push_back(format_kv_cache_line(shape, f.key_dtype, f.value_dtype,
                                        setup.kv_pool_tokens() * setup.kv_bytes_per_token, setup.block_size) +
                   " (scales included)");
+  if (shape.is_mla()) {  // one layer's cached vector (fp8: runtime/mla_fp8_layout.h's record) beside MHA's K/V
+    const KvShape mha = mha_equivalent(shape);
+    lines.push_back(fmt::format("KV cache per layer: MLA {} {} B/token (MHA K/V in bf16: {} B/token)",
+                                dtype_name(f.key_dtype),
+                                format_with_commas(mla_vector_bytes(shape.mla_latent_dim, shape.mla_rope_dim,
+                                                                    f.key_dtype)),
+                                format_with_commas(kv_bytes_per_token(mha, DType::kBF16) / std::max<int64_t>(
+                                                                                                 mha.layers, 1))));
+  }
   lines.push_back(fmt::format(
       "capacity: {} tokens in the KV pool = {} requests of {} tokens (max_model_len) at once; max-num-seqs {}, "
       "max-tokens-per-step {}", setup.kv_pool_tokens(), setup.max_concurrent_full_requests(), setup.max_model_len,

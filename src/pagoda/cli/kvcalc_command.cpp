@@ -187,7 +187,8 @@ void run_kvcalc(const KvcalcOptions& o) {
   std::cout << "values: cached values per token per layer (K + V over the KV heads, or the MLA latent + rope)\n";
   std::cout << "vs base: how many times smaller than the given model's KV in bf16\n";
   std::cout << "scales included: fp8 one f32 per token-head; int8 f16 scale + zero per token-head; "
-               "int4 f16 scale + zero per 32 values\n\n";
+               "int4 f16 scale + zero per 32 values; an MLA latent in fp8 is FlashMLA's record: one f32 per 128 "
+               "latent values, the rope key in bf16, padded to 16 bytes (656 B for 512 + 64)\n\n";
   std::string header = fmt::format("{:<5} {:>4} {:>7} {:<9} {:>14} {:>8} {:>12} {:>12}", "attn", "kv", "values",
                                    "dtype", "bytes/token", "vs base", "per request", "per batch");
   if (budget) header += fmt::format(" {:>16} {:>10}", "tokens that fit", "requests");

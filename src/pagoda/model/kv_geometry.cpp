@@ -9,6 +9,7 @@ KvPoolShape model_kv_pool_shape(const ModelConfig& c, int32_t num_blocks, int32_
     shape.num_kv_heads = 1;
     shape.head_dim = c.mla->latent_dim();
     shape.latent = true;
+    shape.latent_rope_dim = c.mla->qk_rope_head_dim;
   }
   return shape;
 }

@@ -54,7 +54,8 @@ Status check_pool_matches(const KvPoolShape& pool, const KvPoolShape& expected) 
   if (pool.num_layers != expected.num_layers || pool.num_kv_heads != expected.num_kv_heads ||
       pool.head_dim != expected.head_dim || pool.block_size != expected.block_size ||
       pool.key_dtype != expected.key_dtype || pool.value_dtype != expected.value_dtype ||
-      pool.latent != expected.latent || pool.cross_layer_share != expected.cross_layer_share)
+      pool.latent != expected.latent || pool.latent_rope_dim != expected.latent_rope_dim ||
+      pool.cross_layer_share != expected.cross_layer_share)
     return invalid_argument_error(
         "KV pool ({}layers={} (cross-layer share {}) kv_heads={} head_dim={} block_size={} kv dtypes={}/{}) does not fit the model "
         "({}layers={} (cross-layer share {}) kv_heads={} head_dim={} block_size={} kv dtypes={}/{})",

@@ -30,8 +30,12 @@ HostBlockLayout host_block_layout(const KvPoolShape& shape) {
   const size_t vectors = static_cast<size_t>(shape.block_size) * static_cast<size_t>(shape.num_kv_heads);
   HostBlockLayout layout;
   layout.num_layers = shape.num_layers;
-  layout.segment_bytes[kKeyCodes] = vectors * code_bytes(shape.head_dim, shape.key_dtype);
-  layout.segment_bytes[kKeyScales] = vectors * scale_bytes(shape.head_dim, shape.key_dtype);
+  if (shape.latent && shape.key_dtype == DType::kFP8E4M3) {
+    layout.segment_bytes[kKeyCodes] = vectors * shape.latent_vector_bytes();  // records hold their scales
+  } else {
+    layout.segment_bytes[kKeyCodes] = vectors * code_bytes(shape.head_dim, shape.key_dtype);
+    layout.segment_bytes[kKeyScales] = vectors * scale_bytes(shape.head_dim, shape.key_dtype);
+  }
   if (!shape.latent) {  // an MLA latent pool has no V
     layout.segment_bytes[kValueCodes] = vectors * code_bytes(shape.head_dim, shape.value_dtype);
     layout.segment_bytes[kValueScales] = vectors * scale_bytes(shape.head_dim, shape.value_dtype);

@@ -10,6 +10,9 @@
 // instead of K and V: `latent` is set, num_kv_heads is 1, head_dim is
 // kv_lora_rank + qk_rope_head_dim (the normalized latent, then the rotated rope
 // key) and there is no V pool: value_dtype equals key_dtype and counts no bytes.
+// latent_rope_dim says where the rope key starts (head_dim - latent_rope_dim);
+// an fp8 latent pool stores per token one record of runtime/mla_fp8_layout.h
+// (FlashMLA's 656 B for 512 + 64; no scale pool), which needs it.
 // Block ids, block tables and copies are the same as for K/V pools.
 
 #include <cstddef>
@@ -36,6 +39,12 @@ struct KvPoolShape {
   // share().num_slots() layers' worth of K/V plus, for each shared slot, per
   // (token, KV head) a K and a V record of share().norm_record() f32 norms.
   int32_t cross_layer_share = 1;
+  int32_t latent_rope_dim = 0;  // MLA: qk_rope_head_dim, the last values of each cached vector
+
+  // Bytes of one cached vector of the latent pool (kv_sizing.h's mla_vector_bytes).
+  size_t latent_vector_bytes() const {
+    return static_cast<size_t>(mla_vector_bytes(head_dim - latent_rope_dim, latent_rope_dim, key_dtype));
+  }
 
   runtime::CrossLayerShare share() const { return {num_layers, cross_layer_share}; }
 
@@ -45,6 +54,7 @@ struct KvPoolShape {
   }
   // Bytes of K plus V (or of the latent) for one token over all layers, scales included (kv_sizing.h).
   size_t bytes_per_token() const {
+    if (latent) return static_cast<size_t>(num_layers) * num_kv_heads * latent_vector_bytes();
     const int64_t value_bytes = latent ? 0 : kv_vector_bytes(head_dim, value_dtype);
     const runtime::CrossLayerShare s = share();
     return static_cast<size_t>(s.num_slots()) * num_kv_heads *

@@ -9,6 +9,7 @@
 
 #include "pagoda/runtime/cross_layer_share.h"
 #include "pagoda/runtime/kv_quant.h"
+#include "pagoda/runtime/mla_fp8_layout.h"
 
 namespace pagoda {
 
@@ -64,10 +65,16 @@ int64_t kv_vector_bytes(int64_t elements, DType dtype) {
   return 0;
 }
 
+int64_t mla_vector_bytes(int64_t latent, int64_t rope, DType dtype) {
+  if (dtype == DType::kFP8E4M3)
+    return kernels::mla_fp8_record_bytes(static_cast<int32_t>(latent), static_cast<int32_t>(rope));
+  return kv_vector_bytes(latent + rope, dtype);
+}
+
 int64_t kv_bytes_per_token(const KvShape& s, DType k_dtype, DType v_dtype) {
   if (s.is_mla()) {
     // The latent and the rope key are stored as one vector per token and layer.
-    return s.layers * kv_vector_bytes(s.mla_latent_dim + s.mla_rope_dim, k_dtype);
+    return s.layers * mla_vector_bytes(s.mla_latent_dim, s.mla_rope_dim, k_dtype);
   }
   int64_t v_dim = s.v_head_dim > 0 ? s.v_head_dim : s.head_dim;
   const runtime::CrossLayerShare share{static_cast<int32_t>(s.layers), static_cast<int32_t>(s.cross_layer_share)};

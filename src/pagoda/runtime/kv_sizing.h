@@ -59,6 +59,11 @@ KvShape mha_equivalent(const KvShape& shape);
 // Bytes of one cached vector of `elements` values in `dtype`, scales included.
 int64_t kv_vector_bytes(int64_t elements, DType dtype);
 
+// Bytes of one cached MLA vector (latent + rope values) in `dtype`: fp8 is the
+// self-contained record of runtime/mla_fp8_layout.h (656 B for 512 + 64), every
+// other dtype kv_vector_bytes(latent + rope, dtype).
+int64_t mla_vector_bytes(int64_t latent, int64_t rope, DType dtype);
+
 // K + V bytes per token over all layers (scales included).
 int64_t kv_bytes_per_token(const KvShape& shape, DType k_dtype, DType v_dtype);
 inline int64_t kv_bytes_per_token(const KvShape& shape, DType dtype) {
@@ -89,8 +94,8 @@ StatusOr<KvCapacity> kv_capacity(const KvShape& shape, DType k_dtype, DType v_dt
 // For MLA, whose one latent vector has no separate V, the line names the kind,
 // the values cached per token per layer and what MHA caching would take, e.g.
 // for DeepSeek-V2-Lite's shape:
-//   "KV cache: MLA, 576 values/token/layer (latent 512 + rope 64), fp8 (latent), 15,660 B/token
-//    (bf16: 31,104 B; MHA K/V in bf16: 276,480 B), 68,560 tokens fit in 1.00 GiB".
+//   "KV cache: MLA, 576 values/token/layer (latent 512 + rope 64), fp8 (latent), 17,712 B/token
+//    (bf16: 31,104 B; MHA K/V in bf16: 276,480 B), 60,608 tokens fit in 1.00 GiB".
 // Tokens are whole blocks of block_size.
 std::string format_kv_cache_line(const KvShape& shape, DType k_dtype, DType v_dtype, int64_t budget_bytes,
                                  int64_t block_size = 16);

@@ -31,8 +31,12 @@ CpuKvPool::Store CpuKvPool::make_store(const KvPoolShape& shape, DType dtype) {
   Store s;
   s.dtype = dtype;
   const size_t vectors_per_block = static_cast<size_t>(shape.block_size) * shape.num_kv_heads;
-  s.block_data_bytes = vectors_per_block * kernels::kv_head_bytes(shape.head_dim, dtype);
-  s.block_scale_bytes = vectors_per_block * kernels::kv_head_scale_bytes(shape.head_dim, dtype);
+  if (shape.latent && dtype == DType::kFP8E4M3) {  // self-contained records (runtime/mla_fp8_layout.h)
+    s.block_data_bytes = vectors_per_block * shape.latent_vector_bytes();
+  } else {
+    s.block_data_bytes = vectors_per_block * kernels::kv_head_bytes(shape.head_dim, dtype);
+    s.block_scale_bytes = vectors_per_block * kernels::kv_head_scale_bytes(shape.head_dim, dtype);
+  }
   const size_t blocks = static_cast<size_t>(shape.share().num_slots()) * shape.num_blocks;
   s.data = zeroed_bytes(blocks * s.block_data_bytes);
   s.scales = zeroed_bytes(blocks * s.block_scale_bytes);
@@ -56,6 +60,9 @@ StatusOr<CpuKvPool> CpuKvPool::create(const KvPoolShape& shape) {
         "must be the K dtype (got K {}, V {})", shape.num_kv_heads, dtype_name(shape.key_dtype),
         dtype_name(shape.value_dtype));
   }
+  if (shape.latent && (shape.latent_rope_dim < 0 || shape.latent_rope_dim >= shape.head_dim))
+    return invalid_argument_error("MLA latent pool: latent_rope_dim {} must be in [0, head_dim {})",
+                                  shape.latent_rope_dim, shape.head_dim);
   if (shape.cross_layer_share < 1 || (shape.cross_layer_share > 1 && shape.latent))
     return invalid_argument_error("cross-layer KV sharing {}: must be >= 1 and not on an MLA latent pool",
                                   shape.cross_layer_share);
@@ -109,6 +116,8 @@ kernels::PagedKvLayer CpuKvPool::layer(int32_t model_layer) {
   view.key_dtype = shape_.key_dtype;
   view.value_dtype = shape_.value_dtype;
   view.key_scales = block_scales(key_, layer, 0);
+  view.latent = shape_.latent;
+  view.latent_rope_dim = shape_.latent_rope_dim;
   view.value_scales = block_scales(value_, layer, 0);
   return view;
 }

@@ -16,6 +16,9 @@ namespace pagoda::cuda {
 #ifdef PAGODA_HAVE_KERNELS_CUDA
 namespace kc = pagoda::kernels::cuda;
 
+// The decode kernel reads the fp8 pool's 656-byte records on its narrow variant only.
+constexpr int32_t kFlashMla656MaxHeads = 16;
+
 struct CudaMlaDecode::State {
   int32_t num_heads = 0;
   float scale = 0.0f;
@@ -59,9 +62,18 @@ StatusOr<int32_t> CudaMlaDecode::plan(const ForwardBatch& batch, const KvPoolSha
   s.plan.reset();
   if (!s.shape_ok) return 0;
   kc::KvElement element;
-  if (pool.key_dtype == DType::kBF16) element = kc::KvElement::kBF16;
-  else if (pool.key_dtype == DType::kFP8E4M3) element = kc::KvElement::kFP8E4M3;
-  else return 0;
+  kc::MlaLatentLayout layout = kc::MlaLatentLayout::kPerVectorScale;
+  if (pool.key_dtype == DType::kBF16) {
+    element = kc::KvElement::kBF16;
+  } else if (pool.key_dtype == DType::kFP8E4M3) {
+    // The pool holds runtime/mla_fp8_layout.h's 656-byte records, which the
+    // kernel reads on its narrow variant only: more heads run on the simple kernel.
+    if (s.num_heads > kFlashMla656MaxHeads) return 0;
+    element = kc::KvElement::kFP8E4M3;
+    layout = kc::MlaLatentLayout::kFlashMla656;
+  } else {
+    return 0;
+  }
   // The leading one-token sequences, in token order.
   s.rows.clear();
   for (size_t i = 0; i < batch.sequences.size(); ++i) {
@@ -72,7 +84,7 @@ StatusOr<int32_t> CudaMlaDecode::plan(const ForwardBatch& batch, const KvPoolSha
   if (bucket > 0 && s.rows.size() != batch.sequences.size()) return 0;  // graph steps are pure decodes
   if (s.rows.empty()) return 0;
   PAGODA_RETURN_IF_ERROR(s.prepare());
-  const kc::MlaDecodeConfig config{s.num_heads, pool.block_size, pool.num_blocks, s.scale, element};
+  const kc::MlaDecodeConfig config{s.num_heads, pool.block_size, pool.num_blocks, s.scale, element, layout};
   const kc::AttentionDeviceInfo device{s.num_sms};
   DeviceBuffer* arena = &s.arena;
   kc::MlaDecodeOptions options;

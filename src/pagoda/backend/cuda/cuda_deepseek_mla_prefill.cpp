@@ -69,7 +69,7 @@ Status CudaMlaPrefill::run(cublasHandle_t cublas, const DevicePagedKvLayer& laye
   for (const Segment& g : segments_) {
     const int32_t C = g.context, cached = g.context - g.rows;
     PAGODA_CUDA_RETURN_IF_ERROR(mla_gather_latent(
-        layer, block_tables + static_cast<size_t>(g.sequence) * block_table_stride, C, lat, stream));
+        layer, block_tables + static_cast<size_t>(g.sequence) * block_table_stride, C, rank_, lat, stream));
     // kv^T (kv_ld x C, column-major) = kv_b_proj (rank x kv_ld, ld rank)^T x latent^T (rank x C, ld latent).
     PAGODA_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, kv_ld, C, rank_, &one, kv_b_proj,
                                                CUDA_R_16BF, rank_, lat, CUDA_R_16BF, latent, &zero, kv, CUDA_R_16BF,

@@ -74,6 +74,10 @@ CudaKvPool::CudaKvPool(const KvPoolShape& shape) : shape_(shape) {
   key_scale_.block_bytes = vectors_per_block * vector_scale_bytes(shape.head_dim, kq);
   value_scale_.block_bytes = vectors_per_block * vector_scale_bytes(shape.head_dim, vq);
   if (shape.latent) value_.block_bytes = value_scale_.block_bytes = 0;  // MLA: the latent (K) sub-pool only
+  if (shape.latent && shape.key_dtype == DType::kFP8E4M3) {  // runtime/mla_fp8_layout.h's records, no scale pool
+    key_.block_bytes = vectors_per_block * shape.latent_vector_bytes();
+    key_scale_.block_bytes = 0;
+  }
   size_t offset = 0;
   for (SubPool* sub : {&key_, &value_, &key_scale_, &value_scale_}) {
     sub->offset = offset;
@@ -89,6 +93,12 @@ StatusOr<std::unique_ptr<CudaKvPool>> CudaKvPool::create(const KvPoolShape& shap
         "CUDA KV pool shape: layers={} blocks={} block_size={} kv_heads={} head_dim={} (all > 0, head_dim a "
         "multiple of 8, one head for a latent pool)", shape.num_layers, shape.num_blocks, shape.block_size,
         shape.num_kv_heads, shape.head_dim);
+  }
+  if (shape.latent && (shape.latent_rope_dim < 0 || shape.latent_rope_dim >= shape.head_dim ||
+                       (shape.key_dtype == DType::kFP8E4M3 && (shape.head_dim - shape.latent_rope_dim) % 8 != 0))) {
+    return invalid_argument_error(
+        "CUDA MLA latent pool: latent_rope_dim {} must be in [0, head_dim {}), and an fp8 pool's latent "
+        "(head_dim - latent_rope_dim) a multiple of 8", shape.latent_rope_dim, shape.head_dim);
   }
   for (DType dtype : {shape.key_dtype, shape.value_dtype}) {
     if (!kv_quant_of(dtype))

@@ -8,7 +8,10 @@
 // 256-byte boundary. Block id b names the same token range in every layer.
 // An MLA latent pool (KvPoolShape::latent: one head of kv_lora_rank +
 // qk_rope_head_dim) has the K codes and K scales only; its V segments are empty
-// and layer() gives null value pointers.
+// and layer() gives null value pointers. In fp8 its K codes are the
+// self-contained records of runtime/mla_fp8_layout.h (FlashMLA's 656 bytes per
+// token for 512 + 64, KvPoolShape::latent_vector_bytes) and there is no K scale
+// pool (null key_scale).
 // Memory only: which blocks belong to whom is the KV manager's business, handed
 // over in ForwardBatch block tables. Copies (copy on write) move the codes and
 // scales as they are.

@@ -16,6 +16,7 @@
 #include <cuda_fp8.h>
 
 #include "pagoda/backend/cuda/mla_ops.h"
+#include "pagoda/runtime/mla_fp8_layout.h"
 
 namespace pagoda::cuda {
 
@@ -45,21 +46,33 @@ struct RawChunk {
   uint4 bits;
   float scale;
   float zero;
+  bool bf16;  // an fp8 pool's rope chunk: 8 bf16 values (runtime/mla_fp8_layout.h)
 };
 
-__device__ __forceinline__ RawChunk load_chunk(const DevicePagedKvLayer& layer, int64_t slot, int32_t chunk) {
+__device__ __forceinline__ RawChunk load_chunk(const DevicePagedKvLayer& layer, int64_t slot, int32_t chunk,
+                                               int32_t rank) {
   const int32_t dim = layer.head_dim;
-  RawChunk r{make_uint4(0, 0, 0, 0), 1.0f, 0.0f};
+  RawChunk r{make_uint4(0, 0, 0, 0), 1.0f, 0.0f, false};
   const int64_t scale_vec = kernels::kv_scale_vector(slot, 0, layer.block_size, 1);
   switch (layer.key_dtype) {
     case KvQuant::kNone:
       r.bits = reinterpret_cast<const uint4*>(static_cast<const bf16*>(layer.key) + slot * dim)[chunk];
       break;
-    case KvQuant::kFP8E4M3: {
-      const uint2 b = reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(layer.key) + slot * dim)[chunk];
-      r.bits.x = b.x;
-      r.bits.y = b.y;
-      r.scale = static_cast<const float*>(layer.key_scale)[scale_vec];
+    case KvQuant::kFP8E4M3: {  // the latent pool's self-contained records (rank % 8 == 0)
+      const uint8_t* record =
+          static_cast<const uint8_t*>(layer.key) + slot * kernels::mla_fp8_record_bytes(rank, dim - rank);
+      const int32_t first = chunk * 8;
+      if (first < rank) {
+        const uint2 b = *reinterpret_cast<const uint2*>(record + first);
+        r.bits.x = b.x;
+        r.bits.y = b.y;
+        r.scale = *reinterpret_cast<const float*>(record + kernels::mla_fp8_scales_at(rank) +
+                                                  4 * (first / kernels::kMlaFp8GroupSize));
+      } else {  // 4-byte loads: the rope piece is 4-byte aligned for any rank
+        const uint32_t* w = reinterpret_cast<const uint32_t*>(record + kernels::mla_fp8_rope_at(rank) + 2 * (first - rank));
+        r.bits = make_uint4(w[0], w[1], w[2], w[3]);
+        r.bf16 = true;
+      }
       break;
     }
     case KvQuant::kInt8: {
@@ -87,6 +100,7 @@ __device__ __forceinline__ RawChunk load_chunk(const DevicePagedKvLayer& layer, 
 
 // The 8 values of a chunk in f32: code x scale + zero (bf16: the values).
 __device__ __forceinline__ void decode_chunk(const RawChunk& r, KvQuant format, float* out) {
+  if (r.bf16) format = KvQuant::kNone;
   switch (format) {
     case KvQuant::kNone: {
       const uint32_t w[4] = {r.bits.x, r.bits.y, r.bits.z, r.bits.w};
@@ -169,7 +183,7 @@ __global__ void __launch_bounds__(kThreads)
         const int32_t j = c / chunks_per_key;
         const int32_t index = k0 + j;
         const int64_t slot = static_cast<int64_t>(table[index / bs]) * bs + index % bs;
-        raw[r] = load_chunk(layer, slot, c - j * chunks_per_key);
+        raw[r] = load_chunk(layer, slot, c - j * chunks_per_key, rank);
       }
     }
     __syncthreads();  // the previous tile is consumed (and q_s / m_s are written)
@@ -261,7 +275,9 @@ cudaError_t mla_attention_simple(const bf16* q, const DevicePagedKvLayer& layer,
   const int32_t dim = layer.head_dim;
   if (rank <= 0 || rank > kThreads * kDimsPerThread || dim > kMaxDim || dim < rank || dim % 8 != 0 ||
       layer.num_kv_heads != 1 ||
-      num_heads <= 0 || (layer.key_dtype != KvQuant::kNone && layer.key_scale == nullptr))
+      num_heads <= 0 ||
+      (layer.key_dtype != KvQuant::kNone && layer.key_dtype != KvQuant::kFP8E4M3 && layer.key_scale == nullptr) ||
+      (layer.key_dtype == KvQuant::kFP8E4M3 && rank % 8 != 0))  // fp8: records, no scale pool
     return cudaErrorInvalidValue;
   if (plan.num_tokens <= 0) return cudaSuccess;
   const size_t ld = static_cast<size_t>(dim) + kPad;

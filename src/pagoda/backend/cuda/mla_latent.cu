@@ -3,13 +3,15 @@
 // One thread block per token row; a block-wide sum in shared memory. The
 // quantization follows runtime/kv_quant.h with explicitly rounded intrinsics,
 // as kv_write.cu does, over the whole latent vector (one record per token; int4
-// one record per group of 32).
+// one record per group of 32); fp8 writes runtime/mla_fp8_layout.h's
+// self-contained record (a scale per 128 latent values, the rope key in bf16).
 #include <cmath>
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include "pagoda/backend/cuda/mla_ops.h"
+#include "pagoda/runtime/mla_fp8_layout.h"
 
 namespace pagoda::cuda {
 
@@ -130,16 +132,27 @@ __global__ void __launch_bounds__(kThreads)
       return;
     }
     case KvQuant::kFP8E4M3: {
-      float amax = 0.0f;
-      for (int i = threadIdx.x; i < dim; i += blockDim.x) amax = fmaxf(amax, fabsf(v[i]));
-      amax = block_reduce(amax, 1, scratch);
-      const float scale = amax > 0.0f ? __fdiv_rn(amax, kernels::kKvFp8Max) : 1.0f;
-      const float inverse = __fdiv_rn(1.0f, scale);
-      uint8_t* out = static_cast<uint8_t*>(layer.key) + slot * dim;
-      for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        out[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fmul_rn(v[i], inverse), __NV_SATFINITE, __NV_E4M3));
-      if (threadIdx.x == 0)
-        static_cast<float*>(layer.key_scale)[kernels::kv_scale_vector(slot, 0, layer.block_size, 1)] = scale;
+      // The latent pool's fp8 record (runtime/mla_fp8_layout.h): codes with a
+      // scale per 128 latent values, the rope key in bf16, zero padding.
+      uint8_t* out = static_cast<uint8_t*>(layer.key) + slot * kernels::mla_fp8_record_bytes(rank, rope_dim);
+      const int32_t scales_at = kernels::mla_fp8_scales_at(rank), rope_at = kernels::mla_fp8_rope_at(rank);
+      for (int32_t g = 0; g < kernels::mla_fp8_groups(rank); ++g) {
+        const int32_t begin = g * kernels::kMlaFp8GroupSize;
+        const int32_t end = min(begin + kernels::kMlaFp8GroupSize, rank);
+        float amax = 0.0f;
+        for (int i = begin + threadIdx.x; i < end; i += blockDim.x) amax = fmaxf(amax, fabsf(v[i]));
+        amax = block_reduce(amax, 1, scratch);
+        const float scale = amax > 0.0f ? __fdiv_rn(amax, kernels::kKvFp8Max) : 1.0f;
+        const float inverse = __fdiv_rn(1.0f, scale);
+        for (int i = begin + threadIdx.x; i < end; i += blockDim.x)
+          out[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fmul_rn(v[i], inverse), __NV_SATFINITE, __NV_E4M3));
+        if (threadIdx.x == 0) *reinterpret_cast<float*>(out + scales_at + 4 * g) = scale;
+      }
+      for (int i = threadIdx.x; i < rope_dim; i += blockDim.x)
+        reinterpret_cast<bf16*>(out + rope_at)[i] = __float2bfloat16(v[rank + i]);
+      const int32_t used = rope_at + 2 * rope_dim, bytes = kernels::mla_fp8_record_bytes(rank, rope_dim);
+      for (int i = used + threadIdx.x; i < bytes; i += blockDim.x) out[i] = 0;
+      for (int i = rank + threadIdx.x; i < scales_at; i += blockDim.x) out[i] = 0;
       return;
     }
     case KvQuant::kInt8: {
@@ -218,7 +231,8 @@ cudaError_t mla_latent_write(const float* kv_a, const float* bias, const float* 
                              int32_t rope_dim, const float* inv_freq, bool interleaved, float rope_factor,
                              const DevicePagedKvLayer& layer, cudaStream_t stream) {
   if (rank + rope_dim > kMaxLatent || rank % 2 != 0 || rope_dim % 2 != 0 || layer.head_dim != rank + rope_dim ||
-      layer.num_kv_heads != 1 || (layer.key_dtype != KvQuant::kNone && layer.key_scale == nullptr))
+      layer.num_kv_heads != 1 ||
+      (layer.key_dtype != KvQuant::kNone && layer.key_dtype != KvQuant::kFP8E4M3 && layer.key_scale == nullptr))
     return cudaErrorInvalidValue;
   if (num_tokens <= 0) return cudaSuccess;
   latent_write_kernel<<<num_tokens, kThreads, 0, stream>>>(kv_a, bias, norm_weight, eps, positions, slots, rank,

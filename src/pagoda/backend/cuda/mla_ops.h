@@ -26,10 +26,12 @@ cudaError_t mla_rmsnorm_f32(const float* x, int64_t x_stride, const float* bias,
 
 // The latent write: for token t, kv = kv_a[t, :] (f32, [rank + rope], + bias
 // when not null); c = rmsnorm(kv[:rank]) * norm_weight (eps), kr = rope(kv[rank:])
-// at positions[t]; the vector [c, kr] is stored (bf16 rounded, or quantized per
-// runtime/kv_quant.h: fp8 / int8 one record per token, int4 one per group of
-// 32) at slots[t] of the one-head latent pool `layer` (layer.head_dim == rank +
-// rope, layer.num_kv_heads == 1). A negative slot skips the token.
+// at positions[t]; the vector [c, kr] is stored (bf16 rounded; fp8 as
+// runtime/mla_fp8_layout.h's self-contained record, a scale per 128 latent
+// values and kr in bf16, no scale pool; int8 / int4 quantized per
+// runtime/kv_quant.h, one record per token / per group of 32) at slots[t] of
+// the one-head latent pool `layer` (layer.head_dim == rank + rope,
+// layer.num_kv_heads == 1). A negative slot skips the token.
 // Limits: rank + rope <= 1024, rank and rope even.
 cudaError_t mla_latent_write(const float* kv_a, const float* bias, const float* norm_weight, float eps,
                              const int32_t* positions, const int64_t* slots, int32_t num_tokens, int32_t rank,
@@ -50,17 +52,19 @@ cudaError_t mla_query_rope(const bf16* q, bf16* q_absorbed, const int32_t* posit
 // (none: zeros). q [T, heads, rank + rope] bf16; out [T, heads, rank] bf16.
 // A plain, obviously correct kernel (one thread block per token and group of
 // up to 16 heads, f32 tiles in shared memory, online softmax); the new
-// tokens' latents must be in the pool. Limits: rank <= 512, rank + rope <= 640.
+// tokens' latents must be in the pool. An fp8 pool holds runtime/mla_fp8_layout.h's
+// records (rank % 8 == 0). Limits: rank <= 512, rank + rope <= 640.
 cudaError_t mla_attention_simple(const bf16* q, const DevicePagedKvLayer& layer, const DeviceAttentionPlan& plan,
                                  int32_t num_heads, int32_t rank, float scale, bf16* out, cudaStream_t stream);
 
 // The tensor-core MLA prefill's kernels (CudaMlaPrefill, cuda_deepseek_mla_prefill.h).
 // mla_gather_latent: out[j, :] = the cached vector of key j (j < num_tokens) of the
 // one-head latent pool `layer`, through the block table row `block_table`
-// (device), as bf16 whatever the pool's format (code x scale + zero rounded once).
+// (device), as bf16 whatever the pool's format (code x scale + zero rounded once;
+// fp8: runtime/mla_fp8_layout.h's records, rank % 8 == 0).
 // out bf16 [num_tokens, layer.head_dim]; head_dim % 8 == 0.
 cudaError_t mla_gather_latent(const DevicePagedKvLayer& layer, const int32_t* block_table, int32_t num_tokens,
-                              bf16* out, cudaStream_t stream);
+                              int32_t rank, bf16* out, cudaStream_t stream);
 // mla_causal_softmax: for head h and row i of scores f32 [num_heads, rows, ld]
 // (cols <= ld columns used), probs[h, i, j] = softmax_j(scores[h, i, :visible] *
 // scale) for j < visible = min(cols, first_visible + i), 0 for the other j < cols

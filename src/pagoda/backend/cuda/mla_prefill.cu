@@ -4,8 +4,12 @@
 // softmax of one chunk of f32 scores into bf16 probabilities.
 #include <cmath>
 
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 #include "pagoda/backend/cuda/kv_chunk_bf16.cuh"
 #include "pagoda/backend/cuda/mla_ops.h"
+#include "pagoda/runtime/mla_fp8_layout.h"
 
 namespace pagoda::cuda {
 
@@ -15,7 +19,7 @@ namespace {
 // whatever the pool's format (kv_chunk_bf16.cuh: code x scale + zero, rounded
 // once to bf16, as the llama prefill over quantized KV reads it).
 __global__ void mla_gather_latent_kernel(DevicePagedKvLayer layer, const int32_t* __restrict__ block_table,
-                                         int32_t num_tokens, bf16* __restrict__ out) {
+                                         int32_t num_tokens, int32_t rank, bf16* __restrict__ out) {
   const int32_t chunks = layer.head_dim / 8;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(num_tokens) * chunks) return;
@@ -23,6 +27,35 @@ __global__ void mla_gather_latent_kernel(DevicePagedKvLayer layer, const int32_t
   const int32_t c = static_cast<int32_t>(i % chunks);
   const int64_t slot = static_cast<int64_t>(block_table[token / layer.block_size]) * layer.block_size +
                        token % layer.block_size;
+  if (layer.key_dtype == kernels::KvQuant::kFP8E4M3) {  // runtime/mla_fp8_layout.h's record
+    const uint8_t* record =
+        static_cast<const uint8_t*>(layer.key) + slot * kernels::mla_fp8_record_bytes(rank, layer.head_dim - rank);
+    const int32_t first = c * 8;
+    uint32_t w[4];
+    if (first < rank) {  // 8 codes x their group's scale, rounded once to bf16
+      const uint2 b = *reinterpret_cast<const uint2*>(record + first);
+      const float scale = *reinterpret_cast<const float*>(record + kernels::mla_fp8_scales_at(rank) +
+                                                          4 * (first / kernels::kMlaFp8GroupSize));
+      const uint32_t codes[2] = {b.x, b.y};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        float v[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const uint8_t code = static_cast<uint8_t>(codes[k / 2] >> (8 * (2 * (k % 2) + e)));
+          v[e] = __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3))) * scale;
+        }
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(v[0], v[1]);
+        w[k] = *reinterpret_cast<const uint32_t*>(&pair);
+      }
+    } else {  // the rope values, bf16 already (4-byte aligned for any rank)
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(record + kernels::mla_fp8_rope_at(rank) + 2 * (first - rank));
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w[k] = src[k];
+    }
+    reinterpret_cast<uint4*>(out)[i] = make_uint4(w[0], w[1], w[2], w[3]);
+    return;
+  }
   const int64_t scale_vec = kernels::kv_scale_vector(slot, 0, layer.block_size, 1);
   reinterpret_cast<uint4*>(out)[i] =
       load_kv_chunk_bf16(layer.key, layer.key_scale, layer.key_dtype, slot, scale_vec, layer.head_dim, c);
@@ -71,14 +104,17 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
 }  // namespace
 
 cudaError_t mla_gather_latent(const DevicePagedKvLayer& layer, const int32_t* block_table, int32_t num_tokens,
-                              bf16* out, cudaStream_t stream) {
+                              int32_t rank, bf16* out, cudaStream_t stream) {
   if (num_tokens <= 0) return cudaSuccess;
-  if (layer.head_dim % 8 != 0 || layer.num_kv_heads != 1) return cudaErrorInvalidValue;
+  if (layer.head_dim % 8 != 0 || layer.num_kv_heads != 1 || rank <= 0 || rank > layer.head_dim ||
+      (layer.key_dtype == kernels::KvQuant::kFP8E4M3 && rank % 8 != 0))
+    return cudaErrorInvalidValue;
   constexpr int kThreads = 256;
   const int64_t total = static_cast<int64_t>(num_tokens) * (layer.head_dim / 8);
   const int64_t grid = (total + kThreads - 1) / kThreads;
   if (grid > 0x7fffffff) return cudaErrorInvalidValue;
-  mla_gather_latent_kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(layer, block_table, num_tokens, out);
+  mla_gather_latent_kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(layer, block_table, num_tokens, rank,
+                                                                                   out);
   return cudaGetLastError();
 }
 

@@ -6,6 +6,7 @@
 
 #include "pagoda/backend/cpu/kernels/kv_quantize.h"
 #include "pagoda/backend/cpu/kernels/vector_dot.h"
+#include "pagoda/runtime/mla_fp8_layout.h"
 #include "pagoda/core/thread_pool.h"
 
 namespace pagoda::kernels {
@@ -29,7 +30,10 @@ void mla_paged_attention(const float* q, const PagedKvLayer& layer, std::span<co
   const int32_t block_size = layer.block_size;
   const auto* data = static_cast<const std::byte*>(layer.key);
   const auto* scales = static_cast<const std::byte*>(layer.key_scales);
-  const size_t data_bytes = kv_head_bytes(layer.head_dim, layer.key_dtype);
+  const bool records = layer.fp8_latent_records();  // runtime/mla_fp8_layout.h
+  const int32_t rope = layer.latent_rope_dim, latent = layer.head_dim - rope;
+  const size_t data_bytes = records ? static_cast<size_t>(mla_fp8_record_bytes(latent, rope))
+                                    : kv_head_bytes(layer.head_dim, layer.key_dtype);
   const size_t scale_bytes = kv_head_scale_bytes(layer.head_dim, layer.key_dtype);
 
   size_t num_tokens = 0;
@@ -67,6 +71,10 @@ void mla_paged_attention(const float* q, const PagedKvLayer& layer, std::span<co
                              static_cast<int64_t>(index % block_size);
         const std::byte* vector = data + static_cast<size_t>(slot) * data_bytes;
         if (layer.key_dtype == DType::kF32) return reinterpret_cast<const float*>(vector);
+        if (records) {
+          mla_fp8_dequantize(reinterpret_cast<const uint8_t*>(vector), latent, rope, buffer.data());
+          return buffer.data();
+        }
         const std::byte* record =
             scales != nullptr ? scales + kv_scale_vector(slot, 0, block_size, 1) * static_cast<int64_t>(scale_bytes)
                               : nullptr;

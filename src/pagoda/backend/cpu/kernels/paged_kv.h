@@ -73,6 +73,13 @@ struct PagedKvLayer {
   float* share_norms = nullptr;
   int32_t share_record = 0;
   int32_t share_member = 0;
+  // An MLA latent pool (KvPoolShape::latent): one vector per token in `key`. In
+  // fp8 each is a self-contained record of runtime/mla_fp8_layout.h
+  // (latent_vector_bytes apart, key_scales null) whose last latent_rope_dim
+  // values are the bf16 rope key.
+  bool latent = false;
+  int32_t latent_rope_dim = 0;
+  bool fp8_latent_records() const { return latent && key_dtype == DType::kFP8E4M3; }
 
   // The pools as f32 (only when the dtype is f32).
   float* key_f32() const { return static_cast<float*>(key); }
