@@ -30,7 +30,8 @@ std::string keys_file(const std::string& tag) {
       {"key": "sk-app", "tenant": "acme", "user_salt": true},
       {"key": "sk-strict", "tenant": "acme", "user_salt": "required"},
       {"key": "sk-plain", "tenant": "acme"},
-      {"key": "sk-ops", "tenant": "ops", "admin": true}]})";
+      {"key": "sk-ops", "tenant": "ops", "admin": true},
+      {"key": "sk-globex", "tenant": "globex"}]})";
   return path;
 }
 
@@ -207,6 +208,62 @@ TEST(UserSaltKvCap, AllUsersOfATenantShareItsOneKvCap) {
   ASSERT_NE(at, std::string::npos) << text.substr(0, 300);
   // acme, ops, and the users still holding blocks (at most 12 of acme's blocks).
   EXPECT_LE(std::stoi(text.substr(at + 22)), 2 + 12) << "30 users came and went";
+}
+
+// GET /v1/kv/events: a tenant's key reads its whole namespace group (its own
+// namespace and every salted user's), numbered in one sequence; never another
+// tenant's blocks, even of the same text; the admin key reads every one.
+TEST(KvEventsOfATenantGroup, ATenantSeesItsSaltedUsersBlocksAndNoOtherTenants) {
+  ServerProcess server;
+  std::string error;
+  ASSERT_TRUE(server.start(server_args("events", {}), &error)) << error;
+  struct Page {
+    std::vector<std::string> stored;  // hashes of stored blocks, in order
+    std::vector<uint64_t> seqs;
+    bool snapshot = true;
+  };
+  auto read = [&](const std::string& key) {
+    const Received r = exchange(server.port(), http_get("/v1/kv/events?since=0&max_events=10000", key), 10s);
+    EXPECT_EQ(status_of(r.bytes), 200) << r.bytes.substr(0, 300);
+    const json j = json::parse(body_of(r.bytes), nullptr, false);
+    Page p;
+    if (!j.is_object() || !j.contains("events")) return p;
+    p.snapshot = j["snapshot"].get<bool>();
+    for (const auto& e : j["events"]) {
+      p.seqs.push_back(e["seq"].get<uint64_t>());
+      if (e["type"] == "stored") p.stored.push_back(e["hash"].get<std::string>());
+    }
+    return p;
+  };
+  auto disjoint = [](const std::vector<std::string>& a, const std::vector<std::string>& b) {
+    for (const auto& h : a)
+      if (std::find(b.begin(), b.end(), h) != b.end()) return false;
+    return true;
+  };
+  std::mt19937 rng(53);
+  const auto secret = random_prompt(rng, 41);  // 10 full blocks of 4
+  // Readers start before any traffic, so each page below is incremental.
+  for (const char* key : {"sk-plain", "sk-globex", "sk-ops"}) EXPECT_TRUE(read(key).stored.empty()) << key;
+  ASSERT_EQ(complete(server.port(), secret, "sk-globex", "").status, 200);
+  const Page globex = read("sk-globex");
+  ASSERT_GE(globex.stored.size(), 10u) << "globex's prompt blocks";
+  EXPECT_TRUE(read("sk-plain").stored.empty()) << "acme sees nothing of globex";
+
+  ASSERT_EQ(complete(server.port(), secret, "sk-app", "alice").status, 200);
+  ASSERT_EQ(complete(server.port(), random_prompt(rng, 41), "sk-app", "bob").status, 200);
+  ASSERT_EQ(complete(server.port(), random_prompt(rng, 21), "sk-plain", "").status, 200);
+  for (const char* key : {"sk-plain", "sk-app"}) {  // either key of acme reads the same group
+    const Page acme = read(key);
+    EXPECT_FALSE(acme.snapshot) << key;
+    EXPECT_GE(acme.stored.size(), 10u + 10u + 5u) << key << ": alice's, bob's and the tenant's own blocks";
+    for (size_t i = 0; i < acme.seqs.size(); ++i) EXPECT_EQ(acme.seqs[i], i + 1) << key << ": one gap-free sequence";
+    EXPECT_TRUE(disjoint(acme.stored, globex.stored)) << key << ": the same text in another tenant hashes apart";
+  }
+  const Page globex_after = read("sk-globex");
+  EXPECT_EQ(globex_after.stored, globex.stored) << "globex sees none of acme's users' blocks";
+  for (size_t i = 0; i < globex_after.seqs.size(); ++i) EXPECT_EQ(globex_after.seqs[i], i + 1);
+  const Page admin = read("sk-ops");
+  EXPECT_EQ(admin.stored.size(), globex.stored.size() + read("sk-plain").stored.size()) << "the admin sees all";
 }
 
 // The floor: scope "all" holds every first token; scope "hits" only hits.
