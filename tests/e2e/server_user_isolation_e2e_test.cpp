@@ -71,27 +71,11 @@ std::chrono::milliseconds time_to_first_event(int port, const std::vector<int>& 
                                               const std::string& user) {
   const json body = {{"model", "llama_f32"}, {"prompt", prompt}, {"max_tokens", 2}, {"temperature", 0},
                      {"stream", true}};
-  const int fd = connect_loopback(port);
-  EXPECT_GE(fd, 0);
-  const auto start = std::chrono::steady_clock::now();
-  EXPECT_TRUE(send_all(fd, post("/v1/completions", key, body, user)));
   std::string got;
-  char buf[4096];
-  auto ttft = std::chrono::milliseconds(-1);
-  while (std::chrono::steady_clock::now() - start < 20s) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    const ssize_t n = recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    got.append(buf, static_cast<size_t>(n));
-    if (ttft.count() < 0 && got.find("data: {") != std::string::npos)
-      ttft = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
-    if (got.find("data: [DONE]") != std::string::npos) break;
-  }
-  close(fd);
+  const double ms = time_to_first_event_ms(port, post("/v1/completions", key, body, user), 20s, &got);
   EXPECT_EQ(status_of(got), 200) << got.substr(0, 300);
   EXPECT_NE(got.find("data: [DONE]"), std::string::npos) << got.substr(0, 300);
-  return ttft;
+  return std::chrono::milliseconds(static_cast<int64_t>(ms));
 }
 
 std::vector<int> random_prompt(std::mt19937& rng, int n) {
