@@ -248,6 +248,29 @@ TEST(KvEventsOfATenantGroup, ATenantSeesItsSaltedUsersBlocksAndNoOtherTenants) {
   for (size_t i = 0; i < globex_after.seqs.size(); ++i) EXPECT_EQ(globex_after.seqs[i], i + 1);
   const Page admin = read("sk-ops");
   EXPECT_EQ(admin.stored.size(), globex.stored.size() + read("sk-plain").stored.size()) << "the admin sees all";
+
+  // X-Pagoda-User is checked here as everywhere: refused without the right,
+  // and with it the feed stays the tenant's; /v1/kv/namespace gives the seed
+  // of the user's namespace.
+  auto get = [&](const std::string& path, const std::string& key, const std::string& user) {
+    return exchange(server.port(), http_get(path, key, user.empty() ? "" : "X-Pagoda-User: " + user + "\r\n"), 10s);
+  };
+  EXPECT_EQ(status_of(get("/v1/kv/events", "sk-plain", "alice").bytes), 403);
+  EXPECT_EQ(status_of(get("/v1/kv/namespace", "sk-plain", "alice").bytes), 403);
+  EXPECT_EQ(status_of(get("/v1/kv/events", "sk-app", "two words").bytes), 400);
+  const Received as_alice = get("/v1/kv/events?since=0&max_events=10000", "sk-app", "alice");
+  ASSERT_EQ(status_of(as_alice.bytes), 200);
+  EXPECT_EQ(json::parse(body_of(as_alice.bytes), nullptr, false)["events"].size(),
+            json::parse(body_of(get("/v1/kv/events?since=0&max_events=10000", "sk-app", "").bytes), nullptr,
+                        false)["events"]
+                .size());
+  auto seed = [&](const std::string& user) {
+    return json::parse(body_of(get("/v1/kv/namespace", "sk-app", user).bytes), nullptr, false)["namespace_seed"];
+  };
+  EXPECT_NE(seed("alice"), seed("")) << "alice's namespace is not the tenant's";
+  EXPECT_NE(seed("alice"), seed("bob"));
+  EXPECT_EQ(seed(""), json::parse(body_of(get("/v1/kv/namespace", "sk-plain", "").bytes), nullptr,
+                                  false)["namespace_seed"]);
 }
 
 // The floor: scope "all" holds every first token; scope "hits" only hits.
