@@ -41,6 +41,10 @@ mkdir -p "$logs"
 # a report ends the process with SIGABRT, which no test mistakes for success.
 export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:abort_on_error=1:log_path=$logs/asan"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$logs/ubsan"
+# The soak test's resident-memory check is off: ASan's quarantine keeps up
+# to 256 MiB of freed memory resident by design (the server's RSS grew by
+# 243 MiB in 12 s under it); LeakSanitizer checks the server at its exit.
+export PAGODA_SOAK_RSS_LIMIT_KIB=0
 # Excluded, each for a reason (ctest -E):
 #   (none)
 exclude="${EXCLUDE:-^$}"
