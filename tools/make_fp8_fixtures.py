@@ -20,6 +20,17 @@ clamp-then-cast does) and writes one checkpoint per format pagoda loads:
                       weight_scale_inv [ceil(out/32), ceil(in/32)], dynamic
                       activations per token and 32 columns; lm_head bf16.
 
+  block_fp8_128       the block-wise format at its real size, as DeepSeek-V3 and
+                      Qwen3-FP8 ship it (quant_method fp8, fmt e4m3, activation_scheme
+                      dynamic, weight_block_size [128, 128], f32 weight_scale_inv
+                      [ceil(out/128), ceil(in/128)]); its own seeded random tiny
+                      Qwen3 (hidden 256, 2 heads of 128, 1 KV head, intermediate
+                      384, 2 layers, vocab 256: every projection whole 128-blocks,
+                      so the GPU runs it as 128x128 block fp8), lm_head and
+                      embeddings bf16. Its reference is the same model with the
+                      weights dequantized, which the tests build themselves (no
+                      expected.json).
+
 Every scale multiplies: w = fp8 * scale. Static input scales are fixed
 generous bounds (not calibrated): the references apply the same ones, and
 the quality against the bf16 source is measured, not assumed.
@@ -237,6 +248,63 @@ def make_case(name, src, config, out_dir):
     write_safetensors(os.path.join(case_dir, "model.safetensors"), tensors)
 
 
+def make_block128_case(out_dir, seed=128):
+    """block_fp8_128: a random tiny Qwen3 quantized in 128x128 blocks (see the module docstring)."""
+    import random
+    rng = random.Random(seed)
+    hidden, heads, kv_heads, head_dim, inter, layers, vocab, b = 256, 2, 1, 128, 384, 2, 256, 128
+    config = {
+        "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 1, "eos_token_id": 2, "head_dim": head_dim, "hidden_act": "silu",
+        "hidden_size": hidden, "initializer_range": 0.02, "intermediate_size": inter,
+        "max_position_embeddings": 512, "model_type": "qwen3", "num_attention_heads": heads,
+        "num_hidden_layers": layers, "num_key_value_heads": kv_heads, "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "use_cache": True, "vocab_size": vocab,
+        "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                "weight_block_size": [b, b]}}
+
+    def uniform(n, bound):
+        return [bf16_to_f32(f32_to_bf16_bits(rng.uniform(-bound, bound))) for _ in range(n)]
+
+    def norm(n):
+        return [bf16_to_f32(f32_to_bf16_bits(1.0 + rng.uniform(-0.2, 0.2))) for _ in range(n)]
+
+    tensors = {}
+    tensors["model.embed_tokens.weight"] = ("BF16", [vocab, hidden], bf16_bytes(uniform(vocab * hidden, 1.0)))
+    tensors["lm_head.weight"] = ("BF16", [vocab, hidden], bf16_bytes(uniform(vocab * hidden, 0.2)))
+    tensors["model.norm.weight"] = ("BF16", [hidden], bf16_bytes(norm(hidden)))
+    shapes = {"self_attn.q_proj": (heads * head_dim, hidden), "self_attn.k_proj": (kv_heads * head_dim, hidden),
+              "self_attn.v_proj": (kv_heads * head_dim, hidden), "self_attn.o_proj": (hidden, heads * head_dim),
+              "mlp.gate_proj": (inter, hidden), "mlp.up_proj": (inter, hidden), "mlp.down_proj": (hidden, inter)}
+    for l in range(layers):
+        p = "model.layers.%d." % l
+        tensors[p + "input_layernorm.weight"] = ("BF16", [hidden], bf16_bytes(norm(hidden)))
+        tensors[p + "post_attention_layernorm.weight"] = ("BF16", [hidden], bf16_bytes(norm(hidden)))
+        tensors[p + "self_attn.q_norm.weight"] = ("BF16", [head_dim], bf16_bytes(norm(head_dim)))
+        tensors[p + "self_attn.k_norm.weight"] = ("BF16", [head_dim], bf16_bytes(norm(head_dim)))
+        for module, (rows, cols) in shapes.items():
+            vals = uniform(rows * cols, 0.12)
+            rb, cb = rows // b, cols // b
+            # Blocks of unlike magnitude (x0.25 ... x2), so a scale read from the wrong block shows.
+            factor = [[0.25 * 2 ** rng.randint(0, 3) for _ in range(cb)] for _ in range(rb)]
+            vals = [v * factor[(i // cols) // b][(i % cols) // b] for i, v in enumerate(vals)]
+            scales = []
+            for i in range(rb):
+                for j in range(cb):
+                    amax = max(abs(vals[r * cols + c]) for r in range(i * b, i * b + b) for c in range(j * b, j * b + b))
+                    scales.append(round_f32(amax / 448.0))
+            tensors[p + module + ".weight_scale_inv"] = ("F32", [rb, cb], f32_bytes(scales))
+            q = quantize(vals, rows, cols, lambda r, c: scales[(r // b) * cb + c // b])
+            tensors[p + module + ".weight"] = ("F8_E4M3", [rows, cols], q)
+    case_dir = os.path.join(out_dir, "block_fp8_128")
+    os.makedirs(case_dir, exist_ok=True)
+    with open(os.path.join(case_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+    write_safetensors(os.path.join(case_dir, "model.safetensors"), tensors)
+
+
 def self_check():
     # The encoder against the decoder on every byte (NaN encodings aside) and on halfway points.
     for b in range(256):
@@ -260,6 +328,8 @@ def main():
     for name in ("ct_channel_dynamic", "ct_tensor_static", "modelopt_fp8", "block_fp8"):
         make_case(name, src, config, args.out)
         print("wrote", os.path.join(args.out, name))
+    make_block128_case(args.out)
+    print("wrote", os.path.join(args.out, "block_fp8_128"))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 // MLA decode kernel harness for the GPU machine (backend/cuda/attention/mla_decode.h):
 // GB/s over the paged latent bytes read (codes + fp8 scale records) at the
-// issue's shapes, batch 64 x 4K and 8 x 32K context, bf16 and fp8 latent,
+// issue's shapes, batch 64 x 4K and 8 x 32K context, bf16 and fp8 latent (per-vector
+// scale records, 580 B a token, and at 16 heads FlashMLA's 656-byte records),
 // 16 and 128 heads, blocks of 64 (and 16 for one shape), next to the HBM copy
 // ceiling. Each figure is the median of event-timed launches after warm-up;
 // the pools (150-300 MB) are far past the 60 MB L2. Row 0's first 16 heads are
@@ -23,6 +24,7 @@
 
 #include "pagoda/backend/cuda/attention/mla_decode.h"
 #include "pagoda/core/dtype.h"
+#include "pagoda/runtime/mla_fp8_layout.h"
 
 namespace {
 
@@ -90,20 +92,40 @@ double copy_ceiling() {
   return 2.0 * double(bytes) / (median(ms) * 1e-3) / 1e9;
 }
 
-Result run_shape(int batch, int context, int heads, bool fp8, int block_size, int num_sms, uint64_t seed) {
+Result run_shape(int batch, int context, int heads, bool fp8, int block_size, int num_sms, uint64_t seed,
+                 bool flash = false) {
   char name[128];
-  std::snprintf(name, sizeof(name), "mla decode %s H=%d B=%d L=%d bs=%d", fp8 ? "fp8" : "bf16", heads, batch, context,
-                block_size);
+  std::snprintf(name, sizeof(name), "mla decode %s H=%d B=%d L=%d bs=%d", flash ? "fp8-656" : fp8 ? "fp8" : "bf16",
+                heads, batch, context, block_size);
   const int blocks_per_row = (context + block_size - 1) / block_size;
   const int num_blocks = batch * blocks_per_row;
   const size_t slots = size_t(num_blocks) * block_size;
-  const size_t code_bytes = slots * kMlaKeyDim * (fp8 ? 1 : 2);
+  const size_t record_bytes = flash ? size_t(pagoda::kernels::kMlaFp8VectorBytes) : kMlaKeyDim * (fp8 ? 1 : 2);
+  const size_t code_bytes = slots * record_bytes;
   Xorshift rng{seed};
 
   // Pool: bf16 values in [-1, 1), or fp8 codes (never NaN) with scales in [0.002, 0.004).
   std::vector<uint8_t> codes(code_bytes);
-  std::vector<float> scales(fp8 ? slots : 0);
-  if (fp8) {
+  std::vector<float> scales(fp8 && !flash ? slots : 0);
+  if (flash) {
+    // Records drawn directly (as the fp8 pool's codes below): codes never NaN,
+    // group scales in [0.002, 0.004), bf16 rope values in [-1, 1).
+    for (size_t t = 0; t < slots; ++t) {
+      uint8_t* r = codes.data() + t * record_bytes;
+      for (int i = 0; i < pagoda::kernels::kMlaFp8LatentValues; ++i) {
+        r[i] = uint8_t(rng.next() >> 56);
+        if ((r[i] & 0x7f) == 0x7f) r[i] ^= 1;
+      }
+      for (int g = 0; g < pagoda::kernels::kMlaFp8Groups; ++g) {
+        const float sc = 0.002f + 0.002f * (rng.unit() + 1.0f) / 2.0f;
+        std::memcpy(r + pagoda::kernels::kMlaFp8ScalesAt + 4 * g, &sc, 4);
+      }
+      for (int i = 0; i < pagoda::kernels::kMlaFp8RopeValues; ++i) {
+        const uint16_t h = pagoda::f32_to_bf16(rng.unit());
+        std::memcpy(r + pagoda::kernels::kMlaFp8RopeAt + 2 * i, &h, 2);
+      }
+    }
+  } else if (fp8) {
     for (auto& c : codes) {
       c = uint8_t(rng.next() >> 56);
       if ((c & 0x7f) == 0x7f) c ^= 1;
@@ -124,7 +146,8 @@ Result run_shape(int batch, int context, int heads, bool fp8, int block_size, in
 
   const float scale = 1.0f / std::sqrt(192.0f);
   const MlaDecodeConfig config{heads, block_size, num_blocks, scale,
-                               fp8 ? pagoda::kernels::cuda::KvElement::kFP8E4M3 : pagoda::kernels::cuda::KvElement::kBF16};
+                               fp8 ? pagoda::kernels::cuda::KvElement::kFP8E4M3 : pagoda::kernels::cuda::KvElement::kBF16,
+                               flash ? MlaLatentLayout::kFlashMla656 : MlaLatentLayout::kPerVectorScale};
   auto plan = MlaDecodePlan::create(config, rows, AttentionDeviceInfo{num_sms});
   if (!plan.ok()) {
     std::fprintf(stderr, "%s: %s\n", name, std::string(plan.status().message()).c_str());
@@ -138,11 +161,11 @@ Result run_shape(int batch, int context, int heads, bool fp8, int block_size, in
   void* d_arena = device_alloc(plan->arena_bytes());
   void* d_work = device_alloc(plan->workspace_bytes());
   CHECK_CUDA(cudaMemcpy(d_codes, codes.data(), code_bytes, cudaMemcpyHostToDevice));
-  if (fp8) CHECK_CUDA(cudaMemcpy(d_scales, scales.data(), scales.size() * 4, cudaMemcpyHostToDevice));
+  if (!scales.empty()) CHECK_CUDA(cudaMemcpy(d_scales, scales.data(), scales.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(d_q, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(d_arena, plan->arena().data(), plan->arena_bytes(), cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemset(d_out, 0xff, out_elems * 2));
-  const auto desc = plan->descriptor(static_cast<int32_t*>(d_arena), d_codes, fp8 ? d_scales : nullptr,
+  const auto desc = plan->descriptor(static_cast<int32_t*>(d_arena), d_codes, scales.empty() ? nullptr : d_scales,
                                      static_cast<float*>(d_work));
 
   cudaEvent_t start, stop;
@@ -176,6 +199,7 @@ Result run_shape(int batch, int context, int heads, bool fp8, int block_size, in
     const uint16_t* qv = &q[size_t(h) * kMlaKeyDim];
     auto value = [&](int p, int i) -> double {
       const size_t slot = size_t(ids[p / block_size]) * block_size + p % block_size;
+      if (flash) return pagoda::kernels::mla_fp8_value(codes.data() + slot * record_bytes, i);
       if (fp8) return pagoda::fp8e4m3_to_f32(codes[slot * kMlaKeyDim + i]) * double(scales[slot]);
       return pagoda::bf16_to_f32(reinterpret_cast<const uint16_t*>(codes.data())[slot * kMlaKeyDim + i]);
     };
@@ -197,7 +221,7 @@ Result run_shape(int batch, int context, int heads, bool fp8, int block_size, in
       den += o * o;
     }
   }
-  const double bytes = double(batch) * context * (fp8 ? kMlaKeyDim + 4 : 2 * kMlaKeyDim);
+  const double bytes = double(batch) * context * (flash ? double(record_bytes) : fp8 ? kMlaKeyDim + 4 : 2 * kMlaKeyDim);
   const double flops = 2.0 * batch * context * heads * double(kMlaKeyDim + kMlaLatentDim);
   for (void* p : {d_codes, d_scales, d_q, d_out, d_arena, d_work}) CHECK_CUDA(cudaFree(p));
   CHECK_CUDA(cudaEventDestroy(start));
@@ -230,6 +254,7 @@ int main(int argc, char** argv) {
     int batch, context, heads;
     bool fp8;
     int block_size;
+    bool flash = false;
   };
   std::vector<Shape> shapes;
   for (int heads : {16, 128})
@@ -239,14 +264,17 @@ int main(int argc, char** argv) {
     }
   shapes.push_back({64, 4096, 16, false, 16});
   shapes.push_back({64, 4096, 16, true, 16});
+  for (int bs : {64, 16}) shapes.push_back({64, 4096, 16, true, bs, true});
+  shapes.push_back({8, 32768, 16, true, 64, true});
   std::vector<Result> results;
   uint64_t seed = 0x9e3779b97f4a7c15ull;
   for (const auto& s : shapes) {
     char name[128];
-    std::snprintf(name, sizeof(name), "mla decode %s H=%d B=%d L=%d bs=%d", s.fp8 ? "fp8" : "bf16", s.heads, s.batch,
-                  s.context, s.block_size);
+    std::snprintf(name, sizeof(name), "mla decode %s H=%d B=%d L=%d bs=%d", s.flash ? "fp8-656" : s.fp8 ? "fp8" : "bf16",
+                  s.heads, s.batch, s.context, s.block_size);
     if (!only.empty() && std::string(name).find(only) == std::string::npos) continue;
-    results.push_back(run_shape(s.batch, s.context, s.heads, s.fp8, s.block_size, prop.multiProcessorCount, seed++));
+    results.push_back(
+        run_shape(s.batch, s.context, s.heads, s.fp8, s.block_size, prop.multiProcessorCount, seed++, s.flash));
   }
   std::printf("\n| figure | us | GB/s | TFLOP/s | check (rel L2) |\n|---|---|---|---|---|\n");
   for (const auto& r : results)

@@ -6,6 +6,8 @@
 // and a DeepSeek (MLA + MoE) fixture generates and serves on the GPU.
 // Without a GPU every test skips.
 
+#include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -96,6 +98,62 @@ TEST_F(CliGpuTest, GreedyTextOnCudaEqualsTheCpu) {
   EXPECT_THAT(gpu.raw.err, HasSubstr("KV cache: bf16"));
   EXPECT_THAT(gpu.raw.err, HasSubstr("gpu_memory_utilization"));
   std::printf("cuda start-up report:\n%s", gpu.raw.err.c_str());
+}
+
+TEST_F(CliGpuTest, TensorParallelOnOneGpuEqualsTp1) {
+  // --tensor-parallel-same-device (hidden, tests only) puts every rank on GPU 0 through the
+  // same-device communicator: TP=2 and TP=4 (KV heads split, then replicated) against TP=1 on cuda.
+  const std::vector<std::string> base = {"--model", source_path(kTiny), "--prompt",
+                                         "In the beginning God created the heaven and the earth.",
+                                         "--max-tokens", "32", "--ignore-eos", "--device", "cuda",
+                                         "--kv-cache-memory", "64MiB"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  const Generated tp1 = generate(with({"--logprobs", "2"}));
+  ASSERT_EQ(tp1.tokens.size(), 32u);
+  for (const char* size : {"2", "4"}) {
+    const Generated tpn = generate(with({"--tensor-parallel-size", size, "--tensor-parallel-same-device"}));
+    ASSERT_EQ(tpn.tokens.size(), 32u) << "TP=" << size;
+    size_t agree = 0;
+    while (agree < 32 && tpn.tokens[agree] == tp1.tokens[agree]) ++agree;
+    if (agree < 32) {
+      // Only a near tie at TP=1 (top-1 margin under 0.05 nats) may send the ranks' bf16 sums another way.
+      const json& step = tp1.logprobs[agree];
+      const double margin = step[0][1].get<double>() - step[1][1].get<double>();
+      EXPECT_LT(margin, 0.05) << "TP=" << size << " left TP=1's greedy path at step " << agree
+                              << "\nTP=1: " << tp1.text << "\nTP=" << size << ": " << tpn.text;
+    }
+    std::printf("TP=%s on one GPU: greedy tokens agreeing with TP=1: %zu of 32\n", size, agree);
+    EXPECT_THAT(tpn.raw.err, HasSubstr(std::string("tensor parallel: ") + size + " ranks, all on GPU 0"));
+  }
+  // Without the test flag a rank needs a GPU of its own.
+  int gpus = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev"))
+    if (entry.path().filename().string().rfind("nvidia", 0) == 0 &&
+        std::isdigit(static_cast<unsigned char>(entry.path().filename().string().back())) &&
+        entry.path().filename().string().find_first_not_of("nvidia0123456789") == std::string::npos)
+      ++gpus;
+  if (gpus == 1) {
+    const CliResult r = run_pagoda({"generate", "--device", "cuda", "--model", source_path(kTiny), "--prompt", "Hi",
+                                    "--max-tokens", "2", "--tensor-parallel-size", "2"},
+                                   std::chrono::seconds(120));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_THAT(r.err, HasSubstr("--tensor-parallel-size 2: more ranks than the 1 visible GPU(s)"));
+  }
+}
+
+TEST_F(CliGpuTest, TensorParallelRandomWeightsRunOnOneGpu) {
+  // --load-format random at TP=2: each rank makes its own shard on the GPU (benchmarks of real shapes).
+  const Generated g = generate({"--device", "cuda", "--load-format", "random", "--model",
+                                source_path("tests/fixtures/models/llama_f32/config.json"), "--prompt-ids", "1,2,3,4",
+                                "--max-tokens", "8", "--ignore-eos", "--tensor-parallel-size", "2",
+                                "--tensor-parallel-same-device", "--kv-cache-memory", "16MiB"});
+  EXPECT_EQ(g.tokens.size(), 8u);
+  for (int32_t t : g.tokens) EXPECT_TRUE(t >= 0 && t < 256) << t;
+  EXPECT_THAT(g.raw.err, HasSubstr("random: each rank its own shard"));
 }
 
 TEST_F(CliGpuTest, RandomWeightsOfTheLlama3_8bShape) {

@@ -123,6 +123,10 @@ TEST(TensorParallelCliTest, BadSizesFailNamingTheFlagAndTheNumbers) {
     expect_error(with({"--tensor-parallel-size", "0"}), {"--tensor-parallel-size 0", "at least 1"});
     expect_error(with({"--tensor-parallel-size", "8"}), {"--tensor-parallel-size 8", "4 attention heads"});
   }
+  // The hidden test mode that puts every cuda rank on one GPU means nothing on the CPU.
+  expect_error({"generate", "--model", llama, "--prompt-ids", "1,2,3", "--tensor-parallel-size", "2",
+                "--tensor-parallel-same-device"},
+               {"--tensor-parallel-same-device", "only with --device cuda"});
   expect_error({"generate", "--model", llama, "--prompt-ids", "1,2,3", "--tensor-parallel-size", "2", "--kv-compression",
                 "snapkv", "--kv-budget", "64"},
                {"--kv-compression snapkv", "--tensor-parallel-size above 1"});

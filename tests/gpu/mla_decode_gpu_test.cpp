@@ -5,7 +5,10 @@
 // thousand, scattered block tables, rows sharing blocks (prefill-style rows of
 // one sequence, a forked prefix), the automatic schedule (one segment or
 // several per CTA, rows cut across CTAs) and fixed small splits (the merge).
-// Outputs are poisoned with NaN first. Label gpu; skips without a GPU.
+// FlashMLA's 656-byte fp8 records (runtime/mla_fp8_layout.h) against the same
+// float64 reference over their dequantized values, and against the bf16 pool of
+// the same latent. Outputs are poisoned with NaN first. Label gpu; skips
+// without a GPU.
 
 #include <gtest/gtest.h>
 
@@ -22,6 +25,7 @@
 #include "pagoda/backend/cuda/attention/cuda_status.h"
 #include "pagoda/backend/cuda/attention/mla_decode.h"
 #include "pagoda/core/dtype.h"
+#include "pagoda/runtime/mla_fp8_layout.h"
 
 namespace pagoda::kernels::cuda {
 namespace {
@@ -41,6 +45,7 @@ struct MlaCase {
   int32_t heads = 16;
   int32_t block_size = 16;
   KvElement element = KvElement::kBF16;
+  MlaLatentLayout layout = MlaLatentLayout::kPerVectorScale;
   std::vector<int32_t> sequence_lengths;
   std::vector<Row> rows;  // empty: one row per sequence over its whole length
   MlaDecodeOptions options;
@@ -82,7 +87,7 @@ MlaBatch make_batch(const MlaCase& c) {
   int32_t blocks_needed = 0;
   for (int32_t len : c.sequence_lengths) blocks_needed += (len + c.block_size - 1) / c.block_size;
   const int32_t num_blocks = blocks_needed + blocks_needed / 3 + 2;
-  b.config = MlaDecodeConfig{c.heads, c.block_size, num_blocks, 1.0f / std::sqrt(192.0f), c.element};
+  b.config = MlaDecodeConfig{c.heads, c.block_size, num_blocks, 1.0f / std::sqrt(192.0f), c.element, c.layout};
   std::vector<int32_t> ids(num_blocks);
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), rng);
@@ -114,6 +119,14 @@ MlaBatch make_batch(const MlaCase& c) {
       const uint16_t h = f32_to_bf16(x[i]);
       std::memcpy(&b.codes[2 * i], &h, 2);
       b.values[i] = bf16_to_f32(h);
+    }
+  } else if (c.layout == MlaLatentLayout::kFlashMla656) {
+    b.codes.resize(slots * kMlaFp8VectorBytes);
+    b.values.resize(x.size());
+    for (size_t v = 0; v < slots; ++v) {
+      uint8_t* record = &b.codes[v * kMlaFp8VectorBytes];
+      mla_fp8_quantize(&x[v * kMlaKeyDim], record);
+      for (int32_t i = 0; i < kMlaKeyDim; ++i) b.values[v * kMlaKeyDim + i] = mla_fp8_value(record, i);
     }
   } else {
     auto pool = kernels::testing::quantize_pool(x, kMlaKeyDim, KvQuant::kFP8E4M3, c.block_size, 1);
@@ -291,6 +304,59 @@ TEST_F(MlaDecodeGpuTest, LongSegmentsOneSm) {
   expect_close(with_options(make_case("fp8 h16 1 sm", 16, 16, KvElement::kFP8E4M3, {1000, 130}, 17), 0, 1));
   expect_close(with_options(make_case("bf16 h128 1 sm", 128, 64, KvElement::kBF16, {700, 3}, 18), 0, 1));
   expect_close(with_options(make_case("fp8 h128 1 sm", 128, 64, KvElement::kFP8E4M3, {700, 3}, 19), 0, 1));
+}
+
+MlaCase flash(MlaCase c) {
+  c.layout = MlaLatentLayout::kFlashMla656;
+  return c;
+}
+
+TEST_F(MlaDecodeGpuTest, FlashMla656Records) {
+  // FlashMLA's fp8 layout, read straight from the 656-byte records: blocks of
+  // 64 / 16 / 1, ragged ends, the automatic schedule, fixed small splits (the
+  // merge), one SM (long segments), a graph plan with padding, fewer heads.
+  expect_close(flash(make_case("fp8-656 h16 bs64", 16, 64, KvElement::kFP8E4M3, {1, 63, 64, 65, 2000, 4100}, 50)));
+  expect_close(flash(make_case("fp8-656 h16 bs16", 16, 16, KvElement::kFP8E4M3, {5, 64, 1500, 6000}, 51)));
+  expect_close(flash(make_case("fp8-656 h16 bs1", 16, 1, KvElement::kFP8E4M3, {1, 2, 100, 777}, 52)));
+  expect_close(
+      flash(with_options(make_case("fp8-656 h16 split 64", 16, 16, KvElement::kFP8E4M3, {1, 100, 1000}, 53), 64, 0)));
+  expect_close(flash(with_options(make_case("fp8-656 h16 1 sm", 16, 64, KvElement::kFP8E4M3, {1000, 130}, 54), 0, 1)));
+  expect_close(flash(make_case("fp8-656 h8 bs16", 8, 16, KvElement::kFP8E4M3, {1, 500}, 55)));
+  MlaCase f = flash(make_case("fp8-656 h16 fixed 4", 16, 16, KvElement::kFP8E4M3, {2, 300, 1000}, 56));
+  f.options.fixed_rows = 4;
+  f.options.fixed_block_table_stride = 100;
+  expect_close(f);
+}
+
+TEST_F(MlaDecodeGpuTest, FlashMla656AgainstTheBf16Pool) {
+  // The same latent (same seed: the same values are drawn) stored as bf16, as
+  // per-vector fp8 and as FlashMLA's records: the two fp8 outputs' distance from
+  // the bf16 pool's output (what fp8 storage costs), at blocks of 64 / 16 / 1.
+  for (int32_t bs : {64, 16, 1}) {
+    const std::vector<int32_t> lengths{33, 700, 3000};
+    const uint32_t seed = 60 + uint32_t(bs);
+    auto output = [&](KvElement e, MlaLatentLayout layout) {
+      MlaCase c = make_case("vs bf16", 16, bs, e, lengths, seed);
+      c.layout = layout;
+      const MlaBatch b = make_batch(c);
+      auto got = run(b, c);
+      EXPECT_TRUE(got.ok()) << got.status().message();
+      std::vector<double> d;
+      if (got.ok())
+        for (uint16_t v : *got) d.push_back(bf16_to_f32(v));
+      return std::make_pair(got.ok() ? *got : std::vector<uint16_t>{}, d);
+    };
+    const auto bf16 = output(KvElement::kBF16, MlaLatentLayout::kPerVectorScale);
+    const auto vec = output(KvElement::kFP8E4M3, MlaLatentLayout::kPerVectorScale);
+    const auto fl = output(KvElement::kFP8E4M3, MlaLatentLayout::kFlashMla656);
+    ASSERT_FALSE(bf16.first.empty() || vec.first.empty() || fl.first.empty());
+    const double vec_err = testing::relative_l2(vec.first, bf16.second);
+    const double flash_err = testing::relative_l2(fl.first, bf16.second);
+    std::printf("blocks of %2d: rel L2 to the bf16 pool's output: fp8 per-vector %.3e, fp8 FlashMLA 656 B %.3e\n", bs,
+                vec_err, flash_err);
+    EXPECT_LT(flash_err, 0.05) << "blocks of " << bs;
+    EXPECT_LT(flash_err, 1.1 * vec_err) << "blocks of " << bs;
+  }
 }
 
 TEST_F(MlaDecodeGpuTest, RowsSharingBlocks) {

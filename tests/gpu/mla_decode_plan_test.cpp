@@ -56,6 +56,17 @@ TEST(MlaDecodePlanTest, RefusesBadParameters) {
   bad[3] = -1;
   expect_error(config(), {{100, bad}}, "rows[0].block_table[3] = -1");
   expect_error(config(), one, "split_tokens -1", MlaDecodeOptions{-1});
+  c = config();
+  c.latent_layout = MlaLatentLayout::kFlashMla656;
+  expect_error(c, one, "latent_layout flashmla_656 needs latent_element fp8");
+  c.latent_element = KvElement::kFP8E4M3;
+  c.num_heads = 17;
+  expect_error(c, one, "num_heads 17 with latent_layout flashmla_656");
+  c.num_heads = 16;
+  EXPECT_TRUE(MlaDecodePlan::create(c, one, AttentionDeviceInfo{4}).ok());
+  EXPECT_EQ(MlaDecodePlan::create(c, one, AttentionDeviceInfo{4})->descriptor(nullptr, nullptr, nullptr, nullptr)
+                .latent_layout,
+            MlaLatentLayout::kFlashMla656);
 }
 
 TEST(MlaDecodePlanTest, EmptyBatchPlansNothing) {

@@ -619,6 +619,8 @@ INSTANTIATE_TEST_SUITE_P(BlockSizes, DeepseekFastDecodeTest,
 namespace pagoda::cuda {
 namespace {
 
+using testing::append_sequence;
+
 // The tensor-core MLA prefill (cuda_deepseek_mla_prefill.h) in the model
 // against the simple kernel (fast_attention off), on DeepSeek's head dims
 // (qk 128 nope + 64 rope, v 128, latent 512 + 64, 16 heads as V2-Lite):
@@ -639,21 +641,6 @@ std::vector<int32_t> prompt_tokens(int32_t n, int32_t salt) {
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (int32_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = (i * 37 + salt * 11 + 5) % 256;
   return t;
-}
-
-void add_sequence(ForwardBatch& b, const std::vector<int32_t>& tokens, int32_t cached, std::vector<int32_t> table,
-                  bool all_logits) {
-  SequenceSlice s;
-  s.token_offset = b.num_tokens();
-  s.num_new_tokens = static_cast<int32_t>(tokens.size());
-  s.num_cached_tokens = cached;
-  s.block_table = std::move(table);
-  s.logits_for_all_new_tokens = all_logits;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    b.token_ids.push_back(tokens[i]);
-    b.positions.push_back(cached + static_cast<int32_t>(i));
-  }
-  b.sequences.push_back(std::move(s));
 }
 
 TEST_P(DeepseekPrefillTest, TensorCorePrefillEqualsSimpleKernel) {
@@ -698,16 +685,17 @@ TEST_P(DeepseekPrefillTest, TensorCorePrefillEqualsSimpleKernel) {
   ForwardBatch fresh;
   const std::vector<int32_t> lengths{1, 33, 1500, 1, 200};
   for (size_t s = 0; s < lengths.size(); ++s)
-    add_sequence(fresh, prompt_tokens(lengths[s], static_cast<int32_t>(s)), 0, table(static_cast<int32_t>(s)), true);
+    append_sequence(fresh, prompt_tokens(lengths[s], static_cast<int32_t>(s)), 0, table(static_cast<int32_t>(s)),
+                    true);
   compare(fresh, "fresh prompts 1/33/1500/1/200");
   ForwardBatch mixed;
-  add_sequence(mixed, {7}, 1, table(0), false);
-  add_sequence(mixed, {9}, 33, table(1), false);
-  add_sequence(mixed, prompt_tokens(100, 4), 200, table(4), true);
+  append_sequence(mixed, {7}, 1, table(0), false);
+  append_sequence(mixed, {9}, 33, table(1), false);
+  append_sequence(mixed, prompt_tokens(100, 4), 200, table(4), true);
   std::vector<int32_t> hit = blocks_from(2 * per_seq, 960 / block_size);
   for (int32_t b : blocks_from(5 * per_seq, per_seq)) hit.push_back(b);
   hit.resize(static_cast<size_t>(per_seq));
-  add_sequence(mixed, prompt_tokens(300, 5), 960, hit, true);
+  append_sequence(mixed, prompt_tokens(300, 5), 960, hit, true);
   compare(mixed, "decodes + chunk after 200 + prefix hit 960 + 300");
   CudaMlaPrefill::Tuning small;
   small.score_budget_bytes = size_t{1} << 20;  // ~ a few query rows per chunk

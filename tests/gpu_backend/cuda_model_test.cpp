@@ -328,6 +328,53 @@ TEST(CudaModel, RandomWeightsAreReproducibleAndFinite) {
   EXPECT_NE(results[0], results[2]);
 }
 
+// The GEMV dispatch (gemv.h) inside the model: a bad threshold is refused naming the option or the
+// environment variable, and with the GEMV on every step (up to 8 rows) a prefill of 5 rows and graph-
+// replayed batch-1 decode steps give the cuBLASLt path's logits up to summation order and bf16 rounding.
+TEST(CudaModel, GemvDispatchIsValidatedAndMatchesTheGemm) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const ModelConfig config = small_llama_config();
+  CudaModelOptions bad = small_options();
+  bad.gemv_max_rows = 9;
+  auto refused = CudaModel::create_random(config, 7, bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("gemv_max_rows"), std::string::npos) << refused.status().to_string();
+  setenv("PAGODA_GEMV_MAX_ROWS", "two", 1);
+  refused = CudaModel::create_random(config, 7, small_options());
+  unsetenv("PAGODA_GEMV_MAX_ROWS");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("PAGODA_GEMV_MAX_ROWS"), std::string::npos)
+      << refused.status().to_string();
+
+  std::vector<std::vector<float>> runs;
+  for (const int32_t rows : {0, kGemvMaxRows}) {
+    CudaModelOptions options = small_options();
+    options.gemv_max_rows = rows;
+    auto model = CudaModel::create_random(config, 7, options);
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
+    ASSERT_TRUE(pool.ok());
+    std::vector<float> all, logits;
+    ASSERT_TRUE((*model)->forward(single({1, 5, 900, 42, 7}, 0, {0}, true), **pool, logits).ok());
+    all = logits;
+    for (int32_t step = 0; step < 4; ++step) {
+      ASSERT_TRUE((*model)->forward(single({11 + step}, 5 + step, {0}, false), **pool, logits).ok());
+      all.insert(all.end(), logits.begin(), logits.end());
+    }
+    EXPECT_GT((*model)->graph_replays(), 0);
+    runs.push_back(std::move(all));
+  }
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  double max_diff = 0, max_logit = 0;
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    max_diff = std::max(max_diff, static_cast<double>(std::fabs(runs[0][i] - runs[1][i])));
+    max_logit = std::max(max_logit, static_cast<double>(std::fabs(runs[0][i])));
+  }
+  std::cout << "[ figure ] GEMV vs cuBLASLt in the model: max |logit diff| " << max_diff << " (max |logit| "
+            << max_logit << ")\n";
+  EXPECT_LE(max_diff, 0.02 + 0.02 * max_logit);
+}
+
 // backend/cuda/attention's Hopper attention (eager steps) against the backend's own kernel
 // inside the same model, for a head_dim it supports: two prefills in one step,
 // a mixed step (decode + chunk after a cached prefix), and a pure decode step.
@@ -358,20 +405,7 @@ TEST(CudaModel, FastAttentionMatchesBuiltinAttentionInTheModel) {
     for (int32_t& x : t) x = token(rng);
     return t;
   };
-  auto append = [](ForwardBatch& b, const std::vector<int32_t>& t, int32_t cached, std::vector<int32_t> table,
-                   bool all) {
-    SequenceSlice s;
-    s.token_offset = b.num_tokens();
-    s.num_new_tokens = static_cast<int32_t>(t.size());
-    s.num_cached_tokens = cached;
-    s.block_table = std::move(table);
-    s.logits_for_all_new_tokens = all;
-    for (size_t i = 0; i < t.size(); ++i) {
-      b.token_ids.push_back(t[i]);
-      b.positions.push_back(cached + static_cast<int32_t>(i));
-    }
-    b.sequences.push_back(std::move(s));
-  };
+  const auto append = testing::append_sequence;
   auto compare = [&](const ForwardBatch& b, const char* what) {
     std::vector<float> la, lb;
     const Status sa = (*fast)->forward(b, **pool_a, la);

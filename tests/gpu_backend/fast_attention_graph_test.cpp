@@ -33,6 +33,7 @@
 namespace pagoda::cuda {
 namespace {
 
+using testing::append_sequence;
 using testing::from_bf16_bits;
 using testing::random_bf16_values;
 using testing::to_bf16_bits;
@@ -303,21 +304,6 @@ CudaModelOptions model_options(bool fast, DType kv_dtype = DType::kBF16) {
   return o;
 }
 
-void append(ForwardBatch& b, const std::vector<int32_t>& tokens, int32_t cached, std::vector<int32_t> table,
-            bool all_logits) {
-  SequenceSlice s;
-  s.token_offset = b.num_tokens();
-  s.num_new_tokens = static_cast<int32_t>(tokens.size());
-  s.num_cached_tokens = cached;
-  s.block_table = std::move(table);
-  s.logits_for_all_new_tokens = all_logits;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    b.token_ids.push_back(tokens[i]);
-    b.positions.push_back(cached + static_cast<int32_t>(i));
-  }
-  b.sequences.push_back(std::move(s));
-}
-
 std::vector<int32_t> blocks(int32_t first, int32_t count) {
   std::vector<int32_t> b(static_cast<size_t>(count));
   std::iota(b.begin(), b.end(), first);
@@ -396,8 +382,8 @@ TEST(FastAttentionDrift, FastIsAsCloseToTheCpuReferenceAsBuiltinAtEveryDepth) {
     Models m = load_models(layers);
     ASSERT_TRUE(m.cpu && m.fast && m.builtin);
     ForwardBatch prefill;
-    append(prefill, a, 0, blocks(0, 13), true);
-    append(prefill, b, 0, blocks(13, 8), true);
+    append_sequence(prefill, a, 0, blocks(0, 13), true);
+    append_sequence(prefill, b, 0, blocks(13, 8), true);
     const StepErrors e = run_step(m, prefill);
     std::cout << "[ figure ] drift, " << layers << " layers, prefill 200+77 (wgmma prefill): max|gpu - cpu| / max|cpu|"
               << " fast " << e.fast << ", builtin " << e.builtin << "; fast vs builtin " << e.fast_vs_builtin << "\n";
@@ -410,8 +396,8 @@ TEST(FastAttentionDrift, FastIsAsCloseToTheCpuReferenceAsBuiltinAtEveryDepth) {
     std::vector<int32_t> next = {token(rng), token(rng)};
     for (int32_t step = 0; step < 6; ++step) {
       ForwardBatch decode;
-      append(decode, {next[0]}, 200 + step, blocks(0, 13), false);
-      append(decode, {next[1]}, 77 + step, blocks(13, 8), false);
+      append_sequence(decode, {next[0]}, 200 + step, blocks(0, 13), false);
+      append_sequence(decode, {next[1]}, 77 + step, blocks(13, 8), false);
       std::vector<float> cpu_logits;
       const StepErrors d = run_step(m, decode, &cpu_logits);
       worst_fast = std::max(worst_fast, d.fast);
@@ -446,8 +432,8 @@ TEST(FastAttentionDrift, QuantizedKvDecodeIsAsCloseToTheCpuAsBuiltin) {
     for (int32_t& t : a) t = token(rng);
     for (int32_t& t : b) t = token(rng);
     ForwardBatch prefill;
-    append(prefill, a, 0, blocks(0, 13), false);
-    append(prefill, b, 0, blocks(13, 8), false);
+    append_sequence(prefill, a, 0, blocks(0, 13), false);
+    append_sequence(prefill, b, 0, blocks(13, 8), false);
     std::vector<float> cpu_logits;
     run_step(m, prefill, &cpu_logits);
     double worst_fast = 0, worst_builtin = 0;
@@ -458,8 +444,8 @@ TEST(FastAttentionDrift, QuantizedKvDecodeIsAsCloseToTheCpuAsBuiltin) {
         next[static_cast<size_t>(r)] = static_cast<int32_t>(std::max_element(row, row + kVocab) - row);
       }
       ForwardBatch decode;
-      append(decode, {next[0]}, 150 + step, blocks(0, 13), false);
-      append(decode, {next[1]}, 40 + step, blocks(13, 8), false);
+      append_sequence(decode, {next[0]}, 150 + step, blocks(0, 13), false);
+      append_sequence(decode, {next[1]}, 40 + step, blocks(13, 8), false);
       const StepErrors e = run_step(m, decode, &cpu_logits);
       worst_fast = std::max(worst_fast, e.fast);
       worst_builtin = std::max(worst_builtin, e.builtin);
@@ -487,7 +473,7 @@ TEST(FastAttentionDrift, GreedyTokensInGraphsAgreeWithTheCpuReference) {
   for (size_t i = 0; i < prompt_lengths.size(); ++i) {
     std::vector<int32_t> p(static_cast<size_t>(prompt_lengths[i]));
     for (int32_t& t : p) t = token(rng);
-    append(prefill, p, 0, blocks(static_cast<int32_t>(i) * 32, 32), false);
+    append_sequence(prefill, p, 0, blocks(static_cast<int32_t>(i) * 32, 32), false);
   }
   std::vector<float> lc, lf;
   ASSERT_TRUE(m.cpu->forward(prefill, *m.cpu_pool, lc).ok());
@@ -511,7 +497,7 @@ TEST(FastAttentionDrift, GreedyTokensInGraphsAgreeWithTheCpuReference) {
     }
     ForwardBatch decode;
     for (size_t i = 0; i < 3; ++i)
-      append(decode, {next[i]}, prompt_lengths[i] + step, blocks(static_cast<int32_t>(i) * 32, 32), false);
+      append_sequence(decode, {next[i]}, prompt_lengths[i] + step, blocks(static_cast<int32_t>(i) * 32, 32), false);
     ASSERT_TRUE(m.cpu->forward(decode, *m.cpu_pool, lc).ok());
     const Status s = m.fast->forward(decode, *m.fast_pool, lf);
     ASSERT_TRUE(s.ok()) << s.to_string();

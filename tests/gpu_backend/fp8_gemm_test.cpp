@@ -183,7 +183,7 @@ TEST_P(Fp8GemmTest, Block128MatchesTheCpuReference) {
 }
 
 // Which cuBLASLt scale modes this device's library accepts for e4m3 x e4m3 -> bf16 (printed: the table in
-// docs/QUANTIZATION.md), and the mode create() chooses must be one of them at every Llama-3-8B shape.
+// docs/CPU_QUANT.md), and the mode create() chooses must be one of them at every Llama-3-8B shape.
 TEST(Fp8ScaleModeTest, ProbeAndChosenModeAccepted) {
   PAGODA_SKIP_WITHOUT_GPU();
   auto gemm = Fp8Gemm::create();

@@ -14,8 +14,26 @@
 
 #include "pagoda/backend/cuda/device_buffer.h"
 #include "pagoda/core/dtype.h"
+#include "pagoda/runtime/forward_batch.h"
 
 namespace pagoda::cuda::testing {
+
+// Appends a sequence of `tokens` new tokens after `cached` cached ones (positions
+// cached, cached + 1, ...) on `table`; all_logits asks for every new token's logits.
+inline void append_sequence(ForwardBatch& b, const std::vector<int32_t>& tokens, int32_t cached,
+                            std::vector<int32_t> table, bool all_logits) {
+  SequenceSlice s;
+  s.token_offset = b.num_tokens();
+  s.num_new_tokens = static_cast<int32_t>(tokens.size());
+  s.num_cached_tokens = cached;
+  s.block_table = std::move(table);
+  s.logits_for_all_new_tokens = all_logits;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    b.token_ids.push_back(tokens[i]);
+    b.positions.push_back(cached + static_cast<int32_t>(i));
+  }
+  b.sequences.push_back(std::move(s));
+}
 
 inline bool has_gpu() {
   int count = 0;

@@ -160,6 +160,8 @@ def main():
         case_dir = os.path.join(args.fixtures, case)
         if not os.path.isdir(case_dir):
             continue
+        if case == "block_fp8_128":  # not made from the bf16 source: its reference is its dequantized twin
+            continue
         try:
             expected = {"name": case, "prompt_ids": prompt, "transformers_version": transformers.__version__,
                         "torch_version": torch.__version__,

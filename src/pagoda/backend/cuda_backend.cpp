@@ -42,16 +42,10 @@ StatusOr<std::string> probe_cuda_device() {
 StatusOr<RunnerSetup> create_cuda_runner(const RunnerSpec& spec, const RunnerRequirements& req,
                                               ModelConfig config) {
   PAGODA_ASSIGN_OR_RETURN(std::string device_text, probe_cuda_device());
-  if (const int32_t tp = spec.tensor_parallel_size; tp != 1) {
-    PAGODA_RETURN_IF_ERROR(check_tensor_parallel(config, tp));
-    int gpus = 0;
-    if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
-    if (tp > gpus)
-      return invalid_argument_error("--tensor-parallel-size {}: more ranks than the {} visible GPU(s) (one rank per "
-                                    "GPU)", tp, gpus);
-    return unimplemented_error("--tensor-parallel-size {} on cuda: the sharded CUDA forward is not built yet (the "
-                               "NCCL communicators are, parallel/nccl_communicator.h); --device cpu runs the ranks "
-                               "as threads (docs/TENSOR_PARALLEL.md)", tp);
+  if (spec.tensor_parallel_size != 1) {
+    if (auto probe = cuda::CudaKvPool::create(pool_shape(config, spec, 1)); !probe.ok())
+      return with_kv_dtype_context(probe.status(), spec);
+    return create_cuda_tensor_parallel_runner(spec, req, config, device_text);
   }
   if (auto probe = cuda::CudaKvPool::create(pool_shape(config, spec, 1)); !probe.ok())
     return with_kv_dtype_context(probe.status(), spec);

@@ -45,6 +45,9 @@ struct RunnerSpec {
   uint64_t weight_seed = 0;
   // --tensor-parallel-size: ranks the model is sharded over (docs/TENSOR_PARALLEL.md); 1: none.
   int32_t tensor_parallel_size = 1;
+  // --tensor-parallel-same-device (hidden, tests only): every cuda rank on GPU 0
+  // through the same-device communicator instead of one GPU each over NCCL.
+  bool tensor_parallel_same_device = false;
   // --quantization (CPU only): kInt8 or kInt4 weights, block-quantized at load; none: as loaded.
   std::optional<DType> weight_quantization;
 };

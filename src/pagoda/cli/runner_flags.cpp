@@ -88,6 +88,10 @@ void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) 
   cmd.add_option("--weight-seed", flags.weight_seed, "Seed of the --load-format random weights")->capture_default_str();
   add_quantization_flag(cmd, flags.quantization);
   add_tensor_parallel_flag(cmd, flags.tensor_parallel_size);
+  // Hidden (no help group): tests run the cuda ranks on one GPU; not a serving mode.
+  cmd.add_flag("--tensor-parallel-same-device", flags.tensor_parallel_same_device,
+               "Tests only: every --device cuda rank on GPU 0 (same-device communicator)")
+      ->group("");
   cmd.add_option("--kv-cache-dtype", flags.kv_cache_dtype,
                  "KV cache element type: auto (f32 on cpu, bf16 on cuda), f32, bf16, fp8 (e4m3, per-token-head "
                  "scale), int8 (per-token-head scale + zero), int4 (groups of 32); smaller types fit more tokens")
@@ -283,6 +287,9 @@ StatusOr<backend::RunnerSpec> resolve_runner_flags(const RunnerFlags& flags, Run
   PAGODA_ASSIGN_OR_RETURN(r.weight_quantization, parse_weight_quantization(flags.quantization, r.device));
   PAGODA_RETURN_IF_ERROR(check_tensor_parallel_size(flags.tensor_parallel_size));
   r.tensor_parallel_size = flags.tensor_parallel_size;
+  r.tensor_parallel_same_device = flags.tensor_parallel_same_device;
+  if (r.tensor_parallel_same_device && r.device != backend::Device::kCuda)
+    return invalid_argument_error("--tensor-parallel-same-device: only with --device cuda");
 #ifndef PAGODA_HAVE_CUDA
   if (r.device == backend::Device::kCuda)
     return failed_precondition_error("--device cuda: this pagoda was built without the CUDA backend (backends: cpu); "

@@ -49,6 +49,7 @@ struct RunnerFlags {
   uint64_t weight_seed = 0;         // --load-format random
   std::string quantization;         // --quantization: empty/none, int8, int4 or fp8 (CPU only)
   int32_t tensor_parallel_size = 1; // --tensor-parallel-size
+  bool tensor_parallel_same_device = false;  // --tensor-parallel-same-device (hidden; tests)
   int32_t kv_cross_layer_share = 1; // --kv-cross-layer-share K (runtime/cross_layer_share.h)
 
   // Set by add_runner_flags: tells a flag given on the command line from its default.

@@ -70,6 +70,17 @@ class NcclRank final : public NcclCommunicator {
     PAGODA_RETURN_IF_ERROR(nccl_status(ncclBroadcast(data, data, n, type, root, comm_, stream_), "ncclBroadcast"));
     return wait("ncclBroadcast");
   }
+  Status enqueue_all_reduce_sum(void* data, size_t count, DType dtype, void* stream) override {
+    PAGODA_RETURN_IF_ERROR(check_reduce_dtype(dtype, "all_reduce_sum"));
+    PAGODA_ASSIGN_OR_RETURN(const ncclDataType_t type, nccl_type(dtype, "all_reduce_sum"));
+    return nccl_status(ncclAllReduce(data, data, count, type, ncclSum, comm_, static_cast<cudaStream_t>(stream)),
+                       "ncclAllReduce");
+  }
+  Status enqueue_all_gather(const void* send, void* recv, size_t count, DType dtype, void* stream) override {
+    PAGODA_ASSIGN_OR_RETURN(const ncclDataType_t type, nccl_type(dtype, "all_gather"));
+    const size_t n = type == ncclUint8 ? count * element_bytes(dtype) : count;
+    return nccl_status(ncclAllGather(send, recv, n, type, comm_, static_cast<cudaStream_t>(stream)), "ncclAllGather");
+  }
   // An all-reduce of one float: returns when every rank has reached it.
   Status barrier() override { return all_reduce_sum(scratch_, 1, DType::kF32); }
 

@@ -4,8 +4,8 @@
 // Buffers are device memory on the rank's GPU. Each collective is enqueued on
 // the communicator's own stream and waited for before the call returns, so
 // a caller sees the same blocking contract as the CPU threads' communicators;
-// the CUDA tensor-parallel forward will enqueue on its compute stream instead
-// (stream()) to overlap.
+// the CUDA tensor-parallel forward enqueues on its compute stream instead
+// (DeviceCommunicator's enqueue_*), so NCCL runs in stream order between its kernels.
 //
 // NVLink multicast (NVLS) stays off: creation sets NCCL_NVLS_ENABLE=0 in the
 // environment before NCCL reads it, as the GPU machines require.
@@ -18,17 +18,11 @@
 #include <vector>
 
 #include "pagoda/core/status.h"
-#include "pagoda/parallel/communicator.h"
+#include "pagoda/parallel/device_communicator.h"
 
 namespace pagoda::parallel {
 
-class NcclCommunicator : public Communicator {
- public:
-  // The stream the collectives run on (a cudaStream_t).
-  virtual void* stream() const = 0;
-  // The CUDA device of this rank.
-  virtual int32_t device() const = 0;
-};
+class NcclCommunicator : public DeviceCommunicator {};
 
 // One communicator per entry of `devices` (CUDA ordinals, distinct), index =
 // rank. Errors: an empty or repeated device list, a device that does not

@@ -38,8 +38,7 @@ StatusOr<std::unique_ptr<CpuTensorParallelRunner>> CpuTensorParallelRunner::crea
   runner->geometry_.num_kv_heads = 0;
   for (const auto& rank : runner->ranks_) runner->geometry_.num_kv_heads += rank->kv_geometry().num_kv_heads;
   runner->num_host_blocks_ = options.num_host_blocks;
-  runner->results_.resize(static_cast<size_t>(size));
-  for (int32_t r = 1; r < size; ++r) runner->threads_.emplace_back([p = runner.get(), r] { p->rank_thread(r); });
+  runner->threads_ = std::make_unique<parallel::RankThreads>(size);
   return runner;
 }
 
@@ -52,50 +51,13 @@ int64_t CpuTensorParallelRunner::blocks_for_memory_per_rank(const ModelConfig& c
   return bytes / static_cast<int64_t>(per_token * static_cast<size_t>(block_size));
 }
 
-CpuTensorParallelRunner::~CpuTensorParallelRunner() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  work_ready_.notify_all();
-  for (auto& t : threads_) t.join();
-}
-
-void CpuTensorParallelRunner::rank_thread(int32_t rank) {
-  ThreadPool::ScopedCurrent pool(pools_[static_cast<size_t>(rank)].get());
-  uint64_t seen = 0;
-  std::unique_lock<std::mutex> lock(mutex_);
-  for (;;) {
-    work_ready_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-    if (stopping_) return;
-    seen = generation_;
-    const auto* job = job_;
-    lock.unlock();
-    Status status = (*job)(rank);
-    lock.lock();
-    results_[static_cast<size_t>(rank)] = std::move(status);
-    if (--pending_ == 0) work_done_.notify_all();
-  }
-}
+CpuTensorParallelRunner::~CpuTensorParallelRunner() { threads_.reset(); }
 
 Status CpuTensorParallelRunner::run_on_ranks(const std::function<Status(int32_t)>& job) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    job_ = &job;
-    pending_ = size() - 1;
-    ++generation_;
-  }
-  work_ready_.notify_all();
-  {
-    ThreadPool::ScopedCurrent pool(pools_.front().get());
-    results_[0] = job(0);
-  }
-  std::unique_lock<std::mutex> lock(mutex_);
-  work_done_.wait(lock, [&] { return pending_ == 0; });
-  job_ = nullptr;
-  for (const Status& s : results_)
-    if (!s.ok()) return s;
-  return ok_status();
+  return threads_->run([&](int32_t r) {
+    ThreadPool::ScopedCurrent pool(pools_[static_cast<size_t>(r)].get());
+    return job(r);
+  });
 }
 
 StatusOr<runtime::StepResult> CpuTensorParallelRunner::execute(const ForwardBatch& batch,

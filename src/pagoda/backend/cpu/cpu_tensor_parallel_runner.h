@@ -23,13 +23,10 @@
 // Thread safety: one caller thread, as every ModelRunner; read_host_block
 // also as ModelRunner allows (runtime/model_runner.h).
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "pagoda/backend/cpu/cpu_model_runner.h"
@@ -37,6 +34,7 @@
 #include "pagoda/model/model_config.h"
 #include "pagoda/model/model_weights.h"
 #include "pagoda/parallel/communicator.h"
+#include "pagoda/parallel/rank_threads.h"
 #include "pagoda/runtime/model_runner.h"
 
 namespace pagoda {
@@ -96,7 +94,6 @@ class CpuTensorParallelRunner final : public runtime::ModelRunner {
   // Runs job(r) for every rank concurrently, rank r on its thread and pool;
   // the first error by rank order.
   Status run_on_ranks(const std::function<Status(int32_t)>& job);
-  void rank_thread(int32_t rank);
 
   ModelConfig config_;
   KvPoolShape geometry_;
@@ -105,15 +102,7 @@ class CpuTensorParallelRunner final : public runtime::ModelRunner {
   std::vector<std::unique_ptr<parallel::Communicator>> comms_;
   std::vector<std::unique_ptr<ThreadPool>> pools_;
   std::vector<std::unique_ptr<CpuModelRunner>> ranks_;
-
-  std::mutex mutex_;
-  std::condition_variable work_ready_, work_done_;
-  const std::function<Status(int32_t)>* job_ = nullptr;
-  uint64_t generation_ = 0;
-  int32_t pending_ = 0;
-  bool stopping_ = false;
-  std::vector<Status> results_;
-  std::vector<std::thread> threads_;  // ranks 1..N-1
+  std::unique_ptr<parallel::RankThreads> threads_;
 };
 
 }  // namespace pagoda

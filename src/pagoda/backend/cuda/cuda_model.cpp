@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "pagoda/backend/cuda/cuda_check.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
+#include "pagoda/backend/cuda/tensor_parallel_ops.h"
 #include "pagoda/model/rope_frequencies.h"
 #include "pagoda/model/checkpoint.h"
 #include "pagoda/model/kv_geometry.h"
@@ -22,6 +24,11 @@ StatusOr<std::unique_ptr<CudaModel>> CudaModel::load(const std::filesystem::path
   WeightLoadOptions bind_options;
   bind_options.f32_cache_bytes = 0;  // keep mmapped views; conversion happens per tensor on upload
   PAGODA_ASSIGN_OR_RETURN(ModelWeights host, bind_model_weights(config, std::move(shared), bind_options));
+  return from_weights(config, host, options);
+}
+
+StatusOr<std::unique_ptr<CudaModel>> CudaModel::from_weights(const ModelConfig& config, const ModelWeights& host,
+                                                             const CudaModelOptions& options) {
   Fp8UploadOptions fp8;
   fp8.quantize = options.fp8_weights;
   if (options.fp8_weights || host.fp8) {
@@ -37,7 +44,7 @@ StatusOr<std::unique_ptr<CudaModel>> CudaModel::load(const std::filesystem::path
                             CudaDeepseekWeights::upload(config, host, options.show_progress));
     deepseek = std::make_unique<CudaDeepseekWeights>(std::move(layers));
   }
-  std::unique_ptr<CudaModel> model(new CudaModel(std::move(config), options, std::move(weights)));
+  std::unique_ptr<CudaModel> model(new CudaModel(config, options, std::move(weights)));
   PAGODA_RETURN_IF_ERROR(model->init(std::move(deepseek)));
   return model;
 }
@@ -93,6 +100,18 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
 
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   PAGODA_ASSIGN_OR_RETURN(gemm_, Gemm::create());
+  int32_t gemv_rows = options_.gemv_max_rows;
+  if (const char* env = std::getenv("PAGODA_GEMV_MAX_ROWS"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (*end != '\0' || v < 0 || v > kGemvMaxRows)
+      return invalid_argument_error("PAGODA_GEMV_MAX_ROWS={}: expected 0 ... {}", env, kGemvMaxRows);
+    gemv_rows = static_cast<int32_t>(v);
+  }
+  if (gemv_rows < -1 || gemv_rows > kGemvMaxRows)
+    return invalid_argument_error("CUDA model options: gemv_max_rows={} (-1 ... {})", gemv_rows, kGemvMaxRows);
+  gemv_rows_bf16_ = gemv_rows < 0 ? kGemvDefaultMaxRowsBf16 : gemv_rows;
+  gemv_rows_fp8_ = gemv_rows < 0 ? kGemvDefaultMaxRowsFp8 : gemv_rows;
   fast_ = std::make_unique<FastAttention>();
   fast_->set_kv_dtypes(options_.kv_key_dtype, options_.kv_value_dtype);
 
@@ -220,7 +239,11 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
   const DeviceAttentionPlan attention{device_.token_sequence, device_.kv_begin, device_.kv_end,
                                       device_.block_tables, block_table_stride_, T};
 
-  PAGODA_CUDA_RETURN_IF_ERROR(embedding_gather(weights_.embed_tokens, device_.token_ids, T, H, residual, stream_));
+  if (comm_ != nullptr) {
+    PAGODA_RETURN_IF_ERROR(embed_sharded(T, residual));
+  } else {
+    PAGODA_CUDA_RETURN_IF_ERROR(embedding_gather(weights_.embed_tokens, device_.token_ids, T, H, residual, stream_));
+  }
   if (deepseek_) {
     PAGODA_RETURN_IF_ERROR(deepseek_->run_layers(T, pool, device_, attention, *gemm_, residual, normed, proj));
     PAGODA_CUDA_RETURN_IF_ERROR(add_residual(residual, proj, static_cast<int64_t>(T) * H, stream_));
@@ -265,6 +288,8 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
     }
     PAGODA_RETURN_IF_ERROR(project(attn, T, w.o_proj, w.o_fp8, H, q_width, proj));
     if (w.o_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.o_bias, stream_));
+    if (comm_ != nullptr)
+      PAGODA_RETURN_IF_ERROR(comm_->enqueue_all_reduce_sum(proj, static_cast<size_t>(T) * H, DType::kBF16, stream_));
     PAGODA_CUDA_RETURN_IF_ERROR(
         add_rmsnorm(residual, proj, w.post_attention_norm, normed, T, H, c.rms_norm_eps, stream_));
     PAGODA_RETURN_IF_ERROR(project(normed, T, w.gate_up_proj, w.gate_up_fp8, 2 * I, H, gate_up));
@@ -273,6 +298,8 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
     PAGODA_CUDA_RETURN_IF_ERROR(silu_mul(gate_up, act, T, I, stream_));
     PAGODA_RETURN_IF_ERROR(project(act, T, w.down_proj, w.down_fp8, H, I, proj));
     if (w.down_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.down_bias, stream_));
+    if (comm_ != nullptr)
+      PAGODA_RETURN_IF_ERROR(comm_->enqueue_all_reduce_sum(proj, static_cast<size_t>(T) * H, DType::kBF16, stream_));
   }
   PAGODA_CUDA_RETURN_IF_ERROR(add_residual(residual, proj, static_cast<int64_t>(T) * H, stream_));
   return ok_status();
@@ -280,7 +307,21 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
 
 Status CudaModel::project(const bf16* x, int32_t T, const bf16* w, const CudaFp8Weight& fp8, int32_t n, int32_t k,
                           bf16* y) {
-  if (fp8.data == nullptr) return gemm_->linear(x, T, w, n, k, y, GemmOutput::kBF16, stream_);
+  if (fp8.data == nullptr) {
+    if (T <= gemv_rows_bf16_ && gemv_supported(T, k, false, x, w))
+      {
+      PAGODA_CUDA_RETURN_IF_ERROR(gemv_bf16(x, T, w, n, k, y, false, stream_));
+      return ok_status();
+    }
+    return gemm_->linear(x, T, w, n, k, y, GemmOutput::kBF16, stream_);
+  }
+  if (T <= gemv_rows_fp8_ && fp8.input_scale == nullptr && gemv_supported(T, k, true, x, fp8.data)) {
+    // Weight-only at decode sizes: the activations stay bf16 (gemv.h). Static input scales are the
+    // checkpoint's arithmetic (its activations rounded at a calibrated scale) and keep the GEMM path.
+    const int32_t block_stride = fp8.block128 ? fp8_block_weight_scale_stride(k) : 0;
+    PAGODA_CUDA_RETURN_IF_ERROR(gemv_fp8(x, T, fp8.data, fp8.scales, block_stride, n, k, y, stream_));
+    return ok_status();
+  }
   uint8_t* q = fp8_x_.as<uint8_t>();
   float* scales = fp8_x_scales_.as<float>();
   if (fp8.block128) {
@@ -301,9 +342,61 @@ Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {
   bf16* normed = head_normed_.as<bf16>();
   PAGODA_CUDA_RETURN_IF_ERROR(rmsnorm(residual_.as<float>(), device_.logit_rows + row_begin, weights_.final_norm,
                                       normed, num_rows, c.hidden_size, c.rms_norm_eps, stream_));
-  PAGODA_RETURN_IF_ERROR(gemm_->linear(normed, num_rows, weights_.lm_head, c.vocab_size, c.hidden_size,
-                                       logits_.data(), GemmOutput::kF32, stream_));
+  if (comm_ != nullptr) {
+    PAGODA_RETURN_IF_ERROR(head_sharded(normed, num_rows));
+  } else if (num_rows <= gemv_rows_bf16_ && gemv_supported(num_rows, c.hidden_size, false, normed, weights_.lm_head)) {
+    PAGODA_CUDA_RETURN_IF_ERROR(gemv_bf16(normed, num_rows, weights_.lm_head, c.vocab_size, c.hidden_size,
+                                          logits_.data(), true, stream_));
+  } else {
+    PAGODA_RETURN_IF_ERROR(gemm_->linear(normed, num_rows, weights_.lm_head, c.vocab_size, c.hidden_size,
+                                         logits_.data(), GemmOutput::kF32, stream_));
+  }
   PAGODA_CUDA_RETURN_IF_ERROR(argmax_rows(logits_.as<float>(), num_rows, c.vocab_size, tokens_.as<int32_t>(), stream_));
+  return ok_status();
+}
+
+Status CudaModel::attach_tensor_parallel(const TensorShard& shard, parallel::DeviceCommunicator* comm) {
+  if (comm == nullptr || comm->rank() != shard.rank || comm->size() != shard.size)
+    return invalid_argument_error("attach_tensor_parallel: the communicator is not rank {} of {}", shard.rank,
+                                  shard.size);
+  if (deepseek_) return unimplemented_error("attach_tensor_parallel: {} has no sharded forward", config_.architecture_name);
+  const size_t rows = static_cast<size_t>(max_rows_), chunk = static_cast<size_t>(shard.vocab_chunk);
+  PAGODA_ASSIGN_OR_RETURN(shard_logits_, DeviceBuffer::allocate(rows * chunk * sizeof(float)));
+  PAGODA_ASSIGN_OR_RETURN(gathered_logits_,
+                          DeviceBuffer::allocate(static_cast<size_t>(shard.size) * rows * chunk * sizeof(float)));
+  shard_ = shard;
+  comm_ = comm;
+  options_.use_cuda_graphs = false;
+  return ok_status();
+}
+
+Status CudaModel::embed_sharded(int32_t T, float* residual) {
+  const int32_t H = config_.hidden_size;
+  PAGODA_CUDA_RETURN_IF_ERROR(embedding_gather_shard(weights_.embed_tokens, device_.token_ids, T, H,
+                                                     shard_.vocab_begin, shard_.vocab_end, residual, stream_));
+  return comm_->enqueue_all_reduce_sum(residual, static_cast<size_t>(T) * H, DType::kF32, stream_);
+}
+
+Status CudaModel::head_sharded(const bf16* normed, int32_t num_rows) {
+  const int32_t V = config_.vocab_size, H = config_.hidden_size, chunk = shard_.vocab_chunk;
+  const int32_t local = shard_.vocab_end - shard_.vocab_begin;
+  const size_t rows = static_cast<size_t>(num_rows);
+  // The rank's logits packed [rows, local] in a buffer of rows * chunk (the last rank's local may be smaller).
+  if (local > 0) {
+    PAGODA_RETURN_IF_ERROR(gemm_->linear(normed, num_rows, weights_.lm_head, local, H, shard_logits_.data(),
+                                         GemmOutput::kF32, stream_));
+  }
+  PAGODA_RETURN_IF_ERROR(comm_->enqueue_all_gather(shard_logits_.data(), gathered_logits_.data(),
+                                                   rows * static_cast<size_t>(chunk), DType::kF32, stream_));
+  for (int32_t k = 0; k < shard_.size; ++k) {
+    const int32_t begin = std::min(V, k * chunk), width = std::min(V, begin + chunk) - begin;
+    if (width <= 0) continue;
+    const float* src = gathered_logits_.as<float>() + static_cast<size_t>(k) * rows * chunk;
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(logits_.as<float>() + begin, static_cast<size_t>(V) * sizeof(float),
+                                                  src, static_cast<size_t>(width) * sizeof(float),
+                                                  static_cast<size_t>(width) * sizeof(float), rows,
+                                                  cudaMemcpyDeviceToDevice, stream_));
+  }
   return ok_status();
 }
 

@@ -30,6 +30,16 @@
 // for cuBLAS's grouped GEMM, and their prompt rows on the tensor-core MLA
 // prefill (cuda_deepseek_mla_prefill.h) when fast_attention is on.
 //
+// Tensor parallelism (attach_tensor_parallel; docs/TENSOR_PARALLEL.md): the
+// model is then one rank's shard (shard_config / shard_model_weights of
+// model/tensor_shard.h, uploaded as usual) and its forward joins the other
+// ranks through a DeviceCommunicator enqueued on this model's stream: the
+// vocab-parallel embedding is all-reduced (f32), the o and down projections'
+// outputs are all-reduced (bf16, summed in f32) before they join the residual,
+// and each rank's [rows, vocab rows of the rank] logits are all-gathered into
+// the whole [rows, vocab], so sampling and argmax run unchanged on every rank.
+// Steps then run eagerly (no CUDA graphs across ranks yet).
+//
 // Thread safety: one caller at a time (scratch, graphs and the stream are per model).
 
 #include <cstdint>
@@ -48,6 +58,7 @@
 #include "pagoda/backend/cuda/fast_attention.h"
 #include "pagoda/backend/cuda/fp8_gemm.h"
 #include "pagoda/backend/cuda/gemm.h"
+#include "pagoda/backend/cuda/gemv.h"
 #include "pagoda/backend/cuda/kv_layer_waits.h"
 #include "pagoda/backend/cuda/sampling.h"
 #include "pagoda/backend/cuda/step_plan.h"
@@ -55,6 +66,8 @@
 #include "pagoda/runtime/forward_batch.h"
 #include "pagoda/runtime/model_runner.h"
 #include "pagoda/model/model_config.h"
+#include "pagoda/model/tensor_shard.h"
+#include "pagoda/parallel/device_communicator.h"
 
 namespace pagoda::cuda {
 
@@ -84,6 +97,11 @@ struct CudaModelOptions {
   // --quantization fp8: f32/f16/bf16 projections become e4m3 with per-channel scales and run as fp8 GEMMs
   // with dynamic per-token activations (an FP8 checkpoint's projections run fp8 without it).
   bool fp8_weights = false;
+  // Projections (and the lm_head) of steps with at most this many rows run as the weight-streaming GEMV
+  // (gemv.h) instead of cuBLASLt (fp8 projections with dynamic activations only): -1 picks gemv.h's
+  // defaults per weight type, 0 turns it off, 1 ... kGemvMaxRows sets both. The environment variable PAGODA_GEMV_MAX_ROWS, when set,
+  // overrides this (benchmarks compare both paths without rebuilding).
+  int32_t gemv_max_rows = -1;
 };
 
 class CudaModel {
@@ -91,6 +109,10 @@ class CudaModel {
   // Loads <dir>/config.json and the safetensors, converting weights to bf16 on the GPU.
   static StatusOr<std::unique_ptr<CudaModel>> load(const std::filesystem::path& model_dir,
                                                    const CudaModelOptions& options = {});
+  // Uploads `host` (the weights of `config`, bound with f32_cache_bytes = 0 so
+  // matrices are mmapped views, or a rank's shard_model_weights) to the current device.
+  static StatusOr<std::unique_ptr<CudaModel>> from_weights(const ModelConfig& config, const ModelWeights& host,
+                                                           const CudaModelOptions& options = {});
   // Random bf16 weights for `config`, made on the GPU (`--load-format random`).
   static StatusOr<std::unique_ptr<CudaModel>> create_random(const ModelConfig& config, uint64_t seed,
                                                             const CudaModelOptions& options = {});
@@ -147,8 +169,16 @@ class CudaModel {
     layer_waits_ = KvLayerWaits{};
   }
 
+  // Makes this model rank shard.rank of shard.size: its config and weights must
+  // be that shard's, and every rank's model must be attached before any
+  // forward; the ranks then call their forwards concurrently, one thread each
+  // with this model's device current. Turns CUDA graphs off. Errors: a
+  // communicator whose rank or size is not the shard's; CUDA allocation.
+  Status attach_tensor_parallel(const TensorShard& shard, parallel::DeviceCommunicator* comm);
+  const TensorShard& tensor_shard() const { return shard_; }
+
   // Turns graph replay of decode steps on or off (benchmarks compare both).
-  void set_use_cuda_graphs(bool on) { options_.use_cuda_graphs = on; }
+  void set_use_cuda_graphs(bool on) { options_.use_cuda_graphs = on && comm_ == nullptr; }
   void set_fast_attention(bool on) { options_.fast_attention = on; }
   void set_max_graph_batch(int32_t n) { options_.max_graph_batch = n; }
   void set_moe_max_graph_batch(int32_t n) { options_.moe_max_graph_batch = n; }
@@ -189,6 +219,10 @@ class CudaModel {
   Status run_layers(int32_t num_tokens, const CudaKvPool& pool, bool fast_attention,
                     const KvLayerWaits* waits = nullptr);
   Status run_head(int32_t row_begin, int32_t num_rows);
+  // Tensor parallelism: the embedding of this rank's vocabulary rows, summed over the ranks.
+  Status embed_sharded(int32_t T, float* residual);
+  // Tensor parallelism: logits_ [num_rows, vocab] from this rank's rows of normed through the all-gather.
+  Status head_sharded(const bf16* normed, int32_t num_rows);
   // y [T, n] = x [T, k] . w^T through the bf16 GEMM, or quantize x + the fp8 GEMM where fp8.data is set.
   Status project(const bf16* x, int32_t T, const bf16* w, const CudaFp8Weight& fp8, int32_t n, int32_t k, bf16* y);
   // Samples logit rows [row_begin, row_begin + n) (already in logits_) and
@@ -212,6 +246,8 @@ class CudaModel {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<Fp8Gemm> fp8_gemm_;  // when some projection runs fp8
+  int32_t gemv_rows_bf16_ = 0;  // steps of at most this many rows run bf16 projections as GEMVs
+  int32_t gemv_rows_fp8_ = 0;   // the same for fp8 projections
   DeviceBuffer fp8_x_;         // e4m3 [T4, max(hidden, Hq * D, intermediate)]: a projection's quantized input
   DeviceBuffer fp8_x_scales_;  // f32 per token (or token x 128-group) of fp8_x_
   std::unique_ptr<FastAttention> fast_;
@@ -253,6 +289,12 @@ class CudaModel {
   };
   std::map<int32_t, Graph> graphs_;
   KvLayerWaits layer_waits_;  // for the next run() only
+
+  // Tensor parallelism (attach_tensor_parallel); rank 0 of 1 and null otherwise.
+  TensorShard shard_;
+  parallel::DeviceCommunicator* comm_ = nullptr;
+  DeviceBuffer shard_logits_;     // f32 [max_rows, vocab_chunk]: this rank's logits, packed [rows, local vocab]
+  DeviceBuffer gathered_logits_;  // f32 [ranks, max_rows, vocab_chunk]: every rank's, by rank
   int64_t graph_replays_ = 0;
 };
 

@@ -97,6 +97,7 @@ class CudaModelRunner final : public runtime::ModelRunner {
   CudaModel& model() { return *model_; }
   CudaKvPool& pool() { return *pool_; }
   CudaHostKvPool* host_pool() { return host_.get(); }  // null without a host tier
+  const CudaHostKvPool* host_pool() const { return host_.get(); }
   void set_layer_by_layer(bool on) { layer_by_layer_ = on; }
   bool layer_by_layer() const { return layer_by_layer_; }
 

@@ -100,7 +100,7 @@ class Fp8Gemm {
 
   // Whether cuBLASLt's heuristic offers an algorithm for e4m3 x e4m3 -> bf16 with these cuBLASLt scale
   // modes (cublasLtMatmulMatrixScale_t values) on the weight (A) and activation (B) operands at this
-  // shape, and its status: the probe behind the mode table in docs/QUANTIZATION.md.
+  // shape, and its status: the probe behind the mode table in docs/CPU_QUANT.md.
   struct Acceptance {
     bool accepted = false;
     int status = 0;  // cublasStatus_t of the heuristic (or of the attribute that failed)

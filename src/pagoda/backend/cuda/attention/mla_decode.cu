@@ -29,6 +29,10 @@
 // S[h, t] = (q_h . codes_t) * scale_t, and P[h, t] = p[h, t] * scale_t against
 // the unscaled codes as V (bf16's exponent range keeps p * scale clear of
 // subnormals).
+// FlashMLA's 656-byte fp8 records (narrow kernel only): the whole record lands
+// in staging; the conversion multiplies each code by its group's scale (one per
+// 128 latent values) while rounding to bf16, and copies the bf16 rope values,
+// so S and P need no scales.
 // A segment that is not its row's only one writes its normalized partial
 // output and log2-sum-exp to the workspace; mla_decode_merge combines them.
 // docs/KERNELS.md ("MLA decode") has the versions and their measurements.
@@ -57,6 +61,14 @@ constexpr int kTileBytes = kColumnBlocks * kBlockBytes;  // 73,728: Q, or one KV
 [[maybe_unused]] constexpr int kKeyChunks = kMlaKeyDim / 8;               // 72 16-byte bf16 chunks a vector
 [[maybe_unused]] constexpr int kCodeChunks = kMlaKeyDim / 16;             // 36 16-byte fp8 chunks a vector
 [[maybe_unused]] constexpr int kStagingBytes = kTile * kMlaKeyDim;        // fp8 codes of one tile
+// Latent formats of the kernels' template parameter.
+constexpr int kBf16 = 0;          // bf16 values
+constexpr int kFp8Vector = 1;     // fp8 codes + one scale record a vector (runtime/kv_quant.h)
+constexpr int kFp8FlashMla = 2;   // FlashMLA's 656-byte records (runtime/mla_fp8_layout.h)
+constexpr int kFlashRecordBytes = 656;
+constexpr int kFlashScalesAt = 512, kFlashRopeAt = 528;
+[[maybe_unused]] constexpr int kFlashRecordChunks = kFlashRecordBytes / 16;  // 41
+[[maybe_unused]] constexpr int kFlashStagingBytes = kTile * kFlashRecordBytes;
 [[maybe_unused]] constexpr float kNoScore = -1e30f;
 
 // Shared memory (after aligning the base to 1024 B): Q | KV tile 0 | KV tile 1
@@ -118,8 +130,9 @@ static_assert(kSmemBytes <= 232448, "one CTA per SM");
       : "l"(desc_a), "l"(desc_b), "r"(1));
 }
 
-// Sixteen e4m3 codes -> sixteen bf16 (exact), as two 16-byte chunks.
-[[maybe_unused]] __device__ __forceinline__ void fp8x16_to_bf16(const uint4& codes, uint4& lo, uint4& hi) {
+// Sixteen e4m3 codes times `scale` -> sixteen bf16 (rounded to nearest even).
+[[maybe_unused]] __device__ __forceinline__ void fp8x16_scaled_to_bf16(const uint4& codes, float scale, uint4& lo,
+                                                                       uint4& hi) {
   const uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
   uint32_t out[8];
 #pragma unroll
@@ -129,18 +142,23 @@ static_assert(kSmemBytes <= 232448, "one CTA per SM");
       const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>(w[i] >> (16 * half));
       const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
       const float2 f = __half22float2(__half2(h));
-      out[2 * i + half] = pack_bf16x2(f.x, f.y);
+      out[2 * i + half] = pack_bf16x2(f.x * scale, f.y * scale);
     }
   }
   lo = make_uint4(out[0], out[1], out[2], out[3]);
   hi = make_uint4(out[4], out[5], out[6], out[7]);
 }
+// Sixteen e4m3 codes -> sixteen bf16 (exact: e4m3 fits in bf16; x * 1 is x).
+[[maybe_unused]] __device__ __forceinline__ void fp8x16_to_bf16(const uint4& codes, uint4& lo, uint4& hi) {
+  fp8x16_scaled_to_bf16(codes, 1.0f, lo, hi);
+}
 
 // Gathers the tile of positions [kv0, kv0 + 64) of a row (those below kv_end)
 // into stage `stage`, 4 threads a position (load_pos, load_lane): bf16 straight
 // into the swizzled tile at tiles + stage * kTileBytes; fp8 codes into the
-// staging area that follows the first tile, and the scale records into scales.
-template <bool kFp8>
+// staging area that follows the first tile, and the scale records into scales;
+// FlashMLA records whole (41 chunks) into that staging area.
+template <int kFormat>
 __device__ __forceinline__ void issue_latent_tile(const MlaDecodeDescriptor& d, const int32_t* table, int kv0,
                                                   int kv_end, uint8_t* tiles, float* scales, int stage, int load_pos,
                                                   int load_lane) {
@@ -148,7 +166,15 @@ __device__ __forceinline__ void issue_latent_tile(const MlaDecodeDescriptor& d, 
   const bool valid = pos < kv_end;
   const int bs = d.block_size;
   const int64_t slot = valid ? int64_t{table[pos / bs]} * bs + pos % bs : 0;
-  if constexpr (!kFp8) {
+  if constexpr (kFormat == kFp8FlashMla) {
+    uint8_t* dst = tiles + kTileBytes + stage * kFlashStagingBytes + load_pos * kFlashRecordBytes;
+    const uint8_t* src = static_cast<const uint8_t*>(d.latent) + slot * kFlashRecordBytes;
+#pragma unroll
+    for (int k = 0; k < (kFlashRecordChunks + 3) / 4; ++k) {
+      const int c = load_lane + 4 * k;
+      if (c < kFlashRecordChunks) cp_async_16(dst + c * 16, src + c * 16, valid);
+    }
+  } else if constexpr (kFormat == kBf16) {
     uint8_t* dst = tiles + stage * kTileBytes;
     const uint8_t* src = static_cast<const uint8_t*>(d.latent) + slot * (kMlaKeyDim * 2);
 #pragma unroll
@@ -170,7 +196,7 @@ __device__ __forceinline__ void issue_latent_tile(const MlaDecodeDescriptor& d, 
 
 // fp8: this thread's quarter of position load_pos, from staging `stage` into
 // the bf16 tile at `tiles` (exact conversion; the scales stay outside).
-__device__ __forceinline__ void convert_fp8_tile(uint8_t* tiles, int stage, int load_pos, int load_lane) {
+[[maybe_unused]] __device__ __forceinline__ void convert_fp8_tile(uint8_t* tiles, int stage, int load_pos, int load_lane) {
   const uint8_t* staged = tiles + kTileBytes + stage * kStagingBytes + load_pos * kMlaKeyDim;
 #pragma unroll
   for (int k = 0; k < kCodeChunks / 4; ++k) {
@@ -180,6 +206,30 @@ __device__ __forceinline__ void convert_fp8_tile(uint8_t* tiles, int stage, int 
     fp8x16_to_bf16(codes, lo, hi);
     *reinterpret_cast<uint4*>(tiles + tile_offset(load_pos, 2 * c)) = lo;
     *reinterpret_cast<uint4*>(tiles + tile_offset(load_pos, 2 * c + 1)) = hi;
+  }
+}
+
+// FlashMLA records: this thread's quarter of position load_pos, from staging
+// `stage` into the bf16 tile: codes times their group's scale (dequantized
+// here, so the products need no scales), the bf16 rope chunks copied.
+[[maybe_unused]] __device__ __forceinline__ void convert_flash_tile(uint8_t* tiles, int stage, int load_pos,
+                                                                    int load_lane) {
+  const uint8_t* staged = tiles + kTileBytes + stage * kFlashStagingBytes + load_pos * kFlashRecordBytes;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int c = load_lane + 4 * k;  // code chunk 0..31, group c / 8
+    const uint4 codes = *reinterpret_cast<const uint4*>(staged + c * 16);
+    const float scale = *reinterpret_cast<const float*>(staged + kFlashScalesAt + 4 * (c >> 3));
+    uint4 lo, hi;
+    fp8x16_scaled_to_bf16(codes, scale, lo, hi);
+    *reinterpret_cast<uint4*>(tiles + tile_offset(load_pos, 2 * c)) = lo;
+    *reinterpret_cast<uint4*>(tiles + tile_offset(load_pos, 2 * c + 1)) = hi;
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int j = 2 * load_lane + k;  // rope chunk 0..7 = tile chunk 64 + j
+    *reinterpret_cast<uint4*>(tiles + tile_offset(load_pos, 64 + j)) =
+        *reinterpret_cast<const uint4*>(staged + kFlashRopeAt + 16 * j);
   }
 }
 
@@ -238,7 +288,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Gathers the tile starting at position kv0 into stage `stage`: bf16 straight
     // into the swizzled tile, fp8 codes into staging (and the scales).
     auto issue_tile = [&](int kv0, int stage) {
-      issue_latent_tile<kFp8>(d, table, kv0, kv_end, base + kTilesAt, scales, stage, load_pos, load_lane);
+      issue_latent_tile<kFp8 ? kFp8Vector : kBf16>(d, table, kv0, kv_end, base + kTilesAt, scales, stage, load_pos,
+                                                   load_lane);
     };
     // Two tiles in flight: the next tile's copies are issued as soon as the
     // buffer they overwrite has been consumed, so while a tile is computed the
@@ -260,7 +311,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int kv0 = kv_begin + tile * kTile;
-      const int stage = tile & 1;
+      [[maybe_unused]] const int stage = tile & 1;
       cp_async_wait<1>();  // this tile's group is done; the next one may still run
       float pos_scale[8] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};  // fp8: scales of the 8 columns
       uint8_t* kv_tile;
@@ -450,13 +501,20 @@ constexpr int kNarrowHeads = 16;
 [[maybe_unused]] constexpr int kNarrowQBlockBytes = kNarrowHeads * 128;  // one column block of Q
 [[maybe_unused]] constexpr int kNarrowQBytes = kColumnBlocks * kNarrowQBlockBytes;
 [[maybe_unused]] constexpr int kNarrowTilesAt = kNarrowQBytes;
-[[maybe_unused]] constexpr int kNarrowPAt = kNarrowTilesAt + 2 * kTileBytes;
+// The latent region: bf16, two tiles; fp8, one bf16 tile and two staging areas
+// (of codes, or of whole FlashMLA records: the larger).
+[[maybe_unused]] constexpr int kNarrowLatentBytes =
+    (kTileBytes + 2 * kFlashStagingBytes + 1023) / 1024 * 1024 > 2 * kTileBytes
+        ? (kTileBytes + 2 * kFlashStagingBytes + 1023) / 1024 * 1024
+        : 2 * kTileBytes;
+[[maybe_unused]] constexpr int kNarrowPAt = kNarrowTilesAt + kNarrowLatentBytes;
 [[maybe_unused]] constexpr int kNarrowScalesAt = kNarrowPAt + 2 * kNarrowHeads * 128;
 [[maybe_unused]] constexpr int kNarrowMaxAt = kNarrowScalesAt + 2 * kTile * 4;
 [[maybe_unused]] constexpr int kNarrowSumAt = kNarrowMaxAt + 2 * 4 * kNarrowHeads * 4;
 [[maybe_unused]] constexpr int kNarrowPartialAt = kNarrowSumAt + 2 * 4 * kNarrowHeads * 4;  // S^T halves [2][128][8]
 constexpr int kNarrowSmemBytes = kNarrowPartialAt + 2 * 128 * 8 * 4 + 1024;
 static_assert(kNarrowQBytes % 1024 == 0 && kNarrowPAt % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
+static_assert(kNarrowSmemBytes <= 232448, "one CTA per SM");
 
 [[maybe_unused]] __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -476,10 +534,11 @@ __device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[8], uint64_t desc_
       : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA));
 }
 
-template <bool kFp8>
+template <int kFormat>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_narrow_kernel(const MlaDecodeDescriptor d, const __nv_bfloat16* __restrict__ q,
                              __nv_bfloat16* __restrict__ out) {
+  [[maybe_unused]] constexpr bool kFp8 = kFormat != kBf16;
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();
 #else
@@ -524,7 +583,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     auto issue_tile = [&](int kv0, int stage) {
-      issue_latent_tile<kFp8>(d, table, kv0, kv_end, base + kNarrowTilesAt, scales, stage, load_pos, load_lane);
+      issue_latent_tile<kFormat>(d, table, kv0, kv_end, base + kNarrowTilesAt, scales, stage, load_pos, load_lane);
     };
     issue_tile(kv_begin, 0);
     cp_async_commit();
@@ -554,14 +613,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else {
         __syncthreads();
         kv_tile = base + kNarrowTilesAt;
-        convert_fp8_tile(kv_tile, stage, load_pos, load_lane);
+        if constexpr (kFormat == kFp8FlashMla) convert_flash_tile(kv_tile, stage, load_pos, load_lane);
+        else convert_fp8_tile(kv_tile, stage, load_pos, load_lane);
         fence_proxy_async_shared();
         __syncthreads();
-        // The scales leave the staging area (every thread's, hence the barrier)
-        // before tile + 2's copies overwrite it.
-        pos_scale[0] = scales[stage * kTile + row0];
-        pos_scale[1] = scales[stage * kTile + row0 + 8];
-        __syncthreads();
+        if constexpr (kFormat == kFp8Vector) {
+          // The scales leave the staging area (every thread's, hence the barrier)
+          // before tile + 2's copies overwrite it. (FlashMLA records were
+          // dequantized whole by the conversion.)
+          pos_scale[0] = scales[stage * kTile + row0];
+          pos_scale[1] = scales[stage * kTile + row0 + 8];
+          __syncthreads();
+        }
         if (tile + 2 < num_tiles) issue_tile(kv0 + 2 * kTile, stage);
         cp_async_commit();
       }
@@ -768,10 +831,13 @@ __global__ void __launch_bounds__(128) mla_decode_merge_kernel(const MlaDecodeDe
 template <bool kFp8>
 cudaError_t prepare_one() {
   static const cudaError_t prepared = [] {
-    const cudaError_t e =
+    cudaError_t e =
         cudaFuncSetAttribute(mla_decode_kernel<kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     if (e != cudaSuccess) return e;
-    return cudaFuncSetAttribute(mla_decode_narrow_kernel<kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    e = cudaFuncSetAttribute(mla_decode_narrow_kernel<kFp8 ? kFp8Vector : kBf16>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, kNarrowSmemBytes);
+    if (e != cudaSuccess || !kFp8) return e;
+    return cudaFuncSetAttribute(mla_decode_narrow_kernel<kFp8FlashMla>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 kNarrowSmemBytes);
   }();
   return prepared;
@@ -787,7 +853,9 @@ cudaError_t prepare_mla_decode_kernels() {
 cudaError_t launch_mla_decode(const MlaDecodeDescriptor& d, const void* q, void* out, cudaStream_t stream) {
   const bool fp8 = d.latent_element == KvElement::kFP8E4M3;
   if (!fp8 && d.latent_element != KvElement::kBF16) return cudaErrorInvalidValue;
-  if (fp8 && d.latent_scale == nullptr) return cudaErrorInvalidValue;
+  const bool flash = d.latent_layout == MlaLatentLayout::kFlashMla656;
+  if (flash && (!fp8 || d.num_heads > kNarrowHeads)) return cudaErrorInvalidValue;
+  if (fp8 && !flash && d.latent_scale == nullptr) return cudaErrorInvalidValue;
   if (d.max_splits > 1 && d.workspace == nullptr) return cudaErrorInvalidValue;
   const cudaError_t prepared = fp8 ? prepare_one<true>() : prepare_one<false>();
   if (prepared != cudaSuccess) return prepared;
@@ -796,8 +864,9 @@ cudaError_t launch_mla_decode(const MlaDecodeDescriptor& d, const void* q, void*
   const auto* qb = static_cast<const __nv_bfloat16*>(q);
   auto* ob = static_cast<__nv_bfloat16*>(out);
   if (d.num_heads <= kNarrowHeads) {
-    if (fp8) mla_decode_narrow_kernel<true><<<grid, kThreads, kNarrowSmemBytes, stream>>>(d, qb, ob);
-    else mla_decode_narrow_kernel<false><<<grid, kThreads, kNarrowSmemBytes, stream>>>(d, qb, ob);
+    if (flash) mla_decode_narrow_kernel<kFp8FlashMla><<<grid, kThreads, kNarrowSmemBytes, stream>>>(d, qb, ob);
+    else if (fp8) mla_decode_narrow_kernel<kFp8Vector><<<grid, kThreads, kNarrowSmemBytes, stream>>>(d, qb, ob);
+    else mla_decode_narrow_kernel<kBf16><<<grid, kThreads, kNarrowSmemBytes, stream>>>(d, qb, ob);
   } else if (fp8) {
     mla_decode_kernel<true><<<grid, kThreads, kSmemBytes, stream>>>(d, qb, ob);
   } else {

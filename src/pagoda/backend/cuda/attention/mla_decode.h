@@ -11,7 +11,9 @@
 //   latent pool: CudaKvPool's K sub-pool of a KvPoolShape with latent = true:
 //       codes [num_blocks, block_size, 1, 576] in bf16 or fp8 e4m3, and for fp8
 //       one f32 scale record per vector at slot b * block_size + s
-//       (runtime/kv_quant.h with num_kv_heads 1 and kv_scale_groups(576, fp8) = 1).
+//       (runtime/kv_quant.h with num_kv_heads 1 and kv_scale_groups(576, fp8) = 1);
+//       or (MlaLatentLayout::kFlashMla656) one 656-byte record per slot in
+//       FlashMLA's fp8 layout (runtime/mla_fp8_layout.h), at most 16 heads.
 //
 // Rows, not sequences: decode plans one row per sequence; a prefill can use it
 // as a slow fallback with one row per prompt token (context_len = position + 1),
@@ -46,6 +48,9 @@ struct MlaDecodeConfig {
   int32_t num_blocks = 0;  // blocks in the pool: every block id must be below it
   float scale = 0.0f;      // softmax scale (> 0, finite), yarn's mscale included by the caller
   KvElement latent_element = KvElement::kBF16;  // kBF16 or kFP8E4M3
+  // kFP8E4M3 only: the pool's records are FlashMLA's 656 bytes
+  // (runtime/mla_fp8_layout.h; num_heads <= 16) or codes + scale records.
+  MlaLatentLayout latent_layout = MlaLatentLayout::kPerVectorScale;
 };
 
 // One query row.

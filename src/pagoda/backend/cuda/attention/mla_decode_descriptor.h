@@ -17,6 +17,17 @@ inline constexpr int32_t kMlaLatentDim = 512;  // kv_lora_rank: V dim and the fi
 inline constexpr int32_t kMlaRopeDim = 64;     // qk_rope_head_dim
 inline constexpr int32_t kMlaKeyDim = kMlaLatentDim + kMlaRopeDim;
 
+// How an fp8 latent is stored (latent_element kFP8E4M3).
+enum class MlaLatentLayout : int32_t {
+  // runtime/kv_quant.h's fp8: 576 codes a vector in the pool's codes, one f32
+  // scale record a vector in latent_scale.
+  kPerVectorScale = 0,
+  // FlashMLA's 656-byte records (runtime/mla_fp8_layout.h): 512 codes, 4 f32
+  // scales (one per 128 latent values), the 64 rope values in bf16; no
+  // separate scale records. At most 16 heads (the narrow kernel).
+  kFlashMla656 = 1,
+};
+
 // What the kernels read (device pointers; plain value, passed by value).
 struct MlaDecodeDescriptor {
   int32_t num_rows = 0;
@@ -27,6 +38,7 @@ struct MlaDecodeDescriptor {
   int32_t max_splits = 1;     // most segments of one row: > 1 runs the merge pass (fixed plans: always 2)
   float scale_log2 = 0.0f;    // scale * log2(e)
   KvElement latent_element = KvElement::kBF16;
+  MlaLatentLayout latent_layout = MlaLatentLayout::kPerVectorScale;
   // Arena views: segments [num_segments][3] = (row, kv_begin, kv_end);
   // row_segment_start [num_rows + 1]; cta_segment_start [num_ctas + 1];
   // block_table_start [num_rows]; block_tables.
@@ -36,7 +48,7 @@ struct MlaDecodeDescriptor {
   const int32_t* block_table_start = nullptr;
   const int32_t* block_tables = nullptr;
   const void* latent = nullptr;        // codes
-  const float* latent_scale = nullptr;  // fp8: scale records; null for bf16
+  const float* latent_scale = nullptr;  // fp8 per-vector scales: the records; else null
   // Split rows: partial outputs [num_segments, num_heads, 512] f32 (normalized),
   // then log2-sum-exp [num_segments, num_heads].
   float* workspace = nullptr;

@@ -36,6 +36,16 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
   if (config.latent_element != KvElement::kBF16 && config.latent_element != KvElement::kFP8E4M3)
     return unimplemented_error("mla decode: latent_element {} (supported: bf16, fp8 e4m3)",
                                static_cast<int>(config.latent_element));
+  if (config.latent_layout != MlaLatentLayout::kPerVectorScale) {
+    if (config.latent_layout != MlaLatentLayout::kFlashMla656)
+      return invalid_argument_error("mla decode: latent_layout {} unknown", static_cast<int>(config.latent_layout));
+    if (config.latent_element != KvElement::kFP8E4M3)
+      return invalid_argument_error("mla decode: latent_layout flashmla_656 needs latent_element fp8 e4m3, got {}",
+                                    static_cast<int>(config.latent_element));
+    if (config.num_heads > 16)
+      return unimplemented_error("mla decode: num_heads {} with latent_layout flashmla_656 (at most 16)",
+                                 config.num_heads);
+  }
   if (options.split_tokens < 0)
     return invalid_argument_error("mla decode: split_tokens {} must be >= 0", options.split_tokens);
   if (device.num_sms < 1) return invalid_argument_error("mla decode: num_sms {} must be positive", device.num_sms);
@@ -224,6 +234,7 @@ MlaDecodeDescriptor MlaDecodePlan::descriptor(const int32_t* device_arena, const
   d.max_splits = max_splits_;
   d.scale_log2 = config_.scale * 1.4426950408889634f;
   d.latent_element = config_.latent_element;
+  d.latent_layout = config_.latent_layout;
   d.segments = device_arena;
   d.row_segment_start = device_arena + row_segment_start_at_;
   d.cta_segment_start = device_arena + cta_segment_start_at_;

@@ -1,0 +1,194 @@
+// Weight-streaming GEMV for m <= kGemvMaxRows rows (gemv.h).
+//
+// A block of kThreads threads owns kGemvRowsPerBlock consecutive weight rows (output columns). Each thread
+// walks the 16-byte chunks c = tid, tid + kThreads, ... of those rows, two chunks per trip so every thread
+// keeps 2 x kGemvRowsPerBlock 128-bit weight loads in flight, and multiplies each chunk against the matching
+// activations of all m rows (read through L1/L2: every block reads the same x). Partial sums are reduced
+// with warp shuffles, then across warps in shared memory. Weight loads skip L1 (read once).
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "pagoda/backend/cuda/gemv.h"
+#include "pagoda/backend/cuda/attention/device_primitives.cuh"
+
+namespace pagoda::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kR = kGemvRowsPerBlock;
+
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+using kernels::cuda::device::bf16x8_to_float;
+
+__device__ __forceinline__ void fp8x16_to_float(const uint4& v, float* f) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(words[i] & 0xffffu), __NV_E4M3);
+    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(words[i] >> 16), __NV_E4M3);
+    const float2 a = __half22float2(__half2(lo));
+    const float2 b = __half22float2(__half2(hi));
+    f[4 * i] = a.x;
+    f[4 * i + 1] = a.y;
+    f[4 * i + 2] = b.x;
+    f[4 * i + 3] = b.y;
+  }
+}
+
+__device__ __forceinline__ void store(__nv_bfloat16* y, float v) { *y = __float2bfloat16(v); }
+__device__ __forceinline__ void store(float* y, float v) { *y = v; }
+
+// kFp8: weights e4m3 (16 per chunk) else bf16 (8 per chunk). block_stride > 0: 128x128 block scales applied
+// per chunk (a chunk never straddles a 128-column block: 16 divides 128); == 0 with scales: per-row scales
+// applied at the end; scales null (bf16): none.
+template <int M, bool kFp8, typename Out>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w,
+                                                        const float* __restrict__ scales, int32_t block_stride,
+                                                        int32_t n, int32_t k, Out* __restrict__ y) {
+  constexpr int kElems = kFp8 ? 16 : 8;
+  constexpr int kRowBytesPerElem = kFp8 ? 1 : 2;
+  const int32_t chunks = k / kElems;
+  const int32_t n0 = static_cast<int32_t>(blockIdx.x) * kR;
+  const uint4* rows[kR];
+  const float* block_scales[kR];
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    const int32_t row = min(n0 + r, n - 1);  // rows past n are computed from the last row and not stored
+    rows[r] = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(row) * k * kRowBytesPerElem);
+    block_scales[r] = (kFp8 && block_stride > 0) ? scales + static_cast<int64_t>(row / 128) * block_stride : nullptr;
+  }
+  float acc[M][kR];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < kR; ++r) acc[m][r] = 0.0f;
+
+  // Weights converted once per chunk, then each activation row's chunk is loaded and used for every weight
+  // row (holding all M rows' activations instead would not fit the registers at M = 8 with fp8 chunks).
+  auto consume = [&](const uint4 (&wc)[kR], int32_t c) {
+    float wf[kR][kElems];
+    float s[kR];
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      if constexpr (kFp8) {
+        fp8x16_to_float(wc[r], wf[r]);
+      } else {
+        bf16x8_to_float(wc[r], wf[r]);
+      }
+      s[r] = (kFp8 && block_stride > 0) ? __ldg(block_scales[r] + (c * kElems) / 128) : 1.0f;
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float xf[kElems];
+      const uint4* xr = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(m) * k + static_cast<int64_t>(c) * kElems);
+      bf16x8_to_float(__ldg(xr), xf);
+      if constexpr (kFp8) bf16x8_to_float(__ldg(xr + 1), xf + 8);
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int e = 0; e < kElems; ++e) dot = fmaf(xf[e], wf[r][e], dot);
+        acc[m][r] = fmaf(dot, s[r], acc[m][r]);
+      }
+    }
+  };
+
+  for (int32_t c0 = static_cast<int32_t>(threadIdx.x); c0 < chunks; c0 += 2 * kThreads) {
+    const int32_t c1 = c0 + kThreads;
+    const bool has1 = c1 < chunks;
+    uint4 a[kR], b[kR];
+#pragma unroll
+    for (int r = 0; r < kR; ++r) a[r] = load_stream(rows[r] + c0);
+    if (has1) {
+#pragma unroll
+      for (int r = 0; r < kR; ++r) b[r] = load_stream(rows[r] + c1);
+    }
+    consume(a, c0);
+    if (has1) consume(b, c1);
+  }
+
+  __shared__ float partial[kWarps][M * kR];
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      float v = acc[m][r];
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+      if (lane == 0) partial[warp][m * kR + r] = v;
+    }
+  __syncthreads();
+  if (threadIdx.x < M * kR) {
+    const int m = static_cast<int>(threadIdx.x) / kR, r = static_cast<int>(threadIdx.x) % kR;
+    const int32_t col = n0 + r;
+    if (col < n) {
+      float v = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kWarps; ++i) v += partial[i][threadIdx.x];
+      if (kFp8 && block_stride == 0) v *= scales[col];
+      store(y + static_cast<int64_t>(m) * n + col, v);
+    }
+  }
+}
+
+template <bool kFp8, typename Out>
+cudaError_t launch(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales, int32_t block_stride,
+                   int32_t n, int32_t k, Out* y, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((n + kR - 1) / kR));
+  switch (m) {
+#define PAGODA_GEMV_CASE(M)                                                                              \
+  case M:                                                                                                \
+    gemv_kernel<M, kFp8, Out><<<grid, kThreads, 0, stream>>>(x, w, scales, block_stride, n, k, y);       \
+    break;
+    PAGODA_GEMV_CASE(1)
+    PAGODA_GEMV_CASE(2)
+    PAGODA_GEMV_CASE(3)
+    PAGODA_GEMV_CASE(4)
+    PAGODA_GEMV_CASE(5)
+    PAGODA_GEMV_CASE(6)
+    PAGODA_GEMV_CASE(7)
+    PAGODA_GEMV_CASE(8)
+#undef PAGODA_GEMV_CASE
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+bool gemv_supported(int32_t m, int32_t k, bool fp8_weights, const void* x, const void* w) {
+  return m >= 1 && m <= kGemvMaxRows && k > 0 && k % (fp8_weights ? 16 : 8) == 0 && aligned16(x) && aligned16(w);
+}
+
+cudaError_t gemv_bf16(const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w, int32_t n, int32_t k, void* y,
+                      bool f32_output, cudaStream_t stream) {
+  if (n <= 0 || !gemv_supported(m, k, false, x, w)) return cudaErrorInvalidValue;
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(w);
+  if (f32_output) return launch<false, float>(x, m, bytes, nullptr, 0, n, k, static_cast<float*>(y), stream);
+  return launch<false, __nv_bfloat16>(x, m, bytes, nullptr, 0, n, k, static_cast<__nv_bfloat16*>(y), stream);
+}
+
+cudaError_t gemv_fp8(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales, int32_t block_stride,
+                     int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream) {
+  if (n <= 0 || scales == nullptr || block_stride < 0 || !gemv_supported(m, k, true, x, w))
+    return cudaErrorInvalidValue;
+  if (block_stride > 0 && block_stride < (k + 127) / 128) return cudaErrorInvalidValue;
+  return launch<true, __nv_bfloat16>(x, m, w, scales, block_stride, n, k, y, stream);
+}
+
+}  // namespace pagoda::cuda

@@ -1,0 +1,49 @@
+#pragma once
+// Weight-streaming GEMV for decode-sized batches: y [m, n] = x [m, k] . w [n, k]^T for m = 1 ... kGemvMaxRows,
+// x bf16 activations (row-major, contiguous), w the weights as nn.Linear stores them, f32 accumulation.
+// At a few rows a projection is a read of its weights; cuBLAS(Lt) picks tiled GEMM kernels that do not
+// reach HBM bandwidth there, so these kernels stream each weight row once with 128-bit loads that bypass L1
+// (a block owns kGemvRowsPerBlock output columns and splits k across its threads, so even n = 4096 keeps
+// every SM busy and the bytes in flight high) and reuse each loaded weight for every activation row.
+//
+// Weights:
+//   gemv_bf16: bf16 weights, output bf16 (projections) or f32 (logits).
+//   gemv_fp8: e4m3 weights with their f32 scales, output bf16. Weight-only: the activations stay bf16 (the
+//     fp8 GEMM quantizes them per token; here the product is the dequantized weights' at bf16 inputs), so
+//     the CUDA model uses it for dynamic activation schemes only: a static input_scale is part of the
+//     checkpoint's arithmetic and keeps the quantize + fp8 GEMM path.
+//     block_stride == 0: scales [n], one per output channel (a per-tensor scale as n equal values);
+//     block_stride > 0: 128x128 blocks, scales [ceil(n / 128)][block_stride] (k-block fastest), the layout
+//     of Fp8Gemm::linear_block128 (block_stride = fp8_block_weight_scale_stride(k)).
+//
+// Requirements (gemv_supported): 1 <= m <= kGemvMaxRows; k % 8 == 0 (bf16) or k % 16 == 0 (fp8); x and w
+// 16-byte aligned. Anything else is the GEMM's. Launches return cudaErrorInvalidValue for unsupported
+// shapes and otherwise cudaGetLastError(); no synchronization, no allocation: CUDA-graph capturable.
+// Thread safety: plain launches on the caller's stream.
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+namespace pagoda::cuda {
+
+inline constexpr int32_t kGemvMaxRows = 8;
+inline constexpr int32_t kGemvRowsPerBlock = 4;
+
+// Default dispatch thresholds of the CUDA model (rows up to which a projection runs as a GEMV), measured
+// on the H200 at the Llama-3-8B shapes (docs/BENCHMARKS.md, "Weight-streaming GEMV"): the GEMV wins at 1
+// and 2 rows (fp8 also saves the activation quantization), breaks even with cuBLASLt at 4 and loses at 8,
+// where every weight feeds 8 multiply-adds on CUDA cores. PAGODA_GEMV_MAX_ROWS (0 ... 8) overrides both.
+inline constexpr int32_t kGemvDefaultMaxRowsBf16 = 2;
+inline constexpr int32_t kGemvDefaultMaxRowsFp8 = 2;
+
+bool gemv_supported(int32_t m, int32_t k, bool fp8_weights, const void* x, const void* w);
+
+cudaError_t gemv_bf16(const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w, int32_t n, int32_t k, void* y,
+                      bool f32_output, cudaStream_t stream);
+
+cudaError_t gemv_fp8(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales, int32_t block_stride,
+                     int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream);
+
+}  // namespace pagoda::cuda
