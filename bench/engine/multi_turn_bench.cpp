@@ -30,6 +30,7 @@ using namespace pagoda;
 }
 
 struct Setup {
+  std::unique_ptr<bench::TimelineLog> timelines = std::make_unique<bench::TimelineLog>();
   std::unique_ptr<CpuModelRunner> runner;
   std::unique_ptr<kv::KvCacheManager> kv;
   std::unique_ptr<engine::Engine> engine;
@@ -52,6 +53,7 @@ Setup make(const std::shared_ptr<CpuModel>& model, DType dtype, int32_t block_si
   ec.scheduler.max_tokens_per_step = 512;
   ec.scheduler.preemption_mode = mode;
   ec.max_queued_requests = 4096;
+  ec.timeline_sink = s.timelines->sink();
   auto created = engine::Engine::create(ec, *s.runner, *s.kv);
   if (!created.ok()) die(created.status(), "engine");
   s.engine = std::move(*created);
@@ -102,17 +104,17 @@ int main(int argc, char** argv) {
                             {"device_blocks", device_blocks}, {"host_blocks", host_blocks}, {"runs", nlohmann::json::array()}};
   {
     Setup none = make(model, *dtype, block_size, device_blocks, 0, engine::PreemptionMode::kRecompute, c.concurrency);
-    figures["runs"].push_back(bench::run_multi_turn(*none.engine, c, "multi-turn, device pool only"));
+    figures["runs"].push_back(bench::run_multi_turn(*none.engine, c, "multi-turn, device pool only", {}, none.timelines.get()));
   }
   {
     Setup tiered =
         make(model, *dtype, block_size, device_blocks, host_blocks, engine::PreemptionMode::kSwap, c.concurrency);
-    figures["runs"].push_back(bench::run_multi_turn(*tiered.engine, c, "multi-turn, device pool + host tier"));
+    figures["runs"].push_back(bench::run_multi_turn(*tiered.engine, c, "multi-turn, device pool + host tier", {}, tiered.timelines.get()));
   }
   {
     const int32_t all = static_cast<int32_t>(ws / block_size) + 2 * c.conversations;
     Setup roomy = make(model, *dtype, block_size, all, 0, engine::PreemptionMode::kRecompute, c.concurrency);
-    figures["runs"].push_back(bench::run_multi_turn(*roomy.engine, c, "multi-turn, device pool holds everything"));
+    figures["runs"].push_back(bench::run_multi_turn(*roomy.engine, c, "multi-turn, device pool holds everything", {}, roomy.timelines.get()));
   }
   // Preemption under pressure: the pool holds about a third of what runs at once.
   const int32_t pressure_blocks =

@@ -25,7 +25,9 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -71,10 +73,83 @@ inline runtime::TransferStats transfers_since(const runtime::TransferStats& now,
   return d;
 }
 
+// Request timelines collected from an engine (EngineConfig::timeline_sink =
+// log.sink()), summarised per phase by run_multi_turn.
+class TimelineLog {
+ public:
+  std::function<void(const engine::RequestTimeline&)> sink() {
+    return [this](const engine::RequestTimeline& t) {
+      std::lock_guard lock(mutex_);
+      timelines_.push_back(t);
+    };
+  }
+  std::vector<engine::RequestTimeline> take() {
+    std::lock_guard lock(mutex_);
+    return std::move(timelines_);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<engine::RequestTimeline> timelines_;
+};
+
+// Median per phase (ms) of the timelines that pass `keep`, printed as one line under `label`.
+inline nlohmann::json summarise_timelines(const std::vector<engine::RequestTimeline>& all, const std::string& label,
+                                          const std::function<bool(const engine::RequestTimeline&)>& keep) {
+  std::vector<double> queue, issue, load, load_to_step, step, step_wait, after_load, counts[6];
+  int64_t n = 0;
+  for (const engine::RequestTimeline& t : all) {
+    if (!keep(t) || t.admitted_s < 0 || t.first_step_start_s < 0 || t.first_step_end_s < 0) continue;
+    ++n;
+    queue.push_back(t.admitted_s * 1e3);
+    const double ready = t.load_enqueued_s >= 0 ? t.load_enqueued_s : t.admitted_s;
+    issue.push_back((ready - t.admitted_s) * 1e3);
+    if (t.load_done_s >= 0 && t.load_enqueued_s >= 0) {
+      load.push_back((t.load_done_s - t.load_enqueued_s) * 1e3);
+      after_load.push_back((t.first_step_end_s - t.load_done_s) * 1e3);
+    }
+    step_wait.push_back((t.first_step_start_s - ready) * 1e3);
+    step.push_back((t.first_step_end_s - t.first_step_start_s) * 1e3);
+    load_to_step.push_back((t.first_token_s - t.first_step_end_s) * 1e3);
+    counts[0].push_back(t.admitted_with);
+    counts[1].push_back(t.first_step_sequences);
+    counts[2].push_back(t.first_step_tokens);
+    counts[3].push_back(t.admission_h2d_blocks);
+    counts[4].push_back(t.steps_before_first_token);
+    counts[5].push_back(t.host_hit_tokens);
+  }
+  auto p50 = [](const std::vector<double>& v) { return percentile(v, 50); };
+  nlohmann::json j = {{"requests", n},
+                      {"admitted_ms_p50", p50(queue)},
+                      {"transfers_enqueued_after_admission_ms_p50", p50(issue)},
+                      {"load_ms_p50", p50(load)},
+                      {"loads_timed", static_cast<int64_t>(load.size())},
+                      {"first_step_start_after_enqueue_ms_p50", p50(step_wait)},
+                      {"first_step_ms_p50", p50(step)},
+                      {"first_step_end_after_load_done_ms_p50", p50(after_load)},
+                      {"first_token_after_first_step_ms_p50", p50(load_to_step)},
+                      {"admitted_with_p50", p50(counts[0])},
+                      {"first_step_sequences_p50", p50(counts[1])},
+                      {"first_step_tokens_p50", p50(counts[2])},
+                      {"admission_h2d_blocks_p50", p50(counts[3])},
+                      {"steps_before_first_token_p50", p50(counts[4])},
+                      {"host_hit_tokens_p50", p50(counts[5])}};
+  std::printf("  timeline %s (%lld requests), medians: admitted %.1f ms after submit, transfers enqueued +%.1f, "
+              "load %.1f ms (%zu timed), first step starts +%.1f after enqueue and takes %.1f ms (ends %.1f ms after "
+              "the load), first token +%.1f; admitted with %.0f, first step %.0f seqs / %.0f tokens, %.0f blocks "
+              "loaded in its step, %.0f host-hit tokens, %.0f steps to the first token\n",
+              label.c_str(), static_cast<long long>(n), p50(queue), p50(issue), p50(load), load.size(), p50(step_wait),
+              p50(step), p50(after_load), p50(load_to_step), p50(counts[0]), p50(counts[1]), p50(counts[2]),
+              p50(counts[3]), p50(counts[5]), p50(counts[4]));
+  return j;
+}
+
 // Runs the workload on `eng` (started) and returns its figures; prints one
-// summary line. `base`: the runner's transfer counters before the run.
+// summary line. `base`: the runner's transfer counters before the run;
+// `timelines`: the engine's timeline log, summarised per phase (all requests,
+// host hits, the rest) when given.
 inline nlohmann::json run_multi_turn(engine::Engine& eng, const MultiTurnConfig& c, const std::string& label,
-                                     const runtime::TransferStats& base = {}) {
+                                     const runtime::TransferStats& base = {}, TimelineLog* timelines = nullptr) {
   using Clock = std::chrono::steady_clock;
   std::mt19937 rng(c.seed);
   std::uniform_int_distribution<int32_t> token(3, c.vocab_size - 1);
@@ -221,6 +296,26 @@ inline nlohmann::json run_multi_turn(engine::Engine& eng, const MultiTurnConfig&
     by_turn_text += (by_turn_text.empty() ? "" : " / ") + std::to_string(static_cast<int>(percentile(t, 50)));
     by_turn_p90_text +=
         (by_turn_p90_text.empty() ? "" : " / ") + std::to_string(static_cast<int>(percentile(t, 90)));
+  }
+  if (timelines != nullptr) {
+    const std::vector<engine::RequestTimeline> all = timelines->take();
+    r["timeline_all"] = summarise_timelines(all, "all", [](const engine::RequestTimeline&) { return true; });
+    r["timeline_host_hits"] =
+        summarise_timelines(all, "host hits", [](const engine::RequestTimeline& t) { return t.host_hit_tokens > 0; });
+    r["timeline_others"] =
+        summarise_timelines(all, "others", [](const engine::RequestTimeline& t) { return t.host_hit_tokens == 0; });
+    // Every request's, one row each (ms after submit; -1: did not happen).
+    nlohmann::json rows = nlohmann::json::array();
+    for (const engine::RequestTimeline& t : all)
+      rows.push_back({t.request_id, t.prompt_tokens, t.cached_tokens, t.host_hit_tokens, t.admitted_s * 1e3,
+                      t.load_enqueued_s * 1e3, t.load_done_s * 1e3, t.first_step_start_s * 1e3,
+                      t.first_step_end_s * 1e3, t.first_token_s * 1e3, t.admission_h2d_blocks,
+                      t.admission_d2h_blocks, t.admitted_with, t.first_step_sequences, t.first_step_tokens,
+                      t.steps_before_first_token});
+    r["timeline_columns"] = {"request", "prompt", "cached", "host_hit", "admitted_ms", "load_enqueued_ms",
+                             "load_done_ms", "first_step_start_ms", "first_step_end_ms", "first_token_ms",
+                             "h2d_blocks", "d2h_blocks", "admitted_with", "step_seqs", "step_tokens", "steps"};
+    r["timelines"] = std::move(rows);
   }
   r["ttft_ms_p50_by_turn"] = by_turn;
   r["ttft_ms_p90_by_turn"] = by_turn_p90;

@@ -273,13 +273,15 @@ nlohmann::json bench_transfers(const ModelConfig& config, const std::vector<std:
 // ---- engine runs ----------------------------------------------------------------
 
 struct EngineRun {
+  std::unique_ptr<bench::TimelineLog> timelines = std::make_unique<bench::TimelineLog>();
   std::unique_ptr<PoolView> view;
   std::unique_ptr<kv::KvCacheManager> kv;
   std::unique_ptr<engine::Engine> engine;
 };
 
 EngineRun make_engine(cuda::CudaModelRunner& runner, int32_t device_blocks, int32_t host_blocks,
-                      engine::PreemptionMode mode, int32_t max_running, int32_t max_tokens_per_step) {
+                      engine::PreemptionMode mode, int32_t max_running, int32_t max_tokens_per_step,
+                      int32_t prefill_join_limit = 0) {
   EngineRun e;
   e.view = std::make_unique<PoolView>(runner, device_blocks, host_blocks);
   kv::KvCacheConfig kc;
@@ -292,7 +294,9 @@ EngineRun make_engine(cuda::CudaModelRunner& runner, int32_t device_blocks, int3
   ec.scheduler.max_running_sequences = max_running;
   ec.scheduler.max_tokens_per_step = max_tokens_per_step;
   ec.scheduler.preemption_mode = mode;
+  ec.scheduler.prefill_join_limit = prefill_join_limit;
   ec.max_queued_requests = 100000;
+  ec.timeline_sink = e.timelines->sink();
   auto created = engine::Engine::create(ec, *e.view, *e.kv);
   if (!created.ok()) die(created.status(), "engine");
   e.engine = std::move(*created);
@@ -342,6 +346,10 @@ int main(int argc, char** argv) {
   app.add_option("--methods", methods, "transfer methods: kernel, layered, staged, staged-out, staged-in, batched, "
                  "per-piece")->delimiter(',');
   app.add_option("--host-fraction", host_fraction, "host tier / multi-turn working set");
+  int32_t prefill_join_limit = 0;
+  app.add_option("--prefill-join-limit", prefill_join_limit,
+                 "multi-turn runs: SchedulerConfig::prefill_join_limit (0: none; e.g. 512: requests arriving "
+                 "together start one step after another)");
   int32_t copy_ctas = 32;
   app.add_option("--copy-ctas", copy_ctas, "the host-capped run's copy-kernel grid cap (CTAs per launch)");
   app.add_option("--json", json_out);
@@ -430,13 +438,13 @@ int main(int argc, char** argv) {
       const int64_t layered_before = (*runner)->host_pool()->layered_calls();
       EngineRun e = make_engine(**runner, device_blocks, tier ? mt_host : 0,
                                 tier ? engine::PreemptionMode::kSwap : engine::PreemptionMode::kRecompute,
-                                c.concurrency, max_tokens_per_step);
+                                c.concurrency, max_tokens_per_step, prefill_join_limit);
       const runtime::TransferStats base = (*runner)->transfer_stats();
       const std::string label = fmt::format("multi-turn, {} in flight, {}", concurrency,
                                             tier                ? "host tier (" + run + ")"
                                             : run == "device"   ? std::string("device pool only")
                                                                 : std::string("device pool holding everything"));
-      nlohmann::json r = bench::run_multi_turn(*e.engine, c, label, base);
+      nlohmann::json r = bench::run_multi_turn(*e.engine, c, label, base, e.timelines.get());
       e.engine->shutdown(std::chrono::milliseconds(0));
       r["device_blocks"] = device_blocks;
       r["host_blocks"] = tier ? mt_host : 0;
@@ -445,6 +453,7 @@ int main(int argc, char** argv) {
       r["transfer_calls"] = e.view->transfer_calls;
       r["layered_transfer_calls"] = (*runner)->host_pool()->layered_calls() - layered_before;
       r["run"] = run;
+      r["prefill_join_limit"] = prefill_join_limit;
       r["copy_kernel_ctas"] = (*runner)->host_pool()->copy_kernel_ctas();
       std::printf("  engine thread: %.2f s in execute, %.3f s queueing %lld transfer calls (%lld layer by layer)\n",
                   e.view->execute_s, e.view->transfer_s, static_cast<long long>(e.view->transfer_calls),

@@ -359,6 +359,13 @@ TEST(CliRunnerFlagsTest, ServeReportsTheKvPoolAndCapacityBeforeListening) {
   EXPECT_THAT(r.out, HasSubstr("listening on http://"));
 }
 
+TEST(CliRunnerFlagsTest, ServeRefusesANegativePrefillJoinLimitNamingTheFlag) {
+  const CliResult r = run_pagoda({"serve", "--model", source_path(kFixture), "--port", "0", "--prefill-join-limit=-1"},
+                                 std::chrono::seconds(20));
+  EXPECT_GT(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--prefill-join-limit -1: must be >= 0")) << r.err;
+}
+
 TEST(CliRunnerFlagsTest, RandomWeightsTooLargeForTheCpuSaySo) {
   const CliResult r = run_pagoda({"generate", "--load-format", "random", "--model",
                                   source_path("tools/gpu_backend/llama3_8b_config.json"), "--prompt-ids", "1,2"},

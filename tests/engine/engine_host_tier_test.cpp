@@ -148,5 +148,58 @@ TEST(EngineHostTierTest, FailedTransfersAreRecomputedNeverServed) {
   EXPECT_EQ(h.engine->stats().transfer_failures, 1);
 }
 
+
+// The request timeline (request_timeline.h) of a host-tier hit: every phase in
+// order, the load counted in its admission step and reported complete.
+TEST(EngineHostTierTest, TimelineOfAHostHitHasEveryPhaseInOrder) {
+  testing::FakeModelRunner runner(8, 4, 64, 4096, {}, /*num_host_blocks=*/32);
+  kv::KvCacheConfig kc;
+  kc.num_blocks = 8;
+  kc.block_size = 4;
+  kc.num_host_blocks = 32;
+  auto kv = std::move(kv::KvCacheManager::create(kc)).value();
+  std::vector<RequestTimeline> timelines;
+  EngineConfig ec;
+  ec.timeline_sink = [&](const RequestTimeline& t) { timelines.push_back(t); };
+  auto engine = std::move(Engine::create(ec, runner, *kv)).value();
+  auto run = [&](const std::vector<int32_t>& prompt) {
+    auto stream = engine->submit(greedy(prompt, 3));
+    ASSERT_TRUE(stream.ok());
+    engine->run_until_idle();
+    EXPECT_TRUE(drain(**stream).finished);
+  };
+  const auto prompt = test_prompt(17, 1);
+  run(prompt);
+  for (int i = 0; i < 3; ++i) run(test_prompt(25, 10 + i));
+  ASSERT_EQ(kv->match_prefix("t", prompt).host_blocks, 4);
+  run(prompt);
+  ASSERT_EQ(timelines.size(), 5u) << "one timeline per request, at its first token";
+
+  const RequestTimeline& miss = timelines[0];
+  EXPECT_EQ(miss.host_hit_tokens, 0);
+  EXPECT_EQ(miss.prompt_tokens, 17);
+  EXPECT_EQ(miss.load_enqueued_s, -1) << "nothing moved in its admission step";
+
+  const RequestTimeline& hit = timelines[4];
+  EXPECT_EQ(hit.request_id, 5u);
+  EXPECT_EQ(hit.cached_tokens, 16);
+  EXPECT_EQ(hit.host_hit_tokens, 16);
+  EXPECT_GE(hit.admission_h2d_blocks, 4) << "its 4 host blocks are loaded in its admission step";
+  EXPECT_EQ(hit.admitted_with, 1);
+  EXPECT_EQ(hit.first_step_sequences, 1);
+  EXPECT_EQ(hit.first_step_tokens, 1) << "one new token after a 16-token hit of a 17-token prompt";
+  EXPECT_EQ(hit.steps_before_first_token, 1);
+  EXPECT_GE(hit.picked_up_s, 0);
+  EXPECT_GE(hit.admitted_s, hit.picked_up_s);
+  EXPECT_GE(hit.load_enqueued_s, hit.admitted_s);
+  EXPECT_GE(hit.load_done_s, hit.admitted_s) << "the runner reports when the copies ended";
+  EXPECT_LE(hit.load_done_s, hit.load_enqueued_s) << "a synchronous runner is done when the call returns";
+  EXPECT_GE(hit.first_step_start_s, hit.load_enqueued_s);
+  EXPECT_GE(hit.first_step_end_s, hit.first_step_start_s);
+  EXPECT_GE(hit.first_token_s, hit.first_step_end_s);
+  const std::string line = format_timeline(hit);
+  EXPECT_NE(line.find("request 5: prompt 17 (cached 16, host 16)"), std::string::npos) << line;
+}
+
 }  // namespace
 }  // namespace pagoda::engine

@@ -181,7 +181,11 @@ class FakeModelRunner final : public runtime::ModelRunner {
       --fail_transfers;
       return internal_error("injected transfer failure");
     }
+    last_transfer_done_ = std::chrono::steady_clock::now();
     return ok_status();
+  }
+  std::optional<std::chrono::steady_clock::time_point> last_transfer_done_at() const override {
+    return last_transfer_done_;
   }
   const KvPoolShape& kv_geometry() const override { return geometry_; }
   int32_t vocab_size() const override { return vocab_; }
@@ -192,6 +196,7 @@ class FakeModelRunner final : public runtime::ModelRunner {
   int64_t num_block_copies = 0;
   int64_t num_deferred_masks = 0;  // RowSampling::mask_source calls
   int64_t num_transfers[runtime::kNumTransferDirections] = {0, 0};
+  std::optional<std::chrono::steady_clock::time_point> last_transfer_done_;
   int32_t fail_transfers = 0;  // the next this many transfer_blocks calls fail
   int32_t max_batch_tokens = 0;
   bool fail_next = false;

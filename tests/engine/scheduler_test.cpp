@@ -165,5 +165,44 @@ TEST_F(SchedulerTest, BlockTablesInThePlanNeverChangeUnderARunningSequence) {
   }
 }
 
+
+// prefill_join_limit: requests that arrive together take their first steps one
+// after another (each after its own prefill, not everyone's); decodes still
+// join, and without the limit they all share the first step.
+TEST_F(SchedulerTest, PrefillJoinLimitStartsTogetherArrivingPromptsOneAfterAnother) {
+  SchedulerConfig config;
+  config.max_tokens_per_step = 512;
+  make(64, config);
+  Sequence* a = submit(20);
+  Sequence* b = submit(20);
+  StepPlan shared = step();
+  EXPECT_EQ(shared.chunks.size(), 2u) << "no limit: both prefills in one step";
+
+  config.prefill_join_limit = 16;
+  make(64, config);
+  a = submit(20);
+  b = submit(20);
+  Sequence* c = submit(3);
+  StepPlan first = step();
+  ASSERT_EQ(first.chunks.size(), 1u);
+  EXPECT_EQ(first.chunks[0].sequence, a);
+  StepPlan second = step();
+  ASSERT_EQ(second.chunks.size(), 2u) << "a's decode joins b's prefill";
+  EXPECT_EQ(second.chunks[0].sequence, a);
+  EXPECT_EQ(second.chunks[0].num_new_tokens, 1);
+  EXPECT_EQ(second.chunks[1].sequence, b);
+  StepPlan third = step();
+  ASSERT_EQ(third.chunks.size(), 3u) << "below the limit (decodes only) c is admitted";
+  EXPECT_EQ(third.chunks[2].sequence, c);
+
+  // A prompt alone still takes the whole budget, chunked as before.
+  make(64, config);
+  Sequence* longer = submit(200);
+  StepPlan alone = step();
+  ASSERT_EQ(alone.chunks.size(), 1u);
+  EXPECT_EQ(alone.chunks[0].sequence, longer);
+  EXPECT_EQ(alone.chunks[0].num_new_tokens, 200);
+}
+
 }  // namespace
 }  // namespace pagoda::engine

@@ -20,7 +20,9 @@ std::shared_ptr<const TokenVocabulary> test_vocabulary() {
   for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
   for (const char* piece : {"{\"", "\":", "\": ", "\",", "\"}", "true", "false", "null", "na", "name", "\"name\"",
                             "12", "3.", "e+", ", \"", "}\n", "\u00e9", "\xC3", "\xA9x", "[{", "}]", "\"a\":1}",
-                            "abc", "ab", "a", " ", "  ", "\n ", "\"\"", "\\n", "\\u00", "x\"", "\":\"", "{}"}) {
+                            "abc", "ab", "a", " ", "  ", "\n ", "\"\"", "\\n", "\\u00", "x\"", "\":\"", "{}",
+                            // Closing several levels at once: decided by frames below a window.
+                            "}}", "]}", "}]}", "\"}}", "1}", "1]", "\"]", "null}", "true]}", "\"]}", "e]"}) {
     bytes.push_back(piece);
   }
   bytes.push_back("ab");  // a duplicate piece: both ids must be allowed together
@@ -99,16 +101,18 @@ TEST(TokenMatcherTest, MasksComposedFromWindowsMatchANaiveScan) {
   ASSERT_TRUE(pairs.ok()) << pairs.status().to_string();
   auto schema = json_schema_to_grammar(nlohmann::ordered_json::parse(kSchema), "s");
   ASSERT_TRUE(schema.ok()) << schema.status().to_string();
-  uint64_t uncertain = 0;
+  uint64_t uncertain = 0, union_hits = 0;
   for (const auto& grammar : {*pairs, *schema, json_object_grammar()}) {
     for (bool precompute : {false, true}) {
       const MaskStats stats = check_random_generations(grammar, 25, 120, {}, precompute);
       EXPECT_EQ(stats.whole_walks, 0u);
       EXPECT_GT(stats.windows, 0u);
       uncertain += stats.uncertain_checked;
+      union_hits += stats.union_hits;
     }
   }
-  EXPECT_GT(uncertain, 0u);  // the context-dependent tokens were exercised
+  EXPECT_GT(uncertain, 0u);   // the context-dependent tokens were exercised
+  EXPECT_GT(union_hits, 0u);  // and the kept unions of window sets
 }
 
 // Precomputed windows make the first masks of a new grammar cheap: after precompute() no mask of
@@ -140,6 +144,26 @@ TEST(TokenMatcherTest, PrecomputeCoversABoundedGrammarAndStaysInItsBudget) {
   const PrecomputeStats bounded = object->precompute(50, 60.0);
   EXPECT_FALSE(bounded.complete);
   EXPECT_EQ(bounded.states, 50u);
+}
+
+// A bounded repetition (json_object's indentation: a newline and up to 20 blanks) has a state per
+// count; precompute() walks the first rounds and computes the windows of the other counts from
+// the stacks it met, so every indentation's first mask needs no new window, and stays exact.
+TEST(TokenMatcherTest, PrecomputeCoversEveryCountOfABoundedRepetition) {
+  auto vocab = test_vocabulary();
+  auto compiled = std::make_shared<CompiledGrammar>(json_object_grammar(), vocab);
+  const PrecomputeStats pre = compiled->precompute(300, 60.0);
+  EXPECT_FALSE(pre.complete);
+  EXPECT_GT(pre.count_siblings, 0u);
+  const uint64_t windows = compiled->stats().windows;
+  std::vector<uint64_t> mask(vocab->mask_words());
+  for (int blanks = 1; blanks <= 20; ++blanks) {
+    TokenMatcher matcher(compiled);
+    ASSERT_TRUE(matcher.accept_text("{\n" + std::string(static_cast<size_t>(blanks), blanks % 2 ? ' ' : '\t')));
+    matcher.fill_mask(mask);
+    EXPECT_EQ(mask, naive_mask(matcher, *vocab)) << blanks << " blanks";
+  }
+  EXPECT_EQ(compiled->stats().windows, windows);
 }
 
 // The bounds: a full window cache falls back to whole-trie walks, and windows with too many

@@ -123,6 +123,11 @@ void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) 
     flags.max_tokens_per_step_option =
         cmd.add_option("--max-tokens-per-step,--max-num-batched-tokens", flags.max_tokens_per_step,
                        "Token budget of one engine step, prefill chunks + decodes (default: 512 on cpu, 8192 on cuda)");
+    cmd.add_option("--prefill-join-limit", flags.prefill_join_limit,
+                   "N > 0: a new request does not join a step whose prefill chunks already hold N tokens; it "
+                   "starts in a later step, so requests arriving together get their first tokens one after "
+                   "another instead of all after one long step (e.g. 512 on cuda: docs/KV_CACHE.md); 0: off")
+        ->capture_default_str();
   }
 }
 
@@ -281,6 +286,8 @@ StatusOr<backend::RunnerSpec> resolve_runner_flags(const RunnerFlags& flags, Run
   if (r.max_num_seqs < 1) return invalid_argument_error("--max-num-seqs {}: must be >= 1", flags.max_num_seqs);
   if (r.max_tokens_per_step < 1)
     return invalid_argument_error("--max-tokens-per-step {}: must be >= 1", flags.max_tokens_per_step);
+  if (flags.prefill_join_limit < 0)
+    return invalid_argument_error("--prefill-join-limit {}: must be >= 0 (0: off)", flags.prefill_join_limit);
   if (flags.max_model_len < 0) return invalid_argument_error("--max-model-len {}: must be >= 1", flags.max_model_len);
   r.max_model_len = flags.max_model_len;
   r.weight_seed = flags.weight_seed;

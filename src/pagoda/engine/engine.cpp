@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstdio>
 #include <random>
 
 #include "pagoda/engine/lower_tier_loader.h"
@@ -361,6 +362,9 @@ void Engine::admit_request(std::unique_ptr<RequestState> state) {
   requests_.emplace(req->id, std::move(state));
   Sequence* seq = new_sequence(req, 0);
   seq->arrival_order = next_arrival_++;
+  req->timeline.request_id = req->id;
+  req->timeline.prompt_tokens = static_cast<int32_t>(req->request.prompt_tokens.size());
+  req->timeline.picked_up_s = seconds_between(req->arrival_time, Clock::now());
   seq->tokens = req->request.prompt_tokens;
   seq->prompt_length = static_cast<int32_t>(seq->tokens.size());
   seq->history.add_prompt(seq->tokens);
@@ -459,6 +463,9 @@ void Engine::append_token(Sequence* seq, const SampledToken& token) {
   if (!req->first_token_seen) {
     req->first_token_seen = true;
     thread_stats_.time_to_first_token.observe(seconds_between(req->arrival_time, now));
+    req->timeline.first_token_s = seconds_between(req->arrival_time, now);
+    req->timeline.cached_tokens = std::max(0, req->cached_tokens);
+    emit_timeline(req);
   }
 
   ChoiceDelta& delta = delta_for(seq);
@@ -512,6 +519,11 @@ runtime::RowSampling Engine::row_sampling_for(const Sequence* seq) const {
   row.seed = mix64(base + static_cast<uint64_t>(seq->choice_index));
   row.step = static_cast<uint64_t>(std::max(0, seq->num_output_tokens()));
   return row;
+}
+
+void Engine::emit_timeline(RequestState* req) {
+  if (config_.timeline_sink) config_.timeline_sink(req->timeline);
+  if (config_.log_timelines) std::fprintf(stderr, "timeline: %s\n", format_timeline(req->timeline).c_str());
 }
 
 void Engine::sample_into(Sequence* seq, std::span<const float> logits) {
@@ -636,12 +648,18 @@ bool Engine::step() {
   drain_commands();
   finish_lower_tier_loads();
   StepPlan plan = scheduler_.schedule();
+  const auto scheduled_at = Clock::now();
+  // Requests whose first admission is this step (their timelines follow this step's transfers).
+  std::vector<RequestState*> first_admitted;
   for (Sequence* seq : plan.admitted) {
     RequestState* req = seq->request;
     if (!req->admitted_once) {
       req->admitted_once = true;
       --num_queued_;
       thread_stats_.cached_prompt_tokens += std::max(0, req->cached_tokens);
+      req->timeline.admitted_s = seconds_between(req->arrival_time, scheduled_at);
+      req->timeline.admitted_with = static_cast<int32_t>(plan.admitted.size());
+      first_admitted.push_back(req);
     }
   }
   // kFailedPrecondition, not kResourceExhausted: waiting will never help (request.h).
@@ -655,10 +673,19 @@ bool Engine::step() {
   // of evicted blocks, swaps) run before its forward. If they fail, the
   // sequences whose K/V was lost start over and this plan is dropped: its
   // sequences run next step (nothing was committed).
+  step_transfer_blocks_[0] = step_transfer_blocks_[1] = 0;
   if (!run_transfers().ok()) {
     publish_stats(-1);
     flush_outputs();
     return true;
+  }
+  const int h2d = static_cast<int>(kv::TransferDirection::kHostToDevice);
+  const bool step_moved = step_transfer_blocks_[0] + step_transfer_blocks_[1] > 0;
+  const auto transfers_enqueued = Clock::now();
+  for (RequestState* req : first_admitted) {
+    req->timeline.admission_h2d_blocks = step_transfer_blocks_[h2d];
+    req->timeline.admission_d2h_blocks = step_transfer_blocks_[1 - h2d];
+    if (step_moved) req->timeline.load_enqueued_s = seconds_between(req->arrival_time, transfers_enqueued);
   }
   if (plan.empty()) {
     publish_stats(-1);
@@ -695,7 +722,28 @@ bool Engine::step() {
     }
     rows.push_back(last);
   }
+  const auto forward_start = Clock::now();
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    RequestTimeline& t = chunk.sequence->request->timeline;
+    if (chunk.sequence->request->first_token_seen) continue;
+    ++t.steps_before_first_token;
+    if (t.first_step_start_s >= 0) continue;
+    t.first_step_start_s = seconds_between(chunk.sequence->request->arrival_time, forward_start);
+    t.first_step_sequences = static_cast<int32_t>(plan.chunks.size());
+    t.first_step_tokens = plan.batch.num_tokens();
+  }
   StatusOr<runtime::StepResult> result = runner_.execute(plan.batch, rows);
+  const auto forward_end = Clock::now();
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    RequestTimeline& t = chunk.sequence->request->timeline;
+    if (t.first_step_end_s < 0) t.first_step_end_s = seconds_between(chunk.sequence->request->arrival_time, forward_end);
+  }
+  if (step_moved && !first_admitted.empty()) {
+    // The forward waited for the step's copies, so the runner knows when they ended (if it reports it).
+    const auto done = runner_.last_transfer_done_at();
+    if (done && *done >= scheduled_at)
+      for (RequestState* req : first_admitted) req->timeline.load_done_s = seconds_between(req->arrival_time, *done);
+  }
   const size_t vocab = static_cast<size_t>(vocab_size_);
   if (result.ok()) {
     size_t host_rows = 0;
@@ -845,6 +893,7 @@ Status Engine::run_transfers() {
     spiller_->wait_for(written);
   }
   Status moved = runner_.transfer_blocks(runner_moves);
+  for (const kv::BlockTransfer& t : moves) ++step_transfer_blocks_[static_cast<int>(t.direction)];
   if (moved.ok()) {
     spill_to_lower_tiers(moves);
     return moved;

@@ -33,6 +33,7 @@
 #include "pagoda/engine/latency_histogram.h"
 #include "pagoda/runtime/model_runner.h"
 #include "pagoda/engine/request.h"
+#include "pagoda/engine/request_timeline.h"
 #include "pagoda/engine/scheduler.h"
 #include "pagoda/engine/sequence.h"
 #include "pagoda/engine/text_decoder.h"
@@ -65,6 +66,12 @@ struct EngineConfig {
   // Token eviction for requests that do not set their own
   // (GenerationRequest::kv_compression); default none.
   runtime::KvCompressionConfig kv_compression;
+  // Request timelines (request_timeline.h): called on the engine thread with
+  // each request's timeline when its first token is out (must be quick and
+  // must not call back into the engine); log_timelines also writes each as one
+  // line to stderr (the debug view).
+  std::function<void(const RequestTimeline&)> timeline_sink;
+  bool log_timelines = false;
 };
 
 // A consistent snapshot for /metrics and tests.
@@ -216,6 +223,10 @@ class Engine {
   // it was start over (recompute); the caller must not run a forward planned
   // before that.
   Status run_transfers();
+  // Request timelines: the transfers run_transfers() handed to the runner
+  // since the step began, per direction.
+  int32_t step_transfer_blocks_[runtime::kNumTransferDirections] = {0, 0};
+  void emit_timeline(RequestState* req);
   // Hands the host blocks that `moves` wrote (device->host) to the lower tiers.
   void spill_to_lower_tiers(std::span<const kv::BlockTransfer> moves);
   // Starts reading the blocks of seq's prompt that the device and host tiers

@@ -179,6 +179,13 @@ StepPlan Scheduler::schedule() {
   StepPlan plan;
   int32_t budget = config_.max_tokens_per_step;
   std::vector<Sequence*> planned;
+  // Tokens of this step's prefill chunks (every chunk but single-token decodes): prefill_join_limit.
+  auto prefill_tokens = [&plan] {
+    int32_t n = 0;
+    for (const ScheduledChunk& c : plan.chunks)
+      if (c.produces_logits ? c.num_new_tokens > 1 : c.num_new_tokens > 0) n += c.num_new_tokens;
+    return n;
+  };
 
   // 1. Running: decodes first, then prefill chunks, each in arrival order.
   std::vector<Sequence*> order = running_;
@@ -216,6 +223,9 @@ StepPlan Scheduler::schedule() {
       RequestState* req = seq->request;
       const int32_t slots = (!req->forked && req->request.sampling.n > 1) ? req->request.sampling.n : 1;
       if (static_cast<int32_t>(running_.size()) + slots > config_.max_running_sequences && !running_.empty()) break;
+      // A swapped-out decode (one token to go) is no prefill: it is never held back.
+      if (config_.prefill_join_limit > 0 && seq->num_pending() > 1 && prefill_tokens() >= config_.prefill_join_limit)
+        break;
       if (seq->swapped) {
         if (admit_swapped(seq, budget, plan, planned)) continue;
         if (!running_.empty() || !plan.chunks.empty()) break;
@@ -251,7 +261,10 @@ StepPlan Scheduler::schedule() {
       seq->kv_state_fresh = true;
       seq->num_computed = match->cached_tokens;
       seq->num_reserved = static_cast<int32_t>(seq->tokens.size());
-      if (req->cached_tokens < 0) req->cached_tokens = match->cached_tokens;
+      if (req->cached_tokens < 0) {
+        req->cached_tokens = match->cached_tokens;
+        req->timeline.host_hit_tokens = match->host_blocks * kv_.block_size();
+      }
       seq->status = SequenceStatus::kRunning;
       insert_by_arrival(running_, seq);
       plan.admitted.push_back(seq);

@@ -19,7 +19,10 @@
 //     blocks the rest (no overtaking), except a sequence whose tenant is at its
 //     own KV block cap (KvCacheManager::set_namespace_block_limit): it stays
 //     queued and later ones may pass it, so one tenant's cap never stalls the
-//     others. Nothing is admitted in a step that preempted.
+//     others. Nothing is admitted in a step that preempted. With
+//     prefill_join_limit > 0, nothing is admitted into a step whose prefill
+//     chunks already hold that many tokens either: the newcomer starts in the
+//     next step (see SchedulerConfig).
 // Progress: the oldest running sequence is never preempted for a younger one,
 // so it always advances; a request that could never fit in the KV cache even
 // alone is reported as failed instead of waiting forever.
@@ -48,6 +51,19 @@ struct SchedulerConfig {
   int32_t max_running_sequences = 64;  // >= 1
   int32_t max_tokens_per_step = 512;   // >= 1: prefill chunk + decode tokens per forward
   PreemptionMode preemption_mode = PreemptionMode::kRecompute;  // kSwap needs a KV manager with a host tier
+  // > 0: a waiting sequence is not admitted into a step whose prefill chunks
+  // (every chunk but single-token decodes) already hold this many tokens; it
+  // is admitted in a later step, where it may start alone. Requests that
+  // arrive together then take their first steps one after another instead of
+  // all sharing one long step: with prefills large enough to keep the device
+  // busy alone (hundreds of tokens on a GPU), the first one's first token
+  // comes after its own prefill, not after everyone's, throughput is
+  // unchanged, and a host-tier hit's load is not waited on by the other
+  // requests' first steps. Decode rows are never held back, and a long prompt
+  // still takes the whole budget. The price: with many requests arriving at
+  // once the same prompts take more steps (one prefill each), each also
+  // running every decode row. 0 (default): the token budget alone decides.
+  int32_t prefill_join_limit = 0;
 };
 
 struct ScheduledChunk {

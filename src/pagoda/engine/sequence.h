@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "pagoda/engine/request.h"
+#include "pagoda/engine/request_timeline.h"
 #include "pagoda/engine/sampler.h"
 #include "pagoda/engine/stop_string_matcher.h"
 #include "pagoda/engine/text_decoder.h"
@@ -86,6 +87,7 @@ struct RequestState {
   int32_t completion_tokens = 0;
   int32_t num_finished = 0;
   bool first_token_seen = false;
+  RequestTimeline timeline;  // where its time to first token went (request_timeline.h)
 };
 
 }  // namespace pagoda::engine

@@ -31,7 +31,8 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar) : grammar
 
 int32_t GrammarMatcher::push(uint32_t element, uint32_t count, int32_t parent) {
   const uint64_t parent_hash = parent >= 0 ? frames_[parent].hash : kRootHash;
-  frames_.push_back({element, count, parent, mix(mix(parent_hash, element), count)});
+  const uint32_t depth = parent >= 0 ? frames_[parent].depth + 1 : 1;
+  frames_.push_back({element, count, parent, depth, mix(mix(parent_hash, element), count)});
   return static_cast<int32_t>(frames_.size() - 1);
 }
 
@@ -175,11 +176,7 @@ uint64_t GrammarMatcher::StateImage::hash() const {
 
 uint64_t GrammarMatcher::hash_of(const State& state) const {
   uint64_t sum = 0;
-  for (int32_t top : state.tops) {
-    size_t depth = 0;
-    for (int32_t f = top; f >= 0; f = frames_[f].parent) ++depth;
-    sum += mix(frames_[top].hash, depth);
-  }
+  for (int32_t top : state.tops) sum += mix(frames_[top].hash, frames_[top].depth);
   return state_hash_from(sum, state.can_end);
 }
 
@@ -215,6 +212,22 @@ GrammarMatcher::StateImage GrammarMatcher::image_of(const State& state) const {
   }
   std::sort(image.stacks.begin(), image.stacks.end());
   return image;
+}
+
+void GrammarMatcher::load_for_byte(const StateImage& image, uint8_t byte) {
+  frames_.clear();
+  state_.tops.clear();
+  state_.can_end = false;
+  for (const auto& stack : image.stacks) {
+    if (stack.empty()) continue;
+    const Element& top = grammar_->elements[static_cast<size_t>(stack[0] >> 32)];
+    if (!grammar_->byte_sets[top.index].test(byte)) continue;
+    int32_t parent = -1;
+    for (size_t i = stack.size(); i-- > 0;) {
+      parent = push(static_cast<uint32_t>(stack[i] >> 32), static_cast<uint32_t>(stack[i] & 0xFFFFFFFFu), parent);
+    }
+    state_.tops.push_back(parent);
+  }
 }
 
 void GrammarMatcher::load(const StateImage& image) {

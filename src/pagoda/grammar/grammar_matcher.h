@@ -75,6 +75,10 @@ class GrammarMatcher {
   StateImage image() const { return image_of(state_); }
   // Replaces the arena and the state with `image` (the inverse of image()).
   void load(const StateImage& image);
+  // As load(), keeping only the stacks whose top accepts `byte`: advancing the result by `byte`
+  // gives what advancing the whole image would, for a fraction of the frames when few stacks
+  // accept the byte (can_end is dropped: advance() does not read it).
+  void load_for_byte(const StateImage& image, uint8_t byte);
 
   const Grammar& grammar() const { return *grammar_; }
 
@@ -83,6 +87,7 @@ class GrammarMatcher {
     uint32_t element;
     uint32_t count;
     int32_t parent;
+    uint32_t depth;  // frames from the bottom of the stack, this one included
     uint64_t hash;
   };
   int32_t push(uint32_t element, uint32_t count, int32_t parent);

@@ -29,18 +29,29 @@
 // the union of its stacks' accepted bits plus the uncertain tokens it accepts, checked one by
 // one along the state's byte transitions. A window with more than max_uncertain uncertain
 // tokens is tried again with the next K. The whole-trie walk remains the fallback when the
-// window cache is full.
+// window cache is full. A path that returns below the window continues, in whatever context,
+// with a byte that may follow the returning rule somewhere in the grammar (the rule's FOLLOW
+// set, computed once per grammar): a token whose next byte is in no such set is rejected by the
+// window, not left uncertain (inside a JSON string, of the tokens that close it only those going
+// on with blanks, ',', ':', '}' or ']' stay uncertain). The union of a window set's accepted
+// tokens is kept when it costs several mask ORs (a JSON value position: a dozen stacks; the same
+// windows recur at every depth), at most max_window_unions of them, filled by precompute() too.
 //
 // precompute() fills the window cache ahead of the first request: a breadth-first walk over
 // the automaton's states (byte by byte from the start) that computes every window it meets,
-// within a budget of states and time. The server runs it when it compiles a grammar, on the
-// request's thread.
+// within a budget of states and 70% of its time. A bounded repetition gives each count its own
+// frames (json_object's indentation: a newline and up to 20 blanks), which would spend an
+// unbounded grammar's budget on blanks: states past a repetition's second round are walked
+// last, and the windows of every other count are computed from the stacks the walk met (the
+// same frames, the count replaced), in the rest of the time. The server runs it when it
+// compiles a grammar, on the request's thread (json_object: at start, on a background thread).
 //
 // Memory bounds: at most max_tables transition tables (4 bytes per byte class each: bytes that
 // no byte set of the grammar tells apart share an entry; tens of classes for JSON), max_cached_masks masks
 // (mask_words() * 8 bytes each, oldest dropped first) and max_windows windows holding at most
 // max_window_bytes together (a mask or a list of ids, plus at most max_uncertain ids each; none
-// added when full). When the tables run out they are all
+// added when full), max_window_unions unions (a mask each; none added when full). When the
+// tables run out they are all
 // dropped and recomputed as needed, which only costs time; state ids stay valid (a state itself
 // is its small stack image).
 //
@@ -76,11 +87,25 @@ struct MaskStats {
   uint64_t windows = 0;             // windows computed
   uint64_t window_bytes = 0;        // memory the windows hold
   uint64_t uncertain_checked = 0;   // uncertain tokens checked against a state
+  uint64_t stacks_composed = 0;     // stacks whose windows made up composed masks
+  uint64_t union_hits = 0;          // composed masks that copied a kept union of accepted tokens
 };
+
+// precompute()'s budget. On a request's thread (a new schema): a bound on the request's wait. At
+// server start (json_object, the same for every request, compiled on a background thread): off
+// every request's path, so bounded by states and not by how loaded the machine is (the same
+// states take 0.1-0.2 s on a quiet core and over 1 s on a loaded one).
+struct PrecomputeBudget {
+  size_t states;
+  double seconds;
+};
+inline constexpr PrecomputeBudget kRequestPrecompute{4096, 0.5};
+inline constexpr PrecomputeBudget kStartupPrecompute{4096, 5.0};
 
 struct PrecomputeStats {
   uint64_t states = 0;   // automaton states visited
   uint64_t windows = 0;  // windows computed
+  uint64_t count_siblings = 0;  // stacks whose windows were computed for every repetition count
   bool complete = false;  // every reachable state was visited within the budget
   double seconds = 0;
 };
@@ -93,6 +118,7 @@ class CompiledGrammar {
     size_t max_windows = 4096;
     size_t max_window_bytes = size_t{8} << 20;  // all windows together
     size_t max_uncertain = 1024;
+    size_t max_window_unions = 128;  // kept unions of a window set's accepted tokens (a mask each)
   };
   CompiledGrammar(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenVocabulary> vocabulary,
                   Limits limits);
@@ -139,7 +165,16 @@ class CompiledGrammar {
     }
   };
 
+  // The union of a window set's accepted tokens (the set sorted, each window once).
+  struct WindowUnion {
+    std::vector<const Window*> windows;
+    std::vector<uint64_t> bits;
+  };
+
   // All under mutex_.
+  // Writes the union of `windows`' accepted tokens into `mask` (every word), copied from unions_
+  // when the set is kept there; a costly one is kept while there is room.
+  void accepted_union_locked(const std::vector<const Window*>& windows, std::span<uint64_t> mask);
   int32_t intern_locked(GrammarMatcher::StateImage image);
   int32_t step_locked(int32_t state, uint8_t byte);
   void fill_mask_locked(int32_t state, std::span<uint64_t> mask);
@@ -154,6 +189,9 @@ class CompiledGrammar {
   // The only byte that may follow `state` when exactly one may and the grammar cannot end there,
   // else -1.
   int forced_byte_locked(int32_t state);
+  // Some stack of `state` is past the second round of a bounded repetition within its top frames
+  // (precompute() covers those counts from the first round's stacks).
+  bool repeats_again_locked(int32_t state) const;
   // Sets the bits of the ids in `ids` (trie order) that `state` accepts.
   void check_uncertain_locked(int32_t state, const std::vector<int32_t>& ids, std::span<uint64_t> mask);
 
@@ -171,15 +209,25 @@ class CompiledGrammar {
   GrammarMatcher scratch_;  // materializes states to compute transitions
   int32_t loaded_state_ = -1;  // the state scratch_ holds (its frames below loaded_mark_)
   size_t loaded_mark_ = 0;
+  bool load_whole_states_ = false;  // precompute(): keep a loaded state for its next byte classes
   GrammarMatcher::State step_out_;
+  // Reserved ahead by precompute(): growing copies every state, a latency spike in the mask that
+  // happens to intern the next state (a deque avoids it but slows the trie walks' lookups).
   std::vector<StateInfo> states_;
   std::unordered_multimap<uint64_t, int32_t> state_index_;
   std::list<int32_t> mask_lru_;  // states holding a mask, most recent first
   int32_t initial_ = -1;
   std::vector<int32_t> walk_states_;  // per trie depth during a walk
-  std::vector<char> walk_escaped_;    // per trie depth: a prefix returned below the window
+  std::vector<char> walk_escaped_;    // per trie depth: a path returned below the window, alive past its next byte
+  std::vector<char> walk_fresh_;      // per trie depth: a path returned below the window here
+  // Per rule: the bytes that may follow it anywhere in the grammar; the rule of each element.
+  std::vector<ByteSet> follow_;
+  std::vector<uint32_t> rule_of_element_;
   std::vector<uint64_t> window_scratch_;
   std::vector<const Window*> compose_windows_;
+  std::vector<const Window*> union_key_;
+  std::vector<uint64_t> union_scratch_;
+  std::unordered_multimap<uint64_t, WindowUnion> unions_;  // by a hash of the sorted window pointers
   // Windows by a hash of their frames and cut flag (found without interning the window's
   // frames as a state: a lookup per stack of every composed mask).
   std::unordered_multimap<uint64_t, Window> windows_;

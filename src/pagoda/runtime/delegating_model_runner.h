@@ -22,6 +22,9 @@ class DelegatingModelRunner : public ModelRunner {
     return inner_.transfer_blocks(transfers);
   }
   TransferStats transfer_stats() const override { return inner_.transfer_stats(); }
+  std::optional<std::chrono::steady_clock::time_point> last_transfer_done_at() const override {
+    return inner_.last_transfer_done_at();
+  }
   Status compact_kv(const KvCompaction& compaction) override { return inner_.compact_kv(compaction); }
   void release_kv_state(int64_t kv_state) override { inner_.release_kv_state(kv_state); }
   Status read_host_block(int32_t host_block, std::span<std::byte> out) override {

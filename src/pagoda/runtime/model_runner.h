@@ -17,8 +17,10 @@
 //
 // Thread safety: called from one thread (the engine's) only.
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -165,6 +167,11 @@ class ModelRunner {
   // moved). Runners without a host pool: kUnimplemented for a non-empty list.
   virtual Status transfer_blocks(std::span<const BlockTransfer> transfers);
   virtual TransferStats transfer_stats() const { return {}; }
+  // When every copy of the last transfer_blocks() call had completed (steady
+  // clock), if the runner knows it yet: for request timelines (the engine's
+  // debug view of where a host hit's time goes). Synchronous runners know it
+  // on return; a GPU runner learns it from a callback on its copy streams.
+  virtual std::optional<std::chrono::steady_clock::time_point> last_transfer_done_at() const { return std::nullopt; }
   // One host block's bytes (host_block_layout.h), for the tiers below the
   // host (disk, redis). read_host_block sees every transfer_blocks() call made
   // so far completed; write_host_block's bytes are in place before the next

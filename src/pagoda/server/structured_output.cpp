@@ -10,12 +10,6 @@
 namespace pagoda::server {
 namespace {
 
-// CompiledGrammar::precompute's budget for a new grammar, spent on the HTTP thread once per
-// grammar (compiled grammars are cached): every reachable state of a small schema, a bounded
-// part of an unbounded one (json_object).
-constexpr size_t kPrecomputeStates = 4096;
-constexpr double kPrecomputeSeconds = 0.5;
-
 using Json = nlohmann::ordered_json;
 
 // Most text one jump-forward looks at (a fixed key and its punctuation fit easily).
@@ -153,7 +147,7 @@ StructuredOutputCompiler::StructuredOutputCompiler(std::shared_ptr<const grammar
       StructuredOutputSpec spec;
       spec.kind = StructuredOutputSpec::Kind::kJsonObject;
       const std::string key = cache_key(spec);
-      if (!cached(key)) (void)compile(key, grammar::json_object_grammar());
+      if (!cached(key)) (void)compile(key, grammar::json_object_grammar(), grammar::kStartupPrecompute);
     });
   }
 }
@@ -303,12 +297,14 @@ void StructuredOutputCompiler::evict_locked() {
 }
 
 std::shared_ptr<grammar::CompiledGrammar> StructuredOutputCompiler::compile(
-    const std::string& key, std::shared_ptr<const grammar::Grammar> grammar) {
+    const std::string& key, std::shared_ptr<const grammar::Grammar> grammar, grammar::PrecomputeBudget budget) {
   auto compiled = std::make_shared<grammar::CompiledGrammar>(std::move(grammar), vocabulary_);
   // The windows of the states a generation is likely to meet (breadth first from the start,
   // bounded) and the first mask are made here, on the request's thread, so that the engine
   // steps compose masks from windows instead of walking the vocabulary trie.
-  (void)compiled->precompute(kPrecomputeStates, kPrecomputeSeconds);
+  // The budget spent on the HTTP thread once per grammar (compiled grammars are cached): every
+  // reachable state of a small schema, a bounded part of an unbounded one.
+  (void)compiled->precompute(budget.states, budget.seconds);
   grammar::TokenMatcher first(compiled);
   std::vector<uint64_t> scratch(vocabulary_->mask_words());
   first.fill_mask(scratch);

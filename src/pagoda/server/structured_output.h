@@ -104,9 +104,10 @@ class StructuredOutputCompiler {
   GrammarOrError build_grammar(const StructuredOutputSpec& spec) const;
   GrammarOrError build_tool_grammar(const ChatPrompt& chat, ToolCallSyntax syntax) const;
   std::shared_ptr<grammar::CompiledGrammar> cached(const std::string& key);
-  // Compiles `grammar` (precompute + first mask) and caches it under `key`.
+  // Compiles `grammar` (precompute within `budget` + first mask) and caches it under `key`.
   std::shared_ptr<grammar::CompiledGrammar> compile(const std::string& key,
-                                                    std::shared_ptr<const grammar::Grammar> grammar);
+                                                    std::shared_ptr<const grammar::Grammar> grammar,
+                                                    grammar::PrecomputeBudget budget = grammar::kRequestPrecompute);
   void remember(const std::string& key, std::shared_ptr<grammar::CompiledGrammar> compiled);
   // Drops least recently used grammars past the limits; mutex_ held.
   void evict_locked();

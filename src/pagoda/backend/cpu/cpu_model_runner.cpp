@@ -148,6 +148,7 @@ Status CpuModelRunner::transfer_blocks(std::span<const runtime::BlockTransfer> t
     ++transfer_stats_.blocks[d];
     transfer_stats_.bytes[d] += static_cast<int64_t>(host_block_bytes_);
   }
+  last_transfer_done_ = std::chrono::steady_clock::now();
   return ok_status();
 }
 

@@ -45,6 +45,9 @@ class CpuModelRunner final : public runtime::ModelRunner {
   Status zero_blocks(std::span<const int32_t> blocks) override;  // memset, data and scales
   Status transfer_blocks(std::span<const runtime::BlockTransfer> transfers) override;
   runtime::TransferStats transfer_stats() const override { return transfer_stats_; }
+  std::optional<std::chrono::steady_clock::time_point> last_transfer_done_at() const override {
+    return last_transfer_done_;
+  }
   Status read_host_block(int32_t host_block, std::span<std::byte> out) override;
   Status write_host_block(int32_t host_block, std::span<const std::byte> data) override;
   StatusOr<std::vector<std::span<std::byte>>> host_blocks_for_writing(std::span<const int32_t> blocks) override;
@@ -84,6 +87,7 @@ class CpuModelRunner final : public runtime::ModelRunner {
   size_t host_block_bytes_ = 0;
   std::unique_ptr<std::byte[], FreeDeleter> host_pool_;
   runtime::TransferStats transfer_stats_;
+  std::optional<std::chrono::steady_clock::time_point> last_transfer_done_;
   CpuKvEviction eviction_;
 };
 

@@ -39,8 +39,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -90,6 +93,10 @@ class CudaHostKvPool {
   // from a thread other than the engine's (it may then also wait for copies
   // queued meanwhile).
   Status wait_for_copies_on_host() const;
+  // When the copies of the last transfer()/transfer_layered() call had all
+  // completed (a host callback queued behind them on both copy streams), once
+  // known; for request timelines. Safe from any thread.
+  std::optional<std::chrono::steady_clock::time_point> last_done_at() const;
   // Calls that went layer by layer so far (tests, benchmarks).
   int64_t layered_calls() const { return layered_calls_; }
 
@@ -151,6 +158,10 @@ class CudaHostKvPool {
   bool batch_api_ = true;  // cudaMemcpyBatchAsync works here
   int32_t copy_ctas_ = 0;  // the copy kernel's grid cap (0: none)
   std::vector<Timing> timings_;
+  // Set by the host callback after a call's copies (steady-clock nanoseconds; 0: none yet).
+  std::atomic<int64_t> done_ns_{0};
+  static void mark_done(void* pool);
+  void mark_done_after_copies();
   runtime::TransferStats stats_;
 };
 

@@ -59,6 +59,9 @@ class CudaModelRunner final : public runtime::ModelRunner {
   Status transfer_blocks(std::span<const runtime::BlockTransfer> transfers) override;
   Status zero_blocks(std::span<const int32_t> blocks) override;
   runtime::TransferStats transfer_stats() const override { return host_ ? host_->stats() : runtime::TransferStats{}; }
+  std::optional<std::chrono::steady_clock::time_point> last_transfer_done_at() const override {
+    return host_ ? host_->last_done_at() : std::nullopt;
+  }
   const KvPoolShape& kv_geometry() const override { return pool_->shape(); }
   runtime::RunnerCapabilities capabilities() const override {
     return {.samples_on_device = true,
