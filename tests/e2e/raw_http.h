@@ -142,4 +142,34 @@ inline std::string http_post(std::string_view path, std::string_view key, std::s
   return r + std::string(body);
 }
 
+// Sends `request` on a fresh connection and measures the time from the send
+// to the first event (`data: {`) of a streamed answer, reading on until
+// `data: [DONE]`, the peer closing, or `timeout`; the bytes go to `*got`.
+// Milliseconds, or -1 when no event came.
+inline double time_to_first_event_ms(int port, std::string_view request, std::chrono::milliseconds timeout,
+                                     std::string* got) {
+  got->clear();
+  const int fd = connect_loopback(port);
+  if (fd < 0) return -1;
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  const auto start = std::chrono::steady_clock::now();
+  double first = -1;
+  if (send_all(fd, request)) {
+    char buf[4096];
+    while (std::chrono::steady_clock::now() - start < timeout) {
+      pollfd p{fd, POLLIN, 0};
+      if (poll(&p, 1, 50) <= 0) continue;
+      const ssize_t n = recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got->append(buf, static_cast<size_t>(n));
+      if (first < 0 && got->find("data: {") != std::string::npos)
+        first = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      if (got->find("data: [DONE]") != std::string::npos) break;
+    }
+  }
+  close(fd);
+  return first;
+}
+
 }  // namespace pagoda::e2e

@@ -326,7 +326,15 @@ TEST(ServerShutdownTest, SigtermFinishesOrAbortsInFlightAndExitsZero) {
     if (res && res->body.find("data: [DONE]") != std::string::npos) got_done = true;
     stream_ended = true;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // SIGTERM once the stream is in flight (a fixed pause raced a slow start on
+  // a loaded box or under ASan: a request not yet accepted is refused, not
+  // finished), within 10 s.
+  httplib::Client probe("127.0.0.1", server.port());
+  for (int i = 0; i < 200; ++i) {
+    auto m = probe.Get("/metrics");
+    if (m && metric(m->body, "pagoda_requests_in_flight") >= 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(server.stop(SIGTERM), 0);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(8));

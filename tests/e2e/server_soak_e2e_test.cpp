@@ -6,6 +6,7 @@
 // memory stays flat after the warm-up.
 
 #include <atomic>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <regex>
@@ -151,7 +152,14 @@ TEST(ServerSoakTest, MixedTrafficLeavesBlocksAndMemoryAtBaseline) {
   EXPECT_EQ(blocks, baseline_blocks) << "KV blocks in use did not return to the baseline";
   EXPECT_EQ(in_flight, 0);
   const long rss_end = rss_kib(server.pid());
-  EXPECT_LT(rss_end - rss_warm, 32 * 1024) << "resident memory grew from " << rss_warm << " to " << rss_end << " KiB";
+  // PAGODA_SOAK_RSS_LIMIT_KIB: the growth allowed (default 32 MiB); 0 skips
+  // the check, as scripts/sanitize_tests.sh does: ASan's quarantine keeps up
+  // to 256 MiB of freed memory resident by design, and LeakSanitizer checks
+  // the server for leaks at its exit instead.
+  const char* limit_env = std::getenv("PAGODA_SOAK_RSS_LIMIT_KIB");
+  const long rss_limit = limit_env != nullptr ? std::atol(limit_env) : 32 * 1024;
+  if (rss_limit > 0)
+    EXPECT_LT(rss_end - rss_warm, rss_limit) << "resident memory grew from " << rss_warm << " to " << rss_end << " KiB";
   std::printf("soak: %d actions in %lld s, RSS %ld -> %ld KiB after warm-up\n", actions.load(),
               static_cast<long long>(duration.count()), rss_warm, rss_end);
   EXPECT_EQ(server.stop(SIGTERM), 0);

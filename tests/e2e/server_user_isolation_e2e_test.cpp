@@ -30,7 +30,8 @@ std::string keys_file(const std::string& tag) {
       {"key": "sk-app", "tenant": "acme", "user_salt": true},
       {"key": "sk-strict", "tenant": "acme", "user_salt": "required"},
       {"key": "sk-plain", "tenant": "acme"},
-      {"key": "sk-ops", "tenant": "ops", "admin": true}]})";
+      {"key": "sk-ops", "tenant": "ops", "admin": true},
+      {"key": "sk-globex", "tenant": "globex"}]})";
   return path;
 }
 
@@ -70,27 +71,11 @@ std::chrono::milliseconds time_to_first_event(int port, const std::vector<int>& 
                                               const std::string& user) {
   const json body = {{"model", "llama_f32"}, {"prompt", prompt}, {"max_tokens", 2}, {"temperature", 0},
                      {"stream", true}};
-  const int fd = connect_loopback(port);
-  EXPECT_GE(fd, 0);
-  const auto start = std::chrono::steady_clock::now();
-  EXPECT_TRUE(send_all(fd, post("/v1/completions", key, body, user)));
   std::string got;
-  char buf[4096];
-  auto ttft = std::chrono::milliseconds(-1);
-  while (std::chrono::steady_clock::now() - start < 20s) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    const ssize_t n = recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    got.append(buf, static_cast<size_t>(n));
-    if (ttft.count() < 0 && got.find("data: {") != std::string::npos)
-      ttft = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
-    if (got.find("data: [DONE]") != std::string::npos) break;
-  }
-  close(fd);
+  const double ms = time_to_first_event_ms(port, post("/v1/completions", key, body, user), 20s, &got);
   EXPECT_EQ(status_of(got), 200) << got.substr(0, 300);
   EXPECT_NE(got.find("data: [DONE]"), std::string::npos) << got.substr(0, 300);
-  return ttft;
+  return std::chrono::milliseconds(static_cast<int64_t>(ms));
 }
 
 std::vector<int> random_prompt(std::mt19937& rng, int n) {
@@ -207,6 +192,85 @@ TEST(UserSaltKvCap, AllUsersOfATenantShareItsOneKvCap) {
   ASSERT_NE(at, std::string::npos) << text.substr(0, 300);
   // acme, ops, and the users still holding blocks (at most 12 of acme's blocks).
   EXPECT_LE(std::stoi(text.substr(at + 22)), 2 + 12) << "30 users came and went";
+}
+
+// GET /v1/kv/events: a tenant's key reads its whole namespace group (its own
+// namespace and every salted user's), numbered in one sequence; never another
+// tenant's blocks, even of the same text; the admin key reads every one.
+TEST(KvEventsOfATenantGroup, ATenantSeesItsSaltedUsersBlocksAndNoOtherTenants) {
+  ServerProcess server;
+  std::string error;
+  ASSERT_TRUE(server.start(server_args("events", {}), &error)) << error;
+  struct Page {
+    std::vector<std::string> stored;  // hashes of stored blocks, in order
+    std::vector<uint64_t> seqs;
+    bool snapshot = true;
+  };
+  auto read = [&](const std::string& key) {
+    const Received r = exchange(server.port(), http_get("/v1/kv/events?since=0&max_events=10000", key), 10s);
+    EXPECT_EQ(status_of(r.bytes), 200) << r.bytes.substr(0, 300);
+    const json j = json::parse(body_of(r.bytes), nullptr, false);
+    Page p;
+    if (!j.is_object() || !j.contains("events")) return p;
+    p.snapshot = j["snapshot"].get<bool>();
+    for (const auto& e : j["events"]) {
+      p.seqs.push_back(e["seq"].get<uint64_t>());
+      if (e["type"] == "stored") p.stored.push_back(e["hash"].get<std::string>());
+    }
+    return p;
+  };
+  auto disjoint = [](const std::vector<std::string>& a, const std::vector<std::string>& b) {
+    for (const auto& h : a)
+      if (std::find(b.begin(), b.end(), h) != b.end()) return false;
+    return true;
+  };
+  std::mt19937 rng(53);
+  const auto secret = random_prompt(rng, 41);  // 10 full blocks of 4
+  // Readers start before any traffic, so each page below is incremental.
+  for (const char* key : {"sk-plain", "sk-globex", "sk-ops"}) EXPECT_TRUE(read(key).stored.empty()) << key;
+  ASSERT_EQ(complete(server.port(), secret, "sk-globex", "").status, 200);
+  const Page globex = read("sk-globex");
+  ASSERT_GE(globex.stored.size(), 10u) << "globex's prompt blocks";
+  EXPECT_TRUE(read("sk-plain").stored.empty()) << "acme sees nothing of globex";
+
+  ASSERT_EQ(complete(server.port(), secret, "sk-app", "alice").status, 200);
+  ASSERT_EQ(complete(server.port(), random_prompt(rng, 41), "sk-app", "bob").status, 200);
+  ASSERT_EQ(complete(server.port(), random_prompt(rng, 21), "sk-plain", "").status, 200);
+  for (const char* key : {"sk-plain", "sk-app"}) {  // either key of acme reads the same group
+    const Page acme = read(key);
+    EXPECT_FALSE(acme.snapshot) << key;
+    EXPECT_GE(acme.stored.size(), 10u + 10u + 5u) << key << ": alice's, bob's and the tenant's own blocks";
+    for (size_t i = 0; i < acme.seqs.size(); ++i) EXPECT_EQ(acme.seqs[i], i + 1) << key << ": one gap-free sequence";
+    EXPECT_TRUE(disjoint(acme.stored, globex.stored)) << key << ": the same text in another tenant hashes apart";
+  }
+  const Page globex_after = read("sk-globex");
+  EXPECT_EQ(globex_after.stored, globex.stored) << "globex sees none of acme's users' blocks";
+  for (size_t i = 0; i < globex_after.seqs.size(); ++i) EXPECT_EQ(globex_after.seqs[i], i + 1);
+  const Page admin = read("sk-ops");
+  EXPECT_EQ(admin.stored.size(), globex.stored.size() + read("sk-plain").stored.size()) << "the admin sees all";
+
+  // X-Pagoda-User is checked here as everywhere: refused without the right,
+  // and with it the feed stays the tenant's; /v1/kv/namespace gives the seed
+  // of the user's namespace.
+  auto get = [&](const std::string& path, const std::string& key, const std::string& user) {
+    return exchange(server.port(), http_get(path, key, user.empty() ? "" : "X-Pagoda-User: " + user + "\r\n"), 10s);
+  };
+  EXPECT_EQ(status_of(get("/v1/kv/events", "sk-plain", "alice").bytes), 403);
+  EXPECT_EQ(status_of(get("/v1/kv/namespace", "sk-plain", "alice").bytes), 403);
+  EXPECT_EQ(status_of(get("/v1/kv/events", "sk-app", "two words").bytes), 400);
+  const Received as_alice = get("/v1/kv/events?since=0&max_events=10000", "sk-app", "alice");
+  ASSERT_EQ(status_of(as_alice.bytes), 200);
+  EXPECT_EQ(json::parse(body_of(as_alice.bytes), nullptr, false)["events"].size(),
+            json::parse(body_of(get("/v1/kv/events?since=0&max_events=10000", "sk-app", "").bytes), nullptr,
+                        false)["events"]
+                .size());
+  auto seed = [&](const std::string& user) {
+    return json::parse(body_of(get("/v1/kv/namespace", "sk-app", user).bytes), nullptr, false)["namespace_seed"];
+  };
+  EXPECT_NE(seed("alice"), seed("")) << "alice's namespace is not the tenant's";
+  EXPECT_NE(seed("alice"), seed("bob"));
+  EXPECT_EQ(seed(""), json::parse(body_of(get("/v1/kv/namespace", "sk-plain", "").bytes), nullptr,
+                                  false)["namespace_seed"]);
 }
 
 // The floor: scope "all" holds every first token; scope "hits" only hits.

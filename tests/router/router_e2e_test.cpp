@@ -220,6 +220,17 @@ TEST_F(RouterE2eTest, EveryLaterTurnLandsWhereTheConversationIsCached) {
 
 TEST_F(RouterE2eTest, ResponsesPassThroughByteForByteStreamedOrWhole) {
   const json messages = {{{"role", "user"}, {"content", "Tell me a short story about a pagoda."}}};
+  // A whole answer carries usage.prompt_tokens_details.cached_tokens, which is
+  // the chosen replica's own cache state: which replica the router picks
+  // depends on when it last polled each one's events and load, so on a loaded
+  // box it may pick the replica that has not seen this prompt (cached 0 where
+  // the direct answer said 16). Both replicas see the prompt first, so every
+  // later answer below is a hit of the same length wherever it is routed.
+  for (auto& r : replicas_) {
+    auto warm = client(r.port()).Post("/v1/chat/completions", chat_body(messages, 24).dump(), "application/json");
+    ASSERT_TRUE(warm);
+    ASSERT_EQ(warm->status, 200) << warm->body;
+  }
   for (bool stream : {true, false}) {
     const std::string body = chat_body(messages, 24, stream).dump();
     auto direct = client(replicas_[1].port()).Post("/v1/chat/completions", body, "application/json");
@@ -233,7 +244,8 @@ TEST_F(RouterE2eTest, ResponsesPassThroughByteForByteStreamedOrWhole) {
       EXPECT_TRUE(routed->body.ends_with("data: [DONE]\n\n"));
     }
   }
-  // Token-id completions too (no chat template involved).
+  // Token-id completions too (no chat template involved); 4 tokens are less
+  // than a block, never cached, so routing cannot change this answer either.
   const std::string completion = R"({"model": "pagoda-tiny", "prompt": [5, 6, 7, 8], "max_tokens": 6, "temperature": 0, "stream": true})";
   auto direct = client(replicas_[0].port()).Post("/v1/completions", completion, "application/json");
   auto routed = client(router_.port()).Post("/v1/completions", completion, "application/json");

@@ -9,7 +9,9 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
+#include <tuple>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -24,6 +26,7 @@
 #include "pagoda/router/prompt_hasher.h"
 #include "pagoda/router/routing_policy.h"
 #include "pagoda/router/backend.h"
+#include "pagoda/server/api_keys.h"
 #include "pagoda/server/kv_event_feed.h"
 #include "pagoda/server/tokenizer_fingerprint.h"
 
@@ -452,6 +455,69 @@ TEST_F(KvEventFeedTest, ANamespaceReaderSeesOnlyItsOwnBlocks) {
   EXPECT_TRUE(feed_->read(0, std::string("c"), 100).events.empty());
 }
 
+// A tenant's reader follows its whole namespace group: its own namespace and
+// its salted users', in one sequence; never a namespace of another tenant,
+// even one whose name looks like a user of it.
+TEST_F(KvEventFeedTest, ATenantReaderSeesItsSaltedUsersEventsAndNoOtherTenants) {
+  make(1024, 1024);
+  using server::ApiKeyStore;
+  const std::string acme = ApiKeyStore::cache_namespace("acme");
+  const std::string alice = ApiKeyStore::cache_namespace("acme", "alice");
+  const std::string bob = ApiKeyStore::cache_namespace("acme", "bob");
+  // A tenant named so that its namespace starts like a user of acme's.
+  const std::string lookalike = ApiKeyStore::cache_namespace("acme/user:5:alice");
+  const std::string globex = ApiKeyStore::cache_namespace("globex");
+  EXPECT_EQ(server::KvEventFeed::group_of(alice), acme);
+  EXPECT_EQ(server::KvEventFeed::group_of(lookalike), lookalike);
+  EXPECT_EQ(server::KvEventFeed::group_of(ApiKeyStore::cache_namespace("a/b", "c/d")),
+            ApiKeyStore::cache_namespace("a/b"));
+  prefill(acme, tokens(5, 1));        // 1 block
+  prefill(alice, tokens(9, 20));      // 2 blocks
+  prefill(globex, tokens(5, 40));     // 1 block
+  prefill(bob, tokens(5, 60));        // 1 block
+  prefill(lookalike, tokens(5, 80));  // 1 block
+  std::set<uint64_t> acme_keys;
+  for (const auto& [ns, first, n] : std::vector<std::tuple<std::string, int32_t, int32_t>>{
+           {acme, 1, 5}, {alice, 20, 9}, {bob, 60, 5}})
+    for (uint64_t k : PromptHasher::block_keys(kv::namespace_seed(ns), tokens(n, first), 4)) acme_keys.insert(k);
+  ASSERT_EQ(acme_keys.size(), 4u);
+
+  const auto page = feed_->read(0, acme, 100);
+  EXPECT_FALSE(page.snapshot);
+  ASSERT_EQ(page.events.size(), 4u) << "acme's own block and its users' three";
+  for (size_t i = 0; i < page.events.size(); ++i) {
+    EXPECT_EQ(page.events[i].sequence_number, i + 1) << "one sequence for the whole group, no gaps for others";
+    EXPECT_EQ(acme_keys.count(page.events[i].key_hash), 1u) << "an event outside acme's group";
+  }
+  EXPECT_EQ(page.last, 4u);
+  EXPECT_EQ(feed_->read(0, lookalike, 100).events.size(), 1u) << "the look-alike tenant sees only its own";
+  EXPECT_EQ(feed_->read(0, globex, 100).events.size(), 1u);
+  EXPECT_EQ(feed_->read(0, std::nullopt, 100).events.size(), 6u) << "the admin sees every namespace";
+  const auto user = feed_->read(0, alice, 100);
+  EXPECT_TRUE(user.events.empty() && !user.snapshot) << "a user namespace is no scope of its own";
+  // Dropping globex's block adds nothing to acme's sequence; dropping bob's does.
+  ASSERT_EQ(kv_->drop_namespace(globex), 1);
+  EXPECT_TRUE(feed_->read(4, acme, 100).events.empty());
+  ASSERT_EQ(kv_->drop_namespace(bob), 1);
+  const auto removed = feed_->read(4, acme, 100);
+  ASSERT_EQ(removed.events.size(), 1u);
+  EXPECT_FALSE(removed.events[0].stored);
+  EXPECT_EQ(removed.events[0].sequence_number, 5u);
+
+  // A reader behind the ring gets a snapshot of its group only.
+  feed_.reset();
+  engine_.reset();
+  make(1024, 2);
+  prefill(acme, tokens(5, 1));
+  prefill(alice, tokens(9, 20));
+  prefill(bob, tokens(5, 60));
+  prefill(globex, tokens(9, 40));
+  const auto snap = feed_->read(0, acme, 100);
+  EXPECT_TRUE(snap.snapshot);
+  ASSERT_EQ(snap.events.size(), 4u);
+  for (const auto& e : snap.events) EXPECT_EQ(acme_keys.count(e.key_hash), 1u) << "a snapshot event outside acme's group";
+}
+
 TEST_F(KvEventFeedTest, SaltedUserNamespacesDoNotPileUpAndTenantReadersKeepTheirPlace) {
   make(1 << 16, 8);
   // The tenant's block stays referenced, so the users' churn never evicts it.
@@ -460,20 +526,24 @@ TEST_F(KvEventFeedTest, SaltedUserNamespacesDoNotPileUpAndTenantReadersKeepTheir
   auto own = feed_->read(0, std::string("t"), 100);  // a tenant's reader: "t" is kept from now on
   ASSERT_EQ(own.events.size(), 1u);
   for (int32_t u = 0; u < 1000; ++u) {
-    prefill("t/user:" + std::to_string(u), tokens(5, 100 + u));
+    // Users of "t", and of "s", which nobody reads.
+    prefill((u % 2 == 0 ? "t/user:" : "s/user:") + std::to_string(u), tokens(5, 100 + u));
     if (u % 10 == 0) (void)feed_->read(0, std::nullopt, 1);  // drains the manager into the ring
   }
   (void)feed_->read(0, std::nullopt, 1);
-  EXPECT_LE(feed_->namespaces_tracked(), 8u + 1u) << "the ring's namespaces and the one read";
-  // The tenant's reader continues in its own numbering; a namespace first read
-  // after others were forgotten starts from a snapshot.
-  prefill("t", tokens(5, 500));
-  const auto next = feed_->read(own.last, std::string("t"), 100);
+  EXPECT_LE(feed_->groups_tracked(), 2u) << "users count in their tenant's group: t, and s while in the ring";
+  // The tenant's reader fell behind the ring (its users' events filled it):
+  // a snapshot of its group, then it continues in its own numbering.
+  const auto behind = feed_->read(own.last, std::string("t"), 1000);
+  EXPECT_TRUE(behind.snapshot);
+  EXPECT_FALSE(behind.events.empty());
+  prefill("t", tokens(5, 5000));
+  const auto next = feed_->read(behind.last, std::string("t"), 100);
   EXPECT_FALSE(next.snapshot);
-  ASSERT_EQ(next.events.size(), 1u);
-  EXPECT_EQ(next.events[0].sequence_number, own.last + 1);
-  const auto late = feed_->read(0, std::string("t/user:3"), 100);
-  EXPECT_TRUE(late.snapshot);
+  ASSERT_GE(next.events.size(), 1u);
+  EXPECT_EQ(next.events[0].sequence_number, behind.last + 1);
+  const auto late = feed_->read(0, std::string("s"), 100);
+  EXPECT_TRUE(late.snapshot) << "a group first read after others were forgotten starts from a snapshot";
 }
 
 TEST_F(KvEventFeedTest, AReaderBehindTheRingGetsASnapshotConsistentWithLast) {

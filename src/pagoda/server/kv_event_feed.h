@@ -14,16 +14,19 @@
 //     feed: the reader knew another process), every block cached now,
 //     consistent with `last`. The reader replaces what it held with it.
 // A reader continues from `last` either way. A reader restricted to one
-// namespace (a non-admin api key) sees only that namespace's events, numbered
-// in that namespace's own sequence (`since`, `last` and each `seq` too): with
-// global numbers, the gaps between its own events would count what every
+// tenant (a non-admin api key) sees the events of its tenant's namespace
+// group: the tenant's own namespace and every salted user namespace of it
+// (`<tenant namespace>/...`, server/api_keys.h), never another tenant's,
+// numbered in the group's own sequence (`since`, `last` and each `seq` too):
+// with global numbers, the gaps between its own events would count what every
 // other tenant cached or lost meanwhile. When events are lost before anyone
-// read them, every namespace's sequence skips one number, so each of its
-// readers gets a snapshot.
+// read them, every group's sequence skips one number, so each of its readers
+// gets a snapshot.
 //
-// Namespaces are tracked while the ring holds an event of theirs, and for the
-// feed's life once a reader asked for them (a tenant's namespace): salted user
-// namespaces, which no reader can ask for, do not pile up.
+// Groups are tracked while the ring holds an event of theirs, and for the
+// feed's life once a reader asked for them (a tenant's group). A salted user
+// namespace is never tracked on its own: it counts in its tenant's group, so
+// salted users do not pile up here.
 //
 // What leaves this class: kinds and key hashes. A key hash chains the
 // namespace's seed (kv::namespace_seed) with every token up to the end of the
@@ -38,6 +41,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -70,22 +74,31 @@ class KvEventFeed {
   // to a new process (a restarted replica) and must start again from 0.
   uint64_t instance_id() const { return instance_id_; }
 
-  // `only_namespace`: the reader's namespace, or nullopt for every namespace
-  // (admin). max_events >= 1.
-  KvFeedPage read(uint64_t since, const std::optional<std::string>& only_namespace, size_t max_events);
-  // Namespaces tracked now (see above).
-  size_t namespaces_tracked();
+  // `only_tenant`: the reader's tenant namespace (ApiKeyStore::cache_namespace
+  // of its tenant): it gets the events of that namespace's group; nullopt:
+  // every namespace (admin). A namespace that is itself a member of a group
+  // (a salted user's) is answered with no events: users read nothing here.
+  // max_events >= 1.
+  KvFeedPage read(uint64_t since, const std::optional<std::string>& only_tenant, size_t max_events);
+  // Tenant groups tracked now (see above).
+  size_t groups_tracked();
+
+  // The namespace group a KV namespace belongs to: for the server's
+  // length-prefixed names (`tenant:<len>:<name>[/user:<len>:<id>]`) the
+  // tenant's namespace; for any other name the part before its first '/'
+  // (the KV manager's rule: a group's members are `<group>/<anything>`).
+  static std::string_view group_of(std::string_view tenant_namespace);
 
  private:
   struct Entry {
     KvFeedEvent event;
-    int32_t namespace_id = -1;
-    uint64_t namespace_sequence = 0;  // its number in its namespace's own sequence
+    int32_t group_id = -1;
+    uint64_t group_sequence = 0;  // its number in its group's own sequence
   };
-  // Every namespace's sequence skips a number: events were lost unread.
-  void mark_loss_for_every_namespace();
-  int32_t intern_namespace(const std::string& name);
-  // Drops the oldest ring entry (and, with it gone, its namespace unless tracked for a reader).
+  // Every group's sequence skips a number: events were lost unread.
+  void mark_loss_for_every_group();
+  int32_t intern_group(std::string_view name);
+  // Drops the oldest ring entry (and, with it gone, its group unless tracked for a reader).
   void pop_oldest();
   void clear_ring();
   // Appends drained events; `manager_last` is the manager's newest number.
@@ -101,16 +114,16 @@ class KvEventFeed {
   std::deque<Entry> ring_;
   uint64_t last_ = 0;       // number of the newest event seen
   uint64_t covered_from_ = 0;  // the ring holds every event numbered > covered_from_
-  std::vector<std::string> namespace_names_;
-  std::unordered_map<std::string, int32_t> namespace_ids_;
-  // Per namespace id: its newest event's own number, and the ring holds every
+  std::vector<std::string> group_names_;
+  std::unordered_map<std::string, int32_t> group_ids_;
+  // Per group id: its newest event's own number, and the ring holds every
   // event of it numbered above covered_from (as last_ / covered_from_ do globally).
-  std::vector<uint64_t> namespace_last_;
-  std::vector<uint64_t> namespace_covered_from_;
-  std::vector<int64_t> namespace_in_ring_;  // ring entries per namespace id
-  std::vector<bool> namespace_read_;        // a reader asked for it: kept
-  std::vector<int32_t> free_namespace_ids_;
-  uint64_t new_namespace_start_ = 0;  // 1 once events were lost: a namespace seen later may have lost some
+  std::vector<uint64_t> group_last_;
+  std::vector<uint64_t> group_covered_from_;
+  std::vector<int64_t> group_in_ring_;  // ring entries per group id
+  std::vector<bool> group_read_;        // a reader asked for it: kept
+  std::vector<int32_t> free_group_ids_;
+  uint64_t new_group_start_ = 0;  // 1 once events were lost: a group seen later may have lost some
 };
 
 }  // namespace pagoda::server

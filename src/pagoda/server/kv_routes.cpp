@@ -9,6 +9,7 @@
 
 #include "pagoda/kv/prefix_cache.h"
 #include "pagoda/server/api_error.h"
+#include "pagoda/server/user_salt.h"
 
 namespace pagoda::server {
 
@@ -79,6 +80,11 @@ HttpReply handle_events(const KvRoutesContext& ctx, const HttpRequest& req) {
   if (auto* refused = std::get_if<HttpReply>(&caller)) return std::move(*refused);
   if (auto draining = refuse_while_draining(ctx)) return std::move(*draining);
   const auto& who = std::get<ApiKeyStore::Caller>(caller);
+  // X-Pagoda-User is checked as everywhere (403 without the right, 400 when
+  // malformed), never silently ignored; the feed's scope is the whole tenant
+  // group either way (kv_event_feed.h).
+  if (auto ns = request_namespace(who, req); std::holds_alternative<ApiError>(ns))
+    return error_reply(std::get<ApiError>(ns));
   if (ctx.feed == nullptr) {
     ApiError e;
     e.http_status = 404;
@@ -112,7 +118,11 @@ HttpReply handle_events(const KvRoutesContext& ctx, const HttpRequest& req) {
 HttpReply handle_namespace(const KvRoutesContext& ctx, const HttpRequest& req) {
   auto caller = authenticate(ctx, req);
   if (auto* refused = std::get_if<HttpReply>(&caller)) return std::move(*refused);
-  const uint64_t seed = kv::namespace_seed(ApiKeyStore::cache_namespace(std::get<ApiKeyStore::Caller>(caller).tenant));
+  // The seed of the namespace a completion with the same headers would use:
+  // with X-Pagoda-User (a salting key), that user's.
+  auto ns = request_namespace(std::get<ApiKeyStore::Caller>(caller), req);
+  if (auto* bad = std::get_if<ApiError>(&ns)) return error_reply(*bad);
+  const uint64_t seed = kv::namespace_seed(std::get<RequestNamespace>(ns).cache_namespace);
   return json_reply(200, {{"object", "kv.namespace"}, {"namespace_seed", hex(seed)}, {"block_size", ctx.block_size}});
 }
 

@@ -397,7 +397,16 @@ Status OpenAiServer::serve() { return front_.serve(); }
 
 void OpenAiServer::stop() {
   draining_ = true;
-  front_.stop(config_.shutdown_grace);
+  // The engine cancels what is still running when the grace ends
+  // (Engine::shutdown, called with the same grace), and each cancelled stream
+  // then gets its last events (`data: [DONE]`). Connections stay open a little
+  // past the grace so those events reach their clients instead of racing the
+  // front's forced close (they did lose that race under ASan on a loaded box);
+  // a connection whose reply has ended closes at once, and when none is left
+  // the front stops without waiting, so the margin is spent only on clients
+  // that do not read.
+  constexpr std::chrono::milliseconds kLastEventsMargin{1000};
+  front_.stop(config_.shutdown_grace + kLastEventsMargin);
 }
 
 }  // namespace pagoda::server

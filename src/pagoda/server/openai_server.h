@@ -134,8 +134,9 @@ class OpenAiServer {
   Status serve();
   // New requests get 503; /health reports draining. In-flight ones continue.
   void begin_drain() { draining_ = true; }
-  // Stops accepting; replies in progress get config.shutdown_grace, then every
-  // connection closes and serve() returns.
+  // Stops accepting; replies in progress get config.shutdown_grace (the engine
+  // cancels what is left then), and up to 1 s more for the cancelled streams'
+  // last events to be written; then every connection closes and serve() returns.
   void stop();
 
   HttpCounters http_counters() const;

@@ -2,6 +2,8 @@
 
 #include <immintrin.h>
 
+#include "pagoda/backend/cpu/kernels/cpu_features.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -196,7 +198,7 @@ const Dispatch& dispatch() {
   static const Dispatch d = [] {
     __builtin_cpu_init();
     const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                      __builtin_cpu_supports("f16c");
+                      cpu_has_f16c();
     if (avx2 && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
       return Dispatch{dot_vnni, "avx512vnni"};
     if (avx2) return Dispatch{dot_avx2, "avx2"};

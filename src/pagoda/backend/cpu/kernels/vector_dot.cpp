@@ -2,6 +2,8 @@
 
 #include <immintrin.h>
 
+#include "pagoda/backend/cpu/kernels/cpu_features.h"
+
 namespace pagoda::kernels {
 
 namespace {
@@ -106,7 +108,7 @@ struct Dispatch {
 const Dispatch& dispatch() {
   static const Dispatch d = [] {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c())
       return Dispatch{dot_f32_avx2, dot_weights_avx2, axpy_avx2, widen_avx2, "avx2+fma+f16c"};
     return Dispatch{dot_f32_generic, dot_weights_generic, axpy_generic, widen_generic, "generic"};
   }();
