@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "pagoda/core/thread_pool.h"
+#include "pagoda/backend/cpu/kernels/bf16_gemm.h"
 #include "pagoda/backend/cpu/kernels/quant_dot.h"
 #include "pagoda/backend/cpu/kernels/vector_dot.h"
 #include "pagoda/model/fp8_matrix.h"
@@ -136,6 +137,8 @@ void linear(const float* x_in, size_t m, const WeightMatrix& w, const float* bia
   }
   if (is_quantized_weight(w.dtype) && m <= kMaxRowsForDotPath) return linear_quantized_dot(x, m, w, bias, y);
   const bool dot_path = m <= kMaxRowsForDotPath;
+  if (!dot_path && (w.dtype == DType::kBF16 || w.dtype == DType::kF16) && bf16_gemm_enabled())
+    return gemm_bf16(x, m, w.data, w.dtype, n, k, bias, y);
   const size_t elem_bytes = static_cast<size_t>(dtype_bits(w.dtype) / 8);
   // Rows per converted tile (at least 8).
   const size_t tile_rows = std::max<size_t>(8, (kTileBytes / sizeof(float)) / std::max<size_t>(1, k));

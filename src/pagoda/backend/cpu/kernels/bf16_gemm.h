@@ -1,0 +1,33 @@
+#pragma once
+// Prefill GEMM on bf16 (and f16) weights with AVX512-BF16 (vdpbf16ps): y = x · W^T
+// with the activations rounded to bf16 and f32 accumulation, the weights read in
+// their checkpoint layout (no packed copy kept: a pair of adjacent bf16 weights of
+// one row is broadcast against 16 activation rows).
+//
+// Numerics: the weights are used exactly (bf16) or rounded to bf16 (f16, a tile of
+// rows at a time); each activation is rounded to bf16 once (relative error <= 2^-9),
+// products are exact in f32 and summed in f32. So |y - y_ref| <= 2^-9 * sum_i
+// |x_i * w_i| (+ f32 summation error) per output against the f32 product of the same
+// weights (f16 weights add at most 2^-9 * sum_i |x_i * w_i| again).
+//
+// Layout: x [m, k] f32 row-major; w [n, k] row-major bf16 or f16; y [m, n] f32
+// row-major; y must not alias x. Work is split over output rows on
+// ThreadPool::global(); call from one thread at a time (thread_local buffers).
+
+#include <cstddef>
+
+#include "pagoda/core/dtype.h"
+
+namespace pagoda::kernels {
+
+// True when this CPU has AVX512F + AVX512BW + AVX512-BF16 and the path is not
+// switched off by the environment (PAGODA_CPU_BF16_GEMM=0, read once; for A/B
+// measurements against the widen-to-f32 + sgemm path).
+bool bf16_gemm_enabled();
+
+// y[m, n] = x[m, k] · w[n, k]^T (+ bias[n] when bias != nullptr), w_dtype kBF16 or
+// kF16. Requires bf16_gemm_enabled() (the caller falls back otherwise).
+void gemm_bf16(const float* x, size_t m, const void* w, DType w_dtype, size_t n, size_t k,
+               const float* bias, float* y);
+
+}  // namespace pagoda::kernels
