@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -115,14 +116,24 @@ constexpr MicroKernel kKernels[4] = {micro_kernel<1>, micro_kernel<2>, micro_ker
 
 }  // namespace
 
-bool bf16_gemm_enabled() {
-  static const bool enabled = [] {
+namespace {
+
+std::atomic<bool>& bf16_gemm_switch() {
+  static std::atomic<bool> on = [] {
     const char* env = std::getenv("PAGODA_CPU_BF16_GEMM");
-    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-    return cpu_has_avx512_bf16();
+    return env == nullptr || std::strcmp(env, "0") != 0;
   }();
-  return enabled;
+  return on;
 }
+
+}  // namespace
+
+bool bf16_gemm_enabled() {
+  static const bool supported = cpu_has_avx512_bf16();
+  return supported && bf16_gemm_switch().load(std::memory_order_relaxed);
+}
+
+void set_bf16_gemm_enabled(bool on) { bf16_gemm_switch().store(on, std::memory_order_relaxed); }
 
 void gemm_bf16(const float* x, size_t m, const void* w, DType w_dtype, size_t n, size_t k, const float* bias,
                float* y) {

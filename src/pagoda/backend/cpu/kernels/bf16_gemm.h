@@ -12,7 +12,9 @@
 //
 // Layout: x [m, k] f32 row-major; w [n, k] row-major bf16 or f16; y [m, n] f32
 // row-major; y must not alias x. Work is split over output rows on
-// ThreadPool::global(); call from one thread at a time (thread_local buffers).
+// ThreadPool::global(); call gemm_bf16 from one thread at a time (thread_local
+// buffers). The switch below is atomic and may be flipped from any thread; it takes
+// effect on the next linear() call.
 
 #include <cstddef>
 
@@ -20,10 +22,15 @@
 
 namespace pagoda::kernels {
 
-// True when this CPU has AVX512F + AVX512BW + AVX512-BF16 and the path is not
-// switched off by the environment (PAGODA_CPU_BF16_GEMM=0, read once; for A/B
-// measurements against the widen-to-f32 + sgemm path).
+// True when this CPU has AVX512F + AVX512BW + AVX512-BF16 and the path is switched
+// on: by default, unless the environment has PAGODA_CPU_BF16_GEMM=0 (for A/B
+// measurements) or set_bf16_gemm_enabled(false) was called. When false, linear()
+// runs f16/bf16 prefill as the exact reference: weights widened to f32, sgemm.
 bool bf16_gemm_enabled();
+// Switches the path on or off for the whole process (tests that compare against
+// transformers at f32 precision run the reference path). On has no effect on a CPU
+// without AVX512-BF16.
+void set_bf16_gemm_enabled(bool on);
 
 // y[m, n] = x[m, k] · w[n, k]^T (+ bias[n] when bias != nullptr), w_dtype kBF16 or
 // kF16. Requires bf16_gemm_enabled() (the caller falls back otherwise).

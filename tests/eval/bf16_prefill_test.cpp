@@ -1,0 +1,146 @@
+// The AVX512-BF16 prefill GEMM (backend/cpu/kernels/bf16_gemm.h: activations
+// rounded to bf16, f16 weights rounded to bf16) against the exact reference path
+// (weights widened to f32, sgemm), on the bundled model (bf16) over held-out text
+// and on the bf16 and f16 fixtures over their prompts: every position's logits
+// through prefill chunks, bounded by figures measured on these models
+// (docs/BENCHMARKS.md, "CPU prefill GEMM").
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cpu_paged_runner.h"
+#include "pagoda/backend/cpu/cpu_model.h"
+#include "pagoda/backend/cpu/kernels/bf16_gemm.h"
+#include "pagoda/eval/paged_runner.h"
+#include "pagoda/tokenizer/tokenizer.h"
+
+namespace pagoda::eval {
+namespace {
+
+const std::filesystem::path kSource = std::filesystem::path(PAGODA_SOURCE_DIR);
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+struct Deviation {
+  double max_logprob_diff = 0.0;  // over each position's exact top-5
+  double top1_agreement = 0.0;    // positions whose argmax is the same
+  double ppl_change_percent = 0.0;
+  int positions = 0;
+};
+
+void log_softmax(const float* logits, size_t n, std::vector<double>& out) {
+  out.resize(n);
+  double mx = logits[0];
+  for (size_t i = 1; i < n; ++i) mx = std::max<double>(mx, logits[i]);
+  double sum = 0.0;
+  for (size_t i = 0; i < n; ++i) sum += std::exp(double(logits[i]) - mx);
+  const double lse = mx + std::log(sum);
+  for (size_t i = 0; i < n; ++i) out[i] = double(logits[i]) - lse;
+}
+
+// Scores `tokens` on the model in `dir` with the reference path, then with the bf16 GEMM.
+Deviation measure(const std::filesystem::path& dir, const std::vector<int32_t>& tokens, int32_t prefill_chunk) {
+  Deviation d;
+  auto model = CpuModel::load(dir);
+  EXPECT_TRUE(model.ok()) << model.status().to_string();
+  if (!model.ok()) return d;
+  PagedRunnerOptions options;
+  options.max_sequence_tokens = static_cast<int32_t>(tokens.size()) + 16;
+  options.prefill_chunk = prefill_chunk;
+  auto runner = make_cpu_paged_runner(std::shared_ptr<CpuModel>(std::move(*model)), options);
+  EXPECT_TRUE(runner.ok()) << runner.status().to_string();
+  if (!runner.ok()) return d;
+  std::vector<float> exact, fast;
+  kernels::set_bf16_gemm_enabled(false);
+  const Status s1 = (*runner)->score(tokens, exact);
+  kernels::set_bf16_gemm_enabled(true);
+  const Status s2 = (*runner)->score(tokens, fast);
+  EXPECT_TRUE(s1.ok() && s2.ok()) << s1.to_string() << " " << s2.to_string();
+  EXPECT_EQ(exact.size(), fast.size());
+  if (!s1.ok() || !s2.ok() || exact.size() != fast.size()) return d;
+  const size_t vocab = static_cast<size_t>((*runner)->vocab_size());
+  std::vector<double> le, lf;
+  double nll_exact = 0.0, nll_fast = 0.0;
+  int agree = 0;
+  for (size_t pos = 0; pos + 1 < tokens.size(); ++pos) {
+    log_softmax(exact.data() + pos * vocab, vocab, le);
+    log_softmax(fast.data() + pos * vocab, vocab, lf);
+    std::vector<size_t> order(vocab);
+    for (size_t i = 0; i < vocab; ++i) order[i] = i;
+    std::partial_sort(order.begin(), order.begin() + 5, order.end(), [&](size_t a, size_t b) { return le[a] > le[b]; });
+    for (size_t r = 0; r < 5; ++r) d.max_logprob_diff = std::max(d.max_logprob_diff, std::abs(le[order[r]] - lf[order[r]]));
+    agree += std::max_element(lf.begin(), lf.end()) - lf.begin() == static_cast<ptrdiff_t>(order[0]);
+    const size_t next = static_cast<size_t>(tokens[pos + 1]);
+    nll_exact -= le[next];
+    nll_fast -= lf[next];
+    ++d.positions;
+  }
+  d.top1_agreement = double(agree) / d.positions;
+  d.ppl_change_percent = 100.0 * (std::exp((nll_fast - nll_exact) / d.positions) - 1.0);
+  std::printf("%s (%d positions, prefill chunk %d): max |logprob diff| on the top-5 %.4f, top-1 agreement %.4f, "
+              "perplexity change %+.4f%%\n", dir.filename().c_str(), d.positions, prefill_chunk, d.max_logprob_diff,
+              d.top1_agreement, d.ppl_change_percent);
+  return d;
+}
+
+class Bf16PrefillTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!kernels::bf16_gemm_enabled()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  }
+  void TearDown() override { kernels::set_bf16_gemm_enabled(true); }
+};
+
+TEST_F(Bf16PrefillTest, BundledModelOnHeldOutText) {
+  const auto dir = kSource / "models/pagoda-tiny";
+  auto tok = tokenizer::Tokenizer::load(dir);
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  auto tokens = (*tok)->encode(read_file(dir / "heldout.txt"), /*add_special_tokens=*/false);
+  ASSERT_GT(tokens.size(), 512u);
+  tokens.resize(512);
+  const Deviation d = measure(dir, tokens, 256);
+  EXPECT_EQ(d.positions, 511);
+  EXPECT_GT(d.max_logprob_diff, 0.0);  // the fast path really ran
+  EXPECT_LE(d.max_logprob_diff, 0.08);
+  EXPECT_GE(d.top1_agreement, 0.99);
+  EXPECT_LE(std::abs(d.ppl_change_percent), 0.1);
+}
+
+// The bf16 and f16 fixtures (random small models) over their prompt and transformers' greedy continuation.
+// Bounds about twice the measured deviation; qwen2_tied_bf16's logits reach 42 (the others' stay under
+// 10), so the same relative error is larger there.
+TEST_F(Bf16PrefillTest, Fixtures) {
+  struct Case {
+    const char* name;
+    double max_logprob_diff;
+  };
+  for (const Case& c : {Case{"mistral_bf16", 0.05}, Case{"llama_mqa_f16", 0.06}, Case{"qwen2_tied_bf16", 0.4}}) {
+    const char* name = c.name;
+    const auto dir = kSource / "tests/fixtures/models" / name;
+    const auto expected = nlohmann::json::parse(read_file(dir / "expected.json"));
+    auto tokens = expected["prompt_ids"].get<std::vector<int32_t>>();
+    for (int32_t id : expected["greedy_tokens"].get<std::vector<int32_t>>()) tokens.push_back(id);
+    const Deviation d = measure(dir, tokens, 16);
+    SCOPED_TRACE(name);
+    EXPECT_GT(d.max_logprob_diff, 0.0);
+    EXPECT_LE(d.max_logprob_diff, c.max_logprob_diff);
+  }
+}
+
+}  // namespace
+}  // namespace pagoda::eval
