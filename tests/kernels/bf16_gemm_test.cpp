@@ -1,7 +1,7 @@
 // The AVX512-BF16 prefill GEMM (kernels/bf16_gemm.h): against a double reference
 // on the bf16-rounded operands (only f32 summation error allowed), on shapes that
 // hit every edge (partial 16-row groups and 64-row blocks, partial 6-row panels,
-// odd k, f16 weights rounded per tile, several threads), and the stated bound
+// odd k, k in several chunks, f16 weights rounded per tile, several threads), and the stated bound
 // against the unrounded f32 product.
 
 #include "pagoda/backend/cpu/kernels/bf16_gemm.h"
@@ -27,7 +27,7 @@ TEST(Bf16GemmTest, MatchesReferenceOnRoundedOperands) {
   ThreadPool pool(3);
   ThreadPool::ScopedCurrent scope(&pool);
   for (Shape s : {Shape{5, 1, 1}, Shape{16, 6, 2}, Shape{17, 7, 3}, Shape{64, 48, 64}, Shape{65, 49, 31},
-                  Shape{130, 97, 257}, Shape{200, 300, 130}, Shape{33, 13, 1000}}) {
+                  Shape{130, 97, 257}, Shape{200, 300, 130}, Shape{33, 13, 1000}, Shape{70, 13, 4101}}) {
     const auto x = testing::random_values(s.m * s.k, s.m * 7 + s.k);
     const auto w = testing::random_values(s.n * s.k, s.n * 3 + s.k);
     const auto bias = testing::random_values(s.n, 5);

@@ -25,6 +25,9 @@ constexpr size_t kPanelRows = 6;
 // Panels per weight tile: the tile is what stays in L2 while every activation block
 // passes over it.
 constexpr size_t kTilePanels = 8;
+// Pairs of k per pass (2048 columns): 64 activation rows of it are 256 KB, so
+// with the tile's chunk (96 KB) they stay in Zen 4's 1 MB L2 at any k.
+constexpr size_t kChunkPairs = 1024;
 
 bool cpu_has_avx512_bf16() {
   if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw")) return false;
@@ -154,6 +157,8 @@ void gemm_bf16(const float* x, size_t m, const void* w, DType w_dtype, size_t n,
   }, std::max<size_t>(1, (size_t{1} << 16) / std::max<size_t>(1, k)));
 
   const size_t panels = (n + kPanelRows - 1) / kPanelRows;
+  const size_t chunks = (kp + kChunkPairs - 1) / kChunkPairs;
+  const size_t chunk_pairs = (kp + chunks - 1) / chunks;  // equal chunks
   const size_t ldw_pad = 2 * kp;
   // Bf16 rows with an even k are read in place; f16 rows, an odd k and the last
   // partial panel go through a zero-padded bf16 copy of the tile.
@@ -177,16 +182,32 @@ void gemm_bf16(const float* x, size_t m, const void* w, DType w_dtype, size_t n,
         tile = tile_buf.data();
         ldw = ldw_pad;
       }
-      for (size_t b = 0; b < blocks; ++b) {
-        const size_t m0 = b * kBlockRows, rows = std::min(kBlockRows, m - m0);
-        const MicroKernel kernel = kKernels[(rows + 15) / 16 - 1];
-        const uint32_t* block = xp + b * kp * kBlockRows;
-        for (size_t t = t0; t < t1; ++t) {
-          kernel(block, tile + (t - t0) * kPanelRows * ldw, ldw, kp, out);
-          const size_t n0 = t * kPanelRows, cols = std::min(kPanelRows, n - n0);
-          for (size_t j = 0; j < cols; ++j) {
-            const float add = bias != nullptr ? bias[n0 + j] : 0.0f;
-            for (size_t r = 0; r < rows; ++r) y[(m0 + r) * n + n0 + j] = out[j * kBlockRows + r] + add;
+      // k in chunks of at most kChunkPairs pairs: the tile's chunk and one block's chunk of
+      // activations stay in L2 together; later chunks add into y.
+      for (size_t c0 = 0; c0 < kp; c0 += chunk_pairs) {
+        const size_t c1 = std::min(kp, c0 + chunk_pairs);
+        for (size_t b = 0; b < blocks; ++b) {
+          const size_t m0 = b * kBlockRows, rows = std::min(kBlockRows, m - m0);
+          const MicroKernel kernel = kKernels[(rows + 15) / 16 - 1];
+          const uint32_t* block = xp + b * kp * kBlockRows + c0 * kBlockRows;
+          for (size_t t = t0; t < t1; ++t) {
+            kernel(block, tile + (t - t0) * kPanelRows * ldw + 2 * c0, ldw, c1 - c0, out);
+            const size_t n0 = t * kPanelRows, cols = std::min(kPanelRows, n - n0);
+            // Row by row: each output row gets `cols` adjacent floats (one cache line or two).
+            if (c0 == 0) {
+              float add[kPanelRows] = {};
+              if (bias != nullptr)
+                for (size_t j = 0; j < cols; ++j) add[j] = bias[n0 + j];
+              for (size_t r = 0; r < rows; ++r) {
+                float* dst = y + (m0 + r) * n + n0;
+                for (size_t j = 0; j < cols; ++j) dst[j] = out[j * kBlockRows + r] + add[j];
+              }
+            } else {
+              for (size_t r = 0; r < rows; ++r) {
+                float* dst = y + (m0 + r) * n + n0;
+                for (size_t j = 0; j < cols; ++j) dst[j] += out[j * kBlockRows + r];
+              }
+            }
           }
         }
       }
