@@ -22,5 +22,20 @@ TEST(SiluMulTest, MatchesDefinition) {
   }
 }
 
+// Large |gate|: exp(-gate) over- or underflows in f32 (the vector exp clamps its input).
+TEST(SiluMulTest, ExtremeGates) {
+  const std::vector<float> gate = {-200.0f, -100.0f, -88.0f, -30.0f, 0.0f, 30.0f, 88.0f, 100.0f, 200.0f,
+                                   -1e-30f, 1e-30f, 5.0f, -5.0f, 20.0f, -20.0f, 1.0f, -1.0f};
+  const std::vector<float> up(gate.size(), 1.5f);
+  std::vector<float> out(gate.size());
+  silu_mul(gate.data(), up.data(), out.data(), gate.size());
+  for (size_t i = 0; i < gate.size(); ++i) {
+    const double g = gate[i];
+    const double expected = g / (1.0 + std::exp(-g)) * 1.5;
+    ASSERT_TRUE(std::isfinite(out[i])) << g;
+    ASSERT_NEAR(out[i], expected, 1e-5 * std::max(1e-30, std::abs(expected))) << g;
+  }
+}
+
 }  // namespace
 }  // namespace pagoda::kernels
