@@ -147,8 +147,13 @@ void gemm_bf16(const float* x, size_t m, const void* w, DType w_dtype, size_t n,
 
   // The activations, once per call: bf16 pairs, a block of 64 rows per kp x 64 slab.
   thread_local std::vector<uint32_t> packed;
-  packed.assign(blocks * kp * kBlockRows, 0);
+  packed.resize(blocks * kp * kBlockRows);
   uint32_t* xp = packed.data();
+  if (m % kBlockRows != 0) {  // the last block's rows past m are zero (pack_row writes the others)
+    uint32_t* last = xp + (blocks - 1) * kp * kBlockRows;
+    for (size_t p = 0; p < kp; ++p)
+      std::fill(last + p * kBlockRows + m % kBlockRows, last + (p + 1) * kBlockRows, 0u);
+  }
   pool.parallel_for(m, [&](size_t begin, size_t end) {
     thread_local std::vector<uint16_t> scratch;
     scratch.resize(2 * kp);
