@@ -2,7 +2,9 @@
 
 // GCC 12 warns "'__Y' may be used uninitialized" inside the AVX-512 intrinsics'
 // headers (their _mm512_undefined_* sources, GCC bug 105593): not this code.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cmath>
