@@ -24,7 +24,9 @@ StatusOr<std::shared_ptr<const MappedFile>> MappedFile::open(const std::filesyst
   const size_t size = static_cast<size_t>(st.st_size);
   const uint8_t* data = nullptr;
   if (size > 0) {
-    void* mapped = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    // MAP_POPULATE reads the file and fills the page tables now, at load: the first
+    // forward pass then takes no page faults on the weights (as llama.cpp maps them).
+    void* mapped = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
     if (mapped == MAP_FAILED) {
       const int err = errno;
       ::close(fd);

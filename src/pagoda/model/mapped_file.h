@@ -1,6 +1,7 @@
 #pragma once
 // A read-only memory mapping of a whole file: how checkpoints stay zero-copy
-// (weights are used in place, in the file's dtype; the OS pages them in).
+// (weights are used in place, in the file's dtype). The mapping is populated at
+// open (MAP_POPULATE: the file is read then, not on first use by a forward pass).
 //
 // Thread safety: immutable after open; share freely (std::shared_ptr).
 
