@@ -3,9 +3,10 @@
 // eviction"): the per-sequence state on the device (attention mass per
 // (layer, KV head, cache index) and each head's entropy sum over its
 // observation window), the step's list of scoring queries, and the scored
-// compaction: choose each (layer, KV head)'s kept tokens with the CPU's
-// arithmetic (runtime/kv_compression.h) from the device scores, gather their
-// vectors (kv_compact.h), carry h2o's mass over.
+// compaction: choose each (layer, KV head)'s kept tokens on the device with
+// the CPU's rule (kv_select.h = runtime::select_kept_tokens on the same
+// scores), gather their vectors (kv_compact.h), carry h2o's mass over, all
+// without a host round trip.
 //
 // Only policies whose heads all keep the same count run here (h2o, snapkv:
 // the compacted region has no holes); pyramidkv and entropy give heads their
@@ -73,6 +74,11 @@ class CudaKvScores {
   std::vector<KvScoreItem> items_;
   std::vector<KvScoreSequence> sequences_;
   DeviceBuffer step_buffer_;  // items then sequences, for the step
+  // Compaction scratch, reused: the radix select's keys, the kept indices, the carried mass, the block tables.
+  DeviceBuffer select_scratch_;
+  DeviceBuffer kept_;
+  DeviceBuffer new_mass_;
+  DeviceBuffer tables_;
   int32_t num_items_ = 0;
 };
 
