@@ -41,8 +41,10 @@ class CudaKvScores {
   // Layer l's scores of the prepared step (q: the layer's rows after RoPE).
   Status score_layer(int32_t layer, const bf16* q, int64_t q_row_stride, float scale, const DevicePagedKvLayer& kv,
                      const int32_t* block_tables, cudaStream_t stream) const;
-  // ModelRunner::compact_kv for a scored policy (h2o, snapkv). Errors:
-  // kUnimplemented for per-head budgets (pyramidkv, entropy), check_kv_compaction's.
+  // ModelRunner::compact_kv for a scored policy (h2o, snapkv): returns once
+  // the work is queued on `stream` (a fault in it shows at the stream's next
+  // synchronization). Errors: kUnimplemented for per-head budgets (pyramidkv,
+  // entropy), check_kv_compaction's.
   Status compact(const runtime::KvCompaction& compaction, CudaKvPool& pool, DeviceBuffer& moves_buffer,
                  cudaStream_t stream);
   void release(int64_t kv_state) { states_.erase(kv_state); }
