@@ -5,6 +5,7 @@
 # then a device call with carry [".device/mla7"]:
 #   .device/mla7/mla7_call.sh run     # plan + gpu tests, this bench and the previous one
 #                                     # side by side, DeepSeek model tests, racecheck
+#   .device/mla7/mla7_call.sh bench128  # only the 128-head shapes, both benches (~1 min)
 # PREV_BUNDLE (default /work/main/.device/mla5/bundle.tar.gz) supplies the previous
 # kernel's bench (its --slots 18 is the kernel main kept). Logs go to $OUT.
 set -uo pipefail
@@ -49,7 +50,9 @@ run)
   timeout 40 "$here/bundle/run.sh" mla_decode_bench_prev --iters 20 --slots 18 --only "H=128" > "$out/bench_prev.log" 2>&1
   echo "previous bench (H=128) rc=$?" | tee -a "$out/summary.log"
   grep -E "^\| |ceiling" "$out/bench_prev.log" | tee -a "$out/summary.log"
-  timeout 70 "$here/bundle/run.sh" mla_decode_bench --iters 20 > "$out/bench.log" 2>&1
+  # 19 shapes at ~6 s each (pool set-up on the host included): 70 s cut the
+  # first run (2026-12-02) before the 128-head FlashMLA shapes.
+  timeout 130 "$here/bundle/run.sh" mla_decode_bench --iters 20 > "$out/bench.log" 2>&1
   echo "bench rc=$?" | tee -a "$out/summary.log"
   grep -E "^\| |ceiling" "$out/bench.log" | tee -a "$out/summary.log"
   echo "elapsed $(( $(date +%s) - start )) s" | tee -a "$out/summary.log"
@@ -65,5 +68,18 @@ run)
   fi
   echo "elapsed $(( $(date +%s) - start )) s" | tee -a "$out/summary.log"
   ;;
-*) echo "usage: $0 bundle|run" >&2; exit 2 ;;
+bench128)
+  [ -x "$here/bundle/run.sh" ] || tar xzf "$here/bundle.tar.gz" -C "$here"
+  out=${OUT:-/tmp/mla7}
+  mkdir -p "$out"
+  { echo "commit $(cat "$here/commit")  $(date -u +%FT%TZ)"
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } | tee "$out/summary128.log"
+  timeout 30 "$here/bundle/run.sh" mla_decode_bench_prev --iters 20 --only "fp8 H=128" > "$out/bench128_prev.log" 2>&1
+  echo "previous bench (fp8 H=128) rc=$?" | tee -a "$out/summary128.log"
+  grep -E "^\| |ceiling" "$out/bench128_prev.log" | tee -a "$out/summary128.log"
+  timeout 60 "$here/bundle/run.sh" mla_decode_bench --iters 20 --only "H=128" > "$out/bench128.log" 2>&1
+  echo "bench (H=128) rc=$?" | tee -a "$out/summary128.log"
+  grep -E "^\| |ceiling" "$out/bench128.log" | tee -a "$out/summary128.log"
+  ;;
+*) echo "usage: $0 bundle|run|bench128" >&2; exit 2 ;;
 esac
