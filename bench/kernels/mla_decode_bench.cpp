@@ -2,7 +2,7 @@
 // GB/s over the paged latent bytes read (codes + fp8 scale records) at the
 // issue's shapes, batch 64 x 4K and 8 x 32K context, bf16 and fp8 latent (per-vector
 // scale records, 580 B a token, and FlashMLA's 656-byte records),
-// 16 and 128 heads, blocks of 64 (and 16 for one shape), next to the HBM copy
+// 16 and 128 heads, blocks of 64 (and 16 for some shapes), next to the HBM copy
 // ceiling. Each figure is the median of event-timed launches after warm-up;
 // the pools (150-300 MB) are far past the 60 MB L2. Row 0's first 16 heads are
 // checked against a float64 reference at every shape (rel L2 printed), and
