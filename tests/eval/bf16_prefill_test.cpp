@@ -101,9 +101,9 @@ Deviation measure(const std::filesystem::path& dir, const std::vector<int32_t>& 
 class Bf16PrefillTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!kernels::bf16_gemm_enabled()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+    if (!kernels::bf16_gemm_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   }
-  void TearDown() override { kernels::set_bf16_gemm_enabled(true); }
+  void TearDown() override { kernels::set_bf16_gemm_enabled(false); }
 };
 
 TEST_F(Bf16PrefillTest, BundledModelOnHeldOutText) {

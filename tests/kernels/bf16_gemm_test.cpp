@@ -23,7 +23,7 @@ struct Shape {
 float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 
 TEST(Bf16GemmTest, MatchesReferenceOnRoundedOperands) {
-  if (!bf16_gemm_enabled()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  if (!bf16_gemm_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   ThreadPool pool(3);
   ThreadPool::ScopedCurrent scope(&pool);
   for (Shape s : {Shape{5, 1, 1}, Shape{16, 6, 2}, Shape{17, 7, 3}, Shape{64, 48, 64}, Shape{65, 49, 31},
@@ -59,7 +59,7 @@ TEST(Bf16GemmTest, MatchesReferenceOnRoundedOperands) {
 }
 
 TEST(Bf16GemmTest, WithinStatedBoundOfF32Product) {
-  if (!bf16_gemm_enabled()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  if (!bf16_gemm_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   const Shape s{70, 40, 2048};
   const auto x = testing::random_values(s.m * s.k, 11, -4.0f, 4.0f);
   const auto w = testing::random_values(s.n * s.k, 12, -0.1f, 0.1f);

@@ -124,16 +124,22 @@ namespace {
 std::atomic<bool>& bf16_gemm_switch() {
   static std::atomic<bool> on = [] {
     const char* env = std::getenv("PAGODA_CPU_BF16_GEMM");
-    return env == nullptr || std::strcmp(env, "0") != 0;
+    return env != nullptr && std::strcmp(env, "0") != 0;
   }();
   return on;
 }
 
 }  // namespace
 
-bool bf16_gemm_enabled() {
+bool bf16_gemm_supported() {
   static const bool supported = cpu_has_avx512_bf16();
-  return supported && bf16_gemm_switch().load(std::memory_order_relaxed);
+  return supported;
+}
+
+bool bf16_gemm_enabled() { return bf16_gemm_supported() && bf16_gemm_switch().load(std::memory_order_relaxed); }
+
+void enable_bf16_gemm_unless_env_says_no() {
+  if (std::getenv("PAGODA_CPU_BF16_GEMM") == nullptr) set_bf16_gemm_enabled(true);
 }
 
 void set_bf16_gemm_enabled(bool on) { bf16_gemm_switch().store(on, std::memory_order_relaxed); }
