@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       {
         // Halves by tile parity: a fast group may write the next tile's half
         // before the other group has read this one.
-        uint8_t* partial = base + kPartialAt + (tile & 1) * kPartialBytes;
+        uint8_t* partial = base + kPartialAt + (it & 1) * kPartialBytes;
         float4* mine = reinterpret_cast<float4*>(partial) + 2 * tid;
         const float4* other = reinterpret_cast<const float4*>(partial) + 2 * (tid ^ 128);
         mine[0] = make_float4(s[0], s[1], s[2], s[3]);
