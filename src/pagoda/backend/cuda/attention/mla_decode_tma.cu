@@ -8,7 +8,8 @@
 // layout (9 column blocks of 64 rows x 128 B, 128-byte swizzle) and the
 // segment schedule. What differs is who loads the tiles:
 //   - a ninth warp (the producer) walks the block tables and issues tensor-map
-//     copies (cp.async.bulk.tensor) into a ring of 2 stages; the 256 compute
+//     copies (cp.async.bulk.tensor, L2 evict-first: the latent is read once a
+//     step) into a ring of 2 stages (3 do not fit beside Q); the 256 compute
 //     threads issue no latent copies (they still copy Q, 18 KB a segment);
 //   - the latent pool is seen as a 3-D tensor [slots][9 column blocks][64
 //     values] (strides 1,152 B and 128 B), and one box is one column block of
@@ -88,6 +89,23 @@ __device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], uint64_t desc_a, 
       : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA));
 }
 
+// An L2 policy that evicts first: the latent is read once per step.
+[[maybe_unused]] __device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+// tma_load_3d (prefill_sm90_sync.cuh) with an L2 cache policy.
+[[maybe_unused]] __device__ __forceinline__ void tma_load_3d_hint(void* smem_dst, const void* tensor_map, int c0, int c1, int c2,
+                                                 uint64_t* bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, "
+      "{%2, %3, %4}], [%5], %6;\n" ::"r"(smem_address(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_address(bar)), "l"(policy)
+      : "memory");
+}
+
 [[maybe_unused]] __device__ __forceinline__ void keep_in_order(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -125,6 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int bs = d.block_size;
     const int box_rows = bs < kTile ? bs : kTile;
     const int pages = kTile / box_rows;
+    const uint64_t policy = evict_first_policy();
     int it = 0;  // tiles issued by this CTA, over all its segments (the ring's position)
     for (int seg = seg_begin; seg < seg_end; ++seg) {
       const int row = d.segments[3 * seg];
@@ -158,8 +177,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int i = lane + 32 * k;
           if (i < copies) {
             const int cb = i / live_pages, page = i % live_pages;
-            tma_load_3d(dst + cb * kBlockBytes + page * box_rows * 128, &latent_map, 0, cb, slot[k],
-                        &full[stage * kColumnBlocks + cb]);
+            tma_load_3d_hint(dst + cb * kBlockBytes + page * box_rows * 128, &latent_map, 0, cb, slot[k],
+                             &full[stage * kColumnBlocks + cb], policy);
           }
         }
       }
