@@ -5,6 +5,8 @@
 # then a device call with carry [".device/mla8"] (about 160 s of commands):
 #   .device/mla8/mla8_call.sh run    # plan + gpu tests (the TMA ones apart, 90 s in all),
 #                                    # then the bench with both kernels side by side (60 s)
+#   .device/mla8/mla8_call.sh model  # optional (~40 s): the DeepSeek fast-decode model tests
+#                                    # with PAGODA_MLA_DECODE_KERNEL=tma (eager + CUDA graph steps)
 # Logs go to $OUT (default /tmp/mla8); summary.log has the figures.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -15,9 +17,13 @@ bundle)
   build=${BUILD_DIR:-$root/build-cuda}
   dest=${DEST:-/work/main/.device/mla8}
   ninja -C "$build" -j2 mla_decode_gpu_tests mla_decode_plan_tests mla_decode_bench
+  # cuda_model_tests links, but its gtest test discovery (a post-build step) can
+  # time out on a loaded build machine; the linked binary is what is bundled.
+  ninja -C "$build" -j2 cuda_model_tests || [ -x "$build/tests/gpu_backend/cuda_model_tests" ]
   rm -rf "$dest"
   "$root/scripts/device-bundle.sh" "$dest/bundle" "$build/tests/gpu/mla_decode_gpu_tests" \
-    "$build/tests/gpu/mla_decode_plan_tests" "$build/bench/kernels/mla_decode_bench"
+    "$build/tests/gpu/mla_decode_plan_tests" "$build/bench/kernels/mla_decode_bench" \
+    "$build/tests/gpu_backend/cuda_model_tests"
   strip "$dest"/bundle/bin/* || true
   tar czf "$dest/bundle.tar.gz" -C "$dest" bundle && rm -rf "$dest/bundle"
   cp "$0" "$dest/mla8_call.sh"
@@ -53,5 +59,17 @@ run)
   grep -E "^mla decode|^\| |ceiling|non-finite|error" "$out/bench.log" | tee -a "$out/summary.log"
   echo "elapsed $(( $(date +%s) - start )) s" | tee -a "$out/summary.log"
   ;;
-*) echo "usage: $0 bundle|run" >&2; exit 2 ;;
+model)
+  [ -x "$here/bundle/run.sh" ] || tar xzf "$here/bundle.tar.gz" -C "$here"
+  root=$(cd "$here/../.." && pwd)
+  out=${OUT:-/tmp/mla8}
+  mkdir -p "$out"
+  cd "$root"
+  export PAGODA_SOURCE_DIR=$root
+  PAGODA_MLA_DECODE_KERNEL=tma timeout 45 "$here/bundle/run.sh" cuda_model_tests \
+    --gtest_filter='*DeepseekFastDecode*' > "$out/model.log" 2>&1
+  echo "cuda_model_tests (DeepSeek fast decode, PAGODA_MLA_DECODE_KERNEL=tma) rc=$?" | tee -a "$out/summary.log"
+  grep -E "Failure|FAILED|PASSED|Which is|figure|tests ran|error" "$out/model.log" | head -40 | tee -a "$out/summary.log"
+  ;;
+*) echo "usage: $0 bundle|run|model" >&2; exit 2 ;;
 esac
