@@ -48,7 +48,7 @@ run)
   timeout 40 "$here/bundle/run.sh" mla_decode_gpu_tests --gtest_filter='*Tma*' > "$out/gpu_tests_tma.log" 2>&1
   echo "mla_decode_gpu_tests (TMA) rc=$?" | tee -a "$out/summary.log"
   grep -E "rel L2|outputs differ|FAILED|Failure|PASSED|Which is|actual|error" "$out/gpu_tests_tma.log" | tee -a "$out/summary.log" | tail -40
-  timeout 40 "$here/bundle/run.sh" mla_decode_gpu_tests --gtest_filter='-*Tma*' > "$out/gpu_tests.log" 2>&1
+  timeout 50 "$here/bundle/run.sh" mla_decode_gpu_tests --gtest_filter='-*Tma*' > "$out/gpu_tests.log" 2>&1
   echo "mla_decode_gpu_tests (the others) rc=$?" | tee -a "$out/summary.log"
   grep -E "FAILED|Failure|PASSED|Which is" "$out/gpu_tests.log" | tee -a "$out/summary.log" | tail -20
   echo "elapsed $(( $(date +%s) - start )) s" | tee -a "$out/summary.log"
