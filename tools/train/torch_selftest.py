@@ -131,6 +131,21 @@ class TorchPathsTest(unittest.TestCase):
         self.assertEqual([r[1] for r in evaluated], [5, 10, 12])
         self.assertTrue(all(0.0 <= r[7] <= 1.0 for r in evaluated))
         self.assertTrue(all(math.isfinite(r[4]) for r in rows if r[4] is not None))
+        # A curriculum with random-token rows: the share falls from 6 rows to 2, all kinds come.
+        args.recall_fraction_start, args.recall_fraction, args.curriculum = 0.75, 0.25, 0.5
+        args.recall_kind_weights = {"list": 1.0, "passage": 1.0, "random": 2.0}
+        source = recall_data.RecallSequences(self.stream, self.encode, self.words[20:],
+                                             args.context, 12, max_depth=90,
+                                             weights=args.recall_kind_weights,
+                                             random_ids=list(range(1000, 2000)))
+        summary, rows = train.train(args, TinyLM(), self.stream, self.heldout, self.device,
+                                    1000.0, time.time() + 120, "curriculum", source, monitor)
+        self.assertEqual(summary["recall_rows_per_step"], 6)
+        self.assertEqual(summary["recall_rows_last_step"], 2)
+        # Steps 0-5 move from 6 rows towards 2 (rounded): 6+5+5+4+3+3, then 2 per step: 6*2.
+        self.assertEqual(sum(summary["recall_sequences"].values()), 38)
+        self.assertGreater(summary["recall_sequences"]["random"], 0)
+        self.assertEqual(source.max_depth, 90)  # the distance reached its end
         # Without recall rows or a monitor the loop is the plain one, chosen by loss.
         args.recall_fraction = 0.0
         summary, _ = train.train(args, TinyLM(), self.stream, self.heldout, self.device, 1000.0,

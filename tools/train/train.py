@@ -82,6 +82,8 @@ GREEDY_PROMPTS = [
     ("kjv_genesis", "In the beginning God created"),
     ("kjv_moses", "And the LORD spake unto Moses, saying,"),
 ]
+# Extra teacher-forced monitor depths, logged at every evaluation (not used for selection).
+MONITOR_SHORT_DEPTHS = (100, 400)
 CHAT_PROMPT = [{"role": "user", "content": "Continue this passage: Mr. Darcy walked into the room."}]
 
 
@@ -258,9 +260,11 @@ def _recall_batches(trials, batch_size):
     return [trials[i:i + batch_size] for i in range(0, len(trials), batch_size)]
 
 
-def teacher_forced_recall(model, trials, device, batch_size=16, autocast_dtype=None):
+def teacher_forced_recall(model, trials, device, batch_size=16, autocast_dtype=None,
+                          by_depth=None):
     """Share of list tokens that are the argmax after the prompt and the list's earlier tokens
-    (one forward per batch: the cheap monitor used while training)."""
+    (one forward per batch: the cheap monitor used while training). by_depth, when a dict, gets
+    [hits, tokens] per trial depth."""
     import torch
 
     hits, total = 0, 0
@@ -279,6 +283,9 @@ def teacher_forced_recall(model, trials, device, batch_size=16, autocast_dtype=N
             for trial, row in zip(group, predicted):
                 h, n = recall_data.in_place_accuracy(trial["expected"], row)
                 hits, total = hits + h, total + n
+                if by_depth is not None:
+                    d = by_depth.setdefault(trial["depth"], [0, 0])
+                    d[0], d[1] = d[0] + h, d[1] + n
     return hits / max(1, total)
 
 
@@ -381,19 +388,26 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
     autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16)
                 if args.autocast else contextlib.nullcontext())
 
-    recall_rows = 0
-    if recall_source is not None and args.recall_fraction > 0:
-        recall_rows = min(batch, max(1, round(args.recall_fraction * batch)))
-    kinds = {"list": 0, "passage": 0}
+    kinds = {k: 0 for k in recall_data.KINDS}
+    max_depth_end = recall_source.max_depth if recall_source is not None else 0
 
     def evaluate():
         model.eval()
         dtype = torch.bfloat16 if args.autocast else None
         _, _, nll = score_text(model, heldout_eval, context, device, 16, dtype)
-        recall = (teacher_forced_recall(model, recall_monitor, device, 16, dtype)
-                  if recall_monitor else None)
+        recall, short = None, {}
+        if recall_monitor:
+            # Selection uses the check's depths; shorter monitor depths (where copying forms
+            # first) are only logged.
+            counts = {}
+            teacher_forced_recall(model, recall_monitor, device, 16, dtype, counts)
+            chosen = [v for d, v in counts.items() if d in args.recall_depth_list] or list(
+                counts.values())
+            recall = sum(v[0] for v in chosen) / max(1, sum(v[1] for v in chosen))
+            short = {d: round(v[0] / max(1, v[1]), 3) for d, v in sorted(counts.items())
+                     if d not in args.recall_depth_list}
         model.train()
-        return nll, recall
+        return nll, recall, short
 
     def selection_key(val_loss, recall):
         # Best held-out loss among evaluations whose recall reaches the bar, else best recall.
@@ -438,6 +452,10 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
         lr = learning_rate(step, total_steps, args.lr, args.warmup, args.min_lr_ratio)
         for group in optimizer.param_groups:
             group["lr"] = lr
+        recall_rows, depth = recall_schedule(args, step, total_steps, max_depth_end,
+                                             recall_source is not None)
+        if recall_rows:
+            recall_source.max_depth = depth
         starts = torch.randint(0, stream.numel() - context - 1, (batch - recall_rows,),
                                device=device, generator=generator)
         chunk = stream[starts[:, None] + offsets_arange[None, :]]
@@ -469,11 +487,13 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
             smoothed = loss_value if smoothed is None else 0.9 * smoothed + 0.1 * loss_value
             recall = None
             if step % args.eval_every == 0 or last:
-                val_loss, recall = evaluate()
+                val_loss, recall, short = evaluate()
                 keep_if_best(val_loss, recall)
                 log(f"{run_name} step {step}/{total_steps} lr {lr:.2e} loss {loss_value:.4f} "
                     f"val {val_loss:.4f} (ppl {math.exp(val_loss):.2f}) recall(tf) {recall} "
-                    f"epoch {step / steps_per_epoch:.2f}")
+                    f"shorter depths {short} "
+                    f"epoch {step / steps_per_epoch:.2f} recall rows {recall_rows} "
+                    f"max depth {depth}")
             log_rows.append([run_name, step, step * tokens_per_step, lr, round(loss_value, 5),
                              None if val_loss is None else round(val_loss, 5),
                              round(time.time() - START_TIME, 1),
@@ -481,7 +501,7 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
 
     if best["state"] is None or (log_rows and log_rows[-1][5] is None):
         # The loop ended without a fresh evaluation (time budget): evaluate the last weights too.
-        val_loss, recall = evaluate()
+        val_loss, recall, _ = evaluate()
         keep_if_best(val_loss, recall)
         log_rows.append([run_name, step, step * tokens_per_step, None, None, round(val_loss, 5),
                          round(time.time() - START_TIME, 1),
@@ -493,11 +513,48 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
         "best_step": best["step"], "best_val_loss": round(best["val_loss"], 5),
         "best_val_perplexity_bf16": round(math.exp(best["val_loss"]), 4),
         "best_recall_teacher_forced": best["recall"], "selection_key": list(best["key"]),
-        "recall_rows_per_step": recall_rows, "recall_sequences": kinds,
+        "recall_rows_per_step": recall_schedule(args, 0, total_steps, max_depth_end,
+                                                recall_source is not None)[0],
+        "recall_rows_last_step": recall_rows if step else 0, "recall_sequences": kinds,
         "val_tokens": len(heldout_eval),
         "wall_s": round(time.time() - START_TIME, 1),
     }
     return summary, log_rows
+
+
+def recall_schedule(args, step, total_steps, max_depth_end, enabled):
+    """(recall rows in this step's batch, longest recall distance for them). Over the first
+    args.curriculum of the steps, the recall share falls linearly from args.recall_fraction_start
+    to args.recall_fraction and the distance grows from args.curriculum_start_depth to
+    max_depth_end; after that (or with curriculum 0) both hold their final values."""
+    if not enabled:
+        return 0, max_depth_end
+    span = args.curriculum * total_steps
+    progress = min(1.0, step / span) if span > 0 else 1.0
+    start = args.recall_fraction if args.recall_fraction_start is None else args.recall_fraction_start
+    fraction = start + (args.recall_fraction - start) * progress
+    rows = 0
+    if fraction > 0:
+        rows = min(args.batch_size, max(1, round(fraction * args.batch_size)))
+    low = min(args.curriculum_start_depth, max_depth_end)
+    depth = int(round(low + (max_depth_end - low) * progress))
+    return rows, depth
+
+
+def parse_kinds(text):
+    """'list=1,passage=1,random=2' -> {kind: weight}; raises ValueError naming the bad part."""
+    weights = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        name = name.strip()
+        if name not in recall_data.KINDS:
+            raise ValueError(f"unknown kind '{name}' (known: {', '.join(recall_data.KINDS)})")
+        weights[name] = float(value)
+        if weights[name] < 0:
+            raise ValueError(f"weight of '{name}' is negative")
+    if sum(weights.values()) <= 0:
+        raise ValueError("all weights are 0")
+    return weights
 
 
 def write_loss_csv(path, rows):
@@ -558,6 +615,17 @@ def parse_args(argv=None):
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--recall-fraction", type=float, default=0.375,
                    help="share of every batch that is in-context recall sequences (0: none)")
+    p.add_argument("--recall-fraction-start", type=float, default=None,
+                   help="recall share at the first step, moving linearly to --recall-fraction "
+                        "over the curriculum (default: --recall-fraction throughout)")
+    p.add_argument("--recall-kinds", default="list=1,passage=1",
+                   help="weights of the recall sequence kinds (recall_data.KINDS): list, passage "
+                        "(training text repeated), random (random tokens repeated)")
+    p.add_argument("--curriculum", type=float, default=0.0,
+                   help="share of the steps over which the recall distance grows from "
+                        "--curriculum-start-depth to --recall-max-depth (0: no curriculum)")
+    p.add_argument("--curriculum-start-depth", type=int, default=200,
+                   help="longest recall distance at the first step of the curriculum")
     p.add_argument("--recall-max-depth", type=int, default=1800,
                    help="longest distance between a list or passage and its recall, in tokens")
     p.add_argument("--recall-context", type=int, default=2000,
@@ -612,6 +680,17 @@ def parse_args(argv=None):
                 f"got '{args.recall_depths}'")
     if not 0.0 <= args.recall_fraction <= 1.0:
         p.error(f"--recall-fraction must be in [0, 1], got {args.recall_fraction}")
+    if args.recall_fraction_start is not None and not 0.0 <= args.recall_fraction_start <= 1.0:
+        p.error(f"--recall-fraction-start must be in [0, 1], got {args.recall_fraction_start}")
+    if not 0.0 <= args.curriculum <= 1.0:
+        p.error(f"--curriculum must be in [0, 1], got {args.curriculum}")
+    if args.curriculum_start_depth < recall_data.MIN_DEPTH:
+        p.error(f"--curriculum-start-depth must be at least {recall_data.MIN_DEPTH}, "
+                f"got {args.curriculum_start_depth}")
+    try:
+        args.recall_kind_weights = parse_kinds(args.recall_kinds)
+    except ValueError as error:
+        p.error(f"--recall-kinds: {error}")
     if args.recall_context + 2 * recall_data.LIST_WORDS + 16 > args.context:
         p.error(f"--recall-context {args.recall_context} leaves no room for the list within "
                 f"--context {args.context}")
@@ -701,14 +780,19 @@ def main():
         words = recall_data.vocabulary_words(corpus)
         train_words, heldout_words = recall_data.split_words(words)
         recall_source = None
-        if args.recall_fraction > 0:
+        if args.recall_fraction > 0 or (args.recall_fraction_start or 0) > 0:
+            special = set(special_ids.values())
+            random_ids = sorted(set(train_ids) - special)
             recall_source = recall_data.RecallSequences(
                 train_ids, encode, train_words, args.context, args.seed + 1,
-                max_depth=args.recall_max_depth)
+                max_depth=args.recall_max_depth, weights=args.recall_kind_weights,
+                random_ids=random_ids)
         # The monitor (teacher-forced, every evaluation) uses held-out vocabulary words over the
         # full held-out text; the final check also uses the eval's own words over the sample.
+        monitor_depths = [d for d in MONITOR_SHORT_DEPTHS if d < min(args.recall_depth_list)]
         monitor = recall_data.recall_trials(
-            heldout_ids, encode, heldout_words, args.recall_context, args.recall_depth_list,
+            heldout_ids, encode, heldout_words, args.recall_context,
+            monitor_depths + args.recall_depth_list,
             max(2, args.recall_trials // 2), recall_data.LIST_WORDS, args.seed + 2)
         example, info = (recall_source.next() if recall_source else (None, None))
         if recall_source:  # a fresh generator: the example does not shift the training stream
