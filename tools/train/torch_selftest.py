@@ -133,6 +133,7 @@ class TorchPathsTest(unittest.TestCase):
         self.assertTrue(all(math.isfinite(r[4]) for r in rows if r[4] is not None))
         # A curriculum with random-token rows: the share falls from 6 rows to 2, all kinds come.
         args.recall_fraction_start, args.recall_fraction, args.curriculum = 0.75, 0.25, 0.5
+        args.recall_max_depth, args.curriculum_start_depth = 90, 40
         args.recall_kind_weights = {"list": 1.0, "passage": 1.0, "random": 2.0}
         source = recall_data.RecallSequences(self.stream, self.encode, self.words[20:],
                                              args.context, 12, max_depth=90,

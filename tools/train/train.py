@@ -389,7 +389,9 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
                 if args.autocast else contextlib.nullcontext())
 
     kinds = {k: 0 for k in recall_data.KINDS}
-    max_depth_end = recall_source.max_depth if recall_source is not None else 0
+    # The curriculum's last distance: the flag, not the source's current value (an earlier run
+    # may have left it part way).
+    max_depth_end = args.recall_max_depth
 
     def evaluate():
         model.eval()
