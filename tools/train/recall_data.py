@@ -211,6 +211,31 @@ def recall_trials(filler, encode, words, context_tokens, depths, trials, list_wo
     return out
 
 
+def copy_trials(filler, random_ids, context_tokens, distances, trials, span, seed):
+    """Induction probes: a span of `span` distinct tokens drawn from random_ids is placed in
+    filler and repeated `distance` tokens later (end of the span to the start of its copy); the prompt
+    (exactly context_tokens ids) ends with the copy's first token and `expected` is the rest of
+    the span. Only looking back predicts it: a direct measure of the copy mechanism, whatever the
+    list format. Same dict keys as recall_trials (depth = distance)."""
+    rng = random.Random(seed)
+    out = []
+    for distance in distances:
+        head = context_tokens - span - distance - 1
+        if head < 0 or distance < 1 or not 2 <= span <= len(random_ids):
+            raise ValueError(f"distance {distance} with spans of {span} does not fit in "
+                             f"{context_tokens} tokens")
+        if len(filler) < head + distance:
+            raise ValueError(f"{len(filler)} filler tokens for {head + distance}")
+        for _ in range(trials):
+            drawn = rng.sample(random_ids, span)  # distinct: one place to copy from
+            start = rng.randrange(0, len(filler) - (head + distance) + 1)
+            piece = list(filler[start:start + head + distance])
+            prompt = piece[:head] + drawn + piece[head:] + drawn[:1]
+            out.append({"prompt": prompt, "expected": drawn[1:], "depth": distance,
+                        "words": []})
+    return out
+
+
 def in_place_accuracy(expected, produced):
     """Tokens of `produced` equal to `expected` at the same place, over len(expected)."""
     hits = sum(1 for i, t in enumerate(expected) if i < len(produced) and produced[i] == t)

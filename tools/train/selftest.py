@@ -306,6 +306,22 @@ class RecallDataTest(unittest.TestCase):
                       else [p["gap"] for p in info["pairs"]])
             self.assertLessEqual(max(depths), 100)
 
+    def test_copy_trials_repeat_a_drawn_span(self):
+        pool = list(range(9000, 9100))
+        trials = recall_data.copy_trials(self.stream, pool, 600, [50, 400], 3, 24, 8)
+        self.assertEqual(len(trials), 6)
+        for trial in trials:
+            prompt, expected, d = trial["prompt"], trial["expected"], trial["depth"]
+            self.assertEqual(len(prompt), 600)
+            self.assertEqual(len(expected), 23)
+            span_start = 600 - 1 - d - 24
+            self.assertEqual(prompt[span_start:span_start + 24], prompt[-1:] + expected)
+            self.assertTrue(all(t in pool for t in prompt[-1:] + expected))
+        self.assertEqual(trials, recall_data.copy_trials(self.stream, pool, 600, [50, 400], 3,
+                                                         24, 8))
+        with self.assertRaises(ValueError):
+            recall_data.copy_trials(self.stream, pool, 100, [90], 1, 24, 1)
+
     def test_bad_kind_weights_are_rejected(self):
         for weights, pool in (({"echo": 1}, None), ({"list": -1, "passage": 2}, None),
                               ({"list": 0}, None), ({"random": 1}, None)):

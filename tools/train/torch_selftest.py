@@ -9,6 +9,7 @@ Run: python3 tools/train/torch_selftest.py   (skips when torch is not importable
 `apt-get install python3-torch` and run it with /usr/bin/python3)
 """
 
+import json
 import math
 import os
 import random
@@ -101,6 +102,16 @@ class TorchPathsTest(unittest.TestCase):
         self.assertEqual(len(rows), 6)
         self.assertEqual(rows[0]["produced"], rows[0]["expected"])
 
+    def test_copy_probe_against_an_oracle_and_a_constant(self):
+        # Drawn ids disjoint from the filler's (1000-1999): the oracle finds only the span.
+        probes = recall_data.copy_trials(self.heldout, list(range(2000, 2100)), 200, [40, 120],
+                                         3, 16, 9)
+        counts = {}
+        self.assertEqual(train.teacher_forced_recall(InductionOracle(), probes, self.device, 4,
+                                                     by_depth=counts), 1.0)
+        self.assertEqual(counts, {40: [45, 45], 120: [45, 45]})
+        self.assertEqual(train.teacher_forced_recall(Constant(), probes, self.device, 4), 0.0)
+
     def test_score_text_windows(self):
         ppl, count, nll = train.score_text(Constant(), self.heldout[:100], 32, self.device, 2)
         self.assertEqual(count, 3 * 31 + 3)  # windows 32, 32, 32, 4
@@ -139,8 +150,14 @@ class TorchPathsTest(unittest.TestCase):
                                              args.context, 12, max_depth=90,
                                              weights=args.recall_kind_weights,
                                              random_ids=list(range(1000, 2000)))
+        probes = recall_data.copy_trials(self.heldout, list(range(1000, 2000)), 96, [20, 60],
+                                         2, 8, 9)
         summary, rows = train.train(args, TinyLM(), self.stream, self.heldout, self.device,
-                                    1000.0, time.time() + 120, "curriculum", source, monitor)
+                                    1000.0, time.time() + 120, "curriculum", source, monitor,
+                                    probes)
+        logged = [json.loads(r[8]) for r in rows if r[8]]
+        self.assertEqual(len(logged), 3)
+        self.assertTrue(all(set(m) == {"copy20", "copy60"} for m in logged), logged)
         self.assertEqual(summary["recall_rows_per_step"], 6)
         self.assertEqual(summary["recall_rows_last_step"], 2)
         # Steps 0-5 move from 6 rows towards 2 (rounded): 6+5+5+4+3+3, then 2 per step: 6*2.

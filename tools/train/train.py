@@ -84,6 +84,9 @@ GREEDY_PROMPTS = [
 ]
 # Extra teacher-forced monitor depths, logged at every evaluation (not used for selection).
 MONITOR_SHORT_DEPTHS = (100, 400)
+# Induction probes logged at every evaluation: random spans copied this far back.
+COPY_PROBE_DISTANCES = (100, 1000)
+COPY_PROBE_SPAN = 24
 CHAT_PROMPT = [{"role": "user", "content": "Continue this passage: Mr. Darcy walked into the room."}]
 
 
@@ -348,9 +351,10 @@ def build_config(args, vocab_size, special_ids):
 
 
 def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run_name,
-          recall_source=None, recall_monitor=None):
+          recall_source=None, recall_monitor=None, copy_monitor=None):
     """recall_source: a recall_data.RecallSequences (or None: plain crops only); recall_monitor:
-    held-out recall trials scored teacher-forced at every evaluation (or None)."""
+    held-out recall trials scored teacher-forced at every evaluation (or None); copy_monitor:
+    recall_data.copy_trials scored the same way and logged (or None)."""
     import torch
     import torch.nn.functional as F
 
@@ -408,6 +412,11 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
             recall = sum(v[0] for v in chosen) / max(1, sum(v[1] for v in chosen))
             short = {d: round(v[0] / max(1, v[1]), 3) for d, v in sorted(counts.items())
                      if d not in args.recall_depth_list}
+        if copy_monitor:
+            counts = {}
+            teacher_forced_recall(model, copy_monitor, device, 16, dtype, counts)
+            short.update({f"copy{d}": round(v[0] / max(1, v[1]), 3)
+                          for d, v in sorted(counts.items())})
         model.train()
         return nll, recall, short
 
@@ -493,21 +502,22 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
                 keep_if_best(val_loss, recall)
                 log(f"{run_name} step {step}/{total_steps} lr {lr:.2e} loss {loss_value:.4f} "
                     f"val {val_loss:.4f} (ppl {math.exp(val_loss):.2f}) recall(tf) {recall} "
-                    f"shorter depths {short} "
+                    f"monitors {short} "
                     f"epoch {step / steps_per_epoch:.2f} recall rows {recall_rows} "
                     f"max depth {depth}")
             log_rows.append([run_name, step, step * tokens_per_step, lr, round(loss_value, 5),
                              None if val_loss is None else round(val_loss, 5),
                              round(time.time() - START_TIME, 1),
-                             None if recall is None else round(recall, 4)])
+                             None if recall is None else round(recall, 4),
+                             json.dumps(short) if val_loss is not None and short else None])
 
     if best["state"] is None or (log_rows and log_rows[-1][5] is None):
         # The loop ended without a fresh evaluation (time budget): evaluate the last weights too.
-        val_loss, recall, _ = evaluate()
+        val_loss, recall, short = evaluate()
         keep_if_best(val_loss, recall)
         log_rows.append([run_name, step, step * tokens_per_step, None, None, round(val_loss, 5),
                          round(time.time() - START_TIME, 1),
-                         None if recall is None else round(recall, 4)])
+                         None if recall is None else round(recall, 4), None])
     model.load_state_dict(best["state"])
     summary = {
         "run": run_name, "max_epochs": max_epochs, "probe": probe, "steps": step, "stop_reason": stop_reason, "tokens_per_step": tokens_per_step,
@@ -563,7 +573,7 @@ def write_loss_csv(path, rows):
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["run", "step", "tokens", "lr", "train_loss", "val_loss", "elapsed_s",
-                         "recall_teacher_forced"])
+                         "recall_teacher_forced", "monitors_teacher_forced"])
         for row in rows:
             writer.writerow(["" if v is None else v for v in row])
 
@@ -796,6 +806,12 @@ def main():
             heldout_ids, encode, heldout_words, args.recall_context,
             monitor_depths + args.recall_depth_list,
             max(2, args.recall_trials // 2), recall_data.LIST_WORDS, args.seed + 2)
+        # Induction probes: random spans repeated in held-out text (copy accuracy by distance).
+        copy_distances = [d for d in COPY_PROBE_DISTANCES
+                          if d + COPY_PROBE_SPAN + 1 <= args.recall_context]
+        copy_monitor = recall_data.copy_trials(
+            heldout_ids, sorted(set(train_ids) - set(special_ids.values())), args.recall_context,
+            copy_distances, max(2, args.recall_trials // 2), COPY_PROBE_SPAN, args.seed + 5)
         example, info = (recall_source.next() if recall_source else (None, None))
         if recall_source:  # a fresh generator: the example does not shift the training stream
             recall_source.rng.seed(args.seed + 1)
@@ -835,7 +851,8 @@ def main():
                 recall_source.rng.seed(args.seed + 1)
             model = LlamaForCausalLM(config).to(device)
             summary, rows = train(args, model, train_ids, heldout_ids, device, epochs,
-                                  run_deadline, run_name, recall_source, monitor)
+                                  run_deadline, run_name, recall_source, monitor,
+                                  copy_monitor)
             runs.append(summary)
             log_rows += rows
             log(f"run {run_name}: {summary}")
