@@ -183,6 +183,19 @@ class RecallSequences:
         return ids, {"kind": "random" if random_spans else "passage", "pairs": pairs}
 
 
+def tiled_row(rng, total, pool, period_low, period_high):
+    """(ids, period): a segment of period_low..period_high tokens drawn from pool (with
+    replacement), repeated to fill `total` ids: every token after the first period is predictable
+    by copying, the densest induction signal (the copy warm-up's rows)."""
+    period_high = min(period_high, total // 2)
+    if not 1 <= period_low <= period_high or not pool:
+        raise ValueError(f"periods {period_low}-{period_high} in {total} tokens, pool of "
+                         f"{len(pool)}")
+    period = rng.randint(period_low, period_high)
+    segment = [rng.choice(pool) for _ in range(period)]
+    return (segment * (total // period + 1))[:total], period
+
+
 def recall_trials(filler, encode, words, context_tokens, depths, trials, list_words, seed):
     """Held-out recall prompts in pagoda eval recall's format: a list of dicts with
     prompt (exactly context_tokens ids), expected (the list's ids), depth and words."""

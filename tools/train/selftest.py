@@ -8,6 +8,7 @@ renders exactly like the Python twin the training data is built with).
 import json
 import math
 import os
+import random
 import sys
 import unittest
 
@@ -182,6 +183,20 @@ class ArgsTest(unittest.TestCase):
         for step in (0, 500):
             self.assertEqual(train.recall_schedule(plain, step, 1000, 1800, True), (6, 1800))
 
+    def test_copy_warmup_alphabet_and_period_grow(self):
+        args = train.parse_args(["--data", "d", "--out", "o", "--copy-warmup-steps", "100",
+                                 "--copy-warmup-alphabet", "128"])
+        pool = list(range(4000))
+        first, high = train.copy_warmup_stage(args, 0, pool, 2048)
+        self.assertEqual((first, high), (pool[:128], 64))
+        half, high = train.copy_warmup_stage(args, 50, pool, 2048)
+        self.assertEqual((len(half), high), (2064, 544))
+        last, high = train.copy_warmup_stage(args, 100, pool, 2048)
+        self.assertEqual((last, high), (pool, 1024))
+        for flags in (["--copy-warmup-steps", "-1"], ["--copy-warmup-alphabet", "1"]):
+            with self.assertRaises(SystemExit, msg=flags):
+                train.parse_args(["--data", "d", "--out", "o"] + flags)
+
     def test_bad_epochs_are_rejected(self):
         with self.assertRaises(SystemExit):
             train.parse_args(["--data", "d", "--out", "o", "--epochs", "4,-1"])
@@ -321,6 +336,18 @@ class RecallDataTest(unittest.TestCase):
                                                          24, 8))
         with self.assertRaises(ValueError):
             recall_data.copy_trials(self.stream, pool, 100, [90], 1, 24, 1)
+
+    def test_tiled_rows_repeat_their_period(self):
+        rng = random.Random(2)
+        for _ in range(50):
+            ids, period = recall_data.tiled_row(rng, 2049, [7, 8, 9], 4, 64)
+            self.assertEqual(len(ids), 2049)
+            self.assertTrue(4 <= period <= 64)
+            self.assertEqual(ids[period:], ids[:-period])
+            self.assertTrue(set(ids) <= {7, 8, 9})
+        self.assertLessEqual(recall_data.tiled_row(rng, 20, [1], 4, 64)[1], 10)
+        with self.assertRaises(ValueError):
+            recall_data.tiled_row(rng, 20, [], 4, 8)
 
     def test_bad_kind_weights_are_rejected(self):
         for weights, pool in (({"echo": 1}, None), ({"list": -1, "passage": 2}, None),

@@ -164,6 +164,21 @@ class TorchPathsTest(unittest.TestCase):
         self.assertEqual(sum(summary["recall_sequences"].values()), 38)
         self.assertGreater(summary["recall_sequences"]["random"], 0)
         self.assertEqual(source.max_depth, 90)  # the distance reached its end
+        # A copy warm-up of 3 steps of tiled rows comes before the 12 steps of the schedule.
+        args.copy_warmup_steps, args.copy_warmup_alphabet = 3, 16
+        source.rng.seed(12)
+        summary, rows = train.train(args, TinyLM(), self.stream, self.heldout, self.device,
+                                    1000.0, time.time() + 120, "warm", source, monitor, probes,
+                                    copy_pool=list(range(1000, 2000)))
+        self.assertEqual(summary["steps"], 15)
+        self.assertEqual(summary["recall_sequences"]["tiled"], 3 * 8)
+        self.assertEqual(sum(v for k, v in summary["recall_sequences"].items()
+                             if k != "tiled"), 38)  # the schedule after the warm-up as above
+        self.assertGreater(summary["best_step"], 3)
+        with self.assertRaises(ValueError):
+            train.train(args, TinyLM(), self.stream, self.heldout, self.device, 1000.0,
+                        time.time() + 120, "warm", source, monitor, probes)
+        args.copy_warmup_steps = 0
         # Without recall rows or a monitor the loop is the plain one, chosen by loss.
         args.recall_fraction = 0.0
         summary, _ = train.train(args, TinyLM(), self.stream, self.heldout, self.device, 1000.0,

@@ -52,6 +52,7 @@ import random
 import sys
 import time
 import traceback
+from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import recall_data  # noqa: E402
@@ -351,10 +352,11 @@ def build_config(args, vocab_size, special_ids):
 
 
 def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run_name,
-          recall_source=None, recall_monitor=None, copy_monitor=None):
+          recall_source=None, recall_monitor=None, copy_monitor=None, copy_pool=None):
     """recall_source: a recall_data.RecallSequences (or None: plain crops only); recall_monitor:
     held-out recall trials scored teacher-forced at every evaluation (or None); copy_monitor:
-    recall_data.copy_trials scored the same way and logged (or None)."""
+    recall_data.copy_trials scored the same way and logged (or None); copy_pool: token ids, most
+    frequent first, for the copy warm-up (needed when args.copy_warmup_steps > 0)."""
     import torch
     import torch.nn.functional as F
 
@@ -389,10 +391,16 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
     steps_per_epoch = stream.numel() / tokens_per_step
     epoch_cap = max(1, math.ceil(max_epochs * steps_per_epoch))
     total_steps = min(epoch_cap, args.max_steps) if args.max_steps > 0 else epoch_cap
+    # The copy warm-up's steps come on top of the epoch cap: their rows hold no training text.
+    warm = args.copy_warmup_steps
+    if warm and not copy_pool:
+        raise ValueError("the copy warm-up needs copy_pool")
+    total_steps += warm
+    warm_rng = random.Random(args.seed + 6)
     autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16)
                 if args.autocast else contextlib.nullcontext())
 
-    kinds = {k: 0 for k in recall_data.KINDS}
+    kinds = {k: 0 for k in recall_data.KINDS + ("tiled",)}
     # The curriculum's last distance: the flag, not the source's current value (an earlier run
     # may have left it part way).
     max_depth_end = args.recall_max_depth
@@ -463,13 +471,21 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
         lr = learning_rate(step, total_steps, args.lr, args.warmup, args.min_lr_ratio)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        recall_rows, depth = recall_schedule(args, step, total_steps, max_depth_end,
-                                             recall_source is not None)
-        if recall_rows:
-            recall_source.max_depth = depth
-        starts = torch.randint(0, stream.numel() - context - 1, (batch - recall_rows,),
-                               device=device, generator=generator)
-        chunk = stream[starts[:, None] + offsets_arange[None, :]]
+        recall_rows, depth = recall_schedule(args, max(0, step - warm), total_steps - warm,
+                                             max_depth_end, recall_source is not None)
+        if step < warm:
+            recall_rows = 0
+            rows = [recall_data.tiled_row(warm_rng, context + 1, pool, 4, high)[0]
+                    for pool, high in [copy_warmup_stage(args, step, copy_pool, context)]
+                    for _ in range(batch)]
+            kinds["tiled"] += batch
+            chunk = torch.tensor(rows, dtype=torch.long).to(device)
+        else:
+            if recall_rows:
+                recall_source.max_depth = depth
+            starts = torch.randint(0, stream.numel() - context - 1, (batch - recall_rows,),
+                                   device=device, generator=generator)
+            chunk = stream[starts[:, None] + offsets_arange[None, :]]
         if recall_rows:
             made = [recall_source.next() for _ in range(recall_rows)]
             for _, info in made:
@@ -499,7 +515,8 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
             recall = None
             if step % args.eval_every == 0 or last:
                 val_loss, recall, short = evaluate()
-                keep_if_best(val_loss, recall)
+                if step > warm:  # warm-up weights are no language model yet
+                    keep_if_best(val_loss, recall)
                 log(f"{run_name} step {step}/{total_steps} lr {lr:.2e} loss {loss_value:.4f} "
                     f"val {val_loss:.4f} (ppl {math.exp(val_loss):.2f}) recall(tf) {recall} "
                     f"monitors {short} "
@@ -532,6 +549,18 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
         "wall_s": round(time.time() - START_TIME, 1),
     }
     return summary, log_rows
+
+
+def copy_warmup_stage(args, step, pool, context):
+    """(pool, longest period) for copy warm-up step `step`: the tiled rows draw from the
+    args.copy_warmup_alphabet most frequent tokens at first, growing linearly to the whole pool,
+    and their period grows from 64 to half the context (a small alphabet forms the copy
+    mechanism fastest; the growth carries it to every token and to longer distances)."""
+    progress = step / max(1, args.copy_warmup_steps)
+    size = min(len(pool), int(args.copy_warmup_alphabet
+                              + (len(pool) - args.copy_warmup_alphabet) * progress))
+    high = int(64 + (context // 2 - 64) * progress)
+    return pool[:max(1, size)], max(8, high)
 
 
 def recall_schedule(args, step, total_steps, max_depth_end, enabled):
@@ -638,6 +667,10 @@ def parse_args(argv=None):
                         "--curriculum-start-depth to --recall-max-depth (0: no curriculum)")
     p.add_argument("--curriculum-start-depth", type=int, default=200,
                    help="longest recall distance at the first step of the curriculum")
+    p.add_argument("--copy-warmup-steps", type=int, default=0,
+                   help="steps of tiled random-token rows before the main schedule (0: none)")
+    p.add_argument("--copy-warmup-alphabet", type=int, default=128,
+                   help="most frequent tokens the copy warm-up draws from at its start")
     p.add_argument("--recall-max-depth", type=int, default=1800,
                    help="longest distance between a list or passage and its recall, in tokens")
     p.add_argument("--recall-context", type=int, default=2000,
@@ -696,6 +729,9 @@ def parse_args(argv=None):
         p.error(f"--recall-fraction-start must be in [0, 1], got {args.recall_fraction_start}")
     if not 0.0 <= args.curriculum <= 1.0:
         p.error(f"--curriculum must be in [0, 1], got {args.curriculum}")
+    if args.copy_warmup_steps < 0 or args.copy_warmup_alphabet < 2:
+        p.error(f"--copy-warmup-steps must be >= 0 and --copy-warmup-alphabet >= 2, got "
+                f"{args.copy_warmup_steps} and {args.copy_warmup_alphabet}")
     if args.curriculum_start_depth < recall_data.MIN_DEPTH:
         p.error(f"--curriculum-start-depth must be at least {recall_data.MIN_DEPTH}, "
                 f"got {args.curriculum_start_depth}")
@@ -806,6 +842,8 @@ def main():
             heldout_ids, encode, heldout_words, args.recall_context,
             monitor_depths + args.recall_depth_list,
             max(2, args.recall_trials // 2), recall_data.LIST_WORDS, args.seed + 2)
+        special = set(special_ids.values())
+        copy_pool = [t for t, _ in Counter(train_ids).most_common() if t not in special]
         # Induction probes: random spans repeated in held-out text (copy accuracy by distance).
         copy_distances = [d for d in COPY_PROBE_DISTANCES
                           if d + COPY_PROBE_SPAN + 1 <= args.recall_context]
@@ -852,7 +890,7 @@ def main():
             model = LlamaForCausalLM(config).to(device)
             summary, rows = train(args, model, train_ids, heldout_ids, device, epochs,
                                   run_deadline, run_name, recall_source, monitor,
-                                  copy_monitor)
+                                  copy_monitor, copy_pool)
             runs.append(summary)
             log_rows += rows
             log(f"run {run_name}: {summary}")
