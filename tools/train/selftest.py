@@ -188,12 +188,15 @@ class ArgsTest(unittest.TestCase):
                                  "--copy-warmup-alphabet", "128"])
         pool = list(range(4000))
         first, high = train.copy_warmup_stage(args, 0, pool, 2048)
-        self.assertEqual((first, high), (pool[:128], 64))
+        self.assertEqual((first, high), (pool[:128], 32))
         half, high = train.copy_warmup_stage(args, 50, pool, 2048)
-        self.assertEqual((len(half), high), (2064, 544))
+        self.assertEqual((len(half), high), (2064, 528))
         last, high = train.copy_warmup_stage(args, 100, pool, 2048)
         self.assertEqual((last, high), (pool, 1024))
-        for flags in (["--copy-warmup-steps", "-1"], ["--copy-warmup-alphabet", "1"]):
+        args.copy_warmup_alphabet = 0  # the default: every token from the start
+        self.assertEqual(train.copy_warmup_stage(args, 0, pool, 2048), (pool, 32))
+        for flags in (["--copy-warmup-steps", "-1"], ["--copy-warmup-alphabet", "1"],
+                      ["--copy-warmup-alphabet", "-5"]):
             with self.assertRaises(SystemExit, msg=flags):
                 train.parse_args(["--data", "d", "--out", "o"] + flags)
 

@@ -553,13 +553,14 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
 
 def copy_warmup_stage(args, step, pool, context):
     """(pool, longest period) for copy warm-up step `step`: the tiled rows draw from the
-    args.copy_warmup_alphabet most frequent tokens at first, growing linearly to the whole pool,
-    and their period grows from 64 to half the context (a small alphabet forms the copy
-    mechanism fastest; the growth carries it to every token and to longer distances)."""
+    args.copy_warmup_alphabet most frequent tokens at first (0: the whole pool throughout),
+    growing linearly to the whole pool, and their longest period grows from 32 to half the
+    context (short periods: many copies per row, the densest signal; the growth carries the
+    mechanism to longer distances)."""
     progress = step / max(1, args.copy_warmup_steps)
-    size = min(len(pool), int(args.copy_warmup_alphabet
-                              + (len(pool) - args.copy_warmup_alphabet) * progress))
-    high = int(64 + (context // 2 - 64) * progress)
+    start = args.copy_warmup_alphabet or len(pool)
+    size = min(len(pool), int(start + (len(pool) - start) * progress))
+    high = int(32 + (context // 2 - 32) * progress)
     return pool[:max(1, size)], max(8, high)
 
 
@@ -669,8 +670,9 @@ def parse_args(argv=None):
                    help="longest recall distance at the first step of the curriculum")
     p.add_argument("--copy-warmup-steps", type=int, default=0,
                    help="steps of tiled random-token rows before the main schedule (0: none)")
-    p.add_argument("--copy-warmup-alphabet", type=int, default=128,
-                   help="most frequent tokens the copy warm-up draws from at its start")
+    p.add_argument("--copy-warmup-alphabet", type=int, default=0,
+                   help="most frequent tokens the copy warm-up draws from at its start "
+                        "(0: every token throughout)")
     p.add_argument("--recall-max-depth", type=int, default=1800,
                    help="longest distance between a list or passage and its recall, in tokens")
     p.add_argument("--recall-context", type=int, default=2000,
@@ -729,8 +731,9 @@ def parse_args(argv=None):
         p.error(f"--recall-fraction-start must be in [0, 1], got {args.recall_fraction_start}")
     if not 0.0 <= args.curriculum <= 1.0:
         p.error(f"--curriculum must be in [0, 1], got {args.curriculum}")
-    if args.copy_warmup_steps < 0 or args.copy_warmup_alphabet < 2:
-        p.error(f"--copy-warmup-steps must be >= 0 and --copy-warmup-alphabet >= 2, got "
+    if args.copy_warmup_steps < 0 or args.copy_warmup_alphabet == 1 or \
+            args.copy_warmup_alphabet < 0:
+        p.error(f"--copy-warmup-steps must be >= 0 and --copy-warmup-alphabet 0 or >= 2, got "
                 f"{args.copy_warmup_steps} and {args.copy_warmup_alphabet}")
     if args.curriculum_start_depth < recall_data.MIN_DEPTH:
         p.error(f"--curriculum-start-depth must be at least {recall_data.MIN_DEPTH}, "
