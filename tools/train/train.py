@@ -465,6 +465,9 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
                      "tokens_per_s": round(tokens_per_step / step_time),
                      "planned_steps": planned, "epoch_cap_steps": epoch_cap}
             total_steps = planned
+            if planned <= warm:
+                log(f"{run_name}: the time budget ends within the copy warm-up ({warm} steps): "
+                    f"no language-model steps will run")
         if time.time() > deadline:
             stop_reason = "time budget reached"
             break
