@@ -6,6 +6,7 @@
 #          FORMATS="f32 f16 bf16 int8 int4"  (int8 runs against llama.cpp's Q8_0, int4 against Q4_0)
 #          CACHE=.cache/llamacpp (llama.cpp source + build, reused)  WEIGHTS=$CACHE/weights (reused)
 #          NLC_VERSION=3.22.1 (the node-llama-cpp package whose llama.cpp is built)
+#          PAGODA_CPU_BF16_GEMM=1 (pagoda's bf16 prefill GEMM; 0 for the f32-exact widen + sgemm path)
 #          LLAMA_DECODE_DEPTH=$PREFILL (llama.cpp's decode runs after this many context tokens, as pagoda's
 #          does after its prompt; 0 measures it on an empty context in the same llama-bench call as the
 #          prefill, which saves one prefill per run but favours llama.cpp by the attention over the prompt)
@@ -44,6 +45,8 @@ WEIGHTS=$(realpath -m "${WEIGHTS:-$CACHE/weights}")
 NLC_VERSION=${NLC_VERSION:-3.22.1}
 LLAMA_DECODE_DEPTH=${LLAMA_DECODE_DEPTH:-$PREFILL}
 PY=/usr/bin/python3  # Debian's, for python3-numpy / python3-yaml
+# pagoda's AVX512-BF16 prefill GEMM for f16/bf16 weights (off by default in pagoda; docs/CPU_QUANT.md).
+export PAGODA_CPU_BF16_GEMM=${PAGODA_CPU_BF16_GEMM:-1}
 here=$(cd "$(dirname "$0")" && pwd)
 [[ -x $PAGODA ]] || { echo "no pagoda binary at $PAGODA" >&2; exit 1; }
 

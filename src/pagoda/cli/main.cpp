@@ -5,7 +5,6 @@
 
 #include "pagoda/cli/commands.h"
 #include "pagoda/core/version.h"
-#include "pagoda/backend/cpu/kernels/bf16_gemm.h"
 
 namespace pagoda::cli {
 
@@ -26,9 +25,6 @@ std::string compiled_backends() {
 
 int main(int argc, char** argv) {
   using namespace pagoda::cli;
-  // f16/bf16 prefill on the AVX512-BF16 GEMM (bf16 activations; docs/CPU_QUANT.md) unless
-  // PAGODA_CPU_BF16_GEMM=0; the library default is the f32-exact path.
-  pagoda::kernels::enable_bf16_gemm_unless_env_says_no();
   CLI::App app{
       "pagoda: an LLM inference engine built around the KV cache.\n"
       "Loads Hugging Face checkpoints (config.json + safetensors + tokenizer.json) and runs them.\n"

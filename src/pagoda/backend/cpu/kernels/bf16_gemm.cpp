@@ -138,10 +138,6 @@ bool bf16_gemm_supported() {
 
 bool bf16_gemm_enabled() { return bf16_gemm_supported() && bf16_gemm_switch().load(std::memory_order_relaxed); }
 
-void enable_bf16_gemm_unless_env_says_no() {
-  if (std::getenv("PAGODA_CPU_BF16_GEMM") == nullptr) set_bf16_gemm_enabled(true);
-}
-
 void set_bf16_gemm_enabled(bool on) { bf16_gemm_switch().store(on, std::memory_order_relaxed); }
 
 void gemm_bf16(const float* x, size_t m, const void* w, DType w_dtype, size_t n, size_t k, const float* bias,

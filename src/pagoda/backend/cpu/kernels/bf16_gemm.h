@@ -24,17 +24,13 @@ namespace pagoda::kernels {
 
 // True when this CPU has AVX512F + AVX512BW + AVX512-BF16 (gemm_bf16 can run).
 bool bf16_gemm_supported();
-// True when supported and switched on. The library's default is off (linear() runs
-// f16/bf16 prefill as the exact reference: weights widened to f32, sgemm), so
-// library users and tests get f32-exact results; the pagoda binary switches it on at
-// start (enable_bf16_gemm_unless_env_says_no). PAGODA_CPU_BF16_GEMM=1 / =0 in the
-// environment sets the starting value either way.
+// True when supported and switched on. Off by default (linear() runs f16/bf16
+// prefill as the exact reference: weights widened to f32, sgemm); on with
+// PAGODA_CPU_BF16_GEMM=1 in the environment or set_bf16_gemm_enabled(true).
 bool bf16_gemm_enabled();
 // Switches the path on or off for the whole process. On has no effect on a CPU
 // without AVX512-BF16.
 void set_bf16_gemm_enabled(bool on);
-// On, unless PAGODA_CPU_BF16_GEMM is set in the environment (then as it says).
-void enable_bf16_gemm_unless_env_says_no();
 
 // y[m, n] = x[m, k] · w[n, k]^T (+ bias[n] when bias != nullptr), w_dtype kBF16 or
 // kF16. Requires bf16_gemm_supported() (linear() calls it when enabled).
