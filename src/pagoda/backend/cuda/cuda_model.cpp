@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdlib>
 
+#include <cuda_profiler_api.h>
+
 #include "pagoda/backend/cuda/cuda_check.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
 #include "pagoda/backend/cuda/tensor_parallel_ops.h"
@@ -112,6 +114,13 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
     return invalid_argument_error("CUDA model options: gemv_max_rows={} (-1 ... {})", gemv_rows, kGemvMaxRows);
   gemv_rows_bf16_ = gemv_rows < 0 ? kGemvDefaultMaxRowsBf16 : gemv_rows;
   gemv_rows_fp8_ = gemv_rows < 0 ? kGemvDefaultMaxRowsFp8 : gemv_rows;
+  if (const char* env = std::getenv("PAGODA_CUDA_PROFILE_REPLAY"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (*end != '\0' || v < 0)
+      return invalid_argument_error("PAGODA_CUDA_PROFILE_REPLAY={}: expected a graph replay number >= 0", env);
+    profile_replay_ = v;
+  }
   fast_ = std::make_unique<FastAttention>();
   fast_->set_kv_dtypes(options_.kv_key_dtype, options_.kv_value_dtype);
 
@@ -479,8 +488,18 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
     if (fast) ++fast_attention_steps_;
     auto it = graphs_.find(step.bucket);
     if (it != graphs_.end() && it->second.pool == &pool && it->second.fast_attention == fast) {
+      // A profiler's window (PAGODA_CUDA_PROFILE_REPLAY, e.g. ncu --profile-from-start off): one replay only.
+      const bool profiled = graph_replays_ == profile_replay_;
+      if (profiled) {
+        PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+        PAGODA_CUDA_RETURN_IF_ERROR(cudaProfilerStart());
+      }
       PAGODA_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second.exec, stream_));
       ++graph_replays_;
+      if (profiled) {
+        PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+        PAGODA_CUDA_RETURN_IF_ERROR(cudaProfilerStop());
+      }
     } else {
       // First step of this bucket (or pool, or attention): run it for real, then record it for next time.
       PAGODA_RETURN_IF_ERROR(run_layers(step.num_tokens, pool, fast));
