@@ -277,9 +277,11 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
           head_rmsnorm(qkv + q_width, qkv_width, T, c.num_kv_heads, D, w.k_norm, c.rms_norm_eps, stream_));
     }
     const float* inv_freq = inv_freq_.as<float>();
-    PAGODA_CUDA_RETURN_IF_ERROR(rope(qkv, qkv_width, device_.positions, T, c.num_q_heads, D, inv_freq, stream_));
-    PAGODA_CUDA_RETURN_IF_ERROR(
-        rope(qkv + q_width, qkv_width, device_.positions, T, c.num_kv_heads, D, inv_freq, stream_));
+    // The k heads follow the q heads in each qkv row (head h at h * D): one launch rotates both, and for
+    // the fast attention also writes q contiguous (its input).
+    bf16* q_contiguous = fast_attention ? q_contig_.as<bf16>() : nullptr;
+    PAGODA_CUDA_RETURN_IF_ERROR(rope_qk(qkv, qkv_width, device_.positions, T, c.num_q_heads, c.num_kv_heads, D,
+                                        inv_freq, q_contiguous, stream_));
     const DevicePagedKvLayer kv = pool.layer(l);
     // This layer's host-tier copies land (and write-backs leave blocks this step may write) before its KV is touched.
     if (waits != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(waits->wait_layer(stream_, l));
@@ -290,10 +292,7 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
     if (kv_scores_ != nullptr && kv_scores_->active())
       PAGODA_RETURN_IF_ERROR(kv_scores_->score_layer(l, qkv, qkv_width, scale, kv, device_.block_tables, stream_));
     if (fast_attention) {
-      bf16* q = q_contig_.as<bf16>();
-      PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(q, q_width * sizeof(bf16), qkv, qkv_width * sizeof(bf16),
-                                                    q_width * sizeof(bf16), T, cudaMemcpyDeviceToDevice, stream_));
-      PAGODA_RETURN_IF_ERROR(fast_->run(kv, q, attn, stream_, fixed_scales));
+      PAGODA_RETURN_IF_ERROR(fast_->run(kv, q_contiguous, attn, stream_, fixed_scales));
     } else {
       PAGODA_CUDA_RETURN_IF_ERROR(
           paged_attention(qkv, qkv_width, kv, attention, c.num_q_heads, scale, attn, stream_));
