@@ -1,4 +1,4 @@
-// The GEMV's programmatic dependent launch (backend/cuda/pdl.cuh) inside a CUDA graph: the GEMV's blocks
+// The GEMV's programmatic dependent launch (backend/cuda/pdl.cuh, switched on here) inside a CUDA graph: the GEMV's blocks
 // start while the norm ahead of it still runs and stream weights before their PDL wait, so they must read
 // the norm's output only after it. The graph clears the activations, norms a residual into them and runs
 // the GEMV; replayed with a new residual each time, every output must equal, bit for bit, the same two
@@ -16,6 +16,7 @@
 #include "gpu_test_support.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
 #include "pagoda/backend/cuda/gemv.h"
+#include "pagoda/backend/cuda/pdl.cuh"
 #include "pagoda/core/dtype.h"
 
 namespace pagoda::cuda {
@@ -50,6 +51,12 @@ TEST_P(GemvPdlTest, GraphReplaysMatchTheSynchronizedKernels) {
   auto d_x = DeviceBuffer::allocate(static_cast<size_t>(c.m) * k * 2);
   auto d_y = DeviceBuffer::allocate(static_cast<size_t>(c.m) * n * 2);
   ASSERT_TRUE(d_residual.ok() && d_x.ok() && d_y.ok());
+  // Programmatic launches on for this test (off by default), restored at the end.
+  struct PdlOn {
+    bool was = pdl_enabled();
+    PdlOn() { set_pdl_enabled(true); }
+    ~PdlOn() { set_pdl_enabled(was); }
+  } pdl_on;
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   auto norm_then_gemv = [&](bool synchronize) {

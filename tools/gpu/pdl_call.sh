@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Issue 23 (helper fp8w4): the decode step's programmatic dependent launches (pdl.cuh), the fp8 GEMV's wider
 # blocks, the 1,024-thread norms and the single rope launch: their gpu tests, then the engine's batch-1 ITL
-# on the Llama-3-8B shape (bf16 and fp8 + fp8 KV) with PDL on and off (PAGODA_PDL=0, same binaries), then
+# on the Llama-3-8B shape (bf16 and fp8 + fp8 KV) with PDL on and off (PAGODA_PDL=1 / 0, same binaries), then
 # batch 64/256 throughput and one profiled fp8 step if time is left.
 # Needs .device/<name>/bundle.tar.xz (scripts/device-bundle.sh of cuda_ops_tests, cuda_model_tests and
-# pagoda_gpu_engine_bench, plus bundle/commit), ncu_step_breakdown.py and fp8/ (tests/fixtures/fp8) beside
-# this script, copied there as call.sh: run(command="bash .device/<name>/call.sh", carry=[".device/<name>"]).
+# pagoda_gpu_engine_bench, plus bundle/commit), ncu_step_breakdown.py and, optionally, fp8/ (a
+# tests/fixtures/fp8 to use instead of the checkout's) beside this script, copied there as call.sh:
+#   run(command="bash .device/<name>/call.sh", carry=[".device/<name>"]).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -14,7 +15,7 @@ tar xJf "$here/bundle.tar.xz" -C "$here"
 src=/tmp/pdl_src; rm -rf "$src"; mkdir -p "$src/tests/fixtures"
 for d in "$root"/*; do [ "$(basename "$d")" = tests ] || ln -sfn "$d" "$src/"; done
 for d in "$root"/tests/*; do [ "$(basename "$d")" = fixtures ] || ln -sfn "$d" "$src/tests/"; done
-for d in "$root"/tests/fixtures/*; do [ "$(basename "$d")" = fp8 ] || ln -sfn "$d" "$src/tests/fixtures/"; done
+for d in "$root"/tests/fixtures/*; do [ "$(basename "$d")" = fp8 ] && [ -d "$here/fp8" ] || ln -sfn "$d" "$src/tests/fixtures/"; done
 [ -d "$here/fp8" ] && cp -r "$here/fp8" "$src/tests/fixtures/fp8"
 export PAGODA_SOURCE_DIR=$src
 cd "$src"

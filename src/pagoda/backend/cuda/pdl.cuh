@@ -13,8 +13,12 @@
 // launches without the attribute and below sm_90. Inside stream capture the attribute becomes a
 // programmatic edge of the CUDA graph.
 //
-// pdl_enabled(): false when the environment sets PAGODA_PDL=0 (read once), for A/B measurements; launch_pdl
-// then launches plainly. Thread safety: launch_pdl is a plain launch on the caller's stream.
+// pdl_enabled(): off unless the environment sets PAGODA_PDL=1 (read at the first launch) or
+// set_pdl_enabled(true) was called; when off, launch_pdl launches plainly and the griddepcontrol
+// instructions are no-ops. Off by default because the one engine A/B so far was mixed (docs/BENCHMARKS.md,
+// "Programmatic dependent launch"): batch-1 fp8 faster, bf16 slower. set_pdl_enabled is for tests and
+// benchmarks; it affects launches made after it (a graph keeps what it was captured with).
+// Thread safety: pdl_enabled / set_pdl_enabled are atomic; launch_pdl is a plain launch on the caller's stream.
 
 #include <utility>
 
@@ -35,6 +39,7 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 }
 
 bool pdl_enabled();
+void set_pdl_enabled(bool enabled);
 
 template <typename... Params, typename... Args>
 cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
