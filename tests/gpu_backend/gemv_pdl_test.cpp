@@ -64,7 +64,9 @@ TEST_P(GemvPdlTest, GraphReplaysMatchTheSynchronizedKernels) {
     ASSERT_EQ(add_rmsnorm(d_residual->as<float>(), nullptr, d_norm_weight.as<float>(), d_x->as<bf16>(), c.m, k, 1e-5f,
                           stream),
               cudaSuccess);
-    if (synchronize) ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    if (synchronize) {
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    }
     if (c.fp8) {
       ASSERT_EQ(gemv_fp8(d_x->as<__nv_bfloat16>(), c.m, d_w8.as<uint8_t>(), d_scales.as<float>(), 0, n, k,
                          d_y->as<__nv_bfloat16>(), stream),
@@ -73,7 +75,9 @@ TEST_P(GemvPdlTest, GraphReplaysMatchTheSynchronizedKernels) {
       ASSERT_EQ(gemv_bf16(d_x->as<__nv_bfloat16>(), c.m, d_w.as<__nv_bfloat16>(), n, k, d_y->data(), false, stream),
                 cudaSuccess);
     }
-    if (synchronize) ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    if (synchronize) {
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    }
   };
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
