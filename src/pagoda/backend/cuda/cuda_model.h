@@ -303,6 +303,7 @@ class CudaModel {
   DeviceBuffer shard_logits_;     // f32 [max_rows, vocab_chunk]: this rank's logits, packed [rows, local vocab]
   DeviceBuffer gathered_logits_;  // f32 [ranks, max_rows, vocab_chunk]: every rank's, by rank
   int64_t graph_replays_ = 0;
+  int64_t profile_replay_ = -1;  // PAGODA_CUDA_PROFILE_REPLAY: the graph replay a profiler sees, -1 none
 };
 
 }  // namespace pagoda::cuda
