@@ -36,9 +36,19 @@ class CudaKvScores {
   // and lists its scoring queries (cache index >= score_from_index) for the
   // forward; sequence i's block table is at i * table_stride of the model's
   // step tables. active() says whether any query scores this step.
-  Status prepare(const ForwardBatch& batch, int64_t table_stride, cudaStream_t stream);
+  //
+  // graph_slots > 0: the step replays (or records) a decode graph of that many
+  // token slots. Then the list goes, padded to graph_slots items (padding and
+  // non-scoring slots carry sequence -1 and are skipped by the kernel), into a
+  // buffer allocated once for graph_capacity slots that never moves, so a
+  // graph's recorded scoring launches (fixed grid, fixed addresses) read each
+  // step's list: no host sync, nothing in the graph changes. Errors:
+  // kInternal for more scoring queries than slots or slots above the capacity.
+  Status prepare(const ForwardBatch& batch, int64_t table_stride, cudaStream_t stream, int32_t graph_slots = 0,
+                 int32_t graph_capacity = 0);
   bool active() const { return num_items_ > 0; }
   // Layer l's scores of the prepared step (q: the layer's rows after RoPE).
+  // In a graph step its launch covers all graph_slots items.
   Status score_layer(int32_t layer, const bf16* q, int64_t q_row_stride, float scale, const DevicePagedKvLayer& kv,
                      const int32_t* block_tables, cudaStream_t stream) const;
   // ModelRunner::compact_kv for a scored policy (h2o, snapkv): returns once
@@ -68,6 +78,7 @@ class CudaKvScores {
   };
   Status reset(State& st, cudaStream_t stream);
   Status grow(State& st, int64_t length, cudaStream_t stream);
+  Status upload_for_graph(int32_t slots, int32_t capacity, cudaStream_t stream);
 
   int32_t num_layers_;
   int32_t num_kv_heads_;
@@ -75,7 +86,12 @@ class CudaKvScores {
   std::unordered_map<int64_t, State> states_;
   std::vector<KvScoreItem> items_;
   std::vector<KvScoreSequence> sequences_;
-  DeviceBuffer step_buffer_;  // items then sequences, for the step
+  DeviceBuffer step_buffer_;   // items then sequences, for an eager step
+  DeviceBuffer graph_buffer_;  // [graph_capacity_] items then as many sequences; never reallocated
+  int32_t graph_capacity_ = 0;
+  int32_t launch_items_ = 0;                // the kernel's grid: num_items_, or the graph's slots
+  const void* launch_buffer_ = nullptr;     // step_buffer_ or graph_buffer_
+  int32_t launch_sequences_offset_ = 0;     // items in launch_buffer_ before its sequences
   // Compaction scratch, reused: the radix select's keys, the kept indices, the carried mass, the block tables.
   DeviceBuffer select_scratch_;
   DeviceBuffer kept_;

@@ -77,6 +77,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ Stats total[kMaxGroup];
 
   const KvScoreItem item = items[blockIdx.x];
+  if (item.sequence < 0) return;  // a graph's padding slot (the whole CTA leaves before any barrier)
   const int head = static_cast<int>(blockIdx.y);
   const KvScoreSequence seq = sequences[item.sequence];
   const int32_t* table = block_tables + seq.table_offset;

@@ -7,7 +7,10 @@
 // CPU attention kernel's definition (backend/cpu/kernels/paged_attention.cpp).
 //
 // A separate pass, launched per layer only when a step has scoring queries
-// (the attention kernels are unchanged, so eviction off costs nothing). One
+// (the attention kernels are unchanged, so eviction off costs nothing). It is
+// capturable in a CUDA graph: a decode graph launches it over a fixed number
+// of items whose padding carries sequence -1 (skipped), read from memory that
+// is rewritten before each replay. One
 // CTA per (scoring query, KV head) reads each K vector once for the group's
 // query heads, twice: an online max / sum / entropy pass, then the
 // probabilities, added with float atomics (so the sum order, and the last
@@ -25,7 +28,8 @@
 namespace pagoda::cuda {
 
 // One scoring query: its row in q, its sequence (an index into the
-// KvScoreSequence array) and its cache index (it attends [0, query_index]).
+// KvScoreSequence array; negative: no query, the CTA returns) and its cache
+// index (it attends [0, query_index]).
 struct KvScoreItem {
   int32_t row = 0;
   int32_t sequence = 0;
