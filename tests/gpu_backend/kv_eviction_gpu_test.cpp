@@ -382,9 +382,12 @@ DeviceBuffer upload(const std::vector<T>& v) {
   return std::move(b).value();
 }
 
-void check_scores(const ScoreCase& c, runtime::KvCompressionPolicy policy) {
+// one_query: only the last query scores (a decode step: the pass splits each head's positions
+// over the most CTAs).
+void check_scores(const ScoreCase& c, runtime::KvCompressionPolicy policy, bool one_query = false) {
   SCOPED_TRACE(::testing::Message() << runtime::kv_compression_policy_name(policy) << " " << dtype_name(c.dtype)
-                                    << " D " << c.head_dim << " block size " << c.block_size);
+                                    << " D " << c.head_dim << " block size " << c.block_size
+                                    << (one_query ? " one query" : ""));
   const int32_t T = 150, window = 16, budget = 64;
   const int32_t old_blocks = (T + c.block_size - 1) / c.block_size;
   const int32_t new_blocks = (budget + c.block_size - 1) / c.block_size;
@@ -437,7 +440,7 @@ void check_scores(const ScoreCase& c, runtime::KvCompressionPolicy policy) {
   slice.block_table = table;
   slice.kv_state = 9;
   slice.kv_state_reset = true;
-  slice.score_from_index = runtime::kv_policy_accumulates(policy) ? 0 : T - window;
+  slice.score_from_index = one_query ? T - 1 : runtime::kv_policy_accumulates(policy) ? 0 : T - window;
   batch.sequences.push_back(slice);
   CudaKvScores scores(c.layers, c.kv_heads, c.q_heads);
   ASSERT_TRUE(scores.prepare(batch, static_cast<int64_t>(table.size()), nullptr).ok());
@@ -468,9 +471,9 @@ void check_scores(const ScoreCase& c, runtime::KvCompressionPolicy policy) {
     EXPECT_EQ(got->entropy_count, st->entropy_count[lh]);
   }
   EXPECT_EQ(bad, 0) << "mass entries off the CPU's; worst relative error " << worst;
-  std::printf("[scores] %s %s D %d bs %d: worst mass error %.2e (relative to 1e-3 + |cpu|)\n",
+  std::printf("[scores] %s %s D %d bs %d%s: worst mass error %.2e (relative to 1e-3 + |cpu|)\n",
               std::string(runtime::kv_compression_policy_name(policy)).c_str(), std::string(dtype_name(c.dtype)).c_str(),
-              c.head_dim, c.block_size, worst);
+              c.head_dim, c.block_size, one_query ? " one query" : "", worst);
 
   // The compaction from these scores keeps the CPU's tokens: the same bytes.
   runtime::KvCompaction job;
@@ -513,6 +516,10 @@ TEST(KvEvictionGpu, ScoresAndKeptTokensEqualTheCpus) {
   // The Llama-3-8B head shape (32 query heads over 8 KV heads, head_dim 128).
   for (DType dtype : {DType::kBF16, DType::kFP8E4M3})
     for (P policy : {P::kSnapKV, P::kH2O}) check_scores({1, 8, 32, 128, 16, dtype}, policy);
+  // A decode step's lone query: its positions split over the most CTAs.
+  for (DType dtype : {DType::kBF16, DType::kInt4})
+    for (int32_t block_size : {16, 1}) check_scores({2, 2, 4, 16, block_size, dtype}, P::kH2O, true);
+  check_scores({1, 8, 32, 128, 16, DType::kFP8E4M3}, P::kH2O, true);
 }
 
 // The GPU's kept indices against select_kept_tokens on the same scores. `levels` > 0 draws scores

@@ -88,6 +88,13 @@ Status CudaKvScores::prepare(const ForwardBatch& batch, int64_t table_stride, cu
   launch_items_ = num_items_;
   launch_buffer_ = step_buffer_.data();
   launch_sequences_offset_ = num_items_;
+  launch_splits_ = kv_attention_scores_splits(launch_items_, num_kv_heads_);
+  const size_t scratch = kv_attention_scores_scratch_bytes(launch_items_, num_kv_heads_, launch_splits_);
+  if (step_scratch_.bytes() < scratch) {
+    // The old scratch may still be read by the last step's launches: cudaFree waits for them.
+    PAGODA_ASSIGN_OR_RETURN(step_scratch_, DeviceBuffer::allocate(std::max(scratch, step_scratch_.bytes() * 2)));
+  }
+  launch_scratch_ = step_scratch_.data();
   return ok_status();
 }
 
@@ -98,6 +105,9 @@ Status CudaKvScores::upload_for_graph(int32_t slots, int32_t capacity, cudaStrea
     PAGODA_ASSIGN_OR_RETURN(graph_buffer_,
                             DeviceBuffer::allocate(static_cast<size_t>(graph_capacity_) *
                                                    (sizeof(KvScoreItem) + sizeof(KvScoreSequence))));
+    // Room for any bucket's launch at the most splits.
+    const size_t scratch = kv_attention_scores_scratch_bytes(graph_capacity_, num_kv_heads_, kMaxScoreSplits);
+    PAGODA_ASSIGN_OR_RETURN(graph_scratch_, DeviceBuffer::allocate(scratch));
   }
   if (slots > graph_capacity_ || static_cast<int32_t>(items_.size()) > slots ||
       static_cast<int32_t>(sequences_.size()) > slots)
@@ -118,6 +128,10 @@ Status CudaKvScores::upload_for_graph(int32_t slots, int32_t capacity, cudaStrea
   launch_items_ = slots;
   launch_buffer_ = graph_buffer_.data();
   launch_sequences_offset_ = graph_capacity_;
+  launch_splits_ = kv_attention_scores_splits(slots, num_kv_heads_);
+  if (kv_attention_scores_scratch_bytes(slots, num_kv_heads_, launch_splits_) > graph_scratch_.bytes())
+    return internal_error("kv scores: a graph of {} slots needs more scoring scratch than was set aside", slots);
+  launch_scratch_ = graph_scratch_.data();
   return ok_status();
 }
 
@@ -129,7 +143,8 @@ Status CudaKvScores::score_layer(int32_t layer, const bf16* q, int64_t q_row_str
   const auto* sequences = reinterpret_cast<const KvScoreSequence*>(
       static_cast<const char*>(launch_buffer_) + static_cast<size_t>(launch_sequences_offset_) * sizeof(KvScoreItem));
   PAGODA_CUDA_RETURN_IF_ERROR(kv_attention_scores(q, q_row_stride, num_q_heads_, scale, kv, layer, block_tables, items,
-                                                  launch_items_, sequences, stream));
+                                                  launch_items_, sequences, launch_splits_, launch_scratch_,
+                                                  stream));
   return ok_status();
 }
 

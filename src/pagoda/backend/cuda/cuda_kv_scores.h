@@ -92,6 +92,10 @@ class CudaKvScores {
   int32_t launch_items_ = 0;                // the kernel's grid: num_items_, or the graph's slots
   const void* launch_buffer_ = nullptr;     // step_buffer_ or graph_buffer_
   int32_t launch_sequences_offset_ = 0;     // items in launch_buffer_ before its sequences
+  int32_t launch_splits_ = 1;               // kv_attention_scores_splits of the launch
+  void* launch_scratch_ = nullptr;          // step_scratch_ or graph_scratch_
+  DeviceBuffer step_scratch_;               // the split statistics of an eager step
+  DeviceBuffer graph_scratch_;              // those of any graph's launch; never reallocated
   // Compaction scratch, reused: the radix select's keys, the kept indices, the carried mass, the block tables.
   DeviceBuffer select_scratch_;
   DeviceBuffer kept_;
