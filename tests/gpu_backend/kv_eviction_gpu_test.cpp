@@ -636,5 +636,73 @@ TEST(KvEvictionGpu, KeptTokenChoiceTimeAtTheLlama8bShape) {
   }
 }
 
+// The scoring pass's time per layer at the Llama-3-8B decode shape (16 decode queries, 32 query
+// heads over 8 KV heads, head_dim 128, fp8 KV, 16-token blocks) at a budget-sized context (2,080)
+// and a full 32K one: the launch of a decode step of 16 (eager, or recorded in bucket 16's graph:
+// the same shape). The pool holds zeros: the time does not depend on the values.
+TEST(KvEvictionGpu, ScoringPassTimeAtTheLlama8bDecodeShape) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const int32_t seqs = 16, kv_heads = 8, q_heads = 32, D = 128, bs = 16;
+  for (int32_t context : {2080, 32768}) {
+    const int32_t per_seq = context / bs;
+    KvPoolShape shape{1, seqs * per_seq, bs, kv_heads, D, DType::kFP8E4M3, DType::kFP8E4M3};
+    auto pool = CudaKvPool::create(shape);
+    ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+    const DevicePagedKvLayer layer = (*pool)->layer(0);
+    const KvPoolShape& ps = (*pool)->shape();
+    const size_t vectors = static_cast<size_t>(ps.num_blocks) * bs * kv_heads;
+    ASSERT_EQ(cudaMemset(layer.key, 0, vectors * kernels::kv_head_bytes(D, DType::kFP8E4M3)), cudaSuccess);
+    if (layer.key_scale != nullptr)
+      ASSERT_EQ(cudaMemset(layer.key_scale, 0, vectors * kernels::kv_head_scale_bytes(D, DType::kFP8E4M3)),
+                cudaSuccess);
+    std::vector<int32_t> tables(static_cast<size_t>(seqs) * per_seq);
+    for (size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i);
+    const DeviceBuffer tables_dev = upload(tables);
+    std::vector<uint16_t> q(static_cast<size_t>(seqs) * q_heads * D, to_bf16_bits(0.5f));
+    const DeviceBuffer q_dev = upload(q);
+    ForwardBatch batch;
+    for (int32_t i = 0; i < seqs; ++i) {
+      SequenceSlice slice;
+      slice.token_offset = i;
+      slice.num_new_tokens = 1;
+      slice.num_cached_tokens = context - 1;
+      slice.block_table.assign(tables.begin() + static_cast<ptrdiff_t>(i) * per_seq,
+                               tables.begin() + static_cast<ptrdiff_t>(i + 1) * per_seq);
+      slice.kv_state = i + 1;
+      slice.score_from_index = 0;
+      batch.sequences.push_back(slice);
+    }
+    {
+      CudaKvScores scores(1, kv_heads, q_heads);
+      ASSERT_TRUE(scores.prepare(batch, per_seq, nullptr).ok());
+      auto launch = [&] {
+        return scores.score_layer(0, q_dev.as<bf16>(), static_cast<int64_t>(q_heads) * D, 0.088f, layer,
+                                  tables_dev.as<int32_t>(), nullptr);
+      };
+      ASSERT_TRUE(launch().ok());  // warm-up
+      cudaEvent_t start, stop;
+      ASSERT_EQ(cudaEventCreate(&start), cudaSuccess);
+      ASSERT_EQ(cudaEventCreate(&stop), cudaSuccess);
+      const int reps = 20;
+      ASSERT_EQ(cudaEventRecord(start, nullptr), cudaSuccess);
+      for (int r = 0; r < reps; ++r) ASSERT_TRUE(launch().ok());
+      ASSERT_EQ(cudaEventRecord(stop, nullptr), cudaSuccess);
+      ASSERT_EQ(cudaEventSynchronize(stop), cudaSuccess);
+      float ms = 0.0f;
+      ASSERT_EQ(cudaEventElapsedTime(&ms, start, stop), cudaSuccess);
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+      // Every query's mass sums to its group's 4 heads (reps + 1 passes, uniform attention).
+      auto got = scores.download(1, context, nullptr);
+      ASSERT_TRUE(got.ok());
+      double total = 0.0;
+      for (int32_t i = 0; i < context; ++i) total += got->mass[static_cast<size_t>(i)];
+      EXPECT_NEAR(total, 4.0 * (reps + 1), 1e-2 * (reps + 1));
+      std::printf("[score pass] 16 queries x %d positions, 8B shape, fp8: %.3f ms per layer (splits %d)\n", context,
+                  ms / reps, kv_attention_scores_splits(16, kv_heads));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pagoda::cuda
