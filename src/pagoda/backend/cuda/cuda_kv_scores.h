@@ -2,8 +2,9 @@
 // Token eviction's scores on the CUDA runner (docs/KV_CACHE.md "Token
 // eviction"): the per-sequence state on the device (attention mass per
 // (layer, KV head, cache index) and each head's entropy sum over its
-// observation window), the step's list of scoring queries, and the scored
-// compaction: choose each (layer, KV head)'s kept tokens on the device with
+// observation window), the step's list of scoring queries (for an eager
+// step or a decode graph's fixed slots), and the compaction (streaming's
+// too, without scores): choose each (layer, KV head)'s kept tokens on the device with
 // the CPU's rule (kv_select.h = runtime::select_kept_tokens on the same
 // scores), gather their vectors (kv_compact.h), carry h2o's mass over, all
 // without a host round trip.
@@ -51,7 +52,8 @@ class CudaKvScores {
   // In a graph step its launch covers all graph_slots items.
   Status score_layer(int32_t layer, const bf16* q, int64_t q_row_stride, float scale, const DevicePagedKvLayer& kv,
                      const int32_t* block_tables, cudaStream_t stream) const;
-  // ModelRunner::compact_kv for a scored policy (h2o, snapkv): returns once
+  // ModelRunner::compact_kv for every device policy (streaming: no score
+  // part and no state; h2o, snapkv from the state's scores): returns once
   // the work is queued on `stream` (a fault in it shows at the stream's next
   // synchronization). Errors: kUnimplemented for per-head budgets (pyramidkv,
   // entropy), check_kv_compaction's.
