@@ -9,7 +9,7 @@
 // scores), gather their vectors (kv_compact.h), carry h2o's mass over, all
 // without a host round trip.
 //
-// Only policies whose heads all keep the same count run here (h2o, snapkv:
+// Only policies whose heads all keep the same count run here (streaming, h2o, snapkv:
 // the compacted region has no holes); pyramidkv and entropy give heads their
 // own budgets, which the CUDA attention kernels cannot skip yet: refused.
 //
