@@ -201,7 +201,6 @@ void CudaModel::set_mla_prefill_tuning(const CudaMlaPrefill::Tuning& tuning) {
 }
 
 int32_t CudaModel::graph_bucket(const ForwardBatch& batch) const {
-  if (kv_scores_ != nullptr && kv_scores_->active()) return 0;  // the scoring pass runs eagerly
   if (!options_.use_cuda_graphs || (deepseek_ && !deepseek_->graph_capable())) return 0;
   int32_t cap = options_.max_graph_batch;
   if (deepseek_ && config_.moe && options_.moe_max_graph_batch > 0)
@@ -417,7 +416,7 @@ bool CudaModel::fast_attention_usable() const {
   return options_.fast_attention && !deepseek_;
 }
 
-Status CudaModel::capture_graph(int32_t bucket, const CudaKvPool& pool, bool fast_attention) {
+Status CudaModel::capture_graph(int32_t bucket, bool scoring, const CudaKvPool& pool, bool fast_attention) {
   cudaGraph_t graph = nullptr;
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   Status status = run_layers(bucket, pool, fast_attention);
@@ -433,8 +432,9 @@ Status CudaModel::capture_graph(int32_t bucket, const CudaKvPool& pool, bool fas
   const cudaError_t instantiate = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   PAGODA_CUDA_RETURN_IF_ERROR(instantiate);
-  if (auto it = graphs_.find(bucket); it != graphs_.end()) cudaGraphExecDestroy(it->second.exec);
-  graphs_[bucket] = Graph{exec, &pool, fast_attention};
+  const int32_t key = graph_key(bucket, scoring);
+  if (auto it = graphs_.find(key); it != graphs_.end()) cudaGraphExecDestroy(it->second.exec);
+  graphs_[key] = Graph{exec, &pool, fast_attention};
   return ok_status();
 }
 
@@ -455,7 +455,10 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
   if (tokens != nullptr) tokens->assign(static_cast<size_t>(wanted_rows), 0);
   if (batch.num_tokens() == 0) return ok_status();
 
-  if (kv_scores_ != nullptr) PAGODA_RETURN_IF_ERROR(kv_scores_->prepare(batch, block_table_stride_, stream_));
+  // Scoring decode steps replay a graph of their own (the scoring launches recorded over the bucket's slots).
+  if (kv_scores_ != nullptr)
+    PAGODA_RETURN_IF_ERROR(
+        kv_scores_->prepare(batch, block_table_stride_, stream_, graph_bucket(batch), buckets_.empty() ? 0 : buckets_.back()));
   PAGODA_ASSIGN_OR_RETURN(const StepShape step, plan(batch));
   // Copies logit rows [row_begin, row_begin + n) of this pass to the caller.
   auto copy_out = [&](int32_t row_begin, int32_t n) -> Status {
@@ -485,7 +488,8 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
                                                       options_.block_size, pool.shape().num_blocks, stream_));
     }
     if (fast) ++fast_attention_steps_;
-    auto it = graphs_.find(step.bucket);
+    const bool scoring = kv_scores_ != nullptr && kv_scores_->active();
+    auto it = graphs_.find(graph_key(step.bucket, scoring));
     if (it != graphs_.end() && it->second.pool == &pool && it->second.fast_attention == fast) {
       // A profiler's window (PAGODA_CUDA_PROFILE_REPLAY, e.g. ncu --profile-from-start off): one replay only.
       const bool profiled = graph_replays_ == profile_replay_;
@@ -503,7 +507,7 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
       // First step of this bucket (or pool, or attention): run it for real, then record it for next time.
       PAGODA_RETURN_IF_ERROR(run_layers(step.num_tokens, pool, fast));
       PAGODA_RETURN_IF_ERROR(run_head(0, step.num_tokens));
-      PAGODA_RETURN_IF_ERROR(capture_graph(step.bucket, pool, fast));
+      PAGODA_RETURN_IF_ERROR(capture_graph(step.bucket, scoring, pool, fast));
     }
     return copy_out(0, step.num_rows);
   }

@@ -171,9 +171,11 @@ class CudaModel {
   }
 
   // Token eviction's scores (cuda_kv_scores.h, owned by the runner; null: none).
-  // Each forward first lists its scoring queries; a step with any runs eagerly
-  // (no graph) and adds a scoring pass after each layer's KV write. A step
-  // without runs exactly as before.
+  // Each forward first lists its scoring queries; a step with any adds a
+  // scoring pass after each layer's KV write. A decode step with any replays
+  // its bucket's scoring graph (recorded apart from the plain one: the pass
+  // over the bucket's fixed slots, reading a list written before each
+  // replay). A step without runs exactly as before.
   void set_kv_scores(CudaKvScores* scores) { kv_scores_ = scores; }
   // Makes this model rank shard.rank of shard.size: its config and weights must
   // be that shard's, and every rank's model must be attached before any
@@ -236,7 +238,9 @@ class CudaModel {
   // Applies the token masks of rows [row_begin, row_begin + n) of forward_sampled() to logits_.
   Status mask_rows(int32_t row_begin, int32_t n);
   Status sample_out(int32_t row_begin, int32_t n);
-  Status capture_graph(int32_t bucket, const CudaKvPool& pool, bool fast_attention);
+  Status capture_graph(int32_t bucket, bool scoring, const CudaKvPool& pool, bool fast_attention);
+  // A bucket's graph with token eviction's scoring launches is kept apart from the one without.
+  static int32_t graph_key(int32_t bucket, bool scoring) { return bucket * 2 + (scoring ? 1 : 0); }
   bool fast_attention_usable() const;
   Status run(const ForwardBatch& batch, CudaKvPool& pool, Output output, std::vector<float>* logits,
              std::vector<int32_t>* tokens);
@@ -293,7 +297,7 @@ class CudaModel {
     const CudaKvPool* pool = nullptr;  // the pool whose addresses the graph baked in
     bool fast_attention = false;       // captured with backend/cuda/attention's graph-mode decode attention
   };
-  std::map<int32_t, Graph> graphs_;
+  std::map<int32_t, Graph> graphs_;  // by graph_key
   KvLayerWaits layer_waits_;  // for the next run() only
   CudaKvScores* kv_scores_ = nullptr;
 
