@@ -5,7 +5,11 @@
 // (bf16 weights and activations): logits within a measured bound of TP=1,
 // greedy tokens equal wherever TP=1's top-1 margin is clear of that bound,
 // a batch of two sequences (a decode beside a prompt), on-device sampling, an
-// fp8 KV cache, bitwise-repeatable TP=N runs, and the errors.
+// fp8 KV cache, bitwise-repeatable TP=N runs, and the errors. Decode steps run
+// in CUDA graphs per rank (the fixtures' runs replay them): graphs against
+// eager steps at TP=2/4 with several sequences in a padded bucket; fp8 weights
+// (--quantization fp8, each rank quantizing its slices) against TP=1 fp8;
+// streaming token eviction compacting every rank's pool against TP=1's.
 
 #include <algorithm>
 #include <barrier>
@@ -464,6 +468,260 @@ TEST(CudaTensorParallelTest, Fp8KvCache) {
   EXPECT_LT(worst, kFp8RelativeBound);
   std::printf("llama3_rope_bf16 fp8 KV, TP=2 (one GPU): argmax equal to TP=1 at %d/%zu steps, max logit difference "
               "%.2e (relative)\n", equal, ours.size(), worst);
+}
+
+// Several sequences decoding together (a padded graph bucket): the prompts in
+// one step, then `steps` decode steps of fixed tokens; every step's logits.
+std::vector<std::vector<float>> run_decode_batch(runtime::ModelRunner& runner,
+                                                 const std::vector<std::vector<int32_t>>& prompts, int32_t steps) {
+  const int32_t vocab = runner.vocab_size();
+  const int32_t per_seq = runner.kv_geometry().num_blocks / static_cast<int32_t>(prompts.size());
+  ForwardBatch batch;
+  std::vector<int32_t> context;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SequenceSlice seq;
+    seq.token_offset = static_cast<int32_t>(batch.token_ids.size());
+    seq.num_new_tokens = static_cast<int32_t>(prompts[i].size());
+    seq.logits_for_last_token = true;
+    for (int32_t b = per_seq - 1; b >= 0; --b) seq.block_table.push_back(static_cast<int32_t>(i) * per_seq + b);
+    for (size_t t = 0; t < prompts[i].size(); ++t) {
+      batch.token_ids.push_back(prompts[i][t]);
+      batch.positions.push_back(static_cast<int32_t>(t));
+    }
+    batch.sequences.push_back(seq);
+    context.push_back(seq.num_new_tokens);
+  }
+  std::vector<std::vector<float>> out;
+  for (int32_t step = 0; step <= steps; ++step) {
+    auto result = runner.execute(batch, {});
+    EXPECT_TRUE(result.ok()) << result.status().to_string();
+    if (!result.ok()) break;
+    out.push_back(result->host_logits);
+    batch.token_ids.clear();
+    batch.positions.clear();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      SequenceSlice& seq = batch.sequences[i];
+      seq.token_offset = static_cast<int32_t>(i);
+      seq.num_cached_tokens = context[i];
+      seq.num_new_tokens = 1;
+      batch.token_ids.push_back((prompts[i][0] + 7 * step + static_cast<int32_t>(i)) % vocab);
+      batch.positions.push_back(context[i]);
+      ++context[i];
+    }
+  }
+  return out;
+}
+
+// CUDA graphs at TP>1: every rank captures its decode step (the collectives inside: here the same-device
+// communicator's device-side rendezvous) and replays it; the replays give the eager steps' logits.
+TEST(CudaTensorParallelTest, CudaGraphsEqualEagerSteps) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  for (const char* name : {"llama_f32", "qwen2_tied_bf16"}) {
+    const auto dir = fixtures_dir() / name;
+    const nlohmann::json expected = read_json(dir / "expected.json");
+    const auto prompt = expected["prompt_ids"].get<std::vector<int32_t>>();
+    std::vector<std::vector<int32_t>> prompts = {prompt, std::vector<int32_t>(prompt.rbegin(), prompt.rend()),
+                                                 std::vector<int32_t>(prompt.begin() + 1, prompt.end())};
+    const Loaded whole = load_whole(dir);
+    ASSERT_TRUE(whole.weights);
+    constexpr int32_t kSteps = 6;
+    const CudaTensorParallelOptions options = tp_options(12);
+    auto tp1 = tp1_runner(whole, options);
+    ASSERT_TRUE(tp1);
+    const auto reference = run_decode_batch(*tp1, prompts, kSteps);
+    for (int32_t size : {2, 4}) {
+      auto graphs = tpn_runner(whole, size, options);
+      auto eager = tpn_runner(whole, size, options);
+      ASSERT_TRUE(graphs && eager);
+      eager->set_use_cuda_graphs(false);
+      const auto replayed = run_decode_batch(*graphs, prompts, kSteps);
+      const auto stepped = run_decode_batch(*eager, prompts, kSteps);
+      ASSERT_EQ(replayed.size(), reference.size());
+      ASSERT_EQ(stepped.size(), reference.size());
+      // Three sequences run in the bucket of 4: the first decode step captures, later ones replay, every rank alike.
+      EXPECT_GT(graphs->rank(0).model().graph_replays(), 0) << name << " TP=" << size;
+      for (int32_t r = 0; r < size; ++r) {
+        EXPECT_EQ(graphs->rank(r).model().graphs_captured(), 1) << name << " TP=" << size << " rank " << r;
+        EXPECT_EQ(graphs->rank(r).model().graph_replays(), graphs->rank(0).model().graph_replays()) << "rank " << r;
+        EXPECT_EQ(eager->rank(r).model().graph_replays(), 0);
+      }
+      const size_t vocab = static_cast<size_t>(whole.config.vocab_size);
+      double graph_vs_eager = 0.0, graph_vs_tp1 = 0.0;
+      int32_t equal = 0, rows = 0;
+      for (size_t step = 0; step < reference.size(); ++step) {
+        ASSERT_EQ(replayed[step].size(), prompts.size() * vocab);
+        for (size_t i = 0; i < prompts.size(); ++i) {
+          auto row = [&](const std::vector<float>& all) {
+            return std::vector<float>(all.begin() + i * vocab, all.begin() + (i + 1) * vocab);
+          };
+          const auto g = row(replayed[step]), e = row(stepped[step]), w = row(reference[step]);
+          graph_vs_eager = std::max(graph_vs_eager, relative_difference(g, e));
+          graph_vs_tp1 = std::max(graph_vs_tp1, relative_difference(g, w));
+          ++rows;
+          equal += argmax(g) == argmax(e);
+          double scale = 1.0;
+          for (float x : e) scale = std::max(scale, static_cast<double>(std::abs(x)));
+          if (top1_margin(e) > 2.0 * kRelativeBound * scale) {
+            EXPECT_EQ(argmax(g), argmax(e)) << name << " TP=" << size << " step " << step << " sequence " << i;
+          }
+        }
+      }
+      EXPECT_LT(graph_vs_eager, kRelativeBound) << name << " TP=" << size;
+      EXPECT_LT(graph_vs_tp1, kRelativeBound) << name << " TP=" << size;
+      std::printf("%s TP=%d (one GPU), 3 sequences x %d decode steps in CUDA graphs: argmax equal to the eager "
+                  "steps' at %d/%d rows, max logit difference to eager %.2e, to TP=1 %.2e (relative)\n",
+                  name, size, kSteps, equal, rows, graph_vs_eager, graph_vs_tp1);
+      // A second graph runner repeats the first bit for bit (the rank-order sums hold inside the graphs).
+      auto again = tpn_runner(whole, size, options);
+      ASSERT_TRUE(again);
+      const auto repeat = run_decode_batch(*again, prompts, kSteps);
+      ASSERT_EQ(repeat.size(), replayed.size());
+      for (size_t step = 0; step < repeat.size(); ++step)
+        EXPECT_EQ(std::memcmp(repeat[step].data(), replayed[step].data(), repeat[step].size() * sizeof(float)), 0)
+            << name << " TP=" << size << " step " << step << " is not reproducible";
+    }
+  }
+}
+
+// fp8 weights (--quantization fp8) at TP=2/4: each rank quantizes its own slices (the column-parallel rows keep
+// TP=1's per-channel scales, the row-parallel rows get one scale over the rank's columns), against TP=1 fp8.
+TEST(CudaTensorParallelTest, Fp8WeightsAgainstTp1Fp8) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const char* env = std::getenv("PAGODA_SOURCE_DIR");
+  const auto dir = std::filesystem::path(env != nullptr ? env : PAGODA_SOURCE_DIR) / "models/pagoda-tiny";
+  const Loaded whole = load_whole(dir);
+  ASSERT_TRUE(whole.weights);
+  CudaTensorParallelOptions bf16_options = tp_options(8);
+  CudaTensorParallelOptions options = bf16_options;
+  options.model.fp8_weights = true;
+  auto tp1_bf16 = tp1_runner(whole, bf16_options);
+  auto tp1 = tp1_runner(whole, options);
+  ASSERT_TRUE(tp1 && tp1_bf16);
+  const int32_t vocab = whole.config.vocab_size;
+  std::vector<int32_t> prompt(21);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 11) % vocab);
+  std::vector<int32_t> feed(10);
+  for (size_t i = 0; i < feed.size(); ++i) feed[i] = static_cast<int32_t>((i * 101 + 5) % vocab);
+  const auto reference = run_forced(*tp1, prompt, feed);
+  const auto unquantized = run_forced(*tp1_bf16, prompt, feed);
+  ASSERT_EQ(reference.size(), feed.size() + 1);
+  double fp8_vs_bf16 = 0.0;
+  for (size_t step = 0; step < reference.size(); ++step)
+    fp8_vs_bf16 = std::max(fp8_vs_bf16, relative_difference(reference[step], unquantized[step]));
+  constexpr double kFp8WeightsBound = 0.1;
+  for (int32_t size : {2, 4}) {
+    auto tpn = tpn_runner(whole, size, options);
+    ASSERT_TRUE(tpn);
+    for (int32_t r = 0; r < size; ++r)
+      EXPECT_EQ(tpn->rank(r).model().fp8_projections(), 4 * whole.config.num_layers) << "rank " << r;
+    const auto ours = run_forced(*tpn, prompt, feed);
+    ASSERT_EQ(ours.size(), reference.size());
+    double worst = 0.0;
+    int32_t equal = 0, clear = 0;
+    for (size_t step = 0; step < ours.size(); ++step) {
+      worst = std::max(worst, relative_difference(ours[step], reference[step]));
+      equal += argmax(ours[step]) == argmax(reference[step]);
+      double scale = 1.0;
+      for (float x : reference[step]) scale = std::max(scale, static_cast<double>(std::abs(x)));
+      if (top1_margin(reference[step]) > 2.0 * kFp8WeightsBound * scale) {
+        ++clear;
+        EXPECT_EQ(argmax(ours[step]), argmax(reference[step])) << "TP=" << size << " step " << step;
+      }
+    }
+    EXPECT_LT(worst, kFp8WeightsBound) << "TP=" << size;
+    EXPECT_GT(tpn->rank(0).model().graph_replays(), 0);
+    std::printf("pagoda-tiny fp8 weights, TP=%d (one GPU): argmax equal to TP=1 fp8 at %d/%zu steps (%d with a clear "
+                "margin), max logit difference to TP=1 fp8 %.2e (relative; TP=1 fp8 vs bf16: %.2e)\n",
+                size, equal, ours.size(), clear, worst, fp8_vs_bf16);
+  }
+}
+
+// Streaming eviction at TP=2 (KV heads split) and TP=4 (replicated): a 120-token prompt, compacted to 40 tokens
+// (4 sinks + the last 8 + ... as streaming keeps them) on every rank, then decode steps on the compacted cache:
+// the logits follow TP=1's through the same compaction. Scored policies are refused by name.
+TEST(CudaTensorParallelTest, StreamingEvictionOnEveryRank) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const Loaded whole = load_whole(fixtures_dir() / "llama_f32");
+  ASSERT_TRUE(whole.weights);
+  const int32_t vocab = whole.config.vocab_size;
+  const CudaTensorParallelOptions options = tp_options(24);
+  runtime::KvCompaction job;
+  job.kv_state = 5;
+  job.config.policy = runtime::KvCompressionPolicy::kStreaming;
+  job.config.budget = 40;
+  job.config.sink_tokens = 4;
+  job.config.window = 8;
+  job.old_block_table = {9, 1, 4, 12, 6, 3, 20, 17};  // 8 blocks of 16: 120 tokens
+  job.old_length = 120;
+  job.new_block_table = {0, 2, 5};
+  job.new_length = 40;
+  // Prompt, compaction, then 6 decode steps of fixed tokens at their true positions on the compacted cache.
+  auto run = [&](runtime::ModelRunner& runner) {
+    std::vector<std::vector<float>> out;
+    ForwardBatch batch;
+    for (int32_t i = 0; i < job.old_length; ++i) {
+      batch.token_ids.push_back((i * 37 + 7) % vocab);
+      batch.positions.push_back(i);
+    }
+    SequenceSlice seq;
+    seq.num_new_tokens = job.old_length;
+    seq.block_table = job.old_block_table;
+    seq.logits_for_last_token = true;
+    batch.sequences = {seq};
+    auto prompt = runner.execute(batch, {});
+    EXPECT_TRUE(prompt.ok()) << prompt.status().to_string();
+    if (!prompt.ok()) return out;
+    out.push_back(prompt->host_logits);
+    const Status compacted = runner.compact_kv(job);
+    EXPECT_TRUE(compacted.ok()) << compacted.to_string();
+    if (!compacted.ok()) return out;
+    batch.sequences[0].block_table = job.new_block_table;
+    batch.sequences[0].block_table.push_back(7);
+    for (int32_t step = 0; step < 6; ++step) {
+      batch.token_ids = {(step * 53 + 3) % vocab};
+      batch.positions = {job.old_length + step};
+      batch.sequences[0].num_cached_tokens = job.new_length + step;
+      batch.sequences[0].num_new_tokens = 1;
+      auto decoded = runner.execute(batch, {});
+      EXPECT_TRUE(decoded.ok()) << decoded.status().to_string();
+      if (!decoded.ok()) break;
+      out.push_back(decoded->host_logits);
+    }
+    return out;
+  };
+  auto tp1 = tp1_runner(whole, options);
+  ASSERT_TRUE(tp1);
+  ASSERT_TRUE(tp1->capabilities().compacts_kv);
+  const auto reference = run(*tp1);
+  ASSERT_EQ(reference.size(), 7u);
+  for (int32_t size : {2, 4}) {
+    auto tpn = tpn_runner(whole, size, options);
+    ASSERT_TRUE(tpn);
+    EXPECT_TRUE(tpn->capabilities().compacts_kv);
+    EXPECT_FALSE(tpn->capabilities().kv_attention_scores);
+    const auto ours = run(*tpn);
+    ASSERT_EQ(ours.size(), reference.size());
+    double worst = 0.0;
+    int32_t equal = 0;
+    for (size_t step = 0; step < ours.size(); ++step) {
+      worst = std::max(worst, relative_difference(ours[step], reference[step]));
+      equal += argmax(ours[step]) == argmax(reference[step]);
+      double scale = 1.0;
+      for (float x : reference[step]) scale = std::max(scale, static_cast<double>(std::abs(x)));
+      if (top1_margin(reference[step]) > 2.0 * kRelativeBound * scale) {
+        EXPECT_EQ(argmax(ours[step]), argmax(reference[step])) << "TP=" << size << " step " << step;
+      }
+    }
+    EXPECT_LT(worst, kRelativeBound) << "TP=" << size;
+    std::printf("llama_f32 TP=%d (one GPU), streaming eviction 120 -> 40 tokens then 6 decode steps: argmax equal to "
+                "TP=1 at %d/%zu steps, max logit difference %.2e (relative)\n", size, equal, ours.size(), worst);
+    runtime::KvCompaction scored = job;
+    scored.config.policy = runtime::KvCompressionPolicy::kH2O;
+    const Status refused = tpn->compact_kv(scored);
+    EXPECT_EQ(refused.code(), StatusCode::kUnimplemented);
+    EXPECT_NE(refused.to_string().find("--tensor-parallel-size"), std::string::npos) << refused.to_string();
+    tpn->release_kv_state(job.kv_state);
+  }
 }
 
 TEST(CudaTensorParallelTest, Errors) {
