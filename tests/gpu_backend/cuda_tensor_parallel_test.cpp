@@ -636,6 +636,48 @@ TEST(CudaTensorParallelTest, Fp8WeightsAgainstTp1Fp8) {
   }
 }
 
+// fp8 checkpoints at TP=2: each rank uploads its slices with their scales (per-tensor / per-channel weight scales,
+// static or dynamic activations), against TP=1 on the same checkpoint. (TP=4 would give down_proj 40 input
+// columns per rank, below the fp8 GEMM's multiples of 16: real models' widths are multiples of 128.)
+TEST(CudaTensorParallelTest, Fp8CheckpointsAgainstTp1) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const char* env = std::getenv("PAGODA_SOURCE_DIR");
+  const auto fp8_dir = std::filesystem::path(env != nullptr ? env : PAGODA_SOURCE_DIR) / "tests/fixtures/fp8";
+  constexpr double kBound = 0.1;
+  for (const char* name : {"ct_channel_dynamic", "ct_tensor_static", "modelopt_fp8"}) {
+    const auto dir = fp8_dir / name;
+    const auto prompt = read_json(dir / "expected.json")["prompt_ids"].get<std::vector<int32_t>>();
+    const Loaded whole = load_whole(dir);
+    ASSERT_TRUE(whole.weights && whole.weights->fp8) << name;
+    const CudaTensorParallelOptions options = tp_options(8);
+    auto tp1 = tp1_runner(whole, options);
+    auto tp2 = tpn_runner(whole, 2, options);
+    ASSERT_TRUE(tp1 && tp2) << name;
+    std::vector<int32_t> feed(10);
+    for (size_t i = 0; i < feed.size(); ++i) feed[i] = static_cast<int32_t>((i * 29 + 3) % whole.config.vocab_size);
+    const auto reference = run_forced(*tp1, prompt, feed);
+    const auto ours = run_forced(*tp2, prompt, feed);
+    ASSERT_EQ(ours.size(), reference.size());
+    EXPECT_EQ(tp2->rank(0).model().fp8_projections(), tp2->rank(1).model().fp8_projections());
+    EXPECT_GT(tp2->rank(0).model().fp8_projections(), 0) << name;
+    double worst = 0.0;
+    int32_t equal = 0;
+    for (size_t step = 0; step < ours.size(); ++step) {
+      worst = std::max(worst, relative_difference(ours[step], reference[step]));
+      equal += argmax(ours[step]) == argmax(reference[step]);
+      double scale = 1.0;
+      for (float x : reference[step]) scale = std::max(scale, static_cast<double>(std::abs(x)));
+      if (top1_margin(reference[step]) > 2.0 * kBound * scale) {
+        EXPECT_EQ(argmax(ours[step]), argmax(reference[step])) << name << " step " << step;
+      }
+    }
+    EXPECT_LT(worst, kBound) << name;
+    std::printf("fp8 checkpoint %s TP=2 (one GPU): %d fp8 projections per rank, argmax equal to TP=1 at %d/%zu steps, "
+                "max logit difference %.2e (relative)\n", name, tp2->rank(0).model().fp8_projections(), equal,
+                ours.size(), worst);
+  }
+}
+
 // Streaming eviction at TP=2 (KV heads split) and TP=4 (replicated): a 120-token prompt, compacted to 40 tokens
 // (4 sinks + the last 8 + ... as streaming keeps them) on every rank, then decode steps on the compacted cache:
 // the logits follow TP=1's through the same compaction. Scored policies are refused by name.

@@ -30,6 +30,9 @@ StatusOr<RunnerSetup> create_cuda_tensor_parallel_runner(const RunnerSpec& spec,
   if (spec.weight_quantization && *spec.weight_quantization != DType::kFP8E4M3)
     return invalid_argument_error("--quantization {}: --device cuda runs fp8 weight quantization only",
                                   dtype_name(*spec.weight_quantization));
+  if (spec.weight_quantization && config.fp8)
+    return invalid_argument_error("--quantization fp8: {} is already quantized ({}); --quantization needs f32, f16 or "
+                                  "bf16 weights", spec.config_path, config.fp8->describe());
   if (spec.kv_cross_layer_share != 1)
     return unimplemented_error("--kv-cross-layer-share {} cannot be combined with --tensor-parallel-size {} yet",
                                spec.kv_cross_layer_share, tp);
@@ -120,7 +123,9 @@ StatusOr<RunnerSetup> create_cuda_tensor_parallel_runner(const RunnerSpec& spec,
                   fmt::format("; weights {} over the ranks ({}{})", format_bytes(static_cast<double>(setup.weight_bytes)),
                               spec.weight_quantization
                                   ? "fp8 e4m3, --quantization fp8: each rank's slices per channel, dynamic per token"
-                                  : "bf16",
+                                  : config.fp8 ? "the checkpoint's fp8 (" + config.fp8->describe() +
+                                                     ") sliced with its scales, or bf16 where the GPU does not run it"
+                                               : std::string("bf16"),
                               spec.load_format == LoadFormat::kRandom
                                   ? ", random: each rank its own shard from seed + rank, every rank the whole "
                                     "vocabulary's embedding and lm_head rows"
