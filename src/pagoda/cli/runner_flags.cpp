@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cstdlib>
 #include <filesystem>
 
 #include "pagoda/runtime/kv_sizing.h"
@@ -297,6 +298,10 @@ StatusOr<backend::RunnerSpec> resolve_runner_flags(const RunnerFlags& flags, Run
   r.tensor_parallel_same_device = flags.tensor_parallel_same_device;
   if (r.tensor_parallel_same_device && r.device != backend::Device::kCuda)
     return invalid_argument_error("--tensor-parallel-same-device: only with --device cuda");
+  // The same-device ranks' CUDA graphs meet through spinning kernels on one GPU (same_device_communicator.h), so
+  // every rank's stream wants a hardware queue of its own: ask for the most before CUDA starts (an explicit
+  // setting wins; no effect if CUDA has started already).
+  if (r.tensor_parallel_same_device) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
 #ifndef PAGODA_HAVE_CUDA
   if (r.device == backend::Device::kCuda)
     return failed_precondition_error("--device cuda: this pagoda was built without the CUDA backend (backends: cpu); "

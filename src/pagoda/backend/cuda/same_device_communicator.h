@@ -27,6 +27,11 @@
 // must then replay the same graphs in the same order (a replay on some ranks
 // only hangs the others' spinning kernels), and capture and eager calls must
 // not mix within one collective (the ranks that disagree get the same error).
+// The spinning needs the ranks' streams to run at once: streams that share a
+// hardware queue (more streams than CUDA_DEVICE_MAX_CONNECTIONS, default 8)
+// run in one order, and a spinning kernel ahead of the kernel it waits for
+// would never end. The tests and --tensor-parallel-same-device set 32 before
+// CUDA starts; NCCL, one GPU per rank, has no such limit.
 //
 // Thread safety: communicator r is used by rank r's thread only; the ranks'
 // calls run concurrently. Built only with PAGODA_CUDA.
