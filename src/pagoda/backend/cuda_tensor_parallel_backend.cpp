@@ -112,13 +112,17 @@ StatusOr<RunnerSetup> create_cuda_tensor_parallel_runner(const RunnerSpec& spec,
   std::vector<std::string> lines;
   lines.push_back("device: cuda (" + device_text + ")");
   lines.push_back(fmt::format("tensor parallel: {} ranks, {}; per rank {} of {} attention heads, {} of {} KV heads{}, "
-                              "{} of {} MLP features, {} vocabulary rows; decode steps in CUDA graphs, one per rank",
+                              "{} of {} MLP features, {} vocabulary rows; {}",
                               tp, spec.tensor_parallel_same_device
                                       ? "all on GPU 0 (--tensor-parallel-same-device: a test mode, not faster)"
                                       : "one GPU and host thread each over NCCL",
                               s.num_q_heads, config.num_q_heads, s.num_kv_heads, config.num_kv_heads,
                               config.num_kv_heads < tp ? " (replicated)" : "", s.intermediate_size,
-                              config.intermediate_size, s.vocab_chunk));
+                              config.intermediate_size, s.vocab_chunk,
+                              cuda::tensor_parallel_cuda_graphs_requested()
+                                  ? "decode steps in CUDA graphs, one per rank (PAGODA_TP_CUDA_GRAPHS=1: experimental)"
+                                  : "steps run eagerly (CUDA graphs across ranks: PAGODA_TP_CUDA_GRAPHS=1, "
+                                    "experimental)"));
   lines.push_back(model_summary(config, spec) +
                   fmt::format("; weights {} over the ranks ({}{})", format_bytes(static_cast<double>(setup.weight_bytes)),
                               spec.weight_quantization

@@ -38,7 +38,8 @@
 // outputs are all-reduced (bf16, summed in f32) before they join the residual,
 // and each rank's [rows, vocab rows of the rank] logits are all-gathered into
 // the whole [rows, vocab], so sampling and argmax run unchanged on every rank.
-// Pure decode steps run in CUDA graphs as at TP=1: every rank meets the same
+// When the group turns graphs on (cuda_tensor_parallel_runner.h: experimental,
+// opt-in), pure decode steps run in CUDA graphs as at TP=1: every rank meets the same
 // step with the same bucket, runs its first step eagerly and captures its own
 // graph at the same time as the others (the collectives inside: NCCL's are
 // capturable, the same-device communicator meets on device counters while

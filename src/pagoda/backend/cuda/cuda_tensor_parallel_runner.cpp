@@ -1,5 +1,7 @@
 #include "pagoda/backend/cuda/cuda_tensor_parallel_runner.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include <cuda_runtime_api.h>
@@ -28,6 +30,11 @@ StatusOr<std::vector<std::unique_ptr<parallel::DeviceCommunicator>>> make_commun
 }
 
 }  // namespace
+
+bool tensor_parallel_cuda_graphs_requested() {
+  const char* value = std::getenv("PAGODA_TP_CUDA_GRAPHS");
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
 
 StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunner::create(
     const ModelConfig& config, std::shared_ptr<const ModelWeights> whole, int32_t size,
@@ -98,6 +105,8 @@ StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunner::cr
   runner->geometry_.num_kv_heads = 0;
   for (const auto& rank : runner->ranks_) runner->geometry_.num_kv_heads += rank->kv_geometry().num_kv_heads;
   runner->num_host_blocks_ = options.runner.num_host_blocks;
+  // Eager steps unless the experimental graphs are asked for (see the header).
+  runner->set_use_cuda_graphs(options.model.use_cuda_graphs);
   runner->threads_ = std::make_unique<parallel::RankThreads>(size);
   return runner;
 }
@@ -155,7 +164,8 @@ StatusOr<std::vector<int32_t>> CudaTensorParallelRunner::execute_greedy(const Fo
 }
 
 void CudaTensorParallelRunner::set_use_cuda_graphs(bool on) {
-  for (auto& rank : ranks_) rank->model().set_use_cuda_graphs(on);
+  const bool graphs = on && tensor_parallel_cuda_graphs_requested();
+  for (auto& rank : ranks_) rank->model().set_use_cuda_graphs(graphs);
 }
 
 Status CudaTensorParallelRunner::copy_blocks(std::span<const runtime::BlockCopy> copies) {

@@ -18,9 +18,12 @@
 // Communicators: NCCL with one GPU per rank (the real path; needs NCCL found
 // beside the CUDA toolkit), or the same-device communicator
 // (same_device_communicator.h) that puts all N ranks on one GPU, for tests
-// only. Pure decode steps run in CUDA graphs, one per rank and bucket, as at
-// TP=1 (cuda_model.h): the ranks capture at the same step and each replays
-// its own graph on its own stream.
+// only. Steps run eagerly by default. CUDA graphs across the ranks (one per
+// rank and bucket, as at TP=1 in cuda_model.h: the ranks capture at the same
+// step and each replays its own graph on its own stream) are EXPERIMENTAL and
+// opt-in through the environment, PAGODA_TP_CUDA_GRAPHS=1: on the same-device
+// communicator their first GPU run hung, and capture over NCCL is untested
+// (docs/TENSOR_PARALLEL.md).
 //
 // A host block, as read_host_block / write_host_block see it, is the ranks'
 // host blocks one after another in rank order. Token eviction: streaming
@@ -47,6 +50,10 @@
 #include "pagoda/runtime/model_runner.h"
 
 namespace pagoda::cuda {
+
+// True when the environment asks for the experimental CUDA graphs at TP>1
+// (PAGODA_TP_CUDA_GRAPHS=1); read at each call. Thread safety: any thread.
+bool tensor_parallel_cuda_graphs_requested();
 
 struct CudaTensorParallelOptions {
   CudaModelOptions model;     // every rank's
@@ -110,7 +117,10 @@ class CudaTensorParallelRunner final : public runtime::ModelRunner {
   int32_t max_context_length() const override { return ranks_.front()->max_context_length(); }
   std::vector<int32_t> eos_token_ids() const override { return config_.eos_token_ids; }
 
-  // Every rank's CUDA graphs on or off (tests and benchmarks compare both).
+  // Every rank's CUDA graphs on or off (tests and benchmarks compare both);
+  // `on` only counts when tensor_parallel_cuda_graphs_requested(), otherwise
+  // every rank runs eagerly. create() and create_random() apply
+  // options.model.use_cuda_graphs through this.
   void set_use_cuda_graphs(bool on);
   int32_t size() const { return static_cast<int32_t>(ranks_.size()); }
   CudaModelRunner& rank(int32_t r) { return *ranks_[static_cast<size_t>(r)]; }

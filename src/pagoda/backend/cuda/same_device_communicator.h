@@ -30,8 +30,10 @@
 // The spinning needs the ranks' streams to run at once: streams that share a
 // hardware queue (more streams than CUDA_DEVICE_MAX_CONNECTIONS, default 8)
 // run in one order, and a spinning kernel ahead of the kernel it waits for
-// would never end. The tests and --tensor-parallel-same-device set 32 before
-// CUDA starts; NCCL, one GPU per rank, has no such limit.
+// would never end. The tests and --tensor-parallel-same-device set 32 (and
+// eager module loading) before CUDA starts when the experimental graphs are
+// asked for (PAGODA_TP_CUDA_GRAPHS=1); NCCL, one GPU per rank, has no such
+// limit. Their first GPU run hung: docs/TENSOR_PARALLEL.md.
 //
 // Thread safety: communicator r is used by rank r's thread only; the ranks'
 // calls run concurrently. Built only with PAGODA_CUDA.
