@@ -376,7 +376,6 @@ Status CudaModel::attach_tensor_parallel(const TensorShard& shard, parallel::Dev
                           DeviceBuffer::allocate(static_cast<size_t>(shard.size) * rows * chunk * sizeof(float)));
   shard_ = shard;
   comm_ = comm;
-  options_.use_cuda_graphs = false;
   return ok_status();
 }
 

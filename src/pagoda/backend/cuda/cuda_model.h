@@ -38,7 +38,12 @@
 // outputs are all-reduced (bf16, summed in f32) before they join the residual,
 // and each rank's [rows, vocab rows of the rank] logits are all-gathered into
 // the whole [rows, vocab], so sampling and argmax run unchanged on every rank.
-// Steps then run eagerly (no CUDA graphs across ranks yet).
+// When the group turns graphs on (cuda_tensor_parallel_runner.h: experimental,
+// opt-in), pure decode steps run in CUDA graphs as at TP=1: every rank meets the same
+// step with the same bucket, runs its first step eagerly and captures its own
+// graph at the same time as the others (the collectives inside: NCCL's are
+// capturable, the same-device communicator meets on device counters while
+// capturing), and replays it on its own stream.
 //
 // Thread safety: one caller at a time (scratch, graphs and the stream are per model).
 
@@ -180,13 +185,14 @@ class CudaModel {
   // Makes this model rank shard.rank of shard.size: its config and weights must
   // be that shard's, and every rank's model must be attached before any
   // forward; the ranks then call their forwards concurrently, one thread each
-  // with this model's device current. Turns CUDA graphs off. Errors: a
+  // with this model's device current. Errors: a
   // communicator whose rank or size is not the shard's; CUDA allocation.
   Status attach_tensor_parallel(const TensorShard& shard, parallel::DeviceCommunicator* comm);
   const TensorShard& tensor_shard() const { return shard_; }
 
   // Turns graph replay of decode steps on or off (benchmarks compare both).
-  void set_use_cuda_graphs(bool on) { options_.use_cuda_graphs = on && comm_ == nullptr; }
+  // Under tensor parallelism every rank must be set alike.
+  void set_use_cuda_graphs(bool on) { options_.use_cuda_graphs = on; }
   void set_fast_attention(bool on) { options_.fast_attention = on; }
   void set_max_graph_batch(int32_t n) { options_.max_graph_batch = n; }
   void set_moe_max_graph_batch(int32_t n) { options_.moe_max_graph_batch = n; }
