@@ -63,7 +63,10 @@ TEST(QuantDotTest, RoundTripWithinHalfAStep) {
 TEST(QuantDotTest, SimdMatchesScalarReferenceOnOddLengths) {
   SCOPED_TRACE(quant_dot_implementation());
   for (DType dtype : {DType::kInt8, DType::kInt4}) {
-    for (size_t k : {size_t{1}, size_t{17}, size_t{32}, size_t{63}, size_t{96}, size_t{1000}, size_t{2065}}) {
+    // Block counts 1, 2, 3, 32, 65, 23 (16 + a whole int4 quad + 3 tail blocks) and 176 (the ~0.85B
+    // Llama's intermediate size): the 16-block AVX-512 loop, the quads left after it and the tail blocks.
+    for (size_t k : {size_t{1}, size_t{17}, size_t{32}, size_t{63}, size_t{96}, size_t{1000}, size_t{2065}, size_t{731},
+                     size_t{5632}}) {
       const auto w = testing::random_values(k, 3 * k + 1);
       const auto x = testing::random_values(k, 5 * k + 2, -4.0f, 4.0f);
       const auto q = quantize(dtype, w, 1, k);
@@ -107,7 +110,7 @@ TEST(QuantDotTest, LinearMatchesDequantizedF32) {
     size_t m, n, k;
   };
   for (DType dtype : {DType::kInt8, DType::kInt4}) {
-    for (Shape s : {Shape{1, 37, 33}, Shape{3, 301, 1000}, Shape{4, 5, 64}, Shape{9, 129, 70}, Shape{40, 33, 17}, Shape{5, 2500, 1000}}) {
+    for (Shape s : {Shape{1, 37, 33}, Shape{3, 301, 1000}, Shape{4, 5, 64}, Shape{9, 129, 70}, Shape{40, 33, 17}, Shape{5, 2500, 1000}, Shape{2, 19, 731}}) {
       const auto x = testing::random_values(s.m * s.k, s.m + s.k);
       const auto w = testing::random_values(s.n * s.k, s.n);
       const auto bias = testing::random_values(s.n, 7);
