@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/random_data.h"
@@ -89,6 +90,30 @@ TEST(QuantDotTest, SimdMatchesScalarReferenceOnOddLengths) {
         wsum += std::abs(double(wd[i]));
       }
       EXPECT_NEAR(got, exact, 4.0 / 127.0 * 0.5 * wsum * 1.01 + 1e-5) << dtype_name(dtype) << " k " << k;
+    }
+  }
+}
+
+// The activation quantization (AVX2 for whole blocks where the CPU has it) against the scalar definition:
+// d = amax / 127, q = round-to-nearest-even(x / d), zero padding, the block's sum of q.
+TEST(QuantDotTest, ActivationQuantizationMatchesDefinition) {
+  for (size_t k : {size_t{1}, size_t{31}, size_t{32}, size_t{100}, size_t{2048}, size_t{2065}}) {
+    auto x = testing::random_values(k, 9 * k, -3.0f, 3.0f);
+    if (k >= 64) std::fill(x.begin() + 32, x.begin() + 64, 0.0f);  // an all-zero block: scale 0, q 0
+    const QuantizedAct a = quantize_act(x);
+    for (size_t b = 0; b < quant_blocks(k); ++b) {
+      const size_t lo = b * kQuantBlock, hi = std::min(k, lo + kQuantBlock);
+      float amax = 0.0f;
+      for (size_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(x[i]));
+      const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+      ASSERT_EQ(a.scale[b], d) << "k " << k << " block " << b;
+      int32_t sum = 0;
+      for (size_t i = 0; i < kQuantBlock; ++i) {
+        const int want = lo + i < hi ? static_cast<int>(std::nearbyint(x[lo + i] * id)) : 0;
+        ASSERT_EQ(a.q[lo + i], want) << "k " << k << " element " << lo + i;
+        sum += want;
+      }
+      ASSERT_EQ(a.sum[b], sum) << "k " << k << " block " << b;
     }
   }
 }
