@@ -142,6 +142,8 @@ TEST(PagedAttentionTiledTest, EqualsReferenceOnPrefixHitsDecodesAndLongPrefills)
     run({block_size, 8, 2, 64, DType::kInt8, DType::kInt4}, {{300, 1}, {200, 1}}, 26);
     run({block_size, 8, 2, 64, DType::kF32, DType::kF32, 70}, {{300, 1}, {65, 1}}, 27);
     run({block_size, 4, 4, 40, DType::kF32, DType::kBF16}, {{190, 1}}, 28);
+    // Five query rows per KV head (four scored together, one alone) and a head dim of 36 (a 4-element tail).
+    run({block_size, 10, 2, 36, DType::kF32, DType::kF32}, {{150, 1}, {3, 1}}, 29);
   }
 }
 

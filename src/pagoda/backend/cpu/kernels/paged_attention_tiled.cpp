@@ -130,18 +130,37 @@ PAGODA_AVX2 inline float hsum_avx2(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
+// Four query rows against one key: the key's 8-lane chunks loaded once for all four, the four sums
+// reduced together by horizontal adds.
 PAGODA_AVX2 void key_scores_avx2(const float* const* q, size_t G, const float* k, size_t head_dim, float* s) {
-  for (size_t g = 0; g < G; ++g) {
-    const float* qg = q[g];
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    size_t d = 0;
-    for (; d + 16 <= head_dim; d += 16) {
-      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(k + d), a0);
-      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d + 8), _mm256_loadu_ps(k + d + 8), a1);
+  const size_t vec = head_dim / 8 * 8;
+  size_t g = 0;
+  for (; g + 4 <= G; g += 4) {
+    const float *q0 = q[g], *q1 = q[g + 1], *q2 = q[g + 2], *q3 = q[g + 3];
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    for (size_t d = 0; d < vec; d += 8) {
+      const __m256 kv = _mm256_loadu_ps(k + d);
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d), kv, a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + d), kv, a1);
+      a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + d), kv, a2);
+      a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + d), kv, a3);
     }
-    for (; d + 8 <= head_dim; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(k + d), a0);
-    float a = hsum_avx2(_mm256_add_ps(a0, a1));
-    for (; d < head_dim; ++d) a += qg[d] * k[d];
+    // (a0, a1, a2, a3) -> one 4-lane vector of their sums.
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    alignas(16) float sums[4];
+    _mm_store_ps(sums, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    for (size_t r = 0; r < 4; ++r) {
+      float a = sums[r];
+      for (size_t d = vec; d < head_dim; ++d) a += q[g + r][d] * k[d];
+      s[(g + r) * kKeyBlock] = a;
+    }
+  }
+  for (; g < G; ++g) {
+    const float* qg = q[g];
+    __m256 a0 = _mm256_setzero_ps();
+    for (size_t d = 0; d < vec; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(k + d), a0);
+    float a = hsum_avx2(a0);
+    for (size_t d = vec; d < head_dim; ++d) a += qg[d] * k[d];
     s[g * kKeyBlock] = a;
   }
 }
