@@ -328,15 +328,52 @@ TEST_F(MlaDecodeGpuTest, FlashMla656Records) {
   expect_close(f);
 }
 
+TEST_F(MlaDecodeGpuTest, FlashMla656RecordsWideHeads) {
+  // The 64-head-tile kernel on the records (DeepSeek V2/V3's 128 heads): blocks
+  // of 64 / 16 / 1 with partial last pages, partial head tiles (96, and 17:
+  // just past the narrow kernel), the automatic schedule on few SMs, fixed
+  // small splits (the merge), a graph plan with padding, rows sharing blocks.
+  // (Long segments on one SM: FlashMla656WideHeadsLongSegmentsOneSm.)
+  expect_close(flash(make_case("fp8-656 h128 bs64", 128, 64, KvElement::kFP8E4M3, {1, 63, 64, 65, 2000, 4100}, 70)));
+  expect_close(flash(make_case("fp8-656 h128 bs16", 128, 16, KvElement::kFP8E4M3, {5, 64, 1500, 3001}, 71)));
+  expect_close(flash(make_case("fp8-656 h128 bs1", 128, 1, KvElement::kFP8E4M3, {1, 2, 100, 777}, 72)));
+  expect_close(flash(make_case("fp8-656 h96 bs64", 96, 64, KvElement::kFP8E4M3, {1, 900}, 73)));
+  expect_close(flash(make_case("fp8-656 h17 bs16", 17, 16, KvElement::kFP8E4M3, {33, 700}, 74)));
+  const KvElement fp8 = KvElement::kFP8E4M3;
+  expect_close(flash(with_options(make_case("fp8-656 h128 5 sms", 128, 64, fp8, {129, 1, 2000, 40}, 75), 0, 5)));
+  expect_close(flash(with_options(make_case("fp8-656 h128 split 128", 128, 16, fp8, {7, 333, 1200}, 76), 100, 0)));
+  MlaCase f = flash(make_case("fp8-656 h128 fixed 3", 128, 64, KvElement::kFP8E4M3, {65, 2000}, 78));
+  f.options.fixed_rows = 3;
+  f.options.fixed_block_table_stride = 40;
+  expect_close(f);
+  MlaCase shared = flash(make_case("fp8-656 h128 bs16 prefill rows + fork", 128, 16, fp8, {300, 200}, 79));
+  for (int32_t p = 250; p < 300; ++p) shared.rows.push_back({0, p + 1});
+  shared.rows.push_back({1, 200});
+  shared.rows.push_back({1, 37});
+  shared.shared_prefix_blocks = 5;
+  expect_close(shared);
+}
+
+TEST_F(MlaDecodeGpuTest, FlashMla656WideHeadsLongSegmentsOneSm) {
+  // One SM: segments of many tiles on the 64-head-tile kernel (the staging
+  // stages and their register-held scales reused many times; small enough
+  // for racecheck).
+  expect_close(flash(with_options(make_case("fp8-656 h128 1 sm", 128, 64, KvElement::kFP8E4M3, {700, 3}, 77), 0, 1)));
+  expect_close(
+      flash(with_options(make_case("fp8-656 h64 bs16 1 sm", 64, 16, KvElement::kFP8E4M3, {1000, 130}, 80), 0, 1)));
+}
+
 TEST_F(MlaDecodeGpuTest, FlashMla656AgainstTheBf16Pool) {
   // The same latent (same seed: the same values are drawn) stored as bf16, as
   // per-vector fp8 and as FlashMLA's records: the two fp8 outputs' distance from
-  // the bf16 pool's output (what fp8 storage costs), at blocks of 64 / 16 / 1.
+  // the bf16 pool's output (what fp8 storage costs), at blocks of 64 / 16 / 1,
+  // on the narrow (16 heads) and the 64-head-tile (128 heads) kernels.
+  for (int32_t heads : {16, 128})
   for (int32_t bs : {64, 16, 1}) {
     const std::vector<int32_t> lengths{33, 700, 3000};
     const uint32_t seed = 60 + uint32_t(bs);
     auto output = [&](KvElement e, MlaLatentLayout layout) {
-      MlaCase c = make_case("vs bf16", 16, bs, e, lengths, seed);
+      MlaCase c = make_case("vs bf16", heads, bs, e, lengths, seed);
       c.layout = layout;
       const MlaBatch b = make_batch(c);
       auto got = run(b, c);
@@ -352,10 +389,10 @@ TEST_F(MlaDecodeGpuTest, FlashMla656AgainstTheBf16Pool) {
     ASSERT_FALSE(bf16.first.empty() || vec.first.empty() || fl.first.empty());
     const double vec_err = testing::relative_l2(vec.first, bf16.second);
     const double flash_err = testing::relative_l2(fl.first, bf16.second);
-    std::printf("blocks of %2d: rel L2 to the bf16 pool's output: fp8 per-vector %.3e, fp8 FlashMLA 656 B %.3e\n", bs,
-                vec_err, flash_err);
-    EXPECT_LT(flash_err, 0.05) << "blocks of " << bs;
-    EXPECT_LT(flash_err, 1.1 * vec_err) << "blocks of " << bs;
+    std::printf("%3d heads, blocks of %2d: rel L2 to the bf16 pool's output: fp8 per-vector %.3e, "
+                "fp8 FlashMLA 656 B %.3e\n", heads, bs, vec_err, flash_err);
+    EXPECT_LT(flash_err, 0.05) << heads << " heads, blocks of " << bs;
+    EXPECT_LT(flash_err, 1.1 * vec_err) << heads << " heads, blocks of " << bs;
   }
 }
 

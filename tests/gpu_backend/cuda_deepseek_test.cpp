@@ -704,11 +704,10 @@ TEST_P(DeepseekFastDecodeTest, FastDecodeEqualsSimpleKernel) {
   EXPECT_LE(moe_error, 0.05);
 }
 
-// The decode kernel reads the fp8 pool's 656-byte records at up to 16 heads;
-// with 20 heads an fp8 decode step plans no fast rows and runs on the simple
-// kernel (no error), giving exactly the fast_attention-off logits; bf16 at 20
-// heads still takes the fast kernel.
-TEST(DeepseekFastDecode, Fp8RecordsWithMoreThan16HeadsRunOnTheSimpleKernel) {
+// More than 16 heads (20: the 64-head-tile kernel with a partial tile): a
+// decode step takes the fast kernel with the fp8 pool's 656-byte records as
+// with bf16, and matches the simple kernel (fast_attention off).
+TEST(DeepseekFastDecode, MoreThan16HeadsTakeTheWideKernelInBf16AndFp8Records) {
   PAGODA_SKIP_WITHOUT_GPU();
   for (DType latent : {DType::kFP8E4M3, DType::kBF16}) {
     SCOPED_TRACE(dtype_name(latent));
@@ -738,13 +737,10 @@ TEST(DeepseekFastDecode, Fp8RecordsWithMoreThan16HeadsRunOnTheSimpleKernel) {
     const bool took_fast = m.fast_attention_steps() > before;
     m.set_fast_attention(false);
     ASSERT_TRUE(m.forward(step, **pool, simple).ok());
-    if (latent == DType::kFP8E4M3) {
-      EXPECT_FALSE(took_fast) << "fp8 records at 20 heads must not plan the narrow-only decode";
-      EXPECT_EQ(fast, simple);
-    } else {
-      EXPECT_TRUE(took_fast);
-      EXPECT_LE(top5_logprob_error(fast, simple, m.config().vocab_size), 0.05);
-    }
+    EXPECT_TRUE(took_fast);
+    const double error = top5_logprob_error(fast, simple, m.config().vocab_size);
+    std::cout << "[ figure ] 20 heads, " << dtype_name(latent) << " latent: fast vs simple decode " << error << "\n";
+    EXPECT_LE(error, 0.05);
   }
 }
 

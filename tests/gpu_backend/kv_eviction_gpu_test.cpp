@@ -9,9 +9,14 @@
 //  - through the engine, streaming, h2o and snapkv at block sizes 16 and 1: at
 //    full budget the output is identical to none; under a budget the cache is
 //    compacted, no block leaks and the runner's score states are released;
+//  - the kept-token choice on the GPU (kv_select.h) returns exactly
+//    runtime::select_kept_tokens's indices on the same scores, ties included
+//    (h2o unpooled, snapkv pooled, up to 32K + 256 candidates), and its time
+//    at the Llama-3-8B shape is printed next to the host's;
 //  - pyramidkv and entropy (per-head budgets) are refused by name.
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -29,6 +34,7 @@
 #include "pagoda/backend/cuda/cuda_kv_scores.h"
 #include "pagoda/backend/cuda/cuda_model.h"
 #include "pagoda/backend/cuda/cuda_model_runner.h"
+#include "pagoda/backend/cuda/kv_select.h"
 #include "pagoda/engine/engine.h"
 #include "pagoda/kv/kv_cache_manager.h"
 #include "pagoda/runtime/kv_compression.h"
@@ -384,6 +390,120 @@ TEST(KvEvictionGpu, ScoresAndKeptTokensEqualTheCpus) {
   // The Llama-3-8B head shape (32 query heads over 8 KV heads, head_dim 128).
   for (DType dtype : {DType::kBF16, DType::kFP8E4M3})
     for (P policy : {P::kSnapKV, P::kH2O}) check_scores({1, 8, 32, 128, 16, dtype}, policy);
+}
+
+// The GPU's kept indices against select_kept_tokens on the same scores. `levels` > 0 draws scores
+// from that many distinct values (many ties); 0 draws continuous ones.
+void check_selection(runtime::KvCompressionPolicy policy, int32_t num_valid, int32_t budget, int32_t sinks,
+                     int32_t window, int levels, uint32_t seed) {
+  SCOPED_TRACE(::testing::Message() << runtime::kv_compression_policy_name(policy) << " n " << num_valid << " budget "
+                                    << budget << " sinks " << sinks << " window " << window << " levels " << levels);
+  const int32_t heads = 3;
+  const int64_t stride = num_valid + 5;  // a state's capacity exceeds its length
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  std::uniform_int_distribution<int> level(0, std::max(levels - 1, 0));
+  std::vector<float> scores(static_cast<size_t>(heads * stride), 0.0f);
+  for (int32_t h = 0; h < heads; ++h)
+    for (int32_t i = 0; i < num_valid; ++i) {
+      float v = levels > 0 ? 0.125f * static_cast<float>(level(rng)) : uniform(rng);
+      if (h == 2 && levels > 0) v = 0.5f;  // one head all ties
+      scores[static_cast<size_t>(h * stride + i)] = v;
+    }
+  runtime::KvCompressionConfig config;
+  config.policy = policy;
+  config.budget = budget;
+  config.sink_tokens = sinks;
+  config.window = window;
+  const KvSelectShape shape =
+      kv_select_shape(heads, num_valid, budget, sinks, window, policy == runtime::KvCompressionPolicy::kStreaming,
+                      policy == runtime::KvCompressionPolicy::kSnapKV);
+  const DeviceBuffer scores_dev = upload(scores);
+  auto scratch = DeviceBuffer::allocate(std::max<size_t>(1, kv_select_scratch_bytes(shape)));
+  auto kept = DeviceBuffer::allocate(std::max<size_t>(1, static_cast<size_t>(heads) * shape.kept * sizeof(int32_t)));
+  ASSERT_TRUE(scratch.ok() && kept.ok());
+  ASSERT_EQ(kv_select_kept(scores_dev.as<float>(), stride, shape, scratch->data(), kept->as<int32_t>(), nullptr),
+            cudaSuccess);
+  std::vector<int32_t> got(static_cast<size_t>(heads) * shape.kept);
+  ASSERT_EQ(cudaMemcpy(got.data(), kept->data(), got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int32_t h = 0; h < heads; ++h) {
+    const std::vector<int32_t> want = runtime::select_kept_tokens(
+        config, budget, num_valid, std::span<const float>(scores.data() + h * stride, static_cast<size_t>(num_valid)));
+    ASSERT_EQ(static_cast<int32_t>(want.size()), shape.kept) << "head " << h;
+    const std::vector<int32_t> mine(got.begin() + static_cast<ptrdiff_t>(h) * shape.kept,
+                                    got.begin() + static_cast<ptrdiff_t>(h + 1) * shape.kept);
+    EXPECT_EQ(mine, want) << "head " << h;
+  }
+}
+
+TEST(KvEvictionGpu, KeptTokensChosenOnTheGpuEqualTheCpusOnTheSameScores) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  using P = runtime::KvCompressionPolicy;
+  uint32_t seed = 1;
+  for (P policy : {P::kH2O, P::kSnapKV}) {
+    for (int levels : {0, 2, 5}) {
+      check_selection(policy, 150, 64, 4, 16, levels, seed++);
+      check_selection(policy, 150, 21, 4, 16, levels, seed++);    // the smallest budget: one by score
+      check_selection(policy, 1000, 300, 0, 0, levels, seed++);   // no sinks, no window
+      check_selection(policy, 5000, 4990, 4, 32, levels, seed++); // all but a few of the middle
+      check_selection(policy, 32768 + 256, 2048, 4, 32, levels, seed++);
+    }
+    check_selection(policy, 100, 100, 4, 16, 2, seed++);  // full budget: everything
+    check_selection(policy, 60, 200, 4, 16, 0, seed++);
+    check_selection(policy, 3, 2, 4, 16, 0, seed++);      // budget below the sinks
+  }
+  check_selection(P::kStreaming, 500, 64, 4, 16, 0, seed++);  // no score part
+}
+
+// The choice's time at the Llama-3-8B shape (32 layers x 8 KV heads, 32K + 256 candidates, budget
+// 2,048): the device kernel vs select_kept_tokens on one host thread (figures: docs/BENCHMARKS.md).
+TEST(KvEvictionGpu, KeptTokenChoiceTimeAtTheLlama8bShape) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const int32_t heads = 32 * 8, n = 32768 + 256, budget = 2048;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  std::vector<float> scores(static_cast<size_t>(heads) * n);
+  for (float& v : scores) v = uniform(rng);
+  const DeviceBuffer scores_dev = upload(scores);
+  for (auto policy : {runtime::KvCompressionPolicy::kH2O, runtime::KvCompressionPolicy::kSnapKV}) {
+    const KvSelectShape shape =
+        kv_select_shape(heads, n, budget, 4, 32, false, policy == runtime::KvCompressionPolicy::kSnapKV);
+    auto scratch = DeviceBuffer::allocate(kv_select_scratch_bytes(shape));
+    auto kept = DeviceBuffer::allocate(static_cast<size_t>(heads) * shape.kept * sizeof(int32_t));
+    ASSERT_TRUE(scratch.ok() && kept.ok());
+    cudaEvent_t start, stop;
+    ASSERT_EQ(cudaEventCreate(&start), cudaSuccess);
+    ASSERT_EQ(cudaEventCreate(&stop), cudaSuccess);
+    ASSERT_EQ(kv_select_kept(scores_dev.as<float>(), n, shape, scratch->data(), kept->as<int32_t>(), nullptr),
+              cudaSuccess);  // warm-up
+    const int reps = 10;
+    ASSERT_EQ(cudaEventRecord(start, nullptr), cudaSuccess);
+    for (int r = 0; r < reps; ++r)
+      ASSERT_EQ(kv_select_kept(scores_dev.as<float>(), n, shape, scratch->data(), kept->as<int32_t>(), nullptr),
+                cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(stop, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaEventSynchronize(stop), cudaSuccess);
+    float gpu_ms = 0.0f;
+    ASSERT_EQ(cudaEventElapsedTime(&gpu_ms, start, stop), cudaSuccess);
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    runtime::KvCompressionConfig config;
+    config.policy = policy;
+    config.budget = budget;
+    config.sink_tokens = 4;
+    config.window = 32;
+    const auto t0 = std::chrono::steady_clock::now();
+    size_t total = 0;
+    for (int32_t h = 0; h < heads; ++h)
+      total += runtime::select_kept_tokens(config, budget, n,
+                                           std::span<const float>(scores.data() + static_cast<size_t>(h) * n,
+                                                                  static_cast<size_t>(n)))
+                   .size();
+    const double host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(total, static_cast<size_t>(heads) * budget);
+    std::printf("[select] %s, 256 heads x %d candidates, budget %d: gpu %.3f ms, host (one thread) %.1f ms\n",
+                std::string(runtime::kv_compression_policy_name(policy)).c_str(), n, budget, gpu_ms / reps, host_ms);
+  }
 }
 
 }  // namespace

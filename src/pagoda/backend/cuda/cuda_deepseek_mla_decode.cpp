@@ -16,9 +16,6 @@ namespace pagoda::cuda {
 #ifdef PAGODA_HAVE_KERNELS_CUDA
 namespace kc = pagoda::kernels::cuda;
 
-// The decode kernel reads the fp8 pool's 656-byte records on its narrow variant only.
-constexpr int32_t kFlashMla656MaxHeads = 16;
-
 struct CudaMlaDecode::State {
   int32_t num_heads = 0;
   float scale = 0.0f;
@@ -66,9 +63,8 @@ StatusOr<int32_t> CudaMlaDecode::plan(const ForwardBatch& batch, const KvPoolSha
   if (pool.key_dtype == DType::kBF16) {
     element = kc::KvElement::kBF16;
   } else if (pool.key_dtype == DType::kFP8E4M3) {
-    // The pool holds runtime/mla_fp8_layout.h's 656-byte records, which the
-    // kernel reads on its narrow variant only: more heads run on the simple kernel.
-    if (s.num_heads > kFlashMla656MaxHeads) return 0;
+    // The pool holds runtime/mla_fp8_layout.h's 656-byte records, which both
+    // kernel variants (narrow and 64-head tiles) read.
     element = kc::KvElement::kFP8E4M3;
     layout = kc::MlaLatentLayout::kFlashMla656;
   } else {

@@ -14,11 +14,10 @@
 //    bucket replays correctly after every later plan of that bucket. Padding
 //    rows get zeros, as the simple kernel gives them.
 // The kernel covers kv_lora_rank 512 + qk_rope_head_dim 64 over bf16 latent
-// pools and fp8 pools (runtime/mla_fp8_layout.h's 656-byte records, which the
-// kernel reads at up to 16 heads) on Hopper; other shapes, dtypes and fp8 with
-// more than 16 heads plan 0 rows (no error: those rows run on the simple
-// kernel, which reads every format), and without backend/cuda/attention
-// compiled in every plan is 0 rows.
+// pools and fp8 pools (runtime/mla_fp8_layout.h's 656-byte records) at any
+// head count on Hopper; other shapes and dtypes plan 0 rows (no error: those
+// rows run on the simple kernel, which reads every format), and without
+// backend/cuda/attention compiled in every plan is 0 rows.
 //
 // Thread safety: one caller at a time (owned by a CudaDeepseekForward).
 

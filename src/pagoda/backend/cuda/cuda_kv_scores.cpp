@@ -5,7 +5,7 @@
 
 #include "pagoda/backend/cuda/cuda_check.h"
 #include "pagoda/backend/cuda/kv_compact.h"
-#include "pagoda/core/thread_pool.h"
+#include "pagoda/backend/cuda/kv_select.h"
 #include "pagoda/runtime/kv_compression.h"
 
 namespace pagoda::cuda {
@@ -134,49 +134,48 @@ Status CudaKvScores::compact(const runtime::KvCompaction& c, CudaKvPool& pool, D
   State& st = it->second;
   if (fresh) PAGODA_RETURN_IF_ERROR(reset(st, stream));
   PAGODA_RETURN_IF_ERROR(grow(st, c.old_length, stream));
-  PAGODA_ASSIGN_OR_RETURN(HostScores scores, download(c.kv_state, c.old_length, stream));
 
-  const size_t heads = static_cast<size_t>(num_layers_) * static_cast<size_t>(num_kv_heads_);
-  std::vector<float> entropy(heads, 0.0f);
-  for (size_t i = 0; i < heads; ++i)
-    entropy[i] = scores.entropy_count > 0 ? static_cast<float>(scores.entropy_sum[i] / scores.entropy_count) : 0.0f;
-  const std::vector<int32_t> budgets = runtime::kv_head_budgets(c.config, num_layers_, num_kv_heads_, entropy);
+  // h2o and snapkv give every head the same budget (kv_head_budgets), so one shape serves all heads.
+  const int32_t heads = num_layers_ * num_kv_heads_;
+  const int32_t budget = std::min(c.config.budget, c.new_length);
+  const KvSelectShape select =
+      kv_select_shape(heads, c.old_length, budget, c.config.sink_tokens, c.config.window,
+                      c.config.policy == runtime::KvCompressionPolicy::kStreaming,
+                      c.config.policy == runtime::KvCompressionPolicy::kSnapKV);
+  if (select.kept != c.new_length)
+    return invalid_argument_error("compact_kv: sequence {}: {} kept tokens per head for a compacted region of {} (the "
+                                  "cuda attention reads no holes)", c.kv_state, select.kept, c.new_length);
   const bool keep_mass = runtime::kv_policy_accumulates(c.config.policy);
-  auto slot = [bs](const std::vector<int32_t>& table, int32_t index) {
-    return static_cast<int64_t>(table[static_cast<size_t>(index / bs)]) * bs + index % bs;
+  const size_t new_len = static_cast<size_t>(c.new_length);
+  const size_t count = static_cast<size_t>(heads) * new_len;
+  auto ensure = [](DeviceBuffer& b, size_t bytes) -> Status {
+    if (b.bytes() < bytes) {
+      PAGODA_ASSIGN_OR_RETURN(b, DeviceBuffer::allocate(std::max(bytes, b.bytes() * 2)));
+    }
+    return ok_status();
   };
-  const size_t old_len = static_cast<size_t>(c.old_length), new_len = static_cast<size_t>(c.new_length);
-  // Each (layer, KV head)'s choice on the host, heads in parallel (after a long prompt every token is a candidate).
-  std::vector<std::vector<int32_t>> kept(heads);
-  ThreadPool::global().parallel_for(heads, [&](size_t begin, size_t end) {
-    for (size_t lh = begin; lh < end; ++lh) {
-      const std::span<const float> mass(scores.mass.data() + lh * old_len, old_len);
-      kept[lh] = runtime::select_kept_tokens(c.config, std::min(budgets[lh], c.new_length), c.old_length, mass);
-    }
-  });
-  std::vector<KvVectorMove> moves;
-  moves.reserve(heads * new_len);
-  std::vector<float> new_mass(heads * new_len, 0.0f);
-  for (int32_t l = 0; l < num_layers_; ++l)
-    for (int32_t h = 0; h < num_kv_heads_; ++h) {
-      const size_t lh = static_cast<size_t>(l) * static_cast<size_t>(num_kv_heads_) + static_cast<size_t>(h);
-      if (kept[lh].size() != new_len)
-        return invalid_argument_error("compact_kv: sequence {}: {} kept tokens in layer {} head {} for a compacted "
-                                      "region of {} (the cuda attention reads no holes)", c.kv_state, kept[lh].size(),
-                                      l, h, c.new_length);
-      for (size_t k = 0; k < new_len; ++k) {
-        const int32_t src = kept[lh][k];
-        moves.push_back({slot(c.old_block_table, src), slot(c.new_block_table, static_cast<int32_t>(k)), h, 0});
-        if (keep_mass) new_mass[lh * new_len + k] = scores.mass[lh * old_len + static_cast<size_t>(src)];
-      }
-    }
-  if (!moves.empty()) {
-    const size_t bytes = moves.size() * sizeof(KvVectorMove);
-    if (moves_buffer.bytes() < bytes) {
-      PAGODA_ASSIGN_OR_RETURN(moves_buffer, DeviceBuffer::allocate(bytes));
-    }
-    PAGODA_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(moves_buffer.data(), moves.data(), bytes, cudaMemcpyHostToDevice, stream));
+  // The chosen indices, the gather's moves and the carried mass are computed on the device from the
+  // device scores: nothing comes back to the host, and nothing here waits for the device.
+  PAGODA_RETURN_IF_ERROR(ensure(select_scratch_, std::max<size_t>(1, kv_select_scratch_bytes(select))));
+  PAGODA_RETURN_IF_ERROR(ensure(kept_, std::max<size_t>(1, count * sizeof(int32_t))));
+  PAGODA_RETURN_IF_ERROR(ensure(new_mass_, std::max<size_t>(1, count * sizeof(float))));
+  PAGODA_RETURN_IF_ERROR(ensure(moves_buffer, std::max<size_t>(1, count * sizeof(KvVectorMove))));
+  const size_t old_blocks = c.old_block_table.size(), new_blocks = c.new_block_table.size();
+  PAGODA_RETURN_IF_ERROR(ensure(tables_, (old_blocks + new_blocks + 1) * sizeof(int32_t)));
+  // Pageable sources: the copies return once the bytes are staged, so the tables may go afterwards.
+  if (old_blocks > 0)
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tables_.data(), c.old_block_table.data(), old_blocks * sizeof(int32_t),
+                                                cudaMemcpyHostToDevice, stream));
+  if (new_blocks > 0)
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tables_.as<int32_t>() + old_blocks, c.new_block_table.data(),
+                                                new_blocks * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  PAGODA_CUDA_RETURN_IF_ERROR(
+      kv_select_kept(st.mass.as<float>(), st.capacity, select, select_scratch_.data(), kept_.as<int32_t>(), stream));
+  PAGODA_CUDA_RETURN_IF_ERROR(kv_build_moves(kept_.as<int32_t>(), heads, c.new_length, num_kv_heads_,
+                                             tables_.as<int32_t>(), tables_.as<int32_t>() + old_blocks, bs,
+                                             st.mass.as<float>(), st.capacity, keep_mass,
+                                             moves_buffer.as<KvVectorMove>(), new_mass_.as<float>(), stream));
+  if (count > 0) {
     const int64_t per_layer = static_cast<int64_t>(num_kv_heads_) * static_cast<int64_t>(new_len);
     for (int32_t l = 0; l < num_layers_; ++l)
       PAGODA_CUDA_RETURN_IF_ERROR(
@@ -186,24 +185,24 @@ Status CudaKvScores::compact(const runtime::KvCompaction& c, CudaKvPool& pool, D
   // the rest back (decode grows it again by doubling, from twice the compacted length).
   if (st.capacity > 4 * static_cast<int64_t>(new_len) + 64) {
     const int64_t smaller = 2 * static_cast<int64_t>(new_len) + 64;
-    PAGODA_ASSIGN_OR_RETURN(DeviceBuffer next,
-                            DeviceBuffer::allocate(heads * static_cast<size_t>(smaller) * sizeof(float)));
+    PAGODA_ASSIGN_OR_RETURN(DeviceBuffer next, DeviceBuffer::allocate(static_cast<size_t>(heads) *
+                                                                      static_cast<size_t>(smaller) * sizeof(float)));
     st.mass = std::move(next);  // the old buffer's cudaFree waits for work in flight
     st.capacity = smaller;
   }
   // The kept tokens' mass (h2o) or none at [0, new_length); nothing beyond.
   const size_t pitch = static_cast<size_t>(st.capacity) * sizeof(float);
   if (new_len > 0)
-    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(st.mass.data(), pitch, new_mass.data(), new_len * sizeof(float),
-                                                  new_len * sizeof(float), heads, cudaMemcpyHostToDevice, stream));
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(st.mass.data(), pitch, new_mass_.data(), new_len * sizeof(float),
+                                                  new_len * sizeof(float), static_cast<size_t>(heads),
+                                                  cudaMemcpyDeviceToDevice, stream));
   if (static_cast<int64_t>(new_len) < st.capacity)
     PAGODA_CUDA_RETURN_IF_ERROR(cudaMemset2DAsync(st.mass.as<float>() + new_len, pitch, 0,
-                                                  (static_cast<size_t>(st.capacity) - new_len) * sizeof(float), heads,
-                                                  stream));
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(st.entropy.data(), 0, heads * sizeof(double), stream));
+                                                  (static_cast<size_t>(st.capacity) - new_len) * sizeof(float),
+                                                  static_cast<size_t>(heads), stream));
+  PAGODA_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(st.entropy.data(), 0, static_cast<size_t>(heads) * sizeof(double), stream));
   st.entropy_count = 0;
-  // `moves` and `new_mass` are pageable host memory the copies read: wait before they go.
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return ok_status();
 }
 

@@ -3,9 +3,10 @@
 // eviction"): the per-sequence state on the device (attention mass per
 // (layer, KV head, cache index) and each head's entropy sum over its
 // observation window), the step's list of scoring queries, and the scored
-// compaction: choose each (layer, KV head)'s kept tokens with the CPU's
-// arithmetic (runtime/kv_compression.h) from the device scores, gather their
-// vectors (kv_compact.h), carry h2o's mass over.
+// compaction: choose each (layer, KV head)'s kept tokens on the device with
+// the CPU's rule (kv_select.h = runtime::select_kept_tokens on the same
+// scores), gather their vectors (kv_compact.h), carry h2o's mass over, all
+// without a host round trip.
 //
 // Only policies whose heads all keep the same count run here (h2o, snapkv:
 // the compacted region has no holes); pyramidkv and entropy give heads their
@@ -40,8 +41,10 @@ class CudaKvScores {
   // Layer l's scores of the prepared step (q: the layer's rows after RoPE).
   Status score_layer(int32_t layer, const bf16* q, int64_t q_row_stride, float scale, const DevicePagedKvLayer& kv,
                      const int32_t* block_tables, cudaStream_t stream) const;
-  // ModelRunner::compact_kv for a scored policy (h2o, snapkv). Errors:
-  // kUnimplemented for per-head budgets (pyramidkv, entropy), check_kv_compaction's.
+  // ModelRunner::compact_kv for a scored policy (h2o, snapkv): returns once
+  // the work is queued on `stream` (a fault in it shows at the stream's next
+  // synchronization). Errors: kUnimplemented for per-head budgets (pyramidkv,
+  // entropy), check_kv_compaction's.
   Status compact(const runtime::KvCompaction& compaction, CudaKvPool& pool, DeviceBuffer& moves_buffer,
                  cudaStream_t stream);
   void release(int64_t kv_state) { states_.erase(kv_state); }
@@ -73,6 +76,11 @@ class CudaKvScores {
   std::vector<KvScoreItem> items_;
   std::vector<KvScoreSequence> sequences_;
   DeviceBuffer step_buffer_;  // items then sequences, for the step
+  // Compaction scratch, reused: the radix select's keys, the kept indices, the carried mass, the block tables.
+  DeviceBuffer select_scratch_;
+  DeviceBuffer kept_;
+  DeviceBuffer new_mass_;
+  DeviceBuffer tables_;
   int32_t num_items_ = 0;
 };
 

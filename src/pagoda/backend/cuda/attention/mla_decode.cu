@@ -29,10 +29,12 @@
 // S[h, t] = (q_h . codes_t) * scale_t, and P[h, t] = p[h, t] * scale_t against
 // the unscaled codes as V (bf16's exponent range keeps p * scale clear of
 // subnormals).
-// FlashMLA's 656-byte fp8 records (narrow kernel only): the whole record lands
-// in staging; the conversion multiplies each code by its group's scale (one per
-// 128 latent values) while rounding to bf16, and copies the bf16 rope values,
-// so S and P need no scales.
+// FlashMLA's 656-byte fp8 records: the conversion multiplies each code by its
+// group's scale (one per 128 latent values) while rounding to bf16, and copies
+// the bf16 rope values, so S and P need no scales. The narrow kernel stages
+// whole records; the 64-head kernel stages codes and rope only (its shared
+// memory has no room for two stages of whole records) and loads each
+// position's 4 scales into registers when it issues the copies.
 // A segment that is not its row's only one writes its normalized partial
 // output and log2-sum-exp to the workspace; mla_decode_merge combines them.
 // docs/KERNELS.md ("MLA decode") has the versions and their measurements.
@@ -83,6 +85,20 @@ constexpr int kFlashScalesAt = 512, kFlashRopeAt = 528;
 constexpr int kSmemBytes = kSumAt + 2 * kHeads * 4 + 1024;
 static_assert(2 * kStagingBytes <= kTileBytes, "fp8 staging fits in the second tile's room");
 static_assert(kSmemBytes <= 232448, "one CTA per SM");
+// FlashMLA records in the wide kernel: two stages of 64 whole records (83,968 B)
+// do not fit beside Q and the bf16 tile, so a stage holds only the codes and the
+// rope values (640 B a position, the 4 group scales go to registers), P lives in
+// the bf16 tile's rope column block (free once both groups' S is done: V is the
+// first 512 columns), the row sums in Q's room (free after the last S), and the
+// row maxima after the staging:
+//   Q | bf16 tile (column block 8 doubles as P) | 2 stages x 64 x 640 | row maxima [2][64].
+constexpr int kWideFlashStagedBytes = 640;  // 512 codes + 128 B of bf16 rope a position
+constexpr int kWideFlashStageBytes = kTile * kWideFlashStagedBytes;
+[[maybe_unused]] constexpr int kWideFlashPAt = kTilesAt + 8 * kBlockBytes;
+[[maybe_unused]] constexpr int kWideFlashStagingAt = kTilesAt + kTileBytes;
+[[maybe_unused]] constexpr int kWideFlashMaxAt = kWideFlashStagingAt + 2 * kWideFlashStageBytes;
+static_assert(kWideFlashMaxAt + 2 * kHeads * 4 + 1024 <= kSmemBytes, "the FlashMLA layout fits the wide kernel's");
+static_assert(kWideFlashPAt % 1024 == 0, "P stays 1024-byte aligned");
 
 // Byte offset of (row, 16-byte chunk 0..71) in a swizzled 64-row tile.
 [[maybe_unused]] __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
@@ -209,19 +225,21 @@ __device__ __forceinline__ void issue_latent_tile(const MlaDecodeDescriptor& d, 
   }
 }
 
-// FlashMLA records: this thread's quarter of position load_pos, from staging
-// `stage` into the bf16 tile: codes times their group's scale (dequantized
-// here, so the products need no scales), the bf16 rope chunks copied.
-[[maybe_unused]] __device__ __forceinline__ void convert_flash_tile(uint8_t* tiles, int stage, int load_pos,
-                                                                    int load_lane) {
-  const uint8_t* staged = tiles + kTileBytes + stage * kFlashStagingBytes + load_pos * kFlashRecordBytes;
+// FlashMLA records: this thread's quarter of position load_pos, from the
+// staged codes (at `staged`, the bf16 rope at staged + rope_at) into the bf16
+// tile: codes times their group's scale (dequantized here, so the products
+// need no scales), the bf16 rope chunks copied. Code chunk c = load_lane + 4 k
+// is in group c / 8 = k / 2.
+[[maybe_unused]] __device__ __forceinline__ void convert_flash_record(uint8_t* tiles, const uint8_t* staged,
+                                                                      int rope_at, const float4& group_scale,
+                                                                      int load_pos, int load_lane) {
+  const float gs[4] = {group_scale.x, group_scale.y, group_scale.z, group_scale.w};
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
-    const int c = load_lane + 4 * k;  // code chunk 0..31, group c / 8
+    const int c = load_lane + 4 * k;  // code chunk 0..31
     const uint4 codes = *reinterpret_cast<const uint4*>(staged + c * 16);
-    const float scale = *reinterpret_cast<const float*>(staged + kFlashScalesAt + 4 * (c >> 3));
     uint4 lo, hi;
-    fp8x16_scaled_to_bf16(codes, scale, lo, hi);
+    fp8x16_scaled_to_bf16(codes, gs[k >> 1], lo, hi);
     *reinterpret_cast<uint4*>(tiles + tile_offset(load_pos, 2 * c)) = lo;
     *reinterpret_cast<uint4*>(tiles + tile_offset(load_pos, 2 * c + 1)) = hi;
   }
@@ -229,14 +247,48 @@ __device__ __forceinline__ void issue_latent_tile(const MlaDecodeDescriptor& d, 
   for (int k = 0; k < 2; ++k) {
     const int j = 2 * load_lane + k;  // rope chunk 0..7 = tile chunk 64 + j
     *reinterpret_cast<uint4*>(tiles + tile_offset(load_pos, 64 + j)) =
-        *reinterpret_cast<const uint4*>(staged + kFlashRopeAt + 16 * j);
+        *reinterpret_cast<const uint4*>(staged + rope_at + 16 * j);
   }
 }
 
-template <bool kFp8>
+// The narrow kernel's staging holds whole records (scales included).
+[[maybe_unused]] __device__ __forceinline__ void convert_flash_tile(uint8_t* tiles, int stage, int load_pos,
+                                                                    int load_lane) {
+  const uint8_t* staged = tiles + kTileBytes + stage * kFlashStagingBytes + load_pos * kFlashRecordBytes;
+  convert_flash_record(tiles, staged, kFlashRopeAt, *reinterpret_cast<const float4*>(staged + kFlashScalesAt),
+                       load_pos, load_lane);
+}
+
+// The wide kernel's FlashMLA staging: this thread's quarter of the codes and
+// rope values of position kv0 + load_pos (10 of the 40 chunks; the record's
+// scale chunk is skipped) into stage `stage`, and the position's 4 group scales
+// into `group_scale` (a register load, consumed when the stage is converted;
+// zeros past kv_end, where the codes are zero-filled too).
+[[maybe_unused]] __device__ __forceinline__ void issue_flash_wide_tile(const MlaDecodeDescriptor& d,
+                                                                       const int32_t* table, int kv0, int kv_end,
+                                                                       uint8_t* staging, int stage, int load_pos,
+                                                                       int load_lane, float4& group_scale) {
+  const int pos = kv0 + load_pos;
+  const bool valid = pos < kv_end;
+  const int bs = d.block_size;
+  const int64_t slot = valid ? int64_t{table[pos / bs]} * bs + pos % bs : 0;
+  uint8_t* dst = staging + stage * kWideFlashStageBytes + load_pos * kWideFlashStagedBytes;
+  const uint8_t* src = static_cast<const uint8_t*>(d.latent) + slot * kFlashRecordBytes;
+#pragma unroll
+  for (int k = 0; k < kWideFlashStagedBytes / 16 / 4; ++k) {
+    const int c = load_lane + 4 * k;  // staged chunk 0..39: codes 0..31, rope 32..39 (record chunks 33..40)
+    cp_async_16(dst + c * 16, src + (c < 32 ? c : c + 1) * 16, valid);
+  }
+  group_scale =
+      valid ? __ldg(reinterpret_cast<const float4*>(src + kFlashScalesAt)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
+template <int kFormat>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_kernel(const MlaDecodeDescriptor d, const __nv_bfloat16* __restrict__ q,
                       __nv_bfloat16* __restrict__ out) {
+  [[maybe_unused]] constexpr bool kFp8 = kFormat != kBf16;
+  [[maybe_unused]] constexpr bool kFlash = kFormat == kFp8FlashMla;
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // The portable compute_90 PTX has no wgmma: this body exists only in the sm_90a machine code.
   __trap();
@@ -245,10 +297,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t raw_addr = smem_address(smem_raw);
   uint8_t* base = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
   uint8_t* q_tile = base + kQAt;
-  uint8_t* p_tile = base + kPAt;
-  float* scales = reinterpret_cast<float*>(base + kScalesAt);  // fp8: [2 stages][64]
-  float* row_max = reinterpret_cast<float*>(base + kMaxAt);    // [2 groups][64 heads]
-  float* row_sum = reinterpret_cast<float*>(base + kSumAt);
+  uint8_t* p_tile = base + (kFlash ? kWideFlashPAt : kPAt);
+  float* scales = reinterpret_cast<float*>(base + kScalesAt);  // per-vector fp8: [2 stages][64]
+  float* row_max = reinterpret_cast<float*>(base + (kFlash ? kWideFlashMaxAt : kMaxAt));  // [2 groups][64 heads]
+  float* row_sum = reinterpret_cast<float*>(base + (kFlash ? kQAt : kSumAt));
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -287,9 +339,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     // Gathers the tile starting at position kv0 into stage `stage`: bf16 straight
     // into the swizzled tile, fp8 codes into staging (and the scales).
+    // FlashMLA records: each stage's 4 group scales of this thread's position.
+    float4 group_scale[2];
     auto issue_tile = [&](int kv0, int stage) {
-      issue_latent_tile<kFp8 ? kFp8Vector : kBf16>(d, table, kv0, kv_end, base + kTilesAt, scales, stage, load_pos,
-                                                   load_lane);
+      if constexpr (kFlash) {
+        float4 gs;
+        issue_flash_wide_tile(d, table, kv0, kv_end, base + kWideFlashStagingAt, stage, load_pos, load_lane, gs);
+        if (stage == 0) group_scale[0] = gs;
+        else group_scale[1] = gs;
+      } else {
+        issue_latent_tile<kFormat>(d, table, kv0, kv_end, base + kTilesAt, scales, stage, load_pos, load_lane);
+      }
     };
     // Two tiles in flight: the next tile's copies are issued as soon as the
     // buffer they overwrite has been consumed, so while a tile is computed the
@@ -322,16 +382,26 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else {
         __syncthreads();  // staging landed; every group is done with the bf16 tile
         kv_tile = base + kTilesAt;
-        convert_fp8_tile(kv_tile, stage, load_pos, load_lane);
+        if constexpr (kFlash) {
+          convert_flash_record(kv_tile,
+                               base + kWideFlashStagingAt + stage * kWideFlashStageBytes +
+                                   load_pos * kWideFlashStagedBytes,
+                               kMlaLatentDim, stage == 0 ? group_scale[0] : group_scale[1], load_pos, load_lane);
+        } else {
+          convert_fp8_tile(kv_tile, stage, load_pos, load_lane);
+        }
         fence_proxy_async_shared();
         __syncthreads();  // the tile is converted: its staging buffer is free
-        // The scales leave the staging area (every thread's, hence the barrier)
-        // before tile + 2's copies overwrite it.
+        if constexpr (!kFlash) {
+          // The scales leave the staging area (every thread's, hence the barrier)
+          // before tile + 2's copies overwrite it. (FlashMLA records were
+          // dequantized whole by the conversion.)
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+          for (int j = 0; j < 4; ++j)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) pos_scale[2 * j + e] = scales[stage * kTile + warpgroup * 32 + 8 * j + col + e];
-        __syncthreads();
+            for (int e = 0; e < 2; ++e) pos_scale[2 * j + e] = scales[stage * kTile + warpgroup * 32 + 8 * j + col + e];
+          __syncthreads();
+        }
         if (tile + 2 < num_tiles) issue_tile(kv0 + 2 * kTile, stage);
         cp_async_commit();
       }
@@ -831,12 +901,15 @@ __global__ void __launch_bounds__(128) mla_decode_merge_kernel(const MlaDecodeDe
 template <bool kFp8>
 cudaError_t prepare_one() {
   static const cudaError_t prepared = [] {
+    constexpr int kFirst = kFp8 ? kFp8Vector : kBf16;
     cudaError_t e =
-        cudaFuncSetAttribute(mla_decode_kernel<kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+        cudaFuncSetAttribute(mla_decode_kernel<kFirst>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     if (e != cudaSuccess) return e;
-    e = cudaFuncSetAttribute(mla_decode_narrow_kernel<kFp8 ? kFp8Vector : kBf16>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, kNarrowSmemBytes);
+    e = cudaFuncSetAttribute(mla_decode_narrow_kernel<kFirst>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kNarrowSmemBytes);
     if (e != cudaSuccess || !kFp8) return e;
+    e = cudaFuncSetAttribute(mla_decode_kernel<kFp8FlashMla>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (e != cudaSuccess) return e;
     return cudaFuncSetAttribute(mla_decode_narrow_kernel<kFp8FlashMla>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 kNarrowSmemBytes);
   }();
@@ -854,7 +927,7 @@ cudaError_t launch_mla_decode(const MlaDecodeDescriptor& d, const void* q, void*
   const bool fp8 = d.latent_element == KvElement::kFP8E4M3;
   if (!fp8 && d.latent_element != KvElement::kBF16) return cudaErrorInvalidValue;
   const bool flash = d.latent_layout == MlaLatentLayout::kFlashMla656;
-  if (flash && (!fp8 || d.num_heads > kNarrowHeads)) return cudaErrorInvalidValue;
+  if (flash && !fp8) return cudaErrorInvalidValue;
   if (fp8 && !flash && d.latent_scale == nullptr) return cudaErrorInvalidValue;
   if (d.max_splits > 1 && d.workspace == nullptr) return cudaErrorInvalidValue;
   const cudaError_t prepared = fp8 ? prepare_one<true>() : prepare_one<false>();
@@ -867,10 +940,12 @@ cudaError_t launch_mla_decode(const MlaDecodeDescriptor& d, const void* q, void*
     if (flash) mla_decode_narrow_kernel<kFp8FlashMla><<<grid, kThreads, kNarrowSmemBytes, stream>>>(d, qb, ob);
     else if (fp8) mla_decode_narrow_kernel<kFp8Vector><<<grid, kThreads, kNarrowSmemBytes, stream>>>(d, qb, ob);
     else mla_decode_narrow_kernel<kBf16><<<grid, kThreads, kNarrowSmemBytes, stream>>>(d, qb, ob);
+  } else if (flash) {
+    mla_decode_kernel<kFp8FlashMla><<<grid, kThreads, kSmemBytes, stream>>>(d, qb, ob);
   } else if (fp8) {
-    mla_decode_kernel<true><<<grid, kThreads, kSmemBytes, stream>>>(d, qb, ob);
+    mla_decode_kernel<kFp8Vector><<<grid, kThreads, kSmemBytes, stream>>>(d, qb, ob);
   } else {
-    mla_decode_kernel<false><<<grid, kThreads, kSmemBytes, stream>>>(d, qb, ob);
+    mla_decode_kernel<kBf16><<<grid, kThreads, kSmemBytes, stream>>>(d, qb, ob);
   }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || d.max_splits <= 1) return err;

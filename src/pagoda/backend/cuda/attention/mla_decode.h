@@ -13,7 +13,7 @@
 //       one f32 scale record per vector at slot b * block_size + s
 //       (runtime/kv_quant.h with num_kv_heads 1 and kv_scale_groups(576, fp8) = 1);
 //       or (MlaLatentLayout::kFlashMla656) one 656-byte record per slot in
-//       FlashMLA's fp8 layout (runtime/mla_fp8_layout.h), at most 16 heads.
+//       FlashMLA's fp8 layout (runtime/mla_fp8_layout.h).
 //
 // Rows, not sequences: decode plans one row per sequence; a prefill can use it
 // as a slow fallback with one row per prompt token (context_len = position + 1),
@@ -49,7 +49,7 @@ struct MlaDecodeConfig {
   float scale = 0.0f;      // softmax scale (> 0, finite), yarn's mscale included by the caller
   KvElement latent_element = KvElement::kBF16;  // kBF16 or kFP8E4M3
   // kFP8E4M3 only: the pool's records are FlashMLA's 656 bytes
-  // (runtime/mla_fp8_layout.h; num_heads <= 16) or codes + scale records.
+  // (runtime/mla_fp8_layout.h) or codes + scale records.
   MlaLatentLayout latent_layout = MlaLatentLayout::kPerVectorScale;
 };
 

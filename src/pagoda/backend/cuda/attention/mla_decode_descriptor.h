@@ -24,7 +24,7 @@ enum class MlaLatentLayout : int32_t {
   kPerVectorScale = 0,
   // FlashMLA's 656-byte records (runtime/mla_fp8_layout.h): 512 codes, 4 f32
   // scales (one per 128 latent values), the 64 rope values in bf16; no
-  // separate scale records. At most 16 heads (the narrow kernel).
+  // separate scale records.
   kFlashMla656 = 1,
 };
 

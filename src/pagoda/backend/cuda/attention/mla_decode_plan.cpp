@@ -42,9 +42,6 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
     if (config.latent_element != KvElement::kFP8E4M3)
       return invalid_argument_error("mla decode: latent_layout flashmla_656 needs latent_element fp8 e4m3, got {}",
                                     static_cast<int>(config.latent_element));
-    if (config.num_heads > 16)
-      return unimplemented_error("mla decode: num_heads {} with latent_layout flashmla_656 (at most 16)",
-                                 config.num_heads);
   }
   if (options.split_tokens < 0)
     return invalid_argument_error("mla decode: split_tokens {} must be >= 0", options.split_tokens);

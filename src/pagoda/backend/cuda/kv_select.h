@@ -1,0 +1,64 @@
+#pragma once
+// Token eviction's kept-token choice on the GPU (docs/KV_CACHE.md "Token
+// eviction"): per (layer, KV head) of one sequence, the indices that
+// runtime::select_kept_tokens returns for the same scores, computed on the
+// device so that a scored compaction (h2o, snapkv) needs no host round trip.
+//
+// Per head: the first `sinks` indices, the last `recent`, and from the middle
+// [sinks, num_valid - recent) the `take` with the highest score (for snapkv
+// the score averaged over a 7-wide neighbourhood, summed in index order as the
+// CPU does, so bit for bit the same), ties to the higher index (the CPU's
+// comparator). One CTA per head: a radix select (four 8-bit digit passes over
+// order-preserving keys) finds the take-th highest score, then a block scan
+// writes the chosen middle indices in ascending order. Then kv_build_moves
+// turns the kept indices into the gather's moves (kv_compact.h) and the
+// carried-over mass.
+//
+// Every launch is asynchronous and reads nothing from the host mid-way, so a
+// compaction is launch-only (capturable, though no graph includes it yet).
+// Scores must not be NaN (attention mass never is).
+//
+// Header for .cu and .cpp files alike (C++17, no std containers).
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "pagoda/backend/cuda/kv_compact.h"
+
+namespace pagoda::cuda {
+
+struct KvSelectShape {
+  int32_t num_heads = 0;   // (layer, KV head) rows of scores
+  int32_t num_valid = 0;   // candidate indices per head
+  int32_t sinks = 0;       // first indices always kept
+  int32_t recent = 0;      // last indices always kept
+  int32_t take = 0;        // kept from the middle by score (<= its length)
+  int32_t kept = 0;        // sinks + take + recent (the row length of `kept`)
+  bool pooled = false;     // average each score over its 7-wide neighbourhood first
+};
+
+// The shape runtime::select_kept_tokens uses for `budget` of `num_valid`
+// (config fields passed apart to keep this header free of std types).
+KvSelectShape kv_select_shape(int32_t num_heads, int32_t num_valid, int32_t budget, int32_t sink_tokens,
+                              int32_t window, bool streaming, bool pooled);
+
+// Bytes of device scratch kv_select_kept needs for `shape`.
+size_t kv_select_scratch_bytes(const KvSelectShape& shape);
+
+// kept[h * shape.kept + k] = the k-th kept index (ascending) of head h, whose
+// scores are scores[h * score_stride + i], i < num_valid. Errors:
+// cudaErrorInvalidValue for an inconsistent shape.
+cudaError_t kv_select_kept(const float* scores, int64_t score_stride, const KvSelectShape& shape, void* scratch,
+                           int32_t* kept, cudaStream_t stream);
+
+// For each (head h = layer * num_kv_heads + kv_head, k < kept_per_head):
+// moves[h * kept_per_head + k] = {old slot of kept index, new slot of k,
+// kv_head}, and new_mass[same] = carry ? mass[h * mass_stride + index] : 0.
+// Tables are device arrays of block ids; slots are block * block_size + offset.
+cudaError_t kv_build_moves(const int32_t* kept, int32_t num_heads, int32_t kept_per_head, int32_t num_kv_heads,
+                           const int32_t* old_table, const int32_t* new_table, int32_t block_size, const float* mass,
+                           int64_t mass_stride, bool carry, KvVectorMove* moves, float* new_mass,
+                           cudaStream_t stream);
+
+}  // namespace pagoda::cuda
