@@ -6,9 +6,11 @@
 // ceiling. Each figure is the median of event-timed launches after warm-up;
 // the pools (150-300 MB) are far past the 60 MB L2. Row 0's first 16 heads are
 // checked against a float64 reference at every shape (rel L2 printed), and
-// every output is checked finite.
+// every output is checked finite. Where the TMA-fed kernel applies (bf16, 16
+// heads) both kernels run on the same pool, one row each ("[cp.async]" and
+// "[tma]" in the name); --kernel picks one.
 //
-//   mla_decode_bench [--iters N] [--only SUBSTRING]
+//   mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel both|cp_async|tma]
 
 #include <cuda_runtime.h>
 
@@ -68,6 +70,9 @@ struct Result {
 
 int iters = 50;
 std::string only;
+std::string kernel_choice = "both";
+
+const char* kernel_name(MlaDecodeKernel k) { return k == MlaDecodeKernel::kTma ? "tma" : "cp.async"; }
 
 double copy_ceiling() {
   const size_t bytes = size_t{1} << 30;
@@ -92,7 +97,7 @@ double copy_ceiling() {
   return 2.0 * double(bytes) / (median(ms) * 1e-3) / 1e9;
 }
 
-Result run_shape(int batch, int context, int heads, bool fp8, int block_size, int num_sms, uint64_t seed,
+std::vector<Result> run_shape(int batch, int context, int heads, bool fp8, int block_size, int num_sms, uint64_t seed,
                  bool flash = false) {
   char name[128];
   std::snprintf(name, sizeof(name), "mla decode %s H=%d B=%d L=%d bs=%d", flash ? "fp8-656" : fp8 ? "fp8" : "bf16",
@@ -148,52 +153,70 @@ Result run_shape(int batch, int context, int heads, bool fp8, int block_size, in
   const MlaDecodeConfig config{heads, block_size, num_blocks, scale,
                                fp8 ? pagoda::kernels::cuda::KvElement::kFP8E4M3 : pagoda::kernels::cuda::KvElement::kBF16,
                                flash ? MlaLatentLayout::kFlashMla656 : MlaLatentLayout::kPerVectorScale};
-  auto plan = MlaDecodePlan::create(config, rows, AttentionDeviceInfo{num_sms});
-  if (!plan.ok()) {
-    std::fprintf(stderr, "%s: %s\n", name, std::string(plan.status().message()).c_str());
-    std::exit(1);
-  }
+  std::vector<MlaDecodeKernel> kernels;
+  if (kernel_choice != "tma") kernels.push_back(MlaDecodeKernel::kCpAsync);
+  if (kernel_choice != "cp_async") kernels.push_back(MlaDecodeKernel::kTma);
   const size_t out_elems = size_t(batch) * heads * kMlaLatentDim;
   void* d_codes = device_alloc(code_bytes);
   void* d_scales = device_alloc(scales.size() * 4);
   void* d_q = device_alloc(q.size() * 2);
   void* d_out = device_alloc(out_elems * 2);
-  void* d_arena = device_alloc(plan->arena_bytes());
-  void* d_work = device_alloc(plan->workspace_bytes());
   CHECK_CUDA(cudaMemcpy(d_codes, codes.data(), code_bytes, cudaMemcpyHostToDevice));
   if (!scales.empty()) CHECK_CUDA(cudaMemcpy(d_scales, scales.data(), scales.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(d_q, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(d_arena, plan->arena().data(), plan->arena_bytes(), cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemset(d_out, 0xff, out_elems * 2));
-  const auto desc = plan->descriptor(static_cast<int32_t*>(d_arena), d_codes, scales.empty() ? nullptr : d_scales,
-                                     static_cast<float*>(d_work));
-
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
-  for (int i = 0; i < 5; ++i) CHECK_CUDA(launch_mla_decode(desc, d_q, d_out, nullptr));
-  CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<float> ms;
-  for (int i = 0; i < iters; ++i) {
-    CHECK_CUDA(cudaEventRecord(start));
-    CHECK_CUDA(launch_mla_decode(desc, d_q, d_out, nullptr));
-    CHECK_CUDA(cudaEventRecord(stop));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
-    ms.push_back(t);
-  }
-  const double seconds = median(ms) * 1e-3;
 
-  // Check: all finite; row 0, heads 0..15 against float64.
-  std::vector<uint16_t> out(out_elems);
-  CHECK_CUDA(cudaMemcpy(out.data(), d_out, out_elems * 2, cudaMemcpyDeviceToHost));
-  for (uint16_t v : out)
-    if (!std::isfinite(pagoda::bf16_to_f32(v))) {
-      std::fprintf(stderr, "%s: non-finite output\n", name);
+  struct Timed {
+    MlaDecodeKernel kernel;
+    double seconds;
+    int ctas, segments;
+    std::vector<uint16_t> out;
+  };
+  std::vector<Timed> timed;
+  for (MlaDecodeKernel kernel : kernels) {
+    MlaDecodeOptions options;
+    options.kernel = kernel;
+    auto plan = MlaDecodePlan::create(config, rows, AttentionDeviceInfo{num_sms}, options);
+    if (!plan.ok()) {
+      std::fprintf(stderr, "%s: %s\n", name, std::string(plan.status().message()).c_str());
       std::exit(1);
     }
-  double num = 0, den = 0;
+    if (plan->kernel() != kernel) continue;  // the TMA kernel does not apply to this shape
+    void* d_arena = device_alloc(plan->arena_bytes());
+    void* d_work = device_alloc(plan->workspace_bytes());
+    CHECK_CUDA(cudaMemcpy(d_arena, plan->arena().data(), plan->arena_bytes(), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemset(d_out, 0xff, out_elems * 2));
+    const auto desc = plan->descriptor(static_cast<int32_t*>(d_arena), d_codes, scales.empty() ? nullptr : d_scales,
+                                       static_cast<float*>(d_work));
+    for (int i = 0; i < 5; ++i) CHECK_CUDA(launch_mla_decode(desc, d_q, d_out, nullptr));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<float> ms;
+    for (int i = 0; i < iters; ++i) {
+      CHECK_CUDA(cudaEventRecord(start));
+      CHECK_CUDA(launch_mla_decode(desc, d_q, d_out, nullptr));
+      CHECK_CUDA(cudaEventRecord(stop));
+      CHECK_CUDA(cudaEventSynchronize(stop));
+      float t = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+      ms.push_back(t);
+    }
+    Timed t{kernel, median(ms) * 1e-3, plan->num_ctas(), plan->num_segments(), std::vector<uint16_t>(out_elems)};
+    CHECK_CUDA(cudaMemcpy(t.out.data(), d_out, out_elems * 2, cudaMemcpyDeviceToHost));
+    for (uint16_t v : t.out)
+      if (!std::isfinite(pagoda::bf16_to_f32(v))) {
+        std::fprintf(stderr, "%s [%s]: non-finite output\n", name, kernel_name(kernel));
+        std::exit(1);
+      }
+    CHECK_CUDA(cudaFree(d_arena));
+    CHECK_CUDA(cudaFree(d_work));
+    timed.push_back(std::move(t));
+  }
+
+  // Check: row 0, heads 0..15 against float64 (one reference for every kernel).
+  std::vector<double> num(timed.size(), 0.0);
+  double den = 0;
   std::vector<double> sc(context);
   for (int h = 0; h < std::min(heads, 16); ++h) {
     const uint16_t* qv = &q[size_t(h) * kMlaKeyDim];
@@ -216,21 +239,29 @@ Result run_shape(int batch, int context, int heads, bool fp8, int block_size, in
       double o = 0;
       for (int p = 0; p < context; ++p) o += sc[p] * value(p, i);
       o /= sum;
-      const double g = pagoda::bf16_to_f32(out[size_t(h) * kMlaLatentDim + i]);
-      num += (g - o) * (g - o);
       den += o * o;
+      for (size_t k = 0; k < timed.size(); ++k) {
+        const double g = pagoda::bf16_to_f32(timed[k].out[size_t(h) * kMlaLatentDim + i]);
+        num[k] += (g - o) * (g - o);
+      }
     }
   }
   const double bytes = double(batch) * context * (flash ? double(record_bytes) : fp8 ? kMlaKeyDim + 4 : 2 * kMlaKeyDim);
   const double flops = 2.0 * batch * context * heads * double(kMlaKeyDim + kMlaLatentDim);
-  for (void* p : {d_codes, d_scales, d_q, d_out, d_arena, d_work}) CHECK_CUDA(cudaFree(p));
+  for (void* p : {d_codes, d_scales, d_q, d_out}) CHECK_CUDA(cudaFree(p));
   CHECK_CUDA(cudaEventDestroy(start));
   CHECK_CUDA(cudaEventDestroy(stop));
-  Result r{name, bytes / seconds / 1e9, flops / seconds / 1e12, seconds * 1e6, std::sqrt(num / den)};
-  std::printf("%-44s %8.1f us %7.0f GB/s %6.0f TFLOP/s  ctas %d x %d segments %d  check %.1e\n", name, r.micros,
-              r.gbps, r.tflops, plan->num_ctas(), (heads + 63) / 64, plan->num_segments(), r.check);
-  std::fflush(stdout);
-  return r;
+  std::vector<Result> results;
+  for (size_t k = 0; k < timed.size(); ++k) {
+    const double seconds = timed[k].seconds;
+    const std::string full = std::string(name) + " [" + kernel_name(timed[k].kernel) + "]";
+    Result r{full, bytes / seconds / 1e9, flops / seconds / 1e12, seconds * 1e6, std::sqrt(num[k] / den)};
+    std::printf("%-56s %8.1f us %7.0f GB/s %6.0f TFLOP/s  ctas %d x %d segments %d  check %.1e\n", full.c_str(),
+                r.micros, r.gbps, r.tflops, timed[k].ctas, (heads + 63) / 64, timed[k].segments, r.check);
+    std::fflush(stdout);
+    results.push_back(r);
+  }
+  return results;
 }
 
 }  // namespace
@@ -239,8 +270,12 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+    else if (!std::strcmp(argv[i], "--kernel") && i + 1 < argc &&
+             (!std::strcmp(argv[i + 1], "both") || !std::strcmp(argv[i + 1], "cp_async") ||
+              !std::strcmp(argv[i + 1], "tma")))
+      kernel_choice = argv[++i];
     else {
-      std::fprintf(stderr, "usage: mla_decode_bench [--iters N] [--only SUBSTRING]\n");
+      std::fprintf(stderr, "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel both|cp_async|tma]\n");
       return 2;
     }
   }
@@ -275,8 +310,8 @@ int main(int argc, char** argv) {
     std::snprintf(name, sizeof(name), "mla decode %s H=%d B=%d L=%d bs=%d", s.flash ? "fp8-656" : s.fp8 ? "fp8" : "bf16",
                   s.heads, s.batch, s.context, s.block_size);
     if (!only.empty() && std::string(name).find(only) == std::string::npos) continue;
-    results.push_back(
-        run_shape(s.batch, s.context, s.heads, s.fp8, s.block_size, prop.multiProcessorCount, seed++, s.flash));
+    for (auto& r : run_shape(s.batch, s.context, s.heads, s.fp8, s.block_size, prop.multiProcessorCount, seed++, s.flash))
+      results.push_back(std::move(r));
   }
   std::printf("\n| figure | us | GB/s | TFLOP/s | check (rel L2) |\n|---|---|---|---|---|\n");
   for (const auto& r : results)

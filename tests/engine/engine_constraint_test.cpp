@@ -20,8 +20,17 @@ class CycleConstraint : public TokenConstraint {
   size_t fill_allowed(std::span<uint64_t> mask) override {
     ++fills_;
     if (accepted_ >= dead_after_) return 0;
-    for (int32_t t : allowed_) mask[t >> 6] |= uint64_t{1} << (t & 63);
-    return allowed_.size();
+    size_t set = 0;
+    for (int32_t t : allowed_) {
+      // Tokens must lie inside the mask the engine hands over (one bit per vocabulary id).
+      if (t < 0 || static_cast<size_t>(t >> 6) >= mask.size()) {
+        ADD_FAILURE() << "token " << t << " outside a mask of " << mask.size() * 64 << " ids";
+        continue;
+      }
+      mask[t >> 6] |= uint64_t{1} << (t & 63);
+      ++set;
+    }
+    return set;
   }
   bool accept(int32_t token) override {
     if (std::find(allowed_.begin(), allowed_.end(), token) == allowed_.end()) return false;
@@ -114,7 +123,7 @@ TEST(EngineConstraintTest, ConstrainedRowsTakeTheHostPathUnderADeviceSampler) {
 // Greedy rows give the same tokens on both paths (random draws differ: the device keys its RNG
 // by seed and step, the host by the sequence's own generator).
 TEST(EngineConstraintTest, ConstrainedRowsStayOnADeviceThatMasks) {
-  const std::vector<int32_t> allowed = {9, 10, 33, 70};
+  const std::vector<int32_t> allowed = {9, 10, 33, 60};
   std::vector<std::vector<int32_t>> outputs;
   for (bool masking : {false, true}) {
     Harness h(128, 4);
@@ -203,7 +212,7 @@ TEST(EngineConstraintTest, DeferredMasksGiveTheTokensOfTheHostPath) {
     h.runner.device_masking = masking;
     std::vector<std::shared_ptr<RequestStream>> streams;
     for (int32_t i = 0; i < 6; ++i) {
-      std::vector<int32_t> allowed = {3 + i, 17, 40 + 2 * i, 63, 90 - i};
+      std::vector<int32_t> allowed = {3 + i, 17, 40 + 2 * i, 63, 60 - i};
       GenerationRequest r = request(10, i == 2 ? nullptr : std::make_shared<CycleConstraint>(allowed, 1000));
       r.sampling.temperature = 0.0f;
       r.prompt_tokens.push_back(i);

@@ -52,6 +52,11 @@ struct MlaCase {
   int32_t num_sms = 0;  // 0: the device's
   int32_t shared_prefix_blocks = 0;  // sequence 1 starts with sequence 0's first blocks (a fork)
   uint32_t seed = 1;
+  // bf16: every pool slot outside the sequences' [0, length) holds NaN (a
+  // kernel that lets a partial page's unused rows into 0 x V shows it).
+  bool poison_unused = false;
+  // Launch through a captured CUDA graph (a non-default stream) instead of directly.
+  bool use_graph = false;
 };
 
 struct MlaBatch {
@@ -136,6 +141,16 @@ MlaBatch make_batch(const MlaCase& c) {
   }
   b.q.resize(b.rows.size() * size_t(c.heads) * kMlaKeyDim);
   for (auto& e : b.q) e = f32_to_bf16(unit(rng));
+  if (c.poison_unused && c.element == KvElement::kBF16) {
+    std::vector<bool> used(slots, false);
+    for (size_t s = 0; s < c.sequence_lengths.size(); ++s)
+      for (int32_t p = 0; p < c.sequence_lengths[s]; ++p)
+        used[size_t(b.tables[s][size_t(p / c.block_size)]) * c.block_size + size_t(p % c.block_size)] = true;
+    const uint16_t nan = 0x7fc0;
+    for (size_t v = 0; v < slots; ++v)
+      if (!used[v])
+        for (int32_t i = 0; i < kMlaKeyDim; ++i) std::memcpy(&b.codes[2 * (v * kMlaKeyDim + size_t(i))], &nan, 2);
+  }
   return b;
 }
 
@@ -198,10 +213,34 @@ StatusOr<std::vector<uint16_t>> run(const MlaBatch& b, const MlaCase& c, MlaDeco
   if (workspace.bytes() > 0) PAGODA_CUDA_RETURN_IF_ERROR(cudaMemset(workspace.get(), 0xff, workspace.bytes()));
   const auto desc = plan.descriptor(arena.get<int32_t>(), codes.get(), b.records.empty() ? nullptr : records.get(),
                                     workspace.get<float>());
-  PAGODA_CUDA_RETURN_IF_ERROR(launch_mla_decode(desc, q.get(), out.get(), nullptr));
+  if (!c.use_graph) {
+    PAGODA_CUDA_RETURN_IF_ERROR(launch_mla_decode(desc, q.get(), out.get(), nullptr));
+  } else {
+    PAGODA_CUDA_RETURN_IF_ERROR(prepare_mla_decode_kernels());
+    cudaStream_t stream = nullptr;
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    if (e == cudaSuccess) {
+      const cudaError_t launched = launch_mla_decode(desc, q.get(), out.get(), stream);
+      e = cudaStreamEndCapture(stream, &graph);
+      if (launched != cudaSuccess) e = launched;
+    }
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+    // Replayed twice: the second replay must give the same output.
+    for (int i = 0; i < 2 && e == cudaSuccess; ++i) e = cudaGraphLaunch(exec, stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+    PAGODA_CUDA_RETURN_IF_ERROR(e);
+  }
   PAGODA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   std::vector<uint16_t> host(out_elements);
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy(host.data(), out.get(), out_elements * 2, cudaMemcpyDeviceToHost));
+  if (c.options.kernel == MlaDecodeKernel::kTma && plan.kernel() != MlaDecodeKernel::kTma)
+    return internal_error("{}: the plan took kernel {} instead of TMA", c.name, static_cast<int>(plan.kernel()));
   if (plan_out) *plan_out = std::move(plan);
   return host;
 }
@@ -225,8 +264,9 @@ void expect_close(const MlaCase& c) {
     std::vector<double> w(want.begin() + ptrdiff_t(r * per_row), want.begin() + ptrdiff_t((r + 1) * per_row));
     worst = std::max(worst, testing::relative_l2(g, w));
   }
-  std::printf("%-40s rows %3zu segments %4d ctas %4d max_splits %3d  rel L2 %.2e (worst row %.2e)\n",
-              c.name.c_str(), b.rows.size(), plan.num_segments(), plan.num_ctas(), plan.max_splits(), overall, worst);
+  std::printf("%-40s %s rows %3zu segments %4d ctas %4d max_splits %3d  rel L2 %.2e (worst row %.2e)\n",
+              c.name.c_str(), plan.kernel() == MlaDecodeKernel::kTma ? "tma " : "cp.async", b.rows.size(),
+              plan.num_segments(), plan.num_ctas(), plan.max_splits(), overall, worst);
   EXPECT_LT(overall, kMaxRelativeError) << c.name;
   EXPECT_LT(worst, 2 * kMaxRelativeError) << c.name;
 }
@@ -413,6 +453,92 @@ TEST_F(MlaDecodeGpuTest, RowsSharingBlocks) {
   f.shared_prefix_blocks = 80;
   f.seed = 14;
   expect_close(f);
+}
+
+// ---- The TMA-fed 16-head bf16 kernel (MlaDecodeKernel::kTma; mla_decode_tma.cu).
+// Unused pool slots hold NaN, so the rows of a partial last page (and of pages
+// past a segment's end) must be zeroed, not merely masked. run() fails a case
+// whose plan did not take the TMA kernel.
+MlaCase tma(MlaCase c) {
+  c.options.kernel = MlaDecodeKernel::kTma;
+  c.poison_unused = true;
+  return c;
+}
+
+TEST_F(MlaDecodeGpuTest, TmaBlockSizesRaggedEnds) {
+  const KvElement bf16 = KvElement::kBF16;
+  expect_close(tma(make_case("tma h16 bs64 ragged", 16, 64, bf16, {1, 63, 64, 65, 2000, 4100}, 90)));
+  expect_close(tma(make_case("tma h16 bs16 ragged", 16, 16, bf16, {1, 17, 64, 65, 300, 1000, 4097}, 91)));
+  expect_close(tma(make_case("tma h16 bs32", 16, 32, bf16, {5, 100, 777}, 92)));
+  expect_close(tma(make_case("tma h16 bs8", 16, 8, bf16, {3, 100, 777}, 93)));
+  expect_close(tma(make_case("tma h16 bs128", 16, 128, bf16, {5, 100, 130, 777}, 94)));
+  expect_close(tma(make_case("tma h16 bs256", 16, 256, bf16, {200, 1000}, 95)));
+  // Fewer heads (tensor-parallel ranks): Q rows past num_heads are zeros.
+  expect_close(tma(make_case("tma h8 bs64", 8, 64, bf16, {1, 500}, 96)));
+  expect_close(tma(make_case("tma h1 bs16", 1, 16, bf16, {64, 129}, 97)));
+}
+
+TEST_F(MlaDecodeGpuTest, TmaSplitsSchedulesAndSharing) {
+  const KvElement bf16 = KvElement::kBF16;
+  // Fixed small splits (the merge pass), segments ending inside a page.
+  expect_close(tma(with_options(make_case("tma h16 bs64 split 64", 16, 64, bf16, {1, 100, 1000, 2500}, 100), 64, 0)));
+  expect_close(tma(with_options(make_case("tma h16 bs16 split 128", 16, 16, bf16, {7, 333, 1200}, 101), 100, 0)));
+  // Few SMs: several segments per CTA, the stage ring carried across segments.
+  expect_close(tma(with_options(make_case("tma h16 bs64 7 sms", 16, 64, bf16, {1, 5, 70, 300, 1000, 2000, 64, 3}, 102),
+                                0, 7)));
+  expect_close(tma(with_options(make_case("tma h16 bs16 5 sms", 16, 16, bf16, {129, 1, 2000, 40}, 103), 0, 5)));
+  // One SM: long segments, both stages reused many times.
+  expect_close(tma(with_options(make_case("tma h16 bs64 1 sm", 16, 64, bf16, {1000, 130}, 104), 0, 1)));
+  expect_close(tma(with_options(make_case("tma h16 bs16 1 sm", 16, 16, bf16, {1000, 130}, 105), 0, 1)));
+  // Prefill-style rows of one sequence and a fork sharing its first blocks.
+  MlaCase shared = tma(make_case("tma h16 bs16 prefill rows + fork", 16, 16, bf16, {300, 200}, 106));
+  for (int32_t p = 250; p < 300; ++p) shared.rows.push_back({0, p + 1});
+  shared.rows.push_back({1, 200});
+  shared.rows.push_back({1, 37});
+  shared.shared_prefix_blocks = 5;
+  expect_close(shared);
+}
+
+TEST_F(MlaDecodeGpuTest, TmaGraphPlans) {
+  // The CUDA-graph layout (fixed rows with padding, tables at a stride), launched
+  // directly and through a captured graph (the tensor map is a kernel parameter).
+  for (const bool graph : {false, true}) {
+    MlaCase c = tma(make_case(graph ? "tma h16 bs64 fixed 8 graph" : "tma h16 bs64 fixed 8", 16, 64,
+                              KvElement::kBF16, {1, 70, 3000, 640, 5}, 107));
+    c.options.fixed_rows = 8;
+    c.options.fixed_block_table_stride = 100;
+    c.use_graph = graph;
+    expect_close(c);
+    MlaCase s = tma(make_case(graph ? "tma h16 bs16 fixed 4 graph" : "tma h16 bs16 fixed 4", 16, 16,
+                              KvElement::kBF16, {2, 300, 1000}, 108));
+    s.options.fixed_rows = 4;
+    s.options.fixed_block_table_stride = 100;
+    s.use_graph = graph;
+    expect_close(s);
+  }
+}
+
+TEST_F(MlaDecodeGpuTest, TmaMatchesCpAsyncKernel) {
+  // The same math in the same order on both kernels: outputs agree to far
+  // below bf16's rounding (printed: expected identical).
+  for (int32_t bs : {64, 16}) {
+    MlaCase c = make_case("tma vs cp.async", 16, bs, KvElement::kBF16, {33, 700, 3000}, 110 + uint32_t(bs));
+    const MlaBatch b = make_batch(c);
+    c.options.kernel = MlaDecodeKernel::kCpAsync;
+    auto old_out = run(b, c);
+    c.options.kernel = MlaDecodeKernel::kTma;
+    auto new_out = run(b, c);
+    ASSERT_TRUE(old_out.ok()) << old_out.status().message();
+    ASSERT_TRUE(new_out.ok()) << new_out.status().message();
+    std::vector<double> want;
+    for (uint16_t v : *old_out) want.push_back(bf16_to_f32(v));
+    const double err = testing::relative_l2(*new_out, want);
+    size_t differing = 0;
+    for (size_t i = 0; i < want.size(); ++i) differing += (*old_out)[i] != (*new_out)[i];
+    std::printf("blocks of %2d: TMA vs cp.async rel L2 %.3e, %zu of %zu outputs differ\n", bs, err, differing,
+                want.size());
+    EXPECT_LT(err, 1e-3) << "blocks of " << bs;
+  }
 }
 
 TEST_F(MlaDecodeGpuTest, Fp8WithoutScalesRefusedAtLaunch) {

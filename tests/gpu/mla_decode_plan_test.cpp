@@ -189,5 +189,33 @@ TEST(MlaDecodePlanTest, FixedModeDescriptorIsTheSameForEveryStep) {
   expect_error(config(), a, "fixed_block_table_stride 0", MlaDecodeOptions{0, 8, 0});
 }
 
+TEST(MlaDecodePlanTest, KernelChoice) {
+  // The TMA kernel where it applies (bf16, <= 16 heads, blocks of 8 / 16 / 32 /
+  // multiples of 64), cp.async elsewhere; the descriptor carries the choice.
+  const auto t = table(100);
+  const std::vector<MlaDecodeRow> one{{100, t}};
+  MlaDecodeOptions o;
+  o.kernel = MlaDecodeKernel::kTma;
+  auto kernel_of = [&](MlaDecodeConfig c) {
+    auto plan = MlaDecodePlan::create(c, one, {}, o);
+    EXPECT_TRUE(plan.ok()) << plan.status().message();
+    if (!plan.ok()) return MlaDecodeKernel::kDefault;
+    EXPECT_EQ(plan->descriptor(nullptr, nullptr, nullptr, nullptr).kernel, plan->kernel());
+    EXPECT_EQ(plan->descriptor(nullptr, nullptr, nullptr, nullptr).num_blocks, c.num_blocks);
+    return plan->kernel();
+  };
+  for (int32_t bs : {8, 16, 32, 64, 128, 192}) EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kTma) << bs;
+  EXPECT_EQ(kernel_of(config(1, 64)), MlaDecodeKernel::kTma);
+  for (int32_t bs : {1, 3, 4, 48, 100}) EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kCpAsync) << bs;
+  EXPECT_EQ(kernel_of(config(17, 64)), MlaDecodeKernel::kCpAsync);
+  auto fp8 = config(16, 64);
+  fp8.latent_element = KvElement::kFP8E4M3;
+  EXPECT_EQ(kernel_of(fp8), MlaDecodeKernel::kCpAsync);
+  o.kernel = MlaDecodeKernel::kCpAsync;
+  EXPECT_EQ(kernel_of(config(16, 64)), MlaDecodeKernel::kCpAsync);
+  o.kernel = static_cast<MlaDecodeKernel>(7);
+  expect_error(config(), one, "kernel 7 unknown", o);
+}
+
 }  // namespace
 }  // namespace pagoda::kernels::cuda

@@ -30,11 +30,13 @@ class RedisTierTest : public ::testing::Test {
     if (!testing::RedisServer::available()) GTEST_SKIP() << "redis-server is not installed";
     ASSERT_TRUE(server_.start());
   }
-  std::unique_ptr<RedisTier> open() {
+  // 300 ms per command keeps the server-down cases short; a test that needs every write to land
+  // gives more (a loaded or sanitized run can take longer than 300 ms for one round trip).
+  std::unique_ptr<RedisTier> open(std::chrono::milliseconds timeout = std::chrono::milliseconds(300)) {
     auto endpoint = parse_redis_url(server_.url());
     EXPECT_TRUE(endpoint.ok());
     auto t = RedisTier::open({.endpoint = *endpoint, .ttl_seconds = 60, .block_bytes = kBlockBytes,
-                              .timeout = std::chrono::milliseconds(300)});
+                              .timeout = timeout});
     EXPECT_TRUE(t.ok()) << t.status().to_string();
     return t.ok() ? std::move(*t) : nullptr;
   }
@@ -71,11 +73,11 @@ TEST(RedisUnreachableTest, OpenFailsWithTheAddress) {
 }
 
 TEST_F(RedisTierTest, WritesReadBackAcrossClientsAndTenantsDoNotMeet) {
-  auto writer = open();
+  auto writer = open(std::chrono::seconds(5));
   for (int i = 0; i < 5; ++i) writer->write_async(key_of(i), block_of(i));
   writer->flush();
   EXPECT_EQ(writer->stats().blocks_written, 5);
-  auto reader = open();  // another process would see the same
+  auto reader = open(std::chrono::seconds(5));  // another process would see the same
   EXPECT_EQ(read_run(*reader, 7), 5);
   EXPECT_EQ(reader->stats().hit_blocks, 5);
   EXPECT_EQ(read_run(*reader, 3, "other-tenant"), 0);

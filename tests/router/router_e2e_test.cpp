@@ -47,6 +47,7 @@ std::string keys_file() {
         std::string(PAGODA_BINARY_DIR) + "/router_e2e_keys." + std::to_string(::getpid()) + ".json";
     const std::string tmp = final_path + ".tmp";
     std::ofstream(tmp) << R"({"keys": [{"key": "sk-alice", "tenant": "alice"}, {"key": "sk-bob", "tenant": "bob"},
+                                    {"key": "sk-app", "tenant": "app", "user_salt": true},
                                     {"key": "sk-router", "tenant": "ops", "admin": true}]})";
     std::filesystem::rename(tmp, final_path);
     return final_path;
@@ -216,6 +217,46 @@ TEST_F(RouterE2eTest, EveryLaterTurnLandsWhereTheConversationIsCached) {
   const std::string metrics = client(router_.port(), "").Get("/metrics")->body;
   EXPECT_GT(metric(metrics, "pagoda_router_prefix_match_tokens_sum"), 0) << metrics;
   EXPECT_EQ(metric(metrics, "pagoda_router_unhashed_prompts_total"), 0);
+}
+
+// A salting key's users (X-Pagoda-User) have namespaces of their own: the router asks the replicas for
+// each user's seed, so it hashes a user's prompts into that user's block keys. Then a user's later turns
+// match that user's cached blocks (and land there), and another user's identical prompt matches nothing:
+// hashed with the tenant's seed instead, user-2's first turns would "match" user-1's blocks (the same
+// system prompts) and be sent to a replica that cannot serve them from cache.
+TEST_F(RouterE2eTest, SaltedUsersAreHashedIntoTheirOwnNamespaces) {
+  const auto matched = [&] {
+    return metric(client(router_.port(), "").Get("/metrics")->body, "pagoda_router_prefix_match_tokens_sum");
+  };
+  int64_t later_turn_prompt = 0;
+  double later_turn_matched = 0;
+  for (const std::string user : {"user-1", "user-2"}) {
+    auto c = client(router_.port(), "sk-app");
+    for (int conversation = 0; conversation < 3; ++conversation) {
+      json messages = {{{"role", "system"}, {"content", system_prompt(200 + conversation)}}};
+      for (int turn = 0; turn < 3; ++turn) {
+        messages.push_back({{"role", "user"}, {"content", "Question " + std::to_string(turn) + ", please."}});
+        const double matched_before = matched();
+        auto res = c.Post("/v1/chat/completions", {{"X-Pagoda-User", user}}, chat_body(messages, 8).dump(),
+                          "application/json");
+        ASSERT_TRUE(res);
+        ASSERT_EQ(res->status, 200) << res->body;
+        const double matched_here = matched() - matched_before;
+        const json j = json::parse(res->body);
+        const int64_t cached = j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+        if (turn > 0) {
+          EXPECT_GT(cached, 0) << user << " conversation " << conversation << " turn " << turn << " missed its cache";
+          later_turn_prompt += j["usage"]["prompt_tokens"].get<int64_t>();
+          later_turn_matched += matched_here;
+        } else {
+          EXPECT_EQ(cached, 0) << user << " hit another user's blocks";
+          EXPECT_EQ(matched_here, 0) << user << "'s first turn matched blocks of another namespace in the router";
+        }
+        messages.push_back({{"role", "assistant"}, {"content", j["choices"][0]["message"]["content"]}});
+      }
+    }
+  }
+  EXPECT_GT(later_turn_matched * 2, later_turn_prompt) << "the router matched the users' own cached prefixes";
 }
 
 TEST_F(RouterE2eTest, ResponsesPassThroughByteForByteStreamedOrWhole) {

@@ -8,6 +8,7 @@ renders exactly like the Python twin the training data is built with).
 import json
 import math
 import os
+import random
 import sys
 import unittest
 
@@ -157,6 +158,48 @@ class ArgsTest(unittest.TestCase):
             with self.assertRaises(SystemExit, msg=flags):
                 train.parse_args(["--data", "d", "--out", "o"] + flags)
 
+    def test_bad_curriculum_flags_are_rejected(self):
+        for flags in (["--recall-kinds", "list=1,echo=2"], ["--recall-kinds", "list=-1"],
+                      ["--recall-kinds", "list=0"], ["--recall-kinds", "list=x"],
+                      ["--curriculum", "1.5"], ["--recall-fraction-start", "-0.1"],
+                      ["--curriculum-start-depth", "3"]):
+            with self.assertRaises(SystemExit, msg=flags):
+                train.parse_args(["--data", "d", "--out", "o"] + flags)
+        args = train.parse_args(["--data", "d", "--out", "o", "--recall-kinds",
+                                 "list=1,random=2.5"])
+        self.assertEqual(args.recall_kind_weights, {"list": 1.0, "random": 2.5})
+
+    def test_recall_schedule_moves_share_and_distance(self):
+        args = train.parse_args(["--data", "d", "--out", "o", "--batch-size", "16",
+                                 "--recall-fraction", "0.25", "--recall-fraction-start", "0.75",
+                                 "--curriculum", "0.5", "--curriculum-start-depth", "200"])
+        self.assertEqual(train.recall_schedule(args, 0, 1000, 1800, True), (12, 200))
+        self.assertEqual(train.recall_schedule(args, 250, 1000, 1800, True), (8, 1000))
+        self.assertEqual(train.recall_schedule(args, 500, 1000, 1800, True), (4, 1800))
+        self.assertEqual(train.recall_schedule(args, 900, 1000, 1800, True), (4, 1800))
+        self.assertEqual(train.recall_schedule(args, 0, 1000, 1800, False)[0], 0)
+        plain = train.parse_args(["--data", "d", "--out", "o", "--batch-size", "16"])
+        self.assertEqual(plain.curriculum, 0.0)  # without a curriculum: constant, as before
+        for step in (0, 500):
+            self.assertEqual(train.recall_schedule(plain, step, 1000, 1800, True), (6, 1800))
+
+    def test_copy_warmup_alphabet_and_period_grow(self):
+        args = train.parse_args(["--data", "d", "--out", "o", "--copy-warmup-steps", "100",
+                                 "--copy-warmup-alphabet", "128"])
+        pool = list(range(4000))
+        first, high = train.copy_warmup_stage(args, 0, pool, 2048)
+        self.assertEqual((first, high), (pool[:128], 32))
+        half, high = train.copy_warmup_stage(args, 50, pool, 2048)
+        self.assertEqual((len(half), high), (2064, 528))
+        last, high = train.copy_warmup_stage(args, 100, pool, 2048)
+        self.assertEqual((last, high), (pool, 1024))
+        args.copy_warmup_alphabet = 0  # the default: every token from the start
+        self.assertEqual(train.copy_warmup_stage(args, 0, pool, 2048), (pool, 32))
+        for flags in (["--copy-warmup-steps", "-1"], ["--copy-warmup-alphabet", "1"],
+                      ["--copy-warmup-alphabet", "-5"]):
+            with self.assertRaises(SystemExit, msg=flags):
+                train.parse_args(["--data", "d", "--out", "o"] + flags)
+
     def test_bad_epochs_are_rejected(self):
         with self.assertRaises(SystemExit):
             train.parse_args(["--data", "d", "--out", "o", "--epochs", "4,-1"])
@@ -255,6 +298,66 @@ class RecallDataTest(unittest.TestCase):
         pairs = [len(seq[1]["pairs"]) for seq in (a.next() for _ in range(200))
                  if seq[1]["kind"] == "passage"]
         self.assertGreater(sum(p > 1 for p in pairs), len(pairs) // 4)
+
+    def test_random_kind_copies_drawn_tokens_and_obeys_max_depth(self):
+        pool = list(range(9000, 9100))  # disjoint from the stream's ids
+        seqs = recall_data.RecallSequences(self.stream, fake_encode, self.words, 2048, 4,
+                                           weights={"list": 1, "random": 3}, random_ids=pool)
+        kinds, gaps = {"list": 0, "random": 0}, []
+        for _ in range(200):
+            ids, info = seqs.next()
+            self.check_sequence(ids, info, fake_encode, 2049)
+            kinds[info["kind"]] += 1
+            if info["kind"] == "random":
+                for pair in info["pairs"]:
+                    src, span = pair["source"], pair["span"]
+                    self.assertTrue(all(t in pool for t in ids[src:src + span]))
+                    gaps.append(pair["gap"])
+                self.assertLessEqual(len(info["pairs"]), recall_data.RANDOM_PAIRS)
+        self.assertTrue(110 < kinds["random"] < 190, kinds)
+        self.assertGreater(max(gaps), 1200)
+        seqs.max_depth = 100  # the curriculum's first stage
+        for _ in range(100):
+            ids, info = seqs.next()
+            self.check_sequence(ids, info, fake_encode, 2049)
+            depths = ([info["depth"]] if info["kind"] == "list"
+                      else [p["gap"] for p in info["pairs"]])
+            self.assertLessEqual(max(depths), 100)
+
+    def test_copy_trials_repeat_a_drawn_span(self):
+        pool = list(range(9000, 9100))
+        trials = recall_data.copy_trials(self.stream, pool, 600, [50, 400], 3, 24, 8)
+        self.assertEqual(len(trials), 6)
+        for trial in trials:
+            prompt, expected, d = trial["prompt"], trial["expected"], trial["depth"]
+            self.assertEqual(len(prompt), 600)
+            self.assertEqual(len(expected), 23)
+            span_start = 600 - 1 - d - 24
+            self.assertEqual(prompt[span_start:span_start + 24], prompt[-1:] + expected)
+            self.assertTrue(all(t in pool for t in prompt[-1:] + expected))
+        self.assertEqual(trials, recall_data.copy_trials(self.stream, pool, 600, [50, 400], 3,
+                                                         24, 8))
+        with self.assertRaises(ValueError):
+            recall_data.copy_trials(self.stream, pool, 100, [90], 1, 24, 1)
+
+    def test_tiled_rows_repeat_their_period(self):
+        rng = random.Random(2)
+        for _ in range(50):
+            ids, period = recall_data.tiled_row(rng, 2049, [7, 8, 9], 4, 64)
+            self.assertEqual(len(ids), 2049)
+            self.assertTrue(4 <= period <= 64)
+            self.assertEqual(ids[period:], ids[:-period])
+            self.assertTrue(set(ids) <= {7, 8, 9})
+        self.assertLessEqual(recall_data.tiled_row(rng, 20, [1], 4, 64)[1], 10)
+        with self.assertRaises(ValueError):
+            recall_data.tiled_row(rng, 20, [], 4, 8)
+
+    def test_bad_kind_weights_are_rejected(self):
+        for weights, pool in (({"echo": 1}, None), ({"list": -1, "passage": 2}, None),
+                              ({"list": 0}, None), ({"random": 1}, None)):
+            with self.assertRaises(ValueError, msg=weights):
+                recall_data.RecallSequences(self.stream, fake_encode, self.words, 2048, 1,
+                                            weights=weights, random_ids=pool)
 
     def test_short_sequences_still_fit(self):
         seqs = recall_data.RecallSequences(self.stream, fake_encode, self.words, 128, 1)

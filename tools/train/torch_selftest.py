@@ -9,6 +9,7 @@ Run: python3 tools/train/torch_selftest.py   (skips when torch is not importable
 `apt-get install python3-torch` and run it with /usr/bin/python3)
 """
 
+import json
 import math
 import os
 import random
@@ -101,6 +102,16 @@ class TorchPathsTest(unittest.TestCase):
         self.assertEqual(len(rows), 6)
         self.assertEqual(rows[0]["produced"], rows[0]["expected"])
 
+    def test_copy_probe_against_an_oracle_and_a_constant(self):
+        # Drawn ids disjoint from the filler's (1000-1999): the oracle finds only the span.
+        probes = recall_data.copy_trials(self.heldout, list(range(2000, 2100)), 200, [40, 120],
+                                         3, 16, 9)
+        counts = {}
+        self.assertEqual(train.teacher_forced_recall(InductionOracle(), probes, self.device, 4,
+                                                     by_depth=counts), 1.0)
+        self.assertEqual(counts, {40: [45, 45], 120: [45, 45]})
+        self.assertEqual(train.teacher_forced_recall(Constant(), probes, self.device, 4), 0.0)
+
     def test_score_text_windows(self):
         ppl, count, nll = train.score_text(Constant(), self.heldout[:100], 32, self.device, 2)
         self.assertEqual(count, 3 * 31 + 3)  # windows 32, 32, 32, 4
@@ -131,6 +142,43 @@ class TorchPathsTest(unittest.TestCase):
         self.assertEqual([r[1] for r in evaluated], [5, 10, 12])
         self.assertTrue(all(0.0 <= r[7] <= 1.0 for r in evaluated))
         self.assertTrue(all(math.isfinite(r[4]) for r in rows if r[4] is not None))
+        # A curriculum with random-token rows: the share falls from 6 rows to 2, all kinds come.
+        args.recall_fraction_start, args.recall_fraction, args.curriculum = 0.75, 0.25, 0.5
+        args.recall_max_depth, args.curriculum_start_depth = 90, 40
+        args.recall_kind_weights = {"list": 1.0, "passage": 1.0, "random": 2.0}
+        source = recall_data.RecallSequences(self.stream, self.encode, self.words[20:],
+                                             args.context, 12, max_depth=90,
+                                             weights=args.recall_kind_weights,
+                                             random_ids=list(range(1000, 2000)))
+        probes = recall_data.copy_trials(self.heldout, list(range(1000, 2000)), 96, [20, 60],
+                                         2, 8, 9)
+        summary, rows = train.train(args, TinyLM(), self.stream, self.heldout, self.device,
+                                    1000.0, time.time() + 120, "curriculum", source, monitor,
+                                    probes)
+        logged = [json.loads(r[8]) for r in rows if r[8]]
+        self.assertEqual(len(logged), 3)
+        self.assertTrue(all(set(m) == {"copy20", "copy60"} for m in logged), logged)
+        self.assertEqual(summary["recall_rows_per_step"], 6)
+        self.assertEqual(summary["recall_rows_last_step"], 2)
+        # Steps 0-5 move from 6 rows towards 2 (rounded): 6+5+5+4+3+3, then 2 per step: 6*2.
+        self.assertEqual(sum(summary["recall_sequences"].values()), 38)
+        self.assertGreater(summary["recall_sequences"]["random"], 0)
+        self.assertEqual(source.max_depth, 90)  # the distance reached its end
+        # A copy warm-up of 3 steps of tiled rows comes before the 12 steps of the schedule.
+        args.copy_warmup_steps, args.copy_warmup_alphabet = 3, 16
+        source.rng.seed(12)
+        summary, rows = train.train(args, TinyLM(), self.stream, self.heldout, self.device,
+                                    1000.0, time.time() + 120, "warm", source, monitor, probes,
+                                    copy_pool=list(range(1000, 2000)))
+        self.assertEqual(summary["steps"], 15)
+        self.assertEqual(summary["recall_sequences"]["tiled"], 3 * 8)
+        self.assertEqual(sum(v for k, v in summary["recall_sequences"].items()
+                             if k != "tiled"), 38)  # the schedule after the warm-up as above
+        self.assertGreater(summary["best_step"], 3)
+        with self.assertRaises(ValueError):
+            train.train(args, TinyLM(), self.stream, self.heldout, self.device, 1000.0,
+                        time.time() + 120, "warm", source, monitor, probes)
+        args.copy_warmup_steps = 0
         # Without recall rows or a monitor the loop is the plain one, chosen by loss.
         args.recall_fraction = 0.0
         summary, _ = train.train(args, TinyLM(), self.stream, self.heldout, self.device, 1000.0,

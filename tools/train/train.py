@@ -52,6 +52,7 @@ import random
 import sys
 import time
 import traceback
+from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import recall_data  # noqa: E402
@@ -82,6 +83,11 @@ GREEDY_PROMPTS = [
     ("kjv_genesis", "In the beginning God created"),
     ("kjv_moses", "And the LORD spake unto Moses, saying,"),
 ]
+# Extra teacher-forced monitor depths, logged at every evaluation (not used for selection).
+MONITOR_SHORT_DEPTHS = (100, 400)
+# Induction probes logged at every evaluation: random spans copied this far back.
+COPY_PROBE_DISTANCES = (100, 1000)
+COPY_PROBE_SPAN = 24
 CHAT_PROMPT = [{"role": "user", "content": "Continue this passage: Mr. Darcy walked into the room."}]
 
 
@@ -258,9 +264,11 @@ def _recall_batches(trials, batch_size):
     return [trials[i:i + batch_size] for i in range(0, len(trials), batch_size)]
 
 
-def teacher_forced_recall(model, trials, device, batch_size=16, autocast_dtype=None):
+def teacher_forced_recall(model, trials, device, batch_size=16, autocast_dtype=None,
+                          by_depth=None):
     """Share of list tokens that are the argmax after the prompt and the list's earlier tokens
-    (one forward per batch: the cheap monitor used while training)."""
+    (one forward per batch: the cheap monitor used while training). by_depth, when a dict, gets
+    [hits, tokens] per trial depth."""
     import torch
 
     hits, total = 0, 0
@@ -279,6 +287,9 @@ def teacher_forced_recall(model, trials, device, batch_size=16, autocast_dtype=N
             for trial, row in zip(group, predicted):
                 h, n = recall_data.in_place_accuracy(trial["expected"], row)
                 hits, total = hits + h, total + n
+                if by_depth is not None:
+                    d = by_depth.setdefault(trial["depth"], [0, 0])
+                    d[0], d[1] = d[0] + h, d[1] + n
     return hits / max(1, total)
 
 
@@ -341,9 +352,11 @@ def build_config(args, vocab_size, special_ids):
 
 
 def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run_name,
-          recall_source=None, recall_monitor=None):
+          recall_source=None, recall_monitor=None, copy_monitor=None, copy_pool=None):
     """recall_source: a recall_data.RecallSequences (or None: plain crops only); recall_monitor:
-    held-out recall trials scored teacher-forced at every evaluation (or None)."""
+    held-out recall trials scored teacher-forced at every evaluation (or None); copy_monitor:
+    recall_data.copy_trials scored the same way and logged (or None); copy_pool: token ids, most
+    frequent first, for the copy warm-up (needed when args.copy_warmup_steps > 0)."""
     import torch
     import torch.nn.functional as F
 
@@ -378,22 +391,42 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
     steps_per_epoch = stream.numel() / tokens_per_step
     epoch_cap = max(1, math.ceil(max_epochs * steps_per_epoch))
     total_steps = min(epoch_cap, args.max_steps) if args.max_steps > 0 else epoch_cap
+    # The copy warm-up's steps come on top of the epoch cap: their rows hold no training text.
+    warm = args.copy_warmup_steps
+    if warm and not copy_pool:
+        raise ValueError("the copy warm-up needs copy_pool")
+    total_steps += warm
+    warm_rng = random.Random(args.seed + 6)
     autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16)
                 if args.autocast else contextlib.nullcontext())
 
-    recall_rows = 0
-    if recall_source is not None and args.recall_fraction > 0:
-        recall_rows = min(batch, max(1, round(args.recall_fraction * batch)))
-    kinds = {"list": 0, "passage": 0}
+    kinds = {k: 0 for k in recall_data.KINDS + ("tiled",)}
+    # The curriculum's last distance: the flag, not the source's current value (an earlier run
+    # may have left it part way).
+    max_depth_end = args.recall_max_depth
 
     def evaluate():
         model.eval()
         dtype = torch.bfloat16 if args.autocast else None
         _, _, nll = score_text(model, heldout_eval, context, device, 16, dtype)
-        recall = (teacher_forced_recall(model, recall_monitor, device, 16, dtype)
-                  if recall_monitor else None)
+        recall, short = None, {}
+        if recall_monitor:
+            # Selection uses the check's depths; shorter monitor depths (where copying forms
+            # first) are only logged.
+            counts = {}
+            teacher_forced_recall(model, recall_monitor, device, 16, dtype, counts)
+            chosen = [v for d, v in counts.items() if d in args.recall_depth_list] or list(
+                counts.values())
+            recall = sum(v[0] for v in chosen) / max(1, sum(v[1] for v in chosen))
+            short = {d: round(v[0] / max(1, v[1]), 3) for d, v in sorted(counts.items())
+                     if d not in args.recall_depth_list}
+        if copy_monitor:
+            counts = {}
+            teacher_forced_recall(model, copy_monitor, device, 16, dtype, counts)
+            short.update({f"copy{d}": round(v[0] / max(1, v[1]), 3)
+                          for d, v in sorted(counts.items())})
         model.train()
-        return nll, recall
+        return nll, recall, short
 
     def selection_key(val_loss, recall):
         # Best held-out loss among evaluations whose recall reaches the bar, else best recall.
@@ -432,15 +465,30 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
                      "tokens_per_s": round(tokens_per_step / step_time),
                      "planned_steps": planned, "epoch_cap_steps": epoch_cap}
             total_steps = planned
+            if planned <= warm:
+                log(f"{run_name}: the time budget ends within the copy warm-up ({warm} steps): "
+                    f"no language-model steps will run")
         if time.time() > deadline:
             stop_reason = "time budget reached"
             break
         lr = learning_rate(step, total_steps, args.lr, args.warmup, args.min_lr_ratio)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        starts = torch.randint(0, stream.numel() - context - 1, (batch - recall_rows,),
-                               device=device, generator=generator)
-        chunk = stream[starts[:, None] + offsets_arange[None, :]]
+        recall_rows, depth = recall_schedule(args, max(0, step - warm), total_steps - warm,
+                                             max_depth_end, recall_source is not None)
+        if step < warm:
+            recall_rows = 0
+            rows = [recall_data.tiled_row(warm_rng, context + 1, pool, 4, high)[0]
+                    for pool, high in [copy_warmup_stage(args, step, copy_pool, context)]
+                    for _ in range(batch)]
+            kinds["tiled"] += batch
+            chunk = torch.tensor(rows, dtype=torch.long).to(device)
+        else:
+            if recall_rows:
+                recall_source.max_depth = depth
+            starts = torch.randint(0, stream.numel() - context - 1, (batch - recall_rows,),
+                                   device=device, generator=generator)
+            chunk = stream[starts[:, None] + offsets_arange[None, :]]
         if recall_rows:
             made = [recall_source.next() for _ in range(recall_rows)]
             for _, info in made:
@@ -469,23 +517,27 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
             smoothed = loss_value if smoothed is None else 0.9 * smoothed + 0.1 * loss_value
             recall = None
             if step % args.eval_every == 0 or last:
-                val_loss, recall = evaluate()
-                keep_if_best(val_loss, recall)
+                val_loss, recall, short = evaluate()
+                if step > warm:  # warm-up weights are no language model yet
+                    keep_if_best(val_loss, recall)
                 log(f"{run_name} step {step}/{total_steps} lr {lr:.2e} loss {loss_value:.4f} "
                     f"val {val_loss:.4f} (ppl {math.exp(val_loss):.2f}) recall(tf) {recall} "
-                    f"epoch {step / steps_per_epoch:.2f}")
+                    f"monitors {short} "
+                    f"epoch {step / steps_per_epoch:.2f} recall rows {recall_rows} "
+                    f"max depth {depth}")
             log_rows.append([run_name, step, step * tokens_per_step, lr, round(loss_value, 5),
                              None if val_loss is None else round(val_loss, 5),
                              round(time.time() - START_TIME, 1),
-                             None if recall is None else round(recall, 4)])
+                             None if recall is None else round(recall, 4),
+                             json.dumps(short) if val_loss is not None and short else None])
 
     if best["state"] is None or (log_rows and log_rows[-1][5] is None):
         # The loop ended without a fresh evaluation (time budget): evaluate the last weights too.
-        val_loss, recall = evaluate()
+        val_loss, recall, short = evaluate()
         keep_if_best(val_loss, recall)
         log_rows.append([run_name, step, step * tokens_per_step, None, None, round(val_loss, 5),
                          round(time.time() - START_TIME, 1),
-                         None if recall is None else round(recall, 4)])
+                         None if recall is None else round(recall, 4), None])
     model.load_state_dict(best["state"])
     summary = {
         "run": run_name, "max_epochs": max_epochs, "probe": probe, "steps": step, "stop_reason": stop_reason, "tokens_per_step": tokens_per_step,
@@ -493,18 +545,68 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
         "best_step": best["step"], "best_val_loss": round(best["val_loss"], 5),
         "best_val_perplexity_bf16": round(math.exp(best["val_loss"]), 4),
         "best_recall_teacher_forced": best["recall"], "selection_key": list(best["key"]),
-        "recall_rows_per_step": recall_rows, "recall_sequences": kinds,
+        "recall_rows_per_step": recall_schedule(args, 0, total_steps, max_depth_end,
+                                                recall_source is not None)[0],
+        "recall_rows_last_step": recall_rows if step else 0, "recall_sequences": kinds,
         "val_tokens": len(heldout_eval),
         "wall_s": round(time.time() - START_TIME, 1),
     }
     return summary, log_rows
 
 
+def copy_warmup_stage(args, step, pool, context):
+    """(pool, longest period) for copy warm-up step `step`: the tiled rows draw from the
+    args.copy_warmup_alphabet most frequent tokens at first (0: the whole pool throughout),
+    growing linearly to the whole pool, and their longest period grows from 32 to half the
+    context (short periods: many copies per row, the densest signal; the growth carries the
+    mechanism to longer distances)."""
+    progress = step / max(1, args.copy_warmup_steps)
+    start = args.copy_warmup_alphabet or len(pool)
+    size = min(len(pool), int(start + (len(pool) - start) * progress))
+    high = int(32 + (context // 2 - 32) * progress)
+    return pool[:max(1, size)], max(8, high)
+
+
+def recall_schedule(args, step, total_steps, max_depth_end, enabled):
+    """(recall rows in this step's batch, longest recall distance for them). Over the first
+    args.curriculum of the steps, the recall share falls linearly from args.recall_fraction_start
+    to args.recall_fraction and the distance grows from args.curriculum_start_depth to
+    max_depth_end; after that (or with curriculum 0) both hold their final values."""
+    if not enabled:
+        return 0, max_depth_end
+    span = args.curriculum * total_steps
+    progress = min(1.0, step / span) if span > 0 else 1.0
+    start = args.recall_fraction if args.recall_fraction_start is None else args.recall_fraction_start
+    fraction = start + (args.recall_fraction - start) * progress
+    rows = 0
+    if fraction > 0:
+        rows = min(args.batch_size, max(1, round(fraction * args.batch_size)))
+    low = min(args.curriculum_start_depth, max_depth_end)
+    depth = int(round(low + (max_depth_end - low) * progress))
+    return rows, depth
+
+
+def parse_kinds(text):
+    """'list=1,passage=1,random=2' -> {kind: weight}; raises ValueError naming the bad part."""
+    weights = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        name = name.strip()
+        if name not in recall_data.KINDS:
+            raise ValueError(f"unknown kind '{name}' (known: {', '.join(recall_data.KINDS)})")
+        weights[name] = float(value)
+        if weights[name] < 0:
+            raise ValueError(f"weight of '{name}' is negative")
+    if sum(weights.values()) <= 0:
+        raise ValueError("all weights are 0")
+    return weights
+
+
 def write_loss_csv(path, rows):
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["run", "step", "tokens", "lr", "train_loss", "val_loss", "elapsed_s",
-                         "recall_teacher_forced"])
+                         "recall_teacher_forced", "monitors_teacher_forced"])
         for row in rows:
             writer.writerow(["" if v is None else v for v in row])
 
@@ -558,6 +660,22 @@ def parse_args(argv=None):
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--recall-fraction", type=float, default=0.375,
                    help="share of every batch that is in-context recall sequences (0: none)")
+    p.add_argument("--recall-fraction-start", type=float, default=None,
+                   help="recall share at the first step, moving linearly to --recall-fraction "
+                        "over the curriculum (default: --recall-fraction throughout)")
+    p.add_argument("--recall-kinds", default="list=1,passage=1",
+                   help="weights of the recall sequence kinds (recall_data.KINDS): list, passage "
+                        "(training text repeated), random (random tokens repeated)")
+    p.add_argument("--curriculum", type=float, default=0.0,
+                   help="share of the steps over which the recall distance grows from "
+                        "--curriculum-start-depth to --recall-max-depth (0: no curriculum)")
+    p.add_argument("--curriculum-start-depth", type=int, default=200,
+                   help="longest recall distance at the first step of the curriculum")
+    p.add_argument("--copy-warmup-steps", type=int, default=0,
+                   help="steps of tiled random-token rows before the main schedule (0: none)")
+    p.add_argument("--copy-warmup-alphabet", type=int, default=0,
+                   help="most frequent tokens the copy warm-up draws from at its start "
+                        "(0: every token throughout)")
     p.add_argument("--recall-max-depth", type=int, default=1800,
                    help="longest distance between a list or passage and its recall, in tokens")
     p.add_argument("--recall-context", type=int, default=2000,
@@ -612,6 +730,21 @@ def parse_args(argv=None):
                 f"got '{args.recall_depths}'")
     if not 0.0 <= args.recall_fraction <= 1.0:
         p.error(f"--recall-fraction must be in [0, 1], got {args.recall_fraction}")
+    if args.recall_fraction_start is not None and not 0.0 <= args.recall_fraction_start <= 1.0:
+        p.error(f"--recall-fraction-start must be in [0, 1], got {args.recall_fraction_start}")
+    if not 0.0 <= args.curriculum <= 1.0:
+        p.error(f"--curriculum must be in [0, 1], got {args.curriculum}")
+    if args.copy_warmup_steps < 0 or args.copy_warmup_alphabet == 1 or \
+            args.copy_warmup_alphabet < 0:
+        p.error(f"--copy-warmup-steps must be >= 0 and --copy-warmup-alphabet 0 or >= 2, got "
+                f"{args.copy_warmup_steps} and {args.copy_warmup_alphabet}")
+    if args.curriculum_start_depth < recall_data.MIN_DEPTH:
+        p.error(f"--curriculum-start-depth must be at least {recall_data.MIN_DEPTH}, "
+                f"got {args.curriculum_start_depth}")
+    try:
+        args.recall_kind_weights = parse_kinds(args.recall_kinds)
+    except ValueError as error:
+        p.error(f"--recall-kinds: {error}")
     if args.recall_context + 2 * recall_data.LIST_WORDS + 16 > args.context:
         p.error(f"--recall-context {args.recall_context} leaves no room for the list within "
                 f"--context {args.context}")
@@ -701,15 +834,28 @@ def main():
         words = recall_data.vocabulary_words(corpus)
         train_words, heldout_words = recall_data.split_words(words)
         recall_source = None
-        if args.recall_fraction > 0:
+        if args.recall_fraction > 0 or (args.recall_fraction_start or 0) > 0:
+            special = set(special_ids.values())
+            random_ids = sorted(set(train_ids) - special)
             recall_source = recall_data.RecallSequences(
                 train_ids, encode, train_words, args.context, args.seed + 1,
-                max_depth=args.recall_max_depth)
+                max_depth=args.recall_max_depth, weights=args.recall_kind_weights,
+                random_ids=random_ids)
         # The monitor (teacher-forced, every evaluation) uses held-out vocabulary words over the
         # full held-out text; the final check also uses the eval's own words over the sample.
+        monitor_depths = [d for d in MONITOR_SHORT_DEPTHS if d < min(args.recall_depth_list)]
         monitor = recall_data.recall_trials(
-            heldout_ids, encode, heldout_words, args.recall_context, args.recall_depth_list,
+            heldout_ids, encode, heldout_words, args.recall_context,
+            monitor_depths + args.recall_depth_list,
             max(2, args.recall_trials // 2), recall_data.LIST_WORDS, args.seed + 2)
+        special = set(special_ids.values())
+        copy_pool = [t for t, _ in Counter(train_ids).most_common() if t not in special]
+        # Induction probes: random spans repeated in held-out text (copy accuracy by distance).
+        copy_distances = [d for d in COPY_PROBE_DISTANCES
+                          if d + COPY_PROBE_SPAN + 1 <= args.recall_context]
+        copy_monitor = recall_data.copy_trials(
+            heldout_ids, sorted(set(train_ids) - set(special_ids.values())), args.recall_context,
+            copy_distances, max(2, args.recall_trials // 2), COPY_PROBE_SPAN, args.seed + 5)
         example, info = (recall_source.next() if recall_source else (None, None))
         if recall_source:  # a fresh generator: the example does not shift the training stream
             recall_source.rng.seed(args.seed + 1)
@@ -749,7 +895,8 @@ def main():
                 recall_source.rng.seed(args.seed + 1)
             model = LlamaForCausalLM(config).to(device)
             summary, rows = train(args, model, train_ids, heldout_ids, device, epochs,
-                                  run_deadline, run_name, recall_source, monitor)
+                                  run_deadline, run_name, recall_source, monitor,
+                                  copy_monitor, copy_pool)
             runs.append(summary)
             log_rows += rows
             log(f"run {run_name}: {summary}")

@@ -5,6 +5,8 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "pagoda/server/api_keys.h"
+
 namespace pagoda::router {
 
 namespace {
@@ -17,13 +19,15 @@ int64_t NamespaceSeeds::lookups() const {
   return lookups_;
 }
 
-NamespaceSeeds::Answer NamespaceSeeds::look_up(const std::string& authorization, Backend& backend) {
+NamespaceSeeds::Answer NamespaceSeeds::look_up(const std::string& authorization, const std::string& user,
+                                               Backend& backend) {
   auto lease = backend.pool().acquire(kLookupTimeout);
   if (!lease) return Answer{};
   httplib::Client& client = lease->client();
   client.set_read_timeout(std::chrono::duration_cast<std::chrono::seconds>(kLookupTimeout).count(), 0);
   httplib::Headers headers;
   if (!authorization.empty()) headers.emplace("Authorization", authorization);
+  if (!user.empty()) headers.emplace(std::string(server::kUserSaltHeader), user);
   auto res = client.Get("/v1/kv/namespace", headers);
   if (!res) {
     lease->discard();
@@ -35,15 +39,17 @@ NamespaceSeeds::Answer NamespaceSeeds::look_up(const std::string& authorization,
   return Answer{parse_hex64(j["namespace_seed"].get<std::string>()), true};
 }
 
-std::optional<uint64_t> NamespaceSeeds::seed_for(const std::string& authorization, Backend& backend) {
-  const uint64_t key = std::hash<std::string>{}(authorization);
+std::optional<uint64_t> NamespaceSeeds::seed_for(const std::string& authorization, const std::string& user,
+                                                 Backend& backend) {
+  // The NUL cannot occur in a header value, so (key, user) pairs never collide by concatenation.
+  const uint64_t key = std::hash<std::string>{}(authorization + '\0' + user);
   const auto now = std::chrono::steady_clock::now();
   {
     std::lock_guard lock(mutex_);
     const auto it = entries_.find(key);
     if (it != entries_.end() && (it->second.seed || now < it->second.expires)) return it->second.seed;
   }
-  const Answer answer = look_up(authorization, backend);
+  const Answer answer = look_up(authorization, user, backend);
   std::lock_guard lock(mutex_);
   ++lookups_;
   if (!answer.definitive) return std::nullopt;  // the backend did not answer: ask again next time

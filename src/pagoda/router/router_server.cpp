@@ -12,6 +12,7 @@
 
 #include "pagoda/router/proxy_exchange.h"
 #include "pagoda/server/api_error.h"
+#include "pagoda/server/api_keys.h"
 #include "pagoda/server/tokenizer_fingerprint.h"
 
 namespace pagoda::router {
@@ -257,7 +258,8 @@ void RouterServer::hash_prompt(const HttpRequest& req, PromptKeys& keys) {
   for (size_t k = 0; k < n && asked == nullptr; ++k)
     if (backends_[(start + k) % n]->healthy()) asked = backends_[(start + k) % n].get();
   if (asked == nullptr) return;
-  const auto seed = seeds_.seed_for(std::string(req.header("Authorization")), *asked);
+  const auto seed =
+      seeds_.seed_for(std::string(req.header("Authorization")), std::string(req.header(server::kUserSaltHeader)), *asked);
   if (!seed) return;
   keys.known = true;
   keys.seed = *seed;

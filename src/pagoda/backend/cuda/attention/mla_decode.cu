@@ -919,8 +919,9 @@ cudaError_t prepare_one() {
 }  // namespace
 
 cudaError_t prepare_mla_decode_kernels() {
-  const cudaError_t e = prepare_one<false>();
-  return e != cudaSuccess ? e : prepare_one<true>();
+  cudaError_t e = prepare_one<false>();
+  if (e == cudaSuccess) e = prepare_one<true>();
+  return e == cudaSuccess ? prepare_mla_decode_tma_kernel() : e;
 }
 
 cudaError_t launch_mla_decode(const MlaDecodeDescriptor& d, const void* q, void* out, cudaStream_t stream) {
@@ -936,7 +937,12 @@ cudaError_t launch_mla_decode(const MlaDecodeDescriptor& d, const void* q, void*
   const dim3 grid((d.num_heads + kHeads - 1) / kHeads, d.num_ctas);
   const auto* qb = static_cast<const __nv_bfloat16*>(q);
   auto* ob = static_cast<__nv_bfloat16*>(out);
-  if (d.num_heads <= kNarrowHeads) {
+  if (d.kernel == MlaDecodeKernel::kTma) {
+    // The plan chose it (its domain checked there): a failure here (no tensor
+    // map for this pool) is the caller's error, not a silent fallback.
+    const cudaError_t e = launch_mla_decode_tma_main(d, q, out, stream);
+    if (e != cudaSuccess) return e;
+  } else if (d.num_heads <= kNarrowHeads) {
     if (flash) mla_decode_narrow_kernel<kFp8FlashMla><<<grid, kThreads, kNarrowSmemBytes, stream>>>(d, qb, ob);
     else if (fp8) mla_decode_narrow_kernel<kFp8Vector><<<grid, kThreads, kNarrowSmemBytes, stream>>>(d, qb, ob);
     else mla_decode_narrow_kernel<kBf16><<<grid, kThreads, kNarrowSmemBytes, stream>>>(d, qb, ob);

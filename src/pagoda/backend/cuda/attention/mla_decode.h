@@ -75,6 +75,12 @@ struct MlaDecodeOptions {
   // Requires split_tokens 0 and every row's blocks to fit the stride.
   int32_t fixed_rows = 0;
   int32_t fixed_block_table_stride = 0;
+  // Which kernel (mla_decode_descriptor.h, MlaDecodeKernel). kDefault: the
+  // environment's PAGODA_MLA_DECODE_KERNEL ("tma" or "cp_async", read once per
+  // process), else cp.async. kTma applies only where the TMA kernel does (bf16
+  // latent, at most 16 heads, block_size 8, 16, 32 or a multiple of 64); other
+  // plans fall back to the cp.async kernels, and kernel() says which was taken.
+  MlaDecodeKernel kernel = MlaDecodeKernel::kDefault;
 };
 
 class MlaDecodePlan {
@@ -91,6 +97,8 @@ class MlaDecodePlan {
   int32_t num_segments() const { return num_segments_; }
   int32_t num_ctas() const { return num_ctas_; }
   int32_t max_splits() const { return max_splits_; }
+  // The kernel the plan's launches run: kCpAsync or kTma (never kDefault).
+  MlaDecodeKernel kernel() const { return kernel_; }
   // The int32 arena to copy to the device (4-byte aligned destination).
   std::span<const int32_t> arena() const { return arena_; }
   size_t arena_bytes() const { return arena_.size() * sizeof(int32_t); }
@@ -109,6 +117,7 @@ class MlaDecodePlan {
                                      std::vector<int32_t> segments, std::vector<int32_t> row_start,
                                      std::vector<int32_t> cta_start);
   MlaDecodeConfig config_;
+  MlaDecodeKernel kernel_ = MlaDecodeKernel::kCpAsync;
   int32_t num_rows_ = 0, num_segments_ = 0, num_ctas_ = 0, max_splits_ = 1;
   size_t workspace_bytes_ = 0;
   std::vector<int32_t> arena_;

@@ -28,17 +28,31 @@ enum class MlaLatentLayout : int32_t {
   kFlashMla656 = 1,
 };
 
+// Which decode kernel a plan launches.
+enum class MlaDecodeKernel : int32_t {
+  kDefault = 0,  // plan option only: the environment's choice (mla_decode.h)
+  // Every format and head count: the compute threads gather tiles with 16-byte
+  // cp.async through the block table.
+  kCpAsync = 1,
+  // bf16 latent, at most 16 heads, block_size 8 / 16 / 32 / multiple of 64: a
+  // producer warp loads the tiles with tensor-map copies (TMA) into a ring of
+  // stages, one mbarrier per column block and stage (mla_decode_tma.cu).
+  kTma = 2,
+};
+
 // What the kernels read (device pointers; plain value, passed by value).
 struct MlaDecodeDescriptor {
   int32_t num_rows = 0;
   int32_t num_heads = 0;
   int32_t block_size = 0;
+  int32_t num_blocks = 0;     // blocks in the pool (the TMA kernel's tensor-map extent)
   int32_t num_ctas = 0;       // CTAs per head tile
   int32_t num_segments = 0;
   int32_t max_splits = 1;     // most segments of one row: > 1 runs the merge pass (fixed plans: always 2)
   float scale_log2 = 0.0f;    // scale * log2(e)
   KvElement latent_element = KvElement::kBF16;
   MlaLatentLayout latent_layout = MlaLatentLayout::kPerVectorScale;
+  MlaDecodeKernel kernel = MlaDecodeKernel::kCpAsync;  // kDefault is not valid here
   // Arena views: segments [num_segments][3] = (row, kv_begin, kv_end);
   // row_segment_start [num_rows + 1]; cta_segment_start [num_ctas + 1];
   // block_table_start [num_rows]; block_tables.
@@ -62,5 +76,15 @@ cudaError_t prepare_mla_decode_kernels();
 // q [num_rows, num_heads, 576] bf16, out [num_rows, num_heads, 512] bf16 (not
 // aliasing q or the pool). Returns the launch error.
 cudaError_t launch_mla_decode(const MlaDecodeDescriptor& desc, const void* q, void* out, cudaStream_t stream);
+
+// Internal to launch_mla_decode (mla_decode_tma.cu): raises the TMA kernel's
+// shared-memory limit and looks up the driver's tensor-map encoder (once);
+// enqueues only the TMA kernel's main pass (the caller runs the merge).
+// cudaErrorNotSupported when the driver has no tensor-map encoder, the pool
+// cannot be described as a tensor map, or the descriptor is outside the
+// kernel's domain (the planner's tma_applies).
+cudaError_t prepare_mla_decode_tma_kernel();
+cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& desc, const void* q, void* out,
+                                       cudaStream_t stream);
 
 }  // namespace pagoda::kernels::cuda

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "pagoda/backend/cuda/attention/mla_decode.h"
 
@@ -21,6 +23,25 @@ constexpr int32_t kTile = 64;          // positions per kernel tile
 constexpr int32_t kHeadTile = 64;      // heads per CTA
 constexpr int64_t kSegmentOverhead = 1;  // tiles' worth of time a segment costs beyond its tiles
 constexpr int64_t kMinSegmentTiles = 2;  // a CTA's leftover share smaller than this goes to the next CTA
+
+// PAGODA_MLA_DECODE_KERNEL, read once: "tma" or "cp_async" (unset or empty:
+// cp.async); anything else is reported at plan creation.
+const char* environment_kernel() {
+  static const char* value = [] {
+    const char* v = std::getenv("PAGODA_MLA_DECODE_KERNEL");
+    return v == nullptr ? "" : v;
+  }();
+  return value;
+}
+
+// Where the TMA kernel applies: bf16, one narrow head tile, and pages that a
+// 64-position tile either divides into boxes of >= 8 rows (1 KB, so each box
+// starts on a 128-byte-swizzle atom) or lies within.
+bool tma_applies(const MlaDecodeConfig& c) {
+  return c.latent_element == KvElement::kBF16 && c.num_heads <= 16 &&
+         int64_t{c.num_blocks} * c.block_size < (int64_t{1} << 31) &&
+         (c.block_size % 64 == 0 || c.block_size == 8 || c.block_size == 16 || c.block_size == 32);
+}
 
 }  // namespace
 
@@ -43,6 +64,16 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
       return invalid_argument_error("mla decode: latent_layout flashmla_656 needs latent_element fp8 e4m3, got {}",
                                     static_cast<int>(config.latent_element));
   }
+  MlaDecodeKernel kernel = options.kernel;
+  if (kernel == MlaDecodeKernel::kDefault) {
+    const char* env = environment_kernel();
+    if (*env == '\0' || std::strcmp(env, "cp_async") == 0) kernel = MlaDecodeKernel::kCpAsync;
+    else if (std::strcmp(env, "tma") == 0) kernel = MlaDecodeKernel::kTma;
+    else return invalid_argument_error("mla decode: PAGODA_MLA_DECODE_KERNEL '{}' (tma or cp_async)", env);
+  }
+  if (kernel != MlaDecodeKernel::kCpAsync && kernel != MlaDecodeKernel::kTma)
+    return invalid_argument_error("mla decode: kernel {} unknown", static_cast<int>(options.kernel));
+  if (kernel == MlaDecodeKernel::kTma && !tma_applies(config)) kernel = MlaDecodeKernel::kCpAsync;
   if (options.split_tokens < 0)
     return invalid_argument_error("mla decode: split_tokens {} must be >= 0", options.split_tokens);
   if (device.num_sms < 1) return invalid_argument_error("mla decode: num_sms {} must be positive", device.num_sms);
@@ -87,6 +118,7 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
 
   MlaDecodePlan plan;
   plan.config_ = config;
+  plan.kernel_ = kernel;
   plan.num_rows_ = int32_t(rows.size());
   const int32_t head_tiles = (config.num_heads + kHeadTile - 1) / kHeadTile;
 
@@ -226,12 +258,14 @@ MlaDecodeDescriptor MlaDecodePlan::descriptor(const int32_t* device_arena, const
   d.num_rows = num_rows_;
   d.num_heads = config_.num_heads;
   d.block_size = config_.block_size;
+  d.num_blocks = config_.num_blocks;
   d.num_ctas = num_ctas_;
   d.num_segments = num_segments_;
   d.max_splits = max_splits_;
   d.scale_log2 = config_.scale * 1.4426950408889634f;
   d.latent_element = config_.latent_element;
   d.latent_layout = config_.latent_layout;
+  d.kernel = kernel_;
   d.segments = device_arena;
   d.row_segment_start = device_arena + row_segment_start_at_;
   d.cta_segment_start = device_arena + cta_segment_start_at_;
