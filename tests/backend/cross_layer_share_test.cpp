@@ -104,7 +104,9 @@ TEST(CrossLayerShareTest, ThePoolHoldsExactlyWhatKvSizingCounts) {
       sizing.head_dim = 32;
       sizing.cross_layer_share = share;
       EXPECT_EQ(kv_bytes_per_token(sizing, k, v), static_cast<int64_t>(shape.bytes_per_token()));
-      if (share > 1) EXPECT_LT(shape.bytes_per_token(), small_shape(1, k, v).bytes_per_token());
+      if (share > 1) {
+        EXPECT_LT(shape.bytes_per_token(), small_shape(1, k, v).bytes_per_token());
+      }
     }
   }
   // The start-up line names the sharing and the unshared size.

@@ -156,6 +156,17 @@ TEST_F(CliGpuTest, TensorParallelRandomWeightsRunOnOneGpu) {
   EXPECT_THAT(g.raw.err, HasSubstr("random: each rank its own shard"));
 }
 
+TEST_F(CliGpuTest, TensorParallelFp8WeightsOnOneGpu) {
+  // --quantization fp8 at TP=2: each rank quantizes its own slices; the start-up report says so.
+  const Generated g = generate({"--device", "cuda", "--model", source_path(kTiny), "--prompt", "Once upon a time",
+                                "--max-tokens", "16", "--ignore-eos", "--quantization", "fp8", "--tensor-parallel-size",
+                                "2", "--tensor-parallel-same-device", "--kv-cache-memory", "64MiB"});
+  EXPECT_EQ(g.tokens.size(), 16u);
+  EXPECT_THAT(g.raw.err, HasSubstr("each rank's slices per channel"));
+  // CUDA graphs across ranks are opt-in (PAGODA_TP_CUDA_GRAPHS=1, experimental): eager steps by default.
+  EXPECT_THAT(g.raw.err, HasSubstr("steps run eagerly"));
+}
+
 TEST_F(CliGpuTest, RandomWeightsOfTheLlama3_8bShape) {
   const Generated g = generate({"--device", "cuda", "--load-format", "random", "--model",
                                 source_path("tools/gpu_backend/llama3_8b_config.json"), "--prompt-ids", "1,2,3,4",

@@ -82,7 +82,9 @@ class ServerHttpTest : public ::testing::Test {
     ASSERT_FALSE(j.is_discarded()) << res->body;
     ASSERT_TRUE(j.contains("error")) << res->body;
     for (const char* f : {"message", "type", "param", "code"}) EXPECT_TRUE(j["error"].contains(f)) << f;
-    if (!param.empty()) EXPECT_EQ(j["error"]["param"], param) << res->body;
+    if (!param.empty()) {
+      EXPECT_EQ(j["error"]["param"], param) << res->body;
+    }
   }
   json completion(const json& body, const std::string& key = "sk-alice") {
     auto c = client(key);

@@ -84,7 +84,9 @@ TEST_P(CudaFp8ModelTest, LogitsMatchTheCpuReference) {
   const Fp8Case& c = GetParam();
   auto cpu = CpuModel::load(c.dir);
   ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
-  if (c.quantize) ASSERT_TRUE((*cpu)->quantize_weights(DType::kFP8E4M3).ok());
+  if (c.quantize) {
+    ASSERT_TRUE((*cpu)->quantize_weights(DType::kFP8E4M3).ok());
+  }
   auto cpu_pool = CpuKvPool::create((*cpu)->kv_pool_shape(kNumBlocks, kBlockSize));
   ASSERT_TRUE(cpu_pool.ok());
   CudaModelOptions options;

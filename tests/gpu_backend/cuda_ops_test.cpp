@@ -149,6 +149,41 @@ TEST(CudaOps, RopeMatchesCpuWithLlama3Scaling) {
   EXPECT_EQ(all[0], x[0]) << "columns before the slice must not change";
 }
 
+// rope_qk: q and k heads of qkv rows in one launch = rope over each, and the rotated q heads copied out
+// contiguous, bit for bit; v and the columns past it untouched.
+TEST(CudaOps, RopeQkEqualsTwoRopesAndWritesQContiguous) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const int32_t tokens = 3, q_heads = 4, kv_heads = 2, head_dim = 64;
+  const int32_t stride = (q_heads + 2 * kv_heads) * head_dim + 8;
+  const std::vector<float> inv_freq = rope_inverse_frequencies(head_dim, 10000.0f, nullptr);
+  const std::vector<int32_t> positions = {5, 77, 1023};
+  const std::vector<uint16_t> x = to_bf16_bits(random_bf16_values(tokens * stride, -2, 2, 19));
+  DeviceBuffer d_pos = to_device(positions), d_freq = to_device(inv_freq);
+  DeviceBuffer d_want = to_device(x), d_got = to_device(x);
+  auto d_q = DeviceBuffer::allocate(static_cast<size_t>(tokens) * q_heads * head_dim * 2);
+  ASSERT_TRUE(d_q.ok());
+  bf16* want = d_want.as<bf16>();
+  ASSERT_EQ(rope(want, stride, d_pos.as<int32_t>(), tokens, q_heads, head_dim, d_freq.as<float>(), nullptr),
+            cudaSuccess);
+  ASSERT_EQ(rope(want + q_heads * head_dim, stride, d_pos.as<int32_t>(), tokens, kv_heads, head_dim,
+                 d_freq.as<float>(), nullptr),
+            cudaSuccess);
+  ASSERT_EQ(rope_qk(d_got.as<bf16>(), stride, d_pos.as<int32_t>(), tokens, q_heads, kv_heads, head_dim,
+                    d_freq.as<float>(), d_q->as<bf16>(), nullptr),
+            cudaSuccess);
+  const std::vector<uint16_t> w = to_host<uint16_t>(d_want, x.size());
+  const std::vector<uint16_t> g = to_host<uint16_t>(d_got, x.size());
+  const std::vector<uint16_t> q = to_host<uint16_t>(*d_q, static_cast<size_t>(tokens) * q_heads * head_dim);
+  EXPECT_EQ(g, w);
+  for (int32_t t = 0; t < tokens; ++t)
+    for (int32_t i = 0; i < q_heads * head_dim; ++i)
+      ASSERT_EQ(q[static_cast<size_t>(t) * q_heads * head_dim + i], w[static_cast<size_t>(t) * stride + i])
+          << "token " << t << " element " << i;
+  for (int32_t t = 0; t < tokens; ++t)
+    for (int32_t i = (q_heads + kv_heads) * head_dim; i < stride; ++i)
+      ASSERT_EQ(g[static_cast<size_t>(t) * stride + i], x[static_cast<size_t>(t) * stride + i]) << "v must not change";
+}
+
 TEST(CudaOps, SiluMulMatchesCpu) {
   PAGODA_SKIP_WITHOUT_GPU();
   for (int32_t inter : {14336, 7}) {  // vectorized and scalar paths

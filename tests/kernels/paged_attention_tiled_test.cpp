@@ -4,7 +4,8 @@
 // attention reads (f32, f16, bf16, fp8, int8, int4, and K and V apart);
 // MHA / GQA / MQA; head dims 64 and 40 (a tail of the 8-lane loops); causal
 // prefill longer than one key tile (64) and one query block (16), a prefix hit
-// ending mid-block, decodes, sliding windows, per-head holes (eviction); and
+// ending mid-block, decodes (one-token units take their own path) over several
+// tiles, sliding windows, per-head holes (eviction); and
 // that paged_attention() itself takes the tiled path.
 
 #include "pagoda/backend/cpu/kernels/paged_attention_tiled.h"
@@ -135,6 +136,14 @@ TEST(PagedAttentionTiledTest, EqualsReferenceOnPrefixHitsDecodesAndLongPrefills)
     run({block_size, 8, 2, 64, DType::kF32, DType::kF32}, {{65, 17}}, 22);   // just past a boundary
     run({block_size, 8, 2, 64, DType::kBF16, DType::kBF16}, {{0, 200}}, 23); // prefill only
     run({block_size, 8, 2, 64, DType::kF16, DType::kF16}, {{130, 1}, {63, 1}, {1, 1}}, 24);  // decodes
+    // Decodes over several key tiles (the one-token path reads keys in place): f32 and a quantized pool,
+    // a window that starts mid-tile, and MHA with a head-dim tail.
+    run({block_size, 8, 2, 64, DType::kF32, DType::kF32}, {{300, 1}, {64, 1}, {127, 1}}, 25);
+    run({block_size, 8, 2, 64, DType::kInt8, DType::kInt4}, {{300, 1}, {200, 1}}, 26);
+    run({block_size, 8, 2, 64, DType::kF32, DType::kF32, 70}, {{300, 1}, {65, 1}}, 27);
+    run({block_size, 4, 4, 40, DType::kF32, DType::kBF16}, {{190, 1}}, 28);
+    // Five query rows per KV head (four scored together, one alone) and a head dim of 36 (a 4-element tail).
+    run({block_size, 10, 2, 36, DType::kF32, DType::kF32}, {{150, 1}, {3, 1}}, 29);
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/random_data.h"
@@ -63,7 +64,10 @@ TEST(QuantDotTest, RoundTripWithinHalfAStep) {
 TEST(QuantDotTest, SimdMatchesScalarReferenceOnOddLengths) {
   SCOPED_TRACE(quant_dot_implementation());
   for (DType dtype : {DType::kInt8, DType::kInt4}) {
-    for (size_t k : {size_t{1}, size_t{17}, size_t{32}, size_t{63}, size_t{96}, size_t{1000}, size_t{2065}}) {
+    // Block counts 1, 2, 3, 32, 65, 23 (16 + a whole int4 quad + 3 tail blocks) and 176 (the ~0.85B
+    // Llama's intermediate size): the 16-block AVX-512 loop, the quads left after it and the tail blocks.
+    for (size_t k : {size_t{1}, size_t{17}, size_t{32}, size_t{63}, size_t{96}, size_t{1000}, size_t{2065}, size_t{731},
+                     size_t{5632}}) {
       const auto w = testing::random_values(k, 3 * k + 1);
       const auto x = testing::random_values(k, 5 * k + 2, -4.0f, 4.0f);
       const auto q = quantize(dtype, w, 1, k);
@@ -90,6 +94,30 @@ TEST(QuantDotTest, SimdMatchesScalarReferenceOnOddLengths) {
   }
 }
 
+// The activation quantization (AVX2 for whole blocks where the CPU has it) against the scalar definition:
+// d = amax / 127, q = round-to-nearest-even(x / d), zero padding, the block's sum of q.
+TEST(QuantDotTest, ActivationQuantizationMatchesDefinition) {
+  for (size_t k : {size_t{1}, size_t{31}, size_t{32}, size_t{100}, size_t{2048}, size_t{2065}}) {
+    auto x = testing::random_values(k, 9 * k, -3.0f, 3.0f);
+    if (k >= 64) std::fill(x.begin() + 32, x.begin() + 64, 0.0f);  // an all-zero block: scale 0, q 0
+    const QuantizedAct a = quantize_act(x);
+    for (size_t b = 0; b < quant_blocks(k); ++b) {
+      const size_t lo = b * kQuantBlock, hi = std::min(k, lo + kQuantBlock);
+      float amax = 0.0f;
+      for (size_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(x[i]));
+      const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+      ASSERT_EQ(a.scale[b], d) << "k " << k << " block " << b;
+      int32_t sum = 0;
+      for (size_t i = 0; i < kQuantBlock; ++i) {
+        const int want = lo + i < hi ? static_cast<int>(std::nearbyint(x[lo + i] * id)) : 0;
+        ASSERT_EQ(a.q[lo + i], want) << "k " << k << " element " << lo + i;
+        sum += want;
+      }
+      ASSERT_EQ(a.sum[b], sum) << "k " << k << " block " << b;
+    }
+  }
+}
+
 TEST(QuantDotTest, ZeroBlocksGiveZero) {
   for (DType dtype : {DType::kInt8, DType::kInt4}) {
     const std::vector<float> w(64, 0.0f), x = testing::random_values(64, 1);
@@ -107,7 +135,7 @@ TEST(QuantDotTest, LinearMatchesDequantizedF32) {
     size_t m, n, k;
   };
   for (DType dtype : {DType::kInt8, DType::kInt4}) {
-    for (Shape s : {Shape{1, 37, 33}, Shape{3, 301, 1000}, Shape{4, 5, 64}, Shape{9, 129, 70}, Shape{40, 33, 17}, Shape{5, 2500, 1000}}) {
+    for (Shape s : {Shape{1, 37, 33}, Shape{3, 301, 1000}, Shape{4, 5, 64}, Shape{9, 129, 70}, Shape{40, 33, 17}, Shape{5, 2500, 1000}, Shape{2, 19, 731}}) {
       const auto x = testing::random_values(s.m * s.k, s.m + s.k);
       const auto w = testing::random_values(s.n * s.k, s.n);
       const auto bias = testing::random_values(s.n, 7);

@@ -137,5 +137,99 @@ TEST(TensorShardTest, SlicesAreViewsOrOneCopyOfTheRanksColumns) {
   EXPECT_NE(bad.status().message().find("mlp.down_proj.weight"), std::string::npos) << bad.status().to_string();
 }
 
+// An fp8 checkpoint's scales are sliced with their matrices: per-channel scales follow the rows of a
+// column-parallel slice and stay whole for a row-parallel one, per-tensor scales are shared, block scales are cut
+// at the rank's blocks; blocks that a rank's range would cut are an error naming the tensor and the shapes.
+TEST(TensorShardTest, Fp8ScalesFollowTheirMatrices) {
+  const ModelConfig c = llama(4, 2, 8, 6);  // hidden 16, head_dim 4
+  const size_t H = 16, D = 4, I = 8, V = 6;
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<std::vector<float>> floats;
+  bytes.reserve(16);
+  floats.reserve(32);
+  auto f32 = [&](size_t rows, size_t cols) {
+    floats.emplace_back(rows * cols, 1.0f);
+    return WeightMatrix{DType::kF32, floats.back().data(), rows, cols};
+  };
+  auto scales = [&](size_t n) {
+    floats.emplace_back(n);
+    std::iota(floats.back().begin(), floats.back().end(), 1.0f);
+    return floats.back().data();
+  };
+  // fp8 [rows, cols] with a byte per weight = its column index, and the given scale layout.
+  auto fp8 = [&](size_t rows, size_t cols, Fp8WeightScale layout, int32_t block) {
+    bytes.emplace_back(rows * cols);
+    for (size_t i = 0; i < rows * cols; ++i) bytes.back()[i] = static_cast<uint8_t>(i % cols);
+    WeightMatrix m{DType::kFP8E4M3, bytes.back().data(), rows, cols};
+    m.fp8.layout = layout;
+    m.fp8.block_rows = m.fp8.block_cols = block;
+    const size_t n = layout == Fp8WeightScale::kTensor    ? 1
+                     : layout == Fp8WeightScale::kChannel ? rows
+                                                          : ((rows + block - 1) / block) * ((cols + block - 1) / block);
+    m.fp8.scales = scales(n);
+    return m;
+  };
+  auto model = [&](Fp8WeightScale layout, int32_t block) {
+    auto whole = std::make_shared<ModelWeights>();
+    whole->embed_tokens = f32(V, H);
+    whole->lm_head = f32(V, H);
+    whole->final_norm.assign(H, 1.0f);
+    whole->fp8 = Fp8QuantConfig{};
+    whole->layers.resize(1);
+    LayerWeights& l = whole->layers[0];
+    l.q_proj = fp8(4 * D, H, layout, block);
+    l.k_proj = fp8(2 * D, H, layout, block);
+    l.v_proj = fp8(2 * D, H, layout, block);
+    l.o_proj = fp8(H, 4 * D, layout, block);
+    l.gate_proj = fp8(I, H, layout, block);
+    l.up_proj = fp8(I, H, layout, block);
+    l.down_proj = fp8(H, I, layout, block);
+    return whole;
+  };
+  const TensorShard s = tensor_shard(c, 1, 2);  // q rows [8, 16), kv rows [4, 8), features [4, 8)
+
+  auto channel = model(Fp8WeightScale::kChannel, 0);
+  auto sharded = shard_model_weights(c, channel, s);
+  ASSERT_TRUE(sharded.ok()) << sharded.status().to_string();
+  ASSERT_TRUE(sharded->fp8.has_value());
+  const LayerWeights& a = channel->layers[0];
+  EXPECT_EQ(sharded->layers[0].q_proj.fp8.scales, a.q_proj.fp8.scales + 2 * D);
+  EXPECT_EQ(sharded->layers[0].k_proj.fp8.scales, a.k_proj.fp8.scales + D);
+  EXPECT_EQ(sharded->layers[0].gate_proj.fp8.scales, a.gate_proj.fp8.scales + 4);
+  EXPECT_EQ(sharded->layers[0].o_proj.fp8.scales, a.o_proj.fp8.scales);  // every row kept
+  EXPECT_EQ(sharded->layers[0].o_proj.dtype, DType::kFP8E4M3);
+  EXPECT_EQ(static_cast<const uint8_t*>(sharded->layers[0].o_proj.data)[0], 2 * D);  // the rank's first column
+
+  auto tensor = model(Fp8WeightScale::kTensor, 0);
+  sharded = shard_model_weights(c, tensor, s);
+  ASSERT_TRUE(sharded.ok()) << sharded.status().to_string();
+  EXPECT_EQ(sharded->layers[0].q_proj.fp8.scales, tensor->layers[0].q_proj.fp8.scales);
+  EXPECT_EQ(sharded->layers[0].down_proj.fp8.scales, tensor->layers[0].down_proj.fp8.scales);
+
+  // Blocks of 4: every range above starts and ends on them. o_proj [16, 16] has 4 x 4 blocks; the rank's columns
+  // [8, 16) are block columns 2-3 of every block row.
+  auto block = model(Fp8WeightScale::kBlock, 4);
+  sharded = shard_model_weights(c, block, s);
+  ASSERT_TRUE(sharded.ok()) << sharded.status().to_string();
+  const LayerWeights& w = block->layers[0];
+  const LayerWeights& b = sharded->layers[0];
+  EXPECT_EQ(b.q_proj.fp8.scales, w.q_proj.fp8.scales + 2 * 4);  // block rows 2-3, 4 block columns each
+  EXPECT_EQ(b.k_proj.fp8.scales, w.k_proj.fp8.scales + 1 * 4);
+  for (size_t r = 0; r < 4; ++r)
+    for (size_t k = 0; k < 2; ++k) EXPECT_EQ(b.o_proj.fp8.scales[r * 2 + k], w.o_proj.fp8.scales[r * 4 + 2 + k]);
+  // down_proj [16, 8]: 4 x 2 blocks, the rank's columns [4, 8) are block column 1.
+  for (size_t r = 0; r < 4; ++r) EXPECT_EQ(b.down_proj.fp8.scales[r], w.down_proj.fp8.scales[r * 2 + 1]);
+
+  // Blocks of 8: the KV rows [4, 8) and the features [4, 8) cut them.
+  auto coarse = model(Fp8WeightScale::kBlock, 8);
+  auto refused = shard_model_weights(c, coarse, s);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("self_attn.k_proj.weight [8, 16] has 8x8 fp8 scale blocks; a rank's rows "
+                                            "[4, 8)"), std::string::npos)
+      << refused.status().to_string();
+  EXPECT_NE(refused.status().message().find("--tensor-parallel-size 2"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace pagoda

@@ -188,6 +188,74 @@ std::vector<FixtureCase> fixture_cases() {
 INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelFixtureTest, ::testing::ValuesIn(fixture_cases()),
                          [](const auto& info) { return info.param.name + "_tp" + std::to_string(info.param.size); });
 
+// fp8 checkpoints (tests/fixtures/fp8): the matrices are sliced with their scales. With per-tensor weight scales
+// and static input scales each rank computes exactly TP=1's terms (logits within 1e-4 at every greedy step). With
+// dynamic per-token activations a token's fp8 scale for o / down is taken over the rank's columns instead of the
+// whole row, which rounds differently (as much as fp8 itself does), so only the prompt step is compared (before
+// the greedy paths may part), within 0.1. 32x32 blocks that the ranks' KV rows would cut are an error naming
+// the tensor.
+TEST(TensorParallelTest, Fp8CheckpointsShardWithTheirScales) {
+  const auto fp8_dir = std::filesystem::path(PAGODA_SOURCE_DIR) / "tests" / "fixtures" / "fp8";
+  struct Case {
+    const char* name;
+    double bound;  // logits vs TP=1, relative
+    size_t steps;  // greedy steps compared
+  };
+  // The per-channel checkpoint once more with its activations left unquantized (weight only): its sliced
+  // per-channel scales then give exactly TP=1's logits.
+  auto weight_only = [](const std::filesystem::path& dir) {
+    auto config = load_model_config(dir);
+    auto checkpoint = Checkpoint::open(dir);
+    EXPECT_TRUE(config.ok() && checkpoint.ok());
+    auto weights = bind_model_weights(*config, std::make_shared<const Checkpoint>(std::move(*checkpoint)), {});
+    EXPECT_TRUE(weights.ok()) << weights.status().to_string();
+    for (LayerWeights& l : weights->layers)
+      for (WeightMatrix* w : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj})
+        w->fp8.activation = Fp8Activation::kNone;
+    return Loaded{*config, std::make_shared<const ModelWeights>(std::move(*weights))};
+  };
+  for (const Case& c : {Case{"ct_tensor_static", 1e-4, 12}, Case{"modelopt_fp8", 1e-4, 12},
+                        Case{"ct_channel_dynamic", 0.1, 1}, Case{"ct_channel_dynamic weight-only", 1e-4, 12}}) {
+    const std::string name = c.name;
+    const bool only_weights = name.ends_with(" weight-only");
+    const auto dir = fp8_dir / name.substr(0, name.find(' '));
+    const auto prompt = read_json(dir / "expected.json")["prompt_ids"].get<std::vector<int32_t>>();
+    const Loaded whole = only_weights ? weight_only(dir) : load_whole(dir);
+    ASSERT_TRUE(whole.weights && whole.weights->fp8) << c.name;
+    auto tp1 = tp_runner(whole, 1, 8, 16);
+    ASSERT_TRUE(tp1);
+    const auto reference = run_greedy(*tp1, prompt, c.steps);
+    ASSERT_EQ(reference.size(), c.steps);
+    for (int32_t size : {2, 4}) {
+      auto tpn = tp_runner(whole, size, 8, 16);
+      ASSERT_TRUE(tpn) << c.name << " TP=" << size;
+      const auto ours = run_greedy(*tpn, prompt, c.steps);
+      ASSERT_EQ(ours.size(), reference.size());
+      double worst = 0.0;
+      size_t equal = 0;
+      for (size_t step = 0; step < ours.size(); ++step) {
+        worst = std::max(worst, relative_difference(ours[step], reference[step]));
+        equal += kernels::argmax(ours[step].data(), ours[step].size()) ==
+                 kernels::argmax(reference[step].data(), reference[step].size());
+      }
+      EXPECT_LT(worst, c.bound) << c.name << " TP=" << size;
+      EXPECT_EQ(equal, c.steps) << c.name << " TP=" << size;
+      std::printf("fp8 checkpoint %s TP=%d: greedy argmax equal to TP=1 at %zu/%zu steps, max logit difference %.2e "
+                  "(relative)\n", c.name, size, equal, c.steps, worst);
+    }
+  }
+  const Loaded blocks = load_whole(fp8_dir / "block_fp8");
+  ASSERT_TRUE(blocks.weights);
+  CpuTensorParallelRunner::Options options;
+  options.num_blocks = 8;
+  options.block_size = 16;
+  auto refused = CpuTensorParallelRunner::create(blocks.config, blocks.weights, 2, options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("--tensor-parallel-size 2: model.layers.0.self_attn.k_proj.weight [32, 64] "
+                                            "has 32x32 fp8 scale blocks"), std::string::npos)
+      << refused.status().to_string();
+}
+
 TEST(TensorParallelTest, UpcastWeightsShardTheF32Copies) {
   // Weights upcast to f32 at load live in the whole model's buffers, which the shards keep alive.
   const auto dir = fixtures_dir() / "mistral_bf16";

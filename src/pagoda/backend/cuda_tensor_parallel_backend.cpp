@@ -27,8 +27,12 @@ StatusOr<RunnerSetup> create_cuda_tensor_parallel_runner(const RunnerSpec& spec,
   if (!spec.tensor_parallel_same_device && tp > gpus)
     return invalid_argument_error("--tensor-parallel-size {}: more ranks than the {} visible GPU(s) (one rank per "
                                   "GPU)", tp, gpus);
-  if (spec.weight_quantization)
-    return unimplemented_error("--tensor-parallel-size {} on cuda with --quantization: not built yet", tp);
+  if (spec.weight_quantization && *spec.weight_quantization != DType::kFP8E4M3)
+    return invalid_argument_error("--quantization {}: --device cuda runs fp8 weight quantization only",
+                                  dtype_name(*spec.weight_quantization));
+  if (spec.weight_quantization && config.fp8)
+    return invalid_argument_error("--quantization fp8: {} is already quantized ({}); --quantization needs f32, f16 or "
+                                  "bf16 weights", spec.config_path, config.fp8->describe());
   if (spec.kv_cross_layer_share != 1)
     return unimplemented_error("--kv-cross-layer-share {} cannot be combined with --tensor-parallel-size {} yet",
                                spec.kv_cross_layer_share, tp);
@@ -42,6 +46,9 @@ StatusOr<RunnerSetup> create_cuda_tensor_parallel_runner(const RunnerSpec& spec,
   options.model.kv_key_dtype = spec.key_dtype;
   options.model.kv_value_dtype = spec.value_dtype;
   options.same_device = spec.tensor_parallel_same_device;
+  // --quantization fp8: each rank quantizes its own slices on upload (per output channel), so the
+  // column-parallel projections get TP=1's scales and the row-parallel ones a scale per row over the rank's columns.
+  options.model.fp8_weights = spec.weight_quantization.has_value();
 
   RunnerSetup setup;
   setup.spec = spec;
@@ -105,15 +112,24 @@ StatusOr<RunnerSetup> create_cuda_tensor_parallel_runner(const RunnerSpec& spec,
   std::vector<std::string> lines;
   lines.push_back("device: cuda (" + device_text + ")");
   lines.push_back(fmt::format("tensor parallel: {} ranks, {}; per rank {} of {} attention heads, {} of {} KV heads{}, "
-                              "{} of {} MLP features, {} vocabulary rows; steps run eagerly (no CUDA graphs)",
+                              "{} of {} MLP features, {} vocabulary rows; {}",
                               tp, spec.tensor_parallel_same_device
                                       ? "all on GPU 0 (--tensor-parallel-same-device: a test mode, not faster)"
                                       : "one GPU and host thread each over NCCL",
                               s.num_q_heads, config.num_q_heads, s.num_kv_heads, config.num_kv_heads,
                               config.num_kv_heads < tp ? " (replicated)" : "", s.intermediate_size,
-                              config.intermediate_size, s.vocab_chunk));
+                              config.intermediate_size, s.vocab_chunk,
+                              cuda::tensor_parallel_cuda_graphs_requested()
+                                  ? "decode steps in CUDA graphs, one per rank (PAGODA_TP_CUDA_GRAPHS=1: experimental)"
+                                  : "steps run eagerly (CUDA graphs across ranks: PAGODA_TP_CUDA_GRAPHS=1, "
+                                    "experimental)"));
   lines.push_back(model_summary(config, spec) +
-                  fmt::format("; weights {} over the ranks (bf16{})", format_bytes(static_cast<double>(setup.weight_bytes)),
+                  fmt::format("; weights {} over the ranks ({}{})", format_bytes(static_cast<double>(setup.weight_bytes)),
+                              spec.weight_quantization
+                                  ? "fp8 e4m3, --quantization fp8: each rank's slices per channel, dynamic per token"
+                                  : config.fp8 ? "the checkpoint's fp8 (" + config.fp8->describe() +
+                                                     ") sliced with its scales, or bf16 where the GPU does not run it"
+                                               : std::string("bf16"),
                               spec.load_format == LoadFormat::kRandom
                                   ? ", random: each rank its own shard from seed + rank, every rank the whole "
                                     "vocabulary's embedding and lm_head rows"

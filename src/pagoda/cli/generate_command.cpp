@@ -154,7 +154,7 @@ void run_generate(const GenerateOptions& opt) {
   engine_config.scheduler = scheduler_config(*setup, *preemption);
   engine_config.kv_compression = *kv_compression;
   if (kv_compression->enabled() && !setup->runner->capabilities().compacts_kv)
-    fail(fmt::format("--kv-compression {}: this model cannot run token eviction (MLA, sliding-window attention, or --tensor-parallel-size above 1)",
+    fail(fmt::format("--kv-compression {}: this model cannot run token eviction (MLA, sliding-window attention, or --tensor-parallel-size above 1 on cpu)",
                      opt.kv_compression.policy));
   engine_config.scheduler.max_running_sequences = 1;
   engine_config.scheduler.max_tokens_per_step =

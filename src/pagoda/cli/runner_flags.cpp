@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <array>
+#include <cstdlib>
 #include <filesystem>
+#include <string_view>
 
 #include "pagoda/runtime/kv_sizing.h"
 
@@ -297,6 +299,15 @@ StatusOr<backend::RunnerSpec> resolve_runner_flags(const RunnerFlags& flags, Run
   r.tensor_parallel_same_device = flags.tensor_parallel_same_device;
   if (r.tensor_parallel_same_device && r.device != backend::Device::kCuda)
     return invalid_argument_error("--tensor-parallel-same-device: only with --device cuda");
+  // The same-device ranks' CUDA graphs (experimental, PAGODA_TP_CUDA_GRAPHS=1) meet through spinning kernels on
+  // one GPU (same_device_communicator.h), so every rank's stream wants a hardware queue of its own, and no kernel
+  // may be loaded lazily while another rank spins (loading waits for the device to go idle): ask for the most
+  // queues and eager module loading before CUDA starts (an explicit setting wins; no effect once CUDA has started).
+  if (const char* graphs = std::getenv("PAGODA_TP_CUDA_GRAPHS");
+      r.tensor_parallel_same_device && graphs != nullptr && std::string_view(graphs) == "1") {
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+    setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  }
 #ifndef PAGODA_HAVE_CUDA
   if (r.device == backend::Device::kCuda)
     return failed_precondition_error("--device cuda: this pagoda was built without the CUDA backend (backends: cpu); "

@@ -193,7 +193,7 @@ void run_serve(const ServeOptions& opt) {
   engine_config.scheduler.prefill_join_limit = opt.runner.prefill_join_limit;
   engine_config.kv_compression = *kv_compression;
   if (kv_compression->enabled() && !setup->runner->capabilities().compacts_kv)
-    fail(fmt::format("--kv-compression {}: this model cannot run token eviction (MLA, sliding-window attention, or --tensor-parallel-size above 1)",
+    fail(fmt::format("--kv-compression {}: this model cannot run token eviction (MLA, sliding-window attention, or --tensor-parallel-size above 1 on cpu)",
                      opt.kv_compression.policy));
   engine_config.max_queued_requests = opt.max_queued;
   engine_config.lower_tiers = lower_tiers->get();

@@ -38,8 +38,7 @@ struct TensorShard {
 
 // Whether `config` can run on `size` ranks. Errors name --tensor-parallel-size
 // and the numbers: size < 1 (kInvalidArgument), an architecture or checkpoint
-// without a sharded forward (DeepSeek MLA/MoE, fp8 Linear weights:
-// kUnimplemented), attention heads, KV heads or intermediate size that the
+// without a sharded forward (DeepSeek MLA/MoE: kUnimplemented), attention heads, KV heads or intermediate size that the
 // ranks do not split evenly (kInvalidArgument).
 Status check_tensor_parallel(const ModelConfig& config, int32_t size);
 
@@ -51,9 +50,15 @@ TensorShard tensor_shard(const ModelConfig& config, int32_t rank, int32_t size);
 ModelConfig shard_config(const ModelConfig& config, const TensorShard& shard);
 
 // Rank shard's weights from the whole model's (bound by bind_model_weights or
-// random, f32/f16/bf16 matrices), which the result keeps alive. Errors:
-// quantized or fp8 matrices (kUnimplemented), shapes that do not fit the
-// config (kInvalidArgument).
+// random: f32/f16/bf16 matrices, or an fp8 checkpoint's), which the result
+// keeps alive. fp8 scales are sliced with their matrices: per-channel scales
+// follow the rows of a column-parallel slice (and stay whole for a
+// row-parallel one), a per-tensor scale and static input scale are
+// replicated, block scales are cut at the rank's blocks. Errors: matrices
+// quantized by --quantization (kUnimplemented), shapes that do not fit the
+// config, fp8 scale blocks (or grouped activation scales) that the rank's rows
+// or columns would cut, naming the tensor, its shape, the blocks and the
+// rank's range (kInvalidArgument).
 StatusOr<ModelWeights> shard_model_weights(const ModelConfig& config, std::shared_ptr<const ModelWeights> whole,
                                            const TensorShard& shard);
 

@@ -1,6 +1,7 @@
 #include "pagoda/backend/cpu/quantize_weights.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "pagoda/backend/cpu/kernels/quant_dot.h"
@@ -16,9 +17,11 @@ bool is_float(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DTy
 // Replaces m by its quantized copy (owned by `owned`).
 void quantize_matrix(WeightMatrix& m, DType dtype, std::vector<std::unique_ptr<uint8_t[]>>& owned) {
   const size_t row_bytes = kernels::quantized_row_bytes(dtype, m.cols);
-  auto out = std::make_unique<uint8_t[]>(m.rows * row_bytes);
+  // Rows start on a 64-byte line where row_bytes allows (the dot kernels read 64 bytes at a time).
+  constexpr size_t kAlign = 64;
+  auto out = std::make_unique<uint8_t[]>(m.rows * row_bytes + kAlign);
   const size_t elem_bytes = static_cast<size_t>(dtype_bits(m.dtype) / 8);
-  uint8_t* dst = out.get();
+  uint8_t* dst = out.get() + (kAlign - reinterpret_cast<uintptr_t>(out.get()) % kAlign) % kAlign;
   ThreadPool::global().parallel_for(m.rows, [&](size_t begin, size_t end) {
     std::vector<float> row(m.cols);
     for (size_t r = begin; r < end; ++r) {
@@ -27,7 +30,7 @@ void quantize_matrix(WeightMatrix& m, DType dtype, std::vector<std::unique_ptr<u
     }
   }, 64);
   m.dtype = dtype;
-  m.data = out.get();
+  m.data = dst;
   owned.push_back(std::move(out));
 }
 

@@ -40,10 +40,12 @@ Status CudaKvScores::grow(State& st, int64_t length, cudaStream_t stream) {
   return ok_status();
 }
 
-Status CudaKvScores::prepare(const ForwardBatch& batch, int64_t table_stride, cudaStream_t stream) {
+Status CudaKvScores::prepare(const ForwardBatch& batch, int64_t table_stride, cudaStream_t stream,
+                             int32_t graph_slots, int32_t graph_capacity) {
   items_.clear();
   sequences_.clear();
   num_items_ = 0;
+  launch_items_ = 0;
   const int32_t group = num_q_heads_ / num_kv_heads_;
   for (size_t i = 0; i < batch.sequences.size(); ++i) {
     const SequenceSlice& s = batch.sequences[i];
@@ -70,6 +72,7 @@ Status CudaKvScores::prepare(const ForwardBatch& batch, int64_t table_stride, cu
                             static_cast<int64_t>(i) * table_stride});
   }
   if (items_.empty()) return ok_status();
+  if (graph_slots > 0) return upload_for_graph(graph_slots, graph_capacity, stream);
   const size_t item_bytes = items_.size() * sizeof(KvScoreItem);
   const size_t bytes = item_bytes + sequences_.size() * sizeof(KvScoreSequence);
   if (step_buffer_.bytes() < bytes) {
@@ -82,6 +85,53 @@ Status CudaKvScores::prepare(const ForwardBatch& batch, int64_t table_stride, cu
                                               sequences_.size() * sizeof(KvScoreSequence), cudaMemcpyHostToDevice,
                                               stream));
   num_items_ = static_cast<int32_t>(items_.size());
+  launch_items_ = num_items_;
+  launch_buffer_ = step_buffer_.data();
+  launch_sequences_offset_ = num_items_;
+  launch_splits_ = kv_attention_scores_splits(launch_items_, num_kv_heads_);
+  const size_t scratch = kv_attention_scores_scratch_bytes(launch_items_, num_kv_heads_, launch_splits_);
+  if (step_scratch_.bytes() < scratch) {
+    // The old scratch may still be read by the last step's launches: cudaFree waits for them.
+    PAGODA_ASSIGN_OR_RETURN(step_scratch_, DeviceBuffer::allocate(std::max(scratch, step_scratch_.bytes() * 2)));
+  }
+  launch_scratch_ = step_scratch_.data();
+  return ok_status();
+}
+
+Status CudaKvScores::upload_for_graph(int32_t slots, int32_t capacity, cudaStream_t stream) {
+  if (graph_capacity_ == 0) {
+    // Allocated once: every graph recorded with scoring has this address baked in.
+    graph_capacity_ = std::max(capacity, slots);
+    PAGODA_ASSIGN_OR_RETURN(graph_buffer_,
+                            DeviceBuffer::allocate(static_cast<size_t>(graph_capacity_) *
+                                                   (sizeof(KvScoreItem) + sizeof(KvScoreSequence))));
+    // Room for any bucket's launch at the most splits.
+    const size_t scratch = kv_attention_scores_scratch_bytes(graph_capacity_, num_kv_heads_, kMaxScoreSplits);
+    PAGODA_ASSIGN_OR_RETURN(graph_scratch_, DeviceBuffer::allocate(scratch));
+  }
+  if (slots > graph_capacity_ || static_cast<int32_t>(items_.size()) > slots ||
+      static_cast<int32_t>(sequences_.size()) > slots)
+    return internal_error("kv scores: {} scoring queries of {} sequences for a graph of {} slots (capacity {})",
+                          items_.size(), sequences_.size(), slots, graph_capacity_);
+  num_items_ = static_cast<int32_t>(items_.size());
+  // Padding items name no sequence: the kernel's CTAs for them return at once.
+  items_.resize(static_cast<size_t>(slots), KvScoreItem{0, -1, 0, 0});
+  sequences_.resize(static_cast<size_t>(slots), KvScoreSequence{});
+  char* base = static_cast<char*>(graph_buffer_.data());
+  const size_t item_bytes = static_cast<size_t>(slots) * sizeof(KvScoreItem);
+  // The sequences sit after graph_capacity_ items (a fixed offset the recorded launches use).
+  char* sequences = base + static_cast<size_t>(graph_capacity_) * sizeof(KvScoreItem);
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(base, items_.data(), item_bytes, cudaMemcpyHostToDevice, stream));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sequences, sequences_.data(),
+                                              static_cast<size_t>(slots) * sizeof(KvScoreSequence),
+                                              cudaMemcpyHostToDevice, stream));
+  launch_items_ = slots;
+  launch_buffer_ = graph_buffer_.data();
+  launch_sequences_offset_ = graph_capacity_;
+  launch_splits_ = kv_attention_scores_splits(slots, num_kv_heads_);
+  if (kv_attention_scores_scratch_bytes(slots, num_kv_heads_, launch_splits_) > graph_scratch_.bytes())
+    return internal_error("kv scores: a graph of {} slots needs more scoring scratch than was set aside", slots);
+  launch_scratch_ = graph_scratch_.data();
   return ok_status();
 }
 
@@ -89,11 +139,12 @@ Status CudaKvScores::score_layer(int32_t layer, const bf16* q, int64_t q_row_str
                                  const DevicePagedKvLayer& kv, const int32_t* block_tables,
                                  cudaStream_t stream) const {
   if (num_items_ == 0) return ok_status();
-  const auto* items = step_buffer_.as<KvScoreItem>();
-  const auto* sequences = reinterpret_cast<const KvScoreSequence*>(static_cast<const char*>(step_buffer_.data()) +
-                                                                     items_.size() * sizeof(KvScoreItem));
+  const auto* items = static_cast<const KvScoreItem*>(launch_buffer_);
+  const auto* sequences = reinterpret_cast<const KvScoreSequence*>(
+      static_cast<const char*>(launch_buffer_) + static_cast<size_t>(launch_sequences_offset_) * sizeof(KvScoreItem));
   PAGODA_CUDA_RETURN_IF_ERROR(kv_attention_scores(q, q_row_stride, num_q_heads_, scale, kv, layer, block_tables, items,
-                                                  num_items_, sequences, stream));
+                                                  launch_items_, sequences, launch_splits_, launch_scratch_,
+                                                  stream));
   return ok_status();
 }
 
@@ -130,22 +181,19 @@ Status CudaKvScores::compact(const runtime::KvCompaction& c, CudaKvPool& pool, D
     return unimplemented_error("compact_kv: policy {} gives each head its own budget, and the cuda attention kernels "
                                "cannot skip the holes that leaves (h2o, snapkv and streaming run here)",
                                runtime::kv_compression_policy_name(c.config.policy));
-  auto [it, fresh] = states_.try_emplace(c.kv_state);
-  State& st = it->second;
-  if (fresh) PAGODA_RETURN_IF_ERROR(reset(st, stream));
-  PAGODA_RETURN_IF_ERROR(grow(st, c.old_length, stream));
-
-  // h2o and snapkv give every head the same budget (kv_head_budgets), so one shape serves all heads.
-  const int32_t heads = num_layers_ * num_kv_heads_;
+  const bool streaming = c.config.policy == runtime::KvCompressionPolicy::kStreaming;
+  // Streaming keeps the same indices in every layer and head (sinks and the most recent) and has no
+  // scores: one row of kept indices per KV head, one set of moves, gathered in every layer.
+  const int32_t heads = streaming ? num_kv_heads_ : num_layers_ * num_kv_heads_;
+  // Every device policy gives every head the same budget (kv_head_budgets), so one shape serves all heads.
   const int32_t budget = std::min(c.config.budget, c.new_length);
-  const KvSelectShape select =
-      kv_select_shape(heads, c.old_length, budget, c.config.sink_tokens, c.config.window,
-                      c.config.policy == runtime::KvCompressionPolicy::kStreaming,
-                      c.config.policy == runtime::KvCompressionPolicy::kSnapKV);
+  const KvSelectShape select = kv_select_shape(heads, c.old_length, budget, c.config.sink_tokens, c.config.window,
+                                               streaming, c.config.policy == runtime::KvCompressionPolicy::kSnapKV);
   if (select.kept != c.new_length)
     return invalid_argument_error("compact_kv: sequence {}: {} kept tokens per head for a compacted region of {} (the "
                                   "cuda attention reads no holes)", c.kv_state, select.kept, c.new_length);
-  const bool keep_mass = runtime::kv_policy_accumulates(c.config.policy);
+  if (streaming && select.take != 0)
+    return internal_error("compact_kv: streaming's shape chooses {} tokens by score", select.take);
   const size_t new_len = static_cast<size_t>(c.new_length);
   const size_t count = static_cast<size_t>(heads) * new_len;
   auto ensure = [](DeviceBuffer& b, size_t bytes) -> Status {
@@ -158,7 +206,6 @@ Status CudaKvScores::compact(const runtime::KvCompaction& c, CudaKvPool& pool, D
   // device scores: nothing comes back to the host, and nothing here waits for the device.
   PAGODA_RETURN_IF_ERROR(ensure(select_scratch_, std::max<size_t>(1, kv_select_scratch_bytes(select))));
   PAGODA_RETURN_IF_ERROR(ensure(kept_, std::max<size_t>(1, count * sizeof(int32_t))));
-  PAGODA_RETURN_IF_ERROR(ensure(new_mass_, std::max<size_t>(1, count * sizeof(float))));
   PAGODA_RETURN_IF_ERROR(ensure(moves_buffer, std::max<size_t>(1, count * sizeof(KvVectorMove))));
   const size_t old_blocks = c.old_block_table.size(), new_blocks = c.new_block_table.size();
   PAGODA_RETURN_IF_ERROR(ensure(tables_, (old_blocks + new_blocks + 1) * sizeof(int32_t)));
@@ -169,6 +216,24 @@ Status CudaKvScores::compact(const runtime::KvCompaction& c, CudaKvPool& pool, D
   if (new_blocks > 0)
     PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tables_.as<int32_t>() + old_blocks, c.new_block_table.data(),
                                                 new_blocks * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  if (streaming) {
+    // No scores are read (take is 0), so no state is made: streaming never has one.
+    PAGODA_CUDA_RETURN_IF_ERROR(kv_select_kept(nullptr, select.num_valid, select, nullptr, kept_.as<int32_t>(), stream));
+    PAGODA_CUDA_RETURN_IF_ERROR(kv_build_moves(kept_.as<int32_t>(), heads, c.new_length, num_kv_heads_,
+                                               tables_.as<int32_t>(), tables_.as<int32_t>() + old_blocks, bs, nullptr,
+                                               0, false, moves_buffer.as<KvVectorMove>(), nullptr, stream));
+    for (int32_t l = 0; count > 0 && l < num_layers_; ++l)
+      PAGODA_CUDA_RETURN_IF_ERROR(
+          kv_move_vectors(pool.layer(l), moves_buffer.as<KvVectorMove>(), static_cast<int64_t>(count), stream));
+    return ok_status();
+  }
+
+  auto [it, fresh] = states_.try_emplace(c.kv_state);
+  State& st = it->second;
+  if (fresh) PAGODA_RETURN_IF_ERROR(reset(st, stream));
+  PAGODA_RETURN_IF_ERROR(grow(st, c.old_length, stream));
+  const bool keep_mass = runtime::kv_policy_accumulates(c.config.policy);
+  PAGODA_RETURN_IF_ERROR(ensure(new_mass_, std::max<size_t>(1, count * sizeof(float))));
   PAGODA_CUDA_RETURN_IF_ERROR(
       kv_select_kept(st.mass.as<float>(), st.capacity, select, select_scratch_.data(), kept_.as<int32_t>(), stream));
   PAGODA_CUDA_RETURN_IF_ERROR(kv_build_moves(kept_.as<int32_t>(), heads, c.new_length, num_kv_heads_,

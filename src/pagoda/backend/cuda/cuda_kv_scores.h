@@ -2,13 +2,14 @@
 // Token eviction's scores on the CUDA runner (docs/KV_CACHE.md "Token
 // eviction"): the per-sequence state on the device (attention mass per
 // (layer, KV head, cache index) and each head's entropy sum over its
-// observation window), the step's list of scoring queries, and the scored
-// compaction: choose each (layer, KV head)'s kept tokens on the device with
+// observation window), the step's list of scoring queries (for an eager
+// step or a decode graph's fixed slots), and the compaction (streaming's
+// too, without scores): choose each (layer, KV head)'s kept tokens on the device with
 // the CPU's rule (kv_select.h = runtime::select_kept_tokens on the same
 // scores), gather their vectors (kv_compact.h), carry h2o's mass over, all
 // without a host round trip.
 //
-// Only policies whose heads all keep the same count run here (h2o, snapkv:
+// Only policies whose heads all keep the same count run here (streaming, h2o, snapkv:
 // the compacted region has no holes); pyramidkv and entropy give heads their
 // own budgets, which the CUDA attention kernels cannot skip yet: refused.
 //
@@ -36,12 +37,23 @@ class CudaKvScores {
   // and lists its scoring queries (cache index >= score_from_index) for the
   // forward; sequence i's block table is at i * table_stride of the model's
   // step tables. active() says whether any query scores this step.
-  Status prepare(const ForwardBatch& batch, int64_t table_stride, cudaStream_t stream);
+  //
+  // graph_slots > 0: the step replays (or records) a decode graph of that many
+  // token slots. Then the list goes, padded to graph_slots items (padding and
+  // non-scoring slots carry sequence -1 and are skipped by the kernel), into a
+  // buffer allocated once for graph_capacity slots that never moves, so a
+  // graph's recorded scoring launches (fixed grid, fixed addresses) read each
+  // step's list: no host sync, nothing in the graph changes. Errors:
+  // kInternal for more scoring queries than slots or slots above the capacity.
+  Status prepare(const ForwardBatch& batch, int64_t table_stride, cudaStream_t stream, int32_t graph_slots = 0,
+                 int32_t graph_capacity = 0);
   bool active() const { return num_items_ > 0; }
   // Layer l's scores of the prepared step (q: the layer's rows after RoPE).
+  // In a graph step its launch covers all graph_slots items.
   Status score_layer(int32_t layer, const bf16* q, int64_t q_row_stride, float scale, const DevicePagedKvLayer& kv,
                      const int32_t* block_tables, cudaStream_t stream) const;
-  // ModelRunner::compact_kv for a scored policy (h2o, snapkv): returns once
+  // ModelRunner::compact_kv for every device policy (streaming: no score
+  // part and no state; h2o, snapkv from the state's scores): returns once
   // the work is queued on `stream` (a fault in it shows at the stream's next
   // synchronization). Errors: kUnimplemented for per-head budgets (pyramidkv,
   // entropy), check_kv_compaction's.
@@ -68,6 +80,7 @@ class CudaKvScores {
   };
   Status reset(State& st, cudaStream_t stream);
   Status grow(State& st, int64_t length, cudaStream_t stream);
+  Status upload_for_graph(int32_t slots, int32_t capacity, cudaStream_t stream);
 
   int32_t num_layers_;
   int32_t num_kv_heads_;
@@ -75,7 +88,16 @@ class CudaKvScores {
   std::unordered_map<int64_t, State> states_;
   std::vector<KvScoreItem> items_;
   std::vector<KvScoreSequence> sequences_;
-  DeviceBuffer step_buffer_;  // items then sequences, for the step
+  DeviceBuffer step_buffer_;   // items then sequences, for an eager step
+  DeviceBuffer graph_buffer_;  // [graph_capacity_] items then as many sequences; never reallocated
+  int32_t graph_capacity_ = 0;
+  int32_t launch_items_ = 0;                // the kernel's grid: num_items_, or the graph's slots
+  const void* launch_buffer_ = nullptr;     // step_buffer_ or graph_buffer_
+  int32_t launch_sequences_offset_ = 0;     // items in launch_buffer_ before its sequences
+  int32_t launch_splits_ = 1;               // kv_attention_scores_splits of the launch
+  void* launch_scratch_ = nullptr;          // step_scratch_ or graph_scratch_
+  DeviceBuffer step_scratch_;               // the split statistics of an eager step
+  DeviceBuffer graph_scratch_;              // those of any graph's launch; never reallocated
   // Compaction scratch, reused: the radix select's keys, the kept indices, the carried mass, the block tables.
   DeviceBuffer select_scratch_;
   DeviceBuffer kept_;

@@ -38,7 +38,12 @@
 // outputs are all-reduced (bf16, summed in f32) before they join the residual,
 // and each rank's [rows, vocab rows of the rank] logits are all-gathered into
 // the whole [rows, vocab], so sampling and argmax run unchanged on every rank.
-// Steps then run eagerly (no CUDA graphs across ranks yet).
+// When the group turns graphs on (cuda_tensor_parallel_runner.h: experimental,
+// opt-in), pure decode steps run in CUDA graphs as at TP=1: every rank meets the same
+// step with the same bucket, runs its first step eagerly and captures its own
+// graph at the same time as the others (the collectives inside: NCCL's are
+// capturable, the same-device communicator meets on device counters while
+// capturing), and replays it on its own stream.
 //
 // Thread safety: one caller at a time (scratch, graphs and the stream are per model).
 
@@ -171,20 +176,23 @@ class CudaModel {
   }
 
   // Token eviction's scores (cuda_kv_scores.h, owned by the runner; null: none).
-  // Each forward first lists its scoring queries; a step with any runs eagerly
-  // (no graph) and adds a scoring pass after each layer's KV write. A step
-  // without runs exactly as before.
+  // Each forward first lists its scoring queries; a step with any adds a
+  // scoring pass after each layer's KV write. A decode step with any replays
+  // its bucket's scoring graph (recorded apart from the plain one: the pass
+  // over the bucket's fixed slots, reading a list written before each
+  // replay). A step without runs exactly as before.
   void set_kv_scores(CudaKvScores* scores) { kv_scores_ = scores; }
   // Makes this model rank shard.rank of shard.size: its config and weights must
   // be that shard's, and every rank's model must be attached before any
   // forward; the ranks then call their forwards concurrently, one thread each
-  // with this model's device current. Turns CUDA graphs off. Errors: a
+  // with this model's device current. Errors: a
   // communicator whose rank or size is not the shard's; CUDA allocation.
   Status attach_tensor_parallel(const TensorShard& shard, parallel::DeviceCommunicator* comm);
   const TensorShard& tensor_shard() const { return shard_; }
 
   // Turns graph replay of decode steps on or off (benchmarks compare both).
-  void set_use_cuda_graphs(bool on) { options_.use_cuda_graphs = on && comm_ == nullptr; }
+  // Under tensor parallelism every rank must be set alike.
+  void set_use_cuda_graphs(bool on) { options_.use_cuda_graphs = on; }
   void set_fast_attention(bool on) { options_.fast_attention = on; }
   void set_max_graph_batch(int32_t n) { options_.max_graph_batch = n; }
   void set_moe_max_graph_batch(int32_t n) { options_.moe_max_graph_batch = n; }
@@ -236,7 +244,9 @@ class CudaModel {
   // Applies the token masks of rows [row_begin, row_begin + n) of forward_sampled() to logits_.
   Status mask_rows(int32_t row_begin, int32_t n);
   Status sample_out(int32_t row_begin, int32_t n);
-  Status capture_graph(int32_t bucket, const CudaKvPool& pool, bool fast_attention);
+  Status capture_graph(int32_t bucket, bool scoring, const CudaKvPool& pool, bool fast_attention);
+  // A bucket's graph with token eviction's scoring launches is kept apart from the one without.
+  static int32_t graph_key(int32_t bucket, bool scoring) { return bucket * 2 + (scoring ? 1 : 0); }
   bool fast_attention_usable() const;
   Status run(const ForwardBatch& batch, CudaKvPool& pool, Output output, std::vector<float>* logits,
              std::vector<int32_t>* tokens);
@@ -293,7 +303,7 @@ class CudaModel {
     const CudaKvPool* pool = nullptr;  // the pool whose addresses the graph baked in
     bool fast_attention = false;       // captured with backend/cuda/attention's graph-mode decode attention
   };
-  std::map<int32_t, Graph> graphs_;
+  std::map<int32_t, Graph> graphs_;  // by graph_key
   KvLayerWaits layer_waits_;  // for the next run() only
   CudaKvScores* kv_scores_ = nullptr;
 
@@ -303,6 +313,7 @@ class CudaModel {
   DeviceBuffer shard_logits_;     // f32 [max_rows, vocab_chunk]: this rank's logits, packed [rows, local vocab]
   DeviceBuffer gathered_logits_;  // f32 [ranks, max_rows, vocab_chunk]: every rank's, by rank
   int64_t graph_replays_ = 0;
+  int64_t profile_replay_ = -1;  // PAGODA_CUDA_PROFILE_REPLAY: the graph replay a profiler sees, -1 none
 };
 
 }  // namespace pagoda::cuda

@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "pagoda/backend/cuda/cuda_check.h"
-#include "pagoda/backend/cuda/kv_compact.h"
 #include "pagoda/runtime/kv_compression.h"
 
 namespace pagoda::cuda {
@@ -151,43 +150,10 @@ Status CudaModelRunner::copy_blocks(std::span<const runtime::BlockCopy> copies) 
 
 Status CudaModelRunner::compact_kv(const runtime::KvCompaction& c) {
   if (!capabilities().compacts_kv) return runtime::ModelRunner::compact_kv(c);
-  if (c.config.policy != runtime::KvCompressionPolicy::kStreaming) {
-    // A layer-by-layer copy of this step's transfers may still read or write these blocks.
-    if (host_) PAGODA_RETURN_IF_ERROR(host_->wait_all(model_->stream()));
-    return scores_->compact(c, *pool_, compact_moves_, model_->stream());
-  }
-  const KvPoolShape& shape = pool_->shape();
-  const int32_t bs = shape.block_size;
-  PAGODA_RETURN_IF_ERROR(runtime::check_kv_compaction(c, shape.num_blocks, bs));
-  // Streaming's budget is the same for every head (kv_head_budgets), and its kept set ignores scores.
-  const int32_t budget = std::min(c.config.budget, c.new_length);
-  const std::vector<int32_t> kept = runtime::select_kept_tokens(c.config, budget, c.old_length, {});
-  if (static_cast<int32_t>(kept.size()) != c.new_length)
-    return invalid_argument_error("compact_kv: sequence {}: {} kept tokens for a compacted region of {} (the cuda "
-                                  "attention reads no holes)", c.kv_state, kept.size(), c.new_length);
-  auto slot = [bs](const std::vector<int32_t>& table, int32_t index) {
-    return static_cast<int64_t>(table[static_cast<size_t>(index / bs)]) * bs + index % bs;
-  };
-  std::vector<KvVectorMove> moves;
-  moves.reserve(kept.size() * static_cast<size_t>(shape.num_kv_heads));
-  for (int32_t h = 0; h < shape.num_kv_heads; ++h)
-    for (size_t k = 0; k < kept.size(); ++k)
-      moves.push_back({slot(c.old_block_table, kept[k]), slot(c.new_block_table, static_cast<int32_t>(k)), h, 0});
-  if (moves.empty()) return ok_status();
-  const size_t bytes = moves.size() * sizeof(KvVectorMove);
-  if (compact_moves_.bytes() < bytes) {
-    PAGODA_ASSIGN_OR_RETURN(compact_moves_, DeviceBuffer::allocate(bytes));
-  }
   // A layer-by-layer copy of this step's transfers may still read or write these blocks.
   if (host_) PAGODA_RETURN_IF_ERROR(host_->wait_all(model_->stream()));
-  PAGODA_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(compact_moves_.data(), moves.data(), bytes, cudaMemcpyHostToDevice, model_->stream()));
-  for (int32_t l = 0; l < shape.num_layers; ++l)
-    PAGODA_CUDA_RETURN_IF_ERROR(kv_move_vectors(pool_->layer(l), compact_moves_.as<KvVectorMove>(),
-                                                static_cast<int64_t>(moves.size()), model_->stream()));
-  // `moves` is pageable host memory the copy reads: wait before it goes.
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(model_->stream()));
-  return ok_status();
+  // Every policy's kept tokens are chosen and gathered on the device; this returns once queued.
+  return scores_->compact(c, *pool_, compact_moves_, model_->stream());
 }
 
 }  // namespace pagoda::cuda

@@ -78,8 +78,10 @@ class CudaModelRunner final : public runtime::ModelRunner {
   // snapkv, whose (layer, KV head)s all keep the same count, so the
   // compacted region has no holes. Streaming keeps the same tokens everywhere;
   // h2o and snapkv choose per (layer, KV head) from the scores the forward
-  // adds (cuda_kv_scores.h). A gather kernel (kv_compact.h) moves the kept
-  // vectors, any KV dtype, into the fresh blocks. The forward needs nothing
+  // adds (cuda_kv_scores.h). Every policy's kept indices and moves are built
+  // on the device (kv_select.h) and a gather kernel (kv_compact.h) moves the
+  // kept vectors, any KV dtype, into the fresh blocks: it returns once queued,
+  // without waiting for the device. The forward needs nothing
   // more: new tokens take their true positions from the batch and their cache
   // index from the table. Errors: pyramidkv / entropy (kUnimplemented: per-head
   // budgets leave holes the CUDA attention cannot skip), bad tables

@@ -54,6 +54,13 @@ cudaError_t head_rmsnorm(bf16* x, int64_t row_stride, int32_t num_tokens, int32_
 cudaError_t rope(bf16* x, int64_t row_stride, const int32_t* positions, int32_t num_tokens,
                  int32_t num_heads, int32_t head_dim, const float* inv_freq, cudaStream_t stream);
 
+// rope over the q and k heads of qkv rows laid out [q heads | k heads | ...] (head h at h * head_dim), one
+// launch; when q_out is not null the rotated q heads are also written to q_out [num_tokens, num_q_heads *
+// head_dim] (contiguous: the decode attention's q, without a separate copy). Launched with programmatic
+// dependent launch (pdl.cuh), as rope, the norms and silu_mul are.
+cudaError_t rope_qk(bf16* qkv, int64_t row_stride, const int32_t* positions, int32_t num_tokens, int32_t num_q_heads,
+                    int32_t num_kv_heads, int32_t head_dim, const float* inv_freq, bf16* q_out, cudaStream_t stream);
+
 // x[r, c] += bias[c] for c < cols (row stride row_stride). bias f32.
 cudaError_t add_bias(bf16* x, int64_t row_stride, int32_t rows, int32_t cols, const float* bias,
                      cudaStream_t stream);

@@ -1,5 +1,7 @@
 #include "pagoda/backend/cuda/cuda_tensor_parallel_runner.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include <cuda_runtime_api.h>
@@ -29,15 +31,18 @@ StatusOr<std::vector<std::unique_ptr<parallel::DeviceCommunicator>>> make_commun
 
 }  // namespace
 
+bool tensor_parallel_cuda_graphs_requested() {
+  const char* value = std::getenv("PAGODA_TP_CUDA_GRAPHS");
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
 StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunner::create(
     const ModelConfig& config, std::shared_ptr<const ModelWeights> whole, int32_t size,
     const CudaTensorParallelOptions& options) {
-  CudaModelOptions model_options = options.model;
-  model_options.use_cuda_graphs = false;
   return create_with(config, size, options,
                      [&](int32_t r, const TensorShard& shard) -> StatusOr<std::unique_ptr<CudaModel>> {
                        PAGODA_ASSIGN_OR_RETURN(const ModelWeights weights, shard_model_weights(config, whole, shard));
-                       CudaModelOptions o = model_options;
+                       CudaModelOptions o = options.model;
                        o.show_progress = options.model.show_progress && r == 0;
                        return CudaModel::from_weights(shard_config(config, shard), weights, o);
                      });
@@ -45,12 +50,10 @@ StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunner::cr
 
 StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunner::create_random(
     const ModelConfig& config, uint64_t seed, int32_t size, const CudaTensorParallelOptions& options) {
-  CudaModelOptions model_options = options.model;
-  model_options.use_cuda_graphs = false;
   return create_with(config, size, options,
                      [&](int32_t r, const TensorShard& shard) -> StatusOr<std::unique_ptr<CudaModel>> {
                        return CudaModel::create_random(shard_config(config, shard), seed + static_cast<uint64_t>(r),
-                                                       model_options);
+                                                       options.model);
                      });
 }
 
@@ -102,6 +105,8 @@ StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunner::cr
   runner->geometry_.num_kv_heads = 0;
   for (const auto& rank : runner->ranks_) runner->geometry_.num_kv_heads += rank->kv_geometry().num_kv_heads;
   runner->num_host_blocks_ = options.runner.num_host_blocks;
+  // Eager steps unless the experimental graphs are asked for (see the header).
+  runner->set_use_cuda_graphs(options.model.use_cuda_graphs);
   runner->threads_ = std::make_unique<parallel::RankThreads>(size);
   return runner;
 }
@@ -158,6 +163,11 @@ StatusOr<std::vector<int32_t>> CudaTensorParallelRunner::execute_greedy(const Fo
   return tokens;
 }
 
+void CudaTensorParallelRunner::set_use_cuda_graphs(bool on) {
+  const bool graphs = on && tensor_parallel_cuda_graphs_requested();
+  for (auto& rank : ranks_) rank->model().set_use_cuda_graphs(graphs);
+}
+
 Status CudaTensorParallelRunner::copy_blocks(std::span<const runtime::BlockCopy> copies) {
   return for_each_rank([&](int32_t r) { return ranks_[static_cast<size_t>(r)]->copy_blocks(copies); });
 }
@@ -168,6 +178,22 @@ Status CudaTensorParallelRunner::zero_blocks(std::span<const int32_t> blocks) {
 
 Status CudaTensorParallelRunner::transfer_blocks(std::span<const runtime::BlockTransfer> transfers) {
   return for_each_rank([&](int32_t r) { return ranks_[static_cast<size_t>(r)]->transfer_blocks(transfers); });
+}
+
+Status CudaTensorParallelRunner::compact_kv(const runtime::KvCompaction& compaction) {
+  if (!capabilities().compacts_kv) return runtime::ModelRunner::compact_kv(compaction);
+  if (compaction.config.policy != runtime::KvCompressionPolicy::kStreaming)
+    return unimplemented_error("--kv-compression {} with --tensor-parallel-size {}: only streaming eviction runs "
+                               "over the ranks (a scored policy needs every rank's scores of a KV head joined)",
+                               runtime::kv_compression_policy_name(compaction.config.policy), size());
+  return for_each_rank([&](int32_t r) { return ranks_[static_cast<size_t>(r)]->compact_kv(compaction); });
+}
+
+void CudaTensorParallelRunner::release_kv_state(int64_t kv_state) {
+  (void)for_each_rank([&](int32_t r) {
+    ranks_[static_cast<size_t>(r)]->release_kv_state(kv_state);
+    return ok_status();
+  });
 }
 
 size_t CudaTensorParallelRunner::host_block_bytes() const {

@@ -18,12 +18,20 @@
 // Communicators: NCCL with one GPU per rank (the real path; needs NCCL found
 // beside the CUDA toolkit), or the same-device communicator
 // (same_device_communicator.h) that puts all N ranks on one GPU, for tests
-// only. Steps run eagerly (no CUDA graphs across ranks yet).
+// only. Steps run eagerly by default. CUDA graphs across the ranks (one per
+// rank and bucket, as at TP=1 in cuda_model.h: the ranks capture at the same
+// step and each replays its own graph on its own stream) are EXPERIMENTAL and
+// opt-in through the environment, PAGODA_TP_CUDA_GRAPHS=1: on the same-device
+// communicator their first GPU run hung, and capture over NCCL is untested
+// (docs/TENSOR_PARALLEL.md).
 //
 // A host block, as read_host_block / write_host_block see it, is the ranks'
-// host blocks one after another in rank order. Not supported: token eviction
-// (compacts_kv is false), DeepSeek (MLA / MoE) and fp8 checkpoints (refused
-// by check_tensor_parallel).
+// host blocks one after another in rank order. Token eviction: streaming
+// only (compact_kv compacts every rank's pool, each its own KV heads, with
+// the same kept tokens); the scored policies are refused (kv_attention_scores
+// is false: with replicated KV heads the ranks' scores would need summing).
+// Not supported: DeepSeek (MLA / MoE) and fp8 checkpoints (refused by
+// check_tensor_parallel).
 //
 // Thread safety: one caller thread, as every ModelRunner; read_host_block
 // also as ModelRunner allows (runtime/model_runner.h).
@@ -43,8 +51,12 @@
 
 namespace pagoda::cuda {
 
+// True when the environment asks for the experimental CUDA graphs at TP>1
+// (PAGODA_TP_CUDA_GRAPHS=1); read at each call. Thread safety: any thread.
+bool tensor_parallel_cuda_graphs_requested();
+
 struct CudaTensorParallelOptions {
-  CudaModelOptions model;     // every rank's (use_cuda_graphs is turned off)
+  CudaModelOptions model;     // every rank's
   CudaRunnerOptions runner;   // every rank's; num_blocks 0: rank 0's pool is sized from free memory,
                               // and every other rank gets as many blocks
   // Tests only: every rank on CUDA device 0 through the same-device
@@ -88,8 +100,15 @@ class CudaTensorParallelRunner final : public runtime::ModelRunner {
             .samples_masked_on_device = true,
             .zeroes_blocks = true,
             .host_kv_blocks = num_host_blocks_,
-            .host_block_access = num_host_blocks_ > 0};
+            .host_block_access = num_host_blocks_ > 0,
+            .compacts_kv = ranks_.front()->capabilities().compacts_kv,
+            .kv_attention_scores = false};
   }
+  // Streaming eviction on every rank's pool (the kept tokens ignore scores, so
+  // every rank keeps the same ones); other policies: kUnimplemented naming the
+  // policy and the ranks.
+  Status compact_kv(const runtime::KvCompaction& compaction) override;
+  void release_kv_state(int64_t kv_state) override;
   Status read_host_block(int32_t host_block, std::span<std::byte> out) override;
   Status write_host_block(int32_t host_block, std::span<const std::byte> data) override;
   // Rank 0's pool shape with num_kv_heads summed over the ranks: the group's KV memory.
@@ -98,6 +117,11 @@ class CudaTensorParallelRunner final : public runtime::ModelRunner {
   int32_t max_context_length() const override { return ranks_.front()->max_context_length(); }
   std::vector<int32_t> eos_token_ids() const override { return config_.eos_token_ids; }
 
+  // Every rank's CUDA graphs on or off (tests and benchmarks compare both);
+  // `on` only counts when tensor_parallel_cuda_graphs_requested(), otherwise
+  // every rank runs eagerly. create() and create_random() apply
+  // options.model.use_cuda_graphs through this.
+  void set_use_cuda_graphs(bool on);
   int32_t size() const { return static_cast<int32_t>(ranks_.size()); }
   CudaModelRunner& rank(int32_t r) { return *ranks_[static_cast<size_t>(r)]; }
   int32_t device(int32_t r) const { return devices_[static_cast<size_t>(r)]; }

@@ -1,5 +1,6 @@
 // Small elementwise ops of the MLP and projections: SiLU-mul and bias add.
 #include "pagoda/backend/cuda/cuda_ops.h"
+#include "pagoda/backend/cuda/pdl.cuh"
 
 namespace pagoda::cuda {
 
@@ -8,6 +9,8 @@ namespace {
 // Two outputs per thread through bf16x2 loads when the width allows it.
 __global__ void silu_mul_kernel(const bf16* __restrict__ gate_up, bf16* __restrict__ out, int32_t rows,
                                 int32_t intermediate) {
+  pdl_launch_dependents();  // the down projection's GEMV streams its first weights meanwhile (pdl.cuh)
+  pdl_wait();               // launched programmatically: the kernel ahead may still run
   const int32_t pairs = intermediate / 2;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(rows) * pairs) return;
@@ -22,6 +25,8 @@ __global__ void silu_mul_kernel(const bf16* __restrict__ gate_up, bf16* __restri
 
 __global__ void silu_mul_scalar_kernel(const bf16* __restrict__ gate_up, bf16* __restrict__ out, int32_t rows,
                                        int32_t intermediate) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(rows) * intermediate) return;
   const int64_t r = i / intermediate;
@@ -49,12 +54,12 @@ cudaError_t silu_mul(const bf16* gate_up, bf16* out, int32_t rows, int32_t inter
   if (rows == 0 || intermediate == 0) return cudaSuccess;
   if (intermediate % 2 == 0) {
     const int64_t n = static_cast<int64_t>(rows) * (intermediate / 2);
-    silu_mul_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(gate_up, out, rows, intermediate);
-  } else {
-    const int64_t n = static_cast<int64_t>(rows) * intermediate;
-    silu_mul_scalar_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(gate_up, out, rows, intermediate);
+    return launch_pdl(silu_mul_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, stream, gate_up, out, rows,
+                      intermediate);
   }
-  return cudaGetLastError();
+  const int64_t n = static_cast<int64_t>(rows) * intermediate;
+  return launch_pdl(silu_mul_scalar_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, stream, gate_up, out, rows,
+                    intermediate);
 }
 
 cudaError_t add_bias(bf16* x, int64_t row_stride, int32_t rows, int32_t cols, const float* bias,

@@ -1,10 +1,12 @@
 // Weight-streaming GEMV for m <= kGemvMaxRows rows (gemv.h).
 //
-// A block of kThreads threads owns kGemvRowsPerBlock consecutive weight rows (output columns). Each thread
-// walks the 16-byte chunks c = tid, tid + kThreads, ... of those rows, two chunks per trip so every thread
-// keeps 2 x kGemvRowsPerBlock 128-bit weight loads in flight, and multiplies each chunk against the matching
-// activations of all m rows (read through L1/L2: every block reads the same x). Partial sums are reduced
-// with warp shuffles, then across warps in shared memory. Weight loads skip L1 (read once).
+// A block of kThreads threads owns kGemvRowsPerBlock consecutive weight rows (output columns; fp8 at 1-2
+// activation rows: twice as many). Each thread walks the 16-byte chunks c = tid, tid + kThreads, ... of
+// those rows, two chunks per trip so every thread keeps 2 x rows-per-block 128-bit weight loads in flight,
+// and multiplies each chunk against the matching activations of all m rows (read through L1/L2: every
+// block reads the same x). Partial sums are reduced with warp shuffles, then across warps in shared memory.
+// Weight loads skip L1 (read once). Launched with programmatic dependent launch (pdl.cuh): the first trip's
+// weight loads run ahead of the PDL wait.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -12,6 +14,7 @@
 
 #include "pagoda/backend/cuda/gemv.h"
 #include "pagoda/backend/cuda/attention/device_primitives.cuh"
+#include "pagoda/backend/cuda/pdl.cuh"
 
 namespace pagoda::cuda {
 
@@ -19,7 +22,13 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kR = kGemvRowsPerBlock;
+// Rows (output columns) per block: fp8 chunks hold twice the elements of bf16 ones, so at k = 4096 a
+// 4-row fp8 block is a single load trip per thread; at 1-2 activation rows fp8 blocks take 8 rows, which
+// keeps a block's bytes in flight and lifetime those of a bf16 block (its activations stay in registers).
+template <int M, bool kFp8>
+constexpr int rows_per_block() {
+  return kFp8 && M <= 2 ? 2 * kGemvRowsPerBlock : kGemvRowsPerBlock;
+}
 
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   uint4 v;
@@ -52,7 +61,7 @@ __device__ __forceinline__ void store(float* y, float v) { *y = v; }
 // kFp8: weights e4m3 (16 per chunk) else bf16 (8 per chunk). block_stride > 0: 128x128 block scales applied
 // per chunk (a chunk never straddles a 128-column block: 16 divides 128); == 0 with scales: per-row scales
 // applied at the end; scales null (bf16): none.
-template <int M, bool kFp8, typename Out>
+template <int M, bool kFp8, typename Out, int kR = rows_per_block<M, kFp8>()>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w,
                                                         const float* __restrict__ scales, int32_t block_stride,
                                                         int32_t n, int32_t k, Out* __restrict__ y) {
@@ -74,9 +83,38 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __nv_bfloat16* __r
 #pragma unroll
     for (int r = 0; r < kR; ++r) acc[m][r] = 0.0f;
 
-  // Weights converted once per chunk, then each activation row's chunk is loaded and used for every weight
-  // row (holding all M rows' activations instead would not fit the registers at M = 8 with fp8 chunks).
-  auto consume = [&](const uint4 (&wc)[kR], int32_t c) {
+  // kR == kGemvRowsPerBlock: weights converted once per chunk, then each activation row's chunk is loaded
+  // and used for every weight row (holding all M rows' activations instead would not fit the registers at
+  // M = 8 with fp8 chunks). Wider blocks (fp8, M <= 2) hold the activations and convert one weight row at
+  // a time instead (8 rows' converted chunks would not fit).
+  auto consume_x_resident = [&](const uint4 (&wc)[kR], int32_t c) {
+    float xf[M][kElems];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const uint4* xr =
+          reinterpret_cast<const uint4*>(x + static_cast<int64_t>(m) * k + static_cast<int64_t>(c) * kElems);
+      bf16x8_to_float(__ldg(xr), xf[m]);
+      if constexpr (kFp8) bf16x8_to_float(__ldg(xr + 1), xf[m] + 8);
+    }
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      float wf[kElems];
+      if constexpr (kFp8) {
+        fp8x16_to_float(wc[r], wf);
+      } else {
+        bf16x8_to_float(wc[r], wf);
+      }
+      const float sr = (kFp8 && block_stride > 0) ? __ldg(block_scales[r] + (c * kElems) / 128) : 1.0f;
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int e = 0; e < kElems; ++e) dot = fmaf(xf[m][e], wf[e], dot);
+        acc[m][r] = fmaf(dot, sr, acc[m][r]);
+      }
+    }
+  };
+  auto consume_w_resident = [&](const uint4 (&wc)[kR], int32_t c) {
     float wf[kR][kElems];
     float s[kR];
 #pragma unroll
@@ -104,18 +142,34 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __nv_bfloat16* __r
     }
   };
 
-  for (int32_t c0 = static_cast<int32_t>(threadIdx.x); c0 < chunks; c0 += 2 * kThreads) {
+  // The first trip's weight loads depend on no earlier kernel: issued before the PDL wait, they overlap
+  // the kernel ahead (pdl.cuh); x is read only after it.
+  int32_t c0 = static_cast<int32_t>(threadIdx.x);
+  uint4 a[kR], b[kR];
+  auto load_trip = [&](int32_t c) {
+    if (c < chunks) {
+#pragma unroll
+      for (int r = 0; r < kR; ++r) a[r] = load_stream(rows[r] + c);
+    }
+    if (c + kThreads < chunks) {
+#pragma unroll
+      for (int r = 0; r < kR; ++r) b[r] = load_stream(rows[r] + c + kThreads);
+    }
+  };
+  load_trip(c0);
+  pdl_wait();
+  pdl_launch_dependents();
+  for (; c0 < chunks; c0 += 2 * kThreads) {
     const int32_t c1 = c0 + kThreads;
     const bool has1 = c1 < chunks;
-    uint4 a[kR], b[kR];
-#pragma unroll
-    for (int r = 0; r < kR; ++r) a[r] = load_stream(rows[r] + c0);
-    if (has1) {
-#pragma unroll
-      for (int r = 0; r < kR; ++r) b[r] = load_stream(rows[r] + c1);
+    if (c0 != static_cast<int32_t>(threadIdx.x)) load_trip(c0);
+    if constexpr (kR > kGemvRowsPerBlock) {
+      consume_x_resident(a, c0);
+      if (has1) consume_x_resident(b, c1);
+    } else {
+      consume_w_resident(a, c0);
+      if (has1) consume_w_resident(b, c1);
     }
-    consume(a, c0);
-    if (has1) consume(b, c1);
   }
 
   __shared__ float partial[kWarps][M * kR];
@@ -146,12 +200,12 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __nv_bfloat16* __r
 template <bool kFp8, typename Out>
 cudaError_t launch(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales, int32_t block_stride,
                    int32_t n, int32_t k, Out* y, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((n + kR - 1) / kR));
+  auto grid = [n](int rows) { return dim3(static_cast<unsigned>((n + rows - 1) / rows)); };
   switch (m) {
 #define PAGODA_GEMV_CASE(M)                                                                              \
   case M:                                                                                                \
-    gemv_kernel<M, kFp8, Out><<<grid, kThreads, 0, stream>>>(x, w, scales, block_stride, n, k, y);       \
-    break;
+    return launch_pdl(gemv_kernel<M, kFp8, Out>, grid(rows_per_block<M, kFp8>()), dim3(kThreads), 0, stream, x, w, \
+                      scales, block_stride, n, k, y);
     PAGODA_GEMV_CASE(1)
     PAGODA_GEMV_CASE(2)
     PAGODA_GEMV_CASE(3)
@@ -164,7 +218,6 @@ cudaError_t launch(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const fl
     default:
       return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }

@@ -19,6 +19,9 @@
 // Requirements (gemv_supported): 1 <= m <= kGemvMaxRows; k % 8 == 0 (bf16) or k % 16 == 0 (fp8); x and w
 // 16-byte aligned. Anything else is the GEMM's. Launches return cudaErrorInvalidValue for unsupported
 // shapes and otherwise cudaGetLastError(); no synchronization, no allocation: CUDA-graph capturable.
+// Launched with programmatic dependent launch (pdl.cuh): a GEMV's blocks may start while the kernel ahead
+// runs and stream weights until their PDL wait; the kernel ahead lets them start early by calling
+// pdl_launch_dependents (the norms, silu_mul and the decode attention do).
 // Thread safety: plain launches on the caller's stream.
 
 #include <cstdint>
@@ -29,7 +32,7 @@
 namespace pagoda::cuda {
 
 inline constexpr int32_t kGemvMaxRows = 8;
-inline constexpr int32_t kGemvRowsPerBlock = 4;
+inline constexpr int32_t kGemvRowsPerBlock = 4;  // fp8 weights at 1-2 activation rows: 2x
 
 // Default dispatch thresholds of the CUDA model (rows up to which a projection runs as a GEMV), measured
 // on the H200 at the Llama-3-8B shapes (docs/BENCHMARKS.md, "Weight-streaming GEMV"): the GEMV wins at 1

@@ -9,6 +9,7 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kMaxGroup = 8;
+constexpr int64_t kTargetCtas = 1024;  // enough CTAs of kThreads to fill an H100 / H200 several times over
 
 // Online softmax statistics of one query head: max m, S = sum exp(s - m),
 // T = sum exp(s - m) (s - m), so that the entropy is log S - T / S.
@@ -65,24 +66,36 @@ __device__ void dots(const DevicePagedKvLayer& layer, int64_t slot, int head, co
   for (int g = 0; g < kMaxGroup; ++g) out[g] = acc[g] * scale;
 }
 
-__global__ void __launch_bounds__(kThreads)
-    kv_attention_scores_kernel(const bf16* q, int64_t q_row_stride, int32_t num_q_heads, float scale,
-                               DevicePagedKvLayer layer, int32_t layer_index, const int32_t* block_tables,
-                               const KvScoreItem* items, const KvScoreSequence* sequences) {
-  extern __shared__ float shared[];
-  const int D = layer.head_dim;
-  const int group = num_q_heads / layer.num_kv_heads;
-  float* q_rows = shared;                        // [group][D]
-  Stats* partial = reinterpret_cast<Stats*>(q_rows + group * D);  // [warps][group]
-  __shared__ Stats total[kMaxGroup];
-
-  const KvScoreItem item = items[blockIdx.x];
-  const int head = static_cast<int>(blockIdx.y);
-  const KvScoreSequence seq = sequences[item.sequence];
-  const int32_t* table = block_tables + seq.table_offset;
+// The group's query rows of `item` for KV head `head`, as f32, into shared memory (then a barrier).
+__device__ void load_q_rows(const bf16* q, int64_t q_row_stride, const KvScoreItem& item, int head, int group, int D,
+                            float* q_rows) {
   for (int i = threadIdx.x; i < group * D; i += kThreads)
     q_rows[i] = __bfloat162float(q[item.row * q_row_stride + static_cast<int64_t>(head * group) * D + i]);
   __syncthreads();
+}
+
+// The CTA's split of [0, n): chunks of kThreads positions, every `splits`-th chunk from chunk `split`.
+__device__ int first_position(int split) { return split * kThreads + static_cast<int>(threadIdx.x); }
+__device__ int position_step(int splits) { return splits * kThreads; }
+
+// Pass 1: per (item, KV head, split) the online softmax statistics of the group's query heads over
+// the split's positions, into stats[((item * heads + head) * splits + split) * kMaxGroup + g].
+__global__ void __launch_bounds__(kThreads)
+    kv_score_stats_kernel(const bf16* q, int64_t q_row_stride, int32_t num_q_heads, float scale,
+                          DevicePagedKvLayer layer, const int32_t* block_tables, const KvScoreItem* items,
+                          const KvScoreSequence* sequences, int32_t splits, Stats* stats) {
+  extern __shared__ float shared[];
+  const int D = layer.head_dim;
+  const int group = num_q_heads / layer.num_kv_heads;
+  float* q_rows = shared;                                         // [group][D]
+  Stats* partial = reinterpret_cast<Stats*>(q_rows + group * D);  // [warps][group]
+
+  const KvScoreItem item = items[blockIdx.x];
+  if (item.sequence < 0) return;  // a graph's padding slot (the whole CTA leaves before any barrier)
+  const int head = static_cast<int>(blockIdx.y), split = static_cast<int>(blockIdx.z);
+  const KvScoreSequence seq = sequences[item.sequence];
+  const int32_t* table = block_tables + seq.table_offset;
+  load_q_rows(q, q_row_stride, item, head, group, D, q_rows);
 
   const int n = item.query_index + 1;
   const int bs = layer.block_size;
@@ -90,7 +103,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int g = 0; g < kMaxGroup; ++g) st[g] = {-INFINITY, 0.0f, 0.0f};
   float s[kMaxGroup];
-  for (int pos = threadIdx.x; pos < n; pos += kThreads) {
+  for (int pos = first_position(split); pos < n; pos += position_step(splits)) {
     const int64_t slot = static_cast<int64_t>(table[pos / bs]) * bs + pos % bs;
     dots(layer, slot, head, q_rows, group, scale, s);
 #pragma unroll
@@ -112,12 +125,43 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x < group) {
     Stats r = partial[threadIdx.x];
     for (int w = 1; w < kThreads / 32; ++w) r = merge(r, partial[w * group + threadIdx.x]);
+    const int64_t cell = (static_cast<int64_t>(blockIdx.x) * gridDim.y + head) * splits + split;
+    stats[cell * kMaxGroup + threadIdx.x] = r;
+  }
+}
+
+// Pass 2: the splits' statistics merged (in split order, the same in every CTA of the head), then
+// each of the split's positions' probability, summed over the group, added into the mass; split 0
+// adds the heads' normalized entropies.
+__global__ void __launch_bounds__(kThreads)
+    kv_score_mass_kernel(const bf16* q, int64_t q_row_stride, int32_t num_q_heads, float scale,
+                         DevicePagedKvLayer layer, int32_t layer_index, const int32_t* block_tables,
+                         const KvScoreItem* items, const KvScoreSequence* sequences, int32_t splits,
+                         const Stats* stats) {
+  extern __shared__ float shared[];
+  const int D = layer.head_dim;
+  const int group = num_q_heads / layer.num_kv_heads;
+  float* q_rows = shared;  // [group][D]
+  __shared__ Stats total[kMaxGroup];
+
+  const KvScoreItem item = items[blockIdx.x];
+  if (item.sequence < 0) return;
+  const int head = static_cast<int>(blockIdx.y), split = static_cast<int>(blockIdx.z);
+  const KvScoreSequence seq = sequences[item.sequence];
+  const int32_t* table = block_tables + seq.table_offset;
+  if (threadIdx.x < group) {
+    const int64_t cells = (static_cast<int64_t>(blockIdx.x) * gridDim.y + head) * splits;
+    Stats r = stats[cells * kMaxGroup + threadIdx.x];
+    for (int z = 1; z < splits; ++z) r = merge(r, stats[(cells + z) * kMaxGroup + threadIdx.x]);
     total[threadIdx.x] = r;
   }
-  __syncthreads();
+  load_q_rows(q, q_row_stride, item, head, group, D, q_rows);  // its barrier publishes `total` too
 
+  const int n = item.query_index + 1;
+  const int bs = layer.block_size;
+  float s[kMaxGroup];
   float* mass = seq.mass + (static_cast<int64_t>(layer_index) * layer.num_kv_heads + head) * seq.capacity;
-  for (int pos = threadIdx.x; pos < n; pos += kThreads) {
+  for (int pos = first_position(split); pos < n; pos += position_step(splits)) {
     const int64_t slot = static_cast<int64_t>(table[pos / bs]) * bs + pos % bs;
     dots(layer, slot, head, q_rows, group, scale, s);
     float p = 0.0f;
@@ -126,7 +170,7 @@ __global__ void __launch_bounds__(kThreads)
       if (g < group) p += expf(s[g] - total[g].m) / total[g].s;
     atomicAdd(mass + pos, p);
   }
-  if (threadIdx.x == 0) {
+  if (split == 0 && threadIdx.x == 0) {
     double entropy = 0.0;
     if (n > 1) {
       const double log_n = log(static_cast<double>(n));
@@ -141,21 +185,38 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
+int32_t kv_attention_scores_splits(int32_t num_items, int32_t num_kv_heads) {
+  const int64_t ctas = static_cast<int64_t>(num_items > 0 ? num_items : 1) * (num_kv_heads > 0 ? num_kv_heads : 1);
+  const int64_t splits = (kTargetCtas + ctas - 1) / ctas;
+  return static_cast<int32_t>(splits < 1 ? 1 : (splits > kMaxScoreSplits ? kMaxScoreSplits : splits));
+}
+
+size_t kv_attention_scores_scratch_bytes(int32_t num_items, int32_t num_kv_heads, int32_t splits) {
+  if (num_items <= 0 || num_kv_heads <= 0 || splits <= 0) return 0;
+  return static_cast<size_t>(num_items) * static_cast<size_t>(num_kv_heads) * static_cast<size_t>(splits) *
+         kMaxGroup * sizeof(Stats);
+}
+
 cudaError_t kv_attention_scores(const bf16* q, int64_t q_row_stride, int32_t num_q_heads, float scale,
                                 const DevicePagedKvLayer& layer, int32_t layer_index, const int32_t* block_tables,
                                 const KvScoreItem* items, int32_t num_items, const KvScoreSequence* sequences,
-                                cudaStream_t stream) {
+                                int32_t splits, void* scratch, cudaStream_t stream) {
   if (num_items <= 0) return cudaSuccess;
   if (layer.num_kv_heads <= 0 || num_q_heads % layer.num_kv_heads != 0 ||
-      num_q_heads / layer.num_kv_heads > kMaxGroup || layer.head_dim % 8 != 0)
+      num_q_heads / layer.num_kv_heads > kMaxGroup || layer.head_dim % 8 != 0 || splits < 1 ||
+      splits > kMaxScoreSplits || scratch == nullptr)
     return cudaErrorInvalidValue;
   if (layer.key_dtype != kernels::KvQuant::kNone && layer.key_scale == nullptr) return cudaErrorInvalidValue;
   const int group = num_q_heads / layer.num_kv_heads;
-  const size_t smem = static_cast<size_t>(group) * layer.head_dim * sizeof(float) +
-                      static_cast<size_t>(kThreads / 32) * group * sizeof(Stats);
-  kv_attention_scores_kernel<<<dim3(static_cast<unsigned>(num_items), static_cast<unsigned>(layer.num_kv_heads)),
-                               kThreads, smem, stream>>>(q, q_row_stride, num_q_heads, scale, layer, layer_index,
-                                                         block_tables, items, sequences);
+  const size_t q_bytes = static_cast<size_t>(group) * layer.head_dim * sizeof(float);
+  const size_t smem = q_bytes + static_cast<size_t>(kThreads / 32) * group * sizeof(Stats);
+  const dim3 grid(static_cast<unsigned>(num_items), static_cast<unsigned>(layer.num_kv_heads),
+                  static_cast<unsigned>(splits));
+  Stats* stats = static_cast<Stats*>(scratch);
+  kv_score_stats_kernel<<<grid, kThreads, smem, stream>>>(q, q_row_stride, num_q_heads, scale, layer, block_tables,
+                                                          items, sequences, splits, stats);
+  kv_score_mass_kernel<<<grid, kThreads, q_bytes, stream>>>(q, q_row_stride, num_q_heads, scale, layer, layer_index,
+                                                            block_tables, items, sequences, splits, stats);
   return cudaGetLastError();
 }
 

@@ -7,17 +7,26 @@
 // CPU attention kernel's definition (backend/cpu/kernels/paged_attention.cpp).
 //
 // A separate pass, launched per layer only when a step has scoring queries
-// (the attention kernels are unchanged, so eviction off costs nothing). One
-// CTA per (scoring query, KV head) reads each K vector once for the group's
-// query heads, twice: an online max / sum / entropy pass, then the
-// probabilities, added with float atomics (so the sum order, and the last
-// bits, vary from run to run). The compacted region has no holes here: the
-// cuda device runs only policies whose heads keep equal counts.
+// (the attention kernels are unchanged, so eviction off costs nothing). It is
+// capturable in a CUDA graph: a decode graph launches it over a fixed number
+// of items whose padding carries sequence -1 (skipped), read from memory that
+// is rewritten before each replay.
+//
+// Two kernels over (scoring query, KV head, split): each CTA reads every
+// `splits`-th chunk of the K vectors the query attends, for the group's query
+// heads at once; the first writes each split's online max / sum / entropy
+// statistics to a scratch array, the second merges a head's splits (in split
+// order) and adds each index's probability, summed over the group, into the
+// sequence's mass array with float atomics (one add per index and query, so
+// a lone query's mass is the same in every run; several queries' sum order
+// varies in the last bits); split 0 adds the heads' normalized entropies.
+// Splits spread a decode batch (few queries, long contexts) over the GPU.
 //
 // Header for .cu and .cpp files alike (C++17, no std containers).
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "pagoda/backend/cuda/cuda_ops.h"
@@ -25,7 +34,8 @@
 namespace pagoda::cuda {
 
 // One scoring query: its row in q, its sequence (an index into the
-// KvScoreSequence array) and its cache index (it attends [0, query_index]).
+// KvScoreSequence array; negative: no query, the CTA returns) and its cache
+// index (it attends [0, query_index]).
 struct KvScoreItem {
   int32_t row = 0;
   int32_t sequence = 0;
@@ -43,13 +53,26 @@ struct KvScoreSequence {
   int64_t table_offset = 0;
 };
 
+// The most splits a launch takes.
+constexpr int32_t kMaxScoreSplits = 16;
+
+// The splits for a launch over `num_items` items (enough CTAs to fill the GPU,
+// 1 to kMaxScoreSplits): a function of the launch's shape only, so a graph's
+// fixed launch keeps it.
+int32_t kv_attention_scores_splits(int32_t num_items, int32_t num_kv_heads);
+// Bytes of device scratch a launch of that shape needs.
+size_t kv_attention_scores_scratch_bytes(int32_t num_items, int32_t num_kv_heads, int32_t splits);
+
 // Adds layer `layer`'s scores of `num_items` items (device arrays). q rows are
 // [num_q_heads, head_dim] bf16 at row stride q_row_stride (elements), after
-// RoPE; `scale` the softmax scale. Errors: cudaErrorInvalidValue for a group
-// (num_q_heads / num_kv_heads) above 8 or a head_dim not a multiple of 8.
+// RoPE; `scale` the softmax scale; `scratch` holds
+// kv_attention_scores_scratch_bytes(num_items, num_kv_heads, splits).
+// Errors: cudaErrorInvalidValue for a group (num_q_heads / num_kv_heads) above
+// 8, a head_dim not a multiple of 8, splits outside [1, kMaxScoreSplits] or
+// no scratch.
 cudaError_t kv_attention_scores(const bf16* q, int64_t q_row_stride, int32_t num_q_heads, float scale,
                                 const DevicePagedKvLayer& layer, int32_t layer_index, const int32_t* block_tables,
                                 const KvScoreItem* items, int32_t num_items, const KvScoreSequence* sequences,
-                                cudaStream_t stream);
+                                int32_t splits, void* scratch, cudaStream_t stream);
 
 }  // namespace pagoda::cuda

@@ -12,6 +12,7 @@
 #include <cuda_fp8.h>
 
 #include "pagoda/backend/cuda/cuda_ops.h"
+#include "pagoda/backend/cuda/pdl.cuh"
 
 namespace pagoda::cuda {
 
@@ -25,6 +26,8 @@ constexpr int kWarpsPerBlock = 4;
 __global__ void kv_write_kernel(const bf16* __restrict__ k, const bf16* __restrict__ v, int64_t row_stride,
                                 const int64_t* __restrict__ slots, int32_t num_tokens, bf16* __restrict__ key,
                                 bf16* __restrict__ value, int32_t num_kv_heads, int32_t head_dim) {
+  pdl_launch_dependents();
+  pdl_wait();  // launched programmatically (pdl.cuh): k and v come from the kernel ahead
   const int32_t chunks_per_row = num_kv_heads * head_dim / 8;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(num_tokens) * chunks_per_row) return;
@@ -156,6 +159,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     kv_write_quantized_kernel(const bf16* __restrict__ k, const bf16* __restrict__ v, int64_t row_stride,
                               const int64_t* __restrict__ slots, int32_t num_tokens, DevicePagedKvLayer layer,
                               KvWriteFixedScales fixed_scales) {
+  pdl_launch_dependents();
+  pdl_wait();  // launched programmatically (pdl.cuh): k and v come from the kernel ahead
   const int64_t pair = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;  // (token, head)
   const int lane = threadIdx.x % 32;
   if (pair >= static_cast<int64_t>(num_tokens) * layer.num_kv_heads) return;
@@ -189,10 +194,9 @@ cudaError_t kv_write(const bf16* k, const bf16* v, int64_t row_stride, const int
   if (layer.key_dtype == KvQuant::kNone && layer.value_dtype == KvQuant::kNone) {
     const int64_t n = static_cast<int64_t>(num_tokens) * layer.num_kv_heads * layer.head_dim / 8;
     if (n == 0) return cudaSuccess;
-    kv_write_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
-        k, v, row_stride, slots, num_tokens, static_cast<bf16*>(layer.key), static_cast<bf16*>(layer.value),
-        layer.num_kv_heads, layer.head_dim);
-    return cudaGetLastError();
+    return launch_pdl(kv_write_kernel, dim3(static_cast<unsigned>((n + 255) / 256)), dim3(256), 0, stream, k, v,
+                      row_stride, slots, num_tokens, static_cast<bf16*>(layer.key), static_cast<bf16*>(layer.value),
+                      layer.num_kv_heads, layer.head_dim);
   }
   if (layer.head_dim > 32 * kMaxElementsPerLane) return cudaErrorInvalidValue;
   if ((layer.key_dtype != KvQuant::kNone && layer.key_scale == nullptr) ||
@@ -200,10 +204,9 @@ cudaError_t kv_write(const bf16* k, const bf16* v, int64_t row_stride, const int
     return cudaErrorInvalidValue;
   const int64_t pairs = static_cast<int64_t>(num_tokens) * layer.num_kv_heads;
   if (pairs == 0) return cudaSuccess;
-  kv_write_quantized_kernel<<<static_cast<unsigned>((pairs + kWarpsPerBlock - 1) / kWarpsPerBlock),
-                              kWarpsPerBlock * 32, 0, stream>>>(k, v, row_stride, slots, num_tokens, layer,
-                                                                 fixed_scales);
-  return cudaGetLastError();
+  const dim3 grid(static_cast<unsigned>((pairs + kWarpsPerBlock - 1) / kWarpsPerBlock));
+  return launch_pdl(kv_write_quantized_kernel, grid, dim3(kWarpsPerBlock * 32), 0, stream, k, v, row_stride, slots,
+                    num_tokens, layer, fixed_scales);
 }
 
 }  // namespace pagoda::cuda

@@ -1,6 +1,9 @@
 // RMSNorm family: plain (with optional row gather), fused residual add, and the
 // per-head norm of Qwen3. Sums of squares in f32 with a block reduction.
+#include <algorithm>
+
 #include "pagoda/backend/cuda/cuda_ops.h"
+#include "pagoda/backend/cuda/pdl.cuh"
 
 namespace pagoda::cuda {
 
@@ -31,6 +34,8 @@ __device__ float block_sum(float value) {
 __global__ void rmsnorm_kernel(const float* __restrict__ x, const int32_t* __restrict__ row_index,
                                const float* __restrict__ weight, bf16* __restrict__ out, int32_t dim,
                                float eps) {
+  pdl_launch_dependents();  // a GEMV after the norm streams its first weights meanwhile (pdl.cuh)
+  pdl_wait();               // launched programmatically: the kernel ahead may still run
   const int32_t r = blockIdx.x;
   const int64_t src = row_index != nullptr ? row_index[r] : r;
   const float* xr = x + src * dim;
@@ -44,6 +49,8 @@ __global__ void rmsnorm_kernel(const float* __restrict__ x, const int32_t* __res
 __global__ void add_rmsnorm_kernel(float* __restrict__ residual, const bf16* __restrict__ delta,
                                    const float* __restrict__ weight, bf16* __restrict__ out, int32_t dim,
                                    float eps) {
+  pdl_launch_dependents();  // a GEMV after the norm streams its first weights meanwhile (pdl.cuh)
+  pdl_wait();               // launched programmatically: the kernel ahead may still run
   const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
   float* xr = residual + base;
   float sum_sq = 0.0f;
@@ -94,22 +101,27 @@ __global__ void head_rmsnorm_kernel(bf16* __restrict__ x, int64_t row_stride, in
   }
 }
 
-int norm_threads(int32_t dim) { return dim >= kNormThreads ? kNormThreads : ((dim + 31) / 32) * 32; }
+// Row norms take up to 1,024 threads at 4+ elements each: at decode's few rows a 4,096-wide row is one
+// block, whose time is its dependent load / reduce latency, shortest with the most threads.
+int norm_threads(int32_t dim) {
+  const int narrow = dim >= kNormThreads ? kNormThreads : ((dim + 31) / 32) * 32;
+  return std::min(1024, std::max(narrow, ((dim / 4 + 31) / 32) * 32));
+}
 
 }  // namespace
 
 cudaError_t rmsnorm(const float* x, const int32_t* row_index, const float* weight, bf16* out, int32_t rows,
                     int32_t dim, float eps, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  rmsnorm_kernel<<<rows, norm_threads(dim), 0, stream>>>(x, row_index, weight, out, dim, eps);
-  return cudaGetLastError();
+  return launch_pdl(rmsnorm_kernel, dim3(rows), dim3(norm_threads(dim)), 0, stream, x, row_index, weight, out, dim,
+                    eps);
 }
 
 cudaError_t add_rmsnorm(float* residual, const bf16* delta, const float* weight, bf16* out, int32_t rows,
                         int32_t dim, float eps, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  add_rmsnorm_kernel<<<rows, norm_threads(dim), 0, stream>>>(residual, delta, weight, out, dim, eps);
-  return cudaGetLastError();
+  return launch_pdl(add_rmsnorm_kernel, dim3(rows), dim3(norm_threads(dim)), 0, stream, residual, delta, weight, out,
+                    dim, eps);
 }
 
 cudaError_t add_residual(float* residual, const bf16* delta, int64_t n, cudaStream_t stream) {

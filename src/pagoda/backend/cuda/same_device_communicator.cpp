@@ -28,6 +28,7 @@ struct Post {
   size_t count = 0;
   DType dtype = DType::kF32;
   int32_t root = 0;
+  bool in_graph = false;  // enqueued while the rank's stream is being captured
 };
 
 // What the ranks of one group share.
@@ -37,6 +38,7 @@ struct Group {
     for (cudaEvent_t e : ready)
       if (e != nullptr) cudaEventDestroy(e);
     if (done != nullptr) cudaEventDestroy(done);
+    if (counters != nullptr) cudaFree(counters);
   }
   const int32_t size;
   int32_t device = 0;
@@ -44,6 +46,9 @@ struct Group {
   std::vector<Post> posts;          // slot r: rank r's call
   std::vector<cudaEvent_t> ready;   // recorded on rank r's stream: its buffers are ready
   cudaEvent_t done = nullptr;       // recorded on rank 0's stream: the collective is done
+  // Device memory of the rendezvous inside CUDA graphs (tensor_parallel_ops.h):
+  // [0, size) the ranks' counts, [size] rank 0's "done" count.
+  unsigned long long* counters = nullptr;
 };
 
 class SameDeviceRank final : public parallel::DeviceCommunicator {
@@ -97,41 +102,59 @@ class SameDeviceRank final : public parallel::DeviceCommunicator {
   }
 
   // The three steps of same_device_communicator.h. Every rank passes both
-  // rendezvous unless the posts disagree, which every rank sees alike.
-  Status collective(const Post& post, cudaStream_t stream) {
+  // rendezvous unless the posts disagree, which every rank sees alike. While
+  // the streams are being captured (every rank's at once: each rank captures
+  // its own graph), the events become the device-side counters of
+  // tensor_parallel_ops.h, since an event recorded in one rank's capture
+  // cannot be waited on in another's; the host rendezvous then only trades
+  // the pointers, once, at capture.
+  Status collective(Post post, cudaStream_t stream) {
     Group& g = *group_;
     const size_t me = static_cast<size_t>(rank_);
-    const cudaError_t recorded = cudaEventRecord(g.ready[me], stream);
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    const cudaError_t queried = cudaStreamIsCapturing(stream, &capture);
+    post.in_graph = queried == cudaSuccess && capture == cudaStreamCaptureStatusActive;
+    cudaError_t recorded = queried;
+    if (queried == cudaSuccess)
+      recorded = post.in_graph ? rank_signal(g.counters, rank_, stream) : cudaEventRecord(g.ready[me], stream);
     g.posts[me] = post;
     g.sync.arrive_and_wait();
     const Post& first = g.posts[0];
     for (int32_t r = 1; r < g.size; ++r) {
       const Post& p = g.posts[static_cast<size_t>(r)];
-      if (p.kind != first.kind || p.count != first.count || p.dtype != first.dtype || p.root != first.root) {
+      if (p.kind != first.kind || p.count != first.count || p.dtype != first.dtype || p.root != first.root ||
+          p.in_graph != first.in_graph) {
         const Status disagree = invalid_argument_error(
-            "same-device collective: the ranks disagree (rank 0: {} of {} x {} root {}, rank {}: {} of {} x {} root {})",
-            kind_name(first.kind), first.count, dtype_name(first.dtype), first.root, r, kind_name(p.kind), p.count,
-            dtype_name(p.dtype), p.root);
+            "same-device collective: the ranks disagree (rank 0: {} of {} x {} root {}{}, rank {}: {} of {} x {} root "
+            "{}{})",
+            kind_name(first.kind), first.count, dtype_name(first.dtype), first.root,
+            first.in_graph ? " in a graph capture" : "", r, kind_name(p.kind), p.count, dtype_name(p.dtype), p.root,
+            p.in_graph ? " in a graph capture" : "");
         // Everyone has read the posts before anyone posts again.
         g.sync.arrive_and_wait();
         return disagree;
       }
     }
     Status status = ok_status();
-    if (rank_ == 0) status = run_on_rank0(stream);
+    if (rank_ == 0) status = run_on_rank0(stream, first.in_graph);
     g.sync.arrive_and_wait();
     if (rank_ != 0) {
-      const cudaError_t waited = cudaStreamWaitEvent(stream, g.done, 0);
-      if (waited != cudaSuccess) status = cuda_status(waited, "cudaStreamWaitEvent(done)", __FILE__, __LINE__);
+      const cudaError_t waited = first.in_graph ? rank_wait_done(g.counters, rank_, g.counters + g.size, stream)
+                                                : cudaStreamWaitEvent(stream, g.done, 0);
+      if (waited != cudaSuccess) status = cuda_status(waited, "waiting for rank 0's collective", __FILE__, __LINE__);
     }
-    if (recorded != cudaSuccess) return cuda_status(recorded, "cudaEventRecord(ready)", __FILE__, __LINE__);
+    if (recorded != cudaSuccess) return cuda_status(recorded, "signalling this rank's buffers", __FILE__, __LINE__);
     return status;
   }
 
-  Status run_on_rank0(cudaStream_t stream) {
+  Status run_on_rank0(cudaStream_t stream, bool in_graph) {
     Group& g = *group_;
-    for (int32_t r = 1; r < g.size; ++r)
-      PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, g.ready[static_cast<size_t>(r)], 0));
+    if (in_graph) {
+      PAGODA_CUDA_RETURN_IF_ERROR(rank_wait_all(g.counters, g.size, stream));
+    } else {
+      for (int32_t r = 1; r < g.size; ++r)
+        PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, g.ready[static_cast<size_t>(r)], 0));
+    }
     const Post& first = g.posts[0];
     const size_t bytes = first.count * parallel::element_bytes(first.dtype);
     switch (first.kind) {
@@ -157,7 +180,11 @@ class SameDeviceRank final : public parallel::DeviceCommunicator {
                                                         cudaMemcpyDeviceToDevice, stream));
         break;
     }
-    PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(g.done, stream));
+    if (in_graph) {
+      PAGODA_CUDA_RETURN_IF_ERROR(rank_release(g.counters, g.counters + g.size, stream));
+    } else {
+      PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(g.done, stream));
+    }
     return ok_status();
   }
 
@@ -182,6 +209,11 @@ StatusOr<std::vector<std::unique_ptr<parallel::DeviceCommunicator>>> make_same_d
   group->device = device;
   for (cudaEvent_t& e : group->ready) PAGODA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   PAGODA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&group->done, cudaEventDisableTiming));
+  const size_t counter_bytes = static_cast<size_t>(size + 1) * sizeof(unsigned long long);
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&group->counters), counter_bytes));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemset(group->counters, 0, counter_bytes));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  PAGODA_CUDA_RETURN_IF_ERROR(preload_rank_kernels());
   std::vector<std::unique_ptr<parallel::DeviceCommunicator>> ranks;
   for (int32_t r = 0; r < size; ++r) {
     cudaStream_t stream = nullptr;

@@ -16,9 +16,24 @@
 //      bits; all-gather and broadcast are device-to-device copies; it records
 //      a "done" event; all ranks meet again;
 //   3. every other rank's stream waits for "done".
-// Nothing is allocated per collective. CUDA graphs: not capturable (a stream
-// waits on another thread's events), so the tensor-parallel forward runs
-// eagerly over this communicator.
+// Nothing is allocated per collective.
+//
+// CUDA graphs: while the ranks' streams are being captured (each rank its own
+// graph, all at once, as CudaModel captures a decode step), a collective
+// records no host events: the ranks meet through counters in device memory
+// (tensor_parallel_ops.h: each rank signals, rank 0's stream spins until all
+// have, does the collective, releases; the others spin until released), so
+// every rank's graph replays on its own stream without the host. The ranks
+// must then replay the same graphs in the same order (a replay on some ranks
+// only hangs the others' spinning kernels), and capture and eager calls must
+// not mix within one collective (the ranks that disagree get the same error).
+// The spinning needs the ranks' streams to run at once: streams that share a
+// hardware queue (more streams than CUDA_DEVICE_MAX_CONNECTIONS, default 8)
+// run in one order, and a spinning kernel ahead of the kernel it waits for
+// would never end. The tests and --tensor-parallel-same-device set 32 (and
+// eager module loading) before CUDA starts when the experimental graphs are
+// asked for (PAGODA_TP_CUDA_GRAPHS=1); NCCL, one GPU per rank, has no such
+// limit. Their first GPU run hung: docs/TENSOR_PARALLEL.md.
 //
 // Thread safety: communicator r is used by rank r's thread only; the ranks'
 // calls run concurrently. Built only with PAGODA_CUDA.

@@ -1,4 +1,5 @@
-// The vocab-parallel embedding gather and the rank-order sum of the same-device communicator.
+// The vocab-parallel embedding gather, the rank-order sum of the same-device communicator and its
+// device-side rendezvous.
 #include "pagoda/backend/cuda/tensor_parallel_ops.h"
 
 namespace pagoda::cuda {
@@ -46,7 +47,77 @@ __global__ void sum_bf16_kernel(RankBuffers buffers, int32_t n, int64_t count) {
   }
 }
 
+__device__ unsigned long long load_volatile(const unsigned long long* p) {
+  return *static_cast<const volatile unsigned long long*>(p);
+}
+
+__global__ void rank_signal_kernel(unsigned long long* counters, int32_t rank) {
+  // The stream's earlier kernels are complete; make their writes visible before the count moves.
+  __threadfence();
+  atomicAdd(counters + rank, 1ull);
+  __threadfence();
+}
+
+// Thread r (< n) waits for rank r's count to reach rank 0's.
+__global__ void rank_wait_all_kernel(const unsigned long long* counters, int32_t n) {
+  const int32_t r = static_cast<int32_t>(threadIdx.x);
+  if (r < n) {
+    const unsigned long long want = load_volatile(counters);
+    while (load_volatile(counters + r) < want) __nanosleep(64);
+  }
+  __threadfence();
+}
+
+__global__ void rank_release_kernel(const unsigned long long* counters, unsigned long long* done) {
+  __threadfence();
+  atomicExch(done, load_volatile(counters));
+  __threadfence();
+}
+
+__global__ void rank_wait_done_kernel(const unsigned long long* counters, int32_t rank,
+                                      const unsigned long long* done) {
+  const unsigned long long want = load_volatile(counters + rank);
+  while (load_volatile(done) < want) __nanosleep(64);
+  __threadfence();
+}
+
 }  // namespace
+
+cudaError_t preload_rank_kernels() {
+  cudaFuncAttributes attributes{};
+  for (const void* kernel : {reinterpret_cast<const void*>(rank_signal_kernel),
+                             reinterpret_cast<const void*>(rank_wait_all_kernel),
+                             reinterpret_cast<const void*>(rank_release_kernel),
+                             reinterpret_cast<const void*>(rank_wait_done_kernel),
+                             reinterpret_cast<const void*>(sum_f32_kernel),
+                             reinterpret_cast<const void*>(sum_bf16_kernel)}) {
+    const cudaError_t e = cudaFuncGetAttributes(&attributes, kernel);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t rank_signal(unsigned long long* counters, int32_t rank, cudaStream_t stream) {
+  rank_signal_kernel<<<1, 1, 0, stream>>>(counters, rank);
+  return cudaGetLastError();
+}
+
+cudaError_t rank_wait_all(const unsigned long long* counters, int32_t n, cudaStream_t stream) {
+  if (n < 1 || n > kMaxRankBuffers) return cudaErrorInvalidValue;
+  rank_wait_all_kernel<<<1, 32, 0, stream>>>(counters, n);
+  return cudaGetLastError();
+}
+
+cudaError_t rank_release(const unsigned long long* counters, unsigned long long* done, cudaStream_t stream) {
+  rank_release_kernel<<<1, 1, 0, stream>>>(counters, done);
+  return cudaGetLastError();
+}
+
+cudaError_t rank_wait_done(const unsigned long long* counters, int32_t rank, const unsigned long long* done,
+                           cudaStream_t stream) {
+  rank_wait_done_kernel<<<1, 1, 0, stream>>>(counters, rank, done);
+  return cudaGetLastError();
+}
 
 cudaError_t embedding_gather_shard(const bf16* table, const int32_t* token_ids, int32_t num_tokens, int32_t hidden,
                                    int32_t vocab_begin, int32_t vocab_end, float* out, cudaStream_t stream) {

@@ -1,7 +1,7 @@
 #pragma once
 // Kernels of the CUDA tensor-parallel forward (docs/TENSOR_PARALLEL.md): the
-// vocab-parallel embedding and the rank-order sum behind the same-device
-// communicator. Launchers follow cuda_ops.h's conventions: enqueue on `stream`,
+// vocab-parallel embedding, the rank-order sum behind the same-device
+// communicator and its device-side rendezvous (for CUDA graphs). Launchers follow cuda_ops.h's conventions: enqueue on `stream`,
 // never synchronize or allocate, return cudaGetLastError().
 
 #include <cstdint>
@@ -31,5 +31,25 @@ struct RankBuffers {
 // 1 <= n <= kMaxRankBuffers.
 cudaError_t sum_in_rank_order(const RankBuffers& buffers, int32_t n, int64_t count, bool bf16_elements,
                               cudaStream_t stream);
+
+// The same-device communicator's rendezvous inside CUDA graphs, where a host
+// rendezvous and host-recorded events cannot sit between per-rank graphs: the
+// ranks meet through counters in device memory of one device. counters[r]
+// (zero at the start) is written only by rank r's rank_signal, which adds 1
+// once every earlier kernel of its stream is done, so after its k-th
+// collective it holds k on every rank (all ranks run the same collectives in
+// the same order). rank_wait_all (rank 0) returns once every counters[r] has
+// reached rank 0's own count; rank_release (rank 0, after the collective's
+// work) sets *done to that count; rank_wait_done (rank r) returns once *done
+// has reached rank r's count. The waits spin in one small block, so the ranks'
+// streams must be able to run at once on the device (kernels already loaded:
+// under lazy loading a spinning kernel can hold up the load of another).
+// Loads the rendezvous kernels (and the sums) now, so that no spinning kernel waits on their lazy load.
+cudaError_t preload_rank_kernels();
+cudaError_t rank_signal(unsigned long long* counters, int32_t rank, cudaStream_t stream);
+cudaError_t rank_wait_all(const unsigned long long* counters, int32_t n, cudaStream_t stream);
+cudaError_t rank_release(const unsigned long long* counters, unsigned long long* done, cudaStream_t stream);
+cudaError_t rank_wait_done(const unsigned long long* counters, int32_t rank, const unsigned long long* done,
+                           cudaStream_t stream);
 
 }  // namespace pagoda::cuda

@@ -49,6 +49,21 @@ float exp_tile_generic(const float* s, float max, float* p) {
   return sum;
 }
 
+// s[g * kKeyBlock] = sum_d q[g][d] * k[d] for each of the G query rows (decode: one key in place).
+void key_scores_generic(const float* const* q, size_t G, const float* k, size_t head_dim, float* s) {
+  for (size_t g = 0; g < G; ++g) {
+    float a = 0.0f;
+    for (size_t d = 0; d < head_dim; ++d) a += q[g][d] * k[d];
+    s[g * kKeyBlock] = a;
+  }
+}
+
+// acc[d] += sum_{j < n} p[j] * v[j][d], the value rows given by pointer (decode: read in place).
+void accumulate_rows_generic(const float* p, const float* const* v, size_t n, size_t head_dim, float* acc) {
+  for (size_t j = 0; j < n; ++j)
+    for (size_t d = 0; d < head_dim; ++d) acc[d] += p[j] * v[j][d];
+}
+
 // ---- tile loops: AVX2 + FMA ----
 #define PAGODA_AVX2 __attribute__((target("avx2,fma")))
 
@@ -108,6 +123,78 @@ PAGODA_AVX2 void accumulate_avx2(const float* p, const float* v, size_t n, size_
   }
 }
 
+PAGODA_AVX2 inline float hsum_avx2(__m256 v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+  return _mm_cvtss_f32(lo);
+}
+
+// Four query rows against one key: the key's 8-lane chunks loaded once for all four, the four sums
+// reduced together by horizontal adds.
+PAGODA_AVX2 void key_scores_avx2(const float* const* q, size_t G, const float* k, size_t head_dim, float* s) {
+  const size_t vec = head_dim / 8 * 8;
+  size_t g = 0;
+  for (; g + 4 <= G; g += 4) {
+    const float *q0 = q[g], *q1 = q[g + 1], *q2 = q[g + 2], *q3 = q[g + 3];
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    for (size_t d = 0; d < vec; d += 8) {
+      const __m256 kv = _mm256_loadu_ps(k + d);
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d), kv, a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + d), kv, a1);
+      a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + d), kv, a2);
+      a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + d), kv, a3);
+    }
+    // (a0, a1, a2, a3) -> one 4-lane vector of their sums.
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    alignas(16) float sums[4];
+    _mm_store_ps(sums, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    for (size_t r = 0; r < 4; ++r) {
+      float a = sums[r];
+      for (size_t d = vec; d < head_dim; ++d) a += q[g + r][d] * k[d];
+      s[(g + r) * kKeyBlock] = a;
+    }
+  }
+  for (; g < G; ++g) {
+    const float* qg = q[g];
+    __m256 a0 = _mm256_setzero_ps();
+    for (size_t d = 0; d < vec; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(k + d), a0);
+    float a = hsum_avx2(a0);
+    for (size_t d = vec; d < head_dim; ++d) a += qg[d] * k[d];
+    s[g * kKeyBlock] = a;
+  }
+}
+
+PAGODA_AVX2 void accumulate_rows_avx2(const float* p, const float* const* v, size_t n, size_t head_dim, float* acc) {
+  size_t d = 0;
+  for (; d + 32 <= head_dim; d += 32) {
+    __m256 a0 = _mm256_loadu_ps(acc + d), a1 = _mm256_loadu_ps(acc + d + 8);
+    __m256 a2 = _mm256_loadu_ps(acc + d + 16), a3 = _mm256_loadu_ps(acc + d + 24);
+    for (size_t j = 0; j < n; ++j) {
+      const __m256 b = _mm256_broadcast_ss(p + j);
+      const float* row = v[j] + d;
+      a0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row), a0);
+      a1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 8), a1);
+      a2 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 16), a2);
+      a3 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 24), a3);
+    }
+    _mm256_storeu_ps(acc + d, a0);
+    _mm256_storeu_ps(acc + d + 8, a1);
+    _mm256_storeu_ps(acc + d + 16, a2);
+    _mm256_storeu_ps(acc + d + 24, a3);
+  }
+  for (; d + 8 <= head_dim; d += 8) {
+    __m256 a = _mm256_loadu_ps(acc + d);
+    for (size_t j = 0; j < n; ++j) a = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), _mm256_loadu_ps(v[j] + d), a);
+    _mm256_storeu_ps(acc + d, a);
+  }
+  for (; d < head_dim; ++d) {
+    float a = acc[d];
+    for (size_t j = 0; j < n; ++j) a += p[j] * v[j][d];
+    acc[d] = a;
+  }
+}
+
 // exp(x) of 8 lanes: Cephes' expf (range reduction by ln 2 in two parts, degree-6 polynomial,
 // 2^n built in the exponent bits), relative error about 2e-7 over the clamped range.
 PAGODA_AVX2 inline __m256 exp_avx2(__m256 x) {
@@ -147,6 +234,8 @@ struct TileOps {
   void (*scores)(const float*, const float*, size_t, float*);
   float (*exp_tile)(const float*, float, float*);
   void (*accumulate)(const float*, const float*, size_t, size_t, float*);
+  void (*key_scores)(const float* const*, size_t, const float*, size_t, float*);
+  void (*accumulate_rows)(const float*, const float* const*, size_t, size_t, float*);
   const char* name;
 };
 
@@ -154,8 +243,9 @@ const TileOps& tile_ops() {
   static const TileOps ops = [] {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-      return TileOps{scores_avx2, exp_tile_avx2, accumulate_avx2, "avx2+fma"};
-    return TileOps{scores_generic, exp_tile_generic, accumulate_generic, "generic"};
+      return TileOps{scores_avx2, exp_tile_avx2, accumulate_avx2, key_scores_avx2, accumulate_rows_avx2, "avx2+fma"};
+    return TileOps{scores_generic, exp_tile_generic, accumulate_generic, key_scores_generic,
+                   accumulate_rows_generic, "generic"};
   }();
   return ops;
 }
@@ -183,7 +273,80 @@ struct Context {
 // Index of the first key new token `index` (a sequence index) attends to.
 int32_t first_key(int32_t index, int32_t window) { return window > 0 ? std::max(0, index - window + 1) : 0; }
 
+// One new token (a decode step): the GQA group's query rows against each key
+// of a 64-key tile. f32 pools are read in place and other dtypes dequantized
+// once per key into a row-major tile, with no K transpose and no V copy (for a
+// single token the transpose cost more than the scores it fed). Same online
+// softmax and masks as run_unit.
+void run_decode_unit(const Context& c, const Unit& u) {
+  const TileOps& ops = tile_ops();
+  const PagedSequence& seq = c.sequences[static_cast<size_t>(u.sequence)];
+  const PagedSequenceEviction& ev = seq.eviction;
+  const size_t D = c.head_dim, G = c.group;
+  const size_t kv_head = static_cast<size_t>(u.kv_head);
+
+  thread_local std::vector<float> kbuf, vbuf, zeros, acc, row_max, row_sum, s, p;
+  thread_local std::vector<const float*> q_rows;
+  kbuf.resize(kKeyBlock * D);
+  vbuf.resize(kKeyBlock * D);
+  zeros.assign(D, 0.0f);
+  acc.assign(G * D, 0.0f);
+  row_max.assign(G, kNegInf);
+  row_sum.assign(G, 0.0f);
+  s.resize(G * kKeyBlock);
+  p.resize(kKeyBlock);
+  q_rows.resize(G);
+  const size_t row = static_cast<size_t>(seq.token_offset + u.first_token);
+  for (size_t g = 0; g < G; ++g) q_rows[g] = c.q + (row * c.num_q_heads + kv_head * G + g) * D;
+  const int32_t index = seq.num_cached_tokens + u.first_token;  // the new token's sequence index
+  const float* keys[kKeyBlock];
+  const float* values[kKeyBlock];
+
+  for (int32_t j0 = first_key(index, c.window); j0 <= index; j0 += static_cast<int32_t>(kKeyBlock)) {
+    const size_t nk = static_cast<size_t>(std::min<int32_t>(static_cast<int32_t>(kKeyBlock), index + 1 - j0));
+    const int32_t lo = std::max(first_key(index, c.window), j0) - j0;
+    const int32_t hi = static_cast<int32_t>(nk);  // exclusive
+    for (size_t j = 0; j < kKeyBlock; ++j) {
+      const int32_t key_index = j0 + static_cast<int32_t>(j);
+      if (static_cast<int32_t>(j) < lo || j >= nk || ev.is_hole(key_index, kv_head)) {
+        values[j] = zeros.data();  // p is 0 there
+        for (size_t g = 0; g < G; ++g) s[g * kKeyBlock + j] = kNegInf;
+        continue;
+      }
+      const int64_t slot =
+          static_cast<int64_t>(seq.block_table[static_cast<size_t>(key_index / c.block_size)]) * c.block_size +
+          key_index % c.block_size;
+      keys[j] = c.keys->read(slot, u.kv_head, kbuf.data() + j * D);
+      values[j] = c.values->read(slot, u.kv_head, vbuf.data() + j * D);
+      ops.key_scores(q_rows.data(), G, keys[j], D, s.data() + j);
+      for (size_t g = 0; g < G; ++g) s[g * kKeyBlock + j] *= c.scale;
+    }
+    for (size_t g = 0; g < G; ++g) {
+      const float* sg = s.data() + g * kKeyBlock;
+      float tile_max = kNegInf;
+      for (size_t j = 0; j < kKeyBlock; ++j) tile_max = std::max(tile_max, sg[j]);
+      if (tile_max == kNegInf) continue;  // every key here is masked or a hole
+      const float new_max = std::max(row_max[g], tile_max);
+      const float correction = std::exp(row_max[g] - new_max);  // 0 for the first tile
+      const float sum = ops.exp_tile(sg, new_max, p.data());
+      float* a = acc.data() + g * D;
+      if (correction != 1.0f) {
+        for (size_t d = 0; d < D; ++d) a[d] *= correction;
+      }
+      row_sum[g] = row_sum[g] * correction + sum;
+      row_max[g] = new_max;
+      ops.accumulate_rows(p.data() + lo, values + lo, static_cast<size_t>(hi - lo), D, a);
+    }
+  }
+  for (size_t g = 0; g < G; ++g) {
+    const float inv = 1.0f / row_sum[g];
+    float* o = c.out + (row * c.num_q_heads + kv_head * G + g) * D;
+    for (size_t d = 0; d < D; ++d) o[d] = acc[g * D + d] * inv;
+  }
+}
+
 void run_unit(const Context& c, const Unit& u) {
+  if (u.num_tokens == 1) return run_decode_unit(c, u);
   const TileOps& ops = tile_ops();
   const PagedSequence& seq = c.sequences[static_cast<size_t>(u.sequence)];
   const PagedSequenceEviction& ev = seq.eviction;

@@ -13,7 +13,10 @@
 // exponentials 8 lanes at a time by a polynomial within ~2e-7 of expf, the
 // accumulator rescaled when the max grows), and P·V is accumulated row by row.
 // Causal masking, sliding windows and per-head holes (eviction) are masks on
-// the score tile; a fully masked tile of a row is skipped.
+// the score tile; a fully masked tile of a row is skipped. A unit of one new
+// token (decode) skips the tile copy: each key and value is read in place (f32
+// pools) or dequantized once, and the group's query rows are scored against it
+// directly.
 //
 // Same shapes and semantics as paged_attention(); results equal it up to f32
 // summation order. Units are spread over ThreadPool::global() by estimated

@@ -1,19 +1,29 @@
 #pragma once
 // Block-quantized weight rows on the CPU (--quantization int8|int4) and the
-// integer dot products that read them, in llama.cpp's Q8_0 / Q4_0 layouts:
+// integer dot products that read them. The numbers are llama.cpp's Q8_0 / Q4_0
+// (blocks of 32 weights with an f16 scale d; int8: w = d * q, |q| <= 127;
+// int4: w = d * (q - 8), q a nibble 0..15, the value of largest magnitude at
+// -8), laid out per row for the SIMD dot rather than block by block:
 //
-//   DType::kInt8: blocks of 32 weights, each an f16 scale d and 32 int8 q
-//                 (34 bytes); w = d * q, |q| <= 127.
-//   DType::kInt4: groups of 32 weights, each an f16 scale d and 16 bytes of
-//                 nibbles (18 bytes); byte j holds element j in its low nibble
-//                 and element j + 16 in its high nibble; w = d * (q - 8).
+//   DType::kInt8: the row's blocks' 32 bytes each, stored as q + 128 (unsigned),
+//                 then the row's f16 scales (34 bytes per block in all).
+//   DType::kInt4: the row's nibbles, 16 bytes per block, then the f16 scales
+//                 (18 bytes per block). Blocks go in groups of four (a "quad",
+//                 64 bytes): byte t of a quad holds element t of blocks 0|1
+//                 (concatenated, 64 elements) in its low nibble and element t
+//                 of blocks 2|3 in its high nibble, so one mask gives two
+//                 whole blocks in element order and one shift + mask the other
+//                 two. The last blocks % 4 blocks are 16 bytes each: byte j
+//                 holds element j (low) and j + 16 (high).
 //
 // A row of k weights takes ceil(k / 32) blocks; the last block is padded with
 // zeros. The activation side is quantized per block of 32 to int8 (an f32
-// scale, symmetric, |q| <= 127, plus the block's sum of q for the int4
-// offset), so a dot product stays in integers within a block (AVX-512 VNNI
-// vpdpbusd on 256-bit lanes, else AVX2 maddubs, else plain loops; picked at
-// run time) and is scaled to f32 once per block.
+// scale, symmetric, |q| <= 127, plus the block's sum of q), so a dot product
+// stays in integers within a block: AVX-512 VNNI vpdpbusd of the unsigned
+// weight bytes by the signed activation bytes, two blocks per 512-bit product,
+// with the unsigned offset (128 or 8 times the activation block's sum)
+// subtracted once per row; else AVX2 maddubs; else plain loops (picked at run
+// time). The result is scaled to f32 once per block.
 //
 // Thread safety: pure functions.
 
@@ -56,7 +66,7 @@ float dot_quantized_reference(DType dtype, const uint8_t* row, const QuantizedAc
 // on a VNNI machine; the reference where the CPU lacks AVX2.
 float dot_quantized_avx2(DType dtype, const uint8_t* row, const QuantizedActivation& x, size_t blocks);
 
-// "avx512vnni", "avx2" or "generic": which implementation the dispatch picked.
+// "avx512vnni" (512-bit vpdpbusd), "avx2" or "generic": which implementation the dispatch picked.
 const char* quant_dot_implementation();
 
 }  // namespace pagoda::kernels
