@@ -75,25 +75,35 @@ TEST(TensorParallelCliTest, EvalPerplexityAtTp2AndTp4EqualsTp1) {
   EXPECT_NEAR(perplexity("4"), tp1, 1e-4 * tp1);
 }
 
-TEST(TensorParallelCliTest, QuantizedShardsGiveTp1sTokens) {
+TEST(TensorParallelCliTest, QuantizedShardsGiveTp1sPerplexity) {
   // pagoda-tiny's row-parallel slices start at multiples of 32 columns at TP=2 and 4, so each rank's
-  // int8 / int4 blocks are TP=1's blocks: the same tokens.
+  // int8 / int4 blocks are TP=1's blocks: the same model up to the order of the all-reduce's float
+  // sums. Perplexity shows that to ~1e-7; a block cut differently at a rank's edge moves it by far
+  // more than the bound. (Greedy tokens are not compared: a near tie can flip on the summation order.)
   const std::string model = source_path("models/pagoda-tiny");
   if (!std::filesystem::exists(model + "/model.safetensors"))
     FAIL() << "models/pagoda-tiny is missing (scripts/fetch-test-data.sh)";
   for (const char* q : {"int8", "int4"}) {
-    std::vector<int32_t> tp1;
-    for (const char* tp : {"1", "2", "4"}) {
-      CliResult r = run_pagoda({"generate", "--model", model, "--prompt", "Once upon a time", "--max-tokens", "24",
-                                "--ignore-eos", "--quantization", q, "--tensor-parallel-size", tp, "--json"});
-      ASSERT_EQ(r.exit_code, 0) << q << " TP=" << tp << "\n" << r.err;
+    auto perplexity = [&](const char* tp) {
+      CliResult r = run_pagoda({"eval", "perplexity", "--model", model, "--text-file", model + "/heldout.txt",
+                                "--max-tokens", "512", "--window", "128", "--quantization", q,
+                                "--tensor-parallel-size", tp, "--json"});
+      EXPECT_EQ(r.exit_code, 0) << q << " TP=" << tp << "\n" << r.err;
       const json out = json::parse(last_line(r.out), nullptr, false);
-      ASSERT_FALSE(out.is_discarded()) << r.out;
-      const auto tokens = out["tokens"].get<std::vector<int32_t>>();
-      EXPECT_EQ(tokens.size(), 24u);
-      if (tp1.empty()) tp1 = tokens;
-      else EXPECT_EQ(tokens, tp1) << q << " TP=" << tp;
-    }
+      EXPECT_FALSE(out.is_discarded() || !out.contains("perplexity")) << r.out;
+      return out.is_discarded() || !out.contains("perplexity") ? 0.0 : out["perplexity"].get<double>();
+    };
+    const double tp1 = perplexity("1");
+    ASSERT_GT(tp1, 1.0) << q;
+    EXPECT_NEAR(perplexity("2"), tp1, 1e-5 * tp1) << q << " TP=2";
+    EXPECT_NEAR(perplexity("4"), tp1, 1e-5 * tp1) << q << " TP=4";
+    // generate runs sharded and quantized end to end.
+    CliResult r = run_pagoda({"generate", "--model", model, "--prompt", "Once upon a time", "--max-tokens", "8",
+                              "--ignore-eos", "--quantization", q, "--tensor-parallel-size", "2", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << q << "\n" << r.err;
+    const json out = json::parse(last_line(r.out), nullptr, false);
+    ASSERT_FALSE(out.is_discarded()) << r.out;
+    EXPECT_EQ(out["tokens"].size(), 8u) << q;
   }
 }
 
