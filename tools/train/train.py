@@ -393,8 +393,8 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
     total_steps = min(epoch_cap, args.max_steps) if args.max_steps > 0 else epoch_cap
     # The copy warm-up's steps come on top of the epoch cap: their rows hold no training text.
     warm = args.copy_warmup_steps
-    if warm and not copy_pool:
-        raise ValueError("the copy warm-up needs copy_pool")
+    if (warm or args.copy_rows) and not copy_pool:
+        raise ValueError("the copy warm-up and --copy-rows need copy_pool")
     total_steps += warm
     warm_rng = random.Random(args.seed + 6)
     autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16)
@@ -420,6 +420,13 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
             recall = sum(v[0] for v in chosen) / max(1, sum(v[1] for v in chosen))
             short = {d: round(v[0] / max(1, v[1]), 3) for d, v in sorted(counts.items())
                      if d not in args.recall_depth_list}
+            # Greedy recall (the goal's measure) on one batch of the deep trials: copying can
+            # show teacher-forced long before greedy decoding reproduces a whole list.
+            deep = [t for t in recall_monitor if t["depth"] in args.recall_depth_list][:16]
+            ctx = (torch.autocast(device_type=device.type, dtype=dtype) if dtype is not None
+                   else contextlib.nullcontext())
+            with ctx:
+                short["greedy"] = round(greedy_recall(model, deep, device)[0], 3)
         if copy_monitor:
             counts = {}
             teacher_forced_recall(model, copy_monitor, device, 16, dtype, counts)
@@ -486,9 +493,18 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
         else:
             if recall_rows:
                 recall_source.max_depth = depth
-            starts = torch.randint(0, stream.numel() - context - 1, (batch - recall_rows,),
-                                   device=device, generator=generator)
+            # Tiled rows kept in the language-model schedule, so the copy mechanism the
+            # warm-up formed keeps its dense signal (periods up to half the context).
+            tiled = min(args.copy_rows, batch - recall_rows)
+            starts = torch.randint(0, stream.numel() - context - 1,
+                                   (batch - recall_rows - tiled,), device=device,
+                                   generator=generator)
             chunk = stream[starts[:, None] + offsets_arange[None, :]]
+            if tiled:
+                rows = [recall_data.tiled_row(warm_rng, context + 1, copy_pool, 4,
+                                              context // 2)[0] for _ in range(tiled)]
+                kinds["tiled"] += tiled
+                chunk = torch.cat([chunk, torch.tensor(rows, dtype=torch.long).to(device)])
         if recall_rows:
             made = [recall_source.next() for _ in range(recall_rows)]
             for _, info in made:
@@ -676,6 +692,9 @@ def parse_args(argv=None):
     p.add_argument("--copy-warmup-alphabet", type=int, default=0,
                    help="most frequent tokens the copy warm-up draws from at its start "
                         "(0: every token throughout)")
+    p.add_argument("--copy-rows", type=int, default=0,
+                   help="tiled random-token rows (as in the copy warm-up, periods 4 to half the "
+                        "context) in every batch of the language-model schedule (0: none)")
     p.add_argument("--recall-max-depth", type=int, default=1800,
                    help="longest distance between a list or passage and its recall, in tokens")
     p.add_argument("--recall-context", type=int, default=2000,
@@ -734,6 +753,8 @@ def parse_args(argv=None):
         p.error(f"--recall-fraction-start must be in [0, 1], got {args.recall_fraction_start}")
     if not 0.0 <= args.curriculum <= 1.0:
         p.error(f"--curriculum must be in [0, 1], got {args.curriculum}")
+    if not 0 <= args.copy_rows < args.batch_size:
+        p.error(f"--copy-rows must be in [0, batch size), got {args.copy_rows}")
     if args.copy_warmup_steps < 0 or args.copy_warmup_alphabet == 1 or \
             args.copy_warmup_alphabet < 0:
         p.error(f"--copy-warmup-steps must be >= 0 and --copy-warmup-alphabet 0 or >= 2, got "
