@@ -49,9 +49,7 @@ constexpr int kThreads = kConsumerThreads + 32;  // + the producer warp
 constexpr int kHeads = 16;
 constexpr int kTile = 64;
 constexpr int kColumnBlocks = 9;  // 576 / 64
-constexpr int kStages = 2;
 constexpr int kBlockBytes = kTile * 128;                     // one column block of a tile
-constexpr int kTileBytes = kColumnBlocks * kBlockBytes;      // 73,728
 [[maybe_unused]] constexpr int kKeyChunks = kMlaKeyDim / 8;                   // 72 16-byte chunks a vector
 constexpr int kQBlockBytes = kHeads * 128;                   // one column block of Q
 constexpr int kQBytes = kColumnBlocks * kQBlockBytes;        // 18,432
@@ -60,20 +58,37 @@ constexpr int kQBytes = kColumnBlocks * kQBlockBytes;        // 18,432
 // the set-up): 1 + g, one compute warpgroup; 3, both compute warpgroups.
 [[maybe_unused]] constexpr int kConsumersBarrier = 3;
 
-// Shared memory (base aligned to 1024 B): Q | 2 stages of tiles | P^T [2 groups]
-// | column maxima [2][4 warps][16] | column sums [2][4][16] | S^T halves
-// [2 tile parities][256 threads][8] | mbarriers: full [stage][column block], empty [stage].
-constexpr int kTilesAt = kQBytes;
-constexpr int kPAt = kTilesAt + kStages * kTileBytes;
-constexpr int kMaxAt = kPAt + 2 * kHeads * 128;
-constexpr int kSumAt = kMaxAt + 2 * 4 * kHeads * 4;
-constexpr int kPartialAt = kSumAt + 2 * 4 * kHeads * 4;
-constexpr int kPartialBytes = kConsumerThreads * 8 * 4;
-constexpr int kBarriersAt = kPartialAt + 2 * kPartialBytes;
-constexpr int kSmemBytes = kBarriersAt + (kStages * kColumnBlocks + kStages) * 8 + 1024;
-static_assert(kTilesAt % 1024 == 0 && kPAt % 1024 == 0 && kTileBytes % 1024 == 0,
-              "swizzle atoms stay 1024-byte aligned");
-static_assert(kSmemBytes <= 232448, "one CTA per SM");
+// The ring of column-block slots: a tile's column block c goes to slot
+// (9 x tile + c) % kSlots. 18 slots are v8's two stages of whole tiles; 23 are
+// what fits (2.55 tiles), so the producer keeps more than a tile in flight
+// while a tile is computed.
+constexpr int kTwoStageSlots = 2 * kColumnBlocks;
+constexpr int kRingSlots = 23;
+
+// Shared memory (base aligned to 1024 B): Q | kSlots column-block slots | P^T
+// [2 groups] | column maxima [2][4 warps][16] | column sums [2][4][16] | S^T
+// halves [2 tile parities][256 threads][8] | mbarriers: full [slot], empty [slot].
+template <int kSlots>
+struct Layout {
+  static constexpr int kTilesAt = kQBytes;
+  static constexpr int kPAt = kTilesAt + kSlots * kBlockBytes;
+  static constexpr int kMaxAt = kPAt + 2 * kHeads * 128;
+  static constexpr int kSumAt = kMaxAt + 2 * 4 * kHeads * 4;
+  static constexpr int kPartialAt = kSumAt + 2 * 4 * kHeads * 4;
+  static constexpr int kPartialBytes = kConsumerThreads * 8 * 4;
+  static constexpr int kBarriersAt = kPartialAt + 2 * kPartialBytes;
+  static constexpr int kSmemBytes = kBarriersAt + 2 * kSlots * 8 + 1024;
+  static_assert(kTilesAt % 1024 == 0 && kPAt % 1024 == 0 && kBlockBytes % 1024 == 0,
+                "swizzle atoms stay 1024-byte aligned");
+  static_assert(kSmemBytes <= 232448, "one CTA per SM");
+  static_assert(kSlots >= kColumnBlocks + 1, "a tile and at least one slot of the next");
+};
+
+// mbarrier.arrive with a count (one warp standing for the warps that do not
+// read the slot).
+[[maybe_unused]] __device__ __forceinline__ void mbarrier_arrive_count(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count) : "memory");
+}
 
 // d[8] (+)= A * B for m64n16k16; kTransA: A MN-major (transposed), else K-major; B K-major.
 template <int kTransA>
@@ -108,6 +123,7 @@ __device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], uint64_t desc_a, 
 
 [[maybe_unused]] __device__ __forceinline__ void keep_in_order(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
+template <int kSlots>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_tma_kernel(const MlaDecodeDescriptor d, const __grid_constant__ CUtensorMap latent_map,
                           const __nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ out) {
@@ -115,20 +131,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The portable compute_90 PTX has no wgmma: this body exists only in the sm_90a machine code.
   __trap();
 #else
+  using L = Layout<kSlots>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_address(smem_raw);
   uint8_t* base = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
-  uint8_t* tiles = base + kTilesAt;
-  uint64_t* full = reinterpret_cast<uint64_t*>(base + kBarriersAt);  // [stage * 9 + column block]
-  uint64_t* empty = full + kStages * kColumnBlocks;                    // [stage]
+  uint8_t* tiles = base + L::kTilesAt;
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + L::kBarriersAt);  // [slot]
+  uint64_t* empty = full + kSlots;                                     // [slot]
   const int tid = threadIdx.x;
   const int lane = tid & 31;
 
   if (tid == 0) {
 #pragma unroll
-    for (int i = 0; i < kStages * kColumnBlocks; ++i) mbarrier_init(&full[i], 1);  // producer's arrive + bytes
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) mbarrier_init(&empty[s], kConsumerThreads / 32);  // one arrive a warp
+    for (int i = 0; i < kSlots; ++i) {
+      mbarrier_init(&full[i], 1);  // the producer's arrive + the bytes
+      // 8 counts a use: each of the 8 compute warps that reads the slot arrives
+      // with 8 / (warps reading it) once done (column block 4: both groups, 1
+      // each; the others: one group, 2 each).
+      mbarrier_init(&empty[i], kConsumerThreads / 32);
+    }
   }
   __syncthreads();
 
@@ -137,49 +158,38 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (tid >= kConsumerThreads) {
     // ---- Producer warp. A tile is 64 / box_rows pages (one when the block size
-    // is a multiple of 64: the tile lies inside one page), each loaded as 9 boxes
-    // of one column block. Copy i of a tile is column block i / pages, page
-    // i % pages, so column block 0 is requested first.
+    // is a multiple of 64: the tile lies inside one page), each column block
+    // loaded as one box a page into its slot, column block 0 first; lane p
+    // issues page p's boxes. The producer runs ahead over tiles and segments as
+    // far as the ring's free slots allow.
     const int bs = d.block_size;
     const int box_rows = bs < kTile ? bs : kTile;
-    const int pages = kTile / box_rows;
+    const int pages = kTile / box_rows;  // <= 8
     const uint64_t policy = evict_first_policy();
-    int it = 0;  // tiles issued by this CTA, over all its segments (the ring's position)
+    int next = 0;  // column blocks issued by this CTA, over all its segments (the ring's position)
     for (int seg = seg_begin; seg < seg_end; ++seg) {
       const int row = d.segments[3 * seg];
       const int kv_begin = d.segments[3 * seg + 1];
       const int kv_end = d.segments[3 * seg + 2];
       const int32_t* table = d.block_tables + d.block_table_start[row];
-      for (int kv0 = kv_begin; kv0 < kv_end; kv0 += kTile, ++it) {
-        const int stage = it % kStages;
+      for (int kv0 = kv_begin; kv0 < kv_end; kv0 += kTile) {
         // Pages holding at least one position below kv_end (the table has no
         // entry past the row's last page).
         const int live_pages = min(pages, (kv_end - kv0 + box_rows - 1) / box_rows);
-        const int copies = kColumnBlocks * live_pages;
-        // This lane's copies' slots first: the table loads overlap the wait.
-        int slot[3];  // at most 9 x 8 = 72 copies: 3 a lane
-#pragma unroll
-        for (int k = 0; k < 3; ++k) {
-          const int i = lane + 32 * k;
-          const int pos = kv0 + (i % live_pages) * box_rows;
-          slot[k] = i < copies ? __ldg(table + pos / bs) * bs + pos % bs : 0;
-        }
-        if (it >= kStages) mbarrier_wait(&empty[stage], (it / kStages - 1) & 1);
-        if (lane == 0) {
-#pragma unroll
-          for (int cb = 0; cb < kColumnBlocks; ++cb)
-            mbarrier_arrive_expect_tx(&full[stage * kColumnBlocks + cb], uint32_t(live_pages * box_rows * 128));
-        }
-        __syncwarp();
-        uint8_t* dst = tiles + stage * kTileBytes;
-#pragma unroll
-        for (int k = 0; k < 3; ++k) {
-          const int i = lane + 32 * k;
-          if (i < copies) {
-            const int cb = i / live_pages, page = i % live_pages;
-            tma_load_3d_hint(dst + cb * kBlockBytes + page * box_rows * 128, &latent_map, 0, cb, slot[k],
-                             &full[stage * kColumnBlocks + cb], policy);
-          }
+        const int pos = kv0 + lane * box_rows;
+        // This lane's page slot first: the table load overlaps the waits.
+        const int page_slot = lane < live_pages ? __ldg(table + pos / bs) * bs + pos % bs : 0;
+        const uint32_t bytes = uint32_t(live_pages * box_rows * 128);
+#pragma unroll 1
+        for (int cb = 0; cb < kColumnBlocks; ++cb, ++next) {
+          const int slot = next % kSlots;
+          const int use = next / kSlots;
+          if (use > 0) mbarrier_wait(&empty[slot], (use - 1) & 1);
+          if (lane == 0) mbarrier_arrive_expect_tx(&full[slot], bytes);
+          __syncwarp();
+          if (lane < live_pages)
+            tma_load_3d_hint(tiles + slot * kBlockBytes + lane * box_rows * 128, &latent_map, 0, cb, page_slot,
+                             &full[slot], policy);
         }
       }
     }
@@ -191,9 +201,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = tid >> 5;
   const int warpgroup = tid >> 7;
   const int wg_warp = warp & 3;
-  uint8_t* p_tile = base + kPAt + warpgroup * kHeads * 128;  // this group's P^T
-  float* col_max = reinterpret_cast<float*>(base + kMaxAt) + warpgroup * 4 * kHeads;  // [warp][head]
-  float* col_sum = reinterpret_cast<float*>(base + kSumAt) + warpgroup * 4 * kHeads;
+  uint8_t* p_tile = base + L::kPAt + warpgroup * kHeads * 128;  // this group's P^T
+  float* col_max = reinterpret_cast<float*>(base + L::kMaxAt) + warpgroup * 4 * kHeads;  // [warp][head]
+  float* col_sum = reinterpret_cast<float*>(base + L::kSumAt) + warpgroup * 4 * kHeads;
   const int heads_here = min(kHeads, d.num_heads);
   // This thread's accumulator rows (positions of S^T, dims of O^T within an
   // m-tile) and its 4 heads: h(j, e) = 8 j + 2 (lane % 4) + e, index 2 j + e.
@@ -202,7 +212,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t q_addr = smem_address(q_tile);
   const uint32_t p_addr = smem_address(p_tile);
 
-  int it = 0;  // the producer's tile count, followed in the same order
+  const uint32_t tiles_addr = smem_address(tiles);
+  int it = 0;  // tiles computed by this CTA, over all its segments (the producer's order)
   for (int seg = seg_begin; seg < seg_end; ++seg) {
     const int row = d.segments[3 * seg];
     const int kv_begin = d.segments[3 * seg + 1];
@@ -235,19 +246,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     for (int tile = 0; tile < num_tiles; ++tile, ++it) {
       const int kv0 = kv_begin + tile * kTile;
-      const int stage = it % kStages;
-      const int parity = (it / kStages) & 1;
-      uint64_t* stage_full = full + stage * kColumnBlocks;
-      uint8_t* kv_tile = tiles + stage * kTileBytes;
-      const uint32_t kv_addr = smem_address(kv_tile);
+      // Column block c of this tile: slot (first + c) % kSlots, its use's parity.
+      const int first = (it * kColumnBlocks) % kSlots;
+      const int first_use = (it * kColumnBlocks) / kSlots;
+      auto slot_of = [&](int c) { return first + c < kSlots ? first + c : first + c - kSlots; };
+      auto parity_of = [&](int c) { return (first_use + (first + c < kSlots ? 0 : 1)) & 1; };
+      auto block_addr = [&](int c) { return tiles_addr + uint32_t(slot_of(c) * kBlockBytes); };
       const int valid_rows = kv_end - kv0;  // < 64 only in a segment's last tile
       if (valid_rows < kTile) {
         // Rows past the segment: zeros, once every box has landed.
 #pragma unroll
-        for (int cb = 0; cb < kColumnBlocks; ++cb) mbarrier_wait(&stage_full[cb], parity);
+        for (int cb = 0; cb < kColumnBlocks; ++cb) mbarrier_wait(&full[slot_of(cb)], parity_of(cb));
         for (int idx = tid; idx < (kTile - valid_rows) * kKeyChunks; idx += kConsumerThreads) {
           const int r = valid_rows + idx / kKeyChunks, c = idx % kKeyChunks;
-          *reinterpret_cast<uint4*>(kv_tile + (c >> 3) * kBlockBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4)) =
+          *reinterpret_cast<uint4*>(tiles + slot_of(c >> 3) * kBlockBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4)) =
               make_uint4(0u, 0u, 0u, 0u);
         }
         fence_proxy_async_shared();
@@ -269,10 +281,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         // A fence after each wait (as FlashMLA does) keeps the compiler from
         // inserting its own in the wait loop and serializing the MMAs.
         if ((step & 1) == 0) {
-          mbarrier_wait(&stage_full[ks >> 2], parity);
+          mbarrier_wait(&full[slot_of(ks >> 2)], parity_of(ks >> 2));
           wgmma_fence();
         }
-        wgmma_m64n16k16<0>(s, make_smem_desc_sw128(kv_addr + (ks >> 2) * kBlockBytes + (ks & 3) * 32, 16, 1024),
+        wgmma_m64n16k16<0>(s, make_smem_desc_sw128(block_addr(ks >> 2) + (ks & 3) * 32, 16, 1024),
                            make_smem_desc_sw128(q_addr + (ks >> 2) * kQBlockBytes + (ks & 3) * 32, 16, 1024),
                            step > 0);
       }
@@ -280,10 +292,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < 8; ++i) keep_in_order(s[i]);
+      // Done with the slots only S reads: group 0 with column block 4 (group 1
+      // still reads it in P V), group 1 with the rope block 8.
+      __syncwarp();
+      if (lane == 0) {
+        if (warpgroup == 0) mbarrier_arrive_count(&empty[slot_of(4)], 1);
+        else mbarrier_arrive_count(&empty[slot_of(8)], 2);
+      }
       {
         // Halves by tile parity: a fast group may write the next tile's half
         // before the other group has read this one.
-        uint8_t* partial = base + kPartialAt + (it & 1) * kPartialBytes;
+        uint8_t* partial = base + L::kPartialAt + (it & 1) * L::kPartialBytes;
         float4* mine = reinterpret_cast<float4*>(partial) + 2 * tid;
         const float4* other = reinterpret_cast<const float4*>(partial) + 2 * (tid ^ 128);
         mine[0] = make_float4(s[0], s[1], s[2], s[3]);
@@ -366,7 +385,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint64_t desc_p = make_smem_desc_sw128(p_addr + kk * 32, 16, 1024);
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi) {
-          const uint32_t v_addr = kv_addr + (warpgroup * 4 + mi) * kBlockBytes + kk * 16 * 128;
+          const uint32_t v_addr = block_addr(warpgroup * 4 + mi) + kk * 16 * 128;
           wgmma_m64n16k16<1>(o[mi], make_smem_desc_sw128(v_addr, kBlockBytes, 1024), desc_p, 1);
         }
       }
@@ -377,7 +396,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int i = 0; i < 8; ++i) keep_in_order(o[mi][i]);
       __syncwarp();
-      if (lane == 0) mbarrier_arrive(&empty[stage]);  // this warp is done with the stage
+      if (lane == 0) {
+        // This group's V column blocks go back to the producer.
+#pragma unroll
+        for (int mi = 0; mi < 4; ++mi) {
+          const int c = warpgroup * 4 + mi;
+          mbarrier_arrive_count(&empty[slot_of(c)], c == 4 ? 1 : 2);
+        }
+      }
     }
 
     // Column sums over the group (each group has them all: it computed every position).
@@ -458,7 +484,12 @@ cudaError_t make_latent_tensor_map(CUtensorMap* map, const MlaDecodeDescriptor& 
 cudaError_t prepare_mla_decode_tma_kernel() {
   static const cudaError_t prepared = [] {
     tensor_map_encoder();  // a miss is reported per launch (the caller falls back)
-    return cudaFuncSetAttribute(mla_decode_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    const cudaError_t e = cudaFuncSetAttribute(mla_decode_tma_kernel<kTwoStageSlots>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               Layout<kTwoStageSlots>::kSmemBytes);
+    if (e != cudaSuccess) return e;
+    return cudaFuncSetAttribute(mla_decode_tma_kernel<kRingSlots>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                Layout<kRingSlots>::kSmemBytes);
   }();
   return prepared;
 }
@@ -473,8 +504,14 @@ cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& d, const void*
   CUtensorMap map;
   const cudaError_t e = make_latent_tensor_map(&map, d);
   if (e != cudaSuccess) return e;
-  mla_decode_tma_kernel<<<dim3(1, d.num_ctas), kThreads, kSmemBytes, stream>>>(
-      d, map, static_cast<const __nv_bfloat16*>(q), static_cast<__nv_bfloat16*>(out));
+  const auto* qb = static_cast<const __nv_bfloat16*>(q);
+  auto* ob = static_cast<__nv_bfloat16*>(out);
+  if (d.kernel == MlaDecodeKernel::kTmaRing)
+    mla_decode_tma_kernel<kRingSlots>
+        <<<dim3(1, d.num_ctas), kThreads, Layout<kRingSlots>::kSmemBytes, stream>>>(d, map, qb, ob);
+  else
+    mla_decode_tma_kernel<kTwoStageSlots>
+        <<<dim3(1, d.num_ctas), kThreads, Layout<kTwoStageSlots>::kSmemBytes, stream>>>(d, map, qb, ob);
   return cudaGetLastError();
 }
 
