@@ -21,23 +21,23 @@ here=$(cd "$(dirname "$0")" && pwd)
 tests() {
   local b=$1 out=$2
   timeout 15 "$b/run.sh" mla_decode_plan_tests > "$out/plan.log" 2>&1
-  echo "mla_decode_plan_tests rc=$? $(tail -1 "$out/plan.log")" >> "$out/tests.summary"
+  echo "mla_decode_plan_tests rc=$? $(tail -1 "$out/plan.log")" >> "$sum"
 }
 gpu_tests_tma() {
   local b=$1 out=$2
   timeout 90 "$b/run.sh" mla_decode_gpu_tests --gtest_filter='*Tma*' > "$out/gpu_tests_tma.log" 2>&1
-  echo "mla_decode_gpu_tests (TMA kernels) rc=$?" >> "$out/tests.summary"
+  echo "mla_decode_gpu_tests (TMA kernels) rc=$?" >> "$sum"
 }
 gpu_tests_others() {
   local b=$1 out=$2
   timeout 90 "$b/run.sh" mla_decode_gpu_tests --gtest_filter='-*Tma*' > "$out/gpu_tests.log" 2>&1
-  echo "mla_decode_gpu_tests (the others) rc=$?" >> "$out/tests.summary"
+  echo "mla_decode_gpu_tests (the others) rc=$?" >> "$sum"
 }
 model_tests() {
   local b=$1 out=$2 kernel=$3
   PAGODA_MLA_DECODE_KERNEL=$kernel timeout 90 "$b/run.sh" cuda_model_tests --gtest_filter='*Deepseek*' \
     > "$out/model_${kernel:-auto}.log" 2>&1
-  echo "cuda_model_tests *Deepseek* (PAGODA_MLA_DECODE_KERNEL='$kernel') rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/model_${kernel:-auto}.log" | tr '\n' ' ')" >> "$out/tests.summary"
+  echo "cuda_model_tests *Deepseek* (PAGODA_MLA_DECODE_KERNEL='$kernel') rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/model_${kernel:-auto}.log" | tr '\n' ' ')" >> "$sum"
 }
 
 case "${1:-}" in
@@ -69,15 +69,16 @@ run | tests | bench)
   export PAGODA_SOURCE_DIR=$root
   unset PAGODA_MLA_DECODE_KERNEL  # the automatic choice unless a step sets it
   b=$here/bundle
+  sum=$(mktemp)  # (at most 8 files come back from $OUT: the per-step lines stay outside)
+  export sum
   start=$(date +%s)
   { echo "commit $(cat "$here/commit")  $(date -u +%FT%TZ)"
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader; } | tee -a "$out/summary.log"
   if [ "$1" != bench ]; then
-    : > "$out/tests.summary"
     tests "$b" "$out" & gpu_tests_tma "$b" "$out" & gpu_tests_others "$b" "$out" &
     model_tests "$b" "$out" "" & model_tests "$b" "$out" tma_ring &
     wait
-    cat "$out/tests.summary" | tee -a "$out/summary.log"
+    cat "$sum" | tee -a "$out/summary.log"
     grep -hE "rel L2|outputs differ|Failure|FAILED|Which is" "$out/gpu_tests_tma.log" "$out/gpu_tests.log" \
       | tee -a "$out/summary.log" | tail -60
     grep -hE "Failure|FAILED|Which is" "$out"/model_*.log | head -20 | tee -a "$out/summary.log"
@@ -85,10 +86,13 @@ run | tests | bench)
   fi
   if [ "$1" != tests ]; then
     IFS=';' read -ra onlys <<< "${BENCH_ONLY:-bf16 H=16;fp8-656 H=16}"
+    n=0
     for o in "${onlys[@]}"; do
-      timeout "${BENCH_TIMEOUT:-55}" "$b/run.sh" mla_decode_bench --iters "${BENCH_ITERS:-20}" --only "$o" > "$out/bench_${o// /_}.log" 2>&1
-      echo "bench '$o' rc=$?" | tee -a "$out/summary.log"
-      grep -E "^mla decode|^\| |ceiling|non-finite|error" "$out/bench_${o// /_}.log" | tee -a "$out/summary.log"
+      n=$((n + 1))
+      timeout "${BENCH_TIMEOUT:-55}" "$b/run.sh" mla_decode_bench --iters "${BENCH_ITERS:-20}" --only "$o" \
+        > "$out/bench_$n.log" 2>&1
+      echo "bench $n '$o' rc=$?" | tee -a "$out/summary.log"
+      grep -E "^mla decode|^\| |ceiling|non-finite|error" "$out/bench_$n.log" | tee -a "$out/summary.log"
     done
     echo "elapsed $(( $(date +%s) - start )) s" | tee -a "$out/summary.log"
   fi
