@@ -499,8 +499,8 @@ TEST_F(MlaDecodeGpuTest, TmaSplitsSchedulesAndSharing) {
     expect_close(tma(with_options(make_case("tma h16 bs64 split 64", 16, 64, bf16, {1, 100, 1000, 2500}, 100), 64, 0)));
     expect_close(tma(with_options(make_case("tma h16 bs16 split 128", 16, 16, bf16, {7, 333, 1200}, 101), 100, 0)));
     // Few SMs: several segments per CTA, the stage ring carried across segments.
-    expect_close(tma(with_options(make_case("tma h16 bs64 7 sms", 16, 64, bf16, {1, 5, 70, 300, 1000, 2000, 64, 3}, 102),
-                                  0, 7)));
+    expect_close(tma(with_options(
+        make_case("tma h16 bs64 7 sms", 16, 64, bf16, {1, 5, 70, 300, 1000, 2000, 64, 3}, 102), 0, 7)));
     expect_close(tma(with_options(make_case("tma h16 bs16 5 sms", 16, 16, bf16, {129, 1, 2000, 40}, 103), 0, 5)));
     // One SM: long segments, both stages reused many times.
     expect_close(tma(with_options(make_case("tma h16 bs64 1 sm", 16, 64, bf16, {1000, 130}, 104), 0, 1)));

@@ -14,7 +14,10 @@
 #        "fp8-656 H=16"; BENCH_ITERS, default 20).
 #   .device/mla-decode/mla_decode_call.sh tests   # step 1 only
 #   .device/mla-decode/mla_decode_call.sh bench   # step 2 only
-# Logs go to $OUT (default /tmp/mla-decode); summary.log has the results.
+#   BENCH_ONLY="H=128" .device/mla-decode/mla_decode_call.sh bench   # e.g. the 128-head shapes
+# Logs go to $OUT (default /tmp/mla-decode); summary.log has the results. This
+# one script replaces the per-branch mla5..mla8_call.sh (and the first
+# mla_decode_call.sh) of the kernel's earlier steps.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
@@ -37,7 +40,9 @@ model_tests() {
   local b=$1 out=$2 kernel=$3
   PAGODA_MLA_DECODE_KERNEL=$kernel timeout 90 "$b/run.sh" cuda_model_tests --gtest_filter='*Deepseek*' \
     > "$out/model_${kernel:-auto}.log" 2>&1
-  echo "cuda_model_tests *Deepseek* (PAGODA_MLA_DECODE_KERNEL='$kernel') rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/model_${kernel:-auto}.log" | tr '\n' ' ')" >> "$sum"
+  local rc=$? result
+  result=$(grep -E '^\[  (PASSED|FAILED)' "$out/model_${kernel:-auto}.log" | tr '\n' ' ')
+  echo "cuda_model_tests *Deepseek* (PAGODA_MLA_DECODE_KERNEL='$kernel') rc=$rc $result" >> "$sum"
 }
 
 case "${1:-}" in
@@ -73,7 +78,8 @@ run | tests | bench)
   export sum
   start=$(date +%s)
   { echo "commit $(cat "$here/commit")  $(date -u +%FT%TZ)"
-    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader; } | tee -a "$out/summary.log"
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+  } | tee -a "$out/summary.log"
   if [ "$1" != bench ]; then
     tests "$b" "$out" & gpu_tests_tma "$b" "$out" & gpu_tests_others "$b" "$out" &
     model_tests "$b" "$out" "" & model_tests "$b" "$out" tma_ring &
