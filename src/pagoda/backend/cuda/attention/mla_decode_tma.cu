@@ -1,32 +1,34 @@
 // Paged MLA decode, bf16 latent, at most 16 heads, with the tiles loaded by
-// the copy engine (TMA): MlaDecodeKernel::kTma of mla_decode_descriptor.h.
+// the copy engine (TMA): MlaDecodeKernel::kTma and kTmaRing of
+// mla_decode_descriptor.h.
 //
-// The math is mla_decode.cu's narrow kernel (S^T = K Q^T over 64 positions x
-// 16 heads, the K dims split between the two compute warpgroups and the halves
-// swapped through shared memory; softmax per head = per column; O^T += V^T P^T
-// with each group owning 256 latent dims), and so are the shared-memory tile
+// The math is the narrow kernels' (mla_decode_narrow.cuh: S^T = K Q^T over 64
+// positions x 16 heads, the K dims split between the two compute warpgroups
+// and the halves swapped through shared memory; softmax per head = per column;
+// O^T += V^T P^T with each group owning 256 latent dims), and so are the tile
 // layout (9 column blocks of 64 rows x 128 B, 128-byte swizzle) and the
 // segment schedule. What differs is who loads the tiles:
 //   - a ninth warp (the producer) walks the block tables and issues tensor-map
 //     copies (cp.async.bulk.tensor, L2 evict-first: the latent is read once a
-//     step) into a ring of 2 stages (3 do not fit beside Q); the 256 compute
-//     threads issue no latent copies (they still copy Q, 18 KB a segment);
+//     step) into a ring of column-block slots: 18 (two stages of whole tiles,
+//     kTma) or 23 (what fits beside Q, kTmaRing); the 256 compute threads issue
+//     no latent copies (they still copy Q, 18 KB a segment);
 //   - the latent pool is seen as a 3-D tensor [slots][9 column blocks][64
 //     values] (strides 1,152 B and 128 B), and one box is one column block of
 //     one page: 64 values x min(block_size, 64) rows, landing in the swizzled
 //     layout the wgmma descriptors read (a box starts on a 1,024-byte swizzle
 //     atom: block sizes 8 / 16 / 32, or multiples of 64 where a tile lies in
 //     one page);
-//   - each column block of each stage has its own mbarrier (transaction bytes),
-//     so a group starts S^T on its first column block while the others land;
-//     the stage goes back to the producer through an "empty" mbarrier that the
-//     8 compute warps arrive on after their P V;
+//   - each slot has a "full" mbarrier (transaction bytes), so a group starts
+//     S^T on its first column block while the others land, and an "empty"
+//     mbarrier its readers arrive on when done with it (the rope block after
+//     S, the others after P V), which the producer waits on before reusing it;
 //   - rows of a segment's last tile past its end are not loaded (whole pages
 //     past it) or hold whatever the pool has there: the compute threads zero
 //     them before S (V must not carry NaNs into 0 x V).
 // The tensor map is encoded on the host per launch (a pure host call) and
 // passed as a __grid_constant__ parameter, so a captured graph replays it.
-// docs/KERNELS.md ("MLA decode", v8) has the design notes and measurements.
+// docs/KERNELS.md ("MLA decode", v8 and v9) has the design notes and measurements.
 
 #include <cuda.h>  // CUtensorMap, the encoder's signature (no driver call is linked)
 #include <cuda_bf16.h>
