@@ -552,7 +552,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// ---- Narrow rows: at most 16 heads (DeepSeek-V2-Lite). A 64-head tile would be
+// ---- Narrow rows: at most 16 heads (DeepSeek-V2-Lite); the per-tile math below is
+// mla_decode_narrow.cuh's, shared with the TMA kernels. A 64-head tile would be
 // three-quarters padding, and its tensor-core time would exceed the memory time
 // (a 64 x 64 x 576 S-GEMM and 64 x 512 x 64 P V per 64 positions, 4x the useful
 // work). Here the positions are the MMA rows instead:
