@@ -124,6 +124,21 @@ def learning_rate(step, total_steps, peak, warmup, min_ratio):
     return peak * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
+def step_learning_rate(args, step, total_steps):
+    """The learning rate of step `step` of `total_steps` (copy warm-up steps included). Without
+    --restart-schedule: one warm-up and cosine over all steps. With it: the copy warm-up holds
+    --copy-warmup-lr (after the linear warm-up), and the language-model schedule restarts its own
+    warm-up and cosine after it, so the warm-up costs no language-model learning rate."""
+    warm = args.copy_warmup_steps
+    if not args.restart_schedule or not warm:
+        return learning_rate(step, total_steps, args.lr, args.warmup, args.min_lr_ratio)
+    if step < warm:
+        peak = args.copy_warmup_lr or args.lr
+        return peak * min(1.0, (step + 1) / max(1, args.warmup))
+    return learning_rate(step - warm, total_steps - warm, args.lr, args.warmup,
+                         args.min_lr_ratio)
+
+
 def load_jsonl(path):
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -478,7 +493,7 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
         if time.time() > deadline:
             stop_reason = "time budget reached"
             break
-        lr = learning_rate(step, total_steps, args.lr, args.warmup, args.min_lr_ratio)
+        lr = step_learning_rate(args, step, total_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
         recall_rows, depth = recall_schedule(args, max(0, step - warm), total_steps - warm,
@@ -692,6 +707,12 @@ def parse_args(argv=None):
     p.add_argument("--copy-warmup-alphabet", type=int, default=0,
                    help="most frequent tokens the copy warm-up draws from at its start "
                         "(0: every token throughout)")
+    p.add_argument("--copy-warmup-lr", type=float, default=0.0,
+                   help="peak learning rate of the copy warm-up with --restart-schedule "
+                        "(0: --lr)")
+    p.add_argument("--restart-schedule", action="store_true",
+                   help="the language-model schedule restarts its learning-rate warm-up and "
+                        "cosine after the copy warm-up (default: one schedule over all steps)")
     p.add_argument("--copy-rows", type=int, default=0,
                    help="tiled random-token rows (as in the copy warm-up, periods 4 to half the "
                         "context) in every batch of the language-model schedule (0: none)")
@@ -753,6 +774,8 @@ def parse_args(argv=None):
         p.error(f"--recall-fraction-start must be in [0, 1], got {args.recall_fraction_start}")
     if not 0.0 <= args.curriculum <= 1.0:
         p.error(f"--curriculum must be in [0, 1], got {args.curriculum}")
+    if args.copy_warmup_lr < 0:
+        p.error(f"--copy-warmup-lr must be >= 0, got {args.copy_warmup_lr}")
     if not 0 <= args.copy_rows < args.batch_size:
         p.error(f"--copy-rows must be in [0, batch size), got {args.copy_rows}")
     if args.copy_warmup_steps < 0 or args.copy_warmup_alphabet == 1 or \
