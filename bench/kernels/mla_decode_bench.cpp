@@ -326,6 +326,11 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   CHECK_CUDA(prepare_mla_decode_kernels());
   std::printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  for (MlaDecodeKernel k : kKernels) {
+    int ctas = 0;
+    if (is_tma_kernel(k) && mla_decode_tma_occupancy(k, &ctas) == cudaSuccess)
+      std::printf("occupancy %s: %d CTA(s) per SM\n", kernel_name(k), ctas);
+  }
   const double ceiling = copy_ceiling();
   std::printf("HBM copy ceiling (read + write): %.0f GB/s\n", ceiling);
   struct Shape {

@@ -579,6 +579,19 @@ TEST_F(MlaDecodeGpuTest, TmaMatchesCpAsyncKernel) {
   }
 }
 
+TEST_F(MlaDecodeGpuTest, TmaOccupancy) {
+  // The pair variants exist to run two CTAs an SM (one CTA's loads and barriers
+  // overlapping the other's MMAs): the occupancy calculator must agree.
+  for (MlaDecodeKernel k : kTmaKernels) {
+    int ctas = 0;
+    ASSERT_EQ(mla_decode_tma_occupancy(k, &ctas), cudaSuccess) << kernel_name(k);
+    std::printf("%-14s %d CTA(s) per SM\n", kernel_name(k), ctas);
+    EXPECT_EQ(ctas, mla_decode_ctas_per_sm(k)) << kernel_name(k);
+  }
+  int ctas = 0;
+  EXPECT_EQ(mla_decode_tma_occupancy(MlaDecodeKernel::kCpAsync, &ctas), cudaErrorInvalidValue);
+}
+
 TEST_F(MlaDecodeGpuTest, SpreadBudgetPlans) {
   // MlaDecodeOptions::spread_budget: every SM gets a CTA (rows cut at other
   // places than with whole budgets), on cp.async and every TMA variant.

@@ -109,7 +109,7 @@ run | tests | bench)
       timeout "${BENCH_TIMEOUT:-55}" "$b/run.sh" mla_decode_bench --iters "${BENCH_ITERS:-20}" --only "$o" \
         ${BENCH_ARGS:---schedule all} > "$out/bench_$n.log" 2>&1
       echo "bench $n '$o' rc=$?" | tee -a "$out/summary.log"
-      grep -E "^mla decode|^\| |ceiling|non-finite|error" "$out/bench_$n.log" | tee -a "$out/summary.log"
+      grep -E "^mla decode|^\| |ceiling|^occupancy|non-finite|error" "$out/bench_$n.log" | tee -a "$out/summary.log"
     done
     echo "elapsed $(( $(date +%s) - start )) s" | tee -a "$out/summary.log"
   fi

@@ -111,6 +111,11 @@ cudaError_t launch_mla_decode(const MlaDecodeDescriptor& desc, const void* q, vo
 // cannot be described as a tensor map, or the descriptor is outside the
 // kernel's domain (the planner's tma_applies).
 cudaError_t prepare_mla_decode_tma_kernel();
+// The CTAs of a TMA variant the device runs per SM at once (the CUDA
+// occupancy calculator, after the shared-memory limits are raised): 1 for the
+// one-CTA variants, 2 expected for kTmaPair / kTmaPairTile. Tests and the bench
+// check it; cudaErrorInvalidValue for a kernel that is not a TMA variant.
+cudaError_t mla_decode_tma_occupancy(MlaDecodeKernel kernel, int* ctas_per_sm);
 cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& desc, const void* q, void* out,
                                        cudaStream_t stream);
 

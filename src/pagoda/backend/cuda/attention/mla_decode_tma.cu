@@ -350,8 +350,18 @@ cudaError_t make_latent_tensor_map(CUtensorMap* map, const MlaDecodeDescriptor& 
 template <int kSlots, bool kWholeTile, int kCtasPerSm = 1>
 cudaError_t allow_shared_memory() {
   static_assert((Layout<kSlots>::kSmemBytes + 1024) * kCtasPerSm <= 233472, "the CTAs fit an SM's shared memory");
-  return cudaFuncSetAttribute(mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kSlots>::kSmemBytes);
+  const auto kernel = mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm>;
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kSlots>::kSmemBytes);
+  if (e != cudaSuccess || kCtasPerSm == 1) return e;
+  // All of the SM's unified L1 / shared memory as shared, so that the CTAs fit together.
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+}
+
+template <int kSlots, bool kWholeTile, int kCtasPerSm = 1>
+cudaError_t occupancy_of(int* ctas_per_sm) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm>,
+                                                       kThreads, Layout<kSlots>::kSmemBytes);
 }
 
 template <int kSlots, bool kWholeTile, int kCtasPerSm = 1>
@@ -374,6 +384,21 @@ cudaError_t prepare_mla_decode_tma_kernel() {
     return cudaSuccess;
   }();
   return prepared;
+}
+
+cudaError_t mla_decode_tma_occupancy(MlaDecodeKernel kernel, int* ctas_per_sm) {
+  *ctas_per_sm = 0;
+  const cudaError_t prepared = prepare_mla_decode_tma_kernel();
+  if (prepared != cudaSuccess) return prepared;
+  switch (kernel) {
+    case MlaDecodeKernel::kTma: return occupancy_of<kTwoStageSlots, false>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaRing: return occupancy_of<kRingSlots, false>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaTile: return occupancy_of<kTwoStageSlots, true>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaRingTile: return occupancy_of<kRingSlots, true>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaPair: return occupancy_of<kPairSlots, false, 2>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaPairTile: return occupancy_of<kPairSlots, true, 2>(ctas_per_sm);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& d, const void* q, void* out, cudaStream_t stream) {
