@@ -9,9 +9,12 @@
 // scores), gather their vectors (kv_compact.h), carry h2o's mass over, all
 // without a host round trip.
 //
-// Only policies whose heads all keep the same count run here (streaming, h2o, snapkv:
-// the compacted region has no holes); pyramidkv and entropy give heads their
-// own budgets, which the CUDA attention kernels cannot skip yet: refused.
+// Per-head budgets (pyramidkv, entropy) are compacted here too, in the CPU's
+// layout (runtime/kv_compression.h: head (l, h) keeps its kept[l][h] tokens at
+// the front of the compacted region, holes after them), and the state
+// remembers each head's kept count (head_layout). The CUDA attention kernels
+// do not skip holes yet, so CudaModelRunner still refuses those policies: only
+// this class's callers (tests) compact with them.
 //
 // Thread safety: the runner's thread only.
 
@@ -52,13 +55,27 @@ class CudaKvScores {
   // In a graph step its launch covers all graph_slots items.
   Status score_layer(int32_t layer, const bf16* q, int64_t q_row_stride, float scale, const DevicePagedKvLayer& kv,
                      const int32_t* block_tables, cudaStream_t stream) const;
-  // ModelRunner::compact_kv for every device policy (streaming: no score
-  // part and no state; h2o, snapkv from the state's scores): returns once
-  // the work is queued on `stream` (a fault in it shows at the stream's next
-  // synchronization). Errors: kUnimplemented for per-head budgets (pyramidkv,
-  // entropy), check_kv_compaction's.
+  // ModelRunner::compact_kv for every policy (streaming: no score part and
+  // no state; h2o, snapkv from the state's scores; pyramidkv, entropy per
+  // head, below): returns once the work is queued on `stream` (a fault in it
+  // shows at the stream's next synchronization). Errors: check_kv_compaction's;
+  // kInvalidArgument for fewer tokens than a per-head state's compacted region.
+  //
+  // Per-head budgets: runtime::kv_head_budgets on the host (entropy: from the
+  // state's entropy sums, downloaded, the one wait on the device here), each
+  // (layer, KV head)'s candidates are its kept tokens and the tokens after
+  // the holes (the CPU's rule), chosen on the device (kv_select_kept_heads),
+  // gathered with per-head counts; holes are not written.
   Status compact(const runtime::KvCompaction& compaction, CudaKvPool& pool, DeviceBuffer& moves_buffer,
                  cudaStream_t stream);
+  // A per-head state's layout after its last compaction: kept count per
+  // (layer, KV head) at [0, head_kept[lh]) of [0, compacted_length); empty
+  // when the sequence has no per-head compaction.
+  struct HeadLayout {
+    std::vector<int32_t> head_kept;
+    int32_t compacted_length = 0;
+  };
+  HeadLayout head_layout(int64_t kv_state) const;
   void release(int64_t kv_state) { states_.erase(kv_state); }
   size_t num_states() const { return states_.size(); }
 
@@ -70,6 +87,9 @@ class CudaKvScores {
     int64_t entropy_count = 0;
   };
   StatusOr<HostScores> download(int64_t kv_state, int32_t length, cudaStream_t stream) const;
+  // The reverse (tests): a state (made if missing) gets these scores for
+  // indices [0, length), mass laid out as download's; waits for the copies.
+  Status upload(int64_t kv_state, const HostScores& scores, int32_t length, cudaStream_t stream);
 
  private:
   struct State {
@@ -77,7 +97,11 @@ class CudaKvScores {
     DeviceBuffer entropy;  // [layers][kv_heads] f64
     int64_t capacity = 0;
     int64_t entropy_count = 0;  // query heads summed into each entropy entry
+    std::vector<int32_t> head_kept;  // per-head compactions: kept per (layer, KV head); else empty
+    int32_t compacted_length = 0;
   };
+  Status compact_heads(const runtime::KvCompaction& compaction, CudaKvPool& pool, DeviceBuffer& moves_buffer,
+                       cudaStream_t stream);
   Status reset(State& st, cudaStream_t stream);
   Status grow(State& st, int64_t length, cudaStream_t stream);
   Status upload_for_graph(int32_t slots, int32_t capacity, cudaStream_t stream);
@@ -103,6 +127,7 @@ class CudaKvScores {
   DeviceBuffer kept_;
   DeviceBuffer new_mass_;
   DeviceBuffer tables_;
+  DeviceBuffer head_rows_;  // per-head compactions: the heads' KvSelectHead rows, then their kept counts
   int32_t num_items_ = 0;
 };
 

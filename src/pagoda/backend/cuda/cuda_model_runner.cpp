@@ -150,6 +150,13 @@ Status CudaModelRunner::copy_blocks(std::span<const runtime::BlockCopy> copies) 
 
 Status CudaModelRunner::compact_kv(const runtime::KvCompaction& c) {
   if (!capabilities().compacts_kv) return runtime::ModelRunner::compact_kv(c);
+  // CudaKvScores compacts per-head budgets in the CPU's layout, but no cuda attention kernel skips
+  // the holes it leaves yet, so a forward after it would read them (kv_head_budgets stays off).
+  if (c.config.policy == runtime::KvCompressionPolicy::kPyramidKV ||
+      c.config.policy == runtime::KvCompressionPolicy::kEntropy)
+    return unimplemented_error("compact_kv: policy {} gives each head its own budget, and the cuda attention kernels "
+                               "cannot skip the holes that leaves (h2o, snapkv and streaming run here)",
+                               runtime::kv_compression_policy_name(c.config.policy));
   // A layer-by-layer copy of this step's transfers may still read or write these blocks.
   if (host_) PAGODA_RETURN_IF_ERROR(host_->wait_all(model_->stream()));
   // Every policy's kept tokens are chosen and gathered on the device; this returns once queued.
