@@ -40,6 +40,41 @@ Status CudaKvScores::grow(State& st, int64_t length, cudaStream_t stream) {
   return ok_status();
 }
 
+StatusOr<bool> CudaKvScores::prepare_holes(const ForwardBatch& batch, cudaStream_t stream) {
+  const size_t n = batch.sequences.size();
+  bool any = false;
+  for (size_t i = 0; i < n && !any; ++i) {
+    const SequenceSlice& s = batch.sequences[i];
+    if (s.kv_state == 0 || s.kv_state_reset) continue;
+    const auto it = states_.find(s.kv_state);
+    any = it != states_.end() && !it->second.head_kept.empty();
+  }
+  if (!any) return false;
+  const size_t heads = static_cast<size_t>(num_kv_heads_);
+  const size_t per_layer = n * heads;
+  holes_host_.assign(static_cast<size_t>(num_layers_) * per_layer + n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const SequenceSlice& s = batch.sequences[i];
+    if (s.kv_state == 0 || s.kv_state_reset) continue;
+    const auto it = states_.find(s.kv_state);
+    if (it == states_.end() || it->second.head_kept.empty()) continue;
+    const State& st = it->second;
+    for (int32_t l = 0; l < num_layers_; ++l)
+      for (size_t h = 0; h < heads; ++h)
+        holes_host_[static_cast<size_t>(l) * per_layer + i * heads + h] =
+            st.head_kept[static_cast<size_t>(l) * heads + h];
+    holes_host_[static_cast<size_t>(num_layers_) * per_layer + i] = st.compacted_length;
+  }
+  const size_t bytes = holes_host_.size() * sizeof(int32_t);
+  if (holes_.bytes() < bytes) {
+    PAGODA_ASSIGN_OR_RETURN(holes_, DeviceBuffer::allocate(std::max(bytes, holes_.bytes() * 2)));
+  }
+  // Pageable source: staged before the call returns.
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(holes_.data(), holes_host_.data(), bytes, cudaMemcpyHostToDevice, stream));
+  holes_sequences_ = static_cast<int64_t>(n);
+  return true;
+}
+
 Status CudaKvScores::prepare(const ForwardBatch& batch, int64_t table_stride, cudaStream_t stream,
                              int32_t graph_slots, int32_t graph_capacity) {
   items_.clear();
@@ -69,7 +104,9 @@ Status CudaKvScores::prepare(const ForwardBatch& batch, int64_t table_stride, cu
     }
     if (any)
       sequences_.push_back({st.mass.as<float>(), st.entropy.as<double>(), st.capacity,
-                            static_cast<int64_t>(i) * table_stride});
+                            static_cast<int64_t>(i) * table_stride,
+                            st.head_kept.empty() ? nullptr : st.head_kept_device.as<int32_t>(),
+                            st.head_kept.empty() ? 0 : st.compacted_length, 0});
   }
   if (items_.empty()) return ok_status();
   if (graph_slots > 0) return upload_for_graph(graph_slots, graph_capacity, stream);
@@ -189,6 +226,37 @@ CudaKvScores::HeadLayout CudaKvScores::head_layout(int64_t kv_state) const {
   return {it->second.head_kept, it->second.compacted_length};
 }
 
+Status CudaKvScores::store_head_layout(State& st, std::vector<int32_t> head_kept, int32_t compacted_length,
+                                       cudaStream_t stream) {
+  const size_t bytes = head_kept.size() * sizeof(int32_t);
+  if (bytes > 0) {
+    if (st.head_kept_device.bytes() < bytes) {
+      PAGODA_ASSIGN_OR_RETURN(st.head_kept_device, DeviceBuffer::allocate(bytes));
+    }
+    // Pageable source: staged before the call returns, so the host vector may change afterwards.
+    PAGODA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(st.head_kept_device.data(), head_kept.data(), bytes, cudaMemcpyHostToDevice, stream));
+  }
+  st.head_kept = std::move(head_kept);
+  st.compacted_length = compacted_length;
+  return ok_status();
+}
+
+Status CudaKvScores::set_head_layout(int64_t kv_state, const HeadLayout& layout, cudaStream_t stream) {
+  const size_t heads = static_cast<size_t>(num_layers_) * static_cast<size_t>(num_kv_heads_);
+  if (layout.head_kept.size() != heads)
+    return invalid_argument_error("kv scores: a head layout of {} kept counts for {} heads", layout.head_kept.size(),
+                                  heads);
+  for (int32_t k : layout.head_kept)
+    if (k < 0 || k > layout.compacted_length)
+      return invalid_argument_error("kv scores: kept count {} outside [0, {}]", k, layout.compacted_length);
+  auto [it, fresh] = states_.try_emplace(kv_state);
+  if (fresh) PAGODA_RETURN_IF_ERROR(reset(it->second, stream));
+  PAGODA_RETURN_IF_ERROR(store_head_layout(it->second, layout.head_kept, layout.compacted_length, stream));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return ok_status();
+}
+
 Status CudaKvScores::upload(int64_t kv_state, const HostScores& in, int32_t length, cudaStream_t stream) {
   const size_t heads = static_cast<size_t>(num_layers_) * static_cast<size_t>(num_kv_heads_);
   if (length < 0 || in.mass.size() != heads * static_cast<size_t>(length) || in.entropy_sum.size() != heads)
@@ -303,9 +371,7 @@ Status CudaKvScores::compact_heads(const runtime::KvCompaction& c, CudaKvPool& p
       cudaMemsetAsync(st.mass.data(), 0, nheads * static_cast<size_t>(st.capacity) * sizeof(float), stream));
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(st.entropy.data(), 0, nheads * sizeof(double), stream));
   st.entropy_count = 0;
-  st.head_kept = std::move(new_kept);
-  st.compacted_length = c.new_length;
-  return ok_status();
+  return store_head_layout(st, std::move(new_kept), c.new_length, stream);
 }
 
 Status CudaKvScores::compact(const runtime::KvCompaction& c, CudaKvPool& pool, DeviceBuffer& moves_buffer,

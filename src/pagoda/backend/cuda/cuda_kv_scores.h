@@ -51,6 +51,21 @@ class CudaKvScores {
   Status prepare(const ForwardBatch& batch, int64_t table_stride, cudaStream_t stream, int32_t graph_slots = 0,
                  int32_t graph_capacity = 0);
   bool active() const { return num_items_ > 0; }
+  // The step's per-head holes for the attention (AttentionDescriptor::
+  // hole_begin / hole_end): true when some sequence of `batch` has a per-head
+  // layout (head_layout), and then hole_begin(l) ([sequence][kv_head] of layer
+  // l, one row per batch sequence, 0 for sequences without) and hole_end()
+  // ([sequence]) point to device arrays uploaded on `stream`, valid until the
+  // next call. Call before prepare() (a slice with kv_state_reset counts as
+  // having none). The attention kernels that skip holes: the builtin
+  // paged_attention (any step) and the fast attention's CUDA-core decode.
+  StatusOr<bool> prepare_holes(const ForwardBatch& batch, cudaStream_t stream);
+  const int32_t* hole_begin(int32_t layer) const {
+    return holes_.as<int32_t>() + static_cast<int64_t>(layer) * holes_sequences_ * num_kv_heads_;
+  }
+  const int32_t* hole_end() const {
+    return holes_.as<int32_t>() + static_cast<int64_t>(num_layers_) * holes_sequences_ * num_kv_heads_;
+  }
   // Layer l's scores of the prepared step (q: the layer's rows after RoPE).
   // In a graph step its launch covers all graph_slots items.
   Status score_layer(int32_t layer, const bf16* q, int64_t q_row_stride, float scale, const DevicePagedKvLayer& kv,
@@ -76,6 +91,10 @@ class CudaKvScores {
     int32_t compacted_length = 0;
   };
   HeadLayout head_layout(int64_t kv_state) const;
+  // Sets a state's layout (made if missing) as a per-head compaction would
+  // (tests: the scoring pass over holes). Errors: kInvalidArgument for a
+  // layout of the wrong size or a kept count outside [0, compacted_length].
+  Status set_head_layout(int64_t kv_state, const HeadLayout& layout, cudaStream_t stream);
   void release(int64_t kv_state) { states_.erase(kv_state); }
   size_t num_states() const { return states_.size(); }
 
@@ -99,7 +118,9 @@ class CudaKvScores {
     int64_t entropy_count = 0;  // query heads summed into each entropy entry
     std::vector<int32_t> head_kept;  // per-head compactions: kept per (layer, KV head); else empty
     int32_t compacted_length = 0;
+    DeviceBuffer head_kept_device;   // its device copy, which the scoring pass reads
   };
+  Status store_head_layout(State& st, std::vector<int32_t> head_kept, int32_t compacted_length, cudaStream_t stream);
   Status compact_heads(const runtime::KvCompaction& compaction, CudaKvPool& pool, DeviceBuffer& moves_buffer,
                        cudaStream_t stream);
   Status reset(State& st, cudaStream_t stream);
@@ -127,6 +148,9 @@ class CudaKvScores {
   DeviceBuffer kept_;
   DeviceBuffer new_mass_;
   DeviceBuffer tables_;
+  DeviceBuffer holes_;          // prepare_holes: [layers][sequences][kv_heads] hole begins, then [sequences] ends
+  std::vector<int32_t> holes_host_;
+  int64_t holes_sequences_ = 0;
   DeviceBuffer head_rows_;  // per-head compactions: the heads' KvSelectHead rows, then their kept counts
   int32_t num_items_ = 0;
 };
