@@ -14,8 +14,10 @@
 //    (h2o unpooled, snapkv pooled, up to 32K + 256 candidates), and its time
 //    at the Llama-3-8B shape is printed next to the host's;
 //  - pyramidkv and entropy (per-head budgets): their compactions (CudaKvScores, kv_select_kept_heads)
-//    write the CPU's bytes and kept counts per head, twice in a row (holes skipped); the runner and
-//    the engine still refuse them by name (the attention kernels do not skip holes yet).
+//    write the CPU's bytes and kept counts per head, twice in a row (holes skipped); the CUDA-core
+//    decode and the scoring pass skip holes as the CPU does; through the engine (with
+//    CudaRunnerOptions::kv_head_budgets) full budget gives none's tokens and a budget the CPU's;
+//    without the option the runner and the engine refuse them by name.
 
 #include <algorithm>
 #include <chrono>

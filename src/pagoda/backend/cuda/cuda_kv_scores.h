@@ -12,9 +12,11 @@
 // Per-head budgets (pyramidkv, entropy) are compacted here too, in the CPU's
 // layout (runtime/kv_compression.h: head (l, h) keeps its kept[l][h] tokens at
 // the front of the compacted region, holes after them), and the state
-// remembers each head's kept count (head_layout). The CUDA attention kernels
-// do not skip holes yet, so CudaModelRunner still refuses those policies: only
-// this class's callers (tests) compact with them.
+// remembers each head's kept count (head_layout); prepare_holes hands a
+// step's holes to the attention (the builtin kernel and the fast attention's
+// CUDA-core decode skip them) and the scoring pass skips them too.
+// CudaModelRunner runs those policies only with
+// CudaRunnerOptions::kv_head_budgets (off by default).
 //
 // Thread safety: the runner's thread only.
 
