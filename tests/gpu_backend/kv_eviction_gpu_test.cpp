@@ -978,6 +978,39 @@ void check_hole_decode(DType dtype, int32_t head_dim, int32_t block_size, int32_
   EXPECT_EQ(bad, 0) << "outputs off the CPU's; worst abs error " << worst;
   std::printf("[holes] %s D %d bs %d q heads %d: worst abs error %.2e\n", std::string(dtype_name(dtype)).c_str(),
               head_dim, block_size, q_heads, worst);
+  // The builtin kernel (paged_attention.cu: steps the fast attention does not take) with the same holes.
+  {
+    const int32_t n = static_cast<int32_t>(seqs.size());
+    int32_t stride = 0;
+    for (const auto& t : tables) stride = std::max(stride, static_cast<int32_t>(t.size()));
+    std::vector<int32_t> flat(static_cast<size_t>(n) * stride, 0), token_sequence, kv_begin, kv_end;
+    for (int32_t i = 0; i < n; ++i) {
+      std::copy(tables[static_cast<size_t>(i)].begin(), tables[static_cast<size_t>(i)].end(),
+                flat.begin() + static_cast<ptrdiff_t>(i) * stride);
+      token_sequence.push_back(i);
+      kv_begin.push_back(0);
+      kv_end.push_back(seqs[static_cast<size_t>(i)].length);
+    }
+    const DeviceBuffer flat_dev = upload(flat), ts = upload(token_sequence), kb = upload(kv_begin), ke = upload(kv_end);
+    DeviceAttentionPlan builtin{ts.as<int32_t>(), kb.as<int32_t>(), ke.as<int32_t>(), flat_dev.as<int32_t>(), stride, n};
+    builtin.hole_begin = hb.as<int32_t>();
+    builtin.hole_end = he.as<int32_t>();
+    ASSERT_EQ(paged_attention(q_dev.as<bf16>(), static_cast<int64_t>(q_width), dl, builtin, q_heads, scale,
+                              out->as<bf16>(), nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(got.data(), out->data(), got.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost), cudaSuccess);
+    double worst_builtin = 0.0;
+    int bad_builtin = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float g = from_bf16_bits(got[i]);
+      ASSERT_TRUE(std::isfinite(g)) << "builtin, element " << i << ": a hole was read";
+      const double err = std::abs(static_cast<double>(g) - want[i]);
+      worst_builtin = std::max(worst_builtin, err);
+      bad_builtin += err > 1e-2 + 1e-2 * std::abs(want[i]);
+    }
+    EXPECT_EQ(bad_builtin, 0) << "builtin outputs off the CPU's; worst abs error " << worst_builtin;
+  }
   // A prefill kernel does not skip holes: refused.
   if (dtype == DType::kBF16) {
     kc::AttentionDescriptor p = d;
