@@ -21,15 +21,9 @@ echo "== binaries of $(cat "$here/bundle/commit"); $(date -u +%FT%TZ); $(nvidia-
 timeout 40 "$B" cuda_ops_tests --gtest_filter='*Gemv*:-GemvSpeed.*' > "$out/ops.log" 2>&1
 echo "== cuda_ops_tests exit $? ($((SECONDS - start)) s)"
 grep -E "^\[  (PASSED|FAILED)|FAILED|Failure|Expected|Which is|Trace|kernel$" "$out/ops.log" | head -30
-PAGODA_GEMV_STREAM_FP8_ROWS=8 timeout 30 "$B" cuda_ops_tests --gtest_filter='*GemvTest*Fp8*' > "$out/ops8.log" 2>&1
-echo "== cuda_ops_tests fp8 with 8-row streamed groups exit $? ($((SECONDS - start)) s)"
-grep -E "^\[  (PASSED|FAILED)|FAILED|Failure" "$out/ops8.log" | head -10
 timeout 40 "$B" cuda_ops_tests --gtest_filter='GemvSpeed.*' > "$out/speed.log" 2>&1
 echo "== GemvSpeed exit $? ($((SECONDS - start)) s)"
 grep -E "gemv-speed" "$out/speed.log" | sed -E 's/ +/ /g'
-PAGODA_GEMV_STREAM_FP8_ROWS=8 timeout 40 "$B" cuda_ops_tests --gtest_filter='GemvSpeed.*' > "$out/speed8.log" 2>&1
-echo "== GemvSpeed, streamed fp8 at 1-2 rows in 8-row groups, exit $? ($((SECONDS - start)) s)"
-grep -E "gemv-speed" "$out/speed8.log" | grep -E "m=[12] " | sed -E 's/ +/ /g; s/\| bf16.*\| fp8/| fp8/'
 engine() {  # engine LABEL LIMIT KERNEL PDL ARGS...
   local label=$1 limit=$2 kernel=$3 pdl=$4; shift 4
   [ "$(left)" -lt "$limit" ] && limit=$(left)

@@ -15,7 +15,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <type_traits>
 #include <utility>
 
 #include <cuda_bf16.h>
@@ -236,7 +235,7 @@ __device__ __forceinline__ void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
-template <int M, bool kFp8, typename Out, int kR = kGemvRowsPerBlock>
+template <int M, bool kFp8, typename Out, int kR = rows_per_block<M, kFp8>()>
 __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(const __nv_bfloat16* __restrict__ x,
                                                                const uint8_t* __restrict__ w,
                                                                const float* __restrict__ scales, int32_t block_stride,
@@ -390,19 +389,19 @@ __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(const __nv_bfloat
   copy_async_wait<0>();
 }
 
-template <int M, bool kFp8, typename Out, int kR = kGemvRowsPerBlock>
+template <int M, bool kFp8, typename Out>
 bool set_stream_shared_limit() {
-  return cudaFuncSetAttribute(gemv_stream_kernel<M, kFp8, Out, kR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  return cudaFuncSetAttribute(gemv_stream_kernel<M, kFp8, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               static_cast<int>(stream_shared_bytes<M, kFp8>())) == cudaSuccess;
 }
 
 // Blocks of one instantiation that fit on an SM at once: queried once (after its shared memory limit was
 // raised on the current device), the same on every device of the machine's kind.
-template <int M, bool kFp8, typename Out, int kR = kGemvRowsPerBlock>
+template <int M, bool kFp8, typename Out>
 int stream_blocks_per_sm() {
   static const int blocks = [] {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv_stream_kernel<M, kFp8, Out, kR>, kThreads,
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv_stream_kernel<M, kFp8, Out>, kThreads,
                                                       stream_shared_bytes<M, kFp8>()) != cudaSuccess)
       return 0;
     return b;
@@ -431,10 +430,8 @@ bool prepare_stream_kernels() {
     const bool a = prepare_all<false, __nv_bfloat16>(rows);
     const bool b = prepare_all<false, float>(rows);
     const bool c = prepare_all<true, __nv_bfloat16>(rows);
-    const bool d = set_stream_shared_limit<1, true, __nv_bfloat16, 8>() && set_stream_shared_limit<2, true, __nv_bfloat16, 8>() &&
-                   stream_blocks_per_sm<1, true, __nv_bfloat16, 8>() > 0 && stream_blocks_per_sm<2, true, __nv_bfloat16, 8>() > 0;
     done |= bit;
-    if (a && b && c && d) ok |= bit;
+    if (a && b && c) ok |= bit;
     else cudaGetLastError();  // not sticky: clear it
   }
   return (ok & bit) != 0;
@@ -456,45 +453,24 @@ GemvKernel resolve(GemvKernel kernel) {
   return from_env;
 }
 
-// Rows per group of the streamed fp8 kernel at 1-2 activation rows: 4 (the default: finer groups balance
-// the persistent grid) or 8 (PAGODA_GEMV_STREAM_FP8_ROWS=8, the direct kernel's choice; for comparison).
-bool stream_fp8_wide() {
-  static const bool wide = [] {
-    const char* env = std::getenv("PAGODA_GEMV_STREAM_FP8_ROWS");
-    return env != nullptr && std::strcmp(env, "8") == 0;
-  }();
-  return wide;
-}
-
-template <int M, bool kFp8, typename Out, int kR>
-cudaError_t launch_stream(const __nv_bfloat16* x, const uint8_t* w, const float* scales, int32_t block_stride,
-                          int32_t n, int32_t k, Out* y, cudaStream_t stream) {
-  const int32_t groups = (n + kR - 1) / kR;
-  const int per_sm = stream_blocks_per_sm<M, kFp8, Out, kR>();
-  const int sms = device_sms();
-  if (per_sm <= 0 || sms <= 0) return cudaErrorNotReady;  // the caller runs the direct kernel
-  const int32_t resident = per_sm * sms;
-  const int32_t rounds = (groups + resident - 1) / resident;
-  const int32_t blocks = (groups + rounds - 1) / rounds;
-  return launch_pdl(gemv_stream_kernel<M, kFp8, Out, kR>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads),
-                    stream_shared_bytes<M, kFp8>(), stream, x, w, scales, block_stride, n, k, y);
-}
-
 template <int M, bool kFp8, typename Out>
 cudaError_t launch_m(GemvKernel kernel, const __nv_bfloat16* x, const uint8_t* w, const float* scales,
                      int32_t block_stride, int32_t n, int32_t k, Out* y, cudaStream_t stream) {
-  if (kernel == GemvKernel::kStreamed) {
-    cudaError_t e;
-    if constexpr (kFp8 && M <= 2 && std::is_same_v<Out, __nv_bfloat16>) {
-      e = stream_fp8_wide() ? launch_stream<M, kFp8, Out, 8>(x, w, scales, block_stride, n, k, y, stream)
-                            : launch_stream<M, kFp8, Out, kGemvRowsPerBlock>(x, w, scales, block_stride, n, k, y, stream);
-    } else {
-      e = launch_stream<M, kFp8, Out, kGemvRowsPerBlock>(x, w, scales, block_stride, n, k, y, stream);
-    }
-    if (e != cudaErrorNotReady) return e;
-  }
   constexpr int kR = rows_per_block<M, kFp8>();
   const int32_t groups = (n + kR - 1) / kR;
+  if (kernel == GemvKernel::kStreamed) {
+    constexpr size_t shared = stream_shared_bytes<M, kFp8>();
+    const int per_sm = stream_blocks_per_sm<M, kFp8, Out>();
+    const int sms = device_sms();
+    if (per_sm > 0 && sms > 0) {
+      const int32_t resident = per_sm * sms;
+      const int32_t rounds = (groups + resident - 1) / resident;
+      const int32_t blocks = (groups + rounds - 1) / rounds;
+      return launch_pdl(gemv_stream_kernel<M, kFp8, Out>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), shared,
+                        stream, x, w, scales, block_stride, n, k, y);
+    }
+    // No SM count: the direct kernel needs none.
+  }
   return launch_pdl(gemv_kernel<M, kFp8, Out>, dim3(static_cast<unsigned>(groups)), dim3(kThreads), 0, stream, x, w,
                     scales, block_stride, n, k, y);
 }
