@@ -2,8 +2,7 @@
 // weights with per-channel, per-tensor and 128x128 block scales, dequantized on the CPU) and against the
 // cuBLASLt GEMM it replaces at decode sizes, at the Llama-3-8B shapes and at odd sizes (n not a multiple of
 // the block's rows, k of one chunk, k off the 128-column blocks); the launch contract (unsupported shapes are
-// refused, not run); then weight-read bandwidth against cuBLASLt at m = 1, 2, 3, 4, 8 (printed; no bound).
-// Both kernels (gemv.h GemvKernel: streamed, direct) are checked, the streamed one also run to run bit for bit.
+// refused, not run); then weight-read bandwidth against cuBLASLt at m = 1, 2, 4, 8 (printed; no bound).
 // Bound: f32 summation order plus one bf16 rounding of the output.
 
 #include <algorithm>
@@ -70,38 +69,23 @@ TEST_P(GemvTest, Bf16MatchesTheCpuReferenceAndTheGemm) {
   auto d_gemm = DeviceBuffer::allocate(want.size() * 2);
   ASSERT_TRUE(d_y.ok() && d_y32.ok() && d_gemm.ok());
   ASSERT_TRUE(gemv_supported(c.m, c.k, false, d_x.data(), d_w.data()));
+  ASSERT_EQ(gemv_bf16(d_x.as<__nv_bfloat16>(), c.m, d_w.as<__nv_bfloat16>(), c.n, c.k, d_y->data(), false, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(gemv_bf16(d_x.as<__nv_bfloat16>(), c.m, d_w.as<__nv_bfloat16>(), c.n, c.k, d_y32->data(), true, nullptr),
+            cudaSuccess);
   auto gemm = Gemm::create();
   ASSERT_TRUE(gemm.ok());
   const Status s = (*gemm)->linear(d_x.as<__nv_bfloat16>(), c.m, d_w.as<__nv_bfloat16>(), c.n, c.k, d_gemm->data(),
                                    GemmOutput::kBF16, nullptr);
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> got = from_bf16_bits(to_host<uint16_t>(*d_y, want.size()));
+  const std::vector<float> got32 = to_host<float>(*d_y32, want.size());
   const std::vector<float> cublas = from_bf16_bits(to_host<uint16_t>(*d_gemm, want.size()));
-  std::vector<float> first32;
-  for (GemvKernel kernel : {GemvKernel::kDirect, GemvKernel::kStreamed}) {
-    SCOPED_TRACE(kernel == GemvKernel::kDirect ? "direct kernel" : "streamed kernel");
-    for (int rep = 0; rep < 2; ++rep) {
-      cudaMemset(d_y->data(), 0xff, d_y->bytes());  // NaN: a column left unwritten fails
-      cudaMemset(d_y32->data(), 0xff, d_y32->bytes());
-      ASSERT_EQ(gemv_bf16(d_x.as<__nv_bfloat16>(), c.m, d_w.as<__nv_bfloat16>(), c.n, c.k, d_y->data(), false, nullptr,
-                          kernel),
-                cudaSuccess);
-      ASSERT_EQ(gemv_bf16(d_x.as<__nv_bfloat16>(), c.m, d_w.as<__nv_bfloat16>(), c.n, c.k, d_y32->data(), true, nullptr,
-                          kernel),
-                cudaSuccess);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const std::vector<float> got = from_bf16_bits(to_host<uint16_t>(*d_y, want.size()));
-      const std::vector<float> got32 = to_host<float>(*d_y32, want.size());
-      EXPECT_LE(worst_error_ratio(got, want, bound_abs(c), 1.0 / 128), 1.0);
-      EXPECT_LE(worst_error_ratio(got32, want, bound_abs(c), 1e-5), 1.0);
-      // Against cuBLASLt: both round to bf16 once, so two roundings apart at most.
-      EXPECT_LE(worst_error_ratio(got, cublas, 2 * bound_abs(c), 2.0 / 128), 1.0);
-      if (kernel == GemvKernel::kStreamed && rep == 0) first32 = got32;
-      if (kernel == GemvKernel::kStreamed && rep == 1) {
-        EXPECT_EQ(got32, first32) << "not deterministic";
-      }
-    }
-  }
+  EXPECT_LE(worst_error_ratio(got, want, bound_abs(c), 1.0 / 128), 1.0);
+  EXPECT_LE(worst_error_ratio(got32, want, bound_abs(c), 1e-5), 1.0);
+  // Against cuBLASLt: both round to bf16 once, so two roundings apart at most.
+  EXPECT_LE(worst_error_ratio(got, cublas, 2 * bound_abs(c), 2.0 / 128), 1.0);
 }
 
 enum class ScaleKind { kChannel, kTensor, kBlock128 };
@@ -156,19 +140,15 @@ void fp8_case(const GemvCase& c, ScaleKind kind) {
   auto d_y = DeviceBuffer::allocate(want.size() * 2);
   ASSERT_TRUE(d_y.ok());
   ASSERT_TRUE(gemv_supported(c.m, c.k, true, d_x.data(), d_w.data()));
+  ASSERT_EQ(gemv_fp8(d_x.as<__nv_bfloat16>(), c.m, d_w.as<uint8_t>(), d_s.as<float>(), block_stride, c.n, c.k,
+                     d_y->as<__nv_bfloat16>(), nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> got = from_bf16_bits(to_host<uint16_t>(*d_y, want.size()));
   double max_want = 0.0;
   for (float v : want) max_want = std::max(max_want, static_cast<double>(std::fabs(v)));
   EXPECT_GT(max_want, 0.1);  // the case is not trivially zero
-  for (GemvKernel kernel : {GemvKernel::kDirect, GemvKernel::kStreamed}) {
-    SCOPED_TRACE(kernel == GemvKernel::kDirect ? "direct kernel" : "streamed kernel");
-    cudaMemset(d_y->data(), 0xff, d_y->bytes());  // NaN: a column left unwritten fails
-    ASSERT_EQ(gemv_fp8(d_x.as<__nv_bfloat16>(), c.m, d_w.as<uint8_t>(), d_s.as<float>(), block_stride, c.n, c.k,
-                       d_y->as<__nv_bfloat16>(), nullptr, kernel),
-              cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<float> got = from_bf16_bits(to_host<uint16_t>(*d_y, want.size()));
-    EXPECT_LE(worst_error_ratio(got, want, bound_abs(c), 1.0 / 128), 1.0);
-  }
+  EXPECT_LE(worst_error_ratio(got, want, bound_abs(c), 1.0 / 128), 1.0);
 }
 
 TEST_P(GemvTest, Fp8ChannelScalesMatchTheDequantizedReference) {
@@ -274,31 +254,23 @@ TEST(GemvSpeed, Llama3_8BShapes) {
     const std::vector<float> scales(static_cast<size_t>(s.n), 1.0f / 448.0f);
     cudaMemcpy(ws->data(), scales.data(), ws->bytes(), cudaMemcpyHostToDevice);
     const bool head = s.n == 128256;
-    for (int32_t m : {1, 2, 3, 4, 8}) {
+    for (int32_t m : {1, 2, 4, 8}) {
       int i16 = 0, i8 = 0;
       auto w16_next = [&] { return w16->as<__nv_bfloat16>() + static_cast<size_t>(i16++ % copies16) * (bytes16 / 2); };
       auto w8_next = [&] { return w8->as<uint8_t>() + static_cast<size_t>(i8++ % copies8) * bytes8; };
       Status status = ok_status();
       const double gemv16 = time_us([&] {
-        gemv_bf16(x16->as<__nv_bfloat16>(), m, w16_next(), s.n, s.k, y->data(), head, nullptr, GemvKernel::kStreamed);
-      }, 40);
-      const double direct16 = time_us([&] {
-        gemv_bf16(x16->as<__nv_bfloat16>(), m, w16_next(), s.n, s.k, y->data(), head, nullptr, GemvKernel::kDirect);
+        gemv_bf16(x16->as<__nv_bfloat16>(), m, w16_next(), s.n, s.k, y->data(), head, nullptr);
       }, 40);
       const double cublas16 = time_us([&] {
         status = (*bf16)->linear(x16->as<__nv_bfloat16>(), m, w16_next(), s.n, s.k, y->data(),
                                  head ? GemmOutput::kF32 : GemmOutput::kBF16, nullptr);
       }, 40);
       ASSERT_TRUE(status.ok()) << status.to_string();
-      double gemv8 = 0.0, direct8 = 0.0, cublas8 = 0.0, quantize = 0.0;
+      double gemv8 = 0.0, cublas8 = 0.0, quantize = 0.0;
       if (have_fp8 && !head) {
         gemv8 = time_us([&] {
-          gemv_fp8(x16->as<__nv_bfloat16>(), m, w8_next(), ws->as<float>(), 0, s.n, s.k, y->as<__nv_bfloat16>(), nullptr,
-                   GemvKernel::kStreamed);
-        }, 40);
-        direct8 = time_us([&] {
-          gemv_fp8(x16->as<__nv_bfloat16>(), m, w8_next(), ws->as<float>(), 0, s.n, s.k, y->as<__nv_bfloat16>(), nullptr,
-                   GemvKernel::kDirect);
+          gemv_fp8(x16->as<__nv_bfloat16>(), m, w8_next(), ws->as<float>(), 0, s.n, s.k, y->as<__nv_bfloat16>(), nullptr);
         }, 40);
         quantize = time_us([&] {
           quantize_fp8_per_token(x16->as<__nv_bfloat16>(), m, s.k, x8->as<uint8_t>(), xs->as<float>(), nullptr);
@@ -311,12 +283,11 @@ TEST(GemvSpeed, Llama3_8BShapes) {
       }
       ASSERT_EQ(cudaGetLastError(), cudaSuccess);
       auto gbs = [](size_t b, double us) { return us > 0 ? static_cast<double>(b) / (us * 1e3) : 0.0; };
-      std::printf("gemv-speed %-8s m=%d n=%6d k=%5d | bf16: gemv %7.1f us %6.0f GB/s (direct %7.1f us %6.0f GB/s), "
-                  "cublas %7.1f us %6.0f GB/s (%.2fx) | fp8: gemv %7.1f us %6.0f GB/s (direct %7.1f us %6.0f GB/s), "
-                  "cublas %7.1f us %6.0f GB/s (+quantize %.1f us) (%.2fx)\n",
-                  s.name, m, s.n, s.k, gemv16, gbs(bytes16, gemv16), direct16, gbs(bytes16, direct16), cublas16,
-                  gbs(bytes16, cublas16), cublas16 / gemv16, gemv8, gbs(bytes8, gemv8), direct8, gbs(bytes8, direct8),
-                  cublas8, gbs(bytes8, cublas8), quantize, gemv8 > 0 ? (cublas8 + quantize) / gemv8 : 0.0);
+      std::printf("gemv-speed %-8s m=%d n=%6d k=%5d | bf16: gemv %7.1f us %6.0f GB/s, cublas %7.1f us %6.0f GB/s "
+                  "(%.2fx) | fp8: gemv %7.1f us %6.0f GB/s, cublas %7.1f us %6.0f GB/s (+quantize %.1f us) (%.2fx)\n",
+                  s.name, m, s.n, s.k, gemv16, gbs(bytes16, gemv16), cublas16, gbs(bytes16, cublas16),
+                  cublas16 / gemv16, gemv8, gbs(bytes8, gemv8), cublas8, gbs(bytes8, cublas8), quantize,
+                  gemv8 > 0 ? (cublas8 + quantize) / gemv8 : 0.0);
     }
   }
 }

@@ -102,7 +102,6 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
 
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   PAGODA_ASSIGN_OR_RETURN(gemm_, Gemm::create());
-  PAGODA_CUDA_RETURN_IF_ERROR(gemv_prepare());  // before any capture: the GEMV's per-device setup
   int32_t gemv_rows = options_.gemv_max_rows;
   if (const char* env = std::getenv("PAGODA_GEMV_MAX_ROWS"); env != nullptr && *env != '\0') {
     char* end = nullptr;

@@ -1,21 +1,12 @@
 // Weight-streaming GEMV for m <= kGemvMaxRows rows (gemv.h).
 //
-// A block of kThreads threads owns kGemvRowsPerBlock consecutive weight rows at a time (a row group: output
-// columns; fp8 at 1-2 activation rows: twice as many). Each thread walks the 16-byte chunks c = tid,
-// tid + kThreads, ... of those rows and multiplies each chunk against the matching activations of all m
-// rows (read through L1/L2: every block reads the same x). Partial sums are reduced with warp shuffles, then
-// across warps in shared memory. Two kernels share this layout (GemvKernel):
-// - gemv_kernel (direct): one block per row group, weights loaded into registers two chunks per row per trip
-//   with loads that skip L1;
-// - gemv_stream_kernel (streamed, the default): a persistent grid, weights copied into shared memory by
-//   cp.async several trips ahead of their use, across row groups, so the stream never drains between blocks.
-// Both are launched with programmatic dependent launch (pdl.cuh): the first weight loads run ahead of the
-// PDL wait.
-
-#include <cstdlib>
-#include <cstring>
-#include <mutex>
-#include <utility>
+// A block of kThreads threads owns kGemvRowsPerBlock consecutive weight rows (output columns; fp8 at 1-2
+// activation rows: twice as many). Each thread walks the 16-byte chunks c = tid, tid + kThreads, ... of
+// those rows, two chunks per trip so every thread keeps 2 x rows-per-block 128-bit weight loads in flight,
+// and multiplies each chunk against the matching activations of all m rows (read through L1/L2: every
+// block reads the same x). Partial sums are reduced with warp shuffles, then across warps in shared memory.
+// Weight loads skip L1 (read once). Launched with programmatic dependent launch (pdl.cuh): the first trip's
+// weight loads run ahead of the PDL wait.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -206,284 +197,15 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __nv_bfloat16* __r
   }
 }
 
-// The streamed kernel: the same block layout and arithmetic, but the weights travel through shared memory
-// by cp.async (16 bytes per copy, L2 only), kStreamStages trips of kStreamLoads copies per thread deep, so
-// a thread keeps (kStreamStages - 1) x kStreamLoads x 16 bytes in flight without holding them in registers.
-// Each thread reads back only the slots it filled itself (cp.async.wait_group makes a thread's own copies
-// visible to it), so the pipeline needs no block barrier. The grid is persistent: at most the blocks that
-// fit on the SMs at once, each taking row groups blockIdx.x, blockIdx.x + gridDim.x, ... and prefetching
-// the next group's weights while it finishes the current one, so the weight stream does not drain between
-// waves of short blocks; the grid size divides the groups as evenly as it can.
-constexpr int kStreamStages = 4;
-constexpr int kStreamLoads = 8;  // 16-byte copies per thread per trip: kR rows x kStreamLoads / kR chunks
-
-template <int M, bool kFp8>
-constexpr size_t stream_shared_bytes() {
-  return static_cast<size_t>(kThreads) * kStreamStages * kStreamLoads * 16;
-}
-
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void copy_async16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void copy_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-}
-
-template <int M, bool kFp8, typename Out, int kR = rows_per_block<M, kFp8>()>
-__global__ void __launch_bounds__(kThreads) gemv_stream_kernel(const __nv_bfloat16* __restrict__ x,
-                                                               const uint8_t* __restrict__ w,
-                                                               const float* __restrict__ scales, int32_t block_stride,
-                                                               int32_t n, int32_t k, Out* __restrict__ y) {
-  constexpr int kElems = kFp8 ? 16 : 8;
-  constexpr int kRowBytesPerElem = kFp8 ? 1 : 2;
-  constexpr int kU = kStreamLoads / kR;  // chunks per row per trip
-  static_assert(kU >= 1 && kU * kR == kStreamLoads, "a trip is kStreamLoads copies");
-  extern __shared__ uint4 stage[];  // [kStreamStages][kStreamLoads][kThreads]
-  const int tid = static_cast<int>(threadIdx.x);
-  const int32_t chunks = k / kElems;
-  const int32_t groups = (n + kR - 1) / kR;
-  const int32_t trips_per_group = (chunks + kThreads * kU - 1) / (kThreads * kU);
-  const int32_t my_groups = (groups - static_cast<int32_t>(blockIdx.x) + static_cast<int32_t>(gridDim.x) - 1) /
-                            static_cast<int32_t>(gridDim.x);
-  const int32_t trips = my_groups * trips_per_group;
-  const uint32_t stage_base = shared_address(stage);
-
-  // Issues trip t's copies into stage t % kStreamStages (a trip past the end commits an empty group, which
-  // keeps the group count and so the wait arithmetic uniform).
-  auto issue = [&](int32_t t) {
-    if (t < trips) {
-      const int32_t g = static_cast<int32_t>(blockIdx.x) + (t / trips_per_group) * static_cast<int32_t>(gridDim.x);
-      const int32_t c_base = (t % trips_per_group) * kThreads * kU + tid;
-      const uint32_t slot0 = stage_base + static_cast<uint32_t>(((t % kStreamStages) * kStreamLoads) * kThreads + tid) * 16u;
-#pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        const int32_t row = min(g * kR + r, n - 1);
-        const uint4* wr = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(row) * k * kRowBytesPerElem);
-#pragma unroll
-        for (int j = 0; j < kU; ++j) {
-          const int32_t c = c_base + j * kThreads;
-          if (c < chunks) copy_async16(slot0 + static_cast<uint32_t>((j * kR + r) * kThreads) * 16u, wr + c);
-        }
-      }
-    }
-    copy_async_commit();
-  };
-
-  float acc[M][kR];
-#pragma unroll
-  for (int m = 0; m < M; ++m)
-#pragma unroll
-    for (int r = 0; r < kR; ++r) acc[m][r] = 0.0f;
-
-  // The first stages' weight copies depend on no earlier kernel: issued before the PDL wait (pdl.cuh).
-#pragma unroll
-  for (int t = 0; t < kStreamStages - 1; ++t) issue(t);
-  pdl_wait();
-  pdl_launch_dependents();
-
-  __shared__ float partial[kWarps][M * kR];
-  const int lane = tid % 32, warp = tid / 32;
-  for (int32_t t = 0; t < trips; ++t) {
-    copy_async_wait<kStreamStages - 2>();
-    const int32_t g = static_cast<int32_t>(blockIdx.x) + (t / trips_per_group) * static_cast<int32_t>(gridDim.x);
-    const int32_t c_base = (t % trips_per_group) * kThreads * kU + tid;
-    const uint4* slots = stage + (t % kStreamStages) * kStreamLoads * kThreads + tid;
-#pragma unroll
-    for (int j = 0; j < kU; ++j) {
-      const int32_t c = c_base + j * kThreads;
-      if (c >= chunks) continue;
-      uint4 wc[kR];
-#pragma unroll
-      for (int r = 0; r < kR; ++r) wc[r] = slots[(j * kR + r) * kThreads];
-      // Block scales of this chunk's rows (rows of a group may straddle a 128-row block).
-      float sr[kR];
-#pragma unroll
-      for (int r = 0; r < kR; ++r)
-        sr[r] = (kFp8 && block_stride > 0)
-                    ? __ldg(scales + static_cast<int64_t>(min(g * kR + r, n - 1) / 128) * block_stride + (c * kElems) / 128)
-                    : 1.0f;
-      if constexpr (kR > kGemvRowsPerBlock) {
-        float xf[M][kElems];
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-          const uint4* xr = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(m) * k + static_cast<int64_t>(c) * kElems);
-          bf16x8_to_float(__ldg(xr), xf[m]);
-          if constexpr (kFp8) bf16x8_to_float(__ldg(xr + 1), xf[m] + 8);
-        }
-#pragma unroll
-        for (int r = 0; r < kR; ++r) {
-          float wf[kElems];
-          if constexpr (kFp8) {
-            fp8x16_to_float(wc[r], wf);
-          } else {
-            bf16x8_to_float(wc[r], wf);
-          }
-#pragma unroll
-          for (int m = 0; m < M; ++m) {
-            float dot = 0.0f;
-#pragma unroll
-            for (int e = 0; e < kElems; ++e) dot = fmaf(xf[m][e], wf[e], dot);
-            acc[m][r] = fmaf(dot, sr[r], acc[m][r]);
-          }
-        }
-      } else {
-        float wf[kR][kElems];
-#pragma unroll
-        for (int r = 0; r < kR; ++r) {
-          if constexpr (kFp8) {
-            fp8x16_to_float(wc[r], wf[r]);
-          } else {
-            bf16x8_to_float(wc[r], wf[r]);
-          }
-        }
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-          float xf[kElems];
-          const uint4* xr = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(m) * k + static_cast<int64_t>(c) * kElems);
-          bf16x8_to_float(__ldg(xr), xf);
-          if constexpr (kFp8) bf16x8_to_float(__ldg(xr + 1), xf + 8);
-#pragma unroll
-          for (int r = 0; r < kR; ++r) {
-            float dot = 0.0f;
-#pragma unroll
-            for (int e = 0; e < kElems; ++e) dot = fmaf(xf[e], wf[r][e], dot);
-            acc[m][r] = fmaf(dot, sr[r], acc[m][r]);
-          }
-        }
-      }
-    }
-    // Refill the stage consumed one trip ago (every thread is past it: its own slots only).
-    issue(t + kStreamStages - 1);
-    if (t % trips_per_group == trips_per_group - 1) {  // the group is done: reduce and store it
-#pragma unroll
-      for (int m = 0; m < M; ++m)
-#pragma unroll
-        for (int r = 0; r < kR; ++r) {
-          float v = acc[m][r];
-#pragma unroll
-          for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-          if (lane == 0) partial[warp][m * kR + r] = v;
-          acc[m][r] = 0.0f;
-        }
-      __syncthreads();
-      if (tid < M * kR) {
-        const int m = tid / kR, r = tid % kR;
-        const int32_t col = g * kR + r;
-        if (col < n) {
-          float v = 0.0f;
-#pragma unroll
-          for (int i = 0; i < kWarps; ++i) v += partial[i][tid];
-          if (kFp8 && block_stride == 0) v *= scales[col];
-          store(y + static_cast<int64_t>(m) * n + col, v);
-        }
-      }
-      __syncthreads();  // partial is reused by the next group
-    }
-  }
-  copy_async_wait<0>();
-}
-
-template <int M, bool kFp8, typename Out>
-bool set_stream_shared_limit() {
-  return cudaFuncSetAttribute(gemv_stream_kernel<M, kFp8, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(stream_shared_bytes<M, kFp8>())) == cudaSuccess;
-}
-
-// Blocks of one instantiation that fit on an SM at once: queried once (after its shared memory limit was
-// raised on the current device), the same on every device of the machine's kind.
-template <int M, bool kFp8, typename Out>
-int stream_blocks_per_sm() {
-  static const int blocks = [] {
-    int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv_stream_kernel<M, kFp8, Out>, kThreads,
-                                                      stream_shared_bytes<M, kFp8>()) != cudaSuccess)
-      return 0;
-    return b;
-  }();
-  return blocks;
-}
-
-template <bool kFp8, typename Out, int... Ms>
-bool prepare_all(std::integer_sequence<int, Ms...>) {
-  const bool limits = (set_stream_shared_limit<Ms + 1, kFp8, Out>() && ...);
-  return limits && ((stream_blocks_per_sm<Ms + 1, kFp8, Out>() > 0) && ...);
-}
-
-// Raises every streamed instantiation's shared memory limit on the current device (a per-device function
-// attribute) and queries the occupancies, once per device, so that no launch inside a stream capture makes
-// those calls. False: the streamed kernels cannot run here (the launches use the direct kernel).
-bool prepare_stream_kernels() {
-  static std::mutex mu;
-  static uint64_t done = 0, ok = 0;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return false;
-  const uint64_t bit = uint64_t{1} << device;
-  std::lock_guard<std::mutex> lock(mu);
-  if ((done & bit) == 0) {
-    const auto rows = std::make_integer_sequence<int, kGemvMaxRows>{};
-    const bool a = prepare_all<false, __nv_bfloat16>(rows);
-    const bool b = prepare_all<false, float>(rows);
-    const bool c = prepare_all<true, __nv_bfloat16>(rows);
-    done |= bit;
-    if (a && b && c) ok |= bit;
-    else cudaGetLastError();  // not sticky: clear it
-  }
-  return (ok & bit) != 0;
-}
-
-int device_sms() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    return 0;
-  return sms;
-}
-
-GemvKernel resolve(GemvKernel kernel) {
-  if (kernel != GemvKernel::kAuto) return kernel;
-  static const GemvKernel from_env = [] {
-    const char* env = std::getenv("PAGODA_GEMV_KERNEL");
-    return env != nullptr && std::strcmp(env, "direct") == 0 ? GemvKernel::kDirect : GemvKernel::kStreamed;
-  }();
-  return from_env;
-}
-
-template <int M, bool kFp8, typename Out>
-cudaError_t launch_m(GemvKernel kernel, const __nv_bfloat16* x, const uint8_t* w, const float* scales,
-                     int32_t block_stride, int32_t n, int32_t k, Out* y, cudaStream_t stream) {
-  constexpr int kR = rows_per_block<M, kFp8>();
-  const int32_t groups = (n + kR - 1) / kR;
-  if (kernel == GemvKernel::kStreamed) {
-    constexpr size_t shared = stream_shared_bytes<M, kFp8>();
-    const int per_sm = stream_blocks_per_sm<M, kFp8, Out>();
-    const int sms = device_sms();
-    if (per_sm > 0 && sms > 0) {
-      const int32_t resident = per_sm * sms;
-      const int32_t rounds = (groups + resident - 1) / resident;
-      const int32_t blocks = (groups + rounds - 1) / rounds;
-      return launch_pdl(gemv_stream_kernel<M, kFp8, Out>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), shared,
-                        stream, x, w, scales, block_stride, n, k, y);
-    }
-    // No SM count: the direct kernel needs none.
-  }
-  return launch_pdl(gemv_kernel<M, kFp8, Out>, dim3(static_cast<unsigned>(groups)), dim3(kThreads), 0, stream, x, w,
-                    scales, block_stride, n, k, y);
-}
-
 template <bool kFp8, typename Out>
-cudaError_t launch(GemvKernel kernel, const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales,
-                   int32_t block_stride, int32_t n, int32_t k, Out* y, cudaStream_t stream) {
-  kernel = resolve(kernel);
-  if (kernel == GemvKernel::kStreamed && !prepare_stream_kernels()) kernel = GemvKernel::kDirect;
+cudaError_t launch(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales, int32_t block_stride,
+                   int32_t n, int32_t k, Out* y, cudaStream_t stream) {
+  auto grid = [n](int rows) { return dim3(static_cast<unsigned>((n + rows - 1) / rows)); };
   switch (m) {
-#define PAGODA_GEMV_CASE(M) \
-  case M:                   \
-    return launch_m<M, kFp8, Out>(kernel, x, w, scales, block_stride, n, k, y, stream);
+#define PAGODA_GEMV_CASE(M)                                                                              \
+  case M:                                                                                                \
+    return launch_pdl(gemv_kernel<M, kFp8, Out>, grid(rows_per_block<M, kFp8>()), dim3(kThreads), 0, stream, x, w, \
+                      scales, block_stride, n, k, y);
     PAGODA_GEMV_CASE(1)
     PAGODA_GEMV_CASE(2)
     PAGODA_GEMV_CASE(3)
@@ -502,29 +224,24 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 }  // namespace
 
-cudaError_t gemv_prepare() {
-  if (resolve(GemvKernel::kAuto) == GemvKernel::kStreamed) prepare_stream_kernels();
-  return cudaSuccess;
-}
-
 bool gemv_supported(int32_t m, int32_t k, bool fp8_weights, const void* x, const void* w) {
   return m >= 1 && m <= kGemvMaxRows && k > 0 && k % (fp8_weights ? 16 : 8) == 0 && aligned16(x) && aligned16(w);
 }
 
 cudaError_t gemv_bf16(const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w, int32_t n, int32_t k, void* y,
-                      bool f32_output, cudaStream_t stream, GemvKernel kernel) {
+                      bool f32_output, cudaStream_t stream) {
   if (n <= 0 || !gemv_supported(m, k, false, x, w)) return cudaErrorInvalidValue;
   const uint8_t* bytes = reinterpret_cast<const uint8_t*>(w);
-  if (f32_output) return launch<false, float>(kernel, x, m, bytes, nullptr, 0, n, k, static_cast<float*>(y), stream);
-  return launch<false, __nv_bfloat16>(kernel, x, m, bytes, nullptr, 0, n, k, static_cast<__nv_bfloat16*>(y), stream);
+  if (f32_output) return launch<false, float>(x, m, bytes, nullptr, 0, n, k, static_cast<float*>(y), stream);
+  return launch<false, __nv_bfloat16>(x, m, bytes, nullptr, 0, n, k, static_cast<__nv_bfloat16*>(y), stream);
 }
 
 cudaError_t gemv_fp8(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales, int32_t block_stride,
-                     int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream, GemvKernel kernel) {
+                     int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream) {
   if (n <= 0 || scales == nullptr || block_stride < 0 || !gemv_supported(m, k, true, x, w))
     return cudaErrorInvalidValue;
   if (block_stride > 0 && block_stride < (k + 127) / 128) return cudaErrorInvalidValue;
-  return launch<true, __nv_bfloat16>(kernel, x, m, w, scales, block_stride, n, k, y, stream);
+  return launch<true, __nv_bfloat16>(x, m, w, scales, block_stride, n, k, y, stream);
 }
 
 }  // namespace pagoda::cuda

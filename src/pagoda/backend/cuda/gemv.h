@@ -41,27 +41,12 @@ inline constexpr int32_t kGemvRowsPerBlock = 4;  // fp8 weights at 1-2 activatio
 inline constexpr int32_t kGemvDefaultMaxRowsBf16 = 2;
 inline constexpr int32_t kGemvDefaultMaxRowsFp8 = 2;
 
-// Which kernel streams the weights. kStreamed (the default): a persistent grid (the blocks that fit on the
-// SMs at once) whose threads copy the weights into shared memory with cp.async, several trips deep, and
-// prefetch the next row group while finishing the current one. kDirect: one block per row group, weights
-// loaded straight into registers two chunks per row per trip (the earlier kernel, kept for comparison).
-// kAuto: kStreamed unless the environment sets PAGODA_GEMV_KERNEL=direct (read at the first launch).
-// Both compute the same sums in the same per-thread order up to the chunk assignment (results agree to f32
-// summation order) and both are deterministic run to run.
-enum class GemvKernel { kAuto, kDirect, kStreamed };
-
-// Sets up the streamed kernels (shared memory limit, occupancy) for the current device, so that no later
-// launch, e.g. one inside a stream capture, needs those calls; idempotent, and the first launch does it
-// too. Failures are not fatal: the streamed launches then run the direct kernel. Returns cudaSuccess.
-cudaError_t gemv_prepare();
-
 bool gemv_supported(int32_t m, int32_t k, bool fp8_weights, const void* x, const void* w);
 
 cudaError_t gemv_bf16(const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w, int32_t n, int32_t k, void* y,
-                      bool f32_output, cudaStream_t stream, GemvKernel kernel = GemvKernel::kAuto);
+                      bool f32_output, cudaStream_t stream);
 
 cudaError_t gemv_fp8(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales, int32_t block_stride,
-                     int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream,
-                     GemvKernel kernel = GemvKernel::kAuto);
+                     int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream);
 
 }  // namespace pagoda::cuda
