@@ -229,7 +229,8 @@ std::vector<Result> run_shape(int batch, int context, int heads, bool fp8, int b
       CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
       ms.push_back(t);
     }
-    Timed t{kernel, spread, median(ms) * 1e-3, plan->num_ctas(), plan->num_segments(), std::vector<uint16_t>(out_elems)};
+    Timed t{kernel, spread, median(ms) * 1e-3, plan->num_ctas(), plan->num_segments(),
+            std::vector<uint16_t>(out_elems)};
     CHECK_CUDA(cudaMemcpy(t.out.data(), d_out, out_elems * 2, cudaMemcpyDeviceToHost));
     for (uint16_t v : t.out)
       if (!std::isfinite(pagoda::bf16_to_f32(v))) {

@@ -360,8 +360,8 @@ cudaError_t allow_shared_memory() {
 
 template <int kSlots, bool kWholeTile, int kCtasPerSm = 1>
 cudaError_t occupancy_of(int* ctas_per_sm) {
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm>,
-                                                       kThreads, Layout<kSlots>::kSmemBytes);
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      ctas_per_sm, mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm>, kThreads, Layout<kSlots>::kSmemBytes);
 }
 
 template <int kSlots, bool kWholeTile, int kCtasPerSm = 1>
