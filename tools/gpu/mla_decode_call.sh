@@ -18,16 +18,20 @@
 #   .device/mla-decode/mla_decode_call.sh tests   # step 1 only
 #   .device/mla-decode/mla_decode_call.sh bench   # step 2 only
 #   BENCH_ONLY="H=128" .device/mla-decode/mla_decode_call.sh bench   # e.g. the 128-head shapes
-# Logs go to $OUT (default /tmp/mla-decode); summary.log has the results. This
+# Logs go to $OUT (default /tmp/mla-decode; 6 files + one a BENCH_ONLY entry);
+# summary.log has the results. This
 # one script replaces the per-branch mla5..mla8_call.sh (and the first
 # mla_decode_call.sh) of the kernel's earlier steps.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
 tests() {
-  local b=$1 out=$2
-  timeout 15 "$b/run.sh" mla_decode_plan_tests > "$out/plan.log" 2>&1
-  echo "mla_decode_plan_tests rc=$? $(tail -1 "$out/plan.log")" >> "$sum"
+  local b=$1 out=$2 part
+  part=$(mktemp)
+  timeout 15 "$b/run.sh" mla_decode_plan_tests > "$part" 2>&1
+  echo "mla_decode_plan_tests rc=$? $(tail -1 "$part")" >> "$sum"
+  (flock 9; cat "$part" >> "$out/gpu_tests.log") 9>>"$out/gpu_tests.log"
+  rm -f "$part"
 }
 # One gtest filter of mla_decode_gpu_tests; its log is appended to $out/gpu_tests_tma.log
 # (the TMA ones) or gpu_tests.log once it ends (at most 8 files come back from $OUT).
@@ -87,7 +91,7 @@ run | tests | bench)
   if [ "$1" != bench ]; then
     tests "$b" "$out" &
     for f in '*TmaBlockSizesRaggedEnds' '*TmaSplitsSchedulesAndSharing' '*TmaGraphPlans' '*TmaMatchesCpAsyncKernel' \
-      '*SpreadBudgetPlans'; do
+      '*TmaOccupancy' '*SpreadBudgetPlans'; do
       gpu_tests_part "$b" "$out" "$f" gpu_tests_tma.log &
     done
     gpu_tests_part "$b" "$out" '-*Tma*:*SpreadBudgetPlans' gpu_tests.log &
@@ -95,7 +99,7 @@ run | tests | bench)
     for k in ${MODEL_KERNELS:-tma_tile tma_pair}; do model_tests "$b" "$out" "$k" & done
     wait
     cat "$sum" | tee -a "$out/summary.log"
-    grep -hE "rel L2|outputs differ|Failure|FAILED|Which is" "$out/gpu_tests_tma.log" "$out/gpu_tests.log" \
+    grep -hE "rel L2|outputs differ|per SM|Failure|FAILED|Which is" "$out/gpu_tests_tma.log" "$out/gpu_tests.log" \
       | tee -a "$out/summary.log" | tail -60
     grep -hE "Failure|FAILED|Which is" "$out"/model_*.log | head -20 | tee -a "$out/summary.log"
     echo "tests elapsed $(( $(date +%s) - start )) s" | tee -a "$out/summary.log"
