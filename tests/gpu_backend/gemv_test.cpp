@@ -140,15 +140,29 @@ void fp8_case(const GemvCase& c, ScaleKind kind) {
   auto d_y = DeviceBuffer::allocate(want.size() * 2);
   ASSERT_TRUE(d_y.ok());
   ASSERT_TRUE(gemv_supported(c.m, c.k, true, d_x.data(), d_w.data()));
-  ASSERT_EQ(gemv_fp8(d_x.as<__nv_bfloat16>(), c.m, d_w.as<uint8_t>(), d_s.as<float>(), block_stride, c.n, c.k,
-                     d_y->as<__nv_bfloat16>(), nullptr),
-            cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<float> got = from_bf16_bits(to_host<uint16_t>(*d_y, want.size()));
   double max_want = 0.0;
   for (float v : want) max_want = std::max(max_want, static_cast<double>(std::fabs(v)));
   EXPECT_GT(max_want, 0.1);  // the case is not trivially zero
-  EXPECT_LE(worst_error_ratio(got, want, bound_abs(c), 1.0 / 128), 1.0);
+  // Every load depth, each run twice: the same bits both times and within the reference bound.
+  for (int32_t depth : kGemvFp8Depths) {
+    std::vector<uint16_t> first;
+    for (int run = 0; run < 2; ++run) {
+      ASSERT_EQ(cudaMemset(d_y->data(), 0xff, d_y->bytes()), cudaSuccess);
+      ASSERT_EQ(gemv_fp8(d_x.as<__nv_bfloat16>(), c.m, d_w.as<uint8_t>(), d_s.as<float>(), block_stride, c.n, c.k,
+                         d_y->as<__nv_bfloat16>(), nullptr, depth),
+                cudaSuccess)
+          << "depth " << depth;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<uint16_t> bits = to_host<uint16_t>(*d_y, want.size());
+      if (run == 0) {
+        first = bits;
+        const std::vector<float> got = from_bf16_bits(bits);
+        EXPECT_LE(worst_error_ratio(got, want, bound_abs(c), 1.0 / 128), 1.0) << "depth " << depth;
+      } else {
+        EXPECT_EQ(bits, first) << "depth " << depth << ": results differ between runs";
+      }
+    }
+  }
 }
 
 TEST_P(GemvTest, Fp8ChannelScalesMatchTheDequantizedReference) {
@@ -200,6 +214,9 @@ TEST(GemvContractTest, UnsupportedShapesAreRefused) {
   // A block stride shorter than the k-blocks of a row.
   EXPECT_EQ(gemv_fp8(xb, 1, w->as<uint8_t>(), s->as<float>(), 1, 16, 256, y->as<__nv_bfloat16>(), nullptr),
             cudaErrorInvalidValue);
+  for (int32_t depth : {0, 3, 8})  // only the depths of kGemvFp8Depths
+    EXPECT_EQ(gemv_fp8(xb, 1, w->as<uint8_t>(), s->as<float>(), 0, 16, 64, y->as<__nv_bfloat16>(), nullptr, depth),
+              cudaErrorInvalidValue);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
@@ -267,11 +284,16 @@ TEST(GemvSpeed, Llama3_8BShapes) {
                                  head ? GemmOutput::kF32 : GemmOutput::kBF16, nullptr);
       }, 40);
       ASSERT_TRUE(status.ok()) << status.to_string();
-      double gemv8 = 0.0, cublas8 = 0.0, quantize = 0.0;
+      double gemv8 = 0.0, cublas8 = 0.0, quantize = 0.0, deep8[2] = {0.0, 0.0};
       if (have_fp8 && !head) {
         gemv8 = time_us([&] {
           gemv_fp8(x16->as<__nv_bfloat16>(), m, w8_next(), ws->as<float>(), 0, s.n, s.k, y->as<__nv_bfloat16>(), nullptr);
         }, 40);
+        for (int d = 0; d < 2; ++d)
+          deep8[d] = time_us([&] {
+            gemv_fp8(x16->as<__nv_bfloat16>(), m, w8_next(), ws->as<float>(), 0, s.n, s.k, y->as<__nv_bfloat16>(),
+                     nullptr, d == 0 ? 2 : 4);
+          }, 40);
         quantize = time_us([&] {
           quantize_fp8_per_token(x16->as<__nv_bfloat16>(), m, s.k, x8->as<uint8_t>(), xs->as<float>(), nullptr);
         }, 40);
@@ -288,6 +310,11 @@ TEST(GemvSpeed, Llama3_8BShapes) {
                   s.name, m, s.n, s.k, gemv16, gbs(bytes16, gemv16), cublas16, gbs(bytes16, cublas16),
                   cublas16 / gemv16, gemv8, gbs(bytes8, gemv8), cublas8, gbs(bytes8, cublas8), quantize,
                   gemv8 > 0 ? (cublas8 + quantize) / gemv8 : 0.0);
+      if (have_fp8 && !head)
+        std::printf("gemv-speed %-8s m=%d n=%6d k=%5d | fp8 depth: 1 %7.1f us %6.0f GB/s, 2 %7.1f us %6.0f GB/s, "
+                    "4 %7.1f us %6.0f GB/s\n",
+                    s.name, m, s.n, s.k, gemv8, gbs(bytes8, gemv8), deep8[0], gbs(bytes8, deep8[0]), deep8[1],
+                    gbs(bytes8, deep8[1]));
     }
   }
 }
