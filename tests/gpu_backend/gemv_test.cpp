@@ -163,6 +163,21 @@ void fp8_case(const GemvCase& c, ScaleKind kind) {
       }
     }
   }
+  // The f32-output form (the e4m3 lm_head): the direct kernel's sums before their bf16 rounding.
+  ASSERT_EQ(gemv_fp8(d_x.as<__nv_bfloat16>(), c.m, d_w.as<uint8_t>(), d_s.as<float>(), block_stride, c.n, c.k,
+                     d_y->as<__nv_bfloat16>(), nullptr, 1),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint16_t> bf16_bits = to_host<uint16_t>(*d_y, want.size());
+  auto d_f = DeviceBuffer::allocate(want.size() * 4);
+  ASSERT_TRUE(d_f.ok());
+  ASSERT_EQ(gemv_fp8_logits(d_x.as<__nv_bfloat16>(), c.m, d_w.as<uint8_t>(), d_s.as<float>(), block_stride, c.n,
+                            c.k, d_f->as<float>(), nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> logits = to_host<float>(*d_f, want.size());
+  EXPECT_LE(worst_error_ratio(logits, want, bound_abs(c), 1.0 / 128), 1.0);
+  EXPECT_EQ(to_bf16_bits(logits), bf16_bits) << "f32 output rounded to bf16 differs from the bf16 output";
 }
 
 TEST_P(GemvTest, Fp8ChannelScalesMatchTheDequantizedReference) {
@@ -302,6 +317,11 @@ TEST(GemvSpeed, Llama3_8BShapes) {
                                   y->as<__nv_bfloat16>(), nullptr);
         }, 40);
         ASSERT_TRUE(status.ok()) << status.to_string();
+      } else if (have_fp8) {  // the e4m3 lm_head (f32 logits)
+        gemv8 = time_us([&] {
+          gemv_fp8_logits(x16->as<__nv_bfloat16>(), m, w8_next(), ws->as<float>(), 0, s.n, s.k, y->as<float>(),
+                          nullptr);
+        }, 40);
       }
       ASSERT_EQ(cudaGetLastError(), cudaSuccess);
       auto gbs = [](size_t b, double us) { return us > 0 ? static_cast<double>(b) / (us * 1e3) : 0.0; };

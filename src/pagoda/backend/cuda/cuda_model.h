@@ -108,6 +108,12 @@ struct CudaModelOptions {
   // defaults per weight type, 0 turns it off, 1 ... kGemvMaxRows sets both. The environment variable PAGODA_GEMV_MAX_ROWS, when set,
   // overrides this (benchmarks compare both paths without rebuilding).
   int32_t gemv_max_rows = -1;
+  // With fp8 weights (fp8_weights, or a checkpoint whose lm_head is fp8): the lm_head of GEMV-sized steps
+  // (the fp8 GEMV rows) runs as an e4m3 weight-only GEMV with per-channel (or the checkpoint's) scales,
+  // f32 logits; larger steps keep the bf16 lm_head's GEMM. Off by default until its quality is measured;
+  // the environment variable PAGODA_FP8_LM_HEAD (0 or 1), when set, overrides it. Single-GPU Llama-style
+  // models only (the sharded head and MLA keep bf16).
+  bool fp8_lm_head = false;
 };
 
 class CudaModel {

@@ -261,4 +261,12 @@ cudaError_t gemv_fp8(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const 
   }
 }
 
+cudaError_t gemv_fp8_logits(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales,
+                            int32_t block_stride, int32_t n, int32_t k, float* y, cudaStream_t stream) {
+  if (n <= 0 || scales == nullptr || block_stride < 0 || !gemv_supported(m, k, true, x, w))
+    return cudaErrorInvalidValue;
+  if (block_stride > 0 && block_stride < (k + 127) / 128) return cudaErrorInvalidValue;
+  return launch<true, float, 1>(x, m, w, scales, block_stride, n, k, y, stream);
+}
+
 }  // namespace pagoda::cuda

@@ -20,6 +20,7 @@
 //     per block (gemv.cu), all issued before any math. Every depth is deterministic (a fixed summation
 //     order per depth; depths differ from each other by f32 rounding only). The CUDA model takes it from
 //     PAGODA_GEMV_FP8_DEPTH (default kGemvDefaultFp8Depth).
+//   gemv_fp8_logits: gemv_fp8's arithmetic (the direct kernel) with f32 output: an e4m3 lm_head.
 //
 // Requirements (gemv_supported): 1 <= m <= kGemvMaxRows; k % 8 == 0 (bf16) or k % 16 == 0 (fp8); x and w
 // 16-byte aligned. Anything else is the GEMM's. Launches return cudaErrorInvalidValue for unsupported
@@ -57,5 +58,8 @@ cudaError_t gemv_bf16(const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w,
 cudaError_t gemv_fp8(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales, int32_t block_stride,
                      int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream,
                      int32_t depth = kGemvDefaultFp8Depth);
+
+cudaError_t gemv_fp8_logits(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales,
+                            int32_t block_stride, int32_t n, int32_t k, float* y, cudaStream_t stream);
 
 }  // namespace pagoda::cuda
