@@ -215,7 +215,9 @@ TEST(CrossLayerShareGpu, PoolBytesAreTheShapesAndUncoveredCombinationsAreRefused
     EXPECT_LE((*pool)->total_bytes(), exact + 256 * 5 * 8) << "K=" << share;
     EXPECT_EQ((*pool)->share(0).norms, nullptr);
     EXPECT_EQ((*pool)->share(7).norms != nullptr, share > 1);
-    if (share > 1) EXPECT_EQ((*pool)->share(4 + share - 1).member, share - 1);
+    if (share > 1) {
+      EXPECT_EQ((*pool)->share(4 + share - 1).member, share - 1);
+    }
   }
   for (DType dtype : {DType::kInt8, DType::kInt4}) {
     auto model = CudaModel::load(tiny_dir(), gpu_options(2, 16, dtype));
