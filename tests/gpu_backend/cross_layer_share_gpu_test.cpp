@@ -175,6 +175,16 @@ TEST(CrossLayerShareGpu, SharingMovesTheCpuLogitsPastTheBound) {
 TEST(CrossLayerShareGpu, LogitsMatchTheCpuWithinTheBf16Bound) {
   PAGODA_SKIP_WITHOUT_GPU();
   const std::vector<int32_t> prompt = prompt_of(kPromptTokens, 11);
+  // The unshared model first: the same comparison's baseline (bf16 activations on the GPU alone).
+  for (DType dtype : {DType::kBF16, DType::kFP8E4M3}) {
+    auto cpu = cpu_logits(1, 16, dtype, prompt);
+    auto gpu = gpu_logits(1, 16, dtype, prompt);
+    ASSERT_TRUE(cpu.ok() && gpu.ok());
+    const double error = worst_over_bound(*gpu, *cpu);
+    std::printf("[share] K=1 block_size=16 %s (unshared baseline): GPU vs CPU worst error / bound %.3f\n",
+                std::string(dtype_name(dtype)).c_str(), error);
+    EXPECT_LE(error, bound_factor(dtype)) << "unshared " << dtype_name(dtype);
+  }
   for (const Case& c : all_cases()) {
     SCOPED_TRACE(name_of(c));
     auto cpu = cpu_logits(c.share, c.block_size, c.dtype, prompt);
