@@ -9,6 +9,7 @@
 
 #include "pagoda/backend/cuda/cuda_check.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
+#include "pagoda/backend/cuda/kv_share_ops.h"
 #include "pagoda/backend/cuda/tensor_parallel_ops.h"
 #include "pagoda/model/rope_frequencies.h"
 #include "pagoda/model/checkpoint.h"
@@ -203,8 +204,10 @@ KvPoolShape CudaModel::kv_pool_shape(int32_t num_blocks) const {
   // The latent pool (MLA) has one dtype: the key's.
   if (config_.mla)
     return model_kv_pool_shape(config_, num_blocks, options_.block_size, options_.kv_key_dtype, options_.kv_key_dtype);
-  return KvPoolShape{config_.num_layers, num_blocks, options_.block_size, config_.num_kv_heads, config_.head_dim,
-                     options_.kv_key_dtype, options_.kv_value_dtype};
+  KvPoolShape shape{config_.num_layers, num_blocks, options_.block_size, config_.num_kv_heads, config_.head_dim,
+                    options_.kv_key_dtype, options_.kv_value_dtype};
+  shape.cross_layer_share = options_.kv_cross_layer_share;
+  return shape;
 }
 
 Status CudaModel::validate(const ForwardBatch& batch, const CudaKvPool& pool) const {
@@ -308,30 +311,40 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
     PAGODA_CUDA_RETURN_IF_ERROR(rope_qk(qkv, qkv_width, device_.positions, T, c.num_q_heads, c.num_kv_heads, D,
                                         inv_freq, q_contiguous, stream_));
     const DevicePagedKvLayer kv = pool.layer(l);
+    const DeviceKvShare share = pool.share(l);  // null norms: not a shared layer
     // This layer's host-tier copies land (and write-backs leave blocks this step may write) before its KV is touched.
     if (waits != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(waits->wait_layer(stream_, l));
     // The checkpoint's fp8 KV scales when present (0: per-vector amax), as CpuModel.
     const KvWriteFixedScales fixed_scales{w.k_scale, w.v_scale};
-    PAGODA_CUDA_RETURN_IF_ERROR(
-        kv_write(qkv + q_width, qkv + q_width + kv_width, qkv_width, device_.slots, T, kv, fixed_scales, stream_));
-    if (kv_scores_ != nullptr && kv_scores_->active())
-      PAGODA_RETURN_IF_ERROR(kv_scores_->score_layer(l, qkv, qkv_width, scale, kv, device_.block_tables, stream_));
-    if (fast_attention) {
-      if (holes) {
-        PAGODA_RETURN_IF_ERROR(fast_->run(kv, q_contiguous, attn, stream_, fixed_scales, kv_scores_->hole_begin(l),
-                                          kv_scores_->hole_end()));
-      } else {
-        PAGODA_RETURN_IF_ERROR(fast_->run(kv, q_contiguous, attn, stream_, fixed_scales));
-      }
-    } else if (holes) {
-      DeviceAttentionPlan with_holes = attention;
-      with_holes.hole_begin = kv_scores_->hole_begin(l);
-      with_holes.hole_end = kv_scores_->hole_end();
+    if (share.norms != nullptr) {
+      if (fast_attention || holes || (kv_scores_ != nullptr && kv_scores_->active()))
+        return unimplemented_error("cuda: --kv-cross-layer-share with the fast attention or token eviction");
       PAGODA_CUDA_RETURN_IF_ERROR(
-          paged_attention(qkv, qkv_width, kv, with_holes, c.num_q_heads, scale, attn, stream_));
+          kv_write_shared(qkv + q_width, qkv + q_width + kv_width, qkv_width, device_.slots, T, kv, share, stream_));
+      PAGODA_CUDA_RETURN_IF_ERROR(
+          paged_attention_shared(qkv, qkv_width, kv, attention, c.num_q_heads, scale, share, attn, stream_));
     } else {
       PAGODA_CUDA_RETURN_IF_ERROR(
-          paged_attention(qkv, qkv_width, kv, attention, c.num_q_heads, scale, attn, stream_));
+          kv_write(qkv + q_width, qkv + q_width + kv_width, qkv_width, device_.slots, T, kv, fixed_scales, stream_));
+      if (kv_scores_ != nullptr && kv_scores_->active())
+        PAGODA_RETURN_IF_ERROR(kv_scores_->score_layer(l, qkv, qkv_width, scale, kv, device_.block_tables, stream_));
+      if (fast_attention) {
+        if (holes) {
+          PAGODA_RETURN_IF_ERROR(fast_->run(kv, q_contiguous, attn, stream_, fixed_scales, kv_scores_->hole_begin(l),
+                                            kv_scores_->hole_end()));
+        } else {
+          PAGODA_RETURN_IF_ERROR(fast_->run(kv, q_contiguous, attn, stream_, fixed_scales));
+        }
+      } else if (holes) {
+        DeviceAttentionPlan with_holes = attention;
+        with_holes.hole_begin = kv_scores_->hole_begin(l);
+        with_holes.hole_end = kv_scores_->hole_end();
+        PAGODA_CUDA_RETURN_IF_ERROR(
+            paged_attention(qkv, qkv_width, kv, with_holes, c.num_q_heads, scale, attn, stream_));
+      } else {
+        PAGODA_CUDA_RETURN_IF_ERROR(
+            paged_attention(qkv, qkv_width, kv, attention, c.num_q_heads, scale, attn, stream_));
+      }
     }
     PAGODA_RETURN_IF_ERROR(project(attn, T, w.o_proj, w.o_fp8, H, q_width, proj));
     if (w.o_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.o_bias, stream_));
@@ -455,7 +468,8 @@ Status CudaModel::head_sharded(const bf16* normed, int32_t num_rows) {
 bool CudaModel::fast_attention_usable() const {
   // Quantized KV too: backend/cuda/attention decodes fp8 / int8 / int4 pools (FastAttention
   // answers false for the steps it cannot run, and the builtin kernel dequantizes).
-  return options_.fast_attention && !deepseek_;
+  // Cross-layer sharing: only the builtin kernel reads the members' norms (kv_share_ops.h).
+  return options_.fast_attention && !deepseek_ && options_.kv_cross_layer_share == 1;
 }
 
 Status CudaModel::capture_graph(int32_t bucket, bool scoring, const CudaKvPool& pool, bool fast_attention) {

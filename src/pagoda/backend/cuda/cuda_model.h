@@ -100,6 +100,9 @@ struct CudaModelOptions {
   // kv_pool_shape() carries them to the pool.
   DType kv_key_dtype = DType::kBF16;
   DType kv_value_dtype = DType::kBF16;
+  // --kv-cross-layer-share K (runtime/cross_layer_share.h, kv_share_ops.h); 1: off. K > 1 needs bf16 or fp8
+  // KV; its layers run the builtin attention (paged_attention_shared), eager or in graphs, never the fast one.
+  int32_t kv_cross_layer_share = 1;
   // --quantization fp8: f32/f16/bf16 projections become e4m3 with per-channel scales and run as fp8 GEMMs
   // with dynamic per-token activations (an FP8 checkpoint's projections run fp8 without it).
   bool fp8_weights = false;
