@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <string>
 
 #include <cuda_profiler_api.h>
 
@@ -17,6 +18,19 @@
 
 namespace pagoda::cuda {
 
+
+namespace {
+
+// CudaModelOptions::fp8_lm_head with PAGODA_FP8_LM_HEAD applied.
+StatusOr<bool> resolve_fp8_lm_head(const CudaModelOptions& options) {
+  const char* env = std::getenv("PAGODA_FP8_LM_HEAD");
+  if (env == nullptr || *env == '\0') return options.fp8_lm_head;
+  const std::string v(env);
+  if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FP8_LM_HEAD={}: expected 0 or 1", env);
+  return v == "1";
+}
+
+}  // namespace
 
 StatusOr<std::unique_ptr<CudaModel>> CudaModel::load(const std::filesystem::path& model_dir,
                                                      const CudaModelOptions& options) {
@@ -33,6 +47,7 @@ StatusOr<std::unique_ptr<CudaModel>> CudaModel::from_weights(const ModelConfig& 
                                                              const CudaModelOptions& options) {
   Fp8UploadOptions fp8;
   fp8.quantize = options.fp8_weights;
+  PAGODA_ASSIGN_OR_RETURN(fp8.lm_head, resolve_fp8_lm_head(options));
   if (options.fp8_weights || host.fp8) {
     // The device decides which fp8 schemes run (create() refuses one without FP8 tensor cores).
     PAGODA_ASSIGN_OR_RETURN(std::unique_ptr<Fp8Gemm> probe, Fp8Gemm::create());
@@ -54,7 +69,9 @@ StatusOr<std::unique_ptr<CudaModel>> CudaModel::from_weights(const ModelConfig& 
 StatusOr<std::unique_ptr<CudaModel>> CudaModel::create_random(const ModelConfig& config, uint64_t seed,
                                                               const CudaModelOptions& options) {
   if (options.fp8_weights) PAGODA_RETURN_IF_ERROR(Fp8Gemm::create().status());  // FP8 tensor cores present
-  PAGODA_ASSIGN_OR_RETURN(CudaModelWeights weights, CudaModelWeights::random(config, seed, options.fp8_weights));
+  PAGODA_ASSIGN_OR_RETURN(const bool fp8_lm_head, resolve_fp8_lm_head(options));
+  PAGODA_ASSIGN_OR_RETURN(CudaModelWeights weights,
+                          CudaModelWeights::random(config, seed, options.fp8_weights, fp8_lm_head));
   std::unique_ptr<CudaDeepseekWeights> deepseek;
   if (config.mla) {
     PAGODA_ASSIGN_OR_RETURN(CudaDeepseekWeights layers, CudaDeepseekWeights::random(config, seed));
@@ -114,6 +131,13 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
     return invalid_argument_error("CUDA model options: gemv_max_rows={} (-1 ... {})", gemv_rows, kGemvMaxRows);
   gemv_rows_bf16_ = gemv_rows < 0 ? kGemvDefaultMaxRowsBf16 : gemv_rows;
   gemv_rows_fp8_ = gemv_rows < 0 ? kGemvDefaultMaxRowsFp8 : gemv_rows;
+  if (const char* env = std::getenv("PAGODA_GEMV_FP8_DEPTH"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (*end != '\0' || (v != 1 && v != 2 && v != 4))
+      return invalid_argument_error("PAGODA_GEMV_FP8_DEPTH={}: expected 1, 2 or 4", env);
+    gemv_fp8_depth_ = static_cast<int32_t>(v);
+  }
   if (const char* env = std::getenv("PAGODA_CUDA_PROFILE_REPLAY"); env != nullptr && *env != '\0') {
     char* end = nullptr;
     const long v = std::strtol(env, &end, 10);
@@ -342,7 +366,7 @@ Status CudaModel::project(const bf16* x, int32_t T, const bf16* w, const CudaFp8
     // Weight-only at decode sizes: the activations stay bf16 (gemv.h). Static input scales are the
     // checkpoint's arithmetic (its activations rounded at a calibrated scale) and keep the GEMM path.
     const int32_t block_stride = fp8.block128 ? fp8_block_weight_scale_stride(k) : 0;
-    PAGODA_CUDA_RETURN_IF_ERROR(gemv_fp8(x, T, fp8.data, fp8.scales, block_stride, n, k, y, stream_));
+    PAGODA_CUDA_RETURN_IF_ERROR(gemv_fp8(x, T, fp8.data, fp8.scales, block_stride, n, k, y, stream_, gemv_fp8_depth_));
     return ok_status();
   }
   uint8_t* q = fp8_x_.as<uint8_t>();
@@ -367,6 +391,12 @@ Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {
                                       normed, num_rows, c.hidden_size, c.rms_norm_eps, stream_));
   if (comm_ != nullptr) {
     PAGODA_RETURN_IF_ERROR(head_sharded(normed, num_rows));
+  } else if (const CudaFp8Weight& head = weights_.lm_head_fp8;
+             head.data != nullptr && num_rows <= gemv_rows_fp8_ &&
+             gemv_supported(num_rows, c.hidden_size, true, normed, head.data)) {
+    const int32_t block_stride = head.block128 ? fp8_block_weight_scale_stride(c.hidden_size) : 0;
+    PAGODA_CUDA_RETURN_IF_ERROR(gemv_fp8_logits(normed, num_rows, head.data, head.scales, block_stride,
+                                                c.vocab_size, c.hidden_size, logits_.as<float>(), stream_));
   } else if (num_rows <= gemv_rows_bf16_ && gemv_supported(num_rows, c.hidden_size, false, normed, weights_.lm_head)) {
     PAGODA_CUDA_RETURN_IF_ERROR(gemv_bf16(normed, num_rows, weights_.lm_head, c.vocab_size, c.hidden_size,
                                           logits_.data(), true, stream_));

@@ -108,6 +108,12 @@ struct CudaModelOptions {
   // defaults per weight type, 0 turns it off, 1 ... kGemvMaxRows sets both. The environment variable PAGODA_GEMV_MAX_ROWS, when set,
   // overrides this (benchmarks compare both paths without rebuilding).
   int32_t gemv_max_rows = -1;
+  // With fp8 weights (fp8_weights, or a checkpoint whose lm_head is fp8): the lm_head of GEMV-sized steps
+  // (the fp8 GEMV rows) runs as an e4m3 weight-only GEMV with per-channel (or the checkpoint's) scales,
+  // f32 logits; larger steps keep the bf16 lm_head's GEMM. Off by default until its quality is measured;
+  // the environment variable PAGODA_FP8_LM_HEAD (0 or 1), when set, overrides it. Single-GPU Llama-style
+  // models only (the sharded head and MLA keep bf16).
+  bool fp8_lm_head = false;
 };
 
 class CudaModel {
@@ -265,6 +271,7 @@ class CudaModel {
   std::unique_ptr<Fp8Gemm> fp8_gemm_;  // when some projection runs fp8
   int32_t gemv_rows_bf16_ = 0;  // steps of at most this many rows run bf16 projections as GEMVs
   int32_t gemv_rows_fp8_ = 0;   // the same for fp8 projections
+  int32_t gemv_fp8_depth_ = kGemvDefaultFp8Depth;  // gemv_fp8 load depth (PAGODA_GEMV_FP8_DEPTH)
   DeviceBuffer fp8_x_;         // e4m3 [T4, max(hidden, Hq * D, intermediate)]: a projection's quantized input
   DeviceBuffer fp8_x_scales_;  // f32 per token (or token x 128-group) of fp8_x_
   std::unique_ptr<FastAttention> fast_;
