@@ -10,7 +10,7 @@
 // heads) both kernels run on the same pool, one row each ("[cp.async]" and
 // "[tma]" in the name); --kernel picks one.
 //
-//   mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel both|cp_async|tma]
+//   mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|tma_ring]
 
 #include <cuda_runtime.h>
 
@@ -70,9 +70,11 @@ struct Result {
 
 int iters = 50;
 std::string only;
-std::string kernel_choice = "both";
+std::string kernel_choice = "all";
 
-const char* kernel_name(MlaDecodeKernel k) { return k == MlaDecodeKernel::kTma ? "tma" : "cp.async"; }
+const char* kernel_name(MlaDecodeKernel k) {
+  return k == MlaDecodeKernel::kTma ? "tma" : k == MlaDecodeKernel::kTmaRing ? "tma_ring" : "cp.async";
+}
 
 double copy_ceiling() {
   const size_t bytes = size_t{1} << 30;
@@ -154,8 +156,10 @@ std::vector<Result> run_shape(int batch, int context, int heads, bool fp8, int b
                                fp8 ? pagoda::kernels::cuda::KvElement::kFP8E4M3 : pagoda::kernels::cuda::KvElement::kBF16,
                                flash ? MlaLatentLayout::kFlashMla656 : MlaLatentLayout::kPerVectorScale};
   std::vector<MlaDecodeKernel> kernels;
-  if (kernel_choice != "tma") kernels.push_back(MlaDecodeKernel::kCpAsync);
-  if (kernel_choice != "cp_async") kernels.push_back(MlaDecodeKernel::kTma);
+  const bool all = kernel_choice == "all";
+  if (all || kernel_choice == "cp_async") kernels.push_back(MlaDecodeKernel::kCpAsync);
+  if (all || kernel_choice == "tma") kernels.push_back(MlaDecodeKernel::kTma);
+  if (all || kernel_choice == "tma_ring") kernels.push_back(MlaDecodeKernel::kTmaRing);
   const size_t out_elems = size_t(batch) * heads * kMlaLatentDim;
   void* d_codes = device_alloc(code_bytes);
   void* d_scales = device_alloc(scales.size() * 4);
@@ -271,11 +275,12 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!std::strcmp(argv[i], "--kernel") && i + 1 < argc &&
-             (!std::strcmp(argv[i + 1], "both") || !std::strcmp(argv[i + 1], "cp_async") ||
-              !std::strcmp(argv[i + 1], "tma")))
+             (!std::strcmp(argv[i + 1], "all") || !std::strcmp(argv[i + 1], "cp_async") ||
+              !std::strcmp(argv[i + 1], "tma") || !std::strcmp(argv[i + 1], "tma_ring")))
       kernel_choice = argv[++i];
     else {
-      std::fprintf(stderr, "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel both|cp_async|tma]\n");
+      std::fprintf(stderr,
+                   "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|tma_ring]\n");
       return 2;
     }
   }

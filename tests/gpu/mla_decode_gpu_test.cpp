@@ -239,8 +239,10 @@ StatusOr<std::vector<uint16_t>> run(const MlaBatch& b, const MlaCase& c, MlaDeco
   PAGODA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   std::vector<uint16_t> host(out_elements);
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy(host.data(), out.get(), out_elements * 2, cudaMemcpyDeviceToHost));
-  if (c.options.kernel == MlaDecodeKernel::kTma && plan.kernel() != MlaDecodeKernel::kTma)
-    return internal_error("{}: the plan took kernel {} instead of TMA", c.name, static_cast<int>(plan.kernel()));
+  const bool tma_asked = c.options.kernel == MlaDecodeKernel::kTma || c.options.kernel == MlaDecodeKernel::kTmaRing;
+  if (tma_asked && plan.kernel() != c.options.kernel)
+    return internal_error("{}: the plan took kernel {} instead of {}", c.name, static_cast<int>(plan.kernel()),
+                          static_cast<int>(c.options.kernel));
   if (plan_out) *plan_out = std::move(plan);
   return host;
 }
@@ -265,7 +267,10 @@ void expect_close(const MlaCase& c) {
     worst = std::max(worst, testing::relative_l2(g, w));
   }
   std::printf("%-40s %s rows %3zu segments %4d ctas %4d max_splits %3d  rel L2 %.2e (worst row %.2e)\n",
-              c.name.c_str(), plan.kernel() == MlaDecodeKernel::kTma ? "tma " : "cp.async", b.rows.size(),
+              c.name.c_str(),
+              plan.kernel() == MlaDecodeKernel::kTma       ? "tma     "
+              : plan.kernel() == MlaDecodeKernel::kTmaRing ? "tma_ring"
+                                                           : "cp.async", b.rows.size(),
               plan.num_segments(), plan.num_ctas(), plan.max_splits(), overall, worst);
   EXPECT_LT(overall, kMaxRelativeError) << c.name;
   EXPECT_LT(worst, 2 * kMaxRelativeError) << c.name;
@@ -455,66 +460,80 @@ TEST_F(MlaDecodeGpuTest, RowsSharingBlocks) {
   expect_close(f);
 }
 
-// ---- The TMA-fed 16-head bf16 kernel (MlaDecodeKernel::kTma; mla_decode_tma.cu).
+// ---- The TMA-fed 16-head bf16 kernel (MlaDecodeKernel::kTma and its ring of
+// column-block slots kTmaRing; mla_decode_tma.cu), every case on both.
 // Unused pool slots hold NaN, so the rows of a partial last page (and of pages
 // past a segment's end) must be zeroed, not merely masked. run() fails a case
-// whose plan did not take the TMA kernel.
+// whose plan did not take the kernel asked for.
+MlaDecodeKernel tma_kernel = MlaDecodeKernel::kTma;  // the variant the TMA tests run (set by each test's loop)
+constexpr MlaDecodeKernel kTmaKernels[] = {MlaDecodeKernel::kTma, MlaDecodeKernel::kTmaRing};
+
 MlaCase tma(MlaCase c) {
-  c.options.kernel = MlaDecodeKernel::kTma;
+  c.options.kernel = tma_kernel;
+  if (tma_kernel == MlaDecodeKernel::kTmaRing) c.name += " ring";
   c.poison_unused = true;
   return c;
 }
 
 TEST_F(MlaDecodeGpuTest, TmaBlockSizesRaggedEnds) {
-  const KvElement bf16 = KvElement::kBF16;
-  expect_close(tma(make_case("tma h16 bs64 ragged", 16, 64, bf16, {1, 63, 64, 65, 2000, 4100}, 90)));
-  expect_close(tma(make_case("tma h16 bs16 ragged", 16, 16, bf16, {1, 17, 64, 65, 300, 1000, 4097}, 91)));
-  expect_close(tma(make_case("tma h16 bs32", 16, 32, bf16, {5, 100, 777}, 92)));
-  expect_close(tma(make_case("tma h16 bs8", 16, 8, bf16, {3, 100, 777}, 93)));
-  expect_close(tma(make_case("tma h16 bs128", 16, 128, bf16, {5, 100, 130, 777}, 94)));
-  expect_close(tma(make_case("tma h16 bs256", 16, 256, bf16, {200, 1000}, 95)));
-  // Fewer heads (tensor-parallel ranks): Q rows past num_heads are zeros.
-  expect_close(tma(make_case("tma h8 bs64", 8, 64, bf16, {1, 500}, 96)));
-  expect_close(tma(make_case("tma h1 bs16", 1, 16, bf16, {64, 129}, 97)));
+  for (MlaDecodeKernel k : kTmaKernels) {
+    tma_kernel = k;
+    const KvElement bf16 = KvElement::kBF16;
+    expect_close(tma(make_case("tma h16 bs64 ragged", 16, 64, bf16, {1, 63, 64, 65, 2000, 4100}, 90)));
+    expect_close(tma(make_case("tma h16 bs16 ragged", 16, 16, bf16, {1, 17, 64, 65, 300, 1000, 4097}, 91)));
+    expect_close(tma(make_case("tma h16 bs32", 16, 32, bf16, {5, 100, 777}, 92)));
+    expect_close(tma(make_case("tma h16 bs8", 16, 8, bf16, {3, 100, 777}, 93)));
+    expect_close(tma(make_case("tma h16 bs128", 16, 128, bf16, {5, 100, 130, 777}, 94)));
+    expect_close(tma(make_case("tma h16 bs256", 16, 256, bf16, {200, 1000}, 95)));
+    // Fewer heads (tensor-parallel ranks): Q rows past num_heads are zeros.
+    expect_close(tma(make_case("tma h8 bs64", 8, 64, bf16, {1, 500}, 96)));
+    expect_close(tma(make_case("tma h1 bs16", 1, 16, bf16, {64, 129}, 97)));
+  }
 }
 
 TEST_F(MlaDecodeGpuTest, TmaSplitsSchedulesAndSharing) {
-  const KvElement bf16 = KvElement::kBF16;
-  // Fixed small splits (the merge pass), segments ending inside a page.
-  expect_close(tma(with_options(make_case("tma h16 bs64 split 64", 16, 64, bf16, {1, 100, 1000, 2500}, 100), 64, 0)));
-  expect_close(tma(with_options(make_case("tma h16 bs16 split 128", 16, 16, bf16, {7, 333, 1200}, 101), 100, 0)));
-  // Few SMs: several segments per CTA, the stage ring carried across segments.
-  expect_close(tma(with_options(make_case("tma h16 bs64 7 sms", 16, 64, bf16, {1, 5, 70, 300, 1000, 2000, 64, 3}, 102),
-                                0, 7)));
-  expect_close(tma(with_options(make_case("tma h16 bs16 5 sms", 16, 16, bf16, {129, 1, 2000, 40}, 103), 0, 5)));
-  // One SM: long segments, both stages reused many times.
-  expect_close(tma(with_options(make_case("tma h16 bs64 1 sm", 16, 64, bf16, {1000, 130}, 104), 0, 1)));
-  expect_close(tma(with_options(make_case("tma h16 bs16 1 sm", 16, 16, bf16, {1000, 130}, 105), 0, 1)));
-  // Prefill-style rows of one sequence and a fork sharing its first blocks.
-  MlaCase shared = tma(make_case("tma h16 bs16 prefill rows + fork", 16, 16, bf16, {300, 200}, 106));
-  for (int32_t p = 250; p < 300; ++p) shared.rows.push_back({0, p + 1});
-  shared.rows.push_back({1, 200});
-  shared.rows.push_back({1, 37});
-  shared.shared_prefix_blocks = 5;
-  expect_close(shared);
+  for (MlaDecodeKernel k : kTmaKernels) {
+    tma_kernel = k;
+    const KvElement bf16 = KvElement::kBF16;
+    // Fixed small splits (the merge pass), segments ending inside a page.
+    expect_close(tma(with_options(make_case("tma h16 bs64 split 64", 16, 64, bf16, {1, 100, 1000, 2500}, 100), 64, 0)));
+    expect_close(tma(with_options(make_case("tma h16 bs16 split 128", 16, 16, bf16, {7, 333, 1200}, 101), 100, 0)));
+    // Few SMs: several segments per CTA, the stage ring carried across segments.
+    expect_close(tma(with_options(
+        make_case("tma h16 bs64 7 sms", 16, 64, bf16, {1, 5, 70, 300, 1000, 2000, 64, 3}, 102), 0, 7)));
+    expect_close(tma(with_options(make_case("tma h16 bs16 5 sms", 16, 16, bf16, {129, 1, 2000, 40}, 103), 0, 5)));
+    // One SM: long segments, both stages reused many times.
+    expect_close(tma(with_options(make_case("tma h16 bs64 1 sm", 16, 64, bf16, {1000, 130}, 104), 0, 1)));
+    expect_close(tma(with_options(make_case("tma h16 bs16 1 sm", 16, 16, bf16, {1000, 130}, 105), 0, 1)));
+    // Prefill-style rows of one sequence and a fork sharing its first blocks.
+    MlaCase shared = tma(make_case("tma h16 bs16 prefill rows + fork", 16, 16, bf16, {300, 200}, 106));
+    for (int32_t p = 250; p < 300; ++p) shared.rows.push_back({0, p + 1});
+    shared.rows.push_back({1, 200});
+    shared.rows.push_back({1, 37});
+    shared.shared_prefix_blocks = 5;
+    expect_close(shared);
+  }
 }
 
 TEST_F(MlaDecodeGpuTest, TmaGraphPlans) {
-  // The CUDA-graph layout (fixed rows with padding, tables at a stride), launched
-  // directly and through a captured graph (the tensor map is a kernel parameter).
-  for (const bool graph : {false, true}) {
-    MlaCase c = tma(make_case(graph ? "tma h16 bs64 fixed 8 graph" : "tma h16 bs64 fixed 8", 16, 64,
-                              KvElement::kBF16, {1, 70, 3000, 640, 5}, 107));
-    c.options.fixed_rows = 8;
-    c.options.fixed_block_table_stride = 100;
-    c.use_graph = graph;
-    expect_close(c);
-    MlaCase s = tma(make_case(graph ? "tma h16 bs16 fixed 4 graph" : "tma h16 bs16 fixed 4", 16, 16,
-                              KvElement::kBF16, {2, 300, 1000}, 108));
-    s.options.fixed_rows = 4;
-    s.options.fixed_block_table_stride = 100;
-    s.use_graph = graph;
-    expect_close(s);
+  for (MlaDecodeKernel k : kTmaKernels) {
+    tma_kernel = k;
+    // The CUDA-graph layout (fixed rows with padding, tables at a stride), launched
+    // directly and through a captured graph (the tensor map is a kernel parameter).
+    for (const bool graph : {false, true}) {
+      MlaCase c = tma(make_case(graph ? "tma h16 bs64 fixed 8 graph" : "tma h16 bs64 fixed 8", 16, 64,
+                                KvElement::kBF16, {1, 70, 3000, 640, 5}, 107));
+      c.options.fixed_rows = 8;
+      c.options.fixed_block_table_stride = 100;
+      c.use_graph = graph;
+      expect_close(c);
+      MlaCase s = tma(make_case(graph ? "tma h16 bs16 fixed 4 graph" : "tma h16 bs16 fixed 4", 16, 16,
+                                KvElement::kBF16, {2, 300, 1000}, 108));
+      s.options.fixed_rows = 4;
+      s.options.fixed_block_table_stride = 100;
+      s.use_graph = graph;
+      expect_close(s);
+    }
   }
 }
 
@@ -526,18 +545,20 @@ TEST_F(MlaDecodeGpuTest, TmaMatchesCpAsyncKernel) {
     const MlaBatch b = make_batch(c);
     c.options.kernel = MlaDecodeKernel::kCpAsync;
     auto old_out = run(b, c);
-    c.options.kernel = MlaDecodeKernel::kTma;
-    auto new_out = run(b, c);
     ASSERT_TRUE(old_out.ok()) << old_out.status().message();
-    ASSERT_TRUE(new_out.ok()) << new_out.status().message();
     std::vector<double> want;
     for (uint16_t v : *old_out) want.push_back(bf16_to_f32(v));
-    const double err = testing::relative_l2(*new_out, want);
-    size_t differing = 0;
-    for (size_t i = 0; i < want.size(); ++i) differing += (*old_out)[i] != (*new_out)[i];
-    std::printf("blocks of %2d: TMA vs cp.async rel L2 %.3e, %zu of %zu outputs differ\n", bs, err, differing,
-                want.size());
-    EXPECT_LT(err, 1e-3) << "blocks of " << bs;
+    for (MlaDecodeKernel k : kTmaKernels) {
+      c.options.kernel = k;
+      auto new_out = run(b, c);
+      ASSERT_TRUE(new_out.ok()) << new_out.status().message();
+      const double err = testing::relative_l2(*new_out, want);
+      size_t differing = 0;
+      for (size_t i = 0; i < want.size(); ++i) differing += (*old_out)[i] != (*new_out)[i];
+      std::printf("blocks of %2d: %s vs cp.async rel L2 %.3e, %zu of %zu outputs differ\n", bs,
+                  k == MlaDecodeKernel::kTma ? "TMA" : "TMA ring", err, differing, want.size());
+      EXPECT_LT(err, 1e-3) << "blocks of " << bs;
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <numeric>
 #include <string>
+#include <cstdlib>
 #include <vector>
 
 #include "pagoda/backend/cuda/attention/mla_decode.h"
@@ -213,6 +214,21 @@ TEST(MlaDecodePlanTest, KernelChoice) {
   EXPECT_EQ(kernel_of(fp8), MlaDecodeKernel::kCpAsync);
   o.kernel = MlaDecodeKernel::kCpAsync;
   EXPECT_EQ(kernel_of(config(16, 64)), MlaDecodeKernel::kCpAsync);
+  // The ring variant has the same domain.
+  o.kernel = MlaDecodeKernel::kTmaRing;
+  for (int32_t bs : {8, 16, 64, 128}) EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kTmaRing) << bs;
+  for (int32_t bs : {1, 48}) EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kCpAsync) << bs;
+  EXPECT_EQ(kernel_of(fp8), MlaDecodeKernel::kCpAsync);
+  // The automatic choice (PAGODA_MLA_DECODE_KERNEL unset): TMA at pages of a
+  // multiple of 64, cp.async for smaller pages, fp8 and more than 16 heads.
+  const char* env = std::getenv("PAGODA_MLA_DECODE_KERNEL");
+  if (env == nullptr || *env == '\0') {
+    o.kernel = MlaDecodeKernel::kDefault;
+    for (int32_t bs : {64, 128}) EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kTma) << bs;
+    for (int32_t bs : {8, 16, 32, 48}) EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kCpAsync) << bs;
+    EXPECT_EQ(kernel_of(config(17, 64)), MlaDecodeKernel::kCpAsync);
+    EXPECT_EQ(kernel_of(fp8), MlaDecodeKernel::kCpAsync);
+  }
   o.kernel = static_cast<MlaDecodeKernel>(7);
   expect_error(config(), one, "kernel 7 unknown", o);
 }

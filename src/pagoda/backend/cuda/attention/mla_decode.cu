@@ -47,6 +47,7 @@
 
 #include "pagoda/backend/cuda/attention/device_primitives.cuh"
 #include "pagoda/backend/cuda/attention/mla_decode_descriptor.h"
+#include "pagoda/backend/cuda/attention/mla_decode_narrow.cuh"
 #include "pagoda/backend/cuda/attention/wgmma_primitives.cuh"
 
 namespace pagoda::kernels::cuda {
@@ -551,7 +552,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// ---- Narrow rows: at most 16 heads (DeepSeek-V2-Lite). A 64-head tile would be
+// ---- Narrow rows: at most 16 heads (DeepSeek-V2-Lite); the per-tile math below is
+// mla_decode_narrow.cuh's, shared with the TMA kernels. A 64-head tile would be
 // three-quarters padding, and its tensor-core time would exceed the memory time
 // (a 64 x 64 x 576 S-GEMM and 64 x 512 x 64 P V per 64 positions, 4x the useful
 // work). Here the positions are the MMA rows instead:
@@ -586,24 +588,6 @@ constexpr int kNarrowSmemBytes = kNarrowPartialAt + 2 * 128 * 8 * 4 + 1024;
 static_assert(kNarrowQBytes % 1024 == 0 && kNarrowPAt % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
 static_assert(kNarrowSmemBytes <= 232448, "one CTA per SM");
 
-[[maybe_unused]] __device__ __forceinline__ void named_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
-// d[8] (+)= A * B for m64n16k16; kTransA: A MN-major (transposed), else K-major; B K-major.
-template <int kTransA>
-__device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[8], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %10, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA));
-}
-
 template <int kFormat>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_narrow_kernel(const MlaDecodeDescriptor d, const __nv_bfloat16* __restrict__ q,
@@ -612,25 +596,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();
 #else
+  static_assert(kNarrowHeads == mla_narrow::kHeads && kThreads == mla_narrow::kComputeThreads);
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_address(smem_raw);
   uint8_t* base = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
   uint8_t* q_tile = base;
-  const int tid = threadIdx.x;
-  const int lane = tid & 31;
-  const int warpgroup = tid >> 7;
-  const int wg_warp = (tid >> 5) & 3;
-  uint8_t* p_tile = base + kNarrowPAt + warpgroup * kNarrowHeads * 128;  // this group's P^T
-  float* scales = reinterpret_cast<float*>(base + kNarrowScalesAt);     // fp8: [2 stages][64]
-  float* col_max = reinterpret_cast<float*>(base + kNarrowMaxAt) + warpgroup * 4 * kNarrowHeads;  // [warp][head]
-  float* col_sum = reinterpret_cast<float*>(base + kNarrowSumAt) + warpgroup * 4 * kNarrowHeads;
-  const int heads_here = min(kNarrowHeads, d.num_heads);
-  // This thread's accumulator rows (positions of S^T, dims of O^T within an
-  // m-tile) and its 4 heads: h(j, e) = 8 j + 2 (lane % 4) + e, index 2 j + e.
-  const int row0 = wg_warp * 16 + (lane >> 2);
-  const int col = 2 * (lane & 3);
-  const int load_pos = tid >> 2;
-  const int load_lane = tid & 3;
+  const mla_narrow::ThreadPlace t = mla_narrow::thread_place(threadIdx.x);
+  uint8_t* p_tile = base + kNarrowPAt + t.warpgroup * kNarrowHeads * 128;  // this group's P^T
+  float* scales = reinterpret_cast<float*>(base + kNarrowScalesAt);       // fp8: [2 stages][64]
+  float* col_max = reinterpret_cast<float*>(base + kNarrowMaxAt) + t.warpgroup * 4 * kNarrowHeads;  // [warp][head]
+  float* col_sum = reinterpret_cast<float*>(base + kNarrowSumAt) + t.warpgroup * 4 * kNarrowHeads;
+  const int load_pos = t.tid >> 2;
+  const int load_lane = t.tid & 3;
+  const uint32_t q_addr = smem_address(q_tile);
+  const uint32_t p_addr = smem_address(p_tile);
 
   const int seg_begin = d.cta_segment_start[blockIdx.y];
   const int seg_end = d.cta_segment_start[blockIdx.y + 1];
@@ -642,16 +621,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int num_tiles = (kv_end - kv_begin + kTile - 1) / kTile;
 
     __syncthreads();  // the previous segment is done with every buffer
-    {
-      // Q: 16 rows x 72 chunks, column blocks of 16 rows.
-      const __nv_bfloat16* q_row = q + int64_t{row} * d.num_heads * kMlaKeyDim;
-      for (int idx = tid; idx < kNarrowHeads * kKeyChunks; idx += kThreads) {
-        const int r = idx / kKeyChunks, c = idx % kKeyChunks;
-        const bool valid = r < heads_here;
-        cp_async_16(q_tile + (c >> 3) * kNarrowQBlockBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4),
-                    valid ? q_row + r * kMlaKeyDim + c * 8 : q, valid);
-      }
-    }
+    mla_narrow::issue_q(q_tile, q, row, d.num_heads, t.tid);
     auto issue_tile = [&](int kv0, int stage) {
       issue_latent_tile<kFormat>(d, table, kv0, kv_end, base + kNarrowTilesAt, scales, stage, load_pos, load_lane);
     };
@@ -660,16 +630,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (num_tiles > 1) issue_tile(kv_begin + kTile, 1);
     cp_async_commit();
 
-    float o[4][8];
-#pragma unroll
-    for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) o[mi][i] = 0.0f;
-    float m[4] = {kNoScore, kNoScore, kNoScore, kNoScore};
-    float l[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    const uint32_t q_addr = smem_address(q_tile);
-    const uint32_t p_addr = smem_address(p_tile);
-
+    mla_narrow::SegmentState st;
+    mla_narrow::reset(st);
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int kv0 = kv_begin + tile * kTile;
       const int stage = tile & 1;
@@ -691,172 +653,28 @@ __global__ void __launch_bounds__(kThreads, 1)
           // The scales leave the staging area (every thread's, hence the barrier)
           // before tile + 2's copies overwrite it. (FlashMLA records were
           // dequantized whole by the conversion.)
-          pos_scale[0] = scales[stage * kTile + row0];
-          pos_scale[1] = scales[stage * kTile + row0 + 8];
+          pos_scale[0] = scales[stage * kTile + t.row0];
+          pos_scale[1] = scales[stage * kTile + t.row0 + 8];
           __syncthreads();
         }
         if (tile + 2 < num_tiles) issue_tile(kv0 + 2 * kTile, stage);
         cp_async_commit();
       }
       const uint32_t kv_addr = smem_address(kv_tile);
+      auto block_addr = [&](int c) { return kv_addr + uint32_t(c * kBlockBytes); };
 
-      // S^T = K Q^T: 64 positions x 16 heads; group g sums over the K dims
-      // [288 g, 288 g + 288), then the groups add each other's half (the same
-      // thread of the other group holds the same elements).
       float s[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) s[i] = 0.0f;
-      wgmma_fence();
-#pragma unroll
-      for (int step = 0; step < kMlaKeyDim / 32; ++step) {
-        const int ks = warpgroup * (kMlaKeyDim / 32) + step;
-        wgmma_m64n16k16_ss<0>(s, make_smem_desc_sw128(kv_addr + (ks >> 2) * kBlockBytes + (ks & 3) * 32, 16, 1024),
-                              make_smem_desc_sw128(q_addr + (ks >> 2) * kNarrowQBlockBytes + (ks & 3) * 32, 16, 1024),
-                              step > 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < 8; ++i) keep_in_order(s[i]);
-      {
-        float4* mine = reinterpret_cast<float4*>(base + kNarrowPartialAt) + 2 * tid;
-        const float4* other = reinterpret_cast<const float4*>(base + kNarrowPartialAt) + 2 * (tid ^ 128);
-        mine[0] = make_float4(s[0], s[1], s[2], s[3]);
-        mine[1] = make_float4(s[4], s[5], s[6], s[7]);
-        __syncthreads();
-        const float4 a = other[0], b = other[1];
-        s[0] += a.x; s[1] += a.y; s[2] += a.z; s[3] += a.w;
-        s[4] += b.x; s[5] += b.y; s[6] += b.z; s[7] += b.w;
-      }
-
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int t = row0 + 8 * i;
-        const bool valid = kv0 + t < kv_end;
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& v = s[4 * j + 2 * i + e];
-            v = valid ? v * pos_scale[i] * d.scale_log2 : kNoScore;
-          }
-      }
-      // Column maxima: this warp's 16 positions, then the group's 4 warps.
-      float mx[4];
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float v = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
-          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
-          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
-          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-          mx[2 * j + e] = v;
-        }
-      if (lane < 4) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) col_max[wg_warp * kNarrowHeads + 8 * j + col + e] = mx[2 * j + e];
-      }
-      named_barrier(1 + warpgroup, 128);
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int h = 8 * j + col + e;
-          const float tile_max = fmaxf(fmaxf(col_max[h], col_max[kNarrowHeads + h]),
-                                       fmaxf(col_max[2 * kNarrowHeads + h], col_max[3 * kNarrowHeads + h]));
-          const int k = 2 * j + e;
-          const float m_new = fmaxf(m[k], tile_max);
-          const float correction = exp2f(m[k] - m_new);
-          m[k] = m_new;
-          l[k] *= correction;
-#pragma unroll
-          for (int mi = 0; mi < 4; ++mi) {
-            o[mi][4 * j + e] *= correction;
-            o[mi][4 * j + 2 + e] *= correction;
-          }
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const float p = exp2f(s[4 * j + 2 * i + e] - m_new);
-            l[k] += p;
-            const int t = row0 + 8 * i;
-            // P^T[h][t]: row h of 128 B, 16-byte chunk t / 8 swizzled, bf16 t % 8.
-            *reinterpret_cast<__nv_bfloat16*>(p_tile + h * 128 + (((t >> 3) ^ (h & 7)) << 4) + (t & 7) * 2) =
-                __float2bfloat16(p * pos_scale[i]);
-          }
-        }
-      fence_proxy_async_shared();
-      named_barrier(1 + warpgroup, 128);  // this group's P^T is complete (and its maxima read)
-
-      // O^T[dims of m-tile mi] += V^T P^T.
-#pragma unroll
-      for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) keep_in_order(o[mi][i]);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        const uint64_t desc_p = make_smem_desc_sw128(p_addr + kk * 32, 16, 1024);
-#pragma unroll
-        for (int mi = 0; mi < 4; ++mi) {
-          const uint32_t v_addr = kv_addr + (warpgroup * 4 + mi) * kBlockBytes + kk * 16 * 128;
-          wgmma_m64n16k16_ss<1>(o[mi], make_smem_desc_sw128(v_addr, kBlockBytes, 1024), desc_p, 1);
-        }
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-#pragma unroll
-      for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) keep_in_order(o[mi][i]);
+      mla_narrow::s_half(s, t, q_addr, block_addr, [](int) { return false; });  // the tile has landed whole
+      mla_narrow::add_other_half(s, base + kNarrowPartialAt, t.tid, [] { __syncthreads(); });
+      mla_narrow::softmax_tile(s, st, t, kv_end - kv0, pos_scale, d.scale_log2, col_max, p_tile);
+      mla_narrow::pv(st, t, p_addr, block_addr);
       if constexpr (!kFp8) {
         __syncthreads();
         if (tile + 2 < num_tiles) issue_tile(kv0 + 2 * kTile, stage);
         cp_async_commit();
       }
     }
-
-    // Column sums over the group (each group has them all: it computed every position).
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      l[k] += __shfl_xor_sync(0xffffffffu, l[k], 4);
-      l[k] += __shfl_xor_sync(0xffffffffu, l[k], 8);
-      l[k] += __shfl_xor_sync(0xffffffffu, l[k], 16);
-    }
-    if (lane < 4) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) col_sum[wg_warp * kNarrowHeads + 8 * j + col + e] = l[2 * j + e];
-    }
-    named_barrier(1 + warpgroup, 128);
-    const bool split = d.row_segment_start[row + 1] - d.row_segment_start[row] > 1;
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int h = 8 * j + col + e;
-        if (h >= heads_here) continue;
-        const float sum = col_sum[h] + col_sum[kNarrowHeads + h] + col_sum[2 * kNarrowHeads + h] +
-                          col_sum[3 * kNarrowHeads + h];
-        const float inv = 1.0f / sum;
-        const int64_t at = (split ? int64_t{seg} : int64_t{row}) * d.num_heads + h;
-#pragma unroll
-        for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int dim = warpgroup * 256 + mi * 64 + row0 + 8 * i;
-            const float v = o[mi][4 * j + 2 * i + e] * inv;
-            if (!split) out[at * kMlaLatentDim + dim] = __float2bfloat16(v);
-            else d.workspace[at * kMlaLatentDim + dim] = v;
-          }
-        if (split && warpgroup == 0 && lane < 4 && wg_warp == 0) {
-          float* lse = d.workspace + int64_t{d.num_segments} * d.num_heads * kMlaLatentDim;
-          lse[at] = m[2 * j + e] + log2f(sum);
-        }
-      }
+    mla_narrow::finish_segment(d, st, t, seg, row, col_sum, out);
   }
 #endif
 }
@@ -937,7 +755,7 @@ cudaError_t launch_mla_decode(const MlaDecodeDescriptor& d, const void* q, void*
   const dim3 grid((d.num_heads + kHeads - 1) / kHeads, d.num_ctas);
   const auto* qb = static_cast<const __nv_bfloat16*>(q);
   auto* ob = static_cast<__nv_bfloat16*>(out);
-  if (d.kernel == MlaDecodeKernel::kTma) {
+  if (d.kernel == MlaDecodeKernel::kTma || d.kernel == MlaDecodeKernel::kTmaRing) {
     // The plan chose it (its domain checked there): a failure here (no tensor
     // map for this pool) is the caller's error, not a silent fallback.
     const cudaError_t e = launch_mla_decode_tma_main(d, q, out, stream);

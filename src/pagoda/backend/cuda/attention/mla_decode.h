@@ -76,10 +76,13 @@ struct MlaDecodeOptions {
   int32_t fixed_rows = 0;
   int32_t fixed_block_table_stride = 0;
   // Which kernel (mla_decode_descriptor.h, MlaDecodeKernel). kDefault: the
-  // environment's PAGODA_MLA_DECODE_KERNEL ("tma" or "cp_async", read once per
-  // process), else cp.async. kTma applies only where the TMA kernel does (bf16
-  // latent, at most 16 heads, block_size 8, 16, 32 or a multiple of 64); other
-  // plans fall back to the cp.async kernels, and kernel() says which was taken.
+  // environment's PAGODA_MLA_DECODE_KERNEL ("auto", "tma", "tma_ring" or
+  // "cp_async", read once per process); unset or "auto": the TMA kernel where
+  // it applies with pages of a multiple of 64 positions, else cp.async.
+  // kTma / kTmaRing apply only where the TMA kernel does (bf16 latent, at most
+  // 16 heads, block_size 8, 16, 32 or a multiple of 64); other plans fall back
+  // to the cp.async kernels (fp8 latents, more heads, other block sizes), and
+  // kernel() says which was taken.
   MlaDecodeKernel kernel = MlaDecodeKernel::kDefault;
 };
 
@@ -97,7 +100,7 @@ class MlaDecodePlan {
   int32_t num_segments() const { return num_segments_; }
   int32_t num_ctas() const { return num_ctas_; }
   int32_t max_splits() const { return max_splits_; }
-  // The kernel the plan's launches run: kCpAsync or kTma (never kDefault).
+  // The kernel the plan's launches run: kCpAsync, kTma or kTmaRing (never kDefault).
   MlaDecodeKernel kernel() const { return kernel_; }
   // The int32 arena to copy to the device (4-byte aligned destination).
   std::span<const int32_t> arena() const { return arena_; }

@@ -35,9 +35,13 @@ enum class MlaDecodeKernel : int32_t {
   // cp.async through the block table.
   kCpAsync = 1,
   // bf16 latent, at most 16 heads, block_size 8 / 16 / 32 / multiple of 64: a
-  // producer warp loads the tiles with tensor-map copies (TMA) into a ring of
-  // stages, one mbarrier per column block and stage (mla_decode_tma.cu).
+  // producer warp loads the tiles with tensor-map copies (TMA) into two stages
+  // of whole tiles, one mbarrier per column block (mla_decode_tma.cu).
   kTma = 2,
+  // kTma's domain and math, the column blocks in a ring of 23 slots (2.55
+  // tiles) instead of two stages, each slot released as soon as its readers
+  // are done with it.
+  kTmaRing = 3,
 };
 
 // What the kernels read (device pointers; plain value, passed by value).

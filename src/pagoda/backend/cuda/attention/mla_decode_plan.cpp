@@ -24,8 +24,8 @@ constexpr int32_t kHeadTile = 64;      // heads per CTA
 constexpr int64_t kSegmentOverhead = 1;  // tiles' worth of time a segment costs beyond its tiles
 constexpr int64_t kMinSegmentTiles = 2;  // a CTA's leftover share smaller than this goes to the next CTA
 
-// PAGODA_MLA_DECODE_KERNEL, read once: "tma" or "cp_async" (unset or empty:
-// cp.async); anything else is reported at plan creation.
+// PAGODA_MLA_DECODE_KERNEL, read once: "tma", "tma_ring", "cp_async" or
+// "auto" (unset or empty: auto); anything else is reported at plan creation.
 const char* environment_kernel() {
   static const char* value = [] {
     const char* v = std::getenv("PAGODA_MLA_DECODE_KERNEL");
@@ -41,6 +41,14 @@ bool tma_applies(const MlaDecodeConfig& c) {
   return c.latent_element == KvElement::kBF16 && c.num_heads <= 16 &&
          int64_t{c.num_blocks} * c.block_size < (int64_t{1} << 31) &&
          (c.block_size % 64 == 0 || c.block_size == 8 || c.block_size == 16 || c.block_size == 32);
+}
+
+// The automatic choice: the TMA kernel where it applies and was measured
+// faster than cp.async (pages of a multiple of 64 positions: one box a column
+// block of a tile; at blocks of 16 it measured no faster, docs/BENCHMARKS.md),
+// else the cp.async kernels (fp8 latents, more than 16 heads, other block sizes).
+MlaDecodeKernel automatic_kernel(const MlaDecodeConfig& c) {
+  return tma_applies(c) && c.block_size % 64 == 0 ? MlaDecodeKernel::kTma : MlaDecodeKernel::kCpAsync;
 }
 
 }  // namespace
@@ -67,13 +75,18 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
   MlaDecodeKernel kernel = options.kernel;
   if (kernel == MlaDecodeKernel::kDefault) {
     const char* env = environment_kernel();
-    if (*env == '\0' || std::strcmp(env, "cp_async") == 0) kernel = MlaDecodeKernel::kCpAsync;
+    if (*env == '\0' || std::strcmp(env, "auto") == 0) kernel = automatic_kernel(config);
+    else if (std::strcmp(env, "cp_async") == 0) kernel = MlaDecodeKernel::kCpAsync;
     else if (std::strcmp(env, "tma") == 0) kernel = MlaDecodeKernel::kTma;
-    else return invalid_argument_error("mla decode: PAGODA_MLA_DECODE_KERNEL '{}' (tma or cp_async)", env);
+    else if (std::strcmp(env, "tma_ring") == 0) kernel = MlaDecodeKernel::kTmaRing;
+    else
+      return invalid_argument_error("mla decode: PAGODA_MLA_DECODE_KERNEL '{}' (auto, tma, tma_ring or cp_async)",
+                                    env);
   }
-  if (kernel != MlaDecodeKernel::kCpAsync && kernel != MlaDecodeKernel::kTma)
+  const bool tma = kernel == MlaDecodeKernel::kTma || kernel == MlaDecodeKernel::kTmaRing;
+  if (kernel != MlaDecodeKernel::kCpAsync && !tma)
     return invalid_argument_error("mla decode: kernel {} unknown", static_cast<int>(options.kernel));
-  if (kernel == MlaDecodeKernel::kTma && !tma_applies(config)) kernel = MlaDecodeKernel::kCpAsync;
+  if (tma && !tma_applies(config)) kernel = MlaDecodeKernel::kCpAsync;
   if (options.split_tokens < 0)
     return invalid_argument_error("mla decode: split_tokens {} must be >= 0", options.split_tokens);
   if (device.num_sms < 1) return invalid_argument_error("mla decode: num_sms {} must be positive", device.num_sms);

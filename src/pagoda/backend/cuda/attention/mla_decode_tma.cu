@@ -1,32 +1,34 @@
 // Paged MLA decode, bf16 latent, at most 16 heads, with the tiles loaded by
-// the copy engine (TMA): MlaDecodeKernel::kTma of mla_decode_descriptor.h.
+// the copy engine (TMA): MlaDecodeKernel::kTma and kTmaRing of
+// mla_decode_descriptor.h.
 //
-// The math is mla_decode.cu's narrow kernel (S^T = K Q^T over 64 positions x
-// 16 heads, the K dims split between the two compute warpgroups and the halves
-// swapped through shared memory; softmax per head = per column; O^T += V^T P^T
-// with each group owning 256 latent dims), and so are the shared-memory tile
+// The math is the narrow kernels' (mla_decode_narrow.cuh: S^T = K Q^T over 64
+// positions x 16 heads, the K dims split between the two compute warpgroups
+// and the halves swapped through shared memory; softmax per head = per column;
+// O^T += V^T P^T with each group owning 256 latent dims), and so are the tile
 // layout (9 column blocks of 64 rows x 128 B, 128-byte swizzle) and the
 // segment schedule. What differs is who loads the tiles:
 //   - a ninth warp (the producer) walks the block tables and issues tensor-map
 //     copies (cp.async.bulk.tensor, L2 evict-first: the latent is read once a
-//     step) into a ring of 2 stages (3 do not fit beside Q); the 256 compute
-//     threads issue no latent copies (they still copy Q, 18 KB a segment);
+//     step) into a ring of column-block slots: 18 (two stages of whole tiles,
+//     kTma) or 23 (what fits beside Q, kTmaRing); the 256 compute threads issue
+//     no latent copies (they still copy Q, 18 KB a segment);
 //   - the latent pool is seen as a 3-D tensor [slots][9 column blocks][64
 //     values] (strides 1,152 B and 128 B), and one box is one column block of
 //     one page: 64 values x min(block_size, 64) rows, landing in the swizzled
 //     layout the wgmma descriptors read (a box starts on a 1,024-byte swizzle
 //     atom: block sizes 8 / 16 / 32, or multiples of 64 where a tile lies in
 //     one page);
-//   - each column block of each stage has its own mbarrier (transaction bytes),
-//     so a group starts S^T on its first column block while the others land;
-//     the stage goes back to the producer through an "empty" mbarrier that the
-//     8 compute warps arrive on after their P V;
+//   - each slot has a "full" mbarrier (transaction bytes), so a group starts
+//     S^T on its first column block while the others land, and an "empty"
+//     mbarrier its readers arrive on when done with it (the rope block after
+//     S, the others after P V), which the producer waits on before reusing it;
 //   - rows of a segment's last tile past its end are not loaded (whole pages
 //     past it) or hold whatever the pool has there: the compute threads zero
 //     them before S (V must not carry NaNs into 0 x V).
 // The tensor map is encoded on the host per launch (a pure host call) and
 // passed as a __grid_constant__ parameter, so a captured graph replays it.
-// docs/KERNELS.md ("MLA decode", v8) has the design notes and measurements.
+// docs/KERNELS.md ("MLA decode", v8 and v9) has the design notes and measurements.
 
 #include <cuda.h>  // CUtensorMap, the encoder's signature (no driver call is linked)
 #include <cuda_bf16.h>
@@ -36,6 +38,7 @@
 
 #include "pagoda/backend/cuda/attention/device_primitives.cuh"
 #include "pagoda/backend/cuda/attention/mla_decode_descriptor.h"
+#include "pagoda/backend/cuda/attention/mla_decode_narrow.cuh"
 #include "pagoda/backend/cuda/attention/prefill_sm90_sync.cuh"
 #include "pagoda/backend/cuda/attention/wgmma_primitives.cuh"
 
@@ -44,49 +47,48 @@ namespace {
 
 using namespace device;
 
-constexpr int kConsumerThreads = 256;          // 2 compute warpgroups
-constexpr int kThreads = kConsumerThreads + 32;  // + the producer warp
-constexpr int kHeads = 16;
-constexpr int kTile = 64;
-constexpr int kColumnBlocks = 9;  // 576 / 64
-constexpr int kStages = 2;
-constexpr int kBlockBytes = kTile * 128;                     // one column block of a tile
-constexpr int kTileBytes = kColumnBlocks * kBlockBytes;      // 73,728
-[[maybe_unused]] constexpr int kKeyChunks = kMlaKeyDim / 8;                   // 72 16-byte chunks a vector
-constexpr int kQBlockBytes = kHeads * 128;                   // one column block of Q
-constexpr int kQBytes = kColumnBlocks * kQBlockBytes;        // 18,432
-[[maybe_unused]] constexpr float kNoScore = -1e30f;
+using mla_narrow::kBlockBytes;  // one column block of a tile
+using mla_narrow::kHeads;
+using mla_narrow::kKeyChunks;
+using mla_narrow::kTile;
+constexpr int kConsumerThreads = mla_narrow::kComputeThreads;  // 2 compute warpgroups
+constexpr int kThreads = kConsumerThreads + 32;                // + the producer warp
+constexpr int kColumnBlocks = 9;                               // 576 / 64
+constexpr int kQBytes = kColumnBlocks * mla_narrow::kQBlockBytes;  // 18,432
 // Named barriers (0 is __syncthreads, which the producer does not join after
 // the set-up): 1 + g, one compute warpgroup; 3, both compute warpgroups.
 [[maybe_unused]] constexpr int kConsumersBarrier = 3;
 
-// Shared memory (base aligned to 1024 B): Q | 2 stages of tiles | P^T [2 groups]
-// | column maxima [2][4 warps][16] | column sums [2][4][16] | S^T halves
-// [2 tile parities][256 threads][8] | mbarriers: full [stage][column block], empty [stage].
-constexpr int kTilesAt = kQBytes;
-constexpr int kPAt = kTilesAt + kStages * kTileBytes;
-constexpr int kMaxAt = kPAt + 2 * kHeads * 128;
-constexpr int kSumAt = kMaxAt + 2 * 4 * kHeads * 4;
-constexpr int kPartialAt = kSumAt + 2 * 4 * kHeads * 4;
-constexpr int kPartialBytes = kConsumerThreads * 8 * 4;
-constexpr int kBarriersAt = kPartialAt + 2 * kPartialBytes;
-constexpr int kSmemBytes = kBarriersAt + (kStages * kColumnBlocks + kStages) * 8 + 1024;
-static_assert(kTilesAt % 1024 == 0 && kPAt % 1024 == 0 && kTileBytes % 1024 == 0,
-              "swizzle atoms stay 1024-byte aligned");
-static_assert(kSmemBytes <= 232448, "one CTA per SM");
+// The ring of column-block slots: a tile's column block c goes to slot
+// (9 x tile + c) % kSlots. 18 slots are v8's two stages of whole tiles; 23 are
+// what fits (2.55 tiles), so the producer keeps more than a tile in flight
+// while a tile is computed.
+constexpr int kTwoStageSlots = 2 * kColumnBlocks;
+constexpr int kRingSlots = 23;
 
-// d[8] (+)= A * B for m64n16k16; kTransA: A MN-major (transposed), else K-major; B K-major.
-template <int kTransA>
-__device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %10, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA));
+// Shared memory (base aligned to 1024 B): Q | kSlots column-block slots | P^T
+// [2 groups] | column maxima [2][4 warps][16] | column sums [2][4][16] | S^T
+// halves [2 tile parities][256 threads][8] | mbarriers: full [slot], empty [slot].
+template <int kSlots>
+struct Layout {
+  static constexpr int kTilesAt = kQBytes;
+  static constexpr int kPAt = kTilesAt + kSlots * kBlockBytes;
+  static constexpr int kMaxAt = kPAt + 2 * kHeads * 128;
+  static constexpr int kSumAt = kMaxAt + 2 * 4 * kHeads * 4;
+  static constexpr int kPartialAt = kSumAt + 2 * 4 * kHeads * 4;
+  static constexpr int kPartialBytes = kConsumerThreads * 8 * 4;
+  static constexpr int kBarriersAt = kPartialAt + 2 * kPartialBytes;
+  static constexpr int kSmemBytes = kBarriersAt + 2 * kSlots * 8 + 1024;
+  static_assert(kTilesAt % 1024 == 0 && kPAt % 1024 == 0 && kBlockBytes % 1024 == 0,
+                "swizzle atoms stay 1024-byte aligned");
+  static_assert(kSmemBytes <= 232448, "one CTA per SM");
+  static_assert(kSlots >= kColumnBlocks + 1, "a tile and at least one slot of the next");
+};
+
+// mbarrier.arrive with a count (one warp standing for the warps that do not
+// read the slot).
+[[maybe_unused]] __device__ __forceinline__ void mbarrier_arrive_count(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count) : "memory");
 }
 
 // An L2 policy that evicts first: the latent is read once per step.
@@ -106,8 +108,7 @@ __device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], uint64_t desc_a, 
       : "memory");
 }
 
-[[maybe_unused]] __device__ __forceinline__ void keep_in_order(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-
+template <int kSlots>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_tma_kernel(const MlaDecodeDescriptor d, const __grid_constant__ CUtensorMap latent_map,
                           const __nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ out) {
@@ -115,20 +116,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The portable compute_90 PTX has no wgmma: this body exists only in the sm_90a machine code.
   __trap();
 #else
+  using L = Layout<kSlots>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_address(smem_raw);
   uint8_t* base = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
-  uint8_t* tiles = base + kTilesAt;
-  uint64_t* full = reinterpret_cast<uint64_t*>(base + kBarriersAt);  // [stage * 9 + column block]
-  uint64_t* empty = full + kStages * kColumnBlocks;                    // [stage]
+  uint8_t* tiles = base + L::kTilesAt;
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + L::kBarriersAt);  // [slot]
+  uint64_t* empty = full + kSlots;                                     // [slot]
   const int tid = threadIdx.x;
   const int lane = tid & 31;
 
   if (tid == 0) {
 #pragma unroll
-    for (int i = 0; i < kStages * kColumnBlocks; ++i) mbarrier_init(&full[i], 1);  // producer's arrive + bytes
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) mbarrier_init(&empty[s], kConsumerThreads / 32);  // one arrive a warp
+    for (int i = 0; i < kSlots; ++i) {
+      mbarrier_init(&full[i], 1);  // the producer's arrive + the bytes
+      // 8 counts a use: each of the 8 compute warps that reads the slot arrives
+      // with 8 / (warps reading it) once done (column block 4: both groups, 1
+      // each; the others: one group, 2 each).
+      mbarrier_init(&empty[i], kConsumerThreads / 32);
+    }
   }
   __syncthreads();
 
@@ -137,289 +143,126 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (tid >= kConsumerThreads) {
     // ---- Producer warp. A tile is 64 / box_rows pages (one when the block size
-    // is a multiple of 64: the tile lies inside one page), each loaded as 9 boxes
-    // of one column block. Copy i of a tile is column block i / pages, page
-    // i % pages, so column block 0 is requested first.
+    // is a multiple of 64: the tile lies inside one page), each column block
+    // loaded as one box a page into its slot, column block 0 first; lane p
+    // issues page p's boxes. The producer runs ahead over tiles and segments as
+    // far as the ring's free slots allow.
     const int bs = d.block_size;
     const int box_rows = bs < kTile ? bs : kTile;
-    const int pages = kTile / box_rows;
+    const int pages = kTile / box_rows;  // <= 8
     const uint64_t policy = evict_first_policy();
-    int it = 0;  // tiles issued by this CTA, over all its segments (the ring's position)
+    int next = 0;  // column blocks issued by this CTA, over all its segments (the ring's position)
     for (int seg = seg_begin; seg < seg_end; ++seg) {
       const int row = d.segments[3 * seg];
       const int kv_begin = d.segments[3 * seg + 1];
       const int kv_end = d.segments[3 * seg + 2];
       const int32_t* table = d.block_tables + d.block_table_start[row];
-      for (int kv0 = kv_begin; kv0 < kv_end; kv0 += kTile, ++it) {
-        const int stage = it % kStages;
+      for (int kv0 = kv_begin; kv0 < kv_end; kv0 += kTile) {
         // Pages holding at least one position below kv_end (the table has no
         // entry past the row's last page).
         const int live_pages = min(pages, (kv_end - kv0 + box_rows - 1) / box_rows);
-        const int copies = kColumnBlocks * live_pages;
-        // This lane's copies' slots first: the table loads overlap the wait.
-        int slot[3];  // at most 9 x 8 = 72 copies: 3 a lane
-#pragma unroll
-        for (int k = 0; k < 3; ++k) {
-          const int i = lane + 32 * k;
-          const int pos = kv0 + (i % live_pages) * box_rows;
-          slot[k] = i < copies ? __ldg(table + pos / bs) * bs + pos % bs : 0;
-        }
-        if (it >= kStages) mbarrier_wait(&empty[stage], (it / kStages - 1) & 1);
-        if (lane == 0) {
-#pragma unroll
-          for (int cb = 0; cb < kColumnBlocks; ++cb)
-            mbarrier_arrive_expect_tx(&full[stage * kColumnBlocks + cb], uint32_t(live_pages * box_rows * 128));
-        }
-        __syncwarp();
-        uint8_t* dst = tiles + stage * kTileBytes;
-#pragma unroll
-        for (int k = 0; k < 3; ++k) {
-          const int i = lane + 32 * k;
-          if (i < copies) {
-            const int cb = i / live_pages, page = i % live_pages;
-            tma_load_3d_hint(dst + cb * kBlockBytes + page * box_rows * 128, &latent_map, 0, cb, slot[k],
-                             &full[stage * kColumnBlocks + cb], policy);
-          }
+        const int pos = kv0 + lane * box_rows;
+        // This lane's page slot first: the table load overlaps the waits.
+        const int page_slot = lane < live_pages ? __ldg(table + pos / bs) * bs + pos % bs : 0;
+        const uint32_t bytes = uint32_t(live_pages * box_rows * 128);
+#pragma unroll 1
+        for (int cb = 0; cb < kColumnBlocks; ++cb, ++next) {
+          const int slot = next % kSlots;
+          const int use = next / kSlots;
+          if (use > 0) mbarrier_wait(&empty[slot], (use - 1) & 1);
+          if (lane == 0) mbarrier_arrive_expect_tx(&full[slot], bytes);
+          __syncwarp();
+          if (lane < live_pages)
+            tma_load_3d_hint(tiles + slot * kBlockBytes + lane * box_rows * 128, &latent_map, 0, cb, page_slot,
+                             &full[slot], policy);
         }
       }
     }
     return;
   }
 
-  // ---- Compute warpgroups.
+  // ---- Compute warpgroups (mla_decode_narrow.cuh's math).
+  const mla_narrow::ThreadPlace t = mla_narrow::thread_place(tid);
   uint8_t* q_tile = base;
-  const int warp = tid >> 5;
-  const int warpgroup = tid >> 7;
-  const int wg_warp = warp & 3;
-  uint8_t* p_tile = base + kPAt + warpgroup * kHeads * 128;  // this group's P^T
-  float* col_max = reinterpret_cast<float*>(base + kMaxAt) + warpgroup * 4 * kHeads;  // [warp][head]
-  float* col_sum = reinterpret_cast<float*>(base + kSumAt) + warpgroup * 4 * kHeads;
-  const int heads_here = min(kHeads, d.num_heads);
-  // This thread's accumulator rows (positions of S^T, dims of O^T within an
-  // m-tile) and its 4 heads: h(j, e) = 8 j + 2 (lane % 4) + e, index 2 j + e.
-  const int row0 = wg_warp * 16 + (lane >> 2);
-  const int col = 2 * (lane & 3);
+  uint8_t* p_tile = base + L::kPAt + t.warpgroup * kHeads * 128;  // this group's P^T
+  float* col_max = reinterpret_cast<float*>(base + L::kMaxAt) + t.warpgroup * 4 * kHeads;  // [warp][head]
+  float* col_sum = reinterpret_cast<float*>(base + L::kSumAt) + t.warpgroup * 4 * kHeads;
   const uint32_t q_addr = smem_address(q_tile);
   const uint32_t p_addr = smem_address(p_tile);
+  const uint32_t tiles_addr = smem_address(tiles);
+  auto consumers_barrier = [] { named_barrier_sync(kConsumersBarrier, kConsumerThreads); };
+  constexpr float kNoPositionScale[2] = {1.0f, 1.0f};
 
-  int it = 0;  // the producer's tile count, followed in the same order
+  int it = 0;  // tiles computed by this CTA, over all its segments (the producer's order)
   for (int seg = seg_begin; seg < seg_end; ++seg) {
     const int row = d.segments[3 * seg];
     const int kv_begin = d.segments[3 * seg + 1];
     const int kv_end = d.segments[3 * seg + 2];
     const int num_tiles = (kv_end - kv_begin + kTile - 1) / kTile;
 
-    named_barrier_sync(kConsumersBarrier, kConsumerThreads);  // the previous segment is done with Q
-    {
-      // Q: 16 rows x 72 chunks, column blocks of 16 rows (rows past num_heads zero).
-      const __nv_bfloat16* q_row = q + int64_t{row} * d.num_heads * kMlaKeyDim;
-      for (int idx = tid; idx < kHeads * kKeyChunks; idx += kConsumerThreads) {
-        const int r = idx / kKeyChunks, c = idx % kKeyChunks;
-        const bool valid = r < heads_here;
-        cp_async_16(q_tile + (c >> 3) * kQBlockBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4),
-                    valid ? q_row + r * kMlaKeyDim + c * 8 : q, valid);
-      }
-      cp_async_commit();
-      cp_async_wait<0>();
-      fence_proxy_async_shared();
-      named_barrier_sync(kConsumersBarrier, kConsumerThreads);
-    }
+    consumers_barrier();  // the previous segment is done with Q
+    mla_narrow::issue_q(q_tile, q, row, d.num_heads, tid);
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    consumers_barrier();
 
-    float o[4][8];
-#pragma unroll
-    for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) o[mi][i] = 0.0f;
-    float m[4] = {kNoScore, kNoScore, kNoScore, kNoScore};
-    float l[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-
+    mla_narrow::SegmentState st;
+    mla_narrow::reset(st);
     for (int tile = 0; tile < num_tiles; ++tile, ++it) {
       const int kv0 = kv_begin + tile * kTile;
-      const int stage = it % kStages;
-      const int parity = (it / kStages) & 1;
-      uint64_t* stage_full = full + stage * kColumnBlocks;
-      uint8_t* kv_tile = tiles + stage * kTileBytes;
-      const uint32_t kv_addr = smem_address(kv_tile);
+      // Column block c of this tile: slot (first + c) % kSlots, its use's parity.
+      const int first = (it * kColumnBlocks) % kSlots;
+      const int first_use = (it * kColumnBlocks) / kSlots;
+      auto slot_of = [&](int c) { return first + c < kSlots ? first + c : first + c - kSlots; };
+      auto parity_of = [&](int c) { return (first_use + (first + c < kSlots ? 0 : 1)) & 1; };
+      auto block_addr = [&](int c) { return tiles_addr + uint32_t(slot_of(c) * kBlockBytes); };
+      auto wait_block = [&](int c) {
+        mbarrier_wait(&full[slot_of(c)], parity_of(c));
+        return true;
+      };
       const int valid_rows = kv_end - kv0;  // < 64 only in a segment's last tile
       if (valid_rows < kTile) {
         // Rows past the segment: zeros, once every box has landed.
 #pragma unroll
-        for (int cb = 0; cb < kColumnBlocks; ++cb) mbarrier_wait(&stage_full[cb], parity);
+        for (int cb = 0; cb < kColumnBlocks; ++cb) wait_block(cb);
         for (int idx = tid; idx < (kTile - valid_rows) * kKeyChunks; idx += kConsumerThreads) {
           const int r = valid_rows + idx / kKeyChunks, c = idx % kKeyChunks;
-          *reinterpret_cast<uint4*>(kv_tile + (c >> 3) * kBlockBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4)) =
+          *reinterpret_cast<uint4*>(tiles + slot_of(c >> 3) * kBlockBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4)) =
               make_uint4(0u, 0u, 0u, 0u);
         }
         fence_proxy_async_shared();
-        named_barrier_sync(kConsumersBarrier, kConsumerThreads);
+        consumers_barrier();
       }
 
-      // S^T = K Q^T: group g sums over the K dims [288 g, 288 g + 288) as its
-      // column blocks land, then the groups add each other's half.
+      // S^T: each group starts on its first column block while the rest land.
       float s[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) s[i] = 0.0f;
-      wgmma_fence();
-#pragma unroll
-      for (int step = 0; step < kMlaKeyDim / 32; ++step) {
-        const int ks = warpgroup * (kMlaKeyDim / 32) + step;
-        // Group 0 enters a column block at steps 0, 4, ..., 16, group 1 (ks 18 +
-        // step) at 0, 2, 6, ..., 14: every even step waits (at most once more on
-        // a landed block), a condition fixed at compile time.
-        // A fence after each wait (as FlashMLA does) keeps the compiler from
-        // inserting its own in the wait loop and serializing the MMAs.
-        if ((step & 1) == 0) {
-          mbarrier_wait(&stage_full[ks >> 2], parity);
-          wgmma_fence();
-        }
-        wgmma_m64n16k16<0>(s, make_smem_desc_sw128(kv_addr + (ks >> 2) * kBlockBytes + (ks & 3) * 32, 16, 1024),
-                           make_smem_desc_sw128(q_addr + (ks >> 2) * kQBlockBytes + (ks & 3) * 32, 16, 1024),
-                           step > 0);
+      mla_narrow::s_half(s, t, q_addr, block_addr, wait_block);
+      // Done with the slots only S reads: group 0 with column block 4 (group 1
+      // still reads it in P V), group 1 with the rope block 8.
+      __syncwarp();
+      if (t.lane == 0) {
+        if (t.warpgroup == 0) mbarrier_arrive_count(&empty[slot_of(4)], 1);
+        else mbarrier_arrive_count(&empty[slot_of(8)], 2);
       }
-      wgmma_commit();
-      wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < 8; ++i) keep_in_order(s[i]);
-      {
-        // Halves by tile parity: a fast group may write the next tile's half
-        // before the other group has read this one.
-        uint8_t* partial = base + kPartialAt + (it & 1) * kPartialBytes;
-        float4* mine = reinterpret_cast<float4*>(partial) + 2 * tid;
-        const float4* other = reinterpret_cast<const float4*>(partial) + 2 * (tid ^ 128);
-        mine[0] = make_float4(s[0], s[1], s[2], s[3]);
-        mine[1] = make_float4(s[4], s[5], s[6], s[7]);
-        named_barrier_sync(kConsumersBarrier, kConsumerThreads);
-        const float4 a = other[0], b = other[1];
-        s[0] += a.x; s[1] += a.y; s[2] += a.z; s[3] += a.w;
-        s[4] += b.x; s[5] += b.y; s[6] += b.z; s[7] += b.w;
-      }
-
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const bool valid = row0 + 8 * i < valid_rows;
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& v = s[4 * j + 2 * i + e];
-            v = valid ? v * d.scale_log2 : kNoScore;
-          }
-      }
-      // Column maxima: this warp's 16 positions, then the group's 4 warps.
-      float mx[4];
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float v = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
-          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
-          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
-          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-          mx[2 * j + e] = v;
-        }
-      if (lane < 4) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) col_max[wg_warp * kHeads + 8 * j + col + e] = mx[2 * j + e];
-      }
-      named_barrier_sync(1 + warpgroup, 128);
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int h = 8 * j + col + e;
-          const float tile_max =
-              fmaxf(fmaxf(col_max[h], col_max[kHeads + h]), fmaxf(col_max[2 * kHeads + h], col_max[3 * kHeads + h]));
-          const int k = 2 * j + e;
-          const float m_new = fmaxf(m[k], tile_max);
-          const float correction = exp2f(m[k] - m_new);
-          m[k] = m_new;
-          l[k] *= correction;
-#pragma unroll
-          for (int mi = 0; mi < 4; ++mi) {
-            o[mi][4 * j + e] *= correction;
-            o[mi][4 * j + 2 + e] *= correction;
-          }
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const float p = exp2f(s[4 * j + 2 * i + e] - m_new);
-            l[k] += p;
-            const int t = row0 + 8 * i;
-            // P^T[h][t]: row h of 128 B, 16-byte chunk t / 8 swizzled, bf16 t % 8.
-            *reinterpret_cast<__nv_bfloat16*>(p_tile + h * 128 + (((t >> 3) ^ (h & 7)) << 4) + (t & 7) * 2) =
-                __float2bfloat16(p);
-          }
-        }
-      fence_proxy_async_shared();
-      named_barrier_sync(1 + warpgroup, 128);  // this group's P^T is complete (and its maxima read)
-
-      // O^T[dims of m-tile mi] += V^T P^T: this group's column blocks 4 g .. 4 g + 3,
-      // all waited for by its S^T.
-#pragma unroll
-      for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) keep_in_order(o[mi][i]);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        const uint64_t desc_p = make_smem_desc_sw128(p_addr + kk * 32, 16, 1024);
+      // Halves by tile parity: a fast group may write the next tile's half
+      // before the other group has read this one (no CTA barrier between tiles).
+      mla_narrow::add_other_half(s, base + L::kPartialAt + (it & 1) * L::kPartialBytes, tid, consumers_barrier);
+      mla_narrow::softmax_tile(s, st, t, valid_rows, kNoPositionScale, d.scale_log2, col_max, p_tile);
+      mla_narrow::pv(st, t, p_addr, block_addr);
+      __syncwarp();
+      if (t.lane == 0) {
+        // This group's V column blocks go back to the producer.
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi) {
-          const uint32_t v_addr = kv_addr + (warpgroup * 4 + mi) * kBlockBytes + kk * 16 * 128;
-          wgmma_m64n16k16<1>(o[mi], make_smem_desc_sw128(v_addr, kBlockBytes, 1024), desc_p, 1);
+          const int c = t.warpgroup * 4 + mi;
+          mbarrier_arrive_count(&empty[slot_of(c)], c == 4 ? 1 : 2);
         }
       }
-      wgmma_commit();
-      wgmma_wait<0>();
-#pragma unroll
-      for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) keep_in_order(o[mi][i]);
-      __syncwarp();
-      if (lane == 0) mbarrier_arrive(&empty[stage]);  // this warp is done with the stage
     }
-
-    // Column sums over the group (each group has them all: it computed every position).
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      l[k] += __shfl_xor_sync(0xffffffffu, l[k], 4);
-      l[k] += __shfl_xor_sync(0xffffffffu, l[k], 8);
-      l[k] += __shfl_xor_sync(0xffffffffu, l[k], 16);
-    }
-    if (lane < 4) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) col_sum[wg_warp * kHeads + 8 * j + col + e] = l[2 * j + e];
-    }
-    named_barrier_sync(1 + warpgroup, 128);
-    const bool split = d.row_segment_start[row + 1] - d.row_segment_start[row] > 1;
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int h = 8 * j + col + e;
-        if (h >= heads_here) continue;
-        const float sum = col_sum[h] + col_sum[kHeads + h] + col_sum[2 * kHeads + h] + col_sum[3 * kHeads + h];
-        const float inv = 1.0f / sum;
-        const int64_t at = (split ? int64_t{seg} : int64_t{row}) * d.num_heads + h;
-#pragma unroll
-        for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int dim = warpgroup * 256 + mi * 64 + row0 + 8 * i;
-            const float v = o[mi][4 * j + 2 * i + e] * inv;
-            if (!split) out[at * kMlaLatentDim + dim] = __float2bfloat16(v);
-            else d.workspace[at * kMlaLatentDim + dim] = v;
-          }
-        if (split && warpgroup == 0 && lane < 4 && wg_warp == 0) {
-          float* lse = d.workspace + int64_t{d.num_segments} * d.num_heads * kMlaLatentDim;
-          lse[at] = m[2 * j + e] + log2f(sum);
-        }
-      }
-    // col_sum is read above and written again only after the next segment's
+    // col_sum is read here and written again only after the next segment's
     // tiles, which pass this group's barriers.
+    mla_narrow::finish_segment(d, st, t, seg, row, col_sum, out);
   }
 #endif
 }
@@ -458,7 +301,12 @@ cudaError_t make_latent_tensor_map(CUtensorMap* map, const MlaDecodeDescriptor& 
 cudaError_t prepare_mla_decode_tma_kernel() {
   static const cudaError_t prepared = [] {
     tensor_map_encoder();  // a miss is reported per launch (the caller falls back)
-    return cudaFuncSetAttribute(mla_decode_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    const cudaError_t e = cudaFuncSetAttribute(mla_decode_tma_kernel<kTwoStageSlots>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               Layout<kTwoStageSlots>::kSmemBytes);
+    if (e != cudaSuccess) return e;
+    return cudaFuncSetAttribute(mla_decode_tma_kernel<kRingSlots>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                Layout<kRingSlots>::kSmemBytes);
   }();
   return prepared;
 }
@@ -473,8 +321,14 @@ cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& d, const void*
   CUtensorMap map;
   const cudaError_t e = make_latent_tensor_map(&map, d);
   if (e != cudaSuccess) return e;
-  mla_decode_tma_kernel<<<dim3(1, d.num_ctas), kThreads, kSmemBytes, stream>>>(
-      d, map, static_cast<const __nv_bfloat16*>(q), static_cast<__nv_bfloat16*>(out));
+  const auto* qb = static_cast<const __nv_bfloat16*>(q);
+  auto* ob = static_cast<__nv_bfloat16*>(out);
+  if (d.kernel == MlaDecodeKernel::kTmaRing)
+    mla_decode_tma_kernel<kRingSlots>
+        <<<dim3(1, d.num_ctas), kThreads, Layout<kRingSlots>::kSmemBytes, stream>>>(d, map, qb, ob);
+  else
+    mla_decode_tma_kernel<kTwoStageSlots>
+        <<<dim3(1, d.num_ctas), kThreads, Layout<kTwoStageSlots>::kSmemBytes, stream>>>(d, map, qb, ob);
   return cudaGetLastError();
 }
 
