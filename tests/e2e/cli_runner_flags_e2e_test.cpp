@@ -10,9 +10,7 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <cstdlib>
 #include <fstream>
-#include <optional>
 #include <string>
 
 #include <gmock/gmock.h>
@@ -73,23 +71,6 @@ void expect_flag_error(std::vector<std::string> args, const std::string& flag, c
   EXPECT_THAT(r.err, HasSubstr(value)) << cmd;
   EXPECT_THAT(r.err, Not(HasSubstr("listening"))) << cmd;
 }
-
-// Sets an environment variable (which the pagoda child inherits) for a scope, then restores it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) previous_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (previous_) setenv(name_, previous_->c_str(), 1);
-    else unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> previous_;
-};
 
 // Exact greedy tokens are an f32-exact property: the child runs the exact GEMM path
 // (PAGODA_CPU_BF16_GEMM=0). The default bf16 prefill GEMM (AVX512-BF16 CPUs) rounds activations to bf16 and
