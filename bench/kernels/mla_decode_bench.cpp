@@ -7,10 +7,15 @@
 // the pools (150-300 MB) are far past the 60 MB L2. Row 0's first 16 heads are
 // checked against a float64 reference at every shape (rel L2 printed), and
 // every output is checked finite. Where the TMA-fed kernel applies (bf16, 16
-// heads) both kernels run on the same pool, one row each ("[cp.async]" and
-// "[tma]" in the name); --kernel picks one.
+// heads) every kernel runs on the same pool, one row each ("[cp_async]",
+// "[tma]", "[tma_ring]", "[tma_tile]", "[tma_ring_tile]", "[tma_pair]",
+// "[tma_pair_tile]" in the name); --kernel
+// picks one. --schedule runs the plan's whole-tile budgets ("whole", the
+// default plan), spread budgets ("spread": MlaDecodeOptions::spread_budget,
+// " spread" in the name) or both; "bits==tma" says whether a TMA variant's
+// output equals the first TMA variant's of the same schedule bit for bit.
 //
-//   mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|tma_ring]
+//   mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|NAME] [--schedule all|whole|spread]
 
 #include <cuda_runtime.h>
 
@@ -22,6 +27,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pagoda/backend/cuda/attention/mla_decode.h"
@@ -71,9 +77,23 @@ struct Result {
 int iters = 50;
 std::string only;
 std::string kernel_choice = "all";
+std::string schedule_choice = "whole";
+
+constexpr MlaDecodeKernel kKernels[] = {MlaDecodeKernel::kCpAsync, MlaDecodeKernel::kTma,
+                                        MlaDecodeKernel::kTmaRing, MlaDecodeKernel::kTmaTile,
+                                        MlaDecodeKernel::kTmaRingTile, MlaDecodeKernel::kTmaPair,
+                                        MlaDecodeKernel::kTmaPairTile};
 
 const char* kernel_name(MlaDecodeKernel k) {
-  return k == MlaDecodeKernel::kTma ? "tma" : k == MlaDecodeKernel::kTmaRing ? "tma_ring" : "cp.async";
+  switch (k) {
+    case MlaDecodeKernel::kTma: return "tma";
+    case MlaDecodeKernel::kTmaRing: return "tma_ring";
+    case MlaDecodeKernel::kTmaTile: return "tma_tile";
+    case MlaDecodeKernel::kTmaRingTile: return "tma_ring_tile";
+    case MlaDecodeKernel::kTmaPair: return "tma_pair";
+    case MlaDecodeKernel::kTmaPairTile: return "tma_pair_tile";
+    default: return "cp_async";
+  }
 }
 
 double copy_ceiling() {
@@ -155,11 +175,12 @@ std::vector<Result> run_shape(int batch, int context, int heads, bool fp8, int b
   const MlaDecodeConfig config{heads, block_size, num_blocks, scale,
                                fp8 ? pagoda::kernels::cuda::KvElement::kFP8E4M3 : pagoda::kernels::cuda::KvElement::kBF16,
                                flash ? MlaLatentLayout::kFlashMla656 : MlaLatentLayout::kPerVectorScale};
-  std::vector<MlaDecodeKernel> kernels;
-  const bool all = kernel_choice == "all";
-  if (all || kernel_choice == "cp_async") kernels.push_back(MlaDecodeKernel::kCpAsync);
-  if (all || kernel_choice == "tma") kernels.push_back(MlaDecodeKernel::kTma);
-  if (all || kernel_choice == "tma_ring") kernels.push_back(MlaDecodeKernel::kTmaRing);
+  std::vector<std::pair<MlaDecodeKernel, bool>> kernels;  // (kernel, spread budgets)
+  for (const bool spread : {false, true}) {
+    if (schedule_choice != "all" && (schedule_choice == "spread") != spread) continue;
+    for (MlaDecodeKernel k : kKernels)
+      if (kernel_choice == "all" || kernel_choice == kernel_name(k)) kernels.push_back({k, spread});
+  }
   const size_t out_elems = size_t(batch) * heads * kMlaLatentDim;
   void* d_codes = device_alloc(code_bytes);
   void* d_scales = device_alloc(scales.size() * 4);
@@ -174,14 +195,16 @@ std::vector<Result> run_shape(int batch, int context, int heads, bool fp8, int b
 
   struct Timed {
     MlaDecodeKernel kernel;
+    bool spread;
     double seconds;
     int ctas, segments;
     std::vector<uint16_t> out;
   };
   std::vector<Timed> timed;
-  for (MlaDecodeKernel kernel : kernels) {
+  for (const auto& [kernel, spread] : kernels) {
     MlaDecodeOptions options;
     options.kernel = kernel;
+    options.spread_budget = spread;
     auto plan = MlaDecodePlan::create(config, rows, AttentionDeviceInfo{num_sms}, options);
     if (!plan.ok()) {
       std::fprintf(stderr, "%s: %s\n", name, std::string(plan.status().message()).c_str());
@@ -206,7 +229,8 @@ std::vector<Result> run_shape(int batch, int context, int heads, bool fp8, int b
       CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
       ms.push_back(t);
     }
-    Timed t{kernel, median(ms) * 1e-3, plan->num_ctas(), plan->num_segments(), std::vector<uint16_t>(out_elems)};
+    Timed t{kernel, spread, median(ms) * 1e-3, plan->num_ctas(), plan->num_segments(),
+            std::vector<uint16_t>(out_elems)};
     CHECK_CUDA(cudaMemcpy(t.out.data(), d_out, out_elems * 2, cudaMemcpyDeviceToHost));
     for (uint16_t v : t.out)
       if (!std::isfinite(pagoda::bf16_to_f32(v))) {
@@ -258,10 +282,19 @@ std::vector<Result> run_shape(int batch, int context, int heads, bool fp8, int b
   std::vector<Result> results;
   for (size_t k = 0; k < timed.size(); ++k) {
     const double seconds = timed[k].seconds;
-    const std::string full = std::string(name) + " [" + kernel_name(timed[k].kernel) + "]";
+    const std::string full = std::string(name) + " [" + kernel_name(timed[k].kernel) + "]" +
+                             (timed[k].spread ? " spread" : "");
     Result r{full, bytes / seconds / 1e9, flops / seconds / 1e12, seconds * 1e6, std::sqrt(num[k] / den)};
-    std::printf("%-56s %8.1f us %7.0f GB/s %6.0f TFLOP/s  ctas %d x %d segments %d  check %.1e\n", full.c_str(),
-                r.micros, r.gbps, r.tflops, timed[k].ctas, (heads + 63) / 64, timed[k].segments, r.check);
+    // The first TMA variant of the same schedule: the others must match it bit for bit.
+    const char* bits = "";
+    if (is_tma_kernel(timed[k].kernel))
+      for (size_t j = 0; j < k; ++j)
+        if (is_tma_kernel(timed[j].kernel) && timed[j].spread == timed[k].spread) {
+          bits = timed[j].out == timed[k].out ? "  bits==tma yes" : "  bits==tma NO";
+          break;
+        }
+    std::printf("%-64s %8.1f us %7.0f GB/s %6.0f TFLOP/s  ctas %d x %d segments %d  check %.1e%s\n", full.c_str(),
+                r.micros, r.gbps, r.tflops, timed[k].ctas, (heads + 63) / 64, timed[k].segments, r.check, bits);
     std::fflush(stdout);
     results.push_back(r);
   }
@@ -275,12 +308,18 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!std::strcmp(argv[i], "--kernel") && i + 1 < argc &&
-             (!std::strcmp(argv[i + 1], "all") || !std::strcmp(argv[i + 1], "cp_async") ||
-              !std::strcmp(argv[i + 1], "tma") || !std::strcmp(argv[i + 1], "tma_ring")))
+             (!std::strcmp(argv[i + 1], "all") ||
+              std::any_of(std::begin(kKernels), std::end(kKernels),
+                          [&](MlaDecodeKernel k) { return !std::strcmp(argv[i + 1], kernel_name(k)); })))
       kernel_choice = argv[++i];
+    else if (!std::strcmp(argv[i], "--schedule") && i + 1 < argc &&
+             (!std::strcmp(argv[i + 1], "all") || !std::strcmp(argv[i + 1], "whole") ||
+              !std::strcmp(argv[i + 1], "spread")))
+      schedule_choice = argv[++i];
     else {
       std::fprintf(stderr,
-                   "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|tma_ring]\n");
+                   "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|tma_ring|"
+                   "tma_tile|tma_ring_tile|tma_pair|tma_pair_tile] [--schedule all|whole|spread]\n");
       return 2;
     }
   }
@@ -288,6 +327,11 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   CHECK_CUDA(prepare_mla_decode_kernels());
   std::printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  for (MlaDecodeKernel k : kKernels) {
+    int ctas = 0;
+    if (is_tma_kernel(k) && mla_decode_tma_occupancy(k, &ctas) == cudaSuccess)
+      std::printf("occupancy %s: %d CTA(s) per SM\n", kernel_name(k), ctas);
+  }
   const double ceiling = copy_ceiling();
   std::printf("HBM copy ceiling (read + write): %.0f GB/s\n", ceiling);
   struct Shape {

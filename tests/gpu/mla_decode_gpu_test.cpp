@@ -239,12 +239,24 @@ StatusOr<std::vector<uint16_t>> run(const MlaBatch& b, const MlaCase& c, MlaDeco
   PAGODA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   std::vector<uint16_t> host(out_elements);
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy(host.data(), out.get(), out_elements * 2, cudaMemcpyDeviceToHost));
-  const bool tma_asked = c.options.kernel == MlaDecodeKernel::kTma || c.options.kernel == MlaDecodeKernel::kTmaRing;
+  const bool tma_asked = is_tma_kernel(c.options.kernel);
   if (tma_asked && plan.kernel() != c.options.kernel)
     return internal_error("{}: the plan took kernel {} instead of {}", c.name, static_cast<int>(plan.kernel()),
                           static_cast<int>(c.options.kernel));
   if (plan_out) *plan_out = std::move(plan);
   return host;
+}
+
+const char* kernel_name(MlaDecodeKernel k) {
+  switch (k) {
+    case MlaDecodeKernel::kTma: return "tma";
+    case MlaDecodeKernel::kTmaRing: return "tma_ring";
+    case MlaDecodeKernel::kTmaTile: return "tma_tile";
+    case MlaDecodeKernel::kTmaRingTile: return "tma_ring_tile";
+    case MlaDecodeKernel::kTmaPair: return "tma_pair";
+    case MlaDecodeKernel::kTmaPairTile: return "tma_pair_tile";
+    default: return "cp.async";
+  }
 }
 
 // Overall and worst per-row relative L2 error (inf on any NaN / Inf).
@@ -266,11 +278,8 @@ void expect_close(const MlaCase& c) {
     std::vector<double> w(want.begin() + ptrdiff_t(r * per_row), want.begin() + ptrdiff_t((r + 1) * per_row));
     worst = std::max(worst, testing::relative_l2(g, w));
   }
-  std::printf("%-40s %s rows %3zu segments %4d ctas %4d max_splits %3d  rel L2 %.2e (worst row %.2e)\n",
-              c.name.c_str(),
-              plan.kernel() == MlaDecodeKernel::kTma       ? "tma     "
-              : plan.kernel() == MlaDecodeKernel::kTmaRing ? "tma_ring"
-                                                           : "cp.async", b.rows.size(),
+  std::printf("%-40s %-13s rows %3zu segments %4d ctas %4d max_splits %3d  rel L2 %.2e (worst row %.2e)\n",
+              c.name.c_str(), kernel_name(plan.kernel()), b.rows.size(),
               plan.num_segments(), plan.num_ctas(), plan.max_splits(), overall, worst);
   EXPECT_LT(overall, kMaxRelativeError) << c.name;
   EXPECT_LT(worst, 2 * kMaxRelativeError) << c.name;
@@ -460,17 +469,21 @@ TEST_F(MlaDecodeGpuTest, RowsSharingBlocks) {
   expect_close(f);
 }
 
-// ---- The TMA-fed 16-head bf16 kernel (MlaDecodeKernel::kTma and its ring of
-// column-block slots kTmaRing; mla_decode_tma.cu), every case on both.
+// ---- The TMA-fed 16-head bf16 kernel (MlaDecodeKernel::kTma, its ring of
+// column-block slots kTmaRing, one tile's slots at two CTAs an SM kTmaPair,
+// and the three with the whole-tile producer schedule, kTmaTile /
+// kTmaRingTile / kTmaPairTile; mla_decode_tma.cu), every case on all six.
 // Unused pool slots hold NaN, so the rows of a partial last page (and of pages
 // past a segment's end) must be zeroed, not merely masked. run() fails a case
 // whose plan did not take the kernel asked for.
 MlaDecodeKernel tma_kernel = MlaDecodeKernel::kTma;  // the variant the TMA tests run (set by each test's loop)
-constexpr MlaDecodeKernel kTmaKernels[] = {MlaDecodeKernel::kTma, MlaDecodeKernel::kTmaRing};
+constexpr MlaDecodeKernel kTmaKernels[] = {MlaDecodeKernel::kTma,         MlaDecodeKernel::kTmaRing,
+                                           MlaDecodeKernel::kTmaTile,     MlaDecodeKernel::kTmaRingTile,
+                                           MlaDecodeKernel::kTmaPair,     MlaDecodeKernel::kTmaPairTile};
 
 MlaCase tma(MlaCase c) {
   c.options.kernel = tma_kernel;
-  if (tma_kernel == MlaDecodeKernel::kTmaRing) c.name += " ring";
+  if (tma_kernel != MlaDecodeKernel::kTma) c.name += std::string(" ") + kernel_name(tma_kernel);
   c.poison_unused = true;
   return c;
 }
@@ -538,8 +551,11 @@ TEST_F(MlaDecodeGpuTest, TmaGraphPlans) {
 }
 
 TEST_F(MlaDecodeGpuTest, TmaMatchesCpAsyncKernel) {
-  // The same math in the same order on both kernels: outputs agree to far
-  // below bf16's rounding (printed: expected identical).
+  // The same math in the same order on every kernel: the TMA variants differ
+  // only in how the tiles are loaded, so they must agree bit for bit; against
+  // cp.async the outputs agree to far below bf16's rounding (printed). The
+  // rows are short enough (59 tiles) that every plan, the pair variants' wave
+  // of 2 x num_sms CTAs included, cuts them into the same segments.
   for (int32_t bs : {64, 16}) {
     MlaCase c = make_case("tma vs cp.async", 16, bs, KvElement::kBF16, {33, 700, 3000}, 110 + uint32_t(bs));
     const MlaBatch b = make_batch(c);
@@ -548,6 +564,7 @@ TEST_F(MlaDecodeGpuTest, TmaMatchesCpAsyncKernel) {
     ASSERT_TRUE(old_out.ok()) << old_out.status().message();
     std::vector<double> want;
     for (uint16_t v : *old_out) want.push_back(bf16_to_f32(v));
+    std::vector<uint16_t> first_tma;
     for (MlaDecodeKernel k : kTmaKernels) {
       c.options.kernel = k;
       auto new_out = run(b, c);
@@ -555,10 +572,56 @@ TEST_F(MlaDecodeGpuTest, TmaMatchesCpAsyncKernel) {
       const double err = testing::relative_l2(*new_out, want);
       size_t differing = 0;
       for (size_t i = 0; i < want.size(); ++i) differing += (*old_out)[i] != (*new_out)[i];
-      std::printf("blocks of %2d: %s vs cp.async rel L2 %.3e, %zu of %zu outputs differ\n", bs,
-                  k == MlaDecodeKernel::kTma ? "TMA" : "TMA ring", err, differing, want.size());
+      std::printf("blocks of %2d: %s vs cp.async rel L2 %.3e, %zu of %zu outputs differ\n", bs, kernel_name(k), err,
+                  differing, want.size());
       EXPECT_LT(err, 1e-3) << "blocks of " << bs;
+      if (first_tma.empty()) first_tma = *new_out;
+      else EXPECT_TRUE(*new_out == first_tma) << kernel_name(k) << " differs from tma, blocks of " << bs;
     }
+  }
+}
+
+TEST_F(MlaDecodeGpuTest, TmaOccupancy) {
+  // The pair variants exist to run two CTAs an SM (one CTA's loads and barriers
+  // overlapping the other's MMAs): the occupancy calculator must agree.
+  for (MlaDecodeKernel k : kTmaKernels) {
+    int ctas = 0;
+    ASSERT_EQ(mla_decode_tma_occupancy(k, &ctas), cudaSuccess) << kernel_name(k);
+    std::printf("%-14s %d CTA(s) per SM\n", kernel_name(k), ctas);
+    EXPECT_EQ(ctas, mla_decode_ctas_per_sm(k)) << kernel_name(k);
+  }
+  int ctas = 0;
+  EXPECT_EQ(mla_decode_tma_occupancy(MlaDecodeKernel::kCpAsync, &ctas), cudaErrorInvalidValue);
+}
+
+TEST_F(MlaDecodeGpuTest, SpreadBudgetPlans) {
+  // MlaDecodeOptions::spread_budget: every SM gets a CTA (rows cut at other
+  // places than with whole budgets), on cp.async and every TMA variant.
+  const KvElement bf16 = KvElement::kBF16;
+  std::vector<MlaDecodeKernel> kernels{MlaDecodeKernel::kCpAsync};
+  kernels.insert(kernels.end(), std::begin(kTmaKernels), std::end(kTmaKernels));
+  for (MlaDecodeKernel k : kernels) {
+    tma_kernel = k;
+    auto spread = [&](MlaCase c) {
+      c.options.spread_budget = true;
+      c.name += " spread";
+      if (k == MlaDecodeKernel::kCpAsync) {
+        c.options.kernel = k;
+        c.name += " cp.async";
+        return c;
+      }
+      return tma(c);
+    };
+    // Rows of 4K (cut mid-row), ragged rows, few SMs, a graph plan.
+    expect_close(spread(make_case("h16 bs64 8x4K", 16, 64, bf16, std::vector<int32_t>(8, 4096), 120)));
+    expect_close(spread(make_case("h16 bs16 ragged", 16, 16, bf16, {1, 17, 64, 65, 300, 1000, 4097}, 121)));
+    expect_close(
+        spread(with_options(make_case("h16 bs64 7 sms", 16, 64, bf16, {1, 5, 70, 300, 1000, 2000, 3}, 122), 0, 7)));
+    MlaCase g = spread(make_case("h16 bs64 fixed 8 graph", 16, 64, bf16, {1, 70, 3000, 640, 5}, 123));
+    g.options.fixed_rows = 8;
+    g.options.fixed_block_table_stride = 100;
+    g.use_graph = true;
+    expect_close(g);
   }
 }
 

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <utility>
 #include <numeric>
 #include <string>
 #include <cstdlib>
@@ -123,6 +125,83 @@ TEST(MlaDecodePlanTest, AutomaticScheduleFillsOneWave) {
   EXPECT_LE(r->num_ctas(), 14);
 }
 
+// The most tiles and segments any CTA of an automatic plan runs.
+std::pair<int32_t, int32_t> heaviest_cta(const MlaDecodePlan& plan) {
+  const auto a = plan.arena();
+  const int32_t* cta_start = a.data() + 3 * plan.num_segments() + plan.num_rows() + 1;
+  int32_t tiles = 0, segments = 0;
+  for (int32_t c = 0; c < plan.num_ctas(); ++c) {
+    int32_t t = 0;
+    for (int32_t s = cta_start[c]; s < cta_start[c + 1]; ++s) t += (a[3 * s + 2] - a[3 * s + 1] + 63) / 64;
+    tiles = std::max(tiles, t);
+    segments = std::max(segments, cta_start[c + 1] - cta_start[c]);
+  }
+  return {tiles, segments};
+}
+
+TEST(MlaDecodePlanTest, SpreadBudgetUsesEverySm) {
+  const auto t = table(600);
+  MlaDecodeOptions spread;
+  spread.spread_budget = true;
+  for (const auto& [n, len] : {std::pair{64, 4096}, std::pair{8, 32768}}) {
+    std::vector<MlaDecodeRow> rows(size_t(n), MlaDecodeRow{len, t});
+    auto whole = MlaDecodePlan::create(config(16, 64, 1000), rows, AttentionDeviceInfo{132});
+    auto even = MlaDecodePlan::create(config(16, 64, 1000), rows, AttentionDeviceInfo{132}, spread);
+    ASSERT_TRUE(whole.ok() && even.ok());
+    check_cover(*whole, rows);
+    check_cover(*even, rows);
+    // Whole budgets of 33 tiles (32 + a segment) fill 128 CTAs; spread, all 132
+    // run, none more than 32 tiles.
+    EXPECT_EQ(whole->num_ctas(), 128) << n << " x " << len;
+    EXPECT_EQ(even->num_ctas(), 132) << n << " x " << len;
+    EXPECT_EQ(heaviest_cta(*whole).first, 32) << n << " x " << len;
+    EXPECT_LE(heaviest_cta(*even).first, 32) << n << " x " << len;
+    EXPECT_LE(heaviest_cta(*even).second, 2) << n << " x " << len;
+  }
+  // Ragged rows on few SMs, a graph plan: covered, within the wave.
+  std::vector<MlaDecodeRow> ragged;
+  for (int32_t i = 1; i < 3000; i += 77) ragged.push_back({i, t});
+  auto r = MlaDecodePlan::create(config(16, 16, 1000), ragged, AttentionDeviceInfo{13}, spread);
+  ASSERT_TRUE(r.ok());
+  check_cover(*r, ragged);
+  EXPECT_LE(r->num_ctas(), 13);
+  MlaDecodeOptions fixed = spread;
+  fixed.fixed_rows = 64;
+  fixed.fixed_block_table_stride = 600;
+  auto g = MlaDecodePlan::create(config(16, 16, 1000), ragged, AttentionDeviceInfo{132}, fixed);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->descriptor(nullptr, nullptr, nullptr, nullptr).num_ctas, 132);
+}
+
+TEST(MlaDecodePlanTest, PairKernelsScheduleTwoCtasPerSm) {
+  // kTmaPair / kTmaPairTile run two CTAs an SM: the wave is 2 x num_sms; a plan
+  // that falls back to cp.async (fp8) keeps one an SM.
+  const auto t = table(600);
+  std::vector<MlaDecodeRow> rows(64, MlaDecodeRow{4096, t});
+  for (MlaDecodeKernel k : {MlaDecodeKernel::kTmaPair, MlaDecodeKernel::kTmaPairTile}) {
+    MlaDecodeOptions o;
+    o.kernel = k;
+    auto plan = MlaDecodePlan::create(config(16, 64, 1000), rows, AttentionDeviceInfo{132}, o);
+    ASSERT_TRUE(plan.ok());
+    check_cover(*plan, rows);
+    EXPECT_GT(plan->num_ctas(), 132);
+    EXPECT_LE(plan->num_ctas(), 264);
+    EXPECT_LE(heaviest_cta(*plan).first, 16);
+    auto fp8 = config(16, 64, 1000);
+    fp8.latent_element = KvElement::kFP8E4M3;
+    auto fallback = MlaDecodePlan::create(fp8, rows, AttentionDeviceInfo{132}, o);
+    ASSERT_TRUE(fallback.ok());
+    EXPECT_EQ(fallback->kernel(), MlaDecodeKernel::kCpAsync);
+    EXPECT_LE(fallback->num_ctas(), 132);
+    o.fixed_rows = 8;
+    o.fixed_block_table_stride = 100;
+    const std::vector<MlaDecodeRow> few{{4000, t}, {1, t}, {77, t}};
+    auto g = MlaDecodePlan::create(config(16, 64, 1000), few, AttentionDeviceInfo{132}, o);
+    ASSERT_TRUE(g.ok());
+    EXPECT_EQ(g->descriptor(nullptr, nullptr, nullptr, nullptr).num_ctas, 264);
+  }
+}
+
 TEST(MlaDecodePlanTest, FixedSplitsAndSharedTables) {
   const auto t = table(100);
   std::vector<MlaDecodeRow> rows{{1, t}, {1000, t}, {1600, t}};
@@ -229,8 +308,16 @@ TEST(MlaDecodePlanTest, KernelChoice) {
     EXPECT_EQ(kernel_of(config(17, 64)), MlaDecodeKernel::kCpAsync);
     EXPECT_EQ(kernel_of(fp8), MlaDecodeKernel::kCpAsync);
   }
-  o.kernel = static_cast<MlaDecodeKernel>(7);
-  expect_error(config(), one, "kernel 7 unknown", o);
+  // The whole-tile and two-CTA variants: the same domain.
+  for (MlaDecodeKernel k : {MlaDecodeKernel::kTmaTile, MlaDecodeKernel::kTmaRingTile, MlaDecodeKernel::kTmaPair,
+                            MlaDecodeKernel::kTmaPairTile}) {
+    o.kernel = k;
+    for (int32_t bs : {8, 16, 64, 128}) EXPECT_EQ(kernel_of(config(16, bs)), k) << bs;
+    for (int32_t bs : {1, 48}) EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kCpAsync) << bs;
+    EXPECT_EQ(kernel_of(fp8), MlaDecodeKernel::kCpAsync);
+  }
+  o.kernel = static_cast<MlaDecodeKernel>(99);
+  expect_error(config(), one, "kernel 99 unknown", o);
 }
 
 }  // namespace

@@ -13,7 +13,11 @@
 //    runtime::select_kept_tokens's indices on the same scores, ties included
 //    (h2o unpooled, snapkv pooled, up to 32K + 256 candidates), and its time
 //    at the Llama-3-8B shape is printed next to the host's;
-//  - pyramidkv and entropy (per-head budgets) are refused by name.
+//  - pyramidkv and entropy (per-head budgets): their compactions (CudaKvScores, kv_select_kept_heads)
+//    write the CPU's bytes and kept counts per head, twice in a row (holes skipped); the CUDA-core
+//    decode and the scoring pass skip holes as the CPU does; through the engine (with
+//    CudaRunnerOptions::kv_head_budgets) full budget gives none's tokens and a budget the CPU's;
+//    without the option the runner and the engine refuse them by name.
 
 #include <algorithm>
 #include <chrono>
@@ -31,7 +35,11 @@
 #include "gpu_test_support.h"
 #include "pagoda/backend/cpu/cpu_kv_eviction.h"
 #include "pagoda/backend/cpu/cpu_kv_pool.h"
+#include "pagoda/backend/cpu/cpu_model.h"
+#include "pagoda/backend/cpu/cpu_model_runner.h"
 #include "pagoda/backend/cpu/kernels/paged_attention.h"
+#include "pagoda/backend/cuda/attention/attention_kernels.h"
+#include "pagoda/backend/cuda/attention/attention_plan.h"
 #include "pagoda/backend/cuda/cuda_kv_scores.h"
 #include "pagoda/backend/cuda/cuda_model.h"
 #include "pagoda/backend/cuda/cuda_model_runner.h"
@@ -50,7 +58,8 @@ std::filesystem::path fixture(const char* name) {
   return std::filesystem::path(env != nullptr ? env : PAGODA_SOURCE_DIR) / "tests/fixtures/models" / name;
 }
 
-std::unique_ptr<CudaModelRunner> make_runner(DType kv_dtype, int32_t num_blocks = 128, int32_t block_size = 16) {
+std::unique_ptr<CudaModelRunner> make_runner(DType kv_dtype, int32_t num_blocks = 128, int32_t block_size = 16,
+                                             bool kv_head_budgets = false) {
   CudaModelOptions options;
   options.block_size = block_size;
   options.max_num_seqs = 8;
@@ -64,6 +73,7 @@ std::unique_ptr<CudaModelRunner> make_runner(DType kv_dtype, int32_t num_blocks 
   CudaRunnerOptions runner_options;
   runner_options.num_blocks = num_blocks;
   runner_options.print_report = false;
+  runner_options.kv_head_budgets = kv_head_budgets;
   auto r = CudaModelRunner::create(std::move(model).value(), runner_options);
   EXPECT_TRUE(r.ok()) << r.status().to_string();
   return r.ok() ? std::move(r).value() : nullptr;
@@ -165,7 +175,7 @@ struct GreedyRun {
   std::string error;
 };
 
-GreedyRun run_greedy(CudaModelRunner& runner, const std::vector<int32_t>& prompt, int32_t max_tokens,
+GreedyRun run_greedy(runtime::ModelRunner& runner, const std::vector<int32_t>& prompt, int32_t max_tokens,
                const runtime::KvCompressionConfig& compression) {
   kv::KvCacheConfig kc;
   kc.num_blocks = runner.kv_geometry().num_blocks;
@@ -244,6 +254,57 @@ TEST(KvEvictionGpu, ThroughTheEngineEveryDevicePolicyAndBlockSize) {
       const GreedyRun refused = run_greedy(*runner, prompt, 4, policy_config(policy, 64));
       EXPECT_NE(refused.error.find(std::string("--kv-compression ") + std::string(runtime::kv_compression_policy_name(policy))),
                 std::string::npos) << refused.error;
+    }
+  }
+}
+
+// pyramidkv and entropy through the engine on a runner with CudaRunnerOptions::kv_head_budgets: at
+// full budget the output is none's; under a budget the per-head compactions leave holes that the
+// decode steps (eager, CUDA-core decode) and the scoring pass skip, no block leaks and the states go;
+// the tokens equal the CPU backend's (bf16 KV there too) where the two backends agree without
+// eviction. Without the option both are refused by name (above).
+TEST(KvEvictionGpu, PerHeadBudgetsThroughTheEngine) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  using P = runtime::KvCompressionPolicy;
+  const std::vector<int32_t> prompt = prompt_of(150, 1);
+  auto cpu_model = CpuModel::load(fixture("llama_f32"));
+  ASSERT_TRUE(cpu_model.ok()) << cpu_model.status().to_string();
+  const std::shared_ptr<CpuModel> shared_cpu_model(std::move(cpu_model).value());
+  for (int32_t block_size : {16, 1}) {
+    const int32_t num_blocks = 128 * 16 / block_size;
+    auto runner = make_runner(DType::kBF16, num_blocks, block_size, true);
+    ASSERT_NE(runner, nullptr);
+    auto cpu = CpuModelRunner::create(shared_cpu_model, num_blocks, block_size, DType::kBF16, DType::kBF16);
+    ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+    const GreedyRun none = run_greedy(*runner, prompt, 40, {});
+    ASSERT_EQ(none.tokens.size(), 40u) << none.error;
+    const GreedyRun cpu_none = run_greedy(**cpu, prompt, 40, {});
+    const bool backends_agree = cpu_none.tokens == none.tokens;
+    std::printf("[per-head] block size %d: cpu and cuda tokens without eviction %s\n", block_size,
+                backends_agree ? "equal" : "differ");
+    for (P policy : {P::kPyramidKV, P::kEntropy}) {
+      SCOPED_TRACE(::testing::Message() << runtime::kv_compression_policy_name(policy) << " block size " << block_size);
+      const GreedyRun full = run_greedy(*runner, prompt, 40, policy_config(policy, 200));
+      EXPECT_TRUE(full.error.empty()) << full.error;
+      EXPECT_EQ(full.tokens, none.tokens);
+      EXPECT_EQ(full.stats.kv_compactions, 0);
+      const GreedyRun small = run_greedy(*runner, prompt, 60, policy_config(policy, 64));
+      EXPECT_TRUE(small.error.empty()) << small.error;
+      EXPECT_EQ(small.tokens.size(), 60u);
+      EXPECT_GE(small.stats.kv_compactions, 2);
+      EXPECT_GT(small.stats.kv_evicted_slots, 0);
+      EXPECT_EQ(runner->kv_scores().num_states(), 0u) << "score states not released";
+      const GreedyRun cpu_small = run_greedy(**cpu, prompt, 60, policy_config(policy, 64));
+      ASSERT_EQ(cpu_small.tokens.size(), 60u) << cpu_small.error;
+      size_t same = 0;
+      while (same < small.tokens.size() && small.tokens[same] == cpu_small.tokens[same]) ++same;
+      std::printf("[per-head] %s block size %d budget 64: %zu of 60 tokens equal to the cpu's (%d compactions)\n",
+                  std::string(runtime::kv_compression_policy_name(policy)).c_str(), block_size, same,
+                  static_cast<int>(small.stats.kv_compactions));
+      // A short generate: the first 20 tokens, where the backends agree without eviction.
+      if (backends_agree) {
+        EXPECT_GE(same, 20u) << "the cuda tokens leave the cpu's early";
+      }
     }
   }
 }
@@ -523,6 +584,448 @@ TEST(KvEvictionGpu, ScoresAndKeptTokensEqualTheCpus) {
   for (DType dtype : {DType::kBF16, DType::kInt4})
     for (int32_t block_size : {16, 1}) check_scores({2, 2, 4, 16, block_size, dtype}, P::kH2O, true);
   check_scores({1, 8, 32, 128, 16, DType::kFP8E4M3}, P::kH2O, true);
+}
+
+// Per-head budgets (pyramidkv, entropy) compacted by CudaKvScores against CpuKvEviction on the same
+// scores and pool bytes: two compactions in a row (the second's candidates skip the first's holes,
+// whose mass is set huge so that reading one would change the choice), every byte of the pools equal
+// (holes are written by neither, and the pools started equal), and the same kept count per head.
+// `levels` > 0 draws the mass from that many values (ties).
+void check_head_budgets(runtime::KvCompressionPolicy policy, DType dtype, int32_t block_size, int levels) {
+  SCOPED_TRACE(::testing::Message() << runtime::kv_compression_policy_name(policy) << " " << dtype_name(dtype)
+                                    << " block size " << block_size << " levels " << levels);
+  const int32_t layers = 4, kv_heads = 3, head_dim = 16, T1 = 150, budget = 40;
+  runtime::KvCompressionConfig config = policy_config(policy, budget);
+  config.window = 8;
+  const int32_t capacity = runtime::kv_compaction_capacity(config, layers);
+  const int32_t len1 = std::min(T1, capacity), T2 = len1 + 37, len2 = std::min(T2, capacity);
+  auto blocks_for = [&](int32_t n) { return (n + block_size - 1) / block_size; };
+  const int32_t old1 = blocks_for(T1), new1 = blocks_for(len1), extra = blocks_for(T2) - new1, new2 = blocks_for(len2);
+  ASSERT_LE(new2, old1);
+  KvPoolShape shape{layers, old1 + new1 + extra + 2, block_size, kv_heads, head_dim, dtype, dtype};
+  auto gpu = CudaKvPool::create(shape);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+  auto cpu = CpuKvPool::create(shape);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+  std::mt19937 rng(static_cast<uint32_t>(block_size * 13 + static_cast<int>(dtype) * 5 + levels) +
+                   (policy == runtime::KvCompressionPolicy::kEntropy ? 1000u : 0u));
+  for (int32_t l = 0; l < layers; ++l)
+    for (const Segment& s : segments((*gpu)->layer(l), cpu->layer(l), dtype, dtype)) {
+      if (s.bytes == 0) continue;
+      for (size_t i = 0; i < s.bytes; ++i) s.host[i] = static_cast<std::byte>(rng() & 0xff);
+      ASSERT_EQ(cudaMemcpy(s.device, s.host, s.bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  std::vector<int32_t> blocks(static_cast<size_t>(shape.num_blocks));
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  auto take = [&](int32_t from, int32_t n) {
+    return std::vector<int32_t>(blocks.begin() + from, blocks.begin() + from + n);
+  };
+  const std::vector<int32_t> table1 = take(0, old1), table1_new = take(old1, new1);
+  std::vector<int32_t> table2 = table1_new;
+  for (int32_t b : take(old1 + new1, extra)) table2.push_back(b);
+  const std::vector<int32_t> table2_new = take(0, new2);  // the first compaction's old blocks, free again
+
+  const int32_t heads = layers * kv_heads;
+  CudaKvScores scores(layers, kv_heads, 2 * kv_heads);
+  CpuKvEviction reference(layers, kv_heads);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  std::uniform_int_distribution<int> level(0, std::max(levels - 1, 0));
+  // Gives both sides the same mass over [0, length) and entropy sums (holes of `layout`: huge mass).
+  auto set_scores = [&](int32_t length, const CudaKvScores::HeadLayout& layout) {
+    CudaKvScores::HostScores host;
+    host.mass.resize(static_cast<size_t>(heads) * length);
+    host.entropy_sum.resize(static_cast<size_t>(heads));
+    host.entropy_count = 24;
+    for (int32_t lh = 0; lh < heads; ++lh) {
+      for (int32_t i = 0; i < length; ++i) {
+        const bool hole = !layout.head_kept.empty() && i >= layout.head_kept[static_cast<size_t>(lh)] &&
+                          i < layout.compacted_length;
+        host.mass[static_cast<size_t>(lh) * length + i] =
+            hole ? 1e30f : levels > 0 ? 0.125f * static_cast<float>(level(rng)) : uniform(rng);
+      }
+      host.entropy_sum[static_cast<size_t>(lh)] = 24.0 * (0.05 + 0.9 * uniform(rng));
+    }
+    ASSERT_TRUE(scores.upload(9, host, length, nullptr).ok());
+    ForwardBatch batch;
+    SequenceSlice slice;
+    slice.num_new_tokens = length;
+    slice.kv_state = 9;
+    batch.sequences.push_back(slice);
+    CpuSequenceEviction* st = reference.prepare(batch)[0];
+    ASSERT_NE(st, nullptr);
+    for (int32_t lh = 0; lh < heads; ++lh) {
+      for (int32_t i = 0; i < length; ++i)
+        st->mass[static_cast<size_t>(lh) * st->capacity + i] = host.mass[static_cast<size_t>(lh) * length + i];
+      st->entropy_sum[static_cast<size_t>(lh)] = host.entropy_sum[static_cast<size_t>(lh)];
+      st->entropy_count[static_cast<size_t>(lh)] = host.entropy_count;
+    }
+  };
+  auto compact_both = [&](const std::vector<int32_t>& old_table, int32_t old_length,
+                          const std::vector<int32_t>& new_table, int32_t new_length) {
+    runtime::KvCompaction job;
+    job.kv_state = 9;
+    job.config = config;
+    job.old_block_table = old_table;
+    job.old_length = old_length;
+    job.new_block_table = new_table;
+    job.new_length = new_length;
+    DeviceBuffer moves;
+    const Status g = scores.compact(job, **gpu, moves, nullptr);
+    ASSERT_TRUE(g.ok()) << g.to_string();
+    ASSERT_TRUE(reference.compact(job, *cpu).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (int32_t l = 0; l < layers; ++l)
+      for (const Segment& s : segments((*gpu)->layer(l), cpu->layer(l), dtype, dtype)) {
+        if (s.bytes == 0) continue;
+        std::vector<std::byte> g2(s.bytes);
+        ASSERT_EQ(cudaMemcpy(g2.data(), s.device, s.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+        EXPECT_EQ(std::memcmp(g2.data(), s.host, s.bytes), 0) << "layer " << l << ": kept tokens differ from the CPU's";
+      }
+    const CpuSequenceEviction* cst = reference.find(9);
+    ASSERT_NE(cst, nullptr);
+    const CudaKvScores::HeadLayout layout = scores.head_layout(9);
+    EXPECT_EQ(layout.head_kept, cst->head_kept);
+    EXPECT_EQ(layout.compacted_length, cst->compacted_length);
+    // The budgets really differ per head (else this test would be snapkv's).
+    ASSERT_FALSE(layout.head_kept.empty());
+    EXPECT_NE(*std::min_element(layout.head_kept.begin(), layout.head_kept.end()),
+              *std::max_element(layout.head_kept.begin(), layout.head_kept.end()));
+    auto after = scores.download(9, new_length, nullptr);
+    ASSERT_TRUE(after.ok());
+    for (float m : after->mass) ASSERT_EQ(m, 0.0f) << "the mass starts afresh after a compaction";
+    EXPECT_EQ(after->entropy_count, 0);
+  };
+  set_scores(T1, {});
+  compact_both(table1, T1, table1_new, len1);
+  set_scores(T2, scores.head_layout(9));
+  compact_both(table2, T2, table2_new, len2);
+  // Fewer tokens than the compacted region: refused, as the CPU does.
+  runtime::KvCompaction shorter;
+  shorter.kv_state = 9;
+  shorter.config = config;
+  shorter.old_block_table = table2_new;
+  shorter.old_length = len2 - 1;
+  shorter.new_block_table = take(old1, 1);
+  shorter.new_length = 1;
+  DeviceBuffer moves;
+  EXPECT_EQ(scores.compact(shorter, **gpu, moves, nullptr).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(KvEvictionGpu, PerHeadBudgetCompactionsEqualTheCpus) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  using P = runtime::KvCompressionPolicy;
+  for (P policy : {P::kPyramidKV, P::kEntropy})
+    for (DType dtype : {DType::kBF16, DType::kInt4})
+      for (int32_t block_size : {16, 1})
+        for (int levels : {0, 3}) check_head_budgets(policy, dtype, block_size, levels);
+}
+
+// Makes (slot, head)'s K and V read as NaN in the host copy `segs` of a pool layer: bf16 codes NaN,
+// or a quantized vector's scale records NaN.
+void poison_vector(const std::vector<Segment>& segs, DType dtype, int32_t head_dim, int32_t block_size,
+                   int32_t kv_heads, int64_t slot, int32_t h) {
+  if (dtype == DType::kBF16) {
+    const size_t bytes = kernels::kv_head_bytes(head_dim, dtype);
+    const size_t at = (static_cast<size_t>(slot) * kv_heads + static_cast<size_t>(h)) * bytes;
+    for (size_t e = 0; e < bytes; e += 2)
+      for (int kv = 0; kv < 2; ++kv) {
+        segs[kv].host[at + e] = std::byte{0xc0};  // bf16 NaN 0x7fc0, little endian
+        segs[kv].host[at + e + 1] = std::byte{0x7f};
+      }
+  } else {
+    const size_t bytes = kernels::kv_head_scale_bytes(head_dim, dtype);
+    const size_t at = static_cast<size_t>(kernels::kv_scale_vector(slot, h, block_size, kv_heads)) * bytes;
+    for (size_t e = 0; e < bytes; ++e) segs[2].host[at + e] = segs[3].host[at + e] = std::byte{0xff};
+  }
+}
+
+// The scoring pass over per-head holes (KvScoreSequence::head_kept, set by a per-head compaction)
+// against the CPU's scoring with the same holes: 30 scoring queries after a compacted region of
+// 100 whose heads keep 0 to 100 tokens, hole vectors NaN in both pools; the mass (0 at holes on
+// both) and the entropy sums (normalized by the attended count) equal the CPU's.
+void check_hole_scores(DType dtype, int32_t block_size) {
+  SCOPED_TRACE(::testing::Message() << "scores over holes " << dtype_name(dtype) << " block size " << block_size);
+  const int32_t layers = 2, kv_heads = 2, q_heads = 8, head_dim = 16, T = 150, cached = 120, C = 100;
+  const int32_t blocks = (T + block_size - 1) / block_size;
+  KvPoolShape shape{layers, blocks + 2, block_size, kv_heads, head_dim, dtype, dtype};
+  auto gpu = CudaKvPool::create(shape);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+  auto cpu = CpuKvPool::create(shape);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+  std::mt19937 rng(static_cast<uint32_t>(block_size * 3 + static_cast<int>(dtype) * 17));
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int32_t i = 0; i < blocks; ++i) table[static_cast<size_t>(i)] = blocks + 1 - i;  // scattered
+  std::vector<int64_t> slots(static_cast<size_t>(T));
+  for (int32_t i = 0; i < T; ++i)
+    slots[static_cast<size_t>(i)] = static_cast<int64_t>(table[static_cast<size_t>(i / block_size)]) * block_size + i % block_size;
+  const DeviceBuffer slots_dev = upload(slots), table_dev = upload(table);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const size_t kv_width = static_cast<size_t>(kv_heads) * head_dim;
+  for (int32_t l = 0; l < layers; ++l) {
+    std::vector<uint16_t> k(T * kv_width), v(T * kv_width);
+    for (auto& x : k) x = to_bf16_bits(1.5f * normal(rng));
+    for (auto& x : v) x = to_bf16_bits(normal(rng));
+    const DeviceBuffer kd = upload(k), vd = upload(v);
+    ASSERT_EQ(kv_write(kd.as<bf16>(), vd.as<bf16>(), static_cast<int64_t>(kv_width), slots_dev.as<int64_t>(), T,
+                       (*gpu)->layer(l), nullptr), cudaSuccess);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  CudaKvScores::HeadLayout layout;
+  layout.head_kept = {10, 100, 0, 57};  // [layers][kv_heads]
+  layout.compacted_length = C;
+  for (int32_t l = 0; l < layers; ++l) {
+    const std::vector<Segment> segs = segments((*gpu)->layer(l), cpu->layer(l), dtype, dtype);
+    for (const Segment& s : segs)
+      if (s.bytes > 0) {
+        ASSERT_EQ(cudaMemcpy(s.host, s.device, s.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      }
+    for (int32_t h = 0; h < kv_heads; ++h)
+      for (int32_t i = layout.head_kept[static_cast<size_t>(l * kv_heads + h)]; i < C; ++i)
+        poison_vector(segs, dtype, head_dim, block_size, kv_heads, slots[static_cast<size_t>(i)], h);
+    for (const Segment& s : segs)
+      if (s.bytes > 0) {
+        ASSERT_EQ(cudaMemcpy(s.device, s.host, s.bytes, cudaMemcpyHostToDevice), cudaSuccess);
+      }
+  }
+  const int32_t fresh = T - cached;
+  const size_t q_width = static_cast<size_t>(q_heads) * head_dim;
+  std::vector<uint16_t> q(fresh * q_width);
+  std::vector<float> q_f32(q.size());
+  for (size_t i = 0; i < q.size(); ++i) {
+    q[i] = to_bf16_bits(normal(rng));
+    q_f32[i] = from_bf16_bits(q[i]);
+  }
+  const DeviceBuffer q_dev = upload(q);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+
+  ForwardBatch batch;
+  SequenceSlice slice;
+  slice.num_new_tokens = fresh;
+  slice.num_cached_tokens = cached;
+  slice.block_table = table;
+  slice.kv_state = 9;
+  slice.score_from_index = cached;
+  batch.sequences.push_back(slice);
+  CudaKvScores scores(layers, kv_heads, q_heads);
+  ASSERT_TRUE(scores.set_head_layout(9, layout, nullptr).ok());
+  ASSERT_TRUE(scores.prepare(batch, static_cast<int64_t>(table.size()), nullptr).ok());
+  ASSERT_TRUE(scores.active());
+  for (int32_t l = 0; l < layers; ++l)
+    ASSERT_TRUE(scores.score_layer(l, q_dev.as<bf16>(), static_cast<int64_t>(q_width), scale, (*gpu)->layer(l),
+                                   table_dev.as<int32_t>(), nullptr).ok());
+  CpuKvEviction reference(layers, kv_heads);
+  CpuSequenceEviction* st = reference.prepare(batch)[0];
+  ASSERT_NE(st, nullptr);
+  st->head_kept = layout.head_kept;
+  st->compacted_length = C;
+  std::vector<float> out(fresh * q_width);
+  for (int32_t l = 0; l < layers; ++l) {
+    kernels::PagedSequence seq{0, fresh, cached, table, st->layer_view(l, cached)};
+    kernels::paged_attention(q_f32.data(), cpu->layer(l), {&seq, 1}, {q_heads, scale, 0}, out.data());
+  }
+  auto got = scores.download(9, T, nullptr);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  int bad = 0;
+  double worst = 0.0;
+  for (int32_t lh = 0; lh < layers * kv_heads; ++lh) {
+    for (int32_t i = 0; i < T; ++i) {
+      const float g = got->mass[static_cast<size_t>(lh) * T + i];
+      ASSERT_TRUE(std::isfinite(g)) << "head " << lh << " index " << i << ": a hole was read";
+      const double want = st->mass[static_cast<size_t>(lh) * st->capacity + i];
+      const double err = std::abs(g - want);
+      worst = std::max(worst, err / (1e-3 + std::abs(want)));
+      bad += err > 2e-5 + 2e-4 * std::abs(want);
+      if (i >= layout.head_kept[static_cast<size_t>(lh)] && i < C) {
+        EXPECT_EQ(g, 0.0f) << "hole " << i << " scored";
+      }
+    }
+    EXPECT_NEAR(got->entropy_sum[lh], st->entropy_sum[lh], 1e-4 * (1.0 + std::abs(st->entropy_sum[lh])))
+        << "head " << lh;
+  }
+  EXPECT_EQ(bad, 0) << "mass entries off the CPU's; worst relative error " << worst;
+}
+
+TEST(KvEvictionGpu, ScoringPassSkipsPerHeadHolesAsTheCpuDoes) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  for (DType dtype : {DType::kBF16, DType::kFP8E4M3, DType::kInt8, DType::kInt4})
+    for (int32_t block_size : {16, 1}) check_hole_scores(dtype, block_size);
+}
+
+// Decode attention with per-head holes (AttentionDescriptor::hole_begin / hole_end) against the CPU
+// attention with the same holes (PagedSequenceEviction::head_kept): the hole vectors are NaN in both
+// pools (bf16: the codes; quantized: the scale records), so reading one would show; splits of 16
+// positions, some wholly inside a hole; one sequence without holes. A prefill with holes is refused.
+void check_hole_decode(DType dtype, int32_t head_dim, int32_t block_size, int32_t q_heads) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " D " << head_dim << " block size " << block_size
+                                    << " q heads " << q_heads);
+  namespace kc = kernels::cuda;
+  const int32_t kv_heads = 2;
+  struct Seq {
+    int32_t length, compacted;
+    std::vector<int32_t> kept;  // per KV head
+  };
+  const std::vector<Seq> seqs = {{300, 200, {50, 200}}, {90, 64, {0, 17}}, {40, 0, {0, 0}}};
+  std::vector<std::vector<int32_t>> tables;
+  int32_t next_block = 0;
+  for (const Seq& q : seqs) {
+    std::vector<int32_t> t;
+    for (int32_t i = 0; i < (q.length + block_size - 1) / block_size; ++i) t.push_back(next_block++);
+    tables.push_back(t);
+  }
+  KvPoolShape shape{1, next_block + 1, block_size, kv_heads, head_dim, dtype, dtype};
+  auto gpu = CudaKvPool::create(shape);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+  auto cpu = CpuKvPool::create(shape);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+  std::mt19937 rng(static_cast<uint32_t>(head_dim * 7 + block_size + static_cast<int>(dtype) * 101 + q_heads));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const size_t kv_width = static_cast<size_t>(kv_heads) * head_dim;
+  for (size_t si = 0; si < seqs.size(); ++si) {
+    const int32_t T = seqs[si].length;
+    std::vector<int64_t> slots(static_cast<size_t>(T));
+    for (int32_t i = 0; i < T; ++i)
+      slots[static_cast<size_t>(i)] = static_cast<int64_t>(tables[si][static_cast<size_t>(i / block_size)]) * block_size + i % block_size;
+    std::vector<uint16_t> k(T * kv_width), v(T * kv_width);
+    for (auto& x : k) x = to_bf16_bits(normal(rng));
+    for (auto& x : v) x = to_bf16_bits(normal(rng));
+    const DeviceBuffer kd = upload(k), vd = upload(v), sd = upload(slots);
+    ASSERT_EQ(kv_write(kd.as<bf16>(), vd.as<bf16>(), static_cast<int64_t>(kv_width), sd.as<int64_t>(), T,
+                       (*gpu)->layer(0), nullptr), cudaSuccess);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<Segment> segs = segments((*gpu)->layer(0), cpu->layer(0), dtype, dtype);
+  for (const Segment& s : segs)
+    if (s.bytes > 0) {
+      ASSERT_EQ(cudaMemcpy(s.host, s.device, s.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+  // NaN into every hole vector, K and V, on the host copy, then back to the device.
+  for (size_t si = 0; si < seqs.size(); ++si)
+    for (int32_t h = 0; h < kv_heads; ++h)
+      for (int32_t i = seqs[si].kept[static_cast<size_t>(h)]; i < seqs[si].compacted; ++i) {
+        const int64_t slot =
+            static_cast<int64_t>(tables[si][static_cast<size_t>(i / block_size)]) * block_size + i % block_size;
+        poison_vector(segs, dtype, head_dim, block_size, kv_heads, slot, h);
+      }
+  for (const Segment& s : segs)
+    if (s.bytes > 0) {
+      ASSERT_EQ(cudaMemcpy(s.device, s.host, s.bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  // One query per sequence (its last position).
+  const size_t q_width = static_cast<size_t>(q_heads) * head_dim;
+  std::vector<uint16_t> q(seqs.size() * q_width);
+  std::vector<float> q_f32(q.size());
+  for (size_t i = 0; i < q.size(); ++i) {
+    q[i] = to_bf16_bits(normal(rng));
+    q_f32[i] = from_bf16_bits(q[i]);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  std::vector<int32_t> hole_begin, hole_end;
+  std::vector<kernels::PagedSequence> cpu_seqs;
+  std::vector<kc::AttentionSequence> gpu_seqs;
+  for (size_t si = 0; si < seqs.size(); ++si) {
+    for (int32_t h = 0; h < kv_heads; ++h) hole_begin.push_back(seqs[si].kept[static_cast<size_t>(h)]);
+    hole_end.push_back(seqs[si].compacted);
+    kernels::PagedSequence ps{static_cast<int32_t>(si), 1, seqs[si].length - 1, tables[si], {}};
+    ps.eviction.head_kept = seqs[si].kept.data();
+    ps.eviction.compacted_length = seqs[si].compacted;
+    cpu_seqs.push_back(ps);
+    gpu_seqs.push_back({1, seqs[si].length - 1, tables[si]});
+  }
+  std::vector<float> want(q.size());
+  kernels::paged_attention(q_f32.data(), cpu->layer(0), cpu_seqs, {q_heads, scale, 0}, want.data());
+
+  kc::AttentionConfig config;
+  config.num_q_heads = q_heads;
+  config.num_kv_heads = kv_heads;
+  config.head_dim = head_dim;
+  config.block_size = block_size;
+  config.num_blocks = shape.num_blocks;
+  config.scale = scale;
+  const kc::KvElement element = dtype == DType::kBF16      ? kc::KvElement::kBF16
+                                : dtype == DType::kFP8E4M3 ? kc::KvElement::kFP8E4M3
+                                : dtype == DType::kInt8    ? kc::KvElement::kInt8
+                                                           : kc::KvElement::kInt4;
+  config.key_element = config.value_element = element;
+  kc::AttentionPlanOptions options;
+  options.split_tokens = 16;
+  auto plan = kc::PagedAttentionPlan::create(config, gpu_seqs, {}, options);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  ASSERT_EQ(plan->kernel(), kc::AttentionKernel::kDecode);
+  std::vector<int32_t> arena(plan->arena().begin(), plan->arena().end());
+  const DeviceBuffer arena_dev = upload(arena), q_dev = upload(q), hb = upload(hole_begin), he = upload(hole_end);
+  auto workspace = DeviceBuffer::allocate(std::max<size_t>(256, plan->workspace_bytes()));
+  auto out = DeviceBuffer::allocate(q.size() * sizeof(uint16_t));
+  ASSERT_TRUE(workspace.ok() && out.ok());
+  const DevicePagedKvLayer& dl = (*gpu)->layer(0);
+  kc::PagedKvPointers kv{dl.key, dl.value, dl.key_scale, dl.value_scale};
+  kc::AttentionDescriptor d = plan->descriptor(arena_dev.as<int32_t>(), kv, workspace->as<float>());
+  d.hole_begin = hb.as<int32_t>();
+  d.hole_end = he.as<int32_t>();
+  ASSERT_EQ(kc::launch_paged_attention(d, q_dev.data(), out->data(), nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint16_t> got(q.size());
+  ASSERT_EQ(cudaMemcpy(got.data(), out->data(), got.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost), cudaSuccess);
+  double worst = 0.0;
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float g = from_bf16_bits(got[i]);
+    ASSERT_TRUE(std::isfinite(g)) << "element " << i << ": a hole was read";
+    const double err = std::abs(static_cast<double>(g) - want[i]);
+    worst = std::max(worst, err);
+    bad += err > 1e-2 + 1e-2 * std::abs(want[i]);
+  }
+  EXPECT_EQ(bad, 0) << "outputs off the CPU's; worst abs error " << worst;
+  std::printf("[holes] %s D %d bs %d q heads %d: worst abs error %.2e\n", std::string(dtype_name(dtype)).c_str(),
+              head_dim, block_size, q_heads, worst);
+  // The builtin kernel (paged_attention.cu: steps the fast attention does not take) with the same holes.
+  {
+    const int32_t n = static_cast<int32_t>(seqs.size());
+    int32_t stride = 0;
+    for (const auto& t : tables) stride = std::max(stride, static_cast<int32_t>(t.size()));
+    std::vector<int32_t> flat(static_cast<size_t>(n) * stride, 0), token_sequence, kv_begin, kv_end;
+    for (int32_t i = 0; i < n; ++i) {
+      std::copy(tables[static_cast<size_t>(i)].begin(), tables[static_cast<size_t>(i)].end(),
+                flat.begin() + static_cast<ptrdiff_t>(i) * stride);
+      token_sequence.push_back(i);
+      kv_begin.push_back(0);
+      kv_end.push_back(seqs[static_cast<size_t>(i)].length);
+    }
+    const DeviceBuffer flat_dev = upload(flat), ts = upload(token_sequence), kb = upload(kv_begin), ke = upload(kv_end);
+    DeviceAttentionPlan builtin{ts.as<int32_t>(), kb.as<int32_t>(), ke.as<int32_t>(), flat_dev.as<int32_t>(), stride, n};
+    builtin.hole_begin = hb.as<int32_t>();
+    builtin.hole_end = he.as<int32_t>();
+    ASSERT_EQ(paged_attention(q_dev.as<bf16>(), static_cast<int64_t>(q_width), dl, builtin, q_heads, scale,
+                              out->as<bf16>(), nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(got.data(), out->data(), got.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost), cudaSuccess);
+    double worst_builtin = 0.0;
+    int bad_builtin = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float g = from_bf16_bits(got[i]);
+      ASSERT_TRUE(std::isfinite(g)) << "builtin, element " << i << ": a hole was read";
+      const double err = std::abs(static_cast<double>(g) - want[i]);
+      worst_builtin = std::max(worst_builtin, err);
+      bad_builtin += err > 1e-2 + 1e-2 * std::abs(want[i]);
+    }
+    EXPECT_EQ(bad_builtin, 0) << "builtin outputs off the CPU's; worst abs error " << worst_builtin;
+  }
+  // A prefill kernel does not skip holes: refused.
+  if (dtype == DType::kBF16) {
+    kc::AttentionDescriptor p = d;
+    p.kernel = kc::AttentionKernel::kPrefill;
+    EXPECT_EQ(kc::launch_paged_attention(p, q_dev.data(), out->data(), nullptr), cudaErrorInvalidValue);
+    (void)cudaGetLastError();
+  }
+}
+
+TEST(KvEvictionGpu, DecodeAttentionSkipsPerHeadHolesAsTheCpuDoes) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  for (DType dtype : {DType::kBF16, DType::kFP8E4M3, DType::kInt8, DType::kInt4})
+    for (int32_t block_size : {16, 1}) check_hole_decode(dtype, 128, block_size, 8);
+  check_hole_decode(DType::kBF16, 64, 16, 2);
+  check_hole_decode(DType::kInt8, 64, 16, 4);
 }
 
 // The GPU's kept indices against select_kept_tokens on the same scores. `levels` > 0 draws scores

@@ -6,35 +6,43 @@
 # then a device call with carry [".device/mla-decode"] (about 150 s of commands):
 #   .device/mla-decode/mla_decode_call.sh run
 #     1. correctness, in parallel: mla_decode_plan_tests; mla_decode_gpu_tests
-#        (the TMA kernels' cases apart, so a hang there hides nothing else); the
+#        (each TMA test and SpreadBudgetPlans in a process of its own, so a hang
+#        in one hides nothing else and the six TMA variants fit the time); the
 #        DeepSeek model tests (cuda_model_tests *Deepseek*) with the automatic
-#        kernel choice and again with PAGODA_MLA_DECODE_KERNEL=tma_ring;
+#        kernel choice and again with PAGODA_MLA_DECODE_KERNEL=$MODEL_KERNELS
+#        (default "tma_tile tma_pair");
 #     2. alone on the GPU: mla_decode_bench with every kernel side by side on the
 #        same pool (BENCH_ONLY: the --only substrings, default "bf16 H=16" and
-#        "fp8-656 H=16"; BENCH_ITERS, default 20).
+#        "fp8-656 H=16"; BENCH_ITERS, default 20; BENCH_ARGS, default
+#        "--schedule all": whole and spread budgets).
 #   .device/mla-decode/mla_decode_call.sh tests   # step 1 only
 #   .device/mla-decode/mla_decode_call.sh bench   # step 2 only
 #   BENCH_ONLY="H=128" .device/mla-decode/mla_decode_call.sh bench   # e.g. the 128-head shapes
-# Logs go to $OUT (default /tmp/mla-decode); summary.log has the results. This
+# Logs go to $OUT (default /tmp/mla-decode; 6 files + one a BENCH_ONLY entry);
+# summary.log has the results. This
 # one script replaces the per-branch mla5..mla8_call.sh (and the first
 # mla_decode_call.sh) of the kernel's earlier steps.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
 tests() {
-  local b=$1 out=$2
-  timeout 15 "$b/run.sh" mla_decode_plan_tests > "$out/plan.log" 2>&1
-  echo "mla_decode_plan_tests rc=$? $(tail -1 "$out/plan.log")" >> "$sum"
+  local b=$1 out=$2 part
+  part=$(mktemp)
+  timeout 15 "$b/run.sh" mla_decode_plan_tests > "$part" 2>&1
+  echo "mla_decode_plan_tests rc=$? $(tail -1 "$part")" >> "$sum"
+  (flock 9; cat "$part" >> "$out/gpu_tests.log") 9>>"$out/gpu_tests.log"
+  rm -f "$part"
 }
-gpu_tests_tma() {
-  local b=$1 out=$2
-  timeout 90 "$b/run.sh" mla_decode_gpu_tests --gtest_filter='*Tma*' > "$out/gpu_tests_tma.log" 2>&1
-  echo "mla_decode_gpu_tests (TMA kernels) rc=$?" >> "$sum"
-}
-gpu_tests_others() {
-  local b=$1 out=$2
-  timeout 90 "$b/run.sh" mla_decode_gpu_tests --gtest_filter='-*Tma*' > "$out/gpu_tests.log" 2>&1
-  echo "mla_decode_gpu_tests (the others) rc=$?" >> "$sum"
+# One gtest filter of mla_decode_gpu_tests; its log is appended to $out/gpu_tests_tma.log
+# (the TMA ones) or gpu_tests.log once it ends (at most 8 files come back from $OUT).
+gpu_tests_part() {
+  local b=$1 out=$2 filter=$3 log=$4 part
+  part=$(mktemp)
+  timeout 90 "$b/run.sh" mla_decode_gpu_tests --gtest_filter="$filter" > "$part" 2>&1
+  local rc=$?
+  echo "mla_decode_gpu_tests $filter rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$part" | tr '\n' ' ')" >> "$sum"
+  (flock 9; cat "$part" >> "$out/$log") 9>>"$out/$log"
+  rm -f "$part"
 }
 model_tests() {
   local b=$1 out=$2 kernel=$3
@@ -81,11 +89,17 @@ run | tests | bench)
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
   } | tee -a "$out/summary.log"
   if [ "$1" != bench ]; then
-    tests "$b" "$out" & gpu_tests_tma "$b" "$out" & gpu_tests_others "$b" "$out" &
-    model_tests "$b" "$out" "" & model_tests "$b" "$out" tma_ring &
+    tests "$b" "$out" &
+    for f in '*TmaBlockSizesRaggedEnds' '*TmaSplitsSchedulesAndSharing' '*TmaGraphPlans' '*TmaMatchesCpAsyncKernel' \
+      '*TmaOccupancy' '*SpreadBudgetPlans'; do
+      gpu_tests_part "$b" "$out" "$f" gpu_tests_tma.log &
+    done
+    gpu_tests_part "$b" "$out" '-*Tma*:*SpreadBudgetPlans' gpu_tests.log &
+    model_tests "$b" "$out" "" &
+    for k in ${MODEL_KERNELS:-tma_tile tma_pair}; do model_tests "$b" "$out" "$k" & done
     wait
     cat "$sum" | tee -a "$out/summary.log"
-    grep -hE "rel L2|outputs differ|Failure|FAILED|Which is" "$out/gpu_tests_tma.log" "$out/gpu_tests.log" \
+    grep -hE "rel L2|outputs differ|per SM|Failure|FAILED|Which is" "$out/gpu_tests_tma.log" "$out/gpu_tests.log" \
       | tee -a "$out/summary.log" | tail -60
     grep -hE "Failure|FAILED|Which is" "$out"/model_*.log | head -20 | tee -a "$out/summary.log"
     echo "tests elapsed $(( $(date +%s) - start )) s" | tee -a "$out/summary.log"
@@ -95,10 +109,11 @@ run | tests | bench)
     n=0
     for o in "${onlys[@]}"; do
       n=$((n + 1))
+      # shellcheck disable=SC2086  # BENCH_ARGS: several words
       timeout "${BENCH_TIMEOUT:-55}" "$b/run.sh" mla_decode_bench --iters "${BENCH_ITERS:-20}" --only "$o" \
-        > "$out/bench_$n.log" 2>&1
+        ${BENCH_ARGS:---schedule all} > "$out/bench_$n.log" 2>&1
       echo "bench $n '$o' rc=$?" | tee -a "$out/summary.log"
-      grep -E "^mla decode|^\| |ceiling|non-finite|error" "$out/bench_$n.log" | tee -a "$out/summary.log"
+      grep -E "^mla decode|^\| |ceiling|^occupancy|non-finite|error" "$out/bench_$n.log" | tee -a "$out/summary.log"
     done
     echo "elapsed $(( $(date +%s) - start )) s" | tee -a "$out/summary.log"
   fi

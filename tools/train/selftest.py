@@ -183,6 +183,26 @@ class ArgsTest(unittest.TestCase):
         for step in (0, 500):
             self.assertEqual(train.recall_schedule(plain, step, 1000, 1800, True), (6, 1800))
 
+    def test_restarted_schedule_after_the_copy_warmup(self):
+        base = ["--data", "d", "--out", "o", "--copy-warmup-steps", "1000", "--warmup", "100",
+                "--lr", "2e-3", "--min-lr-ratio", "0.1"]
+        # One schedule (the default): warm-up and cosine over warm-up and schedule together.
+        args = train.parse_args(base)
+        self.assertAlmostEqual(train.step_learning_rate(args, 1000, 2000),
+                               train.learning_rate(1000, 2000, 2e-3, 100, 0.1))
+        # Restarted: the warm-up holds its own peak, the schedule starts over after it.
+        args = train.parse_args(base + ["--restart-schedule", "--copy-warmup-lr", "3e-3"])
+        self.assertAlmostEqual(train.step_learning_rate(args, 0, 2000), 3e-5)
+        self.assertAlmostEqual(train.step_learning_rate(args, 999, 2000), 3e-3)
+        self.assertAlmostEqual(train.step_learning_rate(args, 1000, 2000), 2e-5)
+        self.assertAlmostEqual(train.step_learning_rate(args, 1099, 2000), 2e-3)
+        self.assertAlmostEqual(train.step_learning_rate(args, 2000, 2000), 2e-4)
+        args.copy_warmup_lr = 0.0  # 0: the warm-up uses --lr
+        self.assertAlmostEqual(train.step_learning_rate(args, 500, 2000), 2e-3)
+        args.copy_warmup_steps = 0  # no warm-up: the one schedule
+        self.assertAlmostEqual(train.step_learning_rate(args, 500, 2000),
+                               train.learning_rate(500, 2000, 2e-3, 100, 0.1))
+
     def test_copy_warmup_alphabet_and_period_grow(self):
         args = train.parse_args(["--data", "d", "--out", "o", "--copy-warmup-steps", "100",
                                  "--copy-warmup-alphabet", "128"])
@@ -196,7 +216,8 @@ class ArgsTest(unittest.TestCase):
         args.copy_warmup_alphabet = 0  # the default: every token from the start
         self.assertEqual(train.copy_warmup_stage(args, 0, pool, 2048), (pool, 32))
         for flags in (["--copy-warmup-steps", "-1"], ["--copy-warmup-alphabet", "1"],
-                      ["--copy-warmup-alphabet", "-5"]):
+                      ["--copy-warmup-alphabet", "-5"], ["--copy-warmup-lr", "-1"],
+                      ["--copy-rows", "16"], ["--copy-rows", "-1"]):
             with self.assertRaises(SystemExit, msg=flags):
                 train.parse_args(["--data", "d", "--out", "o"] + flags)
 

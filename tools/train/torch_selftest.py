@@ -157,7 +157,8 @@ class TorchPathsTest(unittest.TestCase):
                                     probes)
         logged = [json.loads(r[8]) for r in rows if r[8]]
         self.assertEqual(len(logged), 3)
-        self.assertTrue(all(set(m) == {"copy20", "copy60"} for m in logged), logged)
+        self.assertTrue(all(set(m) == {"greedy", "copy20", "copy60"} for m in logged), logged)
+        self.assertTrue(all(0.0 <= m["greedy"] <= 1.0 for m in logged), logged)
         self.assertEqual(summary["recall_rows_per_step"], 6)
         self.assertEqual(summary["recall_rows_last_step"], 2)
         # Steps 0-5 move from 6 rows towards 2 (rounded): 6+5+5+4+3+3, then 2 per step: 6*2.
@@ -175,6 +176,18 @@ class TorchPathsTest(unittest.TestCase):
         self.assertEqual(sum(v for k, v in summary["recall_sequences"].items()
                              if k != "tiled"), 38)  # the schedule after the warm-up as above
         self.assertGreater(summary["best_step"], 3)
+        # --copy-rows keeps 2 tiled rows in each of the schedule's 12 batches, besides the
+        # recall rows; the plain crops give way to them.
+        args.copy_rows = 2
+        source.rng.seed(12)
+        summary, rows = train.train(args, TinyLM(), self.stream, self.heldout, self.device,
+                                    1000.0, time.time() + 120, "warm", source, monitor, probes,
+                                    copy_pool=list(range(1000, 2000)))
+        self.assertEqual(summary["steps"], 15)
+        self.assertEqual(summary["recall_sequences"]["tiled"], 3 * 8 + 12 * 2)
+        self.assertEqual(sum(v for k, v in summary["recall_sequences"].items()
+                             if k != "tiled"), 38)
+        args.copy_rows = 0
         with self.assertRaises(ValueError):
             train.train(args, TinyLM(), self.stream, self.heldout, self.device, 1000.0,
                         time.time() + 120, "warm", source, monitor, probes)

@@ -124,6 +124,21 @@ def learning_rate(step, total_steps, peak, warmup, min_ratio):
     return peak * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
+def step_learning_rate(args, step, total_steps):
+    """The learning rate of step `step` of `total_steps` (copy warm-up steps included). Without
+    --restart-schedule: one warm-up and cosine over all steps. With it: the copy warm-up holds
+    --copy-warmup-lr (after the linear warm-up), and the language-model schedule restarts its own
+    warm-up and cosine after it, so the warm-up costs no language-model learning rate."""
+    warm = args.copy_warmup_steps
+    if not args.restart_schedule or not warm:
+        return learning_rate(step, total_steps, args.lr, args.warmup, args.min_lr_ratio)
+    if step < warm:
+        peak = args.copy_warmup_lr or args.lr
+        return peak * min(1.0, (step + 1) / max(1, args.warmup))
+    return learning_rate(step - warm, total_steps - warm, args.lr, args.warmup,
+                         args.min_lr_ratio)
+
+
 def load_jsonl(path):
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -393,8 +408,8 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
     total_steps = min(epoch_cap, args.max_steps) if args.max_steps > 0 else epoch_cap
     # The copy warm-up's steps come on top of the epoch cap: their rows hold no training text.
     warm = args.copy_warmup_steps
-    if warm and not copy_pool:
-        raise ValueError("the copy warm-up needs copy_pool")
+    if (warm or args.copy_rows) and not copy_pool:
+        raise ValueError("the copy warm-up and --copy-rows need copy_pool")
     total_steps += warm
     warm_rng = random.Random(args.seed + 6)
     autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16)
@@ -420,6 +435,13 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
             recall = sum(v[0] for v in chosen) / max(1, sum(v[1] for v in chosen))
             short = {d: round(v[0] / max(1, v[1]), 3) for d, v in sorted(counts.items())
                      if d not in args.recall_depth_list}
+            # Greedy recall (the goal's measure) on one batch of the deep trials: copying can
+            # show teacher-forced long before greedy decoding reproduces a whole list.
+            deep = [t for t in recall_monitor if t["depth"] in args.recall_depth_list][:16]
+            ctx = (torch.autocast(device_type=device.type, dtype=dtype) if dtype is not None
+                   else contextlib.nullcontext())
+            with ctx:
+                short["greedy"] = round(greedy_recall(model, deep, device)[0], 3)
         if copy_monitor:
             counts = {}
             teacher_forced_recall(model, copy_monitor, device, 16, dtype, counts)
@@ -471,7 +493,7 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
         if time.time() > deadline:
             stop_reason = "time budget reached"
             break
-        lr = learning_rate(step, total_steps, args.lr, args.warmup, args.min_lr_ratio)
+        lr = step_learning_rate(args, step, total_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
         recall_rows, depth = recall_schedule(args, max(0, step - warm), total_steps - warm,
@@ -486,9 +508,18 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
         else:
             if recall_rows:
                 recall_source.max_depth = depth
-            starts = torch.randint(0, stream.numel() - context - 1, (batch - recall_rows,),
-                                   device=device, generator=generator)
+            # Tiled rows kept in the language-model schedule, so the copy mechanism the
+            # warm-up formed keeps its dense signal (periods up to half the context).
+            tiled = min(args.copy_rows, batch - recall_rows)
+            starts = torch.randint(0, stream.numel() - context - 1,
+                                   (batch - recall_rows - tiled,), device=device,
+                                   generator=generator)
             chunk = stream[starts[:, None] + offsets_arange[None, :]]
+            if tiled:
+                rows = [recall_data.tiled_row(warm_rng, context + 1, copy_pool, 4,
+                                              context // 2)[0] for _ in range(tiled)]
+                kinds["tiled"] += tiled
+                chunk = torch.cat([chunk, torch.tensor(rows, dtype=torch.long).to(device)])
         if recall_rows:
             made = [recall_source.next() for _ in range(recall_rows)]
             for _, info in made:
@@ -676,6 +707,15 @@ def parse_args(argv=None):
     p.add_argument("--copy-warmup-alphabet", type=int, default=0,
                    help="most frequent tokens the copy warm-up draws from at its start "
                         "(0: every token throughout)")
+    p.add_argument("--copy-warmup-lr", type=float, default=0.0,
+                   help="peak learning rate of the copy warm-up with --restart-schedule "
+                        "(0: --lr)")
+    p.add_argument("--restart-schedule", action="store_true",
+                   help="the language-model schedule restarts its learning-rate warm-up and "
+                        "cosine after the copy warm-up (default: one schedule over all steps)")
+    p.add_argument("--copy-rows", type=int, default=0,
+                   help="tiled random-token rows (as in the copy warm-up, periods 4 to half the "
+                        "context) in every batch of the language-model schedule (0: none)")
     p.add_argument("--recall-max-depth", type=int, default=1800,
                    help="longest distance between a list or passage and its recall, in tokens")
     p.add_argument("--recall-context", type=int, default=2000,
@@ -734,6 +774,10 @@ def parse_args(argv=None):
         p.error(f"--recall-fraction-start must be in [0, 1], got {args.recall_fraction_start}")
     if not 0.0 <= args.curriculum <= 1.0:
         p.error(f"--curriculum must be in [0, 1], got {args.curriculum}")
+    if args.copy_warmup_lr < 0:
+        p.error(f"--copy-warmup-lr must be >= 0, got {args.copy_warmup_lr}")
+    if not 0 <= args.copy_rows < args.batch_size:
+        p.error(f"--copy-rows must be in [0, batch size), got {args.copy_rows}")
     if args.copy_warmup_steps < 0 or args.copy_warmup_alphabet == 1 or \
             args.copy_warmup_alphabet < 0:
         p.error(f"--copy-warmup-steps must be >= 0 and --copy-warmup-alphabet 0 or >= 2, got "

@@ -40,6 +40,41 @@ Status CudaKvScores::grow(State& st, int64_t length, cudaStream_t stream) {
   return ok_status();
 }
 
+StatusOr<bool> CudaKvScores::prepare_holes(const ForwardBatch& batch, cudaStream_t stream) {
+  const size_t n = batch.sequences.size();
+  bool any = false;
+  for (size_t i = 0; i < n && !any; ++i) {
+    const SequenceSlice& s = batch.sequences[i];
+    if (s.kv_state == 0 || s.kv_state_reset) continue;
+    const auto it = states_.find(s.kv_state);
+    any = it != states_.end() && !it->second.head_kept.empty();
+  }
+  if (!any) return false;
+  const size_t heads = static_cast<size_t>(num_kv_heads_);
+  const size_t per_layer = n * heads;
+  holes_host_.assign(static_cast<size_t>(num_layers_) * per_layer + n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const SequenceSlice& s = batch.sequences[i];
+    if (s.kv_state == 0 || s.kv_state_reset) continue;
+    const auto it = states_.find(s.kv_state);
+    if (it == states_.end() || it->second.head_kept.empty()) continue;
+    const State& st = it->second;
+    for (int32_t l = 0; l < num_layers_; ++l)
+      for (size_t h = 0; h < heads; ++h)
+        holes_host_[static_cast<size_t>(l) * per_layer + i * heads + h] =
+            st.head_kept[static_cast<size_t>(l) * heads + h];
+    holes_host_[static_cast<size_t>(num_layers_) * per_layer + i] = st.compacted_length;
+  }
+  const size_t bytes = holes_host_.size() * sizeof(int32_t);
+  if (holes_.bytes() < bytes) {
+    PAGODA_ASSIGN_OR_RETURN(holes_, DeviceBuffer::allocate(std::max(bytes, holes_.bytes() * 2)));
+  }
+  // Pageable source: staged before the call returns.
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(holes_.data(), holes_host_.data(), bytes, cudaMemcpyHostToDevice, stream));
+  holes_sequences_ = static_cast<int64_t>(n);
+  return true;
+}
+
 Status CudaKvScores::prepare(const ForwardBatch& batch, int64_t table_stride, cudaStream_t stream,
                              int32_t graph_slots, int32_t graph_capacity) {
   items_.clear();
@@ -69,7 +104,9 @@ Status CudaKvScores::prepare(const ForwardBatch& batch, int64_t table_stride, cu
     }
     if (any)
       sequences_.push_back({st.mass.as<float>(), st.entropy.as<double>(), st.capacity,
-                            static_cast<int64_t>(i) * table_stride});
+                            static_cast<int64_t>(i) * table_stride,
+                            st.head_kept.empty() ? nullptr : st.head_kept_device.as<int32_t>(),
+                            st.head_kept.empty() ? 0 : st.compacted_length, 0});
   }
   if (items_.empty()) return ok_status();
   if (graph_slots > 0) return upload_for_graph(graph_slots, graph_capacity, stream);
@@ -171,6 +208,172 @@ StatusOr<CudaKvScores::HostScores> CudaKvScores::download(int64_t kv_state, int3
   return out;
 }
 
+namespace {
+
+// Grows a scratch buffer to at least `bytes` (doubling), keeping nothing.
+Status ensure_bytes(DeviceBuffer& b, size_t bytes) {
+  if (b.bytes() < bytes) {
+    PAGODA_ASSIGN_OR_RETURN(b, DeviceBuffer::allocate(std::max(bytes, b.bytes() * 2)));
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+CudaKvScores::HeadLayout CudaKvScores::head_layout(int64_t kv_state) const {
+  const auto it = states_.find(kv_state);
+  if (it == states_.end()) return {};
+  return {it->second.head_kept, it->second.compacted_length};
+}
+
+Status CudaKvScores::store_head_layout(State& st, std::vector<int32_t> head_kept, int32_t compacted_length,
+                                       cudaStream_t stream) {
+  const size_t bytes = head_kept.size() * sizeof(int32_t);
+  if (bytes > 0) {
+    if (st.head_kept_device.bytes() < bytes) {
+      PAGODA_ASSIGN_OR_RETURN(st.head_kept_device, DeviceBuffer::allocate(bytes));
+    }
+    // Pageable source: staged before the call returns, so the host vector may change afterwards.
+    PAGODA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(st.head_kept_device.data(), head_kept.data(), bytes, cudaMemcpyHostToDevice, stream));
+  }
+  st.head_kept = std::move(head_kept);
+  st.compacted_length = compacted_length;
+  return ok_status();
+}
+
+Status CudaKvScores::set_head_layout(int64_t kv_state, const HeadLayout& layout, cudaStream_t stream) {
+  const size_t heads = static_cast<size_t>(num_layers_) * static_cast<size_t>(num_kv_heads_);
+  if (layout.head_kept.size() != heads)
+    return invalid_argument_error("kv scores: a head layout of {} kept counts for {} heads", layout.head_kept.size(),
+                                  heads);
+  for (int32_t k : layout.head_kept)
+    if (k < 0 || k > layout.compacted_length)
+      return invalid_argument_error("kv scores: kept count {} outside [0, {}]", k, layout.compacted_length);
+  auto [it, fresh] = states_.try_emplace(kv_state);
+  if (fresh) PAGODA_RETURN_IF_ERROR(reset(it->second, stream));
+  PAGODA_RETURN_IF_ERROR(store_head_layout(it->second, layout.head_kept, layout.compacted_length, stream));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return ok_status();
+}
+
+Status CudaKvScores::upload(int64_t kv_state, const HostScores& in, int32_t length, cudaStream_t stream) {
+  const size_t heads = static_cast<size_t>(num_layers_) * static_cast<size_t>(num_kv_heads_);
+  if (length < 0 || in.mass.size() != heads * static_cast<size_t>(length) || in.entropy_sum.size() != heads)
+    return invalid_argument_error("kv scores: upload of {} mass and {} entropy entries for {} heads x {}",
+                                  in.mass.size(), in.entropy_sum.size(), heads, length);
+  auto [it, fresh] = states_.try_emplace(kv_state);
+  State& st = it->second;
+  if (fresh) PAGODA_RETURN_IF_ERROR(reset(st, stream));
+  PAGODA_RETURN_IF_ERROR(grow(st, length, stream));
+  if (length > 0)
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(st.mass.data(), static_cast<size_t>(st.capacity) * sizeof(float),
+                                                  in.mass.data(), static_cast<size_t>(length) * sizeof(float),
+                                                  static_cast<size_t>(length) * sizeof(float), heads,
+                                                  cudaMemcpyHostToDevice, stream));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(st.entropy.data(), in.entropy_sum.data(), heads * sizeof(double),
+                                              cudaMemcpyHostToDevice, stream));
+  st.entropy_count = in.entropy_count;
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return ok_status();
+}
+
+Status CudaKvScores::compact_heads(const runtime::KvCompaction& c, CudaKvPool& pool, DeviceBuffer& moves_buffer,
+                                   cudaStream_t stream) {
+  const int32_t bs = pool.shape().block_size;
+  const int32_t heads = num_layers_ * num_kv_heads_;
+  const size_t nheads = static_cast<size_t>(heads);
+  auto [it, fresh] = states_.try_emplace(c.kv_state);
+  State& st = it->second;
+  if (fresh) PAGODA_RETURN_IF_ERROR(reset(st, stream));
+  PAGODA_RETURN_IF_ERROR(grow(st, c.old_length, stream));
+  if (!st.head_kept.empty() && st.compacted_length > c.old_length)
+    return invalid_argument_error("compact_kv: sequence {}: {} tokens, fewer than its compacted region of {}",
+                                  c.kv_state, c.old_length, st.compacted_length);
+  // The CPU's budgets (CpuKvEviction::compact): entropy from the mean normalized entropy of each head.
+  std::vector<float> entropy(nheads, 0.0f);
+  if (c.config.policy == runtime::KvCompressionPolicy::kEntropy && st.entropy_count > 0) {
+    std::vector<double> sums(nheads);
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sums.data(), st.entropy.data(), nheads * sizeof(double),
+                                                cudaMemcpyDeviceToHost, stream));
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    for (size_t i = 0; i < nheads; ++i) entropy[i] = static_cast<float>(sums[i] / st.entropy_count);
+  }
+  const std::vector<int32_t> budgets = runtime::kv_head_budgets(c.config, num_layers_, num_kv_heads_, entropy);
+  if (budgets.size() != nheads)
+    return internal_error("compact_kv: {} head budgets for {} heads", budgets.size(), nheads);
+  // Per head: its candidates (the kept tokens of the compacted region, then the tokens after its
+  // holes), their shape at the head's budget, and the kept count that follows.
+  std::vector<KvSelectHead> rows(nheads);
+  std::vector<int32_t> new_kept(nheads, 0);
+  int32_t max_middle = 0;
+  for (size_t lh = 0; lh < nheads; ++lh) {
+    const int32_t kept_before = st.head_kept.empty() ? 0 : st.head_kept[lh];
+    const int32_t hole_end = st.head_kept.empty() ? 0 : st.compacted_length;
+    const int32_t num_valid = kept_before + (c.old_length - hole_end);
+    const int32_t budget = std::min(budgets[lh], c.new_length);
+    KvSelectHead& row = rows[lh];
+    row.shape = kv_select_shape(1, num_valid, budget, c.config.sink_tokens, c.config.window, false, true);
+    row.gap_at = kept_before;
+    row.gap_len = hole_end - kept_before;
+    if (row.shape.kept > c.new_length || row.gap_len < 0)
+      return internal_error("compact_kv: head {} keeps {} of a compacted region of {} (gap {})", lh, row.shape.kept,
+                            c.new_length, row.gap_len);
+    new_kept[lh] = row.shape.kept;
+    if (row.shape.take > 0) max_middle = std::max(max_middle, row.shape.num_valid - row.shape.sinks - row.shape.recent);
+  }
+  const size_t new_len = static_cast<size_t>(c.new_length);
+  const size_t count = nheads * new_len;
+  if (count > 0) {
+    const size_t rows_bytes = nheads * sizeof(KvSelectHead);
+    PAGODA_RETURN_IF_ERROR(ensure_bytes(head_rows_, rows_bytes + nheads * sizeof(int32_t)));
+    PAGODA_RETURN_IF_ERROR(
+        ensure_bytes(select_scratch_, std::max<size_t>(1, kv_select_heads_scratch_bytes(heads, max_middle))));
+    PAGODA_RETURN_IF_ERROR(ensure_bytes(kept_, count * sizeof(int32_t)));
+    PAGODA_RETURN_IF_ERROR(ensure_bytes(moves_buffer, count * sizeof(KvVectorMove)));
+    const size_t old_blocks = c.old_block_table.size(), new_blocks = c.new_block_table.size();
+    PAGODA_RETURN_IF_ERROR(ensure_bytes(tables_, (old_blocks + new_blocks + 1) * sizeof(int32_t)));
+    // Pageable sources: the copies return once the bytes are staged, so the host vectors may go.
+    PAGODA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(head_rows_.data(), rows.data(), rows_bytes, cudaMemcpyHostToDevice, stream));
+    int32_t* kept_counts = reinterpret_cast<int32_t*>(static_cast<char*>(head_rows_.data()) + rows_bytes);
+    PAGODA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(kept_counts, new_kept.data(), nheads * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+    if (old_blocks > 0)
+      PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tables_.data(), c.old_block_table.data(),
+                                                  old_blocks * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+    if (new_blocks > 0)
+      PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tables_.as<int32_t>() + old_blocks, c.new_block_table.data(),
+                                                  new_blocks * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+    PAGODA_CUDA_RETURN_IF_ERROR(kv_select_kept_heads(st.mass.as<float>(), st.capacity,
+                                                     static_cast<const KvSelectHead*>(head_rows_.data()), heads,
+                                                     max_middle, c.new_length, select_scratch_.data(),
+                                                     kept_.as<int32_t>(), stream));
+    PAGODA_CUDA_RETURN_IF_ERROR(kv_build_moves_ragged(kept_.as<int32_t>(), heads, c.new_length, kept_counts,
+                                                      num_kv_heads_, tables_.as<int32_t>(),
+                                                      tables_.as<int32_t>() + old_blocks, bs,
+                                                      moves_buffer.as<KvVectorMove>(), stream));
+    const int64_t per_layer = static_cast<int64_t>(num_kv_heads_) * static_cast<int64_t>(new_len);
+    for (int32_t l = 0; l < num_layers_; ++l)
+      PAGODA_CUDA_RETURN_IF_ERROR(
+          kv_move_vectors(pool.layer(l), moves_buffer.as<KvVectorMove>() + l * per_layer, per_layer, stream));
+  }
+  // pyramidkv and entropy score like snapkv: the mass starts afresh (zero), and the state shrinks
+  // back towards the budget as the other policies' does.
+  if (st.capacity > 4 * static_cast<int64_t>(new_len) + 64) {
+    const int64_t smaller = 2 * static_cast<int64_t>(new_len) + 64;
+    PAGODA_ASSIGN_OR_RETURN(DeviceBuffer next,
+                            DeviceBuffer::allocate(nheads * static_cast<size_t>(smaller) * sizeof(float)));
+    st.mass = std::move(next);  // the old buffer's cudaFree waits for work in flight
+    st.capacity = smaller;
+  }
+  PAGODA_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(st.mass.data(), 0, nheads * static_cast<size_t>(st.capacity) * sizeof(float), stream));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(st.entropy.data(), 0, nheads * sizeof(double), stream));
+  st.entropy_count = 0;
+  return store_head_layout(st, std::move(new_kept), c.new_length, stream);
+}
+
 Status CudaKvScores::compact(const runtime::KvCompaction& c, CudaKvPool& pool, DeviceBuffer& moves_buffer,
                              cudaStream_t stream) {
   const KvPoolShape& shape = pool.shape();
@@ -178,9 +381,7 @@ Status CudaKvScores::compact(const runtime::KvCompaction& c, CudaKvPool& pool, D
   PAGODA_RETURN_IF_ERROR(runtime::check_kv_compaction(c, shape.num_blocks, bs));
   if (c.config.policy == runtime::KvCompressionPolicy::kPyramidKV ||
       c.config.policy == runtime::KvCompressionPolicy::kEntropy)
-    return unimplemented_error("compact_kv: policy {} gives each head its own budget, and the cuda attention kernels "
-                               "cannot skip the holes that leaves (h2o, snapkv and streaming run here)",
-                               runtime::kv_compression_policy_name(c.config.policy));
+    return compact_heads(c, pool, moves_buffer, stream);
   const bool streaming = c.config.policy == runtime::KvCompressionPolicy::kStreaming;
   // Streaming keeps the same indices in every layer and head (sinks and the most recent) and has no
   // scores: one row of kept indices per KV head, one set of moves, gathered in every layer.

@@ -9,9 +9,14 @@
 // scores), gather their vectors (kv_compact.h), carry h2o's mass over, all
 // without a host round trip.
 //
-// Only policies whose heads all keep the same count run here (streaming, h2o, snapkv:
-// the compacted region has no holes); pyramidkv and entropy give heads their
-// own budgets, which the CUDA attention kernels cannot skip yet: refused.
+// Per-head budgets (pyramidkv, entropy) are compacted here too, in the CPU's
+// layout (runtime/kv_compression.h: head (l, h) keeps its kept[l][h] tokens at
+// the front of the compacted region, holes after them), and the state
+// remembers each head's kept count (head_layout); prepare_holes hands a
+// step's holes to the attention (the builtin kernel and the fast attention's
+// CUDA-core decode skip them) and the scoring pass skips them too.
+// CudaModelRunner runs those policies only with
+// CudaRunnerOptions::kv_head_budgets (off by default).
 //
 // Thread safety: the runner's thread only.
 
@@ -48,17 +53,50 @@ class CudaKvScores {
   Status prepare(const ForwardBatch& batch, int64_t table_stride, cudaStream_t stream, int32_t graph_slots = 0,
                  int32_t graph_capacity = 0);
   bool active() const { return num_items_ > 0; }
+  // The step's per-head holes for the attention (AttentionDescriptor::
+  // hole_begin / hole_end): true when some sequence of `batch` has a per-head
+  // layout (head_layout), and then hole_begin(l) ([sequence][kv_head] of layer
+  // l, one row per batch sequence, 0 for sequences without) and hole_end()
+  // ([sequence]) point to device arrays uploaded on `stream`, valid until the
+  // next call. Call before prepare() (a slice with kv_state_reset counts as
+  // having none). The attention kernels that skip holes: the builtin
+  // paged_attention (any step) and the fast attention's CUDA-core decode.
+  StatusOr<bool> prepare_holes(const ForwardBatch& batch, cudaStream_t stream);
+  const int32_t* hole_begin(int32_t layer) const {
+    return holes_.as<int32_t>() + static_cast<int64_t>(layer) * holes_sequences_ * num_kv_heads_;
+  }
+  const int32_t* hole_end() const {
+    return holes_.as<int32_t>() + static_cast<int64_t>(num_layers_) * holes_sequences_ * num_kv_heads_;
+  }
   // Layer l's scores of the prepared step (q: the layer's rows after RoPE).
   // In a graph step its launch covers all graph_slots items.
   Status score_layer(int32_t layer, const bf16* q, int64_t q_row_stride, float scale, const DevicePagedKvLayer& kv,
                      const int32_t* block_tables, cudaStream_t stream) const;
-  // ModelRunner::compact_kv for every device policy (streaming: no score
-  // part and no state; h2o, snapkv from the state's scores): returns once
-  // the work is queued on `stream` (a fault in it shows at the stream's next
-  // synchronization). Errors: kUnimplemented for per-head budgets (pyramidkv,
-  // entropy), check_kv_compaction's.
+  // ModelRunner::compact_kv for every policy (streaming: no score part and
+  // no state; h2o, snapkv from the state's scores; pyramidkv, entropy per
+  // head, below): returns once the work is queued on `stream` (a fault in it
+  // shows at the stream's next synchronization). Errors: check_kv_compaction's;
+  // kInvalidArgument for fewer tokens than a per-head state's compacted region.
+  //
+  // Per-head budgets: runtime::kv_head_budgets on the host (entropy: from the
+  // state's entropy sums, downloaded, the one wait on the device here), each
+  // (layer, KV head)'s candidates are its kept tokens and the tokens after
+  // the holes (the CPU's rule), chosen on the device (kv_select_kept_heads),
+  // gathered with per-head counts; holes are not written.
   Status compact(const runtime::KvCompaction& compaction, CudaKvPool& pool, DeviceBuffer& moves_buffer,
                  cudaStream_t stream);
+  // A per-head state's layout after its last compaction: kept count per
+  // (layer, KV head) at [0, head_kept[lh]) of [0, compacted_length); empty
+  // when the sequence has no per-head compaction.
+  struct HeadLayout {
+    std::vector<int32_t> head_kept;
+    int32_t compacted_length = 0;
+  };
+  HeadLayout head_layout(int64_t kv_state) const;
+  // Sets a state's layout (made if missing) as a per-head compaction would
+  // (tests: the scoring pass over holes). Errors: kInvalidArgument for a
+  // layout of the wrong size or a kept count outside [0, compacted_length].
+  Status set_head_layout(int64_t kv_state, const HeadLayout& layout, cudaStream_t stream);
   void release(int64_t kv_state) { states_.erase(kv_state); }
   size_t num_states() const { return states_.size(); }
 
@@ -70,6 +108,9 @@ class CudaKvScores {
     int64_t entropy_count = 0;
   };
   StatusOr<HostScores> download(int64_t kv_state, int32_t length, cudaStream_t stream) const;
+  // The reverse (tests): a state (made if missing) gets these scores for
+  // indices [0, length), mass laid out as download's; waits for the copies.
+  Status upload(int64_t kv_state, const HostScores& scores, int32_t length, cudaStream_t stream);
 
  private:
   struct State {
@@ -77,7 +118,13 @@ class CudaKvScores {
     DeviceBuffer entropy;  // [layers][kv_heads] f64
     int64_t capacity = 0;
     int64_t entropy_count = 0;  // query heads summed into each entropy entry
+    std::vector<int32_t> head_kept;  // per-head compactions: kept per (layer, KV head); else empty
+    int32_t compacted_length = 0;
+    DeviceBuffer head_kept_device;   // its device copy, which the scoring pass reads
   };
+  Status store_head_layout(State& st, std::vector<int32_t> head_kept, int32_t compacted_length, cudaStream_t stream);
+  Status compact_heads(const runtime::KvCompaction& compaction, CudaKvPool& pool, DeviceBuffer& moves_buffer,
+                       cudaStream_t stream);
   Status reset(State& st, cudaStream_t stream);
   Status grow(State& st, int64_t length, cudaStream_t stream);
   Status upload_for_graph(int32_t slots, int32_t capacity, cudaStream_t stream);
@@ -103,6 +150,10 @@ class CudaKvScores {
   DeviceBuffer kept_;
   DeviceBuffer new_mass_;
   DeviceBuffer tables_;
+  DeviceBuffer holes_;          // prepare_holes: [layers][sequences][kv_heads] hole begins, then [sequences] ends
+  std::vector<int32_t> holes_host_;
+  int64_t holes_sequences_ = 0;
+  DeviceBuffer head_rows_;  // per-head compactions: the heads' KvSelectHead rows, then their kept counts
   int32_t num_items_ = 0;
 };
 

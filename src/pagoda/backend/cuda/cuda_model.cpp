@@ -201,7 +201,8 @@ void CudaModel::set_mla_prefill_tuning(const CudaMlaPrefill::Tuning& tuning) {
 }
 
 int32_t CudaModel::graph_bucket(const ForwardBatch& batch) const {
-  if (!options_.use_cuda_graphs || (deepseek_ && !deepseek_->graph_capable())) return 0;
+  // A step with per-head holes runs eagerly: no decode graph passes holes to the attention.
+  if (!options_.use_cuda_graphs || step_has_holes_ || (deepseek_ && !deepseek_->graph_capable())) return 0;
   int32_t cap = options_.max_graph_batch;
   if (deepseek_ && config_.moe && options_.moe_max_graph_batch > 0)
     cap = cap > 0 ? std::min(cap, options_.moe_max_graph_batch) : options_.moe_max_graph_batch;
@@ -232,7 +233,8 @@ StatusOr<CudaModel::StepShape> CudaModel::plan(const ForwardBatch& batch) {
   return step;
 }
 
-Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attention, const KvLayerWaits* waits) {
+Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attention, const KvLayerWaits* waits,
+                             bool holes) {
   const ModelConfig& c = config_;
   const int32_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
   const int32_t q_width = c.num_q_heads * D, kv_width = c.num_kv_heads * D;
@@ -291,7 +293,18 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
     if (kv_scores_ != nullptr && kv_scores_->active())
       PAGODA_RETURN_IF_ERROR(kv_scores_->score_layer(l, qkv, qkv_width, scale, kv, device_.block_tables, stream_));
     if (fast_attention) {
-      PAGODA_RETURN_IF_ERROR(fast_->run(kv, q_contiguous, attn, stream_, fixed_scales));
+      if (holes) {
+        PAGODA_RETURN_IF_ERROR(fast_->run(kv, q_contiguous, attn, stream_, fixed_scales, kv_scores_->hole_begin(l),
+                                          kv_scores_->hole_end()));
+      } else {
+        PAGODA_RETURN_IF_ERROR(fast_->run(kv, q_contiguous, attn, stream_, fixed_scales));
+      }
+    } else if (holes) {
+      DeviceAttentionPlan with_holes = attention;
+      with_holes.hole_begin = kv_scores_->hole_begin(l);
+      with_holes.hole_end = kv_scores_->hole_end();
+      PAGODA_CUDA_RETURN_IF_ERROR(
+          paged_attention(qkv, qkv_width, kv, with_holes, c.num_q_heads, scale, attn, stream_));
     } else {
       PAGODA_CUDA_RETURN_IF_ERROR(
           paged_attention(qkv, qkv_width, kv, attention, c.num_q_heads, scale, attn, stream_));
@@ -454,6 +467,12 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
   if (tokens != nullptr) tokens->assign(static_cast<size_t>(wanted_rows), 0);
   if (batch.num_tokens() == 0) return ok_status();
 
+  // Per-head holes (pyramidkv, entropy) first: such a step runs eagerly (graph_bucket answers 0).
+  step_has_holes_ = false;
+  if (kv_scores_ != nullptr) {
+    PAGODA_ASSIGN_OR_RETURN(step_has_holes_, kv_scores_->prepare_holes(batch, stream_));
+    if (step_has_holes_ && deepseek_) return unimplemented_error("cuda: per-head holes in an MLA model");
+  }
   // Scoring decode steps replay a graph of their own (the scoring launches recorded over the bucket's slots).
   if (kv_scores_ != nullptr)
     PAGODA_RETURN_IF_ERROR(
@@ -517,11 +536,16 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
   } else if (fast_attention_usable()) {
     PAGODA_ASSIGN_OR_RETURN(fast, fast_->plan(config_, batch, options_.block_size, pool.shape().num_blocks, stream_));
   }
+  // Per-head holes: the fast attention skips them in its decode launch only (CUDA-core decode), so a
+  // step with a prompt chunk runs on the builtin kernel, which skips them in any step.
+  if (fast && step_has_holes_)
+    for (const SequenceSlice& s : batch.sequences) fast = fast && s.num_new_tokens == 1;
   if (fast) ++fast_attention_steps_;
   // Only the llama-family layer loop waits layer by layer; any other forward (MLA) waits for the whole load first.
   const bool per_layer_waits = !config_.mla.has_value();
   if (!per_layer_waits) PAGODA_CUDA_RETURN_IF_ERROR(waits.wait_all(stream_));
-  PAGODA_RETURN_IF_ERROR(run_layers(step.num_tokens, pool, fast, per_layer_waits ? &waits : nullptr));
+  PAGODA_RETURN_IF_ERROR(
+      run_layers(step.num_tokens, pool, fast, per_layer_waits ? &waits : nullptr, step_has_holes_));
   for (int32_t row = 0; row < step.num_rows; row += max_rows_) {
     const int32_t n = std::min(max_rows_, step.num_rows - row);
     PAGODA_RETURN_IF_ERROR(run_head(row, n));

@@ -230,8 +230,9 @@ class CudaModel {
   Status validate(const ForwardBatch& batch, const CudaKvPool& pool) const;
   int32_t graph_bucket(const ForwardBatch& batch) const;
   StatusOr<StepShape> plan(const ForwardBatch& batch);
+  // holes: the step has per-head holes (CudaKvScores::prepare_holes), passed to the fast attention.
   Status run_layers(int32_t num_tokens, const CudaKvPool& pool, bool fast_attention,
-                    const KvLayerWaits* waits = nullptr);
+                    const KvLayerWaits* waits = nullptr, bool holes = false);
   Status run_head(int32_t row_begin, int32_t num_rows);
   // Tensor parallelism: the embedding of this rank's vocabulary rows, summed over the ranks.
   Status embed_sharded(int32_t T, float* residual);
@@ -306,6 +307,7 @@ class CudaModel {
   std::map<int32_t, Graph> graphs_;  // by graph_key
   KvLayerWaits layer_waits_;  // for the next run() only
   CudaKvScores* kv_scores_ = nullptr;
+  bool step_has_holes_ = false;  // this run()'s step has per-head holes: eager, no graph
 
   // Tensor parallelism (attach_tensor_parallel); rank 0 of 1 and null otherwise.
   TensorShard shard_;

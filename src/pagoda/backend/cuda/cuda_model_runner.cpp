@@ -31,6 +31,7 @@ StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::unique_p
       std::unique_ptr<CudaModelRunner>(new CudaModelRunner(std::move(model), std::move(pool), std::move(report)));
   runner->host_ = std::move(host);
   runner->layer_by_layer_ = options.layer_by_layer;
+  runner->kv_head_budgets_ = options.kv_head_budgets;
   PAGODA_ASSIGN_OR_RETURN(runner->zeroer_, BlockZeroer::create());
   const ModelConfig& mc = runner->model_->config();
   runner->scores_ = std::make_unique<CudaKvScores>(mc.num_layers, mc.num_kv_heads, mc.num_q_heads);
@@ -150,6 +151,13 @@ Status CudaModelRunner::copy_blocks(std::span<const runtime::BlockCopy> copies) 
 
 Status CudaModelRunner::compact_kv(const runtime::KvCompaction& c) {
   if (!capabilities().compacts_kv) return runtime::ModelRunner::compact_kv(c);
+  // Per-head budgets leave holes that only the CUDA-core decode and the scoring pass skip: on only
+  // when asked for (CudaRunnerOptions::kv_head_budgets).
+  if (!kv_head_budgets_ && (c.config.policy == runtime::KvCompressionPolicy::kPyramidKV ||
+                            c.config.policy == runtime::KvCompressionPolicy::kEntropy))
+    return unimplemented_error("compact_kv: policy {} gives each head its own budget, and the cuda attention kernels "
+                               "cannot skip the holes that leaves (h2o, snapkv and streaming run here)",
+                               runtime::kv_compression_policy_name(c.config.policy));
   // A layer-by-layer copy of this step's transfers may still read or write these blocks.
   if (host_) PAGODA_RETURN_IF_ERROR(host_->wait_all(model_->stream()));
   // Every policy's kept tokens are chosen and gathered on the device; this returns once queued.

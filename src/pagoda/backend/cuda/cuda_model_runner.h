@@ -45,6 +45,12 @@ struct CudaRunnerOptions {
   // The host tier's copy kernel holds at most this many CTAs per launch (0: one per block, layer and
   // slice), so that a load beside a forward leaves the forward the other SMs (docs/BENCHMARKS.md).
   int32_t copy_kernel_ctas = 32;
+  // Token eviction's per-head budgets (pyramidkv, entropy): the compaction, the
+  // scoring pass and the CUDA-core decode skip holes, and a step with holes
+  // runs eagerly on the fast attention's decode (docs/KV_CACHE.md). Off by
+  // default until its GPU tests have passed on the H200 (then the CLI's
+  // refusal, cli/kv_compression_flags.cpp, goes too).
+  bool kv_head_budgets = false;
 };
 
 class CudaModelRunner final : public runtime::ModelRunner {
@@ -72,7 +78,7 @@ class CudaModelRunner final : public runtime::ModelRunner {
             .host_block_access = host_ != nullptr,
             .compacts_kv = !model_->config().mla && model_->config().sliding_window <= 0,
             .kv_attention_scores = true,
-            .kv_head_budgets = false};
+            .kv_head_budgets = kv_head_budgets_ && !model_->config().mla && model_->config().sliding_window <= 0};
   }
   // Token eviction (docs/KV_CACHE.md "Token eviction"): streaming, h2o and
   // snapkv, whose (layer, KV head)s all keep the same count, so the
@@ -83,9 +89,9 @@ class CudaModelRunner final : public runtime::ModelRunner {
   // kept vectors, any KV dtype, into the fresh blocks: it returns once queued,
   // without waiting for the device. The forward needs nothing
   // more: new tokens take their true positions from the batch and their cache
-  // index from the table. Errors: pyramidkv / entropy (kUnimplemented: per-head
-  // budgets leave holes the CUDA attention cannot skip), bad tables
-  // (check_kv_compaction).
+  // index from the table. pyramidkv / entropy (per-head budgets, holes) only
+  // with CudaRunnerOptions::kv_head_budgets (else kUnimplemented). Errors: bad
+  // tables (check_kv_compaction).
   Status compact_kv(const runtime::KvCompaction& compaction) override;
   // Both wait for the host pool's copy streams (every queued transfer), not
   // for the model's stream: a forward in flight never touches the host pool,
@@ -125,6 +131,7 @@ class CudaModelRunner final : public runtime::ModelRunner {
 
   std::unique_ptr<CudaHostKvPool> host_;
   bool layer_by_layer_ = true;
+  bool kv_head_budgets_ = false;  // CudaRunnerOptions::kv_head_budgets
   std::unique_ptr<BlockZeroer> zeroer_;
   DeviceBuffer compact_moves_;  // kv_compact.h's moves of the last compaction
   std::unique_ptr<CudaKvScores> scores_;  // token eviction's per-sequence scores; the model reads it

@@ -135,6 +135,11 @@ struct DeviceAttentionPlan {
   const int32_t* block_tables = nullptr;    // [num_sequences, block_table_stride]
   int32_t block_table_stride = 0;
   int32_t num_tokens = 0;
+  // Token eviction's per-head holes of this layer (null: none): KV head h of
+  // sequence i neither reads nor attends key indices [hole_begin[i *
+  // num_kv_heads + h], hole_end[i]) (CudaKvScores::prepare_holes).
+  const int32_t* hole_begin = nullptr;
+  const int32_t* hole_end = nullptr;
 };
 
 // Causal paged attention for a mixed batch (prefill chunks after a cached

@@ -287,9 +287,12 @@ StatusOr<bool> FastAttention::plan_graph(const ModelConfig& config, const Forwar
 }
 
 Status FastAttention::run(const DevicePagedKvLayer& layer, const bf16* q, bf16* out, cudaStream_t stream,
-                          KvWriteFixedScales fixed_scales) {
+                          KvWriteFixedScales fixed_scales, const int32_t* hole_begin, const int32_t* hole_end) {
   State& s = *state_;
   if (s.launches.empty()) return failed_precondition_error("FastAttention::run without a plan for this step");
+  if (hole_begin != nullptr && (s.launches.front().row_offset != 0 ||
+                                s.launches.front().plan.kernel() != kc::AttentionKernel::kDecode))
+    return unimplemented_error("fast attention: per-head holes in a step without a decode launch");
   for (const AttentionLaunch& launch : s.launches) {
     kc::PagedKvPointers kv{layer.key, layer.value, layer.key_scale, layer.value_scale};
     if (layer.key_dtype == kernels::KvQuant::kFP8E4M3 && layer.value_dtype == kernels::KvQuant::kFP8E4M3) {
@@ -303,8 +306,13 @@ Status FastAttention::run(const DevicePagedKvLayer& layer, const bf16* q, bf16* 
                                                        stream));
       kv = {s.dequantized_key.data(), s.dequantized_value.data(), nullptr, nullptr};
     }
-    const kc::AttentionDescriptor desc = launch.plan.descriptor(
+    kc::AttentionDescriptor desc = launch.plan.descriptor(
         launch.arena->as<int32_t>(), kv, launch.workspace != nullptr ? launch.workspace->as<float>() : nullptr);
+    if (hole_begin != nullptr && &launch == &s.launches.front()) {
+      // The decode launch's sequences are the batch's first ones, so the rows line up.
+      desc.hole_begin = hole_begin;
+      desc.hole_end = hole_end;
+    }
     const int64_t offset = launch.row_offset * s.row_elements;
     PAGODA_CUDA_RETURN_IF_ERROR(kc::launch_paged_attention(desc, q + offset, out + offset, stream));
   }

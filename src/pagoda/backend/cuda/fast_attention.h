@@ -107,9 +107,14 @@ class FastAttention {
   // q: [num_tokens, num_q_heads * head_dim] contiguous; out the same shape
   // (graph mode: `bucket` rows). fixed_scales: the ones kv_write used for this
   // layer; an fp8 pool written with both > 0 decodes without reading its scale
-  // records. Enqueue only: capturable.
+  // records. hole_begin / hole_end (token eviction's per-head holes of this
+  // layer, CudaKvScores::prepare_holes: rows per batch sequence; null: none) go
+  // to the step's decode launch (the leading one-token sequences, batch order),
+  // whose kernels then skip them (the CUDA-core decode); errors if the step
+  // has no decode launch. Enqueue only: capturable.
   Status run(const DevicePagedKvLayer& layer, const bf16* q, bf16* out, cudaStream_t stream,
-             KvWriteFixedScales fixed_scales = {});
+             KvWriteFixedScales fixed_scales = {}, const int32_t* hole_begin = nullptr,
+             const int32_t* hole_end = nullptr);
 
   // The check described above AttentionCheck, for config's heads and head_dim
   // (bf16 KV). Allocates and synchronizes: call at start-up, not while serving.

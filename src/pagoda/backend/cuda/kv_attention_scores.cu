@@ -74,6 +74,21 @@ __device__ void load_q_rows(const bf16* q, int64_t q_row_stride, const KvScoreIt
   __syncthreads();
 }
 
+// The hole [begin, end) of (layer, KV head) in `seq` (empty without per-head holes).
+struct Hole {
+  int begin = 0;
+  int end = 0;
+  __device__ bool contains(int pos) const { return pos >= begin && pos < end; }
+};
+__device__ Hole hole_of(const KvScoreSequence& seq, int layer_index, int num_kv_heads, int head) {
+  Hole h;
+  if (seq.head_kept != nullptr) {
+    h.begin = seq.head_kept[static_cast<int64_t>(layer_index) * num_kv_heads + head];
+    h.end = seq.compacted_length;
+  }
+  return h;
+}
+
 // The CTA's split of [0, n): chunks of kThreads positions, every `splits`-th chunk from chunk `split`.
 __device__ int first_position(int split) { return split * kThreads + static_cast<int>(threadIdx.x); }
 __device__ int position_step(int splits) { return splits * kThreads; }
@@ -82,7 +97,8 @@ __device__ int position_step(int splits) { return splits * kThreads; }
 // the split's positions, into stats[((item * heads + head) * splits + split) * kMaxGroup + g].
 __global__ void __launch_bounds__(kThreads)
     kv_score_stats_kernel(const bf16* q, int64_t q_row_stride, int32_t num_q_heads, float scale,
-                          DevicePagedKvLayer layer, const int32_t* block_tables, const KvScoreItem* items,
+                          DevicePagedKvLayer layer, int32_t layer_index, const int32_t* block_tables,
+                          const KvScoreItem* items,
                           const KvScoreSequence* sequences, int32_t splits, Stats* stats) {
   extern __shared__ float shared[];
   const int D = layer.head_dim;
@@ -103,7 +119,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int g = 0; g < kMaxGroup; ++g) st[g] = {-INFINITY, 0.0f, 0.0f};
   float s[kMaxGroup];
+  const Hole hole = hole_of(seq, layer_index, layer.num_kv_heads, head);
   for (int pos = first_position(split); pos < n; pos += position_step(splits)) {
+    if (hole.contains(pos)) continue;  // never read: a hole's slot holds nothing of this head
     const int64_t slot = static_cast<int64_t>(table[pos / bs]) * bs + pos % bs;
     dots(layer, slot, head, q_rows, group, scale, s);
 #pragma unroll
@@ -161,7 +179,9 @@ __global__ void __launch_bounds__(kThreads)
   const int bs = layer.block_size;
   float s[kMaxGroup];
   float* mass = seq.mass + (static_cast<int64_t>(layer_index) * layer.num_kv_heads + head) * seq.capacity;
+  const Hole hole = hole_of(seq, layer_index, layer.num_kv_heads, head);
   for (int pos = first_position(split); pos < n; pos += position_step(splits)) {
+    if (hole.contains(pos)) continue;
     const int64_t slot = static_cast<int64_t>(table[pos / bs]) * bs + pos % bs;
     dots(layer, slot, head, q_rows, group, scale, s);
     float p = 0.0f;
@@ -172,8 +192,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (split == 0 && threadIdx.x == 0) {
     double entropy = 0.0;
-    if (n > 1) {
-      const double log_n = log(static_cast<double>(n));
+    // The indices attended: [0, n) less the part of the hole below n.
+    const int attended = n - max(0, min(hole.end, n) - hole.begin);
+    if (attended > 1) {
+      const double log_n = log(static_cast<double>(attended));
       for (int g = 0; g < group; ++g) {
         const double h = log(static_cast<double>(total[g].s)) - static_cast<double>(total[g].t) / total[g].s;
         entropy += h / log_n;
@@ -213,8 +235,8 @@ cudaError_t kv_attention_scores(const bf16* q, int64_t q_row_stride, int32_t num
   const dim3 grid(static_cast<unsigned>(num_items), static_cast<unsigned>(layer.num_kv_heads),
                   static_cast<unsigned>(splits));
   Stats* stats = static_cast<Stats*>(scratch);
-  kv_score_stats_kernel<<<grid, kThreads, smem, stream>>>(q, q_row_stride, num_q_heads, scale, layer, block_tables,
-                                                          items, sequences, splits, stats);
+  kv_score_stats_kernel<<<grid, kThreads, smem, stream>>>(q, q_row_stride, num_q_heads, scale, layer, layer_index,
+                                                          block_tables, items, sequences, splits, stats);
   kv_score_mass_kernel<<<grid, kThreads, q_bytes, stream>>>(q, q_row_stride, num_q_heads, scale, layer, layer_index,
                                                             block_tables, items, sequences, splits, stats);
   return cudaGetLastError();

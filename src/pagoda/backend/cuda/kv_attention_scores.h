@@ -51,6 +51,13 @@ struct KvScoreSequence {
   double* entropy = nullptr;
   int64_t capacity = 0;
   int64_t table_offset = 0;
+  // Per-head holes after a per-head compaction (pyramidkv, entropy; null:
+  // none): KV head h of layer l neither reads nor scores cache indices
+  // [head_kept[l * kv_heads + h], compacted_length), and its entropy is
+  // normalized by the log of the indices it does attend (the CPU's rule).
+  const int32_t* head_kept = nullptr;  // device, [layers][kv_heads]
+  int32_t compacted_length = 0;
+  int32_t unused = 0;
 };
 
 // The most splits a launch takes.

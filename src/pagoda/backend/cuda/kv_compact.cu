@@ -28,6 +28,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
   if (m >= count) return;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const KvVectorMove mv = moves[m];
+  if (mv.head < 0) return;  // a skipped move (kv_build_moves_ragged): the destination stays a hole
   const uint64_t heads = static_cast<uint64_t>(layer.num_kv_heads);
   const uint64_t src_vector = static_cast<uint64_t>(mv.src_slot) * heads + static_cast<uint64_t>(mv.head);
   const uint64_t dst_vector = static_cast<uint64_t>(mv.dst_slot) * heads + static_cast<uint64_t>(mv.head);

@@ -18,7 +18,7 @@ namespace pagoda::cuda {
 struct KvVectorMove {
   int64_t src_slot = 0;
   int64_t dst_slot = 0;
-  int32_t head = 0;
+  int32_t head = 0;  // -1: skipped (a hole of a per-head compaction stays unwritten)
   int32_t unused = 0;
 };
 

@@ -38,32 +38,37 @@ __device__ int block_exclusive_count(bool flag, int* warp_sums, int& total) {
   return out;
 }
 
-__global__ void __launch_bounds__(kThreads)
-    kv_select_kernel(const float* scores, int64_t score_stride, KvSelectShape shape, uint32_t* keys, int32_t* kept) {
-  const int64_t head = blockIdx.x;
-  const float* s = scores + head * score_stride;
-  int32_t* out = kept + head * static_cast<int64_t>(shape.kept);
+// Candidate i's cache index: candidates below gap_at are cache indices as they are, the rest sit
+// gap_len further (a per-head compacted region's kept tokens, then the tokens after its holes).
+__device__ __forceinline__ int32_t cache_index(int32_t i, int32_t gap_at, int32_t gap_len) {
+  return i < gap_at ? i : i + gap_len;
+}
+
+// One head's choice, run by a whole CTA: scores s are indexed by cache index, out gets the kept
+// cache indices (ascending), key is the head's scratch (at least its middle's length).
+__device__ void select_head(const float* s, const KvSelectShape& shape, int32_t gap_at, int32_t gap_len, uint32_t* key,
+                            int32_t* out) {
   const int32_t n = shape.num_valid;
   const int32_t middle_begin = shape.sinks, middle_end = n - shape.recent;
   const int32_t middle = middle_end - middle_begin;
-  for (int32_t i = static_cast<int32_t>(threadIdx.x); i < shape.sinks; i += kThreads) out[i] = i;
+  for (int32_t i = static_cast<int32_t>(threadIdx.x); i < shape.sinks; i += kThreads)
+    out[i] = cache_index(i, gap_at, gap_len);
   for (int32_t r = static_cast<int32_t>(threadIdx.x); r < shape.recent; r += kThreads)
-    out[shape.sinks + shape.take + r] = middle_end + r;
+    out[shape.sinks + shape.take + r] = cache_index(middle_end + r, gap_at, gap_len);
   if (shape.take <= 0) return;
   if (shape.take >= middle) {
     for (int32_t j = static_cast<int32_t>(threadIdx.x); j < middle; j += kThreads)
-      out[shape.sinks + j] = middle_begin + j;
+      out[shape.sinks + j] = cache_index(middle_begin + j, gap_at, gap_len);
     return;
   }
-  uint32_t* key = keys + head * static_cast<int64_t>(middle);
   for (int32_t j = static_cast<int32_t>(threadIdx.x); j < middle; j += kThreads) {
     const int32_t i = middle_begin + j;
-    float v = s[i];
+    float v = s[cache_index(i, gap_at, gap_len)];
     if (shape.pooled) {
-      // The CPU's arithmetic: a float sum in index order, divided by the count.
+      // The CPU's arithmetic: a float sum in candidate order, divided by the count.
       const int32_t a = max(0, i - kPoolHalf), b = min(n, i + kPoolHalf + 1);
       float sum = 0.0f;
-      for (int32_t k = a; k < b; ++k) sum = __fadd_rn(sum, s[k]);
+      for (int32_t k = a; k < b; ++k) sum = __fadd_rn(sum, s[cache_index(k, gap_at, gap_len)]);
       v = __fdiv_rn(sum, static_cast<float>(b - a));
     }
     key[j] = order_key(v);
@@ -107,10 +112,29 @@ __global__ void __launch_bounds__(kThreads)
     const int equal_before = equal_seen + block_exclusive_count(equal, warp_sums, equal_count);
     const bool keep = j < middle && (v > threshold || (equal && equal_before >= equal_skip));
     const int kept_before = kept_seen + block_exclusive_count(keep, warp_sums, kept_count);
-    if (keep) out[shape.sinks + kept_before] = middle_begin + j;
+    if (keep) out[shape.sinks + kept_before] = cache_index(middle_begin + j, gap_at, gap_len);
     equal_seen += equal_count;
     kept_seen += kept_count;
   }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    kv_select_kernel(const float* scores, int64_t score_stride, KvSelectShape shape, uint32_t* keys, int32_t* kept) {
+  const int64_t head = blockIdx.x;
+  const int64_t middle = static_cast<int64_t>(shape.num_valid) - shape.sinks - shape.recent;
+  // Streaming passes no scratch (it takes nothing by score): no key is read or written then.
+  select_head(scores + head * score_stride, shape, shape.num_valid, 0, keys == nullptr ? nullptr : keys + head * middle,
+              kept + head * static_cast<int64_t>(shape.kept));
+}
+
+__global__ void __launch_bounds__(kThreads)
+    kv_select_heads_kernel(const float* scores, int64_t score_stride, const KvSelectHead* heads, int32_t max_middle,
+                           int32_t row_stride, uint32_t* keys, int32_t* kept) {
+  const int64_t head = blockIdx.x;
+  const KvSelectHead h = heads[head];
+  select_head(scores + head * score_stride, h.shape, h.gap_at, h.gap_len,
+              keys == nullptr ? nullptr : keys + head * static_cast<int64_t>(max_middle),
+              kept + head * static_cast<int64_t>(row_stride));
 }
 
 __global__ void kv_build_moves_kernel(const int32_t* kept, int64_t total, int32_t kept_per_head, int32_t num_kv_heads,
@@ -129,6 +153,29 @@ __global__ void kv_build_moves_kernel(const int32_t* kept, int64_t total, int32_
   mv.unused = 0;
   moves[t] = mv;
   if (new_mass != nullptr) new_mass[t] = carry ? mass[head * mass_stride + src] : 0.0f;
+}
+
+// Row h holds head_kept[h] kept indices; the rest of its row_stride entries become skipped moves.
+__global__ void kv_build_moves_ragged_kernel(const int32_t* kept, int64_t total, int32_t row_stride,
+                                             const int32_t* head_kept, int32_t num_kv_heads, const int32_t* old_table,
+                                             const int32_t* new_table, int32_t block_size, KvVectorMove* moves) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= total) return;
+  const int64_t head = t / row_stride;
+  const int32_t k = static_cast<int32_t>(t % row_stride);
+  KvVectorMove mv;
+  mv.unused = 0;
+  if (k >= head_kept[head]) {
+    mv.src_slot = 0;
+    mv.dst_slot = 0;
+    mv.head = -1;  // kv_move_vectors skips it: the slot stays a hole
+  } else {
+    const int32_t src = kept[t];
+    mv.src_slot = static_cast<int64_t>(old_table[src / block_size]) * block_size + src % block_size;
+    mv.dst_slot = static_cast<int64_t>(new_table[k / block_size]) * block_size + k % block_size;
+    mv.head = static_cast<int32_t>(head % num_kv_heads);
+  }
+  moves[t] = mv;
 }
 
 }  // namespace
@@ -185,6 +232,36 @@ cudaError_t kv_build_moves(const int32_t* kept, int32_t num_heads, int32_t kept_
   kv_build_moves_kernel<<<grid, kBuildThreads, 0, stream>>>(kept, total, kept_per_head, num_kv_heads, old_table,
                                                             new_table, block_size, mass, mass_stride, carry, moves,
                                                             new_mass);
+  return cudaGetLastError();
+}
+
+size_t kv_select_heads_scratch_bytes(int32_t num_heads, int32_t max_middle) {
+  return num_heads > 0 && max_middle > 0
+             ? static_cast<size_t>(num_heads) * static_cast<size_t>(max_middle) * sizeof(uint32_t)
+             : 0;
+}
+
+cudaError_t kv_select_kept_heads(const float* scores, int64_t score_stride, const KvSelectHead* heads,
+                                 int32_t num_heads, int32_t max_middle, int32_t row_stride, void* scratch,
+                                 int32_t* kept, cudaStream_t stream) {
+  if (num_heads <= 0 || row_stride <= 0) return cudaSuccess;
+  if (heads == nullptr || kept == nullptr || max_middle < 0 || (max_middle > 0 && scratch == nullptr))
+    return cudaErrorInvalidValue;
+  kv_select_heads_kernel<<<static_cast<unsigned>(num_heads), kThreads, 0, stream>>>(
+      scores, score_stride, heads, max_middle, row_stride, static_cast<uint32_t*>(scratch), kept);
+  return cudaGetLastError();
+}
+
+cudaError_t kv_build_moves_ragged(const int32_t* kept, int32_t num_heads, int32_t row_stride, const int32_t* head_kept,
+                                  int32_t num_kv_heads, const int32_t* old_table, const int32_t* new_table,
+                                  int32_t block_size, KvVectorMove* moves, cudaStream_t stream) {
+  const int64_t total = static_cast<int64_t>(num_heads) * row_stride;
+  if (total <= 0) return cudaSuccess;
+  if (num_kv_heads <= 0 || block_size <= 0 || head_kept == nullptr) return cudaErrorInvalidValue;
+  constexpr int kBuildThreads = 256;
+  const unsigned grid = static_cast<unsigned>((total + kBuildThreads - 1) / kBuildThreads);
+  kv_build_moves_ragged_kernel<<<grid, kBuildThreads, 0, stream>>>(kept, total, row_stride, head_kept, num_kv_heads,
+                                                                   old_table, new_table, block_size, moves);
   return cudaGetLastError();
 }
 

@@ -61,4 +61,36 @@ cudaError_t kv_build_moves(const int32_t* kept, int32_t num_heads, int32_t kept_
                            int64_t mass_stride, bool carry, KvVectorMove* moves, float* new_mass,
                            cudaStream_t stream);
 
+// Per-head budgets (pyramidkv, entropy; docs/KV_CACHE.md "Per-head lengths"):
+// each (layer, KV head) has its own shape, and after an earlier per-head
+// compaction its candidates are not one run of cache indices: candidate i is
+// cache index i below gap_at (the head's kept tokens of the compacted region)
+// and i + gap_len from there on (the tokens after the region's holes), as the
+// CPU's `valid` list (CpuKvEviction::compact). Scores are indexed by cache
+// index; pooling averages over neighbouring candidates, as the CPU does.
+struct KvSelectHead {
+  KvSelectShape shape;   // kv_select_shape(1, the head's candidates, its budget, ...)
+  int32_t gap_at = 0;    // candidates below this are cache indices as they are
+  int32_t gap_len = 0;   // the rest sit this much further (0: one run)
+};
+
+// Device scratch for kv_select_kept_heads: max_middle = the largest
+// num_valid - sinks - recent over the heads.
+size_t kv_select_heads_scratch_bytes(int32_t num_heads, int32_t max_middle);
+
+// kept[h * row_stride + k] = the k-th kept cache index (ascending) of head h,
+// k < heads[h].shape.kept <= row_stride (the rest of the row is not written);
+// heads is a device array. Scores of head h at scores[h * score_stride + index].
+// Shapes are checked on the host by the caller (kv_select_shape makes them).
+cudaError_t kv_select_kept_heads(const float* scores, int64_t score_stride, const KvSelectHead* heads,
+                                 int32_t num_heads, int32_t max_middle, int32_t row_stride, void* scratch,
+                                 int32_t* kept, cudaStream_t stream);
+
+// The gather's moves for rows of different lengths: moves[h * row_stride + k]
+// for k < head_kept[h] (a device array) as kv_build_moves makes them, the rest
+// of each row a skipped move (head -1: that slot of the new blocks stays a hole).
+cudaError_t kv_build_moves_ragged(const int32_t* kept, int32_t num_heads, int32_t row_stride, const int32_t* head_kept,
+                                  int32_t num_kv_heads, const int32_t* old_table, const int32_t* new_table,
+                                  int32_t block_size, KvVectorMove* moves, cudaStream_t stream);
+
 }  // namespace pagoda::cuda

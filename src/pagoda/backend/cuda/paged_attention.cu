@@ -84,14 +84,27 @@ paged_attention_kernel(const bf16* __restrict__ q, int64_t q_row_stride, DeviceP
 #pragma unroll
   for (int g = 0; g < kMaxHeads; ++g) acc[g] = make_float2(0.0f, 0.0f);
 
-  const int32_t* table = plan.block_tables + static_cast<int64_t>(plan.token_sequence[t]) * plan.block_table_stride;
+  const int32_t sequence = plan.token_sequence[t];
+  const int32_t* table = plan.block_tables + static_cast<int64_t>(sequence) * plan.block_table_stride;
   const int32_t chunks = head_dim / 8;
+  // Per-head holes (token eviction): loaded as zeros, never attended.
+  int32_t hole_begin = 0, hole_end = 0;
+  if (plan.hole_begin != nullptr) {
+    hole_begin = plan.hole_begin[static_cast<int64_t>(sequence) * layer.num_kv_heads + kv_head];
+    hole_end = plan.hole_end[sequence];
+  }
+  auto live = [&](int32_t pos) { return pos < hole_begin || pos >= hole_end; };
 
   for (int32_t tile = kv_begin; tile < kv_end; tile += kTileKeys) {
     const int32_t n = min(kTileKeys, kv_end - tile);
     for (int32_t i = tid; i < n * chunks; i += kThreads) {
       const int32_t key = i / chunks, c = i % chunks;
       const int32_t pos = tile + key;
+      if (!live(pos)) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) k_s[key][c * 4 + w] = v_s[key][c * 4 + w] = __float2bfloat162_rn(0.0f);
+        continue;
+      }
       const int64_t block = table[pos / layer.block_size];
       const int64_t slot = block * layer.block_size + pos % layer.block_size;
       const int64_t vec = slot * layer.num_kv_heads + kv_head;
@@ -104,7 +117,7 @@ paged_attention_kernel(const bf16* __restrict__ q, int64_t q_row_stride, DeviceP
     for (int32_t s = tid; s < num_heads * kTileKeys; s += kThreads) {
       const int32_t g = s / kTileKeys, key = s % kTileKeys;
       float dot = -FLT_MAX;
-      if (key < n) {
+      if (key < n && live(tile + key)) {
         dot = 0.0f;
         for (int32_t d2 = 0; d2 < pairs; ++d2) {
           const float2 kf = __bfloat1622float2(k_s[key][d2]);
@@ -120,7 +133,7 @@ paged_attention_kernel(const bf16* __restrict__ q, int64_t q_row_stride, DeviceP
       const float score = p_s[g][lane];
       const float m_old = m_s[g];
       const float m_new = fmaxf(m_old, warp_max(score));
-      const float p = lane < n ? expf(score - m_new) : 0.0f;
+      const float p = lane < n && live(tile + lane) ? expf(score - m_new) : 0.0f;
       const float sum = warp_sum(p);
       p_s[g][lane] = p;
       if (lane == 0) {

@@ -87,6 +87,16 @@ struct AttentionDescriptor {
   // unless this is set (the CUDA-core loops, for comparisons).
   bool decode_cuda_cores = false;
 
+  // Per-head holes of token eviction's per-head budgets (docs/KV_CACHE.md
+  // "Per-head lengths"; device, int32; null: none): KV head h of sequence i
+  // does not attend positions [hole_begin[i * num_kv_heads + h], hole_end[i])
+  // of this layer (its compacted region's slots past its kept tokens), which
+  // are never read. Only the CUDA-core decode kernels (bf16 and quantized)
+  // honour them: launch_paged_attention routes a decode with holes there and
+  // refuses (cudaErrorInvalidValue) a prefill with holes.
+  const int32_t* hole_begin = nullptr;  // [num_sequences * num_kv_heads]
+  const int32_t* hole_end = nullptr;    // [num_sequences]; hole_begin <= hole_end
+
   // Split-K workspace (device, fp32), workspace_bytes() of the plan:
   // partial outputs [num_work_items, num_q_heads, head_dim] then log2-sum-exp
   // [num_work_items, num_q_heads].

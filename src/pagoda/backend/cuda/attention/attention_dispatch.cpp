@@ -15,8 +15,11 @@ cudaError_t prepare_paged_attention_kernels() {
 
 cudaError_t launch_paged_attention(const AttentionDescriptor& d, const void* q, void* out,
                                    cudaStream_t stream) {
+  // Holes (per-head budgets): the CUDA-core decode kernels skip them; nothing else does yet.
+  const bool holes = d.hole_begin != nullptr;
+  if (holes && (d.kernel != AttentionKernel::kDecode || d.hole_end == nullptr)) return cudaErrorInvalidValue;
   // Decode on tensor cores where it applies (bf16, fp8, int8, int4 at head_dim 64 / 128).
-  if (d.kernel == AttentionKernel::kDecode && decode_attention_mma_supports(d))
+  if (d.kernel == AttentionKernel::kDecode && !holes && decode_attention_mma_supports(d))
     return launch_decode_attention_mma(d, q, out, stream);
   // Quantized pools: the decode kernel dequantizes in registers; the prefill
   // kernels read bf16 only (the plan refuses them for quantized pools).

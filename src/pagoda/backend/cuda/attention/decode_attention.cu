@@ -57,8 +57,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   const int chunk_second = swapped ? sub : sub + S::kLanesPerToken;
 
   allow_merge_launch();
-  const DecodeWorkItem w = load_decode_work_item(d, blockIdx.y, blockIdx.x, kHeads);
+  DecodeWorkItem w = load_decode_work_item(d, blockIdx.y, blockIdx.x, kHeads);
   if (w.sequence < 0) return;  // unused item of a graph-mode plan
+  load_decode_holes(d, w);
   const int kv_begin = w.kv_begin, kv_end = w.kv_end, q_head0 = w.q_head0, token = w.token;
   const int32_t* table = w.table;
   const auto* key = static_cast<const __nv_bfloat16*>(d.key);
@@ -99,7 +100,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
       const int t = idx / S::kChunks;
       const int c = idx % S::kChunks;
       const int pos = pos0 + t;
-      const bool valid = pos < kv_end;
+      const bool valid = w.live(pos);  // past the end or in a hole: zero-filled, never read
       const int block = valid ? __ldg(table + (pos >> d.log2_block_size)) : 0;  // ld.global.nc: w.table is a generic pointer
       const int64_t offset = int64_t{block} * d.block_stride +
                              int64_t{pos & (d.block_size - 1)} * d.token_stride + head_offset +
@@ -149,7 +150,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
     }
 #pragma unroll
     for (int u = 0; u < S::kStepsPerTile; ++u) {
-      if (pos0 + group + u * S::kTokensPerStep >= kv_end) {
+      if (!w.live(pos0 + group + u * S::kTokensPerStep)) {
 #pragma unroll
         for (int h = 0; h < kHeads; ++h) s[u][h] = -INFINITY;
       }

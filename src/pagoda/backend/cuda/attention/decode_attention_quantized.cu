@@ -95,8 +95,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int sub = lane % S::kLanesPerToken;
 
   allow_merge_launch();
-  const DecodeWorkItem w = load_decode_work_item(d, blockIdx.y, blockIdx.x, kHeads);
+  DecodeWorkItem w = load_decode_work_item(d, blockIdx.y, blockIdx.x, kHeads);
   if (w.sequence < 0) return;  // unused item of a graph-mode plan
+  load_decode_holes(d, w);
   const int kv_begin = w.kv_begin, kv_end = w.kv_end, q_head0 = w.q_head0, kv_head = w.kv_head, token = w.token;
   const int32_t* table = w.table;
   const auto* key = static_cast<const uint8_t*>(d.key);
@@ -151,7 +152,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int k = 0; k < S::kKeyCopies; ++k) {
       const int idx = lane + 32 * k;
       const int t = idx / (S::kKeyBytes / 16), c = idx % (S::kKeyBytes / 16);
-      const bool valid = pos0 + t < kv_end;
+      const bool valid = w.live(pos0 + t);  // past the end or in a hole: zero-filled
       const int64_t vec = vector_at(pos0 + t, valid);
       cp_async_16(stage + t * S::kKeyBytes + c * 16, key + vec * S::kKeyBytes + c * 16, valid);
     }
@@ -159,13 +160,13 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int k = 0; k < S::kValueCopies; ++k) {
       const int idx = lane + 32 * k;
       const int t = idx / (S::kValueBytes / 16), c = idx % (S::kValueBytes / 16);
-      const bool valid = pos0 + t < kv_end;
+      const bool valid = w.live(pos0 + t);  // past the end or in a hole: zero-filled
       const int64_t vec = vector_at(pos0 + t, valid);
       cp_async_16(stage + S::kValueAt + t * S::kValueBytes + c * 16, value + vec * S::kValueBytes + c * 16, valid);
     }
 #pragma unroll
     for (int t = lane; t < S::kTileTokens; t += 32) {
-      const bool valid = pos0 + t < kv_end;
+      const bool valid = w.live(pos0 + t);  // past the end or in a hole: zero-filled
       const int64_t vec = scale_vector_at(pos0 + t, valid);
       cp_async_ca<S::kKeyScaleBytes>(stage + S::kKeyScaleAt + t * S::kKeyScaleBytes,
                                      key_scale + vec * S::kKeyScaleBytes, valid);
@@ -213,7 +214,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
 #pragma unroll
     for (int u = 0; u < kStepsPerTile; ++u) {
-      if (pos0 + group + u * S::kTokensPerStep >= kv_end) {
+      if (!w.live(pos0 + group + u * S::kTokensPerStep)) {
 #pragma unroll
         for (int h = 0; h < kHeads; ++h) s[u][h] = -INFINITY;
       }

@@ -37,6 +37,12 @@ struct DecodeWorkItem {
   int kv_head;
   int token;             // the query row (its one new token)
   const int32_t* table;  // the sequence's block table
+  // Per-head holes (AttentionDescriptor::hole_begin): positions [hole_begin, hole_end) of this KV
+  // head are not attended (read as zeros, scored -inf); both 0 without holes.
+  int hole_begin;
+  int hole_end;
+  // Is position pos attended: before the split's end and outside the head's hole.
+  __device__ __forceinline__ bool live(int pos) const { return pos < kv_end && (pos < hole_begin || pos >= hole_end); }
 };
 
 __device__ __forceinline__ DecodeWorkItem load_decode_work_item(const AttentionDescriptor& d, int item,
@@ -46,6 +52,7 @@ __device__ __forceinline__ DecodeWorkItem load_decode_work_item(const AttentionD
   w.sequence = d.work_items[3 * item];
   w.q_head0 = head_tile * heads_per_cta;
   w.kv_head = w.q_head0 / (d.num_q_heads / d.num_kv_heads);
+  w.hole_begin = w.hole_end = 0;
   if (w.sequence < 0) {
     w.kv_begin = w.kv_end = w.token = 0;
     w.table = d.block_tables;
@@ -56,6 +63,14 @@ __device__ __forceinline__ DecodeWorkItem load_decode_work_item(const AttentionD
   w.token = d.query_start[w.sequence];
   w.table = d.block_tables + d.block_table_start[w.sequence];
   return w;
+}
+
+// Reads the item's hole (AttentionDescriptor::hole_begin) into w; the kernels that skip holes call
+// it after load_decode_work_item (the others never see a descriptor with holes).
+__device__ __forceinline__ void load_decode_holes(const AttentionDescriptor& d, DecodeWorkItem& w) {
+  if (d.hole_begin == nullptr || w.sequence < 0) return;
+  w.hole_begin = d.hole_begin[int64_t{w.sequence} * d.num_kv_heads + w.kv_head];
+  w.hole_end = d.hole_end[w.sequence];
 }
 
 // The per-warp partials of one CTA in shared memory: m and l [warps][heads],
@@ -101,7 +116,8 @@ __device__ __forceinline__ void write_decode_result(const AttentionDescriptor& d
       out[(int64_t{w.token} * d.num_q_heads + q_head) * kHeadDim + col] =
           __float2bfloat16(sum > 0.0f ? o / sum : 0.0f);
     } else {
-      partial_o[(int64_t{w.item} * d.num_q_heads + q_head) * kHeadDim + col] = o / sum;
+      // sum == 0: the whole split lies in a hole; its log2-sum-exp is -inf, so the merge weighs it 0.
+      partial_o[(int64_t{w.item} * d.num_q_heads + q_head) * kHeadDim + col] = sum > 0.0f ? o / sum : 0.0f;
       if (col == 0) partial_lse[int64_t{w.item} * d.num_q_heads + q_head] = m_all + log2f(sum);
     }
   }

@@ -755,7 +755,7 @@ cudaError_t launch_mla_decode(const MlaDecodeDescriptor& d, const void* q, void*
   const dim3 grid((d.num_heads + kHeads - 1) / kHeads, d.num_ctas);
   const auto* qb = static_cast<const __nv_bfloat16*>(q);
   auto* ob = static_cast<__nv_bfloat16*>(out);
-  if (d.kernel == MlaDecodeKernel::kTma || d.kernel == MlaDecodeKernel::kTmaRing) {
+  if (is_tma_kernel(d.kernel)) {
     // The plan chose it (its domain checked there): a failure here (no tensor
     // map for this pool) is the caller's error, not a silent fallback.
     const cudaError_t e = launch_mla_decode_tma_main(d, q, out, stream);

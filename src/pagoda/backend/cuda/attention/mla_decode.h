@@ -76,14 +76,20 @@ struct MlaDecodeOptions {
   int32_t fixed_rows = 0;
   int32_t fixed_block_table_stride = 0;
   // Which kernel (mla_decode_descriptor.h, MlaDecodeKernel). kDefault: the
-  // environment's PAGODA_MLA_DECODE_KERNEL ("auto", "tma", "tma_ring" or
-  // "cp_async", read once per process); unset or "auto": the TMA kernel where
+  // environment's PAGODA_MLA_DECODE_KERNEL ("auto", "tma", "tma_ring",
+  // "tma_tile", "tma_ring_tile" or "cp_async", read once per process); unset or "auto": the TMA kernel where
   // it applies with pages of a multiple of 64 positions, else cp.async.
-  // kTma / kTmaRing apply only where the TMA kernel does (bf16 latent, at most
+  // The TMA variants (is_tma_kernel) apply only where the TMA kernel does (bf16 latent, at most
   // 16 heads, block_size 8, 16, 32 or a multiple of 64); other plans fall back
   // to the cp.async kernels (fp8 latents, more heads, other block sizes), and
   // kernel() says which was taken.
   MlaDecodeKernel kernel = MlaDecodeKernel::kDefault;
+  // The automatic split's per-CTA budgets (split_tokens 0). false: every CTA
+  // the same whole number of tiles, a segment costing one tile more (the
+  // rounding can leave SMs idle). true: the total spread over all num_sms /
+  // head-tile CTAs, budgets differing by at most a quarter tile, a segment
+  // costing a quarter tile more (mla_decode_plan.cpp).
+  bool spread_budget = false;
 };
 
 class MlaDecodePlan {
@@ -100,7 +106,7 @@ class MlaDecodePlan {
   int32_t num_segments() const { return num_segments_; }
   int32_t num_ctas() const { return num_ctas_; }
   int32_t max_splits() const { return max_splits_; }
-  // The kernel the plan's launches run: kCpAsync, kTma or kTmaRing (never kDefault).
+  // The kernel the plan's launches run: kCpAsync or a TMA variant (never kDefault).
   MlaDecodeKernel kernel() const { return kernel_; }
   // The int32 arena to copy to the device (4-byte aligned destination).
   std::span<const int32_t> arena() const { return arena_; }

@@ -42,7 +42,30 @@ enum class MlaDecodeKernel : int32_t {
   // tiles) instead of two stages, each slot released as soon as its readers
   // are done with it.
   kTmaRing = 3,
+  // kTma's two stages with v8's producer schedule: one wait for a whole tile's
+  // 9 slots, then all of its boxes issued at once (kTma: one column block a
+  // round). Same results bit for bit.
+  kTmaTile = 4,
+  // kTmaRing's 23 slots with kTmaTile's whole-tile producer schedule.
+  kTmaRingTile = 5,
+  // kTma's domain and math with one tile's 9 column-block slots (112 KB of
+  // shared memory) and two CTAs per SM (the plan schedules 2 x num_sms CTAs):
+  // one CTA's loads and barriers overlap the other's MMAs. kTmaPair issues a
+  // column block a round, kTmaPairTile a whole tile.
+  kTmaPair = 6,
+  kTmaPairTile = 7,
 };
+
+// The TMA-fed variants (kTma .. kTmaPairTile).
+constexpr bool is_tma_kernel(MlaDecodeKernel k) {
+  return k == MlaDecodeKernel::kTma || k == MlaDecodeKernel::kTmaRing || k == MlaDecodeKernel::kTmaTile ||
+         k == MlaDecodeKernel::kTmaRingTile || k == MlaDecodeKernel::kTmaPair || k == MlaDecodeKernel::kTmaPairTile;
+}
+
+// CTAs a kernel runs per SM (a head tile's wave is num_sms x this).
+constexpr int mla_decode_ctas_per_sm(MlaDecodeKernel k) {
+  return k == MlaDecodeKernel::kTmaPair || k == MlaDecodeKernel::kTmaPairTile ? 2 : 1;
+}
 
 // What the kernels read (device pointers; plain value, passed by value).
 struct MlaDecodeDescriptor {
@@ -88,6 +111,11 @@ cudaError_t launch_mla_decode(const MlaDecodeDescriptor& desc, const void* q, vo
 // cannot be described as a tensor map, or the descriptor is outside the
 // kernel's domain (the planner's tma_applies).
 cudaError_t prepare_mla_decode_tma_kernel();
+// The CTAs of a TMA variant the device runs per SM at once (the CUDA
+// occupancy calculator, after the shared-memory limits are raised): 1 for the
+// one-CTA variants, 2 expected for kTmaPair / kTmaPairTile. Tests and the bench
+// check it; cudaErrorInvalidValue for a kernel that is not a TMA variant.
+cudaError_t mla_decode_tma_occupancy(MlaDecodeKernel kernel, int* ctas_per_sm);
 cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& desc, const void* q, void* out,
                                        cudaStream_t stream);
 

@@ -4,8 +4,9 @@
 // list of segments (row, [kv_begin, kv_end)) one after the other, each costing
 // its tiles plus about one tile of overhead (loading the row's query, the
 // epilogue). The automatic plan spreads the rows' tiles evenly over one wave
-// (num_sms / head_tiles CTAs per head tile, one CTA per SM: the kernel holds
-// ~226 KB of shared memory), cutting rows at tile boundaries where a CTA's
+// (num_sms / head_tiles CTAs per head tile, one CTA per SM: the kernels hold
+// ~190-226 KB of shared memory; twice that many for kTmaPair / kTmaPairTile,
+// which hold 112 KB so that two share an SM), cutting rows at tile boundaries where a CTA's
 // share ends, so a batch of few long rows and one of many short rows both
 // fill the GPU without a second, mostly idle wave.
 
@@ -23,8 +24,13 @@ constexpr int32_t kTile = 64;          // positions per kernel tile
 constexpr int32_t kHeadTile = 64;      // heads per CTA
 constexpr int64_t kSegmentOverhead = 1;  // tiles' worth of time a segment costs beyond its tiles
 constexpr int64_t kMinSegmentTiles = 2;  // a CTA's leftover share smaller than this goes to the next CTA
+// A segment's overhead in quarter tiles under spread budgets: its Q (18 KB, a
+// quarter of a tile's bytes) and epilogue, the next segment's tiles already
+// streaming (a guess to be measured against kSegmentOverhead's whole tile).
+constexpr int64_t kSpreadSegmentOverhead = 1;
 
-// PAGODA_MLA_DECODE_KERNEL, read once: "tma", "tma_ring", "cp_async" or
+// PAGODA_MLA_DECODE_KERNEL, read once: "tma", "tma_ring", "tma_tile",
+// "tma_ring_tile", "tma_pair", "tma_pair_tile", "cp_async" or
 // "auto" (unset or empty: auto); anything else is reported at plan creation.
 const char* environment_kernel() {
   static const char* value = [] {
@@ -79,11 +85,16 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
     else if (std::strcmp(env, "cp_async") == 0) kernel = MlaDecodeKernel::kCpAsync;
     else if (std::strcmp(env, "tma") == 0) kernel = MlaDecodeKernel::kTma;
     else if (std::strcmp(env, "tma_ring") == 0) kernel = MlaDecodeKernel::kTmaRing;
+    else if (std::strcmp(env, "tma_tile") == 0) kernel = MlaDecodeKernel::kTmaTile;
+    else if (std::strcmp(env, "tma_ring_tile") == 0) kernel = MlaDecodeKernel::kTmaRingTile;
+    else if (std::strcmp(env, "tma_pair") == 0) kernel = MlaDecodeKernel::kTmaPair;
+    else if (std::strcmp(env, "tma_pair_tile") == 0) kernel = MlaDecodeKernel::kTmaPairTile;
     else
-      return invalid_argument_error("mla decode: PAGODA_MLA_DECODE_KERNEL '{}' (auto, tma, tma_ring or cp_async)",
+      return invalid_argument_error("mla decode: PAGODA_MLA_DECODE_KERNEL '{}' (auto, tma, tma_ring, tma_tile, "
+                                    "tma_ring_tile, tma_pair, tma_pair_tile or cp_async)",
                                     env);
   }
-  const bool tma = kernel == MlaDecodeKernel::kTma || kernel == MlaDecodeKernel::kTmaRing;
+  const bool tma = is_tma_kernel(kernel);
   if (kernel != MlaDecodeKernel::kCpAsync && !tma)
     return invalid_argument_error("mla decode: kernel {} unknown", static_cast<int>(options.kernel));
   if (tma && !tma_applies(config)) kernel = MlaDecodeKernel::kCpAsync;
@@ -108,6 +119,10 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
                                     options.fixed_rows, options.fixed_block_table_stride);
   }
 
+  // Costs in quarter tiles: a tile is 4, a segment's overhead 4 (whole-tile
+  // budgets) or 1 (spread budgets, options.spread_budget).
+  constexpr int64_t kTileCost = 4;
+  const int64_t segment_cost = options.spread_budget ? kSpreadSegmentOverhead : kSegmentOverhead * kTileCost;
   int64_t total_cost = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
     const MlaDecodeRow& r = rows[i];
@@ -126,7 +141,7 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
     if (fixed && needed > options.fixed_block_table_stride)
       return invalid_argument_error("mla decode: rows[{}] needs {} blocks, more than fixed_block_table_stride {}", i,
                                     needed, options.fixed_block_table_stride);
-    total_cost += (r.context_len + kTile - 1) / kTile + kSegmentOverhead;
+    total_cost += (r.context_len + kTile - 1) / kTile * kTileCost + segment_cost;
   }
 
   MlaDecodePlan plan;
@@ -151,24 +166,34 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
     }
   } else if (!rows.empty()) {
     // Greedy fill with a per-CTA budget of tiles; a budget that spills past one
-    // wave (the overheads of cut rows add up) is raised until it fits.
-    const int64_t ctas = std::max<int64_t>(1, device.num_sms / head_tiles);
-    int64_t budget = std::max<int64_t>(kMinSegmentTiles + kSegmentOverhead, (total_cost + ctas - 1) / ctas);
+    // wave (the overheads of cut rows add up) is raised until it fits. Whole
+    // budgets: every CTA the same whole number of tiles (so the rounding can
+    // leave SMs idle: 64 x 4K on 132 SMs fills 128). Spread budgets: a total
+    // over all CTAs, CTA k getting floor((k + 1) total / ctas) - floor(k total /
+    // ctas), so budgets differ by at most a quarter tile and every SM runs.
+    const int64_t ctas = std::max<int64_t>(1, int64_t{device.num_sms} * mla_decode_ctas_per_sm(kernel) / head_tiles);
+    const int64_t min_budget = kMinSegmentTiles * kTileCost + segment_cost;
+    int64_t budget = std::max<int64_t>(min_budget, (total_cost + ctas - 1) / ctas / kTileCost * kTileCost +
+                                                       ((total_cost + ctas - 1) / ctas % kTileCost ? kTileCost : 0));
+    int64_t spread_total = std::max(min_budget * ctas, total_cost);
     for (;;) {
       segments.clear();
       row_start.clear();
       cta_start.assign(1, 0);
-      int64_t left = budget;  // of the current CTA
+      auto budget_of = [&](int64_t cta) {
+        return options.spread_budget ? (cta + 1) * spread_total / ctas - cta * spread_total / ctas : budget;
+      };
+      int64_t left = budget_of(0);  // of the current CTA
       auto next_cta = [&] {
         if (int32_t(segments.size() / 3) != cta_start.back()) cta_start.push_back(int32_t(segments.size() / 3));
-        left = budget;
+        left = budget_of(int64_t(cta_start.size()) - 1);
       };
       for (size_t i = 0; i < rows.size(); ++i) {
         row_start.push_back(int32_t(segments.size() / 3));
         const int64_t tiles = (rows[i].context_len + kTile - 1) / kTile;
         int64_t done = 0;
         while (done < tiles) {
-          const int64_t take = std::min(tiles - done, left - kSegmentOverhead);
+          const int64_t take = std::min(tiles - done, (left - segment_cost) / kTileCost);
           // A share too small to be worth a segment of its own goes to the next
           // CTA, unless it finishes the row.
           if (take < std::min(kMinSegmentTiles, tiles - done)) {
@@ -178,13 +203,14 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
           segments.insert(segments.end(), {int32_t(i), int32_t(done * kTile),
                                            int32_t(std::min<int64_t>((done + take) * kTile, rows[i].context_len))});
           done += take;
-          left -= take + kSegmentOverhead;
-          if (left < kMinSegmentTiles + kSegmentOverhead) next_cta();
+          left -= take * kTileCost + segment_cost;
+          if (left < min_budget) next_cta();
         }
       }
       if (int32_t(segments.size() / 3) != cta_start.back()) cta_start.push_back(int32_t(segments.size() / 3));
       if (int64_t(cta_start.size()) - 1 <= ctas) break;
-      budget += std::max<int64_t>(1, budget / 64);
+      budget += kTileCost * std::max<int64_t>(1, budget / kTileCost / 64);
+      spread_total += std::max<int64_t>(1, spread_total / 512);
     }
   }
   row_start.push_back(int32_t(segments.size() / 3));
@@ -233,7 +259,8 @@ MlaDecodePlan MlaDecodePlan::lay_out_fixed(MlaDecodePlan plan, std::span<const M
                                            std::vector<int32_t> segments, std::vector<int32_t> row_start,
                                            std::vector<int32_t> cta_start) {
   const int32_t head_tiles = (plan.config_.num_heads + kHeadTile - 1) / kHeadTile;
-  const int32_t ctas = std::max(1, device.num_sms / head_tiles);
+  const int32_t ctas =
+      int32_t(std::max<int64_t>(1, int64_t{device.num_sms} * mla_decode_ctas_per_sm(plan.kernel_) / head_tiles));
   const int32_t capacity = options.fixed_rows + ctas;
   const int32_t used = int32_t(segments.size() / 3);
   const size_t stride = size_t(options.fixed_block_table_stride);

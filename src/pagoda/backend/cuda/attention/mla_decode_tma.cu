@@ -1,5 +1,5 @@
 // Paged MLA decode, bf16 latent, at most 16 heads, with the tiles loaded by
-// the copy engine (TMA): MlaDecodeKernel::kTma and kTmaRing of
+// the copy engine (TMA): MlaDecodeKernel::kTma, kTmaRing, kTmaTile, kTmaRingTile of
 // mla_decode_descriptor.h.
 //
 // The math is the narrow kernels' (mla_decode_narrow.cuh: S^T = K Q^T over 64
@@ -11,7 +11,9 @@
 //   - a ninth warp (the producer) walks the block tables and issues tensor-map
 //     copies (cp.async.bulk.tensor, L2 evict-first: the latent is read once a
 //     step) into a ring of column-block slots: 18 (two stages of whole tiles,
-//     kTma) or 23 (what fits beside Q, kTmaRing); the 256 compute threads issue
+//     kTma, kTmaTile) or 23 (what fits beside Q, kTmaRing, kTmaRingTile), one
+//     column block a round (kTma, kTmaRing) or one whole tile a round (v8's
+//     schedule: kTmaTile, kTmaRingTile); the 256 compute threads issue
 //     no latent copies (they still copy Q, 18 KB a segment);
 //   - the latent pool is seen as a 3-D tensor [slots][9 column blocks][64
 //     values] (strides 1,152 B and 128 B), and one box is one column block of
@@ -65,6 +67,10 @@ constexpr int kQBytes = kColumnBlocks * mla_narrow::kQBlockBytes;  // 18,432
 // while a tile is computed.
 constexpr int kTwoStageSlots = 2 * kColumnBlocks;
 constexpr int kRingSlots = 23;
+// One tile's 9 slots: 112 KB of shared memory a CTA, so two CTAs share an SM
+// (kTmaPair, kTmaPairTile). The producer loads the next tile's column block c
+// once this tile's readers have released slot c.
+constexpr int kPairSlots = kColumnBlocks;
 
 // Shared memory (base aligned to 1024 B): Q | kSlots column-block slots | P^T
 // [2 groups] | column maxima [2][4 warps][16] | column sums [2][4][16] | S^T
@@ -81,8 +87,8 @@ struct Layout {
   static constexpr int kSmemBytes = kBarriersAt + 2 * kSlots * 8 + 1024;
   static_assert(kTilesAt % 1024 == 0 && kPAt % 1024 == 0 && kBlockBytes % 1024 == 0,
                 "swizzle atoms stay 1024-byte aligned");
-  static_assert(kSmemBytes <= 232448, "one CTA per SM");
-  static_assert(kSlots >= kColumnBlocks + 1, "a tile and at least one slot of the next");
+  static_assert(kSmemBytes <= 232448, "fits an SM");
+  static_assert(kSlots >= kColumnBlocks, "a whole tile");
 };
 
 // mbarrier.arrive with a count (one warp standing for the warps that do not
@@ -108,8 +114,14 @@ struct Layout {
       : "memory");
 }
 
-template <int kSlots>
-__global__ void __launch_bounds__(kThreads, 1)
+// kWholeTile: the producer's schedule. false (v9): one column block a round
+// (wait for its slot, arm, issue its boxes); true (v8): one tile a round (wait
+// for its 9 slots, arm all, issue all its boxes from up to 32 lanes at once).
+// The compute side and the slot releases are the same for both.
+// kCtasPerSm: the occupancy the variant is built for (2: kPairSlots, so that
+// one CTA's copies and barriers overlap the other's MMAs).
+template <int kSlots, bool kWholeTile, int kCtasPerSm>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm)
     mla_decode_tma_kernel(const MlaDecodeDescriptor d, const __grid_constant__ CUtensorMap latent_map,
                           const __nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ out) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -161,20 +173,58 @@ __global__ void __launch_bounds__(kThreads, 1)
         // Pages holding at least one position below kv_end (the table has no
         // entry past the row's last page).
         const int live_pages = min(pages, (kv_end - kv0 + box_rows - 1) / box_rows);
-        const int pos = kv0 + lane * box_rows;
-        // This lane's page slot first: the table load overlaps the waits.
-        const int page_slot = lane < live_pages ? __ldg(table + pos / bs) * bs + pos % bs : 0;
         const uint32_t bytes = uint32_t(live_pages * box_rows * 128);
+        if constexpr (kWholeTile) {
+          // v8's schedule: copy i of the tile is column block i / live_pages,
+          // page i % live_pages (column block 0 first), up to 3 a lane; the
+          // table loads overlap the waits for the tile's 9 slots, then lane 0
+          // arms all 9 and the lanes issue every box at once.
+          const int copies = kColumnBlocks * live_pages;
+          int page_slot[3];
+#pragma unroll
+          for (int k = 0; k < 3; ++k) {
+            const int i = lane + 32 * k;
+            const int pos = kv0 + (i % live_pages) * box_rows;
+            page_slot[k] = i < copies ? __ldg(table + pos / bs) * bs + pos % bs : 0;
+          }
 #pragma unroll 1
-        for (int cb = 0; cb < kColumnBlocks; ++cb, ++next) {
-          const int slot = next % kSlots;
-          const int use = next / kSlots;
-          if (use > 0) mbarrier_wait(&empty[slot], (use - 1) & 1);
-          if (lane == 0) mbarrier_arrive_expect_tx(&full[slot], bytes);
+          for (int cb = 0; cb < kColumnBlocks; ++cb) {
+            const int use = (next + cb) / kSlots;
+            if (use > 0) mbarrier_wait(&empty[(next + cb) % kSlots], (use - 1) & 1);
+          }
+          if (lane == 0) {
+#pragma unroll 1
+            for (int cb = 0; cb < kColumnBlocks; ++cb) mbarrier_arrive_expect_tx(&full[(next + cb) % kSlots], bytes);
+          }
           __syncwarp();
-          if (lane < live_pages)
-            tma_load_3d_hint(tiles + slot * kBlockBytes + lane * box_rows * 128, &latent_map, 0, cb, page_slot,
-                             &full[slot], policy);
+#pragma unroll
+          for (int k = 0; k < 3; ++k) {
+            const int i = lane + 32 * k;
+            if (i < copies) {
+              const int cb = i / live_pages, page = i % live_pages;
+              const int slot = (next + cb) % kSlots;
+              tma_load_3d_hint(tiles + slot * kBlockBytes + page * box_rows * 128, &latent_map, 0, cb, page_slot[k],
+                               &full[slot], policy);
+            }
+          }
+          next += kColumnBlocks;
+        } else {
+          // v9's schedule: per column block, wait for its slot, arm it, lanes
+          // 0..live_pages-1 issue one box each.
+          const int pos = kv0 + lane * box_rows;
+          // This lane's page slot first: the table load overlaps the waits.
+          const int page_slot = lane < live_pages ? __ldg(table + pos / bs) * bs + pos % bs : 0;
+#pragma unroll 1
+          for (int cb = 0; cb < kColumnBlocks; ++cb, ++next) {
+            const int slot = next % kSlots;
+            const int use = next / kSlots;
+            if (use > 0) mbarrier_wait(&empty[slot], (use - 1) & 1);
+            if (lane == 0) mbarrier_arrive_expect_tx(&full[slot], bytes);
+            __syncwarp();
+            if (lane < live_pages)
+              tma_load_3d_hint(tiles + slot * kBlockBytes + lane * box_rows * 128, &latent_map, 0, cb, page_slot,
+                               &full[slot], policy);
+          }
         }
       }
     }
@@ -296,19 +346,59 @@ cudaError_t make_latent_tensor_map(CUtensorMap* map, const MlaDecodeDescriptor& 
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorNotSupported;
 }
 
+// Raises one variant's shared-memory limit.
+template <int kSlots, bool kWholeTile, int kCtasPerSm = 1>
+cudaError_t allow_shared_memory() {
+  static_assert((Layout<kSlots>::kSmemBytes + 1024) * kCtasPerSm <= 233472, "the CTAs fit an SM's shared memory");
+  const auto kernel = mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm>;
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kSlots>::kSmemBytes);
+  if (e != cudaSuccess || kCtasPerSm == 1) return e;
+  // All of the SM's unified L1 / shared memory as shared, so that the CTAs fit together.
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+}
+
+template <int kSlots, bool kWholeTile, int kCtasPerSm = 1>
+cudaError_t occupancy_of(int* ctas_per_sm) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      ctas_per_sm, mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm>, kThreads, Layout<kSlots>::kSmemBytes);
+}
+
+template <int kSlots, bool kWholeTile, int kCtasPerSm = 1>
+void launch_variant(const MlaDecodeDescriptor& d, const CUtensorMap& map, const __nv_bfloat16* q, __nv_bfloat16* out,
+                    cudaStream_t stream) {
+  mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm>
+      <<<dim3(1, d.num_ctas), kThreads, Layout<kSlots>::kSmemBytes, stream>>>(d, map, q, out);
+}
+
 }  // namespace
 
 cudaError_t prepare_mla_decode_tma_kernel() {
   static const cudaError_t prepared = [] {
     tensor_map_encoder();  // a miss is reported per launch (the caller falls back)
-    const cudaError_t e = cudaFuncSetAttribute(mla_decode_tma_kernel<kTwoStageSlots>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               Layout<kTwoStageSlots>::kSmemBytes);
-    if (e != cudaSuccess) return e;
-    return cudaFuncSetAttribute(mla_decode_tma_kernel<kRingSlots>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                Layout<kRingSlots>::kSmemBytes);
+    for (const cudaError_t e :
+         {allow_shared_memory<kTwoStageSlots, false>(), allow_shared_memory<kRingSlots, false>(),
+          allow_shared_memory<kTwoStageSlots, true>(), allow_shared_memory<kRingSlots, true>(),
+          allow_shared_memory<kPairSlots, false, 2>(), allow_shared_memory<kPairSlots, true, 2>()})
+      if (e != cudaSuccess) return e;
+    return cudaSuccess;
   }();
   return prepared;
+}
+
+cudaError_t mla_decode_tma_occupancy(MlaDecodeKernel kernel, int* ctas_per_sm) {
+  *ctas_per_sm = 0;
+  const cudaError_t prepared = prepare_mla_decode_tma_kernel();
+  if (prepared != cudaSuccess) return prepared;
+  switch (kernel) {
+    case MlaDecodeKernel::kTma: return occupancy_of<kTwoStageSlots, false>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaRing: return occupancy_of<kRingSlots, false>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaTile: return occupancy_of<kTwoStageSlots, true>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaRingTile: return occupancy_of<kRingSlots, true>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaPair: return occupancy_of<kPairSlots, false, 2>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaPairTile: return occupancy_of<kPairSlots, true, 2>(ctas_per_sm);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& d, const void* q, void* out, cudaStream_t stream) {
@@ -323,12 +413,14 @@ cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& d, const void*
   if (e != cudaSuccess) return e;
   const auto* qb = static_cast<const __nv_bfloat16*>(q);
   auto* ob = static_cast<__nv_bfloat16*>(out);
-  if (d.kernel == MlaDecodeKernel::kTmaRing)
-    mla_decode_tma_kernel<kRingSlots>
-        <<<dim3(1, d.num_ctas), kThreads, Layout<kRingSlots>::kSmemBytes, stream>>>(d, map, qb, ob);
-  else
-    mla_decode_tma_kernel<kTwoStageSlots>
-        <<<dim3(1, d.num_ctas), kThreads, Layout<kTwoStageSlots>::kSmemBytes, stream>>>(d, map, qb, ob);
+  switch (d.kernel) {
+    case MlaDecodeKernel::kTmaRing: launch_variant<kRingSlots, false>(d, map, qb, ob, stream); break;
+    case MlaDecodeKernel::kTmaTile: launch_variant<kTwoStageSlots, true>(d, map, qb, ob, stream); break;
+    case MlaDecodeKernel::kTmaRingTile: launch_variant<kRingSlots, true>(d, map, qb, ob, stream); break;
+    case MlaDecodeKernel::kTmaPair: launch_variant<kPairSlots, false, 2>(d, map, qb, ob, stream); break;
+    case MlaDecodeKernel::kTmaPairTile: launch_variant<kPairSlots, true, 2>(d, map, qb, ob, stream); break;
+    default: launch_variant<kTwoStageSlots, false>(d, map, qb, ob, stream); break;
+  }
   return cudaGetLastError();
 }
 
