@@ -334,10 +334,27 @@ TEST(CrossLayerShareModelTest, BadSettingsNameTheFlag) {
   spec.kv_cross_layer_share = 2;
   ModelConfig config = tiny_model()->config();
   EXPECT_TRUE(backend::check_cross_layer_share(config, spec).ok());
+  // On cuda: bf16 and fp8 KV (tests/gpu_backend/cross_layer_share_gpu_test.cpp); other dtypes and
+  // tensor parallelism are refused by name.
   spec.device = backend::Device::kCuda;
-  const Status cuda = backend::check_cross_layer_share(config, spec);
+  const Status cuda = backend::check_cross_layer_share(config, spec);  // the spec's f32 KV
   EXPECT_EQ(cuda.code(), StatusCode::kUnimplemented);
   EXPECT_NE(cuda.message().find("--kv-cross-layer-share 2"), std::string::npos);
+  for (DType dtype : {DType::kBF16, DType::kFP8E4M3}) {
+    spec.key_dtype = spec.value_dtype = dtype;
+    EXPECT_TRUE(backend::check_cross_layer_share(config, spec).ok()) << dtype_name(dtype);
+  }
+  spec.key_dtype = spec.value_dtype = DType::kInt8;
+  const Status int8 = backend::check_cross_layer_share(config, spec);
+  EXPECT_EQ(int8.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(int8.message().find("--kv-cross-layer-share 2"), std::string::npos) << int8.message();
+  EXPECT_NE(int8.message().find("int8"), std::string::npos) << int8.message();
+  spec.key_dtype = spec.value_dtype = DType::kBF16;
+  spec.tensor_parallel_size = 2;
+  EXPECT_NE(backend::check_cross_layer_share(config, spec).message().find("--tensor-parallel-size"),
+            std::string::npos);
+  spec.tensor_parallel_size = 1;
+  spec.key_dtype = spec.value_dtype = DType::kF32;
   spec.device = backend::Device::kCpu;
   spec.kv_offload_memory = 1 << 20;
   EXPECT_NE(backend::check_cross_layer_share(config, spec).message().find("--kv-offload-memory"), std::string::npos);

@@ -375,6 +375,57 @@ TEST(CudaModel, GemvDispatchIsValidatedAndMatchesTheGemm) {
   EXPECT_LE(max_diff, 0.02 + 0.02 * max_logit);
 }
 
+// The e4m3 lm_head (CudaModelOptions::fp8_lm_head) in a model with fp8 projections: a bad
+// PAGODA_FP8_LM_HEAD is refused naming it; a 5-row prefill (the GEMM's bf16 lm_head either way) gives the
+// same bits with it on and off; graph-replayed batch-1 decode steps (the fp8 GEMV head) differ from the bf16
+// head's logits, within cuda_model_fp8_test's bound 3 x (0.05 + 0.03 max|logit|).
+TEST(CudaModel, Fp8LmHeadMatchesTheBf16LmHead) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const ModelConfig config = small_llama_config();
+  CudaModelOptions fp8 = small_options();
+  fp8.fp8_weights = true;
+  auto probe = CudaModel::create_random(config, 7, fp8);
+  if (!probe.ok()) GTEST_SKIP() << "no fp8 weights on this device: " << probe.status().to_string();
+  probe->reset();
+  setenv("PAGODA_FP8_LM_HEAD", "yes", 1);
+  auto refused = CudaModel::create_random(config, 7, fp8);
+  unsetenv("PAGODA_FP8_LM_HEAD");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("PAGODA_FP8_LM_HEAD"), std::string::npos)
+      << refused.status().to_string();
+
+  std::vector<std::vector<float>> prefills, decodes;
+  for (const bool head : {false, true}) {
+    CudaModelOptions options = fp8;
+    options.fp8_lm_head = head;
+    auto model = CudaModel::create_random(config, 7, options);
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
+    ASSERT_TRUE(pool.ok());
+    std::vector<float> logits, decode;
+    ASSERT_TRUE((*model)->forward(single({1, 5, 900, 42, 7}, 0, {0}, true), **pool, logits).ok());
+    prefills.push_back(logits);
+    for (int32_t step = 0; step < 4; ++step) {
+      ASSERT_TRUE((*model)->forward(single({11 + step}, 5 + step, {0}, false), **pool, logits).ok());
+      for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+      decode.insert(decode.end(), logits.begin(), logits.end());
+    }
+    EXPECT_GT((*model)->graph_replays(), 0);
+    decodes.push_back(std::move(decode));
+  }
+  EXPECT_EQ(prefills[0], prefills[1]);
+  ASSERT_EQ(decodes[0].size(), decodes[1].size());
+  double max_diff = 0, max_logit = 0;
+  for (size_t i = 0; i < decodes[0].size(); ++i) {
+    max_diff = std::max(max_diff, static_cast<double>(std::fabs(decodes[0][i] - decodes[1][i])));
+    max_logit = std::max(max_logit, static_cast<double>(std::fabs(decodes[0][i])));
+  }
+  std::cout << "[ figure ] fp8 vs bf16 lm_head, batch-1 decode: max |logit diff| " << max_diff << " (max |logit| "
+            << max_logit << ")\n";
+  EXPECT_GT(max_diff, 0.0);  // the fp8 head ran
+  EXPECT_LE(max_diff, 3.0 * (0.05 + 0.03 * max_logit));
+}
+
 // backend/cuda/attention's Hopper attention (eager steps) against the backend's own kernel
 // inside the same model, for a head_dim it supports: two prefills in one step,
 // a mixed step (decode + chunk after a cached prefix), and a pure decode step.

@@ -140,15 +140,44 @@ void fp8_case(const GemvCase& c, ScaleKind kind) {
   auto d_y = DeviceBuffer::allocate(want.size() * 2);
   ASSERT_TRUE(d_y.ok());
   ASSERT_TRUE(gemv_supported(c.m, c.k, true, d_x.data(), d_w.data()));
-  ASSERT_EQ(gemv_fp8(d_x.as<__nv_bfloat16>(), c.m, d_w.as<uint8_t>(), d_s.as<float>(), block_stride, c.n, c.k,
-                     d_y->as<__nv_bfloat16>(), nullptr),
-            cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<float> got = from_bf16_bits(to_host<uint16_t>(*d_y, want.size()));
   double max_want = 0.0;
   for (float v : want) max_want = std::max(max_want, static_cast<double>(std::fabs(v)));
   EXPECT_GT(max_want, 0.1);  // the case is not trivially zero
-  EXPECT_LE(worst_error_ratio(got, want, bound_abs(c), 1.0 / 128), 1.0);
+  // Every load depth, each run twice: the same bits both times and within the reference bound.
+  for (int32_t depth : kGemvFp8Depths) {
+    std::vector<uint16_t> first;
+    for (int run = 0; run < 2; ++run) {
+      ASSERT_EQ(cudaMemset(d_y->data(), 0xff, d_y->bytes()), cudaSuccess);
+      ASSERT_EQ(gemv_fp8(d_x.as<__nv_bfloat16>(), c.m, d_w.as<uint8_t>(), d_s.as<float>(), block_stride, c.n, c.k,
+                         d_y->as<__nv_bfloat16>(), nullptr, depth),
+                cudaSuccess)
+          << "depth " << depth;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<uint16_t> bits = to_host<uint16_t>(*d_y, want.size());
+      if (run == 0) {
+        first = bits;
+        const std::vector<float> got = from_bf16_bits(bits);
+        EXPECT_LE(worst_error_ratio(got, want, bound_abs(c), 1.0 / 128), 1.0) << "depth " << depth;
+      } else {
+        EXPECT_EQ(bits, first) << "depth " << depth << ": results differ between runs";
+      }
+    }
+  }
+  // The f32-output form (the e4m3 lm_head): the direct kernel's sums before their bf16 rounding.
+  ASSERT_EQ(gemv_fp8(d_x.as<__nv_bfloat16>(), c.m, d_w.as<uint8_t>(), d_s.as<float>(), block_stride, c.n, c.k,
+                     d_y->as<__nv_bfloat16>(), nullptr, 1),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint16_t> bf16_bits = to_host<uint16_t>(*d_y, want.size());
+  auto d_f = DeviceBuffer::allocate(want.size() * 4);
+  ASSERT_TRUE(d_f.ok());
+  ASSERT_EQ(gemv_fp8_logits(d_x.as<__nv_bfloat16>(), c.m, d_w.as<uint8_t>(), d_s.as<float>(), block_stride, c.n,
+                            c.k, d_f->as<float>(), nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> logits = to_host<float>(*d_f, want.size());
+  EXPECT_LE(worst_error_ratio(logits, want, bound_abs(c), 1.0 / 128), 1.0);
+  EXPECT_EQ(to_bf16_bits(logits), bf16_bits) << "f32 output rounded to bf16 differs from the bf16 output";
 }
 
 TEST_P(GemvTest, Fp8ChannelScalesMatchTheDequantizedReference) {
@@ -200,6 +229,9 @@ TEST(GemvContractTest, UnsupportedShapesAreRefused) {
   // A block stride shorter than the k-blocks of a row.
   EXPECT_EQ(gemv_fp8(xb, 1, w->as<uint8_t>(), s->as<float>(), 1, 16, 256, y->as<__nv_bfloat16>(), nullptr),
             cudaErrorInvalidValue);
+  for (int32_t depth : {0, 3, 8})  // only the depths of kGemvFp8Depths
+    EXPECT_EQ(gemv_fp8(xb, 1, w->as<uint8_t>(), s->as<float>(), 0, 16, 64, y->as<__nv_bfloat16>(), nullptr, depth),
+              cudaErrorInvalidValue);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
@@ -267,11 +299,16 @@ TEST(GemvSpeed, Llama3_8BShapes) {
                                  head ? GemmOutput::kF32 : GemmOutput::kBF16, nullptr);
       }, 40);
       ASSERT_TRUE(status.ok()) << status.to_string();
-      double gemv8 = 0.0, cublas8 = 0.0, quantize = 0.0;
+      double gemv8 = 0.0, cublas8 = 0.0, quantize = 0.0, deep8[2] = {0.0, 0.0};
       if (have_fp8 && !head) {
         gemv8 = time_us([&] {
           gemv_fp8(x16->as<__nv_bfloat16>(), m, w8_next(), ws->as<float>(), 0, s.n, s.k, y->as<__nv_bfloat16>(), nullptr);
         }, 40);
+        for (int d = 0; d < 2; ++d)
+          deep8[d] = time_us([&] {
+            gemv_fp8(x16->as<__nv_bfloat16>(), m, w8_next(), ws->as<float>(), 0, s.n, s.k, y->as<__nv_bfloat16>(),
+                     nullptr, d == 0 ? 2 : 4);
+          }, 40);
         quantize = time_us([&] {
           quantize_fp8_per_token(x16->as<__nv_bfloat16>(), m, s.k, x8->as<uint8_t>(), xs->as<float>(), nullptr);
         }, 40);
@@ -280,6 +317,11 @@ TEST(GemvSpeed, Llama3_8BShapes) {
                                   y->as<__nv_bfloat16>(), nullptr);
         }, 40);
         ASSERT_TRUE(status.ok()) << status.to_string();
+      } else if (have_fp8) {  // the e4m3 lm_head (f32 logits)
+        gemv8 = time_us([&] {
+          gemv_fp8_logits(x16->as<__nv_bfloat16>(), m, w8_next(), ws->as<float>(), 0, s.n, s.k, y->as<float>(),
+                          nullptr);
+        }, 40);
       }
       ASSERT_EQ(cudaGetLastError(), cudaSuccess);
       auto gbs = [](size_t b, double us) { return us > 0 ? static_cast<double>(b) / (us * 1e3) : 0.0; };
@@ -288,6 +330,11 @@ TEST(GemvSpeed, Llama3_8BShapes) {
                   s.name, m, s.n, s.k, gemv16, gbs(bytes16, gemv16), cublas16, gbs(bytes16, cublas16),
                   cublas16 / gemv16, gemv8, gbs(bytes8, gemv8), cublas8, gbs(bytes8, cublas8), quantize,
                   gemv8 > 0 ? (cublas8 + quantize) / gemv8 : 0.0);
+      if (have_fp8 && !head)
+        std::printf("gemv-speed %-8s m=%d n=%6d k=%5d | fp8 depth: 1 %7.1f us %6.0f GB/s, 2 %7.1f us %6.0f GB/s, "
+                    "4 %7.1f us %6.0f GB/s\n",
+                    s.name, m, s.n, s.k, gemv8, gbs(bytes8, gemv8), deep8[0], gbs(bytes8, deep8[0]), deep8[1],
+                    gbs(bytes8, deep8[1]));
     }
   }
 }

@@ -301,9 +301,13 @@ TEST(KvEvictionGpu, PerHeadBudgetsThroughTheEngine) {
       std::printf("[per-head] %s block size %d budget 64: %zu of 60 tokens equal to the cpu's (%d compactions)\n",
                   std::string(runtime::kv_compression_policy_name(policy)).c_str(), block_size, same,
                   static_cast<int>(small.stats.kv_compactions));
-      // A short generate: the first 20 tokens, where the backends agree without eviction.
+      // Where the backends agree without eviction, the tokens agree through the prompt's compaction
+      // and the first block of decode (16 tokens). Later compactions choose on scores that the two
+      // backends sum in different orders, so a near tie in the random fixture's scores may keep a
+      // different token (H200: 19-29 of 60 equal); the choice itself is pinned index for index on
+      // equal scores by PerHeadBudgetCompactionsEqualTheCpus.
       if (backends_agree) {
-        EXPECT_GE(same, 20u) << "the cuda tokens leave the cpu's early";
+        EXPECT_GE(same, 16u) << "the cuda tokens leave the cpu's early";
       }
     }
   }

@@ -59,6 +59,7 @@ StatusOr<RunnerSetup> create_cuda_runner(const RunnerSpec& spec, const RunnerReq
   options.show_progress = req.show_progress;
   options.kv_key_dtype = spec.key_dtype;
   options.kv_value_dtype = spec.value_dtype;
+  options.kv_cross_layer_share = spec.kv_cross_layer_share;
   if (spec.weight_quantization) {
     if (*spec.weight_quantization != DType::kFP8E4M3)
       return invalid_argument_error("--quantization {}: --device cuda runs fp8 weight quantization only",

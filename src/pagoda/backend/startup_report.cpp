@@ -61,9 +61,18 @@ Status check_cross_layer_share(const ModelConfig& config, const RunnerSpec& spec
   if (config.mla)
     return invalid_argument_error("--kv-cross-layer-share {}: not for an MLA model (it caches one latent per layer)",
                                   spec.kv_cross_layer_share);
-  if (spec.device != Device::kCpu)
-    return unimplemented_error("--kv-cross-layer-share {}: not on --device {} yet (cpu only)",
+  if (spec.device == Device::kCuda) {
+    // The CUDA merge (backend/cuda/kv_share_ops.h) writes bf16 or fp8 directions only.
+    for (DType dtype : {spec.key_dtype, spec.value_dtype}) {
+      if (dtype != DType::kBF16 && dtype != DType::kFP8E4M3)
+        return unimplemented_error("--kv-cross-layer-share {}: on --device cuda with a bf16 or fp8 KV cache only, "
+                                   "not {} ({})", spec.kv_cross_layer_share, dtype_name(dtype),
+                                   kv_dtype_flags_text(spec));
+    }
+  } else if (spec.device != Device::kCpu) {
+    return unimplemented_error("--kv-cross-layer-share {}: not on --device {} yet (cpu, cuda)",
                                spec.kv_cross_layer_share, device_name(spec.device));
+  }
   if (spec.tensor_parallel_size > 1)
     return unimplemented_error("--kv-cross-layer-share {} cannot be combined with --tensor-parallel-size {} yet",
                                spec.kv_cross_layer_share, spec.tensor_parallel_size);

@@ -36,6 +36,7 @@ Status BlockZeroer::zero(const CudaKvPool& pool, std::span<const int32_t> blocks
     std::copy_n(blocks.begin() + static_cast<std::ptrdiff_t>(start), batch.count, batch.block);
     PAGODA_CUDA_RETURN_IF_ERROR(kv_zero_blocks(geometry, batch, stream_));
   }
+  PAGODA_CUDA_RETURN_IF_ERROR(pool.zero_share_norms(blocks, stream_));  // cross-layer sharing's records
   PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(zeroed_, stream_));
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(model_stream, zeroed_, 0));
   blocks_zeroed_ += static_cast<int64_t>(blocks.size());

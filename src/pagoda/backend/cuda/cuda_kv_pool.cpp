@@ -84,6 +84,12 @@ CudaKvPool::CudaKvPool(const KvPoolShape& shape) : shape_(shape) {
     offset += align_up(sub->block_bytes * shape.num_blocks);
   }
   layer_bytes_ = offset;
+  const runtime::CrossLayerShare share = shape.share();
+  num_slots_ = share.num_slots();
+  if (share.enabled()) {
+    norm_block_bytes_ = vectors_per_block * 2 * static_cast<size_t>(share.norm_record()) * sizeof(float);
+    norm_slot_bytes_ = align_up(norm_block_bytes_ * shape.num_blocks);
+  }
 }
 
 StatusOr<std::unique_ptr<CudaKvPool>> CudaKvPool::create(const KvPoolShape& shape) {
@@ -93,6 +99,12 @@ StatusOr<std::unique_ptr<CudaKvPool>> CudaKvPool::create(const KvPoolShape& shap
         "CUDA KV pool shape: layers={} blocks={} block_size={} kv_heads={} head_dim={} (all > 0, head_dim a "
         "multiple of 8, one head for a latent pool)", shape.num_layers, shape.num_blocks, shape.block_size,
         shape.num_kv_heads, shape.head_dim);
+  }
+  if (shape.cross_layer_share != 1) {
+    PAGODA_RETURN_IF_ERROR(
+        runtime::validate_cross_layer_share(shape.cross_layer_share, shape.num_layers, "--kv-cross-layer-share"));
+    if (shape.latent)
+      return invalid_argument_error("--kv-cross-layer-share {}: not for an MLA latent pool", shape.cross_layer_share);
   }
   if (shape.latent && (shape.latent_rope_dim < 0 || shape.latent_rope_dim >= shape.head_dim ||
                        (shape.key_dtype == DType::kFP8E4M3 && (shape.head_dim - shape.latent_rope_dim) % 8 != 0))) {
@@ -105,7 +117,8 @@ StatusOr<std::unique_ptr<CudaKvPool>> CudaKvPool::create(const KvPoolShape& shap
       return unimplemented_error("CUDA KV pool dtype {}: bf16, fp8, int8 or int4", dtype_name(dtype));
   }
   std::unique_ptr<CudaKvPool> pool(new CudaKvPool(shape));
-  const size_t bytes = pool->layer_bytes_ * shape.num_layers;
+  const size_t bytes = pool->layer_bytes_ * static_cast<size_t>(pool->num_slots_) +
+                       pool->norm_slot_bytes_ * static_cast<size_t>(shape.share().num_shared_slots());
   PAGODA_ASSIGN_OR_RETURN(pool->memory_, DeviceBuffer::allocate(bytes));
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemset(pool->memory_.data(), 0, bytes));
   // The forward runs on a non-blocking stream, which does not wait for the legacy stream's memset.
@@ -114,7 +127,7 @@ StatusOr<std::unique_ptr<CudaKvPool>> CudaKvPool::create(const KvPoolShape& shap
 }
 
 DevicePagedKvLayer CudaKvPool::layer(int32_t layer) const {
-  char* base = memory_.as<char>() + static_cast<size_t>(layer) * layer_bytes_;
+  char* base = memory_.as<char>() + static_cast<size_t>(shape_.share().slot_of(layer)) * layer_bytes_;
   auto at = [&](const SubPool& sub) -> void* { return sub.block_bytes > 0 ? base + sub.offset : nullptr; };
   return DevicePagedKvLayer{at(key_),
                             at(value_),
@@ -128,12 +141,35 @@ DevicePagedKvLayer CudaKvPool::layer(int32_t layer) const {
                             at(value_scale_)};
 }
 
+DeviceKvShare CudaKvPool::share(int32_t layer) const {
+  const runtime::CrossLayerShare s = shape_.share();
+  if (norm_block_bytes_ == 0 || s.member_of(layer) < 0) return DeviceKvShare{};
+  char* norms = memory_.as<char>() + static_cast<size_t>(num_slots_) * layer_bytes_ +
+                static_cast<size_t>(s.slot_of(layer) - s.first_shared()) * norm_slot_bytes_;
+  return DeviceKvShare{reinterpret_cast<float*>(norms), s.norm_record(), s.member_of(layer)};
+}
+
+cudaError_t CudaKvPool::zero_share_norms(std::span<const int32_t> blocks, cudaStream_t stream) const {
+  const int32_t shared_slots = shape_.share().num_shared_slots();
+  if (norm_block_bytes_ == 0) return cudaSuccess;
+  char* norms = memory_.as<char>() + static_cast<size_t>(num_slots_) * layer_bytes_;
+  for (int32_t s = 0; s < shared_slots; ++s) {
+    for (int32_t b : blocks) {
+      const cudaError_t err = cudaMemsetAsync(
+          norms + static_cast<size_t>(s) * norm_slot_bytes_ + static_cast<size_t>(b) * norm_block_bytes_, 0,
+          norm_block_bytes_, stream);
+      if (err != cudaSuccess) return err;
+    }
+  }
+  return cudaSuccess;
+}
+
 Status CudaKvPool::copy_blocks(std::span<const runtime::BlockCopy> copies, cudaStream_t stream) {
   for (const runtime::BlockCopy& c : copies) {
     if (c.src < 0 || c.src >= shape_.num_blocks || c.dst < 0 || c.dst >= shape_.num_blocks)
       return invalid_argument_error("block copy {} -> {}: ids must be in [0, {})", c.src, c.dst, shape_.num_blocks);
   }
-  for (int32_t l = 0; l < shape_.num_layers; ++l) {
+  for (int32_t l = 0; l < num_slots_; ++l) {
     char* base = memory_.as<char>() + static_cast<size_t>(l) * layer_bytes_;
     for (const runtime::BlockCopy& c : copies) {
       for (const SubPool* sub : {&key_, &value_, &key_scale_, &value_scale_}) {
@@ -143,6 +179,13 @@ Status CudaKvPool::copy_blocks(std::span<const runtime::BlockCopy> copies, cudaS
                                                     sub->block_bytes, cudaMemcpyDeviceToDevice, stream));
       }
     }
+  }
+  char* norms = memory_.as<char>() + static_cast<size_t>(num_slots_) * layer_bytes_;
+  for (int32_t s = 0; norm_block_bytes_ > 0 && s < shape_.share().num_shared_slots(); ++s) {
+    char* pool = norms + static_cast<size_t>(s) * norm_slot_bytes_;
+    for (const runtime::BlockCopy& c : copies)
+      PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pool + c.dst * norm_block_bytes_, pool + c.src * norm_block_bytes_,
+                                                  norm_block_bytes_, cudaMemcpyDeviceToDevice, stream));
   }
   return ok_status();
 }
@@ -174,7 +217,7 @@ KvHostCopyGeometry CudaKvPool::host_copy_geometry(std::byte* host, size_t host_b
     g.segment_offset[s] = subs[s]->offset;
     g.segment_bytes[s] = subs[s]->block_bytes;
   }
-  g.num_layers = shape_.num_layers;
+  g.num_layers = num_slots_;  // the slots stored (the zeroer's geometry; the host tier is not used with sharing)
   return g;
 }
 

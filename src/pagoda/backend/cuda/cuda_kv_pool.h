@@ -12,6 +12,13 @@
 // self-contained records of runtime/mla_fp8_layout.h (FlashMLA's 656 bytes per
 // token for 512 + 64, KvPoolShape::latent_vector_bytes) and there is no K scale
 // pool (null key_scale).
+// Cross-layer sharing (KvPoolShape::cross_layer_share > 1, kv_share_ops.h):
+// the pool holds share().num_slots() layers, layer(l) is the view of layer l's
+// slot (share().slot_of(l)), and after the slots come the norm records of the
+// shared slots, [num_blocks * block_size * num_kv_heads][K, V][K + 1] f32 each
+// (CpuKvPool's layout), returned by share(l). Copies and zeroing carry them;
+// the host tier (append_block_copies) has no place for them (the runner
+// refuses the combination).
 // Memory only: which blocks belong to whom is the KV manager's business, handed
 // over in ForwardBatch block tables. Copies (copy on write) move the codes and
 // scales as they are.
@@ -34,6 +41,7 @@
 #include "pagoda/runtime/kv_pool_shape.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
 #include "pagoda/backend/cuda/device_buffer.h"
+#include "pagoda/backend/cuda/kv_share_ops.h"
 #include "pagoda/backend/cuda/kv_host_copy.h"
 #include "pagoda/core/status.h"
 #include "pagoda/runtime/model_runner.h"
@@ -67,6 +75,11 @@ class CudaKvPool {
   const KvPoolShape& shape() const { return shape_; }
   size_t total_bytes() const { return memory_.bytes(); }
   DevicePagedKvLayer layer(int32_t layer) const;
+  // Layer `layer`'s norm records and place in its group; null norms outside the shared region.
+  DeviceKvShare share(int32_t layer) const;
+  // Zeroes the norm records of `blocks` in every shared slot on `stream` (nothing when not shared).
+  // The caller checks the ids.
+  cudaError_t zero_share_norms(std::span<const int32_t> blocks, cudaStream_t stream) const;
 
   // Copies block src -> dst in every layer, K and V, codes and scales
   // (copy-on-write forks), on `stream`. Errors: ids outside [0, num_blocks).
@@ -94,7 +107,10 @@ class CudaKvPool {
   KvPoolShape shape_;
   SubPool key_, value_, key_scale_, value_scale_;  // block_bytes 0: no scale pool (bf16)
   size_t layer_bytes_ = 0;
-  DeviceBuffer memory_;  // [num_layers][K codes | V codes | K scales | V scales]
+  int32_t num_slots_ = 0;            // layers' worth of K/V stored (num_layers when not shared)
+  size_t norm_block_bytes_ = 0;      // one block's norm records of one shared slot (0: not shared)
+  size_t norm_slot_bytes_ = 0;       // one shared slot's norm records, aligned
+  DeviceBuffer memory_;  // [num_slots][K codes | V codes | K scales | V scales], [shared slots][norm records]
 };
 
 }  // namespace pagoda::cuda

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <string>
 
 #include <cuda_profiler_api.h>
 
 #include "pagoda/backend/cuda/cuda_check.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
+#include "pagoda/backend/cuda/kv_share_ops.h"
 #include "pagoda/backend/cuda/tensor_parallel_ops.h"
 #include "pagoda/model/rope_frequencies.h"
 #include "pagoda/model/checkpoint.h"
@@ -17,6 +19,19 @@
 
 namespace pagoda::cuda {
 
+
+namespace {
+
+// CudaModelOptions::fp8_lm_head with PAGODA_FP8_LM_HEAD applied.
+StatusOr<bool> resolve_fp8_lm_head(const CudaModelOptions& options) {
+  const char* env = std::getenv("PAGODA_FP8_LM_HEAD");
+  if (env == nullptr || *env == '\0') return options.fp8_lm_head;
+  const std::string v(env);
+  if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FP8_LM_HEAD={}: expected 0 or 1", env);
+  return v == "1";
+}
+
+}  // namespace
 
 StatusOr<std::unique_ptr<CudaModel>> CudaModel::load(const std::filesystem::path& model_dir,
                                                      const CudaModelOptions& options) {
@@ -33,6 +48,7 @@ StatusOr<std::unique_ptr<CudaModel>> CudaModel::from_weights(const ModelConfig& 
                                                              const CudaModelOptions& options) {
   Fp8UploadOptions fp8;
   fp8.quantize = options.fp8_weights;
+  PAGODA_ASSIGN_OR_RETURN(fp8.lm_head, resolve_fp8_lm_head(options));
   if (options.fp8_weights || host.fp8) {
     // The device decides which fp8 schemes run (create() refuses one without FP8 tensor cores).
     PAGODA_ASSIGN_OR_RETURN(std::unique_ptr<Fp8Gemm> probe, Fp8Gemm::create());
@@ -54,7 +70,9 @@ StatusOr<std::unique_ptr<CudaModel>> CudaModel::from_weights(const ModelConfig& 
 StatusOr<std::unique_ptr<CudaModel>> CudaModel::create_random(const ModelConfig& config, uint64_t seed,
                                                               const CudaModelOptions& options) {
   if (options.fp8_weights) PAGODA_RETURN_IF_ERROR(Fp8Gemm::create().status());  // FP8 tensor cores present
-  PAGODA_ASSIGN_OR_RETURN(CudaModelWeights weights, CudaModelWeights::random(config, seed, options.fp8_weights));
+  PAGODA_ASSIGN_OR_RETURN(const bool fp8_lm_head, resolve_fp8_lm_head(options));
+  PAGODA_ASSIGN_OR_RETURN(CudaModelWeights weights,
+                          CudaModelWeights::random(config, seed, options.fp8_weights, fp8_lm_head));
   std::unique_ptr<CudaDeepseekWeights> deepseek;
   if (config.mla) {
     PAGODA_ASSIGN_OR_RETURN(CudaDeepseekWeights layers, CudaDeepseekWeights::random(config, seed));
@@ -114,6 +132,13 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
     return invalid_argument_error("CUDA model options: gemv_max_rows={} (-1 ... {})", gemv_rows, kGemvMaxRows);
   gemv_rows_bf16_ = gemv_rows < 0 ? kGemvDefaultMaxRowsBf16 : gemv_rows;
   gemv_rows_fp8_ = gemv_rows < 0 ? kGemvDefaultMaxRowsFp8 : gemv_rows;
+  if (const char* env = std::getenv("PAGODA_GEMV_FP8_DEPTH"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (*end != '\0' || (v != 1 && v != 2 && v != 4))
+      return invalid_argument_error("PAGODA_GEMV_FP8_DEPTH={}: expected 1, 2 or 4", env);
+    gemv_fp8_depth_ = static_cast<int32_t>(v);
+  }
   if (const char* env = std::getenv("PAGODA_CUDA_PROFILE_REPLAY"); env != nullptr && *env != '\0') {
     char* end = nullptr;
     const long v = std::strtol(env, &end, 10);
@@ -179,8 +204,10 @@ KvPoolShape CudaModel::kv_pool_shape(int32_t num_blocks) const {
   // The latent pool (MLA) has one dtype: the key's.
   if (config_.mla)
     return model_kv_pool_shape(config_, num_blocks, options_.block_size, options_.kv_key_dtype, options_.kv_key_dtype);
-  return KvPoolShape{config_.num_layers, num_blocks, options_.block_size, config_.num_kv_heads, config_.head_dim,
-                     options_.kv_key_dtype, options_.kv_value_dtype};
+  KvPoolShape shape{config_.num_layers, num_blocks, options_.block_size, config_.num_kv_heads, config_.head_dim,
+                    options_.kv_key_dtype, options_.kv_value_dtype};
+  shape.cross_layer_share = options_.kv_cross_layer_share;
+  return shape;
 }
 
 Status CudaModel::validate(const ForwardBatch& batch, const CudaKvPool& pool) const {
@@ -284,30 +311,40 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
     PAGODA_CUDA_RETURN_IF_ERROR(rope_qk(qkv, qkv_width, device_.positions, T, c.num_q_heads, c.num_kv_heads, D,
                                         inv_freq, q_contiguous, stream_));
     const DevicePagedKvLayer kv = pool.layer(l);
+    const DeviceKvShare share = pool.share(l);  // null norms: not a shared layer
     // This layer's host-tier copies land (and write-backs leave blocks this step may write) before its KV is touched.
     if (waits != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(waits->wait_layer(stream_, l));
     // The checkpoint's fp8 KV scales when present (0: per-vector amax), as CpuModel.
     const KvWriteFixedScales fixed_scales{w.k_scale, w.v_scale};
-    PAGODA_CUDA_RETURN_IF_ERROR(
-        kv_write(qkv + q_width, qkv + q_width + kv_width, qkv_width, device_.slots, T, kv, fixed_scales, stream_));
-    if (kv_scores_ != nullptr && kv_scores_->active())
-      PAGODA_RETURN_IF_ERROR(kv_scores_->score_layer(l, qkv, qkv_width, scale, kv, device_.block_tables, stream_));
-    if (fast_attention) {
-      if (holes) {
-        PAGODA_RETURN_IF_ERROR(fast_->run(kv, q_contiguous, attn, stream_, fixed_scales, kv_scores_->hole_begin(l),
-                                          kv_scores_->hole_end()));
-      } else {
-        PAGODA_RETURN_IF_ERROR(fast_->run(kv, q_contiguous, attn, stream_, fixed_scales));
-      }
-    } else if (holes) {
-      DeviceAttentionPlan with_holes = attention;
-      with_holes.hole_begin = kv_scores_->hole_begin(l);
-      with_holes.hole_end = kv_scores_->hole_end();
+    if (share.norms != nullptr) {
+      if (fast_attention || holes || (kv_scores_ != nullptr && kv_scores_->active()))
+        return unimplemented_error("cuda: --kv-cross-layer-share with the fast attention or token eviction");
       PAGODA_CUDA_RETURN_IF_ERROR(
-          paged_attention(qkv, qkv_width, kv, with_holes, c.num_q_heads, scale, attn, stream_));
+          kv_write_shared(qkv + q_width, qkv + q_width + kv_width, qkv_width, device_.slots, T, kv, share, stream_));
+      PAGODA_CUDA_RETURN_IF_ERROR(
+          paged_attention_shared(qkv, qkv_width, kv, attention, c.num_q_heads, scale, share, attn, stream_));
     } else {
       PAGODA_CUDA_RETURN_IF_ERROR(
-          paged_attention(qkv, qkv_width, kv, attention, c.num_q_heads, scale, attn, stream_));
+          kv_write(qkv + q_width, qkv + q_width + kv_width, qkv_width, device_.slots, T, kv, fixed_scales, stream_));
+      if (kv_scores_ != nullptr && kv_scores_->active())
+        PAGODA_RETURN_IF_ERROR(kv_scores_->score_layer(l, qkv, qkv_width, scale, kv, device_.block_tables, stream_));
+      if (fast_attention) {
+        if (holes) {
+          PAGODA_RETURN_IF_ERROR(fast_->run(kv, q_contiguous, attn, stream_, fixed_scales, kv_scores_->hole_begin(l),
+                                            kv_scores_->hole_end()));
+        } else {
+          PAGODA_RETURN_IF_ERROR(fast_->run(kv, q_contiguous, attn, stream_, fixed_scales));
+        }
+      } else if (holes) {
+        DeviceAttentionPlan with_holes = attention;
+        with_holes.hole_begin = kv_scores_->hole_begin(l);
+        with_holes.hole_end = kv_scores_->hole_end();
+        PAGODA_CUDA_RETURN_IF_ERROR(
+            paged_attention(qkv, qkv_width, kv, with_holes, c.num_q_heads, scale, attn, stream_));
+      } else {
+        PAGODA_CUDA_RETURN_IF_ERROR(
+            paged_attention(qkv, qkv_width, kv, attention, c.num_q_heads, scale, attn, stream_));
+      }
     }
     PAGODA_RETURN_IF_ERROR(project(attn, T, w.o_proj, w.o_fp8, H, q_width, proj));
     if (w.o_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.o_bias, stream_));
@@ -342,7 +379,7 @@ Status CudaModel::project(const bf16* x, int32_t T, const bf16* w, const CudaFp8
     // Weight-only at decode sizes: the activations stay bf16 (gemv.h). Static input scales are the
     // checkpoint's arithmetic (its activations rounded at a calibrated scale) and keep the GEMM path.
     const int32_t block_stride = fp8.block128 ? fp8_block_weight_scale_stride(k) : 0;
-    PAGODA_CUDA_RETURN_IF_ERROR(gemv_fp8(x, T, fp8.data, fp8.scales, block_stride, n, k, y, stream_));
+    PAGODA_CUDA_RETURN_IF_ERROR(gemv_fp8(x, T, fp8.data, fp8.scales, block_stride, n, k, y, stream_, gemv_fp8_depth_));
     return ok_status();
   }
   uint8_t* q = fp8_x_.as<uint8_t>();
@@ -367,6 +404,12 @@ Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {
                                       normed, num_rows, c.hidden_size, c.rms_norm_eps, stream_));
   if (comm_ != nullptr) {
     PAGODA_RETURN_IF_ERROR(head_sharded(normed, num_rows));
+  } else if (const CudaFp8Weight& head = weights_.lm_head_fp8;
+             head.data != nullptr && num_rows <= gemv_rows_fp8_ &&
+             gemv_supported(num_rows, c.hidden_size, true, normed, head.data)) {
+    const int32_t block_stride = head.block128 ? fp8_block_weight_scale_stride(c.hidden_size) : 0;
+    PAGODA_CUDA_RETURN_IF_ERROR(gemv_fp8_logits(normed, num_rows, head.data, head.scales, block_stride,
+                                                c.vocab_size, c.hidden_size, logits_.as<float>(), stream_));
   } else if (num_rows <= gemv_rows_bf16_ && gemv_supported(num_rows, c.hidden_size, false, normed, weights_.lm_head)) {
     PAGODA_CUDA_RETURN_IF_ERROR(gemv_bf16(normed, num_rows, weights_.lm_head, c.vocab_size, c.hidden_size,
                                           logits_.data(), true, stream_));
@@ -425,7 +468,8 @@ Status CudaModel::head_sharded(const bf16* normed, int32_t num_rows) {
 bool CudaModel::fast_attention_usable() const {
   // Quantized KV too: backend/cuda/attention decodes fp8 / int8 / int4 pools (FastAttention
   // answers false for the steps it cannot run, and the builtin kernel dequantizes).
-  return options_.fast_attention && !deepseek_;
+  // Cross-layer sharing: only the builtin kernel reads the members' norms (kv_share_ops.h).
+  return options_.fast_attention && !deepseek_ && options_.kv_cross_layer_share == 1;
 }
 
 Status CudaModel::capture_graph(int32_t bucket, bool scoring, const CudaKvPool& pool, bool fast_attention) {

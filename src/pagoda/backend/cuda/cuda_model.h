@@ -100,6 +100,9 @@ struct CudaModelOptions {
   // kv_pool_shape() carries them to the pool.
   DType kv_key_dtype = DType::kBF16;
   DType kv_value_dtype = DType::kBF16;
+  // --kv-cross-layer-share K (runtime/cross_layer_share.h, kv_share_ops.h); 1: off. K > 1 needs bf16 or fp8
+  // KV; its layers run the builtin attention (paged_attention_shared), eager or in graphs, never the fast one.
+  int32_t kv_cross_layer_share = 1;
   // --quantization fp8: f32/f16/bf16 projections become e4m3 with per-channel scales and run as fp8 GEMMs
   // with dynamic per-token activations (an FP8 checkpoint's projections run fp8 without it).
   bool fp8_weights = false;
@@ -108,6 +111,12 @@ struct CudaModelOptions {
   // defaults per weight type, 0 turns it off, 1 ... kGemvMaxRows sets both. The environment variable PAGODA_GEMV_MAX_ROWS, when set,
   // overrides this (benchmarks compare both paths without rebuilding).
   int32_t gemv_max_rows = -1;
+  // With fp8 weights (fp8_weights, or a checkpoint whose lm_head is fp8): the lm_head of GEMV-sized steps
+  // (the fp8 GEMV rows) runs as an e4m3 weight-only GEMV with per-channel (or the checkpoint's) scales,
+  // f32 logits; larger steps keep the bf16 lm_head's GEMM. Off by default until its quality is measured;
+  // the environment variable PAGODA_FP8_LM_HEAD (0 or 1), when set, overrides it. Single-GPU Llama-style
+  // models only (the sharded head and MLA keep bf16).
+  bool fp8_lm_head = false;
 };
 
 class CudaModel {
@@ -265,6 +274,7 @@ class CudaModel {
   std::unique_ptr<Fp8Gemm> fp8_gemm_;  // when some projection runs fp8
   int32_t gemv_rows_bf16_ = 0;  // steps of at most this many rows run bf16 projections as GEMVs
   int32_t gemv_rows_fp8_ = 0;   // the same for fp8 projections
+  int32_t gemv_fp8_depth_ = kGemvDefaultFp8Depth;  // gemv_fp8 load depth (PAGODA_GEMV_FP8_DEPTH)
   DeviceBuffer fp8_x_;         // e4m3 [T4, max(hidden, Hq * D, intermediate)]: a projection's quantized input
   DeviceBuffer fp8_x_scales_;  // f32 per token (or token x 128-group) of fp8_x_
   std::unique_ptr<FastAttention> fast_;

@@ -11,6 +11,21 @@ namespace pagoda::cuda {
 StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::unique_ptr<CudaModel> model,
                                                                    const CudaRunnerOptions& options) {
   KvPoolShape shape = model->kv_pool_shape(options.num_blocks);
+  if (shape.cross_layer_share != 1) {
+    const int32_t k = shape.cross_layer_share;
+    PAGODA_RETURN_IF_ERROR(runtime::validate_cross_layer_share(k, shape.num_layers, "--kv-cross-layer-share"));
+    if (shape.latent) return invalid_argument_error("--kv-cross-layer-share {}: not for an MLA model", k);
+    for (DType dtype : {shape.key_dtype, shape.value_dtype}) {
+      if (dtype != DType::kBF16 && dtype != DType::kFP8E4M3)
+        return unimplemented_error("--kv-cross-layer-share {}: on --device cuda with a bf16 or fp8 KV cache only, "
+                                   "not {}", k, dtype_name(dtype));
+    }
+    if (options.num_host_blocks > 0)
+      return invalid_argument_error("--kv-cross-layer-share {} cannot be combined with --kv-offload-memory: a shared "
+                                    "block's norm records have no host form yet", k);
+    if (options.kv_head_budgets)
+      return unimplemented_error("--kv-cross-layer-share {} cannot be combined with --kv-compression", k);
+  }
   std::string report;
   if (options.num_blocks <= 0) {
     PAGODA_ASSIGN_OR_RETURN(KvPoolSizing sizing,

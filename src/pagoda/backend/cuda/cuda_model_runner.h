@@ -70,15 +70,18 @@ class CudaModelRunner final : public runtime::ModelRunner {
     return host_ ? host_->last_done_at() : std::nullopt;
   }
   const KvPoolShape& kv_geometry() const override { return pool_->shape(); }
+  // --kv-cross-layer-share K > 1 (kv_share_ops.h): no token eviction, no host tier.
+  bool shared() const { return pool_->shape().cross_layer_share != 1; }
   runtime::RunnerCapabilities capabilities() const override {
     return {.samples_on_device = true,
             .samples_masked_on_device = true,
             .zeroes_blocks = true,
             .host_kv_blocks = host_ ? host_->num_blocks() : 0,
             .host_block_access = host_ != nullptr,
-            .compacts_kv = !model_->config().mla && model_->config().sliding_window <= 0,
-            .kv_attention_scores = true,
-            .kv_head_budgets = kv_head_budgets_ && !model_->config().mla && model_->config().sliding_window <= 0};
+            .compacts_kv = !model_->config().mla && model_->config().sliding_window <= 0 && !shared(),
+            .kv_attention_scores = !shared(),
+            .kv_head_budgets =
+                kv_head_budgets_ && !model_->config().mla && model_->config().sliding_window <= 0 && !shared()};
   }
   // Token eviction (docs/KV_CACHE.md "Token eviction"): streaming, h2o and
   // snapkv, whose (layer, KV head)s all keep the same count, so the

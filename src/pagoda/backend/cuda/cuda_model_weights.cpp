@@ -232,6 +232,15 @@ StatusOr<CudaModelWeights> CudaModelWeights::upload(const ModelConfig& config, c
   } else {
     PAGODA_ASSIGN_OR_RETURN(w.lm_head, upload_stacked({&host.lm_head}));
   }
+  if (fp8_options.lm_head && !config.mla) {
+    const WeightMatrix& head = host.lm_head.data != nullptr ? host.lm_head : host.embed_tokens;
+    const Fp8Upload kind = fp8_upload_kind({&head}, fp8_options);
+    if (kind == Fp8Upload::kChannel) {
+      PAGODA_ASSIGN_OR_RETURN(w.lm_head_fp8, upload_fp8_channel({&head}));
+    } else if (kind == Fp8Upload::kBlock128) {
+      PAGODA_ASSIGN_OR_RETURN(w.lm_head_fp8, upload_fp8_block({&head}));
+    }
+  }
   PAGODA_ASSIGN_OR_RETURN(w.final_norm, upload_vectors({&host.final_norm}));
   for (const LayerWeights& l : host.layers) {
     if (config.mla) break;  // DeepSeek layers: CudaDeepseekWeights
@@ -268,7 +277,8 @@ StatusOr<CudaModelWeights> CudaModelWeights::upload(const ModelConfig& config, c
   return w;
 }
 
-StatusOr<CudaModelWeights> CudaModelWeights::random(const ModelConfig& config, uint64_t seed, bool quantize_fp8) {
+StatusOr<CudaModelWeights> CudaModelWeights::random(const ModelConfig& config, uint64_t seed, bool quantize_fp8,
+                                                    bool fp8_lm_head) {
   const Shapes s(config);
   CudaModelWeights w;
   // model/random_weights.h's matrices, as the CPU makes them: a stacked matrix
@@ -302,6 +312,17 @@ StatusOr<CudaModelWeights> CudaModelWeights::random(const ModelConfig& config, u
     w.lm_head = w.embed_tokens;
   } else {
     PAGODA_ASSIGN_OR_RETURN(w.lm_head, random_matrix({{RandomMatrix::kLmHead, s.vocab}}, -1, s.hidden));
+  }
+  if (quantize_fp8 && fp8_lm_head && !config.mla) {
+    // Per output channel on the GPU, as the projections below; the bf16 lm_head stays.
+    PAGODA_ASSIGN_OR_RETURN(void* data, w.allocate(s.vocab * s.hidden));
+    PAGODA_ASSIGN_OR_RETURN(void* scales, w.allocate(s.vocab * sizeof(float)));
+    w.lm_head_fp8.data = static_cast<uint8_t*>(data);
+    w.lm_head_fp8.scales = static_cast<float*>(scales);
+    PAGODA_CUDA_RETURN_IF_ERROR(quantize_fp8_per_token(w.lm_head, static_cast<int32_t>(s.vocab),
+                                                       static_cast<int32_t>(s.hidden), w.lm_head_fp8.data,
+                                                       w.lm_head_fp8.scales, nullptr));
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   }
   PAGODA_ASSIGN_OR_RETURN(w.final_norm, constant_vector(s.hidden, 1.0f));
   for (int32_t layer = 0; layer < (config.mla ? 0 : config.num_layers); ++layer) {

@@ -46,6 +46,9 @@ struct CudaFp8Weight {
 struct Fp8UploadOptions {
   bool quantize = false;          // --quantization fp8: f32/f16/bf16 projections to fp8 (per channel)
   bool block128_supported = false;  // the device runs 128x128 block scales (Fp8Gemm::block128_supported)
+  // Also an e4m3 copy of the lm_head (lm_head_fp8) where its scheme allows it (an fp8 checkpoint lm_head,
+  // or any lm_head with quantize): the bf16 lm_head stays for the steps that run the GEMM.
+  bool lm_head = false;
 };
 
 struct CudaLayerWeights {
@@ -79,10 +82,15 @@ class CudaModelWeights {
                                            bool show_progress, const Fp8UploadOptions& fp8 = {});
   // Uniform weights with std 0.02 (initializer_range), norms 1, biases 0. quantize_fp8: the
   // projections then become e4m3 with one scale per output channel (quantized on the GPU).
-  static StatusOr<CudaModelWeights> random(const ModelConfig& config, uint64_t seed, bool quantize_fp8 = false);
+  // fp8_lm_head (with quantize_fp8): lm_head_fp8 as well, per output channel.
+  static StatusOr<CudaModelWeights> random(const ModelConfig& config, uint64_t seed, bool quantize_fp8 = false,
+                                           bool fp8_lm_head = false);
 
   __nv_bfloat16* embed_tokens = nullptr;  // [vocab, hidden]
   __nv_bfloat16* lm_head = nullptr;       // [vocab, hidden]; == embed_tokens when tied
+  // e4m3 form of lm_head (Fp8UploadOptions::lm_head), data null when absent; input_scale is not used (the
+  // lm_head runs it as a weight-only GEMV only).
+  CudaFp8Weight lm_head_fp8;
   float* final_norm = nullptr;            // [hidden]
   std::vector<CudaLayerWeights> layers;  // empty for DeepSeek (MLA) configs: CudaDeepseekWeights holds those
 

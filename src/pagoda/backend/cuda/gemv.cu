@@ -1,12 +1,18 @@
 // Weight-streaming GEMV for m <= kGemvMaxRows rows (gemv.h).
 //
-// A block of kThreads threads owns kGemvRowsPerBlock consecutive weight rows (output columns; fp8 at 1-2
-// activation rows: twice as many). Each thread walks the 16-byte chunks c = tid, tid + kThreads, ... of
-// those rows, two chunks per trip so every thread keeps 2 x rows-per-block 128-bit weight loads in flight,
-// and multiplies each chunk against the matching activations of all m rows (read through L1/L2: every
-// block reads the same x). Partial sums are reduced with warp shuffles, then across warps in shared memory.
+// A block of kTh threads owns kR consecutive weight rows (output columns; fp8 at 1-2 activation rows:
+// twice kGemvRowsPerBlock). Each thread walks the 16-byte chunks c = tid, tid + kTh, ... of those rows,
+// kChunks chunks per trip, all of a trip's kChunks x kR 128-bit weight loads issued before any math, and
+// multiplies each chunk against the matching activations of all m rows (read through L1/L2: every block
+// reads the same x). Partial sums are reduced with warp shuffles, then across warps in shared memory.
 // Weight loads skip L1 (read once). Launched with programmatic dependent launch (pdl.cuh): the first trip's
 // weight loads run ahead of the PDL wait.
+//
+// The direct shape is kTh = 128, kChunks = 2. The fp8 depth variants (gemv_fp8 with depth 2 or 4) keep a
+// trip's k span (kTh x kChunks chunks) and the rows per block, and give each thread 2x / 4x the chunks per
+// trip with 1/2 / 1/4 of the threads: 2x / 4x the weight bytes in flight per thread. At depth 4 and 1-2
+// activation rows the block keeps kGemvRowsPerBlock rows (eight rows x eight chunks would not fit the
+// registers), which is 2x the direct kernel's per-thread bytes there.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -21,13 +27,12 @@ namespace pagoda::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kWarps = kThreads / 32;
 // Rows (output columns) per block: fp8 chunks hold twice the elements of bf16 ones, so at k = 4096 a
 // 4-row fp8 block is a single load trip per thread; at 1-2 activation rows fp8 blocks take 8 rows, which
 // keeps a block's bytes in flight and lifetime those of a bf16 block (its activations stay in registers).
-template <int M, bool kFp8>
+template <int M, bool kFp8, int kDepth = 1>
 constexpr int rows_per_block() {
-  return kFp8 && M <= 2 ? 2 * kGemvRowsPerBlock : kGemvRowsPerBlock;
+  return kFp8 && M <= 2 && kDepth < 4 ? 2 * kGemvRowsPerBlock : kGemvRowsPerBlock;
 }
 
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
@@ -61,8 +66,9 @@ __device__ __forceinline__ void store(float* y, float v) { *y = v; }
 // kFp8: weights e4m3 (16 per chunk) else bf16 (8 per chunk). block_stride > 0: 128x128 block scales applied
 // per chunk (a chunk never straddles a 128-column block: 16 divides 128); == 0 with scales: per-row scales
 // applied at the end; scales null (bf16): none.
-template <int M, bool kFp8, typename Out, int kR = rows_per_block<M, kFp8>()>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w,
+template <int M, bool kFp8, typename Out, int kDepth = 1, int kR = rows_per_block<M, kFp8, kDepth>(),
+          int kTh = kThreads / kDepth, int kChunks = 2 * kDepth>
+__global__ void __launch_bounds__(kTh) gemv_kernel(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w,
                                                         const float* __restrict__ scales, int32_t block_stride,
                                                         int32_t n, int32_t k, Out* __restrict__ y) {
   constexpr int kElems = kFp8 ? 16 : 8;
@@ -87,6 +93,8 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __nv_bfloat16* __r
   // and used for every weight row (holding all M rows' activations instead would not fit the registers at
   // M = 8 with fp8 chunks). Wider blocks (fp8, M <= 2) hold the activations and convert one weight row at
   // a time instead (8 rows' converted chunks would not fit).
+  static_assert(M * kR <= kTh, "the final reduction gives one thread per output");
+  constexpr int kWarps = kTh / 32;
   auto consume_x_resident = [&](const uint4 (&wc)[kR], int32_t c) {
     float xf[M][kElems];
 #pragma unroll
@@ -145,30 +153,30 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __nv_bfloat16* __r
   // The first trip's weight loads depend on no earlier kernel: issued before the PDL wait, they overlap
   // the kernel ahead (pdl.cuh); x is read only after it.
   int32_t c0 = static_cast<int32_t>(threadIdx.x);
-  uint4 a[kR], b[kR];
+  uint4 wv[kChunks][kR];
   auto load_trip = [&](int32_t c) {
-    if (c < chunks) {
 #pragma unroll
-      for (int r = 0; r < kR; ++r) a[r] = load_stream(rows[r] + c);
-    }
-    if (c + kThreads < chunks) {
+    for (int j = 0; j < kChunks; ++j) {
+      if (c + j * kTh < chunks) {
 #pragma unroll
-      for (int r = 0; r < kR; ++r) b[r] = load_stream(rows[r] + c + kThreads);
+        for (int r = 0; r < kR; ++r) wv[j][r] = load_stream(rows[r] + c + j * kTh);
+      }
     }
   };
   load_trip(c0);
   pdl_wait();
   pdl_launch_dependents();
-  for (; c0 < chunks; c0 += 2 * kThreads) {
-    const int32_t c1 = c0 + kThreads;
-    const bool has1 = c1 < chunks;
+  for (; c0 < chunks; c0 += kChunks * kTh) {
     if (c0 != static_cast<int32_t>(threadIdx.x)) load_trip(c0);
-    if constexpr (kR > kGemvRowsPerBlock) {
-      consume_x_resident(a, c0);
-      if (has1) consume_x_resident(b, c1);
-    } else {
-      consume_w_resident(a, c0);
-      if (has1) consume_w_resident(b, c1);
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int32_t c = c0 + j * kTh;
+      if (j > 0 && c >= chunks) break;
+      if constexpr (kR > kGemvRowsPerBlock) {
+        consume_x_resident(wv[j], c);
+      } else {
+        consume_w_resident(wv[j], c);
+      }
     }
   }
 
@@ -197,15 +205,15 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __nv_bfloat16* __r
   }
 }
 
-template <bool kFp8, typename Out>
+template <bool kFp8, typename Out, int kDepth>
 cudaError_t launch(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales, int32_t block_stride,
                    int32_t n, int32_t k, Out* y, cudaStream_t stream) {
   auto grid = [n](int rows) { return dim3(static_cast<unsigned>((n + rows - 1) / rows)); };
   switch (m) {
-#define PAGODA_GEMV_CASE(M)                                                                              \
-  case M:                                                                                                \
-    return launch_pdl(gemv_kernel<M, kFp8, Out>, grid(rows_per_block<M, kFp8>()), dim3(kThreads), 0, stream, x, w, \
-                      scales, block_stride, n, k, y);
+#define PAGODA_GEMV_CASE(M)                                                                                    \
+  case M:                                                                                                      \
+    return launch_pdl(gemv_kernel<M, kFp8, Out, kDepth>, grid(rows_per_block<M, kFp8, kDepth>()),              \
+                      dim3(kThreads / kDepth), 0, stream, x, w, scales, block_stride, n, k, y);
     PAGODA_GEMV_CASE(1)
     PAGODA_GEMV_CASE(2)
     PAGODA_GEMV_CASE(3)
@@ -232,16 +240,33 @@ cudaError_t gemv_bf16(const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w,
                       bool f32_output, cudaStream_t stream) {
   if (n <= 0 || !gemv_supported(m, k, false, x, w)) return cudaErrorInvalidValue;
   const uint8_t* bytes = reinterpret_cast<const uint8_t*>(w);
-  if (f32_output) return launch<false, float>(x, m, bytes, nullptr, 0, n, k, static_cast<float*>(y), stream);
-  return launch<false, __nv_bfloat16>(x, m, bytes, nullptr, 0, n, k, static_cast<__nv_bfloat16*>(y), stream);
+  if (f32_output) return launch<false, float, 1>(x, m, bytes, nullptr, 0, n, k, static_cast<float*>(y), stream);
+  return launch<false, __nv_bfloat16, 1>(x, m, bytes, nullptr, 0, n, k, static_cast<__nv_bfloat16*>(y), stream);
 }
 
 cudaError_t gemv_fp8(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales, int32_t block_stride,
-                     int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream) {
+                     int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream, int32_t depth) {
   if (n <= 0 || scales == nullptr || block_stride < 0 || !gemv_supported(m, k, true, x, w))
     return cudaErrorInvalidValue;
   if (block_stride > 0 && block_stride < (k + 127) / 128) return cudaErrorInvalidValue;
-  return launch<true, __nv_bfloat16>(x, m, w, scales, block_stride, n, k, y, stream);
+  switch (depth) {
+    case 1:
+      return launch<true, __nv_bfloat16, 1>(x, m, w, scales, block_stride, n, k, y, stream);
+    case 2:
+      return launch<true, __nv_bfloat16, 2>(x, m, w, scales, block_stride, n, k, y, stream);
+    case 4:
+      return launch<true, __nv_bfloat16, 4>(x, m, w, scales, block_stride, n, k, y, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t gemv_fp8_logits(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales,
+                            int32_t block_stride, int32_t n, int32_t k, float* y, cudaStream_t stream) {
+  if (n <= 0 || scales == nullptr || block_stride < 0 || !gemv_supported(m, k, true, x, w))
+    return cudaErrorInvalidValue;
+  if (block_stride > 0 && block_stride < (k + 127) / 128) return cudaErrorInvalidValue;
+  return launch<true, float, 1>(x, m, w, scales, block_stride, n, k, y, stream);
 }
 
 }  // namespace pagoda::cuda

@@ -15,6 +15,12 @@
 //     block_stride == 0: scales [n], one per output channel (a per-tensor scale as n equal values);
 //     block_stride > 0: 128x128 blocks, scales [ceil(n / 128)][block_stride] (k-block fastest), the layout
 //     of Fp8Gemm::linear_block128 (block_stride = fp8_block_weight_scale_stride(k)).
+//     depth (kGemvFp8Depths: 1, 2 or 4; anything else is cudaErrorInvalidValue) picks the load shape: 1 the
+//     direct kernel; 2 and 4 give each thread 2x / 4x the 16-byte weight loads per trip with fewer threads
+//     per block (gemv.cu), all issued before any math. Every depth is deterministic (a fixed summation
+//     order per depth; depths differ from each other by f32 rounding only). The CUDA model takes it from
+//     PAGODA_GEMV_FP8_DEPTH (default kGemvDefaultFp8Depth).
+//   gemv_fp8_logits: gemv_fp8's arithmetic (the direct kernel) with f32 output: an e4m3 lm_head.
 //
 // Requirements (gemv_supported): 1 <= m <= kGemvMaxRows; k % 8 == 0 (bf16) or k % 16 == 0 (fp8); x and w
 // 16-byte aligned. Anything else is the GEMM's. Launches return cudaErrorInvalidValue for unsupported
@@ -40,6 +46,9 @@ inline constexpr int32_t kGemvRowsPerBlock = 4;  // fp8 weights at 1-2 activatio
 // where every weight feeds 8 multiply-adds on CUDA cores. PAGODA_GEMV_MAX_ROWS (0 ... 8) overrides both.
 inline constexpr int32_t kGemvDefaultMaxRowsBf16 = 2;
 inline constexpr int32_t kGemvDefaultMaxRowsFp8 = 2;
+// fp8 GEMV load depth (gemv_fp8): the direct kernel until the deeper ones are measured faster.
+inline constexpr int32_t kGemvDefaultFp8Depth = 1;
+inline constexpr int32_t kGemvFp8Depths[] = {1, 2, 4};
 
 bool gemv_supported(int32_t m, int32_t k, bool fp8_weights, const void* x, const void* w);
 
@@ -47,6 +56,10 @@ cudaError_t gemv_bf16(const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w,
                       bool f32_output, cudaStream_t stream);
 
 cudaError_t gemv_fp8(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales, int32_t block_stride,
-                     int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream);
+                     int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream,
+                     int32_t depth = kGemvDefaultFp8Depth);
+
+cudaError_t gemv_fp8_logits(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales,
+                            int32_t block_stride, int32_t n, int32_t k, float* y, cudaStream_t stream);
 
 }  // namespace pagoda::cuda

@@ -12,6 +12,7 @@
 #include <cuda_fp8.h>
 
 #include "pagoda/backend/cuda/cuda_ops.h"
+#include "pagoda/backend/cuda/kv_share_ops.h"
 #include "pagoda/backend/cuda/pdl.cuh"
 
 namespace pagoda::cuda {
@@ -177,6 +178,114 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
                layer.value_scale, vec, scale_vec, lane);
 }
 
+// Cross-layer sharing (kv_share_ops.h): one warp per (token, kv head, K or V)
+// vector, lane i holding elements i, i + 32, ... as above. The sums of squares
+// are in f64 as the CPU's write_shared; products and sums are explicitly
+// rounded so that no contraction changes them.
+__device__ __forceinline__ double warp_sum_f64(double x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// Merges one member's vector (row of head_dim bf16) into the stored direction
+// at vector `vec` (format kNone: bf16, or fp8 with a per-vector scale) and its
+// norm record `rec` (record floats: member norms, then the sum length).
+__device__ void merge_vector(const bf16* __restrict__ row, int32_t head_dim, KvQuant format, void* data,
+                             void* scales, int64_t vec, int64_t scale_vec, float* rec, int32_t record,
+                             int32_t member, int lane) {
+  float x[kMaxElementsPerLane];
+  double norm2 = 0.0;
+#pragma unroll
+  for (int j = 0; j < kMaxElementsPerLane; ++j) {
+    const int e = lane + 32 * j;
+    x[j] = e < head_dim ? __bfloat162float(row[e]) : 0.0f;
+    norm2 += static_cast<double>(x[j]) * static_cast<double>(x[j]);
+  }
+  const float norm = static_cast<float>(sqrt(warp_sum_f64(norm2)));
+  const float inv_norm = norm > 0.0f ? __fdiv_rn(1.0f, norm) : 0.0f;
+  bf16* out_bf16 = static_cast<bf16*>(data) + vec * head_dim;
+  uint8_t* out_fp8 = static_cast<uint8_t*>(data) + vec * head_dim;
+  float m[kMaxElementsPerLane];
+  if (member > 0) {  // uniform across the warp (a kernel argument)
+    const float length = rec[record - 1];
+    const float stored_scale = format == KvQuant::kFP8E4M3 ? static_cast<const float*>(scales)[scale_vec] : 1.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxElementsPerLane; ++j) {
+      const int e = lane + 32 * j;
+      float d = 0.0f;
+      if (e < head_dim) {
+        if (format == KvQuant::kNone) {
+          d = __bfloat162float(out_bf16[e]);
+        } else {
+          const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(out_fp8[e]), __NV_E4M3);
+          d = __fmul_rn(__half2float(__half(h)), stored_scale);
+        }
+      }
+      m[j] = __fadd_rn(__fmul_rn(d, length), __fmul_rn(x[j], inv_norm));
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kMaxElementsPerLane; ++j) m[j] = __fmul_rn(x[j], inv_norm);
+  }
+  double sum2 = 0.0;
+#pragma unroll
+  for (int j = 0; j < kMaxElementsPerLane; ++j) sum2 += static_cast<double>(m[j]) * static_cast<double>(m[j]);
+  const float length = static_cast<float>(sqrt(warp_sum_f64(sum2)));
+  const float inv_length = length > 0.0f ? __fdiv_rn(1.0f, length) : 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxElementsPerLane; ++j) m[j] = __fmul_rn(m[j], inv_length);
+  __syncwarp();  // every lane has read the stored direction, scale and length before any is overwritten
+  if (format == KvQuant::kNone) {
+#pragma unroll
+    for (int j = 0; j < kMaxElementsPerLane; ++j) {
+      const int e = lane + 32 * j;
+      if (e < head_dim) out_bf16[e] = __float2bfloat16_rn(m[j]);
+    }
+  } else {
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxElementsPerLane; ++j) amax = fmaxf(amax, fabsf(m[j]));  // padding is 0
+    amax = warp_max(amax);
+    const float scale = amax > 0.0f ? __fdiv_rn(amax, kernels::kKvFp8Max) : 1.0f;
+    const float inverse = __fdiv_rn(1.0f, scale);
+#pragma unroll
+    for (int j = 0; j < kMaxElementsPerLane; ++j) {
+      const int e = lane + 32 * j;
+      if (e < head_dim)
+        out_fp8[e] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fmul_rn(m[j], inverse), __NV_SATFINITE, __NV_E4M3));
+    }
+    if (lane == 0) static_cast<float*>(scales)[scale_vec] = scale;
+  }
+  if (lane == 0) {
+    rec[member] = norm;
+    rec[record - 1] = length;
+  }
+}
+
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    kv_write_shared_kernel(const bf16* __restrict__ k, const bf16* __restrict__ v, int64_t row_stride,
+                           const int64_t* __restrict__ slots, int32_t num_tokens, DevicePagedKvLayer layer,
+                           DeviceKvShare share) {
+  pdl_launch_dependents();
+  pdl_wait();  // launched programmatically (pdl.cuh): k and v come from the kernel ahead
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;  // (token, head)
+  const int lane = threadIdx.x % 32;
+  if (pair >= static_cast<int64_t>(num_tokens) * layer.num_kv_heads) return;
+  const int64_t t = pair / layer.num_kv_heads;
+  const int32_t head = static_cast<int32_t>(pair % layer.num_kv_heads);
+  const int64_t slot = slots[t];
+  if (slot < 0) return;
+  const int64_t vec = slot * layer.num_kv_heads + head;
+  const int64_t scale_vec = kernels::kv_scale_vector(slot, head, layer.block_size, layer.num_kv_heads);
+  const int64_t column = static_cast<int64_t>(head) * layer.head_dim;
+  float* records = share.norms + vec * 2 * share.record;
+  merge_vector(k + t * row_stride + column, layer.head_dim, layer.key_dtype, layer.key, layer.key_scale, vec,
+               scale_vec, records, share.record, share.member, lane);
+  merge_vector(v + t * row_stride + column, layer.head_dim, layer.value_dtype, layer.value, layer.value_scale, vec,
+               scale_vec, records + share.record, share.record, share.member, lane);
+}
+
 // 0 means "per-vector"; a negative, NaN or infinite scale is a caller's bug.
 bool valid_fixed_scale(float scale) { return std::isfinite(scale) && scale >= 0.0f; }
 
@@ -207,6 +316,25 @@ cudaError_t kv_write(const bf16* k, const bf16* v, int64_t row_stride, const int
   const dim3 grid(static_cast<unsigned>((pairs + kWarpsPerBlock - 1) / kWarpsPerBlock));
   return launch_pdl(kv_write_quantized_kernel, grid, dim3(kWarpsPerBlock * 32), 0, stream, k, v, row_stride, slots,
                     num_tokens, layer, fixed_scales);
+}
+
+cudaError_t kv_write_shared(const bf16* k, const bf16* v, int64_t row_stride, const int64_t* slots,
+                            int32_t num_tokens, const DevicePagedKvLayer& layer, const DeviceKvShare& share,
+                            cudaStream_t stream) {
+  if (share.norms == nullptr || share.record < 3 || share.member < 0 || share.member >= share.record - 1)
+    return cudaErrorInvalidValue;
+  if (layer.head_dim % 8 != 0 || layer.head_dim > 32 * kMaxElementsPerLane || row_stride % 8 != 0)
+    return cudaErrorInvalidValue;
+  for (const KvQuant q : {layer.key_dtype, layer.value_dtype})
+    if (q != KvQuant::kNone && q != KvQuant::kFP8E4M3) return cudaErrorInvalidValue;
+  if ((layer.key_dtype != KvQuant::kNone && layer.key_scale == nullptr) ||
+      (layer.value_dtype != KvQuant::kNone && layer.value_scale == nullptr))
+    return cudaErrorInvalidValue;
+  const int64_t pairs = static_cast<int64_t>(num_tokens) * layer.num_kv_heads;
+  if (pairs == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>((pairs + kWarpsPerBlock - 1) / kWarpsPerBlock));
+  return launch_pdl(kv_write_shared_kernel, grid, dim3(kWarpsPerBlock * 32), 0, stream, k, v, row_stride, slots,
+                    num_tokens, layer, share);
 }
 
 }  // namespace pagoda::cuda

@@ -11,6 +11,7 @@
 
 #include "pagoda/backend/cuda/cuda_ops.h"
 #include "pagoda/backend/cuda/kv_chunk_bf16.cuh"
+#include "pagoda/backend/cuda/kv_share_ops.h"
 
 namespace pagoda::cuda {
 
@@ -49,12 +50,14 @@ __device__ __forceinline__ void load_chunk(const void* pool, const void* scales,
 __global__ void __launch_bounds__(kThreads)
 paged_attention_kernel(const bf16* __restrict__ q, int64_t q_row_stride, DevicePagedKvLayer layer,
                        DeviceAttentionPlan plan, int32_t num_q_heads, int32_t group, float scale,
-                       bf16* __restrict__ out) {
+                       DeviceKvShare share, bf16* __restrict__ out) {
   __shared__ float q_s[kMaxHeads][kMaxHeadDim];
   __shared__ __nv_bfloat162 k_s[kTileKeys][kRowWords];
   __shared__ __nv_bfloat162 v_s[kTileKeys][kRowWords];
   __shared__ float p_s[kMaxHeads][kTileKeys];
   __shared__ float m_s[kMaxHeads], l_s[kMaxHeads], corr_s[kMaxHeads];
+  // Cross-layer sharing (kv_share_ops.h): this member's K and V norm of each key of the tile; 1 when not shared.
+  __shared__ float k_norm_s[kTileKeys], v_norm_s[kTileKeys];
 
   const int32_t t = blockIdx.x;
   const int32_t kv_head = blockIdx.y;
@@ -112,6 +115,18 @@ paged_attention_kernel(const bf16* __restrict__ q, int64_t q_row_stride, DeviceP
       load_chunk(layer.key, layer.key_scale, layer.key_dtype, vec, scale_vec, head_dim, c, &k_s[key][c * 4]);
       load_chunk(layer.value, layer.value_scale, layer.value_dtype, vec, scale_vec, head_dim, c, &v_s[key][c * 4]);
     }
+    if (tid < kTileKeys) {
+      float k_norm = 1.0f, v_norm = 1.0f;
+      if (share.norms != nullptr && tid < n && live(tile + tid)) {
+        const int32_t pos = tile + tid;
+        const int64_t slot = int64_t{table[pos / layer.block_size]} * layer.block_size + pos % layer.block_size;
+        const float* rec = share.norms + (slot * layer.num_kv_heads + kv_head) * 2 * share.record;
+        k_norm = rec[share.member];
+        v_norm = rec[share.record + share.member];
+      }
+      k_norm_s[tid] = k_norm;
+      v_norm_s[tid] = v_norm;
+    }
     __syncthreads();
 
     for (int32_t s = tid; s < num_heads * kTileKeys; s += kThreads) {
@@ -123,6 +138,7 @@ paged_attention_kernel(const bf16* __restrict__ q, int64_t q_row_stride, DeviceP
           const float2 kf = __bfloat1622float2(k_s[key][d2]);
           dot += q_s[g][2 * d2] * kf.x + q_s[g][2 * d2 + 1] * kf.y;
         }
+        dot *= k_norm_s[key];
       }
       p_s[g][key] = dot;
     }
@@ -158,7 +174,7 @@ paged_attention_kernel(const bf16* __restrict__ q, int64_t q_row_stride, DeviceP
 #pragma unroll
         for (int g = 0; g < kMaxHeads; ++g) {
           if (g < num_heads) {
-            const float p = p_s[g][key];
+            const float p = p_s[g][key] * v_norm_s[key];
             acc[g].x += p * vf.x;
             acc[g].y += p * vf.y;
           }
@@ -184,6 +200,14 @@ paged_attention_kernel(const bf16* __restrict__ q, int64_t q_row_stride, DeviceP
 cudaError_t paged_attention(const bf16* q, int64_t q_row_stride, const DevicePagedKvLayer& layer,
                             const DeviceAttentionPlan& plan, int32_t num_q_heads, float scale, bf16* out,
                             cudaStream_t stream) {
+  return paged_attention_shared(q, q_row_stride, layer, plan, num_q_heads, scale, DeviceKvShare{}, out, stream);
+}
+
+cudaError_t paged_attention_shared(const bf16* q, int64_t q_row_stride, const DevicePagedKvLayer& layer,
+                                   const DeviceAttentionPlan& plan, int32_t num_q_heads, float scale,
+                                   const DeviceKvShare& share, bf16* out, cudaStream_t stream) {
+  if (share.norms != nullptr && (share.record < 3 || share.member < 0 || share.member >= share.record - 1))
+    return cudaErrorInvalidValue;
   if (plan.num_tokens == 0) return cudaSuccess;
   if (layer.head_dim % 8 != 0 || layer.head_dim > kMaxHeadDim || layer.num_kv_heads <= 0 ||
       num_q_heads % layer.num_kv_heads != 0 || q_row_stride % 8 != 0)
@@ -195,7 +219,7 @@ cudaError_t paged_attention(const bf16* q, int64_t q_row_stride, const DevicePag
   const dim3 grid(static_cast<unsigned>(plan.num_tokens), static_cast<unsigned>(layer.num_kv_heads),
                   static_cast<unsigned>((group + kMaxHeads - 1) / kMaxHeads));
   paged_attention_kernel<<<grid, kThreads, 0, stream>>>(q, q_row_stride, layer, plan, num_q_heads, group, scale,
-                                                        out);
+                                                        share, out);
   return cudaGetLastError();
 }
 

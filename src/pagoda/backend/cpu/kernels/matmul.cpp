@@ -46,6 +46,11 @@ size_t rows_per_task(size_t m, size_t k) {
   return std::max<size_t>(16, kMinMacsPerTask / std::max<size_t>(1, m * k));
 }
 
+// Decode GEMVs split their rows into this many chunks per thread, claimed as threads get to them, so a
+// thread that starts late (waking, preempted) leaves its share to the others. Prefill GEMMs keep one
+// slice per thread: sgemm repacks the activations on every call.
+constexpr size_t kDecodeChunksPerThread = 4;
+
 // Bytes of f32 per converted tile of f16/bf16/quantized rows for sgemm. Each
 // sgemm call repacks the whole activation matrix, so the tile is large (at
 // k = 2048, 512 rows): with 256 KB tiles, prefill spent more time repacking
@@ -89,7 +94,7 @@ void linear_quantized_dot(const float* x, size_t m, const WeightMatrix& w, const
         y[r * n + j] = dot_quantized(w.dtype, row, a, blocks) + (bias != nullptr ? bias[j] : 0.0f);
       }
     }
-  }, rows_per_task(m, k));
+  }, rows_per_task(m, k), kDecodeChunksPerThread);
 }
 
 // sum_{c in [c0, c1)} table[row[c]] * x[c] with 8 independent sums (a single running sum is one add per
@@ -167,7 +172,7 @@ void linear(const float* x_in, size_t m, const WeightMatrix& w, const float* bia
       for (size_t r = 0; r < m; ++r)
         for (size_t j = begin; j < end; ++j) y[r * n + j] += bias[j];
     }
-  }, rows_per_task(m, k));
+  }, rows_per_task(m, k), dot_path ? kDecodeChunksPerThread : 1);
 }
 
 }  // namespace pagoda::kernels

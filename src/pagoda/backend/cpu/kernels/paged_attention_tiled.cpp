@@ -419,9 +419,11 @@ void paged_attention_tiled(const float* q, const PagedKvLayer& layer,
   }
   if (units.empty()) return;
 
-  // Longest first into the least loaded of `bins` lists, one list per thread; small
-  // batches (a short decode) stay on the calling thread.
-  size_t bins = std::min(ThreadPool::global().size(), units.size());
+  // Longest first into the least loaded of `bins` lists, a few per thread, claimed by the threads as they
+  // get to them (a late thread leaves its lists to the others); small batches (a short decode) stay on
+  // the calling thread.
+  constexpr size_t kBinsPerThread = 4;
+  size_t bins = std::min(ThreadPool::global().size() * kBinsPerThread, units.size());
   if (total_cost * head_dim * 2 < (uint64_t{1} << 16)) bins = 1;
   std::vector<std::vector<const Unit*>> lists(bins);
   if (bins == 1) {
@@ -441,7 +443,7 @@ void paged_attention_tiled(const float* q, const PagedKvLayer& layer,
   ThreadPool::global().parallel_for(bins, [&](size_t begin, size_t end) {
     for (size_t b = begin; b < end; ++b)
       for (const Unit* u : lists[b]) run_unit(c, *u);
-  }, 1);
+  }, 1, kBinsPerThread);
 }
 
 }  // namespace pagoda::kernels
