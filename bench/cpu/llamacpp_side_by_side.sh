@@ -6,7 +6,8 @@
 #          FORMATS="f32 f16 bf16 int8 int4"  (int8 runs against llama.cpp's Q8_0, int4 against Q4_0)
 #          CACHE=.cache/llamacpp (llama.cpp source + build, reused)  WEIGHTS=$CACHE/weights (reused)
 #          NLC_VERSION=3.22.1 (the node-llama-cpp package whose llama.cpp is built)
-#          PAGODA_CPU_BF16_GEMM=1 (pagoda's bf16 prefill GEMM; 0 for the f32-exact widen + sgemm path)
+#          PAGODA_CPU_BF16_GEMM unset: pagoda's default, which is what a user gets (f16/bf16 prefill on its
+#          AVX512-BF16 GEMM where the CPU has it, else the f32-exact widen + sgemm path); 0 for the exact path
 #          LLAMA_DECODE_DEPTH=$PREFILL (llama.cpp's decode runs after this many context tokens, as pagoda's
 #          does after its prompt; 0 measures it on an empty context in the same llama-bench call as the
 #          prefill, which saves one prefill per run but favours llama.cpp by the attention over the prompt)
@@ -45,8 +46,7 @@ WEIGHTS=$(realpath -m "${WEIGHTS:-$CACHE/weights}")
 NLC_VERSION=${NLC_VERSION:-3.22.1}
 LLAMA_DECODE_DEPTH=${LLAMA_DECODE_DEPTH:-$PREFILL}
 PY=/usr/bin/python3  # Debian's, for python3-numpy / python3-yaml
-# pagoda's AVX512-BF16 prefill GEMM for f16/bf16 weights (off by default in pagoda; docs/CPU_QUANT.md).
-export PAGODA_CPU_BF16_GEMM=${PAGODA_CPU_BF16_GEMM:-1}
+# pagoda's f16/bf16 prefill path: its default unless PAGODA_CPU_BF16_GEMM is set (docs/CPU_QUANT.md).
 here=$(cd "$(dirname "$0")" && pwd)
 [[ -x $PAGODA ]] || { echo "no pagoda binary at $PAGODA" >&2; exit 1; }
 
@@ -72,6 +72,8 @@ if [[ ! -x $bench_bin || ! -x $quant_bin ]]; then
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF >/dev/null
   ninja -C "$CACHE/build" -j2 llama-bench llama-quantize >/dev/null
 fi
+if grep -qw avx512_bf16 /proc/cpuinfo; then bf16_cpu=yes; else bf16_cpu=no; fi
+echo "pagoda f16/bf16 prefill: PAGODA_CPU_BF16_GEMM=${PAGODA_CPU_BF16_GEMM-unset (default)}, CPU avx512_bf16: $bf16_cpu"
 echo "llama.cpp: $(cat "$CACHE/llama.cpp.info.json" 2>/dev/null | tr -d '\n ' || true) commit $(git -C "$CACHE/src" rev-parse --short HEAD), node-llama-cpp $NLC_VERSION"
 # 3. weights
 if [[ ! -f $WEIGHTS/gguf/model-bf16.gguf ]]; then

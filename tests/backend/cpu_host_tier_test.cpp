@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "pagoda/backend/cpu/cpu_kv_pool.h"
+#include "pagoda/backend/cpu/kernels/bf16_gemm.h"
 #include "pagoda/backend/cpu/cpu_model.h"
 #include "pagoda/backend/cpu/cpu_model_runner.h"
 #include "pagoda/engine/engine.h"
@@ -219,6 +220,10 @@ TEST(CpuHostTierTest, AHostHitGivesTheSameGreedyOutputAsAMissAtEveryBlockSizeAnd
 }
 
 TEST(CpuHostTierTest, PreemptionBySwapGivesTheSameOutputAsNoPreemption) {
+  // Token-for-token equality across schedules holds on the f32-exact GEMM path: with the default bf16
+  // prefill GEMM a token's logits through a prefill chunk and through decode differ within the bf16 bound
+  // (docs/CPU_QUANT.md), so a near tie can flip when the schedule changes the chunking. Pinned.
+  const kernels::ScopedBf16Gemm exact(false);
   ASSERT_NE(tiny_model(), nullptr);
   for (DType dtype : {DType::kF32, DType::kInt4}) {
     SCOPED_TRACE(dtype_name(dtype));

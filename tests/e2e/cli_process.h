@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -56,6 +57,26 @@ inline std::string source_dir() {
   return env != nullptr && *env != '\0' ? env : PAGODA_SOURCE_DIR;
 }
 inline std::string source_path(const std::string& rel) { return source_dir() + "/" + rel; }
+
+// Sets an environment variable for a scope (a pagoda child started in it inherits
+// it), then puts the previous value back. Not thread-safe (setenv).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) previous_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (previous_) setenv(name_, previous_->c_str(), 1);
+    else unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> previous_;
+};
 
 inline CliResult run_pagoda(const std::vector<std::string>& args,
                             std::chrono::seconds timeout = std::chrono::seconds(120)) {

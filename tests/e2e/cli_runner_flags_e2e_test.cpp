@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <string>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -71,7 +72,11 @@ void expect_flag_error(std::vector<std::string> args, const std::string& flag, c
   EXPECT_THAT(r.err, Not(HasSubstr("listening"))) << cmd;
 }
 
+// Exact greedy tokens are an f32-exact property: the child runs the exact GEMM path
+// (PAGODA_CPU_BF16_GEMM=0). The default bf16 prefill GEMM (AVX512-BF16 CPUs) rounds activations to bf16 and
+// flips a near tie on one fixture; bf16_prefill_tests bound it against transformers' logprobs.
 TEST(CliRunnerFlagsTest, F32KvGreedyMatchesTransformersOnEveryFixture) {
+  const ScopedEnv exact("PAGODA_CPU_BF16_GEMM", "0");
   int checked = 0;
   for (const auto& entry : std::filesystem::directory_iterator(source_path("tests/fixtures/models"))) {
     const auto expected_file = entry.path() / "expected.json";
@@ -87,6 +92,16 @@ TEST(CliRunnerFlagsTest, F32KvGreedyMatchesTransformersOnEveryFixture) {
     ++checked;
   }
   EXPECT_GE(checked, 6);
+}
+
+// An unrecognized PAGODA_CPU_BF16_GEMM value is named on stderr and the run goes on (on the exact path).
+TEST(CliRunnerFlagsTest, UnrecognizedCpuGemmEnvironmentValueIsNamed) {
+  const ScopedEnv bad("PAGODA_CPU_BF16_GEMM", "fastest");
+  CliResult r;
+  const auto tokens = generate_tokens({"--model", source_path("tests/fixtures/models/mistral_bf16"), "--prompt-ids",
+                                       "1,2,3,4,5,6,7,8", "--max-tokens", "2", "--ignore-eos"}, &r);
+  EXPECT_EQ(tokens.size(), 2u);
+  EXPECT_THAT(r.err, HasSubstr("PAGODA_CPU_BF16_GEMM=fastest"));
 }
 
 TEST(CliRunnerFlagsTest, F32KvOnTheBundledModelEqualsTheDefaultOutput) {

@@ -142,5 +142,84 @@ TEST_F(Bf16PrefillTest, Fixtures) {
   }
 }
 
+// Against transformers: every f16/bf16 fixture scored teacher-forced over its prompt and transformers'
+// greedy continuation in one prefill (every position through the GEMM), each step's logprobs of
+// transformers' top 5 (expected.json, float32 on the stored weights) compared with the fast path's, and
+// its argmax with transformers' greedy token. The exact path runs the same way beside it as the yardstick
+// (its error is summation order only). Bounds: docs/CPU_QUANT.md, "Prefill GEMM on f16/bf16 weights".
+struct VsTransformers {
+  double max_logprob_error = 0.0;  // over each step's top 5
+  int steps = 0, top1_agree = 0;
+  double min_margin_of_disagreement = 1e9;  // transformers' top-1 margin where the argmax differs
+};
+
+VsTransformers versus_transformers(const std::filesystem::path& dir, bool fast) {
+  VsTransformers v;
+  const auto expected = nlohmann::json::parse(read_file(dir / "expected.json"));
+  const auto prompt = expected["prompt_ids"].get<std::vector<int32_t>>();
+  const auto greedy = expected["greedy_tokens"].get<std::vector<int32_t>>();
+  std::vector<int32_t> tokens = prompt;
+  tokens.insert(tokens.end(), greedy.begin(), greedy.end());
+  auto model = CpuModel::load(dir);
+  EXPECT_TRUE(model.ok()) << model.status().to_string();
+  if (!model.ok()) return v;
+  PagedRunnerOptions options;
+  options.max_sequence_tokens = static_cast<int32_t>(tokens.size()) + 16;
+  options.prefill_chunk = static_cast<int32_t>(tokens.size());
+  auto runner = make_cpu_paged_runner(std::shared_ptr<CpuModel>(std::move(*model)), options);
+  EXPECT_TRUE(runner.ok()) << runner.status().to_string();
+  if (!runner.ok()) return v;
+  std::vector<float> logits;
+  kernels::set_bf16_gemm_enabled(fast);
+  const Status status = (*runner)->score(tokens, logits);
+  EXPECT_TRUE(status.ok()) << status.to_string();
+  if (!status.ok()) return v;
+  const size_t vocab = static_cast<size_t>((*runner)->vocab_size());
+  std::vector<double> lp;
+  for (size_t step = 0; step < greedy.size(); ++step) {
+    const size_t pos = prompt.size() - 1 + step;
+    if ((pos + 1) * vocab > logits.size()) break;
+    log_softmax(logits.data() + pos * vocab, vocab, lp);
+    for (const auto& entry : expected["top5"][step])
+      v.max_logprob_error = std::max(v.max_logprob_error,
+                                     std::abs(lp[entry[0].get<size_t>()] - entry[1].get<double>()));
+    const auto argmax = static_cast<int32_t>(std::max_element(lp.begin(), lp.end()) - lp.begin());
+    ++v.steps;
+    if (argmax == greedy[step]) ++v.top1_agree;
+    else v.min_margin_of_disagreement = std::min(v.min_margin_of_disagreement, expected["top1_margin"][step].get<double>());
+  }
+  return v;
+}
+
+TEST_F(Bf16PrefillTest, FixturesAgainstTransformers) {
+  struct Case {
+    const char* name;
+    double max_logprob_error;  // the fast path's bound on this fixture
+  };
+  const Case cases[] = {{"llama3_rope_bf16", 0.05},  {"llama_mqa_f16", 0.05},   {"mistral_bf16", 0.05},
+                        {"mistral_sliding_bf16", 0.05}, {"qwen2_tied_bf16", 0.4}};
+  int steps = 0, agree = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const auto dir = kSource / "tests/fixtures/models" / c.name;
+    const VsTransformers exact = versus_transformers(dir, false);
+    const VsTransformers fast = versus_transformers(dir, true);
+    std::printf("%s (%d steps): max |logprob error| on transformers' top 5: exact %.5f, bf16 GEMM %.5f; top-1 "
+                "agreement exact %d, bf16 GEMM %d; smallest margin where the bf16 GEMM's differs %.4f\n",
+                c.name, fast.steps, exact.max_logprob_error, fast.max_logprob_error, exact.top1_agree,
+                fast.top1_agree, fast.top1_agree == fast.steps ? 0.0 : fast.min_margin_of_disagreement);
+    EXPECT_EQ(fast.steps, 24);
+    EXPECT_EQ(exact.top1_agree, exact.steps);  // the exact path is transformers' greedy choice everywhere
+    EXPECT_LE(exact.max_logprob_error, 1e-3);
+    EXPECT_LE(fast.max_logprob_error, c.max_logprob_error);
+    // A flipped argmax only where transformers' own top two are within the error bound's reach.
+    if (fast.top1_agree != fast.steps) EXPECT_LE(fast.min_margin_of_disagreement, 2 * c.max_logprob_error);
+    steps += fast.steps;
+    agree += fast.top1_agree;
+  }
+  // Top-1 agreement over all fixtures' steps.
+  EXPECT_GE(double(agree) / steps, 0.97) << agree << " of " << steps;
+}
+
 }  // namespace
 }  // namespace pagoda::eval

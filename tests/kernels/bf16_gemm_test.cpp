@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "kernels/random_data.h"
 #include "pagoda/core/thread_pool.h"
@@ -89,6 +90,43 @@ TEST(Bf16GemmTest, WithinStatedBoundOfF32Product) {
     // The rounding is not a no-op (the test would pass on an f32 kernel otherwise).
     EXPECT_GT(worst, 1e-6) << dtype_name(dtype);
   }
+}
+
+// The dispatch decision: the bf16 GEMM is the default exactly where the CPU has
+// AVX512-BF16; PAGODA_CPU_BF16_GEMM=0 (or "exact") picks the f32-exact path; a CPU
+// without the instructions keeps the exact path whatever the environment says, and
+// an unrecognized value is flagged and falls back to the exact path.
+TEST(Bf16GemmTest, StartingChoiceIsTheFastPathOnlyWhereTheCpuHasIt) {
+  for (const char* on : {static_cast<const char*>(nullptr), "", "1", "bf16"}) {
+    bool unrecognized = true;
+    EXPECT_TRUE(bf16_gemm_starting_choice(true, on, &unrecognized)) << (on ? on : "(unset)");
+    EXPECT_FALSE(unrecognized);
+    EXPECT_FALSE(bf16_gemm_starting_choice(false, on, &unrecognized)) << (on ? on : "(unset)");
+    EXPECT_FALSE(unrecognized);
+  }
+  for (const char* off : {"0", "exact"}) {
+    bool unrecognized = true;
+    EXPECT_FALSE(bf16_gemm_starting_choice(true, off, &unrecognized)) << off;
+    EXPECT_FALSE(unrecognized);
+    EXPECT_FALSE(bf16_gemm_starting_choice(false, off)) << off;
+  }
+  for (const char* bad : {"yes", "2", "BF16x"}) {
+    bool unrecognized = false;
+    EXPECT_FALSE(bf16_gemm_starting_choice(true, bad, &unrecognized)) << bad;
+    EXPECT_TRUE(unrecognized) << bad;
+  }
+}
+
+// The switch never turns the path on where the CPU cannot run it, and on this
+// process it started as the starting choice for this CPU and environment.
+TEST(Bf16GemmTest, SwitchFollowsTheCpuAndTheEnvironment) {
+  const bool started = bf16_gemm_enabled();
+  EXPECT_EQ(started, bf16_gemm_starting_choice(bf16_gemm_supported(), std::getenv("PAGODA_CPU_BF16_GEMM")));
+  set_bf16_gemm_enabled(true);
+  EXPECT_EQ(bf16_gemm_enabled(), bf16_gemm_supported());
+  set_bf16_gemm_enabled(false);
+  EXPECT_FALSE(bf16_gemm_enabled());
+  set_bf16_gemm_enabled(started);
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 
 #include "pagoda/backend/cpu/cpu_model_runner.h"
 #include "pagoda/backend/cpu/cpu_tensor_parallel_runner.h"
+#include "pagoda/backend/cpu/kernels/bf16_gemm.h"
 #include "pagoda/backend/cpu/kernels/logprobs.h"
 #include "pagoda/backend/cpu/random_cpu_model.h"
 #include "pagoda/model/checkpoint.h"
@@ -30,6 +31,10 @@
 
 namespace pagoda {
 namespace {
+
+// TP=1's logits to summation order and transformers' to 1e-3 hold on the f32-exact GEMM path, so f16/bf16
+// prefill runs it here, not the default bf16-activation GEMM (bounded by tests/eval/bf16_prefill_test.cpp).
+[[maybe_unused]] const bool kExactGemm = (kernels::set_bf16_gemm_enabled(false), true);
 
 constexpr double kLogprobTolerance = 1e-3;  // against transformers, as tests/reference/reference_models_test.cpp
 constexpr double kLogitTolerance = 1e-4;    // against TP=1, relative to the row's largest |logit|

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -124,7 +125,12 @@ namespace {
 std::atomic<bool>& bf16_gemm_switch() {
   static std::atomic<bool> on = [] {
     const char* env = std::getenv("PAGODA_CPU_BF16_GEMM");
-    return env != nullptr && std::strcmp(env, "0") != 0;
+    bool unrecognized = false;
+    const bool choice = bf16_gemm_starting_choice(bf16_gemm_supported(), env, &unrecognized);
+    if (unrecognized)
+      std::fprintf(stderr, "pagoda: PAGODA_CPU_BF16_GEMM=%s: expected 0 (exact) or 1 (bf16); using the exact path\n",
+                   env);
+    return choice;
   }();
   return on;
 }
@@ -136,7 +142,17 @@ bool bf16_gemm_supported() {
   return supported;
 }
 
-bool bf16_gemm_enabled() { return bf16_gemm_supported() && bf16_gemm_switch().load(std::memory_order_relaxed); }
+bool bf16_gemm_starting_choice(bool cpu_supported, const char* env_value, bool* unrecognized) {
+  if (unrecognized != nullptr) *unrecognized = false;
+  if (env_value == nullptr || *env_value == '\0') return cpu_supported;
+  if (std::strcmp(env_value, "1") == 0 || std::strcmp(env_value, "bf16") == 0) return cpu_supported;
+  if (std::strcmp(env_value, "0") == 0 || std::strcmp(env_value, "exact") == 0) return false;
+  if (unrecognized != nullptr) *unrecognized = true;
+  return false;
+}
+
+// The switch is read first so that its start (and the report of an unrecognized value) happens on every CPU.
+bool bf16_gemm_enabled() { return bf16_gemm_switch().load(std::memory_order_relaxed) && bf16_gemm_supported(); }
 
 void set_bf16_gemm_enabled(bool on) { bf16_gemm_switch().store(on, std::memory_order_relaxed); }
 

@@ -3,8 +3,9 @@
 // dtype (f32, f16 or bf16, usually a zero-copy view into an mmapped checkpoint).
 // f32 weights go straight to OpenBLAS sgemm. With more than 4 input rows, f16/bf16
 // weights take the AVX512-BF16 GEMM where the CPU has it (bf16_gemm.h: activations
-// rounded to bf16, f16 weights to bf16, f32 accumulation) when it is switched on
-// (PAGODA_CPU_BF16_GEMM=1; off by default). Otherwise f16/bf16 and block-quantized int8/int4 weights
+// rounded to bf16, f16 weights to bf16, f32 accumulation): the default there;
+// PAGODA_CPU_BF16_GEMM=0 or set_bf16_gemm_enabled(false) picks the f32-exact path
+// below. Otherwise f16/bf16 and block-quantized int8/int4 weights
 // (--quantization, quant_dot.h) are converted to f32 a tile of rows at a time (a
 // few MB, so the activations are repacked by sgemm once per tile, not once per few
 // rows) and each tile goes through sgemm, so no full f32 copy is ever made. With at

@@ -9,6 +9,7 @@
 
 #include "pagoda/backend/cpu/kernels/kv_quantize.h"
 #include "pagoda/backend/cpu/kernels/kv_vector_reader.h"
+#include "pagoda/backend/cpu/kernels/vector_exp.h"
 #include "pagoda/core/thread_pool.h"
 
 namespace pagoda::kernels {
@@ -93,36 +94,6 @@ PAGODA_AVX2 void scores_avx2(const float* q, const float* kt, size_t head_dim, f
   _mm256_storeu_ps(s + 56, a7);
 }
 
-PAGODA_AVX2 void accumulate_avx2(const float* p, const float* v, size_t n, size_t head_dim, float* acc) {
-  size_t d = 0;
-  for (; d + 32 <= head_dim; d += 32) {
-    __m256 a0 = _mm256_loadu_ps(acc + d), a1 = _mm256_loadu_ps(acc + d + 8);
-    __m256 a2 = _mm256_loadu_ps(acc + d + 16), a3 = _mm256_loadu_ps(acc + d + 24);
-    for (size_t j = 0; j < n; ++j) {
-      const __m256 b = _mm256_broadcast_ss(p + j);
-      const float* row = v + j * head_dim + d;
-      a0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row), a0);
-      a1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 8), a1);
-      a2 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 16), a2);
-      a3 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 24), a3);
-    }
-    _mm256_storeu_ps(acc + d, a0);
-    _mm256_storeu_ps(acc + d + 8, a1);
-    _mm256_storeu_ps(acc + d + 16, a2);
-    _mm256_storeu_ps(acc + d + 24, a3);
-  }
-  for (; d + 8 <= head_dim; d += 8) {
-    __m256 a = _mm256_loadu_ps(acc + d);
-    for (size_t j = 0; j < n; ++j) a = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), _mm256_loadu_ps(v + j * head_dim + d), a);
-    _mm256_storeu_ps(acc + d, a);
-  }
-  for (; d < head_dim; ++d) {
-    float a = acc[d];
-    for (size_t j = 0; j < n; ++j) a += p[j] * v[j * head_dim + d];
-    acc[d] = a;
-  }
-}
-
 PAGODA_AVX2 inline float hsum_avx2(__m256 v) {
   __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
@@ -195,23 +166,11 @@ PAGODA_AVX2 void accumulate_rows_avx2(const float* p, const float* const* v, siz
   }
 }
 
-// exp(x) of 8 lanes: Cephes' expf (range reduction by ln 2 in two parts, degree-6 polynomial,
-// 2^n built in the exponent bits), relative error about 2e-7 over the clamped range.
-PAGODA_AVX2 inline __m256 exp_avx2(__m256 x) {
-  x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+// acc[d] += sum_{j < n} p[j] * v[j * head_dim + d]: the contiguous V tile as row pointers (n <= kKeyBlock).
+PAGODA_AVX2 void accumulate_avx2(const float* p, const float* v, size_t n, size_t head_dim, float* acc) {
+  const float* rows[kKeyBlock];
+  for (size_t j = 0; j < n; ++j) rows[j] = v + j * head_dim;
+  accumulate_rows_avx2(p, rows, n, head_dim, acc);
 }
 
 PAGODA_AVX2 float exp_tile_avx2(const float* s, float max, float* p) {
