@@ -448,7 +448,8 @@ TEST(KvEvictionEngineTest, BadRequestsNameTheField) {
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kUnimplemented);
   EXPECT_NE(refused.status().message().find("kv_compression.policy"), std::string::npos);
-  // A runner with scores but no per-head budgets (the cuda backend) runs snapkv and refuses pyramidkv / entropy.
+  // A runner with scores but no per-head budgets (a cuda runner with CudaRunnerOptions::kv_head_budgets off)
+  // runs snapkv and refuses pyramidkv / entropy by name.
   class NoHeadBudgets final : public runtime::DelegatingModelRunner {
    public:
     using DelegatingModelRunner::DelegatingModelRunner;

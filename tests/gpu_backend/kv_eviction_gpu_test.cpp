@@ -15,9 +15,9 @@
 //    at the Llama-3-8B shape is printed next to the host's;
 //  - pyramidkv and entropy (per-head budgets): their compactions (CudaKvScores, kv_select_kept_heads)
 //    write the CPU's bytes and kept counts per head, twice in a row (holes skipped); the CUDA-core
-//    decode and the scoring pass skip holes as the CPU does; through the engine (with
-//    CudaRunnerOptions::kv_head_budgets) full budget gives none's tokens and a budget the CPU's;
-//    without the option the runner and the engine refuse them by name.
+//    decode and the scoring pass skip holes as the CPU does; through the engine (the default,
+//    CudaRunnerOptions::kv_head_budgets on) full budget gives none's tokens and a budget the CPU's;
+//    with the option off the runner and the engine refuse them by name.
 
 #include <algorithm>
 #include <chrono>
@@ -59,7 +59,7 @@ std::filesystem::path fixture(const char* name) {
 }
 
 std::unique_ptr<CudaModelRunner> make_runner(DType kv_dtype, int32_t num_blocks = 128, int32_t block_size = 16,
-                                             bool kv_head_budgets = false) {
+                                             bool kv_head_budgets = true) {
   CudaModelOptions options;
   options.block_size = block_size;
   options.max_num_seqs = 8;
@@ -115,7 +115,8 @@ TEST(KvEvictionGpu, CompactionWritesTheCpuCompactionsBytes) {
     for (DType dtype : {DType::kBF16, DType::kFP8E4M3, DType::kInt8, DType::kInt4}) {
       SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " block size " << block_size);
       const int32_t num_blocks = 32 * 16 / block_size;
-      auto runner = make_runner(dtype, num_blocks, block_size);
+      // kv_head_budgets off: the per-head-budget refusal below.
+      auto runner = make_runner(dtype, num_blocks, block_size, false);
       ASSERT_NE(runner, nullptr);
       const KvPoolShape shape = runner->kv_geometry();
       auto cpu = CpuKvPool::create(shape);
@@ -159,7 +160,7 @@ TEST(KvEvictionGpu, CompactionWritesTheCpuCompactionsBytes) {
           }
         EXPECT_EQ(runner->kv_scores().num_states(), 0u) << "streaming made a score state";
       }
-      // Bad jobs are refused before anything moves; a per-head-budget policy by name.
+      // Bad jobs are refused before anything moves; a per-head-budget policy by name (option off).
       runtime::KvCompaction overlap = job;
       overlap.new_block_table[0] = job.old_block_table[0];
       EXPECT_EQ(runner->compact_kv(overlap).code(), StatusCode::kInvalidArgument);
@@ -249,20 +250,24 @@ TEST(KvEvictionGpu, ThroughTheEngineEveryDevicePolicyAndBlockSize) {
       EXPECT_GT(small.stats.kv_evicted_slots, 150 - 64);
       EXPECT_EQ(runner->kv_scores().num_states(), 0u) << "score states not released";
     }
-    // Per-head budgets are refused by name at submission.
+    // With CudaRunnerOptions::kv_head_budgets off, per-head budgets are refused by name at submission.
+    auto off = make_runner(DType::kBF16, 128 * 16 / block_size, block_size, false);
+    ASSERT_NE(off, nullptr);
+    EXPECT_FALSE(off->capabilities().kv_head_budgets);
+    EXPECT_TRUE(runner->capabilities().kv_head_budgets) << "not on by default";
     for (P policy : {P::kPyramidKV, P::kEntropy}) {
-      const GreedyRun refused = run_greedy(*runner, prompt, 4, policy_config(policy, 64));
+      const GreedyRun refused = run_greedy(*off, prompt, 4, policy_config(policy, 64));
       EXPECT_NE(refused.error.find(std::string("--kv-compression ") + std::string(runtime::kv_compression_policy_name(policy))),
                 std::string::npos) << refused.error;
     }
   }
 }
 
-// pyramidkv and entropy through the engine on a runner with CudaRunnerOptions::kv_head_budgets: at
+// pyramidkv and entropy through the engine on a default runner (CudaRunnerOptions::kv_head_budgets on): at
 // full budget the output is none's; under a budget the per-head compactions leave holes that the
 // decode steps (eager, CUDA-core decode) and the scoring pass skip, no block leaks and the states go;
 // the tokens equal the CPU backend's (bf16 KV there too) where the two backends agree without
-// eviction. Without the option both are refused by name (above).
+// eviction. With the option off both are refused by name (above).
 TEST(KvEvictionGpu, PerHeadBudgetsThroughTheEngine) {
   PAGODA_SKIP_WITHOUT_GPU();
   using P = runtime::KvCompressionPolicy;
@@ -272,7 +277,7 @@ TEST(KvEvictionGpu, PerHeadBudgetsThroughTheEngine) {
   const std::shared_ptr<CpuModel> shared_cpu_model(std::move(cpu_model).value());
   for (int32_t block_size : {16, 1}) {
     const int32_t num_blocks = 128 * 16 / block_size;
-    auto runner = make_runner(DType::kBF16, num_blocks, block_size, true);
+    auto runner = make_runner(DType::kBF16, num_blocks, block_size);
     ASSERT_NE(runner, nullptr);
     auto cpu = CpuModelRunner::create(shared_cpu_model, num_blocks, block_size, DType::kBF16, DType::kBF16);
     ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();

@@ -17,18 +17,14 @@ void add_kv_compression_flags(CLI::App& cmd, KvCompressionFlags& flags) {
 }
 
 StatusOr<runtime::KvCompressionConfig> resolve_kv_compression_flags(const KvCompressionFlags& flags,
-                                                                    backend::Device device, int32_t cross_layer_share) {
+                                                                    backend::Device /*device*/,
+                                                                    int32_t cross_layer_share) {
   runtime::KvCompressionConfig c;
   PAGODA_ASSIGN_OR_RETURN(c.policy, runtime::parse_kv_compression_policy(flags.policy, "--kv-compression"));
   c.budget = flags.budget;
   c.sink_tokens = flags.sink_tokens;
   c.window = flags.window;
   PAGODA_RETURN_IF_ERROR(runtime::validate_kv_compression(c, "--kv-"));
-  if (device == backend::Device::kCuda && (c.policy == runtime::KvCompressionPolicy::kPyramidKV ||
-                                          c.policy == runtime::KvCompressionPolicy::kEntropy))
-    return unimplemented_error("--kv-compression {}: per-head budgets leave holes the cuda attention kernels cannot "
-                               "skip yet; the cuda device runs streaming, h2o and snapkv (or use --device cpu)",
-                               flags.policy);
   if (c.enabled() && cross_layer_share > 1)
     return invalid_argument_error("--kv-compression {} cannot be combined with --kv-cross-layer-share {} (a compaction "
                                   "would have to choose one kept set per shared group): give one", flags.policy,

@@ -8,8 +8,9 @@
 //   --kv-window N            most recent tokens always kept, and the observation window (default 32)
 //
 // Errors name the flag: an unknown policy, a budget not above sinks + window,
-// a budget without a policy, pyramidkv / entropy on cuda (per-head budgets: not there yet), or a
-// policy with --kv-cross-layer-share > 1 (not combined yet).
+// a budget without a policy, or a policy with --kv-cross-layer-share > 1 (not combined yet).
+// Every policy runs on both devices; what a model cannot run (MLA, a sliding window, tensor
+// parallelism) the engine or the runner setup refuses by name.
 //
 // Thread safety: plain functions; call from one thread at start-up.
 

@@ -247,8 +247,8 @@ StatusOr<runtime::KvCompressionConfig> Engine::resolve_kv_compression(const Gene
                                runtime::kv_compression_policy_name(c.policy));
   if (!runner_kv_head_budgets_ && (c.policy == runtime::KvCompressionPolicy::kPyramidKV ||
                                    c.policy == runtime::KvCompressionPolicy::kEntropy))
-    return unimplemented_error("{} {}: this device's attention cannot skip the holes that per-head budgets leave; "
-                               "it runs streaming, h2o and snapkv",
+    return unimplemented_error("{} {}: this runner does not skip the holes that per-head budgets leave (a cuda runner "
+                               "built with CudaRunnerOptions::kv_head_budgets off); it runs streaming, h2o and snapkv",
                                own ? "kv_compression.policy" : "--kv-compression",
                                runtime::kv_compression_policy_name(c.policy));
   if (request.sampling.n > 1)

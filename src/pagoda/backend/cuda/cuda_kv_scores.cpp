@@ -386,7 +386,7 @@ Status CudaKvScores::compact(const runtime::KvCompaction& c, CudaKvPool& pool, D
   // Streaming keeps the same indices in every layer and head (sinks and the most recent) and has no
   // scores: one row of kept indices per KV head, one set of moves, gathered in every layer.
   const int32_t heads = streaming ? num_kv_heads_ : num_layers_ * num_kv_heads_;
-  // Every device policy gives every head the same budget (kv_head_budgets), so one shape serves all heads.
+  // Streaming, h2o and snapkv give every head the same budget, so one shape serves all heads.
   const int32_t budget = std::min(c.config.budget, c.new_length);
   const KvSelectShape select = kv_select_shape(heads, c.old_length, budget, c.config.sink_tokens, c.config.window,
                                                streaming, c.config.policy == runtime::KvCompressionPolicy::kSnapKV);

@@ -15,8 +15,8 @@
 // remembers each head's kept count (head_layout); prepare_holes hands a
 // step's holes to the attention (the builtin kernel and the fast attention's
 // CUDA-core decode skip them) and the scoring pass skips them too.
-// CudaModelRunner runs those policies only with
-// CudaRunnerOptions::kv_head_budgets (off by default).
+// CudaModelRunner runs those policies unless
+// CudaRunnerOptions::kv_head_budgets is off (on by default).
 //
 // Thread safety: the runner's thread only.
 

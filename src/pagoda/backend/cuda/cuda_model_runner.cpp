@@ -23,8 +23,6 @@ StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::unique_p
     if (options.num_host_blocks > 0)
       return invalid_argument_error("--kv-cross-layer-share {} cannot be combined with --kv-offload-memory: a shared "
                                     "block's norm records have no host form yet", k);
-    if (options.kv_head_budgets)
-      return unimplemented_error("--kv-cross-layer-share {} cannot be combined with --kv-compression", k);
   }
   std::string report;
   if (options.num_blocks <= 0) {
@@ -166,12 +164,12 @@ Status CudaModelRunner::copy_blocks(std::span<const runtime::BlockCopy> copies) 
 
 Status CudaModelRunner::compact_kv(const runtime::KvCompaction& c) {
   if (!capabilities().compacts_kv) return runtime::ModelRunner::compact_kv(c);
-  // Per-head budgets leave holes that only the CUDA-core decode and the scoring pass skip: on only
-  // when asked for (CudaRunnerOptions::kv_head_budgets).
+  // Per-head budgets leave holes that only the CUDA-core decode and the scoring pass skip: refused
+  // when CudaRunnerOptions::kv_head_budgets is off.
   if (!kv_head_budgets_ && (c.config.policy == runtime::KvCompressionPolicy::kPyramidKV ||
                             c.config.policy == runtime::KvCompressionPolicy::kEntropy))
-    return unimplemented_error("compact_kv: policy {} gives each head its own budget, and the cuda attention kernels "
-                               "cannot skip the holes that leaves (h2o, snapkv and streaming run here)",
+    return unimplemented_error("compact_kv: policy {} gives each head its own budget, and this runner was built with "
+                               "CudaRunnerOptions::kv_head_budgets off (h2o, snapkv and streaming run here)",
                                runtime::kv_compression_policy_name(c.config.policy));
   // A layer-by-layer copy of this step's transfers may still read or write these blocks.
   if (host_) PAGODA_RETURN_IF_ERROR(host_->wait_all(model_->stream()));

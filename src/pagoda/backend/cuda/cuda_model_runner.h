@@ -47,10 +47,11 @@ struct CudaRunnerOptions {
   int32_t copy_kernel_ctas = 32;
   // Token eviction's per-head budgets (pyramidkv, entropy): the compaction, the
   // scoring pass and the CUDA-core decode skip holes, and a step with holes
-  // runs eagerly on the fast attention's decode (docs/KV_CACHE.md). Off by
-  // default until its GPU tests have passed on the H200 (then the CLI's
-  // refusal, cli/kv_compression_flags.cpp, goes too).
-  bool kv_head_budgets = false;
+  // runs eagerly on the fast attention's decode (docs/KV_CACHE.md). On by
+  // default; false makes the runner (compact_kv) and the engine refuse those
+  // two policies by name. Never on for MLA, a sliding window or a KV shared
+  // across layers (capabilities()).
+  bool kv_head_budgets = true;
 };
 
 class CudaModelRunner final : public runtime::ModelRunner {
@@ -92,8 +93,8 @@ class CudaModelRunner final : public runtime::ModelRunner {
   // kept vectors, any KV dtype, into the fresh blocks: it returns once queued,
   // without waiting for the device. The forward needs nothing
   // more: new tokens take their true positions from the batch and their cache
-  // index from the table. pyramidkv / entropy (per-head budgets, holes) only
-  // with CudaRunnerOptions::kv_head_budgets (else kUnimplemented). Errors: bad
+  // index from the table. pyramidkv / entropy (per-head budgets, holes) unless
+  // CudaRunnerOptions::kv_head_budgets is off (then kUnimplemented). Errors: bad
   // tables (check_kv_compaction).
   Status compact_kv(const runtime::KvCompaction& compaction) override;
   // Both wait for the host pool's copy streams (every queued transfer), not
