@@ -156,22 +156,37 @@ __device__ void write_vector(const bf16* __restrict__ row, int32_t head_dim, KvQ
   }
 }
 
+// The (token, KV head) vector a warp of the quantized and shared write kernels writes: its row t, its
+// vector index in the pool, its scale record and its column in the k/v rows; false when the warp has no
+// vector (past the last pair) or the token's slot is -1 (not written).
+struct WarpVector {
+  int64_t t, vec, scale_vec, column;
+};
+
+__device__ __forceinline__ bool locate_warp_vector(const int64_t* __restrict__ slots, int32_t num_tokens,
+                                                   const DevicePagedKvLayer& layer, WarpVector& out) {
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;  // (token, head)
+  if (pair >= static_cast<int64_t>(num_tokens) * layer.num_kv_heads) return false;
+  out.t = pair / layer.num_kv_heads;
+  const int32_t head = static_cast<int32_t>(pair % layer.num_kv_heads);
+  const int64_t slot = slots[out.t];
+  if (slot < 0) return false;
+  out.vec = slot * layer.num_kv_heads + head;
+  out.scale_vec = kernels::kv_scale_vector(slot, head, layer.block_size, layer.num_kv_heads);
+  out.column = static_cast<int64_t>(head) * layer.head_dim;
+  return true;
+}
+
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     kv_write_quantized_kernel(const bf16* __restrict__ k, const bf16* __restrict__ v, int64_t row_stride,
                               const int64_t* __restrict__ slots, int32_t num_tokens, DevicePagedKvLayer layer,
                               KvWriteFixedScales fixed_scales) {
   pdl_launch_dependents();
   pdl_wait();  // launched programmatically (pdl.cuh): k and v come from the kernel ahead
-  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;  // (token, head)
   const int lane = threadIdx.x % 32;
-  if (pair >= static_cast<int64_t>(num_tokens) * layer.num_kv_heads) return;
-  const int64_t t = pair / layer.num_kv_heads;
-  const int32_t head = static_cast<int32_t>(pair % layer.num_kv_heads);
-  const int64_t slot = slots[t];
-  if (slot < 0) return;
-  const int64_t vec = slot * layer.num_kv_heads + head;
-  const int64_t scale_vec = kernels::kv_scale_vector(slot, head, layer.block_size, layer.num_kv_heads);
-  const int64_t column = static_cast<int64_t>(head) * layer.head_dim;
+  WarpVector w;
+  if (!locate_warp_vector(slots, num_tokens, layer, w)) return;
+  const int64_t t = w.t, vec = w.vec, scale_vec = w.scale_vec, column = w.column;
   write_vector(k + t * row_stride + column, layer.head_dim, layer.key_dtype, fixed_scales.key, layer.key,
                layer.key_scale, vec, scale_vec, lane);
   write_vector(v + t * row_stride + column, layer.head_dim, layer.value_dtype, fixed_scales.value, layer.value,
@@ -269,16 +284,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
                            DeviceKvShare share) {
   pdl_launch_dependents();
   pdl_wait();  // launched programmatically (pdl.cuh): k and v come from the kernel ahead
-  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;  // (token, head)
   const int lane = threadIdx.x % 32;
-  if (pair >= static_cast<int64_t>(num_tokens) * layer.num_kv_heads) return;
-  const int64_t t = pair / layer.num_kv_heads;
-  const int32_t head = static_cast<int32_t>(pair % layer.num_kv_heads);
-  const int64_t slot = slots[t];
-  if (slot < 0) return;
-  const int64_t vec = slot * layer.num_kv_heads + head;
-  const int64_t scale_vec = kernels::kv_scale_vector(slot, head, layer.block_size, layer.num_kv_heads);
-  const int64_t column = static_cast<int64_t>(head) * layer.head_dim;
+  WarpVector w;
+  if (!locate_warp_vector(slots, num_tokens, layer, w)) return;
+  const int64_t t = w.t, vec = w.vec, scale_vec = w.scale_vec, column = w.column;
   float* records = share.norms + vec * 2 * share.record;
   merge_vector(k + t * row_stride + column, layer.head_dim, layer.key_dtype, layer.key, layer.key_scale, vec,
                scale_vec, records, share.record, share.member, lane);
