@@ -38,6 +38,9 @@ struct WeightMatrix {
   size_t rows = 0;
   size_t cols = 0;
   Fp8MatrixScales fp8 = {};
+  // kInt8 / kInt4 only: the rows are regrouped in four-row panels for the
+  // decode GEMV (backend/cpu/kernels/quant_panels.h), same bytes per matrix.
+  bool quant_panels = false;
 };
 
 }  // namespace pagoda

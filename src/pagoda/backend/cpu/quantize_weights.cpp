@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "pagoda/backend/cpu/kernels/quant_dot.h"
+#include "pagoda/backend/cpu/kernels/quant_panels.h"
 #include "pagoda/core/thread_pool.h"
 #include "pagoda/model/fp8_matrix.h"
 
@@ -29,6 +30,14 @@ void quantize_matrix(WeightMatrix& m, DType dtype, std::vector<std::unique_ptr<u
       kernels::quantize_weight_rows(dtype, row.data(), 1, m.cols, dst + r * row_bytes);
     }
   }, 64);
+  if (kernels::quant_panels_enabled()) {  // four-row panels for the decode GEMV, in place
+    const size_t panels = m.rows / kernels::kQuantPanelRows;
+    ThreadPool::global().parallel_for(panels, [&](size_t begin, size_t end) {
+      kernels::pack_quant_panels(dtype, dst + begin * kernels::kQuantPanelRows * row_bytes,
+                                 (end - begin) * kernels::kQuantPanelRows, m.cols);
+    }, 16);
+    m.quant_panels = true;
+  }
   m.dtype = dtype;
   m.data = dst;
   owned.push_back(std::move(out));

@@ -10,6 +10,7 @@
 #include "pagoda/core/thread_pool.h"
 #include "pagoda/backend/cpu/kernels/bf16_gemm.h"
 #include "pagoda/backend/cpu/kernels/quant_dot.h"
+#include "pagoda/backend/cpu/kernels/quant_panels.h"
 #include "pagoda/backend/cpu/kernels/vector_dot.h"
 #include "pagoda/model/fp8_matrix.h"
 
@@ -60,6 +61,8 @@ constexpr size_t kTileBytes = size_t{4} << 20;
 // Rows [r0, r1) of w (f16, bf16, int8 or int4) into f32.
 void rows_to_f32(const WeightMatrix& w, size_t r0, size_t r1, float* out) {
   if (w.dtype == DType::kFP8E4M3) return dequantize_fp8_rows(w, r0, r1, out);
+  if (is_quantized_weight(w.dtype) && w.quant_panels)
+    return dequantize_panel_rows(w.dtype, static_cast<const uint8_t*>(w.data), w.rows, w.cols, r0, r1, out);
   if (is_quantized_weight(w.dtype)) {
     const size_t row_bytes = quantized_row_bytes(w.dtype, w.cols);
     dequantize_weight_rows(w.dtype, static_cast<const uint8_t*>(w.data) + r0 * row_bytes, r1 - r0, w.cols, out);
@@ -70,11 +73,12 @@ void rows_to_f32(const WeightMatrix& w, size_t r0, size_t r1, float* out) {
 }
 
 // Decode on quantized weights: the m input rows are quantized per block once,
-// then every weight row is read once for all of them by integer dot products.
+// then every weight row is read once for all of them by integer dot products
+// (four rows at a time where the matrix is in panel layout).
 void linear_quantized_dot(const float* x, size_t m, const WeightMatrix& w, const float* bias, float* y) {
   const size_t n = w.rows, k = w.cols, blocks = quant_blocks(k);
   thread_local std::vector<int8_t> xq;
-  thread_local std::vector<float> xscale;
+  thread_local std::vector<float> xscale, scale4, offset4;
   thread_local std::vector<int32_t> xsum;
   xq.resize(m * blocks * kQuantBlock);
   xscale.resize(m * blocks);
@@ -86,15 +90,51 @@ void linear_quantized_dot(const float* x, size_t m, const WeightMatrix& w, const
   const float* scale = xscale.data();
   const int32_t* sum = xsum.data();
   const size_t row_bytes = quantized_row_bytes(w.dtype, k);
-  ThreadPool::global().parallel_for(n, [&](size_t begin, size_t end) {
-    for (size_t j = begin; j < end; ++j) {
-      const uint8_t* row = static_cast<const uint8_t*>(w.data) + j * row_bytes;
+  const uint8_t* data = static_cast<const uint8_t*>(w.data);
+  auto row_dot = [&](size_t j) {
+    const uint8_t* row = data + j * row_bytes;
+    for (size_t r = 0; r < m; ++r) {
+      const QuantizedActivation a{q + r * blocks * kQuantBlock, scale + r * blocks, sum + r * blocks};
+      y[r * n + j] = dot_quantized(w.dtype, row, a, blocks) + (bias != nullptr ? bias[j] : 0.0f);
+    }
+  };
+  if (!w.quant_panels) {
+    ThreadPool::global().parallel_for(n, [&](size_t begin, size_t end) {
+      for (size_t j = begin; j < end; ++j) row_dot(j);
+    }, rows_per_task(m, k), kDecodeChunksPerThread);
+    return;
+  }
+  scale4.resize(m * blocks * kQuantPanelRows);
+  offset4.resize(m * blocks * kQuantPanelRows);
+  for (size_t r = 0; r < m; ++r)
+    prepare_panel_activation(QuantizedActivation{q + r * blocks * kQuantBlock, scale + r * blocks, sum + r * blocks},
+                             blocks, scale4.data() + r * blocks * kQuantPanelRows,
+                             offset4.data() + r * blocks * kQuantPanelRows);
+  const float* s4 = scale4.data();  // thread_local: the workers must see the caller's buffers
+  const float* o4 = offset4.data();
+  // Work units: the whole panels, then the trailing rows (per-row layout) one each.
+  const size_t panels = n / kQuantPanelRows, units = panels + n % kQuantPanelRows;
+  const size_t grain = std::max<size_t>(1, rows_per_task(m, k) / kQuantPanelRows);
+  ThreadPool::global().parallel_for(units, [&](size_t begin, size_t end) {
+    for (size_t u = begin; u < end; ++u) {
+      if (u >= panels) {
+        row_dot(panels * kQuantPanelRows + (u - panels));
+        continue;
+      }
+      const uint8_t* panel = data + u * kQuantPanelRows * row_bytes;
       for (size_t r = 0; r < m; ++r) {
-        const QuantizedActivation a{q + r * blocks * kQuantBlock, scale + r * blocks, sum + r * blocks};
-        y[r * n + j] = dot_quantized(w.dtype, row, a, blocks) + (bias != nullptr ? bias[j] : 0.0f);
+        const size_t a = r * blocks;
+        float out[kQuantPanelRows];
+        dot_quant_panel(w.dtype, panel,
+                        PanelActivation{q + a * kQuantBlock, s4 + a * kQuantPanelRows, o4 + a * kQuantPanelRows},
+                        blocks, out);
+        for (size_t i = 0; i < kQuantPanelRows; ++i) {
+          const size_t j = u * kQuantPanelRows + i;
+          y[r * n + j] = out[i] + (bias != nullptr ? bias[j] : 0.0f);
+        }
       }
     }
-  }, rows_per_task(m, k), kDecodeChunksPerThread);
+  }, grain, kDecodeChunksPerThread);
 }
 
 // sum_{c in [c0, c1)} table[row[c]] * x[c] with 8 independent sums (a single running sum is one add per

@@ -453,6 +453,16 @@ void dequantize_weight_rows(DType dtype, const uint8_t* src, size_t rows, size_t
   }
 }
 
+void quantized_row_values(DType dtype, const uint8_t* row, size_t blocks, uint8_t* values, uint16_t* scales) {
+  const uint8_t* s = row_scales(dtype, row, blocks);
+  for (size_t b = 0; b < blocks; ++b) {
+    scales[b] = load_u16(s + 2 * b);
+    for (size_t i = 0; i < kQuantBlock; ++i)
+      values[b * kQuantBlock + i] = dtype == DType::kInt8 ? row[b * kQ8Bytes + i]
+                                                          : static_cast<uint8_t>(q4_value(row, blocks, b, i));
+  }
+}
+
 void quantize_activation(const float* x, size_t k, int8_t* q, float* scale, int32_t* sum) {
   size_t from = 0;
   if (dispatch().avx2_activation) {

@@ -47,6 +47,11 @@ void quantize_weight_rows(DType dtype, const float* src, size_t rows, size_t col
 // The inverse: rows x cols f32 from quantized rows.
 void dequantize_weight_rows(DType dtype, const uint8_t* src, size_t rows, size_t cols, float* dst);
 
+// The stored values of one quantized row of `blocks` blocks (int8: q + 128; int4: the nibble 0..15),
+// blocks * 32 bytes in element order, and its f16 scales (raw bits, one per block): what a repacking
+// (quant_panels.h) reads.
+void quantized_row_values(DType dtype, const uint8_t* row, size_t blocks, uint8_t* values, uint16_t* scales);
+
 // One activation row quantized per block: q holds quant_blocks(k) * 32 int8
 // (zero padded), scale and sum one entry per block.
 struct QuantizedActivation {
