@@ -6,7 +6,7 @@
 //
 //   pagoda_cpu_decode_bench DTYPE [STEPS] [LAYERS]
 //     DTYPE: f32 | f16 | bf16 | int8 | int4 (int4 keeps lm_head at int8, as the model does)
-//     env: PAGODA_THREADS (pool size)
+//     env: PAGODA_THREADS (pool size); PAGODA_CPU_QUANT_PANELS=0 for the per-row int8/int4 layout
 //
 // Shape: hidden 2048, 32 / 8 heads of 64, intermediate 5632, vocab 32000 (the
 // side-by-side benchmark's ~0.85B Llama), 16 layers unless LAYERS says. Prints
@@ -25,6 +25,7 @@
 
 #include "pagoda/backend/cpu/kernels/matmul.h"
 #include "pagoda/backend/cpu/kernels/quant_dot.h"
+#include "pagoda/backend/cpu/kernels/quant_panels.h"
 #include "pagoda/core/dtype.h"
 #include "pagoda/core/thread_pool.h"
 #include "pagoda/model/weight_matrix.h"
@@ -87,6 +88,10 @@ Matrix make_matrix(DType dtype, size_t rows, size_t cols, Random& rng) {
         std::memcpy(dst + 2 * c, &h, 2);
       }
   }
+  if (pagoda::kernels::is_quantized_weight(dtype) && pagoda::kernels::quant_panels_enabled()) {
+    pagoda::kernels::pack_quant_panels(dtype, base, rows, cols);  // as the model's load does
+    m.w.quant_panels = true;
+  }
   m.w.data = base;
   return m;
 }
@@ -143,9 +148,11 @@ int main(int argc, char** argv) {
   const double cpu_per_step = (process_cpu_seconds() - cpu0) / steps;
   std::sort(secs.begin(), secs.end());
   const double med = secs[secs.size() / 2], best = secs.front();
-  std::printf("%s threads=%zu layers=%d %.2f GB: median %.2f ms (%.1f Gweights/s, %.1f GB/s), best %.2f ms (%.1f GB/s), "
+  std::printf("%s%s threads=%zu layers=%d %.2f GB: median %.2f ms (%.1f Gweights/s, %.1f GB/s), best %.2f ms (%.1f GB/s), "
               "CPU %.2f ms/step (load %.2f -> %.2f)\n",
-              dt.c_str(), pagoda::ThreadPool::global().size(), layers, bytes * 1e-9, med * 1e3, weights / med * 1e-9,
+              dt.c_str(),
+              pagoda::kernels::is_quantized_weight(dtype) ? (pagoda::kernels::quant_panels_enabled() ? " panels" : " rows") : "",
+              pagoda::ThreadPool::global().size(), layers, bytes * 1e-9, med * 1e3, weights / med * 1e-9,
               bytes / med * 1e-9, best * 1e3, bytes / best * 1e-9, cpu_per_step * 1e3, l0, load_average());
   return 0;
 }

@@ -17,16 +17,30 @@ namespace {
 constexpr size_t kRows = kQuantPanelRows;
 constexpr size_t kScaleBytes = 2 * kRows;  // the four rows' f16 scales of one block
 
+constexpr size_t kGroup = 8;               // blocks per group: their scales fill one 64-byte line
+
 // Bytes of one block's values for the four rows of a panel.
 size_t panel_block_bytes(DType dtype) { return dtype == DType::kInt8 ? 4 * kQuantBlock : 2 * kQuantBlock; }
 
-// Where element i of row r, block b sits in a panel's values (and, for int4, whether in the high nibble).
+// Where things sit in a panel of `blocks` blocks: groups of 8 blocks, each its scales then its values.
+struct PanelGeometry {
+  size_t block_bytes, blocks;
+  PanelGeometry(DType dtype, size_t blocks) : block_bytes(panel_block_bytes(dtype)), blocks(blocks) {}
+  size_t group_start(size_t g) const { return g * kGroup * (block_bytes + kScaleBytes); }
+  size_t group_blocks(size_t g) const { return std::min(kGroup, blocks - g * kGroup); }
+  size_t scales(size_t b) const { return group_start(b / kGroup) + (b % kGroup) * kScaleBytes; }
+  size_t values(size_t b) const {
+    return group_start(b / kGroup) + group_blocks(b / kGroup) * kScaleBytes + (b % kGroup) * block_bytes;
+  }
+};
+
+// Where element i of row r, block b sits in a panel (and, for int4, whether in the high nibble).
 struct PanelPos {
   size_t byte;
   bool high;
 };
-PanelPos panel_position(DType dtype, size_t b, size_t r, size_t i) {
-  const size_t base = b * panel_block_bytes(dtype);
+PanelPos panel_position(DType dtype, size_t blocks, size_t b, size_t r, size_t i) {
+  const size_t base = PanelGeometry(dtype, blocks).values(b);
   if (dtype == DType::kInt8) return {base + (i / 16) * 64 + 16 * r + i % 16, false};
   return {base + 16 * r + i % 16, i >= 16};
 }
@@ -38,14 +52,14 @@ uint16_t load_u16(const uint8_t* p) {
 }
 
 // The stored value (q + 128, or the nibble) of element i of row r, block b.
-int panel_value(DType dtype, const uint8_t* panel, size_t b, size_t r, size_t i) {
-  const PanelPos at = panel_position(dtype, b, r, i);
+int panel_value(DType dtype, const uint8_t* panel, size_t blocks, size_t b, size_t r, size_t i) {
+  const PanelPos at = panel_position(dtype, blocks, b, r, i);
   if (dtype == DType::kInt8) return panel[at.byte];
   return at.high ? panel[at.byte] >> 4 : panel[at.byte] & 0x0F;
 }
 
 float panel_scale(const uint8_t* panel, size_t blocks, DType dtype, size_t b, size_t r) {
-  return f16_to_f32(load_u16(panel + blocks * panel_block_bytes(dtype) + b * kScaleBytes + 2 * r));
+  return f16_to_f32(load_u16(panel + PanelGeometry(dtype, blocks).scales(b) + 2 * r));
 }
 
 #define PAGODA_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
@@ -87,31 +101,40 @@ PAGODA_AVX512 inline __m512 scaled(__m512i product, __m512 scales, size_t j, __m
 // Four blocks per step: their 16 f16 scales (block-major) in one conversion, times the activation scales;
 // the unsigned offset (128 or 8 times each block's activation sum) is accumulated apart, per row, and
 // subtracted once at the end.
+// Four blocks per step: their 16 f16 scales (block-major) in one conversion, times the activation
+// scales; the unsigned offset (128 or 8 times each block's activation sum) is accumulated apart, per row,
+// and subtracted once at the end. The panel is read front to back (a group's scales, then its values).
 template <bool kInt8>
 PAGODA_AVX512 void dot_panel_avx512(const uint8_t* panel, const PanelActivation& x, size_t blocks, float* out) {
   constexpr size_t kBlockBytes = kInt8 ? 4 * kQuantBlock : 2 * kQuantBlock;
-  const uint8_t* scales = panel + blocks * kBlockBytes;
   const __m512i mask = _mm512_set1_epi8(0x0F);
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps(),
          acc3 = _mm512_setzero_ps(), offset = _mm512_setzero_ps();
-  size_t b = 0;
-  for (; b + 4 <= blocks; b += 4) {
-    const __m512 w = _mm512_maskz_cvtph_ps(kAll16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + b * kScaleBytes)));
-    const __m512 c = _mm512_mul_ps(w, _mm512_loadu_ps(x.scale4 + 4 * b));
-    offset = _mm512_fmadd_ps(w, _mm512_loadu_ps(x.offset4 + 4 * b), offset);
-    const uint8_t* q = panel + b * kBlockBytes;
-    const int8_t* xq = x.q + b * kQuantBlock;
-    acc0 = scaled(block_product(kInt8, q, xq, mask), c, 0, acc0);
-    acc1 = scaled(block_product(kInt8, q + kBlockBytes, xq + kQuantBlock, mask), c, 1, acc1);
-    acc2 = scaled(block_product(kInt8, q + 2 * kBlockBytes, xq + 2 * kQuantBlock, mask), c, 2, acc2);
-    acc3 = scaled(block_product(kInt8, q + 3 * kBlockBytes, xq + 3 * kQuantBlock, mask), c, 3, acc3);
-  }
-  for (; b < blocks; ++b) {  // the last blocks % 4 blocks: four scales each, in lanes 0..3
-    const __m128 w4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + b * kScaleBytes)));
-    const __m512 w = _mm512_zextps128_ps512(w4);
-    const __m512 c = _mm512_mul_ps(w, _mm512_set1_ps(x.scale4[4 * b]));
-    offset = _mm512_fmadd_ps(w, _mm512_set1_ps(x.offset4[4 * b]), offset);
-    acc0 = scaled(block_product(kInt8, panel + b * kBlockBytes, x.q + b * kQuantBlock, mask), c, 0, acc0);
+  for (size_t g0 = 0; g0 < blocks; g0 += kGroup) {
+    const size_t n = std::min(kGroup, blocks - g0);
+    const uint8_t* scales = panel + g0 * (kBlockBytes + kScaleBytes);
+    const uint8_t* values = scales + n * kScaleBytes;
+    size_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+      const size_t b = g0 + j;
+      const __m512 w = _mm512_maskz_cvtph_ps(kAll16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + j * kScaleBytes)));
+      const __m512 c = _mm512_mul_ps(w, _mm512_loadu_ps(x.scale4 + 4 * b));
+      offset = _mm512_fmadd_ps(w, _mm512_loadu_ps(x.offset4 + 4 * b), offset);
+      const uint8_t* q = values + j * kBlockBytes;
+      const int8_t* xq = x.q + b * kQuantBlock;
+      acc0 = scaled(block_product(kInt8, q, xq, mask), c, 0, acc0);
+      acc1 = scaled(block_product(kInt8, q + kBlockBytes, xq + kQuantBlock, mask), c, 1, acc1);
+      acc2 = scaled(block_product(kInt8, q + 2 * kBlockBytes, xq + 2 * kQuantBlock, mask), c, 2, acc2);
+      acc3 = scaled(block_product(kInt8, q + 3 * kBlockBytes, xq + 3 * kQuantBlock, mask), c, 3, acc3);
+    }
+    for (; j < n; ++j) {  // the last blocks % 4 blocks: four scales each, in lanes 0..3
+      const size_t b = g0 + j;
+      const __m128 w4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + j * kScaleBytes)));
+      const __m512 w = _mm512_zextps128_ps512(w4);
+      const __m512 c = _mm512_mul_ps(w, _mm512_set1_ps(x.scale4[4 * b]));
+      offset = _mm512_fmadd_ps(w, _mm512_set1_ps(x.offset4[4 * b]), offset);
+      acc0 = scaled(block_product(kInt8, values + j * kBlockBytes, x.q + b * kQuantBlock, mask), c, 0, acc0);
+    }
   }
   alignas(64) float sums[16], offsets[16];
   _mm512_store_ps(sums, _mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
@@ -144,7 +167,7 @@ bool quant_panels_enabled() {
 
 void pack_quant_panels(DType dtype, uint8_t* data, size_t rows, size_t cols) {
   const size_t blocks = quant_blocks(cols), row_bytes = quantized_row_bytes(dtype, cols);
-  const size_t block_bytes = panel_block_bytes(dtype);
+  const PanelGeometry geometry(dtype, blocks);
   std::vector<uint8_t> values(kRows * blocks * kQuantBlock);
   std::vector<uint16_t> scales(kRows * blocks);
   for (size_t p = 0; p + 1 <= rows / kRows; ++p) {
@@ -157,10 +180,10 @@ void pack_quant_panels(DType dtype, uint8_t* data, size_t rows, size_t cols) {
       for (size_t r = 0; r < kRows; ++r) {
         const uint8_t* v = values.data() + (r * blocks + b) * kQuantBlock;
         for (size_t i = 0; i < kQuantBlock; ++i) {
-          const PanelPos at = panel_position(dtype, b, r, i);
+          const PanelPos at = panel_position(dtype, blocks, b, r, i);
           panel[at.byte] = static_cast<uint8_t>(panel[at.byte] | (at.high ? v[i] << 4 : v[i]));
         }
-        std::memcpy(panel + blocks * block_bytes + b * kScaleBytes + 2 * r, &scales[r * blocks + b], 2);
+        std::memcpy(panel + geometry.scales(b) + 2 * r, &scales[r * blocks + b], 2);
       }
     }
   }
@@ -184,10 +207,10 @@ void dequantize_panel_rows(DType dtype, const uint8_t* data, size_t rows, size_t
       const size_t n = std::min(kQuantBlock, cols - b * kQuantBlock);
       float* yb = y + b * kQuantBlock;
       if (dtype == DType::kInt8) {
-        const uint8_t* lo = panel + panel_position(dtype, b, r, 0).byte;
+        const uint8_t* lo = panel + panel_position(dtype, blocks, b, r, 0).byte;
         for (size_t i = 0; i < n; ++i) yb[i] = d * static_cast<float>(static_cast<int>(lo[(i / 16) * 64 + i % 16]) - zero);
       } else {
-        const uint8_t* q = panel + panel_position(dtype, b, r, 0).byte;
+        const uint8_t* q = panel + panel_position(dtype, blocks, b, r, 0).byte;
         for (size_t i = 0; i < n; ++i)
           yb[i] = d * static_cast<float>((i < 16 ? q[i] & 0x0F : q[i - 16] >> 4) - zero);
       }
@@ -231,9 +254,9 @@ void dot_quant_panel_reference(DType dtype, const uint8_t* panel, const Quantize
       int32_t acc = 0;
       const int8_t* xq = x.q + b * kQuantBlock;
       if (dtype == DType::kInt8) {
-        for (size_t i = 0; i < kQuantBlock; ++i) acc += (panel_value(dtype, panel, b, r, i) - 128) * xq[i];
+        for (size_t i = 0; i < kQuantBlock; ++i) acc += (panel_value(dtype, panel, blocks, b, r, i) - 128) * xq[i];
       } else {
-        for (size_t i = 0; i < kQuantBlock; ++i) acc += panel_value(dtype, panel, b, r, i) * xq[i];
+        for (size_t i = 0; i < kQuantBlock; ++i) acc += panel_value(dtype, panel, blocks, b, r, i) * xq[i];
         acc -= 8 * x.sum[b];
       }
       s += panel_scale(panel, blocks, dtype, b, r) * x.scale[b] * static_cast<float>(acc);

@@ -9,13 +9,15 @@
 // of kQuantPanelRows = 4; group p occupies exactly the bytes that rows 4p..4p+3
 // occupy in the per-row layout (4 * quantized_row_bytes), so sizes and row
 // offsets of whole groups do not change. The last rows % 4 rows stay in the
-// per-row layout. Inside a panel of B blocks:
+// per-row layout. A panel of B blocks is B / 8 groups of 8 blocks (the last
+// one B % 8 blocks), each its scales then its values, so that the kernel reads
+// the panel front to back as one stream:
 //
-//   kInt8: per block b, 128 bytes: rows 0..3's elements 0..15 (16 bytes each,
-//          stored as q + 128), then rows 0..3's elements 16..31;
-//   kInt4: per block b, 64 bytes: row r's 16 bytes at 16 r, byte j holding
-//          element j in its low nibble and element j + 16 in its high one;
-//   then the scales: per block b, the four rows' f16 scales (8 bytes).
+//   scales: per block, the four rows' f16 scales (8 bytes; 64 per group);
+//   kInt8 values: per block, 128 bytes: rows 0..3's elements 0..15 (16 bytes
+//          each, stored as q + 128), then rows 0..3's elements 16..31;
+//   kInt4 values: per block, 64 bytes: row r's 16 bytes at 16 r, byte j
+//          holding element j in its low nibble and element j + 16 in its high.
 //
 // So one 64-byte load is the unsigned bytes of four rows x 16 elements (int8),
 // or after one mask and one shift + mask four rows x 32 elements (int4), each
