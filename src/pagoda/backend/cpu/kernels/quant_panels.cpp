@@ -147,6 +147,29 @@ PAGODA_AVX512 void dot_panel_avx512(const uint8_t* panel, const PanelActivation&
   }
 }
 
+// Row r of a panel, its whole blocks as f32 (16 lanes per half block).
+PAGODA_AVX512 void dequantize_panel_row_avx512(bool int8, const uint8_t* panel, size_t blocks, size_t whole, size_t r,
+                                               float* y) {
+  const PanelGeometry geometry(int8 ? DType::kInt8 : DType::kInt4, blocks);
+  const __m512i zero = _mm512_set1_epi32(int8 ? 128 : 8), mask = _mm512_set1_epi32(0x0F);
+  for (size_t b = 0; b < whole; ++b) {
+    const __m512 d = _mm512_set1_ps(_cvtsh_ss(load_u16(panel + geometry.scales(b) + 2 * r)));
+    const uint8_t* q = panel + geometry.values(b) + 16 * r;
+    __m512i lo, hi;
+    if (int8) {
+      lo = _mm512_maskz_cvtepu8_epi32(kAll16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+      hi = _mm512_maskz_cvtepu8_epi32(kAll16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 64)));
+    } else {
+      const __m512i v = _mm512_maskz_cvtepu8_epi32(kAll16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+      lo = _mm512_and_si512(v, mask);
+      hi = _mm512_maskz_srli_epi32(kAll16, v, 4);
+    }
+    float* yb = y + b * kQuantBlock;
+    _mm512_storeu_ps(yb, _mm512_mul_ps(d, _mm512_maskz_cvtepi32_ps(kAll16, _mm512_sub_epi32(lo, zero))));
+    _mm512_storeu_ps(yb + 16, _mm512_mul_ps(d, _mm512_maskz_cvtepi32_ps(kAll16, _mm512_sub_epi32(hi, zero))));
+  }
+}
+
 bool has_avx512_vnni() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c() &&
@@ -193,6 +216,7 @@ void dequantize_panel_rows(DType dtype, const uint8_t* data, size_t rows, size_t
                            float* out) {
   const size_t blocks = quant_blocks(cols), row_bytes = quantized_row_bytes(dtype, cols);
   const size_t panel_rows = rows / kRows * kRows;
+  static const bool vnni = has_avx512_vnni();
   const int zero = dtype == DType::kInt8 ? 128 : 8;
   for (size_t j = r0; j < r1; ++j) {
     float* y = out + (j - r0) * cols;
@@ -202,18 +226,16 @@ void dequantize_panel_rows(DType dtype, const uint8_t* data, size_t rows, size_t
     }
     const uint8_t* panel = data + (j / kRows) * kRows * row_bytes;
     const size_t r = j % kRows;
-    for (size_t b = 0; b < blocks; ++b) {
+    size_t b = 0;
+    if (vnni) {
+      b = cols / kQuantBlock;
+      dequantize_panel_row_avx512(dtype == DType::kInt8, panel, blocks, b, r, y);
+    }
+    for (; b < blocks; ++b) {
       const float d = panel_scale(panel, blocks, dtype, b, r);
       const size_t n = std::min(kQuantBlock, cols - b * kQuantBlock);
       float* yb = y + b * kQuantBlock;
-      if (dtype == DType::kInt8) {
-        const uint8_t* lo = panel + panel_position(dtype, blocks, b, r, 0).byte;
-        for (size_t i = 0; i < n; ++i) yb[i] = d * static_cast<float>(static_cast<int>(lo[(i / 16) * 64 + i % 16]) - zero);
-      } else {
-        const uint8_t* q = panel + panel_position(dtype, blocks, b, r, 0).byte;
-        for (size_t i = 0; i < n; ++i)
-          yb[i] = d * static_cast<float>((i < 16 ? q[i] & 0x0F : q[i - 16] >> 4) - zero);
-      }
+      for (size_t i = 0; i < n; ++i) yb[i] = d * static_cast<float>(panel_value(dtype, panel, blocks, b, r, i) - zero);
     }
   }
 }
