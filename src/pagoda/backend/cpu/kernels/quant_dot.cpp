@@ -455,12 +455,22 @@ void dequantize_weight_rows(DType dtype, const uint8_t* src, size_t rows, size_t
 
 void quantized_row_values(DType dtype, const uint8_t* row, size_t blocks, uint8_t* values, uint16_t* scales) {
   const uint8_t* s = row_scales(dtype, row, blocks);
-  for (size_t b = 0; b < blocks; ++b) {
-    scales[b] = load_u16(s + 2 * b);
-    for (size_t i = 0; i < kQuantBlock; ++i)
-      values[b * kQuantBlock + i] = dtype == DType::kInt8 ? row[b * kQ8Bytes + i]
-                                                          : static_cast<uint8_t>(q4_value(row, blocks, b, i));
+  for (size_t b = 0; b < blocks; ++b) scales[b] = load_u16(s + 2 * b);
+  if (dtype == DType::kInt8) {
+    std::memcpy(values, row, blocks * kQ8Bytes);
+    return;
   }
+  const size_t full = blocks / kQuad * kQuad;
+  for (size_t b = 0; b < full; b += kQuad) {  // a quad: byte t low nibble element t of blocks b|b+1, high b+2|b+3
+    const uint8_t* q = row + b * kQ4Bytes;
+    uint8_t* v = values + b * kQuantBlock;
+    for (size_t t = 0; t < 2 * kQuantBlock; ++t) {
+      v[t] = q[t] & 0x0F;
+      v[2 * kQuantBlock + t] = static_cast<uint8_t>(q[t] >> 4);
+    }
+  }
+  for (size_t b = full; b < blocks; ++b)
+    for (size_t i = 0; i < kQuantBlock; ++i) values[b * kQuantBlock + i] = static_cast<uint8_t>(q4_value(row, blocks, b, i));
 }
 
 void quantize_activation(const float* x, size_t k, int8_t* q, float* scale, int32_t* sum) {

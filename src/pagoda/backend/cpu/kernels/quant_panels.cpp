@@ -198,13 +198,15 @@ void pack_quant_panels(DType dtype, uint8_t* data, size_t rows, size_t cols) {
     for (size_t r = 0; r < kRows; ++r)
       quantized_row_values(dtype, panel + r * row_bytes, blocks, values.data() + r * blocks * kQuantBlock,
                            scales.data() + r * blocks);
-    std::memset(panel, 0, kRows * row_bytes);
     for (size_t b = 0; b < blocks; ++b) {
+      uint8_t* out = panel + geometry.values(b);
       for (size_t r = 0; r < kRows; ++r) {
         const uint8_t* v = values.data() + (r * blocks + b) * kQuantBlock;
-        for (size_t i = 0; i < kQuantBlock; ++i) {
-          const PanelPos at = panel_position(dtype, blocks, b, r, i);
-          panel[at.byte] = static_cast<uint8_t>(panel[at.byte] | (at.high ? v[i] << 4 : v[i]));
+        if (dtype == DType::kInt8) {
+          std::memcpy(out + 16 * r, v, 16);
+          std::memcpy(out + 64 + 16 * r, v + 16, 16);
+        } else {
+          for (size_t i = 0; i < 16; ++i) out[16 * r + i] = static_cast<uint8_t>(v[i] | (v[i + 16] << 4));
         }
         std::memcpy(panel + geometry.scales(b) + 2 * r, &scales[r * blocks + b], 2);
       }
