@@ -23,7 +23,9 @@
 // weight bytes by the signed activation bytes, two blocks per 512-bit product,
 // with the unsigned offset (128 or 8 times the activation block's sum)
 // subtracted once per row; else AVX2 maddubs; else plain loops (picked at run
-// time). The result is scaled to f32 once per block.
+// time). The result is scaled to f32 once per block. On AVX-512 VNNI the
+// model's matrices are regrouped at load into four-row panels of these same
+// bytes (quant_panels.h) and decoded by a panel kernel instead.
 //
 // Thread safety: pure functions.
 
