@@ -1,9 +1,10 @@
 #include "pagoda/backend/cpu/kernels/decode_attention_tile.h"
 
-// GCC 12 warns that the AVX-512 widening intrinsics' internal _mm512_undefined_*() operands "may be used
-// uninitialized" once inlined here: a false positive of the header, not of this code.
+// GCC 12 warns that the AVX-512 intrinsics' internal _mm512_undefined_*() operands are (or "may be") used
+// uninitialized once inlined here: a false positive of the header, not of this code.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <immintrin.h>
 
