@@ -10,6 +10,7 @@
 
 #include "pagoda/backend/cpu/kernels/paged_attention_tiled.h"
 
+#include "pagoda/backend/cpu/kernels/cpu_features.h"
 #include "pagoda/backend/cpu/kernels/decode_attention_tile.h"
 
 #include <gtest/gtest.h>
@@ -155,14 +156,13 @@ TEST(PagedAttentionTiledTest, EqualsReferenceOnPrefixHitsDecodesAndLongPrefills)
   }
 }
 
-TEST(PagedAttentionTiledTest, InPlaceDecodeTilesRunWhereTheCpuHasAvx512) {
+TEST(PagedAttentionTiledTest, InPlaceDecodeTilesRunWhereTheCpuHasAvx2) {
   __builtin_cpu_init();
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") &&
-                      __builtin_cpu_supports("fma");
-  EXPECT_EQ(decode_tile_supported(DType::kF16, DType::kF16, 64), avx512);
-  EXPECT_EQ(decode_tile_supported(DType::kF32, DType::kBF16, 128), avx512);
-  EXPECT_FALSE(decode_tile_supported(DType::kF16, DType::kF16, 40));   // head dim not a multiple of 16
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
+  EXPECT_EQ(decode_tile_supported(DType::kF16, DType::kF16, 64), avx2);
+  EXPECT_EQ(decode_tile_supported(DType::kF32, DType::kBF16, 128), avx2);
+  EXPECT_FALSE(decode_tile_supported(DType::kF16, DType::kF16, 40));   // head dim not a multiple of 32
+  EXPECT_FALSE(decode_tile_supported(DType::kBF16, DType::kF16, 48));
   EXPECT_FALSE(decode_tile_supported(DType::kInt8, DType::kF16, 64));  // quantized pools: dequantized per key
 }
 
