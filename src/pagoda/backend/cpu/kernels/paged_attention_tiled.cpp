@@ -273,11 +273,10 @@ void run_decode_unit(const Context& c, const Unit& u) {
   const int32_t index = seq.num_cached_tokens + u.first_token;  // the new token's sequence index
   const float* keys[kKeyBlock];
   const float* values[kKeyBlock];
-  // 16-bit pools (AVX2 + F16C): both inner loops read the pool in place, widening in registers
-  // (decode_attention_tile.h). An all-f32 pool keeps the loop below, which reads it in place too and measured
-  // faster than the tile kernels there (docs/BENCHMARKS.md, issue 27 decode attention).
-  const bool all_f32 = c.keys->dtype() == DType::kF32 && c.values->dtype() == DType::kF32;
-  const bool in_place = !all_f32 && decode_tile_supported(c.keys->dtype(), c.values->dtype(), D);
+  // f32 / f16 / bf16 pools (AVX2 + F16C, head dim a multiple of 32): both inner loops read the pool in place,
+  // 16-bit elements widened in registers, V read once per two query rows (decode_attention_tile.h); other
+  // pools are dequantized per key into kbuf / vbuf below.
+  const bool in_place = decode_tile_supported(c.keys->dtype(), c.values->dtype(), D);
   const void* raw_keys[kKeyBlock];
   const void* raw_values[kKeyBlock];
   thread_local std::vector<float> probs;
