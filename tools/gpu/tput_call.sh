@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Issue 23's throughput goal, profiled (1,000 x 1,000 in / 1,000 out, all at once, Llama-3-8B shape, random
+# weights), in one device call:
+#   profile: pagoda_gpu_engine_bench --workload gemm,prefill: plain cuBLASLt GEMMs of one layer's shapes
+#            (the ceiling) and prefill alone at 2K/4K/8K/16K tokens per step, fp8 weights + fp8 KV, then bf16
+#            weights + bf16 KV (fewer requests);
+#   goal:    the engine benchmark's 1,000 x 1,000 (greedy, with its step profile: prefill-carrying vs
+#            decode-only steps, decode batch histogram, timeline with free KV blocks), then `pagoda serve`
+#            + `pagoda bench serve` at the same settings (same binaries, same model shape, greedy).
+#
+#   BUILD_DIR=build-cuda tools/gpu/tput_call.sh bundle      packs DEST (default <tree>/.device/tput)
+#   run(command="bash .device/tput/tput_call.sh run", carry=[".device/tput"])
+# Knobs: PARTS=all|profile|goal; SEQS (--max-num-seqs, default 512), TOKENS (--max-tokens-per-step, 8192),
+#   CHUNKS (prefill token budgets), GOAL_SECONDS (cap of each goal run, 110).
+# Prints a compact summary; full logs in $OUT/logs.tar.gz.
+set -uo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+
+if [ "${1:-}" = bundle ]; then
+  set -e
+  build=${BUILD_DIR:-$here/build-cuda}
+  dir=${DEST:-$here/.device/tput}
+  rm -rf "$dir" && mkdir -p "$dir"
+  bash "$here/scripts/device-bundle.sh" "$dir/bundle" "$build/pagoda" "$build/bench/gpu/pagoda_gpu_engine_bench"
+  strip "$dir/bundle/bin/"* || true
+  model=$dir/bundle/llama3-8b-random
+  mkdir -p "$model"
+  cp "$here/tools/gpu_backend/llama3_8b_config.json" "$model/config.json"
+  cp "$here/.cache/npm/llama3/package/models/tokenizer.json" "$here/.cache/npm/llama3/package/models/tokenizer_config.json" "$model/"
+  git -C "$here" rev-parse --short HEAD > "$dir/bundle/commit"
+  tar czf "$dir/bundle.tar.gz" -C "$dir" bundle
+  rm -rf "$dir/bundle"
+  cp "$0" "$dir/tput_call.sh"
+  ls -la "$dir"
+  exit 0
+fi
+
+[ "${1:-}" = run ] || { echo "usage: $0 bundle|run" >&2; exit 2; }
+dir=$(cd "$(dirname "$0")" && pwd)
+b=$dir/bundle
+[ -x "$b/run.sh" ] || tar xzf "$dir/bundle.tar.gz" -C "$dir"
+out=${OUT:-/tmp/tput}
+logs=$out/logs
+mkdir -p "$logs"
+seqs=${SEQS:-512} tokens=${TOKENS:-8192} chunks=${CHUNKS:-2048,4096,8192,16384} cap=${GOAL_SECONDS:-110}
+echo "date $(date -u +%FT%TZ) commit $(cat "$b/commit") SEQS=$seqs TOKENS=$tokens"
+nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader
+bench=("$b/run.sh" pagoda_gpu_engine_bench --config "$b/llama3-8b-random/config.json")
+summary() { grep -E "$1" "$2" | sed 's/^/  /'; }
+
+if [ "${PARTS:-all}" != goal ]; then
+  t0=$(date +%s)
+  "${bench[@]}" --workload gemm,prefill --prefill-chunks "$chunks" --prefill-requests 256 --quantization fp8 \
+    --kv-cache-dtype fp8 --max-num-seqs "$seqs" --json "$out/prefill_fp8.json" > "$logs/prefill_fp8.log" 2>&1
+  echo "== fp8 weights + fp8 KV: GEMM ceiling and prefill alone ($(( $(date +%s) - t0 )) s)"
+  summary "gemm ceiling|stack of|^prefill,|error|prefill-carrying" "$logs/prefill_fp8.log"
+  t0=$(date +%s)
+  "${bench[@]}" --workload gemm,prefill --prefill-chunks "$chunks" --prefill-requests 128 --kv-cache-dtype bf16 \
+    --max-num-seqs "$seqs" --json "$out/prefill_bf16.json" > "$logs/prefill_bf16.log" 2>&1
+  echo "== bf16 weights + bf16 KV: GEMM ceiling and prefill alone ($(( $(date +%s) - t0 )) s)"
+  summary "stack of|^prefill,|error" "$logs/prefill_bf16.log"
+fi
+
+if [ "${PARTS:-all}" != profile ]; then
+  t0=$(date +%s)
+  "${bench[@]}" --workload random --sampling greedy --num-requests 1000 --input-len 1000 --output-len 1000 \
+    --quantization fp8 --kv-cache-dtype fp8 --max-num-seqs "$seqs" --max-tokens-per-step "$tokens" \
+    --max-seconds "$cap" --json "$out/engine_1kx1k.json" > "$logs/engine_1kx1k.log" 2>&1
+  echo "== engine 1,000 x 1,000, fp8 + fp8 KV, $seqs seqs, $tokens tokens/step ($(( $(date +%s) - t0 )) s)"
+  summary "^engine|step time|step profile|error|pool" "$logs/engine_1kx1k.log"
+
+  t0=$(date +%s)
+  "$b/run.sh" pagoda serve --model "$b/llama3-8b-random" --load-format random --device cuda --host 127.0.0.1 \
+    --port 0 --max-queued 1024 --quantization fp8 --kv-cache-dtype fp8 --max-num-seqs "$seqs" \
+    --max-tokens-per-step "$tokens" --max-model-len 2048 > "$logs/serve.log" 2>&1 &
+  pid=$! port=""
+  for _ in $(seq 240); do
+    port=$(grep -oP 'listening on http://[0-9.]+:\K[0-9]+' "$logs/serve.log" | head -1)
+    [ -n "$port" ] && python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=1)" 2>/dev/null && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.5
+  done
+  echo "== HTTP 1,000 x 1,000, same settings (serve up after $(( $(date +%s) - t0 )) s, port $port)"
+  if [ -n "$port" ]; then
+    timeout "$cap" "$b/run.sh" pagoda bench serve --url "http://127.0.0.1:$port" --concurrency 1000 --requests 1000 \
+      --prompt-tokens 1000 --output-tokens 1000 --token-high 120000 --warmup 1 --label "fp8w_fp8kv_${seqs}" \
+      --csv "$out/tput.csv" --no-progress > "$logs/bench_serve.log" 2>&1
+    tail -12 "$logs/bench_serve.log" | sed 's/^/  /'
+    python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$port/metrics').read().decode())" \
+      > "$logs/metrics.txt" 2>&1
+    grep -E '^pagoda_(preemptions|engine_steps|kv_)' "$logs/metrics.txt" | head -8 | sed 's/^/  /'
+  fi
+  kill $pid 2>/dev/null; wait $pid 2>/dev/null
+  summary "capacity|preempt|error" "$logs/serve.log" | tail -4
+  cat "$out/tput.csv" 2>/dev/null
+fi
+tar czf "$out/logs.tar.gz" -C "$out" logs && rm -rf "$logs"
