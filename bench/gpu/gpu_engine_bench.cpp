@@ -383,7 +383,7 @@ int main(int argc, char** argv) {
   app.add_option("--config", args.config_path, "config.json; weights are random bf16 made on the GPU")->required();
   app.add_option("--workload", args.workloads, "random, prefill, gemm, latency, shared-prefix, sampler, zero-on-free, evict (comma-separated, in order)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"random", "shared-prefix", "latency", "sampler", "zero-on-free", "evict"}));
+      ->check(CLI::IsMember({"random", "prefill", "gemm", "shared-prefix", "latency", "sampler", "zero-on-free", "evict"}));
   app.add_option("--sampling", args.samplings, "random workload: top-p (temperature + top_p on the GPU), greedy")
       ->delimiter(',')
       ->check(CLI::IsMember({"top-p", "greedy"}));

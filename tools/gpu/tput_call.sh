@@ -28,7 +28,7 @@ if [ "${1:-}" = bundle ]; then
   cp "$here/tools/gpu_backend/llama3_8b_config.json" "$model/config.json"
   cp "$here/.cache/npm/llama3/package/models/tokenizer.json" "$here/.cache/npm/llama3/package/models/tokenizer_config.json" "$model/"
   git -C "$here" rev-parse --short HEAD > "$dir/bundle/commit"
-  tar czf "$dir/bundle.tar.gz" -C "$dir" bundle
+  tar cJf "$dir/bundle.tar.xz" -C "$dir" bundle
   rm -rf "$dir/bundle"
   cp "$0" "$dir/tput_call.sh"
   ls -la "$dir"
@@ -38,7 +38,7 @@ fi
 [ "${1:-}" = run ] || { echo "usage: $0 bundle|run" >&2; exit 2; }
 dir=$(cd "$(dirname "$0")" && pwd)
 b=$dir/bundle
-[ -x "$b/run.sh" ] || tar xzf "$dir/bundle.tar.gz" -C "$dir"
+[ -x "$b/run.sh" ] || tar xJf "$dir/bundle.tar.xz" -C "$dir"
 out=${OUT:-/tmp/tput}
 logs=$out/logs
 mkdir -p "$logs"
