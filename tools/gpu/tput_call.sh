@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 23's throughput goal, profiled (1,000 x 1,000 in / 1,000 out, all at once, Llama-3-8B shape, random
 # weights), in one device call:
-#   profile: pagoda_gpu_engine_bench --workload gemm,prefill: plain cuBLASLt GEMMs of one layer's shapes
-#            (the ceiling) and prefill alone at 2K/4K/8K/16K tokens per step, fp8 weights + fp8 KV, then bf16
-#            weights + bf16 KV (fewer requests);
+#   profile: pagoda_gpu_engine_bench --workload gemm,prefill: plain cuBLASLt GEMMs of one layer's shapes,
+#            bf16 and fp8 (the ceiling), and prefill alone at 2K/4K/8K/16K tokens per step with fp8 weights +
+#            fp8 KV; then prefill alone at 8K/16K with fp8 weights + bf16 KV and bf16 weights + bf16 KV;
 #   goal:    the engine benchmark's 1,000 x 1,000 (greedy, with its step profile: prefill-carrying vs
 #            decode-only steps, decode batch histogram, timeline with free KV blocks), then `pagoda serve`
 #            + `pagoda bench serve` at the same settings (same binaries, same model shape, greedy).
@@ -11,7 +11,8 @@
 #   BUILD_DIR=build-cuda tools/gpu/tput_call.sh bundle      packs DEST (default <tree>/.device/tput)
 #   run(command="bash .device/tput/tput_call.sh run", carry=[".device/tput"])
 # Knobs: PARTS=all|profile|goal; SEQS (--max-num-seqs, default 512), TOKENS (--max-tokens-per-step, 8192),
-#   CHUNKS (prefill token budgets), GOAL_SECONDS (cap of each goal run, 110).
+#   CHUNKS (prefill token budgets of the fp8 run), CHUNKS2 (of the other two), GOAL_SECONDS (cap of each goal
+#   run, 110). Expected: profile ~90 s, goal ~190 s (PARTS=profile and PARTS=goal fit a 220 s call each).
 # Prints a compact summary; full logs in $OUT/logs.tar.gz.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -54,11 +55,17 @@ if [ "${PARTS:-all}" != goal ]; then
     --kv-cache-dtype fp8 --max-num-seqs "$seqs" --json "$out/prefill_fp8.json" > "$logs/prefill_fp8.log" 2>&1
   echo "== fp8 weights + fp8 KV: GEMM ceiling and prefill alone ($(( $(date +%s) - t0 )) s)"
   summary "gemm ceiling|stack of|^prefill,|error|prefill-carrying" "$logs/prefill_fp8.log"
-  t0=$(date +%s)
-  "${bench[@]}" --workload gemm,prefill --prefill-chunks "$chunks" --prefill-requests 128 --kv-cache-dtype bf16 \
-    --max-num-seqs "$seqs" --json "$out/prefill_bf16.json" > "$logs/prefill_bf16.log" 2>&1
-  echo "== bf16 weights + bf16 KV: GEMM ceiling and prefill alone ($(( $(date +%s) - t0 )) s)"
-  summary "stack of|^prefill,|error" "$logs/prefill_bf16.log"
+  # fp8 weights + bf16 KV, then bf16 + bf16: what the fp8 KV costs prefill (its chunks attend through a
+  # dequantized bf16 copy), and the bf16 goal's prefill.
+  for kvw in "fp8 bf16" "none bf16"; do
+    set -- $kvw
+    t0=$(date +%s)
+    "${bench[@]}" --workload prefill --prefill-chunks "${CHUNKS2:-8192,16384}" --prefill-requests 128 \
+      --quantization "$1" --kv-cache-dtype "$2" --max-num-seqs "$seqs" --json "$out/prefill_w$1_kv$2.json" \
+      > "$logs/prefill_w$1_kv$2.log" 2>&1
+    echo "== weights $1 (none: bf16), KV $2: prefill alone ($(( $(date +%s) - t0 )) s)"
+    summary "^prefill,|error|prefill-carrying" "$logs/prefill_w$1_kv$2.log"
+  done
 fi
 
 if [ "${PARTS:-all}" != profile ]; then
