@@ -95,7 +95,7 @@ if [ "${PARTS:-all}" != profile ]; then
     tail -12 "$logs/bench_serve.log" | sed 's/^/  /'
     python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$port/metrics').read().decode())" \
       > "$logs/metrics.txt" 2>&1
-    grep -E '^pagoda_(preemptions|engine_steps|kv_)' "$logs/metrics.txt" | head -8 | sed 's/^/  /'
+    grep -E '^pagoda_(preemptions_total|swap_preemptions_total|engine_steps_total|kv_blocks_total|prompt_tokens_total|generation_tokens_total) ' "$logs/metrics.txt" | sed 's/^/  /'
   fi
   kill $pid 2>/dev/null; wait $pid 2>/dev/null
   summary "capacity|preempt|error" "$logs/serve.log" | tail -4
