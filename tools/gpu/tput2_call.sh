@@ -8,12 +8,13 @@
 #               them: per kernel, and per kind (GEMM vs attention vs the rest, attention's DRAM GB/s vs
 #               4.8 TB/s, the GEMMs' TFLOP/s at m = 512 and at ~8K);
 #   configs:    the engine's whole 1,000 x 1,000 at --max-num-seqs 768, at 894 (the fp8 pool holds 894 full
-#               requests at gpu_memory_utilization 0.9), and at 512 with --max-tokens-per-step 16384.
+#               requests at gpu_memory_utilization 0.9), at 512 with --max-tokens-per-step 16384, and last
+#               (if time is left) at 512 / 8192, the previous call's settings, with this binary.
 # Parts run in that order while the time left allows the next one (BUDGET seconds, default 300).
 #
 #   BUILD_DIR=build-cuda DEST=/work/main/.device/tput2 tools/gpu/tput2_call.sh bundle
 #   run(command="bash .device/tput2/run.sh", carry=[".device/tput2"], timeout_s=...)
-# Knobs: PARTS (comma list of ncu,s768,s894,t16k; default all), REPLAY (400), EAGER (30),
+# Knobs: PARTS (comma list of ncu,s768,s894,t16k,s512; default all), REPLAY (400), EAGER (30),
 #   NCU_SECONDS (35), BUDGET (300). Prints a compact summary; logs and ncu CSVs in $OUT/logs.tar.gz, breakdowns in $OUT/*.md.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -44,7 +45,7 @@ b=$dir/bundle
 out=${OUT:-/tmp/tput2}
 logs=$out/logs
 mkdir -p "$logs"
-start=$SECONDS budget=${BUDGET:-300} parts=,${PARTS:-ncu,s768,s894,t16k},
+start=$SECONDS budget=${BUDGET:-300} parts=,${PARTS:-ncu,s768,s894,t16k,s512},
 left() { echo $((budget - (SECONDS - start))); }
 want() { [[ "$parts" == *",$1,"* ]]; }
 echo "date $(date -u +%FT%TZ) commit $(cat "$b/commit"); $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader)"
@@ -92,5 +93,6 @@ want ncu && profile
 want s768 && engine s768 --max-num-seqs 768 --max-tokens-per-step 8192
 want s894 && engine s894 --max-num-seqs 894 --max-tokens-per-step 8192
 want t16k && engine t16k --max-num-seqs 512 --max-tokens-per-step 16384
+want s512 && engine s512 --max-num-seqs 512 --max-tokens-per-step 8192
 echo "done ($((SECONDS - start)) s)"
 tar czf "$out/logs.tar.gz" -C "$out" logs && rm -rf "$logs"
