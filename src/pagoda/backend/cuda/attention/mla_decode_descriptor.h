@@ -54,12 +54,21 @@ enum class MlaDecodeKernel : int32_t {
   // column block a round, kTmaPairTile a whole tile.
   kTmaPair = 6,
   kTmaPairTile = 7,
+  // kTma's domain, loader (two stages, a column block a round) and plan, with
+  // the two compute warpgroups each owning whole tiles (FlashMLA's schedule):
+  // warpgroup g computes the CTA's tiles of parity g (all of S^T and all 512
+  // latent dims of O^T), so one group's softmax runs beside the other's MMAs
+  // and no CTA-wide barrier separates tiles; the two partial results of a
+  // segment are combined at its end. Not bit-equal to kTma (S^T is summed in
+  // one chain, the partial O^T combined): within the tests' bound.
+  kTmaPingPong = 8,
 };
 
 // The TMA-fed variants (kTma .. kTmaPairTile).
 constexpr bool is_tma_kernel(MlaDecodeKernel k) {
   return k == MlaDecodeKernel::kTma || k == MlaDecodeKernel::kTmaRing || k == MlaDecodeKernel::kTmaTile ||
-         k == MlaDecodeKernel::kTmaRingTile || k == MlaDecodeKernel::kTmaPair || k == MlaDecodeKernel::kTmaPairTile;
+         k == MlaDecodeKernel::kTmaRingTile || k == MlaDecodeKernel::kTmaPair || k == MlaDecodeKernel::kTmaPairTile ||
+         k == MlaDecodeKernel::kTmaPingPong;
 }
 
 // CTAs a kernel runs per SM (a head tile's wave is num_sms x this).

@@ -75,16 +75,21 @@ __device__ __forceinline__ ThreadPlace thread_place(int tid) {
   return {tid, lane, tid >> 7, (tid >> 5) & 3, ((tid >> 5) & 3) * 16 + (lane >> 2), 2 * (lane & 3)};
 }
 
-// The online-softmax state of a segment: O^T accumulators, running maxima and sums.
-struct SegmentState {
-  float o[4][8];
+// The online-softmax state of a segment: O^T accumulators (kMTiles m-tiles of
+// 64 latent dims: 4 when a group owns half of the dims, 8 when it owns all of
+// them, the ping-pong kernel), running maxima and sums.
+template <int kMTiles>
+struct SegmentStateOf {
+  float o[kMTiles][8];
   float m[4];
   float l[4];
 };
+using SegmentState = SegmentStateOf<4>;
 
-__device__ __forceinline__ void reset(SegmentState& st) {
+template <int kMTiles>
+__device__ __forceinline__ void reset(SegmentStateOf<kMTiles>& st) {
 #pragma unroll
-  for (int mi = 0; mi < 4; ++mi)
+  for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
     for (int i = 0; i < 8; ++i) st.o[mi][i] = 0.0f;
 #pragma unroll
@@ -152,7 +157,8 @@ __device__ __forceinline__ void add_other_half(float (&s)[8], uint8_t* partial, 
 // scales row row0 + 8 i's scores and P (fp8 per-vector scales; 1 otherwise);
 // col_max: this group's [4 warps][16] floats; p_tile: this group's P^T. Ends
 // with this group's P^T complete and visible to its MMAs.
-__device__ __forceinline__ void softmax_tile(float (&s)[8], SegmentState& st, const ThreadPlace& t, int valid_rows,
+template <int kMTiles>
+__device__ __forceinline__ void softmax_tile(float (&s)[8], SegmentStateOf<kMTiles>& st, const ThreadPlace& t, int valid_rows,
                                              const float (&pos_scale)[2], float scale_log2, float* col_max,
                                              uint8_t* p_tile) {
 #pragma unroll
@@ -198,7 +204,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[8], SegmentState& st, co
       st.m[k] = m_new;
       st.l[k] *= correction;
 #pragma unroll
-      for (int mi = 0; mi < 4; ++mi) {
+      for (int mi = 0; mi < kMTiles; ++mi) {
         st.o[mi][4 * j + e] *= correction;
         st.o[mi][4 * j + 2 + e] *= correction;
       }

@@ -1,6 +1,7 @@
 // Paged MLA decode, bf16 latent, at most 16 heads, with the tiles loaded by
 // the copy engine (TMA): MlaDecodeKernel::kTma, kTmaRing, kTmaTile, kTmaRingTile of
-// mla_decode_descriptor.h.
+// mla_decode_descriptor.h, and kTmaPingPong (each compute warpgroup owning
+// whole tiles; described at its kernel below).
 //
 // The math is the narrow kernels' (mla_decode_narrow.cuh: S^T = K Q^T over 64
 // positions x 16 heads, the K dims split between the two compute warpgroups
@@ -317,6 +318,296 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 #endif
 }
 
+// ---- The ping-pong variant (MlaDecodeKernel::kTmaPingPong). The loader is
+// kTma's (two stages of 9 column-block slots, a column block a round), so the
+// CTA's tile `it` lies in stage it % 2, and warpgroup g computes exactly the
+// tiles of stage g: all of S^T (36 dependent m64n16k16, no half to swap), the
+// softmax with its own running maxima and sums, and O^T over all 512 latent
+// dims (8 m-tiles, 64 accumulator registers a thread). The groups meet only at
+// a segment's start (Q) and end, where group 1 hands its maxima, sums and O^T
+// to group 0 through shared memory and group 0 writes the combined result:
+// m = max(m0, m1), O = (O0 2^(m0 - m) + O1 2^(m1 - m)) / (l0 2^(m0 - m) + l1 2^(m1 - m)).
+// A group without a tile in the segment has m = kNoScore, l = 0, O = 0 and
+// weighs nothing. Between tiles the groups synchronize only with themselves
+// (named barrier 1 + g) and with the producer (mbarriers), so one group's
+// softmax and barriers run while the other's MMAs do; no named barrier forces
+// an order (the stages land alternately, which alternates the groups).
+constexpr int kMTiles = 8;  // 512 latent dims / 64
+
+// Shared memory: Q | 18 slots | P^T [2 groups] | column maxima [2][4][16] |
+// column sums [2][4][16] | group 1's maxima and sums [2][16] | group 1's O^T
+// [64 floats][128 threads] | mbarriers: full [18], empty [18].
+struct PingPongLayout {
+  static constexpr int kSlots = kTwoStageSlots;
+  static constexpr int kTilesAt = kQBytes;
+  static constexpr int kPAt = kTilesAt + kSlots * kBlockBytes;
+  static constexpr int kMaxAt = kPAt + 2 * kHeads * 128;
+  static constexpr int kSumAt = kMaxAt + 2 * 4 * kHeads * 4;
+  static constexpr int kHandAt = kSumAt + 2 * 4 * kHeads * 4;
+  static constexpr int kOAt = kHandAt + 2 * kHeads * 4;
+  static constexpr int kOBytes = kMTiles * 8 * 128 * 4;
+  static constexpr int kBarriersAt = kOAt + kOBytes;
+  static constexpr int kSmemBytes = kBarriersAt + 2 * kSlots * 8 + 1024;
+  static_assert(kTilesAt % 1024 == 0 && kPAt % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
+  static_assert(kSmemBytes <= 232448, "fits an SM");
+};
+
+// S^T over all 576 K dims of the tile (column block c waited for before its
+// first MMA).
+template <class BlockAddr, class WaitBlock>
+__device__ __forceinline__ void s_full(float (&s)[8], uint32_t q_addr, BlockAddr block_addr, WaitBlock wait_block) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s[i] = 0.0f;
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kMlaKeyDim / 16; ++ks) {
+    if ((ks & 3) == 0) {
+      wait_block(ks >> 2);
+      wgmma_fence();
+    }
+    mla_narrow::wgmma_m64n16k16<0>(s, make_smem_desc_sw128(block_addr(ks >> 2) + (ks & 3) * 32, 16, 1024),
+                                   make_smem_desc_sw128(q_addr + (ks >> 2) * mla_narrow::kQBlockBytes + (ks & 3) * 32,
+                                                        16, 1024),
+                                   ks > 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 8; ++i) mla_narrow::keep_in_order(s[i]);
+}
+
+// O^T[all 8 m-tiles] += V^T P^T (V^T = column blocks 0..7, MN-major).
+template <class BlockAddr>
+__device__ __forceinline__ void pv_full(mla_narrow::SegmentStateOf<kMTiles>& st, uint32_t p_addr,
+                                        BlockAddr block_addr) {
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) mla_narrow::keep_in_order(st.o[mi][i]);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    const uint64_t desc_p = make_smem_desc_sw128(p_addr + kk * 32, 16, 1024);
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+      mla_narrow::wgmma_m64n16k16<1>(st.o[mi], make_smem_desc_sw128(block_addr(mi) + kk * 16 * 128, kBlockBytes, 1024),
+                                     desc_p, 1);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) mla_narrow::keep_in_order(st.o[mi][i]);
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_decode_tma_pingpong_kernel(const MlaDecodeDescriptor d, const __grid_constant__ CUtensorMap latent_map,
+                                   const __nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ out) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();
+#else
+  using L = PingPongLayout;
+  constexpr int kSlots = L::kSlots;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_addr = smem_address(smem_raw);
+  uint8_t* base = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
+  uint8_t* tiles = base + L::kTilesAt;
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + L::kBarriersAt);  // [slot]
+  uint64_t* empty = full + kSlots;                                     // [slot]
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      mbarrier_init(&full[i], 1);
+      // Each of the 4 warps of the one group reading the slot arrives with 2.
+      mbarrier_init(&empty[i], kConsumerThreads / 32);
+    }
+  }
+  __syncthreads();
+
+  const int seg_begin = d.cta_segment_start[blockIdx.y];
+  const int seg_end = d.cta_segment_start[blockIdx.y + 1];
+
+  if (tid >= kConsumerThreads) {
+    // ---- Producer warp: kTma's schedule (per column block: wait for its
+    // slot, arm it, lanes 0..pages-1 issue one box each).
+    const int bs = d.block_size;
+    const int box_rows = bs < kTile ? bs : kTile;
+    const int pages = kTile / box_rows;
+    const uint64_t policy = evict_first_policy();
+    int next = 0;
+    for (int seg = seg_begin; seg < seg_end; ++seg) {
+      const int row = d.segments[3 * seg];
+      const int kv_begin = d.segments[3 * seg + 1];
+      const int kv_end = d.segments[3 * seg + 2];
+      const int32_t* table = d.block_tables + d.block_table_start[row];
+      for (int kv0 = kv_begin; kv0 < kv_end; kv0 += kTile) {
+        const int live_pages = min(pages, (kv_end - kv0 + box_rows - 1) / box_rows);
+        const uint32_t bytes = uint32_t(live_pages * box_rows * 128);
+        const int pos = kv0 + lane * box_rows;
+        const int page_slot = lane < live_pages ? __ldg(table + pos / bs) * bs + pos % bs : 0;
+#pragma unroll 1
+        for (int cb = 0; cb < kColumnBlocks; ++cb, ++next) {
+          const int slot = next % kSlots;
+          const int use = next / kSlots;
+          if (use > 0) mbarrier_wait(&empty[slot], (use - 1) & 1);
+          if (lane == 0) mbarrier_arrive_expect_tx(&full[slot], bytes);
+          __syncwarp();
+          if (lane < live_pages)
+            tma_load_3d_hint(tiles + slot * kBlockBytes + lane * box_rows * 128, &latent_map, 0, cb, page_slot,
+                             &full[slot], policy);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- Compute warpgroups: group g takes the tiles of stage g.
+  const mla_narrow::ThreadPlace t = mla_narrow::thread_place(tid);
+  const int g = t.warpgroup;
+  const int gtid = tid & 127;  // thread within the group
+  uint8_t* q_tile = base;
+  uint8_t* p_tile = base + L::kPAt + g * kHeads * 128;
+  float* col_max = reinterpret_cast<float*>(base + L::kMaxAt) + g * 4 * kHeads;
+  float* col_sum = reinterpret_cast<float*>(base + L::kSumAt) + g * 4 * kHeads;
+  float* hand_m = reinterpret_cast<float*>(base + L::kHandAt);  // group 1's maxima [16]
+  float* hand_l = hand_m + kHeads;                              // group 1's sums [16]
+  float* hand_o = reinterpret_cast<float*>(base + L::kOAt);     // group 1's O^T [64][128]
+  const uint32_t q_addr = smem_address(q_tile);
+  const uint32_t p_addr = smem_address(p_tile);
+  const uint32_t stage_addr = smem_address(tiles) + uint32_t(g * kColumnBlocks * kBlockBytes);
+  uint8_t* stage = tiles + g * kColumnBlocks * kBlockBytes;
+  uint64_t* stage_full = full + g * kColumnBlocks;
+  uint64_t* stage_empty = empty + g * kColumnBlocks;
+  auto consumers_barrier = [] { named_barrier_sync(kConsumersBarrier, kConsumerThreads); };
+  auto block_addr = [&](int c) { return stage_addr + uint32_t(c * kBlockBytes); };
+  constexpr float kNoPositionScale[2] = {1.0f, 1.0f};
+
+  int it = 0;  // tiles of this CTA before the current one, over all its segments
+  for (int seg = seg_begin; seg < seg_end; ++seg) {
+    const int row = d.segments[3 * seg];
+    const int kv_begin = d.segments[3 * seg + 1];
+    const int kv_end = d.segments[3 * seg + 2];
+    const int num_tiles = (kv_end - kv_begin + kTile - 1) / kTile;
+
+    consumers_barrier();  // the previous segment's combine is done with Q and the hand-over
+    mla_narrow::issue_q(q_tile, q, row, d.num_heads, tid);
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    consumers_barrier();
+
+    mla_narrow::SegmentStateOf<kMTiles> st;
+    mla_narrow::reset(st);
+    // This group's first tile of the segment: the next of parity g.
+    for (int tile = ((g - it) & 1); tile < num_tiles; tile += 2) {
+      const int kv0 = kv_begin + tile * kTile;
+      const uint32_t parity = uint32_t(((it + tile) >> 1) & 1);  // the stage's use, mod 2
+      auto wait_block = [&](int c) { mbarrier_wait(&stage_full[c], parity); };
+      const int valid_rows = kv_end - kv0;
+      if (valid_rows < kTile) {
+#pragma unroll
+        for (int cb = 0; cb < kColumnBlocks; ++cb) wait_block(cb);
+        for (int idx = gtid; idx < (kTile - valid_rows) * kKeyChunks; idx += 128) {
+          const int r = valid_rows + idx / kKeyChunks, c = idx % kKeyChunks;
+          *reinterpret_cast<uint4*>(stage + (c >> 3) * kBlockBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4)) =
+              make_uint4(0u, 0u, 0u, 0u);
+        }
+        fence_proxy_async_shared();
+        mla_narrow::group_barrier(g);
+      }
+      float s[8];
+      s_full(s, q_addr, block_addr, wait_block);
+      __syncwarp();
+      if (t.lane == 0) mbarrier_arrive_count(&stage_empty[8], 2);  // the rope block: S only
+      mla_narrow::softmax_tile(s, st, t, valid_rows, kNoPositionScale, d.scale_log2, col_max, p_tile);
+      pv_full(st, p_addr, block_addr);
+      __syncwarp();
+      if (t.lane == 0) {
+#pragma unroll
+        for (int c = 0; c < 8; ++c) mbarrier_arrive_count(&stage_empty[c], 2);
+      }
+    }
+    it += num_tiles;
+
+    // Column sums over the group's 4 warps.
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      st.l[k] += __shfl_xor_sync(0xffffffffu, st.l[k], 4);
+      st.l[k] += __shfl_xor_sync(0xffffffffu, st.l[k], 8);
+      st.l[k] += __shfl_xor_sync(0xffffffffu, st.l[k], 16);
+    }
+    if (t.lane < 4) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) col_sum[t.wg_warp * kHeads + 8 * j + t.col + e] = st.l[2 * j + e];
+    }
+    mla_narrow::group_barrier(g);
+    float sum[4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int h = 8 * j + t.col + e;
+        sum[2 * j + e] = col_sum[h] + col_sum[kHeads + h] + col_sum[2 * kHeads + h] + col_sum[3 * kHeads + h];
+      }
+    if (g == 1) {
+      // Hand group 1's state to group 0 (the maxima are the same in every
+      // thread of the group for a head; warp 0's lanes 0..3 hold all 16 heads).
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) hand_o[(mi * 8 + i) * 128 + gtid] = st.o[mi][i];
+      if (t.wg_warp == 0 && t.lane < 4) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            hand_m[8 * j + t.col + e] = st.m[2 * j + e];
+            hand_l[8 * j + t.col + e] = sum[2 * j + e];
+          }
+      }
+    }
+    consumers_barrier();
+    if (g == 1) continue;
+    const int heads_here = min(kHeads, d.num_heads);
+    const bool split = d.row_segment_start[row + 1] - d.row_segment_start[row] > 1;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int h = 8 * j + t.col + e;
+        const int k = 2 * j + e;
+        const float m1 = hand_m[h];
+        const float m = fmaxf(st.m[k], m1);
+        const float a0 = exp2f(st.m[k] - m), a1 = exp2f(m1 - m);
+        const float total = sum[k] * a0 + hand_l[h] * a1;
+        if (h >= heads_here) continue;
+        const float w0 = a0 / total, w1 = a1 / total;
+        const int64_t at = (split ? int64_t{seg} : int64_t{row}) * d.num_heads + h;
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int r = 4 * j + 2 * i + e;
+            const int dim = mi * 64 + t.row0 + 8 * i;
+            const float v = st.o[mi][r] * w0 + hand_o[(mi * 8 + r) * 128 + gtid] * w1;
+            if (!split) out[at * kMlaLatentDim + dim] = __float2bfloat16(v);
+            else d.workspace[at * kMlaLatentDim + dim] = v;
+          }
+        if (split && t.lane < 4 && t.wg_warp == 0) {
+          float* lse = d.workspace + int64_t{d.num_segments} * d.num_heads * kMlaLatentDim;
+          lse[at] = m + log2f(total);
+        }
+      }
+  }
+#endif
+}
+
 // The driver's tensor-map encoder, looked up once; null if absent.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
@@ -364,6 +655,11 @@ cudaError_t occupancy_of(int* ctas_per_sm) {
       ctas_per_sm, mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm>, kThreads, Layout<kSlots>::kSmemBytes);
 }
 
+cudaError_t allow_pingpong_shared_memory() {
+  return cudaFuncSetAttribute(mla_decode_tma_pingpong_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              PingPongLayout::kSmemBytes);
+}
+
 template <int kSlots, bool kWholeTile, int kCtasPerSm = 1>
 void launch_variant(const MlaDecodeDescriptor& d, const CUtensorMap& map, const __nv_bfloat16* q, __nv_bfloat16* out,
                     cudaStream_t stream) {
@@ -379,7 +675,8 @@ cudaError_t prepare_mla_decode_tma_kernel() {
     for (const cudaError_t e :
          {allow_shared_memory<kTwoStageSlots, false>(), allow_shared_memory<kRingSlots, false>(),
           allow_shared_memory<kTwoStageSlots, true>(), allow_shared_memory<kRingSlots, true>(),
-          allow_shared_memory<kPairSlots, false, 2>(), allow_shared_memory<kPairSlots, true, 2>()})
+          allow_shared_memory<kPairSlots, false, 2>(), allow_shared_memory<kPairSlots, true, 2>(),
+          allow_pingpong_shared_memory()})
       if (e != cudaSuccess) return e;
     return cudaSuccess;
   }();
@@ -397,6 +694,9 @@ cudaError_t mla_decode_tma_occupancy(MlaDecodeKernel kernel, int* ctas_per_sm) {
     case MlaDecodeKernel::kTmaRingTile: return occupancy_of<kRingSlots, true>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPair: return occupancy_of<kPairSlots, false, 2>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPairTile: return occupancy_of<kPairSlots, true, 2>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaPingPong:
+      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, mla_decode_tma_pingpong_kernel, kThreads,
+                                                           PingPongLayout::kSmemBytes);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -419,6 +719,10 @@ cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& d, const void*
     case MlaDecodeKernel::kTmaRingTile: launch_variant<kRingSlots, true>(d, map, qb, ob, stream); break;
     case MlaDecodeKernel::kTmaPair: launch_variant<kPairSlots, false, 2>(d, map, qb, ob, stream); break;
     case MlaDecodeKernel::kTmaPairTile: launch_variant<kPairSlots, true, 2>(d, map, qb, ob, stream); break;
+    case MlaDecodeKernel::kTmaPingPong:
+      mla_decode_tma_pingpong_kernel<<<dim3(1, d.num_ctas), kThreads, PingPongLayout::kSmemBytes, stream>>>(d, map, qb,
+                                                                                                           ob);
+      break;
     default: launch_variant<kTwoStageSlots, false>(d, map, qb, ob, stream); break;
   }
   return cudaGetLastError();
