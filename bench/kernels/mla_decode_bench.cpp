@@ -9,12 +9,12 @@
 // every output is checked finite. Where the TMA-fed kernel applies (bf16, 16
 // heads) every kernel runs on the same pool, one row each ("[cp_async]",
 // "[tma]", "[tma_ring]", "[tma_tile]", "[tma_ring_tile]", "[tma_pair]",
-// "[tma_pair_tile]", "[tma_pingpong]" in the name); --kernel
+// "[tma_pair_tile]", "[tma_pingpong]", "[tma_pingpong_ring]" in the name); --kernel
 // picks one. --schedule runs the plan's whole-tile budgets ("whole", the
 // default plan), spread budgets ("spread": MlaDecodeOptions::spread_budget,
 // " spread" in the name) or both; "bits==tma" says whether a TMA variant's
 // output equals the first TMA variant's of the same schedule bit for bit
-// (tma_pingpong sums in another order: "NO" is expected there, its check
+// (tma_pingpong* sum in another order: "NO" is expected there, its check
 // against float64 is what counts).
 //
 //   mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|NAME] [--schedule all|whole|spread]
@@ -84,7 +84,8 @@ std::string schedule_choice = "whole";
 constexpr MlaDecodeKernel kKernels[] = {MlaDecodeKernel::kCpAsync, MlaDecodeKernel::kTma,
                                         MlaDecodeKernel::kTmaRing, MlaDecodeKernel::kTmaTile,
                                         MlaDecodeKernel::kTmaRingTile, MlaDecodeKernel::kTmaPair,
-                                        MlaDecodeKernel::kTmaPairTile, MlaDecodeKernel::kTmaPingPong};
+                                        MlaDecodeKernel::kTmaPairTile, MlaDecodeKernel::kTmaPingPong,
+                                           MlaDecodeKernel::kTmaPingPongRing};
 
 const char* kernel_name(MlaDecodeKernel k) {
   switch (k) {
@@ -95,6 +96,7 @@ const char* kernel_name(MlaDecodeKernel k) {
     case MlaDecodeKernel::kTmaPair: return "tma_pair";
     case MlaDecodeKernel::kTmaPairTile: return "tma_pair_tile";
     case MlaDecodeKernel::kTmaPingPong: return "tma_pingpong";
+    case MlaDecodeKernel::kTmaPingPongRing: return "tma_pingpong_ring";
     default: return "cp_async";
   }
 }
@@ -322,7 +324,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|tma_ring|"
-                   "tma_tile|tma_ring_tile|tma_pair|tma_pair_tile|tma_pingpong] [--schedule all|whole|spread]\n");
+                   "tma_tile|tma_ring_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_pingpong_ring] [--schedule all|whole|spread]\n");
       return 2;
     }
   }

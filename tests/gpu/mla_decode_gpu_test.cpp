@@ -256,6 +256,7 @@ const char* kernel_name(MlaDecodeKernel k) {
     case MlaDecodeKernel::kTmaPair: return "tma_pair";
     case MlaDecodeKernel::kTmaPairTile: return "tma_pair_tile";
     case MlaDecodeKernel::kTmaPingPong: return "tma_pingpong";
+    case MlaDecodeKernel::kTmaPingPongRing: return "tma_pingpong_ring";
     default: return "cp.async";
   }
 }
@@ -473,8 +474,8 @@ TEST_F(MlaDecodeGpuTest, RowsSharingBlocks) {
 // ---- The TMA-fed 16-head bf16 kernel (MlaDecodeKernel::kTma, its ring of
 // column-block slots kTmaRing, one tile's slots at two CTAs an SM kTmaPair,
 // and the three with the whole-tile producer schedule, kTmaTile /
-// kTmaRingTile / kTmaPairTile; and kTmaPingPong, each compute warpgroup on
-// its own tiles; mla_decode_tma.cu), every case on all seven.
+// kTmaRingTile / kTmaPairTile; and kTmaPingPong / kTmaPingPongRing, each
+// compute warpgroup on its own tiles; mla_decode_tma.cu), every case on all.
 // Unused pool slots hold NaN, so the rows of a partial last page (and of pages
 // past a segment's end) must be zeroed, not merely masked. run() fails a case
 // whose plan did not take the kernel asked for.
@@ -482,7 +483,8 @@ MlaDecodeKernel tma_kernel = MlaDecodeKernel::kTma;  // the variant the TMA test
 constexpr MlaDecodeKernel kTmaKernels[] = {MlaDecodeKernel::kTma,         MlaDecodeKernel::kTmaRing,
                                            MlaDecodeKernel::kTmaTile,     MlaDecodeKernel::kTmaRingTile,
                                            MlaDecodeKernel::kTmaPair,     MlaDecodeKernel::kTmaPairTile,
-                                           MlaDecodeKernel::kTmaPingPong};
+                                           MlaDecodeKernel::kTmaPingPong,
+                                           MlaDecodeKernel::kTmaPingPongRing};
 
 MlaCase tma(MlaCase c) {
   c.options.kernel = tma_kernel;
@@ -554,7 +556,7 @@ TEST_F(MlaDecodeGpuTest, TmaGraphPlans) {
 }
 
 TEST_F(MlaDecodeGpuTest, TmaMatchesCpAsyncKernel) {
-  // The same math in the same order on every kernel but kTmaPingPong: the
+  // The same math in the same order on every kernel but the ping-pong ones: the
   // other TMA variants differ only in how the tiles are loaded, so they must
   // agree bit for bit; against
   // cp.async the outputs agree to far below bf16's rounding (printed). The
@@ -579,9 +581,9 @@ TEST_F(MlaDecodeGpuTest, TmaMatchesCpAsyncKernel) {
       std::printf("blocks of %2d: %s vs cp.async rel L2 %.3e, %zu of %zu outputs differ\n", bs, kernel_name(k), err,
                   differing, want.size());
       EXPECT_LT(err, 1e-3) << "blocks of " << bs;
-      // kTmaPingPong sums S^T in one chain and combines two partial O^T: other
+      // The ping-pong kernels sum S^T in one chain and combine two partial O^T: other
       // roundings, so only the bound above applies to it.
-      if (k == MlaDecodeKernel::kTmaPingPong) continue;
+      if (k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaPingPongRing) continue;
       if (first_tma.empty()) first_tma = *new_out;
       else EXPECT_TRUE(*new_out == first_tma) << kernel_name(k) << " differs from tma, blocks of " << bs;
     }
@@ -599,6 +601,21 @@ TEST_F(MlaDecodeGpuTest, TmaOccupancy) {
   }
   int ctas = 0;
   EXPECT_EQ(mla_decode_tma_occupancy(MlaDecodeKernel::kCpAsync, &ctas), cudaErrorInvalidValue);
+}
+
+TEST_F(MlaDecodeGpuTest, TmaPingPongSmall) {
+  // The ping-pong kernels alone on small shapes, sized for compute-sanitizer racecheck
+  // (tools/gpu/mla_decode_call.sh): 2 SMs so that a CTA runs several segments
+  // (the stages reused across segments, the groups' hand-over at each end), a
+  // one-tile segment (group 1 has no tile: its state must weigh nothing), a
+  // split row through the merge pass, a ragged end at blocks of 16.
+  for (MlaDecodeKernel k : {MlaDecodeKernel::kTmaPingPong, MlaDecodeKernel::kTmaPingPongRing}) {
+    tma_kernel = k;
+    const KvElement bf16 = KvElement::kBF16;
+    expect_close(tma(with_options(make_case("tma h16 bs64 2 sms", 16, 64, bf16, {1, 64, 65, 300, 700}, 130), 0, 2)));
+    expect_close(tma(with_options(make_case("tma h16 bs64 split 128", 16, 64, bf16, {5, 500}, 131), 128, 0)));
+    expect_close(tma(with_options(make_case("tma h16 bs16 2 sms", 16, 16, bf16, {17, 129, 250}, 132), 0, 2)));
+  }
 }
 
 TEST_F(MlaDecodeGpuTest, SpreadBudgetPlans) {

@@ -10,7 +10,9 @@
 #        in one hides nothing else and the six TMA variants fit the time); the
 #        DeepSeek model tests (cuda_model_tests *Deepseek*) with the automatic
 #        kernel choice and again with PAGODA_MLA_DECODE_KERNEL=$MODEL_KERNELS
-#        (default "tma_tile tma_pair");
+#        (default "tma_tile tma_pair"); compute-sanitizer racecheck over
+#        mla_decode_gpu_tests *TmaPingPongSmall (RACECHECK=0 skips it; its log
+#        goes into gpu_tests_tma.log);
 #     2. alone on the GPU: mla_decode_bench with every kernel side by side on the
 #        same pool (BENCH_ONLY: the --only substrings, default "bf16 H=16" and
 #        "fp8-656 H=16"; BENCH_ITERS, default 20; BENCH_ARGS, default
@@ -42,6 +44,23 @@ gpu_tests_part() {
   local rc=$?
   echo "mla_decode_gpu_tests $filter rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$part" | tr '\n' ' ')" >> "$sum"
   (flock 9; cat "$part" >> "$out/$log") 9>>"$out/$log"
+  rm -f "$part"
+}
+# compute-sanitizer racecheck over one small gtest filter (shared-memory hazards
+# of the kernel it runs); the log is appended to $out/gpu_tests_tma.log.
+racecheck_part() {
+  local b=$1 out=$2 filter=$3 part
+  part=$(mktemp)
+  if ! command -v compute-sanitizer > /dev/null; then
+    echo "racecheck $filter: compute-sanitizer not found" >> "$sum"
+    return
+  fi
+  LD_LIBRARY_PATH="$b/lib:/usr/local/cuda/lib64" timeout 150 compute-sanitizer --tool racecheck --print-limit 5 \
+    "$b/bin/mla_decode_gpu_tests" --gtest_filter="$filter" > "$part" 2>&1
+  local rc=$?
+  echo "racecheck $filter rc=$rc $(grep -E '^\[  (PASSED|FAILED)|RACECHECK SUMMARY|hazard' "$part" | head -4 | tr '\n' ' ')" \
+    >> "$sum"
+  (flock 9; echo "== racecheck $filter"; cat "$part") 9>>"$out/gpu_tests_tma.log" >> "$out/gpu_tests_tma.log"
   rm -f "$part"
 }
 model_tests() {
@@ -91,10 +110,11 @@ run | tests | bench)
   if [ "$1" != bench ]; then
     tests "$b" "$out" &
     for f in '*TmaBlockSizesRaggedEnds' '*TmaSplitsSchedulesAndSharing' '*TmaGraphPlans' '*TmaMatchesCpAsyncKernel' \
-      '*TmaOccupancy' '*SpreadBudgetPlans'; do
+      '*TmaOccupancy' '*TmaPingPongSmall' '*SpreadBudgetPlans'; do
       gpu_tests_part "$b" "$out" "$f" gpu_tests_tma.log &
     done
     gpu_tests_part "$b" "$out" '-*Tma*:*SpreadBudgetPlans' gpu_tests.log &
+    [ "${RACECHECK:-1}" = 0 ] || racecheck_part "$b" "$out" '*TmaPingPongSmall' &
     model_tests "$b" "$out" "" &
     for k in ${MODEL_KERNELS:-tma_tile tma_pair}; do model_tests "$b" "$out" "$k" & done
     wait

@@ -62,13 +62,17 @@ enum class MlaDecodeKernel : int32_t {
   // segment are combined at its end. Not bit-equal to kTma (S^T is summed in
   // one chain, the partial O^T combined): within the tests' bound.
   kTmaPingPong = 8,
+  // kTmaPingPong on kTmaRing's 23 slots: a group's next tile starts loading
+  // while it still computes its current one (with two stages, group g's next
+  // tile waits for its own stage).
+  kTmaPingPongRing = 9,
 };
 
-// The TMA-fed variants (kTma .. kTmaPairTile).
+// The TMA-fed variants (kTma .. kTmaPingPongRing).
 constexpr bool is_tma_kernel(MlaDecodeKernel k) {
   return k == MlaDecodeKernel::kTma || k == MlaDecodeKernel::kTmaRing || k == MlaDecodeKernel::kTmaTile ||
          k == MlaDecodeKernel::kTmaRingTile || k == MlaDecodeKernel::kTmaPair || k == MlaDecodeKernel::kTmaPairTile ||
-         k == MlaDecodeKernel::kTmaPingPong;
+         k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaPingPongRing;
 }
 
 // CTAs a kernel runs per SM (a head tile's wave is num_sms x this).

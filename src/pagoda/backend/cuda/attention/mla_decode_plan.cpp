@@ -30,7 +30,8 @@ constexpr int64_t kMinSegmentTiles = 2;  // a CTA's leftover share smaller than 
 constexpr int64_t kSpreadSegmentOverhead = 1;
 
 // PAGODA_MLA_DECODE_KERNEL, read once: "tma", "tma_ring", "tma_tile",
-// "tma_ring_tile", "tma_pair", "tma_pair_tile", "tma_pingpong", "cp_async" or
+// "tma_ring_tile", "tma_pair", "tma_pair_tile", "tma_pingpong", "tma_pingpong_ring",
+// "cp_async" or
 // "auto" (unset or empty: auto); anything else is reported at plan creation.
 const char* environment_kernel() {
   static const char* value = [] {
@@ -90,9 +91,10 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
     else if (std::strcmp(env, "tma_pair") == 0) kernel = MlaDecodeKernel::kTmaPair;
     else if (std::strcmp(env, "tma_pair_tile") == 0) kernel = MlaDecodeKernel::kTmaPairTile;
     else if (std::strcmp(env, "tma_pingpong") == 0) kernel = MlaDecodeKernel::kTmaPingPong;
+    else if (std::strcmp(env, "tma_pingpong_ring") == 0) kernel = MlaDecodeKernel::kTmaPingPongRing;
     else
       return invalid_argument_error("mla decode: PAGODA_MLA_DECODE_KERNEL '{}' (auto, tma, tma_ring, tma_tile, "
-                                    "tma_ring_tile, tma_pair, tma_pair_tile, tma_pingpong or cp_async)",
+                                    "tma_ring_tile, tma_pair, tma_pair_tile, tma_pingpong, tma_pingpong_ring or cp_async)",
                                     env);
   }
   const bool tma = is_tma_kernel(kernel);

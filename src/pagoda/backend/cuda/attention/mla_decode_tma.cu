@@ -1,7 +1,7 @@
 // Paged MLA decode, bf16 latent, at most 16 heads, with the tiles loaded by
 // the copy engine (TMA): MlaDecodeKernel::kTma, kTmaRing, kTmaTile, kTmaRingTile of
-// mla_decode_descriptor.h, and kTmaPingPong (each compute warpgroup owning
-// whole tiles; described at its kernel below).
+// mla_decode_descriptor.h, and kTmaPingPong / kTmaPingPongRing (each compute
+// warpgroup owning whole tiles; described at their kernel below).
 //
 // The math is the narrow kernels' (mla_decode_narrow.cuh: S^T = K Q^T over 64
 // positions x 16 heads, the K dims split between the two compute warpgroups
@@ -318,38 +318,45 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 #endif
 }
 
-// ---- The ping-pong variant (MlaDecodeKernel::kTmaPingPong). The loader is
-// kTma's (two stages of 9 column-block slots, a column block a round), so the
-// CTA's tile `it` lies in stage it % 2, and warpgroup g computes exactly the
-// tiles of stage g: all of S^T (36 dependent m64n16k16, no half to swap), the
-// softmax with its own running maxima and sums, and O^T over all 512 latent
-// dims (8 m-tiles, 64 accumulator registers a thread). The groups meet only at
-// a segment's start (Q) and end, where group 1 hands its maxima, sums and O^T
-// to group 0 through shared memory and group 0 writes the combined result:
-// m = max(m0, m1), O = (O0 2^(m0 - m) + O1 2^(m1 - m)) / (l0 2^(m0 - m) + l1 2^(m1 - m)).
-// A group without a tile in the segment has m = kNoScore, l = 0, O = 0 and
-// weighs nothing. Between tiles the groups synchronize only with themselves
-// (named barrier 1 + g) and with the producer (mbarriers), so one group's
-// softmax and barriers run while the other's MMAs do; no named barrier forces
-// an order (the stages land alternately, which alternates the groups).
-constexpr int kMTiles = 8;  // 512 latent dims / 64
+// ---- The ping-pong variants (MlaDecodeKernel::kTmaPingPong on 18 slots,
+// kTmaPingPongRing on 23). The loader is kTma's (a column block a round into a
+// ring of column-block slots: CTA tile T's column block c in slot (9 T + c) %
+// kSlots), and warpgroup g computes the CTA's tiles of parity g (T % 2 == g;
+// with 18 slots that is stage g): all of S^T (36 dependent m64n16k16, no half
+// to swap), the softmax with its own running maxima and sums, and O^T over all
+// 512 latent dims (8 m-tiles, 64 accumulator registers a thread). A slot has
+// one reading group a use: its 4 warps release it with 2 counts each (the rope
+// block after S, the others after P V). The groups meet only at a segment's
+// start (Q) and end, where group 1 hands its maxima, sums and O^T to group 0
+// through shared memory (Q's room, in two halves) and group 0 writes the
+// combined result: m = max(m0, m1), a_g = 2^(m_g - m),
+// O = (O0 a0 + O1 a1) / (l0 a0 + l1 a1). A group without a tile in the segment
+// has m = kNoScore, l = 0, O = 0 and weighs nothing. Between tiles the groups
+// synchronize only with themselves (named barrier 1 + g) and with the producer
+// (mbarriers), so one group's softmax and barriers run while the other's MMAs
+// do; no named barrier forces an order (tiles land alternately, which
+// alternates the groups). FlashMLA's 64-head kernel instead shares P and the
+// running maxima between its groups every tile, because there each group can
+// hold only half of a 64 x 512 O; at 16 heads a group holds all of O^T.
+constexpr int kMTiles = 8;                   // 512 latent dims / 64
+constexpr int kHandFloats = kMTiles * 8 / 2;  // a thread's O^T floats per hand-over half
+static_assert(kHandFloats * 128 * 4 <= kQBytes, "a hand-over half fits Q's room");
 
-// Shared memory: Q | 18 slots | P^T [2 groups] | column maxima [2][4][16] |
-// column sums [2][4][16] | group 1's maxima and sums [2][16] | group 1's O^T
-// [64 floats][128 threads] | mbarriers: full [18], empty [18].
+// Shared memory: Q (and the hand-over) | kSlots slots | P^T [2 groups] | column
+// maxima [2][4][16] | column sums [2][4][16] | group 1's maxima and sums [2][16]
+// | mbarriers: full [slot], empty [slot].
+template <int kSlots>
 struct PingPongLayout {
-  static constexpr int kSlots = kTwoStageSlots;
   static constexpr int kTilesAt = kQBytes;
   static constexpr int kPAt = kTilesAt + kSlots * kBlockBytes;
   static constexpr int kMaxAt = kPAt + 2 * kHeads * 128;
   static constexpr int kSumAt = kMaxAt + 2 * 4 * kHeads * 4;
   static constexpr int kHandAt = kSumAt + 2 * 4 * kHeads * 4;
-  static constexpr int kOAt = kHandAt + 2 * kHeads * 4;
-  static constexpr int kOBytes = kMTiles * 8 * 128 * 4;
-  static constexpr int kBarriersAt = kOAt + kOBytes;
+  static constexpr int kBarriersAt = kHandAt + 2 * kHeads * 4;
   static constexpr int kSmemBytes = kBarriersAt + 2 * kSlots * 8 + 1024;
   static_assert(kTilesAt % 1024 == 0 && kPAt % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
   static_assert(kSmemBytes <= 232448, "fits an SM");
+  static_assert(kSlots >= kColumnBlocks, "a whole tile");
 };
 
 // S^T over all 576 K dims of the tile (column block c waited for before its
@@ -401,14 +408,14 @@ __device__ __forceinline__ void pv_full(mla_narrow::SegmentStateOf<kMTiles>& st,
     for (int i = 0; i < 8; ++i) mla_narrow::keep_in_order(st.o[mi][i]);
 }
 
+template <int kSlots>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_tma_pingpong_kernel(const MlaDecodeDescriptor d, const __grid_constant__ CUtensorMap latent_map,
                                    const __nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ out) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();
 #else
-  using L = PingPongLayout;
-  constexpr int kSlots = L::kSlots;
+  using L = PingPongLayout<kSlots>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_address(smem_raw);
   uint8_t* base = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
@@ -465,7 +472,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  // ---- Compute warpgroups: group g takes the tiles of stage g.
+  // ---- Compute warpgroups: group g takes the CTA's tiles of parity g.
   const mla_narrow::ThreadPlace t = mla_narrow::thread_place(tid);
   const int g = t.warpgroup;
   const int gtid = tid & 127;  // thread within the group
@@ -475,25 +482,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* col_sum = reinterpret_cast<float*>(base + L::kSumAt) + g * 4 * kHeads;
   float* hand_m = reinterpret_cast<float*>(base + L::kHandAt);  // group 1's maxima [16]
   float* hand_l = hand_m + kHeads;                              // group 1's sums [16]
-  float* hand_o = reinterpret_cast<float*>(base + L::kOAt);     // group 1's O^T [64][128]
+  float* hand_o = reinterpret_cast<float*>(base);               // half of group 1's O^T [32][128], in Q's room
   const uint32_t q_addr = smem_address(q_tile);
   const uint32_t p_addr = smem_address(p_tile);
-  const uint32_t stage_addr = smem_address(tiles) + uint32_t(g * kColumnBlocks * kBlockBytes);
-  uint8_t* stage = tiles + g * kColumnBlocks * kBlockBytes;
-  uint64_t* stage_full = full + g * kColumnBlocks;
-  uint64_t* stage_empty = empty + g * kColumnBlocks;
+  const uint32_t tiles_addr = smem_address(tiles);
   auto consumers_barrier = [] { named_barrier_sync(kConsumersBarrier, kConsumerThreads); };
-  auto block_addr = [&](int c) { return stage_addr + uint32_t(c * kBlockBytes); };
   constexpr float kNoPositionScale[2] = {1.0f, 1.0f};
 
-  int it = 0;  // tiles of this CTA before the current one, over all its segments
+  int it = 0;  // tiles of this CTA before the current segment's, over all its segments
   for (int seg = seg_begin; seg < seg_end; ++seg) {
     const int row = d.segments[3 * seg];
     const int kv_begin = d.segments[3 * seg + 1];
     const int kv_end = d.segments[3 * seg + 2];
     const int num_tiles = (kv_end - kv_begin + kTile - 1) / kTile;
 
-    consumers_barrier();  // the previous segment's combine is done with Q and the hand-over
+    consumers_barrier();  // the previous segment's hand-over is done with Q's room
     mla_narrow::issue_q(q_tile, q, row, d.num_heads, tid);
     cp_async_commit();
     cp_async_wait<0>();
@@ -502,18 +505,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     mla_narrow::SegmentStateOf<kMTiles> st;
     mla_narrow::reset(st);
-    // This group's first tile of the segment: the next of parity g.
+    // This group's first tile of the segment: the first of parity g.
     for (int tile = ((g - it) & 1); tile < num_tiles; tile += 2) {
       const int kv0 = kv_begin + tile * kTile;
-      const uint32_t parity = uint32_t(((it + tile) >> 1) & 1);  // the stage's use, mod 2
-      auto wait_block = [&](int c) { mbarrier_wait(&stage_full[c], parity); };
+      const int first = ((it + tile) * kColumnBlocks) % kSlots;
+      const int first_use = ((it + tile) * kColumnBlocks) / kSlots;
+      auto slot_of = [&](int c) { return first + c < kSlots ? first + c : first + c - kSlots; };
+      auto parity_of = [&](int c) { return uint32_t((first_use + (first + c < kSlots ? 0 : 1)) & 1); };
+      auto block_addr = [&](int c) { return tiles_addr + uint32_t(slot_of(c) * kBlockBytes); };
+      auto wait_block = [&](int c) { mbarrier_wait(&full[slot_of(c)], parity_of(c)); };
       const int valid_rows = kv_end - kv0;
       if (valid_rows < kTile) {
+        // Rows past the segment: zeros, once every box has landed.
 #pragma unroll
         for (int cb = 0; cb < kColumnBlocks; ++cb) wait_block(cb);
         for (int idx = gtid; idx < (kTile - valid_rows) * kKeyChunks; idx += 128) {
           const int r = valid_rows + idx / kKeyChunks, c = idx % kKeyChunks;
-          *reinterpret_cast<uint4*>(stage + (c >> 3) * kBlockBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4)) =
+          *reinterpret_cast<uint4*>(tiles + slot_of(c >> 3) * kBlockBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4)) =
               make_uint4(0u, 0u, 0u, 0u);
         }
         fence_proxy_async_shared();
@@ -522,13 +530,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       float s[8];
       s_full(s, q_addr, block_addr, wait_block);
       __syncwarp();
-      if (t.lane == 0) mbarrier_arrive_count(&stage_empty[8], 2);  // the rope block: S only
+      if (t.lane == 0) mbarrier_arrive_count(&empty[slot_of(8)], 2);  // the rope block: S only
       mla_narrow::softmax_tile(s, st, t, valid_rows, kNoPositionScale, d.scale_log2, col_max, p_tile);
       pv_full(st, p_addr, block_addr);
       __syncwarp();
       if (t.lane == 0) {
 #pragma unroll
-        for (int c = 0; c < 8; ++c) mbarrier_arrive_count(&stage_empty[c], 2);
+        for (int c = 0; c < 8; ++c) mbarrier_arrive_count(&empty[slot_of(c)], 2);
       }
     }
     it += num_tiles;
@@ -555,24 +563,56 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int h = 8 * j + t.col + e;
         sum[2 * j + e] = col_sum[h] + col_sum[kHeads + h] + col_sum[2 * kHeads + h] + col_sum[3 * kHeads + h];
       }
-    if (g == 1) {
-      // Hand group 1's state to group 0 (the maxima are the same in every
-      // thread of the group for a head; warp 0's lanes 0..3 hold all 16 heads).
+    // Group 1's maxima and sums (the maxima are the same in every thread of the
+    // group for a head; warp 0's lanes 0..3 hold all 16 heads).
+    if (g == 1 && t.wg_warp == 0 && t.lane < 4) {
 #pragma unroll
-      for (int mi = 0; mi < kMTiles; ++mi)
+      for (int j = 0; j < 2; ++j)
 #pragma unroll
-        for (int i = 0; i < 8; ++i) hand_o[(mi * 8 + i) * 128 + gtid] = st.o[mi][i];
-      if (t.wg_warp == 0 && t.lane < 4) {
+        for (int e = 0; e < 2; ++e) {
+          hand_m[8 * j + t.col + e] = st.m[2 * j + e];
+          hand_l[8 * j + t.col + e] = sum[2 * j + e];
+        }
+    }
+    consumers_barrier();  // both groups are done with Q (their last S waited) and the maxima are in
+    float w0[4] = {}, w1[4] = {};  // group 0: the weights of the two partial states per head
+    if (g == 0) {
 #pragma unroll
-        for (int j = 0; j < 2; ++j)
+      for (int j = 0; j < 2; ++j)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            hand_m[8 * j + t.col + e] = st.m[2 * j + e];
-            hand_l[8 * j + t.col + e] = sum[2 * j + e];
+        for (int e = 0; e < 2; ++e) {
+          const int h = 8 * j + t.col + e, k = 2 * j + e;
+          const float m1 = hand_m[h];
+          const float m = fmaxf(st.m[k], m1);
+          const float a0 = exp2f(st.m[k] - m), a1 = exp2f(m1 - m);
+          const float total = sum[k] * a0 + hand_l[h] * a1;
+          w0[k] = a0 / total;
+          w1[k] = a1 / total;
+          st.m[k] = m;
+          sum[k] = total;
+        }
+    }
+    // O^T in two halves of 4 m-tiles through Q's room.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (half == 1) consumers_barrier();  // group 0 has read the first half
+      if (g == 1) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles / 2; ++mi)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) hand_o[(mi * 8 + i) * 128 + gtid] = st.o[half * 4 + mi][i];
+      }
+      consumers_barrier();
+      if (g == 0) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles / 2; ++mi)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const int k = 2 * ((i >> 2) & 1) + (i & 1);  // the head of entry i: 8 j + col + e, i = 4 j + 2 r + e
+            st.o[half * 4 + mi][i] = st.o[half * 4 + mi][i] * w0[k] + hand_o[(mi * 8 + i) * 128 + gtid] * w1[k];
           }
       }
     }
-    consumers_barrier();
     if (g == 1) continue;
     const int heads_here = min(kHeads, d.num_heads);
     const bool split = d.row_segment_start[row + 1] - d.row_segment_start[row] > 1;
@@ -581,27 +621,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int h = 8 * j + t.col + e;
-        const int k = 2 * j + e;
-        const float m1 = hand_m[h];
-        const float m = fmaxf(st.m[k], m1);
-        const float a0 = exp2f(st.m[k] - m), a1 = exp2f(m1 - m);
-        const float total = sum[k] * a0 + hand_l[h] * a1;
         if (h >= heads_here) continue;
-        const float w0 = a0 / total, w1 = a1 / total;
         const int64_t at = (split ? int64_t{seg} : int64_t{row}) * d.num_heads + h;
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
-            const int r = 4 * j + 2 * i + e;
             const int dim = mi * 64 + t.row0 + 8 * i;
-            const float v = st.o[mi][r] * w0 + hand_o[(mi * 8 + r) * 128 + gtid] * w1;
+            const float v = st.o[mi][4 * j + 2 * i + e];
             if (!split) out[at * kMlaLatentDim + dim] = __float2bfloat16(v);
             else d.workspace[at * kMlaLatentDim + dim] = v;
           }
         if (split && t.lane < 4 && t.wg_warp == 0) {
           float* lse = d.workspace + int64_t{d.num_segments} * d.num_heads * kMlaLatentDim;
-          lse[at] = m + log2f(total);
+          lse[at] = st.m[2 * j + e] + log2f(sum[2 * j + e]);
         }
       }
   }
@@ -655,9 +688,23 @@ cudaError_t occupancy_of(int* ctas_per_sm) {
       ctas_per_sm, mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm>, kThreads, Layout<kSlots>::kSmemBytes);
 }
 
+template <int kSlots>
 cudaError_t allow_pingpong_shared_memory() {
-  return cudaFuncSetAttribute(mla_decode_tma_pingpong_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              PingPongLayout::kSmemBytes);
+  return cudaFuncSetAttribute(mla_decode_tma_pingpong_kernel<kSlots>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              PingPongLayout<kSlots>::kSmemBytes);
+}
+
+template <int kSlots>
+cudaError_t pingpong_occupancy_of(int* ctas_per_sm) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, mla_decode_tma_pingpong_kernel<kSlots>, kThreads,
+                                                       PingPongLayout<kSlots>::kSmemBytes);
+}
+
+template <int kSlots>
+void launch_pingpong(const MlaDecodeDescriptor& d, const CUtensorMap& map, const __nv_bfloat16* q, __nv_bfloat16* out,
+                     cudaStream_t stream) {
+  mla_decode_tma_pingpong_kernel<kSlots>
+      <<<dim3(1, d.num_ctas), kThreads, PingPongLayout<kSlots>::kSmemBytes, stream>>>(d, map, q, out);
 }
 
 template <int kSlots, bool kWholeTile, int kCtasPerSm = 1>
@@ -676,7 +723,7 @@ cudaError_t prepare_mla_decode_tma_kernel() {
          {allow_shared_memory<kTwoStageSlots, false>(), allow_shared_memory<kRingSlots, false>(),
           allow_shared_memory<kTwoStageSlots, true>(), allow_shared_memory<kRingSlots, true>(),
           allow_shared_memory<kPairSlots, false, 2>(), allow_shared_memory<kPairSlots, true, 2>(),
-          allow_pingpong_shared_memory()})
+          allow_pingpong_shared_memory<kTwoStageSlots>(), allow_pingpong_shared_memory<kRingSlots>()})
       if (e != cudaSuccess) return e;
     return cudaSuccess;
   }();
@@ -694,9 +741,8 @@ cudaError_t mla_decode_tma_occupancy(MlaDecodeKernel kernel, int* ctas_per_sm) {
     case MlaDecodeKernel::kTmaRingTile: return occupancy_of<kRingSlots, true>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPair: return occupancy_of<kPairSlots, false, 2>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPairTile: return occupancy_of<kPairSlots, true, 2>(ctas_per_sm);
-    case MlaDecodeKernel::kTmaPingPong:
-      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, mla_decode_tma_pingpong_kernel, kThreads,
-                                                           PingPongLayout::kSmemBytes);
+    case MlaDecodeKernel::kTmaPingPong: return pingpong_occupancy_of<kTwoStageSlots>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaPingPongRing: return pingpong_occupancy_of<kRingSlots>(ctas_per_sm);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -719,10 +765,8 @@ cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& d, const void*
     case MlaDecodeKernel::kTmaRingTile: launch_variant<kRingSlots, true>(d, map, qb, ob, stream); break;
     case MlaDecodeKernel::kTmaPair: launch_variant<kPairSlots, false, 2>(d, map, qb, ob, stream); break;
     case MlaDecodeKernel::kTmaPairTile: launch_variant<kPairSlots, true, 2>(d, map, qb, ob, stream); break;
-    case MlaDecodeKernel::kTmaPingPong:
-      mla_decode_tma_pingpong_kernel<<<dim3(1, d.num_ctas), kThreads, PingPongLayout::kSmemBytes, stream>>>(d, map, qb,
-                                                                                                           ob);
-      break;
+    case MlaDecodeKernel::kTmaPingPong: launch_pingpong<kTwoStageSlots>(d, map, qb, ob, stream); break;
+    case MlaDecodeKernel::kTmaPingPongRing: launch_pingpong<kRingSlots>(d, map, qb, ob, stream); break;
     default: launch_variant<kTwoStageSlots, false>(d, map, qb, ob, stream); break;
   }
   return cudaGetLastError();
