@@ -55,7 +55,7 @@ racecheck_part() {
     echo "racecheck $filter: compute-sanitizer not found" >> "$sum"
     return
   fi
-  LD_LIBRARY_PATH="$b/lib:/usr/local/cuda/lib64" timeout 150 compute-sanitizer --tool racecheck --print-limit 5 \
+  LD_LIBRARY_PATH="$b/lib:/usr/local/cuda/lib64" timeout 100 compute-sanitizer --tool racecheck --print-limit 5 \
     "$b/bin/mla_decode_gpu_tests" --gtest_filter="$filter" > "$part" 2>&1
   local rc=$?
   echo "racecheck $filter rc=$rc $(grep -E '^\[  (PASSED|FAILED)|RACECHECK SUMMARY|hazard' "$part" | head -4 | tr '\n' ' ')" \
