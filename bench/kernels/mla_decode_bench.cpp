@@ -9,12 +9,12 @@
 // every output is checked finite. Where the TMA-fed kernel applies (bf16, 16
 // heads) every kernel runs on the same pool, one row each ("[cp_async]",
 // "[tma]", "[tma_ring]", "[tma_tile]", "[tma_ring_tile]", "[tma_pair]",
-// "[tma_pair_tile]", "[tma_pingpong]", "[tma_pingpong_ring]" in the name); --kernel
+// "[tma_pair_tile]", "[tma_pingpong]", "[tma_pingpong_ring]", "[tma_fast_exp]" in the name); --kernel
 // picks one. --schedule runs the plan's whole-tile budgets ("whole", the
 // default plan), spread budgets ("spread": MlaDecodeOptions::spread_budget,
 // " spread" in the name) or both; "bits==tma" says whether a TMA variant's
 // output equals the first TMA variant's of the same schedule bit for bit
-// (tma_pingpong* sum in another order: "NO" is expected there, its check
+// (tma_pingpong* and tma_fast_exp round differently: "NO" is expected there, its check
 // against float64 is what counts).
 //
 //   mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|NAME] [--schedule all|whole|spread]
@@ -85,7 +85,7 @@ constexpr MlaDecodeKernel kKernels[] = {MlaDecodeKernel::kCpAsync, MlaDecodeKern
                                         MlaDecodeKernel::kTmaRing, MlaDecodeKernel::kTmaTile,
                                         MlaDecodeKernel::kTmaRingTile, MlaDecodeKernel::kTmaPair,
                                         MlaDecodeKernel::kTmaPairTile, MlaDecodeKernel::kTmaPingPong,
-                                           MlaDecodeKernel::kTmaPingPongRing};
+                                           MlaDecodeKernel::kTmaPingPongRing, MlaDecodeKernel::kTmaFastExp};
 
 const char* kernel_name(MlaDecodeKernel k) {
   switch (k) {
@@ -97,6 +97,7 @@ const char* kernel_name(MlaDecodeKernel k) {
     case MlaDecodeKernel::kTmaPairTile: return "tma_pair_tile";
     case MlaDecodeKernel::kTmaPingPong: return "tma_pingpong";
     case MlaDecodeKernel::kTmaPingPongRing: return "tma_pingpong_ring";
+    case MlaDecodeKernel::kTmaFastExp: return "tma_fast_exp";
     default: return "cp_async";
   }
 }
@@ -324,7 +325,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|tma_ring|"
-                   "tma_tile|tma_ring_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_pingpong_ring] [--schedule all|whole|spread]\n");
+                   "tma_tile|tma_ring_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_pingpong_ring|tma_fast_exp] [--schedule all|whole|spread]\n");
       return 2;
     }
   }

@@ -66,13 +66,18 @@ enum class MlaDecodeKernel : int32_t {
   // while it still computes its current one (with two stages, group g's next
   // tile waits for its own stage).
   kTmaPingPongRing = 9,
+  // kTma with the softmax shortened: the scale folded into the exponent's
+  // FFMA, exp2 as a bare ex2.approx.ftz (other roundings: within the tests'
+  // bound, not bit-equal to kTma).
+  kTmaFastExp = 10,
 };
 
-// The TMA-fed variants (kTma .. kTmaPingPongRing).
+// The TMA-fed variants (kTma .. kTmaFastExp).
 constexpr bool is_tma_kernel(MlaDecodeKernel k) {
   return k == MlaDecodeKernel::kTma || k == MlaDecodeKernel::kTmaRing || k == MlaDecodeKernel::kTmaTile ||
          k == MlaDecodeKernel::kTmaRingTile || k == MlaDecodeKernel::kTmaPair || k == MlaDecodeKernel::kTmaPairTile ||
-         k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaPingPongRing;
+         k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaPingPongRing ||
+         k == MlaDecodeKernel::kTmaFastExp;
 }
 
 // CTAs a kernel runs per SM (a head tile's wave is num_sms x this).

@@ -1,7 +1,8 @@
 // Paged MLA decode, bf16 latent, at most 16 heads, with the tiles loaded by
 // the copy engine (TMA): MlaDecodeKernel::kTma, kTmaRing, kTmaTile, kTmaRingTile of
-// mla_decode_descriptor.h, and kTmaPingPong / kTmaPingPongRing (each compute
-// warpgroup owning whole tiles; described at their kernel below).
+// mla_decode_descriptor.h, kTmaFastExp (kTma with a shorter softmax), and
+// kTmaPingPong / kTmaPingPongRing (each compute warpgroup owning whole tiles;
+// described at their kernel below).
 //
 // The math is the narrow kernels' (mla_decode_narrow.cuh: S^T = K Q^T over 64
 // positions x 16 heads, the K dims split between the two compute warpgroups
@@ -121,7 +122,9 @@ struct Layout {
 // The compute side and the slot releases are the same for both.
 // kCtasPerSm: the occupancy the variant is built for (2: kPairSlots, so that
 // one CTA's copies and barriers overlap the other's MMAs).
-template <int kSlots, bool kWholeTile, int kCtasPerSm>
+// kFastExp: the softmax with the scale folded into the exponent's FFMA and
+// ex2.approx.ftz (mla_narrow::softmax_tile; kTmaFastExp).
+template <int kSlots, bool kWholeTile, int kCtasPerSm, bool kFastExp = false>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     mla_decode_tma_kernel(const MlaDecodeDescriptor d, const __grid_constant__ CUtensorMap latent_map,
                           const __nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ out) {
@@ -299,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       // Halves by tile parity: a fast group may write the next tile's half
       // before the other group has read this one (no CTA barrier between tiles).
       mla_narrow::add_other_half(s, base + L::kPartialAt + (it & 1) * L::kPartialBytes, tid, consumers_barrier);
-      mla_narrow::softmax_tile(s, st, t, valid_rows, kNoPositionScale, d.scale_log2, col_max, p_tile);
+      mla_narrow::softmax_tile<kFastExp>(s, st, t, valid_rows, kNoPositionScale, d.scale_log2, col_max, p_tile);
       mla_narrow::pv(st, t, p_addr, block_addr);
       __syncwarp();
       if (t.lane == 0) {
@@ -671,10 +674,10 @@ cudaError_t make_latent_tensor_map(CUtensorMap* map, const MlaDecodeDescriptor& 
 }
 
 // Raises one variant's shared-memory limit.
-template <int kSlots, bool kWholeTile, int kCtasPerSm = 1>
+template <int kSlots, bool kWholeTile, int kCtasPerSm = 1, bool kFastExp = false>
 cudaError_t allow_shared_memory() {
   static_assert((Layout<kSlots>::kSmemBytes + 1024) * kCtasPerSm <= 233472, "the CTAs fit an SM's shared memory");
-  const auto kernel = mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm>;
+  const auto kernel = mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm, kFastExp>;
   const cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kSlots>::kSmemBytes);
   if (e != cudaSuccess || kCtasPerSm == 1) return e;
@@ -682,10 +685,11 @@ cudaError_t allow_shared_memory() {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
 }
 
-template <int kSlots, bool kWholeTile, int kCtasPerSm = 1>
+template <int kSlots, bool kWholeTile, int kCtasPerSm = 1, bool kFastExp = false>
 cudaError_t occupancy_of(int* ctas_per_sm) {
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      ctas_per_sm, mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm>, kThreads, Layout<kSlots>::kSmemBytes);
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm,
+                                                       mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm, kFastExp>,
+                                                       kThreads, Layout<kSlots>::kSmemBytes);
 }
 
 template <int kSlots>
@@ -707,10 +711,10 @@ void launch_pingpong(const MlaDecodeDescriptor& d, const CUtensorMap& map, const
       <<<dim3(1, d.num_ctas), kThreads, PingPongLayout<kSlots>::kSmemBytes, stream>>>(d, map, q, out);
 }
 
-template <int kSlots, bool kWholeTile, int kCtasPerSm = 1>
+template <int kSlots, bool kWholeTile, int kCtasPerSm = 1, bool kFastExp = false>
 void launch_variant(const MlaDecodeDescriptor& d, const CUtensorMap& map, const __nv_bfloat16* q, __nv_bfloat16* out,
                     cudaStream_t stream) {
-  mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm>
+  mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm, kFastExp>
       <<<dim3(1, d.num_ctas), kThreads, Layout<kSlots>::kSmemBytes, stream>>>(d, map, q, out);
 }
 
@@ -723,7 +727,8 @@ cudaError_t prepare_mla_decode_tma_kernel() {
          {allow_shared_memory<kTwoStageSlots, false>(), allow_shared_memory<kRingSlots, false>(),
           allow_shared_memory<kTwoStageSlots, true>(), allow_shared_memory<kRingSlots, true>(),
           allow_shared_memory<kPairSlots, false, 2>(), allow_shared_memory<kPairSlots, true, 2>(),
-          allow_pingpong_shared_memory<kTwoStageSlots>(), allow_pingpong_shared_memory<kRingSlots>()})
+          allow_pingpong_shared_memory<kTwoStageSlots>(), allow_pingpong_shared_memory<kRingSlots>(),
+          allow_shared_memory<kTwoStageSlots, false, 1, true>()})
       if (e != cudaSuccess) return e;
     return cudaSuccess;
   }();
@@ -743,6 +748,7 @@ cudaError_t mla_decode_tma_occupancy(MlaDecodeKernel kernel, int* ctas_per_sm) {
     case MlaDecodeKernel::kTmaPairTile: return occupancy_of<kPairSlots, true, 2>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPingPong: return pingpong_occupancy_of<kTwoStageSlots>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPingPongRing: return pingpong_occupancy_of<kRingSlots>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaFastExp: return occupancy_of<kTwoStageSlots, false, 1, true>(ctas_per_sm);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -767,6 +773,7 @@ cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& d, const void*
     case MlaDecodeKernel::kTmaPairTile: launch_variant<kPairSlots, true, 2>(d, map, qb, ob, stream); break;
     case MlaDecodeKernel::kTmaPingPong: launch_pingpong<kTwoStageSlots>(d, map, qb, ob, stream); break;
     case MlaDecodeKernel::kTmaPingPongRing: launch_pingpong<kRingSlots>(d, map, qb, ob, stream); break;
+    case MlaDecodeKernel::kTmaFastExp: launch_variant<kTwoStageSlots, false, 1, true>(d, map, qb, ob, stream); break;
     default: launch_variant<kTwoStageSlots, false>(d, map, qb, ob, stream); break;
   }
   return cudaGetLastError();
