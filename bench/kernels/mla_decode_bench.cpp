@@ -325,7 +325,8 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|tma_ring|"
-                   "tma_tile|tma_ring_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_pingpong_ring|tma_fast_exp] [--schedule all|whole|spread]\n");
+                   "tma_tile|tma_ring_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_pingpong_ring|tma_fast_exp] "
+                   "[--schedule all|whole|spread]\n");
       return 2;
     }
   }

@@ -169,9 +169,9 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // (the scale is positive), each exponent is one FFMA, s x scale_log2 - m, and
 // exp2 is exp2_ftz; other roundings than the default path.
 template <bool kFastExp = false, int kMTiles>
-__device__ __forceinline__ void softmax_tile(float (&s)[8], SegmentStateOf<kMTiles>& st, const ThreadPlace& t, int valid_rows,
-                                             const float (&pos_scale)[2], float scale_log2, float* col_max,
-                                             uint8_t* p_tile) {
+__device__ __forceinline__ void softmax_tile(float (&s)[8], SegmentStateOf<kMTiles>& st, const ThreadPlace& t,
+                                             int valid_rows, const float (&pos_scale)[2], float scale_log2,
+                                             float* col_max, uint8_t* p_tile) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const bool valid = t.row0 + 8 * i < valid_rows;

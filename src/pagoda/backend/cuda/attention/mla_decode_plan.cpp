@@ -95,7 +95,8 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
     else if (std::strcmp(env, "tma_fast_exp") == 0) kernel = MlaDecodeKernel::kTmaFastExp;
     else
       return invalid_argument_error("mla decode: PAGODA_MLA_DECODE_KERNEL '{}' (auto, tma, tma_ring, tma_tile, "
-                                    "tma_ring_tile, tma_pair, tma_pair_tile, tma_pingpong, tma_pingpong_ring, tma_fast_exp or cp_async)",
+                                    "tma_ring_tile, tma_pair, tma_pair_tile, tma_pingpong, tma_pingpong_ring, "
+                                    "tma_fast_exp or cp_async)",
                                     env);
   }
   const bool tma = is_tma_kernel(kernel);
