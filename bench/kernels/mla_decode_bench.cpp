@@ -9,7 +9,8 @@
 // every output is checked finite. Where the TMA-fed kernel applies (bf16, 16
 // heads) every kernel runs on the same pool, one row each ("[cp_async]",
 // "[tma]", "[tma_ring]", "[tma_tile]", "[tma_ring_tile]", "[tma_pair]",
-// "[tma_pair_tile]", "[tma_pingpong]", "[tma_pingpong_ring]", "[tma_fast_exp]" in the name); --kernel
+// "[tma_pair_tile]", "[tma_pingpong]", "[tma_pingpong_ring]", "[tma_fast_exp]",
+// "[tma_pingpong_fast_exp]", "[tma_pingpong_turns]" in the name); --kernel
 // picks one. --schedule runs the plan's whole-tile budgets ("whole", the
 // default plan), spread budgets ("spread": MlaDecodeOptions::spread_budget,
 // " spread" in the name) or both; "bits==tma" says whether a TMA variant's
@@ -85,7 +86,8 @@ constexpr MlaDecodeKernel kKernels[] = {MlaDecodeKernel::kCpAsync, MlaDecodeKern
                                         MlaDecodeKernel::kTmaRing, MlaDecodeKernel::kTmaTile,
                                         MlaDecodeKernel::kTmaRingTile, MlaDecodeKernel::kTmaPair,
                                         MlaDecodeKernel::kTmaPairTile, MlaDecodeKernel::kTmaPingPong,
-                                           MlaDecodeKernel::kTmaPingPongRing, MlaDecodeKernel::kTmaFastExp};
+                                        MlaDecodeKernel::kTmaPingPongRing, MlaDecodeKernel::kTmaFastExp,
+                                        MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns};
 
 const char* kernel_name(MlaDecodeKernel k) {
   switch (k) {
@@ -98,6 +100,8 @@ const char* kernel_name(MlaDecodeKernel k) {
     case MlaDecodeKernel::kTmaPingPong: return "tma_pingpong";
     case MlaDecodeKernel::kTmaPingPongRing: return "tma_pingpong_ring";
     case MlaDecodeKernel::kTmaFastExp: return "tma_fast_exp";
+    case MlaDecodeKernel::kTmaPingPongFastExp: return "tma_pingpong_fast_exp";
+    case MlaDecodeKernel::kTmaPingPongTurns: return "tma_pingpong_turns";
     default: return "cp_async";
   }
 }
@@ -325,7 +329,8 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|tma_ring|"
-                   "tma_tile|tma_ring_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_pingpong_ring|tma_fast_exp] "
+                   "tma_tile|tma_ring_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_pingpong_ring|tma_fast_exp|"
+                   "tma_pingpong_fast_exp|tma_pingpong_turns] "
                    "[--schedule all|whole|spread]\n");
       return 2;
     }

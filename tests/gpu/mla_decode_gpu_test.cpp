@@ -258,6 +258,8 @@ const char* kernel_name(MlaDecodeKernel k) {
     case MlaDecodeKernel::kTmaPingPong: return "tma_pingpong";
     case MlaDecodeKernel::kTmaPingPongRing: return "tma_pingpong_ring";
     case MlaDecodeKernel::kTmaFastExp: return "tma_fast_exp";
+    case MlaDecodeKernel::kTmaPingPongFastExp: return "tma_pingpong_fast_exp";
+    case MlaDecodeKernel::kTmaPingPongTurns: return "tma_pingpong_turns";
     default: return "cp.async";
   }
 }
@@ -477,7 +479,8 @@ TEST_F(MlaDecodeGpuTest, RowsSharingBlocks) {
 // and the three with the whole-tile producer schedule, kTmaTile /
 // kTmaRingTile / kTmaPairTile; and kTmaPingPong / kTmaPingPongRing, each
 // compute warpgroup on its own tiles; kTmaFastExp, kTma with a shorter
-// softmax; mla_decode_tma.cu), every case on all.
+// softmax; kTmaPingPongFastExp / kTmaPingPongTurns; mla_decode_tma.cu), every
+// case on all.
 // Unused pool slots hold NaN, so the rows of a partial last page (and of pages
 // past a segment's end) must be zeroed, not merely masked. run() fails a case
 // whose plan did not take the kernel asked for.
@@ -486,7 +489,9 @@ constexpr MlaDecodeKernel kTmaKernels[] = {MlaDecodeKernel::kTma,         MlaDec
                                            MlaDecodeKernel::kTmaTile,     MlaDecodeKernel::kTmaRingTile,
                                            MlaDecodeKernel::kTmaPair,     MlaDecodeKernel::kTmaPairTile,
                                            MlaDecodeKernel::kTmaPingPong,
-                                           MlaDecodeKernel::kTmaPingPongRing, MlaDecodeKernel::kTmaFastExp};
+                                           MlaDecodeKernel::kTmaPingPongRing, MlaDecodeKernel::kTmaFastExp,
+                                           MlaDecodeKernel::kTmaPingPongFastExp,
+                                           MlaDecodeKernel::kTmaPingPongTurns};
 
 MlaCase tma(MlaCase c) {
   c.options.kernel = tma_kernel;
@@ -572,7 +577,7 @@ TEST_F(MlaDecodeGpuTest, TmaMatchesCpAsyncKernel) {
     ASSERT_TRUE(old_out.ok()) << old_out.status().message();
     std::vector<double> want;
     for (uint16_t v : *old_out) want.push_back(bf16_to_f32(v));
-    std::vector<uint16_t> first_tma;
+    std::vector<uint16_t> first_tma, pingpong;
     for (MlaDecodeKernel k : kTmaKernels) {
       c.options.kernel = k;
       auto new_out = run(b, c);
@@ -586,8 +591,15 @@ TEST_F(MlaDecodeGpuTest, TmaMatchesCpAsyncKernel) {
       // The ping-pong kernels sum S^T in one chain and combine two partial O^T,
       // kTmaFastExp rounds its exponents differently: other
       // roundings, so only the bound above applies to it.
+      // kTmaPingPongRing and kTmaPingPongTurns do kTmaPingPong's arithmetic in
+      // its order (other loads, another issue order between the groups): its bits.
+      if (k == MlaDecodeKernel::kTmaPingPong) pingpong = *new_out;
+      if (k == MlaDecodeKernel::kTmaPingPongRing || k == MlaDecodeKernel::kTmaPingPongTurns) {
+        EXPECT_TRUE(*new_out == pingpong) << kernel_name(k) << " differs from tma_pingpong, blocks of " << bs;
+      }
       if (k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaPingPongRing ||
-          k == MlaDecodeKernel::kTmaFastExp)
+          k == MlaDecodeKernel::kTmaFastExp || k == MlaDecodeKernel::kTmaPingPongFastExp ||
+          k == MlaDecodeKernel::kTmaPingPongTurns)
         continue;
       if (first_tma.empty()) first_tma = *new_out;
       else EXPECT_TRUE(*new_out == first_tma) << kernel_name(k) << " differs from tma, blocks of " << bs;
@@ -614,7 +626,8 @@ TEST_F(MlaDecodeGpuTest, TmaPingPongSmall) {
   // (the stages reused across segments, the groups' hand-over at each end), a
   // one-tile segment (group 1 has no tile: its state must weigh nothing), a
   // split row through the merge pass, a ragged end at blocks of 16.
-  for (MlaDecodeKernel k : {MlaDecodeKernel::kTmaPingPong, MlaDecodeKernel::kTmaPingPongRing}) {
+  for (MlaDecodeKernel k : {MlaDecodeKernel::kTmaPingPong, MlaDecodeKernel::kTmaPingPongRing,
+                            MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns}) {
     tma_kernel = k;
     const KvElement bf16 = KvElement::kBF16;
     expect_close(tma(with_options(make_case("tma h16 bs64 2 sms", 16, 64, bf16, {1, 64, 65, 300, 700}, 130), 0, 2)));

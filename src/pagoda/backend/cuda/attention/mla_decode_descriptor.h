@@ -70,14 +70,21 @@ enum class MlaDecodeKernel : int32_t {
   // FFMA, exp2 as a bare ex2.approx.ftz (other roundings: within the tests'
   // bound, not bit-equal to kTma).
   kTmaFastExp = 10,
+  // kTmaPingPong with kTmaFastExp's softmax (within the tests' bound).
+  kTmaPingPongFastExp = 11,
+  // kTmaPingPong with turns: the two groups' S^T MMA chains strictly alternate
+  // (named barriers), so one group's softmax and P V run beside the other's
+  // S^T, as FlashMLA orders them. Same arithmetic as kTmaPingPong.
+  kTmaPingPongTurns = 12,
 };
 
-// The TMA-fed variants (kTma .. kTmaFastExp).
+// The TMA-fed variants (kTma .. kTmaPingPongTurns).
 constexpr bool is_tma_kernel(MlaDecodeKernel k) {
   return k == MlaDecodeKernel::kTma || k == MlaDecodeKernel::kTmaRing || k == MlaDecodeKernel::kTmaTile ||
          k == MlaDecodeKernel::kTmaRingTile || k == MlaDecodeKernel::kTmaPair || k == MlaDecodeKernel::kTmaPairTile ||
          k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaPingPongRing ||
-         k == MlaDecodeKernel::kTmaFastExp;
+         k == MlaDecodeKernel::kTmaFastExp || k == MlaDecodeKernel::kTmaPingPongFastExp ||
+         k == MlaDecodeKernel::kTmaPingPongTurns;
 }
 
 // CTAs a kernel runs per SM (a head tile's wave is num_sms x this).

@@ -60,8 +60,14 @@ constexpr int kThreads = kConsumerThreads + 32;                // + the producer
 constexpr int kColumnBlocks = 9;                               // 576 / 64
 constexpr int kQBytes = kColumnBlocks * mla_narrow::kQBlockBytes;  // 18,432
 // Named barriers (0 is __syncthreads, which the producer does not join after
-// the set-up): 1 + g, one compute warpgroup; 3, both compute warpgroups.
+// the set-up): 1 + g, one compute warpgroup; 3, both compute warpgroups. The
+// ping-pong kernels also use 4 / 5 (the segment-end hand-over: group 1 arrives
+// on 4 when a part is written and waits on 5 for group 0 to have read it) and,
+// with turns, 6 + g (group g's turn to issue its S^T MMAs).
 [[maybe_unused]] constexpr int kConsumersBarrier = 3;
+[[maybe_unused]] constexpr int kHandFullBarrier = 4;
+[[maybe_unused]] constexpr int kHandEmptyBarrier = 5;
+[[maybe_unused]] constexpr int kTurnBarrier = 6;
 
 // The ring of column-block slots: a tile's column block c goes to slot
 // (9 x tile + c) % kSlots. 18 slots are v8's two stages of whole tiles; 23 are
@@ -331,23 +337,32 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 // one reading group a use: its 4 warps release it with 2 counts each (the rope
 // block after S, the others after P V). The groups meet only at a segment's
 // start (Q) and end, where group 1 hands its maxima, sums and O^T to group 0
-// through shared memory (Q's room, in two halves) and group 0 writes the
-// combined result: m = max(m0, m1), a_g = 2^(m_g - m),
+// through shared memory of its own (named barriers 4 / 5: group 1 arrives on 4
+// once a part is written and, before it writes the next part, waits on 5 for
+// group 0 to have read the last; group 0 waits on 4, reads, arrives on 5) and
+// group 0 writes the combined result: m = max(m0, m1), a_g = 2^(m_g - m),
 // O = (O0 a0 + O1 a1) / (l0 a0 + l1 a1). A group without a tile in the segment
 // has m = kNoScore, l = 0, O = 0 and weighs nothing. Between tiles the groups
 // synchronize only with themselves (named barrier 1 + g) and with the producer
 // (mbarriers), so one group's softmax and barriers run while the other's MMAs
-// do; no named barrier forces an order (tiles land alternately, which
-// alternates the groups). FlashMLA's 64-head kernel instead shares P and the
-// running maxima between its groups every tile, because there each group can
-// hold only half of a 64 x 512 O; at 16 heads a group holds all of O^T.
-constexpr int kMTiles = 8;                   // 512 latent dims / 64
-constexpr int kHandFloats = kMTiles * 8 / 2;  // a thread's O^T floats per hand-over half
-static_assert(kHandFloats * 128 * 4 <= kQBytes, "a hand-over half fits Q's room");
+// do. Without kTurns no named barrier forces an order (tiles land
+// alternately, which alternates the groups); with kTurns group g waits for its
+// turn (named barrier 6 + g) before its S^T MMAs and gives the turn to the
+// other group once they are done, so the groups' S^T chains alternate strictly
+// (the CTA's tiles by their index over all segments: group 1 gives the first
+// turn at the start; the one arrival left at the end is consumed there) and a
+// group's softmax and P V run beside the other's S^T. kFastExp: softmax_tile's
+// fast exp (the scale folded into the exponent's FFMA, ex2.approx.ftz).
+// FlashMLA's 64-head kernel instead shares P and the running maxima between its
+// groups every tile, because there each group can hold only half of a 64 x 512
+// O; at 16 heads a group holds all of O^T.
+constexpr int kMTiles = 8;  // 512 latent dims / 64
 
-// Shared memory: Q (and the hand-over) | kSlots slots | P^T [2 groups] | column
-// maxima [2][4][16] | column sums [2][4][16] | group 1's maxima and sums [2][16]
-// | mbarriers: full [slot], empty [slot].
+// Shared memory: Q | kSlots slots | P^T [2 groups] | column maxima [2][4][16] |
+// column sums [2][4][16] | group 1's maxima and sums [2][16] | group 1's O^T in
+// kHandParts parts (all of it where it fits: 18 slots; in two halves on 23) |
+// mbarriers: full [slot], empty [slot]. The hand-over has room of its own, so
+// the next segment's Q never meets it.
 template <int kSlots>
 struct PingPongLayout {
   static constexpr int kTilesAt = kQBytes;
@@ -355,7 +370,10 @@ struct PingPongLayout {
   static constexpr int kMaxAt = kPAt + 2 * kHeads * 128;
   static constexpr int kSumAt = kMaxAt + 2 * 4 * kHeads * 4;
   static constexpr int kHandAt = kSumAt + 2 * 4 * kHeads * 4;
-  static constexpr int kBarriersAt = kHandAt + 2 * kHeads * 4;
+  static constexpr int kHandOAt = kHandAt + 2 * kHeads * 4;
+  static constexpr int kOBytes = kMTiles * 8 * 128 * 4;  // a group's O^T, 8 floats a thread per m-tile
+  static constexpr int kHandParts = kHandOAt + kOBytes + 2 * kSlots * 8 + 1024 <= 232448 ? 1 : 2;
+  static constexpr int kBarriersAt = kHandOAt + kOBytes / kHandParts;
   static constexpr int kSmemBytes = kBarriersAt + 2 * kSlots * 8 + 1024;
   static_assert(kTilesAt % 1024 == 0 && kPAt % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
   static_assert(kSmemBytes <= 232448, "fits an SM");
@@ -411,7 +429,7 @@ __device__ __forceinline__ void pv_full(mla_narrow::SegmentStateOf<kMTiles>& st,
     for (int i = 0; i < 8; ++i) mla_narrow::keep_in_order(st.o[mi][i]);
 }
 
-template <int kSlots>
+template <int kSlots, bool kFastExp, bool kTurns>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_tma_pingpong_kernel(const MlaDecodeDescriptor d, const __grid_constant__ CUtensorMap latent_map,
                                    const __nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ out) {
@@ -485,12 +503,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* col_sum = reinterpret_cast<float*>(base + L::kSumAt) + g * 4 * kHeads;
   float* hand_m = reinterpret_cast<float*>(base + L::kHandAt);  // group 1's maxima [16]
   float* hand_l = hand_m + kHeads;                              // group 1's sums [16]
-  float* hand_o = reinterpret_cast<float*>(base);               // half of group 1's O^T [32][128], in Q's room
+  float* hand_o = reinterpret_cast<float*>(base + L::kHandOAt);  // a part of group 1's O^T [floats][128]
   const uint32_t q_addr = smem_address(q_tile);
   const uint32_t p_addr = smem_address(p_tile);
   const uint32_t tiles_addr = smem_address(tiles);
   auto consumers_barrier = [] { named_barrier_sync(kConsumersBarrier, kConsumerThreads); };
   constexpr float kNoPositionScale[2] = {1.0f, 1.0f};
+
+  constexpr int kPartTiles = kMTiles / L::kHandParts;  // O^T m-tiles a hand-over part
+  if (kTurns && g == 1) named_barrier_arrive(kTurnBarrier, kConsumerThreads);  // group 0 has the first turn
 
   int it = 0;  // tiles of this CTA before the current segment's, over all its segments
   for (int seg = seg_begin; seg < seg_end; ++seg) {
@@ -531,10 +552,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         mla_narrow::group_barrier(g);
       }
       float s[8];
+      if (kTurns) named_barrier_sync(kTurnBarrier + g, kConsumerThreads);
       s_full(s, q_addr, block_addr, wait_block);
+      if (kTurns) named_barrier_arrive(kTurnBarrier + (1 - g), kConsumerThreads);
       __syncwarp();
       if (t.lane == 0) mbarrier_arrive_count(&empty[slot_of(8)], 2);  // the rope block: S only
-      mla_narrow::softmax_tile(s, st, t, valid_rows, kNoPositionScale, d.scale_log2, col_max, p_tile);
+      mla_narrow::softmax_tile<kFastExp>(s, st, t, valid_rows, kNoPositionScale, d.scale_log2, col_max, p_tile);
       pv_full(st, p_addr, block_addr);
       __syncwarp();
       if (t.lane == 0) {
@@ -566,57 +589,61 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int h = 8 * j + t.col + e;
         sum[2 * j + e] = col_sum[h] + col_sum[kHeads + h] + col_sum[2 * kHeads + h] + col_sum[3 * kHeads + h];
       }
-    // Group 1's maxima and sums (the maxima are the same in every thread of the
-    // group for a head; warp 0's lanes 0..3 hold all 16 heads).
-    if (g == 1 && t.wg_warp == 0 && t.lane < 4) {
+    if (g == 1) {
+      // Group 1's maxima and sums (the maxima are the same in every thread of
+      // the group for a head; warp 0's lanes 0..3 hold all 16 heads), then its
+      // O^T part by part.
+      if (t.wg_warp == 0 && t.lane < 4) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+        for (int j = 0; j < 2; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          hand_m[8 * j + t.col + e] = st.m[2 * j + e];
-          hand_l[8 * j + t.col + e] = sum[2 * j + e];
-        }
-    }
-    consumers_barrier();  // both groups are done with Q (their last S waited) and the maxima are in
-    float w0[4] = {}, w1[4] = {};  // group 0: the weights of the two partial states per head
-    if (g == 0) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int h = 8 * j + t.col + e, k = 2 * j + e;
-          const float m1 = hand_m[h];
-          const float m = fmaxf(st.m[k], m1);
-          const float a0 = exp2f(st.m[k] - m), a1 = exp2f(m1 - m);
-          const float total = sum[k] * a0 + hand_l[h] * a1;
-          w0[k] = a0 / total;
-          w1[k] = a1 / total;
-          st.m[k] = m;
-          sum[k] = total;
-        }
-    }
-    // O^T in two halves of 4 m-tiles through Q's room.
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      if (half == 1) consumers_barrier();  // group 0 has read the first half
-      if (g == 1) {
-#pragma unroll
-        for (int mi = 0; mi < kMTiles / 2; ++mi)
-#pragma unroll
-          for (int i = 0; i < 8; ++i) hand_o[(mi * 8 + i) * 128 + gtid] = st.o[half * 4 + mi][i];
-      }
-      consumers_barrier();
-      if (g == 0) {
-#pragma unroll
-        for (int mi = 0; mi < kMTiles / 2; ++mi)
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            const int k = 2 * ((i >> 2) & 1) + (i & 1);  // the head of entry i: 8 j + col + e, i = 4 j + 2 r + e
-            st.o[half * 4 + mi][i] = st.o[half * 4 + mi][i] * w0[k] + hand_o[(mi * 8 + i) * 128 + gtid] * w1[k];
+          for (int e = 0; e < 2; ++e) {
+            hand_m[8 * j + t.col + e] = st.m[2 * j + e];
+            hand_l[8 * j + t.col + e] = sum[2 * j + e];
           }
       }
+#pragma unroll
+      for (int part = 0; part < L::kHandParts; ++part) {
+        if (part > 0) named_barrier_sync(kHandEmptyBarrier, kConsumerThreads);  // group 0 has read the last part
+#pragma unroll
+        for (int mi = 0; mi < kPartTiles; ++mi)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) hand_o[(mi * 8 + i) * 128 + gtid] = st.o[part * kPartTiles + mi][i];
+        named_barrier_arrive(kHandFullBarrier, kConsumerThreads);
+      }
+      continue;  // group 0 writes the segment's result
     }
-    if (g == 1) continue;
+    named_barrier_sync(kHandFullBarrier, kConsumerThreads);  // group 1's maxima, sums and first part are in
+    float w0[4], w1[4];  // the weights of the two partial states per head
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int h = 8 * j + t.col + e, k = 2 * j + e;
+        const float m1 = hand_m[h];
+        const float m = fmaxf(st.m[k], m1);
+        const float a0 = exp2f(st.m[k] - m), a1 = exp2f(m1 - m);
+        const float total = sum[k] * a0 + hand_l[h] * a1;
+        w0[k] = a0 / total;
+        w1[k] = a1 / total;
+        st.m[k] = m;
+        sum[k] = total;
+      }
+#pragma unroll
+    for (int part = 0; part < L::kHandParts; ++part) {
+      if (part > 0) {
+        named_barrier_arrive(kHandEmptyBarrier, kConsumerThreads);  // done with the last part
+        named_barrier_sync(kHandFullBarrier, kConsumerThreads);
+      }
+#pragma unroll
+      for (int mi = 0; mi < kPartTiles; ++mi)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int k = 2 * ((i >> 2) & 1) + (i & 1);  // the head of entry i: 8 j + col + e, i = 4 j + 2 r + e
+          float& o = st.o[part * kPartTiles + mi][i];
+          o = o * w0[k] + hand_o[(mi * 8 + i) * 128 + gtid] * w1[k];
+        }
+    }
     const int heads_here = min(kHeads, d.num_heads);
     const bool split = d.row_segment_start[row + 1] - d.row_segment_start[row] > 1;
 #pragma unroll
@@ -641,6 +668,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
   }
+  // The turn given after the CTA's last tile (or group 1's first, if no tile)
+  // is left on the barrier of the group of the tile after it: that group takes it.
+  if (kTurns && g == (it & 1)) named_barrier_sync(kTurnBarrier + g, kConsumerThreads);
 #endif
 }
 
@@ -692,22 +722,23 @@ cudaError_t occupancy_of(int* ctas_per_sm) {
                                                        kThreads, Layout<kSlots>::kSmemBytes);
 }
 
-template <int kSlots>
+template <int kSlots, bool kFastExp = false, bool kTurns = false>
 cudaError_t allow_pingpong_shared_memory() {
-  return cudaFuncSetAttribute(mla_decode_tma_pingpong_kernel<kSlots>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              PingPongLayout<kSlots>::kSmemBytes);
+  return cudaFuncSetAttribute(mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, PingPongLayout<kSlots>::kSmemBytes);
 }
 
-template <int kSlots>
+template <int kSlots, bool kFastExp = false, bool kTurns = false>
 cudaError_t pingpong_occupancy_of(int* ctas_per_sm) {
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, mla_decode_tma_pingpong_kernel<kSlots>, kThreads,
-                                                       PingPongLayout<kSlots>::kSmemBytes);
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      ctas_per_sm, mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns>, kThreads,
+      PingPongLayout<kSlots>::kSmemBytes);
 }
 
-template <int kSlots>
+template <int kSlots, bool kFastExp = false, bool kTurns = false>
 void launch_pingpong(const MlaDecodeDescriptor& d, const CUtensorMap& map, const __nv_bfloat16* q, __nv_bfloat16* out,
                      cudaStream_t stream) {
-  mla_decode_tma_pingpong_kernel<kSlots>
+  mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns>
       <<<dim3(1, d.num_ctas), kThreads, PingPongLayout<kSlots>::kSmemBytes, stream>>>(d, map, q, out);
 }
 
@@ -728,7 +759,8 @@ cudaError_t prepare_mla_decode_tma_kernel() {
           allow_shared_memory<kTwoStageSlots, true>(), allow_shared_memory<kRingSlots, true>(),
           allow_shared_memory<kPairSlots, false, 2>(), allow_shared_memory<kPairSlots, true, 2>(),
           allow_pingpong_shared_memory<kTwoStageSlots>(), allow_pingpong_shared_memory<kRingSlots>(),
-          allow_shared_memory<kTwoStageSlots, false, 1, true>()})
+          allow_shared_memory<kTwoStageSlots, false, 1, true>(), allow_pingpong_shared_memory<kTwoStageSlots, true>(),
+          allow_pingpong_shared_memory<kTwoStageSlots, false, true>()})
       if (e != cudaSuccess) return e;
     return cudaSuccess;
   }();
@@ -749,6 +781,8 @@ cudaError_t mla_decode_tma_occupancy(MlaDecodeKernel kernel, int* ctas_per_sm) {
     case MlaDecodeKernel::kTmaPingPong: return pingpong_occupancy_of<kTwoStageSlots>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPingPongRing: return pingpong_occupancy_of<kRingSlots>(ctas_per_sm);
     case MlaDecodeKernel::kTmaFastExp: return occupancy_of<kTwoStageSlots, false, 1, true>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaPingPongFastExp: return pingpong_occupancy_of<kTwoStageSlots, true>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaPingPongTurns: return pingpong_occupancy_of<kTwoStageSlots, false, true>(ctas_per_sm);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -774,6 +808,10 @@ cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& d, const void*
     case MlaDecodeKernel::kTmaPingPong: launch_pingpong<kTwoStageSlots>(d, map, qb, ob, stream); break;
     case MlaDecodeKernel::kTmaPingPongRing: launch_pingpong<kRingSlots>(d, map, qb, ob, stream); break;
     case MlaDecodeKernel::kTmaFastExp: launch_variant<kTwoStageSlots, false, 1, true>(d, map, qb, ob, stream); break;
+    case MlaDecodeKernel::kTmaPingPongFastExp: launch_pingpong<kTwoStageSlots, true>(d, map, qb, ob, stream); break;
+    case MlaDecodeKernel::kTmaPingPongTurns:
+      launch_pingpong<kTwoStageSlots, false, true>(d, map, qb, ob, stream);
+      break;
     default: launch_variant<kTwoStageSlots, false>(d, map, qb, ob, stream); break;
   }
   return cudaGetLastError();
