@@ -10,9 +10,9 @@
 #        in one hides nothing else and the six TMA variants fit the time); the
 #        DeepSeek model tests (cuda_model_tests *Deepseek*) with the automatic
 #        kernel choice and again with PAGODA_MLA_DECODE_KERNEL=$MODEL_KERNELS
-#        (default "tma_tile tma_pair"); compute-sanitizer racecheck over
-#        mla_decode_gpu_tests *TmaPingPongSmall (RACECHECK=0 skips it; its log
-#        goes into gpu_tests_tma.log);
+#        (default "tma_tile tma_pair"); compute-sanitizer racecheck and
+#        synccheck over mla_decode_gpu_tests *TmaPingPongSmall (RACECHECK=0 /
+#        SYNCCHECK=0 skip them; their logs go into gpu_tests_tma.log);
 #     2. alone on the GPU: mla_decode_bench with every kernel side by side on the
 #        same pool (BENCH_ONLY: the --only substrings, default "bf16 H=16" and
 #        "fp8-656 H=16"; BENCH_ITERS, default 20; BENCH_ARGS, default
@@ -46,21 +46,22 @@ gpu_tests_part() {
   (flock 9; cat "$part" >> "$out/$log") 9>>"$out/$log"
   rm -f "$part"
 }
-# compute-sanitizer racecheck over one small gtest filter (shared-memory hazards
-# of the kernel it runs); the log is appended to $out/gpu_tests_tma.log.
+# compute-sanitizer racecheck (shared-memory hazards) or, with a 4th argument
+# "synccheck", synccheck (invalid uses of barriers: named barriers included)
+# over one small gtest filter; the log is appended to $out/gpu_tests_tma.log.
 racecheck_part() {
-  local b=$1 out=$2 filter=$3 part
+  local b=$1 out=$2 filter=$3 tool=${4:-racecheck} part
   part=$(mktemp)
   if ! command -v compute-sanitizer > /dev/null; then
     echo "racecheck $filter: compute-sanitizer not found" >> "$sum"
     return
   fi
-  LD_LIBRARY_PATH="$b/lib:/usr/local/cuda/lib64" timeout 100 compute-sanitizer --tool racecheck --print-limit 5 \
+  LD_LIBRARY_PATH="$b/lib:/usr/local/cuda/lib64" timeout 100 compute-sanitizer --tool "$tool" --print-limit 5 \
     "$b/bin/mla_decode_gpu_tests" --gtest_filter="$filter" > "$part" 2>&1
   local rc=$?
-  echo "racecheck $filter rc=$rc $(grep -E '^\[  (PASSED|FAILED)|RACECHECK SUMMARY|hazard' "$part" | head -4 | tr '\n' ' ')" \
+  echo "$tool $filter rc=$rc $(grep -E '^\[  (PASSED|FAILED)|SUMMARY|hazard' "$part" | head -4 | tr '\n' ' ')" \
     >> "$sum"
-  (flock 9; echo "== racecheck $filter"; cat "$part") 9>>"$out/gpu_tests_tma.log" >> "$out/gpu_tests_tma.log"
+  (flock 9; echo "== $tool $filter"; cat "$part") 9>>"$out/gpu_tests_tma.log" >> "$out/gpu_tests_tma.log"
   rm -f "$part"
 }
 model_tests() {
@@ -115,6 +116,7 @@ run | tests | bench)
     done
     gpu_tests_part "$b" "$out" '-*Tma*:*SpreadBudgetPlans' gpu_tests.log &
     [ "${RACECHECK:-1}" = 0 ] || racecheck_part "$b" "$out" '*TmaPingPongSmall' &
+    [ "${SYNCCHECK:-1}" = 0 ] || racecheck_part "$b" "$out" '*TmaPingPongSmall' synccheck &
     model_tests "$b" "$out" "" &
     for k in ${MODEL_KERNELS:-tma_tile tma_pair}; do model_tests "$b" "$out" "$k" & done
     wait
