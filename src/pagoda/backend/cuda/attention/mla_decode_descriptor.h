@@ -76,15 +76,18 @@ enum class MlaDecodeKernel : int32_t {
   // (named barriers), so one group's softmax and P V run beside the other's
   // S^T, as FlashMLA orders them. Same arithmetic as kTmaPingPong.
   kTmaPingPongTurns = 12,
+  // kTmaPingPong with S^T in two independent accumulator chains (even and odd
+  // K steps, added at the end): another summation order, within the tests' bound.
+  kTmaPingPongTwoChains = 13,
 };
 
-// The TMA-fed variants (kTma .. kTmaPingPongTurns).
+// The TMA-fed variants (kTma .. kTmaPingPongTwoChains).
 constexpr bool is_tma_kernel(MlaDecodeKernel k) {
   return k == MlaDecodeKernel::kTma || k == MlaDecodeKernel::kTmaRing || k == MlaDecodeKernel::kTmaTile ||
          k == MlaDecodeKernel::kTmaRingTile || k == MlaDecodeKernel::kTmaPair || k == MlaDecodeKernel::kTmaPairTile ||
          k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaPingPongRing ||
          k == MlaDecodeKernel::kTmaFastExp || k == MlaDecodeKernel::kTmaPingPongFastExp ||
-         k == MlaDecodeKernel::kTmaPingPongTurns;
+         k == MlaDecodeKernel::kTmaPingPongTurns || k == MlaDecodeKernel::kTmaPingPongTwoChains;
 }
 
 // CTAs a kernel runs per SM (a head tile's wave is num_sms x this).

@@ -353,6 +353,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 // turn at the start; the one arrival left at the end is consumed there) and a
 // group's softmax and P V run beside the other's S^T. kFastExp: softmax_tile's
 // fast exp (the scale folded into the exponent's FFMA, ex2.approx.ftz).
+// kSChains: s_full's accumulator chains (2: another summation order of S^T).
 // FlashMLA's 64-head kernel instead shares P and the running maxima between its
 // groups every tile, because there each group can hold only half of a 64 x 512
 // O; at 16 heads a group holds all of O^T.
@@ -381,11 +382,15 @@ struct PingPongLayout {
 };
 
 // S^T over all 576 K dims of the tile (column block c waited for before its
-// first MMA).
-template <class BlockAddr, class WaitBlock>
+// first MMA). kChains 1: one chain of 36 dependent MMAs; 2: the even and the
+// odd K steps in two independent accumulators (so consecutive MMAs need not
+// wait for each other), added at the end: another summation order.
+template <int kChains = 1, class BlockAddr, class WaitBlock>
 __device__ __forceinline__ void s_full(float (&s)[8], uint32_t q_addr, BlockAddr block_addr, WaitBlock wait_block) {
+  static_assert(kChains == 1 || kChains == 2, "one or two accumulator chains");
+  float s_odd[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) s[i] = 0.0f;
+  for (int i = 0; i < 8; ++i) s[i] = s_odd[i] = 0.0f;
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kMlaKeyDim / 16; ++ks) {
@@ -393,15 +398,22 @@ __device__ __forceinline__ void s_full(float (&s)[8], uint32_t q_addr, BlockAddr
       wait_block(ks >> 2);
       wgmma_fence();
     }
-    mla_narrow::wgmma_m64n16k16<0>(s, make_smem_desc_sw128(block_addr(ks >> 2) + (ks & 3) * 32, 16, 1024),
-                                   make_smem_desc_sw128(q_addr + (ks >> 2) * mla_narrow::kQBlockBytes + (ks & 3) * 32,
-                                                        16, 1024),
-                                   ks > 0);
+    const uint64_t desc_k = make_smem_desc_sw128(block_addr(ks >> 2) + (ks & 3) * 32, 16, 1024);
+    const uint64_t desc_q =
+        make_smem_desc_sw128(q_addr + (ks >> 2) * mla_narrow::kQBlockBytes + (ks & 3) * 32, 16, 1024);
+    if (kChains == 2 && (ks & 1)) mla_narrow::wgmma_m64n16k16<0>(s_odd, desc_k, desc_q, ks > 1);
+    else mla_narrow::wgmma_m64n16k16<0>(s, desc_k, desc_q, ks >= kChains);
   }
   wgmma_commit();
   wgmma_wait<0>();
 #pragma unroll
-  for (int i = 0; i < 8; ++i) mla_narrow::keep_in_order(s[i]);
+  for (int i = 0; i < 8; ++i) {
+    mla_narrow::keep_in_order(s[i]);
+    if (kChains == 2) {
+      mla_narrow::keep_in_order(s_odd[i]);
+      s[i] += s_odd[i];
+    }
+  }
 }
 
 // O^T[all 8 m-tiles] += V^T P^T (V^T = column blocks 0..7, MN-major).
@@ -429,7 +441,7 @@ __device__ __forceinline__ void pv_full(mla_narrow::SegmentStateOf<kMTiles>& st,
     for (int i = 0; i < 8; ++i) mla_narrow::keep_in_order(st.o[mi][i]);
 }
 
-template <int kSlots, bool kFastExp, bool kTurns>
+template <int kSlots, bool kFastExp, bool kTurns, int kSChains>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_tma_pingpong_kernel(const MlaDecodeDescriptor d, const __grid_constant__ CUtensorMap latent_map,
                                    const __nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ out) {
@@ -553,7 +565,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       float s[8];
       if (kTurns) named_barrier_sync(kTurnBarrier + g, kConsumerThreads);
-      s_full(s, q_addr, block_addr, wait_block);
+      s_full<kSChains>(s, q_addr, block_addr, wait_block);
       if (kTurns) named_barrier_arrive(kTurnBarrier + (1 - g), kConsumerThreads);
       __syncwarp();
       if (t.lane == 0) mbarrier_arrive_count(&empty[slot_of(8)], 2);  // the rope block: S only
@@ -722,23 +734,23 @@ cudaError_t occupancy_of(int* ctas_per_sm) {
                                                        kThreads, Layout<kSlots>::kSmemBytes);
 }
 
-template <int kSlots, bool kFastExp = false, bool kTurns = false>
+template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1>
 cudaError_t allow_pingpong_shared_memory() {
-  return cudaFuncSetAttribute(mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns>,
+  return cudaFuncSetAttribute(mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize, PingPongLayout<kSlots>::kSmemBytes);
 }
 
-template <int kSlots, bool kFastExp = false, bool kTurns = false>
+template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1>
 cudaError_t pingpong_occupancy_of(int* ctas_per_sm) {
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      ctas_per_sm, mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns>, kThreads,
+      ctas_per_sm, mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains>, kThreads,
       PingPongLayout<kSlots>::kSmemBytes);
 }
 
-template <int kSlots, bool kFastExp = false, bool kTurns = false>
+template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1>
 void launch_pingpong(const MlaDecodeDescriptor& d, const CUtensorMap& map, const __nv_bfloat16* q, __nv_bfloat16* out,
                      cudaStream_t stream) {
-  mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns>
+  mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains>
       <<<dim3(1, d.num_ctas), kThreads, PingPongLayout<kSlots>::kSmemBytes, stream>>>(d, map, q, out);
 }
 
@@ -760,7 +772,8 @@ cudaError_t prepare_mla_decode_tma_kernel() {
           allow_shared_memory<kPairSlots, false, 2>(), allow_shared_memory<kPairSlots, true, 2>(),
           allow_pingpong_shared_memory<kTwoStageSlots>(), allow_pingpong_shared_memory<kRingSlots>(),
           allow_shared_memory<kTwoStageSlots, false, 1, true>(), allow_pingpong_shared_memory<kTwoStageSlots, true>(),
-          allow_pingpong_shared_memory<kTwoStageSlots, false, true>()})
+          allow_pingpong_shared_memory<kTwoStageSlots, false, true>(),
+          allow_pingpong_shared_memory<kTwoStageSlots, false, false, 2>()})
       if (e != cudaSuccess) return e;
     return cudaSuccess;
   }();
@@ -783,6 +796,8 @@ cudaError_t mla_decode_tma_occupancy(MlaDecodeKernel kernel, int* ctas_per_sm) {
     case MlaDecodeKernel::kTmaFastExp: return occupancy_of<kTwoStageSlots, false, 1, true>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPingPongFastExp: return pingpong_occupancy_of<kTwoStageSlots, true>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPingPongTurns: return pingpong_occupancy_of<kTwoStageSlots, false, true>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaPingPongTwoChains:
+      return pingpong_occupancy_of<kTwoStageSlots, false, false, 2>(ctas_per_sm);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -811,6 +826,9 @@ cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& d, const void*
     case MlaDecodeKernel::kTmaPingPongFastExp: launch_pingpong<kTwoStageSlots, true>(d, map, qb, ob, stream); break;
     case MlaDecodeKernel::kTmaPingPongTurns:
       launch_pingpong<kTwoStageSlots, false, true>(d, map, qb, ob, stream);
+      break;
+    case MlaDecodeKernel::kTmaPingPongTwoChains:
+      launch_pingpong<kTwoStageSlots, false, false, 2>(d, map, qb, ob, stream);
       break;
     default: launch_variant<kTwoStageSlots, false>(d, map, qb, ob, stream); break;
   }
