@@ -10,7 +10,8 @@
 // heads) every kernel runs on the same pool, one row each ("[cp_async]",
 // "[tma]", "[tma_ring]", "[tma_tile]", "[tma_ring_tile]", "[tma_pair]",
 // "[tma_pair_tile]", "[tma_pingpong]", "[tma_pingpong_ring]", "[tma_fast_exp]",
-// "[tma_pingpong_fast_exp]", "[tma_pingpong_turns]", "[tma_pingpong_2chain]" in the name); --kernel
+// "[tma_pingpong_fast_exp]", "[tma_pingpong_turns]", "[tma_pingpong_2chain]", "[tma_pingpong_all]" in
+// the name); --kernel
 // picks one. --schedule runs the plan's whole-tile budgets ("whole", the
 // default plan), spread budgets ("spread": MlaDecodeOptions::spread_budget,
 // " spread" in the name) or both; "bits==tma" says whether a TMA variant's
@@ -88,7 +89,7 @@ constexpr MlaDecodeKernel kKernels[] = {MlaDecodeKernel::kCpAsync, MlaDecodeKern
                                         MlaDecodeKernel::kTmaPairTile, MlaDecodeKernel::kTmaPingPong,
                                         MlaDecodeKernel::kTmaPingPongRing, MlaDecodeKernel::kTmaFastExp,
                                         MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns,
-                                        MlaDecodeKernel::kTmaPingPongTwoChains};
+                                        MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll};
 
 const char* kernel_name(MlaDecodeKernel k) {
   switch (k) {
@@ -104,6 +105,7 @@ const char* kernel_name(MlaDecodeKernel k) {
     case MlaDecodeKernel::kTmaPingPongFastExp: return "tma_pingpong_fast_exp";
     case MlaDecodeKernel::kTmaPingPongTurns: return "tma_pingpong_turns";
     case MlaDecodeKernel::kTmaPingPongTwoChains: return "tma_pingpong_2chain";
+    case MlaDecodeKernel::kTmaPingPongAll: return "tma_pingpong_all";
     default: return "cp_async";
   }
 }
@@ -332,7 +334,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|tma_ring|"
                    "tma_tile|tma_ring_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_pingpong_ring|tma_fast_exp|"
-                   "tma_pingpong_fast_exp|tma_pingpong_turns|tma_pingpong_2chain] "
+                   "tma_pingpong_fast_exp|tma_pingpong_turns|tma_pingpong_2chain|tma_pingpong_all] "
                    "[--schedule all|whole|spread]\n");
       return 2;
     }

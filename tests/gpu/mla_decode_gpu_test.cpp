@@ -261,6 +261,7 @@ const char* kernel_name(MlaDecodeKernel k) {
     case MlaDecodeKernel::kTmaPingPongFastExp: return "tma_pingpong_fast_exp";
     case MlaDecodeKernel::kTmaPingPongTurns: return "tma_pingpong_turns";
     case MlaDecodeKernel::kTmaPingPongTwoChains: return "tma_pingpong_2chain";
+    case MlaDecodeKernel::kTmaPingPongAll: return "tma_pingpong_all";
     default: return "cp.async";
   }
 }
@@ -480,8 +481,8 @@ TEST_F(MlaDecodeGpuTest, RowsSharingBlocks) {
 // and the three with the whole-tile producer schedule, kTmaTile /
 // kTmaRingTile / kTmaPairTile; and kTmaPingPong / kTmaPingPongRing, each
 // compute warpgroup on its own tiles; kTmaFastExp, kTma with a shorter
-// softmax; kTmaPingPongFastExp / kTmaPingPongTurns / kTmaPingPongTwoChains;
-// mla_decode_tma.cu), every case on all.
+// softmax; kTmaPingPongFastExp / kTmaPingPongTurns / kTmaPingPongTwoChains /
+// kTmaPingPongAll; mla_decode_tma.cu), every case on all.
 // Unused pool slots hold NaN, so the rows of a partial last page (and of pages
 // past a segment's end) must be zeroed, not merely masked. run() fails a case
 // whose plan did not take the kernel asked for.
@@ -493,7 +494,8 @@ constexpr MlaDecodeKernel kTmaKernels[] = {MlaDecodeKernel::kTma,         MlaDec
                                            MlaDecodeKernel::kTmaPingPongRing, MlaDecodeKernel::kTmaFastExp,
                                            MlaDecodeKernel::kTmaPingPongFastExp,
                                            MlaDecodeKernel::kTmaPingPongTurns,
-                                           MlaDecodeKernel::kTmaPingPongTwoChains};
+                                           MlaDecodeKernel::kTmaPingPongTwoChains,
+                                           MlaDecodeKernel::kTmaPingPongAll};
 
 MlaCase tma(MlaCase c) {
   c.options.kernel = tma_kernel;
@@ -601,7 +603,8 @@ TEST_F(MlaDecodeGpuTest, TmaMatchesCpAsyncKernel) {
       }
       if (k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaPingPongRing ||
           k == MlaDecodeKernel::kTmaFastExp || k == MlaDecodeKernel::kTmaPingPongFastExp ||
-          k == MlaDecodeKernel::kTmaPingPongTurns || k == MlaDecodeKernel::kTmaPingPongTwoChains)
+          k == MlaDecodeKernel::kTmaPingPongTurns || k == MlaDecodeKernel::kTmaPingPongTwoChains ||
+          k == MlaDecodeKernel::kTmaPingPongAll)
         continue;
       if (first_tma.empty()) first_tma = *new_out;
       else EXPECT_TRUE(*new_out == first_tma) << kernel_name(k) << " differs from tma, blocks of " << bs;
@@ -630,7 +633,7 @@ TEST_F(MlaDecodeGpuTest, TmaPingPongSmall) {
   // split row through the merge pass, a ragged end at blocks of 16.
   for (MlaDecodeKernel k : {MlaDecodeKernel::kTmaPingPong, MlaDecodeKernel::kTmaPingPongRing,
                             MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns,
-                            MlaDecodeKernel::kTmaPingPongTwoChains}) {
+                            MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll}) {
     tma_kernel = k;
     const KvElement bf16 = KvElement::kBF16;
     expect_close(tma(with_options(make_case("tma h16 bs64 2 sms", 16, 64, bf16, {1, 64, 65, 300, 700}, 130), 0, 2)));

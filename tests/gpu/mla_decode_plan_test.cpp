@@ -313,7 +313,7 @@ TEST(MlaDecodePlanTest, KernelChoice) {
                             MlaDecodeKernel::kTmaPairTile, MlaDecodeKernel::kTmaPingPong,
                             MlaDecodeKernel::kTmaPingPongRing, MlaDecodeKernel::kTmaFastExp,
                             MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns,
-                            MlaDecodeKernel::kTmaPingPongTwoChains}) {
+                            MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll}) {
     o.kernel = k;
     for (int32_t bs : {8, 16, 64, 128}) EXPECT_EQ(kernel_of(config(16, bs)), k) << bs;
     for (int32_t bs : {1, 48}) EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kCpAsync) << bs;

@@ -79,15 +79,18 @@ enum class MlaDecodeKernel : int32_t {
   // kTmaPingPong with S^T in two independent accumulator chains (even and odd
   // K steps, added at the end): another summation order, within the tests' bound.
   kTmaPingPongTwoChains = 13,
+  // kTmaPingPong with all three of the above: fast exp, turns, two chains.
+  kTmaPingPongAll = 14,
 };
 
-// The TMA-fed variants (kTma .. kTmaPingPongTwoChains).
+// The TMA-fed variants (kTma .. kTmaPingPongAll).
 constexpr bool is_tma_kernel(MlaDecodeKernel k) {
   return k == MlaDecodeKernel::kTma || k == MlaDecodeKernel::kTmaRing || k == MlaDecodeKernel::kTmaTile ||
          k == MlaDecodeKernel::kTmaRingTile || k == MlaDecodeKernel::kTmaPair || k == MlaDecodeKernel::kTmaPairTile ||
          k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaPingPongRing ||
          k == MlaDecodeKernel::kTmaFastExp || k == MlaDecodeKernel::kTmaPingPongFastExp ||
-         k == MlaDecodeKernel::kTmaPingPongTurns || k == MlaDecodeKernel::kTmaPingPongTwoChains;
+         k == MlaDecodeKernel::kTmaPingPongTurns || k == MlaDecodeKernel::kTmaPingPongTwoChains ||
+         k == MlaDecodeKernel::kTmaPingPongAll;
 }
 
 // CTAs a kernel runs per SM (a head tile's wave is num_sms x this).

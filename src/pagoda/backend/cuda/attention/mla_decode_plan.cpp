@@ -31,7 +31,8 @@ constexpr int64_t kSpreadSegmentOverhead = 1;
 
 // PAGODA_MLA_DECODE_KERNEL, read once: "tma", "tma_ring", "tma_tile",
 // "tma_ring_tile", "tma_pair", "tma_pair_tile", "tma_pingpong", "tma_pingpong_ring",
-// "tma_fast_exp", "tma_pingpong_fast_exp", "tma_pingpong_turns", "tma_pingpong_2chain", "cp_async" or
+// "tma_fast_exp", "tma_pingpong_fast_exp", "tma_pingpong_turns", "tma_pingpong_2chain",
+// "tma_pingpong_all", "cp_async" or
 // "auto" (unset or empty: auto); anything else is reported at plan creation.
 const char* environment_kernel() {
   static const char* value = [] {
@@ -96,10 +97,12 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
     else if (std::strcmp(env, "tma_pingpong_fast_exp") == 0) kernel = MlaDecodeKernel::kTmaPingPongFastExp;
     else if (std::strcmp(env, "tma_pingpong_turns") == 0) kernel = MlaDecodeKernel::kTmaPingPongTurns;
     else if (std::strcmp(env, "tma_pingpong_2chain") == 0) kernel = MlaDecodeKernel::kTmaPingPongTwoChains;
+    else if (std::strcmp(env, "tma_pingpong_all") == 0) kernel = MlaDecodeKernel::kTmaPingPongAll;
     else
       return invalid_argument_error("mla decode: PAGODA_MLA_DECODE_KERNEL '{}' (auto, tma, tma_ring, tma_tile, "
                                     "tma_ring_tile, tma_pair, tma_pair_tile, tma_pingpong, tma_pingpong_ring, "
-                                    "tma_fast_exp, tma_pingpong_fast_exp, tma_pingpong_turns, tma_pingpong_2chain or "
+                                    "tma_fast_exp, tma_pingpong_fast_exp, tma_pingpong_turns, tma_pingpong_2chain, "
+                                    "tma_pingpong_all or "
                                     "cp_async)",
                                     env);
   }

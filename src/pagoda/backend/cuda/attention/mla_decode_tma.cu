@@ -773,7 +773,8 @@ cudaError_t prepare_mla_decode_tma_kernel() {
           allow_pingpong_shared_memory<kTwoStageSlots>(), allow_pingpong_shared_memory<kRingSlots>(),
           allow_shared_memory<kTwoStageSlots, false, 1, true>(), allow_pingpong_shared_memory<kTwoStageSlots, true>(),
           allow_pingpong_shared_memory<kTwoStageSlots, false, true>(),
-          allow_pingpong_shared_memory<kTwoStageSlots, false, false, 2>()})
+          allow_pingpong_shared_memory<kTwoStageSlots, false, false, 2>(),
+          allow_pingpong_shared_memory<kTwoStageSlots, true, true, 2>()})
       if (e != cudaSuccess) return e;
     return cudaSuccess;
   }();
@@ -798,6 +799,7 @@ cudaError_t mla_decode_tma_occupancy(MlaDecodeKernel kernel, int* ctas_per_sm) {
     case MlaDecodeKernel::kTmaPingPongTurns: return pingpong_occupancy_of<kTwoStageSlots, false, true>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPingPongTwoChains:
       return pingpong_occupancy_of<kTwoStageSlots, false, false, 2>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaPingPongAll: return pingpong_occupancy_of<kTwoStageSlots, true, true, 2>(ctas_per_sm);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -829,6 +831,9 @@ cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& d, const void*
       break;
     case MlaDecodeKernel::kTmaPingPongTwoChains:
       launch_pingpong<kTwoStageSlots, false, false, 2>(d, map, qb, ob, stream);
+      break;
+    case MlaDecodeKernel::kTmaPingPongAll:
+      launch_pingpong<kTwoStageSlots, true, true, 2>(d, map, qb, ob, stream);
       break;
     default: launch_variant<kTwoStageSlots, false>(d, map, qb, ob, stream); break;
   }
