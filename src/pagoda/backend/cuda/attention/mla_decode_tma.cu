@@ -532,7 +532,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int kv_end = d.segments[3 * seg + 2];
     const int num_tiles = (kv_end - kv_begin + kTile - 1) / kTile;
 
-    consumers_barrier();  // the previous segment's hand-over is done with Q's room
+    // Both groups are past their last S^T (Q is free) and group 0 has read the
+    // previous segment's hand-over (group 1 may write it again).
+    consumers_barrier();
     mla_narrow::issue_q(q_tile, q, row, d.num_heads, tid);
     cp_async_commit();
     cp_async_wait<0>();
