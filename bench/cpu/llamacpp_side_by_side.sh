@@ -8,6 +8,8 @@
 #          NLC_VERSION=3.22.1 (the node-llama-cpp package whose llama.cpp is built)
 #          PAGODA_CPU_BF16_GEMM unset: pagoda's default, which is what a user gets (f16/bf16 prefill on its
 #          AVX512-BF16 GEMM where the CPU has it, else the f32-exact widen + sgemm path); 0 for the exact path
+#          PAGODA_KV=f16: pagoda's --kv-cache-dtype, f16 by default to match llama.cpp's default KV cache
+#          (f16 K and V); "auto" measures pagoda's own default (f32 on the CPU, twice the KV bytes)
 #          LLAMA_DECODE_DEPTH=$PREFILL (llama.cpp's decode runs after this many context tokens, as pagoda's
 #          does after its prompt; 0 measures it on an empty context in the same llama-bench call as the
 #          prefill, which saves one prefill per run but favours llama.cpp by the attention over the prompt)
@@ -27,7 +29,8 @@
 #    DECODE --ignore-eos`, its own prefill and decode tok/s. llama.cpp: `llama-bench -p PREFILL -n 0` and
 #    `llama-bench -p 0 -n DECODE -d PREFILL` (decode after a PREFILL-token context, as pagoda's), one
 #    repetition each, no warm-up run (pagoda gets none either; the depth fill warms llama.cpp's decode as
-#    the prefill warms pagoda's). Both engines' default KV cache and attention. The 1-minute load
+#    the prefill warms pagoda's). KV cache at equal precision: pagoda gets --kv-cache-dtype f16
+#    (PAGODA_KV), llama.cpp keeps its default f16; each engine's own attention. The 1-minute load
 #    average is printed beside every figure.
 #
 # Prints one line per measurement, then the medians as the markdown table of docs/BENCHMARKS.md. Time with
@@ -45,6 +48,7 @@ CACHE=$(realpath -m "${CACHE:-.cache/llamacpp}")
 WEIGHTS=$(realpath -m "${WEIGHTS:-$CACHE/weights}")
 NLC_VERSION=${NLC_VERSION:-3.22.1}
 LLAMA_DECODE_DEPTH=${LLAMA_DECODE_DEPTH:-$PREFILL}
+PAGODA_KV=${PAGODA_KV:-f16}
 PY=/usr/bin/python3  # Debian's, for python3-numpy / python3-yaml
 # pagoda's f16/bf16 prefill path: its default unless PAGODA_CPU_BF16_GEMM is set (docs/CPU_QUANT.md).
 here=$(cd "$(dirname "$0")" && pwd)
@@ -74,6 +78,7 @@ if [[ ! -x $bench_bin || ! -x $quant_bin ]]; then
 fi
 if grep -qw avx512_bf16 /proc/cpuinfo; then bf16_cpu=yes; else bf16_cpu=no; fi
 echo "pagoda f16/bf16 prefill: PAGODA_CPU_BF16_GEMM=${PAGODA_CPU_BF16_GEMM-unset (default)}, CPU avx512_bf16: $bf16_cpu"
+echo "KV cache: pagoda --kv-cache-dtype $PAGODA_KV, llama.cpp its default (f16 K / f16 V)"
 echo "llama.cpp: $(cat "$CACHE/llama.cpp.info.json" 2>/dev/null | tr -d '\n ' || true) commit $(git -C "$CACHE/src" rev-parse --short HEAD), node-llama-cpp $NLC_VERSION"
 # 3. weights
 if [[ ! -f $WEIGHTS/gguf/model-bf16.gguf ]]; then
@@ -106,7 +111,8 @@ for run in $(seq "$RUNS"); do
       [[ $run == 1 ]] && keys+=("$fmt $t")
       # A: pagoda
       l=$(load)
-      line=$(PAGODA_THREADS=$t "$PAGODA" generate --model "$WEIGHTS/$st" "${pq[@]}" --prompt-ids "$prompt" \
+      line=$(PAGODA_THREADS=$t "$PAGODA" generate --model "$WEIGHTS/$st" "${pq[@]}" --kv-cache-dtype "$PAGODA_KV" \
+               --prompt-ids "$prompt" \
                --max-tokens "$DECODE" --ignore-eos 2>&1 >/dev/null | grep -o 'prefill [0-9]* tokens in .*')
       p=$(sed -E 's/.*prefill [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/' <<<"$line")
       d=$(sed -nE 's/.*decode [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p' <<<"$line")

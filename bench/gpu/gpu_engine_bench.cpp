@@ -43,6 +43,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "gemm_ceiling.h"
+#include "step_profile.h"
 #include "pagoda/backend/cuda/cuda_model.h"
 #include "pagoda/backend/cuda/cuda_model_runner.h"
 #include "pagoda/backend/cuda/device_buffer.h"
@@ -94,6 +96,11 @@ struct Args {
   float temperature = 1.0f, top_p = 0.9f;
   bool host_sampling = false;
   double gpu_memory_utilization = 0.9, max_seconds = 600, prefix_max_seconds = 120;
+  // prefill workload: requests of --input-len tokens with one output token each, once per step token budget.
+  std::vector<int> prefill_chunks = {2048, 4096, 8192, 16384};
+  int prefill_requests = 256;
+  bool step_profile = true;  // print the step profile after every engine run
+  bench::ModelFlops flops;   // from the config (the step profile's TFLOP/s)
 };
 
 // The CUDA runner with a stopwatch: wall time inside the runner (forward +
@@ -105,11 +112,13 @@ class TimedRunner final : public runtime::DelegatingModelRunner {
   TimedRunner(cuda::CudaModelRunner& inner, bool host_sampling)
       : DelegatingModelRunner(inner), host_sampling_(host_sampling) {}
   StatusOr<runtime::StepResult> execute(const ForwardBatch& batch, std::span<const runtime::RowSampling> rows) override {
+    const int32_t free_blocks = kv != nullptr ? kv->num_available_blocks() : -1;  // engine thread: the KV
+                                                                                    // manager is between steps
     const auto t0 = Clock::now();
     auto out = inner().execute(batch, rows);
     int64_t host_rows = rows.empty() ? batch.num_logit_rows() : 0;
     for (const auto& r : rows) host_rows += r.on_device ? 0 : 1;
-    record(batch, t0, host_rows);
+    record(batch, t0, host_rows, free_blocks);
     return out;
   }
   runtime::RunnerCapabilities capabilities() const override {
@@ -121,12 +130,26 @@ class TimedRunner final : public runtime::DelegatingModelRunner {
     double seconds = 0, decode_seconds = 0;
   };
   Totals totals;
+  std::vector<bench::StepRecord> steps;  // every step since run_t0
+  Clock::time_point run_t0 = Clock::now();
+  const kv::KvCacheManager* kv = nullptr;  // read on the engine thread only, before each step
 
  private:
-  void record(const ForwardBatch& batch, Clock::time_point t0, int64_t host_rows) {
+  void record(const ForwardBatch& batch, Clock::time_point t0, int64_t host_rows, int32_t free_blocks) {
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     bool decode = true;
-    for (const auto& seq : batch.sequences) decode &= seq.num_new_tokens == 1;
+    bench::StepRecord rec;
+    rec.start_s = std::chrono::duration<double>(t0 - run_t0).count();
+    rec.seconds = s;
+    rec.free_blocks = free_blocks;
+    for (const auto& seq : batch.sequences) {
+      decode &= seq.num_new_tokens == 1;
+      if (seq.num_new_tokens == 1)
+        ++rec.decode_rows;
+      else
+        rec.prefill_tokens += seq.num_new_tokens;
+    }
+    steps.push_back(rec);
     ++totals.steps;
     totals.seconds += s;
     totals.tokens += batch.num_tokens();
@@ -171,6 +194,7 @@ nlohmann::json run_engine(cuda::CudaModelRunner& cuda_runner, const std::vector<
   kv_config.record_events = false;
   auto kv = kv::KvCacheManager::create(kv_config);
   if (!kv.ok()) die(kv.status(), "KV manager");
+  runner.kv = kv->get();
   engine::EngineConfig config;
   config.scheduler.max_running_sequences = args.max_num_seqs;
   config.scheduler.max_tokens_per_step = args.max_tokens_per_step;
@@ -195,6 +219,8 @@ nlohmann::json run_engine(cuda::CudaModelRunner& cuda_runner, const std::vector<
   }
 
   const auto t0 = Clock::now();
+  runner.steps.clear();
+  runner.run_t0 = t0;
   std::vector<std::shared_ptr<engine::RequestStream>> streams;
   for (const auto& prompt : prompts) {
     engine::GenerationRequest request;
@@ -284,6 +310,8 @@ nlohmann::json run_engine(cuda::CudaModelRunner& cuda_runner, const std::vector<
               "host %.2f ms; decode-only steps: %lld, %.2f ms each at mean batch %.1f; %lld rows sampled on the host\n",
               period_ms, static_cast<long long>(t.steps), runner_ms, period_ms - runner_ms,
               static_cast<long long>(t.decode_steps), decode_ms, decode_batch, static_cast<long long>(t.host_rows));
+  if (args.step_profile)
+    bench::print_step_profile(label, runner.steps, wall, args.flops, kv_config.num_blocks, stats.preemptions);
   return r;
 }
 
@@ -353,9 +381,9 @@ int main(int argc, char** argv) {
   Args args;
   CLI::App app{"pagoda_gpu_engine_bench: end-to-end runs through the engine on the CUDA backend"};
   app.add_option("--config", args.config_path, "config.json; weights are random bf16 made on the GPU")->required();
-  app.add_option("--workload", args.workloads, "random, latency, shared-prefix, sampler, zero-on-free, evict (comma-separated, in order)")
+  app.add_option("--workload", args.workloads, "random, prefill, gemm, latency, shared-prefix, sampler, zero-on-free, evict (comma-separated, in order)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"random", "shared-prefix", "latency", "sampler", "zero-on-free", "evict"}));
+      ->check(CLI::IsMember({"random", "prefill", "gemm", "shared-prefix", "latency", "sampler", "zero-on-free", "evict"}));
   app.add_option("--sampling", args.samplings, "random workload: top-p (temperature + top_p on the GPU), greedy")
       ->delimiter(',')
       ->check(CLI::IsMember({"top-p", "greedy"}));
@@ -393,6 +421,12 @@ int main(int argc, char** argv) {
   app.add_option("--kv-sink-tokens", args.kv_sink_tokens);
   app.add_option("--kv-window", args.kv_window);
   app.add_option("--json", args.json_out);
+  app.add_option("--prefill-chunks", args.prefill_chunks,
+                 "prefill workload: step token budgets to run (each a run of --prefill-requests prompts of "
+                 "--input-len tokens, 1 output token); gemm workload: the token counts m")
+      ->delimiter(',');
+  app.add_option("--prefill-requests", args.prefill_requests)->check(CLI::PositiveNumber);
+  app.add_flag("!--no-step-profile", args.step_profile, "skip the step profile after each engine run");
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
 
@@ -402,12 +436,17 @@ int main(int argc, char** argv) {
   cuda::CudaModelOptions options;
   options.max_num_seqs = args.max_num_seqs;
   options.max_num_tokens = args.max_tokens_per_step;
+  if (std::find(args.workloads.begin(), args.workloads.end(), "prefill") != args.workloads.end())
+    for (int chunk : args.prefill_chunks) options.max_num_tokens = std::max(options.max_num_tokens, chunk);
   options.kv_key_dtype = options.kv_value_dtype = *dtype_from_name(args.kv_cache_dtype);
   options.fp8_weights = args.quantization == "fp8";
   const int32_t longest = std::max({args.input_len + args.output_len,
                                      args.prefix_len + args.prefix_input_len + args.prefix_output_len,
                                      128 + args.latency_tokens});
   options.max_model_len = std::min(longest + 16, config->max_position_embeddings);
+  args.flops = bench::llama_linear_flops(config->hidden_size, config->intermediate_size, config->num_q_heads,
+                                         config->num_kv_heads, config->head_dim, config->num_layers,
+                                         config->vocab_size);
   auto model = cuda::CudaModel::create_random(*config, 1, options);
   if (!model.ok()) die(model.status(), "model");
   cuda::CudaRunnerOptions runner_options;
@@ -441,6 +480,31 @@ int main(int argc, char** argv) {
                                              args.output_len, args.max_seconds));
         save();
       }
+    } else if (workload == "prefill") {
+      // Prefill alone: every prompt once, one output token, at each step token budget.
+      std::vector<std::vector<int32_t>> prompts;
+      for (int i = 0; i < args.prefill_requests; ++i) prompts.push_back(random_tokens(args.input_len));
+      for (int chunk : args.prefill_chunks) {
+        if (chunk < 1) die(invalid_argument_error("--prefill-chunks: {} is not a positive token count", chunk), "prefill");
+        Args chunk_args = args;
+        chunk_args.max_tokens_per_step = chunk;
+        nlohmann::json r = run_engine(**runner, prompts, chunk_args, true,
+                                      fmt::format("engine, prefill only, {} tokens per step", chunk), greedy, 1,
+                                      args.max_seconds);
+        const double prompt_tokens = double(args.prefill_requests) * args.input_len;
+        std::printf("prefill, %d tokens per step: %.0f prompt tok/s over the wall (%.0f TFLOP/s of linear layers)\n",
+                    chunk, prompt_tokens / r["wall_s"].get<double>(),
+                    prompt_tokens * args.flops.per_token / r["wall_s"].get<double>() / 1e12);
+        r["workload"] = "prefill";
+        r["tokens_per_step"] = chunk;
+        figures["runs"].push_back(r);
+        save();
+      }
+    } else if (workload == "gemm") {
+      if (!bench::gemm_ceiling(args.prefill_chunks, config->hidden_size, config->intermediate_size,
+                               config->num_q_heads * config->head_dim, config->num_kv_heads * config->head_dim,
+                               config->num_layers))
+        die(internal_error("gemm ceiling failed"), "gemm");
     } else if (workload == "latency") {
       // Batch 1: per-token latency against reading every weight once per token.
       const std::vector<std::vector<int32_t>> one = {random_tokens(128)};

@@ -6,7 +6,8 @@
 //
 //   pagoda_cpu_decode_bench DTYPE [STEPS] [LAYERS]
 //     DTYPE: f32 | f16 | bf16 | int8 | int4 (int4 keeps lm_head at int8, as the model does)
-//     env: PAGODA_THREADS (pool size)
+//     env: PAGODA_THREADS (pool size); PAGODA_VECTOR_DOT=generic|avx2+fma+f16c|avx512 (the
+//          f32/f16/bf16 dot implementation, for A/B runs; default: what the dispatch picks)
 //
 // Shape: hidden 2048, 32 / 8 heads of 64, intermediate 5632, vocab 32000 (the
 // side-by-side benchmark's ~0.85B Llama), 16 layers unless LAYERS says. Prints
@@ -25,6 +26,7 @@
 
 #include "pagoda/backend/cpu/kernels/matmul.h"
 #include "pagoda/backend/cpu/kernels/quant_dot.h"
+#include "pagoda/backend/cpu/kernels/vector_dot.h"
 #include "pagoda/core/dtype.h"
 #include "pagoda/core/thread_pool.h"
 #include "pagoda/model/weight_matrix.h"
@@ -111,6 +113,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "DTYPE must be f32, f16, bf16, int8 or int4, got '%s'\n", dt.c_str());
     return 2;
   }
+  if (const char* impl = std::getenv("PAGODA_VECTOR_DOT"); impl != nullptr && *impl != '\0') {
+    if (!pagoda::kernels::select_vector_dot_implementation(impl)) {
+      std::fprintf(stderr, "PAGODA_VECTOR_DOT=%s: unknown, or this CPU lacks its instructions\n", impl);
+      return 2;
+    }
+  }
+  std::printf("vector_dot: %s\n", pagoda::kernels::vector_dot_implementation());
   constexpr size_t kHidden = 2048, kKv = 512, kInter = 5632, kVocab = 32000;
   Random rng;
   std::vector<Matrix> mats;

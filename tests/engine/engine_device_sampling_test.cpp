@@ -4,6 +4,7 @@
 // step hands each row the right result, and the output semantics (tokens,
 // finish reasons, stop strings, usage) are those of the host path.
 
+#include <random>
 #include <set>
 #include <thread>
 
@@ -11,6 +12,7 @@
 
 #include "engine_harness.h"
 #include "pagoda/engine/engine.h"
+#include "pagoda/engine/sampler.h"
 
 namespace pagoda::engine {
 namespace {
@@ -200,6 +202,41 @@ TEST_P(BrokenRunner, TooFewTokensOrAnOutOfVocabularyTokenFailTheStepNotTheProces
 }
 
 INSTANTIATE_TEST_SUITE_P(EngineDeviceSampling, BrokenRunner, ::testing::Bool());
+
+// The engine keeps a sequence's token counts only for requests with a penalty
+// (needs_token_history); those must still see every prompt and output token:
+// the output is the host sampler's over the whole history, step by step.
+TEST(EngineDeviceSampling, PenaltiesSeeThePromptAndEveryOutputToken) {
+  DeviceHarness h(true);
+  const std::vector<int32_t> prompt = test_prompt(12, 3);
+  GenerationRequest r = request(prompt, 12);
+  r.sampling.repetition_penalty = 1.6f;
+  r.sampling.frequency_penalty = 1.5f;
+  EXPECT_TRUE(needs_token_history(r.sampling));
+  EXPECT_FALSE(needs_token_history(request(prompt, 12).sampling));
+  const SamplingParams params = r.sampling;
+  auto penalized = *h.engine->submit(std::move(r));
+  auto plain = *h.engine->submit(request(prompt, 12));
+  h.run_checked();
+
+  TokenHistory history;
+  history.add_prompt(prompt);
+  std::vector<int32_t> context = prompt, expected;
+  std::vector<float> logits(static_cast<size_t>(h.runner.vocab_size()));
+  std::mt19937_64 rng(0);
+  for (int i = 0; i < 12; ++i) {
+    FakeModelRunner::fill_logits(context, h.runner.vocab_size(), logits.data());
+    const int32_t t = Sampler::sample(logits, params, history, rng).token;
+    history.add_output(t);
+    context.push_back(t);
+    expected.push_back(t);
+  }
+  Collected p = drain(*penalized), q = drain(*plain);
+  ASSERT_TRUE(p.finished && q.finished);
+  EXPECT_EQ(p.tokens[0], expected);
+  EXPECT_EQ(q.tokens[0], h.runner.reference_greedy(prompt, 12));
+  EXPECT_NE(expected, h.runner.reference_greedy(prompt, 12)) << "the penalties must change this output";
+}
 
 }  // namespace
 }  // namespace pagoda::engine

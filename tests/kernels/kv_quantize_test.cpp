@@ -11,7 +11,10 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
+
+#include "pagoda/backend/cpu/kernels/vector_dot.h"
 
 #include "gpu/kv_quant_reference.h"
 #include "kernels/random_data.h"
@@ -272,6 +275,35 @@ TEST(KvQuantizeTest, UnquantizedStorageTypesRoundToNearestEven) {
     EXPECT_EQ(f16[i], f16_to_f32(f32_to_f16(x[i])));
     EXPECT_EQ(f32[i], x[i]);
   }
+}
+
+TEST(KvQuantizeTest, SixteenBitReadsEqualTheScalarConversionUnderEveryDotImplementation) {
+  // Attention reads f16/bf16 pools through the vector widening (vector_dot.h): bit for bit the scalar
+  // conversion, for head dims below, at and past the 8- and 16-lane steps, with zeros, subnormals and
+  // infinities among the codes.
+  const std::string chosen = vector_dot_implementation();
+  for (const char* impl : {"generic", "avx2+fma+f16c", "avx512"}) {
+    if (!select_vector_dot_implementation(impl)) continue;  // not on this CPU
+    for (int32_t d : {1, 8, 40, 64, 72, 128, 256}) {
+      for (DType dtype : {DType::kF16, DType::kBF16}) {
+        std::vector<uint16_t> codes(static_cast<size_t>(d));
+        std::mt19937 rng(static_cast<uint32_t>(d));
+        for (auto& c : codes) c = static_cast<uint16_t>(rng());
+        const uint16_t special[] = {0x0000, 0x8000, 0x0001, 0x03ff, 0x7c00, 0xfc00, 0x007f, 0x7f80};
+        for (size_t i = 0; i < std::min<size_t>(codes.size(), 8); ++i) codes[i] = special[i];
+        for (auto& c : codes)  // NaN payloads are not part of the contract
+          if (std::isnan(dtype == DType::kF16 ? f16_to_f32(c) : bf16_to_f32(c))) c = 0x3c00;
+        std::vector<float> got(codes.size(), -1.0f);
+        dequantize_kv_vector(codes.data(), nullptr, d, dtype, got.data());
+        for (size_t i = 0; i < codes.size(); ++i) {
+          const float want = dtype == DType::kF16 ? f16_to_f32(codes[i]) : bf16_to_f32(codes[i]);
+          EXPECT_EQ(std::memcmp(&got[i], &want, sizeof want), 0) << impl << " " << dtype_name(dtype) << " d " << d
+                                                                  << " i " << i;
+        }
+      }
+    }
+  }
+  ASSERT_TRUE(select_vector_dot_implementation(chosen));
 }
 
 TEST(KvQuantizeTest, Fp8DecodeTableMatchesTheScalarConversion) {

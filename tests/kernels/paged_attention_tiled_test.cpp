@@ -10,6 +10,9 @@
 
 #include "pagoda/backend/cpu/kernels/paged_attention_tiled.h"
 
+#include "pagoda/backend/cpu/kernels/cpu_features.h"
+#include "pagoda/backend/cpu/kernels/decode_attention_tile.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -144,12 +147,29 @@ TEST(PagedAttentionTiledTest, EqualsReferenceOnPrefixHitsDecodesAndLongPrefills)
     run({block_size, 4, 4, 40, DType::kF32, DType::kBF16}, {{190, 1}}, 28);
     // Five query rows per KV head (four scored together, one alone) and a head dim of 36 (a 4-element tail).
     run({block_size, 10, 2, 36, DType::kF32, DType::kF32}, {{150, 1}, {3, 1}}, 29);
+    // The in-place 16-bit decode tiles (decode_attention_tile.h): head dims 64 and 128, groups of 4, 5 and 1,
+    // K and V in different 16-bit dtypes, a window, and decodes longer than a few tiles.
+    run({block_size, 8, 2, 128, DType::kBF16, DType::kBF16}, {{300, 1}, {64, 1}}, 41);
+    run({block_size, 10, 2, 64, DType::kF16, DType::kBF16}, {{257, 1}, {5, 1}}, 42);
+    run({block_size, 4, 4, 64, DType::kBF16, DType::kF16, 70}, {{200, 1}}, 43);
+    run({block_size, 8, 2, 128, DType::kF32, DType::kF16}, {{129, 1}}, 44);
   }
+}
+
+TEST(PagedAttentionTiledTest, InPlaceDecodeTilesRunWhereTheCpuHasAvx2) {
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
+  EXPECT_EQ(decode_tile_supported(DType::kF16, DType::kF16, 64), avx2);
+  EXPECT_EQ(decode_tile_supported(DType::kF32, DType::kBF16, 128), avx2);
+  EXPECT_FALSE(decode_tile_supported(DType::kF16, DType::kF16, 40));   // head dim not a multiple of 32
+  EXPECT_FALSE(decode_tile_supported(DType::kBF16, DType::kF16, 48));
+  EXPECT_FALSE(decode_tile_supported(DType::kInt8, DType::kF16, 64));  // quantized pools: dequantized per key
 }
 
 TEST(PagedAttentionTiledTest, EqualsReferenceWithSlidingWindowsAndHoles) {
   for (int32_t block_size : {16, 3, 1}) {
     for (int32_t window : {1, 5, 64, 70}) run({block_size, 8, 2, 64, DType::kF32, DType::kF32, window}, kMixed, 31);
+    run({block_size, 8, 2, 64, DType::kF16, DType::kF16, 5, true}, {{40, 1}, {90, 1}}, 34);  // in place, holes
     run({block_size, 8, 2, 64, DType::kInt8, DType::kInt8, 0, true}, {{40, 90}, {25, 1}}, 32);
     run({block_size, 8, 2, 64, DType::kF32, DType::kF32, 9, true}, {{30, 40}}, 33);
   }

@@ -29,14 +29,19 @@ int64_t physical_memory_bytes() {
 }
 
 StatusOr<DType> parse_kv_dtype(const std::string& flag, const std::string& value, backend::Device device) {
-  static constexpr std::array<std::pair<const char*, DType>, 5> kNames = {
-      {{"f32", DType::kF32}, {"bf16", DType::kBF16}, {"fp8", DType::kFP8E4M3}, {"int8", DType::kInt8},
-       {"int4", DType::kInt4}}};
+  static constexpr std::array<std::pair<const char*, DType>, 6> kNames = {
+      {{"f32", DType::kF32}, {"bf16", DType::kBF16}, {"f16", DType::kF16}, {"fp8", DType::kFP8E4M3},
+       {"int8", DType::kInt8}, {"int4", DType::kInt4}}};
   if (value == "auto") return device == backend::Device::kCuda ? DType::kBF16 : DType::kF32;
-  for (const auto& [name, dtype] : kNames)
-    if (value == name) return dtype;
-  return invalid_argument_error("{} {}: expected one of auto, f32, bf16, fp8, int8, int4 (auto: f32 on cpu, bf16 "
-                                "on cuda)", flag, value.empty() ? "''" : value);
+  for (const auto& [name, dtype] : kNames) {
+    if (value != name) continue;
+    if (dtype == DType::kF16 && device == backend::Device::kCuda)
+      return invalid_argument_error("{} f16: the cuda KV cache holds bf16, fp8, int8 or int4 (f16 is a cpu KV "
+                                    "dtype); use bf16", flag);
+    return dtype;
+  }
+  return invalid_argument_error("{} {}: expected one of auto, f32, bf16, f16, fp8, int8, int4 (auto: f32 on cpu, "
+                                "bf16 on cuda; f16 on cpu only)", flag, value.empty() ? "''" : value);
 }
 
 }  // namespace
@@ -95,7 +100,7 @@ void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) 
                "Tests only: every --device cuda rank on GPU 0 (same-device communicator)")
       ->group("");
   cmd.add_option("--kv-cache-dtype", flags.kv_cache_dtype,
-                 "KV cache element type: auto (f32 on cpu, bf16 on cuda), f32, bf16, fp8 (e4m3, per-token-head "
+                 "KV cache element type: auto (f32 on cpu, bf16 on cuda), f32, bf16, f16 (cpu), fp8 (e4m3, per-token-head "
                  "scale), int8 (per-token-head scale + zero), int4 (groups of 32); smaller types fit more tokens")
       ->capture_default_str();
   cmd.add_option("--kv-cache-dtype-k", flags.kv_cache_dtype_k, "Element type of the keys only (overrides --kv-cache-dtype)");

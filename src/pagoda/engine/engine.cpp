@@ -374,7 +374,7 @@ void Engine::admit_request(std::unique_ptr<RequestState> state) {
   req->timeline.picked_up_s = seconds_between(req->arrival_time, Clock::now());
   seq->tokens = req->request.prompt_tokens;
   seq->prompt_length = static_cast<int32_t>(seq->tokens.size());
-  seq->history.add_prompt(seq->tokens);
+  if (needs_token_history(req->request.sampling)) seq->history.add_prompt(seq->tokens);
   if (!start_lower_tier_load(seq)) scheduler_.enqueue(seq);  // else scheduled once its blocks are in
   ++thread_stats_.requests_submitted;
   thread_stats_.prompt_tokens += seq->prompt_length;
@@ -462,7 +462,7 @@ void Engine::append_token(Sequence* seq, const SampledToken& token) {
   const SamplingParams& params = req->request.sampling;
   const auto now = Clock::now();
   seq->tokens.push_back(token.token);
-  seq->history.add_output(token.token);
+  if (needs_token_history(params)) seq->history.add_output(token.token);
   ++req->completion_tokens;
   ++thread_stats_.generated_tokens;
   if (seq->last_token_time) thread_stats_.inter_token_latency.observe(seconds_between(*seq->last_token_time, now));

@@ -39,6 +39,12 @@ struct TokenHistory {
   void add_output(int32_t token) { ++output_counts[token]; }
 };
 
+// Whether sample() reads a TokenHistory under these params (a penalty is set): the engine keeps the
+// counts only then, since they cost a hash insert per prompt token and per output token.
+inline bool needs_token_history(const SamplingParams& params) {
+  return params.repetition_penalty != 1.0f || params.frequency_penalty != 0.0f || params.presence_penalty != 0.0f;
+}
+
 // Structured outputs: sets logits[t] to -inf for every token whose bit is clear in `allowed`
 // (64 tokens per word, little-endian; words past the row are ignored). Run before sample().
 void apply_token_mask(std::span<float> logits, std::span<const uint64_t> allowed);

@@ -146,6 +146,13 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
       return invalid_argument_error("PAGODA_CUDA_PROFILE_REPLAY={}: expected a graph replay number >= 0", env);
     profile_replay_ = v;
   }
+  if (const char* env = std::getenv("PAGODA_CUDA_PROFILE_EAGER_STEP"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (*end != '\0' || v < 0)
+      return invalid_argument_error("PAGODA_CUDA_PROFILE_EAGER_STEP={}: expected an eager step number >= 0", env);
+    profile_eager_step_ = v;
+  }
   fast_ = std::make_unique<FastAttention>();
   fast_->set_kv_dtypes(options_.kv_key_dtype, options_.kv_value_dtype);
 
@@ -588,6 +595,13 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
   // Only the llama-family layer loop waits layer by layer; any other forward (MLA) waits for the whole load first.
   const bool per_layer_waits = !config_.mla.has_value();
   if (!per_layer_waits) PAGODA_CUDA_RETURN_IF_ERROR(waits.wait_all(stream_));
+  // A profiler's window over one eager step (PAGODA_CUDA_PROFILE_EAGER_STEP, e.g. a mixed prefill step).
+  const bool profiled = eager_steps_ == profile_eager_step_;
+  ++eager_steps_;
+  if (profiled) {
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaProfilerStart());
+  }
   PAGODA_RETURN_IF_ERROR(
       run_layers(step.num_tokens, pool, fast, per_layer_waits ? &waits : nullptr, step_has_holes_));
   for (int32_t row = 0; row < step.num_rows; row += max_rows_) {
@@ -595,7 +609,8 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
     PAGODA_RETURN_IF_ERROR(run_head(row, n));
     PAGODA_RETURN_IF_ERROR(copy_out(row, n));
   }
-  if (step.num_rows == 0) PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  if (step.num_rows == 0 || profiled) PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  if (profiled) PAGODA_CUDA_RETURN_IF_ERROR(cudaProfilerStop());
   return ok_status();
 }
 

@@ -326,6 +326,8 @@ class CudaModel {
   DeviceBuffer gathered_logits_;  // f32 [ranks, max_rows, vocab_chunk]: every rank's, by rank
   int64_t graph_replays_ = 0;
   int64_t profile_replay_ = -1;  // PAGODA_CUDA_PROFILE_REPLAY: the graph replay a profiler sees, -1 none
+  int64_t eager_steps_ = 0;          // forwards outside the graph path (neither replay nor capture)
+  int64_t profile_eager_step_ = -1;  // PAGODA_CUDA_PROFILE_EAGER_STEP: the eager step a profiler sees, -1 none
 };
 
 }  // namespace pagoda::cuda

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "pagoda/backend/cpu/kernels/vector_dot.h"
+
 namespace pagoda::kernels {
 
 namespace {
@@ -121,16 +123,11 @@ void dequantize_kv_vector(const void* data, const void* scales, int32_t head_dim
     case DType::kF32:
       std::memcpy(out, data, static_cast<size_t>(head_dim) * sizeof(float));
       return;
-    case DType::kBF16: {
-      const auto* in = static_cast<const uint16_t*>(data);
-      for (int32_t i = 0; i < head_dim; ++i) out[i] = bf16_to_f32(in[i]);
+    case DType::kBF16:
+    case DType::kF16:
+      // Exact widening, 16 or 8 at a time (vector_dot.h): attention reads every cached vector this way.
+      widen_to_f32(data, dtype, out, static_cast<size_t>(head_dim));
       return;
-    }
-    case DType::kF16: {
-      const auto* in = static_cast<const uint16_t*>(data);
-      for (int32_t i = 0; i < head_dim; ++i) out[i] = f16_to_f32(in[i]);
-      return;
-    }
     case DType::kFP8E4M3: {
       const float* table = fp8e4m3_decode_table();
       const auto* codes = static_cast<const uint8_t*>(data);

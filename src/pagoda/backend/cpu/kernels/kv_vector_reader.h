@@ -44,6 +44,26 @@ class KvVectorReader {
     return buffer;
   }
 
+  // The stored bytes of (slot, kv_head), as they are (f32 / f16 / bf16 pools:
+  // the head_dim elements), for kernels that widen in registers.
+  const void* vector_data(int64_t slot, int32_t kv_head) const {
+    const size_t vector = static_cast<size_t>(slot) * static_cast<size_t>(num_kv_heads_) + static_cast<size_t>(kv_head);
+    return data_ + vector * head_bytes_;
+  }
+  DType dtype() const { return dtype_; }
+
+  // Asks the memory system for (slot, kv_head)'s bytes ahead of read(): attention
+  // walks one head's vectors, num_kv_heads vectors apart, and without prefetches
+  // the decode loop waited on each vector's first load (the loop is latency
+  // bound, not bandwidth bound). A hint only: no effect on results.
+  void prefetch(int64_t slot, int32_t kv_head) const {
+    const size_t vector = static_cast<size_t>(slot) * static_cast<size_t>(num_kv_heads_) + static_cast<size_t>(kv_head);
+    const std::byte* p = data_ + vector * head_bytes_;
+    for (size_t off = 0; off < head_bytes_; off += 64) __builtin_prefetch(p + off, 0, 3);
+    if (scales_ != nullptr)
+      __builtin_prefetch(scales_ + kv_scale_vector(slot, kv_head, block_size_, num_kv_heads_) * scale_bytes_, 0, 3);
+  }
+
  private:
   const std::byte* data_;
   const std::byte* scales_;

@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "pagoda/backend/cpu/kernels/decode_attention_tile.h"
 #include "pagoda/backend/cpu/kernels/kv_quantize.h"
 #include "pagoda/backend/cpu/kernels/kv_vector_reader.h"
 #include "pagoda/backend/cpu/kernels/vector_exp.h"
@@ -17,7 +18,7 @@ namespace pagoda::kernels {
 namespace {
 
 constexpr size_t kQueryBlock = 16;  // new tokens of one sequence per work unit
-constexpr size_t kKeyBlock = 64;    // key positions per K/V tile
+constexpr size_t kKeyBlock = kDecodeTileKeys;  // key positions per K/V tile (64)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // ---- tile loops: generic ----
@@ -232,6 +233,18 @@ struct Context {
 // Index of the first key new token `index` (a sequence index) attends to.
 int32_t first_key(int32_t index, int32_t window) { return window > 0 ? std::max(0, index - window + 1) : 0; }
 
+// Prefetches the K and V vectors of keys [j0, min(j0 + kKeyBlock, end)) of one KV head (holes too: a
+// hint costs less than the check).
+void prefetch_keys(const Context& c, const PagedSequence& seq, int32_t kv_head, int32_t j0, int32_t end) {
+  const int32_t j1 = std::min(end, j0 + static_cast<int32_t>(kKeyBlock));
+  for (int32_t j = j0; j < j1; ++j) {
+    const int64_t slot =
+        static_cast<int64_t>(seq.block_table[static_cast<size_t>(j / c.block_size)]) * c.block_size + j % c.block_size;
+    c.keys->prefetch(slot, kv_head);
+    c.values->prefetch(slot, kv_head);
+  }
+}
+
 // One new token (a decode step): the GQA group's query rows against each key
 // of a 64-key tile. f32 pools are read in place and other dtypes dequantized
 // once per key into a row-major tile, with no K transpose and no V copy (for a
@@ -260,11 +273,57 @@ void run_decode_unit(const Context& c, const Unit& u) {
   const int32_t index = seq.num_cached_tokens + u.first_token;  // the new token's sequence index
   const float* keys[kKeyBlock];
   const float* values[kKeyBlock];
+  // f32 / f16 / bf16 pools (AVX2 + F16C, head dim a multiple of 32): both inner loops read the pool in place,
+  // 16-bit elements widened in registers, V read once per two query rows (decode_attention_tile.h); other
+  // pools are dequantized per key into kbuf / vbuf below.
+  const bool in_place = decode_tile_supported(c.keys->dtype(), c.values->dtype(), D);
+  const void* raw_keys[kKeyBlock];
+  const void* raw_values[kKeyBlock];
+  thread_local std::vector<float> probs;
+  if (in_place) probs.resize(G * kKeyBlock);
 
   for (int32_t j0 = first_key(index, c.window); j0 <= index; j0 += static_cast<int32_t>(kKeyBlock)) {
+    if (j0 == first_key(index, c.window)) prefetch_keys(c, seq, u.kv_head, j0, index + 1);
+    prefetch_keys(c, seq, u.kv_head, j0 + static_cast<int32_t>(kKeyBlock), index + 1);
     const size_t nk = static_cast<size_t>(std::min<int32_t>(static_cast<int32_t>(kKeyBlock), index + 1 - j0));
     const int32_t lo = std::max(first_key(index, c.window), j0) - j0;
     const int32_t hi = static_cast<int32_t>(nk);  // exclusive
+    if (in_place) {
+      for (size_t j = 0; j < kKeyBlock; ++j) {
+        const int32_t key_index = j0 + static_cast<int32_t>(j);
+        if (static_cast<int32_t>(j) < lo || j >= nk || ev.is_hole(key_index, kv_head)) {
+          raw_keys[j] = raw_values[j] = nullptr;
+          continue;
+        }
+        const int64_t slot =
+            static_cast<int64_t>(seq.block_table[static_cast<size_t>(key_index / c.block_size)]) * c.block_size +
+            key_index % c.block_size;
+        raw_keys[j] = c.keys->vector_data(slot, u.kv_head);
+        raw_values[j] = c.values->vector_data(slot, u.kv_head);
+      }
+      decode_tile_scores(q_rows.data(), G, raw_keys, c.keys->dtype(), D, c.scale, s.data());
+      for (size_t g = 0; g < G; ++g) {
+        const float* sg = s.data() + g * kKeyBlock;
+        float* pg = probs.data() + g * kKeyBlock;
+        float tile_max = kNegInf;
+        for (size_t j = 0; j < kKeyBlock; ++j) tile_max = std::max(tile_max, sg[j]);
+        if (tile_max == kNegInf) {  // every key here is masked or a hole: this row takes nothing
+          std::fill_n(pg, kKeyBlock, 0.0f);
+          continue;
+        }
+        const float new_max = std::max(row_max[g], tile_max);
+        const float correction = std::exp(row_max[g] - new_max);  // 0 for the first tile
+        const float sum = ops.exp_tile(sg, new_max, pg);
+        float* a = acc.data() + g * D;
+        if (correction != 1.0f) {
+          for (size_t d = 0; d < D; ++d) a[d] *= correction;
+        }
+        row_sum[g] = row_sum[g] * correction + sum;
+        row_max[g] = new_max;
+      }
+      decode_tile_accumulate(probs.data(), G, raw_values, c.values->dtype(), D, acc.data());
+      continue;
+    }
     for (size_t j = 0; j < kKeyBlock; ++j) {
       const int32_t key_index = j0 + static_cast<int32_t>(j);
       if (static_cast<int32_t>(j) < lo || j >= nk || ev.is_hole(key_index, kv_head)) {
@@ -332,6 +391,8 @@ void run_unit(const Context& c, const Unit& u) {
   alignas(32) float p[kKeyBlock];
 
   for (int32_t j0 = first_key(first_index, c.window); j0 <= last_index; j0 += static_cast<int32_t>(kKeyBlock)) {
+    if (j0 == first_key(first_index, c.window)) prefetch_keys(c, seq, u.kv_head, j0, last_index + 1);
+    prefetch_keys(c, seq, u.kv_head, j0 + static_cast<int32_t>(kKeyBlock), last_index + 1);
     const size_t nk = static_cast<size_t>(std::min<int32_t>(static_cast<int32_t>(kKeyBlock), last_index + 1 - j0));
     // The tile: K transposed ([d][j]) for the score GEMM, V as rows ([j][d]); holes and padding are zeros.
     for (size_t j = 0; j < kKeyBlock; ++j) {

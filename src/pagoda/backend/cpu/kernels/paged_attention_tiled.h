@@ -14,9 +14,10 @@
 // accumulator rescaled when the max grows), and P·V is accumulated row by row.
 // Causal masking, sliding windows and per-head holes (eviction) are masks on
 // the score tile; a fully masked tile of a row is skipped. A unit of one new
-// token (decode) skips the tile copy: each key and value is read in place (f32
-// pools) or dequantized once, and the group's query rows are scored against it
-// directly.
+// token (decode) skips the tile copy: keys and values are read in place (f32,
+// f16 and bf16 pools, decode_attention_tile.h, where the CPU has AVX2 + F16C
+// and the head dim is a multiple of 32) or dequantized once per key, and the
+// group's query rows are scored against them directly.
 //
 // Same shapes and semantics as paged_attention(); results equal it up to f32
 // summation order. Units are spread over ThreadPool::global() by estimated
