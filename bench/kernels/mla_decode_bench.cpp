@@ -9,11 +9,15 @@
 // every output is checked finite. Where the TMA-fed kernel applies (bf16, 16
 // heads) every kernel runs on the same pool, one row each ("[cp_async]",
 // "[tma]", "[tma_ring]", "[tma_tile]", "[tma_ring_tile]", "[tma_pair]",
-// "[tma_pair_tile]" in the name); --kernel
+// "[tma_pair_tile]", "[tma_pingpong]", "[tma_pingpong_ring]", "[tma_fast_exp]",
+// "[tma_pingpong_fast_exp]", "[tma_pingpong_turns]", "[tma_pingpong_2chain]", "[tma_pingpong_all]" in
+// the name); --kernel
 // picks one. --schedule runs the plan's whole-tile budgets ("whole", the
 // default plan), spread budgets ("spread": MlaDecodeOptions::spread_budget,
 // " spread" in the name) or both; "bits==tma" says whether a TMA variant's
-// output equals the first TMA variant's of the same schedule bit for bit.
+// output equals the first TMA variant's of the same schedule bit for bit
+// (tma_pingpong* and tma_fast_exp round differently: "NO" is expected there, its check
+// against float64 is what counts).
 //
 //   mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|NAME] [--schedule all|whole|spread]
 
@@ -82,7 +86,10 @@ std::string schedule_choice = "whole";
 constexpr MlaDecodeKernel kKernels[] = {MlaDecodeKernel::kCpAsync, MlaDecodeKernel::kTma,
                                         MlaDecodeKernel::kTmaRing, MlaDecodeKernel::kTmaTile,
                                         MlaDecodeKernel::kTmaRingTile, MlaDecodeKernel::kTmaPair,
-                                        MlaDecodeKernel::kTmaPairTile};
+                                        MlaDecodeKernel::kTmaPairTile, MlaDecodeKernel::kTmaPingPong,
+                                        MlaDecodeKernel::kTmaPingPongRing, MlaDecodeKernel::kTmaFastExp,
+                                        MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns,
+                                        MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll};
 
 const char* kernel_name(MlaDecodeKernel k) {
   switch (k) {
@@ -92,6 +99,13 @@ const char* kernel_name(MlaDecodeKernel k) {
     case MlaDecodeKernel::kTmaRingTile: return "tma_ring_tile";
     case MlaDecodeKernel::kTmaPair: return "tma_pair";
     case MlaDecodeKernel::kTmaPairTile: return "tma_pair_tile";
+    case MlaDecodeKernel::kTmaPingPong: return "tma_pingpong";
+    case MlaDecodeKernel::kTmaPingPongRing: return "tma_pingpong_ring";
+    case MlaDecodeKernel::kTmaFastExp: return "tma_fast_exp";
+    case MlaDecodeKernel::kTmaPingPongFastExp: return "tma_pingpong_fast_exp";
+    case MlaDecodeKernel::kTmaPingPongTurns: return "tma_pingpong_turns";
+    case MlaDecodeKernel::kTmaPingPongTwoChains: return "tma_pingpong_2chain";
+    case MlaDecodeKernel::kTmaPingPongAll: return "tma_pingpong_all";
     default: return "cp_async";
   }
 }
@@ -319,7 +333,9 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|tma_ring|"
-                   "tma_tile|tma_ring_tile|tma_pair|tma_pair_tile] [--schedule all|whole|spread]\n");
+                   "tma_tile|tma_ring_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_pingpong_ring|tma_fast_exp|"
+                   "tma_pingpong_fast_exp|tma_pingpong_turns|tma_pingpong_2chain|tma_pingpong_all] "
+                   "[--schedule all|whole|spread]\n");
       return 2;
     }
   }

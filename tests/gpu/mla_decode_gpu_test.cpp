@@ -255,6 +255,13 @@ const char* kernel_name(MlaDecodeKernel k) {
     case MlaDecodeKernel::kTmaRingTile: return "tma_ring_tile";
     case MlaDecodeKernel::kTmaPair: return "tma_pair";
     case MlaDecodeKernel::kTmaPairTile: return "tma_pair_tile";
+    case MlaDecodeKernel::kTmaPingPong: return "tma_pingpong";
+    case MlaDecodeKernel::kTmaPingPongRing: return "tma_pingpong_ring";
+    case MlaDecodeKernel::kTmaFastExp: return "tma_fast_exp";
+    case MlaDecodeKernel::kTmaPingPongFastExp: return "tma_pingpong_fast_exp";
+    case MlaDecodeKernel::kTmaPingPongTurns: return "tma_pingpong_turns";
+    case MlaDecodeKernel::kTmaPingPongTwoChains: return "tma_pingpong_2chain";
+    case MlaDecodeKernel::kTmaPingPongAll: return "tma_pingpong_all";
     default: return "cp.async";
   }
 }
@@ -472,14 +479,23 @@ TEST_F(MlaDecodeGpuTest, RowsSharingBlocks) {
 // ---- The TMA-fed 16-head bf16 kernel (MlaDecodeKernel::kTma, its ring of
 // column-block slots kTmaRing, one tile's slots at two CTAs an SM kTmaPair,
 // and the three with the whole-tile producer schedule, kTmaTile /
-// kTmaRingTile / kTmaPairTile; mla_decode_tma.cu), every case on all six.
+// kTmaRingTile / kTmaPairTile; and kTmaPingPong / kTmaPingPongRing, each
+// compute warpgroup on its own tiles; kTmaFastExp, kTma with a shorter
+// softmax; kTmaPingPongFastExp / kTmaPingPongTurns / kTmaPingPongTwoChains /
+// kTmaPingPongAll; mla_decode_tma.cu), every case on all.
 // Unused pool slots hold NaN, so the rows of a partial last page (and of pages
 // past a segment's end) must be zeroed, not merely masked. run() fails a case
 // whose plan did not take the kernel asked for.
 MlaDecodeKernel tma_kernel = MlaDecodeKernel::kTma;  // the variant the TMA tests run (set by each test's loop)
 constexpr MlaDecodeKernel kTmaKernels[] = {MlaDecodeKernel::kTma,         MlaDecodeKernel::kTmaRing,
                                            MlaDecodeKernel::kTmaTile,     MlaDecodeKernel::kTmaRingTile,
-                                           MlaDecodeKernel::kTmaPair,     MlaDecodeKernel::kTmaPairTile};
+                                           MlaDecodeKernel::kTmaPair,     MlaDecodeKernel::kTmaPairTile,
+                                           MlaDecodeKernel::kTmaPingPong,
+                                           MlaDecodeKernel::kTmaPingPongRing, MlaDecodeKernel::kTmaFastExp,
+                                           MlaDecodeKernel::kTmaPingPongFastExp,
+                                           MlaDecodeKernel::kTmaPingPongTurns,
+                                           MlaDecodeKernel::kTmaPingPongTwoChains,
+                                           MlaDecodeKernel::kTmaPingPongAll};
 
 MlaCase tma(MlaCase c) {
   c.options.kernel = tma_kernel;
@@ -551,11 +567,12 @@ TEST_F(MlaDecodeGpuTest, TmaGraphPlans) {
 }
 
 TEST_F(MlaDecodeGpuTest, TmaMatchesCpAsyncKernel) {
-  // The same math in the same order on every kernel: the TMA variants differ
-  // only in how the tiles are loaded, so they must agree bit for bit; against
-  // cp.async the outputs agree to far below bf16's rounding (printed). The
-  // rows are short enough (59 tiles) that every plan, the pair variants' wave
-  // of 2 x num_sms CTAs included, cuts them into the same segments.
+  // The same math in the same order on every kernel but the ping-pong ones and
+  // kTmaFastExp: the other TMA variants differ only in how the tiles are
+  // loaded, so they must agree bit for bit; against cp.async the outputs agree
+  // to far below bf16's rounding (printed). The rows are short enough (59
+  // tiles) that every plan, the pair variants' wave of 2 x num_sms CTAs
+  // included, cuts them into the same segments.
   for (int32_t bs : {64, 16}) {
     MlaCase c = make_case("tma vs cp.async", 16, bs, KvElement::kBF16, {33, 700, 3000}, 110 + uint32_t(bs));
     const MlaBatch b = make_batch(c);
@@ -564,7 +581,7 @@ TEST_F(MlaDecodeGpuTest, TmaMatchesCpAsyncKernel) {
     ASSERT_TRUE(old_out.ok()) << old_out.status().message();
     std::vector<double> want;
     for (uint16_t v : *old_out) want.push_back(bf16_to_f32(v));
-    std::vector<uint16_t> first_tma;
+    std::vector<uint16_t> first_tma, pingpong;
     for (MlaDecodeKernel k : kTmaKernels) {
       c.options.kernel = k;
       auto new_out = run(b, c);
@@ -575,6 +592,20 @@ TEST_F(MlaDecodeGpuTest, TmaMatchesCpAsyncKernel) {
       std::printf("blocks of %2d: %s vs cp.async rel L2 %.3e, %zu of %zu outputs differ\n", bs, kernel_name(k), err,
                   differing, want.size());
       EXPECT_LT(err, 1e-3) << "blocks of " << bs;
+      // The ping-pong kernels sum S^T in one chain and combine two partial O^T,
+      // kTmaFastExp rounds its exponents differently: other
+      // roundings, so only the bound above applies to it.
+      // kTmaPingPongRing and kTmaPingPongTurns do kTmaPingPong's arithmetic in
+      // its order (other loads, another issue order between the groups): its bits.
+      if (k == MlaDecodeKernel::kTmaPingPong) pingpong = *new_out;
+      if (k == MlaDecodeKernel::kTmaPingPongRing || k == MlaDecodeKernel::kTmaPingPongTurns) {
+        EXPECT_TRUE(*new_out == pingpong) << kernel_name(k) << " differs from tma_pingpong, blocks of " << bs;
+      }
+      if (k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaPingPongRing ||
+          k == MlaDecodeKernel::kTmaFastExp || k == MlaDecodeKernel::kTmaPingPongFastExp ||
+          k == MlaDecodeKernel::kTmaPingPongTurns || k == MlaDecodeKernel::kTmaPingPongTwoChains ||
+          k == MlaDecodeKernel::kTmaPingPongAll)
+        continue;
       if (first_tma.empty()) first_tma = *new_out;
       else EXPECT_TRUE(*new_out == first_tma) << kernel_name(k) << " differs from tma, blocks of " << bs;
     }
@@ -592,6 +623,23 @@ TEST_F(MlaDecodeGpuTest, TmaOccupancy) {
   }
   int ctas = 0;
   EXPECT_EQ(mla_decode_tma_occupancy(MlaDecodeKernel::kCpAsync, &ctas), cudaErrorInvalidValue);
+}
+
+TEST_F(MlaDecodeGpuTest, TmaPingPongSmall) {
+  // The ping-pong kernels alone on small shapes, sized for compute-sanitizer racecheck
+  // (tools/gpu/mla_decode_call.sh): 2 SMs so that a CTA runs several segments
+  // (the stages reused across segments, the groups' hand-over at each end), a
+  // one-tile segment (group 1 has no tile: its state must weigh nothing), a
+  // split row through the merge pass, a ragged end at blocks of 16.
+  for (MlaDecodeKernel k : {MlaDecodeKernel::kTmaPingPong, MlaDecodeKernel::kTmaPingPongRing,
+                            MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns,
+                            MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll}) {
+    tma_kernel = k;
+    const KvElement bf16 = KvElement::kBF16;
+    expect_close(tma(with_options(make_case("tma h16 bs64 2 sms", 16, 64, bf16, {1, 64, 65, 300, 700}, 130), 0, 2)));
+    expect_close(tma(with_options(make_case("tma h16 bs64 split 128", 16, 64, bf16, {5, 500}, 131), 128, 0)));
+    expect_close(tma(with_options(make_case("tma h16 bs16 2 sms", 16, 16, bf16, {17, 129, 250}, 132), 0, 2)));
+  }
 }
 
 TEST_F(MlaDecodeGpuTest, SpreadBudgetPlans) {

@@ -308,9 +308,12 @@ TEST(MlaDecodePlanTest, KernelChoice) {
     EXPECT_EQ(kernel_of(config(17, 64)), MlaDecodeKernel::kCpAsync);
     EXPECT_EQ(kernel_of(fp8), MlaDecodeKernel::kCpAsync);
   }
-  // The whole-tile and two-CTA variants: the same domain.
+  // The whole-tile, two-CTA, ping-pong and fast-exp variants: the same domain.
   for (MlaDecodeKernel k : {MlaDecodeKernel::kTmaTile, MlaDecodeKernel::kTmaRingTile, MlaDecodeKernel::kTmaPair,
-                            MlaDecodeKernel::kTmaPairTile}) {
+                            MlaDecodeKernel::kTmaPairTile, MlaDecodeKernel::kTmaPingPong,
+                            MlaDecodeKernel::kTmaPingPongRing, MlaDecodeKernel::kTmaFastExp,
+                            MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns,
+                            MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll}) {
     o.kernel = k;
     for (int32_t bs : {8, 16, 64, 128}) EXPECT_EQ(kernel_of(config(16, bs)), k) << bs;
     for (int32_t bs : {1, 48}) EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kCpAsync) << bs;

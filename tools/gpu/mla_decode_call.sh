@@ -10,7 +10,9 @@
 #        in one hides nothing else and the six TMA variants fit the time); the
 #        DeepSeek model tests (cuda_model_tests *Deepseek*) with the automatic
 #        kernel choice and again with PAGODA_MLA_DECODE_KERNEL=$MODEL_KERNELS
-#        (default "tma_tile tma_pair");
+#        (default "tma_tile tma_pair"); compute-sanitizer racecheck and
+#        synccheck over mla_decode_gpu_tests *TmaPingPongSmall (RACECHECK=0 /
+#        SYNCCHECK=0 skip them; their logs go into gpu_tests_tma.log);
 #     2. alone on the GPU: mla_decode_bench with every kernel side by side on the
 #        same pool (BENCH_ONLY: the --only substrings, default "bf16 H=16" and
 #        "fp8-656 H=16"; BENCH_ITERS, default 20; BENCH_ARGS, default
@@ -18,6 +20,9 @@
 #   .device/mla-decode/mla_decode_call.sh tests   # step 1 only
 #   .device/mla-decode/mla_decode_call.sh bench   # step 2 only
 #   BENCH_ONLY="H=128" .device/mla-decode/mla_decode_call.sh bench   # e.g. the 128-head shapes
+# Narrower runs: TMA_FILTERS (the gtest filters run one per process, words),
+# OTHER_TESTS=0 (skip the non-TMA tests and mla_decode_plan_tests' partner
+# filter), MODEL_TESTS=0 (skip cuda_model_tests).
 # Logs go to $OUT (default /tmp/mla-decode; 6 files + one a BENCH_ONLY entry);
 # summary.log has the results. This
 # one script replaces the per-branch mla5..mla8_call.sh (and the first
@@ -42,6 +47,24 @@ gpu_tests_part() {
   local rc=$?
   echo "mla_decode_gpu_tests $filter rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$part" | tr '\n' ' ')" >> "$sum"
   (flock 9; cat "$part" >> "$out/$log") 9>>"$out/$log"
+  rm -f "$part"
+}
+# compute-sanitizer racecheck (shared-memory hazards) or, with a 4th argument
+# "synccheck", synccheck (invalid uses of barriers: named barriers included)
+# over one small gtest filter; the log is appended to $out/gpu_tests_tma.log.
+racecheck_part() {
+  local b=$1 out=$2 filter=$3 tool=${4:-racecheck} part
+  part=$(mktemp)
+  if ! command -v compute-sanitizer > /dev/null; then
+    echo "racecheck $filter: compute-sanitizer not found" >> "$sum"
+    return
+  fi
+  LD_LIBRARY_PATH="$b/lib:/usr/local/cuda/lib64" timeout 100 compute-sanitizer --tool "$tool" --print-limit 5 \
+    "$b/bin/mla_decode_gpu_tests" --gtest_filter="$filter" > "$part" 2>&1
+  local rc=$?
+  echo "$tool $filter rc=$rc $(grep -E '^\[  (PASSED|FAILED)|SUMMARY|hazard' "$part" | head -4 | tr '\n' ' ')" \
+    >> "$sum"
+  (flock 9; echo "== $tool $filter"; cat "$part") 9>>"$out/gpu_tests_tma.log" >> "$out/gpu_tests_tma.log"
   rm -f "$part"
 }
 model_tests() {
@@ -90,13 +113,18 @@ run | tests | bench)
   } | tee -a "$out/summary.log"
   if [ "$1" != bench ]; then
     tests "$b" "$out" &
-    for f in '*TmaBlockSizesRaggedEnds' '*TmaSplitsSchedulesAndSharing' '*TmaGraphPlans' '*TmaMatchesCpAsyncKernel' \
-      '*TmaOccupancy' '*SpreadBudgetPlans'; do
+    # shellcheck disable=SC2086  # TMA_FILTERS: several words
+    for f in ${TMA_FILTERS:-'*TmaBlockSizesRaggedEnds' '*TmaSplitsSchedulesAndSharing' '*TmaGraphPlans' \
+      '*TmaMatchesCpAsyncKernel' '*TmaOccupancy' '*TmaPingPongSmall' '*SpreadBudgetPlans'}; do
       gpu_tests_part "$b" "$out" "$f" gpu_tests_tma.log &
     done
-    gpu_tests_part "$b" "$out" '-*Tma*:*SpreadBudgetPlans' gpu_tests.log &
-    model_tests "$b" "$out" "" &
-    for k in ${MODEL_KERNELS:-tma_tile tma_pair}; do model_tests "$b" "$out" "$k" & done
+    [ "${OTHER_TESTS:-1}" = 0 ] || gpu_tests_part "$b" "$out" '-*Tma*:*SpreadBudgetPlans' gpu_tests.log &
+    [ "${RACECHECK:-1}" = 0 ] || racecheck_part "$b" "$out" '*TmaPingPongSmall' &
+    [ "${SYNCCHECK:-1}" = 0 ] || racecheck_part "$b" "$out" '*TmaPingPongSmall' synccheck &
+    if [ "${MODEL_TESTS:-1}" != 0 ]; then
+      model_tests "$b" "$out" "" &
+      for k in ${MODEL_KERNELS:-tma_tile tma_pair}; do model_tests "$b" "$out" "$k" & done
+    fi
     wait
     cat "$sum" | tee -a "$out/summary.log"
     grep -hE "rel L2|outputs differ|per SM|Failure|FAILED|Which is" "$out/gpu_tests_tma.log" "$out/gpu_tests.log" \

@@ -54,12 +54,43 @@ enum class MlaDecodeKernel : int32_t {
   // column block a round, kTmaPairTile a whole tile.
   kTmaPair = 6,
   kTmaPairTile = 7,
+  // kTma's domain, loader (two stages, a column block a round) and plan, with
+  // the two compute warpgroups each owning whole tiles (FlashMLA's schedule):
+  // warpgroup g computes the CTA's tiles of parity g (all of S^T and all 512
+  // latent dims of O^T), so one group's softmax runs beside the other's MMAs
+  // and no CTA-wide barrier separates tiles; the two partial results of a
+  // segment are combined at its end. Not bit-equal to kTma (S^T is summed in
+  // one chain, the partial O^T combined): within the tests' bound.
+  kTmaPingPong = 8,
+  // kTmaPingPong on kTmaRing's 23 slots: a group's next tile starts loading
+  // while it still computes its current one (with two stages, group g's next
+  // tile waits for its own stage).
+  kTmaPingPongRing = 9,
+  // kTma with the softmax shortened: the scale folded into the exponent's
+  // FFMA, exp2 as a bare ex2.approx.ftz (other roundings: within the tests'
+  // bound, not bit-equal to kTma).
+  kTmaFastExp = 10,
+  // kTmaPingPong with kTmaFastExp's softmax (within the tests' bound).
+  kTmaPingPongFastExp = 11,
+  // kTmaPingPong with turns: the two groups' S^T MMA chains strictly alternate
+  // (named barriers), so one group's softmax and P V run beside the other's
+  // S^T, as FlashMLA orders them. Same arithmetic as kTmaPingPong.
+  kTmaPingPongTurns = 12,
+  // kTmaPingPong with S^T in two independent accumulator chains (even and odd
+  // K steps, added at the end): another summation order, within the tests' bound.
+  kTmaPingPongTwoChains = 13,
+  // kTmaPingPong with all three of the above: fast exp, turns, two chains.
+  kTmaPingPongAll = 14,
 };
 
-// The TMA-fed variants (kTma .. kTmaPairTile).
+// The TMA-fed variants (kTma .. kTmaPingPongAll).
 constexpr bool is_tma_kernel(MlaDecodeKernel k) {
   return k == MlaDecodeKernel::kTma || k == MlaDecodeKernel::kTmaRing || k == MlaDecodeKernel::kTmaTile ||
-         k == MlaDecodeKernel::kTmaRingTile || k == MlaDecodeKernel::kTmaPair || k == MlaDecodeKernel::kTmaPairTile;
+         k == MlaDecodeKernel::kTmaRingTile || k == MlaDecodeKernel::kTmaPair || k == MlaDecodeKernel::kTmaPairTile ||
+         k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaPingPongRing ||
+         k == MlaDecodeKernel::kTmaFastExp || k == MlaDecodeKernel::kTmaPingPongFastExp ||
+         k == MlaDecodeKernel::kTmaPingPongTurns || k == MlaDecodeKernel::kTmaPingPongTwoChains ||
+         k == MlaDecodeKernel::kTmaPingPongAll;
 }
 
 // CTAs a kernel runs per SM (a head tile's wave is num_sms x this).

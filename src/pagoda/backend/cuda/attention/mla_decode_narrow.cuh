@@ -75,16 +75,21 @@ __device__ __forceinline__ ThreadPlace thread_place(int tid) {
   return {tid, lane, tid >> 7, (tid >> 5) & 3, ((tid >> 5) & 3) * 16 + (lane >> 2), 2 * (lane & 3)};
 }
 
-// The online-softmax state of a segment: O^T accumulators, running maxima and sums.
-struct SegmentState {
-  float o[4][8];
+// The online-softmax state of a segment: O^T accumulators (kMTiles m-tiles of
+// 64 latent dims: 4 when a group owns half of the dims, 8 when it owns all of
+// them, the ping-pong kernel), running maxima and sums.
+template <int kMTiles>
+struct SegmentStateOf {
+  float o[kMTiles][8];
   float m[4];
   float l[4];
 };
+using SegmentState = SegmentStateOf<4>;
 
-__device__ __forceinline__ void reset(SegmentState& st) {
+template <int kMTiles>
+__device__ __forceinline__ void reset(SegmentStateOf<kMTiles>& st) {
 #pragma unroll
-  for (int mi = 0; mi < 4; ++mi)
+  for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
     for (int i = 0; i < 8; ++i) st.o[mi][i] = 0.0f;
 #pragma unroll
@@ -148,13 +153,25 @@ __device__ __forceinline__ void add_other_half(float (&s)[8], uint8_t* partial, 
   s[4] += b.x; s[5] += b.y; s[6] += b.z; s[7] += b.w;
 }
 
+// exp2 as one MUFU.EX2 (flushes subnormal results to zero; exp2f adds a range
+// fix-up around it).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Softmax of one tile: rows at or past valid_rows are masked; pos_scale[i]
 // scales row row0 + 8 i's scores and P (fp8 per-vector scales; 1 otherwise);
 // col_max: this group's [4 warps][16] floats; p_tile: this group's P^T. Ends
-// with this group's P^T complete and visible to its MMAs.
-__device__ __forceinline__ void softmax_tile(float (&s)[8], SegmentState& st, const ThreadPlace& t, int valid_rows,
-                                             const float (&pos_scale)[2], float scale_log2, float* col_max,
-                                             uint8_t* p_tile) {
+// with this group's P^T complete and visible to its MMAs. kFastExp (bf16
+// tiles only: pos_scale must be 1): the maxima are taken over the raw scores
+// (the scale is positive), each exponent is one FFMA, s x scale_log2 - m, and
+// exp2 is exp2_ftz; other roundings than the default path.
+template <bool kFastExp = false, int kMTiles>
+__device__ __forceinline__ void softmax_tile(float (&s)[8], SegmentStateOf<kMTiles>& st, const ThreadPlace& t,
+                                             int valid_rows, const float (&pos_scale)[2], float scale_log2,
+                                             float* col_max, uint8_t* p_tile) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const bool valid = t.row0 + 8 * i < valid_rows;
@@ -163,7 +180,8 @@ __device__ __forceinline__ void softmax_tile(float (&s)[8], SegmentState& st, co
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& v = s[4 * j + 2 * i + e];
-        v = valid ? v * pos_scale[i] * scale_log2 : kNoScore;
+        if constexpr (kFastExp) v = valid ? v : kNoScore;
+        else v = valid ? v * pos_scale[i] * scale_log2 : kNoScore;
       }
   }
   // Column maxima: this warp's 16 positions, then the group's 4 warps.
@@ -190,26 +208,28 @@ __device__ __forceinline__ void softmax_tile(float (&s)[8], SegmentState& st, co
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int h = 8 * j + t.col + e;
-      const float tile_max =
+      float tile_max =
           fmaxf(fmaxf(col_max[h], col_max[kHeads + h]), fmaxf(col_max[2 * kHeads + h], col_max[3 * kHeads + h]));
+      if constexpr (kFastExp) tile_max *= scale_log2;
       const int k = 2 * j + e;
       const float m_new = fmaxf(st.m[k], tile_max);
-      const float correction = exp2f(st.m[k] - m_new);
+      const float correction = kFastExp ? exp2_ftz(st.m[k] - m_new) : exp2f(st.m[k] - m_new);
       st.m[k] = m_new;
       st.l[k] *= correction;
 #pragma unroll
-      for (int mi = 0; mi < 4; ++mi) {
+      for (int mi = 0; mi < kMTiles; ++mi) {
         st.o[mi][4 * j + e] *= correction;
         st.o[mi][4 * j + 2 + e] *= correction;
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const float p = exp2f(s[4 * j + 2 * i + e] - m_new);
+        const float p = kFastExp ? exp2_ftz(fmaf(s[4 * j + 2 * i + e], scale_log2, -m_new))
+                                 : exp2f(s[4 * j + 2 * i + e] - m_new);
         st.l[k] += p;
         const int r = t.row0 + 8 * i;
         // P^T[h][r]: row h of 128 B, 16-byte chunk r / 8 swizzled, bf16 r % 8.
         *reinterpret_cast<__nv_bfloat16*>(p_tile + h * 128 + (((r >> 3) ^ (h & 7)) << 4) + (r & 7) * 2) =
-            __float2bfloat16(p * pos_scale[i]);
+            __float2bfloat16(kFastExp ? p : p * pos_scale[i]);
       }
     }
   fence_proxy_async_shared();

@@ -30,7 +30,9 @@ constexpr int64_t kMinSegmentTiles = 2;  // a CTA's leftover share smaller than 
 constexpr int64_t kSpreadSegmentOverhead = 1;
 
 // PAGODA_MLA_DECODE_KERNEL, read once: "tma", "tma_ring", "tma_tile",
-// "tma_ring_tile", "tma_pair", "tma_pair_tile", "cp_async" or
+// "tma_ring_tile", "tma_pair", "tma_pair_tile", "tma_pingpong", "tma_pingpong_ring",
+// "tma_fast_exp", "tma_pingpong_fast_exp", "tma_pingpong_turns", "tma_pingpong_2chain",
+// "tma_pingpong_all", "cp_async" or
 // "auto" (unset or empty: auto); anything else is reported at plan creation.
 const char* environment_kernel() {
   static const char* value = [] {
@@ -89,9 +91,19 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
     else if (std::strcmp(env, "tma_ring_tile") == 0) kernel = MlaDecodeKernel::kTmaRingTile;
     else if (std::strcmp(env, "tma_pair") == 0) kernel = MlaDecodeKernel::kTmaPair;
     else if (std::strcmp(env, "tma_pair_tile") == 0) kernel = MlaDecodeKernel::kTmaPairTile;
+    else if (std::strcmp(env, "tma_pingpong") == 0) kernel = MlaDecodeKernel::kTmaPingPong;
+    else if (std::strcmp(env, "tma_pingpong_ring") == 0) kernel = MlaDecodeKernel::kTmaPingPongRing;
+    else if (std::strcmp(env, "tma_fast_exp") == 0) kernel = MlaDecodeKernel::kTmaFastExp;
+    else if (std::strcmp(env, "tma_pingpong_fast_exp") == 0) kernel = MlaDecodeKernel::kTmaPingPongFastExp;
+    else if (std::strcmp(env, "tma_pingpong_turns") == 0) kernel = MlaDecodeKernel::kTmaPingPongTurns;
+    else if (std::strcmp(env, "tma_pingpong_2chain") == 0) kernel = MlaDecodeKernel::kTmaPingPongTwoChains;
+    else if (std::strcmp(env, "tma_pingpong_all") == 0) kernel = MlaDecodeKernel::kTmaPingPongAll;
     else
       return invalid_argument_error("mla decode: PAGODA_MLA_DECODE_KERNEL '{}' (auto, tma, tma_ring, tma_tile, "
-                                    "tma_ring_tile, tma_pair, tma_pair_tile or cp_async)",
+                                    "tma_ring_tile, tma_pair, tma_pair_tile, tma_pingpong, tma_pingpong_ring, "
+                                    "tma_fast_exp, tma_pingpong_fast_exp, tma_pingpong_turns, tma_pingpong_2chain, "
+                                    "tma_pingpong_all or "
+                                    "cp_async)",
                                     env);
   }
   const bool tma = is_tma_kernel(kernel);

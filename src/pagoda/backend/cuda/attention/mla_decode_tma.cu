@@ -1,6 +1,8 @@
 // Paged MLA decode, bf16 latent, at most 16 heads, with the tiles loaded by
 // the copy engine (TMA): MlaDecodeKernel::kTma, kTmaRing, kTmaTile, kTmaRingTile of
-// mla_decode_descriptor.h.
+// mla_decode_descriptor.h, kTmaFastExp (kTma with a shorter softmax), and
+// kTmaPingPong / kTmaPingPongRing (each compute warpgroup owning whole tiles;
+// described at their kernel below).
 //
 // The math is the narrow kernels' (mla_decode_narrow.cuh: S^T = K Q^T over 64
 // positions x 16 heads, the K dims split between the two compute warpgroups
@@ -58,8 +60,14 @@ constexpr int kThreads = kConsumerThreads + 32;                // + the producer
 constexpr int kColumnBlocks = 9;                               // 576 / 64
 constexpr int kQBytes = kColumnBlocks * mla_narrow::kQBlockBytes;  // 18,432
 // Named barriers (0 is __syncthreads, which the producer does not join after
-// the set-up): 1 + g, one compute warpgroup; 3, both compute warpgroups.
+// the set-up): 1 + g, one compute warpgroup; 3, both compute warpgroups. The
+// ping-pong kernels also use 4 / 5 (the segment-end hand-over, bar.sync by both
+// groups: on 4 when group 1 has written a part, on 5 when group 0 has read it) and,
+// with turns, 6 + g (group g's turn to issue its S^T MMAs).
 [[maybe_unused]] constexpr int kConsumersBarrier = 3;
+[[maybe_unused]] constexpr int kHandFullBarrier = 4;
+[[maybe_unused]] constexpr int kHandEmptyBarrier = 5;
+[[maybe_unused]] constexpr int kTurnBarrier = 6;
 
 // The ring of column-block slots: a tile's column block c goes to slot
 // (9 x tile + c) % kSlots. 18 slots are v8's two stages of whole tiles; 23 are
@@ -120,7 +128,9 @@ struct Layout {
 // The compute side and the slot releases are the same for both.
 // kCtasPerSm: the occupancy the variant is built for (2: kPairSlots, so that
 // one CTA's copies and barriers overlap the other's MMAs).
-template <int kSlots, bool kWholeTile, int kCtasPerSm>
+// kFastExp: the softmax with the scale folded into the exponent's FFMA and
+// ex2.approx.ftz (mla_narrow::softmax_tile; kTmaFastExp).
+template <int kSlots, bool kWholeTile, int kCtasPerSm, bool kFastExp = false>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     mla_decode_tma_kernel(const MlaDecodeDescriptor d, const __grid_constant__ CUtensorMap latent_map,
                           const __nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ out) {
@@ -298,7 +308,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       // Halves by tile parity: a fast group may write the next tile's half
       // before the other group has read this one (no CTA barrier between tiles).
       mla_narrow::add_other_half(s, base + L::kPartialAt + (it & 1) * L::kPartialBytes, tid, consumers_barrier);
-      mla_narrow::softmax_tile(s, st, t, valid_rows, kNoPositionScale, d.scale_log2, col_max, p_tile);
+      mla_narrow::softmax_tile<kFastExp>(s, st, t, valid_rows, kNoPositionScale, d.scale_log2, col_max, p_tile);
       mla_narrow::pv(st, t, p_addr, block_addr);
       __syncwarp();
       if (t.lane == 0) {
@@ -314,6 +324,372 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     // tiles, which pass this group's barriers.
     mla_narrow::finish_segment(d, st, t, seg, row, col_sum, out);
   }
+#endif
+}
+
+// ---- The ping-pong variants (MlaDecodeKernel::kTmaPingPong on 18 slots,
+// kTmaPingPongRing on 23). The loader is kTma's (a column block a round into a
+// ring of column-block slots: CTA tile T's column block c in slot (9 T + c) %
+// kSlots), and warpgroup g computes the CTA's tiles of parity g (T % 2 == g;
+// with 18 slots that is stage g): all of S^T (36 dependent m64n16k16, no half
+// to swap), the softmax with its own running maxima and sums, and O^T over all
+// 512 latent dims (8 m-tiles, 64 accumulator registers a thread). A slot has
+// one reading group a use: its 4 warps release it with 2 counts each (the rope
+// block after S, the others after P V). The groups meet only at a segment's
+// start (Q) and end, where group 1 hands its maxima, sums and O^T to group 0
+// through shared memory of its own (named barriers 4 / 5: group 1 arrives on 4
+// once a part is written and, before it writes the next part, waits on 5 for
+// group 0 to have read the last; group 0 waits on 4, reads, arrives on 5) and
+// group 0 writes the combined result: m = max(m0, m1), a_g = 2^(m_g - m),
+// O = (O0 a0 + O1 a1) / (l0 a0 + l1 a1). A group without a tile in the segment
+// has m = kNoScore, l = 0, O = 0 and weighs nothing. Between tiles the groups
+// synchronize only with themselves (named barrier 1 + g) and with the producer
+// (mbarriers), so one group's softmax and barriers run while the other's MMAs
+// do. Without kTurns no named barrier forces an order (tiles land
+// alternately, which alternates the groups); with kTurns group g waits for its
+// turn (named barrier 6 + g) before its S^T MMAs and gives the turn to the
+// other group once they are done, so the groups' S^T chains alternate strictly
+// (the CTA's tiles by their index over all segments: group 1 gives the first
+// turn at the start; the one arrival left at the end is consumed there) and a
+// group's softmax and P V run beside the other's S^T. kFastExp: softmax_tile's
+// fast exp (the scale folded into the exponent's FFMA, ex2.approx.ftz).
+// kSChains: s_full's accumulator chains (2: another summation order of S^T).
+// FlashMLA's 64-head kernel instead shares P and the running maxima between its
+// groups every tile, because there each group can hold only half of a 64 x 512
+// O; at 16 heads a group holds all of O^T.
+constexpr int kMTiles = 8;  // 512 latent dims / 64
+
+// Shared memory: Q | kSlots slots | P^T [2 groups] | column maxima [2][4][16] |
+// column sums [2][4][16] | group 1's maxima and sums [2][16] | group 1's O^T in
+// kHandParts parts (all of it where it fits: 18 slots; in two halves on 23) |
+// mbarriers: full [slot], empty [slot]. The hand-over has room of its own, so
+// the next segment's Q never meets it.
+template <int kSlots>
+struct PingPongLayout {
+  static constexpr int kTilesAt = kQBytes;
+  static constexpr int kPAt = kTilesAt + kSlots * kBlockBytes;
+  static constexpr int kMaxAt = kPAt + 2 * kHeads * 128;
+  static constexpr int kSumAt = kMaxAt + 2 * 4 * kHeads * 4;
+  static constexpr int kHandAt = kSumAt + 2 * 4 * kHeads * 4;
+  static constexpr int kHandOAt = kHandAt + 2 * kHeads * 4;
+  static constexpr int kOBytes = kMTiles * 8 * 128 * 4;  // a group's O^T, 8 floats a thread per m-tile
+  static constexpr int kHandParts = kHandOAt + kOBytes + 2 * kSlots * 8 + 1024 <= 232448 ? 1 : 2;
+  static constexpr int kBarriersAt = kHandOAt + kOBytes / kHandParts;
+  static constexpr int kSmemBytes = kBarriersAt + 2 * kSlots * 8 + 1024;
+  static_assert(kTilesAt % 1024 == 0 && kPAt % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
+  static_assert(kSmemBytes <= 232448, "fits an SM");
+  static_assert(kSlots >= kColumnBlocks, "a whole tile");
+};
+
+// S^T over all 576 K dims of the tile (column block c waited for before its
+// first MMA). kChains 1: one chain of 36 dependent MMAs; 2: the even and the
+// odd K steps in two independent accumulators (so consecutive MMAs need not
+// wait for each other), added at the end: another summation order.
+template <int kChains = 1, class BlockAddr, class WaitBlock>
+__device__ __forceinline__ void s_full(float (&s)[8], uint32_t q_addr, BlockAddr block_addr, WaitBlock wait_block) {
+  static_assert(kChains == 1 || kChains == 2, "one or two accumulator chains");
+  float s_odd[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s[i] = s_odd[i] = 0.0f;
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kMlaKeyDim / 16; ++ks) {
+    if ((ks & 3) == 0) {
+      wait_block(ks >> 2);
+      wgmma_fence();
+    }
+    const uint64_t desc_k = make_smem_desc_sw128(block_addr(ks >> 2) + (ks & 3) * 32, 16, 1024);
+    const uint64_t desc_q =
+        make_smem_desc_sw128(q_addr + (ks >> 2) * mla_narrow::kQBlockBytes + (ks & 3) * 32, 16, 1024);
+    if (kChains == 2 && (ks & 1)) mla_narrow::wgmma_m64n16k16<0>(s_odd, desc_k, desc_q, ks > 1);
+    else mla_narrow::wgmma_m64n16k16<0>(s, desc_k, desc_q, ks >= kChains);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    mla_narrow::keep_in_order(s[i]);
+    if (kChains == 2) {
+      mla_narrow::keep_in_order(s_odd[i]);
+      s[i] += s_odd[i];
+    }
+  }
+}
+
+// O^T[all 8 m-tiles] += V^T P^T (V^T = column blocks 0..7, MN-major).
+template <class BlockAddr>
+__device__ __forceinline__ void pv_full(mla_narrow::SegmentStateOf<kMTiles>& st, uint32_t p_addr,
+                                        BlockAddr block_addr) {
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) mla_narrow::keep_in_order(st.o[mi][i]);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    const uint64_t desc_p = make_smem_desc_sw128(p_addr + kk * 32, 16, 1024);
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+      mla_narrow::wgmma_m64n16k16<1>(st.o[mi], make_smem_desc_sw128(block_addr(mi) + kk * 16 * 128, kBlockBytes, 1024),
+                                     desc_p, 1);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) mla_narrow::keep_in_order(st.o[mi][i]);
+}
+
+template <int kSlots, bool kFastExp, bool kTurns, int kSChains>
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_decode_tma_pingpong_kernel(const MlaDecodeDescriptor d, const __grid_constant__ CUtensorMap latent_map,
+                                   const __nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ out) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();
+#else
+  using L = PingPongLayout<kSlots>;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_addr = smem_address(smem_raw);
+  uint8_t* base = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
+  uint8_t* tiles = base + L::kTilesAt;
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + L::kBarriersAt);  // [slot]
+  uint64_t* empty = full + kSlots;                                     // [slot]
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      mbarrier_init(&full[i], 1);
+      // Each of the 4 warps of the one group reading the slot arrives with 2.
+      mbarrier_init(&empty[i], kConsumerThreads / 32);
+    }
+  }
+  __syncthreads();
+
+  const int seg_begin = d.cta_segment_start[blockIdx.y];
+  const int seg_end = d.cta_segment_start[blockIdx.y + 1];
+
+  if (tid >= kConsumerThreads) {
+    // ---- Producer warp: kTma's schedule (per column block: wait for its
+    // slot, arm it, lanes 0..pages-1 issue one box each).
+    const int bs = d.block_size;
+    const int box_rows = bs < kTile ? bs : kTile;
+    const int pages = kTile / box_rows;
+    const uint64_t policy = evict_first_policy();
+    int next = 0;
+    for (int seg = seg_begin; seg < seg_end; ++seg) {
+      const int row = d.segments[3 * seg];
+      const int kv_begin = d.segments[3 * seg + 1];
+      const int kv_end = d.segments[3 * seg + 2];
+      const int32_t* table = d.block_tables + d.block_table_start[row];
+      for (int kv0 = kv_begin; kv0 < kv_end; kv0 += kTile) {
+        const int live_pages = min(pages, (kv_end - kv0 + box_rows - 1) / box_rows);
+        const uint32_t bytes = uint32_t(live_pages * box_rows * 128);
+        const int pos = kv0 + lane * box_rows;
+        const int page_slot = lane < live_pages ? __ldg(table + pos / bs) * bs + pos % bs : 0;
+#pragma unroll 1
+        for (int cb = 0; cb < kColumnBlocks; ++cb, ++next) {
+          const int slot = next % kSlots;
+          const int use = next / kSlots;
+          if (use > 0) mbarrier_wait(&empty[slot], (use - 1) & 1);
+          if (lane == 0) mbarrier_arrive_expect_tx(&full[slot], bytes);
+          __syncwarp();
+          if (lane < live_pages)
+            tma_load_3d_hint(tiles + slot * kBlockBytes + lane * box_rows * 128, &latent_map, 0, cb, page_slot,
+                             &full[slot], policy);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- Compute warpgroups: group g takes the CTA's tiles of parity g.
+  const mla_narrow::ThreadPlace t = mla_narrow::thread_place(tid);
+  const int g = t.warpgroup;
+  const int gtid = tid & 127;  // thread within the group
+  uint8_t* q_tile = base;
+  uint8_t* p_tile = base + L::kPAt + g * kHeads * 128;
+  float* col_max = reinterpret_cast<float*>(base + L::kMaxAt) + g * 4 * kHeads;
+  float* col_sum = reinterpret_cast<float*>(base + L::kSumAt) + g * 4 * kHeads;
+  float* hand_m = reinterpret_cast<float*>(base + L::kHandAt);  // group 1's maxima [16]
+  float* hand_l = hand_m + kHeads;                              // group 1's sums [16]
+  float* hand_o = reinterpret_cast<float*>(base + L::kHandOAt);  // a part of group 1's O^T [floats][128]
+  const uint32_t q_addr = smem_address(q_tile);
+  const uint32_t p_addr = smem_address(p_tile);
+  const uint32_t tiles_addr = smem_address(tiles);
+  auto consumers_barrier = [] { named_barrier_sync(kConsumersBarrier, kConsumerThreads); };
+  constexpr float kNoPositionScale[2] = {1.0f, 1.0f};
+
+  constexpr int kPartTiles = kMTiles / L::kHandParts;  // O^T m-tiles a hand-over part
+  if (kTurns && g == 1) named_barrier_arrive(kTurnBarrier, kConsumerThreads);  // group 0 has the first turn
+
+  int it = 0;  // tiles of this CTA before the current segment's, over all its segments
+  for (int seg = seg_begin; seg < seg_end; ++seg) {
+    const int row = d.segments[3 * seg];
+    const int kv_begin = d.segments[3 * seg + 1];
+    const int kv_end = d.segments[3 * seg + 2];
+    const int num_tiles = (kv_end - kv_begin + kTile - 1) / kTile;
+
+    // Both groups are past their last S^T (Q is free) and group 0 has read the
+    // previous segment's hand-over (group 1 may write it again).
+    consumers_barrier();
+    mla_narrow::issue_q(q_tile, q, row, d.num_heads, tid);
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    consumers_barrier();
+
+    mla_narrow::SegmentStateOf<kMTiles> st;
+    mla_narrow::reset(st);
+    // This group's first tile of the segment: the first of parity g.
+    for (int tile = ((g - it) & 1); tile < num_tiles; tile += 2) {
+      const int kv0 = kv_begin + tile * kTile;
+      const int first = ((it + tile) * kColumnBlocks) % kSlots;
+      const int first_use = ((it + tile) * kColumnBlocks) / kSlots;
+      auto slot_of = [&](int c) { return first + c < kSlots ? first + c : first + c - kSlots; };
+      auto parity_of = [&](int c) { return uint32_t((first_use + (first + c < kSlots ? 0 : 1)) & 1); };
+      auto block_addr = [&](int c) { return tiles_addr + uint32_t(slot_of(c) * kBlockBytes); };
+      auto wait_block = [&](int c) { mbarrier_wait(&full[slot_of(c)], parity_of(c)); };
+      const int valid_rows = kv_end - kv0;
+      if (valid_rows < kTile) {
+        // Rows past the segment: zeros, once every box has landed.
+#pragma unroll
+        for (int cb = 0; cb < kColumnBlocks; ++cb) wait_block(cb);
+        for (int idx = gtid; idx < (kTile - valid_rows) * kKeyChunks; idx += 128) {
+          const int r = valid_rows + idx / kKeyChunks, c = idx % kKeyChunks;
+          *reinterpret_cast<uint4*>(tiles + slot_of(c >> 3) * kBlockBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4)) =
+              make_uint4(0u, 0u, 0u, 0u);
+        }
+        fence_proxy_async_shared();
+        mla_narrow::group_barrier(g);
+      }
+      float s[8];
+      if (kTurns) named_barrier_sync(kTurnBarrier + g, kConsumerThreads);
+      s_full<kSChains>(s, q_addr, block_addr, wait_block);
+      if (kTurns) named_barrier_arrive(kTurnBarrier + (1 - g), kConsumerThreads);
+      __syncwarp();
+      if (t.lane == 0) mbarrier_arrive_count(&empty[slot_of(8)], 2);  // the rope block: S only
+      mla_narrow::softmax_tile<kFastExp>(s, st, t, valid_rows, kNoPositionScale, d.scale_log2, col_max, p_tile);
+      pv_full(st, p_addr, block_addr);
+      __syncwarp();
+      if (t.lane == 0) {
+#pragma unroll
+        for (int c = 0; c < 8; ++c) mbarrier_arrive_count(&empty[slot_of(c)], 2);
+      }
+    }
+    it += num_tiles;
+
+    // Column sums over the group's 4 warps.
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      st.l[k] += __shfl_xor_sync(0xffffffffu, st.l[k], 4);
+      st.l[k] += __shfl_xor_sync(0xffffffffu, st.l[k], 8);
+      st.l[k] += __shfl_xor_sync(0xffffffffu, st.l[k], 16);
+    }
+    if (t.lane < 4) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) col_sum[t.wg_warp * kHeads + 8 * j + t.col + e] = st.l[2 * j + e];
+    }
+    mla_narrow::group_barrier(g);
+    float sum[4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int h = 8 * j + t.col + e;
+        sum[2 * j + e] = col_sum[h] + col_sum[kHeads + h] + col_sum[2 * kHeads + h] + col_sum[3 * kHeads + h];
+      }
+    if (g == 1) {
+      // Group 1's maxima and sums (the maxima are the same in every thread of
+      // the group for a head; warp 0's lanes 0..3 hold all 16 heads), then its
+      // O^T part by part.
+      if (t.wg_warp == 0 && t.lane < 4) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            hand_m[8 * j + t.col + e] = st.m[2 * j + e];
+            hand_l[8 * j + t.col + e] = sum[2 * j + e];
+          }
+      }
+#pragma unroll
+      for (int part = 0; part < L::kHandParts; ++part) {
+        if (part > 0) named_barrier_sync(kHandEmptyBarrier, kConsumerThreads);  // group 0 has read the last part
+#pragma unroll
+        for (int mi = 0; mi < kPartTiles; ++mi)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) hand_o[(mi * 8 + i) * 128 + gtid] = st.o[part * kPartTiles + mi][i];
+        // bar.sync, not bar.arrive: group 1 only waits at the next segment's
+        // consumers barrier after this, so it loses nothing, and
+        // compute-sanitizer racecheck does not take bar.arrive -> bar.sync as
+        // ordering the hand-over buffer (it reported the write above and group
+        // 0's read of it as a race).
+        named_barrier_sync(kHandFullBarrier, kConsumerThreads);
+      }
+      continue;  // group 0 writes the segment's result
+    }
+    named_barrier_sync(kHandFullBarrier, kConsumerThreads);  // group 1's maxima, sums and first part are in
+    float w0[4], w1[4];  // the weights of the two partial states per head
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int h = 8 * j + t.col + e, k = 2 * j + e;
+        const float m1 = hand_m[h];
+        const float m = fmaxf(st.m[k], m1);
+        const float a0 = exp2f(st.m[k] - m), a1 = exp2f(m1 - m);
+        const float total = sum[k] * a0 + hand_l[h] * a1;
+        w0[k] = a0 / total;
+        w1[k] = a1 / total;
+        st.m[k] = m;
+        sum[k] = total;
+      }
+#pragma unroll
+    for (int part = 0; part < L::kHandParts; ++part) {
+      if (part > 0) {
+        named_barrier_sync(kHandEmptyBarrier, kConsumerThreads);  // done with the last part
+        named_barrier_sync(kHandFullBarrier, kConsumerThreads);
+      }
+#pragma unroll
+      for (int mi = 0; mi < kPartTiles; ++mi)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int k = 2 * ((i >> 2) & 1) + (i & 1);  // the head of entry i: 8 j + col + e, i = 4 j + 2 r + e
+          float& o = st.o[part * kPartTiles + mi][i];
+          o = o * w0[k] + hand_o[(mi * 8 + i) * 128 + gtid] * w1[k];
+        }
+    }
+    const int heads_here = min(kHeads, d.num_heads);
+    const bool split = d.row_segment_start[row + 1] - d.row_segment_start[row] > 1;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int h = 8 * j + t.col + e;
+        if (h >= heads_here) continue;
+        const int64_t at = (split ? int64_t{seg} : int64_t{row}) * d.num_heads + h;
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int dim = mi * 64 + t.row0 + 8 * i;
+            const float v = st.o[mi][4 * j + 2 * i + e];
+            if (!split) out[at * kMlaLatentDim + dim] = __float2bfloat16(v);
+            else d.workspace[at * kMlaLatentDim + dim] = v;
+          }
+        if (split && t.lane < 4 && t.wg_warp == 0) {
+          float* lse = d.workspace + int64_t{d.num_segments} * d.num_heads * kMlaLatentDim;
+          lse[at] = st.m[2 * j + e] + log2f(sum[2 * j + e]);
+        }
+      }
+  }
+  // The turn given after the CTA's last tile (or group 1's first, if no tile)
+  // is left on the barrier of the group of the tile after it: that group takes it.
+  if (kTurns && g == (it & 1)) named_barrier_sync(kTurnBarrier + g, kConsumerThreads);
 #endif
 }
 
@@ -347,10 +723,10 @@ cudaError_t make_latent_tensor_map(CUtensorMap* map, const MlaDecodeDescriptor& 
 }
 
 // Raises one variant's shared-memory limit.
-template <int kSlots, bool kWholeTile, int kCtasPerSm = 1>
+template <int kSlots, bool kWholeTile, int kCtasPerSm = 1, bool kFastExp = false>
 cudaError_t allow_shared_memory() {
   static_assert((Layout<kSlots>::kSmemBytes + 1024) * kCtasPerSm <= 233472, "the CTAs fit an SM's shared memory");
-  const auto kernel = mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm>;
+  const auto kernel = mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm, kFastExp>;
   const cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kSlots>::kSmemBytes);
   if (e != cudaSuccess || kCtasPerSm == 1) return e;
@@ -358,16 +734,37 @@ cudaError_t allow_shared_memory() {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
 }
 
-template <int kSlots, bool kWholeTile, int kCtasPerSm = 1>
+template <int kSlots, bool kWholeTile, int kCtasPerSm = 1, bool kFastExp = false>
 cudaError_t occupancy_of(int* ctas_per_sm) {
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      ctas_per_sm, mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm>, kThreads, Layout<kSlots>::kSmemBytes);
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm,
+                                                       mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm, kFastExp>,
+                                                       kThreads, Layout<kSlots>::kSmemBytes);
 }
 
-template <int kSlots, bool kWholeTile, int kCtasPerSm = 1>
+template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1>
+cudaError_t allow_pingpong_shared_memory() {
+  return cudaFuncSetAttribute(mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, PingPongLayout<kSlots>::kSmemBytes);
+}
+
+template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1>
+cudaError_t pingpong_occupancy_of(int* ctas_per_sm) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      ctas_per_sm, mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains>, kThreads,
+      PingPongLayout<kSlots>::kSmemBytes);
+}
+
+template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1>
+void launch_pingpong(const MlaDecodeDescriptor& d, const CUtensorMap& map, const __nv_bfloat16* q, __nv_bfloat16* out,
+                     cudaStream_t stream) {
+  mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains>
+      <<<dim3(1, d.num_ctas), kThreads, PingPongLayout<kSlots>::kSmemBytes, stream>>>(d, map, q, out);
+}
+
+template <int kSlots, bool kWholeTile, int kCtasPerSm = 1, bool kFastExp = false>
 void launch_variant(const MlaDecodeDescriptor& d, const CUtensorMap& map, const __nv_bfloat16* q, __nv_bfloat16* out,
                     cudaStream_t stream) {
-  mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm>
+  mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm, kFastExp>
       <<<dim3(1, d.num_ctas), kThreads, Layout<kSlots>::kSmemBytes, stream>>>(d, map, q, out);
 }
 
@@ -379,7 +776,12 @@ cudaError_t prepare_mla_decode_tma_kernel() {
     for (const cudaError_t e :
          {allow_shared_memory<kTwoStageSlots, false>(), allow_shared_memory<kRingSlots, false>(),
           allow_shared_memory<kTwoStageSlots, true>(), allow_shared_memory<kRingSlots, true>(),
-          allow_shared_memory<kPairSlots, false, 2>(), allow_shared_memory<kPairSlots, true, 2>()})
+          allow_shared_memory<kPairSlots, false, 2>(), allow_shared_memory<kPairSlots, true, 2>(),
+          allow_pingpong_shared_memory<kTwoStageSlots>(), allow_pingpong_shared_memory<kRingSlots>(),
+          allow_shared_memory<kTwoStageSlots, false, 1, true>(), allow_pingpong_shared_memory<kTwoStageSlots, true>(),
+          allow_pingpong_shared_memory<kTwoStageSlots, false, true>(),
+          allow_pingpong_shared_memory<kTwoStageSlots, false, false, 2>(),
+          allow_pingpong_shared_memory<kTwoStageSlots, true, true, 2>()})
       if (e != cudaSuccess) return e;
     return cudaSuccess;
   }();
@@ -397,6 +799,14 @@ cudaError_t mla_decode_tma_occupancy(MlaDecodeKernel kernel, int* ctas_per_sm) {
     case MlaDecodeKernel::kTmaRingTile: return occupancy_of<kRingSlots, true>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPair: return occupancy_of<kPairSlots, false, 2>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPairTile: return occupancy_of<kPairSlots, true, 2>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaPingPong: return pingpong_occupancy_of<kTwoStageSlots>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaPingPongRing: return pingpong_occupancy_of<kRingSlots>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaFastExp: return occupancy_of<kTwoStageSlots, false, 1, true>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaPingPongFastExp: return pingpong_occupancy_of<kTwoStageSlots, true>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaPingPongTurns: return pingpong_occupancy_of<kTwoStageSlots, false, true>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaPingPongTwoChains:
+      return pingpong_occupancy_of<kTwoStageSlots, false, false, 2>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaPingPongAll: return pingpong_occupancy_of<kTwoStageSlots, true, true, 2>(ctas_per_sm);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -419,6 +829,19 @@ cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& d, const void*
     case MlaDecodeKernel::kTmaRingTile: launch_variant<kRingSlots, true>(d, map, qb, ob, stream); break;
     case MlaDecodeKernel::kTmaPair: launch_variant<kPairSlots, false, 2>(d, map, qb, ob, stream); break;
     case MlaDecodeKernel::kTmaPairTile: launch_variant<kPairSlots, true, 2>(d, map, qb, ob, stream); break;
+    case MlaDecodeKernel::kTmaPingPong: launch_pingpong<kTwoStageSlots>(d, map, qb, ob, stream); break;
+    case MlaDecodeKernel::kTmaPingPongRing: launch_pingpong<kRingSlots>(d, map, qb, ob, stream); break;
+    case MlaDecodeKernel::kTmaFastExp: launch_variant<kTwoStageSlots, false, 1, true>(d, map, qb, ob, stream); break;
+    case MlaDecodeKernel::kTmaPingPongFastExp: launch_pingpong<kTwoStageSlots, true>(d, map, qb, ob, stream); break;
+    case MlaDecodeKernel::kTmaPingPongTurns:
+      launch_pingpong<kTwoStageSlots, false, true>(d, map, qb, ob, stream);
+      break;
+    case MlaDecodeKernel::kTmaPingPongTwoChains:
+      launch_pingpong<kTwoStageSlots, false, false, 2>(d, map, qb, ob, stream);
+      break;
+    case MlaDecodeKernel::kTmaPingPongAll:
+      launch_pingpong<kTwoStageSlots, true, true, 2>(d, map, qb, ob, stream);
+      break;
     default: launch_variant<kTwoStageSlots, false>(d, map, qb, ob, stream); break;
   }
   return cudaGetLastError();
