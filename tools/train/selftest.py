@@ -10,6 +10,8 @@ import math
 import os
 import random
 import sys
+import tempfile
+import types
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -151,6 +153,39 @@ class ArgsTest(unittest.TestCase):
     def test_smoke_settings_are_consistent(self):
         args = train.parse_args(["--data", "d", "--out", "o", "--smoke"])
         self.assertLess(max(args.recall_depth_list), args.recall_context)
+
+    def test_init_from_needs_a_whole_checkpoint(self):
+        args = train.parse_args(["--data", "d", "--out", "o", "--init-from", TINY,
+                                 "--rope-theta", "40000"])
+        self.assertEqual((args.init_from, args.rope_theta), (TINY, 40000.0))
+        with tempfile.TemporaryDirectory() as empty:
+            for flags in (["--init-from", empty], ["--rope-theta", "-1"]):
+                with self.assertRaises(SystemExit, msg=flags):
+                    train.parse_args(["--data", "d", "--out", "o"] + flags)
+
+    def test_init_from_keeps_the_tokenizer_verbatim(self):
+        with tempfile.TemporaryDirectory() as out:
+            config = train.init_tokenizer_files(TINY, out, 2048)
+            for name in ("tokenizer.json",):
+                with open(os.path.join(TINY, name), "rb") as a, \
+                        open(os.path.join(out, name), "rb") as b:
+                    self.assertEqual(a.read(), b.read())
+            with open(os.path.join(TINY, "tokenizer_config.json")) as f:
+                source = json.load(f)
+            with open(os.path.join(out, "tokenizer_config.json")) as f:
+                written = json.load(f)
+            self.assertEqual(written, config)
+            self.assertEqual(written["model_max_length"], 2048)
+            self.assertEqual({k: v for k, v in written.items() if k != "model_max_length"},
+                             {k: v for k, v in source.items() if k != "model_max_length"})
+
+    def test_rope_theta_in_both_spellings(self):
+        v5 = types.SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+        train.set_rope_theta(v5, 4e4)
+        self.assertEqual(v5.rope_parameters, {"rope_type": "default", "rope_theta": 4e4})
+        v4 = types.SimpleNamespace(rope_theta=1e4)
+        train.set_rope_theta(v4, 4e4)
+        self.assertEqual(v4.rope_theta, 4e4)
 
     def test_bad_recall_flags_are_rejected(self):
         for flags in (["--recall-fraction", "1.5"], ["--recall-depths", "1000,x"],

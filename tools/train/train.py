@@ -227,6 +227,66 @@ def tokenizer_config(context):
     }
 
 
+INIT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
+def check_init_dir(path):
+    """Raises ValueError naming the first file an --init-from checkpoint lacks."""
+    for name in INIT_FILES:
+        if not os.path.isfile(os.path.join(path, name)):
+            raise ValueError(f"--init-from {path}: no {name}")
+
+
+def init_tokenizer_files(src_dir, dst_dir, context):
+    """Continued training keeps the checkpoint's tokenizer: tokenizer.json is copied byte for byte
+    (token ids must not change), tokenizer_config.json with only model_max_length set to
+    `context`. Returns the tokenizer config written."""
+    import shutil
+
+    shutil.copyfile(os.path.join(src_dir, "tokenizer.json"), os.path.join(dst_dir, "tokenizer.json"))
+    with open(os.path.join(src_dir, "tokenizer_config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    config["model_max_length"] = context
+    with open(os.path.join(dst_dir, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    return config
+
+
+def apply_init_weights(model, state):
+    """Loads a checkpoint's state dict into `model` (cast to the model's dtypes). Every tensor of
+    the model must be in `state` with the same shape and `state` must hold nothing else; else a
+    ValueError names the first mismatch (a checkpoint of another shape is never half-loaded)."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise ValueError(f"--init-from: checkpoint lacks {missing[:3]} / has extra {unexpected[:3]}")
+    for name, tensor in own.items():
+        if tuple(tensor.shape) != tuple(state[name].shape):
+            raise ValueError(f"--init-from: {name} has shape {tuple(state[name].shape)}, the model "
+                             f"{tuple(tensor.shape)}")
+    model.load_state_dict(state, strict=True)
+
+
+def file_sha256(path):
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def set_rope_theta(config, theta):
+    """Sets RoPE theta in either transformers spelling (5: rope_parameters, 4: rope_theta)."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict):
+        config.rope_parameters = dict(params, rope_theta=float(theta))
+    if hasattr(config, "rope_theta") or not isinstance(params, dict):
+        config.rope_theta = float(theta)
+
+
 # ---------------------------------------------------------------- model evaluation
 
 def score_text(model, ids, window, device, batch_size, autocast_dtype=None):
@@ -358,11 +418,12 @@ def build_config(args, vocab_size, special_ids):
         bos_token_id=special_ids[BOS], eos_token_id=special_ids[EOS],
         pad_token_id=special_ids[PAD])
     try:  # transformers 5 spelling
-        config = LlamaConfig(**common, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+        config = LlamaConfig(**common, rope_parameters={"rope_type": "default",
+                                                       "rope_theta": args.rope_theta or 10000.0})
         if getattr(config, "rope_parameters", None) is None:
             raise TypeError("no rope_parameters")
     except TypeError:  # transformers 4 spelling
-        config = LlamaConfig(**common, rope_theta=10000.0)
+        config = LlamaConfig(**common, rope_theta=args.rope_theta or 10000.0)
     return config
 
 
@@ -682,6 +743,12 @@ def parse_args(argv=None):
     p.add_argument("--minutes", type=float, default=7.0, help="wall-time budget of the whole run")
     p.add_argument("--reserve-seconds", type=float, default=75.0,
                    help="kept back from --minutes for export, evaluation and references")
+    p.add_argument("--init-from", default="",
+                   help="continue training a Hugging Face Llama checkpoint (e.g. models/pagoda-tiny): "
+                        "its config, weights and tokenizer files (copied verbatim, ids unchanged); "
+                        "the context becomes --context; --vocab-size and the shape flags are ignored")
+    p.add_argument("--rope-theta", type=float, default=0.0,
+                   help="RoPE theta (0: the --init-from checkpoint's, else 10,000)")
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=8)
@@ -794,6 +861,13 @@ def parse_args(argv=None):
                 f"--context {args.context}")
     if max(args.recall_depth_list) >= args.recall_context:
         p.error(f"--recall-depths must be below --recall-context {args.recall_context}")
+    if args.init_from:
+        try:
+            check_init_dir(args.init_from)
+        except ValueError as error:
+            p.error(str(error))
+    if args.rope_theta < 0:
+        p.error(f"--rope-theta must be >= 0, got {args.rope_theta}")
     if args.hidden % args.heads or args.heads % args.kv_heads:
         p.error(f"--hidden {args.hidden} must divide by --heads {args.heads}, "
                 f"and --heads by --kv-heads {args.kv_heads}")
@@ -846,10 +920,18 @@ def main():
     with report.stage("tokenizer", fatal=True):
         corpus = [d["text"] for d in train_docs]
         corpus += [m["content"] for c in chats for m in c["messages"]]
-        tokenizer = train_tokenizer(corpus, args.vocab_size)
-        tokenizer.save(os.path.join(model_dir, "tokenizer.json"))
-        with open(os.path.join(model_dir, "tokenizer_config.json"), "w") as f:
-            json.dump(tokenizer_config(args.context), f, indent=2)
+        if args.init_from:  # continued training: the checkpoint's tokenizer, ids unchanged
+            from tokenizers import Tokenizer
+            tokenizer = Tokenizer.from_file(os.path.join(args.init_from, "tokenizer.json"))
+            init_tokenizer_files(args.init_from, model_dir, args.context)
+            for token in SPECIAL_TOKENS:
+                if tokenizer.token_to_id(token) is None:
+                    raise RuntimeError(f"--init-from tokenizer lacks the special token {token}")
+        else:
+            tokenizer = train_tokenizer(corpus, args.vocab_size)
+            tokenizer.save(os.path.join(model_dir, "tokenizer.json"))
+            with open(os.path.join(model_dir, "tokenizer_config.json"), "w") as f:
+                json.dump(tokenizer_config(args.context), f, indent=2)
         special_ids = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
         bos_id, eos_id = special_ids[BOS], special_ids[EOS]
         doc_ids = encode_all(tokenizer, [d["text"] for d in train_docs])
@@ -917,9 +999,37 @@ def main():
         log(f"recall data: {len(train_words)} training words, {len(heldout_words)} held out")
 
     with report.stage("model", fatal=True):
-        vocab = max(args.vocab_size, tokenizer.get_vocab_size())
-        vocab = (vocab + 63) // 64 * 64
-        config = build_config(args, vocab, special_ids)
+        init_state = None
+        if args.init_from:
+            from transformers import AutoConfig
+            config = AutoConfig.from_pretrained(args.init_from)
+            source = {"dir": args.init_from,
+                      "max_position_embeddings": config.max_position_embeddings,
+                      "rope_parameters": getattr(config, "rope_parameters", None),
+                      "sha256": {n: file_sha256(os.path.join(args.init_from, n))
+                                 for n in INIT_FILES}}
+            if config.vocab_size < tokenizer.get_vocab_size():
+                raise RuntimeError(f"--init-from: vocab_size {config.vocab_size} is below the "
+                                   f"tokenizer's {tokenizer.get_vocab_size()}")
+            config.max_position_embeddings = args.context
+            if args.rope_theta:
+                set_rope_theta(config, args.rope_theta)
+            try:
+                init_model = AutoModelForCausalLM.from_pretrained(args.init_from,
+                                                                  dtype=torch.float32)
+            except TypeError:  # transformers 4 spelling
+                init_model = AutoModelForCausalLM.from_pretrained(args.init_from,
+                                                                  torch_dtype=torch.float32)
+            init_state = {k: v.detach().to("cpu", torch.float32, copy=True)
+                          for k, v in init_model.state_dict().items()}
+            del init_model
+            report["init_from"] = source
+            log(f"init from {args.init_from}: context {source['max_position_embeddings']} -> "
+                f"{args.context}, rope {getattr(config, 'rope_parameters', None)}")
+        else:
+            vocab = max(args.vocab_size, tokenizer.get_vocab_size())
+            vocab = (vocab + 63) // 64 * 64
+            config = build_config(args, vocab, special_ids)
         parameters = sum(p.numel() for p in LlamaForCausalLM(config).parameters())
         report["model"] = {"parameters": parameters, "config": config.to_dict()}
         log(f"model: {parameters:,} parameters")
@@ -937,7 +1047,11 @@ def main():
             torch.manual_seed(args.seed)
             if recall_source is not None:  # every run sees the same recall sequences
                 recall_source.rng.seed(args.seed + 1)
-            model = LlamaForCausalLM(config).to(device)
+            model = LlamaForCausalLM(config)
+            if init_state is not None:  # every run starts from the checkpoint, in float32
+                model = model.float()
+                apply_init_weights(model, init_state)
+            model = model.to(device)
             summary, rows = train(args, model, train_ids, heldout_ids, device, epochs,
                                   run_deadline, run_name, recall_source, monitor,
                                   copy_monitor, copy_pool)
