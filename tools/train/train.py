@@ -1213,6 +1213,22 @@ def main():
         report["greedy"] = {"max_new_tokens": args.gen_tokens, "dtype": "float32",
                             "attention": "eager", "tf32": False, "prompts": outputs}
 
+    with report.stage("greedy_long", fatal=False):
+        # One long prompt (the recall check's first eval-words trial at its deepest depth, ids
+        # stored) so that pagoda's decoding can be compared past the old 1,024 positions.
+        trials = recall_data.recall_trials(
+            sample_ids, encode, recall_data.EVAL_WORDS, args.recall_context,
+            [max(args.recall_depth_list)], 1, recall_data.LIST_WORDS, args.seed + 3)
+        long_ids = trials[0]["prompt"]
+        new, margins, top5 = greedy_continuation(reference, long_ids, 16, eos_id, device)
+        report["greedy_long"] = {
+            "depth": trials[0]["depth"], "words": trials[0]["words"],
+            "expected": trials[0]["expected"], "prompt_ids": long_ids, "output_ids": new,
+            "output_text": tokenizer.decode(new, skip_special_tokens=False),
+            "top1_margin": margins, "top5_logprobs": top5, "dtype": "float32",
+            "attention": "eager", "tf32": False}
+        log(f"greedy_long: {len(long_ids)} prompt tokens -> {report['greedy_long']['output_text']!r}")
+
     with report.stage("transformers_tokenizer_check", fatal=False):
         from transformers import AutoTokenizer
         hf_tokenizer = AutoTokenizer.from_pretrained(model_dir)
