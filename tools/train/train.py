@@ -283,7 +283,7 @@ def set_rope_theta(config, theta):
     params = getattr(config, "rope_parameters", None)
     if isinstance(params, dict):
         config.rope_parameters = dict(params, rope_theta=float(theta))
-    if hasattr(config, "rope_theta") or not isinstance(params, dict):
+    else:
         config.rope_theta = float(theta)
 
 
