@@ -29,7 +29,8 @@ bundle)
   data=${DATA:-$root/.cache/train-data}
   [ -f "$data/train.jsonl" ] || python3 "$root/tools/train/extract_text.py" --out "$data"
   rm -rf "$dest" && mkdir -p "$dest"
-  cp "$root/tools/train/train.py" "$root/tools/train/recall_data.py" "$0" "$dest/"
+  cp "$root/tools/train/train.py" "$root/tools/train/recall_data.py" \
+    "$root/tools/train/short_copy.py" "$0" "$dest/"
   tar cJf "$dest/train-data.tar.xz" -C "$data" train.jsonl heldout.jsonl chat.jsonl \
     heldout_sample.txt manifest.json
   if [ -n "${INIT_FROM:-}" ]; then

@@ -5,7 +5,7 @@ LlamaForCausalLM call shape): checks the stages' plumbing (recall data, training
 perplexity windows, the recall check, the baseline) where the real libraries are missing. The model
 and figures it writes mean nothing. Needs torch and regex (Debian: python3-torch python3-regex).
 
-Run: [FULL=1] [INIT=1] /usr/bin/python3 tools/train/main_cpu_check.py [DATA]  (DATA: extract_text.py's folder,
+Run: [FULL=1] [INIT=1] [SHORT=1] /usr/bin/python3 tools/train/main_cpu_check.py [DATA]  (DATA: extract_text.py's folder,
 default .cache/train-data; writes /tmp/main_cpu_check; FULL=1: the default 2,048 context and
 recall-check settings with 4 training steps instead of --smoke; INIT=1: --init-from a fake
 checkpoint with the real tokenizer files, checking that training starts from its weights and that
@@ -140,7 +140,20 @@ sys.argv = ["train.py", "--data", DATA, "--out", "/tmp/main_cpu_check/out"] + SI
             "--baseline-model", base]
 if INIT:
     sys.argv += ["--init-from", init, "--rope-theta", "40000"]
+SHORT = os.environ.get("SHORT") is not None
+if SHORT:  # short copy rows trained and monitored (the curriculum's rule: selftest.py)
+    sys.argv += ["--short-copy-rows", "4", "--short-copy-lengths", "32,64",
+                 "--short-copy-advance", "0.001", "--log-every", "2"]
 train.main()
+if SHORT:
+    report = json.load(open("/tmp/main_cpu_check/out/train_report.json"))
+    for run in report["training"]["runs"]:
+        sc = run["short_copy"]
+        assert sc and sc["lengths"] == [32, 64] and sc["final_length"] in (32, 64), sc
+        assert run["recall_sequences"]["short_copy"] > 0, run["recall_sequences"]
+    monitors = [json.loads(r[8]) for r in report["loss_log"] if r[8]]
+    assert monitors and all("short32" in m and "short64" in m for m in monitors), monitors[:2]
+    print("short copy rows check: OK (trained and monitored by length)")
 if INIT:
     out = "/tmp/main_cpu_check/out/model"
     assert seen and all(seen), f"runs did not start from the checkpoint's weights: {seen}"

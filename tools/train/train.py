@@ -56,6 +56,7 @@ from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import recall_data  # noqa: E402
+import short_copy  # noqa: E402
 
 START_TIME = time.time()
 
@@ -428,11 +429,13 @@ def build_config(args, vocab_size, special_ids):
 
 
 def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run_name,
-          recall_source=None, recall_monitor=None, copy_monitor=None, copy_pool=None):
+          recall_source=None, recall_monitor=None, copy_monitor=None, copy_pool=None,
+          short_monitor=None):
     """recall_source: a recall_data.RecallSequences (or None: plain crops only); recall_monitor:
     held-out recall trials scored teacher-forced at every evaluation (or None); copy_monitor:
     recall_data.copy_trials scored the same way and logged (or None); copy_pool: token ids, most
-    frequent first, for the copy warm-up (needed when args.copy_warmup_steps > 0)."""
+    frequent first, for the copy warm-up (needed when args.copy_warmup_steps > 0 or
+    args.short_copy_rows > 0); short_monitor: short_copy.monitor_rows, scored at every evaluation."""
     import torch
     import torch.nn.functional as F
 
@@ -476,7 +479,15 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
     autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16)
                 if args.autocast else contextlib.nullcontext())
 
-    kinds = {k: 0 for k in recall_data.KINDS + ("tiled",)}
+    kinds = {k: 0 for k in recall_data.KINDS + ("tiled", "short_copy")}
+    curriculum = None
+    if args.short_copy_rows:
+        if not copy_pool:
+            raise ValueError("--short-copy-rows needs copy_pool")
+        curriculum = short_copy.Curriculum(args.short_copy_length_list, args.short_copy_rows,
+                                           args.short_copy_advance, copy_pool,
+                                           args.short_copy_alphabet, args.seed + 7)
+    copy_loss = copy_acc = None
     # The curriculum's last distance: the flag, not the source's current value (an earlier run
     # may have left it part way).
     max_depth_end = args.recall_max_depth
@@ -503,6 +514,19 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
                    else contextlib.nullcontext())
             with ctx:
                 short["greedy"] = round(greedy_recall(model, deep, device)[0], 3)
+        if short_monitor:
+            # Copy accuracy of held-out short tiled rows, by row length (the curriculum's lengths).
+            for length, (ids, mask) in short_monitor.items():
+                hits = total = 0
+                for i in range(0, len(ids), 16):
+                    chunk = torch.tensor(ids[i:i + 16], dtype=torch.long, device=device)
+                    m = torch.tensor(mask[i:i + 16], dtype=torch.bool, device=device)
+                    with torch.no_grad(), (torch.autocast(device_type=device.type, dtype=dtype)
+                                           if dtype is not None else contextlib.nullcontext()):
+                        logits = model(input_ids=chunk[:, :-1], use_cache=False).logits
+                    hits += int(((logits.argmax(-1) == chunk[:, 1:]) & m).sum())
+                    total += int(m.sum())
+                short[f"short{length}"] = round(hits / max(1, total), 3)
         if copy_monitor:
             counts = {}
             teacher_forced_recall(model, copy_monitor, device, 16, dtype, counts)
@@ -594,7 +618,22 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
         with autocast:
             logits = step_model(input_ids=x, use_cache=False).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
-        loss.backward()
+        total_loss = loss
+        if curriculum is not None:
+            # Short copy rows: a second forward at the curriculum's current length, summed into
+            # the loss (their copy signal is not diluted over 2,048 positions).
+            ids, mask = curriculum.batch()
+            kinds["short_copy"] += len(ids)
+            copy_chunk = torch.tensor(ids, dtype=torch.long).to(device)
+            copy_mask = torch.tensor(mask, dtype=torch.bool).to(device)
+            with autocast:
+                copy_logits = step_model(input_ids=copy_chunk[:, :-1], use_cache=False).logits
+            copy_loss = F.cross_entropy(copy_logits.float().reshape(-1, copy_logits.size(-1)),
+                                        copy_chunk[:, 1:].reshape(-1))
+            copy_acc = short_copy.masked_accuracy(copy_logits.detach(), copy_chunk[:, 1:],
+                                                  copy_mask)
+            total_loss = loss + args.short_copy_weight * copy_loss
+        total_loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -608,13 +647,23 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
                 raise RuntimeError(f"training loss is {loss_value} at step {step}")
             smoothed = loss_value if smoothed is None else 0.9 * smoothed + 0.1 * loss_value
             recall = None
+            copy_note = ""
+            if curriculum is not None:
+                acc_value, length = float(copy_acc), curriculum.length
+                copy_note = (f" short copy L{length} loss {float(copy_loss):.3f} acc "
+                             f"{acc_value:.3f}")
+                if curriculum.observe(acc_value, step):
+                    log(f"{run_name} step {step}: short copy rows {length} -> "
+                        f"{curriculum.length} tokens (train copy accuracy {acc_value:.3f})")
+                if step % args.eval_every and not last:
+                    log(f"{run_name} step {step}/{total_steps} loss {loss_value:.4f}{copy_note}")
             if step % args.eval_every == 0 or last:
                 val_loss, recall, short = evaluate()
                 if step > warm:  # warm-up weights are no language model yet
                     keep_if_best(val_loss, recall)
                 log(f"{run_name} step {step}/{total_steps} lr {lr:.2e} loss {loss_value:.4f} "
                     f"val {val_loss:.4f} (ppl {math.exp(val_loss):.2f}) recall(tf) {recall} "
-                    f"monitors {short} "
+                    f"monitors {short}{copy_note} "
                     f"epoch {step / steps_per_epoch:.2f} recall rows {recall_rows} "
                     f"max depth {depth}")
             log_rows.append([run_name, step, step * tokens_per_step, lr, round(loss_value, 5),
@@ -640,6 +689,9 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
         "recall_rows_per_step": recall_schedule(args, 0, total_steps, max_depth_end,
                                                 recall_source is not None)[0],
         "recall_rows_last_step": recall_rows if step else 0, "recall_sequences": kinds,
+        "short_copy": None if curriculum is None else {
+            "lengths": curriculum.lengths, "final_length": curriculum.length,
+            "advances": curriculum.history},
         "val_tokens": len(heldout_eval),
         "wall_s": round(time.time() - START_TIME, 1),
     }
@@ -783,6 +835,20 @@ def parse_args(argv=None):
     p.add_argument("--copy-rows", type=int, default=0,
                    help="tiled random-token rows (as in the copy warm-up, periods 4 to half the "
                         "context) in every batch of the language-model schedule (0: none)")
+    p.add_argument("--short-copy-rows", type=int, default=0,
+                   help="short tiled random-token rows per step at the first curriculum length, "
+                        "trained in a second forward summed into the loss (0: none)")
+    p.add_argument("--short-copy-lengths", default="128,256,512,2048",
+                   help="the short copy rows' length curriculum (tokens per row)")
+    p.add_argument("--short-copy-advance", type=float, default=0.5,
+                   help="smoothed training copy accuracy that moves to the next length")
+    p.add_argument("--short-copy-weight", type=float, default=1.0,
+                   help="weight of the short copy rows' loss in the sum")
+    p.add_argument("--short-copy-alphabet", type=int, default=0,
+                   help="draw short copy rows from the K most frequent tokens (0: all)")
+    p.add_argument("--init-tokenizer-only", action="store_true",
+                   help="with --init-from: keep its tokenizer and config, start from random "
+                        "weights (the from-scratch comparison with unchanged token ids)")
     p.add_argument("--recall-max-depth", type=int, default=1800,
                    help="longest distance between a list or passage and its recall, in tokens")
     p.add_argument("--recall-context", type=int, default=2000,
@@ -849,6 +915,21 @@ def parse_args(argv=None):
             args.copy_warmup_alphabet < 0:
         p.error(f"--copy-warmup-steps must be >= 0 and --copy-warmup-alphabet 0 or >= 2, got "
                 f"{args.copy_warmup_steps} and {args.copy_warmup_alphabet}")
+    try:
+        args.short_copy_length_list = short_copy.parse_lengths(args.short_copy_lengths)
+    except ValueError as error:
+        p.error(f"--short-copy-lengths: {error}")
+    if args.short_copy_rows < 0 or args.short_copy_alphabet < 0 or \
+            args.short_copy_alphabet == 1 or not 0 < args.short_copy_advance <= 1 or \
+            args.short_copy_weight < 0:
+        p.error(f"--short-copy-rows and --short-copy-alphabet must be >= 0 (alphabet not 1), "
+                f"--short-copy-advance in (0, 1], --short-copy-weight >= 0; got "
+                f"{args.short_copy_rows}, {args.short_copy_alphabet}, "
+                f"{args.short_copy_advance}, {args.short_copy_weight}")
+    if args.short_copy_rows and max(args.short_copy_length_list) > args.context:
+        p.error(f"--short-copy-lengths must not exceed --context {args.context}")
+    if args.init_tokenizer_only and not args.init_from:
+        p.error("--init-tokenizer-only needs --init-from")
     if args.curriculum_start_depth < recall_data.MIN_DEPTH:
         p.error(f"--curriculum-start-depth must be at least {recall_data.MIN_DEPTH}, "
                 f"got {args.curriculum_start_depth}")
@@ -982,6 +1063,8 @@ def main():
         copy_monitor = recall_data.copy_trials(
             heldout_ids, sorted(set(train_ids) - set(special_ids.values())), args.recall_context,
             copy_distances, max(2, args.recall_trials // 2), COPY_PROBE_SPAN, args.seed + 5)
+        short_monitor = (short_copy.monitor_rows(args.short_copy_length_list, copy_pool, 16,
+                                                 args.seed + 8) if args.short_copy_rows else None)
         example, info = (recall_source.next() if recall_source else (None, None))
         if recall_source:  # a fresh generator: the example does not shift the training stream
             recall_source.rng.seed(args.seed + 1)
@@ -1023,6 +1106,9 @@ def main():
             init_state = {k: v.detach().to("cpu", torch.float32, copy=True)
                           for k, v in init_model.state_dict().items()}
             del init_model
+            if args.init_tokenizer_only:  # same tokenizer and shape, random weights
+                init_state = None
+                source["weights"] = "not loaded (--init-tokenizer-only)"
             report["init_from"] = source
             log(f"init from {args.init_from}: context {source['max_position_embeddings']} -> "
                 f"{args.context}, rope {getattr(config, 'rope_parameters', None)}")
@@ -1048,13 +1134,14 @@ def main():
             if recall_source is not None:  # every run sees the same recall sequences
                 recall_source.rng.seed(args.seed + 1)
             model = LlamaForCausalLM(config)
-            if init_state is not None:  # every run starts from the checkpoint, in float32
+            if args.init_from:  # float32 master weights (the checkpoint's config may say bf16)
                 model = model.float()
+            if init_state is not None:  # every run starts from the checkpoint
                 apply_init_weights(model, init_state)
             model = model.to(device)
             summary, rows = train(args, model, train_ids, heldout_ids, device, epochs,
                                   run_deadline, run_name, recall_source, monitor,
-                                  copy_monitor, copy_pool)
+                                  copy_monitor, copy_pool, short_monitor)
             runs.append(summary)
             log_rows += rows
             log(f"run {run_name}: {summary}")
