@@ -12,6 +12,9 @@
 # trained side by side on the one GPU: '|'-separated train.py flag sets, each added to EXTRA; the
 # variant meeting both goals with the lowest perplexity ratio is kept (else the best greedy
 # recall), its files come back, and its report's "variants" lists every variant's figures).
+# INIT_FROM=DIR at bundle time packs a checkpoint (e.g. models/pagoda-tiny) as init/; run then
+# continues it (train.py --init-from: its tokenizer verbatim, its weights, context raised) and
+# scores it as the baseline.
 # Brings back under $OUT the 8 files train.py writes: model/{config.json, generation_config.json,
 # model.safetensors, tokenizer.json, tokenizer_config.json}, train_report.json, loss.csv,
 # loss_curve.png; the log is the call's output, which ends with the figures that decide the swap.
@@ -26,9 +29,18 @@ bundle)
   data=${DATA:-$root/.cache/train-data}
   [ -f "$data/train.jsonl" ] || python3 "$root/tools/train/extract_text.py" --out "$data"
   rm -rf "$dest" && mkdir -p "$dest"
-  cp "$root/tools/train/train.py" "$root/tools/train/recall_data.py" "$0" "$dest/"
+  cp "$root/tools/train/train.py" "$root/tools/train/recall_data.py" \
+    "$root/tools/train/short_copy.py" "$0" "$dest/"
   tar cJf "$dest/train-data.tar.xz" -C "$data" train.jsonl heldout.jsonl chat.jsonl \
     heldout_sample.txt manifest.json
+  if [ -n "${INIT_FROM:-}" ]; then
+    # Continued training (stage 2): the checkpoint travels with the bundle as init/.
+    mkdir -p "$dest/init"
+    for f in config.json generation_config.json model.safetensors tokenizer.json \
+      tokenizer_config.json; do
+      cp "$INIT_FROM/$f" "$dest/init/"
+    done
+  fi
   git -C "$root" rev-parse --short HEAD > "$dest/commit"
   du -sh "$dest"
   ;;
@@ -41,6 +53,12 @@ run)
   data=$(mktemp -d)
   tar xJf "$here/train-data.tar.xz" -C "$data" || exit 1
   minutes=${MINUTES:-3.0}
+  baseline=models/pagoda-tiny
+  if [ -d "$here/init" ]; then
+    # A bundle made with INIT_FROM: continue that checkpoint, and score it as the baseline.
+    EXTRA="--init-from $here/init ${EXTRA:-}"
+    baseline=$here/init
+  fi
   guard=$(python3 -c "print(int(${minutes} * 60 + 15))")
   if [ -n "${VARIANTS:-}" ]; then
     # Side by side: each variant writes to its own folder; only the kept one comes back.
@@ -52,7 +70,7 @@ run)
       # shellcheck disable=SC2086 # flags split on purpose
       PYTHONUNBUFFERED=1 timeout "$guard" python3 "$here/train.py" --data "$data" \
         --out "/tmp/variant$i" --minutes "$minutes" --reserve-seconds "${RESERVE:-50}" \
-        --epochs "${EPOCHS:-8,16}" --baseline-model models/pagoda-tiny ${EXTRA:-} \
+        --epochs "${EPOCHS:-8,16}" --baseline-model "$baseline" ${EXTRA:-} \
         ${variants[$i]} > "/tmp/variant$i.log" 2>&1 &
       pids+=($!)
     done
@@ -60,8 +78,8 @@ run)
     for i in "${!pids[@]}"; do
       wait "${pids[$i]}" || rc=$?
       echo "=== variant $i (rc so far $rc)"
-      grep -E "probe|step [0-9]+/[0-9]+ .*val|recall |perplexity heldout_full|baseline:|Error|error" \
-        "/tmp/variant$i.log" | grep -v "greedy " | cut -c1-400 | tail -40
+      grep -E "probe|step [0-9]+/[0-9]+ .*val|short copy rows [0-9]|recall |perplexity heldout_full|baseline:|Error|error" \
+        "/tmp/variant$i.log" | grep -v "greedy " | cut -c1-600 | tail -40
     done
     python3 - "$out" "${#variants[@]}" "$VARIANTS" <<'PY'
 import json, os, shutil, sys
@@ -106,7 +124,7 @@ PY
     PYTHONUNBUFFERED=1 timeout "$guard" \
       python3 "$here/train.py" --data "$data" --out "$out" --minutes "$minutes" \
       --reserve-seconds "${RESERVE:-50}" --epochs "${EPOCHS:-8,16}" \
-      --baseline-model models/pagoda-tiny ${EXTRA:-}
+      --baseline-model "$baseline" ${EXTRA:-}
     rc=$?
   fi
   echo "train.py rc=$rc"

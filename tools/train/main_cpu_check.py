@@ -5,9 +5,11 @@ LlamaForCausalLM call shape): checks the stages' plumbing (recall data, training
 perplexity windows, the recall check, the baseline) where the real libraries are missing. The model
 and figures it writes mean nothing. Needs torch and regex (Debian: python3-torch python3-regex).
 
-Run: [FULL=1] /usr/bin/python3 tools/train/main_cpu_check.py [DATA]  (DATA: extract_text.py's folder,
+Run: [FULL=1] [INIT=1] [SHORT=1] /usr/bin/python3 tools/train/main_cpu_check.py [DATA]  (DATA: extract_text.py's folder,
 default .cache/train-data; writes /tmp/main_cpu_check; FULL=1: the default 2,048 context and
-recall-check settings with 4 training steps instead of --smoke)
+recall-check settings with 4 training steps instead of --smoke; INIT=1: --init-from a fake
+checkpoint with the real tokenizer files, checking that training starts from its weights and that
+tokenizer.json comes out byte for byte)
 """
 import json
 import os
@@ -102,9 +104,65 @@ os.makedirs(base, exist_ok=True)
 shutil.copy(TOK, base + "/tokenizer.json")
 json.dump({"vocab_size": 4096, "max_position_embeddings": 1024}, open(base + "/config.json", "w"))
 
+# INIT=1: continue a checkpoint (--init-from) shaped like the fake model, with the real tokenizer
+# files, and check that its tokenizer and weights are what training started from.
+tf.AutoConfig = types.SimpleNamespace(
+    from_pretrained=lambda d: Cfg(**json.load(open(os.path.join(d, "config.json")))))
+INIT = os.environ.get("INIT") is not None
+if INIT:
+    init = "/tmp/main_cpu_check/init"
+    os.makedirs(init, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(os.path.dirname(TOK), name), init)
+    json.dump({"vocab_size": 4096, "max_position_embeddings": 1024,
+               "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+              open(init + "/config.json", "w"))
+    torch.manual_seed(7)
+    FakeLlama(Cfg(vocab_size=4096, max_position_embeddings=1024)).save_pretrained(init)
+    json.dump({"vocab_size": 4096, "max_position_embeddings": 1024,
+               "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+              open(init + "/config.json", "w"))
+    open(init + "/model.safetensors", "wb").close()  # the fake loader reads model.pt
+    INIT_STATE = torch.load(init + "/model.pt")
+    seen = []
+    real_train = train.train
+
+    def checking_train(args, model, *rest, **kw):
+        state = model.state_dict()
+        seen.append(all(torch.equal(state[k].cpu(), INIT_STATE[k]) for k in INIT_STATE))
+        return real_train(args, model, *rest, **kw)
+    train.train = checking_train
+
 SIZE = (["--smoke"] if os.environ.get("FULL") is None else
         ["--max-steps", "4", "--eval-every", "2", "--epochs", "1", "--batch-size", "4",
          "--recall-trials", "2", "--val-tokens", "8192", "--minutes", "30"])
 sys.argv = ["train.py", "--data", DATA, "--out", "/tmp/main_cpu_check/out"] + SIZE + [
             "--baseline-model", base]
+if INIT:
+    sys.argv += ["--init-from", init, "--rope-theta", "40000"]
+SHORT = os.environ.get("SHORT") is not None
+if SHORT:  # short copy rows trained and monitored (the curriculum's rule: selftest.py)
+    sys.argv += ["--short-copy-rows", "4", "--short-copy-lengths", "32,64",
+                 "--short-copy-advance", "0.001", "--log-every", "2"]
 train.main()
+if SHORT:
+    report = json.load(open("/tmp/main_cpu_check/out/train_report.json"))
+    for run in report["training"]["runs"]:
+        sc = run["short_copy"]
+        assert sc and sc["lengths"] == [32, 64] and sc["final_length"] in (32, 64), sc
+        assert run["recall_sequences"]["short_copy"] > 0, run["recall_sequences"]
+    monitors = [json.loads(r[8]) for r in report["loss_log"] if r[8]]
+    assert monitors and all("short32" in m and "short64" in m for m in monitors), monitors[:2]
+    print("short copy rows check: OK (trained and monitored by length)")
+if INIT:
+    out = "/tmp/main_cpu_check/out/model"
+    assert seen and all(seen), f"runs did not start from the checkpoint's weights: {seen}"
+    assert open(out + "/tokenizer.json", "rb").read() == open(TOK, "rb").read(), "tokenizer.json changed"
+    cfg = json.load(open(out + "/config.json"))
+    tok_cfg = json.load(open(out + "/tokenizer_config.json"))
+    assert cfg["max_position_embeddings"] == tok_cfg["model_max_length"] == 128, (cfg, tok_cfg)
+    assert cfg["rope_parameters"]["rope_theta"] == 40000.0, cfg
+    report = json.load(open("/tmp/main_cpu_check/out/train_report.json"))
+    assert report["init_from"]["max_position_embeddings"] == 1024, report["init_from"]
+    assert report["baseline"]["same_tokenizer"], report["baseline"]
+    print("init-from check: OK (weights, tokenizer.json verbatim, context, rope theta)")

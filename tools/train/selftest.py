@@ -10,12 +10,15 @@ import math
 import os
 import random
 import sys
+import tempfile
+import types
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import chat_samples  # noqa: E402
 import extract_text  # noqa: E402
 import recall_data  # noqa: E402
+import short_copy  # noqa: E402
 import train  # noqa: E402
 
 TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "models", "pagoda-tiny")
@@ -152,6 +155,39 @@ class ArgsTest(unittest.TestCase):
         args = train.parse_args(["--data", "d", "--out", "o", "--smoke"])
         self.assertLess(max(args.recall_depth_list), args.recall_context)
 
+    def test_init_from_needs_a_whole_checkpoint(self):
+        args = train.parse_args(["--data", "d", "--out", "o", "--init-from", TINY,
+                                 "--rope-theta", "40000"])
+        self.assertEqual((args.init_from, args.rope_theta), (TINY, 40000.0))
+        with tempfile.TemporaryDirectory() as empty:
+            for flags in (["--init-from", empty], ["--rope-theta", "-1"]):
+                with self.assertRaises(SystemExit, msg=flags):
+                    train.parse_args(["--data", "d", "--out", "o"] + flags)
+
+    def test_init_from_keeps_the_tokenizer_verbatim(self):
+        with tempfile.TemporaryDirectory() as out:
+            config = train.init_tokenizer_files(TINY, out, 2048)
+            for name in ("tokenizer.json",):
+                with open(os.path.join(TINY, name), "rb") as a, \
+                        open(os.path.join(out, name), "rb") as b:
+                    self.assertEqual(a.read(), b.read())
+            with open(os.path.join(TINY, "tokenizer_config.json")) as f:
+                source = json.load(f)
+            with open(os.path.join(out, "tokenizer_config.json")) as f:
+                written = json.load(f)
+            self.assertEqual(written, config)
+            self.assertEqual(written["model_max_length"], 2048)
+            self.assertEqual({k: v for k, v in written.items() if k != "model_max_length"},
+                             {k: v for k, v in source.items() if k != "model_max_length"})
+
+    def test_rope_theta_in_both_spellings(self):
+        v5 = types.SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+        train.set_rope_theta(v5, 4e4)
+        self.assertEqual(v5.rope_parameters, {"rope_type": "default", "rope_theta": 4e4})
+        v4 = types.SimpleNamespace(rope_theta=1e4)
+        train.set_rope_theta(v4, 4e4)
+        self.assertEqual(v4.rope_theta, 4e4)
+
     def test_bad_recall_flags_are_rejected(self):
         for flags in (["--recall-fraction", "1.5"], ["--recall-depths", "1000,x"],
                       ["--recall-context", "2040"], ["--recall-depths", "2000"]):
@@ -224,6 +260,53 @@ class ArgsTest(unittest.TestCase):
     def test_bad_epochs_are_rejected(self):
         with self.assertRaises(SystemExit):
             train.parse_args(["--data", "d", "--out", "o", "--epochs", "4,-1"])
+
+
+class ShortCopyTest(unittest.TestCase):
+    def test_rows_are_tiled_and_the_mask_marks_the_copies(self):
+        rng = random.Random(3)
+        for length in (32, 128, 512, 2048):
+            low, high = short_copy.period_range(length)
+            self.assertEqual(low, 8)
+            self.assertEqual(high, min(48 * length // 128, length // 2))
+            for _ in range(20):
+                ids, period = short_copy.tiled(rng, length, list(range(100, 4000)))
+                self.assertEqual(len(ids), length + 1)
+                self.assertTrue(low <= period <= high)
+                mask = short_copy.copy_mask([period], length)[0]
+                # target k is token k + 1: copyable exactly when it repeats the token a period back
+                for k in range(length):
+                    if mask[k]:
+                        self.assertEqual(ids[k + 1], ids[k + 1 - period])
+                self.assertEqual(mask.count(False), period - 1)
+
+    def test_curriculum_advances_on_the_bar_and_keeps_tokens(self):
+        cur = short_copy.Curriculum([128, 256, 2048], 256, 0.5, list(range(4000)), 0, 1)
+        self.assertEqual((cur.length, cur.rows()), (128, 256))
+        ids, mask = cur.batch()
+        self.assertEqual((len(ids), len(ids[0]), len(mask[0])), (256, 129, 128))
+        self.assertFalse(cur.observe(0.1, 10))
+        self.assertFalse(cur.observe(0.9, 20))  # smoothed 0.34: not yet
+        self.assertTrue(cur.observe(0.9, 30))   # smoothed 0.508
+        self.assertEqual((cur.length, cur.rows()), (256, 128))
+        self.assertFalse(cur.observe(0.4, 40))  # smoothing restarts at the new length
+        self.assertTrue(cur.observe(0.9, 50))   # smoothed 0.55
+        self.assertEqual((cur.length, cur.rows()), (2048, 16))
+        self.assertFalse(cur.observe(1.0, 60))  # the last length stays
+        self.assertEqual([h["from"] for h in cur.history], [128, 256])
+        small = short_copy.Curriculum([128, 256], 4, 0.5, list(range(4000)), 64, 1)
+        self.assertTrue(all(t < 64 for row in small.batch()[0] for t in row))
+
+    def test_bad_short_copy_flags_are_rejected(self):
+        for flags in (["--short-copy-rows", "-1"], ["--short-copy-lengths", "256,128"],
+                      ["--short-copy-lengths", "16"], ["--short-copy-lengths", "a"],
+                      ["--short-copy-rows", "8", "--short-copy-lengths", "128,4096"],
+                      ["--short-copy-advance", "0"], ["--short-copy-alphabet", "1"],
+                      ["--init-tokenizer-only"]):
+            with self.assertRaises(SystemExit, msg=flags):
+                train.parse_args(["--data", "d", "--out", "o"] + flags)
+        args = train.parse_args(["--data", "d", "--out", "o", "--short-copy-rows", "256"])
+        self.assertEqual(args.short_copy_length_list, [128, 256, 512, 2048])
 
 
 class ExtractTest(unittest.TestCase):

@@ -200,5 +200,34 @@ class TorchPathsTest(unittest.TestCase):
         self.assertEqual(summary["selection_key"][0], 1)
 
 
+@unittest.skipIf(torch is None, "torch is not importable")
+class InitFromTest(unittest.TestCase):
+    def test_init_weights_are_loaded_exactly_and_mismatches_refused(self):
+        torch.manual_seed(1)
+        source = TinyLM()
+        state = {k: v.to(torch.bfloat16) for k, v in source.state_dict().items()}
+        torch.manual_seed(2)
+        target = TinyLM()
+        train.apply_init_weights(target, state)
+        for name, tensor in target.state_dict().items():
+            self.assertEqual(tensor.dtype, torch.float32, name)  # float32 master weights
+            self.assertTrue(torch.equal(tensor, state[name].float()), name)
+        # The continued model computes what the checkpoint computes.
+        x = torch.randint(0, VOCAB, (2, 16))
+        bf16_source = TinyLM()
+        bf16_source.load_state_dict({k: v.float() for k, v in state.items()})
+        self.assertTrue(torch.equal(target(x).logits, bf16_source(x).logits))
+        before = {k: v.clone() for k, v in target.state_dict().items()}
+        missing = dict(state)
+        missing.pop("head.bias")
+        extra = dict(state, **{"other.weight": torch.zeros(1)})
+        wrong = dict(state, **{"head.bias": torch.zeros(VOCAB + 1)})
+        for bad in (missing, extra, wrong):
+            with self.assertRaises(ValueError):
+                train.apply_init_weights(target, bad)
+            for name, tensor in target.state_dict().items():  # never half-loaded
+                self.assertTrue(torch.equal(tensor, before[name]), name)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -56,6 +56,7 @@ from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import recall_data  # noqa: E402
+import short_copy  # noqa: E402
 
 START_TIME = time.time()
 
@@ -227,6 +228,66 @@ def tokenizer_config(context):
     }
 
 
+INIT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
+def check_init_dir(path):
+    """Raises ValueError naming the first file an --init-from checkpoint lacks."""
+    for name in INIT_FILES:
+        if not os.path.isfile(os.path.join(path, name)):
+            raise ValueError(f"--init-from {path}: no {name}")
+
+
+def init_tokenizer_files(src_dir, dst_dir, context):
+    """Continued training keeps the checkpoint's tokenizer: tokenizer.json is copied byte for byte
+    (token ids must not change), tokenizer_config.json with only model_max_length set to
+    `context`. Returns the tokenizer config written."""
+    import shutil
+
+    shutil.copyfile(os.path.join(src_dir, "tokenizer.json"), os.path.join(dst_dir, "tokenizer.json"))
+    with open(os.path.join(src_dir, "tokenizer_config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    config["model_max_length"] = context
+    with open(os.path.join(dst_dir, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    return config
+
+
+def apply_init_weights(model, state):
+    """Loads a checkpoint's state dict into `model` (cast to the model's dtypes). Every tensor of
+    the model must be in `state` with the same shape and `state` must hold nothing else; else a
+    ValueError names the first mismatch (a checkpoint of another shape is never half-loaded)."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise ValueError(f"--init-from: checkpoint lacks {missing[:3]} / has extra {unexpected[:3]}")
+    for name, tensor in own.items():
+        if tuple(tensor.shape) != tuple(state[name].shape):
+            raise ValueError(f"--init-from: {name} has shape {tuple(state[name].shape)}, the model "
+                             f"{tuple(tensor.shape)}")
+    model.load_state_dict(state, strict=True)
+
+
+def file_sha256(path):
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def set_rope_theta(config, theta):
+    """Sets RoPE theta in either transformers spelling (5: rope_parameters, 4: rope_theta)."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict):
+        config.rope_parameters = dict(params, rope_theta=float(theta))
+    else:
+        config.rope_theta = float(theta)
+
+
 # ---------------------------------------------------------------- model evaluation
 
 def score_text(model, ids, window, device, batch_size, autocast_dtype=None):
@@ -358,20 +419,23 @@ def build_config(args, vocab_size, special_ids):
         bos_token_id=special_ids[BOS], eos_token_id=special_ids[EOS],
         pad_token_id=special_ids[PAD])
     try:  # transformers 5 spelling
-        config = LlamaConfig(**common, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+        config = LlamaConfig(**common, rope_parameters={"rope_type": "default",
+                                                       "rope_theta": args.rope_theta or 10000.0})
         if getattr(config, "rope_parameters", None) is None:
             raise TypeError("no rope_parameters")
     except TypeError:  # transformers 4 spelling
-        config = LlamaConfig(**common, rope_theta=10000.0)
+        config = LlamaConfig(**common, rope_theta=args.rope_theta or 10000.0)
     return config
 
 
 def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run_name,
-          recall_source=None, recall_monitor=None, copy_monitor=None, copy_pool=None):
+          recall_source=None, recall_monitor=None, copy_monitor=None, copy_pool=None,
+          short_monitor=None):
     """recall_source: a recall_data.RecallSequences (or None: plain crops only); recall_monitor:
     held-out recall trials scored teacher-forced at every evaluation (or None); copy_monitor:
     recall_data.copy_trials scored the same way and logged (or None); copy_pool: token ids, most
-    frequent first, for the copy warm-up (needed when args.copy_warmup_steps > 0)."""
+    frequent first, for the copy warm-up (needed when args.copy_warmup_steps > 0 or
+    args.short_copy_rows > 0); short_monitor: short_copy.monitor_rows, scored at every evaluation."""
     import torch
     import torch.nn.functional as F
 
@@ -415,7 +479,15 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
     autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16)
                 if args.autocast else contextlib.nullcontext())
 
-    kinds = {k: 0 for k in recall_data.KINDS + ("tiled",)}
+    kinds = {k: 0 for k in recall_data.KINDS + ("tiled", "short_copy")}
+    curriculum = None
+    if args.short_copy_rows:
+        if not copy_pool:
+            raise ValueError("--short-copy-rows needs copy_pool")
+        curriculum = short_copy.Curriculum(args.short_copy_length_list, args.short_copy_rows,
+                                           args.short_copy_advance, copy_pool,
+                                           args.short_copy_alphabet, args.seed + 7)
+    copy_loss = copy_acc = None
     # The curriculum's last distance: the flag, not the source's current value (an earlier run
     # may have left it part way).
     max_depth_end = args.recall_max_depth
@@ -442,6 +514,19 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
                    else contextlib.nullcontext())
             with ctx:
                 short["greedy"] = round(greedy_recall(model, deep, device)[0], 3)
+        if short_monitor:
+            # Copy accuracy of held-out short tiled rows, by row length (the curriculum's lengths).
+            for length, (ids, mask) in short_monitor.items():
+                hits = total = 0
+                for i in range(0, len(ids), 16):
+                    chunk = torch.tensor(ids[i:i + 16], dtype=torch.long, device=device)
+                    m = torch.tensor(mask[i:i + 16], dtype=torch.bool, device=device)
+                    with torch.no_grad(), (torch.autocast(device_type=device.type, dtype=dtype)
+                                           if dtype is not None else contextlib.nullcontext()):
+                        logits = model(input_ids=chunk[:, :-1], use_cache=False).logits
+                    hits += int(((logits.argmax(-1) == chunk[:, 1:]) & m).sum())
+                    total += int(m.sum())
+                short[f"short{length}"] = round(hits / max(1, total), 3)
         if copy_monitor:
             counts = {}
             teacher_forced_recall(model, copy_monitor, device, 16, dtype, counts)
@@ -533,7 +618,22 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
         with autocast:
             logits = step_model(input_ids=x, use_cache=False).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
-        loss.backward()
+        total_loss = loss
+        if curriculum is not None:
+            # Short copy rows: a second forward at the curriculum's current length, summed into
+            # the loss (their copy signal is not diluted over 2,048 positions).
+            ids, mask = curriculum.batch()
+            kinds["short_copy"] += len(ids)
+            copy_chunk = torch.tensor(ids, dtype=torch.long).to(device)
+            copy_mask = torch.tensor(mask, dtype=torch.bool).to(device)
+            with autocast:
+                copy_logits = step_model(input_ids=copy_chunk[:, :-1], use_cache=False).logits
+            copy_loss = F.cross_entropy(copy_logits.float().reshape(-1, copy_logits.size(-1)),
+                                        copy_chunk[:, 1:].reshape(-1))
+            copy_acc = short_copy.masked_accuracy(copy_logits.detach(), copy_chunk[:, 1:],
+                                                  copy_mask)
+            total_loss = loss + args.short_copy_weight * copy_loss
+        total_loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -547,13 +647,23 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
                 raise RuntimeError(f"training loss is {loss_value} at step {step}")
             smoothed = loss_value if smoothed is None else 0.9 * smoothed + 0.1 * loss_value
             recall = None
+            copy_note = ""
+            if curriculum is not None:
+                acc_value, length = float(copy_acc), curriculum.length
+                copy_note = (f" short copy L{length} loss {float(copy_loss):.3f} acc "
+                             f"{acc_value:.3f}")
+                if curriculum.observe(acc_value, step):
+                    log(f"{run_name} step {step}: short copy rows {length} -> "
+                        f"{curriculum.length} tokens (train copy accuracy {acc_value:.3f})")
+                if step % args.eval_every and not last:
+                    log(f"{run_name} step {step}/{total_steps} loss {loss_value:.4f}{copy_note}")
             if step % args.eval_every == 0 or last:
                 val_loss, recall, short = evaluate()
                 if step > warm:  # warm-up weights are no language model yet
                     keep_if_best(val_loss, recall)
                 log(f"{run_name} step {step}/{total_steps} lr {lr:.2e} loss {loss_value:.4f} "
                     f"val {val_loss:.4f} (ppl {math.exp(val_loss):.2f}) recall(tf) {recall} "
-                    f"monitors {short} "
+                    f"monitors {short}{copy_note} "
                     f"epoch {step / steps_per_epoch:.2f} recall rows {recall_rows} "
                     f"max depth {depth}")
             log_rows.append([run_name, step, step * tokens_per_step, lr, round(loss_value, 5),
@@ -579,6 +689,9 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
         "recall_rows_per_step": recall_schedule(args, 0, total_steps, max_depth_end,
                                                 recall_source is not None)[0],
         "recall_rows_last_step": recall_rows if step else 0, "recall_sequences": kinds,
+        "short_copy": None if curriculum is None else {
+            "lengths": curriculum.lengths, "final_length": curriculum.length,
+            "advances": curriculum.history},
         "val_tokens": len(heldout_eval),
         "wall_s": round(time.time() - START_TIME, 1),
     }
@@ -682,6 +795,12 @@ def parse_args(argv=None):
     p.add_argument("--minutes", type=float, default=7.0, help="wall-time budget of the whole run")
     p.add_argument("--reserve-seconds", type=float, default=75.0,
                    help="kept back from --minutes for export, evaluation and references")
+    p.add_argument("--init-from", default="",
+                   help="continue training a Hugging Face Llama checkpoint (e.g. models/pagoda-tiny): "
+                        "its config, weights and tokenizer files (copied verbatim, ids unchanged); "
+                        "the context becomes --context; --vocab-size and the shape flags are ignored")
+    p.add_argument("--rope-theta", type=float, default=0.0,
+                   help="RoPE theta (0: the --init-from checkpoint's, else 10,000)")
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=8)
@@ -716,6 +835,20 @@ def parse_args(argv=None):
     p.add_argument("--copy-rows", type=int, default=0,
                    help="tiled random-token rows (as in the copy warm-up, periods 4 to half the "
                         "context) in every batch of the language-model schedule (0: none)")
+    p.add_argument("--short-copy-rows", type=int, default=0,
+                   help="short tiled random-token rows per step at the first curriculum length, "
+                        "trained in a second forward summed into the loss (0: none)")
+    p.add_argument("--short-copy-lengths", default="128,256,512,2048",
+                   help="the short copy rows' length curriculum (tokens per row)")
+    p.add_argument("--short-copy-advance", type=float, default=0.5,
+                   help="smoothed training copy accuracy that moves to the next length")
+    p.add_argument("--short-copy-weight", type=float, default=1.0,
+                   help="weight of the short copy rows' loss in the sum")
+    p.add_argument("--short-copy-alphabet", type=int, default=0,
+                   help="draw short copy rows from the K most frequent tokens (0: all)")
+    p.add_argument("--init-tokenizer-only", action="store_true",
+                   help="with --init-from: keep its tokenizer and config, start from random "
+                        "weights (the from-scratch comparison with unchanged token ids)")
     p.add_argument("--recall-max-depth", type=int, default=1800,
                    help="longest distance between a list or passage and its recall, in tokens")
     p.add_argument("--recall-context", type=int, default=2000,
@@ -782,6 +915,21 @@ def parse_args(argv=None):
             args.copy_warmup_alphabet < 0:
         p.error(f"--copy-warmup-steps must be >= 0 and --copy-warmup-alphabet 0 or >= 2, got "
                 f"{args.copy_warmup_steps} and {args.copy_warmup_alphabet}")
+    try:
+        args.short_copy_length_list = short_copy.parse_lengths(args.short_copy_lengths)
+    except ValueError as error:
+        p.error(f"--short-copy-lengths: {error}")
+    if args.short_copy_rows < 0 or args.short_copy_alphabet < 0 or \
+            args.short_copy_alphabet == 1 or not 0 < args.short_copy_advance <= 1 or \
+            args.short_copy_weight < 0:
+        p.error(f"--short-copy-rows and --short-copy-alphabet must be >= 0 (alphabet not 1), "
+                f"--short-copy-advance in (0, 1], --short-copy-weight >= 0; got "
+                f"{args.short_copy_rows}, {args.short_copy_alphabet}, "
+                f"{args.short_copy_advance}, {args.short_copy_weight}")
+    if args.short_copy_rows and max(args.short_copy_length_list) > args.context:
+        p.error(f"--short-copy-lengths must not exceed --context {args.context}")
+    if args.init_tokenizer_only and not args.init_from:
+        p.error("--init-tokenizer-only needs --init-from")
     if args.curriculum_start_depth < recall_data.MIN_DEPTH:
         p.error(f"--curriculum-start-depth must be at least {recall_data.MIN_DEPTH}, "
                 f"got {args.curriculum_start_depth}")
@@ -794,6 +942,13 @@ def parse_args(argv=None):
                 f"--context {args.context}")
     if max(args.recall_depth_list) >= args.recall_context:
         p.error(f"--recall-depths must be below --recall-context {args.recall_context}")
+    if args.init_from:
+        try:
+            check_init_dir(args.init_from)
+        except ValueError as error:
+            p.error(str(error))
+    if args.rope_theta < 0:
+        p.error(f"--rope-theta must be >= 0, got {args.rope_theta}")
     if args.hidden % args.heads or args.heads % args.kv_heads:
         p.error(f"--hidden {args.hidden} must divide by --heads {args.heads}, "
                 f"and --heads by --kv-heads {args.kv_heads}")
@@ -846,10 +1001,18 @@ def main():
     with report.stage("tokenizer", fatal=True):
         corpus = [d["text"] for d in train_docs]
         corpus += [m["content"] for c in chats for m in c["messages"]]
-        tokenizer = train_tokenizer(corpus, args.vocab_size)
-        tokenizer.save(os.path.join(model_dir, "tokenizer.json"))
-        with open(os.path.join(model_dir, "tokenizer_config.json"), "w") as f:
-            json.dump(tokenizer_config(args.context), f, indent=2)
+        if args.init_from:  # continued training: the checkpoint's tokenizer, ids unchanged
+            from tokenizers import Tokenizer
+            tokenizer = Tokenizer.from_file(os.path.join(args.init_from, "tokenizer.json"))
+            init_tokenizer_files(args.init_from, model_dir, args.context)
+            for token in SPECIAL_TOKENS:
+                if tokenizer.token_to_id(token) is None:
+                    raise RuntimeError(f"--init-from tokenizer lacks the special token {token}")
+        else:
+            tokenizer = train_tokenizer(corpus, args.vocab_size)
+            tokenizer.save(os.path.join(model_dir, "tokenizer.json"))
+            with open(os.path.join(model_dir, "tokenizer_config.json"), "w") as f:
+                json.dump(tokenizer_config(args.context), f, indent=2)
         special_ids = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
         bos_id, eos_id = special_ids[BOS], special_ids[EOS]
         doc_ids = encode_all(tokenizer, [d["text"] for d in train_docs])
@@ -900,6 +1063,8 @@ def main():
         copy_monitor = recall_data.copy_trials(
             heldout_ids, sorted(set(train_ids) - set(special_ids.values())), args.recall_context,
             copy_distances, max(2, args.recall_trials // 2), COPY_PROBE_SPAN, args.seed + 5)
+        short_monitor = (short_copy.monitor_rows(args.short_copy_length_list, copy_pool, 16,
+                                                 args.seed + 8) if args.short_copy_rows else None)
         example, info = (recall_source.next() if recall_source else (None, None))
         if recall_source:  # a fresh generator: the example does not shift the training stream
             recall_source.rng.seed(args.seed + 1)
@@ -917,9 +1082,40 @@ def main():
         log(f"recall data: {len(train_words)} training words, {len(heldout_words)} held out")
 
     with report.stage("model", fatal=True):
-        vocab = max(args.vocab_size, tokenizer.get_vocab_size())
-        vocab = (vocab + 63) // 64 * 64
-        config = build_config(args, vocab, special_ids)
+        init_state = None
+        if args.init_from:
+            from transformers import AutoConfig
+            config = AutoConfig.from_pretrained(args.init_from)
+            source = {"dir": args.init_from,
+                      "max_position_embeddings": config.max_position_embeddings,
+                      "rope_parameters": getattr(config, "rope_parameters", None),
+                      "sha256": {n: file_sha256(os.path.join(args.init_from, n))
+                                 for n in INIT_FILES}}
+            if config.vocab_size < tokenizer.get_vocab_size():
+                raise RuntimeError(f"--init-from: vocab_size {config.vocab_size} is below the "
+                                   f"tokenizer's {tokenizer.get_vocab_size()}")
+            config.max_position_embeddings = args.context
+            if args.rope_theta:
+                set_rope_theta(config, args.rope_theta)
+            try:
+                init_model = AutoModelForCausalLM.from_pretrained(args.init_from,
+                                                                  dtype=torch.float32)
+            except TypeError:  # transformers 4 spelling
+                init_model = AutoModelForCausalLM.from_pretrained(args.init_from,
+                                                                  torch_dtype=torch.float32)
+            init_state = {k: v.detach().to("cpu", torch.float32, copy=True)
+                          for k, v in init_model.state_dict().items()}
+            del init_model
+            if args.init_tokenizer_only:  # same tokenizer and shape, random weights
+                init_state = None
+                source["weights"] = "not loaded (--init-tokenizer-only)"
+            report["init_from"] = source
+            log(f"init from {args.init_from}: context {source['max_position_embeddings']} -> "
+                f"{args.context}, rope {getattr(config, 'rope_parameters', None)}")
+        else:
+            vocab = max(args.vocab_size, tokenizer.get_vocab_size())
+            vocab = (vocab + 63) // 64 * 64
+            config = build_config(args, vocab, special_ids)
         parameters = sum(p.numel() for p in LlamaForCausalLM(config).parameters())
         report["model"] = {"parameters": parameters, "config": config.to_dict()}
         log(f"model: {parameters:,} parameters")
@@ -937,10 +1133,15 @@ def main():
             torch.manual_seed(args.seed)
             if recall_source is not None:  # every run sees the same recall sequences
                 recall_source.rng.seed(args.seed + 1)
-            model = LlamaForCausalLM(config).to(device)
+            model = LlamaForCausalLM(config)
+            if args.init_from:  # float32 master weights (the checkpoint's config may say bf16)
+                model = model.float()
+            if init_state is not None:  # every run starts from the checkpoint
+                apply_init_weights(model, init_state)
+            model = model.to(device)
             summary, rows = train(args, model, train_ids, heldout_ids, device, epochs,
                                   run_deadline, run_name, recall_source, monitor,
-                                  copy_monitor, copy_pool)
+                                  copy_monitor, copy_pool, short_monitor)
             runs.append(summary)
             log_rows += rows
             log(f"run {run_name}: {summary}")
@@ -1098,6 +1299,22 @@ def main():
             log(f"greedy {name}: {text!r} -> {entry['output_text']!r}")
         report["greedy"] = {"max_new_tokens": args.gen_tokens, "dtype": "float32",
                             "attention": "eager", "tf32": False, "prompts": outputs}
+
+    with report.stage("greedy_long", fatal=False):
+        # One long prompt (the recall check's first eval-words trial at its deepest depth, ids
+        # stored) so that pagoda's decoding can be compared past the old 1,024 positions.
+        trials = recall_data.recall_trials(
+            sample_ids, encode, recall_data.EVAL_WORDS, args.recall_context,
+            [max(args.recall_depth_list)], 1, recall_data.LIST_WORDS, args.seed + 3)
+        long_ids = trials[0]["prompt"]
+        new, margins, top5 = greedy_continuation(reference, long_ids, 16, eos_id, device)
+        report["greedy_long"] = {
+            "depth": trials[0]["depth"], "words": trials[0]["words"],
+            "expected": trials[0]["expected"], "prompt_ids": long_ids, "output_ids": new,
+            "output_text": tokenizer.decode(new, skip_special_tokens=False),
+            "top1_margin": margins, "top5_logprobs": top5, "dtype": "float32",
+            "attention": "eager", "tf32": False}
+        log(f"greedy_long: {len(long_ids)} prompt tokens -> {report['greedy_long']['output_text']!r}")
 
     with report.stage("transformers_tokenizer_check", fatal=False):
         from transformers import AutoTokenizer
