@@ -20,9 +20,6 @@
 #   .device/mla-decode/mla_decode_call.sh tests   # step 1 only
 #   .device/mla-decode/mla_decode_call.sh bench   # step 2 only
 #   BENCH_ONLY="H=128" .device/mla-decode/mla_decode_call.sh bench   # e.g. the 128-head shapes
-# Narrower runs: TMA_FILTERS (the gtest filters run one per process, words),
-# OTHER_TESTS=0 (skip the non-TMA tests and mla_decode_plan_tests' partner
-# filter), MODEL_TESTS=0 (skip cuda_model_tests).
 # Logs go to $OUT (default /tmp/mla-decode; 6 files + one a BENCH_ONLY entry);
 # summary.log has the results. This
 # one script replaces the per-branch mla5..mla8_call.sh (and the first
@@ -113,18 +110,15 @@ run | tests | bench)
   } | tee -a "$out/summary.log"
   if [ "$1" != bench ]; then
     tests "$b" "$out" &
-    # shellcheck disable=SC2086  # TMA_FILTERS: several words
-    for f in ${TMA_FILTERS:-'*TmaBlockSizesRaggedEnds' '*TmaSplitsSchedulesAndSharing' '*TmaGraphPlans' \
-      '*TmaMatchesCpAsyncKernel' '*TmaOccupancy' '*TmaPingPongSmall' '*SpreadBudgetPlans'}; do
+    for f in '*TmaBlockSizesRaggedEnds' '*TmaSplitsSchedulesAndSharing' '*TmaGraphPlans' '*TmaMatchesCpAsyncKernel' \
+      '*TmaOccupancy' '*TmaPingPongSmall' '*SpreadBudgetPlans'; do
       gpu_tests_part "$b" "$out" "$f" gpu_tests_tma.log &
     done
-    [ "${OTHER_TESTS:-1}" = 0 ] || gpu_tests_part "$b" "$out" '-*Tma*:*SpreadBudgetPlans' gpu_tests.log &
+    gpu_tests_part "$b" "$out" '-*Tma*:*SpreadBudgetPlans' gpu_tests.log &
     [ "${RACECHECK:-1}" = 0 ] || racecheck_part "$b" "$out" '*TmaPingPongSmall' &
     [ "${SYNCCHECK:-1}" = 0 ] || racecheck_part "$b" "$out" '*TmaPingPongSmall' synccheck &
-    if [ "${MODEL_TESTS:-1}" != 0 ]; then
-      model_tests "$b" "$out" "" &
-      for k in ${MODEL_KERNELS:-tma_tile tma_pair}; do model_tests "$b" "$out" "$k" & done
-    fi
+    model_tests "$b" "$out" "" &
+    for k in ${MODEL_KERNELS:-tma_tile tma_pair}; do model_tests "$b" "$out" "$k" & done
     wait
     cat "$sum" | tee -a "$out/summary.log"
     grep -hE "rel L2|outputs differ|per SM|Failure|FAILED|Which is" "$out/gpu_tests_tma.log" "$out/gpu_tests.log" \

@@ -61,8 +61,8 @@ constexpr int kColumnBlocks = 9;                               // 576 / 64
 constexpr int kQBytes = kColumnBlocks * mla_narrow::kQBlockBytes;  // 18,432
 // Named barriers (0 is __syncthreads, which the producer does not join after
 // the set-up): 1 + g, one compute warpgroup; 3, both compute warpgroups. The
-// ping-pong kernels also use 4 / 5 (the segment-end hand-over, bar.sync by both
-// groups: on 4 when group 1 has written a part, on 5 when group 0 has read it) and,
+// ping-pong kernels also use 4 / 5 (the segment-end hand-over: group 1 arrives
+// on 4 when a part is written and waits on 5 for group 0 to have read it) and,
 // with turns, 6 + g (group g's turn to issue its S^T MMAs).
 [[maybe_unused]] constexpr int kConsumersBarrier = 3;
 [[maybe_unused]] constexpr int kHandFullBarrier = 4;
@@ -623,12 +623,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int mi = 0; mi < kPartTiles; ++mi)
 #pragma unroll
           for (int i = 0; i < 8; ++i) hand_o[(mi * 8 + i) * 128 + gtid] = st.o[part * kPartTiles + mi][i];
-        // bar.sync, not bar.arrive: group 1 only waits at the next segment's
-        // consumers barrier after this, so it loses nothing, and
-        // compute-sanitizer racecheck does not take bar.arrive -> bar.sync as
-        // ordering the hand-over buffer (it reported the write above and group
-        // 0's read of it as a race).
-        named_barrier_sync(kHandFullBarrier, kConsumerThreads);
+        named_barrier_arrive(kHandFullBarrier, kConsumerThreads);
       }
       continue;  // group 0 writes the segment's result
     }
@@ -651,7 +646,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int part = 0; part < L::kHandParts; ++part) {
       if (part > 0) {
-        named_barrier_sync(kHandEmptyBarrier, kConsumerThreads);  // done with the last part
+        named_barrier_arrive(kHandEmptyBarrier, kConsumerThreads);  // done with the last part
         named_barrier_sync(kHandFullBarrier, kConsumerThreads);
       }
 #pragma unroll
