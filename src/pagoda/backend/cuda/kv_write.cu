@@ -14,6 +14,8 @@
 #include "pagoda/backend/cuda/cuda_ops.h"
 #include "pagoda/backend/cuda/kv_share_ops.h"
 #include "pagoda/backend/cuda/pdl.cuh"
+#include "pagoda/backend/cuda/rope_kv_write.h"
+#include "pagoda/backend/cuda/rope_pair.cuh"
 
 namespace pagoda::cuda {
 
@@ -193,6 +195,63 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
                layer.value_scale, vec, scale_vec, lane);
 }
 
+// rope_qk + kv_write in one launch (cuda_ops.h): one warp per (token, head) over the q heads then the kv
+// heads. Each warp rotates its head in place (lane i the pairs i, i + 32, ...; rope_kernel's angle and
+// rope_pair), q heads also into q_out; a kv head's warp then writes the rotated k and the token's v through
+// write_vector, the quantized kernel's arithmetic, so the pool holds what kv_write would write.
+constexpr int kMaxPairsPerLane = kMaxElementsPerLane / 2;
+
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    rope_qk_kv_write_kernel(bf16* __restrict__ qkv, int64_t row_stride, const int32_t* __restrict__ positions,
+                            const int64_t* __restrict__ slots, int32_t num_tokens, int32_t num_q_heads,
+                            const float* __restrict__ inv_freq, bf16* __restrict__ q_out, DevicePagedKvLayer layer,
+                            KvWriteFixedScales fixed_scales) {
+  const int lane = threadIdx.x % 32;
+  const int32_t heads = num_q_heads + layer.num_kv_heads, half = layer.head_dim / 2;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;  // (token, head)
+  const bool active = item < static_cast<int64_t>(num_tokens) * heads;
+  const int64_t t = active ? item / heads : 0;
+  const int32_t h = active ? static_cast<int32_t>(item % heads) : 0;
+  // Positions and frequencies are the step's inputs: the angles are computed before the PDL wait, as rope's.
+  float sn[kMaxPairsPerLane], cs[kMaxPairsPerLane];
+#pragma unroll
+  for (int j = 0; j < kMaxPairsPerLane; ++j) {
+    const int pair = lane + 32 * j;
+    sn[j] = 0.0f;
+    cs[j] = 1.0f;
+    if (active && pair < half) sincosf(static_cast<float>(positions[t]) * inv_freq[pair], &sn[j], &cs[j]);
+  }
+  pdl_launch_dependents();
+  pdl_wait();  // launched programmatically (pdl.cuh): qkv comes from the kernel ahead
+  if (!active) return;  // uniform across the warp
+  bf16* x = qkv + t * row_stride + static_cast<int64_t>(h) * layer.head_dim;
+#pragma unroll
+  for (int j = 0; j < kMaxPairsPerLane; ++j) {
+    const int pair = lane + 32 * j;
+    if (pair >= half) continue;
+    bf16 lo, hi;
+    rope_pair(__bfloat162float(x[pair]), __bfloat162float(x[pair + half]), sn[j], cs[j], lo, hi);
+    x[pair] = lo;
+    x[pair + half] = hi;
+    if (q_out != nullptr && h < num_q_heads) {
+      bf16* o = q_out + (t * num_q_heads + h) * layer.head_dim;
+      o[pair] = lo;
+      o[pair + half] = hi;
+    }
+  }
+  if (h < num_q_heads) return;
+  const int32_t head = h - num_q_heads;
+  const int64_t slot = slots[t];
+  if (slot < 0) return;
+  __syncwarp();  // every lane's rotated k elements are visible to the lanes that read them back
+  const int64_t vec = slot * layer.num_kv_heads + head;
+  const int64_t scale_vec = kernels::kv_scale_vector(slot, head, layer.block_size, layer.num_kv_heads);
+  const bf16* v = qkv + t * row_stride + static_cast<int64_t>(num_q_heads + layer.num_kv_heads + head) * layer.head_dim;
+  write_vector(x, layer.head_dim, layer.key_dtype, fixed_scales.key, layer.key, layer.key_scale, vec, scale_vec, lane);
+  write_vector(v, layer.head_dim, layer.value_dtype, fixed_scales.value, layer.value, layer.value_scale, vec, scale_vec,
+               lane);
+}
+
 // Cross-layer sharing (kv_share_ops.h): one warp per (token, kv head, K or V)
 // vector, lane i holding elements i, i + 32, ... as above. The sums of squares
 // are in f64 as the CPU's write_shared; products and sums are explicitly
@@ -325,6 +384,23 @@ cudaError_t kv_write(const bf16* k, const bf16* v, int64_t row_stride, const int
   const dim3 grid(static_cast<unsigned>((pairs + kWarpsPerBlock - 1) / kWarpsPerBlock));
   return launch_pdl(kv_write_quantized_kernel, grid, dim3(kWarpsPerBlock * 32), 0, stream, k, v, row_stride, slots,
                     num_tokens, layer, fixed_scales);
+}
+
+cudaError_t rope_qk_kv_write(bf16* qkv, int64_t row_stride, const int32_t* positions, const int64_t* slots,
+                             int32_t num_tokens, int32_t num_q_heads, const float* inv_freq, bf16* q_out,
+                             const DevicePagedKvLayer& layer, KvWriteFixedScales fixed_scales, cudaStream_t stream) {
+  if (num_q_heads < 0 || layer.num_kv_heads <= 0 || layer.head_dim % 8 != 0 ||
+      layer.head_dim > 32 * kMaxElementsPerLane || row_stride % 8 != 0)
+    return cudaErrorInvalidValue;
+  if (!valid_fixed_scale(fixed_scales.key) || !valid_fixed_scale(fixed_scales.value)) return cudaErrorInvalidValue;
+  if ((layer.key_dtype != KvQuant::kNone && layer.key_scale == nullptr) ||
+      (layer.value_dtype != KvQuant::kNone && layer.value_scale == nullptr))
+    return cudaErrorInvalidValue;
+  const int64_t items = static_cast<int64_t>(num_tokens) * (num_q_heads + layer.num_kv_heads);
+  if (items == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>((items + kWarpsPerBlock - 1) / kWarpsPerBlock));
+  return launch_pdl(rope_qk_kv_write_kernel, grid, dim3(kWarpsPerBlock * 32), 0, stream, qkv, row_stride, positions,
+                    slots, num_tokens, num_q_heads, inv_freq, q_out, layer, fixed_scales);
 }
 
 cudaError_t kv_write_shared(const bf16* k, const bf16* v, int64_t row_stride, const int64_t* slots,
