@@ -426,20 +426,19 @@ TEST(CudaModel, Fp8LmHeadMatchesTheBf16LmHead) {
   EXPECT_LE(max_diff, 3.0 * (0.05 + 0.03 * max_logit));
 }
 
-// The decode fusions, PAGODA_FUSE_SILU_DOWN (silu_mul folded into the down projection's GEMV, gemv_*_silu)
-// and PAGODA_FUSE_ROPE_KV (rope_qk_kv_write): a bad value is refused naming the variable; each on, and
-// both, with bf16 projections + bf16 KV and with fp8 projections + fp8 KV, a 5-row prefill (unfused either
-// way) and graph-replayed batch-1 decode steps (fused) give the unfused model's logits bit for bit.
+// The decode fusion PAGODA_FUSE_ROPE_KV (rope_qk_kv_write, on by default): a bad value is refused naming the
+// variable; with bf16 projections + bf16 KV and with fp8 projections + fp8 KV, a 5-row prefill (unfused
+// either way) and graph-replayed batch-1 decode steps give the same logits bit for bit fused (the default,
+// and =1) and unfused (=0).
 TEST(CudaModel, DecodeFusionsMatchTheUnfusedModelBitForBit) {
   PAGODA_SKIP_WITHOUT_GPU();
   const ModelConfig config = small_llama_config();
-  for (const char* name : {"PAGODA_FUSE_SILU_DOWN", "PAGODA_FUSE_ROPE_KV"}) {
-    setenv(name, "on", 1);
-    auto refused = CudaModel::create_random(config, 7, small_options());
-    unsetenv(name);
-    ASSERT_FALSE(refused.ok()) << name;
-    EXPECT_NE(refused.status().message().find(name), std::string::npos) << refused.status().to_string();
-  }
+  setenv("PAGODA_FUSE_ROPE_KV", "on", 1);
+  auto refused = CudaModel::create_random(config, 7, small_options());
+  unsetenv("PAGODA_FUSE_ROPE_KV");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("PAGODA_FUSE_ROPE_KV"), std::string::npos)
+      << refused.status().to_string();
   for (const bool fp8 : {false, true}) {
     CudaModelOptions base = small_options();
     base.fp8_weights = fp8;
@@ -448,11 +447,9 @@ TEST(CudaModel, DecodeFusionsMatchTheUnfusedModelBitForBit) {
       base.kv_value_dtype = DType::kFP8E4M3;
       if (!CudaModel::create_random(config, 7, base).ok()) continue;  // no fp8 on this device
     }
-    auto run = [&](const char* silu, const char* rope_kv, std::vector<float>& all) {
-      setenv("PAGODA_FUSE_SILU_DOWN", silu, 1);
-      setenv("PAGODA_FUSE_ROPE_KV", rope_kv, 1);
+    auto run = [&](const char* rope_kv, std::vector<float>& all) {  // rope_kv null: the default
+      if (rope_kv != nullptr) setenv("PAGODA_FUSE_ROPE_KV", rope_kv, 1);
       auto model = CudaModel::create_random(config, 7, base);
-      unsetenv("PAGODA_FUSE_SILU_DOWN");
       unsetenv("PAGODA_FUSE_ROPE_KV");
       ASSERT_TRUE(model.ok()) << model.status().to_string();
       auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
@@ -467,13 +464,12 @@ TEST(CudaModel, DecodeFusionsMatchTheUnfusedModelBitForBit) {
       }
       EXPECT_GT((*model)->graph_replays(), 0);
     };
-    std::vector<float> unfused;
-    run("0", "0", unfused);
-    for (const auto& [silu, rope_kv] : {std::pair{"1", "0"}, std::pair{"0", "1"}, std::pair{"1", "1"}}) {
-      std::vector<float> fused;
-      run(silu, rope_kv, fused);
-      EXPECT_EQ(fused, unfused) << (fp8 ? "fp8" : "bf16") << " silu_down " << silu << " rope_kv " << rope_kv;
-    }
+    std::vector<float> unfused, fused, by_default;
+    run("0", unfused);
+    run("1", fused);
+    run(nullptr, by_default);
+    EXPECT_EQ(fused, unfused) << (fp8 ? "fp8" : "bf16");
+    EXPECT_EQ(by_default, fused) << (fp8 ? "fp8" : "bf16");
   }
 }
 

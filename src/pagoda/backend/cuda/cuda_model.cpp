@@ -140,11 +140,6 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
       return invalid_argument_error("PAGODA_GEMV_FP8_DEPTH={}: expected 1, 2 or 4", env);
     gemv_fp8_depth_ = static_cast<int32_t>(v);
   }
-  if (const char* env = std::getenv("PAGODA_FUSE_SILU_DOWN"); env != nullptr && *env != '\0') {
-    const std::string v(env);
-    if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FUSE_SILU_DOWN={}: expected 0 or 1", env);
-    fuse_silu_down_ = v == "1";
-  }
   if (const char* env = std::getenv("PAGODA_FUSE_ROPE_KV"); env != nullptr && *env != '\0') {
     const std::string v(env);
     if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FUSE_ROPE_KV={}: expected 0 or 1", env);
@@ -283,6 +278,7 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
   bf16* attn = attn_.as<bf16>();
   bf16* proj = proj_.as<bf16>();
   bf16* gate_up = gate_up_.as<bf16>();
+  bf16* act = act_.as<bf16>();
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const DeviceAttentionPlan attention{device_.token_sequence, device_.kv_begin, device_.kv_end,
                                       device_.block_tables, block_table_stride_, T};
@@ -322,7 +318,7 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
     const DeviceKvShare share = pool.share(l);  // null norms: not a shared layer
     // The checkpoint's fp8 KV scales when present (0: per-vector amax), as CpuModel.
     const KvWriteFixedScales fixed_scales{w.k_scale, w.v_scale};
-    // Decode-sized steps of unshared layers may rotate and write the KV in one launch (PAGODA_FUSE_ROPE_KV).
+    // Decode-sized steps of unshared layers rotate and write the KV in one launch (PAGODA_FUSE_ROPE_KV=0: two).
     const bool fused_kv_write = fuse_rope_kv_ && T <= kGemvMaxRows && share.norms == nullptr;
     if (fused_kv_write) {
       // This layer's host-tier copies land (and write-backs leave blocks this step may write) before its KV is touched.
@@ -374,7 +370,8 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
     PAGODA_RETURN_IF_ERROR(project(normed, T, w.gate_up_proj, w.gate_up_fp8, 2 * I, H, gate_up));
     if (w.gate_up_bias != nullptr)
       PAGODA_CUDA_RETURN_IF_ERROR(add_bias(gate_up, 2 * I, T, 2 * I, w.gate_up_bias, stream_));
-    PAGODA_RETURN_IF_ERROR(silu_down(gate_up, T, w.down_proj, w.down_fp8, H, I, proj));
+    PAGODA_CUDA_RETURN_IF_ERROR(silu_mul(gate_up, act, T, I, stream_));
+    PAGODA_RETURN_IF_ERROR(project(act, T, w.down_proj, w.down_fp8, H, I, proj));
     if (w.down_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.down_bias, stream_));
     if (comm_ != nullptr)
       PAGODA_RETURN_IF_ERROR(comm_->enqueue_all_reduce_sum(proj, static_cast<size_t>(T) * H, DType::kBF16, stream_));
@@ -413,26 +410,6 @@ Status CudaModel::project(const bf16* x, int32_t T, const bf16* w, const CudaFp8
     PAGODA_CUDA_RETURN_IF_ERROR(quantize_fp8_per_token(x, T, k, q, scales, stream_));
   }
   return fp8_gemm_->linear(q, scales, T, fp8.data, fp8.scales, n, k, y, stream_);
-}
-
-Status CudaModel::silu_down(const bf16* gate_up, int32_t T, const bf16* w, const CudaFp8Weight& fp8, int32_t n,
-                            int32_t k, bf16* y) {
-  // The fused forms take exactly the GEMV path project() would take for act_ (same rows, same kernel).
-  if (fuse_silu_down_ && T <= kGemvSiluMaxRows) {
-    if (fp8.data == nullptr && T <= gemv_rows_bf16_ && gemv_supported(T, k, false, gate_up, w)) {
-      PAGODA_CUDA_RETURN_IF_ERROR(gemv_bf16_silu(gate_up, T, w, n, k, y, stream_));
-      return ok_status();
-    }
-    if (fp8.data != nullptr && T <= gemv_rows_fp8_ && fp8.input_scale == nullptr && gemv_fp8_depth_ == 1 &&
-        gemv_supported(T, k, true, gate_up, fp8.data)) {
-      const int32_t block_stride = fp8.block128 ? fp8_block_weight_scale_stride(k) : 0;
-      PAGODA_CUDA_RETURN_IF_ERROR(gemv_fp8_silu(gate_up, T, fp8.data, fp8.scales, block_stride, n, k, y, stream_));
-      return ok_status();
-    }
-  }
-  bf16* act = act_.as<bf16>();
-  PAGODA_CUDA_RETURN_IF_ERROR(silu_mul(gate_up, act, T, k, stream_));
-  return project(act, T, w, fp8, n, k, y);
 }
 
 Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {

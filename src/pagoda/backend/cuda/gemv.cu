@@ -13,10 +13,6 @@
 // trip with 1/2 / 1/4 of the threads: 2x / 4x the weight bytes in flight per thread. At depth 4 and 1-2
 // activation rows the block keeps kGemvRowsPerBlock rows (eight rows x eight chunks would not fit the
 // registers), which is 2x the direct kernel's per-thread bytes there.
-//
-// kSilu (gemv_bf16_silu / gemv_fp8_silu, the MLP's down projection): x is the gate_up rows [m, 2k] and each
-// activation chunk is silu(gate) * up computed on load and rounded to bf16 exactly as silu_mul rounds it,
-// so the product equals silu_mul followed by the plain GEMV bit for bit, without the silu_mul launch.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -70,24 +66,7 @@ __device__ __forceinline__ void store(float* y, float v) { *y = v; }
 // kFp8: weights e4m3 (16 per chunk) else bf16 (8 per chunk). block_stride > 0: 128x128 block scales applied
 // per chunk (a chunk never straddles a 128-column block: 16 divides 128); == 0 with scales: per-row scales
 // applied at the end; scales null (bf16): none.
-// Eight activations of row m at element e as floats: x's bf16 values, or (kSilu) bf16(silu(g) * u) of the
-// gate_up row (the expression and rounding of silu_mul's kernel, elementwise.cu).
-template <bool kSilu>
-__device__ __forceinline__ void load_x8(const __nv_bfloat16* __restrict__ x, int32_t k, int m, int64_t e, float* f) {
-  if constexpr (!kSilu) {
-    bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(m) * k + e)), f);
-  } else {
-    const __nv_bfloat16* row = x + static_cast<int64_t>(m) * 2 * k;
-    float g[8], u[8];
-    bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(row + e)), g);
-    bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(row + k + e)), u);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) f[i] = __bfloat162float(__float2bfloat16(g[i] / (1.0f + expf(-g[i])) * u[i]));
-  }
-}
-
-template <int M, bool kFp8, typename Out, int kDepth = 1, bool kSilu = false,
-          int kR = rows_per_block<M, kFp8, kDepth>(),
+template <int M, bool kFp8, typename Out, int kDepth = 1, int kR = rows_per_block<M, kFp8, kDepth>(),
           int kTh = kThreads / kDepth, int kChunks = 2 * kDepth>
 __global__ void __launch_bounds__(kTh) gemv_kernel(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w,
                                                         const float* __restrict__ scales, int32_t block_stride,
@@ -120,8 +99,10 @@ __global__ void __launch_bounds__(kTh) gemv_kernel(const __nv_bfloat16* __restri
     float xf[M][kElems];
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-      load_x8<kSilu>(x, k, m, static_cast<int64_t>(c) * kElems, xf[m]);
-      if constexpr (kFp8) load_x8<kSilu>(x, k, m, static_cast<int64_t>(c) * kElems + 8, xf[m] + 8);
+      const uint4* xr =
+          reinterpret_cast<const uint4*>(x + static_cast<int64_t>(m) * k + static_cast<int64_t>(c) * kElems);
+      bf16x8_to_float(__ldg(xr), xf[m]);
+      if constexpr (kFp8) bf16x8_to_float(__ldg(xr + 1), xf[m] + 8);
     }
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
@@ -156,8 +137,9 @@ __global__ void __launch_bounds__(kTh) gemv_kernel(const __nv_bfloat16* __restri
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float xf[kElems];
-      load_x8<kSilu>(x, k, m, static_cast<int64_t>(c) * kElems, xf);
-      if constexpr (kFp8) load_x8<kSilu>(x, k, m, static_cast<int64_t>(c) * kElems + 8, xf + 8);
+      const uint4* xr = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(m) * k + static_cast<int64_t>(c) * kElems);
+      bf16x8_to_float(__ldg(xr), xf);
+      if constexpr (kFp8) bf16x8_to_float(__ldg(xr + 1), xf + 8);
 #pragma unroll
       for (int r = 0; r < kR; ++r) {
         float dot = 0.0f;
@@ -246,20 +228,6 @@ cudaError_t launch(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const fl
   }
 }
 
-// The fused SiLU forms: the direct kernel at 1 or 2 rows only (the decode sizes the model fuses).
-template <bool kFp8>
-cudaError_t launch_silu(const __nv_bfloat16* gate_up, int32_t m, const uint8_t* w, const float* scales,
-                        int32_t block_stride, int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream) {
-  auto grid = [n](int rows) { return dim3(static_cast<unsigned>((n + rows - 1) / rows)); };
-  if (m == 1)
-    return launch_pdl(gemv_kernel<1, kFp8, __nv_bfloat16, 1, true>, grid(rows_per_block<1, kFp8, 1>()),
-                      dim3(kThreads), 0, stream, gate_up, w, scales, block_stride, n, k, y);
-  if (m == 2)
-    return launch_pdl(gemv_kernel<2, kFp8, __nv_bfloat16, 1, true>, grid(rows_per_block<2, kFp8, 1>()),
-                      dim3(kThreads), 0, stream, gate_up, w, scales, block_stride, n, k, y);
-  return cudaErrorInvalidValue;
-}
-
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace
@@ -299,25 +267,6 @@ cudaError_t gemv_fp8_logits(const __nv_bfloat16* x, int32_t m, const uint8_t* w,
     return cudaErrorInvalidValue;
   if (block_stride > 0 && block_stride < (k + 127) / 128) return cudaErrorInvalidValue;
   return launch<true, float, 1>(x, m, w, scales, block_stride, n, k, y, stream);
-}
-
-}  // namespace pagoda::cuda
-
-namespace pagoda::cuda {
-
-cudaError_t gemv_bf16_silu(const __nv_bfloat16* gate_up, int32_t m, const __nv_bfloat16* w, int32_t n, int32_t k,
-                           __nv_bfloat16* y, cudaStream_t stream) {
-  if (n <= 0 || m > kGemvSiluMaxRows || !gemv_supported(m, k, false, gate_up, w)) return cudaErrorInvalidValue;
-  return launch_silu<false>(gate_up, m, reinterpret_cast<const uint8_t*>(w), nullptr, 0, n, k, y, stream);
-}
-
-cudaError_t gemv_fp8_silu(const __nv_bfloat16* gate_up, int32_t m, const uint8_t* w, const float* scales,
-                          int32_t block_stride, int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream) {
-  if (n <= 0 || m > kGemvSiluMaxRows || scales == nullptr || block_stride < 0 ||
-      !gemv_supported(m, k, true, gate_up, w))
-    return cudaErrorInvalidValue;
-  if (block_stride > 0 && block_stride < (k + 127) / 128) return cudaErrorInvalidValue;
-  return launch_silu<true>(gate_up, m, w, scales, block_stride, n, k, y, stream);
 }
 
 }  // namespace pagoda::cuda

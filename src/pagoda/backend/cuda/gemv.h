@@ -21,10 +21,6 @@
 //     order per depth; depths differ from each other by f32 rounding only). The CUDA model takes it from
 //     PAGODA_GEMV_FP8_DEPTH (default kGemvDefaultFp8Depth).
 //   gemv_fp8_logits: gemv_fp8's arithmetic (the direct kernel) with f32 output: an e4m3 lm_head.
-//   gemv_bf16_silu / gemv_fp8_silu: the MLP's down projection with silu_mul folded into the activation load:
-//     gate_up [m, 2k] (gate columns 0 ... k-1, up columns k ... 2k-1, silu_mul's layout) replaces x, and
-//     each activation is bf16(silu(gate) * up) as silu_mul writes it, so y equals silu_mul followed by
-//     gemv_bf16 / gemv_fp8 (depth 1) bit for bit with one launch fewer. 1 <= m <= kGemvSiluMaxRows.
 //
 // Requirements (gemv_supported): 1 <= m <= kGemvMaxRows; k % 8 == 0 (bf16) or k % 16 == 0 (fp8); x and w
 // 16-byte aligned. Anything else is the GEMM's. Launches return cudaErrorInvalidValue for unsupported
@@ -53,8 +49,6 @@ inline constexpr int32_t kGemvDefaultMaxRowsFp8 = 2;
 // fp8 GEMV load depth (gemv_fp8): the direct kernel until the deeper ones are measured faster.
 inline constexpr int32_t kGemvDefaultFp8Depth = 1;
 inline constexpr int32_t kGemvFp8Depths[] = {1, 2, 4};
-// Rows up to which the fused SiLU forms exist (the decode sizes; larger batches keep silu_mul).
-inline constexpr int32_t kGemvSiluMaxRows = 2;
 
 bool gemv_supported(int32_t m, int32_t k, bool fp8_weights, const void* x, const void* w);
 
@@ -67,11 +61,5 @@ cudaError_t gemv_fp8(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const 
 
 cudaError_t gemv_fp8_logits(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales,
                             int32_t block_stride, int32_t n, int32_t k, float* y, cudaStream_t stream);
-
-cudaError_t gemv_bf16_silu(const __nv_bfloat16* gate_up, int32_t m, const __nv_bfloat16* w, int32_t n, int32_t k,
-                           __nv_bfloat16* y, cudaStream_t stream);
-
-cudaError_t gemv_fp8_silu(const __nv_bfloat16* gate_up, int32_t m, const uint8_t* w, const float* scales,
-                          int32_t block_stride, int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream);
 
 }  // namespace pagoda::cuda
