@@ -9,9 +9,11 @@
 #     must equal the unfused run's mean NLL 3.857102129346934 of the previous call), fp8 default (e4m3
 #     head), fp8 with PAGODA_FP8_LM_HEAD=0;
 #  4. batch-1 ITL (8B shape, latency workload), A/B/A/B per default change: fp8 + fp8 KV default vs
-#     PAGODA_FUSE_ROPE_KV=0 and vs PAGODA_FP8_LM_HEAD=0, bf16 + bf16 KV default vs PAGODA_FUSE_ROPE_KV=0.
-# About 120 s; parts past the budget are skipped and say so.
-# Needs .device/<name>/bundle.tar.xz (scripts/device-bundle.sh of cuda_ops_tests, cuda_model_tests,
+#     PAGODA_FUSE_ROPE_KV=0 and vs PAGODA_FP8_LM_HEAD=0, bf16 + bf16 KV default vs PAGODA_FUSE_ROPE_KV=0;
+#  5. with the time left: cuda_kv_eviction_tests and cuda_host_tier_tests (token eviction, the host tier's
+#     layer waits: KV paths the fused write now serves by default).
+# At most about 150 s; parts past the budget are skipped and say so.
+# Needs .device/<name>/bundle.tar.xz (scripts/device-bundle.sh of cuda_ops_tests, cuda_model_tests, cuda_kv_eviction_tests, cuda_host_tier_tests,
 # pagoda_gpu_engine_bench and pagoda, plus bundle/commit) beside this script, copied there as run.sh:
 #   run(command="bash .device/<name>/run.sh", carry=[".device/<name>"], timeout_s=220).
 set -u
@@ -80,5 +82,12 @@ engine bf16_default_b 22 DEFAULTS=1 -- "${BF16[@]}"
 engine bf16_rope_kv0_b 22 PAGODA_FUSE_ROPE_KV=0 -- "${BF16[@]}"
 engine fp8_old_defaults 22 PAGODA_FUSE_ROPE_KV=0 PAGODA_FP8_LM_HEAD=0 -- "${FP8[@]}"
 engine fp8_default_c 22 DEFAULTS=1 -- "${FP8[@]}"
+for t in cuda_kv_eviction_tests cuda_host_tier_tests; do  # the KV paths the fused write now serves by default
+  limit=30; [ "$(left)" -lt $limit ] && limit=$(left)
+  [ "$limit" -lt 8 ] && { echo "== $t skipped (time)"; continue; }
+  timeout "$limit" "$B" $t > "$out/$t.log" 2>&1
+  echo "== $t exit $? ($((SECONDS - start)) s)"
+  grep -E "^\[  (PASSED|FAILED)|FAILED|Failure|Expected|Which is" "$out/$t.log" | head -8
+done
 cd "$out" && tar czf logs.tar.gz *.log 2>/dev/null && rm -f engine_*.log
 echo "done ($((SECONDS - start)) s)"
