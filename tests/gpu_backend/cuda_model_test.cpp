@@ -426,6 +426,53 @@ TEST(CudaModel, Fp8LmHeadMatchesTheBf16LmHead) {
   EXPECT_LE(max_diff, 3.0 * (0.05 + 0.03 * max_logit));
 }
 
+// The decode fusion PAGODA_FUSE_ROPE_KV (rope_qk_kv_write, on by default): a bad value is refused naming the
+// variable; with bf16 projections + bf16 KV and with fp8 projections + fp8 KV, a 5-row prefill (unfused
+// either way) and graph-replayed batch-1 decode steps give the same logits bit for bit fused (the default,
+// and =1) and unfused (=0).
+TEST(CudaModel, DecodeFusionsMatchTheUnfusedModelBitForBit) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const ModelConfig config = small_llama_config();
+  setenv("PAGODA_FUSE_ROPE_KV", "on", 1);
+  auto refused = CudaModel::create_random(config, 7, small_options());
+  unsetenv("PAGODA_FUSE_ROPE_KV");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("PAGODA_FUSE_ROPE_KV"), std::string::npos)
+      << refused.status().to_string();
+  for (const bool fp8 : {false, true}) {
+    CudaModelOptions base = small_options();
+    base.fp8_weights = fp8;
+    if (fp8) {
+      base.kv_key_dtype = DType::kFP8E4M3;
+      base.kv_value_dtype = DType::kFP8E4M3;
+      if (!CudaModel::create_random(config, 7, base).ok()) continue;  // no fp8 on this device
+    }
+    auto run = [&](const char* rope_kv, std::vector<float>& all) {  // rope_kv null: the default
+      if (rope_kv != nullptr) setenv("PAGODA_FUSE_ROPE_KV", rope_kv, 1);
+      auto model = CudaModel::create_random(config, 7, base);
+      unsetenv("PAGODA_FUSE_ROPE_KV");
+      ASSERT_TRUE(model.ok()) << model.status().to_string();
+      auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
+      ASSERT_TRUE(pool.ok());
+      std::vector<float> logits;
+      ASSERT_TRUE((*model)->forward(single({1, 5, 900, 42, 7}, 0, {0}, true), **pool, logits).ok());
+      all = logits;
+      for (int32_t step = 0; step < 6; ++step) {
+        ASSERT_TRUE((*model)->forward(single({11 + step}, 5 + step, {0}, false), **pool, logits).ok());
+        for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+        all.insert(all.end(), logits.begin(), logits.end());
+      }
+      EXPECT_GT((*model)->graph_replays(), 0);
+    };
+    std::vector<float> unfused, fused, by_default;
+    run("0", unfused);
+    run("1", fused);
+    run(nullptr, by_default);
+    EXPECT_EQ(fused, unfused) << (fp8 ? "fp8" : "bf16");
+    EXPECT_EQ(by_default, fused) << (fp8 ? "fp8" : "bf16");
+  }
+}
+
 // backend/cuda/attention's Hopper attention (eager steps) against the backend's own kernel
 // inside the same model, for a head_dim it supports: two prefills in one step,
 // a mixed step (decode + chunk after a cached prefix), and a pure decode step.

@@ -23,8 +23,10 @@
 #include "gpu_test_support.h"
 #include "pagoda/backend/cuda/cuda_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
+#include "pagoda/backend/cuda/rope_kv_write.h"
 #include "pagoda/backend/cpu/kernels/kv_write.h"
 #include "pagoda/backend/cpu/kernels/paged_attention.h"
+#include "pagoda/model/rope_frequencies.h"
 
 namespace pagoda::cuda {
 namespace {
@@ -146,6 +148,77 @@ TEST_P(KvWriteQuantizedTest, CodesEqualTheReferenceQuantizer) {
         ASSERT_EQ(got.records[record_vector(vec, block_size, kv_heads) * groups + g], 0u) << "unwritten vector " << vec;
     }
   }
+}
+
+// rope_qk_kv_write (the fused rope + KV write of decode steps) leaves qkv, the contiguous q and both pools
+// (codes and scale records) exactly as rope_qk followed by kv_write: bf16, fp8 (per-vector and a fixed
+// per-tensor scale), int8 / int4 and mixed K / V formats, a padding slot, head dims 128, 64 and 40.
+TEST(RopeQkKvWrite, EqualsRopeQkThenKvWriteBitForBit) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  struct FusedCase {
+    KvQuant key, value;
+    int32_t head_dim;
+    float fixed_scale;
+  };
+  for (const FusedCase c : {FusedCase{KvQuant::kNone, KvQuant::kNone, 128, 0.0f},
+                            FusedCase{KvQuant::kFP8E4M3, KvQuant::kFP8E4M3, 128, 0.0f},
+                            FusedCase{KvQuant::kFP8E4M3, KvQuant::kFP8E4M3, 128, 0.02f},
+                            FusedCase{KvQuant::kInt8, KvQuant::kInt4, 64, 0.0f},
+                            FusedCase{KvQuant::kInt4, KvQuant::kFP8E4M3, 40, 0.0f}}) {
+    const std::string where = "K " + std::to_string(int(c.key)) + " V " + std::to_string(int(c.value)) + " D " +
+                              std::to_string(c.head_dim) + " fixed " + std::to_string(c.fixed_scale);
+    const int32_t q_heads = 4, kv_heads = 2, block_size = 8, num_blocks = 6, D = c.head_dim, tokens = 3;
+    const int32_t row_stride = (q_heads + 2 * kv_heads) * D + 8;
+    const std::vector<float> inv_freq = rope_inverse_frequencies(D, 10000.0f, nullptr);
+    const std::vector<int32_t> positions = {5, 77, 1023};
+    const std::vector<int64_t> slots = {17, -1, 40};  // token 1 is a padding row: rotated, not written
+    const std::vector<uint16_t> rows = to_bf16_bits(random_bf16_values(size_t(tokens) * row_stride, -3, 3, 93 + D));
+    const KvPoolShape shape{1, num_blocks, block_size, kv_heads, D, dtype_of(c.key), dtype_of(c.value)};
+    auto pool_a = CudaKvPool::create(shape), pool_b = CudaKvPool::create(shape);
+    ASSERT_TRUE(pool_a.ok() && pool_b.ok()) << where;
+    const DevicePagedKvLayer a = (*pool_a)->layer(0), b = (*pool_b)->layer(0);
+    DeviceBuffer d_a = to_device(rows), d_b = to_device(rows), d_pos = to_device(positions);
+    DeviceBuffer d_slots = to_device(slots), d_freq = to_device(inv_freq);
+    auto q_a = DeviceBuffer::allocate(size_t(tokens) * q_heads * D * 2);
+    auto q_b = DeviceBuffer::allocate(size_t(tokens) * q_heads * D * 2);
+    ASSERT_TRUE(q_a.ok() && q_b.ok());
+    const KvWriteFixedScales fixed{c.key == KvQuant::kFP8E4M3 ? c.fixed_scale : 0.0f,
+                                   c.value == KvQuant::kFP8E4M3 ? c.fixed_scale : 0.0f};
+    bf16* qkv_a = d_a.as<bf16>();
+    ASSERT_EQ(rope_qk(qkv_a, row_stride, d_pos.as<int32_t>(), tokens, q_heads, kv_heads, D, d_freq.as<float>(),
+                      q_a->as<bf16>(), nullptr),
+              cudaSuccess);
+    ASSERT_EQ(kv_write(qkv_a + q_heads * D, qkv_a + (q_heads + kv_heads) * D, row_stride, d_slots.as<int64_t>(), tokens,
+                       a, fixed, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(rope_qk_kv_write(d_b.as<bf16>(), row_stride, d_pos.as<int32_t>(), d_slots.as<int64_t>(), tokens, q_heads,
+                               d_freq.as<float>(), q_b->as<bf16>(), b, fixed, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<uint16_t> rows_a = to_host<uint16_t>(d_a, rows.size()), rows_b = to_host<uint16_t>(d_b, rows.size());
+    EXPECT_NE(rows_a, rows) << where << ": nothing was rotated";
+    EXPECT_EQ(rows_b, rows_a) << where << ": qkv";
+    EXPECT_EQ(to_host<uint16_t>(*q_b, size_t(tokens) * q_heads * D), to_host<uint16_t>(*q_a, size_t(tokens) * q_heads * D))
+        << where << ": q_out";
+    const size_t vectors = size_t(num_blocks) * block_size * kv_heads;
+    for (int kv = 0; kv < 2; ++kv) {
+      const KvQuant q = kv == 0 ? c.key : c.value;
+      const PoolBytes want = kv == 0 ? download(a.key, a.key_scale, vectors, D, q) : download(a.value, a.value_scale, vectors, D, q);
+      const PoolBytes got = kv == 0 ? download(b.key, b.key_scale, vectors, D, q) : download(b.value, b.value_scale, vectors, D, q);
+      EXPECT_GT(std::count_if(want.codes.begin(), want.codes.end(), [](uint8_t x) { return x != 0; }), 0)
+          << where << ": nothing was written";
+      EXPECT_EQ(got.codes, want.codes) << where << (kv == 0 ? ": K codes" : ": V codes");
+      EXPECT_EQ(got.records, want.records) << where << (kv == 0 ? ": K records" : ": V records");
+    }
+  }
+  // Bad input is refused: head_dim off the warp's reach, a negative fixed scale.
+  DevicePagedKvLayer wide{nullptr, nullptr, 1, 16, 1, 264};
+  EXPECT_EQ(rope_qk_kv_write(nullptr, 8, nullptr, nullptr, 1, 1, nullptr, nullptr, wide, {}, nullptr),
+            cudaErrorInvalidValue);
+  DevicePagedKvLayer narrow{nullptr, nullptr, 1, 16, 1, 64};
+  EXPECT_EQ(rope_qk_kv_write(nullptr, 8, nullptr, nullptr, 1, 1, nullptr, nullptr, narrow, {-1.0f, 0.0f}, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, KvWriteQuantizedTest,

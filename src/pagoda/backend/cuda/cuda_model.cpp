@@ -10,6 +10,7 @@
 #include "pagoda/backend/cuda/cuda_check.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
 #include "pagoda/backend/cuda/kv_share_ops.h"
+#include "pagoda/backend/cuda/rope_kv_write.h"
 #include "pagoda/backend/cuda/tensor_parallel_ops.h"
 #include "pagoda/model/rope_frequencies.h"
 #include "pagoda/model/checkpoint.h"
@@ -138,6 +139,11 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
     if (*end != '\0' || (v != 1 && v != 2 && v != 4))
       return invalid_argument_error("PAGODA_GEMV_FP8_DEPTH={}: expected 1, 2 or 4", env);
     gemv_fp8_depth_ = static_cast<int32_t>(v);
+  }
+  if (const char* env = std::getenv("PAGODA_FUSE_ROPE_KV"); env != nullptr && *env != '\0') {
+    const std::string v(env);
+    if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FUSE_ROPE_KV={}: expected 0 or 1", env);
+    fuse_rope_kv_ = v == "1";
   }
   if (const char* env = std::getenv("PAGODA_CUDA_PROFILE_REPLAY"); env != nullptr && *env != '\0') {
     char* end = nullptr;
@@ -315,14 +321,22 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
     // The k heads follow the q heads in each qkv row (head h at h * D): one launch rotates both, and for
     // the fast attention also writes q contiguous (its input).
     bf16* q_contiguous = fast_attention ? q_contig_.as<bf16>() : nullptr;
-    PAGODA_CUDA_RETURN_IF_ERROR(rope_qk(qkv, qkv_width, device_.positions, T, c.num_q_heads, c.num_kv_heads, D,
-                                        inv_freq, q_contiguous, stream_));
     const DevicePagedKvLayer kv = pool.layer(l);
     const DeviceKvShare share = pool.share(l);  // null norms: not a shared layer
-    // This layer's host-tier copies land (and write-backs leave blocks this step may write) before its KV is touched.
-    if (waits != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(waits->wait_layer(stream_, l));
     // The checkpoint's fp8 KV scales when present (0: per-vector amax), as CpuModel.
     const KvWriteFixedScales fixed_scales{w.k_scale, w.v_scale};
+    // Decode-sized steps of unshared layers rotate and write the KV in one launch (PAGODA_FUSE_ROPE_KV=0: two).
+    const bool fused_kv_write = fuse_rope_kv_ && T <= kGemvMaxRows && share.norms == nullptr;
+    if (fused_kv_write) {
+      // This layer's host-tier copies land (and write-backs leave blocks this step may write) before its KV is touched.
+      if (waits != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(waits->wait_layer(stream_, l));
+      PAGODA_CUDA_RETURN_IF_ERROR(rope_qk_kv_write(qkv, qkv_width, device_.positions, device_.slots, T, c.num_q_heads,
+                                                   inv_freq, q_contiguous, kv, fixed_scales, stream_));
+    } else {
+      PAGODA_CUDA_RETURN_IF_ERROR(rope_qk(qkv, qkv_width, device_.positions, T, c.num_q_heads, c.num_kv_heads, D,
+                                          inv_freq, q_contiguous, stream_));
+      if (waits != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(waits->wait_layer(stream_, l));
+    }
     if (share.norms != nullptr) {
       if (fast_attention || holes || (kv_scores_ != nullptr && kv_scores_->active()))
         return unimplemented_error("cuda: --kv-cross-layer-share with the fast attention or token eviction");
@@ -331,8 +345,9 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
       PAGODA_CUDA_RETURN_IF_ERROR(
           paged_attention_shared(qkv, qkv_width, kv, attention, c.num_q_heads, scale, share, attn, stream_));
     } else {
-      PAGODA_CUDA_RETURN_IF_ERROR(
-          kv_write(qkv + q_width, qkv + q_width + kv_width, qkv_width, device_.slots, T, kv, fixed_scales, stream_));
+      if (!fused_kv_write)
+        PAGODA_CUDA_RETURN_IF_ERROR(
+            kv_write(qkv + q_width, qkv + q_width + kv_width, qkv_width, device_.slots, T, kv, fixed_scales, stream_));
       if (kv_scores_ != nullptr && kv_scores_->active())
         PAGODA_RETURN_IF_ERROR(kv_scores_->score_layer(l, qkv, qkv_width, scale, kv, device_.block_tables, stream_));
       if (fast_attention) {

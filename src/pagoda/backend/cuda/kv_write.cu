@@ -14,6 +14,8 @@
 #include "pagoda/backend/cuda/cuda_ops.h"
 #include "pagoda/backend/cuda/kv_share_ops.h"
 #include "pagoda/backend/cuda/pdl.cuh"
+#include "pagoda/backend/cuda/rope_kv_write.h"
+#include "pagoda/backend/cuda/rope_pair.cuh"
 
 namespace pagoda::cuda {
 
@@ -74,22 +76,20 @@ __device__ __forceinline__ uint32_t int_code(float x, const IntParams& p, int le
   return static_cast<uint32_t>(fminf(fmaxf(q, 0.0f), static_cast<float>(levels)));
 }
 
-// Stores one (token, head) vector (row of head_dim bf16) as `format` at vector
-// index `vec` of the data pool and record vector `scale_vec` of the scale pool
-// (kernels::kv_scale_vector). Called by a whole warp.
-// fp8_fixed_scale > 0: fp8 uses it instead of the vector's amax / 448.
-__device__ void write_vector(const bf16* __restrict__ row, int32_t head_dim, KvQuant format, float fp8_fixed_scale,
-                             void* data, void* scales, int64_t vec, int64_t scale_vec, int lane) {
-  float x[kMaxElementsPerLane];
-#pragma unroll
-  for (int j = 0; j < kMaxElementsPerLane; ++j) {
-    const int e = lane + 32 * j;
-    x[j] = e < head_dim ? __bfloat162float(row[e]) : 0.0f;
-  }
+// Stores one (token, head) vector as `format` at vector index `vec` of the data pool and record vector
+// `scale_vec` of the scale pool (kernels::kv_scale_vector). Called by a whole warp. write_values takes it
+// from registers (x[j] is element lane + 32 j, 0 past head_dim, each a bf16 value), write_vector from a
+// row of head_dim bf16. fp8_fixed_scale > 0: fp8 uses it instead of the vector's amax / 448.
+__device__ void write_values(const float (&x)[kMaxElementsPerLane], int32_t head_dim, KvQuant format,
+                             float fp8_fixed_scale, void* data, void* scales, int64_t vec, int64_t scale_vec, int lane) {
   switch (format) {
     case KvQuant::kNone: {
       bf16* out = static_cast<bf16*>(data) + vec * head_dim;
-      for (int e = lane; e < head_dim; e += 32) out[e] = row[e];
+#pragma unroll
+      for (int j = 0; j < kMaxElementsPerLane; ++j) {
+        const int e = lane + 32 * j;
+        if (e < head_dim) out[e] = __float2bfloat16(x[j]);
+      }
       return;
     }
     case KvQuant::kFP8E4M3: {
@@ -156,6 +156,22 @@ __device__ void write_vector(const bf16* __restrict__ row, int32_t head_dim, KvQ
   }
 }
 
+__device__ void write_vector(const bf16* __restrict__ row, int32_t head_dim, KvQuant format, float fp8_fixed_scale,
+                             void* data, void* scales, int64_t vec, int64_t scale_vec, int lane) {
+  if (format == KvQuant::kNone) {  // a bf16 copy (bit for bit, NaN payloads included)
+    bf16* out = static_cast<bf16*>(data) + vec * head_dim;
+    for (int e = lane; e < head_dim; e += 32) out[e] = row[e];
+    return;
+  }
+  float x[kMaxElementsPerLane];
+#pragma unroll
+  for (int j = 0; j < kMaxElementsPerLane; ++j) {
+    const int e = lane + 32 * j;
+    x[j] = e < head_dim ? __bfloat162float(row[e]) : 0.0f;
+  }
+  write_values(x, head_dim, format, fp8_fixed_scale, data, scales, vec, scale_vec, lane);
+}
+
 // The (token, KV head) vector a warp of the quantized and shared write kernels writes: its row t, its
 // vector index in the pool, its scale record and its column in the k/v rows; false when the warp has no
 // vector (past the last pair) or the token's slot is -1 (not written).
@@ -191,6 +207,71 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
                layer.key_scale, vec, scale_vec, lane);
   write_vector(v + t * row_stride + column, layer.head_dim, layer.value_dtype, fixed_scales.value, layer.value,
                layer.value_scale, vec, scale_vec, lane);
+}
+
+// rope_qk + kv_write in one launch (rope_kv_write.h): one warp per (token, head) over the q heads then the
+// kv heads. Lane i owns the head's elements e = i, i + 32, ... (the quantized write's layout) and computes
+// each as rope_kernel does (element e < half is the first of pair e, else the second of pair e - half; both
+// through rope_pair, from the unrotated values), so the rotated vector stays in registers: written back in
+// place (q heads also to q_out), then a kv head's rotated k and its v go to the pool through write_values /
+// write_vector, the quantized kernel's arithmetic, so the pool holds what kv_write would write.
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    rope_qk_kv_write_kernel(bf16* __restrict__ qkv, int64_t row_stride, const int32_t* __restrict__ positions,
+                            const int64_t* __restrict__ slots, int32_t num_tokens, int32_t num_q_heads,
+                            const float* __restrict__ inv_freq, bf16* __restrict__ q_out, DevicePagedKvLayer layer,
+                            KvWriteFixedScales fixed_scales) {
+  const int lane = threadIdx.x % 32;
+  const int32_t heads = num_q_heads + layer.num_kv_heads, head_dim = layer.head_dim, half = head_dim / 2;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;  // (token, head)
+  const bool active = item < static_cast<int64_t>(num_tokens) * heads;
+  const int64_t t = active ? item / heads : 0;
+  const int32_t h = active ? static_cast<int32_t>(item % heads) : 0;
+  // Positions and frequencies are the step's inputs: the angles are computed before the PDL wait, as rope's.
+  float sn[kMaxElementsPerLane], cs[kMaxElementsPerLane];
+#pragma unroll
+  for (int j = 0; j < kMaxElementsPerLane; ++j) {
+    const int e = lane + 32 * j;
+    sn[j] = 0.0f;
+    cs[j] = 1.0f;
+    if (active && e < head_dim) {
+      const int pair = e < half ? e : e - half;
+      sincosf(static_cast<float>(positions[t]) * inv_freq[pair], &sn[j], &cs[j]);
+    }
+  }
+  pdl_launch_dependents();
+  pdl_wait();  // launched programmatically (pdl.cuh): qkv comes from the kernel ahead
+  if (!active) return;  // uniform across the warp
+  bf16* x = qkv + t * row_stride + static_cast<int64_t>(h) * head_dim;
+  float r[kMaxElementsPerLane];
+#pragma unroll
+  for (int j = 0; j < kMaxElementsPerLane; ++j) {
+    const int e = lane + 32 * j;
+    r[j] = 0.0f;
+    if (e >= head_dim) continue;
+    const int pair = e < half ? e : e - half;
+    bf16 lo, hi;
+    rope_pair(__bfloat162float(x[pair]), __bfloat162float(x[pair + half]), sn[j], cs[j], lo, hi);
+    r[j] = __bfloat162float(e < half ? lo : hi);
+  }
+  __syncwarp();  // every lane has read the unrotated head before any lane overwrites it
+  bf16* o = (q_out != nullptr && h < num_q_heads) ? q_out + (t * num_q_heads + h) * head_dim : nullptr;
+#pragma unroll
+  for (int j = 0; j < kMaxElementsPerLane; ++j) {
+    const int e = lane + 32 * j;
+    if (e >= head_dim) continue;
+    x[e] = __float2bfloat16(r[j]);
+    if (o != nullptr) o[e] = __float2bfloat16(r[j]);
+  }
+  if (h < num_q_heads) return;
+  const int32_t head = h - num_q_heads;
+  const int64_t slot = slots[t];
+  if (slot < 0) return;
+  const int64_t vec = slot * layer.num_kv_heads + head;
+  const int64_t scale_vec = kernels::kv_scale_vector(slot, head, layer.block_size, layer.num_kv_heads);
+  write_values(r, head_dim, layer.key_dtype, fixed_scales.key, layer.key, layer.key_scale, vec, scale_vec, lane);
+  const bf16* v = qkv + t * row_stride + static_cast<int64_t>(num_q_heads + layer.num_kv_heads + head) * head_dim;
+  write_vector(v, head_dim, layer.value_dtype, fixed_scales.value, layer.value, layer.value_scale, vec, scale_vec,
+               lane);
 }
 
 // Cross-layer sharing (kv_share_ops.h): one warp per (token, kv head, K or V)
@@ -325,6 +406,23 @@ cudaError_t kv_write(const bf16* k, const bf16* v, int64_t row_stride, const int
   const dim3 grid(static_cast<unsigned>((pairs + kWarpsPerBlock - 1) / kWarpsPerBlock));
   return launch_pdl(kv_write_quantized_kernel, grid, dim3(kWarpsPerBlock * 32), 0, stream, k, v, row_stride, slots,
                     num_tokens, layer, fixed_scales);
+}
+
+cudaError_t rope_qk_kv_write(bf16* qkv, int64_t row_stride, const int32_t* positions, const int64_t* slots,
+                             int32_t num_tokens, int32_t num_q_heads, const float* inv_freq, bf16* q_out,
+                             const DevicePagedKvLayer& layer, KvWriteFixedScales fixed_scales, cudaStream_t stream) {
+  if (num_q_heads < 0 || layer.num_kv_heads <= 0 || layer.head_dim % 8 != 0 ||
+      layer.head_dim > 32 * kMaxElementsPerLane || row_stride % 8 != 0)
+    return cudaErrorInvalidValue;
+  if (!valid_fixed_scale(fixed_scales.key) || !valid_fixed_scale(fixed_scales.value)) return cudaErrorInvalidValue;
+  if ((layer.key_dtype != KvQuant::kNone && layer.key_scale == nullptr) ||
+      (layer.value_dtype != KvQuant::kNone && layer.value_scale == nullptr))
+    return cudaErrorInvalidValue;
+  const int64_t items = static_cast<int64_t>(num_tokens) * (num_q_heads + layer.num_kv_heads);
+  if (items == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>((items + kWarpsPerBlock - 1) / kWarpsPerBlock));
+  return launch_pdl(rope_qk_kv_write_kernel, grid, dim3(kWarpsPerBlock * 32), 0, stream, qkv, row_stride, positions,
+                    slots, num_tokens, num_q_heads, inv_freq, q_out, layer, fixed_scales);
 }
 
 cudaError_t kv_write_shared(const bf16* k, const bf16* v, int64_t row_stride, const int64_t* slots,

@@ -2,6 +2,7 @@
 // intrinsics): angles reach position * 1 radian, where __sinf loses accuracy.
 #include "pagoda/backend/cuda/cuda_ops.h"
 #include "pagoda/backend/cuda/pdl.cuh"
+#include "pagoda/backend/cuda/rope_pair.cuh"
 
 namespace pagoda::cuda {
 
@@ -30,8 +31,8 @@ __global__ void rope_kernel(bf16* __restrict__ x, int64_t row_stride, const int3
   bf16* v = x + t * row_stride + static_cast<int64_t>(h) * 2 * half;
   const float a = __bfloat162float(v[pair]);
   const float b = __bfloat162float(v[pair + half]);
-  const bf16 lo = __float2bfloat16(a * c - b * s);
-  const bf16 hi = __float2bfloat16(b * c + a * s);
+  bf16 lo, hi;
+  rope_pair(a, b, s, c, lo, hi);
   v[pair] = lo;
   v[pair + half] = hi;
   if (q_out != nullptr && h < q_heads) {
