@@ -426,7 +426,7 @@ TEST(CudaModel, Fp8LmHeadMatchesTheBf16LmHead) {
   EXPECT_LE(max_diff, 3.0 * (0.05 + 0.03 * max_logit));
 }
 
-// The decode fusion PAGODA_FUSE_ROPE_KV (rope_qk_kv_write, on by default): a bad value is refused naming the
+// The decode fusion PAGODA_FUSE_ROPE_KV (rope_qk_kv_write, off by default): a bad value is refused naming the
 // variable; with bf16 projections + bf16 KV and with fp8 projections + fp8 KV, a 5-row prefill (unfused
 // either way) and graph-replayed batch-1 decode steps give the same logits bit for bit fused (the default,
 // and =1) and unfused (=0).

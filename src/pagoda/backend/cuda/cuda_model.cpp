@@ -325,7 +325,7 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
     const DeviceKvShare share = pool.share(l);  // null norms: not a shared layer
     // The checkpoint's fp8 KV scales when present (0: per-vector amax), as CpuModel.
     const KvWriteFixedScales fixed_scales{w.k_scale, w.v_scale};
-    // Decode-sized steps of unshared layers rotate and write the KV in one launch (PAGODA_FUSE_ROPE_KV=0: two).
+    // With PAGODA_FUSE_ROPE_KV=1, decode-sized steps of unshared layers rotate and write the KV in one launch.
     const bool fused_kv_write = fuse_rope_kv_ && T <= kGemvMaxRows && share.norms == nullptr;
     if (fused_kv_write) {
       // This layer's host-tier copies land (and write-backs leave blocks this step may write) before its KV is touched.
