@@ -428,8 +428,8 @@ TEST(CudaModel, Fp8LmHeadMatchesTheBf16LmHead) {
 
 // The decode fusion PAGODA_FUSE_ROPE_KV (rope_qk_kv_write, off by default): a bad value is refused naming the
 // variable; with bf16 projections + bf16 KV and with fp8 projections + fp8 KV, a 5-row prefill (unfused
-// either way) and graph-replayed batch-1 decode steps give the same logits bit for bit fused (the default,
-// and =1) and unfused (=0).
+// either way) and graph-replayed batch-1 decode steps give the same logits bit for bit fused (=1) and
+// unfused (the default, and =0).
 TEST(CudaModel, DecodeFusionsMatchTheUnfusedModelBitForBit) {
   PAGODA_SKIP_WITHOUT_GPU();
   const ModelConfig config = small_llama_config();
