@@ -99,11 +99,12 @@ struct AttentionDescriptor {
 
   // Per-position scores for token eviction's attention mass (docs/KV_CACHE.md
   // "Mass from the decode kernel"; device, f32; null: off, and nothing is
-  // written). Only the tensor-core decode (decode_attention_mma.cu) writes it:
-  // the score of query row r, query head h at position pos, in log2 units
-  // (q.k * scale_log2), goes to scores[(r * num_q_heads + h) * score_stride +
-  // pos] for every position the row attends (holes excepted); other positions
-  // are left as they were. Callers check decode_attention_writes_scores first;
+  // written). The decode kernels write it (tensor cores and CUDA cores, every
+  // KV format; the prefill kernels refuse it): the score of query row r, query
+  // head h at position pos, in log2 units (q.k * scale_log2, as the kernel
+  // computed it), goes to scores[(r * num_q_heads + h) * score_stride + pos]
+  // for every position the row attends (holes excepted); other positions are
+  // left as they were. Callers check decode_attention_writes_scores first;
   // kv_attention_mass_from_scores turns the rows into mass and entropy.
   float* scores = nullptr;
   int64_t score_stride = 0;

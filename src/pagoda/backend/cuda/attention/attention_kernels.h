@@ -25,10 +25,11 @@ cudaError_t launch_paged_attention(const AttentionDescriptor& desc, const void* 
                                    cudaStream_t stream);
 
 // Does launch_paged_attention(desc) write AttentionDescriptor::scores (token
-// eviction's mass from the decode kernel): a decode without holes on the
-// tensor-core kernel. A descriptor with scores that this refuses is refused by
-// the launch (cudaErrorInvalidValue); such steps keep the separate scoring
-// pass (kv_attention_scores.h).
+// eviction's mass from the decode kernel): every decode kernel does (tensor
+// cores, CUDA cores bf16 and quantized, holes skipped); the prefill kernels do
+// not. A descriptor with scores that this refuses is refused by the launch
+// (cudaErrorInvalidValue); such steps keep the separate scoring pass
+// (kv_attention_scores.h).
 bool decode_attention_writes_scores(const AttentionDescriptor& desc);
 
 // Naive reference on the GPU: one CTA per (query token, query head), f32 math,

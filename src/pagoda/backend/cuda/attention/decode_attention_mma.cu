@@ -863,7 +863,6 @@ bool decode_attention_mma_supports(const AttentionDescriptor& d) {
 }
 
 cudaError_t launch_decode_attention_mma(const AttentionDescriptor& d, const void* q, void* out, cudaStream_t stream) {
-  if (d.scores != nullptr && d.score_stride <= 0) return cudaErrorInvalidValue;
   const auto* qb = static_cast<const __nv_bfloat16*>(q);
   auto* ob = static_cast<__nv_bfloat16*>(out);
   if (d.key_element != KvElement::kBF16 && !fp8_tensor_scales(d) && d.num_work_items > 0 &&
