@@ -238,9 +238,15 @@ TEST(KvEvictionGpu, ThroughTheEngineEveryDevicePolicyAndBlockSize) {
       // Full budget: never compacted, the same output. Scoring decode steps replay a decode graph
       // (their own, with the scoring pass) like none's, so the tokens are none's with graphs.
       const int64_t replays = runner->model().graph_replays();
+      const int64_t kernel_mass = runner->model().kernel_mass_steps();
       const GreedyRun full = run_greedy(*runner, prompt, 40, policy_config(policy, 200));
       EXPECT_EQ(full.tokens, none.tokens);
       EXPECT_GE(runner->model().graph_replays() - replays, 38) << "decode steps did not replay a graph";
+      // The scored policies' decode steps take their mass from the decode kernel (the fast attention's
+      // scores + kv_attention_mass_from_scores), not the scoring pass.
+      if (policy != P::kStreaming && runner->model().fast_attention_steps() > 0) {
+        EXPECT_GE(runner->model().kernel_mass_steps() - kernel_mass, 38) << "decode steps ran the scoring pass";
+      }
       EXPECT_EQ(full.stats.kv_compactions, 0);
       // Under a budget: compacted after the prompt and then once per block of decode.
       const GreedyRun small = run_greedy(*runner, prompt, 60, policy_config(policy, 64));
@@ -420,6 +426,29 @@ void check_graph_scores(DType dtype, int32_t block_size) {
   auto after = scores_of(1);
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->mass, replay0->mass) << "a step without scoring queries changed the scores";
+
+  // The steps above took their mass from the decode kernel's scores where the fast attention ran
+  // (eager, recorded, replayed); with that off the scoring pass gives the same mass within the
+  // kernels' rounding (kv_attention_mass_gpu_test's bounds), and a step takes no kernel scores.
+  const int64_t kernel_steps = model.kernel_mass_steps();
+  std::printf("[graph scores] %s bs %d: %lld steps with the decode kernel's mass, %lld on the fast attention\n",
+              std::string(dtype_name(dtype)).c_str(), block_size, static_cast<long long>(kernel_steps),
+              static_cast<long long>(model.fast_attention_steps()));
+  if (model.fast_attention_steps() > 0) {
+    EXPECT_GE(kernel_steps, 3) << "scoring steps on the fast attention ran the scoring pass";
+  }
+  model.set_use_cuda_graphs(false);
+  model.set_kernel_mass(false);
+  std::vector<int32_t> pass_tokens;
+  ASSERT_TRUE(model.forward_greedy(step, runner->pool(), pass_tokens).ok());
+  model.set_kernel_mass(true);
+  EXPECT_EQ(model.kernel_mass_steps(), kernel_steps) << "kernel mass off, yet the kernel's scores were used";
+  EXPECT_EQ(pass_tokens, eager_tokens);
+  auto pass0 = scores_of(1), pass2 = scores_of(3);
+  ASSERT_TRUE(pass0.ok() && pass2.ok());
+  const double vs_pass = dtype == DType::kBF16 ? 1e-4 : dtype == DType::kFP8E4M3 ? 1e-1 : 2e-2;
+  compare(*eager0, *pass0, vs_pass, "sequence 0, eager: kernel mass vs the scoring pass");
+  compare(*eager2, *pass2, vs_pass, "sequence 2, eager: kernel mass vs the scoring pass");
 }
 
 TEST(KvEvictionGpu, ScoringDecodeStepsReplayAGraphWithTheEagerScores) {

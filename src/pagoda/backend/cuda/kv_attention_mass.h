@@ -10,9 +10,10 @@
 // (H / log n, 0 when n = 1) into its entropy sum. Same items, sequences and
 // layout as the pass, so a caller swaps one call for the other.
 //
-// One CTA per (item, KV head): three reads of the group's score rows (max,
-// then sum and entropy terms, then the mass with one float atomic add per
-// index and query). Capturable in a CUDA graph (items with sequence < 0 are
+// One CTA per (item, KV head), 1,024 threads: two reads of the group's score
+// rows (each query head's maximum, sum and entropy terms in one online pass,
+// then the mass with one float atomic add per index). Capturable in a CUDA
+// graph (items with sequence < 0 are
 // skipped). Not thread safe with respect to the arrays it adds into (the
 // stream orders it).
 //
