@@ -238,9 +238,23 @@ TEST(KvEvictionGpu, ThroughTheEngineEveryDevicePolicyAndBlockSize) {
       // Full budget: never compacted, the same output. Scoring decode steps replay a decode graph
       // (their own, with the scoring pass) like none's, so the tokens are none's with graphs.
       const int64_t replays = runner->model().graph_replays();
+      const int64_t kernel_mass = runner->model().kernel_mass_steps();
+      const int64_t fast_steps = runner->model().fast_attention_steps();
       const GreedyRun full = run_greedy(*runner, prompt, 40, policy_config(policy, 200));
       EXPECT_EQ(full.tokens, none.tokens);
       EXPECT_GE(runner->model().graph_replays() - replays, 38) << "decode steps did not replay a graph";
+      // The scored policies' decode steps take their mass from the decode kernel (the fast attention's
+      // scores + kv_attention_mass_from_scores), not the scoring pass, wherever they ran on the fast attention.
+      const int64_t fast_run = runner->model().fast_attention_steps() - fast_steps;
+      const int64_t kernel_run = runner->model().kernel_mass_steps() - kernel_mass;
+      std::printf("[engine] %s block size %d: %lld of %lld fast-attention steps with the decode kernel's mass\n",
+                  std::string(runtime::kv_compression_policy_name(policy)).c_str(), block_size,
+                  static_cast<long long>(kernel_run), static_cast<long long>(fast_run));
+      if (policy == P::kStreaming) {
+        EXPECT_EQ(kernel_run, 0) << "streaming has no scores";
+      } else if (fast_run >= 39) {
+        EXPECT_GE(kernel_run, 38) << "decode steps ran the scoring pass";
+      }
       EXPECT_EQ(full.stats.kv_compactions, 0);
       // Under a budget: compacted after the prompt and then once per block of decode.
       const GreedyRun small = run_greedy(*runner, prompt, 60, policy_config(policy, 64));
@@ -369,6 +383,7 @@ void check_graph_scores(DType dtype, int32_t block_size) {
   const ForwardBatch step = decode(true);
   auto scores_of = [&](int64_t state) { return runner->kv_scores().download(state, prompt + 1, nullptr); };
   std::vector<int32_t> eager_tokens, graph_tokens, replay_tokens;
+  const int64_t fast_before = model.fast_attention_steps(), kernel_before = model.kernel_mass_steps();
   ASSERT_TRUE(model.forward_greedy(step, runner->pool(), eager_tokens).ok());
   auto eager0 = scores_of(1), eager2 = scores_of(3);
   ASSERT_TRUE(eager0.ok() && eager2.ok());
@@ -420,6 +435,31 @@ void check_graph_scores(DType dtype, int32_t block_size) {
   auto after = scores_of(1);
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->mass, replay0->mass) << "a step without scoring queries changed the scores";
+
+  // The steps above took their mass from the decode kernel's scores where the fast attention ran
+  // (eager, recorded, replayed); with that off the scoring pass gives the same mass within the
+  // kernels' rounding (kv_attention_mass_gpu_test's bounds), and a step takes no kernel scores.
+  // (Three scoring steps, then two plain ones, which take none.)
+  const int64_t kernel_steps = model.kernel_mass_steps();
+  const int64_t fast_steps = model.fast_attention_steps() - fast_before;
+  std::printf("[graph scores] %s bs %d: %lld steps with the decode kernel's mass, %lld on the fast attention\n",
+              std::string(dtype_name(dtype)).c_str(), block_size, static_cast<long long>(kernel_steps - kernel_before),
+              static_cast<long long>(fast_steps));
+  if (fast_steps == 5) {
+    EXPECT_EQ(kernel_steps - kernel_before, 3) << "scoring steps on the fast attention ran the scoring pass";
+  }
+  model.set_use_cuda_graphs(false);
+  model.set_kernel_mass(false);
+  std::vector<int32_t> pass_tokens;
+  ASSERT_TRUE(model.forward_greedy(step, runner->pool(), pass_tokens).ok());
+  model.set_kernel_mass(true);
+  EXPECT_EQ(model.kernel_mass_steps(), kernel_steps) << "kernel mass off, yet the kernel's scores were used";
+  EXPECT_EQ(pass_tokens, eager_tokens);
+  auto pass0 = scores_of(1), pass2 = scores_of(3);
+  ASSERT_TRUE(pass0.ok() && pass2.ok());
+  const double vs_pass = dtype == DType::kBF16 ? 1e-4 : dtype == DType::kFP8E4M3 ? 1e-1 : 2e-2;
+  compare(*eager0, *pass0, vs_pass, "sequence 0, eager: kernel mass vs the scoring pass");
+  compare(*eager2, *pass2, vs_pass, "sequence 2, eager: kernel mass vs the scoring pass");
 }
 
 TEST(KvEvictionGpu, ScoringDecodeStepsReplayAGraphWithTheEagerScores) {

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "pagoda/backend/cuda/cuda_check.h"
+#include "pagoda/backend/cuda/kv_attention_mass.h"
 #include "pagoda/backend/cuda/kv_compact.h"
 #include "pagoda/backend/cuda/kv_select.h"
 #include "pagoda/runtime/kv_compression.h"
@@ -182,6 +183,16 @@ Status CudaKvScores::score_layer(int32_t layer, const bf16* q, int64_t q_row_str
   PAGODA_CUDA_RETURN_IF_ERROR(kv_attention_scores(q, q_row_stride, num_q_heads_, scale, kv, layer, block_tables, items,
                                                   launch_items_, sequences, launch_splits_, launch_scratch_,
                                                   stream));
+  return ok_status();
+}
+
+Status CudaKvScores::mass_layer(int32_t layer, const float* scores, int64_t score_stride, cudaStream_t stream) const {
+  if (num_items_ == 0) return ok_status();
+  const auto* items = static_cast<const KvScoreItem*>(launch_buffer_);
+  const auto* sequences = reinterpret_cast<const KvScoreSequence*>(
+      static_cast<const char*>(launch_buffer_) + static_cast<size_t>(launch_sequences_offset_) * sizeof(KvScoreItem));
+  PAGODA_CUDA_RETURN_IF_ERROR(kv_attention_mass_from_scores(scores, score_stride, num_q_heads_, num_kv_heads_, layer,
+                                                            items, launch_items_, sequences, stream));
   return ok_status();
 }
 

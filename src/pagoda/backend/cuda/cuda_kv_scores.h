@@ -72,6 +72,11 @@ class CudaKvScores {
   // In a graph step its launch covers all graph_slots items.
   Status score_layer(int32_t layer, const bf16* q, int64_t q_row_stride, float scale, const DevicePagedKvLayer& kv,
                      const int32_t* block_tables, cudaStream_t stream) const;
+  // Layer l's mass and entropy from the decode kernel's score rows instead of
+  // score_layer (kv_attention_mass.h: rows [row][num_q_heads][score_stride],
+  // written by this layer's decode attention, which must have run before on
+  // `stream`). Same items and sequences as score_layer; capturable.
+  Status mass_layer(int32_t layer, const float* scores, int64_t score_stride, cudaStream_t stream) const;
   // ModelRunner::compact_kv for every policy (streaming: no score part and
   // no state; h2o, snapkv from the state's scores; pyramidkv, entropy per
   // head, below): returns once the work is queued on `stream` (a fault in it

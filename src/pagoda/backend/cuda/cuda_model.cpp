@@ -348,15 +348,20 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
       if (!fused_kv_write)
         PAGODA_CUDA_RETURN_IF_ERROR(
             kv_write(qkv + q_width, qkv + q_width + kv_width, qkv_width, device_.slots, T, kv, fixed_scales, stream_));
-      if (kv_scores_ != nullptr && kv_scores_->active())
+      // The scores come from the decode kernel when choose_kernel_scores set rows for them, else from the pass.
+      const bool kernel_mass = fast_attention && kernel_scores_ != nullptr;
+      if (kv_scores_ != nullptr && kv_scores_->active() && !kernel_mass)
         PAGODA_RETURN_IF_ERROR(kv_scores_->score_layer(l, qkv, qkv_width, scale, kv, device_.block_tables, stream_));
       if (fast_attention) {
+        float* scores = kernel_mass ? kernel_scores_ : nullptr;
         if (holes) {
           PAGODA_RETURN_IF_ERROR(fast_->run(kv, q_contiguous, attn, stream_, fixed_scales, kv_scores_->hole_begin(l),
-                                            kv_scores_->hole_end()));
+                                            kv_scores_->hole_end(), scores, kernel_score_stride_));
         } else {
-          PAGODA_RETURN_IF_ERROR(fast_->run(kv, q_contiguous, attn, stream_, fixed_scales));
+          PAGODA_RETURN_IF_ERROR(
+              fast_->run(kv, q_contiguous, attn, stream_, fixed_scales, nullptr, nullptr, scores, kernel_score_stride_));
         }
+        if (kernel_mass) PAGODA_RETURN_IF_ERROR(kv_scores_->mass_layer(l, kernel_scores_, kernel_score_stride_, stream_));
       } else if (holes) {
         DeviceAttentionPlan with_holes = attention;
         with_holes.hole_begin = kv_scores_->hole_begin(l);
@@ -494,6 +499,46 @@ bool CudaModel::fast_attention_usable() const {
   return options_.fast_attention && !deepseek_ && options_.kv_cross_layer_share == 1;
 }
 
+namespace {
+// The most score-row memory the decode kernel's mass may take (graph or eager); more: the scoring pass.
+constexpr size_t kMaxKernelScoreBytes = size_t{256} << 20;
+}  // namespace
+
+Status CudaModel::choose_kernel_scores(bool scoring, bool fast, int32_t rows, bool graph, const ForwardBatch& batch) {
+  kernel_scores_ = nullptr;
+  kernel_score_stride_ = 0;
+  if (!scoring || !fast || !kernel_mass_ || deepseek_ || !fast_->writes_scores()) return ok_status();
+  const size_t row_bytes = static_cast<size_t>(config_.num_q_heads) * sizeof(float);
+  if (graph) {
+    // One stride for every replay: the longest context a block table can hold.
+    const int64_t stride = static_cast<int64_t>(block_table_stride_) * options_.block_size;
+    if (!mass_graph_tried_) {
+      mass_graph_tried_ = true;
+      const size_t want = static_cast<size_t>(buckets_.back()) * row_bytes * static_cast<size_t>(stride);
+      StatusOr<DeviceBuffer> buffer = DeviceBuffer::allocate(std::min(want, kMaxKernelScoreBytes));
+      if (buffer.ok()) mass_graph_ = std::move(buffer).value();  // else: the pass, always
+    }
+    if (static_cast<size_t>(rows) * row_bytes * static_cast<size_t>(stride) > mass_graph_.bytes()) return ok_status();
+    kernel_scores_ = mass_graph_.as<float>();
+    kernel_score_stride_ = stride;
+  } else {
+    int64_t stride = 1;
+    for (const SequenceSlice& s : batch.sequences)
+      stride = std::max<int64_t>(stride, static_cast<int64_t>(s.num_cached_tokens) + s.num_new_tokens);
+    const size_t want = static_cast<size_t>(rows) * row_bytes * static_cast<size_t>(stride);
+    if (want > kMaxKernelScoreBytes) return ok_status();
+    if (mass_step_.bytes() < want) {
+      StatusOr<DeviceBuffer> buffer = DeviceBuffer::allocate(std::max(want, mass_step_.bytes() * 2));
+      if (!buffer.ok()) return ok_status();  // the pass needs no rows
+      mass_step_ = std::move(buffer).value();
+    }
+    kernel_scores_ = mass_step_.as<float>();
+    kernel_score_stride_ = stride;
+  }
+  ++kernel_mass_steps_;
+  return ok_status();
+}
+
 Status CudaModel::capture_graph(int32_t bucket, bool scoring, const CudaKvPool& pool, bool fast_attention) {
   cudaGraph_t graph = nullptr;
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -512,7 +557,7 @@ Status CudaModel::capture_graph(int32_t bucket, bool scoring, const CudaKvPool& 
   PAGODA_CUDA_RETURN_IF_ERROR(instantiate);
   const int32_t key = graph_key(bucket, scoring);
   if (auto it = graphs_.find(key); it != graphs_.end()) cudaGraphExecDestroy(it->second.exec);
-  graphs_[key] = Graph{exec, &pool, fast_attention};
+  graphs_[key] = Graph{exec, &pool, fast_attention, kernel_scores_ != nullptr};
   return ok_status();
 }
 
@@ -573,8 +618,10 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
     }
     if (fast) ++fast_attention_steps_;
     const bool scoring = kv_scores_ != nullptr && kv_scores_->active();
+    PAGODA_RETURN_IF_ERROR(choose_kernel_scores(scoring, fast, step.bucket, true, batch));
     auto it = graphs_.find(graph_key(step.bucket, scoring));
-    if (it != graphs_.end() && it->second.pool == &pool && it->second.fast_attention == fast) {
+    if (it != graphs_.end() && it->second.pool == &pool && it->second.fast_attention == fast &&
+        it->second.kernel_mass == (kernel_scores_ != nullptr)) {
       // A profiler's window (PAGODA_CUDA_PROFILE_REPLAY, e.g. ncu --profile-from-start off): one replay only.
       const bool profiled = graph_replays_ == profile_replay_;
       if (profiled) {
@@ -607,6 +654,8 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
   if (fast && step_has_holes_)
     for (const SequenceSlice& s : batch.sequences) fast = fast && s.num_new_tokens == 1;
   if (fast) ++fast_attention_steps_;
+  PAGODA_RETURN_IF_ERROR(choose_kernel_scores(kv_scores_ != nullptr && kv_scores_->active(), fast, step.num_tokens,
+                                              false, batch));
   // Only the llama-family layer loop waits layer by layer; any other forward (MLA) waits for the whole load first.
   const bool per_layer_waits = !config_.mla.has_value();
   if (!per_layer_waits) PAGODA_CUDA_RETURN_IF_ERROR(waits.wait_all(stream_));

@@ -216,6 +216,11 @@ class CudaModel {
   int64_t graphs_captured() const { return static_cast<int64_t>(graphs_.size()); }
   // Steps whose attention ran on backend/cuda/attention's kernels.
   int64_t fast_attention_steps() const { return fast_attention_steps_; }
+  // Token eviction's mass from the decode kernel's own scores (on by default;
+  // off: every scoring step runs the separate scoring pass), and the steps
+  // (eager runs and graph captures or replays) that took it (tests, benchmarks).
+  void set_kernel_mass(bool on) { kernel_mass_ = on; }
+  int64_t kernel_mass_steps() const { return kernel_mass_steps_; }
 
  private:
   enum class Output { kLogits, kGreedy, kSampled };
@@ -259,6 +264,11 @@ class CudaModel {
   // A bucket's graph with token eviction's scoring launches is kept apart from the one without.
   static int32_t graph_key(int32_t bucket, bool scoring) { return bucket * 2 + (scoring ? 1 : 0); }
   bool fast_attention_usable() const;
+  // Sets kernel_scores_ for this step: the decode kernel writes the scores and
+  // kv_attention_mass_from_scores replaces the scoring pass when the step
+  // scores, runs on the fast attention as one decode launch and its score rows
+  // fit (rows: the step's, or the graph bucket's when graph). Otherwise null.
+  Status choose_kernel_scores(bool scoring, bool fast, int32_t rows, bool graph, const ForwardBatch& batch);
   Status run(const ForwardBatch& batch, CudaKvPool& pool, Output output, std::vector<float>* logits,
              std::vector<int32_t>* tokens);
 
@@ -295,6 +305,17 @@ class CudaModel {
   DeviceBuffer normed_;    // bf16 [T, hidden]
   DeviceBuffer qkv_;       // bf16 [T, (Hq + 2 Hkv) * D]
   DeviceBuffer attn_;      // bf16 [T, Hq * D]
+  // Token eviction's mass from the decode kernel (choose_kernel_scores): the
+  // step's score rows [rows][Hq][stride] f32. mass_graph_ is allocated once
+  // (graphs bake its address in) for the largest bucket it fits, at most
+  // kMaxKernelScoreBytes; mass_step_ grows for eager steps.
+  DeviceBuffer mass_graph_;
+  bool mass_graph_tried_ = false;
+  DeviceBuffer mass_step_;
+  float* kernel_scores_ = nullptr;  // this step's rows, or null: the scoring pass
+  int64_t kernel_score_stride_ = 0;
+  bool kernel_mass_ = true;
+  int64_t kernel_mass_steps_ = 0;
   DeviceBuffer q_contig_;  // bf16 [T, Hq * D]: q for the fast kernels, which take it contiguous
   DeviceBuffer proj_;      // bf16 [T, hidden]
   DeviceBuffer gate_up_;   // bf16 [T, 2 * intermediate]
@@ -315,6 +336,7 @@ class CudaModel {
     cudaGraphExec_t exec = nullptr;
     const CudaKvPool* pool = nullptr;  // the pool whose addresses the graph baked in
     bool fast_attention = false;       // captured with backend/cuda/attention's graph-mode decode attention
+    bool kernel_mass = false;          // its scoring came from the decode kernel's scores (mass_graph_)
   };
   std::map<int32_t, Graph> graphs_;  // by graph_key
   KvLayerWaits layer_waits_;  // for the next run() only

@@ -287,9 +287,12 @@ StatusOr<bool> FastAttention::plan_graph(const ModelConfig& config, const Forwar
 }
 
 Status FastAttention::run(const DevicePagedKvLayer& layer, const bf16* q, bf16* out, cudaStream_t stream,
-                          KvWriteFixedScales fixed_scales, const int32_t* hole_begin, const int32_t* hole_end) {
+                          KvWriteFixedScales fixed_scales, const int32_t* hole_begin, const int32_t* hole_end,
+                          float* scores, int64_t score_stride) {
   State& s = *state_;
   if (s.launches.empty()) return failed_precondition_error("FastAttention::run without a plan for this step");
+  if (scores != nullptr && !writes_scores())
+    return failed_precondition_error("fast attention: per-position scores in a step that is not one decode launch");
   if (hole_begin != nullptr && (s.launches.front().row_offset != 0 ||
                                 s.launches.front().plan.kernel() != kc::AttentionKernel::kDecode))
     return unimplemented_error("fast attention: per-head holes in a step without a decode launch");
@@ -313,10 +316,20 @@ Status FastAttention::run(const DevicePagedKvLayer& layer, const bf16* q, bf16* 
       desc.hole_begin = hole_begin;
       desc.hole_end = hole_end;
     }
+    if (scores != nullptr) {
+      desc.scores = scores;
+      desc.score_stride = score_stride;
+    }
     const int64_t offset = launch.row_offset * s.row_elements;
     PAGODA_CUDA_RETURN_IF_ERROR(kc::launch_paged_attention(desc, q + offset, out + offset, stream));
   }
   return ok_status();
+}
+
+bool FastAttention::writes_scores() const {
+  const State& s = *state_;
+  return s.launches.size() == 1 && s.launches.front().row_offset == 0 &&
+         s.launches.front().plan.kernel() == kc::AttentionKernel::kDecode;
 }
 
 #else  // backend/cuda/attention not built: always fall back to the backend's own kernel.
@@ -333,9 +346,11 @@ StatusOr<bool> FastAttention::plan_graph(const ModelConfig&, const ForwardBatch&
                                          int32_t, cudaStream_t) {
   return false;
 }
-Status FastAttention::run(const DevicePagedKvLayer&, const bf16*, bf16*, cudaStream_t) {
+Status FastAttention::run(const DevicePagedKvLayer&, const bf16*, bf16*, cudaStream_t, KvWriteFixedScales,
+                          const int32_t*, const int32_t*, float*, int64_t) {
   return failed_precondition_error("FastAttention: backend/cuda/attention is not compiled in");
 }
+bool FastAttention::writes_scores() const { return false; }
 
 #endif
 

@@ -112,9 +112,17 @@ class FastAttention {
   // to the step's decode launch (the leading one-token sequences, batch order),
   // whose kernels then skip them (the CUDA-core decode); errors if the step
   // has no decode launch. Enqueue only: capturable.
+  //
+  // scores / score_stride (token eviction's mass from the decode kernel,
+  // AttentionDescriptor::scores; null: off): the step's decode launch writes
+  // each attended position's score there, rows in batch order. Only when
+  // writes_scores() holds; errors otherwise.
   Status run(const DevicePagedKvLayer& layer, const bf16* q, bf16* out, cudaStream_t stream,
              KvWriteFixedScales fixed_scales = {}, const int32_t* hole_begin = nullptr,
-             const int32_t* hole_end = nullptr);
+             const int32_t* hole_end = nullptr, float* scores = nullptr, int64_t score_stride = 0);
+  // True when the planned step is one decode launch (every sequence one new
+  // token, rows from 0), whose kernels can write per-position scores.
+  bool writes_scores() const;
 
   // The check described above AttentionCheck, for config's heads and head_dim
   // (bf16 KV). Allocates and synchronizes: call at start-up, not while serving.

@@ -97,6 +97,18 @@ struct AttentionDescriptor {
   const int32_t* hole_begin = nullptr;  // [num_sequences * num_kv_heads]
   const int32_t* hole_end = nullptr;    // [num_sequences]; hole_begin <= hole_end
 
+  // Per-position scores for token eviction's attention mass (docs/KV_CACHE.md
+  // "Mass from the decode kernel"; device, f32; null: off, and nothing is
+  // written). The decode kernels write it (tensor cores and CUDA cores, every
+  // KV format; the prefill kernels refuse it): the score of query row r, query
+  // head h at position pos, in log2 units (q.k * scale_log2, as the kernel
+  // computed it), goes to scores[(r * num_q_heads + h) * score_stride + pos]
+  // for every position the row attends (holes excepted); other positions are
+  // left as they were. Callers check decode_attention_writes_scores first;
+  // kv_attention_mass_from_scores turns the rows into mass and entropy.
+  float* scores = nullptr;
+  int64_t score_stride = 0;
+
   // Split-K workspace (device, fp32), workspace_bytes() of the plan:
   // partial outputs [num_work_items, num_q_heads, head_dim] then log2-sum-exp
   // [num_work_items, num_q_heads].

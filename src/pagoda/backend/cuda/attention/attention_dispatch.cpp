@@ -13,8 +13,12 @@ cudaError_t prepare_paged_attention_kernels() {
   return err;
 }
 
+bool decode_attention_writes_scores(const AttentionDescriptor& d) { return d.kernel == AttentionKernel::kDecode; }
+
 cudaError_t launch_paged_attention(const AttentionDescriptor& d, const void* q, void* out,
                                    cudaStream_t stream) {
+  // Eviction scores come from the decode kernels only (tensor-core, CUDA-core bf16 and quantized).
+  if (d.scores != nullptr && (!decode_attention_writes_scores(d) || d.score_stride <= 0)) return cudaErrorInvalidValue;
   // Holes (per-head budgets): the CUDA-core decode kernels skip them; nothing else does yet.
   const bool holes = d.hole_begin != nullptr;
   if (holes && (d.kernel != AttentionKernel::kDecode || d.hole_end == nullptr)) return cudaErrorInvalidValue;

@@ -24,6 +24,14 @@ cudaError_t prepare_paged_attention_kernels();
 cudaError_t launch_paged_attention(const AttentionDescriptor& desc, const void* q, void* out,
                                    cudaStream_t stream);
 
+// Does launch_paged_attention(desc) write AttentionDescriptor::scores (token
+// eviction's mass from the decode kernel): every decode kernel does (tensor
+// cores, CUDA cores bf16 and quantized, holes skipped); the prefill kernels do
+// not. A descriptor with scores that this refuses is refused by the launch
+// (cudaErrorInvalidValue); such steps keep the separate scoring pass
+// (kv_attention_scores.h).
+bool decode_attention_writes_scores(const AttentionDescriptor& desc);
+
 // Naive reference on the GPU: one CTA per (query token, query head), f32 math,
 // scores in shared memory. For tests only; max_kv_length bounds every sequence's
 // cached + new length (at most 12,000).

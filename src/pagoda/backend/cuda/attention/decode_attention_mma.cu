@@ -589,6 +589,17 @@ __global__ void __launch_bounds__(kWarps * 32)
           }
         }
       }
+      // Token eviction's scores (AttentionDescriptor::scores; off: one uniform branch per tile).
+      if (d.scores != nullptr && g < kHeads) {
+        float* score_row = d.scores + (int64_t{w.token} * d.num_q_heads + w.q_head0 + g) * d.score_stride;
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int pos = pos0 + 8 * n + 2 * t + e;
+            if (pos < w.kv_end) score_row[pos] = s[n][e];
+          }
+      }
       float tile_max = s[0][0];
 #pragma unroll
       for (int n = 0; n < kNTiles; ++n) tile_max = fmaxf(tile_max, fmaxf(s[n][0], s[n][1]));

@@ -219,6 +219,18 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int h = 0; h < kHeads; ++h) s[u][h] = -INFINITY;
       }
     }
+    // Token eviction's scores (AttentionDescriptor::scores; off: one uniform branch per tile): every
+    // lane of a token holds its whole score after the shuffles; lane sub 0 writes the live ones.
+    if (d.scores != nullptr && sub == 0) {
+#pragma unroll
+      for (int u = 0; u < kStepsPerTile; ++u) {
+        const int pos = pos0 + group + u * S::kTokensPerStep;
+        if (!w.live(pos)) continue;
+#pragma unroll
+        for (int h = 0; h < kHeads; ++h)
+          d.scores[(int64_t{w.token} * d.num_q_heads + w.q_head0 + h) * d.score_stride + pos] = s[u][h];
+      }
+    }
 #pragma unroll
     for (int h = 0; h < kHeads; ++h) {
       float tile_max = s[0][h];
