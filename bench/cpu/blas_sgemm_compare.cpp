@@ -2,7 +2,7 @@
 // qkv / o / gate_up / down weights) through OpenBLAS, BLIS or oneDNN, each dlopened, so none is a build
 // dependency of pagoda. Build and run (after apt-get install libblis-dev libdnnl-dev):
 //   g++ -O2 bench/cpu/blas_sgemm_compare.cpp -o /tmp/blas_cmp -ldl
-//   for l in libopenblas.so.0 libblis.so.4 libdnnl.so.2; do OPENBLAS_NUM_THREADS=2 BLIS_NUM_THREADS=2 \
+//   for l in libopenblas.so.0 libblis.so.4 libdnnl.so.2; do OPENBLAS_NUM_THREADS=2 BLIS_NUM_THREADS=2
 //     OMP_NUM_THREADS=2 /tmp/blas_cmp /usr/lib/x86_64-linux-gnu/$l; done
 #include <dlfcn.h>
 #include <chrono>
