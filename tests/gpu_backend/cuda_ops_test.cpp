@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -147,6 +148,37 @@ TEST(CudaOps, RopeMatchesCpuWithLlama3Scaling) {
   // Angles up to 1.3e5 rad: sincosf and std::sin agree to ~1e-7 relative of the angle's ulp.
   EXPECT_LE(worst_error_ratio(got, want, 2e-2, kBf16Rel), 1.0);
   EXPECT_EQ(all[0], x[0]) << "columns before the slice must not change";
+}
+
+// The kernel loops over a token's heads in passes of 256 / (head_dim / 2) heads: head counts that are not a
+// multiple of a pass, head dims with odd halves and the largest (256, one head a pass) all rotate every head.
+TEST(CudaOps, RopeCoversEveryHeadOfEveryToken) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  for (const auto& [heads, head_dim] : {std::pair{40, 128}, std::pair{7, 80}, std::pair{3, 256}, std::pair{1, 64}}) {
+    const int32_t tokens = 37, stride = heads * head_dim + 16;
+    const std::vector<float> inv_freq = rope_inverse_frequencies(head_dim, 10000.0f, nullptr);
+    std::vector<int32_t> positions(tokens);
+    for (int32_t t = 0; t < tokens; ++t) positions[t] = t * 53 + 1;
+    const std::vector<float> x = random_bf16_values(tokens * stride, -2, 2, 23);
+    std::vector<float> want(static_cast<size_t>(tokens) * heads * head_dim);
+    for (int32_t t = 0; t < tokens; ++t)
+      std::copy_n(x.data() + static_cast<size_t>(t) * stride, heads * head_dim,
+                  want.data() + static_cast<size_t>(t) * heads * head_dim);
+    kernels::apply_rope(want.data(), positions.data(), tokens, heads, head_dim, inv_freq.data());
+    DeviceBuffer d_x = to_device(to_bf16_bits(x)), d_pos = to_device(positions), d_freq = to_device(inv_freq);
+    ASSERT_EQ(rope(d_x.as<bf16>(), stride, d_pos.as<int32_t>(), tokens, heads, head_dim, d_freq.as<float>(), nullptr),
+              cudaSuccess);
+    const std::vector<float> all = from_bf16_bits(to_host<uint16_t>(d_x, static_cast<size_t>(tokens) * stride));
+    std::vector<float> got(want.size());
+    for (int32_t t = 0; t < tokens; ++t) {
+      std::copy_n(all.data() + static_cast<size_t>(t) * stride, heads * head_dim,
+                  got.data() + static_cast<size_t>(t) * heads * head_dim);
+      for (int32_t i = heads * head_dim; i < stride; ++i)
+        ASSERT_EQ(all[static_cast<size_t>(t) * stride + i], x[static_cast<size_t>(t) * stride + i])
+            << "columns past the heads must not change (heads " << heads << ", head_dim " << head_dim << ")";
+    }
+    EXPECT_LE(worst_error_ratio(got, want, 2e-2, kBf16Rel), 1.0) << "heads " << heads << ", head_dim " << head_dim;
+  }
 }
 
 // rope_qk: q and k heads of qkv rows in one launch = rope over each, and the rotated q heads copied out

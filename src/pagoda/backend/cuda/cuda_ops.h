@@ -50,7 +50,7 @@ cudaError_t head_rmsnorm(bf16* x, int64_t row_stride, int32_t num_tokens, int32_
 // Rotary embedding in place ("rotate half"): element i < head_dim/2 of every head
 // pairs with i + head_dim/2, angle = positions[t] * inv_freq[i] (f32 product, as
 // the CPU kernel and transformers). inv_freq [head_dim/2] f32 on the device
-// (llama3 scaling is already folded in: rope_inverse_frequencies).
+// (llama3 scaling is already folded in: rope_inverse_frequencies). head_dim <= 512 (one CTA per token).
 cudaError_t rope(bf16* x, int64_t row_stride, const int32_t* positions, int32_t num_tokens,
                  int32_t num_heads, int32_t head_dim, const float* inv_freq, cudaStream_t stream);
 
