@@ -89,7 +89,8 @@ constexpr MlaDecodeKernel kKernels[] = {MlaDecodeKernel::kCpAsync, MlaDecodeKern
                                         MlaDecodeKernel::kTmaPairTile, MlaDecodeKernel::kTmaPingPong,
                                         MlaDecodeKernel::kTmaPingPongRing, MlaDecodeKernel::kTmaFastExp,
                                         MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns,
-                                        MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll};
+                                        MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll,
+                                        MlaDecodeKernel::kTmaPingPongSplit};
 
 const char* kernel_name(MlaDecodeKernel k) {
   switch (k) {
@@ -106,6 +107,7 @@ const char* kernel_name(MlaDecodeKernel k) {
     case MlaDecodeKernel::kTmaPingPongTurns: return "tma_pingpong_turns";
     case MlaDecodeKernel::kTmaPingPongTwoChains: return "tma_pingpong_2chain";
     case MlaDecodeKernel::kTmaPingPongAll: return "tma_pingpong_all";
+    case MlaDecodeKernel::kTmaPingPongSplit: return "tma_pingpong_split";
     default: return "cp_async";
   }
 }

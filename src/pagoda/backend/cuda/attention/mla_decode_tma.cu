@@ -441,7 +441,7 @@ __device__ __forceinline__ void pv_full(mla_narrow::SegmentStateOf<kMTiles>& st,
     for (int i = 0; i < 8; ++i) mla_narrow::keep_in_order(st.o[mi][i]);
 }
 
-template <int kSlots, bool kFastExp, bool kTurns, int kSChains>
+template <int kSlots, bool kFastExp, bool kTurns, int kSChains, bool kSplitPartials>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_tma_pingpong_kernel(const MlaDecodeDescriptor d, const __grid_constant__ CUtensorMap latent_map,
                                    const __nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ out) {
@@ -603,6 +603,32 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int h = 8 * j + t.col + e;
         sum[2 * j + e] = col_sum[h] + col_sum[kHeads + h] + col_sum[2 * kHeads + h] + col_sum[3 * kHeads + h];
       }
+    if constexpr (kSplitPartials) {
+      // No hand-over: this group's normalized partial O^T and log2-sum-exp are
+      // record 2 x seg + g of the workspace, which the merge pass combines. A
+      // group without a tile in the segment (l = 0) writes O = 0 and
+      // lse = kNoScore, which weighs nothing there.
+      const int heads_here = min(kHeads, d.num_heads);
+      float* lse = d.workspace + int64_t{2} * d.num_segments * d.num_heads * kMlaLatentDim;
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int h = 8 * j + t.col + e;
+          if (h >= heads_here) continue;
+          const int k = 2 * j + e;
+          const bool any = sum[k] > 0.0f;
+          const float inv = any ? 1.0f / sum[k] : 0.0f;
+          const int64_t at = (int64_t{2} * seg + g) * d.num_heads + h;
+#pragma unroll
+          for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+              d.workspace[at * kMlaLatentDim + mi * 64 + t.row0 + 8 * i] = st.o[mi][4 * j + 2 * i + e] * inv;
+          if (t.lane < 4 && t.wg_warp == 0) lse[at] = any ? st.m[k] + log2f(sum[k]) : mla_narrow::kNoScore;
+        }
+      continue;
+    }
     if (g == 1) {
       // Group 1's maxima and sums (the maxima are the same in every thread of
       // the group for a head; warp 0's lanes 0..3 hold all 16 heads), then its
@@ -736,23 +762,23 @@ cudaError_t occupancy_of(int* ctas_per_sm) {
                                                        kThreads, Layout<kSlots>::kSmemBytes);
 }
 
-template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1>
+template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1, bool kSplitPartials = false>
 cudaError_t allow_pingpong_shared_memory() {
-  return cudaFuncSetAttribute(mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains>,
+  return cudaFuncSetAttribute(mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains, kSplitPartials>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize, PingPongLayout<kSlots>::kSmemBytes);
 }
 
-template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1>
+template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1, bool kSplitPartials = false>
 cudaError_t pingpong_occupancy_of(int* ctas_per_sm) {
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      ctas_per_sm, mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains>, kThreads,
+      ctas_per_sm, mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains, kSplitPartials>, kThreads,
       PingPongLayout<kSlots>::kSmemBytes);
 }
 
-template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1>
+template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1, bool kSplitPartials = false>
 void launch_pingpong(const MlaDecodeDescriptor& d, const CUtensorMap& map, const __nv_bfloat16* q, __nv_bfloat16* out,
                      cudaStream_t stream) {
-  mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains>
+  mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains, kSplitPartials>
       <<<dim3(1, d.num_ctas), kThreads, PingPongLayout<kSlots>::kSmemBytes, stream>>>(d, map, q, out);
 }
 
@@ -776,7 +802,8 @@ cudaError_t prepare_mla_decode_tma_kernel() {
           allow_shared_memory<kTwoStageSlots, false, 1, true>(), allow_pingpong_shared_memory<kTwoStageSlots, true>(),
           allow_pingpong_shared_memory<kTwoStageSlots, false, true>(),
           allow_pingpong_shared_memory<kTwoStageSlots, false, false, 2>(),
-          allow_pingpong_shared_memory<kTwoStageSlots, true, true, 2>()})
+          allow_pingpong_shared_memory<kTwoStageSlots, true, true, 2>(),
+          allow_pingpong_shared_memory<kTwoStageSlots, false, false, 1, true>()})
       if (e != cudaSuccess) return e;
     return cudaSuccess;
   }();
@@ -802,6 +829,8 @@ cudaError_t mla_decode_tma_occupancy(MlaDecodeKernel kernel, int* ctas_per_sm) {
     case MlaDecodeKernel::kTmaPingPongTwoChains:
       return pingpong_occupancy_of<kTwoStageSlots, false, false, 2>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPingPongAll: return pingpong_occupancy_of<kTwoStageSlots, true, true, 2>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaPingPongSplit:
+      return pingpong_occupancy_of<kTwoStageSlots, false, false, 1, true>(ctas_per_sm);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -836,6 +865,9 @@ cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& d, const void*
       break;
     case MlaDecodeKernel::kTmaPingPongAll:
       launch_pingpong<kTwoStageSlots, true, true, 2>(d, map, qb, ob, stream);
+      break;
+    case MlaDecodeKernel::kTmaPingPongSplit:
+      launch_pingpong<kTwoStageSlots, false, false, 1, true>(d, map, qb, ob, stream);
       break;
     default: launch_variant<kTwoStageSlots, false>(d, map, qb, ob, stream); break;
   }
