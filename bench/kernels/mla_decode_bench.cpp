@@ -10,7 +10,8 @@
 // heads) every kernel runs on the same pool, one row each ("[cp_async]",
 // "[tma]", "[tma_ring]", "[tma_tile]", "[tma_ring_tile]", "[tma_pair]",
 // "[tma_pair_tile]", "[tma_pingpong]", "[tma_pingpong_ring]", "[tma_fast_exp]",
-// "[tma_pingpong_fast_exp]", "[tma_pingpong_turns]", "[tma_pingpong_2chain]", "[tma_pingpong_all]" in
+// "[tma_pingpong_fast_exp]", "[tma_pingpong_turns]", "[tma_pingpong_2chain]", "[tma_pingpong_all]",
+// "[tma_pingpong_split]" (its time includes the merge pass it always runs) in
 // the name); --kernel
 // picks one. --schedule runs the plan's whole-tile budgets ("whole", the
 // default plan), spread budgets ("spread": MlaDecodeOptions::spread_budget,
@@ -336,7 +337,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|tma_ring|"
                    "tma_tile|tma_ring_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_pingpong_ring|tma_fast_exp|"
-                   "tma_pingpong_fast_exp|tma_pingpong_turns|tma_pingpong_2chain|tma_pingpong_all] "
+                   "tma_pingpong_fast_exp|tma_pingpong_turns|tma_pingpong_2chain|tma_pingpong_all|tma_pingpong_split] "
                    "[--schedule all|whole|spread]\n");
       return 2;
     }
