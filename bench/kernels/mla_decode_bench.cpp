@@ -11,7 +11,7 @@
 // "[tma]", "[tma_ring]", "[tma_tile]", "[tma_ring_tile]", "[tma_pair]",
 // "[tma_pair_tile]", "[tma_pingpong]", "[tma_pingpong_ring]", "[tma_fast_exp]",
 // "[tma_pingpong_fast_exp]", "[tma_pingpong_turns]", "[tma_pingpong_2chain]", "[tma_pingpong_all]",
-// "[tma_pingpong_split]" (its time includes the merge pass it always runs) in
+// "[tma_pingpong_split]", "[tma_pingpong_split_2chain]" (their times include the merge pass they always run) in
 // the name); --kernel
 // picks one. --schedule runs the plan's whole-tile budgets ("whole", the
 // default plan), spread budgets ("spread": MlaDecodeOptions::spread_budget,
@@ -91,7 +91,7 @@ constexpr MlaDecodeKernel kKernels[] = {MlaDecodeKernel::kCpAsync, MlaDecodeKern
                                         MlaDecodeKernel::kTmaPingPongRing, MlaDecodeKernel::kTmaFastExp,
                                         MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns,
                                         MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll,
-                                        MlaDecodeKernel::kTmaPingPongSplit};
+                                        MlaDecodeKernel::kTmaPingPongSplit, MlaDecodeKernel::kTmaPingPongSplitTwoChains};
 
 const char* kernel_name(MlaDecodeKernel k) {
   switch (k) {
@@ -109,6 +109,7 @@ const char* kernel_name(MlaDecodeKernel k) {
     case MlaDecodeKernel::kTmaPingPongTwoChains: return "tma_pingpong_2chain";
     case MlaDecodeKernel::kTmaPingPongAll: return "tma_pingpong_all";
     case MlaDecodeKernel::kTmaPingPongSplit: return "tma_pingpong_split";
+    case MlaDecodeKernel::kTmaPingPongSplitTwoChains: return "tma_pingpong_split_2chain";
     default: return "cp_async";
   }
 }
@@ -337,7 +338,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|tma_ring|"
                    "tma_tile|tma_ring_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_pingpong_ring|tma_fast_exp|"
-                   "tma_pingpong_fast_exp|tma_pingpong_turns|tma_pingpong_2chain|tma_pingpong_all|tma_pingpong_split] "
+                   "tma_pingpong_fast_exp|tma_pingpong_turns|tma_pingpong_2chain|tma_pingpong_all|tma_pingpong_split|tma_pingpong_split_2chain] "
                    "[--schedule all|whole|spread]\n");
       return 2;
     }

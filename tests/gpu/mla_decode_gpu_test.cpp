@@ -263,6 +263,7 @@ const char* kernel_name(MlaDecodeKernel k) {
     case MlaDecodeKernel::kTmaPingPongTwoChains: return "tma_pingpong_2chain";
     case MlaDecodeKernel::kTmaPingPongAll: return "tma_pingpong_all";
     case MlaDecodeKernel::kTmaPingPongSplit: return "tma_pingpong_split";
+    case MlaDecodeKernel::kTmaPingPongSplitTwoChains: return "tma_pingpong_split_2chain";
     default: return "cp.async";
   }
 }
@@ -483,8 +484,8 @@ TEST_F(MlaDecodeGpuTest, RowsSharingBlocks) {
 // kTmaRingTile / kTmaPairTile; and kTmaPingPong / kTmaPingPongRing, each
 // compute warpgroup on its own tiles; kTmaFastExp, kTma with a shorter
 // softmax; kTmaPingPongFastExp / kTmaPingPongTurns / kTmaPingPongTwoChains /
-// kTmaPingPongAll; kTmaPingPongSplit, whose groups' partials go through the
-// merge pass; mla_decode_tma.cu), every case on all.
+// kTmaPingPongAll; kTmaPingPongSplit / kTmaPingPongSplitTwoChains, whose
+// groups' partials go through the merge pass; mla_decode_tma.cu), every case on all.
 // Unused pool slots hold NaN, so the rows of a partial last page (and of pages
 // past a segment's end) must be zeroed, not merely masked. run() fails a case
 // whose plan did not take the kernel asked for.
@@ -498,7 +499,8 @@ constexpr MlaDecodeKernel kTmaKernels[] = {MlaDecodeKernel::kTma,         MlaDec
                                            MlaDecodeKernel::kTmaPingPongTurns,
                                            MlaDecodeKernel::kTmaPingPongTwoChains,
                                            MlaDecodeKernel::kTmaPingPongAll,
-                                           MlaDecodeKernel::kTmaPingPongSplit};
+                                           MlaDecodeKernel::kTmaPingPongSplit,
+                                           MlaDecodeKernel::kTmaPingPongSplitTwoChains};
 
 MlaCase tma(MlaCase c) {
   c.options.kernel = tma_kernel;
@@ -607,7 +609,8 @@ TEST_F(MlaDecodeGpuTest, TmaMatchesCpAsyncKernel) {
       if (k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaPingPongRing ||
           k == MlaDecodeKernel::kTmaFastExp || k == MlaDecodeKernel::kTmaPingPongFastExp ||
           k == MlaDecodeKernel::kTmaPingPongTurns || k == MlaDecodeKernel::kTmaPingPongTwoChains ||
-          k == MlaDecodeKernel::kTmaPingPongAll || k == MlaDecodeKernel::kTmaPingPongSplit)
+          k == MlaDecodeKernel::kTmaPingPongAll || k == MlaDecodeKernel::kTmaPingPongSplit ||
+          k == MlaDecodeKernel::kTmaPingPongSplitTwoChains)
         continue;
       if (first_tma.empty()) first_tma = *new_out;
       else EXPECT_TRUE(*new_out == first_tma) << kernel_name(k) << " differs from tma, blocks of " << bs;
@@ -657,10 +660,12 @@ TEST_F(MlaDecodeGpuTest, TmaPingPongSmall) {
 }
 
 TEST_F(MlaDecodeGpuTest, TmaPingPongSplitSmall) {
-  // kTmaPingPongSplit alone (its own filter, so the sanitizers' verdict on it
-  // is not mixed with the hand-over kernels'): no shared memory passes between
-  // its groups but Q; each group writes a workspace record.
+  // kTmaPingPongSplit and kTmaPingPongSplitTwoChains alone (their own filter,
+  // so the sanitizers' verdict on them is not mixed with the hand-over
+  // kernels'): no shared memory passes between their groups but Q; each group
+  // writes a workspace record.
   pingpong_small(MlaDecodeKernel::kTmaPingPongSplit, true);
+  pingpong_small(MlaDecodeKernel::kTmaPingPongSplitTwoChains, true);
 }
 
 TEST_F(MlaDecodeGpuTest, SpreadBudgetPlans) {

@@ -358,7 +358,7 @@ TEST(MlaDecodePlanTest, KernelChoice) {
                             MlaDecodeKernel::kTmaPingPongRing, MlaDecodeKernel::kTmaFastExp,
                             MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns,
                             MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll,
-                            MlaDecodeKernel::kTmaPingPongSplit}) {
+                            MlaDecodeKernel::kTmaPingPongSplit, MlaDecodeKernel::kTmaPingPongSplitTwoChains}) {
     o.kernel = k;
     for (int32_t bs : {8, 16, 64, 128}) EXPECT_EQ(kernel_of(config(16, bs)), k) << bs;
     for (int32_t bs : {1, 48}) EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kCpAsync) << bs;

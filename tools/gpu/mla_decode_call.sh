@@ -15,7 +15,7 @@
 #        (default "*TmaPingPongSmall *TmaPingPongSplitSmall"; RACECHECK=0 /
 #        SYNCCHECK=0 skip them; their logs go into gpu_tests_tma.log); with
 #        PREFILL_CHECKS=1, the DeepSeek block-size-1 checks (prefill_checks
-#        below; one log, prefill.log);
+#        below; one log, PREFILL_LOG, default prefill.log);
 #     2. alone on the GPU: mla_decode_bench with every kernel side by side on the
 #        same pool (BENCH_ONLY: the --only substrings, default "bf16 H=16" and
 #        "fp8-656 H=16"; BENCH_ITERS, default 20; BENCH_ARGS, default
@@ -85,7 +85,7 @@ model_sanitize() {
   else
     echo "$tool $filter: compute-sanitizer not found" >> "$sum"
   fi
-  (flock 9; echo "== $tool $filter"; cat "$part") 9>>"$out/prefill.log" >> "$out/prefill.log"
+  (flock 9; echo "== $tool $filter"; cat "$part") 9>>"$out/${PREFILL_LOG:-prefill.log}" >> "$out/${PREFILL_LOG:-prefill.log}"
   rm -f "$part"
 }
 prefill_checks() {
@@ -99,7 +99,7 @@ prefill_checks() {
   timeout 140 "$b/run.sh" cuda_model_tests --gtest_filter="$fixture" --gtest_repeat=20 > "$part" 2>&1
   echo "cuda_model_tests $fixture x20 rc=$? passed $(grep -c '^\[       OK' "$part") failed $(grep -c '^\[  FAILED  \] .*ms)' "$part")" \
     "max prefill error $(grep -oE 'logprob \|gpu - cpu\| prefill [0-9.e-]+' "$part" | awk '{print $NF}' | sort -g | tail -1)" >> "$sum"
-  (flock 9; echo "== x20 $fixture"; cat "$part") 9>>"$out/prefill.log" >> "$out/prefill.log"
+  (flock 9; echo "== x20 $fixture"; cat "$part") 9>>"$out/${PREFILL_LOG:-prefill.log}" >> "$out/${PREFILL_LOG:-prefill.log}"
   rm -f "$part"
   wait
 }
@@ -167,8 +167,8 @@ run | tests | bench)
     grep -hE "rel L2|outputs differ|per SM|Failure|FAILED|Which is" "$out/gpu_tests_tma.log" "$out/gpu_tests.log" \
       | tee -a "$out/summary.log" | tail -60
     grep -hE "Failure|FAILED|Which is" "$out"/model_*.log | head -20 | tee -a "$out/summary.log"
-    [ ! -f "$out/prefill.log" ] || grep -hE "Failure|Which is|ERROR SUMMARY|Race reported|Uninitialized|hazard" \
-      "$out/prefill.log" | sort | uniq -c | head -20 | tee -a "$out/summary.log"
+    [ ! -f "$out/${PREFILL_LOG:-prefill.log}" ] || grep -hE "Failure|Which is|ERROR SUMMARY|Race reported|Uninitialized|hazard" \
+      "$out/${PREFILL_LOG:-prefill.log}" | sort | uniq -c | head -20 | tee -a "$out/summary.log"
     echo "tests elapsed $(( $(date +%s) - start )) s" | tee -a "$out/summary.log"
   fi
   if [ "$1" != tests ]; then

@@ -88,6 +88,8 @@ enum class MlaDecodeKernel : int32_t {
   // share no shared memory but Q. The merge pass always runs. Within the
   // tests' bound of kTmaPingPong (another combination order).
   kTmaPingPongSplit = 15,
+  // kTmaPingPongSplit with kTmaPingPongTwoChains' S^T (two accumulator chains).
+  kTmaPingPongSplitTwoChains = 16,
 };
 
 // The TMA-fed variants (kTma .. kTmaPingPongAll).
@@ -97,13 +99,14 @@ constexpr bool is_tma_kernel(MlaDecodeKernel k) {
          k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaPingPongRing ||
          k == MlaDecodeKernel::kTmaFastExp || k == MlaDecodeKernel::kTmaPingPongFastExp ||
          k == MlaDecodeKernel::kTmaPingPongTurns || k == MlaDecodeKernel::kTmaPingPongTwoChains ||
-         k == MlaDecodeKernel::kTmaPingPongAll || k == MlaDecodeKernel::kTmaPingPongSplit;
+         k == MlaDecodeKernel::kTmaPingPongAll || k == MlaDecodeKernel::kTmaPingPongSplit ||
+         k == MlaDecodeKernel::kTmaPingPongSplitTwoChains;
 }
 
 // Partial records a kernel writes per segment into the split workspace (2:
-// kTmaPingPongSplit, one a compute warpgroup; such a plan always merges).
+// kTmaPingPongSplit*, one a compute warpgroup; such a plan always merges).
 constexpr int mla_decode_partials_per_segment(MlaDecodeKernel k) {
-  return k == MlaDecodeKernel::kTmaPingPongSplit ? 2 : 1;
+  return k == MlaDecodeKernel::kTmaPingPongSplit || k == MlaDecodeKernel::kTmaPingPongSplitTwoChains ? 2 : 1;
 }
 
 // CTAs a kernel runs per SM (a head tile's wave is num_sms x this).

@@ -32,7 +32,7 @@ constexpr int64_t kSpreadSegmentOverhead = 1;
 // PAGODA_MLA_DECODE_KERNEL, read once: "tma", "tma_ring", "tma_tile",
 // "tma_ring_tile", "tma_pair", "tma_pair_tile", "tma_pingpong", "tma_pingpong_ring",
 // "tma_fast_exp", "tma_pingpong_fast_exp", "tma_pingpong_turns", "tma_pingpong_2chain",
-// "tma_pingpong_all", "tma_pingpong_split", "cp_async" or
+// "tma_pingpong_all", "tma_pingpong_split", "tma_pingpong_split_2chain", "cp_async" or
 // "auto" (unset or empty: auto); anything else is reported at plan creation.
 const char* environment_kernel() {
   static const char* value = [] {
@@ -99,11 +99,12 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
     else if (std::strcmp(env, "tma_pingpong_2chain") == 0) kernel = MlaDecodeKernel::kTmaPingPongTwoChains;
     else if (std::strcmp(env, "tma_pingpong_all") == 0) kernel = MlaDecodeKernel::kTmaPingPongAll;
     else if (std::strcmp(env, "tma_pingpong_split") == 0) kernel = MlaDecodeKernel::kTmaPingPongSplit;
+    else if (std::strcmp(env, "tma_pingpong_split_2chain") == 0) kernel = MlaDecodeKernel::kTmaPingPongSplitTwoChains;
     else
       return invalid_argument_error("mla decode: PAGODA_MLA_DECODE_KERNEL '{}' (auto, tma, tma_ring, tma_tile, "
                                     "tma_ring_tile, tma_pair, tma_pair_tile, tma_pingpong, tma_pingpong_ring, "
                                     "tma_fast_exp, tma_pingpong_fast_exp, tma_pingpong_turns, tma_pingpong_2chain, "
-                                    "tma_pingpong_all, tma_pingpong_split or "
+                                    "tma_pingpong_all, tma_pingpong_split, tma_pingpong_split_2chain or "
                                     "cp_async)",
                                     env);
   }

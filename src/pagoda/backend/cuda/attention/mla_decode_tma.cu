@@ -813,7 +813,8 @@ cudaError_t prepare_mla_decode_tma_kernel() {
           allow_pingpong_shared_memory<kTwoStageSlots, false, true>(),
           allow_pingpong_shared_memory<kTwoStageSlots, false, false, 2>(),
           allow_pingpong_shared_memory<kTwoStageSlots, true, true, 2>(),
-          allow_pingpong_shared_memory<kTwoStageSlots, false, false, 1, true>()})
+          allow_pingpong_shared_memory<kTwoStageSlots, false, false, 1, true>(),
+          allow_pingpong_shared_memory<kTwoStageSlots, false, false, 2, true>()})
       if (e != cudaSuccess) return e;
     return cudaSuccess;
   }();
@@ -841,6 +842,8 @@ cudaError_t mla_decode_tma_occupancy(MlaDecodeKernel kernel, int* ctas_per_sm) {
     case MlaDecodeKernel::kTmaPingPongAll: return pingpong_occupancy_of<kTwoStageSlots, true, true, 2>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPingPongSplit:
       return pingpong_occupancy_of<kTwoStageSlots, false, false, 1, true>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaPingPongSplitTwoChains:
+      return pingpong_occupancy_of<kTwoStageSlots, false, false, 2, true>(ctas_per_sm);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -878,6 +881,9 @@ cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& d, const void*
       break;
     case MlaDecodeKernel::kTmaPingPongSplit:
       launch_pingpong<kTwoStageSlots, false, false, 1, true>(d, map, qb, ob, stream);
+      break;
+    case MlaDecodeKernel::kTmaPingPongSplitTwoChains:
+      launch_pingpong<kTwoStageSlots, false, false, 2, true>(d, map, qb, ob, stream);
       break;
     default: launch_variant<kTwoStageSlots, false>(d, map, qb, ob, stream); break;
   }
