@@ -11,7 +11,8 @@
 // "[tma]", "[tma_ring]", "[tma_tile]", "[tma_ring_tile]", "[tma_pair]",
 // "[tma_pair_tile]", "[tma_pingpong]", "[tma_pingpong_ring]", "[tma_fast_exp]",
 // "[tma_pingpong_fast_exp]", "[tma_pingpong_turns]", "[tma_pingpong_2chain]", "[tma_pingpong_all]",
-// "[tma_pingpong_split]", "[tma_pingpong_split_2chain]" (their times include the merge pass they always run) in
+// "[tma_pingpong_split]", "[tma_pingpong_split_2chain]" (their times include
+// the merge pass they always run) in
 // the name); --kernel
 // picks one. --schedule runs the plan's whole-tile budgets ("whole", the
 // default plan), spread budgets ("spread": MlaDecodeOptions::spread_budget,
@@ -91,7 +92,8 @@ constexpr MlaDecodeKernel kKernels[] = {MlaDecodeKernel::kCpAsync, MlaDecodeKern
                                         MlaDecodeKernel::kTmaPingPongRing, MlaDecodeKernel::kTmaFastExp,
                                         MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns,
                                         MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll,
-                                        MlaDecodeKernel::kTmaPingPongSplit, MlaDecodeKernel::kTmaPingPongSplitTwoChains};
+                                        MlaDecodeKernel::kTmaPingPongSplit,
+                                        MlaDecodeKernel::kTmaPingPongSplitTwoChains};
 
 const char* kernel_name(MlaDecodeKernel k) {
   switch (k) {
@@ -338,7 +340,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|tma_ring|"
                    "tma_tile|tma_ring_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_pingpong_ring|tma_fast_exp|"
-                   "tma_pingpong_fast_exp|tma_pingpong_turns|tma_pingpong_2chain|tma_pingpong_all|tma_pingpong_split|tma_pingpong_split_2chain] "
+                   "tma_pingpong_fast_exp|tma_pingpong_turns|tma_pingpong_2chain|tma_pingpong_all|tma_pingpong_split|"
+                   "tma_pingpong_split_2chain] "
                    "[--schedule all|whole|spread]\n");
       return 2;
     }
