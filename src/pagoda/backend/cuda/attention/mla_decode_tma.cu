@@ -344,10 +344,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 // has m = kNoScore, l = 0, O = 0 and weighs nothing. Between tiles the groups
 // synchronize only with themselves (named barrier 1 + g) and with the producer
 // (mbarriers), so one group's softmax and barriers run while the other's MMAs
-// do. kSplitPartials (kTmaPingPongSplit): no hand-over at all; each group
+// do. kSplitPartials (kTmaPingPongSplit*): no hand-over at all; each group
 // writes its own normalized O^T and log2-sum-exp as workspace record 2 x
-// segment + g and the merge pass combines them. Without kTurns no named barrier forces an order (tiles land
-// alternately, which alternates the groups); with kTurns group g waits for its
+// segment + g and the merge pass combines them. Without kTurns no named
+// barrier forces an order (tiles land alternately, which alternates the
+// groups); with kTurns group g waits for its
 // turn (named barrier 6 + g) before its S^T MMAs and gives the turn to the
 // other group once they are done, so the groups' S^T chains alternate strictly
 // (the CTA's tiles by their index over all segments: group 1 gives the first
@@ -363,8 +364,8 @@ constexpr int kMTiles = 8;  // 512 latent dims / 64
 // Shared memory: Q | kSlots slots | P^T [2 groups] | column maxima [2][4][16] |
 // column sums [2][4][16] | group 1's maxima and sums [2][16] | group 1's O^T in
 // kHandParts parts (all of it where it fits: 18 slots; in two halves on 23) |
-// mbarriers: full [slot], empty [slot], the hand-over's full and empty. The hand-over has room of its own, so
-// the next segment's Q never meets it.
+// mbarriers: full [slot], empty [slot], the hand-over's full and empty. The
+// hand-over has room of its own, so the next segment's Q never meets it.
 template <int kSlots>
 struct PingPongLayout {
   static constexpr int kTilesAt = kQBytes;
