@@ -347,7 +347,8 @@ TEST(MlaDecodePlanTest, KernelChoice) {
   const char* env = std::getenv("PAGODA_MLA_DECODE_KERNEL");
   if (env == nullptr || *env == '\0') {
     o.kernel = MlaDecodeKernel::kDefault;
-    for (int32_t bs : {64, 128}) EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kTma) << bs;
+    for (int32_t bs : {64, 128})
+      EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kTmaPingPongSplitTwoChains) << bs;
     for (int32_t bs : {8, 16, 32, 48}) EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kCpAsync) << bs;
     EXPECT_EQ(kernel_of(config(17, 64)), MlaDecodeKernel::kCpAsync);
     EXPECT_EQ(kernel_of(fp8), MlaDecodeKernel::kCpAsync);

@@ -51,12 +51,16 @@ bool tma_applies(const MlaDecodeConfig& c) {
          (c.block_size % 64 == 0 || c.block_size == 8 || c.block_size == 16 || c.block_size == 32);
 }
 
-// The automatic choice: the TMA kernel where it applies and was measured
+// The automatic choice: a TMA kernel where it applies and was measured
 // faster than cp.async (pages of a multiple of 64 positions: one box a column
 // block of a tile; at blocks of 16 it measured no faster, docs/BENCHMARKS.md),
 // else the cp.async kernels (fp8 latents, more than 16 heads, other block sizes).
+// The TMA kernel taken: the ping-pong kernel without a hand-over, with two S^T
+// chains (docs/KERNELS.md v14: clean under racecheck and synccheck, and faster
+// than kTma).
+constexpr MlaDecodeKernel kAutomaticTmaKernel = MlaDecodeKernel::kTmaPingPongSplitTwoChains;
 MlaDecodeKernel automatic_kernel(const MlaDecodeConfig& c) {
-  return tma_applies(c) && c.block_size % 64 == 0 ? MlaDecodeKernel::kTma : MlaDecodeKernel::kCpAsync;
+  return tma_applies(c) && c.block_size % 64 == 0 ? kAutomaticTmaKernel : MlaDecodeKernel::kCpAsync;
 }
 
 }  // namespace
