@@ -10,7 +10,9 @@
 // heads) every kernel runs on the same pool, one row each ("[cp_async]",
 // "[tma]", "[tma_ring]", "[tma_tile]", "[tma_ring_tile]", "[tma_pair]",
 // "[tma_pair_tile]", "[tma_pingpong]", "[tma_pingpong_ring]", "[tma_fast_exp]",
-// "[tma_pingpong_fast_exp]", "[tma_pingpong_turns]", "[tma_pingpong_2chain]", "[tma_pingpong_all]" in
+// "[tma_pingpong_fast_exp]", "[tma_pingpong_turns]", "[tma_pingpong_2chain]", "[tma_pingpong_all]",
+// "[tma_pingpong_split]", "[tma_pingpong_split_2chain]" (their times include
+// the merge pass they always run) in
 // the name); --kernel
 // picks one. --schedule runs the plan's whole-tile budgets ("whole", the
 // default plan), spread budgets ("spread": MlaDecodeOptions::spread_budget,
@@ -89,7 +91,9 @@ constexpr MlaDecodeKernel kKernels[] = {MlaDecodeKernel::kCpAsync, MlaDecodeKern
                                         MlaDecodeKernel::kTmaPairTile, MlaDecodeKernel::kTmaPingPong,
                                         MlaDecodeKernel::kTmaPingPongRing, MlaDecodeKernel::kTmaFastExp,
                                         MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns,
-                                        MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll};
+                                        MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll,
+                                        MlaDecodeKernel::kTmaPingPongSplit,
+                                        MlaDecodeKernel::kTmaPingPongSplitTwoChains};
 
 const char* kernel_name(MlaDecodeKernel k) {
   switch (k) {
@@ -106,6 +110,8 @@ const char* kernel_name(MlaDecodeKernel k) {
     case MlaDecodeKernel::kTmaPingPongTurns: return "tma_pingpong_turns";
     case MlaDecodeKernel::kTmaPingPongTwoChains: return "tma_pingpong_2chain";
     case MlaDecodeKernel::kTmaPingPongAll: return "tma_pingpong_all";
+    case MlaDecodeKernel::kTmaPingPongSplit: return "tma_pingpong_split";
+    case MlaDecodeKernel::kTmaPingPongSplitTwoChains: return "tma_pingpong_split_2chain";
     default: return "cp_async";
   }
 }
@@ -334,7 +340,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|tma_ring|"
                    "tma_tile|tma_ring_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_pingpong_ring|tma_fast_exp|"
-                   "tma_pingpong_fast_exp|tma_pingpong_turns|tma_pingpong_2chain|tma_pingpong_all] "
+                   "tma_pingpong_fast_exp|tma_pingpong_turns|tma_pingpong_2chain|tma_pingpong_all|tma_pingpong_split|"
+                   "tma_pingpong_split_2chain] "
                    "[--schedule all|whole|spread]\n");
       return 2;
     }

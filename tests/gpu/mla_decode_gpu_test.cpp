@@ -262,6 +262,8 @@ const char* kernel_name(MlaDecodeKernel k) {
     case MlaDecodeKernel::kTmaPingPongTurns: return "tma_pingpong_turns";
     case MlaDecodeKernel::kTmaPingPongTwoChains: return "tma_pingpong_2chain";
     case MlaDecodeKernel::kTmaPingPongAll: return "tma_pingpong_all";
+    case MlaDecodeKernel::kTmaPingPongSplit: return "tma_pingpong_split";
+    case MlaDecodeKernel::kTmaPingPongSplitTwoChains: return "tma_pingpong_split_2chain";
     default: return "cp.async";
   }
 }
@@ -482,7 +484,8 @@ TEST_F(MlaDecodeGpuTest, RowsSharingBlocks) {
 // kTmaRingTile / kTmaPairTile; and kTmaPingPong / kTmaPingPongRing, each
 // compute warpgroup on its own tiles; kTmaFastExp, kTma with a shorter
 // softmax; kTmaPingPongFastExp / kTmaPingPongTurns / kTmaPingPongTwoChains /
-// kTmaPingPongAll; mla_decode_tma.cu), every case on all.
+// kTmaPingPongAll; kTmaPingPongSplit / kTmaPingPongSplitTwoChains, whose
+// groups' partials go through the merge pass; mla_decode_tma.cu), every case on all.
 // Unused pool slots hold NaN, so the rows of a partial last page (and of pages
 // past a segment's end) must be zeroed, not merely masked. run() fails a case
 // whose plan did not take the kernel asked for.
@@ -495,7 +498,9 @@ constexpr MlaDecodeKernel kTmaKernels[] = {MlaDecodeKernel::kTma,         MlaDec
                                            MlaDecodeKernel::kTmaPingPongFastExp,
                                            MlaDecodeKernel::kTmaPingPongTurns,
                                            MlaDecodeKernel::kTmaPingPongTwoChains,
-                                           MlaDecodeKernel::kTmaPingPongAll};
+                                           MlaDecodeKernel::kTmaPingPongAll,
+                                           MlaDecodeKernel::kTmaPingPongSplit,
+                                           MlaDecodeKernel::kTmaPingPongSplitTwoChains};
 
 MlaCase tma(MlaCase c) {
   c.options.kernel = tma_kernel;
@@ -604,7 +609,8 @@ TEST_F(MlaDecodeGpuTest, TmaMatchesCpAsyncKernel) {
       if (k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaPingPongRing ||
           k == MlaDecodeKernel::kTmaFastExp || k == MlaDecodeKernel::kTmaPingPongFastExp ||
           k == MlaDecodeKernel::kTmaPingPongTurns || k == MlaDecodeKernel::kTmaPingPongTwoChains ||
-          k == MlaDecodeKernel::kTmaPingPongAll)
+          k == MlaDecodeKernel::kTmaPingPongAll || k == MlaDecodeKernel::kTmaPingPongSplit ||
+          k == MlaDecodeKernel::kTmaPingPongSplitTwoChains)
         continue;
       if (first_tma.empty()) first_tma = *new_out;
       else EXPECT_TRUE(*new_out == first_tma) << kernel_name(k) << " differs from tma, blocks of " << bs;
@@ -625,21 +631,41 @@ TEST_F(MlaDecodeGpuTest, TmaOccupancy) {
   EXPECT_EQ(mla_decode_tma_occupancy(MlaDecodeKernel::kCpAsync, &ctas), cudaErrorInvalidValue);
 }
 
+// The ping-pong kernels alone on small shapes, sized for compute-sanitizer racecheck
+// and synccheck (tools/gpu/mla_decode_call.sh): 2 SMs so that a CTA runs several
+// segments (the stages reused across segments, the groups' hand-over or
+// per-group records at each end), a one-tile segment (one group has no tile:
+// its state must weigh nothing), a split row through the merge pass, a ragged
+// end at blocks of 16; with `fixed`, also a fixed (graph-shaped) plan with
+// padding rows (the merge pass zeroes them).
+void pingpong_small(MlaDecodeKernel k, bool fixed) {
+  tma_kernel = k;
+  const KvElement bf16 = KvElement::kBF16;
+  expect_close(tma(with_options(make_case("tma h16 bs64 2 sms", 16, 64, bf16, {1, 64, 65, 300, 700}, 130), 0, 2)));
+  expect_close(tma(with_options(make_case("tma h16 bs64 split 128", 16, 64, bf16, {5, 500}, 131), 128, 0)));
+  expect_close(tma(with_options(make_case("tma h16 bs16 2 sms", 16, 16, bf16, {17, 129, 250}, 132), 0, 2)));
+  if (!fixed) return;
+  MlaCase g = tma(with_options(make_case("tma h16 bs64 fixed 6 2 sms", 16, 64, bf16, {1, 130, 700}, 133), 0, 2));
+  g.options.fixed_rows = 6;
+  g.options.fixed_block_table_stride = 16;
+  expect_close(g);
+}
+
 TEST_F(MlaDecodeGpuTest, TmaPingPongSmall) {
-  // The ping-pong kernels alone on small shapes, sized for compute-sanitizer racecheck
-  // (tools/gpu/mla_decode_call.sh): 2 SMs so that a CTA runs several segments
-  // (the stages reused across segments, the groups' hand-over at each end), a
-  // one-tile segment (group 1 has no tile: its state must weigh nothing), a
-  // split row through the merge pass, a ragged end at blocks of 16.
+  // The ping-pong kernels with the shared-memory hand-over at a segment's end.
   for (MlaDecodeKernel k : {MlaDecodeKernel::kTmaPingPong, MlaDecodeKernel::kTmaPingPongRing,
                             MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns,
-                            MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll}) {
-    tma_kernel = k;
-    const KvElement bf16 = KvElement::kBF16;
-    expect_close(tma(with_options(make_case("tma h16 bs64 2 sms", 16, 64, bf16, {1, 64, 65, 300, 700}, 130), 0, 2)));
-    expect_close(tma(with_options(make_case("tma h16 bs64 split 128", 16, 64, bf16, {5, 500}, 131), 128, 0)));
-    expect_close(tma(with_options(make_case("tma h16 bs16 2 sms", 16, 16, bf16, {17, 129, 250}, 132), 0, 2)));
-  }
+                            MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll})
+    pingpong_small(k, false);
+}
+
+TEST_F(MlaDecodeGpuTest, TmaPingPongSplitSmall) {
+  // kTmaPingPongSplit and kTmaPingPongSplitTwoChains alone (their own filter,
+  // so the sanitizers' verdict on them is not mixed with the hand-over
+  // kernels'): no shared memory passes between their groups but Q; each group
+  // writes a workspace record.
+  pingpong_small(MlaDecodeKernel::kTmaPingPongSplit, true);
+  pingpong_small(MlaDecodeKernel::kTmaPingPongSplitTwoChains, true);
 }
 
 TEST_F(MlaDecodeGpuTest, SpreadBudgetPlans) {

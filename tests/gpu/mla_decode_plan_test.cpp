@@ -202,6 +202,50 @@ TEST(MlaDecodePlanTest, PairKernelsScheduleTwoCtasPerSm) {
   }
 }
 
+TEST(MlaDecodePlanTest, PingPongSplitHasTwoRecordsASegmentAndAlwaysMerges) {
+  // kTmaPingPongSplit: each compute warpgroup writes its own record, so the
+  // workspace holds 2 x num_segments records and the merge pass runs even when
+  // no row is split; the other kernels keep one record a segment.
+  const auto t = table(100);
+  const std::vector<MlaDecodeRow> rows{{100, t}, {700, t}};  // one segment each (one SM)
+  const size_t record = 16 * (512 + 1) * sizeof(float);
+  MlaDecodeOptions o;
+  o.kernel = MlaDecodeKernel::kTmaPingPong;
+  auto one = MlaDecodePlan::create(config(16, 64), rows, AttentionDeviceInfo{1}, o);
+  ASSERT_TRUE(one.ok());
+  ASSERT_EQ(one->num_segments(), 2);
+  EXPECT_EQ(one->max_splits(), 1);
+  EXPECT_EQ(one->workspace_bytes(), 0u);
+  EXPECT_EQ(one->descriptor(nullptr, nullptr, nullptr, nullptr).partials_per_segment, 1);
+  o.kernel = MlaDecodeKernel::kTmaPingPongSplit;
+  auto two = MlaDecodePlan::create(config(16, 64), rows, AttentionDeviceInfo{1}, o);
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(two->kernel(), MlaDecodeKernel::kTmaPingPongSplit);
+  ASSERT_EQ(two->num_segments(), 2);
+  EXPECT_EQ(two->workspace_bytes(), 2 * 2 * record);
+  EXPECT_EQ(two->descriptor(nullptr, nullptr, nullptr, nullptr).partials_per_segment, 2);
+  // Split rows (splits of 128 tokens: 1 + 6 segments) and a fixed plan (capacity: rows + CTAs).
+  MlaDecodeOptions s;
+  s.split_tokens = 128;
+  s.kernel = o.kernel;
+  auto split = MlaDecodePlan::create(config(16, 64), rows, AttentionDeviceInfo{1}, s);
+  ASSERT_TRUE(split.ok());
+  EXPECT_EQ(split->workspace_bytes(), size_t(split->num_segments()) * 2 * record);
+  o.fixed_rows = 4;
+  o.fixed_block_table_stride = 100;
+  auto fixed = MlaDecodePlan::create(config(16, 64), rows, AttentionDeviceInfo{1}, o);
+  ASSERT_TRUE(fixed.ok());
+  EXPECT_EQ(fixed->workspace_bytes(), size_t(4 + 1) * 2 * record);
+  // A fallback to cp.async (fp8) has one record a segment again.
+  auto fp8 = config(16, 64);
+  fp8.latent_element = KvElement::kFP8E4M3;
+  o.fixed_rows = 0;
+  auto fallback = MlaDecodePlan::create(fp8, rows, AttentionDeviceInfo{1}, o);
+  ASSERT_TRUE(fallback.ok());
+  EXPECT_EQ(fallback->kernel(), MlaDecodeKernel::kCpAsync);
+  EXPECT_EQ(fallback->workspace_bytes(), 0u);
+}
+
 TEST(MlaDecodePlanTest, FixedSplitsAndSharedTables) {
   const auto t = table(100);
   std::vector<MlaDecodeRow> rows{{1, t}, {1000, t}, {1600, t}};
@@ -303,7 +347,8 @@ TEST(MlaDecodePlanTest, KernelChoice) {
   const char* env = std::getenv("PAGODA_MLA_DECODE_KERNEL");
   if (env == nullptr || *env == '\0') {
     o.kernel = MlaDecodeKernel::kDefault;
-    for (int32_t bs : {64, 128}) EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kTma) << bs;
+    for (int32_t bs : {64, 128})
+      EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kTmaPingPongSplitTwoChains) << bs;
     for (int32_t bs : {8, 16, 32, 48}) EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kCpAsync) << bs;
     EXPECT_EQ(kernel_of(config(17, 64)), MlaDecodeKernel::kCpAsync);
     EXPECT_EQ(kernel_of(fp8), MlaDecodeKernel::kCpAsync);
@@ -313,7 +358,8 @@ TEST(MlaDecodePlanTest, KernelChoice) {
                             MlaDecodeKernel::kTmaPairTile, MlaDecodeKernel::kTmaPingPong,
                             MlaDecodeKernel::kTmaPingPongRing, MlaDecodeKernel::kTmaFastExp,
                             MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns,
-                            MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll}) {
+                            MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll,
+                            MlaDecodeKernel::kTmaPingPongSplit, MlaDecodeKernel::kTmaPingPongSplitTwoChains}) {
     o.kernel = k;
     for (int32_t bs : {8, 16, 64, 128}) EXPECT_EQ(kernel_of(config(16, bs)), k) << bs;
     for (int32_t bs : {1, 48}) EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kCpAsync) << bs;

@@ -685,16 +685,18 @@ __global__ void __launch_bounds__(128) mla_decode_merge_kernel(const MlaDecodeDe
                                                                __nv_bfloat16* __restrict__ out) {
   const int row = blockIdx.x;
   const int head = blockIdx.y;
-  const int first = d.row_segment_start[row];
-  const int count = d.row_segment_start[row + 1] - first;
-  if (count == 1) return;
+  // Records, not segments: a segment has partials_per_segment of them.
+  const int per = d.partials_per_segment;
+  const int first = d.row_segment_start[row] * per;
+  const int count = d.row_segment_start[row + 1] * per - first;
+  if (count == 1) return;  // one segment of one record: the kernel wrote the row
   if (count <= 0) {
     reinterpret_cast<uint2*>(out + (int64_t{row} * d.num_heads + head) * kMlaLatentDim)[threadIdx.x] =
         make_uint2(0u, 0u);
     return;
   }
   const float* partial = d.workspace;
-  const float* lse = d.workspace + int64_t{d.num_segments} * d.num_heads * kMlaLatentDim;
+  const float* lse = d.workspace + int64_t{d.num_segments} * per * d.num_heads * kMlaLatentDim;
   float max_lse = kNoScore;
   for (int s = 0; s < count; ++s) max_lse = fmaxf(max_lse, lse[int64_t{first + s} * d.num_heads + head]);
   float sum = 0.0f;
@@ -748,7 +750,9 @@ cudaError_t launch_mla_decode(const MlaDecodeDescriptor& d, const void* q, void*
   const bool flash = d.latent_layout == MlaLatentLayout::kFlashMla656;
   if (flash && !fp8) return cudaErrorInvalidValue;
   if (fp8 && !flash && d.latent_scale == nullptr) return cudaErrorInvalidValue;
-  if (d.max_splits > 1 && d.workspace == nullptr) return cudaErrorInvalidValue;
+  const bool merge = d.max_splits > 1 || d.partials_per_segment > 1;
+  if (d.partials_per_segment != mla_decode_partials_per_segment(d.kernel)) return cudaErrorInvalidValue;
+  if (merge && d.workspace == nullptr) return cudaErrorInvalidValue;
   const cudaError_t prepared = fp8 ? prepare_one<true>() : prepare_one<false>();
   if (prepared != cudaSuccess) return prepared;
   if (d.num_ctas == 0) return cudaSuccess;
@@ -772,7 +776,7 @@ cudaError_t launch_mla_decode(const MlaDecodeDescriptor& d, const void* q, void*
     mla_decode_kernel<kBf16><<<grid, kThreads, kSmemBytes, stream>>>(d, qb, ob);
   }
   cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess || d.max_splits <= 1) return err;
+  if (err != cudaSuccess || !merge) return err;
   mla_decode_merge_kernel<<<dim3(d.num_rows, d.num_heads), 128, 0, stream>>>(d, ob);
   return cudaGetLastError();
 }

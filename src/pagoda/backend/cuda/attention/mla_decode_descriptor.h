@@ -81,6 +81,15 @@ enum class MlaDecodeKernel : int32_t {
   kTmaPingPongTwoChains = 13,
   // kTmaPingPong with all three of the above: fast exp, turns, two chains.
   kTmaPingPongAll = 14,
+  // kTmaPingPong without a hand-over between the groups: each warpgroup ends a
+  // segment by writing its own normalized partial O and log2-sum-exp to the
+  // split workspace (two records a segment, group g's at 2 x segment + g) and
+  // the merge pass combines them with the row's other records, so the groups
+  // share no shared memory but Q. The merge pass always runs. Within the
+  // tests' bound of kTmaPingPong (another combination order).
+  kTmaPingPongSplit = 15,
+  // kTmaPingPongSplit with kTmaPingPongTwoChains' S^T (two accumulator chains).
+  kTmaPingPongSplitTwoChains = 16,
 };
 
 // The TMA-fed variants (kTma .. kTmaPingPongAll).
@@ -90,7 +99,14 @@ constexpr bool is_tma_kernel(MlaDecodeKernel k) {
          k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaPingPongRing ||
          k == MlaDecodeKernel::kTmaFastExp || k == MlaDecodeKernel::kTmaPingPongFastExp ||
          k == MlaDecodeKernel::kTmaPingPongTurns || k == MlaDecodeKernel::kTmaPingPongTwoChains ||
-         k == MlaDecodeKernel::kTmaPingPongAll;
+         k == MlaDecodeKernel::kTmaPingPongAll || k == MlaDecodeKernel::kTmaPingPongSplit ||
+         k == MlaDecodeKernel::kTmaPingPongSplitTwoChains;
+}
+
+// Partial records a kernel writes per segment into the split workspace (2:
+// kTmaPingPongSplit*, one a compute warpgroup; such a plan always merges).
+constexpr int mla_decode_partials_per_segment(MlaDecodeKernel k) {
+  return k == MlaDecodeKernel::kTmaPingPongSplit || k == MlaDecodeKernel::kTmaPingPongSplitTwoChains ? 2 : 1;
 }
 
 // CTAs a kernel runs per SM (a head tile's wave is num_sms x this).
@@ -107,6 +123,7 @@ struct MlaDecodeDescriptor {
   int32_t num_ctas = 0;       // CTAs per head tile
   int32_t num_segments = 0;
   int32_t max_splits = 1;     // most segments of one row: > 1 runs the merge pass (fixed plans: always 2)
+  int32_t partials_per_segment = 1;  // workspace records a segment (mla_decode_partials_per_segment): > 1 merges
   float scale_log2 = 0.0f;    // scale * log2(e)
   KvElement latent_element = KvElement::kBF16;
   MlaLatentLayout latent_layout = MlaLatentLayout::kPerVectorScale;
@@ -121,8 +138,10 @@ struct MlaDecodeDescriptor {
   const int32_t* block_tables = nullptr;
   const void* latent = nullptr;        // codes
   const float* latent_scale = nullptr;  // fp8 per-vector scales: the records; else null
-  // Split rows: partial outputs [num_segments, num_heads, 512] f32 (normalized),
-  // then log2-sum-exp [num_segments, num_heads].
+  // Split rows: partial outputs [num_segments x partials_per_segment,
+  // num_heads, 512] f32 (normalized), then log2-sum-exp [num_segments x
+  // partials_per_segment, num_heads] (segment s's records at s x
+  // partials_per_segment + p).
   float* workspace = nullptr;
 };
 

@@ -32,7 +32,7 @@ constexpr int64_t kSpreadSegmentOverhead = 1;
 // PAGODA_MLA_DECODE_KERNEL, read once: "tma", "tma_ring", "tma_tile",
 // "tma_ring_tile", "tma_pair", "tma_pair_tile", "tma_pingpong", "tma_pingpong_ring",
 // "tma_fast_exp", "tma_pingpong_fast_exp", "tma_pingpong_turns", "tma_pingpong_2chain",
-// "tma_pingpong_all", "cp_async" or
+// "tma_pingpong_all", "tma_pingpong_split", "tma_pingpong_split_2chain", "cp_async" or
 // "auto" (unset or empty: auto); anything else is reported at plan creation.
 const char* environment_kernel() {
   static const char* value = [] {
@@ -51,12 +51,16 @@ bool tma_applies(const MlaDecodeConfig& c) {
          (c.block_size % 64 == 0 || c.block_size == 8 || c.block_size == 16 || c.block_size == 32);
 }
 
-// The automatic choice: the TMA kernel where it applies and was measured
+// The automatic choice: a TMA kernel where it applies and was measured
 // faster than cp.async (pages of a multiple of 64 positions: one box a column
 // block of a tile; at blocks of 16 it measured no faster, docs/BENCHMARKS.md),
 // else the cp.async kernels (fp8 latents, more than 16 heads, other block sizes).
+// The TMA kernel taken: the ping-pong kernel without a hand-over, with two S^T
+// chains (docs/KERNELS.md v14: clean under racecheck and synccheck, and faster
+// than kTma).
+constexpr MlaDecodeKernel kAutomaticTmaKernel = MlaDecodeKernel::kTmaPingPongSplitTwoChains;
 MlaDecodeKernel automatic_kernel(const MlaDecodeConfig& c) {
-  return tma_applies(c) && c.block_size % 64 == 0 ? MlaDecodeKernel::kTma : MlaDecodeKernel::kCpAsync;
+  return tma_applies(c) && c.block_size % 64 == 0 ? kAutomaticTmaKernel : MlaDecodeKernel::kCpAsync;
 }
 
 }  // namespace
@@ -98,11 +102,13 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
     else if (std::strcmp(env, "tma_pingpong_turns") == 0) kernel = MlaDecodeKernel::kTmaPingPongTurns;
     else if (std::strcmp(env, "tma_pingpong_2chain") == 0) kernel = MlaDecodeKernel::kTmaPingPongTwoChains;
     else if (std::strcmp(env, "tma_pingpong_all") == 0) kernel = MlaDecodeKernel::kTmaPingPongAll;
+    else if (std::strcmp(env, "tma_pingpong_split") == 0) kernel = MlaDecodeKernel::kTmaPingPongSplit;
+    else if (std::strcmp(env, "tma_pingpong_split_2chain") == 0) kernel = MlaDecodeKernel::kTmaPingPongSplitTwoChains;
     else
       return invalid_argument_error("mla decode: PAGODA_MLA_DECODE_KERNEL '{}' (auto, tma, tma_ring, tma_tile, "
                                     "tma_ring_tile, tma_pair, tma_pair_tile, tma_pingpong, tma_pingpong_ring, "
                                     "tma_fast_exp, tma_pingpong_fast_exp, tma_pingpong_turns, tma_pingpong_2chain, "
-                                    "tma_pingpong_all or "
+                                    "tma_pingpong_all, tma_pingpong_split, tma_pingpong_split_2chain or "
                                     "cp_async)",
                                     env);
   }
@@ -233,8 +239,12 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
     plan.max_splits_ = std::max(plan.max_splits_, row_start[i + 1] - row_start[i]);
   if (fixed) return lay_out_fixed(std::move(plan), rows, device, options, std::move(segments), std::move(row_start),
                                   std::move(cta_start));
-  if (plan.max_splits_ > 1)
-    plan.workspace_bytes_ = size_t(plan.num_segments_) * size_t(config.num_heads) * (kMlaLatentDim + 1) * sizeof(float);
+  // The merge pass's records: split rows' segments, or every segment's
+  // per-group records (kTmaPingPongSplit).
+  const size_t partials = size_t(mla_decode_partials_per_segment(kernel));
+  if (plan.max_splits_ > 1 || partials > 1)
+    plan.workspace_bytes_ =
+        size_t(plan.num_segments_) * partials * size_t(config.num_heads) * (kMlaLatentDim + 1) * sizeof(float);
 
   // Arena: segments | row starts | CTA starts | block table starts | block tables.
   // Rows that share a block table (a prefill's rows of one sequence) share its copy.
@@ -280,7 +290,8 @@ MlaDecodePlan MlaDecodePlan::lay_out_fixed(MlaDecodePlan plan, std::span<const M
   plan.num_ctas_ = ctas;
   plan.num_segments_ = capacity;
   plan.max_splits_ = 2;  // the merge pass always runs (and zeroes padding rows), whatever this step's splits
-  plan.workspace_bytes_ = size_t(capacity) * size_t(plan.config_.num_heads) * (kMlaLatentDim + 1) * sizeof(float);
+  plan.workspace_bytes_ = size_t(capacity) * size_t(mla_decode_partials_per_segment(plan.kernel_)) *
+                         size_t(plan.config_.num_heads) * (kMlaLatentDim + 1) * sizeof(float);
   auto& a = plan.arena_;
   a.assign(size_t(capacity) * 3 + size_t(options.fixed_rows) + 1 + size_t(ctas) + 1 + size_t(options.fixed_rows) +
                size_t(options.fixed_rows) * stride,
@@ -314,6 +325,7 @@ MlaDecodeDescriptor MlaDecodePlan::descriptor(const int32_t* device_arena, const
   d.num_ctas = num_ctas_;
   d.num_segments = num_segments_;
   d.max_splits = max_splits_;
+  d.partials_per_segment = mla_decode_partials_per_segment(kernel_);
   d.scale_log2 = config_.scale * 1.4426950408889634f;
   d.latent_element = config_.latent_element;
   d.latent_layout = config_.latent_layout;

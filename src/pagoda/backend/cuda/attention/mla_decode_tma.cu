@@ -61,12 +61,9 @@ constexpr int kColumnBlocks = 9;                               // 576 / 64
 constexpr int kQBytes = kColumnBlocks * mla_narrow::kQBlockBytes;  // 18,432
 // Named barriers (0 is __syncthreads, which the producer does not join after
 // the set-up): 1 + g, one compute warpgroup; 3, both compute warpgroups. The
-// ping-pong kernels also use 4 / 5 (the segment-end hand-over: group 1 arrives
-// on 4 when a part is written and waits on 5 for group 0 to have read it) and,
-// with turns, 6 + g (group g's turn to issue its S^T MMAs).
+// ping-pong kernels with turns also use 6 + g (group g's turn to issue its S^T
+// MMAs); their segment-end hand-over uses two mbarriers, not named barriers.
 [[maybe_unused]] constexpr int kConsumersBarrier = 3;
-[[maybe_unused]] constexpr int kHandFullBarrier = 4;
-[[maybe_unused]] constexpr int kHandEmptyBarrier = 5;
 [[maybe_unused]] constexpr int kTurnBarrier = 6;
 
 // The ring of column-block slots: a tile's column block c goes to slot
@@ -337,16 +334,21 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 // one reading group a use: its 4 warps release it with 2 counts each (the rope
 // block after S, the others after P V). The groups meet only at a segment's
 // start (Q) and end, where group 1 hands its maxima, sums and O^T to group 0
-// through shared memory of its own (named barriers 4 / 5: group 1 arrives on 4
-// once a part is written and, before it writes the next part, waits on 5 for
-// group 0 to have read the last; group 0 waits on 4, reads, arrives on 5) and
+// through shared memory of its own (two mbarriers, every thread of a group
+// arriving: group 1 arrives on hand_full once a part is written and, before it
+// writes the next, waits on hand_empty for group 0 to have read the last; group
+// 0 waits on hand_full, reads, arrives on hand_empty; v14, replacing v12's
+// bar.arrive / bar.sync pair that racecheck reported) and
 // group 0 writes the combined result: m = max(m0, m1), a_g = 2^(m_g - m),
 // O = (O0 a0 + O1 a1) / (l0 a0 + l1 a1). A group without a tile in the segment
 // has m = kNoScore, l = 0, O = 0 and weighs nothing. Between tiles the groups
 // synchronize only with themselves (named barrier 1 + g) and with the producer
 // (mbarriers), so one group's softmax and barriers run while the other's MMAs
-// do. Without kTurns no named barrier forces an order (tiles land
-// alternately, which alternates the groups); with kTurns group g waits for its
+// do. kSplitPartials (kTmaPingPongSplit*): no hand-over at all; each group
+// writes its own normalized O^T and log2-sum-exp as workspace record 2 x
+// segment + g and the merge pass combines them. Without kTurns no named
+// barrier forces an order (tiles land alternately, which alternates the
+// groups); with kTurns group g waits for its
 // turn (named barrier 6 + g) before its S^T MMAs and gives the turn to the
 // other group once they are done, so the groups' S^T chains alternate strictly
 // (the CTA's tiles by their index over all segments: group 1 gives the first
@@ -362,8 +364,8 @@ constexpr int kMTiles = 8;  // 512 latent dims / 64
 // Shared memory: Q | kSlots slots | P^T [2 groups] | column maxima [2][4][16] |
 // column sums [2][4][16] | group 1's maxima and sums [2][16] | group 1's O^T in
 // kHandParts parts (all of it where it fits: 18 slots; in two halves on 23) |
-// mbarriers: full [slot], empty [slot]. The hand-over has room of its own, so
-// the next segment's Q never meets it.
+// mbarriers: full [slot], empty [slot], the hand-over's full and empty. The
+// hand-over has room of its own, so the next segment's Q never meets it.
 template <int kSlots>
 struct PingPongLayout {
   static constexpr int kTilesAt = kQBytes;
@@ -373,9 +375,10 @@ struct PingPongLayout {
   static constexpr int kHandAt = kSumAt + 2 * 4 * kHeads * 4;
   static constexpr int kHandOAt = kHandAt + 2 * kHeads * 4;
   static constexpr int kOBytes = kMTiles * 8 * 128 * 4;  // a group's O^T, 8 floats a thread per m-tile
-  static constexpr int kHandParts = kHandOAt + kOBytes + 2 * kSlots * 8 + 1024 <= 232448 ? 1 : 2;
+  static constexpr int kBarrierBytes = (2 * kSlots + 2) * 8;  // full, empty [slot]; hand-over full, empty
+  static constexpr int kHandParts = kHandOAt + kOBytes + kBarrierBytes + 1024 <= 232448 ? 1 : 2;
   static constexpr int kBarriersAt = kHandOAt + kOBytes / kHandParts;
-  static constexpr int kSmemBytes = kBarriersAt + 2 * kSlots * 8 + 1024;
+  static constexpr int kSmemBytes = kBarriersAt + kBarrierBytes + 1024;
   static_assert(kTilesAt % 1024 == 0 && kPAt % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
   static_assert(kSmemBytes <= 232448, "fits an SM");
   static_assert(kSlots >= kColumnBlocks, "a whole tile");
@@ -441,7 +444,7 @@ __device__ __forceinline__ void pv_full(mla_narrow::SegmentStateOf<kMTiles>& st,
     for (int i = 0; i < 8; ++i) mla_narrow::keep_in_order(st.o[mi][i]);
 }
 
-template <int kSlots, bool kFastExp, bool kTurns, int kSChains>
+template <int kSlots, bool kFastExp, bool kTurns, int kSChains, bool kSplitPartials>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_tma_pingpong_kernel(const MlaDecodeDescriptor d, const __grid_constant__ CUtensorMap latent_map,
                                    const __nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ out) {
@@ -455,6 +458,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* tiles = base + L::kTilesAt;
   uint64_t* full = reinterpret_cast<uint64_t*>(base + L::kBarriersAt);  // [slot]
   uint64_t* empty = full + kSlots;                                     // [slot]
+  uint64_t* hand_full = empty + kSlots;  // group 1's 128 threads arrive once a hand-over part is written
+  uint64_t* hand_empty = hand_full + 1;  // group 0's 128 threads arrive once they have read it
   const int tid = threadIdx.x;
   const int lane = tid & 31;
 
@@ -465,6 +470,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Each of the 4 warps of the one group reading the slot arrives with 2.
       mbarrier_init(&empty[i], kConsumerThreads / 32);
     }
+    mbarrier_init(hand_full, 128);
+    mbarrier_init(hand_empty, 128);
   }
   __syncthreads();
 
@@ -532,8 +539,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int kv_end = d.segments[3 * seg + 2];
     const int num_tiles = (kv_end - kv_begin + kTile - 1) / kTile;
 
-    // Both groups are past their last S^T (Q is free) and group 0 has read the
-    // previous segment's hand-over (group 1 may write it again).
+    // Both groups are past their last S^T (Q is free; the hand-over's reuse is
+    // ordered by its own mbarriers).
     consumers_barrier();
     mla_narrow::issue_q(q_tile, q, row, d.num_heads, tid);
     cp_async_commit();
@@ -603,31 +610,63 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int h = 8 * j + t.col + e;
         sum[2 * j + e] = col_sum[h] + col_sum[kHeads + h] + col_sum[2 * kHeads + h] + col_sum[3 * kHeads + h];
       }
+    if constexpr (kSplitPartials) {
+      // No hand-over: this group's normalized partial O^T and log2-sum-exp are
+      // record 2 x seg + g of the workspace, which the merge pass combines. A
+      // group without a tile in the segment (l = 0) writes O = 0 and
+      // lse = kNoScore, which weighs nothing there.
+      const int heads_here = min(kHeads, d.num_heads);
+      float* lse = d.workspace + int64_t{2} * d.num_segments * d.num_heads * kMlaLatentDim;
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int h = 8 * j + t.col + e;
+          if (h >= heads_here) continue;
+          const int k = 2 * j + e;
+          const bool any = sum[k] > 0.0f;
+          const float inv = any ? 1.0f / sum[k] : 0.0f;
+          const int64_t at = (int64_t{2} * seg + g) * d.num_heads + h;
+#pragma unroll
+          for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+              d.workspace[at * kMlaLatentDim + mi * 64 + t.row0 + 8 * i] = st.o[mi][4 * j + 2 * i + e] * inv;
+          if (t.lane < 4 && t.wg_warp == 0) lse[at] = any ? st.m[k] + log2f(sum[k]) : mla_narrow::kNoScore;
+        }
+      continue;
+    }
+    // The hand-over's uses so far in this CTA (kHandParts a segment): use u
+    // completes phase u of hand_full (group 1 wrote it) and of hand_empty
+    // (group 0 read it); group 1 writes use u only after phase u - 1 of
+    // hand_empty, so neither side is ever more than one phase ahead.
+    const int use0 = (seg - seg_begin) * L::kHandParts;
     if (g == 1) {
       // Group 1's maxima and sums (the maxima are the same in every thread of
       // the group for a head; warp 0's lanes 0..3 hold all 16 heads), then its
       // O^T part by part.
-      if (t.wg_warp == 0 && t.lane < 4) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            hand_m[8 * j + t.col + e] = st.m[2 * j + e];
-            hand_l[8 * j + t.col + e] = sum[2 * j + e];
-          }
-      }
 #pragma unroll
       for (int part = 0; part < L::kHandParts; ++part) {
-        if (part > 0) named_barrier_sync(kHandEmptyBarrier, kConsumerThreads);  // group 0 has read the last part
+        const int u = use0 + part;
+        if (u > 0) mbarrier_wait(hand_empty, (u - 1) & 1);  // group 0 has read the last use
+        if (part == 0 && t.wg_warp == 0 && t.lane < 4) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              hand_m[8 * j + t.col + e] = st.m[2 * j + e];
+              hand_l[8 * j + t.col + e] = sum[2 * j + e];
+            }
+        }
 #pragma unroll
         for (int mi = 0; mi < kPartTiles; ++mi)
 #pragma unroll
           for (int i = 0; i < 8; ++i) hand_o[(mi * 8 + i) * 128 + gtid] = st.o[part * kPartTiles + mi][i];
-        named_barrier_arrive(kHandFullBarrier, kConsumerThreads);
+        mbarrier_arrive(hand_full);  // release: this thread's writes above
       }
       continue;  // group 0 writes the segment's result
     }
-    named_barrier_sync(kHandFullBarrier, kConsumerThreads);  // group 1's maxima, sums and first part are in
+    mbarrier_wait(hand_full, use0 & 1);  // group 1's maxima, sums and first part are in (acquire)
     float w0[4], w1[4];  // the weights of the two partial states per head
 #pragma unroll
     for (int j = 0; j < 2; ++j)
@@ -645,10 +684,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 #pragma unroll
     for (int part = 0; part < L::kHandParts; ++part) {
-      if (part > 0) {
-        named_barrier_arrive(kHandEmptyBarrier, kConsumerThreads);  // done with the last part
-        named_barrier_sync(kHandFullBarrier, kConsumerThreads);
-      }
+      if (part > 0) mbarrier_wait(hand_full, (use0 + part) & 1);
 #pragma unroll
       for (int mi = 0; mi < kPartTiles; ++mi)
 #pragma unroll
@@ -657,6 +693,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           float& o = st.o[part * kPartTiles + mi][i];
           o = o * w0[k] + hand_o[(mi * 8 + i) * 128 + gtid] * w1[k];
         }
+      mbarrier_arrive(hand_empty);  // done with this use (group 1 may write the next)
     }
     const int heads_here = min(kHeads, d.num_heads);
     const bool split = d.row_segment_start[row + 1] - d.row_segment_start[row] > 1;
@@ -736,23 +773,23 @@ cudaError_t occupancy_of(int* ctas_per_sm) {
                                                        kThreads, Layout<kSlots>::kSmemBytes);
 }
 
-template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1>
+template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1, bool kSplitPartials = false>
 cudaError_t allow_pingpong_shared_memory() {
-  return cudaFuncSetAttribute(mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains>,
+  return cudaFuncSetAttribute(mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains, kSplitPartials>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize, PingPongLayout<kSlots>::kSmemBytes);
 }
 
-template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1>
+template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1, bool kSplitPartials = false>
 cudaError_t pingpong_occupancy_of(int* ctas_per_sm) {
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      ctas_per_sm, mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains>, kThreads,
+      ctas_per_sm, mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains, kSplitPartials>, kThreads,
       PingPongLayout<kSlots>::kSmemBytes);
 }
 
-template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1>
+template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1, bool kSplitPartials = false>
 void launch_pingpong(const MlaDecodeDescriptor& d, const CUtensorMap& map, const __nv_bfloat16* q, __nv_bfloat16* out,
                      cudaStream_t stream) {
-  mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains>
+  mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains, kSplitPartials>
       <<<dim3(1, d.num_ctas), kThreads, PingPongLayout<kSlots>::kSmemBytes, stream>>>(d, map, q, out);
 }
 
@@ -776,7 +813,9 @@ cudaError_t prepare_mla_decode_tma_kernel() {
           allow_shared_memory<kTwoStageSlots, false, 1, true>(), allow_pingpong_shared_memory<kTwoStageSlots, true>(),
           allow_pingpong_shared_memory<kTwoStageSlots, false, true>(),
           allow_pingpong_shared_memory<kTwoStageSlots, false, false, 2>(),
-          allow_pingpong_shared_memory<kTwoStageSlots, true, true, 2>()})
+          allow_pingpong_shared_memory<kTwoStageSlots, true, true, 2>(),
+          allow_pingpong_shared_memory<kTwoStageSlots, false, false, 1, true>(),
+          allow_pingpong_shared_memory<kTwoStageSlots, false, false, 2, true>()})
       if (e != cudaSuccess) return e;
     return cudaSuccess;
   }();
@@ -802,6 +841,10 @@ cudaError_t mla_decode_tma_occupancy(MlaDecodeKernel kernel, int* ctas_per_sm) {
     case MlaDecodeKernel::kTmaPingPongTwoChains:
       return pingpong_occupancy_of<kTwoStageSlots, false, false, 2>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPingPongAll: return pingpong_occupancy_of<kTwoStageSlots, true, true, 2>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaPingPongSplit:
+      return pingpong_occupancy_of<kTwoStageSlots, false, false, 1, true>(ctas_per_sm);
+    case MlaDecodeKernel::kTmaPingPongSplitTwoChains:
+      return pingpong_occupancy_of<kTwoStageSlots, false, false, 2, true>(ctas_per_sm);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -836,6 +879,12 @@ cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& d, const void*
       break;
     case MlaDecodeKernel::kTmaPingPongAll:
       launch_pingpong<kTwoStageSlots, true, true, 2>(d, map, qb, ob, stream);
+      break;
+    case MlaDecodeKernel::kTmaPingPongSplit:
+      launch_pingpong<kTwoStageSlots, false, false, 1, true>(d, map, qb, ob, stream);
+      break;
+    case MlaDecodeKernel::kTmaPingPongSplitTwoChains:
+      launch_pingpong<kTwoStageSlots, false, false, 2, true>(d, map, qb, ob, stream);
       break;
     default: launch_variant<kTwoStageSlots, false>(d, map, qb, ob, stream); break;
   }
