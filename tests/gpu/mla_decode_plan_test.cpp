@@ -348,7 +348,7 @@ TEST(MlaDecodePlanTest, KernelChoice) {
   if (env == nullptr || *env == '\0') {
     o.kernel = MlaDecodeKernel::kDefault;
     for (int32_t bs : {64, 128})
-      EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kTmaPingPongSplitTwoChains) << bs;
+      EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kTmaPingPongTwoChains) << bs;
     for (int32_t bs : {8, 16, 32, 48}) EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kCpAsync) << bs;
     EXPECT_EQ(kernel_of(config(17, 64)), MlaDecodeKernel::kCpAsync);
     EXPECT_EQ(kernel_of(fp8), MlaDecodeKernel::kCpAsync);

@@ -55,10 +55,11 @@ bool tma_applies(const MlaDecodeConfig& c) {
 // faster than cp.async (pages of a multiple of 64 positions: one box a column
 // block of a tile; at blocks of 16 it measured no faster, docs/BENCHMARKS.md),
 // else the cp.async kernels (fp8 latents, more than 16 heads, other block sizes).
-// The TMA kernel taken: the ping-pong kernel without a hand-over, with two S^T
-// chains (docs/KERNELS.md v14: clean under racecheck and synccheck, and faster
-// than kTma).
-constexpr MlaDecodeKernel kAutomaticTmaKernel = MlaDecodeKernel::kTmaPingPongSplitTwoChains;
+// The TMA kernel taken: the ping-pong kernel with two S^T chains and the
+// mbarrier hand-over (docs/KERNELS.md v14: clean under racecheck and synccheck,
+// and the fastest of the clean kernels, ahead of kTma and of the split kernels
+// without a hand-over).
+constexpr MlaDecodeKernel kAutomaticTmaKernel = MlaDecodeKernel::kTmaPingPongTwoChains;
 MlaDecodeKernel automatic_kernel(const MlaDecodeConfig& c) {
   return tma_applies(c) && c.block_size % 64 == 0 ? kAutomaticTmaKernel : MlaDecodeKernel::kCpAsync;
 }
