@@ -29,6 +29,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -366,6 +367,7 @@ void check_scenario(CudaModelRunner& runner, DType dtype, bool graphs, P policy,
   // The compaction's kept tokens: per lane against the host rule on its own mass (h2o, snapkv), and across lanes.
   const size_t head_bytes = kernels::kv_head_bytes(kHeadDim, dtype);
   int heads_off_host_rule = 0, host_rule_differs = 0, kept_differ = 0, layouts_differ = 0;
+  int64_t kept_common = 0, kept_total = 0;
   if (!per_head) {
     for (const Lane* lane : {&kernel, &pass}) {
       const auto selection = host_selection(*lane, config);
@@ -398,23 +400,53 @@ void check_scenario(CudaModelRunner& runner, DType dtype, bool graphs, P policy,
                       kernel.layouts[i].compacted_length != pass.layouts[i].compacted_length;
     EXPECT_EQ(kernel.layouts[i].head_kept.empty(), !per_head) << "per-head layout";
     for (int32_t lh = 0; lh < kLayers * kKvHeads; ++lh) {
-      const int32_t count = kept_count(kernel, s, lh);
-      bool same = count == kept_count(pass, s, lh);
+      const int32_t l = lh / kKvHeads, h = lh % kKvHeads;
+      const int32_t count = kept_count(kernel, s, lh), pass_count = kept_count(pass, s, lh);
+      bool same = count == pass_count;
       for (int32_t j = 0; same && j < count; ++j)
-        same = std::memcmp(key_at(kernel.keys[static_cast<size_t>(lh / kKvHeads)], kernel.new_tables[i], j,
-                                  lh % kKvHeads, head_bytes),
-                           key_at(pass.keys[static_cast<size_t>(lh / kKvHeads)], pass.new_tables[i], j,
-                                  lh % kKvHeads, head_bytes),
+        same = std::memcmp(key_at(kernel.keys[static_cast<size_t>(l)], kernel.new_tables[i], j, h, head_bytes),
+                           key_at(pass.keys[static_cast<size_t>(l)], pass.new_tables[i], j, h, head_bytes),
                            head_bytes) == 0;
       kept_differ += !same;
+      // The overlap: tokens (their K codes, one vector per token) kept by both lanes.
+      std::set<std::string> pass_kept;
+      for (int32_t j = 0; j < pass_count; ++j)
+        pass_kept.emplace(reinterpret_cast<const char*>(key_at(pass.keys[static_cast<size_t>(l)], pass.new_tables[i], j,
+                                                               h, head_bytes)),
+                          head_bytes);
+      for (int32_t j = 0; j < count; ++j)
+        kept_common += pass_kept.count(std::string(
+            reinterpret_cast<const char*>(key_at(kernel.keys[static_cast<size_t>(l)], kernel.new_tables[i], j, h,
+                                                 head_bytes)),
+            head_bytes));
+      kept_total += std::max(count, pass_count);
     }
   }
   const int heads = kSequences * kLayers * kKvHeads;
+  const double overlap = kept_total > 0 ? static_cast<double>(kept_common) / static_cast<double>(kept_total) : 0.0;
+  // pyramidkv's per-head budgets follow the layer alone: the same counts whatever the scores.
+  if (policy == P::kPyramidKV) {
+    EXPECT_EQ(layouts_differ, 0) << "pyramidkv's per-head kept counts differ";
+  }
   if (dtype == DType::kBF16) {
-    // bf16: the kernel's scores are the pass's products summed in another order (1e-6 relative measured).
-    EXPECT_EQ(kept_differ, 0) << "the lanes kept other tokens in " << kept_differ << " of " << heads << " heads";
-    EXPECT_EQ(layouts_differ, 0) << "per-head kept counts differ";
-    EXPECT_EQ(host_rule_differs, 0);
+    // bf16: the kernel's scores are the pass's products summed in another order (about 1e-6 relative, H200),
+    // far below h2o's gaps (the prompt's identical mass dominates); the pooled window scores of the others
+    // are closer together, so a near tie may swap a token there: every head but at most two the same, and
+    // 99% of the kept tokens.
+    if (policy == P::kH2O) {
+      EXPECT_EQ(kept_differ, 0) << "the lanes kept other tokens in " << kept_differ << " of " << heads << " heads";
+    } else {
+      EXPECT_LE(kept_differ, 2) << "the lanes kept other tokens in " << kept_differ << " of " << heads << " heads";
+    }
+    EXPECT_GE(overlap, 0.99);
+    if (policy == P::kEntropy) {
+      EXPECT_EQ(layouts_differ, 0) << "entropy's per-head kept counts differ";
+    }
+  } else {
+    // fp8: the tensor-core kernel rounds q (e4m3 hi + lo; about 4e-3 relative on the H200), so near the cut
+    // the ranking may reshuffle: only the share of kept tokens in common is bounded, loosely (a mass that
+    // were wrong beyond that rounding would pick the score-chosen tokens about at random).
+    EXPECT_GE(overlap, 0.75);
   }
 
   // After the compaction: where the lanes kept the same tokens everywhere, the same tokens again and the
@@ -431,14 +463,15 @@ void check_scenario(CudaModelRunner& runner, DType dtype, bool graphs, P policy,
   }
   std::printf("[kernel mass e2e] %s KV, %s, %s: decode steps on the kernel mass %lld + %lld of %d + %d (pass lane "
               "%lld + %lld on the pass), replays %lld + %lld; before the compaction worst mass error %.2e, "
-              "entropy %.2e; kept tokens differ in %d of %d heads (host rule on the two masses differs in %d), "
+              "entropy %.2e; kept tokens differ in %d of %d heads (host rule on the two masses differs in %d), %.4f of the "
+              "kept tokens common, "
               "per-head counts differ in %d of %d sequences; steps after: %zu of %d equal%s\n",
               std::string(dtype_name(dtype)).c_str(), graphs ? "graphs" : "eager", policy_name.c_str(),
               static_cast<long long>(kernel.decode_before.kernel_mass),
               static_cast<long long>(kernel.decode_after.kernel_mass), kDecodeSteps, kDecodeSteps,
               static_cast<long long>(pass.decode_before.pass), static_cast<long long>(pass.decode_after.pass),
               static_cast<long long>(kernel.decode_before.replays), static_cast<long long>(kernel.decode_after.replays),
-              before.worst_mass, before.worst_entropy, kept_differ, heads, host_rule_differs, layouts_differ,
+              before.worst_mass, before.worst_entropy, kept_differ, heads, host_rule_differs, overlap, layouts_differ,
               kSequences, equal_after, kDecodeSteps,
               kept_differ == 0 && layouts_differ == 0
                   ? (std::string(", worst mass error after ") + std::to_string(after.worst_mass)).c_str()
