@@ -35,7 +35,7 @@ grep -E "Failure|Expected|Which is|actual|^  [A-Za-z]|\.cpp:[0-9]+" "$out/model_
 
 echo "== 2. evict bench (32K, fp8 KV, 8B shape)"
 start=$(date +%s)
-timeout "${BENCH_SECONDS:-130}" "$here/bundle/run.sh" pagoda_gpu_engine_bench --config "$here/llama3_8b_40k_config.json" \
+timeout "${BENCH_SECONDS:-125}" "$here/bundle/run.sh" pagoda_gpu_engine_bench --config "$here/llama3_8b_40k_config.json" \
   --workload evict --kv-cache-dtype fp8 --input-len 32768 --output-len 256 --max-num-seqs 512 \
   --max-tokens-per-step 16384 --gpu-memory-utilization 0.8 --kv-budget 2048 --evict-shared-prompt \
   --evict-runs "${EVICT_RUNS:-none:16,h2o:16,h2o-pass:16,snapkv:16,snapkv-pass:16}" \
@@ -45,7 +45,7 @@ grep -vE "^request [0-9]+ failed|^\[evict\]" "$out/bench.log" | tail -8
 
 echo "== 3. the rest of cuda_kv_eviction_tests"
 start=$(date +%s)
-timeout "${REST_SECONDS:-75}" "$here/bundle/run.sh" cuda_kv_eviction_tests --gtest_filter='-KvEvictionModelGpu.*' \
+timeout "${REST_SECONDS:-80}" "$here/bundle/run.sh" cuda_kv_eviction_tests --gtest_filter='-KvEvictionModelGpu.*' \
   > "$out/tests.log" 2>&1
 echo "rc=$? ($(( $(date +%s) - start )) s)" | tee -a "$out/tests.log"
 grep -E "Failure|\.cpp:[0-9]+" "$out/tests.log" | head -20
