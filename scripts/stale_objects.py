@@ -56,7 +56,8 @@ def depfile_deps(build_dir: pathlib.Path) -> dict:
 
 
 def stale_outputs(build_dir: pathlib.Path, targets: list) -> list:
-    """(output, input, seconds the input changed after the command began), one per stale output."""
+    """(output, input, seconds the input changed after the command began, whether ninja sees it too:
+    the input is newer than the output), one per stale output."""
     log = build_log(build_dir)
     deps = depfile_deps(build_dir)
     wanted = None
@@ -78,7 +79,7 @@ def stale_outputs(build_dir: pathlib.Path, targets: list) -> list:
             except OSError:
                 continue  # gone: ninja itself rebuilds the output
             if modified > began + SLACK:
-                found.append((output, path, modified - began))
+                found.append((output, path, modified - began, modified > mtime_ns / 1e9))
                 break
     return found
 
@@ -124,8 +125,9 @@ def main(argv: list) -> int:
         return 2
     build_dir = pathlib.Path(args[0])
     stale = stale_outputs(build_dir, args[1:])
-    for output, path, seconds in stale:
-        print(f"stale: {output} (its input {path} changed {seconds:.1f} s after the command began)")
+    for output, path, seconds, out_of_date in stale:
+        why = "newer than it: not rebuilt yet" if out_of_date else "while it was built: ninja misses this"
+        print(f"stale: {output} (its input {path} changed {seconds:.1f} s after the command began, {why})")
         if remove:
             (build_dir / output).unlink(missing_ok=True)
     if stale and not remove:
