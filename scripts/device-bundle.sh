@@ -12,7 +12,17 @@ out=$1; shift
 mkdir -p "$out/bin" "$out/lib"
 # Libraries the GPU machine provides itself (glibc, the driver, CUDA 13's toolkit libraries).
 system_re='^(linux-vdso|libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|ld-linux|libcuda\.so|libnvidia|libgcc_s\.so|libcublas|libcudart|libnccl|libcudnn|libcurand)'
+here=$(cd "$(dirname "$0")" && pwd)
 for bin in "$@"; do
+  # Refuse a binary that links an object compiled from an input edited during its compile
+  # (ninja < 1.12 keeps such an object: scripts/stale_objects.py).
+  dir=$(cd "$(dirname "$bin")" && pwd)
+  while [ "$dir" != / ] && [ ! -f "$dir/build.ninja" ]; do dir=$(dirname "$dir"); done
+  if [ -f "$dir/build.ninja" ] && command -v python3 >/dev/null; then
+    bin_abs=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
+    python3 "$here/stale_objects.py" "$dir" "${bin_abs#"$dir"/}" ||
+      { echo "device-bundle: $bin links stale objects (above); rebuild them first" >&2; exit 1; }
+  fi
   cp -L "$bin" "$out/bin/"
   ldd "$bin" | awk '/=>/ {print $1, $3}' | while read -r name path; do
     [[ "$name" =~ $system_re ]] && continue

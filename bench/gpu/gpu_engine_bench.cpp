@@ -415,7 +415,8 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--kv-compression", args.kv_compression, "evict: the token eviction policy");
   app.add_option("--evict-runs", args.evict_runs,
-                 "evict: policy:requests,... (requests may be 'fit'; policy none-detached: none without the score hook)");
+                 "evict: policy:requests,... (requests may be 'fit'; policy none-detached: none without the score hook; "
+                 "<policy>-pass: the scoring pass instead of the decode kernel's mass)");
   app.add_flag("--evict-shared-prompt", args.evict_shared_prompt, "evict: one prompt for every request, computed once");
   app.add_option("--kv-budget", args.kv_budget, "evict: KV tokens kept per sequence, layer and KV head");
   app.add_option("--kv-sink-tokens", args.kv_sink_tokens);
@@ -585,7 +586,19 @@ int main(int argc, char** argv) {
         // before token eviction had scores on this device (eviction off must cost nothing).
         const bool detached = run.policy == "none-detached";
         (*runner)->model().set_kv_scores(detached ? nullptr : &(*runner)->kv_scores());
-        auto policy = runtime::parse_kv_compression_policy(detached ? "none" : run.policy, "--evict-runs");
+        // "<policy>-pass": the scored policy with the decode kernel's mass off (CudaModel::set_kernel_mass),
+        // so every scoring step runs the separate scoring pass: the A/B of docs/KV_CACHE.md "Mass from the
+        // decode kernel".
+        const std::string pass_suffix = "-pass";
+        const bool pass_only = run.policy.size() > pass_suffix.size() &&
+                               run.policy.compare(run.policy.size() - pass_suffix.size(), pass_suffix.size(),
+                                                  pass_suffix) == 0;
+        const std::string policy_name =
+            pass_only ? run.policy.substr(0, run.policy.size() - pass_suffix.size()) : run.policy;
+        (*runner)->model().set_kernel_mass(!pass_only);
+        const int64_t kernel_mass_before = (*runner)->model().kernel_mass_steps();
+        const int64_t pass_before = (*runner)->model().scoring_pass_steps();
+        auto policy = runtime::parse_kv_compression_policy(detached ? "none" : policy_name, "--evict-runs");
         if (!policy.ok()) die(policy.status(), "--evict-runs");
         compression.policy = *policy;
         if (compression.enabled()) {
@@ -609,6 +622,10 @@ int main(int argc, char** argv) {
         r["policy"] = run.policy;
         r["budget"] = compression.enabled() ? args.kv_budget : 0;
         r["fit_full_requests"] = fit;
+        const int64_t kernel_mass_steps = (*runner)->model().kernel_mass_steps() - kernel_mass_before;
+        const int64_t pass_steps = (*runner)->model().scoring_pass_steps() - pass_before;
+        r["kernel_mass_steps"] = kernel_mass_steps;
+        r["scoring_pass_steps"] = pass_steps;
         if (!compression.enabled() && !detached) {
           full_tok_s = tok_s;
           full_requests = run.requests;
@@ -617,15 +634,18 @@ int main(int argc, char** argv) {
         r["ratio_to_last_full"] = compression.enabled() ? ratio : 1.0;
         figures["runs"].push_back(r);
         std::printf("[evict] %s at %d requests of %d prompt + %d output tokens: decode-only %.0f tok/s (%.2f ms steps at "
-                    "mean batch %.1f), %.0f output tok/s whole run, %lld compactions%s\n",
+                    "mean batch %.1f), %.0f output tok/s whole run, %lld compactions, scoring steps: %lld kernel mass, "
+                    "%lld pass%s\n",
                     run.policy.c_str(), run.requests, args.input_len, args.output_len, tok_s, step_ms,
                     r["decode_batch_mean"].get<double>(), r["output_tok_per_s"].get<double>(),
-                    static_cast<long long>(r["kv_compactions"].get<int64_t>()),
+                    static_cast<long long>(r["kv_compactions"].get<int64_t>()), static_cast<long long>(kernel_mass_steps),
+                    static_cast<long long>(pass_steps),
                     compression.enabled() ? fmt::format(": {:.2f}x the full cache at {} requests", ratio, full_requests).c_str()
                                           : "");
         save();
       }
       (*runner)->model().set_kv_scores(&(*runner)->kv_scores());
+      (*runner)->model().set_kernel_mass(true);
       figures["evict"] = {{"fit_full_requests", fit}, {"budget", args.kv_budget}, {"input_len", args.input_len},
                           {"shared_prompt", args.evict_shared_prompt}};
       save();

@@ -18,6 +18,7 @@
 
 #include <gtest/gtest.h>
 
+#include "eviction_test_support.h"
 #include "gpu_test_support.h"
 #include "pagoda/backend/cpu/cpu_kv_eviction.h"
 #include "pagoda/backend/cpu/cpu_kv_pool.h"
@@ -35,14 +36,8 @@ namespace {
 namespace kc = kernels::cuda;
 using testing::to_device;
 
-uint16_t bf16_bits(float f) { return f32_to_bf16(f); }
-
-kc::KvElement element_of(DType dtype) {
-  return dtype == DType::kBF16      ? kc::KvElement::kBF16
-         : dtype == DType::kFP8E4M3 ? kc::KvElement::kFP8E4M3
-         : dtype == DType::kInt8    ? kc::KvElement::kInt8
-                                    : kc::KvElement::kInt4;
-}
+using testing::kv_element_of;
+using testing::time_ms;
 
 // Mass [kv_heads][capacity] and entropy [kv_heads] of each sequence, on the device, zeroed.
 struct MassArrays {
@@ -109,42 +104,19 @@ void check_mass(DType dtype, int32_t head_dim, int32_t block_size, int32_t q_hea
   ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
   std::mt19937 rng(static_cast<uint32_t>(head_dim * 5 + block_size + static_cast<int>(dtype) * 31 + q_heads));
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const size_t kv_width = static_cast<size_t>(kv_heads) * head_dim;
   for (int32_t si = 0; si < n; ++si) {
     const int32_t T = lengths[static_cast<size_t>(si)];
-    std::vector<int64_t> slots(static_cast<size_t>(T));
-    for (int32_t i = 0; i < T; ++i)
-      slots[static_cast<size_t>(i)] =
-          static_cast<int64_t>(tables[static_cast<size_t>(si)][static_cast<size_t>(i / block_size)]) * block_size +
-          i % block_size;
-    std::vector<uint16_t> k(T * kv_width), v(T * kv_width);
-    for (auto& x : k) x = bf16_bits(1.5f * normal(rng));
-    for (auto& x : v) x = bf16_bits(normal(rng));
-    const DeviceBuffer kd = to_device(k), vd = to_device(v), sd = to_device(slots);
-    ASSERT_EQ(kv_write(kd.as<bf16>(), vd.as<bf16>(), static_cast<int64_t>(kv_width), sd.as<int64_t>(), T,
-                       (*gpu)->layer(0), nullptr),
-              cudaSuccess);
+    testing::write_random_kv((*gpu)->layer(0), testing::slots_of(tables[static_cast<size_t>(si)], T, block_size),
+                             kv_heads, head_dim, rng, normal, 1.5f);
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   // The CPU pool gets the GPU pool's bytes (codes and scale records as they are).
-  {
-    const DevicePagedKvLayer& d = (*gpu)->layer(0);
-    const kernels::PagedKvLayer& h = cpu->layer(0);
-    const size_t vectors = static_cast<size_t>(h.num_blocks) * h.block_size * h.num_kv_heads;
-    const size_t data = vectors * kernels::kv_head_bytes(head_dim, dtype);
-    const size_t records = vectors * kernels::kv_head_scale_bytes(head_dim, dtype);
-    ASSERT_EQ(cudaMemcpy(h.key, d.key, data, cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(h.value, d.value, data, cudaMemcpyDeviceToHost), cudaSuccess);
-    if (records > 0) {
-      ASSERT_EQ(cudaMemcpy(h.key_scales, d.key_scale, records, cudaMemcpyDeviceToHost), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(h.value_scales, d.value_scale, records, cudaMemcpyDeviceToHost), cudaSuccess);
-    }
-  }
+  testing::copy_segments_to_host(testing::pool_segments((*gpu)->layer(0), cpu->layer(0), dtype, dtype));
   const size_t q_width = static_cast<size_t>(q_heads) * head_dim;
   std::vector<uint16_t> q(static_cast<size_t>(n) * q_width);
   std::vector<float> q_f32(q.size());
   for (size_t i = 0; i < q.size(); ++i) {
-    q[i] = bf16_bits(normal(rng));
+    q[i] = f32_to_bf16(normal(rng));
     q_f32[i] = bf16_to_f32(q[i]);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
@@ -158,7 +130,7 @@ void check_mass(DType dtype, int32_t head_dim, int32_t block_size, int32_t q_hea
   config.block_size = block_size;
   config.num_blocks = shape.num_blocks;
   config.scale = scale;
-  config.key_element = config.value_element = element_of(dtype);
+  config.key_element = config.value_element = kv_element_of(dtype);
   std::vector<kc::AttentionSequence> gpu_seqs;
   for (int32_t si = 0; si < n; ++si)
     gpu_seqs.push_back({1, lengths[static_cast<size_t>(si)] - 1, tables[static_cast<size_t>(si)]});
@@ -325,22 +297,6 @@ TEST(KvAttentionMassGpu, ScoresRefusedWhereTheKernelCannotWriteThem) {
   EXPECT_EQ(kv_attention_mass_from_scores(&dummy, 16, 36, 4, 0, nullptr, 1, nullptr, nullptr), cudaErrorInvalidValue);
 }
 
-float time_ms(const std::function<void()>& launch, int reps) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  launch();  // warm-up
-  cudaEventRecord(start, nullptr);
-  for (int r = 0; r < reps; ++r) launch();
-  cudaEventRecord(stop, nullptr);
-  cudaEventSynchronize(stop);
-  float ms = 0.0f;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms / static_cast<float>(reps);
-}
-
 // The decode kernel at the Llama-3-8B decode shape (16 queries x 32,768 positions, 32 / 8 heads,
 // head_dim 128) with scores off and on (rounds alternated, the best of each kept), the light
 // kernel, and the separate pass it replaces: printed, plus sanity checks (every query's mass sums
@@ -379,7 +335,7 @@ TEST(KvAttentionMassGpu, DecodeKernelTimeScoresOffAndOnAtTheLlama8bShape) {
       }
       for (int32_t i = 0; i < seqs; ++i) gpu_seqs.push_back({1, context - 1, tables[static_cast<size_t>(i)]});
       const DeviceBuffer flat_dev = to_device(flat);
-      std::vector<uint16_t> q(static_cast<size_t>(seqs) * q_heads * D, bf16_bits(0.5f));
+      std::vector<uint16_t> q(static_cast<size_t>(seqs) * q_heads * D, f32_to_bf16(0.5f));
       const DeviceBuffer q_dev = to_device(q);
       kc::AttentionConfig config;
       config.num_q_heads = q_heads;
@@ -388,7 +344,7 @@ TEST(KvAttentionMassGpu, DecodeKernelTimeScoresOffAndOnAtTheLlama8bShape) {
       config.block_size = bs;
       config.num_blocks = shape.num_blocks;
       config.scale = 0.088f;
-      config.key_element = config.value_element = element_of(dtype);
+      config.key_element = config.value_element = kv_element_of(dtype);
       kc::AttentionPlanOptions options;
       options.decode_cuda_cores = variant.cuda_cores;
       auto plan = kc::PagedAttentionPlan::create(config, gpu_seqs, {}, options);

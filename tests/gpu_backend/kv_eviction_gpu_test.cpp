@@ -32,6 +32,7 @@
 
 #include <gtest/gtest.h>
 
+#include "eviction_test_support.h"
 #include "gpu_test_support.h"
 #include "pagoda/backend/cpu/cpu_kv_eviction.h"
 #include "pagoda/backend/cpu/cpu_kv_pool.h"
@@ -88,19 +89,13 @@ runtime::KvCompressionConfig streaming(int32_t budget, int32_t sinks = 4, int32_
   return c;
 }
 
-// The byte ranges of one layer's four sub-pools (K codes, V codes, K scales, V scales).
-struct Segment {
-  void* device = nullptr;
-  std::byte* host = nullptr;
-  size_t bytes = 0;
-};
+// The byte ranges of one layer's four sub-pools (K codes, V codes, K scales, V scales): eviction_test_support.h.
+using Segment = testing::PoolSegment;
+using testing::copy_segments_to_device;
+using testing::copy_segments_to_host;
+using testing::time_ms;
 std::vector<Segment> segments(const DevicePagedKvLayer& d, const kernels::PagedKvLayer& h, DType k, DType v) {
-  const size_t vectors = static_cast<size_t>(h.num_blocks) * h.block_size * h.num_kv_heads;
-  return {{d.key, static_cast<std::byte*>(h.key), vectors * kernels::kv_head_bytes(h.head_dim, k)},
-          {d.value, static_cast<std::byte*>(h.value), vectors * kernels::kv_head_bytes(h.head_dim, v)},
-          {d.key_scale, static_cast<std::byte*>(h.key_scales), vectors * kernels::kv_head_scale_bytes(h.head_dim, k)},
-          {d.value_scale, static_cast<std::byte*>(h.value_scales),
-           vectors * kernels::kv_head_scale_bytes(h.head_dim, v)}};
+  return testing::pool_segments(d, h, k, v);
 }
 
 // Streaming's compaction (kept indices and moves built on the device, no state, no wait) writes
@@ -474,26 +469,7 @@ struct ScoreCase {
   DType dtype;
 };
 
-uint16_t to_bf16_bits(float f) {  // round to nearest even
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-float from_bf16_bits(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-template <typename T>
-DeviceBuffer upload(const std::vector<T>& v) {
-  auto b = DeviceBuffer::allocate(std::max<size_t>(1, v.size() * sizeof(T)));
-  EXPECT_TRUE(b.ok());
-  EXPECT_EQ(cudaMemcpy(b->data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  return std::move(b).value();
-}
+using testing::to_device;
 
 // one_query: only the last query scores (a decode step: the pass splits each head's positions
 // over the most CTAs).
@@ -515,36 +491,21 @@ void check_scores(const ScoreCase& c, runtime::KvCompressionPolicy policy, bool 
   std::shuffle(blocks.begin(), blocks.end(), rng);
   const std::vector<int32_t> table(blocks.begin(), blocks.begin() + old_blocks);
   const std::vector<int32_t> new_table(blocks.begin() + old_blocks, blocks.begin() + old_blocks + new_blocks);
-  std::vector<int64_t> slots(static_cast<size_t>(T));
-  for (int32_t i = 0; i < T; ++i) slots[i] = static_cast<int64_t>(table[i / c.block_size]) * c.block_size + i % c.block_size;
-  const DeviceBuffer slots_dev = upload(slots), table_dev = upload(table);
+  const std::vector<int64_t> slots = testing::slots_of(table, T, c.block_size);
+  const DeviceBuffer table_dev = to_device(table);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const size_t kv_width = static_cast<size_t>(c.kv_heads) * c.head_dim;
-  for (int32_t l = 0; l < c.layers; ++l) {
-    std::vector<uint16_t> k(T * kv_width), v(T * kv_width);
-    for (auto& x : k) x = to_bf16_bits(1.5f * normal(rng));
-    for (auto& x : v) x = to_bf16_bits(normal(rng));
-    const DeviceBuffer kd = upload(k), vd = upload(v);
-    ASSERT_EQ(kv_write(kd.as<bf16>(), vd.as<bf16>(), static_cast<int64_t>(kv_width), slots_dev.as<int64_t>(), T,
-                       (*gpu)->layer(l), nullptr), cudaSuccess);
-  }
+  for (int32_t l = 0; l < c.layers; ++l)
+    testing::write_random_kv((*gpu)->layer(l), slots, c.kv_heads, c.head_dim, rng, normal, 1.5f);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  auto copy_pool_to_cpu = [&] {
-    for (int32_t l = 0; l < c.layers; ++l)
-      for (const Segment& s : segments((*gpu)->layer(l), cpu->layer(l), c.dtype, c.dtype))
-        if (s.bytes > 0) {
-          ASSERT_EQ(cudaMemcpy(s.host, s.device, s.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-        }
-  };
-  copy_pool_to_cpu();
+  for (int32_t l = 0; l < c.layers; ++l) copy_segments_to_host(segments((*gpu)->layer(l), cpu->layer(l), c.dtype, c.dtype));
   const size_t q_width = static_cast<size_t>(c.q_heads) * c.head_dim;
   std::vector<uint16_t> q(T * q_width);
   std::vector<float> q_f32(q.size());
   for (size_t i = 0; i < q.size(); ++i) {
-    q[i] = to_bf16_bits(normal(rng));
-    q_f32[i] = from_bf16_bits(q[i]);
+    q[i] = f32_to_bf16(normal(rng));
+    q_f32[i] = bf16_to_f32(q[i]);
   }
-  const DeviceBuffer q_dev = upload(q);
+  const DeviceBuffer q_dev = to_device(q);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
   ForwardBatch batch;
@@ -805,47 +766,32 @@ void check_hole_scores(DType dtype, int32_t block_size) {
   std::mt19937 rng(static_cast<uint32_t>(block_size * 3 + static_cast<int>(dtype) * 17));
   std::vector<int32_t> table(static_cast<size_t>(blocks));
   for (int32_t i = 0; i < blocks; ++i) table[static_cast<size_t>(i)] = blocks + 1 - i;  // scattered
-  std::vector<int64_t> slots(static_cast<size_t>(T));
-  for (int32_t i = 0; i < T; ++i)
-    slots[static_cast<size_t>(i)] = static_cast<int64_t>(table[static_cast<size_t>(i / block_size)]) * block_size + i % block_size;
-  const DeviceBuffer slots_dev = upload(slots), table_dev = upload(table);
+  const std::vector<int64_t> slots = testing::slots_of(table, T, block_size);
+  const DeviceBuffer table_dev = to_device(table);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const size_t kv_width = static_cast<size_t>(kv_heads) * head_dim;
-  for (int32_t l = 0; l < layers; ++l) {
-    std::vector<uint16_t> k(T * kv_width), v(T * kv_width);
-    for (auto& x : k) x = to_bf16_bits(1.5f * normal(rng));
-    for (auto& x : v) x = to_bf16_bits(normal(rng));
-    const DeviceBuffer kd = upload(k), vd = upload(v);
-    ASSERT_EQ(kv_write(kd.as<bf16>(), vd.as<bf16>(), static_cast<int64_t>(kv_width), slots_dev.as<int64_t>(), T,
-                       (*gpu)->layer(l), nullptr), cudaSuccess);
-  }
+  for (int32_t l = 0; l < layers; ++l)
+    testing::write_random_kv((*gpu)->layer(l), slots, kv_heads, head_dim, rng, normal, 1.5f);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   CudaKvScores::HeadLayout layout;
   layout.head_kept = {10, 100, 0, 57};  // [layers][kv_heads]
   layout.compacted_length = C;
   for (int32_t l = 0; l < layers; ++l) {
     const std::vector<Segment> segs = segments((*gpu)->layer(l), cpu->layer(l), dtype, dtype);
-    for (const Segment& s : segs)
-      if (s.bytes > 0) {
-        ASSERT_EQ(cudaMemcpy(s.host, s.device, s.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-      }
+    copy_segments_to_host(segs);
     for (int32_t h = 0; h < kv_heads; ++h)
       for (int32_t i = layout.head_kept[static_cast<size_t>(l * kv_heads + h)]; i < C; ++i)
         poison_vector(segs, dtype, head_dim, block_size, kv_heads, slots[static_cast<size_t>(i)], h);
-    for (const Segment& s : segs)
-      if (s.bytes > 0) {
-        ASSERT_EQ(cudaMemcpy(s.device, s.host, s.bytes, cudaMemcpyHostToDevice), cudaSuccess);
-      }
+    copy_segments_to_device(segs);
   }
   const int32_t fresh = T - cached;
   const size_t q_width = static_cast<size_t>(q_heads) * head_dim;
   std::vector<uint16_t> q(fresh * q_width);
   std::vector<float> q_f32(q.size());
   for (size_t i = 0; i < q.size(); ++i) {
-    q[i] = to_bf16_bits(normal(rng));
-    q_f32[i] = from_bf16_bits(q[i]);
+    q[i] = f32_to_bf16(normal(rng));
+    q_f32[i] = bf16_to_f32(q[i]);
   }
-  const DeviceBuffer q_dev = upload(q);
+  const DeviceBuffer q_dev = to_device(q);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
 
   ForwardBatch batch;
@@ -929,25 +875,12 @@ void check_hole_decode(DType dtype, int32_t head_dim, int32_t block_size, int32_
   ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
   std::mt19937 rng(static_cast<uint32_t>(head_dim * 7 + block_size + static_cast<int>(dtype) * 101 + q_heads));
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const size_t kv_width = static_cast<size_t>(kv_heads) * head_dim;
-  for (size_t si = 0; si < seqs.size(); ++si) {
-    const int32_t T = seqs[si].length;
-    std::vector<int64_t> slots(static_cast<size_t>(T));
-    for (int32_t i = 0; i < T; ++i)
-      slots[static_cast<size_t>(i)] = static_cast<int64_t>(tables[si][static_cast<size_t>(i / block_size)]) * block_size + i % block_size;
-    std::vector<uint16_t> k(T * kv_width), v(T * kv_width);
-    for (auto& x : k) x = to_bf16_bits(normal(rng));
-    for (auto& x : v) x = to_bf16_bits(normal(rng));
-    const DeviceBuffer kd = upload(k), vd = upload(v), sd = upload(slots);
-    ASSERT_EQ(kv_write(kd.as<bf16>(), vd.as<bf16>(), static_cast<int64_t>(kv_width), sd.as<int64_t>(), T,
-                       (*gpu)->layer(0), nullptr), cudaSuccess);
-  }
+  for (size_t si = 0; si < seqs.size(); ++si)
+    testing::write_random_kv((*gpu)->layer(0), testing::slots_of(tables[si], seqs[si].length, block_size), kv_heads,
+                             head_dim, rng, normal, 1.0f);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<Segment> segs = segments((*gpu)->layer(0), cpu->layer(0), dtype, dtype);
-  for (const Segment& s : segs)
-    if (s.bytes > 0) {
-      ASSERT_EQ(cudaMemcpy(s.host, s.device, s.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-    }
+  copy_segments_to_host(segs);
   // NaN into every hole vector, K and V, on the host copy, then back to the device.
   for (size_t si = 0; si < seqs.size(); ++si)
     for (int32_t h = 0; h < kv_heads; ++h)
@@ -956,17 +889,14 @@ void check_hole_decode(DType dtype, int32_t head_dim, int32_t block_size, int32_
             static_cast<int64_t>(tables[si][static_cast<size_t>(i / block_size)]) * block_size + i % block_size;
         poison_vector(segs, dtype, head_dim, block_size, kv_heads, slot, h);
       }
-  for (const Segment& s : segs)
-    if (s.bytes > 0) {
-      ASSERT_EQ(cudaMemcpy(s.device, s.host, s.bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    }
+  copy_segments_to_device(segs);
   // One query per sequence (its last position).
   const size_t q_width = static_cast<size_t>(q_heads) * head_dim;
   std::vector<uint16_t> q(seqs.size() * q_width);
   std::vector<float> q_f32(q.size());
   for (size_t i = 0; i < q.size(); ++i) {
-    q[i] = to_bf16_bits(normal(rng));
-    q_f32[i] = from_bf16_bits(q[i]);
+    q[i] = f32_to_bf16(normal(rng));
+    q_f32[i] = bf16_to_f32(q[i]);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   std::vector<int32_t> hole_begin, hole_end;
@@ -991,18 +921,14 @@ void check_hole_decode(DType dtype, int32_t head_dim, int32_t block_size, int32_
   config.block_size = block_size;
   config.num_blocks = shape.num_blocks;
   config.scale = scale;
-  const kc::KvElement element = dtype == DType::kBF16      ? kc::KvElement::kBF16
-                                : dtype == DType::kFP8E4M3 ? kc::KvElement::kFP8E4M3
-                                : dtype == DType::kInt8    ? kc::KvElement::kInt8
-                                                           : kc::KvElement::kInt4;
-  config.key_element = config.value_element = element;
+  config.key_element = config.value_element = testing::kv_element_of(dtype);
   kc::AttentionPlanOptions options;
   options.split_tokens = 16;
   auto plan = kc::PagedAttentionPlan::create(config, gpu_seqs, {}, options);
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   ASSERT_EQ(plan->kernel(), kc::AttentionKernel::kDecode);
   std::vector<int32_t> arena(plan->arena().begin(), plan->arena().end());
-  const DeviceBuffer arena_dev = upload(arena), q_dev = upload(q), hb = upload(hole_begin), he = upload(hole_end);
+  const DeviceBuffer arena_dev = to_device(arena), q_dev = to_device(q), hb = to_device(hole_begin), he = to_device(hole_end);
   auto workspace = DeviceBuffer::allocate(std::max<size_t>(256, plan->workspace_bytes()));
   auto out = DeviceBuffer::allocate(q.size() * sizeof(uint16_t));
   ASSERT_TRUE(workspace.ok() && out.ok());
@@ -1018,7 +944,7 @@ void check_hole_decode(DType dtype, int32_t head_dim, int32_t block_size, int32_
   double worst = 0.0;
   int bad = 0;
   for (size_t i = 0; i < got.size(); ++i) {
-    const float g = from_bf16_bits(got[i]);
+    const float g = bf16_to_f32(got[i]);
     ASSERT_TRUE(std::isfinite(g)) << "element " << i << ": a hole was read";
     const double err = std::abs(static_cast<double>(g) - want[i]);
     worst = std::max(worst, err);
@@ -1040,7 +966,7 @@ void check_hole_decode(DType dtype, int32_t head_dim, int32_t block_size, int32_
       kv_begin.push_back(0);
       kv_end.push_back(seqs[static_cast<size_t>(i)].length);
     }
-    const DeviceBuffer flat_dev = upload(flat), ts = upload(token_sequence), kb = upload(kv_begin), ke = upload(kv_end);
+    const DeviceBuffer flat_dev = to_device(flat), ts = to_device(token_sequence), kb = to_device(kv_begin), ke = to_device(kv_end);
     DeviceAttentionPlan builtin{ts.as<int32_t>(), kb.as<int32_t>(), ke.as<int32_t>(), flat_dev.as<int32_t>(), stride, n};
     builtin.hole_begin = hb.as<int32_t>();
     builtin.hole_end = he.as<int32_t>();
@@ -1052,7 +978,7 @@ void check_hole_decode(DType dtype, int32_t head_dim, int32_t block_size, int32_
     double worst_builtin = 0.0;
     int bad_builtin = 0;
     for (size_t i = 0; i < got.size(); ++i) {
-      const float g = from_bf16_bits(got[i]);
+      const float g = bf16_to_f32(got[i]);
       ASSERT_TRUE(std::isfinite(g)) << "builtin, element " << i << ": a hole was read";
       const double err = std::abs(static_cast<double>(g) - want[i]);
       worst_builtin = std::max(worst_builtin, err);
@@ -1103,7 +1029,7 @@ void check_selection(runtime::KvCompressionPolicy policy, int32_t num_valid, int
   const KvSelectShape shape =
       kv_select_shape(heads, num_valid, budget, sinks, window, policy == runtime::KvCompressionPolicy::kStreaming,
                       policy == runtime::KvCompressionPolicy::kSnapKV);
-  const DeviceBuffer scores_dev = upload(scores);
+  const DeviceBuffer scores_dev = to_device(scores);
   auto scratch = DeviceBuffer::allocate(std::max<size_t>(1, kv_select_scratch_bytes(shape)));
   auto kept = DeviceBuffer::allocate(std::max<size_t>(1, static_cast<size_t>(heads) * shape.kept * sizeof(int32_t)));
   ASSERT_TRUE(scratch.ok() && kept.ok());
@@ -1149,29 +1075,22 @@ TEST(KvEvictionGpu, KeptTokenChoiceTimeAtTheLlama8bShape) {
   std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
   std::vector<float> scores(static_cast<size_t>(heads) * n);
   for (float& v : scores) v = uniform(rng);
-  const DeviceBuffer scores_dev = upload(scores);
+  const DeviceBuffer scores_dev = to_device(scores);
   for (auto policy : {runtime::KvCompressionPolicy::kH2O, runtime::KvCompressionPolicy::kSnapKV}) {
     const KvSelectShape shape =
         kv_select_shape(heads, n, budget, 4, 32, false, policy == runtime::KvCompressionPolicy::kSnapKV);
     auto scratch = DeviceBuffer::allocate(kv_select_scratch_bytes(shape));
     auto kept = DeviceBuffer::allocate(static_cast<size_t>(heads) * shape.kept * sizeof(int32_t));
     ASSERT_TRUE(scratch.ok() && kept.ok());
-    cudaEvent_t start, stop;
-    ASSERT_EQ(cudaEventCreate(&start), cudaSuccess);
-    ASSERT_EQ(cudaEventCreate(&stop), cudaSuccess);
-    ASSERT_EQ(kv_select_kept(scores_dev.as<float>(), n, shape, scratch->data(), kept->as<int32_t>(), nullptr),
-              cudaSuccess);  // warm-up
-    const int reps = 10;
-    ASSERT_EQ(cudaEventRecord(start, nullptr), cudaSuccess);
-    for (int r = 0; r < reps; ++r)
-      ASSERT_EQ(kv_select_kept(scores_dev.as<float>(), n, shape, scratch->data(), kept->as<int32_t>(), nullptr),
-                cudaSuccess);
-    ASSERT_EQ(cudaEventRecord(stop, nullptr), cudaSuccess);
-    ASSERT_EQ(cudaEventSynchronize(stop), cudaSuccess);
-    float gpu_ms = 0.0f;
-    ASSERT_EQ(cudaEventElapsedTime(&gpu_ms, start, stop), cudaSuccess);
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
+    int failed_launches = 0;
+    const float gpu_ms = time_ms(  // one warm-up, then 10 timed
+        [&] {
+          failed_launches +=
+              kv_select_kept(scores_dev.as<float>(), n, shape, scratch->data(), kept->as<int32_t>(), nullptr) !=
+              cudaSuccess;
+        },
+        10);
+    ASSERT_EQ(failed_launches, 0);
     runtime::KvCompressionConfig config;
     config.policy = policy;
     config.budget = budget;
@@ -1187,7 +1106,7 @@ TEST(KvEvictionGpu, KeptTokenChoiceTimeAtTheLlama8bShape) {
     const double host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_EQ(total, static_cast<size_t>(heads) * budget);
     std::printf("[select] %s, 256 heads x %d candidates, budget %d: gpu %.3f ms, host (one thread) %.1f ms\n",
-                std::string(runtime::kv_compression_policy_name(policy)).c_str(), n, budget, gpu_ms / reps, host_ms);
+                std::string(runtime::kv_compression_policy_name(policy)).c_str(), n, budget, gpu_ms, host_ms);
   }
 }
 
@@ -1212,9 +1131,9 @@ TEST(KvEvictionGpu, ScoringPassTimeAtTheLlama8bDecodeShape) {
                 cudaSuccess);
     std::vector<int32_t> tables(static_cast<size_t>(seqs) * per_seq);
     for (size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i);
-    const DeviceBuffer tables_dev = upload(tables);
-    std::vector<uint16_t> q(static_cast<size_t>(seqs) * q_heads * D, to_bf16_bits(0.5f));
-    const DeviceBuffer q_dev = upload(q);
+    const DeviceBuffer tables_dev = to_device(tables);
+    std::vector<uint16_t> q(static_cast<size_t>(seqs) * q_heads * D, f32_to_bf16(0.5f));
+    const DeviceBuffer q_dev = to_device(q);
     ForwardBatch batch;
     for (int32_t i = 0; i < seqs; ++i) {
       SequenceSlice slice;
@@ -1234,19 +1153,10 @@ TEST(KvEvictionGpu, ScoringPassTimeAtTheLlama8bDecodeShape) {
         return scores.score_layer(0, q_dev.as<bf16>(), static_cast<int64_t>(q_heads) * D, 0.088f, layer,
                                   tables_dev.as<int32_t>(), nullptr);
       };
-      ASSERT_TRUE(launch().ok());  // warm-up
-      cudaEvent_t start, stop;
-      ASSERT_EQ(cudaEventCreate(&start), cudaSuccess);
-      ASSERT_EQ(cudaEventCreate(&stop), cudaSuccess);
       const int reps = 20;
-      ASSERT_EQ(cudaEventRecord(start, nullptr), cudaSuccess);
-      for (int r = 0; r < reps; ++r) ASSERT_TRUE(launch().ok());
-      ASSERT_EQ(cudaEventRecord(stop, nullptr), cudaSuccess);
-      ASSERT_EQ(cudaEventSynchronize(stop), cudaSuccess);
-      float ms = 0.0f;
-      ASSERT_EQ(cudaEventElapsedTime(&ms, start, stop), cudaSuccess);
-      cudaEventDestroy(start);
-      cudaEventDestroy(stop);
+      int failed_launches = 0;
+      const float ms = time_ms([&] { failed_launches += !launch().ok(); }, reps);  // one warm-up, then reps
+      ASSERT_EQ(failed_launches, 0);
       // Every query's mass sums to its group's 4 heads (reps + 1 passes, uniform attention).
       auto got = scores.download(1, context, nullptr);
       ASSERT_TRUE(got.ok());
@@ -1254,7 +1164,7 @@ TEST(KvEvictionGpu, ScoringPassTimeAtTheLlama8bDecodeShape) {
       for (int32_t i = 0; i < context; ++i) total += got->mass[static_cast<size_t>(i)];
       EXPECT_NEAR(total, 4.0 * (reps + 1), 1e-2 * (reps + 1));
       std::printf("[score pass] 16 queries x %d positions, 8B shape, fp8: %.3f ms per layer (splits %d)\n", context,
-                  ms / reps, kv_attention_scores_splits(16, kv_heads));
+                  ms, kv_attention_scores_splits(16, kv_heads));
     }
   }
 }

@@ -619,6 +619,7 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
     if (fast) ++fast_attention_steps_;
     const bool scoring = kv_scores_ != nullptr && kv_scores_->active();
     PAGODA_RETURN_IF_ERROR(choose_kernel_scores(scoring, fast, step.bucket, true, batch));
+    if (scoring && kernel_scores_ == nullptr) ++scoring_pass_steps_;
     auto it = graphs_.find(graph_key(step.bucket, scoring));
     if (it != graphs_.end() && it->second.pool == &pool && it->second.fast_attention == fast &&
         it->second.kernel_mass == (kernel_scores_ != nullptr)) {
@@ -654,8 +655,9 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
   if (fast && step_has_holes_)
     for (const SequenceSlice& s : batch.sequences) fast = fast && s.num_new_tokens == 1;
   if (fast) ++fast_attention_steps_;
-  PAGODA_RETURN_IF_ERROR(choose_kernel_scores(kv_scores_ != nullptr && kv_scores_->active(), fast, step.num_tokens,
-                                              false, batch));
+  const bool scoring = kv_scores_ != nullptr && kv_scores_->active();
+  PAGODA_RETURN_IF_ERROR(choose_kernel_scores(scoring, fast, step.num_tokens, false, batch));
+  if (scoring && kernel_scores_ == nullptr) ++scoring_pass_steps_;
   // Only the llama-family layer loop waits layer by layer; any other forward (MLA) waits for the whole load first.
   const bool per_layer_waits = !config_.mla.has_value();
   if (!per_layer_waits) PAGODA_CUDA_RETURN_IF_ERROR(waits.wait_all(stream_));

@@ -221,6 +221,10 @@ class CudaModel {
   // (eager runs and graph captures or replays) that took it (tests, benchmarks).
   void set_kernel_mass(bool on) { kernel_mass_ = on; }
   int64_t kernel_mass_steps() const { return kernel_mass_steps_; }
+  // Scoring steps (eager runs and graph captures or replays) whose mass came from the separate
+  // scoring pass instead (CudaKvScores::score_layer: prefill chunks, mixed steps, the builtin
+  // kernel, kernel mass off or its rows over the cap); tests, benchmarks.
+  int64_t scoring_pass_steps() const { return scoring_pass_steps_; }
 
  private:
   enum class Output { kLogits, kGreedy, kSampled };
@@ -316,6 +320,7 @@ class CudaModel {
   int64_t kernel_score_stride_ = 0;
   bool kernel_mass_ = true;
   int64_t kernel_mass_steps_ = 0;
+  int64_t scoring_pass_steps_ = 0;
   DeviceBuffer q_contig_;  // bf16 [T, Hq * D]: q for the fast kernels, which take it contiguous
   DeviceBuffer proj_;      // bf16 [T, hidden]
   DeviceBuffer gate_up_;   // bf16 [T, 2 * intermediate]
