@@ -296,7 +296,8 @@ class CudaModel {
   int32_t gemv_rows_fp8_ = 0;   // the same for fp8 projections
   int32_t gemv_fp8_depth_ = kGemvDefaultFp8Depth;  // gemv_fp8 load depth (PAGODA_GEMV_FP8_DEPTH)
   int64_t fused_fp8_quant_launches_ = 0;
-  bool fuse_fp8_quant_ = true;  // the fp8 GEMMs' per-token input quantization inside the norm / SiLU (PAGODA_FUSE_FP8_QUANT=0: off)
+  // The fp8 GEMMs' per-token input quantization inside the norms / SiLU (PAGODA_FUSE_FP8_QUANT=0: off).
+  bool fuse_fp8_quant_ = true;
   bool fuse_rope_kv_ = false;  // rope_qk + kv_write as rope_qk_kv_write at decode sizes (PAGODA_FUSE_ROPE_KV=1: on)
   DeviceBuffer fp8_x_;         // e4m3 [T4, max(hidden, Hq * D, intermediate)]: a projection's quantized input
   DeviceBuffer fp8_x_scales_;  // f32 per token (or token x 128-group) of fp8_x_
