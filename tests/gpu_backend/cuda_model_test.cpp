@@ -473,6 +473,72 @@ TEST(CudaModel, DecodeFusionsMatchTheUnfusedModelBitForBit) {
   }
 }
 
+// PAGODA_FUSE_FP8_QUANT (on by default): the fp8 GEMMs' per-token input quantization inside the norms and the
+// SiLU (add_rmsnorm_fp8, silu_mul_fp8). A bad value is refused naming the variable; with fp8 projections + fp8
+// KV and no GEMV (gemv_max_rows 0, so decode steps quantize too), two prefills and graph-replayed batch-2
+// decode steps give the same logits bit for bit fused (=1, the default) and unfused (=0), and the fused run
+// really took the fused kernels (3 per layer and step) while the unfused one did not.
+TEST(CudaModel, FusedFp8QuantizationMatchesTheUnfusedModelBitForBit) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const ModelConfig config = small_llama_config();
+  setenv("PAGODA_FUSE_FP8_QUANT", "yes", 1);
+  auto refused = CudaModel::create_random(config, 7, small_options());
+  unsetenv("PAGODA_FUSE_FP8_QUANT");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("PAGODA_FUSE_FP8_QUANT"), std::string::npos)
+      << refused.status().to_string();
+  CudaModelOptions base = small_options();
+  base.fp8_weights = true;
+  base.kv_key_dtype = DType::kFP8E4M3;
+  base.kv_value_dtype = DType::kFP8E4M3;
+  base.gemv_max_rows = 0;
+  if (!CudaModel::create_random(config, 7, base).ok()) GTEST_SKIP() << "no fp8 on this device";
+  auto run = [&](const char* fuse, std::vector<float>& all, int64_t& fused_launches) {  // fuse null: the default
+    if (fuse != nullptr) setenv("PAGODA_FUSE_FP8_QUANT", fuse, 1);
+    auto model = CudaModel::create_random(config, 7, base);
+    unsetenv("PAGODA_FUSE_FP8_QUANT");
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
+    ASSERT_TRUE(pool.ok());
+    std::vector<float> logits;
+    ASSERT_TRUE((*model)->forward(single({1, 5, 900, 42, 7}, 0, iota_blocks(0, 8), true), **pool, logits).ok());
+    all = logits;
+    ASSERT_TRUE((*model)->forward(single({3, 8, 13, 21, 34, 55, 89, 144, 233}, 0, iota_blocks(8, 8), false), **pool,
+                                  logits).ok());
+    all.insert(all.end(), logits.begin(), logits.end());
+    std::vector<int32_t> length = {5, 9};
+    for (int32_t step = 0; step < 6; ++step) {
+      ForwardBatch batch;
+      for (int s = 0; s < 2; ++s) {
+        batch.token_ids.push_back(11 + step + 100 * s);
+        batch.positions.push_back(length[s]);
+        SequenceSlice slice;
+        slice.token_offset = s;
+        slice.num_new_tokens = 1;
+        slice.num_cached_tokens = length[s]++;
+        slice.block_table = iota_blocks(8 * s, 8);
+        batch.sequences.push_back(slice);
+      }
+      ASSERT_TRUE((*model)->forward(batch, **pool, logits).ok());
+      for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+      all.insert(all.end(), logits.begin(), logits.end());
+    }
+    EXPECT_GT((*model)->graph_replays(), 0);
+    fused_launches = (*model)->fused_fp8_quant_launches();
+  };
+  std::vector<float> unfused, fused, by_default;
+  int64_t unfused_launches = -1, fused_launches = -1, default_launches = -1;
+  run("0", unfused, unfused_launches);
+  run("1", fused, fused_launches);
+  run(nullptr, by_default, default_launches);
+  EXPECT_EQ(fused, unfused);
+  EXPECT_EQ(by_default, fused);
+  EXPECT_EQ(unfused_launches, 0);
+  // Two eager prefills and at least one captured decode step, 3 fused launches per layer each.
+  EXPECT_GE(fused_launches, 3 * 3 * config.num_layers);
+  EXPECT_EQ(default_launches, fused_launches);
+}
+
 // backend/cuda/attention's Hopper attention (eager steps) against the backend's own kernel
 // inside the same model, for a head_dim it supports: two prefills in one step,
 // a mixed step (decode + chunk after a cached prefix), and a pure decode step.

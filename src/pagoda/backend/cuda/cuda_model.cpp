@@ -145,6 +145,11 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
     if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FUSE_ROPE_KV={}: expected 0 or 1", env);
     fuse_rope_kv_ = v == "1";
   }
+  if (const char* env = std::getenv("PAGODA_FUSE_FP8_QUANT"); env != nullptr && *env != '\0') {
+    const std::string v(env);
+    if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FUSE_FP8_QUANT={}: expected 0 or 1", env);
+    fuse_fp8_quant_ = v == "1";
+  }
   if (const char* env = std::getenv("PAGODA_CUDA_PROFILE_REPLAY"); env != nullptr && *env != '\0') {
     char* end = nullptr;
     const long v = std::strtol(env, &end, 10);
@@ -303,12 +308,20 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const CudaLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
     // The previous layer's MLP output joins the residual inside the norm.
-    if (l == 0) {
-      PAGODA_CUDA_RETURN_IF_ERROR(rmsnorm(residual, nullptr, w.input_norm, normed, T, H, c.rms_norm_eps, stream_));
+    // With fp8 GEMM inputs the norm writes them quantized (fp8_x_) instead of normed (nothing else reads it).
+    if (fuse_fp8_input(normed, T, w.qkv_fp8, H)) {
+      PAGODA_CUDA_RETURN_IF_ERROR(add_rmsnorm_fp8(residual, l == 0 ? nullptr : proj, w.input_norm, T, H,
+                                                  c.rms_norm_eps, fp8_x_.as<uint8_t>(), fp8_x_scales_.as<float>(),
+                                                  stream_));
+      PAGODA_RETURN_IF_ERROR(project_quantized(T, w.qkv_fp8, qkv_width, H, qkv));
     } else {
-      PAGODA_CUDA_RETURN_IF_ERROR(add_rmsnorm(residual, proj, w.input_norm, normed, T, H, c.rms_norm_eps, stream_));
+      if (l == 0) {
+        PAGODA_CUDA_RETURN_IF_ERROR(rmsnorm(residual, nullptr, w.input_norm, normed, T, H, c.rms_norm_eps, stream_));
+      } else {
+        PAGODA_CUDA_RETURN_IF_ERROR(add_rmsnorm(residual, proj, w.input_norm, normed, T, H, c.rms_norm_eps, stream_));
+      }
+      PAGODA_RETURN_IF_ERROR(project(normed, T, w.qkv_proj, w.qkv_fp8, qkv_width, H, qkv));
     }
-    PAGODA_RETURN_IF_ERROR(project(normed, T, w.qkv_proj, w.qkv_fp8, qkv_width, H, qkv));
     if (w.qkv_bias != nullptr)
       PAGODA_CUDA_RETURN_IF_ERROR(add_bias(qkv, qkv_width, T, qkv_width, w.qkv_bias, stream_));
     if (c.qk_norm) {
@@ -377,13 +390,25 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
     if (w.o_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.o_bias, stream_));
     if (comm_ != nullptr)
       PAGODA_RETURN_IF_ERROR(comm_->enqueue_all_reduce_sum(proj, static_cast<size_t>(T) * H, DType::kBF16, stream_));
-    PAGODA_CUDA_RETURN_IF_ERROR(
-        add_rmsnorm(residual, proj, w.post_attention_norm, normed, T, H, c.rms_norm_eps, stream_));
-    PAGODA_RETURN_IF_ERROR(project(normed, T, w.gate_up_proj, w.gate_up_fp8, 2 * I, H, gate_up));
+    if (fuse_fp8_input(normed, T, w.gate_up_fp8, H)) {
+      PAGODA_CUDA_RETURN_IF_ERROR(add_rmsnorm_fp8(residual, proj, w.post_attention_norm, T, H, c.rms_norm_eps,
+                                                  fp8_x_.as<uint8_t>(), fp8_x_scales_.as<float>(), stream_));
+      PAGODA_RETURN_IF_ERROR(project_quantized(T, w.gate_up_fp8, 2 * I, H, gate_up));
+    } else {
+      PAGODA_CUDA_RETURN_IF_ERROR(
+          add_rmsnorm(residual, proj, w.post_attention_norm, normed, T, H, c.rms_norm_eps, stream_));
+      PAGODA_RETURN_IF_ERROR(project(normed, T, w.gate_up_proj, w.gate_up_fp8, 2 * I, H, gate_up));
+    }
     if (w.gate_up_bias != nullptr)
       PAGODA_CUDA_RETURN_IF_ERROR(add_bias(gate_up, 2 * I, T, 2 * I, w.gate_up_bias, stream_));
-    PAGODA_CUDA_RETURN_IF_ERROR(silu_mul(gate_up, act, T, I, stream_));
-    PAGODA_RETURN_IF_ERROR(project(act, T, w.down_proj, w.down_fp8, H, I, proj));
+    if (fuse_fp8_input(act, T, w.down_fp8, I)) {
+      PAGODA_CUDA_RETURN_IF_ERROR(
+          silu_mul_fp8(gate_up, T, I, fp8_x_.as<uint8_t>(), fp8_x_scales_.as<float>(), stream_));
+      PAGODA_RETURN_IF_ERROR(project_quantized(T, w.down_fp8, H, I, proj));
+    } else {
+      PAGODA_CUDA_RETURN_IF_ERROR(silu_mul(gate_up, act, T, I, stream_));
+      PAGODA_RETURN_IF_ERROR(project(act, T, w.down_proj, w.down_fp8, H, I, proj));
+    }
     if (w.down_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.down_bias, stream_));
     if (comm_ != nullptr)
       PAGODA_RETURN_IF_ERROR(comm_->enqueue_all_reduce_sum(proj, static_cast<size_t>(T) * H, DType::kBF16, stream_));
@@ -422,6 +447,18 @@ Status CudaModel::project(const bf16* x, int32_t T, const bf16* w, const CudaFp8
     PAGODA_CUDA_RETURN_IF_ERROR(quantize_fp8_per_token(x, T, k, q, scales, stream_));
   }
   return fp8_gemm_->linear(q, scales, T, fp8.data, fp8.scales, n, k, y, stream_);
+}
+
+bool CudaModel::fuse_fp8_input(const bf16* x, int32_t T, const CudaFp8Weight& fp8, int32_t k) const {
+  if (!fuse_fp8_quant_ || fp8.data == nullptr || fp8.block128 || fp8.input_scale != nullptr) return false;
+  // project()'s GEMV branch takes bf16 activations: no quantization to fuse.
+  return !(T <= gemv_rows_fp8_ && gemv_supported(T, k, true, x, fp8.data));
+}
+
+Status CudaModel::project_quantized(int32_t T, const CudaFp8Weight& fp8, int32_t n, int32_t k, bf16* y) {
+  ++fused_fp8_quant_launches_;
+  return fp8_gemm_->linear(fp8_x_.as<uint8_t>(), fp8_x_scales_.as<float>(), T, fp8.data, fp8.scales, n, k, y,
+                           stream_);
 }
 
 Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {

@@ -213,6 +213,9 @@ class CudaModel {
 
   // Graph statistics (tests, benchmarks).
   int64_t graph_replays() const { return graph_replays_; }
+  // Norm / SiLU launches enqueued (eagerly or into a captured graph) that wrote an fp8 GEMM's quantized input
+  // themselves (PAGODA_FUSE_FP8_QUANT); for tests.
+  int64_t fused_fp8_quant_launches() const { return fused_fp8_quant_launches_; }
   int64_t graphs_captured() const { return static_cast<int64_t>(graphs_.size()); }
   // Steps whose attention ran on backend/cuda/attention's kernels.
   int64_t fast_attention_steps() const { return fast_attention_steps_; }
@@ -259,6 +262,12 @@ class CudaModel {
   Status head_sharded(const bf16* normed, int32_t num_rows);
   // y [T, n] = x [T, k] . w^T through the bf16 GEMM, or quantize x + the fp8 GEMM where fp8.data is set.
   Status project(const bf16* x, int32_t T, const bf16* w, const CudaFp8Weight& fp8, int32_t n, int32_t k, bf16* y);
+  // Whether project(x, T, ..., fp8, n, k, y) would quantize x per token into fp8_x_ and run the fp8 GEMM: then
+  // the kernel producing x may write fp8_x_ itself (add_rmsnorm_fp8, silu_mul_fp8) and project_quantized runs
+  // the GEMM. False unless PAGODA_FUSE_FP8_QUANT allows it (on by default).
+  bool fuse_fp8_input(const bf16* x, int32_t T, const CudaFp8Weight& fp8, int32_t k) const;
+  // y [T, n] from fp8_x_ / fp8_x_scales_ (already holding the per-token quantized input) through the fp8 GEMM.
+  Status project_quantized(int32_t T, const CudaFp8Weight& fp8, int32_t n, int32_t k, bf16* y);
   // Samples logit rows [row_begin, row_begin + n) (already in logits_) and
   // copies tokens, logprobs and the host rows' logits out; synchronizes.
   // Applies the token masks of rows [row_begin, row_begin + n) of forward_sampled() to logits_.
@@ -290,6 +299,9 @@ class CudaModel {
   int32_t gemv_rows_bf16_ = 0;  // steps of at most this many rows run bf16 projections as GEMVs
   int32_t gemv_rows_fp8_ = 0;   // the same for fp8 projections
   int32_t gemv_fp8_depth_ = kGemvDefaultFp8Depth;  // gemv_fp8 load depth (PAGODA_GEMV_FP8_DEPTH)
+  int64_t fused_fp8_quant_launches_ = 0;
+  // The fp8 GEMMs' per-token input quantization inside the norms / SiLU (PAGODA_FUSE_FP8_QUANT=0: off).
+  bool fuse_fp8_quant_ = true;
   bool fuse_rope_kv_ = false;  // rope_qk + kv_write as rope_qk_kv_write at decode sizes (PAGODA_FUSE_ROPE_KV=1: on)
   DeviceBuffer fp8_x_;         // e4m3 [T4, max(hidden, Hq * D, intermediate)]: a projection's quantized input
   DeviceBuffer fp8_x_scales_;  // f32 per token (or token x 128-group) of fp8_x_

@@ -1,5 +1,9 @@
-// Small elementwise ops of the MLP and projections: SiLU-mul and bias add.
+// Small elementwise ops of the MLP and projections: SiLU-mul (bf16 or fp8 per-token output) and bias add.
+#include <algorithm>
+
 #include "pagoda/backend/cuda/cuda_ops.h"
+#include "pagoda/backend/cuda/fp8_convert.cuh"
+#include "pagoda/backend/cuda/fp8_ops.h"
 #include "pagoda/backend/cuda/pdl.cuh"
 
 namespace pagoda::cuda {
@@ -36,6 +40,80 @@ __global__ void silu_mul_scalar_kernel(const bf16* __restrict__ gate_up, bf16* _
   out[i] = __float2bfloat16(g / (1.0f + expf(-g)) * u);
 }
 
+// silu_mul then quantize_fp8_per_token (fp8_ops.h) in one kernel, one block per row: the same bf16 values
+// (the same expression, rounded to nearest like the kernels above), their absmax, the same scale and
+// rounding, so the bytes equal the unfused pair's. Two passes over the row: the absmax, then the bytes.
+// kPairs: bf16x2 loads and 2-byte stores (even intermediate).
+constexpr int kSiluCachePairs = 8;
+
+// At most 32 registers, so two blocks of 1,024 threads fit an SM (34 without the bound; no spills with it).
+template <bool kPairs>
+__global__ void __launch_bounds__(1024, 2)
+    silu_mul_fp8_kernel(const bf16* __restrict__ gate_up, uint8_t* __restrict__ q, float* __restrict__ scales,
+                        int32_t intermediate) {
+  pdl_launch_dependents();  // the down projection's GEMM may start launching meanwhile (pdl.cuh)
+  pdl_wait();               // launched programmatically: the kernel ahead may still run
+  const int64_t r = blockIdx.x;
+  const bf16* row = gate_up + r * 2 * intermediate;
+  uint8_t* out = q + r * intermediate;
+  float amax = 0.0f;
+  if constexpr (kPairs) {
+    const int32_t pairs = intermediate / 2;
+    const auto* g2 = reinterpret_cast<const __nv_bfloat162*>(row);
+    const auto* u2 = reinterpret_cast<const __nv_bfloat162*>(row + intermediate);
+    auto value = [&](int32_t p) {
+      const float2 g = __bfloat1622float2(g2[p]);
+      const float2 u = __bfloat1622float2(u2[p]);
+      const float2 y = make_float2(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y);
+      return __bfloat1622float2(__float22bfloat162_rn(y));
+    };
+    // Rows of up to kSiluCachePairs pairs per thread (14,336 wide at 1,024 threads: 7) keep their values in
+    // registers between the passes, loaded all at once (more loads in flight); wider rows recompute them.
+    // The branch is uniform over the block.
+    const bool cached = pairs <= kSiluCachePairs * static_cast<int32_t>(blockDim.x);
+    float2 cache[kSiluCachePairs];
+    if (cached) {
+#pragma unroll
+      for (int j = 0; j < kSiluCachePairs; ++j) {
+        const int32_t p = threadIdx.x + j * blockDim.x;
+        cache[j] = p < pairs ? value(p) : make_float2(0.0f, 0.0f);
+        amax = fmaxf(amax, fmaxf(fabsf(cache[j].x), fabsf(cache[j].y)));
+      }
+    } else {
+#pragma unroll 4
+      for (int32_t p = threadIdx.x; p < pairs; p += blockDim.x) {
+        const float2 y = value(p);
+        amax = fmaxf(amax, fmaxf(fabsf(y.x), fabsf(y.y)));
+      }
+    }
+    const float scale = fp8_per_token_scale(fp8_block_max(amax));
+    if (threadIdx.x == 0) scales[r] = scale;
+    auto store = [&](int32_t p, float2 y) {
+      reinterpret_cast<uchar2*>(out)[p] = make_uchar2(fp8_e4m3_at_scale(y.x, scale), fp8_e4m3_at_scale(y.y, scale));
+    };
+    if (cached) {
+#pragma unroll
+      for (int j = 0; j < kSiluCachePairs; ++j) {
+        const int32_t p = threadIdx.x + j * blockDim.x;
+        if (p < pairs) store(p, cache[j]);
+      }
+    } else {
+#pragma unroll 4
+      for (int32_t p = threadIdx.x; p < pairs; p += blockDim.x) store(p, value(p));
+    }
+  } else {
+    auto value = [&](int32_t c) {
+      const float g = __bfloat162float(row[c]);
+      const float u = __bfloat162float(row[intermediate + c]);
+      return __bfloat162float(__float2bfloat16(g / (1.0f + expf(-g)) * u));
+    };
+    for (int32_t c = threadIdx.x; c < intermediate; c += blockDim.x) amax = fmaxf(amax, fabsf(value(c)));
+    const float scale = fp8_per_token_scale(fp8_block_max(amax));
+    if (threadIdx.x == 0) scales[r] = scale;
+    for (int32_t c = threadIdx.x; c < intermediate; c += blockDim.x) out[c] = fp8_e4m3_at_scale(value(c), scale);
+  }
+}
+
 __global__ void add_bias_kernel(bf16* __restrict__ x, int64_t row_stride, int32_t rows, int32_t cols,
                                 const float* __restrict__ bias) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -59,6 +137,19 @@ cudaError_t silu_mul(const bf16* gate_up, bf16* out, int32_t rows, int32_t inter
   }
   const int64_t n = static_cast<int64_t>(rows) * intermediate;
   return launch_pdl(silu_mul_scalar_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, stream, gate_up, out, rows,
+                    intermediate);
+}
+
+cudaError_t silu_mul_fp8(const bf16* gate_up, int32_t rows, int32_t intermediate, uint8_t* q, float* scales,
+                         cudaStream_t stream) {
+  if (rows == 0 || intermediate == 0) return cudaSuccess;
+  // Up to 1,024 threads at 4+ values each (the row norms' rule): 14,336 wide is 7 pairs per thread.
+  const int32_t items = intermediate % 2 == 0 ? intermediate / 2 : intermediate;
+  const int threads = std::min(1024, std::max(32, ((items / 4 + 31) / 32) * 32));
+  if (intermediate % 2 == 0)
+    return launch_pdl(silu_mul_fp8_kernel<true>, dim3(rows), dim3(threads), 0, stream, gate_up, q, scales,
+                      intermediate);
+  return launch_pdl(silu_mul_fp8_kernel<false>, dim3(rows), dim3(threads), 0, stream, gate_up, q, scales,
                     intermediate);
 }
 

@@ -30,6 +30,15 @@ cudaError_t quantize_fp8_per_token_group128(const __nv_bfloat16* x, int32_t m, i
 cudaError_t quantize_fp8_static(const __nv_bfloat16* x, int32_t m, int32_t k, const float* input_scale, uint8_t* q,
                                 float* scales, cudaStream_t stream);
 
+// The norm and the SiLU with quantize_fp8_per_token fused in (rmsnorm.cu, elementwise.cu): q and scales
+// byte for byte as add_rmsnorm / silu_mul (cuda_ops.h) into bf16, then quantize_fp8_per_token of that, without
+// the bf16 round trip through memory. add_rmsnorm_fp8 updates residual as add_rmsnorm does (delta may be null:
+// then it is rmsnorm of residual); q [rows, dim] or [rows, intermediate], scales [rows].
+cudaError_t add_rmsnorm_fp8(float* residual, const __nv_bfloat16* delta, const float* weight, int32_t rows,
+                            int32_t dim, float eps, uint8_t* q, float* scales, cudaStream_t stream);
+cudaError_t silu_mul_fp8(const __nv_bfloat16* gate_up, int32_t rows, int32_t intermediate, uint8_t* q, float* scales,
+                         cudaStream_t stream);
+
 // The epilogue of an fp8 GEMM run with unit scales into f32: y[r, c] =
 // bf16(d[r * n + c] * x_scales[r] * w_scales[c]) for r < m, c < n (d and y
 // row-major [m, n]; x_scales [m] per token, w_scales [n] per output channel).

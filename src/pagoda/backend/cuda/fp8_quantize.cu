@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include "pagoda/backend/cuda/fp8_convert.cuh"
 #include "pagoda/backend/cuda/fp8_ops.h"
 
 namespace pagoda::cuda {
@@ -12,11 +13,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kGroup = 128;
 
-__device__ uint8_t to_fp8(float v, float scale) {
-  // The division (not a reciprocal product) matches the CPU reference bit for bit.
-  const float q = scale > 0.0f ? __fdiv_rn(v, scale) : 0.0f;
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3));
-}
+__device__ uint8_t to_fp8(float v, float scale) { return fp8_e4m3_at_scale(v, scale); }
 
 __global__ void quantize_fp8_per_token_kernel(const __nv_bfloat16* x, int32_t k, uint8_t* q, float* scales) {
   const int64_t row = blockIdx.x;

@@ -1,8 +1,10 @@
-// RMSNorm family: plain (with optional row gather), fused residual add, and the
-// per-head norm of Qwen3. Sums of squares in f32 with a block reduction.
+// RMSNorm family: plain (with optional row gather), fused residual add (bf16 or fp8 per-token output), and
+// the per-head norm of Qwen3. Sums of squares in f32 with a block reduction.
 #include <algorithm>
 
 #include "pagoda/backend/cuda/cuda_ops.h"
+#include "pagoda/backend/cuda/fp8_convert.cuh"
+#include "pagoda/backend/cuda/fp8_ops.h"
 #include "pagoda/backend/cuda/pdl.cuh"
 
 namespace pagoda::cuda {
@@ -10,6 +12,7 @@ namespace pagoda::cuda {
 namespace {
 
 constexpr int kNormThreads = 256;
+constexpr int kNormCache = 4;  // add_rmsnorm_kernel<true>: values per thread kept in registers between passes
 
 // Sum over the block; every thread gets the result.
 __device__ float block_sum(float value) {
@@ -46,9 +49,15 @@ __global__ void rmsnorm_kernel(const float* __restrict__ x, const int32_t* __res
   for (int32_t i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = __float2bfloat16(weight[i] * (xr[i] * inv_rms));
 }
 
-__global__ void add_rmsnorm_kernel(float* __restrict__ residual, const bf16* __restrict__ delta,
-                                   const float* __restrict__ weight, bf16* __restrict__ out, int32_t dim,
-                                   float eps) {
+// kFp8: instead of the bf16 out, q (fp8 e4m3) and scales (one per row) as quantize_fp8_per_token (fp8_ops.h)
+// would make of that bf16 out, byte for byte: the same bf16 values, their row absmax, the same scale and
+// rounding.
+// At most 32 registers, so two blocks of 1,024 threads fit an SM (the fp8 variant took 40 without the bound).
+template <bool kFp8>
+__global__ void __launch_bounds__(1024, 2)
+    add_rmsnorm_kernel(float* __restrict__ residual, const bf16* __restrict__ delta, const float* __restrict__ weight,
+                       bf16* __restrict__ out, uint8_t* __restrict__ q, float* __restrict__ scales, int32_t dim,
+                       float eps) {
   pdl_launch_dependents();  // a GEMV after the norm streams its first weights meanwhile (pdl.cuh)
   pdl_wait();               // launched programmatically: the kernel ahead may still run
   const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
@@ -64,8 +73,38 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ residual, const bf16* __r
   }
   const float inv_rms = rsqrtf(block_sum(sum_sq) / dim + eps);
   // Each thread re-reads only the elements it wrote itself: no barrier needed.
-  for (int32_t i = threadIdx.x; i < dim; i += blockDim.x)
-    out[base + i] = __float2bfloat16(weight[i] * (xr[i] * inv_rms));
+  if constexpr (!kFp8) {
+    for (int32_t i = threadIdx.x; i < dim; i += blockDim.x)
+      out[base + i] = __float2bfloat16(weight[i] * (xr[i] * inv_rms));
+  } else {
+    // Two passes over the row: its absmax, then the bytes. Up to kNormCache values per thread (4,096 wide at
+    // 1,024 threads: 4) stay in registers between them; wider rows recompute (from L1/L2). Uniform branch.
+    auto value = [&](int32_t i) { return __bfloat162float(__float2bfloat16(weight[i] * (xr[i] * inv_rms))); };
+    const bool cached = dim <= kNormCache * static_cast<int32_t>(blockDim.x);
+    float cache[kNormCache];
+    float amax = 0.0f;
+    if (cached) {
+#pragma unroll
+      for (int j = 0; j < kNormCache; ++j) {
+        const int32_t i = threadIdx.x + j * blockDim.x;
+        cache[j] = i < dim ? value(i) : 0.0f;
+        amax = fmaxf(amax, fabsf(cache[j]));
+      }
+    } else {
+      for (int32_t i = threadIdx.x; i < dim; i += blockDim.x) amax = fmaxf(amax, fabsf(value(i)));
+    }
+    const float scale = fp8_per_token_scale(fp8_block_max(amax));
+    if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+    if (cached) {
+#pragma unroll
+      for (int j = 0; j < kNormCache; ++j) {
+        const int32_t i = threadIdx.x + j * blockDim.x;
+        if (i < dim) q[base + i] = fp8_e4m3_at_scale(cache[j], scale);
+      }
+    } else {
+      for (int32_t i = threadIdx.x; i < dim; i += blockDim.x) q[base + i] = fp8_e4m3_at_scale(value(i), scale);
+    }
+  }
 }
 
 __global__ void add_residual_kernel(float* __restrict__ residual, const bf16* __restrict__ delta, int64_t n) {
@@ -120,8 +159,15 @@ cudaError_t rmsnorm(const float* x, const int32_t* row_index, const float* weigh
 cudaError_t add_rmsnorm(float* residual, const bf16* delta, const float* weight, bf16* out, int32_t rows,
                         int32_t dim, float eps, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  return launch_pdl(add_rmsnorm_kernel, dim3(rows), dim3(norm_threads(dim)), 0, stream, residual, delta, weight, out,
-                    dim, eps);
+  return launch_pdl(add_rmsnorm_kernel<false>, dim3(rows), dim3(norm_threads(dim)), 0, stream, residual, delta, weight,
+                    out, static_cast<uint8_t*>(nullptr), static_cast<float*>(nullptr), dim, eps);
+}
+
+cudaError_t add_rmsnorm_fp8(float* residual, const bf16* delta, const float* weight, int32_t rows, int32_t dim,
+                            float eps, uint8_t* q, float* scales, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  return launch_pdl(add_rmsnorm_kernel<true>, dim3(rows), dim3(norm_threads(dim)), 0, stream, residual, delta, weight,
+                    static_cast<bf16*>(nullptr), q, scales, dim, eps);
 }
 
 cudaError_t add_residual(float* residual, const bf16* delta, int64_t n, cudaStream_t stream) {
