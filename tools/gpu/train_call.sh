@@ -80,7 +80,7 @@ run)
     for i in "${!pids[@]}"; do
       wait "${pids[$i]}" || rc=$?
       echo "=== variant $i (rc so far $rc)"
-      grep -E "probe|step [0-9]+/[0-9]+ .*val|short copy rows [0-9]|recall |perplexity heldout_full|baseline:|Error|error" \
+      grep -E "probe|step [0-9]+/[0-9]+ .*val|short copy rows [0-9]|gap rows G|recall |perplexity heldout_full|baseline:|Error|error" \
         "/tmp/variant$i.log" | grep -v "greedy " | cut -c1-600 | tail -40
     done
     python3 - "$out" "${#variants[@]}" "$VARIANTS" <<'PY'
