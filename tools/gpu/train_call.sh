@@ -14,7 +14,7 @@
 # recall), its files come back, and its report's "variants" lists every variant's figures).
 # INIT_FROM=DIR at bundle time packs a checkpoint (e.g. models/pagoda-tiny) as init/; run then
 # continues it (train.py --init-from: its tokenizer verbatim, its weights, context raised) and
-# scores it as the baseline.
+# scores it as the baseline (BASELINE=DIR scores DIR instead).
 # Brings back under $OUT the 8 files train.py writes: model/{config.json, generation_config.json,
 # model.safetensors, tokenizer.json, tokenizer_config.json}, train_report.json, loss.csv,
 # loss_curve.png; the log is the call's output, which ends with the figures that decide the swap.
@@ -30,7 +30,7 @@ bundle)
   [ -f "$data/train.jsonl" ] || python3 "$root/tools/train/extract_text.py" --out "$data"
   rm -rf "$dest" && mkdir -p "$dest"
   cp "$root/tools/train/train.py" "$root/tools/train/recall_data.py" \
-    "$root/tools/train/short_copy.py" "$0" "$dest/"
+    "$root/tools/train/short_copy.py" "$root/tools/train/gap_copy.py" "$0" "$dest/"
   tar cJf "$dest/train-data.tar.xz" -C "$data" train.jsonl heldout.jsonl chat.jsonl \
     heldout_sample.txt manifest.json
   if [ -n "${INIT_FROM:-}" ]; then
@@ -56,8 +56,10 @@ run)
   baseline=models/pagoda-tiny
   if [ -d "$here/init" ]; then
     # A bundle made with INIT_FROM: continue that checkpoint, and score it as the baseline.
+    # BASELINE=DIR scores another model instead (e.g. models/pagoda-tiny when init/ is itself a
+    # stage-2 checkpoint: the perplexity goal is against the current bundled model).
     EXTRA="--init-from $here/init ${EXTRA:-}"
-    baseline=$here/init
+    baseline=${BASELINE:-$here/init}
   fi
   guard=$(python3 -c "print(int(${minutes} * 60 + 15))")
   if [ -n "${VARIANTS:-}" ]; then
@@ -78,7 +80,7 @@ run)
     for i in "${!pids[@]}"; do
       wait "${pids[$i]}" || rc=$?
       echo "=== variant $i (rc so far $rc)"
-      grep -E "probe|step [0-9]+/[0-9]+ .*val|short copy rows [0-9]|recall |perplexity heldout_full|baseline:|Error|error" \
+      grep -E "probe|step [0-9]+/[0-9]+ .*val|short copy rows [0-9]|gap rows G|recall |perplexity heldout_full|baseline:|Error|error" \
         "/tmp/variant$i.log" | grep -v "greedy " | cut -c1-600 | tail -40
     done
     python3 - "$out" "${#variants[@]}" "$VARIANTS" <<'PY'

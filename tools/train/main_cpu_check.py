@@ -5,7 +5,7 @@ LlamaForCausalLM call shape): checks the stages' plumbing (recall data, training
 perplexity windows, the recall check, the baseline) where the real libraries are missing. The model
 and figures it writes mean nothing. Needs torch and regex (Debian: python3-torch python3-regex).
 
-Run: [FULL=1] [INIT=1] [SHORT=1] /usr/bin/python3 tools/train/main_cpu_check.py [DATA]  (DATA: extract_text.py's folder,
+Run: [FULL=1] [INIT=1] [SHORT=1] [GAP=1] [FLAGS='...'] /usr/bin/python3 tools/train/main_cpu_check.py [DATA]  (DATA: extract_text.py's folder,
 default .cache/train-data; writes /tmp/main_cpu_check; FULL=1: the default 2,048 context and
 recall-check settings with 4 training steps instead of --smoke; INIT=1: --init-from a fake
 checkpoint with the real tokenizer files, checking that training starts from its weights and that
@@ -144,7 +144,23 @@ SHORT = os.environ.get("SHORT") is not None
 if SHORT:  # short copy rows trained and monitored (the curriculum's rule: selftest.py)
     sys.argv += ["--short-copy-rows", "4", "--short-copy-lengths", "32,64",
                  "--short-copy-advance", "0.001", "--log-every", "2"]
+GAP = os.environ.get("GAP") is not None
+if GAP:  # gap rows trained (the curriculum's rule and the rows: selftest.py GapCopyTest)
+    gaps = "0,8,16" if os.environ.get("FULL") is None else "0,16,64,256,1024,1750"
+    sys.argv += ["--gap-rows", "8", "--gap-gaps", gaps, "--log-every", "2"]
+# FLAGS: more train.py flags, e.g. a device variant's exact flags (they come last, so they win).
+sys.argv += os.environ.get("FLAGS", "").split()
 train.main()
+if GAP:
+    report = json.load(open("/tmp/main_cpu_check/out/train_report.json"))
+    # The stand-ins have no AutoTokenizer and no full config: only those two stages may fail.
+    failed = [e["stage"] for e in report.get("errors", [])]
+    assert set(failed) <= {"transformers_tokenizer_check", "plot"}, report.get("errors")
+    for run in report["training"]["runs"]:
+        g = run["gap_rows"]
+        assert g and g["gaps"] == [int(x) for x in gaps.split(",")] and g["final_gap"] in g["gaps"], g
+        assert run["recall_sequences"]["gap"] > 0, run["recall_sequences"]
+    print("gap rows check: OK (trained, recorded in the report)")
 if SHORT:
     report = json.load(open("/tmp/main_cpu_check/out/train_report.json"))
     for run in report["training"]["runs"]:
@@ -160,7 +176,8 @@ if INIT:
     assert open(out + "/tokenizer.json", "rb").read() == open(TOK, "rb").read(), "tokenizer.json changed"
     cfg = json.load(open(out + "/config.json"))
     tok_cfg = json.load(open(out + "/tokenizer_config.json"))
-    assert cfg["max_position_embeddings"] == tok_cfg["model_max_length"] == 128, (cfg, tok_cfg)
+    context = 128 if os.environ.get("FULL") is None else 2048  # --smoke's, else the default
+    assert cfg["max_position_embeddings"] == tok_cfg["model_max_length"] == context, (cfg, tok_cfg)
     assert cfg["rope_parameters"]["rope_theta"] == 40000.0, cfg
     report = json.load(open("/tmp/main_cpu_check/out/train_report.json"))
     assert report["init_from"]["max_position_embeddings"] == 1024, report["init_from"]

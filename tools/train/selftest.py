@@ -17,6 +17,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import chat_samples  # noqa: E402
 import extract_text  # noqa: E402
+import gap_copy  # noqa: E402
 import recall_data  # noqa: E402
 import short_copy  # noqa: E402
 import train  # noqa: E402
@@ -307,6 +308,123 @@ class ShortCopyTest(unittest.TestCase):
                 train.parse_args(["--data", "d", "--out", "o"] + flags)
         args = train.parse_args(["--data", "d", "--out", "o", "--short-copy-rows", "256"])
         self.assertEqual(args.short_copy_length_list, [128, 256, 512, 2048])
+
+
+class GapCopyTest(unittest.TestCase):
+    INTRO, TERM = [900, 901, 902, 903, 904], [905]
+
+    def make(self, gaps=(0, 16, 64, 256, 1024, 1750), rows=8, list_share=0.5, seed=1):
+        rng = random.Random(seed)
+        stream = [rng.randrange(10, 800) for _ in range(20000)]  # "text": ids below 800
+        words = [[1000 + 3 * i, 1001 + 3 * i][: 1 + i % 2] for i in range(200)]
+        return gap_copy.GapRows(stream, list(gaps), 2048, rows, 0.5, list(range(2000, 4000)),
+                                words, self.INTRO, self.TERM, list_share, seed)
+
+    def check_rows(self, rows, stage_range, list_expected):
+        kinds = set()
+        for _ in range(30):
+            ids, mask, pairs = rows.make_row()
+            self.assertEqual((len(ids), len(mask)), (rows.length + 1, rows.length))
+            self.assertTrue(pairs)
+            expected = [False] * rows.length
+            for pair in pairs:
+                kinds.add(pair["kind"])
+                s, t, n = pair["source"], pair["target"], pair["span"]
+                self.assertEqual(ids[s:s + n], ids[t:t + n])
+                self.assertGreaterEqual(s, gap_copy.HEAD_ROOM)
+                seg = ids[t:t + n]
+                if pair["kind"] == "random":
+                    self.assertTrue(all(2000 <= x < 4000 for x in seg))
+                    first = 1  # the copy's first token has no cue
+                    self.assertEqual(t - (s + n), pair["gap"])
+                else:
+                    self.assertEqual(seg[:5], self.INTRO)
+                    self.assertEqual(seg[-1:], self.TERM)
+                    first = len(self.INTRO)  # the words and TERMINATOR after the cue
+                    # the recall depth: end of the first TERMINATOR to the end of the cue
+                    self.assertEqual(t + len(self.INTRO) - (s + n), pair["gap"])
+                low, high = stage_range
+                self.assertTrue(low <= pair["gap"] <= max(high, len(self.INTRO)), pair)
+                for offset in range(first, n):
+                    expected[t + offset - 1] = True
+            # the mask marks exactly the copyable targets, and each is the source's token
+            self.assertEqual(mask, expected)
+            for k, on in enumerate(mask):
+                if on:
+                    pair = next(p for p in pairs if p["target"] <= k + 1 < p["target"] + p["span"])
+                    self.assertEqual(ids[k + 1], ids[k + 1 - pair["target"] + pair["source"]])
+            # outside the pairs the row is the text crop
+            inside = {i for p in pairs for r in (p["source"], p["target"])
+                      for i in range(r, r + p["span"])}
+            self.assertTrue(all(ids[i] < 800 for i in range(len(ids)) if i not in inside))
+        self.assertEqual("list" in kinds, list_expected)
+        self.assertIn("random", kinds)
+
+    def test_rows_mask_and_gaps_at_every_stage(self):
+        rows = self.make()
+        self.assertEqual(rows.lengths, [128, 128, 256, 512, 2048, 2048])
+        for stage in range(len(rows.gaps)):
+            rows.stage = stage
+            self.check_rows(rows, rows.gap_range(), stage > 0)
+        self.assertEqual(rows.list_fraction(), 0.5)
+        rows.stage = 0
+        self.assertEqual(rows.list_fraction(), 0.0)
+        only_random = self.make(list_share=0.0)
+        only_random.stage = 5
+        self.check_rows(only_random, only_random.gap_range(), False)
+
+    def test_curriculum_advances_on_the_bar_and_keeps_tokens(self):
+        rows = self.make(rows=64)
+        self.assertEqual((rows.gap, rows.length, rows.rows()), (0, 128, 64))
+        ids, mask = rows.batch()
+        self.assertEqual((len(ids), len(ids[0]), len(mask[0])), (64, 129, 128))
+        self.assertFalse(rows.observe(0.1, 10))
+        self.assertFalse(rows.observe(0.9, 20))  # smoothed 0.34: not yet
+        self.assertTrue(rows.observe(0.9, 30))   # smoothed 0.508
+        self.assertEqual((rows.gap, rows.length, rows.rows()), (16, 128, 64))
+        self.assertFalse(rows.observe(0.4, 40))  # smoothing restarts at the new gap
+        for step, gap, rows_now in ((50, 64, 32), (60, 256, 16), (70, 1024, 4), (80, 1750, 4)):
+            self.assertTrue(rows.observe(0.9, step) or rows.observe(0.9, step + 1))
+            self.assertEqual((rows.gap, rows.rows()), (gap, rows_now))
+        self.assertFalse(rows.observe(1.0, 90))  # the last gap stays
+        self.assertFalse(rows.observe(1.0, 100))
+        self.assertEqual([h["from_gap"] for h in rows.history], [0, 16, 64, 256, 1024])
+        again = self.make(rows=64)  # seeded: the same rows
+        self.assertEqual(again.batch(), self.make(rows=64).batch())
+
+    def test_bad_gap_arguments_are_rejected(self):
+        for gaps in ("", "16,0", "0,0", "-1,4", "a"):
+            with self.assertRaises(ValueError, msg=gaps):
+                gap_copy.parse_gaps(gaps)
+        with self.assertRaises(ValueError):
+            gap_copy.row_length(2000, 40, 2048)
+        with self.assertRaises(ValueError):
+            self.make(rows=0)
+        with self.assertRaises(ValueError):
+            self.make(list_share=1.5)
+        for flags in (["--gap-rows", "-1"], ["--gap-gaps", "64,16"], ["--gap-gaps", "x"],
+                      ["--gap-rows", "8", "--gap-gaps", "0,4000"], ["--gap-advance", "0"],
+                      ["--gap-advance", "1.5"], ["--gap-weight", "-1"],
+                      ["--gap-list-share", "2"]):
+            with self.assertRaises(SystemExit, msg=flags):
+                train.parse_args(["--data", "d", "--out", "o"] + flags)
+        args = train.parse_args(["--data", "d", "--out", "o", "--gap-rows", "64"])
+        self.assertEqual(args.gap_list, [0, 16, 64, 256, 1024, 1750])
+
+    def test_lists_fit_with_the_real_tokenizer(self):
+        try:
+            bpe = MiniBpe(os.path.join(TINY, "tokenizer.json"))
+        except ImportError:
+            self.skipTest("the regex module is not installed")
+        words = ["house", "sister", "morning", "temple", "garden"] * 3
+        rows = gap_copy.GapRows(list(range(10, 5000)) * 2, [0, 64, 1750], 2048, 8, 0.5,
+                                list(range(6, 4096)), [bpe.encode(" " + w) for w in words],
+                                bpe.encode(recall_data.INTRO), bpe.encode(recall_data.TERMINATOR),
+                                1.0, 2)
+        rows.stage = 2
+        self.assertEqual(rows.length, 2048)
+        ids, mask, pairs = rows.make_row()
+        self.assertTrue(any(p["kind"] == "list" for p in pairs))
 
 
 class ExtractTest(unittest.TestCase):

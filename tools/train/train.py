@@ -57,6 +57,7 @@ from collections import Counter
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import recall_data  # noqa: E402
 import short_copy  # noqa: E402
+import gap_copy  # noqa: E402
 
 START_TIME = time.time()
 
@@ -430,12 +431,13 @@ def build_config(args, vocab_size, special_ids):
 
 def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run_name,
           recall_source=None, recall_monitor=None, copy_monitor=None, copy_pool=None,
-          short_monitor=None):
+          short_monitor=None, gap_rows=None):
     """recall_source: a recall_data.RecallSequences (or None: plain crops only); recall_monitor:
     held-out recall trials scored teacher-forced at every evaluation (or None); copy_monitor:
     recall_data.copy_trials scored the same way and logged (or None); copy_pool: token ids, most
     frequent first, for the copy warm-up (needed when args.copy_warmup_steps > 0 or
-    args.short_copy_rows > 0); short_monitor: short_copy.monitor_rows, scored at every evaluation."""
+    args.short_copy_rows > 0); short_monitor: short_copy.monitor_rows, scored at every evaluation;
+    gap_rows: a gap_copy.GapRows (--gap-rows) whose rows are trained in a forward of their own."""
     import torch
     import torch.nn.functional as F
 
@@ -479,7 +481,7 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
     autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16)
                 if args.autocast else contextlib.nullcontext())
 
-    kinds = {k: 0 for k in recall_data.KINDS + ("tiled", "short_copy")}
+    kinds = {k: 0 for k in recall_data.KINDS + ("tiled", "short_copy", "gap")}
     curriculum = None
     if args.short_copy_rows:
         if not copy_pool:
@@ -487,7 +489,7 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
         curriculum = short_copy.Curriculum(args.short_copy_length_list, args.short_copy_rows,
                                            args.short_copy_advance, copy_pool,
                                            args.short_copy_alphabet, args.seed + 7)
-    copy_loss = copy_acc = None
+    copy_loss = copy_acc = gap_loss = gap_acc = None
     # The curriculum's last distance: the flag, not the source's current value (an earlier run
     # may have left it part way).
     max_depth_end = args.recall_max_depth
@@ -633,6 +635,21 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
             copy_acc = short_copy.masked_accuracy(copy_logits.detach(), copy_chunk[:, 1:],
                                                   copy_mask)
             total_loss = loss + args.short_copy_weight * copy_loss
+        if gap_rows is not None:
+            # Gap rows: segments copied across text; the loss is on the copyable targets only
+            # (their text is ordinary training text, already in the text rows).
+            ids, mask = gap_rows.batch()
+            kinds["gap"] += len(ids)
+            gap_chunk = torch.tensor(ids, dtype=torch.long).to(device)
+            gap_mask = torch.tensor(mask, dtype=torch.bool).to(device)
+            with autocast:
+                gap_logits = step_model(input_ids=gap_chunk[:, :-1], use_cache=False).logits
+            per_token = F.cross_entropy(gap_logits.float().reshape(-1, gap_logits.size(-1)),
+                                        gap_chunk[:, 1:].reshape(-1), reduction="none")
+            flat = gap_mask.reshape(-1).float()
+            gap_loss = (per_token * flat).sum() / flat.sum().clamp(min=1)
+            gap_acc = short_copy.masked_accuracy(gap_logits.detach(), gap_chunk[:, 1:], gap_mask)
+            total_loss = total_loss + args.gap_weight * gap_loss
         total_loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         optimizer.step()
@@ -655,8 +672,16 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
                 if curriculum.observe(acc_value, step):
                     log(f"{run_name} step {step}: short copy rows {length} -> "
                         f"{curriculum.length} tokens (train copy accuracy {acc_value:.3f})")
-                if step % args.eval_every and not last:
-                    log(f"{run_name} step {step}/{total_steps} loss {loss_value:.4f}{copy_note}")
+            if gap_rows is not None:
+                acc_value, gap_now = float(gap_acc), gap_rows.gap
+                copy_note += (f" gap G{gap_now} L{gap_rows.length} loss {float(gap_loss):.3f} "
+                              f"acc {acc_value:.3f}")
+                if gap_rows.observe(acc_value, step):
+                    log(f"{run_name} step {step}: gap rows G{gap_now} -> G{gap_rows.gap} "
+                        f"(rows of {gap_rows.length} tokens, list share "
+                        f"{gap_rows.list_fraction():.2f}; train copy accuracy {acc_value:.3f})")
+            if copy_note and step % args.eval_every and not last:
+                log(f"{run_name} step {step}/{total_steps} loss {loss_value:.4f}{copy_note}")
             if step % args.eval_every == 0 or last:
                 val_loss, recall, short = evaluate()
                 if step > warm:  # warm-up weights are no language model yet
@@ -692,6 +717,9 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
         "short_copy": None if curriculum is None else {
             "lengths": curriculum.lengths, "final_length": curriculum.length,
             "advances": curriculum.history},
+        "gap_rows": None if gap_rows is None else {
+            "gaps": gap_rows.gaps, "lengths": gap_rows.lengths, "final_gap": gap_rows.gap,
+            "list_share": gap_rows.list_share, "advances": gap_rows.history},
         "val_tokens": len(heldout_eval),
         "wall_s": round(time.time() - START_TIME, 1),
     }
@@ -821,6 +849,19 @@ def parse_args(argv=None):
                         "--curriculum-start-depth to --recall-max-depth (0: no curriculum)")
     p.add_argument("--curriculum-start-depth", type=int, default=200,
                    help="longest recall distance at the first step of the curriculum")
+    p.add_argument("--gap-rows", type=int, default=0,
+                   help="gap rows per step at the first stage (tools/train/gap_copy.py: segments "
+                        "copied across training text, the gap growing as copy accuracy passes "
+                        "--gap-advance; 0: none)")
+    p.add_argument("--gap-gaps", default="0,16,64,256,1024,1750",
+                   help="the gap curriculum's stages (tokens between a segment and its copy)")
+    p.add_argument("--gap-advance", type=float, default=0.5,
+                   help="training copy accuracy of the gap rows that moves to the next gap")
+    p.add_argument("--gap-weight", type=float, default=1.0,
+                   help="weight of the gap rows' loss in the sum")
+    p.add_argument("--gap-list-share", type=float, default=0.5,
+                   help="share of word-list segments (the recall format) at the last stage; "
+                        "it grows linearly from 0 at the first")
     p.add_argument("--copy-warmup-steps", type=int, default=0,
                    help="steps of tiled random-token rows before the main schedule (0: none)")
     p.add_argument("--copy-warmup-alphabet", type=int, default=0,
@@ -926,6 +967,18 @@ def parse_args(argv=None):
                 f"--short-copy-advance in (0, 1], --short-copy-weight >= 0; got "
                 f"{args.short_copy_rows}, {args.short_copy_alphabet}, "
                 f"{args.short_copy_advance}, {args.short_copy_weight}")
+    try:
+        args.gap_list = gap_copy.parse_gaps(args.gap_gaps)
+        if args.gap_rows:
+            # The list segments' room is checked again with the real words when the rows are made.
+            gap_copy.row_length(args.gap_list[-1], gap_copy.SEGMENT[1], args.context)
+    except ValueError as error:
+        p.error(f"--gap-gaps: {error}")
+    if args.gap_rows < 0 or not 0 < args.gap_advance <= 1 or args.gap_weight < 0 or \
+            not 0 <= args.gap_list_share <= 1:
+        p.error(f"--gap-rows must be >= 0, --gap-advance in (0, 1], --gap-weight >= 0, "
+                f"--gap-list-share in [0, 1]; got {args.gap_rows}, {args.gap_advance}, "
+                f"{args.gap_weight}, {args.gap_list_share}")
     if args.short_copy_rows and max(args.short_copy_length_list) > args.context:
         p.error(f"--short-copy-lengths must not exceed --context {args.context}")
     if args.init_tokenizer_only and not args.init_from:
@@ -1063,6 +1116,14 @@ def main():
         copy_monitor = recall_data.copy_trials(
             heldout_ids, sorted(set(train_ids) - set(special_ids.values())), args.recall_context,
             copy_distances, max(2, args.recall_trials // 2), COPY_PROBE_SPAN, args.seed + 5)
+        def make_gap_rows():
+            # One per run: the curriculum starts again at the first gap.
+            return gap_copy.GapRows(
+                train_ids, args.gap_list, args.context, args.gap_rows, args.gap_advance,
+                copy_pool, [encode(" " + w) for w in train_words], encode(recall_data.INTRO),
+                encode(recall_data.TERMINATOR), args.gap_list_share, args.seed + 9)
+        if args.gap_rows:
+            make_gap_rows()  # fails here, before training, if the lists do not fit
         short_monitor = (short_copy.monitor_rows(args.short_copy_length_list, copy_pool, 16,
                                                  args.seed + 8) if args.short_copy_rows else None)
         example, info = (recall_source.next() if recall_source else (None, None))
@@ -1141,7 +1202,8 @@ def main():
             model = model.to(device)
             summary, rows = train(args, model, train_ids, heldout_ids, device, epochs,
                                   run_deadline, run_name, recall_source, monitor,
-                                  copy_monitor, copy_pool, short_monitor)
+                                  copy_monitor, copy_pool, short_monitor,
+                                  make_gap_rows() if args.gap_rows else None)
             runs.append(summary)
             log_rows += rows
             log(f"run {run_name}: {summary}")

@@ -1,0 +1,176 @@
+"""Gap rows for train.py (--gap-rows): a copy curriculum on the distance between a segment and its
+copy, with natural text in between, trained in the same step as the text rows (a forward of its own
+and a loss on the copyable targets only).
+
+Why: the fifth attempt's tiled random-token rows formed a copy circuit (held-out copy accuracy 0.97+
+in rows of 128-2,048 tokens) that never fired when the two occurrences were separated by text
+(copy100 / copy1000 and list recall stayed at 0). A gap row is a crop of training text in which
+segments are placed and copied G tokens later, text in between:
+
+    <text> SEGMENT <text: the gap> SEGMENT' <text> ...
+
+- "random": SEGMENT is 8-32 tokens drawn from the pool (every token id but the special ones) and
+  SEGMENT' is the same; the targets from the copy's second token on are copyable (its first token
+  has no cue, as in the copy100 probe).
+- "list": the recall prompt format of docs/EVAL.md: INTRO w1 .. wN TERMINATOR, then text, then
+  INTRO w1 .. wN TERMINATOR again; the gap is the recall depth (end of the first TERMINATOR to the end
+  of the second INTRO, the cue), and the copyable targets are the recalled words and TERMINATOR.
+
+The curriculum's stages are the gaps (default 0, 16, 64, 256, 1,024, 1,750): at stage k a pair's gap
+is drawn uniformly from [previous stage's gap, gaps[k]], the row is the shortest of 128, 256, 512,
+1,024, 2,048 tokens that holds the longest gap and a segment (so short distances keep the strong gradient of short rows), rows
+per step keep about the same tokens, and the share of list segments grows linearly with the stage
+from 0 to list_share. A stage ends when the smoothed training copy accuracy passes advance_at.
+
+Standard library only (the loss and accuracy are computed in train.py); not thread safe."""
+import random
+
+ROW_LENGTHS = (128, 256, 512, 1024, 2048)
+SEGMENT = (8, 32)  # random segment lengths
+LIST_WORDS = (4, 12)
+HEAD_ROOM = 16  # the least text before the first segment (the row starts as text)
+
+
+def parse_gaps(text):
+    """'0,16,64' -> [0, 16, 64]; raises ValueError naming the problem."""
+    try:
+        gaps = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"gaps must be integers separated by commas, got '{text}'") from None
+    if not gaps or gaps[0] < 0 or gaps != sorted(set(gaps)):
+        raise ValueError(f"gaps must be increasing and >= 0, got '{text}'")
+    return gaps
+
+
+def row_length(gap, segment_room, context):
+    """The shortest of ROW_LENGTHS (at most context) holding head room, a segment of segment_room
+    tokens, the gap and the copy; ValueError when even the context does not."""
+    need = HEAD_ROOM + 2 * segment_room + gap
+    for length in ROW_LENGTHS:
+        if need <= length <= context:
+            return length
+    if need <= context:
+        return context
+    raise ValueError(f"a gap of {gap} with segments of {segment_room} tokens needs {need} > "
+                     f"context {context}")
+
+
+class GapRows:
+    """Rows and the advance rule. stream: training token ids (the text); pool: ids for random
+    segments; words: encoded training words (lists of ids; never the eval's or held-out words);
+    intro / terminator: the recall format's ids; rows_at_first: rows per step at the first stage
+    (later stages keep about the same tokens, at least 2 rows)."""
+
+    def __init__(self, stream, gaps, context, rows_at_first, advance_at, pool, words, intro,
+                 terminator, list_share, seed):
+        if rows_at_first < 1 or not pool or not 0 < advance_at <= 1 or not 0 <= list_share <= 1:
+            raise ValueError(f"gap rows: rows {rows_at_first}, pool {len(pool)}, advance_at "
+                             f"{advance_at}, list_share {list_share}")
+        if list_share > 0 and len(words) < LIST_WORDS[1]:
+            raise ValueError(f"gap rows: {len(words)} words for lists of up to {LIST_WORDS[1]}")
+        self.gaps, self.context = list(gaps), context
+        self.intro, self.terminator = list(intro), list(terminator)
+        self.list_share = list_share
+        # Room for a list segment: the longest list of words of the mean length, rounded up (a
+        # longer draw that does not fit is placed at another gap or left out of that row).
+        mean_word = -(-sum(len(w) for w in words) // max(1, len(words)))
+        self.list_room = len(self.intro) + LIST_WORDS[1] * mean_word + len(self.terminator)
+        self.lengths = []
+        for stage, gap in enumerate(self.gaps):
+            room = SEGMENT[1] if self.list_fraction(stage) == 0 else max(SEGMENT[1],
+                                                                          self.list_room)
+            self.lengths.append(row_length(gap, room, context))
+        if len(stream) < 2 * (max(self.lengths) + 1):
+            raise ValueError(f"training stream of {len(stream)} tokens is too short")
+        self.stream, self.pool, self.words = stream, list(pool), [list(w) for w in words]
+        self.rows_at_first, self.advance_at = rows_at_first, advance_at
+        self.rng = random.Random(seed)
+        self.stage, self.smoothed, self.history = 0, None, []
+
+    @property
+    def gap(self):
+        return self.gaps[self.stage]
+
+    @property
+    def length(self):
+        return self.lengths[self.stage]
+
+    def gap_range(self):
+        return (self.gaps[self.stage - 1] if self.stage else 0), self.gap
+
+    def list_fraction(self, stage=None):
+        """Share of list segments at a stage (default: the current one): 0 at the first,
+        list_share at the last."""
+        stage = self.stage if stage is None else stage
+        if len(self.gaps) == 1:
+            return self.list_share
+        return self.list_share * stage / (len(self.gaps) - 1)
+
+    def rows(self):
+        return max(2, self.rows_at_first * self.lengths[0] // self.length)
+
+    def _segment(self, rng, kind):
+        """(tokens placed first, tokens placed at the copy, offsets in the copy that are masked
+        targets, gap correction): lists copy INTRO + words + TERMINATOR with the words and
+        TERMINATOR masked, and their gap counts the cue INTRO (the recall depth)."""
+        if kind == "random":
+            seg = [rng.choice(self.pool) for _ in range(rng.randint(*SEGMENT))]
+            return seg, list(range(1, len(seg)))
+        count = rng.randint(*LIST_WORDS)
+        listed = [t for i in rng.sample(range(len(self.words)), count) for t in self.words[i]]
+        seg = self.intro + listed + self.terminator
+        return seg, list(range(len(self.intro), len(seg)))
+
+    def make_row(self):
+        """(ids of length + 1, mask of length, pairs): mask[k] is True iff target k (ids[k + 1])
+        is a copyable token of a copy; pairs lists each placed pair (kind, source, target, span,
+        gap)."""
+        rng, length = self.rng, self.length
+        start = rng.randrange(0, len(self.stream) - length)
+        ids = list(self.stream[start:start + length + 1])
+        mask = [False] * length
+        low, high = self.gap_range()
+        taken, pairs = [], []
+        for _ in range(max(1, length // 64)):
+            kind = "list" if rng.random() < self.list_fraction() else "random"
+            seg, masked = self._segment(rng, kind)
+            span = len(seg)
+            for _attempt in range(20):
+                gap = rng.randint(low, high)
+                # A list's gap is the recall depth: the text between the pair plus the cue.
+                between = max(0, gap - len(self.intro)) if kind == "list" else gap
+                last = length + 1 - 2 * span - between
+                if last < HEAD_ROOM:
+                    continue
+                source = rng.randint(HEAD_ROOM, last)
+                target = source + span + between
+                regions = [(source, source + span), (target, target + span)]
+                if all(e <= a or b <= s for s, e in regions for a, b in taken):
+                    break
+            else:
+                continue
+            taken += regions
+            ids[source:source + span] = seg
+            ids[target:target + span] = seg
+            for offset in masked:
+                mask[target + offset - 1] = True
+            pairs.append({"kind": kind, "source": source, "target": target, "span": span,
+                          "gap": between + (len(self.intro) if kind == "list" else 0)})
+        return ids, mask, pairs
+
+    def batch(self):
+        """(ids [rows][length + 1], mask [rows][length]) for one step at the current stage."""
+        made = [self.make_row() for _ in range(self.rows())]
+        return [ids for ids, _, _ in made], [mask for _, mask, _ in made]
+
+    def observe(self, accuracy, step):
+        """Feeds one training-batch copy accuracy; advances a stage when the smoothed value passes
+        the bar (the smoothing restarts at each stage). Returns True when it advanced."""
+        self.smoothed = accuracy if self.smoothed is None else 0.7 * self.smoothed + 0.3 * accuracy
+        if self.smoothed >= self.advance_at and self.stage + 1 < len(self.gaps):
+            self.history.append({"step": step, "from_gap": self.gap,
+                                 "accuracy": round(self.smoothed, 3)})
+            self.stage += 1
+            self.smoothed = None
+            return True
+        return False
