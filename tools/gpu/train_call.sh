@@ -30,7 +30,7 @@ bundle)
   [ -f "$data/train.jsonl" ] || python3 "$root/tools/train/extract_text.py" --out "$data"
   rm -rf "$dest" && mkdir -p "$dest"
   cp "$root/tools/train/train.py" "$root/tools/train/recall_data.py" \
-    "$root/tools/train/short_copy.py" "$root/tools/train/gap_copy.py" "$0" "$dest/"
+    "$root/tools/train/short_copy.py" "$root/tools/train/gap_copy.py" "$0" "$root/tools/gpu/train_continue_call.sh" "$dest/"
   tar cJf "$dest/train-data.tar.xz" -C "$data" train.jsonl heldout.jsonl chat.jsonl \
     heldout_sample.txt manifest.json
   if [ -n "${INIT_FROM:-}" ]; then

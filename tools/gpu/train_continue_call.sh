@@ -21,8 +21,9 @@ cd "$here/../.." || exit 2
 export MINUTES=${MINUTES:-7.0} RESERVE=${RESERVE:-130} EPOCHS=${EPOCHS:-16}
 short="--short-copy-rows 256 --short-copy-lengths 128,256,512,2048 --recall-fraction 0.375 --recall-kinds list=1,passage=1"
 export VARIANTS=${VARIANTS:-"--lr 1e-3 --warmup 30 $short|--lr 4e-4 --warmup 30 --batch-size 8 $short|--init-tokenizer-only --lr 2e-3 --warmup 100 $short"}
-final=${OUT:-/tmp/train_continue_out}
-work=/tmp/train_continue
+# CALL_NAME names the scratch folders (train_gap_call.sh sets its own defaults, then runs this).
+final=${OUT:-/tmp/${CALL_NAME:-train_continue}_out}
+work=/tmp/${CALL_NAME:-train_continue}
 rm -rf "$work" && mkdir -p "$work" "$final"
 OUT=$work "$here/train_call.sh" run
 rc=$?
@@ -50,6 +51,12 @@ print("greedy_long:", g.get("depth"), g.get("words"), "->", repr(g.get("output_t
 for p in r.get("greedy", {}).get("prompts", []):
     print("greedy", p["name"], repr(p["output_text"][:160]), "generate_agrees", p.get("generate_agrees"))
 print("init_from:", r.get("init_from", {}).get("sha256", {}).get("model.safetensors"))
+for v in r.get("variants", {}).get("variants", []):
+    run = v.get("chosen_run") or {}
+    g = run.get("gap_rows") or {}
+    print("variant", v.get("variant"), "gap advances", [(a["step"], a["from_gap"]) for a in g.get("advances", [])],
+          "final gap", g.get("final_gap"), "steps", run.get("steps"), "kept step", run.get("best_step"),
+          "recall", v.get("recall_eval_words"), v.get("recall_heldout_words"), "ppl ratio", v.get("ppl_ratio"))
 PY
 [ -f "$work/model/model.safetensors" ] && mv "$work/model/model.safetensors" "$final/"
 tar cJf "$final/results.tar.xz" -C "$work" --exclude='*.tmp' .

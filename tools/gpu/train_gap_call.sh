@@ -8,6 +8,7 @@
 #   INIT_FROM=<the fifth attempt's kept model> DATA=/work/main/.cache/train-data \
 #     DEST=/work/main/.device/train7 tools/gpu/train_call.sh bundle
 #   cp tools/gpu/train_gap_call.sh /work/main/.device/train7/run.sh
+# (the bundle carries train_continue_call.sh, which this runs with the defaults below)
 # then, from the checkout's root (carry .device/train7, timeout_s 330):
 #   bash .device/train7/run.sh
 # Defaults: MINUTES=4.6 (each train.py's whole budget), RESERVE=75 (export and evaluation, three
@@ -22,48 +23,8 @@
 # $OUT/model.safetensors and $OUT/results.tar.xz (model/*.json, train_report.json, loss.csv,
 # loss_curve.png, tokenizer/, every variant's log and report).
 here=$(cd "$(dirname "$0")" && pwd)
-cd "$here/../.." || exit 2
 export MINUTES=${MINUTES:-4.6} RESERVE=${RESERVE:-75} EPOCHS=${EPOCHS:-16}
-export BASELINE=${BASELINE:-models/pagoda-tiny}
+export BASELINE=${BASELINE:-models/pagoda-tiny} CALL_NAME=${CALL_NAME:-train_gap}
 mix="--warmup 30 --batch-size 8 --recall-fraction 0.25 --recall-kinds list=1,passage=1 --short-copy-lengths 128,256,512,2048 --gap-gaps 0,16,64,256,1024,1750"
 export VARIANTS=${VARIANTS:-"--lr 1e-3 $mix --short-copy-rows 128 --gap-rows 64 --gap-list-share 0.5|--lr 1.5e-3 $mix --short-copy-rows 64 --gap-rows 128 --gap-weight 2 --gap-list-share 0.75|--init-from models/pagoda-tiny --lr 1e-3 $mix --short-copy-rows 128 --gap-rows 64 --gap-list-share 0.5"}
-final=${OUT:-/tmp/train_gap_out}
-work=/tmp/train_gap
-rm -rf "$work" && mkdir -p "$work" "$final"
-OUT=$work "$here/train_call.sh" run
-rc=$?
-mkdir -p /tmp/npm-empty "$work/tokenizer" "$work/variants"
-if [ -f "$work/model/tokenizer.json" ]; then
-  timeout 30 python3 tools/make_tokenizer_fixtures.py --npm-dir /tmp/npm-empty \
-    --corpus tests/fixtures/tokenizer/corpus.jsonl --out "$work/tokenizer" --no-timing \
-    --model "pagoda-tiny=$work/model" 2>&1 | tail -3
-  cmp "$work/model/tokenizer.json" "$here/init/tokenizer.json" && echo "tokenizer.json: unchanged"
-  for f in "$work"/tokenizer/*.json; do
-    cmp -s "$f" "tests/fixtures/tokenizer/$(basename "$f")" && echo "fixture $(basename "$f"): unchanged" \
-      || echo "fixture $(basename "$f"): DIFFERS from tests/fixtures/tokenizer"
-  done
-fi
-for i in 0 1 2 3; do
-  [ -f "/tmp/variant$i.log" ] && cp "/tmp/variant$i.log" "$work/variants/"
-  [ -f "/tmp/variant$i/train_report.json" ] && cp "/tmp/variant$i/train_report.json" \
-    "$work/variants/variant${i}_report.json"
-done
-python3 - "$work/train_report.json" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-g = r.get("greedy_long", {})
-print("greedy_long:", g.get("depth"), g.get("words"), "->", repr(g.get("output_text")))
-for p in r.get("greedy", {}).get("prompts", []):
-    print("greedy", p["name"], repr(p["output_text"][:160]), "generate_agrees", p.get("generate_agrees"))
-print("init_from:", r.get("init_from", {}).get("sha256", {}).get("model.safetensors"))
-for v in r.get("variants", {}).get("variants", []):
-    run = v.get("chosen_run") or {}
-    g = run.get("gap_rows") or {}
-    print("variant", v.get("variant"), "gap advances", [(a["step"], a["from_gap"]) for a in g.get("advances", [])],
-          "final gap", g.get("final_gap"), "steps", run.get("steps"), "kept step", run.get("best_step"),
-          "recall", v.get("recall_eval_words"), v.get("recall_heldout_words"), "ppl ratio", v.get("ppl_ratio"))
-PY
-[ -f "$work/model/model.safetensors" ] && mv "$work/model/model.safetensors" "$final/"
-tar cJf "$final/results.tar.xz" -C "$work" --exclude='*.tmp' .
-ls -la "$final"
-exit $rc
+exec bash "$here/train_continue_call.sh"
