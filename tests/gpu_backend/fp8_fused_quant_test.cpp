@@ -138,7 +138,10 @@ TEST(FusedFp8Quant, AddRmsNormFp8EqualsNormThenQuantize) {
 TEST(FusedFp8Quant, SiluMulFp8EqualsSiluThenQuantize) {
   PAGODA_SKIP_WITHOUT_GPU();
   for (const Shape s : {Shape{1, 14336}, Shape{7, 14336}, Shape{512, 14336}, Shape{8192, 14336}, Shape{7, 4096},
-                        Shape{512, 1001}, Shape{7, 1000}, Shape{3, 7}, Shape{1, 11}}) {
+                        Shape{512, 1001}, Shape{7, 1000}, Shape{3, 7}, Shape{1, 11},
+                        // wider than the register path (8 pairs a thread at 1,024 threads): recomputed values,
+                        // e.g. Llama-3-70B's 28,672 on one GPU; and an odd width past it.
+                        Shape{7, 28672}, Shape{2, 20001}}) {
     SCOPED_TRACE(::testing::Message() << "rows " << s.rows << " intermediate " << s.k);
     const size_t n = static_cast<size_t>(s.rows) * s.k;
     std::vector<float> gate_up = random_bf16_values(2 * n, -6, 6, 30 + s.k);
