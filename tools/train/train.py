@@ -621,34 +621,34 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
             logits = step_model(input_ids=x, use_cache=False).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
         total_loss = loss
+        def extra_forward(ids, mask):
+            # A second forward over extra rows (short copy or gap rows): per-target losses and the
+            # greedy accuracy on the masked (copyable) targets.
+            rows = torch.tensor(ids, dtype=torch.long).to(device)
+            row_mask = torch.tensor(mask, dtype=torch.bool).to(device)
+            with autocast:
+                row_logits = step_model(input_ids=rows[:, :-1], use_cache=False).logits
+            per_target = F.cross_entropy(row_logits.float().reshape(-1, row_logits.size(-1)),
+                                         rows[:, 1:].reshape(-1), reduction="none")
+            accuracy = short_copy.masked_accuracy(row_logits.detach(), rows[:, 1:], row_mask)
+            return per_target, row_mask, accuracy
+
         if curriculum is not None:
             # Short copy rows: a second forward at the curriculum's current length, summed into
             # the loss (their copy signal is not diluted over 2,048 positions).
             ids, mask = curriculum.batch()
             kinds["short_copy"] += len(ids)
-            copy_chunk = torch.tensor(ids, dtype=torch.long).to(device)
-            copy_mask = torch.tensor(mask, dtype=torch.bool).to(device)
-            with autocast:
-                copy_logits = step_model(input_ids=copy_chunk[:, :-1], use_cache=False).logits
-            copy_loss = F.cross_entropy(copy_logits.float().reshape(-1, copy_logits.size(-1)),
-                                        copy_chunk[:, 1:].reshape(-1))
-            copy_acc = short_copy.masked_accuracy(copy_logits.detach(), copy_chunk[:, 1:],
-                                                  copy_mask)
+            per_target, _, copy_acc = extra_forward(ids, mask)
+            copy_loss = per_target.mean()
             total_loss = loss + args.short_copy_weight * copy_loss
         if gap_rows is not None:
             # Gap rows: segments copied across text; the loss is on the copyable targets only
             # (their text is ordinary training text, already in the text rows).
             ids, mask = gap_rows.batch()
             kinds["gap"] += len(ids)
-            gap_chunk = torch.tensor(ids, dtype=torch.long).to(device)
-            gap_mask = torch.tensor(mask, dtype=torch.bool).to(device)
-            with autocast:
-                gap_logits = step_model(input_ids=gap_chunk[:, :-1], use_cache=False).logits
-            per_token = F.cross_entropy(gap_logits.float().reshape(-1, gap_logits.size(-1)),
-                                        gap_chunk[:, 1:].reshape(-1), reduction="none")
+            per_target, gap_mask, gap_acc = extra_forward(ids, mask)
             flat = gap_mask.reshape(-1).float()
-            gap_loss = (per_token * flat).sum() / flat.sum().clamp(min=1)
-            gap_acc = short_copy.masked_accuracy(gap_logits.detach(), gap_chunk[:, 1:], gap_mask)
+            gap_loss = (per_target * flat).sum() / flat.sum().clamp(min=1)
             total_loss = total_loss + args.gap_weight * gap_loss
         total_loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
