@@ -281,6 +281,20 @@ class ShortCopyTest(unittest.TestCase):
                         self.assertEqual(ids[k + 1], ids[k + 1 - period])
                 self.assertEqual(mask.count(False), period - 1)
 
+    def test_below_share_draws_gaps_under_the_band_too(self):
+        rows = self.make(below=0.5)
+        rows.stage = 5  # band 1,024-1,750
+        self.check_rows(rows, (0, 1750), True)
+        gaps = [p["gap"] for _ in range(60) for p in rows.make_row()[2]]
+        under = sum(g < 1024 for g in gaps)
+        self.assertTrue(0 < under < len(gaps), (under, len(gaps)))
+        self.assertTrue(any(g < 256 for g in gaps))
+        banded = self.make()
+        banded.stage = 5
+        self.assertTrue(all(p["gap"] >= 1024 for _ in range(30) for p in banded.make_row()[2]))
+        with self.assertRaises(ValueError):
+            self.make(below=1.5)
+
     def test_curriculum_advances_on_the_bar_and_keeps_tokens(self):
         cur = short_copy.Curriculum([128, 256, 2048], 256, 0.5, list(range(4000)), 0, 1)
         self.assertEqual((cur.length, cur.rows()), (128, 256))
@@ -313,12 +327,12 @@ class ShortCopyTest(unittest.TestCase):
 class GapCopyTest(unittest.TestCase):
     INTRO, TERM = [900, 901, 902, 903, 904], [905]
 
-    def make(self, gaps=(0, 16, 64, 256, 1024, 1750), rows=8, list_share=0.5, seed=1):
+    def make(self, gaps=(0, 16, 64, 256, 1024, 1750), rows=8, list_share=0.5, seed=1, below=0.0):
         rng = random.Random(seed)
         stream = [rng.randrange(10, 800) for _ in range(20000)]  # "text": ids below 800
         words = [[1000 + 3 * i, 1001 + 3 * i][: 1 + i % 2] for i in range(200)]
         return gap_copy.GapRows(stream, list(gaps), 2048, rows, 0.5, list(range(2000, 4000)),
-                                words, self.INTRO, self.TERM, list_share, seed)
+                                words, self.INTRO, self.TERM, list_share, seed, below)
 
     def check_rows(self, rows, stage_range, list_expected):
         kinds = set()
@@ -373,6 +387,20 @@ class GapCopyTest(unittest.TestCase):
         only_random.stage = 5
         self.check_rows(only_random, only_random.gap_range(), False)
 
+    def test_below_share_draws_gaps_under_the_band_too(self):
+        rows = self.make(below=0.5)
+        rows.stage = 5  # band 1,024-1,750
+        self.check_rows(rows, (0, 1750), True)
+        gaps = [p["gap"] for _ in range(60) for p in rows.make_row()[2]]
+        under = sum(g < 1024 for g in gaps)
+        self.assertTrue(0 < under < len(gaps), (under, len(gaps)))
+        self.assertTrue(any(g < 256 for g in gaps))
+        banded = self.make()
+        banded.stage = 5
+        self.assertTrue(all(p["gap"] >= 1024 for _ in range(30) for p in banded.make_row()[2]))
+        with self.assertRaises(ValueError):
+            self.make(below=1.5)
+
     def test_curriculum_advances_on_the_bar_and_keeps_tokens(self):
         rows = self.make(rows=64)
         self.assertEqual((rows.gap, rows.length, rows.rows()), (0, 128, 64))
@@ -405,7 +433,7 @@ class GapCopyTest(unittest.TestCase):
         for flags in (["--gap-rows", "-1"], ["--gap-gaps", "64,16"], ["--gap-gaps", "x"],
                       ["--gap-rows", "8", "--gap-gaps", "0,4000"], ["--gap-advance", "0"],
                       ["--gap-advance", "1.5"], ["--gap-weight", "-1"],
-                      ["--gap-list-share", "2"]):
+                      ["--gap-list-share", "2"], ["--gap-below-share", "-0.1"]):
             with self.assertRaises(SystemExit, msg=flags):
                 train.parse_args(["--data", "d", "--out", "o"] + flags)
         args = train.parse_args(["--data", "d", "--out", "o", "--gap-rows", "64"])

@@ -859,6 +859,9 @@ def parse_args(argv=None):
                    help="training copy accuracy of the gap rows that moves to the next gap")
     p.add_argument("--gap-weight", type=float, default=1.0,
                    help="weight of the gap rows' loss in the sum")
+    p.add_argument("--gap-below-share", type=float, default=0.0,
+                   help="share of gap pairs whose gap is drawn from [0, current gap] instead of "
+                        "the stage's band (keeps the shorter distances trained; 0: the band only)")
     p.add_argument("--gap-list-share", type=float, default=0.5,
                    help="share of word-list segments (the recall format) at the last stage; "
                         "it grows linearly from 0 at the first")
@@ -975,10 +978,10 @@ def parse_args(argv=None):
     except ValueError as error:
         p.error(f"--gap-gaps: {error}")
     if args.gap_rows < 0 or not 0 < args.gap_advance <= 1 or args.gap_weight < 0 or \
-            not 0 <= args.gap_list_share <= 1:
+            not 0 <= args.gap_list_share <= 1 or not 0 <= args.gap_below_share <= 1:
         p.error(f"--gap-rows must be >= 0, --gap-advance in (0, 1], --gap-weight >= 0, "
-                f"--gap-list-share in [0, 1]; got {args.gap_rows}, {args.gap_advance}, "
-                f"{args.gap_weight}, {args.gap_list_share}")
+                f"--gap-list-share and --gap-below-share in [0, 1]; got {args.gap_rows}, "
+                f"{args.gap_advance}, {args.gap_weight}, {args.gap_list_share}, {args.gap_below_share}")
     if args.short_copy_rows and max(args.short_copy_length_list) > args.context:
         p.error(f"--short-copy-lengths must not exceed --context {args.context}")
     if args.init_tokenizer_only and not args.init_from:
@@ -1121,7 +1124,8 @@ def main():
             return gap_copy.GapRows(
                 train_ids, args.gap_list, args.context, args.gap_rows, args.gap_advance,
                 copy_pool, [encode(" " + w) for w in train_words], encode(recall_data.INTRO),
-                encode(recall_data.TERMINATOR), args.gap_list_share, args.seed + 9)
+                encode(recall_data.TERMINATOR), args.gap_list_share, args.seed + 9,
+                args.gap_below_share)
         if args.gap_rows:
             make_gap_rows()  # fails here, before training, if the lists do not fit
         short_monitor = (short_copy.monitor_rows(args.short_copy_length_list, copy_pool, 16,
