@@ -281,20 +281,6 @@ class ShortCopyTest(unittest.TestCase):
                         self.assertEqual(ids[k + 1], ids[k + 1 - period])
                 self.assertEqual(mask.count(False), period - 1)
 
-    def test_below_share_draws_gaps_under_the_band_too(self):
-        rows = self.make(below=0.5)
-        rows.stage = 5  # band 1,024-1,750
-        self.check_rows(rows, (0, 1750), True)
-        gaps = [p["gap"] for _ in range(60) for p in rows.make_row()[2]]
-        under = sum(g < 1024 for g in gaps)
-        self.assertTrue(0 < under < len(gaps), (under, len(gaps)))
-        self.assertTrue(any(g < 256 for g in gaps))
-        banded = self.make()
-        banded.stage = 5
-        self.assertTrue(all(p["gap"] >= 1024 for _ in range(30) for p in banded.make_row()[2]))
-        with self.assertRaises(ValueError):
-            self.make(below=1.5)
-
     def test_curriculum_advances_on_the_bar_and_keeps_tokens(self):
         cur = short_copy.Curriculum([128, 256, 2048], 256, 0.5, list(range(4000)), 0, 1)
         self.assertEqual((cur.length, cur.rows()), (128, 256))
@@ -373,6 +359,20 @@ class GapCopyTest(unittest.TestCase):
             self.assertTrue(all(ids[i] < 800 for i in range(len(ids)) if i not in inside))
         self.assertEqual("list" in kinds, list_expected)
         self.assertIn("random", kinds)
+
+    def test_below_share_draws_gaps_under_the_band_too(self):
+        rows = self.make(below=0.5)
+        rows.stage = 5  # band 1,024-1,750
+        self.check_rows(rows, (0, 1750), True)
+        gaps = [p["gap"] for _ in range(60) for p in rows.make_row()[2]]
+        under = sum(g < 1024 for g in gaps)
+        self.assertTrue(0 < under < len(gaps), (under, len(gaps)))
+        self.assertTrue(any(g < 256 for g in gaps))
+        banded = self.make()
+        banded.stage = 5
+        self.assertTrue(all(p["gap"] >= 1024 for _ in range(30) for p in banded.make_row()[2]))
+        with self.assertRaises(ValueError):
+            self.make(below=1.5)
 
     def test_rows_mask_and_gaps_at_every_stage(self):
         rows = self.make()
