@@ -151,11 +151,13 @@ TEST(CudaOps, RopeMatchesCpuWithLlama3Scaling) {
 }
 
 // The kernel loops over a token's heads in passes of 256 / (head_dim / 2) heads: head counts that are not a
-// multiple of a pass, head dims with odd halves and the largest (256, one head a pass) all rotate every head.
+// multiple of a pass, head dims with odd halves and the largest (256, one head a pass) all rotate every head,
+// at 37 tokens (the passes spread over CTAs, grid.y) and 100 (one CTA per token loops over the passes).
 TEST(CudaOps, RopeCoversEveryHeadOfEveryToken) {
   PAGODA_SKIP_WITHOUT_GPU();
+  for (const int32_t tokens : {37, 100})
   for (const auto& [heads, head_dim] : {std::pair{40, 128}, std::pair{7, 80}, std::pair{3, 256}, std::pair{1, 64}}) {
-    const int32_t tokens = 37, stride = heads * head_dim + 16;
+    const int32_t stride = heads * head_dim + 16;
     const std::vector<float> inv_freq = rope_inverse_frequencies(head_dim, 10000.0f, nullptr);
     std::vector<int32_t> positions(tokens);
     for (int32_t t = 0; t < tokens; ++t) positions[t] = t * 53 + 1;
@@ -177,7 +179,8 @@ TEST(CudaOps, RopeCoversEveryHeadOfEveryToken) {
         ASSERT_EQ(all[static_cast<size_t>(t) * stride + i], x[static_cast<size_t>(t) * stride + i])
             << "columns past the heads must not change (heads " << heads << ", head_dim " << head_dim << ")";
     }
-    EXPECT_LE(worst_error_ratio(got, want, 2e-2, kBf16Rel), 1.0) << "heads " << heads << ", head_dim " << head_dim;
+    EXPECT_LE(worst_error_ratio(got, want, 2e-2, kBf16Rel), 1.0) << "heads " << heads << ", head_dim " << head_dim
+                                                                   << ", tokens " << tokens;
   }
 }
 

@@ -2,7 +2,9 @@
 // heads, so a pair's sine and cosine are computed once per token instead of once per head, and no thread
 // divides 64-bit indices (the one-thread-per-(token, head, pair) kernel spent most of its time on both:
 // 150 us for 8K tokens of 40 heads). sincosf (not the fast intrinsics): angles reach position * 1 radian,
-// where __sinf loses accuracy.
+// where __sinf loses accuracy. Few tokens (decode at small batch): the passes over the heads are spread
+// over grid.y instead, one pass per CTA, so that one token's 40 heads are not 10 dependent passes of a
+// single CTA.
 #include <algorithm>
 
 #include "pagoda/backend/cuda/cuda_ops.h"
@@ -14,16 +16,19 @@ namespace pagoda::cuda {
 namespace {
 
 constexpr int32_t kRopeThreads = 256;
+constexpr int32_t kSpreadBelowTokens = 64;  // fewer tokens than this: one pass of heads per CTA (grid.y)
 
 // q_out != nullptr: heads h < q_heads are also written to q_out [num_tokens, q_heads * 2 * half].
-// blockDim.x = half * heads_per_pass (heads_per_pass >= 1).
+// blockDim.x = half * heads_per_pass (heads_per_pass >= 1); CTA (t, y) rotates heads y * heads_per_pass + i,
+// stepping heads_per_pass * gridDim.y.
 __global__ void rope_kernel(bf16* __restrict__ x, int64_t row_stride, const int32_t* __restrict__ positions,
                             int32_t num_heads, int32_t half, const float* __restrict__ inv_freq,
                             bf16* __restrict__ q_out, int32_t q_heads) {
   const int64_t t = blockIdx.x;
   const int32_t pair = static_cast<int32_t>(threadIdx.x) % half;
-  const int32_t first_head = static_cast<int32_t>(threadIdx.x) / half;
   const int32_t heads_per_pass = static_cast<int32_t>(blockDim.x) / half;
+  const int32_t first_head = static_cast<int32_t>(blockIdx.y) * heads_per_pass + static_cast<int32_t>(threadIdx.x) / half;
+  const int32_t head_step = heads_per_pass * static_cast<int32_t>(gridDim.y);
   // Positions and frequencies are the step's inputs, written before the step's first kernel: the angle
   // is computed while the kernel ahead (a programmatic launch, pdl.cuh) may still run.
   const float angle = static_cast<float>(positions[t]) * inv_freq[pair];
@@ -32,7 +37,7 @@ __global__ void rope_kernel(bf16* __restrict__ x, int64_t row_stride, const int3
   pdl_launch_dependents();
   pdl_wait();
   bf16* row = x + t * row_stride;
-  for (int32_t h = first_head; h < num_heads; h += heads_per_pass) {
+  for (int32_t h = first_head; h < num_heads; h += head_step) {
     bf16* v = row + static_cast<int64_t>(h) * 2 * half;
     const float a = __bfloat162float(v[pair]);
     const float b = __bfloat162float(v[pair + half]);
@@ -54,7 +59,10 @@ cudaError_t launch_rope(bf16* x, int64_t row_stride, const int32_t* positions, i
   if (num_tokens == 0 || heads == 0 || half == 0) return cudaSuccess;
   if (half > kRopeThreads) return cudaErrorInvalidValue;
   const int32_t heads_per_pass = std::max(1, std::min(heads, kRopeThreads / half));
-  return launch_pdl(rope_kernel, dim3(static_cast<unsigned>(num_tokens)), dim3(half * heads_per_pass), 0, stream,
+  const int32_t passes = (heads + heads_per_pass - 1) / heads_per_pass;
+  const int32_t head_groups = num_tokens < kSpreadBelowTokens ? passes : 1;
+  return launch_pdl(rope_kernel, dim3(static_cast<unsigned>(num_tokens), static_cast<unsigned>(head_groups)),
+                    dim3(half * heads_per_pass), 0, stream,
                     x, row_stride, positions, heads, half, inv_freq, q_out, q_heads);
 }
 
