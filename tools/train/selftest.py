@@ -387,20 +387,6 @@ class GapCopyTest(unittest.TestCase):
         only_random.stage = 5
         self.check_rows(only_random, only_random.gap_range(), False)
 
-    def test_below_share_draws_gaps_under_the_band_too(self):
-        rows = self.make(below=0.5)
-        rows.stage = 5  # band 1,024-1,750
-        self.check_rows(rows, (0, 1750), True)
-        gaps = [p["gap"] for _ in range(60) for p in rows.make_row()[2]]
-        under = sum(g < 1024 for g in gaps)
-        self.assertTrue(0 < under < len(gaps), (under, len(gaps)))
-        self.assertTrue(any(g < 256 for g in gaps))
-        banded = self.make()
-        banded.stage = 5
-        self.assertTrue(all(p["gap"] >= 1024 for _ in range(30) for p in banded.make_row()[2]))
-        with self.assertRaises(ValueError):
-            self.make(below=1.5)
-
     def test_curriculum_advances_on_the_bar_and_keeps_tokens(self):
         rows = self.make(rows=64)
         self.assertEqual((rows.gap, rows.length, rows.rows()), (0, 128, 64))
