@@ -27,7 +27,8 @@ __global__ void rope_kernel(bf16* __restrict__ x, int64_t row_stride, const int3
   const int64_t t = blockIdx.x;
   const int32_t pair = static_cast<int32_t>(threadIdx.x) % half;
   const int32_t heads_per_pass = static_cast<int32_t>(blockDim.x) / half;
-  const int32_t first_head = static_cast<int32_t>(blockIdx.y) * heads_per_pass + static_cast<int32_t>(threadIdx.x) / half;
+  const int32_t first_head =
+      static_cast<int32_t>(blockIdx.y) * heads_per_pass + static_cast<int32_t>(threadIdx.x) / half;
   const int32_t head_step = heads_per_pass * static_cast<int32_t>(gridDim.y);
   // Positions and frequencies are the step's inputs, written before the step's first kernel: the angle
   // is computed while the kernel ahead (a programmatic launch, pdl.cuh) may still run.
