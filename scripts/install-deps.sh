@@ -17,6 +17,7 @@ packages=(
   libxxhash-dev             # checksums of KV blocks on disk and in redis (XXH3)
   libhiredis-dev            # the redis KV tier
   redis-server              # tests of the redis KV tier start their own on loopback
+  libjemalloc-dev           # malloc of the pagoda binary and the engine benches (CMakeLists.txt)
   libgtest-dev libgmock-dev # unit tests
   libbenchmark-dev          # micro benchmarks
   libopenblas-dev           # CPU GEMM
