@@ -67,7 +67,7 @@ run)
     IFS='|' read -r -a variants <<< "$VARIANTS"
     pids=()
     for i in "${!variants[@]}"; do
-      mkdir -p "/tmp/variant$i"
+      rm -rf "/tmp/variant$i" "/tmp/variant$i.log" && mkdir -p "/tmp/variant$i"
       echo "variant $i: ${EXTRA:-} ${variants[$i]}"
       # shellcheck disable=SC2086 # flags split on purpose
       PYTHONUNBUFFERED=1 timeout "$guard" python3 "$here/train.py" --data "$data" \

@@ -13,16 +13,20 @@
 # then (carry .device/train2s, timeout_s 600): bash .device/train2s/run.sh
 # Stage B's model, report and logs come back as $OUT/model.safetensors and $OUT/results.tar.xz
 # (stage A's as $OUT/stage_a/...). MINUTES_A / MINUTES_B bound each stage's train.py (default 4.0 / 3.2), RESERVE the seconds each keeps for export and evaluation (60).
+# VARIANTS_A / VARIANTS_B replace a stage's recipe ('|'-separated flag sets trained side by side, the
+# best kept as in train_call.sh); EPOCHS_A / EPOCHS_B its epoch cap (24 / 8).
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 final=${OUT:-/tmp/train_two_stage_out}
 common="--recall-fraction 0.25 --recall-kinds list=1,passage=1 --short-copy-lengths 128,256,512,2048 --gap-gaps 0,16,64,256,1024,1750 --gap-below-share 0.5"
-OUT=$final/stage_a CALL_NAME=stage_a MINUTES=${MINUTES_A:-4.0} RESERVE=${RESERVE:-60} EPOCHS=24 BASELINE=models/pagoda-tiny \
-  VARIANTS="--init-from $root/models/pagoda-tiny --init-tokenizer-only --lr 2e-3 --warmup 100 --max-steps 1423 $common --gap-list-share 0.5 --short-copy-rows 64 --gap-rows 64" \
+OUT=$final/stage_a CALL_NAME=stage_a MINUTES=${MINUTES_A:-4.0} RESERVE=${RESERVE:-60} EPOCHS=${EPOCHS_A:-24} BASELINE=models/pagoda-tiny \
+  VARIANTS=${VARIANTS_A:-"--init-tokenizer-only --lr 2e-3 --warmup 100 --max-steps 1423 $common --gap-list-share 0.5 --short-copy-rows 64 --gap-rows 64"} \
+  EXTRA="--init-from $root/models/pagoda-tiny ${EXTRA_A:-}" \
   bash "$here/train_continue_call.sh" || exit $?
 init=/tmp/stage_a_model
 rm -rf "$init" && mkdir -p "$init" && cp /tmp/stage_a/model/*.json "$init/" && cp "$final/stage_a/model.safetensors" "$init/" || exit 1
 echo "== stage A kept: $(sha256sum "$init/model.safetensors")"
-OUT=$final CALL_NAME=stage_b MINUTES=${MINUTES_B:-3.2} RESERVE=${RESERVE:-60} EPOCHS=8 BASELINE=models/pagoda-tiny \
-  VARIANTS="--init-from $init --lr 1e-3 --warmup 30 --batch-size 8 $common --gap-list-share 0.75 --short-copy-rows 32 --gap-rows 128 --gap-weight 2" \
+OUT=$final CALL_NAME=stage_b MINUTES=${MINUTES_B:-3.2} RESERVE=${RESERVE:-60} EPOCHS=${EPOCHS_B:-8} BASELINE=models/pagoda-tiny \
+  VARIANTS=${VARIANTS_B:-"--lr 1e-3 --warmup 30 --batch-size 8 $common --gap-list-share 0.75 --short-copy-rows 32 --gap-rows 128 --gap-weight 2"} \
+  EXTRA="--init-from $init ${EXTRA_B:-}" \
   bash "$here/train_continue_call.sh"
