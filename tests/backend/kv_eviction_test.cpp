@@ -66,6 +66,51 @@ TEST(KvCompressionPolicyTest, BadSettingsNameTheFlagOrField) {
   EXPECT_NE(orphan.message().find("--kv-compression is none"), std::string::npos);
   EXPECT_FALSE(runtime::validate_kv_compression(config_of(KvCompressionPolicy::kH2O, 64, -1), "--kv-").ok());
   EXPECT_TRUE(runtime::validate_kv_compression(config_of(KvCompressionPolicy::kH2O, 13), "--kv-").ok());
+  for (int32_t span : {-1, runtime::kMaxKvSpan + 1}) {
+    KvCompressionConfig c = config_of(KvCompressionPolicy::kSnapKV, 64);
+    c.span = span;
+    Status s = runtime::validate_kv_compression(c, "--kv-");
+    ASSERT_FALSE(s.ok()) << span;
+    EXPECT_EQ(s.message().rfind("--kv-span must be in [0, 256]", 0), 0u) << s.message();
+  }
+}
+
+TEST(KvCompressionPolicyTest, TheSpanCarriesAScoreForwardWithItsDecay) {
+  std::vector<float> s = {0.0f, 2.0f, 0.0f, 0.0f, 0.0f, 1.5f, 0.0f};
+  runtime::kv_span_scores(s, 2);
+  const float d1 = runtime::kKvSpanDecay, d2 = d1 * d1;
+  EXPECT_EQ(s, (std::vector<float>{0.0f, 2.0f, d1 * 2.0f, d2 * 2.0f, 0.0f, 1.5f, d1 * 1.5f}));
+  // Carried from the unspanned scores, not from scores it raised itself (no compounding chain).
+  std::vector<float> chain = {1.0f, 0.0f, 0.0f, 0.0f};
+  runtime::kv_span_scores(chain, 1);
+  EXPECT_EQ(chain, (std::vector<float>{1.0f, d1, 0.0f, 0.0f}));
+  std::vector<float> off = {0.0f, 3.0f, 0.0f};
+  runtime::kv_span_scores(off, 0);
+  EXPECT_EQ(off, (std::vector<float>{0.0f, 3.0f, 0.0f}));
+}
+
+TEST(KvCompressionPolicyTest, WithASpanSnapKvKeepsWhatFollowsAnAttendedToken) {
+  // One attended token (index 20) among 40; 10 tokens chosen by score.
+  std::vector<float> peak(40, 0.0f);
+  peak[20] = 7.0f;
+  KvCompressionConfig snap = config_of(KvCompressionPolicy::kSnapKV, 15, 2, 3);
+  snap.span = 16;
+  std::vector<int32_t> want = {0, 1};
+  for (int32_t i = 17; i <= 26; ++i) want.push_back(i);  // the pooled 17..23, then 24, 25, 26 by the span
+  for (int32_t i = 37; i < 40; ++i) want.push_back(i);
+  EXPECT_EQ(runtime::select_kept_tokens(snap, 15, 40, peak), want);
+  // span 0: SnapKV's pooling alone; the 3 other choices are zero-score ties, won by the most recent.
+  snap.span = 0;
+  want = {0, 1};
+  for (int32_t i = 17; i <= 23; ++i) want.push_back(i);
+  for (int32_t i = 34; i < 40; ++i) want.push_back(i);
+  EXPECT_EQ(runtime::select_kept_tokens(snap, 15, 40, peak), want);
+  // h2o does not pool, so it has no span either.
+  KvCompressionConfig h2o = config_of(KvCompressionPolicy::kH2O, 15, 2, 3);
+  h2o.span = 16;
+  want = {0, 1, 20};
+  for (int32_t i = 28; i < 40; ++i) want.push_back(i);
+  EXPECT_EQ(runtime::select_kept_tokens(h2o, 15, 40, peak), want);
 }
 
 TEST(KvCompressionPolicyTest, SelectionKeepsSinksWindowAndTheHighestScores) {
@@ -112,7 +157,7 @@ TEST(KvCompressionPolicyTest, EntropyGivesFocusedHeadsFewerTokens) {
   EXPECT_LT(b[2], b[1]);
   EXPECT_EQ(b[2], b[3]);
   for (int32_t x : b) {
-    EXPECT_GE(x, 12);
+    EXPECT_GE(x, 12 + 44);  // sinks + window + half the mean's scored tokens (100 - 12)
     EXPECT_LE(x, 200);
   }
   EXPECT_LE(std::accumulate(b.begin(), b.end(), 0), 400);

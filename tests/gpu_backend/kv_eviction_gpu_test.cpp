@@ -1006,9 +1006,10 @@ TEST(KvEvictionGpu, DecodeAttentionSkipsPerHeadHolesAsTheCpuDoes) {
 // The GPU's kept indices against select_kept_tokens on the same scores. `levels` > 0 draws scores
 // from that many distinct values (many ties); 0 draws continuous ones.
 void check_selection(runtime::KvCompressionPolicy policy, int32_t num_valid, int32_t budget, int32_t sinks,
-                     int32_t window, int levels, uint32_t seed) {
+                     int32_t window, int levels, uint32_t seed, int32_t span = 0) {
   SCOPED_TRACE(::testing::Message() << runtime::kv_compression_policy_name(policy) << " n " << num_valid << " budget "
-                                    << budget << " sinks " << sinks << " window " << window << " levels " << levels);
+                                    << budget << " sinks " << sinks << " window " << window << " levels " << levels
+                                    << " span " << span);
   const int32_t heads = 3;
   const int64_t stride = num_valid + 5;  // a state's capacity exceeds its length
   std::mt19937 rng(seed);
@@ -1026,9 +1027,10 @@ void check_selection(runtime::KvCompressionPolicy policy, int32_t num_valid, int
   config.budget = budget;
   config.sink_tokens = sinks;
   config.window = window;
+  config.span = span;
   const KvSelectShape shape =
       kv_select_shape(heads, num_valid, budget, sinks, window, policy == runtime::KvCompressionPolicy::kStreaming,
-                      policy == runtime::KvCompressionPolicy::kSnapKV);
+                      policy == runtime::KvCompressionPolicy::kSnapKV, span);
   const DeviceBuffer scores_dev = to_device(scores);
   auto scratch = DeviceBuffer::allocate(std::max<size_t>(1, kv_select_scratch_bytes(shape)));
   auto kept = DeviceBuffer::allocate(std::max<size_t>(1, static_cast<size_t>(heads) * shape.kept * sizeof(int32_t)));
@@ -1063,6 +1065,18 @@ TEST(KvEvictionGpu, KeptTokensChosenOnTheGpuEqualTheCpusOnTheSameScores) {
     check_selection(policy, 60, 200, 4, 16, 0, seed++);
     check_selection(policy, 3, 2, 4, 16, 0, seed++);      // budget below the sinks
   }
+  // snapkv's span (runtime::kv_span_scores): the decayed products must be the CPU's floats, across
+  // the kernel's 512-candidate chunks (middles of 146 to 32,788) and spans longer than a chunk's
+  // share of a short middle; h2o ignores it (unpooled).
+  for (int32_t span : {1, 16, 64, 256}) {
+    for (int levels : {0, 2}) {
+      check_selection(P::kSnapKV, 150, 64, 4, 16, levels, seed++, span);
+      check_selection(P::kSnapKV, 1000, 300, 0, 0, levels, seed++, span);
+      check_selection(P::kSnapKV, 5000, 700, 4, 32, levels, seed++, span);
+      check_selection(P::kSnapKV, 32768 + 256, 2048, 4, 32, levels, seed++, span);
+    }
+    check_selection(P::kH2O, 1000, 300, 4, 16, 0, seed++, span);
+  }
   check_selection(P::kStreaming, 500, 64, 4, 16, 0, seed++);  // no score part
 }
 
@@ -1076,9 +1090,10 @@ TEST(KvEvictionGpu, KeptTokenChoiceTimeAtTheLlama8bShape) {
   std::vector<float> scores(static_cast<size_t>(heads) * n);
   for (float& v : scores) v = uniform(rng);
   const DeviceBuffer scores_dev = to_device(scores);
-  for (auto policy : {runtime::KvCompressionPolicy::kH2O, runtime::KvCompressionPolicy::kSnapKV}) {
+  using P = runtime::KvCompressionPolicy;
+  for (auto [policy, span] : {std::pair{P::kH2O, 0}, std::pair{P::kSnapKV, 0}, std::pair{P::kSnapKV, 16}}) {
     const KvSelectShape shape =
-        kv_select_shape(heads, n, budget, 4, 32, false, policy == runtime::KvCompressionPolicy::kSnapKV);
+        kv_select_shape(heads, n, budget, 4, 32, false, policy == runtime::KvCompressionPolicy::kSnapKV, span);
     auto scratch = DeviceBuffer::allocate(kv_select_scratch_bytes(shape));
     auto kept = DeviceBuffer::allocate(static_cast<size_t>(heads) * shape.kept * sizeof(int32_t));
     ASSERT_TRUE(scratch.ok() && kept.ok());
@@ -1096,6 +1111,7 @@ TEST(KvEvictionGpu, KeptTokenChoiceTimeAtTheLlama8bShape) {
     config.budget = budget;
     config.sink_tokens = 4;
     config.window = 32;
+    config.span = span;
     const auto t0 = std::chrono::steady_clock::now();
     size_t total = 0;
     for (int32_t h = 0; h < heads; ++h)
@@ -1105,8 +1121,8 @@ TEST(KvEvictionGpu, KeptTokenChoiceTimeAtTheLlama8bShape) {
                    .size();
     const double host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_EQ(total, static_cast<size_t>(heads) * budget);
-    std::printf("[select] %s, 256 heads x %d candidates, budget %d: gpu %.3f ms, host (one thread) %.1f ms\n",
-                std::string(runtime::kv_compression_policy_name(policy)).c_str(), n, budget, gpu_ms, host_ms);
+    std::printf("[select] %s span %d, 256 heads x %d candidates, budget %d: gpu %.3f ms, host (one thread) %.1f ms\n",
+                std::string(runtime::kv_compression_policy_name(policy)).c_str(), span, n, budget, gpu_ms, host_ms);
   }
 }
 

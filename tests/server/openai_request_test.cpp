@@ -246,12 +246,16 @@ namespace {
 
 TEST(OpenAiRequestKvCompressionTest, ReadsTheExtensionFieldAndNamesBadMembers) {
   OpenAiRequest r = ok_of(R"({"model": "m", "prompt": "hi",
-      "kv_compression": {"policy": "snapkv", "budget": 256, "sink_tokens": 2, "window": 16}})");
+      "kv_compression": {"policy": "snapkv", "budget": 256, "sink_tokens": 2, "window": 16, "span": 5}})");
   ASSERT_TRUE(r.kv_compression.has_value());
   EXPECT_EQ(r.kv_compression->policy, runtime::KvCompressionPolicy::kSnapKV);
   EXPECT_EQ(r.kv_compression->budget, 256);
   EXPECT_EQ(r.kv_compression->sink_tokens, 2);
   EXPECT_EQ(r.kv_compression->window, 16);
+  EXPECT_EQ(r.kv_compression->span, 5);
+  EXPECT_EQ(ok_of(R"({"model": "m", "prompt": "hi", "kv_compression": {"policy": "h2o", "budget": 64}})")
+                .kv_compression->span,
+            runtime::KvCompressionConfig{}.span);
   EXPECT_FALSE(ok_of(R"({"model": "m", "prompt": "hi"})").kv_compression.has_value());
   EXPECT_EQ(ok_of(R"({"model": "m", "prompt": "hi", "kv_compression": {"policy": "none"}})").kv_compression->policy,
             runtime::KvCompressionPolicy::kNone);
@@ -266,7 +270,11 @@ TEST(OpenAiRequestKvCompressionTest, ReadsTheExtensionFieldAndNamesBadMembers) {
                         Case{R"("kv_compression": {"policy": "h2o", "budget": -1})", "kv_compression.budget"},
                         Case{R"("kv_compression": {"policy": "h2o", "budget": 64, "ratio": 2})",
                              "kv_compression.ratio"},
-                        Case{R"("kv_compression": {"budget": 64})", "kv_compression.budget"}}) {
+                        Case{R"("kv_compression": {"budget": 64})", "kv_compression.budget"},
+                        Case{R"("kv_compression": {"policy": "snapkv", "budget": 64, "span": 257})",
+                             "kv_compression.span"},
+                        Case{R"("kv_compression": {"policy": "snapkv", "budget": 64, "span": -1})",
+                             "kv_compression.span"}}) {
     const ApiError e = error_of(std::string(R"({"model": "m", "prompt": "hi", )") + c.field + "}");
     EXPECT_EQ(e.http_status, 400) << c.field;
     EXPECT_EQ(e.param.value_or(""), c.param) << c.field << ": " << e.message;

@@ -14,6 +14,11 @@ void add_kv_compression_flags(CLI::App& cmd, KvCompressionFlags& flags) {
   cmd.add_option("--kv-window", flags.window,
                  "most recent tokens token eviction always keeps; also the observation window of the scores")
       ->capture_default_str();
+  cmd.add_option("--kv-span", flags.span,
+                 "snapkv / pyramidkv / entropy: the tokens after an attended one kept with it, its score decaying "
+                 "0.97x a token, so a passage the observation window points at is kept whole (0: SnapKV's plain "
+                 "pooling; docs/KV_CACHE.md)")
+      ->capture_default_str();
 }
 
 StatusOr<runtime::KvCompressionConfig> resolve_kv_compression_flags(const KvCompressionFlags& flags,
@@ -24,6 +29,7 @@ StatusOr<runtime::KvCompressionConfig> resolve_kv_compression_flags(const KvComp
   c.budget = flags.budget;
   c.sink_tokens = flags.sink_tokens;
   c.window = flags.window;
+  c.span = flags.span;
   PAGODA_RETURN_IF_ERROR(runtime::validate_kv_compression(c, "--kv-"));
   if (c.enabled() && cross_layer_share > 1)
     return invalid_argument_error("--kv-compression {} cannot be combined with --kv-cross-layer-share {} (a compaction "

@@ -6,6 +6,7 @@
 //   --kv-budget TOKENS       KV tokens kept per layer and KV head (mean for pyramidkv / entropy)
 //   --kv-sink-tokens N       first tokens always kept (default 4)
 //   --kv-window N            most recent tokens always kept, and the observation window (default 32)
+//   --kv-span N              scored policies: tokens after an attended one kept with it (default 16; 0: off)
 //
 // Errors name the flag: an unknown policy, a budget not above sinks + window,
 // a budget without a policy, or a policy with --kv-cross-layer-share > 1 (not combined yet).
@@ -30,6 +31,7 @@ struct KvCompressionFlags {
   int32_t budget = 0;
   int32_t sink_tokens = 4;
   int32_t window = 32;
+  int32_t span = 16;
 };
 
 void add_kv_compression_flags(CLI::App& cmd, KvCompressionFlags& flags);

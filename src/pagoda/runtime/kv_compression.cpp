@@ -24,6 +24,10 @@ constexpr int32_t kPoolWidth = 7;
 
 int32_t floor_budget(const KvCompressionConfig& c) { return c.sink_tokens + c.window; }
 
+// entropy: the share of the mean's scored tokens (budget - sinks - window)
+// every head keeps whatever its entropy (runtime/kv_compression.h).
+constexpr double kEntropyFloorShare = 0.5;
+
 bool pools_scores(KvCompressionPolicy p) {
   return p == KvCompressionPolicy::kSnapKV || p == KvCompressionPolicy::kPyramidKV ||
          p == KvCompressionPolicy::kEntropy;
@@ -54,6 +58,8 @@ Status validate_kv_compression(const KvCompressionConfig& c, std::string_view pr
   const std::string policy = flag ? std::string(prefix) + "compression" : std::string(prefix) + "policy";
   if (c.sink_tokens < 0) return invalid_argument_error("{} must be >= 0, got {}", sinks, c.sink_tokens);
   if (c.window < 0) return invalid_argument_error("{} must be >= 0, got {}", window, c.window);
+  if (c.span < 0 || c.span > kMaxKvSpan)
+    return invalid_argument_error("{}span must be in [0, {}], got {}", prefix, kMaxKvSpan, c.span);
   if (!c.enabled()) {
     if (c.budget != 0)
       return invalid_argument_error("{} {} is set without a KV compression policy ({} is none)", budget, c.budget,
@@ -100,15 +106,29 @@ std::vector<int32_t> kv_head_budgets(const KvCompressionConfig& c, int32_t num_l
     }
   } else if (c.policy == KvCompressionPolicy::kEntropy && entropy.size() == n) {
     // Every head keeps the floor; the rest of the total is shared in proportion to entropy.
-    const double total_extra = static_cast<double>(n) * (c.budget - lo);
+    const int32_t head_floor = lo + static_cast<int32_t>(std::floor(kEntropyFloorShare * (c.budget - lo)));
+    const double total_extra = static_cast<double>(n) * (c.budget - head_floor);
     double sum = 0.0;
     for (float e : entropy) sum += std::max(0.0f, e);
     for (size_t i = 0; i < n; ++i) {
       const double share = sum > 0.0 ? std::max(0.0f, entropy[i]) / sum : 1.0 / static_cast<double>(n);
-      out[i] = std::clamp(lo + static_cast<int32_t>(std::floor(share * total_extra)), lo, cap);
+      out[i] = std::clamp(head_floor + static_cast<int32_t>(std::floor(share * total_extra)), head_floor, cap);
     }
   }
   return out;
+}
+
+void kv_span_scores(std::span<float> s, int32_t span) {
+  if (span <= 0 || s.size() < 2) return;
+  // Backwards, so that s[i - k] is still the unspanned score when s[i] is written.
+  for (size_t i = s.size() - 1; i > 0; --i) {
+    float best = s[i], weight = 1.0f;
+    for (int32_t k = 1; k <= span && static_cast<size_t>(k) <= i; ++k) {
+      weight *= kKvSpanDecay;
+      best = std::max(best, weight * s[i - static_cast<size_t>(k)]);
+    }
+    s[i] = best;
+  }
 }
 
 std::vector<int32_t> select_kept_tokens(const KvCompressionConfig& c, int32_t budget, int32_t num_valid,
@@ -141,6 +161,7 @@ std::vector<int32_t> select_kept_tokens(const KvCompressionConfig& c, int32_t bu
       for (int32_t j = a; j < b; ++j) sum += scores[static_cast<size_t>(j)];
       s[static_cast<size_t>(i - middle_begin)] = sum / static_cast<float>(b - a);
     }
+    if (have_scores && pools_scores(c.policy)) kv_span_scores(s, c.span);
     std::vector<int32_t> order(s.size());
     std::iota(order.begin(), order.end(), 0);
     const size_t take = std::min(order.size(), static_cast<size_t>(by_score));

@@ -26,15 +26,27 @@
 //             every query the sequence computed (H2O), kept across compactions.
 //  snapkv     sinks + window + the tokens the observation window (the last
 //             `window` queries before a compaction) attended most, scores
-//             average-pooled over neighbouring indices (SnapKV); scores start
-//             afresh after each compaction.
+//             average-pooled over neighbouring indices (SnapKV), then carried
+//             forward over the `span` tokens after each one (below); scores
+//             start afresh after each compaction.
 //  pyramidkv  snapkv's scores with budgets that fall linearly with depth, from
 //             1.5 x budget at the first layer to 0.5 x budget at the last (mean: budget).
-//  entropy    snapkv's scores; each (layer, KV head) keeps a share of
-//             layers x heads x budget tokens proportional to the mean entropy of
-//             its observation window's attention (normalized by log context):
-//             focused (low-entropy) heads keep few, diffuse heads many, capped at
-//             2 x budget; within a head the tokens with the most mass are kept.
+//  entropy    snapkv's scores; each (layer, KV head) keeps sinks + window plus
+//             half the mean's scored tokens, and the rest of layers x heads x
+//             budget is shared in proportion to the mean entropy of its
+//             observation window's attention (normalized by log context):
+//             focused (low-entropy) heads keep fewer, diffuse heads more, capped
+//             at 2 x budget; within a head the tokens with the most mass are kept.
+//
+// The span (pagoda's addition to the pooled policies, `span` > 0): a token's
+// score is at least 0.97^k times the pooled score of the token k <= span
+// places before it, so the continuation of an attended passage is kept with
+// it. The observation window attends to where a passage starts (the cue that
+// recalls a list attends to the list's first word); the queries that copy it
+// later attend to each next token in turn, which plain SnapKV has already
+// evicted. span 0 is SnapKV's published selection. The half-budget floor of
+// entropy has the same cause: the heads that copy are the focused ones, and a
+// budget in proportion to entropy alone starves them (docs/KV_CACHE.md).
 //
 // Thread safety: pure functions.
 
@@ -58,6 +70,7 @@ struct KvCompressionConfig {
   int32_t budget = 0;       // KV tokens kept per layer and KV head (mean over heads for pyramidkv / entropy)
   int32_t sink_tokens = 4;  // first tokens always kept
   int32_t window = 32;      // most recent tokens always kept; also the observation window of the scores
+  int32_t span = 16;        // snapkv / pyramidkv / entropy: tokens after an attended one kept with it (0: off)
   // Compact between prefill chunks too (not only once the prompt is in): the
   // eval harness measures perplexity this way, token chunk by chunk.
   bool compact_during_prefill = false;
@@ -68,7 +81,9 @@ struct KvCompressionConfig {
 
 // Names the settings as `prefix` + name ("--kv-" for flags, "kv_compression."
 // for the API): kInvalidArgument for a budget below sink_tokens + window + 1,
-// negative sinks or window, or a budget without a policy.
+// negative sinks or window, a span outside [0, kMaxKvSpan], or a budget
+// without a policy.
+inline constexpr int32_t kMaxKvSpan = 256;
 [[nodiscard]] Status validate_kv_compression(const KvCompressionConfig& config, std::string_view flag_prefix);
 
 // Does the policy score tokens by attention (all but streaming)?
@@ -94,9 +109,19 @@ std::vector<int32_t> kv_head_budgets(const KvCompressionConfig& config, int32_t 
 // `budget` of them (all if num_valid <= budget): the first sink_tokens, the
 // last `window`, and the rest by highest score (streaming: the most recent).
 // `scores` has num_valid entries (ignored by streaming); for snapkv,
-// pyramidkv and entropy they are first averaged over a 7-wide neighbourhood. Returns ascending
+// pyramidkv and entropy they are first averaged over a 7-wide neighbourhood,
+// then carried forward over `span` (kv_span_scores). Returns ascending
 // indices into [0, num_valid). Ties go to the more recent token.
 std::vector<int32_t> select_kept_tokens(const KvCompressionConfig& config, int32_t budget, int32_t num_valid,
                                         std::span<const float> scores);
+
+// The span's decay per token: a token k places after a scored one gets at
+// least kKvSpanDecay^k of its score.
+inline constexpr float kKvSpanDecay = 0.97f;
+// In place over `s` (one head's pooled middle scores, in index order):
+// s[i] = max(s[i], max over 1 <= k <= min(span, i) of d_k * s_old[i - k]),
+// with d_k the float product of k factors kKvSpanDecay, multiplied in that
+// order (the GPU's select computes the same floats).
+void kv_span_scores(std::span<float> s, int32_t span);
 
 }  // namespace pagoda::runtime

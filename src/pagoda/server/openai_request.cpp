@@ -228,7 +228,7 @@ std::optional<ApiError> read_structured_output(const json& body, StructuredOutpu
 }
 
 // The pagoda extension "kv_compression": {"policy": "snapkv", "budget": 256,
-// "sink_tokens": 4, "window": 32}; unset members take their defaults.
+// "sink_tokens": 4, "window": 32, "span": 16}; unset members take their defaults.
 std::optional<ApiError> read_kv_compression(const json& body, std::optional<runtime::KvCompressionConfig>& out) {
   auto it = body.find("kv_compression");
   if (it == body.end() || it->is_null()) return std::nullopt;
@@ -241,14 +241,17 @@ std::optional<ApiError> read_kv_compression(const json& body, std::optional<runt
       auto policy = runtime::parse_kv_compression_policy(m->get<std::string>(), param);
       if (!policy.ok()) return invalid_request(policy.status().message(), param);
       c.policy = *policy;
-    } else if (m.key() == "budget" || m.key() == "sink_tokens" || m.key() == "window") {
+    } else if (m.key() == "budget" || m.key() == "sink_tokens" || m.key() == "window" || m.key() == "span") {
       if (!m->is_number_integer() || m->get<int64_t>() < 0 || m->get<int64_t>() > (1 << 24))
         return invalid_request(fmt::format("'{}' must be an integer in [0, {}]", param, 1 << 24), param);
       const auto v = static_cast<int32_t>(m->get<int64_t>());
-      (m.key() == "budget" ? c.budget : m.key() == "window" ? c.window : c.sink_tokens) = v;
+      (m.key() == "budget"   ? c.budget
+       : m.key() == "window" ? c.window
+       : m.key() == "span"   ? c.span
+                             : c.sink_tokens) = v;
     } else {
-      return invalid_request(fmt::format("'{}' is not a kv_compression setting (policy, budget, sink_tokens, window)",
-                                         param),
+      return invalid_request(
+          fmt::format("'{}' is not a kv_compression setting (policy, budget, sink_tokens, window, span)", param),
                              param);
     }
   }

@@ -46,7 +46,7 @@ struct OpenAiRequest {
   bool include_usage = false;     // stream_options.include_usage
   StructuredOutputSpec structured;  // response_format / guided_*; kind kNone when absent
   // pagoda extension "kv_compression": {"policy", "budget", "sink_tokens",
-  // "window"} (docs/API.md): token eviction for this request; absent: the
+  // "window", "span"} (docs/API.md): token eviction for this request; absent: the
   // server's --kv-compression settings.
   std::optional<runtime::KvCompressionConfig> kv_compression;
 };

@@ -324,7 +324,8 @@ Status CudaKvScores::compact_heads(const runtime::KvCompaction& c, CudaKvPool& p
     const int32_t num_valid = kept_before + (c.old_length - hole_end);
     const int32_t budget = std::min(budgets[lh], c.new_length);
     KvSelectHead& row = rows[lh];
-    row.shape = kv_select_shape(1, num_valid, budget, c.config.sink_tokens, c.config.window, false, true);
+    row.shape =
+        kv_select_shape(1, num_valid, budget, c.config.sink_tokens, c.config.window, false, true, c.config.span);
     row.gap_at = kept_before;
     row.gap_len = hole_end - kept_before;
     if (row.shape.kept > c.new_length || row.gap_len < 0)
@@ -400,7 +401,8 @@ Status CudaKvScores::compact(const runtime::KvCompaction& c, CudaKvPool& pool, D
   // Streaming, h2o and snapkv give every head the same budget, so one shape serves all heads.
   const int32_t budget = std::min(c.config.budget, c.new_length);
   const KvSelectShape select = kv_select_shape(heads, c.old_length, budget, c.config.sink_tokens, c.config.window,
-                                               streaming, c.config.policy == runtime::KvCompressionPolicy::kSnapKV);
+                                               streaming, c.config.policy == runtime::KvCompressionPolicy::kSnapKV,
+                                               c.config.span);
   if (select.kept != c.new_length)
     return invalid_argument_error("compact_kv: sequence {}: {} kept tokens per head for a compacted region of {} (the "
                                   "cuda attention reads no holes)", c.kv_state, select.kept, c.new_length);

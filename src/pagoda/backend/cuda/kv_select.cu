@@ -6,6 +6,7 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kPoolHalf = 3;  // runtime/kv_compression.cpp: a 7-wide neighbourhood
+constexpr float kSpanDecay = 0.97f;  // runtime::kKvSpanDecay
 
 // Orders like the float (for non-NaN values; -0 counts as +0, as == does).
 __device__ uint32_t order_key(float f) {
@@ -71,7 +72,27 @@ __device__ void select_head(const float* s, const KvSelectShape& shape, int32_t 
       for (int32_t k = a; k < b; ++k) sum = __fadd_rn(sum, s[cache_index(k, gap_at, gap_len)]);
       v = __fdiv_rn(sum, static_cast<float>(b - a));
     }
-    key[j] = order_key(v);
+    key[j] = shape.span > 0 ? __float_as_uint(v) : order_key(v);
+  }
+  if (shape.span > 0) {
+    // runtime::kv_span_scores over the pooled floats held in `key`: chunks from the last down, so
+    // a chunk reads lower indices no one has rewritten yet; within a chunk all reads come first.
+    __syncthreads();
+    for (int32_t base = ((middle - 1) / kThreads) * kThreads; base >= 0; base -= kThreads) {
+      const int32_t j = base + static_cast<int32_t>(threadIdx.x);
+      float best = 0.0f;
+      if (j < middle) {
+        best = __uint_as_float(key[j]);
+        float weight = 1.0f;
+        for (int32_t k = 1; k <= shape.span && k <= j; ++k) {
+          weight = __fmul_rn(weight, kSpanDecay);
+          best = fmaxf(best, __fmul_rn(weight, __uint_as_float(key[j - k])));
+        }
+      }
+      __syncthreads();
+      if (j < middle) key[j] = order_key(best);
+      __syncthreads();
+    }
   }
   __shared__ int hist[256];
   __shared__ int chosen_digit, remaining, digit_count;
@@ -181,11 +202,12 @@ __global__ void kv_build_moves_ragged_kernel(const int32_t* kept, int64_t total,
 }  // namespace
 
 KvSelectShape kv_select_shape(int32_t num_heads, int32_t num_valid, int32_t budget, int32_t sink_tokens,
-                              int32_t window, bool streaming, bool pooled) {
+                              int32_t window, bool streaming, bool pooled, int32_t span) {
   KvSelectShape s;
   s.num_heads = num_heads;
   s.num_valid = num_valid < 0 ? 0 : num_valid;
   s.pooled = pooled;
+  s.span = pooled && span > 0 ? span : 0;
   if (s.num_valid == 0) return s;
   if (budget >= s.num_valid) {  // everything
     s.sinks = s.num_valid;

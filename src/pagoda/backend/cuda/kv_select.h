@@ -7,7 +7,8 @@
 // Per head: the first `sinks` indices, the last `recent`, and from the middle
 // [sinks, num_valid - recent) the `take` with the highest score (for snapkv
 // the score averaged over a 7-wide neighbourhood, summed in index order as the
-// CPU does, so bit for bit the same), ties to the higher index (the CPU's
+// CPU does, then carried forward over the span with the CPU's float products,
+// so bit for bit the same), ties to the higher index (the CPU's
 // comparator). One CTA per head: a radix select (four 8-bit digit passes over
 // order-preserving keys) finds the take-th highest score, then a block scan
 // writes the chosen middle indices in ascending order. Then kv_build_moves
@@ -36,12 +37,13 @@ struct KvSelectShape {
   int32_t take = 0;        // kept from the middle by score (<= its length)
   int32_t kept = 0;        // sinks + take + recent (the row length of `kept`)
   bool pooled = false;     // average each score over its 7-wide neighbourhood first
+  int32_t span = 0;        // then carry it forward this far (runtime::kv_span_scores; pooled only)
 };
 
 // The shape runtime::select_kept_tokens uses for `budget` of `num_valid`
 // (config fields passed apart to keep this header free of std types).
 KvSelectShape kv_select_shape(int32_t num_heads, int32_t num_valid, int32_t budget, int32_t sink_tokens,
-                              int32_t window, bool streaming, bool pooled);
+                              int32_t window, bool streaming, bool pooled, int32_t span);
 
 // Bytes of device scratch kv_select_kept needs for `shape`.
 size_t kv_select_scratch_bytes(const KvSelectShape& shape);
