@@ -385,11 +385,10 @@ TEST(MlaDecodePlanTest, KernelChoice) {
   o.kernel = MlaDecodeKernel::kCpAsync;
   EXPECT_EQ(kernel_of(flash(16, 64)), MlaDecodeKernel::kCpAsync);  // the old path stays selectable
   if (env == nullptr || *env == '\0') {
-    // Automatic: kTmaFp8 for FlashMLA records at pages of a multiple of 16.
+    // Automatic: FlashMLA records stay on cp.async until kTmaFp8 is racecheck-clean.
     o.kernel = MlaDecodeKernel::kDefault;
-    for (int32_t bs : {16, 32, 64, 128}) EXPECT_EQ(kernel_of(flash(16, bs)), MlaDecodeKernel::kTmaFp8) << bs;
-    EXPECT_EQ(kernel_of(flash(8, 64)), MlaDecodeKernel::kTmaFp8);
-    for (int32_t bs : {1, 8, 24}) EXPECT_EQ(kernel_of(flash(16, bs)), MlaDecodeKernel::kCpAsync) << bs;
+    for (int32_t bs : {1, 8, 16, 24, 64, 128}) EXPECT_EQ(kernel_of(flash(16, bs)), MlaDecodeKernel::kCpAsync) << bs;
+    EXPECT_EQ(kernel_of(flash(8, 64)), MlaDecodeKernel::kCpAsync);
     EXPECT_EQ(kernel_of(flash(17, 64)), MlaDecodeKernel::kCpAsync);
   }
   o.kernel = static_cast<MlaDecodeKernel>(99);
