@@ -12,7 +12,8 @@
 // "[tma_pair_tile]", "[tma_pingpong]", "[tma_pingpong_ring]", "[tma_fast_exp]",
 // "[tma_pingpong_fast_exp]", "[tma_pingpong_turns]", "[tma_pingpong_2chain]", "[tma_pingpong_all]",
 // "[tma_pingpong_split]", "[tma_pingpong_split_2chain]" (their times include
-// the merge pass they always run) in
+// the merge pass they always run) in the name; over FlashMLA's fp8 records
+// (fp8-656, 16 heads) "[cp_async]" and "[tma_fp8]" in
 // the name); --kernel
 // picks one. --schedule runs the plan's whole-tile budgets ("whole", the
 // default plan), spread budgets ("spread": MlaDecodeOptions::spread_budget,
@@ -93,7 +94,7 @@ constexpr MlaDecodeKernel kKernels[] = {MlaDecodeKernel::kCpAsync, MlaDecodeKern
                                         MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns,
                                         MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll,
                                         MlaDecodeKernel::kTmaPingPongSplit,
-                                        MlaDecodeKernel::kTmaPingPongSplitTwoChains};
+                                        MlaDecodeKernel::kTmaPingPongSplitTwoChains, MlaDecodeKernel::kTmaFp8};
 
 const char* kernel_name(MlaDecodeKernel k) {
   switch (k) {
@@ -112,6 +113,7 @@ const char* kernel_name(MlaDecodeKernel k) {
     case MlaDecodeKernel::kTmaPingPongAll: return "tma_pingpong_all";
     case MlaDecodeKernel::kTmaPingPongSplit: return "tma_pingpong_split";
     case MlaDecodeKernel::kTmaPingPongSplitTwoChains: return "tma_pingpong_split_2chain";
+    case MlaDecodeKernel::kTmaFp8: return "tma_fp8";
     default: return "cp_async";
   }
 }
@@ -341,7 +343,7 @@ int main(int argc, char** argv) {
                    "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|tma_ring|"
                    "tma_tile|tma_ring_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_pingpong_ring|tma_fast_exp|"
                    "tma_pingpong_fast_exp|tma_pingpong_turns|tma_pingpong_2chain|tma_pingpong_all|tma_pingpong_split|"
-                   "tma_pingpong_split_2chain] "
+                   "tma_pingpong_split_2chain|tma_fp8] "
                    "[--schedule all|whole|spread]\n");
       return 2;
     }

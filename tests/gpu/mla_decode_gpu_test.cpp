@@ -141,15 +141,26 @@ MlaBatch make_batch(const MlaCase& c) {
   }
   b.q.resize(b.rows.size() * size_t(c.heads) * kMlaKeyDim);
   for (auto& e : b.q) e = f32_to_bf16(unit(rng));
-  if (c.poison_unused && c.element == KvElement::kBF16) {
+  const bool flash = c.element != KvElement::kBF16 && c.layout == MlaLatentLayout::kFlashMla656;
+  if (c.poison_unused && (c.element == KvElement::kBF16 || flash)) {
     std::vector<bool> used(slots, false);
     for (size_t s = 0; s < c.sequence_lengths.size(); ++s)
       for (int32_t p = 0; p < c.sequence_lengths[s]; ++p)
         used[size_t(b.tables[s][size_t(p / c.block_size)]) * c.block_size + size_t(p % c.block_size)] = true;
     const uint16_t nan = 0x7fc0;
-    for (size_t v = 0; v < slots; ++v)
-      if (!used[v])
+    const uint32_t nan32 = 0x7fc00000u;
+    for (size_t v = 0; v < slots; ++v) {
+      if (used[v]) continue;
+      if (!flash) {
         for (int32_t i = 0; i < kMlaKeyDim; ++i) std::memcpy(&b.codes[2 * (v * kMlaKeyDim + size_t(i))], &nan, 2);
+        continue;
+      }
+      // FlashMLA records: NaN codes (e4m3 0x7f), NaN scales and NaN rope values.
+      uint8_t* record = &b.codes[v * kMlaFp8VectorBytes];
+      std::memset(record, 0x7f, size_t(kMlaFp8LatentValues));
+      for (int32_t k = 0; k < kMlaFp8Groups; ++k) std::memcpy(record + kMlaFp8ScalesAt + 4 * k, &nan32, 4);
+      for (int32_t i = 0; i < kMlaFp8RopeValues; ++i) std::memcpy(record + kMlaFp8RopeAt + 2 * i, &nan, 2);
+    }
   }
   return b;
 }
@@ -264,6 +275,7 @@ const char* kernel_name(MlaDecodeKernel k) {
     case MlaDecodeKernel::kTmaPingPongAll: return "tma_pingpong_all";
     case MlaDecodeKernel::kTmaPingPongSplit: return "tma_pingpong_split";
     case MlaDecodeKernel::kTmaPingPongSplitTwoChains: return "tma_pingpong_split_2chain";
+    case MlaDecodeKernel::kTmaFp8: return "tma_fp8";
     default: return "cp.async";
   }
 }
@@ -697,6 +709,102 @@ TEST_F(MlaDecodeGpuTest, SpreadBudgetPlans) {
     g.use_graph = true;
     expect_close(g);
   }
+}
+
+// ---- kTmaFp8: FlashMLA's 656-byte fp8 records loaded raw by bulk copies and
+// dequantized in shared memory (mla_decode_tma_fp8.cu). Unused pool records
+// hold NaN codes, scales and rope values, so rows past a segment's end must be
+// zeroed, not merely masked. run() fails a case whose plan did not take kTmaFp8.
+MlaCase tma_fp8(MlaCase c) {
+  c.layout = MlaLatentLayout::kFlashMla656;
+  c.options.kernel = MlaDecodeKernel::kTmaFp8;
+  c.name += " tma_fp8";
+  c.poison_unused = true;
+  return c;
+}
+
+TEST_F(MlaDecodeGpuTest, TmaFp8BlockSizesRaggedEnds) {
+  const KvElement fp8 = KvElement::kFP8E4M3;
+  expect_close(tma_fp8(make_case("fp8-656 h16 bs64 ragged", 16, 64, fp8, {1, 63, 64, 65, 2000, 4100}, 140)));
+  expect_close(tma_fp8(make_case("fp8-656 h16 bs16 ragged", 16, 16, fp8, {1, 17, 64, 65, 300, 1000, 4097}, 141)));
+  expect_close(tma_fp8(make_case("fp8-656 h16 bs32", 16, 32, fp8, {5, 100, 777}, 142)));
+  expect_close(tma_fp8(make_case("fp8-656 h16 bs8", 16, 8, fp8, {3, 100, 777}, 143)));
+  expect_close(tma_fp8(make_case("fp8-656 h16 bs1", 16, 1, fp8, {1, 2, 100, 333}, 144)));
+  expect_close(tma_fp8(make_case("fp8-656 h16 bs48", 16, 48, fp8, {7, 200, 1001}, 145)));
+  expect_close(tma_fp8(make_case("fp8-656 h16 bs128", 16, 128, fp8, {5, 100, 130, 777}, 146)));
+  expect_close(tma_fp8(make_case("fp8-656 h8 bs64", 8, 64, fp8, {1, 500}, 147)));
+  expect_close(tma_fp8(make_case("fp8-656 h1 bs16", 1, 16, fp8, {64, 129}, 148)));
+}
+
+TEST_F(MlaDecodeGpuTest, TmaFp8SplitsSchedulesAndSharing) {
+  const KvElement fp8 = KvElement::kFP8E4M3;
+  expect_close(tma_fp8(with_options(make_case("fp8-656 h16 bs64 split 64", 16, 64, fp8, {1, 100, 1000, 2500}, 150), 64, 0)));
+  expect_close(tma_fp8(with_options(make_case("fp8-656 h16 bs16 split 128", 16, 16, fp8, {7, 333, 1200}, 151), 100, 0)));
+  expect_close(tma_fp8(
+      with_options(make_case("fp8-656 h16 bs64 7 sms", 16, 64, fp8, {1, 5, 70, 300, 1000, 2000, 64, 3}, 152), 0, 7)));
+  expect_close(tma_fp8(with_options(make_case("fp8-656 h16 bs16 5 sms", 16, 16, fp8, {129, 1, 2000, 40}, 153), 0, 5)));
+  expect_close(tma_fp8(with_options(make_case("fp8-656 h16 bs64 1 sm", 16, 64, fp8, {1000, 130}, 154), 0, 1)));
+  expect_close(tma_fp8(with_options(make_case("fp8-656 h16 bs16 1 sm", 16, 16, fp8, {1000, 131}, 155), 0, 1)));
+  MlaCase spread = tma_fp8(make_case("fp8-656 h16 bs64 8x4K spread", 16, 64, fp8, std::vector<int32_t>(8, 4096), 156));
+  spread.options.spread_budget = true;
+  expect_close(spread);
+  MlaCase shared = tma_fp8(make_case("fp8-656 h16 bs16 prefill rows + fork", 16, 16, fp8, {300, 200}, 157));
+  for (int32_t p = 250; p < 300; ++p) shared.rows.push_back({0, p + 1});
+  shared.rows.push_back({1, 200});
+  shared.rows.push_back({1, 37});
+  shared.shared_prefix_blocks = 5;
+  expect_close(shared);
+  for (const bool graph : {false, true}) {
+    MlaCase c = tma_fp8(make_case(graph ? "fp8-656 h16 bs64 fixed 8 graph" : "fp8-656 h16 bs64 fixed 8", 16, 64, fp8,
+                                  {1, 70, 3000, 640, 5}, 158));
+    c.options.fixed_rows = 8;
+    c.options.fixed_block_table_stride = 100;
+    c.use_graph = graph;
+    expect_close(c);
+  }
+}
+
+TEST_F(MlaDecodeGpuTest, TmaFp8MatchesCpAsyncKernel) {
+  // The same bf16 tile values as the cp.async kernel's conversion, another
+  // summation order (kTmaPingPongTwoChains'): close, not bit-equal (printed).
+  for (int32_t bs : {64, 16}) {
+    MlaCase c = make_case("tma_fp8 vs cp.async", 16, bs, KvElement::kFP8E4M3, {33, 700, 3000}, 160 + uint32_t(bs));
+    c.layout = MlaLatentLayout::kFlashMla656;
+    const MlaBatch b = make_batch(c);
+    c.options.kernel = MlaDecodeKernel::kCpAsync;
+    auto old_out = run(b, c);
+    ASSERT_TRUE(old_out.ok()) << old_out.status().message();
+    c.options.kernel = MlaDecodeKernel::kTmaFp8;
+    auto new_out = run(b, c);
+    ASSERT_TRUE(new_out.ok()) << new_out.status().message();
+    std::vector<double> want;
+    for (uint16_t v : *old_out) want.push_back(bf16_to_f32(v));
+    const double err = testing::relative_l2(*new_out, want);
+    size_t differing = 0;
+    for (size_t i = 0; i < want.size(); ++i) differing += (*old_out)[i] != (*new_out)[i];
+    std::printf("blocks of %2d: tma_fp8 vs cp.async rel L2 %.3e, %zu of %zu outputs differ\n", bs, err, differing,
+                want.size());
+    EXPECT_LT(err, 1e-3) << "blocks of " << bs;
+  }
+  int ctas = 0;
+  ASSERT_EQ(mla_decode_tma_fp8_occupancy(&ctas), cudaSuccess);
+  std::printf("tma_fp8 %d CTA(s) per SM\n", ctas);
+  EXPECT_EQ(ctas, 1);
+}
+
+// Small shapes for compute-sanitizer racecheck / synccheck: 2 SMs (several
+// segments a CTA: the staging ring and the hand-over reused), a one-tile
+// segment, a split row through the merge pass, ragged ends at blocks of 16,
+// a fixed plan with padding rows.
+TEST_F(MlaDecodeGpuTest, TmaFp8Small) {
+  const KvElement fp8 = KvElement::kFP8E4M3;
+  expect_close(tma_fp8(with_options(make_case("fp8-656 h16 bs64 2 sms", 16, 64, fp8, {1, 64, 65, 300, 700}, 170), 0, 2)));
+  expect_close(tma_fp8(with_options(make_case("fp8-656 h16 bs64 split 128", 16, 64, fp8, {5, 500}, 171), 128, 0)));
+  expect_close(tma_fp8(with_options(make_case("fp8-656 h16 bs16 2 sms", 16, 16, fp8, {17, 129, 250}, 172), 0, 2)));
+  MlaCase g = tma_fp8(with_options(make_case("fp8-656 h16 bs64 fixed 6 2 sms", 16, 64, fp8, {1, 130, 700}, 173), 0, 2));
+  g.options.fixed_rows = 6;
+  g.options.fixed_block_table_stride = 16;
+  expect_close(g);
 }
 
 TEST_F(MlaDecodeGpuTest, Fp8WithoutScalesRefusedAtLaunch) {

@@ -365,6 +365,32 @@ TEST(MlaDecodePlanTest, KernelChoice) {
     for (int32_t bs : {1, 48}) EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kCpAsync) << bs;
     EXPECT_EQ(kernel_of(fp8), MlaDecodeKernel::kCpAsync);
   }
+  // kTmaFp8: FlashMLA's fp8 records only, at most 16 heads, pages of a
+  // multiple of 16 positions or dividing 16; the bf16 variants never take them.
+  auto flash = [&](int32_t heads, int32_t bs) {
+    auto c = config(heads, bs);
+    c.latent_element = KvElement::kFP8E4M3;
+    c.latent_layout = MlaLatentLayout::kFlashMla656;
+    return c;
+  };
+  o.kernel = MlaDecodeKernel::kTmaFp8;
+  for (int32_t bs : {1, 2, 4, 8, 16, 32, 48, 64, 128})
+    EXPECT_EQ(kernel_of(flash(16, bs)), MlaDecodeKernel::kTmaFp8) << bs;
+  for (int32_t bs : {3, 24, 100}) EXPECT_EQ(kernel_of(flash(16, bs)), MlaDecodeKernel::kCpAsync) << bs;
+  EXPECT_EQ(kernel_of(flash(17, 64)), MlaDecodeKernel::kCpAsync);
+  EXPECT_EQ(kernel_of(fp8), MlaDecodeKernel::kCpAsync);  // per-vector scales
+  EXPECT_EQ(kernel_of(config(16, 64)), MlaDecodeKernel::kCpAsync);  // bf16
+  o.kernel = MlaDecodeKernel::kTmaPingPongTwoChains;
+  EXPECT_EQ(kernel_of(flash(16, 64)), MlaDecodeKernel::kCpAsync);
+  o.kernel = MlaDecodeKernel::kCpAsync;
+  EXPECT_EQ(kernel_of(flash(16, 64)), MlaDecodeKernel::kCpAsync);  // the old path stays selectable
+  if (env == nullptr || *env == '\0') {
+    // Automatic: FlashMLA records stay on cp.async until kTmaFp8 is racecheck-clean.
+    o.kernel = MlaDecodeKernel::kDefault;
+    for (int32_t bs : {1, 8, 16, 24, 64, 128}) EXPECT_EQ(kernel_of(flash(16, bs)), MlaDecodeKernel::kCpAsync) << bs;
+    EXPECT_EQ(kernel_of(flash(8, 64)), MlaDecodeKernel::kCpAsync);
+    EXPECT_EQ(kernel_of(flash(17, 64)), MlaDecodeKernel::kCpAsync);
+  }
   o.kernel = static_cast<MlaDecodeKernel>(99);
   expect_error(config(), one, "kernel 99 unknown", o);
 }

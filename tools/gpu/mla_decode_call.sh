@@ -6,8 +6,9 @@
 # then a device call with carry [".device/mla-decode"] (about 150 s of commands):
 #   .device/mla-decode/mla_decode_call.sh run
 #     1. correctness, in parallel: mla_decode_plan_tests; mla_decode_gpu_tests
-#        (each TMA test and SpreadBudgetPlans in a process of its own, so a hang
-#        in one hides nothing else and the six TMA variants fit the time); the
+#        (each TMA test, the kTmaFp8 ones included, and SpreadBudgetPlans in a
+#        process of its own, so a hang in one hides nothing else and the TMA
+#        variants fit the time); the
 #        DeepSeek model tests (cuda_model_tests *Deepseek*) with the automatic
 #        kernel choice and again with PAGODA_MLA_DECODE_KERNEL=$MODEL_KERNELS
 #        (default "tma_tile tma_pair"); compute-sanitizer racecheck and
@@ -150,7 +151,8 @@ run | tests | bench)
   if [ "$1" != bench ]; then
     tests "$b" "$out" &
     for f in '*TmaBlockSizesRaggedEnds' '*TmaSplitsSchedulesAndSharing' '*TmaGraphPlans' '*TmaMatchesCpAsyncKernel' \
-      '*TmaOccupancy' '*TmaPingPongSmall' '*TmaPingPongSplitSmall' '*SpreadBudgetPlans'; do
+      '*TmaOccupancy' '*TmaPingPongSmall' '*TmaPingPongSplitSmall' '*SpreadBudgetPlans' \
+      '*TmaFp8BlockSizesRaggedEnds' '*TmaFp8SplitsSchedulesAndSharing' '*TmaFp8MatchesCpAsyncKernel' '*TmaFp8Small'; do
       gpu_tests_part "$b" "$out" "$f" gpu_tests_tma.log &
     done
     gpu_tests_part "$b" "$out" '-*Tma*:*SpreadBudgetPlans' gpu_tests.log &

@@ -741,7 +741,8 @@ cudaError_t prepare_one() {
 cudaError_t prepare_mla_decode_kernels() {
   cudaError_t e = prepare_one<false>();
   if (e == cudaSuccess) e = prepare_one<true>();
-  return e == cudaSuccess ? prepare_mla_decode_tma_kernel() : e;
+  if (e == cudaSuccess) e = prepare_mla_decode_tma_kernel();
+  return e == cudaSuccess ? prepare_mla_decode_tma_fp8_kernel() : e;
 }
 
 cudaError_t launch_mla_decode(const MlaDecodeDescriptor& d, const void* q, void* out, cudaStream_t stream) {
@@ -759,7 +760,10 @@ cudaError_t launch_mla_decode(const MlaDecodeDescriptor& d, const void* q, void*
   const dim3 grid((d.num_heads + kHeads - 1) / kHeads, d.num_ctas);
   const auto* qb = static_cast<const __nv_bfloat16*>(q);
   auto* ob = static_cast<__nv_bfloat16*>(out);
-  if (is_tma_kernel(d.kernel)) {
+  if (d.kernel == MlaDecodeKernel::kTmaFp8) {
+    const cudaError_t e = launch_mla_decode_tma_fp8_main(d, q, out, stream);
+    if (e != cudaSuccess) return e;
+  } else if (is_tma_kernel(d.kernel)) {
     // The plan chose it (its domain checked there): a failure here (no tensor
     // map for this pool) is the caller's error, not a silent fallback.
     const cudaError_t e = launch_mla_decode_tma_main(d, q, out, stream);

@@ -76,13 +76,17 @@ struct MlaDecodeOptions {
   int32_t fixed_rows = 0;
   int32_t fixed_block_table_stride = 0;
   // Which kernel (mla_decode_descriptor.h, MlaDecodeKernel). kDefault: the
-  // environment's PAGODA_MLA_DECODE_KERNEL ("auto", "tma", "tma_ring",
-  // "tma_tile", "tma_ring_tile" or "cp_async", read once per process); unset or "auto": the TMA kernel where
-  // it applies with pages of a multiple of 64 positions, else cp.async.
+  // environment's PAGODA_MLA_DECODE_KERNEL ("auto", "cp_async", a TMA
+  // variant's name, e.g. "tma_pingpong_2chain" or "tma_fp8"; read once per
+  // process); unset or "auto": the bf16 TMA kernel where it applies with pages
+  // of a multiple of 64 positions, kTmaFp8 for FlashMLA fp8 records at pages
+  // of a multiple of 16 positions, else cp.async.
   // The TMA variants (is_tma_kernel) apply only where the TMA kernel does (bf16 latent, at most
   // 16 heads, block_size 8, 16, 32 or a multiple of 64); other plans fall back
   // to the cp.async kernels (fp8 latents, more heads, other block sizes), and
-  // kernel() says which was taken.
+  // kernel() says which was taken. kTmaFp8 applies only to FlashMLA's fp8
+  // records (kFlashMla656), at most 16 heads, block sizes that are multiples
+  // of 16 or divide 16.
   MlaDecodeKernel kernel = MlaDecodeKernel::kDefault;
   // The automatic split's per-CTA budgets (split_tokens 0). false: every CTA
   // the same whole number of tiles, a segment costing one tile more (the

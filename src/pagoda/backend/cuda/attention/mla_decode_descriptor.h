@@ -90,9 +90,17 @@ enum class MlaDecodeKernel : int32_t {
   kTmaPingPongSplit = 15,
   // kTmaPingPongSplit with kTmaPingPongTwoChains' S^T (two accumulator chains).
   kTmaPingPongSplitTwoChains = 16,
+  // FlashMLA's 656-byte fp8 records (kFlashMla656), at most 16 heads, block
+  // sizes that are multiples of 16 or divide 16: kTmaPingPongTwoChains'
+  // schedule and math, the records copied raw by the producer warp (1-D bulk
+  // copies into slots of 16 records) and dequantized to bf16 by the compute
+  // group that owns the tile (mla_decode_tma_fp8.cu). The same bf16 values as
+  // the cp.async kernel's conversion; within the tests' bound.
+  kTmaFp8 = 17,
 };
 
-// The TMA-fed variants (kTma .. kTmaPingPongAll).
+// The TMA-fed variants (kTma .. kTmaPingPongSplitTwoChains over bf16 latents, kTmaFp8 over
+// FlashMLA's fp8 records).
 constexpr bool is_tma_kernel(MlaDecodeKernel k) {
   return k == MlaDecodeKernel::kTma || k == MlaDecodeKernel::kTmaRing || k == MlaDecodeKernel::kTmaTile ||
          k == MlaDecodeKernel::kTmaRingTile || k == MlaDecodeKernel::kTmaPair || k == MlaDecodeKernel::kTmaPairTile ||
@@ -100,7 +108,7 @@ constexpr bool is_tma_kernel(MlaDecodeKernel k) {
          k == MlaDecodeKernel::kTmaFastExp || k == MlaDecodeKernel::kTmaPingPongFastExp ||
          k == MlaDecodeKernel::kTmaPingPongTurns || k == MlaDecodeKernel::kTmaPingPongTwoChains ||
          k == MlaDecodeKernel::kTmaPingPongAll || k == MlaDecodeKernel::kTmaPingPongSplit ||
-         k == MlaDecodeKernel::kTmaPingPongSplitTwoChains;
+         k == MlaDecodeKernel::kTmaPingPongSplitTwoChains || k == MlaDecodeKernel::kTmaFp8;
 }
 
 // Partial records a kernel writes per segment into the split workspace (2:
@@ -168,5 +176,10 @@ cudaError_t prepare_mla_decode_tma_kernel();
 cudaError_t mla_decode_tma_occupancy(MlaDecodeKernel kernel, int* ctas_per_sm);
 cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& desc, const void* q, void* out,
                                        cudaStream_t stream);
+// The same three for kTmaFp8 (mla_decode_tma_fp8.cu; no tensor map: 1-D bulk copies).
+cudaError_t prepare_mla_decode_tma_fp8_kernel();
+cudaError_t mla_decode_tma_fp8_occupancy(int* ctas_per_sm);
+cudaError_t launch_mla_decode_tma_fp8_main(const MlaDecodeDescriptor& desc, const void* q, void* out,
+                                           cudaStream_t stream);
 
 }  // namespace pagoda::kernels::cuda

@@ -32,7 +32,7 @@ constexpr int64_t kSpreadSegmentOverhead = 1;
 // PAGODA_MLA_DECODE_KERNEL, read once: "tma", "tma_ring", "tma_tile",
 // "tma_ring_tile", "tma_pair", "tma_pair_tile", "tma_pingpong", "tma_pingpong_ring",
 // "tma_fast_exp", "tma_pingpong_fast_exp", "tma_pingpong_turns", "tma_pingpong_2chain",
-// "tma_pingpong_all", "tma_pingpong_split", "tma_pingpong_split_2chain", "cp_async" or
+// "tma_pingpong_all", "tma_pingpong_split", "tma_pingpong_split_2chain", "tma_fp8", "cp_async" or
 // "auto" (unset or empty: auto); anything else is reported at plan creation.
 const char* environment_kernel() {
   static const char* value = [] {
@@ -45,7 +45,14 @@ const char* environment_kernel() {
 // Where the TMA kernel applies: bf16, one narrow head tile, and pages that a
 // 64-position tile either divides into boxes of >= 8 rows (1 KB, so each box
 // starts on a 128-byte-swizzle atom) or lies within.
-bool tma_applies(const MlaDecodeConfig& c) {
+// kTmaFp8: FlashMLA's fp8 records, one narrow head tile, pages that a slot of
+// 16 positions either lies within or divides into whole pages.
+bool tma_fp8_applies(const MlaDecodeConfig& c) {
+  return c.latent_element == KvElement::kFP8E4M3 && c.latent_layout == MlaLatentLayout::kFlashMla656 &&
+         c.num_heads <= 16 && (c.block_size % 16 == 0 || 16 % c.block_size == 0);
+}
+bool tma_applies(const MlaDecodeConfig& c, MlaDecodeKernel k) {
+  if (k == MlaDecodeKernel::kTmaFp8) return tma_fp8_applies(c);
   return c.latent_element == KvElement::kBF16 && c.num_heads <= 16 &&
          int64_t{c.num_blocks} * c.block_size < (int64_t{1} << 31) &&
          (c.block_size % 64 == 0 || c.block_size == 8 || c.block_size == 16 || c.block_size == 32);
@@ -60,8 +67,14 @@ bool tma_applies(const MlaDecodeConfig& c) {
 // and the fastest of the clean kernels, ahead of kTma and of the split kernels
 // without a hand-over).
 constexpr MlaDecodeKernel kAutomaticTmaKernel = MlaDecodeKernel::kTmaPingPongTwoChains;
+// FlashMLA fp8 records stay on kCpAsync automatically: kTmaFp8 is 1.5x faster
+// (docs/BENCHMARKS.md, "MLA decode v15") and passes the tests and synccheck,
+// but racecheck reports hazards between its bulk copies and the slot reads
+// (docs/KERNELS.md v15), and no kernel becomes a default before both tools
+// are clean. PAGODA_MLA_DECODE_KERNEL=tma_fp8 asks for it.
 MlaDecodeKernel automatic_kernel(const MlaDecodeConfig& c) {
-  return tma_applies(c) && c.block_size % 64 == 0 ? kAutomaticTmaKernel : MlaDecodeKernel::kCpAsync;
+  return tma_applies(c, kAutomaticTmaKernel) && c.block_size % 64 == 0 ? kAutomaticTmaKernel
+                                                                        : MlaDecodeKernel::kCpAsync;
 }
 
 }  // namespace
@@ -105,18 +118,19 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
     else if (std::strcmp(env, "tma_pingpong_all") == 0) kernel = MlaDecodeKernel::kTmaPingPongAll;
     else if (std::strcmp(env, "tma_pingpong_split") == 0) kernel = MlaDecodeKernel::kTmaPingPongSplit;
     else if (std::strcmp(env, "tma_pingpong_split_2chain") == 0) kernel = MlaDecodeKernel::kTmaPingPongSplitTwoChains;
+    else if (std::strcmp(env, "tma_fp8") == 0) kernel = MlaDecodeKernel::kTmaFp8;
     else
       return invalid_argument_error("mla decode: PAGODA_MLA_DECODE_KERNEL '{}' (auto, tma, tma_ring, tma_tile, "
                                     "tma_ring_tile, tma_pair, tma_pair_tile, tma_pingpong, tma_pingpong_ring, "
                                     "tma_fast_exp, tma_pingpong_fast_exp, tma_pingpong_turns, tma_pingpong_2chain, "
-                                    "tma_pingpong_all, tma_pingpong_split, tma_pingpong_split_2chain or "
+                                    "tma_pingpong_all, tma_pingpong_split, tma_pingpong_split_2chain, tma_fp8 or "
                                     "cp_async)",
                                     env);
   }
   const bool tma = is_tma_kernel(kernel);
   if (kernel != MlaDecodeKernel::kCpAsync && !tma)
     return invalid_argument_error("mla decode: kernel {} unknown", static_cast<int>(options.kernel));
-  if (tma && !tma_applies(config)) kernel = MlaDecodeKernel::kCpAsync;
+  if (tma && !tma_applies(config, kernel)) kernel = MlaDecodeKernel::kCpAsync;
   if (options.split_tokens < 0)
     return invalid_argument_error("mla decode: split_tokens {} must be >= 0", options.split_tokens);
   if (device.num_sms < 1) return invalid_argument_error("mla decode: num_sms {} must be positive", device.num_sms);
