@@ -33,8 +33,9 @@
 // skipped while capturing; PAGODA_GEMM_AUTOTUNE=0 turns it off). Above 512 rows
 // (prefill and mixed steps, m different every step) an LtLargeRowTuner tunes
 // once per (scale kind, n, k, power-of-two row bucket) and reuses the result
-// for every m of the bucket (cublaslt_plan.h); PAGODA_GEMM_AUTOTUNE_LARGE=0
-// turns that part off (the first heuristic then, as before).
+// for every m of the bucket (cublaslt_plan.h). That part is opt-in
+// (PAGODA_GEMM_AUTOTUNE_LARGE=1) until an engine run on a GPU shows it pays;
+// off, large m takes the first heuristic, as before.
 //
 // Thread safety: one Fp8Gemm per stream owner; plans are cached per shape, so
 // after the first call of a shape a call only enqueues work. Graph capture:

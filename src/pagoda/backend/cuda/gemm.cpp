@@ -14,7 +14,7 @@ StatusOr<std::unique_ptr<Gemm>> Gemm::create(size_t workspace_bytes) {
   const char* env = std::getenv("PAGODA_GEMM_AUTOTUNE");
   gemm->autotune_ = env == nullptr || std::strcmp(env, "0") != 0;
   const char* large = std::getenv("PAGODA_GEMM_AUTOTUNE_LARGE");
-  gemm->autotune_large_ = gemm->autotune_ && (large == nullptr || std::strcmp(large, "0") != 0);
+  gemm->autotune_large_ = gemm->autotune_ && large != nullptr && std::strcmp(large, "1") == 0;
   return gemm;
 }
 

@@ -12,8 +12,8 @@
 // the fastest; that call synchronizes the stream (never while it is being
 // captured: then the first heuristic stays). PAGODA_GEMM_AUTOTUNE=0 turns it off.
 // Larger m: one tuning per (output type, n, k, power-of-two row bucket), reused
-// for every m of the bucket (LtLargeRowTuner, cublaslt_plan.h);
-// PAGODA_GEMM_AUTOTUNE_LARGE=0 turns that part off.
+// for every m of the bucket (LtLargeRowTuner, cublaslt_plan.h); opt-in with
+// PAGODA_GEMM_AUTOTUNE_LARGE=1 until measured on a GPU (fp8_gemm.h).
 //
 // Thread safety: one Gemm per stream owner; calls are not synchronized.
 
