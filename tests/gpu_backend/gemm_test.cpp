@@ -62,6 +62,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmTest,
                                            GemmCase{7, 6144, 4096, GemmOutput::kBF16},
                                            GemmCase{64, 256, 64, GemmOutput::kBF16},
                                            GemmCase{300, 512, 1024, GemmOutput::kBF16},
+                                           // Above Gemm::kMaxTunedRows: the large-m tuner's algorithm.
+                                           GemmCase{1100, 512, 1024, GemmOutput::kBF16},
+                                           GemmCase{700, 1024, 512, GemmOutput::kF32},
                                            GemmCase{5, 1000, 512, GemmOutput::kF32},
                                            GemmCase{2, 256, 160, GemmOutput::kF32}));
 

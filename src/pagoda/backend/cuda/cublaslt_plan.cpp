@@ -1,5 +1,9 @@
 #include "pagoda/backend/cuda/cublaslt_plan.h"
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -31,7 +35,8 @@ cublasStatus_t lt_heuristic(cublasLtHandle_t handle, const LtMatmulPlan& plan, s
 }
 
 cublasStatus_t lt_autotune(cublasLtHandle_t handle, LtMatmulPlan& plan, const void* a, const void* b, void* d,
-                           void* workspace, size_t workspace_bytes, cudaStream_t stream, int candidates) {
+                           void* workspace, size_t workspace_bytes, cudaStream_t stream, int candidates,
+                           int runs) {
   std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(candidates));
   int found = 0;
   const cublasStatus_t heuristic = lt_heuristic(handle, plan, workspace_bytes, results.data(), candidates, &found);
@@ -48,7 +53,7 @@ cublasStatus_t lt_autotune(cublasLtHandle_t handle, LtMatmulPlan& plan, const vo
                           workspace, workspace_bytes, stream);
   };
   float best_ms = std::numeric_limits<float>::infinity();
-  constexpr int kRuns = 5;
+  const int kRuns = runs;
   for (int i = 0; i < found; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS || run(results[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
     cudaEventRecord(start, stream);
@@ -67,6 +72,54 @@ cublasStatus_t lt_autotune(cublasLtHandle_t handle, LtMatmulPlan& plan, const vo
   cudaEventDestroy(stop);
   cudaGetLastError();
   return CUBLAS_STATUS_SUCCESS;
+}
+
+bool lt_algo_fits(cublasLtHandle_t handle, const LtMatmulPlan& plan, const cublasLtMatmulAlgo_t& algo,
+                  size_t workspace_bytes) {
+  cublasLtMatmulHeuristicResult_t result{};
+  const cublasStatus_t s =
+      cublasLtMatmulAlgoCheck(handle, plan.desc, plan.a, plan.b, plan.c, plan.c, &algo, &result);
+  return s == CUBLAS_STATUS_SUCCESS && result.state == CUBLAS_STATUS_SUCCESS &&
+         result.workspaceSize <= workspace_bytes;
+}
+
+int32_t lt_row_bucket(int32_t m) {
+  int32_t bucket = 1;
+  while (bucket < m && bucket < (int32_t{1} << 30)) bucket <<= 1;
+  return bucket;
+}
+
+void LtLargeRowTuner::apply(cublasLtHandle_t handle, LtMatmulPlan& plan, int key, int32_t m, int32_t n, int32_t k,
+                            const void* a, const void* b, void* d, void* workspace, size_t workspace_bytes,
+                            cudaStream_t stream) {
+  const auto bucket_key = std::make_tuple(key, n, k, lt_row_bucket(m));
+  if (auto it = algos_.find(bucket_key); it != algos_.end()) {
+    if (lt_algo_fits(handle, plan, it->second, workspace_bytes)) {
+      plan.algo = it->second;
+      ++stats_.reused;
+    } else {
+      ++stats_.rejected;
+    }
+    return;
+  }
+  const cublasLtMatmulAlgo_t first = plan.algo;
+  cudaStreamSynchronize(stream);
+  const auto t0 = std::chrono::steady_clock::now();
+  lt_autotune(handle, plan, a, b, d, workspace, workspace_bytes, stream, kCandidates, kRuns);
+  stats_.tune_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ++stats_.tuned;
+  const bool changed = std::memcmp(&first, &plan.algo, sizeof first) != 0;
+  if (changed) ++stats_.changed;
+  algos_.emplace(bucket_key, plan.algo);
+  // PAGODA_GEMM_TUNE_LOG=1: a line per tuning on stderr (what a run spent tuning, and where).
+  static const bool log = [] {
+    const char* env = std::getenv("PAGODA_GEMM_TUNE_LOG");
+    return env != nullptr && std::strcmp(env, "0") != 0;
+  }();
+  if (log)
+    std::fprintf(stderr, "gemm-tune: key %d n=%d k=%d m=%d (bucket %d): %.1f ms, %s\n", key, n, k, m,
+                 lt_row_bucket(m), std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+                 changed ? "a faster algorithm than the first heuristic" : "the first heuristic kept");
 }
 
 }  // namespace pagoda::cuda

@@ -45,6 +45,8 @@ StatusOr<std::unique_ptr<Fp8Gemm>> Fp8Gemm::create(std::optional<Fp8ScaleMode> m
   gemm->compute_capability_ = cc;
   const char* env = std::getenv("PAGODA_GEMM_AUTOTUNE");
   gemm->autotune_ = env == nullptr || std::strcmp(env, "0") != 0;
+  const char* large = std::getenv("PAGODA_GEMM_AUTOTUNE_LARGE");
+  gemm->autotune_large_ = gemm->autotune_ && large != nullptr && std::strcmp(large, "1") == 0;
   PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&gemm->handle_));
   PAGODA_ASSIGN_OR_RETURN(gemm->workspace_, DeviceBuffer::allocate(workspace_bytes));
   return gemm;
@@ -122,6 +124,9 @@ StatusOr<Fp8Gemm::Plan*> Fp8Gemm::plan_for(Kind kind, int32_t m, int32_t n, int3
     activation_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
   }
   Plan plan;
+  plan.kind = kind;
+  plan.n = n;
+  plan.k = k;
   const cublasStatus_t s = make_plan(weight_mode, activation_mode, kind == Kind::kUnitScales, m, n, k,
                                      kind == Kind::kUnitScales ? nullptr : x_scales,
                                      kind == Kind::kUnitScales ? nullptr : w_scales, plan);
@@ -150,6 +155,9 @@ Status Fp8Gemm::run(Plan& plan, int32_t m, const uint8_t* x, const uint8_t* w, v
       plan.tuned = true;
       if (autotune_ && m <= kMaxTunedRows)
         lt_autotune(handle_, plan, w, x, y, workspace_.data(), workspace_.bytes(), stream, kTunedCandidates);
+      else if (autotune_large_ && m > kMaxTunedRows)
+        large_tuner_.apply(handle_, plan, static_cast<int>(plan.kind), m, plan.n, plan.k, w, x, y, workspace_.data(),
+                           workspace_.bytes(), stream);
     }
   }
   const float alpha = 1.0f, beta = 0.0f;

@@ -30,7 +30,12 @@
 //
 // Autotuning as gemm.h's: the first eager call of a shape with m <= 512 times
 // the top heuristics on its own buffers and keeps the fastest (synchronizes;
-// skipped while capturing; PAGODA_GEMM_AUTOTUNE=0 turns it off).
+// skipped while capturing; PAGODA_GEMM_AUTOTUNE=0 turns it off). Above 512 rows
+// (prefill and mixed steps, m different every step) an LtLargeRowTuner tunes
+// once per (scale kind, n, k, power-of-two row bucket) and reuses the result
+// for every m of the bucket (cublaslt_plan.h). That part is opt-in
+// (PAGODA_GEMM_AUTOTUNE_LARGE=1) until an engine run on a GPU shows it pays;
+// off, large m takes the first heuristic, as before.
 //
 // Thread safety: one Fp8Gemm per stream owner; plans are cached per shape, so
 // after the first call of a shape a call only enqueues work. Graph capture:
@@ -107,10 +112,21 @@ class Fp8Gemm {
   };
   Acceptance probe(int32_t weight_mode, int32_t activation_mode, int32_t m, int32_t n, int32_t k);
 
+  // Autotuning switches (create() reads PAGODA_GEMM_AUTOTUNE / PAGODA_GEMM_AUTOTUNE_LARGE); they apply to
+  // plans made afterwards. For tests and benchmarks that compare tuned and untuned GEMMs in one process.
+  void set_autotune(bool small_m, bool large_m) {
+    autotune_ = small_m;
+    autotune_large_ = large_m;
+  }
+  bool autotune_large() const { return autotune_large_; }
+  const LtLargeRowTuner::Stats& large_m_tuning() const { return large_tuner_.stats(); }
+
  private:
   enum class Kind { kOuterVector, kUnitScales, kBlock128 };
   struct Plan : LtMatmulPlan {
     bool tuned = false;  // autotune ran (or was skipped for good)
+    Kind kind = Kind::kOuterVector;
+    int32_t n = 0, k = 0;
   };
   static constexpr int32_t kMaxTunedRows = 512;
   static constexpr int kTunedCandidates = 8;
@@ -130,6 +146,8 @@ class Fp8Gemm {
   DeviceBuffer workspace_;
   DeviceBuffer scratch_;  // f32 [m, n] of kEpilogue; grows on eager calls only
   bool autotune_ = true;
+  bool autotune_large_ = true;
+  LtLargeRowTuner large_tuner_;
   std::map<std::tuple<int, int32_t, int32_t, int32_t>, Plan> plans_;
 };
 

@@ -13,6 +13,8 @@ StatusOr<std::unique_ptr<Gemm>> Gemm::create(size_t workspace_bytes) {
   PAGODA_ASSIGN_OR_RETURN(gemm->workspace_, DeviceBuffer::allocate(workspace_bytes));
   const char* env = std::getenv("PAGODA_GEMM_AUTOTUNE");
   gemm->autotune_ = env == nullptr || std::strcmp(env, "0") != 0;
+  const char* large = std::getenv("PAGODA_GEMM_AUTOTUNE_LARGE");
+  gemm->autotune_large_ = gemm->autotune_ && large != nullptr && std::strcmp(large, "1") == 0;
   return gemm;
 }
 
@@ -29,6 +31,9 @@ StatusOr<Gemm::Plan*> Gemm::plan_for(int32_t m, int32_t n, int32_t k, GemmOutput
   if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
 
   Plan plan;
+  plan.n = n;
+  plan.k = k;
+  plan.output = static_cast<int>(output);
   const cudaDataType_t out_type = output == GemmOutput::kF32 ? CUDA_R_32F : CUDA_R_16BF;
   PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t transpose = CUBLAS_OP_T, no_transpose = CUBLAS_OP_N;
@@ -70,8 +75,13 @@ Status Gemm::autotune(Plan& plan, const __nv_bfloat16* x, int32_t m, const __nv_
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) return ok_status();  // try again on an eager call
   plan.tuned = true;
-  if (!autotune_ || m > kMaxTunedRows) return ok_status();
-
+  if (m > kMaxTunedRows) {
+    if (autotune_large_)
+      large_tuner_.apply(handle_, plan, plan.output, m, plan.n, plan.k, w, x, y, workspace_.data(), workspace_.bytes(),
+                         stream);
+    return ok_status();
+  }
+  if (!autotune_) return ok_status();
   lt_autotune(handle_, plan, w, x, y, workspace_.data(), workspace_.bytes(), stream, kTunedCandidates);
   return ok_status();
 }

@@ -11,6 +11,9 @@
 // times the top kTunedCandidates heuristics on the call's own buffers and keeps
 // the fastest; that call synchronizes the stream (never while it is being
 // captured: then the first heuristic stays). PAGODA_GEMM_AUTOTUNE=0 turns it off.
+// Larger m: one tuning per (output type, n, k, power-of-two row bucket), reused
+// for every m of the bucket (LtLargeRowTuner, cublaslt_plan.h); opt-in with
+// PAGODA_GEMM_AUTOTUNE_LARGE=1 until measured on a GPU (fp8_gemm.h).
 //
 // Thread safety: one Gemm per stream owner; calls are not synchronized.
 
@@ -45,9 +48,18 @@ class Gemm {
   Status linear(const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w, int32_t n, int32_t k, void* y,
                 GemmOutput output, cudaStream_t stream);
 
+  // As Fp8Gemm's: the autotuning switches for plans made afterwards, and the large-m tuner's counts.
+  void set_autotune(bool small_m, bool large_m) {
+    autotune_ = small_m;
+    autotune_large_ = large_m;
+  }
+  const LtLargeRowTuner::Stats& large_m_tuning() const { return large_tuner_.stats(); }
+
  private:
   struct Plan : LtMatmulPlan {
     bool tuned = false;  // autotune ran (or was skipped for good)
+    int32_t n = 0, k = 0;
+    int output = 0;
   };
   Gemm() = default;
   StatusOr<Plan*> plan_for(int32_t m, int32_t n, int32_t k, GemmOutput output);
@@ -57,6 +69,8 @@ class Gemm {
 
   cublasLtHandle_t handle_ = nullptr;
   bool autotune_ = true;
+  bool autotune_large_ = true;
+  LtLargeRowTuner large_tuner_;
   DeviceBuffer workspace_;
   std::map<std::tuple<int32_t, int32_t, int32_t, int>, Plan> plans_;
 };
