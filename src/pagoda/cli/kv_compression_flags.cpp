@@ -16,8 +16,9 @@ void add_kv_compression_flags(CLI::App& cmd, KvCompressionFlags& flags) {
       ->capture_default_str();
   cmd.add_option("--kv-span", flags.span,
                  "snapkv / pyramidkv / entropy: the tokens after an attended one kept with it, its score decaying "
-                 "0.97x a token, so a passage the observation window points at is kept whole (0: SnapKV's plain "
-                 "pooling; docs/KV_CACHE.md)")
+                 "0.97x a token, so a passage the observation window points at is kept whole; it needs room (measured "
+                 "helping from ~192-token budgets over 1K contexts): 0-2 for tight budgets, 0 = SnapKV's plain "
+                 "pooling (docs/KV_CACHE.md)")
       ->capture_default_str();
 }
 
