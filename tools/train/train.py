@@ -891,8 +891,10 @@ def parse_args(argv=None):
     p.add_argument("--short-copy-alphabet", type=int, default=0,
                    help="draw short copy rows from the K most frequent tokens (0: all)")
     p.add_argument("--init-tokenizer-only", action="store_true",
-                   help="with --init-from: keep its tokenizer and config, start from random "
-                        "weights (the from-scratch comparison with unchanged token ids)")
+                   help="with --init-from: keep its tokenizer and special tokens, start from random "
+                        "weights in the shape of --hidden / --layers / --heads / --kv-heads / "
+                        "--intermediate (their defaults are the bundled model's: the from-scratch "
+                        "comparison with unchanged token ids, or another shape with them)")
     p.add_argument("--recall-max-depth", type=int, default=1800,
                    help="longest distance between a list or passage and its recall, in tokens")
     p.add_argument("--recall-context", type=int, default=2000,
@@ -1171,9 +1173,15 @@ def main():
             init_state = {k: v.detach().to("cpu", torch.float32, copy=True)
                           for k, v in init_model.state_dict().items()}
             del init_model
-            if args.init_tokenizer_only:  # same tokenizer and shape, random weights
+            if args.init_tokenizer_only:  # same tokenizer, the flags' shape, random weights
                 init_state = None
                 source["weights"] = "not loaded (--init-tokenizer-only)"
+                config.hidden_size, config.intermediate_size = args.hidden, args.intermediate
+                config.num_hidden_layers, config.num_attention_heads = args.layers, args.heads
+                config.num_key_value_heads = args.kv_heads
+                config.head_dim = args.hidden // args.heads
+                if getattr(config, "layer_types", None):  # one entry per layer where it exists
+                    config.layer_types = [config.layer_types[0]] * args.layers
             report["init_from"] = source
             log(f"init from {args.init_from}: context {source['max_position_embeddings']} -> "
                 f"{args.context}, rope {getattr(config, 'rope_parameters', None)}")
