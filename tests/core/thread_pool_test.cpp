@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -82,6 +84,41 @@ TEST(ThreadPoolTest, WorkersTakeChunksToo) {
     });
   }
   EXPECT_EQ(seen_other_thread.load(), 1);
+}
+
+// Back-to-back tasks whose chunk counts alternate (few, then many) with more threads than
+// cores, so workers are often preempted half way through a claim: a worker holding the last
+// task's ticket must never claim a chunk of the next task, whose fields the caller is
+// rewriting (that ran a chunk twice and left the caller waiting forever on a count past the
+// total). Every index runs exactly once per task, and nothing runs after the call returns.
+TEST(ThreadPoolTest, BackToBackTasksOfChangingSizeRunEachChunkOnce) {
+  // The old race left the caller spinning forever: a watchdog turns that into a failure.
+  std::atomic<bool> finished{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 600 && !finished.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!finished.load()) {
+      std::fprintf(stderr, "parallel_for never returned: a chunk was counted twice\n");
+      std::_Exit(1);
+    }
+  });
+  ThreadPool pool(6);
+  constexpr size_t kMaxN = 48;
+  std::vector<std::atomic<int>> hits(kMaxN);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  long rounds = 0, bad = 0;
+  while (std::chrono::steady_clock::now() < deadline && bad == 0) {
+    for (int k = 0; k < 1000; ++k, ++rounds) {
+      const size_t n = rounds % 2 == 0 ? 2 : kMaxN;
+      for (size_t i = 0; i < n; ++i) hits[i].store(0, std::memory_order_relaxed);
+      pool.parallel_for(n, [&](size_t b, size_t e) {
+        for (size_t i = b; i < e; ++i) hits[i].fetch_add(1, std::memory_order_relaxed);
+      }, 1, 8);
+      for (size_t i = 0; i < n; ++i) bad += hits[i].load() != 1;
+    }
+  }
+  finished = true;
+  watchdog.join();
+  EXPECT_EQ(bad, 0) << "after " << rounds << " tasks";
 }
 
 }  // namespace

@@ -39,6 +39,9 @@ int64_t spin_ns_from_env() {
 // After this long waiting for other threads' running chunks, the caller yields its
 // core each round (the thread it waits for may be preempted on this core).
 constexpr int64_t kCallerSpinBeforeYieldNs = 50'000;
+
+// A ticket's chunk index while the caller writes the next task's fields: at or past any chunk count.
+constexpr uint32_t kClosed = UINT32_MAX;
 }  // namespace
 
 ThreadPool::ScopedCurrent::ScopedCurrent(ThreadPool* pool) : previous_(tls_current) { tls_current = pool; }
@@ -75,8 +78,10 @@ void ThreadPool::run_chunks(uint32_t gen) {
     uint64_t t = ticket_.load(std::memory_order_acquire);
     if (static_cast<uint32_t>(t >> 32) != gen) return;
     const uint32_t c = static_cast<uint32_t>(t);
-    // These belong to generation `gen` whenever the claim below succeeds: the caller rewrites them only
-    // after every chunk of `gen` is claimed and done, and the ticket never returns to (gen, c).
+    // These belong to generation `gen` whenever the claim below succeeds: before rewriting them for the
+    // next task the caller closes the ticket (next generation, kClosed), and the fields are stored with
+    // release and loaded with acquire, so a thread that reads a newer field value also sees the closed
+    // ticket and its compare-and-swap on (gen, c) fails.
     const uint32_t chunks = task_chunks_.load(std::memory_order_acquire);
     if (c >= chunks) return;
     const auto* fn = task_.load(std::memory_order_acquire);
@@ -92,17 +97,21 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)
   if (n == 0) return;
   min_chunk = std::max<size_t>(1, min_chunk);
   const size_t max_chunks = size() * std::max<size_t>(1, chunks_per_thread);
-  const size_t chunks = std::min({max_chunks, (n + min_chunk - 1) / min_chunk, size_t{UINT32_MAX}});
+  const size_t chunks = std::min({max_chunks, (n + min_chunk - 1) / min_chunk, size_t{kClosed}});
   if (chunks <= 1 || workers_.empty() || tls_inside_task) {
     fn(0, n);
     return;
   }
   update_spin_allowed();
-  task_.store(&fn, std::memory_order_relaxed);
-  task_n_.store(n, std::memory_order_relaxed);
-  task_chunks_.store(static_cast<uint32_t>(chunks), std::memory_order_relaxed);
-  chunks_done_.store(0, std::memory_order_relaxed);
+  // Close the ticket first: a thread preempted between loading the last task's ticket and its claim
+  // must not claim chunk (last gen, c) of the fields written below (it ran a chunk of this task twice
+  // and counted it twice, so the caller returned early or waited forever).
   const uint32_t gen = ++generation_;
+  ticket_.store((static_cast<uint64_t>(gen) << 32) | kClosed, std::memory_order_relaxed);
+  task_.store(&fn, std::memory_order_release);
+  task_n_.store(n, std::memory_order_release);
+  task_chunks_.store(static_cast<uint32_t>(chunks), std::memory_order_release);
+  chunks_done_.store(0, std::memory_order_relaxed);
   ticket_.store(static_cast<uint64_t>(gen) << 32, std::memory_order_release);
   // Sleeping workers need a wake-up call; spinning ones see the ticket (or the epoch) change.
   epoch_.fetch_add(1, std::memory_order_seq_cst);
