@@ -34,8 +34,9 @@
 // (prefill and mixed steps, m different every step) an LtLargeRowTuner tunes
 // once per (scale kind, n, k, power-of-two row bucket) and reuses the result
 // for every m of the bucket (cublaslt_plan.h). That part is opt-in
-// (PAGODA_GEMM_AUTOTUNE_LARGE=1) until an engine run on a GPU shows it pays;
-// off, large m takes the first heuristic, as before.
+// (PAGODA_GEMM_AUTOTUNE_LARGE=1): on the H200 the tuning kept the first
+// heuristic for the 8B shapes (docs/BENCHMARKS.md); off, large m takes the
+// first heuristic.
 //
 // Thread safety: one Fp8Gemm per stream owner; plans are cached per shape, so
 // after the first call of a shape a call only enqueues work. Graph capture:
