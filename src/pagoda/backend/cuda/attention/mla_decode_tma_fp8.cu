@@ -80,10 +80,6 @@ static_assert(kRawAt % 16 == 0 && kSlotBytes % 16 == 0 && kBarriersAt % 8 == 0, 
 static_assert(kSmemBytes <= 232448, "fits an SM");
 static_assert(kMTiles * 8 * 128 * 4 <= kTileBytes, "group 1's O^T fits its bf16 tile");
 
-[[maybe_unused]] __device__ __forceinline__ void mbarrier_arrive_count(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count) : "memory");
-}
-
 [[maybe_unused]] __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
@@ -195,7 +191,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kRawSlots; ++i) {
       mbarrier_init(&full[i], 1);   // the producer's arrive + the bytes
-      mbarrier_init(&empty[i], 4);  // the reading group's 4 warps
+      // Every reading thread arrives: an mbarrier arrive releases only the arriving
+      // thread's own prior accesses, so one lane arriving for its warp would leave the
+      // other lanes' slot reads unordered before the next bulk copy into the slot.
+      mbarrier_init(&empty[i], 128);
     }
     mbarrier_init(hand_full, 128);
     mbarrier_init(hand_empty, 128);
@@ -303,8 +302,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           rope = *reinterpret_cast<const uint4*>(record + kRopeAt + 16 * cq);
         }
         // Done reading the slot: back to the producer.
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive_count(&empty[slot], 1);
+        mbarrier_arrive(&empty[slot]);
         const float gs[4] = {scales.x, scales.y, scales.z, scales.w};
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
