@@ -385,11 +385,14 @@ TEST(MlaDecodePlanTest, KernelChoice) {
   o.kernel = MlaDecodeKernel::kCpAsync;
   EXPECT_EQ(kernel_of(flash(16, 64)), MlaDecodeKernel::kCpAsync);  // the old path stays selectable
   if (env == nullptr || *env == '\0') {
-    // Automatic: FlashMLA records stay on cp.async (kTmaFp8 failed the V2-Lite engine run, MLA.md).
+    // Automatic: FlashMLA records take kTmaFp8 at pages of a multiple of 16 (measured faster there),
+    // cp.async at smaller or other pages and above 16 heads.
     o.kernel = MlaDecodeKernel::kDefault;
-    for (int32_t bs : {1, 8, 16, 24, 64, 128}) EXPECT_EQ(kernel_of(flash(16, bs)), MlaDecodeKernel::kCpAsync) << bs;
-    EXPECT_EQ(kernel_of(flash(8, 64)), MlaDecodeKernel::kCpAsync);
+    for (int32_t bs : {16, 32, 48, 64, 128}) EXPECT_EQ(kernel_of(flash(16, bs)), MlaDecodeKernel::kTmaFp8) << bs;
+    for (int32_t bs : {1, 8, 24}) EXPECT_EQ(kernel_of(flash(16, bs)), MlaDecodeKernel::kCpAsync) << bs;
+    EXPECT_EQ(kernel_of(flash(8, 64)), MlaDecodeKernel::kTmaFp8);
     EXPECT_EQ(kernel_of(flash(17, 64)), MlaDecodeKernel::kCpAsync);
+    EXPECT_EQ(kernel_of(fp8), MlaDecodeKernel::kCpAsync);  // per-vector scales
   }
   o.kernel = static_cast<MlaDecodeKernel>(99);
   expect_error(config(), one, "kernel 99 unknown", o);

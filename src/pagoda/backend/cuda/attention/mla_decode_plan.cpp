@@ -61,20 +61,21 @@ bool tma_applies(const MlaDecodeConfig& c, MlaDecodeKernel k) {
 // The automatic choice: a TMA kernel where it applies and was measured
 // faster than cp.async (pages of a multiple of 64 positions: one box a column
 // block of a tile; at blocks of 16 it measured no faster, docs/BENCHMARKS.md),
-// else the cp.async kernels (fp8 latents, more than 16 heads, other block sizes).
+// kTmaFp8 for FlashMLA fp8 records (below), else the cp.async kernels (per-vector
+// fp8 latents, more than 16 heads, other block sizes).
 // The TMA kernel taken: the ping-pong kernel with two S^T chains and the
 // mbarrier hand-over (docs/KERNELS.md v14: clean under racecheck and synccheck,
 // and the fastest of the clean kernels, ahead of kTma and of the split kernels
 // without a hand-over).
 constexpr MlaDecodeKernel kAutomaticTmaKernel = MlaDecodeKernel::kTmaPingPongTwoChains;
-// FlashMLA fp8 records stay on kCpAsync automatically: kTmaFp8 is 1.5x faster
-// (docs/BENCHMARKS.md, "MLA decode v16") and clean under racecheck and
-// synccheck since every reading thread arrives on a slot's empty barrier, but
-// made automatic it failed the V2-Lite-shaped engine run (512 sequences of
-// 1K/1K, fp8 latent: CUDA error 719 in the first steps) while every test of it
-// passed; it stays opt-in (PAGODA_MLA_DECODE_KERNEL=tma_fp8) until that is
-// found.
+// FlashMLA fp8 records take kTmaFp8 at pages of a multiple of 16 positions
+// (one bulk copy a slot): ~1.45x the cp.async path's GB/s at blocks of 64 and
+// 16, clean under racecheck and synccheck, and since its slots have barriers
+// per group (docs/KERNELS.md v17) the V2-Lite-shaped engine run that failed
+// with CUDA error 719 passes (docs/BENCHMARKS.md, "MLA decode v17"). Pages
+// that divide 16 (several copies a slot) were not measured and stay on cp.async.
 MlaDecodeKernel automatic_kernel(const MlaDecodeConfig& c) {
+  if (tma_fp8_applies(c) && c.block_size % 16 == 0) return MlaDecodeKernel::kTmaFp8;
   return tma_applies(c, kAutomaticTmaKernel) && c.block_size % 64 == 0 ? kAutomaticTmaKernel
                                                                         : MlaDecodeKernel::kCpAsync;
 }

@@ -154,6 +154,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       // each; the others: one group, 2 each).
       mbarrier_init(&empty[i], kConsumerThreads / 32);
     }
+    mbarrier_init_fence();
   }
   __syncthreads();
 
@@ -472,6 +473,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     mbarrier_init(hand_full, 128);
     mbarrier_init(hand_empty, 128);
+    mbarrier_init_fence();
   }
   __syncthreads();
 

@@ -10,7 +10,20 @@
 //   - the producer copies the raw records with 1-D bulk copies
 //     (cp.async.bulk, L2 evict-first) into a ring of kRawSlots staging slots of
 //     16 records (10,496 B) each: a tile is 4 slots, 5 slots let a tile's
-//     first quarter land while the other group still converts its tile. One
+//     first quarter land while the other group still converts its tile.
+//     Each slot has a full and an empty mbarrier per group, and a use of the
+//     slot signals only those of the group whose tile it holds: the groups
+//     take the slots' uses in turns that are not regular (4 slots a tile, 5 in
+//     the ring), so with one barrier pair a slot a group skipped the phases the
+//     other group consumed, and a parity wait two phases ahead of the barrier
+//     passes at once (the parity is the previous phase's): the group could read
+//     a slot whose bytes had not landed (when an earlier copy landed after a
+//     later one), and its arrivals completed the other group's empty phase, so
+//     the producer could arm a full barrier still waiting for bytes - the
+//     likely source of the intermittent CUDA error 719 at engine scale, gone
+//     with this scheme (docs/KERNELS.md v17). Per group, every phase of a barrier is waited for
+//     in order: the consumers keep a parity bit per slot, the producer one per
+//     (group, slot) of the empty barriers. One
 //     copy a page run: a slot's 16 positions lie in one page when the block
 //     size is a multiple of 16, else in 16 / block_size pages (block sizes
 //     dividing 16); a slot of rows past the segment's end is armed with fewer
@@ -66,7 +79,7 @@ constexpr int kRawSlots = 5;
 
 // Q | bf16 tile [2 groups] | P^T [2 groups] | staging slots | column maxima
 // [2][4][16] | column sums [2][4][16] | group 1's maxima and sums [2][16] |
-// mbarriers: full [slot], empty [slot], hand-over full, empty.
+// mbarriers: full [group][slot], empty [group][slot], hand-over full, empty.
 constexpr int kTilesAt = kQBytes;
 constexpr int kPAt = kTilesAt + 2 * kTileBytes;
 constexpr int kRawAt = kPAt + 2 * kHeads * 128;
@@ -74,7 +87,7 @@ constexpr int kMaxAt = kRawAt + kRawSlots * kSlotBytes;
 constexpr int kSumAt = kMaxAt + 2 * 4 * kHeads * 4;
 constexpr int kHandAt = kSumAt + 2 * 4 * kHeads * 4;
 constexpr int kBarriersAt = kHandAt + 2 * kHeads * 4;
-constexpr int kSmemBytes = kBarriersAt + (2 * kRawSlots + 2) * 8 + 1024;
+constexpr int kSmemBytes = kBarriersAt + (4 * kRawSlots + 2) * 8 + 1024;
 static_assert(kTilesAt % 1024 == 0 && kPAt % 1024 == 0 && kTileBytes % 1024 == 0, "swizzle atoms 1024-byte aligned");
 static_assert(kRawAt % 16 == 0 && kSlotBytes % 16 == 0 && kBarriersAt % 8 == 0, "bulk copies 16-byte aligned");
 static_assert(kSmemBytes <= 232448, "fits an SM");
@@ -180,16 +193,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t raw_addr = smem_address(smem_raw);
   uint8_t* base = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
   uint8_t* raw = base + kRawAt;
-  uint64_t* full = reinterpret_cast<uint64_t*>(base + kBarriersAt);  // [slot]
-  uint64_t* empty = full + kRawSlots;                               // [slot]
-  uint64_t* hand_full = empty + kRawSlots;  // group 1's 128 threads arrive once its hand-over is written
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + kBarriersAt);  // [group][slot]
+  uint64_t* empty = full + 2 * kRawSlots;                           // [group][slot]
+  uint64_t* hand_full = empty + 2 * kRawSlots;  // group 1's 128 threads arrive once its hand-over is written
   uint64_t* hand_empty = hand_full + 1;     // group 0's 128 threads arrive once they have read it
   const int tid = threadIdx.x;
   const int lane = tid & 31;
 
   if (tid == 0) {
 #pragma unroll
-    for (int i = 0; i < kRawSlots; ++i) {
+    for (int i = 0; i < 2 * kRawSlots; ++i) {
       mbarrier_init(&full[i], 1);   // the producer's arrive + the bytes
       // Every reading thread arrives: an mbarrier arrive releases only the arriving
       // thread's own prior accesses, so one lane arriving for its warp would leave the
@@ -198,6 +211,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     mbarrier_init(hand_full, 128);
     mbarrier_init(hand_empty, 128);
+    mbarrier_init_fence();
   }
   __syncthreads();
 
@@ -213,6 +227,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint64_t policy = evict_first_policy();
     const uint8_t* latent = static_cast<const uint8_t*>(d.latent);
     int next = 0;  // slots issued by this CTA over all its segments
+    // Bit g * kRawSlots + slot: parity of the next phase of empty[g][slot] to wait for.
+    uint32_t empty_parity = 0;
     for (int seg = seg_begin; seg < seg_end; ++seg) {
       const int row = d.segments[3 * seg];
       const int kv_begin = d.segments[3 * seg + 1];
@@ -230,13 +246,19 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int64_t page_slot = mine ? int64_t{__ldg(table + pos / bs)} * bs + pos % bs : 0;
           const int n = mine ? min(run, rows_here - lane * run) : 0;
           const int slot = next % kRawSlots;
-          const int use = next / kRawSlots;
-          if (use > 0) mbarrier_wait(&empty[slot], (use - 1) & 1);
-          if (lane == 0) mbarrier_arrive_expect_tx(&full[slot], uint32_t(rows_here * kRecordBytes));
+          // The CTA's tile next / 4 belongs to group (next / 4) & 1; the slot's
+          // previous use (next - kRawSlots) was released on its group's barrier.
+          uint64_t* const full_here = &full[((next / kSlotsPerTile) & 1) * kRawSlots + slot];
+          if (next >= kRawSlots) {
+            const int bit = (((next - kRawSlots) / kSlotsPerTile) & 1) * kRawSlots + slot;
+            mbarrier_wait(&empty[bit], (empty_parity >> bit) & 1);
+            empty_parity ^= 1u << bit;
+          }
+          if (lane == 0) mbarrier_arrive_expect_tx(full_here, uint32_t(rows_here * kRecordBytes));
           __syncwarp();
           if (mine)
             bulk_load(raw + slot * kSlotBytes + lane * run * kRecordBytes, latent + page_slot * kRecordBytes,
-                      uint32_t(n * kRecordBytes), &full[slot], policy);
+                      uint32_t(n * kRecordBytes), full_here, policy);
         }
       }
     }
@@ -262,6 +284,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // This thread's part of a slot: record rec (0..15), code chunks cq + 8 k
   // (group k's scale), rope chunk cq.
   const int rec = gtid >> 3, cq = gtid & 7;
+  uint64_t* const my_full = full + g * kRawSlots;
+  uint64_t* const my_empty = empty + g * kRawSlots;
+  uint32_t full_parity = 0;  // bit slot: parity of the next phase of my_full[slot] to wait for
 
   int it = 0;
   for (int seg = seg_begin; seg < seg_end; ++seg) {
@@ -289,7 +314,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int s = 0; s < kSlotsPerTile; ++s) {
         const int idx = (it + tile) * kSlotsPerTile + s;
         const int slot = idx % kRawSlots;
-        mbarrier_wait(&full[slot], (idx / kRawSlots) & 1);
+        mbarrier_wait(&my_full[slot], (full_parity >> slot) & 1);
+        full_parity ^= 1u << slot;
         const int r = s * kSlotRecords + rec;  // tile row
         const uint8_t* record = raw + slot * kSlotBytes + rec * kRecordBytes;
         uint4 codes[4], rope = make_uint4(0u, 0u, 0u, 0u);
@@ -302,7 +328,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           rope = *reinterpret_cast<const uint4*>(record + kRopeAt + 16 * cq);
         }
         // Done reading the slot: back to the producer.
-        mbarrier_arrive(&empty[slot]);
+        mbarrier_arrive(&my_empty[slot]);
         const float gs[4] = {scales.x, scales.y, scales.z, scales.w};
 #pragma unroll
         for (int k = 0; k < 4; ++k) {

@@ -18,6 +18,18 @@ namespace pagoda::kernels::cuda::device {
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count) : "memory");
 }
+// Run by the initializing thread after its inits, before the __syncthreads that
+// publishes them: makes the inits visible to the async proxy too. Bulk copies
+// complete their bytes on the barrier from the async proxy, which without this
+// fence may still see the words as they were before the init (a previous CTA's
+// barrier state on this SM). The CUDA programming guide's TMA example fences
+// here; CUTLASS's pipelines do the fence.mbarrier_init.
+__device__ __forceinline__ void mbarrier_init_fence() {
+  asm volatile(
+      "fence.mbarrier_init.release.cluster;\n"
+      "fence.proxy.async.shared::cta;\n" ::
+          : "memory");
+}
 // Arrive with release semantics: this thread's earlier writes (and, after a
 // fence.proxy.async, its generic-proxy writes for async-proxy readers) are
 // visible to a thread whose wait sees the phase complete.

@@ -120,6 +120,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbarrier_init(&full_v[s], 1);
       mbarrier_init(&empty[s], kConsumerThreads);
     }
+    mbarrier_init_fence();
   }
   __syncthreads();
 
