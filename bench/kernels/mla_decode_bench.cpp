@@ -8,8 +8,8 @@
 // checked against a float64 reference at every shape (rel L2 printed), and
 // every output is checked finite. Where the TMA-fed kernel applies (bf16, 16
 // heads) every kernel runs on the same pool, one row each ("[cp_async]",
-// "[tma]", "[tma_ring]", "[tma_tile]", "[tma_ring_tile]", "[tma_pair]",
-// "[tma_pair_tile]", "[tma_pingpong]", "[tma_pingpong_ring]", "[tma_fast_exp]",
+// "[tma]", "[tma_tile]", "[tma_pair]",
+// "[tma_pair_tile]", "[tma_pingpong]", "[tma_fast_exp]",
 // "[tma_pingpong_fast_exp]", "[tma_pingpong_turns]", "[tma_pingpong_2chain]", "[tma_pingpong_all]",
 // "[tma_pingpong_split]", "[tma_pingpong_split_2chain]" (their times include
 // the merge pass they always run) in the name; over FlashMLA's fp8 records
@@ -87,10 +87,9 @@ std::string kernel_choice = "all";
 std::string schedule_choice = "whole";
 
 constexpr MlaDecodeKernel kKernels[] = {MlaDecodeKernel::kCpAsync, MlaDecodeKernel::kTma,
-                                        MlaDecodeKernel::kTmaRing, MlaDecodeKernel::kTmaTile,
-                                        MlaDecodeKernel::kTmaRingTile, MlaDecodeKernel::kTmaPair,
+                                        MlaDecodeKernel::kTmaTile, MlaDecodeKernel::kTmaPair,
                                         MlaDecodeKernel::kTmaPairTile, MlaDecodeKernel::kTmaPingPong,
-                                        MlaDecodeKernel::kTmaPingPongRing, MlaDecodeKernel::kTmaFastExp,
+                                        MlaDecodeKernel::kTmaFastExp,
                                         MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns,
                                         MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll,
                                         MlaDecodeKernel::kTmaPingPongSplit,
@@ -99,13 +98,10 @@ constexpr MlaDecodeKernel kKernels[] = {MlaDecodeKernel::kCpAsync, MlaDecodeKern
 const char* kernel_name(MlaDecodeKernel k) {
   switch (k) {
     case MlaDecodeKernel::kTma: return "tma";
-    case MlaDecodeKernel::kTmaRing: return "tma_ring";
     case MlaDecodeKernel::kTmaTile: return "tma_tile";
-    case MlaDecodeKernel::kTmaRingTile: return "tma_ring_tile";
     case MlaDecodeKernel::kTmaPair: return "tma_pair";
     case MlaDecodeKernel::kTmaPairTile: return "tma_pair_tile";
     case MlaDecodeKernel::kTmaPingPong: return "tma_pingpong";
-    case MlaDecodeKernel::kTmaPingPongRing: return "tma_pingpong_ring";
     case MlaDecodeKernel::kTmaFastExp: return "tma_fast_exp";
     case MlaDecodeKernel::kTmaPingPongFastExp: return "tma_pingpong_fast_exp";
     case MlaDecodeKernel::kTmaPingPongTurns: return "tma_pingpong_turns";
@@ -340,8 +336,8 @@ int main(int argc, char** argv) {
       schedule_choice = argv[++i];
     else {
       std::fprintf(stderr,
-                   "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|tma_ring|"
-                   "tma_tile|tma_ring_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_pingpong_ring|tma_fast_exp|"
+                   "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|"
+                   "tma_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_fast_exp|"
                    "tma_pingpong_fast_exp|tma_pingpong_turns|tma_pingpong_2chain|tma_pingpong_all|tma_pingpong_split|"
                    "tma_pingpong_split_2chain|tma_fp8] "
                    "[--schedule all|whole|spread]\n");

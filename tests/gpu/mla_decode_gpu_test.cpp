@@ -261,13 +261,10 @@ StatusOr<std::vector<uint16_t>> run(const MlaBatch& b, const MlaCase& c, MlaDeco
 const char* kernel_name(MlaDecodeKernel k) {
   switch (k) {
     case MlaDecodeKernel::kTma: return "tma";
-    case MlaDecodeKernel::kTmaRing: return "tma_ring";
     case MlaDecodeKernel::kTmaTile: return "tma_tile";
-    case MlaDecodeKernel::kTmaRingTile: return "tma_ring_tile";
     case MlaDecodeKernel::kTmaPair: return "tma_pair";
     case MlaDecodeKernel::kTmaPairTile: return "tma_pair_tile";
     case MlaDecodeKernel::kTmaPingPong: return "tma_pingpong";
-    case MlaDecodeKernel::kTmaPingPongRing: return "tma_pingpong_ring";
     case MlaDecodeKernel::kTmaFastExp: return "tma_fast_exp";
     case MlaDecodeKernel::kTmaPingPongFastExp: return "tma_pingpong_fast_exp";
     case MlaDecodeKernel::kTmaPingPongTurns: return "tma_pingpong_turns";
@@ -490,11 +487,10 @@ TEST_F(MlaDecodeGpuTest, RowsSharingBlocks) {
   expect_close(f);
 }
 
-// ---- The TMA-fed 16-head bf16 kernel (MlaDecodeKernel::kTma, its ring of
-// column-block slots kTmaRing, one tile's slots at two CTAs an SM kTmaPair,
-// and the three with the whole-tile producer schedule, kTmaTile /
-// kTmaRingTile / kTmaPairTile; and kTmaPingPong / kTmaPingPongRing, each
-// compute warpgroup on its own tiles; kTmaFastExp, kTma with a shorter
+// ---- The TMA-fed 16-head bf16 kernel (MlaDecodeKernel::kTma, one tile's
+// slots at two CTAs an SM kTmaPair, and the two with the whole-tile producer
+// schedule, kTmaTile / kTmaPairTile; and kTmaPingPong, each compute warpgroup
+// on its own tiles; kTmaFastExp, kTma with a shorter
 // softmax; kTmaPingPongFastExp / kTmaPingPongTurns / kTmaPingPongTwoChains /
 // kTmaPingPongAll; kTmaPingPongSplit / kTmaPingPongSplitTwoChains, whose
 // groups' partials go through the merge pass; mla_decode_tma.cu), every case on all.
@@ -502,11 +498,9 @@ TEST_F(MlaDecodeGpuTest, RowsSharingBlocks) {
 // past a segment's end) must be zeroed, not merely masked. run() fails a case
 // whose plan did not take the kernel asked for.
 MlaDecodeKernel tma_kernel = MlaDecodeKernel::kTma;  // the variant the TMA tests run (set by each test's loop)
-constexpr MlaDecodeKernel kTmaKernels[] = {MlaDecodeKernel::kTma,         MlaDecodeKernel::kTmaRing,
-                                           MlaDecodeKernel::kTmaTile,     MlaDecodeKernel::kTmaRingTile,
+constexpr MlaDecodeKernel kTmaKernels[] = {MlaDecodeKernel::kTma,         MlaDecodeKernel::kTmaTile,
                                            MlaDecodeKernel::kTmaPair,     MlaDecodeKernel::kTmaPairTile,
-                                           MlaDecodeKernel::kTmaPingPong,
-                                           MlaDecodeKernel::kTmaPingPongRing, MlaDecodeKernel::kTmaFastExp,
+                                           MlaDecodeKernel::kTmaPingPong, MlaDecodeKernel::kTmaFastExp,
                                            MlaDecodeKernel::kTmaPingPongFastExp,
                                            MlaDecodeKernel::kTmaPingPongTurns,
                                            MlaDecodeKernel::kTmaPingPongTwoChains,
@@ -612,14 +606,13 @@ TEST_F(MlaDecodeGpuTest, TmaMatchesCpAsyncKernel) {
       // The ping-pong kernels sum S^T in one chain and combine two partial O^T,
       // kTmaFastExp rounds its exponents differently: other
       // roundings, so only the bound above applies to it.
-      // kTmaPingPongRing and kTmaPingPongTurns do kTmaPingPong's arithmetic in
-      // its order (other loads, another issue order between the groups): its bits.
+      // kTmaPingPongTurns does kTmaPingPong's arithmetic in its order (another
+      // issue order between the groups): its bits.
       if (k == MlaDecodeKernel::kTmaPingPong) pingpong = *new_out;
-      if (k == MlaDecodeKernel::kTmaPingPongRing || k == MlaDecodeKernel::kTmaPingPongTurns) {
+      if (k == MlaDecodeKernel::kTmaPingPongTurns) {
         EXPECT_TRUE(*new_out == pingpong) << kernel_name(k) << " differs from tma_pingpong, blocks of " << bs;
       }
-      if (k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaPingPongRing ||
-          k == MlaDecodeKernel::kTmaFastExp || k == MlaDecodeKernel::kTmaPingPongFastExp ||
+      if (k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaFastExp || k == MlaDecodeKernel::kTmaPingPongFastExp ||
           k == MlaDecodeKernel::kTmaPingPongTurns || k == MlaDecodeKernel::kTmaPingPongTwoChains ||
           k == MlaDecodeKernel::kTmaPingPongAll || k == MlaDecodeKernel::kTmaPingPongSplit ||
           k == MlaDecodeKernel::kTmaPingPongSplitTwoChains)
@@ -665,8 +658,7 @@ void pingpong_small(MlaDecodeKernel k, bool fixed) {
 
 TEST_F(MlaDecodeGpuTest, TmaPingPongSmall) {
   // The ping-pong kernels with the shared-memory hand-over at a segment's end.
-  for (MlaDecodeKernel k : {MlaDecodeKernel::kTmaPingPong, MlaDecodeKernel::kTmaPingPongRing,
-                            MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns,
+  for (MlaDecodeKernel k : {MlaDecodeKernel::kTmaPingPong, MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns,
                             MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll})
     pingpong_small(k, false);
 }

@@ -337,11 +337,6 @@ TEST(MlaDecodePlanTest, KernelChoice) {
   EXPECT_EQ(kernel_of(fp8), MlaDecodeKernel::kCpAsync);
   o.kernel = MlaDecodeKernel::kCpAsync;
   EXPECT_EQ(kernel_of(config(16, 64)), MlaDecodeKernel::kCpAsync);
-  // The ring variant has the same domain.
-  o.kernel = MlaDecodeKernel::kTmaRing;
-  for (int32_t bs : {8, 16, 64, 128}) EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kTmaRing) << bs;
-  for (int32_t bs : {1, 48}) EXPECT_EQ(kernel_of(config(16, bs)), MlaDecodeKernel::kCpAsync) << bs;
-  EXPECT_EQ(kernel_of(fp8), MlaDecodeKernel::kCpAsync);
   // The automatic choice (PAGODA_MLA_DECODE_KERNEL unset): TMA at pages of a
   // multiple of 64, cp.async for smaller pages, fp8 and more than 16 heads.
   const char* env = std::getenv("PAGODA_MLA_DECODE_KERNEL");
@@ -354,9 +349,8 @@ TEST(MlaDecodePlanTest, KernelChoice) {
     EXPECT_EQ(kernel_of(fp8), MlaDecodeKernel::kCpAsync);
   }
   // The whole-tile, two-CTA, ping-pong and fast-exp variants: the same domain.
-  for (MlaDecodeKernel k : {MlaDecodeKernel::kTmaTile, MlaDecodeKernel::kTmaRingTile, MlaDecodeKernel::kTmaPair,
-                            MlaDecodeKernel::kTmaPairTile, MlaDecodeKernel::kTmaPingPong,
-                            MlaDecodeKernel::kTmaPingPongRing, MlaDecodeKernel::kTmaFastExp,
+  for (MlaDecodeKernel k : {MlaDecodeKernel::kTmaTile, MlaDecodeKernel::kTmaPair,
+                            MlaDecodeKernel::kTmaPairTile, MlaDecodeKernel::kTmaPingPong, MlaDecodeKernel::kTmaFastExp,
                             MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns,
                             MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll,
                             MlaDecodeKernel::kTmaPingPongSplit, MlaDecodeKernel::kTmaPingPongSplitTwoChains}) {
@@ -396,6 +390,11 @@ TEST(MlaDecodePlanTest, KernelChoice) {
   }
   o.kernel = static_cast<MlaDecodeKernel>(99);
   expect_error(config(), one, "kernel 99 unknown", o);
+  // The removed 23-slot ring variants' numbers (docs/KERNELS.md v17).
+  for (int removed : {3, 5, 9}) {
+    o.kernel = static_cast<MlaDecodeKernel>(removed);
+    expect_error(config(), one, "kernel " + std::to_string(removed) + " unknown", o);
+  }
 }
 
 }  // namespace

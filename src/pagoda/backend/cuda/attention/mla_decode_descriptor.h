@@ -38,16 +38,14 @@ enum class MlaDecodeKernel : int32_t {
   // producer warp loads the tiles with tensor-map copies (TMA) into two stages
   // of whole tiles, one mbarrier per column block (mla_decode_tma.cu).
   kTma = 2,
-  // kTma's domain and math, the column blocks in a ring of 23 slots (2.55
-  // tiles) instead of two stages, each slot released as soon as its readers
-  // are done with it.
-  kTmaRing = 3,
+  // 3, 5, 9: the 23-slot ring variants (kTmaRing, kTmaRingTile,
+  // kTmaPingPongRing), removed: their slots changed readers from use to use,
+  // so a reader's parity wait could run two phases ahead (docs/KERNELS.md v17),
+  // and they measured no faster.
   // kTma's two stages with v8's producer schedule: one wait for a whole tile's
   // 9 slots, then all of its boxes issued at once (kTma: one column block a
   // round). Same results bit for bit.
   kTmaTile = 4,
-  // kTmaRing's 23 slots with kTmaTile's whole-tile producer schedule.
-  kTmaRingTile = 5,
   // kTma's domain and math with one tile's 9 column-block slots (112 KB of
   // shared memory) and two CTAs per SM (the plan schedules 2 x num_sms CTAs):
   // one CTA's loads and barriers overlap the other's MMAs. kTmaPair issues a
@@ -62,10 +60,6 @@ enum class MlaDecodeKernel : int32_t {
   // segment are combined at its end. Not bit-equal to kTma (S^T is summed in
   // one chain, the partial O^T combined): within the tests' bound.
   kTmaPingPong = 8,
-  // kTmaPingPong on kTmaRing's 23 slots: a group's next tile starts loading
-  // while it still computes its current one (with two stages, group g's next
-  // tile waits for its own stage).
-  kTmaPingPongRing = 9,
   // kTma with the softmax shortened: the scale folded into the exponent's
   // FFMA, exp2 as a bare ex2.approx.ftz (other roundings: within the tests'
   // bound, not bit-equal to kTma).
@@ -102,9 +96,8 @@ enum class MlaDecodeKernel : int32_t {
 // The TMA-fed variants (kTma .. kTmaPingPongSplitTwoChains over bf16 latents, kTmaFp8 over
 // FlashMLA's fp8 records).
 constexpr bool is_tma_kernel(MlaDecodeKernel k) {
-  return k == MlaDecodeKernel::kTma || k == MlaDecodeKernel::kTmaRing || k == MlaDecodeKernel::kTmaTile ||
-         k == MlaDecodeKernel::kTmaRingTile || k == MlaDecodeKernel::kTmaPair || k == MlaDecodeKernel::kTmaPairTile ||
-         k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaPingPongRing ||
+  return k == MlaDecodeKernel::kTma || k == MlaDecodeKernel::kTmaTile || k == MlaDecodeKernel::kTmaPair || k == MlaDecodeKernel::kTmaPairTile ||
+         k == MlaDecodeKernel::kTmaPingPong ||
          k == MlaDecodeKernel::kTmaFastExp || k == MlaDecodeKernel::kTmaPingPongFastExp ||
          k == MlaDecodeKernel::kTmaPingPongTurns || k == MlaDecodeKernel::kTmaPingPongTwoChains ||
          k == MlaDecodeKernel::kTmaPingPongAll || k == MlaDecodeKernel::kTmaPingPongSplit ||

@@ -29,8 +29,8 @@ constexpr int64_t kMinSegmentTiles = 2;  // a CTA's leftover share smaller than 
 // streaming (a guess to be measured against kSegmentOverhead's whole tile).
 constexpr int64_t kSpreadSegmentOverhead = 1;
 
-// PAGODA_MLA_DECODE_KERNEL, read once: "tma", "tma_ring", "tma_tile",
-// "tma_ring_tile", "tma_pair", "tma_pair_tile", "tma_pingpong", "tma_pingpong_ring",
+// PAGODA_MLA_DECODE_KERNEL, read once: "tma", "tma_tile",
+// "tma_pair", "tma_pair_tile", "tma_pingpong",
 // "tma_fast_exp", "tma_pingpong_fast_exp", "tma_pingpong_turns", "tma_pingpong_2chain",
 // "tma_pingpong_all", "tma_pingpong_split", "tma_pingpong_split_2chain", "tma_fp8", "cp_async" or
 // "auto" (unset or empty: auto); anything else is reported at plan creation.
@@ -107,13 +107,10 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
     if (*env == '\0' || std::strcmp(env, "auto") == 0) kernel = automatic_kernel(config);
     else if (std::strcmp(env, "cp_async") == 0) kernel = MlaDecodeKernel::kCpAsync;
     else if (std::strcmp(env, "tma") == 0) kernel = MlaDecodeKernel::kTma;
-    else if (std::strcmp(env, "tma_ring") == 0) kernel = MlaDecodeKernel::kTmaRing;
     else if (std::strcmp(env, "tma_tile") == 0) kernel = MlaDecodeKernel::kTmaTile;
-    else if (std::strcmp(env, "tma_ring_tile") == 0) kernel = MlaDecodeKernel::kTmaRingTile;
     else if (std::strcmp(env, "tma_pair") == 0) kernel = MlaDecodeKernel::kTmaPair;
     else if (std::strcmp(env, "tma_pair_tile") == 0) kernel = MlaDecodeKernel::kTmaPairTile;
     else if (std::strcmp(env, "tma_pingpong") == 0) kernel = MlaDecodeKernel::kTmaPingPong;
-    else if (std::strcmp(env, "tma_pingpong_ring") == 0) kernel = MlaDecodeKernel::kTmaPingPongRing;
     else if (std::strcmp(env, "tma_fast_exp") == 0) kernel = MlaDecodeKernel::kTmaFastExp;
     else if (std::strcmp(env, "tma_pingpong_fast_exp") == 0) kernel = MlaDecodeKernel::kTmaPingPongFastExp;
     else if (std::strcmp(env, "tma_pingpong_turns") == 0) kernel = MlaDecodeKernel::kTmaPingPongTurns;
@@ -123,8 +120,8 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
     else if (std::strcmp(env, "tma_pingpong_split_2chain") == 0) kernel = MlaDecodeKernel::kTmaPingPongSplitTwoChains;
     else if (std::strcmp(env, "tma_fp8") == 0) kernel = MlaDecodeKernel::kTmaFp8;
     else
-      return invalid_argument_error("mla decode: PAGODA_MLA_DECODE_KERNEL '{}' (auto, tma, tma_ring, tma_tile, "
-                                    "tma_ring_tile, tma_pair, tma_pair_tile, tma_pingpong, tma_pingpong_ring, "
+      return invalid_argument_error("mla decode: PAGODA_MLA_DECODE_KERNEL '{}' (auto, tma, tma_tile, "
+                                    "tma_pair, tma_pair_tile, tma_pingpong, "
                                     "tma_fast_exp, tma_pingpong_fast_exp, tma_pingpong_turns, tma_pingpong_2chain, "
                                     "tma_pingpong_all, tma_pingpong_split, tma_pingpong_split_2chain, tma_fp8 or "
                                     "cp_async)",

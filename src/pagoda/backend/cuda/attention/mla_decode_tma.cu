@@ -1,7 +1,7 @@
 // Paged MLA decode, bf16 latent, at most 16 heads, with the tiles loaded by
-// the copy engine (TMA): MlaDecodeKernel::kTma, kTmaRing, kTmaTile, kTmaRingTile of
+// the copy engine (TMA): MlaDecodeKernel::kTma, kTmaTile, kTmaPair, kTmaPairTile of
 // mla_decode_descriptor.h, kTmaFastExp (kTma with a shorter softmax), and
-// kTmaPingPong / kTmaPingPongRing (each compute warpgroup owning whole tiles;
+// the kTmaPingPong* kernels (each compute warpgroup owning whole tiles;
 // described at their kernel below).
 //
 // The math is the narrow kernels' (mla_decode_narrow.cuh: S^T = K Q^T over 64
@@ -13,9 +13,13 @@
 //   - a ninth warp (the producer) walks the block tables and issues tensor-map
 //     copies (cp.async.bulk.tensor, L2 evict-first: the latent is read once a
 //     step) into a ring of column-block slots: 18 (two stages of whole tiles,
-//     kTma, kTmaTile) or 23 (what fits beside Q, kTmaRing, kTmaRingTile), one
-//     column block a round (kTma, kTmaRing) or one whole tile a round (v8's
-//     schedule: kTmaTile, kTmaRingTile); the 256 compute threads issue
+//     kTma, kTmaTile) or 9 (one tile, kTmaPair*), one column block a round
+//     (kTma) or one whole tile a round (v8's schedule: kTmaTile); every slot
+//     always holds the same column block, so its readers are always the same
+//     threads and each waits for every phase of its barriers (a parity wait
+//     must never run two phases ahead: the 23-slot ring variants, whose slots
+//     changed readers, were removed for that, docs/KERNELS.md v17); the 256
+//     compute threads issue
 //     no latent copies (they still copy Q, 18 KB a segment);
 //   - the latent pool is seen as a 3-D tensor [slots][9 column blocks][64
 //     values] (strides 1,152 B and 128 B), and one box is one column block of
@@ -67,11 +71,11 @@ constexpr int kQBytes = kColumnBlocks * mla_narrow::kQBlockBytes;  // 18,432
 [[maybe_unused]] constexpr int kTurnBarrier = 6;
 
 // The ring of column-block slots: a tile's column block c goes to slot
-// (9 x tile + c) % kSlots. 18 slots are v8's two stages of whole tiles; 23 are
-// what fits (2.55 tiles), so the producer keeps more than a tile in flight
-// while a tile is computed.
+// (9 x tile + c) % kSlots. 18 slots are v8's two stages of whole tiles. (kSlots
+// must stay a multiple of 9, and of 18 for the ping-pong kernels: then a slot
+// always holds one column block of one group's tiles, so each waiter sees
+// every phase of the slot's barriers.)
 constexpr int kTwoStageSlots = 2 * kColumnBlocks;
-constexpr int kRingSlots = 23;
 // One tile's 9 slots: 112 KB of shared memory a CTA, so two CTAs share an SM
 // (kTmaPair, kTmaPairTile). The producer loads the next tile's column block c
 // once this tile's readers have released slot c.
@@ -93,7 +97,7 @@ struct Layout {
   static_assert(kTilesAt % 1024 == 0 && kPAt % 1024 == 0 && kBlockBytes % 1024 == 0,
                 "swizzle atoms stay 1024-byte aligned");
   static_assert(kSmemBytes <= 232448, "fits an SM");
-  static_assert(kSlots >= kColumnBlocks, "a whole tile");
+  static_assert(kSlots % kColumnBlocks == 0, "a slot keeps one column block (parity waits)");
 };
 
 // mbarrier.arrive with a count (one warp standing for the warps that do not
@@ -325,8 +329,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 #endif
 }
 
-// ---- The ping-pong variants (MlaDecodeKernel::kTmaPingPong on 18 slots,
-// kTmaPingPongRing on 23). The loader is kTma's (a column block a round into a
+// ---- The ping-pong variants (MlaDecodeKernel::kTmaPingPong*, on 18 slots). The loader is kTma's (a column block a round into a
 // ring of column-block slots: CTA tile T's column block c in slot (9 T + c) %
 // kSlots), and warpgroup g computes the CTA's tiles of parity g (T % 2 == g;
 // with 18 slots that is stage g): all of S^T (36 dependent m64n16k16, no half
@@ -382,7 +385,7 @@ struct PingPongLayout {
   static constexpr int kSmemBytes = kBarriersAt + kBarrierBytes + 1024;
   static_assert(kTilesAt % 1024 == 0 && kPAt % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
   static_assert(kSmemBytes <= 232448, "fits an SM");
-  static_assert(kSlots >= kColumnBlocks, "a whole tile");
+  static_assert(kSlots % (2 * kColumnBlocks) == 0, "a slot keeps one group's column block (parity waits)");
 };
 
 // S^T over all 576 K dims of the tile (column block c waited for before its
@@ -808,10 +811,9 @@ cudaError_t prepare_mla_decode_tma_kernel() {
   static const cudaError_t prepared = [] {
     tensor_map_encoder();  // a miss is reported per launch (the caller falls back)
     for (const cudaError_t e :
-         {allow_shared_memory<kTwoStageSlots, false>(), allow_shared_memory<kRingSlots, false>(),
-          allow_shared_memory<kTwoStageSlots, true>(), allow_shared_memory<kRingSlots, true>(),
+         {allow_shared_memory<kTwoStageSlots, false>(), allow_shared_memory<kTwoStageSlots, true>(),
           allow_shared_memory<kPairSlots, false, 2>(), allow_shared_memory<kPairSlots, true, 2>(),
-          allow_pingpong_shared_memory<kTwoStageSlots>(), allow_pingpong_shared_memory<kRingSlots>(),
+          allow_pingpong_shared_memory<kTwoStageSlots>(),
           allow_shared_memory<kTwoStageSlots, false, 1, true>(), allow_pingpong_shared_memory<kTwoStageSlots, true>(),
           allow_pingpong_shared_memory<kTwoStageSlots, false, true>(),
           allow_pingpong_shared_memory<kTwoStageSlots, false, false, 2>(),
@@ -830,13 +832,10 @@ cudaError_t mla_decode_tma_occupancy(MlaDecodeKernel kernel, int* ctas_per_sm) {
   if (prepared != cudaSuccess) return prepared;
   switch (kernel) {
     case MlaDecodeKernel::kTma: return occupancy_of<kTwoStageSlots, false>(ctas_per_sm);
-    case MlaDecodeKernel::kTmaRing: return occupancy_of<kRingSlots, false>(ctas_per_sm);
     case MlaDecodeKernel::kTmaTile: return occupancy_of<kTwoStageSlots, true>(ctas_per_sm);
-    case MlaDecodeKernel::kTmaRingTile: return occupancy_of<kRingSlots, true>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPair: return occupancy_of<kPairSlots, false, 2>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPairTile: return occupancy_of<kPairSlots, true, 2>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPingPong: return pingpong_occupancy_of<kTwoStageSlots>(ctas_per_sm);
-    case MlaDecodeKernel::kTmaPingPongRing: return pingpong_occupancy_of<kRingSlots>(ctas_per_sm);
     case MlaDecodeKernel::kTmaFastExp: return occupancy_of<kTwoStageSlots, false, 1, true>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPingPongFastExp: return pingpong_occupancy_of<kTwoStageSlots, true>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPingPongTurns: return pingpong_occupancy_of<kTwoStageSlots, false, true>(ctas_per_sm);
@@ -864,13 +863,10 @@ cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& d, const void*
   const auto* qb = static_cast<const __nv_bfloat16*>(q);
   auto* ob = static_cast<__nv_bfloat16*>(out);
   switch (d.kernel) {
-    case MlaDecodeKernel::kTmaRing: launch_variant<kRingSlots, false>(d, map, qb, ob, stream); break;
     case MlaDecodeKernel::kTmaTile: launch_variant<kTwoStageSlots, true>(d, map, qb, ob, stream); break;
-    case MlaDecodeKernel::kTmaRingTile: launch_variant<kRingSlots, true>(d, map, qb, ob, stream); break;
     case MlaDecodeKernel::kTmaPair: launch_variant<kPairSlots, false, 2>(d, map, qb, ob, stream); break;
     case MlaDecodeKernel::kTmaPairTile: launch_variant<kPairSlots, true, 2>(d, map, qb, ob, stream); break;
     case MlaDecodeKernel::kTmaPingPong: launch_pingpong<kTwoStageSlots>(d, map, qb, ob, stream); break;
-    case MlaDecodeKernel::kTmaPingPongRing: launch_pingpong<kRingSlots>(d, map, qb, ob, stream); break;
     case MlaDecodeKernel::kTmaFastExp: launch_variant<kTwoStageSlots, false, 1, true>(d, map, qb, ob, stream); break;
     case MlaDecodeKernel::kTmaPingPongFastExp: launch_pingpong<kTwoStageSlots, true>(d, map, qb, ob, stream); break;
     case MlaDecodeKernel::kTmaPingPongTurns:
