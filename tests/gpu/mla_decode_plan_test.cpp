@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "pagoda/backend/cuda/attention/mla_decode.h"
+#include "pagoda/backend/cuda/attention/mla_decode_tma_fp8_ring.h"
 
 namespace pagoda::kernels::cuda {
 namespace {
@@ -395,6 +396,55 @@ TEST(MlaDecodePlanTest, KernelChoice) {
     o.kernel = static_cast<MlaDecodeKernel>(removed);
     expect_error(config(), one, "kernel " + std::to_string(removed) + " unknown", o);
   }
+}
+
+// kTmaFp8's staging ring (mla_decode_tma_fp8_ring.h): mbarrier waits name a
+// phase by parity, so each barrier's phases must be waited for in order by
+// readers that see every one of them. Over a CTA's use sequence: every use of
+// a barrier is read by the same compute group (the reader never skips a
+// phase), the producer's empty wait before reusing a slot names the barrier of
+// that slot's previous use and reaches each barrier's uses in order, and one
+// barrier per (group, slot) is enough. A barrier a slot (the scheme before)
+// fails the first property.
+TEST(MlaDecodePlanTest, TmaFp8RingBarriersAreWaitedPhaseByPhase) {
+  using namespace tma_fp8_ring;
+  constexpr int kUses = 40 * kRingSlots * kSlotsPerTile;
+  auto readers_fixed = [&](auto barrier_of) {
+    std::vector<int> reader(64, -1);
+    for (int idx = 0; idx < kUses; ++idx) {
+      int& r = reader[size_t(barrier_of(idx))];
+      if (r >= 0 && r != ring_group(idx)) return false;
+      r = ring_group(idx);
+    }
+    return true;
+  };
+  EXPECT_TRUE(readers_fixed([](int idx) { return ring_barrier(idx); }));
+  EXPECT_FALSE(readers_fixed([](int idx) { return ring_slot(idx); }));  // one pair a slot: phases skipped
+
+  std::vector<int> released(kBarriers, 0), waited(kBarriers, 0);  // per barrier: uses released / waited by the producer
+  std::vector<std::vector<int>> uses(kBarriers);
+  for (int idx = 0; idx < kUses; ++idx) {
+    const int b = ring_barrier(idx);
+    ASSERT_GE(b, 0);
+    ASSERT_LT(b, kBarriers);
+    EXPECT_EQ(b % kRingSlots, ring_slot(idx));
+    if (idx >= kRingSlots) {
+      // The producer waits for the slot's previous use, which must be that barrier's next unwaited phase.
+      const int prev = ring_barrier(idx - kRingSlots);
+      EXPECT_EQ(ring_slot(idx - kRingSlots), ring_slot(idx));
+      EXPECT_EQ(uses[size_t(prev)][size_t(waited[size_t(prev)])], idx - kRingSlots) << idx;
+      ++waited[size_t(prev)];
+    }
+    uses[size_t(b)].push_back(idx);
+    ++released[size_t(b)];
+  }
+  // Every barrier is used, and all but each slot's last kRingSlots uses were waited for.
+  int pending = 0;
+  for (int b = 0; b < kBarriers; ++b) {
+    EXPECT_GT(released[size_t(b)], 0) << b;
+    pending += released[size_t(b)] - waited[size_t(b)];
+  }
+  EXPECT_EQ(pending, kRingSlots);
 }
 
 }  // namespace

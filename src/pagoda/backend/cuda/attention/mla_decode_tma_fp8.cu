@@ -11,19 +11,13 @@
 //     (cp.async.bulk, L2 evict-first) into a ring of kRawSlots staging slots of
 //     16 records (10,496 B) each: a tile is 4 slots, 5 slots let a tile's
 //     first quarter land while the other group still converts its tile.
-//     Each slot has a full and an empty mbarrier per group, and a use of the
-//     slot signals only those of the group whose tile it holds: the groups
-//     take the slots' uses in turns that are not regular (4 slots a tile, 5 in
-//     the ring), so with one barrier pair a slot a group skipped the phases the
-//     other group consumed, and a parity wait two phases ahead of the barrier
-//     passes at once (the parity is the previous phase's): the group could read
-//     a slot whose bytes had not landed (when an earlier copy landed after a
-//     later one), and its arrivals completed the other group's empty phase, so
-//     the producer could arm a full barrier still waiting for bytes - the
-//     likely source of the intermittent CUDA error 719 at engine scale, gone
-//     with this scheme (docs/KERNELS.md v17). Per group, every phase of a barrier is waited for
-//     in order: the consumers keep a parity bit per slot, the producer one per
-//     (group, slot) of the empty barriers. One
+//     Each slot has a full and an empty mbarrier per group
+//     (mla_decode_tma_fp8_ring.h says why): with one pair a slot, a group that
+//     skipped the phases the other consumed could read a slot before its
+//     bytes landed, and its arrivals completed the other group's empty phase
+//     (the intermittent CUDA error 719 at engine scale, docs/KERNELS.md v17).
+//     The consumers keep a parity bit per slot, the producer one per (group,
+//     slot) of the empty barriers. One
 //     copy a page run: a slot's 16 positions lie in one page when the block
 //     size is a multiple of 16, else in 16 / block_size pages (block sizes
 //     dividing 16); a slot of rows past the segment's end is armed with fewer
@@ -52,6 +46,7 @@
 #include "pagoda/backend/cuda/attention/device_primitives.cuh"
 #include "pagoda/backend/cuda/attention/mla_decode_descriptor.h"
 #include "pagoda/backend/cuda/attention/mla_decode_narrow.cuh"
+#include "pagoda/backend/cuda/attention/mla_decode_tma_fp8_ring.h"
 #include "pagoda/backend/cuda/attention/prefill_sm90_sync.cuh"
 #include "pagoda/backend/cuda/attention/wgmma_primitives.cuh"
 
@@ -73,9 +68,10 @@ constexpr int kMTiles = 8;
 constexpr int kRecordBytes = 656;
 [[maybe_unused]] constexpr int kScalesAt = 512, kRopeAt = 528;
 constexpr int kSlotRecords = 16;
-[[maybe_unused]] constexpr int kSlotsPerTile = kTile / kSlotRecords;  // 4
+using tma_fp8_ring::kSlotsPerTile;
 constexpr int kSlotBytes = kSlotRecords * kRecordBytes;  // 10,496
-constexpr int kRawSlots = 5;
+constexpr int kRawSlots = tma_fp8_ring::kRingSlots;
+static_assert(kSlotsPerTile * kSlotRecords == kTile, "a tile is kSlotsPerTile slots");
 
 // Q | bf16 tile [2 groups] | P^T [2 groups] | staging slots | column maxima
 // [2][4][16] | column sums [2][4][16] | group 1's maxima and sums [2][16] |
@@ -87,7 +83,7 @@ constexpr int kMaxAt = kRawAt + kRawSlots * kSlotBytes;
 constexpr int kSumAt = kMaxAt + 2 * 4 * kHeads * 4;
 constexpr int kHandAt = kSumAt + 2 * 4 * kHeads * 4;
 constexpr int kBarriersAt = kHandAt + 2 * kHeads * 4;
-constexpr int kSmemBytes = kBarriersAt + (4 * kRawSlots + 2) * 8 + 1024;
+constexpr int kSmemBytes = kBarriersAt + (2 * tma_fp8_ring::kBarriers + 2) * 8 + 1024;
 static_assert(kTilesAt % 1024 == 0 && kPAt % 1024 == 0 && kTileBytes % 1024 == 0, "swizzle atoms 1024-byte aligned");
 static_assert(kRawAt % 16 == 0 && kSlotBytes % 16 == 0 && kBarriersAt % 8 == 0, "bulk copies 16-byte aligned");
 static_assert(kSmemBytes <= 232448, "fits an SM");
@@ -194,15 +190,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* base = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
   uint8_t* raw = base + kRawAt;
   uint64_t* full = reinterpret_cast<uint64_t*>(base + kBarriersAt);  // [group][slot]
-  uint64_t* empty = full + 2 * kRawSlots;                           // [group][slot]
-  uint64_t* hand_full = empty + 2 * kRawSlots;  // group 1's 128 threads arrive once its hand-over is written
+  uint64_t* empty = full + tma_fp8_ring::kBarriers;                 // [group][slot]
+  uint64_t* hand_full = empty + tma_fp8_ring::kBarriers;  // group 1's 128 threads arrive once its hand-over is written
   uint64_t* hand_empty = hand_full + 1;     // group 0's 128 threads arrive once they have read it
   const int tid = threadIdx.x;
   const int lane = tid & 31;
 
   if (tid == 0) {
 #pragma unroll
-    for (int i = 0; i < 2 * kRawSlots; ++i) {
+    for (int i = 0; i < tma_fp8_ring::kBarriers; ++i) {
       mbarrier_init(&full[i], 1);   // the producer's arrive + the bytes
       // Every reading thread arrives: an mbarrier arrive releases only the arriving
       // thread's own prior accesses, so one lane arriving for its warp would leave the
@@ -227,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint64_t policy = evict_first_policy();
     const uint8_t* latent = static_cast<const uint8_t*>(d.latent);
     int next = 0;  // slots issued by this CTA over all its segments
-    // Bit g * kRawSlots + slot: parity of the next phase of empty[g][slot] to wait for.
+    // Bit b: parity of the next phase of empty[b] (b = group * kRawSlots + slot) to wait for.
     uint32_t empty_parity = 0;
     for (int seg = seg_begin; seg < seg_end; ++seg) {
       const int row = d.segments[3 * seg];
@@ -245,12 +241,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           const bool mine = lane < runs;
           const int64_t page_slot = mine ? int64_t{__ldg(table + pos / bs)} * bs + pos % bs : 0;
           const int n = mine ? min(run, rows_here - lane * run) : 0;
-          const int slot = next % kRawSlots;
-          // The CTA's tile next / 4 belongs to group (next / 4) & 1; the slot's
-          // previous use (next - kRawSlots) was released on its group's barrier.
-          uint64_t* const full_here = &full[((next / kSlotsPerTile) & 1) * kRawSlots + slot];
+          const int slot = tma_fp8_ring::ring_slot(next);
+          uint64_t* const full_here = &full[tma_fp8_ring::ring_barrier(next)];
           if (next >= kRawSlots) {
-            const int bit = (((next - kRawSlots) / kSlotsPerTile) & 1) * kRawSlots + slot;
+            // The slot's previous use was released on its own group's barrier.
+            const int bit = tma_fp8_ring::ring_barrier(next - kRawSlots);
             mbarrier_wait(&empty[bit], (empty_parity >> bit) & 1);
             empty_parity ^= 1u << bit;
           }
@@ -313,7 +308,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
       for (int s = 0; s < kSlotsPerTile; ++s) {
         const int idx = (it + tile) * kSlotsPerTile + s;
-        const int slot = idx % kRawSlots;
+        const int slot = tma_fp8_ring::ring_slot(idx);  // ring_barrier(idx) = g * kRawSlots + slot
         mbarrier_wait(&my_full[slot], (full_parity >> slot) & 1);
         full_parity ^= 1u << slot;
         const int r = s * kSlotRecords + rec;  // tile row
