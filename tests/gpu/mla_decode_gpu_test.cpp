@@ -612,7 +612,8 @@ TEST_F(MlaDecodeGpuTest, TmaMatchesCpAsyncKernel) {
       if (k == MlaDecodeKernel::kTmaPingPongTurns) {
         EXPECT_TRUE(*new_out == pingpong) << kernel_name(k) << " differs from tma_pingpong, blocks of " << bs;
       }
-      if (k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaFastExp || k == MlaDecodeKernel::kTmaPingPongFastExp ||
+      if (k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaFastExp ||
+          k == MlaDecodeKernel::kTmaPingPongFastExp ||
           k == MlaDecodeKernel::kTmaPingPongTurns || k == MlaDecodeKernel::kTmaPingPongTwoChains ||
           k == MlaDecodeKernel::kTmaPingPongAll || k == MlaDecodeKernel::kTmaPingPongSplit ||
           k == MlaDecodeKernel::kTmaPingPongSplitTwoChains)
@@ -658,7 +659,8 @@ void pingpong_small(MlaDecodeKernel k, bool fixed) {
 
 TEST_F(MlaDecodeGpuTest, TmaPingPongSmall) {
   // The ping-pong kernels with the shared-memory hand-over at a segment's end.
-  for (MlaDecodeKernel k : {MlaDecodeKernel::kTmaPingPong, MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns,
+  for (MlaDecodeKernel k : {MlaDecodeKernel::kTmaPingPong, MlaDecodeKernel::kTmaPingPongFastExp,
+                            MlaDecodeKernel::kTmaPingPongTurns,
                             MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll})
     pingpong_small(k, false);
 }

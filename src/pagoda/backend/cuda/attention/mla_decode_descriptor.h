@@ -96,8 +96,8 @@ enum class MlaDecodeKernel : int32_t {
 // The TMA-fed variants (kTma .. kTmaPingPongSplitTwoChains over bf16 latents, kTmaFp8 over
 // FlashMLA's fp8 records).
 constexpr bool is_tma_kernel(MlaDecodeKernel k) {
-  return k == MlaDecodeKernel::kTma || k == MlaDecodeKernel::kTmaTile || k == MlaDecodeKernel::kTmaPair || k == MlaDecodeKernel::kTmaPairTile ||
-         k == MlaDecodeKernel::kTmaPingPong ||
+  return k == MlaDecodeKernel::kTma || k == MlaDecodeKernel::kTmaTile || k == MlaDecodeKernel::kTmaPair ||
+         k == MlaDecodeKernel::kTmaPairTile || k == MlaDecodeKernel::kTmaPingPong ||
          k == MlaDecodeKernel::kTmaFastExp || k == MlaDecodeKernel::kTmaPingPongFastExp ||
          k == MlaDecodeKernel::kTmaPingPongTurns || k == MlaDecodeKernel::kTmaPingPongTwoChains ||
          k == MlaDecodeKernel::kTmaPingPongAll || k == MlaDecodeKernel::kTmaPingPongSplit ||

@@ -329,7 +329,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 #endif
 }
 
-// ---- The ping-pong variants (MlaDecodeKernel::kTmaPingPong*, on 18 slots). The loader is kTma's (a column block a round into a
+// ---- The ping-pong variants (MlaDecodeKernel::kTmaPingPong*, on 18 slots).
+// The loader is kTma's (a column block a round into a
 // ring of column-block slots: CTA tile T's column block c in slot (9 T + c) %
 // kSlots), and warpgroup g computes the CTA's tiles of parity g (T % 2 == g;
 // with 18 slots that is stage g): all of S^T (36 dependent m64n16k16, no half
