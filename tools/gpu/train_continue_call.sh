@@ -13,7 +13,8 @@
 # train_call.sh run (which keeps the variant meeting both goals with the lowest perplexity ratio,
 # else the best greedy recall), then makes the kept model's tokenizer fixture (transformers; the
 # tokenizer is the stage-1 one, so it should equal tests/fixtures/tokenizer/pagoda-tiny.json), and
-# packs what comes back into two files, since a call returns at most 8: $OUT/model.safetensors and
+# packs what comes back into two files, since a call returns at most 8: $OUT/model.safetensors (in
+# parts when over 16 MiB, below) and
 # $OUT/results.tar.xz (model/*.json, train_report.json with greedy, greedy_long, perplexity and
 # recall, loss.csv, loss_curve.png, tokenizer/, every variant's log and report).
 here=$(cd "$(dirname "$0")" && pwd)
@@ -59,6 +60,12 @@ for v in r.get("variants", {}).get("variants", []):
           "recall", v.get("recall_eval_words"), v.get("recall_heldout_words"), "ppl ratio", v.get("ppl_ratio"))
 PY
 [ -f "$work/model/model.safetensors" ] && mv "$work/model/model.safetensors" "$final/"
+# A call brings back files of at most 16 MiB: a larger model (4 KV heads: 16.02 MiB) comes back in
+# parts, joined here with `cat model.safetensors.part-* > model.safetensors` (sha256 in the log).
+if [ -f "$final/model.safetensors" ] && [ "$(stat -c %s "$final/model.safetensors")" -gt 16000000 ]; then
+  echo "model.safetensors $(sha256sum < "$final/model.safetensors" | cut -c1-64): split into 15 MB parts"
+  split -b 15000000 "$final/model.safetensors" "$final/model.safetensors.part-" && rm "$final/model.safetensors"
+fi
 tar cJf "$final/results.tar.xz" -C "$work" --exclude='*.tmp' .
 ls -la "$final"
 exit $rc

@@ -24,7 +24,7 @@ OUT=$final/stage_a CALL_NAME=stage_a MINUTES=${MINUTES_A:-4.0} RESERVE=${RESERVE
   EXTRA="--init-from $root/models/pagoda-tiny ${EXTRA_A:-}" \
   bash "$here/train_continue_call.sh" || exit $?
 init=/tmp/stage_a_model
-rm -rf "$init" && mkdir -p "$init" && cp /tmp/stage_a/model/*.json "$init/" && cp "$final/stage_a/model.safetensors" "$init/" || exit 1
+rm -rf "$init" && mkdir -p "$init" && cp /tmp/stage_a/model/*.json "$init/" && cat "$final"/stage_a/model.safetensors* > "$init/model.safetensors" || exit 1
 echo "== stage A kept: $(sha256sum "$init/model.safetensors")"
 OUT=$final CALL_NAME=stage_b MINUTES=${MINUTES_B:-3.2} RESERVE=${RESERVE:-60} EPOCHS=${EPOCHS_B:-8} BASELINE=models/pagoda-tiny \
   VARIANTS=${VARIANTS_B:-"--lr 1e-3 --warmup 30 --batch-size 8 $common --gap-list-share 0.75 --short-copy-rows 32 --gap-rows 128 --gap-weight 2"} \
