@@ -28,6 +28,13 @@ training copy accuracy while the held-out probes at 100 and 1,000 tokens stayed 
 that works only at the distances it was last trained on. Pairs below the band keep every distance
 trained.
 
+corrupt_share (--gap-corrupt-share): the share of a copy's copyable tokens that the model READS as a
+random pool token while its targets stay the true ones (inputs() gives the rows as read). The
+sixteenth attempt reached 0.82 teacher-forced recall with greedy recall at 0.3: one wrong token in
+free-running decoding derails the rest of the list, since an induction-style copy finds its place
+in the source from the previous token. Reading a wrong token and still having to produce the next
+true one trains the copy to keep its place from the tokens before it.
+
 Standard library only (the loss and accuracy are computed in train.py); not thread safe."""
 import random
 
@@ -68,12 +75,15 @@ class GapRows:
     (later stages keep about the same tokens, at least 2 rows)."""
 
     def __init__(self, stream, gaps, context, rows_at_first, advance_at, pool, words, intro,
-                 terminator, list_share, seed, below_share=0.0):
+                 terminator, list_share, seed, below_share=0.0, corrupt_share=0.0):
         if rows_at_first < 1 or not pool or not 0 < advance_at <= 1 or not 0 <= list_share <= 1 \
-                or not 0 <= below_share <= 1:
+                or not 0 <= below_share <= 1 or not 0 <= corrupt_share < 1:
             raise ValueError(f"gap rows: rows {rows_at_first}, pool {len(pool)}, advance_at "
-                             f"{advance_at}, list_share {list_share}, below_share {below_share}")
-        self.below_share = below_share
+                             f"{advance_at}, list_share {list_share}, below_share {below_share}, "
+                             f"corrupt_share {corrupt_share}")
+        self.below_share, self.corrupt_share = below_share, corrupt_share
+        # A separate generator: with corrupt_share 0 the rows are drawn exactly as before.
+        self.corrupt_rng = random.Random(seed + 1)
         if list_share > 0 and len(words) < LIST_WORDS[1]:
             raise ValueError(f"gap rows: {len(words)} words for lists of up to {LIST_WORDS[1]}")
         self.gaps, self.context = list(gaps), context
@@ -169,10 +179,31 @@ class GapRows:
                           "gap": between + (len(self.intro) if kind == "list" else 0)})
         return ids, mask, pairs
 
+    def inputs(self, ids, mask):
+        """The row as the model reads it (length tokens): ids[:-1] with each copyable token that
+        is itself followed by a copyable target (mask[k - 1] and mask[k]: a token inside a copy,
+        not its last) replaced, with probability corrupt_share, by a random pool token other than
+        itself. The targets stay ids[1:]: at a corrupted position the model reads a wrong token
+        and must still produce the copy's next true one."""
+        read = list(ids[:-1])
+        if self.corrupt_share == 0:
+            return read
+        rng = self.corrupt_rng
+        for k in range(1, len(read)):
+            if mask[k - 1] and mask[k] and rng.random() < self.corrupt_share:
+                token = rng.choice(self.pool)
+                while token == read[k] and len(self.pool) > 1:
+                    token = rng.choice(self.pool)
+                read[k] = token
+        return read
+
     def batch(self):
-        """(ids [rows][length + 1], mask [rows][length]) for one step at the current stage."""
+        """(ids [rows][length + 1], mask [rows][length], inputs [rows][length]) for one step at
+        the current stage: the targets are ids[1:], the model reads inputs (ids[:-1] unless
+        corrupt_share > 0)."""
         made = [self.make_row() for _ in range(self.rows())]
-        return [ids for ids, _, _ in made], [mask for _, mask, _ in made]
+        return ([ids for ids, _, _ in made], [mask for _, mask, _ in made],
+                [self.inputs(ids, mask) for ids, mask, _ in made])
 
     def observe(self, accuracy, step):
         """Feeds one training-batch copy accuracy; advances a stage when the smoothed value passes

@@ -313,12 +313,36 @@ class ShortCopyTest(unittest.TestCase):
 class GapCopyTest(unittest.TestCase):
     INTRO, TERM = [900, 901, 902, 903, 904], [905]
 
-    def make(self, gaps=(0, 16, 64, 256, 1024, 1750), rows=8, list_share=0.5, seed=1, below=0.0):
+    def make(self, gaps=(0, 16, 64, 256, 1024, 1750), rows=8, list_share=0.5, seed=1, below=0.0,
+             corrupt=0.0):
         rng = random.Random(seed)
         stream = [rng.randrange(10, 800) for _ in range(20000)]  # "text": ids below 800
         words = [[1000 + 3 * i, 1001 + 3 * i][: 1 + i % 2] for i in range(200)]
         return gap_copy.GapRows(stream, list(gaps), 2048, rows, 0.5, list(range(2000, 4000)),
-                                words, self.INTRO, self.TERM, list_share, seed, below)
+                                words, self.INTRO, self.TERM, list_share, seed, below, corrupt)
+
+    def test_corrupt_share_changes_only_inner_copy_tokens_as_read(self):
+        clean, noisy = self.make(), self.make(corrupt=0.3)
+        for rows in (clean, noisy):
+            rows.stage = 5
+        ids_c, mask_c, read_c = clean.batch()
+        ids_n, mask_n, read_n = noisy.batch()
+        # the rows themselves (targets and masks) are drawn exactly as without corruption
+        self.assertEqual((ids_c, mask_c), (ids_n, mask_n))
+        self.assertEqual(read_c, [ids[:-1] for ids in ids_c])
+        changed = inner = 0
+        for ids, mask, read in zip(ids_n, mask_n, read_n):
+            self.assertEqual(len(read), len(mask))
+            for k, token in enumerate(read):
+                eligible = k > 0 and mask[k - 1] and mask[k]
+                inner += eligible
+                if token != ids[k]:
+                    changed += 1
+                    self.assertTrue(eligible, k)  # never the text, a copy's first or last token
+                    self.assertTrue(2000 <= token < 4000)  # a pool token
+        self.assertTrue(0.2 * inner < changed < 0.4 * inner, (changed, inner))
+        with self.assertRaises(ValueError):
+            self.make(corrupt=1.0)
 
     def check_rows(self, rows, stage_range, list_expected):
         kinds = set()
@@ -390,7 +414,7 @@ class GapCopyTest(unittest.TestCase):
     def test_curriculum_advances_on_the_bar_and_keeps_tokens(self):
         rows = self.make(rows=64)
         self.assertEqual((rows.gap, rows.length, rows.rows()), (0, 128, 64))
-        ids, mask = rows.batch()
+        ids, mask, _ = rows.batch()
         self.assertEqual((len(ids), len(ids[0]), len(mask[0])), (64, 129, 128))
         self.assertFalse(rows.observe(0.1, 10))
         self.assertFalse(rows.observe(0.9, 20))  # smoothed 0.34: not yet

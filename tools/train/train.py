@@ -621,13 +621,15 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
             logits = step_model(input_ids=x, use_cache=False).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
         total_loss = loss
-        def extra_forward(ids, mask):
+        def extra_forward(ids, mask, inputs=None):
             # A second forward over extra rows (short copy or gap rows): per-target losses and the
-            # greedy accuracy on the masked (copyable) targets.
+            # greedy accuracy on the masked (copyable) targets. inputs: what the model reads when
+            # it differs from ids[:-1] (gap rows with --gap-corrupt-share).
             rows = torch.tensor(ids, dtype=torch.long).to(device)
             row_mask = torch.tensor(mask, dtype=torch.bool).to(device)
+            read = rows[:, :-1] if inputs is None else torch.tensor(inputs, dtype=torch.long).to(device)
             with autocast:
-                row_logits = step_model(input_ids=rows[:, :-1], use_cache=False).logits
+                row_logits = step_model(input_ids=read, use_cache=False).logits
             per_target = F.cross_entropy(row_logits.float().reshape(-1, row_logits.size(-1)),
                                          rows[:, 1:].reshape(-1), reduction="none")
             accuracy = short_copy.masked_accuracy(row_logits.detach(), rows[:, 1:], row_mask)
@@ -644,9 +646,9 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
         if gap_rows is not None:
             # Gap rows: segments copied across text; the loss is on the copyable targets only
             # (their text is ordinary training text, already in the text rows).
-            ids, mask = gap_rows.batch()
+            ids, mask, inputs = gap_rows.batch()
             kinds["gap"] += len(ids)
-            per_target, gap_mask, gap_acc = extra_forward(ids, mask)
+            per_target, gap_mask, gap_acc = extra_forward(ids, mask, inputs)
             flat = gap_mask.reshape(-1).float()
             gap_loss = (per_target * flat).sum() / flat.sum().clamp(min=1)
             total_loss = total_loss + args.gap_weight * gap_loss
@@ -862,6 +864,9 @@ def parse_args(argv=None):
     p.add_argument("--gap-below-share", type=float, default=0.0,
                    help="share of gap pairs whose gap is drawn from [0, current gap] instead of "
                         "the stage's band (keeps the shorter distances trained; 0: the band only)")
+    p.add_argument("--gap-corrupt-share", type=float, default=0.0,
+                   help="share of a copy's inner tokens the model reads as a random token while "
+                        "its targets stay true (trains recovery after a wrong token; 0: off)")
     p.add_argument("--gap-list-share", type=float, default=0.5,
                    help="share of word-list segments (the recall format) at the last stage; "
                         "it grows linearly from 0 at the first")
@@ -979,6 +984,8 @@ def parse_args(argv=None):
             gap_copy.row_length(args.gap_list[-1], gap_copy.SEGMENT[1], args.context)
     except ValueError as error:
         p.error(f"--gap-gaps: {error}")
+    if not 0 <= args.gap_corrupt_share < 1:
+        p.error(f"--gap-corrupt-share must be in [0, 1), got {args.gap_corrupt_share}")
     if args.gap_rows < 0 or not 0 < args.gap_advance <= 1 or args.gap_weight < 0 or \
             not 0 <= args.gap_list_share <= 1 or not 0 <= args.gap_below_share <= 1:
         p.error(f"--gap-rows must be >= 0, --gap-advance in (0, 1], --gap-weight >= 0, "
@@ -1127,7 +1134,7 @@ def main():
                 train_ids, args.gap_list, args.context, args.gap_rows, args.gap_advance,
                 copy_pool, [encode(" " + w) for w in train_words], encode(recall_data.INTRO),
                 encode(recall_data.TERMINATOR), args.gap_list_share, args.seed + 9,
-                args.gap_below_share)
+                args.gap_below_share, args.gap_corrupt_share)
         if args.gap_rows:
             make_gap_rows()  # fails here, before training, if the lists do not fit
         short_monitor = (short_copy.monitor_rows(args.short_copy_length_list, copy_pool, 16,
