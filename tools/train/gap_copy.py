@@ -33,7 +33,9 @@ random pool token while its targets stay the true ones (inputs() gives the rows 
 sixteenth attempt reached 0.82 teacher-forced recall with greedy recall at 0.3: one wrong token in
 free-running decoding derails the rest of the list, since an induction-style copy finds its place
 in the source from the previous token. Reading a wrong token and still having to produce the next
-true one trains the copy to keep its place from the tokens before it.
+true one trains the copy to keep its place from the tokens before it. corrupt_from "pool" draws the
+wrong token from the random segments' pool; "words" from the tokens of the training words, the kind of
+wrong token greedy decoding of a list actually produces (another word's piece).
 
 Standard library only (the loss and accuracy are computed in train.py); not thread safe."""
 import random
@@ -75,13 +77,20 @@ class GapRows:
     (later stages keep about the same tokens, at least 2 rows)."""
 
     def __init__(self, stream, gaps, context, rows_at_first, advance_at, pool, words, intro,
-                 terminator, list_share, seed, below_share=0.0, corrupt_share=0.0):
+                 terminator, list_share, seed, below_share=0.0, corrupt_share=0.0,
+                 corrupt_from="pool"):
         if rows_at_first < 1 or not pool or not 0 < advance_at <= 1 or not 0 <= list_share <= 1 \
                 or not 0 <= below_share <= 1 or not 0 <= corrupt_share < 1:
             raise ValueError(f"gap rows: rows {rows_at_first}, pool {len(pool)}, advance_at "
                              f"{advance_at}, list_share {list_share}, below_share {below_share}, "
                              f"corrupt_share {corrupt_share}")
+        if corrupt_from not in ("pool", "words"):
+            raise ValueError(f"gap rows: corrupt_from must be 'pool' or 'words', got '{corrupt_from}'")
         self.below_share, self.corrupt_share = below_share, corrupt_share
+        self.corrupt_pool = list(pool) if corrupt_from == "pool" else sorted(
+            {t for w in words for t in w})
+        if len(self.corrupt_pool) < 2:
+            raise ValueError(f"gap rows: {len(self.corrupt_pool)} tokens to corrupt with")
         # A separate generator: with corrupt_share 0 the rows are drawn exactly as before.
         self.corrupt_rng = random.Random(seed + 1)
         if list_share > 0 and len(words) < LIST_WORDS[1]:
@@ -182,8 +191,8 @@ class GapRows:
     def inputs(self, ids, mask):
         """The row as the model reads it (length tokens): ids[:-1] with each copyable token that
         is itself followed by a copyable target (mask[k - 1] and mask[k]: a token inside a copy,
-        not its last) replaced, with probability corrupt_share, by a random pool token other than
-        itself. The targets stay ids[1:]: at a corrupted position the model reads a wrong token
+        not its last) replaced, with probability corrupt_share, by a random token of the corrupt
+        pool (corrupt_from) other than itself. The targets stay ids[1:]: at a corrupted position the model reads a wrong token
         and must still produce the copy's next true one."""
         read = list(ids[:-1])
         if self.corrupt_share == 0:
@@ -191,9 +200,9 @@ class GapRows:
         rng = self.corrupt_rng
         for k in range(1, len(read)):
             if mask[k - 1] and mask[k] and rng.random() < self.corrupt_share:
-                token = rng.choice(self.pool)
-                while token == read[k] and len(self.pool) > 1:
-                    token = rng.choice(self.pool)
+                token = rng.choice(self.corrupt_pool)
+                while token == read[k]:
+                    token = rng.choice(self.corrupt_pool)
                 read[k] = token
         return read
 

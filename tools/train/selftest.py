@@ -314,12 +314,13 @@ class GapCopyTest(unittest.TestCase):
     INTRO, TERM = [900, 901, 902, 903, 904], [905]
 
     def make(self, gaps=(0, 16, 64, 256, 1024, 1750), rows=8, list_share=0.5, seed=1, below=0.0,
-             corrupt=0.0):
+             corrupt=0.0, corrupt_from="pool"):
         rng = random.Random(seed)
         stream = [rng.randrange(10, 800) for _ in range(20000)]  # "text": ids below 800
         words = [[1000 + 3 * i, 1001 + 3 * i][: 1 + i % 2] for i in range(200)]
         return gap_copy.GapRows(stream, list(gaps), 2048, rows, 0.5, list(range(2000, 4000)),
-                                words, self.INTRO, self.TERM, list_share, seed, below, corrupt)
+                                words, self.INTRO, self.TERM, list_share, seed, below, corrupt,
+                                corrupt_from)
 
     def test_corrupt_share_changes_only_inner_copy_tokens_as_read(self):
         clean, noisy = self.make(), self.make(corrupt=0.3)
@@ -343,6 +344,20 @@ class GapCopyTest(unittest.TestCase):
         self.assertTrue(0.2 * inner < changed < 0.4 * inner, (changed, inner))
         with self.assertRaises(ValueError):
             self.make(corrupt=1.0)
+
+    def test_corrupt_from_words_reads_other_words_tokens(self):
+        rows = self.make(corrupt=0.5, corrupt_from="words")
+        rows.stage = 5
+        word_tokens = {t for w in rows.words for t in w}
+        changed = 0
+        for ids, mask, read in zip(*rows.batch()):
+            for k, token in enumerate(read):
+                if token != ids[k]:
+                    changed += 1
+                    self.assertIn(token, word_tokens)
+        self.assertGreater(changed, 0)
+        with self.assertRaises(ValueError):
+            self.make(corrupt=0.2, corrupt_from="text")
 
     def check_rows(self, rows, stage_range, list_expected):
         kinds = set()

@@ -867,6 +867,9 @@ def parse_args(argv=None):
     p.add_argument("--gap-corrupt-share", type=float, default=0.0,
                    help="share of a copy's inner tokens the model reads as a random token while "
                         "its targets stay true (trains recovery after a wrong token; 0: off)")
+    p.add_argument("--gap-corrupt-from", choices=("pool", "words"), default="pool",
+                   help="where --gap-corrupt-share's wrong tokens come from: the random segments' "
+                        "pool, or the training words' tokens (plausible wrong pieces of a list)")
     p.add_argument("--gap-list-share", type=float, default=0.5,
                    help="share of word-list segments (the recall format) at the last stage; "
                         "it grows linearly from 0 at the first")
@@ -1134,7 +1137,7 @@ def main():
                 train_ids, args.gap_list, args.context, args.gap_rows, args.gap_advance,
                 copy_pool, [encode(" " + w) for w in train_words], encode(recall_data.INTRO),
                 encode(recall_data.TERMINATOR), args.gap_list_share, args.seed + 9,
-                args.gap_below_share, args.gap_corrupt_share)
+                args.gap_below_share, args.gap_corrupt_share, args.gap_corrupt_from)
         if args.gap_rows:
             make_gap_rows()  # fails here, before training, if the lists do not fit
         short_monitor = (short_copy.monitor_rows(args.short_copy_length_list, copy_pool, 16,
