@@ -19,7 +19,8 @@
 #        below; one log, PREFILL_LOG, default prefill.log);
 #     2. alone on the GPU: mla_decode_bench with every kernel side by side on the
 #        same pool (BENCH_ONLY: the --only substrings, default "bf16 H=16" and
-#        "fp8-656 H=16"; BENCH_ITERS, default 20; BENCH_ARGS, default
+#        "fp8-656 H=16"; BENCH_ITERS, default 20; BENCH_TIMINGS, the --timing of each
+#        run in turn, default busy, "idle busy" for the A/B; BENCH_ARGS, default
 #        "--schedule all": whole and spread budgets).
 #   .device/mla-decode/mla_decode_call.sh tests   # step 1 only
 #   .device/mla-decode/mla_decode_call.sh bench   # step 2 only
@@ -178,11 +179,15 @@ run | tests | bench)
     n=0
     for o in "${onlys[@]}"; do
       n=$((n + 1))
-      # shellcheck disable=SC2086  # BENCH_ARGS: several words
-      timeout "${BENCH_TIMEOUT:-55}" "$b/run.sh" mla_decode_bench --iters "${BENCH_ITERS:-20}" --only "$o" \
-        ${BENCH_ARGS:---schedule all} > "$out/bench_$n.log" 2>&1
-      echo "bench $n '$o' rc=$?" | tee -a "$out/summary.log"
-      grep -E "^mla decode|^\| |ceiling|^occupancy|non-finite|error" "$out/bench_$n.log" | tee -a "$out/summary.log"
+      # BENCH_TIMINGS: the bench's --timing per run, in turn into one log (default busy: GPU time only;
+      # "idle busy" gives the A/B against the method of the figures before session 16).
+      for timing in ${BENCH_TIMINGS:-busy}; do
+        # shellcheck disable=SC2086  # BENCH_ARGS: several words
+        timeout "${BENCH_TIMEOUT:-55}" "$b/run.sh" mla_decode_bench --iters "${BENCH_ITERS:-20}" --only "$o" \
+          ${BENCH_ARGS:---schedule all} --timing "$timing" >> "$out/bench_$n.log" 2>&1
+        echo "bench $n '$o' timing $timing rc=$?" | tee -a "$out/summary.log"
+      done
+      grep -E "^mla decode|^\| |ceiling|timing|^occupancy|non-finite|error" "$out/bench_$n.log" | tee -a "$out/summary.log"
     done
     echo "elapsed $(( $(date +%s) - start )) s" | tee -a "$out/summary.log"
   fi
