@@ -89,7 +89,7 @@ class GapRows:
         self.below_share, self.corrupt_share = below_share, corrupt_share
         self.corrupt_pool = list(pool) if corrupt_from == "pool" else sorted(
             {t for w in words for t in w})
-        if len(self.corrupt_pool) < 2:
+        if corrupt_share > 0 and len(self.corrupt_pool) < 2:
             raise ValueError(f"gap rows: {len(self.corrupt_pool)} tokens to corrupt with")
         # A separate generator: with corrupt_share 0 the rows are drawn exactly as before.
         self.corrupt_rng = random.Random(seed + 1)
