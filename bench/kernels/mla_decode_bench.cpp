@@ -4,13 +4,21 @@
 // scale records, 580 B a token, and FlashMLA's 656-byte records),
 // 16 and 128 heads, blocks of 64 (and 16 for some shapes), next to the HBM copy
 // ceiling. Each figure is the median of event-timed launches after warm-up;
-// the pools (150-300 MB) are far past the 60 MB L2. --timing busy (the default
-// since session 16) queues a 256 MB memset ahead of each start event: the GPU is
-// busy while the host encodes the tensor maps and launches (so the window holds
-// GPU time only: decode + merge and the gap between them) and the L2 holds none
-// of the pool. --timing idle is the method of every figure before it (the start
-// event on an idle GPU: the host's launch work, a few microseconds, falls inside
-// the window; METHOD.md's pitfall). Row 0's first 16 heads are
+// the pools (150-300 MB) are far past the 60 MB L2. The start event must find
+// the GPU busy, or the host's launch work (the tensor maps' encode, the
+// launches: a few microseconds) falls inside the window (METHOD.md's pitfall).
+// --timing spin (the default since session 17) queues a 50 us kernel that
+// touches no memory ahead of each start event: the window holds GPU time only
+// (decode + merge and the gap between them), and the L2 holds what the
+// previous launch left (a pool's tail, which the next launch evicts before it
+// reaches it). --timing busy (session 16's default) queues a 256 MB memset
+// instead: also GPU time only, but the memset's dirty L2 lines are written
+// back while the timed kernel reads, which slows a memory-bound kernel
+// (docs/BENCHMARKS.md "MLA decode v19"). --timing idle is the method
+// of the figures before session 16 (the start event on an idle GPU).
+// --merge pdl launches the merge pass as a programmatic dependent launch
+// (MlaDecodeDescriptor::programmatic_merge);
+// plain is the default. Row 0's first 16 heads are
 // checked against a float64 reference at every shape (rel L2 printed), and
 // every output is checked finite. Where the TMA-fed kernel applies (bf16, 16
 // heads) every kernel runs on the same pool, one row each ("[cp_async]",
@@ -29,7 +37,7 @@
 // against float64 is what counts).
 //
 //   mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|NAME] [--schedule all|whole|spread]
-//                    [--timing busy|idle]
+//                    [--timing busy|idle|spin] [--merge plain|pdl]
 
 #include <cuda_runtime.h>
 
@@ -44,6 +52,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpu_spin.h"
 #include "pagoda/backend/cuda/attention/mla_decode.h"
 #include "pagoda/core/dtype.h"
 #include "pagoda/runtime/mla_fp8_layout.h"
@@ -92,11 +101,14 @@ int iters = 50;
 std::string only;
 std::string kernel_choice = "all";
 std::string schedule_choice = "whole";
-std::string timing_choice = "busy";
+std::string timing_choice = "spin";
+bool programmatic_merge = false;
 
-// --timing busy: work queued ahead of a start event so that the launch after it is
-// timed on the GPU alone (see the header). One buffer for the whole run.
+// --timing spin / busy: work queued ahead of a start event so that the launch
+// after it is timed on the GPU alone (see the header). One memset buffer for
+// the whole run.
 void occupy_gpu_and_flush_l2() {
+  if (timing_choice == "spin") CHECK_CUDA(spin_gpu(50.0, nullptr));
   if (timing_choice != "busy") return;
   static const size_t bytes = size_t{256} << 20;
   static void* buffer = device_alloc(bytes);
@@ -251,8 +263,9 @@ std::vector<Result> run_shape(int batch, int context, int heads, bool fp8, int b
     void* d_work = device_alloc(plan->workspace_bytes());
     CHECK_CUDA(cudaMemcpy(d_arena, plan->arena().data(), plan->arena_bytes(), cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemset(d_out, 0xff, out_elems * 2));
-    const auto desc = plan->descriptor(static_cast<int32_t*>(d_arena), d_codes, scales.empty() ? nullptr : d_scales,
-                                       static_cast<float*>(d_work));
+    auto desc = plan->descriptor(static_cast<int32_t*>(d_arena), d_codes, scales.empty() ? nullptr : d_scales,
+                                 static_cast<float*>(d_work));
+    desc.programmatic_merge = programmatic_merge;
     for (int i = 0; i < 5; ++i) CHECK_CUDA(launch_mla_decode(desc, d_q, d_out, nullptr));
     CHECK_CUDA(cudaDeviceSynchronize());
     std::vector<float> ms;
@@ -354,24 +367,30 @@ int main(int argc, char** argv) {
               !std::strcmp(argv[i + 1], "spread")))
       schedule_choice = argv[++i];
     else if (!std::strcmp(argv[i], "--timing") && i + 1 < argc &&
-             (!std::strcmp(argv[i + 1], "busy") || !std::strcmp(argv[i + 1], "idle")))
+             (!std::strcmp(argv[i + 1], "busy") || !std::strcmp(argv[i + 1], "idle") ||
+              !std::strcmp(argv[i + 1], "spin")))
       timing_choice = argv[++i];
+    else if (!std::strcmp(argv[i], "--merge") && i + 1 < argc &&
+             (!std::strcmp(argv[i + 1], "plain") || !std::strcmp(argv[i + 1], "pdl")))
+      programmatic_merge = !std::strcmp(argv[++i], "pdl");
     else {
       std::fprintf(stderr,
                    "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|"
                    "tma_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_fast_exp|"
                    "tma_pingpong_fast_exp|tma_pingpong_turns|tma_pingpong_2chain|tma_pingpong_all|tma_pingpong_split|"
                    "tma_pingpong_split_2chain|tma_fp8] "
-                   "[--schedule all|whole|spread] [--timing busy|idle]\n");
+                   "[--schedule all|whole|spread] [--timing busy|idle|spin] [--merge plain|pdl]\n");
       return 2;
     }
   }
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   CHECK_CUDA(prepare_mla_decode_kernels());
-  std::printf("device %s, %d SMs; timing %s\n", prop.name, prop.multiProcessorCount,
-              timing_choice == "busy" ? "busy (a 256 MB memset ahead of each start event: GPU time only, cold L2)"
-                                      : "idle (the start event on an idle GPU: host launch work inside the window)");
+  std::printf("device %s, %d SMs; merge %s; timing %s\n", prop.name, prop.multiProcessorCount,
+              programmatic_merge ? "pdl" : "plain",
+              timing_choice == "busy"   ? "busy (a 256 MB memset ahead of each start event: GPU time only, cold L2)"
+              : timing_choice == "spin" ? "spin (a 50 us memory-free kernel ahead of each start event: GPU time only)"
+                                        : "idle (the start event on an idle GPU: host launch work inside the window)");
   for (MlaDecodeKernel k : kKernels) {
     int ctas = 0;
     if (is_tma_kernel(k) && mla_decode_tma_occupancy(k, &ctas) == cudaSuccess)

@@ -57,6 +57,8 @@ struct MlaCase {
   bool poison_unused = false;
   // Launch through a captured CUDA graph (a non-default stream) instead of directly.
   bool use_graph = false;
+  // MlaDecodeDescriptor::programmatic_merge: the merge pass as a programmatic dependent launch.
+  bool programmatic_merge = false;
 };
 
 struct MlaBatch {
@@ -222,8 +224,9 @@ StatusOr<std::vector<uint16_t>> run(const MlaBatch& b, const MlaCase& c, MlaDeco
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy(arena.get(), plan.arena().data(), plan.arena_bytes(), cudaMemcpyHostToDevice));
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemset(out.get(), 0xff, out_elements * 2));  // NaN
   if (workspace.bytes() > 0) PAGODA_CUDA_RETURN_IF_ERROR(cudaMemset(workspace.get(), 0xff, workspace.bytes()));
-  const auto desc = plan.descriptor(arena.get<int32_t>(), codes.get(), b.records.empty() ? nullptr : records.get(),
-                                    workspace.get<float>());
+  auto desc = plan.descriptor(arena.get<int32_t>(), codes.get(), b.records.empty() ? nullptr : records.get(),
+                              workspace.get<float>());
+  desc.programmatic_merge = c.programmatic_merge;
   if (!c.use_graph) {
     PAGODA_CUDA_RETURN_IF_ERROR(launch_mla_decode(desc, q.get(), out.get(), nullptr));
   } else {
@@ -573,6 +576,36 @@ TEST_F(MlaDecodeGpuTest, TmaGraphPlans) {
       s.options.fixed_block_table_stride = 100;
       s.use_graph = graph;
       expect_close(s);
+    }
+  }
+}
+
+TEST_F(MlaDecodeGpuTest, ProgrammaticMergeMatchesPlainLaunch) {
+  // The merge pass as a programmatic dependent launch reads the workspace only
+  // after griddepcontrol.wait: the same bits as the plain launch, directly and
+  // in a captured graph (a programmatic edge), for a kernel of each family.
+  struct Kind {
+    MlaDecodeKernel kernel;
+    KvElement element;
+    MlaLatentLayout layout;
+  };
+  const Kind kinds[] = {{MlaDecodeKernel::kCpAsync, KvElement::kBF16, MlaLatentLayout::kPerVectorScale},
+                        {MlaDecodeKernel::kTma, KvElement::kBF16, MlaLatentLayout::kPerVectorScale},
+                        {MlaDecodeKernel::kTmaPingPong, KvElement::kBF16, MlaLatentLayout::kPerVectorScale},
+                        {MlaDecodeKernel::kTmaFp8, KvElement::kFP8E4M3, MlaLatentLayout::kFlashMla656}};
+  for (const Kind& kind : kinds) {
+    for (const bool graph : {false, true}) {
+      MlaCase c = with_options(make_case("pdl merge", 16, 64, kind.element, {1, 100, 1000, 2500, 640}, 120), 64, 0);
+      c.layout = kind.layout;
+      c.options.kernel = kind.kernel;
+      c.use_graph = graph;
+      const MlaBatch b = make_batch(c);
+      auto plain = run(b, c);
+      ASSERT_TRUE(plain.ok()) << plain.status().message();
+      c.programmatic_merge = true;
+      auto pdl = run(b, c);
+      ASSERT_TRUE(pdl.ok()) << pdl.status().message();
+      EXPECT_TRUE(*pdl == *plain) << kernel_name(kind.kernel) << (graph ? " graph" : " direct");
     }
   }
 }

@@ -20,7 +20,7 @@
 #     2. alone on the GPU: mla_decode_bench with every kernel side by side on the
 #        same pool (BENCH_ONLY: the --only substrings, default "bf16 H=16" and
 #        "fp8-656 H=16"; BENCH_ITERS, default 20; BENCH_TIMINGS, the --timing of each
-#        run in turn, default busy, "idle busy" for the A/B; BENCH_ARGS, default
+#        run in turn, default spin, "idle busy spin" for the A/B; BENCH_ARGS, default
 #        "--schedule all": whole and spread budgets).
 #   .device/mla-decode/mla_decode_call.sh tests   # step 1 only
 #   .device/mla-decode/mla_decode_call.sh bench   # step 2 only
@@ -179,9 +179,9 @@ run | tests | bench)
     n=0
     for o in "${onlys[@]}"; do
       n=$((n + 1))
-      # BENCH_TIMINGS: the bench's --timing per run, in turn into one log (default busy: GPU time only;
-      # "idle busy" gives the A/B against the method of the figures before session 16).
-      for timing in ${BENCH_TIMINGS:-busy}; do
+      # BENCH_TIMINGS: the bench's --timing per run, in turn into one log (default spin: GPU time only;
+      # "idle busy spin" gives the A/B against the methods of the figures before session 17).
+      for timing in ${BENCH_TIMINGS:-spin}; do
         # shellcheck disable=SC2086  # BENCH_ARGS: several words
         timeout "${BENCH_TIMEOUT:-55}" "$b/run.sh" mla_decode_bench --iters "${BENCH_ITERS:-20}" --only "$o" \
           ${BENCH_ARGS:---schedule all} --timing "$timing" >> "$out/bench_$n.log" 2>&1

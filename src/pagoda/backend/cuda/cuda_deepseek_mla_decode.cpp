@@ -6,6 +6,7 @@
 
 #include "pagoda/backend/cuda/cuda_check.h"
 #include "pagoda/backend/cuda/device_buffer.h"
+#include "pagoda/backend/cuda/pdl.cuh"
 
 #ifdef PAGODA_HAVE_KERNELS_CUDA
 #include "pagoda/backend/cuda/attention/mla_decode.h"
@@ -128,8 +129,9 @@ Status CudaMlaDecode::run(const DevicePagedKvLayer& layer, const bf16* q, bf16* 
   if (!s.plan) return failed_precondition_error("mla decode: run without a plan");
   DeviceBuffer& arena = s.graph ? s.graph_arena : s.arena;
   DeviceBuffer& workspace = s.graph ? s.graph_workspace : s.workspace;
-  const kc::MlaDecodeDescriptor d =
+  kc::MlaDecodeDescriptor d =
       s.plan->descriptor(arena.as<int32_t>(), layer.key, layer.key_scale, workspace.as<float>());
+  d.programmatic_merge = pdl_enabled();  // the merge pass follows the engine's PDL switch (pdl.cuh)
   PAGODA_CUDA_RETURN_IF_ERROR(kc::launch_mla_decode(d, q, out, stream));
   return ok_status();
 }

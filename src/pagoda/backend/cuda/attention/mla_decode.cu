@@ -294,6 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The portable compute_90 PTX has no wgmma: this body exists only in the sm_90a machine code.
   __trap();
 #else
+  launch_dependents();  // the merge pass (programmatic_merge) may be scheduled now: it waits for this grid
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_address(smem_raw);
   uint8_t* base = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
@@ -596,6 +597,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();
 #else
+  launch_dependents();  // the merge pass (programmatic_merge) may be scheduled now: it waits for this grid
   static_assert(kNarrowHeads == mla_narrow::kHeads && kThreads == mla_narrow::kComputeThreads);
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_address(smem_raw);
@@ -683,6 +685,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // A row without segments (a fixed plan's padding row) gets zeros.
 __global__ void __launch_bounds__(128) mla_decode_merge_kernel(const MlaDecodeDescriptor d,
                                                                __nv_bfloat16* __restrict__ out) {
+  wait_for_prior_grids();  // a programmatic launch (programmatic_merge) starts before the decode grid ends
   const int row = blockIdx.x;
   const int head = blockIdx.y;
   // Records, not segments: a segment has partials_per_segment of them.
@@ -781,8 +784,16 @@ cudaError_t launch_mla_decode(const MlaDecodeDescriptor& d, const void* q, void*
   }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || !merge) return err;
-  mla_decode_merge_kernel<<<dim3(d.num_rows, d.num_heads), 128, 0, stream>>>(d, ob);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(d.num_rows, d.num_heads);
+  config.blockDim = dim3(128);
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = d.programmatic_merge ? 1 : 0;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, mla_decode_merge_kernel, d, ob);
 }
 
 }  // namespace pagoda::kernels::cuda

@@ -129,6 +129,11 @@ struct MlaDecodeDescriptor {
   KvElement latent_element = KvElement::kBF16;
   MlaLatentLayout latent_layout = MlaLatentLayout::kPerVectorScale;
   MlaDecodeKernel kernel = MlaDecodeKernel::kCpAsync;  // kDefault is not valid here
+  // Launch the merge pass as a programmatic dependent launch: its CTAs are
+  // scheduled while the decode grid runs (every decode kernel allows it at
+  // entry) and wait for its results in griddepcontrol.wait, which hides the
+  // merge's launch latency. Off: a plain launch after the decode grid.
+  bool programmatic_merge = false;
   // Arena views: segments [num_segments][3] = (row, kv_begin, kv_end);
   // row_segment_start [num_rows + 1]; cta_segment_start [num_ctas + 1];
   // block_table_start [num_rows]; block_tables.

@@ -139,6 +139,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   // The portable compute_90 PTX has no wgmma: this body exists only in the sm_90a machine code.
   __trap();
 #else
+  launch_dependents();  // the merge pass (programmatic_merge) may be scheduled now: it waits for this grid
   using L = Layout<kSlots>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_address(smem_raw);
@@ -456,6 +457,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();
 #else
+  launch_dependents();  // the merge pass (programmatic_merge) may be scheduled now: it waits for this grid
   using L = PingPongLayout<kSlots>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_address(smem_raw);
