@@ -147,7 +147,7 @@ for k, v in r.get("perplexity", {}).items():
 rc = r.get("recall", {})
 for k in ("eval_words", "heldout_vocabulary_words"):
     if k in rc:
-        print("recall", k, rc[k]["token_accuracy"], rc[k]["by_depth"])
+        print("recall", k, rc[k]["token_accuracy"], "s.e.", rc[k].get("standard_error_over_lists"), rc[k]["by_depth"])
 print("recall goal met:", rc.get("goal_met"))
 b = r.get("baseline", {})
 print("baseline:", {k: v for k, v in b.items() if k != "model"})

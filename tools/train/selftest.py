@@ -152,6 +152,24 @@ class ArgsTest(unittest.TestCase):
         self.assertGreaterEqual(min(args.recall_depth_list), 1000)
         self.assertLess(args.kv_heads, args.heads)  # GQA
 
+    def test_final_recall_trials_and_eval_seed(self):
+        args = train.parse_args(["--data", "d", "--out", "o", "--seed", "5"])
+        self.assertEqual((args.final_recall_trials, args.eval_seed), (0, 1234))  # lists apart from --seed
+        args = train.parse_args(["--data", "d", "--out", "o", "--final-recall-trials", "48"])
+        self.assertEqual(args.final_recall_trials, 48)
+        with self.assertRaises(SystemExit):
+            train.parse_args(["--data", "d", "--out", "o", "--final-recall-trials", "-1"])
+
+    def test_list_accuracy_standard_error(self):
+        def rows(*hits):
+            return [{"hits": h, "expected": [0] * 4} for h in hits]
+        self.assertEqual(train.list_accuracy_standard_error(rows(4)), 0.0)
+        self.assertEqual(train.list_accuracy_standard_error(rows(2, 2, 2)), 0.0)
+        # Lists at 1.0 and 0.0: per-list sd sqrt(0.5) ... over 2 lists, s.e. 0.5.
+        self.assertAlmostEqual(train.list_accuracy_standard_error(rows(4, 0)), 0.5)
+        # Four lists at 1, 1, 0, 0: sample sd sqrt(1/3), s.e. sqrt(1/12).
+        self.assertAlmostEqual(train.list_accuracy_standard_error(rows(4, 4, 0, 0)), (1 / 12) ** 0.5)
+
     def test_smoke_settings_are_consistent(self):
         args = train.parse_args(["--data", "d", "--out", "o", "--smoke"])
         self.assertLess(max(args.recall_depth_list), args.recall_context)

@@ -370,6 +370,18 @@ def teacher_forced_recall(model, trials, device, batch_size=16, autocast_dtype=N
     return hits / max(1, total)
 
 
+def list_accuracy_standard_error(rows):
+    """Standard error of the mean per-list token accuracy over greedy_recall's rows: the spread a
+    recall figure carries from the lists drawn (a derailed list loses most of its tokens at once,
+    so lists, not tokens, are the independent draws)."""
+    accuracies = [r["hits"] / max(1, len(r["expected"])) for r in rows]
+    if len(accuracies) < 2:
+        return 0.0
+    mean = sum(accuracies) / len(accuracies)
+    variance = sum((a - mean) ** 2 for a in accuracies) / (len(accuracies) - 1)
+    return (variance / len(accuracies)) ** 0.5
+
+
 def greedy_recall(model, trials, device, batch_size=16):
     """pagoda eval recall's measure: greedy decoding (full recompute) of as many tokens as the
     list has; returns (token accuracy, accuracy by depth, per-trial rows)."""
@@ -910,6 +922,12 @@ def parse_args(argv=None):
     p.add_argument("--recall-depths", default="1000,1250,1500,1750",
                    help="recall-check depths: tokens from the list's end to the prompt's end")
     p.add_argument("--recall-trials", type=int, default=16, help="recall-check trials per depth")
+    p.add_argument("--final-recall-trials", type=int, default=0,
+                   help="trials per depth of the final greedy recall check (0: --recall-trials); "
+                        "its standard error over lists is reported with it")
+    p.add_argument("--eval-seed", type=int, default=1234,
+                   help="seed of every recall / copy check's lists and filler, apart from --seed so "
+                        "that runs trained with other seeds are measured on the same lists")
     p.add_argument("--recall-select", type=float, default=0.9,
                    help="teacher-forced recall an evaluation must reach to be chosen by loss")
     p.add_argument("--baseline-model", default="",
@@ -957,6 +975,8 @@ def parse_args(argv=None):
                 f"got '{args.recall_depths}'")
     if not 0.0 <= args.recall_fraction <= 1.0:
         p.error(f"--recall-fraction must be in [0, 1], got {args.recall_fraction}")
+    if args.final_recall_trials < 0:
+        p.error(f"--final-recall-trials must be >= 0, got {args.final_recall_trials}")
     if args.recall_fraction_start is not None and not 0.0 <= args.recall_fraction_start <= 1.0:
         p.error(f"--recall-fraction-start must be in [0, 1], got {args.recall_fraction_start}")
     if not 0.0 <= args.curriculum <= 1.0:
@@ -1122,7 +1142,7 @@ def main():
         monitor = recall_data.recall_trials(
             heldout_ids, encode, heldout_words, args.recall_context,
             monitor_depths + args.recall_depth_list,
-            max(2, args.recall_trials // 2), recall_data.LIST_WORDS, args.seed + 2)
+            max(2, args.recall_trials // 2), recall_data.LIST_WORDS, args.eval_seed + 2)
         special = set(special_ids.values())
         copy_pool = [t for t, _ in Counter(train_ids).most_common() if t not in special]
         # Induction probes: random spans repeated in held-out text (copy accuracy by distance).
@@ -1130,7 +1150,7 @@ def main():
                           if d + COPY_PROBE_SPAN + 1 <= args.recall_context]
         copy_monitor = recall_data.copy_trials(
             heldout_ids, sorted(set(train_ids) - set(special_ids.values())), args.recall_context,
-            copy_distances, max(2, args.recall_trials // 2), COPY_PROBE_SPAN, args.seed + 5)
+            copy_distances, max(2, args.recall_trials // 2), COPY_PROBE_SPAN, args.eval_seed + 5)
         def make_gap_rows():
             # One per run: the curriculum starts again at the first gap.
             return gap_copy.GapRows(
@@ -1289,23 +1309,27 @@ def main():
         report["perplexity"] = results
 
     with report.stage("recall", fatal=False):
+        final_trials = args.final_recall_trials or args.recall_trials
         check = {"format": "docs/EVAL.md (Recall prompt format)", "greedy": "float32, eager",
                  "context_tokens": args.recall_context, "depths": args.recall_depth_list,
-                 "trials_per_depth": args.recall_trials, "list_words": recall_data.LIST_WORDS,
+                 "trials_per_depth": final_trials, "list_words": recall_data.LIST_WORDS,
+                 "eval_seed": args.eval_seed,
                  "goal": "token accuracy >= 0.8 with lists >= 1,000 tokens back"}
-        pools = [("eval_words", recall_data.EVAL_WORDS, sample_ids, args.seed + 3),
-                 ("heldout_vocabulary_words", heldout_words, heldout_ids, args.seed + 4)]
+        pools = [("eval_words", recall_data.EVAL_WORDS, sample_ids, args.eval_seed + 3),
+                 ("heldout_vocabulary_words", heldout_words, heldout_ids, args.eval_seed + 4)]
         for name, pool, filler, seed in pools:
             trials = recall_data.recall_trials(
                 filler, encode, pool, args.recall_context, args.recall_depth_list,
-                args.recall_trials, recall_data.LIST_WORDS, seed)
+                final_trials, recall_data.LIST_WORDS, seed)
             accuracy, by_depth, rows = greedy_recall(reference, trials, device)
+            se = list_accuracy_standard_error(rows)
             check[name] = {"token_accuracy": round(accuracy, 4), "by_depth": by_depth,
+                           "standard_error_over_lists": round(se, 4), "lists": len(rows),
                            "list_tokens": sum(len(t["expected"]) for t in trials),
                            "filler": "heldout sample" if filler is sample_ids else "heldout full",
                            "examples": [dict(r, produced_text=tokenizer.decode(r["produced"]))
                                         for r in rows[:3]]}
-            log(f"recall {name}: {accuracy:.4f} by depth {by_depth}")
+            log(f"recall {name}: {accuracy:.4f} (+-{se:.3f} s.e. over {len(rows)} lists) by depth {by_depth}")
         check["goal_met"] = (min(args.recall_depth_list) >= 1000
                              and min(check[n]["token_accuracy"] for n, *_ in pools) >= 0.8)
         report["recall"] = check
@@ -1339,7 +1363,7 @@ def main():
                 trials = recall_data.recall_trials(
                     base_sample, lambda t: base_tok.encode(t, add_special_tokens=False).ids,
                     recall_data.EVAL_WORDS, base_recall_context, base_depths,
-                    args.recall_trials, recall_data.LIST_WORDS, args.seed + 3)
+                    args.recall_trials, recall_data.LIST_WORDS, args.eval_seed + 3)
                 accuracy, by_depth, _ = greedy_recall(base, trials, device)
                 baseline["recall_eval_words"] = {"context_tokens": base_recall_context,
                                                  "token_accuracy": round(accuracy, 4),
@@ -1389,7 +1413,7 @@ def main():
         # stored) so that pagoda's decoding can be compared past the old 1,024 positions.
         trials = recall_data.recall_trials(
             sample_ids, encode, recall_data.EVAL_WORDS, args.recall_context,
-            [max(args.recall_depth_list)], 1, recall_data.LIST_WORDS, args.seed + 3)
+            [max(args.recall_depth_list)], 1, recall_data.LIST_WORDS, args.eval_seed + 3)
         long_ids = trials[0]["prompt"]
         new, margins, top5 = greedy_continuation(reference, long_ids, 16, eos_id, device)
         report["greedy_long"] = {
