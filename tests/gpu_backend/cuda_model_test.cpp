@@ -375,52 +375,6 @@ TEST(CudaModel, GemvDispatchIsValidatedAndMatchesTheGemm) {
   EXPECT_LE(max_diff, 0.02 + 0.02 * max_logit);
 }
 
-// The L2 prefetch of the o / gate_up weights during the attention (CudaModelOptions::l2_prefetch_mb): bad
-// values are refused naming the option or the environment variable; on (both instructions), a prefill and
-// graph-replayed batch-1 decode steps (the prefetch on its side branch of the captured step) give the same
-// logits bit for bit as with it off: it is a hint and changes no arithmetic.
-TEST(CudaModel, L2PrefetchChangesNoLogit) {
-  PAGODA_SKIP_WITHOUT_GPU();
-  const ModelConfig config = small_llama_config();
-  CudaModelOptions bad = small_options();
-  bad.l2_prefetch_mb = -1;
-  auto refused = CudaModel::create_random(config, 7, bad);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("l2_prefetch_mb"), std::string::npos) << refused.status().to_string();
-  for (const char* env : {"PAGODA_L2_PREFETCH_MB=lots", "PAGODA_L2_PREFETCH_MB=100000", "PAGODA_L2_PREFETCH_MODE=tma"}) {
-    const std::string assignment(env);
-    const std::string name = assignment.substr(0, assignment.find('='));
-    setenv(name.c_str(), assignment.substr(assignment.find('=') + 1).c_str(), 1);
-    refused = CudaModel::create_random(config, 7, small_options());
-    unsetenv(name.c_str());
-    ASSERT_FALSE(refused.ok()) << env;
-    EXPECT_NE(refused.status().message().find(name), std::string::npos) << refused.status().to_string();
-  }
-
-  std::vector<std::vector<float>> runs;
-  for (const char* mode : {"off", "bulk", "lines"}) {
-    CudaModelOptions options = small_options();
-    options.l2_prefetch_mb = std::string(mode) == "off" ? 0 : 8;
-    setenv("PAGODA_L2_PREFETCH_MODE", std::string(mode) == "lines" ? "lines" : "bulk", 1);
-    auto model = CudaModel::create_random(config, 7, options);
-    unsetenv("PAGODA_L2_PREFETCH_MODE");
-    ASSERT_TRUE(model.ok()) << model.status().to_string();
-    auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
-    ASSERT_TRUE(pool.ok());
-    std::vector<float> all, logits;
-    ASSERT_TRUE((*model)->forward(single({1, 5, 900, 42, 7}, 0, {0}, true), **pool, logits).ok());
-    all = logits;
-    for (int32_t step = 0; step < 4; ++step) {
-      ASSERT_TRUE((*model)->forward(single({11 + step}, 5 + step, {0}, false), **pool, logits).ok());
-      all.insert(all.end(), logits.begin(), logits.end());
-    }
-    EXPECT_GT((*model)->graph_replays(), 0);
-    runs.push_back(std::move(all));
-  }
-  EXPECT_EQ(runs[0], runs[1]);
-  EXPECT_EQ(runs[0], runs[2]);
-}
-
 // The e4m3 lm_head (CudaModelOptions::fp8_lm_head) in a model with fp8 projections: a bad
 // PAGODA_FP8_LM_HEAD is refused naming it; a 5-row prefill (the GEMM's bf16 lm_head either way) gives the
 // same bits with it on and off; graph-replayed batch-1 decode steps (the fp8 GEMV head) differ from the bf16

@@ -93,12 +93,6 @@ CudaModel::~CudaModel() {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
   }
-  if (prefetch_stream_ != nullptr) {
-    cudaStreamSynchronize(prefetch_stream_);
-    cudaStreamDestroy(prefetch_stream_);
-  }
-  if (prefetch_fork_ != nullptr) cudaEventDestroy(prefetch_fork_);
-  if (prefetch_join_ != nullptr) cudaEventDestroy(prefetch_join_);
 }
 
 Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
@@ -155,33 +149,6 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
     const std::string v(env);
     if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FUSE_FP8_QUANT={}: expected 0 or 1", env);
     fuse_fp8_quant_ = v == "1";
-  }
-  int32_t prefetch_mb = options_.l2_prefetch_mb;
-  int device = 0, l2_bytes = 0;
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
-  const int32_t l2_mb = l2_bytes >> 20;
-  if (const char* env = std::getenv("PAGODA_L2_PREFETCH_MB"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    if (*end != '\0' || v < 0 || v > l2_mb)
-      return invalid_argument_error("PAGODA_L2_PREFETCH_MB={}: expected 0 ... {} (this device's L2 in MiB)", env, l2_mb);
-    prefetch_mb = static_cast<int32_t>(v);
-  }
-  if (prefetch_mb < 0 || prefetch_mb > l2_mb)
-    return invalid_argument_error("CUDA model options: l2_prefetch_mb={} (0 ... {}, this device's L2 in MiB)",
-                                  prefetch_mb, l2_mb);
-  if (const char* env = std::getenv("PAGODA_L2_PREFETCH_MODE"); env != nullptr && *env != '\0') {
-    const std::string v(env);
-    if (v != "bulk" && v != "lines")
-      return invalid_argument_error("PAGODA_L2_PREFETCH_MODE={}: expected bulk or lines", env);
-    l2_prefetch_mode_ = v == "bulk" ? L2PrefetchMode::kBulk : L2PrefetchMode::kLines;
-  }
-  l2_prefetch_bytes_ = static_cast<size_t>(prefetch_mb) << 20;
-  if (l2_prefetch_bytes_ > 0) {
-    PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&prefetch_stream_, cudaStreamNonBlocking));
-    PAGODA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&prefetch_fork_, cudaEventDisableTiming));
-    PAGODA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&prefetch_join_, cudaEventDisableTiming));
   }
   if (const char* env = std::getenv("PAGODA_CUDA_PROFILE_REPLAY"); env != nullptr && *env != '\0') {
     char* end = nullptr;
@@ -355,15 +322,6 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
       }
       PAGODA_RETURN_IF_ERROR(project(normed, T, w.qkv_proj, w.qkv_fp8, qkv_width, H, qkv));
     }
-    // While rope, the KV write and the attention leave HBM idle, the L2 loads the next weights (decode sizes).
-    if (T <= kGemvMaxRows) {
-      const size_t o_bytes = static_cast<size_t>(H) * q_width, gate_up_bytes = static_cast<size_t>(2) * I * H;
-      if (w.o_fp8.data != nullptr) {
-        PAGODA_RETURN_IF_ERROR(fork_l2_prefetch({{w.o_fp8.data, o_bytes}, {w.gate_up_fp8.data, gate_up_bytes}}));
-      } else {
-        PAGODA_RETURN_IF_ERROR(fork_l2_prefetch({{w.o_proj, 2 * o_bytes}, {w.gate_up_proj, 2 * gate_up_bytes}}));
-      }
-    }
     if (w.qkv_bias != nullptr)
       PAGODA_CUDA_RETURN_IF_ERROR(add_bias(qkv, qkv_width, T, qkv_width, w.qkv_bias, stream_));
     if (c.qk_norm) {
@@ -428,7 +386,6 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
             paged_attention(qkv, qkv_width, kv, attention, c.num_q_heads, scale, attn, stream_));
       }
     }
-    PAGODA_RETURN_IF_ERROR(join_l2_prefetch());
     PAGODA_RETURN_IF_ERROR(project(attn, T, w.o_proj, w.o_fp8, H, q_width, proj));
     if (w.o_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.o_bias, stream_));
     if (comm_ != nullptr)
@@ -490,29 +447,6 @@ Status CudaModel::project(const bf16* x, int32_t T, const bf16* w, const CudaFp8
     PAGODA_CUDA_RETURN_IF_ERROR(quantize_fp8_per_token(x, T, k, q, scales, stream_));
   }
   return fp8_gemm_->linear(q, scales, T, fp8.data, fp8.scales, n, k, y, stream_);
-}
-
-Status CudaModel::fork_l2_prefetch(std::initializer_list<std::pair<const void*, size_t>> ranges) {
-  if (l2_prefetch_bytes_ == 0) return ok_status();
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(prefetch_fork_, stream_));
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(prefetch_stream_, prefetch_fork_, 0));
-  size_t left = l2_prefetch_bytes_;
-  for (const auto& [p, bytes] : ranges) {
-    if (p == nullptr || left == 0) break;
-    const size_t take = bytes < left ? bytes : left;
-    PAGODA_CUDA_RETURN_IF_ERROR(prefetch_l2(p, take, prefetch_stream_, l2_prefetch_mode_));
-    left -= take;
-  }
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(prefetch_join_, prefetch_stream_));
-  prefetch_forked_ = true;
-  return ok_status();
-}
-
-Status CudaModel::join_l2_prefetch() {
-  if (!prefetch_forked_) return ok_status();
-  prefetch_forked_ = false;  // before the wait: a failed join leaves no stale fork behind
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, prefetch_join_, 0));
-  return ok_status();
 }
 
 bool CudaModel::fuse_fp8_input(const bf16* x, int32_t T, const CudaFp8Weight& fp8, int32_t k) const {

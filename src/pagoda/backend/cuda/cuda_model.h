@@ -49,18 +49,15 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <initializer_list>
 #include <map>
 #include <memory>
 #include <span>
-#include <utility>
 #include <vector>
 
 #include <cuda_runtime_api.h>
 
 #include "pagoda/backend/cuda/cuda_deepseek_forward.h"
 #include "pagoda/backend/cuda/cuda_kv_scores.h"
-#include "pagoda/backend/cuda/l2_prefetch.h"
 #include "pagoda/backend/cuda/cuda_kv_pool.h"
 #include "pagoda/backend/cuda/cuda_model_weights.h"
 #include "pagoda/backend/cuda/device_buffer.h"
@@ -121,12 +118,6 @@ struct CudaModelOptions {
   // the environment variable PAGODA_FP8_LM_HEAD (0 or 1), when set, overrides it. Single-GPU Llama-style
   // models only (the sharded head and MLA keep bf16).
   bool fp8_lm_head = true;
-  // Decode steps of at most kGemvMaxRows rows ask the L2 to load up to this many MiB of the o projection's
-  // weights (then the gate_up projection's first bytes) while rope, the KV write and the attention run
-  // (l2_prefetch.h), on a side branch of the step. 0: off. The environment variable PAGODA_L2_PREFETCH_MB
-  // (0 ... the device's L2 size in MiB), when set, overrides it; PAGODA_L2_PREFETCH_MODE=bulk|lines picks
-  // the prefetch instruction (bulk by default).
-  int32_t l2_prefetch_mb = 0;
 };
 
 class CudaModel {
@@ -271,11 +262,6 @@ class CudaModel {
   Status head_sharded(const bf16* normed, int32_t num_rows);
   // y [T, n] = x [T, k] . w^T through the bf16 GEMM, or quantize x + the fp8 GEMM where fp8.data is set.
   Status project(const bf16* x, int32_t T, const bf16* w, const CudaFp8Weight& fp8, int32_t n, int32_t k, bf16* y);
-  // Forks prefetch_stream_ off stream_ and asks the L2 for the first l2_prefetch_bytes_ of `ranges` (in order)
-  // there (l2_prefetch.h); join_l2_prefetch() makes stream_ wait for that branch (its kernel only issues the
-  // prefetches). Both do nothing when the prefetch is off.
-  Status fork_l2_prefetch(std::initializer_list<std::pair<const void*, size_t>> ranges);
-  Status join_l2_prefetch();
   // Whether project(x, T, ..., fp8, n, k, y) would quantize x per token into fp8_x_ and run the fp8 GEMM: then
   // the kernel producing x may write fp8_x_ itself (add_rmsnorm_fp8, silu_mul_fp8) and project_quantized runs
   // the GEMM. False unless PAGODA_FUSE_FP8_QUANT allows it (on by default).
@@ -316,14 +302,6 @@ class CudaModel {
   int64_t fused_fp8_quant_launches_ = 0;
   // The fp8 GEMMs' per-token input quantization inside the norms / SiLU (PAGODA_FUSE_FP8_QUANT=0: off).
   bool fuse_fp8_quant_ = true;
-  // L2 prefetch of the o / gate_up weights during the attention (CudaModelOptions::l2_prefetch_mb): the bytes
-  // per layer (0: off), the instruction, and the side stream with its fork / join events.
-  size_t l2_prefetch_bytes_ = 0;
-  L2PrefetchMode l2_prefetch_mode_ = L2PrefetchMode::kBulk;
-  cudaStream_t prefetch_stream_ = nullptr;
-  cudaEvent_t prefetch_fork_ = nullptr;
-  cudaEvent_t prefetch_join_ = nullptr;
-  bool prefetch_forked_ = false;  // a fork_l2_prefetch awaits its join_l2_prefetch
   bool fuse_rope_kv_ = false;  // rope_qk + kv_write as rope_qk_kv_write at decode sizes (PAGODA_FUSE_ROPE_KV=1: on)
   DeviceBuffer fp8_x_;         // e4m3 [T4, max(hidden, Hq * D, intermediate)]: a projection's quantized input
   DeviceBuffer fp8_x_scales_;  // f32 per token (or token x 128-group) of fp8_x_
