@@ -1,7 +1,9 @@
 #include "pagoda/backend/cuda/cuda_deepseek_mla_decode.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "pagoda/backend/cuda/cuda_check.h"
@@ -131,7 +133,13 @@ Status CudaMlaDecode::run(const DevicePagedKvLayer& layer, const bf16* q, bf16* 
   DeviceBuffer& workspace = s.graph ? s.graph_workspace : s.workspace;
   kc::MlaDecodeDescriptor d =
       s.plan->descriptor(arena.as<int32_t>(), layer.key, layer.key_scale, workspace.as<float>());
-  d.programmatic_merge = pdl_enabled();  // the merge pass follows the engine's PDL switch (pdl.cuh)
+  // The merge pass as a programmatic launch: +1% at 64 x 4K, -1% to -5% at 8 x 32K (docs/BENCHMARKS.md, "MLA
+  // decode v19"), so only with PAGODA_MLA_PROGRAMMATIC_MERGE=1, and never with the engine's PDL off (pdl.cuh).
+  static const bool programmatic_merge = [] {
+    const char* env = std::getenv("PAGODA_MLA_PROGRAMMATIC_MERGE");
+    return env != nullptr && std::string_view(env) == "1";
+  }();
+  d.programmatic_merge = programmatic_merge && pdl_enabled();
   PAGODA_CUDA_RETURN_IF_ERROR(kc::launch_mla_decode(d, q, out, stream));
   return ok_status();
 }

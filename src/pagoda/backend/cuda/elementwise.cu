@@ -13,8 +13,8 @@ namespace {
 // Two outputs per thread through bf16x2 loads when the width allows it.
 __global__ void silu_mul_kernel(const bf16* __restrict__ gate_up, bf16* __restrict__ out, int32_t rows,
                                 int32_t intermediate) {
-  pdl_launch_dependents();  // the down projection's GEMV streams its first weights meanwhile (pdl.cuh)
   pdl_wait();               // launched programmatically: the kernel ahead may still run
+  pdl_launch_dependents();  // the down projection's GEMV streams its first weights meanwhile (pdl.cuh)
   const int32_t pairs = intermediate / 2;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(rows) * pairs) return;
@@ -29,8 +29,8 @@ __global__ void silu_mul_kernel(const bf16* __restrict__ gate_up, bf16* __restri
 
 __global__ void silu_mul_scalar_kernel(const bf16* __restrict__ gate_up, bf16* __restrict__ out, int32_t rows,
                                        int32_t intermediate) {
-  pdl_launch_dependents();
   pdl_wait();
+  pdl_launch_dependents();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(rows) * intermediate) return;
   const int64_t r = i / intermediate;
@@ -51,8 +51,8 @@ template <bool kPairs>
 __global__ void __launch_bounds__(1024, 2)
     silu_mul_fp8_kernel(const bf16* __restrict__ gate_up, uint8_t* __restrict__ q, float* __restrict__ scales,
                         int32_t intermediate) {
-  pdl_launch_dependents();  // the down projection's GEMM may start launching meanwhile (pdl.cuh)
   pdl_wait();               // launched programmatically: the kernel ahead may still run
+  pdl_launch_dependents();  // the down projection's GEMM may start launching meanwhile (pdl.cuh)
   const int64_t r = blockIdx.x;
   const bf16* row = gate_up + r * 2 * intermediate;
   uint8_t* out = q + r * intermediate;

@@ -29,8 +29,8 @@ constexpr int kWarpsPerBlock = 4;
 __global__ void kv_write_kernel(const bf16* __restrict__ k, const bf16* __restrict__ v, int64_t row_stride,
                                 const int64_t* __restrict__ slots, int32_t num_tokens, bf16* __restrict__ key,
                                 bf16* __restrict__ value, int32_t num_kv_heads, int32_t head_dim) {
-  pdl_launch_dependents();
   pdl_wait();  // launched programmatically (pdl.cuh): k and v come from the kernel ahead
+  pdl_launch_dependents();
   const int32_t chunks_per_row = num_kv_heads * head_dim / 8;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(num_tokens) * chunks_per_row) return;
@@ -197,8 +197,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     kv_write_quantized_kernel(const bf16* __restrict__ k, const bf16* __restrict__ v, int64_t row_stride,
                               const int64_t* __restrict__ slots, int32_t num_tokens, DevicePagedKvLayer layer,
                               KvWriteFixedScales fixed_scales) {
-  pdl_launch_dependents();
   pdl_wait();  // launched programmatically (pdl.cuh): k and v come from the kernel ahead
+  pdl_launch_dependents();
   const int lane = threadIdx.x % 32;
   WarpVector w;
   if (!locate_warp_vector(slots, num_tokens, layer, w)) return;
@@ -238,8 +238,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       sincosf(static_cast<float>(positions[t]) * inv_freq[pair], &sn[j], &cs[j]);
     }
   }
-  pdl_launch_dependents();
   pdl_wait();  // launched programmatically (pdl.cuh): qkv comes from the kernel ahead
+  pdl_launch_dependents();
   if (!active) return;  // uniform across the warp
   bf16* x = qkv + t * row_stride + static_cast<int64_t>(h) * head_dim;
   float r[kMaxElementsPerLane];
@@ -363,8 +363,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     kv_write_shared_kernel(const bf16* __restrict__ k, const bf16* __restrict__ v, int64_t row_stride,
                            const int64_t* __restrict__ slots, int32_t num_tokens, DevicePagedKvLayer layer,
                            DeviceKvShare share) {
-  pdl_launch_dependents();
   pdl_wait();  // launched programmatically (pdl.cuh): k and v come from the kernel ahead
+  pdl_launch_dependents();
   const int lane = threadIdx.x % 32;
   WarpVector w;
   if (!locate_warp_vector(slots, num_tokens, layer, w)) return;

@@ -21,7 +21,7 @@ bool pdl_enabled() {
   int state = pdl_state().load(std::memory_order_relaxed);
   if (state < 0) {
     const char* env = std::getenv("PAGODA_PDL");
-    const int from_env = env != nullptr && std::strcmp(env, "1") == 0 ? 1 : 0;
+    const int from_env = env != nullptr && std::strcmp(env, "0") == 0 ? 0 : 1;
     pdl_state().compare_exchange_strong(state, from_env, std::memory_order_relaxed);
     state = pdl_state().load(std::memory_order_relaxed);
   }

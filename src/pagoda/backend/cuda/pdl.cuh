@@ -13,11 +13,17 @@
 // launches without the attribute and below sm_90. Inside stream capture the attribute becomes a
 // programmatic edge of the CUDA graph.
 //
-// pdl_enabled(): off unless the environment sets PAGODA_PDL=1 (read at the first launch) or
-// set_pdl_enabled(true) was called; when off, launch_pdl launches plainly and the griddepcontrol
-// instructions are no-ops. Off by default because the one engine A/B so far was mixed (docs/BENCHMARKS.md,
-// "Programmatic dependent launch"): batch-1 fp8 faster, bf16 slower. set_pdl_enabled is for tests and
-// benchmarks; it affects launches made after it (a graph keeps what it was captured with).
+// The order inside a kernel: pdl_wait() first, pdl_launch_dependents() after it. Then a kernel lets its
+// successor in only once its own predecessor has completed, so at most one early kernel overlaps a running
+// one. Triggering before the wait chained the early launches (GEMV -> norm -> next GEMV): the next
+// projection's blocks took SM slots and bandwidth while the current one still streamed, and batch-1 bf16
+// decode was 0.2 ms a step slower with PDL than without; in this order PDL gains on both weight types
+// (docs/BENCHMARKS.md, "PDL: wait before trigger").
+//
+// pdl_enabled(): on unless the environment sets PAGODA_PDL=0 (read at the first launch) or
+// set_pdl_enabled(false) was called; when off, launch_pdl launches plainly and the griddepcontrol
+// instructions are no-ops. set_pdl_enabled is for tests and benchmarks; it affects launches made after it
+// (a graph keeps what it was captured with).
 // Thread safety: pdl_enabled / set_pdl_enabled are atomic; launch_pdl is a plain launch on the caller's stream.
 
 #include <utility>

@@ -37,8 +37,8 @@ __device__ float block_sum(float value) {
 __global__ void rmsnorm_kernel(const float* __restrict__ x, const int32_t* __restrict__ row_index,
                                const float* __restrict__ weight, bf16* __restrict__ out, int32_t dim,
                                float eps) {
-  pdl_launch_dependents();  // a GEMV after the norm streams its first weights meanwhile (pdl.cuh)
   pdl_wait();               // launched programmatically: the kernel ahead may still run
+  pdl_launch_dependents();  // a GEMV after the norm streams its first weights meanwhile (pdl.cuh)
   const int32_t r = blockIdx.x;
   const int64_t src = row_index != nullptr ? row_index[r] : r;
   const float* xr = x + src * dim;
@@ -58,8 +58,8 @@ __global__ void __launch_bounds__(1024, 2)
     add_rmsnorm_kernel(float* __restrict__ residual, const bf16* __restrict__ delta, const float* __restrict__ weight,
                        bf16* __restrict__ out, uint8_t* __restrict__ q, float* __restrict__ scales, int32_t dim,
                        float eps) {
-  pdl_launch_dependents();  // a GEMV after the norm streams its first weights meanwhile (pdl.cuh)
   pdl_wait();               // launched programmatically: the kernel ahead may still run
+  pdl_launch_dependents();  // a GEMV after the norm streams its first weights meanwhile (pdl.cuh)
   const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
   float* xr = residual + base;
   float sum_sq = 0.0f;

@@ -35,8 +35,8 @@ __global__ void rope_kernel(bf16* __restrict__ x, int64_t row_stride, const int3
   const float angle = static_cast<float>(positions[t]) * inv_freq[pair];
   float s, c;
   sincosf(angle, &s, &c);
-  pdl_launch_dependents();
   pdl_wait();
+  pdl_launch_dependents();
   bf16* row = x + t * row_stride;
   for (int32_t h = first_head; h < num_heads; h += head_step) {
     bf16* v = row + static_cast<int64_t>(h) * 2 * half;

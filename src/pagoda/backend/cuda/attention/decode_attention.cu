@@ -245,7 +245,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
 
 // One CTA per (sequence, query head), one thread per element of head_dim.
 __global__ void merge_splits_kernel(const AttentionDescriptor d, __nv_bfloat16* __restrict__ out) {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::);  // the o projection's GEMV may stream its weights
   const int sequence = blockIdx.x;
   const int q_head = blockIdx.y;
   const int first = d.split_start[sequence];
@@ -254,6 +253,7 @@ __global__ void merge_splits_kernel(const AttentionDescriptor d, __nv_bfloat16* 
   // grid completes only after the decode grid: a kernel launched programmatically after the merge (the o
   // projection's GEMV) waits on this grid alone.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);  // the o projection's GEMV may stream its weights
   if (last - first <= 1) return;  // written directly by the decode kernel
   const float* partial_o = d.workspace;
   const float* partial_lse = d.workspace + int64_t{d.num_work_items} * d.num_q_heads * d.head_dim;
