@@ -7,8 +7,8 @@
 #   BUDGET=560 bash .device/<name>/pdl_order_call.sh run
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-tests=(cuda_ops_tests cuda_model_tests fast_attention_gpu_tests paged_attention_gpu_tests
-       quantized_attention_gpu_tests cuda_kv_eviction_tests mla_decode_gpu_tests cuda_sampling_tests)
+tests=(cuda_ops_tests cuda_model_tests fast_attention_gpu_tests
+       quantized_attention_gpu_tests cuda_kv_eviction_tests mla_decode_gpu_tests)
 if [ "${1:-}" = bundle ]; then
   root=$(cd "$here/../.." && pwd); dest=${DEST:?DEST=/work/main/.device/NAME}
   rm -rf "$dest" && mkdir -p "$dest"
