@@ -49,6 +49,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_address(smem_row)));
 }
+// The store counterpart (sm_90): matrix m's fragment in r[m] (the mma accumulator layout: lane l holds
+// row l / 4, columns 2 (l % 4) and + 1, low half first), each matrix stored transposed: lanes 8m..8m+7 give
+// the addresses of its rows after the transpose (its columns before), 16 bytes each.
+__device__ __forceinline__ void stmatrix_x4_trans(const uint32_t (&r)[4], void* smem_row) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_address(smem_row)),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
 
 // d += a * b for one m16n8k16 tile: a row-major bf16 (4 regs), b "col" bf16 (2 regs), d f32.
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,

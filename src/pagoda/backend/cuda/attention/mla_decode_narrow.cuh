@@ -203,6 +203,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[8], SegmentStateOf<kMTil
       for (int e = 0; e < 2; ++e) col_max[t.wg_warp * kHeads + 8 * j + t.col + e] = mx[2 * j + e];
   }
   group_barrier(t.warpgroup);
+  float p_out[2][2][2];  // [j][i][e]: P at position row0 + 8 i, head 8 j + col + e
 #pragma unroll
   for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -226,12 +227,24 @@ __device__ __forceinline__ void softmax_tile(float (&s)[8], SegmentStateOf<kMTil
         const float p = kFastExp ? exp2_ftz(fmaf(s[4 * j + 2 * i + e], scale_log2, -m_new))
                                  : exp2f(s[4 * j + 2 * i + e] - m_new);
         st.l[k] += p;
-        const int r = t.row0 + 8 * i;
-        // P^T[h][r]: row h of 128 B, 16-byte chunk r / 8 swizzled, bf16 r % 8.
-        *reinterpret_cast<__nv_bfloat16*>(p_tile + h * 128 + (((r >> 3) ^ (h & 7)) << 4) + (r & 7) * 2) =
-            __float2bfloat16(kFastExp ? p : p * pos_scale[i]);
+        p_out[j][i][e] = kFastExp ? p : p * pos_scale[i];
       }
     }
+  // P^T[h][r]: row h of 128 B, 16-byte chunk r / 8 swizzled (128B), bf16 r % 8. This warp's P is four 8x8
+  // accumulator fragments, matrix m = 2 j + i (heads 8 j.., positions 16 wg_warp + 8 i..); stored
+  // transposed, each matrix row is one head's 8 positions: one swizzled 16-byte chunk, whose address
+  // lane 8 m + c gives (head 8 j + c).
+  uint32_t packed[4];
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) packed[2 * j + i] = pack_bf16x2(p_out[j][i][0], p_out[j][i][1]);
+  {
+    const int m = t.lane >> 3;
+    const int h = 8 * (m >> 1) + (t.lane & 7);
+    const int chunk = 2 * t.wg_warp + (m & 1);
+    stmatrix_x4_trans(packed, p_tile + h * 128 + ((chunk ^ (h & 7)) << 4));
+  }
   fence_proxy_async_shared();
   group_barrier(t.warpgroup);  // this group's P^T is complete (and its maxima read)
 }
