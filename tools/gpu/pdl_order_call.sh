@@ -7,28 +7,20 @@
 #   BUDGET=560 bash .device/<name>/pdl_order_call.sh run
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tools/gpu/call_bundle.sh
+. "$here/call_bundle.sh"
 tests=(cuda_ops_tests cuda_model_tests fast_attention_gpu_tests
        quantized_attention_gpu_tests cuda_kv_eviction_tests mla_decode_gpu_tests)
 if [ "${1:-}" = bundle ]; then
-  root=$(cd "$here/../.." && pwd); dest=${DEST:?DEST=/work/main/.device/NAME}
-  rm -rf "$dest" && mkdir -p "$dest"
-  bins=("$root/build/bench/gpu/pagoda_gpu_engine_bench")
-  for t in "${tests[@]}"; do bins+=("$(find "$root/build/tests" -name "$t" -type f | head -1)"); done
-  "$root/scripts/device-bundle.sh" "$dest/bundle" "${bins[@]}" >/dev/null
-  strip "$dest"/bundle/bin/* 2>/dev/null || true
-  git -C "$root" rev-parse --short HEAD > "$dest/bundle/commit"
-  tar cJf "$dest/bundle.tar.xz" -C "$dest" bundle && rm -rf "$dest/bundle"
-  cp "$0" "$dest/" && du -sh "$dest" && exit 0
+  build=$(cd "$here/../.." && pwd)/build
+  bins=("$build/bench/gpu/pagoda_gpu_engine_bench")
+  for t in "${tests[@]}"; do bins+=("$(find "$build/tests" -name "$t" -type f | head -1)"); done
+  call_bundle_pack "$0" "${bins[@]}"; exit
 fi
-root=$(cd "$here/../.." && pwd)
-out=${OUT:-/tmp/pdl_order_call}; mkdir -p "$out"
-tar xJf "$here/bundle.tar.xz" -C "$here"
-export PAGODA_SOURCE_DIR=$root
-cd "$root"
+call_bundle_unpack
 start=$SECONDS; budget=${BUDGET:-560}
 left() { echo $((budget - (SECONDS - start))); }
-B="$here/bundle/run.sh"
-echo "== binaries of $(cat "$here/bundle/commit"); $(date -u +%FT%TZ); $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader)"
+echo "== binaries of $(cat "$(dirname "$B")/commit"); $(date -u +%FT%TZ); $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader)"
 if [ "${TESTS:-1}" = 1 ]; then
   pids=()
   for t in "${tests[@]}"; do

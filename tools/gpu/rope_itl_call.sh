@@ -7,24 +7,16 @@
 #   BUDGET=150 bash .device/<name>/rope_itl_call.sh run
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tools/gpu/call_bundle.sh
+. "$here/call_bundle.sh"
 if [ "${1:-}" = bundle ]; then
-  root=$(cd "$here/../.." && pwd); dest=${DEST:?DEST=/work/main/.device/NAME}
-  rm -rf "$dest" && mkdir -p "$dest"
-  "$root/scripts/device-bundle.sh" "$dest/bundle" "$root/build/tests/gpu_backend/cuda_ops_tests" \
-    "$root/build/bench/gpu/pagoda_gpu_engine_bench" >/dev/null
-  git -C "$root" rev-parse --short HEAD > "$dest/bundle/commit"
-  tar cJf "$dest/bundle.tar.xz" -C "$dest" bundle && rm -rf "$dest/bundle"
-  cp "$0" "$dest/" && du -sh "$dest" && exit 0
+  build=$(cd "$here/../.." && pwd)/build
+  call_bundle_pack "$0" "$build/tests/gpu_backend/cuda_ops_tests" "$build/bench/gpu/pagoda_gpu_engine_bench"; exit
 fi
-root=$(cd "$here/../.." && pwd)
-out=${OUT:-/tmp/rope_itl_call}; mkdir -p "$out"
-tar xJf "$here/bundle.tar.xz" -C "$here"
-export PAGODA_SOURCE_DIR=$root
-cd "$root"
+call_bundle_unpack
 start=$SECONDS; budget=${BUDGET:-150}
 left() { echo $((budget - (SECONDS - start))); }
-B="$here/bundle/run.sh"
-echo "== binaries of $(cat "$here/bundle/commit"); $(date -u +%FT%TZ); $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader)"
+echo "== binaries of $(cat "$(dirname "$B")/commit"); $(date -u +%FT%TZ); $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader)"
 timeout 30 "$B" cuda_ops_tests --gtest_filter='CudaOps.Rope*:RopeQk*:FusedFp8Quant*:CudaOps.SiluMul*' > "$out/ops.log" 2>&1
 echo "== cuda_ops_tests exit $? ($((SECONDS - start)) s)"
 grep -E "^\[  (PASSED|FAILED)|FAILED|Failure|Expected|Which is" "$out/ops.log" | head -12

@@ -1,0 +1,29 @@
+# Sourced by the small tools/gpu/*_call.sh scripts that carry their own bundle in .device/<name>:
+#   call_bundle_pack SCRIPT BIN...   (here) DEST (required): BINs through scripts/device-bundle.sh, stripped,
+#                                    the commit, as DEST/bundle.tar.xz, with SCRIPT and this file beside it;
+#   call_bundle_unpack               (on the GPU machine) unpacks the bundle beside the sourcing script once,
+#                                    exports PAGODA_SOURCE_DIR, sets B (the bundle's run.sh) and out ($OUT or
+#                                    /tmp/<script name>), and enters the tree.
+call_bundle_here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+call_bundle_pack() {
+  local script=$1; shift
+  local root dest
+  root=$(cd "$call_bundle_here/../.." && pwd); dest=${DEST:?DEST=/work/main/.device/NAME}
+  rm -rf "$dest" && mkdir -p "$dest"
+  "$root/scripts/device-bundle.sh" "$dest/bundle" "$@" >/dev/null || return 1
+  strip "$dest"/bundle/bin/* 2>/dev/null || true
+  git -C "$root" rev-parse --short HEAD > "$dest/bundle/commit"
+  tar cJf "$dest/bundle.tar.xz" -C "$dest" bundle && rm -rf "$dest/bundle"
+  cp "$script" "${BASH_SOURCE[0]}" "$dest/" && du -sh "$dest"
+}
+
+call_bundle_unpack() {
+  local dir root
+  dir=$(cd "$(dirname "$0")" && pwd); root=$(cd "$dir/../.." && pwd)
+  [ -x "$dir/bundle/run.sh" ] || tar xJf "$dir/bundle.tar.xz" -C "$dir"
+  export PAGODA_SOURCE_DIR=$root
+  B=$dir/bundle/run.sh
+  out=${OUT:-/tmp/$(basename "$0" .sh)}; mkdir -p "$out"
+  cd "$root" || return 1
+}
