@@ -6,8 +6,8 @@
 //   random         N requests of random prompts (input-len / output-len), all
 //                  submitted at t=0; output tok/s, TTFT, ITL; once per --sampling
 //                  (top-p: temperature + top_p on the GPU; greedy: argmax on the GPU)
-//   latency        one request (128 in, latency-tokens out): per-token latency
-//                  against the floor of reading the weights once
+//   latency        one request (latency-input-len in, 128 by default; latency-tokens out):
+//                  per-token latency against the floor of reading the weights once
 //   shared-prefix  N requests = one shared prefix (prefix-len) + unique tokens
 //                  (input-len) + output-len; prefix cache off, then on
 //   sampler        the GPU sampler alone on [max-num-seqs, vocab] logits
@@ -83,7 +83,8 @@ struct Args {
   std::string quantization = "none";    // weights: none (bf16) or fp8
   std::vector<std::string> workloads = {"random"}, samplings = {"top-p", "greedy"};
   int num_requests = 1000, input_len = 1000, output_len = 1000, prefix_len = 2000;
-  int prefix_requests = 256, prefix_input_len = 100, prefix_output_len = 64, latency_tokens = 256;
+  int prefix_requests = 256, prefix_input_len = 100, prefix_output_len = 64, latency_tokens = 256,
+      latency_input_len = 128;
   int max_num_seqs = 256, max_tokens_per_step = 8192;
   int zero_kv_blocks = 2048, zero_reps = 3;
   std::string kv_compression = "streaming";  // evict: the policy (the cuda device runs streaming, h2o, snapkv)
@@ -401,6 +402,9 @@ int main(int argc, char** argv) {
   app.add_option("--prefix-output-len", args.prefix_output_len)->check(CLI::PositiveNumber);
   app.add_option("--prefix-max-seconds", args.prefix_max_seconds);
   app.add_option("--latency-tokens", args.latency_tokens)->check(CLI::PositiveNumber);
+  app.add_option("--latency-input-len", args.latency_input_len,
+                 "latency: prompt tokens of the one request (default 128; the context its decode steps attend over)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--max-num-seqs", args.max_num_seqs)->check(CLI::PositiveNumber);
   app.add_option("--max-tokens-per-step", args.max_tokens_per_step)->check(CLI::PositiveNumber);
   app.add_option("--gpu-memory-utilization", args.gpu_memory_utilization)->check(CLI::Range(0.01, 1.0));
@@ -443,7 +447,7 @@ int main(int argc, char** argv) {
   options.fp8_weights = args.quantization == "fp8";
   const int32_t longest = std::max({args.input_len + args.output_len,
                                      args.prefix_len + args.prefix_input_len + args.prefix_output_len,
-                                     128 + args.latency_tokens});
+                                     args.latency_input_len + args.latency_tokens});
   options.max_model_len = std::min(longest + 16, config->max_position_embeddings);
   args.flops = bench::llama_linear_flops(config->hidden_size, config->intermediate_size, config->num_q_heads,
                                          config->num_kv_heads, config->head_dim, config->num_layers,
@@ -508,7 +512,7 @@ int main(int argc, char** argv) {
         die(internal_error("gemm ceiling failed"), "gemm");
     } else if (workload == "latency") {
       // Batch 1: per-token latency against reading every weight once per token.
-      const std::vector<std::vector<int32_t>> one = {random_tokens(128)};
+      const std::vector<std::vector<int32_t>> one = {random_tokens(args.latency_input_len)};
       nlohmann::json r = run_engine(**runner, one, args, false, "batch-1 decode latency", greedy,
                                     args.latency_tokens, args.max_seconds);
       const double floor_ms = double((*runner)->model().weight_bytes()) / 4.3e12 * 1e3;
