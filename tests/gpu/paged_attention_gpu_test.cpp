@@ -168,7 +168,12 @@ INSTANTIATE_TEST_SUITE_P(
         AttentionCase{"gqa8x4_d256_bs64", 8, 4, 256, 64, kDecodeLengths},
         AttentionCase{"gqa64x8_d128_bs16_split1024", 64, 8, 128, 16, kDecodeLengths, 1024},
         AttentionCase{"gqa8x2_d128_bs2_split512", 8, 2, 128, 2, kDecodeLengths, 512},
-        AttentionCase{"mha4_d64_bs1", 4, 4, 64, 1, kDecodeLengths}),
+        AttentionCase{"mha4_d64_bs1", 4, 4, 64, 1, kDecodeLengths},
+        // More than 32 splits of one sequence (the merge reads the splits' weights 32 per pass), and
+        // query heads that are not a multiple of the merge's 4 heads per CTA.
+        AttentionCase{"gqa32x8_d128_bs16_split64", 32, 8, 128, 16, kDecodeLengths, 64},
+        AttentionCase{"gqa6x2_d64_bs16_split64", 6, 2, 64, 16, kDecodeLengths, 64},
+        AttentionCase{"mqa10x1_d256_bs16_split60", 10, 1, 256, 16, kDecodeLengths, 60}),
     [](const auto& info) { return info.param.name; });
 
 // Varlen batches: fresh prompts, prefixes ending mid-block, chunks after long

@@ -243,10 +243,40 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   write_decode_result(d, w, partials, out);
 }
 
-// One CTA per (sequence, query head), one thread per element of head_dim.
+// The split merge: one warp per (sequence, query head), kMergeWarps heads per
+// CTA, each lane owning kHeadDim / 32 consecutive elements. The splits'
+// log2-sum-exps are read one per lane (32 splits per pass) and reduced with
+// shuffles, so a long sequence's many splits cost a few dependent loads rather
+// than one per split; the partial rows are then summed in split order, four
+// splits' loads in flight at a time (the same sums, in the same order, as one
+// thread per element would form). A sequence with one split returns at once
+// (the decode kernel wrote its rows), so the grid is sequences x heads / 4 CTAs
+// of which most exit at large batches.
+constexpr int kMergeWarps = 4;
+constexpr int kMergeUnroll = 4;
+
+// kCols consecutive floats (2, 4 or 8; the row offset keeps them 8- or 16-byte aligned) as vector loads.
+template <int kCols>
+__device__ __forceinline__ void load_merge_cols(const float* src, float (&dst)[kCols]) {
+  if constexpr (kCols % 4 == 0) {
+#pragma unroll
+    for (int c = 0; c < kCols; c += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(src + c);
+      dst[c] = v.x, dst[c + 1] = v.y, dst[c + 2] = v.z, dst[c + 3] = v.w;
+    }
+  } else {
+    static_assert(kCols == 2, "head_dim 64, 128 or 256");
+    const float2 v = *reinterpret_cast<const float2*>(src);
+    dst[0] = v.x, dst[1] = v.y;
+  }
+}
+
+template <int kHeadDim>
 __global__ void merge_splits_kernel(const AttentionDescriptor d, __nv_bfloat16* __restrict__ out) {
+  constexpr int kCols = kHeadDim / 32;
   const int sequence = blockIdx.x;
-  const int q_head = blockIdx.y;
+  const int lane = threadIdx.x % 32;
+  const int q_head = blockIdx.y * kMergeWarps + threadIdx.x / 32;
   const int first = d.split_start[sequence];
   const int last = d.split_start[sequence + 1];
   // The decode grid's partials are complete. Every CTA waits, also those with nothing to merge, so that this
@@ -254,22 +284,41 @@ __global__ void merge_splits_kernel(const AttentionDescriptor d, __nv_bfloat16* 
   // projection's GEMV) waits on this grid alone.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::);  // the o projection's GEMV may stream its weights
-  if (last - first <= 1) return;  // written directly by the decode kernel
+  if (last - first <= 1 || q_head >= d.num_q_heads) return;  // one split: written directly by the decode kernel
   const float* partial_o = d.workspace;
-  const float* partial_lse = d.workspace + int64_t{d.num_work_items} * d.num_q_heads * d.head_dim;
+  const float* partial_lse = d.workspace + int64_t{d.num_work_items} * d.num_q_heads * kHeadDim;
+  const auto lse_of = [&](int i) { return i < last ? partial_lse[int64_t{i} * d.num_q_heads + q_head] : kNoScore; };
   float m_all = kNoScore;
-  for (int i = first; i < last; ++i)
-    m_all = fmaxf(m_all, partial_lse[int64_t{i} * d.num_q_heads + q_head]);
-  for (int col = threadIdx.x; col < d.head_dim; col += blockDim.x) {
-    float sum = 0.0f, o = 0.0f;
-    for (int i = first; i < last; ++i) {
-      const float weight = exp2f(partial_lse[int64_t{i} * d.num_q_heads + q_head] - m_all);
-      sum += weight;
-      o += weight * partial_o[(int64_t{i} * d.num_q_heads + q_head) * d.head_dim + col];
+  for (int base = first; base < last; base += 32) m_all = fmaxf(m_all, lse_of(base + lane));
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, offset));
+  const auto row_of = [&](int i) { return partial_o + (int64_t{i} * d.num_q_heads + q_head) * kHeadDim + lane * kCols; };
+  float sum = 0.0f;
+  float o[kCols] = {};
+  for (int base = first; base < last; base += 32) {
+    const float lane_weight = exp2f(lse_of(base + lane) - m_all);  // this lane's split of the pass
+    const int count = min(32, last - base);
+    for (int s0 = 0; s0 < count; s0 += kMergeUnroll) {
+      float rows[kMergeUnroll][kCols];
+#pragma unroll
+      for (int u = 0; u < kMergeUnroll; ++u) {
+        if (s0 + u >= count) break;
+        load_merge_cols<kCols>(row_of(base + s0 + u), rows[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kMergeUnroll; ++u) {
+        if (s0 + u >= count) break;
+        const float weight = __shfl_sync(0xffffffffu, lane_weight, s0 + u);
+        sum += weight;
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) o[c] += weight * rows[u][c];
+      }
     }
-    const int token = d.query_start[sequence];
-    out[(int64_t{token} * d.num_q_heads + q_head) * d.head_dim + col] = __float2bfloat16(o / sum);
   }
+  // sum == 0 only when every split lies in a hole: zeros, as the decode kernel writes for an empty range.
+  __nv_bfloat16* dst = out + (int64_t{d.query_start[sequence]} * d.num_q_heads + q_head) * kHeadDim + lane * kCols;
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) dst[c] = __float2bfloat16(sum > 0.0f ? o[c] / sum : 0.0f);
 }
 
 template <int kHeadDim, int kHeads>
@@ -302,15 +351,21 @@ cudaError_t launch_decode_merge(const AttentionDescriptor& d, void* out, cudaStr
   // run-to-run spread (docs/KERNELS.md); kept because every timing since was
   // taken with it.
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(d.num_sequences, d.num_q_heads);
-  config.blockDim = dim3(d.head_dim);
+  config.gridDim = dim3(d.num_sequences, (d.num_q_heads + kMergeWarps - 1) / kMergeWarps);
+  config.blockDim = dim3(kMergeWarps * 32);
   config.stream = stream;
   cudaLaunchAttribute attribute = {};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attribute;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, merge_splits_kernel, d, static_cast<__nv_bfloat16*>(out));
+  auto* const bf16_out = static_cast<__nv_bfloat16*>(out);
+  switch (d.head_dim) {
+    case 64: return cudaLaunchKernelEx(&config, merge_splits_kernel<64>, d, bf16_out);
+    case 128: return cudaLaunchKernelEx(&config, merge_splits_kernel<128>, d, bf16_out);
+    case 256: return cudaLaunchKernelEx(&config, merge_splits_kernel<256>, d, bf16_out);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 cudaError_t prepare_decode_attention() {
