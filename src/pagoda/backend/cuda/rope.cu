@@ -38,6 +38,9 @@ __global__ void rope_kernel(bf16* __restrict__ x, int64_t row_stride, const int3
   pdl_wait();
   pdl_launch_dependents();
   bf16* row = x + t * row_stride;
+  // Unrolled: one token's heads are independent, so several passes' loads are in flight at once (a large
+  // batch's decode runs one CTA per token through ten passes of 4 heads).
+#pragma unroll 4
   for (int32_t h = first_head; h < num_heads; h += head_step) {
     bf16* v = row + static_cast<int64_t>(h) * 2 * half;
     const float a = __bfloat162float(v[pair]);
