@@ -28,6 +28,13 @@ training copy accuracy while the held-out probes at 100 and 1,000 tokens stayed 
 that works only at the distances it was last trained on. Pairs below the band keep every distance
 trained.
 
+cue weight (train.py --gap-cue-weight, with batch_with_cues()): each list copy's first recalled token,
+the one predicted at the cue (the copy's INTRO), is one target per list against ~17 for the rest, and
+it is where the seventeenth candidate fails most (session 19, pagoda eval's lists on the CPU: a wrong
+first token while the rest is copied right, or the whole list derailed from it). In the filler the
+cue's last token (":") is common (the KJV's verses), so finding the list from the cue needs more than
+the previous token; the weight gives that target more of the gap loss.
+
 corrupt_share (--gap-corrupt-share): the share of a copy's copyable tokens that the model READS as a
 random pool token while its targets stay the true ones (inputs() gives the rows as read). The
 sixteenth attempt reached 0.82 teacher-forced recall with greedy recall at 0.3: one wrong token in
@@ -185,7 +192,9 @@ class GapRows:
             for offset in masked:
                 mask[target + offset - 1] = True
             pairs.append({"kind": kind, "source": source, "target": target, "span": span,
-                          "gap": between + (len(self.intro) if kind == "list" else 0)})
+                          "gap": between + (len(self.intro) if kind == "list" else 0),
+                          # the mask index of a list copy's first recalled token (predicted at the cue)
+                          "cue": target + masked[0] - 1 if kind == "list" else None})
         return ids, mask, pairs
 
     def inputs(self, ids, mask):
@@ -210,9 +219,15 @@ class GapRows:
         """(ids [rows][length + 1], mask [rows][length], inputs [rows][length]) for one step at
         the current stage: the targets are ids[1:], the model reads inputs (ids[:-1] unless
         corrupt_share > 0)."""
+        return self.batch_with_cues()[:3]
+
+    def batch_with_cues(self):
+        """batch() and, per row, the mask indices of its list copies' first recalled tokens (the
+        targets predicted at each copy's cue)."""
         made = [self.make_row() for _ in range(self.rows())]
         return ([ids for ids, _, _ in made], [mask for _, mask, _ in made],
-                [self.inputs(ids, mask) for ids, mask, _ in made])
+                [self.inputs(ids, mask) for ids, mask, _ in made],
+                [[p["cue"] for p in pairs if p["cue"] is not None] for _, _, pairs in made])
 
     def observe(self, accuracy, step):
         """Feeds one training-batch copy accuracy; advances a stage when the smoothed value passes

@@ -463,6 +463,21 @@ class GapCopyTest(unittest.TestCase):
         again = self.make(rows=64)  # seeded: the same rows
         self.assertEqual(again.batch(), self.make(rows=64).batch())
 
+    def test_cues_mark_each_list_copys_first_recalled_token(self):
+        rows = self.make(list_share=1.0)
+        rows.stage = 5
+        ids, mask, read, cues = rows.batch_with_cues()
+        self.assertTrue(any(cues))
+        for row_ids, row_mask, row_cues in zip(ids, mask, cues):
+            for k in row_cues:
+                self.assertTrue(row_mask[k])
+                self.assertEqual(row_ids[k - len(self.INTRO) + 1:k + 1], self.INTRO)  # read at the cue
+                self.assertGreaterEqual(row_ids[k + 1], 1000)  # the target: a word's first token
+                self.assertFalse(row_mask[k - 1])  # nothing before it in the copy is a target
+        again = self.make(list_share=1.0)
+        again.stage = 5
+        self.assertEqual(again.batch(), (ids, mask, read))  # batch() is the same rows
+
     def test_bad_gap_arguments_are_rejected(self):
         for gaps in ("", "16,0", "0,0", "-1,4", "a"):
             with self.assertRaises(ValueError, msg=gaps):

@@ -658,10 +658,14 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
         if gap_rows is not None:
             # Gap rows: segments copied across text; the loss is on the copyable targets only
             # (their text is ordinary training text, already in the text rows).
-            ids, mask, inputs = gap_rows.batch()
+            ids, mask, inputs, cues = gap_rows.batch_with_cues()
             kinds["gap"] += len(ids)
             per_target, gap_mask, gap_acc = extra_forward(ids, mask, inputs)
-            flat = gap_mask.reshape(-1).float()
+            weights = gap_mask.float()
+            if args.gap_cue_weight != 1.0:  # each list copy's first recalled token (gap_copy.py)
+                for row, row_cues in enumerate(cues):
+                    weights[row, row_cues] = args.gap_cue_weight
+            flat = weights.reshape(-1)
             gap_loss = (per_target * flat).sum() / flat.sum().clamp(min=1)
             total_loss = total_loss + args.gap_weight * gap_loss
         total_loss.backward()
@@ -873,6 +877,9 @@ def parse_args(argv=None):
                    help="training copy accuracy of the gap rows that moves to the next gap")
     p.add_argument("--gap-weight", type=float, default=1.0,
                    help="weight of the gap rows' loss in the sum")
+    p.add_argument("--gap-cue-weight", type=float, default=1.0,
+                   help="weight in the gap loss of each list copy's first recalled token, the one "
+                        "predicted at the cue (1: as every other copied token)")
     p.add_argument("--gap-below-share", type=float, default=0.0,
                    help="share of gap pairs whose gap is drawn from [0, current gap] instead of "
                         "the stage's band (keeps the shorter distances trained; 0: the band only)")
@@ -1009,6 +1016,8 @@ def parse_args(argv=None):
         p.error(f"--gap-gaps: {error}")
     if not 0 <= args.gap_corrupt_share < 1:
         p.error(f"--gap-corrupt-share must be in [0, 1), got {args.gap_corrupt_share}")
+    if args.gap_cue_weight <= 0:
+        p.error(f"--gap-cue-weight must be > 0, got {args.gap_cue_weight}")
     if args.gap_rows < 0 or not 0 < args.gap_advance <= 1 or args.gap_weight < 0 or \
             not 0 <= args.gap_list_share <= 1 or not 0 <= args.gap_below_share <= 1:
         p.error(f"--gap-rows must be >= 0, --gap-advance in (0, 1], --gap-weight >= 0, "
