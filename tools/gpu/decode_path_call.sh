@@ -2,15 +2,17 @@
 # Issue 23: the decode path of the Llama-3-8B shape (split-K attention and its merge, the row norms,
 # SiLU and rope), in PARTS (default "tests itl"):
 #   tests  the GPU tests of the path (paged and quantized attention, the fast attention's graphs,
-#          eviction holes, the ops and the model suites);
-#   itl    batch-1 decode by context (128 / 4K / 32K tokens; fp8 + fp8 KV and bf16 + bf16 KV), twice;
+#          eviction holes, the ops and the model suites; TESTS= a subset of these binaries);
+#   itl    batch-1 decode by context (ITL_CONTEXTS, default 128 4096 32768; fp8 + fp8 KV and bf16 + bf16
+#          KV), twice;
 #   wide   decode-only steps at batch 512 (512 requests of 1,000 tokens, 200 out; fp8 + fp8 KV), twice;
 #   ncu    every kernel of one batch-512 decode replay (ncu, the same workload, 100 out; table per bundle);
 #   1k     the issue's 1,000 x 1,000/1,000 (fp8 + fp8 KV, 512 sequences, 16,384 tokens a step), once each.
 # With BASE=<dir of another call_bundle of pagoda_gpu_engine_bench> the timed runs alternate between
-# that bundle and this one (an A/B).
+# that bundle and this one (an A/B); with BASE_ENV="VAR=1 ..." the base runs are this bundle with those
+# variables set (an A/B of a switch).
 # Bundle: DEST=/work/main/.device/<name> tools/gpu/decode_path_call.sh bundle; run (carry .device/<name>):
-#   [PARTS="tests itl wide ncu 1k"] [BASE=.device/<old>] BUDGET=300 bash .device/<name>/decode_path_call.sh run
+#   [PARTS="tests itl wide ncu 1k"] [BASE=.device/<old> | BASE_ENV="VAR=1"] BUDGET=300 bash .device/<name>/decode_path_call.sh run
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=tools/gpu/call_bundle.sh
@@ -27,14 +29,18 @@ start=$SECONDS; budget=${BUDGET:-300}
 left() { echo $((budget - (SECONDS - start))); }
 echo "== binaries of $(cat "$(dirname "$B")/commit"); $(date -u +%FT%TZ); $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader)"
 parts=" ${PARTS:-tests itl} "
-[[ $parts == *" tests "* ]] && for t in paged_attention_gpu_tests quantized_attention_gpu_tests fast_attention_gpu_tests cuda_kv_eviction_tests cuda_model_tests cuda_ops_tests; do
+[[ $parts == *" tests "* ]] && for t in ${TESTS:-paged_attention_gpu_tests quantized_attention_gpu_tests fast_attention_gpu_tests cuda_kv_eviction_tests cuda_model_tests cuda_ops_tests}; do
   filter=${FILTER:-*}; [ "$t" = cuda_ops_tests ] && filter=${OPS_FILTER:-*:-GemvSpeed.*:*Speed*}
   timeout 150 "$B" "$t" --gtest_filter="$filter" > "$out/$t.log" 2>&1
   echo "== $t exit $? ($((SECONDS - start)) s): $(grep -E '^\[  (PASSED|FAILED) ' "$out/$t.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED  \]|Failure$" "$out/$t.log" | head -8
 done
 base_b=""
-if [ -n "${BASE:-}" ]; then
+if [ -n "${BASE_ENV:-}" ]; then  # the A/B inside this bundle: the base runs with these variables set
+  base_b=$out/base_env.sh
+  printf '#!/bin/sh\nexec env %s "%s" "$@"\n' "$BASE_ENV" "$B" > "$base_b" && chmod +x "$base_b"
+  echo "== base: this bundle with $BASE_ENV"
+elif [ -n "${BASE:-}" ]; then
   [ -x "$BASE/bundle/run.sh" ] || tar xJf "$BASE/bundle.tar.xz" -C "$BASE"
   base_b=$BASE/bundle/run.sh; echo "== base: binaries of $(cat "$BASE/bundle/commit")"
 fi
@@ -48,7 +54,7 @@ step() {  # step LABEL BUNDLE_RUN CONFIG CONTEXT ARGS...
   grep -iE "error" "$out/engine.log" | head -2
 }
 [[ $parts == *" itl "* ]] && for round in 1 2; do
-  for ctx in 128 4096 32768; do
+  for ctx in ${ITL_CONTEXTS:-128 4096 32768}; do
     cfg=$c8; [ "$ctx" -gt 8192 ] && cfg=$c40
     for kind in fp8 bf16; do
       args=(--kv-cache-dtype "$kind"); [ "$kind" = fp8 ] && args+=(--quantization fp8)
@@ -96,5 +102,5 @@ if [[ $parts == *" 1k "* ]]; then
   [ -n "$base_b" ] && thousand base "$base_b"
   thousand this "$B"
 fi
-rm -f "$out/engine.log"; cd "$out" && tar czf logs.tar.gz ./*.log 2>/dev/null && rm -f ./*.log
+rm -f "$out/engine.log" "$out/base_env.sh"; cd "$out" && tar czf logs.tar.gz ./*.log 2>/dev/null && rm -f ./*.log
 echo "done ($((SECONDS - start)) s)"
