@@ -35,6 +35,14 @@ first token while the rest is copied right, or the whole list derailed from it).
 cue's last token (":") is common (the KJV's verses), so finding the list from the cue needs more than
 the previous token; the weight gives that target more of the gap loss.
 
+distractors (--gap-distractors K): K of a list's own words, each alone, written over the text between
+the list and its copy (never over another pair's tokens). The twenty-second attempt found the candidate
+losing its place at word boundaries (a later word's first token right 0.85 of the time teacher-forced,
+inner pieces 0.91): a copy that finds the next word from the previous token alone goes wrong when that
+token also occurs elsewhere in the context, as the list's words do in the filler. Words repeated
+between the pair make that wrong often, so only a match on more than the previous token recalls the list.
+They are drawn from a generator of their own: with K = 0 the rows are drawn exactly as before.
+
 corrupt_share (--gap-corrupt-share): the share of a copy's copyable tokens that the model READS as a
 random pool token while its targets stay the true ones (inputs() gives the rows as read). The
 sixteenth attempt reached 0.82 teacher-forced recall with greedy recall at 0.3: one wrong token in
@@ -85,12 +93,16 @@ class GapRows:
 
     def __init__(self, stream, gaps, context, rows_at_first, advance_at, pool, words, intro,
                  terminator, list_share, seed, below_share=0.0, corrupt_share=0.0,
-                 corrupt_from="pool"):
+                 corrupt_from="pool", distractors=0):
         if rows_at_first < 1 or not pool or not 0 < advance_at <= 1 or not 0 <= list_share <= 1 \
                 or not 0 <= below_share <= 1 or not 0 <= corrupt_share < 1:
             raise ValueError(f"gap rows: rows {rows_at_first}, pool {len(pool)}, advance_at "
                              f"{advance_at}, list_share {list_share}, below_share {below_share}, "
                              f"corrupt_share {corrupt_share}")
+        if distractors < 0:
+            raise ValueError(f"gap rows: distractors {distractors} must be >= 0")
+        self.distractors = distractors
+        self.distractor_rng = random.Random(seed + 2)
         if corrupt_from not in ("pool", "words"):
             raise ValueError(f"gap rows: corrupt_from must be 'pool' or 'words', got '{corrupt_from}'")
         self.below_share, self.corrupt_share = below_share, corrupt_share
@@ -144,16 +156,30 @@ class GapRows:
         return max(2, self.rows_at_first * self.lengths[0] // self.length)
 
     def _segment(self, rng, kind):
-        """(tokens placed first, tokens placed at the copy, offsets in the copy that are masked
-        targets, gap correction): lists copy INTRO + words + TERMINATOR with the words and
-        TERMINATOR masked, and their gap counts the cue INTRO (the recall depth)."""
+        """(the segment, offsets in the copy that are masked targets, its words): lists copy
+        INTRO + words + TERMINATOR with the words and TERMINATOR masked (their gap counts the cue
+        INTRO, the recall depth); a random segment has no words."""
         if kind == "random":
             seg = [rng.choice(self.pool) for _ in range(rng.randint(*SEGMENT))]
-            return seg, list(range(1, len(seg)))
+            return seg, list(range(1, len(seg))), []
         count = rng.randint(*LIST_WORDS)
-        listed = [t for i in rng.sample(range(len(self.words)), count) for t in self.words[i]]
-        seg = self.intro + listed + self.terminator
-        return seg, list(range(len(self.intro), len(seg)))
+        chosen = [self.words[i] for i in rng.sample(range(len(self.words)), count)]
+        seg = self.intro + [t for w in chosen for t in w] + self.terminator
+        return seg, list(range(len(self.intro), len(seg))), chosen
+
+    def _place_distractors(self, ids, words, begin, end, taken):
+        """Writes self.distractors of `words`, each alone, over ids[begin:end] where no segment
+        placed so far is (taken: [start, end) regions); a draw that does not fit is skipped. They
+        are not added to taken, so the row's pairs are drawn as without them (a later pair may
+        overwrite one)."""
+        rng = self.distractor_rng
+        for _ in range(self.distractors):
+            word = rng.choice(words)
+            if end - begin < len(word):
+                return
+            at = rng.randint(begin, end - len(word))
+            if all(at + len(word) <= a or b <= at for a, b in taken):
+                ids[at:at + len(word)] = word
 
     def make_row(self):
         """(ids of length + 1, mask of length, pairs): mask[k] is True iff target k (ids[k + 1])
@@ -170,7 +196,7 @@ class GapRows:
             # (no draw when below_share is 0: the sixth attempt's rows stay as they were)
             below = self.below_share > 0 and rng.random() < self.below_share
             low, high = (0, self.gap) if below else band
-            seg, masked = self._segment(rng, kind)
+            seg, masked, words = self._segment(rng, kind)
             span = len(seg)
             for _attempt in range(20):
                 gap = rng.randint(low, high)
@@ -189,6 +215,8 @@ class GapRows:
             taken += regions
             ids[source:source + span] = seg
             ids[target:target + span] = seg
+            if words and self.distractors:
+                self._place_distractors(ids, words, source + span, target, taken)
             for offset in masked:
                 mask[target + offset - 1] = True
             pairs.append({"kind": kind, "source": source, "target": target, "span": span,

@@ -332,13 +332,13 @@ class GapCopyTest(unittest.TestCase):
     INTRO, TERM = [900, 901, 902, 903, 904], [905]
 
     def make(self, gaps=(0, 16, 64, 256, 1024, 1750), rows=8, list_share=0.5, seed=1, below=0.0,
-             corrupt=0.0, corrupt_from="pool"):
+             corrupt=0.0, corrupt_from="pool", distractors=0):
         rng = random.Random(seed)
         stream = [rng.randrange(10, 800) for _ in range(20000)]  # "text": ids below 800
         words = [[1000 + 3 * i, 1001 + 3 * i][: 1 + i % 2] for i in range(200)]
         return gap_copy.GapRows(stream, list(gaps), 2048, rows, 0.5, list(range(2000, 4000)),
                                 words, self.INTRO, self.TERM, list_share, seed, below, corrupt,
-                                corrupt_from)
+                                corrupt_from, distractors)
 
     def test_corrupt_share_changes_only_inner_copy_tokens_as_read(self):
         clean, noisy = self.make(), self.make(corrupt=0.3)
@@ -477,6 +477,25 @@ class GapCopyTest(unittest.TestCase):
         again = self.make(list_share=1.0)
         again.stage = 5
         self.assertEqual(again.batch(), (ids, mask, read))  # batch() is the same rows
+
+    def test_distractors_repeat_list_words_between_the_pair_only(self):
+        plain, noisy = self.make(list_share=1.0), self.make(list_share=1.0, distractors=6)
+        plain.stage = noisy.stage = 5
+        placed = 0
+        for _ in range(6):
+            (ids_p, mask_p, pairs_p), (ids_n, mask_n, pairs_n) = plain.make_row(), noisy.make_row()
+            self.assertEqual((mask_p, pairs_p), (mask_n, pairs_n))  # the same pairs, targets and mask
+            changed = [k for k, (a, b) in enumerate(zip(ids_p, ids_n)) if a != b]
+            for k in changed:  # only text between a list and its copy, and only to a word's token
+                self.assertTrue(any(p["kind"] == "list" and p["source"] + p["span"] <= k < p["target"]
+                                    for p in pairs_n), k)
+                self.assertTrue(1000 <= ids_n[k] < 1600, ids_n[k])
+                self.assertFalse(any(p["source"] <= k < p["source"] + p["span"] or
+                                     p["target"] <= k < p["target"] + p["span"] for p in pairs_n))
+            placed += len(changed)
+        self.assertGreater(placed, 0)
+        with self.assertRaises(ValueError):
+            self.make(distractors=-1)
 
     def test_bad_gap_arguments_are_rejected(self):
         for gaps in ("", "16,0", "0,0", "-1,4", "a"):

@@ -877,6 +877,10 @@ def parse_args(argv=None):
                    help="training copy accuracy of the gap rows that moves to the next gap")
     p.add_argument("--gap-weight", type=float, default=1.0,
                    help="weight of the gap rows' loss in the sum")
+    p.add_argument("--gap-distractors", type=int, default=0,
+                   help="a list's own words written, each alone, over the text between it and its "
+                        "copy, this many per list (a copy from the previous token alone then goes "
+                        "wrong; 0: none)")
     p.add_argument("--gap-cue-weight", type=float, default=1.0,
                    help="weight in the gap loss of each list copy's first recalled token, the one "
                         "predicted at the cue (1: as every other copied token)")
@@ -1016,6 +1020,8 @@ def parse_args(argv=None):
         p.error(f"--gap-gaps: {error}")
     if not 0 <= args.gap_corrupt_share < 1:
         p.error(f"--gap-corrupt-share must be in [0, 1), got {args.gap_corrupt_share}")
+    if args.gap_distractors < 0:
+        p.error(f"--gap-distractors must be >= 0, got {args.gap_distractors}")
     if args.gap_cue_weight <= 0:
         p.error(f"--gap-cue-weight must be > 0, got {args.gap_cue_weight}")
     if args.gap_rows < 0 or not 0 < args.gap_advance <= 1 or args.gap_weight < 0 or \
@@ -1166,7 +1172,8 @@ def main():
                 train_ids, args.gap_list, args.context, args.gap_rows, args.gap_advance,
                 copy_pool, [encode(" " + w) for w in train_words], encode(recall_data.INTRO),
                 encode(recall_data.TERMINATOR), args.gap_list_share, args.seed + 9,
-                args.gap_below_share, args.gap_corrupt_share, args.gap_corrupt_from)
+                args.gap_below_share, args.gap_corrupt_share, args.gap_corrupt_from,
+                args.gap_distractors)
         if args.gap_rows:
             make_gap_rows()  # fails here, before training, if the lists do not fit
         short_monitor = (short_copy.monitor_rows(args.short_copy_length_list, copy_pool, 16,
