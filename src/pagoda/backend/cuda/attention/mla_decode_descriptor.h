@@ -130,9 +130,10 @@ struct MlaDecodeDescriptor {
   MlaLatentLayout latent_layout = MlaLatentLayout::kPerVectorScale;
   MlaDecodeKernel kernel = MlaDecodeKernel::kCpAsync;  // kDefault is not valid here
   // Launch the merge pass as a programmatic dependent launch: its CTAs are
-  // scheduled while the decode grid runs (every decode kernel allows it at
-  // entry) and wait for its results in griddepcontrol.wait, which hides the
-  // merge's launch latency. Off: a plain launch after the decode grid.
+  // scheduled while the decode grid runs (the ping-pong kernels allow it once
+  // every CTA is past its last tile, the others at entry) and wait for its
+  // results in griddepcontrol.wait, which hides the merge's launch latency.
+  // Off: a plain launch after the decode grid.
   bool programmatic_merge = false;
   // Arena views: segments [num_segments][3] = (row, kv_begin, kv_end);
   // row_segment_start [num_rows + 1]; cta_segment_start [num_ctas + 1];

@@ -457,7 +457,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();
 #else
-  launch_dependents();  // the merge pass (programmatic_merge) may be scheduled now: it waits for this grid
   using L = PingPongLayout<kSlots>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_address(smem_raw);
@@ -517,6 +516,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+    launch_dependents();  // the producer is done: only the compute groups hold the trigger back
     return;
   }
 
@@ -595,6 +595,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     it += num_tiles;
+    // The merge pass (programmatic_merge) may be scheduled once every CTA is
+    // past its last tile (FlashMLA's point): its CTAs' launch then overlaps
+    // the grid's epilogues and tail instead of taking SM slots all along.
+    if (seg + 1 == seg_end) launch_dependents();
 
     // Column sums over the group's 4 warps.
 #pragma unroll

@@ -1,0 +1,311 @@
+// mla_load_probe: how fast can the MLA decode kernel's loading pattern stream the
+// paged latent, as a function of the compute time a tile costs its warpgroup?
+//
+// The kernel (mla_decode_tma.cu, tma_pingpong_*) streams 64-token tiles of the
+// bf16 latent (9 column blocks of 64 rows x 128 B, one tensor-map box each) into
+// shared memory, and two compute warpgroups own alternate tiles. This probe keeps
+// that loading pattern (the same tensor map, boxes, swizzle, L2 hint and
+// barriers) and replaces the math by a spin of a chosen number of cycles a tile
+// (split as the real tile is: S^T over the column blocks as they land, softmax,
+// P V), so one H200 run says
+//   - the pattern's own ceiling (no compute),
+//   - how much compute a tile can afford before bandwidth drops,
+//   - what the alternatives buy at the compute the real kernel has: more slots
+//     (a partial or whole third stage), the owning group refilling its own
+//     slots instead of a producer warp ("self"), releasing the first half of V
+//     halfway through P V, and all 132 SMs instead of 128.
+// Timing as mla_decode_bench --timing spin: a memory-free kernel ahead of each
+// start event, 20 launches a point, medians. Output: one line a point.
+//
+//   mla_load_probe [--tokens 262144] [--iters 20] [--cycles "0 1000 ..."] [--sequential]
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gpu_spin.h"
+#include "pagoda/backend/cuda/attention/device_primitives.cuh"
+#include "pagoda/backend/cuda/attention/prefill_sm90_sync.cuh"
+
+namespace {
+
+using namespace pagoda::kernels::cuda::device;
+
+constexpr int kColumnBlocks = 9;
+constexpr int kTileRows = 64;
+constexpr int kBlockBytes = kTileRows * 128;  // one column block of a tile
+constexpr int kGroupThreads = 128;
+constexpr int kThreads = 2 * kGroupThreads + 32;  // two "compute" warpgroups + a producer warp
+
+#define CHECK_CUDA(x)                                                                          \
+  do {                                                                                         \
+    const cudaError_t e_ = (x);                                                                \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+__device__ __forceinline__ uint64_t evict_first() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+__device__ __forceinline__ void load_box(void* dst, const CUtensorMap* map, int cb, int row, uint64_t* bar,
+                                         uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, "
+      "{%2, %3, %4}], [%5], %6;\n" ::"r"(smem_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(cb), "r"(row), "r"(smem_address(bar)), "l"(policy)
+      : "memory");
+}
+
+// Busy-waits `cycles` SM clocks (the stand-in for a stretch of a tile's math).
+__device__ __forceinline__ void spin_cycles(int cycles) {
+  if (cycles <= 0) return;
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+struct Work {
+  const int* pages;       // tile i of the pool walk is page pages[i] (64 slots from pages[i] * 64)
+  const int* cta_begin;   // [ctas + 1]: CTA b walks tiles [cta_begin[b], cta_begin[b + 1])
+  int cycles_s;           // a tile's S^T, spread over its 9 column blocks as they land
+  int cycles_softmax;
+  int cycles_pv;
+};
+
+// kSlots: the ring of column-block slots (tile n's column block c in slot
+// (9 n + c) % kSlots); 18 = two stages (one a group, as the real kernel), 27 =
+// three whole stages. kSelf: no producer warp; the group owning tile n issues
+// tile n + 2's boxes into the slots it has just freed (kSlots must be 18).
+// kHalfPv: V's column blocks 0-3 are released halfway through P V.
+template <int kSlots, bool kSelf, bool kHalfPv>
+__global__ void __launch_bounds__(kThreads, 1) probe_kernel(const Work w, const __grid_constant__ CUtensorMap map) {
+  static_assert(!kSelf || kSlots == 2 * kColumnBlocks, "self-refill keeps one stage a group");
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* tiles = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
+  uint64_t* full = reinterpret_cast<uint64_t*>(tiles + kSlots * kBlockBytes);
+  uint64_t* empty = full + kSlots;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int begin = w.cta_begin[blockIdx.x];
+  const int count = w.cta_begin[blockIdx.x + 1] - begin;
+  if (tid == 0) {
+    for (int i = 0; i < kSlots; ++i) {
+      mbarrier_init(&full[i], 1);
+      mbarrier_init(&empty[i], 4);  // one arrival from each of the 4 warps of the group that read the use
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  const uint64_t policy = evict_first();
+
+  // Issue tile n's column block cb (one thread).
+  auto issue = [&](int n, int cb) {
+    const int slot = (n * kColumnBlocks + cb) % kSlots;
+    mbarrier_arrive_expect_tx(&full[slot], kBlockBytes);
+    load_box(tiles + slot * kBlockBytes, &map, cb, w.pages[begin + n] * kTileRows, &full[slot], policy);
+  };
+
+  if (tid >= 2 * kGroupThreads) {
+    if (kSelf) return;
+    // Producer warp: every column block in order, each once its slot's last use is released.
+    int next = 0;
+    for (int n = 0; n < count; ++n)
+      for (int cb = 0; cb < kColumnBlocks; ++cb, ++next) {
+        const int slot = next % kSlots;
+        const int use = next / kSlots;
+        if (use > 0) mbarrier_wait(&empty[slot], (use - 1) & 1);
+        if (lane == 0) issue(n, cb);
+        __syncwarp();
+      }
+    return;
+  }
+
+  const int g = tid / kGroupThreads;
+  const bool leader = (tid & (kGroupThreads - 1)) == 0;
+  if (kSelf && leader) {
+    // This group's first tile (n = g).
+    if (g < count)
+      for (int cb = 0; cb < kColumnBlocks; ++cb) issue(g, cb);
+  }
+  auto release = [&](int n, int cb) {
+    __syncwarp();
+    if (kSelf) {
+      // One stage a group: the group's threads are the only readers of the
+      // slot, so once all 4 warps are past it (a group barrier) its leader refills.
+      return;
+    }
+    if (lane == 0) mbarrier_arrive(&empty[(n * kColumnBlocks + cb) % kSlots]);
+  };
+  auto group_sync_and_refill = [&](int n, int cb_from, int cb_to) {
+    named_barrier_sync(1 + g, kGroupThreads);
+    if (leader && n + 2 < count)
+      for (int cb = cb_from; cb < cb_to; ++cb) issue(n + 2, cb);
+  };
+  for (int n = g; n < count; n += 2) {
+    const int first = n * kColumnBlocks;
+    for (int cb = 0; cb < kColumnBlocks; ++cb) {
+      const int slot = (first + cb) % kSlots;
+      mbarrier_wait(&full[slot], ((first + cb) / kSlots) & 1);
+      spin_cycles(w.cycles_s / kColumnBlocks);
+    }
+    // The rope block is read by S^T only.
+    if (kSelf) group_sync_and_refill(n, 8, 9);
+    else release(n, 8);
+    spin_cycles(w.cycles_softmax);
+    if (kHalfPv) {
+      spin_cycles(w.cycles_pv / 2);
+      if (kSelf) group_sync_and_refill(n, 0, 4);
+      else
+        for (int cb = 0; cb < 4; ++cb) release(n, cb);
+      spin_cycles(w.cycles_pv - w.cycles_pv / 2);
+      if (kSelf) group_sync_and_refill(n, 4, 8);
+      else
+        for (int cb = 4; cb < 8; ++cb) release(n, cb);
+    } else {
+      spin_cycles(w.cycles_pv);
+      if (kSelf) group_sync_and_refill(n, 0, 8);
+      else
+        for (int cb = 0; cb < 8; ++cb) release(n, cb);
+    }
+  }
+}
+
+template <int kSlots>
+constexpr int smem_bytes() {
+  return kSlots * kBlockBytes + 2 * kSlots * 8 + 1024;
+}
+
+using Launch = void (*)(const Work&, const CUtensorMap&, int ctas);
+
+template <int kSlots, bool kSelf, bool kHalfPv>
+void launch(const Work& w, const CUtensorMap& map, int ctas) {
+  static bool configured = false;
+  if (!configured) {
+    CHECK_CUDA(cudaFuncSetAttribute(probe_kernel<kSlots, kSelf, kHalfPv>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    smem_bytes<kSlots>()));
+    configured = true;
+  }
+  probe_kernel<kSlots, kSelf, kHalfPv><<<ctas, kThreads, smem_bytes<kSlots>()>>>(w, map);
+}
+
+struct Variant {
+  const char* name;
+  Launch fn;
+};
+
+PFN_cuTensorMapEncodeTiled_v12000 encoder() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+  if (found != cudaDriverEntryPointSuccess) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled not found\n");
+    std::exit(1);
+  }
+  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t tokens = 262144;  // 64 x 4K
+  int iters = 20;
+  bool sequential = false;
+  std::vector<int> cycle_points = {0, 1000, 2000, 3000, 4000, 5000, 6000};
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--sequential")) sequential = true;
+    else if (!std::strcmp(argv[i], "--cycles") && i + 1 < argc) {
+      cycle_points.clear();
+      std::istringstream in(argv[++i]);
+      for (int c; in >> c;) cycle_points.push_back(c);
+    } else {
+      std::fprintf(stderr, "usage: %s [--tokens N] [--iters N] [--cycles \"0 1000 ...\"] [--sequential]\n", argv[0]);
+      return 2;
+    }
+  }
+  const int pages = int(tokens / kTileRows);
+  const size_t pool_bytes = size_t(pages) * kTileRows * 576 * sizeof(__nv_bfloat16);
+  void* pool = nullptr;
+  CHECK_CUDA(cudaMalloc(&pool, pool_bytes));
+  CHECK_CUDA(cudaMemset(pool, 0x3c, pool_bytes));
+  std::vector<int> order(pages);
+  for (int i = 0; i < pages; ++i) order[i] = i;
+  if (!sequential) std::shuffle(order.begin(), order.end(), std::mt19937(7));
+  int* d_pages = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_pages, pages * sizeof(int)));
+  CHECK_CUDA(cudaMemcpy(d_pages, order.data(), pages * sizeof(int), cudaMemcpyHostToDevice));
+
+  CUtensorMap map;
+  const cuuint64_t dims[3] = {64, kColumnBlocks, cuuint64_t(int64_t{pages} * kTileRows)};
+  const cuuint64_t strides[2] = {64 * sizeof(__nv_bfloat16), 576 * sizeof(__nv_bfloat16)};
+  const cuuint32_t box[3] = {64, 1, kTileRows};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  if (encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, pool, dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+    std::fprintf(stderr, "tensor map encode failed\n");
+    return 1;
+  }
+
+  int sms = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const Variant variants[] = {
+      {"producer 18 slots", launch<18, false, false>}, {"producer 18, half PV", launch<18, false, true>},
+      {"producer 22 slots", launch<22, false, false>}, {"producer 25 slots", launch<25, false, false>},
+      {"producer 27 slots", launch<27, false, false>}, {"self 18", launch<18, true, false>},
+      {"self 18, half PV", launch<18, true, true>},
+  };
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  std::printf("pool %d pages of 64 x 576 bf16 (%.1f MB), %s order, %d SMs, %d launches a point (medians)\n", pages,
+              pool_bytes / 1e6, sequential ? "sequential" : "shuffled", sms, iters);
+  for (const int ctas : {128, sms}) {
+    std::vector<int> cta_begin(ctas + 1);
+    for (int b = 0; b <= ctas; ++b) cta_begin[b] = int(int64_t{pages} * b / ctas);
+    int* d_begin = nullptr;
+    CHECK_CUDA(cudaMalloc(&d_begin, cta_begin.size() * sizeof(int)));
+    CHECK_CUDA(cudaMemcpy(d_begin, cta_begin.data(), cta_begin.size() * sizeof(int), cudaMemcpyHostToDevice));
+    for (const Variant& v : variants) {
+      std::printf("%3d CTAs  %-22s", ctas, v.name);
+      for (const int c : cycle_points) {
+        // S^T 45%, softmax 15%, P V 40% of a tile's math (the real kernel's MMA split, roughly).
+        const Work w{d_pages, d_begin, c * 45 / 100, c * 15 / 100, c - c * 45 / 100 - c * 15 / 100};
+        std::vector<float> ms;
+        for (int it = 0; it < iters + 2; ++it) {
+          CHECK_CUDA(spin_gpu(50.0, nullptr));
+          CHECK_CUDA(cudaEventRecord(start));
+          v.fn(w, map, ctas);
+          CHECK_CUDA(cudaEventRecord(stop));
+          CHECK_CUDA(cudaEventSynchronize(stop));
+          float t = 0;
+          CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+          if (it >= 2) ms.push_back(t);
+        }
+        std::sort(ms.begin(), ms.end());
+        std::printf("  %5d:%5.0f", c, pool_bytes / (ms[ms.size() / 2] * 1e-3) / 1e9);
+      }
+      std::printf("   (cycles a tile: GB/s)\n");
+      std::fflush(stdout);
+    }
+    CHECK_CUDA(cudaFree(d_begin));
+  }
+  CHECK_CUDA(cudaGetLastError());
+  return 0;
+}
