@@ -204,10 +204,27 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
                                     config_.fp8->describe());
     PAGODA_ASSIGN_OR_RETURN(fp8_gemm_, Fp8Gemm::create());
     const size_t widest = std::max({H, static_cast<size_t>(c.num_q_heads) * D, I});
+    fp8_x_width_ = static_cast<int64_t>(widest);
     PAGODA_ASSIGN_OR_RETURN(fp8_x_, DeviceBuffer::allocate(T * widest));
     PAGODA_ASSIGN_OR_RETURN(fp8_x_scales_, DeviceBuffer::allocate(T * ((widest + 127) / 128) * sizeof(float)));
     // The epilogue mode's f32 scratch is sized now, before any graph is captured.
     PAGODA_RETURN_IF_ERROR(fp8_gemm_->reserve(static_cast<int32_t>(T), static_cast<int32_t>(std::max(qkv, 2 * I))));
+  }
+  for (const CudaLayerWeights& w : weights_.layers)
+    for (const CudaFp8Weight* f : {&w.qkv_fp8, &w.o_fp8, &w.gate_up_fp8, &w.down_fp8})
+      weights_block128_ = weights_block128_ || (f->data != nullptr && f->block128);
+  if (const char* env = std::getenv("PAGODA_TWO_BATCH_OVERLAP"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (*end != '\0' || v < 0 || (v > 0 && v < kTwoBatchSmallestBucket) || v > (1 << 20))
+      return invalid_argument_error("PAGODA_TWO_BATCH_OVERLAP={}: expected 0 (off) or a bucket of at least {}", env,
+                                    kTwoBatchSmallestBucket);
+    if (v > 0 && FastAttention::compiled_in()) {
+      PAGODA_ASSIGN_OR_RETURN(two_batch_, TwoBatchOverlap::create(static_cast<int32_t>(v), weights_.has_fp8(),
+                                                                  static_cast<int32_t>(T),
+                                                                  static_cast<int32_t>(std::max(qkv, 2 * I)),
+                                                                  options_.kv_key_dtype, options_.kv_value_dtype));
+    }
   }
 
   const std::vector<float> inv_freq =
@@ -280,173 +297,209 @@ StatusOr<CudaModel::StepShape> CudaModel::plan(const ForwardBatch& batch) {
 
 Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attention, const KvLayerWaits* waits,
                              bool holes) {
-  const ModelConfig& c = config_;
-  const int32_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
-  const int32_t q_width = c.num_q_heads * D, kv_width = c.num_kv_heads * D;
-  const int32_t qkv_width = q_width + 2 * kv_width;
+  const int32_t H = config_.hidden_size;
   float* residual = residual_.as<float>();
-  bf16* normed = normed_.as<bf16>();
-  bf16* qkv = qkv_.as<bf16>();
-  bf16* attn = attn_.as<bf16>();
-  bf16* proj = proj_.as<bf16>();
-  bf16* gate_up = gate_up_.as<bf16>();
-  bf16* act = act_.as<bf16>();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const DeviceAttentionPlan attention{device_.token_sequence, device_.kv_begin, device_.kv_end,
-                                      device_.block_tables, block_table_stride_, T};
-
   if (comm_ != nullptr) {
     PAGODA_RETURN_IF_ERROR(embed_sharded(T, residual));
   } else {
     PAGODA_CUDA_RETURN_IF_ERROR(embedding_gather(weights_.embed_tokens, device_.token_ids, T, H, residual, stream_));
   }
   if (deepseek_) {
-    PAGODA_RETURN_IF_ERROR(deepseek_->run_layers(T, pool, device_, attention, *gemm_, residual, normed, proj));
-    PAGODA_CUDA_RETURN_IF_ERROR(add_residual(residual, proj, static_cast<int64_t>(T) * H, stream_));
-    return ok_status();
+    const DeviceAttentionPlan attention{device_.token_sequence, device_.kv_begin, device_.kv_end,
+                                        device_.block_tables, block_table_stride_, T};
+    PAGODA_RETURN_IF_ERROR(
+        deepseek_->run_layers(T, pool, device_, attention, *gemm_, residual, normed_.as<bf16>(), proj_.as<bf16>()));
+  } else if (step_two_batch_) {
+    // Two lanes (two_batch_overlap.h): half A on the model's stream, half B on the overlap's; their
+    // attentions take turns, A's of layer l after B's of layer l - 1, B's after A's of layer l.
+    TwoBatchOverlap& o = *two_batch_;
+    const int32_t rows_a = TwoBatchOverlap::first_half_rows(T);
+    Lane a{0, rows_a, stream_, fast_.get(), gemm_.get(), fp8_gemm_.get(), nullptr, o.a_done()};
+    const Lane b{rows_a, T - rows_a, o.stream(), &o.attention(), &o.gemm(), o.fp8_gemm(), o.a_done(), o.b_done()};
+    PAGODA_RETURN_IF_ERROR(o.fork(stream_));
+    for (int32_t l = 0; l < config_.num_layers; ++l) {
+      a.attention_after = l == 0 ? nullptr : o.b_done();
+      PAGODA_RETURN_IF_ERROR(run_layer(l, a, pool, fast_attention, waits, holes));
+      PAGODA_RETURN_IF_ERROR(run_layer(l, b, pool, fast_attention, waits, holes));
+    }
+    PAGODA_RETURN_IF_ERROR(o.join(stream_));
+  } else {
+    const Lane whole{0, T, stream_, fast_.get(), gemm_.get(), fp8_gemm_.get()};
+    for (int32_t l = 0; l < config_.num_layers; ++l)
+      PAGODA_RETURN_IF_ERROR(run_layer(l, whole, pool, fast_attention, waits, holes));
   }
-  for (int32_t l = 0; l < c.num_layers; ++l) {
-    const CudaLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
-    // The previous layer's MLP output joins the residual inside the norm.
-    // With fp8 GEMM inputs the norm writes them quantized (fp8_x_) instead of normed (nothing else reads it).
-    if (fuse_fp8_input(normed, T, w.qkv_fp8, H)) {
-      PAGODA_CUDA_RETURN_IF_ERROR(add_rmsnorm_fp8(residual, l == 0 ? nullptr : proj, w.input_norm, T, H,
-                                                  c.rms_norm_eps, fp8_x_.as<uint8_t>(), fp8_x_scales_.as<float>(),
-                                                  stream_));
-      PAGODA_RETURN_IF_ERROR(project_quantized(T, w.qkv_fp8, qkv_width, H, qkv));
-    } else {
-      if (l == 0) {
-        PAGODA_CUDA_RETURN_IF_ERROR(rmsnorm(residual, nullptr, w.input_norm, normed, T, H, c.rms_norm_eps, stream_));
-      } else {
-        PAGODA_CUDA_RETURN_IF_ERROR(add_rmsnorm(residual, proj, w.input_norm, normed, T, H, c.rms_norm_eps, stream_));
-      }
-      PAGODA_RETURN_IF_ERROR(project(normed, T, w.qkv_proj, w.qkv_fp8, qkv_width, H, qkv));
-    }
-    if (w.qkv_bias != nullptr)
-      PAGODA_CUDA_RETURN_IF_ERROR(add_bias(qkv, qkv_width, T, qkv_width, w.qkv_bias, stream_));
-    if (c.qk_norm) {
-      PAGODA_CUDA_RETURN_IF_ERROR(
-          head_rmsnorm(qkv, qkv_width, T, c.num_q_heads, D, w.q_norm, c.rms_norm_eps, stream_));
-      PAGODA_CUDA_RETURN_IF_ERROR(
-          head_rmsnorm(qkv + q_width, qkv_width, T, c.num_kv_heads, D, w.k_norm, c.rms_norm_eps, stream_));
-    }
-    const float* inv_freq = inv_freq_.as<float>();
-    // The k heads follow the q heads in each qkv row (head h at h * D): one launch rotates both, and for
-    // the fast attention also writes q contiguous (its input).
-    bf16* q_contiguous = fast_attention ? q_contig_.as<bf16>() : nullptr;
-    const DevicePagedKvLayer kv = pool.layer(l);
-    const DeviceKvShare share = pool.share(l);  // null norms: not a shared layer
-    // The checkpoint's fp8 KV scales when present (0: per-vector amax), as CpuModel.
-    const KvWriteFixedScales fixed_scales{w.k_scale, w.v_scale};
-    // With PAGODA_FUSE_ROPE_KV=1, decode-sized steps of unshared layers rotate and write the KV in one launch.
-    const bool fused_kv_write = fuse_rope_kv_ && T <= kGemvMaxRows && share.norms == nullptr;
-    if (fused_kv_write) {
-      // This layer's host-tier copies land (and write-backs leave blocks this step may write) before its KV is touched.
-      if (waits != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(waits->wait_layer(stream_, l));
-      PAGODA_CUDA_RETURN_IF_ERROR(rope_qk_kv_write(qkv, qkv_width, device_.positions, device_.slots, T, c.num_q_heads,
-                                                   inv_freq, q_contiguous, kv, fixed_scales, stream_));
-    } else {
-      PAGODA_CUDA_RETURN_IF_ERROR(rope_qk(qkv, qkv_width, device_.positions, T, c.num_q_heads, c.num_kv_heads, D,
-                                          inv_freq, q_contiguous, stream_));
-      if (waits != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(waits->wait_layer(stream_, l));
-    }
-    if (share.norms != nullptr) {
-      if (fast_attention || holes || (kv_scores_ != nullptr && kv_scores_->active()))
-        return unimplemented_error("cuda: --kv-cross-layer-share with the fast attention or token eviction");
-      PAGODA_CUDA_RETURN_IF_ERROR(
-          kv_write_shared(qkv + q_width, qkv + q_width + kv_width, qkv_width, device_.slots, T, kv, share, stream_));
-      PAGODA_CUDA_RETURN_IF_ERROR(
-          paged_attention_shared(qkv, qkv_width, kv, attention, c.num_q_heads, scale, share, attn, stream_));
-    } else {
-      if (!fused_kv_write)
-        PAGODA_CUDA_RETURN_IF_ERROR(
-            kv_write(qkv + q_width, qkv + q_width + kv_width, qkv_width, device_.slots, T, kv, fixed_scales, stream_));
-      // The scores come from the decode kernel when choose_kernel_scores set rows for them, else from the pass.
-      const bool kernel_mass = fast_attention && kernel_scores_ != nullptr;
-      if (kv_scores_ != nullptr && kv_scores_->active() && !kernel_mass)
-        PAGODA_RETURN_IF_ERROR(kv_scores_->score_layer(l, qkv, qkv_width, scale, kv, device_.block_tables, stream_));
-      if (fast_attention) {
-        float* scores = kernel_mass ? kernel_scores_ : nullptr;
-        if (holes) {
-          PAGODA_RETURN_IF_ERROR(fast_->run(kv, q_contiguous, attn, stream_, fixed_scales, kv_scores_->hole_begin(l),
-                                            kv_scores_->hole_end(), scores, kernel_score_stride_));
-        } else {
-          PAGODA_RETURN_IF_ERROR(
-              fast_->run(kv, q_contiguous, attn, stream_, fixed_scales, nullptr, nullptr, scores, kernel_score_stride_));
-        }
-        if (kernel_mass) PAGODA_RETURN_IF_ERROR(kv_scores_->mass_layer(l, kernel_scores_, kernel_score_stride_, stream_));
-      } else if (holes) {
-        DeviceAttentionPlan with_holes = attention;
-        with_holes.hole_begin = kv_scores_->hole_begin(l);
-        with_holes.hole_end = kv_scores_->hole_end();
-        PAGODA_CUDA_RETURN_IF_ERROR(
-            paged_attention(qkv, qkv_width, kv, with_holes, c.num_q_heads, scale, attn, stream_));
-      } else {
-        PAGODA_CUDA_RETURN_IF_ERROR(
-            paged_attention(qkv, qkv_width, kv, attention, c.num_q_heads, scale, attn, stream_));
-      }
-    }
-    PAGODA_RETURN_IF_ERROR(project(attn, T, w.o_proj, w.o_fp8, H, q_width, proj));
-    if (w.o_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.o_bias, stream_));
-    if (comm_ != nullptr)
-      PAGODA_RETURN_IF_ERROR(comm_->enqueue_all_reduce_sum(proj, static_cast<size_t>(T) * H, DType::kBF16, stream_));
-    if (fuse_fp8_input(normed, T, w.gate_up_fp8, H)) {
-      PAGODA_CUDA_RETURN_IF_ERROR(add_rmsnorm_fp8(residual, proj, w.post_attention_norm, T, H, c.rms_norm_eps,
-                                                  fp8_x_.as<uint8_t>(), fp8_x_scales_.as<float>(), stream_));
-      PAGODA_RETURN_IF_ERROR(project_quantized(T, w.gate_up_fp8, 2 * I, H, gate_up));
-    } else {
-      PAGODA_CUDA_RETURN_IF_ERROR(
-          add_rmsnorm(residual, proj, w.post_attention_norm, normed, T, H, c.rms_norm_eps, stream_));
-      PAGODA_RETURN_IF_ERROR(project(normed, T, w.gate_up_proj, w.gate_up_fp8, 2 * I, H, gate_up));
-    }
-    if (w.gate_up_bias != nullptr)
-      PAGODA_CUDA_RETURN_IF_ERROR(add_bias(gate_up, 2 * I, T, 2 * I, w.gate_up_bias, stream_));
-    if (fuse_fp8_input(act, T, w.down_fp8, I)) {
-      PAGODA_CUDA_RETURN_IF_ERROR(
-          silu_mul_fp8(gate_up, T, I, fp8_x_.as<uint8_t>(), fp8_x_scales_.as<float>(), stream_));
-      PAGODA_RETURN_IF_ERROR(project_quantized(T, w.down_fp8, H, I, proj));
-    } else {
-      PAGODA_CUDA_RETURN_IF_ERROR(silu_mul(gate_up, act, T, I, stream_));
-      PAGODA_RETURN_IF_ERROR(project(act, T, w.down_proj, w.down_fp8, H, I, proj));
-    }
-    if (w.down_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.down_bias, stream_));
-    if (comm_ != nullptr)
-      PAGODA_RETURN_IF_ERROR(comm_->enqueue_all_reduce_sum(proj, static_cast<size_t>(T) * H, DType::kBF16, stream_));
-  }
-  PAGODA_CUDA_RETURN_IF_ERROR(add_residual(residual, proj, static_cast<int64_t>(T) * H, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(add_residual(residual, proj_.as<bf16>(), static_cast<int64_t>(T) * H, stream_));
   return ok_status();
 }
 
-Status CudaModel::project(const bf16* x, int32_t T, const bf16* w, const CudaFp8Weight& fp8, int32_t n, int32_t k,
-                          bf16* y) {
+Status CudaModel::run_layer(int32_t l, const Lane& lane, const CudaKvPool& pool, bool fast_attention,
+                            const KvLayerWaits* waits, bool holes) {
+  const ModelConfig& c = config_;
+  const int32_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
+  const int32_t q_width = c.num_q_heads * D, kv_width = c.num_kv_heads * D;
+  const int32_t qkv_width = q_width + 2 * kv_width;
+  const int32_t T = lane.T;
+  const cudaStream_t stream = lane.stream;
+  const size_t r0 = static_cast<size_t>(lane.row0);
+  // The lane's rows of every [rows, width] scratch buffer and of the step's per-row metadata.
+  float* residual = residual_.as<float>() + r0 * H;
+  bf16* normed = normed_.as<bf16>() + r0 * H;
+  bf16* qkv = qkv_.as<bf16>() + r0 * qkv_width;
+  bf16* attn = attn_.as<bf16>() + r0 * q_width;
+  bf16* proj = proj_.as<bf16>() + r0 * H;
+  bf16* gate_up = gate_up_.as<bf16>() + r0 * 2 * I;
+  bf16* act = act_.as<bf16>() + r0 * I;
+  const int32_t* positions = device_.positions + r0;
+  const int64_t* slots = device_.slots + r0;
+  // The fused fp8 inputs: the lane's part of fp8_x_ (lane_fp8_input).
+  uint8_t* fp8_input = lane_fp8_input(lane);
+  float* fp8_scales = fp8_x_scales_.data() != nullptr ? fp8_x_scales_.as<float>() + r0 : nullptr;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  // The builtin kernel maps rows to sequences through the step's metadata: whole steps only.
+  if (lane.row0 != 0 && !fast_attention) return internal_error("cuda: a lane from row {} without the fast attention", r0);
+  const DeviceAttentionPlan attention{device_.token_sequence, device_.kv_begin, device_.kv_end,
+                                      device_.block_tables, block_table_stride_, T};
+
+  const CudaLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+  // The previous layer's MLP output joins the residual inside the norm.
+  // With fp8 GEMM inputs the norm writes them quantized (fp8_x_) instead of normed (nothing else reads it).
+  if (fuse_fp8_input(normed, T, w.qkv_fp8, H)) {
+    PAGODA_CUDA_RETURN_IF_ERROR(add_rmsnorm_fp8(residual, l == 0 ? nullptr : proj, w.input_norm, T, H,
+                                                c.rms_norm_eps, fp8_input, fp8_scales, stream));
+    PAGODA_RETURN_IF_ERROR(project_quantized(lane, w.qkv_fp8, qkv_width, H, qkv));
+  } else {
+    if (l == 0) {
+      PAGODA_CUDA_RETURN_IF_ERROR(rmsnorm(residual, nullptr, w.input_norm, normed, T, H, c.rms_norm_eps, stream));
+    } else {
+      PAGODA_CUDA_RETURN_IF_ERROR(add_rmsnorm(residual, proj, w.input_norm, normed, T, H, c.rms_norm_eps, stream));
+    }
+    PAGODA_RETURN_IF_ERROR(project(lane, normed, w.qkv_proj, w.qkv_fp8, qkv_width, H, qkv));
+  }
+  if (w.qkv_bias != nullptr)
+    PAGODA_CUDA_RETURN_IF_ERROR(add_bias(qkv, qkv_width, T, qkv_width, w.qkv_bias, stream));
+  if (c.qk_norm) {
+    PAGODA_CUDA_RETURN_IF_ERROR(head_rmsnorm(qkv, qkv_width, T, c.num_q_heads, D, w.q_norm, c.rms_norm_eps, stream));
+    PAGODA_CUDA_RETURN_IF_ERROR(
+        head_rmsnorm(qkv + q_width, qkv_width, T, c.num_kv_heads, D, w.k_norm, c.rms_norm_eps, stream));
+  }
+  const float* inv_freq = inv_freq_.as<float>();
+  // The k heads follow the q heads in each qkv row (head h at h * D): one launch rotates both, and for
+  // the fast attention also writes q contiguous (its input).
+  bf16* q_contiguous = fast_attention ? q_contig_.as<bf16>() + r0 * q_width : nullptr;
+  const DevicePagedKvLayer kv = pool.layer(l);
+  const DeviceKvShare share = pool.share(l);  // null norms: not a shared layer
+  // The checkpoint's fp8 KV scales when present (0: per-vector amax), as CpuModel.
+  const KvWriteFixedScales fixed_scales{w.k_scale, w.v_scale};
+  // With PAGODA_FUSE_ROPE_KV=1, decode-sized steps of unshared layers rotate and write the KV in one launch.
+  const bool fused_kv_write = fuse_rope_kv_ && T <= kGemvMaxRows && share.norms == nullptr;
+  if (fused_kv_write) {
+    // This layer's host-tier copies land (and write-backs leave blocks this step may write) before its KV is touched.
+    if (waits != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(waits->wait_layer(stream, l));
+    PAGODA_CUDA_RETURN_IF_ERROR(rope_qk_kv_write(qkv, qkv_width, positions, slots, T, c.num_q_heads, inv_freq,
+                                                 q_contiguous, kv, fixed_scales, stream));
+  } else {
+    PAGODA_CUDA_RETURN_IF_ERROR(rope_qk(qkv, qkv_width, positions, T, c.num_q_heads, c.num_kv_heads, D, inv_freq,
+                                        q_contiguous, stream));
+    if (waits != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(waits->wait_layer(stream, l));
+  }
+  if (share.norms != nullptr) {
+    if (fast_attention || holes || (kv_scores_ != nullptr && kv_scores_->active()))
+      return unimplemented_error("cuda: --kv-cross-layer-share with the fast attention or token eviction");
+    PAGODA_CUDA_RETURN_IF_ERROR(
+        kv_write_shared(qkv + q_width, qkv + q_width + kv_width, qkv_width, slots, T, kv, share, stream));
+    PAGODA_CUDA_RETURN_IF_ERROR(
+        paged_attention_shared(qkv, qkv_width, kv, attention, c.num_q_heads, scale, share, attn, stream));
+  } else {
+    if (!fused_kv_write)
+      PAGODA_CUDA_RETURN_IF_ERROR(
+          kv_write(qkv + q_width, qkv + q_width + kv_width, qkv_width, slots, T, kv, fixed_scales, stream));
+    // The scores come from the decode kernel when choose_kernel_scores set rows for them, else from the pass.
+    const bool kernel_mass = fast_attention && kernel_scores_ != nullptr;
+    if (kv_scores_ != nullptr && kv_scores_->active() && !kernel_mass)
+      PAGODA_RETURN_IF_ERROR(kv_scores_->score_layer(l, qkv, qkv_width, scale, kv, device_.block_tables, stream));
+    if (lane.attention_after != nullptr)
+      PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, lane.attention_after, 0));
+    if (fast_attention) {
+      float* scores = kernel_mass ? kernel_scores_ : nullptr;
+      if (holes) {
+        PAGODA_RETURN_IF_ERROR(lane.fast->run(kv, q_contiguous, attn, stream, fixed_scales, kv_scores_->hole_begin(l),
+                                              kv_scores_->hole_end(), scores, kernel_score_stride_));
+      } else {
+        PAGODA_RETURN_IF_ERROR(
+            lane.fast->run(kv, q_contiguous, attn, stream, fixed_scales, nullptr, nullptr, scores, kernel_score_stride_));
+      }
+      if (kernel_mass) PAGODA_RETURN_IF_ERROR(kv_scores_->mass_layer(l, kernel_scores_, kernel_score_stride_, stream));
+    } else if (holes) {
+      DeviceAttentionPlan with_holes = attention;
+      with_holes.hole_begin = kv_scores_->hole_begin(l);
+      with_holes.hole_end = kv_scores_->hole_end();
+      PAGODA_CUDA_RETURN_IF_ERROR(paged_attention(qkv, qkv_width, kv, with_holes, c.num_q_heads, scale, attn, stream));
+    } else {
+      PAGODA_CUDA_RETURN_IF_ERROR(paged_attention(qkv, qkv_width, kv, attention, c.num_q_heads, scale, attn, stream));
+    }
+    if (lane.attention_done != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.attention_done, stream));
+  }
+  PAGODA_RETURN_IF_ERROR(project(lane, attn, w.o_proj, w.o_fp8, H, q_width, proj));
+  if (w.o_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.o_bias, stream));
+  if (comm_ != nullptr)
+    PAGODA_RETURN_IF_ERROR(comm_->enqueue_all_reduce_sum(proj, static_cast<size_t>(T) * H, DType::kBF16, stream));
+  if (fuse_fp8_input(normed, T, w.gate_up_fp8, H)) {
+    PAGODA_CUDA_RETURN_IF_ERROR(add_rmsnorm_fp8(residual, proj, w.post_attention_norm, T, H, c.rms_norm_eps,
+                                                fp8_input, fp8_scales, stream));
+    PAGODA_RETURN_IF_ERROR(project_quantized(lane, w.gate_up_fp8, 2 * I, H, gate_up));
+  } else {
+    PAGODA_CUDA_RETURN_IF_ERROR(add_rmsnorm(residual, proj, w.post_attention_norm, normed, T, H, c.rms_norm_eps, stream));
+    PAGODA_RETURN_IF_ERROR(project(lane, normed, w.gate_up_proj, w.gate_up_fp8, 2 * I, H, gate_up));
+  }
+  if (w.gate_up_bias != nullptr)
+    PAGODA_CUDA_RETURN_IF_ERROR(add_bias(gate_up, 2 * I, T, 2 * I, w.gate_up_bias, stream));
+  if (fuse_fp8_input(act, T, w.down_fp8, I)) {
+    PAGODA_CUDA_RETURN_IF_ERROR(silu_mul_fp8(gate_up, T, I, fp8_input, fp8_scales, stream));
+    PAGODA_RETURN_IF_ERROR(project_quantized(lane, w.down_fp8, H, I, proj));
+  } else {
+    PAGODA_CUDA_RETURN_IF_ERROR(silu_mul(gate_up, act, T, I, stream));
+    PAGODA_RETURN_IF_ERROR(project(lane, act, w.down_proj, w.down_fp8, H, I, proj));
+  }
+  if (w.down_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.down_bias, stream));
+  if (comm_ != nullptr)
+    PAGODA_RETURN_IF_ERROR(comm_->enqueue_all_reduce_sum(proj, static_cast<size_t>(T) * H, DType::kBF16, stream));
+  return ok_status();
+}
+
+Status CudaModel::project(const Lane& lane, const bf16* x, const bf16* w, const CudaFp8Weight& fp8, int32_t n,
+                          int32_t k, bf16* y) {
+  const int32_t T = lane.T;
+  const cudaStream_t stream = lane.stream;
   if (fp8.data == nullptr) {
-    if (T <= gemv_rows_bf16_ && gemv_supported(T, k, false, x, w))
-      {
-      PAGODA_CUDA_RETURN_IF_ERROR(gemv_bf16(x, T, w, n, k, y, false, stream_));
+    if (T <= gemv_rows_bf16_ && gemv_supported(T, k, false, x, w)) {
+      PAGODA_CUDA_RETURN_IF_ERROR(gemv_bf16(x, T, w, n, k, y, false, stream));
       return ok_status();
     }
-    return gemm_->linear(x, T, w, n, k, y, GemmOutput::kBF16, stream_);
+    return lane.gemm->linear(x, T, w, n, k, y, GemmOutput::kBF16, stream);
   }
   if (T <= gemv_rows_fp8_ && fp8.input_scale == nullptr && gemv_supported(T, k, true, x, fp8.data)) {
     // Weight-only at decode sizes: the activations stay bf16 (gemv.h). Static input scales are the
     // checkpoint's arithmetic (its activations rounded at a calibrated scale) and keep the GEMM path.
     const int32_t block_stride = fp8.block128 ? fp8_block_weight_scale_stride(k) : 0;
-    PAGODA_CUDA_RETURN_IF_ERROR(gemv_fp8(x, T, fp8.data, fp8.scales, block_stride, n, k, y, stream_, gemv_fp8_depth_));
+    PAGODA_CUDA_RETURN_IF_ERROR(gemv_fp8(x, T, fp8.data, fp8.scales, block_stride, n, k, y, stream, gemv_fp8_depth_));
     return ok_status();
   }
-  uint8_t* q = fp8_x_.as<uint8_t>();
-  float* scales = fp8_x_scales_.as<float>();
+  const size_t r0 = static_cast<size_t>(lane.row0);
+  uint8_t* q = lane_fp8_input(lane);
+  float* scales = fp8_x_scales_.as<float>() + r0;
   if (fp8.block128) {
+    // Token-fastest group scales padded to whole groups of rows: whole steps only (two_batch_allowed).
+    if (lane.row0 != 0) return internal_error("cuda: 128-block fp8 projections in a lane from row {}", r0);
     const int32_t rows = fp8_block_padded_rows(T);
-    PAGODA_CUDA_RETURN_IF_ERROR(quantize_fp8_per_token_group128(x, T, rows, k, q, scales, rows, stream_));
-    return fp8_gemm_->linear_block128(q, scales, T, fp8.data, fp8.scales, n, k, y, stream_);
+    PAGODA_CUDA_RETURN_IF_ERROR(quantize_fp8_per_token_group128(x, T, rows, k, q, scales, rows, stream));
+    return lane.fp8_gemm->linear_block128(q, scales, T, fp8.data, fp8.scales, n, k, y, stream);
   }
   if (fp8.input_scale != nullptr) {
-    PAGODA_CUDA_RETURN_IF_ERROR(quantize_fp8_static(x, T, k, fp8.input_scale, q, scales, stream_));
+    PAGODA_CUDA_RETURN_IF_ERROR(quantize_fp8_static(x, T, k, fp8.input_scale, q, scales, stream));
   } else {
-    PAGODA_CUDA_RETURN_IF_ERROR(quantize_fp8_per_token(x, T, k, q, scales, stream_));
+    PAGODA_CUDA_RETURN_IF_ERROR(quantize_fp8_per_token(x, T, k, q, scales, stream));
   }
-  return fp8_gemm_->linear(q, scales, T, fp8.data, fp8.scales, n, k, y, stream_);
+  return lane.fp8_gemm->linear(q, scales, T, fp8.data, fp8.scales, n, k, y, stream);
 }
 
 bool CudaModel::fuse_fp8_input(const bf16* x, int32_t T, const CudaFp8Weight& fp8, int32_t k) const {
@@ -455,10 +508,19 @@ bool CudaModel::fuse_fp8_input(const bf16* x, int32_t T, const CudaFp8Weight& fp
   return !(T <= gemv_rows_fp8_ && gemv_supported(T, k, true, x, fp8.data));
 }
 
-Status CudaModel::project_quantized(int32_t T, const CudaFp8Weight& fp8, int32_t n, int32_t k, bf16* y) {
+uint8_t* CudaModel::lane_fp8_input(const Lane& lane) const {
+  // fp8_x_ holds one projection input at a time per lane, at that projection's width k (hidden or
+  // intermediate). Two lanes run different projections at once, so lane B's part starts at its first
+  // row times the widest k: lane A's [T_a, k] input never reaches it, whatever k each lane is at.
+  if (fp8_x_.data() == nullptr) return nullptr;
+  return fp8_x_.as<uint8_t>() + static_cast<size_t>(lane.row0) * static_cast<size_t>(fp8_x_width_);
+}
+
+Status CudaModel::project_quantized(const Lane& lane, const CudaFp8Weight& fp8, int32_t n, int32_t k, bf16* y) {
   ++fused_fp8_quant_launches_;
-  return fp8_gemm_->linear(fp8_x_.as<uint8_t>(), fp8_x_scales_.as<float>(), T, fp8.data, fp8.scales, n, k, y,
-                           stream_);
+  const size_t r0 = static_cast<size_t>(lane.row0);
+  return lane.fp8_gemm->linear(lane_fp8_input(lane), fp8_x_scales_.as<float>() + r0,
+                               lane.T, fp8.data, fp8.scales, n, k, y, lane.stream);
 }
 
 Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {
@@ -529,6 +591,13 @@ Status CudaModel::head_sharded(const bf16* normed, int32_t num_rows) {
   return ok_status();
 }
 
+bool CudaModel::two_batch_allowed(int32_t bucket) const {
+  // Lanes from a middle row need the fast attention (fast_attention_usable: no cross-layer sharing),
+  // per-token fp8 input scales (not 128-block groups), and no per-row side work (scores, tensor parallel).
+  return two_batch_ != nullptr && bucket >= two_batch_->min_bucket() && comm_ == nullptr && !weights_block128_ &&
+         (kv_scores_ == nullptr || !kv_scores_->active());
+}
+
 bool CudaModel::fast_attention_usable() const {
   // Quantized KV too: backend/cuda/attention decodes fp8 / int8 / int4 pools (FastAttention
   // answers false for the steps it cannot run, and the builtin kernel dequantizes).
@@ -594,7 +663,7 @@ Status CudaModel::capture_graph(int32_t bucket, bool scoring, const CudaKvPool& 
   PAGODA_CUDA_RETURN_IF_ERROR(instantiate);
   const int32_t key = graph_key(bucket, scoring);
   if (auto it = graphs_.find(key); it != graphs_.end()) cudaGraphExecDestroy(it->second.exec);
-  graphs_[key] = Graph{exec, &pool, fast_attention, kernel_scores_ != nullptr};
+  graphs_[key] = Graph{exec, &pool, fast_attention, kernel_scores_ != nullptr, step_two_batch_};
   return ok_status();
 }
 
@@ -609,6 +678,7 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
     ~WaitAllOnExit() { waits.wait_all(stream); }
   } wait_all_on_exit{waits, stream_};
   PAGODA_RETURN_IF_ERROR(validate(batch, pool));
+  step_two_batch_ = false;  // graph decode steps may set it below
   const size_t vocab = static_cast<size_t>(config_.vocab_size);
   const int32_t wanted_rows = batch.num_logit_rows();
   if (logits != nullptr) logits->assign(static_cast<size_t>(wanted_rows) * vocab, 0.0f);
@@ -650,16 +720,27 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
       PAGODA_ASSIGN_OR_RETURN(fast, deepseek_->plan_step(batch, pool.shape(), step.bucket, buckets_.back(),
                                                          block_table_stride_, options_.fast_attention));
     } else if (fast_attention_usable()) {
-      PAGODA_ASSIGN_OR_RETURN(fast, fast_->plan_graph(config_, batch, step.bucket, buckets_.back(), block_table_stride_,
-                                                      options_.block_size, pool.shape().num_blocks, stream_));
+      if (two_batch_allowed(step.bucket)) {
+        PAGODA_ASSIGN_OR_RETURN(step_two_batch_,
+                                two_batch_->plan_graph(*fast_, config_, batch, step.bucket, buckets_.back(),
+                                                       block_table_stride_, options_.block_size,
+                                                       pool.shape().num_blocks, stream_));
+        fast = step_two_batch_;
+      }
+      if (!fast) {
+        PAGODA_ASSIGN_OR_RETURN(fast, fast_->plan_graph(config_, batch, step.bucket, buckets_.back(),
+                                                        block_table_stride_, options_.block_size,
+                                                        pool.shape().num_blocks, stream_));
+      }
     }
     if (fast) ++fast_attention_steps_;
+    if (step_two_batch_) ++two_batch_steps_;
     const bool scoring = kv_scores_ != nullptr && kv_scores_->active();
     PAGODA_RETURN_IF_ERROR(choose_kernel_scores(scoring, fast, step.bucket, true, batch));
     if (scoring && kernel_scores_ == nullptr) ++scoring_pass_steps_;
     auto it = graphs_.find(graph_key(step.bucket, scoring));
     if (it != graphs_.end() && it->second.pool == &pool && it->second.fast_attention == fast &&
-        it->second.kernel_mass == (kernel_scores_ != nullptr)) {
+        it->second.kernel_mass == (kernel_scores_ != nullptr) && it->second.two_batch == step_two_batch_) {
       // A profiler's window (PAGODA_CUDA_PROFILE_REPLAY, e.g. ncu --profile-from-start off): one replay only.
       const bool profiled = graph_replays_ == profile_replay_;
       if (profiled) {

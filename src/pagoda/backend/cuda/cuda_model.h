@@ -62,6 +62,7 @@
 #include "pagoda/backend/cuda/cuda_model_weights.h"
 #include "pagoda/backend/cuda/device_buffer.h"
 #include "pagoda/backend/cuda/fast_attention.h"
+#include "pagoda/backend/cuda/two_batch_overlap.h"
 #include "pagoda/backend/cuda/fp8_gemm.h"
 #include "pagoda/backend/cuda/gemm.h"
 #include "pagoda/backend/cuda/gemv.h"
@@ -219,6 +220,8 @@ class CudaModel {
   int64_t graphs_captured() const { return static_cast<int64_t>(graphs_.size()); }
   // Steps whose attention ran on backend/cuda/attention's kernels.
   int64_t fast_attention_steps() const { return fast_attention_steps_; }
+  // Graph decode steps that ran as two lanes (two_batch_overlap.h; PAGODA_TWO_BATCH_OVERLAP).
+  int64_t two_batch_steps() const { return two_batch_steps_; }
   // Token eviction's mass from the decode kernel's own scores (on by default;
   // off: every scoring step runs the separate scoring pass), and the steps
   // (eager runs and graph captures or replays) that took it (tests, benchmarks).
@@ -255,19 +258,40 @@ class CudaModel {
   // holes: the step has per-head holes (CudaKvScores::prepare_holes), passed to the fast attention.
   Status run_layers(int32_t num_tokens, const CudaKvPool& pool, bool fast_attention,
                     const KvLayerWaits* waits = nullptr, bool holes = false);
+  // One lane of a step's rows: [row0, row0 + T) on `stream` with its own attention plan and GEMM
+  // workspaces. A step runs as one lane, or as two on two streams (two_batch_overlap.h), whose
+  // attentions then wait for `attention_after` (when set) and record `attention_done`.
+  struct Lane {
+    int32_t row0 = 0;
+    int32_t T = 0;
+    cudaStream_t stream = nullptr;
+    FastAttention* fast = nullptr;
+    Gemm* gemm = nullptr;
+    Fp8Gemm* fp8_gemm = nullptr;
+    cudaEvent_t attention_after = nullptr;
+    cudaEvent_t attention_done = nullptr;
+  };
+  Status run_layer(int32_t l, const Lane& lane, const CudaKvPool& pool, bool fast_attention,
+                   const KvLayerWaits* waits, bool holes);
+  // Whether a graph decode step of this bucket may run as two lanes (two_batch_overlap.h).
+  bool two_batch_allowed(int32_t bucket) const;
   Status run_head(int32_t row_begin, int32_t num_rows);
   // Tensor parallelism: the embedding of this rank's vocabulary rows, summed over the ranks.
   Status embed_sharded(int32_t T, float* residual);
   // Tensor parallelism: logits_ [num_rows, vocab] from this rank's rows of normed through the all-gather.
   Status head_sharded(const bf16* normed, int32_t num_rows);
-  // y [T, n] = x [T, k] . w^T through the bf16 GEMM, or quantize x + the fp8 GEMM where fp8.data is set.
-  Status project(const bf16* x, int32_t T, const bf16* w, const CudaFp8Weight& fp8, int32_t n, int32_t k, bf16* y);
+  // y [T, n] = x [T, k] . w^T (T = lane.T; x, y at the lane's first row) through the bf16 GEMM, or quantize x
+  // (into the lane's rows of fp8_x_) + the fp8 GEMM where fp8.data is set.
+  Status project(const Lane& lane, const bf16* x, const bf16* w, const CudaFp8Weight& fp8, int32_t n, int32_t k,
+                 bf16* y);
   // Whether project(x, T, ..., fp8, n, k, y) would quantize x per token into fp8_x_ and run the fp8 GEMM: then
   // the kernel producing x may write fp8_x_ itself (add_rmsnorm_fp8, silu_mul_fp8) and project_quantized runs
   // the GEMM. False unless PAGODA_FUSE_FP8_QUANT allows it (on by default).
   bool fuse_fp8_input(const bf16* x, int32_t T, const CudaFp8Weight& fp8, int32_t k) const;
-  // y [T, n] from fp8_x_ / fp8_x_scales_ (already holding the per-token quantized input) through the fp8 GEMM.
-  Status project_quantized(int32_t T, const CudaFp8Weight& fp8, int32_t n, int32_t k, bf16* y);
+  // y [lane.T, n] from the lane's rows of fp8_x_ / fp8_x_scales_ (already holding the per-token quantized input) through the fp8 GEMM.
+  // The lane's part of fp8_x_: from row0 * fp8_x_width_ (null without fp8 projections).
+  uint8_t* lane_fp8_input(const Lane& lane) const;
+  Status project_quantized(const Lane& lane, const CudaFp8Weight& fp8, int32_t n, int32_t k, bf16* y);
   // Samples logit rows [row_begin, row_begin + n) (already in logits_) and
   // copies tokens, logprobs and the host rows' logits out; synchronizes.
   // Applies the token masks of rows [row_begin, row_begin + n) of forward_sampled() to logits_.
@@ -305,7 +329,14 @@ class CudaModel {
   bool fuse_rope_kv_ = false;  // rope_qk + kv_write as rope_qk_kv_write at decode sizes (PAGODA_FUSE_ROPE_KV=1: on)
   DeviceBuffer fp8_x_;         // e4m3 [T4, max(hidden, Hq * D, intermediate)]: a projection's quantized input
   DeviceBuffer fp8_x_scales_;  // f32 per token (or token x 128-group) of fp8_x_
+  int64_t fp8_x_width_ = 0;    // the widest projection input (bytes per row of fp8_x_)
   std::unique_ptr<FastAttention> fast_;
+  // Two-batch overlap of large graph decode steps (PAGODA_TWO_BATCH_OVERLAP=<min bucket>; null: off), and
+  // whether this step runs as two lanes.
+  std::unique_ptr<TwoBatchOverlap> two_batch_;
+  bool step_two_batch_ = false;
+  int64_t two_batch_steps_ = 0;
+  bool weights_block128_ = false;  // some projection has 128-block fp8 scales (lanes cannot split those)
   // DeepSeek (MLA + MoE) configs: their layers run here instead of the llama loop.
   std::unique_ptr<CudaDeepseekForward> deepseek_;
   int64_t fast_attention_steps_ = 0;
@@ -354,6 +385,7 @@ class CudaModel {
     const CudaKvPool* pool = nullptr;  // the pool whose addresses the graph baked in
     bool fast_attention = false;       // captured with backend/cuda/attention's graph-mode decode attention
     bool kernel_mass = false;          // its scoring came from the decode kernel's scores (mass_graph_)
+    bool two_batch = false;            // captured as two lanes (two_batch_overlap.h)
   };
   std::map<int32_t, Graph> graphs_;  // by graph_key
   KvLayerWaits layer_waits_;  // for the next run() only
