@@ -34,6 +34,7 @@ namespace pagoda::cuda {
 namespace {
 
 using testing::append_sequence;
+using testing::relative_max_error;
 using testing::from_bf16_bits;
 using testing::random_bf16_values;
 using testing::to_bf16_bits;
@@ -310,16 +311,6 @@ std::vector<int32_t> blocks(int32_t first, int32_t count) {
   return b;
 }
 
-// Largest |a - b| over the largest |b|: the error as a fraction of the logit range.
-double relative_max_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double d = std::abs(static_cast<double>(got[i]) - want[i]);
-    err = std::isnan(d) ? 1e30 : std::max(err, d);
-    scale = std::max(scale, static_cast<double>(std::abs(want[i])));
-  }
-  return err / std::max(scale, 1e-30);
-}
 
 struct Models {
   std::unique_ptr<CpuModel> cpu;

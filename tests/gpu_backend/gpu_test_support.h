@@ -95,4 +95,15 @@ inline double worst_error_ratio(const std::vector<float>& got, const std::vector
   return worst;
 }
 
+// Largest |a - b| over the largest |b|: the error as a fraction of the logit range (NaN: 1e30).
+inline double relative_max_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = std::abs(static_cast<double>(got[i]) - want[i]);
+    err = std::isnan(d) ? 1e30 : std::max(err, d);
+    scale = std::max(scale, static_cast<double>(std::abs(want[i])));
+  }
+  return err / std::max(scale, 1e-30);
+}
+
 }  // namespace pagoda::cuda::testing

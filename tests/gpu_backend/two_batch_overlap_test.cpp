@@ -30,6 +30,7 @@ namespace pagoda::cuda {
 namespace {
 
 using testing::append_sequence;
+using testing::relative_max_error;
 
 constexpr int32_t kVocab = 1024;
 constexpr int32_t kBlockSize = 16;
@@ -63,16 +64,6 @@ CudaModelOptions options(DType kv, bool fp8_weights) {
   return o;
 }
 
-// Largest |a - b| over the largest |b|.
-double relative_max_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double d = std::abs(static_cast<double>(got[i]) - want[i]);
-    err = std::isnan(d) ? 1e30 : std::max(err, d);
-    scale = std::max(scale, static_cast<double>(std::abs(want[i])));
-  }
-  return err / std::max(scale, 1e-30);
-}
 
 std::vector<int32_t> table_of(int32_t seq) {
   std::vector<int32_t> t(kBlocksPerSeq);
