@@ -17,7 +17,10 @@
 // (docs/BENCHMARKS.md "MLA decode v19"). --timing idle is the method
 // of the figures before session 16 (the start event on an idle GPU).
 // --merge pdl launches the merge pass as a programmatic dependent launch
-// (MlaDecodeDescriptor::programmatic_merge);
+// (MlaDecodeDescriptor::programmatic_merge); --merge none times the TMA kernels'
+// main pass alone (a diagnostic: where the merge's share of the time goes; one
+// full launch after the timed ones still writes the checked output; the cp.async
+// kernel keeps its merge);
 // plain is the default. Row 0's first 16 heads are
 // checked against a float64 reference at every shape (rel L2 printed), and
 // every output is checked finite. Where the TMA-fed kernel applies (bf16, 16
@@ -37,7 +40,7 @@
 // against float64 is what counts).
 //
 //   mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|NAME] [--schedule all|whole|spread]
-//                    [--timing busy|idle|spin] [--merge plain|pdl]
+//                    [--timing busy|idle|spin] [--merge plain|pdl|none]
 
 #include <cuda_runtime.h>
 
@@ -103,6 +106,14 @@ std::string kernel_choice = "all";
 std::string schedule_choice = "whole";
 std::string timing_choice = "spin";
 bool programmatic_merge = false;
+bool decode_only = false;  // --merge none
+
+// The timed launch: decode + merge, or (--merge none) a TMA kernel's main pass alone.
+cudaError_t timed_launch(const MlaDecodeDescriptor& desc, const void* q, void* out) {
+  if (decode_only && desc.kernel == MlaDecodeKernel::kTmaFp8) return launch_mla_decode_tma_fp8_main(desc, q, out, nullptr);
+  if (decode_only && is_tma_kernel(desc.kernel)) return launch_mla_decode_tma_main(desc, q, out, nullptr);
+  return launch_mla_decode(desc, q, out, nullptr);
+}
 
 // --timing spin / busy: work queued ahead of a start event so that the launch
 // after it is timed on the GPU alone (see the header). One memset buffer for
@@ -272,12 +283,16 @@ std::vector<Result> run_shape(int batch, int context, int heads, bool fp8, int b
     for (int i = 0; i < iters; ++i) {
       occupy_gpu_and_flush_l2();
       CHECK_CUDA(cudaEventRecord(start));
-      CHECK_CUDA(launch_mla_decode(desc, d_q, d_out, nullptr));
+      CHECK_CUDA(timed_launch(desc, d_q, d_out));
       CHECK_CUDA(cudaEventRecord(stop));
       CHECK_CUDA(cudaEventSynchronize(stop));
       float t = 0;
       CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
       ms.push_back(t);
+    }
+    if (decode_only) {  // the checked output: one complete launch
+      CHECK_CUDA(launch_mla_decode(desc, d_q, d_out, nullptr));
+      CHECK_CUDA(cudaDeviceSynchronize());
     }
     Timed t{kernel, spread, median(ms) * 1e-3, plan->num_ctas(), plan->num_segments(),
             std::vector<uint16_t>(out_elems)};
@@ -371,15 +386,18 @@ int main(int argc, char** argv) {
               !std::strcmp(argv[i + 1], "spin")))
       timing_choice = argv[++i];
     else if (!std::strcmp(argv[i], "--merge") && i + 1 < argc &&
-             (!std::strcmp(argv[i + 1], "plain") || !std::strcmp(argv[i + 1], "pdl")))
-      programmatic_merge = !std::strcmp(argv[++i], "pdl");
+             (!std::strcmp(argv[i + 1], "plain") || !std::strcmp(argv[i + 1], "pdl") ||
+              !std::strcmp(argv[i + 1], "none"))) {
+      programmatic_merge = !std::strcmp(argv[i + 1], "pdl");
+      decode_only = !std::strcmp(argv[++i], "none");
+    }
     else {
       std::fprintf(stderr,
                    "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|"
                    "tma_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_fast_exp|"
                    "tma_pingpong_fast_exp|tma_pingpong_turns|tma_pingpong_2chain|tma_pingpong_all|tma_pingpong_split|"
                    "tma_pingpong_split_2chain|tma_fp8] "
-                   "[--schedule all|whole|spread] [--timing busy|idle|spin] [--merge plain|pdl]\n");
+                   "[--schedule all|whole|spread] [--timing busy|idle|spin] [--merge plain|pdl|none]\n");
       return 2;
     }
   }
@@ -387,7 +405,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   CHECK_CUDA(prepare_mla_decode_kernels());
   std::printf("device %s, %d SMs; merge %s; timing %s\n", prop.name, prop.multiProcessorCount,
-              programmatic_merge ? "pdl" : "plain",
+              decode_only ? "none (TMA main pass alone)" : programmatic_merge ? "pdl" : "plain",
               timing_choice == "busy"   ? "busy (a 256 MB memset ahead of each start event: GPU time only, cold L2)"
               : timing_choice == "spin" ? "spin (a 50 us memory-free kernel ahead of each start event: GPU time only)"
                                         : "idle (the start event on an idle GPU: host launch work inside the window)");

@@ -185,15 +185,99 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const Work w, const 
   }
 }
 
+// The same walk with another copy shape: a tile's page (64 tokens x 1,152 B,
+// contiguous in the pool) as kCopies 1-D bulk copies (cp.async.bulk, no tensor
+// map, no swizzle) of equal contiguous chunks into a whole-tile stage: 1 (the
+// page at once), 9 (8 KB each, a column block's bytes but contiguous) or 64
+// (one token each). kStages whole tiles of 73,728 B (3 fits the probe's shared
+// memory, not the real kernel's). The groups own alternate tiles as above; a
+// tile is waited for whole, then the spin, then the stage is released.
+constexpr int kTileBytes = kColumnBlocks * kBlockBytes;
+template <int kStages, int kCopies>
+__global__ void __launch_bounds__(kThreads, 1) bulk_probe_kernel(const Work w, const uint8_t* __restrict__ pool) {
+  static_assert(kTileBytes % kCopies == 0 && (kTileBytes / kCopies) % 16 == 0, "chunks of 16-byte multiples");
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* tiles = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
+  uint64_t* full = reinterpret_cast<uint64_t*>(tiles + kStages * kTileBytes);
+  uint64_t* empty = full + kStages;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int begin = w.cta_begin[blockIdx.x];
+  const int count = w.cta_begin[blockIdx.x + 1] - begin;
+  if (tid == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      mbarrier_init(&full[i], 1);
+      mbarrier_init(&empty[i], 4);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  const uint64_t policy = evict_first();
+  constexpr uint32_t kChunk = kTileBytes / kCopies;
+  if (tid >= 2 * kGroupThreads) {
+    for (int n = 0; n < count; ++n) {
+      const int stage = n % kStages, use = n / kStages;
+      if (use > 0) mbarrier_wait(&empty[stage], (use - 1) & 1);
+      if (lane == 0) mbarrier_arrive_expect_tx(&full[stage], kTileBytes);
+      __syncwarp();
+      const uint8_t* page = pool + int64_t{w.pages[begin + n]} * kTileBytes;
+      for (int c = lane; c < kCopies; c += 32)
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
+            "%4;\n" ::"r"(smem_address(tiles + stage * kTileBytes + c * kChunk)),
+            "l"(page + c * kChunk), "r"(kChunk), "r"(smem_address(&full[stage])), "l"(policy)
+            : "memory");
+      __syncwarp();
+    }
+    return;
+  }
+  const int g = tid / kGroupThreads;
+  for (int n = g; n < count; n += 2) {
+    const int stage = n % kStages;
+    mbarrier_wait(&full[stage], (n / kStages) & 1);
+    spin_cycles(w.cycles_s + w.cycles_softmax + w.cycles_pv);
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&empty[stage]);
+  }
+}
+
+// The read ceiling of the same walk without shared memory: each CTA streams its
+// pages with 16-byte loads that skip L1 (as the GEMV's weights), 4 CTAs of 256
+// threads an SM; the sum keeps the loads alive.
+__global__ void __launch_bounds__(256) read_probe_kernel(const Work w, const uint8_t* __restrict__ pool,
+                                                         uint32_t* sink) {
+  const int begin = w.cta_begin[blockIdx.x];
+  const int count = w.cta_begin[blockIdx.x + 1] - begin;
+  uint32_t acc = 0;
+  constexpr int kVectors = kTileBytes / 16;
+  for (int n = 0; n < count; ++n) {
+    const uint4* page = reinterpret_cast<const uint4*>(pool + int64_t{w.pages[begin + n]} * kTileBytes);
+    uint4 v[(kVectors + 255) / 256];
+#pragma unroll
+    for (int i = 0; i < (kVectors + 255) / 256; ++i) {
+      const int at = i * 256 + threadIdx.x;
+      if (at < kVectors)
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v[i].x), "=r"(v[i].y), "=r"(v[i].z), "=r"(v[i].w)
+                     : "l"(page + at));
+      else
+        v[i] = make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < (kVectors + 255) / 256; ++i) acc ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
 template <int kSlots>
 constexpr int smem_bytes() {
   return kSlots * kBlockBytes + 2 * kSlots * 8 + 1024;
 }
 
-using Launch = void (*)(const Work&, const CUtensorMap&, int ctas);
+using Launch = void (*)(const Work&, const CUtensorMap&, const uint8_t* pool, int ctas);
 
 template <int kSlots, bool kSelf, bool kHalfPv>
-void launch(const Work& w, const CUtensorMap& map, int ctas) {
+void launch(const Work& w, const CUtensorMap& map, const uint8_t*, int ctas) {
   static bool configured = false;
   if (!configured) {
     CHECK_CUDA(cudaFuncSetAttribute(probe_kernel<kSlots, kSelf, kHalfPv>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -201,6 +285,18 @@ void launch(const Work& w, const CUtensorMap& map, int ctas) {
     configured = true;
   }
   probe_kernel<kSlots, kSelf, kHalfPv><<<ctas, kThreads, smem_bytes<kSlots>()>>>(w, map);
+}
+
+template <int kStages, int kCopies>
+void launch_bulk(const Work& w, const CUtensorMap&, const uint8_t* pool, int ctas) {
+  constexpr int bytes = kStages * kTileBytes + 2 * kStages * 8 + 1024;
+  static bool configured = false;
+  if (!configured) {
+    CHECK_CUDA(cudaFuncSetAttribute(bulk_probe_kernel<kStages, kCopies>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    bytes));
+    configured = true;
+  }
+  bulk_probe_kernel<kStages, kCopies><<<ctas, kThreads, bytes>>>(w, pool);
 }
 
 struct Variant {
@@ -225,17 +321,19 @@ int main(int argc, char** argv) {
   int64_t tokens = 262144;  // 64 x 4K
   int iters = 20;
   bool sequential = false;
+  std::string only;  // run the variants whose name contains it
   std::vector<int> cycle_points = {0, 1000, 2000, 3000, 4000, 5000, 6000};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--sequential")) sequential = true;
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!std::strcmp(argv[i], "--cycles") && i + 1 < argc) {
       cycle_points.clear();
       std::istringstream in(argv[++i]);
       for (int c; in >> c;) cycle_points.push_back(c);
     } else {
-      std::fprintf(stderr, "usage: %s [--tokens N] [--iters N] [--cycles \"0 1000 ...\"] [--sequential]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--tokens N] [--iters N] [--cycles \"0 1000 ...\"] [--sequential] [--only NAME]\n", argv[0]);
       return 2;
     }
   }
@@ -270,6 +368,9 @@ int main(int argc, char** argv) {
       {"producer 22 slots", launch<22, false, false>}, {"producer 25 slots", launch<25, false, false>},
       {"producer 27 slots", launch<27, false, false>}, {"self 18", launch<18, true, false>},
       {"self 18, half PV", launch<18, true, true>},
+      {"bulk 2 stages x 1 copy", launch_bulk<2, 1>}, {"bulk 2 stages x 9 copies", launch_bulk<2, 9>},
+      {"bulk 2 stages x 64 copies", launch_bulk<2, 64>}, {"bulk 3 stages x 1 copy", launch_bulk<3, 1>},
+      {"bulk 3 stages x 9 copies", launch_bulk<3, 9>},
   };
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
@@ -283,6 +384,7 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMalloc(&d_begin, cta_begin.size() * sizeof(int)));
     CHECK_CUDA(cudaMemcpy(d_begin, cta_begin.data(), cta_begin.size() * sizeof(int), cudaMemcpyHostToDevice));
     for (const Variant& v : variants) {
+      if (!only.empty() && std::string(v.name).find(only) == std::string::npos) continue;
       std::printf("%3d CTAs  %-22s", ctas, v.name);
       for (const int c : cycle_points) {
         // S^T 45%, softmax 15%, P V 40% of a tile's math (the real kernel's MMA split, roughly).
@@ -291,7 +393,7 @@ int main(int argc, char** argv) {
         for (int it = 0; it < iters + 2; ++it) {
           CHECK_CUDA(spin_gpu(50.0, nullptr));
           CHECK_CUDA(cudaEventRecord(start));
-          v.fn(w, map, ctas);
+          v.fn(w, map, static_cast<const uint8_t*>(pool), ctas);
           CHECK_CUDA(cudaEventRecord(stop));
           CHECK_CUDA(cudaEventSynchronize(stop));
           float t = 0;
@@ -305,6 +407,34 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     CHECK_CUDA(cudaFree(d_begin));
+  }
+  // The read ceiling: the same pages, plain 16-byte loads, 4 CTAs an SM.
+  {
+    const int ctas = 4 * sms;
+    std::vector<int> cta_begin(ctas + 1);
+    for (int b = 0; b <= ctas; ++b) cta_begin[b] = int(int64_t{pages} * b / ctas);
+    int* d_begin = nullptr;
+    uint32_t* d_sink = nullptr;
+    CHECK_CUDA(cudaMalloc(&d_begin, cta_begin.size() * sizeof(int)));
+    CHECK_CUDA(cudaMalloc(&d_sink, sizeof(uint32_t)));
+    CHECK_CUDA(cudaMemcpy(d_begin, cta_begin.data(), cta_begin.size() * sizeof(int), cudaMemcpyHostToDevice));
+    const Work w{d_pages, d_begin, 0, 0, 0};
+    std::vector<float> ms;
+    for (int it = 0; it < iters + 2; ++it) {
+      CHECK_CUDA(spin_gpu(50.0, nullptr));
+      CHECK_CUDA(cudaEventRecord(start));
+      read_probe_kernel<<<ctas, 256>>>(w, static_cast<const uint8_t*>(pool), d_sink);
+      CHECK_CUDA(cudaEventRecord(stop));
+      CHECK_CUDA(cudaEventSynchronize(stop));
+      float t = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+      if (it >= 2) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf("%3d CTAs  %-22s  %5.0f GB/s (plain 16-byte loads, no shared memory)\n", ctas, "read ceiling",
+                pool_bytes / (ms[ms.size() / 2] * 1e-3) / 1e9);
+    CHECK_CUDA(cudaFree(d_begin));
+    CHECK_CUDA(cudaFree(d_sink));
   }
   CHECK_CUDA(cudaGetLastError());
   return 0;
