@@ -314,6 +314,41 @@ TEST(MlaDecodePlanTest, FixedModeDescriptorIsTheSameForEveryStep) {
   expect_error(config(), a, "fixed_block_table_stride 0", MlaDecodeOptions{0, 8, 0});
 }
 
+// Tables in the runner's device memory (fixed_block_tables): the arena stops
+// before them, everything before is the embedded plan's, and the descriptor
+// points the kernels at the runner's copy with row i at i x stride.
+TEST(MlaDecodePlanTest, FixedModeExternalBlockTables) {
+  const auto t = table(2600);
+  MlaDecodeOptions o;
+  o.fixed_rows = 8;
+  o.fixed_block_table_stride = 2560;  // a 163,840-token context in blocks of 64
+  const std::vector<MlaDecodeRow> rows{{4000, t}, {1, t}, {77, t}, {163840, t}};
+  auto embedded = MlaDecodePlan::create(config(16, 64, 4000), rows, AttentionDeviceInfo{132}, o);
+  MlaDecodeOptions x = o;
+  const auto* tables = reinterpret_cast<const int32_t*>(uintptr_t{0x400000});
+  x.fixed_block_tables = tables;
+  auto external = MlaDecodePlan::create(config(16, 64, 4000), rows, AttentionDeviceInfo{132}, x);
+  ASSERT_TRUE(embedded.ok() && external.ok()) << external.status().to_string();
+  const auto* base = reinterpret_cast<const int32_t*>(uintptr_t{0x1000});
+  const auto de = embedded->descriptor(base, nullptr, nullptr, nullptr);
+  const auto dx = external->descriptor(base, nullptr, nullptr, nullptr);
+  EXPECT_EQ(dx.block_tables, tables);
+  const size_t tables_at = size_t(de.block_tables - base);
+  ASSERT_EQ(external->arena().size(), tables_at);
+  EXPECT_EQ(embedded->arena().size(), tables_at + 8 * 2560);
+  for (size_t i = 0; i < tables_at; ++i) ASSERT_EQ(external->arena()[i], embedded->arena()[i]) << "entry " << i;
+  for (size_t r = 0; r < rows.size(); ++r) EXPECT_EQ(external->arena()[size_t(dx.block_table_start - base) + r], int32_t(r * 2560));
+  EXPECT_EQ(dx.segments, de.segments);
+  EXPECT_EQ(dx.row_segment_start, de.row_segment_start);
+  EXPECT_EQ(dx.cta_segment_start, de.cta_segment_start);
+  EXPECT_EQ(dx.block_table_start, de.block_table_start);
+  EXPECT_EQ(external->workspace_bytes(), embedded->workspace_bytes());
+  // Only fixed plans take them.
+  MlaDecodeOptions eager;
+  eager.fixed_block_tables = tables;
+  expect_error(config(16, 64, 4000), rows, "fixed_block_tables is for fixed mode", eager);
+}
+
 TEST(MlaDecodePlanTest, KernelChoice) {
   // The TMA kernel where it applies (bf16, <= 16 heads, blocks of 8 / 16 / 32 /
   // multiples of 64), cp.async elsewhere; the descriptor carries the choice.

@@ -114,6 +114,48 @@ TEST(AttentionGraphPlan, ArenaHoldsRealItemsThenPaddingThenUnusedItems) {
       EXPECT_EQ(at(d.block_tables, static_cast<int32_t>(s * stride + b)), step.tables[s][b]);
 }
 
+// Tables in the runner's device memory (graph_block_tables): the arena stops
+// before them, everything else in it is the embedded plan's, and the kernels
+// read the tables at the runner's pointer with the same per-sequence starts.
+TEST(AttentionGraphPlan, ExternalBlockTablesLeaveTheArenaAndKeepEverythingElse) {
+  const AttentionConfig c = llama_shape();
+  const int32_t bucket = 64, stride = 8192;  // a 131,072-token context in blocks of 16
+  const auto* tables = reinterpret_cast<const int32_t*>(uintptr_t{0x400000});
+  const auto* base = reinterpret_cast<const int32_t*>(uintptr_t{0x1000});
+  std::vector<AttentionDescriptor> seen;
+  for (const std::vector<int32_t>& lengths :
+       {std::vector<int32_t>{100, 33, 1}, std::vector<int32_t>(64, 1500), std::vector<int32_t>{131072, 7}}) {
+    const Step step = decode_step(lengths, c.block_size);
+    auto embedded = PagedAttentionPlan::create(c, step.sequences, {}, graph_options(bucket, stride));
+    AttentionPlanOptions options = graph_options(bucket, stride);
+    options.graph_block_tables = tables;
+    auto external = PagedAttentionPlan::create(c, step.sequences, {}, options);
+    ASSERT_TRUE(embedded.ok() && external.ok()) << external.status().to_string();
+    const AttentionDescriptor de = embedded->descriptor(base, {}, nullptr);
+    const AttentionDescriptor dx = external->descriptor(base, {}, nullptr);
+    EXPECT_EQ(dx.block_tables, tables);
+    const size_t tables_at = static_cast<size_t>(de.block_tables - base);
+    ASSERT_EQ(external->arena().size(), tables_at) << "the arena ends where embedded tables would start";
+    EXPECT_EQ(external->arena_capacity_bytes(), tables_at * sizeof(int32_t));
+    for (size_t i = 0; i < tables_at; ++i) ASSERT_EQ(external->arena()[i], embedded->arena()[i]) << "entry " << i;
+    for (int32_t i = 0; i <= bucket; ++i) EXPECT_EQ(external->arena()[size_t(dx.block_table_start - base) + i], i * stride);
+    EXPECT_EQ(dx.query_start, de.query_start);
+    EXPECT_EQ(dx.work_items, de.work_items);
+    EXPECT_EQ(dx.split_start, de.split_start);
+    EXPECT_EQ(dx.num_work_items, de.num_work_items);
+    seen.push_back(dx);
+  }
+  for (const AttentionDescriptor& d : seen) EXPECT_TRUE(same_descriptor(d, seen.front()));
+
+  // Only graph plans take them.
+  const Step step = decode_step({10}, c.block_size);
+  AttentionPlanOptions eager;
+  eager.graph_block_tables = tables;
+  auto refused = PagedAttentionPlan::create(c, step.sequences, {}, eager);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("graph_block_tables"), std::string::npos) << refused.status().to_string();
+}
+
 // The same split as an eager plan of the same sequences, so graph replay and
 // eager launches compute the same bits.
 TEST(AttentionGraphPlan, SplitsLikeTheEagerPlan) {

@@ -67,6 +67,17 @@ TEST(StepPlan, MixedBatchSlotsRangesRowsAndTables) {
   EXPECT_EQ(h.m.block_tables[16], 11);
 }
 
+// The columns of block_tables a step uploads: the longest table the step's
+// sequences need (cached + new tokens), never 0.
+TEST(StepPlan, BlockTableWidthIsTheLongestNeededTable) {
+  EXPECT_EQ(step_block_table_width(batch_of({slice(0, 5, 37, {9, 3, 7}), slice(5, 1, 15, {4}), slice(6, 3, 0, {11})}), 16),
+            3);
+  EXPECT_EQ(step_block_table_width(batch_of({slice(0, 1, 15, {4, 5})}), 16), 1) << "16 tokens: one block";
+  EXPECT_EQ(step_block_table_width(batch_of({slice(0, 1, 16, {4, 5})}), 16), 2) << "17 tokens: two";
+  EXPECT_EQ(step_block_table_width(batch_of({slice(0, 1, 130000, {})}), 16), 8126);
+  EXPECT_EQ(step_block_table_width(ForwardBatch{}, 16), 1);
+}
+
 TEST(StepPlan, SlidingWindowLimitsTheFirstVisibleKey) {
   HostMetadata h({16, 1, 4});
   const ForwardBatch b = batch_of({slice(0, 4, 6, {0})});

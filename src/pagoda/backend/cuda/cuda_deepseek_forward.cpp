@@ -323,13 +323,15 @@ bool CudaDeepseekForward::graph_capable() const {
 }
 
 StatusOr<bool> CudaDeepseekForward::plan_step(const ForwardBatch& batch, const KvPoolShape& pool, int32_t bucket,
-                                              int32_t max_bucket, int32_t block_table_stride, bool fast_decode) {
+                                              int32_t max_bucket, int32_t block_table_stride, bool fast_decode,
+                                              const int32_t* device_block_tables) {
   if (bucket > 0 && !graph_capable()) return internal_error("DeepSeek forward: graph step for a model without graphs");
   graph_step_ = bucket > 0;
   fast_rows_ = 0;
   prefill_row_ = std::numeric_limits<int32_t>::max();  // graph steps (padded rows) never reach the prefill
   if (fast_decode) {
-    PAGODA_ASSIGN_OR_RETURN(fast_rows_, mla_decode_->plan(batch, pool, bucket, max_bucket, block_table_stride, stream_));
+    PAGODA_ASSIGN_OR_RETURN(fast_rows_, mla_decode_->plan(batch, pool, bucket, max_bucket, block_table_stride, stream_,
+                                                          bucket > 0 ? device_block_tables : nullptr));
     if (bucket == 0) {
       PAGODA_ASSIGN_OR_RETURN(prefill_row_, mla_prefill_->plan(batch, fast_rows_));
       if (prefill_row_ < batch.num_tokens()) ++prefill_steps_;

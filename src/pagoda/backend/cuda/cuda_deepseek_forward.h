@@ -77,8 +77,9 @@ class CudaDeepseekForward {
   // tensor-core prefill: the reference the tests compare them with). Returns
   // whether decode rows run on the fast MLA decode kernel. Enqueues the plan's
   // arena copy on the stream.
+  // device_block_tables: the step's tables on the device (CudaMlaDecode::plan), for graph steps.
   StatusOr<bool> plan_step(const ForwardBatch& batch, const KvPoolShape& pool, int32_t bucket, int32_t max_bucket,
-                           int32_t block_table_stride, bool fast_decode);
+                           int32_t block_table_stride, bool fast_decode, const int32_t* device_block_tables = nullptr);
 
   // True when graph steps can run (moe_grouped_gemm covers the expert shapes).
   bool graph_capable() const;

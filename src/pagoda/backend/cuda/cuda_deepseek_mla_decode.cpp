@@ -57,7 +57,8 @@ CudaMlaDecode::~CudaMlaDecode() = default;
 bool CudaMlaDecode::supported() const { return state_->shape_ok; }
 
 StatusOr<int32_t> CudaMlaDecode::plan(const ForwardBatch& batch, const KvPoolShape& pool, int32_t bucket,
-                                      int32_t max_bucket, int32_t block_table_stride, cudaStream_t stream) {
+                                      int32_t max_bucket, int32_t block_table_stride, cudaStream_t stream,
+                                      const int32_t* device_block_tables) {
   State& s = *state_;
   s.plan.reset();
   if (!s.shape_ok) return 0;
@@ -104,6 +105,7 @@ StatusOr<int32_t> CudaMlaDecode::plan(const ForwardBatch& batch, const KvPoolSha
                             block_table_stride, s.graph_max_bucket, s.graph_stride);
     options.fixed_rows = bucket;
     options.fixed_block_table_stride = block_table_stride;
+    options.fixed_block_tables = device_block_tables;
     arena = &s.graph_arena;
   }
   PAGODA_ASSIGN_OR_RETURN(kc::MlaDecodePlan plan, kc::MlaDecodePlan::create(config, s.rows, device, options));

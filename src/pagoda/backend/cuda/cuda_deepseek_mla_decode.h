@@ -47,9 +47,13 @@ class CudaMlaDecode {
 
   // Plans this step (see above; the caller validated the batch). Returns the
   // rows the fast kernel covers, 0..num_tokens (graph mode: bucket or 0). The
-  // arena copy is enqueued on `stream`.
+  // arena copy is enqueued on `stream`. device_block_tables (graph mode): the
+  // step's tables on the device, row i = batch sequence i at i x
+  // block_table_stride, at a fixed address (mla_decode.h's fixed_block_tables:
+  // the arena then holds no tables); null: the arena carries them.
   StatusOr<int32_t> plan(const ForwardBatch& batch, const KvPoolShape& pool, int32_t bucket, int32_t max_bucket,
-                         int32_t block_table_stride, cudaStream_t stream);
+                         int32_t block_table_stride, cudaStream_t stream,
+                         const int32_t* device_block_tables = nullptr);
 
   // The planned rows of one layer: q [rows, heads, 576] bf16 (the absorbed
   // query), out [rows, heads, 512] bf16. Enqueue only (capturable).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include <cuda_profiler_api.h>
@@ -172,6 +173,10 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
   PAGODA_ASSIGN_OR_RETURN(device_metadata_buffer_, DeviceBuffer::allocate(step_metadata_bytes(layout)));
   host_ = bind_step_metadata(host_metadata_buffer_.data(), layout);
   device_ = bind_step_metadata(device_metadata_buffer_.data(), layout);
+  // Zeros once: a step uploads only the block-table columns its sequences use, so the rest of a row
+  // holds ids of earlier steps (or these zeros), valid block ids that no kernel reads.
+  std::memset(host_metadata_buffer_.data(), 0, host_metadata_buffer_.bytes());
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemset(device_metadata_buffer_.data(), 0, device_metadata_buffer_.bytes()));
 
   // Rows rounded up to 4: the 128-block fp8 GEMM runs on whole groups of 4 rows (fp8_gemm.h).
   const size_t T = static_cast<size_t>(fp8_block_padded_rows(options_.max_num_tokens));
@@ -290,8 +295,13 @@ StatusOr<CudaModel::StepShape> CudaModel::plan(const ForwardBatch& batch) {
   PAGODA_CUDA_RETURN_IF_ERROR(copy(device_.kv_begin, host_.kv_begin, n * 4));
   PAGODA_CUDA_RETURN_IF_ERROR(copy(device_.kv_end, host_.kv_end, n * 4));
   PAGODA_CUDA_RETURN_IF_ERROR(copy(device_.logit_rows, host_.logit_rows, std::max<size_t>(n, rows) * 4));
-  PAGODA_CUDA_RETURN_IF_ERROR(copy(device_.block_tables, host_.block_tables,
-                                   batch.sequences.size() * block_table_stride_ * 4));
+  // Only the columns some sequence uses: a row of block_table_stride_ entries covers max_model_len
+  // (8,192 of them at 131,072 tokens in blocks of 16), while a step's sequences need their own lengths.
+  const size_t pitch = static_cast<size_t>(block_table_stride_) * 4;
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+      device_.block_tables, pitch, host_.block_tables, pitch,
+      static_cast<size_t>(step_block_table_width(batch, options_.block_size)) * 4, batch.sequences.size(),
+      cudaMemcpyHostToDevice, stream_));
   return step;
 }
 
@@ -718,19 +728,20 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
     bool fast = false;
     if (deepseek_) {
       PAGODA_ASSIGN_OR_RETURN(fast, deepseek_->plan_step(batch, pool.shape(), step.bucket, buckets_.back(),
-                                                         block_table_stride_, options_.fast_attention));
+                                                         block_table_stride_, options_.fast_attention,
+                                                         device_.block_tables));
     } else if (fast_attention_usable()) {
       if (two_batch_allowed(step.bucket)) {
         PAGODA_ASSIGN_OR_RETURN(step_two_batch_,
                                 two_batch_->plan_graph(*fast_, config_, batch, step.bucket, buckets_.back(),
                                                        block_table_stride_, options_.block_size,
-                                                       pool.shape().num_blocks, stream_));
+                                                       pool.shape().num_blocks, stream_, device_.block_tables));
         fast = step_two_batch_;
       }
       if (!fast) {
         PAGODA_ASSIGN_OR_RETURN(fast, fast_->plan_graph(config_, batch, step.bucket, buckets_.back(),
                                                         block_table_stride_, options_.block_size,
-                                                        pool.shape().num_blocks, stream_));
+                                                        pool.shape().num_blocks, stream_, device_.block_tables));
       }
     }
     if (fast) ++fast_attention_steps_;

@@ -235,7 +235,8 @@ StatusOr<bool> FastAttention::plan(const ModelConfig& config, const ForwardBatch
 
 StatusOr<bool> FastAttention::plan_graph(const ModelConfig& config, const ForwardBatch& batch, int32_t bucket,
                                          int32_t max_bucket, int32_t block_table_stride, int32_t block_size,
-                                         int32_t num_blocks, cudaStream_t stream) {
+                                         int32_t num_blocks, cudaStream_t stream,
+                                         const int32_t* device_block_tables) {
   State& s = *state_;
   PAGODA_RETURN_IF_ERROR(s.prepare());
   s.launches.clear();
@@ -247,7 +248,8 @@ StatusOr<bool> FastAttention::plan_graph(const ModelConfig& config, const Forwar
   if (!attention) return false;
   const kc::AttentionDeviceInfo device{s.num_sms};
   if (s.graph_max_bucket == 0) {
-    // The arena of the largest bucket: plan it once for a 1-token sequence.
+    // The arena of the largest bucket: plan it once for a 1-token sequence
+    // (with embedded tables: room for either kind of plan).
     const int32_t first_block = 0;
     const kc::AttentionSequence one{1, 0, std::span<const int32_t>(&first_block, 1)};
     kc::AttentionPlanOptions largest;
@@ -270,6 +272,7 @@ StatusOr<bool> FastAttention::plan_graph(const ModelConfig& config, const Forwar
   kc::AttentionPlanOptions options;
   options.graph_sequences = bucket;
   options.graph_block_table_stride = block_table_stride;
+  options.graph_block_tables = device_block_tables;
   const std::vector<kc::AttentionSequence> sequences = attention_sequences(batch);
   auto plan = kc::PagedAttentionPlan::create(*attention, sequences, device, options);
   if (!plan.ok()) {
@@ -343,7 +346,7 @@ StatusOr<bool> FastAttention::plan(const ModelConfig&, const ForwardBatch&, int3
   return false;
 }
 StatusOr<bool> FastAttention::plan_graph(const ModelConfig&, const ForwardBatch&, int32_t, int32_t, int32_t, int32_t,
-                                         int32_t, cudaStream_t) {
+                                         int32_t, cudaStream_t, const int32_t*) {
   return false;
 }
 Status FastAttention::run(const DevicePagedKvLayer&, const bf16*, bf16*, cudaStream_t, KvWriteFixedScales,

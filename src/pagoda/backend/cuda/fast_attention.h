@@ -100,9 +100,13 @@ class FastAttention {
   // same arguments for every step of the bucket, so they may be captured once
   // and replayed after each later plan_graph() of that bucket. false: the shape
   // is not supported (no error). The arena copy is enqueued on `stream`.
+  // device_block_tables: the runner's own device copy of this step's block
+  // tables, row i (sequence i) at i x block_table_stride, at a fixed address
+  // (the launches read them there: attention_plan.h's graph_block_tables, so
+  // the arena copied each step holds no tables); null: the arena carries them.
   StatusOr<bool> plan_graph(const ModelConfig& config, const ForwardBatch& batch, int32_t bucket,
                             int32_t max_bucket, int32_t block_table_stride, int32_t block_size, int32_t num_blocks,
-                            cudaStream_t stream);
+                            cudaStream_t stream, const int32_t* device_block_tables = nullptr);
 
   // q: [num_tokens, num_q_heads * head_dim] contiguous; out the same shape
   // (graph mode: `bucket` rows). fixed_scales: the ones kv_write used for this

@@ -54,6 +54,13 @@ int32_t choose_graph_bucket(const ForwardBatch& batch, std::span<const int32_t> 
   return 0;
 }
 
+int32_t step_block_table_width(const ForwardBatch& batch, int32_t block_size) {
+  int32_t width = 1;
+  for (const SequenceSlice& seq : batch.sequences)
+    width = std::max(width, (seq.num_cached_tokens + seq.num_new_tokens + block_size - 1) / block_size);
+  return width;
+}
+
 int32_t fill_step_metadata(const ForwardBatch& batch, int32_t block_size, int32_t sliding_window,
                            int32_t block_table_stride, int32_t padded_tokens, const StepMetadata& m) {
   int32_t rows = 0;

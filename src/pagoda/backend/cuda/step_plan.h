@@ -54,6 +54,11 @@ std::vector<int32_t> decode_graph_buckets(int32_t max_num_seqs);
 // max_graph_batch (when > 0), or fits no bucket.
 int32_t choose_graph_bucket(const ForwardBatch& batch, std::span<const int32_t> buckets, int32_t max_graph_batch);
 
+// Blocks of the longest block table the step needs (each sequence's cached + new
+// tokens), at least 1: the width of block_tables a step has to upload; the
+// entries past a sequence's own blocks are never read.
+int32_t step_block_table_width(const ForwardBatch& batch, int32_t block_size);
+
 // Fills `m` for a batch the caller has validated (block tables cover every
 // token, num_tokens <= padded_tokens <= layout rows). Returns the number of logits rows.
 int32_t fill_step_metadata(const ForwardBatch& batch, int32_t block_size, int32_t sliding_window,

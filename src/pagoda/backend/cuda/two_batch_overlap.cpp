@@ -39,18 +39,21 @@ TwoBatchOverlap::~TwoBatchOverlap() {
 
 StatusOr<bool> TwoBatchOverlap::plan_graph(FastAttention& first, const ModelConfig& config, const ForwardBatch& batch,
                                            int32_t bucket, int32_t max_bucket, int32_t block_table_stride,
-                                           int32_t block_size, int32_t num_blocks, cudaStream_t stream) {
+                                           int32_t block_size, int32_t num_blocks, cudaStream_t stream,
+                                           const int32_t* device_block_tables) {
   const int32_t rows_a = first_half_rows(bucket);
   const auto n = static_cast<int32_t>(batch.sequences.size());
   if (bucket < min_bucket_ || n <= rows_a) return false;
   // The plans see the sequences only (graph mode: query row i = sequence i of the plan's batch).
   half_.sequences.assign(batch.sequences.begin(), batch.sequences.begin() + rows_a);
   PAGODA_ASSIGN_OR_RETURN(const bool a, first.plan_graph(config, half_, rows_a, max_bucket, block_table_stride,
-                                                         block_size, num_blocks, stream));
+                                                         block_size, num_blocks, stream, device_block_tables));
   if (!a) return false;
   half_.sequences.assign(batch.sequences.begin() + rows_a, batch.sequences.end());
+  const int32_t* b_tables =
+      device_block_tables != nullptr ? device_block_tables + static_cast<size_t>(rows_a) * block_table_stride : nullptr;
   return attention_->plan_graph(config, half_, bucket - rows_a, max_bucket, block_table_stride, block_size,
-                                num_blocks, stream);
+                                num_blocks, stream, b_tables);
 }
 
 Status TwoBatchOverlap::fork(cudaStream_t main) {

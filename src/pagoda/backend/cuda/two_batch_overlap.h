@@ -57,10 +57,12 @@ class TwoBatchOverlap {
   // Plans a graph decode step of `bucket` rows as two halves: half A's sequences (the first
   // first_half_rows(bucket)) on `first` (the model's attention), half B's on this object's. false: the
   // bucket is below min_bucket, half B would be empty, or either plan is not supported (the caller then
-  // plans the step whole). The arena copies are enqueued on `stream`.
+  // plans the step whole). The arena copies are enqueued on `stream`. device_block_tables: the step's
+  // tables on the device (FastAttention::plan_graph), row i = batch sequence i; half B's plan reads them
+  // from its first sequence's row on. Null: each plan's arena carries its half's tables.
   StatusOr<bool> plan_graph(FastAttention& first, const ModelConfig& config, const ForwardBatch& batch,
                             int32_t bucket, int32_t max_bucket, int32_t block_table_stride, int32_t block_size,
-                            int32_t num_blocks, cudaStream_t stream);
+                            int32_t num_blocks, cudaStream_t stream, const int32_t* device_block_tables = nullptr);
 
   cudaStream_t stream() const { return stream_; }
   FastAttention& attention() { return *attention_; }

@@ -190,6 +190,10 @@ StatusOr<PagedAttentionPlan> PagedAttentionPlan::create_graph_decode(
   while (count_decode_items(lengths, split) + (capacity - n) > item_capacity) split *= 2;
 
   auto& a = plan.arena_;
+  const bool external = options.graph_block_tables != nullptr;
+  // Every entry before the tables, and the tables of the step's sequences when they are embedded.
+  a.reserve(size_t(capacity) * 3 + 3 + size_t(item_capacity) * 3 + size_t(capacity) + 1 +
+            (external ? 0 : size_t(n) * size_t(stride)));
   plan.query_start_at_ = a.size();
   for (int32_t i = 0; i <= capacity; ++i) a.push_back(i);
   plan.kv_length_at_ = a.size();
@@ -221,13 +225,18 @@ StatusOr<PagedAttentionPlan> PagedAttentionPlan::create_graph_decode(
   a.insert(a.end(), split_start.begin(), split_start.end());
 
   plan.block_tables_at_ = a.size();
-  for (int32_t i = 0; i < n; ++i) {
-    const auto& table = sequences[static_cast<size_t>(i)].block_table;
-    const int32_t blocks = (lengths[static_cast<size_t>(i)] + config.block_size - 1) / config.block_size;
-    a.insert(a.end(), table.begin(), table.begin() + blocks);
-    a.insert(a.end(), static_cast<size_t>(stride - blocks), 0);
+  if (external) {
+    plan.external_block_tables_ = options.graph_block_tables;
+    plan.arena_capacity_bytes_ = a.size() * sizeof(int32_t);
+  } else {
+    for (int32_t i = 0; i < n; ++i) {
+      const auto& table = sequences[static_cast<size_t>(i)].block_table;
+      const int32_t blocks = (lengths[static_cast<size_t>(i)] + config.block_size - 1) / config.block_size;
+      a.insert(a.end(), table.begin(), table.begin() + blocks);
+      a.insert(a.end(), static_cast<size_t>(stride - blocks), 0);
+    }
+    plan.arena_capacity_bytes_ = (plan.block_tables_at_ + size_t(capacity) * stride) * sizeof(int32_t);
   }
-  plan.arena_capacity_bytes_ = (plan.block_tables_at_ + size_t(capacity) * stride) * sizeof(int32_t);
   plan.workspace_bytes_ = graph_workspace_bytes(config, capacity, device);
   return plan;
 }
@@ -241,6 +250,8 @@ StatusOr<PagedAttentionPlan> PagedAttentionPlan::create(
 
   if (options.graph_sequences < 0)
     return invalid_argument_error("attention: graph_sequences {} must be >= 0", options.graph_sequences);
+  if (options.graph_sequences == 0 && options.graph_block_tables != nullptr)
+    return invalid_argument_error("attention: graph_block_tables is for graph mode (graph_sequences is 0)");
   if (options.graph_sequences > 0) {
     if (options.force_prefill)
       return invalid_argument_error("attention: graph mode plans decode only (force_prefill is set)");
@@ -384,7 +395,7 @@ AttentionDescriptor PagedAttentionPlan::descriptor(const int32_t* device_arena,
   d.query_start = device_arena + query_start_at_;
   d.kv_length = device_arena + kv_length_at_;
   d.block_table_start = device_arena + block_table_start_at_;
-  d.block_tables = device_arena + block_tables_at_;
+  d.block_tables = external_block_tables_ != nullptr ? external_block_tables_ : device_arena + block_tables_at_;
   d.work_items = device_arena + work_items_at_;
   d.num_work_items = num_work_items_;
   d.split_start = device_arena + split_start_at_;

@@ -69,6 +69,16 @@ struct AttentionPlanOptions {
   //    per sequence, so every other offset is fixed.
   int32_t graph_sequences = 0;
   int32_t graph_block_table_stride = 0;  // >= blocks of the longest sequence ever planned
+  // Graph mode: the block tables stay in the caller's device memory instead of
+  // being copied into the arena: graph_block_tables[i * graph_block_table_stride
+  // + j] is block j of sequence i, for at least the blocks each sequence needs
+  // (a runner's own per-step table upload). The arena then ends before the
+  // tables (kilobytes, where embedded tables are graph_sequences x stride
+  // entries: 16 MB at 512 sequences and a 131,072-token context in blocks of
+  // 16), and descriptor() points the kernels there; the pointer must stay
+  // valid, at the same address, for as long as launches captured from the
+  // plan's descriptor replay. Null: the tables are copied into the arena.
+  const int32_t* graph_block_tables = nullptr;
   // Decode on CUDA cores even for bf16 / fp8 / int8 pools at head_dim 64 / 128
   // (which run on tensor cores by default): for comparisons.
   bool decode_cuda_cores = false;
@@ -144,6 +154,7 @@ class PagedAttentionPlan {
   size_t arena_capacity_bytes_ = 0;
   bool graph_mode_ = false;
   bool decode_cuda_cores_ = false;
+  const int32_t* external_block_tables_ = nullptr;  // options.graph_block_tables
   std::vector<int32_t> arena_;
   // Offsets (in int32) of each array inside the arena.
   size_t query_start_at_ = 0, kv_length_at_ = 0, block_table_start_at_ = 0, block_tables_at_ = 0,

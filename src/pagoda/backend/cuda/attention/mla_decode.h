@@ -75,6 +75,15 @@ struct MlaDecodeOptions {
   // Requires split_tokens 0 and every row's blocks to fit the stride.
   int32_t fixed_rows = 0;
   int32_t fixed_block_table_stride = 0;
+  // Fixed mode: the block tables stay in the caller's device memory instead of
+  // being copied into the arena: fixed_block_tables[i * fixed_block_table_stride
+  // + j] is block j of row i, for at least the blocks each row needs (a
+  // runner's own per-step table upload; rows sharing a sequence read their own
+  // copies). The arena then ends before the tables and descriptor() points the
+  // kernels there; the pointer must stay valid at the same address while
+  // launches captured from the descriptor replay. Null: copied into the arena
+  // (fixed_rows x stride entries).
+  const int32_t* fixed_block_tables = nullptr;
   // Which kernel (mla_decode_descriptor.h, MlaDecodeKernel). kDefault: the
   // environment's PAGODA_MLA_DECODE_KERNEL ("auto", "cp_async", a TMA
   // variant's name, e.g. "tma_pingpong_2chain" or "tma_fp8"; read once per
@@ -135,6 +144,7 @@ class MlaDecodePlan {
   size_t workspace_bytes_ = 0;
   std::vector<int32_t> arena_;
   size_t row_segment_start_at_ = 0, cta_segment_start_at_ = 0, block_table_start_at_ = 0, block_tables_at_ = 0;
+  const int32_t* external_block_tables_ = nullptr;  // options.fixed_block_tables
 };
 
 }  // namespace pagoda::kernels::cuda

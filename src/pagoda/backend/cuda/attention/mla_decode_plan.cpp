@@ -139,6 +139,8 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
   const bool fixed = options.fixed_rows > 0;
   if (options.fixed_rows < 0)
     return invalid_argument_error("mla decode: fixed_rows {} must be >= 0", options.fixed_rows);
+  if (!fixed && options.fixed_block_tables != nullptr)
+    return invalid_argument_error("mla decode: fixed_block_tables is for fixed mode (fixed_rows is 0)");
   if (fixed) {
     if (options.split_tokens != 0)
       return invalid_argument_error("mla decode: split_tokens {} with fixed_rows (must be 0)", options.split_tokens);
@@ -307,9 +309,10 @@ MlaDecodePlan MlaDecodePlan::lay_out_fixed(MlaDecodePlan plan, std::span<const M
   plan.max_splits_ = 2;  // the merge pass always runs (and zeroes padding rows), whatever this step's splits
   plan.workspace_bytes_ = size_t(capacity) * size_t(mla_decode_partials_per_segment(plan.kernel_)) *
                          size_t(plan.config_.num_heads) * (kMlaLatentDim + 1) * sizeof(float);
+  const bool external = options.fixed_block_tables != nullptr;
   auto& a = plan.arena_;
   a.assign(size_t(capacity) * 3 + size_t(options.fixed_rows) + 1 + size_t(ctas) + 1 + size_t(options.fixed_rows) +
-               size_t(options.fixed_rows) * stride,
+               (external ? 0 : size_t(options.fixed_rows) * stride),
            0);
   std::copy(segments.begin(), segments.end(), a.begin());
   plan.row_segment_start_at_ = size_t(capacity) * 3;
@@ -320,8 +323,10 @@ MlaDecodePlan MlaDecodePlan::lay_out_fixed(MlaDecodePlan plan, std::span<const M
   for (size_t i = cta_start.size(); i < size_t(ctas) + 1; ++i) a[plan.cta_segment_start_at_ + i] = used;
   plan.block_table_start_at_ = plan.cta_segment_start_at_ + size_t(ctas) + 1;
   plan.block_tables_at_ = plan.block_table_start_at_ + size_t(options.fixed_rows);
+  plan.external_block_tables_ = options.fixed_block_tables;
   for (size_t i = 0; i < rows.size(); ++i) {
     a[plan.block_table_start_at_ + i] = int32_t(i * stride);
+    if (external) continue;
     const size_t needed = (size_t(rows[i].context_len) + size_t(plan.config_.block_size) - 1) /
                           size_t(plan.config_.block_size);
     std::copy(rows[i].block_table.begin(), rows[i].block_table.begin() + ptrdiff_t(needed),
@@ -349,7 +354,7 @@ MlaDecodeDescriptor MlaDecodePlan::descriptor(const int32_t* device_arena, const
   d.row_segment_start = device_arena + row_segment_start_at_;
   d.cta_segment_start = device_arena + cta_segment_start_at_;
   d.block_table_start = device_arena + block_table_start_at_;
-  d.block_tables = device_arena + block_tables_at_;
+  d.block_tables = external_block_tables_ != nullptr ? external_block_tables_ : device_arena + block_tables_at_;
   d.latent = latent;
   d.latent_scale = static_cast<const float*>(latent_scale);
   d.workspace = workspace;
