@@ -87,6 +87,38 @@ struct Work {
   int cycles_pv;
 };
 
+// What both probes' CTAs start with: the shared-memory ring of `slots` buffers
+// of `slot_bytes` on a 1,024-byte boundary (the 128-byte swizzle's atom), then
+// a "full" (one arrival + transaction bytes) and an "empty" (one arrival from
+// each of the 4 warps of the group that read the use) mbarrier a slot,
+// initialized by thread 0 before the CTA barrier; the CTA's tiles [begin,
+// begin + count) of the walk; the L2 evict-first policy of the copies.
+struct ProbeCta {
+  uint8_t* slots;
+  uint64_t* full;
+  uint64_t* empty;
+  int begin, count;
+  uint64_t policy;
+};
+__device__ ProbeCta start_cta(uint8_t* smem_raw, const Work& w, int slots, int slot_bytes) {
+  ProbeCta c;
+  c.slots = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
+  c.full = reinterpret_cast<uint64_t*>(c.slots + slots * slot_bytes);
+  c.empty = c.full + slots;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < slots; ++i) {
+      mbarrier_init(&c.full[i], 1);
+      mbarrier_init(&c.empty[i], 4);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  c.begin = w.cta_begin[blockIdx.x];
+  c.count = w.cta_begin[blockIdx.x + 1] - c.begin;
+  c.policy = evict_first();
+  return c;
+}
+
 // kSlots: the ring of column-block slots (tile n's column block c in slot
 // (9 n + c) % kSlots); 18 = two stages (one a group, as the real kernel), 27 =
 // three whole stages. kSelf: no producer warp; the group owning tile n issues
@@ -96,39 +128,26 @@ template <int kSlots, bool kSelf, bool kHalfPv>
 __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const Work w, const __grid_constant__ CUtensorMap map) {
   static_assert(!kSelf || kSlots == 2 * kColumnBlocks, "self-refill keeps one stage a group");
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* tiles = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
-  uint64_t* full = reinterpret_cast<uint64_t*>(tiles + kSlots * kBlockBytes);
-  uint64_t* empty = full + kSlots;
+  const ProbeCta c = start_cta(smem_raw, w, kSlots, kBlockBytes);
   const int tid = threadIdx.x;
   const int lane = tid & 31;
-  const int begin = w.cta_begin[blockIdx.x];
-  const int count = w.cta_begin[blockIdx.x + 1] - begin;
-  if (tid == 0) {
-    for (int i = 0; i < kSlots; ++i) {
-      mbarrier_init(&full[i], 1);
-      mbarrier_init(&empty[i], 4);  // one arrival from each of the 4 warps of the group that read the use
-    }
-    mbarrier_init_fence();
-  }
-  __syncthreads();
-  const uint64_t policy = evict_first();
 
   // Issue tile n's column block cb (one thread).
   auto issue = [&](int n, int cb) {
     const int slot = (n * kColumnBlocks + cb) % kSlots;
-    mbarrier_arrive_expect_tx(&full[slot], kBlockBytes);
-    load_box(tiles + slot * kBlockBytes, &map, cb, w.pages[begin + n] * kTileRows, &full[slot], policy);
+    mbarrier_arrive_expect_tx(&c.full[slot], kBlockBytes);
+    load_box(c.slots + slot * kBlockBytes, &map, cb, w.pages[c.begin + n] * kTileRows, &c.full[slot], c.policy);
   };
 
   if (tid >= 2 * kGroupThreads) {
     if (kSelf) return;
     // Producer warp: every column block in order, each once its slot's last use is released.
     int next = 0;
-    for (int n = 0; n < count; ++n)
+    for (int n = 0; n < c.count; ++n)
       for (int cb = 0; cb < kColumnBlocks; ++cb, ++next) {
         const int slot = next % kSlots;
         const int use = next / kSlots;
-        if (use > 0) mbarrier_wait(&empty[slot], (use - 1) & 1);
+        if (use > 0) mbarrier_wait(&c.empty[slot], (use - 1) & 1);
         if (lane == 0) issue(n, cb);
         __syncwarp();
       }
@@ -139,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const Work w, const 
   const bool leader = (tid & (kGroupThreads - 1)) == 0;
   if (kSelf && leader) {
     // This group's first tile (n = g).
-    if (g < count)
+    if (g < c.count)
       for (int cb = 0; cb < kColumnBlocks; ++cb) issue(g, cb);
   }
   auto release = [&](int n, int cb) {
@@ -149,18 +168,18 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const Work w, const 
       // slot, so once all 4 warps are past it (a group barrier) its leader refills.
       return;
     }
-    if (lane == 0) mbarrier_arrive(&empty[(n * kColumnBlocks + cb) % kSlots]);
+    if (lane == 0) mbarrier_arrive(&c.empty[(n * kColumnBlocks + cb) % kSlots]);
   };
   auto group_sync_and_refill = [&](int n, int cb_from, int cb_to) {
     named_barrier_sync(1 + g, kGroupThreads);
-    if (leader && n + 2 < count)
+    if (leader && n + 2 < c.count)
       for (int cb = cb_from; cb < cb_to; ++cb) issue(n + 2, cb);
   };
-  for (int n = g; n < count; n += 2) {
+  for (int n = g; n < c.count; n += 2) {
     const int first = n * kColumnBlocks;
     for (int cb = 0; cb < kColumnBlocks; ++cb) {
       const int slot = (first + cb) % kSlots;
-      mbarrier_wait(&full[slot], ((first + cb) / kSlots) & 1);
+      mbarrier_wait(&c.full[slot], ((first + cb) / kSlots) & 1);
       spin_cycles(w.cycles_s / kColumnBlocks);
     }
     // The rope block is read by S^T only.
@@ -197,47 +216,34 @@ template <int kStages, int kCopies>
 __global__ void __launch_bounds__(kThreads, 1) bulk_probe_kernel(const Work w, const uint8_t* __restrict__ pool) {
   static_assert(kTileBytes % kCopies == 0 && (kTileBytes / kCopies) % 16 == 0, "chunks of 16-byte multiples");
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* tiles = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
-  uint64_t* full = reinterpret_cast<uint64_t*>(tiles + kStages * kTileBytes);
-  uint64_t* empty = full + kStages;
+  const ProbeCta c = start_cta(smem_raw, w, kStages, kTileBytes);
   const int tid = threadIdx.x;
   const int lane = tid & 31;
-  const int begin = w.cta_begin[blockIdx.x];
-  const int count = w.cta_begin[blockIdx.x + 1] - begin;
-  if (tid == 0) {
-    for (int i = 0; i < kStages; ++i) {
-      mbarrier_init(&full[i], 1);
-      mbarrier_init(&empty[i], 4);
-    }
-    mbarrier_init_fence();
-  }
-  __syncthreads();
-  const uint64_t policy = evict_first();
   constexpr uint32_t kChunk = kTileBytes / kCopies;
   if (tid >= 2 * kGroupThreads) {
-    for (int n = 0; n < count; ++n) {
+    for (int n = 0; n < c.count; ++n) {
       const int stage = n % kStages, use = n / kStages;
-      if (use > 0) mbarrier_wait(&empty[stage], (use - 1) & 1);
-      if (lane == 0) mbarrier_arrive_expect_tx(&full[stage], kTileBytes);
+      if (use > 0) mbarrier_wait(&c.empty[stage], (use - 1) & 1);
+      if (lane == 0) mbarrier_arrive_expect_tx(&c.full[stage], kTileBytes);
       __syncwarp();
-      const uint8_t* page = pool + int64_t{w.pages[begin + n]} * kTileBytes;
-      for (int c = lane; c < kCopies; c += 32)
+      const uint8_t* page = pool + int64_t{w.pages[c.begin + n]} * kTileBytes;
+      for (int k = lane; k < kCopies; k += 32)
         asm volatile(
             "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
-            "%4;\n" ::"r"(smem_address(tiles + stage * kTileBytes + c * kChunk)),
-            "l"(page + c * kChunk), "r"(kChunk), "r"(smem_address(&full[stage])), "l"(policy)
+            "%4;\n" ::"r"(smem_address(c.slots + stage * kTileBytes + k * kChunk)),
+            "l"(page + k * kChunk), "r"(kChunk), "r"(smem_address(&c.full[stage])), "l"(c.policy)
             : "memory");
       __syncwarp();
     }
     return;
   }
   const int g = tid / kGroupThreads;
-  for (int n = g; n < count; n += 2) {
+  for (int n = g; n < c.count; n += 2) {
     const int stage = n % kStages;
-    mbarrier_wait(&full[stage], (n / kStages) & 1);
+    mbarrier_wait(&c.full[stage], (n / kStages) & 1);
     spin_cycles(w.cycles_s + w.cycles_softmax + w.cycles_pv);
     __syncwarp();
-    if (lane == 0) mbarrier_arrive(&empty[stage]);
+    if (lane == 0) mbarrier_arrive(&c.empty[stage]);
   }
 }
 
@@ -315,6 +321,35 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
   return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
 }
 
+// GB/s of `bytes` read by `launch`, the median of `iters` event-timed runs (after
+// two warm-ups), each behind a 50 us memory-free kernel (mla_decode_bench's --timing spin).
+template <typename Launch>
+double median_gbps(int iters, size_t bytes, cudaEvent_t start, cudaEvent_t stop, Launch&& launch) {
+  std::vector<float> ms;
+  for (int it = 0; it < iters + 2; ++it) {
+    CHECK_CUDA(spin_gpu(50.0, nullptr));
+    CHECK_CUDA(cudaEventRecord(start));
+    launch();
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float t = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+    if (it >= 2) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  return bytes / (ms[ms.size() / 2] * 1e-3) / 1e9;
+}
+
+// CTA b walks tiles [begin[b], begin[b + 1]) of `pages`: an even split, on the device.
+int* device_cta_begin(int pages, int ctas) {
+  std::vector<int> cta_begin(ctas + 1);
+  for (int b = 0; b <= ctas; ++b) cta_begin[b] = int(int64_t{pages} * b / ctas);
+  int* d_begin = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_begin, cta_begin.size() * sizeof(int)));
+  CHECK_CUDA(cudaMemcpy(d_begin, cta_begin.data(), cta_begin.size() * sizeof(int), cudaMemcpyHostToDevice));
+  return d_begin;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -378,30 +413,16 @@ int main(int argc, char** argv) {
   std::printf("pool %d pages of 64 x 576 bf16 (%.1f MB), %s order, %d SMs, %d launches a point (medians)\n", pages,
               pool_bytes / 1e6, sequential ? "sequential" : "shuffled", sms, iters);
   for (const int ctas : {128, sms}) {
-    std::vector<int> cta_begin(ctas + 1);
-    for (int b = 0; b <= ctas; ++b) cta_begin[b] = int(int64_t{pages} * b / ctas);
-    int* d_begin = nullptr;
-    CHECK_CUDA(cudaMalloc(&d_begin, cta_begin.size() * sizeof(int)));
-    CHECK_CUDA(cudaMemcpy(d_begin, cta_begin.data(), cta_begin.size() * sizeof(int), cudaMemcpyHostToDevice));
+    int* d_begin = device_cta_begin(pages, ctas);
     for (const Variant& v : variants) {
       if (!only.empty() && std::string(v.name).find(only) == std::string::npos) continue;
       std::printf("%3d CTAs  %-22s", ctas, v.name);
       for (const int c : cycle_points) {
         // S^T 45%, softmax 15%, P V 40% of a tile's math (the real kernel's MMA split, roughly).
         const Work w{d_pages, d_begin, c * 45 / 100, c * 15 / 100, c - c * 45 / 100 - c * 15 / 100};
-        std::vector<float> ms;
-        for (int it = 0; it < iters + 2; ++it) {
-          CHECK_CUDA(spin_gpu(50.0, nullptr));
-          CHECK_CUDA(cudaEventRecord(start));
-          v.fn(w, map, static_cast<const uint8_t*>(pool), ctas);
-          CHECK_CUDA(cudaEventRecord(stop));
-          CHECK_CUDA(cudaEventSynchronize(stop));
-          float t = 0;
-          CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
-          if (it >= 2) ms.push_back(t);
-        }
-        std::sort(ms.begin(), ms.end());
-        std::printf("  %5d:%5.0f", c, pool_bytes / (ms[ms.size() / 2] * 1e-3) / 1e9);
+        std::printf("  %5d:%5.0f", c, median_gbps(iters, pool_bytes, start, stop, [&] {
+                      v.fn(w, map, static_cast<const uint8_t*>(pool), ctas);
+                    }));
       }
       std::printf("   (cycles a tile: GB/s)\n");
       std::fflush(stdout);
@@ -411,28 +432,14 @@ int main(int argc, char** argv) {
   // The read ceiling: the same pages, plain 16-byte loads, 4 CTAs an SM.
   {
     const int ctas = 4 * sms;
-    std::vector<int> cta_begin(ctas + 1);
-    for (int b = 0; b <= ctas; ++b) cta_begin[b] = int(int64_t{pages} * b / ctas);
-    int* d_begin = nullptr;
+    int* d_begin = device_cta_begin(pages, ctas);
     uint32_t* d_sink = nullptr;
-    CHECK_CUDA(cudaMalloc(&d_begin, cta_begin.size() * sizeof(int)));
     CHECK_CUDA(cudaMalloc(&d_sink, sizeof(uint32_t)));
-    CHECK_CUDA(cudaMemcpy(d_begin, cta_begin.data(), cta_begin.size() * sizeof(int), cudaMemcpyHostToDevice));
     const Work w{d_pages, d_begin, 0, 0, 0};
-    std::vector<float> ms;
-    for (int it = 0; it < iters + 2; ++it) {
-      CHECK_CUDA(spin_gpu(50.0, nullptr));
-      CHECK_CUDA(cudaEventRecord(start));
-      read_probe_kernel<<<ctas, 256>>>(w, static_cast<const uint8_t*>(pool), d_sink);
-      CHECK_CUDA(cudaEventRecord(stop));
-      CHECK_CUDA(cudaEventSynchronize(stop));
-      float t = 0;
-      CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
-      if (it >= 2) ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
     std::printf("%3d CTAs  %-22s  %5.0f GB/s (plain 16-byte loads, no shared memory)\n", ctas, "read ceiling",
-                pool_bytes / (ms[ms.size() / 2] * 1e-3) / 1e9);
+                median_gbps(iters, pool_bytes, start, stop, [&] {
+                  read_probe_kernel<<<ctas, 256>>>(w, static_cast<const uint8_t*>(pool), d_sink);
+                }));
     CHECK_CUDA(cudaFree(d_begin));
     CHECK_CUDA(cudaFree(d_sink));
   }
