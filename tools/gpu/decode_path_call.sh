@@ -12,7 +12,7 @@
 # that bundle and this one (an A/B); with BASE_ENV="VAR=1 ..." the base runs are this bundle with those
 # variables set (an A/B of a switch).
 # Bundle: DEST=/work/main/.device/<name> tools/gpu/decode_path_call.sh bundle; run (carry .device/<name>):
-#   [PARTS="tests itl wide ncu 1k"] [BASE=.device/<old> | BASE_ENV="VAR=1"] BUDGET=300 bash .device/<name>/decode_path_call.sh run
+#   [PARTS="tests itl wide ncu 1k"] [BASE=.device/<old> | BASE_ENV="VAR=1"] [CONFIG=...json] BUDGET=300 bash .device/<name>/decode_path_call.sh run
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=tools/gpu/call_bundle.sh
@@ -44,7 +44,9 @@ elif [ -n "${BASE:-}" ]; then
   [ -x "$BASE/bundle/run.sh" ] || tar xJf "$BASE/bundle.tar.xz" -C "$BASE"
   base_b=$BASE/bundle/run.sh; echo "== base: binaries of $(cat "$BASE/bundle/commit")"
 fi
-c8=tools/gpu_backend/llama3_8b_config.json; c40=tools/gpu/llama3_8b_40k_config.json
+# CONFIG: the model config of every part but itl's contexts over 8,192 (e.g. tools/gpu/llama3_8b_128k_config.json: the same
+# shape with Llama-3.1's 131,072-token max_model_len, where per-step work that grows with it shows).
+c8=${CONFIG:-tools/gpu_backend/llama3_8b_config.json}; c40=tools/gpu/llama3_8b_40k_config.json
 step() {  # step LABEL BUNDLE_RUN CONFIG CONTEXT ARGS...
   local label=$1 run=$2 cfg=$3 ctx=$4; shift 4
   [ "$(left)" -lt 25 ] && { echo "== $label skipped (time)"; return; }
