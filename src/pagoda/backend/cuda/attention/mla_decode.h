@@ -78,8 +78,8 @@ struct MlaDecodeOptions {
   // Fixed mode: the block tables stay in the caller's device memory instead of
   // being copied into the arena: fixed_block_tables[i * fixed_block_table_stride
   // + j] is block j of row i, for at least the blocks each row needs (a
-  // runner's own per-step table upload; rows sharing a sequence read their own
-  // copies). The arena then ends before the tables and descriptor() points the
+  // runner's own per-step table upload, one row a sequence). The arena then
+  // ends before the tables and descriptor() points the
   // kernels there; the pointer must stay valid at the same address while
   // launches captured from the descriptor replay. Null: copied into the arena
   // (fixed_rows x stride entries).
