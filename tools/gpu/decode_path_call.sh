@@ -29,7 +29,7 @@ start=$SECONDS; budget=${BUDGET:-300}
 left() { echo $((budget - (SECONDS - start))); }
 echo "== binaries of $(cat "$(dirname "$B")/commit"); $(date -u +%FT%TZ); $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader)"
 parts=" ${PARTS:-tests itl} "
-[[ $parts == *" tests "* ]] && for t in ${TESTS:-paged_attention_gpu_tests quantized_attention_gpu_tests fast_attention_gpu_tests cuda_kv_eviction_tests cuda_model_tests cuda_ops_tests}; do
+[[ $parts == *" tests "* ]] && for t in ${TESTS:-paged_attention_gpu_tests quantized_attention_gpu_tests fast_attention_gpu_tests cuda_kv_eviction_tests cuda_model_tests cuda_ops_tests two_batch_overlap_gpu_tests}; do
   filter=${FILTER:-*}; [ "$t" = cuda_ops_tests ] && filter=${OPS_FILTER:-*:-GemvSpeed.*:*Speed*}
   timeout 150 "$B" "$t" --gtest_filter="$filter" > "$out/$t.log" 2>&1
   echo "== $t exit $? ($((SECONDS - start)) s): $(grep -E '^\[  (PASSED|FAILED) ' "$out/$t.log" | tr '\n' ' ')"
