@@ -13,7 +13,9 @@
 //   - what the alternatives buy at the compute the real kernel has: more slots
 //     (a partial or whole third stage), the owning group refilling its own
 //     slots instead of a producer warp ("self"), releasing the first half of V
-//     halfway through P V, and all 132 SMs instead of 128.
+//     halfway through P V, all 132 SMs instead of 128, tiles prefetched into
+//     L2 a few tiles ahead ("L2 +d"), whole pages as 1-D bulk copies ("bulk"),
+//     and plain loads of the same pages (the read ceiling).
 // Timing as mla_decode_bench --timing spin: a memory-free kernel ahead of each
 // start event, 20 launches a point, medians. Output: one line a point.
 //
@@ -71,6 +73,15 @@ __device__ __forceinline__ void load_box(void* dst, const CUtensorMap* map, int 
       : "memory");
 }
 
+// Asks the copy engine to bring one box into L2 only (no shared memory, no
+// barrier): a later load_box of it then reads L2 instead of HBM.
+__device__ __forceinline__ void prefetch_box_l2(const CUtensorMap* map, int cb, int row) {
+  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(0), "r"(cb), "r"(row)
+               : "memory");
+}
+
 // Busy-waits `cycles` SM clocks (the stand-in for a stretch of a tile's math).
 __device__ __forceinline__ void spin_cycles(int cycles) {
   if (cycles <= 0) return;
@@ -124,7 +135,10 @@ __device__ ProbeCta start_cta(uint8_t* smem_raw, const Work& w, int slots, int s
 // three whole stages. kSelf: no producer warp; the group owning tile n issues
 // tile n + 2's boxes into the slots it has just freed (kSlots must be 18).
 // kHalfPv: V's column blocks 0-3 are released halfway through P V.
-template <int kSlots, bool kSelf, bool kHalfPv>
+// kL2Ahead > 0: before tile n's boxes, the producer prefetches tile n + kL2Ahead
+// into L2 (its 9 boxes, one lane each), so HBM keeps streaming while every slot
+// is held by the groups' math: deeper buffering without shared memory.
+template <int kSlots, bool kSelf, bool kHalfPv, int kL2Ahead = 0>
 __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const Work w, const __grid_constant__ CUtensorMap map) {
   static_assert(!kSelf || kSlots == 2 * kColumnBlocks, "self-refill keeps one stage a group");
   extern __shared__ uint8_t smem_raw[];
@@ -143,7 +157,9 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const Work w, const 
     if (kSelf) return;
     // Producer warp: every column block in order, each once its slot's last use is released.
     int next = 0;
-    for (int n = 0; n < c.count; ++n)
+    for (int n = 0; n < c.count; ++n) {
+      if (kL2Ahead > 0 && n + kL2Ahead < c.count && lane < kColumnBlocks)
+        prefetch_box_l2(&map, lane, w.pages[c.begin + n + kL2Ahead] * kTileRows);
       for (int cb = 0; cb < kColumnBlocks; ++cb, ++next) {
         const int slot = next % kSlots;
         const int use = next / kSlots;
@@ -151,6 +167,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const Work w, const 
         if (lane == 0) issue(n, cb);
         __syncwarp();
       }
+    }
     return;
   }
 
@@ -282,15 +299,15 @@ constexpr int smem_bytes() {
 
 using Launch = void (*)(const Work&, const CUtensorMap&, const uint8_t* pool, int ctas);
 
-template <int kSlots, bool kSelf, bool kHalfPv>
+template <int kSlots, bool kSelf, bool kHalfPv, int kL2Ahead = 0>
 void launch(const Work& w, const CUtensorMap& map, const uint8_t*, int ctas) {
   static bool configured = false;
   if (!configured) {
-    CHECK_CUDA(cudaFuncSetAttribute(probe_kernel<kSlots, kSelf, kHalfPv>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    smem_bytes<kSlots>()));
+    CHECK_CUDA(cudaFuncSetAttribute(probe_kernel<kSlots, kSelf, kHalfPv, kL2Ahead>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kSlots>()));
     configured = true;
   }
-  probe_kernel<kSlots, kSelf, kHalfPv><<<ctas, kThreads, smem_bytes<kSlots>()>>>(w, map);
+  probe_kernel<kSlots, kSelf, kHalfPv, kL2Ahead><<<ctas, kThreads, smem_bytes<kSlots>()>>>(w, map);
 }
 
 template <int kStages, int kCopies>
@@ -403,6 +420,8 @@ int main(int argc, char** argv) {
       {"producer 22 slots", launch<22, false, false>}, {"producer 25 slots", launch<25, false, false>},
       {"producer 27 slots", launch<27, false, false>}, {"self 18", launch<18, true, false>},
       {"self 18, half PV", launch<18, true, true>},
+      {"producer 18, L2 +2 tiles", launch<18, false, false, 2>}, {"producer 18, L2 +3 tiles", launch<18, false, false, 3>},
+      {"producer 18, L2 +4 tiles", launch<18, false, false, 4>},
       {"bulk 2 stages x 1 copy", launch_bulk<2, 1>}, {"bulk 2 stages x 9 copies", launch_bulk<2, 9>},
       {"bulk 2 stages x 64 copies", launch_bulk<2, 64>}, {"bulk 3 stages x 1 copy", launch_bulk<3, 1>},
       {"bulk 3 stages x 9 copies", launch_bulk<3, 9>},
