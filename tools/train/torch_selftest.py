@@ -19,6 +19,7 @@ import types
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gap_copy  # noqa: E402
 import recall_data  # noqa: E402
 import train  # noqa: E402
 
@@ -198,6 +199,81 @@ class TorchPathsTest(unittest.TestCase):
                                  time.time() + 120, "plain", None, None)
         self.assertEqual(summary["recall_rows_per_step"], 0)
         self.assertEqual(summary["selection_key"][0], 1)
+
+
+@unittest.skipIf(torch is None, "torch is not importable")
+class SelfSampledInputsTest(unittest.TestCase):
+    def setUp(self):
+        # Two rows of 12: copies at targets 3-7 and 9-10 (row 0), 0-4 (row 1).
+        self.mask = torch.zeros(2, 12, dtype=torch.bool)
+        self.mask[0, 3:8] = True
+        self.mask[0, 9:11] = True
+        self.mask[1, 0:5] = True
+        self.read = torch.arange(24).reshape(2, 12)
+        self.guess = 100 + torch.arange(24).reshape(2, 12)  # every guess wrong and recognisable
+
+    def test_every_inner_copy_token_read_as_the_guess_before_it(self):
+        g = torch.Generator().manual_seed(1)
+        out = train.self_sampled_inputs(self.read, self.guess, self.mask, 1.0, g)
+        for r in range(2):
+            for k in range(12):
+                inner = k > 0 and bool(self.mask[r, k - 1]) and bool(self.mask[r, k])
+                want = int(self.guess[r, k - 1]) if inner else int(self.read[r, k])
+                self.assertEqual(int(out[r, k]), want, (r, k))
+        # row 0: positions 4-7 and 10; row 1: 1-4 (a copy's first token and the text never change)
+        changed = (out != self.read).nonzero().tolist()
+        self.assertEqual(changed, [[0, 4], [0, 5], [0, 6], [0, 7], [0, 10],
+                                   [1, 1], [1, 2], [1, 3], [1, 4]])
+        self.assertTrue(torch.equal(self.read, torch.arange(24).reshape(2, 12)))  # not in place
+
+    def test_share_zero_and_right_guesses_change_nothing(self):
+        g = torch.Generator().manual_seed(2)
+        self.assertTrue(torch.equal(train.self_sampled_inputs(self.read, self.guess, self.mask, 0.0, g),
+                                    self.read))
+        right = torch.cat([self.read[:, 1:], self.read[:, -1:]], dim=1)  # guesses of the next token
+        self.assertTrue(torch.equal(train.self_sampled_inputs(self.read, right, self.mask, 1.0, g),
+                                    self.read))
+
+    def test_share_is_a_rate(self):
+        g = torch.Generator().manual_seed(3)
+        mask = torch.ones(64, 200, dtype=torch.bool)
+        read = torch.zeros(64, 200, dtype=torch.long)
+        out = train.self_sampled_inputs(read, torch.ones_like(read), mask, 0.3, g)
+        rate = out[:, 1:].float().mean().item()
+        self.assertTrue(0.27 < rate < 0.33, rate)
+        self.assertEqual(int(out[:, 0].sum()), 0)
+
+    def test_training_with_gap_rows_reads_its_own_guesses(self):
+        rng = random.Random(4)
+        stream = [1000 + rng.randrange(1000) for _ in range(20_000)]
+        heldout = [1000 + rng.randrange(1000) for _ in range(3_000)]
+        words = [[10 + 2 * i, 11 + 2 * i] for i in range(40)]
+        args = train.parse_args(["--data", "d", "--out", "o", "--context", "128",
+                                 "--batch-size", "4", "--max-steps", "4", "--eval-every", "2",
+                                 "--log-every", "2", "--warmup", "1", "--val-tokens", "600",
+                                 "--recall-fraction", "0", "--no-autocast",
+                                 "--recall-context", "96", "--recall-depths", "30,50", "--gap-self-share", "0.5"])
+        seen = []
+
+        class Recording(TinyLM):
+            def forward(self, input_ids, use_cache=False):
+                seen.append((torch.is_grad_enabled(), input_ids.shape))
+                return super().forward(input_ids, use_cache)
+
+        gap_rows = gap_copy.GapRows(stream, [0, 16], 128, 3, 0.5, list(range(1000, 2000)), words,
+                                    [900, 901], [902], 0.5, 5)
+        torch.manual_seed(0)
+        summary, _ = train.train(args, Recording(), stream, heldout, torch.device("cpu"), 1000.0,
+                                 time.time() + 120, "self", None, None, gap_rows=gap_rows)
+        self.assertEqual(summary["steps"], 4)
+        # Each step: the text rows (with grad), the gap rows without grad (the guesses), then the
+        # gap rows with grad, in that order.
+        trained = [(grad, shape) for grad, shape in seen if grad]
+        guessed = [shape for grad, shape in seen if not grad and shape[0] == 3]
+        self.assertGreaterEqual(len(guessed), 4)
+        self.assertEqual(sum(1 for _, shape in trained if shape[0] == 3), 4)
+        with self.assertRaises(SystemExit):
+            train.parse_args(["--data", "d", "--out", "o", "--gap-self-share", "1.5"])
 
 
 @unittest.skipIf(torch is None, "torch is not importable")

@@ -441,6 +441,22 @@ def build_config(args, vocab_size, special_ids):
     return config
 
 
+def self_sampled_inputs(read, predicted, mask, share, generator):
+    """Scheduled sampling for the gap rows (--gap-self-share): read [rows, L] is what the model
+    reads, predicted [rows, L] its greedy prediction of each target (predicted[:, k] guesses the
+    token read at k + 1), mask [rows, L] the copyable targets. Each inner copy token read[:, k]
+    (mask[:, k - 1] and mask[:, k], as the corruption of gap_copy.GapRows.inputs) is replaced with
+    probability share by predicted[:, k - 1], the model's own guess for it, so the copy trains on
+    its own errors (greedy recall derails where teacher-forced recall does not); where the guess
+    is right nothing changes. The targets stay the true tokens. Returns a new tensor."""
+    import torch
+    inner = mask[:, :-1] & mask[:, 1:]
+    draw = torch.rand(inner.shape, generator=generator, device=inner.device) < share
+    out = read.clone()
+    out[:, 1:] = torch.where(inner & draw, predicted[:, :-1], read[:, 1:])
+    return out
+
+
 def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run_name,
           recall_source=None, recall_monitor=None, copy_monitor=None, copy_pool=None,
           short_monitor=None, gap_rows=None):
@@ -479,6 +495,9 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
 
     generator = torch.Generator(device=device)
     generator.manual_seed(args.seed)
+    # Its own generator, so the rest of the run draws exactly as without --gap-self-share.
+    self_generator = torch.Generator(device=device)
+    self_generator.manual_seed(args.seed + 7)
     offsets_arange = torch.arange(context + 1, device=device)
     tokens_per_step = batch * context
     steps_per_epoch = stream.numel() / tokens_per_step
@@ -639,7 +658,8 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
             # it differs from ids[:-1] (gap rows with --gap-corrupt-share).
             rows = torch.tensor(ids, dtype=torch.long).to(device)
             row_mask = torch.tensor(mask, dtype=torch.bool).to(device)
-            read = rows[:, :-1] if inputs is None else torch.tensor(inputs, dtype=torch.long).to(device)
+            read = rows[:, :-1] if inputs is None else (
+                inputs if torch.is_tensor(inputs) else torch.tensor(inputs, dtype=torch.long).to(device))
             with autocast:
                 row_logits = step_model(input_ids=read, use_cache=False).logits
             per_target = F.cross_entropy(row_logits.float().reshape(-1, row_logits.size(-1)),
@@ -660,6 +680,14 @@ def train(args, model, train_ids, heldout_ids, device, max_epochs, deadline, run
             # (their text is ordinary training text, already in the text rows).
             ids, mask, inputs, cues = gap_rows.batch_with_cues()
             kinds["gap"] += len(ids)
+            if args.gap_self_share > 0:
+                # Scheduled sampling: a no-grad forward over the rows as read, then some inner copy
+                # tokens read as the model's own greedy guesses (self_sampled_inputs).
+                read_t = torch.tensor(inputs, dtype=torch.long).to(device)
+                with torch.no_grad(), autocast:
+                    guesses = step_model(input_ids=read_t, use_cache=False).logits.argmax(-1)
+                inputs = self_sampled_inputs(read_t, guesses, torch.tensor(mask, dtype=torch.bool).to(device),
+                                             args.gap_self_share, self_generator)
             per_target, gap_mask, gap_acc = extra_forward(ids, mask, inputs)
             weights = gap_mask.float()
             if args.gap_cue_weight != 1.0:  # each list copy's first recalled token (gap_copy.py)
@@ -890,6 +918,9 @@ def parse_args(argv=None):
     p.add_argument("--gap-corrupt-share", type=float, default=0.0,
                    help="share of a copy's inner tokens the model reads as a random token while "
                         "its targets stay true (trains recovery after a wrong token; 0: off)")
+    p.add_argument("--gap-self-share", type=float, default=0.0,
+                   help="scheduled sampling: share of a copy's inner tokens the model reads as its "
+                        "own greedy guess (a no-grad forward first; ~1/3 more work a gap batch; 0: off)")
     p.add_argument("--gap-corrupt-from", choices=("pool", "words"), default="pool",
                    help="where --gap-corrupt-share's wrong tokens come from: the random segments' "
                         "pool, or the training words' tokens (plausible wrong pieces of a list)")
@@ -1020,6 +1051,8 @@ def parse_args(argv=None):
         p.error(f"--gap-gaps: {error}")
     if not 0 <= args.gap_corrupt_share < 1:
         p.error(f"--gap-corrupt-share must be in [0, 1), got {args.gap_corrupt_share}")
+    if not 0 <= args.gap_self_share <= 1:
+        p.error(f"--gap-self-share must be in [0, 1], got {args.gap_self_share}")
     if args.gap_distractors < 0:
         p.error(f"--gap-distractors must be >= 0, got {args.gap_distractors}")
     if args.gap_cue_weight <= 0:
