@@ -19,6 +19,7 @@ import chat_samples  # noqa: E402
 import extract_text  # noqa: E402
 import gap_copy  # noqa: E402
 import recall_data  # noqa: E402
+import rope_base_bound  # noqa: E402
 import short_copy  # noqa: E402
 import train  # noqa: E402
 
@@ -725,6 +726,23 @@ class RecallDataTest(unittest.TestCase):
 
 
 @unittest.skipUnless(os.path.exists(os.path.join(TINY, "tokenizer.json")), "no models/pagoda-tiny")
+class RopeBaseBoundTest(unittest.TestCase):
+    def test_discrimination_at_distance_zero_is_the_pair_count(self):
+        self.assertAlmostEqual(rope_base_bound.discrimination(10000.0, 32, 0), 16.0)
+
+    def test_head_dim_32_needs_a_larger_base_than_10000_for_2048_tokens(self):
+        first, lowest = rope_base_bound.first_negative(10000.0, 32, 2048)
+        self.assertEqual(first, 474)  # the old model's recall failed from ~500 tokens
+        self.assertLess(lowest, 0.0)
+        first, lowest = rope_base_bound.first_negative(1e6, 32, 2048)
+        self.assertIsNone(first)
+        self.assertGreater(lowest, 0.0)
+
+    def test_larger_head_dims_hold_longer_at_one_base(self):
+        self.assertGreater(rope_base_bound.first_negative(10000.0, 64, 2048)[0],
+                           rope_base_bound.first_negative(10000.0, 32, 2048)[0])
+
+
 class RecallWithRealTokenizerTest(unittest.TestCase):
     def test_sequences_decode_to_the_eval_format(self):
         try:
