@@ -141,7 +141,8 @@ class LearningRateTest(unittest.TestCase):
 class ArgsTest(unittest.TestCase):
     def test_defaults_fit_the_brief(self):
         args = train.parse_args(["--data", "d", "--out", "o"])
-        head_dim = args.hidden // args.heads
+        head_dim = args.head_dim
+        self.assertEqual(head_dim, args.hidden // args.heads)
         params = (2 * args.vocab_size * args.hidden + args.layers * (
             2 * args.hidden * args.hidden + 2 * args.hidden * args.kv_heads * head_dim
             + 3 * args.hidden * args.intermediate + 2 * args.hidden) + args.hidden)
@@ -152,6 +153,19 @@ class ArgsTest(unittest.TestCase):
         self.assertLessEqual(args.recall_context + 32, args.context)
         self.assertGreaterEqual(min(args.recall_depth_list), 1000)
         self.assertLess(args.kv_heads, args.heads)  # GQA
+
+    def test_head_dim_defaults_to_hidden_over_heads_and_may_be_set(self):
+        args = train.parse_args(["--data", "d", "--out", "o", "--heads", "4", "--kv-heads", "4"])
+        self.assertEqual(args.head_dim, 64)
+        args = train.parse_args(["--data", "d", "--out", "o", "--heads", "8", "--kv-heads", "4",
+                                 "--head-dim", "64"])
+        self.assertEqual((args.heads, args.head_dim), (8, 64))  # q_proj 256 -> 512
+        args = train.parse_args(["--data", "d", "--out", "o", "--heads", "6", "--kv-heads", "2",
+                                 "--head-dim", "64"])  # 256 / 6 does not divide: fine with a head_dim
+        self.assertEqual(args.head_dim, 64)
+        for bad in (["--head-dim", "63"], ["--head-dim", "-2"], ["--heads", "6", "--kv-heads", "2"]):
+            with self.assertRaises(SystemExit):
+                train.parse_args(["--data", "d", "--out", "o"] + bad)
 
     def test_final_recall_trials_and_eval_seed(self):
         args = train.parse_args(["--data", "d", "--out", "o", "--seed", "5"])

@@ -426,7 +426,7 @@ def build_config(args, vocab_size, special_ids):
     common = dict(
         vocab_size=vocab_size, hidden_size=args.hidden, intermediate_size=args.intermediate,
         num_hidden_layers=args.layers, num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads, max_position_embeddings=args.context,
+        num_key_value_heads=args.kv_heads, head_dim=args.head_dim, max_position_embeddings=args.context,
         rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=False,
         attention_bias=False, mlp_bias=False, initializer_range=0.02,
         bos_token_id=special_ids[BOS], eos_token_id=special_ids[EOS],
@@ -880,6 +880,8 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=0,
+                   help="dims a head (0: --hidden / --heads); q_proj is then --hidden x heads x head_dim")
     p.add_argument("--intermediate", type=int, default=768)
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--recall-fraction", type=float, default=0.375,
@@ -1085,9 +1087,13 @@ def parse_args(argv=None):
             p.error(str(error))
     if args.rope_theta < 0:
         p.error(f"--rope-theta must be >= 0, got {args.rope_theta}")
-    if args.hidden % args.heads or args.heads % args.kv_heads:
-        p.error(f"--hidden {args.hidden} must divide by --heads {args.heads}, "
+    if args.head_dim < 0 or args.head_dim % 2:
+        p.error(f"--head-dim must be 0 (--hidden / --heads) or a positive even number, got {args.head_dim}")
+    if (not args.head_dim and args.hidden % args.heads) or args.heads % args.kv_heads:
+        p.error(f"--hidden {args.hidden} must divide by --heads {args.heads} (or give --head-dim), "
                 f"and --heads by --kv-heads {args.kv_heads}")
+    if not args.head_dim:
+        args.head_dim = args.hidden // args.heads
     return args
 
 
@@ -1258,7 +1264,7 @@ def main():
                 config.hidden_size, config.intermediate_size = args.hidden, args.intermediate
                 config.num_hidden_layers, config.num_attention_heads = args.layers, args.heads
                 config.num_key_value_heads = args.kv_heads
-                config.head_dim = args.hidden // args.heads
+                config.head_dim = args.head_dim
                 if getattr(config, "layer_types", None):  # one entry per layer where it exists
                     config.layer_types = [config.layer_types[0]] * args.layers
             report["init_from"] = source
