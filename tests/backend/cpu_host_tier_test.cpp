@@ -194,6 +194,10 @@ struct TieredEngine {
 };
 
 TEST(CpuHostTierTest, AHostHitGivesTheSameGreedyOutputAsAMissAtEveryBlockSizeAndKvDtype) {
+  // Equality holds on the f32-exact GEMM path: the default bf16 prefill GEMM runs the miss's 48-token
+  // chunk, while a hit at block size 3 or 1 recomputes its last tokens through decode's exact path, and
+  // on this synthetic prompt a near tie (fp8 KV) flips with that rounding (docs/CPU_QUANT.md). Pinned.
+  const kernels::ScopedBf16Gemm exact(false);
   ASSERT_NE(tiny_model(), nullptr);
   for (const int32_t bs : {16, 3, 1}) {
     for (DType dtype : kKvDtypes) {
