@@ -128,13 +128,13 @@ TEST(CliRunnerFlagsTest, StartUpReportNamesDeviceDtypeBytesPerTokenAndCapacity) 
   CliResult r;
   generate_tokens({"--model", source_path(kTiny), "--prompt-ids", "5,6,7", "--max-tokens", "4", "--kv-cache-memory",
                    "1MiB"}, &r);
-  // pagoda-tiny: 8 layers x 2 kv heads x 32 dims x (K + V) x 4 bytes = 4 KiB per token in f32.
+  // pagoda-tiny: 8 layers x 4 kv heads x 64 dims x (K + V) x 4 bytes = 16 KiB per token in f32.
   EXPECT_THAT(r.err, HasSubstr("device: cpu"));
-  EXPECT_THAT(r.err, HasSubstr("KV cache: f32 (K) / f32 (V), 4,096 B/token (bf16: 2,048 B), 256 tokens fit in "
+  EXPECT_THAT(r.err, HasSubstr("KV cache: f32 (K) / f32 (V), 16,384 B/token (bf16: 8,192 B), 64 tokens fit in "
                                "1.00 MiB"));
-  // 1 MiB / 4 KiB = 256 tokens = 16 blocks of 16; a request of 3 + 4 tokens needs one block.
-  EXPECT_THAT(r.err, HasSubstr("16 blocks x 16 tokens = 256 tokens"));
-  EXPECT_THAT(r.err, HasSubstr("capacity: 256 tokens in the KV pool = 16 requests of 7 tokens"));
+  // 1 MiB / 16 KiB = 64 tokens = 4 blocks of 16; a request of 3 + 4 tokens needs one block.
+  EXPECT_THAT(r.err, HasSubstr("4 blocks x 16 tokens = 64 tokens"));
+  EXPECT_THAT(r.err, HasSubstr("capacity: 64 tokens in the KV pool = 4 requests of 7 tokens"));
 }
 
 // Quantized KV: once the CPU pool stores the dtype, generate must produce every
@@ -238,7 +238,7 @@ TEST(CliRunnerFlagsTest, F16KvOnTheCpuHalvesTheBytesAndFollowsF32) {
   std::vector<std::string> args = common;
   args.insert(args.end(), {"--kv-cache-dtype", "f16"});
   const auto f16 = generate_tokens(args, &r);
-  EXPECT_THAT(r.err, HasSubstr("KV cache: f16 (K) / f16 (V), 2,048 B/token")) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("KV cache: f16 (K) / f16 (V), 8,192 B/token")) << r.err;
   const auto f32 = generate_tokens(common);
   ASSERT_EQ(f16.size(), 24u);
   ASSERT_EQ(f32.size(), 24u);
@@ -254,9 +254,9 @@ TEST(CliRunnerFlagsTest, CrossLayerShareShrinksTheReportedPool) {
   CliResult r;
   generate_tokens({"--model", source_path(kTiny), "--prompt-ids", "5,6,7", "--max-tokens", "4", "--kv-cache-memory",
                    "1MiB", "--kv-cross-layer-share", "2"}, &r);
-  // 6 of 8 layers' K/V (3,072 B) plus the norm records of the two shared slots (2 x 2 heads x 2 x 3 x 4 B).
+  // 6 of 8 layers' K/V (12,288 B) plus the norm records of the two shared slots (2 x 4 heads x 2 x 3 x 4 B).
   EXPECT_THAT(r.err, HasSubstr("cross-layer share 2 (layers 4-7 in groups, 6 of 8 layers' K/V stored; unshared: "
-                               "4,096 B/token), f32 (K) / f32 (V), 3,168 B/token"));
+                               "16,384 B/token), f32 (K) / f32 (V), 12,480 B/token"));
   expect_flag_error({"generate", "--model", source_path(kTiny), "--prompt-ids", "1,2", "--kv-cross-layer-share", "5"},
                     "--kv-cross-layer-share 5", "at most 4");
 }

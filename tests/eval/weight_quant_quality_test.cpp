@@ -98,11 +98,12 @@ TEST(WeightQuantQualityTest, PrefillMeetsTheIssueGoals) {
   check_goals(1024, 256, goals, std::size(goals));
 }
 
-// One token per forward: every projection runs the integer dot kernels.
+// One token per forward: every projection runs the integer dot kernels. 512 tokens: over 192 the figures
+// move by a point between models (one flipped token is 0.5% of top-1).
 TEST(WeightQuantQualityTest, DecodeMeetsTheIssueGoals) {
   const Goal goals[] = {{DType::kInt8, 0.5, 0.97, 1e-3}, {DType::kInt4, 3.0, 0.85, 3e-2},
                         {DType::kFP8E4M3, 1.0, 0.92, 1e-2}};
-  check_goals(192, 1, goals, std::size(goals));
+  check_goals(512, 1, goals, std::size(goals));
 }
 
 TEST(WeightQuantQualityTest, RefusesToQuantizeTwiceOrToOtherTypes) {
