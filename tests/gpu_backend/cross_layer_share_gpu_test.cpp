@@ -133,7 +133,11 @@ double worst_over_bound(const std::vector<std::vector<float>>& a, const std::vec
   return worst;
 }
 
-double bound_factor(DType dtype) { return dtype == DType::kFP8E4M3 ? 3.0 : 1.0; }
+// Set from the bundled model's measured worst cases with about 1.5x margin: GPU vs CPU at K = 3 reaches
+// 1.07 (bf16) and 4.79 (fp8) of the base bound (K = 2: 0.47 / 1.86; unshared 0.51 / 0.67): three layers
+// merged into one K/V compound the bf16 activations' rounding, and fp8 requantizes the merged vector.
+// Sharing itself moves the CPU's logits by 22-25x, so the check still catches a GPU that ignores it.
+double bound_factor(DType dtype) { return dtype == DType::kFP8E4M3 ? 7.0 : 1.6; }
 
 struct Case {
   int32_t share;
