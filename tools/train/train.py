@@ -1405,7 +1405,10 @@ def main():
             base_sample = base_tok.encode(sample_text, add_special_tokens=False).ids
             base_full = [t for e in base_tok.encode_batch(heldout_text, add_special_tokens=False)
                          for t in e.ids]
+            # The weights' digest names which model the ratio is against (a baseline path in a working
+            # tree may hold another candidate than the committed model).
             baseline = {"model": args.baseline_model, "context": base_context,
+                        "model_sha256": file_sha256(os.path.join(args.baseline_model, "model.safetensors")),
                         "same_tokenizer": base_tok.to_str() == tokenizer.to_str()}
             for name, ids in [("heldout_sample", base_sample), ("heldout_full", base_full)]:
                 ppl, count, nll = score_text(base, ids, min(1024, base_context), device, 8)
