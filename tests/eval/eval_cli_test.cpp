@@ -214,6 +214,19 @@ TEST_F(EvalCliTest, RecallSweepPrintsOneJsonLinePerPolicyAndBudget) {
   EXPECT_LT(rows[1]["top1_agreement"].get<double>(), 1.0);
 }
 
+// Left out, --context and --depths fit the model: its 2,048 positions less the
+// list's room, lists over the back half (docs/MODEL.md's recall figure).
+TEST_F(EvalCliTest, RecallDefaultsFitTheModelsContext) {
+  const auto r = run("eval recall " + common() + " --policies none --trials 1 --list-words 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto row = nlohmann::json::parse(last_line(r.output), nullptr, false);
+  ASSERT_FALSE(row.is_discarded()) << r.output;
+  EXPECT_EQ(row["context"], 1980);
+  EXPECT_EQ(row["depths"], nlohmann::json({1000, 1250, 1500, 1750}));
+  EXPECT_EQ(row["recall_by_depth"].size(), 4u);
+  EXPECT_EQ(row["kv_tokens_held"], 1980 + 64);
+}
+
 TEST_F(EvalCliTest, TokenEvictionFlagsAreCheckedByName) {
   auto r = run("eval perplexity " + common() + " --max-tokens 100 --kv-compression snapkv --kv-budget 20");
   EXPECT_NE(r.exit_code, 0);

@@ -70,8 +70,8 @@ struct EvalOptions {
   // eval recall's sweep.
   std::string policies = "none,streaming,h2o,snapkv,pyramidkv,entropy";
   std::string budgets = "128,256";
-  int32_t context_tokens = 900;
-  std::string depths = "128,256,512,768";
+  int32_t context_tokens = 0;     // 0: fit the model's context (recall_context_tokens)
+  std::string depths = "auto";    // auto: recall_depths, the back half of the context
   int32_t trials = 2;
   int32_t list_words = 8;
   int64_t agreement_tokens = 0;  // 0: no perplexity / agreement in the sweep
@@ -360,6 +360,29 @@ constexpr const char* kRecallWords[] = {
     "pencil", "barrel", "saddle", "orange", "tiger",  "velvet", "harbor", "ladder", "marble", "feather",
     "kettle", "pepper", "rabbit", "shadow", "thunder", "valley", "wagon",  "cherry", "dragon", "lantern"};
 
+// The recall prompt's length when --context is left out: the model's whole
+// context less the list's 64 tokens and a few spare (1,980 for a 2,048
+// context, the figure docs/MODEL.md measures), or 900 for a model that names
+// no context.
+int32_t recall_context_tokens(int32_t max_position_embeddings) {
+  constexpr int32_t kListAndSpare = 68;
+  if (max_position_embeddings <= kListAndSpare + 16) return 900;
+  return max_position_embeddings - kListAndSpare;
+}
+
+// --depths auto: four depths over the back half of the prompt, at 1/2, 5/8,
+// 3/4 and 7/8 of it, rounded to tens of tokens once the prompt is long enough
+// for round figures (1,000 / 1,250 / 1,500 / 1,750 at a context of 1,980).
+std::vector<int32_t> recall_depths(int32_t context_tokens) {
+  const int32_t unit = context_tokens >= 400 ? 50 : 1;
+  std::vector<int32_t> depths;
+  for (int32_t eighths : {4, 5, 6, 7}) {
+    const int32_t exact = context_tokens * eighths / 8;
+    depths.push_back(std::max<int32_t>(1, (exact + unit / 2) / unit * unit));
+  }
+  return depths;
+}
+
 // `pagoda eval recall`: per policy and budget, recall token accuracy of word
 // lists at depths, decode speed, the KV a sequence holds, and (with
 // --agreement-tokens) perplexity and agreement against no eviction.
@@ -377,15 +400,22 @@ void run_recall(const EvalOptions& opt) {
   spec.intro = (*tok)->encode("\nThe words to remember are:", false);
   spec.terminator = (*tok)->encode(".\n", false);
   spec.list_words = opt.list_words;
-  spec.context_tokens = opt.context_tokens;
+  spec.context_tokens =
+      opt.context_tokens > 0 ? opt.context_tokens : recall_context_tokens(config->max_position_embeddings);
   spec.depths.clear();
-  for (const std::string& d : split_list(opt.depths)) spec.depths.push_back(parse_count(d, "--depths"));
+  if (opt.depths == "auto")
+    spec.depths = recall_depths(spec.context_tokens);
+  else
+    for (const std::string& d : split_list(opt.depths)) spec.depths.push_back(parse_count(d, "--depths"));
   spec.trials = opt.trials;
   spec.seed = opt.seed;
-  const int32_t sequence_tokens = opt.context_tokens + 64;
+  const int32_t sequence_tokens = spec.context_tokens + 64;
   if (config->max_position_embeddings > 0 && sequence_tokens > config->max_position_embeddings)
     fail(fmt::format("--context {} (+64 for the list) exceeds the model's max_position_embeddings {}",
-                     opt.context_tokens, config->max_position_embeddings));
+                     spec.context_tokens, config->max_position_embeddings));
+  if (!opt.quiet && !opt.json)
+    std::cerr << fmt::format("recall prompts of {} tokens, lists at depths {}, {} trials each\n",
+                             spec.context_tokens, fmt::join(spec.depths, ","), spec.trials);
 
   std::vector<int32_t> agreement_text;
   if (opt.agreement_tokens > 0)
@@ -435,7 +465,7 @@ void run_recall(const EvalOptions& opt) {
                             {"kv_tokens_held", held},
                             {"kv_bytes_held", held_bytes},
                             {"decode_tokens_per_second", tok_s},
-                            {"context", opt.context_tokens}};
+                            {"context", spec.context_tokens}};
       if (agreement) {
         out["perplexity"] = agreement->variant_perplexity;
         out["baseline_perplexity"] = agreement->baseline_perplexity;
@@ -535,10 +565,12 @@ void add_eval_command(CLI::App& app) {
       ->capture_default_str();
   recall_cmd->add_option("--budgets", recall->budgets, "--kv-budget values to compare, comma-separated")
       ->capture_default_str();
-  recall_cmd->add_option("--context", recall->context_tokens, "prompt tokens of each recall trial")
-      ->capture_default_str()
+  recall_cmd->add_option("--context", recall->context_tokens,
+                         "prompt tokens of each recall trial (default: the model's context less 68)")
       ->check(CLI::Range(16, 1 << 20));
-  recall_cmd->add_option("--depths", recall->depths, "tokens from the list's end to the prompt's end, comma-separated")
+  recall_cmd->add_option("--depths", recall->depths,
+                         "tokens from the list's end to the prompt's end, comma-separated; auto: 1/2, 5/8, 3/4 "
+                         "and 7/8 of --context")
       ->capture_default_str();
   recall_cmd->add_option("--trials", recall->trials, "trials per depth")->capture_default_str()->check(CLI::Range(1, 1000));
   recall_cmd->add_option("--list-words", recall->list_words, "words per list")
