@@ -211,11 +211,12 @@ std::unique_ptr<eval::PagedRunner> make_runner(const EvalOptions& opt, int32_t w
   return std::move(*runner);
 }
 
-eval::ProgressCallback progress_printer(bool quiet, Clock::time_point start) {
+// A progress line on stderr, redrawn in place: "<what> done/total  seconds".
+eval::ProgressCallback progress_printer(bool quiet, Clock::time_point start, std::string what = "window") {
   if (quiet) return nullptr;
-  return [start](int32_t done, int32_t total) {
+  return [start, what = std::move(what)](int32_t done, int32_t total) {
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    std::fprintf(stderr, "\rwindow %d/%d  %.1fs", done, total, seconds);
+    std::fprintf(stderr, "\r%s %d/%d  %.1fs", what.c_str(), done, total, seconds);
     if (done == total) std::fprintf(stderr, "\n");
     std::fflush(stderr);
   };
@@ -438,7 +439,9 @@ void run_recall(const EvalOptions& opt) {
       if (!compression.ok()) fail(compression.status().to_string());
       auto runner = make_runner(opt, std::max(in.window, sequence_tokens), opt.block_size, dtypes, true,
                                 *compression);
-      auto recall = eval::evaluate_recall(*runner, spec);
+      const std::string row_name = policy == "none" ? std::string("none") : policy + " " + budget_text;
+      auto recall = eval::evaluate_recall(*runner, spec,
+                                          progress_printer(opt.quiet || opt.json, Clock::now(), row_name + ": list"));
       if (!recall.ok()) fail(recall.status().to_string());
       std::optional<eval::AgreementResult> agreement;
       if (baseline) {

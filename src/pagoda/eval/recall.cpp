@@ -6,7 +6,8 @@
 
 namespace pagoda::eval {
 
-StatusOr<RecallResult> evaluate_recall(PagedRunner& runner, const RecallSpec& spec) {
+StatusOr<RecallResult> evaluate_recall(PagedRunner& runner, const RecallSpec& spec,
+                                       const ProgressCallback& progress) {
   if (spec.intro.empty()) return invalid_argument_error("recall: the list's introduction is empty");
   if (spec.list_words < 1 || static_cast<int32_t>(spec.words.size()) < spec.list_words)
     return invalid_argument_error("recall: {} candidate words for lists of {}", spec.words.size(), spec.list_words);
@@ -17,6 +18,8 @@ StatusOr<RecallResult> evaluate_recall(PagedRunner& runner, const RecallSpec& sp
   std::mt19937_64 rng(spec.seed);
   RecallResult result;
   int64_t hits_all = 0;
+  const int32_t lists = spec.trials * static_cast<int32_t>(spec.depths.size());
+  int32_t lists_done = 0;
   for (const int32_t depth : spec.depths) {
     int64_t hits = 0, total = 0;
     for (int32_t t = 0; t < spec.trials; ++t) {
@@ -49,6 +52,7 @@ StatusOr<RecallResult> evaluate_recall(PagedRunner& runner, const RecallSpec& sp
       result.prefill_seconds += out.prefill_seconds;
       result.decode_seconds += out.decode_seconds;
       result.decoded_tokens += std::max<int64_t>(0, static_cast<int64_t>(out.tokens.size()) - 1);
+      if (progress) progress(++lists_done, lists);
     }
     result.accuracy_by_depth.push_back(total > 0 ? static_cast<double>(hits) / static_cast<double>(total) : 0.0);
     hits_all += hits;

@@ -16,6 +16,7 @@
 
 #include "pagoda/core/status.h"
 #include "pagoda/eval/paged_runner.h"
+#include "pagoda/eval/perplexity.h"  // ProgressCallback
 
 namespace pagoda::eval {
 
@@ -42,6 +43,8 @@ struct RecallResult {
 
 // Errors (kInvalidArgument): too little filler or too few words, a depth that
 // leaves no room for the list, empty intro; and the runner's errors.
-StatusOr<RecallResult> evaluate_recall(PagedRunner& runner, const RecallSpec& spec);
+// `progress` (optional) hears (lists done, lists in all) after each trial.
+StatusOr<RecallResult> evaluate_recall(PagedRunner& runner, const RecallSpec& spec,
+                                       const ProgressCallback& progress = nullptr);
 
 }  // namespace pagoda::eval
