@@ -275,12 +275,11 @@ __device__ __forceinline__ void pv(SegmentState& st, const ThreadPlace& t, uint3
     for (int i = 0; i < 8; ++i) keep_in_order(st.o[mi][i]);
 }
 
-// The end of segment `seg` of row `row`: column sums over the group (through
-// col_sum, this group's [4 warps][16] floats), then O / sum to out (bf16) when
-// the row has one segment, else O / sum and the base-2 log-sum-exp to the
-// split-K workspace for the merge pass.
-__device__ __forceinline__ void finish_segment(const MlaDecodeDescriptor& d, SegmentState& st, const ThreadPlace& t,
-                                               int seg, int row, float* col_sum, __nv_bfloat16* __restrict__ out) {
+// The end of a segment, first step: each warp's sums reduced over its lanes
+// into col_sum[warp][16] (this group's [4 warps][16] floats), then the group
+// barrier, after which head_sum reads the totals.
+template <int kMTiles>
+__device__ __forceinline__ void reduce_group_sums(SegmentStateOf<kMTiles>& st, const ThreadPlace& t, float* col_sum) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     st.l[k] += __shfl_xor_sync(0xffffffffu, st.l[k], 4);
@@ -294,6 +293,31 @@ __device__ __forceinline__ void finish_segment(const MlaDecodeDescriptor& d, Seg
       for (int e = 0; e < 2; ++e) col_sum[t.wg_warp * kHeads + 8 * j + t.col + e] = st.l[2 * j + e];
   }
   group_barrier(t.warpgroup);
+}
+
+// Head h's sum over the group's 4 warps (after reduce_group_sums).
+__device__ __forceinline__ float head_sum(const float* col_sum, int h) {
+  return col_sum[h] + col_sum[kHeads + h] + col_sum[2 * kHeads + h] + col_sum[3 * kHeads + h];
+}
+
+// Both steps, for this thread's 4 heads (index 2 j + e) into sum.
+template <int kMTiles>
+__device__ __forceinline__ void group_head_sums(SegmentStateOf<kMTiles>& st, const ThreadPlace& t, float* col_sum,
+                                                float (&sum)[4]) {
+  reduce_group_sums(st, t, col_sum);
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) sum[2 * j + e] = head_sum(col_sum, 8 * j + t.col + e);
+}
+
+// The end of segment `seg` of row `row`: column sums over the group (through
+// col_sum, this group's [4 warps][16] floats), then O / sum to out (bf16) when
+// the row has one segment, else O / sum and the base-2 log-sum-exp to the
+// split-K workspace for the merge pass.
+__device__ __forceinline__ void finish_segment(const MlaDecodeDescriptor& d, SegmentState& st, const ThreadPlace& t,
+                                               int seg, int row, float* col_sum, __nv_bfloat16* __restrict__ out) {
+  reduce_group_sums(st, t, col_sum);
   const int heads_here = min(kHeads, d.num_heads);
   const bool split = d.row_segment_start[row + 1] - d.row_segment_start[row] > 1;
 #pragma unroll
@@ -302,7 +326,7 @@ __device__ __forceinline__ void finish_segment(const MlaDecodeDescriptor& d, Seg
     for (int e = 0; e < 2; ++e) {
       const int h = 8 * j + t.col + e;
       if (h >= heads_here) continue;
-      const float sum = col_sum[h] + col_sum[kHeads + h] + col_sum[2 * kHeads + h] + col_sum[3 * kHeads + h];
+      const float sum = head_sum(col_sum, h);
       const float inv = 1.0f / sum;
       const int64_t at = (split ? int64_t{seg} : int64_t{row}) * d.num_heads + h;
 #pragma unroll
@@ -317,6 +341,76 @@ __device__ __forceinline__ void finish_segment(const MlaDecodeDescriptor& d, Seg
       if (split && t.warpgroup == 0 && t.lane < 4 && t.wg_warp == 0) {
         float* lse = d.workspace + int64_t{d.num_segments} * d.num_heads * kMlaLatentDim;
         lse[at] = st.m[2 * j + e] + log2f(sum);
+      }
+    }
+}
+
+// The ping-pong kernels' hand-over (a group owns all 8 m-tiles of O^T; group
+// 1 hands its state to group 0 at a segment's end). Group 1's side: its
+// maxima and sums per head (the same in every thread of the group for a head:
+// warp 0's lanes 0..3 hold all 16).
+__device__ __forceinline__ void hand_over_stats(const SegmentStateOf<8>& st, const ThreadPlace& t,
+                                                const float (&sum)[4], float* hand_m, float* hand_l) {
+  if (t.wg_warp == 0 && t.lane < 4) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        hand_m[8 * j + t.col + e] = st.m[2 * j + e];
+        hand_l[8 * j + t.col + e] = sum[2 * j + e];
+      }
+  }
+}
+
+// Group 0's side: the weights of its own and group 1's partial state per head
+// (each already divided by the combined sum), with st.m and sum moved to the
+// combined state's.
+__device__ __forceinline__ void hand_over_weights(SegmentStateOf<8>& st, const ThreadPlace& t, float (&sum)[4],
+                                                  const float* hand_m, const float* hand_l, float (&w0)[4],
+                                                  float (&w1)[4]) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int h = 8 * j + t.col + e, k = 2 * j + e;
+      const float m1 = hand_m[h];
+      const float m = fmaxf(st.m[k], m1);
+      const float a0 = exp2f(st.m[k] - m), a1 = exp2f(m1 - m);
+      const float total = sum[k] * a0 + hand_l[h] * a1;
+      w0[k] = a0 / total;
+      w1[k] = a1 / total;
+      st.m[k] = m;
+      sum[k] = total;
+    }
+}
+
+// Group 0 writes the combined, normalized O^T of segment `seg` of row `row`:
+// to out (bf16) when the row has one segment, else with the base-2
+// log-sum-exp to the split-K workspace for the merge pass.
+__device__ __forceinline__ void store_handed_over(const MlaDecodeDescriptor& d, const SegmentStateOf<8>& st,
+                                                  const ThreadPlace& t, const float (&sum)[4], int seg, int row,
+                                                  __nv_bfloat16* __restrict__ out) {
+  const int heads_here = min(kHeads, d.num_heads);
+  const bool split = d.row_segment_start[row + 1] - d.row_segment_start[row] > 1;
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int h = 8 * j + t.col + e;
+      if (h >= heads_here) continue;
+      const int64_t at = (split ? int64_t{seg} : int64_t{row}) * d.num_heads + h;
+#pragma unroll
+      for (int mi = 0; mi < 8; ++mi)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int dim = mi * 64 + t.row0 + 8 * i;
+          const float v = st.o[mi][4 * j + 2 * i + e];
+          if (!split) out[at * kMlaLatentDim + dim] = __float2bfloat16(v);
+          else d.workspace[at * kMlaLatentDim + dim] = v;
+        }
+      if (split && t.lane < 4 && t.wg_warp == 0) {
+        float* lse = d.workspace + int64_t{d.num_segments} * d.num_heads * kMlaLatentDim;
+        lse[at] = st.m[2 * j + e] + log2f(sum[2 * j + e]);
       }
     }
 }

@@ -600,28 +600,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // the grid's epilogues and tail instead of taking SM slots all along.
     if (seg + 1 == seg_end) launch_dependents();
 
-    // Column sums over the group's 4 warps.
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      st.l[k] += __shfl_xor_sync(0xffffffffu, st.l[k], 4);
-      st.l[k] += __shfl_xor_sync(0xffffffffu, st.l[k], 8);
-      st.l[k] += __shfl_xor_sync(0xffffffffu, st.l[k], 16);
-    }
-    if (t.lane < 4) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) col_sum[t.wg_warp * kHeads + 8 * j + t.col + e] = st.l[2 * j + e];
-    }
-    mla_narrow::group_barrier(g);
     float sum[4];
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int h = 8 * j + t.col + e;
-        sum[2 * j + e] = col_sum[h] + col_sum[kHeads + h] + col_sum[2 * kHeads + h] + col_sum[3 * kHeads + h];
-      }
+    mla_narrow::group_head_sums(st, t, col_sum, sum);
     if constexpr (kSplitPartials) {
       // No hand-over: this group's normalized partial O^T and log2-sum-exp are
       // record 2 x seg + g of the workspace, which the merge pass combines. A
@@ -661,15 +641,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int part = 0; part < L::kHandParts; ++part) {
         const int u = use0 + part;
         if (u > 0) mbarrier_wait(hand_empty, (u - 1) & 1);  // group 0 has read the last use
-        if (part == 0 && t.wg_warp == 0 && t.lane < 4) {
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              hand_m[8 * j + t.col + e] = st.m[2 * j + e];
-              hand_l[8 * j + t.col + e] = sum[2 * j + e];
-            }
-        }
+        if (part == 0) mla_narrow::hand_over_stats(st, t, sum, hand_m, hand_l);
 #pragma unroll
         for (int mi = 0; mi < kPartTiles; ++mi)
 #pragma unroll
@@ -680,20 +652,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     mbarrier_wait(hand_full, use0 & 1);  // group 1's maxima, sums and first part are in (acquire)
     float w0[4], w1[4];  // the weights of the two partial states per head
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int h = 8 * j + t.col + e, k = 2 * j + e;
-        const float m1 = hand_m[h];
-        const float m = fmaxf(st.m[k], m1);
-        const float a0 = exp2f(st.m[k] - m), a1 = exp2f(m1 - m);
-        const float total = sum[k] * a0 + hand_l[h] * a1;
-        w0[k] = a0 / total;
-        w1[k] = a1 / total;
-        st.m[k] = m;
-        sum[k] = total;
-      }
+    mla_narrow::hand_over_weights(st, t, sum, hand_m, hand_l, w0, w1);
 #pragma unroll
     for (int part = 0; part < L::kHandParts; ++part) {
       if (part > 0) mbarrier_wait(hand_full, (use0 + part) & 1);
@@ -707,29 +666,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       mbarrier_arrive(hand_empty);  // done with this use (group 1 may write the next)
     }
-    const int heads_here = min(kHeads, d.num_heads);
-    const bool split = d.row_segment_start[row + 1] - d.row_segment_start[row] > 1;
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int h = 8 * j + t.col + e;
-        if (h >= heads_here) continue;
-        const int64_t at = (split ? int64_t{seg} : int64_t{row}) * d.num_heads + h;
-#pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int dim = mi * 64 + t.row0 + 8 * i;
-            const float v = st.o[mi][4 * j + 2 * i + e];
-            if (!split) out[at * kMlaLatentDim + dim] = __float2bfloat16(v);
-            else d.workspace[at * kMlaLatentDim + dim] = v;
-          }
-        if (split && t.lane < 4 && t.wg_warp == 0) {
-          float* lse = d.workspace + int64_t{d.num_segments} * d.num_heads * kMlaLatentDim;
-          lse[at] = st.m[2 * j + e] + log2f(sum[2 * j + e]);
-        }
-      }
+    mla_narrow::store_handed_over(d, st, t, sum, seg, row, out);
   }
   // The turn given after the CTA's last tile (or group 1's first, if no tile)
   // is left on the barrier of the group of the tile after it: that group takes it.

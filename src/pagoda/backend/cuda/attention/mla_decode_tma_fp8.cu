@@ -35,7 +35,8 @@
 //     (group 0 has read it) before it converts its next tile there.
 // 2 x 73,728 B of bf16 tiles + 5 staging slots + Q fit one CTA an SM.
 // s_full / pv_full repeat mla_decode_tma.cu's (that file keeps its helpers in
-// an anonymous namespace; the math must stay the same).
+// an anonymous namespace; the math must stay the same); the segment's end
+// (sums, hand-over, store) is mla_narrow's, shared with it.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -346,39 +347,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     it += num_tiles;
 
-    // Column sums over the group's 4 warps.
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      st.l[k] += __shfl_xor_sync(0xffffffffu, st.l[k], 4);
-      st.l[k] += __shfl_xor_sync(0xffffffffu, st.l[k], 8);
-      st.l[k] += __shfl_xor_sync(0xffffffffu, st.l[k], 16);
-    }
-    if (t.lane < 4) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) col_sum[t.wg_warp * kHeads + 8 * j + t.col + e] = st.l[2 * j + e];
-    }
-    mla_narrow::group_barrier(g);  // also: every warp of the group is done with its bf16 tile
+    // Every warp of the group is also done with its bf16 tile after this.
     float sum[4];
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int h = 8 * j + t.col + e;
-        sum[2 * j + e] = col_sum[h] + col_sum[kHeads + h] + col_sum[2 * kHeads + h] + col_sum[3 * kHeads + h];
-      }
+    mla_narrow::group_head_sums(st, t, col_sum, sum);
     const int u = seg - seg_begin;  // the hand-over's use
     if (g == 1) {
-      if (t.wg_warp == 0 && t.lane < 4) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            hand_m[8 * j + t.col + e] = st.m[2 * j + e];
-            hand_l[8 * j + t.col + e] = sum[2 * j + e];
-          }
-      }
+      mla_narrow::hand_over_stats(st, t, sum, hand_m, hand_l);
 #pragma unroll
       for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
@@ -389,20 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     mbarrier_wait(hand_full, u & 1);
     float w0[4], w1[4];
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int h = 8 * j + t.col + e, k = 2 * j + e;
-        const float m1 = hand_m[h];
-        const float m = fmaxf(st.m[k], m1);
-        const float a0 = exp2f(st.m[k] - m), a1 = exp2f(m1 - m);
-        const float total = sum[k] * a0 + hand_l[h] * a1;
-        w0[k] = a0 / total;
-        w1[k] = a1 / total;
-        st.m[k] = m;
-        sum[k] = total;
-      }
+    mla_narrow::hand_over_weights(st, t, sum, hand_m, hand_l, w0, w1);
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
@@ -412,29 +373,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         o = o * w0[k] + hand_o[(mi * 8 + i) * 128 + gtid] * w1[k];
       }
     mbarrier_arrive(hand_empty);
-    const int heads_here = min(kHeads, d.num_heads);
-    const bool split = d.row_segment_start[row + 1] - d.row_segment_start[row] > 1;
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int h = 8 * j + t.col + e;
-        if (h >= heads_here) continue;
-        const int64_t at = (split ? int64_t{seg} : int64_t{row}) * d.num_heads + h;
-#pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int dim = mi * 64 + t.row0 + 8 * i;
-            const float v = st.o[mi][4 * j + 2 * i + e];
-            if (!split) out[at * kMlaLatentDim + dim] = __float2bfloat16(v);
-            else d.workspace[at * kMlaLatentDim + dim] = v;
-          }
-        if (split && t.lane < 4 && t.wg_warp == 0) {
-          float* lse = d.workspace + int64_t{d.num_segments} * d.num_heads * kMlaLatentDim;
-          lse[at] = st.m[2 * j + e] + log2f(sum[2 * j + e]);
-        }
-      }
+    mla_narrow::store_handed_over(d, st, t, sum, seg, row, out);
   }
 #endif
 }
