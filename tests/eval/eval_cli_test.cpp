@@ -227,6 +227,13 @@ TEST_F(EvalCliTest, RecallDefaultsFitTheModelsContext) {
   EXPECT_EQ(row["kv_tokens_held"], 1980 + 64);
 }
 
+TEST_F(EvalCliTest, RecallDepthBeyondThePromptIsAnErrorWithoutATable) {
+  const auto r = run("eval recall " + common() + " --policies none --trials 1 --depths 5000");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("depth 5000 leaves no room"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("| policy |"), std::string::npos) << r.output;
+}
+
 TEST_F(EvalCliTest, TokenEvictionFlagsAreCheckedByName) {
   auto r = run("eval perplexity " + common() + " --max-tokens 100 --kv-compression snapkv --kv-budget 20");
   EXPECT_NE(r.exit_code, 0);

@@ -426,9 +426,9 @@ void run_recall(const EvalOptions& opt) {
   std::unique_ptr<eval::PagedRunner> baseline;
   if (!agreement_text.empty()) baseline = make_runner(opt, in.window, opt.block_size, dtypes, false);
 
-  if (!opt.json)
-    std::cout << "| policy | budget | recall | ppl | ppl change | top-1 agreement | KV held / seq | decode tok/s |\n"
-                 "|---|---|---|---|---|---|---|---|\n";
+  // The table's header goes out with its first row, so an input error (a depth
+  // that leaves no room for the list) ends the run without a dangling header.
+  bool header_written = false;
   for (const std::string& policy : split_list(opt.policies)) {
     std::vector<std::string> budgets = policy == "none" ? std::vector<std::string>{"0"} : split_list(opt.budgets);
     for (const std::string& budget_text : budgets) {
@@ -480,6 +480,10 @@ void run_recall(const EvalOptions& opt) {
         std::cout << out.dump() << std::endl;
         continue;
       }
+      if (!header_written)
+        std::cout << "| policy | budget | recall | ppl | ppl change | top-1 agreement | KV held / seq | decode tok/s |\n"
+                     "|---|---|---|---|---|---|---|---|\n";
+      header_written = true;
       std::cout << fmt::format("| {} | {} | {:.3f} | {} | {} | {} | {} tokens, {:.2f} MiB | {:.1f} |\n", policy,
                                policy == "none" ? std::string("full") : budget_text, recall->token_accuracy,
                                agreement ? fmt::format("{:.3f}", agreement->variant_perplexity) : "-",
