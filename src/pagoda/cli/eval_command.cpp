@@ -372,7 +372,7 @@ int32_t recall_context_tokens(int32_t max_position_embeddings) {
 }
 
 // --depths auto: four depths over the back half of the prompt, at 1/2, 5/8,
-// 3/4 and 7/8 of it, rounded to tens of tokens once the prompt is long enough
+// 3/4 and 7/8 of it, rounded to multiples of 50 once the prompt is long enough
 // for round figures (1,000 / 1,250 / 1,500 / 1,750 at a context of 1,980).
 std::vector<int32_t> recall_depths(int32_t context_tokens) {
   const int32_t unit = context_tokens >= 400 ? 50 : 1;
