@@ -27,6 +27,8 @@
 // random weights. Per run: where the step time goes (engine host work vs the
 // runner's forward + sampling, decode-only steps separately).
 
+#include <cstdlib>
+#include <deque>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -96,6 +98,9 @@ struct Args {
   int kv_budget = 2048, kv_sink_tokens = 4, kv_window = 32;
   float temperature = 1.0f, top_p = 0.9f;
   bool host_sampling = false;
+  // EngineConfig::overlap_steps; PAGODA_OVERLAP_STEPS=on|off sets the default (A/B calls of one bundle).
+  std::string overlap_steps = std::getenv("PAGODA_OVERLAP_STEPS") != nullptr ? std::getenv("PAGODA_OVERLAP_STEPS")
+                                                                              : "off";
   double gpu_memory_utilization = 0.9, max_seconds = 600, prefix_max_seconds = 120;
   // prefill workload: requests of --input-len tokens with one output token each, once per step token budget.
   std::vector<int> prefill_chunks = {2048, 4096, 8192, 16384};
@@ -106,6 +111,9 @@ struct Args {
 
 // The CUDA runner with a stopwatch: wall time inside the runner (forward +
 // sampling + copies; it synchronizes) per step, decode-only steps apart.
+// Overlapped steps (launch / collect) count from their launch, or from the
+// previous collect if later, to their collect: the device's share of the
+// step period that the host saw.
 // host_sampling hides the device sampler (the engine then samples every row
 // from logits on the host, as before).
 class TimedRunner final : public runtime::DelegatingModelRunner {
@@ -120,6 +128,21 @@ class TimedRunner final : public runtime::DelegatingModelRunner {
     int64_t host_rows = rows.empty() ? batch.num_logit_rows() : 0;
     for (const auto& r : rows) host_rows += r.on_device ? 0 : 1;
     record(batch, t0, host_rows, free_blocks);
+    return out;
+  }
+  Status launch(const ForwardBatch& batch, std::span<const runtime::RowSampling> rows) override {
+    const int32_t free_blocks = kv != nullptr ? kv->num_available_blocks() : -1;
+    const auto t0 = Clock::now();
+    PAGODA_RETURN_IF_ERROR(inner().launch(batch, rows));
+    launched_.push_back(Pending{batch, t0, free_blocks});
+    return ok_status();
+  }
+  StatusOr<runtime::StepResult> collect() override {
+    auto out = inner().collect();
+    Pending p = std::move(launched_.front());
+    launched_.pop_front();
+    record(p.batch, std::max(p.t0, last_collect_), 0, p.free_blocks);
+    last_collect_ = Clock::now();
     return out;
   }
   runtime::RunnerCapabilities capabilities() const override {
@@ -162,6 +185,13 @@ class TimedRunner final : public runtime::DelegatingModelRunner {
     }
   }
   bool host_sampling_;
+  struct Pending {
+    ForwardBatch batch;
+    Clock::time_point t0;
+    int32_t free_blocks;
+  };
+  std::deque<Pending> launched_;
+  Clock::time_point last_collect_{};
 };
 
 struct SamplingChoice {
@@ -201,6 +231,9 @@ nlohmann::json run_engine(cuda::CudaModelRunner& cuda_runner, const std::vector<
   config.scheduler.max_tokens_per_step = args.max_tokens_per_step;
   config.max_queued_requests = static_cast<int32_t>(prompts.size()) + 1;
   config.kv_compression = compression;
+  config.overlap_steps = args.overlap_steps == "on"    ? engine::OverlapSteps::kOn
+                         : args.overlap_steps == "off" ? engine::OverlapSteps::kOff
+                                                       : engine::OverlapSteps::kAuto;
   engine::Engine eng(config, runner, **kv);
   eng.start();
   if (!warm_up.empty()) {
@@ -297,7 +330,7 @@ nlohmann::json run_engine(cuda::CudaModelRunner& cuda_runner, const std::vector<
       {"total_tok_per_s", (tokens + prompt_tokens) / wall}, {"cached_prompt_tokens", cached},
       {"ttft_ms_mean", mean(ttft_ms)}, {"ttft_ms_p50", percentile(ttft_ms, 50)},
       {"ttft_ms_p99", percentile(ttft_ms, 99)}, {"itl_ms_mean", mean(itl_ms)}, {"itl_ms_p50", percentile(itl_ms, 50)},
-      {"itl_ms_p99", percentile(itl_ms, 99)}, {"engine_steps", stats.steps}, {"preemptions", stats.preemptions}, {"kv_compactions", stats.kv_compactions},
+      {"itl_ms_p99", percentile(itl_ms, 99)}, {"engine_steps", stats.steps}, {"overlapped_steps", stats.overlapped_steps}, {"preemptions", stats.preemptions}, {"kv_compactions", stats.kv_compactions},
       {"kv_blocks", kv_config.num_blocks}, {"zero_on_free", tenancy.zero_on_free},
       {"distinct_tenants", tenancy.distinct_tenants}, {"kv_blocks_zeroed", stats.kv_blocks_zeroed}};
   std::printf("%s: %zu/%zu requests in %.1f s%s: %.0f output tok/s, %.0f total tok/s; TTFT mean %.0f ms p50 %.0f "
@@ -391,6 +424,9 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", args.temperature);
   app.add_option("--top-p", args.top_p);
   app.add_flag("--host-sampling", args.host_sampling, "sample on the host from logits (the old path)");
+  app.add_option("--overlap-steps", args.overlap_steps,
+                 "plan and launch the next engine step while the GPU runs this one (auto, on, off; default off)")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   app.add_option("--num-requests", args.num_requests)->check(CLI::PositiveNumber);
   app.add_option("--input-len", args.input_len, "random prompt length")->check(CLI::PositiveNumber);
   app.add_option("--output-len", args.output_len)->check(CLI::PositiveNumber);

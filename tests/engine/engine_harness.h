@@ -21,7 +21,8 @@ using namespace std::chrono_literals;
 // The engine over a FakeModelRunner and a real KV cache manager, driven synchronously.
 struct Harness {
   Harness(int32_t num_blocks, int32_t block_size, SchedulerConfig sched = {}, int32_t max_queued = 256,
-          std::vector<int32_t> eos = {}, int32_t max_context = 4096, int32_t num_host_blocks = 0)
+          std::vector<int32_t> eos = {}, int32_t max_context = 4096, int32_t num_host_blocks = 0,
+          OverlapSteps overlap = OverlapSteps::kAuto)
       : runner(num_blocks, block_size, 64, max_context, std::move(eos), num_host_blocks) {
     kv::KvCacheConfig kc;
     kc.num_blocks = num_blocks;
@@ -31,6 +32,7 @@ struct Harness {
     EngineConfig ec;
     ec.scheduler = sched;
     ec.max_queued_requests = max_queued;
+    ec.overlap_steps = overlap;
     auto created = Engine::create(ec, runner, *kv);
     EXPECT_TRUE(created.ok()) << created.status().to_string();
     engine = std::move(created).value();

@@ -7,6 +7,7 @@
 // gives what the output must be, computed from the token list directly.
 
 #include <cstdint>
+#include <deque>
 #include <span>
 #include <string>
 #include <vector>
@@ -109,8 +110,42 @@ class FakeModelRunner final : public runtime::ModelRunner {
   runtime::RunnerCapabilities capabilities() const override {
     return {.samples_on_device = device_sampling,
             .samples_masked_on_device = device_sampling && device_masking,
-            .host_kv_blocks = num_host_blocks_};
+            .host_kv_blocks = num_host_blocks_,
+            .overlaps_steps = lazy_launch};
   }
+  // Overlapped steps. With lazy_launch, launch() only queues the step and
+  // collect() runs it, as a device runs its queue in order while the host goes
+  // on: a step's K/V is written, and its deferred tokens are read from the step
+  // before, only when the engine collects it, so anything the engine does
+  // between (freeing blocks, copies, transfers) meets the pool as a device
+  // would. Without it, the default launch() runs the step at once.
+  Status launch(const ForwardBatch& batch, std::span<const RowSampling> rows) override {
+    ++num_launches;
+    if (!lazy_launch) return runtime::ModelRunner::launch(batch, rows);
+    if (queued_.size() >= 2) return internal_error("launch: two steps already queued");
+    const int32_t previous_rows = queued_.empty() ? 0 : queued_.back().batch.num_logit_rows();
+    PAGODA_RETURN_IF_ERROR(runtime::check_launch(batch, rows, previous_rows));
+    queued_.push_back(Queued{batch, std::vector<RowSampling>(rows.begin(), rows.end())});
+    max_steps_launched = std::max(max_steps_launched, static_cast<int32_t>(queued_.size()));
+    num_deferred_tokens += static_cast<int64_t>(batch.deferred_tokens.size());
+    return ok_status();
+  }
+  StatusOr<StepResult> collect() override {
+    if (!lazy_launch) return runtime::ModelRunner::collect();
+    if (queued_.empty()) return internal_error("collect: nothing launched");
+    Queued q = std::move(queued_.front());
+    queued_.pop_front();
+    for (const DeferredToken& d : q.batch.deferred_tokens) {
+      if (static_cast<size_t>(d.source_row) >= last_tokens_.size())
+        return internal_error("the step whose tokens this one takes failed");
+      q.batch.token_ids[static_cast<size_t>(d.token_index)] = last_tokens_[static_cast<size_t>(d.source_row)];
+    }
+    q.batch.deferred_tokens.clear();
+    StatusOr<StepResult> result = execute(q.batch, q.rows);
+    last_tokens_ = result.ok() ? result->tokens : std::vector<int32_t>{};
+    return result;
+  }
+  size_t steps_queued() const { return queued_.size(); }
   StatusOr<StepResult> execute(const ForwardBatch& batch, std::span<const RowSampling> rows) override {
     PAGODA_RETURN_IF_ERROR(runtime::check_row_sampling(batch, rows, capabilities()));
     if (device_sampling) sampled_rows.emplace_back(rows.begin(), rows.end());
@@ -201,6 +236,10 @@ class FakeModelRunner final : public runtime::ModelRunner {
   int32_t max_batch_tokens = 0;
   bool fail_next = false;
   bool device_sampling = false;
+  bool lazy_launch = false;          // launch() queues, collect() runs (see launch())
+  int64_t num_launches = 0;
+  int64_t num_deferred_tokens = 0;   // with lazy_launch: inputs taken from the step before
+  int32_t max_steps_launched = 0;    // with lazy_launch: most steps queued at once
   bool device_masking = false;      // with device_sampling: RowSampling::allowed is honoured
   bool ignore_masks = false;        // a broken runner: claims device masking, samples unmasked
   bool drop_a_token = false;        // a broken runner: one token short
@@ -209,6 +248,12 @@ class FakeModelRunner final : public runtime::ModelRunner {
 
  private:
   KvPoolShape geometry_;
+  struct Queued {
+    ForwardBatch batch;
+    std::vector<RowSampling> rows;
+  };
+  std::deque<Queued> queued_;
+  std::vector<int32_t> last_tokens_;
   StatusOr<size_t> slot_of(const std::vector<int32_t>& table, int32_t pos) const {
     const int32_t block = table[pos / block_size_];
     if (block < 0 || block >= num_blocks_) return internal_error("block id {} out of range", block);

@@ -36,11 +36,16 @@ class HostSamplingRunner final : public runtime::DelegatingModelRunner {
   std::vector<int32_t> eos_token_ids() const override { return {}; }  // fixed-length outputs
 };
 
-// A device-sampling runner with no eos (random-ish fixtures would stop early).
+// A device-sampling runner with no eos (random-ish fixtures would stop early); its steps overlap as the
+// CUDA runner's do (launch and collect go straight to it).
 class NoEosRunner final : public runtime::DelegatingModelRunner {
  public:
   using DelegatingModelRunner::DelegatingModelRunner;
   std::vector<int32_t> eos_token_ids() const override { return {}; }
+  Status launch(const ForwardBatch& batch, std::span<const runtime::RowSampling> rows) override {
+    return inner().launch(batch, rows);
+  }
+  StatusOr<runtime::StepResult> collect() override { return inner().collect(); }
 };
 
 // One CUDA runner (llama_f32 fixture) that several engines use one after
@@ -63,7 +68,8 @@ std::unique_ptr<CudaModelRunner> make_runner() {
 }
 
 struct GpuEngine {
-  GpuEngine(CudaModelRunner& runner, bool device_sampling) {
+  GpuEngine(CudaModelRunner& runner, bool device_sampling,
+            engine::OverlapSteps overlap = engine::OverlapSteps::kAuto) {
     if (device_sampling) {
       seam = std::make_unique<NoEosRunner>(runner);
     } else {
@@ -76,6 +82,7 @@ struct GpuEngine {
     engine::EngineConfig ec;
     ec.scheduler.max_running_sequences = 16;
     ec.scheduler.max_tokens_per_step = 64;  // chunked prefills next to decodes
+    ec.overlap_steps = overlap;
     eng = std::make_unique<engine::Engine>(ec, *seam, *kv);
   }
   void run() {
@@ -151,6 +158,35 @@ TEST(EngineOnGpu, DeviceSamplingGivesTheHostSamplersGreedyOutputsInMixedSteps) {
       }
     }
   }
+}
+
+// Overlapped steps (engine::EngineConfig::overlap_steps): graph decode steps are launched before the
+// step before them is read, their inputs taken on the device from that step's sampled rows. Greedy and
+// seeded draws must be those of the synchronous engine, token for token, and every block comes back.
+TEST(EngineOnGpu, OverlappedStepsGiveTheSynchronousEnginesTokens) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  auto runner = make_runner();
+  GpuEngine overlapped(*runner, true, engine::OverlapSteps::kOn), sync(*runner, true, engine::OverlapSteps::kOff);
+  std::vector<std::shared_ptr<engine::RequestStream>> a, b;
+  for (int i = 0; i < 10; ++i) {
+    engine::GenerationRequest r = request(prompt_of(5 + 7 * i, 60 + i), 10 + 3 * i, i % 2 == 0 ? 0.0f : 0.8f);
+    r.sampling.seed = 100 + i;
+    a.push_back(*overlapped.eng->submit(r));
+    b.push_back(*sync.eng->submit(r));
+  }
+  overlapped.run();  // one after the other on the shared runner
+  sync.run();
+  for (int i = 0; i < 10; ++i) {
+    const Output x = collect(*a[i]), y = collect(*b[i]);
+    ASSERT_TRUE(x.finished && y.finished) << i;
+    EXPECT_TRUE(x.error.empty()) << x.error;
+    EXPECT_EQ(x.tokens.size(), static_cast<size_t>(10 + 3 * i)) << i;
+    EXPECT_EQ(x.tokens, y.tokens) << "request " << i;
+    ASSERT_EQ(x.logprobs.size(), y.logprobs.size());
+  }
+  EXPECT_GT(overlapped.eng->stats().overlapped_steps, 20);
+  EXPECT_EQ(sync.eng->stats().overlapped_steps, 0);
+  EXPECT_EQ(overlapped.kv->num_available_blocks(), overlapped.kv->num_blocks());
 }
 
 TEST(EngineOnGpu, SeededGpuSamplingIsReproducibleWhateverTheBatch) {

@@ -22,7 +22,8 @@ if [ "${1:-}" = bundle ]; then
   call_bundle_pack "$0" "$build/bench/gpu/pagoda_gpu_engine_bench" "$build/tests/gpu/paged_attention_gpu_tests" \
     "$build/tests/gpu/quantized_attention_gpu_tests" "$build/tests/gpu_backend/fast_attention_gpu_tests" \
     "$build/tests/gpu_backend/cuda_kv_eviction_tests" "$build/tests/gpu_backend/cuda_model_tests" \
-    "$build/tests/gpu_backend/cuda_ops_tests" "$build/tests/gpu_backend/two_batch_overlap_gpu_tests"; exit
+    "$build/tests/gpu_backend/cuda_ops_tests" "$build/tests/gpu_backend/two_batch_overlap_gpu_tests" \
+    "$build/tests/gpu_backend/cuda_sampling_tests"; exit
 fi
 call_bundle_unpack
 start=$SECONDS; budget=${BUDGET:-300}

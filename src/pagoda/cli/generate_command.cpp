@@ -153,6 +153,7 @@ void run_generate(const GenerateOptions& opt) {
   engine::EngineConfig engine_config;
   engine_config.scheduler = scheduler_config(*setup, *preemption);
   engine_config.kv_compression = *kv_compression;
+  engine_config.overlap_steps = overlap_steps(opt.runner);
   if (kv_compression->enabled() && !setup->runner->capabilities().compacts_kv)
     fail(fmt::format("--kv-compression {}: this model cannot run token eviction (MLA, sliding-window attention, or --tensor-parallel-size above 1 on cpu)",
                      opt.kv_compression.policy));

@@ -124,6 +124,12 @@ void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) 
                  "Larger values run past the trained context (benchmarks)");
   add_host_tier_flags(cmd, flags.kv_offload_memory, flags.preemption_mode);
   add_cross_layer_share_flag(cmd, flags.kv_cross_layer_share);
+  cmd.add_option("--overlap-steps", flags.overlap_steps,
+                 "Plan and launch the next engine step while the device runs this one, so scheduling and "
+                 "streaming hide behind the GPU (docs/CUDA_BACKEND.md, overlapped steps): auto (on with --device cuda), on, "
+                 "off (the default until it is measured on a GPU)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   if (command == RunnerCommand::kServe) {
     flags.max_num_seqs_option = cmd.add_option("--max-num-seqs,--max-running", flags.max_num_seqs,
                                                "Most sequences in one batch (default: 64 on cpu, 256 on cuda)");
@@ -341,6 +347,12 @@ engine::SchedulerConfig scheduler_config(const backend::RunnerSetup& setup, engi
   config.max_running_sequences = setup.spec.max_num_seqs;
   config.max_tokens_per_step = setup.spec.max_tokens_per_step;
   return config;
+}
+
+engine::OverlapSteps overlap_steps(const RunnerFlags& flags) {
+  if (flags.overlap_steps == "on") return engine::OverlapSteps::kOn;
+  if (flags.overlap_steps == "off") return engine::OverlapSteps::kOff;
+  return engine::OverlapSteps::kAuto;
 }
 
 }  // namespace pagoda::cli

@@ -24,6 +24,7 @@
 
 #include "pagoda/backend/runner_setup.h"
 #include "pagoda/core/status.h"
+#include "pagoda/engine/overlap_steps.h"
 #include "pagoda/engine/scheduler.h"
 #include "pagoda/kv/kv_cache_manager.h"
 
@@ -46,6 +47,7 @@ struct RunnerFlags {
   int32_t max_num_seqs = 0;         // not given (and 0): the device's default
   int32_t max_tokens_per_step = 0;  // not given (and 0): the device's default
   int32_t prefill_join_limit = 0;   // serve: SchedulerConfig::prefill_join_limit (0: none)
+  std::string overlap_steps = "off";  // EngineConfig::overlap_steps: auto, on, off
   int32_t max_model_len = 0;        // 0: config.json's max_position_embeddings
   uint64_t weight_seed = 0;         // --load-format random
   std::string quantization;         // --quantization: empty/none, int8, int4 or fp8 (CPU only)
@@ -99,6 +101,8 @@ StatusOr<engine::PreemptionMode> resolve_preemption_mode(const RunnerFlags& flag
 
 // The KV manager and scheduler settings that match a runner (its host tier included).
 kv::KvCacheConfig kv_cache_config(const backend::RunnerSetup& setup, bool enable_prefix_cache);
+// --overlap-steps as the engine's setting.
+engine::OverlapSteps overlap_steps(const RunnerFlags& flags);
 engine::SchedulerConfig scheduler_config(const backend::RunnerSetup& setup,
                                          engine::PreemptionMode preemption = engine::PreemptionMode::kRecompute);
 

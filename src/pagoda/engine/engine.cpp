@@ -78,6 +78,9 @@ Engine::Engine(EngineConfig config, runtime::ModelRunner& runner, kv::KvCacheMan
       runner_kv_head_budgets_(runner.capabilities().kv_head_budgets),
       kv_num_layers_(runner.kv_geometry().num_layers),
       unseeded_salt_(mix64(std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32))) {
+  const bool lower_tiers = config_.lower_tiers != nullptr && !config_.lower_tiers->empty();
+  overlap_ = !lower_tiers && (config_.overlap_steps == OverlapSteps::kOn ||
+                              (config_.overlap_steps == OverlapSteps::kAuto && runner.capabilities().overlaps_steps));
   if (!config_.text_decoder_factory)
     config_.text_decoder_factory = [](std::span<const int32_t>) { return make_token_id_text_decoder(); };
   if (config_.lower_tiers != nullptr && !config_.lower_tiers->empty()) {
@@ -121,6 +124,8 @@ void Engine::loop() {
       work_ready_.wait_for(lock, std::chrono::milliseconds(1));
     }
   }
+  collect_all_steps();  // steps launched after shutdown's last task: their blocks go back
+  flush_outputs();
   // Tasks queued while the thread was told to stop still run here, on this
   // thread: after this point run_on_engine_thread runs them inline.
   for (;;) {
@@ -149,6 +154,7 @@ void Engine::shutdown(std::chrono::milliseconds grace) {
     // the callers' aborts, then cancel whatever is left.
     std::lock_guard inline_lock(inline_mutex_);
     drain_commands();
+    collect_all_steps();
     cancel_all_requests();
     settle_lower_tier_loads();
     publish_stats(-1);
@@ -163,6 +169,7 @@ void Engine::shutdown(std::chrono::milliseconds grace) {
   }
   // Then the rest is cancelled on the engine thread, which then stops.
   run_on_engine_thread([this] {
+    collect_all_steps();
     cancel_all_requests();
     settle_lower_tier_loads();
     flush_outputs();
@@ -395,7 +402,12 @@ ChoiceDelta& Engine::delta_for(Sequence* seq) {
 
 void Engine::finish_sequence(Sequence* seq, FinishReason reason) {
   if (seq->status == SequenceStatus::kFinished) return;
-  scheduler_.remove(seq, reason == FinishReason::kAbort || reason == FinishReason::kError);
+  const bool aborted = reason == FinishReason::kAbort || reason == FinishReason::kError;
+  // A planned or launched step still carries it: its blocks go back when that step is finished.
+  const bool held = seq->steps_in_flight > 0;
+  scheduler_.remove(seq, aborted, /*release_kv=*/!held);
+  seq->kv_release_pending = held;
+  seq->kv_release_aborted = aborted;
   seq->finish_reason = reason;
   delta_for(seq).finish_reason = reason;
   RequestState* req = seq->request;
@@ -459,11 +471,22 @@ void Engine::cancel_all_requests() {
   for (RequestState* req : all) fail_request(req, shut_down, FinishReason::kAbort);
 }
 
-void Engine::append_token(Sequence* seq, const SampledToken& token) {
+void Engine::append_token(Sequence* seq, const SampledToken& token, int32_t position) {
   RequestState* req = seq->request;
   const SamplingParams& params = req->request.sampling;
   const auto now = Clock::now();
-  seq->tokens.push_back(token.token);
+  if (position < 0) {
+    seq->tokens.push_back(token.token);
+  } else {
+    seq->tokens[static_cast<size_t>(position)] = token.token;
+    --seq->pending_tokens;
+    // Not computed yet (it is the next step's input): the KV manager hashes it once it is.
+    if (seq->in_kv) {
+      const Status set = kv_.set_token(seq->id, position, token.token);
+      assert(set.ok());
+      (void)set;
+    }
+  }
   if (needs_token_history(params)) seq->history.add_output(token.token);
   ++req->completion_tokens;
   ++thread_stats_.generated_tokens;
@@ -495,7 +518,8 @@ void Engine::append_token(Sequence* seq, const SampledToken& token) {
     finish_sequence(seq, FinishReason::kStop);
     return;
   }
-  if (seq->num_output_tokens() >= params.max_tokens || static_cast<int32_t>(seq->tokens.size()) >= max_context_) {
+  if (seq->num_known_output_tokens() >= params.max_tokens ||
+      static_cast<int32_t>(seq->tokens.size()) - seq->pending_tokens >= max_context_) {
     delta.text += seq->stop_matcher.append(seq->decoder->finish());
     if (seq->stop_matcher.stopped()) {
       finish_sequence(seq, FinishReason::kStop);
@@ -622,6 +646,14 @@ void Engine::flush_outputs() {
     it->second->stream->push(std::move(out));
   }
   step_outputs_.clear();
+  // A request whose sequence a launched step still carries stays until that step is collected.
+  std::vector<RequestState*> held;
+  std::erase_if(finished_requests_, [&](RequestState* req) {
+    const bool in_flight =
+        std::any_of(req->sequences.begin(), req->sequences.end(), [](const Sequence* s) { return s && s->steps_in_flight > 0; });
+    if (in_flight) held.push_back(req);
+    return in_flight;
+  });
   for (RequestState* req : finished_requests_) {
     if (!req->admitted_once) --num_queued_;
     for (Sequence* seq : req->sequences) {
@@ -637,7 +669,7 @@ void Engine::flush_outputs() {
     std::lock_guard lock(mutex_);
     idle_.notify_all();
   }
-  finished_requests_.clear();
+  finished_requests_ = std::move(held);
 }
 
 void Engine::publish_stats(double step_seconds) {
@@ -656,8 +688,25 @@ void Engine::publish_stats(double step_seconds) {
 bool Engine::step() {
   drain_commands();
   finish_lower_tier_loads();
-  StepPlan plan = scheduler_.schedule();
+  // A launched step is on the device: the next one is planned now, while it runs, unless planning
+  // could preempt (a running sequence finds no block) or tier work waits; then its tokens come first.
+  if (!launched_.empty() &&
+      (launched_.size() > 1 || kv_.num_available_blocks() < static_cast<int32_t>(scheduler_.num_running()) ||
+       kv_.has_pending_transfers() || kv_.has_blocks_to_zero())) {
+    collect_all_steps();
+    return true;
+  }
+  return run_step(scheduler_.schedule());
+}
+
+bool Engine::run_step(StepPlan plan) {
   const auto scheduled_at = Clock::now();
+  // Planned beside a launched step: its inputs may be that step's pending tokens.
+  std::vector<PendingInput> pending;
+  if (!launched_.empty()) {
+    hold(plan);
+    pending = pending_inputs(plan);
+  }
   // Requests whose first admission is this step (their timelines follow this step's transfers).
   std::vector<RequestState*> first_admitted;
   for (Sequence* seq : plan.admitted) {
@@ -678,39 +727,6 @@ bool Engine::step() {
                                            "else running only {} of its {} blocks ({} tokens each) can be freed",
                                            seq->tokens.size(), kv_.num_available_blocks(), kv_num_blocks_,
                                            kv_block_size_));
-  // The step's moves between the tiers (promotions of host hits, write-backs
-  // of evicted blocks, swaps) run before its forward. If they fail, the
-  // sequences whose K/V was lost start over and this plan is dropped: its
-  // sequences run next step (nothing was committed).
-  step_transfer_blocks_[0] = step_transfer_blocks_[1] = 0;
-  if (!run_transfers().ok()) {
-    publish_stats(-1);
-    flush_outputs();
-    return true;
-  }
-  const int h2d = static_cast<int>(kv::TransferDirection::kHostToDevice);
-  const bool step_moved = step_transfer_blocks_[0] + step_transfer_blocks_[1] > 0;
-  const auto transfers_enqueued = Clock::now();
-  for (RequestState* req : first_admitted) {
-    req->timeline.admission_h2d_blocks = step_transfer_blocks_[h2d];
-    req->timeline.admission_d2h_blocks = step_transfer_blocks_[1 - h2d];
-    if (step_moved) req->timeline.load_enqueued_s = seconds_between(req->arrival_time, transfers_enqueued);
-  }
-  if (plan.empty()) {
-    publish_stats(-1);
-    flush_outputs();
-    if (loader_ == nullptr || loader_->in_flight() == 0) return false;
-    // Only sequences waiting for their lower-tier reads: sleep until one is in or a command comes.
-    std::unique_lock lock(mutex_);
-    work_ready_.wait_for(lock, std::chrono::milliseconds(20), [&] {
-      return loads_finished_ || stop_thread_ || !pending_submits_.empty() || !pending_aborts_.empty() ||
-             !pending_tasks_.empty();
-    });
-    return true;
-  }
-
-  const auto start = Clock::now();
-  ++thread_stats_.steps;
   // Rows are sampled where the logits are (on the runner's device) unless the
   // request needs the host sampler; only those rows' logits come back. A chunk
   // that returns prompt logits has a host row per token, the last of which is
@@ -731,27 +747,168 @@ bool Engine::step() {
     }
     rows.push_back(last);
   }
-  const auto forward_start = Clock::now();
+  // Overlapped: launched, with tier work and zeroing (which want the device idle) left to synchronous steps.
+  const bool launch = overlap_ && !plan.empty() && !kv_.has_pending_transfers() && !kv_.has_blocks_to_zero() &&
+                      launchable(plan, rows);
+  const bool collected = !launch && !launched_.empty();
+  if (collected) {
+    // This step needs the launched ones' tokens first: its pending inputs are known after them.
+    collect_all_steps();
+    for (const PendingInput& p : pending)
+      plan.batch.token_ids[static_cast<size_t>(p.token_index)] = std::max(0, p.seq->tokens[static_cast<size_t>(p.position)]);
+    pending.clear();
+  }
+  // The step's moves between the tiers (promotions of host hits, write-backs
+  // of evicted blocks, swaps) run before its forward. If they fail, the
+  // sequences whose K/V was lost start over and this plan is dropped: its
+  // sequences run next step (nothing was committed).
+  step_transfer_blocks_[0] = step_transfer_blocks_[1] = 0;
+  if (!run_transfers().ok()) {
+    if (plan.held) unhold(plan);
+    publish_stats(-1);
+    flush_outputs();
+    return true;
+  }
+  const int h2d = static_cast<int>(kv::TransferDirection::kHostToDevice);
+  const bool step_moved = step_transfer_blocks_[0] + step_transfer_blocks_[1] > 0;
+  const auto transfers_enqueued = Clock::now();
+  for (RequestState* req : first_admitted) {
+    req->timeline.admission_h2d_blocks = step_transfer_blocks_[h2d];
+    req->timeline.admission_d2h_blocks = step_transfer_blocks_[1 - h2d];
+    if (step_moved) req->timeline.load_enqueued_s = seconds_between(req->arrival_time, transfers_enqueued);
+  }
+  if (plan.empty()) {
+    if (plan.held) unhold(plan);
+    publish_stats(-1);
+    flush_outputs();
+    if (collected) return true;  // the collected tokens may be the next step's work
+    if (loader_ == nullptr || loader_->in_flight() == 0) return false;
+    // Only sequences waiting for their lower-tier reads: sleep until one is in or a command comes.
+    std::unique_lock lock(mutex_);
+    work_ready_.wait_for(lock, std::chrono::milliseconds(20), [&] {
+      return loads_finished_ || stop_thread_ || !pending_submits_.empty() || !pending_aborts_.empty() ||
+             !pending_tasks_.empty();
+    });
+    return true;
+  }
+
+  const auto start = Clock::now();
+  ++thread_stats_.steps;
   for (const ScheduledChunk& chunk : plan.chunks) {
     RequestTimeline& t = chunk.sequence->request->timeline;
     if (chunk.sequence->request->first_token_seen) continue;
     ++t.steps_before_first_token;
     if (t.first_step_start_s >= 0) continue;
-    t.first_step_start_s = seconds_between(chunk.sequence->request->arrival_time, forward_start);
+    t.first_step_start_s = seconds_between(chunk.sequence->request->arrival_time, start);
     t.first_step_sequences = static_cast<int32_t>(plan.chunks.size());
     t.first_step_tokens = plan.batch.num_tokens();
   }
-  StatusOr<runtime::StepResult> result = runner_.execute(plan.batch, rows);
-  const auto forward_end = Clock::now();
-  for (const ScheduledChunk& chunk : plan.chunks) {
-    RequestTimeline& t = chunk.sequence->request->timeline;
-    if (t.first_step_end_s < 0) t.first_step_end_s = seconds_between(chunk.sequence->request->arrival_time, forward_end);
+  if (launch) {
+    for (const PendingInput& p : pending) {
+      plan.batch.deferred_tokens.push_back(DeferredToken{p.token_index, p.seq->pending_row});
+      plan.batch.token_ids[static_cast<size_t>(p.token_index)] = 0;
+    }
+    const Status launched = launch_step(plan, rows, start);
+    if (launched.ok()) {
+      // The older step's tokens are read while the device runs this one.
+      if (launched_.size() > 1) collect_step();
+      return true;
+    }
+    finish_step(plan, rows, launched, {}, start, false);
+    return true;
   }
+  StatusOr<runtime::StepResult> result = runner_.execute(plan.batch, rows);
   if (step_moved && !first_admitted.empty()) {
     // The forward waited for the step's copies, so the runner knows when they ended (if it reports it).
     const auto done = runner_.last_transfer_done_at();
     if (done && *done >= scheduled_at)
       for (RequestState* req : first_admitted) req->timeline.load_done_s = seconds_between(req->arrival_time, *done);
+  }
+  finish_step(plan, rows, std::move(result), {}, start, false);
+  return true;
+}
+
+bool Engine::launchable(const StepPlan& plan, std::span<const runtime::RowSampling> rows) const {
+  for (const runtime::RowSampling& row : rows)
+    if (!row.on_device || row.masked()) return false;
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    const RequestState* req = chunk.sequence->request;
+    if (chunk.all_logits || req->kv_compression.enabled() || req->request.sampling.max_tokens == 0) return false;
+  }
+  return true;
+}
+
+std::vector<Engine::PendingInput> Engine::pending_inputs(const StepPlan& plan) const {
+  std::vector<PendingInput> out;
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    Sequence* seq = plan.chunks[i].sequence;
+    if (seq->pending_tokens == 0) continue;
+    const SequenceSlice& slice = plan.batch.sequences[i];
+    for (int32_t t = 0; t < slice.num_new_tokens; ++t)
+      if (plan.batch.token_ids[static_cast<size_t>(slice.token_offset + t)] == kPendingToken)
+        out.push_back(PendingInput{slice.token_offset + t, seq, seq->num_computed + t});
+  }
+  return out;
+}
+
+void Engine::hold(const StepPlan& plan) {
+  for (const ScheduledChunk& chunk : plan.chunks) ++chunk.sequence->steps_in_flight;
+  const_cast<StepPlan&>(plan).held = true;
+}
+
+void Engine::unhold(const StepPlan& plan) {
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    Sequence* seq = chunk.sequence;
+    if (--seq->steps_in_flight > 0 || !seq->kv_release_pending) continue;
+    seq->kv_release_pending = false;
+    scheduler_.release_kv(seq, seq->kv_release_aborted);
+  }
+  const_cast<StepPlan&>(plan).held = false;
+}
+
+Status Engine::launch_step(StepPlan& plan, std::vector<runtime::RowSampling> rows, Clock::time_point start) {
+  PAGODA_RETURN_IF_ERROR(runner_.launch(plan.batch, rows));
+  if (!launched_.empty()) ++thread_stats_.overlapped_steps;
+  if (!plan.held) hold(plan);
+  scheduler_.advance(plan);
+  // Each row's token stays on the device until the step is collected: its sequence holds a pending
+  // token meanwhile, which the next step may take as its input (ForwardBatch::deferred_tokens).
+  LaunchedStep step{std::move(plan), std::move(rows), {}, start};
+  step.positions.assign(step.rows.size(), -1);
+  size_t row = 0;
+  for (const ScheduledChunk& chunk : step.plan.chunks) {
+    if (chunk.logit_rows() == 0) continue;
+    Sequence* seq = chunk.sequence;
+    seq->tokens.push_back(kPendingToken);
+    ++seq->pending_tokens;
+    seq->pending_row = static_cast<int32_t>(row);
+    step.positions[row++] = static_cast<int32_t>(seq->tokens.size()) - 1;
+    const SamplingParams& params = seq->request->request.sampling;
+    if (seq->num_output_tokens() >= params.max_tokens || static_cast<int32_t>(seq->tokens.size()) >= max_context_)
+      seq->last_token_pending = true;
+  }
+  launched_.push_back(std::move(step));
+  return ok_status();
+}
+
+void Engine::collect_step() {
+  LaunchedStep step = std::move(launched_.front());
+  launched_.pop_front();
+  StatusOr<runtime::StepResult> result = runner_.collect();
+  finish_step(step.plan, step.rows, std::move(result), step.positions, step.start, true);
+}
+
+void Engine::collect_all_steps() {
+  while (!launched_.empty()) collect_step();
+}
+
+void Engine::finish_step(StepPlan& plan, std::span<const runtime::RowSampling> rows,
+                         StatusOr<runtime::StepResult> result, std::span<const int32_t> positions,
+                         Clock::time_point start, bool launched) {
+  const auto forward_end = Clock::now();
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    RequestTimeline& t = chunk.sequence->request->timeline;
+    if (t.first_step_end_s < 0) t.first_step_end_s = seconds_between(chunk.sequence->request->arrival_time, forward_end);
   }
   const size_t vocab = static_cast<size_t>(vocab_size_);
   if (result.ok()) {
@@ -762,18 +919,20 @@ bool Engine::step() {
       result = internal_error("the model runner returned {} logits, {} tokens for {} rows ({} sampled on the host)",
                               result->host_logits.size(), result->tokens.size(), rows.size(), host_rows);
     for (size_t r = 0; result.ok() && r < rows.size(); ++r)
-      if (rows[r].on_device && !device_masks_.dead_end(r) && (result->tokens[r] < 0 || result->tokens[r] >= vocab_size_))
+      if (rows[r].on_device && (launched || !device_masks_.dead_end(r)) &&
+          (result->tokens[r] < 0 || result->tokens[r] >= vocab_size_))
         result = internal_error("the model runner sampled token {} for row {}, outside the vocabulary [0, {})",
                                 result->tokens[r], r, vocab_size_);
   }
-  Status committed = result.ok() ? scheduler_.commit(plan) : result.status();
+  Status committed = result.ok() ? (launched ? scheduler_.commit_kv(plan) : scheduler_.commit(plan)) : result.status();
   if (!committed.ok()) {
     for (const ScheduledChunk& chunk : plan.chunks)
       if (chunk.sequence->status != SequenceStatus::kFinished)
         fail_request(chunk.sequence->request, internal_error("model step failed: {}", committed.to_string()));
+    if (plan.held) unhold(plan);
     publish_stats(seconds_between(start, Clock::now()));
     flush_outputs();
-    return true;
+    return;
   }
   size_t row = 0, host_row = 0;
   for (const ScheduledChunk& chunk : plan.chunks) {
@@ -794,7 +953,7 @@ bool Engine::step() {
     if (chunk.all_logits) seq->prompt_logits_done += chunk.num_new_tokens;
     if (!chunk.produces_logits || seq->status != SequenceStatus::kRunning) continue;
     if (on_device) {
-      if (device_masks_.dead_end(r)) {
+      if (!launched && device_masks_.dead_end(r)) {
         fail_request(seq->request, internal_error("structured output: no token can continue the output (choice {})",
                                                   seq->choice_index));
         continue;
@@ -805,7 +964,7 @@ bool Engine::step() {
                                                   "(choice {})", token, seq->choice_index));
         continue;
       }
-      append_token(seq, SampledToken{token, result->logprobs[r], {}});
+      append_token(seq, SampledToken{token, result->logprobs[r], {}}, launched ? positions[r] : -1);
       if (seq->constraint) jump_forward(seq);
       continue;
     }
@@ -821,6 +980,7 @@ bool Engine::step() {
     if (req->request.sampling.n > 1 && !req->forked) fork_children(seq, logits_row);
     sample_into(seq, logits_row);
   }
+  if (plan.held) unhold(plan);
   compact_sequences(plan);
   // With tiers below the host, the write-backs this step decided (blocks it
   // filled) run now when nothing is left running: otherwise they would wait
@@ -829,10 +989,12 @@ bool Engine::step() {
       kv_.has_pending_transfers())
     (void)run_transfers();
   // Stats before outputs, here and above: a client that sees its request end
-  // also sees its blocks freed in /metrics.
-  publish_stats(seconds_between(start, Clock::now()));
+  // also sees its blocks freed in /metrics. Overlapped steps count from one's end to the next's.
+  const auto end = Clock::now();
+  const double seconds = launched && last_step_end_ ? seconds_between(*last_step_end_, end) : seconds_between(start, end);
+  last_step_end_ = launched ? std::optional<Clock::time_point>(end) : std::nullopt;
+  publish_stats(seconds);
   flush_outputs();
-  return true;
 }
 
 void Engine::compact_sequences(const StepPlan& plan) {

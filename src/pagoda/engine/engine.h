@@ -19,6 +19,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
+#include <optional>
 #include <functional>
 #include <future>
 #include <memory>
@@ -31,6 +33,7 @@
 
 #include "pagoda/core/status.h"
 #include "pagoda/engine/latency_histogram.h"
+#include "pagoda/engine/overlap_steps.h"
 #include "pagoda/runtime/model_runner.h"
 #include "pagoda/engine/request.h"
 #include "pagoda/engine/request_timeline.h"
@@ -48,6 +51,21 @@ class LowerTierSpiller;
 
 struct EngineConfig {
   SchedulerConfig scheduler;
+  // Overlapped steps (ModelRunner::launch): while the device runs a step, the
+  // engine plans and launches the next one, and it reads a step's tokens
+  // while the device runs the next, so the host's share of a step
+  // (scheduling, KV bookkeeping, detokenizing, streaming) hides behind the
+  // device's. A step runs synchronously, as without overlap, when it needs
+  // the host between steps: rows sampled on the host or under a grammar,
+  // token eviction, tier transfers or block zeroing, a possible preemption.
+  // A sequence that stops on a token the engine sees a step late has one row
+  // computed for nothing. kAuto: on when the runner's launch() returns before
+  // the device is done (RunnerCapabilities::overlaps_steps) and no tiers below
+  // the host read host blocks beside the engine; kOn: on whenever those tiers
+  // are absent, on any runner (the default launch() runs the step at once:
+  // tests of the engine's side); kOff: never. Off by default until the GPU
+  // path is measured (docs/CUDA_BACKEND.md, "Overlapped steps").
+  OverlapSteps overlap_steps = OverlapSteps::kOff;
   // Requests submitted but not yet started; submit() past it is kResourceExhausted.
   int32_t max_queued_requests = 256;
   // Makes one decoder per sequence; default: token ids as " <id>".
@@ -98,6 +116,7 @@ struct EngineStats {
   int64_t kv_compactions = 0;     // token eviction: sequences compacted
   int64_t kv_evicted_slots = 0;   // cache slots those compactions freed
   int64_t kv_compactions_deferred = 0;  // due, but no room for the fresh blocks yet (tried again next step)
+  int64_t overlapped_steps = 0;   // steps launched while the one before still ran (EngineConfig::overlap_steps)
   kv::KvStats kv;
   runtime::TransferStats transfers;  // the runner's, between its device and host pools
   std::array<kvstore::TierIoStats, 2> lower_tiers{};  // [0] disk, [1] redis (enabled false when off)
@@ -247,7 +266,44 @@ class Engine {
   // Which settings a request runs under, checked: kInvalidArgument naming the
   // kv_compression field, or kUnimplemented when the runner cannot compact.
   StatusOr<runtime::KvCompressionConfig> resolve_kv_compression(const GenerationRequest& request) const;
-  void append_token(Sequence* seq, const SampledToken& token);
+  // Adds a token the engine now sees: appended, or, at `position` >= 0, in
+  // place of the pending token a launched step sampled there.
+  void append_token(Sequence* seq, const SampledToken& token, int32_t position = -1);
+  // One step after scheduling: its transfers, then the forward, run (execute)
+  // or launched (launch) when overlapped steps allow it.
+  bool run_step(StepPlan plan);
+  // The step's result: commits it and turns its rows into tokens, deltas and
+  // finished requests. `launched`: it went through launch() (committed to the
+  // KV manager only now); `positions`: then, per row, where its pending token
+  // sits in the sequence's tokens.
+  void finish_step(StepPlan& plan, std::span<const runtime::RowSampling> rows, StatusOr<runtime::StepResult> result,
+                   std::span<const int32_t> positions, Clock::time_point start, bool launched);
+  // Overlapped steps: a launched step, not yet collected.
+  struct LaunchedStep {
+    StepPlan plan;
+    std::vector<runtime::RowSampling> rows;
+    std::vector<int32_t> positions;  // per row: its pending token's index in the sequence's tokens
+    Clock::time_point start;
+  };
+  // Whether `plan` may be launched (overlapped) instead of executed.
+  bool launchable(const StepPlan& plan, std::span<const runtime::RowSampling> rows) const;
+  // Launches `plan`; on success its sequences count its tokens as computed and hold a pending token per row.
+  Status launch_step(StepPlan& plan, std::vector<runtime::RowSampling> rows, Clock::time_point start);
+  // Collects the oldest launched step and finishes it.
+  void collect_step();
+  void collect_all_steps();
+  // Planned steps hold their sequences: a sequence that finishes meanwhile keeps its KV blocks until
+  // the last step that carries it is finished (a launched step may still write them).
+  void hold(const StepPlan& plan);
+  void unhold(const StepPlan& plan);
+  // Inputs of `plan` that are tokens still pending on the device, to be taken from the launched step
+  // (ForwardBatch::deferred_tokens) or, once collected, from the sequences.
+  struct PendingInput {
+    int32_t token_index;
+    Sequence* seq;
+    int32_t position;
+  };
+  std::vector<PendingInput> pending_inputs(const StepPlan& plan) const;
   void finish_sequence(Sequence* seq, FinishReason reason);
   ChoiceDelta& delta_for(Sequence* seq);
   void flush_outputs();
@@ -307,6 +363,9 @@ class Engine {
   std::vector<int32_t> forced_tokens_;       // scratch of jump_forward
   DeviceMasks device_masks_;                 // this step's device-sampled constrained rows
   std::vector<float> constrained_logits_;   // scratch of sample_constrained
+  bool overlap_ = false;                    // EngineConfig::overlap_steps, resolved
+  std::deque<LaunchedStep> launched_;       // oldest first; at most two
+  std::optional<Clock::time_point> last_step_end_;  // overlapped steps' step time: end to end
 
   // Counters owned by the engine thread, published under stats_mutex_.
   mutable std::mutex stats_mutex_;

@@ -34,9 +34,14 @@ void Scheduler::add_running(Sequence* seq) {
   insert_by_arrival(running_, seq);
 }
 
-void Scheduler::remove(Sequence* seq, bool aborted) {
+void Scheduler::remove(Sequence* seq, bool aborted, bool release_kv) {
   std::erase(running_, seq);
   std::erase(waiting_, seq);
+  seq->status = SequenceStatus::kFinished;
+  if (release_kv) this->release_kv(seq, aborted);
+}
+
+void Scheduler::release_kv(Sequence* seq, bool aborted) {
   if (seq->in_kv) {
     // Both keep the computed full blocks cached; abort is counted separately.
     Status s = aborted ? kv_.abort_sequence(seq->id) : kv_.free_sequence(seq->id);
@@ -48,7 +53,6 @@ void Scheduler::remove(Sequence* seq, bool aborted) {
   seq->num_reserved = 0;
   seq->kv_evicted = 0;
   seq->swapped = false;
-  seq->status = SequenceStatus::kFinished;
 }
 
 void Scheduler::drop_kv(Sequence* seq) {
@@ -193,6 +197,7 @@ StepPlan Scheduler::schedule() {
   for (Sequence* seq : order) {
     if (budget == 0) break;
     if (seq->status != SequenceStatus::kRunning) continue;  // preempted earlier in this loop
+    if (seq->last_token_pending) continue;  // its last token is on the device: it ends when that comes
     const int32_t unreserved = static_cast<int32_t>(seq->tokens.size()) - seq->num_reserved;
     if (unreserved > 0) {
       while (kv_.blocks_needed_to_append(seq->id, unreserved) > kv_.num_available_blocks()) {
@@ -279,6 +284,16 @@ StepPlan Scheduler::schedule() {
 
 kv::NamespaceRoom Scheduler::tenant_kv_room(Sequence* seq) const {
   return kv_.namespace_room(seq->request->request.tenant_namespace, seq->tokens, seq->block_hashes.hashes());
+}
+
+void Scheduler::advance(const StepPlan& plan) {
+  for (const ScheduledChunk& chunk : plan.chunks) chunk.sequence->num_computed += chunk.num_new_tokens;
+}
+
+Status Scheduler::commit_kv(const StepPlan& plan) {
+  for (const ScheduledChunk& chunk : plan.chunks)
+    if (chunk.sequence->in_kv) PAGODA_RETURN_IF_ERROR(kv_.mark_computed(chunk.sequence->id, chunk.num_new_tokens));
+  return ok_status();
 }
 
 Status Scheduler::commit(const StepPlan& plan) {

@@ -83,6 +83,8 @@ struct StepPlan {
   std::vector<Sequence*> preempted;      // this step
   std::vector<Sequence*> admitted;       // this step, first time or after preemption
   std::vector<Sequence*> unschedulable;  // can never fit the KV cache: fail them
+  // The engine holds its sequences' KV blocks until it has finished the step (overlapped steps).
+  bool held = false;
   bool empty() const { return chunks.empty(); }
 };
 
@@ -95,8 +97,11 @@ class Scheduler {
   void enqueue(Sequence* seq, bool at_front = false);
   // A sequence already registered with the KV manager (a successful fork).
   void add_running(Sequence* seq);
-  // Drops a finished or aborted sequence and releases its KV blocks.
-  void remove(Sequence* seq, bool aborted);
+  // Drops a finished or aborted sequence and releases its KV blocks, or,
+  // with release_kv false (a launched step still writes them), keeps them
+  // until release_kv().
+  void remove(Sequence* seq, bool aborted, bool release_kv = true);
+  void release_kv(Sequence* seq, bool aborted);
   // Its K/V was lost (a failed transfer): frees its KV blocks and queues it to
   // be recomputed from its first token, ahead of new requests.
   void restart(Sequence* seq);
@@ -104,6 +109,12 @@ class Scheduler {
   StepPlan schedule();
   // After the forward: the chunks' K/V is written.
   Status commit(const StepPlan& plan);
+  // Overlapped steps, commit() in two halves: advance() at launch (the
+  // sequences count the chunks as computed, so the next step can be planned
+  // before this one ends), commit_kv() at collect (the KV manager marks them
+  // written, and full blocks enter the prefix cache only then).
+  void advance(const StepPlan& plan);
+  Status commit_kv(const StepPlan& plan);
 
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }

@@ -34,6 +34,9 @@ using Clock = std::chrono::steady_clock;
 
 enum class SequenceStatus { kWaiting, kRunning, kFinished };
 
+// A token sampled on the device and not collected yet (Sequence::tokens).
+inline constexpr int32_t kPendingToken = -1;
+
 struct RequestState;
 
 struct Sequence {
@@ -60,6 +63,20 @@ struct Sequence {
   SequenceStatus status = SequenceStatus::kWaiting;
   FinishReason finish_reason = FinishReason::kNone;
 
+  // Overlapped steps (Engine, ModelRunner::launch). A token the device sampled
+  // in a launched step that is not collected yet sits in `tokens` as
+  // kPendingToken until it is (at most two: one per launched step);
+  // num_computed already counts the launched steps' tokens, the KV manager
+  // learns of them when they are collected.
+  int32_t pending_tokens = 0;
+  int32_t pending_row = -1;     // the last launched step's row that samples the newest pending token
+  int32_t steps_in_flight = 0;  // launched steps, not yet collected, that carry this sequence
+  // Its last token (max_tokens, or the context) is pending: nothing is left to schedule.
+  bool last_token_pending = false;
+  // Finished while a launched step carried it: its KV blocks go back when that step is collected.
+  bool kv_release_pending = false;
+  bool kv_release_aborted = false;
+
   std::mt19937_64 rng;
   TokenHistory history;
   std::unique_ptr<TextDecoder> decoder;
@@ -70,6 +87,8 @@ struct Sequence {
   // Slots this sequence's computed tokens occupy in the KV cache.
   int32_t num_cached_slots() const { return num_computed - kv_evicted; }
   int32_t num_output_tokens() const { return static_cast<int32_t>(tokens.size()) - prompt_length; }
+  // Output tokens the engine has seen (not pending).
+  int32_t num_known_output_tokens() const { return num_output_tokens() - pending_tokens; }
   int32_t num_pending() const { return static_cast<int32_t>(tokens.size()) - num_computed; }
 };
 

@@ -475,6 +475,16 @@ class KvCacheManager::Impl {
     return ok_status();
   }
 
+  Status set_token(SequenceId id, int64_t position, TokenId token) {
+    Sequence* s = find(id);
+    if (s == nullptr) return not_found_error("set_token: unknown sequence {}", id);
+    if (position < s->computed || position >= static_cast<int64_t>(s->tokens.size()))
+      return out_of_range_error("set_token: sequence {}: position {} is not a reserved token past the {} computed "
+                                "(of {})", id, position, s->computed, s->tokens.size());
+    s->tokens[static_cast<size_t>(position)] = token;
+    return ok_status();
+  }
+
   Status mark_computed(SequenceId id, int64_t n) {
     Sequence* s = find(id);
     if (s == nullptr) return not_found_error("mark_computed: unknown sequence {}", id);
@@ -1149,6 +1159,9 @@ StatusOr<PrefixMatch> KvCacheManager::allocate_sequence(SequenceId seq, std::str
 Status KvCacheManager::append_tokens(SequenceId seq, std::span<const TokenId> tokens) {
   return reclaiming(impl_->append_tokens(seq, tokens));
 }
+Status KvCacheManager::set_token(SequenceId seq, int64_t position, TokenId token) {
+  return impl_->set_token(seq, position, token);
+}
 Status KvCacheManager::mark_computed(SequenceId seq, int64_t n) { return reclaiming(impl_->mark_computed(seq, n)); }
 StatusOr<std::vector<BlockCopy>> KvCacheManager::fork(SequenceId parent, SequenceId child) {
   return reclaiming(impl_->fork(parent, child));
@@ -1170,6 +1183,7 @@ bool KvCacheManager::is_compressed(SequenceId seq) const {
   return s != nullptr && s->compressed;
 }
 std::vector<BlockId> KvCacheManager::take_blocks_to_zero() { return impl_->take_blocks_to_zero(); }
+bool KvCacheManager::has_blocks_to_zero() const { return !impl_->blocks_to_zero_.empty(); }
 NamespaceKvUsage KvCacheManager::namespace_usage(std::string_view ns) const { return impl_->namespace_usage(ns); }
 Status KvCacheManager::set_namespace_block_limit(std::string_view ns, int32_t max_blocks) {
   return reclaiming(impl_->set_block_limit(ns, max_blocks));

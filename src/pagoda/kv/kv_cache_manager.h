@@ -209,6 +209,12 @@ class KvCacheManager {
   // the token just sampled). kResourceExhausted if impossible, allocating nothing.
   Status append_tokens(SequenceId seq, std::span<const TokenId> tokens);
 
+  // Sets the id of reserved token `position`, appended before its id was known
+  // (overlapped steps append a placeholder for a token still on the device).
+  // Only tokens not yet computed can change: kOutOfRange otherwise, or past
+  // the reserved tokens.
+  Status set_token(SequenceId seq, int64_t position, TokenId token);
+
   // The next `num_tokens` reserved tokens now have K/V written in the pool.
   // Blocks that become full enter the prefix cache (if enabled). A block whose
   // key is already cached stays in the table (tables are append-only: a block
@@ -289,6 +295,7 @@ class KvCacheManager {
   // Host blocks are not listed: they are only ever written whole, by a copy of
   // a device block.
   std::vector<BlockId> take_blocks_to_zero();
+  bool has_blocks_to_zero() const;
 
   // ---- The host tier ----------------------------------------------------------
 

@@ -6,6 +6,9 @@ Status validate_forward_batch(const ForwardBatch& batch, const KvPoolShape& pool
   if (batch.positions.size() != batch.token_ids.size())
     return invalid_argument_error("forward batch: {} token ids but {} positions", batch.token_ids.size(),
                                   batch.positions.size());
+  if (!batch.deferred_tokens.empty() && !limits.deferred_tokens)
+    return invalid_argument_error("forward batch: {} deferred tokens outside an overlapped launch",
+                                  batch.deferred_tokens.size());
   if (batch.num_tokens() > limits.max_num_tokens)
     return invalid_argument_error("forward batch: {} tokens, over max_num_tokens {}", batch.num_tokens(),
                                   limits.max_num_tokens);

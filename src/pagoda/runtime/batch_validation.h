@@ -21,12 +21,16 @@ struct BatchLimits {
   int64_t max_num_tokens = std::numeric_limits<int64_t>::max();
   int64_t max_num_seqs = std::numeric_limits<int64_t>::max();
   int64_t max_sequence_tokens = std::numeric_limits<int64_t>::max();  // cached + new, per sequence
+  // The runner resolves ForwardBatch::deferred_tokens itself (its own launch()); otherwise a batch with
+  // any is refused (execute() would run them as token 0).
+  bool deferred_tokens = false;
 };
 
 // kInvalidArgument naming the first inconsistency: token ids / positions of
 // different lengths, ids outside the vocabulary, negative positions, slices
 // that do not tile the token rows, a block table too short for the slice or
-// naming a block outside the pool, or more tokens / sequences than `limits`.
+// naming a block outside the pool, more tokens / sequences than `limits`, or
+// deferred tokens where `limits` takes none.
 [[nodiscard]] Status validate_forward_batch(const ForwardBatch& batch, const KvPoolShape& pool,
                                             const BatchLimits& limits);
 

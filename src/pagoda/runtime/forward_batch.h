@@ -40,10 +40,21 @@ struct SequenceSlice {
   int32_t score_from_index = std::numeric_limits<int32_t>::max();
 };
 
+// A new token whose id the caller has not seen yet: the token the runner
+// sampled for logits row `source_row` of the step launched just before this
+// one (ModelRunner::launch; overlapped steps). token_ids holds 0 there.
+struct DeferredToken {
+  int32_t token_index = 0;  // into ForwardBatch::token_ids
+  int32_t source_row = 0;   // a device-sampled row of the previous launched step
+};
+
 struct ForwardBatch {
   std::vector<int32_t> token_ids;  // new tokens of every sequence, concatenated in order
   std::vector<int32_t> positions;  // absolute position of each new token (RoPE), same length
   std::vector<SequenceSlice> sequences;
+  // Only in a batch handed to ModelRunner::launch while the step launched
+  // before it is not collected: ascending token_index, each at most once.
+  std::vector<DeferredToken> deferred_tokens;
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   // Rows of logits the forward produces, in order of sequences and then tokens.

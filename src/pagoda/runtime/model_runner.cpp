@@ -23,6 +23,47 @@ Status check_row_sampling(const ForwardBatch& batch, std::span<const RowSampling
   return ok_status();
 }
 
+Status check_launch(const ForwardBatch& batch, std::span<const RowSampling> rows, int32_t previous_rows) {
+  for (const RowSampling& row : rows)
+    if (!row.on_device || row.mask_source != nullptr)
+      return invalid_argument_error("launch: every row must be sampled on the device, without a mask source");
+  int32_t last = -1;
+  for (const DeferredToken& d : batch.deferred_tokens) {
+    if (d.token_index <= last || d.token_index >= batch.num_tokens())
+      return invalid_argument_error("launch: deferred token index {} is not ascending within [0, {})", d.token_index,
+                                    batch.num_tokens());
+    if (d.source_row < 0 || d.source_row >= previous_rows)
+      return invalid_argument_error("launch: deferred token {} names row {} of a previous step with {} rows",
+                                    d.token_index, d.source_row, previous_rows);
+    last = d.token_index;
+  }
+  return ok_status();
+}
+
+Status ModelRunner::launch(const ForwardBatch& batch, std::span<const RowSampling> rows) {
+  if (launched_.size() >= 2) return failed_precondition_error("launch: two steps are already launched");
+  const int32_t previous_rows = launched_.empty() ? 0 : static_cast<int32_t>(last_launched_tokens_.size());
+  PAGODA_RETURN_IF_ERROR(check_launch(batch, rows, previous_rows));
+  StatusOr<StepResult> result = [&]() -> StatusOr<StepResult> {
+    if (batch.deferred_tokens.empty()) return execute(batch, rows);
+    ForwardBatch resolved = batch;
+    for (const DeferredToken& d : batch.deferred_tokens)
+      resolved.token_ids[static_cast<size_t>(d.token_index)] = last_launched_tokens_[static_cast<size_t>(d.source_row)];
+    resolved.deferred_tokens.clear();
+    return execute(resolved, rows);
+  }();
+  last_launched_tokens_ = result.ok() ? result->tokens : std::vector<int32_t>{};
+  launched_.push_back(std::move(result));
+  return ok_status();
+}
+
+StatusOr<StepResult> ModelRunner::collect() {
+  if (launched_.empty()) return failed_precondition_error("collect: no launched step");
+  StatusOr<StepResult> result = std::move(launched_.front());
+  launched_.pop_front();
+  return result;
+}
+
 Status ModelRunner::transfer_blocks(std::span<const BlockTransfer> transfers) {
   if (transfers.empty()) return ok_status();
   return unimplemented_error("this model runner has no host KV pool ({} block transfers asked)", transfers.size());

@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <deque>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -140,6 +141,9 @@ struct RunnerCapabilities {
   bool kv_attention_scores = false;
   // ... and per-head budgets (pyramidkv, entropy): the attention skips the holes they leave.
   bool kv_head_budgets = false;
+  // launch() returns before the device has finished the step, so the caller's
+  // host work overlaps it (overlapped steps, ModelRunner::launch).
+  bool overlaps_steps = false;
 };
 
 class ModelRunner {
@@ -152,6 +156,23 @@ class ModelRunner {
   // (runtime/batch_validation.h), an on_device row on a runner that cannot
   // sample (or a masked row on one that cannot mask), backend failures. Nothing is written to the pool on a validation error.
   virtual StatusOr<StepResult> execute(const ForwardBatch& batch, std::span<const RowSampling> rows) = 0;
+  // Overlapped steps: launch() queues a step as execute() would run it and
+  // returns without waiting for its result; collect() returns the oldest
+  // launched step's result (or its error) and must be called once per
+  // launch(), in order. At most two steps are launched and not collected.
+  // Only a batch launched while the step before it is still uncollected may
+  // carry deferred tokens (ForwardBatch::deferred_tokens, naming that step's
+  // device-sampled rows), and only rows sampled on the device without a mask
+  // source may be launched (the caller learns nothing before collect()).
+  // Between a launch() and its collect(), the caller runs nothing else on the
+  // device (execute, copy_blocks, zero_blocks, transfer_blocks, compact_kv),
+  // and every block the launched steps name stays allocated to them.
+  // The default runs the step at launch (deferred tokens taken from the
+  // previous result) and keeps its result for collect(): right on every
+  // runner, overlapping nothing; capabilities().overlaps_steps says a runner
+  // does better.
+  virtual Status launch(const ForwardBatch& batch, std::span<const RowSampling> rows);
+  virtual StatusOr<StepResult> collect();
   // Copies blocks in every layer (copy-on-write forks); runs before the next execute().
   virtual Status copy_blocks(std::span<const BlockCopy> copies) = 0;
   // Zeroes device blocks in every layer, data and scales: blocks the KV
@@ -212,6 +233,11 @@ class ModelRunner {
   virtual int32_t vocab_size() const = 0;
   virtual int32_t max_context_length() const = 0;
   virtual std::vector<int32_t> eos_token_ids() const = 0;
+
+ private:
+  // The default launch()'s results, oldest first, and the tokens of the last launched step.
+  std::deque<StatusOr<StepResult>> launched_;
+  std::vector<int32_t> last_launched_tokens_;
 };
 
 inline Status ModelRunner::zero_blocks(std::span<const int32_t> blocks) {
@@ -241,6 +267,13 @@ inline StatusOr<std::vector<std::span<std::byte>>> ModelRunner::host_blocks_for_
 // kInvalidArgument if `rows` is neither empty nor one entry per logits row.
 [[nodiscard]] Status check_row_sampling(const ForwardBatch& batch, std::span<const RowSampling> rows,
                                         const RunnerCapabilities& capabilities);
+// The checks launch() makes: deferred tokens ascending within the batch,
+// naming rows of the previous launched step (`previous_rows` of them; 0: no
+// step to take them from), only on rows sampled on the device without a mask
+// source (kInvalidArgument otherwise).
+[[nodiscard]] Status check_launch(const ForwardBatch& batch, std::span<const RowSampling> rows,
+                                  int32_t previous_rows);
+
 // kOutOfRange naming the first transfer whose ids fall outside the pools.
 [[nodiscard]] Status check_block_transfers(std::span<const BlockTransfer> transfers, int32_t num_blocks,
                                            int32_t num_host_blocks);

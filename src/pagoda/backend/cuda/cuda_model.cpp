@@ -94,6 +94,8 @@ CudaModel::~CudaModel() {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
   }
+  for (cudaEvent_t e : {outputs_ready_[0], outputs_ready_[1], inputs_consumed_})
+    if (e != nullptr) cudaEventDestroy(e);
 }
 
 Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
@@ -121,6 +123,8 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
   options_.max_num_tokens = std::max(options_.max_num_tokens, options_.max_num_seqs);
 
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  for (cudaEvent_t* e : {&outputs_ready_[0], &outputs_ready_[1], &inputs_consumed_})
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   PAGODA_ASSIGN_OR_RETURN(gemm_, Gemm::create());
   int32_t gemv_rows = options_.gemv_max_rows;
   if (const char* env = std::getenv("PAGODA_GEMV_MAX_ROWS"); env != nullptr && *env != '\0') {
@@ -258,6 +262,7 @@ Status CudaModel::validate(const ForwardBatch& batch, const CudaKvPool& pool) co
   limits.max_num_tokens = options_.max_num_tokens;
   limits.max_num_seqs = options_.max_num_seqs;
   limits.max_sequence_tokens = max_model_len_;
+  limits.deferred_tokens = async_slot_ >= 0;
   return runtime::validate_forward_batch(batch, ps, limits);
 }
 
@@ -687,6 +692,11 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
     cudaStream_t stream;
     ~WaitAllOnExit() { waits.wait_all(stream); }
   } wait_all_on_exit{waits, stream_};
+  // The host stages this step in pinned memory that the previous step's uploads may still read.
+  if (inputs_consumed_recorded_) {
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(inputs_consumed_));
+    inputs_consumed_recorded_ = false;
+  }
   PAGODA_RETURN_IF_ERROR(validate(batch, pool));
   step_two_batch_ = false;  // graph decode steps may set it below
   const size_t vocab = static_cast<size_t>(config_.vocab_size);
@@ -706,6 +716,7 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
     PAGODA_RETURN_IF_ERROR(
         kv_scores_->prepare(batch, block_table_stride_, stream_, graph_bucket(batch), buckets_.empty() ? 0 : buckets_.back()));
   PAGODA_ASSIGN_OR_RETURN(const StepShape step, plan(batch));
+  if (!batch.deferred_tokens.empty()) PAGODA_RETURN_IF_ERROR(patch_deferred(batch));
   // Copies logit rows [row_begin, row_begin + n) of this pass to the caller.
   auto copy_out = [&](int32_t row_begin, int32_t n) -> Status {
     if (output == Output::kSampled) return sample_out(row_begin, n);
@@ -749,6 +760,7 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
     const bool scoring = kv_scores_ != nullptr && kv_scores_->active();
     PAGODA_RETURN_IF_ERROR(choose_kernel_scores(scoring, fast, step.bucket, true, batch));
     if (scoring && kernel_scores_ == nullptr) ++scoring_pass_steps_;
+    PAGODA_RETURN_IF_ERROR(mark_inputs_consumed());
     auto it = graphs_.find(graph_key(step.bucket, scoring));
     if (it != graphs_.end() && it->second.pool == &pool && it->second.fast_attention == fast &&
         it->second.kernel_mass == (kernel_scores_ != nullptr) && it->second.two_batch == step_two_batch_) {
@@ -787,6 +799,7 @@ Status CudaModel::run(const ForwardBatch& batch, CudaKvPool& pool, Output output
   const bool scoring = kv_scores_ != nullptr && kv_scores_->active();
   PAGODA_RETURN_IF_ERROR(choose_kernel_scores(scoring, fast, step.num_tokens, false, batch));
   if (scoring && kernel_scores_ == nullptr) ++scoring_pass_steps_;
+  PAGODA_RETURN_IF_ERROR(mark_inputs_consumed());
   // Only the llama-family layer loop waits layer by layer; any other forward (MLA) waits for the whole load first.
   const bool per_layer_waits = !config_.mla.has_value();
   if (!per_layer_waits) PAGODA_CUDA_RETURN_IF_ERROR(waits.wait_all(stream_));
@@ -837,11 +850,7 @@ Status CudaModel::forward_sampled(const ForwardBatch& batch, CudaKvPool& pool,
     if (host_rows[i] < 0 || host_rows[i] >= rows || (i > 0 && host_rows[i] <= host_rows[i - 1]))
       return invalid_argument_error("forward_sampled: host row {} at index {} is not ascending within [0, {})",
                                     host_rows[i], i, rows);
-  if (sampling_host_.data() == nullptr) {
-    const size_t bytes = static_cast<size_t>(max_rows_) * (sizeof(GpuSamplingParams) + 8);
-    PAGODA_ASSIGN_OR_RETURN(sampling_host_, PinnedBuffer::allocate(bytes));
-    PAGODA_ASSIGN_OR_RETURN(sampling_device_, DeviceBuffer::allocate(bytes));
-  }
+  PAGODA_RETURN_IF_ERROR(ensure_sampling_buffers());
   tokens.assign(static_cast<size_t>(rows), 0);
   logprobs.assign(static_cast<size_t>(rows), 0.0f);
   host_logits.assign(host_rows.size() * static_cast<size_t>(config_.vocab_size), 0.0f);
@@ -854,9 +863,11 @@ Status CudaModel::forward_sampled(const ForwardBatch& batch, CudaKvPool& pool,
 Status CudaModel::sample_out(int32_t row_begin, int32_t n) {
   const size_t vocab = static_cast<size_t>(config_.vocab_size);
   const size_t params_bytes = static_cast<size_t>(max_rows_) * sizeof(GpuSamplingParams);
-  auto* host_params = sampling_host_.as<GpuSamplingParams>();
+  // A launched step's slot: the host stages the next step's params while the device still reads these.
+  char* host_slot = sampling_host_.as<char>() + static_cast<size_t>(std::max(async_slot_, 0)) * sampling_slot_bytes();
+  auto* host_params = reinterpret_cast<GpuSamplingParams*>(host_slot);
   auto* device_params = sampling_device_.as<GpuSamplingParams>();
-  auto* host_tokens = reinterpret_cast<int32_t*>(sampling_host_.as<char>() + params_bytes);
+  auto* host_tokens = reinterpret_cast<int32_t*>(host_slot + params_bytes);
   auto* device_tokens = reinterpret_cast<int32_t*>(sampling_device_.as<char>() + params_bytes);
   std::copy_n(sampled_.params.data() + row_begin, n, host_params);
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_params, host_params, n * sizeof(GpuSamplingParams),
@@ -868,6 +879,10 @@ Status CudaModel::sample_out(int32_t row_begin, int32_t n) {
   // Tokens and logprobs in one copy (adjacent), then the host rows' logits.
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_tokens, device_tokens, static_cast<size_t>(max_rows_) * 8,
                                               cudaMemcpyDeviceToHost, stream_));
+  if (async_slot_ >= 0) {  // launched: collect_launched() waits for the slot
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(outputs_ready_[async_slot_], stream_));
+    return ok_status();
+  }
   const auto& host_rows = sampled_.host_rows;
   const auto first = std::lower_bound(host_rows.begin(), host_rows.end(), row_begin);
   for (auto it = first; it != host_rows.end() && *it < row_begin + n; ++it) {
@@ -879,6 +894,85 @@ Status CudaModel::sample_out(int32_t row_begin, int32_t n) {
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   std::copy_n(host_tokens, n, sampled_.tokens->data() + row_begin);
   std::copy_n(reinterpret_cast<const float*>(host_tokens + max_rows_), n, sampled_.logprobs->data() + row_begin);
+  return ok_status();
+}
+
+size_t CudaModel::sampling_slot_bytes() const {
+  return static_cast<size_t>(max_rows_) * (sizeof(GpuSamplingParams) + 8);
+}
+
+Status CudaModel::ensure_sampling_buffers() {
+  if (sampling_host_.data() != nullptr) return ok_status();
+  PAGODA_ASSIGN_OR_RETURN(sampling_host_, PinnedBuffer::allocate(2 * sampling_slot_bytes()));
+  PAGODA_ASSIGN_OR_RETURN(sampling_device_, DeviceBuffer::allocate(sampling_slot_bytes()));
+  return ok_status();
+}
+
+Status CudaModel::patch_deferred(const ForwardBatch& batch) {
+  if (sampling_device_.data() == nullptr)
+    return failed_precondition_error("cuda: deferred tokens, but no step sampled on the device before");
+  const size_t n = batch.deferred_tokens.size();
+  if (deferred_host_.data() == nullptr) {
+    const size_t bytes = static_cast<size_t>(options_.max_num_tokens) * 2 * sizeof(int32_t);
+    PAGODA_ASSIGN_OR_RETURN(deferred_host_, PinnedBuffer::allocate(bytes));
+    PAGODA_ASSIGN_OR_RETURN(deferred_device_, DeviceBuffer::allocate(bytes));
+  }
+  auto* pairs = deferred_host_.as<int32_t>();
+  for (size_t k = 0; k < n; ++k) {
+    pairs[2 * k] = batch.deferred_tokens[k].token_index;
+    pairs[2 * k + 1] = batch.deferred_tokens[k].source_row;
+  }
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(deferred_device_.data(), pairs, n * 2 * sizeof(int32_t),
+                                              cudaMemcpyHostToDevice, stream_));
+  const size_t params_bytes = static_cast<size_t>(max_rows_) * sizeof(GpuSamplingParams);
+  const auto* sampled = reinterpret_cast<const int32_t*>(sampling_device_.as<char>() + params_bytes);
+  PAGODA_CUDA_RETURN_IF_ERROR(patch_deferred_tokens(device_.token_ids, deferred_device_.as<int32_t>(),
+                                                    static_cast<int32_t>(n), sampled, stream_));
+  return ok_status();
+}
+
+Status CudaModel::mark_inputs_consumed() {
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(inputs_consumed_, stream_));
+  inputs_consumed_recorded_ = true;
+  return ok_status();
+}
+
+bool CudaModel::launchable(const ForwardBatch& batch) const {
+  if (!layer_waits_.empty() || comm_ != nullptr) return false;
+  for (const SequenceSlice& s : batch.sequences)
+    if (s.kv_state != 0) return false;  // token eviction's scoring
+  if (!options_.use_cuda_graphs || (deepseek_ && !deepseek_->graph_capable())) return false;
+  int32_t cap = options_.max_graph_batch;
+  if (deepseek_ && config_.moe && options_.moe_max_graph_batch > 0)
+    cap = cap > 0 ? std::min(cap, options_.moe_max_graph_batch) : options_.moe_max_graph_batch;
+  return choose_graph_bucket(batch, buckets_, cap) > 0 && batch.num_logit_rows() <= max_rows_;
+}
+
+Status CudaModel::forward_launched(const ForwardBatch& batch, CudaKvPool& pool,
+                                   std::span<const GpuSamplingParams> params, int slot) {
+  const int32_t rows = batch.num_logit_rows();
+  if (slot != 0 && slot != 1) return invalid_argument_error("forward_launched: slot {} (0 or 1)", slot);
+  if (static_cast<int64_t>(params.size()) != rows)
+    return invalid_argument_error("forward_launched: {} sampling params for {} logits rows", params.size(), rows);
+  PAGODA_RETURN_IF_ERROR(ensure_sampling_buffers());
+  sampled_ = SampledOutput{params, {}, nullptr, nullptr, nullptr, {}};
+  async_slot_ = slot;
+  Status status = run(batch, pool, Output::kSampled, nullptr, nullptr);
+  async_slot_ = -1;
+  sampled_ = SampledOutput{};
+  return status;
+}
+
+Status CudaModel::collect_launched(int slot, int32_t rows, std::vector<int32_t>& tokens,
+                                   std::vector<float>& logprobs) {
+  if (slot != 0 && slot != 1) return invalid_argument_error("collect_launched: slot {} (0 or 1)", slot);
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(outputs_ready_[slot]));
+  const char* host_slot = sampling_host_.as<char>() + static_cast<size_t>(slot) * sampling_slot_bytes();
+  const auto* host_tokens =
+      reinterpret_cast<const int32_t*>(host_slot + static_cast<size_t>(max_rows_) * sizeof(GpuSamplingParams));
+  tokens.assign(host_tokens, host_tokens + rows);
+  logprobs.assign(reinterpret_cast<const float*>(host_tokens + max_rows_),
+                  reinterpret_cast<const float*>(host_tokens + max_rows_) + rows);
   return ok_status();
 }
 

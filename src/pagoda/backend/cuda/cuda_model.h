@@ -174,6 +174,22 @@ class CudaModel {
                          std::vector<float>& logprobs, std::vector<float>& host_logits,
                          std::span<const runtime::RowSampling> masks = {});
 
+  // Overlapped steps (runtime::ModelRunner::launch). launchable(): whether
+  // forward_launched() takes the batch: a decode step that replays a CUDA
+  // graph, with no host-tier copies to wait for and no token-eviction
+  // scoring. forward_launched() is forward_sampled() without the wait: every
+  // row is sampled on the device with params[r], and its token and logprob go
+  // to pinned slot `slot` (0 or 1; steps launched back to back alternate),
+  // which collect_launched() reads once the device is done. The batch's
+  // deferred tokens are read on the device from the rows the previous sampled
+  // forward drew (the step launched just before, still on the device).
+  // Every forward first waits until the one before has consumed its uploads,
+  // so the host can stage a step while the device runs the previous one.
+  bool launchable(const ForwardBatch& batch) const;
+  Status forward_launched(const ForwardBatch& batch, CudaKvPool& pool, std::span<const GpuSamplingParams> params,
+                          int slot);
+  Status collect_launched(int slot, int32_t rows, std::vector<int32_t>& tokens, std::vector<float>& logprobs);
+
   // Events the next forward (one call) waits on before it touches each layer
   // of the pool: the host tier's loads issued layer by layer (kv_layer_waits.h).
   // An eager step waits for layer l's just before layer l's KV write, so the
@@ -297,6 +313,13 @@ class CudaModel {
   // Applies the token masks of rows [row_begin, row_begin + n) of forward_sampled() to logits_.
   Status mask_rows(int32_t row_begin, int32_t n);
   Status sample_out(int32_t row_begin, int32_t n);
+  // Pinned and device sampling buffers (first sampled forward): per slot on the host.
+  Status ensure_sampling_buffers();
+  size_t sampling_slot_bytes() const;
+  // Writes the batch's deferred tokens into the device token ids (after plan()).
+  Status patch_deferred(const ForwardBatch& batch);
+  // Records that this forward's uploads from pinned staging are queued (the next forward waits for them).
+  Status mark_inputs_consumed();
   Status capture_graph(int32_t bucket, bool scoring, const CudaKvPool& pool, bool fast_attention);
   // A bucket's graph with token eviction's scoring launches is kept apart from the one without.
   static int32_t graph_key(int32_t bucket, bool scoring) { return bucket * 2 + (scoring ? 1 : 0); }
@@ -376,6 +399,12 @@ class CudaModel {
   SampledOutput sampled_;
   PinnedBuffer sampling_host_;
   DeviceBuffer sampling_device_;
+  int async_slot_ = -1;         // forward_launched()'s slot during its run(), else -1
+  cudaEvent_t outputs_ready_[2] = {nullptr, nullptr};  // a launched step's tokens are in its pinned slot
+  cudaEvent_t inputs_consumed_ = nullptr;  // the last forward's uploads from pinned staging are done
+  bool inputs_consumed_recorded_ = false;
+  PinnedBuffer deferred_host_;  // int32 pairs (token index, source row) [max_num_tokens]
+  DeviceBuffer deferred_device_;
   PinnedBuffer mask_host_;      // [max_rows] row indices, then [max_rows, words] masks (first masked step)
   DeviceBuffer mask_device_;    // the same on the device
   DeviceBuffer inv_freq_;  // f32 [D / 2]

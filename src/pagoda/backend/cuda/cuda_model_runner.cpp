@@ -88,6 +88,66 @@ StatusOr<runtime::StepResult> CudaModelRunner::execute(const ForwardBatch& batch
   return out;
 }
 
+void CudaModelRunner::settle(Launched& step) {
+  if (!step.async) return;
+  runtime::StepResult out;
+  const Status status = model_->collect_launched(step.slot, step.rows, out.tokens, out.logprobs);
+  step.result = status.ok() ? StatusOr<runtime::StepResult>(std::move(out)) : StatusOr<runtime::StepResult>(status);
+  step.async = false;
+}
+
+Status CudaModelRunner::launch(const ForwardBatch& batch, std::span<const runtime::RowSampling> rows) {
+  if (launched_.size() >= 2) return failed_precondition_error("launch: two steps are already launched");
+  PAGODA_RETURN_IF_ERROR(runtime::check_row_sampling(batch, rows, capabilities()));
+  PAGODA_RETURN_IF_ERROR(runtime::check_launch(batch, rows, launched_.empty() ? 0 : launched_.back().rows));
+  std::vector<GpuSamplingParams> params(rows.size());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const runtime::RowSampling& row = rows[r];
+    params[r] = GpuSamplingParams{row.temperature, row.top_k, row.top_p, row.min_p, row.seed, row.step};
+  }
+  const int32_t num_rows = static_cast<int32_t>(rows.size());
+  // Deferred tokens of a step that ran synchronously are known on the host: they go in as plain ids.
+  const bool from_device = !launched_.empty() && launched_.back().async;
+  const bool queue = model_->launchable(batch) && !(host_ && host_->layer_waits_pending());
+  if (!queue)
+    for (Launched& step : launched_) settle(step);  // a synchronous step waits for the queued ones
+  ForwardBatch resolved;
+  const ForwardBatch* run = &batch;
+  if (!batch.deferred_tokens.empty() && !(queue && from_device)) {
+    const std::optional<StatusOr<runtime::StepResult>>& previous = launched_.back().result;
+    if (!previous->ok()) {
+      launched_.push_back(Launched{false, 0, num_rows, previous->status()});
+      return ok_status();
+    }
+    resolved = batch;
+    for (const DeferredToken& d : batch.deferred_tokens)
+      resolved.token_ids[static_cast<size_t>(d.token_index)] = (*previous)->tokens[static_cast<size_t>(d.source_row)];
+    resolved.deferred_tokens.clear();
+    run = &resolved;
+  }
+  if (queue) {
+    const int slot = next_slot_;
+    next_slot_ ^= 1;
+    const Status status = model_->forward_launched(*run, *pool_, params, slot);
+    if (status.ok()) {
+      launched_.push_back(Launched{true, slot, num_rows, std::nullopt});
+    } else {
+      launched_.push_back(Launched{false, 0, num_rows, status});
+    }
+    return ok_status();
+  }
+  launched_.push_back(Launched{false, 0, num_rows, execute(*run, rows)});
+  return ok_status();
+}
+
+StatusOr<runtime::StepResult> CudaModelRunner::collect() {
+  if (launched_.empty()) return failed_precondition_error("collect: no launched step");
+  Launched step = std::move(launched_.front());
+  launched_.pop_front();
+  settle(step);
+  return std::move(*step.result);
+}
+
 StatusOr<std::vector<int32_t>> CudaModelRunner::execute_greedy(const ForwardBatch& batch) {
   std::vector<int32_t> tokens;
   hand_layer_waits_to_model();

@@ -22,6 +22,8 @@
 // Thread safety: the engine thread only (ModelRunner's contract).
 
 #include <cstdint>
+#include <deque>
+#include <optional>
 #include <memory>
 #include <span>
 #include <string>
@@ -63,6 +65,13 @@ class CudaModelRunner final : public runtime::ModelRunner {
   // rows' logits cross PCIe. No rows: every row's logits come back.
   StatusOr<runtime::StepResult> execute(const ForwardBatch& batch,
                                         std::span<const runtime::RowSampling> rows) override;
+  // Overlapped steps: a graph decode step (CudaModel::launchable) is queued
+  // and launch() returns at once, its deferred tokens read on the device;
+  // collect() waits for its tokens. Any other step runs synchronously at
+  // launch, after the steps before it are done (their tokens read, which also
+  // gives its deferred tokens), and collect() hands back its result.
+  Status launch(const ForwardBatch& batch, std::span<const runtime::RowSampling> rows) override;
+  StatusOr<runtime::StepResult> collect() override;
   Status copy_blocks(std::span<const runtime::BlockCopy> copies) override;
   Status transfer_blocks(std::span<const runtime::BlockTransfer> transfers) override;
   Status zero_blocks(std::span<const int32_t> blocks) override;
@@ -82,7 +91,8 @@ class CudaModelRunner final : public runtime::ModelRunner {
             .compacts_kv = !model_->config().mla && model_->config().sliding_window <= 0 && !shared(),
             .kv_attention_scores = !shared(),
             .kv_head_budgets =
-                kv_head_budgets_ && !model_->config().mla && model_->config().sliding_window <= 0 && !shared()};
+                kv_head_budgets_ && !model_->config().mla && model_->config().sliding_window <= 0 && !shared(),
+            .overlaps_steps = true};
   }
   // Token eviction (docs/KV_CACHE.md "Token eviction"): streaming, h2o and
   // snapkv, whose (layer, KV head)s all keep the same count, so the
@@ -130,6 +140,17 @@ class CudaModelRunner final : public runtime::ModelRunner {
 
   std::unique_ptr<CudaModel> model_;
   std::unique_ptr<CudaKvPool> pool_;
+  // Launched steps, oldest first: queued on the device (async, in pinned slot `slot`) or already run.
+  struct Launched {
+    bool async = false;
+    int slot = 0;
+    int32_t rows = 0;
+    std::optional<StatusOr<runtime::StepResult>> result;  // when not async
+  };
+  std::deque<Launched> launched_;
+  int next_slot_ = 0;
+  // Waits for a queued step and keeps its result.
+  void settle(Launched& step);
   // The host pool's pending layer events go to the model's next forward.
   void hand_layer_waits_to_model();
 

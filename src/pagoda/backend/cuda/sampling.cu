@@ -482,4 +482,21 @@ double sampling_uniform(uint64_t seed, uint64_t step, int32_t token) {
   return (static_cast<double>(draw_bits(seed, step, token)) + 0.5) * 2.3283064365386963e-10;
 }
 
+namespace {
+__global__ void patch_deferred_tokens_kernel(int32_t* token_ids, const int32_t* pairs, int32_t count,
+                                             const int32_t* sampled) {
+  const int32_t k = static_cast<int32_t>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (k < count) token_ids[pairs[2 * k]] = sampled[pairs[2 * k + 1]];
+}
+}  // namespace
+
+cudaError_t patch_deferred_tokens(int32_t* token_ids, const int32_t* pairs, int32_t count, const int32_t* sampled,
+                                  cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  patch_deferred_tokens_kernel<<<(count + kThreads - 1) / kThreads, kThreads, 0, stream>>>(token_ids, pairs, count,
+                                                                                            sampled);
+  return cudaGetLastError();
+}
+
 }  // namespace pagoda::cuda

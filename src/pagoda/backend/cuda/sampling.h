@@ -72,6 +72,11 @@ cudaError_t sample_rows_with_cuts(const float* logits, int32_t rows, int32_t voc
 cudaError_t apply_token_masks(float* logits, int32_t vocab, const int32_t* rows, const uint64_t* masks,
                               int32_t count, cudaStream_t stream);
 
+// Overlapped steps (ModelRunner::launch): for k < count, token_ids[pairs[2k]] = sampled[pairs[2k + 1]]:
+// a step's inputs that are the tokens the step before it sampled, still on the device. All device memory.
+cudaError_t patch_deferred_tokens(int32_t* token_ids, const int32_t* pairs, int32_t count, const int32_t* sampled,
+                                  cudaStream_t stream);
+
 // The uniform in (0, 1) the draw uses for (seed, step, token): exposed so tests
 // can check the generator itself. Host-callable mirror of the device code.
 double sampling_uniform(uint64_t seed, uint64_t step, int32_t token);
