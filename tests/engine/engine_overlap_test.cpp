@@ -8,6 +8,9 @@
 // one whose launch() queues the step and runs it only at collect() (as a
 // device runs its queue), and the default launch() that runs it at once.
 
+#include <chrono>
+#include <thread>
+
 #include <gtest/gtest.h>
 
 #include "engine_harness.h"
@@ -198,7 +201,9 @@ TEST_P(EngineOverlap, AbortWhileAStepIsLaunchedFreesEverything) {
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (int i = 0; i < 4; ++i) streams.push_back(*h.engine->submit(request(test_prompt(5, 90 + i), 30)));
   for (int s = 0; s < 6; ++s) ASSERT_TRUE(h.engine->step());
-  if (lazy()) EXPECT_GT(h.runner.steps_queued(), 0u) << "a step is on the 'device' when the abort comes";
+  if (lazy()) {
+    EXPECT_GT(h.runner.steps_queued(), 0u) << "a step is on the 'device' when the abort comes";
+  }
   h.engine->abort(streams[1]->id());
   h.engine->abort(streams[2]->id());
   h.run_checked();
@@ -253,6 +258,128 @@ TEST_P(EngineOverlap, AFailedLaunchedStepFailsItsRequestsAndFreesTheirBlocks) {
   EXPECT_EQ(h.runner.steps_queued(), 0u);
 }
 
+TEST_P(EngineOverlap, ATenantsCapNeverPreemptsALaunchedSequence) {
+  // Tenant "a" may hold 4 blocks of 4 tokens; two requests of 6 + 8 tokens cannot both grow. The pool has
+  // room, so planning ahead goes on; a sequence a launched step carries sits a step out instead of being
+  // preempted under it, and is preempted (or not) only once that step is in.
+  auto submit = [&](Harness& h) {
+    EXPECT_TRUE(h.kv->set_namespace_block_limit("a", 4).ok());
+    std::vector<std::shared_ptr<RequestStream>> s;
+    for (int i = 0; i < 2; ++i) {
+      GenerationRequest r = request(test_prompt(6, 300 + i), 8);
+      r.tenant_namespace = "a";
+      s.push_back(*h.engine->submit(std::move(r)));
+    }
+    return s;
+  };
+  const Outcome sync = run(false, lazy(), submit);
+  const Outcome overlapped = run(true, lazy(), submit);
+  ASSERT_GT(sync.stats.preemptions, 0) << "the test needs the cap to preempt";
+  expect_same(sync, overlapped);
+  EXPECT_EQ(overlapped.free_blocks, 256);
+}
+
+TEST_P(EngineOverlap, AFailedStepNeverLeavesItsBlocksInThePrefixCache) {
+  // A prompt prefilled 4 tokens a step: its first chunk fails while the second is already launched (and
+  // succeeds). Nothing the failed request computed may be cached: the same prompt again gets no hit.
+  SchedulerConfig sched;
+  sched.max_tokens_per_step = 4;
+  OverlapHarness h(true, lazy(), 256, 4, sched);
+  const std::vector<int32_t> prompt = test_prompt(16, 500);
+  auto a = *h.engine->submit(request(prompt, 4));
+  ASSERT_TRUE(h.engine->step());  // launches chunk [0, 4)
+  h.runner.fail_next = true;      // the next step the runner runs fails
+  h.run_checked();
+  const Collected ca = drain(*a);
+  EXPECT_TRUE(ca.finished);
+  EXPECT_EQ(ca.error_code, StatusCode::kInternal);
+  auto b = *h.engine->submit(request(prompt, 4));
+  h.run_checked();
+  const Collected cb = drain(*b);
+  EXPECT_EQ(cb.error_code, StatusCode::kOk);
+  // With the queueing runner the failure is the first chunk's (nothing of the request was written); the
+  // runner that runs at launch had already run the first chunk when the failure came (the second's).
+  EXPECT_EQ(cb.usage.cached_tokens, lazy() ? 0 : 4) << "only blocks a successful step wrote are cached";
+  EXPECT_EQ(cb.tokens[0], h.runner.reference_greedy(prompt, 4));
+  EXPECT_EQ(h.kv->num_available_blocks(), 256);
+}
+
+TEST_P(EngineOverlap, ShutdownWithALaunchedStepFinishesEverything) {
+  OverlapHarness h(true, lazy());
+  auto a = *h.engine->submit(request(test_prompt(6, 600), 20));
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(h.engine->step());
+  h.engine->shutdown(std::chrono::milliseconds(0));
+  EXPECT_TRUE(drain(*a).finished);
+  EXPECT_EQ(h.kv->num_available_blocks(), 256);
+  EXPECT_EQ(h.runner.steps_queued(), 0u);
+}
+
+TEST_P(EngineOverlap, ThreadedAbortsAndShutdownLeakNothing) {
+  OverlapHarness h(true, lazy());
+  h.engine->start();
+  std::vector<std::shared_ptr<RequestStream>> s;
+  for (int i = 0; i < 8; ++i) s.push_back(*h.engine->submit(request(test_prompt(5 + i, 1000 + i), 200)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  h.engine->abort(s[0]->id());
+  h.engine->abort(s[3]->id());
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  h.engine->shutdown(std::chrono::milliseconds(0));
+  for (auto& st : s) EXPECT_TRUE(drain(*st).finished);
+  EXPECT_EQ(h.kv->num_available_blocks(), 256);
+  EXPECT_EQ(h.runner.steps_queued(), 0u);
+}
+
+TEST_P(EngineOverlap, ForksStopStringsAndStopTokensGiveTheSynchronousOutputs) {
+  // n = 3 (its first token on the host, then forks sampled on the device), stop strings and a stop
+  // token id, seeded sampling: every choice's tokens, text and finish as without overlap.
+  std::vector<Collected> out[2];
+  int free_blocks[2];
+  for (int o = 0; o < 2; ++o) {
+    OverlapHarness h(o == 1, lazy());
+    std::vector<std::shared_ptr<RequestStream>> s;
+    std::vector<int> ns;
+    for (int i = 0; i < 6; ++i) {
+      GenerationRequest r = request(test_prompt(5 + i, 700 + i), 12 + i, 1.0f, 900 + i);
+      if (i % 3 == 0) r.sampling.n = 3;
+      if (i % 3 == 1) r.sampling.stop = {"<25>", "5> <3"};
+      if (i == 2) r.sampling.stop_token_ids = {25};
+      ns.push_back(r.sampling.n);
+      s.push_back(*h.engine->submit(std::move(r)));
+    }
+    h.run_checked();
+    for (size_t i = 0; i < s.size(); ++i) out[o].push_back(drain(*s[i], ns[i]));
+    free_blocks[o] = h.kv->num_available_blocks();
+  }
+  for (size_t i = 0; i < out[0].size(); ++i) {
+    EXPECT_TRUE(out[1][i].finished) << i;
+    EXPECT_EQ(out[0][i].tokens, out[1][i].tokens) << i;
+    EXPECT_EQ(out[0][i].text, out[1][i].text) << i;
+    EXPECT_EQ(out[0][i].finish, out[1][i].finish) << i;
+    EXPECT_EQ(out[0][i].usage.completion_tokens, out[1][i].usage.completion_tokens) << i;
+  }
+  EXPECT_EQ(free_blocks[0], free_blocks[1]);
+}
+
+TEST_P(EngineOverlap, TheContextLimitEndsSequencesAsWithoutOverlap) {
+  for (const int32_t context : {9, 10, 11}) {
+    Harness a(256, 4, {}, 256, {}, context, 0, OverlapSteps::kOff);
+    Harness b(256, 4, {}, 256, {}, context, 0, OverlapSteps::kOn);
+    for (Harness* h : {&a, &b}) {
+      h->runner.device_sampling = true;
+      h->runner.lazy_launch = lazy();
+    }
+    auto sa = *a.engine->submit(request(test_prompt(5, 800), context - 5));
+    auto sb = *b.engine->submit(request(test_prompt(5, 800), context - 5));
+    a.run_checked();
+    b.run_checked();
+    const Collected ca = drain(*sa), cb = drain(*sb);
+    EXPECT_TRUE(cb.finished) << context;
+    EXPECT_EQ(ca.tokens, cb.tokens) << context;
+    EXPECT_EQ(ca.finish, cb.finish) << context;
+    EXPECT_EQ(b.kv->num_available_blocks(), 256) << context;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Runners, EngineOverlap, ::testing::Values(true, false),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return std::string(info.param ? "LaunchQueues" : "LaunchRunsAtOnce");
@@ -263,7 +390,9 @@ TEST(EngineOverlapAuto, OnlyARunnerThatOverlapsGetsLaunchedSteps) {
     Harness h(64, 4, {}, 256, {}, 4096, 0, OverlapSteps::kAuto);
     h.runner.device_sampling = true;
     h.runner.lazy_launch = overlaps;  // the engine reads the capability at construction: rebuild it
-    h.engine = std::make_unique<Engine>(EngineConfig{.overlap_steps = OverlapSteps::kAuto}, h.runner, *h.kv);
+    EngineConfig config;
+    config.overlap_steps = OverlapSteps::kAuto;
+    h.engine = std::make_unique<Engine>(config, h.runner, *h.kv);
     auto stream = *h.engine->submit(request(test_prompt(5, 1), 6));
     h.run_checked();
     EXPECT_TRUE(drain(*stream).finished);

@@ -480,8 +480,9 @@ void Engine::append_token(Sequence* seq, const SampledToken& token, int32_t posi
   } else {
     seq->tokens[static_cast<size_t>(position)] = token.token;
     --seq->pending_tokens;
-    // Not computed yet (it is the next step's input): the KV manager hashes it once it is.
-    if (seq->in_kv) {
+    // Reserved by a later plan but not computed yet (it is that step's input): the KV manager hashes it
+    // once it is. Not reserved yet: the next plan reserves it from `tokens`.
+    if (seq->in_kv && position < seq->num_reserved) {
       const Status set = kv_.set_token(seq->id, position, token.token);
       assert(set.ok());
       (void)set;

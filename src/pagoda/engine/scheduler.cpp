@@ -129,6 +129,7 @@ Sequence* Scheduler::pick_victim(const std::vector<Sequence*>& planned, Sequence
     if (s == requester) continue;
     if (std::find(planned.begin(), planned.end(), s) != planned.end()) continue;
     if (s->arrival_order < requester->arrival_order) break;  // never preempt an older one
+    if (s->steps_in_flight > 0) continue;  // a launched step still writes its blocks
     return s;
   }
   return requester;
@@ -199,7 +200,13 @@ StepPlan Scheduler::schedule() {
     if (seq->status != SequenceStatus::kRunning) continue;  // preempted earlier in this loop
     if (seq->last_token_pending) continue;  // its last token is on the device: it ends when that comes
     const int32_t unreserved = static_cast<int32_t>(seq->tokens.size()) - seq->num_reserved;
-    if (unreserved > 0) {
+    if (unreserved > 0 && seq->steps_in_flight > 0) {
+      // A launched step still writes its blocks: it is never preempted now. If it cannot grow (the
+      // pool, or its tenant's cap), it sits this step out and is planned again once that step is in.
+      std::span<const int32_t> tail(seq->tokens.data() + seq->num_reserved, unreserved);
+      if (!kv_.append_tokens(seq->id, tail).ok()) continue;
+      seq->num_reserved += unreserved;
+    } else if (unreserved > 0) {
       while (kv_.blocks_needed_to_append(seq->id, unreserved) > kv_.num_available_blocks()) {
         Sequence* victim = pick_victim(planned, seq);
         preempt(victim, plan);
@@ -291,15 +298,20 @@ void Scheduler::advance(const StepPlan& plan) {
 }
 
 Status Scheduler::commit_kv(const StepPlan& plan) {
-  for (const ScheduledChunk& chunk : plan.chunks)
-    if (chunk.sequence->in_kv) PAGODA_RETURN_IF_ERROR(kv_.mark_computed(chunk.sequence->id, chunk.num_new_tokens));
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    const Sequence* seq = chunk.sequence;
+    // A sequence that ended meanwhile (aborted, failed, stopped a step late) keeps its blocks only
+    // until the step is finished: what this step wrote for it is never offered to the prefix cache.
+    if (!seq->in_kv || seq->status == SequenceStatus::kFinished) continue;
+    PAGODA_RETURN_IF_ERROR(kv_.mark_computed(seq->id, chunk.num_new_tokens));
+  }
   return ok_status();
 }
 
 Status Scheduler::commit(const StepPlan& plan) {
   for (const ScheduledChunk& chunk : plan.chunks) {
     Sequence* seq = chunk.sequence;
-    if (!seq->in_kv) continue;  // aborted while the forward ran
+    if (!seq->in_kv || seq->status == SequenceStatus::kFinished) continue;  // ended while the forward ran
     PAGODA_RETURN_IF_ERROR(kv_.mark_computed(seq->id, chunk.num_new_tokens));
     seq->num_computed += chunk.num_new_tokens;
   }

@@ -23,6 +23,9 @@
 //     prefill_join_limit > 0, nothing is admitted into a step whose prefill
 //     chunks already hold that many tokens either: the newcomer starts in the
 //     next step (see SchedulerConfig).
+// Overlapped steps: a sequence that a launched step still carries
+// (Sequence::steps_in_flight) is never preempted; if it cannot grow it sits
+// the step out and is planned once that step is collected.
 // Progress: the oldest running sequence is never preempted for a younger one,
 // so it always advances; a request that could never fit in the KV cache even
 // alone is reported as failed instead of waiting forever.
