@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 build="${BUILD_DIR:-build-fuzz}"
 jobs="${JOBS:-2}"
 labels="${LABELS:-unit|kv|security|e2e}"
-targets=${TARGETS:-"pagoda_cli core_tests kv_tests kv_property_tests kv_security_tests kvcalc_tests kvstore_tests
+targets=${TARGETS:-"pagoda_cli core_tests kv_tests kv_property_tests kv_security_tests kvcalc_tests kvstore_tests kv_tier_settings_tests
   pagoda_tokenizer_unit_test pagoda_grammar_unit_test chat_jinja_compatibility_test chat_template_test
   chat_template_errors_test chat_value_test chat_render_chat_cli_test model_tests tensor_shard_test kernels_tests
   thread_communicator_test cpu_host_tier_tests cpu_lower_tier_tests kv_eviction_tests cross_layer_share_tests

@@ -30,6 +30,20 @@ void add_kv_tier_flags(CLI::App& cmd, KvTierFlags& flags) {
                "Refuse to start when --kv-offload-redis cannot be reached");
 }
 
+std::string kv_tier_settings(const backend::RunnerSpec& spec, int32_t block_size, size_t block_bytes,
+                             const KvPoolShape& geometry) {
+  std::string settings =
+      fmt::format("device={} k={} v={} block_size={} block_bytes={} weight_seed={}", backend::device_name(spec.device),
+                  dtype_name(spec.key_dtype), dtype_name(spec.value_dtype), block_size, block_bytes,
+                  spec.model_dir.empty() ? spec.weight_seed : 0);
+  // A tensor-parallel host block is the ranks' blocks in rank order: another byte layout than TP=1's.
+  if (spec.tensor_parallel_size > 1) settings += fmt::format(" tensor_parallel_size={}", spec.tensor_parallel_size);
+  // Swizzled latent pages hold the same bytes per block as token-major ones, laid out otherwise.
+  if (geometry.latent && geometry.latent_pages != runtime::MlaLatentPages::kTokenMajor)
+    settings += fmt::format(" mla_pages={}", runtime::mla_latent_pages_name(geometry.latent_pages));
+  return settings;
+}
+
 StatusOr<std::unique_ptr<kvstore::LowerTiers>> open_kv_tiers(const KvTierFlags& flags,
                                                              const backend::RunnerSetup& setup,
                                                              kv::KvCacheConfig& kv_config,
@@ -45,14 +59,7 @@ StatusOr<std::unique_ptr<kvstore::LowerTiers>> open_kv_tiers(const KvTierFlags& 
     return unimplemented_error("{}: this device's model runner cannot read its host blocks", which);
   const size_t block_bytes = runtime::host_block_layout(setup.runner->kv_geometry()).block_bytes();
   const backend::RunnerSpec& spec = setup.spec;
-  const std::string kv_settings =
-      fmt::format("device={} k={} v={} block_size={} block_bytes={} weight_seed={}", backend::device_name(spec.device),
-                  dtype_name(spec.key_dtype), dtype_name(spec.value_dtype), setup.block_size, block_bytes,
-                  spec.model_dir.empty() ? spec.weight_seed : 0);
-  // A tensor-parallel host block is the ranks' blocks in rank order: another byte layout than TP=1's.
-  const std::string settings = spec.tensor_parallel_size > 1
-                                   ? fmt::format("{} tensor_parallel_size={}", kv_settings, spec.tensor_parallel_size)
-                                   : kv_settings;
+  const std::string settings = kv_tier_settings(spec, setup.block_size, block_bytes, setup.runner->kv_geometry());
   PAGODA_ASSIGN_OR_RETURN(const std::string fingerprint,
                           kvstore::model_fingerprint(spec.model_dir, spec.config_path, settings));
 

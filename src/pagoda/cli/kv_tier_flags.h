@@ -36,6 +36,13 @@ struct KvTierFlags {
 
 void add_kv_tier_flags(CLI::App& cmd, KvTierFlags& flags);
 
+// The KV settings the tiers' model fingerprint covers (kvstore::model_fingerprint): every setting that
+// changes what a host block's bytes mean (device, K/V dtypes, block size and bytes, random weights' seed,
+// the tensor-parallel size, an MLA latent pool's block layout), so a block stored under other settings
+// is never a hit. Settings of the pools before a setting was added give the same string as before.
+std::string kv_tier_settings(const backend::RunnerSpec& spec, int32_t block_size, size_t block_bytes,
+                             const KvPoolShape& geometry);
+
 // Opens the tiers the flags ask for (null when none) and sets what the KV
 // manager needs for them in `kv_config` (stable keys under the model
 // fingerprint, host write-through). `warn` gets the unreachable-redis warning.

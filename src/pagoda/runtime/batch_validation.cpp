@@ -58,12 +58,14 @@ Status check_pool_matches(const KvPoolShape& pool, const KvPoolShape& expected) 
       pool.head_dim != expected.head_dim || pool.block_size != expected.block_size ||
       pool.key_dtype != expected.key_dtype || pool.value_dtype != expected.value_dtype ||
       pool.latent != expected.latent || pool.latent_rope_dim != expected.latent_rope_dim ||
-      pool.cross_layer_share != expected.cross_layer_share)
+      pool.cross_layer_share != expected.cross_layer_share || pool.latent_pages != expected.latent_pages)
     return invalid_argument_error(
         "KV pool ({}layers={} (cross-layer share {}) kv_heads={} head_dim={} block_size={} kv dtypes={}/{}) does not fit the model "
         "({}layers={} (cross-layer share {}) kv_heads={} head_dim={} block_size={} kv dtypes={}/{})",
-        pool.latent ? "MLA latent, " : "", pool.num_layers, pool.cross_layer_share, pool.num_kv_heads, pool.head_dim, pool.block_size, dtype_name(pool.key_dtype),
-        dtype_name(pool.value_dtype), expected.latent ? "MLA latent, " : "", expected.num_layers,
+        pool.latent ? fmt::format("MLA latent ({} pages), ", runtime::mla_latent_pages_name(pool.latent_pages)) : "", pool.num_layers, pool.cross_layer_share, pool.num_kv_heads, pool.head_dim, pool.block_size, dtype_name(pool.key_dtype),
+        dtype_name(pool.value_dtype),
+        expected.latent ? fmt::format("MLA latent ({} pages), ", runtime::mla_latent_pages_name(expected.latent_pages))
+                        : "", expected.num_layers,
         expected.cross_layer_share, expected.num_kv_heads, expected.head_dim, expected.block_size, dtype_name(expected.key_dtype),
         dtype_name(expected.value_dtype));
   return ok_status();

@@ -14,6 +14,8 @@
 // an fp8 latent pool stores per token one record of runtime/mla_fp8_layout.h
 // (FlashMLA's 656 B for 512 + 64; no scale pool), which needs it.
 // Block ids, block tables and copies are the same as for K/V pools.
+// latent_pages: how a bf16 latent pool lays out a block's rows
+// (runtime/mla_latent_layout.h); token-major everywhere else.
 
 #include <cstddef>
 #include <cstdint>
@@ -21,6 +23,7 @@
 #include "pagoda/core/dtype.h"
 #include "pagoda/runtime/cross_layer_share.h"
 #include "pagoda/runtime/kv_sizing.h"
+#include "pagoda/runtime/mla_latent_layout.h"
 
 namespace pagoda {
 
@@ -40,6 +43,7 @@ struct KvPoolShape {
   // (token, KV head) a K and a V record of share().norm_record() f32 norms.
   int32_t cross_layer_share = 1;
   int32_t latent_rope_dim = 0;  // MLA: qk_rope_head_dim, the last values of each cached vector
+  runtime::MlaLatentPages latent_pages = runtime::MlaLatentPages::kTokenMajor;  // MLA bf16: the block layout
 
   // Bytes of one cached vector of the latent pool (kv_sizing.h's mla_vector_bytes).
   size_t latent_vector_bytes() const {

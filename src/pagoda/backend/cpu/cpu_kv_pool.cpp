@@ -63,6 +63,9 @@ StatusOr<CpuKvPool> CpuKvPool::create(const KvPoolShape& shape) {
   if (shape.latent && (shape.latent_rope_dim < 0 || shape.latent_rope_dim >= shape.head_dim))
     return invalid_argument_error("MLA latent pool: latent_rope_dim {} must be in [0, head_dim {})",
                                   shape.latent_rope_dim, shape.head_dim);
+  if (shape.latent_pages != runtime::MlaLatentPages::kTokenMajor)
+    return invalid_argument_error("CPU KV pool: {} latent pages are a GPU layout; the CPU's pools are token-major",
+                                  runtime::mla_latent_pages_name(shape.latent_pages));
   if (shape.cross_layer_share < 1 || (shape.cross_layer_share > 1 && shape.latent))
     return invalid_argument_error("cross-layer KV sharing {}: must be >= 1 and not on an MLA latent pool",
                                   shape.cross_layer_share);

@@ -112,6 +112,17 @@ StatusOr<std::unique_ptr<CudaKvPool>> CudaKvPool::create(const KvPoolShape& shap
         "CUDA MLA latent pool: latent_rope_dim {} must be in [0, head_dim {}), and an fp8 pool's latent "
         "(head_dim - latent_rope_dim) a multiple of 8", shape.latent_rope_dim, shape.head_dim);
   }
+  if (shape.latent_pages != runtime::MlaLatentPages::kTokenMajor) {
+    if (!shape.latent || !runtime::mla_swizzled_pages_apply(shape.head_dim, shape.key_dtype == DType::kBF16,
+                                                            shape.block_size))
+      return invalid_argument_error(
+          "CUDA KV pool: {} pages need a bf16 MLA latent pool with head_dim a multiple of 64 and block_size a "
+          "multiple of 8 (got {}{} head_dim={} block_size={})", runtime::mla_latent_pages_name(shape.latent_pages),
+          shape.latent ? "" : "a K/V pool, ", dtype_name(shape.key_dtype), shape.head_dim, shape.block_size);
+    // No kernel reads or writes them yet (docs/MLA_SWIZZLED_PAGES.md, stage 2): a pool they would misread is refused.
+    return unimplemented_error("CUDA MLA latent pool: {} pages are not read by any kernel yet",
+                               runtime::mla_latent_pages_name(shape.latent_pages));
+  }
   for (DType dtype : {shape.key_dtype, shape.value_dtype}) {
     if (!kv_quant_of(dtype))
       return unimplemented_error("CUDA KV pool dtype {}: bf16, fp8, int8 or int4", dtype_name(dtype));
@@ -138,7 +149,8 @@ DevicePagedKvLayer CudaKvPool::layer(int32_t layer) const {
                             *kv_quant_of(shape_.key_dtype),
                             *kv_quant_of(shape_.value_dtype),
                             at(key_scale_),
-                            at(value_scale_)};
+                            at(value_scale_),
+                            shape_.latent_pages};
 }
 
 DeviceKvShare CudaKvPool::share(int32_t layer) const {

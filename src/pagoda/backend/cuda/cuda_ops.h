@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 
 #include "pagoda/runtime/kv_quant.h"
+#include "pagoda/runtime/mla_latent_layout.h"
 
 namespace pagoda::cuda {
 
@@ -87,6 +88,8 @@ struct DevicePagedKvLayer {
   kernels::KvQuant value_dtype = kernels::KvQuant::kNone;
   void* key_scale = nullptr;
   void* value_scale = nullptr;
+  // A bf16 MLA latent pool's block layout (runtime/mla_latent_layout.h); token-major for every other pool.
+  runtime::MlaLatentPages latent_pages = runtime::MlaLatentPages::kTokenMajor;
 };
 
 // vLLM's reshape_and_cache: k and v rows [num_tokens, num_kv_heads * head_dim]
