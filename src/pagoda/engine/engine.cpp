@@ -852,19 +852,19 @@ std::vector<Engine::PendingInput> Engine::pending_inputs(const StepPlan& plan) c
   return out;
 }
 
-void Engine::hold(const StepPlan& plan) {
+void Engine::hold(StepPlan& plan) {
   for (const ScheduledChunk& chunk : plan.chunks) ++chunk.sequence->steps_in_flight;
-  const_cast<StepPlan&>(plan).held = true;
+  plan.held = true;
 }
 
-void Engine::unhold(const StepPlan& plan) {
+void Engine::unhold(StepPlan& plan) {
   for (const ScheduledChunk& chunk : plan.chunks) {
     Sequence* seq = chunk.sequence;
     if (--seq->steps_in_flight > 0 || !seq->kv_release_pending) continue;
     seq->kv_release_pending = false;
     scheduler_.release_kv(seq, seq->kv_release_aborted);
   }
-  const_cast<StepPlan&>(plan).held = false;
+  plan.held = false;
 }
 
 Status Engine::launch_step(StepPlan& plan, std::vector<runtime::RowSampling> rows, Clock::time_point start) {

@@ -294,8 +294,8 @@ class Engine {
   void collect_all_steps();
   // Planned steps hold their sequences: a sequence that finishes meanwhile keeps its KV blocks until
   // the last step that carries it is finished (a launched step may still write them).
-  void hold(const StepPlan& plan);
-  void unhold(const StepPlan& plan);
+  void hold(StepPlan& plan);
+  void unhold(StepPlan& plan);
   // Inputs of `plan` that are tokens still pending on the device, to be taken from the launched step
   // (ForwardBatch::deferred_tokens) or, once collected, from the sequences.
   struct PendingInput {

@@ -274,7 +274,12 @@ void CudaModel::set_mla_prefill_tuning(const CudaMlaPrefill::Tuning& tuning) {
 
 int32_t CudaModel::graph_bucket(const ForwardBatch& batch) const {
   // A step with per-head holes runs eagerly: no decode graph passes holes to the attention.
-  if (!options_.use_cuda_graphs || step_has_holes_ || (deepseek_ && !deepseek_->graph_capable())) return 0;
+  if (step_has_holes_) return 0;
+  return graph_bucket_without_holes(batch);
+}
+
+int32_t CudaModel::graph_bucket_without_holes(const ForwardBatch& batch) const {
+  if (!options_.use_cuda_graphs || (deepseek_ && !deepseek_->graph_capable())) return 0;
   int32_t cap = options_.max_graph_batch;
   if (deepseek_ && config_.moe && options_.moe_max_graph_batch > 0)
     cap = cap > 0 ? std::min(cap, options_.moe_max_graph_batch) : options_.moe_max_graph_batch;
@@ -941,11 +946,7 @@ bool CudaModel::launchable(const ForwardBatch& batch) const {
   if (!layer_waits_.empty() || comm_ != nullptr) return false;
   for (const SequenceSlice& s : batch.sequences)
     if (s.kv_state != 0) return false;  // token eviction's scoring
-  if (!options_.use_cuda_graphs || (deepseek_ && !deepseek_->graph_capable())) return false;
-  int32_t cap = options_.max_graph_batch;
-  if (deepseek_ && config_.moe && options_.moe_max_graph_batch > 0)
-    cap = cap > 0 ? std::min(cap, options_.moe_max_graph_batch) : options_.moe_max_graph_batch;
-  return choose_graph_bucket(batch, buckets_, cap) > 0 && batch.num_logit_rows() <= max_rows_;
+  return graph_bucket_without_holes(batch) > 0 && batch.num_logit_rows() <= max_rows_;
 }
 
 Status CudaModel::forward_launched(const ForwardBatch& batch, CudaKvPool& pool,

@@ -270,6 +270,8 @@ class CudaModel {
   Status init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights = nullptr);
   Status validate(const ForwardBatch& batch, const CudaKvPool& pool) const;
   int32_t graph_bucket(const ForwardBatch& batch) const;
+  // The bucket the batch replays when the step has no per-head holes (launchable() asks before run()).
+  int32_t graph_bucket_without_holes(const ForwardBatch& batch) const;
   StatusOr<StepShape> plan(const ForwardBatch& batch);
   // holes: the step has per-head holes (CudaKvScores::prepare_holes), passed to the fast attention.
   Status run_layers(int32_t num_tokens, const CudaKvPool& pool, bool fast_attention,

@@ -52,6 +52,12 @@ StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::unique_p
   return runner;
 }
 
+namespace {
+GpuSamplingParams gpu_sampling_params(const runtime::RowSampling& row) {
+  return GpuSamplingParams{row.temperature, row.top_k, row.top_p, row.min_p, row.seed, row.step};
+}
+}  // namespace
+
 void CudaModelRunner::hand_layer_waits_to_model() {
   if (host_ && host_->layer_waits_pending()) model_->set_kv_layer_waits(host_->take_layer_waits());
 }
@@ -78,7 +84,7 @@ StatusOr<runtime::StepResult> CudaModelRunner::execute(const ForwardBatch& batch
       host_rows.push_back(static_cast<int32_t>(r));  // its GPU draw (greedy: cheapest) is ignored
       continue;
     }
-    params[r] = GpuSamplingParams{row.temperature, row.top_k, row.top_p, row.min_p, row.seed, row.step};
+    params[r] = gpu_sampling_params(row);
     masked = masked || row.masked();
   }
   const Status status = model_->forward_sampled(batch, *pool_, params, host_rows, out.tokens, out.logprobs,
@@ -101,10 +107,7 @@ Status CudaModelRunner::launch(const ForwardBatch& batch, std::span<const runtim
   PAGODA_RETURN_IF_ERROR(runtime::check_row_sampling(batch, rows, capabilities()));
   PAGODA_RETURN_IF_ERROR(runtime::check_launch(batch, rows, launched_.empty() ? 0 : launched_.back().rows));
   std::vector<GpuSamplingParams> params(rows.size());
-  for (size_t r = 0; r < rows.size(); ++r) {
-    const runtime::RowSampling& row = rows[r];
-    params[r] = GpuSamplingParams{row.temperature, row.top_k, row.top_p, row.min_p, row.seed, row.step};
-  }
+  for (size_t r = 0; r < rows.size(); ++r) params[r] = gpu_sampling_params(rows[r]);
   const int32_t num_rows = static_cast<int32_t>(rows.size());
   // Deferred tokens of a step that ran synchronously are known on the host: they go in as plain ids.
   const bool from_device = !launched_.empty() && launched_.back().async;
