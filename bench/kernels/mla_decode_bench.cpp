@@ -40,7 +40,10 @@
 // against float64 is what counts).
 //
 //   mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|NAME] [--schedule all|whole|spread]
-//                    [--timing busy|idle|spin] [--merge plain|pdl|none]
+//                    [--timing busy|idle|spin] [--merge plain|pdl|none] [--pages token|swizzled]
+// --pages swizzled stores the bf16 pools (block sizes of a multiple of 8) as swizzled pages
+// (runtime/mla_latent_layout.h, " swizzled" in the name): the cp.async kernel's loads from them, beside the
+// same shapes run with --pages token (the default).
 
 #include <cuda_runtime.h>
 
@@ -59,6 +62,7 @@
 #include "pagoda/backend/cuda/attention/mla_decode.h"
 #include "pagoda/core/dtype.h"
 #include "pagoda/runtime/mla_fp8_layout.h"
+#include "pagoda/runtime/mla_latent_layout.h"
 
 namespace {
 
@@ -106,6 +110,9 @@ std::string kernel_choice = "all";
 std::string schedule_choice = "whole";
 std::string timing_choice = "spin";
 bool programmatic_merge = false;
+// --pages swizzled: bf16 pools at block sizes of a multiple of 8 as swizzled pages (runtime/mla_latent_layout.h);
+// the TMA kernels then fall back to cp.async (their boxes read token-major rows).
+bool swizzled_pages = false;
 bool decode_only = false;  // --merge none
 
 // The timed launch: decode + merge, or (--merge none) a TMA kernel's main pass alone.
@@ -180,9 +187,10 @@ double copy_ceiling() {
 
 std::vector<Result> run_shape(int batch, int context, int heads, bool fp8, int block_size, int num_sms, uint64_t seed,
                  bool flash = false) {
+  const bool swizzled = swizzled_pages && !fp8 && block_size % 8 == 0;
   char name[128];
-  std::snprintf(name, sizeof(name), "mla decode %s H=%d B=%d L=%d bs=%d", flash ? "fp8-656" : fp8 ? "fp8" : "bf16",
-                heads, batch, context, block_size);
+  std::snprintf(name, sizeof(name), "mla decode %s H=%d B=%d L=%d bs=%d%s", flash ? "fp8-656" : fp8 ? "fp8" : "bf16",
+                heads, batch, context, block_size, swizzled ? " swizzled" : "");
   const int blocks_per_row = (context + block_size - 1) / block_size;
   const int num_blocks = batch * blocks_per_row;
   const size_t slots = size_t(num_blocks) * block_size;
@@ -233,7 +241,9 @@ std::vector<Result> run_shape(int batch, int context, int heads, bool fp8, int b
   const float scale = 1.0f / std::sqrt(192.0f);
   const MlaDecodeConfig config{heads, block_size, num_blocks, scale,
                                fp8 ? pagoda::kernels::cuda::KvElement::kFP8E4M3 : pagoda::kernels::cuda::KvElement::kBF16,
-                               flash ? MlaLatentLayout::kFlashMla656 : MlaLatentLayout::kPerVectorScale};
+                               flash      ? MlaLatentLayout::kFlashMla656
+                               : swizzled ? MlaLatentLayout::kBf16SwizzledPages
+                                          : MlaLatentLayout::kPerVectorScale};
   std::vector<std::pair<MlaDecodeKernel, bool>> kernels;  // (kernel, spread budgets)
   for (const bool spread : {false, true}) {
     if (schedule_choice != "all" && (schedule_choice == "spread") != spread) continue;
@@ -245,7 +255,16 @@ std::vector<Result> run_shape(int batch, int context, int heads, bool fp8, int b
   void* d_scales = device_alloc(scales.size() * 4);
   void* d_q = device_alloc(q.size() * 2);
   void* d_out = device_alloc(out_elems * 2);
-  CHECK_CUDA(cudaMemcpy(d_codes, codes.data(), code_bytes, cudaMemcpyHostToDevice));
+  if (swizzled) {  // the device pool swizzled; `codes` stays token-major for the float64 check
+    std::vector<uint8_t> paged(code_bytes);
+    pagoda::runtime::mla_latent_relayout(reinterpret_cast<const std::byte*>(codes.data()),
+                                         reinterpret_cast<std::byte*>(paged.data()), num_blocks, block_size,
+                                         kMlaKeyDim, pagoda::runtime::MlaLatentPages::kTokenMajor,
+                                         pagoda::runtime::MlaLatentPages::kSwizzled128);
+    CHECK_CUDA(cudaMemcpy(d_codes, paged.data(), code_bytes, cudaMemcpyHostToDevice));
+  } else {
+    CHECK_CUDA(cudaMemcpy(d_codes, codes.data(), code_bytes, cudaMemcpyHostToDevice));
+  }
   if (!scales.empty()) CHECK_CUDA(cudaMemcpy(d_scales, scales.data(), scales.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(d_q, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
   cudaEvent_t start, stop;
@@ -390,6 +409,9 @@ int main(int argc, char** argv) {
               !std::strcmp(argv[i + 1], "none"))) {
       programmatic_merge = !std::strcmp(argv[i + 1], "pdl");
       decode_only = !std::strcmp(argv[++i], "none");
+    } else if (!std::strcmp(argv[i], "--pages") && i + 1 < argc &&
+               (!std::strcmp(argv[i + 1], "token") || !std::strcmp(argv[i + 1], "swizzled"))) {
+      swizzled_pages = !std::strcmp(argv[++i], "swizzled");
     }
     else {
       std::fprintf(stderr,
@@ -397,7 +419,8 @@ int main(int argc, char** argv) {
                    "tma_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_fast_exp|"
                    "tma_pingpong_fast_exp|tma_pingpong_turns|tma_pingpong_2chain|tma_pingpong_all|tma_pingpong_split|"
                    "tma_pingpong_split_2chain|tma_fp8] "
-                   "[--schedule all|whole|spread] [--timing busy|idle|spin] [--merge plain|pdl|none]\n");
+                   "[--schedule all|whole|spread] [--timing busy|idle|spin] [--merge plain|pdl|none] "
+                   "[--pages token|swizzled]\n");
       return 2;
     }
   }

@@ -26,6 +26,7 @@
 #include "pagoda/backend/cuda/attention/mla_decode.h"
 #include "pagoda/core/dtype.h"
 #include "pagoda/runtime/mla_fp8_layout.h"
+#include "pagoda/runtime/mla_latent_layout.h"
 
 namespace pagoda::kernels::cuda {
 namespace {
@@ -163,6 +164,13 @@ MlaBatch make_batch(const MlaCase& c) {
       for (int32_t k = 0; k < kMlaFp8Groups; ++k) std::memcpy(record + kMlaFp8ScalesAt + 4 * k, &nan32, 4);
       for (int32_t i = 0; i < kMlaFp8RopeValues; ++i) std::memcpy(record + kMlaFp8RopeAt + 2 * i, &nan, 2);
     }
+  }
+  if (c.layout == MlaLatentLayout::kBf16SwizzledPages) {  // the same rows, where swizzled pages keep them
+    std::vector<uint8_t> paged(b.codes.size());
+    runtime::mla_latent_relayout(reinterpret_cast<const std::byte*>(b.codes.data()),
+                                 reinterpret_cast<std::byte*>(paged.data()), num_blocks, c.block_size, kMlaKeyDim,
+                                 runtime::MlaLatentPages::kTokenMajor, runtime::MlaLatentPages::kSwizzled128);
+    b.codes = std::move(paged);
   }
   return b;
 }
@@ -889,6 +897,64 @@ TEST_F(MlaDecodeGpuTest, TmaFp8EngineScaleBackToBack) {
   std::printf("engine scale: %zu rows, %d segments, tma_fp8 vs cp.async rel L2 %.3e after 540 launches\n",
               b.rows.size(), plan->descriptor(nullptr, nullptr, nullptr, nullptr).num_segments, err);
   EXPECT_LT(err, kMaxRelativeError);
+}
+
+// Swizzled bf16 pages (runtime/mla_latent_layout.h): the cp.async kernels load the same values into the same
+// tiles from other addresses, so their outputs equal the token-major pool's bit for bit: narrow and wide head
+// tiles, pages of 8 / 16 / 64 / 128 positions, ragged ends over NaN-poisoned unused rows, forced splits, rows
+// sharing blocks, a graph-captured fixed plan. Also against the float64 reference. A TMA request falls back to
+// cp.async (its boxes read token-major rows), and a swizzled descriptor is refused for fp8 or other pages.
+TEST_F(MlaDecodeGpuTest, SwizzledPagesGiveTheTokenMajorBits) {
+  struct Variant {
+    const char* name;
+    int32_t heads, block_size, split_tokens;
+    bool graph;
+  };
+  for (const Variant& v : {Variant{"h16 bs16", 16, 16, 0, false}, Variant{"h16 bs8 splits", 16, 8, 128, false},
+                           Variant{"h16 bs64", 16, 64, 0, false}, Variant{"h16 bs128 graph", 16, 128, 0, true},
+                           Variant{"h128 bs64", 128, 64, 0, false}, Variant{"h128 bs16 splits", 128, 16, 192, false},
+                           Variant{"h20 bs24", 20, 24, 0, false}}) {
+    MlaCase c = make_case(std::string("swizzled ") + v.name, v.heads, v.block_size, KvElement::kBF16,
+                          {1, 7, 64, 65, 301, 1500}, 300 + uint32_t(v.block_size));
+    c.poison_unused = true;
+    c.shared_prefix_blocks = 1;  // sequence 1's first page is sequence 0's
+    c.rows = {{0, 1}, {1, 7}, {1, 5}, {2, 64}, {3, 65}, {4, 301}, {5, 1500}, {5, 1499}};
+    c.options.kernel = MlaDecodeKernel::kCpAsync;
+    c.options.split_tokens = v.split_tokens;
+    if (v.graph) {
+      c.options.fixed_rows = 12;
+      c.options.fixed_block_table_stride = 1600 / v.block_size + 1;
+      c.use_graph = true;
+    }
+    auto token_major = run(make_batch(c), c);
+    ASSERT_TRUE(token_major.ok()) << c.name << ": " << token_major.status().message();
+    c.layout = MlaLatentLayout::kBf16SwizzledPages;
+    const MlaBatch b = make_batch(c);
+    MlaDecodePlan plan = MlaDecodePlan::create(b.config, {}).value();
+    auto swizzled = run(b, c, &plan);
+    ASSERT_TRUE(swizzled.ok()) << c.name << ": " << swizzled.status().message();
+    EXPECT_EQ(plan.kernel(), MlaDecodeKernel::kCpAsync);
+    size_t differing = 0;
+    for (size_t i = 0; i < token_major->size(); ++i) differing += (*token_major)[i] != (*swizzled)[i];
+    EXPECT_EQ(differing, 0u) << c.name << ": outputs differ from the token-major pool's";
+    if (!v.graph) expect_close(c);
+    c.options.kernel = MlaDecodeKernel::kTmaPingPongTwoChains;  // falls back: run() would report the plan's choice
+    MlaDecodePlan fallback = MlaDecodePlan::create(b.config, {}).value();
+    EXPECT_FALSE(run(b, c, &fallback).ok()) << c.name << ": a TMA kernel was planned over swizzled pages";
+  }
+  // A swizzled descriptor the kernels cannot read is refused at launch.
+  MlaCase c = make_case("swizzled refused", 16, 16, KvElement::kBF16, {10}, 16);
+  const MlaBatch b = make_batch(c);
+  std::vector<MlaDecodeRow> rows{{10, b.tables[0]}};
+  auto desc = MlaDecodePlan::create(b.config, rows)->descriptor(nullptr, nullptr, nullptr, nullptr);
+  desc.latent_layout = MlaLatentLayout::kBf16SwizzledPages;
+  desc.block_size = 12;
+  EXPECT_EQ(launch_mla_decode(desc, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
+  desc.block_size = 16;
+  desc.latent_element = KvElement::kFP8E4M3;
+  const float scales[1] = {1.0f};
+  desc.latent_scale = scales;  // so only the layout is wrong
+  EXPECT_EQ(launch_mla_decode(desc, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
 }
 
 TEST_F(MlaDecodeGpuTest, Fp8WithoutScalesRefusedAtLaunch) {

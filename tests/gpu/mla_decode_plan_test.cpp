@@ -71,6 +71,17 @@ TEST(MlaDecodePlanTest, RefusesBadParameters) {
   EXPECT_EQ(MlaDecodePlan::create(c, one, AttentionDeviceInfo{4})->descriptor(nullptr, nullptr, nullptr, nullptr)
                 .latent_layout,
             MlaLatentLayout::kFlashMla656);
+  // Swizzled pages: bf16 only, pages of whole 8-row swizzle atoms.
+  c = config();
+  c.latent_layout = MlaLatentLayout::kBf16SwizzledPages;
+  c.latent_element = KvElement::kFP8E4M3;
+  expect_error(c, one, "latent_layout bf16_swizzled_pages needs latent_element bf16");
+  c.latent_element = KvElement::kBF16;
+  c.block_size = 12;
+  expect_error(c, {{100, table(9)}}, "bf16_swizzled_pages needs block_size % 8 == 0, got 12");
+  c.latent_layout = static_cast<MlaLatentLayout>(7);
+  c.block_size = 16;
+  expect_error(c, one, "latent_layout 7 unknown");
 }
 
 TEST(MlaDecodePlanTest, EmptyBatchPlansNothing) {
@@ -423,6 +434,26 @@ TEST(MlaDecodePlanTest, KernelChoice) {
     EXPECT_EQ(kernel_of(flash(8, 64)), MlaDecodeKernel::kTmaFp8);
     EXPECT_EQ(kernel_of(flash(17, 64)), MlaDecodeKernel::kCpAsync);
     EXPECT_EQ(kernel_of(fp8), MlaDecodeKernel::kCpAsync);  // per-vector scales
+  }
+  // Swizzled bf16 pages: the tensor-map kernels' boxes read token-major rows, so every TMA request, and the
+  // automatic choice, takes the cp.async kernels, whose loads follow the page layout; the descriptor carries it.
+  auto swizzled = [&](int32_t heads, int32_t bs) {
+    auto c = config(heads, bs);
+    c.latent_layout = MlaLatentLayout::kBf16SwizzledPages;
+    return c;
+  };
+  for (MlaDecodeKernel k : {MlaDecodeKernel::kTma, MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPair,
+                            MlaDecodeKernel::kTmaPingPongSplitTwoChains, MlaDecodeKernel::kTmaFp8,
+                            MlaDecodeKernel::kCpAsync, MlaDecodeKernel::kDefault}) {
+    o.kernel = k;
+    for (int32_t bs : {8, 16, 64, 128}) {
+      EXPECT_EQ(kernel_of(swizzled(16, bs)), MlaDecodeKernel::kCpAsync) << bs << " " << static_cast<int>(k);
+      auto plan = MlaDecodePlan::create(swizzled(16, bs), one, {}, o);
+      ASSERT_TRUE(plan.ok());
+      EXPECT_EQ(plan->descriptor(nullptr, nullptr, nullptr, nullptr).latent_layout,
+                MlaLatentLayout::kBf16SwizzledPages);
+    }
+    EXPECT_EQ(kernel_of(swizzled(128, 64)), MlaDecodeKernel::kCpAsync);
   }
   o.kernel = static_cast<MlaDecodeKernel>(99);
   expect_error(config(), one, "kernel 99 unknown", o);

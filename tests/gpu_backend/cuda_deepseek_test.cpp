@@ -43,6 +43,7 @@
 #include "pagoda/backend/cuda/mla_ops.h"
 #include "pagoda/model/model_config.h"
 #include "pagoda/runtime/mla_fp8_layout.h"
+#include "pagoda/runtime/mla_latent_layout.h"
 
 namespace pagoda::cuda {
 namespace {
@@ -453,6 +454,91 @@ TEST(CudaDeepseek, Fp8LatentRecordsWrittenAndGatheredAsTheCpuReference) {
   }
 }
 
+// Swizzled bf16 latent pages (runtime/mla_latent_layout.h): the latent write stores the same bf16 rows as
+// into a token-major pool, each where the page layout puts it (the host re-layout of one pool's bytes is
+// the other's, byte for byte), and the prefill gather reads them back identically. 512 + 64, blocks of 64,
+// 16 and 8, reversed block ids; pools the layout cannot apply to are refused, and so are kernel launches
+// over a layer that claims it wrongly.
+TEST(CudaDeepseek, SwizzledLatentPagesWrittenAndGatheredAsTokenMajorOnes) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  constexpr int32_t rank = 512, rope = 64, dim = rank + rope, tokens = 150;
+  auto upload = [](const auto& v) {
+    auto buffer = DeviceBuffer::allocate(v.size() * sizeof(v[0]));
+    EXPECT_TRUE(buffer.ok());
+    EXPECT_EQ(cudaMemcpy(buffer->data(), v.data(), v.size() * sizeof(v[0]), cudaMemcpyHostToDevice), cudaSuccess);
+    return std::move(*buffer);
+  };
+  std::vector<float> kv_a(static_cast<size_t>(tokens) * dim), weight(static_cast<size_t>(rank)),
+      inv_freq(static_cast<size_t>(rope / 2));
+  for (size_t i = 0; i < kv_a.size(); ++i) kv_a[i] = std::sin(0.37f * static_cast<float>(i % 9973) + 0.01f * i);
+  for (size_t i = 0; i < weight.size(); ++i) weight[i] = 0.5f + 0.001f * static_cast<float>(i);
+  for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / rope);
+  DeviceBuffer d_kv = upload(kv_a), d_weight = upload(weight), d_freq = upload(inv_freq);
+  for (int32_t block : {64, 16, 8}) {
+    SCOPED_TRACE(::testing::Message() << "block " << block);
+    const int32_t blocks = (tokens + block - 1) / block + 2;
+    std::vector<int32_t> positions(static_cast<size_t>(tokens)), table(static_cast<size_t>(blocks));
+    std::vector<int64_t> slots(static_cast<size_t>(tokens));
+    for (int32_t b = 0; b < blocks; ++b) table[static_cast<size_t>(b)] = blocks - 1 - b;  // reversed ids
+    for (int32_t t = 0; t < tokens; ++t) {
+      positions[static_cast<size_t>(t)] = t + 3;
+      slots[static_cast<size_t>(t)] = static_cast<int64_t>(table[static_cast<size_t>(t / block)]) * block + t % block;
+    }
+    DeviceBuffer d_pos = upload(positions), d_slots = upload(slots), d_table = upload(table);
+    std::vector<uint8_t> bytes[2];
+    std::vector<uint16_t> gathered[2];
+    for (int layout = 0; layout < 2; ++layout) {
+      KvPoolShape shape{1, blocks, block, 1, dim, DType::kBF16, DType::kBF16, true};
+      shape.latent_rope_dim = rope;
+      shape.latent_pages = layout == 0 ? runtime::MlaLatentPages::kTokenMajor : runtime::MlaLatentPages::kSwizzled128;
+      auto pool = CudaKvPool::create(shape);
+      ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+      const DevicePagedKvLayer layer = (*pool)->layer(0);
+      ASSERT_EQ(layer.latent_pages, shape.latent_pages);
+      ASSERT_EQ(mla_latent_write(d_kv.as<float>(), nullptr, d_weight.as<float>(), 1e-6f, d_pos.as<int32_t>(),
+                                 d_slots.as<int64_t>(), tokens, rank, rope, d_freq.as<float>(), true, 1.0f, layer,
+                                 nullptr),
+                cudaSuccess);
+      auto out = DeviceBuffer::allocate(static_cast<size_t>(tokens) * dim * 2);
+      ASSERT_TRUE(out.ok());
+      ASSERT_EQ(mla_gather_latent(layer, d_table.as<int32_t>(), tokens, rank, out->as<bf16>(), nullptr), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      bytes[layout].resize(static_cast<size_t>(blocks) * block * dim * 2);
+      ASSERT_EQ(cudaMemcpy(bytes[layout].data(), layer.key, bytes[layout].size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      gathered[layout].resize(static_cast<size_t>(tokens) * dim);
+      ASSERT_EQ(cudaMemcpy(gathered[layout].data(), out->data(), gathered[layout].size() * 2, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      if (layout == 1) {  // a layer claiming swizzled pages it cannot have is refused, never misread
+        DevicePagedKvLayer wrong = layer;
+        wrong.block_size = 12;
+        EXPECT_EQ(mla_latent_write(d_kv.as<float>(), nullptr, d_weight.as<float>(), 1e-6f, d_pos.as<int32_t>(),
+                                   d_slots.as<int64_t>(), tokens, rank, rope, d_freq.as<float>(), true, 1.0f, wrong,
+                                   nullptr),
+                  cudaErrorInvalidValue);
+        EXPECT_EQ(mla_gather_latent(wrong, d_table.as<int32_t>(), tokens, rank, out->as<bf16>(), nullptr),
+                  cudaErrorInvalidValue);
+      }
+    }
+    std::vector<uint8_t> relaid(bytes[1].size());
+    runtime::mla_latent_relayout(reinterpret_cast<const std::byte*>(bytes[1].data()),
+                                 reinterpret_cast<std::byte*>(relaid.data()), blocks, block, dim,
+                                 runtime::MlaLatentPages::kSwizzled128, runtime::MlaLatentPages::kTokenMajor);
+    EXPECT_TRUE(relaid == bytes[0]) << "the swizzled pool re-laid is not the token-major pool";
+    EXPECT_FALSE(bytes[1] == bytes[0]) << "the swizzled pool is laid out token-major";
+    EXPECT_TRUE(gathered[1] == gathered[0]) << "the gathers differ";
+  }
+  // Pools the layout cannot apply to.
+  for (const auto& [head_dim, block, dtype] : {std::tuple{576, 12, DType::kBF16}, std::tuple{40, 16, DType::kBF16},
+                                               std::tuple{576, 16, DType::kFP8E4M3}}) {
+    KvPoolShape shape{1, 4, block, 1, head_dim, dtype, dtype, true};
+    shape.latent_rope_dim = head_dim == 576 ? 64 : 8;
+    shape.latent_pages = runtime::MlaLatentPages::kSwizzled128;
+    auto pool = CudaKvPool::create(shape);
+    EXPECT_FALSE(pool.ok()) << head_dim << " " << block;
+    if (!pool.ok()) EXPECT_NE(pool.status().message().find("swizzled128 pages need"), std::string::npos);
+  }
+}
+
 TEST(CudaDeepseek, RandomModelMatchesTheCpuRandomModel) {
   PAGODA_SKIP_WITHOUT_GPU();
   // A V3-shaped small config (sigmoid routing with groups, q LoRA, the real 512 / 64 latent).
@@ -741,6 +827,84 @@ TEST(DeepseekFastDecode, MoreThan16HeadsTakeTheWideKernelInBf16AndFp8Records) {
     const double error = top5_logprob_error(fast, simple, m.config().vocab_size);
     std::cout << "[ figure ] 20 heads, " << dtype_name(latent) << " latent: fast vs simple decode " << error << "\n";
     EXPECT_LE(error, 0.05);
+  }
+}
+
+// The same random latent512 model on a swizzled-page pool (CudaModelOptions::mla_latent_pages) and on a
+// token-major one: prompts through the tensor-core prefill and the simple kernel (every row's logits), decode
+// steps on the fast kernel eagerly and in a graph (capture and replay), on the simple kernel, and after a
+// copy-on-write of a sequence's blocks. Every kernel reads the same values in the same order, so the logits
+// are equal bit for bit where both pools take the same decode kernel (blocks of 8 and 16: cp.async); at
+// blocks of 64 the token-major pool's automatic kernel is the TMA one (another summation order), so there the
+// bound is the fast decode's (0.05).
+TEST(DeepseekSwizzledPages, TheModelGivesTheTokenMajorPoolsLogits) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  auto config = load_model_config(fixtures_dir() / "deepseek_v3_latent512_bf16");
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  config->num_q_heads = 16;
+  for (int32_t block_size : {16, 8, 64}) {
+    SCOPED_TRACE(::testing::Message() << "block " << block_size);
+    std::vector<float> results[2];
+    for (int layout = 0; layout < 2; ++layout) {
+      CudaModelOptions o = options_for(block_size, DType::kBF16);
+      o.max_model_len = 512;
+      o.max_num_tokens = 512;
+      o.mla_latent_pages = layout == 0 ? runtime::MlaLatentPages::kTokenMajor : runtime::MlaLatentPages::kSwizzled128;
+      auto model = CudaModel::create_random(*config, 23, o);
+      ASSERT_TRUE(model.ok()) << model.status().to_string();
+      CudaModel& m = **model;
+      m.set_moe_max_graph_batch(0);
+      const int32_t per_seq = 512 / block_size;
+      const KvPoolShape shape = m.kv_pool_shape(5 * per_seq);
+      ASSERT_EQ(shape.latent_pages, o.mla_latent_pages);
+      auto pool_or = CudaKvPool::create(shape);
+      ASSERT_TRUE(pool_or.ok()) << pool_or.status().to_string();
+      CudaKvPool& pool = **pool_or;
+      std::vector<float>& all = results[layout];
+      std::vector<float> logits;
+      auto run = [&](const ForwardBatch& b) {
+        ASSERT_TRUE(m.forward(b, pool, logits).ok());
+        all.insert(all.end(), logits.begin(), logits.end());
+      };
+      const std::vector<int32_t> lengths{5, 70, 300};
+      m.set_use_cuda_graphs(false);
+      for (size_t s = 0; s < lengths.size(); ++s) {  // sequence 0 on the simple kernel, the others the prefill
+        m.set_fast_attention(s > 0);
+        std::vector<int32_t> prompt(static_cast<size_t>(lengths[s]));
+        for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 31 + 7 * s + 3) % 256);
+        run(single(prompt, 0, blocks_from(static_cast<int32_t>(s) * per_seq, per_seq), true));
+      }
+      const ForwardBatch step = decode_batch(lengths, per_seq);
+      m.set_fast_attention(true);
+      run(step);
+      m.set_fast_attention(false);
+      run(step);
+      m.set_fast_attention(true);
+      m.set_use_cuda_graphs(true);
+      const int64_t replays = m.graph_replays();
+      run(step);
+      run(step);
+      EXPECT_EQ(m.graph_replays(), replays + 1);
+      // Copy-on-write: sequence 1's blocks copied to sequence 3's, then a step there.
+      std::vector<runtime::BlockCopy> copies;
+      for (int32_t i = 0; i < (71 + block_size - 1) / block_size; ++i) copies.push_back({per_seq + i, 3 * per_seq + i});
+      ASSERT_TRUE(pool.copy_blocks(copies, m.stream()).ok());
+      ASSERT_EQ(cudaStreamSynchronize(m.stream()), cudaSuccess);
+      m.set_use_cuda_graphs(false);
+      ForwardBatch copied = decode_batch({71}, per_seq);
+      copied.sequences[0].block_table = blocks_from(3 * per_seq, per_seq);
+      run(copied);
+    }
+    ASSERT_EQ(results[0].size(), results[1].size());
+    if (block_size != 64) {
+      size_t differing = 0;
+      for (size_t i = 0; i < results[0].size(); ++i) differing += results[0][i] != results[1][i];
+      EXPECT_EQ(differing, 0u) << "logits differ between the token-major and the swizzled pool";
+    } else {
+      const double error = top5_logprob_error(results[1], results[0], config->vocab_size);
+      std::cout << "[ figure ] swizzled pages vs token-major, block 64: max top-5 logprob diff " << error << "\n";
+      EXPECT_LE(error, 0.05);
+    }
   }
 }
 

@@ -66,6 +66,7 @@ StatusOr<int32_t> CudaMlaDecode::plan(const ForwardBatch& batch, const KvPoolSha
   kc::MlaLatentLayout layout = kc::MlaLatentLayout::kPerVectorScale;
   if (pool.key_dtype == DType::kBF16) {
     element = kc::KvElement::kBF16;
+    if (pool.latent_pages == runtime::MlaLatentPages::kSwizzled128) layout = kc::MlaLatentLayout::kBf16SwizzledPages;
   } else if (pool.key_dtype == DType::kFP8E4M3) {
     // The pool holds runtime/mla_fp8_layout.h's 656-byte records, which both
     // kernel variants (narrow and 64-head tiles) read.

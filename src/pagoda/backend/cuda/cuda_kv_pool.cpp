@@ -119,9 +119,6 @@ StatusOr<std::unique_ptr<CudaKvPool>> CudaKvPool::create(const KvPoolShape& shap
           "CUDA KV pool: {} pages need a bf16 MLA latent pool with head_dim a multiple of 64 and block_size a "
           "multiple of 8 (got {}{} head_dim={} block_size={})", runtime::mla_latent_pages_name(shape.latent_pages),
           shape.latent ? "" : "a K/V pool, ", dtype_name(shape.key_dtype), shape.head_dim, shape.block_size);
-    // No kernel reads or writes them yet (docs/MLA_SWIZZLED_PAGES.md, stage 2): a pool they would misread is refused.
-    return unimplemented_error("CUDA MLA latent pool: {} pages are not read by any kernel yet",
-                               runtime::mla_latent_pages_name(shape.latent_pages));
   }
   for (DType dtype : {shape.key_dtype, shape.value_dtype}) {
     if (!kv_quant_of(dtype))

@@ -138,6 +138,13 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
     return invalid_argument_error("CUDA model options: gemv_max_rows={} (-1 ... {})", gemv_rows, kGemvMaxRows);
   gemv_rows_bf16_ = gemv_rows < 0 ? kGemvDefaultMaxRowsBf16 : gemv_rows;
   gemv_rows_fp8_ = gemv_rows < 0 ? kGemvDefaultMaxRowsFp8 : gemv_rows;
+  if (const char* env = std::getenv("PAGODA_MLA_LATENT_PAGES"); env != nullptr && *env != '\0') {
+    const std::string v(env);
+    if (v != "token-major" && v != "swizzled128")
+      return invalid_argument_error("PAGODA_MLA_LATENT_PAGES={}: expected token-major or swizzled128", env);
+    options_.mla_latent_pages =
+        v == "swizzled128" ? runtime::MlaLatentPages::kSwizzled128 : runtime::MlaLatentPages::kTokenMajor;
+  }
   if (const char* env = std::getenv("PAGODA_GEMV_FP8_DEPTH"); env != nullptr && *env != '\0') {
     char* end = nullptr;
     const long v = std::strtol(env, &end, 10);
@@ -246,8 +253,14 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
 
 KvPoolShape CudaModel::kv_pool_shape(int32_t num_blocks) const {
   // The latent pool (MLA) has one dtype: the key's.
-  if (config_.mla)
-    return model_kv_pool_shape(config_, num_blocks, options_.block_size, options_.kv_key_dtype, options_.kv_key_dtype);
+  if (config_.mla) {
+    KvPoolShape shape =
+        model_kv_pool_shape(config_, num_blocks, options_.block_size, options_.kv_key_dtype, options_.kv_key_dtype);
+    // Swizzled pages where they apply (bf16, 64-value column blocks, pages of whole swizzle atoms); else token-major.
+    if (runtime::mla_swizzled_pages_apply(shape.head_dim, shape.key_dtype == DType::kBF16, shape.block_size))
+      shape.latent_pages = options_.mla_latent_pages;
+    return shape;
+  }
   KvPoolShape shape{config_.num_layers, num_blocks, options_.block_size, config_.num_kv_heads, config_.head_dim,
                     options_.kv_key_dtype, options_.kv_value_dtype};
   shape.cross_layer_share = options_.kv_cross_layer_share;

@@ -119,6 +119,11 @@ struct CudaModelOptions {
   // the environment variable PAGODA_FP8_LM_HEAD (0 or 1), when set, overrides it. Single-GPU Llama-style
   // models only (the sharded head and MLA keep bf16).
   bool fp8_lm_head = true;
+  // MLA models with a bf16 latent pool: the pool's block layout (runtime/mla_latent_layout.h). Swizzled
+  // pages apply where mla_swizzled_pages_apply (576-value latents, block_size % 8 == 0); elsewhere the pool
+  // stays token-major. The environment variable PAGODA_MLA_LATENT_PAGES (token-major or swizzled128), when
+  // set, overrides this. Token-major until the bulk-copy decode kernel is measured (docs/MLA_SWIZZLED_PAGES.md).
+  runtime::MlaLatentPages mla_latent_pages = runtime::MlaLatentPages::kTokenMajor;
 };
 
 class CudaModel {

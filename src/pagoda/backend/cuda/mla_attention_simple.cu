@@ -55,8 +55,10 @@ __device__ __forceinline__ RawChunk load_chunk(const DevicePagedKvLayer& layer, 
   RawChunk r{make_uint4(0, 0, 0, 0), 1.0f, 0.0f, false};
   const int64_t scale_vec = kernels::kv_scale_vector(slot, 0, layer.block_size, 1);
   switch (layer.key_dtype) {
-    case KvQuant::kNone:
-      r.bits = reinterpret_cast<const uint4*>(static_cast<const bf16*>(layer.key) + slot * dim)[chunk];
+    case KvQuant::kNone:  // token-major or swizzled pages (runtime/mla_latent_layout.h)
+      r.bits = *reinterpret_cast<const uint4*>(
+          static_cast<const std::byte*>(layer.key) +
+          runtime::mla_latent_chunk_offset(layer.latent_pages, slot, layer.block_size, dim, chunk));
       break;
     case KvQuant::kFP8E4M3: {  // the latent pool's self-contained records (rank % 8 == 0)
       const uint8_t* record =
@@ -277,7 +279,8 @@ cudaError_t mla_attention_simple(const bf16* q, const DevicePagedKvLayer& layer,
       layer.num_kv_heads != 1 ||
       num_heads <= 0 ||
       (layer.key_dtype != KvQuant::kNone && layer.key_dtype != KvQuant::kFP8E4M3 && layer.key_scale == nullptr) ||
-      (layer.key_dtype == KvQuant::kFP8E4M3 && rank % 8 != 0))  // fp8: records, no scale pool
+      (layer.key_dtype == KvQuant::kFP8E4M3 && rank % 8 != 0) ||  // fp8: records, no scale pool
+      !mla_latent_pages_valid(layer))
     return cudaErrorInvalidValue;
   if (plan.num_tokens <= 0) return cudaSuccess;
   const size_t ld = static_cast<size_t>(dim) + kPad;

@@ -127,6 +127,22 @@ __global__ void __launch_bounds__(kThreads)
 
   switch (layer.key_dtype) {
     case KvQuant::kNone: {
+      if (layer.latent_pages == runtime::MlaLatentPages::kSwizzled128) {
+        // One thread a 16-byte chunk (8 values), stored where the page's layout puts it.
+        auto* page = static_cast<std::byte*>(layer.key);
+        for (int c = threadIdx.x; c < dim / 8; c += blockDim.x) {
+          uint32_t w[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const __nv_bfloat162 pair = __floats2bfloat162_rn(v[8 * c + 2 * k], v[8 * c + 2 * k + 1]);
+            w[k] = *reinterpret_cast<const uint32_t*>(&pair);
+          }
+          *reinterpret_cast<uint4*>(
+              page + runtime::mla_latent_chunk_offset(layer.latent_pages, slot, layer.block_size, dim, c)) =
+              make_uint4(w[0], w[1], w[2], w[3]);
+        }
+        return;
+      }
       bf16* out = static_cast<bf16*>(layer.key) + slot * dim;
       for (int i = threadIdx.x; i < dim; i += blockDim.x) out[i] = __float2bfloat16(v[i]);
       return;
@@ -232,7 +248,8 @@ cudaError_t mla_latent_write(const float* kv_a, const float* bias, const float* 
                              const DevicePagedKvLayer& layer, cudaStream_t stream) {
   if (rank + rope_dim > kMaxLatent || rank % 2 != 0 || rope_dim % 2 != 0 || layer.head_dim != rank + rope_dim ||
       layer.num_kv_heads != 1 ||
-      (layer.key_dtype != KvQuant::kNone && layer.key_dtype != KvQuant::kFP8E4M3 && layer.key_scale == nullptr))
+      (layer.key_dtype != KvQuant::kNone && layer.key_dtype != KvQuant::kFP8E4M3 && layer.key_scale == nullptr) ||
+      !mla_latent_pages_valid(layer))
     return cudaErrorInvalidValue;
   if (num_tokens <= 0) return cudaSuccess;
   latent_write_kernel<<<num_tokens, kThreads, 0, stream>>>(kv_a, bias, norm_weight, eps, positions, slots, rank,

@@ -19,6 +19,15 @@
 
 namespace pagoda::cuda {
 
+// Whether `layer`'s latent page layout is one its pool can have: token-major always, swizzled pages only
+// where runtime::mla_swizzled_pages_apply (bf16, head_dim % 64 == 0, block_size % 8 == 0). Every MLA
+// launcher refuses the others (cudaErrorInvalidValue) rather than read a page the wrong way.
+inline bool mla_latent_pages_valid(const DevicePagedKvLayer& layer) {
+  return layer.latent_pages == runtime::MlaLatentPages::kTokenMajor ||
+         runtime::mla_swizzled_pages_apply(layer.head_dim, layer.key_dtype == kernels::KvQuant::kNone,
+                                           layer.block_size);
+}
+
 // out[r, :] = bf16(weight * y / rms(y)), y = x[r, :] (+ bias), x f32 with row
 // stride x_stride; out bf16 contiguous [rows, dim]. DeepSeek's q_a_layernorm.
 cudaError_t mla_rmsnorm_f32(const float* x, int64_t x_stride, const float* bias, const float* weight, bf16* out,

@@ -56,6 +56,12 @@ __global__ void mla_gather_latent_kernel(DevicePagedKvLayer layer, const int32_t
     reinterpret_cast<uint4*>(out)[i] = make_uint4(w[0], w[1], w[2], w[3]);
     return;
   }
+  if (layer.latent_pages == runtime::MlaLatentPages::kSwizzled128) {  // bf16 pages, chunks where the layout puts them
+    reinterpret_cast<uint4*>(out)[i] = *reinterpret_cast<const uint4*>(
+        static_cast<const std::byte*>(layer.key) +
+        runtime::mla_latent_chunk_offset(layer.latent_pages, slot, layer.block_size, layer.head_dim, c));
+    return;
+  }
   const int64_t scale_vec = kernels::kv_scale_vector(slot, 0, layer.block_size, 1);
   reinterpret_cast<uint4*>(out)[i] =
       load_kv_chunk_bf16(layer.key, layer.key_scale, layer.key_dtype, slot, scale_vec, layer.head_dim, c);
@@ -107,7 +113,7 @@ cudaError_t mla_gather_latent(const DevicePagedKvLayer& layer, const int32_t* bl
                               int32_t rank, bf16* out, cudaStream_t stream) {
   if (num_tokens <= 0) return cudaSuccess;
   if (layer.head_dim % 8 != 0 || layer.num_kv_heads != 1 || rank <= 0 || rank > layer.head_dim ||
-      (layer.key_dtype == kernels::KvQuant::kFP8E4M3 && rank % 8 != 0))
+      (layer.key_dtype == kernels::KvQuant::kFP8E4M3 && rank % 8 != 0) || !mla_latent_pages_valid(layer))
     return cudaErrorInvalidValue;
   constexpr int kThreads = 256;
   const int64_t total = static_cast<int64_t>(num_tokens) * (layer.head_dim / 8);

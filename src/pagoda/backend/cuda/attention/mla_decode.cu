@@ -193,7 +193,21 @@ __device__ __forceinline__ void issue_latent_tile(const MlaDecodeDescriptor& d, 
     }
   } else if constexpr (kFormat == kBf16) {
     uint8_t* dst = tiles + stage * kTileBytes;
-    const uint8_t* src = static_cast<const uint8_t*>(d.latent) + slot * (kMlaKeyDim * 2);
+    const uint8_t* latent = static_cast<const uint8_t*>(d.latent);
+    if (d.latent_layout == MlaLatentLayout::kBf16SwizzledPages) {
+      // The page's column block cb holds row r's chunk c at cb * bs * 128 + r * 128 + ((c % 8) ^ (r % 8)) * 16
+      // (runtime/mla_latent_layout.h): the same bytes, read from where the page keeps them.
+      const int r = valid ? pos % bs : 0;
+      const uint8_t* row = latent + (slot - r) * (kMlaKeyDim * 2) + r * 128;
+#pragma unroll
+      for (int k = 0; k < kKeyChunks / 4; ++k) {
+        const int c = load_lane + 4 * k;
+        cp_async_16(dst + tile_offset(load_pos, c), row + int64_t{c >> 3} * bs * 128 + (((c & 7) ^ (r & 7)) << 4),
+                    valid);
+      }
+      return;
+    }
+    const uint8_t* src = latent + slot * (kMlaKeyDim * 2);
 #pragma unroll
     for (int k = 0; k < kKeyChunks / 4; ++k) {
       const int c = load_lane + 4 * k;
@@ -753,6 +767,8 @@ cudaError_t launch_mla_decode(const MlaDecodeDescriptor& d, const void* q, void*
   if (!fp8 && d.latent_element != KvElement::kBF16) return cudaErrorInvalidValue;
   const bool flash = d.latent_layout == MlaLatentLayout::kFlashMla656;
   if (flash && !fp8) return cudaErrorInvalidValue;
+  if (d.latent_layout == MlaLatentLayout::kBf16SwizzledPages && (fp8 || d.block_size % 8 != 0))
+    return cudaErrorInvalidValue;
   if (fp8 && !flash && d.latent_scale == nullptr) return cudaErrorInvalidValue;
   const bool merge = d.max_splits > 1 || d.partials_per_segment > 1;
   if (d.partials_per_segment != mla_decode_partials_per_segment(d.kernel)) return cudaErrorInvalidValue;

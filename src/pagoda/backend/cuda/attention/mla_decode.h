@@ -48,8 +48,9 @@ struct MlaDecodeConfig {
   int32_t num_blocks = 0;  // blocks in the pool: every block id must be below it
   float scale = 0.0f;      // softmax scale (> 0, finite), yarn's mscale included by the caller
   KvElement latent_element = KvElement::kBF16;  // kBF16 or kFP8E4M3
-  // kFP8E4M3 only: the pool's records are FlashMLA's 656 bytes
-  // (runtime/mla_fp8_layout.h) or codes + scale records.
+  // kFP8E4M3: the pool's records are FlashMLA's 656 bytes
+  // (runtime/mla_fp8_layout.h) or codes + scale records. kBF16: token-major
+  // rows (kPerVectorScale) or swizzled pages (kBf16SwizzledPages).
   MlaLatentLayout latent_layout = MlaLatentLayout::kPerVectorScale;
 };
 

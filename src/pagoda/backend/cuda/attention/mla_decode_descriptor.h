@@ -17,15 +17,22 @@ inline constexpr int32_t kMlaLatentDim = 512;  // kv_lora_rank: V dim and the fi
 inline constexpr int32_t kMlaRopeDim = 64;     // qk_rope_head_dim
 inline constexpr int32_t kMlaKeyDim = kMlaLatentDim + kMlaRopeDim;
 
-// How an fp8 latent is stored (latent_element kFP8E4M3).
+// How the latent is stored.
 enum class MlaLatentLayout : int32_t {
-  // runtime/kv_quant.h's fp8: 576 codes a vector in the pool's codes, one f32
-  // scale record a vector in latent_scale.
+  // bf16: token-major rows of 576 values. fp8: runtime/kv_quant.h's fp8, 576
+  // codes a vector in the pool's codes, one f32 scale record a vector in
+  // latent_scale.
   kPerVectorScale = 0,
-  // FlashMLA's 656-byte records (runtime/mla_fp8_layout.h): 512 codes, 4 f32
-  // scales (one per 128 latent values), the 64 rope values in bf16; no
-  // separate scale records.
+  // fp8 only: FlashMLA's 656-byte records (runtime/mla_fp8_layout.h): 512
+  // codes, 4 f32 scales (one per 128 latent values), the 64 rope values in
+  // bf16; no separate scale records.
   kFlashMla656 = 1,
+  // bf16 only, block_size % 8 == 0: swizzled pages (runtime/mla_latent_layout.h,
+  // kSwizzled128): a page is 9 column blocks of block_size rows x 128 bytes,
+  // each row's 16-byte chunks XOR-swizzled by the row, so a column block copies
+  // into the kernels' tile layout as is. The cp.async kernels read it; the
+  // tensor-map (TMA) kernels do not (their boxes assume token-major rows).
+  kBf16SwizzledPages = 2,
 };
 
 // Which decode kernel a plan launches.

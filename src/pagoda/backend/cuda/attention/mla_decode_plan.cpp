@@ -42,9 +42,11 @@ const char* environment_kernel() {
   return value;
 }
 
-// Where the TMA kernel applies: bf16, one narrow head tile, and pages that a
-// 64-position tile either divides into boxes of >= 8 rows (1 KB, so each box
-// starts on a 128-byte-swizzle atom) or lies within.
+// Where the TMA kernel applies: bf16 token-major rows (its tensor map's boxes
+// read rows of 1,152 bytes; swizzled pages take the cp.async kernels), one
+// narrow head tile, and pages that a 64-position tile either divides into
+// boxes of >= 8 rows (1 KB, so each box starts on a 128-byte-swizzle atom) or
+// lies within.
 // kTmaFp8: FlashMLA's fp8 records, one narrow head tile, pages that a slot of
 // 16 positions either lies within or divides into whole pages.
 bool tma_fp8_applies(const MlaDecodeConfig& c) {
@@ -53,8 +55,8 @@ bool tma_fp8_applies(const MlaDecodeConfig& c) {
 }
 bool tma_applies(const MlaDecodeConfig& c, MlaDecodeKernel k) {
   if (k == MlaDecodeKernel::kTmaFp8) return tma_fp8_applies(c);
-  return c.latent_element == KvElement::kBF16 && c.num_heads <= 16 &&
-         int64_t{c.num_blocks} * c.block_size < (int64_t{1} << 31) &&
+  return c.latent_element == KvElement::kBF16 && c.latent_layout == MlaLatentLayout::kPerVectorScale &&
+         c.num_heads <= 16 && int64_t{c.num_blocks} * c.block_size < (int64_t{1} << 31) &&
          (c.block_size % 64 == 0 || c.block_size == 8 || c.block_size == 16 || c.block_size == 32);
 }
 
@@ -94,12 +96,19 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
   if (config.latent_element != KvElement::kBF16 && config.latent_element != KvElement::kFP8E4M3)
     return unimplemented_error("mla decode: latent_element {} (supported: bf16, fp8 e4m3)",
                                static_cast<int>(config.latent_element));
-  if (config.latent_layout != MlaLatentLayout::kPerVectorScale) {
-    if (config.latent_layout != MlaLatentLayout::kFlashMla656)
-      return invalid_argument_error("mla decode: latent_layout {} unknown", static_cast<int>(config.latent_layout));
+  if (config.latent_layout == MlaLatentLayout::kFlashMla656) {
     if (config.latent_element != KvElement::kFP8E4M3)
       return invalid_argument_error("mla decode: latent_layout flashmla_656 needs latent_element fp8 e4m3, got {}",
                                     static_cast<int>(config.latent_element));
+  } else if (config.latent_layout == MlaLatentLayout::kBf16SwizzledPages) {
+    if (config.latent_element != KvElement::kBF16)
+      return invalid_argument_error("mla decode: latent_layout bf16_swizzled_pages needs latent_element bf16, got {}",
+                                    static_cast<int>(config.latent_element));
+    if (config.block_size % 8 != 0)
+      return invalid_argument_error("mla decode: latent_layout bf16_swizzled_pages needs block_size % 8 == 0, got {}",
+                                    config.block_size);
+  } else if (config.latent_layout != MlaLatentLayout::kPerVectorScale) {
+    return invalid_argument_error("mla decode: latent_layout {} unknown", static_cast<int>(config.latent_layout));
   }
   MlaDecodeKernel kernel = options.kernel;
   if (kernel == MlaDecodeKernel::kDefault) {

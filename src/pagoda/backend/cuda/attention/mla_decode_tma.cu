@@ -795,7 +795,8 @@ cudaError_t mla_decode_tma_occupancy(MlaDecodeKernel kernel, int* ctas_per_sm) {
 }
 
 cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& d, const void* q, void* out, cudaStream_t stream) {
-  const bool domain = d.latent_element == KvElement::kBF16 && d.num_heads <= kHeads && d.num_blocks > 0 &&
+  const bool domain = d.latent_element == KvElement::kBF16 && d.latent_layout == MlaLatentLayout::kPerVectorScale &&
+                      d.num_heads <= kHeads && d.num_blocks > 0 &&
                       (d.block_size % kTile == 0 || d.block_size == 8 || d.block_size == 16 || d.block_size == 32);
   if (!domain) return cudaErrorNotSupported;
   const cudaError_t prepared = prepare_mla_decode_tma_kernel();
