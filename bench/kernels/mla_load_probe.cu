@@ -96,6 +96,11 @@ struct Work {
   int cycles_s;           // a tile's S^T, spread over its 9 column blocks as they land
   int cycles_softmax;
   int cycles_pv;
+  // The column-block ring over swizzled pages (kPieceRows > 0): the pool as pages of kPieceRows tokens laid
+  // out as runtime/mla_latent_layout.h's swizzled pages; tile i's k-th piece is page blocks[i * (64 /
+  // kPieceRows) + k] (a shuffle at page granularity, as an engine's block tables scatter pages).
+  const uint8_t* pool = nullptr;
+  const int* blocks = nullptr;
 };
 
 // What both probes' CTAs start with: the shared-memory ring of `slots` buffers
@@ -138,9 +143,14 @@ __device__ ProbeCta start_cta(uint8_t* smem_raw, const Work& w, int slots, int s
 // kL2Ahead > 0: before tile n's boxes, the producer prefetches tile n + kL2Ahead
 // into L2 (its 9 boxes, one lane each), so HBM keeps streaming while every slot
 // is held by the groups' math: deeper buffering without shared memory.
-template <int kSlots, bool kSelf, bool kHalfPv, int kL2Ahead = 0>
+// kPieceRows > 0: the producer fills a column block's slot from swizzled pages of kPieceRows tokens (the
+// planned bulk-copy decode kernel, docs/MLA_SWIZZLED_PAGES.md stage 0): 64 / kPieceRows 1-D bulk copies of
+// kPieceRows x 128 B, one a lane, each already in the slot's swizzled layout (no tensor map).
+template <int kSlots, bool kSelf, bool kHalfPv, int kL2Ahead = 0, int kPieceRows = 0>
 __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const Work w, const __grid_constant__ CUtensorMap map) {
   static_assert(!kSelf || kSlots == 2 * kColumnBlocks, "self-refill keeps one stage a group");
+  static_assert(kPieceRows == 0 || (!kSelf && kL2Ahead == 0 && kTileRows % (kPieceRows > 0 ? kPieceRows : 1) == 0 && kPieceRows % 8 == 0),
+                "bulk pieces: producer warp only, whole 8-row swizzle atoms");
   extern __shared__ uint8_t smem_raw[];
   const ProbeCta c = start_cta(smem_raw, w, kSlots, kBlockBytes);
   const int tid = threadIdx.x;
@@ -164,7 +174,23 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const Work w, const 
         const int slot = next % kSlots;
         const int use = next / kSlots;
         if (use > 0) mbarrier_wait(&c.empty[slot], (use - 1) & 1);
-        if (lane == 0) issue(n, cb);
+        if constexpr (kPieceRows > 0) {
+          constexpr int kPieces = kTileRows / kPieceRows;
+          constexpr uint32_t kPieceBytes = kPieceRows * 128;
+          if (lane == 0) mbarrier_arrive_expect_tx(&c.full[slot], kBlockBytes);
+          __syncwarp();
+          for (int k = lane; k < kPieces; k += 32) {
+            const uint8_t* src = w.pool + int64_t{w.blocks[(c.begin + n) * kPieces + k]} * kPieceRows * 1152 +
+                                 cb * kPieceBytes;
+            asm volatile(
+                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, "
+                "[%3], %4;\n" ::"r"(smem_address(c.slots + slot * kBlockBytes + k * kPieceBytes)),
+                "l"(src), "r"(kPieceBytes), "r"(smem_address(&c.full[slot])), "l"(c.policy)
+                : "memory");
+          }
+        } else if (lane == 0) {
+          issue(n, cb);
+        }
         __syncwarp();
       }
     }
@@ -299,15 +325,15 @@ constexpr int smem_bytes() {
 
 using Launch = void (*)(const Work&, const CUtensorMap&, const uint8_t* pool, int ctas);
 
-template <int kSlots, bool kSelf, bool kHalfPv, int kL2Ahead = 0>
+template <int kSlots, bool kSelf, bool kHalfPv, int kL2Ahead = 0, int kPieceRows = 0>
 void launch(const Work& w, const CUtensorMap& map, const uint8_t*, int ctas) {
   static bool configured = false;
   if (!configured) {
-    CHECK_CUDA(cudaFuncSetAttribute(probe_kernel<kSlots, kSelf, kHalfPv, kL2Ahead>,
+    CHECK_CUDA(cudaFuncSetAttribute(probe_kernel<kSlots, kSelf, kHalfPv, kL2Ahead, kPieceRows>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kSlots>()));
     configured = true;
   }
-  probe_kernel<kSlots, kSelf, kHalfPv, kL2Ahead><<<ctas, kThreads, smem_bytes<kSlots>()>>>(w, map);
+  probe_kernel<kSlots, kSelf, kHalfPv, kL2Ahead, kPieceRows><<<ctas, kThreads, smem_bytes<kSlots>()>>>(w, map);
 }
 
 template <int kStages, int kCopies>
@@ -400,6 +426,19 @@ int main(int argc, char** argv) {
   int* d_pages = nullptr;
   CHECK_CUDA(cudaMalloc(&d_pages, pages * sizeof(int)));
   CHECK_CUDA(cudaMemcpy(d_pages, order.data(), pages * sizeof(int), cudaMemcpyHostToDevice));
+  // The ring variants' page tables, one a page size: every page of `rows` tokens once, shuffled (or in order).
+  auto device_blocks = [&](int rows) {
+    std::vector<int> blocks(size_t(pages) * (kTileRows / rows));
+    for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = int(i);
+    if (!sequential) std::shuffle(blocks.begin(), blocks.end(), std::mt19937(11));
+    int* d = nullptr;
+    CHECK_CUDA(cudaMalloc(&d, blocks.size() * sizeof(int)));
+    CHECK_CUDA(cudaMemcpy(d, blocks.data(), blocks.size() * sizeof(int), cudaMemcpyHostToDevice));
+    return d;
+  };
+  const int* d_blocks64 = device_blocks(64);
+  const int* d_blocks16 = device_blocks(16);
+  const int* d_blocks8 = device_blocks(8);
 
   CUtensorMap map;
   const cuuint64_t dims[3] = {64, kColumnBlocks, cuuint64_t(int64_t{pages} * kTileRows)};
@@ -425,6 +464,9 @@ int main(int argc, char** argv) {
       {"bulk 2 stages x 1 copy", launch_bulk<2, 1>}, {"bulk 2 stages x 9 copies", launch_bulk<2, 9>},
       {"bulk 2 stages x 64 copies", launch_bulk<2, 64>}, {"bulk 3 stages x 1 copy", launch_bulk<3, 1>},
       {"bulk 3 stages x 9 copies", launch_bulk<3, 9>},
+      {"ring 18, pages of 64", launch<18, false, false, 0, 64>},
+      {"ring 18, pages of 16", launch<18, false, false, 0, 16>},
+      {"ring 18, pages of 8", launch<18, false, false, 0, 8>},
   };
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
@@ -438,7 +480,12 @@ int main(int argc, char** argv) {
       std::printf("%3d CTAs  %-22s", ctas, v.name);
       for (const int c : cycle_points) {
         // S^T 45%, softmax 15%, P V 40% of a tile's math (the real kernel's MMA split, roughly).
-        const Work w{d_pages, d_begin, c * 45 / 100, c * 15 / 100, c - c * 45 / 100 - c * 15 / 100};
+        const std::string name = v.name;
+        const int* blocks = name.find("pages of 64") != std::string::npos   ? d_blocks64
+                            : name.find("pages of 16") != std::string::npos ? d_blocks16
+                                                                            : d_blocks8;
+        const Work w{d_pages, d_begin, c * 45 / 100, c * 15 / 100, c - c * 45 / 100 - c * 15 / 100,
+                     static_cast<const uint8_t*>(pool), blocks};
         std::printf("  %5d:%5.0f", c, median_gbps(iters, pool_bytes, start, stop, [&] {
                       v.fn(w, map, static_cast<const uint8_t*>(pool), ctas);
                     }));
