@@ -141,7 +141,8 @@ constexpr MlaDecodeKernel kKernels[] = {MlaDecodeKernel::kCpAsync, MlaDecodeKern
                                         MlaDecodeKernel::kTmaPingPongFastExp, MlaDecodeKernel::kTmaPingPongTurns,
                                         MlaDecodeKernel::kTmaPingPongTwoChains, MlaDecodeKernel::kTmaPingPongAll,
                                         MlaDecodeKernel::kTmaPingPongSplit,
-                                        MlaDecodeKernel::kTmaPingPongSplitTwoChains, MlaDecodeKernel::kTmaFp8};
+                                        MlaDecodeKernel::kTmaPingPongSplitTwoChains, MlaDecodeKernel::kTmaFp8,
+                                        MlaDecodeKernel::kBulkPingPongTwoChains};
 
 const char* kernel_name(MlaDecodeKernel k) {
   switch (k) {
@@ -158,6 +159,7 @@ const char* kernel_name(MlaDecodeKernel k) {
     case MlaDecodeKernel::kTmaPingPongSplit: return "tma_pingpong_split";
     case MlaDecodeKernel::kTmaPingPongSplitTwoChains: return "tma_pingpong_split_2chain";
     case MlaDecodeKernel::kTmaFp8: return "tma_fp8";
+    case MlaDecodeKernel::kBulkPingPongTwoChains: return "bulk_pingpong_2chain";
     default: return "cp_async";
   }
 }
@@ -418,7 +420,7 @@ int main(int argc, char** argv) {
                    "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|"
                    "tma_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_fast_exp|"
                    "tma_pingpong_fast_exp|tma_pingpong_turns|tma_pingpong_2chain|tma_pingpong_all|tma_pingpong_split|"
-                   "tma_pingpong_split_2chain|tma_fp8] "
+                   "tma_pingpong_split_2chain|tma_fp8|bulk_pingpong_2chain] "
                    "[--schedule all|whole|spread] [--timing busy|idle|spin] [--merge plain|pdl|none] "
                    "[--pages token|swizzled]\n");
       return 2;

@@ -18,6 +18,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention_test_support.h"
@@ -284,6 +285,7 @@ const char* kernel_name(MlaDecodeKernel k) {
     case MlaDecodeKernel::kTmaPingPongSplit: return "tma_pingpong_split";
     case MlaDecodeKernel::kTmaPingPongSplitTwoChains: return "tma_pingpong_split_2chain";
     case MlaDecodeKernel::kTmaFp8: return "tma_fp8";
+    case MlaDecodeKernel::kBulkPingPongTwoChains: return "bulk_pingpong_2chain";
     default: return "cp.async";
   }
 }
@@ -955,6 +957,69 @@ TEST_F(MlaDecodeGpuTest, SwizzledPagesGiveTheTokenMajorBits) {
   const float scales[1] = {1.0f};
   desc.latent_scale = scales;  // so only the layout is wrong
   EXPECT_EQ(launch_mla_decode(desc, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
+}
+
+// kBulkPingPongTwoChains (1-D bulk copies of swizzled pages) loads the tiles kTmaPingPongTwoChains' boxes
+// load from the token-major copy of the same pool, and computes the same way: the same output bits. Pages of
+// 64 / 128 / 256 (a piece of a page per tile) and 8 / 16 / 32 (several pages a tile), ragged ends over
+// NaN-poisoned unused rows, forced splits, few SMs (segments carried across the ring), prefill-style rows and
+// a fork sharing blocks, fewer heads, a fixed plan launched directly and from a graph; and against float64.
+TEST_F(MlaDecodeGpuTest, BulkKernelOnSwizzledPagesGivesThePingPongBits) {
+  const KvElement bf16 = KvElement::kBF16;
+  std::vector<MlaCase> cases = {
+      make_case("bulk h16 bs64 ragged", 16, 64, bf16, {1, 63, 64, 65, 2000, 4100}, 190),
+      make_case("bulk h16 bs128", 16, 128, bf16, {5, 100, 130, 777}, 191),
+      make_case("bulk h16 bs256", 16, 256, bf16, {200, 1000}, 192),
+      make_case("bulk h16 bs16 ragged", 16, 16, bf16, {1, 17, 64, 65, 300, 1000, 4097}, 193),
+      make_case("bulk h16 bs32", 16, 32, bf16, {5, 100, 777}, 194),
+      make_case("bulk h16 bs8", 16, 8, bf16, {3, 100, 777}, 195),
+      make_case("bulk h8 bs64", 8, 64, bf16, {1, 500}, 196),
+      with_options(make_case("bulk h16 bs64 split 64", 16, 64, bf16, {1, 100, 1000, 2500}, 197), 64, 0),
+      with_options(make_case("bulk h16 bs16 7 sms", 16, 16, bf16, {1, 5, 70, 300, 1000, 2000, 64, 3}, 198), 0, 7),
+      with_options(make_case("bulk h16 bs64 1 sm", 16, 64, bf16, {1000, 130}, 199), 0, 1)};
+  MlaCase shared = make_case("bulk h16 bs16 prefill rows + fork", 16, 16, bf16, {300, 200}, 200);
+  for (int32_t p = 250; p < 300; ++p) shared.rows.push_back({0, p + 1});
+  shared.rows.push_back({1, 200});
+  shared.rows.push_back({1, 37});
+  shared.shared_prefix_blocks = 5;
+  cases.push_back(shared);
+  for (const bool graph : {false, true}) {
+    MlaCase c = make_case(graph ? "bulk h16 bs64 fixed 8 graph" : "bulk h16 bs64 fixed 8", 16, 64, bf16,
+                          {1, 70, 3000, 640, 5}, 201);
+    c.options.fixed_rows = 8;
+    c.options.fixed_block_table_stride = 100;
+    c.use_graph = graph;
+    cases.push_back(c);
+  }
+  for (MlaCase c : cases) {
+    c.poison_unused = true;
+    c.options.kernel = MlaDecodeKernel::kTmaPingPongTwoChains;
+    auto tma_out = run(make_batch(c), c);
+    ASSERT_TRUE(tma_out.ok()) << c.name << ": " << tma_out.status().message();
+    c.layout = MlaLatentLayout::kBf16SwizzledPages;
+    c.options.kernel = MlaDecodeKernel::kBulkPingPongTwoChains;
+    auto bulk_out = run(make_batch(c), c);
+    ASSERT_TRUE(bulk_out.ok()) << c.name << ": " << bulk_out.status().message();
+    size_t differing = 0;
+    for (size_t i = 0; i < tma_out->size(); ++i) differing += (*tma_out)[i] != (*bulk_out)[i];
+    EXPECT_EQ(differing, 0u) << c.name << ": bulk_pingpong_2chain differs from tma_pingpong_2chain";
+    expect_close(c);
+  }
+  // Outside its domain the plan takes cp.async: pages of 24 or 48, more than 16 heads, token-major pages.
+  for (const auto& [heads, bs, layout] :
+       {std::tuple{16, 24, MlaLatentLayout::kBf16SwizzledPages}, std::tuple{16, 48, MlaLatentLayout::kBf16SwizzledPages},
+        std::tuple{20, 64, MlaLatentLayout::kBf16SwizzledPages}, std::tuple{16, 64, MlaLatentLayout::kPerVectorScale}}) {
+    MlaCase c = make_case("bulk outside", heads, bs, bf16, {100, 300}, 202);
+    c.layout = layout;
+    MlaDecodeOptions o;
+    o.kernel = MlaDecodeKernel::kBulkPingPongTwoChains;
+    const MlaBatch b = make_batch(c);
+    std::vector<MlaDecodeRow> rows;
+    for (const auto& r : b.rows) rows.push_back({r.context_len, b.tables[size_t(r.sequence)]});
+    auto plan = MlaDecodePlan::create(b.config, rows, AttentionDeviceInfo{8}, o);
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    EXPECT_EQ(plan->kernel(), MlaDecodeKernel::kCpAsync) << heads << " heads, pages of " << bs;
+  }
 }
 
 TEST_F(MlaDecodeGpuTest, Fp8WithoutScalesRefusedAtLaunch) {

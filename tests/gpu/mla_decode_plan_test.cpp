@@ -455,6 +455,16 @@ TEST(MlaDecodePlanTest, KernelChoice) {
     }
     EXPECT_EQ(kernel_of(swizzled(128, 64)), MlaDecodeKernel::kCpAsync);
   }
+  // The bulk kernel: swizzled bf16 pages only, at most 16 heads, the tensor-map kernels' block sizes.
+  o.kernel = MlaDecodeKernel::kBulkPingPongTwoChains;
+  for (int32_t bs : {8, 16, 32, 64, 128, 192}) EXPECT_EQ(kernel_of(swizzled(16, bs)), o.kernel) << bs;
+  for (int32_t bs : {24, 48, 40}) EXPECT_EQ(kernel_of(swizzled(16, bs)), MlaDecodeKernel::kCpAsync) << bs;
+  EXPECT_EQ(kernel_of(swizzled(17, 64)), MlaDecodeKernel::kCpAsync);
+  EXPECT_EQ(kernel_of(config(16, 64)), MlaDecodeKernel::kCpAsync);  // token-major
+  EXPECT_EQ(kernel_of(fp8), MlaDecodeKernel::kCpAsync);
+  EXPECT_EQ(kernel_of(flash(16, 64)), MlaDecodeKernel::kCpAsync);
+  EXPECT_TRUE(is_tma_kernel(o.kernel));
+  EXPECT_EQ(mla_decode_partials_per_segment(o.kernel), 1);
   o.kernel = static_cast<MlaDecodeKernel>(99);
   expect_error(config(), one, "kernel 99 unknown", o);
   // The removed 23-slot ring variants' numbers (docs/KERNELS.md v17).

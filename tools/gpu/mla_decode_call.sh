@@ -153,10 +153,11 @@ run | tests | bench)
     tests "$b" "$out" &
     for f in '*TmaBlockSizesRaggedEnds' '*TmaSplitsSchedulesAndSharing' '*TmaGraphPlans' '*TmaMatchesCpAsyncKernel' \
       '*TmaOccupancy' '*TmaPingPongSmall' '*TmaPingPongSplitSmall' '*SpreadBudgetPlans' \
-      '*TmaFp8BlockSizesRaggedEnds' '*TmaFp8SplitsSchedulesAndSharing' '*TmaFp8MatchesCpAsyncKernel' '*TmaFp8Small'; do
+      '*TmaFp8BlockSizesRaggedEnds' '*TmaFp8SplitsSchedulesAndSharing' '*TmaFp8MatchesCpAsyncKernel' '*TmaFp8Small' \
+      '*BulkKernel*'; do
       gpu_tests_part "$b" "$out" "$f" gpu_tests_tma.log &
     done
-    gpu_tests_part "$b" "$out" '-*Tma*:*SpreadBudgetPlans' gpu_tests.log &
+    gpu_tests_part "$b" "$out" '-*Tma*:*SpreadBudgetPlans:*BulkKernel*' gpu_tests.log &
     read -ra sanitize <<< "${SANITIZE_FILTERS:-*TmaPingPongSmall *TmaPingPongSplitSmall}"
     for f in "${sanitize[@]}"; do
       [ "${RACECHECK:-1}" = 0 ] || racecheck_part "$b" "$out" "$f" &

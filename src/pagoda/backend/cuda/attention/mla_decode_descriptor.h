@@ -98,17 +98,25 @@ enum class MlaDecodeKernel : int32_t {
   // group that owns the tile (mla_decode_tma_fp8.cu). The same bf16 values as
   // the cp.async kernel's conversion; within the tests' bound.
   kTmaFp8 = 17,
+  // kTmaPingPongTwoChains over swizzled bf16 pages (kBf16SwizzledPages), at
+  // most 16 heads, block sizes 8 / 16 / 32 / multiples of 64: the producer warp
+  // fills each column-block slot with 1-D bulk copies, one a page (a column
+  // block of a page is one contiguous piece already in the tile's swizzle), no
+  // tensor map. The same tiles and math as kTmaPingPongTwoChains on the
+  // token-major copy of the pool: the same bits (docs/MLA_SWIZZLED_PAGES.md).
+  kBulkPingPongTwoChains = 18,
 };
 
 // The TMA-fed variants (kTma .. kTmaPingPongSplitTwoChains over bf16 latents, kTmaFp8 over
-// FlashMLA's fp8 records).
+// FlashMLA's fp8 records, kBulkPingPongTwoChains over swizzled bf16 pages).
 constexpr bool is_tma_kernel(MlaDecodeKernel k) {
   return k == MlaDecodeKernel::kTma || k == MlaDecodeKernel::kTmaTile || k == MlaDecodeKernel::kTmaPair ||
          k == MlaDecodeKernel::kTmaPairTile || k == MlaDecodeKernel::kTmaPingPong ||
          k == MlaDecodeKernel::kTmaFastExp || k == MlaDecodeKernel::kTmaPingPongFastExp ||
          k == MlaDecodeKernel::kTmaPingPongTurns || k == MlaDecodeKernel::kTmaPingPongTwoChains ||
          k == MlaDecodeKernel::kTmaPingPongAll || k == MlaDecodeKernel::kTmaPingPongSplit ||
-         k == MlaDecodeKernel::kTmaPingPongSplitTwoChains || k == MlaDecodeKernel::kTmaFp8;
+         k == MlaDecodeKernel::kTmaPingPongSplitTwoChains || k == MlaDecodeKernel::kTmaFp8 ||
+         k == MlaDecodeKernel::kBulkPingPongTwoChains;
 }
 
 // Partial records a kernel writes per segment into the split workspace (2:

@@ -32,7 +32,8 @@ constexpr int64_t kSpreadSegmentOverhead = 1;
 // PAGODA_MLA_DECODE_KERNEL, read once: "tma", "tma_tile",
 // "tma_pair", "tma_pair_tile", "tma_pingpong",
 // "tma_fast_exp", "tma_pingpong_fast_exp", "tma_pingpong_turns", "tma_pingpong_2chain",
-// "tma_pingpong_all", "tma_pingpong_split", "tma_pingpong_split_2chain", "tma_fp8", "cp_async" or
+// "tma_pingpong_all", "tma_pingpong_split", "tma_pingpong_split_2chain", "tma_fp8", "bulk_pingpong_2chain",
+// "cp_async" or
 // "auto" (unset or empty: auto); anything else is reported at plan creation.
 const char* environment_kernel() {
   static const char* value = [] {
@@ -55,6 +56,10 @@ bool tma_fp8_applies(const MlaDecodeConfig& c) {
 }
 bool tma_applies(const MlaDecodeConfig& c, MlaDecodeKernel k) {
   if (k == MlaDecodeKernel::kTmaFp8) return tma_fp8_applies(c);
+  if (k == MlaDecodeKernel::kBulkPingPongTwoChains)  // byte offsets in 64 bits: no slot-count limit
+    return c.latent_element == KvElement::kBF16 && c.latent_layout == MlaLatentLayout::kBf16SwizzledPages &&
+           c.num_heads <= 16 &&
+           (c.block_size % 64 == 0 || c.block_size == 8 || c.block_size == 16 || c.block_size == 32);
   return c.latent_element == KvElement::kBF16 && c.latent_layout == MlaLatentLayout::kPerVectorScale &&
          c.num_heads <= 16 && int64_t{c.num_blocks} * c.block_size < (int64_t{1} << 31) &&
          (c.block_size % 64 == 0 || c.block_size == 8 || c.block_size == 16 || c.block_size == 32);
@@ -128,12 +133,13 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
     else if (std::strcmp(env, "tma_pingpong_split") == 0) kernel = MlaDecodeKernel::kTmaPingPongSplit;
     else if (std::strcmp(env, "tma_pingpong_split_2chain") == 0) kernel = MlaDecodeKernel::kTmaPingPongSplitTwoChains;
     else if (std::strcmp(env, "tma_fp8") == 0) kernel = MlaDecodeKernel::kTmaFp8;
+    else if (std::strcmp(env, "bulk_pingpong_2chain") == 0) kernel = MlaDecodeKernel::kBulkPingPongTwoChains;
     else
       return invalid_argument_error("mla decode: PAGODA_MLA_DECODE_KERNEL '{}' (auto, tma, tma_tile, "
                                     "tma_pair, tma_pair_tile, tma_pingpong, "
                                     "tma_fast_exp, tma_pingpong_fast_exp, tma_pingpong_turns, tma_pingpong_2chain, "
-                                    "tma_pingpong_all, tma_pingpong_split, tma_pingpong_split_2chain, tma_fp8 or "
-                                    "cp_async)",
+                                    "tma_pingpong_all, tma_pingpong_split, tma_pingpong_split_2chain, tma_fp8, "
+                                    "bulk_pingpong_2chain or cp_async)",
                                     env);
   }
   const bool tma = is_tma_kernel(kernel);

@@ -113,6 +113,17 @@ struct Layout {
   return policy;
 }
 
+// `bytes` (a multiple of 16) from global src to shared dst as one 1-D bulk copy through the copy engine,
+// completing on `bar` (transaction bytes), with an L2 cache policy.
+[[maybe_unused]] __device__ __forceinline__ void bulk_load_hint(void* smem_dst, const void* src, uint32_t bytes,
+                                                               uint64_t* bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::
+          "r"(smem_address(smem_dst)),
+      "l"(src), "r"(bytes), "r"(smem_address(bar)), "l"(policy)
+      : "memory");
+}
+
 // tma_load_3d (prefill_sm90_sync.cuh) with an L2 cache policy.
 [[maybe_unused]] __device__ __forceinline__ void tma_load_3d_hint(void* smem_dst, const void* tensor_map, int c0, int c1, int c2,
                                                  uint64_t* bar, uint64_t policy) {
@@ -450,7 +461,11 @@ __device__ __forceinline__ void pv_full(mla_narrow::SegmentStateOf<kMTiles>& st,
     for (int i = 0; i < 8; ++i) mla_narrow::keep_in_order(st.o[mi][i]);
 }
 
-template <int kSlots, bool kFastExp, bool kTurns, int kSChains, bool kSplitPartials>
+// kBulk (kBulkPingPongTwoChains): the latent is swizzled pages (MlaLatentLayout::kBf16SwizzledPages), so a
+// tile's column block is one contiguous piece of each page it spans, already in the tile's swizzled layout:
+// the producer issues 1-D bulk copies (no tensor map) of min(block_size, 64) rows x 128 B, one a page, where
+// the other variants issue tensor-map boxes. The compute side is the same, so are the results, bit for bit.
+template <int kSlots, bool kFastExp, bool kTurns, int kSChains, bool kSplitPartials, bool kBulk = false>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_tma_pingpong_kernel(const MlaDecodeDescriptor d, const __grid_constant__ CUtensorMap latent_map,
                                    const __nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ out) {
@@ -503,6 +518,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t bytes = uint32_t(live_pages * box_rows * 128);
         const int pos = kv0 + lane * box_rows;
         const int page_slot = lane < live_pages ? __ldg(table + pos / bs) * bs + pos % bs : 0;
+        // kBulk: this lane's page rows [pos % bs, + box_rows) of column block 0 (block * bs * 1,152 bytes in,
+        // then the row); column block cb is bs * 128 bytes further.
+        const int64_t page = lane < live_pages ? __ldg(table + pos / bs) : 0;
+        const uint8_t* piece = static_cast<const uint8_t*>(d.latent) + page * bs * (kMlaKeyDim * 2) +
+                               int64_t{lane < live_pages ? pos % bs : 0} * 128;
 #pragma unroll 1
         for (int cb = 0; cb < kColumnBlocks; ++cb, ++next) {
           const int slot = next % kSlots;
@@ -510,9 +530,14 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (use > 0) mbarrier_wait(&empty[slot], (use - 1) & 1);
           if (lane == 0) mbarrier_arrive_expect_tx(&full[slot], bytes);
           __syncwarp();
-          if (lane < live_pages)
-            tma_load_3d_hint(tiles + slot * kBlockBytes + lane * box_rows * 128, &latent_map, 0, cb, page_slot,
-                             &full[slot], policy);
+          if (lane < live_pages) {
+            if constexpr (kBulk)
+              bulk_load_hint(tiles + slot * kBlockBytes + lane * box_rows * 128, piece + int64_t{cb} * bs * 128,
+                             uint32_t(box_rows * 128), &full[slot], policy);
+            else
+              tma_load_3d_hint(tiles + slot * kBlockBytes + lane * box_rows * 128, &latent_map, 0, cb, page_slot,
+                               &full[slot], policy);
+          }
         }
       }
     }
@@ -722,23 +747,26 @@ cudaError_t occupancy_of(int* ctas_per_sm) {
                                                        kThreads, Layout<kSlots>::kSmemBytes);
 }
 
-template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1, bool kSplitPartials = false>
+template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1, bool kSplitPartials = false,
+          bool kBulk = false>
 cudaError_t allow_pingpong_shared_memory() {
-  return cudaFuncSetAttribute(mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains, kSplitPartials>,
+  return cudaFuncSetAttribute(mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains, kSplitPartials, kBulk>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize, PingPongLayout<kSlots>::kSmemBytes);
 }
 
-template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1, bool kSplitPartials = false>
+template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1, bool kSplitPartials = false,
+          bool kBulk = false>
 cudaError_t pingpong_occupancy_of(int* ctas_per_sm) {
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      ctas_per_sm, mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains, kSplitPartials>, kThreads,
+      ctas_per_sm, mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains, kSplitPartials, kBulk>, kThreads,
       PingPongLayout<kSlots>::kSmemBytes);
 }
 
-template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1, bool kSplitPartials = false>
+template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1, bool kSplitPartials = false,
+          bool kBulk = false>
 void launch_pingpong(const MlaDecodeDescriptor& d, const CUtensorMap& map, const __nv_bfloat16* q, __nv_bfloat16* out,
                      cudaStream_t stream) {
-  mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains, kSplitPartials>
+  mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains, kSplitPartials, kBulk>
       <<<dim3(1, d.num_ctas), kThreads, PingPongLayout<kSlots>::kSmemBytes, stream>>>(d, map, q, out);
 }
 
@@ -763,7 +791,8 @@ cudaError_t prepare_mla_decode_tma_kernel() {
           allow_pingpong_shared_memory<kTwoStageSlots, false, false, 2>(),
           allow_pingpong_shared_memory<kTwoStageSlots, true, true, 2>(),
           allow_pingpong_shared_memory<kTwoStageSlots, false, false, 1, true>(),
-          allow_pingpong_shared_memory<kTwoStageSlots, false, false, 2, true>()})
+          allow_pingpong_shared_memory<kTwoStageSlots, false, false, 2, true>(),
+          allow_pingpong_shared_memory<kTwoStageSlots, false, false, 2, false, true>()})
       if (e != cudaSuccess) return e;
     return cudaSuccess;
   }();
@@ -790,24 +819,35 @@ cudaError_t mla_decode_tma_occupancy(MlaDecodeKernel kernel, int* ctas_per_sm) {
       return pingpong_occupancy_of<kTwoStageSlots, false, false, 1, true>(ctas_per_sm);
     case MlaDecodeKernel::kTmaPingPongSplitTwoChains:
       return pingpong_occupancy_of<kTwoStageSlots, false, false, 2, true>(ctas_per_sm);
+    case MlaDecodeKernel::kBulkPingPongTwoChains:
+      return pingpong_occupancy_of<kTwoStageSlots, false, false, 2, false, true>(ctas_per_sm);
     default: return cudaErrorInvalidValue;
   }
 }
 
 cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& d, const void* q, void* out, cudaStream_t stream) {
-  const bool domain = d.latent_element == KvElement::kBF16 && d.latent_layout == MlaLatentLayout::kPerVectorScale &&
-                      d.num_heads <= kHeads && d.num_blocks > 0 &&
+  // The tensor-map kernels read token-major rows; the bulk kernel reads swizzled pages. Both need pages that
+  // a 64-position tile divides into whole pieces of >= 8 rows, or lies within.
+  const bool bulk = d.kernel == MlaDecodeKernel::kBulkPingPongTwoChains;
+  const MlaLatentLayout layout = bulk ? MlaLatentLayout::kBf16SwizzledPages : MlaLatentLayout::kPerVectorScale;
+  const bool domain = d.latent_element == KvElement::kBF16 && d.latent_layout == layout && d.num_heads <= kHeads &&
+                      d.num_blocks > 0 &&
                       (d.block_size % kTile == 0 || d.block_size == 8 || d.block_size == 16 || d.block_size == 32);
   if (!domain) return cudaErrorNotSupported;
   const cudaError_t prepared = prepare_mla_decode_tma_kernel();
   if (prepared != cudaSuccess) return prepared;
   if (d.num_ctas == 0) return cudaSuccess;
-  CUtensorMap map;
-  const cudaError_t e = make_latent_tensor_map(&map, d);
-  if (e != cudaSuccess) return e;
+  CUtensorMap map{};  // the bulk kernel takes none (its parameter stays zeros)
+  if (!bulk) {
+    const cudaError_t e = make_latent_tensor_map(&map, d);
+    if (e != cudaSuccess) return e;
+  }
   const auto* qb = static_cast<const __nv_bfloat16*>(q);
   auto* ob = static_cast<__nv_bfloat16*>(out);
   switch (d.kernel) {
+    case MlaDecodeKernel::kBulkPingPongTwoChains:
+      launch_pingpong<kTwoStageSlots, false, false, 2, false, true>(d, map, qb, ob, stream);
+      break;
     case MlaDecodeKernel::kTmaTile: launch_variant<kTwoStageSlots, true>(d, map, qb, ob, stream); break;
     case MlaDecodeKernel::kTmaPair: launch_variant<kPairSlots, false, 2>(d, map, qb, ob, stream); break;
     case MlaDecodeKernel::kTmaPairTile: launch_variant<kPairSlots, true, 2>(d, map, qb, ob, stream); break;
