@@ -8,7 +8,7 @@
 #     token-major vs bulk_pingpong_2chain on swizzled pages, twice;
 #   D (alone) mla_load_probe: the tensor-map ring, whole-page bulk stages, the column-block bulk ring.
 # Bundle: tools/gpu/session28_call.sh bundle (-> .device/combo); run (carry .device/combo and this script's
-# copy there): bash .device/combo/session28_call.sh
+# copy there): [TOTAL=560 (seconds the whole call may take)] bash .device/combo/session28_call.sh
 set -u
 if [ "${1:-}" = bundle ]; then
   here=$(cd "$(dirname "$0")" && pwd); root=$(cd "$here/../.." && pwd); cd "$root" || exit 1
@@ -49,7 +49,7 @@ cat "$OUTDIR/ovl_tests.txt" | tail -20
 wait $mcp
 tail -4 "$OUTDIR/memcheck.txt"
 # Phase B (alone): the overlap A/B.
-left=$((560 - (SECONDS - t0) - 120))
+left=$((${TOTAL:-560} - (SECONDS - t0) - 120))
 echo "== overlap A/B with budget $left s"
 OUT=$OUTDIR/ovl PAGODA_OVERLAP_STEPS=on PARTS="itl wide 1k" ITL_CONTEXTS=128 BASE_ENV="PAGODA_OVERLAP_STEPS=off" BUDGET=$left \
   bash .device/combo/decode_path_call.sh run 2>&1 | tail -30
