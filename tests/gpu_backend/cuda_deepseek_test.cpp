@@ -839,6 +839,10 @@ TEST(DeepseekFastDecode, MoreThan16HeadsTakeTheWideKernelInBf16AndFp8Records) {
 // bound is the fast decode's (0.05).
 TEST(DeepseekSwizzledPages, TheModelGivesTheTokenMajorPoolsLogits) {
   PAGODA_SKIP_WITHOUT_GPU();
+  // The comparison needs each model's own layout and the automatic kernel choice.
+  for (const char* name : {"PAGODA_MLA_LATENT_PAGES", "PAGODA_MLA_DECODE_KERNEL"})
+    if (const char* v = std::getenv(name); v != nullptr && *v != '\0')
+      GTEST_SKIP() << name << " is set: the test compares the layouts under the automatic kernel choice";
   auto config = load_model_config(fixtures_dir() / "deepseek_v3_latent512_bf16");
   ASSERT_TRUE(config.ok()) << config.status().to_string();
   config->num_q_heads = 16;
