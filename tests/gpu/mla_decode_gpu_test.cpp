@@ -940,8 +940,9 @@ TEST_F(MlaDecodeGpuTest, SwizzledPagesGiveTheTokenMajorBits) {
     for (size_t i = 0; i < token_major->size(); ++i) differing += (*token_major)[i] != (*swizzled)[i];
     EXPECT_EQ(differing, 0u) << c.name << ": outputs differ from the token-major pool's";
     if (!v.graph) expect_close(c);
-    // A tensor-map kernel asked for (or the automatic choice, where the environment leaves it) plans cp.async
-    // over swizzled pages: the boxes would read token-major rows.
+    // A tensor-map kernel asked for plans cp.async over swizzled pages (the boxes would read token-major rows);
+    // the automatic choice, where the environment leaves it, takes the bulk-copy kernel at <= 16 heads and
+    // pages of a multiple of 64, else cp.async.
     std::vector<MlaDecodeRow> rows;
     for (const auto& r : b.rows) rows.push_back({r.context_len, b.tables[size_t(r.sequence)]});
     const char* env = std::getenv("PAGODA_MLA_DECODE_KERNEL");
@@ -951,7 +952,10 @@ TEST_F(MlaDecodeGpuTest, SwizzledPagesGiveTheTokenMajorBits) {
       o.kernel = k;
       auto fallback = MlaDecodePlan::create(b.config, rows, AttentionDeviceInfo{8}, o);
       ASSERT_TRUE(fallback.ok()) << c.name << ": " << fallback.status().message();
-      EXPECT_EQ(fallback->kernel(), MlaDecodeKernel::kCpAsync) << c.name << ", kernel " << static_cast<int>(k);
+      const MlaDecodeKernel expected = k == MlaDecodeKernel::kDefault && v.heads <= 16 && v.block_size % 64 == 0
+                                           ? MlaDecodeKernel::kBulkPingPongTwoChains
+                                           : MlaDecodeKernel::kCpAsync;
+      EXPECT_EQ(fallback->kernel(), expected) << c.name << ", kernel " << static_cast<int>(k);
     }
   }
   // A swizzled descriptor the kernels cannot read is refused at launch.

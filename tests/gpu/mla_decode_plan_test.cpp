@@ -435,8 +435,9 @@ TEST(MlaDecodePlanTest, KernelChoice) {
     EXPECT_EQ(kernel_of(flash(17, 64)), MlaDecodeKernel::kCpAsync);
     EXPECT_EQ(kernel_of(fp8), MlaDecodeKernel::kCpAsync);  // per-vector scales
   }
-  // Swizzled bf16 pages: the tensor-map kernels' boxes read token-major rows, so every TMA request, and the
-  // automatic choice, takes the cp.async kernels, whose loads follow the page layout; the descriptor carries it.
+  // Swizzled bf16 pages: the tensor-map kernels' boxes read token-major rows, so every TMA request takes the
+  // cp.async kernels, whose loads follow the page layout; the descriptor carries it. The automatic choice takes
+  // the bulk-copy kernel at pages of a multiple of 64 (the tensor-map kernel's rule), else cp.async.
   auto swizzled = [&](int32_t heads, int32_t bs) {
     auto c = config(heads, bs);
     c.latent_layout = MlaLatentLayout::kBf16SwizzledPages;
@@ -448,7 +449,10 @@ TEST(MlaDecodePlanTest, KernelChoice) {
     if (k == MlaDecodeKernel::kDefault && env != nullptr && *env != '\0') continue;  // the environment's choice
     o.kernel = k;
     for (int32_t bs : {8, 16, 64, 128}) {
-      EXPECT_EQ(kernel_of(swizzled(16, bs)), MlaDecodeKernel::kCpAsync) << bs << " " << static_cast<int>(k);
+      const MlaDecodeKernel expected = k == MlaDecodeKernel::kDefault && bs % 64 == 0
+                                           ? MlaDecodeKernel::kBulkPingPongTwoChains
+                                           : MlaDecodeKernel::kCpAsync;
+      EXPECT_EQ(kernel_of(swizzled(16, bs)), expected) << bs << " " << static_cast<int>(k);
       auto plan = MlaDecodePlan::create(swizzled(16, bs), one, {}, o);
       ASSERT_TRUE(plan.ok());
       EXPECT_EQ(plan->descriptor(nullptr, nullptr, nullptr, nullptr).latent_layout,

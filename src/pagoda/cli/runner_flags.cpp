@@ -126,8 +126,8 @@ void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) 
   add_cross_layer_share_flag(cmd, flags.kv_cross_layer_share);
   cmd.add_option("--overlap-steps", flags.overlap_steps,
                  "Plan and launch the next engine step while the device runs this one, so scheduling and "
-                 "streaming hide behind the GPU (docs/CUDA_BACKEND.md, overlapped steps): auto (on with --device cuda), on, "
-                 "off (the default until it is measured on a GPU)")
+                 "streaming hide behind the GPU (docs/CUDA_BACKEND.md, overlapped steps): auto (the default: on with "
+                 "--device cuda, off on the CPU), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   if (command == RunnerCommand::kServe) {

@@ -47,7 +47,7 @@ struct RunnerFlags {
   int32_t max_num_seqs = 0;         // not given (and 0): the device's default
   int32_t max_tokens_per_step = 0;  // not given (and 0): the device's default
   int32_t prefill_join_limit = 0;   // serve: SchedulerConfig::prefill_join_limit (0: none)
-  std::string overlap_steps = "off";  // EngineConfig::overlap_steps: auto, on, off
+  std::string overlap_steps = "auto";  // EngineConfig::overlap_steps: auto, on, off
   int32_t max_model_len = 0;        // 0: config.json's max_position_embeddings
   uint64_t weight_seed = 0;         // --load-format random
   std::string quantization;         // --quantization: empty/none, int8, int4 or fp8 (CPU only)

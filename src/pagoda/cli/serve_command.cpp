@@ -210,6 +210,10 @@ void run_serve(const ServeOptions& opt) {
   auto created = engine::Engine::create(engine_config, *setup->runner, **kv);
   if (!created.ok()) fail(created.status().to_string());
   engine::Engine& engine = **created;
+  std::fprintf(stderr, "pagoda serve: engine steps: %s (--overlap-steps %s)\n",
+               engine.overlaps_steps() ? "overlapped (the next step is planned while the device runs this one)"
+                                       : "one at a time",
+               opt.runner.overlap_steps.c_str());
   engine.start();
   server::OpenAiServer server(server_config, engine, codec);
   auto port = server.bind();

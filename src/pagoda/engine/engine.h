@@ -178,6 +178,8 @@ class Engine {
   int32_t vocab_size() const { return vocab_size_; }
   int32_t max_context_length() const { return max_context_; }
   int32_t kv_block_size() const { return kv_block_size_; }
+  // Whether steps overlap (EngineConfig::overlap_steps resolved against the runner and the tiers).
+  bool overlaps_steps() const { return overlap_; }
 
   // Synchronous driving (no thread): one step; false if there was nothing to do.
   bool step();

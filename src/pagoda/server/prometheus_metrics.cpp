@@ -217,6 +217,8 @@ std::string render_prometheus_metrics(const engine::EngineStats& s, const HttpCo
   scalar(out, "pagoda_swap_preemptions_total", "counter",
          "Preemptions by swap: the K/V went to the host tier and came back, not recomputed.", s.swap_preemptions);
   scalar(out, "pagoda_engine_steps_total", "counter", "Model forward steps.", s.steps);
+  scalar(out, "pagoda_engine_overlapped_steps_total", "counter",
+         "Steps launched while the one before still ran on the device (--overlap-steps).", s.overlapped_steps);
   header(out, "pagoda_requests_total", "counter", "Requests by outcome.");
   out += fmt::format("pagoda_requests_total{{outcome=\"stop\"}} {}\n", s.requests_finished_stop);
   out += fmt::format("pagoda_requests_total{{outcome=\"length\"}} {}\n", s.requests_finished_length);

@@ -81,10 +81,17 @@ constexpr MlaDecodeKernel kAutomaticTmaKernel = MlaDecodeKernel::kTmaPingPongTwo
 // per group (docs/KERNELS.md v17) the V2-Lite-shaped engine run that failed
 // with CUDA error 719 passes (docs/BENCHMARKS.md, "MLA decode v17"). Pages
 // that divide 16 (several copies a slot) were not measured and stay on cp.async.
+// Swizzled bf16 pages take the bulk-copy kernel (kTmaPingPongTwoChains' bits, one
+// cp.async.bulk a page and column block) by the same page rule as the tensor-map
+// kernel: at pages of 64 it measured at or above the tensor-map kernel on
+// token-major pages and ~8% above cp.async on the same pages (H100); at smaller
+// pages it was not measured on the H200, where cp.async leads the tensor-map kernel.
 MlaDecodeKernel automatic_kernel(const MlaDecodeConfig& c) {
   if (tma_fp8_applies(c) && c.block_size % 16 == 0) return MlaDecodeKernel::kTmaFp8;
-  return tma_applies(c, kAutomaticTmaKernel) && c.block_size % 64 == 0 ? kAutomaticTmaKernel
-                                                                        : MlaDecodeKernel::kCpAsync;
+  const MlaDecodeKernel tma = c.latent_layout == MlaLatentLayout::kBf16SwizzledPages
+                                  ? MlaDecodeKernel::kBulkPingPongTwoChains
+                                  : kAutomaticTmaKernel;
+  return tma_applies(c, tma) && c.block_size % 64 == 0 ? tma : MlaDecodeKernel::kCpAsync;
 }
 
 }  // namespace

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call for session 29's checks (issues #20 and #23):
+#   1. cli_gpu_tests (generate / serve --device cuda against transformers) with --overlap-steps at its new
+#      default (auto: on over CUDA);
+#   2. overlap_stress_call.sh: a mixed HTTP load on `pagoda serve --device cuda`, overlap off then default;
+#   3. the MLA decode plan / GPU tests and the DeepSeek model suite with the automatic kernel choice (swizzled
+#      pages take the bulk-copy kernel at pages of 64), the suite once more on swizzled pages.
+# Bundle: tools/gpu/session29_call.sh bundle (-> .device/s29); run (carry .device/s29):
+#   bash .device/s29/session29_call.sh
+set -u
+if [ "${1:-}" = bundle ]; then
+  here=$(cd "$(dirname "$0")" && pwd); root=$(cd "$here/../.." && pwd); cd "$root" || exit 1
+  . tools/gpu/call_bundle.sh
+  b=$root/build
+  DEST=$root/.device/s29 call_bundle_pack tools/gpu/session29_call.sh "$b/pagoda" "$b/tests/e2e/cli_gpu_tests" \
+    "$b/tests/gpu/mla_decode_gpu_tests" "$b/tests/gpu/mla_decode_plan_tests" "$b/tests/gpu_backend/cuda_model_tests" \
+    "$b/bench/kernels/mla_decode_bench"
+  cp tools/gpu/overlap_stress_call.sh .device/s29/; exit
+fi
+. "$(dirname "$0")/call_bundle.sh"
+call_bundle_unpack
+t0=$SECONDS
+echo "== binaries of $(cat "$(dirname "$B")/commit"); $(date -u +%FT%TZ); $(nvidia-smi --query-gpu=name --format=csv,noheader)"
+PAGODA_CLI="$B pagoda" timeout 240 "$B" cli_gpu_tests > "$out/cli_gpu_tests.log" 2>&1
+echo "cli_gpu_tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/cli_gpu_tests.log" | tr '\n' ' ') ($((SECONDS - t0)) s)"
+grep -E "^\[  FAILED|Failure" "$out/cli_gpu_tests.log" | head -10
+# The stress script finds this bundle beside it (.device/s29/bundle), already unpacked.
+OUT=$out/stress timeout 240 bash "$(dirname "$0")/overlap_stress_call.sh" 2>&1 | tail -14
+echo "== stress done at $((SECONDS - t0)) s"
+timeout 60 "$B" mla_decode_plan_tests > "$out/plan.log" 2>&1; echo "mla_decode_plan_tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/plan.log" | tr '\n' ' ')"
+timeout 150 "$B" mla_decode_gpu_tests --gtest_filter='*Swizzled*:*BulkKernel*:*TmaGraphPlans' > "$out/mla.log" 2>&1
+echo "mla_decode_gpu_tests (swizzled, bulk, graph plans) rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/mla.log" | tr '\n' ' ')"
+grep -E "^\[  FAILED|Failure|Which is|differ" "$out/mla.log" | head -10
+timeout 150 "$B" cuda_model_tests --gtest_filter='*Deepseek*' > "$out/model.log" 2>&1
+echo "cuda_model_tests *Deepseek* rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/model.log" | tr '\n' ' ')"
+grep -E "^\[  FAILED|Failure|Which is|differ" "$out/model.log" | head -10
+PAGODA_MLA_LATENT_PAGES=swizzled128 timeout 150 "$B" cuda_model_tests --gtest_filter='*Deepseek*' > "$out/model_sw.log" 2>&1
+echo "cuda_model_tests *Deepseek* on swizzled pages rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/model_sw.log" | tr '\n' ' ')"
+grep -E "^\[  FAILED|Failure|Which is|differ" "$out/model_sw.log" | head -10
+echo "== tests done at $((SECONDS - t0)) s"
+echo "== end at $((SECONDS - t0)) s"
