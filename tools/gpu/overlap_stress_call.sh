@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Overlapped steps under a mixed HTTP load on the GPU (issue 23): `pagoda serve --device cuda` on the
-# bundled model with --overlap-steps off, then with the default (auto: on over CUDA). Each server gets
+# bundled model with --overlap-steps off, then with the default (auto: on over CUDA), then the default on a
+# KV pool of 8 MiB (1,024 tokens for up to 96 requests: preemption by recompute under overlap, which must
+# show in pagoda_preemptions_total). Each server gets
 #   1. eight greedy completions one at a time (batch 1: the token streams must be equal across the two);
 #   2. a concurrent mix of 96 requests: greedy, seeded sampling, streams the client drops after three
 #      chunks, stop strings, n = 2 with logprobs (host-sampled rows), json_object chat, max_tokens 1;
@@ -107,16 +109,19 @@ for _ in range(50):  # the dropped streams are noticed at their next write; give
     if in_use and in_use[0] == 0: break
     time.sleep(0.2)
 print("pagoda_kv_blocks_in_use", in_use,
-      [l for l in m.splitlines() if l.startswith(("pagoda_client_disconnects_total", "pagoda_engine_"))])
+      [l for l in m.splitlines() if l.startswith(("pagoda_client_disconnects_total", "pagoda_engine_", "pagoda_preemptions_total"))])
 overlapped = [float(l.split()[-1]) for l in m.splitlines() if l.startswith("pagoda_engine_overlapped_steps_total")]
-if sys.argv[4:] == ["overlapped"] and not (overlapped and overlapped[0] > 0): fail(f"no overlapped steps: {overlapped}")
+if sys.argv[4:5] == ["overlapped"] and not (overlapped and overlapped[0] > 0): fail(f"no overlapped steps: {overlapped}")
+preempted = [float(l.split()[-1]) for l in m.splitlines() if l.startswith("pagoda_preemptions_total")]
+if sys.argv[5:6] == ["preempts"] and not (preempted and preempted[0] > 0): fail(f"no preemptions: {preempted}")
 if not in_use or in_use[0] != 0: fail(f"blocks still in use: {in_use}")
 if get("/health")[0] != 200: fail("health")
 sys.exit(1 if failures else 0)
 PY
 rc_all=0
-for ov in off default; do
+for ov in off default pressure; do
   args=(); [ "$ov" = off ] && args=(--overlap-steps off)
+  [ "$ov" = pressure ] && args=(--kv-cache-memory 8MiB)
   "$b/run.sh" pagoda serve --model "$root/models/pagoda-tiny" --device cuda --host 127.0.0.1 --port 0 "${args[@]}" \
     > "$out/serve_$ov.log" 2>&1 &
   pid=$!; port=""
@@ -127,7 +132,7 @@ for ov in off default; do
   done
   grep -E "engine steps" "$out/serve_$ov.log" | head -2
   timeout 120 python3 "$out/stress.py" "$port" sequential "$out/seq_$ov.json"; r1=$?
-  expect=""; [ "$ov" = default ] && expect=overlapped
+  expect=""; [ "$ov" = default ] && expect=overlapped; [ "$ov" = pressure ] && expect="overlapped preempts"
   timeout 240 python3 "$out/stress.py" "$port" mixed "$out/mixed_$ov.json" $expect; r2=$?
   kill -0 $pid 2>/dev/null || { echo "server ($ov) died"; rc_all=1; }
   kill $pid; wait $pid 2>/dev/null
