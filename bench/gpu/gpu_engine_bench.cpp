@@ -98,9 +98,10 @@ struct Args {
   int kv_budget = 2048, kv_sink_tokens = 4, kv_window = 32;
   float temperature = 1.0f, top_p = 0.9f;
   bool host_sampling = false;
-  // EngineConfig::overlap_steps; PAGODA_OVERLAP_STEPS=on|off sets the default (A/B calls of one bundle).
+  // EngineConfig::overlap_steps, auto like `pagoda serve`; PAGODA_OVERLAP_STEPS=on|off sets the default
+  // (A/B calls of one bundle).
   std::string overlap_steps = std::getenv("PAGODA_OVERLAP_STEPS") != nullptr ? std::getenv("PAGODA_OVERLAP_STEPS")
-                                                                              : "off";
+                                                                              : "auto";
   double gpu_memory_utilization = 0.9, max_seconds = 600, prefix_max_seconds = 120;
   // prefill workload: requests of --input-len tokens with one output token each, once per step token budget.
   std::vector<int> prefill_chunks = {2048, 4096, 8192, 16384};
@@ -425,7 +426,8 @@ int main(int argc, char** argv) {
   app.add_option("--top-p", args.top_p);
   app.add_flag("--host-sampling", args.host_sampling, "sample on the host from logits (the old path)");
   app.add_option("--overlap-steps", args.overlap_steps,
-                 "plan and launch the next engine step while the GPU runs this one (auto, on, off; default off)")
+                 "plan and launch the next engine step while the GPU runs this one (auto, on, off; default auto, "
+                 "as pagoda serve)")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   app.add_option("--num-requests", args.num_requests)->check(CLI::PositiveNumber);
   app.add_option("--input-len", args.input_len, "random prompt length")->check(CLI::PositiveNumber);
