@@ -35,6 +35,13 @@ enum class MlaLatentLayout : int32_t {
   kBf16SwizzledPages = 2,
 };
 
+// The block sizes of the kernels that fill a 64-position tile by whole page
+// pieces (the tensor-map kernels' boxes, the bulk kernel's copies): pages the
+// tile divides into pieces of >= 8 rows (8, 16, 32), or that hold whole tiles.
+constexpr bool mla_tile_pieces_fit(int32_t block_size) {
+  return block_size > 0 && (block_size % 64 == 0 || block_size == 8 || block_size == 16 || block_size == 32);
+}
+
 // Which decode kernel a plan launches.
 enum class MlaDecodeKernel : int32_t {
   kDefault = 0,  // plan option only: the environment's choice (mla_decode.h)

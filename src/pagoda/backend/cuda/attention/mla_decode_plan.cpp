@@ -58,11 +58,10 @@ bool tma_applies(const MlaDecodeConfig& c, MlaDecodeKernel k) {
   if (k == MlaDecodeKernel::kTmaFp8) return tma_fp8_applies(c);
   if (k == MlaDecodeKernel::kBulkPingPongTwoChains)  // byte offsets in 64 bits: no slot-count limit
     return c.latent_element == KvElement::kBF16 && c.latent_layout == MlaLatentLayout::kBf16SwizzledPages &&
-           c.num_heads <= 16 &&
-           (c.block_size % 64 == 0 || c.block_size == 8 || c.block_size == 16 || c.block_size == 32);
+           c.num_heads <= 16 && mla_tile_pieces_fit(c.block_size);
   return c.latent_element == KvElement::kBF16 && c.latent_layout == MlaLatentLayout::kPerVectorScale &&
          c.num_heads <= 16 && int64_t{c.num_blocks} * c.block_size < (int64_t{1} << 31) &&
-         (c.block_size % 64 == 0 || c.block_size == 8 || c.block_size == 16 || c.block_size == 32);
+         mla_tile_pieces_fit(c.block_size);
 }
 
 // The automatic choice: a TMA kernel where it applies and was measured

@@ -831,8 +831,7 @@ cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& d, const void*
   const bool bulk = d.kernel == MlaDecodeKernel::kBulkPingPongTwoChains;
   const MlaLatentLayout layout = bulk ? MlaLatentLayout::kBf16SwizzledPages : MlaLatentLayout::kPerVectorScale;
   const bool domain = d.latent_element == KvElement::kBF16 && d.latent_layout == layout && d.num_heads <= kHeads &&
-                      d.num_blocks > 0 &&
-                      (d.block_size % kTile == 0 || d.block_size == 8 || d.block_size == 16 || d.block_size == 32);
+                      d.num_blocks > 0 && mla_tile_pieces_fit(d.block_size);
   if (!domain) return cudaErrorNotSupported;
   const cudaError_t prepared = prepare_mla_decode_tma_kernel();
   if (prepared != cudaSuccess) return prepared;
