@@ -28,8 +28,8 @@ grep -E "^\[  FAILED|Failure" "$out/cli_gpu_tests.log" | head -10
 OUT=$out/stress timeout 240 bash "$(dirname "$0")/overlap_stress_call.sh" 2>&1 | tail -14
 echo "== stress done at $((SECONDS - t0)) s"
 timeout 60 "$B" mla_decode_plan_tests > "$out/plan.log" 2>&1; echo "mla_decode_plan_tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/plan.log" | tr '\n' ' ')"
-timeout 150 "$B" mla_decode_gpu_tests --gtest_filter='*Swizzled*:*BulkKernel*:*TmaGraphPlans' > "$out/mla.log" 2>&1
-echo "mla_decode_gpu_tests (swizzled, bulk, graph plans) rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/mla.log" | tr '\n' ' ')"
+timeout 200 "$B" mla_decode_gpu_tests > "$out/mla.log" 2>&1
+echo "mla_decode_gpu_tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/mla.log" | tr '\n' ' ')"
 grep -E "^\[  FAILED|Failure|Which is|differ" "$out/mla.log" | head -10
 timeout 150 "$B" cuda_model_tests --gtest_filter='*Deepseek*' > "$out/model.log" 2>&1
 echo "cuda_model_tests *Deepseek* rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/model.log" | tr '\n' ' ')"
