@@ -224,6 +224,8 @@ TEST(PrometheusMetricsTest, HostTierHitsGaugesAndTransfersCarryTheirLabels) {
   s.transfers.seconds[1] = 0.25;
   s.preemptions = 3;
   s.swap_preemptions = 2;
+  s.steps = 9;
+  s.overlapped_steps = 7;
   const std::string text = render_prometheus_metrics(s, HttpCounters{});
   for (const char* line :
        {"pagoda_prefix_cache_hit_tokens_total{tier=\"device\"} 16\n",
@@ -233,7 +235,8 @@ TEST(PrometheusMetricsTest, HostTierHitsGaugesAndTransfersCarryTheirLabels) {
         "pagoda_kv_transfer_blocks_total{direction=\"device_to_host\"} 5\n",
         "pagoda_kv_transfer_bytes_total{direction=\"host_to_device\"} 4096\n",
         "pagoda_kv_transfer_seconds_total{direction=\"host_to_device\"} 0.25\n", "pagoda_preemptions_total 3\n",
-        "pagoda_swap_preemptions_total 2\n"})
+        "pagoda_swap_preemptions_total 2\n", "pagoda_engine_steps_total 9\n",
+        "pagoda_engine_overlapped_steps_total 7\n"})
     EXPECT_NE(text.find(line), std::string::npos) << line;
   EXPECT_EQ(text.find("pagoda_prefix_cache_hit_tokens_total 48"), std::string::npos) << "the total is the sum of tiers";
 }
