@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Overlapped steps under a mixed HTTP load on the GPU (issue 23): `pagoda serve --device cuda` on the
 # bundled model with --overlap-steps off, then with the default (auto: on over CUDA), then the default on a
-# KV pool of 8 MiB (1,024 tokens for up to 96 requests: preemption by recompute under overlap, which must
-# show in pagoda_preemptions_total). Each server gets
+# KV pool of 8 MiB (1,024 tokens; there the greedy and seeded requests run 300 tokens and all 96 arrive at
+# once: preemption by recompute under overlap, which must show in pagoda_preemptions_total). Each server gets
 #   1. eight greedy completions one at a time (batch 1: the token streams must be equal across the two);
 #   2. a concurrent mix of 96 requests: greedy, seeded sampling, streams the client drops after three
 #      chunks, stop strings, n = 2 with logprobs (host-sampled rows), json_object chat, max_tokens 1;
@@ -34,6 +34,10 @@ prompts = ["It is a truth universally acknowledged", "In the beginning God creat
            "The morning was fine and", "Mr. Darcy walked", "And the earth was without form",
            "Her mother had died", "They came to the house"]
 failures = []
+# Under pressure the greedy and seeded requests run 300 tokens past eos and arrive at once, so that their
+# KV outgrows the small pool and the scheduler preempts (short requests finish too fast on a GPU).
+long_run = "preempts" in sys.argv[4:]
+gen = {"max_tokens": 300, "ignore_eos": True} if long_run else {"max_tokens": 64}
 def fail(what): failures.append(what); print("FAIL", what, flush=True)
 if phase == "sequential":
     texts = []
@@ -45,11 +49,11 @@ if phase == "sequential":
     sys.exit(1 if failures else 0)
 jobs = []
 def greedy(i):
-    s, d = post("/v1/completions", {"model": model, "prompt": prompts[i % 8], "max_tokens": 64, "temperature": 0})
+    s, d = post("/v1/completions", {"model": model, "prompt": prompts[i % 8], "temperature": 0, **gen})
     if s != 200: fail(f"greedy {i}: {s} {d[:200]}")
 def seeded(i):
-    s, d = post("/v1/completions", {"model": model, "prompt": prompts[i % 8], "max_tokens": 64,
-                                     "temperature": 0.8, "top_p": 0.9, "seed": 7 + i})
+    s, d = post("/v1/completions", {"model": model, "prompt": prompts[i % 8], "temperature": 0.8, "top_p": 0.9,
+                                     "seed": 7 + i, **gen})
     if s != 200: fail(f"seeded {i}: {s} {d[:200]}")
 def dropped_stream(i):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -99,7 +103,8 @@ for f, i in jobs:
     def run(f=f, i=i):
         try: f(i)
         except Exception as e: fail(f"{f.__name__} {i}: {e!r}")
-    t = threading.Thread(target=run); t.start(); threads.append(t); time.sleep(0.01)
+    t = threading.Thread(target=run); t.start(); threads.append(t)
+    if not long_run: time.sleep(0.01)
 for t in threads: t.join()
 print(f"{len(jobs)} requests in {time.time() - t0:.1f} s, {len(failures)} failures", flush=True)
 in_use = None
