@@ -5,9 +5,9 @@
 # once: preemption by recompute under overlap, which must show in pagoda_preemptions_total). Each server gets
 #   1. eight greedy completions one at a time (batch 1: the token streams must be equal across the two);
 #   2. a concurrent mix of 96 requests: greedy, seeded sampling, streams the client drops after three
-#      chunks, stop strings, n = 2 with logprobs (host-sampled rows), json_object chat, max_tokens 1;
-#      every answer is checked (status, json parses, stop string absent, two choices, logprobs present,
-#      one token), and afterwards the server must still answer and hold no KV block in use
+#      chunks, stop strings, n = 2 with logprobs (host-sampled rows), json_object and json_schema chat,
+#      max_tokens 1; every answer is checked (status, the object opened / the schema's value given, stop
+#      string absent, two choices, logprobs present, one token), and afterwards the server must still answer and hold no KV block in use
 #      (pagoda_kv_blocks_in_use 0 on /metrics: nothing leaked by dropped or late-stopped rows); with the
 #      default, pagoda_engine_overlapped_steps_total must be above 0.
 # Bundle: tests/e2e/run_cli_gpu_tests.sh bundle (-> .device/cli/bundle.tar.xz); copy this script there.
@@ -83,13 +83,23 @@ def two_with_logprobs(i):
     for c in ch:
         if not c.get("logprobs") or not c["logprobs"].get("top_logprobs"): fail(f"n=2 {i}: no logprobs")
 def json_chat(i):
+    # Even: json_object (the tiny model writes long strings, so these mostly end by length: the text must open
+    # an object); odd: a schema of two strings, which always ends, and must give one of them.
+    fmt = ({"type": "json_object"} if i % 2 == 0 else
+           {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "string", "enum": ["yes", "no"]}}})
     s, d = post("/v1/chat/completions", {"model": model, "max_tokens": 48, "temperature": 0,
-               "messages": [{"role": "user", "content": prompts[i % 8]}], "response_format": {"type": "json_object"}})
+               "messages": [{"role": "user", "content": prompts[i % 8]}], "response_format": fmt})
     if s != 200: fail(f"json {i}: {s} {d[:200]}"); return
-    body = json.loads(d); text = body["choices"][0]["message"]["content"]
-    if body["choices"][0]["finish_reason"] == "stop":
-        try: json.loads(text)
-        except Exception: fail(f"json {i}: not json {text!r}")
+    body = json.loads(d); text = body["choices"][0]["message"]["content"]; done = body["choices"][0]["finish_reason"]
+    if i % 2 == 0:
+        if not text.lstrip().startswith("{"): fail(f"json_object {i}: {text!r}")
+        if done == "stop":
+            try: json.loads(text)
+            except Exception: fail(f"json_object {i}: not json {text!r}")
+    else:
+        try: ok = done == "stop" and json.loads(text) in ("yes", "no")
+        except Exception: ok = False
+        if not ok: fail(f"json_schema {i}: {done} {text!r}")
 def one_token(i):
     s, d = post("/v1/completions", {"model": model, "prompt": prompts[i % 8], "max_tokens": 1, "temperature": 0})
     if s != 200: fail(f"one {i}: {s}"); return
