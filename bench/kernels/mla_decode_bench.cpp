@@ -106,7 +106,8 @@ struct Result {
 
 int iters = 50;
 std::string only;
-std::string kernel_choice = "all";
+std::string kernel_choice = "all";  // "auto": the plan's automatic choice on this card
+AttentionDeviceInfo bench_device;  // this card (query_attention_device_info)
 std::string schedule_choice = "whole";
 std::string timing_choice = "spin";
 bool programmatic_merge = false;
@@ -249,6 +250,7 @@ std::vector<Result> run_shape(int batch, int context, int heads, bool fp8, int b
   std::vector<std::pair<MlaDecodeKernel, bool>> kernels;  // (kernel, spread budgets)
   for (const bool spread : {false, true}) {
     if (schedule_choice != "all" && (schedule_choice == "spread") != spread) continue;
+    if (kernel_choice == "auto") kernels.push_back({MlaDecodeKernel::kDefault, spread});
     for (MlaDecodeKernel k : kKernels)
       if (kernel_choice == "all" || kernel_choice == kernel_name(k)) kernels.push_back({k, spread});
   }
@@ -285,12 +287,14 @@ std::vector<Result> run_shape(int batch, int context, int heads, bool fp8, int b
     MlaDecodeOptions options;
     options.kernel = kernel;
     options.spread_budget = spread;
-    auto plan = MlaDecodePlan::create(config, rows, AttentionDeviceInfo{num_sms}, options);
+    AttentionDeviceInfo device = bench_device;
+    device.num_sms = num_sms;
+    auto plan = MlaDecodePlan::create(config, rows, device, options);
     if (!plan.ok()) {
       std::fprintf(stderr, "%s: %s\n", name, std::string(plan.status().message()).c_str());
       std::exit(1);
     }
-    if (plan->kernel() != kernel) continue;  // the TMA kernel does not apply to this shape
+    if (kernel != MlaDecodeKernel::kDefault && plan->kernel() != kernel) continue;  // the TMA kernel does not apply
     void* d_arena = device_alloc(plan->arena_bytes());
     void* d_work = device_alloc(plan->workspace_bytes());
     CHECK_CUDA(cudaMemcpy(d_arena, plan->arena().data(), plan->arena_bytes(), cudaMemcpyHostToDevice));
@@ -315,12 +319,12 @@ std::vector<Result> run_shape(int batch, int context, int heads, bool fp8, int b
       CHECK_CUDA(launch_mla_decode(desc, d_q, d_out, nullptr));
       CHECK_CUDA(cudaDeviceSynchronize());
     }
-    Timed t{kernel, spread, median(ms) * 1e-3, plan->num_ctas(), plan->num_segments(),
+    Timed t{plan->kernel(), spread, median(ms) * 1e-3, plan->num_ctas(), plan->num_segments(),
             std::vector<uint16_t>(out_elems)};
     CHECK_CUDA(cudaMemcpy(t.out.data(), d_out, out_elems * 2, cudaMemcpyDeviceToHost));
     for (uint16_t v : t.out)
       if (!std::isfinite(pagoda::bf16_to_f32(v))) {
-        std::fprintf(stderr, "%s [%s]: non-finite output\n", name, kernel_name(kernel));
+        std::fprintf(stderr, "%s [%s]: non-finite output\n", name, kernel_name(plan->kernel()));
         std::exit(1);
       }
     CHECK_CUDA(cudaFree(d_arena));
@@ -368,7 +372,8 @@ std::vector<Result> run_shape(int batch, int context, int heads, bool fp8, int b
   std::vector<Result> results;
   for (size_t k = 0; k < timed.size(); ++k) {
     const double seconds = timed[k].seconds;
-    const std::string full = std::string(name) + " [" + kernel_name(timed[k].kernel) + "]" +
+    const std::string full = std::string(name) + " [" + (kernel_choice == "auto" ? "auto: " : "") +
+                             kernel_name(timed[k].kernel) + "]" +
                              (timed[k].spread ? " spread" : "");
     Result r{full, bytes / seconds / 1e9, flops / seconds / 1e12, seconds * 1e6, std::sqrt(num[k] / den)};
     // The first TMA variant of the same schedule: the others must match it bit for bit.
@@ -394,7 +399,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!std::strcmp(argv[i], "--kernel") && i + 1 < argc &&
-             (!std::strcmp(argv[i + 1], "all") ||
+             (!std::strcmp(argv[i + 1], "all") || !std::strcmp(argv[i + 1], "auto") ||
               std::any_of(std::begin(kKernels), std::end(kKernels),
                           [&](MlaDecodeKernel k) { return !std::strcmp(argv[i + 1], kernel_name(k)); })))
       kernel_choice = argv[++i];
@@ -417,7 +422,7 @@ int main(int argc, char** argv) {
     }
     else {
       std::fprintf(stderr,
-                   "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|cp_async|tma|"
+                   "usage: mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|auto|cp_async|tma|"
                    "tma_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_fast_exp|"
                    "tma_pingpong_fast_exp|tma_pingpong_turns|tma_pingpong_2chain|tma_pingpong_all|tma_pingpong_split|"
                    "tma_pingpong_split_2chain|tma_fp8|bulk_pingpong_2chain] "
@@ -428,8 +433,10 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  CHECK_CUDA(query_attention_device_info(0, &bench_device));
   CHECK_CUDA(prepare_mla_decode_kernels());
-  std::printf("device %s, %d SMs; merge %s; timing %s\n", prop.name, prop.multiProcessorCount,
+  std::printf("device %s, %d SMs, peak DRAM %.0f GB/s; merge %s; timing %s\n", prop.name, prop.multiProcessorCount,
+              bench_device.peak_dram_gbps,
               decode_only ? "none (TMA main pass alone)" : programmatic_merge ? "pdl" : "plain",
               timing_choice == "busy"   ? "busy (a 256 MB memset ahead of each start event: GPU time only, cold L2)"
               : timing_choice == "spin" ? "spin (a 50 us memory-free kernel ahead of each start event: GPU time only)"
@@ -453,6 +460,7 @@ int main(int argc, char** argv) {
       shapes.push_back({64, 4096, heads, fp8, 64});
       shapes.push_back({8, 32768, heads, fp8, 64});
     }
+  shapes.push_back({64, 4096, 16, false, 32});
   shapes.push_back({64, 4096, 16, false, 16});
   shapes.push_back({64, 4096, 16, true, 16});
   for (int heads : {16, 128}) {

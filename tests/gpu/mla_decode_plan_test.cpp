@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 #include <numeric>
 #include <string>
@@ -476,6 +477,52 @@ TEST(MlaDecodePlanTest, KernelChoice) {
   for (int removed : {3, 5, 9}) {
     o.kernel = static_cast<MlaDecodeKernel>(removed);
     expect_error(config(), one, "kernel " + std::to_string(removed) + " unknown", o);
+  }
+}
+
+TEST(MlaDecodePlanTest, AutomaticKernelAtSmallPagesFollowsTheCardsBandwidth) {
+  // Pages of 16 and 32 positions: the tensor-map kernel (bulk kernel on swizzled
+  // pages) on a card below 4 TB/s peak (measured faster on the H100), cp.async on a
+  // faster card (measured faster on the H200) and on a card of unknown bandwidth.
+  // Pages of 8, other formats and more than 16 heads are not affected.
+  const char* env = std::getenv("PAGODA_MLA_DECODE_KERNEL");
+  if (env != nullptr && *env != '\0') GTEST_SKIP() << "PAGODA_MLA_DECODE_KERNEL=" << env;
+  const auto t = table(100);
+  const std::vector<MlaDecodeRow> one{{100, t}};
+  const AttentionDeviceInfo h100{132, 3352.3}, h200{132, 4915.2}, unknown{132, 0.0};
+  auto kernel_on = [&](MlaDecodeConfig c, const AttentionDeviceInfo& device) {
+    auto plan = MlaDecodePlan::create(c, one, device);
+    EXPECT_TRUE(plan.ok()) << plan.status().message();
+    return plan.ok() ? plan->kernel() : MlaDecodeKernel::kDefault;
+  };
+  auto swizzled = [](int32_t heads, int32_t bs) {
+    auto c = config(heads, bs);
+    c.latent_layout = MlaLatentLayout::kBf16SwizzledPages;
+    return c;
+  };
+  for (int32_t bs : {16, 32}) {
+    EXPECT_EQ(kernel_on(config(16, bs), h100), MlaDecodeKernel::kTmaPingPongTwoChains) << bs;
+    EXPECT_EQ(kernel_on(swizzled(16, bs), h100), MlaDecodeKernel::kBulkPingPongTwoChains) << bs;
+    for (const auto& fast_or_unknown : {h200, unknown}) {
+      EXPECT_EQ(kernel_on(config(16, bs), fast_or_unknown), MlaDecodeKernel::kCpAsync) << bs;
+      EXPECT_EQ(kernel_on(swizzled(16, bs), fast_or_unknown), MlaDecodeKernel::kCpAsync) << bs;
+    }
+    EXPECT_EQ(kernel_on(config(17, bs), h100), MlaDecodeKernel::kCpAsync) << bs;
+    auto fp8 = config(16, bs);
+    fp8.latent_element = KvElement::kFP8E4M3;
+    EXPECT_EQ(kernel_on(fp8, h100), MlaDecodeKernel::kCpAsync) << bs;
+  }
+  for (const auto& device : {h100, h200, unknown}) {
+    EXPECT_EQ(kernel_on(config(16, 8), device), MlaDecodeKernel::kCpAsync);
+    EXPECT_EQ(kernel_on(config(16, 48), device), MlaDecodeKernel::kCpAsync);
+    EXPECT_EQ(kernel_on(config(16, 64), device), MlaDecodeKernel::kTmaPingPongTwoChains);
+    EXPECT_EQ(kernel_on(swizzled(16, 64), device), MlaDecodeKernel::kBulkPingPongTwoChains);
+  }
+  // A bandwidth that is not a number is refused with the field named.
+  for (double bad : {-1.0, std::nan(""), HUGE_VAL}) {
+    auto plan = MlaDecodePlan::create(config(16, 16), one, AttentionDeviceInfo{132, bad});
+    ASSERT_FALSE(plan.ok()) << bad;
+    EXPECT_NE(std::string(plan.status().message()).find("peak_dram_gbps"), std::string::npos);
   }
 }
 

@@ -24,7 +24,7 @@ struct CudaMlaDecode::State {
   float scale = 0.0f;
   bool shape_ok = false;
   bool prepared = false;
-  int32_t num_sms = 132;
+  kc::AttentionDeviceInfo device;
   std::optional<kc::MlaDecodePlan> plan;  // this step's (nullopt: no fast rows)
   bool graph = false;                     // plan is a fixed (graph) plan
   DeviceBuffer arena, workspace;          // eager plans
@@ -35,9 +35,9 @@ struct CudaMlaDecode::State {
 
   Status prepare() {
     if (prepared) return ok_status();
-    int device = 0;
-    PAGODA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-    PAGODA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    int ordinal = 0;
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&ordinal));
+    PAGODA_CUDA_RETURN_IF_ERROR(kc::query_attention_device_info(ordinal, &device));
     PAGODA_CUDA_RETURN_IF_ERROR(kc::prepare_mla_decode_kernels());
     prepared = true;
     return ok_status();
@@ -86,7 +86,7 @@ StatusOr<int32_t> CudaMlaDecode::plan(const ForwardBatch& batch, const KvPoolSha
   if (s.rows.empty()) return 0;
   PAGODA_RETURN_IF_ERROR(s.prepare());
   const kc::MlaDecodeConfig config{s.num_heads, pool.block_size, pool.num_blocks, s.scale, element, layout};
-  const kc::AttentionDeviceInfo device{s.num_sms};
+  const kc::AttentionDeviceInfo& device = s.device;
   DeviceBuffer* arena = &s.arena;
   kc::MlaDecodeOptions options;
   if (bucket > 0) {

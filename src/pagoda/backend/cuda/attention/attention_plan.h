@@ -42,9 +42,11 @@ struct AttentionSequence {
   std::span<const int32_t> block_table;  // covers num_cached_tokens + num_new_tokens positions
 };
 
-// What the planner needs to know about the GPU (cudaDeviceProp: multiProcessorCount).
+// What the planner needs to know about the GPU (cudaDeviceProp: multiProcessorCount;
+// peak DRAM bandwidth from the memory clock and bus width, 0 when unknown).
 struct AttentionDeviceInfo {
   int32_t num_sms = 132;
+  double peak_dram_gbps = 0.0;
 };
 
 struct AttentionPlanOptions {

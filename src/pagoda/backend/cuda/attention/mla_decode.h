@@ -148,4 +148,9 @@ class MlaDecodePlan {
   const int32_t* external_block_tables_ = nullptr;  // options.fixed_block_tables
 };
 
+// The planner's view of CUDA device `device`: its SMs and its peak DRAM
+// bandwidth (2 x memory clock x bus width; the automatic kernel choice at small
+// pages depends on it).
+cudaError_t query_attention_device_info(int device, AttentionDeviceInfo* info);
+
 }  // namespace pagoda::kernels::cuda

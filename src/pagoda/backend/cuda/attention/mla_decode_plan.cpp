@@ -85,15 +85,40 @@ constexpr MlaDecodeKernel kAutomaticTmaKernel = MlaDecodeKernel::kTmaPingPongTwo
 // kernel: at pages of 64 it measured at or above the tensor-map kernel on
 // token-major pages and ~8% above cp.async on the same pages (H100); at smaller
 // pages it was not measured on the H200, where cp.async leads the tensor-map kernel.
-MlaDecodeKernel automatic_kernel(const MlaDecodeConfig& c) {
+// Pages of 16 and 32 positions: which kernel leads depends on the card. On the
+// H200 (4.8 TB/s) cp.async led the tensor-map kernel by 6% at pages of 16; on
+// the H100 (3.35 TB/s) the tensor-map and bulk kernels lead cp.async by 6-8% at
+// pages of 16 and 32 (docs/BENCHMARKS.md, "MLA decode at small pages by card").
+// A likely cause is the bytes in flight: a page of 16 rows is a 2 KB box per
+// column block, and a faster memory needs more of them outstanding than the
+// producer warp's ring keeps, where cp.async's 256 threads keep more. Two cards
+// are two data points, so the rule keys on the peak bandwidth between them, and
+// an unknown card keeps cp.async (the choice before). Pages of 8 stay cp.async
+// (not measured in the real kernel; the load probe lost 14% there).
+constexpr double kSmallPagesTmaBelowGbps = 4000.0;
+MlaDecodeKernel automatic_kernel(const MlaDecodeConfig& c, const AttentionDeviceInfo& device) {
   if (tma_fp8_applies(c) && c.block_size % 16 == 0) return MlaDecodeKernel::kTmaFp8;
   const MlaDecodeKernel tma = c.latent_layout == MlaLatentLayout::kBf16SwizzledPages
                                   ? MlaDecodeKernel::kBulkPingPongTwoChains
                                   : kAutomaticTmaKernel;
-  return tma_applies(c, tma) && c.block_size % 64 == 0 ? tma : MlaDecodeKernel::kCpAsync;
+  const bool small_pages_take_tma = (c.block_size == 16 || c.block_size == 32) && device.peak_dram_gbps > 0.0 &&
+                                    device.peak_dram_gbps < kSmallPagesTmaBelowGbps;
+  return tma_applies(c, tma) && (c.block_size % 64 == 0 || small_pages_take_tma) ? tma : MlaDecodeKernel::kCpAsync;
 }
 
 }  // namespace
+
+cudaError_t query_attention_device_info(int device, AttentionDeviceInfo* info) {
+  int sms = 0, memory_khz = 0, bus_bits = 0;
+  cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device);
+  if (e != cudaSuccess) return e;
+  info->num_sms = sms;
+  // Double data rate: two transfers a clock over bus_bits / 8 bytes.
+  info->peak_dram_gbps = 2.0 * double(memory_khz) * 1e3 * double(bus_bits) / 8.0 / 1e9;
+  return cudaSuccess;
+}
 
 StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std::span<const MlaDecodeRow> rows,
                                               const AttentionDeviceInfo& device, const MlaDecodeOptions& options) {
@@ -124,7 +149,7 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
   MlaDecodeKernel kernel = options.kernel;
   if (kernel == MlaDecodeKernel::kDefault) {
     const char* env = environment_kernel();
-    if (*env == '\0' || std::strcmp(env, "auto") == 0) kernel = automatic_kernel(config);
+    if (*env == '\0' || std::strcmp(env, "auto") == 0) kernel = automatic_kernel(config, device);
     else if (std::strcmp(env, "cp_async") == 0) kernel = MlaDecodeKernel::kCpAsync;
     else if (std::strcmp(env, "tma") == 0) kernel = MlaDecodeKernel::kTma;
     else if (std::strcmp(env, "tma_tile") == 0) kernel = MlaDecodeKernel::kTmaTile;
@@ -155,6 +180,8 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
   if (options.split_tokens < 0)
     return invalid_argument_error("mla decode: split_tokens {} must be >= 0", options.split_tokens);
   if (device.num_sms < 1) return invalid_argument_error("mla decode: num_sms {} must be positive", device.num_sms);
+  if (!(device.peak_dram_gbps >= 0.0) || !std::isfinite(device.peak_dram_gbps))
+    return invalid_argument_error("mla decode: peak_dram_gbps {} must be >= 0 and finite", device.peak_dram_gbps);
   if (rows.size() > size_t{1} << 24)
     return invalid_argument_error("mla decode: {} rows (at most 16M)", rows.size());
   const bool fixed = options.fixed_rows > 0;

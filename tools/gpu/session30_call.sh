@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# One device call for session 30 (issues #20 and #23), PARTS in order (default "tests small engine h200"):
+#   tests   mla_decode_plan_tests, mla_decode_gpu_tests, cuda_model_tests *Deepseek* (the automatic kernel
+#           as this card takes it);
+#   small   mla_decode_bench bf16 H=16 at pages of 16 / 32 / 64 (cp.async, tma, tma_pingpong_2chain on
+#           token-major pages; bulk_pingpong_2chain on swizzled pages; the plan's automatic choice), three
+#           rounds interleaved: which kernel wins at small pages on this card;
+#   engine  the DeepSeek-V2-Lite-shaped engine (bf16 latent, the engine's pages of 16) with the automatic
+#           kernel vs tma_pingpong_2chain vs cp_async forced;
+#   ncu     every kernel of one batch-512 decode replay of the Llama-3-8B shape (fp8 + fp8 KV), by kind
+#           (decode_path_call.sh's ncu part);
+#   h200    on an H200 only, while time is left: the owed overlap A/B of decode_path_call.sh (batch-1 ITL
+#           and the 1,000 x 1,000, PAGODA_OVERLAP_STEPS off / on).
+# Bundle: tools/gpu/session30_call.sh bundle (-> .device/s30); run (carry .device/s30):
+#   [PARTS=...] [TOTAL=560] bash .device/s30/session30_call.sh
+set -u
+if [ "${1:-}" = bundle ]; then
+  here=$(cd "$(dirname "$0")" && pwd); root=$(cd "$here/../.." && pwd); cd "$root" || exit 1
+  . tools/gpu/call_bundle.sh
+  b=$root/build
+  DEST=$root/.device/s30 call_bundle_pack tools/gpu/session30_call.sh "$b/bench/gpu/pagoda_gpu_engine_bench" \
+    "$b/bench/kernels/mla_decode_bench" "$b/tests/gpu/mla_decode_gpu_tests" "$b/tests/gpu/mla_decode_plan_tests" \
+    "$b/tests/gpu_backend/cuda_model_tests"
+  cp tools/gpu/decode_path_call.sh .device/s30/; exit
+fi
+. "$(dirname "$0")/call_bundle.sh"
+call_bundle_unpack
+t0=$SECONDS; total=${TOTAL:-560}
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "== binaries of $(cat "$(dirname "$B")/commit"); $(date -u +%FT%TZ); $gpu"
+parts=" ${PARTS:-tests small engine h200} "
+if [[ $parts == *" tests "* ]]; then
+  timeout 60 "$B" mla_decode_plan_tests > "$out/plan.log" 2>&1; echo "mla_decode_plan_tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/plan.log" | tr '\n' ' ')"
+  timeout 200 "$B" mla_decode_gpu_tests > "$out/mla.log" 2>&1
+  echo "mla_decode_gpu_tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/mla.log" | tr '\n' ' ') ($((SECONDS - t0)) s)"
+  grep -E "^\[  FAILED|Failure|Which is|differ" "$out/mla.log" | head -10
+  timeout 150 "$B" cuda_model_tests --gtest_filter='*Deepseek*' > "$out/model.log" 2>&1
+  echo "cuda_model_tests *Deepseek* rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/model.log" | tr '\n' ' ') ($((SECONDS - t0)) s)"
+  grep -E "^\[  FAILED|Failure|Which is|differ" "$out/model.log" | head -10
+fi
+[[ $parts == *" small "* ]] && for round in 1 2 3; do
+  for bs in 16 32 64; do
+    for run in "token cp_async" "token tma" "token tma_pingpong_2chain" "swizzled bulk_pingpong_2chain" "token auto" "swizzled auto"; do
+      set -- $run
+      timeout 30 "$B" mla_decode_bench --iters 20 --only "bf16 H=16 B=64 L=4096 bs=$bs" --kernel "$2" --schedule whole \
+        --pages "$1" 2>&1 | grep -E "^mla decode|error|non-finite" | sed "s/^/r$round /"
+    done
+  done
+done
+echo "== MLA bench done at $((SECONDS - t0)) s"
+# The engine at its default pages of 16, bf16 latent: 256 requests x 1,000 in / 300 out, 256 running.
+[[ $parts == *" engine "* ]] && for round in 1 2; do
+  for k in auto tma_pingpong_2chain cp_async; do
+    PAGODA_MLA_DECODE_KERNEL=$k timeout 100 "$B" pagoda_gpu_engine_bench --config tools/gpu_backend/deepseek_v2_lite_config.json \
+      --workload random --sampling greedy --no-step-profile --kv-cache-dtype bf16 --num-requests 256 --input-len 1000 \
+      --output-len 300 --max-num-seqs 256 > "$out/v2lite_$k.log" 2>&1
+    echo "r$round v2lite bf16 latent kernel $k rc=$? failed $(grep -c ' failed: ' "$out/v2lite_$k.log"):" \
+      "$(grep -m2 -E '^engine|decode-only' "$out/v2lite_$k.log" | cut -c1-200 | tr '\n' ' ')"
+  done
+done
+echo "== engine done at $((SECONDS - t0)) s"
+if [[ $parts == *" ncu "* ]]; then
+  OUT=$out/ncu PARTS="ncu" BUDGET=200 bash "$(dirname "$0")/decode_path_call.sh" run 2>&1 | tail -40
+fi
+[[ $parts == *" h200 "* ]] && case $gpu in
+*H200*)
+  left=$((total - (SECONDS - t0) - 20))
+  echo "== H200: overlap A/B with budget $left s"
+  OUT=$out/ovl PAGODA_OVERLAP_STEPS=on PARTS="itl 1k" ITL_CONTEXTS=128 BASE_ENV="PAGODA_OVERLAP_STEPS=off" BUDGET=$left \
+    bash "$(dirname "$0")/decode_path_call.sh" run 2>&1 | tail -30 ;;
+esac
+echo "== end at $((SECONDS - t0)) s"
