@@ -9,8 +9,11 @@
 #           kernel vs tma_pingpong_2chain vs cp_async forced;
 #   ncu     every kernel of one batch-512 decode replay of the Llama-3-8B shape (fp8 + fp8 KV), by kind
 #           (decode_path_call.sh's ncu part);
+#   goal    issue 20's figure: mla_decode_bench bf16 H=16, 64 x 4K and 8 x 32K at pages of 64, decode + merge:
+#           bulk_pingpong_2chain on swizzled pages, tma_pingpong_2chain on token-major, cp_async; three rounds;
 #   h200    on an H200 only, while time is left: the owed overlap A/B of decode_path_call.sh (batch-1 ITL
 #           and the 1,000 x 1,000, PAGODA_OVERLAP_STEPS off / on).
+# REQUIRE_H200=1: on any other card print its name and stop (a call that only an H200 can answer).
 # Bundle: tools/gpu/session30_call.sh bundle (-> .device/s30); run (carry .device/s30):
 #   [PARTS=...] [TOTAL=560] bash .device/s30/session30_call.sh
 set -u
@@ -28,6 +31,7 @@ call_bundle_unpack
 t0=$SECONDS; total=${TOTAL:-560}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "== binaries of $(cat "$(dirname "$B")/commit"); $(date -u +%FT%TZ); $gpu"
+if [ -n "${REQUIRE_H200:-}" ] && [[ $gpu != *H200* ]]; then echo "== not an H200: nothing run"; exit 0; fi
 parts=" ${PARTS:-tests small engine h200} "
 if [[ $parts == *" tests "* ]]; then
   timeout 60 "$B" mla_decode_plan_tests > "$out/plan.log" 2>&1; echo "mla_decode_plan_tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/plan.log" | tr '\n' ' ')"
@@ -38,6 +42,15 @@ if [[ $parts == *" tests "* ]]; then
   echo "cuda_model_tests *Deepseek* rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/model.log" | tr '\n' ' ') ($((SECONDS - t0)) s)"
   grep -E "^\[  FAILED|Failure|Which is|differ" "$out/model.log" | head -10
 fi
+[[ $parts == *" goal "* ]] && for round in 1 2 3; do
+  for shape in "B=64 L=4096 bs=64" "B=8 L=32768 bs=64"; do
+    for run in "swizzled bulk_pingpong_2chain" "token tma_pingpong_2chain" "token cp_async"; do
+      set -- $run
+      timeout 40 "$B" mla_decode_bench --iters 20 --only "bf16 H=16 $shape" --kernel "$2" --schedule whole \
+        --pages "$1" 2>&1 | grep -E "^mla decode|^device|HBM copy|error|non-finite" | sed "s/^/r$round /"
+    done
+  done
+done
 [[ $parts == *" small "* ]] && for round in 1 2 3; do
   for bs in 16 32 64; do
     for run in "token cp_async" "token tma" "token tma_pingpong_2chain" "swizzled bulk_pingpong_2chain" "token auto" "swizzled auto"; do
