@@ -3,7 +3,10 @@
 #                                    the commit, as DEST/bundle.tar.xz, with SCRIPT and this file beside it;
 #   call_bundle_unpack               (on the GPU machine) unpacks the bundle beside the sourcing script once,
 #                                    exports PAGODA_SOURCE_DIR, sets B (the bundle's run.sh) and out ($OUT or
-#                                    /tmp/<script name>), and enters the tree.
+#                                    /tmp/<script name>), and enters the tree;
+#   call_gtest LABEL SECONDS BIN [ARGS...]   (on the GPU machine, after unpack) runs a bundled test binary
+#                                    into $out/LABEL.log and prints its exit code, gtest's PASSED / FAILED
+#                                    lines and its first failures.
 call_bundle_here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 call_bundle_pack() {
@@ -28,4 +31,11 @@ call_bundle_unpack() {
   B=$dir/bundle/run.sh
   out=${OUT:-/tmp/$(basename "$0" .sh)}; mkdir -p "$out"
   cd "$root" || return 1
+}
+
+call_gtest() {
+  local label=$1 limit=$2; shift 2
+  timeout "$limit" "$B" "$@" > "$out/$label.log" 2>&1
+  echo "$label rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/$label.log" | tr '\n' ' ')"
+  grep -E "^\[  FAILED|Failure|Which is|differ" "$out/$label.log" | head -10
 }

@@ -28,16 +28,10 @@ grep -E "^\[  FAILED|Failure" "$out/cli_gpu_tests.log" | head -10
 # The stress script finds this bundle beside it (.device/s29/bundle), already unpacked.
 OUT=$out/stress timeout 240 bash "$(dirname "$0")/overlap_stress_call.sh" 2>&1 | tail -14
 echo "== stress done at $((SECONDS - t0)) s"
-timeout 60 "$B" mla_decode_plan_tests > "$out/plan.log" 2>&1; echo "mla_decode_plan_tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/plan.log" | tr '\n' ' ')"
-timeout 200 "$B" mla_decode_gpu_tests > "$out/mla.log" 2>&1
-echo "mla_decode_gpu_tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/mla.log" | tr '\n' ' ')"
-grep -E "^\[  FAILED|Failure|Which is|differ" "$out/mla.log" | head -10
-timeout 150 "$B" cuda_model_tests --gtest_filter='*Deepseek*' > "$out/model.log" 2>&1
-echo "cuda_model_tests *Deepseek* rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/model.log" | tr '\n' ' ')"
-grep -E "^\[  FAILED|Failure|Which is|differ" "$out/model.log" | head -10
-PAGODA_MLA_LATENT_PAGES=swizzled128 timeout 150 "$B" cuda_model_tests --gtest_filter='*Deepseek*' > "$out/model_sw.log" 2>&1
-echo "cuda_model_tests *Deepseek* on swizzled pages rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/model_sw.log" | tr '\n' ' ')"
-grep -E "^\[  FAILED|Failure|Which is|differ" "$out/model_sw.log" | head -10
+call_gtest mla_decode_plan_tests 60 mla_decode_plan_tests
+call_gtest mla_decode_gpu_tests 200 mla_decode_gpu_tests
+call_gtest cuda_model_tests_deepseek 150 cuda_model_tests --gtest_filter='*Deepseek*'
+PAGODA_MLA_LATENT_PAGES=swizzled128 call_gtest cuda_model_tests_deepseek_swizzled 150 cuda_model_tests --gtest_filter='*Deepseek*'
 echo "== tests done at $((SECONDS - t0)) s"
 # How many of a 1,000 x 1,000 run's steps overlap, and why not the rest (fp8 + fp8 KV, 512 running).
 timeout 150 "$B" pagoda_gpu_engine_bench --config tools/gpu_backend/llama3_8b_config.json --sampling greedy \

@@ -34,30 +34,28 @@ echo "== binaries of $(cat "$(dirname "$B")/commit"); $(date -u +%FT%TZ); $gpu"
 if [ -n "${REQUIRE_H200:-}" ] && [[ $gpu != *H200* ]]; then echo "== not an H200: nothing run"; exit 0; fi
 parts=" ${PARTS:-tests small engine h200} "
 if [[ $parts == *" tests "* ]]; then
-  timeout 60 "$B" mla_decode_plan_tests > "$out/plan.log" 2>&1; echo "mla_decode_plan_tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/plan.log" | tr '\n' ' ')"
-  timeout 200 "$B" mla_decode_gpu_tests > "$out/mla.log" 2>&1
-  echo "mla_decode_gpu_tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/mla.log" | tr '\n' ' ') ($((SECONDS - t0)) s)"
-  grep -E "^\[  FAILED|Failure|Which is|differ" "$out/mla.log" | head -10
-  timeout 150 "$B" cuda_model_tests --gtest_filter='*Deepseek*' > "$out/model.log" 2>&1
-  echo "cuda_model_tests *Deepseek* rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/model.log" | tr '\n' ' ') ($((SECONDS - t0)) s)"
-  grep -E "^\[  FAILED|Failure|Which is|differ" "$out/model.log" | head -10
+  call_gtest mla_decode_plan_tests 60 mla_decode_plan_tests
+  call_gtest mla_decode_gpu_tests 200 mla_decode_gpu_tests
+  call_gtest "cuda_model_tests_deepseek" 150 cuda_model_tests --gtest_filter='*Deepseek*'
 fi
+# bench_round ROUND "SHAPE" "PAGES KERNEL"...: mla_decode_bench bf16 H=16 at SHAPE, one run per pair.
+bench_round() {
+  local round=$1 shape=$2 run; shift 2
+  for run in "$@"; do
+    set -- $run
+    timeout 40 "$B" mla_decode_bench --iters 20 --only "bf16 H=16 $shape" --kernel "$2" --schedule whole \
+      --pages "$1" 2>&1 | grep -E "^mla decode|^device|HBM copy|error|non-finite" | sed "s/^/r$round /"
+  done
+}
 [[ $parts == *" goal "* ]] && for round in 1 2 3; do
   for shape in "B=64 L=4096 bs=64" "B=8 L=32768 bs=64"; do
-    for run in "swizzled bulk_pingpong_2chain" "token tma_pingpong_2chain" "token cp_async"; do
-      set -- $run
-      timeout 40 "$B" mla_decode_bench --iters 20 --only "bf16 H=16 $shape" --kernel "$2" --schedule whole \
-        --pages "$1" 2>&1 | grep -E "^mla decode|^device|HBM copy|error|non-finite" | sed "s/^/r$round /"
-    done
+    bench_round $round "$shape" "swizzled bulk_pingpong_2chain" "token tma_pingpong_2chain" "token cp_async"
   done
 done
 [[ $parts == *" small "* ]] && for round in 1 2 3; do
   for bs in 16 32 64; do
-    for run in "token cp_async" "token tma" "token tma_pingpong_2chain" "swizzled bulk_pingpong_2chain" "token auto" "swizzled auto"; do
-      set -- $run
-      timeout 30 "$B" mla_decode_bench --iters 20 --only "bf16 H=16 B=64 L=4096 bs=$bs" --kernel "$2" --schedule whole \
-        --pages "$1" 2>&1 | grep -E "^mla decode|error|non-finite" | sed "s/^/r$round /"
-    done
+    bench_round $round "B=64 L=4096 bs=$bs" "token cp_async" "token tma" "token tma_pingpong_2chain" \
+      "swizzled bulk_pingpong_2chain" "token auto" "swizzled auto"
   done
 done
 echo "== MLA bench done at $((SECONDS - t0)) s"
