@@ -376,9 +376,10 @@ TEST(CudaModel, GemvDispatchIsValidatedAndMatchesTheGemm) {
 }
 
 // The e4m3 lm_head (CudaModelOptions::fp8_lm_head) in a model with fp8 projections: a bad
-// PAGODA_FP8_LM_HEAD is refused naming it; a 5-row prefill (the GEMM's bf16 lm_head either way) gives the
-// same bits with it on and off; graph-replayed batch-1 decode steps (the fp8 GEMV head) differ from the bf16
-// head's logits, within cuda_model_fp8_test's bound 3 x (0.05 + 0.03 max|logit|).
+// PAGODA_FP8_LM_HEAD or PAGODA_FP8_LM_HEAD_GEMM is refused naming it; graph-replayed batch-1 decode steps
+// (the fp8 GEMV head) and a 5-row prefill (the fp8 GEMM head, per-token activations, f32 logits) differ from
+// the bf16 head's logits, within cuda_model_fp8_test's bound 3 x (0.05 + 0.03 max|logit|); with
+// PAGODA_FP8_LM_HEAD_GEMM=0 the prefill takes the bf16 GEMM head again (the same bits as the head off).
 TEST(CudaModel, Fp8LmHeadMatchesTheBf16LmHead) {
   PAGODA_SKIP_WITHOUT_GPU();
   const ModelConfig config = small_llama_config();
@@ -393,12 +394,21 @@ TEST(CudaModel, Fp8LmHeadMatchesTheBf16LmHead) {
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("PAGODA_FP8_LM_HEAD"), std::string::npos)
       << refused.status().to_string();
+  setenv("PAGODA_FP8_LM_HEAD_GEMM", "on", 1);
+  auto refused_gemm = CudaModel::create_random(config, 7, fp8);
+  unsetenv("PAGODA_FP8_LM_HEAD_GEMM");
+  ASSERT_FALSE(refused_gemm.ok());
+  EXPECT_NE(refused_gemm.status().message().find("PAGODA_FP8_LM_HEAD_GEMM"), std::string::npos)
+      << refused_gemm.status().to_string();
 
+  // Runs: bf16 head; e4m3 head (GEMV + GEMM); e4m3 head with the GEMM rows on the bf16 head.
   std::vector<std::vector<float>> prefills, decodes;
-  for (const bool head : {false, true}) {
+  for (const int run : {0, 1, 2}) {
     CudaModelOptions options = fp8;
-    options.fp8_lm_head = head;
+    options.fp8_lm_head = run > 0;
+    if (run == 2) setenv("PAGODA_FP8_LM_HEAD_GEMM", "0", 1);
     auto model = CudaModel::create_random(config, 7, options);
+    unsetenv("PAGODA_FP8_LM_HEAD_GEMM");
     ASSERT_TRUE(model.ok()) << model.status().to_string();
     auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
     ASSERT_TRUE(pool.ok());
@@ -413,17 +423,22 @@ TEST(CudaModel, Fp8LmHeadMatchesTheBf16LmHead) {
     EXPECT_GT((*model)->graph_replays(), 0);
     decodes.push_back(std::move(decode));
   }
-  EXPECT_EQ(prefills[0], prefills[1]);
-  ASSERT_EQ(decodes[0].size(), decodes[1].size());
-  double max_diff = 0, max_logit = 0;
-  for (size_t i = 0; i < decodes[0].size(); ++i) {
-    max_diff = std::max(max_diff, static_cast<double>(std::fabs(decodes[0][i] - decodes[1][i])));
-    max_logit = std::max(max_logit, static_cast<double>(std::fabs(decodes[0][i])));
-  }
-  std::cout << "[ figure ] fp8 vs bf16 lm_head, batch-1 decode: max |logit diff| " << max_diff << " (max |logit| "
-            << max_logit << ")\n";
-  EXPECT_GT(max_diff, 0.0);  // the fp8 head ran
-  EXPECT_LE(max_diff, 3.0 * (0.05 + 0.03 * max_logit));
+  EXPECT_EQ(prefills[0], prefills[2]);
+  EXPECT_EQ(decodes[1], decodes[2]);
+  auto compare = [](const std::vector<float>& bf16_head, const std::vector<float>& fp8_head, const char* what) {
+    ASSERT_EQ(bf16_head.size(), fp8_head.size());
+    double max_diff = 0, max_logit = 0;
+    for (size_t i = 0; i < bf16_head.size(); ++i) {
+      max_diff = std::max(max_diff, static_cast<double>(std::fabs(bf16_head[i] - fp8_head[i])));
+      max_logit = std::max(max_logit, static_cast<double>(std::fabs(bf16_head[i])));
+    }
+    std::cout << "[ figure ] fp8 vs bf16 lm_head, " << what << ": max |logit diff| " << max_diff
+              << " (max |logit| " << max_logit << ")\n";
+    EXPECT_GT(max_diff, 0.0) << what;  // the fp8 head ran
+    EXPECT_LE(max_diff, 3.0 * (0.05 + 0.03 * max_logit)) << what;
+  };
+  compare(decodes[0], decodes[1], "batch-1 decode (GEMV)");
+  compare(prefills[0], prefills[1], "5-row prefill (GEMM)");
 }
 
 // The decode fusion PAGODA_FUSE_ROPE_KV (rope_qk_kv_write, off by default): a bad value is refused naming the

@@ -103,6 +103,20 @@ TEST_P(Fp8GemmTest, MatchesTheCpuReference) {
     EXPECT_LE(worst_error_ratio(got, want, 1e-4 * std::sqrt(static_cast<double>(c.k)), 1.0 / 128), 1.0)
         << "m=" << c.m << " n=" << c.n << " k=" << c.k << " round " << round;
   }
+  // f32 output (the lm_head's logits): the same sums without the bf16 rounding, so within the f32
+  // accumulation's bound alone; the epilogue mode (no outer-vector scales) refuses it as unimplemented.
+  auto d_y32 = DeviceBuffer::allocate(want.size() * sizeof(float));
+  ASSERT_TRUE(d_y32.ok());
+  const Status f32 = (*gemm)->linear_f32(d_xq->as<uint8_t>(), d_xs->as<float>(), c.m, d_w.as<uint8_t>(),
+                                         d_ws.as<float>(), c.n, c.k, d_y32->as<float>(), nullptr);
+  if (mode == Fp8ScaleMode::kEpilogue) {
+    EXPECT_EQ(f32.code(), StatusCode::kUnimplemented) << f32.to_string();
+  } else {
+    ASSERT_TRUE(f32.ok()) << f32.to_string();
+    const std::vector<float> got = to_host<float>(*d_y32, want.size());
+    EXPECT_LE(worst_error_ratio(got, want, 1e-4 * std::sqrt(static_cast<double>(c.k)), 1e-5), 1.0)
+        << "f32 output, m=" << c.m << " n=" << c.n << " k=" << c.k;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Fp8GemmTest,

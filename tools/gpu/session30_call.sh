@@ -11,6 +11,10 @@
 #           (decode_path_call.sh's ncu part);
 #   goal    issue 20's figure: mla_decode_bench bf16 H=16, 64 x 4K and 8 x 32K at pages of 64, decode + merge:
 #           bulk_pingpong_2chain on swizzled pages, tma_pingpong_2chain on token-major, cp_async; three rounds;
+#   lmhead  the e4m3 lm_head as an fp8 GEMM above the GEMV rows: cuda_ops_tests' Fp8Gemm cases (f32 output
+#           included), cuda_model_tests, the bundled model's perplexity (bf16; fp8 with
+#           PAGODA_FP8_LM_HEAD_GEMM=0 and by default; fp8 in 1-row steps), then decode_path_call.sh's batch-512
+#           decode steps (wide) and, with LMHEAD_1K=1, its 1,000 x 1,000, PAGODA_FP8_LM_HEAD_GEMM=0 vs default;
 #   h200    on an H200 only, while time is left: the owed overlap A/B of decode_path_call.sh (batch-1 ITL
 #           and the 1,000 x 1,000, PAGODA_OVERLAP_STEPS off / on).
 # REQUIRE_H200=1: on any other card print its name and stop (a call that only an H200 can answer).
@@ -23,7 +27,7 @@ if [ "${1:-}" = bundle ]; then
   b=$root/build
   DEST=$root/.device/s30 call_bundle_pack tools/gpu/session30_call.sh "$b/bench/gpu/pagoda_gpu_engine_bench" \
     "$b/bench/kernels/mla_decode_bench" "$b/tests/gpu/mla_decode_gpu_tests" "$b/tests/gpu/mla_decode_plan_tests" \
-    "$b/tests/gpu_backend/cuda_model_tests"
+    "$b/tests/gpu_backend/cuda_model_tests" "$b/tests/gpu_backend/cuda_ops_tests" "$b/pagoda"
   cp tools/gpu/decode_path_call.sh .device/s30/; exit
 fi
 . "$(dirname "$0")/call_bundle.sh"
@@ -72,6 +76,21 @@ done
 echo "== engine done at $((SECONDS - t0)) s"
 if [[ $parts == *" ncu "* ]]; then
   OUT=$out/ncu PARTS="ncu" BUDGET=200 bash "$(dirname "$0")/decode_path_call.sh" run 2>&1 | tail -40
+fi
+if [[ $parts == *" lmhead "* ]]; then
+  call_gtest cuda_ops_tests_fp8 120 cuda_ops_tests --gtest_filter='Shapes/Fp8GemmTest.*:Fp8ScaleModeTest.*'
+  call_gtest cuda_model_tests 280 cuda_model_tests
+  m=models/pagoda-tiny
+  for run in "bf16 1 " "fp8_gemm_off 0 --quantization fp8" "fp8_default 1 --quantization fp8" \
+    "fp8_1row 1 --quantization fp8 --prefill-chunk 1 --max-tokens 4096"; do
+    set -- $run; label=$1 gemm=$2; shift 2
+    PAGODA_FP8_LM_HEAD_GEMM=$gemm timeout 60 "$B" pagoda eval perplexity --device cuda --model $m \
+      --text-file $m/heldout.txt "$@" --json > "$out/ppl_$label.json" 2> "$out/ppl_$label.err"
+    echo "perplexity $label rc=$?: $(tr -d '\n' < "$out/ppl_$label.json" | cut -c1-300)"
+  done
+  w="wide"; [ -n "${LMHEAD_1K:-}" ] && w="wide 1k"
+  OUT=$out/lmhead PARTS="$w" BASE_ENV="PAGODA_FP8_LM_HEAD_GEMM=0" BUDGET=$((total - (SECONDS - t0) - 15)) \
+    bash "$(dirname "$0")/decode_path_call.sh" run 2>&1 | tail -16
 fi
 [[ $parts == *" h200 "* ]] && case $gpu in
 *H200*)

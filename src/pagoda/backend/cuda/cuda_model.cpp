@@ -162,6 +162,11 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
     if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FUSE_FP8_QUANT={}: expected 0 or 1", env);
     fuse_fp8_quant_ = v == "1";
   }
+  if (const char* env = std::getenv("PAGODA_FP8_LM_HEAD_GEMM"); env != nullptr && *env != '\0') {
+    const std::string v(env);
+    if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FP8_LM_HEAD_GEMM={}: expected 0 or 1", env);
+    fp8_head_gemm_ = v == "1";
+  }
   if (const char* env = std::getenv("PAGODA_CUDA_PROFILE_REPLAY"); env != nullptr && *env != '\0') {
     char* end = nullptr;
     const long v = std::strtol(env, &end, 10);
@@ -556,6 +561,23 @@ Status CudaModel::project_quantized(const Lane& lane, const CudaFp8Weight& fp8, 
                                lane.T, fp8.data, fp8.scales, n, k, y, lane.stream);
 }
 
+// kUnimplemented: no e4m3 per-channel lm_head, switched off, or no fp8 GEMM with f32 output on this
+// device (then off for good); run_head takes the bf16 GEMM. The head runs after every layer, so the
+// projections' fp8 input buffer is free (rows <= max_rows_ <= max_num_tokens, width hidden <= its width).
+Status CudaModel::run_head_fp8_gemm(const bf16* normed, int32_t num_rows) {
+  const ModelConfig& c = config_;
+  const CudaFp8Weight& head = weights_.lm_head_fp8;
+  if (!fp8_head_gemm_ || head.data == nullptr || head.block128 || fp8_gemm_ == nullptr)
+    return unimplemented_error("no fp8 lm_head GEMM");
+  uint8_t* q = fp8_x_.as<uint8_t>();
+  float* scales = fp8_x_scales_.as<float>();
+  PAGODA_CUDA_RETURN_IF_ERROR(quantize_fp8_per_token(normed, num_rows, c.hidden_size, q, scales, stream_));
+  Status s = fp8_gemm_->linear_f32(q, scales, num_rows, head.data, head.scales, c.vocab_size, c.hidden_size,
+                                   logits_.as<float>(), stream_);
+  if (s.code() == StatusCode::kUnimplemented) fp8_head_gemm_ = false;
+  return s;
+}
+
 Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {
   const ModelConfig& c = config_;
   bf16* normed = head_normed_.as<bf16>();
@@ -572,6 +594,10 @@ Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {
   } else if (num_rows <= gemv_rows_bf16_ && gemv_supported(num_rows, c.hidden_size, false, normed, weights_.lm_head)) {
     PAGODA_CUDA_RETURN_IF_ERROR(gemv_bf16(normed, num_rows, weights_.lm_head, c.vocab_size, c.hidden_size,
                                           logits_.data(), true, stream_));
+  } else if (Status fp8 = run_head_fp8_gemm(normed, num_rows); fp8.ok()) {
+    // The e4m3 lm_head as a GEMM: the same head as the GEMV rows'.
+  } else if (fp8.code() != StatusCode::kUnimplemented) {
+    return fp8;
   } else {
     PAGODA_RETURN_IF_ERROR(gemm_->linear(normed, num_rows, weights_.lm_head, c.vocab_size, c.hidden_size,
                                          logits_.data(), GemmOutput::kF32, stream_));

@@ -114,7 +114,8 @@ struct CudaModelOptions {
   int32_t gemv_max_rows = -1;
   // With fp8 weights (fp8_weights, or a checkpoint whose lm_head is fp8): the lm_head of GEMV-sized steps
   // (the fp8 GEMV rows) runs as an e4m3 weight-only GEMV with per-channel (or the checkpoint's) scales,
-  // f32 logits; larger steps keep the bf16 lm_head's GEMM. On by default (it only acts with fp8 weights):
+  // f32 logits; larger steps run it as an fp8 GEMM with per-token activations and f32 logits
+  // (PAGODA_FP8_LM_HEAD_GEMM=0 keeps the bf16 lm_head's GEMM there). On by default (it only acts with fp8 weights):
   // its perplexity cost on a trained model is measured within the fp8 quality bar (docs/BENCHMARKS.md);
   // the environment variable PAGODA_FP8_LM_HEAD (0 or 1), when set, overrides it. Single-GPU Llama-style
   // models only (the sharded head and MLA keep bf16).
@@ -299,6 +300,7 @@ class CudaModel {
   // Whether a graph decode step of this bucket may run as two lanes (two_batch_overlap.h).
   bool two_batch_allowed(int32_t bucket) const;
   Status run_head(int32_t row_begin, int32_t num_rows);
+  Status run_head_fp8_gemm(const bf16* normed, int32_t num_rows);
   // Tensor parallelism: the embedding of this rank's vocabulary rows, summed over the ranks.
   Status embed_sharded(int32_t T, float* residual);
   // Tensor parallelism: logits_ [num_rows, vocab] from this rank's rows of normed through the all-gather.
@@ -357,6 +359,10 @@ class CudaModel {
   // The fp8 GEMMs' per-token input quantization inside the norms / SiLU (PAGODA_FUSE_FP8_QUANT=0: off).
   bool fuse_fp8_quant_ = true;
   bool fuse_rope_kv_ = false;  // rope_qk + kv_write as rope_qk_kv_write at decode sizes (PAGODA_FUSE_ROPE_KV=1: on)
+  // The e4m3 lm_head above the GEMV rows too: an fp8 GEMM (per-token activations) with f32 logits, so the
+  // head's precision does not depend on the step's size (PAGODA_FP8_LM_HEAD_GEMM=0: the bf16 GEMM there);
+  // cleared for good if the device or cuBLASLt has no such GEMM.
+  bool fp8_head_gemm_ = true;
   DeviceBuffer fp8_x_;         // e4m3 [T4, max(hidden, Hq * D, intermediate)]: a projection's quantized input
   DeviceBuffer fp8_x_scales_;  // f32 per token (or token x 128-group) of fp8_x_
   int64_t fp8_x_width_ = 0;    // the widest projection input (bytes per row of fp8_x_)

@@ -118,7 +118,8 @@ StatusOr<Fp8Gemm::Plan*> Fp8Gemm::plan_for(Kind kind, int32_t m, int32_t n, int3
   if (k % 16 != 0 || n % 16 != 0)
     return invalid_argument_error("fp8 GEMM: k ({}) and n ({}) must be multiples of 16", k, n);
   int32_t weight_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, activation_mode = weight_mode;
-  if (kind == Kind::kOuterVector) weight_mode = activation_mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+  if (kind == Kind::kOuterVector || kind == Kind::kOuterVectorF32)
+    weight_mode = activation_mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
   if (kind == Kind::kBlock128) {
     weight_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
     activation_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
@@ -127,14 +128,16 @@ StatusOr<Fp8Gemm::Plan*> Fp8Gemm::plan_for(Kind kind, int32_t m, int32_t n, int3
   plan.kind = kind;
   plan.n = n;
   plan.k = k;
-  const cublasStatus_t s = make_plan(weight_mode, activation_mode, kind == Kind::kUnitScales, m, n, k,
+  const bool f32_output = kind == Kind::kUnitScales || kind == Kind::kOuterVectorF32;
+  const cublasStatus_t s = make_plan(weight_mode, activation_mode, f32_output, m, n, k,
                                      kind == Kind::kUnitScales ? nullptr : x_scales,
                                      kind == Kind::kUnitScales ? nullptr : w_scales, plan);
   if (s != CUBLAS_STATUS_SUCCESS)
     return unimplemented_error("cuBLASLt has no fp8 algorithm ({} scales) for m={} n={} k={} (status {})",
-                               kind == Kind::kBlock128     ? "128-block"
-                               : kind == Kind::kOuterVector ? "outer-vector"
-                                                            : "unit",
+                               kind == Kind::kBlock128        ? "128-block"
+                               : kind == Kind::kOuterVector    ? "outer-vector"
+                               : kind == Kind::kOuterVectorF32 ? "outer-vector, f32 output"
+                                                               : "unit",
                                m, n, k, static_cast<int>(s));
   return &plans_.emplace(key, plan).first->second;
 }
@@ -198,6 +201,17 @@ Status Fp8Gemm::linear(const uint8_t* x, const float* x_scales, int32_t m, const
   PAGODA_RETURN_IF_ERROR(run(*plan, m, x, w, d, stream));
   PAGODA_CUDA_RETURN_IF_ERROR(fp8_apply_outer_scales(d, x_scales, w_scales, m, n, y, stream));
   return ok_status();
+}
+
+Status Fp8Gemm::linear_f32(const uint8_t* x, const float* x_scales, int32_t m, const uint8_t* w,
+                           const float* w_scales, int32_t n, int32_t k, float* y, cudaStream_t stream) {
+  if (m == 0) return ok_status();
+  if (mode_ == Fp8ScaleMode::kEpilogue)
+    return unimplemented_error("fp8 GEMM with f32 output: outer-vector scales are sm_90's (mode {})",
+                               fp8_scale_mode_name(mode_));
+  PAGODA_ASSIGN_OR_RETURN(Plan * plan, plan_for(Kind::kOuterVectorF32, m, n, k, x_scales, w_scales));
+  PAGODA_RETURN_IF_ERROR(set_scale_pointers(*plan, x_scales, w_scales));
+  return run(*plan, m, x, w, y, stream);
 }
 
 Status Fp8Gemm::linear_block128(const uint8_t* x, const float* x_scales, int32_t m, const uint8_t* w,

@@ -104,6 +104,13 @@ class Fp8Gemm {
   Status linear_block128(const uint8_t* x, const float* x_scales, int32_t m, const uint8_t* w, const float* w_scales,
                          int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream);
 
+  // f32 output, the same arithmetic as linear() without its bf16 rounding: y f32 [m, n] = diag(x_scales)
+  // (x . w^T) diag(w_scales) through the outer-vector scales (for the lm_head's logits at many rows).
+  // Errors: kUnimplemented when the device has no outer-vector scales (mode kEpilogue) or cuBLASLt offers
+  // no algorithm for the shape; the caller keeps another path then.
+  Status linear_f32(const uint8_t* x, const float* x_scales, int32_t m, const uint8_t* w, const float* w_scales,
+                    int32_t n, int32_t k, float* y, cudaStream_t stream);
+
   // Whether cuBLASLt's heuristic offers an algorithm for e4m3 x e4m3 -> bf16 with these cuBLASLt scale
   // modes (cublasLtMatmulMatrixScale_t values) on the weight (A) and activation (B) operands at this
   // shape, and its status: the probe behind the mode table in docs/CPU_QUANT.md.
@@ -123,7 +130,7 @@ class Fp8Gemm {
   const LtLargeRowTuner::Stats& large_m_tuning() const { return large_tuner_.stats(); }
 
  private:
-  enum class Kind { kOuterVector, kUnitScales, kBlock128 };
+  enum class Kind { kOuterVector, kUnitScales, kBlock128, kOuterVectorF32 };
   struct Plan : LtMatmulPlan {
     bool tuned = false;  // autotune ran (or was skipped for good)
     Kind kind = Kind::kOuterVector;
