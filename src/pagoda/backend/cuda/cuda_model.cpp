@@ -561,13 +561,15 @@ Status CudaModel::project_quantized(const Lane& lane, const CudaFp8Weight& fp8, 
                                lane.T, fp8.data, fp8.scales, n, k, y, lane.stream);
 }
 
-// kUnimplemented: no e4m3 per-channel lm_head, switched off, or no fp8 GEMM with f32 output on this
-// device (then off for good); run_head takes the bf16 GEMM. The head runs after every layer, so the
+// kUnimplemented: no e4m3 per-channel lm_head, switched off, a vocabulary or width not a multiple of 16,
+// or no fp8 GEMM with f32 output on this device (then off for good); run_head takes the bf16 GEMM. The head runs after every layer, so the
 // projections' fp8 input buffer is free (rows <= max_rows_ <= max_num_tokens, width hidden <= its width).
 Status CudaModel::run_head_fp8_gemm(const bf16* normed, int32_t num_rows) {
   const ModelConfig& c = config_;
   const CudaFp8Weight& head = weights_.lm_head_fp8;
-  if (!fp8_head_gemm_ || head.data == nullptr || head.block128 || fp8_gemm_ == nullptr)
+  // cuBLASLt's fp8 GEMMs need n and k in multiples of 16 (fp8_gemm.h): other vocabularies keep the bf16 GEMM.
+  if (!fp8_head_gemm_ || head.data == nullptr || head.block128 || fp8_gemm_ == nullptr || c.vocab_size % 16 != 0 ||
+      c.hidden_size % 16 != 0)
     return unimplemented_error("no fp8 lm_head GEMM");
   uint8_t* q = fp8_x_.as<uint8_t>();
   float* scales = fp8_x_scales_.as<float>();
