@@ -14,7 +14,8 @@
 #   lmhead  the e4m3 lm_head as an fp8 GEMM above the GEMV rows: cuda_ops_tests' Fp8Gemm cases (f32 output
 #           included), cuda_model_tests, the bundled model's perplexity (bf16; fp8 with
 #           PAGODA_FP8_LM_HEAD_GEMM=0 and by default; fp8 in 1-row steps), then decode_path_call.sh's batch-512
-#           decode steps (wide) and, with LMHEAD_1K=1, its 1,000 x 1,000, PAGODA_FP8_LM_HEAD_GEMM=0 vs default;
+#           decode steps (wide) and, with LMHEAD_1K=1, its 1,000 x 1,000, PAGODA_FP8_LM_HEAD_GEMM=0 vs default
+#           (LMHEAD_PARTS="ncu wide": decode_path_call.sh's parts instead, and no tests);
 #   h200    on an H200 only, while time is left: the owed overlap A/B of decode_path_call.sh (batch-1 ITL
 #           and the 1,000 x 1,000, PAGODA_OVERLAP_STEPS off / on).
 # REQUIRE_H200=1: on any other card print its name and stop (a call that only an H200 can answer).
@@ -77,7 +78,7 @@ echo "== engine done at $((SECONDS - t0)) s"
 if [[ $parts == *" ncu "* ]]; then
   OUT=$out/ncu PARTS="ncu" BUDGET=200 bash "$(dirname "$0")/decode_path_call.sh" run 2>&1 | tail -40
 fi
-if [[ $parts == *" lmhead "* ]]; then
+if [[ $parts == *" lmhead "* ]] && [ -z "${LMHEAD_PARTS:-}" ]; then
   call_gtest cuda_ops_tests_fp8 120 cuda_ops_tests --gtest_filter='Shapes/Fp8GemmTest.*:Fp8ScaleModeTest.*'
   call_gtest cuda_model_tests 280 cuda_model_tests
   m=models/pagoda-tiny
@@ -92,9 +93,11 @@ if [[ $parts == *" lmhead "* ]]; then
     tail -2 "$out/ppl_$label.err" | grep -i error
   done
   tar czf "$out/ppl.tar.gz" -C "$out" $(cd "$out" && ls ppl_*) && rm -f "$out"/ppl_*
-  w="wide"; [ -n "${LMHEAD_1K:-}" ] && w="wide 1k"
+fi
+if [[ $parts == *" lmhead "* ]]; then
+  w=${LMHEAD_PARTS:-wide}; [ -n "${LMHEAD_1K:-}" ] && w="$w 1k"
   OUT=$out/lmhead PARTS="$w" BASE_ENV="PAGODA_FP8_LM_HEAD_GEMM=0" BUDGET=$((total - (SECONDS - t0) - 15)) \
-    bash "$(dirname "$0")/decode_path_call.sh" run 2>&1 | tail -16
+    bash "$(dirname "$0")/decode_path_call.sh" run 2>&1 | tail -70
 fi
 [[ $parts == *" h200 "* ]] && case $gpu in
 *H200*)
