@@ -83,6 +83,14 @@ bool lt_algo_fits(cublasLtHandle_t handle, const LtMatmulPlan& plan, const cubla
          result.workspaceSize <= workspace_bytes;
 }
 
+LtAutotuneSwitches lt_autotune_switches() {
+  auto on = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  };
+  return LtAutotuneSwitches{on("PAGODA_GEMM_AUTOTUNE"), on("PAGODA_GEMM_AUTOTUNE_LARGE")};
+}
+
 int32_t lt_row_bucket(int32_t m) {
   int32_t bucket = 1;
   while (bucket < m && bucket < (int32_t{1} << 30)) bucket <<= 1;

@@ -38,6 +38,18 @@ cublasStatus_t lt_autotune(cublasLtHandle_t handle, LtMatmulPlan& plan, const vo
                            void* workspace, size_t workspace_bytes, cudaStream_t stream, int candidates,
                            int runs = 5);
 
+// The autotuning switches the bf16 and fp8 wrappers read at create(), both off by default:
+// PAGODA_GEMM_AUTOTUNE=1 times the top heuristics of each m <= 512 shape (lt_autotune), and
+// PAGODA_GEMM_AUTOTUNE_LARGE=1 the large-m buckets (LtLargeRowTuner). Small-m tuning was on by default
+// until an H100 measured it slower inside the engine's steps at every batch tried (the algorithm that won
+// the back-to-back timing ran slower in the captured step: batch-64 and batch-250/470 decode steps 1-15%
+// slower, docs/BENCHMARKS.md "cuBLASLt's small-m autotuning: off by default").
+struct LtAutotuneSwitches {
+  bool small_m = false;
+  bool large_m = false;
+};
+LtAutotuneSwitches lt_autotune_switches();
+
 // Whether algo (found for another m of the same n, k and types) is valid for
 // plan's descriptor and layouts (cublasLtMatmulAlgoCheck: cuBLASLt's algorithm
 // configurations are not tied to a problem size, but a configuration can be

@@ -28,9 +28,9 @@
 // Requirements: k % 16 == 0, n % 16 == 0; the device must be sm_89 or newer
 // (create() checks: an error names the device otherwise).
 //
-// Autotuning as gemm.h's: the first eager call of a shape with m <= 512 times
-// the top heuristics on its own buffers and keeps the fastest (synchronizes;
-// skipped while capturing; PAGODA_GEMM_AUTOTUNE=0 turns it off). Above 512 rows
+// Autotuning as gemm.h's, opt-in (PAGODA_GEMM_AUTOTUNE=1): the first eager call
+// of a shape with m <= 512 times the top heuristics on its own buffers and keeps
+// the fastest (synchronizes; skipped while capturing). Above 512 rows
 // (prefill and mixed steps, m different every step) an LtLargeRowTuner tunes
 // once per (scale kind, n, k, power-of-two row bucket) and reuses the result
 // for every m of the bucket (cublaslt_plan.h). That part is opt-in

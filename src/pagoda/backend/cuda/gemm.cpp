@@ -11,10 +11,9 @@ StatusOr<std::unique_ptr<Gemm>> Gemm::create(size_t workspace_bytes) {
   std::unique_ptr<Gemm> gemm(new Gemm());
   PAGODA_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&gemm->handle_));
   PAGODA_ASSIGN_OR_RETURN(gemm->workspace_, DeviceBuffer::allocate(workspace_bytes));
-  const char* env = std::getenv("PAGODA_GEMM_AUTOTUNE");
-  gemm->autotune_ = env == nullptr || std::strcmp(env, "0") != 0;
-  const char* large = std::getenv("PAGODA_GEMM_AUTOTUNE_LARGE");
-  gemm->autotune_large_ = gemm->autotune_ && large != nullptr && std::strcmp(large, "1") == 0;
+  const LtAutotuneSwitches tune = lt_autotune_switches();
+  gemm->autotune_ = tune.small_m;
+  gemm->autotune_large_ = tune.large_m;
   return gemm;
 }
 

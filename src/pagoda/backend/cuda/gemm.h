@@ -6,14 +6,14 @@
 // shape, so after the first call of a shape a call only enqueues work, which
 // makes it CUDA-graph capturable (the workspace is owned here, fixed address).
 //
-// Autotuning: the first call of a shape with m <= kMaxTunedRows (decode and
-// graph shapes, where cuBLASLt's first heuristic is often not the fastest)
+// Autotuning (opt-in, PAGODA_GEMM_AUTOTUNE=1; off, every shape takes cuBLASLt's
+// first heuristic: measured faster inside the engine, cublaslt_plan.h
+// lt_autotune_switches): the first call of a shape with m <= kMaxTunedRows
 // times the top kTunedCandidates heuristics on the call's own buffers and keeps
 // the fastest; that call synchronizes the stream (never while it is being
-// captured: then the first heuristic stays). PAGODA_GEMM_AUTOTUNE=0 turns it off.
-// Larger m: one tuning per (output type, n, k, power-of-two row bucket), reused
-// for every m of the bucket (LtLargeRowTuner, cublaslt_plan.h); opt-in with
-// PAGODA_GEMM_AUTOTUNE_LARGE=1 until measured on a GPU (fp8_gemm.h).
+// captured: then the first heuristic stays). Larger m: one tuning per (output
+// type, n, k, power-of-two row bucket), reused for every m of the bucket
+// (LtLargeRowTuner, cublaslt_plan.h); opt-in with PAGODA_GEMM_AUTOTUNE_LARGE=1.
 //
 // Thread safety: one Gemm per stream owner; calls are not synchronized.
 
