@@ -562,8 +562,9 @@ Status CudaModel::project_quantized(const Lane& lane, const CudaFp8Weight& fp8, 
 }
 
 // kUnimplemented: no e4m3 per-channel lm_head, switched off, a vocabulary or width not a multiple of 16,
-// or no fp8 GEMM with f32 output on this device (then off for good); run_head takes the bf16 GEMM. The head runs after every layer, so the
-// projections' fp8 input buffer is free (rows <= max_rows_ <= max_num_tokens, width hidden <= its width).
+// or no fp8 GEMM with f32 output on this device (then off for good); run_head takes the bf16 GEMM. The
+// head runs after every layer, so the projections' fp8 input buffer is free (rows <= max_rows_ <=
+// max_num_tokens, width hidden <= its width).
 Status CudaModel::run_head_fp8_gemm(const bf16* normed, int32_t num_rows) {
   const ModelConfig& c = config_;
   const CudaFp8Weight& head = weights_.lm_head_fp8;
