@@ -308,6 +308,16 @@ ModelConfig small_llama_config() {
   return *config;
 }
 
+// CudaModel::create_random with the environment variable `name` set to `value` is refused, naming it.
+void expect_refused_naming(const char* name, const char* value, const ModelConfig& config,
+                           const CudaModelOptions& options) {
+  setenv(name, value, 1);
+  auto refused = CudaModel::create_random(config, 7, options);
+  unsetenv(name);
+  ASSERT_FALSE(refused.ok()) << name << "=" << value << " was accepted";
+  EXPECT_NE(refused.status().message().find(name), std::string::npos) << refused.status().to_string();
+}
+
 TEST(CudaModel, RandomWeightsAreReproducibleAndFinite) {
   PAGODA_SKIP_WITHOUT_GPU();
   const ModelConfig config = small_llama_config();
@@ -339,12 +349,7 @@ TEST(CudaModel, GemvDispatchIsValidatedAndMatchesTheGemm) {
   auto refused = CudaModel::create_random(config, 7, bad);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("gemv_max_rows"), std::string::npos) << refused.status().to_string();
-  setenv("PAGODA_GEMV_MAX_ROWS", "two", 1);
-  refused = CudaModel::create_random(config, 7, small_options());
-  unsetenv("PAGODA_GEMV_MAX_ROWS");
-  ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("PAGODA_GEMV_MAX_ROWS"), std::string::npos)
-      << refused.status().to_string();
+  expect_refused_naming("PAGODA_GEMV_MAX_ROWS", "two", config, small_options());
 
   std::vector<std::vector<float>> runs;
   for (const int32_t rows : {0, kGemvMaxRows}) {
@@ -389,18 +394,8 @@ TEST(CudaModel, Fp8LmHeadMatchesTheBf16LmHead) {
   auto probe = CudaModel::create_random(config, 7, fp8);
   if (!probe.ok()) GTEST_SKIP() << "no fp8 weights on this device: " << probe.status().to_string();
   probe->reset();
-  setenv("PAGODA_FP8_LM_HEAD", "yes", 1);
-  auto refused = CudaModel::create_random(config, 7, fp8);
-  unsetenv("PAGODA_FP8_LM_HEAD");
-  ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("PAGODA_FP8_LM_HEAD"), std::string::npos)
-      << refused.status().to_string();
-  setenv("PAGODA_FP8_LM_HEAD_GEMM", "on", 1);
-  auto refused_gemm = CudaModel::create_random(config, 7, fp8);
-  unsetenv("PAGODA_FP8_LM_HEAD_GEMM");
-  ASSERT_FALSE(refused_gemm.ok());
-  EXPECT_NE(refused_gemm.status().message().find("PAGODA_FP8_LM_HEAD_GEMM"), std::string::npos)
-      << refused_gemm.status().to_string();
+  expect_refused_naming("PAGODA_FP8_LM_HEAD", "yes", config, fp8);
+  expect_refused_naming("PAGODA_FP8_LM_HEAD_GEMM", "on", config, fp8);
 
   // Runs: bf16 head; e4m3 head (GEMV + GEMM); e4m3 head with the GEMM rows on the bf16 head.
   std::vector<std::vector<float>> prefills, decodes;
@@ -449,12 +444,7 @@ TEST(CudaModel, Fp8LmHeadMatchesTheBf16LmHead) {
 TEST(CudaModel, DecodeFusionsMatchTheUnfusedModelBitForBit) {
   PAGODA_SKIP_WITHOUT_GPU();
   const ModelConfig config = small_llama_config();
-  setenv("PAGODA_FUSE_ROPE_KV", "on", 1);
-  auto refused = CudaModel::create_random(config, 7, small_options());
-  unsetenv("PAGODA_FUSE_ROPE_KV");
-  ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("PAGODA_FUSE_ROPE_KV"), std::string::npos)
-      << refused.status().to_string();
+  expect_refused_naming("PAGODA_FUSE_ROPE_KV", "on", config, small_options());
   for (const bool fp8 : {false, true}) {
     CudaModelOptions base = small_options();
     base.fp8_weights = fp8;
@@ -489,6 +479,48 @@ TEST(CudaModel, DecodeFusionsMatchTheUnfusedModelBitForBit) {
   }
 }
 
+// PAGODA_GEMV_FP8_UNPACK (gemv.h, GemvFp8Unpack; bits by default): a bad value, and bits with a deeper
+// GEMV load, are refused naming the variable; with fp8 projections, fp8 KV and the e4m3 lm_head, a prefill
+// and graph-replayed batch-1 decode steps (every projection and the head on the fp8 GEMV) give the same
+// logits bit for bit with either widening.
+TEST(CudaModel, Fp8GemvWideningsGiveTheSameLogits) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const ModelConfig config = small_llama_config();
+  CudaModelOptions base = small_options();
+  base.fp8_weights = true;
+  base.kv_key_dtype = DType::kFP8E4M3;
+  base.kv_value_dtype = DType::kFP8E4M3;
+  if (!CudaModel::create_random(config, 7, base).ok()) GTEST_SKIP() << "no fp8 on this device";
+  expect_refused_naming("PAGODA_GEMV_FP8_UNPACK", "int", config, base);
+  setenv("PAGODA_GEMV_FP8_DEPTH", "2", 1);
+  expect_refused_naming("PAGODA_GEMV_FP8_UNPACK", "bits", config, base);
+  unsetenv("PAGODA_GEMV_FP8_DEPTH");
+  auto run = [&](const char* unpack, std::vector<float>& all) {  // unpack null: the default
+    if (unpack != nullptr) setenv("PAGODA_GEMV_FP8_UNPACK", unpack, 1);
+    auto model = CudaModel::create_random(config, 7, base);
+    unsetenv("PAGODA_GEMV_FP8_UNPACK");
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
+    ASSERT_TRUE(pool.ok());
+    std::vector<float> logits;
+    ASSERT_TRUE((*model)->forward(single({1, 5, 900, 42, 7}, 0, {0}, true), **pool, logits).ok());
+    all = logits;
+    for (int32_t step = 0; step < 6; ++step) {
+      ASSERT_TRUE((*model)->forward(single({11 + step}, 5 + step, {0}, false), **pool, logits).ok());
+      for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+      all.insert(all.end(), logits.begin(), logits.end());
+    }
+    EXPECT_GT((*model)->graph_replays(), 0);
+  };
+  std::vector<float> converted, bits, by_default;
+  run("convert", converted);
+  run("bits", bits);
+  run(nullptr, by_default);
+  ASSERT_FALSE(converted.empty());
+  EXPECT_EQ(bits, converted);
+  EXPECT_EQ(by_default, bits);
+}
+
 // PAGODA_FUSE_FP8_QUANT (on by default): the fp8 GEMMs' per-token input quantization inside the norms and the
 // SiLU (add_rmsnorm_fp8, silu_mul_fp8). A bad value is refused naming the variable; with fp8 projections + fp8
 // KV and no GEMV (gemv_max_rows 0, so decode steps quantize too), two prefills and graph-replayed batch-2
@@ -497,12 +529,7 @@ TEST(CudaModel, DecodeFusionsMatchTheUnfusedModelBitForBit) {
 TEST(CudaModel, FusedFp8QuantizationMatchesTheUnfusedModelBitForBit) {
   PAGODA_SKIP_WITHOUT_GPU();
   const ModelConfig config = small_llama_config();
-  setenv("PAGODA_FUSE_FP8_QUANT", "yes", 1);
-  auto refused = CudaModel::create_random(config, 7, small_options());
-  unsetenv("PAGODA_FUSE_FP8_QUANT");
-  ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("PAGODA_FUSE_FP8_QUANT"), std::string::npos)
-      << refused.status().to_string();
+  expect_refused_naming("PAGODA_FUSE_FP8_QUANT", "yes", config, small_options());
   CudaModelOptions base = small_options();
   base.fp8_weights = true;
   base.kv_key_dtype = DType::kFP8E4M3;

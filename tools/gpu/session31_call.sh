@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# One device call for session 31 (issue 23, and issue 20's goal where an H200 comes), PARTS in order
+# (default "gemv itl"):
+#   gemv   the fp8 GEMV's integer widening (gemv.h, GemvFp8Unpack): cuda_ops_tests' GEMV cases and
+#          cuda_model_tests (CudaModel.*, *Fp8*), GemvSpeed.Fp8Unpack (conversions vs integer bits, HBM and
+#          L2, three rounds), the two kernels' SASS opcode counts (cuobjdump) and ncu's pipe utilization at
+#          gate_up and o, m = 1;
+#   itl    batch-1 decode at 128 tokens, fp8 + fp8 KV and bf16 + bf16 KV (the bf16 rows are the control),
+#          PAGODA_GEMV_FP8_UNPACK=convert vs the default, two rounds (decode_path_call.sh's itl part);
+#   1k     the 1,000 x 1,000 (fp8 + fp8 KV) with every default, engine, once (decode_path_call.sh);
+#   http   the same workload through `pagoda serve` + `pagoda bench serve` (HTTP_KINDS, default fp8; bf16
+#          = bf16 weights + bf16 KV), then batch-1 ITL over HTTP for each kind;
+#   goal   issue 20's MLA decode goal shapes (session30_call.sh's goal part; mla_decode_bench).
+# On an H200 PARTS defaults to "goal gemv itl 1k http" with HTTP_KINDS="fp8 bf16" and the engine's bf16
+# 1,000 x 1,000 as well (the issues' goals are H200 figures).
+# Bundle: tools/gpu/session31_call.sh bundle (-> .device/s31); run (carry .device/s31):
+#   [PARTS=...] [TOTAL=560] bash .device/s31/session31_call.sh
+set -u
+if [ "${1:-}" = bundle ]; then
+  here=$(cd "$(dirname "$0")" && pwd); root=$(cd "$here/../.." && pwd); cd "$root" || exit 1
+  . tools/gpu/call_bundle.sh
+  b=$root/build
+  DEST=$root/.device/s31 call_bundle_pack tools/gpu/session31_call.sh "$b/bench/gpu/pagoda_gpu_engine_bench" \
+    "$b/bench/kernels/mla_decode_bench" "$b/tests/gpu_backend/cuda_model_tests" "$b/tests/gpu_backend/cuda_ops_tests" \
+    "$b/pagoda" || exit 1
+  cp tools/gpu/decode_path_call.sh tools/gpu/session30_call.sh .device/s31/
+  mkdir -p .device/s31/model && cp tools/gpu_backend/llama3_8b_config.json .device/s31/model/config.json
+  cp .cache/npm/llama3/package/models/tokenizer.json .cache/npm/llama3/package/models/tokenizer_config.json \
+    .device/s31/model/ && xz -T2 .device/s31/model/tokenizer.json && du -sh .device/s31; exit
+fi
+. "$(dirname "$0")/call_bundle.sh"
+call_bundle_unpack
+here=$(cd "$(dirname "$0")" && pwd)
+t0=$SECONDS; total=${TOTAL:-560}
+left() { echo $((total - (SECONDS - t0))); }
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "== binaries of $(cat "$(dirname "$B")/commit"); $(date -u +%FT%TZ); $gpu"
+if [[ $gpu == *H200* ]]; then
+  parts=" ${PARTS:-goal gemv itl 1k http} "; kinds=${HTTP_KINDS:-fp8 bf16}
+else
+  parts=" ${PARTS:-gemv itl} "; kinds=${HTTP_KINDS:-fp8}
+fi
+[ -f "$here/model/tokenizer.json" ] || xz -dk "$here/model/tokenizer.json.xz"
+
+if [[ $parts == *" goal "* ]]; then
+  OUT=$out/goal PARTS="goal" TOTAL=150 bash "$here/session30_call.sh" 2>&1 | grep -vE "^== (binaries|end)" | tail -24
+fi
+
+# opcodes FUNCTION_REGEX: SASS opcode counts of the kernels whose mangled name matches (the bundled test binary).
+opcodes() {
+  local dump; dump=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null | head -1)
+  [ -z "$dump" ] && { echo "no cuobjdump"; return; }
+  "$dump" -sass "$(dirname "$B")/bin/cuda_ops_tests" 2>/dev/null | awk -v re="$1" '
+    /Function :/ { on = ($3 ~ re); if (on) print "--", $3; next }
+    on && /\/\*[0-9a-f]+\*\// { op = $2; if (op ~ /^@/) op = $3; sub(/;$/, "", op); split(op, p, "."); n[p[1]]++ }
+    END { for (o in n) printf "%s %d\n", o, n[o] }' | sort -k2 -nr | head -40 | tr '\n' ' '; echo
+}
+if [[ $parts == *" gemv "* ]]; then
+  call_gtest cuda_ops_tests_gemv 150 cuda_ops_tests --gtest_filter='*Gemv*:*Fp8Unpack*:-GemvSpeed.*'
+  call_gtest cuda_model_tests 280 cuda_model_tests --gtest_filter='CudaModel.*:*Fp8*'
+  timeout 120 "$B" cuda_ops_tests --gtest_filter='GemvSpeed.Fp8Unpack' > "$out/unpack_speed.log" 2>&1
+  echo "GemvSpeed.Fp8Unpack rc=$?"; grep "gemv-unpack" "$out/unpack_speed.log"
+  # gemv_kernel<1, true, __nv_bfloat16, 1, false / true>: the m = 1 bf16-output kernels of either widening.
+  echo "SASS convert (m=1):"; opcodes '^_ZN6pagoda4cuda12_GLOBAL__N_111gemv_kernelILi1ELb1E13__nv_bfloat16Li1ELb0E'
+  echo "SASS bits (m=1):"; opcodes '^_ZN6pagoda4cuda12_GLOBAL__N_111gemv_kernelILi1ELb1E13__nv_bfloat16Li1ELb1E'
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  if [ -n "$ncu" ]; then
+    # Round 1 of gate_up from HBM at m = 1: the conversions' 4th launch, then the integer bits' 4th.
+    for skip in 3 46; do
+      PAGODA_GEMV_UNPACK_SHAPES=gate_up timeout 90 "$ncu" --kernel-name regex:gemv_kernel --launch-skip $skip \
+        --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+        --section Occupancy --section InstructionStats --page raw "$(dirname "$B")/bin/cuda_ops_tests" \
+        --gtest_filter='GemvSpeed.Fp8Unpack' > "$out/ncu_gate_up_$skip.log" 2>&1
+      echo "ncu gate_up launch $skip rc=$?"
+      grep -E "gemv_kernel|gpu__time_duration.sum|dram__throughput.avg.pct|inst_executed_pipe_[a-z0-9_]*.avg.pct_of_peak_sustained_active|pipe_[a-z0-9_]*_cycles_active.avg.pct|issue_active.avg.pct|warps_active.avg.pct|registers_per_thread|smsp__inst_executed.sum |average_warp_latency_issue_stalled_[a-z_]*.ratio|pcsamp" \
+        "$out/ncu_gate_up_$skip.log" | sed 's/  */ /g' | awk '$NF != "0" && $NF != "0.00"' | cut -c1-140 | head -60
+    done
+  fi
+fi
+if [[ $parts == *" itl "* ]]; then
+  OUT=$out/itl PARTS="itl" ITL_CONTEXTS=128 BASE_ENV="PAGODA_GEMV_FP8_UNPACK=convert" BUDGET=$(( $(left) > 150 ? 150 : $(left) )) \
+    bash "$here/decode_path_call.sh" run 2>&1 | grep -E "round|base|error|skipped|done"
+fi
+if [[ $parts == *" 1k "* ]]; then
+  OUT=$out/k1 PARTS="1k" BUDGET=130 bash "$here/decode_path_call.sh" run 2>&1 | grep -E "^1k|error|skipped"
+  if [[ $gpu == *H200* ]] && [ "$(left)" -gt 200 ]; then
+    timeout 150 "$B" pagoda_gpu_engine_bench --config tools/gpu_backend/llama3_8b_config.json --sampling greedy \
+      --workload random --num-requests 1000 --max-num-seqs 512 --max-tokens-per-step 16384 --input-len 1000 \
+      --output-len 1000 --kv-cache-dtype bf16 > "$out/k1_bf16.log" 2>&1
+    echo "1k bf16 + bf16 KV rc=$?: $(grep -oE '[0-9]+ output tok/s' "$out/k1_bf16.log" | head -1)"
+  fi
+fi
+serve() {  # serve LABEL ARGS...: starts `pagoda serve` on a port the kernel picks; sets port and pid
+  local label=$1; shift; local t1=$SECONDS
+  "$B" pagoda serve --model "$here/model" --load-format random --device cuda --host 127.0.0.1 --port 0 \
+    --max-queued 1024 "$@" > "$out/serve_$label.log" 2>&1 &
+  pid=$!; port=""
+  for _ in $(seq 1 150); do
+    port=$(grep -oP 'listening on http://[0-9.]+:\K[0-9]+' "$out/serve_$label.log" | head -1)
+    [ -n "$port" ] && python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=1)" 2>/dev/null && break
+    sleep 1
+  done
+  echo "== serve $label up after $((SECONDS - t1)) s (port ${port:-none})"
+}
+if [[ $parts == *" http "* ]]; then
+  for kind in $kinds; do
+    [ "$(left)" -lt 150 ] && { echo "== http $kind skipped (time)"; continue; }
+    args=(--kv-cache-dtype "$kind"); [ "$kind" = fp8 ] && args+=(--quantization fp8)
+    serve "1k_$kind" "${args[@]}" --max-num-seqs 512 --max-tokens-per-step 16384 --max-model-len 2048
+    timeout 150 "$B" pagoda bench serve --url "http://127.0.0.1:$port" --concurrency 1000 --requests 1000 \
+      --prompt-tokens 1000 --output-tokens 1000 --token-high 120000 --warmup 1 --label "1k_$kind" \
+      --csv "$out/http.csv" --no-progress 2>&1 | tail -12
+    kill "$pid"; wait "$pid" 2>/dev/null
+    grep -iE "error|preempt" "$out/serve_1k_$kind.log" | tail -3
+    [ "$(left)" -lt 60 ] && continue
+    serve "itl_$kind" "${args[@]}" --max-num-seqs 64
+    timeout 60 "$B" pagoda bench serve --url "http://127.0.0.1:$port" --concurrency 1 --requests 6 \
+      --prompt-tokens 128 --output-tokens 256 --warmup 1 --label "itl_$kind" --csv "$out/http.csv" \
+      --no-progress 2>&1 | grep -iE "ITL|tok/s" | head -3
+    kill "$pid"; wait "$pid" 2>/dev/null
+  done
+  [ -f "$out/http.csv" ] && cat "$out/http.csv"
+fi
+cd "$out" && tar czf logs.tar.gz ./*.log 2>/dev/null && rm -f ./*.log
+echo "== end at $((SECONDS - t0)) s"
