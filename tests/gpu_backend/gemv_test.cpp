@@ -10,8 +10,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -145,16 +143,13 @@ void fp8_case(const GemvCase& c, ScaleKind kind) {
   double max_want = 0.0;
   for (float v : want) max_want = std::max(max_want, static_cast<double>(std::fabs(v)));
   EXPECT_GT(max_want, 0.1);  // the case is not trivially zero
-  // Every load depth, each run twice: the same bits both times and within the reference bound. The direct
-  // kernel's integer widening (GemvFp8Unpack::kIntegerBits) gives the conversions' bits (gemv.h).
-  std::vector<uint16_t> converted;
-  for (int32_t depth : {1, 2, 4, 0}) {  // 0: depth 1 with integer widening
-    const GemvFp8Unpack unpack = depth == 0 ? GemvFp8Unpack::kIntegerBits : GemvFp8Unpack::kConvert;
+  // Every load depth, each run twice: the same bits both times and within the reference bound.
+  for (int32_t depth : kGemvFp8Depths) {
     std::vector<uint16_t> first;
     for (int run = 0; run < 2; ++run) {
       ASSERT_EQ(cudaMemset(d_y->data(), 0xff, d_y->bytes()), cudaSuccess);
       ASSERT_EQ(gemv_fp8(d_x.as<__nv_bfloat16>(), c.m, d_w.as<uint8_t>(), d_s.as<float>(), block_stride, c.n, c.k,
-                         d_y->as<__nv_bfloat16>(), nullptr, std::max(depth, 1), unpack),
+                         d_y->as<__nv_bfloat16>(), nullptr, depth),
                 cudaSuccess)
           << "depth " << depth;
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -167,12 +162,8 @@ void fp8_case(const GemvCase& c, ScaleKind kind) {
         EXPECT_EQ(bits, first) << "depth " << depth << ": results differ between runs";
       }
     }
-    if (depth == 1) converted = first;
-    if (depth == 0) {
-      EXPECT_EQ(first, converted) << "integer widening differs from the conversions";
-    }
   }
-  // The f32-output form (the e4m3 lm_head): the direct kernel's sums before their bf16 rounding, both widenings.
+  // The f32-output form (the e4m3 lm_head): the direct kernel's sums before their bf16 rounding.
   ASSERT_EQ(gemv_fp8(d_x.as<__nv_bfloat16>(), c.m, d_w.as<uint8_t>(), d_s.as<float>(), block_stride, c.n, c.k,
                      d_y->as<__nv_bfloat16>(), nullptr, 1),
             cudaSuccess);
@@ -180,33 +171,23 @@ void fp8_case(const GemvCase& c, ScaleKind kind) {
   const std::vector<uint16_t> bf16_bits = to_host<uint16_t>(*d_y, want.size());
   auto d_f = DeviceBuffer::allocate(want.size() * 4);
   ASSERT_TRUE(d_f.ok());
-  std::vector<float> converted_logits;
-  for (const GemvFp8Unpack unpack : {GemvFp8Unpack::kConvert, GemvFp8Unpack::kIntegerBits}) {
-    ASSERT_EQ(gemv_fp8_logits(d_x.as<__nv_bfloat16>(), c.m, d_w.as<uint8_t>(), d_s.as<float>(), block_stride, c.n,
-                              c.k, d_f->as<float>(), nullptr, unpack),
-              cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<float> logits = to_host<float>(*d_f, want.size());
-    EXPECT_LE(worst_error_ratio(logits, want, bound_abs(c), 1.0 / 128), 1.0);
-    EXPECT_EQ(to_bf16_bits(logits), bf16_bits) << "f32 output rounded to bf16 differs from the bf16 output";
-    if (unpack == GemvFp8Unpack::kConvert) {
-      converted_logits = logits;
-    } else {
-      EXPECT_EQ(logits, converted_logits) << "integer widening differs from the conversions (f32 output)";
-    }
-  }
+  ASSERT_EQ(gemv_fp8_logits(d_x.as<__nv_bfloat16>(), c.m, d_w.as<uint8_t>(), d_s.as<float>(), block_stride, c.n,
+                            c.k, d_f->as<float>(), nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> logits = to_host<float>(*d_f, want.size());
+  EXPECT_LE(worst_error_ratio(logits, want, bound_abs(c), 1.0 / 128), 1.0);
+  EXPECT_EQ(to_bf16_bits(logits), bf16_bits) << "f32 output rounded to bf16 differs from the bf16 output";
 }
 
-// The integer widening (gemv.h, GemvFp8Unpack::kIntegerBits) at every e4m3 byte: one weight row holding all
-// 256 bytes but the NaNs, against one-hot activations, reads back each byte's value exactly, subnormals
-// included, with either widening (the sum starts at +0, so -0 reads as +0 in both).
-TEST(GemvFp8Unpack, EveryE4m3ByteWidensExactly) {
+// Every e4m3 byte but the NaNs through the fp8 GEMV's widening: one weight row per byte value (the byte row
+// rotated) against a one-hot activation reads back each byte's value exactly, subnormals included (the sum
+// starts at +0, so -0 reads as +0).
+TEST(GemvFp8Bytes, EveryE4m3ByteWidensExactly) {
   PAGODA_SKIP_WITHOUT_GPU();
   constexpr int32_t k = 256;
   std::vector<uint8_t> row(k);
   for (int32_t i = 0; i < k; ++i) row[i] = static_cast<uint8_t>((i & 0x7f) == 0x7f ? 0 : i);
-  // Output column j reads byte j: n = 256 rows, row j is the byte row rotated so that x's one-hot at 0 picks
-  // byte j.
   std::vector<uint8_t> w(static_cast<size_t>(k) * k);
   for (int32_t j = 0; j < k; ++j)
     for (int32_t i = 0; i < k; ++i) w[static_cast<size_t>(j) * k + i] = row[(i + j) % k];
@@ -216,16 +197,13 @@ TEST(GemvFp8Unpack, EveryE4m3ByteWidensExactly) {
   DeviceBuffer d_x = to_device(to_bf16_bits(x)), d_w = to_device(w), d_s = to_device(scales);
   auto d_y = DeviceBuffer::allocate(static_cast<size_t>(k) * 4);
   ASSERT_TRUE(d_y.ok());
-  for (const GemvFp8Unpack unpack : {GemvFp8Unpack::kConvert, GemvFp8Unpack::kIntegerBits}) {
-    ASSERT_EQ(gemv_fp8_logits(d_x.as<__nv_bfloat16>(), 1, d_w.as<uint8_t>(), d_s.as<float>(), 0, k, k,
-                              d_y->as<float>(), nullptr, unpack),
-              cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<float> got = to_host<float>(*d_y, k);
-    for (int32_t j = 0; j < k; ++j)
-      EXPECT_EQ(got[j], fp8e4m3_to_f32(row[j])) << "byte 0x" << std::hex << static_cast<int>(row[j]) << " unpack "
-                                                << static_cast<int>(unpack);
-  }
+  ASSERT_EQ(gemv_fp8_logits(d_x.as<__nv_bfloat16>(), 1, d_w.as<uint8_t>(), d_s.as<float>(), 0, k, k, d_y->as<float>(),
+                            nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> got = to_host<float>(*d_y, k);
+  for (int32_t j = 0; j < k; ++j)
+    EXPECT_EQ(got[j], fp8e4m3_to_f32(row[j])) << "byte 0x" << std::hex << static_cast<int>(row[j]);
 }
 
 TEST_P(GemvTest, Fp8ChannelScalesMatchTheDequantizedReference) {
@@ -279,10 +257,6 @@ TEST(GemvContractTest, UnsupportedShapesAreRefused) {
             cudaErrorInvalidValue);
   for (int32_t depth : {0, 3, 8})  // only the depths of kGemvFp8Depths
     EXPECT_EQ(gemv_fp8(xb, 1, w->as<uint8_t>(), s->as<float>(), 0, 16, 64, y->as<__nv_bfloat16>(), nullptr, depth),
-              cudaErrorInvalidValue);
-  for (int32_t depth : {2, 4})  // the integer widening is the direct kernel's only
-    EXPECT_EQ(gemv_fp8(xb, 1, w->as<uint8_t>(), s->as<float>(), 0, 16, 64, y->as<__nv_bfloat16>(), nullptr, depth,
-                       GemvFp8Unpack::kIntegerBits),
               cudaErrorInvalidValue);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
@@ -387,56 +361,6 @@ TEST(GemvSpeed, Llama3_8BShapes) {
                     "4 %7.1f us %6.0f GB/s\n",
                     s.name, m, s.n, s.k, gemv8, gbs(bytes8, gemv8), deep8[0], gbs(bytes8, deep8[0]), deep8[1],
                     gbs(bytes8, deep8[1]));
-    }
-  }
-}
-
-// The fp8 GEMV's two widenings (gemv.h, GemvFp8Unpack) side by side, at 1 and 2 rows: from HBM (a fresh
-// copy of the weights per call, as above) and from L2 (one copy, read again by every call; the shapes that
-// fit the L2), where the kernel's instruction cost shows without HBM's ceiling. Three rounds, the two
-// widenings alternating within each; printed per round, no bound.
-TEST(GemvSpeed, Fp8Unpack) {
-  PAGODA_SKIP_WITHOUT_GPU();
-  struct Shape { int32_t n, k; const char* name; };
-  const Shape shapes[] = {{6144, 4096, "qkv"}, {4096, 4096, "o"}, {28672, 4096, "gate_up"}, {4096, 14336, "down"},
-                          {2048, 4096, "l2_8mb"}};
-  constexpr size_t kSpan = size_t{256} << 20, kL2Resident = size_t{24} << 20;
-  // PAGODA_GEMV_UNPACK_SHAPES="gate_up o": only those shapes (a profiler's launch counts).
-  const char* only = std::getenv("PAGODA_GEMV_UNPACK_SHAPES");
-  for (const Shape& s : shapes) {
-    if (only != nullptr && (" " + std::string(only) + " ").find(" " + std::string(s.name) + " ") == std::string::npos)
-      continue;
-    const size_t bytes = static_cast<size_t>(s.n) * s.k;
-    const int copies = static_cast<int>(std::max<size_t>(1, (kSpan + bytes - 1) / bytes));
-    auto w = DeviceBuffer::allocate(bytes * copies);
-    auto ws = DeviceBuffer::allocate(static_cast<size_t>(s.n) * 4);
-    auto x = DeviceBuffer::allocate(static_cast<size_t>(2) * s.k * 2);
-    auto y = DeviceBuffer::allocate(static_cast<size_t>(2) * s.n * 2);
-    ASSERT_TRUE(w.ok() && ws.ok() && x.ok() && y.ok());
-    cudaMemset(w->data(), 0x30, w->bytes());
-    cudaMemset(x->data(), 0x3c, x->bytes());
-    const std::vector<float> scales(static_cast<size_t>(s.n), 1.0f / 448.0f);
-    cudaMemcpy(ws->data(), scales.data(), ws->bytes(), cudaMemcpyHostToDevice);
-    for (const bool from_l2 : {false, true}) {
-      if (from_l2 && bytes > kL2Resident) continue;
-      for (int32_t m : {1, 2}) {
-        for (int round = 1; round <= 3; ++round) {
-          double us[2] = {0.0, 0.0};
-          for (const GemvFp8Unpack unpack : {GemvFp8Unpack::kConvert, GemvFp8Unpack::kIntegerBits}) {
-            int i = 0;
-            us[static_cast<int>(unpack)] = time_us([&] {
-              const uint8_t* wi = w->as<uint8_t>() + (from_l2 ? 0 : static_cast<size_t>(i++ % copies) * bytes);
-              gemv_fp8(x->as<__nv_bfloat16>(), m, wi, ws->as<float>(), 0, s.n, s.k, y->as<__nv_bfloat16>(), nullptr,
-                       1, unpack);
-            }, 40);
-          }
-          ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-          auto gbs = [&](double t) { return static_cast<double>(bytes) / (t * 1e3); };
-          std::printf("gemv-unpack %-8s %-3s m=%d round %d | convert %7.2f us %6.0f GB/s | bits %7.2f us %6.0f GB/s "
-                      "(%.3fx)\n",
-                      s.name, from_l2 ? "L2" : "HBM", m, round, us[0], gbs(us[0]), us[1], gbs(us[1]), us[0] / us[1]);
-        }
-      }
     }
   }
 }

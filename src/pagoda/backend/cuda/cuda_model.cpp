@@ -152,17 +152,6 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
       return invalid_argument_error("PAGODA_GEMV_FP8_DEPTH={}: expected 1, 2 or 4", env);
     gemv_fp8_depth_ = static_cast<int32_t>(v);
   }
-  // The fp8 GEMV's widening (gemv.h, GemvFp8Unpack): the deeper loads have the conversion form only.
-  if (gemv_fp8_depth_ != 1) gemv_fp8_unpack_ = GemvFp8Unpack::kConvert;
-  if (const char* env = std::getenv("PAGODA_GEMV_FP8_UNPACK"); env != nullptr && *env != '\0') {
-    const std::string v(env);
-    if (v != "convert" && v != "bits")
-      return invalid_argument_error("PAGODA_GEMV_FP8_UNPACK={}: expected convert or bits", env);
-    if (v == "bits" && gemv_fp8_depth_ != 1)
-      return invalid_argument_error("PAGODA_GEMV_FP8_UNPACK=bits needs PAGODA_GEMV_FP8_DEPTH=1 (is {})",
-                                    gemv_fp8_depth_);
-    gemv_fp8_unpack_ = v == "bits" ? GemvFp8Unpack::kIntegerBits : GemvFp8Unpack::kConvert;
-  }
   if (const char* env = std::getenv("PAGODA_FUSE_ROPE_KV"); env != nullptr && *env != '\0') {
     const std::string v(env);
     if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FUSE_ROPE_KV={}: expected 0 or 1", env);
@@ -530,8 +519,7 @@ Status CudaModel::project(const Lane& lane, const bf16* x, const bf16* w, const 
     // Weight-only at decode sizes: the activations stay bf16 (gemv.h). Static input scales are the
     // checkpoint's arithmetic (its activations rounded at a calibrated scale) and keep the GEMM path.
     const int32_t block_stride = fp8.block128 ? fp8_block_weight_scale_stride(k) : 0;
-    PAGODA_CUDA_RETURN_IF_ERROR(gemv_fp8(x, T, fp8.data, fp8.scales, block_stride, n, k, y, stream, gemv_fp8_depth_,
-                                         gemv_fp8_unpack_));
+    PAGODA_CUDA_RETURN_IF_ERROR(gemv_fp8(x, T, fp8.data, fp8.scales, block_stride, n, k, y, stream, gemv_fp8_depth_));
     return ok_status();
   }
   const size_t r0 = static_cast<size_t>(lane.row0);
@@ -605,8 +593,7 @@ Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {
              gemv_supported(num_rows, c.hidden_size, true, normed, head.data)) {
     const int32_t block_stride = head.block128 ? fp8_block_weight_scale_stride(c.hidden_size) : 0;
     PAGODA_CUDA_RETURN_IF_ERROR(gemv_fp8_logits(normed, num_rows, head.data, head.scales, block_stride,
-                                                c.vocab_size, c.hidden_size, logits_.as<float>(), stream_,
-                                                gemv_fp8_unpack_));
+                                                c.vocab_size, c.hidden_size, logits_.as<float>(), stream_));
   } else if (num_rows <= gemv_rows_bf16_ && gemv_supported(num_rows, c.hidden_size, false, normed, weights_.lm_head)) {
     PAGODA_CUDA_RETURN_IF_ERROR(gemv_bf16(normed, num_rows, weights_.lm_head, c.vocab_size, c.hidden_size,
                                           logits_.data(), true, stream_));

@@ -355,7 +355,6 @@ class CudaModel {
   int32_t gemv_rows_bf16_ = 0;  // steps of at most this many rows run bf16 projections as GEMVs
   int32_t gemv_rows_fp8_ = 0;   // the same for fp8 projections
   int32_t gemv_fp8_depth_ = kGemvDefaultFp8Depth;  // gemv_fp8 load depth (PAGODA_GEMV_FP8_DEPTH)
-  GemvFp8Unpack gemv_fp8_unpack_ = kGemvDefaultFp8Unpack;  // e4m3 widening (PAGODA_GEMV_FP8_UNPACK)
   int64_t fused_fp8_quant_launches_ = 0;
   // The fp8 GEMMs' per-token input quantization inside the norms / SiLU (PAGODA_FUSE_FP8_QUANT=0: off).
   bool fuse_fp8_quant_ = true;

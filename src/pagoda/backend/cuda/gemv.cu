@@ -13,11 +13,6 @@
 // trip with 1/2 / 1/4 of the threads: 2x / 4x the weight bytes in flight per thread. At depth 4 and 1-2
 // activation rows the block keeps kGemvRowsPerBlock rows (eight rows x eight chunks would not fit the
 // registers), which is 2x the direct kernel's per-thread bytes there.
-//
-// kInt (GemvFp8Unpack::kIntegerBits, gemv.h): the e4m3 bytes widen to f32 by integer shifts and masks
-// instead of the conversion instructions, as the f32 of value w x 2^-120; the activations are read x 2^64
-// and each sum leaves x 2^56, so every product and partial sum is kConvert's times 2^-56 (a power of two:
-// the same roundings, hence the same bits, while the partial sums stay above f32's subnormals).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -71,29 +66,11 @@ __device__ __forceinline__ void store(float* y, float v) { *y = v; }
 // kFp8: weights e4m3 (16 per chunk) else bf16 (8 per chunk). block_stride > 0: 128x128 block scales applied
 // per chunk (a chunk never straddles a 128-column block: 16 divides 128); == 0 with scales: per-row scales
 // applied at the end; scales null (bf16): none.
-// The e4m3 bytes of v as f32 of value (e4m3 value) x 2^-120: the byte shifted to the word's top, an
-// arithmetic shift right by 4 (bits 30..24 -> 26..20), then only the sign and those 7 bits kept. Exact for
-// every e4m3 value: exponent e >= 1 gives f32 exponent e, i.e. 2^(e-127) against e4m3's 2^(e-7); exponent 0
-// (e4m3 subnormals, m/8 x 2^-6) gives the f32 subnormal m/8 x 2^-126. Integer ops only, no conversion pipe.
-__device__ __forceinline__ void fp8x16_to_scaled_float(const uint4& v, float* f) {
-  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-  constexpr int32_t kKeep = static_cast<int32_t>(0x87F00000u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t w = words[i];
-    f[4 * i] = __int_as_float((static_cast<int32_t>(w << 24) >> 4) & kKeep);
-    f[4 * i + 1] = __int_as_float((static_cast<int32_t>(w << 16) >> 4) & kKeep);
-    f[4 * i + 2] = __int_as_float((static_cast<int32_t>(w << 8) >> 4) & kKeep);
-    f[4 * i + 3] = __int_as_float((static_cast<int32_t>(w) >> 4) & kKeep);
-  }
-}
-
-template <int M, bool kFp8, typename Out, int kDepth = 1, bool kInt = false,
-          int kR = rows_per_block<M, kFp8, kDepth>(), int kTh = kThreads / kDepth, int kChunks = 2 * kDepth>
+template <int M, bool kFp8, typename Out, int kDepth = 1, int kR = rows_per_block<M, kFp8, kDepth>(),
+          int kTh = kThreads / kDepth, int kChunks = 2 * kDepth>
 __global__ void __launch_bounds__(kTh) gemv_kernel(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w,
                                                         const float* __restrict__ scales, int32_t block_stride,
                                                         int32_t n, int32_t k, Out* __restrict__ y) {
-  static_assert(kFp8 || !kInt, "integer widening is for e4m3 weights");
   constexpr int kElems = kFp8 ? 16 : 8;
   constexpr int kRowBytesPerElem = kFp8 ? 1 : 2;
   const int32_t chunks = k / kElems;
@@ -118,33 +95,23 @@ __global__ void __launch_bounds__(kTh) gemv_kernel(const __nv_bfloat16* __restri
   // a time instead (8 rows' converted chunks would not fit).
   static_assert(M * kR <= kTh, "the final reduction gives one thread per output");
   constexpr int kWarps = kTh / 32;
-  // One chunk of activation row m at chunk c, as f32 (x 2^64 with integer widening).
-  auto load_x = [&](int m, int32_t c, float* xf) {
-    const uint4* xr = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(m) * k + static_cast<int64_t>(c) * kElems);
-    bf16x8_to_float(__ldg(xr), xf);
-    if constexpr (kFp8) bf16x8_to_float(__ldg(xr + 1), xf + 8);
-    if constexpr (kInt) {
-#pragma unroll
-      for (int e = 0; e < kElems; ++e) xf[e] *= 0x1p64f;
-    }
-  };
-  auto widen = [&](const uint4& v, float* wf) {
-    if constexpr (!kFp8) {
-      bf16x8_to_float(v, wf);
-    } else if constexpr (kInt) {
-      fp8x16_to_scaled_float(v, wf);
-    } else {
-      fp8x16_to_float(v, wf);
-    }
-  };
   auto consume_x_resident = [&](const uint4 (&wc)[kR], int32_t c) {
     float xf[M][kElems];
 #pragma unroll
-    for (int m = 0; m < M; ++m) load_x(m, c, xf[m]);
+    for (int m = 0; m < M; ++m) {
+      const uint4* xr =
+          reinterpret_cast<const uint4*>(x + static_cast<int64_t>(m) * k + static_cast<int64_t>(c) * kElems);
+      bf16x8_to_float(__ldg(xr), xf[m]);
+      if constexpr (kFp8) bf16x8_to_float(__ldg(xr + 1), xf[m] + 8);
+    }
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
       float wf[kElems];
-      widen(wc[r], wf);
+      if constexpr (kFp8) {
+        fp8x16_to_float(wc[r], wf);
+      } else {
+        bf16x8_to_float(wc[r], wf);
+      }
       const float sr = (kFp8 && block_stride > 0) ? __ldg(block_scales[r] + (c * kElems) / 128) : 1.0f;
 #pragma unroll
       for (int m = 0; m < M; ++m) {
@@ -160,13 +127,19 @@ __global__ void __launch_bounds__(kTh) gemv_kernel(const __nv_bfloat16* __restri
     float s[kR];
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
-      widen(wc[r], wf[r]);
+      if constexpr (kFp8) {
+        fp8x16_to_float(wc[r], wf[r]);
+      } else {
+        bf16x8_to_float(wc[r], wf[r]);
+      }
       s[r] = (kFp8 && block_stride > 0) ? __ldg(block_scales[r] + (c * kElems) / 128) : 1.0f;
     }
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float xf[kElems];
-      load_x(m, c, xf);
+      const uint4* xr = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(m) * k + static_cast<int64_t>(c) * kElems);
+      bf16x8_to_float(__ldg(xr), xf);
+      if constexpr (kFp8) bf16x8_to_float(__ldg(xr + 1), xf + 8);
 #pragma unroll
       for (int r = 0; r < kR; ++r) {
         float dot = 0.0f;
@@ -226,21 +199,20 @@ __global__ void __launch_bounds__(kTh) gemv_kernel(const __nv_bfloat16* __restri
       float v = 0.0f;
 #pragma unroll
       for (int i = 0; i < kWarps; ++i) v += partial[i][threadIdx.x];
-      if constexpr (kInt) v *= 0x1p56f;
       if (kFp8 && block_stride == 0) v *= scales[col];
       store(y + static_cast<int64_t>(m) * n + col, v);
     }
   }
 }
 
-template <bool kFp8, typename Out, int kDepth, bool kInt = false>
+template <bool kFp8, typename Out, int kDepth>
 cudaError_t launch(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales, int32_t block_stride,
                    int32_t n, int32_t k, Out* y, cudaStream_t stream) {
   auto grid = [n](int rows) { return dim3(static_cast<unsigned>((n + rows - 1) / rows)); };
   switch (m) {
 #define PAGODA_GEMV_CASE(M)                                                                                    \
   case M:                                                                                                      \
-    return launch_pdl(gemv_kernel<M, kFp8, Out, kDepth, kInt>, grid(rows_per_block<M, kFp8, kDepth>()),        \
+    return launch_pdl(gemv_kernel<M, kFp8, Out, kDepth>, grid(rows_per_block<M, kFp8, kDepth>()),              \
                       dim3(kThreads / kDepth), 0, stream, x, w, scales, block_stride, n, k, y);
     PAGODA_GEMV_CASE(1)
     PAGODA_GEMV_CASE(2)
@@ -273,16 +245,12 @@ cudaError_t gemv_bf16(const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w,
 }
 
 cudaError_t gemv_fp8(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales, int32_t block_stride,
-                     int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream, int32_t depth,
-                     GemvFp8Unpack unpack) {
+                     int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream, int32_t depth) {
   if (n <= 0 || scales == nullptr || block_stride < 0 || !gemv_supported(m, k, true, x, w))
     return cudaErrorInvalidValue;
   if (block_stride > 0 && block_stride < (k + 127) / 128) return cudaErrorInvalidValue;
-  const bool integer_bits = unpack == GemvFp8Unpack::kIntegerBits;
-  if (integer_bits && depth != 1) return cudaErrorInvalidValue;
   switch (depth) {
     case 1:
-      if (integer_bits) return launch<true, __nv_bfloat16, 1, true>(x, m, w, scales, block_stride, n, k, y, stream);
       return launch<true, __nv_bfloat16, 1>(x, m, w, scales, block_stride, n, k, y, stream);
     case 2:
       return launch<true, __nv_bfloat16, 2>(x, m, w, scales, block_stride, n, k, y, stream);
@@ -294,13 +262,10 @@ cudaError_t gemv_fp8(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const 
 }
 
 cudaError_t gemv_fp8_logits(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales,
-                            int32_t block_stride, int32_t n, int32_t k, float* y, cudaStream_t stream,
-                            GemvFp8Unpack unpack) {
+                            int32_t block_stride, int32_t n, int32_t k, float* y, cudaStream_t stream) {
   if (n <= 0 || scales == nullptr || block_stride < 0 || !gemv_supported(m, k, true, x, w))
     return cudaErrorInvalidValue;
   if (block_stride > 0 && block_stride < (k + 127) / 128) return cudaErrorInvalidValue;
-  if (unpack == GemvFp8Unpack::kIntegerBits)
-    return launch<true, float, 1, true>(x, m, w, scales, block_stride, n, k, y, stream);
   return launch<true, float, 1>(x, m, w, scales, block_stride, n, k, y, stream);
 }
 

@@ -21,8 +21,6 @@
 //     order per depth; depths differ from each other by f32 rounding only). The CUDA model takes it from
 //     PAGODA_GEMV_FP8_DEPTH (default kGemvDefaultFp8Depth).
 //   gemv_fp8_logits: gemv_fp8's arithmetic (the direct kernel) with f32 output: an e4m3 lm_head.
-//   unpack (GemvFp8Unpack) picks how the direct kernel turns e4m3 bytes into f32 (below); the deeper loads
-//     take kConvert only (kIntegerBits there is cudaErrorInvalidValue).
 //
 // Requirements (gemv_supported): 1 <= m <= kGemvMaxRows; k % 8 == 0 (bf16) or k % 16 == 0 (fp8); x and w
 // 16-byte aligned. Anything else is the GEMM's. Launches return cudaErrorInvalidValue for unsupported
@@ -52,18 +50,6 @@ inline constexpr int32_t kGemvDefaultMaxRowsFp8 = 2;
 inline constexpr int32_t kGemvDefaultFp8Depth = 1;
 inline constexpr int32_t kGemvFp8Depths[] = {1, 2, 4};
 
-// How the fp8 GEMV widens its e4m3 weights to f32 before the multiply-adds. At 1-2 rows every weight byte
-// costs a widening and one multiply-add, so at HBM speed the widening's instruction pipe sets the pace.
-//   kConvert: the hardware conversions, e4m3x2 -> f16x2 then f16 -> f32 per element.
-//   kIntegerBits: two or three integer ops per element that move the byte's sign to bit 31 and its exponent
-//     and mantissa to bits 26..20: the f32 of value (e4m3 value) x 2^-120, exactly (e4m3 subnormals become
-//     f32 subnormals, which the multiply-add keeps: no flush-to-zero in these kernels). The activations are
-//     taken x 2^64 and each output x 2^56 at the end, so the products and sums are kConvert's scaled by 2^-56
-//     and round to the same bits wherever no partial sum falls below 2^-70 or an activation reaches 2^64.
-//     The e4m3 NaN bytes (0x7f, 0xff) read as +-480 instead of NaN (checkpoints' weights are finite).
-enum class GemvFp8Unpack { kConvert, kIntegerBits };
-inline constexpr GemvFp8Unpack kGemvDefaultFp8Unpack = GemvFp8Unpack::kIntegerBits;
-
 bool gemv_supported(int32_t m, int32_t k, bool fp8_weights, const void* x, const void* w);
 
 cudaError_t gemv_bf16(const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w, int32_t n, int32_t k, void* y,
@@ -71,10 +57,9 @@ cudaError_t gemv_bf16(const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w,
 
 cudaError_t gemv_fp8(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales, int32_t block_stride,
                      int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream,
-                     int32_t depth = kGemvDefaultFp8Depth, GemvFp8Unpack unpack = kGemvDefaultFp8Unpack);
+                     int32_t depth = kGemvDefaultFp8Depth);
 
 cudaError_t gemv_fp8_logits(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales,
-                            int32_t block_stride, int32_t n, int32_t k, float* y, cudaStream_t stream,
-                            GemvFp8Unpack unpack = kGemvDefaultFp8Unpack);
+                            int32_t block_stride, int32_t n, int32_t k, float* y, cudaStream_t stream);
 
 }  // namespace pagoda::cuda
