@@ -479,6 +479,58 @@ TEST(CudaModel, DecodeFusionsMatchTheUnfusedModelBitForBit) {
   }
 }
 
+// The tensor-core fp8 GEMV (fp8_mma_gemv.h; PAGODA_FP8_MMA_GEMV_ROWS, 8 by default): a bad row count is
+// refused naming the variable; with fp8 projections + fp8 KV, a 5-row prefill and graph-replayed batch-1
+// decode steps on it (every projection and the e4m3 lm_head) give cuBLASLt's logits (rows 0, no weight-only
+// GEMV: the same quantized operands) up to summation order and bf16 rounding, and it really ran.
+TEST(CudaModel, Fp8MmaGemvMatchesTheFp8Gemm) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  ModelConfig config = small_llama_config();
+  config.vocab_size = 1024;  // cuBLASLt's fp8 head needs a multiple of 16: both runs on an e4m3 head
+  CudaModelOptions base = small_options();
+  base.fp8_weights = true;
+  base.kv_key_dtype = DType::kFP8E4M3;
+  base.kv_value_dtype = DType::kFP8E4M3;
+  if (!CudaModel::create_random(config, 7, base).ok()) GTEST_SKIP() << "no fp8 on this device";
+  expect_refused_naming("PAGODA_FP8_MMA_GEMV_ROWS", "9", config, base);
+  expect_refused_naming("PAGODA_FP8_MMA_GEMV_ROWS", "all", config, base);
+  std::vector<std::vector<float>> runs;
+  std::vector<int64_t> launches;
+  for (const char* rows : {"0", nullptr}) {  // null: the default
+    CudaModelOptions options = base;
+    options.gemv_max_rows = 0;
+    if (rows != nullptr) setenv("PAGODA_FP8_MMA_GEMV_ROWS", rows, 1);
+    auto model = CudaModel::create_random(config, 7, options);
+    unsetenv("PAGODA_FP8_MMA_GEMV_ROWS");
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
+    ASSERT_TRUE(pool.ok());
+    std::vector<float> all, logits;
+    ASSERT_TRUE((*model)->forward(single({1, 5, 900, 42, 7}, 0, {0}, true), **pool, logits).ok());
+    all = logits;
+    for (int32_t step = 0; step < 6; ++step) {
+      ASSERT_TRUE((*model)->forward(single({11 + step}, 5 + step, {0}, false), **pool, logits).ok());
+      for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+      all.insert(all.end(), logits.begin(), logits.end());
+    }
+    EXPECT_GT((*model)->graph_replays(), 0);
+    runs.push_back(std::move(all));
+    launches.push_back((*model)->fp8_mma_gemv_launches());
+  }
+  EXPECT_EQ(launches[0], 0);
+  // The prefill (4 projections a layer + the head) and at least one decode capture.
+  EXPECT_GE(launches[1], 2 * (4 * config.num_layers + 1));
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  double max_diff = 0, max_logit = 0;
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    max_diff = std::max(max_diff, static_cast<double>(std::fabs(runs[0][i] - runs[1][i])));
+    max_logit = std::max(max_logit, static_cast<double>(std::fabs(runs[0][i])));
+  }
+  std::cout << "[ figure ] tensor-core fp8 GEMV vs cuBLASLt in the model: max |logit diff| " << max_diff
+            << " (max |logit| " << max_logit << ")\n";
+  EXPECT_LE(max_diff, 0.02 + 0.02 * max_logit);
+}
+
 // PAGODA_FUSE_FP8_QUANT (on by default): the fp8 GEMMs' per-token input quantization inside the norms and the
 // SiLU (add_rmsnorm_fp8, silu_mul_fp8). A bad value is refused naming the variable; with fp8 projections + fp8
 // KV and no GEMV (gemv_max_rows 0, so decode steps quantize too), two prefills and graph-replayed batch-2

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One device call for session 31 (issue 23, and issue 20's goal where an H200 comes), PARTS in order
 # (default "gemv itl"):
-#   gemv   the fp8 GEMV's integer widening (gemv.h, GemvFp8Unpack): cuda_ops_tests' GEMV cases and
-#          cuda_model_tests (CudaModel.*, *Fp8*), GemvSpeed.Fp8Unpack (conversions vs integer bits, HBM and
-#          L2, three rounds), the two kernels' SASS opcode counts (cuobjdump) and ncu's pipe utilization at
-#          gate_up and o, m = 1;
+#   gemv   the tensor-core fp8 GEMV (fp8_mma_gemv.h): cuda_ops_tests' GEMV cases, cuda_model_tests
+#          (CudaModel.*, *Fp8*), GemvSpeed.Fp8MmaGemv (against the weight-only GEMV and cuBLASLt), the bundled
+#          model's fp8 perplexity with and without it (in 271d00a's bundle this part measured the reverted
+#          integer widening of the weight-only GEMV instead: GemvSpeed.Fp8Unpack, SASS, ncu);
 #   itl    batch-1 decode at 128 tokens, fp8 + fp8 KV and bf16 + bf16 KV (the bf16 rows are the control),
-#          PAGODA_GEMV_FP8_UNPACK=convert vs the default, two rounds (decode_path_call.sh's itl part);
+#          ITL_BASE_ENV (default PAGODA_FP8_MMA_GEMV_ROWS=0) vs the default, two rounds (decode_path_call.sh);
 #   1k     the 1,000 x 1,000 (fp8 + fp8 KV) with every default, engine, once (decode_path_call.sh);
 #   http   the same workload through `pagoda serve` + `pagoda bench serve` (HTTP_KINDS, default fp8; bf16
 #          = bf16 weights + bf16 KV), then batch-1 ITL over HTTP for each kind;
@@ -46,39 +46,20 @@ if [[ $parts == *" goal "* ]]; then
   OUT=$out/goal PARTS="goal" TOTAL=150 bash "$here/session30_call.sh" 2>&1 | grep -vE "^== (binaries|end)" | tail -24
 fi
 
-# opcodes FUNCTION_REGEX: SASS opcode counts of the kernels whose mangled name matches (the bundled test binary).
-opcodes() {
-  local dump; dump=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null | head -1)
-  [ -z "$dump" ] && { echo "no cuobjdump"; return; }
-  "$dump" -sass "$(dirname "$B")/bin/cuda_ops_tests" 2>/dev/null | awk -v re="$1" '
-    /Function :/ { on = ($3 ~ re); if (on) print "--", $3; next }
-    on && /\/\*[0-9a-f]+\*\// { op = $2; if (op ~ /^@/) op = $3; sub(/;$/, "", op); split(op, p, "."); n[p[1]]++ }
-    END { for (o in n) printf "%s %d\n", o, n[o] }' | sort -k2 -nr | head -40 | tr '\n' ' '; echo
-}
-if [[ $parts == *" gemv "* ]]; then
-  call_gtest cuda_ops_tests_gemv 150 cuda_ops_tests --gtest_filter='*Gemv*:*Fp8Unpack*:-GemvSpeed.*'
+if [[ $parts == *" gemv "* ]]; then  # (the integer widening's measurement was on 271d00a's binaries)
+  call_gtest cuda_ops_tests_gemv 150 cuda_ops_tests --gtest_filter='*Gemv*:*Fp8MmaGemv*:-GemvSpeed.*'
   call_gtest cuda_model_tests 280 cuda_model_tests --gtest_filter='CudaModel.*:*Fp8*'
-  timeout 120 "$B" cuda_ops_tests --gtest_filter='GemvSpeed.Fp8Unpack' > "$out/unpack_speed.log" 2>&1
-  echo "GemvSpeed.Fp8Unpack rc=$?"; grep "gemv-unpack" "$out/unpack_speed.log"
-  # gemv_kernel<1, true, __nv_bfloat16, 1, false / true>: the m = 1 bf16-output kernels of either widening.
-  echo "SASS convert (m=1):"; opcodes '^_ZN6pagoda4cuda12_GLOBAL__N_111gemv_kernelILi1ELb1E13__nv_bfloat16Li1ELb0E'
-  echo "SASS bits (m=1):"; opcodes '^_ZN6pagoda4cuda12_GLOBAL__N_111gemv_kernelILi1ELb1E13__nv_bfloat16Li1ELb1E'
-  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-  if [ -n "$ncu" ]; then
-    # Round 1 of gate_up from HBM at m = 1: the conversions' 4th launch, then the integer bits' 4th.
-    for skip in 3 46; do
-      PAGODA_GEMV_UNPACK_SHAPES=gate_up timeout 90 "$ncu" --kernel-name regex:gemv_kernel --launch-skip $skip \
-        --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
-        --section Occupancy --section InstructionStats --page raw "$(dirname "$B")/bin/cuda_ops_tests" \
-        --gtest_filter='GemvSpeed.Fp8Unpack' > "$out/ncu_gate_up_$skip.log" 2>&1
-      echo "ncu gate_up launch $skip rc=$?"
-      grep -E "gemv_kernel|gpu__time_duration.sum|dram__throughput.avg.pct|inst_executed_pipe_[a-z0-9_]*.avg.pct_of_peak_sustained_active|pipe_[a-z0-9_]*_cycles_active.avg.pct|issue_active.avg.pct|warps_active.avg.pct|registers_per_thread|smsp__inst_executed.sum |average_warp_latency_issue_stalled_[a-z_]*.ratio|pcsamp" \
-        "$out/ncu_gate_up_$skip.log" | sed 's/  */ /g' | awk '$NF != "0" && $NF != "0.00"' | cut -c1-140 | head -60
-    done
-  fi
+  timeout 150 "$B" cuda_ops_tests --gtest_filter='GemvSpeed.Fp8MmaGemv' > "$out/mma_speed.log" 2>&1
+  echo "GemvSpeed.Fp8MmaGemv rc=$?"; grep "gemv-mma" "$out/mma_speed.log" | sed 's/  */ /g'
+  m=models/pagoda-tiny
+  for rows in 8 0; do  # the bundled model's perplexity, fp8: its eval steps on the tensor-core GEMV or not
+    PAGODA_FP8_MMA_GEMV_ROWS=$rows timeout 120 "$B" pagoda eval perplexity --device cuda --model $m \
+      --text-file $m/heldout.txt --quantization fp8 --json > "$out/ppl_$rows.json" 2> "$out/ppl_$rows.err"
+    echo "perplexity fp8, tensor-core GEMV rows $rows rc=$?: $(grep -oE '"(perplexity|tokens)":[0-9.]+' "$out/ppl_$rows.json" | tr '\n' ' ')"
+  done
 fi
 if [[ $parts == *" itl "* ]]; then
-  OUT=$out/itl PARTS="itl" ITL_CONTEXTS=128 BASE_ENV="PAGODA_GEMV_FP8_UNPACK=convert" BUDGET=$(( $(left) > 150 ? 150 : $(left) )) \
+  OUT=$out/itl PARTS="itl" ITL_CONTEXTS=128 BASE_ENV="${ITL_BASE_ENV:-PAGODA_FP8_MMA_GEMV_ROWS=0}" BUDGET=$(( $(left) > 150 ? 150 : $(left) )) \
     bash "$here/decode_path_call.sh" run 2>&1 | grep -E "round|base|error|skipped|done"
 fi
 if [[ $parts == *" 1k "* ]]; then

@@ -152,6 +152,13 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
       return invalid_argument_error("PAGODA_GEMV_FP8_DEPTH={}: expected 1, 2 or 4", env);
     gemv_fp8_depth_ = static_cast<int32_t>(v);
   }
+  if (const char* env = std::getenv("PAGODA_FP8_MMA_GEMV_ROWS"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (*end != '\0' || v < 0 || v > kFp8MmaGemvMaxRows)
+      return invalid_argument_error("PAGODA_FP8_MMA_GEMV_ROWS={}: expected 0 ... {}", env, kFp8MmaGemvMaxRows);
+    fp8_mma_gemv_rows_ = static_cast<int32_t>(v);
+  }
   if (const char* env = std::getenv("PAGODA_FUSE_ROPE_KV"); env != nullptr && *env != '\0') {
     const std::string v(env);
     if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FUSE_ROPE_KV={}: expected 0 or 1", env);
@@ -515,7 +522,8 @@ Status CudaModel::project(const Lane& lane, const bf16* x, const bf16* w, const 
     }
     return lane.gemm->linear(x, T, w, n, k, y, GemmOutput::kBF16, stream);
   }
-  if (T <= gemv_rows_fp8_ && fp8.input_scale == nullptr && gemv_supported(T, k, true, x, fp8.data)) {
+  if (T <= gemv_rows_fp8_ && fp8.input_scale == nullptr && !fp8_mma_gemv_applies(T, fp8, k) &&
+      gemv_supported(T, k, true, x, fp8.data)) {
     // Weight-only at decode sizes: the activations stay bf16 (gemv.h). Static input scales are the
     // checkpoint's arithmetic (its activations rounded at a calibrated scale) and keep the GEMM path.
     const int32_t block_stride = fp8.block128 ? fp8_block_weight_scale_stride(k) : 0;
@@ -537,12 +545,29 @@ Status CudaModel::project(const Lane& lane, const bf16* x, const bf16* w, const 
   } else {
     PAGODA_CUDA_RETURN_IF_ERROR(quantize_fp8_per_token(x, T, k, q, scales, stream));
   }
-  return lane.fp8_gemm->linear(q, scales, T, fp8.data, fp8.scales, n, k, y, stream);
+  return fp8_linear(lane, q, scales, fp8, n, k, y);
+}
+
+bool CudaModel::fp8_mma_gemv_applies(int32_t T, const CudaFp8Weight& fp8, int32_t k) const {
+  // fp8_x_ rows are k bytes from a 256-byte aligned base, so only k decides the activations' alignment.
+  return T <= fp8_mma_gemv_rows_ && fp8.data != nullptr && !fp8.block128 && fp8_x_.data() != nullptr &&
+         fp8_mma_gemv_supported(T, k, fp8_x_.data(), fp8.data);
+}
+
+Status CudaModel::fp8_linear(const Lane& lane, const uint8_t* q, const float* scales, const CudaFp8Weight& fp8,
+                             int32_t n, int32_t k, bf16* y) {
+  if (fp8_mma_gemv_applies(lane.T, fp8, k) && fp8_mma_gemv_supported(lane.T, k, q, fp8.data)) {
+    ++fp8_mma_gemv_launches_;
+    PAGODA_CUDA_RETURN_IF_ERROR(fp8_mma_gemv(q, scales, lane.T, fp8.data, fp8.scales, n, k, y, false, lane.stream));
+    return ok_status();
+  }
+  return lane.fp8_gemm->linear(q, scales, lane.T, fp8.data, fp8.scales, n, k, y, lane.stream);
 }
 
 bool CudaModel::fuse_fp8_input(const bf16* x, int32_t T, const CudaFp8Weight& fp8, int32_t k) const {
   if (!fuse_fp8_quant_ || fp8.data == nullptr || fp8.block128 || fp8.input_scale != nullptr) return false;
-  // project()'s GEMV branch takes bf16 activations: no quantization to fuse.
+  // project()'s weight-only GEMV branch takes bf16 activations: no quantization to fuse.
+  if (fp8_mma_gemv_applies(T, fp8, k)) return true;
   return !(T <= gemv_rows_fp8_ && gemv_supported(T, k, true, x, fp8.data));
 }
 
@@ -557,8 +582,7 @@ uint8_t* CudaModel::lane_fp8_input(const Lane& lane) const {
 Status CudaModel::project_quantized(const Lane& lane, const CudaFp8Weight& fp8, int32_t n, int32_t k, bf16* y) {
   ++fused_fp8_quant_launches_;
   const size_t r0 = static_cast<size_t>(lane.row0);
-  return lane.fp8_gemm->linear(lane_fp8_input(lane), fp8_x_scales_.as<float>() + r0,
-                               lane.T, fp8.data, fp8.scales, n, k, y, lane.stream);
+  return fp8_linear(lane, lane_fp8_input(lane), fp8_x_scales_.as<float>() + r0, fp8, n, k, y);
 }
 
 // kUnimplemented: no e4m3 per-channel lm_head, switched off, a vocabulary or width not a multiple of 16,
@@ -588,6 +612,16 @@ Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {
                                       normed, num_rows, c.hidden_size, c.rms_norm_eps, stream_));
   if (comm_ != nullptr) {
     PAGODA_RETURN_IF_ERROR(head_sharded(normed, num_rows));
+  } else if (fp8_mma_gemv_applies(num_rows, weights_.lm_head_fp8, c.hidden_size)) {
+    // The e4m3 lm_head on the tensor-core GEMV: per-token activations, as the fp8 GEMM head at more rows. The
+    // head runs after every layer, so the projections' fp8 input buffer is free.
+    const CudaFp8Weight& head = weights_.lm_head_fp8;
+    uint8_t* q = fp8_x_.as<uint8_t>();
+    float* scales = fp8_x_scales_.as<float>();
+    PAGODA_CUDA_RETURN_IF_ERROR(quantize_fp8_per_token(normed, num_rows, c.hidden_size, q, scales, stream_));
+    ++fp8_mma_gemv_launches_;
+    PAGODA_CUDA_RETURN_IF_ERROR(fp8_mma_gemv(q, scales, num_rows, head.data, head.scales, c.vocab_size,
+                                             c.hidden_size, logits_.data(), true, stream_));
   } else if (const CudaFp8Weight& head = weights_.lm_head_fp8;
              head.data != nullptr && num_rows <= gemv_rows_fp8_ &&
              gemv_supported(num_rows, c.hidden_size, true, normed, head.data)) {

@@ -65,6 +65,7 @@
 #include "pagoda/backend/cuda/two_batch_overlap.h"
 #include "pagoda/backend/cuda/fp8_gemm.h"
 #include "pagoda/backend/cuda/gemm.h"
+#include "pagoda/backend/cuda/fp8_mma_gemv.h"
 #include "pagoda/backend/cuda/gemv.h"
 #include "pagoda/backend/cuda/kv_layer_waits.h"
 #include "pagoda/backend/cuda/sampling.h"
@@ -239,6 +240,8 @@ class CudaModel {
   // Norm / SiLU launches enqueued (eagerly or into a captured graph) that wrote an fp8 GEMM's quantized input
   // themselves (PAGODA_FUSE_FP8_QUANT); for tests.
   int64_t fused_fp8_quant_launches() const { return fused_fp8_quant_launches_; }
+  // Launches of the tensor-core fp8 GEMV (projections and lm_head) by host code: eager steps and captures.
+  int64_t fp8_mma_gemv_launches() const { return fp8_mma_gemv_launches_; }
   int64_t graphs_captured() const { return static_cast<int64_t>(graphs_.size()); }
   // Steps whose attention ran on backend/cuda/attention's kernels.
   int64_t fast_attention_steps() const { return fast_attention_steps_; }
@@ -317,6 +320,12 @@ class CudaModel {
   // The lane's part of fp8_x_: from row0 * fp8_x_width_ (null without fp8 projections).
   uint8_t* lane_fp8_input(const Lane& lane) const;
   Status project_quantized(const Lane& lane, const CudaFp8Weight& fp8, int32_t n, int32_t k, bf16* y);
+  // Whether T rows of fp8 projection w (width k) run on the tensor-core fp8 GEMV (fp8_mma_gemv.h) rather than
+  // cuBLASLt: T <= fp8_mma_gemv_rows_, per-channel (or per-tensor) scales, a shape it supports.
+  bool fp8_mma_gemv_applies(int32_t T, const CudaFp8Weight& fp8, int32_t k) const;
+  // y [lane.T, n] bf16 from quantized rows q / scales: the tensor-core GEMV where it applies, else the fp8 GEMM.
+  Status fp8_linear(const Lane& lane, const uint8_t* q, const float* scales, const CudaFp8Weight& fp8, int32_t n,
+                    int32_t k, bf16* y);
   // Samples logit rows [row_begin, row_begin + n) (already in logits_) and
   // copies tokens, logprobs and the host rows' logits out; synchronizes.
   // Applies the token masks of rows [row_begin, row_begin + n) of forward_sampled() to logits_.
@@ -355,7 +364,11 @@ class CudaModel {
   int32_t gemv_rows_bf16_ = 0;  // steps of at most this many rows run bf16 projections as GEMVs
   int32_t gemv_rows_fp8_ = 0;   // the same for fp8 projections
   int32_t gemv_fp8_depth_ = kGemvDefaultFp8Depth;  // gemv_fp8 load depth (PAGODA_GEMV_FP8_DEPTH)
+  // Rows up to which quantized fp8 projections and the e4m3 lm_head run on the tensor-core GEMV
+  // (PAGODA_FP8_MMA_GEMV_ROWS, 0 ... kFp8MmaGemvMaxRows); below it the weight-only GEMV no longer runs for fp8.
+  int32_t fp8_mma_gemv_rows_ = kFp8MmaGemvDefaultRows;
   int64_t fused_fp8_quant_launches_ = 0;
+  int64_t fp8_mma_gemv_launches_ = 0;
   // The fp8 GEMMs' per-token input quantization inside the norms / SiLU (PAGODA_FUSE_FP8_QUANT=0: off).
   bool fuse_fp8_quant_ = true;
   bool fuse_rope_kv_ = false;  // rope_qk + kv_write as rope_qk_kv_write at decode sizes (PAGODA_FUSE_ROPE_KV=1: on)

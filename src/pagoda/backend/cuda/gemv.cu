@@ -35,15 +35,8 @@ constexpr int rows_per_block() {
   return kFp8 && M <= 2 && kDepth < 4 ? 2 * kGemvRowsPerBlock : kGemvRowsPerBlock;
 }
 
-__device__ __forceinline__ uint4 load_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 using kernels::cuda::device::bf16x8_to_float;
+using kernels::cuda::device::load_global_streaming;
 
 __device__ __forceinline__ void fp8x16_to_float(const uint4& v, float* f) {
   const uint32_t words[4] = {v.x, v.y, v.z, v.w};
@@ -159,7 +152,7 @@ __global__ void __launch_bounds__(kTh) gemv_kernel(const __nv_bfloat16* __restri
     for (int j = 0; j < kChunks; ++j) {
       if (c + j * kTh < chunks) {
 #pragma unroll
-        for (int r = 0; r < kR; ++r) wv[j][r] = load_stream(rows[r] + c + j * kTh);
+        for (int r = 0; r < kR; ++r) wv[j][r] = load_global_streaming(rows[r] + c + j * kTh);
       }
     }
   };

@@ -1,7 +1,7 @@
 #pragma once
 // Small sm_80+/sm_90 building blocks shared by the attention kernels: async
-// 16-byte copies into shared memory, ldmatrix, the bf16 tensor-core MMA and
-// bf16 <-> f32 conversions. Device code only; include from .cu files.
+// 16-byte copies into shared memory, ldmatrix, the bf16 and e4m3 tensor-core MMAs,
+// streaming 16-byte loads and bf16 <-> f32 conversions. Device code only; include from .cu files.
 
 #include <cuda_bf16.h>
 #include <cstdint>
@@ -66,6 +66,25 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d += a * b for one m16n8k32 tile of e4m3 (sm_89+): a row-major (4 regs of 4 bytes), b "col" (2 regs), d f32.
+__device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// A 16-byte global load read once (the weight streams of the GEMVs): the non-coherent path, not kept in L1.
+__device__ __forceinline__ uint4 load_global_streaming(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
 }
 
 // Programmatic dependent launch (sm_90): launch_dependents lets the grid

@@ -1,0 +1,45 @@
+#pragma once
+// A weight-streaming fp8 GEMV on tensor cores for decode-sized steps (1 ... kFp8MmaGemvMaxRows rows):
+//   y [m, n] = (xq [m, k] * x_scales[m]) . (w [n, k] * w_scales[n])^T, f32 accumulation,
+// with xq the activations quantized to e4m3 per row (the fp8 GEMM's input: add_rmsnorm_fp8, silu_mul_fp8,
+// quantize_fp8_per_token) and w e4m3 weights as nn.Linear stores them, one scale per output channel (a
+// per-tensor scale as n equal values). The arithmetic of Fp8Gemm::linear at any m, in another summation
+// order: a decode step of 1-8 rows computes what a batched step computes for the same rows.
+//
+// Why: the weight-only GEMV (gemv.h) widens every e4m3 weight to f32 and multiplies it on CUDA cores, ~4
+// instructions a weight byte, and at 1-2 rows that work, not HBM, sets its pace on an H200. Here each
+// warp's mma.sync m16n8k32 (e4m3 x e4m3 -> f32) takes 16 weight rows x 32 bytes straight from the 16-byte
+// loads, and the (up to 8) activation rows are the mma's n = 8 columns: one load and one mma per 32 weight
+// bytes a thread, whatever m is.
+//
+// Layout (fp8_mma_gemv.cu): a block of 8 warps owns 16 weight rows; the rows' k is cut into 64-byte steps
+// dealt round-robin to the warps. In a step, lane (g, t) (g = lane / 4, t = lane % 4) loads bytes
+// [64 s + 16 t, +16) of rows g and g + 8 and of activation row g (zeros for g >= m): the mma's k order is a
+// permutation of the step's 64 bytes that A and B share, so the 16-byte loads are its fragments as they come.
+// The warps' partial sums meet in shared memory; the scales apply once per output.
+//
+// Requirements (fp8_mma_gemv_supported): 1 <= m <= kFp8MmaGemvMaxRows, k % 64 == 0, xq and w 16-byte
+// aligned (rows of k bytes then stay aligned); n >= 1. Anything else is cudaErrorInvalidValue. Deterministic
+// (a fixed summation order per shape). Launched with programmatic dependent launch (pdl.cuh): the first
+// steps' weight loads run ahead of the PDL wait. No allocation, no synchronization: CUDA-graph capturable.
+// Thread safety: plain launches on the caller's stream.
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+namespace pagoda::cuda {
+
+inline constexpr int32_t kFp8MmaGemvMaxRows = 8;
+// The CUDA model's default: steps of up to this many rows take this GEMV for their fp8 projections and the
+// e4m3 lm_head (PAGODA_FP8_MMA_GEMV_ROWS overrides it; 0 = the weight-only GEMV and cuBLASLt as before).
+inline constexpr int32_t kFp8MmaGemvDefaultRows = 8;
+
+bool fp8_mma_gemv_supported(int32_t m, int32_t k, const void* xq, const void* w);
+
+// y: [m, n] bf16 (f32_output false) or f32 (the lm_head's logits).
+cudaError_t fp8_mma_gemv(const uint8_t* xq, const float* x_scales, int32_t m, const uint8_t* w, const float* w_scales,
+                         int32_t n, int32_t k, void* y, bool f32_output, cudaStream_t stream);
+
+}  // namespace pagoda::cuda
