@@ -496,7 +496,7 @@ TEST(CudaModel, Fp8MmaGemvMatchesTheFp8Gemm) {
   expect_refused_naming("PAGODA_FP8_MMA_GEMV_ROWS", "all", config, base);
   std::vector<std::vector<float>> runs;
   std::vector<int64_t> launches;
-  for (const char* rows : {"0", nullptr}) {  // null: the default
+  for (const char* rows : std::vector<const char*>{"0", nullptr}) {  // null: the default
     CudaModelOptions options = base;
     options.gemv_max_rows = 0;
     if (rows != nullptr) setenv("PAGODA_FP8_MMA_GEMV_ROWS", rows, 1);
