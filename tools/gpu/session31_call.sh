@@ -5,6 +5,8 @@
 #          (CudaModel.*, *Fp8*), GemvSpeed.Fp8MmaGemv (against the weight-only GEMV and cuBLASLt), the bundled
 #          model's fp8 perplexity with and without it (in 271d00a's bundle this part measured the reverted
 #          integer widening of the weight-only GEMV instead: GemvSpeed.Fp8Unpack, SASS, ncu);
+#   small  the engine at batch 4 and 8 (fp8 + fp8 KV, 128 in / 256 out): the tensor-core GEMV (default) vs
+#          PAGODA_FP8_MMA_GEMV_ROWS=0 (cuBLASLt), two rounds;
 #   itl    batch-1 decode at 128 tokens, fp8 + fp8 KV and bf16 + bf16 KV (the bf16 rows are the control),
 #          ITL_BASE_ENV (default PAGODA_FP8_MMA_GEMV_ROWS=0) vs the default, two rounds (decode_path_call.sh);
 #   1k     the 1,000 x 1,000 (fp8 + fp8 KV) with every default, engine, once (decode_path_call.sh);
@@ -38,7 +40,7 @@ echo "== binaries of $(cat "$(dirname "$B")/commit"); $(date -u +%FT%TZ); $gpu"
 if [[ $gpu == *H200* ]]; then
   parts=" ${PARTS:-goal gemv itl 1k http} "; kinds=${HTTP_KINDS:-fp8 bf16}
 else
-  parts=" ${PARTS:-gemv itl} "; kinds=${HTTP_KINDS:-fp8}
+  parts=" ${PARTS:-gemv small itl} "; kinds=${HTTP_KINDS:-fp8}
 fi
 [ -f "$here/model/tokenizer.json" ] || xz -dk "$here/model/tokenizer.json.xz"
 
@@ -56,6 +58,19 @@ if [[ $parts == *" gemv "* ]]; then  # (the integer widening's measurement was o
     PAGODA_FP8_MMA_GEMV_ROWS=$rows timeout 120 "$B" pagoda eval perplexity --device cuda --model $m \
       --text-file $m/heldout.txt --quantization fp8 --json > "$out/ppl_$rows.json" 2> "$out/ppl_$rows.err"
     echo "perplexity fp8, tensor-core GEMV rows $rows rc=$?: $(grep -oE '"(perplexity|tokens)":[0-9.]+' "$out/ppl_$rows.json" | tr '\n' ' ')"
+  done
+fi
+if [[ $parts == *" small "* ]]; then  # batch 3-8: the tensor-core GEMV (default) vs cuBLASLt (rows 0)
+  for round in 1 2; do
+    for n in 4 8; do
+      for rows in 0 default; do
+        env_rows=(); [ "$rows" = 0 ] && env_rows=(PAGODA_FP8_MMA_GEMV_ROWS=0)
+        env "${env_rows[@]}" timeout 60 "$B" pagoda_gpu_engine_bench --config tools/gpu_backend/llama3_8b_config.json \
+          --sampling greedy --workload random --num-requests "$n" --max-num-seqs "$n" --input-len 128 --output-len 256 \
+          --quantization fp8 --kv-cache-dtype fp8 > "$out/small.log" 2>&1
+        echo "r$round batch $n mma rows $rows rc=$?: $(grep -oE '[0-9]+ output tok/s' "$out/small.log" | head -1) | $(grep -oE 'decode-only steps: [0-9]+, [0-9.]+ ms each' "$out/small.log" | head -1)"
+      done
+    done
   done
 fi
 if [[ $parts == *" itl "* ]]; then

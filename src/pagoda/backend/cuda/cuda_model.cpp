@@ -522,8 +522,7 @@ Status CudaModel::project(const Lane& lane, const bf16* x, const bf16* w, const 
     }
     return lane.gemm->linear(x, T, w, n, k, y, GemmOutput::kBF16, stream);
   }
-  if (T <= gemv_rows_fp8_ && fp8.input_scale == nullptr && !fp8_mma_gemv_applies(T, fp8, k) &&
-      gemv_supported(T, k, true, x, fp8.data)) {
+  if (T <= gemv_rows_fp8_ && fp8.input_scale == nullptr && gemv_supported(T, k, true, x, fp8.data)) {
     // Weight-only at decode sizes: the activations stay bf16 (gemv.h). Static input scales are the
     // checkpoint's arithmetic (its activations rounded at a calibrated scale) and keep the GEMM path.
     const int32_t block_stride = fp8.block128 ? fp8_block_weight_scale_stride(k) : 0;
@@ -567,7 +566,6 @@ Status CudaModel::fp8_linear(const Lane& lane, const uint8_t* q, const float* sc
 bool CudaModel::fuse_fp8_input(const bf16* x, int32_t T, const CudaFp8Weight& fp8, int32_t k) const {
   if (!fuse_fp8_quant_ || fp8.data == nullptr || fp8.block128 || fp8.input_scale != nullptr) return false;
   // project()'s weight-only GEMV branch takes bf16 activations: no quantization to fuse.
-  if (fp8_mma_gemv_applies(T, fp8, k)) return true;
   return !(T <= gemv_rows_fp8_ && gemv_supported(T, k, true, x, fp8.data));
 }
 
@@ -612,6 +610,12 @@ Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {
                                       normed, num_rows, c.hidden_size, c.rms_norm_eps, stream_));
   if (comm_ != nullptr) {
     PAGODA_RETURN_IF_ERROR(head_sharded(normed, num_rows));
+  } else if (const CudaFp8Weight& head = weights_.lm_head_fp8;
+             head.data != nullptr && num_rows <= gemv_rows_fp8_ &&
+             gemv_supported(num_rows, c.hidden_size, true, normed, head.data)) {
+    const int32_t block_stride = head.block128 ? fp8_block_weight_scale_stride(c.hidden_size) : 0;
+    PAGODA_CUDA_RETURN_IF_ERROR(gemv_fp8_logits(normed, num_rows, head.data, head.scales, block_stride,
+                                                c.vocab_size, c.hidden_size, logits_.as<float>(), stream_));
   } else if (fp8_mma_gemv_applies(num_rows, weights_.lm_head_fp8, c.hidden_size)) {
     // The e4m3 lm_head on the tensor-core GEMV: per-token activations, as the fp8 GEMM head at more rows. The
     // head runs after every layer, so the projections' fp8 input buffer is free.
@@ -622,12 +626,6 @@ Status CudaModel::run_head(int32_t row_begin, int32_t num_rows) {
     ++fp8_mma_gemv_launches_;
     PAGODA_CUDA_RETURN_IF_ERROR(fp8_mma_gemv(q, scales, num_rows, head.data, head.scales, c.vocab_size,
                                              c.hidden_size, logits_.data(), true, stream_));
-  } else if (const CudaFp8Weight& head = weights_.lm_head_fp8;
-             head.data != nullptr && num_rows <= gemv_rows_fp8_ &&
-             gemv_supported(num_rows, c.hidden_size, true, normed, head.data)) {
-    const int32_t block_stride = head.block128 ? fp8_block_weight_scale_stride(c.hidden_size) : 0;
-    PAGODA_CUDA_RETURN_IF_ERROR(gemv_fp8_logits(normed, num_rows, head.data, head.scales, block_stride,
-                                                c.vocab_size, c.hidden_size, logits_.as<float>(), stream_));
   } else if (num_rows <= gemv_rows_bf16_ && gemv_supported(num_rows, c.hidden_size, false, normed, weights_.lm_head)) {
     PAGODA_CUDA_RETURN_IF_ERROR(gemv_bf16(normed, num_rows, weights_.lm_head, c.vocab_size, c.hidden_size,
                                           logits_.data(), true, stream_));

@@ -320,8 +320,9 @@ class CudaModel {
   // The lane's part of fp8_x_: from row0 * fp8_x_width_ (null without fp8 projections).
   uint8_t* lane_fp8_input(const Lane& lane) const;
   Status project_quantized(const Lane& lane, const CudaFp8Weight& fp8, int32_t n, int32_t k, bf16* y);
-  // Whether T rows of fp8 projection w (width k) run on the tensor-core fp8 GEMV (fp8_mma_gemv.h) rather than
-  // cuBLASLt: T <= fp8_mma_gemv_rows_, per-channel (or per-tensor) scales, a shape it supports.
+  // Whether T quantized rows of fp8 projection w (width k) run on the tensor-core fp8 GEMV (fp8_mma_gemv.h)
+  // rather than cuBLASLt: T <= fp8_mma_gemv_rows_, per-channel (or per-tensor) scales, a shape it supports.
+  // Callers try the weight-only GEMV (bf16 activations) first.
   bool fp8_mma_gemv_applies(int32_t T, const CudaFp8Weight& fp8, int32_t k) const;
   // y [lane.T, n] bf16 from quantized rows q / scales: the tensor-core GEMV where it applies, else the fp8 GEMM.
   Status fp8_linear(const Lane& lane, const uint8_t* q, const float* scales, const CudaFp8Weight& fp8, int32_t n,
@@ -364,8 +365,9 @@ class CudaModel {
   int32_t gemv_rows_bf16_ = 0;  // steps of at most this many rows run bf16 projections as GEMVs
   int32_t gemv_rows_fp8_ = 0;   // the same for fp8 projections
   int32_t gemv_fp8_depth_ = kGemvDefaultFp8Depth;  // gemv_fp8 load depth (PAGODA_GEMV_FP8_DEPTH)
-  // Rows up to which quantized fp8 projections and the e4m3 lm_head run on the tensor-core GEMV
-  // (PAGODA_FP8_MMA_GEMV_ROWS, 0 ... kFp8MmaGemvMaxRows); below it the weight-only GEMV no longer runs for fp8.
+  // Rows up to which quantized fp8 projections and the e4m3 lm_head run on the tensor-core GEMV instead of
+  // cuBLASLt (PAGODA_FP8_MMA_GEMV_ROWS, 0 ... kFp8MmaGemvMaxRows); the weight-only GEMV keeps its rows
+  // (gemv_rows_fp8_, 1-2 by default) first, so by default steps of 3-8 rows take it.
   int32_t fp8_mma_gemv_rows_ = kFp8MmaGemvDefaultRows;
   int64_t fused_fp8_quant_launches_ = 0;
   int64_t fp8_mma_gemv_launches_ = 0;

@@ -6,11 +6,13 @@
 // per-tensor scale as n equal values). The arithmetic of Fp8Gemm::linear at any m, in another summation
 // order: a decode step of 1-8 rows computes what a batched step computes for the same rows.
 //
-// Why: the weight-only GEMV (gemv.h) widens every e4m3 weight to f32 and multiplies it on CUDA cores, ~4
-// instructions a weight byte, and at 1-2 rows that work, not HBM, sets its pace on an H200. Here each
-// warp's mma.sync m16n8k32 (e4m3 x e4m3 -> f32) takes 16 weight rows x 32 bytes straight from the 16-byte
-// loads, and the (up to 8) activation rows are the mma's n = 8 columns: one load and one mma per 32 weight
-// bytes a thread, whatever m is.
+// Why: the weight-only GEMV (gemv.h) widens every e4m3 weight to f32 and multiplies it by every activation
+// row on CUDA cores, so its time grows with m (2x at 8 rows what it is at 1), and cuBLASLt's tiled GEMMs do
+// not stream the weights at a few rows. Here each warp's mma.sync m16n8k32 (e4m3 x e4m3 -> f32) takes 16
+// weight rows x 32 bytes straight from the 16-byte loads, and the (up to 8) activation rows are the mma's
+// n = 8 columns: one load and one mma per 32 weight bytes a thread, whatever m is. At 1-2 rows the
+// weight-only GEMV is still the faster of the two on an H100 (docs/BENCHMARKS.md, "fp8 GEMV on tensor
+// cores"), so the CUDA model runs this one from 3 rows (kFp8MmaGemvDefaultRows bounds it above).
 //
 // Layout (fp8_mma_gemv.cu): a block of 8 warps owns 16 weight rows; the rows' k is cut into 64-byte steps
 // dealt round-robin to the warps. In a step, lane (g, t) (g = lane / 4, t = lane % 4) loads bytes
@@ -32,8 +34,8 @@
 namespace pagoda::cuda {
 
 inline constexpr int32_t kFp8MmaGemvMaxRows = 8;
-// The CUDA model's default: steps of up to this many rows take this GEMV for their fp8 projections and the
-// e4m3 lm_head (PAGODA_FP8_MMA_GEMV_ROWS overrides it; 0 = the weight-only GEMV and cuBLASLt as before).
+// The CUDA model's default: steps of up to this many rows (past the weight-only GEMV's) take this GEMV for
+// their quantized fp8 projections and the e4m3 lm_head (PAGODA_FP8_MMA_GEMV_ROWS overrides it; 0 = cuBLASLt).
 inline constexpr int32_t kFp8MmaGemvDefaultRows = 8;
 
 bool fp8_mma_gemv_supported(int32_t m, int32_t k, const void* xq, const void* w);
