@@ -391,6 +391,7 @@ TEST(CudaModel, Fp8LmHeadMatchesTheBf16LmHead) {
   config.vocab_size = 1024;  // the fp8 GEMM head needs a multiple of 16 (1,000 keeps the bf16 GEMM)
   CudaModelOptions fp8 = small_options();
   fp8.fp8_weights = true;
+  fp8.max_num_seqs = 16;  // the head runs max_num_seqs rows at a time: the 12-row prefill's in one GEMM
   auto probe = CudaModel::create_random(config, 7, fp8);
   if (!probe.ok()) GTEST_SKIP() << "no fp8 weights on this device: " << probe.status().to_string();
   probe->reset();
@@ -409,7 +410,7 @@ TEST(CudaModel, Fp8LmHeadMatchesTheBf16LmHead) {
     auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
     ASSERT_TRUE(pool.ok());
     std::vector<float> logits, decode;
-    // 12 rows: above the tensor-core GEMV's 8 (fp8_mma_gemv.h), so the prefill's head is the GEMM.
+    // 12 rows in one head call: above the tensor-core GEMV's 8 (fp8_mma_gemv.h), so the prefill's head is the GEMM.
     ASSERT_TRUE((*model)->forward(single({1, 5, 900, 42, 7, 3, 8, 13, 21, 34, 55, 89}, 0, {0}, true), **pool, logits)
                     .ok());
     prefills.push_back(logits);
