@@ -7,6 +7,9 @@
 #          integer widening of the weight-only GEMV instead: GemvSpeed.Fp8Unpack, SASS, ncu);
 #   small  the engine at batch 4 and 8 (fp8 + fp8 KV, 128 in / 256 out): the tensor-core GEMV (default) vs
 #          PAGODA_FP8_MMA_GEMV_ROWS=0 (cuBLASLt), two rounds;
+#   suites cuda_model_tests and cuda_ops_tests whole (speed cases excluded);
+#   httpsmall  `pagoda serve` + `pagoda bench serve` at concurrency 4 and 8 (fp8 + fp8 KV, 128 in / 256 out):
+#          the tensor-core GEMV (default) vs PAGODA_FP8_MMA_GEMV_ROWS=0;
 #   itl    batch-1 decode at 128 tokens, fp8 + fp8 KV and bf16 + bf16 KV (the bf16 rows are the control),
 #          ITL_BASE_ENV (default PAGODA_FP8_MMA_GEMV_ROWS=0) vs the default, two rounds (decode_path_call.sh);
 #   1k     the 1,000 x 1,000 (fp8 + fp8 KV) with every default, engine, once (decode_path_call.sh);
@@ -60,6 +63,10 @@ if [[ $parts == *" gemv "* ]]; then  # (the integer widening's measurement was o
     echo "perplexity fp8, tensor-core GEMV rows $rows rc=$?: $(grep -oE '"(perplexity|tokens)":[0-9.]+' "$out/ppl_$rows.json" | tr '\n' ' ')"
   done
 fi
+if [[ $parts == *" suites "* ]]; then  # the whole model and ops suites (speed cases excluded)
+  call_gtest cuda_model_tests_all 330 cuda_model_tests
+  call_gtest cuda_ops_tests_all 200 cuda_ops_tests --gtest_filter='-GemvSpeed.*:*Speed*'
+fi
 if [[ $parts == *" small "* ]]; then  # batch 3-8: the tensor-core GEMV (default) vs cuBLASLt (rows 0)
   for round in 1 2; do
     for n in 4 8; do
@@ -98,6 +105,20 @@ serve() {  # serve LABEL ARGS...: starts `pagoda serve` on a port the kernel pic
   done
   echo "== serve $label up after $((SECONDS - t1)) s (port ${port:-none})"
 }
+if [[ $parts == *" httpsmall "* ]]; then  # concurrency 4 / 8 through HTTP: tensor-core GEMV (default) vs rows 0
+  for c in 4 8; do
+    for rows in 0 default; do
+      if [ "$rows" = 0 ]; then export PAGODA_FP8_MMA_GEMV_ROWS=0; else unset PAGODA_FP8_MMA_GEMV_ROWS; fi
+      serve "c${c}_$rows" --quantization fp8 --kv-cache-dtype fp8 --max-num-seqs 64
+      unset PAGODA_FP8_MMA_GEMV_ROWS
+      timeout 60 "$B" pagoda bench serve --url "http://127.0.0.1:$port" --concurrency "$c" --requests $((3 * c)) \
+        --prompt-tokens 128 --output-tokens 256 --warmup 1 --label "c${c}_mma_rows_$rows" --csv "$out/http_small.csv" \
+        --no-progress > /dev/null 2>&1
+      kill "$pid"; wait "$pid" 2>/dev/null
+    done
+  done
+  cut -d, -f1,2,4,9,16,17 "$out/http_small.csv"
+fi
 if [[ $parts == *" http "* ]]; then
   for kind in $kinds; do
     [ "$(left)" -lt 150 ] && { echo "== http $kind skipped (time)"; continue; }
