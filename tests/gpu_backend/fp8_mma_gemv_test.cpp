@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -86,22 +87,26 @@ TEST_P(Fp8MmaGemvTest, MatchesTheReferenceAndTheFp8Gemm) {
   ASSERT_TRUE(d_y.ok() && d_y32.ok());
   ASSERT_TRUE(fp8_mma_gemv_supported(c.m, c.k, d_x.data(), d_w.data()));
   const double bound_abs = 1e-4 * std::sqrt(static_cast<double>(c.k));
-  std::vector<uint16_t> first;
-  for (int run = 0; run < 2; ++run) {
-    ASSERT_EQ(cudaMemset(d_y->data(), 0xff, d_y->bytes()), cudaSuccess);  // NaNs where nothing is written
-    ASSERT_EQ(fp8_mma_gemv(d_x.as<uint8_t>(), d_xs.as<float>(), c.m, d_w.as<uint8_t>(), d_ws.as<float>(), c.n, c.k,
-                           d_y->data(), false, nullptr),
-              cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<uint16_t> bits = to_host<uint16_t>(*d_y, want.size());
-    if (run == 0) {
-      first = bits;
-      const std::vector<float> got = from_bf16_bits(bits);
-      for (float v : got) ASSERT_TRUE(std::isfinite(v)) << "an output was not written";
-      EXPECT_LE(worst_error_ratio(got, want, bound_abs, 1.0 / 128), 1.0);
-    } else {
-      EXPECT_EQ(bits, first) << "results differ between runs";
+  std::vector<uint16_t> first;  // the default shape's
+  for (int32_t shape = static_cast<int32_t>(std::size(kFp8MmaGemvShapes)) - 1; shape >= 0; --shape) {
+    std::vector<uint16_t> shape_first;
+    for (int run = 0; run < 2; ++run) {
+      ASSERT_EQ(cudaMemset(d_y->data(), 0xff, d_y->bytes()), cudaSuccess);  // NaNs where nothing is written
+      ASSERT_EQ(fp8_mma_gemv(d_x.as<uint8_t>(), d_xs.as<float>(), c.m, d_w.as<uint8_t>(), d_ws.as<float>(), c.n, c.k,
+                             d_y->data(), false, nullptr, shape),
+                cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<uint16_t> bits = to_host<uint16_t>(*d_y, want.size());
+      if (run == 0) {
+        shape_first = bits;
+        const std::vector<float> got = from_bf16_bits(bits);
+        for (float v : got) ASSERT_TRUE(std::isfinite(v)) << "an output was not written, shape " << shape;
+        EXPECT_LE(worst_error_ratio(got, want, bound_abs, 1.0 / 128), 1.0) << "shape " << shape;
+      } else {
+        EXPECT_EQ(bits, shape_first) << "results differ between runs, shape " << shape;
+      }
     }
+    if (shape == kFp8MmaGemvDefaultShape) first = shape_first;
   }
   ASSERT_EQ(fp8_mma_gemv(d_x.as<uint8_t>(), d_xs.as<float>(), c.m, d_w.as<uint8_t>(), d_ws.as<float>(), c.n, c.k,
                          d_y32->data(), true, nullptr),
@@ -160,6 +165,9 @@ TEST(Fp8MmaGemvContract, UnsupportedShapesAreRefused) {
   EXPECT_EQ(fp8_mma_gemv(xq, s->as<float>(), 1, wq, s->as<float>(), 0, 64, y->data(), false, nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(fp8_mma_gemv(xq, nullptr, 1, wq, s->as<float>(), 16, 64, y->data(), false, nullptr), cudaErrorInvalidValue);
+  for (int32_t shape : {-1, static_cast<int32_t>(std::size(kFp8MmaGemvShapes))})
+    EXPECT_EQ(fp8_mma_gemv(xq, s->as<float>(), 1, wq, s->as<float>(), 16, 64, y->data(), false, nullptr, shape),
+              cudaErrorInvalidValue);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
@@ -213,10 +221,13 @@ TEST(GemvSpeed, Fp8MmaGemv) {
       for (int round = 1; round <= 2; ++round) {
         int i = 0;
         auto w_next = [&] { return w->as<uint8_t>() + static_cast<size_t>(i++ % copies) * bytes; };
-        const double mma = time_us([&] {
-          fp8_mma_gemv(x8->as<uint8_t>(), xs->as<float>(), m, w_next(), ws->as<float>(), s.n, s.k, y->data(), head,
-                       nullptr);
-        }, 40);
+        double shapes_us[std::size(kFp8MmaGemvShapes)];
+        for (size_t shape = 0; shape < std::size(kFp8MmaGemvShapes); ++shape)
+          shapes_us[shape] = time_us([&] {
+            fp8_mma_gemv(x8->as<uint8_t>(), xs->as<float>(), m, w_next(), ws->as<float>(), s.n, s.k, y->data(), head,
+                         nullptr, static_cast<int32_t>(shape));
+          }, 40);
+        const double mma = shapes_us[kFp8MmaGemvDefaultShape];
         const double weight_only = time_us([&] {
           if (head) {
             gemv_fp8_logits(x16->as<__nv_bfloat16>(), m, w_next(), ws->as<float>(), 0, s.n, s.k, y->as<float>(),
@@ -246,6 +257,11 @@ TEST(GemvSpeed, Fp8MmaGemv) {
                     "| cublaslt %7.2f us %6.0f GB/s (+quantize %.1f us) | %.2fx weight-only, %.2fx cublaslt\n",
                     s.name, m, round, mma, gbs(mma), weight_only, gbs(weight_only), gemm, gbs(gemm), quantize,
                     weight_only / mma, gemm > 0 ? gemm / mma : 0.0);
+        std::printf("gemv-mma-shapes %-8s m=%d round %d |", s.name, m, round);
+        for (size_t shape = 0; shape < std::size(kFp8MmaGemvShapes); ++shape)
+          std::printf(" %dx%d %7.2f us %6.0f GB/s |", kFp8MmaGemvShapes[shape].warps, kFp8MmaGemvShapes[shape].unroll,
+                      shapes_us[shape], gbs(shapes_us[shape]));
+        std::printf("\n");
       }
     }
   }

@@ -11,6 +11,8 @@
 
 #include "pagoda/backend/cuda/fp8_mma_gemv.h"
 
+#include <iterator>
+
 #include <cuda_bf16.h>
 
 #include "pagoda/backend/cuda/attention/device_primitives.cuh"
@@ -23,15 +25,15 @@ namespace {
 using kernels::cuda::device::load_global_streaming;
 using kernels::cuda::device::mma_e4m3_16832;
 
-constexpr int kWarps = 8;       // per block; the 16 rows' steps are dealt round-robin to them
 constexpr int kRows = 16;       // weight rows per block: the mma's m
 constexpr int kStepBytes = 64;  // k bytes per warp step: 4 lanes x 16 bytes
-constexpr int kUnroll = 4;      // steps a warp has in flight per buffer (two buffers: 8 x 2 x 16 B a lane)
+// kWarps: warps per block, the 16 rows' steps dealt round-robin to them; kUnroll: steps a warp has in flight
+// per buffer (two buffers: 2 x kUnroll x 2 x 16 bytes a lane). Fp8MmaGemvShape picks them.
 
 __device__ __forceinline__ void store(__nv_bfloat16* y, float v) { *y = __float2bfloat16(v); }
 __device__ __forceinline__ void store(float* y, float v) { *y = v; }
 
-template <typename Out>
+template <typename Out, int kWarps, int kUnroll>
 __global__ void __launch_bounds__(kWarps * 32) fp8_mma_gemv_kernel(const uint8_t* __restrict__ xq,
                                                                    const float* __restrict__ x_scales, int32_t m,
                                                                    const uint8_t* __restrict__ w,
@@ -106,6 +108,27 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_mma_gemv_kernel(const uint8_t
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+template <typename Out, int kWarps, int kUnroll>
+cudaError_t launch(const uint8_t* xq, const float* x_scales, int32_t m, const uint8_t* w, const float* w_scales,
+                   int32_t n, int32_t k, Out* y, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((n + kRows - 1) / kRows)), block(kWarps * 32);
+  return launch_pdl(fp8_mma_gemv_kernel<Out, kWarps, kUnroll>, grid, block, 0, stream, xq, x_scales, m, w, w_scales,
+                    n, k, y);
+}
+
+template <typename Out>
+cudaError_t launch_shape(int32_t shape, const uint8_t* xq, const float* x_scales, int32_t m, const uint8_t* w,
+                         const float* w_scales, int32_t n, int32_t k, Out* y, cudaStream_t stream) {
+  static_assert(std::size(kFp8MmaGemvShapes) == 4, "one case per shape");
+  switch (shape) {
+    case 0: return launch<Out, kFp8MmaGemvShapes[0].warps, kFp8MmaGemvShapes[0].unroll>(xq, x_scales, m, w, w_scales, n, k, y, stream);
+    case 1: return launch<Out, kFp8MmaGemvShapes[1].warps, kFp8MmaGemvShapes[1].unroll>(xq, x_scales, m, w, w_scales, n, k, y, stream);
+    case 2: return launch<Out, kFp8MmaGemvShapes[2].warps, kFp8MmaGemvShapes[2].unroll>(xq, x_scales, m, w, w_scales, n, k, y, stream);
+    case 3: return launch<Out, kFp8MmaGemvShapes[3].warps, kFp8MmaGemvShapes[3].unroll>(xq, x_scales, m, w, w_scales, n, k, y, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 }  // namespace
 
 bool fp8_mma_gemv_supported(int32_t m, int32_t k, const void* xq, const void* w) {
@@ -113,15 +136,11 @@ bool fp8_mma_gemv_supported(int32_t m, int32_t k, const void* xq, const void* w)
 }
 
 cudaError_t fp8_mma_gemv(const uint8_t* xq, const float* x_scales, int32_t m, const uint8_t* w, const float* w_scales,
-                         int32_t n, int32_t k, void* y, bool f32_output, cudaStream_t stream) {
+                         int32_t n, int32_t k, void* y, bool f32_output, cudaStream_t stream, int32_t shape) {
   if (n <= 0 || x_scales == nullptr || w_scales == nullptr || y == nullptr || !fp8_mma_gemv_supported(m, k, xq, w))
     return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>((n + kRows - 1) / kRows)), block(kWarps * 32);
-  if (f32_output)
-    return launch_pdl(fp8_mma_gemv_kernel<float>, grid, block, 0, stream, xq, x_scales, m, w, w_scales, n, k,
-                      static_cast<float*>(y));
-  return launch_pdl(fp8_mma_gemv_kernel<__nv_bfloat16>, grid, block, 0, stream, xq, x_scales, m, w, w_scales, n, k,
-                    static_cast<__nv_bfloat16*>(y));
+  if (f32_output) return launch_shape(shape, xq, x_scales, m, w, w_scales, n, k, static_cast<float*>(y), stream);
+  return launch_shape(shape, xq, x_scales, m, w, w_scales, n, k, static_cast<__nv_bfloat16*>(y), stream);
 }
 
 }  // namespace pagoda::cuda

@@ -14,7 +14,7 @@
 // weight-only GEMV is still the faster of the two on an H100 (docs/BENCHMARKS.md, "fp8 GEMV on tensor
 // cores"), so the CUDA model runs this one from 3 rows (kFp8MmaGemvDefaultRows bounds it above).
 //
-// Layout (fp8_mma_gemv.cu): a block of 8 warps owns 16 weight rows; the rows' k is cut into 64-byte steps
+// Layout (fp8_mma_gemv.cu): a block of warps (Fp8MmaGemvShape) owns 16 weight rows; the rows' k is cut into 64-byte steps
 // dealt round-robin to the warps. In a step, lane (g, t) (g = lane / 4, t = lane % 4) loads bytes
 // [64 s + 16 t, +16) of rows g and g + 8 and of activation row g (zeros for g >= m): the mma's k order is a
 // permutation of the step's 64 bytes that A and B share, so the 16-byte loads are its fragments as they come.
@@ -40,8 +40,18 @@ inline constexpr int32_t kFp8MmaGemvDefaultRows = 8;
 
 bool fp8_mma_gemv_supported(int32_t m, int32_t k, const void* xq, const void* w);
 
-// y: [m, n] bf16 (f32_output false) or f32 (the lm_head's logits).
+// Block shapes: warps per block (the 16 rows' 64-byte k steps dealt round-robin to them) and steps each warp
+// has in flight per buffer (two buffers). Every shape gives its own fixed summation order.
+struct Fp8MmaGemvShape {
+  int32_t warps, unroll;
+};
+inline constexpr Fp8MmaGemvShape kFp8MmaGemvShapes[] = {{8, 4}, {8, 2}, {4, 4}, {4, 2}};
+inline constexpr int32_t kFp8MmaGemvDefaultShape = 0;
+
+// y: [m, n] bf16 (f32_output false) or f32 (the lm_head's logits). shape: an index of kFp8MmaGemvShapes
+// (anything else is cudaErrorInvalidValue).
 cudaError_t fp8_mma_gemv(const uint8_t* xq, const float* x_scales, int32_t m, const uint8_t* w, const float* w_scales,
-                         int32_t n, int32_t k, void* y, bool f32_output, cudaStream_t stream);
+                         int32_t n, int32_t k, void* y, bool f32_output, cudaStream_t stream,
+                         int32_t shape = kFp8MmaGemvDefaultShape);
 
 }  // namespace pagoda::cuda
