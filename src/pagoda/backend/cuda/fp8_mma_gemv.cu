@@ -116,16 +116,39 @@ cudaError_t launch(const uint8_t* xq, const float* x_scales, int32_t m, const ui
                     n, k, y);
 }
 
+// The automatic shape: the deeper buffers (shape 0) where all of the grid fits the SMs at once, else the
+// shallower ones (shape 1), whose smaller register file share fits more blocks an SM, so that a grid of a few
+// waves (the Llama-3-8B qkv's 384 blocks against 2 x 132 slots of shape 0 on an H100) runs as one.
+int32_t automatic_shape(int32_t n) {
+  static const int32_t slots = [] {
+    int device = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, fp8_mma_gemv_kernel<__nv_bfloat16, kFp8MmaGemvShapes[0].warps, kFp8MmaGemvShapes[0].unroll>,
+            kFp8MmaGemvShapes[0].warps * 32, 0) != cudaSuccess) {
+      cudaGetLastError();  // clear it: the choice falls back to shape 0
+      return 0;
+    }
+    return sms * per_sm;
+  }();
+  return (n + kRows - 1) / kRows > slots && slots > 0 ? 1 : 0;
+}
+
 template <typename Out>
 cudaError_t launch_shape(int32_t shape, const uint8_t* xq, const float* x_scales, int32_t m, const uint8_t* w,
                          const float* w_scales, int32_t n, int32_t k, Out* y, cudaStream_t stream) {
-  static_assert(std::size(kFp8MmaGemvShapes) == 4, "one case per shape");
+  static_assert(std::size(kFp8MmaGemvShapes) == 2, "one case per shape");
+  if (shape == kFp8MmaGemvAutoShape) shape = automatic_shape(n);
   switch (shape) {
-    case 0: return launch<Out, kFp8MmaGemvShapes[0].warps, kFp8MmaGemvShapes[0].unroll>(xq, x_scales, m, w, w_scales, n, k, y, stream);
-    case 1: return launch<Out, kFp8MmaGemvShapes[1].warps, kFp8MmaGemvShapes[1].unroll>(xq, x_scales, m, w, w_scales, n, k, y, stream);
-    case 2: return launch<Out, kFp8MmaGemvShapes[2].warps, kFp8MmaGemvShapes[2].unroll>(xq, x_scales, m, w, w_scales, n, k, y, stream);
-    case 3: return launch<Out, kFp8MmaGemvShapes[3].warps, kFp8MmaGemvShapes[3].unroll>(xq, x_scales, m, w, w_scales, n, k, y, stream);
-    default: return cudaErrorInvalidValue;
+    case 0:
+      return launch<Out, kFp8MmaGemvShapes[0].warps, kFp8MmaGemvShapes[0].unroll>(xq, x_scales, m, w, w_scales, n, k,
+                                                                                  y, stream);
+    case 1:
+      return launch<Out, kFp8MmaGemvShapes[1].warps, kFp8MmaGemvShapes[1].unroll>(xq, x_scales, m, w, w_scales, n, k,
+                                                                                  y, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
