@@ -116,23 +116,28 @@ cudaError_t launch(const uint8_t* xq, const float* x_scales, int32_t m, const ui
                     n, k, y);
 }
 
-// The automatic shape: the deeper buffers (shape 0) where all of the grid fits the SMs at once, else the
-// shallower ones (shape 1), whose smaller register file share fits more blocks an SM, so that a grid of a few
-// waves (the Llama-3-8B qkv's 384 blocks against 2 x 132 slots of shape 0 on an H100) runs as one.
+// The automatic shape: shape 1 (shallower buffers, a smaller register share: more blocks an SM) where the
+// grid fits the SMs at once with it but not with shape 0, so that it runs as one wave instead of one and a
+// bit (the Llama-3-8B qkv: 384 blocks against 2 x 132 slots of shape 0 and 3 x 132 of shape 1 on an H100);
+// shape 0 otherwise, one wave or many (o, down, gate_up, lm_head measured at or ahead with it).
+template <int kShape>
+int32_t grid_slots() {
+  int device = 0, sms = 0, per_sm = 0;
+  constexpr Fp8MmaGemvShape shape = kFp8MmaGemvShapes[kShape];
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &per_sm, fp8_mma_gemv_kernel<__nv_bfloat16, shape.warps, shape.unroll>, shape.warps * 32, 0) != cudaSuccess) {
+    cudaGetLastError();  // clear it: no slots known, shape 0 then
+    return 0;
+  }
+  return sms * per_sm;
+}
+
 int32_t automatic_shape(int32_t n) {
-  static const int32_t slots = [] {
-    int device = 0, sms = 0, per_sm = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &per_sm, fp8_mma_gemv_kernel<__nv_bfloat16, kFp8MmaGemvShapes[0].warps, kFp8MmaGemvShapes[0].unroll>,
-            kFp8MmaGemvShapes[0].warps * 32, 0) != cudaSuccess) {
-      cudaGetLastError();  // clear it: the choice falls back to shape 0
-      return 0;
-    }
-    return sms * per_sm;
-  }();
-  return (n + kRows - 1) / kRows > slots && slots > 0 ? 1 : 0;
+  static const int32_t slots0 = grid_slots<0>(), slots1 = grid_slots<1>();
+  const int32_t blocks = (n + kRows - 1) / kRows;
+  return blocks > slots0 && blocks <= slots1 ? 1 : 0;
 }
 
 template <typename Out>

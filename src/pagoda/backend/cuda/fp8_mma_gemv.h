@@ -42,13 +42,13 @@ bool fp8_mma_gemv_supported(int32_t m, int32_t k, const void* xq, const void* w)
 
 // Block shapes: warps per block (the 16 rows' 64-byte k steps dealt round-robin to them) and steps each warp
 // has in flight per buffer (two buffers). Every shape gives its own fixed summation order. Measured on an
-// H100 with 4 x 4 and 4 x 2 as well (docs/BENCHMARKS.md, "fp8 GEMV on tensor cores"): 8 x 4 fastest where its
-// grid fits the SMs at once (2 blocks an SM), 8 x 2 (3 an SM) where it would take more than one wave.
+// H100 with 4 x 4 and 4 x 2 as well (docs/BENCHMARKS.md, "fp8 GEMV on tensor cores"): 8 x 4 fastest but
+// where its grid needs one wave and a bit (2 blocks an SM) and 8 x 2's fits in one (3 an SM).
 struct Fp8MmaGemvShape {
   int32_t warps, unroll;
 };
 inline constexpr Fp8MmaGemvShape kFp8MmaGemvShapes[] = {{8, 4}, {8, 2}};
-// The default: shape 0 when ceil(n / 16) blocks fit the device's SMs at once, else shape 1.
+// The default: shape 1 when ceil(n / 16) blocks fit the device's SMs at once with it but not with shape 0, else 0.
 inline constexpr int32_t kFp8MmaGemvAutoShape = -1;
 
 // y: [m, n] bf16 (f32_output false) or f32 (the lm_head's logits). shape: kFp8MmaGemvAutoShape or an index of
