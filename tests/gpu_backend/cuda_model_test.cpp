@@ -308,6 +308,19 @@ ModelConfig small_llama_config() {
   return *config;
 }
 
+// Every logit of a 5-row prefill (all rows) and `steps` batch-1 decode steps after it (graph replays from the
+// second), concatenated into `all`; each decode step's logits finite.
+void prefill_then_decode(CudaModel& model, CudaKvPool& pool, int32_t steps, std::vector<float>& all) {
+  std::vector<float> logits;
+  ASSERT_TRUE(model.forward(single({1, 5, 900, 42, 7}, 0, {0}, true), pool, logits).ok());
+  all = logits;
+  for (int32_t step = 0; step < steps; ++step) {
+    ASSERT_TRUE(model.forward(single({11 + step}, 5 + step, {0}, false), pool, logits).ok());
+    for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+    all.insert(all.end(), logits.begin(), logits.end());
+  }
+}
+
 // CudaModel::create_random with the environment variable `name` set to `value` is refused, naming it.
 void expect_refused_naming(const char* name, const char* value, const ModelConfig& config,
                            const CudaModelOptions& options) {
@@ -359,13 +372,8 @@ TEST(CudaModel, GemvDispatchIsValidatedAndMatchesTheGemm) {
     ASSERT_TRUE(model.ok()) << model.status().to_string();
     auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
     ASSERT_TRUE(pool.ok());
-    std::vector<float> all, logits;
-    ASSERT_TRUE((*model)->forward(single({1, 5, 900, 42, 7}, 0, {0}, true), **pool, logits).ok());
-    all = logits;
-    for (int32_t step = 0; step < 4; ++step) {
-      ASSERT_TRUE((*model)->forward(single({11 + step}, 5 + step, {0}, false), **pool, logits).ok());
-      all.insert(all.end(), logits.begin(), logits.end());
-    }
+    std::vector<float> all;
+    prefill_then_decode(**model, **pool, 4, all);
     EXPECT_GT((*model)->graph_replays(), 0);
     runs.push_back(std::move(all));
   }
@@ -463,14 +471,7 @@ TEST(CudaModel, DecodeFusionsMatchTheUnfusedModelBitForBit) {
       ASSERT_TRUE(model.ok()) << model.status().to_string();
       auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
       ASSERT_TRUE(pool.ok());
-      std::vector<float> logits;
-      ASSERT_TRUE((*model)->forward(single({1, 5, 900, 42, 7}, 0, {0}, true), **pool, logits).ok());
-      all = logits;
-      for (int32_t step = 0; step < 6; ++step) {
-        ASSERT_TRUE((*model)->forward(single({11 + step}, 5 + step, {0}, false), **pool, logits).ok());
-        for (float x : logits) ASSERT_TRUE(std::isfinite(x));
-        all.insert(all.end(), logits.begin(), logits.end());
-      }
+      prefill_then_decode(**model, **pool, 6, all);
       EXPECT_GT((*model)->graph_replays(), 0);
     };
     std::vector<float> unfused, fused, by_default;
@@ -510,14 +511,8 @@ TEST(CudaModel, Fp8MmaGemvMatchesTheFp8Gemm) {
     ASSERT_TRUE(model.ok()) << model.status().to_string();
     auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
     ASSERT_TRUE(pool.ok());
-    std::vector<float> all, logits;
-    ASSERT_TRUE((*model)->forward(single({1, 5, 900, 42, 7}, 0, {0}, true), **pool, logits).ok());
-    all = logits;
-    for (int32_t step = 0; step < 6; ++step) {
-      ASSERT_TRUE((*model)->forward(single({11 + step}, 5 + step, {0}, false), **pool, logits).ok());
-      for (float x : logits) ASSERT_TRUE(std::isfinite(x));
-      all.insert(all.end(), logits.begin(), logits.end());
-    }
+    std::vector<float> all;
+    prefill_then_decode(**model, **pool, 6, all);
     EXPECT_GT((*model)->graph_replays(), 0);
     runs.push_back(std::move(all));
     launches.push_back((*model)->fp8_mma_gemv_launches());

@@ -172,24 +172,6 @@ TEST(Fp8MmaGemvContract, UnsupportedShapesAreRefused) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
-// Microseconds per call over `reps` calls after warm-up (CUDA events on the default stream).
-template <typename F>
-double time_us(F&& call, int reps) {
-  for (int i = 0; i < 3; ++i) call();
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaEventRecord(start);
-  for (int i = 0; i < reps; ++i) call();
-  cudaEventRecord(stop);
-  cudaEventSynchronize(stop);
-  float ms = 0.0f;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return 1000.0 * ms / reps;
-}
-
 // Weight-read bandwidth (GB/s = weight bytes / time; each call on a fresh copy of the weights, >= 256 MiB in
 // all, so none finds them in L2) of the tensor-core GEMV, the weight-only GEMV (bf16 activations) and
 // cuBLASLt's fp8 GEMM (+ the activations' quantization, which the decode step fuses into the norms) at the
@@ -224,15 +206,15 @@ TEST(GemvSpeed, Fp8MmaGemv) {
         auto w_next = [&] { return w->as<uint8_t>() + static_cast<size_t>(i++ % copies) * bytes; };
         double shapes_us[std::size(kFp8MmaGemvShapes)];
         for (size_t shape = 0; shape < std::size(kFp8MmaGemvShapes); ++shape)
-          shapes_us[shape] = time_us([&] {
+          shapes_us[shape] = testing::time_us_per_call([&] {
             fp8_mma_gemv(x8->as<uint8_t>(), xs->as<float>(), m, w_next(), ws->as<float>(), s.n, s.k, y->data(), head,
                          nullptr, static_cast<int32_t>(shape));
           }, 40);
-        const double mma = time_us([&] {
+        const double mma = testing::time_us_per_call([&] {
           fp8_mma_gemv(x8->as<uint8_t>(), xs->as<float>(), m, w_next(), ws->as<float>(), s.n, s.k, y->data(), head,
                        nullptr);
         }, 40);
-        const double weight_only = time_us([&] {
+        const double weight_only = testing::time_us_per_call([&] {
           if (head) {
             gemv_fp8_logits(x16->as<__nv_bfloat16>(), m, w_next(), ws->as<float>(), 0, s.n, s.k, y->as<float>(),
                             nullptr);
@@ -244,14 +226,14 @@ TEST(GemvSpeed, Fp8MmaGemv) {
         double gemm = 0.0, quantize = 0.0;
         if (fp8.ok()) {
           Status status = ok_status();
-          gemm = time_us([&] {
+          gemm = testing::time_us_per_call([&] {
             status = head ? (*fp8)->linear_f32(x8->as<uint8_t>(), xs->as<float>(), m, w_next(), ws->as<float>(), s.n,
                                                s.k, y->as<float>(), nullptr)
                           : (*fp8)->linear(x8->as<uint8_t>(), xs->as<float>(), m, w_next(), ws->as<float>(), s.n, s.k,
                                            y->as<__nv_bfloat16>(), nullptr);
           }, 40);
           if (!status.ok()) gemm = 0.0;
-          quantize = time_us([&] {
+          quantize = testing::time_us_per_call([&] {
             quantize_fp8_per_token(x16->as<__nv_bfloat16>(), m, s.k, x8->as<uint8_t>(), xs->as<float>(), nullptr);
           }, 40);
         }

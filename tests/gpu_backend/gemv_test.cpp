@@ -261,24 +261,6 @@ TEST(GemvContractTest, UnsupportedShapesAreRefused) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
-// Microseconds per call over `reps` calls after warm-up (CUDA events on the default stream).
-template <typename F>
-double time_us(F&& call, int reps) {
-  for (int i = 0; i < 3; ++i) call();
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaEventRecord(start);
-  for (int i = 0; i < reps; ++i) call();
-  cudaEventRecord(stop);
-  cudaEventSynchronize(stop);
-  float ms = 0.0f;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return 1000.0 * ms / reps;
-}
-
 // Weight-read bandwidth (GB/s = weight bytes / time) of the GEMV and of cuBLASLt at the Llama-3-8B shapes.
 // Each call reads a different copy of the weights (>= 256 MiB in all), so no call finds them in L2.
 TEST(GemvSpeed, Llama3_8BShapes) {
@@ -317,34 +299,34 @@ TEST(GemvSpeed, Llama3_8BShapes) {
       auto w16_next = [&] { return w16->as<__nv_bfloat16>() + static_cast<size_t>(i16++ % copies16) * (bytes16 / 2); };
       auto w8_next = [&] { return w8->as<uint8_t>() + static_cast<size_t>(i8++ % copies8) * bytes8; };
       Status status = ok_status();
-      const double gemv16 = time_us([&] {
+      const double gemv16 = testing::time_us_per_call([&] {
         gemv_bf16(x16->as<__nv_bfloat16>(), m, w16_next(), s.n, s.k, y->data(), head, nullptr);
       }, 40);
-      const double cublas16 = time_us([&] {
+      const double cublas16 = testing::time_us_per_call([&] {
         status = (*bf16)->linear(x16->as<__nv_bfloat16>(), m, w16_next(), s.n, s.k, y->data(),
                                  head ? GemmOutput::kF32 : GemmOutput::kBF16, nullptr);
       }, 40);
       ASSERT_TRUE(status.ok()) << status.to_string();
       double gemv8 = 0.0, cublas8 = 0.0, quantize = 0.0, deep8[2] = {0.0, 0.0};
       if (have_fp8 && !head) {
-        gemv8 = time_us([&] {
+        gemv8 = testing::time_us_per_call([&] {
           gemv_fp8(x16->as<__nv_bfloat16>(), m, w8_next(), ws->as<float>(), 0, s.n, s.k, y->as<__nv_bfloat16>(), nullptr);
         }, 40);
         for (int d = 0; d < 2; ++d)
-          deep8[d] = time_us([&] {
+          deep8[d] = testing::time_us_per_call([&] {
             gemv_fp8(x16->as<__nv_bfloat16>(), m, w8_next(), ws->as<float>(), 0, s.n, s.k, y->as<__nv_bfloat16>(),
                      nullptr, d == 0 ? 2 : 4);
           }, 40);
-        quantize = time_us([&] {
+        quantize = testing::time_us_per_call([&] {
           quantize_fp8_per_token(x16->as<__nv_bfloat16>(), m, s.k, x8->as<uint8_t>(), xs->as<float>(), nullptr);
         }, 40);
-        cublas8 = time_us([&] {
+        cublas8 = testing::time_us_per_call([&] {
           status = (*fp8)->linear(x8->as<uint8_t>(), xs->as<float>(), m, w8_next(), ws->as<float>(), s.n, s.k,
                                   y->as<__nv_bfloat16>(), nullptr);
         }, 40);
         ASSERT_TRUE(status.ok()) << status.to_string();
       } else if (have_fp8) {  // the e4m3 lm_head (f32 logits)
-        gemv8 = time_us([&] {
+        gemv8 = testing::time_us_per_call([&] {
           gemv_fp8_logits(x16->as<__nv_bfloat16>(), m, w8_next(), ws->as<float>(), 0, s.n, s.k, y->as<float>(),
                           nullptr);
         }, 40);

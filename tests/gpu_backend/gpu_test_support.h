@@ -35,6 +35,24 @@ inline void append_sequence(ForwardBatch& b, const std::vector<int32_t>& tokens,
   b.sequences.push_back(std::move(s));
 }
 
+// Microseconds per call over `reps` calls after 3 warm-up calls (CUDA events on the default stream).
+template <typename F>
+double time_us_per_call(F&& call, int reps) {
+  for (int i = 0; i < 3; ++i) call();
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start);
+  for (int i = 0; i < reps; ++i) call();
+  cudaEventRecord(stop);
+  cudaEventSynchronize(stop);
+  float ms = 0.0f;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return 1000.0 * ms / reps;
+}
+
 inline bool has_gpu() {
   int count = 0;
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
