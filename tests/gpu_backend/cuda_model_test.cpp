@@ -448,14 +448,17 @@ TEST(CudaModel, Fp8LmHeadMatchesTheBf16LmHead) {
   compare(prefills[0], prefills[1], "12-row prefill (GEMM)");
 }
 
-// The decode fusion PAGODA_FUSE_ROPE_KV (rope_qk_kv_write, off by default): a bad value is refused naming the
-// variable; with bf16 projections + bf16 KV and with fp8 projections + fp8 KV, a 5-row prefill (unfused
-// either way) and graph-replayed batch-1 decode steps give the same logits bit for bit fused (=1) and
-// unfused (the default, and =0).
+// The decode fusions PAGODA_FUSE_ROPE_KV (rope_qk_kv_write, off by default) and PAGODA_FUSE_SILU_GEMV (SiLU-mul
+// in the gate_up GEMV's epilogue, on by default): a bad value is refused naming the variable; with bf16
+// projections + bf16 KV and with fp8 projections + fp8 KV, a 5-row prefill (unfused either way) and
+// graph-replayed batch-1 decode steps give the same logits bit for bit with each fusion on, both off, and
+// by default; the SiLU epilogue ran exactly where it is on (the norm epilogue, not bit for bit, is on in
+// every run: NormEpilogueMatchesTheUnfusedModel).
 TEST(CudaModel, DecodeFusionsMatchTheUnfusedModelBitForBit) {
   PAGODA_SKIP_WITHOUT_GPU();
   const ModelConfig config = small_llama_config();
   expect_refused_naming("PAGODA_FUSE_ROPE_KV", "on", config, small_options());
+  expect_refused_naming("PAGODA_FUSE_SILU_GEMV", "yes", config, small_options());
   for (const bool fp8 : {false, true}) {
     CudaModelOptions base = small_options();
     base.fp8_weights = fp8;
@@ -464,22 +467,94 @@ TEST(CudaModel, DecodeFusionsMatchTheUnfusedModelBitForBit) {
       base.kv_value_dtype = DType::kFP8E4M3;
       if (!CudaModel::create_random(config, 7, base).ok()) continue;  // no fp8 on this device
     }
-    auto run = [&](const char* rope_kv, std::vector<float>& all) {  // rope_kv null: the default
+    // rope_kv / silu: the switches' values, null for the default.
+    auto run = [&](const char* rope_kv, const char* silu, std::vector<float>& all, int64_t& silu_launches) {
       if (rope_kv != nullptr) setenv("PAGODA_FUSE_ROPE_KV", rope_kv, 1);
+      if (silu != nullptr) setenv("PAGODA_FUSE_SILU_GEMV", silu, 1);
       auto model = CudaModel::create_random(config, 7, base);
       unsetenv("PAGODA_FUSE_ROPE_KV");
+      unsetenv("PAGODA_FUSE_SILU_GEMV");
       ASSERT_TRUE(model.ok()) << model.status().to_string();
       auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
       ASSERT_TRUE(pool.ok());
       prefill_then_decode(**model, **pool, 6, all);
       EXPECT_GT((*model)->graph_replays(), 0);
+      silu_launches = (*model)->gemv_silu_launches();
     };
-    std::vector<float> unfused, fused, by_default;
-    run("0", unfused);
-    run("1", fused);
-    run(nullptr, by_default);
-    EXPECT_EQ(fused, unfused) << (fp8 ? "fp8" : "bf16");
-    EXPECT_EQ(by_default, fused) << (fp8 ? "fp8" : "bf16");
+    const char* what = fp8 ? "fp8" : "bf16";
+    std::vector<float> unfused, rope_kv, silu, by_default;
+    int64_t unfused_silu = -1, rope_kv_silu = -1, silu_silu = -1, default_silu = -1;
+    run("0", "0", unfused, unfused_silu);
+    run("1", "0", rope_kv, rope_kv_silu);
+    run("0", "1", silu, silu_silu);
+    run(nullptr, nullptr, by_default, default_silu);
+    EXPECT_EQ(rope_kv, unfused) << what;
+    EXPECT_EQ(silu, unfused) << what;
+    EXPECT_EQ(by_default, unfused) << what;
+    EXPECT_EQ(unfused_silu, 0) << what;
+    EXPECT_EQ(rope_kv_silu, 0) << what;
+    EXPECT_GE(silu_silu, config.num_layers) << what;  // every layer of the decode graph's capture at least
+    EXPECT_EQ(default_silu, silu_silu) << what;
+  }
+}
+
+// The residual add + post-attention RMSNorm in the o GEMV's epilogue (PAGODA_FUSE_NORM_GEMV, on by default): a
+// bad value is refused naming the variable; with bf16 projections + bf16 KV and with fp8 projections + fp8
+// KV, the 5-row prefill (unfused) is bit for bit the same, and graph-replayed batch-1 decode steps with the
+// epilogue (it ran there, once per layer and capture at least) stay within 1e-3 + 0.01 max |logit| of the
+// unfused ones (its sum of squares is added in another order: normed can move by one bf16 rounding) with
+// the same argmax wherever the top two are further apart than that difference.
+TEST(CudaModel, NormEpilogueMatchesTheUnfusedModel) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const ModelConfig config = small_llama_config();
+  expect_refused_naming("PAGODA_FUSE_NORM_GEMV", "true", config, small_options());
+  for (const bool fp8 : {false, true}) {
+    CudaModelOptions base = small_options();
+    base.fp8_weights = fp8;
+    if (fp8) {
+      base.kv_key_dtype = DType::kFP8E4M3;
+      base.kv_value_dtype = DType::kFP8E4M3;
+      if (!CudaModel::create_random(config, 7, base).ok()) continue;  // no fp8 on this device
+    }
+    auto run = [&](const char* fuse, std::vector<float>& all, int64_t& norm_launches) {  // fuse null: the default
+      if (fuse != nullptr) setenv("PAGODA_FUSE_NORM_GEMV", fuse, 1);
+      auto model = CudaModel::create_random(config, 7, base);
+      unsetenv("PAGODA_FUSE_NORM_GEMV");
+      ASSERT_TRUE(model.ok()) << model.status().to_string();
+      auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
+      ASSERT_TRUE(pool.ok());
+      prefill_then_decode(**model, **pool, 6, all);
+      EXPECT_GT((*model)->graph_replays(), 0);
+      norm_launches = (*model)->gemv_norm_launches();
+    };
+    const char* what = fp8 ? "fp8" : "bf16";
+    std::vector<float> unfused, fused;
+    int64_t unfused_launches = -1, fused_launches = -1;
+    run("0", unfused, unfused_launches);
+    run(nullptr, fused, fused_launches);
+    EXPECT_EQ(unfused_launches, 0) << what;
+    EXPECT_GE(fused_launches, config.num_layers) << what;
+    ASSERT_EQ(fused.size(), unfused.size());
+    const size_t vocab = static_cast<size_t>(config.vocab_size);
+    EXPECT_TRUE(std::equal(fused.begin(), fused.begin() + vocab, unfused.begin())) << what << ": prefill row";
+    double max_diff = 0.0, max_logit = 0.0;
+    for (size_t i = vocab; i < fused.size(); ++i) {
+      max_diff = std::max(max_diff, static_cast<double>(std::fabs(fused[i] - unfused[i])));
+      max_logit = std::max(max_logit, static_cast<double>(std::fabs(unfused[i])));
+    }
+    std::cout << "[ figure ] norm epilogue vs add_rmsnorm, " << what << " batch-1 decode: max |logit diff| "
+              << max_diff << " (max |logit| " << max_logit << ")\n";
+    EXPECT_LE(max_diff, 1e-3 + 0.01 * max_logit) << what;
+    for (size_t row = 1; row * vocab < fused.size(); ++row) {  // where the margin is wider than the difference
+      const float* u = unfused.data() + row * vocab;
+      const int32_t top = argmax(u, static_cast<int32_t>(vocab));
+      float second = -INFINITY;
+      for (size_t i = 0; i < vocab; ++i)
+        if (static_cast<int32_t>(i) != top) second = std::max(second, u[i]);
+      if (u[top] - second > 2 * max_diff) {
+        EXPECT_EQ(argmax(fused.data() + row * vocab, static_cast<int32_t>(vocab)), top) << what << " step " << row;
+      }
+    }
   }
 }
 

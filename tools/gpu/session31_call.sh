@@ -86,7 +86,7 @@ if [[ $parts == *" itl "* ]]; then
 fi
 if [[ $parts == *" 1k "* ]]; then
   OUT=$out/k1 PARTS="1k" BUDGET=130 bash "$here/decode_path_call.sh" run 2>&1 | grep -E "^1k|error|skipped"
-  if [[ $gpu == *H200* ]] && [ "$(left)" -gt 200 ]; then
+  if [[ $gpu == *H200* ]] && [ "$(left)" -gt 155 ]; then
     timeout 150 "$B" pagoda_gpu_engine_bench --config tools/gpu_backend/llama3_8b_config.json --sampling greedy \
       --workload random --num-requests 1000 --max-num-seqs 512 --max-tokens-per-step 16384 --input-len 1000 \
       --output-len 1000 --kv-cache-dtype bf16 > "$out/k1_bf16.log" 2>&1

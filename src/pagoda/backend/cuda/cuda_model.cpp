@@ -164,6 +164,16 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
     if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FUSE_ROPE_KV={}: expected 0 or 1", env);
     fuse_rope_kv_ = v == "1";
   }
+  if (const char* env = std::getenv("PAGODA_FUSE_SILU_GEMV"); env != nullptr && *env != '\0') {
+    const std::string v(env);
+    if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FUSE_SILU_GEMV={}: expected 0 or 1", env);
+    fuse_silu_gemv_ = v == "1";
+  }
+  if (const char* env = std::getenv("PAGODA_FUSE_NORM_GEMV"); env != nullptr && *env != '\0') {
+    const std::string v(env);
+    if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FUSE_NORM_GEMV={}: expected 0 or 1", env);
+    fuse_norm_gemv_ = v == "1";
+  }
   if (const char* env = std::getenv("PAGODA_FUSE_FP8_QUANT"); env != nullptr && *env != '\0') {
     const std::string v(env);
     if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FUSE_FP8_QUANT={}: expected 0 or 1", env);
@@ -226,6 +236,8 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
   }
   PAGODA_ASSIGN_OR_RETURN(gate_up_, DeviceBuffer::allocate(T * 2 * I * 2));
   PAGODA_ASSIGN_OR_RETURN(act_, DeviceBuffer::allocate(T * I * 2));
+  PAGODA_ASSIGN_OR_RETURN(gemv_norm_counter_, DeviceBuffer::allocate(sizeof(unsigned int)));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemset(gemv_norm_counter_.data(), 0, gemv_norm_counter_.bytes()));
   if (weights_.has_fp8()) {
     if (options_.fp8_weights && config_.fp8)
       return invalid_argument_error("--quantization fp8: the checkpoint is already quantized ({})",
@@ -484,25 +496,33 @@ Status CudaModel::run_layer(int32_t l, const Lane& lane, const CudaKvPool& pool,
     }
     if (lane.attention_done != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.attention_done, stream));
   }
-  PAGODA_RETURN_IF_ERROR(project(lane, attn, w.o_proj, w.o_fp8, H, q_width, proj));
-  if (w.o_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.o_bias, stream));
-  if (comm_ != nullptr)
-    PAGODA_RETURN_IF_ERROR(comm_->enqueue_all_reduce_sum(proj, static_cast<size_t>(T) * H, DType::kBF16, stream));
+  // normed written by the o GEMV's epilogue (o_proj_add_rmsnorm), else o, its bias and all-reduce here.
+  PAGODA_ASSIGN_OR_RETURN(const bool post_norm_done, o_proj_add_rmsnorm(lane, w, attn, residual, proj, normed));
+  if (!post_norm_done) {
+    PAGODA_RETURN_IF_ERROR(project(lane, attn, w.o_proj, w.o_fp8, H, q_width, proj));
+    if (w.o_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.o_bias, stream));
+    if (comm_ != nullptr)
+      PAGODA_RETURN_IF_ERROR(comm_->enqueue_all_reduce_sum(proj, static_cast<size_t>(T) * H, DType::kBF16, stream));
+  }
+  bool act_done = false;  // act written by the gate_up GEMV's epilogue (gate_up_silu_gemv)
   if (fuse_fp8_input(normed, T, w.gate_up_fp8, H)) {
     PAGODA_CUDA_RETURN_IF_ERROR(add_rmsnorm_fp8(residual, proj, w.post_attention_norm, T, H, c.rms_norm_eps,
                                                 fp8_input, fp8_scales, stream));
     PAGODA_RETURN_IF_ERROR(project_quantized(lane, w.gate_up_fp8, 2 * I, H, gate_up));
   } else {
-    PAGODA_CUDA_RETURN_IF_ERROR(add_rmsnorm(residual, proj, w.post_attention_norm, normed, T, H, c.rms_norm_eps, stream));
-    PAGODA_RETURN_IF_ERROR(project(lane, normed, w.gate_up_proj, w.gate_up_fp8, 2 * I, H, gate_up));
+    if (!post_norm_done)
+      PAGODA_CUDA_RETURN_IF_ERROR(
+          add_rmsnorm(residual, proj, w.post_attention_norm, normed, T, H, c.rms_norm_eps, stream));
+    PAGODA_ASSIGN_OR_RETURN(act_done, gate_up_silu_gemv(lane, w, normed, act));
+    if (!act_done) PAGODA_RETURN_IF_ERROR(project(lane, normed, w.gate_up_proj, w.gate_up_fp8, 2 * I, H, gate_up));
   }
-  if (w.gate_up_bias != nullptr)
+  if (w.gate_up_bias != nullptr && !act_done)
     PAGODA_CUDA_RETURN_IF_ERROR(add_bias(gate_up, 2 * I, T, 2 * I, w.gate_up_bias, stream));
   if (fuse_fp8_input(act, T, w.down_fp8, I)) {
     PAGODA_CUDA_RETURN_IF_ERROR(silu_mul_fp8(gate_up, T, I, fp8_input, fp8_scales, stream));
     PAGODA_RETURN_IF_ERROR(project_quantized(lane, w.down_fp8, H, I, proj));
   } else {
-    PAGODA_CUDA_RETURN_IF_ERROR(silu_mul(gate_up, act, T, I, stream));
+    if (!act_done) PAGODA_CUDA_RETURN_IF_ERROR(silu_mul(gate_up, act, T, I, stream));
     PAGODA_RETURN_IF_ERROR(project(lane, act, w.down_proj, w.down_fp8, H, I, proj));
   }
   if (w.down_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.down_bias, stream));
@@ -511,18 +531,63 @@ Status CudaModel::run_layer(int32_t l, const Lane& lane, const CudaKvPool& pool,
   return ok_status();
 }
 
+bool CudaModel::takes_gemv(int32_t T, const bf16* x, const bf16* w, const CudaFp8Weight& fp8, int32_t k) const {
+  if (fp8.data == nullptr) return T <= gemv_rows_bf16_ && gemv_supported(T, k, false, x, w);
+  return T <= gemv_rows_fp8_ && fp8.input_scale == nullptr && gemv_supported(T, k, true, x, fp8.data);
+}
+
+StatusOr<bool> CudaModel::gate_up_silu_gemv(const Lane& lane, const CudaLayerWeights& w, const bf16* normed,
+                                            bf16* act) {
+  const int32_t T = lane.T, H = config_.hidden_size, I = config_.intermediate_size;
+  if (!fuse_silu_gemv_ || w.gate_up_bias != nullptr || fuse_fp8_input(act, T, w.down_fp8, I) ||
+      !takes_gemv(T, normed, w.gate_up_proj, w.gate_up_fp8, H))
+    return false;
+  const CudaFp8Weight& fp8 = w.gate_up_fp8;
+  if (fp8.data == nullptr) {
+    PAGODA_CUDA_RETURN_IF_ERROR(gemv_bf16_silu(normed, T, w.gate_up_proj, I, H, act, lane.stream));
+  } else {
+    const int32_t block_stride = fp8.block128 ? fp8_block_weight_scale_stride(H) : 0;
+    PAGODA_CUDA_RETURN_IF_ERROR(
+        gemv_fp8_silu(normed, T, fp8.data, fp8.scales, block_stride, I, H, act, lane.stream, gemv_fp8_depth_));
+  }
+  ++gemv_silu_launches_;
+  return true;
+}
+
+StatusOr<bool> CudaModel::o_proj_add_rmsnorm(const Lane& lane, const CudaLayerWeights& w, const bf16* attn,
+                                             float* residual, bf16* proj, bf16* normed) {
+  const ModelConfig& c = config_;
+  const int32_t T = lane.T, H = c.hidden_size, q_width = c.num_q_heads * c.head_dim;
+  // One counter: a single lane (decode steps this small never run as two), no all-reduce between o and the norm.
+  if (!fuse_norm_gemv_ || w.o_bias != nullptr || comm_ != nullptr || lane.row0 != 0 ||
+      fuse_fp8_input(normed, T, w.gate_up_fp8, H) || !takes_gemv(T, attn, w.o_proj, w.o_fp8, q_width))
+    return false;
+  const GemvAddRmsNorm norm{residual, w.post_attention_norm, normed, c.rms_norm_eps,
+                            gemv_norm_counter_.as<unsigned int>()};
+  const CudaFp8Weight& fp8 = w.o_fp8;
+  if (fp8.data == nullptr) {
+    PAGODA_CUDA_RETURN_IF_ERROR(gemv_bf16_add_rmsnorm(attn, T, w.o_proj, H, q_width, proj, norm, lane.stream));
+  } else {
+    const int32_t block_stride = fp8.block128 ? fp8_block_weight_scale_stride(q_width) : 0;
+    PAGODA_CUDA_RETURN_IF_ERROR(gemv_fp8_add_rmsnorm(attn, T, fp8.data, fp8.scales, block_stride, H, q_width, proj,
+                                                     norm, lane.stream, gemv_fp8_depth_));
+  }
+  ++gemv_norm_launches_;
+  return true;
+}
+
 Status CudaModel::project(const Lane& lane, const bf16* x, const bf16* w, const CudaFp8Weight& fp8, int32_t n,
                           int32_t k, bf16* y) {
   const int32_t T = lane.T;
   const cudaStream_t stream = lane.stream;
   if (fp8.data == nullptr) {
-    if (T <= gemv_rows_bf16_ && gemv_supported(T, k, false, x, w)) {
+    if (takes_gemv(T, x, w, fp8, k)) {
       PAGODA_CUDA_RETURN_IF_ERROR(gemv_bf16(x, T, w, n, k, y, false, stream));
       return ok_status();
     }
     return lane.gemm->linear(x, T, w, n, k, y, GemmOutput::kBF16, stream);
   }
-  if (T <= gemv_rows_fp8_ && fp8.input_scale == nullptr && gemv_supported(T, k, true, x, fp8.data)) {
+  if (takes_gemv(T, x, w, fp8, k)) {
     // Weight-only at decode sizes: the activations stay bf16 (gemv.h). Static input scales are the
     // checkpoint's arithmetic (its activations rounded at a calibrated scale) and keep the GEMM path.
     const int32_t block_stride = fp8.block128 ? fp8_block_weight_scale_stride(k) : 0;
@@ -566,7 +631,7 @@ Status CudaModel::fp8_linear(const Lane& lane, const uint8_t* q, const float* sc
 bool CudaModel::fuse_fp8_input(const bf16* x, int32_t T, const CudaFp8Weight& fp8, int32_t k) const {
   if (!fuse_fp8_quant_ || fp8.data == nullptr || fp8.block128 || fp8.input_scale != nullptr) return false;
   // project()'s weight-only GEMV branch takes bf16 activations: no quantization to fuse.
-  return !(T <= gemv_rows_fp8_ && gemv_supported(T, k, true, x, fp8.data));
+  return !takes_gemv(T, x, nullptr, fp8, k);
 }
 
 uint8_t* CudaModel::lane_fp8_input(const Lane& lane) const {

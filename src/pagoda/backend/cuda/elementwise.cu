@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "pagoda/backend/cuda/activation.cuh"
 #include "pagoda/backend/cuda/cuda_ops.h"
 #include "pagoda/backend/cuda/fp8_convert.cuh"
 #include "pagoda/backend/cuda/fp8_ops.h"
@@ -24,7 +25,7 @@ __global__ void silu_mul_kernel(const bf16* __restrict__ gate_up, bf16* __restri
   const bf16* row = gate_up + r * 2 * intermediate;
   const float2 g = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(row)[p]);
   const float2 u = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(row + intermediate)[p]);
-  const float2 y = make_float2(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y);
+  const float2 y = make_float2(silu_mul_value(g.x, u.x), silu_mul_value(g.y, u.y));
   reinterpret_cast<__nv_bfloat162*>(out + r * intermediate)[p] = __float22bfloat162_rn(y);
 }
 
@@ -38,7 +39,7 @@ __global__ void silu_mul_scalar_kernel(const bf16* __restrict__ gate_up, bf16* _
   const int32_t c = static_cast<int32_t>(i % intermediate);
   const float g = __bfloat162float(gate_up[r * 2 * intermediate + c]);
   const float u = __bfloat162float(gate_up[r * 2 * intermediate + intermediate + c]);
-  out[i] = __float2bfloat16(g / (1.0f + expf(-g)) * u);
+  out[i] = __float2bfloat16(silu_mul_value(g, u));
 }
 
 // silu_mul then quantize_fp8_per_token (fp8_ops.h) in one kernel, one block per row: the same bf16 values
@@ -65,7 +66,7 @@ __global__ void __launch_bounds__(1024, 2)
     auto value = [&](int32_t p) {
       const float2 g = __bfloat1622float2(g2[p]);
       const float2 u = __bfloat1622float2(u2[p]);
-      const float2 y = make_float2(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y);
+      const float2 y = make_float2(silu_mul_value(g.x, u.x), silu_mul_value(g.y, u.y));
       return __bfloat1622float2(__float22bfloat162_rn(y));
     };
     // Rows of up to kSiluCachePairs pairs per thread (14,336 wide at 1,024 threads: 7) keep their values in
@@ -106,7 +107,7 @@ __global__ void __launch_bounds__(1024, 2)
     auto value = [&](int32_t c) {
       const float g = __bfloat162float(row[c]);
       const float u = __bfloat162float(row[intermediate + c]);
-      return __bfloat162float(__float2bfloat16(g / (1.0f + expf(-g)) * u));
+      return __bfloat162float(__float2bfloat16(silu_mul_value(g, u)));
     };
     for (int32_t c = threadIdx.x; c < intermediate; c += blockDim.x) amax = fmaxf(amax, fabsf(value(c)));
     const float scale = fp8_per_token_scale(fp8_block_max(amax));
@@ -127,9 +128,9 @@ __device__ __forceinline__ float4 silu_mul4(const bf16* gate, const bf16* up) {
   const float2 u0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u_raw.x));
   const float2 u1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u_raw.y));
   const float2 y0 = __bfloat1622float2(__float22bfloat162_rn(
-      make_float2(g0.x / (1.0f + expf(-g0.x)) * u0.x, g0.y / (1.0f + expf(-g0.y)) * u0.y)));
+      make_float2(silu_mul_value(g0.x, u0.x), silu_mul_value(g0.y, u0.y))));
   const float2 y1 = __bfloat1622float2(__float22bfloat162_rn(
-      make_float2(g1.x / (1.0f + expf(-g1.x)) * u1.x, g1.y / (1.0f + expf(-g1.y)) * u1.y)));
+      make_float2(silu_mul_value(g1.x, u1.x), silu_mul_value(g1.y, u1.y))));
   return make_float4(y0.x, y0.y, y1.x, y1.y);
 }
 

@@ -13,12 +13,25 @@
 // trip with 1/2 / 1/4 of the threads: 2x / 4x the weight bytes in flight per thread. At depth 4 and 1-2
 // activation rows the block keeps kGemvRowsPerBlock rows (eight rows x eight chunks would not fit the
 // registers), which is 2x the direct kernel's per-thread bytes there.
+//
+// Epilogues (Epi):
+// - kSiluMul (gemv_*_silu): the block's kR weight rows are kR / 2 gate rows and the matching up rows of a
+//   [2n, k] gate_up weight, and it writes SiLU(gate) * up for those n columns, each sum rounded to bf16
+//   first as the separate silu_mul kernel reads it: the GEMV + silu_mul's result bit for bit, in one launch
+//   (the same chunks, partial sums and reduction per weight row as the plain kernel).
+// - kAddRmsNorm (gemv_*_add_rmsnorm): y is stored as by the plain kernel, then the grid's last block to
+//   finish (a device counter, reset by that block for the next launch) adds y into the f32 residual and
+//   writes its RMSNorm, add_rmsnorm's arithmetic but for the order of the sum of squares: the norm's own
+//   launch saved, where at 1-2 rows it is one small block after the GEMV anyway.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <type_traits>
+
 #include "pagoda/backend/cuda/gemv.h"
+#include "pagoda/backend/cuda/activation.cuh"
 #include "pagoda/backend/cuda/attention/device_primitives.cuh"
 #include "pagoda/backend/cuda/pdl.cuh"
 
@@ -59,20 +72,61 @@ __device__ __forceinline__ void store(float* y, float v) { *y = v; }
 // kFp8: weights e4m3 (16 per chunk) else bf16 (8 per chunk). block_stride > 0: 128x128 block scales applied
 // per chunk (a chunk never straddles a 128-column block: 16 divides 128); == 0 with scales: per-row scales
 // applied at the end; scales null (bf16): none.
-template <int M, bool kFp8, typename Out, int kDepth = 1, int kR = rows_per_block<M, kFp8, kDepth>(),
-          int kTh = kThreads / kDepth, int kChunks = 2 * kDepth>
+enum class Epi { kStore, kSiluMul, kAddRmsNorm };
+
+// The grid-wide add + RMSNorm of the last block (Epi::kAddRmsNorm): rows m < M of y [M, n] join residual,
+// normed = weight * residual / rms.
+template <int M, int kTh>
+__device__ void last_block_add_rmsnorm(const __nv_bfloat16* y, int32_t n, const GemvAddRmsNorm& norm) {
+  constexpr int kWarps = kTh / 32;
+  __shared__ float warp_sums[kWarps];
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  for (int m = 0; m < M; ++m) {
+    float* res = norm.residual + static_cast<int64_t>(m) * n;
+    const __nv_bfloat16* ym = y + static_cast<int64_t>(m) * n;
+    float sum_sq = 0.0f;
+    for (int32_t i = threadIdx.x; i < n; i += kTh) {
+      // y through L2 (__ldcg): the other blocks wrote it; this SM's L1 holds nothing of it.
+      const float v = res[i] + __bfloat162float(__ldcg(ym + i));
+      res[i] = v;
+      sum_sq += v * v;
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
+    if (lane == 0) warp_sums[warp] = sum_sq;
+    __syncthreads();
+    float total = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kWarps; ++i) total += warp_sums[i];
+    __syncthreads();  // warp_sums is reused by the next row
+    const float inv_rms = rsqrtf(total / n + norm.eps);
+    __nv_bfloat16* out = norm.normed + static_cast<int64_t>(m) * n;
+    // Each thread re-reads only the residual values it wrote itself.
+    for (int32_t i = threadIdx.x; i < n; i += kTh) out[i] = __float2bfloat16(norm.weight[i] * (res[i] * inv_rms));
+  }
+}
+
+template <int M, bool kFp8, typename Out, int kDepth = 1, Epi kEpi = Epi::kStore,
+          int kR = rows_per_block<M, kFp8, kDepth>(), int kTh = kThreads / kDepth, int kChunks = 2 * kDepth>
 __global__ void __launch_bounds__(kTh) gemv_kernel(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w,
                                                         const float* __restrict__ scales, int32_t block_stride,
-                                                        int32_t n, int32_t k, Out* __restrict__ y) {
+                                                        int32_t n, int32_t k, Out* __restrict__ y,
+                                                        GemvAddRmsNorm norm) {
+  constexpr bool kSilu = kEpi == Epi::kSiluMul;
   constexpr int kElems = kFp8 ? 16 : 8;
   constexpr int kRowBytesPerElem = kFp8 ? 1 : 2;
   const int32_t chunks = k / kElems;
-  const int32_t n0 = static_cast<int32_t>(blockIdx.x) * kR;
+  constexpr int kCols = kSilu ? kR / 2 : kR;  // output columns per block
+  static_assert(!kSilu || kR % 2 == 0, "gate and up rows in pairs");
+  static_assert(kEpi == Epi::kStore || std::is_same_v<Out, __nv_bfloat16>, "the epilogues write bf16");
+  const int32_t n0 = static_cast<int32_t>(blockIdx.x) * kCols;
   const uint4* rows[kR];
   const float* block_scales[kR];
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
-    const int32_t row = min(n0 + r, n - 1);  // rows past n are computed from the last row and not stored
+    // Columns past n are computed from the last one and not stored; with kSilu rows kCols... are the up
+    // rows, n further on.
+    const int32_t row = (kSilu && r >= kCols ? n : 0) + min(n0 + r % kCols, n - 1);
     rows[r] = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(row) * k * kRowBytesPerElem);
     block_scales[r] = (kFp8 && block_stride > 0) ? scales + static_cast<int64_t>(row / 128) * block_stride : nullptr;
   }
@@ -185,6 +239,27 @@ __global__ void __launch_bounds__(kTh) gemv_kernel(const __nv_bfloat16* __restri
       if (lane == 0) partial[warp][m * kR + r] = v;
     }
   __syncthreads();
+  if constexpr (kSilu) {
+    if (threadIdx.x < M * kCols) {
+      const int m = static_cast<int>(threadIdx.x) / kCols, j = static_cast<int>(threadIdx.x) % kCols;
+      const int32_t col = n0 + j;
+      if (col < n) {
+        float gate = 0.0f, up = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kWarps; ++i) {
+          gate += partial[i][m * kR + j];
+          up += partial[i][m * kR + kCols + j];
+        }
+        if (kFp8 && block_stride == 0) {
+          gate *= scales[col];
+          up *= scales[n + col];
+        }
+        const float g = __bfloat162float(__float2bfloat16(gate)), u = __bfloat162float(__float2bfloat16(up));
+        store(y + static_cast<int64_t>(m) * n + col, silu_mul_value(g, u));
+      }
+    }
+    return;
+  }
   if (threadIdx.x < M * kR) {
     const int m = static_cast<int>(threadIdx.x) / kR, r = static_cast<int>(threadIdx.x) % kR;
     const int32_t col = n0 + r;
@@ -196,17 +271,32 @@ __global__ void __launch_bounds__(kTh) gemv_kernel(const __nv_bfloat16* __restri
       store(y + static_cast<int64_t>(m) * n + col, v);
     }
   }
+  if constexpr (kEpi == Epi::kAddRmsNorm) {
+    __shared__ bool last;
+    __threadfence();  // this block's y stores reach L2 before its count
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(norm.counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // every block counted after its stores: all of y is visible
+    last_block_add_rmsnorm<M, kTh>(y, n, norm);
+    if (threadIdx.x == 0) *norm.counter = 0;  // the next launch (or graph replay) counts from 0
+  }
 }
 
-template <bool kFp8, typename Out, int kDepth>
+// n: output columns (with kSiluMul the weights have 2n rows).
+template <bool kFp8, typename Out, int kDepth, Epi kEpi = Epi::kStore>
 cudaError_t launch(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales, int32_t block_stride,
-                   int32_t n, int32_t k, Out* y, cudaStream_t stream) {
-  auto grid = [n](int rows) { return dim3(static_cast<unsigned>((n + rows - 1) / rows)); };
+                   int32_t n, int32_t k, Out* y, cudaStream_t stream, const GemvAddRmsNorm& norm = {}) {
+  auto grid = [n](int rows) {
+    const int cols = kEpi == Epi::kSiluMul ? rows / 2 : rows;
+    return dim3(static_cast<unsigned>((n + cols - 1) / cols));
+  };
   switch (m) {
 #define PAGODA_GEMV_CASE(M)                                                                                    \
   case M:                                                                                                      \
-    return launch_pdl(gemv_kernel<M, kFp8, Out, kDepth>, grid(rows_per_block<M, kFp8, kDepth>()),              \
-                      dim3(kThreads / kDepth), 0, stream, x, w, scales, block_stride, n, k, y);
+    return launch_pdl(gemv_kernel<M, kFp8, Out, kDepth, kEpi>, grid(rows_per_block<M, kFp8, kDepth>()),        \
+                      dim3(kThreads / kDepth), 0, stream, x, w, scales, block_stride, n, k, y, norm);
     PAGODA_GEMV_CASE(1)
     PAGODA_GEMV_CASE(2)
     PAGODA_GEMV_CASE(3)
@@ -222,6 +312,33 @@ cudaError_t launch(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const fl
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+bool fp8_args_ok(int32_t m, int32_t n, int32_t k, const void* x, const uint8_t* w, const float* scales,
+                 int32_t block_stride) {
+  if (n <= 0 || scales == nullptr || block_stride < 0 || !gemv_supported(m, k, true, x, w)) return false;
+  return block_stride == 0 || block_stride >= (k + 127) / 128;
+}
+
+bool norm_ok(const GemvAddRmsNorm& norm) {
+  return norm.residual != nullptr && norm.weight != nullptr && norm.normed != nullptr && norm.counter != nullptr;
+}
+
+template <Epi kEpi>
+cudaError_t launch_fp8_depth(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales,
+                             int32_t block_stride, int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream,
+                             int32_t depth, const GemvAddRmsNorm& norm = {}) {
+  if (!fp8_args_ok(m, n, k, x, w, scales, block_stride)) return cudaErrorInvalidValue;
+  switch (depth) {
+    case 1:
+      return launch<true, __nv_bfloat16, 1, kEpi>(x, m, w, scales, block_stride, n, k, y, stream, norm);
+    case 2:
+      return launch<true, __nv_bfloat16, 2, kEpi>(x, m, w, scales, block_stride, n, k, y, stream, norm);
+    case 4:
+      return launch<true, __nv_bfloat16, 4, kEpi>(x, m, w, scales, block_stride, n, k, y, stream, norm);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
 
 }  // namespace
 
@@ -239,27 +356,40 @@ cudaError_t gemv_bf16(const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w,
 
 cudaError_t gemv_fp8(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales, int32_t block_stride,
                      int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream, int32_t depth) {
-  if (n <= 0 || scales == nullptr || block_stride < 0 || !gemv_supported(m, k, true, x, w))
-    return cudaErrorInvalidValue;
-  if (block_stride > 0 && block_stride < (k + 127) / 128) return cudaErrorInvalidValue;
-  switch (depth) {
-    case 1:
-      return launch<true, __nv_bfloat16, 1>(x, m, w, scales, block_stride, n, k, y, stream);
-    case 2:
-      return launch<true, __nv_bfloat16, 2>(x, m, w, scales, block_stride, n, k, y, stream);
-    case 4:
-      return launch<true, __nv_bfloat16, 4>(x, m, w, scales, block_stride, n, k, y, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return launch_fp8_depth<Epi::kStore>(x, m, w, scales, block_stride, n, k, y, stream, depth);
 }
 
 cudaError_t gemv_fp8_logits(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales,
                             int32_t block_stride, int32_t n, int32_t k, float* y, cudaStream_t stream) {
-  if (n <= 0 || scales == nullptr || block_stride < 0 || !gemv_supported(m, k, true, x, w))
-    return cudaErrorInvalidValue;
-  if (block_stride > 0 && block_stride < (k + 127) / 128) return cudaErrorInvalidValue;
+  if (!fp8_args_ok(m, n, k, x, w, scales, block_stride)) return cudaErrorInvalidValue;
   return launch<true, float, 1>(x, m, w, scales, block_stride, n, k, y, stream);
+}
+
+cudaError_t gemv_bf16_silu(const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w, int32_t intermediate,
+                           int32_t k, __nv_bfloat16* act, cudaStream_t stream) {
+  if (intermediate <= 0 || !gemv_supported(m, k, false, x, w)) return cudaErrorInvalidValue;
+  return launch<false, __nv_bfloat16, 1, Epi::kSiluMul>(x, m, reinterpret_cast<const uint8_t*>(w), nullptr, 0,
+                                                         intermediate, k, act, stream);
+}
+
+cudaError_t gemv_fp8_silu(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales,
+                          int32_t block_stride, int32_t intermediate, int32_t k, __nv_bfloat16* act,
+                          cudaStream_t stream, int32_t depth) {
+  return launch_fp8_depth<Epi::kSiluMul>(x, m, w, scales, block_stride, intermediate, k, act, stream, depth);
+}
+
+cudaError_t gemv_bf16_add_rmsnorm(const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w, int32_t n, int32_t k,
+                                  __nv_bfloat16* y, const GemvAddRmsNorm& norm, cudaStream_t stream) {
+  if (n <= 0 || !norm_ok(norm) || !gemv_supported(m, k, false, x, w)) return cudaErrorInvalidValue;
+  return launch<false, __nv_bfloat16, 1, Epi::kAddRmsNorm>(x, m, reinterpret_cast<const uint8_t*>(w), nullptr, 0, n,
+                                                           k, y, stream, norm);
+}
+
+cudaError_t gemv_fp8_add_rmsnorm(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales,
+                                 int32_t block_stride, int32_t n, int32_t k, __nv_bfloat16* y,
+                                 const GemvAddRmsNorm& norm, cudaStream_t stream, int32_t depth) {
+  if (!norm_ok(norm)) return cudaErrorInvalidValue;
+  return launch_fp8_depth<Epi::kAddRmsNorm>(x, m, w, scales, block_stride, n, k, y, stream, depth, norm);
 }
 
 }  // namespace pagoda::cuda
