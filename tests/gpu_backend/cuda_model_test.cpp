@@ -13,6 +13,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -448,6 +449,41 @@ TEST(CudaModel, Fp8LmHeadMatchesTheBf16LmHead) {
   compare(prefills[0], prefills[1], "12-row prefill (GEMM)");
 }
 
+// small_options() with bf16 projections + bf16 KV, or fp8 projections + fp8 KV; false where this device
+// has no fp8.
+bool decode_fusion_options(const ModelConfig& config, bool fp8, CudaModelOptions& options) {
+  options = small_options();
+  options.fp8_weights = fp8;
+  if (!fp8) return true;
+  options.kv_key_dtype = DType::kFP8E4M3;
+  options.kv_value_dtype = DType::kFP8E4M3;
+  return CudaModel::create_random(config, 7, options).ok();
+}
+
+struct FusionRun {
+  std::vector<float> logits;  // prefill_then_decode's, 6 decode steps
+  int64_t silu_launches = -1, norm_launches = -1;
+};
+
+// prefill_then_decode on a random model made with the environment variables `env` set (name, value).
+FusionRun run_with_env(const ModelConfig& config, const CudaModelOptions& options,
+                       const std::vector<std::pair<const char*, const char*>>& env) {
+  FusionRun out;
+  for (const auto& [name, value] : env) setenv(name, value, 1);
+  auto model = CudaModel::create_random(config, 7, options);
+  for (const auto& [name, value] : env) unsetenv(name);
+  EXPECT_TRUE(model.ok()) << model.status().to_string();
+  if (!model.ok()) return out;
+  auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
+  EXPECT_TRUE(pool.ok());
+  if (!pool.ok()) return out;
+  prefill_then_decode(**model, **pool, 6, out.logits);
+  EXPECT_GT((*model)->graph_replays(), 0);
+  out.silu_launches = (*model)->gemv_silu_launches();
+  out.norm_launches = (*model)->gemv_norm_launches();
+  return out;
+}
+
 // The decode fusions PAGODA_FUSE_ROPE_KV (rope_qk_kv_write, off by default) and PAGODA_FUSE_SILU_GEMV (SiLU-mul
 // in the gate_up GEMV's epilogue, on by default): a bad value is refused naming the variable; with bf16
 // projections + bf16 KV and with fp8 projections + fp8 KV, a 5-row prefill (unfused either way) and
@@ -460,80 +496,43 @@ TEST(CudaModel, DecodeFusionsMatchTheUnfusedModelBitForBit) {
   expect_refused_naming("PAGODA_FUSE_ROPE_KV", "on", config, small_options());
   expect_refused_naming("PAGODA_FUSE_SILU_GEMV", "yes", config, small_options());
   for (const bool fp8 : {false, true}) {
-    CudaModelOptions base = small_options();
-    base.fp8_weights = fp8;
-    if (fp8) {
-      base.kv_key_dtype = DType::kFP8E4M3;
-      base.kv_value_dtype = DType::kFP8E4M3;
-      if (!CudaModel::create_random(config, 7, base).ok()) continue;  // no fp8 on this device
-    }
-    // rope_kv / silu: the switches' values, null for the default.
-    auto run = [&](const char* rope_kv, const char* silu, std::vector<float>& all, int64_t& silu_launches) {
-      if (rope_kv != nullptr) setenv("PAGODA_FUSE_ROPE_KV", rope_kv, 1);
-      if (silu != nullptr) setenv("PAGODA_FUSE_SILU_GEMV", silu, 1);
-      auto model = CudaModel::create_random(config, 7, base);
-      unsetenv("PAGODA_FUSE_ROPE_KV");
-      unsetenv("PAGODA_FUSE_SILU_GEMV");
-      ASSERT_TRUE(model.ok()) << model.status().to_string();
-      auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
-      ASSERT_TRUE(pool.ok());
-      prefill_then_decode(**model, **pool, 6, all);
-      EXPECT_GT((*model)->graph_replays(), 0);
-      silu_launches = (*model)->gemv_silu_launches();
-    };
+    CudaModelOptions base;
+    if (!decode_fusion_options(config, fp8, base)) continue;  // no fp8 on this device
     const char* what = fp8 ? "fp8" : "bf16";
-    std::vector<float> unfused, rope_kv, silu, by_default;
-    int64_t unfused_silu = -1, rope_kv_silu = -1, silu_silu = -1, default_silu = -1;
-    run("0", "0", unfused, unfused_silu);
-    run("1", "0", rope_kv, rope_kv_silu);
-    run("0", "1", silu, silu_silu);
-    run(nullptr, nullptr, by_default, default_silu);
-    EXPECT_EQ(rope_kv, unfused) << what;
-    EXPECT_EQ(silu, unfused) << what;
-    EXPECT_EQ(by_default, unfused) << what;
-    EXPECT_EQ(unfused_silu, 0) << what;
-    EXPECT_EQ(rope_kv_silu, 0) << what;
-    EXPECT_GE(silu_silu, config.num_layers) << what;  // every layer of the decode graph's capture at least
-    EXPECT_EQ(default_silu, silu_silu) << what;
+    const FusionRun unfused = run_with_env(config, base, {{"PAGODA_FUSE_ROPE_KV", "0"}, {"PAGODA_FUSE_SILU_GEMV", "0"}});
+    const FusionRun rope_kv = run_with_env(config, base, {{"PAGODA_FUSE_ROPE_KV", "1"}, {"PAGODA_FUSE_SILU_GEMV", "0"}});
+    const FusionRun silu = run_with_env(config, base, {{"PAGODA_FUSE_ROPE_KV", "0"}, {"PAGODA_FUSE_SILU_GEMV", "1"}});
+    const FusionRun by_default = run_with_env(config, base, {});
+    EXPECT_EQ(rope_kv.logits, unfused.logits) << what;
+    EXPECT_EQ(silu.logits, unfused.logits) << what;
+    EXPECT_EQ(by_default.logits, unfused.logits) << what;
+    EXPECT_EQ(unfused.silu_launches, 0) << what;
+    EXPECT_EQ(rope_kv.silu_launches, 0) << what;
+    EXPECT_GE(silu.silu_launches, config.num_layers) << what;  // every layer of the decode graph's capture at least
+    EXPECT_EQ(by_default.silu_launches, silu.silu_launches) << what;
   }
 }
 
-// The residual add + post-attention RMSNorm in the o GEMV's epilogue (PAGODA_FUSE_NORM_GEMV, on by default): a
+// The residual add + next RMSNorm in the o and down GEMVs' epilogues (PAGODA_FUSE_NORM_GEMV, on by default): a
 // bad value is refused naming the variable; with bf16 projections + bf16 KV and with fp8 projections + fp8
 // KV, the 5-row prefill (unfused) is bit for bit the same, and graph-replayed batch-1 decode steps with the
-// epilogue (it ran there, once per layer and capture at least) stay within 1e-3 + 0.01 max |logit| of the
-// unfused ones (its sum of squares is added in another order: normed can move by one bf16 rounding) with
-// the same argmax wherever the top two are further apart than that difference.
+// epilogues (they ran there, once per layer and capture at least) stay within 1e-3 + 0.01 max |logit| of
+// the unfused ones (the sum of squares is added in another order: normed can move by one bf16 rounding)
+// with the same argmax wherever the top two are further apart than that difference.
 TEST(CudaModel, NormEpilogueMatchesTheUnfusedModel) {
   PAGODA_SKIP_WITHOUT_GPU();
   const ModelConfig config = small_llama_config();
   expect_refused_naming("PAGODA_FUSE_NORM_GEMV", "true", config, small_options());
   for (const bool fp8 : {false, true}) {
-    CudaModelOptions base = small_options();
-    base.fp8_weights = fp8;
-    if (fp8) {
-      base.kv_key_dtype = DType::kFP8E4M3;
-      base.kv_value_dtype = DType::kFP8E4M3;
-      if (!CudaModel::create_random(config, 7, base).ok()) continue;  // no fp8 on this device
-    }
-    auto run = [&](const char* fuse, std::vector<float>& all, int64_t& norm_launches) {  // fuse null: the default
-      if (fuse != nullptr) setenv("PAGODA_FUSE_NORM_GEMV", fuse, 1);
-      auto model = CudaModel::create_random(config, 7, base);
-      unsetenv("PAGODA_FUSE_NORM_GEMV");
-      ASSERT_TRUE(model.ok()) << model.status().to_string();
-      auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
-      ASSERT_TRUE(pool.ok());
-      prefill_then_decode(**model, **pool, 6, all);
-      EXPECT_GT((*model)->graph_replays(), 0);
-      norm_launches = (*model)->gemv_norm_launches();
-    };
+    CudaModelOptions base;
+    if (!decode_fusion_options(config, fp8, base)) continue;  // no fp8 on this device
     const char* what = fp8 ? "fp8" : "bf16";
-    std::vector<float> unfused, fused;
-    int64_t unfused_launches = -1, fused_launches = -1;
-    run("0", unfused, unfused_launches);
-    run(nullptr, fused, fused_launches);
-    EXPECT_EQ(unfused_launches, 0) << what;
-    EXPECT_GE(fused_launches, config.num_layers) << what;
+    const FusionRun off = run_with_env(config, base, {{"PAGODA_FUSE_NORM_GEMV", "0"}});
+    const FusionRun on = run_with_env(config, base, {});
+    const std::vector<float>& unfused = off.logits;
+    const std::vector<float>& fused = on.logits;
+    EXPECT_EQ(off.norm_launches, 0) << what;
+    EXPECT_GE(on.norm_launches, config.num_layers) << what;
     ASSERT_EQ(fused.size(), unfused.size());
     const size_t vocab = static_cast<size_t>(config.vocab_size);
     EXPECT_TRUE(std::equal(fused.begin(), fused.begin() + vocab, unfused.begin())) << what << ": prefill row";
