@@ -499,9 +499,10 @@ TEST(CudaModel, DecodeFusionsMatchTheUnfusedModelBitForBit) {
     CudaModelOptions base;
     if (!decode_fusion_options(config, fp8, base)) continue;  // no fp8 on this device
     const char* what = fp8 ? "fp8" : "bf16";
-    const FusionRun unfused = run_with_env(config, base, {{"PAGODA_FUSE_ROPE_KV", "0"}, {"PAGODA_FUSE_SILU_GEMV", "0"}});
-    const FusionRun rope_kv = run_with_env(config, base, {{"PAGODA_FUSE_ROPE_KV", "1"}, {"PAGODA_FUSE_SILU_GEMV", "0"}});
-    const FusionRun silu = run_with_env(config, base, {{"PAGODA_FUSE_ROPE_KV", "0"}, {"PAGODA_FUSE_SILU_GEMV", "1"}});
+    auto run = [&](const char* rope_kv, const char* silu) {
+      return run_with_env(config, base, {{"PAGODA_FUSE_ROPE_KV", rope_kv}, {"PAGODA_FUSE_SILU_GEMV", silu}});
+    };
+    const FusionRun unfused = run("0", "0"), rope_kv = run("1", "0"), silu = run("0", "1");
     const FusionRun by_default = run_with_env(config, base, {});
     EXPECT_EQ(rope_kv.logits, unfused.logits) << what;
     EXPECT_EQ(silu.logits, unfused.logits) << what;

@@ -411,8 +411,9 @@ TEST(GemvContractTest, UnsupportedShapesAreRefused) {
     EXPECT_EQ(gemv_fp8(xb, 1, w->as<uint8_t>(), s->as<float>(), 0, 16, 64, y->as<__nv_bfloat16>(), nullptr, depth),
               cudaErrorInvalidValue);
   // The SiLU forms: no columns, no scales, too many rows, a bad depth.
-  EXPECT_EQ(gemv_bf16_silu(xb, 1, w->as<__nv_bfloat16>(), 0, 64, y->as<__nv_bfloat16>(), nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(gemv_bf16_silu(xb, 9, w->as<__nv_bfloat16>(), 8, 64, y->as<__nv_bfloat16>(), nullptr), cudaErrorInvalidValue);
+  auto* yb = y->as<__nv_bfloat16>();
+  EXPECT_EQ(gemv_bf16_silu(xb, 1, w->as<__nv_bfloat16>(), 0, 64, yb, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(gemv_bf16_silu(xb, 9, w->as<__nv_bfloat16>(), 8, 64, yb, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(gemv_fp8_silu(xb, 1, w->as<uint8_t>(), nullptr, 0, 8, 64, y->as<__nv_bfloat16>(), nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(gemv_fp8_silu(xb, 1, w->as<uint8_t>(), s->as<float>(), 0, 8, 64, y->as<__nv_bfloat16>(), nullptr, 3),

@@ -530,8 +530,9 @@ Status CudaModel::run_layer(int32_t l, const Lane& lane, const CudaKvPool& pool,
     // The next layer's input norm in the down GEMV's epilogue where that layer takes a bf16 normed input.
     if (l + 1 < c.num_layers) {
       const CudaLayerWeights& next = weights_.layers[static_cast<size_t>(l) + 1];
-      PAGODA_ASSIGN_OR_RETURN(input_normed_, project_add_rmsnorm(lane, act, w.down_proj, w.down_fp8, I, w.down_bias,
-                                                                 next.input_norm, next.qkv_fp8, residual, proj, normed));
+      PAGODA_ASSIGN_OR_RETURN(input_normed_,
+                              project_add_rmsnorm(lane, act, w.down_proj, w.down_fp8, I, w.down_bias, next.input_norm,
+                                                  next.qkv_fp8, residual, proj, normed));
     }
     if (!input_normed_) PAGODA_RETURN_IF_ERROR(project(lane, act, w.down_proj, w.down_fp8, H, I, proj));
   }

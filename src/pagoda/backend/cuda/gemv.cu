@@ -75,21 +75,55 @@ __device__ __forceinline__ void store(float* y, float v) { *y = v; }
 enum class Epi { kStore, kSiluMul, kAddRmsNorm };
 
 // The grid-wide add + RMSNorm of the last block (Epi::kAddRmsNorm): rows m < M of y [M, n] join residual,
-// normed = weight * residual / rms.
+// normed = weight * residual / rms. It runs after every other block, on the step's critical path, so each
+// thread issues its loads kBatch chunks at a time (4 values a chunk where n and the pointers allow it)
+// before using any: one block has few threads to hide the L2 latency with.
 template <int M, int kTh>
 __device__ void last_block_add_rmsnorm(const __nv_bfloat16* y, int32_t n, const GemvAddRmsNorm& norm) {
-  constexpr int kWarps = kTh / 32;
+  constexpr int kWarps = kTh / 32, kBatch = 4;
   __shared__ float warp_sums[kWarps];
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  auto aligned = [](const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0; };
+  const bool quad = n % 4 == 0 && aligned(norm.residual, 16) && aligned(norm.weight, 16) && aligned(y, 8) &&
+                    aligned(norm.normed, 8);
+  const int32_t width = quad ? 4 : 1, chunks = n / width;
   for (int m = 0; m < M; ++m) {
     float* res = norm.residual + static_cast<int64_t>(m) * n;
     const __nv_bfloat16* ym = y + static_cast<int64_t>(m) * n;
+    __nv_bfloat16* out = norm.normed + static_cast<int64_t>(m) * n;
+    // Chunk c's residual values (+ y's: the other blocks wrote y, so it is read through L2, __ldcg).
+    auto load = [&](int32_t c, float (&v)[4], bool with_y) {
+      if (quad) {
+        const float4 r = reinterpret_cast<const float4*>(res)[c];
+        v[0] = r.x, v[1] = r.y, v[2] = r.z, v[3] = r.w;
+        if (with_y) {
+          const uint2 raw = __ldcg(reinterpret_cast<const uint2*>(ym) + c);
+          const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+          const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+          v[0] += a.x, v[1] += a.y, v[2] += b.x, v[3] += b.y;
+        }
+      } else {
+        v[0] = res[c] + (with_y ? __bfloat162float(__ldcg(ym + c)) : 0.0f);
+      }
+    };
     float sum_sq = 0.0f;
-    for (int32_t i = threadIdx.x; i < n; i += kTh) {
-      // y through L2 (__ldcg): the other blocks wrote it; this SM's L1 holds nothing of it.
-      const float v = res[i] + __bfloat162float(__ldcg(ym + i));
-      res[i] = v;
-      sum_sq += v * v;
+    for (int32_t c0 = threadIdx.x; c0 < chunks; c0 += kBatch * kTh) {
+      float v[kBatch][4];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (c0 + j * kTh < chunks) load(c0 + j * kTh, v[j], true);
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int32_t c = c0 + j * kTh;
+        if (c >= chunks) break;
+        if (quad) {
+          reinterpret_cast<float4*>(res)[c] = make_float4(v[j][0], v[j][1], v[j][2], v[j][3]);
+          sum_sq += v[j][0] * v[j][0] + v[j][1] * v[j][1] + v[j][2] * v[j][2] + v[j][3] * v[j][3];
+        } else {
+          res[c] = v[j][0];
+          sum_sq += v[j][0] * v[j][0];
+        }
+      }
     }
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
@@ -100,9 +134,35 @@ __device__ void last_block_add_rmsnorm(const __nv_bfloat16* y, int32_t n, const 
     for (int i = 0; i < kWarps; ++i) total += warp_sums[i];
     __syncthreads();  // warp_sums is reused by the next row
     const float inv_rms = rsqrtf(total / n + norm.eps);
-    __nv_bfloat16* out = norm.normed + static_cast<int64_t>(m) * n;
     // Each thread re-reads only the residual values it wrote itself.
-    for (int32_t i = threadIdx.x; i < n; i += kTh) out[i] = __float2bfloat16(norm.weight[i] * (res[i] * inv_rms));
+    for (int32_t c0 = threadIdx.x; c0 < chunks; c0 += kBatch * kTh) {
+      float v[kBatch][4], wt[kBatch][4];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int32_t c = c0 + j * kTh;
+        if (c >= chunks) break;
+        load(c, v[j], false);
+        if (quad) {
+          const float4 g = reinterpret_cast<const float4*>(norm.weight)[c];
+          wt[j][0] = g.x, wt[j][1] = g.y, wt[j][2] = g.z, wt[j][3] = g.w;
+        } else {
+          wt[j][0] = norm.weight[c];
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int32_t c = c0 + j * kTh;
+        if (c >= chunks) break;
+        if (quad) {
+          const __nv_bfloat162 pair[2] = {
+              __floats2bfloat162_rn(wt[j][0] * (v[j][0] * inv_rms), wt[j][1] * (v[j][1] * inv_rms)),
+              __floats2bfloat162_rn(wt[j][2] * (v[j][2] * inv_rms), wt[j][3] * (v[j][3] * inv_rms))};
+          reinterpret_cast<uint2*>(out)[c] = *reinterpret_cast<const uint2*>(pair);
+        } else {
+          out[c] = __float2bfloat16(wt[j][0] * (v[j][0] * inv_rms));
+        }
+      }
+    }
   }
 }
 
