@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -291,91 +290,6 @@ TEST_P(GemvTest, SiluEpilogueMatchesTheGemvAndSiluMulBitForBit) {
   }
 }
 
-// The projection with the residual add + RMSNorm in its epilogue (gemv_bf16_add_rmsnorm, gemv_fp8_add_rmsnorm)
-// against the plain GEMV followed by add_rmsnorm: y and the updated residual bit for bit, normed within one
-// bf16 rounding (the sum of squares is added in another order); three launches on one counter give the same
-// bits (the last block leaves the counter at 0 for the next); bf16 weights, and e4m3 weights with per-row
-// and 128x128 block scales at every load depth.
-TEST_P(GemvTest, AddRmsNormEpilogueMatchesTheGemvAndAddRmsNorm) {
-  PAGODA_SKIP_WITHOUT_GPU();
-  const GemvCase c = GetParam();
-  const size_t outs = static_cast<size_t>(c.m) * c.n;
-  const float eps = 1e-5f;
-  const std::vector<float> x = random_bf16_values(static_cast<size_t>(c.m) * c.k, -2, 2, 81);
-  const std::vector<float> residual = random_bf16_values(outs, -3, 3, 82);
-  const std::vector<float> weight = random_bf16_values(static_cast<size_t>(c.n), 0.5f, 1.5f, 83);
-  DeviceBuffer d_x = to_device(to_bf16_bits(x)), d_weight = to_device(weight);
-  DeviceBuffer d_res_want = to_device(residual), d_res_got = to_device(residual);
-  auto d_y_want = DeviceBuffer::allocate(outs * 2), d_y_got = DeviceBuffer::allocate(outs * 2);
-  auto d_n_want = DeviceBuffer::allocate(outs * 2), d_n_got = DeviceBuffer::allocate(outs * 2);
-  auto d_counter = DeviceBuffer::allocate(sizeof(unsigned int));
-  ASSERT_TRUE(d_y_want.ok() && d_y_got.ok() && d_n_want.ok() && d_n_got.ok() && d_counter.ok());
-  ASSERT_EQ(cudaMemset(d_counter->data(), 0, sizeof(unsigned int)), cudaSuccess);
-  const auto* xb = d_x.as<__nv_bfloat16>();
-  const GemvAddRmsNorm norm{d_res_got.as<float>(), d_weight.as<float>(), d_n_got->as<__nv_bfloat16>(), eps,
-                            d_counter->as<unsigned int>()};
-  // plain(y): the unfused pair into the *_want buffers; fused(y): the epilogue form into *_got. Each from
-  // the same starting residual.
-  auto check = [&](const std::string& what, const std::function<cudaError_t(__nv_bfloat16*)>& plain,
-                   const std::function<cudaError_t(__nv_bfloat16*)>& fused) {
-    ASSERT_EQ(cudaMemcpy(d_res_want.data(), residual.data(), outs * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(plain(d_y_want->as<__nv_bfloat16>()), cudaSuccess) << what;
-    ASSERT_EQ(add_rmsnorm(d_res_want.as<float>(), d_y_want->as<__nv_bfloat16>(), d_weight.as<float>(),
-                          d_n_want->as<__nv_bfloat16>(), c.m, c.n, eps, nullptr),
-              cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
-    const std::vector<uint16_t> y_want = to_host<uint16_t>(*d_y_want, outs);
-    const std::vector<float> res_want = to_host<float>(d_res_want, outs);
-    const std::vector<float> n_want = from_bf16_bits(to_host<uint16_t>(*d_n_want, outs));
-    std::vector<uint16_t> first;
-    for (int run = 0; run < 3; ++run) {
-      ASSERT_EQ(cudaMemcpy(d_res_got.data(), residual.data(), outs * 4, cudaMemcpyHostToDevice), cudaSuccess);
-      ASSERT_EQ(cudaMemset(d_n_got->data(), 0xff, outs * 2), cudaSuccess);
-      ASSERT_EQ(fused(d_y_got->as<__nv_bfloat16>()), cudaSuccess) << what;
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
-      EXPECT_EQ(to_host<uint16_t>(*d_y_got, outs), y_want) << what;
-      EXPECT_EQ(to_host<float>(d_res_got, outs), res_want) << what;
-      const std::vector<uint16_t> bits = to_host<uint16_t>(*d_n_got, outs);
-      if (run == 0) {
-        first = bits;
-        EXPECT_LE(worst_error_ratio(from_bf16_bits(bits), n_want, 1e-6, 1.0 / 128), 1.0) << what;
-      } else {
-        EXPECT_EQ(bits, first) << what << ": run " << run << " differs";
-      }
-      EXPECT_EQ(to_host<unsigned int>(*d_counter, 1)[0], 0u) << what << ": the counter is left at 0";
-    }
-  };
-  {
-    const std::vector<float> w = random_bf16_values(static_cast<size_t>(c.n) * c.k, -0.1f, 0.1f, 84);
-    DeviceBuffer d_w = to_device(to_bf16_bits(w));
-    const auto* wb = d_w.as<__nv_bfloat16>();
-    check(
-        "bf16", [&](__nv_bfloat16* y) { return gemv_bf16(xb, c.m, wb, c.n, c.k, y, false, nullptr); },
-        [&](__nv_bfloat16* y) { return gemv_bf16_add_rmsnorm(xb, c.m, wb, c.n, c.k, y, norm, nullptr); });
-  }
-  if (c.k % 16 != 0) return;
-  std::vector<uint8_t> q(static_cast<size_t>(c.n) * c.k);
-  for (size_t i = 0; i < q.size(); ++i) {
-    const uint8_t b = static_cast<uint8_t>((i * 2654435761u) >> 13);
-    q[i] = (b & 0x7f) == 0x7f ? 0 : b;
-  }
-  const int32_t stride = fp8_block_weight_scale_stride(c.k);
-  std::vector<float> scales(std::max(static_cast<size_t>(c.n), (c.n + 127) / 128 * static_cast<size_t>(stride)));
-  for (size_t i = 0; i < scales.size(); ++i) scales[i] = 0.0002f * static_cast<float>(1 + i % 7);
-  DeviceBuffer d_q = to_device(q), d_s = to_device(scales);
-  for (const int32_t block_stride : {0, stride})
-    for (const int32_t depth : kGemvFp8Depths)
-      check(
-          "fp8 block_stride " + std::to_string(block_stride) + " depth " + std::to_string(depth),
-          [&](__nv_bfloat16* y) {
-            return gemv_fp8(xb, c.m, d_q.as<uint8_t>(), d_s.as<float>(), block_stride, c.n, c.k, y, nullptr, depth);
-          },
-          [&](__nv_bfloat16* y) {
-            return gemv_fp8_add_rmsnorm(xb, c.m, d_q.as<uint8_t>(), d_s.as<float>(), block_stride, c.n, c.k, y, norm,
-                                        nullptr, depth);
-          });
-}
-
 INSTANTIATE_TEST_SUITE_P(Shapes, GemvTest,
                          ::testing::Values(GemvCase{1, 6144, 4096}, GemvCase{2, 4096, 4096}, GemvCase{3, 512, 14336},
                                            GemvCase{4, 28672, 512}, GemvCase{5, 37, 8}, GemvCase{6, 130, 400},
@@ -417,15 +331,6 @@ TEST(GemvContractTest, UnsupportedShapesAreRefused) {
   EXPECT_EQ(gemv_fp8_silu(xb, 1, w->as<uint8_t>(), nullptr, 0, 8, 64, y->as<__nv_bfloat16>(), nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(gemv_fp8_silu(xb, 1, w->as<uint8_t>(), s->as<float>(), 0, 8, 64, y->as<__nv_bfloat16>(), nullptr, 3),
-            cudaErrorInvalidValue);
-  // The norm forms: an operand missing.
-  GemvAddRmsNorm norm{x->as<float>(), s->as<float>(), y->as<__nv_bfloat16>(), 1e-5f, nullptr};
-  EXPECT_EQ(gemv_bf16_add_rmsnorm(xb, 1, w->as<__nv_bfloat16>(), 16, 64, y->as<__nv_bfloat16>(), norm, nullptr),
-            cudaErrorInvalidValue);
-  norm.counter = reinterpret_cast<unsigned int*>(s->data());
-  norm.weight = nullptr;
-  EXPECT_EQ(gemv_fp8_add_rmsnorm(xb, 1, w->as<uint8_t>(), s->as<float>(), 0, 16, 64, y->as<__nv_bfloat16>(), norm,
-                                 nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }

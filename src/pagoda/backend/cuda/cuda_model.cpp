@@ -169,11 +169,6 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
     if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FUSE_SILU_GEMV={}: expected 0 or 1", env);
     fuse_silu_gemv_ = v == "1";
   }
-  if (const char* env = std::getenv("PAGODA_FUSE_NORM_GEMV"); env != nullptr && *env != '\0') {
-    const std::string v(env);
-    if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FUSE_NORM_GEMV={}: expected 0 or 1", env);
-    fuse_norm_gemv_ = v == "1";
-  }
   if (const char* env = std::getenv("PAGODA_FUSE_FP8_QUANT"); env != nullptr && *env != '\0') {
     const std::string v(env);
     if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FUSE_FP8_QUANT={}: expected 0 or 1", env);
@@ -236,8 +231,6 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
   }
   PAGODA_ASSIGN_OR_RETURN(gate_up_, DeviceBuffer::allocate(T * 2 * I * 2));
   PAGODA_ASSIGN_OR_RETURN(act_, DeviceBuffer::allocate(T * I * 2));
-  PAGODA_ASSIGN_OR_RETURN(gemv_norm_counter_, DeviceBuffer::allocate(sizeof(unsigned int)));
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemset(gemv_norm_counter_.data(), 0, gemv_norm_counter_.bytes()));
   if (weights_.has_fp8()) {
     if (options_.fp8_weights && config_.fp8)
       return invalid_argument_error("--quantization fp8: the checkpoint is already quantized ({})",
@@ -356,7 +349,6 @@ Status CudaModel::run_layers(int32_t T, const CudaKvPool& pool, bool fast_attent
                              bool holes) {
   const int32_t H = config_.hidden_size;
   float* residual = residual_.as<float>();
-  input_normed_ = false;
   if (comm_ != nullptr) {
     PAGODA_RETURN_IF_ERROR(embed_sharded(T, residual));
   } else {
@@ -428,10 +420,9 @@ Status CudaModel::run_layer(int32_t l, const Lane& lane, const CudaKvPool& pool,
   } else {
     if (l == 0) {
       PAGODA_CUDA_RETURN_IF_ERROR(rmsnorm(residual, nullptr, w.input_norm, normed, T, H, c.rms_norm_eps, stream));
-    } else if (!input_normed_) {  // else the previous layer's down GEMV wrote normed
+    } else {
       PAGODA_CUDA_RETURN_IF_ERROR(add_rmsnorm(residual, proj, w.input_norm, normed, T, H, c.rms_norm_eps, stream));
     }
-    input_normed_ = false;
     PAGODA_RETURN_IF_ERROR(project(lane, normed, w.qkv_proj, w.qkv_fp8, qkv_width, H, qkv));
   }
   if (w.qkv_bias != nullptr)
@@ -498,25 +489,17 @@ Status CudaModel::run_layer(int32_t l, const Lane& lane, const CudaKvPool& pool,
     }
     if (lane.attention_done != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.attention_done, stream));
   }
-  // normed written by the o GEMV's epilogue (project_add_rmsnorm), else o, its bias and all-reduce here.
-  PAGODA_ASSIGN_OR_RETURN(const bool post_norm_done,
-                          project_add_rmsnorm(lane, attn, w.o_proj, w.o_fp8, q_width, w.o_bias, w.post_attention_norm,
-                                              w.gate_up_fp8, residual, proj, normed));
-  if (!post_norm_done) {
-    PAGODA_RETURN_IF_ERROR(project(lane, attn, w.o_proj, w.o_fp8, H, q_width, proj));
-    if (w.o_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.o_bias, stream));
-    if (comm_ != nullptr)
-      PAGODA_RETURN_IF_ERROR(comm_->enqueue_all_reduce_sum(proj, static_cast<size_t>(T) * H, DType::kBF16, stream));
-  }
+  PAGODA_RETURN_IF_ERROR(project(lane, attn, w.o_proj, w.o_fp8, H, q_width, proj));
+  if (w.o_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.o_bias, stream));
+  if (comm_ != nullptr)
+    PAGODA_RETURN_IF_ERROR(comm_->enqueue_all_reduce_sum(proj, static_cast<size_t>(T) * H, DType::kBF16, stream));
   bool act_done = false;  // act written by the gate_up GEMV's epilogue (gate_up_silu_gemv)
   if (fuse_fp8_input(normed, T, w.gate_up_fp8, H)) {
     PAGODA_CUDA_RETURN_IF_ERROR(add_rmsnorm_fp8(residual, proj, w.post_attention_norm, T, H, c.rms_norm_eps,
                                                 fp8_input, fp8_scales, stream));
     PAGODA_RETURN_IF_ERROR(project_quantized(lane, w.gate_up_fp8, 2 * I, H, gate_up));
   } else {
-    if (!post_norm_done)
-      PAGODA_CUDA_RETURN_IF_ERROR(
-          add_rmsnorm(residual, proj, w.post_attention_norm, normed, T, H, c.rms_norm_eps, stream));
+    PAGODA_CUDA_RETURN_IF_ERROR(add_rmsnorm(residual, proj, w.post_attention_norm, normed, T, H, c.rms_norm_eps, stream));
     PAGODA_ASSIGN_OR_RETURN(act_done, gate_up_silu_gemv(lane, w, normed, act));
     if (!act_done) PAGODA_RETURN_IF_ERROR(project(lane, normed, w.gate_up_proj, w.gate_up_fp8, 2 * I, H, gate_up));
   }
@@ -527,14 +510,7 @@ Status CudaModel::run_layer(int32_t l, const Lane& lane, const CudaKvPool& pool,
     PAGODA_RETURN_IF_ERROR(project_quantized(lane, w.down_fp8, H, I, proj));
   } else {
     if (!act_done) PAGODA_CUDA_RETURN_IF_ERROR(silu_mul(gate_up, act, T, I, stream));
-    // The next layer's input norm in the down GEMV's epilogue where that layer takes a bf16 normed input.
-    if (l + 1 < c.num_layers) {
-      const CudaLayerWeights& next = weights_.layers[static_cast<size_t>(l) + 1];
-      PAGODA_ASSIGN_OR_RETURN(input_normed_,
-                              project_add_rmsnorm(lane, act, w.down_proj, w.down_fp8, I, w.down_bias, next.input_norm,
-                                                  next.qkv_fp8, residual, proj, normed));
-    }
-    if (!input_normed_) PAGODA_RETURN_IF_ERROR(project(lane, act, w.down_proj, w.down_fp8, H, I, proj));
+    PAGODA_RETURN_IF_ERROR(project(lane, act, w.down_proj, w.down_fp8, H, I, proj));
   }
   if (w.down_bias != nullptr) PAGODA_CUDA_RETURN_IF_ERROR(add_bias(proj, H, T, H, w.down_bias, stream));
   if (comm_ != nullptr)
@@ -562,28 +538,6 @@ StatusOr<bool> CudaModel::gate_up_silu_gemv(const Lane& lane, const CudaLayerWei
         gemv_fp8_silu(normed, T, fp8.data, fp8.scales, block_stride, I, H, act, lane.stream, gemv_fp8_depth_));
   }
   ++gemv_silu_launches_;
-  return true;
-}
-
-StatusOr<bool> CudaModel::project_add_rmsnorm(const Lane& lane, const bf16* x, const bf16* w,
-                                              const CudaFp8Weight& fp8, int32_t k, const float* bias,
-                                              const float* norm_weight, const CudaFp8Weight& consumer,
-                                              float* residual, bf16* proj, bf16* normed) {
-  const ModelConfig& c = config_;
-  const int32_t T = lane.T, H = c.hidden_size;
-  // One counter: a single lane (decode steps this small never run as two), no all-reduce before the norm.
-  if (!fuse_norm_gemv_ || bias != nullptr || comm_ != nullptr || lane.row0 != 0 || step_two_batch_ ||
-      fuse_fp8_input(normed, T, consumer, H) || !takes_gemv(T, x, w, fp8, k))
-    return false;
-  const GemvAddRmsNorm norm{residual, norm_weight, normed, c.rms_norm_eps, gemv_norm_counter_.as<unsigned int>()};
-  if (fp8.data == nullptr) {
-    PAGODA_CUDA_RETURN_IF_ERROR(gemv_bf16_add_rmsnorm(x, T, w, H, k, proj, norm, lane.stream));
-  } else {
-    const int32_t block_stride = fp8.block128 ? fp8_block_weight_scale_stride(k) : 0;
-    PAGODA_CUDA_RETURN_IF_ERROR(
-        gemv_fp8_add_rmsnorm(x, T, fp8.data, fp8.scales, block_stride, H, k, proj, norm, lane.stream, gemv_fp8_depth_));
-  }
-  ++gemv_norm_launches_;
   return true;
 }
 

@@ -244,8 +244,6 @@ class CudaModel {
   int64_t fp8_mma_gemv_launches() const { return fp8_mma_gemv_launches_; }
   // gate_up GEMVs that applied SiLU-mul in their epilogue (PAGODA_FUSE_SILU_GEMV), counted at enqueue as above.
   int64_t gemv_silu_launches() const { return gemv_silu_launches_; }
-  // o and down GEMVs that added into the residual and wrote the next norm (PAGODA_FUSE_NORM_GEMV), the same.
-  int64_t gemv_norm_launches() const { return gemv_norm_launches_; }
   int64_t graphs_captured() const { return static_cast<int64_t>(graphs_.size()); }
   // Steps whose attention ran on backend/cuda/attention's kernels.
   int64_t fast_attention_steps() const { return fast_attention_steps_; }
@@ -324,14 +322,6 @@ class CudaModel {
   // launched, where the layer takes another path (GEMM sizes, a bias, fp8 inputs fused into the SiLU,
   // PAGODA_FUSE_SILU_GEMV=0).
   StatusOr<bool> gate_up_silu_gemv(const Lane& lane, const CudaLayerWeights& w, const bf16* normed, bf16* act);
-  // A projection into the residual stream (o: attn -> proj; down: act -> proj) with the residual add and the
-  // next RMSNorm (norm_weight; its output feeds projection `consumer`) in the GEMV's epilogue
-  // (gemv_*_add_rmsnorm: residual += proj, normed), one launch instead of GEMV + add_rmsnorm: true when it
-  // ran; false, nothing launched, where the layer takes another path (GEMM sizes, a bias, tensor parallel,
-  // fp8 inputs fused into the norm, PAGODA_FUSE_NORM_GEMV=0).
-  StatusOr<bool> project_add_rmsnorm(const Lane& lane, const bf16* x, const bf16* w, const CudaFp8Weight& fp8,
-                                     int32_t k, const float* bias, const float* norm_weight,
-                                     const CudaFp8Weight& consumer, float* residual, bf16* proj, bf16* normed);
   // Whether project(x, T, ..., fp8, n, k, y) would quantize x per token into fp8_x_ and run the fp8 GEMM: then
   // the kernel producing x may write fp8_x_ itself (add_rmsnorm_fp8, silu_mul_fp8) and project_quantized runs
   // the GEMM. False unless PAGODA_FUSE_FP8_QUANT allows it (on by default).
@@ -392,15 +382,9 @@ class CudaModel {
   int64_t fused_fp8_quant_launches_ = 0;
   int64_t fp8_mma_gemv_launches_ = 0;
   int64_t gemv_silu_launches_ = 0;
-  int64_t gemv_norm_launches_ = 0;
   // The fp8 GEMMs' per-token input quantization inside the norms / SiLU (PAGODA_FUSE_FP8_QUANT=0: off).
   bool fuse_fp8_quant_ = true;
   bool fuse_silu_gemv_ = true;  // SiLU-mul in the gate_up GEMV's epilogue (PAGODA_FUSE_SILU_GEMV=0: off)
-  bool fuse_norm_gemv_ = true;  // residual add + RMSNorm in the o GEMV's epilogue (PAGODA_FUSE_NORM_GEMV=0: off)
-  DeviceBuffer gemv_norm_counter_;  // the norm epilogue's finished-block counter (gemv.h)
-  // Set by layer l's down GEMV when it wrote layer l + 1's input norm (project_add_rmsnorm); that layer
-  // then skips its add_rmsnorm and clears it.
-  bool input_normed_ = false;
   bool fuse_rope_kv_ = false;  // rope_qk + kv_write as rope_qk_kv_write at decode sizes (PAGODA_FUSE_ROPE_KV=1: on)
   // The e4m3 lm_head above the GEMV rows too: an fp8 GEMM (per-token activations) with f32 logits, so the
   // head's precision does not depend on the step's size (PAGODA_FP8_LM_HEAD_GEMM=0: the bf16 GEMM there);

@@ -19,10 +19,6 @@
 //   [2n, k] gate_up weight, and it writes SiLU(gate) * up for those n columns, each sum rounded to bf16
 //   first as the separate silu_mul kernel reads it: the GEMV + silu_mul's result bit for bit, in one launch
 //   (the same chunks, partial sums and reduction per weight row as the plain kernel).
-// - kAddRmsNorm (gemv_*_add_rmsnorm): y is stored as by the plain kernel, then the grid's last block to
-//   finish (a device counter, reset by that block for the next launch) adds y into the f32 residual and
-//   writes its RMSNorm, add_rmsnorm's arithmetic but for the order of the sum of squares: the norm's own
-//   launch saved, where at 1-2 rows it is one small block after the GEMV anyway.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -72,106 +68,13 @@ __device__ __forceinline__ void store(float* y, float v) { *y = v; }
 // kFp8: weights e4m3 (16 per chunk) else bf16 (8 per chunk). block_stride > 0: 128x128 block scales applied
 // per chunk (a chunk never straddles a 128-column block: 16 divides 128); == 0 with scales: per-row scales
 // applied at the end; scales null (bf16): none.
-enum class Epi { kStore, kSiluMul, kAddRmsNorm };
-
-// The grid-wide add + RMSNorm of the last block (Epi::kAddRmsNorm): rows m < M of y [M, n] join residual,
-// normed = weight * residual / rms. It runs after every other block, on the step's critical path, so each
-// thread issues its loads kBatch chunks at a time (4 values a chunk where n and the pointers allow it)
-// before using any: one block has few threads to hide the L2 latency with.
-template <int M, int kTh>
-__device__ void last_block_add_rmsnorm(const __nv_bfloat16* y, int32_t n, const GemvAddRmsNorm& norm) {
-  constexpr int kWarps = kTh / 32, kBatch = 4;
-  __shared__ float warp_sums[kWarps];
-  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
-  auto aligned = [](const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0; };
-  const bool quad = n % 4 == 0 && aligned(norm.residual, 16) && aligned(norm.weight, 16) && aligned(y, 8) &&
-                    aligned(norm.normed, 8);
-  const int32_t width = quad ? 4 : 1, chunks = n / width;
-  for (int m = 0; m < M; ++m) {
-    float* res = norm.residual + static_cast<int64_t>(m) * n;
-    const __nv_bfloat16* ym = y + static_cast<int64_t>(m) * n;
-    __nv_bfloat16* out = norm.normed + static_cast<int64_t>(m) * n;
-    // Chunk c's residual values (+ y's: the other blocks wrote y, so it is read through L2, __ldcg).
-    auto load = [&](int32_t c, float (&v)[4], bool with_y) {
-      if (quad) {
-        const float4 r = reinterpret_cast<const float4*>(res)[c];
-        v[0] = r.x, v[1] = r.y, v[2] = r.z, v[3] = r.w;
-        if (with_y) {
-          const uint2 raw = __ldcg(reinterpret_cast<const uint2*>(ym) + c);
-          const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-          const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-          v[0] += a.x, v[1] += a.y, v[2] += b.x, v[3] += b.y;
-        }
-      } else {
-        v[0] = res[c] + (with_y ? __bfloat162float(__ldcg(ym + c)) : 0.0f);
-      }
-    };
-    float sum_sq = 0.0f;
-    for (int32_t c0 = threadIdx.x; c0 < chunks; c0 += kBatch * kTh) {
-      float v[kBatch][4];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j)
-        if (c0 + j * kTh < chunks) load(c0 + j * kTh, v[j], true);
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int32_t c = c0 + j * kTh;
-        if (c >= chunks) break;
-        if (quad) {
-          reinterpret_cast<float4*>(res)[c] = make_float4(v[j][0], v[j][1], v[j][2], v[j][3]);
-          sum_sq += v[j][0] * v[j][0] + v[j][1] * v[j][1] + v[j][2] * v[j][2] + v[j][3] * v[j][3];
-        } else {
-          res[c] = v[j][0];
-          sum_sq += v[j][0] * v[j][0];
-        }
-      }
-    }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
-    if (lane == 0) warp_sums[warp] = sum_sq;
-    __syncthreads();
-    float total = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kWarps; ++i) total += warp_sums[i];
-    __syncthreads();  // warp_sums is reused by the next row
-    const float inv_rms = rsqrtf(total / n + norm.eps);
-    // Each thread re-reads only the residual values it wrote itself.
-    for (int32_t c0 = threadIdx.x; c0 < chunks; c0 += kBatch * kTh) {
-      float v[kBatch][4], wt[kBatch][4];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int32_t c = c0 + j * kTh;
-        if (c >= chunks) break;
-        load(c, v[j], false);
-        if (quad) {
-          const float4 g = reinterpret_cast<const float4*>(norm.weight)[c];
-          wt[j][0] = g.x, wt[j][1] = g.y, wt[j][2] = g.z, wt[j][3] = g.w;
-        } else {
-          wt[j][0] = norm.weight[c];
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int32_t c = c0 + j * kTh;
-        if (c >= chunks) break;
-        if (quad) {
-          const __nv_bfloat162 pair[2] = {
-              __floats2bfloat162_rn(wt[j][0] * (v[j][0] * inv_rms), wt[j][1] * (v[j][1] * inv_rms)),
-              __floats2bfloat162_rn(wt[j][2] * (v[j][2] * inv_rms), wt[j][3] * (v[j][3] * inv_rms))};
-          reinterpret_cast<uint2*>(out)[c] = *reinterpret_cast<const uint2*>(pair);
-        } else {
-          out[c] = __float2bfloat16(wt[j][0] * (v[j][0] * inv_rms));
-        }
-      }
-    }
-  }
-}
+enum class Epi { kStore, kSiluMul };
 
 template <int M, bool kFp8, typename Out, int kDepth = 1, Epi kEpi = Epi::kStore,
           int kR = rows_per_block<M, kFp8, kDepth>(), int kTh = kThreads / kDepth, int kChunks = 2 * kDepth>
 __global__ void __launch_bounds__(kTh) gemv_kernel(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w,
                                                         const float* __restrict__ scales, int32_t block_stride,
-                                                        int32_t n, int32_t k, Out* __restrict__ y,
-                                                        GemvAddRmsNorm norm) {
+                                                        int32_t n, int32_t k, Out* __restrict__ y) {
   constexpr bool kSilu = kEpi == Epi::kSiluMul;
   constexpr int kElems = kFp8 ? 16 : 8;
   constexpr int kRowBytesPerElem = kFp8 ? 1 : 2;
@@ -331,23 +234,12 @@ __global__ void __launch_bounds__(kTh) gemv_kernel(const __nv_bfloat16* __restri
       store(y + static_cast<int64_t>(m) * n + col, v);
     }
   }
-  if constexpr (kEpi == Epi::kAddRmsNorm) {
-    __shared__ bool last;
-    __threadfence();  // this block's y stores reach L2 before its count
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(norm.counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();  // every block counted after its stores: all of y is visible
-    last_block_add_rmsnorm<M, kTh>(y, n, norm);
-    if (threadIdx.x == 0) *norm.counter = 0;  // the next launch (or graph replay) counts from 0
-  }
 }
 
 // n: output columns (with kSiluMul the weights have 2n rows).
 template <bool kFp8, typename Out, int kDepth, Epi kEpi = Epi::kStore>
 cudaError_t launch(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales, int32_t block_stride,
-                   int32_t n, int32_t k, Out* y, cudaStream_t stream, const GemvAddRmsNorm& norm = {}) {
+                   int32_t n, int32_t k, Out* y, cudaStream_t stream) {
   auto grid = [n](int rows) {
     const int cols = kEpi == Epi::kSiluMul ? rows / 2 : rows;
     return dim3(static_cast<unsigned>((n + cols - 1) / cols));
@@ -356,7 +248,7 @@ cudaError_t launch(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const fl
 #define PAGODA_GEMV_CASE(M)                                                                                    \
   case M:                                                                                                      \
     return launch_pdl(gemv_kernel<M, kFp8, Out, kDepth, kEpi>, grid(rows_per_block<M, kFp8, kDepth>()),        \
-                      dim3(kThreads / kDepth), 0, stream, x, w, scales, block_stride, n, k, y, norm);
+                      dim3(kThreads / kDepth), 0, stream, x, w, scales, block_stride, n, k, y);
     PAGODA_GEMV_CASE(1)
     PAGODA_GEMV_CASE(2)
     PAGODA_GEMV_CASE(3)
@@ -379,22 +271,18 @@ bool fp8_args_ok(int32_t m, int32_t n, int32_t k, const void* x, const uint8_t* 
   return block_stride == 0 || block_stride >= (k + 127) / 128;
 }
 
-bool norm_ok(const GemvAddRmsNorm& norm) {
-  return norm.residual != nullptr && norm.weight != nullptr && norm.normed != nullptr && norm.counter != nullptr;
-}
-
 template <Epi kEpi>
 cudaError_t launch_fp8_depth(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales,
                              int32_t block_stride, int32_t n, int32_t k, __nv_bfloat16* y, cudaStream_t stream,
-                             int32_t depth, const GemvAddRmsNorm& norm = {}) {
+                             int32_t depth) {
   if (!fp8_args_ok(m, n, k, x, w, scales, block_stride)) return cudaErrorInvalidValue;
   switch (depth) {
     case 1:
-      return launch<true, __nv_bfloat16, 1, kEpi>(x, m, w, scales, block_stride, n, k, y, stream, norm);
+      return launch<true, __nv_bfloat16, 1, kEpi>(x, m, w, scales, block_stride, n, k, y, stream);
     case 2:
-      return launch<true, __nv_bfloat16, 2, kEpi>(x, m, w, scales, block_stride, n, k, y, stream, norm);
+      return launch<true, __nv_bfloat16, 2, kEpi>(x, m, w, scales, block_stride, n, k, y, stream);
     case 4:
-      return launch<true, __nv_bfloat16, 4, kEpi>(x, m, w, scales, block_stride, n, k, y, stream, norm);
+      return launch<true, __nv_bfloat16, 4, kEpi>(x, m, w, scales, block_stride, n, k, y, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -436,20 +324,6 @@ cudaError_t gemv_fp8_silu(const __nv_bfloat16* x, int32_t m, const uint8_t* w, c
                           int32_t block_stride, int32_t intermediate, int32_t k, __nv_bfloat16* act,
                           cudaStream_t stream, int32_t depth) {
   return launch_fp8_depth<Epi::kSiluMul>(x, m, w, scales, block_stride, intermediate, k, act, stream, depth);
-}
-
-cudaError_t gemv_bf16_add_rmsnorm(const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w, int32_t n, int32_t k,
-                                  __nv_bfloat16* y, const GemvAddRmsNorm& norm, cudaStream_t stream) {
-  if (n <= 0 || !norm_ok(norm) || !gemv_supported(m, k, false, x, w)) return cudaErrorInvalidValue;
-  return launch<false, __nv_bfloat16, 1, Epi::kAddRmsNorm>(x, m, reinterpret_cast<const uint8_t*>(w), nullptr, 0, n,
-                                                           k, y, stream, norm);
-}
-
-cudaError_t gemv_fp8_add_rmsnorm(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales,
-                                 int32_t block_stride, int32_t n, int32_t k, __nv_bfloat16* y,
-                                 const GemvAddRmsNorm& norm, cudaStream_t stream, int32_t depth) {
-  if (!norm_ok(norm)) return cudaErrorInvalidValue;
-  return launch_fp8_depth<Epi::kAddRmsNorm>(x, m, w, scales, block_stride, n, k, y, stream, depth, norm);
 }
 
 }  // namespace pagoda::cuda

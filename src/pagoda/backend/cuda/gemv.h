@@ -26,12 +26,8 @@
 // intermediate, k] gate_up weight (gate rows first, then up rows; fp8 scales over its 2 x intermediate rows)
 // and act [m, intermediate] = silu(x . gate^T) * (x . up^T), bit for bit what gemv_bf16 / gemv_fp8 and then
 // silu_mul (cuda_ops.h) write, in one launch: each block reduces a gate row and its up row side by side.
-//
-// A projection into the residual stream with the next RMSNorm (gemv_bf16_add_rmsnorm, gemv_fp8_add_rmsnorm):
-// y as gemv_bf16 / gemv_fp8 write it, then residual [m, n] += y and normed [m, n] = weight * residual / rms
-// (add_rmsnorm's arithmetic, cuda_ops.h, but for the order of the sum of squares: within a rounding of
-// normed) by the grid's last block, so the norm needs no launch of its own. counter: one device word,
-// 0 before the first launch and left 0 by each; launches sharing one must not run concurrently.
+// (A residual add + RMSNorm epilogue done by the grid's last block was measured slower than the separate
+// norm and removed: docs/BENCHMARKS.md, "GEMV epilogues".)
 //
 // Requirements (gemv_supported): 1 <= m <= kGemvMaxRows; k % 8 == 0 (bf16) or k % 16 == 0 (fp8); x and w
 // 16-byte aligned. Anything else is the GEMM's. Launches return cudaErrorInvalidValue for unsupported
@@ -61,15 +57,6 @@ inline constexpr int32_t kGemvDefaultMaxRowsFp8 = 2;
 inline constexpr int32_t kGemvDefaultFp8Depth = 1;
 inline constexpr int32_t kGemvFp8Depths[] = {1, 2, 4};
 
-// The add + RMSNorm epilogue's operands (all required).
-struct GemvAddRmsNorm {
-  float* residual = nullptr;        // [m, n] f32, updated in place
-  const float* weight = nullptr;    // [n] norm weight
-  __nv_bfloat16* normed = nullptr;  // [m, n] out
-  float eps = 0.0f;
-  unsigned int* counter = nullptr;  // the grid's finished blocks (see above)
-};
-
 bool gemv_supported(int32_t m, int32_t k, bool fp8_weights, const void* x, const void* w);
 
 cudaError_t gemv_bf16(const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w, int32_t n, int32_t k, void* y,
@@ -88,13 +75,5 @@ cudaError_t gemv_bf16_silu(const __nv_bfloat16* x, int32_t m, const __nv_bfloat1
 cudaError_t gemv_fp8_silu(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales,
                           int32_t block_stride, int32_t intermediate, int32_t k, __nv_bfloat16* act,
                           cudaStream_t stream, int32_t depth = kGemvDefaultFp8Depth);
-
-cudaError_t gemv_bf16_add_rmsnorm(const __nv_bfloat16* x, int32_t m, const __nv_bfloat16* w, int32_t n, int32_t k,
-                                  __nv_bfloat16* y, const GemvAddRmsNorm& norm, cudaStream_t stream);
-
-cudaError_t gemv_fp8_add_rmsnorm(const __nv_bfloat16* x, int32_t m, const uint8_t* w, const float* scales,
-                                 int32_t block_stride, int32_t n, int32_t k, __nv_bfloat16* y,
-                                 const GemvAddRmsNorm& norm, cudaStream_t stream,
-                                 int32_t depth = kGemvDefaultFp8Depth);
 
 }  // namespace pagoda::cuda
