@@ -65,11 +65,11 @@ __device__ __forceinline__ void fp8x16_to_float(const uint4& v, float* f) {
 __device__ __forceinline__ void store(__nv_bfloat16* y, float v) { *y = __float2bfloat16(v); }
 __device__ __forceinline__ void store(float* y, float v) { *y = v; }
 
+enum class Epi { kStore, kSiluMul };  // what a block does with its sums (the file comment)
+
 // kFp8: weights e4m3 (16 per chunk) else bf16 (8 per chunk). block_stride > 0: 128x128 block scales applied
 // per chunk (a chunk never straddles a 128-column block: 16 divides 128); == 0 with scales: per-row scales
 // applied at the end; scales null (bf16): none.
-enum class Epi { kStore, kSiluMul };
-
 template <int M, bool kFp8, typename Out, int kDepth = 1, Epi kEpi = Epi::kStore,
           int kR = rows_per_block<M, kFp8, kDepth>(), int kTh = kThreads / kDepth, int kChunks = 2 * kDepth>
 __global__ void __launch_bounds__(kTh) gemv_kernel(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w,
