@@ -170,6 +170,98 @@ TEST(TemplateLimitsTest, SelfContainingNamespacePrintsWithoutRecursingForever) {
   EXPECT_FALSE(render("{% set ns = namespace() %}{% set ns.l = [ns] %}{{ ns.l | tojson }}").ok());
 }
 
+// Limits a hostile template reaches through work, not through any one value: each case ran
+// for minutes, or overflowed the stack, before the work meter, macro step counting and value
+// nesting depth. Each must fail with kResourceExhausted, fast.
+RenderOptions small_limits() {
+  RenderOptions options;
+  options.limits.max_output_bytes = 1 << 20;
+  options.limits.max_work_bytes = 16 << 20;
+  return options;
+}
+
+void expect_exhausted_quickly(const std::string& source, const RenderOptions& options = small_limits()) {
+  const auto start = std::chrono::steady_clock::now();
+  const Status status = render_error(source, "{}", options);
+  EXPECT_EQ(status.code(), StatusCode::kResourceExhausted) << source << "\n" << status.to_string();
+  EXPECT_LT(seconds_since(start), 5.0) << source;
+}
+
+TEST(TemplateLimitsTest, RebuildingALargeValueInALoopStopsAtTheWorkLimit) {
+  expect_exhausted_quickly("{% for i in range(99999) %}{% set x = 'a' * 1000000 %}{% endfor %}");
+  expect_exhausted_quickly("{% set s = 'a' * 1000000 %}{% for i in range(99999) %}{% if s == s ~ '' %}{% endif %}{% endfor %}");
+  expect_exhausted_quickly("{% set s = 'a' * 1000000 %}{% for i in range(99999) %}{{ s.count('b') }}{% endfor %}");
+  expect_exhausted_quickly("{% macro m() %}" + std::string(60000, 'x') + "{% endmacro %}"
+                           "{% for i in range(99999) %}{% set y = m() %}{% endfor %}");
+  // the message names the limit
+  const Status status = render_error("{% for i in range(99999) %}{% set x = 'a' * 1000000 %}{% endfor %}", "{}",
+                                     small_limits());
+  EXPECT_THAT(status.message(), HasSubstr("bytes of work"));
+}
+
+TEST(TemplateLimitsTest, SharedItemsAreChargedForEveryVisit) {
+  // [s] * n holds one string n times: comparing, sorting, hashing or printing it visits s n times
+  const std::string shared = "{% set s = 'ab' * 500000 %}{% set xs = [s] * 60000 %}{% set ys = [s ~ ''] * 60000 %}";
+  expect_exhausted_quickly(shared + "{{ xs == ys }}");
+  expect_exhausted_quickly(shared + "{{ (xs + ys) | sort | length }}");
+  expect_exhausted_quickly(shared + "{{ (xs + ys) | unique | list | length }}");
+  expect_exhausted_quickly(shared + "{{ xs | string | length }}");
+  expect_exhausted_quickly(shared + "{{ xs | tojson | length }}");
+  expect_exhausted_quickly(shared + "{{ xs | map('upper') | list | length }}");
+  expect_exhausted_quickly(shared + "{{ ('ab' * 499999) ~ 'ac' in xs }}");
+  expect_exhausted_quickly("{% set ns = namespace(a=[1], b=[1]) %}{% for i in range(16) %}{% set ns.a = [ns.a] * 64 %}"
+                           "{% set ns.b = [ns.b] * 64 %}{% endfor %}{{ ns.a == ns.b }}");
+  // identical values compare without a scan, as Python's identity shortcut does
+  EXPECT_TRUE(render(shared + "{{ xs == xs }}{{ s == s }}", "{}", small_limits()).ok());
+}
+
+TEST(TemplateLimitsTest, IteratingALongStringIsChargedPerCharacter) {
+  expect_exhausted_quickly("{% for c in 'a' * 1000000 %}{% endfor %}");
+  expect_exhausted_quickly("{{ ('a' * 1000000) | list | length }}");
+  expect_exhausted_quickly("{{ ('a ' * 500000).split() | length }}");
+  expect_exhausted_quickly("{{ ('a\n' * 500000).splitlines() | length }}");
+}
+
+TEST(TemplateLimitsTest, MacroCallsCountAsLoopSteps) {
+  // twice per level: 2^40 calls within the depth limit
+  const Status status = render_error(
+      "{% macro f(n) %}{% if n < 40 %}{{ f(n + 1) }}{{ f(n + 1) }}{% endif %}{% endmacro %}{{ f(0) }}");
+  EXPECT_EQ(status.code(), StatusCode::kResourceExhausted) << status.to_string();
+  EXPECT_THAT(status.message(), HasSubstr("loop iterations"));
+}
+
+TEST(TemplateLimitsTest, ValuesNestNoDeeperThanTheLimit) {
+  const Status status = render_error(
+      "{% set ns = namespace(x=[]) %}{% for i in range(99999) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x == ns.x }}");
+  EXPECT_EQ(status.code(), StatusCode::kResourceExhausted) << status.to_string();
+  EXPECT_THAT(status.message(), HasSubstr("nest deeper than"));
+  EXPECT_TRUE(render("{% set ns = namespace(x=[]) %}{% for i in range(200) %}{% set ns.x = [ns.x] %}{% endfor %}"
+                     "{{ ns.x == ns.x[:] }}").ok());
+  // a chain of namespaces needs no nesting check: dropping it mid-render destroys nothing yet
+  auto chain = render("{% set ns = namespace(head=none) %}{% for i in range(99999) %}"
+                      "{% set ns.head = namespace(prev=ns.head) %}{% endfor %}{% set ns.head = none %}done");
+  ASSERT_TRUE(chain.ok()) << chain.status().to_string();
+  EXPECT_EQ(*chain, "done");
+}
+
+TEST(TemplateLimitsTest, FormatWidthsArePaddedOnlyWithinTheSizeLimit) {
+  expect_exhausted_quickly("{{ '%999999999d' % 1 }}");
+  expect_exhausted_quickly("{{ '%.999999999f' % 1.5 }}");
+  expect_exhausted_quickly("{{ '%99999999999999999999999s' % 'x' }}");
+  auto wide = render("{{ '%600d|%-600s|%.3f' % (7, 'x', 2.0) }}");
+  ASSERT_TRUE(wide.ok()) << wide.status().to_string();
+  EXPECT_EQ(*wide, std::string(599, ' ') + "7|x" + std::string(599, ' ') + "|2.000");
+}
+
+TEST(TemplateLimitsTest, UniqueIsLinearInDistinctHashableItems) {
+  auto text = render("{{ ((range(1000) | list) * 100) | unique | list | length }}");
+  ASSERT_TRUE(text.ok()) << text.status().to_string();
+  EXPECT_EQ(*text, "1000");
+  auto mixed = render("{{ [1, 1.0, true, 'a', 'A', (1,), (1,)] | unique | list }}");
+  ASSERT_TRUE(mixed.ok()) << mixed.status().to_string();
+  EXPECT_EQ(*mixed, "[1, 'a', (1,)]");
+}
+
 TEST(TemplateLimitsTest, BinaryGarbageNeverCrashes) {
   // a deterministic stream of template-ish fragments: every outcome must be a Status
   const char* pieces[] = {"{{", "}}", "{%", "%}", "{#", "#}", "-", "+", "if", "for", "x", " in ", "'", "\"", "(",

@@ -21,6 +21,14 @@ int fuzz_chat_template(const uint8_t* data, size_t size) {
     chat = chat::ChatTemplate::from_tokenizer_config(config, "fuzz_config.json");
   }
   if (!chat.ok()) return 0;
+  // Tighter limits than a server's: the same checks fire, at sizes a sanitized build gets
+  // through well inside the fuzzer's per-input timeout (the defaults bound a render by the
+  // same rules at larger sizes).
+  chat::RenderLimits limits;
+  limits.max_output_bytes = 1u << 20;
+  limits.max_loop_iterations = 50000;
+  limits.max_work_bytes = 16u << 20;
+  chat->set_limits(limits);
   const auto messages = nlohmann::ordered_json::parse(
       R"([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi {{ 1 }}"},
           {"role": "assistant", "content": "hello", "tool_calls": [{"type": "function",

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <unordered_set>
 
 #include "pagoda/chat/call_args.h"
 #include "pagoda/chat/interpreter.h"
@@ -75,6 +76,8 @@ StatusOr<std::vector<Value>> keys_for(Interpreter& interpreter, const std::vecto
     if (!attribute.is_none()) {
       PAGODA_ASSIGN_OR_RETURN(key, get_path(interpreter, item, attribute));
     }
+    // lowercasing copies each key, even when every item is the same long string
+    if (!WorkMeter::spend(approximate_size(key))) return WorkMeter::exhausted_error();
     keys.push_back(sort_key(key, case_sensitive));
   }
   return keys;
@@ -414,13 +417,24 @@ StatusOr<Value> filter_unique(Interpreter& interpreter, const Value& subject, Ca
   PAGODA_RETURN_IF_ERROR(args.finish());
   PAGODA_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(subject));
   PAGODA_ASSIGN_OR_RETURN(std::vector<Value> keys, keys_for(interpreter, items, attribute, is_truthy(case_sensitive)));
+  // Jinja keeps a set of the keys seen: hashable keys (str, numbers, tuples) are looked up by
+  // hash_key(); the rest (lists, dicts) by comparison with each unhashable key seen, counted
+  // as loop iterations so that n distinct lists cannot take n^2 time.
   std::vector<Value> out;
-  std::vector<Value> seen;
+  std::unordered_set<std::string> seen_hashes;
+  std::vector<Value> seen_unhashable;
   for (size_t i = 0; i < items.size(); ++i) {
-    if (std::any_of(seen.begin(), seen.end(), [&](const Value& s) { return values_equal(s, keys[i]); })) continue;
-    seen.push_back(keys[i]);
+    if (std::optional<std::string> hashed = hash_key(keys[i])) {
+      if (!seen_hashes.insert(std::move(*hashed)).second) continue;
+    } else {
+      PAGODA_RETURN_IF_ERROR(interpreter.count_iterations(seen_unhashable.size()));
+      const auto equal = [&](const Value& s) { return values_equal(s, keys[i]); };
+      if (std::any_of(seen_unhashable.begin(), seen_unhashable.end(), equal)) continue;
+      seen_unhashable.push_back(keys[i]);
+    }
     out.push_back(items[i]);
   }
+  if (WorkMeter::exhausted()) return WorkMeter::exhausted_error();
   return Value::list(std::move(out));
 }
 

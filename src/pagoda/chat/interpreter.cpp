@@ -27,7 +27,10 @@ Status Interpreter::render(const NodeList& nodes, const Dict& variables, std::st
   flow_ = Flow::kNormal;
   iterations_ = 0;
   call_depth_ = 0;
-  return render_nodes(nodes);
+  WorkMeter meter(options_.limits.max_work_bytes);
+  Status status = render_nodes(nodes);
+  if (WorkMeter::exhausted()) return WorkMeter::exhausted_error();  // whatever failed after, failed on partial values
+  return status;
 }
 
 // ---- scopes ----
@@ -50,6 +53,7 @@ Status Interpreter::assign_targets(const std::vector<std::string>& targets, cons
     return ok_status();
   }
   auto items = iterate(value);
+  if (WorkMeter::exhausted()) return WorkMeter::exhausted_error();
   if (!items.ok()) return at_line(invalid_argument_error("cannot unpack non-iterable {} object", type_name(value)), line);
   if (items->size() != targets.size()) {
     return invalid_argument_error("line {}: {} values to unpack (expected {}, got {})", line,
@@ -67,6 +71,7 @@ Status Interpreter::write(std::string_view text) {
     return resource_exhausted_error("the rendered template would exceed the output limit of {} bytes",
                                     options_.limits.max_output_bytes);
   }
+  PAGODA_RETURN_IF_ERROR(charge(text.size()));
   out_->append(text);
   return ok_status();
 }
@@ -225,6 +230,8 @@ StatusOr<Value> Interpreter::call_macro(const Node& macro, CallArgs& args) {
     return resource_exhausted_error("line {}: macro '{}' nested deeper than {} calls (runaway recursion?)", macro.line,
                                     macro.name, options_.limits.max_call_depth);
   }
+  // A macro that calls itself twice is exponential within the depth limit: calls count as steps.
+  PAGODA_RETURN_IF_ERROR(at_line(count_iterations(1), macro.line));
   if (args.positional.size() > macro.params.size()) {
     return invalid_argument_error("macro '{}' takes not more than {} argument(s)", macro.name, macro.params.size());
   }
@@ -276,16 +283,45 @@ StatusOr<CallArgs> Interpreter::eval_args(const Expr& expr, size_t first_positio
   CallArgs args;
   for (size_t i = first_positional; i < expr.children.size(); ++i) {
     PAGODA_ASSIGN_OR_RETURN(Value value, eval(*expr.children[i]));
+    PAGODA_RETURN_IF_ERROR(charge(approximate_size(value)));
     args.positional.push_back(std::move(value));
   }
   for (const auto& [key, value_expr] : expr.keyword_args) {
     PAGODA_ASSIGN_OR_RETURN(Value value, eval(*value_expr));
+    PAGODA_RETURN_IF_ERROR(charge(approximate_size(value)));
     args.keyword.emplace_back(key, std::move(value));
   }
   return args;
 }
 
 StatusOr<Value> Interpreter::eval(const Expr& expr) {
+  PAGODA_ASSIGN_OR_RETURN(Value value, evaluate(expr));
+  PAGODA_RETURN_IF_ERROR(account(expr, value));
+  return value;
+}
+
+Status Interpreter::account(const Expr& expr, const Value& result) {
+  if (WorkMeter::exhausted()) return WorkMeter::exhausted_error();  // the value may be partial
+  switch (expr.kind) {
+    case Expr::Kind::kList:
+    case Expr::Kind::kTuple:
+    case Expr::Kind::kDict:
+    case Expr::Kind::kSlice:
+    case Expr::Kind::kCall:
+    case Expr::Kind::kFilter:
+    case Expr::Kind::kBinary:
+      break;  // these build values
+    default:
+      return ok_status();  // these pass on a value that exists already
+  }
+  PAGODA_RETURN_IF_ERROR(charge(approximate_size(result)));
+  if (nesting_depth(result) > kMaxValueDepth) {
+    return resource_exhausted_error("a template value would nest deeper than {} levels", kMaxValueDepth);
+  }
+  return ok_status();
+}
+
+StatusOr<Value> Interpreter::evaluate(const Expr& expr) {
   switch (expr.kind) {
     case Expr::Kind::kLiteral:
       return expr.literal;
@@ -312,6 +348,7 @@ StatusOr<Value> Interpreter::eval(const Expr& expr) {
     }
     case Expr::Kind::kAttribute: {
       PAGODA_ASSIGN_OR_RETURN(Value object, eval(*expr.children[0]));
+      if (object.is_string()) PAGODA_RETURN_IF_ERROR(charge(object.as_string().size()));  // its methods scan it
       return get_attribute(object, expr.name);
     }
     case Expr::Kind::kItem: {
@@ -337,6 +374,7 @@ StatusOr<Value> Interpreter::eval(const Expr& expr) {
     case Expr::Kind::kFilter: {
       PAGODA_ASSIGN_OR_RETURN(Value subject, eval(*expr.children[0]));
       PAGODA_ASSIGN_OR_RETURN(CallArgs args, eval_args(expr, 1));
+      PAGODA_RETURN_IF_ERROR(charge(approximate_size(subject)));
       auto result = expr.filter(*this, subject, args);
       if (!result.ok()) return Status(result.status().code(), fmt::format("filter '{}': {}", expr.name, result.status().message()));
       return result;
@@ -344,6 +382,7 @@ StatusOr<Value> Interpreter::eval(const Expr& expr) {
     case Expr::Kind::kTest: {
       PAGODA_ASSIGN_OR_RETURN(Value subject, eval(*expr.children[0]));
       PAGODA_ASSIGN_OR_RETURN(CallArgs args, eval_args(expr, 1));
+      PAGODA_RETURN_IF_ERROR(charge(approximate_size(subject)));
       auto result = expr.test(*this, subject, args);
       if (!result.ok()) return Status(result.status().code(), fmt::format("test '{}': {}", expr.name, result.status().message()));
       return Value(*result != expr.negated);
@@ -363,6 +402,7 @@ StatusOr<Value> Interpreter::eval(const Expr& expr) {
     case Expr::Kind::kBinary: {
       PAGODA_ASSIGN_OR_RETURN(Value left, eval(*expr.children[0]));
       PAGODA_ASSIGN_OR_RETURN(Value right, eval(*expr.children[1]));
+      PAGODA_RETURN_IF_ERROR(charge(approximate_size(left) + approximate_size(right)));
       return apply_binary_operator(expr.name, left, right, options_.limits.max_output_bytes);
     }
     case Expr::Kind::kAnd: {  // Python returns the deciding operand, not a bool
@@ -391,6 +431,7 @@ StatusOr<Value> Interpreter::eval_compare(const Expr& expr) {
   PAGODA_ASSIGN_OR_RETURN(Value left, eval(*expr.children[0]));
   for (size_t i = 0; i < expr.compare_ops.size(); ++i) {  // a < b < c is a < b and b < c
     PAGODA_ASSIGN_OR_RETURN(Value right, eval(*expr.children[i + 1]));
+    PAGODA_RETURN_IF_ERROR(charge(approximate_size(left) + approximate_size(right)));  // == and `in` scan them
     PAGODA_ASSIGN_OR_RETURN(bool holds, apply_comparison(expr.compare_ops[i], left, right));
     if (!holds) return Value(false);
     left = std::move(right);
@@ -496,12 +537,17 @@ StatusOr<Value> Interpreter::loop_attribute(const std::shared_ptr<LoopState>& st
 StatusOr<Value> Interpreter::apply_filter(std::string_view name, const Value& subject, CallArgs& args) {
   const FilterFunction filter = find_filter(name);
   if (filter == nullptr) return invalid_argument_error("unknown filter '{}'", name);
-  return filter(*this, subject, args);
+  // map() and friends apply filters item by item, outside eval(): charged here as eval charges
+  PAGODA_RETURN_IF_ERROR(charge(approximate_size(subject)));
+  PAGODA_ASSIGN_OR_RETURN(Value result, filter(*this, subject, args));
+  PAGODA_RETURN_IF_ERROR(charge(approximate_size(result)));
+  return result;
 }
 
 StatusOr<bool> Interpreter::apply_test(std::string_view name, const Value& subject, CallArgs& args) {
   const TestFunction test = find_test(name);
   if (test == nullptr) return invalid_argument_error("unknown test '{}'", name);
+  PAGODA_RETURN_IF_ERROR(charge(approximate_size(subject)));
   return test(*this, subject, args);
 }
 
@@ -512,6 +558,10 @@ Status Interpreter::count_iterations(uint64_t n) {
                                     options_.limits.max_loop_iterations);
   }
   return ok_status();
+}
+
+Status Interpreter::charge(uint64_t bytes) {
+  return WorkMeter::spend(bytes) ? ok_status() : WorkMeter::exhausted_error();
 }
 
 Status Interpreter::check_size(size_t bytes) const {

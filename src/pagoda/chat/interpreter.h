@@ -9,7 +9,8 @@
 //  - errors carry the template line.
 //
 // Bounds (RenderLimits) make hostile templates fail fast instead of hanging or crashing:
-// total loop iterations, macro call depth, output and value size.
+// total loop iterations and macro calls, macro call depth, output and value size, the bytes
+// of work a render does (what it builds, scans and writes), and how deep values nest.
 //
 // Thread safety: one Interpreter per render; it only reads the syntax tree.
 
@@ -29,8 +30,13 @@ namespace pagoda::chat {
 
 struct RenderLimits {
   size_t max_output_bytes = 64u << 20;      // the prompt, and any one string or list built
-  uint64_t max_loop_iterations = 1000000;   // for-loop iterations over the whole render
+  uint64_t max_loop_iterations = 1000000;   // for-loop iterations and macro calls over the whole render
   int max_call_depth = 48;                  // nested macro calls (recursion)
+  // Bytes of strings and lists the render builds, scans (operands of operators, subjects and
+  // arguments of filters and calls, iterated sequences) and writes, summed over the whole
+  // render: one value is capped by max_output_bytes, but a loop could rebuild it a million
+  // times. Real templates touch each message a few times; this is 16 x the output cap.
+  uint64_t max_work_bytes = 1ull << 30;
 };
 
 struct RenderOptions {
@@ -55,6 +61,8 @@ class Interpreter {
   StatusOr<bool> apply_test(std::string_view name, const Value& subject, CallArgs& args);
   // Counts n loop iterations (or equivalent work) against the limit.
   Status count_iterations(uint64_t n);
+  // Counts bytes of work against RenderLimits::max_work_bytes (the render's WorkMeter).
+  Status charge(uint64_t bytes);
   // Fails when a value of this many bytes is over the size limit.
   Status check_size(size_t bytes) const;
   const RenderOptions& options() const { return options_; }
@@ -73,7 +81,11 @@ class Interpreter {
   // Renders nodes into a string instead of the output.
   StatusOr<std::string> capture(const NodeList& nodes);
 
+  // evaluate(), then the meter checked, and a value the expression built charged and its
+  // nesting checked.
   StatusOr<Value> eval(const Expr& expr);
+  StatusOr<Value> evaluate(const Expr& expr);
+  Status account(const Expr& expr, const Value& result);
   // eval, with "line N: " put in front of an error that has no line yet.
   StatusOr<Value> eval_at(const Expr& expr, int line);
   StatusOr<Value> eval_compare(const Expr& expr);

@@ -19,6 +19,14 @@ Value string_list(const std::vector<std::string>& parts) {
   return Value::list(std::move(items));
 }
 
+// Splitting makes one value per part: charged for the most parts the text could give (one
+// per separator), before any is built, so a long text of separators cannot allocate past the
+// render's work limit.
+Status charge_parts(const std::string& text, size_t separator_bytes) {
+  const uint64_t most_parts = text.size() / std::max<size_t>(separator_bytes, 1) + 1;
+  return WorkMeter::spend(most_parts * 16) ? ok_status() : WorkMeter::exhausted_error();
+}
+
 StatusOr<std::string> string_argument(ArgReader& args, std::string_view name) {
   PAGODA_ASSIGN_OR_RETURN(Value value, args.take_required(name));
   if (!value.is_string()) {
@@ -86,12 +94,14 @@ StatusOr<Value> split_impl(const Value& receiver, ArgReader& args, bool from_rig
     if (from_right && max_split.as_int() >= 0) {
       return unimplemented_error("str.rsplit() without a separator but with maxsplit is not supported");
     }
+    PAGODA_RETURN_IF_ERROR(charge_parts(text, 1));
     return string_list(python_split_whitespace(text, max_split.as_int()));
   }
   if (!separator.is_string()) {
     return invalid_argument_error("{}: must be str or None, not {}", args.function_name(), type_name(separator));
   }
   if (separator.as_string().empty()) return invalid_argument_error("{}: empty separator", args.function_name());
+  PAGODA_RETURN_IF_ERROR(charge_parts(text, separator.as_string().size()));
   return string_list(from_right ? python_rsplit(text, separator.as_string(), max_split.as_int())
                                 : python_split(text, separator.as_string(), max_split.as_int()));
 }
@@ -102,6 +112,7 @@ StatusOr<Value> str_splitlines(const Value& receiver, ArgReader& args) {
   PAGODA_ASSIGN_OR_RETURN(Value keep_ends, args.take_or("keepends", Value(false)));
   PAGODA_RETURN_IF_ERROR(args.finish());
   const std::string& text = receiver.as_string();
+  PAGODA_RETURN_IF_ERROR(charge_parts(text, 1));
   std::vector<std::string> lines;
   size_t start = 0;
   size_t offset = 0;

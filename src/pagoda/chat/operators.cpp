@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 
 #include "pagoda/chat/unicode_text.h"
 
@@ -44,7 +45,8 @@ StatusOr<Value> repeat(const Value& sequence, int64_t times, size_t max_bytes) {
     if (count != 0 && text.size() > max_bytes / count) return too_large(max_bytes);
     std::string out;
     out.reserve(text.size() * count);
-    for (size_t i = 0; i < count; ++i) out += text;
+    if (count != 0) out = text;
+    while (out.size() < text.size() * count) out.append(out, 0, std::min(out.size(), text.size() * count - out.size()));
     return Value(std::move(out));
   }
   const auto& items = sequence.as_list()->items;
@@ -330,60 +332,75 @@ StatusOr<Value> python_percent_format(const std::string& format, const Value& ar
       continue;
     }
     if (format[i] == '(') return unimplemented_error("unsupported template construct: %(name)s formatting");
-    std::string spec = "%";
-    while (i < format.size() && std::string_view("-0+ #").find(format[i]) != std::string_view::npos) spec += format[i++];
-    while (i < format.size() && std::isdigit(static_cast<unsigned char>(format[i]))) spec += format[i++];
+    std::string flags;
+    while (i < format.size() && std::string_view("-0+ #").find(format[i]) != std::string_view::npos) flags += format[i++];
+    // width and precision saturate instead of overflowing; a width past the size limit fails
+    // before anything is padded
+    const auto read_number = [&]() {
+      size_t number = 0;
+      for (; i < format.size() && std::isdigit(static_cast<unsigned char>(format[i])); ++i) {
+        number = std::min<size_t>(number * 10 + static_cast<size_t>(format[i] - '0'), size_t{1} << 40);
+      }
+      return number;
+    };
+    const size_t width = read_number();
+    std::optional<size_t> precision;
     if (i < format.size() && format[i] == '.') {
-      spec += format[i++];
-      while (i < format.size() && std::isdigit(static_cast<unsigned char>(format[i]))) spec += format[i++];
+      ++i;
+      precision = read_number();
     }
     if (i >= format.size()) return invalid_argument_error("incomplete format");
+    if (width > max_bytes) return too_large(max_bytes);
     const char conversion = format[i];
     if (next >= values.size()) return invalid_argument_error("not enough arguments for format string");
     const Value& value = values[next++];
-    char buffer[512];
     if (conversion == 's' || conversion == 'r') {
-      const std::string text = conversion == 's' ? to_python_str(value) : to_python_repr(value);
+      std::string body = conversion == 's' ? to_python_str(value) : to_python_repr(value);
       // width and precision count code points, as in Python
-      const bool left_align = spec.find('-') != std::string::npos;
-      size_t p = 1;
-      while (p < spec.size() && std::string_view("-0+ #").find(spec[p]) != std::string_view::npos) ++p;
-      const size_t dot = spec.find('.');
-      const std::string width_text = spec.substr(p, (dot == std::string::npos ? spec.size() : dot) - p);
-      std::string body = text;
-      if (dot != std::string::npos) {
-        const size_t precision = static_cast<size_t>(std::atoi(spec.c_str() + dot + 1));
+      if (precision) {
         const std::vector<size_t> offsets = code_point_offsets(body);
-        if (precision + 1 < offsets.size()) body.resize(offsets[precision]);
+        if (*precision + 1 < offsets.size()) body.resize(offsets[*precision]);
       }
-      const size_t width = width_text.empty() ? 0 : static_cast<size_t>(std::min(std::atoi(width_text.c_str()), 1 << 20));
       const size_t length = code_point_count(body);
       const std::string padding(width > length ? width - length : 0, ' ');
-      out += left_align ? body + padding : padding + body;
+      out += flags.find('-') != std::string::npos ? body + padding : padding + body;
       if (out.size() > max_bytes) return too_large(max_bytes);
       continue;
-    } else if (conversion == 'd' || conversion == 'i' || conversion == 'x' || conversion == 'X' || conversion == 'o' ||
-               conversion == 'c') {
+    }
+    // snprintf for numbers: C's printf flags, width and precision mean what Python's do here
+    constexpr size_t kMaxNumberPrecision = 1024;
+    if (precision && *precision > kMaxNumberPrecision) {
+      return resource_exhausted_error("format precision {} is over the limit of {}", *precision, kMaxNumberPrecision);
+    }
+    std::string spec = "%" + flags + (width > 0 ? std::to_string(width) : "") +
+                       (precision ? "." + std::to_string(*precision) : "");
+    std::string formatted;
+    const auto print = [&](const std::string& c_format, auto number) {
+      const int length = std::snprintf(nullptr, 0, c_format.c_str(), number);
+      if (length <= 0) return;
+      formatted.resize(static_cast<size_t>(length));
+      std::snprintf(formatted.data(), formatted.size() + 1, c_format.c_str(), number);
+    };
+    if (conversion == 'd' || conversion == 'i' || conversion == 'x' || conversion == 'X' || conversion == 'o' ||
+        conversion == 'c') {
       if (!value.is_number()) {
         return invalid_argument_error("%{} format: a real number is required, not {}", std::string(1, conversion), type_name(value));
       }
       const long long number = value.is_float() ? static_cast<long long>(value.as_double()) : value.as_int();
       if (conversion == 'c') {
-        std::string character;
-        append_utf8(character, static_cast<char32_t>(number));
-        out += character;
+        append_utf8(out, static_cast<char32_t>(number));
         continue;
       }
-      std::snprintf(buffer, sizeof(buffer), (spec + "ll" + std::string(1, conversion == 'i' ? 'd' : conversion)).c_str(), number);
+      print(spec + "ll" + std::string(1, conversion == 'i' ? 'd' : conversion), number);
     } else if (conversion == 'f' || conversion == 'F' || conversion == 'e' || conversion == 'E') {
       if (!value.is_number()) {
         return invalid_argument_error("must be real number, not {}", type_name(value));
       }
-      std::snprintf(buffer, sizeof(buffer), (spec + std::string(1, conversion)).c_str(), value.as_double());
+      print(spec + std::string(1, conversion), value.as_double());
     } else {
       return unimplemented_error("unsupported template construct: '%{}' string formatting", std::string(1, conversion));
     }
-    out += buffer;
+    out += formatted;
     if (out.size() > max_bytes) return too_large(max_bytes);
   }
   // Python only complains about leftovers for tuples (a lone list or dict argument is allowed)

@@ -72,6 +72,9 @@ class Dumper {
 
   Status dump(const Value& value, int depth, std::string& out) {
     if (depth > kMaxDepth) return invalid_argument_error("tojson: nesting deeper than {} levels (circular reference?)", kMaxDepth);
+    // a list that repeats one long string (or a long indent) writes far more than it holds
+    const size_t bytes = value.is_string() ? value.as_string().size() : 16;
+    if (!WorkMeter::spend(bytes)) return WorkMeter::exhausted_error();
     switch (value.kind()) {
       case Value::Kind::kNone: out += "null"; return ok_status();
       case Value::Kind::kBool: out += value.as_bool() ? "true" : "false"; return ok_status();
@@ -91,6 +94,7 @@ class Dumper {
  private:
   void newline(int depth, std::string& out) const {
     out.push_back('\n');
+    if (!WorkMeter::spend(static_cast<uint64_t>(depth) * options_.indent->size())) return;  // dump() then fails
     for (int i = 0; i < depth; ++i) out += *options_.indent;
   }
 

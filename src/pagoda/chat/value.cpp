@@ -40,6 +40,7 @@ Status Dict::set_item(Value key, Value value) {
     position = it->second;
     inserted = fresh;
   }
+  depth_ = std::max(depth_, 1 + std::max(nesting_depth(key), nesting_depth(value)));
   if (inserted) {
     entries_.emplace_back(std::move(key), std::move(value));
   } else {
@@ -62,7 +63,26 @@ Value Value::undefined(std::string hint) {
 
 namespace {
 thread_local RenderArena* current_arena = nullptr;
+thread_local WorkMeter* current_meter = nullptr;
+constexpr uint64_t kItemCost = 16;  // work bytes for visiting one list item or dict entry
 }  // namespace
+
+WorkMeter::WorkMeter(uint64_t allowance) : previous_(current_meter), allowance_(allowance) { current_meter = this; }
+
+WorkMeter::~WorkMeter() { current_meter = previous_; }
+
+bool WorkMeter::spend(uint64_t bytes) {
+  WorkMeter* meter = current_meter;
+  if (meter == nullptr) return true;
+  meter->spent_ = bytes > meter->allowance_ - std::min(meter->spent_, meter->allowance_) ? meter->allowance_ + 1
+                                                                                        : meter->spent_ + bytes;
+  return meter->spent_ <= meter->allowance_;
+}
+
+Status WorkMeter::exhausted_error() {
+  const uint64_t allowance = current_meter ? current_meter->allowance_ : 0;
+  return resource_exhausted_error("the template did more than {} bytes of work (runaway template?)", allowance);
+}
 
 Value::Value(std::shared_ptr<List> v) : data_(v) { RenderArena::track(v); }
 Value::Value(std::shared_ptr<Dict> v) : data_(v) { RenderArena::track(v); }
@@ -79,18 +99,14 @@ RenderArena::RenderArena() {
 RenderArena::~RenderArena() {
   if (!outermost_) return;
   current_arena = nullptr;  // what the clearing destroys is not tracked again
-  // Emptying one container may destroy others further down the lists: lock first.
-  for (auto& w : dicts_)
-    if (auto d = w.lock()) d->clear();
-  for (auto& w : lists_)
-    if (auto l = w.lock()) l->items.clear();
-  for (auto& w : callables_)
-    if (auto c = w.lock()) c->invoke = nullptr;
-  for (auto& w : loops_)
-    if (auto l = w.lock()) {
-      l->items.reset();
-      l->last_changed.reset();
-    }
+  // Every container is still held here, so emptying one destroys no other.
+  for (auto& d : dicts_) d->clear();
+  for (auto& l : lists_) l->items.clear();
+  for (auto& c : callables_) c->invoke = nullptr;
+  for (auto& l : loops_) {
+    l->items.reset();
+    l->last_changed.reset();
+  }
 }
 
 void RenderArena::track(const std::shared_ptr<List>& v) {
@@ -110,21 +126,31 @@ void Dict::clear() {
   // Moved out first: destroying the entries may reach this dict again.
   auto entries = std::move(entries_);
   entries_.clear();
+  depth_ = 1;
   string_index_.clear();
   other_index_.clear();
 }
 
-Value Value::list(std::vector<Value> items) {
+namespace {
+
+std::shared_ptr<List> make_list(std::vector<Value> items, bool is_tuple) {
   auto list = std::make_shared<List>();
+  for (const Value& item : items) list->depth = std::max(list->depth, 1 + nesting_depth(item));
   list->items = std::move(items);
-  return Value(std::move(list));
+  list->is_tuple = is_tuple;
+  return list;
 }
 
-Value Value::tuple(std::vector<Value> items) {
-  auto list = std::make_shared<List>();
-  list->items = std::move(items);
-  list->is_tuple = true;
-  return Value(std::move(list));
+}  // namespace
+
+Value Value::list(std::vector<Value> items) { return Value(make_list(std::move(items), false)); }
+
+Value Value::tuple(std::vector<Value> items) { return Value(make_list(std::move(items), true)); }
+
+size_t nesting_depth(const Value& value) {
+  if (value.is_list()) return value.as_list()->depth;
+  if (value.is_dict() && !value.as_dict()->is_namespace) return value.as_dict()->depth();
+  return 0;
 }
 
 Value Value::callable(std::string name,
@@ -294,9 +320,11 @@ std::string repr_at_depth(const Value& value, int depth) {
   if (depth > kMaxPrintDepth) return "...";
   switch (value.kind()) {
     case Value::Kind::kString:
+      if (!WorkMeter::spend(value.as_string().size())) return "";
       return repr_string(value.as_string());
     case Value::Kind::kList: {
       const List& list = *value.as_list();
+      if (!WorkMeter::spend(list.items.size() * kItemCost)) return "";
       std::string out = list.is_tuple ? "(" : "[";
       for (size_t i = 0; i < list.items.size(); ++i) {
         if (i > 0) out += ", ";
@@ -308,6 +336,7 @@ std::string repr_at_depth(const Value& value, int depth) {
     }
     case Value::Kind::kDict: {
       const Dict& dict = *value.as_dict();
+      if (!WorkMeter::spend(dict.size() * kItemCost)) return "";
       std::string out = dict.is_namespace ? "<Namespace {" : "{";
       bool first = true;
       for (const auto& [key, item] : dict.entries()) {
@@ -334,7 +363,7 @@ std::string to_python_str(const Value& value) {
     case Value::Kind::kBool: return value.as_bool() ? "True" : "False";
     case Value::Kind::kInt: return std::to_string(value.as_int());
     case Value::Kind::kFloat: return format_python_float(value.as_double());
-    case Value::Kind::kString: return value.as_string();
+    case Value::Kind::kString: return WorkMeter::spend(value.as_string().size()) ? value.as_string() : std::string();
     case Value::Kind::kList:
     case Value::Kind::kDict: return to_python_repr(value);
     case Value::Kind::kCallable: return "<function " + value.as_callable()->name + ">";
@@ -353,12 +382,18 @@ bool values_equal(const Value& a, const Value& b) {
     case Value::Kind::kUndefined:
     case Value::Kind::kNone:
       return true;
-    case Value::Kind::kString:
-      return a.as_string() == b.as_string();
+    case Value::Kind::kString: {
+      const std::string& x = a.as_string();
+      const std::string& y = b.as_string();
+      if (&x == &y) return true;
+      return x.size() == y.size() && WorkMeter::spend(x.size()) && x == y;
+    }
     case Value::Kind::kList: {
+      if (a.as_list() == b.as_list()) return true;
       const List& x = *a.as_list();
       const List& y = *b.as_list();
       if (x.is_tuple != y.is_tuple || x.items.size() != y.items.size()) return false;
+      if (!WorkMeter::spend(x.items.size() * kItemCost)) return false;
       for (size_t i = 0; i < x.items.size(); ++i) {
         if (!values_equal(x.items[i], y.items[i])) return false;
       }
@@ -367,8 +402,8 @@ bool values_equal(const Value& a, const Value& b) {
     case Value::Kind::kDict: {
       const Dict& x = *a.as_dict();
       const Dict& y = *b.as_dict();
-      if (x.is_namespace || y.is_namespace) return a.as_dict() == b.as_dict();
-      if (x.size() != y.size()) return false;
+      if (x.is_namespace || y.is_namespace || a.as_dict() == b.as_dict()) return a.as_dict() == b.as_dict();
+      if (x.size() != y.size() || !WorkMeter::spend(x.size() * kItemCost)) return false;
       for (const auto& [key, item] : x.entries()) {
         const Value* other = y.find(key);
         if (other == nullptr || !values_equal(item, *other)) return false;
@@ -394,6 +429,7 @@ StatusOr<int> compare_values(const Value& a, const Value& b) {
     return x < y ? -1 : (x > y ? 1 : 0);
   }
   if (a.is_string() && b.is_string()) {
+    if (!WorkMeter::spend(std::min(a.as_string().size(), b.as_string().size()))) return WorkMeter::exhausted_error();
     const int c = a.as_string().compare(b.as_string());  // UTF-8 byte order == code point order
     return c < 0 ? -1 : (c > 0 ? 1 : 0);
   }
@@ -402,6 +438,7 @@ StatusOr<int> compare_values(const Value& a, const Value& b) {
     const auto& y = b.as_list()->items;
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
       if (values_equal(x[i], y[i])) continue;
+      if (WorkMeter::exhausted()) return WorkMeter::exhausted_error();
       return compare_values(x[i], y[i]);
     }
     return x.size() < y.size() ? -1 : (x.size() > y.size() ? 1 : 0);
@@ -413,6 +450,7 @@ StatusOr<int> compare_values(const Value& a, const Value& b) {
 std::optional<std::string> hash_key(const Value& value) {
   switch (value.kind()) {
     case Value::Kind::kString:
+      if (!WorkMeter::spend(value.as_string().size())) return std::nullopt;
       return "s" + value.as_string();
     case Value::Kind::kBool:
     case Value::Kind::kInt:
@@ -426,7 +464,7 @@ std::optional<std::string> hash_key(const Value& value) {
     case Value::Kind::kNone:
       return std::string("N");
     case Value::Kind::kList: {
-      if (!value.as_list()->is_tuple) return std::nullopt;
+      if (!value.as_list()->is_tuple || !WorkMeter::spend(value.as_list()->items.size() * kItemCost)) return std::nullopt;
       std::string out = "t(";
       for (const Value& item : value.as_list()->items) {
         std::optional<std::string> inner = hash_key(item);
@@ -445,9 +483,11 @@ StatusOr<std::vector<Value>> iterate(const Value& value) {
     case Value::Kind::kUndefined:
       return std::vector<Value>{};
     case Value::Kind::kList:
+      if (!WorkMeter::spend(value.as_list()->items.size() * kItemCost)) return WorkMeter::exhausted_error();
       return value.as_list()->items;
     case Value::Kind::kDict: {
       if (value.as_dict()->is_namespace) break;
+      if (!WorkMeter::spend(value.as_dict()->size() * kItemCost)) return WorkMeter::exhausted_error();
       std::vector<Value> keys;
       keys.reserve(value.as_dict()->size());
       for (const auto& entry : value.as_dict()->entries()) keys.push_back(entry.first);
@@ -455,6 +495,7 @@ StatusOr<std::vector<Value>> iterate(const Value& value) {
     }
     case Value::Kind::kString: {
       const std::string& text = value.as_string();
+      if (!WorkMeter::spend(text.size() * kItemCost)) return WorkMeter::exhausted_error();
       const std::vector<size_t> offsets = code_point_offsets(text);
       std::vector<Value> characters;
       characters.reserve(offsets.size() - 1);

@@ -109,6 +109,7 @@ class Value {
 struct List {
   std::vector<Value> items;
   bool is_tuple = false;  // prints as (a, b) and is hashable
+  size_t depth = 1;       // nesting_depth(): set by Value::list / Value::tuple (lists never change after)
 };
 
 // An insertion-ordered dict (Python 3.7+ order), keyed by hashable scalars (str, int, float,
@@ -126,6 +127,8 @@ class Dict {
   void set(std::string_view key, Value value);
   size_t size() const { return entries_.size(); }
   const std::vector<std::pair<Value, Value>>& entries() const { return entries_; }
+  // nesting_depth() of the deepest key or value ever set, plus one.
+  size_t depth() const { return depth_; }
   void clear();
 
  private:
@@ -134,6 +137,7 @@ class Dict {
     size_t operator()(std::string_view text) const { return std::hash<std::string_view>{}(text); }
   };
   std::vector<std::pair<Value, Value>> entries_;
+  size_t depth_ = 1;
   // position in entries_: string keys by their text (looked up without allocating), other keys
   // by hash_key()
   std::unordered_map<std::string, size_t, StringHash, std::equal_to<>> string_index_;
@@ -164,10 +168,15 @@ struct LoopState {
 
 
 // Every container (list, dict, namespace, callable, loop state) that becomes a
-// Value while an arena is active on this thread is remembered; when the arena
-// ends, those still alive are emptied. A template can build reference cycles
-// ({% set ns.me = ns %}, a list holding itself); emptying breaks them, so a
-// render never leaks. Nothing a render made outlives it (it returns text).
+// Value while an arena is active on this thread is held until the arena ends;
+// then all are emptied before any is released. A template can build reference
+// cycles ({% set ns.me = ns %}, a list holding itself); emptying breaks them,
+// so a render never leaks. Holding them also means no container is destroyed
+// mid-render, where dropping the head of a long chain (namespaces linked
+// through a loop) would destroy it recursively and overflow the stack: at the
+// end each is emptied while every other is still held, so no destruction
+// recurses. What that keeps alive is bounded by RenderLimits::max_work_bytes.
+// Nothing a render made outlives it (it returns text).
 // Nested arenas on one thread: only the outermost one acts.
 // Thread safety: per thread.
 class RenderArena {
@@ -184,10 +193,38 @@ class RenderArena {
 
  private:
   bool outermost_ = false;
-  std::vector<std::weak_ptr<List>> lists_;
-  std::vector<std::weak_ptr<Dict>> dicts_;
-  std::vector<std::weak_ptr<Callable>> callables_;
-  std::vector<std::weak_ptr<LoopState>> loops_;
+  std::vector<std::shared_ptr<List>> lists_;
+  std::vector<std::shared_ptr<Dict>> dicts_;
+  std::vector<std::shared_ptr<Callable>> callables_;
+  std::vector<std::shared_ptr<LoopState>> loops_;
+};
+
+// A render's allowance of work, in bytes: what it builds, scans and prints. The interpreter
+// installs one per render and charges it for the values expressions build and the operands
+// they scan; the functions below that walk values (==, <, hash_key, str / repr, iterate) and
+// tojson charge it as they go, because one call on values that share their items
+// ([s] * n == [t] * n, sorting them) can touch far more bytes than the values hold. Once the
+// allowance is spent those functions stop early with a partial answer and the interpreter,
+// which checks the meter after every expression, fails the render with kResourceExhausted:
+// nothing computed past that point reaches the prompt. Outside a render nothing is counted.
+// Thread safety: per thread, like RenderArena; meters nest (the innermost counts).
+class WorkMeter {
+ public:
+  explicit WorkMeter(uint64_t allowance);
+  ~WorkMeter();
+  WorkMeter(const WorkMeter&) = delete;
+  WorkMeter& operator=(const WorkMeter&) = delete;
+
+  // Adds bytes to this thread's meter: false once its allowance is spent.
+  static bool spend(uint64_t bytes);
+  static bool exhausted() { return !spend(0); }
+  // The error a render fails with once the meter is spent.
+  static Status exhausted_error();
+
+ private:
+  WorkMeter* previous_;
+  uint64_t allowance_;
+  uint64_t spent_ = 0;
 };
 
 // Python's bool(x); Undefined is false.
@@ -203,7 +240,8 @@ std::string to_python_repr(const Value& value);
 // repr(float): shortest round-trip digits, "1e-05" / "1e+16" exponents, "2.0", "inf", "nan".
 std::string format_python_float(double value);
 
-// Python ==: 1 == 1.0 == True; lists and dicts compare element-wise; Undefined equals only
+// Python ==: 1 == 1.0 == True; lists and dicts compare element-wise (a list, dict or string
+// equals itself without a scan, as Python's identity shortcut does); Undefined equals only
 // Undefined.
 bool values_equal(const Value& a, const Value& b);
 // Python <, for sort/min/max and comparisons: numbers with numbers, strings by code point,
@@ -213,8 +251,17 @@ StatusOr<int> compare_values(const Value& a, const Value& b);
 // The dict key a hashable value maps to; nullopt for unhashable values (list, dict).
 std::optional<std::string> hash_key(const Value& value);
 
+// How deep the recursive functions here (==, <, hash_key) descend into a value: 0 for
+// scalars, callables and namespaces (compared by identity, never hashed), 1 for an empty list
+// or dict, 1 + the deepest item otherwise. Lists and plain dicts never change once built, so
+// the depth recorded at construction stays exact; the interpreter refuses values deeper than
+// kMaxValueDepth, which keeps that recursion off the end of the stack.
+size_t nesting_depth(const Value& value);
+inline constexpr size_t kMaxValueDepth = 256;
+
 // Python's iter(x) materialized: list/tuple items, dict keys, string code points; Undefined
-// iterates as empty. Fails for numbers, None and callables ("'int' object is not iterable").
+// iterates as empty. Fails for numbers, None and callables ("'int' object is not iterable"),
+// and when the WorkMeter is spent (a string costs 16 bytes a character: one value each).
 StatusOr<std::vector<Value>> iterate(const Value& value);
 
 // JSON -> Value: objects become dicts in the JSON's key order (keep the order by passing
