@@ -199,6 +199,13 @@ TEST(TemplateLimitsTest, RebuildingALargeValueInALoopStopsAtTheWorkLimit) {
   EXPECT_THAT(status.message(), HasSubstr("bytes of work"));
 }
 
+TEST(TemplateLimitsTest, ContainersHeldUntilTheRenderEndsAreCharged) {
+  // empty containers hold no bytes, but each lives until the render ends
+  expect_exhausted_quickly("{% for i in range(99999) %}{% set x = [[], [], [], {}, {}, {}] %}{% endfor %}");
+  EXPECT_TRUE(render("{% for i in range(999) %}{% set x = [[], [], [], {}, {}, {}] %}{% endfor %}", "{}",
+                     small_limits()).ok());
+}
+
 TEST(TemplateLimitsTest, SharedItemsAreChargedForEveryVisit) {
   // [s] * n holds one string n times: comparing, sorting, hashing or printing it visits s n times
   const std::string shared = "{% set s = 'ab' * 500000 %}{% set xs = [s] * 60000 %}{% set ys = [s ~ ''] * 60000 %}";

@@ -33,10 +33,11 @@ struct RenderLimits {
   uint64_t max_loop_iterations = 1000000;   // for-loop iterations and macro calls over the whole render
   int max_call_depth = 48;                  // nested macro calls (recursion)
   // Bytes of strings and lists the render builds, scans (operands of operators, subjects and
-  // arguments of filters and calls, iterated sequences) and writes, summed over the whole
-  // render: one value is capped by max_output_bytes, but a loop could rebuild it a million
-  // times. Real templates touch each message a few times; this is 16 x the output cap.
-  uint64_t max_work_bytes = 1ull << 30;
+  // arguments of filters and calls, iterated sequences) and writes, plus 128 a container (the
+  // render holds every container it made until it ends), summed over the whole render: one
+  // value is capped by max_output_bytes, but a loop could rebuild it a million times. Real
+  // templates touch each message a few times; this is 4 x the output cap.
+  uint64_t max_work_bytes = 256u << 20;
 };
 
 struct RenderOptions {

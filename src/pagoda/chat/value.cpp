@@ -109,17 +109,30 @@ RenderArena::~RenderArena() {
   }
 }
 
+// Each container held costs about this much memory until the render ends; the meter is charged
+// for it so that what the arena keeps alive stays within the render's work limit (the items are
+// charged where they are built).
+constexpr uint64_t kHeldContainerCost = 128;
+
 void RenderArena::track(const std::shared_ptr<List>& v) {
-  if (current_arena && v) current_arena->lists_.push_back(v);
+  if (!current_arena || !v) return;
+  current_arena->lists_.push_back(v);
+  WorkMeter::spend(kHeldContainerCost);
 }
 void RenderArena::track(const std::shared_ptr<Dict>& v) {
-  if (current_arena && v) current_arena->dicts_.push_back(v);
+  if (!current_arena || !v) return;
+  current_arena->dicts_.push_back(v);
+  WorkMeter::spend(kHeldContainerCost);
 }
 void RenderArena::track(const std::shared_ptr<Callable>& v) {
-  if (current_arena && v) current_arena->callables_.push_back(v);
+  if (!current_arena || !v) return;
+  current_arena->callables_.push_back(v);
+  WorkMeter::spend(kHeldContainerCost);
 }
 void RenderArena::track(const std::shared_ptr<LoopState>& v) {
-  if (current_arena && v) current_arena->loops_.push_back(v);
+  if (!current_arena || !v) return;
+  current_arena->loops_.push_back(v);
+  WorkMeter::spend(kHeldContainerCost);
 }
 
 void Dict::clear() {
