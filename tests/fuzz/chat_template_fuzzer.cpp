@@ -26,7 +26,7 @@ int fuzz_chat_template(const uint8_t* data, size_t size) {
   // same rules at larger sizes).
   chat::RenderLimits limits;
   limits.max_output_bytes = 1u << 20;
-  limits.max_loop_iterations = 50000;
+  limits.max_loop_iterations = 20000;
   limits.max_work_bytes = 16u << 20;
   chat->set_limits(limits);
   const auto messages = nlohmann::ordered_json::parse(
