@@ -512,6 +512,43 @@ TEST(CudaModel, DecodeFusionsMatchTheUnfusedModelBitForBit) {
   }
 }
 
+// The L2 prefetch of the o / gate_up weights after the qkv projection (PAGODA_L2_PREFETCH_MB; l2_prefetch.h): a
+// bad budget is refused naming the variable; with bf16 and with fp8 projections, a 5-row prefill and
+// graph-replayed batch-1 decode steps give the same logits bit for bit with it off and at 1 and 64 MiB (both
+// past this model's o into gate_up); it ran in every layer where it is on and nowhere where it is off.
+TEST(CudaModel, L2PrefetchLeavesTheLogitsBitForBit) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  const ModelConfig config = small_llama_config();
+  expect_refused_naming("PAGODA_L2_PREFETCH_MB", "-1", config, small_options());
+  expect_refused_naming("PAGODA_L2_PREFETCH_MB", "lots", config, small_options());
+  for (const bool fp8 : {false, true}) {
+    CudaModelOptions base;
+    if (!decode_fusion_options(config, fp8, base)) continue;  // no fp8 on this device
+    const char* what = fp8 ? "fp8" : "bf16";
+    std::vector<std::vector<float>> logits;
+    std::vector<int64_t> launches;
+    for (const char* mb : {"0", "1", "64"}) {
+      setenv("PAGODA_L2_PREFETCH_MB", mb, 1);
+      auto model = CudaModel::create_random(config, 7, base);
+      unsetenv("PAGODA_L2_PREFETCH_MB");
+      ASSERT_TRUE(model.ok()) << model.status().to_string();
+      auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
+      ASSERT_TRUE(pool.ok());
+      std::vector<float> all;
+      prefill_then_decode(**model, **pool, 6, all);
+      EXPECT_GT((*model)->graph_replays(), 0);
+      logits.push_back(std::move(all));
+      launches.push_back((*model)->l2_prefetch_launches());
+    }
+    EXPECT_EQ(logits[1], logits[0]) << what;
+    EXPECT_EQ(logits[2], logits[0]) << what;
+    EXPECT_EQ(launches[0], 0) << what;
+    // The 5-row prefill and at least one decode capture, every layer.
+    EXPECT_GE(launches[1], 2 * config.num_layers) << what;
+    EXPECT_EQ(launches[2], launches[1]) << what;
+  }
+}
+
 // The tensor-core fp8 GEMV (fp8_mma_gemv.h; PAGODA_FP8_MMA_GEMV_ROWS, 8 by default): a bad row count is
 // refused naming the variable; with fp8 projections + fp8 KV, a 5-row prefill and graph-replayed batch-1
 // decode steps on it (every projection and the e4m3 lm_head; no weight-only GEMV) give cuBLASLt's logits (rows
