@@ -463,6 +463,7 @@ bool decode_fusion_options(const ModelConfig& config, bool fp8, CudaModelOptions
 struct FusionRun {
   std::vector<float> logits;  // prefill_then_decode's, 6 decode steps
   int64_t silu_launches = -1;
+  int64_t l2_prefetch_launches = -1;
 };
 
 // prefill_then_decode on a random model made with the environment variables `env` set (name, value).
@@ -480,6 +481,7 @@ FusionRun run_with_env(const ModelConfig& config, const CudaModelOptions& option
   prefill_then_decode(**model, **pool, 6, out.logits);
   EXPECT_GT((*model)->graph_replays(), 0);
   out.silu_launches = (*model)->gemv_silu_launches();
+  out.l2_prefetch_launches = (*model)->l2_prefetch_launches();
   return out;
 }
 
@@ -525,27 +527,15 @@ TEST(CudaModel, L2PrefetchLeavesTheLogitsBitForBit) {
     CudaModelOptions base;
     if (!decode_fusion_options(config, fp8, base)) continue;  // no fp8 on this device
     const char* what = fp8 ? "fp8" : "bf16";
-    std::vector<std::vector<float>> logits;
-    std::vector<int64_t> launches;
-    for (const char* mb : {"0", "1", "64"}) {
-      setenv("PAGODA_L2_PREFETCH_MB", mb, 1);
-      auto model = CudaModel::create_random(config, 7, base);
-      unsetenv("PAGODA_L2_PREFETCH_MB");
-      ASSERT_TRUE(model.ok()) << model.status().to_string();
-      auto pool = CudaKvPool::create((*model)->kv_pool_shape(kNumBlocks));
-      ASSERT_TRUE(pool.ok());
-      std::vector<float> all;
-      prefill_then_decode(**model, **pool, 6, all);
-      EXPECT_GT((*model)->graph_replays(), 0);
-      logits.push_back(std::move(all));
-      launches.push_back((*model)->l2_prefetch_launches());
-    }
-    EXPECT_EQ(logits[1], logits[0]) << what;
-    EXPECT_EQ(logits[2], logits[0]) << what;
-    EXPECT_EQ(launches[0], 0) << what;
+    const FusionRun off = run_with_env(config, base, {{"PAGODA_L2_PREFETCH_MB", "0"}});
+    const FusionRun small = run_with_env(config, base, {{"PAGODA_L2_PREFETCH_MB", "1"}});
+    const FusionRun large = run_with_env(config, base, {{"PAGODA_L2_PREFETCH_MB", "64"}});
+    EXPECT_EQ(small.logits, off.logits) << what;
+    EXPECT_EQ(large.logits, off.logits) << what;
+    EXPECT_EQ(off.l2_prefetch_launches, 0) << what;
     // The 5-row prefill and at least one decode capture, every layer.
-    EXPECT_GE(launches[1], 2 * config.num_layers) << what;
-    EXPECT_EQ(launches[2], launches[1]) << what;
+    EXPECT_GE(small.l2_prefetch_launches, 2 * config.num_layers) << what;
+    EXPECT_EQ(large.l2_prefetch_launches, small.l2_prefetch_launches) << what;
   }
 }
 
