@@ -517,12 +517,13 @@ TEST(CudaModel, DecodeFusionsMatchTheUnfusedModelBitForBit) {
 // The L2 prefetch of the o / gate_up weights after the qkv projection (PAGODA_L2_PREFETCH_MB; l2_prefetch.h): a
 // bad budget is refused naming the variable; with bf16 and with fp8 projections, a 5-row prefill and
 // graph-replayed batch-1 decode steps give the same logits bit for bit with it off and at 1 and 64 MiB (both
-// past this model's o into gate_up); it ran in every layer where it is on and nowhere where it is off.
+// past this model's o into gate_up), bulk and line by line; it ran in every layer where it is on and nowhere where it is off.
 TEST(CudaModel, L2PrefetchLeavesTheLogitsBitForBit) {
   PAGODA_SKIP_WITHOUT_GPU();
   const ModelConfig config = small_llama_config();
   expect_refused_naming("PAGODA_L2_PREFETCH_MB", "-1", config, small_options());
   expect_refused_naming("PAGODA_L2_PREFETCH_MB", "lots", config, small_options());
+  expect_refused_naming("PAGODA_L2_PREFETCH_MODE", "tma", config, small_options());
   for (const bool fp8 : {false, true}) {
     CudaModelOptions base;
     if (!decode_fusion_options(config, fp8, base)) continue;  // no fp8 on this device
@@ -530,8 +531,12 @@ TEST(CudaModel, L2PrefetchLeavesTheLogitsBitForBit) {
     const FusionRun off = run_with_env(config, base, {{"PAGODA_L2_PREFETCH_MB", "0"}});
     const FusionRun small = run_with_env(config, base, {{"PAGODA_L2_PREFETCH_MB", "1"}});
     const FusionRun large = run_with_env(config, base, {{"PAGODA_L2_PREFETCH_MB", "64"}});
+    const FusionRun lines =
+        run_with_env(config, base, {{"PAGODA_L2_PREFETCH_MB", "64"}, {"PAGODA_L2_PREFETCH_MODE", "lines"}});
     EXPECT_EQ(small.logits, off.logits) << what;
     EXPECT_EQ(large.logits, off.logits) << what;
+    EXPECT_EQ(lines.logits, off.logits) << what;
+    EXPECT_EQ(lines.l2_prefetch_launches, small.l2_prefetch_launches) << what;
     EXPECT_EQ(off.l2_prefetch_launches, 0) << what;
     // The 5-row prefill and at least one decode capture, every layer.
     EXPECT_GE(small.l2_prefetch_launches, 2 * config.num_layers) << what;

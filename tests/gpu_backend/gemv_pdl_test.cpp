@@ -34,6 +34,7 @@ struct PdlCase {
   int32_t m;
   bool fp8;
   bool prefetch = false;  // l2_prefetch of the weights between the norm and the GEMV
+  L2PrefetchMode mode = L2PrefetchMode::kBulk;
 };
 
 class GemvPdlTest : public ::testing::TestWithParam<PdlCase> {};
@@ -75,7 +76,7 @@ TEST_P(GemvPdlTest, GraphReplaysMatchTheSynchronizedKernels) {
       L2PrefetchRanges ranges;
       ASSERT_TRUE(c.fp8 ? add_l2_prefetch_range(ranges, d_w8.data(), d_w8.bytes())
                         : add_l2_prefetch_range(ranges, d_w.data(), d_w.bytes()));
-      ASSERT_EQ(l2_prefetch(ranges, stream), cudaSuccess);
+      ASSERT_EQ(l2_prefetch(ranges, stream, c.mode), cudaSuccess);
     }
     if (c.fp8) {
       ASSERT_EQ(gemv_fp8(d_x->as<__nv_bfloat16>(), c.m, d_w8.as<uint8_t>(), d_scales.as<float>(), 0, n, k,
@@ -117,15 +118,19 @@ TEST_P(GemvPdlTest, GraphReplaysMatchTheSynchronizedKernels) {
 
 INSTANTIATE_TEST_SUITE_P(Llama3_8BWidth, GemvPdlTest,
                          ::testing::Values(PdlCase{1, false}, PdlCase{2, false}, PdlCase{1, true}, PdlCase{2, true},
-                                           PdlCase{1, false, true}, PdlCase{1, true, true}),
+                                           PdlCase{1, false, true}, PdlCase{1, true, true},
+                                           PdlCase{1, false, true, L2PrefetchMode::kLines},
+                                           PdlCase{1, true, true, L2PrefetchMode::kLines}),
                          [](const ::testing::TestParamInfo<PdlCase>& info) {
                            return std::string(info.param.fp8 ? "fp8" : "bf16") + "_m" + std::to_string(info.param.m) +
-                                  (info.param.prefetch ? "_l2_prefetch" : "");
+                                  (!info.param.prefetch                          ? ""
+                                   : info.param.mode == L2PrefetchMode::kBulk ? "_l2_prefetch_bulk"
+                                                                              : "_l2_prefetch_lines");
                          });
 
 // add_l2_prefetch_range keeps a range's 16-byte aligned interior (the bulk prefetch's requirement), skips
 // empty ones and refuses a fifth; l2_prefetch launches nothing for an empty list and runs over ranges far
-// larger than the L2, at odd offsets, without an error.
+// larger than the L2, at odd offsets, without an error, in both modes.
 TEST(L2Prefetch, RangesAndLaunches) {
   alignas(16) static char host[256];
   L2PrefetchRanges ranges;
@@ -150,7 +155,8 @@ TEST(L2Prefetch, RangesAndLaunches) {
   ASSERT_TRUE(add_l2_prefetch_range(device_ranges, d->data(), kBytes));
   ASSERT_TRUE(add_l2_prefetch_range(device_ranges, static_cast<char*>(d->data()) + 5, 1000));
   ASSERT_TRUE(add_l2_prefetch_range(device_ranges, static_cast<char*>(d->data()) + 4096, 17));
-  EXPECT_EQ(l2_prefetch(device_ranges, nullptr), cudaSuccess);
+  EXPECT_EQ(l2_prefetch(device_ranges, nullptr, L2PrefetchMode::kBulk), cudaSuccess);
+  EXPECT_EQ(l2_prefetch(device_ranges, nullptr, L2PrefetchMode::kLines), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }

@@ -4,8 +4,9 @@
 #   tests     the L2 prefetch's GPU tests (l2_prefetch.h): GemvPdlTest with the prefetch in the PDL chain,
 #             L2Prefetch.RangesAndLaunches, CudaModel.L2PrefetchLeavesTheLogitsBitForBit, and the decode fusion
 #             / tensor-core GEMV model tests beside them;
-#   prefetch  batch-1 decode at 128 tokens (fp8 + fp8 KV, bf16 + bf16 KV), PAGODA_L2_PREFETCH_MB over
-#             PREFETCH_MB (default "0 16 24 32 48"), two rounds interleaved: the decode-only step;
+#   prefetch  batch-1 decode at 128 tokens (fp8 + fp8 KV, bf16 + bf16 KV) over PREFETCH_SETS (MiB:mode pairs for
+#             PAGODA_L2_PREFETCH_MB / _MODE; default "0 16:bulk 8:lines 16:lines 24:lines 32:lines 48:lines"),
+#             two rounds interleaved: the decode-only step;
 #   itl / 1k / http   session31_call.sh's parts (on an H200: the batch-1 goal A/B with the tensor-core GEMV at
 #             1-2 rows, the 1,000 x 1,000 engine, then through `pagoda serve`).
 # Default PARTS: "goal tests prefetch itl 1k" on an H200, "tests prefetch" elsewhere.
@@ -44,12 +45,13 @@ if [[ $parts == *" prefetch "* ]]; then
   for round in 1 2; do
     for kind in fp8 bf16; do
       args=(--kv-cache-dtype "$kind"); [ "$kind" = fp8 ] && args+=(--quantization fp8)
-      for mb in ${PREFETCH_MB:-0 16 24 32 48}; do
+      for set in ${PREFETCH_SETS:-0 16:bulk 8:lines 16:lines 24:lines 32:lines 48:lines}; do
         [ "$(left)" -lt 20 ] && { echo "== prefetch skipped (time)"; break 3; }
-        PAGODA_L2_PREFETCH_MB=$mb timeout 60 "$B" pagoda_gpu_engine_bench --config tools/gpu_backend/llama3_8b_config.json \
+        mb=${set%%:*}; mode=bulk; [[ $set == *:* ]] && mode=${set#*:}
+        PAGODA_L2_PREFETCH_MB=$mb PAGODA_L2_PREFETCH_MODE=$mode timeout 60 "$B" pagoda_gpu_engine_bench --config tools/gpu_backend/llama3_8b_config.json \
           --sampling greedy --output-len 128 --latency-tokens 128 --workload latency --latency-input-len 128 \
           "${args[@]}" > "$out/engine.log" 2>&1
-        echo "r$round $kind prefetch $mb MiB rc=$?: $(grep -oE 'batch-1: [0-9.]+ ms per token \(ITL p50\)' "$out/engine.log") | $(grep -oE 'decode-only steps: [0-9]+, [0-9.]+ ms each' "$out/engine.log")"
+        echo "r$round $kind prefetch $mb MiB $mode rc=$?: $(grep -oE 'batch-1: [0-9.]+ ms per token \(ITL p50\)' "$out/engine.log") | $(grep -oE 'decode-only steps: [0-9]+, [0-9.]+ ms each' "$out/engine.log")"
         grep -iE "error" "$out/engine.log" | head -2
       done
     done

@@ -172,6 +172,12 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
       return invalid_argument_error("PAGODA_L2_PREFETCH_MB={}: expected 0 ... 1024 (MiB a layer; 0: off)", env);
     l2_prefetch_bytes_ = static_cast<size_t>(v) << 20;
   }
+  if (const char* env = std::getenv("PAGODA_L2_PREFETCH_MODE"); env != nullptr && *env != '\0') {
+    const std::string v(env);
+    if (v != "bulk" && v != "lines")
+      return invalid_argument_error("PAGODA_L2_PREFETCH_MODE={}: expected bulk or lines", env);
+    l2_prefetch_mode_ = v == "lines" ? L2PrefetchMode::kLines : L2PrefetchMode::kBulk;
+  }
   if (const char* env = std::getenv("PAGODA_FUSE_SILU_GEMV"); env != nullptr && *env != '\0') {
     const std::string v(env);
     if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FUSE_SILU_GEMV={}: expected 0 or 1", env);
@@ -546,7 +552,7 @@ cudaError_t CudaModel::prefetch_after_qkv(const CudaLayerWeights& w, cudaStream_
     left -= bytes;
   }
   if (ranges.count > 0) ++l2_prefetch_launches_;
-  return l2_prefetch(ranges, stream);
+  return l2_prefetch(ranges, stream, l2_prefetch_mode_);
 }
 
 bool CudaModel::takes_gemv(int32_t T, const bf16* x, const bf16* w, const CudaFp8Weight& fp8, int32_t k) const {

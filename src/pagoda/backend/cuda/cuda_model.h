@@ -395,6 +395,7 @@ class CudaModel {
   // decode-sized steps, while rope, the KV write and attention leave the HBM idle (l2_prefetch.h);
   // PAGODA_L2_PREFETCH_MB sets it, 0: off.
   size_t l2_prefetch_bytes_ = kL2PrefetchDefaultMb << 20;
+  L2PrefetchMode l2_prefetch_mode_ = L2PrefetchMode::kBulk;  // PAGODA_L2_PREFETCH_MODE=bulk|lines
   // The e4m3 lm_head above the GEMV rows too: an fp8 GEMM (per-token activations) with f32 logits, so the
   // head's precision does not depend on the step's size (PAGODA_FP8_LM_HEAD_GEMM=0: the bf16 GEMM there);
   // cleared for good if the device or cuBLASLt has no such GEMM.

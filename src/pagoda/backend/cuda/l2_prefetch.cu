@@ -8,17 +8,25 @@
 namespace pagoda::cuda {
 namespace {
 
-// Chunks are dealt to CTAs round-robin, one issuing thread each: the bulk prefetches go out through every
-// SM's copy engine rather than one's (a single SM's requests would arrive far slower than the HBM serves).
+// kBulk: 32 KB chunks dealt to CTAs round-robin, one issuing thread each, so the bulk prefetches go out
+// through every SM's copy engine rather than one's. kLines: one `prefetch.global.L2` a 128-byte line from
+// every thread of the grid (the load/store path: the copy engines stay free for kernels that use them).
 constexpr int kMaxCtas = 128;
 constexpr size_t kChunkBytes = size_t{32} * 1024;
+constexpr int kLineThreads = 256;
+constexpr size_t kLineBytes = 128;
 
-__global__ void l2_prefetch_kernel(L2PrefetchRanges ranges) {
+__global__ void l2_prefetch_kernel(L2PrefetchRanges ranges, bool lines) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (threadIdx.x == 0) {
-    for (int r = 0; r < ranges.count; ++r) {
-      const char* base = static_cast<const char*>(ranges.begin[r]);
-      const size_t bytes = ranges.bytes[r];
+  for (int r = 0; r < ranges.count; ++r) {
+    const char* base = static_cast<const char*>(ranges.begin[r]);
+    const size_t bytes = ranges.bytes[r];
+    if (lines) {
+      const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x * kLineBytes;
+      for (size_t off = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kLineBytes; off < bytes;
+           off += stride)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off) : "memory");
+    } else if (threadIdx.x == 0) {
       for (size_t off = blockIdx.x * kChunkBytes; off < bytes; off += gridDim.x * kChunkBytes) {
         const size_t left = bytes - off;
         const uint32_t n = static_cast<uint32_t>(left < kChunkBytes ? left : kChunkBytes);
@@ -45,13 +53,15 @@ bool add_l2_prefetch_range(L2PrefetchRanges& ranges, const void* p, size_t bytes
   return true;
 }
 
-cudaError_t l2_prefetch(const L2PrefetchRanges& ranges, cudaStream_t stream) {
+cudaError_t l2_prefetch(const L2PrefetchRanges& ranges, cudaStream_t stream, L2PrefetchMode mode) {
   if (ranges.count <= 0) return cudaSuccess;
   if (ranges.count > kL2PrefetchMaxRanges) return cudaErrorInvalidValue;
   size_t chunks = 0;
   for (int r = 0; r < ranges.count; ++r) chunks = std::max(chunks, (ranges.bytes[r] + kChunkBytes - 1) / kChunkBytes);
   const int ctas = static_cast<int>(std::min<size_t>(chunks, kMaxCtas));
-  return launch_pdl(l2_prefetch_kernel, dim3(std::max(ctas, 1)), dim3(32), 0, stream, ranges);
+  const bool lines = mode == L2PrefetchMode::kLines;
+  return launch_pdl(l2_prefetch_kernel, dim3(std::max(ctas, 1)), dim3(lines ? kLineThreads : 32), 0, stream, ranges,
+                    lines);
 }
 
 }  // namespace pagoda::cuda

@@ -37,8 +37,13 @@ struct L2PrefetchRanges {
 // false when the list is full. Empty or null ranges are skipped (true).
 bool add_l2_prefetch_range(L2PrefetchRanges& ranges, const void* p, size_t bytes);
 
+// How the prefetches are issued: kBulk, `cp.async.bulk.prefetch.L2` in 32 KB chunks through the SMs' copy
+// engines (a few hundred instructions, but they queue ahead of the TMA copies of kernels running beside it);
+// kLines, one `prefetch.global.L2` a 128-byte line through the load/store path.
+enum class L2PrefetchMode { kBulk, kLines };
+
 // Issues the prefetches on `stream` (a launch through launch_pdl). Nothing is launched for an empty list.
-// Requires sm_90 (the bulk prefetch); on older devices the kernel only waits.
-cudaError_t l2_prefetch(const L2PrefetchRanges& ranges, cudaStream_t stream);
+// Requires sm_90; on older devices the kernel only waits.
+cudaError_t l2_prefetch(const L2PrefetchRanges& ranges, cudaStream_t stream, L2PrefetchMode mode = L2PrefetchMode::kBulk);
 
 }  // namespace pagoda::cuda
