@@ -3,14 +3,13 @@
 //
 // At batch 1 the HBM idles while rope, the KV write and the decode attention run between the qkv and o
 // projections (~10 us a layer on an H100), and every GEMV then starts its stream cold. l2_prefetch issues
-// `cp.async.bulk.prefetch.L2` for the next projections' weights at the start of that window, so their
+// L2 prefetches (bulk or line by line) for the next projections' weights at the start of that window, so their
 // bytes arrive while the small kernels run and the GEMV reads them from the L2. A prefetch is only a hint:
 // it changes no value, and what the L2 drops is read from DRAM as before.
 //
 // The kernel issues the prefetches before its pdl_wait (weights depend on no earlier kernel), so launched
 // through PDL it overlaps the tail of the kernel ahead; it then waits and lets the next kernel in, as every
-// PDL kernel must (pdl.cuh). Up to 128 CTAs of one warp, one issuing thread each: a few hundred
-// instructions for tens of MB.
+// PDL kernel must (pdl.cuh).
 //
 // Header for .cu and .cpp files alike (C++17, no std containers).
 
@@ -38,8 +37,8 @@ struct L2PrefetchRanges {
 bool add_l2_prefetch_range(L2PrefetchRanges& ranges, const void* p, size_t bytes);
 
 // How the prefetches are issued: kBulk, `cp.async.bulk.prefetch.L2` in 32 KB chunks through the SMs' copy
-// engines (a few hundred instructions, but they queue ahead of the TMA copies of kernels running beside it);
-// kLines, one `prefetch.global.L2` a 128-byte line through the load/store path.
+// engines (a few hundred instructions); kLines, one `prefetch.global.L2` a 128-byte line through the
+// load/store path. Bulk measured slower than none on an H100 (docs/BENCHMARKS.md); lines is not measured yet.
 enum class L2PrefetchMode { kBulk, kLines };
 
 // Issues the prefetches on `stream` (a launch through launch_pdl). Nothing is launched for an empty list.
