@@ -4,9 +4,7 @@
 // the GEMV; replayed with a new residual each time, every output must equal, bit for bit, the same two
 // kernels run with a device synchronization between them (the GEMV's reduction order is fixed). A GEMV
 // that read its activations before the wait would see the cleared buffer (zeros) or the previous residual's.
-// bf16 and fp8 weights, 1 and 2 rows, the 8B model's widest activation (k = 4096) at n = 6144; with the L2
-// prefetch of the weights (l2_prefetch.h) between the two as in the model's decode step, the chain's
-// ordering must hold through it (the GEMV's wait covers the norm only through the prefetch kernel's own wait).
+// bf16 and fp8 weights, 1 and 2 rows, the 8B model's widest activation (k = 4096) at n = 6144.
 
 #include <cstdint>
 #include <cstring>
@@ -18,7 +16,6 @@
 #include "gpu_test_support.h"
 #include "pagoda/backend/cuda/cuda_ops.h"
 #include "pagoda/backend/cuda/gemv.h"
-#include "pagoda/backend/cuda/l2_prefetch.h"
 #include "pagoda/backend/cuda/pdl.cuh"
 #include "pagoda/core/dtype.h"
 
@@ -33,8 +30,6 @@ using testing::to_host;
 struct PdlCase {
   int32_t m;
   bool fp8;
-  bool prefetch = false;  // l2_prefetch of the weights between the norm and the GEMV
-  L2PrefetchMode mode = L2PrefetchMode::kBulk;
 };
 
 class GemvPdlTest : public ::testing::TestWithParam<PdlCase> {};
@@ -71,12 +66,6 @@ TEST_P(GemvPdlTest, GraphReplaysMatchTheSynchronizedKernels) {
               cudaSuccess);
     if (synchronize) {
       ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    }
-    if (c.prefetch) {
-      L2PrefetchRanges ranges;
-      ASSERT_TRUE(c.fp8 ? add_l2_prefetch_range(ranges, d_w8.data(), d_w8.bytes())
-                        : add_l2_prefetch_range(ranges, d_w.data(), d_w.bytes()));
-      ASSERT_EQ(l2_prefetch(ranges, stream, c.mode), cudaSuccess);
     }
     if (c.fp8) {
       ASSERT_EQ(gemv_fp8(d_x->as<__nv_bfloat16>(), c.m, d_w8.as<uint8_t>(), d_scales.as<float>(), 0, n, k,
@@ -117,49 +106,10 @@ TEST_P(GemvPdlTest, GraphReplaysMatchTheSynchronizedKernels) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Llama3_8BWidth, GemvPdlTest,
-                         ::testing::Values(PdlCase{1, false}, PdlCase{2, false}, PdlCase{1, true}, PdlCase{2, true},
-                                           PdlCase{1, false, true}, PdlCase{1, true, true},
-                                           PdlCase{1, false, true, L2PrefetchMode::kLines},
-                                           PdlCase{1, true, true, L2PrefetchMode::kLines}),
+                         ::testing::Values(PdlCase{1, false}, PdlCase{2, false}, PdlCase{1, true}, PdlCase{2, true}),
                          [](const ::testing::TestParamInfo<PdlCase>& info) {
-                           return std::string(info.param.fp8 ? "fp8" : "bf16") + "_m" + std::to_string(info.param.m) +
-                                  (!info.param.prefetch                          ? ""
-                                   : info.param.mode == L2PrefetchMode::kBulk ? "_l2_prefetch_bulk"
-                                                                              : "_l2_prefetch_lines");
+                           return std::string(info.param.fp8 ? "fp8" : "bf16") + "_m" + std::to_string(info.param.m);
                          });
-
-// add_l2_prefetch_range keeps a range's 16-byte aligned interior (the bulk prefetch's requirement), skips
-// empty ones and refuses a fifth; l2_prefetch launches nothing for an empty list and runs over ranges far
-// larger than the L2, at odd offsets, without an error, in both modes.
-TEST(L2Prefetch, RangesAndLaunches) {
-  alignas(16) static char host[256];
-  L2PrefetchRanges ranges;
-  EXPECT_TRUE(add_l2_prefetch_range(ranges, nullptr, 64));
-  EXPECT_TRUE(add_l2_prefetch_range(ranges, host, 0));
-  EXPECT_TRUE(add_l2_prefetch_range(ranges, host + 3, 20));  // [3, 23): no aligned 16 bytes inside
-  EXPECT_EQ(ranges.count, 0);
-  EXPECT_TRUE(add_l2_prefetch_range(ranges, host + 3, 100));  // [3, 103) -> [16, 96)
-  ASSERT_EQ(ranges.count, 1);
-  EXPECT_EQ(ranges.begin[0], static_cast<const void*>(host + 16));
-  EXPECT_EQ(ranges.bytes[0], 80u);
-  for (int i = 1; i < kL2PrefetchMaxRanges; ++i) EXPECT_TRUE(add_l2_prefetch_range(ranges, host, 256));
-  EXPECT_FALSE(add_l2_prefetch_range(ranges, host, 256));
-  EXPECT_EQ(ranges.count, kL2PrefetchMaxRanges);
-
-  PAGODA_SKIP_WITHOUT_GPU();
-  EXPECT_EQ(l2_prefetch(L2PrefetchRanges{}, nullptr), cudaSuccess);
-  constexpr size_t kBytes = size_t{160} << 20;  // beyond any Hopper L2
-  auto d = DeviceBuffer::allocate(kBytes);
-  ASSERT_TRUE(d.ok());
-  L2PrefetchRanges device_ranges;
-  ASSERT_TRUE(add_l2_prefetch_range(device_ranges, d->data(), kBytes));
-  ASSERT_TRUE(add_l2_prefetch_range(device_ranges, static_cast<char*>(d->data()) + 5, 1000));
-  ASSERT_TRUE(add_l2_prefetch_range(device_ranges, static_cast<char*>(d->data()) + 4096, 17));
-  EXPECT_EQ(l2_prefetch(device_ranges, nullptr, L2PrefetchMode::kBulk), cudaSuccess);
-  EXPECT_EQ(l2_prefetch(device_ranges, nullptr, L2PrefetchMode::kLines), cudaSuccess);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-}
 
 }  // namespace
 }  // namespace pagoda::cuda

@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <tuple>
 
 #include <cuda_profiler_api.h>
 
@@ -164,19 +163,6 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
     const std::string v(env);
     if (v != "0" && v != "1") return invalid_argument_error("PAGODA_FUSE_ROPE_KV={}: expected 0 or 1", env);
     fuse_rope_kv_ = v == "1";
-  }
-  if (const char* env = std::getenv("PAGODA_L2_PREFETCH_MB"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    if (*end != '\0' || v < 0 || v > 1024)
-      return invalid_argument_error("PAGODA_L2_PREFETCH_MB={}: expected 0 ... 1024 (MiB a layer; 0: off)", env);
-    l2_prefetch_bytes_ = static_cast<size_t>(v) << 20;
-  }
-  if (const char* env = std::getenv("PAGODA_L2_PREFETCH_MODE"); env != nullptr && *env != '\0') {
-    const std::string v(env);
-    if (v != "bulk" && v != "lines")
-      return invalid_argument_error("PAGODA_L2_PREFETCH_MODE={}: expected bulk or lines", env);
-    l2_prefetch_mode_ = v == "lines" ? L2PrefetchMode::kLines : L2PrefetchMode::kBulk;
   }
   if (const char* env = std::getenv("PAGODA_FUSE_SILU_GEMV"); env != nullptr && *env != '\0') {
     const std::string v(env);
@@ -446,7 +432,6 @@ Status CudaModel::run_layer(int32_t l, const Lane& lane, const CudaKvPool& pool,
     PAGODA_CUDA_RETURN_IF_ERROR(
         head_rmsnorm(qkv + q_width, qkv_width, T, c.num_kv_heads, D, w.k_norm, c.rms_norm_eps, stream));
   }
-  if (T <= kGemvMaxRows) PAGODA_CUDA_RETURN_IF_ERROR(prefetch_after_qkv(w, stream));
   const float* inv_freq = inv_freq_.as<float>();
   // The k heads follow the q heads in each qkv row (head h at h * D): one launch rotates both, and for
   // the fast attention also writes q contiguous (its input).
@@ -531,28 +516,6 @@ Status CudaModel::run_layer(int32_t l, const Lane& lane, const CudaKvPool& pool,
   if (comm_ != nullptr)
     PAGODA_RETURN_IF_ERROR(comm_->enqueue_all_reduce_sum(proj, static_cast<size_t>(T) * H, DType::kBF16, stream));
   return ok_status();
-}
-
-// The o projection is next to read weights after attention, and gate_up after it: their first
-// l2_prefetch_bytes_ are asked into the L2 in that order (fp8 codes where the projection runs fp8).
-cudaError_t CudaModel::prefetch_after_qkv(const CudaLayerWeights& w, cudaStream_t stream) {
-  if (l2_prefetch_bytes_ == 0) return cudaSuccess;
-  const ModelConfig& c = config_;
-  const size_t H = static_cast<size_t>(c.hidden_size);
-  const size_t o_elements = H * static_cast<size_t>(c.num_q_heads) * static_cast<size_t>(c.head_dim);
-  const size_t gate_up_elements = 2 * static_cast<size_t>(c.intermediate_size) * H;
-  L2PrefetchRanges ranges;
-  size_t left = l2_prefetch_bytes_;
-  for (const auto& [fp8, bf16w, elements] : {std::tuple{&w.o_fp8, w.o_proj, o_elements},
-                                             std::tuple{&w.gate_up_fp8, w.gate_up_proj, gate_up_elements}}) {
-    const void* p = fp8->data != nullptr ? static_cast<const void*>(fp8->data) : static_cast<const void*>(bf16w);
-    const size_t bytes = std::min(left, elements * (fp8->data != nullptr ? 1 : 2));
-    if (p == nullptr || bytes == 0) continue;
-    add_l2_prefetch_range(ranges, p, bytes);
-    left -= bytes;
-  }
-  if (ranges.count > 0) ++l2_prefetch_launches_;
-  return l2_prefetch(ranges, stream, l2_prefetch_mode_);
 }
 
 bool CudaModel::takes_gemv(int32_t T, const bf16* x, const bf16* w, const CudaFp8Weight& fp8, int32_t k) const {

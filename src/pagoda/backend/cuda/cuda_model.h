@@ -68,7 +68,6 @@
 #include "pagoda/backend/cuda/fp8_mma_gemv.h"
 #include "pagoda/backend/cuda/gemv.h"
 #include "pagoda/backend/cuda/kv_layer_waits.h"
-#include "pagoda/backend/cuda/l2_prefetch.h"
 #include "pagoda/backend/cuda/sampling.h"
 #include "pagoda/backend/cuda/step_plan.h"
 #include "pagoda/core/status.h"
@@ -245,7 +244,6 @@ class CudaModel {
   int64_t fp8_mma_gemv_launches() const { return fp8_mma_gemv_launches_; }
   // gate_up GEMVs that applied SiLU-mul in their epilogue (PAGODA_FUSE_SILU_GEMV), counted at enqueue as above.
   int64_t gemv_silu_launches() const { return gemv_silu_launches_; }
-  int64_t l2_prefetch_launches() const { return l2_prefetch_launches_; }
   int64_t graphs_captured() const { return static_cast<int64_t>(graphs_.size()); }
   // Steps whose attention ran on backend/cuda/attention's kernels.
   int64_t fast_attention_steps() const { return fast_attention_steps_; }
@@ -336,8 +334,6 @@ class CudaModel {
   // rather than cuBLASLt: T <= fp8_mma_gemv_rows_, per-channel (or per-tensor) scales, a shape it supports.
   // Callers try the weight-only GEMV (bf16 activations) first.
   bool fp8_mma_gemv_applies(int32_t T, const CudaFp8Weight& fp8, int32_t k) const;
-  // The L2 prefetch after layer w's qkv projection (l2_prefetch_bytes_): its o weights, then gate_up's.
-  cudaError_t prefetch_after_qkv(const CudaLayerWeights& w, cudaStream_t stream);
   // y [lane.T, n] bf16 from quantized rows q / scales: the tensor-core GEMV where it applies, else the fp8 GEMM.
   Status fp8_linear(const Lane& lane, const uint8_t* q, const float* scales, const CudaFp8Weight& fp8, int32_t n,
                     int32_t k, bf16* y);
@@ -386,16 +382,10 @@ class CudaModel {
   int64_t fused_fp8_quant_launches_ = 0;
   int64_t fp8_mma_gemv_launches_ = 0;
   int64_t gemv_silu_launches_ = 0;
-  int64_t l2_prefetch_launches_ = 0;
   // The fp8 GEMMs' per-token input quantization inside the norms / SiLU (PAGODA_FUSE_FP8_QUANT=0: off).
   bool fuse_fp8_quant_ = true;
   bool fuse_silu_gemv_ = true;  // SiLU-mul in the gate_up GEMV's epilogue (PAGODA_FUSE_SILU_GEMV=0: off)
   bool fuse_rope_kv_ = false;  // rope_qk + kv_write as rope_qk_kv_write at decode sizes (PAGODA_FUSE_ROPE_KV=1: on)
-  // Bytes of the o projection's weights (then the gate_up's) asked into the L2 after the qkv projection of
-  // decode-sized steps, while rope, the KV write and attention leave the HBM idle (l2_prefetch.h);
-  // PAGODA_L2_PREFETCH_MB sets it, 0: off.
-  size_t l2_prefetch_bytes_ = kL2PrefetchDefaultMb << 20;
-  L2PrefetchMode l2_prefetch_mode_ = L2PrefetchMode::kBulk;  // PAGODA_L2_PREFETCH_MODE=bulk|lines
   // The e4m3 lm_head above the GEMV rows too: an fp8 GEMM (per-token activations) with f32 logits, so the
   // head's precision does not depend on the step's size (PAGODA_FP8_LM_HEAD_GEMM=0: the bf16 GEMM there);
   // cleared for good if the device or cuBLASLt has no such GEMM.
