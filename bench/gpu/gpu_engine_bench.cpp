@@ -82,6 +82,7 @@ double mean(const std::vector<double>& v) {
 struct Args {
   std::string config_path, json_out;
   std::string kv_cache_dtype = "bf16";  // K and V pools: bf16, fp8, int8 or int4
+  int block_size = 16;  // KV block (page) size in tokens
   std::string quantization = "none";    // weights: none (bf16) or fp8
   std::vector<std::string> workloads = {"random"}, samplings = {"top-p", "greedy"};
   int num_requests = 1000, input_len = 1000, output_len = 1000, prefix_len = 2000;
@@ -451,6 +452,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"none", "fp8"}));
   app.add_option("--kv-cache-dtype", args.kv_cache_dtype, "KV cache element type (K and V): bf16, fp8, int8, int4")
       ->check(CLI::IsMember({"bf16", "fp8", "int8", "int4"}));
+  app.add_option("--block-size", args.block_size, "KV block (page) size in tokens (default 16)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--zero-kv-blocks", args.zero_kv_blocks, "zero-on-free: KV blocks the manager may use")
       ->check(CLI::PositiveNumber);
   app.add_option("--zero-reps", args.zero_reps, "zero-on-free: runs per setting (the best counts)")
@@ -482,6 +485,7 @@ int main(int argc, char** argv) {
   if (std::find(args.workloads.begin(), args.workloads.end(), "prefill") != args.workloads.end())
     for (int chunk : args.prefill_chunks) options.max_num_tokens = std::max(options.max_num_tokens, chunk);
   options.kv_key_dtype = options.kv_value_dtype = *dtype_from_name(args.kv_cache_dtype);
+  options.block_size = args.block_size;
   options.fp8_weights = args.quantization == "fp8";
   const int32_t longest = std::max({args.input_len + args.output_len,
                                      args.prefix_len + args.prefix_input_len + args.prefix_output_len,

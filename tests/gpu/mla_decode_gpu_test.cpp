@@ -62,6 +62,8 @@ struct MlaCase {
   bool use_graph = false;
   // MlaDecodeDescriptor::programmatic_merge: the merge pass as a programmatic dependent launch.
   bool programmatic_merge = false;
+  // Direct launches back to back (the folded merge's counters must be back at zero after each).
+  int launches = 1;
 };
 
 struct MlaBatch {
@@ -238,7 +240,8 @@ StatusOr<std::vector<uint16_t>> run(const MlaBatch& b, const MlaCase& c, MlaDeco
                               workspace.get<float>());
   desc.programmatic_merge = c.programmatic_merge;
   if (!c.use_graph) {
-    PAGODA_CUDA_RETURN_IF_ERROR(launch_mla_decode(desc, q.get(), out.get(), nullptr));
+    for (int i = 0; i < c.launches; ++i)
+      PAGODA_CUDA_RETURN_IF_ERROR(launch_mla_decode(desc, q.get(), out.get(), nullptr));
   } else {
     PAGODA_CUDA_RETURN_IF_ERROR(prepare_mla_decode_kernels());
     cudaStream_t stream = nullptr;
@@ -1034,6 +1037,93 @@ TEST_F(MlaDecodeGpuTest, BulkKernelOnSwizzledPagesGivesThePingPongBits) {
     ASSERT_TRUE(plan.ok()) << plan.status().message();
     EXPECT_EQ(plan->kernel(), MlaDecodeKernel::kCpAsync) << heads << " heads, pages of " << bs;
   }
+}
+
+// The merge folded into the ping-pong kernels (MlaMergeMode::kFused, mla_decode_merge.cuh) combines the same
+// records with the merge pass's arithmetic: the same output bits, for the automatic TMA kernel, the bulk kernel
+// on swizzled pages and the plain ping-pong kernels; rows split in 2 to 40 segments, CTAs holding several
+// segments (7 SMs), launches back to back (the counters return to zero), fixed plans with padding rows (zeroed
+// by the kernel) launched directly and replayed from a graph. The arena's counters are read back: all zero.
+TEST_F(MlaDecodeGpuTest, FusedMergeGivesTheMergePassBits) {
+  const KvElement bf16 = KvElement::kBF16;
+  struct Kind {
+    MlaDecodeKernel kernel;
+    MlaLatentLayout layout;
+  };
+  const Kind kinds[] = {{MlaDecodeKernel::kTmaPingPongTwoChains, MlaLatentLayout::kPerVectorScale},
+                        {MlaDecodeKernel::kBulkPingPongTwoChains, MlaLatentLayout::kBf16SwizzledPages},
+                        {MlaDecodeKernel::kTmaPingPong, MlaLatentLayout::kPerVectorScale},
+                        {MlaDecodeKernel::kTmaPingPongAll, MlaLatentLayout::kPerVectorScale}};
+  for (const Kind& kind : kinds) {
+    std::vector<MlaCase> cases = {
+        with_options(make_case("fused split 64", 16, 64, bf16, {1, 100, 1000, 2500}, 210), 64, 0),
+        make_case("fused automatic", 16, 64, bf16, {4000, 3000, 70, 9000, 129}, 211),
+        make_case("fused automatic bs16", 16, 16, bf16, {1, 17, 4097, 300, 6000}, 212),
+        with_options(make_case("fused 7 sms", 16, 64, bf16, {1, 5, 70, 300, 1000, 2000, 64, 3}, 213), 0, 7),
+        make_case("fused h8", 8, 64, bf16, {5000, 640}, 214)};
+    for (const bool graph : {false, true}) {
+      MlaCase f = make_case(graph ? "fused fixed 8 graph" : "fused fixed 8", 16, 64, bf16, {1, 70, 3000, 640, 5}, 215);
+      f.options.fixed_rows = 8;
+      f.options.fixed_block_table_stride = 100;
+      f.use_graph = graph;
+      cases.push_back(f);
+    }
+    for (MlaCase c : cases) {
+      c.name += std::string(" ") + kernel_name(kind.kernel);
+      c.layout = kind.layout;
+      c.poison_unused = true;
+      c.options.kernel = kind.kernel;
+      c.options.merge = MlaMergeMode::kPass;
+      const MlaBatch b = make_batch(c);
+      MlaDecodePlan pass_plan = MlaDecodePlan::create(b.config, {}).value();
+      auto pass = run(b, c, &pass_plan);
+      ASSERT_TRUE(pass.ok()) << c.name << ": " << pass.status().message();
+      EXPECT_FALSE(pass_plan.fused_merge()) << c.name;
+      c.options.merge = MlaMergeMode::kFused;
+      c.launches = 3;
+      MlaDecodePlan fused_plan = MlaDecodePlan::create(b.config, {}).value();
+      auto fused = run(b, c, &fused_plan);
+      ASSERT_TRUE(fused.ok()) << c.name << ": " << fused.status().message();
+      EXPECT_TRUE(fused_plan.fused_merge()) << c.name << ": max_splits " << fused_plan.max_splits();
+      size_t differing = 0;
+      for (size_t i = 0; i < pass->size(); ++i) differing += (*pass)[i] != (*fused)[i];
+      EXPECT_EQ(differing, 0u) << c.name << ": the folded merge differs from the merge pass";
+      std::printf("%-48s segments %4d ctas %4d max_splits %3d  fused == pass: %s\n", c.name.c_str(),
+                  fused_plan.num_segments(), fused_plan.num_ctas(), fused_plan.max_splits(),
+                  differing == 0 ? "yes" : "NO");
+    }
+  }
+}
+
+// The folded merge's counters, read back from the device after launches: zero again after every launch.
+TEST_F(MlaDecodeGpuTest, FusedMergeLeavesItsCountersAtZero) {
+  MlaCase c = make_case("fused counters", 16, 64, KvElement::kBF16, {4000, 3000, 70, 9000}, 216);
+  c.options.kernel = MlaDecodeKernel::kTmaPingPongTwoChains;
+  c.options.merge = MlaMergeMode::kFused;
+  const MlaBatch b = make_batch(c);
+  std::vector<MlaDecodeRow> rows;
+  for (const auto& r : b.rows) rows.push_back({r.context_len, b.tables[size_t(r.sequence)]});
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  auto plan = MlaDecodePlan::create(b.config, rows, AttentionDeviceInfo{prop.multiProcessorCount}, c.options);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  ASSERT_TRUE(plan->fused_merge());
+  DeviceBuffer codes(b.codes.size()), q(b.q.size() * 2), out(b.rows.size() * 16 * kMlaLatentDim * 2),
+      arena(plan->arena_bytes()), workspace(plan->workspace_bytes());
+  ASSERT_EQ(cudaMemcpy(codes.get(), b.codes.data(), b.codes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(q.get(), b.q.data(), b.q.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(arena.get(), plan->arena().data(), plan->arena_bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  const auto desc = plan->descriptor(arena.get<int32_t>(), codes.get(), nullptr, workspace.get<float>());
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(launch_mla_decode(desc, q.get(), out.get(), nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<int32_t> back(plan->arena().size());
+  ASSERT_EQ(cudaMemcpy(back.data(), arena.get(), plan->arena_bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_TRUE(back == std::vector<int32_t>(plan->arena().begin(), plan->arena().end()))
+      << "the arena (its merge counters) changed across launches";
+  // A descriptor that claims the folded merge without counters is refused.
+  auto bad = desc;
+  bad.merge_counters = nullptr;
+  EXPECT_EQ(launch_mla_decode(bad, q.get(), out.get(), nullptr), cudaErrorInvalidValue);
 }
 
 TEST_F(MlaDecodeGpuTest, Fp8WithoutScalesRefusedAtLaunch) {

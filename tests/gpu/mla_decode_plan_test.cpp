@@ -341,7 +341,7 @@ TEST(MlaDecodePlanTest, FixedModeExternalBlockTables) {
   x.fixed_block_tables = tables;
   auto external = MlaDecodePlan::create(config(16, 64, 4000), rows, AttentionDeviceInfo{132}, x);
   ASSERT_TRUE(embedded.ok() && external.ok()) << external.status().to_string();
-  const auto* base = reinterpret_cast<const int32_t*>(uintptr_t{0x1000});
+  auto* base = reinterpret_cast<int32_t*>(uintptr_t{0x1000});
   const auto de = embedded->descriptor(base, nullptr, nullptr, nullptr);
   const auto dx = external->descriptor(base, nullptr, nullptr, nullptr);
   EXPECT_EQ(dx.block_tables, tables);
@@ -573,6 +573,77 @@ TEST(MlaDecodePlanTest, TmaFp8RingBarriersAreWaitedPhaseByPhase) {
     pending += released[size_t(b)] - waited[size_t(b)];
   }
   EXPECT_EQ(pending, kRingSlots);
+}
+
+TEST(MlaDecodePlanTest, FusedMergeWhereTheGridIsResidentAndRowsSplit) {
+  // The folded merge (MlaMergeMode::kFused): the ping-pong kernels with a hand-over, a grid of at most one CTA
+  // per SM, and some row split (or a fixed plan, whose merge always runs); two zeroed counters a row in the
+  // arena, which the descriptor points at. Elsewhere the plan keeps the merge pass.
+  const auto t = table(200);
+  const std::vector<MlaDecodeRow> rows{{4000, t}, {3000, t}, {70, t}};
+  MlaDecodeOptions o;
+  o.kernel = MlaDecodeKernel::kTmaPingPongTwoChains;
+  o.merge = MlaMergeMode::kPass;
+  auto pass = MlaDecodePlan::create(config(16, 64), rows, AttentionDeviceInfo{132}, o);
+  o.merge = MlaMergeMode::kFused;
+  auto fused = MlaDecodePlan::create(config(16, 64), rows, AttentionDeviceInfo{132}, o);
+  ASSERT_TRUE(pass.ok() && fused.ok());
+  ASSERT_GT(fused->max_splits(), 1);
+  EXPECT_FALSE(pass->fused_merge());
+  EXPECT_TRUE(fused->fused_merge());
+  EXPECT_EQ(fused->workspace_bytes(), pass->workspace_bytes());  // the records are still written
+  ASSERT_EQ(fused->arena().size(), pass->arena().size() + 2 * rows.size());
+  std::vector<int32_t> arena(fused->arena().begin(), fused->arena().end());
+  float workspace = 0;
+  const auto d = fused->descriptor(arena.data(), nullptr, nullptr, &workspace);
+  EXPECT_TRUE(d.fused_merge);
+  ASSERT_NE(d.merge_counters, nullptr);
+  for (size_t i = 0; i < 2 * rows.size(); ++i) EXPECT_EQ(d.merge_counters[i], 0) << i;
+  EXPECT_EQ(d.merge_counters, d.cta_segment_start + d.num_ctas + 1);  // after the CTA starts
+  EXPECT_FALSE(pass->descriptor(arena.data(), nullptr, nullptr, &workspace).fused_merge);
+  // The bulk kernel folds it in too; the split-record kernels, cp.async and the pair kernels (two CTAs an SM)
+  // do not.
+  MlaDecodeConfig swizzled = config(16, 64);
+  swizzled.latent_layout = MlaLatentLayout::kBf16SwizzledPages;
+  o.kernel = MlaDecodeKernel::kBulkPingPongTwoChains;
+  EXPECT_TRUE(MlaDecodePlan::create(swizzled, rows, AttentionDeviceInfo{132}, o)->fused_merge());
+  for (MlaDecodeKernel k : {MlaDecodeKernel::kTmaPingPongSplit, MlaDecodeKernel::kCpAsync, MlaDecodeKernel::kTma,
+                            MlaDecodeKernel::kTmaPair}) {
+    o.kernel = k;
+    auto p = MlaDecodePlan::create(config(16, 64), rows, AttentionDeviceInfo{132}, o);
+    ASSERT_TRUE(p.ok());
+    EXPECT_FALSE(p->fused_merge()) << static_cast<int>(k);
+    EXPECT_FALSE(p->descriptor(nullptr, nullptr, nullptr, nullptr).fused_merge) << static_cast<int>(k);
+  }
+  o.kernel = MlaDecodeKernel::kTmaPingPongTwoChains;
+  // No row split (one SM's worth of work on many SMs): nothing to merge.
+  const std::vector<MlaDecodeRow> short_rows{{64, t}, {128, t}};
+  EXPECT_FALSE(MlaDecodePlan::create(config(16, 64), short_rows, AttentionDeviceInfo{132}, o)->fused_merge());
+  // More CTAs than SMs (forced splits of 64 tokens: 63 + 47 + 2 segments on 100 SMs): a CTA could wait for one
+  // that is not resident, so the merge pass stays.
+  MlaDecodeOptions many = o;
+  many.split_tokens = 64;
+  auto over = MlaDecodePlan::create(config(16, 64), rows, AttentionDeviceInfo{100}, many);
+  ASSERT_TRUE(over.ok());
+  EXPECT_GT(over->num_ctas(), 100);
+  EXPECT_FALSE(over->fused_merge());
+  EXPECT_TRUE(MlaDecodePlan::create(config(16, 64), rows, AttentionDeviceInfo{132}, many)->fused_merge());
+  // A fixed plan folds it in whatever this step's splits (padding rows get their zeros there), its counters
+  // sized by fixed_rows, so every plan of the same fixed shape has the same arena size.
+  MlaDecodeOptions f = o;
+  f.fixed_rows = 8;
+  f.fixed_block_table_stride = 100;
+  auto fixed_short = MlaDecodePlan::create(config(16, 64), short_rows, AttentionDeviceInfo{132}, f);
+  auto fixed_long = MlaDecodePlan::create(config(16, 64), rows, AttentionDeviceInfo{132}, f);
+  ASSERT_TRUE(fixed_short.ok() && fixed_long.ok());
+  EXPECT_TRUE(fixed_short->fused_merge() && fixed_long->fused_merge());
+  EXPECT_EQ(fixed_short->arena().size(), fixed_long->arena().size());
+  f.merge = MlaMergeMode::kPass;
+  EXPECT_EQ(MlaDecodePlan::create(config(16, 64), rows, AttentionDeviceInfo{132}, f)->arena().size() + 16,
+            fixed_long->arena().size());
+  // An unknown mode is refused.
+  o.merge = static_cast<MlaMergeMode>(7);
+  expect_error(config(16, 64), rows, "merge mode 7", o);
 }
 
 }  // namespace

@@ -47,6 +47,7 @@
 
 #include "pagoda/backend/cuda/attention/device_primitives.cuh"
 #include "pagoda/backend/cuda/attention/mla_decode_descriptor.h"
+#include "pagoda/backend/cuda/attention/mla_decode_merge.cuh"
 #include "pagoda/backend/cuda/attention/mla_decode_narrow.cuh"
 #include "pagoda/backend/cuda/attention/wgmma_primitives.cuh"
 
@@ -708,31 +709,10 @@ __global__ void __launch_bounds__(128) mla_decode_merge_kernel(const MlaDecodeDe
   const int count = d.row_segment_start[row + 1] * per - first;
   if (count == 1) return;  // one segment of one record: the kernel wrote the row
   if (count <= 0) {
-    reinterpret_cast<uint2*>(out + (int64_t{row} * d.num_heads + head) * kMlaLatentDim)[threadIdx.x] =
-        make_uint2(0u, 0u);
+    mla_merge::zero_item(d, row, head, threadIdx.x, out);
     return;
   }
-  const float* partial = d.workspace;
-  const float* lse = d.workspace + int64_t{d.num_segments} * per * d.num_heads * kMlaLatentDim;
-  float max_lse = kNoScore;
-  for (int s = 0; s < count; ++s) max_lse = fmaxf(max_lse, lse[int64_t{first + s} * d.num_heads + head]);
-  float sum = 0.0f;
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int s = 0; s < count; ++s) {
-    const int64_t at = int64_t{first + s} * d.num_heads + head;
-    const float w = exp2f(lse[at] - max_lse);
-    sum += w;
-    const float4 v = reinterpret_cast<const float4*>(partial + at * kMlaLatentDim)[threadIdx.x];
-    acc.x += w * v.x;
-    acc.y += w * v.y;
-    acc.z += w * v.z;
-    acc.w += w * v.w;
-  }
-  const float inv = 1.0f / sum;
-  uint2 packed;
-  packed.x = pack_bf16x2(acc.x * inv, acc.y * inv);
-  packed.y = pack_bf16x2(acc.z * inv, acc.w * inv);
-  reinterpret_cast<uint2*>(out + (int64_t{row} * d.num_heads + head) * kMlaLatentDim)[threadIdx.x] = packed;
+  mla_merge::combine_item<false>(d, row, first, count, head, threadIdx.x, out);
 }
 
 template <bool kFp8>
@@ -773,6 +753,8 @@ cudaError_t launch_mla_decode(const MlaDecodeDescriptor& d, const void* q, void*
   const bool merge = d.max_splits > 1 || d.partials_per_segment > 1;
   if (d.partials_per_segment != mla_decode_partials_per_segment(d.kernel)) return cudaErrorInvalidValue;
   if (merge && d.workspace == nullptr) return cudaErrorInvalidValue;
+  if (d.fused_merge && (!mla_decode_can_fuse_merge(d.kernel) || d.merge_counters == nullptr))
+    return cudaErrorInvalidValue;
   const cudaError_t prepared = fp8 ? prepare_one<true>() : prepare_one<false>();
   if (prepared != cudaSuccess) return prepared;
   if (d.num_ctas == 0) return cudaSuccess;
@@ -799,7 +781,7 @@ cudaError_t launch_mla_decode(const MlaDecodeDescriptor& d, const void* q, void*
     mla_decode_kernel<kBf16><<<grid, kThreads, kSmemBytes, stream>>>(d, qb, ob);
   }
   cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess || !merge) return err;
+  if (err != cudaSuccess || !merge || d.fused_merge) return err;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(d.num_rows, d.num_heads);
   config.blockDim = dim3(128);

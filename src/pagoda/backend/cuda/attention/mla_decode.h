@@ -60,6 +60,14 @@ struct MlaDecodeRow {
   std::span<const int32_t> block_table;  // at least ceil(context_len / block_size) ids
 };
 
+// How split rows are combined: a merge pass after the decode kernel, or the
+// merge folded into the decode kernel (MlaDecodeDescriptor::fused_merge).
+enum class MlaMergeMode : int32_t {
+  kDefault = 0,  // the environment's PAGODA_MLA_MERGE: "pass" or "fused"; unset or empty: pass
+  kPass = 1,
+  kFused = 2,  // where the kernel can (mla_decode_can_fuse_merge) and the grid is one CTA per SM at most
+};
+
 struct MlaDecodeOptions {
   // KV positions per segment, one segment per CTA (rounded up to a multiple of
   // 64). 0: automatic, the rows' tiles balanced over one wave of the GPU.
@@ -72,7 +80,7 @@ struct MlaDecodeOptions {
   // segments fixed_rows rows can need, so descriptor() (given the same device
   // buffers) is identical for every plan of the same config, fixed_rows and
   // stride: a launch captured once replays correctly after each later plan's
-  // arena is copied to the same device address. The merge pass always runs.
+  // arena is copied to the same device address. The merge (pass or folded) always runs.
   // Requires split_tokens 0 and every row's blocks to fit the stride.
   int32_t fixed_rows = 0;
   int32_t fixed_block_table_stride = 0;
@@ -104,6 +112,12 @@ struct MlaDecodeOptions {
   // head-tile CTAs, budgets differing by at most a quarter tile, a segment
   // costing a quarter tile more (mla_decode_plan.cpp).
   bool spread_budget = false;
+  // kFused applies to the ping-pong kernels with a hand-over (the automatic
+  // TMA and bulk kernels among them) when the plan's grid has at most one CTA
+  // per SM, since a CTA waits there for the other CTAs of its rows; other plans
+  // keep the merge pass, and fused_merge() says which was taken. The arena then
+  // holds two counters a row, which the kernel leaves at zero.
+  MlaMergeMode merge = MlaMergeMode::kDefault;
 };
 
 class MlaDecodePlan {
@@ -127,10 +141,14 @@ class MlaDecodePlan {
   size_t arena_bytes() const { return arena_.size() * sizeof(int32_t); }
   // Split-K scratch the launch needs (0 when no row is split).
   size_t workspace_bytes() const { return workspace_bytes_; }
+  // The merge is folded into the decode kernel (options.merge kFused, taken).
+  bool fused_merge() const { return fused_merge_; }
 
-  // device_arena: the device copy of arena(); latent / latent_scale: the
-  // layer's K codes and (fp8) scale records; workspace: workspace_bytes().
-  MlaDecodeDescriptor descriptor(const int32_t* device_arena, const void* latent, const void* latent_scale,
+  // device_arena: the device copy of arena() (written by launches with the
+  // merge folded in: its counters, left at zero; one launch at a time);
+  // latent / latent_scale: the layer's K codes and (fp8) scale records;
+  // workspace: workspace_bytes().
+  MlaDecodeDescriptor descriptor(int32_t* device_arena, const void* latent, const void* latent_scale,
                                  float* workspace) const;
 
  private:
@@ -143,8 +161,10 @@ class MlaDecodePlan {
   MlaDecodeKernel kernel_ = MlaDecodeKernel::kCpAsync;
   int32_t num_rows_ = 0, num_segments_ = 0, num_ctas_ = 0, max_splits_ = 1;
   size_t workspace_bytes_ = 0;
+  bool fused_merge_ = false;
   std::vector<int32_t> arena_;
-  size_t row_segment_start_at_ = 0, cta_segment_start_at_ = 0, block_table_start_at_ = 0, block_tables_at_ = 0;
+  size_t row_segment_start_at_ = 0, cta_segment_start_at_ = 0, merge_counters_at_ = 0, block_table_start_at_ = 0,
+         block_tables_at_ = 0;
   const int32_t* external_block_tables_ = nullptr;  // options.fixed_block_tables
 };
 

@@ -132,6 +132,14 @@ constexpr int mla_decode_partials_per_segment(MlaDecodeKernel k) {
   return k == MlaDecodeKernel::kTmaPingPongSplit || k == MlaDecodeKernel::kTmaPingPongSplitTwoChains ? 2 : 1;
 }
 
+// Kernels that can fold the merge in (MlaDecodeDescriptor::fused_merge): the
+// ping-pong kernels whose groups hand over, so a segment is one record.
+constexpr bool mla_decode_can_fuse_merge(MlaDecodeKernel k) {
+  return k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaPingPongFastExp ||
+         k == MlaDecodeKernel::kTmaPingPongTurns || k == MlaDecodeKernel::kTmaPingPongTwoChains ||
+         k == MlaDecodeKernel::kTmaPingPongAll || k == MlaDecodeKernel::kBulkPingPongTwoChains;
+}
+
 // CTAs a kernel runs per SM (a head tile's wave is num_sms x this).
 constexpr int mla_decode_ctas_per_sm(MlaDecodeKernel k) {
   return k == MlaDecodeKernel::kTmaPair || k == MlaDecodeKernel::kTmaPairTile ? 2 : 1;
@@ -157,6 +165,14 @@ struct MlaDecodeDescriptor {
   // results in griddepcontrol.wait, which hides the merge's launch latency.
   // Off: a plain launch after the decode grid.
   bool programmatic_merge = false;
+  // The merge folded into the decode kernel (MlaDecodePlan::fused_merge; the
+  // ping-pong kernels with a hand-over only): the CTAs holding a split row's
+  // segments combine it themselves once all of its records are written
+  // (mla_decode_merge.cuh), and padding rows get their zeros there, so no
+  // merge pass runs. merge_counters: the plan arena's [num_rows][2] counters
+  // (zero before a launch, and again after it).
+  bool fused_merge = false;
+  int32_t* merge_counters = nullptr;
   // Arena views: segments [num_segments][3] = (row, kv_begin, kv_end);
   // row_segment_start [num_rows + 1]; cta_segment_start [num_ctas + 1];
   // block_table_start [num_rows]; block_tables.

@@ -43,6 +43,15 @@ const char* environment_kernel() {
   return value;
 }
 
+// PAGODA_MLA_MERGE, read once: "pass", "fused", or unset / empty (pass).
+const char* environment_merge() {
+  static const char* value = [] {
+    const char* v = std::getenv("PAGODA_MLA_MERGE");
+    return v == nullptr ? "" : v;
+  }();
+  return value;
+}
+
 // Where the TMA kernel applies: bf16 token-major rows (its tensor map's boxes
 // read rows of 1,152 bytes; swizzled pages take the cp.async kernels), one
 // narrow head tile, and pages that a 64-position tile either divides into
@@ -180,6 +189,15 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
   if (options.split_tokens < 0)
     return invalid_argument_error("mla decode: split_tokens {} must be >= 0", options.split_tokens);
   if (device.num_sms < 1) return invalid_argument_error("mla decode: num_sms {} must be positive", device.num_sms);
+  MlaMergeMode merge = options.merge;
+  if (merge == MlaMergeMode::kDefault) {
+    const char* env = environment_merge();
+    if (*env == '\0' || std::strcmp(env, "pass") == 0) merge = MlaMergeMode::kPass;
+    else if (std::strcmp(env, "fused") == 0) merge = MlaMergeMode::kFused;
+    else return invalid_argument_error("mla decode: PAGODA_MLA_MERGE '{}' (pass or fused)", env);
+  } else if (merge != MlaMergeMode::kPass && merge != MlaMergeMode::kFused) {
+    return invalid_argument_error("mla decode: merge mode {} unknown", static_cast<int>(merge));
+  }
   if (!(device.peak_dram_gbps >= 0.0) || !std::isfinite(device.peak_dram_gbps))
     return invalid_argument_error("mla decode: peak_dram_gbps {} must be >= 0 and finite", device.peak_dram_gbps);
   if (rows.size() > size_t{1} << 24)
@@ -302,6 +320,13 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
   plan.num_ctas_ = int32_t(cta_start.size()) - 1;
   for (size_t i = 0; i + 1 < row_start.size(); ++i)
     plan.max_splits_ = std::max(plan.max_splits_, row_start[i + 1] - row_start[i]);
+  // The folded merge waits inside the grid for the CTAs of a row, so every CTA must be resident at once: one
+  // head tile of at most one CTA per SM (fixed plans: one whole wave).
+  const int32_t grid_ctas = fixed ? std::max(1, device.num_sms * mla_decode_ctas_per_sm(kernel) / head_tiles)
+                                  : plan.num_ctas_;
+  plan.fused_merge_ = merge == MlaMergeMode::kFused && mla_decode_can_fuse_merge(kernel) && head_tiles == 1 &&
+                      mla_decode_ctas_per_sm(kernel) == 1 && grid_ctas <= device.num_sms &&
+                      (fixed || plan.max_splits_ > 1);
   if (fixed) return lay_out_fixed(std::move(plan), rows, device, options, std::move(segments), std::move(row_start),
                                   std::move(cta_start));
   // The merge pass's records: split rows' segments, or every segment's
@@ -311,7 +336,7 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
     plan.workspace_bytes_ =
         size_t(plan.num_segments_) * partials * size_t(config.num_heads) * (kMlaLatentDim + 1) * sizeof(float);
 
-  // Arena: segments | row starts | CTA starts | block table starts | block tables.
+  // Arena: segments | row starts | CTA starts | merge counters (fused merge) | block table starts | block tables.
   // Rows that share a block table (a prefill's rows of one sequence) share its copy.
   auto& a = plan.arena_;
   a = std::move(segments);
@@ -319,6 +344,8 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
   a.insert(a.end(), row_start.begin(), row_start.end());
   plan.cta_segment_start_at_ = a.size();
   a.insert(a.end(), cta_start.begin(), cta_start.end());
+  plan.merge_counters_at_ = a.size();
+  if (plan.fused_merge_) a.resize(a.size() + 2 * rows.size(), 0);
   plan.block_table_start_at_ = a.size();
   a.resize(a.size() + rows.size());
   plan.block_tables_at_ = a.size();
@@ -354,13 +381,14 @@ MlaDecodePlan MlaDecodePlan::lay_out_fixed(MlaDecodePlan plan, std::span<const M
   plan.num_rows_ = options.fixed_rows;
   plan.num_ctas_ = ctas;
   plan.num_segments_ = capacity;
-  plan.max_splits_ = 2;  // the merge pass always runs (and zeroes padding rows), whatever this step's splits
+  plan.max_splits_ = 2;  // the merge always runs (and zeroes padding rows), whatever this step's splits
   plan.workspace_bytes_ = size_t(capacity) * size_t(mla_decode_partials_per_segment(plan.kernel_)) *
                          size_t(plan.config_.num_heads) * (kMlaLatentDim + 1) * sizeof(float);
   const bool external = options.fixed_block_tables != nullptr;
   auto& a = plan.arena_;
-  a.assign(size_t(capacity) * 3 + size_t(options.fixed_rows) + 1 + size_t(ctas) + 1 + size_t(options.fixed_rows) +
-               (external ? 0 : size_t(options.fixed_rows) * stride),
+  const size_t counters = plan.fused_merge_ ? 2 * size_t(options.fixed_rows) : 0;
+  a.assign(size_t(capacity) * 3 + size_t(options.fixed_rows) + 1 + size_t(ctas) + 1 + counters +
+               size_t(options.fixed_rows) + (external ? 0 : size_t(options.fixed_rows) * stride),
            0);
   std::copy(segments.begin(), segments.end(), a.begin());
   plan.row_segment_start_at_ = size_t(capacity) * 3;
@@ -369,7 +397,8 @@ MlaDecodePlan MlaDecodePlan::lay_out_fixed(MlaDecodePlan plan, std::span<const M
   plan.cta_segment_start_at_ = plan.row_segment_start_at_ + size_t(options.fixed_rows) + 1;
   std::copy(cta_start.begin(), cta_start.end(), a.begin() + ptrdiff_t(plan.cta_segment_start_at_));
   for (size_t i = cta_start.size(); i < size_t(ctas) + 1; ++i) a[plan.cta_segment_start_at_ + i] = used;
-  plan.block_table_start_at_ = plan.cta_segment_start_at_ + size_t(ctas) + 1;
+  plan.merge_counters_at_ = plan.cta_segment_start_at_ + size_t(ctas) + 1;
+  plan.block_table_start_at_ = plan.merge_counters_at_ + counters;
   plan.block_tables_at_ = plan.block_table_start_at_ + size_t(options.fixed_rows);
   plan.external_block_tables_ = options.fixed_block_tables;
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -383,7 +412,7 @@ MlaDecodePlan MlaDecodePlan::lay_out_fixed(MlaDecodePlan plan, std::span<const M
   return plan;
 }
 
-MlaDecodeDescriptor MlaDecodePlan::descriptor(const int32_t* device_arena, const void* latent,
+MlaDecodeDescriptor MlaDecodePlan::descriptor(int32_t* device_arena, const void* latent,
                                               const void* latent_scale, float* workspace) const {
   MlaDecodeDescriptor d;
   d.num_rows = num_rows_;
@@ -406,6 +435,8 @@ MlaDecodeDescriptor MlaDecodePlan::descriptor(const int32_t* device_arena, const
   d.latent = latent;
   d.latent_scale = static_cast<const float*>(latent_scale);
   d.workspace = workspace;
+  d.fused_merge = fused_merge_;
+  d.merge_counters = fused_merge_ && device_arena != nullptr ? device_arena + merge_counters_at_ : nullptr;
   return d;
 }
 

@@ -1,0 +1,99 @@
+#pragma once
+// The combination of a split row's segment records (mla_decode_descriptor.h's
+// workspace: normalized partial outputs and base-2 log-sum-exps), shared by the
+// merge pass (mla_decode.cu) and the merge folded into the ping-pong kernels
+// (mla_decode_tma.cu, MlaDecodeDescriptor::fused_merge), so both give the same
+// bits: O = sum_s w_s O_s / sum_s w_s with w_s = 2^(lse_s - max lse).
+//
+// The folded merge's hand-off between CTAs, per split row (two counters a row
+// in the plan's arena, zero between launches):
+//   - a segment's writer stores its record, synchronizes its writers, and one
+//     thread fences and adds 1 to the row's arrivals (release);
+//   - after all of its own segments, a CTA waits until the arrivals of each
+//     split row it holds reach the row's segment count (acquire), combines its
+//     share of the row (segment k of n: items [k W / n, (k + 1) W / n) of the
+//     row's W = heads x 128 four-value items), and adds 1 to the departures;
+//     the last to depart sets both counters back to zero.
+// Every CTA arrives for all of its segments before it waits for any row, so
+// the waits end as long as all of the grid's CTAs are resident at once: the
+// plan folds the merge only into grids of at most one CTA per SM.
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "pagoda/backend/cuda/attention/device_primitives.cuh"
+#include "pagoda/backend/cuda/attention/mla_decode_descriptor.h"
+
+namespace pagoda::kernels::cuda::mla_merge {
+
+constexpr float kNoRecord = -1e30f;  // the log2-sum-exp below every real one
+
+// Item (head, four values c4 * 4 ..) of a row whose records are
+// [first, first + count) (count >= 2): the combined output, as bf16, to out.
+// loads: a record read (__ldg for the merge pass, which runs after the
+// writers' grid; an L2 read for the folded merge, whose writers are other CTAs
+// of the same grid).
+template <bool kFromL2>
+__device__ __forceinline__ void combine_item(const MlaDecodeDescriptor& d, int row, int first, int count, int head,
+                                             int c4, __nv_bfloat16* __restrict__ out) {
+  const float* partial = d.workspace;
+  const float* lse = d.workspace + int64_t{d.num_segments} * d.partials_per_segment * d.num_heads * kMlaLatentDim;
+  auto load = [](const float* p) { return kFromL2 ? __ldcg(p) : *p; };
+  float max_lse = kNoRecord;
+  for (int s = 0; s < count; ++s) max_lse = fmaxf(max_lse, load(lse + int64_t{first + s} * d.num_heads + head));
+  float sum = 0.0f;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int s = 0; s < count; ++s) {
+    const int64_t at = int64_t{first + s} * d.num_heads + head;
+    const float w = exp2f(load(lse + at) - max_lse);
+    sum += w;
+    const float4* p = reinterpret_cast<const float4*>(partial + at * kMlaLatentDim) + c4;
+    const float4 v = kFromL2 ? __ldcg(p) : *p;
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
+  }
+  const float inv = 1.0f / sum;
+  uint2 packed;
+  packed.x = device::pack_bf16x2(acc.x * inv, acc.y * inv);
+  packed.y = device::pack_bf16x2(acc.z * inv, acc.w * inv);
+  reinterpret_cast<uint2*>(out + (int64_t{row} * d.num_heads + head) * kMlaLatentDim)[c4] = packed;
+}
+
+// Zeros for item (head, c4) of a row without segments (a fixed plan's padding row).
+__device__ __forceinline__ void zero_item(const MlaDecodeDescriptor& d, int row, int head, int c4,
+                                          __nv_bfloat16* __restrict__ out) {
+  reinterpret_cast<uint2*>(out + (int64_t{row} * d.num_heads + head) * kMlaLatentDim)[c4] = make_uint2(0u, 0u);
+}
+
+__device__ __forceinline__ int load_acquire_gpu(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// The writer's side, by one thread after every writer of the record has
+// passed a barrier with it: the record is published to the row's waiters.
+__device__ __forceinline__ void arrive(const MlaDecodeDescriptor& d, int row) {
+  __threadfence();
+  atomicAdd(d.merge_counters + 2 * row, 1);
+}
+
+// One thread spins until the row's `count` records have all arrived (the
+// caller then synchronizes its threads before they read the records).
+__device__ __forceinline__ void wait_all_arrived(const MlaDecodeDescriptor& d, int row, int count) {
+  while (load_acquire_gpu(d.merge_counters + 2 * row) < count) __nanosleep(32);
+}
+
+// One thread, after every reader of its CTA is done with the row: the last of
+// the row's `count` CTAs to leave resets the counters for the next launch.
+__device__ __forceinline__ void depart(const MlaDecodeDescriptor& d, int row, int count) {
+  if (atomicAdd(d.merge_counters + 2 * row + 1, 1) == count - 1) {
+    atomicExch(d.merge_counters + 2 * row, 0);
+    atomicExch(d.merge_counters + 2 * row + 1, 0);
+  }
+}
+
+}  // namespace pagoda::kernels::cuda::mla_merge
