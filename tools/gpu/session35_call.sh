@@ -7,9 +7,10 @@
 #   goal    issue 20's figure: mla_decode_bench bf16 H=16, 64 x 4K and 8 x 32K at pages of 64, the bulk kernel on
 #           swizzled pages and the tensor-map kernel on token-major pages, each with the merge pass (plain) and
 #           folded (fused), interleaved, ROUNDS rounds (default 3);
-#   small   the same four at pages of 16 (64 x 4K), ROUNDS rounds;
-#   engine  the V2-Lite-shaped engine (256 x 1,000 in / 300 out, bf16 latent, pages of 64), PAGODA_MLA_MERGE pass
-#           vs fused, on swizzled pages, two rounds.
+#   small   the same four and cp_async on either layout at pages of 16 (64 x 4K), ROUNDS rounds;
+#   engine  the V2-Lite-shaped engine (256 x 1,000 in / 300 out, bf16 latent), each of ENGINE_RUNS ("PAGES BLOCK
+#           MERGE" triples, default: token-major and swizzled128 at pages of 16 with the merge pass, at 64 with
+#           the pass and swizzled128 at 64 folded), once.
 # Bundle: tools/gpu/session35_call.sh bundle (-> .device/s35); run (carry .device/s35):
 #   [PARTS=...] [TOTAL=560] bash .device/s35/session35_call.sh
 set -u
@@ -58,18 +59,19 @@ IFS='|' read -r -a runs <<< "$four"
 done
 [[ $parts == *" small "* ]] && for round in $(seq 1 "$rounds"); do
   [ $((total - (SECONDS - t0))) -lt 30 ] && break
-  bench_round "$round" "B=64 L=4096 bs=16" "${runs[@]}"
+  bench_round "$round" "B=64 L=4096 bs=16" "${runs[@]}" "token cp_async plain" "swizzled cp_async plain"
 done
 echo "== MLA bench done at $((SECONDS - t0)) s"
-[[ $parts == *" engine "* ]] && for round in 1 2; do
-  for merge in pass fused; do
-    [ $((total - (SECONDS - t0))) -lt 110 ] && break 2
-    PAGODA_MLA_MERGE=$merge PAGODA_MLA_LATENT_PAGES=swizzled128 timeout 100 "$B" pagoda_gpu_engine_bench \
-      --config tools/gpu_backend/deepseek_v2_lite_config.json --workload random --sampling greedy --no-step-profile \
-      --kv-cache-dtype bf16 --block-size 64 --num-requests 256 --input-len 1000 --output-len 300 \
-      --max-num-seqs 256 > "$out/v2lite_$merge.log" 2>&1
-    echo "r$round v2lite swizzled pages of 64, merge $merge rc=$? failed $(grep -c ' failed: ' "$out/v2lite_$merge.log"):" \
-      "$(grep -m2 -E '^engine|decode-only' "$out/v2lite_$merge.log" | cut -c1-200 | tr '\n' ' ')"
-  done
+engine_runs=${ENGINE_RUNS:-token-major 16 pass|swizzled128 16 pass|token-major 64 pass|swizzled128 64 pass|swizzled128 64 fused}
+IFS='|' read -r -a eruns <<< "$engine_runs"
+[[ $parts == *" engine "* ]] && for run in "${eruns[@]}"; do
+  set -- $run
+  [ $((total - (SECONDS - t0))) -lt 110 ] && break
+  PAGODA_MLA_MERGE=$3 PAGODA_MLA_LATENT_PAGES=$1 timeout 100 "$B" pagoda_gpu_engine_bench \
+    --config tools/gpu_backend/deepseek_v2_lite_config.json --workload random --sampling greedy --no-step-profile \
+    --kv-cache-dtype bf16 --block-size "$2" --num-requests 256 --input-len 1000 --output-len 300 \
+    --max-num-seqs 256 > "$out/v2lite_$1_$2_$3.log" 2>&1
+  echo "v2lite $1 pages of $2, merge $3 rc=$? failed $(grep -c ' failed: ' "$out/v2lite_$1_$2_$3.log"):" \
+    "$(grep -m2 -E '^engine|decode-only' "$out/v2lite_$1_$2_$3.log" | cut -c1-200 | tr '\n' ' ')"
 done
 echo "== end at $((SECONDS - t0)) s"
