@@ -1041,28 +1041,32 @@ TEST_F(MlaDecodeGpuTest, BulkKernelOnSwizzledPagesGivesThePingPongBits) {
 
 // The merge folded into the ping-pong kernels (MlaMergeMode::kFused, mla_decode_merge.cuh) combines the same
 // records with the merge pass's arithmetic: the same output bits, for the automatic TMA kernel, the bulk kernel
-// on swizzled pages and the plain ping-pong kernels; rows split in 2 to 40 segments, CTAs holding several
+// on swizzled pages, the plain ping-pong kernels and tma_fp8 on FlashMLA's records; rows split in 2 to 40 segments, CTAs holding several
 // segments (7 SMs), launches back to back (the counters return to zero), fixed plans with padding rows (zeroed
 // by the kernel) launched directly and replayed from a graph. The arena's counters are read back: all zero.
 TEST_F(MlaDecodeGpuTest, FusedMergeGivesTheMergePassBits) {
-  const KvElement bf16 = KvElement::kBF16;
   struct Kind {
     MlaDecodeKernel kernel;
     MlaLatentLayout layout;
+    KvElement element;
   };
-  const Kind kinds[] = {{MlaDecodeKernel::kTmaPingPongTwoChains, MlaLatentLayout::kPerVectorScale},
-                        {MlaDecodeKernel::kBulkPingPongTwoChains, MlaLatentLayout::kBf16SwizzledPages},
-                        {MlaDecodeKernel::kTmaPingPong, MlaLatentLayout::kPerVectorScale},
-                        {MlaDecodeKernel::kTmaPingPongAll, MlaLatentLayout::kPerVectorScale}};
+  const Kind kinds[] = {
+      {MlaDecodeKernel::kTmaPingPongTwoChains, MlaLatentLayout::kPerVectorScale, KvElement::kBF16},
+      {MlaDecodeKernel::kBulkPingPongTwoChains, MlaLatentLayout::kBf16SwizzledPages, KvElement::kBF16},
+      {MlaDecodeKernel::kTmaPingPong, MlaLatentLayout::kPerVectorScale, KvElement::kBF16},
+      {MlaDecodeKernel::kTmaPingPongAll, MlaLatentLayout::kPerVectorScale, KvElement::kBF16},
+      {MlaDecodeKernel::kTmaFp8, MlaLatentLayout::kFlashMla656, KvElement::kFP8E4M3}};
   for (const Kind& kind : kinds) {
+    const KvElement element = kind.element;
     std::vector<MlaCase> cases = {
-        with_options(make_case("fused split 64", 16, 64, bf16, {1, 100, 1000, 2500}, 210), 64, 0),
-        make_case("fused automatic", 16, 64, bf16, {4000, 3000, 70, 9000, 129}, 211),
-        make_case("fused automatic bs16", 16, 16, bf16, {1, 17, 4097, 300, 6000}, 212),
-        with_options(make_case("fused 7 sms", 16, 64, bf16, {1, 5, 70, 300, 1000, 2000, 64, 3}, 213), 0, 7),
-        make_case("fused h8", 8, 64, bf16, {5000, 640}, 214)};
+        with_options(make_case("fused split 64", 16, 64, element, {1, 100, 1000, 2500}, 210), 64, 0),
+        make_case("fused automatic", 16, 64, element, {4000, 3000, 70, 9000, 129}, 211),
+        make_case("fused automatic bs16", 16, 16, element, {1, 17, 4097, 300, 6000}, 212),
+        with_options(make_case("fused 7 sms", 16, 64, element, {1, 5, 70, 300, 1000, 2000, 64, 3}, 213), 0, 7),
+        make_case("fused h8", 8, 64, element, {5000, 640}, 214)};
     for (const bool graph : {false, true}) {
-      MlaCase f = make_case(graph ? "fused fixed 8 graph" : "fused fixed 8", 16, 64, bf16, {1, 70, 3000, 640, 5}, 215);
+      MlaCase f =
+          make_case(graph ? "fused fixed 8 graph" : "fused fixed 8", 16, 64, element, {1, 70, 3000, 640, 5}, 215);
       f.options.fixed_rows = 8;
       f.options.fixed_block_table_stride = 100;
       f.use_graph = graph;

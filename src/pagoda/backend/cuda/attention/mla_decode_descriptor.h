@@ -137,7 +137,8 @@ constexpr int mla_decode_partials_per_segment(MlaDecodeKernel k) {
 constexpr bool mla_decode_can_fuse_merge(MlaDecodeKernel k) {
   return k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaPingPongFastExp ||
          k == MlaDecodeKernel::kTmaPingPongTurns || k == MlaDecodeKernel::kTmaPingPongTwoChains ||
-         k == MlaDecodeKernel::kTmaPingPongAll || k == MlaDecodeKernel::kBulkPingPongTwoChains;
+         k == MlaDecodeKernel::kTmaPingPongAll || k == MlaDecodeKernel::kBulkPingPongTwoChains ||
+         k == MlaDecodeKernel::kTmaFp8;
 }
 
 // CTAs a kernel runs per SM (a head tile's wave is num_sms x this).

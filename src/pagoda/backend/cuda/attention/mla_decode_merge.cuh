@@ -96,4 +96,44 @@ __device__ __forceinline__ void depart(const MlaDecodeDescriptor& d, int row, in
   }
 }
 
+// A segment's end, by the threads that stored its record (one warpgroup: group_tid 0..127), after the
+// stores: with the merge folded in and the row split, the record is published to the row's waiters.
+// group_barrier: a barrier of exactly those threads.
+template <class GroupBarrier>
+__device__ __forceinline__ void publish_record(const MlaDecodeDescriptor& d, int row, int group_tid,
+                                               GroupBarrier group_barrier) {
+  if (!d.fused_merge || d.row_segment_start[row + 1] - d.row_segment_start[row] < 2) return;
+  group_barrier();  // every writer of the record is past its stores
+  if (group_tid == 0) arrive(d, row);
+}
+
+// The folded merge, by a CTA's kThreads compute threads (tid 0 ..) after all of its segments
+// [seg_begin, seg_end) were published: its share of each split row it holds, once all of the row's
+// records are in, then zeros for its share of the padding rows (rows without segments, a CTA per row in
+// turn). barrier: a barrier of exactly those threads.
+template <int kThreads, class Barrier>
+__device__ __forceinline__ void combine_held_rows(const MlaDecodeDescriptor& d, int seg_begin, int seg_end, int tid,
+                                                  Barrier barrier, __nv_bfloat16* __restrict__ out) {
+  constexpr int kRowItems = kMlaLatentDim / 4;  // four values an item
+  const int items = d.num_heads * kRowItems;
+  for (int seg = seg_begin; seg < seg_end; ++seg) {
+    const int row = d.segments[3 * seg];
+    const int first = d.row_segment_start[row];
+    const int count = d.row_segment_start[row + 1] - first;
+    if (count < 2) continue;
+    if (tid == 0) {
+      wait_all_arrived(d, row, count);
+      depart(d, row, count);  // the records stay until the next launch: no need to wait for the reads
+    }
+    barrier();
+    const int k = seg - first;
+    const int end = int(int64_t{k + 1} * items / count);
+    for (int i = int(int64_t{k} * items / count) + tid; i < end; i += kThreads)
+      combine_item<true>(d, row, first, count, i / kRowItems, i % kRowItems, out);
+  }
+  for (int row = blockIdx.y; row < d.num_rows; row += gridDim.y)
+    if (d.row_segment_start[row + 1] == d.row_segment_start[row])
+      for (int i = tid; i < items; i += kThreads) zero_item(d, row, i / kRowItems, i % kRowItems, out);
+}
+
 }  // namespace pagoda::kernels::cuda::mla_merge

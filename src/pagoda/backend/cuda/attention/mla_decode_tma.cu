@@ -693,39 +693,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbarrier_arrive(hand_empty);  // done with this use (group 1 may write the next)
     }
     mla_narrow::store_handed_over(d, st, t, sum, seg, row, out);
-    if (d.fused_merge && d.row_segment_start[row + 1] - d.row_segment_start[row] > 1) {
-      mla_narrow::group_barrier(0);  // every writer of the record is past its stores
-      if (gtid == 0) mla_merge::arrive(d, row);
-    }
+    mla_merge::publish_record(d, row, gtid, [] { mla_narrow::group_barrier(0); });
   }
   // The turn given after the CTA's last tile (or group 1's first, if no tile)
   // is left on the barrier of the group of the tile after it: that group takes it.
   if (kTurns && g == (it & 1)) named_barrier_sync(kTurnBarrier + g, kConsumerThreads);
-  if (d.fused_merge) {
-    // The merge folded in (mla_decode_merge.cuh): this CTA's share of each split row it holds, once all of the
-    // row's records are in, then zeros for its share of the padding rows (rows without segments).
-    constexpr int kRowItems = kMlaLatentDim / 4;  // four values an item
-    const int items = d.num_heads * kRowItems;
-    for (int seg = seg_begin; seg < seg_end; ++seg) {
-      const int row = d.segments[3 * seg];
-      const int first = d.row_segment_start[row];
-      const int count = d.row_segment_start[row + 1] - first;
-      if (count < 2) continue;
-      if (tid == 0) {
-        mla_merge::wait_all_arrived(d, row, count);
-        mla_merge::depart(d, row, count);  // the records stay until the next launch: no need to wait for reads
-      }
-      consumers_barrier();
-      const int k = seg - first;
-      const int end = int(int64_t{k + 1} * items / count);
-      for (int i = int(int64_t{k} * items / count) + tid; i < end; i += kConsumerThreads)
-        mla_merge::combine_item<true>(d, row, first, count, i / kRowItems, i % kRowItems, out);
-    }
-    for (int row = blockIdx.y; row < d.num_rows; row += gridDim.y)
-      if (d.row_segment_start[row + 1] == d.row_segment_start[row])
-        for (int i = tid; i < items; i += kConsumerThreads)
-          mla_merge::zero_item(d, row, i / kRowItems, i % kRowItems, out);
-  }
+  if (d.fused_merge)  // the merge folded in (mla_decode_merge.cuh)
+    mla_merge::combine_held_rows<kConsumerThreads>(d, seg_begin, seg_end, tid, consumers_barrier, out);
 #endif
 }
 

@@ -46,6 +46,7 @@
 
 #include "pagoda/backend/cuda/attention/device_primitives.cuh"
 #include "pagoda/backend/cuda/attention/mla_decode_descriptor.h"
+#include "pagoda/backend/cuda/attention/mla_decode_merge.cuh"
 #include "pagoda/backend/cuda/attention/mla_decode_narrow.cuh"
 #include "pagoda/backend/cuda/attention/mla_decode_tma_fp8_ring.h"
 #include "pagoda/backend/cuda/attention/prefill_sm90_sync.cuh"
@@ -374,7 +375,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     mbarrier_arrive(hand_empty);
     mla_narrow::store_handed_over(d, st, t, sum, seg, row, out);
+    mla_merge::publish_record(d, row, gtid, [] { mla_narrow::group_barrier(0); });
   }
+  if (d.fused_merge)  // the merge folded in (mla_decode_merge.cuh)
+    mla_merge::combine_held_rows<kConsumerThreads>(d, seg_begin, seg_end, tid, consumers_barrier, out);
 #endif
 }
 
