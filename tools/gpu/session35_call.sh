@@ -8,6 +8,7 @@
 #           swizzled pages and the tensor-map kernel on token-major pages, each with the merge pass (plain) and
 #           folded (fused), interleaved, ROUNDS rounds (default 3);
 #   small   the same four and cp_async on either layout at pages of 16 (64 x 4K), ROUNDS rounds;
+#   fp8     FlashMLA's fp8 records at the goal shapes: tma_fp8, merge pass vs folded, ROUNDS rounds;
 #   engine  the V2-Lite-shaped engine (256 x 1,000 in / 300 out, bf16 latent), each of ENGINE_RUNS ("PAGES BLOCK
 #           MERGE" triples, default: token-major and swizzled128 at pages of 16 with the merge pass, at 64 with
 #           the pass and swizzled128 at 64 folded), once.
@@ -45,7 +46,7 @@ bench_round() {
   local round=$1 shape=$2 run; shift 2
   for run in "$@"; do
     set -- $run
-    timeout 40 "$B" mla_decode_bench --iters 20 --only "bf16 H=16 $shape" --kernel "$2" --schedule whole \
+    timeout 40 "$B" mla_decode_bench --iters 20 --only "${FORMAT:-bf16} H=16 $shape" --kernel "$2" --schedule whole \
       --pages "$1" --merge "$3" 2>&1 | grep -E "^mla decode|HBM copy|error|non-finite" | sed "s/^/r$round $3 /"
   done
 }
@@ -60,6 +61,12 @@ done
 [[ $parts == *" small "* ]] && for round in $(seq 1 "$rounds"); do
   [ $((total - (SECONDS - t0))) -lt 30 ] && break
   bench_round "$round" "B=64 L=4096 bs=16" "${runs[@]}" "token cp_async plain" "swizzled cp_async plain"
+done
+[[ $parts == *" fp8 "* ]] && for round in $(seq 1 "$rounds"); do
+  for shape in "B=64 L=4096 bs=64" "B=8 L=32768 bs=64"; do
+    [ $((total - (SECONDS - t0))) -lt 30 ] && break 2
+    FORMAT=fp8-656 bench_round "$round" "$shape" "token tma_fp8 plain" "token tma_fp8 fused"
+  done
 done
 echo "== MLA bench done at $((SECONDS - t0)) s"
 engine_runs=${ENGINE_RUNS:-token-major 16 pass|swizzled128 16 pass|token-major 64 pass|swizzled128 64 pass|swizzled128 64 fused}
