@@ -40,14 +40,14 @@ __device__ __forceinline__ void combine_item(const MlaDecodeDescriptor& d, int r
   const float* partial = d.workspace;
   const float* lse = d.workspace + int64_t{d.num_segments} * d.partials_per_segment * d.num_heads * kMlaLatentDim;
   auto load = [](const float* p) { return kFromL2 ? __ldcg(p) : *p; };
-  // Unrolled so that several records' loads are in flight at once (a row of 16 segments would otherwise wait
-  // out 32 L2 round trips one after the other); the sums keep their order, so the bits do not depend on it.
+  // Unrolled so that eight records' loads are in flight at once (a row of 16 segments would otherwise wait
+  // out 32 L2 round trips one after the other, 4 this way); the sums keep their order, so do the bits.
   float max_lse = kNoRecord;
 #pragma unroll 8
   for (int s = 0; s < count; ++s) max_lse = fmaxf(max_lse, load(lse + int64_t{first + s} * d.num_heads + head));
   float sum = 0.0f;
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
+#pragma unroll 8
   for (int s = 0; s < count; ++s) {
     const int64_t at = int64_t{first + s} * d.num_heads + head;
     const float w = exp2f(load(lse + at) - max_lse);
