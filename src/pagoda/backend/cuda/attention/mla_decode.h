@@ -112,7 +112,7 @@ struct MlaDecodeOptions {
   // head-tile CTAs, budgets differing by at most a quarter tile, a segment
   // costing a quarter tile more (mla_decode_plan.cpp).
   bool spread_budget = false;
-  // kFused applies to the ping-pong kernels with a hand-over (the automatic
+  // kFused applies to the ping-pong kernels with a hand-over and tma_fp8 (the automatic
   // TMA and bulk kernels among them) when the plan's grid has at most one CTA
   // per SM, since a CTA waits there for the other CTAs of its rows; other plans
   // keep the merge pass, and fused_merge() says which was taken. The arena then

@@ -133,7 +133,8 @@ constexpr int mla_decode_partials_per_segment(MlaDecodeKernel k) {
 }
 
 // Kernels that can fold the merge in (MlaDecodeDescriptor::fused_merge): the
-// ping-pong kernels whose groups hand over, so a segment is one record.
+// ping-pong kernels whose groups hand over (tma_fp8 among them), so a segment
+// is one record.
 constexpr bool mla_decode_can_fuse_merge(MlaDecodeKernel k) {
   return k == MlaDecodeKernel::kTmaPingPong || k == MlaDecodeKernel::kTmaPingPongFastExp ||
          k == MlaDecodeKernel::kTmaPingPongTurns || k == MlaDecodeKernel::kTmaPingPongTwoChains ||
@@ -167,7 +168,7 @@ struct MlaDecodeDescriptor {
   // Off: a plain launch after the decode grid.
   bool programmatic_merge = false;
   // The merge folded into the decode kernel (MlaDecodePlan::fused_merge; the
-  // ping-pong kernels with a hand-over only): the CTAs holding a split row's
+  // kernels of mla_decode_can_fuse_merge only): the CTAs holding a split row's
   // segments combine it themselves once all of its records are written
   // (mla_decode_merge.cuh), and padding rows get their zeros there, so no
   // merge pass runs. merge_counters: the plan arena's [num_rows][2] counters
