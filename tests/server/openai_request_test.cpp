@@ -82,12 +82,39 @@ TEST(OpenAiRequestTest, RejectsWrongTypesAndRangesNamingTheParam) {
                                          {R"("stream_options": 3)", "stream_options"},
                                          {R"("frequency_penalty": 9)", "frequency_penalty"},
                                          {R"("repetition_penalty": 0)", "repetition_penalty"},
-                                         {R"("logit_bias": {"5": 10})", "logit_bias"},
+                                         {R"("logit_bias": {"x": 10})", "logit_bias"},
+                                         {R"("logit_bias": {"-1": 10})", "logit_bias"},
+                                         {R"("logit_bias": {"5": 101})", "logit_bias"},
+                                         {R"("logit_bias": {"5": "up"})", "logit_bias"},
+                                         {R"("logit_bias": {"5": 1, "05": 2})", "logit_bias"},
+                                         {R"("logit_bias": [5])", "logit_bias"},
+                                         {R"("allowed_token_ids": [])", "allowed_token_ids"},
+                                         {R"("allowed_token_ids": [-1])", "allowed_token_ids"},
+                                         {R"("bad_words": "x")", "bad_words"},
+                                         {R"("bad_words": [" "])", "bad_words"},
+                                         {R"("min_tokens": -1)", "min_tokens"},
+                                         {R"("min_tokens": 17, "max_tokens": 16)", "min_tokens"},
+                                         {R"("echo": true)", "echo"},
+                                         {R"("prompt_logprobs": 1)", "prompt_logprobs"},
                                          {R"("best_of": 3)", "best_of"}}) {
     ApiError e = error_of("{" + p + ", " + c.fields + "}");
     EXPECT_EQ(e.http_status, 400) << c.fields;
     EXPECT_EQ(e.param, c.param) << c.fields << " -> " << e.message;
   }
+}
+
+TEST(OpenAiRequestTest, LogitRules) {
+  OpenAiRequest r = ok_of(R"({"model": "m", "prompt": [1], "logit_bias": {"7": -100, "12": 2.5},
+      "allowed_token_ids": [3, 7, 12], "bad_words": ["  bad word", "x"], "min_tokens": 4})");
+  EXPECT_EQ(r.sampling.logit_bias, (std::vector<std::pair<int32_t, float>>{{7, -100.0f}, {12, 2.5f}}));
+  EXPECT_EQ(r.sampling.allowed_token_ids, (std::vector<int32_t>{3, 7, 12}));
+  EXPECT_EQ(r.bad_words, (std::vector<std::string>{"  bad word", "x"}));
+  EXPECT_TRUE(r.sampling.bad_words_ids.empty()) << "the server tokenizes them";
+  EXPECT_EQ(r.sampling.min_tokens, 4);
+  EXPECT_EQ(r.sampling.max_tokens, 16) << "the server picks max_tokens later (at least min_tokens)";
+  EXPECT_EQ(ok_of(R"({"model": "m", "prompt": [1], "min_tokens": 40})").sampling.min_tokens, 40);
+  EXPECT_TRUE(ok_of(R"({"model": "m", "prompt": [1], "logit_bias": {}})").sampling.logit_bias.empty());
+  EXPECT_TRUE(ok_of(R"({"model": "m", "prompt": [1], "logit_bias": null})").sampling.logit_bias.empty());
 }
 
 TEST(OpenAiRequestTest, BadJsonAndBadUtf8) {

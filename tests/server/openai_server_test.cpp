@@ -142,6 +142,30 @@ TEST_F(ServerTest, NonStreamedCompletionSucceedsWith200) {
   EXPECT_EQ(body["usage"]["completion_tokens"], 4);
 }
 
+// The scripted model's next token is the last one + 1: the rules steer its greedy decode.
+TEST_F(ServerTest, LogitRulesSteerTheCompletion) {
+  auto tokens_of = [&](json body) {
+    body["model"] = "scripted";
+    body["prompt"] = {1, 2};
+    body["temperature"] = 0;
+    auto res = post(body);
+    EXPECT_TRUE(res);
+    if (!res) return std::string();
+    EXPECT_EQ(res->status, 200) << res->body;
+    return json::parse(res->body)["choices"][0]["text"].get<std::string>();
+  };
+  EXPECT_EQ(tokens_of({{"max_tokens", 3}}), " <3> <4> <5>");
+  // The model's pick (3) banned: every other logit is 0, and the greedy tie goes to the lowest id.
+  EXPECT_EQ(tokens_of({{"max_tokens", 3}, {"logit_bias", {{"3", -100}}}}), " <0> <1> <2>");
+  EXPECT_EQ(tokens_of({{"max_tokens", 3}, {"logit_bias", {{"9", 11}}}}), " <9> <9> <9>");
+  EXPECT_EQ(tokens_of({{"max_tokens", 3}, {"allowed_token_ids", {7, 4, 5}}}), " <4> <5> <4>");
+  // min_tokens above the default max_tokens (16 on completions) raises it.
+  auto res = post({{"model", "scripted"}, {"prompt", {1, 2}}, {"min_tokens", 20}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 20);
+}
+
 TEST_F(ServerTest, NonStreamedModelFailureIs500WithTheErrorObject) {
   runner_.fail_from_call = 3;  // prefill and one decode succeed, then the model fails
   auto res = post({{"model", "scripted"}, {"prompt", {5, 6}}, {"max_tokens", 20}});
@@ -235,6 +259,15 @@ TEST_F(ServerTest, RefusedSubmissionsAre400NamingTheField) {
             "invalid_value"},
            {{{"model", "scripted"}, {"prompt", {1, 2}}, {"max_tokens", 2}, {"stop_token_ids", {ScriptedRunner::kVocab}}},
             "stop_token_ids", "invalid_value"},
+           {{{"model", "scripted"}, {"prompt", {1, 2}}, {"max_tokens", 2},
+             {"logit_bias", {{std::to_string(ScriptedRunner::kVocab), 1}}}},
+            "logit_bias", "invalid_value"},
+           {{{"model", "scripted"}, {"prompt", {1, 2}}, {"max_tokens", 2},
+             {"allowed_token_ids", {1, ScriptedRunner::kVocab}}},
+            "allowed_token_ids", "invalid_value"},
+           {{{"model", "scripted"}, {"prompt", {1, 2}}, {"max_tokens", 2}, {"bad_words", {"x"}}}, "bad_words",
+            "invalid_value"},  // no tokenizer to read the words with
+           {{{"model", "scripted"}, {"prompt", long_prompt}, {"min_tokens", 97}}, "min_tokens", "invalid_value"},
        }) {
     auto res = post(c.body);
     ASSERT_TRUE(res);
@@ -405,6 +438,25 @@ TEST_F(ChatServerTest, BadChatShapesAre400NamingTheFieldAndTheServerStaysUp) {
   auto ok = post({{"model", "scripted"}, {"messages", {user}}, {"max_tokens", 1}}, "/v1/chat/completions");
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+// bad_words through the server's tokenizer (here a prompt's bytes mod 64): after "a" (33) the scripted model
+// writes 34 ('"') then 35 ('#'); the word "\"#" lets 34 through and bans 35 after it.
+TEST_F(ChatServerTest, BadWordsAreTokenizedAndBanned) {
+  auto text_of = [&](json body) {
+    body["model"] = "scripted";
+    body["prompt"] = "a";
+    body["max_tokens"] = 3;
+    body["temperature"] = 0;
+    auto res = post(body);
+    EXPECT_TRUE(res);
+    if (!res) return std::string();
+    EXPECT_EQ(res->status, 200) << res->body;
+    return json::parse(res->body)["choices"][0]["text"].get<std::string>();
+  };
+  EXPECT_EQ(text_of({}), " <34> <35> <36>");
+  EXPECT_EQ(text_of({{"bad_words", {"  \"#"}}}), " <34> <0> <1>");
+  EXPECT_EQ(text_of({{"bad_words", {"\""}}}), " <0> <1> <2>");
 }
 
 TEST_F(ChatServerTest, ChatOverTheContextLengthIs400NamingMessages) {

@@ -514,7 +514,11 @@ void Engine::append_token(Sequence* seq, const SampledToken& token, int32_t posi
   }
   delta.tokens.push_back(token.token);
   if (params.logprobs) delta.logprobs.push_back(token);
-  delta.text += seq->stop_matcher.append(seq->decoder->append(token.token));
+  // min_tokens: stop strings are matched from the min_tokens-th output token on (as vLLM).
+  if (seq->num_output_tokens() < params.min_tokens)
+    delta.text += seq->stop_matcher.pass(seq->decoder->append(token.token));
+  else
+    delta.text += seq->stop_matcher.append(seq->decoder->append(token.token));
   if (seq->stop_matcher.stopped()) {
     finish_sequence(seq, FinishReason::kStop);
     return;
@@ -535,14 +539,15 @@ runtime::RowSampling Engine::row_sampling_for(const Sequence* seq) const {
   const RequestState* req = seq->request;
   const SamplingParams& p = req->request.sampling;
   runtime::RowSampling row;
-  // The device sampler has no penalties and no top logprobs, and the first
+  // The device sampler has no penalties, no logit rules and no top logprobs, and the first
   // token of an n > 1 request is drawn n times from one row on the host.
   // Constrained rows stay on the device where the runner applies token masks
   // (the engine fills the mask before the forward: step()).
   const runtime::RunnerCapabilities caps = runner_.capabilities();
   row.on_device = caps.samples_on_device && p.repetition_penalty == 1.0f && p.frequency_penalty == 0.0f &&
                   p.presence_penalty == 0.0f && p.logprobs.value_or(0) == 0 && (p.n == 1 || req->forked) &&
-                  !req->request.return_logits && (!seq->constraint || caps.samples_masked_on_device);
+                  !req->request.return_logits && (!seq->constraint || caps.samples_masked_on_device) &&
+                  !logit_rules_apply(p, seq->num_output_tokens());
   if (!row.on_device) return row;
   row.temperature = p.temperature;
   row.top_k = p.top_k;
@@ -565,7 +570,19 @@ void Engine::sample_into(Sequence* seq, std::span<const float> logits) {
     sample_constrained(seq, logits);
     return;
   }
-  append_token(seq, Sampler::sample(logits, seq->request->request.sampling, seq->history, seq->rng));
+  const SamplingParams& params = seq->request->request.sampling;
+  const LogitRuleContext rules = logit_rule_context(seq);
+  append_token(seq, Sampler::sample(logits, params, seq->history, seq->rng,
+                                    logit_rules_apply(params, seq->num_output_tokens()) ? &rules : nullptr));
+}
+
+LogitRuleContext Engine::logit_rule_context(const Sequence* seq) const {
+  // The known output: a sequence sampled here has no token pending (only device-sampled rows are launched
+  // ahead), but the span leaves any out all the same.
+  const std::span<const int32_t> tokens(seq->tokens);
+  const size_t begin = static_cast<size_t>(seq->prompt_length);
+  const size_t end = tokens.size() - static_cast<size_t>(seq->pending_tokens);
+  return LogitRuleContext{tokens.subspan(begin, end - begin), eos_ids_};
 }
 
 void Engine::DeviceMasks::reset(size_t num_rows) {
@@ -594,7 +611,10 @@ void Engine::sample_constrained(Sequence* seq, std::span<const float> logits) {
   }
   constrained_logits_.assign(logits.begin(), logits.end());
   apply_token_mask(constrained_logits_, constraint_mask_);
-  const SampledToken token = Sampler::sample(constrained_logits_, seq->request->request.sampling, seq->history, seq->rng);
+  const SamplingParams& params = seq->request->request.sampling;
+  const LogitRuleContext rules = logit_rule_context(seq);
+  const SampledToken token = Sampler::sample(constrained_logits_, params, seq->history, seq->rng,
+                                             logit_rules_apply(params, seq->num_output_tokens()) ? &rules : nullptr);
   if (!seq->constraint->accept(token.token)) {
     fail_request(seq->request, internal_error("structured output: sampled token {} is outside the mask", token.token));
     return;
@@ -605,7 +625,9 @@ void Engine::sample_constrained(Sequence* seq, std::span<const float> logits) {
 
 void Engine::jump_forward(Sequence* seq) {
   const GenerationRequest& r = seq->request->request;
-  if (seq->status != SequenceStatus::kRunning || r.sampling.logprobs.has_value() || r.return_logits) return;
+  if (seq->status != SequenceStatus::kRunning || r.sampling.logprobs.has_value() || r.return_logits ||
+      has_logit_rules(r.sampling))
+    return;
   seq->constraint->forced_tokens(forced_tokens_);
   for (int32_t token : forced_tokens_) {
     if (seq->status != SequenceStatus::kRunning || !seq->constraint->accept(token)) break;

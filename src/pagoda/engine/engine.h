@@ -33,6 +33,7 @@
 
 #include "pagoda/core/status.h"
 #include "pagoda/engine/latency_histogram.h"
+#include "pagoda/engine/logit_rules.h"
 #include "pagoda/engine/overlap_steps.h"
 #include "pagoda/runtime/model_runner.h"
 #include "pagoda/engine/request.h"
@@ -225,6 +226,8 @@ class Engine {
     std::vector<char> dead_;
   };
   void sample_into(Sequence* seq, std::span<const float> logits);
+  // What the request's logit rules read of the sequence (its known output, the eos ids).
+  LogitRuleContext logit_rule_context(const Sequence* seq) const;
   // Structured outputs: samples with the sequence's token mask applied and moves its constraint
   // past the token; a dead end fails the request (kInternal).
   void sample_constrained(Sequence* seq, std::span<const float> logits);

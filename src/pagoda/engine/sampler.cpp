@@ -61,9 +61,10 @@ void apply_token_mask(std::span<float> logits, std::span<const uint64_t> allowed
 }
 
 SampledToken Sampler::sample(std::span<const float> raw, const SamplingParams& params,
-                             const TokenHistory& history, std::mt19937_64& rng) {
+                             const TokenHistory& history, std::mt19937_64& rng, const LogitRuleContext* rules) {
   std::vector<float> logits(raw.begin(), raw.end());
   const int32_t vocab = static_cast<int32_t>(logits.size());
+  if (rules != nullptr) apply_logit_rules(logits, params, *rules);
 
   if (params.repetition_penalty != 1.0f) {
     auto penalize = [&](int32_t t) {
@@ -86,6 +87,7 @@ SampledToken Sampler::sample(std::span<const float> raw, const SamplingParams& p
   SampledToken out;
   if (params.temperature == 0.0f) {
     out.token = argmax(logits);
+    if (logits[out.token] == kNegInf) out.token = argmax(raw);  // every token masked (the header)
     fill_logprobs(raw, params, out);
     return out;
   }

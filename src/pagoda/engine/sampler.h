@@ -1,7 +1,9 @@
 #pragma once
-// Turns one row of logits into one token, applying a request's penalties and
-// truncations in a fixed order: repetition penalty -> frequency/presence
-// penalties -> temperature (0: argmax) -> min-p -> top-k -> top-p -> draw.
+// Turns one row of logits into one token, applying a request's rules and
+// penalties and truncations in a fixed order: the logit rules (logit_rules.h:
+// allowed_token_ids, bad_words, min_tokens, logit_bias) -> repetition penalty
+// -> frequency/presence penalties -> temperature (0: argmax) -> min-p -> top-k
+// -> top-p -> draw.
 //
 // Logprobs are log-softmax of the raw logits (before penalties and
 // temperature), like the OpenAI API: they describe the model, not the sampler.
@@ -15,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "pagoda/engine/logit_rules.h"
 #include "pagoda/engine/sampling_params.h"
 
 namespace pagoda::engine {
@@ -53,8 +56,11 @@ class Sampler {
  public:
   // `logits` has vocab_size entries. Never fails for validated params; if every
   // token is masked (all -inf logits) it falls back to argmax of the raw row.
+  // `rules`: the sequence's context for the request's logit rules; null skips
+  // them (the caller knows they do not apply: logit_rules_apply).
   static SampledToken sample(std::span<const float> logits, const SamplingParams& params,
-                             const TokenHistory& history, std::mt19937_64& rng);
+                             const TokenHistory& history, std::mt19937_64& rng,
+                             const LogitRuleContext* rules = nullptr);
 };
 
 }  // namespace pagoda::engine

@@ -1,5 +1,6 @@
 #include "pagoda/engine/sampling_params.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace pagoda::engine {
@@ -33,6 +34,40 @@ Status validate_sampling_params(const SamplingParams& p, int32_t vocab_size) {
   for (int32_t id : p.stop_token_ids)
     if (id < 0 || id >= vocab_size)
       return invalid_argument_error("stop_token_ids: {} is outside the vocabulary [0, {})", id, vocab_size);
+  if (p.allowed_token_ids.size() > kMaxAllowedTokenIds)
+    return invalid_argument_error("allowed_token_ids accepts at most {} ids, got {}", kMaxAllowedTokenIds,
+                                  p.allowed_token_ids.size());
+  for (int32_t id : p.allowed_token_ids)
+    if (id < 0 || id >= vocab_size)
+      return invalid_argument_error("allowed_token_ids: {} is outside the vocabulary [0, {})", id, vocab_size);
+  if (p.bad_words_ids.size() > kMaxBadWordSequences)
+    return invalid_argument_error("bad_words gives at most {} token sequences, got {}", kMaxBadWordSequences,
+                                  p.bad_words_ids.size());
+  for (const auto& word : p.bad_words_ids) {
+    if (word.empty() || word.size() > kMaxBadWordTokens)
+      return invalid_argument_error("bad_words: a word must be 1 to {} tokens, got {}", kMaxBadWordTokens,
+                                    word.size());
+    for (int32_t id : word)
+      if (id < 0 || id >= vocab_size)
+        return invalid_argument_error("bad_words: token {} is outside the vocabulary [0, {})", id, vocab_size);
+  }
+  if (p.min_tokens < 0 || p.min_tokens > p.max_tokens)
+    return invalid_argument_error("min_tokens must be in [0, max_tokens = {}], got {}", p.max_tokens, p.min_tokens);
+  if (p.logit_bias.size() > kMaxLogitBiasTokens)
+    return invalid_argument_error("logit_bias accepts at most {} tokens, got {}", kMaxLogitBiasTokens,
+                                  p.logit_bias.size());
+  std::vector<int32_t> biased;
+  biased.reserve(p.logit_bias.size());
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id < 0 || id >= vocab_size)
+      return invalid_argument_error("logit_bias: token {} is outside the vocabulary [0, {})", id, vocab_size);
+    if (!(bias >= -100.0f && bias <= 100.0f))
+      return invalid_argument_error("logit_bias: the bias of token {} must be in [-100, 100], got {}", id, bias);
+    biased.push_back(id);
+  }
+  std::sort(biased.begin(), biased.end());
+  if (auto twice = std::adjacent_find(biased.begin(), biased.end()); twice != biased.end())
+    return invalid_argument_error("logit_bias: token {} is given twice", *twice);
   return ok_status();
 }
 

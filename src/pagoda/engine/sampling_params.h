@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pagoda/core/status.h"
@@ -34,7 +35,25 @@ struct SamplingParams {
   std::vector<std::string> stop;         // stop strings; matched across token boundaries
   std::vector<int32_t> stop_token_ids;   // in addition to the model's eos ids
   bool ignore_eos = false;
+  // Rules on the logits before penalties and sampling (engine/logit_rules.h), in this order:
+  // allowed_token_ids (vLLM): when non-empty, only these tokens can be sampled.
+  std::vector<int32_t> allowed_token_ids;
+  // bad_words as token sequences (vLLM's bad_words, which the server tokenizes): the last token
+  // of a sequence cannot be sampled where the output so far ends with the tokens before it.
+  std::vector<std::vector<int32_t>> bad_words_ids;
+  // min_tokens (vLLM): before this many output tokens neither an eos id (unless ignore_eos) nor
+  // a stop_token_ids id can be sampled, and stop strings are not matched. In [0, max_tokens].
+  int32_t min_tokens = 0;
+  // logit_bias (OpenAI): (token, bias in [-100, 100]) added to the token's logit; distinct tokens.
+  // -100 in effect bans a token, +100 all but forces it.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
+
+// Limits on the lists a request may give (their checks cost a pass over each per sampled token).
+inline constexpr size_t kMaxAllowedTokenIds = size_t{1} << 20;
+inline constexpr size_t kMaxBadWordSequences = 256;
+inline constexpr size_t kMaxBadWordTokens = 64;
+inline constexpr size_t kMaxLogitBiasTokens = 1024;
 
 // Checks ranges and consistency; the error names the field, e.g.
 // "temperature must be in [0, 100], got -1".

@@ -38,6 +38,13 @@ std::string StopStringMatcher::append(std::string_view text) {
   return buffer;
 }
 
+std::string StopStringMatcher::pass(std::string_view text) {
+  if (stopped_) return {};
+  std::string out = std::exchange(held_, {});
+  out.append(text);
+  return out;
+}
+
 std::string StopStringMatcher::flush() {
   if (stopped_) return {};
   return std::exchange(held_, {});

@@ -20,6 +20,9 @@ class StopStringMatcher {
   // stop string completes, stopped() is true and the returned text ends just
   // before it (the stop string itself is never emitted).
   std::string append(std::string_view text);
+  // Feeds text that must not end the output (min_tokens): returns whatever was
+  // held back plus the text, matching nothing.
+  std::string pass(std::string_view text);
   // Releases whatever is held back (call when generation ends for another reason).
   std::string flush();
   bool stopped() const { return stopped_; }

@@ -1,5 +1,7 @@
 #include "pagoda/server/openai_request.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 
@@ -131,16 +133,14 @@ std::optional<ApiError> check_unsupported(const json& body) {
     return invalid_request("'echo' is not supported", "echo", "unsupported");
   if (auto it = body.find("suffix"); it != body.end() && !it->is_null())
     return invalid_request("'suffix' is not supported", "suffix", "unsupported");
-  if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null() && !(it->is_object() && it->empty()))
-    return invalid_request("'logit_bias' is not supported", "logit_bias", "unsupported");
   // Fields that change the output and that pagoda does not implement (OpenAI's and vLLM's): any
   // value but their default is refused, never silently ignored. docs/API.md lists them.
   static const std::vector<std::pair<const char*, json>> kUnsupported = {
       {"functions", nullptr}, {"function_call", nullptr}, {"prediction", nullptr}, {"audio", nullptr},
       {"modalities", nullptr}, {"reasoning_effort", nullptr}, {"web_search_options", nullptr},
       {"guided_whitespace_pattern", nullptr}, {"logits_processors", nullptr}, {"prompt_logprobs", nullptr},
-      {"use_beam_search", false}, {"min_tokens", 0}, {"truncate_prompt_tokens", nullptr}, {"bad_words", nullptr},
-      {"allowed_token_ids", nullptr}, {"length_penalty", 1.0}, {"include_stop_str_in_output", false},
+      {"use_beam_search", false}, {"truncate_prompt_tokens", nullptr}, {"length_penalty", 1.0},
+      {"include_stop_str_in_output", false},
       {"skip_special_tokens", true}, {"spaces_between_special_tokens", true}, {"add_generation_prompt", true},
       {"continue_final_message", false}, {"add_special_tokens", nullptr}};
   for (const auto& [name, default_value] : kUnsupported) {
@@ -148,6 +148,48 @@ std::optional<ApiError> check_unsupported(const json& body) {
     if (it == body.end() || it->is_null() || *it == default_value) continue;
     return invalid_request(fmt::format("'{}' is not supported (only its default, {}, is)", name, default_value.dump()),
                            std::string(name), "unsupported");
+  }
+  return std::nullopt;
+}
+
+// OpenAI's logit_bias: {"token id": bias, ...}; the ids as decimal strings.
+std::optional<ApiError> read_logit_bias(const json& body, std::vector<std::pair<int32_t, float>>& out) {
+  auto it = body.find("logit_bias");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_object())
+    return invalid_request("'logit_bias' must be an object mapping token ids to biases", "logit_bias");
+  for (auto m = it->begin(); m != it->end(); ++m) {
+    const std::string& key = m.key();
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (key.empty() || ec != std::errc() || end != key.data() + key.size() || id < 0 || id > INT32_MAX)
+      return invalid_request(fmt::format("logit_bias: key '{}' is not a token id (a non-negative integer)", key),
+                             "logit_bias");
+    if (!m->is_number() || !std::isfinite(m->get<double>()))
+      return invalid_request(fmt::format("logit_bias: the bias of token {} must be a number", key), "logit_bias");
+    out.emplace_back(static_cast<int32_t>(id), static_cast<float>(m->get<double>()));
+  }
+  return std::nullopt;
+}
+
+// vLLM's allowed_token_ids (a non-empty array of ids) and bad_words (strings, tokenized by the server).
+std::optional<ApiError> read_token_rules(const json& body, engine::SamplingParams& s, std::vector<std::string>& bad) {
+  if (auto it = body.find("allowed_token_ids"); it != body.end() && !it->is_null()) {
+    if (!it->is_array() || it->empty())
+      return invalid_request("'allowed_token_ids' must be a non-empty array of token ids", "allowed_token_ids");
+    if (auto e = read_token_ids(*it, "allowed_token_ids", s.allowed_token_ids)) return e;
+  }
+  if (auto it = body.find("bad_words"); it != body.end() && !it->is_null()) {
+    if (!it->is_array()) return invalid_request("'bad_words' must be an array of strings", "bad_words");
+    for (const auto& v : *it) {
+      if (!v.is_string() || v.get<std::string>().find_first_not_of(" \t\n\r") == std::string::npos)
+        return invalid_request("'bad_words' must be an array of non-blank strings", "bad_words");
+      bad.push_back(v.get<std::string>());
+    }
+    if (bad.size() > engine::kMaxBadWordSequences / 2)
+      return invalid_request(fmt::format("'bad_words' accepts at most {} words, got {}",
+                                         engine::kMaxBadWordSequences / 2, bad.size()),
+                             "bad_words");
   }
   return std::nullopt;
 }
@@ -316,7 +358,10 @@ std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view text
   }
   if (auto v = r.boolean("stream")) req.stream = *v;
   if (auto v = r.boolean("ignore_eos")) s.ignore_eos = *v;
+  if (auto v = r.integer("min_tokens", 0, kMaxTokensLimit)) s.min_tokens = static_cast<int32_t>(*v);
   if (r.error) return *r.error;
+  if (auto e = read_logit_bias(body, s.logit_bias)) return *e;
+  if (auto e = read_token_rules(body, s, req.bad_words)) return *e;
 
   if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) return invalid_request("'stream_options' must be an object", "stream_options");
@@ -355,8 +400,11 @@ std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view text
   if (auto v = r.string("user")) (void)v;
   if (r.error) return *r.error;
 
-  // Ranges of the sampling fields (vocabulary-dependent checks come later).
-  Status st = engine::validate_sampling_params(s, std::numeric_limits<int32_t>::max());
+  // Ranges of the sampling fields (vocabulary-dependent checks come later). Without max_tokens the
+  // server picks it later, at least min_tokens where the context has room.
+  engine::SamplingParams checked = s;
+  if (!req.max_tokens_given) checked.max_tokens = std::max(checked.max_tokens, checked.min_tokens);
+  Status st = engine::validate_sampling_params(checked, std::numeric_limits<int32_t>::max());
   if (!st.ok()) {
     std::string param = st.message().substr(0, st.message().find_first_of(" :"));
     if (param == "max_tokens") param = max_name;

@@ -6,7 +6,7 @@
 // model (known model name, tokenization, context length) happen in the server.
 //
 // Unknown fields are ignored, as OpenAI clients send extras; known fields with
-// unsupported values (echo, suffix, logit_bias, functions, ...) are rejected
+// unsupported values (echo, suffix, functions, ...) are rejected
 // rather than silently ignored (docs/API.md lists them). Chat messages, tools,
 // tool_choice and chat_template_kwargs are read by chat_prompt.h; the
 // structured-output fields (response_format, guided_json, guided_regex,
@@ -41,6 +41,8 @@ struct OpenAiRequest {
   ChatPrompt chat;
 
   engine::SamplingParams sampling;
+  // vLLM's bad_words as given; the server tokenizes them into sampling.bad_words_ids.
+  std::vector<std::string> bad_words;
   bool max_tokens_given = false;  // else the server picks (16 / rest of context)
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage

@@ -1,5 +1,6 @@
 #include "pagoda/server/openai_server.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include <nlohmann/json.hpp>
@@ -100,6 +101,27 @@ StatusOr<std::vector<int32_t>> OpenAiServer::tokens_for_text(const std::string& 
   return codec_.encode(text, add_special_tokens);
 }
 
+// vLLM's bad_words: each word with its leading blanks dropped, tokenized alone and after a space (how
+// it reads mid-text), without special tokens; the distinct sequences go to the sampler.
+std::optional<ApiError> OpenAiServer::tokenize_bad_words(OpenAiRequest& req) const {
+  auto& ids = req.sampling.bad_words_ids;
+  for (size_t i = 0; i < req.bad_words.size(); ++i) {
+    const std::string& word = req.bad_words[i];
+    const std::string bare = word.substr(word.find_first_not_of(" \t\n\r"));
+    for (const std::string& text : {bare, " " + bare}) {
+      StatusOr<std::vector<int32_t>> tokens = tokens_for_text(text, false);
+      if (!tokens.ok()) return api_error_from_status(tokens.status(), "bad_words");
+      if (tokens->empty() || std::find(ids.begin(), ids.end(), *tokens) != ids.end()) continue;
+      if (tokens->size() > engine::kMaxBadWordTokens)
+        return invalid_request(fmt::format("bad_words: word {} is {} tokens, more than {}", i, tokens->size(),
+                                           engine::kMaxBadWordTokens),
+                               "bad_words");
+      ids.push_back(std::move(*tokens));
+    }
+  }
+  return std::nullopt;
+}
+
 StatusOr<std::vector<int32_t>> OpenAiServer::tokens_for_chat(const ChatPrompt& prompt) const {
   if (!codec_.encode || !codec_.render_chat)
     return invalid_argument_error("model '{}' has no tokenizer or chat template: use /v1/completions with token ids",
@@ -179,7 +201,12 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
                       prompt_len),
           prompt_param, "context_length_exceeded"));
     const int64_t wanted = endpoint == Endpoint::kCompletions ? 16 : config_.default_chat_max_tokens;
-    req.sampling.max_tokens = static_cast<int32_t>(std::min(room, wanted));
+    req.sampling.max_tokens = static_cast<int32_t>(std::min(room, std::max<int64_t>(wanted, req.sampling.min_tokens)));
+    if (req.sampling.min_tokens > req.sampling.max_tokens)
+      return error_reply(invalid_request(fmt::format("min_tokens {} is more than the {} tokens the context has room "
+                                                     "for after the prompt",
+                                                     req.sampling.min_tokens, room),
+                                         "min_tokens"));
   }
   if (auto e = check_request_cost(req.sampling, config_.max_request_cost)) {
     tenant_usage_.record_refused(tenant, Refusal::kRequestCost);
@@ -194,10 +221,10 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
       return error_reply(invalid_request(fmt::format("prompt token {} at index {} is outside the vocabulary [0, {})",
                                                      (*tokens)[i], i, vocab),
                                          prompt_param));
-  for (int32_t id : req.sampling.stop_token_ids)
-    if (id < 0 || id >= vocab)
-      return error_reply(invalid_request(
-          fmt::format("stop_token_ids: {} is outside the vocabulary [0, {})", id, vocab), "stop_token_ids"));
+  if (auto e = tokenize_bad_words(req)) return error_reply(*e);
+  // The messages start with the field they name (stop_token_ids, allowed_token_ids, bad_words, logit_bias).
+  if (Status valid = engine::validate_sampling_params(req.sampling, vocab); !valid.ok())
+    return error_reply(invalid_request(valid.message(), valid.message().substr(0, valid.message().find_first_of(" :"))));
 
   // Structured outputs: the constraint is compiled before any quota is taken.
   auto constraint = constraint_for(req);

@@ -160,6 +160,8 @@ class OpenAiServer {
   std::variant<Caller, HttpReply> authenticate_with_namespace(const HttpRequest& req) const;
   HttpReply error_reply(const ApiError& error) const;
   StatusOr<std::vector<int32_t>> tokens_for_text(const std::string& text, bool add_special_tokens) const;
+  // req.bad_words into req.sampling.bad_words_ids (an error names bad_words).
+  std::optional<ApiError> tokenize_bad_words(OpenAiRequest& req) const;
   StatusOr<std::vector<int32_t>> tokens_for_chat(const ChatPrompt& prompt) const;
   std::string token_text(int32_t token) const;
   // The request's structured-output constraint (null when it asks for none).
