@@ -115,6 +115,16 @@ class ServerTest : public ::testing::Test {
     client.set_read_timeout(30, 0);
     return client.Post(path, body.dump(), "application/json");
   }
+  // The text of a completion that must succeed (model "scripted", greedy, merged into `body`).
+  std::string completion_text(json body) {
+    body["model"] = "scripted";
+    body["temperature"] = 0;
+    auto res = post(body);
+    EXPECT_TRUE(res);
+    if (!res) return {};
+    EXPECT_EQ(res->status, 200) << res->body;
+    return res->status == 200 ? json::parse(res->body)["choices"][0]["text"].get<std::string>() : std::string();
+  }
   // Waits up to 5 s for `condition`.
   template <typename Condition>
   bool eventually(Condition condition) {
@@ -145,14 +155,8 @@ TEST_F(ServerTest, NonStreamedCompletionSucceedsWith200) {
 // The scripted model's next token is the last one + 1: the rules steer its greedy decode.
 TEST_F(ServerTest, LogitRulesSteerTheCompletion) {
   auto tokens_of = [&](json body) {
-    body["model"] = "scripted";
     body["prompt"] = {1, 2};
-    body["temperature"] = 0;
-    auto res = post(body);
-    EXPECT_TRUE(res);
-    if (!res) return std::string();
-    EXPECT_EQ(res->status, 200) << res->body;
-    return json::parse(res->body)["choices"][0]["text"].get<std::string>();
+    return completion_text(body);
   };
   EXPECT_EQ(tokens_of({{"max_tokens", 3}}), " <3> <4> <5>");
   // The model's pick (3) banned: every other logit is 0, and the greedy tie goes to the lowest id.
@@ -444,15 +448,9 @@ TEST_F(ChatServerTest, BadChatShapesAre400NamingTheFieldAndTheServerStaysUp) {
 // writes 34 ('"') then 35 ('#'); the word "\"#" lets 34 through and bans 35 after it.
 TEST_F(ChatServerTest, BadWordsAreTokenizedAndBanned) {
   auto text_of = [&](json body) {
-    body["model"] = "scripted";
     body["prompt"] = "a";
     body["max_tokens"] = 3;
-    body["temperature"] = 0;
-    auto res = post(body);
-    EXPECT_TRUE(res);
-    if (!res) return std::string();
-    EXPECT_EQ(res->status, 200) << res->body;
-    return json::parse(res->body)["choices"][0]["text"].get<std::string>();
+    return completion_text(body);
   };
   EXPECT_EQ(text_of({}), " <34> <35> <36>");
   EXPECT_EQ(text_of({{"bad_words", {"  \"#"}}}), " <34> <0> <1>");
