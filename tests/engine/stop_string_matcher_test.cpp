@@ -20,6 +20,27 @@ TEST(StopStringMatcherTest, FindsStopSpanningTokensAndNeverEmitsItsStart) {
   EXPECT_EQ(m.append("more"), "");
 }
 
+TEST(StopStringMatcherTest, IncludeStopEndsTheTextWithTheStopThatMatched) {
+  StopStringMatcher m({"###"}, true);
+  EXPECT_EQ(m.append("abc#"), "abc");
+  EXPECT_EQ(m.append("#"), "");
+  EXPECT_EQ(m.append("#tail"), "###") << "the held start and the rest of the stop, nothing after it";
+  EXPECT_TRUE(m.stopped());
+  // The earliest match wins; at one place the first stop given (here the shorter).
+  StopStringMatcher e({"cd", "bc", "bcd"}, true);
+  EXPECT_EQ(e.append("abcde"), "abc");
+}
+
+TEST(StopStringMatcherTest, PassEmitsHeldTextAndMatchesNothing) {
+  StopStringMatcher m({"STOP"});
+  EXPECT_EQ(m.append("go ST"), "go ");
+  EXPECT_EQ(m.pass("OP now"), "STOP now");
+  EXPECT_FALSE(m.stopped());
+  EXPECT_EQ(m.append(" STOP"), " ");
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.pass("x"), "");
+}
+
 TEST(StopStringMatcherTest, ReleasesHeldTextWhenItDiverges) {
   StopStringMatcher m({"STOP"});
   EXPECT_EQ(m.append("go ST"), "go ");

@@ -95,6 +95,9 @@ TEST(OpenAiRequestTest, RejectsWrongTypesAndRangesNamingTheParam) {
                                          {R"("min_tokens": -1)", "min_tokens"},
                                          {R"("min_tokens": 17, "max_tokens": 16)", "min_tokens"},
                                          {R"("echo": true)", "echo"},
+                                         {R"("truncate_prompt_tokens": 0)", "truncate_prompt_tokens"},
+                                         {R"("truncate_prompt_tokens": -2)", "truncate_prompt_tokens"},
+                                         {R"("include_stop_str_in_output": 1)", "include_stop_str_in_output"},
                                          {R"("prompt_logprobs": 1)", "prompt_logprobs"},
                                          {R"("best_of": 3)", "best_of"}}) {
     ApiError e = error_of("{" + p + ", " + c.fields + "}");
@@ -114,6 +117,11 @@ TEST(OpenAiRequestTest, LogitRules) {
   EXPECT_EQ(r.sampling.max_tokens, 16) << "the server picks max_tokens later (at least min_tokens)";
   EXPECT_EQ(ok_of(R"({"model": "m", "prompt": [1], "min_tokens": 40})").sampling.min_tokens, 40);
   EXPECT_TRUE(ok_of(R"({"model": "m", "prompt": [1], "logit_bias": {}})").sampling.logit_bias.empty());
+  const OpenAiRequest t = ok_of(R"({"model": "m", "prompt": [1], "truncate_prompt_tokens": 5,
+      "include_stop_str_in_output": true})");
+  EXPECT_EQ(t.truncate_prompt_tokens, 5);
+  EXPECT_TRUE(t.sampling.include_stop_str_in_output);
+  EXPECT_EQ(ok_of(R"({"model": "m", "prompt": [1], "truncate_prompt_tokens": -1})").truncate_prompt_tokens, -1);
   EXPECT_TRUE(ok_of(R"({"model": "m", "prompt": [1], "logit_bias": null})").sampling.logit_bias.empty());
 }
 

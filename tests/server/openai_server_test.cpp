@@ -163,6 +163,14 @@ TEST_F(ServerTest, LogitRulesSteerTheCompletion) {
   EXPECT_EQ(tokens_of({{"max_tokens", 3}, {"logit_bias", {{"3", -100}}}}), " <0> <1> <2>");
   EXPECT_EQ(tokens_of({{"max_tokens", 3}, {"logit_bias", {{"9", 11}}}}), " <9> <9> <9>");
   EXPECT_EQ(tokens_of({{"max_tokens", 3}, {"allowed_token_ids", {7, 4, 5}}}), " <4> <5> <4>");
+  EXPECT_EQ(tokens_of({{"max_tokens", 3}, {"stop", " <4>"}}), " <3>");
+  EXPECT_EQ(tokens_of({{"max_tokens", 3}, {"stop", " <4>"}, {"include_stop_str_in_output", true}}), " <3> <4>");
+  // truncate_prompt_tokens: the prompt's last tokens (the scripted model reads only the last one).
+  auto truncated = post({{"model", "scripted"}, {"prompt", {9, 8, 7, 1, 2}}, {"max_tokens", 2},
+                         {"truncate_prompt_tokens", 2}});
+  ASSERT_TRUE(truncated);
+  EXPECT_EQ(truncated->status, 200) << truncated->body;
+  EXPECT_EQ(json::parse(truncated->body)["usage"]["prompt_tokens"], 2);
   // min_tokens above the default max_tokens (16 on completions) raises it.
   auto res = post({{"model", "scripted"}, {"prompt", {1, 2}}, {"min_tokens", 20}});
   ASSERT_TRUE(res);

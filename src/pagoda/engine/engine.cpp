@@ -356,7 +356,7 @@ Sequence* Engine::new_sequence(RequestState* req, int32_t choice_index) {
   seq->block_hashes = kv::BlockHashes(kv_block_size_);
   seq->request = req;
   seq->choice_index = choice_index;
-  seq->stop_matcher = StopStringMatcher(req->request.sampling.stop);
+  seq->stop_matcher = StopStringMatcher(req->request.sampling.stop, req->request.sampling.include_stop_str_in_output);
   const auto& sampling = req->request.sampling;
   // A seeded request is reproducible whatever else runs: choice i draws from seed + i. An unseeded
   // one draws from the engine's random salt mixed with the sequence id (two std::random_device reads

@@ -5,8 +5,8 @@
 
 namespace pagoda::engine {
 
-StopStringMatcher::StopStringMatcher(std::vector<std::string> stop_strings)
-    : stop_strings_(std::move(stop_strings)) {}
+StopStringMatcher::StopStringMatcher(std::vector<std::string> stop_strings, bool include_stop)
+    : stop_strings_(std::move(stop_strings)), include_stop_(include_stop) {}
 
 std::string StopStringMatcher::append(std::string_view text) {
   if (stopped_) return {};
@@ -15,11 +15,17 @@ std::string StopStringMatcher::append(std::string_view text) {
   held_.clear();
   buffer.append(text);
 
-  size_t earliest = std::string::npos;
-  for (const auto& stop : stop_strings_) earliest = std::min(earliest, buffer.find(stop));
+  size_t earliest = std::string::npos, end = 0;
+  for (const auto& stop : stop_strings_) {
+    const size_t at = buffer.find(stop);
+    if (at < earliest) {
+      earliest = at;
+      end = at + stop.size();
+    }
+  }
   if (earliest != std::string::npos) {
     stopped_ = true;
-    buffer.resize(earliest);
+    buffer.resize(include_stop_ ? end : earliest);
     return buffer;
   }
   // Hold back the longest suffix that is a proper prefix of some stop string.

@@ -14,11 +14,14 @@ namespace pagoda::engine {
 
 class StopStringMatcher {
  public:
-  explicit StopStringMatcher(std::vector<std::string> stop_strings = {});
+  // include_stop: the text ends with the stop string that matched (vLLM's
+  // include_stop_str_in_output) instead of just before it.
+  explicit StopStringMatcher(std::vector<std::string> stop_strings = {}, bool include_stop = false);
 
   // Feeds newly decoded text; returns the text that is now safe to emit. Once a
   // stop string completes, stopped() is true and the returned text ends just
-  // before it (the stop string itself is never emitted).
+  // before it (the stop string itself is emitted only with include_stop; of
+  // stop strings found at the same place, the first given).
   std::string append(std::string_view text);
   // Feeds text that must not end the output (min_tokens): returns whatever was
   // held back plus the text, matching nothing.
@@ -30,6 +33,7 @@ class StopStringMatcher {
  private:
   std::vector<std::string> stop_strings_;
   std::string held_;
+  bool include_stop_ = false;
   bool stopped_ = false;
 };
 

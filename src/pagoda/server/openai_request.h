@@ -43,6 +43,8 @@ struct OpenAiRequest {
   engine::SamplingParams sampling;
   // vLLM's bad_words as given; the server tokenizes them into sampling.bad_words_ids.
   std::vector<std::string> bad_words;
+  // vLLM's truncate_prompt_tokens: keep the prompt's last k tokens (-1: the model's context length).
+  std::optional<int64_t> truncate_prompt_tokens;
   bool max_tokens_given = false;  // else the server picks (16 / rest of context)
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage

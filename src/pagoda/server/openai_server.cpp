@@ -192,6 +192,11 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
   if (tokens->empty()) return error_reply(invalid_request("the prompt is empty", prompt_param));
 
   const int64_t context = engine_.max_context_length();
+  if (req.truncate_prompt_tokens) {  // the prompt's last k tokens (the start of a chat's template goes too)
+    const int64_t keep = *req.truncate_prompt_tokens < 0 ? context : *req.truncate_prompt_tokens;
+    if (static_cast<int64_t>(tokens->size()) > keep)
+      tokens->erase(tokens->begin(), tokens->end() - static_cast<std::ptrdiff_t>(keep));
+  }
   const int64_t prompt_len = static_cast<int64_t>(tokens->size());
   if (!req.max_tokens_given) {
     const int64_t room = context - prompt_len;
