@@ -98,6 +98,8 @@ TEST(OpenAiRequestTest, RejectsWrongTypesAndRangesNamingTheParam) {
                                          {R"("truncate_prompt_tokens": 0)", "truncate_prompt_tokens"},
                                          {R"("truncate_prompt_tokens": -2)", "truncate_prompt_tokens"},
                                          {R"("include_stop_str_in_output": 1)", "include_stop_str_in_output"},
+                                         {R"("skip_special_tokens": "no")", "skip_special_tokens"},
+                                         {R"("spaces_between_special_tokens": false)", "spaces_between_special_tokens"},
                                          {R"("prompt_logprobs": 1)", "prompt_logprobs"},
                                          {R"("best_of": 3)", "best_of"}}) {
     ApiError e = error_of("{" + p + ", " + c.fields + "}");
@@ -121,6 +123,8 @@ TEST(OpenAiRequestTest, LogitRules) {
       "include_stop_str_in_output": true})");
   EXPECT_EQ(t.truncate_prompt_tokens, 5);
   EXPECT_TRUE(t.sampling.include_stop_str_in_output);
+  EXPECT_TRUE(t.sampling.skip_special_tokens);
+  EXPECT_FALSE(ok_of(R"({"model": "m", "prompt": [1], "skip_special_tokens": false})").sampling.skip_special_tokens);
   EXPECT_EQ(ok_of(R"({"model": "m", "prompt": [1], "truncate_prompt_tokens": -1})").truncate_prompt_tokens, -1);
   EXPECT_TRUE(ok_of(R"({"model": "m", "prompt": [1], "logit_bias": null})").sampling.logit_bias.empty());
 }

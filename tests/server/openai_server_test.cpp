@@ -178,6 +178,33 @@ TEST_F(ServerTest, LogitRulesSteerTheCompletion) {
   EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 20);
 }
 
+// skip_special_tokens reaches the sequence's text decoder (here every token is "special": its text is "<s>").
+class SpecialTokensServerTest : public ServerTest {
+ protected:
+  class SpecialText final : public engine::TextDecoder {
+   public:
+    explicit SpecialText(bool skip) : skip_(skip) {}
+    std::string append(int32_t) override { return skip_ ? "" : "<s>"; }
+    std::string finish() override { return {}; }
+
+   private:
+    bool skip_;
+  };
+  engine::EngineConfig make_engine_config() override {
+    engine::EngineConfig config;
+    config.text_decoder_factory = [](std::span<const int32_t>, bool skip) {
+      return std::make_unique<SpecialText>(skip);
+    };
+    return config;
+  }
+};
+
+TEST_F(SpecialTokensServerTest, SkipSpecialTokensIsPerRequest) {
+  EXPECT_EQ(completion_text({{"prompt", {1}}, {"max_tokens", 2}}), "");
+  EXPECT_EQ(completion_text({{"prompt", {1}}, {"max_tokens", 2}, {"skip_special_tokens", true}}), "");
+  EXPECT_EQ(completion_text({{"prompt", {1}}, {"max_tokens", 2}, {"skip_special_tokens", false}}), "<s><s>");
+}
+
 TEST_F(ServerTest, NonStreamedModelFailureIs500WithTheErrorObject) {
   runner_.fail_from_call = 3;  // prefill and one decode succeed, then the model fails
   auto res = post({{"model", "scripted"}, {"prompt", {5, 6}}, {"max_tokens", 20}});
@@ -492,7 +519,7 @@ class ToolCallingServerTest : public ChatServerTest {
   };
   engine::EngineConfig make_engine_config() override {
     engine::EngineConfig config;
-    config.text_decoder_factory = [](std::span<const int32_t>) { return std::make_unique<ScriptedText>(); };
+    config.text_decoder_factory = [](std::span<const int32_t>, bool) { return std::make_unique<ScriptedText>(); };
     return config;
   }
 };

@@ -82,7 +82,7 @@ Engine::Engine(EngineConfig config, runtime::ModelRunner& runner, kv::KvCacheMan
   overlap_ = !lower_tiers && (config_.overlap_steps == OverlapSteps::kOn ||
                               (config_.overlap_steps == OverlapSteps::kAuto && runner.capabilities().overlaps_steps));
   if (!config_.text_decoder_factory)
-    config_.text_decoder_factory = [](std::span<const int32_t>) { return make_token_id_text_decoder(); };
+    config_.text_decoder_factory = [](std::span<const int32_t>, bool) { return make_token_id_text_decoder(); };
   if (config_.lower_tiers != nullptr && !config_.lower_tiers->empty()) {
     spiller_ = std::make_unique<LowerTierSpiller>(runner_, *config_.lower_tiers);
     loader_ = std::make_unique<LowerTierLoader>(*config_.lower_tiers, std::max(1, config_.lower_tier_readers), [this] {
@@ -364,7 +364,7 @@ Sequence* Engine::new_sequence(RequestState* req, int32_t choice_index) {
   seq->rng.seed(sampling.seed ? *sampling.seed + static_cast<uint64_t>(choice_index)
                               : mix64(unseeded_salt_ + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(seq->id + 1)));
   const auto& prompt = req->request.prompt_tokens;
-  seq->decoder = config_.text_decoder_factory(prompt);
+  seq->decoder = config_.text_decoder_factory(prompt, sampling.skip_special_tokens);
   if (req->request.constraint) seq->constraint = req->request.constraint->clone();
   Sequence* raw = seq.get();
   sequences_.emplace(raw->id, std::move(seq));

@@ -34,6 +34,7 @@ struct SamplingParams {
   int32_t n = 1;            // choices per request, 1..16; n > 1 forks after prefill
   std::vector<std::string> stop;         // stop strings; matched across token boundaries
   bool include_stop_str_in_output = false;  // the text ends with the stop string that matched (vLLM)
+  bool skip_special_tokens = true;  // special tokens write no text (vLLM); tokens and logprobs keep them
   std::vector<int32_t> stop_token_ids;   // in addition to the model's eos ids
   bool ignore_eos = false;
   // Rules on the logits before penalties and sampling (engine/logit_rules.h), in this order:

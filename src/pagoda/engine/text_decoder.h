@@ -24,8 +24,10 @@ class TextDecoder {
 };
 
 // Makes a decoder for one sequence. `prompt_tail` is the end of the prompt, for
-// tokenizers whose decoding depends on the previous token (leading spaces).
-using TextDecoderFactory = std::function<std::unique_ptr<TextDecoder>(std::span<const int32_t> prompt_tail)>;
+// tokenizers whose decoding depends on the previous token (leading spaces);
+// `skip_special_tokens`: special tokens write no text (SamplingParams).
+using TextDecoderFactory =
+    std::function<std::unique_ptr<TextDecoder>(std::span<const int32_t> prompt_tail, bool skip_special_tokens)>;
 
 // For models without a tokenizer (test fixtures): token t decodes to " <t>".
 std::unique_ptr<TextDecoder> make_token_id_text_decoder();

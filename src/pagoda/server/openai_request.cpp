@@ -139,9 +139,8 @@ std::optional<ApiError> check_unsupported(const json& body) {
       {"functions", nullptr}, {"function_call", nullptr}, {"prediction", nullptr}, {"audio", nullptr},
       {"modalities", nullptr}, {"reasoning_effort", nullptr}, {"web_search_options", nullptr},
       {"guided_whitespace_pattern", nullptr}, {"logits_processors", nullptr}, {"prompt_logprobs", nullptr},
-      {"use_beam_search", false}, {"length_penalty", 1.0},
-      {"skip_special_tokens", true}, {"spaces_between_special_tokens", true}, {"add_generation_prompt", true},
-      {"continue_final_message", false}, {"add_special_tokens", nullptr}};
+      {"use_beam_search", false}, {"length_penalty", 1.0}, {"spaces_between_special_tokens", true},
+      {"add_generation_prompt", true}, {"continue_final_message", false}, {"add_special_tokens", nullptr}};
   for (const auto& [name, default_value] : kUnsupported) {
     auto it = body.find(name);
     if (it == body.end() || it->is_null() || *it == default_value) continue;
@@ -359,6 +358,7 @@ std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view text
   if (auto v = r.boolean("ignore_eos")) s.ignore_eos = *v;
   if (auto v = r.integer("min_tokens", 0, kMaxTokensLimit)) s.min_tokens = static_cast<int32_t>(*v);
   if (auto v = r.boolean("include_stop_str_in_output")) s.include_stop_str_in_output = *v;
+  if (auto v = r.boolean("skip_special_tokens")) s.skip_special_tokens = *v;
   if (auto v = r.integer("truncate_prompt_tokens", -1, std::numeric_limits<int32_t>::max())) {
     if (*v == 0) return invalid_request("'truncate_prompt_tokens' must be -1 or >= 1, got 0", "truncate_prompt_tokens");
     req.truncate_prompt_tokens = *v;
