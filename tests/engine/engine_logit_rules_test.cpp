@@ -54,6 +54,7 @@ TEST(EngineLogitRules, RowsGoToTheHostWhileARuleAppliesAndBackAfterMinTokens) {
   GenerationRequest b = greedy(test_prompt(9, 1), 4);
   b.sampling.logit_bias = {{0, 0.5f}};
   run(biased, b);
+  ASSERT_FALSE(biased.runner.sampled_rows.empty());
   for (const auto& call : biased.runner.sampled_rows)
     for (const runtime::RowSampling& row : call) EXPECT_FALSE(row.on_device) << "logit_bias applies to every row";
 }

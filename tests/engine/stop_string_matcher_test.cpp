@@ -39,6 +39,11 @@ TEST(StopStringMatcherTest, PassEmitsHeldTextAndMatchesNothing) {
   EXPECT_EQ(m.append(" STOP"), " ");
   EXPECT_TRUE(m.stopped());
   EXPECT_EQ(m.pass("x"), "");
+  // A stop string may start in passed text and end in appended text.
+  StopStringMatcher across({"STOP"});
+  EXPECT_EQ(across.pass("go ST"), "go ");
+  EXPECT_EQ(across.append("OP"), "");
+  EXPECT_TRUE(across.stopped());
 }
 
 TEST(StopStringMatcherTest, ReleasesHeldTextWhenItDiverges) {

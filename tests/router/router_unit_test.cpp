@@ -371,6 +371,15 @@ TEST(PromptHasher, TokenIdPromptsNeedNoTokenizerAndBadBodiesHaveNoPrompt) {
   auto tokens = hasher->prompt_tokens(R"({"model": "m", "prompt": [5, 6, 7]})", server::Endpoint::kCompletions);
   ASSERT_TRUE(tokens.ok()) << tokens.status().to_string();
   EXPECT_EQ(*tokens, (std::vector<int32_t>{5, 6, 7}));
+  // truncate_prompt_tokens: the backend keeps (and caches) the prompt's last k tokens; -1 is left whole.
+  tokens = hasher->prompt_tokens(R"({"model": "m", "prompt": [5, 6, 7], "truncate_prompt_tokens": 2})",
+                                 server::Endpoint::kCompletions);
+  ASSERT_TRUE(tokens.ok()) << tokens.status().to_string();
+  EXPECT_EQ(*tokens, (std::vector<int32_t>{6, 7}));
+  tokens = hasher->prompt_tokens(R"({"model": "m", "prompt": [5, 6, 7], "truncate_prompt_tokens": -1})",
+                                 server::Endpoint::kCompletions);
+  ASSERT_TRUE(tokens.ok());
+  EXPECT_EQ(tokens->size(), 3u);
   EXPECT_FALSE(hasher->prompt_tokens(R"({"model": "m", "prompt": "text"})", server::Endpoint::kCompletions).ok());
   EXPECT_FALSE(hasher->prompt_tokens("{not json", server::Endpoint::kCompletions).ok());
   EXPECT_FALSE(

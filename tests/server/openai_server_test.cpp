@@ -165,6 +165,8 @@ TEST_F(ServerTest, LogitRulesSteerTheCompletion) {
   EXPECT_EQ(tokens_of({{"max_tokens", 3}, {"allowed_token_ids", {7, 4, 5}}}), " <4> <5> <4>");
   EXPECT_EQ(tokens_of({{"max_tokens", 3}, {"stop", " <4>"}}), " <3>");
   EXPECT_EQ(tokens_of({{"max_tokens", 3}, {"stop", " <4>"}, {"include_stop_str_in_output", true}}), " <3> <4>");
+  EXPECT_EQ(tokens_of({{"max_tokens", 3}, {"stop_token_ids", {4}}}), " <3>");
+  EXPECT_EQ(tokens_of({{"max_tokens", 3}, {"stop_token_ids", {4}}, {"include_stop_str_in_output", true}}), " <3> <4>");
   // truncate_prompt_tokens: the prompt's last tokens (the scripted model reads only the last one).
   auto truncated = post({{"model", "scripted"}, {"prompt", {9, 8, 7, 1, 2}}, {"max_tokens", 2},
                          {"truncate_prompt_tokens", 2}});
@@ -306,6 +308,9 @@ TEST_F(ServerTest, RefusedSubmissionsAre400NamingTheField) {
             "allowed_token_ids", "invalid_value"},
            {{{"model", "scripted"}, {"prompt", {1, 2}}, {"max_tokens", 2}, {"bad_words", {"x"}}}, "bad_words",
             "invalid_value"},  // no tokenizer to read the words with
+           {{{"model", "scripted"}, {"prompt", {1, 2}}, {"max_tokens", 2},
+             {"allowed_token_ids", std::vector<int32_t>(ScriptedRunner::kVocab + 1, 1)}},
+            "allowed_token_ids", "invalid_value"},
            {{{"model", "scripted"}, {"prompt", long_prompt}, {"min_tokens", 97}}, "min_tokens", "invalid_value"},
        }) {
     auto res = post(c.body);

@@ -506,7 +506,9 @@ void Engine::append_token(Sequence* seq, const SampledToken& token, int32_t posi
       (!params.ignore_eos && contains(eos_ids_, token.token)) || contains(params.stop_token_ids, token.token);
   if (stop_token) {
     delta.stop_token = token;
-    // The stop token itself is not part of the text; release what was held back.
+    // The stop token itself is not part of the text (unless include_stop_str_in_output, as vLLM); release
+    // what was held back.
+    if (params.include_stop_str_in_output) delta.text += seq->stop_matcher.pass(seq->decoder->append(token.token));
     delta.text += seq->stop_matcher.append(seq->decoder->finish());
     delta.text += seq->stop_matcher.flush();
     finish_sequence(seq, FinishReason::kStop);
@@ -514,8 +516,9 @@ void Engine::append_token(Sequence* seq, const SampledToken& token, int32_t posi
   }
   delta.tokens.push_back(token.token);
   if (params.logprobs) delta.logprobs.push_back(token);
-  // min_tokens: stop strings are matched from the min_tokens-th output token on (as vLLM).
-  if (seq->num_output_tokens() < params.min_tokens)
+  // min_tokens: stop strings are matched once the output is longer than min_tokens (as vLLM); a stop
+  // string may still start in the text before.
+  if (seq->num_output_tokens() <= params.min_tokens)
     delta.text += seq->stop_matcher.pass(seq->decoder->append(token.token));
   else
     delta.text += seq->stop_matcher.append(seq->decoder->append(token.token));
@@ -626,7 +629,7 @@ void Engine::sample_constrained(Sequence* seq, std::span<const float> logits) {
 void Engine::jump_forward(Sequence* seq) {
   const GenerationRequest& r = seq->request->request;
   if (seq->status != SequenceStatus::kRunning || r.sampling.logprobs.has_value() || r.return_logits ||
-      has_logit_rules(r.sampling))
+      logit_rules_apply(r.sampling, seq->num_output_tokens()))
     return;
   seq->constraint->forced_tokens(forced_tokens_);
   for (int32_t token : forced_tokens_) {

@@ -34,8 +34,9 @@ Status validate_sampling_params(const SamplingParams& p, int32_t vocab_size) {
   for (int32_t id : p.stop_token_ids)
     if (id < 0 || id >= vocab_size)
       return invalid_argument_error("stop_token_ids: {} is outside the vocabulary [0, {})", id, vocab_size);
-  if (p.allowed_token_ids.size() > kMaxAllowedTokenIds)
-    return invalid_argument_error("allowed_token_ids accepts at most {} ids, got {}", kMaxAllowedTokenIds,
+  if (p.allowed_token_ids.size() > std::min<size_t>(kMaxAllowedTokenIds, static_cast<size_t>(vocab_size)))
+    return invalid_argument_error("allowed_token_ids accepts at most {} ids, got {}",
+                                  std::min<size_t>(kMaxAllowedTokenIds, static_cast<size_t>(vocab_size)),
                                   p.allowed_token_ids.size());
   for (int32_t id : p.allowed_token_ids)
     if (id < 0 || id >= vocab_size)

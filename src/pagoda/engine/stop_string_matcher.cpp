@@ -28,7 +28,10 @@ std::string StopStringMatcher::append(std::string_view text) {
     buffer.resize(include_stop_ ? end : earliest);
     return buffer;
   }
-  // Hold back the longest suffix that is a proper prefix of some stop string.
+  return hold_back(std::move(buffer));
+}
+
+std::string StopStringMatcher::hold_back(std::string buffer) {
   size_t hold = 0;
   for (const auto& stop : stop_strings_) {
     const size_t max_len = std::min(stop.size() - 1, buffer.size());
@@ -46,9 +49,9 @@ std::string StopStringMatcher::append(std::string_view text) {
 
 std::string StopStringMatcher::pass(std::string_view text) {
   if (stopped_) return {};
-  std::string out = std::exchange(held_, {});
-  out.append(text);
-  return out;
+  std::string buffer = std::exchange(held_, {});
+  buffer.append(text);
+  return hold_back(std::move(buffer));
 }
 
 std::string StopStringMatcher::flush() {

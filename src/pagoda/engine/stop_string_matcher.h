@@ -23,14 +23,18 @@ class StopStringMatcher {
   // before it (the stop string itself is emitted only with include_stop; of
   // stop strings found at the same place, the first given).
   std::string append(std::string_view text);
-  // Feeds text that must not end the output (min_tokens): returns whatever was
-  // held back plus the text, matching nothing.
+  // Feeds text that must not end the output (min_tokens): matches nothing, but
+  // still holds back an end that could start a stop string (the next append
+  // may complete it, as vLLM looks back over the stop's length).
   std::string pass(std::string_view text);
   // Releases whatever is held back (call when generation ends for another reason).
   std::string flush();
   bool stopped() const { return stopped_; }
 
  private:
+  // Keeps the longest end of `buffer` that is a proper prefix of a stop string in held_; returns the rest.
+  std::string hold_back(std::string buffer);
+
   std::vector<std::string> stop_strings_;
   std::string held_;
   bool include_stop_ = false;

@@ -25,16 +25,23 @@ StatusOr<std::vector<int32_t>> PromptHasher::prompt_tokens(std::string_view body
   auto parsed = server::parse_openai_request(body, endpoint);
   if (const auto* error = std::get_if<server::ApiError>(&parsed)) return invalid_argument_error("{}", error->message);
   const server::OpenAiRequest& req = std::get<server::OpenAiRequest>(parsed);
+  std::vector<int32_t> tokens;
   if (endpoint == server::Endpoint::kChatCompletions) {
     if (!tokenizer_ || !renderer_) return failed_precondition_error("no tokenizer or chat template to render chats");
     PAGODA_ASSIGN_OR_RETURN(std::string text, renderer_(req.chat));
-    return tokenizer_->encode(text, /*add_special_tokens=*/false);
-  }
-  if (req.prompt_text) {
+    tokens = tokenizer_->encode(text, /*add_special_tokens=*/false);
+  } else if (req.prompt_text) {
     if (!tokenizer_) return failed_precondition_error("no tokenizer to encode text prompts");
-    return tokenizer_->encode(*req.prompt_text, /*add_special_tokens=*/true);
+    tokens = tokenizer_->encode(*req.prompt_text, /*add_special_tokens=*/true);
+  } else {
+    tokens = req.prompt_tokens;
   }
-  return req.prompt_tokens;
+  // truncate_prompt_tokens k > 0: the backend keeps the prompt's last k tokens, so its cache holds those
+  // (-1, the backend's context length, is left whole: the router does not know it).
+  if (req.truncate_prompt_tokens && *req.truncate_prompt_tokens > 0 &&
+      static_cast<int64_t>(tokens.size()) > *req.truncate_prompt_tokens)
+    tokens.erase(tokens.begin(), tokens.end() - static_cast<std::ptrdiff_t>(*req.truncate_prompt_tokens));
+  return tokens;
 }
 
 std::vector<uint64_t> PromptHasher::block_keys(uint64_t namespace_seed, std::span<const int32_t> tokens,

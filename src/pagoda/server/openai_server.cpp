@@ -105,6 +105,9 @@ StatusOr<std::vector<int32_t>> OpenAiServer::tokens_for_text(const std::string& 
 // it reads mid-text), without special tokens; the distinct sequences go to the sampler.
 std::optional<ApiError> OpenAiServer::tokenize_bad_words(OpenAiRequest& req) const {
   auto& ids = req.sampling.bad_words_ids;
+  if (!req.bad_words.empty() && !codec_.encode)
+    return invalid_request(fmt::format("bad_words needs a tokenizer and model '{}' has none", config_.model_name),
+                           "bad_words");
   for (size_t i = 0; i < req.bad_words.size(); ++i) {
     const std::string& word = req.bad_words[i];
     const std::string bare = word.substr(word.find_first_not_of(" \t\n\r"));
