@@ -65,8 +65,7 @@ TEST(LogitRules, MinTokensBansEosAndStopIdsUntilReached) {
   EXPECT_EQ(l[2], kNegInf);
   EXPECT_TRUE(logit_rules_apply(p, 1));
   EXPECT_FALSE(logit_rules_apply(p, 2));
-  EXPECT_TRUE(has_logit_rules(p));
-  EXPECT_FALSE(has_logit_rules(SamplingParams{}));
+  EXPECT_FALSE(logit_rules_apply(SamplingParams{}, 0));
 }
 
 TEST(LogitRules, BiasIsAddedAfterTheMasks) {

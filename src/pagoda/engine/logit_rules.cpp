@@ -26,10 +26,6 @@ void keep_only(std::span<float> logits, std::span<const int32_t> allowed) {
 
 }  // namespace
 
-bool has_logit_rules(const SamplingParams& p) {
-  return !p.allowed_token_ids.empty() || !p.bad_words_ids.empty() || p.min_tokens > 0 || !p.logit_bias.empty();
-}
-
 bool logit_rules_apply(const SamplingParams& p, int32_t num_output_tokens) {
   return !p.allowed_token_ids.empty() || !p.bad_words_ids.empty() || num_output_tokens < p.min_tokens ||
          !p.logit_bias.empty();

@@ -24,12 +24,9 @@ struct LogitRuleContext {
   std::span<const int32_t> eos_ids;  // the model's end-of-sequence ids (min_tokens bans them unless ignore_eos)
 };
 
-// Whether the request gives any rule (jump-forward is off for such requests:
-// a forced token would bypass them).
-bool has_logit_rules(const SamplingParams& params);
-
 // Whether a rule changes the row after `num_output_tokens` tokens (min_tokens
-// stops applying once reached).
+// stops applying once reached). While one does, rows are sampled on the host
+// and jump-forward is off (a forced token would bypass the rules).
 bool logit_rules_apply(const SamplingParams& params, int32_t num_output_tokens);
 
 // Applies the rules to one row of logits (vocabulary-sized). Ids outside the
