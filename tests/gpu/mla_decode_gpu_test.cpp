@@ -1130,6 +1130,34 @@ TEST_F(MlaDecodeGpuTest, FusedMergeLeavesItsCountersAtZero) {
   EXPECT_EQ(launch_mla_decode(bad, q.get(), out.get(), nullptr), cudaErrorInvalidValue);
 }
 
+// A folded grid the device cannot hold whole (here: planned for four times its SMs) is refused at launch
+// (the cooperative launch, mla_decode_merge.cuh) instead of its CTAs waiting forever for rows whose other
+// segments never run.
+TEST_F(MlaDecodeGpuTest, FusedMergeGridLargerThanTheDeviceIsRefusedNotHung) {
+  if (const char* v = std::getenv("PAGODA_MLA_FUSED_LAUNCH"); v != nullptr && std::strcmp(v, "plain") == 0)
+    GTEST_SKIP() << "PAGODA_MLA_FUSED_LAUNCH=plain: this grid would hang";
+  MlaCase c = make_case("fused oversized", 16, 64, KvElement::kBF16, {8192, 8192, 8192, 8192}, 217);
+  c.options.kernel = MlaDecodeKernel::kTmaPingPongTwoChains;
+  c.options.merge = MlaMergeMode::kFused;
+  const MlaBatch b = make_batch(c);
+  std::vector<MlaDecodeRow> rows;
+  for (const auto& r : b.rows) rows.push_back({r.context_len, b.tables[size_t(r.sequence)]});
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  auto plan = MlaDecodePlan::create(b.config, rows, AttentionDeviceInfo{4 * prop.multiProcessorCount}, c.options);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  ASSERT_TRUE(plan->fused_merge());
+  ASSERT_GT(plan->num_ctas(), prop.multiProcessorCount) << "the case must not fit the device";
+  DeviceBuffer codes(b.codes.size()), q(b.q.size() * 2), out(b.rows.size() * 16 * kMlaLatentDim * 2),
+      arena(plan->arena_bytes()), workspace(plan->workspace_bytes());
+  ASSERT_EQ(cudaMemcpy(codes.get(), b.codes.data(), b.codes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(q.get(), b.q.data(), b.q.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(arena.get(), plan->arena().data(), plan->arena_bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  const auto desc = plan->descriptor(arena.get<int32_t>(), codes.get(), nullptr, workspace.get<float>());
+  EXPECT_EQ(launch_mla_decode(desc, q.get(), out.get(), nullptr), cudaErrorCooperativeLaunchTooLarge);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "the refused launch left the context usable";
+}
+
 TEST_F(MlaDecodeGpuTest, Fp8WithoutScalesRefusedAtLaunch) {
   MlaCase c = make_case("fp8", 16, 16, KvElement::kFP8E4M3, {10}, 15);
   const MlaBatch b = make_batch(c);

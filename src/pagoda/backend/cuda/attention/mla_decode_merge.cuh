@@ -16,11 +16,17 @@
 //     the last to depart sets both counters back to zero.
 // Every CTA arrives for all of its segments before it waits for any row, so
 // the waits end as long as all of the grid's CTAs are resident at once: the
-// plan folds the merge only into grids of at most one CTA per SM.
+// plan folds the merge only into grids of at most one CTA per SM, and such a
+// grid is launched cooperatively (launch_decode below), so that where the
+// device cannot hold it whole (another context's kernels under MPS, a smaller
+// partition) the launch fails instead of the waits hanging.
 
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "pagoda/backend/cuda/attention/device_primitives.cuh"
 #include "pagoda/backend/cuda/attention/mla_decode_descriptor.h"
@@ -192,6 +198,31 @@ __device__ __forceinline__ void combine_held_rows(const MlaDecodeDescriptor& d, 
   for (int row = blockIdx.y; row < d.num_rows; row += gridDim.y)
     if (d.row_segment_start[row + 1] == d.row_segment_start[row])
       for (int i = tid; i < items; i += kThreads) zero_item(d, row, i / kRowItems, i % kRowItems, out);
+}
+
+// Launches a decode kernel over d's CTAs (grid 1 x num_ctas); with the merge folded in, as a cooperative
+// launch (the header comment). PAGODA_MLA_FUSED_LAUNCH=plain launches it as any other (a diagnostic: what the
+// cooperative launch costs).
+template <class... Params, class... Args>
+cudaError_t launch_decode(void (*kernel)(Params...), const MlaDecodeDescriptor& d, int threads, size_t smem_bytes,
+                          cudaStream_t stream, Args... args) {
+  static const bool plain = [] {
+    const char* v = std::getenv("PAGODA_MLA_FUSED_LAUNCH");
+    return v != nullptr && std::strcmp(v, "plain") == 0;
+  }();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(1, d.num_ctas);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute cooperative = {};
+  cooperative.id = cudaLaunchAttributeCooperative;
+  cooperative.val.cooperative = 1;
+  config.attrs = &cooperative;
+  config.numAttrs = d.fused_merge && !plain ? 1 : 0;
+  const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, args...);
+  const cudaError_t last = cudaGetLastError();  // read (and cleared) either way
+  return launched != cudaSuccess ? launched : last;
 }
 
 }  // namespace pagoda::kernels::cuda::mla_merge
