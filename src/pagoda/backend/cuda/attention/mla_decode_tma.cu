@@ -770,8 +770,8 @@ template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains =
           bool kBulk = false>
 cudaError_t launch_pingpong(const MlaDecodeDescriptor& d, const CUtensorMap& map, const __nv_bfloat16* q,
                             __nv_bfloat16* out, cudaStream_t stream) {
-  return mla_merge::launch_decode(mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains, kSplitPartials, kBulk>,
-                                  d, kThreads, PingPongLayout<kSlots>::kSmemBytes, stream, d, map, q, out);
+  constexpr auto kernel = mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains, kSplitPartials, kBulk>;
+  return mla_merge::launch_decode(kernel, d, kThreads, PingPongLayout<kSlots>::kSmemBytes, stream, d, map, q, out);
 }
 
 template <int kSlots, bool kWholeTile, int kCtasPerSm = 1, bool kFastExp = false>
