@@ -95,7 +95,7 @@ IFS='|' read -r -a eruns <<< "$engine_runs"
   echo "v2lite $1 pages of $2, merge $3 rc=$? failed $(grep -c ' failed: ' "$out/v2lite_$1_$2_$3.log"):" \
     "$(grep -m2 -E '^engine|decode-only' "$out/v2lite_$1_$2_$3.log" | cut -c1-200 | tr '\n' ' ')"
 done
-if [[ $parts == *" k1 "* ]] && [ "$(left)" -gt 155 ]; then
+if [[ $parts == *" k1 "* ]] && [[ $gpu == *H200* || -n "${K1_ANY:-}" ]] && [ "$(left)" -gt 155 ]; then
   timeout 150 "$B" pagoda_gpu_engine_bench --config tools/gpu_backend/llama3_8b_config.json --sampling greedy \
     --workload random --num-requests 1000 --max-num-seqs 512 --max-tokens-per-step 16384 --input-len 1000 \
     --output-len 1000 --kv-cache-dtype bf16 > "$out/k1_bf16.log" 2>&1
