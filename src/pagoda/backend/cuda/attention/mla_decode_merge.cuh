@@ -201,8 +201,8 @@ __device__ __forceinline__ void combine_held_rows(const MlaDecodeDescriptor& d, 
 }
 
 // Launches a decode kernel over d's CTAs (grid 1 x num_ctas); with the merge folded in, as a cooperative
-// launch (the header comment). PAGODA_MLA_FUSED_LAUNCH=plain launches it as any other (a diagnostic: what the
-// cooperative launch costs).
+// launch (the header comment), else as before. PAGODA_MLA_FUSED_LAUNCH=plain launches a folded grid as any
+// other (a diagnostic: what the cooperative launch costs).
 template <class... Params, class... Args>
 cudaError_t launch_decode(void (*kernel)(Params...), const MlaDecodeDescriptor& d, int threads, size_t smem_bytes,
                           cudaStream_t stream, Args... args) {
@@ -210,6 +210,10 @@ cudaError_t launch_decode(void (*kernel)(Params...), const MlaDecodeDescriptor& 
     const char* v = std::getenv("PAGODA_MLA_FUSED_LAUNCH");
     return v != nullptr && std::strcmp(v, "plain") == 0;
   }();
+  if (!d.fused_merge || plain) {
+    kernel<<<dim3(1, d.num_ctas), threads, smem_bytes, stream>>>(args...);
+    return cudaGetLastError();
+  }
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(1, d.num_ctas);
   config.blockDim = dim3(threads);
@@ -219,7 +223,7 @@ cudaError_t launch_decode(void (*kernel)(Params...), const MlaDecodeDescriptor& 
   cooperative.id = cudaLaunchAttributeCooperative;
   cooperative.val.cooperative = 1;
   config.attrs = &cooperative;
-  config.numAttrs = d.fused_merge && !plain ? 1 : 0;
+  config.numAttrs = 1;
   const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, args...);
   const cudaError_t last = cudaGetLastError();  // read (and cleared) either way
   return launched != cudaSuccess ? launched : last;
