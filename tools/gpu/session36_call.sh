@@ -28,7 +28,8 @@ if [ "${1:-}" = bundle ]; then
     "$b/tests/gpu_backend/cuda_model_tests" "$b/pagoda" ${V26:+"$V26"} || exit 1
   mkdir -p .device/s36/model && cp tools/gpu_backend/llama3_8b_config.json .device/s36/model/config.json
   cp .cache/npm/llama3/package/models/tokenizer.json .cache/npm/llama3/package/models/tokenizer_config.json \
-    .device/s36/model/ && xz -T2 .device/s36/model/tokenizer.json && du -sh .device/s36; exit
+    .device/s36/model/ && xz -T2 .device/s36/model/tokenizer.json && cp tools/gpu/session31_call.sh .device/s36/ &&
+    du -sh .device/s36; exit
 fi
 . "$(dirname "$0")/call_bundle.sh"
 call_bundle_unpack
@@ -102,26 +103,9 @@ if [[ $parts == *" k1 "* ]] && [[ $gpu == *H200* || -n "${K1_ANY:-}" ]] && [ "$(
   echo "1k bf16 + bf16 KV rc=$?: $(grep -oE '[0-9]+ output tok/s' "$out/k1_bf16.log" | head -1) |" \
     "$(grep -oE 'decode-only steps: [0-9]+, [0-9.]+ s \([0-9]+% of wall\), [0-9.]+ ms each' "$out/k1_bf16.log")"
 fi
-[ -f "$here/model/tokenizer.json" ] || xz -dk "$here/model/tokenizer.json.xz"
-if [[ $parts == *" http "* ]]; then
-  for kind in ${HTTP_KINDS:-bf16}; do
-    [ "$(left)" -lt 150 ] && { echo "== http $kind skipped (time)"; continue; }
-    args=(--kv-cache-dtype "$kind"); [ "$kind" = fp8 ] && args+=(--quantization fp8)
-    call_serve "1k_$kind" "$here/model" "${args[@]}" --max-num-seqs 512 --max-tokens-per-step 16384 \
-      --max-model-len 2048
-    timeout 150 "$B" pagoda bench serve --url "http://127.0.0.1:$port" --concurrency 1000 --requests 1000 \
-      --prompt-tokens 1000 --output-tokens 1000 --token-high 120000 --warmup 1 --label "1k_$kind" \
-      --csv "$out/http.csv" --no-progress 2>&1 | tail -12
-    kill "$pid"; wait "$pid" 2>/dev/null
-    grep -iE "error|preempt" "$out/serve_1k_$kind.log" | tail -3
-    [ "$(left)" -lt 60 ] && continue
-    call_serve "itl_$kind" "$here/model" "${args[@]}" --max-num-seqs 64
-    timeout 60 "$B" pagoda bench serve --url "http://127.0.0.1:$port" --concurrency 1 --requests 6 \
-      --prompt-tokens 128 --output-tokens 256 --warmup 1 --label "itl_$kind" --csv "$out/http.csv" \
-      --no-progress 2>&1 | grep -iE "ITL|tok/s" | head -3
-    kill "$pid"; wait "$pid" 2>/dev/null
-  done
-  [ -f "$out/http.csv" ] && cat "$out/http.csv"
+if [[ $parts == *" http "* ]]; then  # session31_call.sh's http part on this bundle (it shares the unpacked bundle)
+  OUT=$out/http PARTS=http HTTP_KINDS=${HTTP_KINDS:-bf16} TOTAL=$(left) bash "$here/session31_call.sh" 2>&1 |
+    grep -vE "^== (binaries|end)"
 fi
 [[ $parts == *" itl "* ]] && for round in 1 2; do
   for kind in fp8 bf16; do
