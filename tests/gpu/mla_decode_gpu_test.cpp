@@ -1155,12 +1155,13 @@ TEST_F(MlaDecodeGpuTest, FusedMergeLeavesItsCountersAtZero) {
   EXPECT_EQ(launch_mla_decode(bad, f.q.get(), f.out.get(), nullptr), cudaErrorInvalidValue);
 }
 
-// A folded grid the device cannot hold whole (here: planned for four times its SMs) is refused at launch
-// (the cooperative launch, mla_decode_merge.cuh) instead of its CTAs waiting forever for rows whose other
-// segments never run.
+// A folded grid the device cannot hold whole (here: planned for four times its SMs, one CTA an SM) is
+// refused at launch (the cooperative launch, mla_decode_merge.cuh), where a plain launch could leave CTAs
+// waiting forever for rows whose other segments never get an SM. (This case's rows lie in consecutive CTA
+// ranges, so a plain launch of it happens to finish: the test then fails on the refusal, not by hanging.)
 TEST_F(MlaDecodeGpuTest, FusedMergeGridLargerThanTheDeviceIsRefusedNotHung) {
   if (const char* v = std::getenv("PAGODA_MLA_FUSED_LAUNCH"); v != nullptr && std::strcmp(v, "plain") == 0)
-    GTEST_SKIP() << "PAGODA_MLA_FUSED_LAUNCH=plain: this grid would hang";
+    GTEST_SKIP() << "PAGODA_MLA_FUSED_LAUNCH=plain: no cooperative launch to refuse this grid";
   const int sms = device_sms();
   FusedLaunch f;
   ASSERT_NO_FATAL_FAILURE(prepare_fused_launch("fused oversized", {8192, 8192, 8192, 8192}, 217, 4 * sms, &f));

@@ -17,9 +17,10 @@
 // Every CTA arrives for all of its segments before it waits for any row, so
 // the waits end as long as all of the grid's CTAs are resident at once: the
 // plan folds the merge only into grids of at most one CTA per SM, and such a
-// grid is launched cooperatively (launch_decode below), so that where the
-// device cannot hold it whole (another context's kernels under MPS, a smaller
-// partition) the launch fails instead of the waits hanging.
+// grid is launched cooperatively (launch_decode below): a grid larger than the
+// device or its partition can hold at once (a plan made for more SMs than this
+// context may use) is refused at launch instead of its waits hanging, and a
+// grid that fits starts only once all of its CTAs can be resident.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
