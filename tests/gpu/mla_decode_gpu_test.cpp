@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -1099,35 +1100,74 @@ TEST_F(MlaDecodeGpuTest, FusedMergeGivesTheMergePassBits) {
   }
 }
 
-// The folded merge's counters, read back from the device after launches: zero again after every launch.
-TEST_F(MlaDecodeGpuTest, FusedMergeLeavesItsCountersAtZero) {
-  MlaCase c = make_case("fused counters", 16, 64, KvElement::kBF16, {4000, 3000, 70, 9000}, 216);
+// A bf16 tma_pingpong_2chain case with the merge folded, planned for `sms` SMs, its inputs and the plan's
+// arena on the device, for the tests below that launch its descriptor themselves.
+struct FusedLaunch {
+  MlaBatch batch;
+  std::optional<MlaDecodePlan> plan;
+  DeviceBuffer codes, q, out, arena, workspace;
+  MlaDecodeDescriptor desc{};
+};
+
+void prepare_fused_launch(const char* name, std::vector<int32_t> contexts, uint32_t seed, int sms, FusedLaunch* f) {
+  MlaCase c = make_case(name, 16, 64, KvElement::kBF16, std::move(contexts), seed);
   c.options.kernel = MlaDecodeKernel::kTmaPingPongTwoChains;
   c.options.merge = MlaMergeMode::kFused;
-  const MlaBatch b = make_batch(c);
+  f->batch = make_batch(c);
+  const MlaBatch& b = f->batch;
   std::vector<MlaDecodeRow> rows;
   for (const auto& r : b.rows) rows.push_back({r.context_len, b.tables[size_t(r.sequence)]});
-  cudaDeviceProp prop{};
-  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
-  auto plan = MlaDecodePlan::create(b.config, rows, AttentionDeviceInfo{prop.multiProcessorCount}, c.options);
+  auto plan = MlaDecodePlan::create(b.config, rows, AttentionDeviceInfo{sms}, c.options);
   ASSERT_TRUE(plan.ok()) << plan.status().message();
   ASSERT_TRUE(plan->fused_merge());
-  DeviceBuffer codes(b.codes.size()), q(b.q.size() * 2), out(b.rows.size() * 16 * kMlaLatentDim * 2),
-      arena(plan->arena_bytes()), workspace(plan->workspace_bytes());
-  ASSERT_EQ(cudaMemcpy(codes.get(), b.codes.data(), b.codes.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(q.get(), b.q.data(), b.q.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(arena.get(), plan->arena().data(), plan->arena_bytes(), cudaMemcpyHostToDevice), cudaSuccess);
-  const auto desc = plan->descriptor(arena.get<int32_t>(), codes.get(), nullptr, workspace.get<float>());
-  for (int i = 0; i < 4; ++i) ASSERT_EQ(launch_mla_decode(desc, q.get(), out.get(), nullptr), cudaSuccess);
+  f->plan = std::move(*plan);
+  f->codes = DeviceBuffer(b.codes.size());
+  f->q = DeviceBuffer(b.q.size() * 2);
+  f->out = DeviceBuffer(b.rows.size() * 16 * kMlaLatentDim * 2);
+  f->arena = DeviceBuffer(f->plan->arena_bytes());
+  f->workspace = DeviceBuffer(f->plan->workspace_bytes());
+  ASSERT_EQ(cudaMemcpy(f->codes.get(), b.codes.data(), b.codes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(f->q.get(), b.q.data(), b.q.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(f->arena.get(), f->plan->arena().data(), f->plan->arena_bytes(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  f->desc = f->plan->descriptor(f->arena.get<int32_t>(), f->codes.get(), nullptr, f->workspace.get<float>());
+}
+
+int device_sms() {
+  cudaDeviceProp prop{};
+  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess ? prop.multiProcessorCount : 0;
+}
+
+// The folded merge's counters, read back from the device after launches: zero again after every launch.
+TEST_F(MlaDecodeGpuTest, FusedMergeLeavesItsCountersAtZero) {
+  FusedLaunch f;
+  ASSERT_NO_FATAL_FAILURE(prepare_fused_launch("fused counters", {4000, 3000, 70, 9000}, 216, device_sms(), &f));
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(launch_mla_decode(f.desc, f.q.get(), f.out.get(), nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<int32_t> back(plan->arena().size());
-  ASSERT_EQ(cudaMemcpy(back.data(), arena.get(), plan->arena_bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
-  EXPECT_TRUE(back == std::vector<int32_t>(plan->arena().begin(), plan->arena().end()))
+  const auto arena = f.plan->arena();
+  std::vector<int32_t> back(arena.size());
+  ASSERT_EQ(cudaMemcpy(back.data(), f.arena.get(), f.plan->arena_bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_TRUE(back == std::vector<int32_t>(arena.begin(), arena.end()))
       << "the arena (its merge counters) changed across launches";
   // A descriptor that claims the folded merge without counters is refused.
-  auto bad = desc;
+  auto bad = f.desc;
   bad.merge_counters = nullptr;
-  EXPECT_EQ(launch_mla_decode(bad, q.get(), out.get(), nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(launch_mla_decode(bad, f.q.get(), f.out.get(), nullptr), cudaErrorInvalidValue);
+}
+
+// A folded grid the device cannot hold whole (here: planned for four times its SMs, one CTA an SM) is
+// refused at launch (the cooperative launch, mla_decode_merge.cuh), where a plain launch could leave CTAs
+// waiting forever for rows whose other segments never get an SM. (This case's rows lie in consecutive CTA
+// ranges, so a plain launch of it happens to finish: the test then fails on the refusal, not by hanging.)
+TEST_F(MlaDecodeGpuTest, FusedMergeGridLargerThanTheDeviceIsRefusedNotHung) {
+  if (const char* v = std::getenv("PAGODA_MLA_FUSED_LAUNCH"); v != nullptr && std::strcmp(v, "plain") == 0)
+    GTEST_SKIP() << "PAGODA_MLA_FUSED_LAUNCH=plain: no cooperative launch to refuse this grid";
+  const int sms = device_sms();
+  FusedLaunch f;
+  ASSERT_NO_FATAL_FAILURE(prepare_fused_launch("fused oversized", {8192, 8192, 8192, 8192}, 217, 4 * sms, &f));
+  ASSERT_GT(f.plan->num_ctas(), sms) << "the case must not fit the device";
+  EXPECT_EQ(launch_mla_decode(f.desc, f.q.get(), f.out.get(), nullptr), cudaErrorCooperativeLaunchTooLarge);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "the refused launch left the context usable";
 }
 
 TEST_F(MlaDecodeGpuTest, Fp8WithoutScalesRefusedAtLaunch) {

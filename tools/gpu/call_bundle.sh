@@ -6,7 +6,11 @@
 #                                    /tmp/<script name>), and enters the tree;
 #   call_gtest LABEL SECONDS BIN [ARGS...]   (on the GPU machine, after unpack) runs a bundled test binary
 #                                    into $out/LABEL.log and prints its exit code, gtest's PASSED / FAILED
-#                                    lines and its first failures.
+#                                    lines and its first failures;
+#   call_serve LABEL MODEL [ARGS...] (on the GPU machine, after unpack) starts the bundled `pagoda serve` on
+#                                    random weights of MODEL's config, on a loopback port the kernel picks,
+#                                    logging to $out/serve_LABEL.log; waits until /health answers (150 s at
+#                                    most) and sets port and pid.
 call_bundle_here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 call_bundle_pack() {
@@ -38,4 +42,17 @@ call_gtest() {
   timeout "$limit" "$B" "$@" > "$out/$label.log" 2>&1
   echo "$label rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/$label.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED|Failure|Which is|differ" "$out/$label.log" | head -10
+}
+
+call_serve() {
+  local label=$1 model=$2 t1=$SECONDS; shift 2
+  "$B" pagoda serve --model "$model" --load-format random --device cuda --host 127.0.0.1 --port 0 \
+    --max-queued 1024 "$@" > "$out/serve_$label.log" 2>&1 &
+  pid=$!; port=""
+  for _ in $(seq 1 150); do
+    port=$(grep -oP 'listening on http://[0-9.]+:\K[0-9]+' "$out/serve_$label.log" | head -1)
+    [ -n "$port" ] && python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=1)" 2>/dev/null && break
+    sleep 1
+  done
+  echo "== serve $label up after $((SECONDS - t1)) s (port ${port:-none})"
 }

@@ -93,23 +93,11 @@ if [[ $parts == *" 1k "* ]]; then
     echo "1k bf16 + bf16 KV rc=$?: $(grep -oE '[0-9]+ output tok/s' "$out/k1_bf16.log" | head -1)"
   fi
 fi
-serve() {  # serve LABEL ARGS...: starts `pagoda serve` on a port the kernel picks; sets port and pid
-  local label=$1; shift; local t1=$SECONDS
-  "$B" pagoda serve --model "$here/model" --load-format random --device cuda --host 127.0.0.1 --port 0 \
-    --max-queued 1024 "$@" > "$out/serve_$label.log" 2>&1 &
-  pid=$!; port=""
-  for _ in $(seq 1 150); do
-    port=$(grep -oP 'listening on http://[0-9.]+:\K[0-9]+' "$out/serve_$label.log" | head -1)
-    [ -n "$port" ] && python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=1)" 2>/dev/null && break
-    sleep 1
-  done
-  echo "== serve $label up after $((SECONDS - t1)) s (port ${port:-none})"
-}
 if [[ $parts == *" httpsmall "* ]]; then  # concurrency 4 / 8 through HTTP: tensor-core GEMV (default) vs rows 0
   for c in 4 8; do
     for rows in 0 default; do
       if [ "$rows" = 0 ]; then export PAGODA_FP8_MMA_GEMV_ROWS=0; else unset PAGODA_FP8_MMA_GEMV_ROWS; fi
-      serve "c${c}_$rows" --quantization fp8 --kv-cache-dtype fp8 --max-num-seqs 64
+      call_serve "c${c}_$rows" "$here/model" --quantization fp8 --kv-cache-dtype fp8 --max-num-seqs 64
       unset PAGODA_FP8_MMA_GEMV_ROWS
       timeout 60 "$B" pagoda bench serve --url "http://127.0.0.1:$port" --concurrency "$c" --requests $((3 * c)) \
         --prompt-tokens 128 --output-tokens 256 --warmup 1 --label "c${c}_mma_rows_$rows" --csv "$out/http_small.csv" \
@@ -123,14 +111,15 @@ if [[ $parts == *" http "* ]]; then
   for kind in $kinds; do
     [ "$(left)" -lt 150 ] && { echo "== http $kind skipped (time)"; continue; }
     args=(--kv-cache-dtype "$kind"); [ "$kind" = fp8 ] && args+=(--quantization fp8)
-    serve "1k_$kind" "${args[@]}" --max-num-seqs 512 --max-tokens-per-step 16384 --max-model-len 2048
+    call_serve "1k_$kind" "$here/model" "${args[@]}" --max-num-seqs 512 --max-tokens-per-step 16384 \
+      --max-model-len 2048
     timeout 150 "$B" pagoda bench serve --url "http://127.0.0.1:$port" --concurrency 1000 --requests 1000 \
       --prompt-tokens 1000 --output-tokens 1000 --token-high 120000 --warmup 1 --label "1k_$kind" \
       --csv "$out/http.csv" --no-progress 2>&1 | tail -12
     kill "$pid"; wait "$pid" 2>/dev/null
     grep -iE "error|preempt" "$out/serve_1k_$kind.log" | tail -3
     [ "$(left)" -lt 60 ] && continue
-    serve "itl_$kind" "${args[@]}" --max-num-seqs 64
+    call_serve "itl_$kind" "$here/model" "${args[@]}" --max-num-seqs 64
     timeout 60 "$B" pagoda bench serve --url "http://127.0.0.1:$port" --concurrency 1 --requests 6 \
       --prompt-tokens 128 --output-tokens 256 --warmup 1 --label "itl_$kind" --csv "$out/http.csv" \
       --no-progress 2>&1 | grep -iE "ITL|tok/s" | head -3

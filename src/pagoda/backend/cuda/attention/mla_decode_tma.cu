@@ -768,17 +768,18 @@ cudaError_t pingpong_occupancy_of(int* ctas_per_sm) {
 
 template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1, bool kSplitPartials = false,
           bool kBulk = false>
-void launch_pingpong(const MlaDecodeDescriptor& d, const CUtensorMap& map, const __nv_bfloat16* q, __nv_bfloat16* out,
-                     cudaStream_t stream) {
-  mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains, kSplitPartials, kBulk>
-      <<<dim3(1, d.num_ctas), kThreads, PingPongLayout<kSlots>::kSmemBytes, stream>>>(d, map, q, out);
+cudaError_t launch_pingpong(const MlaDecodeDescriptor& d, const CUtensorMap& map, const __nv_bfloat16* q,
+                            __nv_bfloat16* out, cudaStream_t stream) {
+  constexpr auto kernel = mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains, kSplitPartials, kBulk>;
+  return mla_merge::launch_decode(kernel, d, kThreads, PingPongLayout<kSlots>::kSmemBytes, stream, d, map, q, out);
 }
 
 template <int kSlots, bool kWholeTile, int kCtasPerSm = 1, bool kFastExp = false>
-void launch_variant(const MlaDecodeDescriptor& d, const CUtensorMap& map, const __nv_bfloat16* q, __nv_bfloat16* out,
-                    cudaStream_t stream) {
+cudaError_t launch_variant(const MlaDecodeDescriptor& d, const CUtensorMap& map, const __nv_bfloat16* q,
+                           __nv_bfloat16* out, cudaStream_t stream) {
   mla_decode_tma_kernel<kSlots, kWholeTile, kCtasPerSm, kFastExp>
       <<<dim3(1, d.num_ctas), kThreads, Layout<kSlots>::kSmemBytes, stream>>>(d, map, q, out);
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -849,32 +850,25 @@ cudaError_t launch_mla_decode_tma_main(const MlaDecodeDescriptor& d, const void*
   auto* ob = static_cast<__nv_bfloat16*>(out);
   switch (d.kernel) {
     case MlaDecodeKernel::kBulkPingPongTwoChains:
-      launch_pingpong<kTwoStageSlots, false, false, 2, false, true>(d, map, qb, ob, stream);
-      break;
-    case MlaDecodeKernel::kTmaTile: launch_variant<kTwoStageSlots, true>(d, map, qb, ob, stream); break;
-    case MlaDecodeKernel::kTmaPair: launch_variant<kPairSlots, false, 2>(d, map, qb, ob, stream); break;
-    case MlaDecodeKernel::kTmaPairTile: launch_variant<kPairSlots, true, 2>(d, map, qb, ob, stream); break;
-    case MlaDecodeKernel::kTmaPingPong: launch_pingpong<kTwoStageSlots>(d, map, qb, ob, stream); break;
-    case MlaDecodeKernel::kTmaFastExp: launch_variant<kTwoStageSlots, false, 1, true>(d, map, qb, ob, stream); break;
-    case MlaDecodeKernel::kTmaPingPongFastExp: launch_pingpong<kTwoStageSlots, true>(d, map, qb, ob, stream); break;
+      return launch_pingpong<kTwoStageSlots, false, false, 2, false, true>(d, map, qb, ob, stream);
+    case MlaDecodeKernel::kTmaTile: return launch_variant<kTwoStageSlots, true>(d, map, qb, ob, stream);
+    case MlaDecodeKernel::kTmaPair: return launch_variant<kPairSlots, false, 2>(d, map, qb, ob, stream);
+    case MlaDecodeKernel::kTmaPairTile: return launch_variant<kPairSlots, true, 2>(d, map, qb, ob, stream);
+    case MlaDecodeKernel::kTmaPingPong: return launch_pingpong<kTwoStageSlots>(d, map, qb, ob, stream);
+    case MlaDecodeKernel::kTmaFastExp: return launch_variant<kTwoStageSlots, false, 1, true>(d, map, qb, ob, stream);
+    case MlaDecodeKernel::kTmaPingPongFastExp: return launch_pingpong<kTwoStageSlots, true>(d, map, qb, ob, stream);
     case MlaDecodeKernel::kTmaPingPongTurns:
-      launch_pingpong<kTwoStageSlots, false, true>(d, map, qb, ob, stream);
-      break;
+      return launch_pingpong<kTwoStageSlots, false, true>(d, map, qb, ob, stream);
     case MlaDecodeKernel::kTmaPingPongTwoChains:
-      launch_pingpong<kTwoStageSlots, false, false, 2>(d, map, qb, ob, stream);
-      break;
+      return launch_pingpong<kTwoStageSlots, false, false, 2>(d, map, qb, ob, stream);
     case MlaDecodeKernel::kTmaPingPongAll:
-      launch_pingpong<kTwoStageSlots, true, true, 2>(d, map, qb, ob, stream);
-      break;
+      return launch_pingpong<kTwoStageSlots, true, true, 2>(d, map, qb, ob, stream);
     case MlaDecodeKernel::kTmaPingPongSplit:
-      launch_pingpong<kTwoStageSlots, false, false, 1, true>(d, map, qb, ob, stream);
-      break;
+      return launch_pingpong<kTwoStageSlots, false, false, 1, true>(d, map, qb, ob, stream);
     case MlaDecodeKernel::kTmaPingPongSplitTwoChains:
-      launch_pingpong<kTwoStageSlots, false, false, 2, true>(d, map, qb, ob, stream);
-      break;
-    default: launch_variant<kTwoStageSlots, false>(d, map, qb, ob, stream); break;
+      return launch_pingpong<kTwoStageSlots, false, false, 2, true>(d, map, qb, ob, stream);
+    default: return launch_variant<kTwoStageSlots, false>(d, map, qb, ob, stream);
   }
-  return cudaGetLastError();
 }
 
 }  // namespace pagoda::kernels::cuda

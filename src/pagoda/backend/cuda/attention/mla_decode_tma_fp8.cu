@@ -407,9 +407,8 @@ cudaError_t launch_mla_decode_tma_fp8_main(const MlaDecodeDescriptor& d, const v
   const cudaError_t prepared = prepare_mla_decode_tma_fp8_kernel();
   if (prepared != cudaSuccess) return prepared;
   if (d.num_ctas == 0) return cudaSuccess;
-  mla_decode_tma_fp8_kernel<<<dim3(1, d.num_ctas), kThreads, kSmemBytes, stream>>>(
-      d, static_cast<const __nv_bfloat16*>(q), static_cast<__nv_bfloat16*>(out));
-  return cudaGetLastError();
+  return mla_merge::launch_decode(mla_decode_tma_fp8_kernel, d, kThreads, kSmemBytes, stream, d,
+                                  static_cast<const __nv_bfloat16*>(q), static_cast<__nv_bfloat16*>(out));
 }
 
 }  // namespace pagoda::kernels::cuda
