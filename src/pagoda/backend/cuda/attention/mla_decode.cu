@@ -712,7 +712,7 @@ __global__ void __launch_bounds__(128) mla_decode_merge_kernel(const MlaDecodeDe
     mla_merge::zero_item(d, row, head, threadIdx.x, out);
     return;
   }
-  mla_merge::combine_item(d, row, first, count, head, threadIdx.x, out);
+  mla_merge::combine_item<false>(d, row, first, count, head, threadIdx.x, out);
 }
 
 template <bool kFp8>

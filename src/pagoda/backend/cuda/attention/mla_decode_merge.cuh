@@ -38,25 +38,30 @@ constexpr float kNoRecord = -1e30f;  // the log2-sum-exp below every real one
 
 // Item (head, four values c4 * 4 ..) of a row whose records are
 // [first, first + count) (count >= 2): the combined output, as bf16, to out
-// (the merge pass: one item a thread; the folded merge batches them,
-// combine_share).
+// (the merge pass, and the folded merge where a thread has at most one item
+// of its CTA's share; combine_share batches larger shares). kFromL2: the
+// loads go to L2 (__ldcg), for the folded merge, whose records' writers are
+// other CTAs of the same grid.
+template <bool kFromL2>
 __device__ __forceinline__ void combine_item(const MlaDecodeDescriptor& d, int row, int first, int count, int head,
                                              int c4, __nv_bfloat16* __restrict__ out) {
   const float* partial = d.workspace;
   const float* lse = d.workspace + int64_t{d.num_segments} * d.partials_per_segment * d.num_heads * kMlaLatentDim;
+  auto load = [](const float* p) { return kFromL2 ? __ldcg(p) : *p; };
   // Unrolled so that eight records' loads are in flight at once (a row of 16 segments would otherwise wait
   // out 32 L2 round trips one after the other, 4 this way); the sums keep their order, so do the bits.
   float max_lse = kNoRecord;
 #pragma unroll 8
-  for (int s = 0; s < count; ++s) max_lse = fmaxf(max_lse, lse[int64_t{first + s} * d.num_heads + head]);
+  for (int s = 0; s < count; ++s) max_lse = fmaxf(max_lse, load(lse + int64_t{first + s} * d.num_heads + head));
   float sum = 0.0f;
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 8
   for (int s = 0; s < count; ++s) {
     const int64_t at = int64_t{first + s} * d.num_heads + head;
-    const float w = exp2f(lse[at] - max_lse);
+    const float w = exp2f(load(lse + at) - max_lse);
     sum += w;
-    const float4 v = reinterpret_cast<const float4*>(partial + at * kMlaLatentDim)[c4];
+    const float4* p = reinterpret_cast<const float4*>(partial + at * kMlaLatentDim) + c4;
+    const float4 v = kFromL2 ? __ldcg(p) : *p;
     acc.x += w * v.x;
     acc.y += w * v.y;
     acc.z += w * v.z;
@@ -193,8 +198,15 @@ __device__ __forceinline__ void combine_held_rows(const MlaDecodeDescriptor& d, 
     }
     barrier();
     const int k = seg - first;
-    combine_share<kThreads>(d, row, first, count, int(int64_t{k} * items / count), int(int64_t{k + 1} * items / count),
-                            tid, out);
+    const int begin = int(int64_t{k} * items / count), end = int(int64_t{k + 1} * items / count);
+    // A share of at most one item a thread (long rows: 16 segments of H = 16 give 128 items) gains nothing
+    // from batching items, and combine_item keeps eight records' loads in flight where combine_share keeps
+    // two (docs/KERNELS.md, v28); larger shares (short rows) batch.
+    if (end - begin > kThreads) {
+      combine_share<kThreads>(d, row, first, count, begin, end, tid, out);
+    } else if (begin + tid < end) {
+      combine_item<true>(d, row, first, count, (begin + tid) / kRowItems, (begin + tid) % kRowItems, out);
+    }
   }
   for (int row = blockIdx.y; row < d.num_rows; row += gridDim.y)
     if (d.row_segment_start[row + 1] == d.row_segment_start[row])
