@@ -613,6 +613,7 @@ TEST_F(MlaDecodeGpuTest, ProgrammaticMergeMatchesPlainLaunch) {
       MlaCase c = with_options(make_case("pdl merge", 16, 64, kind.element, {1, 100, 1000, 2500, 640}, 120), 64, 0);
       c.layout = kind.layout;
       c.options.kernel = kind.kernel;
+      c.options.merge = MlaMergeMode::kPass;  // the pass is what launches programmatically
       c.use_graph = graph;
       const MlaBatch b = make_batch(c);
       auto plain = run(b, c);

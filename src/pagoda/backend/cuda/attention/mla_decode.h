@@ -63,7 +63,7 @@ struct MlaDecodeRow {
 // How split rows are combined: a merge pass after the decode kernel, or the
 // merge folded into the decode kernel (MlaDecodeDescriptor::fused_merge).
 enum class MlaMergeMode : int32_t {
-  kDefault = 0,  // the environment's PAGODA_MLA_MERGE: "pass" or "fused"; unset or empty: pass
+  kDefault = 0,  // the environment's PAGODA_MLA_MERGE: "pass" or "fused"; unset or empty: fused
   kPass = 1,
   kFused = 2,  // where the kernel can (mla_decode_can_fuse_merge) and the grid is one CTA per SM at most
 };

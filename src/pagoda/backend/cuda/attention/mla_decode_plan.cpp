@@ -43,7 +43,7 @@ const char* environment_kernel() {
   return value;
 }
 
-// PAGODA_MLA_MERGE, read once: "pass", "fused", or unset / empty (pass).
+// PAGODA_MLA_MERGE, read once: "pass", "fused", or unset / empty (fused).
 const char* environment_merge() {
   static const char* value = [] {
     const char* v = std::getenv("PAGODA_MLA_MERGE");
@@ -192,8 +192,8 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
   MlaMergeMode merge = options.merge;
   if (merge == MlaMergeMode::kDefault) {
     const char* env = environment_merge();
-    if (*env == '\0' || std::strcmp(env, "pass") == 0) merge = MlaMergeMode::kPass;
-    else if (std::strcmp(env, "fused") == 0) merge = MlaMergeMode::kFused;
+    if (std::strcmp(env, "pass") == 0) merge = MlaMergeMode::kPass;
+    else if (*env == '\0' || std::strcmp(env, "fused") == 0) merge = MlaMergeMode::kFused;
     else return invalid_argument_error("mla decode: PAGODA_MLA_MERGE '{}' (pass or fused)", env);
   } else if (merge != MlaMergeMode::kPass && merge != MlaMergeMode::kFused) {
     return invalid_argument_error("mla decode: merge mode {} unknown", static_cast<int>(merge));
