@@ -153,3 +153,28 @@ TEST(SamplingParamsTest, RejectsBadValuesNamingTheField) {
 
 }  // namespace
 }  // namespace pagoda::engine
+
+namespace pagoda::engine {
+namespace {
+
+TEST(ScoreTokenTest, GivesTheLogSoftmaxTheRankAndTheTopAlternatives) {
+  const std::vector<float> row = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f};
+  double z = 0.0;
+  for (float v : row) z += std::exp(static_cast<double>(v));
+  const SampledToken s = score_token(row, 2, 3);
+  EXPECT_EQ(s.token, 2);
+  EXPECT_NEAR(s.logprob, 2.0 - std::log(z), 1e-6);
+  EXPECT_EQ(s.rank, 3) << "two tokens are more likely";
+  ASSERT_EQ(s.top_logprobs.size(), 3u);
+  EXPECT_EQ(s.top_logprobs[0].token, 1) << "ties to the lower id";
+  EXPECT_EQ(s.top_logprobs[1].token, 3);
+  EXPECT_EQ(s.top_logprobs[2].token, 2);
+  EXPECT_NEAR(s.top_logprobs[0].logprob, 3.0 - std::log(z), 1e-6);
+  EXPECT_EQ(score_token(row, 3, 0).rank, 1) << "equal logits share the rank (vLLM)";
+  EXPECT_EQ(score_token(row, 4, 0).rank, 5);
+  EXPECT_TRUE(score_token(row, 4, 0).top_logprobs.empty());
+  EXPECT_EQ(score_token(row, 0, 9).top_logprobs.size(), 5u) << "at most the vocabulary";
+}
+
+}  // namespace
+}  // namespace pagoda::engine

@@ -94,13 +94,16 @@ TEST(OpenAiRequestTest, RejectsWrongTypesAndRangesNamingTheParam) {
                                          {R"("bad_words": [" "])", "bad_words"},
                                          {R"("min_tokens": -1)", "min_tokens"},
                                          {R"("min_tokens": 17, "max_tokens": 16)", "min_tokens"},
-                                         {R"("echo": true)", "echo"},
+                                         {R"("echo": 1)", "echo"},
+                                         {R"("max_tokens": -1, "echo": true)", "max_tokens"},
+                                         {R"("max_tokens": 0, "echo": true, "n": 2)", "n"},
+                                         {R"("prompt_logprobs": 21)", "prompt_logprobs"},
+                                         {R"("prompt_logprobs": 1, "stream": true)", "prompt_logprobs"},
                                          {R"("truncate_prompt_tokens": 0)", "truncate_prompt_tokens"},
                                          {R"("truncate_prompt_tokens": -2)", "truncate_prompt_tokens"},
                                          {R"("include_stop_str_in_output": 1)", "include_stop_str_in_output"},
                                          {R"("skip_special_tokens": "no")", "skip_special_tokens"},
                                          {R"("spaces_between_special_tokens": false)", "spaces_between_special_tokens"},
-                                         {R"("prompt_logprobs": 1)", "prompt_logprobs"},
                                          {R"("best_of": 3)", "best_of"}}) {
     ApiError e = error_of("{" + p + ", " + c.fields + "}");
     EXPECT_EQ(e.http_status, 400) << c.fields;
@@ -127,6 +130,35 @@ TEST(OpenAiRequestTest, LogitRules) {
   EXPECT_FALSE(ok_of(R"({"model": "m", "prompt": [1], "skip_special_tokens": false})").sampling.skip_special_tokens);
   EXPECT_EQ(ok_of(R"({"model": "m", "prompt": [1], "truncate_prompt_tokens": -1})").truncate_prompt_tokens, -1);
   EXPECT_TRUE(ok_of(R"({"model": "m", "prompt": [1], "logit_bias": null})").sampling.logit_bias.empty());
+}
+
+TEST(OpenAiRequestTest, EchoAndPromptLogprobs) {
+  // What the engine scores: prompt_logprobs' alternatives, or echo's logprobs', the larger.
+  const OpenAiRequest e = ok_of(R"({"model": "m", "prompt": [1, 2], "echo": true, "logprobs": 3})");
+  EXPECT_TRUE(e.echo);
+  EXPECT_FALSE(e.prompt_logprobs);
+  EXPECT_EQ(e.sampling.prompt_logprobs, 3);
+  const OpenAiRequest both = ok_of(R"({"model": "m", "prompt": [1], "echo": true, "logprobs": 2,
+      "prompt_logprobs": 5})");
+  EXPECT_EQ(both.prompt_logprobs, 5);
+  EXPECT_EQ(both.sampling.prompt_logprobs, 5);
+  EXPECT_FALSE(ok_of(R"({"model": "m", "prompt": [1], "echo": true})").sampling.prompt_logprobs)
+      << "echo without logprobs scores nothing";
+  // max_tokens 0 scores the prompt alone: with echo (OpenAI's legacy scoring) or prompt_logprobs.
+  const OpenAiRequest zero = ok_of(R"({"model": "m", "prompt": [1, 2], "echo": true, "max_tokens": 0})");
+  EXPECT_EQ(zero.sampling.max_tokens, 0);
+  EXPECT_EQ(zero.sampling.prompt_logprobs, 0);
+  EXPECT_EQ(ok_of(R"({"model": "m", "prompt": [1], "prompt_logprobs": 0, "max_tokens": 0})").sampling.max_tokens, 0);
+  EXPECT_EQ(error_of(R"({"model": "m", "prompt": [1], "max_tokens": 0})").param, "max_tokens");
+  // Chat: prompt_logprobs yes; echo (vLLM's is another thing) no.
+  const std::string chat = R"("model": "m", "messages": [{"role": "user", "content": "hi"}])";
+  EXPECT_EQ(ok_of("{" + chat + R"(, "prompt_logprobs": 2})", Endpoint::kChatCompletions).sampling.prompt_logprobs, 2);
+  const ApiError refused = error_of("{" + chat + R"(, "echo": true})", Endpoint::kChatCompletions);
+  EXPECT_EQ(refused.param, "echo");
+  EXPECT_EQ(refused.code, "unsupported");
+  EXPECT_EQ(ok_of("{" + chat + R"(, "max_completion_tokens": 0, "prompt_logprobs": 0})", Endpoint::kChatCompletions)
+                .sampling.max_tokens,
+            0);
 }
 
 TEST(OpenAiRequestTest, BadJsonAndBadUtf8) {

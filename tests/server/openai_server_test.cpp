@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <thread>
@@ -86,6 +87,7 @@ class ServerTest : public ::testing::Test {
   // Runs on the KV cache before the engine starts (the engine thread owns it after).
   virtual void prepare_kv(kv::KvCacheManager&) {}
   virtual int32_t kv_num_blocks() const { return 512; }  // of 16 tokens
+  virtual void configure(ServerConfig&) {}
 
   void SetUp() override {
     kv::KvCacheConfig kc;
@@ -99,6 +101,7 @@ class ServerTest : public ::testing::Test {
     config.model_name = "scripted";
     config.port = 0;
     config.http_threads = 8;
+    configure(config);
     server_ = std::make_unique<OpenAiServer>(config, *engine_, make_codec());
     auto port = server_->bind();
     ASSERT_TRUE(port.ok()) << port.status().to_string();
@@ -205,6 +208,91 @@ TEST_F(SpecialTokensServerTest, SkipSpecialTokensIsPerRequest) {
   EXPECT_EQ(completion_text({{"prompt", {1}}, {"max_tokens", 2}}), "");
   EXPECT_EQ(completion_text({{"prompt", {1}}, {"max_tokens", 2}, {"skip_special_tokens", true}}), "");
   EXPECT_EQ(completion_text({{"prompt", {1}}, {"max_tokens", 2}, {"skip_special_tokens", false}}), "<s><s>");
+}
+
+// The scripted model gives the next token (last + 1) a logit of 10 and every other token 0.
+TEST_F(ServerTest, EchoAndPromptLogprobsScoreThePrompt) {
+  const double hit = 10.0 - std::log(std::exp(10.0) + 63.0), miss = -std::log(std::exp(10.0) + 63.0);
+  auto whole = post({{"model", "scripted"}, {"prompt", {5, 6, 8}}, {"max_tokens", 2}, {"temperature", 0},
+                     {"echo", true}, {"logprobs", 1}});
+  ASSERT_TRUE(whole);
+  ASSERT_EQ(whole->status, 200) << whole->body;
+  const json choice = json::parse(whole->body)["choices"][0];
+  EXPECT_EQ(choice["text"], "<5><6><8> <9> <10>") << "the prompt as its tokens read (it came as ids), then the output";
+  const json& lp = choice["logprobs"];
+  EXPECT_EQ(lp["tokens"], json({"<5>", "<6>", "<8>", "<9>", "<10>"}));
+  ASSERT_EQ(lp["token_logprobs"].size(), 5u);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null()) << "nothing predicts the first prompt token";
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_NEAR(lp["token_logprobs"][1].get<double>(), hit, 1e-5);
+  EXPECT_NEAR(lp["token_logprobs"][2].get<double>(), miss, 1e-5) << "8 after 6: the model said 7";
+  EXPECT_NEAR(lp["top_logprobs"][2]["<7>"].get<double>(), hit, 1e-5);
+  EXPECT_NEAR(lp["token_logprobs"][3].get<double>(), hit, 1e-5);
+  EXPECT_EQ(lp["text_offset"], json({0, 3, 6, 9, 12})) << "the output's offsets start after the echoed prompt";
+  EXPECT_FALSE(choice.contains("prompt_logprobs"));
+
+  // vLLM's prompt_logprobs: null, then {id: {logprob, rank, decoded_token}} with the top alternatives.
+  auto scored = post({{"model", "scripted"}, {"prompt", {5, 6, 8}}, {"max_tokens", 1}, {"prompt_logprobs", 1}});
+  ASSERT_TRUE(scored);
+  ASSERT_EQ(scored->status, 200) << scored->body;
+  const json body = json::parse(scored->body);
+  const json& pl = body["choices"][0]["prompt_logprobs"];
+  ASSERT_EQ(pl.size(), 3u) << pl.dump();
+  EXPECT_TRUE(pl[0].is_null());
+  EXPECT_EQ(pl[1].size(), 1u) << "the prompt token is the top alternative";
+  EXPECT_EQ(pl[1]["6"]["rank"], 1);
+  EXPECT_EQ(pl[1]["6"]["decoded_token"], "<6>");
+  EXPECT_NEAR(pl[1]["6"]["logprob"].get<double>(), hit, 1e-5);
+  EXPECT_EQ(pl[2]["8"]["rank"], 2) << "63 tokens tie below the model's pick";
+  EXPECT_NEAR(pl[2]["8"]["logprob"].get<double>(), miss, 1e-5);
+  EXPECT_EQ(pl[2]["7"]["rank"], 1);
+  EXPECT_TRUE(body["choices"][0]["logprobs"].is_null()) << "no logprobs were asked for";
+  EXPECT_EQ(body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+
+  // max_tokens 0 with echo: the prompt alone (OpenAI's legacy scoring request).
+  auto zero = post({{"model", "scripted"}, {"prompt", {5, 6}}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 0}});
+  ASSERT_TRUE(zero);
+  ASSERT_EQ(zero->status, 200) << zero->body;
+  const json z = json::parse(zero->body);
+  EXPECT_EQ(z["choices"][0]["text"], "<5><6>");
+  EXPECT_EQ(z["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(z["choices"][0]["logprobs"]["tokens"], json({"<5>", "<6>"}));
+  EXPECT_EQ(z["usage"]["completion_tokens"], 0);
+
+  // Streamed echo: a choice's first chunk carries the prompt and its logprobs.
+  auto streamed = post({{"model", "scripted"}, {"prompt", {5, 6, 8}}, {"max_tokens", 2}, {"temperature", 0},
+                        {"echo", true}, {"logprobs", 0}, {"stream", true}});
+  ASSERT_TRUE(streamed);
+  ASSERT_EQ(streamed->status, 200) << streamed->body;
+  std::string text;
+  std::vector<json> tokens;
+  for (size_t at = streamed->body.find("data: {"); at != std::string::npos;
+       at = streamed->body.find("data: {", at + 1)) {
+    const json chunk = json::parse(streamed->body.substr(at + 6, streamed->body.find("\n\n", at) - at - 6));
+    text += chunk["choices"][0]["text"].get<std::string>();
+    if (chunk["choices"][0]["logprobs"].is_object())
+      for (const json& t : chunk["choices"][0]["logprobs"]["tokens"]) tokens.push_back(t);
+  }
+  EXPECT_EQ(text, "<5><6><8> <9> <10>");
+  EXPECT_EQ(json(tokens), json({"<5>", "<6>", "<8>", "<9>", "<10>"}));
+  EXPECT_EQ(post({{"model", "scripted"}, {"prompt", {5}}, {"prompt_logprobs", 1}, {"stream", true}})->status, 400);
+}
+
+// Scoring a prompt is capped like generating: prompt tokens x (1 + alternatives).
+class CostCapServerTest : public ServerTest {
+ protected:
+  void configure(ServerConfig& config) override { config.max_request_cost = 10000; }
+};
+
+TEST_F(CostCapServerTest, PromptScoringOverTheRequestCostIs400) {
+  std::vector<int32_t> prompt(1000, 1);
+  auto res = post({{"model", "scripted"}, {"prompt", prompt}, {"max_tokens", 1}, {"prompt_logprobs", 20}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400) << res->body;
+  const json e = json::parse(res->body)["error"];
+  EXPECT_EQ(e["param"], "prompt_logprobs");
+  EXPECT_EQ(e["code"], "request_too_costly");
+  EXPECT_EQ(post({{"model", "scripted"}, {"prompt", prompt}, {"max_tokens", 1}, {"prompt_logprobs", 1}})->status, 200);
 }
 
 TEST_F(ServerTest, NonStreamedModelFailureIs500WithTheErrorObject) {

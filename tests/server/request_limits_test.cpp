@@ -48,6 +48,19 @@ TEST(RequestCost, IsChoicesTimesTokensTimesLogprobEntries) {
   EXPECT_FALSE(check_request_cost(s, 0).has_value()) << "0 disables the cap";
 }
 
+TEST(RequestCost, ScoringAPromptIsItsTokensTimesAlternatives) {
+  engine::SamplingParams s;
+  EXPECT_FALSE(check_prompt_scoring_cost(s, 100000, 1000).has_value()) << "no prompt_logprobs: nothing scored";
+  s.prompt_logprobs = 4;
+  EXPECT_FALSE(check_prompt_scoring_cost(s, 200, 1000).has_value());
+  auto e = check_prompt_scoring_cost(s, 201, 1000);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->param, "prompt_logprobs");
+  EXPECT_EQ(e->code, "request_too_costly");
+  EXPECT_NE(e->message.find("1005"), std::string::npos) << e->message;
+  EXPECT_FALSE(check_prompt_scoring_cost(s, 201, 0).has_value()) << "0 disables the cap";
+}
+
 TEST(ChatTemplateKwargs, RenamingASpecialTokenIsRefusedNamingTheField) {
   for (const char* token : {"bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
                             "mask_token", "additional_special_tokens"}) {

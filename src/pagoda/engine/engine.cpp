@@ -471,6 +471,16 @@ void Engine::cancel_all_requests() {
   for (RequestState* req : all) fail_request(req, shut_down, FinishReason::kAbort);
 }
 
+void Engine::add_prompt_row(const Sequence* seq, int32_t i, std::span<const float> logits) {
+  const GenerationRequest& r = seq->request->request;
+  RequestOutput& out = step_outputs_[seq->request->id];
+  out.request_id = seq->request->id;
+  if (r.return_prompt_logits) out.prompt_logits.insert(out.prompt_logits.end(), logits.begin(), logits.end());
+  const int32_t next = seq->prompt_logits_done + i + 1;
+  if (r.sampling.prompt_logprobs && next < seq->prompt_length)
+    out.prompt_logprobs.push_back(score_token(logits, seq->tokens[next], *r.sampling.prompt_logprobs));
+}
+
 void Engine::append_token(Sequence* seq, const SampledToken& token, int32_t position) {
   RequestState* req = seq->request;
   const SamplingParams& params = req->request.sampling;
@@ -970,11 +980,7 @@ void Engine::finish_step(StepPlan& plan, std::span<const runtime::RowSampling> r
       r = row++;
       on_device = rows[r].on_device;
       if (!on_device) logits_row = std::span<const float>(result->host_logits.data() + host_row++ * vocab, vocab);
-      if (chunk.all_logits && seq->status == SequenceStatus::kRunning) {
-        RequestOutput& out = step_outputs_[seq->request->id];
-        out.request_id = seq->request->id;
-        out.prompt_logits.insert(out.prompt_logits.end(), logits_row.begin(), logits_row.end());
-      }
+      if (chunk.all_logits && seq->status == SequenceStatus::kRunning) add_prompt_row(seq, i, logits_row);
     }
     if (chunk.all_logits) seq->prompt_logits_done += chunk.num_new_tokens;
     if (!chunk.produces_logits || seq->status != SequenceStatus::kRunning) continue;
@@ -995,7 +1001,7 @@ void Engine::finish_step(StepPlan& plan, std::span<const runtime::RowSampling> r
       continue;
     }
     RequestState* req = seq->request;
-    if (req->request.sampling.max_tokens == 0) {  // scoring only (return_prompt_logits)
+    if (req->request.sampling.max_tokens == 0) {  // scoring only (prompt rows, no output tokens)
       finish_sequence(seq, FinishReason::kLength);
       continue;
     }
@@ -1121,6 +1127,7 @@ void Engine::spill_to_lower_tiers(std::span<const kv::BlockTransfer> moves) {
 bool Engine::start_lower_tier_load(Sequence* seq) {
   kvstore::LowerTiers* tiers = config_.lower_tiers;
   if (tiers == nullptr || tiers->empty() || loader_ == nullptr) return false;
+  if (seq->request->request.wants_prompt_rows()) return false;  // computes its whole prompt (Scheduler::prefix_reuse)
   const std::string& ns = seq->request->request.tenant_namespace;
   const int64_t max_blocks = (static_cast<int64_t>(seq->tokens.size()) - 1) / kv_block_size_;
   if (max_blocks <= 0) return false;

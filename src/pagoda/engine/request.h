@@ -36,14 +36,17 @@ struct GenerationRequest {
   // Structured outputs: which tokens may come next, in its initial state (each choice samples
   // through its own clone, on the host). nullptr: unconstrained.
   std::shared_ptr<const TokenConstraint> constraint;
-  // The quality harness (eval/): logits of every prompt position that is
-  // computed (RequestOutput::prompt_logits; positions served from the prefix
-  // cache have none), and of every generated position (ChoiceDelta::logits).
+  // The quality harness (eval/): logits of every prompt position
+  // (RequestOutput::prompt_logits; such a request does not read the prefix
+  // cache), and of every generated position (ChoiceDelta::logits).
   // Both take the host path: the logits cross to the host. With
   // return_prompt_logits, sampling.max_tokens may be 0: the request ends
   // (finish "length") once its prompt is computed.
   bool return_prompt_logits = false;
   bool return_logits = false;
+  // Whether every computed prompt position gets a logits row: the harness's return_prompt_logits
+  // or sampling.prompt_logprobs (reduced by the engine to RequestOutput::prompt_logprobs).
+  bool wants_prompt_rows() const { return return_prompt_logits || sampling.prompt_logprobs.has_value(); }
   // Token eviction for this request (runtime/kv_compression.h); nullopt: the
   // engine's default (EngineConfig::kv_compression). Needs n == 1 and a
   // runner that compacts KV (RunnerCapabilities::compacts_kv).
@@ -101,6 +104,9 @@ struct RequestOutput {
   // return_prompt_logits: vocab-size rows for the prompt positions computed in
   // this delta's steps, in order; row i predicts the token after position i.
   std::vector<float> prompt_logits;
+  // sampling.prompt_logprobs: prompt tokens 1, 2, .. scored (engine::score_token) in order, those
+  // whose predicting position was computed in this delta's steps; the first prompt token has none.
+  std::vector<SampledToken> prompt_logprobs;
   StatusCode error_code = StatusCode::kOk;  // kOk unless the engine failed the request (see above)
   std::string error;                        // the failure in words; non-empty exactly when error_code != kOk
 

@@ -18,8 +18,8 @@ int32_t argmax(std::span<const float> row) {
   return best;
 }
 
-// log-softmax of the raw row, only for the tokens that are reported.
-void fill_logprobs(std::span<const float> raw, const SamplingParams& params, SampledToken& out) {
+// log-softmax of the raw row, only for the tokens that are reported (out.token and the top k).
+void fill_logprobs(std::span<const float> raw, int32_t top_k, SampledToken& out) {
   float max_logit = raw[argmax(raw)];
   double sum = 0.0;
   // Masked-out tokens (structured outputs) are -inf and add nothing: skipping them keeps a
@@ -28,7 +28,7 @@ void fill_logprobs(std::span<const float> raw, const SamplingParams& params, Sam
     if (v != kNegInf) sum += static_cast<double>(std::exp(v - max_logit));
   const float log_z = max_logit + static_cast<float>(std::log(sum));
   out.logprob = raw[out.token] - log_z;
-  const int32_t k = std::min<int32_t>(params.logprobs.value_or(0), static_cast<int32_t>(raw.size()));
+  const int32_t k = std::min<int32_t>(top_k, static_cast<int32_t>(raw.size()));
   if (k <= 0) return;
   std::vector<int32_t> ids(raw.size());
   std::iota(ids.begin(), ids.end(), 0);
@@ -40,6 +40,15 @@ void fill_logprobs(std::span<const float> raw, const SamplingParams& params, Sam
 }
 
 }  // namespace
+
+SampledToken score_token(std::span<const float> raw, int32_t token, int32_t top_k) {
+  SampledToken out;
+  out.token = token;
+  fill_logprobs(raw, top_k, out);
+  // vLLM's rank: tokens of equal logit share it.
+  out.rank = 1 + static_cast<int32_t>(std::count_if(raw.begin(), raw.end(), [&](float v) { return v > raw[token]; }));
+  return out;
+}
 
 void apply_token_mask(std::span<float> logits, std::span<const uint64_t> allowed) {
   const size_t n = logits.size();
@@ -88,7 +97,7 @@ SampledToken Sampler::sample(std::span<const float> raw, const SamplingParams& p
   if (params.temperature == 0.0f) {
     out.token = argmax(logits);
     if (logits[out.token] == kNegInf) out.token = argmax(raw);  // every token masked (the header)
-    fill_logprobs(raw, params, out);
+    fill_logprobs(raw, params.logprobs.value_or(0), out);
     return out;
   }
 
@@ -97,7 +106,7 @@ SampledToken Sampler::sample(std::span<const float> raw, const SamplingParams& p
   float max_logit = logits[argmax(logits)];
   if (max_logit == kNegInf) {
     out.token = argmax(raw);
-    fill_logprobs(raw, params, out);
+    fill_logprobs(raw, params.logprobs.value_or(0), out);
     return out;
   }
   std::vector<double> probs(vocab);
@@ -151,7 +160,7 @@ SampledToken Sampler::sample(std::span<const float> raw, const SamplingParams& p
       }
     }
   }
-  fill_logprobs(raw, params, out);
+  fill_logprobs(raw, params.logprobs.value_or(0), out);
   return out;
 }
 

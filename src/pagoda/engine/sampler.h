@@ -31,6 +31,7 @@ struct SampledToken {
   int32_t token = 0;
   float logprob = 0.0f;                 // of the chosen token (raw distribution)
   std::vector<TokenLogprob> top_logprobs;  // best first; empty unless requested
+  int32_t rank = 0;  // score_token: 1 + the tokens more likely than `token` (vLLM); 0 where not computed
 };
 
 // Token counts a sequence has seen, kept incrementally so penalties cost
@@ -51,6 +52,10 @@ inline bool needs_token_history(const SamplingParams& params) {
 // Structured outputs: sets logits[t] to -inf for every token whose bit is clear in `allowed`
 // (64 tokens per word, little-endian; words past the row are ignored). Run before sample().
 void apply_token_mask(std::span<float> logits, std::span<const uint64_t> allowed);
+
+// A token the model was given rather than drew (prompt_logprobs): its logprob in the raw row, its
+// rank, and the top_k most likely tokens (best first, ties to the lower id).
+SampledToken score_token(std::span<const float> raw, int32_t token, int32_t top_k);
 
 class Sampler {
  public:

@@ -22,7 +22,10 @@ Status validate_sampling_params(const SamplingParams& p, int32_t vocab_size) {
     return invalid_argument_error("presence_penalty must be in [-2, 2], got {}", p.presence_penalty);
   if (p.logprobs && (*p.logprobs < 0 || *p.logprobs > 20))
     return invalid_argument_error("logprobs must be in [0, 20], got {}", *p.logprobs);
-  if (p.max_tokens < 1) return invalid_argument_error("max_tokens must be >= 1, got {}", p.max_tokens);
+  if (p.prompt_logprobs && (*p.prompt_logprobs < 0 || *p.prompt_logprobs > 20))
+    return invalid_argument_error("prompt_logprobs must be in [0, 20], got {}", *p.prompt_logprobs);
+  if (p.max_tokens < 0 || (p.max_tokens == 0 && !p.prompt_logprobs))
+    return invalid_argument_error("max_tokens must be >= 1 (0 only with prompt_logprobs), got {}", p.max_tokens);
   if (p.n < 1 || p.n > 16) return invalid_argument_error("n must be in [1, 16], got {}", p.n);
   if (p.stop.size() > 16) return invalid_argument_error("stop accepts at most 16 strings, got {}", p.stop.size());
   for (const auto& s : p.stop) {

@@ -30,7 +30,12 @@ struct SamplingParams {
   std::optional<uint64_t> seed;
   // Top-k log-probabilities to report per generated token (0..20); nullopt: none.
   std::optional<int32_t> logprobs;
-  int32_t max_tokens = 16;  // >= 1
+  // vLLM's prompt_logprobs: for every prompt token after the first, its logprob and rank under the
+  // model given the tokens before it, with this many top alternatives (0..20); nullopt: none.
+  // Such a request computes its whole prompt (the prefix cache is not read: a cached position
+  // has no logits) and may set max_tokens = 0 to score the prompt alone.
+  std::optional<int32_t> prompt_logprobs;
+  int32_t max_tokens = 16;  // >= 1, or 0 with prompt_logprobs
   int32_t n = 1;            // choices per request, 1..16; n > 1 forks after prefill
   std::vector<std::string> stop;         // stop strings; matched across token boundaries
   bool include_stop_str_in_output = false;  // the text ends with the stop string that matched (vLLM)

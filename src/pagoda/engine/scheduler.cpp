@@ -116,7 +116,7 @@ bool Scheduler::admit_swapped(Sequence* seq, int32_t& budget, StepPlan& plan, st
   seq->status = SequenceStatus::kRunning;
   insert_by_arrival(running_, seq);
   plan.admitted.push_back(seq);
-  const int32_t n = std::min(seq->num_pending(), budget);
+  const int32_t n = chunk_tokens(seq, budget);
   add_chunk(seq, n, plan);
   planned.push_back(seq);
   budget -= n;
@@ -133,6 +133,15 @@ Sequence* Scheduler::pick_victim(const std::vector<Sequence*>& planned, Sequence
     return s;
   }
   return requester;
+}
+
+int32_t Scheduler::chunk_tokens(const Sequence* seq, int32_t budget) const {
+  const int32_t n = std::min(seq->num_pending(), budget);
+  if (!seq->request->request.wants_prompt_rows() || seq->num_computed >= seq->prompt_length) return n;
+  // Recomputing after a preemption: up to the first position whose row has not gone out, so that
+  // the next chunk starts there (only a chunk that starts there emits rows: add_chunk).
+  if (seq->num_computed < seq->prompt_logits_done) return std::min(n, seq->prompt_logits_done - seq->num_computed);
+  return std::min({n, config_.max_prompt_rows_per_step, seq->prompt_length - seq->num_computed});
 }
 
 void Scheduler::add_chunk(Sequence* seq, int32_t num_new_tokens, StepPlan& plan) {
@@ -166,7 +175,7 @@ void Scheduler::add_chunk(Sequence* seq, int32_t num_new_tokens, StepPlan& plan)
   }
   const bool reaches_end = seq->num_computed + num_new_tokens == static_cast<int32_t>(seq->tokens.size());
   // Prompt logits once per position: not again for a recompute after preemption.
-  const bool all_logits = seq->request->request.return_prompt_logits &&
+  const bool all_logits = seq->request->request.wants_prompt_rows() &&
                           seq->num_computed == seq->prompt_logits_done &&
                           seq->num_computed + num_new_tokens <= seq->prompt_length;
   slice.logits_for_last_token = reaches_end;
@@ -220,7 +229,7 @@ StepPlan Scheduler::schedule() {
       }
       seq->num_reserved += unreserved;
     }
-    const int32_t n = std::min(seq->num_pending(), budget);
+    const int32_t n = chunk_tokens(seq, budget);
     add_chunk(seq, n, plan);
     planned.push_back(seq);
     budget -= n;
@@ -257,7 +266,7 @@ StepPlan Scheduler::schedule() {
         plan.unschedulable.push_back(seq);
         continue;
       }
-      if (!kv_.can_allocate_sequence(ns, seq->tokens, hashes)) {
+      if (!kv_.can_allocate_sequence(ns, seq->tokens, hashes, prefix_reuse(seq))) {
         // With nothing running every block is free or evictable: it can never fit.
         if (running_.empty() && plan.chunks.empty()) {
           waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(next));
@@ -266,7 +275,7 @@ StepPlan Scheduler::schedule() {
         }
         break;
       }
-      auto match = kv_.allocate_sequence(seq->id, ns, seq->tokens, hashes);
+      auto match = kv_.allocate_sequence(seq->id, ns, seq->tokens, hashes, prefix_reuse(seq));
       if (!match.ok()) break;
       waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(next));
       seq->in_kv = true;
@@ -280,7 +289,7 @@ StepPlan Scheduler::schedule() {
       seq->status = SequenceStatus::kRunning;
       insert_by_arrival(running_, seq);
       plan.admitted.push_back(seq);
-      const int32_t n = std::min(seq->num_pending(), budget);
+      const int32_t n = chunk_tokens(seq, budget);
       add_chunk(seq, n, plan);
       planned.push_back(seq);
       budget -= n;
@@ -290,7 +299,13 @@ StepPlan Scheduler::schedule() {
 }
 
 kv::NamespaceRoom Scheduler::tenant_kv_room(Sequence* seq) const {
-  return kv_.namespace_room(seq->request->request.tenant_namespace, seq->tokens, seq->block_hashes.hashes());
+  return kv_.namespace_room(seq->request->request.tenant_namespace, seq->tokens, seq->block_hashes.hashes(),
+                            prefix_reuse(seq));
+}
+
+kv::PrefixReuse Scheduler::prefix_reuse(const Sequence* seq) {
+  // Prompt rows (prompt logprobs, the harness's prompt logits) need every prompt position computed.
+  return seq->request->request.wants_prompt_rows() ? kv::PrefixReuse::kSkip : kv::PrefixReuse::kRead;
 }
 
 void Scheduler::advance(const StepPlan& plan) {

@@ -67,13 +67,19 @@ struct SchedulerConfig {
   // once the same prompts take more steps (one prefill each), each also
   // running every decode row. 0 (default): the token budget alone decides.
   int32_t prefill_join_limit = 0;
+  // >= 1: the most prompt positions a sequence that wants a logits row for each
+  // (GenerationRequest::wants_prompt_rows: prompt logprobs) computes in one step.
+  // Each such row crosses to the host and is reduced there on the engine's
+  // thread (a vocabulary's worth of work), so a long scored prompt takes many
+  // short steps instead of one that stalls every other sequence's decode.
+  int32_t max_prompt_rows_per_step = 128;
 };
 
 struct ScheduledChunk {
   Sequence* sequence = nullptr;
   int32_t num_new_tokens = 0;
   bool produces_logits = false;  // the chunk reaches the last token: sample after it
-  // return_prompt_logits: every new token gets a logits row (the last one is
+  // wants_prompt_rows(): every new token gets a logits row (the last one is
   // also the sampling row when produces_logits).
   bool all_logits = false;
   // Logits rows this chunk adds to the step's output.
@@ -132,10 +138,14 @@ class Scheduler {
   // Admits the queue head that was swapped out; false if it must wait.
   bool admit_swapped(Sequence* seq, int32_t& budget, StepPlan& plan, std::vector<Sequence*>& planned);
   Sequence* pick_victim(const std::vector<Sequence*>& planned, Sequence* requester) const;
+  // Tokens of seq's next chunk within `budget` (max_prompt_rows_per_step for prompt rows).
+  int32_t chunk_tokens(const Sequence* seq, int32_t budget) const;
   void add_chunk(Sequence* seq, int32_t num_new_tokens, StepPlan& plan);
   // Where a waiting sequence stands against its tenant's KV block cap
   // (KvCacheManager::namespace_room).
   kv::NamespaceRoom tenant_kv_room(Sequence* seq) const;
+  // kSkip for a request that wants a row for every prompt position (wants_prompt_rows).
+  static kv::PrefixReuse prefix_reuse(const Sequence* seq);
 
   SchedulerConfig config_;
   kv::KvCacheManager& kv_;

@@ -52,7 +52,7 @@ struct Sequence {
   int32_t prompt_length = 0;
   int32_t num_computed = 0;
   int32_t num_reserved = 0;
-  int32_t prompt_logits_done = 0;  // return_prompt_logits: positions whose rows went out
+  int32_t prompt_logits_done = 0;  // wants_prompt_rows(): positions whose rows went out
   bool in_kv = false;    // registered with the KV manager
   bool swapped = false;  // in_kv, with its K/V in the host tier (preempted by swap)
   // Token eviction: tokens whose K/V was dropped by compactions, so the KV

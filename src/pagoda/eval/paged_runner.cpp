@@ -33,6 +33,8 @@ StatusOr<std::unique_ptr<PagedRunner>> PagedRunner::create(std::unique_ptr<runti
   engine::EngineConfig engine_config;
   engine_config.scheduler.max_running_sequences = 1;
   engine_config.scheduler.max_tokens_per_step = options.prefill_chunk;
+  // One request at a time, every prompt row wanted: its chunks are the prefill chunk, as before the cap.
+  engine_config.scheduler.max_prompt_rows_per_step = options.prefill_chunk;
   engine_config.scheduler.preemption_mode =
       kv_config.num_host_blocks > 0 ? options.preemption_mode : engine::PreemptionMode::kRecompute;
   engine_config.max_queued_requests = 1;

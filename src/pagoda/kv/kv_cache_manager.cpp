@@ -143,14 +143,16 @@ class KvCacheManager::Impl {
   int32_t available() const { return pool_.num_free() + cache_.num_evictable(); }
   int32_t host_available() const { return pool_.num_host_free() + cache_.num_host_evictable(); }
 
-  PrefixMatch match_prefix(std::string_view ns, std::span<const TokenId> prompt,
-                           std::span<const uint64_t> hashes) const {
+  PrefixMatch match_prefix(std::string_view ns, std::span<const TokenId> prompt, std::span<const uint64_t> hashes,
+                           PrefixReuse reuse = PrefixReuse::kRead) const {
     // At least one token must be computed: its logits are what we sample from.
     const int32_t max_blocks =
         prompt.empty() ? 0 : static_cast<int32_t>((static_cast<int64_t>(prompt.size()) - 1) / bs());
-    if (!config_.enable_prefix_cache) {
+    if (!config_.enable_prefix_cache || reuse == PrefixReuse::kSkip) {
       PrefixMatch none;
-      none.reason = max_blocks == 0 ? MissReason::kShorterThanBlock : MissReason::kNeverSeen;
+      none.reason = max_blocks == 0                  ? MissReason::kShorterThanBlock
+                    : reuse == PrefixReuse::kSkip ? MissReason::kNotRead
+                                                   : MissReason::kNeverSeen;
       return none;
     }
     return in_whole_share_units(cache_.match(ns, prompt, max_blocks, hashes));
@@ -179,10 +181,10 @@ class KvCacheManager::Impl {
     return blocks_for_tokens(static_cast<int64_t>(prompt_size)) - static_cast<int32_t>(device_matched);
   }
 
-  bool can_allocate_sequence(std::string_view ns, std::span<const TokenId> prompt,
-                             std::span<const uint64_t> hashes) const {
+  bool can_allocate_sequence(std::string_view ns, std::span<const TokenId> prompt, std::span<const uint64_t> hashes,
+                             PrefixReuse reuse) const {
     if (prompt.empty()) return false;
-    const PrefixMatch match = match_prefix(ns, prompt, hashes);
+    const PrefixMatch match = match_prefix(ns, prompt, hashes, reuse);
     int32_t matched_evictable = 0;
     const int32_t needed = new_blocks_for(match, prompt.size(), &matched_evictable);
     return needed <= available() - matched_evictable && needed <= group_room(cache_.group_for(ns), matched_evictable);
@@ -204,10 +206,10 @@ class KvCacheManager::Impl {
     return group_room(pool_.group_of(s.namespace_id), matched_evictable);
   }
   NamespaceRoom namespace_room_for_sequence(std::string_view ns, std::span<const TokenId> prompt,
-                                            std::span<const uint64_t> hashes) const {
+                                            std::span<const uint64_t> hashes, PrefixReuse reuse) const {
     const int32_t group = cache_.group_for(ns);
     if (group_limit(group) <= 0 || prompt.empty()) return NamespaceRoom::kFits;
-    const PrefixMatch match = match_prefix(ns, prompt, hashes);
+    const PrefixMatch match = match_prefix(ns, prompt, hashes, reuse);
     int32_t matched_evictable = 0;
     const int32_t needed = new_blocks_for(match, prompt.size(), &matched_evictable);
     if (needed <= group_room(group, matched_evictable)) return NamespaceRoom::kFits;
@@ -381,10 +383,10 @@ class KvCacheManager::Impl {
 
   // ---- mutations ----
   StatusOr<PrefixMatch> allocate_sequence(SequenceId id, std::string_view ns, std::span<const TokenId> prompt,
-                                          std::span<const uint64_t> hashes) {
+                                          std::span<const uint64_t> hashes, PrefixReuse reuse) {
     if (prompt.empty()) return invalid_argument_error("allocate_sequence: sequence {} has an empty prompt", id);
     if (find(id) != nullptr) return invalid_argument_error("allocate_sequence: sequence {} already exists", id);
-    PrefixMatch match = match_prefix(ns, prompt, hashes);
+    PrefixMatch match = match_prefix(ns, prompt, hashes, reuse);
     int32_t matched_evictable = 0;
     const int32_t needed = new_blocks_for(match, prompt.size(), &matched_evictable);
     if (needed > available() - matched_evictable) {
@@ -1124,8 +1126,8 @@ bool KvCacheManager::can_allocate(int64_t num_tokens) const {
   return impl_->blocks_for_tokens(num_tokens) <= impl_->available();
 }
 bool KvCacheManager::can_allocate_sequence(std::string_view ns, std::span<const TokenId> prompt,
-                                           std::span<const uint64_t> block_hashes) const {
-  return impl_->can_allocate_sequence(ns, prompt, block_hashes);
+                                           std::span<const uint64_t> block_hashes, PrefixReuse reuse) const {
+  return impl_->can_allocate_sequence(ns, prompt, block_hashes, reuse);
 }
 int32_t KvCacheManager::blocks_needed_to_append(SequenceId seq, int32_t n) const {
   return impl_->blocks_needed_to_append(seq, n);
@@ -1153,8 +1155,9 @@ StatusOr<std::span<const BlockId>> KvCacheManager::block_table(SequenceId seq) c
 
 StatusOr<PrefixMatch> KvCacheManager::allocate_sequence(SequenceId seq, std::string_view ns,
                                                         std::span<const TokenId> prompt,
-                                                        std::span<const uint64_t> block_hashes) {
-  return reclaiming(impl_->allocate_sequence(seq, ns, prompt, block_hashes));
+                                                        std::span<const uint64_t> block_hashes,
+                                                        PrefixReuse reuse) {
+  return reclaiming(impl_->allocate_sequence(seq, ns, prompt, block_hashes, reuse));
 }
 Status KvCacheManager::append_tokens(SequenceId seq, std::span<const TokenId> tokens) {
   return reclaiming(impl_->append_tokens(seq, tokens));
@@ -1189,8 +1192,8 @@ Status KvCacheManager::set_namespace_block_limit(std::string_view ns, int32_t ma
   return reclaiming(impl_->set_block_limit(ns, max_blocks));
 }
 NamespaceRoom KvCacheManager::namespace_room(std::string_view ns, std::span<const TokenId> prompt,
-                                             std::span<const uint64_t> block_hashes) const {
-  return impl_->namespace_room_for_sequence(ns, prompt, block_hashes);
+                                             std::span<const uint64_t> block_hashes, PrefixReuse reuse) const {
+  return impl_->namespace_room_for_sequence(ns, prompt, block_hashes, reuse);
 }
 Status KvCacheManager::swap_out(SequenceId seq) { return reclaiming(impl_->swap_out(seq)); }
 bool KvCacheManager::is_swapped(SequenceId seq) const {

@@ -174,7 +174,8 @@ class KvCacheManager {
   bool can_allocate(int64_t num_tokens) const;
   // Would allocate_sequence(ns, prompt) succeed now (counts the prefix match)?
   bool can_allocate_sequence(std::string_view tenant_namespace, std::span<const TokenId> prompt,
-                             std::span<const uint64_t> block_hashes = {}) const;
+                             std::span<const uint64_t> block_hashes = {},
+                             PrefixReuse reuse = PrefixReuse::kRead) const;
   // New blocks that append_tokens(seq, num_new_tokens) would take; -1 if unknown seq.
   int32_t blocks_needed_to_append(SequenceId seq, int32_t num_new_tokens) const;
   // Free + evictable blocks: what allocation can draw on right now.
@@ -200,10 +201,12 @@ class KvCacheManager {
   // match.cached_tokens; host-tier hits are promoted into fresh device blocks,
   // with host->device transfers) and reserves blocks for the rest. Records
   // hit/miss stats. kInvalidArgument: empty prompt or seq already exists.
-  // kResourceExhausted: not enough blocks (nothing changes).
+  // kResourceExhausted: not enough blocks (nothing changes). PrefixReuse::kSkip:
+  // nothing is matched (miss reason kNotRead); the blocks are cached as written.
   StatusOr<PrefixMatch> allocate_sequence(SequenceId seq, std::string_view tenant_namespace,
                                           std::span<const TokenId> prompt,
-                                          std::span<const uint64_t> block_hashes = {});
+                                          std::span<const uint64_t> block_hashes = {},
+                                          PrefixReuse reuse = PrefixReuse::kRead);
 
   // Reserves slots for `tokens` after the sequence's current tokens (decode:
   // the token just sampled). kResourceExhausted if impossible, allocating nothing.
@@ -285,7 +288,8 @@ class KvCacheManager {
   // (kWaitForOwnBlocks: a scheduler should let other namespaces go first), or
   // can never fit it (kNeverFits). Says nothing about the pool as a whole.
   NamespaceRoom namespace_room(std::string_view tenant_namespace, std::span<const TokenId> prompt,
-                               std::span<const uint64_t> block_hashes = {}) const;
+                               std::span<const uint64_t> block_hashes = {},
+                               PrefixReuse reuse = PrefixReuse::kRead) const;
 
   // Device blocks handed to a namespace other than their last holder since the
   // last call (each at most once), oldest first; empty when

@@ -9,6 +9,7 @@ std::string_view miss_reason_name(MissReason reason) {
     case MissReason::kEvicted: return "evicted";
     case MissReason::kNeverSeen: return "never_seen";
     case MissReason::kBelowShareUnit: return "below_share_unit";
+    case MissReason::kNotRead: return "not_read";
   }
   return "unknown";
 }

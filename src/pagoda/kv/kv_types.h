@@ -45,8 +45,9 @@ enum class MissReason : uint8_t {
   kNeverSeen,         // not cached in this namespace (or the prefix cache is disabled)
   kBelowShareUnit,    // cached, but past the last whole prefix-share unit (KvCacheConfig::prefix_share_min_tokens);
                       // counted in the server-wide figures only: a namespace's own figures call it kNeverSeen
+  kNotRead,           // the request computes its whole prompt (PrefixReuse::kSkip: prompt logprobs)
 };
-inline constexpr int kNumMissReasons = 5;
+inline constexpr int kNumMissReasons = 6;
 std::string_view miss_reason_name(MissReason reason);
 
 // Why a cached block left the prefix cache.
@@ -58,6 +59,11 @@ enum class RemovalReason : uint8_t {
 };
 inline constexpr int kNumRemovalReasons = 4;
 std::string_view removal_reason_name(RemovalReason reason);
+
+// Whether a new sequence may start from cached blocks. kSkip: it computes its whole prompt (a
+// request for prompt logprobs: a cached position yields no logits); its blocks still enter the
+// cache as they are written, like any other sequence's.
+enum class PrefixReuse : uint8_t { kRead, kSkip };
 
 // Result of a longest-prefix match of a prompt inside one namespace.
 struct PrefixMatch {

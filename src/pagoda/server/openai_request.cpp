@@ -128,9 +128,11 @@ std::optional<ApiError> check_nesting(const json& body) {
   return std::nullopt;
 }
 
-std::optional<ApiError> check_unsupported(const json& body) {
-  if (auto it = body.find("echo"); it != body.end() && it->is_boolean() && it->get<bool>())
-    return invalid_request("'echo' is not supported", "echo", "unsupported");
+std::optional<ApiError> check_unsupported(const json& body, Endpoint endpoint) {
+  // vLLM's chat echo (the last message repeated when its role is the assistant's) is not this one.
+  if (auto it = body.find("echo");
+      endpoint == Endpoint::kChatCompletions && it != body.end() && it->is_boolean() && it->get<bool>())
+    return invalid_request("'echo' is not supported for chat completions", "echo", "unsupported");
   if (auto it = body.find("suffix"); it != body.end() && !it->is_null())
     return invalid_request("'suffix' is not supported", "suffix", "unsupported");
   // Fields that change the output and that pagoda does not implement (OpenAI's and vLLM's): any
@@ -138,7 +140,7 @@ std::optional<ApiError> check_unsupported(const json& body) {
   static const std::vector<std::pair<const char*, json>> kUnsupported = {
       {"functions", nullptr}, {"function_call", nullptr}, {"prediction", nullptr}, {"audio", nullptr},
       {"modalities", nullptr}, {"reasoning_effort", nullptr}, {"web_search_options", nullptr},
-      {"guided_whitespace_pattern", nullptr}, {"logits_processors", nullptr}, {"prompt_logprobs", nullptr},
+      {"guided_whitespace_pattern", nullptr}, {"logits_processors", nullptr},
       {"use_beam_search", false}, {"length_penalty", 1.0}, {"spaces_between_special_tokens", true},
       {"add_generation_prompt", true}, {"continue_final_message", false}, {"add_special_tokens", nullptr}};
   for (const auto& [name, default_value] : kUnsupported) {
@@ -326,7 +328,7 @@ std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view text
   } else {
     if (auto e = read_chat_prompt(body, req.chat)) return *e;
   }
-  if (auto e = check_unsupported(body)) return *e;
+  if (auto e = check_unsupported(body, endpoint)) return *e;
   if (auto e = read_structured_output(body, req.structured)) return *e;
   if (auto e = read_kv_compression(body, req.kv_compression)) return *e;
 
@@ -345,10 +347,10 @@ std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view text
     s.seed = static_cast<uint64_t>(*v);
   if (auto v = r.integer("n", 1, 16)) s.n = static_cast<int32_t>(*v);
   const char* max_name = "max_tokens";
-  auto max_tokens = r.integer("max_tokens", 1, kMaxTokensLimit);
+  auto max_tokens = r.integer("max_tokens", 0, kMaxTokensLimit);
   if (!max_tokens && !r.error && endpoint == Endpoint::kChatCompletions) {
     max_name = "max_completion_tokens";
-    max_tokens = r.integer(max_name, 1, kMaxTokensLimit);
+    max_tokens = r.integer(max_name, 0, kMaxTokensLimit);
   }
   if (max_tokens) {
     s.max_tokens = static_cast<int32_t>(*max_tokens);
@@ -399,6 +401,20 @@ std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view text
       return invalid_request("'top_logprobs' needs 'logprobs': true", "top_logprobs");
     if (want && *want) s.logprobs = top ? static_cast<int32_t>(*top) : 0;
   }
+  if (auto v = r.integer("prompt_logprobs", 0, 20)) req.prompt_logprobs = static_cast<int32_t>(*v);
+  if (auto v = r.boolean("echo")) req.echo = *v && endpoint == Endpoint::kCompletions;
+  if (r.error) return *r.error;
+  if (req.prompt_logprobs && req.stream)
+    return invalid_request("'prompt_logprobs' is not available with stream: true", "prompt_logprobs");
+  if (req.max_tokens_given && s.max_tokens == 0 && !req.echo && !req.prompt_logprobs)
+    return invalid_request("max_tokens 0 (score the prompt alone) needs echo or prompt_logprobs", max_name);
+  if (req.max_tokens_given && s.max_tokens == 0 && s.n > 1)
+    return invalid_request("max_tokens 0 (score the prompt alone) takes n = 1", "n");
+  // What the engine scores: prompt_logprobs' alternatives, echo's logprobs' (the prompt's tokens
+  // lead the logprobs), and nothing to report but the prompt when max_tokens is 0.
+  if (req.prompt_logprobs) s.prompt_logprobs = req.prompt_logprobs;
+  if (req.echo && s.logprobs) s.prompt_logprobs = std::max(s.prompt_logprobs.value_or(0), *s.logprobs);
+  if (req.max_tokens_given && s.max_tokens == 0 && !s.prompt_logprobs) s.prompt_logprobs = 0;
   if (auto v = r.integer("best_of", 1, 16); v && *v != s.n)
     return invalid_request("'best_of' other than n is not supported", "best_of", "unsupported");
   if (auto v = r.string("user")) (void)v;

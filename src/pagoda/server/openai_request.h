@@ -6,7 +6,7 @@
 // model (known model name, tokenization, context length) happen in the server.
 //
 // Unknown fields are ignored, as OpenAI clients send extras; known fields with
-// unsupported values (echo, suffix, functions, ...) are rejected
+// unsupported values (suffix, functions, chat's echo, ...) are rejected
 // rather than silently ignored (docs/API.md lists them). Chat messages, tools,
 // tool_choice and chat_template_kwargs are read by chat_prompt.h; the
 // structured-output fields (response_format, guided_json, guided_regex,
@@ -46,6 +46,11 @@ struct OpenAiRequest {
   // vLLM's truncate_prompt_tokens: keep the prompt's last k tokens (-1: the model's context length).
   std::optional<int64_t> truncate_prompt_tokens;
   bool max_tokens_given = false;  // else the server picks (16 / rest of context)
+  // Completions' echo: each choice's text (and, with logprobs, its logprobs) starts with the prompt's.
+  bool echo = false;
+  // vLLM's prompt_logprobs as asked (0..20 alternatives per prompt token). sampling.prompt_logprobs,
+  // what the engine computes, is the larger of it and echo's logprobs.
+  std::optional<int32_t> prompt_logprobs;
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage
   StructuredOutputSpec structured;  // response_format / guided_*; kind kNone when absent

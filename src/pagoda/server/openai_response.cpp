@@ -17,6 +17,7 @@ ResponseBuilder::ResponseBuilder(Endpoint endpoint, std::string id, std::string 
       choices_(std::max(1, n)) {}
 
 void ResponseBuilder::accumulate(const engine::RequestOutput& delta) {
+  prompt_scores_.insert(prompt_scores_.end(), delta.prompt_logprobs.begin(), delta.prompt_logprobs.end());
   for (const auto& d : delta.choices) {
     if (d.index < 0 || d.index >= static_cast<int32_t>(choices_.size())) continue;
     Choice& c = choices_[d.index];
@@ -34,20 +35,32 @@ json ResponseBuilder::usage_json(const engine::Usage& usage) {
           {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}}};
 }
 
-json ResponseBuilder::logprobs_json(const std::vector<engine::SampledToken>& tokens, size_t text_offset) const {
+json ResponseBuilder::logprobs_json(const std::vector<engine::SampledToken>& tokens, size_t text_offset,
+                                    bool with_prompt) const {
   if (endpoint_ == Endpoint::kCompletions) {
     json out = {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
                 {"text_offset", json::array()}};
-    for (const auto& t : tokens) {
-      const std::string text = token_text_(t.token);
+    auto add = [&](int32_t token, json logprob, json top) {
+      const std::string text = token_text_(token);
       out["tokens"].push_back(text);
-      out["token_logprobs"].push_back(t.logprob);
-      json top = json::object();
-      for (const auto& alt : t.top_logprobs) top[token_text_(alt.token)] = alt.logprob;
-      out["top_logprobs"].push_back(top);
+      out["token_logprobs"].push_back(std::move(logprob));
+      out["top_logprobs"].push_back(std::move(top));
       out["text_offset"].push_back(text_offset);
       text_offset += text.size();
+    };
+    auto top_of = [&](const engine::SampledToken& t, size_t k) {
+      json top = json::object();
+      for (size_t i = 0; i < std::min(k, t.top_logprobs.size()); ++i)
+        top[token_text_(t.top_logprobs[i].token)] = t.top_logprobs[i].logprob;
+      return top;
+    };
+    if (with_prompt && !prompt_.tokens.empty()) {
+      add(prompt_.tokens[0], nullptr, nullptr);  // the first prompt token: nothing predicts it
+      // The engine may score more alternatives than echo's logprobs asks for (prompt_logprobs).
+      for (const auto& t : prompt_scores_) add(t.token, t.logprob, top_of(t, prompt_.echo_top_logprobs));
+      text_offset = prompt_.text.size();  // where the completion starts in the echoed text
     }
+    for (const auto& t : tokens) add(t.token, t.logprob, top_of(t, t.top_logprobs.size()));
     return out;
   }
   auto entry = [&](int32_t token, float logprob) {
@@ -66,6 +79,23 @@ json ResponseBuilder::logprobs_json(const std::vector<engine::SampledToken>& tok
   return {{"content", content}};
 }
 
+json ResponseBuilder::prompt_logprobs_json() const {
+  json out = json::array({nullptr});  // the first prompt token: nothing predicts it
+  const size_t k = static_cast<size_t>(prompt_.prompt_logprobs.value_or(0));
+  for (const auto& t : prompt_scores_) {
+    json entry = json::object();
+    auto add = [&](int32_t token, float logprob, size_t rank) {
+      entry[std::to_string(token)] = {{"logprob", logprob}, {"rank", rank}, {"decoded_token", token_text_(token)}};
+    };
+    add(t.token, t.logprob, static_cast<size_t>(t.rank));
+    // vLLM's order: an alternative that is the prompt token itself keeps the alternative's rank.
+    for (size_t i = 0; i < std::min(k, t.top_logprobs.size()); ++i)
+      add(t.top_logprobs[i].token, t.top_logprobs[i].logprob, i + 1);
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
 bool ResponseBuilder::any_choice_finished(engine::FinishReason reason) const {
   for (const Choice& c : choices_)
     if (c.finish == reason) return true;
@@ -77,9 +107,10 @@ json ResponseBuilder::final_response(const engine::Usage& usage) const {
   for (size_t i = 0; i < choices_.size(); ++i) {
     const Choice& c = choices_[i];
     json choice = {{"index", i}, {"finish_reason", finish_reason_json(c.finish)}};
-    choice["logprobs"] = want_logprobs_ ? logprobs_json(c.logprobs, 0) : json(nullptr);
+    choice["logprobs"] = want_logprobs_ ? logprobs_json(c.logprobs, 0, prompt_.echo) : json(nullptr);
     if (endpoint_ == Endpoint::kCompletions) {
-      choice["text"] = c.text;
+      choice["text"] = prompt_.echo ? prompt_.text + c.text : c.text;
+      if (prompt_.prompt_logprobs) choice["prompt_logprobs"] = prompt_logprobs_json();
     } else if (auto parsed = parse_tool_calls(c.text, tool_call_syntax_)) {
       json calls = json::array();
       for (size_t k = 0; k < parsed->calls.size(); ++k)
@@ -95,12 +126,14 @@ json ResponseBuilder::final_response(const engine::Usage& usage) const {
     }
     choices.push_back(choice);
   }
-  return {{"id", id_},
-          {"object", endpoint_ == Endpoint::kCompletions ? "text_completion" : "chat.completion"},
-          {"created", created_},
-          {"model", model_},
-          {"choices", choices},
-          {"usage", usage_json(usage)}};
+  json body = {{"id", id_},
+               {"object", endpoint_ == Endpoint::kCompletions ? "text_completion" : "chat.completion"},
+               {"created", created_},
+               {"model", model_},
+               {"choices", choices},
+               {"usage", usage_json(usage)}};
+  if (endpoint_ == Endpoint::kChatCompletions && prompt_.prompt_logprobs) body["prompt_logprobs"] = prompt_logprobs_json();
+  return body;
 }
 
 json ResponseBuilder::chunk_base() const {
@@ -112,18 +145,24 @@ json ResponseBuilder::chunk_base() const {
 
 std::vector<json> ResponseBuilder::chunks(const engine::RequestOutput& delta) {
   std::vector<json> out;
+  prompt_scores_.insert(prompt_scores_.end(), delta.prompt_logprobs.begin(), delta.prompt_logprobs.end());
   for (const auto& d : delta.choices) {
     if (d.index < 0 || d.index >= static_cast<int32_t>(choices_.size())) continue;
     Choice& c = choices_[d.index];
     const size_t offset = c.text.size();
-    c.text += d.text;
+    // echo: a choice's first chunk starts with the prompt (its scores came in earlier deltas, or this one).
+    const bool echo_now = prompt_.echo && !c.role_sent;
+    const std::string text = echo_now ? prompt_.text + d.text : d.text;
+    c.text += text;
     const bool finished = d.finish_reason != engine::FinishReason::kNone;
-    if (d.text.empty() && !finished && c.role_sent) continue;
+    if (text.empty() && !finished && c.role_sent) continue;
     json choice = {{"index", d.index}};
     choice["finish_reason"] = finished ? json(finish_reason_json(d.finish_reason)) : json(nullptr);
-    choice["logprobs"] = want_logprobs_ && !d.logprobs.empty() ? logprobs_json(d.logprobs, offset) : json(nullptr);
+    choice["logprobs"] = want_logprobs_ && (!d.logprobs.empty() || echo_now)
+                             ? logprobs_json(d.logprobs, offset, echo_now)
+                             : json(nullptr);
     if (endpoint_ == Endpoint::kCompletions) {
-      choice["text"] = d.text;
+      choice["text"] = text;
     } else if (tool_call_syntax_ != ToolCallSyntax::kNone) {
       if (!c.tool_stream) c.tool_stream.emplace(tool_call_syntax_);
       ToolCallStream::Delta td = c.tool_stream->feed(d.text);

@@ -33,6 +33,23 @@ class ResponseBuilder {
   // Off by default.
   void parse_tool_calls_as(ToolCallSyntax syntax) { tool_call_syntax_ = syntax; }
 
+  // The prompt's part of the response, given before the first delta:
+  //   echo (completions): each choice's text starts with `text`; with logprobs, its logprobs
+  //     start with the prompt tokens' (the first one's logprob null: nothing predicts it), each
+  //     with its echo_top_logprobs most likely alternatives;
+  //   prompt_logprobs (vLLM): a list that starts with null, then per prompt token its logprob and
+  //     rank and the prompt_logprobs most likely alternatives' ({"id": {"logprob", "rank",
+  //     "decoded_token"}}); on each completion choice, or once beside a chat response's choices.
+  // The scores come in the deltas (RequestOutput::prompt_logprobs).
+  struct PromptReport {
+    std::vector<int32_t> tokens;  // the prompt as the engine ran it
+    std::string text;             // echo's text
+    bool echo = false;
+    int32_t echo_top_logprobs = 0;
+    std::optional<int32_t> prompt_logprobs;
+  };
+  void report_prompt(PromptReport report) { prompt_ = std::move(report); }
+
   // Non-streaming: feed every delta, then build the final body.
   void accumulate(const engine::RequestOutput& delta);
   nlohmann::json final_response(const engine::Usage& usage) const;
@@ -60,7 +77,10 @@ class ResponseBuilder {
     std::optional<ToolCallStream> tool_stream;  // streamed chat with a tool-call syntax
     size_t tool_calls_sent = 0;
   };
-  nlohmann::json logprobs_json(const std::vector<engine::SampledToken>& tokens, size_t text_offset) const;
+  // with_prompt: echo's prompt tokens lead (completions only).
+  nlohmann::json logprobs_json(const std::vector<engine::SampledToken>& tokens, size_t text_offset,
+                               bool with_prompt = false) const;
+  nlohmann::json prompt_logprobs_json() const;
   nlohmann::json chunk_base() const;
 
   Endpoint endpoint_;
@@ -70,6 +90,8 @@ class ResponseBuilder {
   TokenText token_text_;
   std::vector<Choice> choices_;
   ToolCallSyntax tool_call_syntax_ = ToolCallSyntax::kNone;
+  PromptReport prompt_;
+  std::vector<engine::SampledToken> prompt_scores_;  // prompt tokens 1, 2, .. as the deltas brought them
 };
 
 // OpenAI's finish_reason string (abort and error are reported as such).

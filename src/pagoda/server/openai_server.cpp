@@ -195,10 +195,11 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
   if (tokens->empty()) return error_reply(invalid_request("the prompt is empty", prompt_param));
 
   const int64_t context = engine_.max_context_length();
+  bool truncated = false;
   if (req.truncate_prompt_tokens) {  // the prompt's last k tokens (the start of a chat's template goes too)
     const int64_t keep = *req.truncate_prompt_tokens < 0 ? context : *req.truncate_prompt_tokens;
-    if (static_cast<int64_t>(tokens->size()) > keep)
-      tokens->erase(tokens->begin(), tokens->end() - static_cast<std::ptrdiff_t>(keep));
+    truncated = static_cast<int64_t>(tokens->size()) > keep;
+    if (truncated) tokens->erase(tokens->begin(), tokens->end() - static_cast<std::ptrdiff_t>(keep));
   }
   const int64_t prompt_len = static_cast<int64_t>(tokens->size());
   if (!req.max_tokens_given) {
@@ -216,7 +217,9 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
                                                      req.sampling.min_tokens, room),
                                          "min_tokens"));
   }
-  if (auto e = check_request_cost(req.sampling, config_.max_request_cost)) {
+  for (auto e : {check_request_cost(req.sampling, config_.max_request_cost),
+                 check_prompt_scoring_cost(req.sampling, prompt_len, config_.max_request_cost)}) {
+    if (!e) continue;
     tenant_usage_.record_refused(tenant, Refusal::kRequestCost);
     return error_reply(*e);
   }
@@ -269,6 +272,19 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
     return reply;
   }
 
+  ResponseBuilder::PromptReport prompt_report;
+  if (req.echo || req.prompt_logprobs) {
+    prompt_report.tokens = *tokens;
+    prompt_report.echo = req.echo;
+    prompt_report.echo_top_logprobs = req.sampling.logprobs.value_or(0);
+    prompt_report.prompt_logprobs = req.prompt_logprobs;
+    // echo: the prompt as given, or as its tokens read when it came as ids or was truncated.
+    if (req.echo && req.prompt_text && !truncated) {
+      prompt_report.text = *req.prompt_text;
+    } else if (req.echo) {
+      for (int32_t t : *tokens) prompt_report.text += token_text(t);
+    }
+  }
   engine::GenerationRequest gen;
   gen.tenant_namespace = caller.cache_namespace;
   gen.prompt_tokens = std::move(*tokens);
@@ -296,6 +312,7 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
   auto builder = std::make_unique<ResponseBuilder>(endpoint, id, config_.model_name, unix_seconds(), req.sampling.n,
                                                    req.sampling.logprobs.has_value(),
                                                    [this](int32_t t) { return token_text(t); });
+  if (req.echo || req.prompt_logprobs) builder->report_prompt(std::move(prompt_report));
   // Tool calls are read back only when the template was shown tools; forced
   // calls are written in the syntax the constraint used.
   if (endpoint == Endpoint::kChatCompletions && req.chat.tools.is_array()) {

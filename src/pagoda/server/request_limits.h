@@ -31,4 +31,10 @@ inline constexpr int64_t kDefaultMaxRequestCost = int64_t{1} << 17;
 // when request_cost(sampling) > max_cost; max_cost <= 0 disables the check.
 std::optional<ApiError> check_request_cost(const engine::SamplingParams& sampling, int64_t max_cost);
 
+// The same cap on scoring a prompt (sampling.prompt_logprobs): prompt_tokens x (1 + prompt_logprobs)
+// token-units, each a row reduced on the engine's thread and an entry of the response. 400
+// "request_too_costly" (param "prompt_logprobs") when over; nothing to check without prompt_logprobs.
+std::optional<ApiError> check_prompt_scoring_cost(const engine::SamplingParams& sampling, int64_t prompt_tokens,
+                                                  int64_t max_cost);
+
 }  // namespace pagoda::server

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device call: prompt scoring (echo, prompt_logprobs) through `pagoda serve` on random weights of the
+# Llama-3-8B config (bf16 weights and KV), with tools/gpu/score_client.py as the client.
+# Bundle: tools/gpu/score_call.sh bundle (-> .device/score); run (carry .device/score): bash .device/score/score_call.sh
+set -u
+if [ "${1:-}" = bundle ]; then
+  here=$(cd "$(dirname "$0")" && pwd); root=$(cd "$here/../.." && pwd); cd "$root" || exit 1
+  . tools/gpu/call_bundle.sh
+  DEST=$root/.device/score call_bundle_pack tools/gpu/score_call.sh "$root/build/pagoda" || exit 1
+  mkdir -p .device/score/model && cp tools/gpu_backend/llama3_8b_config.json .device/score/model/config.json &&
+    cp .cache/npm/llama3/package/models/tokenizer.json .cache/npm/llama3/package/models/tokenizer_config.json \
+      .device/score/model/ && cp tools/gpu/score_client.py .device/score/ && du -sh .device/score; exit
+fi
+. "$(dirname "$0")/call_bundle.sh"
+call_bundle_unpack
+here=$(cd "$(dirname "$0")" && pwd)
+echo "== binaries of $(cat "$(dirname "$B")/commit"); $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+call_serve score "$here/model" --served-model-name m --max-model-len 8192
+timeout 240 python3 "$here/score_client.py" "$port" m
+kill "$pid"; wait "$pid" 2>/dev/null
+grep -iE "error|fatal" "$out/serve_score.log" | head -5
