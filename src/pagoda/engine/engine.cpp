@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <random>
 
+#include "pagoda/core/thread_pool.h"
 #include "pagoda/engine/lower_tier_loader.h"
 #include "pagoda/engine/lower_tier_spiller.h"
 #include "pagoda/runtime/host_block_layout.h"
@@ -471,14 +472,24 @@ void Engine::cancel_all_requests() {
   for (RequestState* req : all) fail_request(req, shut_down, FinishReason::kAbort);
 }
 
-void Engine::add_prompt_row(const Sequence* seq, int32_t i, std::span<const float> logits) {
+void Engine::add_prompt_rows(const Sequence* seq, std::span<const float> rows) {
   const GenerationRequest& r = seq->request->request;
   RequestOutput& out = step_outputs_[seq->request->id];
   out.request_id = seq->request->id;
-  if (r.return_prompt_logits) out.prompt_logits.insert(out.prompt_logits.end(), logits.begin(), logits.end());
-  const int32_t next = seq->prompt_logits_done + i + 1;
-  if (r.sampling.prompt_logprobs && next < seq->prompt_length)
-    out.prompt_logprobs.push_back(score_token(logits, seq->tokens[next], *r.sampling.prompt_logprobs));
+  if (r.return_prompt_logits) out.prompt_logits.insert(out.prompt_logits.end(), rows.begin(), rows.end());
+  if (!r.sampling.prompt_logprobs) return;
+  const size_t vocab = static_cast<size_t>(vocab_size_);
+  const int32_t first = seq->prompt_logits_done + 1;  // the prompt token that row 0 predicts
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(rows.size() / vocab), seq->prompt_length - first);
+  if (n <= 0) return;
+  const size_t at = out.prompt_logprobs.size();
+  out.prompt_logprobs.resize(at + static_cast<size_t>(n));
+  // Each row is a vocabulary's worth of work (log-softmax, rank, top-k): spread over the CPU pool.
+  ThreadPool::global().parallel_for(static_cast<size_t>(n), [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i)
+      out.prompt_logprobs[at + i] = score_token(rows.subspan(i * vocab, vocab), seq->tokens[first + i],
+                                                *r.sampling.prompt_logprobs);
+  });
 }
 
 void Engine::append_token(Sequence* seq, const SampledToken& token, int32_t position) {
@@ -976,11 +987,13 @@ void Engine::finish_step(StepPlan& plan, std::span<const runtime::RowSampling> r
     std::span<const float> logits_row;
     size_t r = 0;
     bool on_device = false;
+    if (chunk.all_logits && seq->status == SequenceStatus::kRunning)  // every row of such a chunk is a host row
+      add_prompt_rows(seq, std::span<const float>(result->host_logits.data() + host_row * vocab,
+                                                  static_cast<size_t>(chunk.logit_rows()) * vocab));
     for (int32_t i = 0; i < chunk.logit_rows(); ++i) {
       r = row++;
       on_device = rows[r].on_device;
       if (!on_device) logits_row = std::span<const float>(result->host_logits.data() + host_row++ * vocab, vocab);
-      if (chunk.all_logits && seq->status == SequenceStatus::kRunning) add_prompt_row(seq, i, logits_row);
     }
     if (chunk.all_logits) seq->prompt_logits_done += chunk.num_new_tokens;
     if (!chunk.produces_logits || seq->status != SequenceStatus::kRunning) continue;

@@ -226,10 +226,10 @@ class Engine {
     std::vector<char> dead_;
   };
   void sample_into(Sequence* seq, std::span<const float> logits);
-  // Row `i` of a chunk that computes prompt positions prompt_logits_done, ..: to the request's
-  // output as the raw row (return_prompt_logits) and as the next prompt token's score
+  // The rows of a chunk that computes prompt positions prompt_logits_done, ..: to the request's
+  // output as raw rows (return_prompt_logits) and as the next prompt tokens' scores
   // (sampling.prompt_logprobs; the last prompt position predicts no prompt token).
-  void add_prompt_row(const Sequence* seq, int32_t i, std::span<const float> logits);
+  void add_prompt_rows(const Sequence* seq, std::span<const float> rows);
   // What the request's logit rules read of the sequence (its known output, the eos ids).
   LogitRuleContext logit_rule_context(const Sequence* seq) const;
   // Structured outputs: samples with the sequence's token mask applied and moves its constraint
