@@ -104,6 +104,7 @@ TEST(OpenAiRequestTest, RejectsWrongTypesAndRangesNamingTheParam) {
                                          {R"("include_stop_str_in_output": 1)", "include_stop_str_in_output"},
                                          {R"("skip_special_tokens": "no")", "skip_special_tokens"},
                                          {R"("spaces_between_special_tokens": false)", "spaces_between_special_tokens"},
+                                         {R"("return_tokens_as_token_ids": true)", "return_tokens_as_token_ids"},
                                          {R"("best_of": 3)", "best_of"}}) {
     ApiError e = error_of("{" + p + ", " + c.fields + "}");
     EXPECT_EQ(e.http_status, 400) << c.fields;

@@ -142,7 +142,8 @@ std::optional<ApiError> check_unsupported(const json& body, Endpoint endpoint) {
       {"modalities", nullptr}, {"reasoning_effort", nullptr}, {"web_search_options", nullptr},
       {"guided_whitespace_pattern", nullptr}, {"logits_processors", nullptr},
       {"use_beam_search", false}, {"length_penalty", 1.0}, {"spaces_between_special_tokens", true},
-      {"add_generation_prompt", true}, {"continue_final_message", false}, {"add_special_tokens", nullptr}};
+      {"add_generation_prompt", true}, {"continue_final_message", false}, {"add_special_tokens", nullptr},
+      {"return_tokens_as_token_ids", false}};
   for (const auto& [name, default_value] : kUnsupported) {
     auto it = body.find(name);
     if (it == body.end() || it->is_null() || *it == default_value) continue;
