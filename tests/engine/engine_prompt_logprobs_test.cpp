@@ -156,5 +156,26 @@ TEST(EnginePromptLogprobs, APreemptionInMidPromptNeitherLosesNorRepeatsScores) {
   EXPECT_EQ(drain(**s1).tokens[0].size(), 40u);
 }
 
+TEST(EnginePromptLogprobs, ForkedChoicesRecomputedDoNotScoreThePromptAgain) {
+  // n = 2 in a pool too small for both outputs: a choice is preempted and recomputes the prompt.
+  Harness h(10, 4);
+  const std::vector<int32_t> prompt = test_prompt(12, 8);
+  GenerationRequest r = scored(prompt, 20, 1);
+  r.sampling.n = 2;
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = 5;
+  r.sampling.ignore_eos = true;
+  auto stream = h.engine->submit(r);
+  ASSERT_TRUE(stream.ok()) << stream.status().to_string();
+  h.run_checked();
+  EXPECT_GT(h.engine->stats().preemptions, 0) << "the test must preempt to test that";
+  const Collected c = drain(**stream, 2);
+  ASSERT_TRUE(c.finished) << h.engine->stats().num_running << " running, " << h.engine->stats().num_waiting
+                          << " waiting; " << c.tokens[0].size() << " + " << c.tokens[1].size() << " tokens";
+  expect_same_scores(c.prompt_logprobs, expected_scores(prompt, 1));
+  EXPECT_EQ(c.tokens[0].size(), 20u);
+  EXPECT_EQ(c.tokens[1].size(), 20u);
+}
+
 }  // namespace
 }  // namespace pagoda::engine

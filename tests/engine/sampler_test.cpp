@@ -170,7 +170,8 @@ TEST(ScoreTokenTest, GivesTheLogSoftmaxTheRankAndTheTopAlternatives) {
   EXPECT_EQ(s.top_logprobs[1].token, 3);
   EXPECT_EQ(s.top_logprobs[2].token, 2);
   EXPECT_NEAR(s.top_logprobs[0].logprob, 3.0 - std::log(z), 1e-6);
-  EXPECT_EQ(score_token(row, 3, 0).rank, 1) << "equal logits share the rank (vLLM)";
+  EXPECT_EQ(score_token(row, 3, 0).rank, 2) << "a tie ranks below (vLLM counts logprobs >= the token's)";
+  EXPECT_EQ(score_token(row, 1, 0).rank, 2);
   EXPECT_EQ(score_token(row, 4, 0).rank, 5);
   EXPECT_TRUE(score_token(row, 4, 0).top_logprobs.empty());
   EXPECT_EQ(score_token(row, 0, 9).top_logprobs.size(), 5u) << "at most the vocabulary";

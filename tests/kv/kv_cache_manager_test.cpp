@@ -92,6 +92,31 @@ TEST_F(KvCacheManagerTest, SecondPromptReusesTheCachedPrefixBlocks) {
   EXPECT_EQ(s.blocks_reused, 2);
 }
 
+TEST_F(KvCacheManagerTest, ASequenceThatSkipsThePrefixCacheNeitherReadsItNorHoldsItTwice) {
+  const auto prompt = iota_tokens(13, 100);  // 3 full blocks of 4 and a partial one
+  prefill(*kv_, 1, "t", prompt);
+  ASSERT_TRUE(kv_->free_sequence(1).ok());
+  ASSERT_EQ(kv_->num_available_blocks(), 16) << "the first prompt's blocks are cached, evictable";
+  auto skipped = kv_->allocate_sequence(2, "t", prompt, {}, PrefixReuse::kSkip);
+  ASSERT_TRUE(skipped.ok());
+  EXPECT_EQ(skipped->cached_tokens, 0);
+  EXPECT_EQ(skipped->reason, MissReason::kNotRead);
+  EXPECT_EQ(kv_->stats().miss_tokens_by_reason[static_cast<int>(MissReason::kNotRead)], 12);
+  ASSERT_TRUE(kv_->mark_computed(2, 13).ok());
+  // Its first block duplicates a cached one: its offers end there, with no alias on the cached
+  // blocks, which stay evictable (12 available: 16 less its own 4).
+  EXPECT_EQ(kv_->num_available_blocks(), 12);
+  EXPECT_TRUE(kv_->verify_integrity().ok()) << kv_->verify_integrity().to_string();
+  ASSERT_TRUE(kv_->free_sequence(2).ok());
+  EXPECT_EQ(kv_->num_available_blocks(), 16);
+  // A prompt the cache has not seen enters it as it is written, kSkip or not.
+  const auto fresh = iota_tokens(9, 500);
+  ASSERT_TRUE(kv_->allocate_sequence(3, "t", fresh, {}, PrefixReuse::kSkip).ok());
+  ASSERT_TRUE(kv_->mark_computed(3, 9).ok());
+  ASSERT_TRUE(kv_->free_sequence(3).ok());
+  EXPECT_EQ(prefill(*kv_, 4, "t", fresh).cached_tokens, 8);
+}
+
 TEST_F(KvCacheManagerTest, TokensAreComparedNotOnlyPositions) {
   prefill(*kv_, 1, "t", iota_tokens(9));
   auto other = iota_tokens(9);

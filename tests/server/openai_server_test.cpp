@@ -231,6 +231,17 @@ TEST_F(ServerTest, EchoAndPromptLogprobsScoreThePrompt) {
   EXPECT_EQ(lp["text_offset"], json({0, 3, 6, 9, 12})) << "the output's offsets start after the echoed prompt";
   EXPECT_FALSE(choice.contains("prompt_logprobs"));
 
+  // The stop token that ends a choice is its last logprobs entry, not in the text (vLLM; lm-eval reads the
+  // prompt's scores as all but the last entry).
+  auto stopped = post({{"model", "scripted"}, {"prompt", {5, 6}}, {"max_tokens", 4}, {"temperature", 0},
+                       {"echo", true}, {"logprobs", 0}, {"stop_token_ids", {8}}});
+  ASSERT_TRUE(stopped);
+  ASSERT_EQ(stopped->status, 200) << stopped->body;
+  const json s = json::parse(stopped->body)["choices"][0];
+  EXPECT_EQ(s["text"], "<5><6> <7>");
+  EXPECT_EQ(s["logprobs"]["tokens"], json({"<5>", "<6>", "<7>", "<8>"}));
+  EXPECT_EQ(s["finish_reason"], "stop");
+
   // vLLM's prompt_logprobs: null, then {id: {logprob, rank, decoded_token}} with the top alternatives.
   auto scored = post({{"model", "scripted"}, {"prompt", {5, 6, 8}}, {"max_tokens", 1}, {"prompt_logprobs", 1}});
   ASSERT_TRUE(scored);
@@ -243,7 +254,7 @@ TEST_F(ServerTest, EchoAndPromptLogprobsScoreThePrompt) {
   EXPECT_EQ(pl[1]["6"]["rank"], 1);
   EXPECT_EQ(pl[1]["6"]["decoded_token"], "<6>");
   EXPECT_NEAR(pl[1]["6"]["logprob"].get<double>(), hit, 1e-5);
-  EXPECT_EQ(pl[2]["8"]["rank"], 2) << "63 tokens tie below the model's pick";
+  EXPECT_EQ(pl[2]["8"]["rank"], 64) << "63 tokens tie with it below the model's pick: vLLM ranks a tie below";
   EXPECT_NEAR(pl[2]["8"]["logprob"].get<double>(), miss, 1e-5);
   EXPECT_EQ(pl[2]["7"]["rank"], 1);
   EXPECT_TRUE(body["choices"][0]["logprobs"].is_null()) << "no logprobs were asked for";
@@ -293,6 +304,10 @@ TEST_F(CostCapServerTest, PromptScoringOverTheRequestCostIs400) {
   EXPECT_EQ(e["param"], "prompt_logprobs");
   EXPECT_EQ(e["code"], "request_too_costly");
   EXPECT_EQ(post({{"model", "scripted"}, {"prompt", prompt}, {"max_tokens", 1}, {"prompt_logprobs", 1}})->status, 200);
+  auto echo = post({{"model", "scripted"}, {"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 20}});
+  ASSERT_TRUE(echo);
+  EXPECT_EQ(echo->status, 400);
+  EXPECT_EQ(json::parse(echo->body)["error"]["param"], "echo") << "the field the client sent";
 }
 
 TEST_F(ServerTest, NonStreamedModelFailureIs500WithTheErrorObject) {

@@ -50,15 +50,15 @@ TEST(RequestCost, IsChoicesTimesTokensTimesLogprobEntries) {
 
 TEST(RequestCost, ScoringAPromptIsItsTokensTimesAlternatives) {
   engine::SamplingParams s;
-  EXPECT_FALSE(check_prompt_scoring_cost(s, 100000, 1000).has_value()) << "no prompt_logprobs: nothing scored";
+  EXPECT_FALSE(check_prompt_scoring_cost(s, 100000, 1000, "prompt_logprobs").has_value()) << "no prompt_logprobs: nothing scored";
   s.prompt_logprobs = 4;
-  EXPECT_FALSE(check_prompt_scoring_cost(s, 200, 1000).has_value());
-  auto e = check_prompt_scoring_cost(s, 201, 1000);
+  EXPECT_FALSE(check_prompt_scoring_cost(s, 200, 1000, "prompt_logprobs").has_value());
+  auto e = check_prompt_scoring_cost(s, 201, 1000, "echo");
   ASSERT_TRUE(e.has_value());
-  EXPECT_EQ(e->param, "prompt_logprobs");
+  EXPECT_EQ(e->param, "echo") << "the field the client sent";
   EXPECT_EQ(e->code, "request_too_costly");
   EXPECT_NE(e->message.find("1005"), std::string::npos) << e->message;
-  EXPECT_FALSE(check_prompt_scoring_cost(s, 201, 0).has_value()) << "0 disables the cap";
+  EXPECT_FALSE(check_prompt_scoring_cost(s, 201, 0, "echo").has_value()) << "0 disables the cap";
 }
 
 TEST(ChatTemplateKwargs, RenamingASpecialTokenIsRefusedNamingTheField) {

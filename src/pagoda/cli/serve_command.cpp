@@ -203,6 +203,7 @@ void run_serve(const ServeOptions& opt) {
     engine_config.text_decoder_factory = make_tokenizer_text_decoder_factory(tok);
     codec.encode = [tok](std::string_view text, bool special) { return tok->encode(text, special); };
     codec.token_text = [tok](int32_t t) { return tok->decode(std::span<const int32_t>(&t, 1), false); };
+    codec.decode = [tok](std::span<const int32_t> ids) { return tok->decode(ids, false); };
     codec.vocabulary = grammar::TokenVocabulary::from_tokenizer(*tok);
   }
   if (chat_template) codec.render_chat = server::make_chat_renderer(std::move(*chat_template));

@@ -669,6 +669,7 @@ void Engine::fork_children(Sequence* parent, std::span<const float> logits) {
     child->tokens = parent->tokens;
     child->block_hashes = parent->block_hashes;
     child->prompt_length = parent->prompt_length;
+    child->prompt_logits_done = parent->prompt_logits_done;  // the request's prompt rows went out once
     child->history = parent->history;
     if (parent->constraint) child->constraint = parent->constraint->clone();
     auto copies = kv_.fork(parent->id, child->id);
@@ -829,6 +830,9 @@ bool Engine::run_step(StepPlan plan) {
     publish_stats(-1);
     flush_outputs();
     if (collected) return true;  // the collected tokens may be the next step's work
+    // A sequence that preempted itself (it could not grow, nothing else to take blocks from) waits to be
+    // admitted again: the next step's plan does that, it is no reason to go idle.
+    if (!plan.preempted.empty()) return true;
     if (loader_ == nullptr || loader_->in_flight() == 0) return false;
     // Only sequences waiting for their lower-tier reads: sleep until one is in or a command comes.
     std::unique_lock lock(mutex_);

@@ -45,8 +45,8 @@ SampledToken score_token(std::span<const float> raw, int32_t token, int32_t top_
   SampledToken out;
   out.token = token;
   fill_logprobs(raw, top_k, out);
-  // vLLM's rank: tokens of equal logit share it.
-  out.rank = 1 + static_cast<int32_t>(std::count_if(raw.begin(), raw.end(), [&](float v) { return v > raw[token]; }));
+  // vLLM's rank: the tokens at least as likely, the token itself included (a tie ranks below).
+  out.rank = static_cast<int32_t>(std::count_if(raw.begin(), raw.end(), [&](float v) { return v >= raw[token]; }));
   return out;
 }
 

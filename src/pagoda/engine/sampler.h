@@ -31,7 +31,7 @@ struct SampledToken {
   int32_t token = 0;
   float logprob = 0.0f;                 // of the chosen token (raw distribution)
   std::vector<TokenLogprob> top_logprobs;  // best first; empty unless requested
-  int32_t rank = 0;  // score_token: 1 + the tokens more likely than `token` (vLLM); 0 where not computed
+  int32_t rank = 0;  // score_token: the tokens at least as likely as `token`, itself included (vLLM); else 0
 };
 
 // Token counts a sequence has seen, kept incrementally so penalties cost

@@ -141,7 +141,7 @@ int32_t Scheduler::chunk_tokens(const Sequence* seq, int32_t budget) const {
   // Recomputing after a preemption: up to the first position whose row has not gone out, so that
   // the next chunk starts there (only a chunk that starts there emits rows: add_chunk).
   if (seq->num_computed < seq->prompt_logits_done) return std::min(n, seq->prompt_logits_done - seq->num_computed);
-  return std::min({n, config_.max_prompt_rows_per_step, seq->prompt_length - seq->num_computed});
+  return std::min({n, std::max(1, config_.max_prompt_rows_per_step), seq->prompt_length - seq->num_computed});
 }
 
 void Scheduler::add_chunk(Sequence* seq, int32_t num_new_tokens, StepPlan& plan) {

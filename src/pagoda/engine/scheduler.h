@@ -69,9 +69,10 @@ struct SchedulerConfig {
   int32_t prefill_join_limit = 0;
   // >= 1: the most prompt positions a sequence that wants a logits row for each
   // (GenerationRequest::wants_prompt_rows: prompt logprobs) computes in one step.
-  // Each such row crosses to the host and is reduced there on the engine's
-  // thread (a vocabulary's worth of work), so a long scored prompt takes many
-  // short steps instead of one that stalls every other sequence's decode.
+  // Each such row crosses to the host and is reduced there while the engine's
+  // loop waits (a vocabulary's worth of work a row), so a long scored prompt
+  // takes many short steps instead of one that stalls every other sequence's
+  // decode. Per sequence: several scored prompts take this many rows each.
   int32_t max_prompt_rows_per_step = 128;
 };
 

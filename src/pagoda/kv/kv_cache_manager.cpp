@@ -35,6 +35,12 @@ struct Sequence {
   // the K/V of its token prefix, so none of its blocks is ever offered to the
   // prefix cache (chain stays empty).
   bool compressed = false;
+  // PrefixReuse::kSkip: where a written block duplicates a cached one the offers
+  // end (offers_ended) rather than take an alias: a sequence that computes its
+  // whole prompt would otherwise hold a cached prefix twice, its own blocks and
+  // the cached ones, and may not fit where the prompt alone does.
+  bool no_aliases = false;
+  bool offers_ended = false;
 
   bool has_alias(size_t j) const { return j < chain.size() && chain[j] != blocks[j]; }
 };
@@ -428,6 +434,7 @@ class KvCacheManager::Impl {
     seq.blocks = match.blocks;
     for (int32_t i = 0; i < needed - match.host_blocks; ++i) seq.blocks.push_back(take_block(seq.namespace_id));
     seq.computed = match.cached_tokens;
+    seq.no_aliases = reuse == PrefixReuse::kSkip;
     seq.next_block_to_cache = static_cast<int32_t>(match.blocks.size());
     seq.chain = match.blocks;
     sequences_.emplace(id, std::move(seq));
@@ -511,7 +518,7 @@ class KvCacheManager::Impl {
 
   // Full written blocks enter the prefix cache, in order.
   void offer_full_blocks(Sequence& s) {
-    if (s.compressed) return;
+    if (s.compressed || s.offers_ended) return;
     const int32_t full = static_cast<int32_t>(s.computed / bs());
     for (; s.next_block_to_cache < full; ++s.next_block_to_cache) {
       const int32_t j = s.next_block_to_cache;
@@ -524,6 +531,10 @@ class KvCacheManager::Impl {
       if (r.outcome == PrefixCache::InsertOutcome::kInserted) {
         ++stats_.blocks_stored;
         if (config_.host_write_through) cache_.write_through(s.blocks[j]);
+      } else if (r.outcome == PrefixCache::InsertOutcome::kDuplicate && s.no_aliases) {
+        ++s.next_block_to_cache;
+        s.offers_ended = true;
+        return;
       } else if (r.outcome == PrefixCache::InsertOutcome::kDuplicate) {
         // Same tokens at the same positions in the same namespace were computed
         // by another sequence first. Our block stays in the table (tables are

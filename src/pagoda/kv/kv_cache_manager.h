@@ -202,7 +202,8 @@ class KvCacheManager {
   // with host->device transfers) and reserves blocks for the rest. Records
   // hit/miss stats. kInvalidArgument: empty prompt or seq already exists.
   // kResourceExhausted: not enough blocks (nothing changes). PrefixReuse::kSkip:
-  // nothing is matched (miss reason kNotRead); the blocks are cached as written.
+  // nothing is matched (miss reason kNotRead); the blocks are cached as written
+  // up to the first already cached (kv_types.h).
   StatusOr<PrefixMatch> allocate_sequence(SequenceId seq, std::string_view tenant_namespace,
                                           std::span<const TokenId> prompt,
                                           std::span<const uint64_t> block_hashes = {},

@@ -62,7 +62,8 @@ std::string_view removal_reason_name(RemovalReason reason);
 
 // Whether a new sequence may start from cached blocks. kSkip: it computes its whole prompt (a
 // request for prompt logprobs: a cached position yields no logits); its blocks still enter the
-// cache as they are written, like any other sequence's.
+// cache as they are written, up to the first that is cached already (from there on nothing: it
+// never holds a cached twin beside its own block, which would double what its prompt needs).
 enum class PrefixReuse : uint8_t { kRead, kSkip };
 
 // Result of a longest-prefix match of a prompt inside one namespace.

@@ -24,6 +24,7 @@ void ResponseBuilder::accumulate(const engine::RequestOutput& delta) {
     c.text += d.text;
     c.tokens.insert(c.tokens.end(), d.tokens.begin(), d.tokens.end());
     c.logprobs.insert(c.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+    if (d.stop_token && want_logprobs_) c.logprobs.push_back(*d.stop_token);
     if (d.finish_reason != engine::FinishReason::kNone) c.finish = d.finish_reason;
   }
 }
@@ -158,9 +159,10 @@ std::vector<json> ResponseBuilder::chunks(const engine::RequestOutput& delta) {
     if (text.empty() && !finished && c.role_sent) continue;
     json choice = {{"index", d.index}};
     choice["finish_reason"] = finished ? json(finish_reason_json(d.finish_reason)) : json(nullptr);
-    choice["logprobs"] = want_logprobs_ && (!d.logprobs.empty() || echo_now)
-                             ? logprobs_json(d.logprobs, offset, echo_now)
-                             : json(nullptr);
+    std::vector<engine::SampledToken> logprobs = d.logprobs;
+    if (d.stop_token) logprobs.push_back(*d.stop_token);
+    choice["logprobs"] = want_logprobs_ && (!logprobs.empty() || echo_now) ? logprobs_json(logprobs, offset, echo_now)
+                                                                            : json(nullptr);
     if (endpoint_ == Endpoint::kCompletions) {
       choice["text"] = text;
     } else if (tool_call_syntax_ != ToolCallSyntax::kNone) {

@@ -1,7 +1,9 @@
 #pragma once
 // JSON bodies of OpenAI responses: whole completions (non-streaming) and the
 // chunks of a server-sent-event stream, for /v1/completions and
-// /v1/chat/completions. Accumulates engine deltas per choice.
+// /v1/chat/completions. Accumulates engine deltas per choice. With logprobs,
+// the eos or stop token that ended a choice is its last logprobs entry (as in
+// vLLM: lm-evaluation-harness reads the prompt's scores as all but the last).
 //
 // Thread safety: one builder per HTTP request.
 

@@ -218,7 +218,8 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
                                          "min_tokens"));
   }
   for (auto e : {check_request_cost(req.sampling, config_.max_request_cost),
-                 check_prompt_scoring_cost(req.sampling, prompt_len, config_.max_request_cost)}) {
+                 check_prompt_scoring_cost(req.sampling, prompt_len, config_.max_request_cost,
+                                           req.prompt_logprobs ? "prompt_logprobs" : "echo")}) {
     if (!e) continue;
     tenant_usage_.record_refused(tenant, Refusal::kRequestCost);
     return error_reply(*e);
@@ -281,6 +282,8 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
     // echo: the prompt as given, or as its tokens read when it came as ids or was truncated.
     if (req.echo && req.prompt_text && !truncated) {
       prompt_report.text = *req.prompt_text;
+    } else if (req.echo && codec_.decode) {
+      prompt_report.text = codec_.decode(*tokens);
     } else if (req.echo) {
       for (int32_t t : *tokens) prompt_report.text += token_text(t);
     }

@@ -48,6 +48,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,6 +80,9 @@ struct TextCodec {
   ChatRenderer render_chat;
   // Token -> text, for logprobs.
   TokenText token_text;
+  // Token ids -> text, decoded as a whole (pieces that join without spaces, characters split across
+  // tokens): echo's prompt when it came as ids or was truncated. Empty: token_text joined.
+  std::function<std::string(std::span<const int32_t>)> decode;
   // The vocabulary as structured outputs see it (grammar::TokenVocabulary::from_tokenizer);
   // null: requests for structured outputs get a 400.
   std::shared_ptr<const grammar::TokenVocabulary> vocabulary;

@@ -44,15 +44,15 @@ std::optional<ApiError> check_request_cost(const engine::SamplingParams& samplin
 }
 
 std::optional<ApiError> check_prompt_scoring_cost(const engine::SamplingParams& sampling, int64_t prompt_tokens,
-                                                  int64_t max_cost) {
+                                                  int64_t max_cost, const std::string& param) {
   if (max_cost <= 0 || !sampling.prompt_logprobs) return std::nullopt;
   const int64_t cost = prompt_tokens * (1 + *sampling.prompt_logprobs);
   if (cost <= max_cost) return std::nullopt;
-  return invalid_request(fmt::format("scoring the prompt costs its {} tokens x (1 + prompt logprobs ({})) = {} "
+  return invalid_request(fmt::format("scoring the prompt ({}) costs its {} tokens x (1 + {} alternatives) = {} "
                                      "token-units, over this server's limit of {} per request; shorten the prompt "
                                      "or ask for fewer alternatives",
-                                     prompt_tokens, *sampling.prompt_logprobs, cost, max_cost),
-                         "prompt_logprobs", "request_too_costly");
+                                     param, prompt_tokens, *sampling.prompt_logprobs, cost, max_cost),
+                         param, "request_too_costly");
 }
 
 }  // namespace pagoda::server

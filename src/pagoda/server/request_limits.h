@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "pagoda/engine/sampling_params.h"
@@ -32,9 +33,10 @@ inline constexpr int64_t kDefaultMaxRequestCost = int64_t{1} << 17;
 std::optional<ApiError> check_request_cost(const engine::SamplingParams& sampling, int64_t max_cost);
 
 // The same cap on scoring a prompt (sampling.prompt_logprobs): prompt_tokens x (1 + prompt_logprobs)
-// token-units, each a row reduced on the engine's thread and an entry of the response. 400
-// "request_too_costly" (param "prompt_logprobs") when over; nothing to check without prompt_logprobs.
+// token-units, each a vocabulary-sized row reduced on the host and an entry of the response. 400
+// "request_too_costly" naming `param` (the field that asked for the scoring: prompt_logprobs or echo)
+// when over; nothing to check without prompt_logprobs.
 std::optional<ApiError> check_prompt_scoring_cost(const engine::SamplingParams& sampling, int64_t prompt_tokens,
-                                                  int64_t max_cost);
+                                                  int64_t max_cost, const std::string& param);
 
 }  // namespace pagoda::server
