@@ -88,6 +88,16 @@ inline Collected drain(RequestStream& stream, int32_t n = 1) {
   return c;
 }
 
+// Submits `r`, steps the engine until idle and drains the request's stream (expecting both to succeed).
+inline Collected run_request(Harness& h, const GenerationRequest& r) {
+  auto stream = h.engine->submit(r);
+  EXPECT_TRUE(stream.ok()) << stream.status().to_string();
+  h.run_checked();
+  Collected c = drain(**stream);
+  EXPECT_TRUE(c.finished);
+  return c;
+}
+
 // A deterministic prompt of `length` token ids below 64 (the fake model's
 // vocabulary); different salts give different prompts.
 inline std::vector<int32_t> test_prompt(int32_t length, int32_t salt) {

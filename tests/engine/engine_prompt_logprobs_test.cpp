@@ -16,6 +16,7 @@ namespace {
 
 using testing_support::Collected;
 using testing_support::drain;
+using testing_support::run_request;
 using testing_support::Harness;
 using testing_support::test_prompt;
 
@@ -53,19 +54,10 @@ void expect_same_scores(const std::vector<SampledToken>& got, const std::vector<
   }
 }
 
-Collected run(Harness& h, const GenerationRequest& r) {
-  auto stream = h.engine->submit(r);
-  EXPECT_TRUE(stream.ok()) << stream.status().to_string();
-  h.run_checked();
-  Collected c = drain(**stream);
-  EXPECT_TRUE(c.finished);
-  return c;
-}
-
 TEST(EnginePromptLogprobs, ScoresEveryPromptTokenAfterTheFirstAndStillGenerates) {
   Harness h(128, 4);
   const std::vector<int32_t> prompt = test_prompt(23, 1);
-  const Collected c = run(h, scored(prompt, 5, 3));
+  const Collected c = run_request(h, scored(prompt, 5, 3));
   expect_same_scores(c.prompt_logprobs, expected_scores(prompt, 3));
   EXPECT_EQ(c.tokens[0], h.runner.reference_greedy(prompt, 5)) << "the output is what it is without scoring";
   for (const SampledToken& s : c.prompt_logprobs) {
@@ -79,7 +71,7 @@ TEST(EnginePromptLogprobs, ScoresEveryPromptTokenAfterTheFirstAndStillGenerates)
 TEST(EnginePromptLogprobs, MaxTokensZeroScoresThePromptAlone) {
   Harness h(128, 4);
   const std::vector<int32_t> prompt = test_prompt(10, 2);
-  const Collected c = run(h, scored(prompt, 0, 0));
+  const Collected c = run_request(h, scored(prompt, 0, 0));
   expect_same_scores(c.prompt_logprobs, expected_scores(prompt, 0));
   EXPECT_TRUE(c.tokens[0].empty());
   EXPECT_EQ(c.finish[0], FinishReason::kLength);
@@ -98,12 +90,12 @@ TEST(EnginePromptLogprobs, ThePrefixCacheIsNotReadButIsFilled) {
   warm.prompt_tokens = prompt;
   warm.sampling.temperature = 0.0f;
   warm.sampling.max_tokens = 2;
-  run(h, warm);
-  const Collected c = run(h, scored(prompt, 2, 1));
+  run_request(h, warm);
+  const Collected c = run_request(h, scored(prompt, 2, 1));
   EXPECT_EQ(c.usage.cached_tokens, 0) << "a scored prompt computes every position";
   expect_same_scores(c.prompt_logprobs, expected_scores(prompt, 1));
   // The scored request's blocks were cached as written: a plain request after it hits them.
-  const Collected again = run(h, warm);
+  const Collected again = run_request(h, warm);
   EXPECT_EQ(again.usage.cached_tokens, 20);
   EXPECT_GT(h.kv->stats().miss_tokens_by_reason[static_cast<int>(kv::MissReason::kNotRead)], 0);
 }
