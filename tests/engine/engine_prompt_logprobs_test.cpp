@@ -65,7 +65,8 @@ TEST(EnginePromptLogprobs, ScoresEveryPromptTokenAfterTheFirstAndStillGenerates)
     EXPECT_LE(s.logprob, 0.0f);
   }
   // The fake model's winner for most contexts is not the next prompt token: some rank below 1.
-  EXPECT_TRUE(std::any_of(c.prompt_logprobs.begin(), c.prompt_logprobs.end(), [](const auto& s) { return s.rank > 1; }));
+  EXPECT_TRUE(
+      std::any_of(c.prompt_logprobs.begin(), c.prompt_logprobs.end(), [](const auto& s) { return s.rank > 1; }));
 }
 
 TEST(EnginePromptLogprobs, MaxTokensZeroScoresThePromptAlone) {

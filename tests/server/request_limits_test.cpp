@@ -50,7 +50,8 @@ TEST(RequestCost, IsChoicesTimesTokensTimesLogprobEntries) {
 
 TEST(RequestCost, ScoringAPromptIsItsTokensTimesAlternatives) {
   engine::SamplingParams s;
-  EXPECT_FALSE(check_prompt_scoring_cost(s, 100000, 1000, "prompt_logprobs").has_value()) << "no prompt_logprobs: nothing scored";
+  EXPECT_FALSE(check_prompt_scoring_cost(s, 100000, 1000, "prompt_logprobs").has_value())
+      << "no prompt_logprobs: nothing scored";
   s.prompt_logprobs = 4;
   EXPECT_FALSE(check_prompt_scoring_cost(s, 200, 1000, "prompt_logprobs").has_value());
   auto e = check_prompt_scoring_cost(s, 201, 1000, "echo");

@@ -133,7 +133,8 @@ json ResponseBuilder::final_response(const engine::Usage& usage) const {
                {"model", model_},
                {"choices", choices},
                {"usage", usage_json(usage)}};
-  if (endpoint_ == Endpoint::kChatCompletions && prompt_.prompt_logprobs) body["prompt_logprobs"] = prompt_logprobs_json();
+  if (endpoint_ == Endpoint::kChatCompletions && prompt_.prompt_logprobs)
+    body["prompt_logprobs"] = prompt_logprobs_json();
   return body;
 }
 
