@@ -21,7 +21,8 @@
 // main pass alone (a diagnostic: where the merge's share of the time goes; one
 // full launch after the timed ones still writes the checked output; the cp.async
 // kernel keeps its merge); --merge fused folds the merge into the kernels that can
-// (MlaMergeMode::kFused: " fused" in the name where the plan took it);
+// (MlaMergeMode::kFused: " fused" in the name where the plan took it, " fused paired" where it
+// took cluster pairs); --merge fused_global folds it through the counters only (kFusedGlobal);
 // plain is the default (the merge pass, whatever PAGODA_MLA_MERGE says). Row 0's first 16 heads are
 // checked against a float64 reference at every shape (rel L2 printed), and
 // every output is checked finite. Where the TMA-fed kernel applies (bf16, 16
@@ -41,7 +42,8 @@
 // against float64 is what counts).
 //
 //   mla_decode_bench [--iters N] [--only SUBSTRING] [--kernel all|NAME] [--schedule all|whole|spread]
-//                    [--timing busy|idle|spin] [--merge plain|pdl|none|fused] [--pages token|swizzled]
+//                    [--timing busy|idle|spin] [--merge plain|pdl|none|fused|fused_global]
+//                    [--pages token|swizzled]
 // --pages swizzled stores the bf16 pools (block sizes of a multiple of 8) as swizzled pages
 // (runtime/mla_latent_layout.h, " swizzled" in the name): the cp.async kernel's loads from them, beside the
 // same shapes run with --pages token (the default).
@@ -116,7 +118,7 @@ bool programmatic_merge = false;
 // the TMA kernels then fall back to cp.async (their boxes read token-major rows).
 bool swizzled_pages = false;
 bool decode_only = false;  // --merge none
-bool fused_merge = false;  // --merge fused
+MlaMergeMode merge_mode = MlaMergeMode::kPass;  // --merge plain / pdl / none: kPass
 
 // The timed launch: decode + merge, or (--merge none) a TMA kernel's main pass alone.
 cudaError_t timed_launch(const MlaDecodeDescriptor& desc, const void* q, void* out) {
@@ -280,7 +282,7 @@ std::vector<Result> run_shape(int batch, int context, int heads, bool fp8, int b
   struct Timed {
     MlaDecodeKernel kernel;
     bool spread;
-    bool fused;
+    bool fused, paired;
     double seconds;
     int ctas, segments;
     std::vector<uint16_t> out;
@@ -290,7 +292,7 @@ std::vector<Result> run_shape(int batch, int context, int heads, bool fp8, int b
     MlaDecodeOptions options;
     options.kernel = kernel;
     options.spread_budget = spread;
-    options.merge = fused_merge ? MlaMergeMode::kFused : MlaMergeMode::kPass;
+    options.merge = merge_mode;
     AttentionDeviceInfo device = bench_device;
     device.num_sms = num_sms;
     auto plan = MlaDecodePlan::create(config, rows, device, options);
@@ -323,8 +325,9 @@ std::vector<Result> run_shape(int batch, int context, int heads, bool fp8, int b
       CHECK_CUDA(launch_mla_decode(desc, d_q, d_out, nullptr));
       CHECK_CUDA(cudaDeviceSynchronize());
     }
-    Timed t{plan->kernel(), spread, plan->fused_merge(), median(ms) * 1e-3, plan->num_ctas(), plan->num_segments(),
-            std::vector<uint16_t>(out_elems)};
+    Timed t{plan->kernel(),  spread,           plan->fused_merge(),
+            plan->paired_merge(), median(ms) * 1e-3, plan->num_ctas(),
+            plan->num_segments(), std::vector<uint16_t>(out_elems)};
     CHECK_CUDA(cudaMemcpy(t.out.data(), d_out, out_elems * 2, cudaMemcpyDeviceToHost));
     for (uint16_t v : t.out)
       if (!std::isfinite(pagoda::bf16_to_f32(v))) {
@@ -378,7 +381,8 @@ std::vector<Result> run_shape(int batch, int context, int heads, bool fp8, int b
     const double seconds = timed[k].seconds;
     const std::string full = std::string(name) + " [" + (kernel_choice == "auto" ? "auto: " : "") +
                              kernel_name(timed[k].kernel) + "]" +
-                             (timed[k].spread ? " spread" : "") + (timed[k].fused ? " fused" : "");
+                             (timed[k].spread ? " spread" : "") + (timed[k].fused ? " fused" : "") +
+                             (timed[k].paired ? " paired" : "");
     Result r{full, bytes / seconds / 1e9, flops / seconds / 1e12, seconds * 1e6, std::sqrt(num[k] / den)};
     // The first TMA variant of the same schedule: the others must match it bit for bit.
     const char* bits = "";
@@ -417,9 +421,12 @@ int main(int argc, char** argv) {
       timing_choice = argv[++i];
     else if (!std::strcmp(argv[i], "--merge") && i + 1 < argc &&
              (!std::strcmp(argv[i + 1], "plain") || !std::strcmp(argv[i + 1], "pdl") ||
-              !std::strcmp(argv[i + 1], "none") || !std::strcmp(argv[i + 1], "fused"))) {
+              !std::strcmp(argv[i + 1], "none") || !std::strcmp(argv[i + 1], "fused") ||
+              !std::strcmp(argv[i + 1], "fused_global"))) {
       programmatic_merge = !std::strcmp(argv[i + 1], "pdl");
-      fused_merge = !std::strcmp(argv[i + 1], "fused");
+      merge_mode = !std::strcmp(argv[i + 1], "fused")          ? MlaMergeMode::kFused
+                   : !std::strcmp(argv[i + 1], "fused_global") ? MlaMergeMode::kFusedGlobal
+                                                                : MlaMergeMode::kPass;
       decode_only = !std::strcmp(argv[++i], "none");
     } else if (!std::strcmp(argv[i], "--pages") && i + 1 < argc &&
                (!std::strcmp(argv[i + 1], "token") || !std::strcmp(argv[i + 1], "swizzled"))) {
@@ -431,8 +438,8 @@ int main(int argc, char** argv) {
                    "tma_tile|tma_pair|tma_pair_tile|tma_pingpong|tma_fast_exp|"
                    "tma_pingpong_fast_exp|tma_pingpong_turns|tma_pingpong_2chain|tma_pingpong_all|tma_pingpong_split|"
                    "tma_pingpong_split_2chain|tma_fp8|bulk_pingpong_2chain] "
-                   "[--schedule all|whole|spread] [--timing busy|idle|spin] [--merge plain|pdl|none|fused] "
-                   "[--pages token|swizzled]\n");
+                   "[--schedule all|whole|spread] [--timing busy|idle|spin] "
+                   "[--merge plain|pdl|none|fused|fused_global] [--pages token|swizzled]\n");
       return 2;
     }
   }
@@ -442,10 +449,12 @@ int main(int argc, char** argv) {
   CHECK_CUDA(prepare_mla_decode_kernels());
   std::printf("device %s, %d SMs, peak DRAM %.0f GB/s; merge %s; timing %s\n", prop.name, prop.multiProcessorCount,
               bench_device.peak_dram_gbps,
-              decode_only          ? "none (TMA main pass alone)"
-              : programmatic_merge ? "pdl"
-              : fused_merge        ? "fused (folded into the kernel where it can be)"
-                                   : "plain",
+              decode_only                                ? "none (TMA main pass alone)"
+              : programmatic_merge                         ? "pdl"
+              : merge_mode == MlaMergeMode::kFused         ? "fused (folded where it can be; by cluster pairs "
+                                                             "where the plan pairs)"
+              : merge_mode == MlaMergeMode::kFusedGlobal ? "fused_global (folded, through counters only)"
+                                                         : "plain",
               timing_choice == "busy"   ? "busy (a 256 MB memset ahead of each start event: GPU time only, cold L2)"
               : timing_choice == "spin" ? "spin (a 50 us memory-free kernel ahead of each start event: GPU time only)"
                                         : "idle (the start event on an idle GPU: host launch work inside the window)");

@@ -1065,7 +1065,14 @@ TEST_F(MlaDecodeGpuTest, FusedMergeGivesTheMergePassBits) {
         make_case("fused automatic", 16, 64, element, {4000, 3000, 70, 9000, 129}, 211),
         make_case("fused automatic bs16", 16, 16, element, {1, 17, 4097, 300, 6000}, 212),
         with_options(make_case("fused 7 sms", 16, 64, element, {1, 5, 70, 300, 1000, 2000, 64, 3}, 213), 0, 7),
-        make_case("fused h8", 8, 64, element, {5000, 640}, 214)};
+        make_case("fused h8", 8, 64, element, {5000, 640}, 214),
+        // Rows cut in two halves on neighbouring CTAs: the bf16 kernels fold these by cluster pairs
+        // (MlaDecodePlan::paired_merge), tma_fp8 through the counters. Pages of 64 and of 16, fewer heads.
+        with_options(make_case("fused pairs 8 x 4K", 16, 64, element, {4096, 4096, 4096, 4096, 4096, 4096, 4096, 4096},
+                               218),
+                     0, 16),
+        with_options(make_case("fused pairs bs16 ragged", 16, 16, element, {2900, 2900, 2900}, 219), 0, 6),
+        with_options(make_case("fused pairs h8", 8, 64, element, {2048, 2048}, 220), 0, 4)};
     for (const bool graph : {false, true}) {
       MlaCase f =
           make_case(graph ? "fused fixed 8 graph" : "fused fixed 8", 16, 64, element, {1, 70, 3000, 640, 5}, 215);
@@ -1091,12 +1098,22 @@ TEST_F(MlaDecodeGpuTest, FusedMergeGivesTheMergePassBits) {
       auto fused = run(b, c, &fused_plan);
       ASSERT_TRUE(fused.ok()) << c.name << ": " << fused.status().message();
       EXPECT_TRUE(fused_plan.fused_merge()) << c.name << ": max_splits " << fused_plan.max_splits();
+      const bool pairs = c.name.find("pairs") != std::string::npos;
+      EXPECT_EQ(fused_plan.paired_merge(), pairs && mla_decode_can_pair_merge(kind.kernel)) << c.name;
       size_t differing = 0;
       for (size_t i = 0; i < pass->size(); ++i) differing += (*pass)[i] != (*fused)[i];
       EXPECT_EQ(differing, 0u) << c.name << ": the folded merge differs from the merge pass";
-      std::printf("%-48s segments %4d ctas %4d max_splits %3d  fused == pass: %s\n", c.name.c_str(),
+      std::printf("%-48s segments %4d ctas %4d max_splits %3d%s  fused == pass: %s\n", c.name.c_str(),
                   fused_plan.num_segments(), fused_plan.num_ctas(), fused_plan.max_splits(),
-                  differing == 0 ? "yes" : "NO");
+                  fused_plan.paired_merge() ? " paired" : "", differing == 0 ? "yes" : "NO");
+      if (!pairs || !fused_plan.paired_merge()) continue;
+      // The same rows folded through the counters (kFusedGlobal): the same bits again.
+      c.options.merge = MlaMergeMode::kFusedGlobal;
+      MlaDecodePlan global_plan = MlaDecodePlan::create(b.config, {}).value();
+      auto global = run(b, c, &global_plan);
+      ASSERT_TRUE(global.ok()) << c.name << ": " << global.status().message();
+      EXPECT_TRUE(global_plan.fused_merge() && !global_plan.paired_merge()) << c.name;
+      EXPECT_TRUE(*global == *pass) << c.name << ": the counters' folded merge differs from the merge pass";
     }
   }
 }

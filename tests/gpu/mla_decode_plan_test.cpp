@@ -646,5 +646,88 @@ TEST(MlaDecodePlanTest, FusedMergeWhereTheGridIsResidentAndRowsSplit) {
   expect_error(config(16, 64), rows, "merge mode 7", o);
 }
 
+TEST(MlaDecodePlanTest, PairedMergeWhereSplitRowsPairOnNeighbouringCtas) {
+  // The folded merge by cluster pairs (MlaDecodePlan::paired_merge): every split row is two segments, the only
+  // ones of CTAs 2i and 2i + 1; then the arena has no counters and the plan no workspace, and the descriptor
+  // says paired_merge (not fused_merge, which would launch the counters' merge).
+  const auto t = table(200);
+  auto rows_of = [&](int n, int32_t len) { return std::vector<MlaDecodeRow>(size_t(n), MlaDecodeRow{len, t}); };
+  struct Case {
+    const char* name;
+    std::vector<MlaDecodeRow> rows;
+    int32_t block_size, heads, sms;
+  };
+  // The goal shape (64 x 4K on 132 SMs: 128 CTAs) and the GPU test's pairing cases.
+  const Case paired[] = {{"64 x 4K", rows_of(64, 4096), 64, 16, 132},
+                         {"8 x 4K", rows_of(8, 4096), 64, 16, 16},
+                         {"bs16 ragged", rows_of(3, 2900), 16, 16, 6},
+                         {"h8", rows_of(2, 2048), 64, 8, 4}};
+  for (const Case& c : paired) {
+    MlaDecodeOptions o;
+    o.kernel = MlaDecodeKernel::kTmaPingPongTwoChains;
+    o.merge = MlaMergeMode::kFused;
+    auto p = MlaDecodePlan::create(config(c.heads, c.block_size), c.rows, AttentionDeviceInfo{c.sms}, o);
+    o.merge = MlaMergeMode::kPass;
+    auto pass = MlaDecodePlan::create(config(c.heads, c.block_size), c.rows, AttentionDeviceInfo{c.sms}, o);
+    o.merge = MlaMergeMode::kFusedGlobal;
+    auto global = MlaDecodePlan::create(config(c.heads, c.block_size), c.rows, AttentionDeviceInfo{c.sms}, o);
+    ASSERT_TRUE(p.ok() && pass.ok() && global.ok()) << c.name;
+    EXPECT_TRUE(p->fused_merge() && p->paired_merge()) << c.name;
+    EXPECT_EQ(p->num_ctas(), 2 * int32_t(c.rows.size())) << c.name;
+    EXPECT_EQ(p->workspace_bytes(), 0u) << c.name;
+    EXPECT_EQ(p->arena().size(), pass->arena().size()) << c.name << ": no counters";
+    const auto d = p->descriptor(nullptr, nullptr, nullptr, nullptr);
+    EXPECT_TRUE(d.paired_merge && !d.fused_merge && d.merge_counters == nullptr) << c.name;
+    // kFusedGlobal folds the same rows through the counters.
+    EXPECT_TRUE(global->fused_merge() && !global->paired_merge()) << c.name;
+    EXPECT_GT(global->workspace_bytes(), 0u) << c.name;
+    EXPECT_FALSE(global->descriptor(nullptr, nullptr, nullptr, nullptr).paired_merge) << c.name;
+    EXPECT_FALSE(pass->paired_merge()) << c.name;
+    // The bulk kernel pairs too.
+    MlaDecodeConfig swizzled = config(c.heads, c.block_size);
+    swizzled.latent_layout = MlaLatentLayout::kBf16SwizzledPages;
+    o.merge = MlaMergeMode::kFused;
+    o.kernel = MlaDecodeKernel::kBulkPingPongTwoChains;
+    EXPECT_TRUE(MlaDecodePlan::create(swizzled, c.rows, AttentionDeviceInfo{c.sms}, o)->paired_merge()) << c.name;
+  }
+  MlaDecodeOptions o;
+  o.kernel = MlaDecodeKernel::kTmaPingPongTwoChains;
+  o.merge = MlaMergeMode::kFused;
+  // Not pairs: an odd number of CTAs (3 rows on 7 SMs), rows in 3 segments, a row ending mid-CTA, a fixed plan.
+  const std::pair<const char*, std::vector<MlaDecodeRow>> unpaired[] = {
+      {"rows of 3 segments", rows_of(2, 6000)}, {"ragged", {{4096, t}, {70, t}, {4096, t}}}};
+  for (const auto& [name, rows] : unpaired) {
+    auto p = MlaDecodePlan::create(config(16, 64), rows, AttentionDeviceInfo{6}, o);
+    ASSERT_TRUE(p.ok()) << name;
+    EXPECT_TRUE(p->fused_merge()) << name;
+    EXPECT_FALSE(p->paired_merge()) << name;
+    EXPECT_FALSE(p->descriptor(nullptr, nullptr, nullptr, nullptr).paired_merge) << name;
+  }
+  auto odd = MlaDecodePlan::create(config(16, 64), rows_of(3, 4096), AttentionDeviceInfo{7}, o);
+  ASSERT_TRUE(odd.ok());
+  EXPECT_FALSE(odd->paired_merge()) << odd->num_ctas() << " CTAs";
+  MlaDecodeOptions f = o;
+  f.fixed_rows = 64;
+  f.fixed_block_table_stride = 100;
+  auto fixed = MlaDecodePlan::create(config(16, 64), rows_of(64, 4096), AttentionDeviceInfo{132}, f);
+  ASSERT_TRUE(fixed.ok());
+  EXPECT_TRUE(fixed->fused_merge());
+  EXPECT_FALSE(fixed->paired_merge());
+  // tma_fp8 folds the merge but not by pairs.
+  MlaDecodeConfig fp8 = config(16, 64);
+  fp8.latent_element = KvElement::kFP8E4M3;
+  fp8.latent_layout = MlaLatentLayout::kFlashMla656;
+  o.kernel = MlaDecodeKernel::kTmaFp8;
+  auto p8 = MlaDecodePlan::create(fp8, rows_of(64, 4096), AttentionDeviceInfo{132}, o);
+  ASSERT_TRUE(p8.ok()) << p8.status().message();
+  EXPECT_EQ(p8->kernel(), MlaDecodeKernel::kTmaFp8);
+  EXPECT_TRUE(p8->fused_merge());
+  EXPECT_FALSE(p8->paired_merge());
+  // PAGODA_MLA_MERGE's names: an unknown one is refused naming the three.
+  o.kernel = MlaDecodeKernel::kTmaPingPongTwoChains;
+  o.merge = static_cast<MlaMergeMode>(4);
+  expect_error(config(16, 64), rows_of(2, 4096), "merge mode 4", o);
+}
+
 }  // namespace
 }  // namespace pagoda::kernels::cuda

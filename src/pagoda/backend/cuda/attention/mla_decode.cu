@@ -750,10 +750,13 @@ cudaError_t launch_mla_decode(const MlaDecodeDescriptor& d, const void* q, void*
   if (d.latent_layout == MlaLatentLayout::kBf16SwizzledPages && (fp8 || d.block_size % 8 != 0))
     return cudaErrorInvalidValue;
   if (fp8 && !flash && d.latent_scale == nullptr) return cudaErrorInvalidValue;
-  const bool merge = d.max_splits > 1 || d.partials_per_segment > 1;
+  // With the merge paired (cluster pairs trade records in shared memory) no record reaches the workspace.
+  const bool merge = (d.max_splits > 1 && !d.paired_merge) || d.partials_per_segment > 1;
   if (d.partials_per_segment != mla_decode_partials_per_segment(d.kernel)) return cudaErrorInvalidValue;
   if (merge && d.workspace == nullptr) return cudaErrorInvalidValue;
   if (d.fused_merge && (!mla_decode_can_fuse_merge(d.kernel) || d.merge_counters == nullptr))
+    return cudaErrorInvalidValue;
+  if (d.paired_merge && (d.fused_merge || !mla_decode_can_pair_merge(d.kernel) || d.num_ctas % 2 != 0))
     return cudaErrorInvalidValue;
   const cudaError_t prepared = fp8 ? prepare_one<true>() : prepare_one<false>();
   if (prepared != cudaSuccess) return prepared;
@@ -781,7 +784,7 @@ cudaError_t launch_mla_decode(const MlaDecodeDescriptor& d, const void* q, void*
     mla_decode_kernel<kBf16><<<grid, kThreads, kSmemBytes, stream>>>(d, qb, ob);
   }
   cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess || !merge || d.fused_merge) return err;
+  if (err != cudaSuccess || !merge || d.fused_merge || d.paired_merge) return err;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(d.num_rows, d.num_heads);
   config.blockDim = dim3(128);

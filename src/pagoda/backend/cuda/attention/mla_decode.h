@@ -63,9 +63,12 @@ struct MlaDecodeRow {
 // How split rows are combined: a merge pass after the decode kernel, or the
 // merge folded into the decode kernel (MlaDecodeDescriptor::fused_merge).
 enum class MlaMergeMode : int32_t {
-  kDefault = 0,  // the environment's PAGODA_MLA_MERGE: "pass" or "fused"; unset or empty: fused
+  kDefault = 0,  // the environment's PAGODA_MLA_MERGE: "pass", "fused" or "fused_global"; unset or empty: fused
   kPass = 1,
-  kFused = 2,  // where the kernel can (mla_decode_can_fuse_merge) and the grid is one CTA per SM at most
+  // Where the kernel can (mla_decode_can_fuse_merge) and the grid is one CTA per SM at most; by cluster
+  // pairs (MlaDecodePlan::paired_merge) where the plan's split rows pair up, else through counters.
+  kFused = 2,
+  kFusedGlobal = 3,  // kFused never by pairs: always the counters (a diagnostic, the A/B of the pairs)
 };
 
 struct MlaDecodeOptions {
@@ -116,7 +119,9 @@ struct MlaDecodeOptions {
   // TMA and bulk kernels among them) when the plan's grid has at most one CTA
   // per SM, since a CTA waits there for the other CTAs of its rows; other plans
   // keep the merge pass, and fused_merge() says which was taken. The arena then
-  // holds two counters a row, which the kernel leaves at zero.
+  // holds two counters a row, which the kernel leaves at zero, unless the plan
+  // folds it by cluster pairs (paired_merge(): split rows of two segments alone
+  // on CTAs 2i and 2i + 1, bf16 ping-pong kernels, not fixed plans).
   MlaMergeMode merge = MlaMergeMode::kDefault;
 };
 
@@ -141,8 +146,11 @@ class MlaDecodePlan {
   size_t arena_bytes() const { return arena_.size() * sizeof(int32_t); }
   // Split-K scratch the launch needs (0 when no row is split).
   size_t workspace_bytes() const { return workspace_bytes_; }
-  // The merge is folded into the decode kernel (options.merge kFused, taken).
+  // The merge is folded into the decode kernel (options.merge kFused or kFusedGlobal, taken).
   bool fused_merge() const { return fused_merge_; }
+  // ... and folded by cluster pairs (MlaDecodeDescriptor::paired_merge): no counters in the arena, no
+  // workspace.
+  bool paired_merge() const { return paired_merge_; }
 
   // device_arena: the device copy of arena() (written by launches with the
   // merge folded in: its counters, left at zero; one launch at a time);
@@ -161,7 +169,7 @@ class MlaDecodePlan {
   MlaDecodeKernel kernel_ = MlaDecodeKernel::kCpAsync;
   int32_t num_rows_ = 0, num_segments_ = 0, num_ctas_ = 0, max_splits_ = 1;
   size_t workspace_bytes_ = 0;
-  bool fused_merge_ = false;
+  bool fused_merge_ = false, paired_merge_ = false;
   std::vector<int32_t> arena_;
   size_t row_segment_start_at_ = 0, cta_segment_start_at_ = 0, merge_counters_at_ = 0, block_table_start_at_ = 0,
          block_tables_at_ = 0;

@@ -142,6 +142,13 @@ constexpr bool mla_decode_can_fuse_merge(MlaDecodeKernel k) {
          k == MlaDecodeKernel::kTmaFp8;
 }
 
+// Kernels that can fold the merge in between the two CTAs of a cluster
+// (MlaDecodeDescriptor::paired_merge, mla_decode_pair.cuh): the bf16 ping-pong
+// kernels with a hand-over (their 18-slot ring leaves room for the receive area).
+constexpr bool mla_decode_can_pair_merge(MlaDecodeKernel k) {
+  return mla_decode_can_fuse_merge(k) && k != MlaDecodeKernel::kTmaFp8;
+}
+
 // CTAs a kernel runs per SM (a head tile's wave is num_sms x this).
 constexpr int mla_decode_ctas_per_sm(MlaDecodeKernel k) {
   return k == MlaDecodeKernel::kTmaPair || k == MlaDecodeKernel::kTmaPairTile ? 2 : 1;
@@ -175,6 +182,12 @@ struct MlaDecodeDescriptor {
   // (zero before a launch, and again after it).
   bool fused_merge = false;
   int32_t* merge_counters = nullptr;
+  // The merge folded in between cluster pairs instead (MlaDecodePlan::paired_merge;
+  // mla_decode_can_pair_merge kernels; fused_merge is then false): every split row
+  // has two segments, the only segments of CTAs 2i and 2i + 1, which the launch
+  // makes a cluster of two; they trade their records' halves in shared memory
+  // (mla_decode_pair.cuh). num_ctas is even; no counters, no workspace reads.
+  bool paired_merge = false;
   // Arena views: segments [num_segments][3] = (row, kv_begin, kv_end);
   // row_segment_start [num_rows + 1]; cta_segment_start [num_ctas + 1];
   // block_table_start [num_rows]; block_tables.

@@ -214,8 +214,9 @@ __device__ __forceinline__ void combine_held_rows(const MlaDecodeDescriptor& d, 
 }
 
 // Launches a decode kernel over d's CTAs (grid 1 x num_ctas); with the merge folded in, as a cooperative
-// launch (the header comment), else as before. PAGODA_MLA_FUSED_LAUNCH=plain launches a folded grid as any
-// other (a diagnostic: what the cooperative launch costs).
+// launch (the header comment); with it paired (mla_decode_pair.cuh), in clusters of two CTAs (1 x 2);
+// else as before. PAGODA_MLA_FUSED_LAUNCH=plain launches a folded grid as any other (a diagnostic: what the
+// cooperative launch costs).
 template <class... Params, class... Args>
 cudaError_t launch_decode(void (*kernel)(Params...), const MlaDecodeDescriptor& d, int threads, size_t smem_bytes,
                           cudaStream_t stream, Args... args) {
@@ -223,7 +224,7 @@ cudaError_t launch_decode(void (*kernel)(Params...), const MlaDecodeDescriptor& 
     const char* v = std::getenv("PAGODA_MLA_FUSED_LAUNCH");
     return v != nullptr && std::strcmp(v, "plain") == 0;
   }();
-  if (!d.fused_merge || plain) {
+  if (!d.paired_merge && (!d.fused_merge || plain)) {
     kernel<<<dim3(1, d.num_ctas), threads, smem_bytes, stream>>>(args...);
     return cudaGetLastError();
   }
@@ -232,10 +233,17 @@ cudaError_t launch_decode(void (*kernel)(Params...), const MlaDecodeDescriptor& 
   config.blockDim = dim3(threads);
   config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
-  cudaLaunchAttribute cooperative = {};
-  cooperative.id = cudaLaunchAttributeCooperative;
-  cooperative.val.cooperative = 1;
-  config.attrs = &cooperative;
+  cudaLaunchAttribute attribute = {};
+  if (d.paired_merge) {
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = 1;
+    attribute.val.clusterDim.y = 2;
+    attribute.val.clusterDim.z = 1;
+  } else {
+    attribute.id = cudaLaunchAttributeCooperative;
+    attribute.val.cooperative = 1;
+  }
+  config.attrs = &attribute;
   config.numAttrs = 1;
   const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, args...);
   const cudaError_t last = cudaGetLastError();  // read (and cleared) either way

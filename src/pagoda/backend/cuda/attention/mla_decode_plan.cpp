@@ -52,6 +52,28 @@ const char* environment_merge() {
   return value;
 }
 
+// Whether every split row is two segments that are the only segments of CTAs
+// 2i and 2i + 1, in that order, over an even number of CTAs: the plans whose
+// merge the CTA pairs of a cluster can fold (mla_decode_pair.cuh). Rows of one
+// segment may lie anywhere.
+bool rows_split_in_pairs(const std::vector<int32_t>& row_start, const std::vector<int32_t>& cta_start) {
+  const size_t ctas = cta_start.size() - 1;
+  if (ctas % 2 != 0) return false;
+  bool any = false;
+  for (size_t r = 0; r + 1 < row_start.size(); ++r) {
+    const int32_t first = row_start[r], count = row_start[r + 1] - first;
+    if (count < 2) continue;
+    if (count != 2) return false;
+    const auto at = std::lower_bound(cta_start.begin(), cta_start.end(), first);
+    if (at == cta_start.end() || *at != first) return false;  // the segment is not its CTA's first
+    const size_t cta = size_t(at - cta_start.begin());
+    if (cta % 2 != 0 || cta + 2 > ctas || cta_start[cta + 1] != first + 1 || cta_start[cta + 2] != first + 2)
+      return false;
+    any = true;
+  }
+  return any;
+}
+
 // Where the TMA kernel applies: bf16 token-major rows (its tensor map's boxes
 // read rows of 1,152 bytes; swizzled pages take the cp.async kernels), one
 // narrow head tile, and pages that a 64-position tile either divides into
@@ -194,8 +216,9 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
     const char* env = environment_merge();
     if (std::strcmp(env, "pass") == 0) merge = MlaMergeMode::kPass;
     else if (*env == '\0' || std::strcmp(env, "fused") == 0) merge = MlaMergeMode::kFused;
-    else return invalid_argument_error("mla decode: PAGODA_MLA_MERGE '{}' (pass or fused)", env);
-  } else if (merge != MlaMergeMode::kPass && merge != MlaMergeMode::kFused) {
+    else if (std::strcmp(env, "fused_global") == 0) merge = MlaMergeMode::kFusedGlobal;
+    else return invalid_argument_error("mla decode: PAGODA_MLA_MERGE '{}' (pass, fused or fused_global)", env);
+  } else if (merge != MlaMergeMode::kPass && merge != MlaMergeMode::kFused && merge != MlaMergeMode::kFusedGlobal) {
     return invalid_argument_error("mla decode: merge mode {} unknown", static_cast<int>(merge));
   }
   if (!(device.peak_dram_gbps >= 0.0) || !std::isfinite(device.peak_dram_gbps))
@@ -324,15 +347,20 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
   // head tile of at most one CTA per SM (fixed plans: one whole wave).
   const int32_t grid_ctas = fixed ? std::max(1, device.num_sms * mla_decode_ctas_per_sm(kernel) / head_tiles)
                                   : plan.num_ctas_;
-  plan.fused_merge_ = merge == MlaMergeMode::kFused && mla_decode_can_fuse_merge(kernel) && head_tiles == 1 &&
+  plan.fused_merge_ = merge != MlaMergeMode::kPass && mla_decode_can_fuse_merge(kernel) && head_tiles == 1 &&
                       mla_decode_ctas_per_sm(kernel) == 1 && grid_ctas <= device.num_sms &&
                       (fixed || plan.max_splits_ > 1);
   if (fixed) return lay_out_fixed(std::move(plan), rows, device, options, std::move(segments), std::move(row_start),
                                   std::move(cta_start));
+  // Where the split rows pair up on neighbouring CTAs, those pairs trade their records in shared memory
+  // (clusters of two) instead of through the counters and the workspace. Fixed plans do not pair: a graph's
+  // launch shape outlives the rows it was captured with.
+  plan.paired_merge_ = plan.fused_merge_ && merge == MlaMergeMode::kFused && mla_decode_can_pair_merge(kernel) &&
+                       rows_split_in_pairs(row_start, cta_start);
   // The merge pass's records: split rows' segments, or every segment's
   // per-group records (kTmaPingPongSplit).
   const size_t partials = size_t(mla_decode_partials_per_segment(kernel));
-  if (plan.max_splits_ > 1 || partials > 1)
+  if ((plan.max_splits_ > 1 && !plan.paired_merge_) || partials > 1)
     plan.workspace_bytes_ =
         size_t(plan.num_segments_) * partials * size_t(config.num_heads) * (kMlaLatentDim + 1) * sizeof(float);
 
@@ -345,7 +373,7 @@ StatusOr<MlaDecodePlan> MlaDecodePlan::create(const MlaDecodeConfig& config, std
   plan.cta_segment_start_at_ = a.size();
   a.insert(a.end(), cta_start.begin(), cta_start.end());
   plan.merge_counters_at_ = a.size();
-  if (plan.fused_merge_) a.resize(a.size() + 2 * rows.size(), 0);
+  if (plan.fused_merge_ && !plan.paired_merge_) a.resize(a.size() + 2 * rows.size(), 0);
   plan.block_table_start_at_ = a.size();
   a.resize(a.size() + rows.size());
   plan.block_tables_at_ = a.size();
@@ -435,8 +463,9 @@ MlaDecodeDescriptor MlaDecodePlan::descriptor(int32_t* device_arena, const void*
   d.latent = latent;
   d.latent_scale = static_cast<const float*>(latent_scale);
   d.workspace = workspace;
-  d.fused_merge = fused_merge_;
-  d.merge_counters = fused_merge_ && device_arena != nullptr ? device_arena + merge_counters_at_ : nullptr;
+  d.fused_merge = fused_merge_ && !paired_merge_;
+  d.paired_merge = paired_merge_;
+  d.merge_counters = d.fused_merge && device_arena != nullptr ? device_arena + merge_counters_at_ : nullptr;
   return d;
 }
 

@@ -48,6 +48,7 @@
 #include "pagoda/backend/cuda/attention/mla_decode_descriptor.h"
 #include "pagoda/backend/cuda/attention/mla_decode_merge.cuh"
 #include "pagoda/backend/cuda/attention/mla_decode_narrow.cuh"
+#include "pagoda/backend/cuda/attention/mla_decode_pair.cuh"
 #include "pagoda/backend/cuda/attention/prefill_sm90_sync.cuh"
 #include "pagoda/backend/cuda/attention/wgmma_primitives.cuh"
 
@@ -397,8 +398,13 @@ struct PingPongLayout {
   static constexpr int kHandParts = kHandOAt + kOBytes + kBarrierBytes + 1024 <= 232448 ? 1 : 2;
   static constexpr int kBarriersAt = kHandOAt + kOBytes / kHandParts;
   static constexpr int kSmemBytes = kBarriersAt + kBarrierBytes + 1024;
+  // With the merge paired (launches of MlaDecodeDescriptor::paired_merge only): the receive area and its
+  // mbarrier (mla_decode_pair.cuh) after the barriers.
+  static constexpr int kPairAt = (kBarriersAt + kBarrierBytes + 15) / 16 * 16;
+  static constexpr int kPairedSmemBytes = kPairAt + mla_pair::kBytes + 1024;
   static_assert(kTilesAt % 1024 == 0 && kPAt % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
   static_assert(kSmemBytes <= 232448, "fits an SM");
+  static_assert(kHandParts > 1 || kPairedSmemBytes <= 232448, "the paired layout fits an SM");
   static_assert(kSlots % (2 * kColumnBlocks) == 0, "a slot keeps one group's column block (parity waits)");
 };
 
@@ -494,9 +500,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     mbarrier_init(hand_full, 128);
     mbarrier_init(hand_empty, 128);
+    if (d.paired_merge)
+      mbarrier_init(reinterpret_cast<uint64_t*>(base + L::kPairAt + mla_pair::kReceiveBytes), mla_pair::kGroupThreads);
     mbarrier_init_fence();
   }
   __syncthreads();
+  if (d.paired_merge) mla_pair::cluster_sync();  // the partner's pair_arrived is initialized
 
   const int seg_begin = d.cta_segment_start[blockIdx.y];
   const int seg_end = d.cta_segment_start[blockIdx.y + 1];
@@ -692,6 +701,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       mbarrier_arrive(hand_empty);  // done with this use (group 1 may write the next)
     }
+    const int row_first = d.row_segment_start[row];
+    if (d.paired_merge && d.row_segment_start[row + 1] - row_first == 2) {
+      // The receive area and its mbarrier, addressed from hand_o (base itself is not kept past the set-up:
+      // live across the tile loop, it spilled).
+      uint8_t* pair = reinterpret_cast<uint8_t*>(hand_o) - L::kHandOAt + L::kPairAt;
+      mla_pair::exchange_and_store(d, st, t, sum, row, seg - row_first, gtid, reinterpret_cast<float*>(pair),
+                                   reinterpret_cast<uint64_t*>(pair + mla_pair::kReceiveBytes), out);
+      continue;
+    }
     mla_narrow::store_handed_over(d, st, t, sum, seg, row, out);
     mla_merge::publish_record(d, row, gtid, [] { mla_narrow::group_barrier(0); });
   }
@@ -754,8 +772,10 @@ cudaError_t occupancy_of(int* ctas_per_sm) {
 template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1, bool kSplitPartials = false,
           bool kBulk = false>
 cudaError_t allow_pingpong_shared_memory() {
+  using L = PingPongLayout<kSlots>;
   return cudaFuncSetAttribute(mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains, kSplitPartials, kBulk>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize, PingPongLayout<kSlots>::kSmemBytes);
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              L::kHandParts == 1 ? L::kPairedSmemBytes : L::kSmemBytes);
 }
 
 template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains = 1, bool kSplitPartials = false,
@@ -771,7 +791,10 @@ template <int kSlots, bool kFastExp = false, bool kTurns = false, int kSChains =
 cudaError_t launch_pingpong(const MlaDecodeDescriptor& d, const CUtensorMap& map, const __nv_bfloat16* q,
                             __nv_bfloat16* out, cudaStream_t stream) {
   constexpr auto kernel = mla_decode_tma_pingpong_kernel<kSlots, kFastExp, kTurns, kSChains, kSplitPartials, kBulk>;
-  return mla_merge::launch_decode(kernel, d, kThreads, PingPongLayout<kSlots>::kSmemBytes, stream, d, map, q, out);
+  using L = PingPongLayout<kSlots>;
+  if (d.paired_merge && (kSplitPartials || L::kHandParts != 1)) return cudaErrorInvalidValue;
+  return mla_merge::launch_decode(kernel, d, kThreads, d.paired_merge ? L::kPairedSmemBytes : L::kSmemBytes, stream,
+                                  d, map, q, out);
 }
 
 template <int kSlots, bool kWholeTile, int kCtasPerSm = 1, bool kFastExp = false>
