@@ -862,7 +862,7 @@ TEST(DeepseekSwizzledPages, TheModelGivesTheTokenMajorPoolsLogits) {
       m.set_moe_max_graph_batch(0);
       const int32_t per_seq = 512 / block_size;
       const KvPoolShape shape = m.kv_pool_shape(5 * per_seq);
-      ASSERT_EQ(shape.latent_pages, o.mla_latent_pages);
+      ASSERT_EQ(shape.latent_pages, *o.mla_latent_pages);
       auto pool_or = CudaKvPool::create(shape);
       ASSERT_TRUE(pool_or.ok()) << pool_or.status().to_string();
       CudaKvPool& pool = **pool_or;

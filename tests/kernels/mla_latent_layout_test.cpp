@@ -92,6 +92,20 @@ TEST(MlaLatentLayout, SwizzledPagesApplyToBf16PoolsOf64WideRowsAndBlocksOf8) {
   EXPECT_FALSE(mla_swizzled_pages_apply(576, true, 1));
 }
 
+TEST(MlaLatentLayout, UnaskedPoolsAreSwizzledWhereTheBulkKernelReadsThem) {
+  // Pages of a multiple of 64 with at most 16 query heads (the bulk-copy decode kernel's domain): swizzled.
+  for (int32_t bs : {64, 128, 256})
+    for (int32_t heads : {1, 8, 16})
+      EXPECT_EQ(mla_automatic_latent_pages(576, true, bs, heads), MlaLatentPages::kSwizzled128) << bs << " " << heads;
+  // Smaller pages (cp.async on either layout), more heads (the wide cp.async kernel), fp8, narrow latents.
+  for (int32_t bs : {8, 16, 32, 48}) EXPECT_EQ(mla_automatic_latent_pages(576, true, bs, 16), MlaLatentPages::kTokenMajor);
+  EXPECT_EQ(mla_automatic_latent_pages(576, true, 64, 17), MlaLatentPages::kTokenMajor);
+  EXPECT_EQ(mla_automatic_latent_pages(576, true, 64, 128), MlaLatentPages::kTokenMajor);
+  EXPECT_EQ(mla_automatic_latent_pages(576, false, 64, 16), MlaLatentPages::kTokenMajor);
+  EXPECT_EQ(mla_automatic_latent_pages(40, true, 64, 16), MlaLatentPages::kTokenMajor);
+  EXPECT_EQ(mla_automatic_latent_pages(576, true, 64, 0), MlaLatentPages::kTokenMajor);
+}
+
 KvPoolShape latent_shape(MlaLatentPages pages) {
   KvPoolShape s;
   s.num_layers = 2;

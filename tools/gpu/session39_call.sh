@@ -9,7 +9,9 @@
 #           segments: not paired) at pages of 64, bulk on swizzled pages and tma on token-major pages, each with
 #           the merge pass (plain), folded (fused: by pairs where the plan pairs), folded through the counters
 #           (fused_global) and, bulk only, without any merge (none), interleaved, ROUNDS rounds;
-#   fp8     tma_fp8 at the goal shapes, plain / fused, ROUNDS rounds (tma_fp8 does not pair: a control).
+#   fp8     tma_fp8 at the goal shapes, plain / fused, ROUNDS rounds (tma_fp8 does not pair: a control);
+#   engine  the V2-Lite-shaped engine (256 x 1,000 in / 300 out, bf16 latent, pages of 64) with the pool's layout
+#           unasked (swizzled there since session 39) and token-major (PAGODA_MLA_LATENT_PAGES=token-major).
 # Bundle: tools/gpu/session39_call.sh bundle (-> .device/s39); run (carry .device/s39):
 #   [PARTS=...] [ROUNDS=2] [TOTAL=560] bash .device/s39/session39_call.sh
 set -u
@@ -18,7 +20,8 @@ if [ "${1:-}" = bundle ]; then
   . tools/gpu/call_bundle.sh
   b=$root/build
   DEST=$root/.device/s39 call_bundle_pack tools/gpu/session39_call.sh "$b/bench/kernels/mla_decode_bench" \
-    "$b/tests/gpu/mla_decode_gpu_tests" "$b/tests/gpu/mla_decode_plan_tests" "$b/tests/gpu_backend/cuda_model_tests"
+    "$b/tests/gpu/mla_decode_gpu_tests" "$b/tests/gpu/mla_decode_plan_tests" "$b/tests/gpu_backend/cuda_model_tests" \
+    "$b/bench/gpu/pagoda_gpu_engine_bench"
   exit
 fi
 . "$(dirname "$0")/call_bundle.sh"
@@ -64,5 +67,14 @@ done
   done
 done
 echo "== MLA bench done at $((SECONDS - t0)) s"
+[[ $parts == *" engine "* ]] && for pages in auto token-major auto token-major; do
+  [ "$(left)" -lt 110 ] && break
+  PAGODA_MLA_LATENT_PAGES=$pages timeout 100 "$B" pagoda_gpu_engine_bench \
+    --config tools/gpu_backend/deepseek_v2_lite_config.json --workload random --sampling greedy --no-step-profile \
+    --kv-cache-dtype bf16 --block-size 64 --num-requests 256 --input-len 1000 --output-len 300 \
+    --max-num-seqs 256 > "$out/v2lite_$pages.log" 2>&1
+  echo "v2lite pages $pages rc=$? failed $(grep -c ' failed: ' "$out/v2lite_$pages.log"):" \
+    "$(grep -m2 -E '^engine|decode-only' "$out/v2lite_$pages.log" | cut -c1-200 | tr '\n' ' ')"
+done
 cd "$out" && tar czf logs.tar.gz ./*.log 2>/dev/null && rm -f ./*.log
 echo "== end at $((SECONDS - t0)) s"

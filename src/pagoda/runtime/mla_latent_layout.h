@@ -53,6 +53,17 @@ inline bool mla_swizzled_pages_apply(int32_t head_dim, bool bf16, int32_t block_
   return bf16 && head_dim > 0 && head_dim % 64 == 0 && block_size > 0 && block_size % 8 == 0;
 }
 
+// The layout a pool takes unless asked for one: swizzled pages where the decode kernel that reads them whole
+// (the bulk-copy ping-pong kernel: at most 16 query heads, pages of a multiple of 64) applies and leads the
+// token-major pool's tensor-map kernel (docs/BENCHMARKS.md: +4-5% on an H200, level to +1% on an H100, the
+// V2-Lite engine level); token-major elsewhere (pages of 8 to 56 take cp.async on either layout).
+inline MlaLatentPages mla_automatic_latent_pages(int32_t head_dim, bool bf16, int32_t block_size,
+                                                int32_t num_q_heads) {
+  const bool bulk = mla_swizzled_pages_apply(head_dim, bf16, block_size) && block_size % 64 == 0 &&
+                    num_q_heads > 0 && num_q_heads <= 16;
+  return bulk ? MlaLatentPages::kSwizzled128 : MlaLatentPages::kTokenMajor;
+}
+
 // Host re-layout of `num_blocks` blocks of bf16 latent rows from one layout to the other (tests, benches,
 // a pool written one way and read the other). `src` and `dst` do not overlap; head_dim % 8 == 0.
 inline void mla_latent_relayout(const std::byte* src, std::byte* dst, int32_t num_blocks, int32_t block_size,

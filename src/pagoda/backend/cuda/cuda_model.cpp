@@ -140,10 +140,12 @@ Status CudaModel::init(std::unique_ptr<CudaDeepseekWeights> deepseek_weights) {
   gemv_rows_fp8_ = gemv_rows < 0 ? kGemvDefaultMaxRowsFp8 : gemv_rows;
   if (const char* env = std::getenv("PAGODA_MLA_LATENT_PAGES"); env != nullptr && *env != '\0') {
     const std::string v(env);
-    if (v != "token-major" && v != "swizzled128")
-      return invalid_argument_error("PAGODA_MLA_LATENT_PAGES={}: expected token-major or swizzled128", env);
-    options_.mla_latent_pages =
-        v == "swizzled128" ? runtime::MlaLatentPages::kSwizzled128 : runtime::MlaLatentPages::kTokenMajor;
+    if (v != "auto" && v != "token-major" && v != "swizzled128")
+      return invalid_argument_error("PAGODA_MLA_LATENT_PAGES={}: expected auto, token-major or swizzled128", env);
+    if (v == "auto") options_.mla_latent_pages.reset();
+    else
+      options_.mla_latent_pages =
+          v == "swizzled128" ? runtime::MlaLatentPages::kSwizzled128 : runtime::MlaLatentPages::kTokenMajor;
   }
   if (const char* env = std::getenv("PAGODA_GEMV_FP8_DEPTH"); env != nullptr && *env != '\0') {
     char* end = nullptr;
@@ -273,9 +275,12 @@ KvPoolShape CudaModel::kv_pool_shape(int32_t num_blocks) const {
   if (config_.mla) {
     KvPoolShape shape =
         model_kv_pool_shape(config_, num_blocks, options_.block_size, options_.kv_key_dtype, options_.kv_key_dtype);
-    // Swizzled pages where they apply (bf16, 64-value column blocks, pages of whole swizzle atoms); else token-major.
-    if (runtime::mla_swizzled_pages_apply(shape.head_dim, shape.key_dtype == DType::kBF16, shape.block_size))
-      shape.latent_pages = options_.mla_latent_pages;
+    // Swizzled pages where they apply (bf16, 64-value column blocks, pages of whole swizzle atoms) and are
+    // asked for or, unasked, where the bulk-copy kernel reads them; else token-major.
+    const bool bf16 = shape.key_dtype == DType::kBF16;
+    if (runtime::mla_swizzled_pages_apply(shape.head_dim, bf16, shape.block_size))
+      shape.latent_pages = options_.mla_latent_pages.value_or(runtime::mla_automatic_latent_pages(
+          shape.head_dim, bf16, shape.block_size, config_.num_q_heads));
     return shape;
   }
   KvPoolShape shape{config_.num_layers, num_blocks, options_.block_size, config_.num_kv_heads, config_.head_dim,

@@ -51,6 +51,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -123,9 +124,10 @@ struct CudaModelOptions {
   bool fp8_lm_head = true;
   // MLA models with a bf16 latent pool: the pool's block layout (runtime/mla_latent_layout.h). Swizzled
   // pages apply where mla_swizzled_pages_apply (576-value latents, block_size % 8 == 0); elsewhere the pool
-  // stays token-major. The environment variable PAGODA_MLA_LATENT_PAGES (token-major or swizzled128), when
-  // set, overrides this. Token-major until the bulk-copy decode kernel is measured (docs/MLA_SWIZZLED_PAGES.md).
-  runtime::MlaLatentPages mla_latent_pages = runtime::MlaLatentPages::kTokenMajor;
+  // stays token-major. Unset: runtime::mla_automatic_latent_pages (swizzled at pages of a multiple of 64 with
+  // at most 16 query heads, where the bulk-copy decode kernel reads them; docs/MLA_SWIZZLED_PAGES.md). The
+  // environment variable PAGODA_MLA_LATENT_PAGES (auto, token-major or swizzled128), when set, overrides this.
+  std::optional<runtime::MlaLatentPages> mla_latent_pages;
 };
 
 class CudaModel {
