@@ -9,7 +9,7 @@
 #           segments: not paired) at pages of 64, bulk on swizzled pages and tma on token-major pages, each with
 #           the merge pass (plain), folded (fused: by pairs where the plan pairs), folded through the counters
 #           (fused_global) and, bulk only, without any merge (none), interleaved, ROUNDS rounds;
-#   fp8     tma_fp8 at the goal shapes, plain / fused, ROUNDS rounds (tma_fp8 does not pair: a control);
+#   fp8     tma_fp8 at the goal shapes, plain / fused (paired at 64 x 4K) / fused_global, ROUNDS rounds;
 #   release the counters' arrival as a release reduction (this binary) against fence + atomicAdd (V29=the
 #           previous mla_decode_bench, bundled as mla_decode_bench_v29): bulk, fused, both shapes, interleaved;
 #   engine  the V2-Lite-shaped engine (256 x 1,000 in / 300 out, bf16 latent, pages of 64) with the pool's layout
@@ -67,7 +67,8 @@ done
 [[ $parts == *" fp8 "* ]] && for round in $(seq 1 "$rounds"); do
   for shape in "B=64 L=4096 bs=64" "B=8 L=32768 bs=64"; do
     [ "$(left)" -lt 30 ] && break 2
-    FORMAT=fp8-656 bench_round "$round" "$shape" "token tma_fp8 plain" "token tma_fp8 fused"
+    FORMAT=fp8-656 bench_round "$round" "$shape" "token tma_fp8 plain" "token tma_fp8 fused" \
+      "token tma_fp8 fused_global"
   done
 done
 [[ $parts == *" release "* ]] && for round in $(seq 1 "$rounds"); do
