@@ -1066,8 +1066,8 @@ TEST_F(MlaDecodeGpuTest, FusedMergeGivesTheMergePassBits) {
         make_case("fused automatic bs16", 16, 16, element, {1, 17, 4097, 300, 6000}, 212),
         with_options(make_case("fused 7 sms", 16, 64, element, {1, 5, 70, 300, 1000, 2000, 64, 3}, 213), 0, 7),
         make_case("fused h8", 8, 64, element, {5000, 640}, 214),
-        // Rows cut in two halves on neighbouring CTAs: the bf16 kernels fold these by cluster pairs
-        // (MlaDecodePlan::paired_merge), tma_fp8 through the counters. Pages of 64 and of 16, fewer heads.
+        // Rows cut in two halves on neighbouring CTAs: every kernel here folds these by cluster pairs
+        // (MlaDecodePlan::paired_merge). Pages of 64 and of 16, fewer heads.
         with_options(make_case("fused pairs 8 x 4K", 16, 64, element, {4096, 4096, 4096, 4096, 4096, 4096, 4096, 4096},
                                218),
                      0, 16),

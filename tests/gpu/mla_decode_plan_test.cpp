@@ -713,7 +713,7 @@ TEST(MlaDecodePlanTest, PairedMergeWhereSplitRowsPairOnNeighbouringCtas) {
   ASSERT_TRUE(fixed.ok());
   EXPECT_TRUE(fixed->fused_merge());
   EXPECT_FALSE(fixed->paired_merge());
-  // tma_fp8 folds the merge but not by pairs.
+  // tma_fp8 pairs too (its staging slots lent as the receive area).
   MlaDecodeConfig fp8 = config(16, 64);
   fp8.latent_element = KvElement::kFP8E4M3;
   fp8.latent_layout = MlaLatentLayout::kFlashMla656;
@@ -722,7 +722,15 @@ TEST(MlaDecodePlanTest, PairedMergeWhereSplitRowsPairOnNeighbouringCtas) {
   ASSERT_TRUE(p8.ok()) << p8.status().message();
   EXPECT_EQ(p8->kernel(), MlaDecodeKernel::kTmaFp8);
   EXPECT_TRUE(p8->fused_merge());
-  EXPECT_FALSE(p8->paired_merge());
+  EXPECT_TRUE(p8->paired_merge());
+  // The split-record kernels, cp.async and the two-CTAs-an-SM kernels never pair (nor fold).
+  for (MlaDecodeKernel k : {MlaDecodeKernel::kTmaPingPongSplit, MlaDecodeKernel::kCpAsync, MlaDecodeKernel::kTma,
+                            MlaDecodeKernel::kTmaPair}) {
+    o.kernel = k;
+    auto p = MlaDecodePlan::create(config(16, 64), rows_of(64, 4096), AttentionDeviceInfo{132}, o);
+    ASSERT_TRUE(p.ok());
+    EXPECT_FALSE(p->paired_merge()) << static_cast<int>(k);
+  }
   // PAGODA_MLA_MERGE's names: an unknown one is refused naming the three.
   o.kernel = MlaDecodeKernel::kTmaPingPongTwoChains;
   o.merge = static_cast<MlaMergeMode>(4);

@@ -9,10 +9,12 @@
 #           segments: not paired) at pages of 64, bulk on swizzled pages and tma on token-major pages, each with
 #           the merge pass (plain), folded (fused: by pairs where the plan pairs), folded through the counters
 #           (fused_global) and, bulk only, without any merge (none), interleaved, ROUNDS rounds;
-#   fp8     tma_fp8 at the goal shapes, plain / fused, ROUNDS rounds (tma_fp8 does not pair: a control);
+#   fp8     tma_fp8 at the goal shapes, plain / fused (paired at 64 x 4K) / fused_global, ROUNDS rounds;
+#   release the counters' arrival as a release reduction (this binary) against fence + atomicAdd (V29=the
+#           previous mla_decode_bench, bundled as mla_decode_bench_v29): bulk, fused, both shapes, interleaved;
 #   engine  the V2-Lite-shaped engine (256 x 1,000 in / 300 out, bf16 latent, pages of 64) with the pool's layout
 #           unasked (swizzled there since session 39) and token-major (PAGODA_MLA_LATENT_PAGES=token-major).
-# Bundle: tools/gpu/session39_call.sh bundle (-> .device/s39); run (carry .device/s39):
+# Bundle: [V29=...] tools/gpu/session39_call.sh bundle (-> .device/s39); run (carry .device/s39):
 #   [PARTS=...] [ROUNDS=2] [TOTAL=560] bash .device/s39/session39_call.sh
 set -u
 if [ "${1:-}" = bundle ]; then
@@ -21,7 +23,7 @@ if [ "${1:-}" = bundle ]; then
   b=$root/build
   DEST=$root/.device/s39 call_bundle_pack tools/gpu/session39_call.sh "$b/bench/kernels/mla_decode_bench" \
     "$b/tests/gpu/mla_decode_gpu_tests" "$b/tests/gpu/mla_decode_plan_tests" "$b/tests/gpu_backend/cuda_model_tests" \
-    "$b/bench/gpu/pagoda_gpu_engine_bench"
+    "$b/bench/gpu/pagoda_gpu_engine_bench" ${V29:+"$V29"}
   exit
 fi
 . "$(dirname "$0")/call_bundle.sh"
@@ -41,14 +43,16 @@ if [[ $parts == *" tests "* ]]; then
     --gtest_filter='*Deepseek*:*Mla*'
   echo "== tests done at $((SECONDS - t0)) s"
 fi
-# bench_round ROUND "SHAPE" "PAGES KERNEL MERGE"...: mla_decode_bench FORMAT H=16 at SHAPE, one run per triple.
+# bench_round ROUND "SHAPE" "PAGES KERNEL MERGE [BINARY]"...: mla_decode_bench FORMAT H=16 at SHAPE, one run per
+# entry (BINARY: mla_decode_bench or a bundled older one).
 bench_round() {
   local round=$1 shape=$2 run; shift 2
   for run in "$@"; do
     set -- $run
-    timeout 40 "$B" mla_decode_bench --iters 20 --only "${FORMAT:-bf16} H=16 $shape" --kernel "$2" \
-      --schedule whole --pages "$1" --merge "$3" 2>&1 | grep -E "^mla decode|HBM copy|error|non-finite" |
-      sed "s/^/r$round $3 /"
+    [ "${4:-mla_decode_bench}" != mla_decode_bench ] && [ ! -x "$(dirname "$B")/bin/$4" ] && continue
+    timeout 40 "$B" "${4:-mla_decode_bench}" --iters 20 --only "${FORMAT:-bf16} H=16 $shape" --kernel "$2" \
+      --schedule whole --pages "$1" --merge "$3" 2>&1 | grep -E "^mla decode|HBM copy ceiling \(|error|non-finite" |
+      sed "s/^/r$round $3 ${4:-} /"
   done
 }
 runs=("swizzled bulk_pingpong_2chain plain" "swizzled bulk_pingpong_2chain fused"
@@ -63,7 +67,15 @@ done
 [[ $parts == *" fp8 "* ]] && for round in $(seq 1 "$rounds"); do
   for shape in "B=64 L=4096 bs=64" "B=8 L=32768 bs=64"; do
     [ "$(left)" -lt 30 ] && break 2
-    FORMAT=fp8-656 bench_round "$round" "$shape" "token tma_fp8 plain" "token tma_fp8 fused"
+    FORMAT=fp8-656 bench_round "$round" "$shape" "token tma_fp8 plain" "token tma_fp8 fused" \
+      "token tma_fp8 fused_global"
+  done
+done
+[[ $parts == *" release "* ]] && for round in $(seq 1 "$rounds"); do
+  for shape in "B=8 L=32768 bs=64" "B=64 L=4096 bs=64"; do
+    [ "$(left)" -lt 30 ] && break 2
+    bench_round "$round" "$shape" "swizzled bulk_pingpong_2chain fused_global" \
+      "swizzled bulk_pingpong_2chain fused_global mla_decode_bench_v29" "swizzled bulk_pingpong_2chain plain"
   done
 done
 echo "== MLA bench done at $((SECONDS - t0)) s"

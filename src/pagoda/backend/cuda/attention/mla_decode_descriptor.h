@@ -143,11 +143,10 @@ constexpr bool mla_decode_can_fuse_merge(MlaDecodeKernel k) {
 }
 
 // Kernels that can fold the merge in between the two CTAs of a cluster
-// (MlaDecodeDescriptor::paired_merge, mla_decode_pair.cuh): the bf16 ping-pong
-// kernels with a hand-over (their 18-slot ring leaves room for the receive area).
-constexpr bool mla_decode_can_pair_merge(MlaDecodeKernel k) {
-  return mla_decode_can_fuse_merge(k) && k != MlaDecodeKernel::kTmaFp8;
-}
+// (MlaDecodeDescriptor::paired_merge, mla_decode_pair.cuh): the same as
+// mla_decode_can_fuse_merge (the bf16 ping-pong kernels keep a receive area of
+// their own, tma_fp8 lends its staging slots).
+constexpr bool mla_decode_can_pair_merge(MlaDecodeKernel k) { return mla_decode_can_fuse_merge(k); }
 
 // CTAs a kernel runs per SM (a head tile's wave is num_sms x this).
 constexpr int mla_decode_ctas_per_sm(MlaDecodeKernel k) {

@@ -87,10 +87,12 @@ __device__ __forceinline__ int load_acquire_gpu(const int32_t* p) {
 }
 
 // The writer's side, by one thread after every writer of the record has
-// passed a barrier with it: the record is published to the row's waiters.
+// passed a barrier with it: the record is published to the row's waiters by
+// a release reduction (the barrier orders the other writers' stores before
+// it, and release is cumulative; CUTLASS's semaphores arrive the same way),
+// which waits for less than the full fence.sc of __threadfence + atomicAdd.
 __device__ __forceinline__ void arrive(const MlaDecodeDescriptor& d, int row) {
-  __threadfence();
-  atomicAdd(d.merge_counters + 2 * row, 1);
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(d.merge_counters + 2 * row) : "memory");
 }
 
 // One thread spins until the row's `count` records have all arrived (the

@@ -23,7 +23,11 @@
 // cooperative launch is needed. Each CTA's receive area is written only by its
 // partner and read only after the partner's arrival, and each waits for the
 // other's arrival before it leaves, so no CTA exits while its shared memory
-// may still be written.
+// may still be written. A kernel with no shared memory to spare for the
+// receive area (tma_fp8) lends memory its tiles no longer need at the
+// segment's end instead: then each CTA first tells its partner that the area
+// is free (a second mbarrier, `ready`), and writes into the partner's only
+// once told the same.
 
 #include <cuda_bf16.h>
 
@@ -92,16 +96,22 @@ __device__ __forceinline__ void cluster_sync() {
 // Group 0 of a CTA of a pair (group_tid 0..127), at the end of its one segment, which is segment k (0 or 1) of
 // row `row`, with the segment's normalized O^T in st and its maxima and sums (st.m, sum): the exchange above,
 // then the row's output for this CTA's half of the dims. receive / arrived: this CTA's receive area and its
-// mbarrier (initialized with 128 arrivals; one phase a launch). k is a template parameter so that every
-// register index is static (exchange_and_store picks it).
+// mbarrier (initialized with 128 arrivals; one phase a launch). ready: null where the receive area is the
+// kernel's own; else an mbarrier like `arrived`, for a receive area lent by memory the kernel is done with
+// (the header comment). k is a template parameter so that every register index is static
+// (exchange_and_store picks it).
 template <int k>
 __device__ __forceinline__ void exchange_and_store_as(const MlaDecodeDescriptor& d,
                                                       const mla_narrow::SegmentStateOf<8>& st,
                                                       const mla_narrow::ThreadPlace& t, const float (&sum)[4],
                                                       int row, int group_tid, float* receive, uint64_t* arrived,
-                                                      __nv_bfloat16* __restrict__ out) {
+                                                      uint64_t* ready, __nv_bfloat16* __restrict__ out) {
   const uint32_t partner = cluster_rank() ^ 1u;
   const uint32_t partner_receive = map_to_rank(device::smem_address(receive), partner);
+  if (ready != nullptr) {
+    arrive_remote(map_to_rank(device::smem_address(ready), partner));  // this CTA's area is free
+    wait_cluster(ready, 0);                                             // and the partner's
+  }
   float lse[4];
 #pragma unroll
   for (int h = 0; h < 4; ++h) lse[h] = st.m[h] + log2f(sum[h]);
@@ -160,9 +170,9 @@ __device__ __forceinline__ void exchange_and_store_as(const MlaDecodeDescriptor&
 __device__ __forceinline__ void exchange_and_store(const MlaDecodeDescriptor& d, const mla_narrow::SegmentStateOf<8>& st,
                                                    const mla_narrow::ThreadPlace& t, const float (&sum)[4], int row,
                                                    int k, int group_tid, float* receive, uint64_t* arrived,
-                                                   __nv_bfloat16* __restrict__ out) {
-  if (k == 0) exchange_and_store_as<0>(d, st, t, sum, row, group_tid, receive, arrived, out);
-  else exchange_and_store_as<1>(d, st, t, sum, row, group_tid, receive, arrived, out);
+                                                   uint64_t* ready, __nv_bfloat16* __restrict__ out) {
+  if (k == 0) exchange_and_store_as<0>(d, st, t, sum, row, group_tid, receive, arrived, ready, out);
+  else exchange_and_store_as<1>(d, st, t, sum, row, group_tid, receive, arrived, ready, out);
 }
 
 }  // namespace pagoda::kernels::cuda::mla_pair

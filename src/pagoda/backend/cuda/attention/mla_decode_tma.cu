@@ -707,7 +707,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // live across the tile loop, it spilled).
       uint8_t* pair = reinterpret_cast<uint8_t*>(hand_o) - L::kHandOAt + L::kPairAt;
       mla_pair::exchange_and_store(d, st, t, sum, row, seg - row_first, gtid, reinterpret_cast<float*>(pair),
-                                   reinterpret_cast<uint64_t*>(pair + mla_pair::kReceiveBytes), out);
+                                   reinterpret_cast<uint64_t*>(pair + mla_pair::kReceiveBytes), nullptr, out);
       continue;
     }
     mla_narrow::store_handed_over(d, st, t, sum, seg, row, out);

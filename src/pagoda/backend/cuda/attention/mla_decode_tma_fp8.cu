@@ -48,6 +48,7 @@
 #include "pagoda/backend/cuda/attention/mla_decode_descriptor.h"
 #include "pagoda/backend/cuda/attention/mla_decode_merge.cuh"
 #include "pagoda/backend/cuda/attention/mla_decode_narrow.cuh"
+#include "pagoda/backend/cuda/attention/mla_decode_pair.cuh"
 #include "pagoda/backend/cuda/attention/mla_decode_tma_fp8_ring.h"
 #include "pagoda/backend/cuda/attention/prefill_sm90_sync.cuh"
 #include "pagoda/backend/cuda/attention/wgmma_primitives.cuh"
@@ -85,7 +86,10 @@ constexpr int kMaxAt = kRawAt + kRawSlots * kSlotBytes;
 constexpr int kSumAt = kMaxAt + 2 * 4 * kHeads * 4;
 constexpr int kHandAt = kSumAt + 2 * 4 * kHeads * 4;
 constexpr int kBarriersAt = kHandAt + 2 * kHeads * 4;
-constexpr int kSmemBytes = kBarriersAt + (2 * tma_fp8_ring::kBarriers + 2) * 8 + 1024;
+// + with the merge paired (d.paired_merge): the pair's ready and arrived mbarriers (mla_decode_pair.cuh); the
+// partner's half records land in the staging slots, which the segment's end no longer needs.
+constexpr int kSmemBytes = kBarriersAt + (2 * tma_fp8_ring::kBarriers + 4) * 8 + 1024;
+static_assert(mla_pair::kReceiveBytes <= kRawSlots * kSlotBytes, "the staging slots hold the pair's receive area");
 static_assert(kTilesAt % 1024 == 0 && kPAt % 1024 == 0 && kTileBytes % 1024 == 0, "swizzle atoms 1024-byte aligned");
 static_assert(kRawAt % 16 == 0 && kSlotBytes % 16 == 0 && kBarriersAt % 8 == 0, "bulk copies 16-byte aligned");
 static_assert(kSmemBytes <= 232448, "fits an SM");
@@ -196,6 +200,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* empty = full + tma_fp8_ring::kBarriers;                 // [group][slot]
   uint64_t* hand_full = empty + tma_fp8_ring::kBarriers;  // group 1's 128 threads arrive once its hand-over is written
   uint64_t* hand_empty = hand_full + 1;     // group 0's 128 threads arrive once they have read it
+  uint64_t* pair_ready = hand_empty + 1;    // the merge paired: the partner's staging slots are free
+  uint64_t* pair_arrived = pair_ready + 1;  // the merge paired: the partner's half records are in
   const int tid = threadIdx.x;
   const int lane = tid & 31;
 
@@ -210,9 +216,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     mbarrier_init(hand_full, 128);
     mbarrier_init(hand_empty, 128);
+    if (d.paired_merge) {
+      mbarrier_init(pair_ready, mla_pair::kGroupThreads);
+      mbarrier_init(pair_arrived, mla_pair::kGroupThreads);
+    }
     mbarrier_init_fence();
   }
   __syncthreads();
+  if (d.paired_merge) mla_pair::cluster_sync();  // the partner's pair barriers are initialized
 
   const int seg_begin = d.cta_segment_start[blockIdx.y];
   const int seg_end = d.cta_segment_start[blockIdx.y + 1];
@@ -374,6 +385,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         o = o * w0[k] + hand_o[(mi * 8 + i) * 128 + gtid] * w1[k];
       }
     mbarrier_arrive(hand_empty);
+    const int row_first = d.row_segment_start[row];
+    if (d.paired_merge && d.row_segment_start[row + 1] - row_first == 2) {
+      // Group 1 is past its last tile (it handed over) and so is this group: the staging slots are free (the
+      // CTA's one segment: nothing more is staged).
+      mla_pair::exchange_and_store(d, st, t, sum, row, seg - row_first, gtid, reinterpret_cast<float*>(raw),
+                                   pair_arrived, pair_ready, out);
+      continue;
+    }
     mla_narrow::store_handed_over(d, st, t, sum, seg, row, out);
     mla_merge::publish_record(d, row, gtid, [] { mla_narrow::group_barrier(0); });
   }
