@@ -58,6 +58,7 @@ struct Collected {
   std::vector<std::string> text;
   std::vector<FinishReason> finish;
   std::vector<SampledToken> prompt_logprobs;  // RequestOutput::prompt_logprobs, all deltas
+  std::vector<float> prompt_logits;           // RequestOutput::prompt_logits, all deltas
   Usage usage;
   bool finished = false;
   StatusCode error_code = StatusCode::kOk;  // RequestOutput::error_code of the finished delta
@@ -72,6 +73,7 @@ inline Collected drain(RequestStream& stream, int32_t n = 1) {
   c.finish.resize(n, FinishReason::kNone);
   while (auto out = stream.next(0ms)) {
     c.prompt_logprobs.insert(c.prompt_logprobs.end(), out->prompt_logprobs.begin(), out->prompt_logprobs.end());
+    c.prompt_logits.insert(c.prompt_logits.end(), out->prompt_logits.begin(), out->prompt_logits.end());
     for (const auto& d : out->choices) {
       c.tokens[d.index].insert(c.tokens[d.index].end(), d.tokens.begin(), d.tokens.end());
       c.logprobs[d.index].insert(c.logprobs[d.index].end(), d.logprobs.begin(), d.logprobs.end());

@@ -2,7 +2,9 @@
 // first comes back scored by the model's row for the tokens before it (the
 // fake model's logits are a function of the context read back from the KV
 // pool, so a wrong position or stale KV shows), whatever the prefix cache
-// holds, however the prompt is chunked, and across a preemption in mid-prompt.
+// holds, however the prompt is chunked, and across a preemption in mid-prompt;
+// each case twice: the rows' logits scored by the engine, and the rows scored
+// by the runner where the logits are (RunnerCapabilities::scores_on_device).
 
 #include <algorithm>
 
@@ -40,6 +42,8 @@ std::vector<SampledToken> expected_scores(const std::vector<int32_t>& prompt, in
   return out;
 }
 
+class EnginePromptLogprobs : public ::testing::TestWithParam<bool> {};
+
 void expect_same_scores(const std::vector<SampledToken>& got, const std::vector<SampledToken>& want) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) {
@@ -54,12 +58,14 @@ void expect_same_scores(const std::vector<SampledToken>& got, const std::vector<
   }
 }
 
-TEST(EnginePromptLogprobs, ScoresEveryPromptTokenAfterTheFirstAndStillGenerates) {
+TEST_P(EnginePromptLogprobs, ScoresEveryPromptTokenAfterTheFirstAndStillGenerates) {
   Harness h(128, 4);
+  h.runner.device_scoring = GetParam();
   const std::vector<int32_t> prompt = test_prompt(23, 1);
   const Collected c = run_request(h, scored(prompt, 5, 3));
   expect_same_scores(c.prompt_logprobs, expected_scores(prompt, 3));
   EXPECT_EQ(c.tokens[0], h.runner.reference_greedy(prompt, 5)) << "the output is what it is without scoring";
+  EXPECT_EQ(h.runner.num_scored_rows, GetParam() ? 22 : 0) << "the runner scores exactly the prompt's 22 rows";
   for (const SampledToken& s : c.prompt_logprobs) {
     EXPECT_GE(s.rank, 1);
     EXPECT_LE(s.logprob, 0.0f);
@@ -69,8 +75,9 @@ TEST(EnginePromptLogprobs, ScoresEveryPromptTokenAfterTheFirstAndStillGenerates)
       std::any_of(c.prompt_logprobs.begin(), c.prompt_logprobs.end(), [](const auto& s) { return s.rank > 1; }));
 }
 
-TEST(EnginePromptLogprobs, MaxTokensZeroScoresThePromptAlone) {
+TEST_P(EnginePromptLogprobs, MaxTokensZeroScoresThePromptAlone) {
   Harness h(128, 4);
+  h.runner.device_scoring = GetParam();
   const std::vector<int32_t> prompt = test_prompt(10, 2);
   const Collected c = run_request(h, scored(prompt, 0, 0));
   expect_same_scores(c.prompt_logprobs, expected_scores(prompt, 0));
@@ -84,8 +91,9 @@ TEST(EnginePromptLogprobs, MaxTokensZeroScoresThePromptAlone) {
   EXPECT_FALSE(h.engine->submit(plain).ok()) << "max_tokens 0 without prompt_logprobs is refused";
 }
 
-TEST(EnginePromptLogprobs, ThePrefixCacheIsNotReadButIsFilled) {
+TEST_P(EnginePromptLogprobs, ThePrefixCacheIsNotReadButIsFilled) {
   Harness h(128, 4);
+  h.runner.device_scoring = GetParam();
   const std::vector<int32_t> prompt = test_prompt(21, 3);
   GenerationRequest warm;
   warm.prompt_tokens = prompt;
@@ -99,13 +107,15 @@ TEST(EnginePromptLogprobs, ThePrefixCacheIsNotReadButIsFilled) {
   const Collected again = run_request(h, warm);
   EXPECT_EQ(again.usage.cached_tokens, 20);
   EXPECT_GT(h.kv->stats().miss_tokens_by_reason[static_cast<int>(kv::MissReason::kNotRead)], 0);
+  EXPECT_EQ(h.runner.num_scored_rows > 0, GetParam());
 }
 
-TEST(EnginePromptLogprobs, ALongPromptTakesShortStepsOfRows) {
+TEST_P(EnginePromptLogprobs, ALongPromptTakesShortStepsOfRows) {
   SchedulerConfig sched;
   sched.max_tokens_per_step = 64;
   sched.max_prompt_rows_per_step = 5;
   Harness h(14, 4, sched);
+  h.runner.device_scoring = GetParam();
   const std::vector<int32_t> prompt = test_prompt(37, 4);
   GenerationRequest other;
   other.prompt_tokens = test_prompt(9, 5);
@@ -121,9 +131,10 @@ TEST(EnginePromptLogprobs, ALongPromptTakesShortStepsOfRows) {
   EXPECT_EQ(c.tokens[0], h.runner.reference_greedy(prompt, 3));
   EXPECT_EQ(o.tokens[0], h.runner.reference_greedy(other.prompt_tokens, 12));
   EXPECT_GE(h.runner.num_executes, 37 / 5) << "the scored prompt ran in chunks of at most 5";
+  EXPECT_EQ(h.runner.num_scored_rows > 0, GetParam());
 }
 
-TEST(EnginePromptLogprobs, APreemptionInMidPromptNeitherLosesNorRepeatsScores) {
+TEST_P(EnginePromptLogprobs, APreemptionInMidPromptNeitherLosesNorRepeatsScores) {
   // Blocks of 4: the first request (earlier, so never the victim) grows by decoding until
   // the scored prompt's blocks are needed, which preempts it mid-prompt (recompute). Steps
   // of 5 tokens: rows of 4 a step beside the other's decode; the recompute, once that one is
@@ -132,6 +143,7 @@ TEST(EnginePromptLogprobs, APreemptionInMidPromptNeitherLosesNorRepeatsScores) {
   sched.max_tokens_per_step = 5;
   sched.max_prompt_rows_per_step = 4;
   Harness h(14, 4, sched);
+  h.runner.device_scoring = GetParam();
   GenerationRequest first;
   first.prompt_tokens = test_prompt(8, 6);
   first.sampling.temperature = 0.0f;
@@ -147,11 +159,13 @@ TEST(EnginePromptLogprobs, APreemptionInMidPromptNeitherLosesNorRepeatsScores) {
   ASSERT_TRUE(c.finished);
   expect_same_scores(c.prompt_logprobs, expected_scores(prompt, 2));
   EXPECT_EQ(drain(**s1).tokens[0].size(), 40u);
+  EXPECT_EQ(h.runner.num_scored_rows > 0, GetParam());
 }
 
-TEST(EnginePromptLogprobs, ForkedChoicesRecomputedDoNotScoreThePromptAgain) {
+TEST_P(EnginePromptLogprobs, ForkedChoicesRecomputedDoNotScoreThePromptAgain) {
   // n = 2 in a pool too small for both outputs: a choice is preempted and recomputes the prompt.
   Harness h(10, 4);
+  h.runner.device_scoring = GetParam();
   const std::vector<int32_t> prompt = test_prompt(12, 8);
   GenerationRequest r = scored(prompt, 20, 1);
   r.sampling.n = 2;
@@ -168,7 +182,25 @@ TEST(EnginePromptLogprobs, ForkedChoicesRecomputedDoNotScoreThePromptAgain) {
   expect_same_scores(c.prompt_logprobs, expected_scores(prompt, 1));
   EXPECT_EQ(c.tokens[0].size(), 20u);
   EXPECT_EQ(c.tokens[1].size(), 20u);
+  EXPECT_EQ(h.runner.num_scored_rows > 0, GetParam());
 }
+
+TEST_P(EnginePromptLogprobs, RawPromptLogitsComeBackAsRowsWhateverTheRunnerScores) {
+  Harness h(128, 4);
+  h.runner.device_scoring = GetParam();
+  const std::vector<int32_t> prompt = test_prompt(9, 9);
+  GenerationRequest r = scored(prompt, 2, 2);
+  r.return_prompt_logits = true;
+  const Collected c = run_request(h, r);
+  expect_same_scores(c.prompt_logprobs, expected_scores(prompt, 2));
+  EXPECT_EQ(c.prompt_logits.size(), prompt.size() * 64) << "a row per prompt position";
+  EXPECT_EQ(h.runner.num_scored_rows, 0) << "the rows are wanted whole: nothing scored on the runner";
+}
+
+INSTANTIATE_TEST_SUITE_P(ScoredBy, EnginePromptLogprobs, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "TheRunner" : "TheEngine";
+                         });
 
 }  // namespace
 }  // namespace pagoda::engine

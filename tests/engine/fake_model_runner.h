@@ -110,6 +110,7 @@ class FakeModelRunner final : public runtime::ModelRunner {
   runtime::RunnerCapabilities capabilities() const override {
     return {.samples_on_device = device_sampling,
             .samples_masked_on_device = device_sampling && device_masking,
+            .scores_on_device = device_scoring,
             .host_kv_blocks = num_host_blocks_,
             .overlaps_steps = lazy_launch};
   }
@@ -166,6 +167,18 @@ class FakeModelRunner final : public runtime::ModelRunner {
     out.logprobs.assign(num_rows, 0.0f);
     for (size_t r = 0; r < num_rows; ++r) {
       std::span<const float> row(logits.data() + r * vocab_, vocab_);
+      if (!rows.empty() && rows[r].scored()) {  // scored here, with the CPU's scoring, as a device would
+        const SampledToken t = score_token(row, rows[r].score_token, rows[r].score_top_k);
+        runtime::RowScore& score = out.scores.emplace_back();
+        score.logprob = t.logprob;
+        score.rank = t.rank;
+        for (const TokenLogprob& top : t.top_logprobs) {
+          score.top_tokens.push_back(top.token);
+          score.top_logprobs.push_back(top.logprob);
+        }
+        ++num_scored_rows;
+        continue;
+      }
       if (rows.empty() || !rows[r].on_device) {
         out.host_logits.insert(out.host_logits.end(), row.begin(), row.end());
         continue;
@@ -236,6 +249,8 @@ class FakeModelRunner final : public runtime::ModelRunner {
   int32_t max_batch_tokens = 0;
   bool fail_next = false;
   bool device_sampling = false;
+  bool device_scoring = false;       // RowSampling::score_token is honoured (scored with score_token)
+  int64_t num_scored_rows = 0;
   bool lazy_launch = false;          // launch() queues, collect() runs (see launch())
   int64_t num_launches = 0;
   int64_t num_deferred_tokens = 0;   // with lazy_launch: inputs taken from the step before

@@ -160,6 +160,45 @@ TEST(EngineOnGpu, DeviceSamplingGivesTheHostSamplersGreedyOutputsInMixedSteps) {
   }
 }
 
+// Prompt scoring (sampling.prompt_logprobs) on the device (runtime::RowSampling::score_token: the
+// runner returns each prompt row's score, not its logits) against the host engine scoring the rows'
+// logits with engine::score_token, on the same runner: the ranks and top tokens identical, the logprobs
+// within 1e-5, in chunked prefills beside other requests' decode rows; then every block back.
+TEST(EngineOnGpu, PromptScoresOnTheDeviceAreTheHostEnginesScores) {
+  PAGODA_SKIP_WITHOUT_GPU();
+  auto runner = make_runner();
+  ASSERT_TRUE(runner->capabilities().scores_on_device);
+  GpuEngine device(*runner, true), host(*runner, false);
+  std::vector<std::shared_ptr<engine::RequestStream>> d, h;
+  for (int i = 0; i < 4; ++i) {
+    engine::GenerationRequest r = request(prompt_of(30 + 41 * i, i), i == 3 ? 0 : 6, 0.0f);
+    if (i != 1) r.sampling.prompt_logprobs = i == 0 ? 0 : 5 * i;  // request 1 is plain, beside the others
+    d.push_back(*device.eng->submit(r));
+    h.push_back(*host.eng->submit(r));
+  }
+  device.run();
+  host.run();
+  for (int i = 0; i < 4; ++i) {
+    std::vector<engine::SampledToken> a, b;
+    for (auto [stream, out] : {std::pair{d[i].get(), &a}, std::pair{h[i].get(), &b}})
+      while (auto o = stream->next(0ms)) out->insert(out->end(), o->prompt_logprobs.begin(), o->prompt_logprobs.end());
+    const size_t expected = i == 1 ? 0 : static_cast<size_t>(30 + 41 * i - 1);
+    ASSERT_EQ(a.size(), expected) << "request " << i;
+    ASSERT_EQ(b.size(), expected) << "request " << i;
+    for (size_t t = 0; t < a.size(); ++t) {
+      EXPECT_EQ(a[t].token, b[t].token);
+      EXPECT_EQ(a[t].rank, b[t].rank) << "request " << i << " token " << t;
+      EXPECT_NEAR(a[t].logprob, b[t].logprob, 1e-5) << "request " << i << " token " << t;
+      ASSERT_EQ(a[t].top_logprobs.size(), b[t].top_logprobs.size());
+      for (size_t j = 0; j < a[t].top_logprobs.size(); ++j) {
+        EXPECT_EQ(a[t].top_logprobs[j].token, b[t].top_logprobs[j].token);
+        EXPECT_NEAR(a[t].top_logprobs[j].logprob, b[t].top_logprobs[j].logprob, 1e-5);
+      }
+    }
+  }
+  EXPECT_EQ(device.kv->num_available_blocks(), device.kv->num_blocks());
+}
+
 // Overlapped steps (engine::EngineConfig::overlap_steps): graph decode steps are launched before the
 // step before them is read, their inputs taken on the device from that step's sampled rows. Greedy and
 // seeded draws must be those of the synchronous engine, token for token, and every block comes back.

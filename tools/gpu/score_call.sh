@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # One device call: prompt scoring (echo, prompt_logprobs) through `pagoda serve` on random weights of the
-# Llama-3-8B config (bf16 weights and KV), with tools/gpu/score_client.py as the client.
+# Llama-3-8B config (bf16 weights and KV), with tools/gpu/score_client.py as the client: first the scoring
+# tests (cuda_sampling_tests: the kernel against the CPU's score_token, the engine scoring on the device
+# against the host engine), then the server with the rows scored on the device (the default) and with
+# PAGODA_DEVICE_SCORING=0 (the rows' logits scored on the host, as before), one after the other.
 # Bundle: tools/gpu/score_call.sh bundle (-> .device/score); run (carry .device/score): bash .device/score/score_call.sh
 set -u
 if [ "${1:-}" = bundle ]; then
   here=$(cd "$(dirname "$0")" && pwd); root=$(cd "$here/../.." && pwd); cd "$root" || exit 1
   . tools/gpu/call_bundle.sh
-  DEST=$root/.device/score call_bundle_pack tools/gpu/score_call.sh "$root/build/pagoda" || exit 1
+  DEST=$root/.device/score call_bundle_pack tools/gpu/score_call.sh "$root/build/pagoda" \
+    "$root/build/tests/gpu_backend/cuda_sampling_tests" || exit 1
   mkdir -p .device/score/model && cp tools/gpu_backend/llama3_8b_config.json .device/score/model/config.json &&
     cp .cache/npm/llama3/package/models/tokenizer.json .cache/npm/llama3/package/models/tokenizer_config.json \
       .device/score/model/ && cp tools/gpu/score_client.py .device/score/ && du -sh .device/score; exit
@@ -15,7 +19,13 @@ fi
 call_bundle_unpack
 here=$(cd "$(dirname "$0")" && pwd)
 echo "== binaries of $(cat "$(dirname "$B")/commit"); $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-call_serve score "$here/model" --served-model-name m --max-model-len 8192
-timeout 240 python3 "$here/score_client.py" "$port" m
-kill "$pid"; wait "$pid" 2>/dev/null
-grep -iE "error|fatal" "$out/serve_score.log" | head -5
+call_gtest cuda_sampling_tests 200 cuda_sampling_tests
+for scoring in device host; do
+  if [ $scoring = host ]; then export PAGODA_DEVICE_SCORING=0; else unset PAGODA_DEVICE_SCORING; fi
+  echo "== rows scored on the $scoring"
+  call_serve "score_$scoring" "$here/model" --served-model-name m --max-model-len 8192
+  timeout 200 python3 "$here/score_client.py" "$port" m
+  kill "$pid"; wait "$pid" 2>/dev/null
+  grep -iE "error|fatal" "$out/serve_score_$scoring.log" | head -5
+done
+unset PAGODA_DEVICE_SCORING

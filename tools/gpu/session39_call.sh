@@ -12,6 +12,10 @@
 #   fp8     tma_fp8 at the goal shapes, plain / fused (paired at 64 x 4K) / fused_global, ROUNDS rounds;
 #   release the counters' arrival as a release reduction (this binary) against fence + atomicAdd (V29=the
 #           previous mla_decode_bench, bundled as mla_decode_bench_v29): bulk, fused, both shapes, interleaved;
+#   small   stage 4 at small pages (docs/MLA_SWIZZLED_PAGES.md): bf16 H=16 64 x 4K at pages of 16 and 32, cp_async
+#           on token-major and swizzled pages, tma_pingpong_2chain on token-major, bulk_pingpong_2chain on
+#           swizzled, and the plan's automatic kernel on each layout, all with the default (folded) merge,
+#           interleaved, ROUNDS rounds;
 #   engine  the V2-Lite-shaped engine (256 x 1,000 in / 300 out, bf16 latent, pages of 64) with the pool's layout
 #           unasked (swizzled there since session 39) and token-major (PAGODA_MLA_LATENT_PAGES=token-major).
 # Bundle: [V29=...] tools/gpu/session39_call.sh bundle (-> .device/s39); run (carry .device/s39):
@@ -76,6 +80,14 @@ done
     [ "$(left)" -lt 30 ] && break 2
     bench_round "$round" "$shape" "swizzled bulk_pingpong_2chain fused_global" \
       "swizzled bulk_pingpong_2chain fused_global mla_decode_bench_v29" "swizzled bulk_pingpong_2chain plain"
+  done
+done
+small_runs=("token cp_async fused" "swizzled cp_async fused" "token tma_pingpong_2chain fused"
+  "swizzled bulk_pingpong_2chain fused" "token auto fused" "swizzled auto fused")
+[[ $parts == *" small "* ]] && for round in $(seq 1 "$rounds"); do
+  for shape in "B=64 L=4096 bs=16" "B=64 L=4096 bs=32"; do
+    [ "$(left)" -lt 30 ] && break 2
+    bench_round "$round" "$shape" "${small_runs[@]}"
   done
 done
 echo "== MLA bench done at $((SECONDS - t0)) s"

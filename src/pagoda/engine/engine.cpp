@@ -492,6 +492,39 @@ void Engine::add_prompt_rows(const Sequence* seq, std::span<const float> rows) {
   });
 }
 
+void Engine::add_prompt_scores(const Sequence* seq, std::span<const runtime::RowScore> scores) {
+  std::vector<SampledToken>& out = step_outputs_[seq->request->id].prompt_logprobs;
+  step_outputs_[seq->request->id].request_id = seq->request->id;
+  const int32_t first = seq->prompt_logits_done + 1;  // the prompt token that scores[0] is of
+  for (size_t i = 0; i < scores.size(); ++i) {
+    const runtime::RowScore& score = scores[i];
+    SampledToken& t = out.emplace_back();
+    t.token = seq->tokens[static_cast<size_t>(first) + i];
+    t.logprob = score.logprob;
+    t.rank = score.rank;
+    t.top_logprobs.reserve(score.top_tokens.size());
+    for (size_t j = 0; j < score.top_tokens.size(); ++j)
+      t.top_logprobs.push_back({score.top_tokens[j], score.top_logprobs[j]});
+  }
+}
+
+void Engine::push_prompt_rows(const ScheduledChunk& chunk, std::vector<runtime::RowSampling>& rows) const {
+  const Sequence* seq = chunk.sequence;
+  const GenerationRequest& r = seq->request->request;
+  const std::optional<int32_t> k = r.sampling.prompt_logprobs;
+  const bool score = runner_.capabilities().scores_on_device && k && *k <= runtime::kMaxScoreTopK &&
+                     !r.return_prompt_logits;
+  const int32_t first = seq->prompt_logits_done + 1;  // the prompt token that row 0 predicts
+  for (int32_t i = 0; i < chunk.logit_rows(); ++i) {
+    runtime::RowSampling row;
+    if (score && first + i < seq->prompt_length) {
+      row.score_token = seq->tokens[static_cast<size_t>(first + i)];
+      row.score_top_k = *k;
+    }
+    rows.push_back(row);
+  }
+}
+
 void Engine::append_token(Sequence* seq, const SampledToken& token, int32_t position) {
   RequestState* req = seq->request;
   const SamplingParams& params = req->request.sampling;
@@ -777,18 +810,21 @@ bool Engine::run_step(StepPlan plan) {
                                            kv_block_size_));
   // Rows are sampled where the logits are (on the runner's device) unless the
   // request needs the host sampler; only those rows' logits come back. A chunk
-  // that returns prompt logits has a host row per token, the last of which is
-  // also its sampling row.
+  // that returns prompt logits has a row per token (push_prompt_rows), the last
+  // of which is also its sampling row (a host row) when the chunk ends the prompt.
   // A constrained row sampled on the device gets its mask from device_masks_ when the runner
   // asks, after it has queued the forward: the masks are computed while the device works.
   std::vector<runtime::RowSampling> rows;
   rows.reserve(plan.chunks.size());
   device_masks_.reset(static_cast<size_t>(plan.batch.num_logit_rows()));
   for (const ScheduledChunk& chunk : plan.chunks) {
-    for (int32_t i = 0; i + 1 < chunk.logit_rows(); ++i) rows.push_back(runtime::RowSampling{});
+    if (chunk.all_logits) {
+      push_prompt_rows(chunk, rows);
+      continue;
+    }
     if (chunk.logit_rows() == 0) continue;
     runtime::RowSampling last;
-    if (chunk.produces_logits && !chunk.all_logits) last = row_sampling_for(chunk.sequence);
+    if (chunk.produces_logits) last = row_sampling_for(chunk.sequence);
     if (last.on_device && chunk.sequence->constraint) {
       last.mask_source = &device_masks_;
       device_masks_.add(rows.size(), chunk.sequence);
@@ -963,12 +999,16 @@ void Engine::finish_step(StepPlan& plan, std::span<const runtime::RowSampling> r
   }
   const size_t vocab = static_cast<size_t>(vocab_size_);
   if (result.ok()) {
-    size_t host_rows = 0;
-    for (const runtime::RowSampling& row : rows) host_rows += row.on_device ? 0 : 1;
+    size_t host_rows = 0, scored_rows = 0;
+    for (const runtime::RowSampling& row : rows) {
+      scored_rows += row.scored() ? 1 : 0;
+      host_rows += row.on_device || row.scored() ? 0 : 1;
+    }
     if (result->host_logits.size() != host_rows * vocab || result->tokens.size() != rows.size() ||
-        result->logprobs.size() != rows.size())
-      result = internal_error("the model runner returned {} logits, {} tokens for {} rows ({} sampled on the host)",
-                              result->host_logits.size(), result->tokens.size(), rows.size(), host_rows);
+        result->logprobs.size() != rows.size() || result->scores.size() != scored_rows)
+      result = internal_error("the model runner returned {} logits, {} tokens, {} scores for {} rows ({} sampled on "
+                              "the host, {} scored)", result->host_logits.size(), result->tokens.size(),
+                              result->scores.size(), rows.size(), host_rows, scored_rows);
     for (size_t r = 0; result.ok() && r < rows.size(); ++r)
       if (rows[r].on_device && (launched || !device_masks_.dead_end(r)) &&
           (result->tokens[r] < 0 || result->tokens[r] >= vocab_size_))
@@ -985,19 +1025,30 @@ void Engine::finish_step(StepPlan& plan, std::span<const runtime::RowSampling> r
     flush_outputs();
     return;
   }
-  size_t row = 0, host_row = 0;
+  size_t row = 0, host_row = 0, score_row = 0;
   for (const ScheduledChunk& chunk : plan.chunks) {
     Sequence* seq = chunk.sequence;
     std::span<const float> logits_row;
     size_t r = 0;
     bool on_device = false;
-    if (chunk.all_logits && seq->status == SequenceStatus::kRunning)  // every row of such a chunk is a host row
-      add_prompt_rows(seq, std::span<const float>(result->host_logits.data() + host_row * vocab,
-                                                  static_cast<size_t>(chunk.logit_rows()) * vocab));
-    for (int32_t i = 0; i < chunk.logit_rows(); ++i) {
+    const size_t chunk_rows = static_cast<size_t>(chunk.logit_rows());
+    const size_t chunk_scored = static_cast<size_t>(
+        std::count_if(rows.begin() + static_cast<std::ptrdiff_t>(row),
+                      rows.begin() + static_cast<std::ptrdiff_t>(row + chunk_rows),
+                      [](const runtime::RowSampling& s) { return s.scored(); }));
+    if (chunk.all_logits && seq->status == SequenceStatus::kRunning) {
+      if (chunk_scored > 0) {  // the rows that predict prompt tokens came back scored (push_prompt_rows)
+        add_prompt_scores(seq, std::span<const runtime::RowScore>(result->scores).subspan(score_row, chunk_scored));
+      } else {  // every row of such a chunk is a host row
+        add_prompt_rows(seq, std::span<const float>(result->host_logits.data() + host_row * vocab, chunk_rows * vocab));
+      }
+    }
+    score_row += chunk_scored;
+    for (size_t i = 0; i < chunk_rows; ++i) {
       r = row++;
       on_device = rows[r].on_device;
-      if (!on_device) logits_row = std::span<const float>(result->host_logits.data() + host_row++ * vocab, vocab);
+      if (!on_device && !rows[r].scored())
+        logits_row = std::span<const float>(result->host_logits.data() + host_row++ * vocab, vocab);
     }
     if (chunk.all_logits) seq->prompt_logits_done += chunk.num_new_tokens;
     if (!chunk.produces_logits || seq->status != SequenceStatus::kRunning) continue;

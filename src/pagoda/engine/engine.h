@@ -230,6 +230,12 @@ class Engine {
   // output as raw rows (return_prompt_logits) and as the next prompt tokens' scores
   // (sampling.prompt_logprobs; the last prompt position predicts no prompt token).
   void add_prompt_rows(const Sequence* seq, std::span<const float> rows);
+  // The same from scores the runner computed where the logits are (runtime::RowSampling::score_token):
+  // one per row that predicts a prompt token, in order.
+  void add_prompt_scores(const Sequence* seq, std::span<const runtime::RowScore> scores);
+  // A prompt-logits chunk's rows (one per token): each row that predicts a prompt token is scored by the
+  // runner where it can (prompt_logprobs without raw prompt logits), the others come back as logits.
+  void push_prompt_rows(const ScheduledChunk& chunk, std::vector<runtime::RowSampling>& rows) const;
   // What the request's logit rules read of the sequence (its known output, the eos ids).
   LogitRuleContext logit_rule_context(const Sequence* seq) const;
   // Structured outputs: samples with the sequence's token mask applied and moves its constraint

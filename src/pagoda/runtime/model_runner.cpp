@@ -19,6 +19,12 @@ Status check_row_sampling(const ForwardBatch& batch, std::span<const RowSampling
       return invalid_argument_error("a token mask on a row that is not sampled on the device");
     if (row.masked() && !capabilities.samples_masked_on_device)
       return unimplemented_error("this model runner does not apply token masks on the device");
+    if (!row.scored()) continue;
+    if (!capabilities.scores_on_device) return unimplemented_error("this model runner does not score rows");
+    if (row.on_device || row.masked())
+      return invalid_argument_error("a scored row (token {}) that is also sampled on the device", row.score_token);
+    if (row.score_top_k < 0 || row.score_top_k > kMaxScoreTopK)
+      return invalid_argument_error("score_top_k {} outside [0, {}]", row.score_top_k, kMaxScoreTopK);
   }
   return ok_status();
 }

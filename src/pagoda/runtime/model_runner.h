@@ -50,6 +50,13 @@ namespace pagoda::runtime {
 // the row during execute(), from the calling thread, after it has queued the
 // forward, so computing the masks on the host overlaps the device's work.
 // `row` is the row's index in `rows`.
+//
+// `score_token` (prompt scoring; never with on_device, only when
+// RunnerCapabilities::scores_on_device): the row's logits stay where they are
+// and the runner returns the RowScore of that given token instead (the CPU's
+// engine::score_token: its logprob in the raw row, its rank and the
+// score_top_k most likely tokens), so a prompt scored token by token moves a
+// few bytes a row instead of the vocabulary's logits.
 class TokenMaskSource;
 struct RowSampling {
   bool on_device = false;  // false: the runner returns this row's logits instead
@@ -61,7 +68,21 @@ struct RowSampling {
   uint64_t step = 0;  // the sequence's output index
   const uint64_t* allowed = nullptr;
   TokenMaskSource* mask_source = nullptr;
+  int32_t score_token = -1;  // >= 0: a scored row (above)
+  int32_t score_top_k = 0;   // [0, kMaxScoreTopK]
   bool masked() const { return allowed != nullptr || mask_source != nullptr; }
+  bool scored() const { return score_token >= 0; }
+};
+inline constexpr int32_t kMaxScoreTopK = 20;
+
+// A scored row's result (RowSampling::score_token): the token's log-softmax in
+// the raw row, its rank (the tokens whose logit is >= its own, itself
+// included), and the top tokens, best first, ties to the lower id.
+struct RowScore {
+  float logprob = 0.0f;
+  int32_t rank = 0;
+  std::vector<int32_t> top_tokens;
+  std::vector<float> top_logprobs;
 };
 
 // Computes deferred token masks (RowSampling::mask_source) when the runner asks.
@@ -81,8 +102,10 @@ struct StepResult {
   // rows, 0 for the others.
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
-  // vocab_size() floats per row that is not on_device, in row order.
+  // vocab_size() floats per row that is neither on_device nor scored, in row order.
   std::vector<float> host_logits;
+  // One per scored row, in row order.
+  std::vector<RowScore> scores;
 };
 
 // Copies block src's K/V (data and scales, every layer) to block dst.
@@ -133,6 +156,7 @@ Status check_kv_compaction(const KvCompaction& compaction, int32_t num_blocks, i
 struct RunnerCapabilities {
   bool samples_on_device = false;  // execute() honours RowSampling::on_device
   bool samples_masked_on_device = false;  // ... and RowSampling::allowed
+  bool scores_on_device = false;          // execute() honours RowSampling::score_token
   bool zeroes_blocks = false;      // zero_blocks() is implemented
   int32_t host_kv_blocks = 0;      // blocks in the host pool (0: no host tier); block shape as kv_geometry()
   bool host_block_access = false;  // read_host_block / write_host_block are implemented

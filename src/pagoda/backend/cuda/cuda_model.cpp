@@ -947,12 +947,29 @@ Status CudaModel::forward_greedy(const ForwardBatch& batch, CudaKvPool& pool, st
 Status CudaModel::forward_sampled(const ForwardBatch& batch, CudaKvPool& pool,
                                   std::span<const GpuSamplingParams> params, std::span<const int32_t> host_rows,
                                   std::vector<int32_t>& tokens, std::vector<float>& logprobs,
-                                  std::vector<float>& host_logits, std::span<const runtime::RowSampling> masks) {
+                                  std::vector<float>& host_logits, std::span<const runtime::RowSampling> row_sampling,
+                                  std::vector<runtime::RowScore>* scores) {
   const int32_t rows = batch.num_logit_rows();
   if (static_cast<int64_t>(params.size()) != rows)
     return invalid_argument_error("forward_sampled: {} sampling params for {} logits rows", params.size(), rows);
-  if (!masks.empty() && static_cast<int64_t>(masks.size()) != rows)
-    return invalid_argument_error("forward_sampled: {} token masks for {} logits rows", masks.size(), rows);
+  if (!row_sampling.empty() && static_cast<int64_t>(row_sampling.size()) != rows)
+    return invalid_argument_error("forward_sampled: {} row entries for {} logits rows", row_sampling.size(), rows);
+  bool scored = false;
+  for (const runtime::RowSampling& row : row_sampling) {
+    if (!row.scored()) continue;
+    scored = true;
+    if (row.score_token >= config_.vocab_size || row.score_top_k < 0 || row.score_top_k > kMaxScoreTopK)
+      return invalid_argument_error("forward_sampled: scored token {} (vocabulary {}) with top {} (at most {})",
+                                    row.score_token, config_.vocab_size, row.score_top_k, kMaxScoreTopK);
+  }
+  if (scored && scores == nullptr) return invalid_argument_error("forward_sampled: scored rows but no scores output");
+  if (scored && score_host_.data() == nullptr) {
+    const size_t bytes = static_cast<size_t>(max_rows_) * (sizeof(GpuScoreRequest) + sizeof(GpuRowScore));
+    PAGODA_ASSIGN_OR_RETURN(score_host_, PinnedBuffer::allocate(bytes));
+    PAGODA_ASSIGN_OR_RETURN(score_device_, DeviceBuffer::allocate(bytes));
+  }
+  if (scores != nullptr) scores->clear();
+  const auto& masks = row_sampling;
   if (mask_host_.data() == nullptr &&
       std::any_of(masks.begin(), masks.end(), [](const runtime::RowSampling& m) { return m.masked(); })) {
     const size_t words = (static_cast<size_t>(config_.vocab_size) + 63) / 64;
@@ -968,7 +985,7 @@ Status CudaModel::forward_sampled(const ForwardBatch& batch, CudaKvPool& pool,
   tokens.assign(static_cast<size_t>(rows), 0);
   logprobs.assign(static_cast<size_t>(rows), 0.0f);
   host_logits.assign(host_rows.size() * static_cast<size_t>(config_.vocab_size), 0.0f);
-  sampled_ = SampledOutput{params, host_rows, &tokens, &logprobs, &host_logits, masks};
+  sampled_ = SampledOutput{params, host_rows, &tokens, &logprobs, &host_logits, row_sampling, scores};
   Status status = run(batch, pool, Output::kSampled, nullptr, nullptr);
   sampled_ = SampledOutput{};
   return status;
@@ -990,6 +1007,7 @@ Status CudaModel::sample_out(int32_t row_begin, int32_t n) {
   PAGODA_RETURN_IF_ERROR(mask_rows(row_begin, n));
   PAGODA_CUDA_RETURN_IF_ERROR(sample_rows(logits_.as<float>(), n, config_.vocab_size, device_params, device_tokens,
                                           device_logprobs, stream_));
+  PAGODA_ASSIGN_OR_RETURN(const int32_t scored, score_out(row_begin, n));
   // Tokens and logprobs in one copy (adjacent), then the host rows' logits.
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_tokens, device_tokens, static_cast<size_t>(max_rows_) * 8,
                                               cudaMemcpyDeviceToHost, stream_));
@@ -1006,9 +1024,42 @@ Status CudaModel::sample_out(int32_t row_begin, int32_t n) {
                                                 vocab * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   }
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  read_scores(scored);
   std::copy_n(host_tokens, n, sampled_.tokens->data() + row_begin);
   std::copy_n(reinterpret_cast<const float*>(host_tokens + max_rows_), n, sampled_.logprobs->data() + row_begin);
   return ok_status();
+}
+
+StatusOr<int32_t> CudaModel::score_out(int32_t row_begin, int32_t n) {
+  if (sampled_.rows.empty()) return 0;
+  auto* host_requests = score_host_.as<GpuScoreRequest>();
+  int32_t count = 0;
+  for (int32_t r = 0; r < n; ++r) {
+    const runtime::RowSampling& row = sampled_.rows[static_cast<size_t>(row_begin + r)];
+    if (row.scored()) host_requests[count++] = GpuScoreRequest{r, row.score_token, row.score_top_k};
+  }
+  if (count == 0) return 0;
+  auto* device_requests = score_device_.as<GpuScoreRequest>();
+  auto* device_scores = reinterpret_cast<GpuRowScore*>(device_requests + max_rows_);
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_requests, host_requests, count * sizeof(GpuScoreRequest),
+                                              cudaMemcpyHostToDevice, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(
+      score_rows(logits_.as<float>(), config_.vocab_size, device_requests, count, device_scores, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_requests + max_rows_, device_scores, count * sizeof(GpuRowScore),
+                                              cudaMemcpyDeviceToHost, stream_));
+  return count;
+}
+
+void CudaModel::read_scores(int32_t count) {
+  const auto* host_scores = reinterpret_cast<const GpuRowScore*>(score_host_.as<GpuScoreRequest>() + max_rows_);
+  for (int32_t i = 0; i < count; ++i) {
+    const GpuRowScore& g = host_scores[i];
+    runtime::RowScore& out = sampled_.scores->emplace_back();
+    out.logprob = g.logprob;
+    out.rank = g.rank;
+    out.top_tokens.assign(g.top_tokens, g.top_tokens + g.top_count);
+    out.top_logprobs.assign(g.top_logprobs, g.top_logprobs + g.top_count);
+  }
 }
 
 size_t CudaModel::sampling_slot_bytes() const {
@@ -1087,7 +1138,7 @@ Status CudaModel::collect_launched(int slot, int32_t rows, std::vector<int32_t>&
 }
 
 Status CudaModel::mask_rows(int32_t row_begin, int32_t n) {
-  if (sampled_.masks.empty()) return ok_status();
+  if (sampled_.rows.empty()) return ok_status();
   const size_t words = (static_cast<size_t>(config_.vocab_size) + 63) / 64;
   // Row indices first, masks 8-byte aligned after them, packed in the order of the rows.
   auto* host_rows = mask_host_.as<int32_t>();
@@ -1095,7 +1146,7 @@ Status CudaModel::mask_rows(int32_t row_begin, int32_t n) {
   int32_t count = 0;
   // The forward is queued: the deferred masks are computed here while the GPU runs it.
   for (int32_t r = 0; r < n; ++r) {
-    const runtime::RowSampling& row = sampled_.masks[static_cast<size_t>(row_begin + r)];
+    const runtime::RowSampling& row = sampled_.rows[static_cast<size_t>(row_begin + r)];
     if (!row.masked()) continue;
     host_rows[count] = r;
     uint64_t* out = host_masks + static_cast<size_t>(count) * words;

@@ -172,16 +172,20 @@ class CudaModel {
   // Same, but every logits row r is sampled on the GPU with params[r]
   // (sampling.h): tokens and logprobs get one entry per row, and only the rows
   // listed in host_rows (ascending) copy their logits out, to host_logits
-  // [host_rows.size(), vocab]. masks: empty, or one entry per row whose
-  // `allowed` or `mask_source` (runtime::RowSampling) gives the row's
-  // allowed-token bits, applied on the GPU before the draw; a mask_source is
-  // asked after the forward is queued, while the GPU runs it, and writes
-  // straight into the pinned upload buffer. Errors: params (or masks) not one
-  // per logits row, host_rows not ascending within [0, rows).
+  // [host_rows.size(), vocab]. rows: empty, or one runtime::RowSampling per
+  // row: one whose `allowed` or `mask_source` gives the row's allowed-token
+  // bits has them applied on the GPU before the draw (a mask_source is asked
+  // after the forward is queued, while the GPU runs it, and writes straight
+  // into the pinned upload buffer); a scored one (score_token; not in
+  // host_rows) appends its runtime::RowScore to *scores, in row order, from
+  // score_rows (sampling.h) instead of copying its logits out. Errors: params
+  // (or rows) not one per logits row, host_rows not ascending within [0,
+  // rows), a scored token outside the vocabulary or scores null.
   Status forward_sampled(const ForwardBatch& batch, CudaKvPool& pool, std::span<const GpuSamplingParams> params,
                          std::span<const int32_t> host_rows, std::vector<int32_t>& tokens,
                          std::vector<float>& logprobs, std::vector<float>& host_logits,
-                         std::span<const runtime::RowSampling> masks = {});
+                         std::span<const runtime::RowSampling> rows = {},
+                         std::vector<runtime::RowScore>* scores = nullptr);
 
   // Overlapped steps (runtime::ModelRunner::launch). launchable(): whether
   // forward_launched() takes the batch: a decode step that replays a CUDA
@@ -270,7 +274,8 @@ class CudaModel {
     std::vector<int32_t>* tokens = nullptr;
     std::vector<float>* logprobs = nullptr;
     std::vector<float>* host_logits = nullptr;
-    std::span<const runtime::RowSampling> masks;
+    std::span<const runtime::RowSampling> rows;  // masks and scored rows (forward_sampled)
+    std::vector<runtime::RowScore>* scores = nullptr;
   };
   struct StepShape {
     int32_t num_tokens = 0;  // rows run (decode: padded to the bucket)
@@ -344,6 +349,10 @@ class CudaModel {
   // Applies the token masks of rows [row_begin, row_begin + n) of forward_sampled() to logits_.
   Status mask_rows(int32_t row_begin, int32_t n);
   Status sample_out(int32_t row_begin, int32_t n);
+  // The scored rows among [row_begin, row_begin + n) (sampled_.rows): score_rows queued on the stream with
+  // its results' copy to pinned memory; returns how many (read_scores takes them once the stream is done).
+  StatusOr<int32_t> score_out(int32_t row_begin, int32_t n);
+  void read_scores(int32_t count);
   // Pinned and device sampling buffers (first sampled forward): per slot on the host.
   Status ensure_sampling_buffers();
   size_t sampling_slot_bytes() const;
@@ -447,6 +456,8 @@ class CudaModel {
   bool inputs_consumed_recorded_ = false;
   PinnedBuffer deferred_host_;  // int32 pairs (token index, source row) [max_num_tokens]
   DeviceBuffer deferred_device_;
+  PinnedBuffer score_host_;     // GpuScoreRequest [max_rows], then GpuRowScore [max_rows] (first scored step)
+  DeviceBuffer score_device_;   // the same on the device
   PinnedBuffer mask_host_;      // [max_rows] row indices, then [max_rows, words] masks (first masked step)
   DeviceBuffer mask_device_;    // the same on the device
   DeviceBuffer inv_freq_;  // f32 [D / 2]

@@ -1,6 +1,7 @@
 #include "pagoda/backend/cuda/cuda_model_runner.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "pagoda/backend/cuda/cuda_check.h"
@@ -45,6 +46,8 @@ StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::unique_p
   runner->host_ = std::move(host);
   runner->layer_by_layer_ = options.layer_by_layer;
   runner->kv_head_budgets_ = options.kv_head_budgets;
+  const char* scoring = std::getenv("PAGODA_DEVICE_SCORING");
+  runner->scores_on_device_ = options.scores_on_device && !(scoring != nullptr && std::strcmp(scoring, "0") == 0);
   PAGODA_ASSIGN_OR_RETURN(runner->zeroer_, BlockZeroer::create());
   const ModelConfig& mc = runner->model_->config();
   runner->scores_ = std::make_unique<CudaKvScores>(mc.num_layers, mc.num_kv_heads, mc.num_q_heads);
@@ -77,18 +80,20 @@ StatusOr<runtime::StepResult> CudaModelRunner::execute(const ForwardBatch& batch
   }
   std::vector<GpuSamplingParams> params(rows.size());
   std::vector<int32_t> host_rows;
-  bool masked = false;
+  bool per_row = false;  // masks or scored rows: the model reads `rows`
   for (size_t r = 0; r < rows.size(); ++r) {
     const runtime::RowSampling& row = rows[r];
+    per_row = per_row || row.masked() || row.scored();
+    if (row.scored()) continue;  // its score comes back, not its logits (its GPU draw is ignored)
     if (!row.on_device) {
       host_rows.push_back(static_cast<int32_t>(r));  // its GPU draw (greedy: cheapest) is ignored
       continue;
     }
     params[r] = gpu_sampling_params(row);
-    masked = masked || row.masked();
   }
-  const Status status = model_->forward_sampled(batch, *pool_, params, host_rows, out.tokens, out.logprobs,
-                                                out.host_logits, masked ? rows : std::span<const runtime::RowSampling>{});
+  const Status status =
+      model_->forward_sampled(batch, *pool_, params, host_rows, out.tokens, out.logprobs, out.host_logits,
+                              per_row ? rows : std::span<const runtime::RowSampling>{}, &out.scores);
   model_->flush_kv_layer_waits();
   PAGODA_RETURN_IF_ERROR(status);
   return out;

@@ -54,6 +54,10 @@ struct CudaRunnerOptions {
   // two policies by name. Never on for MLA, a sliding window or a KV shared
   // across layers (capabilities()).
   bool kv_head_budgets = true;
+  // Prompt scoring on the device (runtime::RowSampling::score_token, sampling.h score_rows): a scored
+  // prompt row returns its score instead of its logits. PAGODA_DEVICE_SCORING=0 turns it off (the engine
+  // then scores the rows' logits on the host, as before; an A/B and a fallback).
+  bool scores_on_device = true;
 };
 
 class CudaModelRunner final : public runtime::ModelRunner {
@@ -85,6 +89,7 @@ class CudaModelRunner final : public runtime::ModelRunner {
   runtime::RunnerCapabilities capabilities() const override {
     return {.samples_on_device = true,
             .samples_masked_on_device = true,
+            .scores_on_device = scores_on_device_,
             .zeroes_blocks = true,
             .host_kv_blocks = host_ ? host_->num_blocks() : 0,
             .host_block_access = host_ != nullptr,
@@ -157,6 +162,7 @@ class CudaModelRunner final : public runtime::ModelRunner {
   std::unique_ptr<CudaHostKvPool> host_;
   bool layer_by_layer_ = true;
   bool kv_head_budgets_ = false;  // CudaRunnerOptions::kv_head_budgets
+  bool scores_on_device_ = false;  // CudaRunnerOptions::scores_on_device (and PAGODA_DEVICE_SCORING)
   std::unique_ptr<BlockZeroer> zeroer_;
   DeviceBuffer compact_moves_;  // kv_compact.h's moves of the last compaction
   std::unique_ptr<CudaKvScores> scores_;  // token eviction's per-sequence scores; the model reads it

@@ -464,6 +464,100 @@ __global__ void __launch_bounds__(kThreads, 3)
   finish(best_id == INT_MAX ? max_id : best_id, log_z);
 }
 
+// Prompt scoring (sampling.h, score_rows): pass 1 as the sampler's (max, raw
+// log-sum-exp) plus the token's rank and, for top-k, the first radix histogram
+// by count; the k-th key (and its id cut among ties) by select_threshold as
+// the sampler's top-k; then the k kept tokens gathered in any order and
+// sorted by one thread (k <= 20): value down, id up, engine::score_token's order.
+__global__ void __launch_bounds__(kThreads, 3)
+    score_kernel(const float* __restrict__ logits, int32_t vocab, const GpuScoreRequest* __restrict__ requests,
+                 GpuRowScore* __restrict__ scores) {
+  __shared__ Scratch s;
+  __shared__ int32_t picked_ids[kMaxScoreTopK];
+  __shared__ float picked_values[kMaxScoreTopK];
+  __shared__ int32_t picked;
+  const GpuScoreRequest q = requests[blockIdx.x];
+  const float* row = logits + static_cast<int64_t>(q.row) * vocab;
+  const int32_t k = min(max(q.top_k, 0), min(kMaxScoreTopK, vocab));
+  const bool select = k > 0 && k < vocab;
+  const uint32_t token_key = order_key(clean(row[q.token]));
+  const int top_shift = sel::radix_level(0).shift;
+  if (select) clear_histogram(s, sel::kMaxBuckets);
+  if (threadIdx.x == 0) picked = 0;
+  __syncthreads();
+  float local_max = -INFINITY;
+  int32_t local_id = INT_MAX;
+  double local_sum = 0.0;
+  uint64_t local_rank = 0;
+  for_each_logit(row, vocab, [&](float raw, int32_t i) {
+    const float v = clean(raw);
+    if (v > local_max) {
+      local_sum = local_sum * static_cast<double>(expf(local_max - v)) + 1.0;
+      local_max = v;
+      local_id = i;
+    } else {
+      if (v == local_max && i < local_id) local_id = i;
+      if (v != -INFINITY) local_sum += static_cast<double>(expf(v - local_max));
+    }
+    const uint32_t key = order_key(v);
+    local_rank += key >= token_key ? 1 : 0;
+    if (select) atomicAdd(&s.hist_lo[key >> top_shift], 1u);
+  });
+  float max_value = local_max;
+  int32_t max_id = local_id;
+  block_best(max_value, max_id, s);
+  const double sum_exp = block_sum(
+      local_max == -INFINITY ? 0.0 : local_sum * static_cast<double>(expf(local_max - max_value)), s.warp_f64);
+  const uint64_t rank = block_sum(local_rank, s.warp_u64);
+  const double log_z = max_value == -INFINITY ? static_cast<double>(INFINITY)
+                                              : static_cast<double>(max_value) + log(sum_exp);
+
+  KeyCut top{0u, 0};  // no cut: every token (k == vocab)
+  if (select) {
+    const Threshold t = select_threshold(row, vocab, static_cast<uint64_t>(k),
+                                         [](float, uint32_t, int32_t) { return uint64_t{1}; }, s);
+    top = KeyCut{t.key, INT_MAX};
+    if (t.above + t.at > static_cast<uint64_t>(k)) {
+      const uint32_t k_key = t.key;
+      top.id = id_after_nth_match(row, vocab, static_cast<uint64_t>(k) - t.above,
+                                  [&](uint32_t key, int32_t) { return key == k_key; }, s);
+    }
+  }
+  if (k > 0) {
+    for_each_logit(row, vocab, [&](float raw, int32_t i) {
+      const float v = clean(raw);
+      if (!passes(top, order_key(v), i)) return;
+      const int32_t slot = atomicAdd(&picked, 1);
+      if (slot < kMaxScoreTopK) {
+        picked_ids[slot] = i;
+        picked_values[slot] = v;
+      }
+    });
+    __syncthreads();
+  }
+  if (threadIdx.x != 0) return;
+  GpuRowScore& out = scores[blockIdx.x];
+  out.logprob = static_cast<float>(static_cast<double>(clean(row[q.token])) - log_z);
+  out.rank = static_cast<int32_t>(rank);
+  const int32_t n = min(picked, k);
+  for (int32_t a = 1; a < n; ++a) {  // insertion sort: value down, then id up
+    const int32_t id = picked_ids[a];
+    const float v = picked_values[a];
+    int32_t b = a;
+    for (; b > 0 && (picked_values[b - 1] < v || (picked_values[b - 1] == v && picked_ids[b - 1] > id)); --b) {
+      picked_ids[b] = picked_ids[b - 1];
+      picked_values[b] = picked_values[b - 1];
+    }
+    picked_ids[b] = id;
+    picked_values[b] = v;
+  }
+  out.top_count = n;
+  for (int32_t j = 0; j < n; ++j) {
+    out.top_tokens[j] = picked_ids[j];
+    out.top_logprobs[j] = static_cast<float>(static_cast<double>(picked_values[j]) - log_z);
+  }
+}
+
 }  // namespace
 
 cudaError_t sample_rows_with_cuts(const float* logits, int32_t rows, int32_t vocab, const GpuSamplingParams* params,
@@ -476,6 +570,13 @@ cudaError_t sample_rows_with_cuts(const float* logits, int32_t rows, int32_t voc
 cudaError_t sample_rows(const float* logits, int32_t rows, int32_t vocab, const GpuSamplingParams* params,
                         int32_t* tokens, float* logprobs, cudaStream_t stream) {
   return sample_rows_with_cuts(logits, rows, vocab, params, tokens, logprobs, nullptr, stream);
+}
+
+cudaError_t score_rows(const float* logits, int32_t vocab, const GpuScoreRequest* requests, int32_t count,
+                       GpuRowScore* scores, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  score_kernel<<<count, kThreads, 0, stream>>>(logits, vocab, requests, scores);
+  return cudaGetLastError();
 }
 
 double sampling_uniform(uint64_t seed, uint64_t step, int32_t token) {

@@ -1,7 +1,8 @@
 #pragma once
 // Sampling on the GPU: one token per logits row without the logits leaving the
 // device, with the CPU sampler's semantics (engine/sampler.h) minus penalties
-// and top logprobs: temperature (0: argmax) -> min-p -> top-k -> top-p -> draw.
+// and top logprobs: temperature (0: argmax) -> min-p -> top-k -> top-p -> draw;
+// and the scores of given tokens (score_rows, prompt scoring).
 //
 // One CTA per row, no sort of the vocabulary (sampling.cu): one pass for the
 // max and the raw log-sum-exp (online); the min-p threshold by a search over
@@ -76,6 +77,31 @@ cudaError_t apply_token_masks(float* logits, int32_t vocab, const int32_t* rows,
 // a step's inputs that are the tokens the step before it sampled, still on the device. All device memory.
 cudaError_t patch_deferred_tokens(int32_t* token_ids, const int32_t* pairs, int32_t count, const int32_t* sampled,
                                   cudaStream_t stream);
+
+// Prompt scoring (prompt_logprobs, echo): a token the model was given rather
+// than drew, scored where its logits row is, so only the score crosses to the
+// host instead of the row (~0.5 MB at a 128K vocabulary). The CPU's
+// engine::score_token semantics: the token's log-softmax in the raw row; its
+// rank, the tokens whose logit is >= its own, itself included (vLLM's); and
+// the top_k most likely tokens, best first, ties to the lower id. NaN logits
+// count as -inf (as in sample_rows); a row with no finite logit scores -inf.
+inline constexpr int32_t kMaxScoreTopK = 20;  // the API's cap on prompt_logprobs
+struct GpuScoreRequest {
+  int32_t row = 0;    // the logits row
+  int32_t token = 0;  // in [0, vocab)
+  int32_t top_k = 0;  // [0, kMaxScoreTopK]
+};
+struct GpuRowScore {
+  float logprob = 0.0f;
+  int32_t rank = 0;
+  int32_t top_count = 0;  // min(top_k, vocab)
+  int32_t top_tokens[kMaxScoreTopK] = {};
+  float top_logprobs[kMaxScoreTopK] = {};
+};
+
+// One CTA per request: scores[k] for requests[k], k < count. Device memory.
+cudaError_t score_rows(const float* logits, int32_t vocab, const GpuScoreRequest* requests, int32_t count,
+                       GpuRowScore* scores, cudaStream_t stream);
 
 // The uniform in (0, 1) the draw uses for (seed, step, token): exposed so tests
 // can check the generator itself. Host-callable mirror of the device code.
