@@ -404,6 +404,14 @@ TEST(CliRunnerFlagsTest, ServeRefusesANegativePrefillJoinLimitNamingTheFlag) {
   EXPECT_THAT(r.err, HasSubstr("--prefill-join-limit -1: must be >= 0")) << r.err;
 }
 
+TEST(CliRunnerFlagsTest, ServeRefusesZeroPromptRowsPerStepNamingTheFlag) {
+  const CliResult r = run_pagoda(
+      {"serve", "--model", source_path(kFixture), "--port", "0", "--max-prompt-rows-per-step", "0"},
+      std::chrono::seconds(20));
+  EXPECT_GT(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--max-prompt-rows-per-step 0: must be >= 1")) << r.err;
+}
+
 TEST(CliRunnerFlagsTest, RandomWeightsTooLargeForTheCpuSaySo) {
   const CliResult r = run_pagoda({"generate", "--load-format", "random", "--model",
                                   source_path("tools/gpu_backend/llama3_8b_config.json"), "--prompt-ids", "1,2"},

@@ -141,6 +141,11 @@ void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) 
                    "starts in a later step, so requests arriving together get their first tokens one after "
                    "another instead of all after one long step (e.g. 512 on cuda: docs/KV_CACHE.md); 0: off")
         ->capture_default_str();
+    cmd.add_option("--max-prompt-rows-per-step", flags.max_prompt_rows_per_step,
+                   "Most prompt positions of one sequence that a step computes when the request scores its prompt "
+                   "(prompt_logprobs, echo with logprobs): each is a logits row reduced to its score, so this bounds "
+                   "a step's lm_head rows and how long others' decodes wait behind a long scored prompt")
+        ->capture_default_str();
   }
 }
 
@@ -299,6 +304,8 @@ StatusOr<backend::RunnerSpec> resolve_runner_flags(const RunnerFlags& flags, Run
   if (r.max_num_seqs < 1) return invalid_argument_error("--max-num-seqs {}: must be >= 1", flags.max_num_seqs);
   if (r.max_tokens_per_step < 1)
     return invalid_argument_error("--max-tokens-per-step {}: must be >= 1", flags.max_tokens_per_step);
+  if (flags.max_prompt_rows_per_step < 1)
+    return invalid_argument_error("--max-prompt-rows-per-step {}: must be >= 1", flags.max_prompt_rows_per_step);
   if (flags.prefill_join_limit < 0)
     return invalid_argument_error("--prefill-join-limit {}: must be >= 0 (0: off)", flags.prefill_join_limit);
   if (flags.max_model_len < 0) return invalid_argument_error("--max-model-len {}: must be >= 1", flags.max_model_len);

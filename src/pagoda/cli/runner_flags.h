@@ -47,6 +47,7 @@ struct RunnerFlags {
   int32_t max_num_seqs = 0;         // not given (and 0): the device's default
   int32_t max_tokens_per_step = 0;  // not given (and 0): the device's default
   int32_t prefill_join_limit = 0;   // serve: SchedulerConfig::prefill_join_limit (0: none)
+  int32_t max_prompt_rows_per_step = 128;  // serve: SchedulerConfig::max_prompt_rows_per_step
   std::string overlap_steps = "auto";  // EngineConfig::overlap_steps: auto, on, off
   int32_t max_model_len = 0;        // 0: config.json's max_position_embeddings
   uint64_t weight_seed = 0;         // --load-format random
