@@ -121,6 +121,19 @@ __device__ T block_sum(T v, T* shared /* [kWarps] */) {
   return s;
 }
 
+// One cleaned logit into a thread's running max (its first id) and sum of exp(l - max): the sum is
+// rescaled when the max grows, so one pass gives the raw log-sum-exp (pass 1 of sampling and scoring).
+__device__ __forceinline__ void online_max_sum(float v, int32_t i, float& max, int32_t& max_id, double& sum) {
+  if (v > max) {
+    sum = sum * static_cast<double>(expf(max - v)) + 1.0;
+    max = v;
+    max_id = i;
+  } else {
+    if (v == max && i < max_id) max_id = i;
+    if (v != -INFINITY) sum += static_cast<double>(expf(v - max));
+  }
+}
+
 // Best (value, id) over the block: larger value, then smaller id.
 __device__ __forceinline__ void keep_better(float& best, int32_t& best_id, float value, int32_t id) {
   if (value > best || (value == best && id < best_id)) {
@@ -339,14 +352,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int top_shift = sel::radix_level(0).shift;
   for_each_logit(row, vocab, [&](float raw, int32_t i) {
     const float v = clean(raw);
-    if (v > local_max) {
-      local_sum = local_sum * static_cast<double>(expf(local_max - v)) + 1.0;
-      local_max = v;
-      local_id = i;
-    } else {
-      if (v == local_max && i < local_id) local_id = i;
-      if (v != -INFINITY) local_sum += static_cast<double>(expf(v - local_max));
-    }
+    online_max_sum(v, i, local_max, local_id, local_sum);
     if (top_k_on) atomicAdd(&s.hist_lo[order_key(v) >> top_shift], 1u);
   });
   float max_value = local_max;
@@ -491,14 +497,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   uint64_t local_rank = 0;
   for_each_logit(row, vocab, [&](float raw, int32_t i) {
     const float v = clean(raw);
-    if (v > local_max) {
-      local_sum = local_sum * static_cast<double>(expf(local_max - v)) + 1.0;
-      local_max = v;
-      local_id = i;
-    } else {
-      if (v == local_max && i < local_id) local_id = i;
-      if (v != -INFINITY) local_sum += static_cast<double>(expf(v - local_max));
-    }
+    online_max_sum(v, i, local_max, local_id, local_sum);
     const uint32_t key = order_key(v);
     local_rank += key >= token_key ? 1 : 0;
     if (select) atomicAdd(&s.hist_lo[key >> top_shift], 1u);
