@@ -20,6 +20,7 @@ constexpr const char* kDefaultServeCpuKvMemory = "256MiB";
 constexpr int32_t kCpuDefaultMaxNumSeqs = 64, kCpuDefaultMaxTokensPerStep = 512;
 // vLLM's defaults on a GPU; the CUDA model sizes its scratch and graph buckets from them.
 constexpr int32_t kCudaDefaultMaxNumSeqs = 256, kCudaDefaultMaxTokensPerStep = 8192;
+constexpr int32_t kCpuDefaultMaxPromptRowsPerStep = 128, kCudaDefaultMaxPromptRowsPerStep = 512;
 
 bool given(const CLI::Option* option) { return option != nullptr && option->count() > 0; }
 
@@ -141,11 +142,12 @@ void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) 
                    "starts in a later step, so requests arriving together get their first tokens one after "
                    "another instead of all after one long step (e.g. 512 on cuda: docs/KV_CACHE.md); 0: off")
         ->capture_default_str();
-    cmd.add_option("--max-prompt-rows-per-step", flags.max_prompt_rows_per_step,
-                   "Most prompt positions of one sequence that a step computes when the request scores its prompt "
-                   "(prompt_logprobs, echo with logprobs): each is a logits row reduced to its score, so this bounds "
-                   "a step's lm_head rows and how long others' decodes wait behind a long scored prompt")
-        ->capture_default_str();
+    flags.max_prompt_rows_per_step_option = cmd.add_option(
+        "--max-prompt-rows-per-step", flags.max_prompt_rows_per_step,
+        "Most prompt positions of one sequence that a step computes when the request scores its prompt "
+        "(prompt_logprobs, echo with logprobs): each is a logits row reduced to its score, so this bounds a "
+        "step's lm_head rows and how long others' decodes wait behind a long scored prompt (default: 128 on cpu, "
+        "512 on cuda)");
   }
 }
 
@@ -304,7 +306,8 @@ StatusOr<backend::RunnerSpec> resolve_runner_flags(const RunnerFlags& flags, Run
   if (r.max_num_seqs < 1) return invalid_argument_error("--max-num-seqs {}: must be >= 1", flags.max_num_seqs);
   if (r.max_tokens_per_step < 1)
     return invalid_argument_error("--max-tokens-per-step {}: must be >= 1", flags.max_tokens_per_step);
-  if (flags.max_prompt_rows_per_step < 1)
+  if (flags.max_prompt_rows_per_step < 0 ||
+      (flags.max_prompt_rows_per_step == 0 && given(flags.max_prompt_rows_per_step_option)))
     return invalid_argument_error("--max-prompt-rows-per-step {}: must be >= 1", flags.max_prompt_rows_per_step);
   if (flags.prefill_join_limit < 0)
     return invalid_argument_error("--prefill-join-limit {}: must be >= 0 (0: off)", flags.prefill_join_limit);
@@ -346,6 +349,11 @@ kv::KvCacheConfig kv_cache_config(const backend::RunnerSetup& setup, bool enable
   config.enable_prefix_cache = enable_prefix_cache;
   config.record_events = false;
   return config;
+}
+
+int32_t max_prompt_rows_per_step(const RunnerFlags& flags, backend::Device device) {
+  if (flags.max_prompt_rows_per_step > 0) return flags.max_prompt_rows_per_step;
+  return device == backend::Device::kCuda ? kCudaDefaultMaxPromptRowsPerStep : kCpuDefaultMaxPromptRowsPerStep;
 }
 
 engine::SchedulerConfig scheduler_config(const backend::RunnerSetup& setup, engine::PreemptionMode preemption) {

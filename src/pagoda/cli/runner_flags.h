@@ -47,7 +47,7 @@ struct RunnerFlags {
   int32_t max_num_seqs = 0;         // not given (and 0): the device's default
   int32_t max_tokens_per_step = 0;  // not given (and 0): the device's default
   int32_t prefill_join_limit = 0;   // serve: SchedulerConfig::prefill_join_limit (0: none)
-  int32_t max_prompt_rows_per_step = 128;  // serve: SchedulerConfig::max_prompt_rows_per_step
+  int32_t max_prompt_rows_per_step = 0;  // serve: SchedulerConfig::max_prompt_rows_per_step (0: the device's)
   std::string overlap_steps = "auto";  // EngineConfig::overlap_steps: auto, on, off
   int32_t max_model_len = 0;        // 0: config.json's max_position_embeddings
   uint64_t weight_seed = 0;         // --load-format random
@@ -61,6 +61,7 @@ struct RunnerFlags {
   const CLI::Option* kv_cache_memory_option = nullptr;
   const CLI::Option* max_num_seqs_option = nullptr;
   const CLI::Option* max_tokens_per_step_option = nullptr;
+  const CLI::Option* max_prompt_rows_per_step_option = nullptr;
 };
 
 enum class RunnerCommand { kGenerate, kServe };
@@ -104,6 +105,9 @@ StatusOr<engine::PreemptionMode> resolve_preemption_mode(const RunnerFlags& flag
 kv::KvCacheConfig kv_cache_config(const backend::RunnerSetup& setup, bool enable_prefix_cache);
 // --overlap-steps as the engine's setting.
 engine::OverlapSteps overlap_steps(const RunnerFlags& flags);
+// --max-prompt-rows-per-step, or the device's default when not given: 512 on cuda, where a scored row
+// costs its lm_head row and a 168-byte score (docs/BENCHMARKS.md, "Scoring prompts"), 128 on the cpu.
+int32_t max_prompt_rows_per_step(const RunnerFlags& flags, backend::Device device);
 engine::SchedulerConfig scheduler_config(const backend::RunnerSetup& setup,
                                          engine::PreemptionMode preemption = engine::PreemptionMode::kRecompute);
 
