@@ -20,7 +20,7 @@ constexpr const char* kDefaultServeCpuKvMemory = "256MiB";
 constexpr int32_t kCpuDefaultMaxNumSeqs = 64, kCpuDefaultMaxTokensPerStep = 512;
 // vLLM's defaults on a GPU; the CUDA model sizes its scratch and graph buckets from them.
 constexpr int32_t kCudaDefaultMaxNumSeqs = 256, kCudaDefaultMaxTokensPerStep = 8192;
-constexpr int32_t kCpuDefaultMaxPromptRowsPerStep = 128, kCudaDefaultMaxPromptRowsPerStep = 512;
+constexpr int32_t kHostScoringMaxPromptRowsPerStep = 128, kDeviceScoringMaxPromptRowsPerStep = 512;
 
 bool given(const CLI::Option* option) { return option != nullptr && option->count() > 0; }
 
@@ -146,8 +146,8 @@ void add_runner_flags(CLI::App& cmd, RunnerFlags& flags, RunnerCommand command) 
         "--max-prompt-rows-per-step", flags.max_prompt_rows_per_step,
         "Most prompt positions of one sequence that a step computes when the request scores its prompt "
         "(prompt_logprobs, echo with logprobs): each is a logits row reduced to its score, so this bounds a "
-        "step's lm_head rows and how long others' decodes wait behind a long scored prompt (default: 128 on cpu, "
-        "512 on cuda)");
+        "step's lm_head rows and how long others' decodes wait behind a long scored prompt (default: 512 where "
+        "the rows are scored on the GPU, i.e. --device cuda without tensor parallelism; else 128)");
   }
 }
 
@@ -351,9 +351,9 @@ kv::KvCacheConfig kv_cache_config(const backend::RunnerSetup& setup, bool enable
   return config;
 }
 
-int32_t max_prompt_rows_per_step(const RunnerFlags& flags, backend::Device device) {
+int32_t max_prompt_rows_per_step(const RunnerFlags& flags, bool scores_on_device) {
   if (flags.max_prompt_rows_per_step > 0) return flags.max_prompt_rows_per_step;
-  return device == backend::Device::kCuda ? kCudaDefaultMaxPromptRowsPerStep : kCpuDefaultMaxPromptRowsPerStep;
+  return scores_on_device ? kDeviceScoringMaxPromptRowsPerStep : kHostScoringMaxPromptRowsPerStep;
 }
 
 engine::SchedulerConfig scheduler_config(const backend::RunnerSetup& setup, engine::PreemptionMode preemption) {

@@ -105,9 +105,10 @@ StatusOr<engine::PreemptionMode> resolve_preemption_mode(const RunnerFlags& flag
 kv::KvCacheConfig kv_cache_config(const backend::RunnerSetup& setup, bool enable_prefix_cache);
 // --overlap-steps as the engine's setting.
 engine::OverlapSteps overlap_steps(const RunnerFlags& flags);
-// --max-prompt-rows-per-step, or the device's default when not given: 512 on cuda, where a scored row
-// costs its lm_head row and a 168-byte score (docs/BENCHMARKS.md, "Scoring prompts"), 128 on the cpu.
-int32_t max_prompt_rows_per_step(const RunnerFlags& flags, backend::Device device);
+// --max-prompt-rows-per-step, or the default when not given: 512 where the runner scores rows where the
+// logits are (RunnerCapabilities::scores_on_device: a row costs its lm_head row and a 168-byte score,
+// docs/BENCHMARKS.md "Scoring prompts"), else 128 (each row's logits go to the engine).
+int32_t max_prompt_rows_per_step(const RunnerFlags& flags, bool scores_on_device);
 engine::SchedulerConfig scheduler_config(const backend::RunnerSetup& setup,
                                          engine::PreemptionMode preemption = engine::PreemptionMode::kRecompute);
 

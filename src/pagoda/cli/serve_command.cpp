@@ -191,7 +191,8 @@ void run_serve(const ServeOptions& opt) {
   engine::EngineConfig engine_config;
   engine_config.scheduler = scheduler_config(*setup, *preemption);
   engine_config.scheduler.prefill_join_limit = opt.runner.prefill_join_limit;
-  engine_config.scheduler.max_prompt_rows_per_step = max_prompt_rows_per_step(opt.runner, setup->spec.device);
+  engine_config.scheduler.max_prompt_rows_per_step =
+      max_prompt_rows_per_step(opt.runner, setup->runner->capabilities().scores_on_device);
   engine_config.overlap_steps = overlap_steps(opt.runner);
   engine_config.kv_compression = *kv_compression;
   if (kv_compression->enabled() && !setup->runner->capabilities().compacts_kv)

@@ -1030,6 +1030,8 @@ Status CudaModel::sample_out(int32_t row_begin, int32_t n) {
   return ok_status();
 }
 
+static_assert(kMaxScoreTopK == runtime::kMaxScoreTopK, "the kernel's top-k cap is the runner interface's");
+
 StatusOr<int32_t> CudaModel::score_out(int32_t row_begin, int32_t n) {
   if (sampled_.rows.empty()) return 0;
   auto* host_requests = score_host_.as<GpuScoreRequest>();
@@ -1138,7 +1140,8 @@ Status CudaModel::collect_launched(int slot, int32_t rows, std::vector<int32_t>&
 }
 
 Status CudaModel::mask_rows(int32_t row_begin, int32_t n) {
-  if (sampled_.rows.empty()) return ok_status();
+  // No masks this call (rows may be there for scored rows only): the buffers exist once a row was masked.
+  if (sampled_.rows.empty() || mask_host_.data() == nullptr) return ok_status();
   const size_t words = (static_cast<size_t>(config_.vocab_size) + 63) / 64;
   // Row indices first, masks 8-byte aligned after them, packed in the order of the rows.
   auto* host_rows = mask_host_.as<int32_t>();
