@@ -3,7 +3,7 @@
 #   scoring  cuda_sampling_tests (any card): prompt scoring on the device (GpuPromptScoring.*, the engine's
 #            device scores against the host engine's) and the sampler's cases;
 #   h200     only on an H200, the figures the issues owe there: issue 20's MLA goal shapes and small pages
-#            (session39_call.sh parts goal and small, two rounds), then issue 23's 1,000 x 1,000 through the
+#            (session39_call.sh parts goal and small, MLA_ROUNDS rounds, default 2), then issue 23's 1,000 x 1,000 through the
 #            engine with fp8 + fp8 KV and with bf16 + bf16 KV (session31_call.sh part 1k).
 # Bundle: tools/gpu/session40_call.sh bundle (-> .device/s40); run (carry .device/s40):
 #   [PARTS=...] bash .device/s40/session40_call.sh
@@ -28,7 +28,8 @@ if [[ $parts == *" h200 "* ]]; then
   if [[ $gpu != *H200* ]]; then
     echo "== not an H200: the H200 figures are not taken"
   else
-    OUT=$out/mla PARTS="goal small" ROUNDS=2 TOTAL=200 bash "$here/session39_call.sh" 2>&1 | grep -v "HBM copy" |
+    OUT=$out/mla PARTS="goal small" ROUNDS=${MLA_ROUNDS:-2} TOTAL=${MLA_TOTAL:-200} bash "$here/session39_call.sh" 2>&1 |
+      grep -v "HBM copy" |
       sed 's/  */ /g' | cut -c1-190
     OUT=$out/k1 PARTS="1k" TOTAL=300 bash "$here/session31_call.sh" 2>&1
   fi
