@@ -238,5 +238,70 @@ TEST(EngineDeviceSampling, PenaltiesSeeThePromptAndEveryOutputToken) {
   EXPECT_NE(expected, h.runner.reference_greedy(prompt, 12)) << "the penalties must change this output";
 }
 
+// Penalties and top logprobs where the runner offers them (RunnerCapabilities::penalizes_on_device,
+// scores_on_device): every row stays on the device, penalized rows with their lists, and the output is
+// the host sampler's, token for token and logprob for logprob. Parameter: overlapped steps (a lazy
+// launch); penalized and top-logprob rows are never launched, the rest of the run still is.
+class DevicePenalties : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DevicePenalties, PenaltiesAndTopLogprobsOnTheDeviceAreTheHostsOutput) {
+  const bool overlap = GetParam();
+  const std::vector<int32_t> penalized_prompts[] = {test_prompt(12, 3), test_prompt(10, 5), test_prompt(9, 6)};
+  auto submit_all = [&](Harness& h) {
+    std::vector<std::shared_ptr<RequestStream>> s;
+    GenerationRequest a = request(penalized_prompts[0], 12);
+    a.sampling.repetition_penalty = 1.6f;
+    a.sampling.frequency_penalty = 1.5f;
+    a.sampling.logprobs = 3;
+    s.push_back(*h.engine->submit(a));
+    GenerationRequest b = request(penalized_prompts[1], 12);
+    b.sampling.presence_penalty = 2.0f;
+    s.push_back(*h.engine->submit(b));
+    GenerationRequest c = request(penalized_prompts[2], 12);
+    c.sampling.repetition_penalty = 0.7f;  // below 1: seen tokens favoured
+    c.sampling.logprobs = 0;
+    s.push_back(*h.engine->submit(c));
+    GenerationRequest d = request(test_prompt(11, 7), 12);
+    d.sampling.logprobs = 5;
+    s.push_back(*h.engine->submit(d));
+    s.push_back(*h.engine->submit(request(test_prompt(8, 8), 30)));  // plain: its tail alone is launched
+    return s;
+  };
+  Harness host(256, 4);
+  Harness device(256, 4, {}, 256, {}, 4096, 0, overlap ? OverlapSteps::kOn : OverlapSteps::kOff);
+  device.runner.device_sampling = device.runner.device_scoring = device.runner.device_penalties = true;
+  device.runner.lazy_launch = overlap;
+  auto hs = submit_all(host);
+  auto ds = submit_all(device);
+  host.run_checked();
+  device.run_checked();
+
+  EXPECT_EQ(count_rows(device.runner, false), 0u) << "no row needs the host sampler";
+  EXPECT_GT(device.runner.num_penalty_tokens, 0);
+  EXPECT_EQ(device.engine->stats().overlapped_steps > 0, overlap);
+  for (size_t i = 0; i < hs.size(); ++i) {
+    Collected h = drain(*hs[i]), d = drain(*ds[i]);
+    ASSERT_TRUE(h.finished && d.finished) << i << " " << d.error;
+    EXPECT_EQ(d.tokens, h.tokens) << "request " << i;
+    ASSERT_EQ(d.logprobs[0].size(), h.logprobs[0].size()) << i;
+    // The penalties change these outputs (else the comparison would hold with them ignored).
+    if (i < 2) {
+      EXPECT_NE(d.tokens[0], device.runner.reference_greedy(penalized_prompts[i], 12)) << i;
+    }
+    for (size_t t = 0; t < h.logprobs[0].size(); ++t) {
+      const SampledToken &x = d.logprobs[0][t], &y = h.logprobs[0][t];
+      EXPECT_EQ(x.token, y.token) << i << " " << t;
+      EXPECT_EQ(x.logprob, y.logprob) << i << " " << t;
+      ASSERT_EQ(x.top_logprobs.size(), y.top_logprobs.size()) << i << " " << t;
+      for (size_t k = 0; k < y.top_logprobs.size(); ++k) {
+        EXPECT_EQ(x.top_logprobs[k].token, y.top_logprobs[k].token) << i << " " << t << " " << k;
+        EXPECT_EQ(x.top_logprobs[k].logprob, y.top_logprobs[k].logprob) << i << " " << t << " " << k;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EngineDeviceSampling, DevicePenalties, ::testing::Bool());
+
 }  // namespace
 }  // namespace pagoda::engine

@@ -111,6 +111,7 @@ class FakeModelRunner final : public runtime::ModelRunner {
     return {.samples_on_device = device_sampling,
             .samples_masked_on_device = device_sampling && device_masking,
             .scores_on_device = device_scoring,
+            .penalizes_on_device = device_sampling && device_penalties,
             .host_kv_blocks = num_host_blocks_,
             .overlaps_steps = lazy_launch};
   }
@@ -188,13 +189,34 @@ class FakeModelRunner final : public runtime::ModelRunner {
       params.top_k = rows[r].top_k;
       params.top_p = rows[r].top_p;
       params.min_p = rows[r].min_p;
+      // Penalties from the row's list alone, as a device sees them: listed tokens with no output count
+      // stand for the prompt's (the sampler penalizes a token seen in either once).
+      params.repetition_penalty = rows[r].repetition_penalty;
+      params.frequency_penalty = rows[r].frequency_penalty;
+      params.presence_penalty = rows[r].presence_penalty;
+      TokenHistory history;
+      for (const runtime::PenaltyToken& p : rows[r].penalty_tokens) {
+        if (p.output_count > 0) history.output_counts[p.token] = p.output_count;
+        else history.prompt_counts[p.token] = 1;
+      }
+      num_penalty_tokens += static_cast<int64_t>(rows[r].penalty_tokens.size());
       std::mt19937_64 rng(rows[r].seed ^ (rows[r].step * 0x9E3779B97F4A7C15ull));
       std::vector<float> masked(row.begin(), row.end());
       const uint64_t* mask = rows[r].mask_source != nullptr ? deferred[r].data() : rows[r].allowed;
       if (mask != nullptr && !ignore_masks) apply_token_mask(masked, std::span<const uint64_t>(mask, words));
-      const SampledToken t = Sampler::sample(masked, params, {}, rng);
+      const SampledToken t = Sampler::sample(masked, params, history, rng);
       out.tokens[r] = t.token;
       out.logprobs[r] = t.logprob;
+      if (rows[r].reports_score()) {  // top logprobs of the drawn token, scored as a device would
+        const SampledToken s = score_token(masked, t.token, rows[r].score_top_k);
+        runtime::RowScore& score = out.scores.emplace_back();
+        score.logprob = s.logprob;
+        score.rank = s.rank;
+        for (const TokenLogprob& top : s.top_logprobs) {
+          score.top_tokens.push_back(top.token);
+          score.top_logprobs.push_back(top.logprob);
+        }
+      }
     }
     if (drop_a_token && !out.tokens.empty()) out.tokens.pop_back();
     if (out_of_vocab_token && !out.tokens.empty()) out.tokens[0] = vocab_ + 5;
@@ -250,6 +272,8 @@ class FakeModelRunner final : public runtime::ModelRunner {
   bool fail_next = false;
   bool device_sampling = false;
   bool device_scoring = false;       // RowSampling::score_token is honoured (scored with score_token)
+  bool device_penalties = false;     // with device_sampling: RowSampling's penalties are honoured
+  int64_t num_penalty_tokens = 0;    // RowSampling::penalty_tokens entries seen on device rows
   int64_t num_scored_rows = 0;
   bool lazy_launch = false;          // launch() queues, collect() runs (see launch())
   int64_t num_launches = 0;

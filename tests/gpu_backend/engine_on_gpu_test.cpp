@@ -1,8 +1,8 @@
 // The engine on the CUDA runner with sampling on the GPU (RowSampling::on_device),
 // against the same engine taking every row's logits to the host sampler, on a
-// committed fixture model: greedy outputs identical, host-only features
-// (top logprobs, penalties) still served in the same steps, and seeded GPU
-// draws reproducible whatever else is batched.
+// committed fixture model: greedy outputs identical, with top logprobs and
+// penalties on the device too, and seeded GPU draws reproducible whatever else
+// is batched.
 
 #include <algorithm>
 #include <filesystem>
@@ -135,10 +135,17 @@ TEST(EngineOnGpu, DeviceSamplingGivesTheHostSamplersGreedyOutputsInMixedSteps) {
   auto runner = make_runner();
   GpuEngine device(*runner, true), host(*runner, false);
   std::vector<std::shared_ptr<engine::RequestStream>> d, h;
+  ASSERT_TRUE(runner->capabilities().penalizes_on_device && runner->capabilities().scores_on_device);
   for (int i = 0; i < 6; ++i) {
     engine::GenerationRequest r = request(prompt_of(20 + 9 * i, i), 12, 0.0f);
-    if (i == 1) r.sampling.logprobs = 3;             // host row every step
-    if (i == 2) r.sampling.repetition_penalty = 1.3f;  // host row every step
+    if (i == 1) r.sampling.logprobs = 3;  // scored on the device: the drawn token's top 3
+    if (i == 2) r.sampling.repetition_penalty = 1.3f;  // penalized on the device
+    if (i == 3) {
+      r.sampling.frequency_penalty = 0.9f;
+      r.sampling.presence_penalty = 0.6f;
+      r.sampling.repetition_penalty = 0.8f;
+      r.sampling.logprobs = 2;
+    }
     d.push_back(*device.eng->submit(r));
     h.push_back(*host.eng->submit(r));
   }
@@ -150,11 +157,16 @@ TEST(EngineOnGpu, DeviceSamplingGivesTheHostSamplersGreedyOutputsInMixedSteps) {
     EXPECT_TRUE(a.error.empty()) << a.error;
     EXPECT_EQ(a.tokens.size(), 12u);
     EXPECT_EQ(a.tokens, b.tokens) << "request " << i;
-    if (i == 1) {
-      ASSERT_EQ(a.logprobs.size(), 12u);
-      for (size_t t = 0; t < 12; ++t) {
-        EXPECT_EQ(a.logprobs[t].top_logprobs.size(), 3u);
-        EXPECT_NEAR(a.logprobs[t].logprob, b.logprobs[t].logprob, 1e-5);
+    if (i != 1 && i != 3) continue;
+    ASSERT_EQ(a.logprobs.size(), 12u);
+    ASSERT_EQ(b.logprobs.size(), 12u);
+    for (size_t t = 0; t < 12; ++t) {
+      EXPECT_NEAR(a.logprobs[t].logprob, b.logprobs[t].logprob, 1e-5) << i << " " << t;
+      ASSERT_EQ(a.logprobs[t].top_logprobs.size(), i == 1 ? 3u : 2u);
+      ASSERT_EQ(a.logprobs[t].top_logprobs.size(), b.logprobs[t].top_logprobs.size());
+      for (size_t k = 0; k < a.logprobs[t].top_logprobs.size(); ++k) {
+        EXPECT_EQ(a.logprobs[t].top_logprobs[k].token, b.logprobs[t].top_logprobs[k].token) << i << " " << t;
+        EXPECT_NEAR(a.logprobs[t].top_logprobs[k].logprob, b.logprobs[t].top_logprobs[k].logprob, 1e-5);
       }
     }
   }
@@ -294,8 +306,9 @@ TEST(EngineOnGpu, MaskedRowsOnTheDeviceGiveTheHostPathsGreedyOutputs) {
     EXPECT_TRUE(a.error.empty()) << a.error;
     ASSERT_EQ(a.tokens.size(), 10u);
     EXPECT_EQ(a.tokens, b.tokens) << "request " << i;
-    if (i != 3)
+    if (i != 3) {
       for (int32_t t : a.tokens) EXPECT_EQ((t - 3) % 7, 0) << t;
+    }
   }
   const Output os = collect(*s);
   ASSERT_TRUE(os.finished);

@@ -596,16 +596,22 @@ runtime::RowSampling Engine::row_sampling_for(const Sequence* seq) const {
   const RequestState* req = seq->request;
   const SamplingParams& p = req->request.sampling;
   runtime::RowSampling row;
-  // The device sampler has no penalties, no logit rules and no top logprobs, and the first
-  // token of an n > 1 request is drawn n times from one row on the host.
+  // The device sampler has no logit rules; penalties and top logprobs only where the runner says so;
+  // the first token of an n > 1 request is drawn n times from one row on the host.
   // Constrained rows stay on the device where the runner applies token masks
   // (the engine fills the mask before the forward: step()).
   const runtime::RunnerCapabilities caps = runner_.capabilities();
-  row.on_device = caps.samples_on_device && p.repetition_penalty == 1.0f && p.frequency_penalty == 0.0f &&
-                  p.presence_penalty == 0.0f && p.logprobs.value_or(0) == 0 && (p.n == 1 || req->forked) &&
-                  !req->request.return_logits && (!seq->constraint || caps.samples_masked_on_device) &&
-                  !logit_rules_apply(p, seq->num_output_tokens());
+  const int32_t top_logprobs = p.logprobs.value_or(0);
+  row.on_device = caps.samples_on_device && (!needs_token_history(p) || caps.penalizes_on_device) &&
+                  (top_logprobs == 0 || (caps.scores_on_device && top_logprobs <= runtime::kMaxScoreTopK)) &&
+                  (p.n == 1 || req->forked) && !req->request.return_logits &&
+                  (!seq->constraint || caps.samples_masked_on_device) && !logit_rules_apply(p, seq->num_output_tokens());
   if (!row.on_device) return row;
+  row.score_top_k = top_logprobs;
+  // The lists themselves come once the step's earlier tokens are known (fill_penalty_tokens).
+  row.repetition_penalty = p.repetition_penalty;
+  row.frequency_penalty = p.frequency_penalty;
+  row.presence_penalty = p.presence_penalty;
   row.temperature = p.temperature;
   row.top_k = p.top_k;
   row.top_p = p.top_p;
@@ -615,6 +621,34 @@ runtime::RowSampling Engine::row_sampling_for(const Sequence* seq) const {
   row.seed = mix64(base + static_cast<uint64_t>(seq->choice_index));
   row.step = static_cast<uint64_t>(std::max(0, seq->num_output_tokens()));
   return row;
+}
+
+void Engine::fill_penalty_tokens(std::span<const std::pair<size_t, const Sequence*>> penalized,
+                                 std::span<runtime::RowSampling> rows) {
+  penalty_tokens_.clear();
+  std::vector<size_t> ends;
+  ends.reserve(penalized.size());
+  for (const auto& [r, seq] : penalized) {
+    const TokenHistory& history = seq->history;
+    // Repetition penalizes the prompt's tokens too (engine::Sampler); the others only the output's.
+    if (rows[r].repetition_penalty != 1.0f) {
+      for (const auto& [token, count] : history.prompt_counts) {
+        const auto out = history.output_counts.find(token);
+        penalty_tokens_.push_back({token, out == history.output_counts.end() ? 0 : out->second});
+      }
+    }
+    for (const auto& [token, count] : history.output_counts)
+      if (rows[r].repetition_penalty == 1.0f || !history.prompt_counts.contains(token))
+        penalty_tokens_.push_back({token, count});
+    ends.push_back(penalty_tokens_.size());
+  }
+  // Spans only once the vector stops growing.
+  size_t begin = 0;
+  for (size_t i = 0; i < penalized.size(); ++i) {
+    rows[penalized[i].first].penalty_tokens =
+        std::span<const runtime::PenaltyToken>(penalty_tokens_.data() + begin, ends[i] - begin);
+    begin = ends[i];
+  }
 }
 
 void Engine::emit_timeline(RequestState* req) {
@@ -817,6 +851,7 @@ bool Engine::run_step(StepPlan plan) {
   std::vector<runtime::RowSampling> rows;
   rows.reserve(plan.chunks.size());
   device_masks_.reset(static_cast<size_t>(plan.batch.num_logit_rows()));
+  std::vector<std::pair<size_t, const Sequence*>> penalized;  // device rows whose penalty lists come later
   for (const ScheduledChunk& chunk : plan.chunks) {
     if (chunk.all_logits) {
       push_prompt_rows(chunk, rows);
@@ -829,6 +864,8 @@ bool Engine::run_step(StepPlan plan) {
       last.mask_source = &device_masks_;
       device_masks_.add(rows.size(), chunk.sequence);
     }
+    if (last.on_device && needs_token_history(chunk.sequence->request->request.sampling))
+      penalized.emplace_back(rows.size(), chunk.sequence);
     rows.push_back(last);
   }
   // Overlapped: launched, with tier work and zeroing (which want the device idle) left to synchronous steps.
@@ -842,6 +879,8 @@ bool Engine::run_step(StepPlan plan) {
       plan.batch.token_ids[static_cast<size_t>(p.token_index)] = std::max(0, p.seq->tokens[static_cast<size_t>(p.position)]);
     pending.clear();
   }
+  // Not launched, so every token drawn before this step is in its sequence's history by now.
+  fill_penalty_tokens(penalized, rows);
   // The step's moves between the tiers (promotions of host hits, write-backs
   // of evicted blocks, swaps) run before its forward. If they fail, the
   // sequences whose K/V was lost start over and this plan is dropped: its
@@ -916,8 +955,11 @@ bool Engine::run_step(StepPlan plan) {
 }
 
 bool Engine::launchable(const StepPlan& plan, std::span<const runtime::RowSampling> rows) const {
+  // A launched step returns tokens only, and a penalty list needs the tokens of the step before it.
   for (const runtime::RowSampling& row : rows)
-    if (!row.on_device || row.masked()) return false;
+    if (!row.on_device || row.masked() || row.reports_score() || row.repetition_penalty != 1.0f ||
+        row.frequency_penalty != 0.0f || row.presence_penalty != 0.0f)
+      return false;
   for (const ScheduledChunk& chunk : plan.chunks) {
     const RequestState* req = chunk.sequence->request;
     if (chunk.all_logits || req->kv_compression.enabled() || req->request.sampling.max_tokens == 0) return false;
@@ -1001,7 +1043,7 @@ void Engine::finish_step(StepPlan& plan, std::span<const runtime::RowSampling> r
   if (result.ok()) {
     size_t host_rows = 0, scored_rows = 0;
     for (const runtime::RowSampling& row : rows) {
-      scored_rows += row.scored() ? 1 : 0;
+      scored_rows += row.reports_score() ? 1 : 0;
       host_rows += row.on_device || row.scored() ? 0 : 1;
     }
     if (result->host_logits.size() != host_rows * vocab || result->tokens.size() != rows.size() ||
@@ -1035,7 +1077,10 @@ void Engine::finish_step(StepPlan& plan, std::span<const runtime::RowSampling> r
     const size_t chunk_scored = static_cast<size_t>(
         std::count_if(rows.begin() + static_cast<std::ptrdiff_t>(row),
                       rows.begin() + static_cast<std::ptrdiff_t>(row + chunk_rows),
-                      [](const runtime::RowSampling& s) { return s.scored(); }));
+                      [](const runtime::RowSampling& s) { return s.reports_score(); }));
+    // A sampled row's score (top logprobs) is the chunk's last; prompt rows are never sampled on the device.
+    const runtime::RowScore* sampled_score =
+        !chunk.all_logits && chunk_scored > 0 ? &result->scores[score_row + chunk_scored - 1] : nullptr;
     if (chunk.all_logits && seq->status == SequenceStatus::kRunning) {
       if (chunk_scored > 0) {  // the rows that predict prompt tokens came back scored (push_prompt_rows)
         add_prompt_scores(seq, std::span<const runtime::RowScore>(result->scores).subspan(score_row, chunk_scored));
@@ -1064,7 +1109,13 @@ void Engine::finish_step(StepPlan& plan, std::span<const runtime::RowSampling> r
                                                   "(choice {})", token, seq->choice_index));
         continue;
       }
-      append_token(seq, SampledToken{token, result->logprobs[r], {}}, launched ? positions[r] : -1);
+      SampledToken sampled{token, result->logprobs[r], {}};
+      if (sampled_score != nullptr) {
+        sampled.top_logprobs.reserve(sampled_score->top_tokens.size());
+        for (size_t j = 0; j < sampled_score->top_tokens.size(); ++j)
+          sampled.top_logprobs.push_back({sampled_score->top_tokens[j], sampled_score->top_logprobs[j]});
+      }
+      append_token(seq, sampled, launched ? positions[r] : -1);
       if (seq->constraint) jump_forward(seq);
       continue;
     }

@@ -208,6 +208,10 @@ class Engine {
   // How the runner should sample this sequence's next row (on_device false:
   // it needs the host sampler).
   runtime::RowSampling row_sampling_for(const Sequence* seq) const;
+  // The penalty lists of a step's device-sampled rows with penalties (rows[r] for each (r, sequence)),
+  // from the sequences' histories: called once every token drawn before the step is known.
+  void fill_penalty_tokens(std::span<const std::pair<size_t, const Sequence*>> penalized,
+                           std::span<runtime::RowSampling> rows);
   // The masks of a step's constrained rows sampled on the device, filled when the runner asks
   // for them (after it has queued the forward: RowSampling::mask_source). A row whose
   // constraint allows nothing is recorded as a dead end; its device token is discarded and
@@ -377,6 +381,7 @@ class Engine {
   std::vector<uint64_t> constraint_mask_;    // scratch of sample_constrained
   std::vector<int32_t> forced_tokens_;       // scratch of jump_forward
   DeviceMasks device_masks_;                 // this step's device-sampled constrained rows
+  std::vector<runtime::PenaltyToken> penalty_tokens_;  // this step's penalized rows' lists (fill_penalty_tokens)
   std::vector<float> constrained_logits_;   // scratch of sample_constrained
   bool overlap_ = false;                    // EngineConfig::overlap_steps, resolved
   std::deque<LaunchedStep> launched_;       // oldest first; at most two

@@ -56,8 +56,24 @@ namespace pagoda::runtime {
 // and the runner returns the RowScore of that given token instead (the CPU's
 // engine::score_token: its logprob in the raw row, its rank and the
 // score_top_k most likely tokens), so a prompt scored token by token moves a
-// few bytes a row instead of the vocabulary's logits.
+// few bytes a row instead of the vocabulary's logits. On an on_device row
+// (top logprobs of a sampled token), score_top_k > 0 asks for the RowScore of
+// the token the runner drew, under the same conditions.
+//
+// Penalties (on_device rows only, only when RunnerCapabilities::
+// penalizes_on_device; engine::Sampler's semantics): each token listed in
+// `penalty_tokens` has its logit divided by repetition_penalty where positive
+// (multiplied where not), then lowered by frequency_penalty x output_count +
+// presence_penalty where its output_count > 0. Only the draw sees them: the
+// row's reported logprob and scores stay those of the raw row (masked where
+// masked). The span points into the caller's memory, valid for the execute()
+// call only; such rows are never launched (the list needs every token drawn
+// before the step).
 class TokenMaskSource;
+struct PenaltyToken {
+  int32_t token = 0;         // distinct within a row
+  int32_t output_count = 0;  // 0: a prompt token only (repetition_penalty alone applies)
+};
 struct RowSampling {
   bool on_device = false;  // false: the runner returns this row's logits instead
   float temperature = 0.0f;
@@ -70,8 +86,15 @@ struct RowSampling {
   TokenMaskSource* mask_source = nullptr;
   int32_t score_token = -1;  // >= 0: a scored row (above)
   int32_t score_top_k = 0;   // [0, kMaxScoreTopK]
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  std::span<const PenaltyToken> penalty_tokens;
   bool masked() const { return allowed != nullptr || mask_source != nullptr; }
   bool scored() const { return score_token >= 0; }
+  bool penalized() const { return !penalty_tokens.empty(); }
+  // The row has a RowScore in StepResult::scores: a scored prompt row, or a sampled row with top logprobs.
+  bool reports_score() const { return scored() || (on_device && score_top_k > 0); }
 };
 inline constexpr int32_t kMaxScoreTopK = 20;
 
@@ -104,7 +127,7 @@ struct StepResult {
   std::vector<float> logprobs;
   // vocab_size() floats per row that is neither on_device nor scored, in row order.
   std::vector<float> host_logits;
-  // One per scored row, in row order.
+  // One per row that reports_score(), in row order (a sampled row's: of the token drawn).
   std::vector<RowScore> scores;
 };
 
@@ -156,7 +179,8 @@ Status check_kv_compaction(const KvCompaction& compaction, int32_t num_blocks, i
 struct RunnerCapabilities {
   bool samples_on_device = false;  // execute() honours RowSampling::on_device
   bool samples_masked_on_device = false;  // ... and RowSampling::allowed
-  bool scores_on_device = false;          // execute() honours RowSampling::score_token
+  bool scores_on_device = false;          // execute() honours RowSampling::score_token and score_top_k
+  bool penalizes_on_device = false;       // execute() honours RowSampling's penalties
   bool zeroes_blocks = false;      // zero_blocks() is implemented
   int32_t host_kv_blocks = 0;      // blocks in the host pool (0: no host tier); block shape as kv_geometry()
   bool host_block_access = false;  // read_host_block / write_host_block are implemented
@@ -187,7 +211,8 @@ class ModelRunner {
   // Only a batch launched while the step before it is still uncollected may
   // carry deferred tokens (ForwardBatch::deferred_tokens, naming that step's
   // device-sampled rows), and only rows sampled on the device without a mask
-  // source may be launched (the caller learns nothing before collect()).
+  // source, penalties or a score may be launched (the caller learns nothing
+  // before collect(), and a launched step returns tokens and logprobs only).
   // Between a launch() and its collect(), the caller runs nothing else on the
   // device (execute, copy_blocks, zero_blocks, transfer_blocks, compact_kv),
   // and every block the launched steps name stays allocated to them.

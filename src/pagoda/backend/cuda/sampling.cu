@@ -477,12 +477,13 @@ __global__ void __launch_bounds__(kThreads, 3)
 // sorted by one thread (k <= 20): value down, id up, engine::score_token's order.
 __global__ void __launch_bounds__(kThreads, 3)
     score_kernel(const float* __restrict__ logits, int32_t vocab, const GpuScoreRequest* __restrict__ requests,
-                 GpuRowScore* __restrict__ scores) {
+                 GpuRowScore* __restrict__ scores, const int32_t* __restrict__ sampled) {
   __shared__ Scratch s;
   __shared__ int32_t picked_ids[kMaxScoreTopK];
   __shared__ float picked_values[kMaxScoreTopK];
   __shared__ int32_t picked;
-  const GpuScoreRequest q = requests[blockIdx.x];
+  GpuScoreRequest q = requests[blockIdx.x];
+  if (q.token < 0) q.token = sampled[q.row];
   const float* row = logits + static_cast<int64_t>(q.row) * vocab;
   const int32_t k = min(max(q.top_k, 0), min(kMaxScoreTopK, vocab));
   const bool select = k > 0 && k < vocab;
@@ -572,9 +573,55 @@ cudaError_t sample_rows(const float* logits, int32_t rows, int32_t vocab, const 
 }
 
 cudaError_t score_rows(const float* logits, int32_t vocab, const GpuScoreRequest* requests, int32_t count,
-                       GpuRowScore* scores, cudaStream_t stream) {
+                       GpuRowScore* scores, cudaStream_t stream, const int32_t* sampled) {
   if (count == 0) return cudaSuccess;
-  score_kernel<<<count, kThreads, 0, stream>>>(logits, vocab, requests, scores);
+  score_kernel<<<count, kThreads, 0, stream>>>(logits, vocab, requests, scores, sampled);
+  return cudaGetLastError();
+}
+
+namespace {
+// sampling.h, apply_penalties: the host sampler's operations one by one (_rn: never fused into an FMA).
+__global__ void apply_penalties_kernel(float* __restrict__ logits, int32_t vocab, const GpuPenaltyRow* __restrict__ rows,
+                                       GpuPenaltyToken* __restrict__ tokens) {
+  const GpuPenaltyRow p = rows[blockIdx.x];
+  float* row = logits + static_cast<int64_t>(p.row) * vocab;
+  const bool additive = p.frequency != 0.0f || p.presence != 0.0f;
+  for (int32_t e = p.first + static_cast<int32_t>(threadIdx.x); e < p.first + p.count; e += blockDim.x) {
+    GpuPenaltyToken& t = tokens[e];
+    if (t.token < 0 || t.token >= vocab) continue;
+    float v = row[t.token];
+    t.saved = v;
+    if (p.repetition != 1.0f) v = v > 0.0f ? __fdiv_rn(v, p.repetition) : __fmul_rn(v, p.repetition);
+    if (additive && t.output_count > 0)
+      v = __fsub_rn(v, __fadd_rn(__fmul_rn(p.frequency, static_cast<float>(t.output_count)), p.presence));
+    row[t.token] = v;
+  }
+}
+
+__global__ void restore_penalized_kernel(float* __restrict__ logits, int32_t vocab,
+                                         const GpuPenaltyRow* __restrict__ rows,
+                                         const GpuPenaltyToken* __restrict__ tokens) {
+  const GpuPenaltyRow p = rows[blockIdx.x];
+  float* row = logits + static_cast<int64_t>(p.row) * vocab;
+  for (int32_t e = p.first + static_cast<int32_t>(threadIdx.x); e < p.first + p.count; e += blockDim.x) {
+    const GpuPenaltyToken t = tokens[e];
+    if (t.token >= 0 && t.token < vocab) row[t.token] = t.saved;
+  }
+}
+constexpr int kPenaltyThreads = 256;
+}  // namespace
+
+cudaError_t apply_penalties(float* logits, int32_t vocab, const GpuPenaltyRow* rows, int32_t count,
+                            GpuPenaltyToken* tokens, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  apply_penalties_kernel<<<count, kPenaltyThreads, 0, stream>>>(logits, vocab, rows, tokens);
+  return cudaGetLastError();
+}
+
+cudaError_t restore_penalized(float* logits, int32_t vocab, const GpuPenaltyRow* rows, int32_t count,
+                              const GpuPenaltyToken* tokens, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  restore_penalized_kernel<<<count, kPenaltyThreads, 0, stream>>>(logits, vocab, rows, tokens);
   return cudaGetLastError();
 }
 

@@ -1,8 +1,9 @@
 #pragma once
 // Sampling on the GPU: one token per logits row without the logits leaving the
-// device, with the CPU sampler's semantics (engine/sampler.h) minus penalties
-// and top logprobs: temperature (0: argmax) -> min-p -> top-k -> top-p -> draw;
-// and the scores of given tokens (score_rows, prompt scoring).
+// device, with the CPU sampler's semantics (engine/sampler.h): penalties
+// (apply_penalties before the draw, restore_penalized after it) ->
+// temperature (0: argmax) -> min-p -> top-k -> top-p -> draw; and the scores
+// of given or drawn tokens (score_rows: prompt scoring, top logprobs).
 //
 // One CTA per row, no sort of the vocabulary (sampling.cu): one pass for the
 // max and the raw log-sum-exp (online); the min-p threshold by a search over
@@ -88,7 +89,7 @@ cudaError_t patch_deferred_tokens(int32_t* token_ids, const int32_t* pairs, int3
 inline constexpr int32_t kMaxScoreTopK = 20;  // the API's cap on prompt_logprobs
 struct GpuScoreRequest {
   int32_t row = 0;    // the logits row
-  int32_t token = 0;  // in [0, vocab)
+  int32_t token = 0;  // in [0, vocab); < 0: the token sample_rows drew for the row (score_rows' `sampled`)
   int32_t top_k = 0;  // [0, kMaxScoreTopK]
 };
 struct GpuRowScore {
@@ -99,9 +100,37 @@ struct GpuRowScore {
   float top_logprobs[kMaxScoreTopK] = {};
 };
 
-// One CTA per request: scores[k] for requests[k], k < count. Device memory.
+// One CTA per request: scores[k] for requests[k], k < count; `sampled` [rows]: sample_rows' tokens, read
+// for requests with token < 0 (may be null without such requests). Device memory.
 cudaError_t score_rows(const float* logits, int32_t vocab, const GpuScoreRequest* requests, int32_t count,
-                       GpuRowScore* scores, cudaStream_t stream);
+                       GpuRowScore* scores, cudaStream_t stream, const int32_t* sampled = nullptr);
+
+// Penalties (runtime::RowSampling's, engine::Sampler's arithmetic in the same
+// float operations, none contracted): for k < count, each token t listed for
+// rows[k] has its logit v replaced by v / repetition where v > 0 and by
+// v x repetition elsewhere (repetition != 1), then, with an output count
+// c > 0 (and frequency or presence set), by v - (frequency x c + presence).
+// The logit before is kept in the entry's `saved`; restore_penalized writes
+// it back, so a row's scores (its reported logprob, top logprobs) are taken
+// from the raw row after the draw. Tokens outside [0, vocab) are skipped.
+// One CTA per row; a row's tokens must be distinct. Device memory.
+struct GpuPenaltyRow {
+  int32_t row = 0;    // the logits row
+  int32_t first = 0;  // its tokens: tokens[first, first + count)
+  int32_t count = 0;
+  float repetition = 1.0f;
+  float frequency = 0.0f;
+  float presence = 0.0f;
+};
+struct GpuPenaltyToken {
+  int32_t token = 0;
+  int32_t output_count = 0;  // 0: a prompt token (repetition alone)
+  float saved = 0.0f;        // written by apply_penalties
+};
+cudaError_t apply_penalties(float* logits, int32_t vocab, const GpuPenaltyRow* rows, int32_t count,
+                            GpuPenaltyToken* tokens, cudaStream_t stream);
+cudaError_t restore_penalized(float* logits, int32_t vocab, const GpuPenaltyRow* rows, int32_t count,
+                              const GpuPenaltyToken* tokens, cudaStream_t stream);
 
 // The uniform in (0, 1) the draw uses for (seed, step, token): exposed so tests
 // can check the generator itself. Host-callable mirror of the device code.
