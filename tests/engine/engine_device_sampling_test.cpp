@@ -238,15 +238,22 @@ TEST(EngineDeviceSampling, PenaltiesSeeThePromptAndEveryOutputToken) {
   EXPECT_NE(expected, h.runner.reference_greedy(prompt, 12)) << "the penalties must change this output";
 }
 
-// Penalties and top logprobs where the runner offers them (RunnerCapabilities::penalizes_on_device,
+// Penalties and top logprobs where the runner offers them (RunnerCapabilities::edits_logits_on_device,
 // scores_on_device): every row stays on the device, penalized rows with their lists, and the output is
 // the host sampler's, token for token and logprob for logprob. Parameter: overlapped steps (a lazy
 // launch); penalized and top-logprob rows are never launched, the rest of the run still is.
 class DevicePenalties : public ::testing::TestWithParam<bool> {};
 
-TEST_P(DevicePenalties, PenaltiesAndTopLogprobsOnTheDeviceAreTheHostsOutput) {
+TEST_P(DevicePenalties, PenaltiesRulesAndTopLogprobsOnTheDeviceAreTheHostsOutput) {
   const bool overlap = GetParam();
-  const std::vector<int32_t> penalized_prompts[] = {test_prompt(12, 3), test_prompt(10, 5), test_prompt(9, 6)};
+  // Requests 0, 1, 5, 6 and 7 change their greedy outputs (checked below, so that ignoring them fails).
+  const std::vector<int32_t> prompts[] = {test_prompt(12, 3), test_prompt(10, 5), test_prompt(9, 6),
+                                          test_prompt(11, 7), test_prompt(8, 8),  test_prompt(13, 9),
+                                          test_prompt(7, 10), test_prompt(10, 11), test_prompt(9, 12)};
+  const std::vector<int32_t> penalized_prompts[] = {prompts[0], prompts[1], prompts[2]};
+  Harness host(256, 4);
+  std::vector<std::vector<int32_t>> refs;
+  for (const auto& p : prompts) refs.push_back(host.runner.reference_greedy(p, 12));
   auto submit_all = [&](Harness& h) {
     std::vector<std::shared_ptr<RequestStream>> s;
     GenerationRequest a = request(penalized_prompts[0], 12);
@@ -265,19 +272,33 @@ TEST_P(DevicePenalties, PenaltiesAndTopLogprobsOnTheDeviceAreTheHostsOutput) {
     d.sampling.logprobs = 5;
     s.push_back(*h.engine->submit(d));
     s.push_back(*h.engine->submit(request(test_prompt(8, 8), 30)));  // plain: its tail alone is launched
+    GenerationRequest bias = request(prompts[5], 12);  // logit_bias: one token up, the first one out
+    bias.sampling.logit_bias = {{refs[5][0], -100.0f}, {refs[5][2], 4.0f}};
+    bias.sampling.logprobs = 2;
+    s.push_back(*h.engine->submit(bias));
+    GenerationRequest min = request(prompts[6], 12);  // min_tokens bans the stop token at first
+    min.sampling.min_tokens = 8;
+    min.sampling.stop_token_ids = {refs[6][0]};
+    min.sampling.frequency_penalty = 0.5f;
+    s.push_back(*h.engine->submit(min));
+    GenerationRequest bad = request(prompts[7], 12);  // a two-token bad word: its second token after its first
+    bad.sampling.bad_words_ids = {{refs[7][0], refs[7][1]}};
+    s.push_back(*h.engine->submit(bad));
+    GenerationRequest allowed = request(prompts[8], 12);  // a whole-row rule: the host sampler's
+    allowed.sampling.allowed_token_ids = {refs[8][0], 3, 4, 5};
+    s.push_back(*h.engine->submit(allowed));
     return s;
   };
-  Harness host(256, 4);
   Harness device(256, 4, {}, 256, {}, 4096, 0, overlap ? OverlapSteps::kOn : OverlapSteps::kOff);
-  device.runner.device_sampling = device.runner.device_scoring = device.runner.device_penalties = true;
+  device.runner.device_sampling = device.runner.device_scoring = device.runner.device_logit_edits = true;
   device.runner.lazy_launch = overlap;
   auto hs = submit_all(host);
   auto ds = submit_all(device);
   host.run_checked();
   device.run_checked();
 
-  EXPECT_EQ(count_rows(device.runner, false), 0u) << "no row needs the host sampler";
-  EXPECT_GT(device.runner.num_penalty_tokens, 0);
+  EXPECT_EQ(count_rows(device.runner, false), 12u) << "allowed_token_ids' rows alone need the host sampler";
+  EXPECT_GT(device.runner.num_logit_edits, 0);
   EXPECT_EQ(device.engine->stats().overlapped_steps > 0, overlap);
   for (size_t i = 0; i < hs.size(); ++i) {
     Collected h = drain(*hs[i]), d = drain(*ds[i]);
@@ -285,8 +306,8 @@ TEST_P(DevicePenalties, PenaltiesAndTopLogprobsOnTheDeviceAreTheHostsOutput) {
     EXPECT_EQ(d.tokens, h.tokens) << "request " << i;
     ASSERT_EQ(d.logprobs[0].size(), h.logprobs[0].size()) << i;
     // The penalties change these outputs (else the comparison would hold with them ignored).
-    if (i < 2) {
-      EXPECT_NE(d.tokens[0], device.runner.reference_greedy(penalized_prompts[i], 12)) << i;
+    if (i < 2 || (i >= 5 && i <= 7)) {
+      EXPECT_NE(d.tokens[0], refs[i]) << i;
     }
     for (size_t t = 0; t < h.logprobs[0].size(); ++t) {
       const SampledToken &x = d.logprobs[0][t], &y = h.logprobs[0][t];

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -111,7 +112,7 @@ class FakeModelRunner final : public runtime::ModelRunner {
     return {.samples_on_device = device_sampling,
             .samples_masked_on_device = device_sampling && device_masking,
             .scores_on_device = device_scoring,
-            .penalizes_on_device = device_sampling && device_penalties,
+            .edits_logits_on_device = device_sampling && device_logit_edits,
             .host_kv_blocks = num_host_blocks_,
             .overlaps_steps = lazy_launch};
   }
@@ -189,24 +190,18 @@ class FakeModelRunner final : public runtime::ModelRunner {
       params.top_k = rows[r].top_k;
       params.top_p = rows[r].top_p;
       params.min_p = rows[r].min_p;
-      // Penalties from the row's list alone, as a device sees them: listed tokens with no output count
-      // stand for the prompt's (the sampler penalizes a token seen in either once).
-      params.repetition_penalty = rows[r].repetition_penalty;
-      params.frequency_penalty = rows[r].frequency_penalty;
-      params.presence_penalty = rows[r].presence_penalty;
-      TokenHistory history;
-      for (const runtime::PenaltyToken& p : rows[r].penalty_tokens) {
-        if (p.output_count > 0) history.output_counts[p.token] = p.output_count;
-        else history.prompt_counts[p.token] = 1;
-      }
-      num_penalty_tokens += static_cast<int64_t>(rows[r].penalty_tokens.size());
       std::mt19937_64 rng(rows[r].seed ^ (rows[r].step * 0x9E3779B97F4A7C15ull));
       std::vector<float> masked(row.begin(), row.end());
       const uint64_t* mask = rows[r].mask_source != nullptr ? deferred[r].data() : rows[r].allowed;
       if (mask != nullptr && !ignore_masks) apply_token_mask(masked, std::span<const uint64_t>(mask, words));
-      const SampledToken t = Sampler::sample(masked, params, history, rng);
+      // The row's logit edits applied from its list alone, as a device applies them (RowSampling's
+      // order); the draw from the edited row, the logprob from the raw (masked) one.
+      std::vector<float> edited = masked;
+      apply_edits(rows[r], edited);
+      num_logit_edits += static_cast<int64_t>(rows[r].logit_edits.size());
+      const SampledToken t = Sampler::sample(edited, params, {}, rng);
       out.tokens[r] = t.token;
-      out.logprobs[r] = t.logprob;
+      out.logprobs[r] = score_token(masked, t.token, 0).logprob;
       if (rows[r].reports_score()) {  // top logprobs of the drawn token, scored as a device would
         const SampledToken s = score_token(masked, t.token, rows[r].score_top_k);
         runtime::RowScore& score = out.scores.emplace_back();
@@ -221,6 +216,20 @@ class FakeModelRunner final : public runtime::ModelRunner {
     if (drop_a_token && !out.tokens.empty()) out.tokens.pop_back();
     if (out_of_vocab_token && !out.tokens.empty()) out.tokens[0] = vocab_ + 5;
     return out;
+  }
+  // RowSampling::logit_edits on one row: a ban or a bias, then repetition on seen tokens, then
+  // frequency and presence on tokens with an output count.
+  static void apply_edits(const RowSampling& row, std::vector<float>& logits) {
+    for (const runtime::LogitEdit& e : row.logit_edits) {
+      if (e.token < 0 || e.token >= static_cast<int32_t>(logits.size())) continue;
+      float& v = logits[static_cast<size_t>(e.token)];
+      if (e.flags & runtime::LogitEdit::kBanned) v = -std::numeric_limits<float>::infinity();
+      else if (e.flags & runtime::LogitEdit::kBiased) v += e.bias;
+      if (row.repetition_penalty != 1.0f && (e.flags & runtime::LogitEdit::kSeen))
+        v = v > 0 ? v / row.repetition_penalty : v * row.repetition_penalty;
+      if ((row.frequency_penalty != 0.0f || row.presence_penalty != 0.0f) && e.output_count > 0)
+        v -= row.frequency_penalty * static_cast<float>(e.output_count) + row.presence_penalty;
+    }
   }
   Status copy_blocks(std::span<const BlockCopy> copies) override {
     for (const auto& c : copies) {
@@ -272,8 +281,8 @@ class FakeModelRunner final : public runtime::ModelRunner {
   bool fail_next = false;
   bool device_sampling = false;
   bool device_scoring = false;       // RowSampling::score_token is honoured (scored with score_token)
-  bool device_penalties = false;     // with device_sampling: RowSampling's penalties are honoured
-  int64_t num_penalty_tokens = 0;    // RowSampling::penalty_tokens entries seen on device rows
+  bool device_logit_edits = false;     // with device_sampling: RowSampling's penalties are honoured
+  int64_t num_logit_edits = 0;    // RowSampling::logit_edits entries seen on device rows
   int64_t num_scored_rows = 0;
   bool lazy_launch = false;          // launch() queues, collect() runs (see launch())
   int64_t num_launches = 0;

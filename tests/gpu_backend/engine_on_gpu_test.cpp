@@ -135,7 +135,7 @@ TEST(EngineOnGpu, DeviceSamplingGivesTheHostSamplersGreedyOutputsInMixedSteps) {
   auto runner = make_runner();
   GpuEngine device(*runner, true), host(*runner, false);
   std::vector<std::shared_ptr<engine::RequestStream>> d, h;
-  ASSERT_TRUE(runner->capabilities().penalizes_on_device && runner->capabilities().scores_on_device);
+  ASSERT_TRUE(runner->capabilities().edits_logits_on_device && runner->capabilities().scores_on_device);
   for (int i = 0; i < 6; ++i) {
     engine::GenerationRequest r = request(prompt_of(20 + 9 * i, i), 12, 0.0f);
     if (i == 1) r.sampling.logprobs = 3;  // scored on the device: the drawn token's top 3

@@ -3,7 +3,7 @@
 # against the CPU sampler; EngineOnGpu.*: the engine with penalized and top-logprob rows on the device
 # against the host engine), then `pagoda serve` on random weights of the Llama-3-8B config (bf16) with
 # tools/gpu/penalty_client.py as the client, twice: the rows on the device (the default) and on the host
-# (PAGODA_DEVICE_PENALTIES=0 PAGODA_DEVICE_SCORING=0); the fixed greedy outputs of both are compared.
+# (PAGODA_DEVICE_LOGIT_EDITS=0 PAGODA_DEVICE_SCORING=0); the fixed greedy outputs of both are compared.
 # Bundle: tools/gpu/penalty_call.sh bundle (-> .device/penalty); run (carry .device/penalty):
 #   [MODES="device host"] [CONC=16] bash .device/penalty/penalty_call.sh
 set -u
@@ -22,15 +22,15 @@ here=$(cd "$(dirname "$0")" && pwd)
 echo "== binaries of $(cat "$(dirname "$B")/commit"); $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 [ "${TESTS:-1}" = 1 ] && call_gtest cuda_sampling_tests 300 cuda_sampling_tests
 for mode in ${MODES:-device host}; do
-  if [ "$mode" = host ]; then export PAGODA_DEVICE_PENALTIES=0 PAGODA_DEVICE_SCORING=0
-  else unset PAGODA_DEVICE_PENALTIES PAGODA_DEVICE_SCORING; fi
+  if [ "$mode" = host ]; then export PAGODA_DEVICE_LOGIT_EDITS=0 PAGODA_DEVICE_SCORING=0
+  else unset PAGODA_DEVICE_LOGIT_EDITS PAGODA_DEVICE_SCORING; fi
   echo "== rows on the $mode"
   call_serve "penalty_$mode" "$here/model" --served-model-name m --max-model-len 4096
   timeout 400 python3 "$here/penalty_client.py" "$port" m "$out/fixed_$mode.json" "${CONC:-16}"
   kill "$pid"; wait "$pid" 2>/dev/null
   grep -iE "error|fatal" "$out/serve_penalty_$mode.log" | head -5
 done
-unset PAGODA_DEVICE_PENALTIES PAGODA_DEVICE_SCORING
+unset PAGODA_DEVICE_LOGIT_EDITS PAGODA_DEVICE_SCORING
 if [ -f "$out/fixed_device.json" ] && [ -f "$out/fixed_host.json" ]; then
   python3 - "$out/fixed_device.json" "$out/fixed_host.json" <<'PY'
 import json, sys

@@ -596,19 +596,20 @@ runtime::RowSampling Engine::row_sampling_for(const Sequence* seq) const {
   const RequestState* req = seq->request;
   const SamplingParams& p = req->request.sampling;
   runtime::RowSampling row;
-  // The device sampler has no logit rules; penalties and top logprobs only where the runner says so;
-  // the first token of an n > 1 request is drawn n times from one row on the host.
-  // Constrained rows stay on the device where the runner applies token masks
+  // Penalties, logit rules and top logprobs stay on the device where the runner says so (but
+  // allowed_token_ids, a whole-row rule, never); the first token of an n > 1 request is drawn n times
+  // from one row on the host. Constrained rows stay on the device where the runner applies token masks
   // (the engine fills the mask before the forward: step()).
   const runtime::RunnerCapabilities caps = runner_.capabilities();
   const int32_t top_logprobs = p.logprobs.value_or(0);
-  row.on_device = caps.samples_on_device && (!needs_token_history(p) || caps.penalizes_on_device) &&
+  const bool edits = needs_logit_edits(seq);
+  row.on_device = caps.samples_on_device && (!edits || (caps.edits_logits_on_device && p.allowed_token_ids.empty())) &&
                   (top_logprobs == 0 || (caps.scores_on_device && top_logprobs <= runtime::kMaxScoreTopK)) &&
                   (p.n == 1 || req->forked) && !req->request.return_logits &&
-                  (!seq->constraint || caps.samples_masked_on_device) && !logit_rules_apply(p, seq->num_output_tokens());
+                  (!seq->constraint || caps.samples_masked_on_device);
   if (!row.on_device) return row;
   row.score_top_k = top_logprobs;
-  // The lists themselves come once the step's earlier tokens are known (fill_penalty_tokens).
+  // The lists themselves come once the step's earlier tokens are known (fill_logit_edits).
   row.repetition_penalty = p.repetition_penalty;
   row.frequency_penalty = p.frequency_penalty;
   row.presence_penalty = p.presence_penalty;
@@ -623,30 +624,49 @@ runtime::RowSampling Engine::row_sampling_for(const Sequence* seq) const {
   return row;
 }
 
-void Engine::fill_penalty_tokens(std::span<const std::pair<size_t, const Sequence*>> penalized,
-                                 std::span<runtime::RowSampling> rows) {
-  penalty_tokens_.clear();
+bool Engine::needs_logit_edits(const Sequence* seq) const {
+  const SamplingParams& p = seq->request->request.sampling;
+  return needs_token_history(p) || logit_rules_apply(p, seq->num_output_tokens());
+}
+
+void Engine::fill_logit_edits(std::span<const std::pair<size_t, const Sequence*>> edited,
+                              std::span<runtime::RowSampling> rows) {
+  using runtime::LogitEdit;
+  logit_edits_.clear();
   std::vector<size_t> ends;
-  ends.reserve(penalized.size());
-  for (const auto& [r, seq] : penalized) {
-    const TokenHistory& history = seq->history;
-    // Repetition penalizes the prompt's tokens too (engine::Sampler); the others only the output's.
-    if (rows[r].repetition_penalty != 1.0f) {
-      for (const auto& [token, count] : history.prompt_counts) {
-        const auto out = history.output_counts.find(token);
-        penalty_tokens_.push_back({token, out == history.output_counts.end() ? 0 : out->second});
+  ends.reserve(edited.size());
+  std::unordered_map<int32_t, size_t> at;  // a row's token -> its entry
+  for (const auto& [r, seq] : edited) {
+    at.clear();
+    auto entry = [&](int32_t token) -> LogitEdit& {
+      const auto [it, fresh] = at.try_emplace(token, logit_edits_.size());
+      if (fresh) logit_edits_.push_back(LogitEdit{token});
+      return logit_edits_[it->second];
+    };
+    const SamplingParams& p = seq->request->request.sampling;
+    if (logit_rules_apply(p, seq->num_output_tokens())) {
+      for (int32_t token : banned_tokens(p, logit_rule_context(seq))) entry(token).flags |= LogitEdit::kBanned;
+      for (const auto& [token, bias] : p.logit_bias) {
+        LogitEdit& e = entry(token);
+        e.flags |= LogitEdit::kBiased;
+        e.bias = bias;
       }
     }
-    for (const auto& [token, count] : history.output_counts)
-      if (rows[r].repetition_penalty == 1.0f || !history.prompt_counts.contains(token))
-        penalty_tokens_.push_back({token, count});
-    ends.push_back(penalty_tokens_.size());
+    // Repetition penalizes the prompt's tokens too (engine::Sampler), the others only the output's.
+    const TokenHistory& history = seq->history;
+    if (p.repetition_penalty != 1.0f)
+      for (const auto& [token, count] : history.prompt_counts) entry(token).flags |= LogitEdit::kSeen;
+    for (const auto& [token, count] : history.output_counts) {
+      LogitEdit& e = entry(token);
+      e.flags |= LogitEdit::kSeen;
+      e.output_count = count;
+    }
+    ends.push_back(logit_edits_.size());
   }
   // Spans only once the vector stops growing.
   size_t begin = 0;
-  for (size_t i = 0; i < penalized.size(); ++i) {
-    rows[penalized[i].first].penalty_tokens =
-        std::span<const runtime::PenaltyToken>(penalty_tokens_.data() + begin, ends[i] - begin);
+  for (size_t i = 0; i < edited.size(); ++i) {
+    rows[edited[i].first].logit_edits = std::span<const LogitEdit>(logit_edits_.data() + begin, ends[i] - begin);
     begin = ends[i];
   }
 }
@@ -851,7 +871,7 @@ bool Engine::run_step(StepPlan plan) {
   std::vector<runtime::RowSampling> rows;
   rows.reserve(plan.chunks.size());
   device_masks_.reset(static_cast<size_t>(plan.batch.num_logit_rows()));
-  std::vector<std::pair<size_t, const Sequence*>> penalized;  // device rows whose penalty lists come later
+  std::vector<std::pair<size_t, const Sequence*>> edited;  // device rows whose logit edits come later
   for (const ScheduledChunk& chunk : plan.chunks) {
     if (chunk.all_logits) {
       push_prompt_rows(chunk, rows);
@@ -864,13 +884,13 @@ bool Engine::run_step(StepPlan plan) {
       last.mask_source = &device_masks_;
       device_masks_.add(rows.size(), chunk.sequence);
     }
-    if (last.on_device && needs_token_history(chunk.sequence->request->request.sampling))
-      penalized.emplace_back(rows.size(), chunk.sequence);
+    if (last.on_device && needs_logit_edits(chunk.sequence)) edited.emplace_back(rows.size(), chunk.sequence);
     rows.push_back(last);
   }
   // Overlapped: launched, with tier work and zeroing (which want the device idle) left to synchronous steps.
+  // Rows with logit edits need every earlier token first (their lists): never launched.
   const bool launch = overlap_ && !plan.empty() && !kv_.has_pending_transfers() && !kv_.has_blocks_to_zero() &&
-                      launchable(plan, rows);
+                      edited.empty() && launchable(plan, rows);
   const bool collected = !launch && !launched_.empty();
   if (collected) {
     // This step needs the launched ones' tokens first: its pending inputs are known after them.
@@ -880,7 +900,7 @@ bool Engine::run_step(StepPlan plan) {
     pending.clear();
   }
   // Not launched, so every token drawn before this step is in its sequence's history by now.
-  fill_penalty_tokens(penalized, rows);
+  fill_logit_edits(edited, rows);
   // The step's moves between the tiers (promotions of host hits, write-backs
   // of evicted blocks, swaps) run before its forward. If they fail, the
   // sequences whose K/V was lost start over and this plan is dropped: its
@@ -955,11 +975,9 @@ bool Engine::run_step(StepPlan plan) {
 }
 
 bool Engine::launchable(const StepPlan& plan, std::span<const runtime::RowSampling> rows) const {
-  // A launched step returns tokens only, and a penalty list needs the tokens of the step before it.
+  // A launched step returns tokens only (no scores).
   for (const runtime::RowSampling& row : rows)
-    if (!row.on_device || row.masked() || row.reports_score() || row.repetition_penalty != 1.0f ||
-        row.frequency_penalty != 0.0f || row.presence_penalty != 0.0f)
-      return false;
+    if (!row.on_device || row.masked() || row.reports_score()) return false;
   for (const ScheduledChunk& chunk : plan.chunks) {
     const RequestState* req = chunk.sequence->request;
     if (chunk.all_logits || req->kv_compression.enabled() || req->request.sampling.max_tokens == 0) return false;

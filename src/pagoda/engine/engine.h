@@ -208,10 +208,13 @@ class Engine {
   // How the runner should sample this sequence's next row (on_device false:
   // it needs the host sampler).
   runtime::RowSampling row_sampling_for(const Sequence* seq) const;
-  // The penalty lists of a step's device-sampled rows with penalties (rows[r] for each (r, sequence)),
-  // from the sequences' histories: called once every token drawn before the step is known.
-  void fill_penalty_tokens(std::span<const std::pair<size_t, const Sequence*>> penalized,
-                           std::span<runtime::RowSampling> rows);
+  // Whether the sequence's next row has penalties or logit rules in force (RowSampling::logit_edits).
+  bool needs_logit_edits(const Sequence* seq) const;
+  // The logit edits of a step's device-sampled rows (rows[r] for each (r, sequence)): the rules' bans and
+  // biases, the penalties' seen tokens and output counts. Called once every token drawn before the step
+  // is known (the histories and outputs are complete).
+  void fill_logit_edits(std::span<const std::pair<size_t, const Sequence*>> edited,
+                        std::span<runtime::RowSampling> rows);
   // The masks of a step's constrained rows sampled on the device, filled when the runner asks
   // for them (after it has queued the forward: RowSampling::mask_source). A row whose
   // constraint allows nothing is recorded as a dead end; its device token is discarded and
@@ -381,7 +384,7 @@ class Engine {
   std::vector<uint64_t> constraint_mask_;    // scratch of sample_constrained
   std::vector<int32_t> forced_tokens_;       // scratch of jump_forward
   DeviceMasks device_masks_;                 // this step's device-sampled constrained rows
-  std::vector<runtime::PenaltyToken> penalty_tokens_;  // this step's penalized rows' lists (fill_penalty_tokens)
+  std::vector<runtime::LogitEdit> logit_edits_;  // this step's edited rows' lists (fill_logit_edits)
   std::vector<float> constrained_logits_;   // scratch of sample_constrained
   bool overlap_ = false;                    // EngineConfig::overlap_steps, resolved
   std::deque<LaunchedStep> launched_;       // oldest first; at most two

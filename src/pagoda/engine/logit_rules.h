@@ -5,14 +5,16 @@
 // logit becomes -inf; a bias is added. Logprobs still describe the model (the
 // sampler reads them from the row before these rules).
 //
-// The device sampler applies none of them: rows of a request with rules in
-// force are sampled on the host (Engine::row_sampling_for), so every backend
-// gives the same tokens for the same logits.
+// A runner that edits logits on the device (runtime::RowSampling::logit_edits)
+// gets them as per-token edits (banned_tokens, logit_bias) and applies them in
+// this order; allowed_token_ids (a whole-row rule) keeps a request's rows on the
+// host sampler (Engine::row_sampling_for).
 //
 // Thread safety: stateless functions.
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "pagoda/engine/sampling_params.h"
 
@@ -32,5 +34,10 @@ bool logit_rules_apply(const SamplingParams& params, int32_t num_output_tokens);
 // Applies the rules to one row of logits (vocabulary-sized). Ids outside the
 // row are skipped (validate_sampling_params refuses them at submit).
 void apply_logit_rules(std::span<float> logits, const SamplingParams& params, const LogitRuleContext& context);
+
+// The tokens bad_words and min_tokens ban in this context (a token may repeat): the last token of each
+// bad word whose other tokens the output ends with; under min_tokens the eos ids (unless ignore_eos) and
+// stop_token_ids.
+std::vector<int32_t> banned_tokens(const SamplingParams& params, const LogitRuleContext& context);
 
 }  // namespace pagoda::engine

@@ -19,10 +19,10 @@ Status check_row_sampling(const ForwardBatch& batch, std::span<const RowSampling
       return invalid_argument_error("a token mask on a row that is not sampled on the device");
     if (row.masked() && !capabilities.samples_masked_on_device)
       return unimplemented_error("this model runner does not apply token masks on the device");
-    if (row.penalized() && !row.on_device)
-      return invalid_argument_error("penalties on a row that is not sampled on the device");
-    if (row.penalized() && !capabilities.penalizes_on_device)
-      return unimplemented_error("this model runner does not apply penalties on the device");
+    if (row.edited() && !row.on_device)
+      return invalid_argument_error("logit edits on a row that is not sampled on the device");
+    if (row.edited() && !capabilities.edits_logits_on_device)
+      return unimplemented_error("this model runner does not edit logits on the device");
     if (row.score_top_k < 0 || row.score_top_k > kMaxScoreTopK)
       return invalid_argument_error("score_top_k {} outside [0, {}]", row.score_top_k, kMaxScoreTopK);
     if (row.reports_score() && !capabilities.scores_on_device)
@@ -36,9 +36,9 @@ Status check_row_sampling(const ForwardBatch& batch, std::span<const RowSampling
 
 Status check_launch(const ForwardBatch& batch, std::span<const RowSampling> rows, int32_t previous_rows) {
   for (const RowSampling& row : rows)
-    if (!row.on_device || row.mask_source != nullptr || row.penalized() || row.reports_score())
+    if (!row.on_device || row.mask_source != nullptr || row.edited() || row.reports_score())
       return invalid_argument_error(
-          "launch: every row must be sampled on the device, without a mask source, penalties or scores");
+          "launch: every row must be sampled on the device, without a mask source, logit edits or scores");
   int32_t last = -1;
   for (const DeferredToken& d : batch.deferred_tokens) {
     if (d.token_index <= last || d.token_index >= batch.num_tokens())

@@ -60,19 +60,25 @@ namespace pagoda::runtime {
 // (top logprobs of a sampled token), score_top_k > 0 asks for the RowScore of
 // the token the runner drew, under the same conditions.
 //
-// Penalties (on_device rows only, only when RunnerCapabilities::
-// penalizes_on_device; engine::Sampler's semantics): each token listed in
-// `penalty_tokens` has its logit divided by repetition_penalty where positive
-// (multiplied where not), then lowered by frequency_penalty x output_count +
-// presence_penalty where its output_count > 0. Only the draw sees them: the
-// row's reported logprob and scores stay those of the raw row (masked where
-// masked). The span points into the caller's memory, valid for the execute()
-// call only; such rows are never launched (the list needs every token drawn
-// before the step).
+// Logit edits (on_device rows only, only when RunnerCapabilities::
+// edits_logits_on_device): the request's logit rules (engine/logit_rules.h:
+// bans and biases, allowed_token_ids excepted) and penalties
+// (engine::Sampler), as one entry per token they touch, applied in the host's
+// order: a banned token's logit becomes -inf, else a bias is added; then a
+// seen token's (prompt or output, kSeen) is divided by repetition_penalty
+// where positive (multiplied where not); then, with output_count > 0, it is
+// lowered by frequency_penalty x output_count + presence_penalty. Only the
+// draw sees them: the row's reported logprob and scores stay those of the raw
+// row (masked where masked). The span points into the caller's memory, valid
+// for the execute() call only; such rows are never launched (the list needs
+// every token drawn before the step).
 class TokenMaskSource;
-struct PenaltyToken {
+struct LogitEdit {
+  enum Flags : uint8_t { kSeen = 1, kBanned = 2, kBiased = 4 };
   int32_t token = 0;         // distinct within a row
-  int32_t output_count = 0;  // 0: a prompt token only (repetition_penalty alone applies)
+  int32_t output_count = 0;  // > 0: frequency and presence apply
+  float bias = 0.0f;         // with kBiased: logit_bias
+  uint8_t flags = 0;
 };
 struct RowSampling {
   bool on_device = false;  // false: the runner returns this row's logits instead
@@ -89,10 +95,10 @@ struct RowSampling {
   float repetition_penalty = 1.0f;
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
-  std::span<const PenaltyToken> penalty_tokens;
+  std::span<const LogitEdit> logit_edits;
   bool masked() const { return allowed != nullptr || mask_source != nullptr; }
   bool scored() const { return score_token >= 0; }
-  bool penalized() const { return !penalty_tokens.empty(); }
+  bool edited() const { return !logit_edits.empty(); }
   // The row has a RowScore in StepResult::scores: a scored prompt row, or a sampled row with top logprobs.
   bool reports_score() const { return scored() || (on_device && score_top_k > 0); }
 };
@@ -180,7 +186,7 @@ struct RunnerCapabilities {
   bool samples_on_device = false;  // execute() honours RowSampling::on_device
   bool samples_masked_on_device = false;  // ... and RowSampling::allowed
   bool scores_on_device = false;          // execute() honours RowSampling::score_token and score_top_k
-  bool penalizes_on_device = false;       // execute() honours RowSampling's penalties
+  bool edits_logits_on_device = false;    // execute() honours RowSampling::logit_edits and the penalties
   bool zeroes_blocks = false;      // zero_blocks() is implemented
   int32_t host_kv_blocks = 0;      // blocks in the host pool (0: no host tier); block shape as kv_geometry()
   bool host_block_access = false;  // read_host_block / write_host_block are implemented
@@ -211,7 +217,7 @@ class ModelRunner {
   // Only a batch launched while the step before it is still uncollected may
   // carry deferred tokens (ForwardBatch::deferred_tokens, naming that step's
   // device-sampled rows), and only rows sampled on the device without a mask
-  // source, penalties or a score may be launched (the caller learns nothing
+  // source, logit edits or a score may be launched (the caller learns nothing
   // before collect(), and a launched step returns tokens and logprobs only).
   // Between a launch() and its collect(), the caller runs nothing else on the
   // device (execute, copy_blocks, zero_blocks, transfer_blocks, compact_kv),

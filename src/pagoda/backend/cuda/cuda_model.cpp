@@ -955,28 +955,27 @@ Status CudaModel::forward_sampled(const ForwardBatch& batch, CudaKvPool& pool,
   if (!row_sampling.empty() && static_cast<int64_t>(row_sampling.size()) != rows)
     return invalid_argument_error("forward_sampled: {} row entries for {} logits rows", row_sampling.size(), rows);
   bool scored = false, reported = false;
-  size_t penalty_tokens = 0;
+  size_t edits = 0;
   for (const runtime::RowSampling& row : row_sampling) {
-    if (row.on_device) penalty_tokens += row.penalty_tokens.size();
+    if (row.on_device) edits += row.logit_edits.size();
     reported = reported || row.reports_score();
-    if (!row.reports_score() && !(row.on_device && row.penalized())) continue;
+    if (!row.reports_score() && !(row.on_device && row.edited())) continue;
     scored = true;
     if (row.score_token >= config_.vocab_size || row.score_top_k < 0 || row.score_top_k > kMaxScoreTopK)
       return invalid_argument_error("forward_sampled: scored token {} (vocabulary {}) with top {} (at most {})",
                                     row.score_token, config_.vocab_size, row.score_top_k, kMaxScoreTopK);
   }
   if (reported && scores == nullptr) return invalid_argument_error("forward_sampled: scored rows but no scores output");
-  const size_t penalty_bytes =
-      static_cast<size_t>(max_rows_) * sizeof(GpuPenaltyRow) + penalty_tokens * sizeof(GpuPenaltyToken);
-  if (penalty_tokens > 0 && penalty_bytes > penalty_bytes_) {
+  const size_t edit_bytes = static_cast<size_t>(max_rows_) * sizeof(GpuLogitEditRow) + edits * sizeof(GpuLogitEdit);
+  if (edits > 0 && edit_bytes > edit_bytes_) {
     // Grown to the largest step's lists (with room): no earlier step's kernels still read them (synchronous).
-    const size_t bytes = std::max(penalty_bytes + penalty_bytes / 2, penalty_bytes_ * 2);
-    penalty_host_ = PinnedBuffer{};
-    penalty_device_ = DeviceBuffer{};
-    penalty_bytes_ = 0;
-    PAGODA_ASSIGN_OR_RETURN(penalty_host_, PinnedBuffer::allocate(bytes));
-    PAGODA_ASSIGN_OR_RETURN(penalty_device_, DeviceBuffer::allocate(bytes));
-    penalty_bytes_ = bytes;
+    const size_t bytes = std::max(edit_bytes + edit_bytes / 2, edit_bytes_ * 2);
+    edit_host_ = PinnedBuffer{};
+    edit_device_ = DeviceBuffer{};
+    edit_bytes_ = 0;
+    PAGODA_ASSIGN_OR_RETURN(edit_host_, PinnedBuffer::allocate(bytes));
+    PAGODA_ASSIGN_OR_RETURN(edit_device_, DeviceBuffer::allocate(bytes));
+    edit_bytes_ = bytes;
   }
   if (scored && score_host_.data() == nullptr) {
     const size_t bytes = static_cast<size_t>(max_rows_) * (sizeof(GpuScoreRequest) + sizeof(GpuRowScore));
@@ -1020,11 +1019,11 @@ Status CudaModel::sample_out(int32_t row_begin, int32_t n) {
                                               cudaMemcpyHostToDevice, stream_));
   float* device_logprobs = reinterpret_cast<float*>(device_tokens + max_rows_);
   PAGODA_RETURN_IF_ERROR(mask_rows(row_begin, n));
-  // Penalized rows are drawn from their penalized logits, then restored for their scores.
-  PAGODA_ASSIGN_OR_RETURN(const int32_t penalized, penalize_rows(row_begin, n));
+  // Edited rows (logit rules, penalties) are drawn from their edited logits, then restored for their scores.
+  PAGODA_ASSIGN_OR_RETURN(const int32_t edited, edit_rows(row_begin, n));
   PAGODA_CUDA_RETURN_IF_ERROR(sample_rows(logits_.as<float>(), n, config_.vocab_size, device_params, device_tokens,
                                           device_logprobs, stream_));
-  PAGODA_RETURN_IF_ERROR(restore_penalized_rows(penalized));
+  PAGODA_RETURN_IF_ERROR(restore_edited_rows(edited));
   PAGODA_ASSIGN_OR_RETURN(const int32_t scored, score_out(row_begin, n, device_tokens));
   // Tokens and logprobs in one copy (adjacent), then the host rows' logits.
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_tokens, device_tokens, static_cast<size_t>(max_rows_) * 8,
@@ -1048,43 +1047,46 @@ Status CudaModel::sample_out(int32_t row_begin, int32_t n) {
   return ok_status();
 }
 
-StatusOr<int32_t> CudaModel::penalize_rows(int32_t row_begin, int32_t n) {
-  if (sampled_.rows.empty() || penalty_host_.data() == nullptr) return 0;
-  auto* host_rows = penalty_host_.as<GpuPenaltyRow>();
-  auto* host_tokens = reinterpret_cast<GpuPenaltyToken*>(host_rows + max_rows_);
+StatusOr<int32_t> CudaModel::edit_rows(int32_t row_begin, int32_t n) {
+  if (sampled_.rows.empty() || edit_host_.data() == nullptr) return 0;
+  auto* host_rows = edit_host_.as<GpuLogitEditRow>();
+  auto* host_tokens = reinterpret_cast<GpuLogitEdit*>(host_rows + max_rows_);
   int32_t count = 0, tokens = 0;
   for (int32_t r = 0; r < n; ++r) {
     const runtime::RowSampling& row = sampled_.rows[static_cast<size_t>(row_begin + r)];
-    if (!row.on_device || !row.penalized()) continue;
-    const int32_t listed = static_cast<int32_t>(row.penalty_tokens.size());
-    host_rows[count++] = GpuPenaltyRow{r, tokens, listed, row.repetition_penalty, row.frequency_penalty,
+    if (!row.on_device || !row.edited()) continue;
+    const int32_t listed = static_cast<int32_t>(row.logit_edits.size());
+    host_rows[count++] = GpuLogitEditRow{r, tokens, listed, row.repetition_penalty, row.frequency_penalty,
                                        row.presence_penalty};
-    for (const runtime::PenaltyToken& t : row.penalty_tokens)
-      host_tokens[tokens++] = GpuPenaltyToken{t.token, t.output_count, 0.0f};
+    for (const runtime::LogitEdit& t : row.logit_edits)
+      host_tokens[tokens++] = GpuLogitEdit{t.token, t.output_count, t.bias, t.flags, 0.0f};
   }
   if (count == 0) return 0;
-  const size_t tokens_offset = static_cast<size_t>(max_rows_) * sizeof(GpuPenaltyRow);
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(penalty_device_.data(), penalty_host_.data(),
-                                              count * sizeof(GpuPenaltyRow), cudaMemcpyHostToDevice, stream_));
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(penalty_device_.as<char>() + tokens_offset,
-                                              penalty_host_.as<char>() + tokens_offset,
-                                              tokens * sizeof(GpuPenaltyToken), cudaMemcpyHostToDevice, stream_));
-  PAGODA_CUDA_RETURN_IF_ERROR(apply_penalties(
-      logits_.as<float>(), config_.vocab_size, penalty_device_.as<GpuPenaltyRow>(), count,
-      reinterpret_cast<GpuPenaltyToken*>(penalty_device_.as<char>() + tokens_offset), stream_));
+  const size_t tokens_offset = static_cast<size_t>(max_rows_) * sizeof(GpuLogitEditRow);
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(edit_device_.data(), edit_host_.data(),
+                                              count * sizeof(GpuLogitEditRow), cudaMemcpyHostToDevice, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(edit_device_.as<char>() + tokens_offset,
+                                              edit_host_.as<char>() + tokens_offset,
+                                              tokens * sizeof(GpuLogitEdit), cudaMemcpyHostToDevice, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(apply_logit_edits(
+      logits_.as<float>(), config_.vocab_size, edit_device_.as<GpuLogitEditRow>(), count,
+      reinterpret_cast<GpuLogitEdit*>(edit_device_.as<char>() + tokens_offset), stream_));
   return count;
 }
 
-Status CudaModel::restore_penalized_rows(int32_t count) {
+Status CudaModel::restore_edited_rows(int32_t count) {
   if (count == 0) return ok_status();
-  const size_t tokens_offset = static_cast<size_t>(max_rows_) * sizeof(GpuPenaltyRow);
-  PAGODA_CUDA_RETURN_IF_ERROR(restore_penalized(
-      logits_.as<float>(), config_.vocab_size, penalty_device_.as<GpuPenaltyRow>(), count,
-      reinterpret_cast<const GpuPenaltyToken*>(penalty_device_.as<char>() + tokens_offset), stream_));
+  const size_t tokens_offset = static_cast<size_t>(max_rows_) * sizeof(GpuLogitEditRow);
+  PAGODA_CUDA_RETURN_IF_ERROR(restore_logit_edits(
+      logits_.as<float>(), config_.vocab_size, edit_device_.as<GpuLogitEditRow>(), count,
+      reinterpret_cast<const GpuLogitEdit*>(edit_device_.as<char>() + tokens_offset), stream_));
   return ok_status();
 }
 
 static_assert(kMaxScoreTopK == runtime::kMaxScoreTopK, "the kernel's top-k cap is the runner interface's");
+static_assert(kLogitEditSeen == runtime::LogitEdit::kSeen && kLogitEditBanned == runtime::LogitEdit::kBanned &&
+                  kLogitEditBiased == runtime::LogitEdit::kBiased,
+              "the kernel's edit flags are the runner interface's");
 
 StatusOr<int32_t> CudaModel::score_out(int32_t row_begin, int32_t n, const int32_t* sampled) {
   if (sampled_.rows.empty() || score_host_.data() == nullptr) return 0;
@@ -1094,7 +1096,7 @@ StatusOr<int32_t> CudaModel::score_out(int32_t row_begin, int32_t n, const int32
     const runtime::RowSampling& row = sampled_.rows[static_cast<size_t>(row_begin + r)];
     if (row.scored()) {
       host_requests[count++] = GpuScoreRequest{r, row.score_token, row.score_top_k};
-    } else if (row.on_device && (row.reports_score() || row.penalized())) {
+    } else if (row.on_device && (row.reports_score() || row.edited())) {
       host_requests[count++] = GpuScoreRequest{r, -1, row.score_top_k};  // the drawn token
     }
   }
@@ -1117,8 +1119,8 @@ void CudaModel::read_scores(int32_t row_begin, int32_t count) {
     const GpuRowScore& g = host_scores[i];
     const int32_t r = row_begin + host_requests[i].row;
     const runtime::RowSampling& row = sampled_.rows[static_cast<size_t>(r)];
-    // A penalized row's sampler logprob is the penalized row's: the raw one is the score's.
-    if (row.on_device && row.penalized()) (*sampled_.logprobs)[static_cast<size_t>(r)] = g.logprob;
+    // An edited row's sampler logprob is the edited row's: the raw one is the score's.
+    if (row.on_device && row.edited()) (*sampled_.logprobs)[static_cast<size_t>(r)] = g.logprob;
     if (!row.reports_score()) continue;
     runtime::RowScore& out = sampled_.scores->emplace_back();
     out.logprob = g.logprob;

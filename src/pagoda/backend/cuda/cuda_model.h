@@ -180,7 +180,7 @@ class CudaModel {
   // host_rows) appends its runtime::RowScore to *scores, in row order, from
   // score_rows (sampling.h) instead of copying its logits out, as does a
   // sampled row with score_top_k > 0 (of its drawn token); a sampled row with
-  // penalty_tokens is drawn from its penalized logits (apply_penalties) and
+  // logit_edits is drawn from its edited logits (apply_logit_edits) and
   // scored on the raw row after (its logprob). Errors: params (or rows) not
   // one per logits row, host_rows not ascending within [0, rows), a scored
   // token outside the vocabulary or scores null.
@@ -352,14 +352,14 @@ class CudaModel {
   // Applies the token masks of rows [row_begin, row_begin + n) of forward_sampled() to logits_.
   Status mask_rows(int32_t row_begin, int32_t n);
   Status sample_out(int32_t row_begin, int32_t n);
-  // The penalized rows among [row_begin, row_begin + n): their lists uploaded and apply_penalties queued;
-  // returns how many (restore_penalized takes the same count after the draw).
-  StatusOr<int32_t> penalize_rows(int32_t row_begin, int32_t n);
-  Status restore_penalized_rows(int32_t count);
+  // The edited rows among [row_begin, row_begin + n): their lists uploaded and apply_logit_edits queued;
+  // returns how many (restore_logit_edits takes the same count after the draw).
+  StatusOr<int32_t> edit_rows(int32_t row_begin, int32_t n);
+  Status restore_edited_rows(int32_t count);
   // The rows among [row_begin, row_begin + n) (sampled_.rows) scored on the device: prompt rows (their
-  // given token), sampled rows with top logprobs or penalties (their drawn token, in `sampled`);
+  // given token), sampled rows with top logprobs or logit edits (their drawn token, in `sampled`);
   // score_rows queued on the stream with its results' copy to pinned memory; returns how many
-  // (read_scores takes them once the stream is done: the RowScores, and a penalized row's raw logprob).
+  // (read_scores takes them once the stream is done: the RowScores, and an edited row's raw logprob).
   StatusOr<int32_t> score_out(int32_t row_begin, int32_t n, const int32_t* sampled);
   void read_scores(int32_t row_begin, int32_t count);
   // Pinned and device sampling buffers (first sampled forward): per slot on the host.
@@ -468,9 +468,9 @@ class CudaModel {
   PinnedBuffer score_host_;     // GpuScoreRequest [max_rows], then GpuRowScore [max_rows] (first scored step)
   DeviceBuffer score_device_;   // the same on the device
   PinnedBuffer mask_host_;      // [max_rows] row indices, then [max_rows, words] masks (first masked step)
-  PinnedBuffer penalty_host_;   // GpuPenaltyRow [max_rows], then GpuPenaltyToken [..] (grows with the lists)
-  DeviceBuffer penalty_device_;  // the same on the device
-  size_t penalty_bytes_ = 0;     // both buffers' size
+  PinnedBuffer edit_host_;   // GpuLogitEditRow [max_rows], then GpuLogitEdit [..] (grows with the lists)
+  DeviceBuffer edit_device_;  // the same on the device
+  size_t edit_bytes_ = 0;     // both buffers' size
   DeviceBuffer mask_device_;    // the same on the device
   DeviceBuffer inv_freq_;  // f32 [D / 2]
 

@@ -48,9 +48,9 @@ StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::unique_p
   runner->kv_head_budgets_ = options.kv_head_budgets;
   const char* scoring = std::getenv("PAGODA_DEVICE_SCORING");
   runner->scores_on_device_ = options.scores_on_device && !(scoring != nullptr && std::strcmp(scoring, "0") == 0);
-  const char* penalties = std::getenv("PAGODA_DEVICE_PENALTIES");
-  runner->penalizes_on_device_ =
-      options.penalizes_on_device && !(penalties != nullptr && std::strcmp(penalties, "0") == 0);
+  const char* edits = std::getenv("PAGODA_DEVICE_LOGIT_EDITS");
+  runner->edits_logits_on_device_ =
+      options.edits_logits_on_device && !(edits != nullptr && std::strcmp(edits, "0") == 0);
   PAGODA_ASSIGN_OR_RETURN(runner->zeroer_, BlockZeroer::create());
   const ModelConfig& mc = runner->model_->config();
   runner->scores_ = std::make_unique<CudaKvScores>(mc.num_layers, mc.num_kv_heads, mc.num_q_heads);
@@ -83,10 +83,10 @@ StatusOr<runtime::StepResult> CudaModelRunner::execute(const ForwardBatch& batch
   }
   std::vector<GpuSamplingParams> params(rows.size());
   std::vector<int32_t> host_rows;
-  bool per_row = false;  // masks, scores or penalties: the model reads `rows`
+  bool per_row = false;  // masks, scores or logit edits: the model reads `rows`
   for (size_t r = 0; r < rows.size(); ++r) {
     const runtime::RowSampling& row = rows[r];
-    per_row = per_row || row.masked() || row.reports_score() || row.penalized();
+    per_row = per_row || row.masked() || row.reports_score() || row.edited();
     if (row.scored()) continue;  // its score comes back, not its logits (its GPU draw is ignored)
     if (!row.on_device) {
       host_rows.push_back(static_cast<int32_t>(r));  // its GPU draw (greedy: cheapest) is ignored

@@ -58,9 +58,10 @@ struct CudaRunnerOptions {
   // prompt row returns its score instead of its logits. PAGODA_DEVICE_SCORING=0 turns it off (the engine
   // then scores the rows' logits on the host, as before; an A/B and a fallback).
   bool scores_on_device = true;
-  // Penalties on the device (runtime::RowSampling's, sampling.h apply_penalties): a penalized row is drawn
-  // there instead of copying its logits out. PAGODA_DEVICE_PENALTIES=0 turns it off (host sampling, as before).
-  bool penalizes_on_device = true;
+  // Logit rules and penalties on the device (runtime::RowSampling::logit_edits, sampling.h apply_logit_edits):
+  // such a row is drawn there instead of copying its logits out. PAGODA_DEVICE_LOGIT_EDITS=0 turns it off
+  // (host sampling, as before).
+  bool edits_logits_on_device = true;
 };
 
 class CudaModelRunner final : public runtime::ModelRunner {
@@ -93,7 +94,7 @@ class CudaModelRunner final : public runtime::ModelRunner {
     return {.samples_on_device = true,
             .samples_masked_on_device = true,
             .scores_on_device = scores_on_device_,
-            .penalizes_on_device = penalizes_on_device_,
+            .edits_logits_on_device = edits_logits_on_device_,
             .zeroes_blocks = true,
             .host_kv_blocks = host_ ? host_->num_blocks() : 0,
             .host_block_access = host_ != nullptr,
@@ -167,7 +168,7 @@ class CudaModelRunner final : public runtime::ModelRunner {
   bool layer_by_layer_ = true;
   bool kv_head_budgets_ = false;  // CudaRunnerOptions::kv_head_budgets
   bool scores_on_device_ = false;  // CudaRunnerOptions::scores_on_device (and PAGODA_DEVICE_SCORING)
-  bool penalizes_on_device_ = false;  // CudaRunnerOptions::penalizes_on_device (and PAGODA_DEVICE_PENALTIES)
+  bool edits_logits_on_device_ = false;  // CudaRunnerOptions::edits_logits_on_device (and PAGODA_DEVICE_LOGIT_EDITS)
   std::unique_ptr<BlockZeroer> zeroer_;
   DeviceBuffer compact_moves_;  // kv_compact.h's moves of the last compaction
   std::unique_ptr<CudaKvScores> scores_;  // token eviction's per-sequence scores; the model reads it

@@ -580,48 +580,54 @@ cudaError_t score_rows(const float* logits, int32_t vocab, const GpuScoreRequest
 }
 
 namespace {
-// sampling.h, apply_penalties: the host sampler's operations one by one (_rn: never fused into an FMA).
-__global__ void apply_penalties_kernel(float* __restrict__ logits, int32_t vocab, const GpuPenaltyRow* __restrict__ rows,
-                                       GpuPenaltyToken* __restrict__ tokens) {
-  const GpuPenaltyRow p = rows[blockIdx.x];
+// sampling.h, apply_logit_edits: the host's operations one by one (_rn: never fused into an FMA).
+__global__ void apply_logit_edits_kernel(float* __restrict__ logits, int32_t vocab,
+                                         const GpuLogitEditRow* __restrict__ rows, GpuLogitEdit* __restrict__ edits) {
+  const GpuLogitEditRow p = rows[blockIdx.x];
   float* row = logits + static_cast<int64_t>(p.row) * vocab;
   const bool additive = p.frequency != 0.0f || p.presence != 0.0f;
   for (int32_t e = p.first + static_cast<int32_t>(threadIdx.x); e < p.first + p.count; e += blockDim.x) {
-    GpuPenaltyToken& t = tokens[e];
+    GpuLogitEdit& t = edits[e];
     if (t.token < 0 || t.token >= vocab) continue;
     float v = row[t.token];
     t.saved = v;
-    if (p.repetition != 1.0f) v = v > 0.0f ? __fdiv_rn(v, p.repetition) : __fmul_rn(v, p.repetition);
+    if (t.flags & kLogitEditBanned) {
+      v = -INFINITY;
+    } else if (t.flags & kLogitEditBiased) {
+      v = __fadd_rn(v, t.bias);
+    }
+    if (p.repetition != 1.0f && (t.flags & kLogitEditSeen))
+      v = v > 0.0f ? __fdiv_rn(v, p.repetition) : __fmul_rn(v, p.repetition);
     if (additive && t.output_count > 0)
       v = __fsub_rn(v, __fadd_rn(__fmul_rn(p.frequency, static_cast<float>(t.output_count)), p.presence));
     row[t.token] = v;
   }
 }
 
-__global__ void restore_penalized_kernel(float* __restrict__ logits, int32_t vocab,
-                                         const GpuPenaltyRow* __restrict__ rows,
-                                         const GpuPenaltyToken* __restrict__ tokens) {
-  const GpuPenaltyRow p = rows[blockIdx.x];
+__global__ void restore_logit_edits_kernel(float* __restrict__ logits, int32_t vocab,
+                                           const GpuLogitEditRow* __restrict__ rows,
+                                           const GpuLogitEdit* __restrict__ edits) {
+  const GpuLogitEditRow p = rows[blockIdx.x];
   float* row = logits + static_cast<int64_t>(p.row) * vocab;
   for (int32_t e = p.first + static_cast<int32_t>(threadIdx.x); e < p.first + p.count; e += blockDim.x) {
-    const GpuPenaltyToken t = tokens[e];
+    const GpuLogitEdit& t = edits[e];
     if (t.token >= 0 && t.token < vocab) row[t.token] = t.saved;
   }
 }
-constexpr int kPenaltyThreads = 256;
+constexpr int kLogitEditThreads = 256;
 }  // namespace
 
-cudaError_t apply_penalties(float* logits, int32_t vocab, const GpuPenaltyRow* rows, int32_t count,
-                            GpuPenaltyToken* tokens, cudaStream_t stream) {
+cudaError_t apply_logit_edits(float* logits, int32_t vocab, const GpuLogitEditRow* rows, int32_t count,
+                              GpuLogitEdit* edits, cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
-  apply_penalties_kernel<<<count, kPenaltyThreads, 0, stream>>>(logits, vocab, rows, tokens);
+  apply_logit_edits_kernel<<<count, kLogitEditThreads, 0, stream>>>(logits, vocab, rows, edits);
   return cudaGetLastError();
 }
 
-cudaError_t restore_penalized(float* logits, int32_t vocab, const GpuPenaltyRow* rows, int32_t count,
-                              const GpuPenaltyToken* tokens, cudaStream_t stream) {
+cudaError_t restore_logit_edits(float* logits, int32_t vocab, const GpuLogitEditRow* rows, int32_t count,
+                                const GpuLogitEdit* edits, cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
-  restore_penalized_kernel<<<count, kPenaltyThreads, 0, stream>>>(logits, vocab, rows, tokens);
+  restore_logit_edits_kernel<<<count, kLogitEditThreads, 0, stream>>>(logits, vocab, rows, edits);
   return cudaGetLastError();
 }
 

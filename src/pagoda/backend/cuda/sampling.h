@@ -1,7 +1,7 @@
 #pragma once
 // Sampling on the GPU: one token per logits row without the logits leaving the
-// device, with the CPU sampler's semantics (engine/sampler.h): penalties
-// (apply_penalties before the draw, restore_penalized after it) ->
+// device, with the CPU sampler's semantics (engine/sampler.h): logit rules and
+// penalties (apply_logit_edits before the draw, restore_logit_edits after it) ->
 // temperature (0: argmax) -> min-p -> top-k -> top-p -> draw; and the scores
 // of given or drawn tokens (score_rows: prompt scoring, top logprobs).
 //
@@ -105,32 +105,37 @@ struct GpuRowScore {
 cudaError_t score_rows(const float* logits, int32_t vocab, const GpuScoreRequest* requests, int32_t count,
                        GpuRowScore* scores, cudaStream_t stream, const int32_t* sampled = nullptr);
 
-// Penalties (runtime::RowSampling's, engine::Sampler's arithmetic in the same
-// float operations, none contracted): for k < count, each token t listed for
-// rows[k] has its logit v replaced by v / repetition where v > 0 and by
-// v x repetition elsewhere (repetition != 1), then, with an output count
-// c > 0 (and frequency or presence set), by v - (frequency x c + presence).
-// The logit before is kept in the entry's `saved`; restore_penalized writes
-// it back, so a row's scores (its reported logprob, top logprobs) are taken
-// from the raw row after the draw. Tokens outside [0, vocab) are skipped.
-// One CTA per row; a row's tokens must be distinct. Device memory.
-struct GpuPenaltyRow {
+// Logit edits (runtime::RowSampling::logit_edits: logit rules and penalties,
+// the CPU's arithmetic in the same float operations, none contracted): for
+// k < count, each token t listed for rows[k] has its logit v replaced by -inf
+// if banned, else by v + bias if biased; then, if seen and repetition != 1,
+// by v / repetition where v > 0 and by v x repetition elsewhere; then, with an
+// output count c > 0 (and frequency or presence set), by
+// v - (frequency x c + presence). The logit before is kept in the entry's
+// `saved`; restore_logit_edits writes it back, so a row's scores (its reported
+// logprob, top logprobs) are taken from the raw row after the draw. Tokens
+// outside [0, vocab) are skipped. One CTA per row; a row's tokens must be
+// distinct. Device memory.
+struct GpuLogitEditRow {
   int32_t row = 0;    // the logits row
-  int32_t first = 0;  // its tokens: tokens[first, first + count)
+  int32_t first = 0;  // its tokens: edits[first, first + count)
   int32_t count = 0;
   float repetition = 1.0f;
   float frequency = 0.0f;
   float presence = 0.0f;
 };
-struct GpuPenaltyToken {
+inline constexpr uint32_t kLogitEditSeen = 1, kLogitEditBanned = 2, kLogitEditBiased = 4;
+struct GpuLogitEdit {
   int32_t token = 0;
-  int32_t output_count = 0;  // 0: a prompt token (repetition alone)
-  float saved = 0.0f;        // written by apply_penalties
+  int32_t output_count = 0;
+  float bias = 0.0f;   // with kLogitEditBiased
+  uint32_t flags = 0;  // kLogitEdit*
+  float saved = 0.0f;  // written by apply_logit_edits
 };
-cudaError_t apply_penalties(float* logits, int32_t vocab, const GpuPenaltyRow* rows, int32_t count,
-                            GpuPenaltyToken* tokens, cudaStream_t stream);
-cudaError_t restore_penalized(float* logits, int32_t vocab, const GpuPenaltyRow* rows, int32_t count,
-                              const GpuPenaltyToken* tokens, cudaStream_t stream);
+cudaError_t apply_logit_edits(float* logits, int32_t vocab, const GpuLogitEditRow* rows, int32_t count,
+                              GpuLogitEdit* edits, cudaStream_t stream);
+cudaError_t restore_logit_edits(float* logits, int32_t vocab, const GpuLogitEditRow* rows, int32_t count,
+                                const GpuLogitEdit* edits, cudaStream_t stream);
 
 // The uniform in (0, 1) the draw uses for (seed, step, token): exposed so tests
 // can check the generator itself. Host-callable mirror of the device code.
