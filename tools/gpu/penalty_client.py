@@ -3,7 +3,7 @@ Usage: penalty_client.py PORT MODEL OUT.json [CONCURRENCY]
 Writes the greedy outputs of fixed requests (tokens, logprobs, top logprobs) to OUT.json, so two servers
 (rows on the device, rows on the host) can be compared, and prints output tok/s of CONCURRENCY (default 16)
 concurrent requests of 256 prompt tokens x 64 out at temperature 0.8: plain, with penalties, with top 5
-logprobs, with both."""
+logprobs, with logit_bias, with penalties and top logprobs."""
 import http.client, json, sys, threading, time
 
 PORT, MODEL, OUT = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -31,6 +31,9 @@ fixed = [
     {"repetition_penalty": 1.3, "logprobs": 2},
     {"repetition_penalty": 0.8, "frequency_penalty": 0.5, "presence_penalty": 0.5, "logprobs": 20},
     {"logprobs": 5},
+    {"logit_bias": {"1000": 5.0, "1001": -100}, "logprobs": 3},
+    {"min_tokens": 12, "stop_token_ids": [2000, 2001], "presence_penalty": 0.3},
+    {"bad_words": ["the", " of the"]},
     {},
 ]
 results = []
@@ -41,13 +44,13 @@ for i, extra in enumerate(fixed):
     lp = choice.get("logprobs") or {}
     results.append({"extra": extra, "text": choice["text"], "token_logprobs": lp.get("token_logprobs"),
                     "top_logprobs": lp.get("top_logprobs")})
-    # A repeated penalty shows in the text: the penalized greedy output repeats less than the plain one.
 json.dump(results, open(OUT, "w"))
 print("fixed requests:", [len(r["text"]) for r in results])
 
 for label, extra in (("plain", {}), ("penalties", {"presence_penalty": 0.5, "frequency_penalty": 0.3,
                                                   "repetition_penalty": 1.1}),
                      ("top5", {"logprobs": 5}),
+                     ("bias", {"logit_bias": {"1000": 2.0, "1001": -100, "1002": 1.5}}),
                      ("both", {"presence_penalty": 0.5, "frequency_penalty": 0.3, "logprobs": 5})):
     tokens = [0] * CONC
 
