@@ -170,14 +170,7 @@ class FakeModelRunner final : public runtime::ModelRunner {
     for (size_t r = 0; r < num_rows; ++r) {
       std::span<const float> row(logits.data() + r * vocab_, vocab_);
       if (!rows.empty() && rows[r].scored()) {  // scored here, with the CPU's scoring, as a device would
-        const SampledToken t = score_token(row, rows[r].score_token, rows[r].score_top_k);
-        runtime::RowScore& score = out.scores.emplace_back();
-        score.logprob = t.logprob;
-        score.rank = t.rank;
-        for (const TokenLogprob& top : t.top_logprobs) {
-          score.top_tokens.push_back(top.token);
-          score.top_logprobs.push_back(top.logprob);
-        }
+        out.scores.push_back(row_score(score_token(row, rows[r].score_token, rows[r].score_top_k)));
         ++num_scored_rows;
         continue;
       }
@@ -202,20 +195,22 @@ class FakeModelRunner final : public runtime::ModelRunner {
       const SampledToken t = Sampler::sample(edited, params, {}, rng);
       out.tokens[r] = t.token;
       out.logprobs[r] = score_token(masked, t.token, 0).logprob;
-      if (rows[r].reports_score()) {  // top logprobs of the drawn token, scored as a device would
-        const SampledToken s = score_token(masked, t.token, rows[r].score_top_k);
-        runtime::RowScore& score = out.scores.emplace_back();
-        score.logprob = s.logprob;
-        score.rank = s.rank;
-        for (const TokenLogprob& top : s.top_logprobs) {
-          score.top_tokens.push_back(top.token);
-          score.top_logprobs.push_back(top.logprob);
-        }
-      }
+      // Top logprobs of the drawn token, scored as a device would.
+      if (rows[r].reports_score()) out.scores.push_back(row_score(score_token(masked, t.token, rows[r].score_top_k)));
     }
     if (drop_a_token && !out.tokens.empty()) out.tokens.pop_back();
     if (out_of_vocab_token && !out.tokens.empty()) out.tokens[0] = vocab_ + 5;
     return out;
+  }
+  static runtime::RowScore row_score(const SampledToken& t) {
+    runtime::RowScore score;
+    score.logprob = t.logprob;
+    score.rank = t.rank;
+    for (const TokenLogprob& top : t.top_logprobs) {
+      score.top_tokens.push_back(top.token);
+      score.top_logprobs.push_back(top.logprob);
+    }
+    return score;
   }
   // RowSampling::logit_edits on one row: a ban or a bias, then repetition on seen tokens, then
   // frequency and presence on tokens with an output count.
