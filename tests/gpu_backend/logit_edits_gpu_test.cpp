@@ -59,8 +59,9 @@ std::vector<GpuLogitEdit> listed(const EditCase& c) {
   return out;
 }
 
-// Each case's best tokens are in its prompt and output (so the penalties move the argmax); rules as
-// `rules` says: 0 none, 1 logit_bias, 2 a bad word, 3 min_tokens over eos and a stop id.
+// Each case's best eight tokens are set 0.1 apart, and all but the sixth are in its prompt or output,
+// so penalties and rules move the argmax; rules as `rules` says: 0 none, 1 logit_bias, 2 a bad word,
+// 3 min_tokens over eos and a stop id.
 std::vector<EditCase> cases_for(int32_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 3.0f);
@@ -88,8 +89,18 @@ std::vector<EditCase> cases_for(int32_t vocab, uint32_t seed) {
     std::partial_sort(order.begin(), order.begin() + 8, order.end(), [&](int32_t a, int32_t b) {
       return c.row[static_cast<size_t>(a)] > c.row[static_cast<size_t>(b)];
     });
-    for (int i = 0; i < 300; ++i) c.prompt.push_back(id(rng));
-    for (int i = 0; i < 40; ++i) c.output.push_back(id(rng));
+    // The best eight 0.1 apart (same order), so an edit of the best decides the argmax at any vocabulary.
+    for (int i = 1; i < 8; ++i)
+      c.row[static_cast<size_t>(order[static_cast<size_t>(i)])] = c.row[static_cast<size_t>(order[0])] - 0.1f * i;
+    // Random ids other than the best eight, whose membership below is what the checks rely on.
+    auto other_id = [&] {
+      for (;;) {
+        const int32_t t = id(rng);
+        if (std::find(order.begin(), order.begin() + 8, t) == order.begin() + 8) return t;
+      }
+    };
+    for (int i = 0; i < std::min(300, vocab / 20); ++i) c.prompt.push_back(other_id());
+    for (int i = 0; i < std::min(40, vocab / 50); ++i) c.output.push_back(other_id());
     for (int i = 0; i < 8; ++i) {
       const int32_t t = order[static_cast<size_t>(i)];
       if (i % 2 == 0) c.prompt.push_back(t);
