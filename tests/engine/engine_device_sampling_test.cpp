@@ -1,6 +1,7 @@
 // The engine over a runner that samples on its device (ModelRunner::
 // execute with RowSampling): rows go to the device sampler unless the request needs
-// the host one (top logprobs, penalties, the first token of n > 1), the mixed
+// the host one (top logprobs and penalties on a runner that cannot score or edit
+// logits, allowed_token_ids, the first token of n > 1), the mixed
 // step hands each row the right result, and the output semantics (tokens,
 // finish reasons, stop strings, usage) are those of the host path.
 
