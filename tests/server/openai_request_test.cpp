@@ -1,5 +1,6 @@
 #include "pagoda/server/openai_request.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -32,8 +33,9 @@ TEST(OpenAiRequestTest, ParsesACompletionWithEveryField) {
     "presence_penalty": -0.3, "seed": 9, "n": 2, "stop": ["x", "y"], "stop_token_ids": [4],
     "logprobs": 3, "stream": true, "stream_options": {"include_usage": true}, "user": "u", "extra": 1})");
   EXPECT_EQ(r.model, "m");
-  EXPECT_EQ(r.prompt_tokens, (std::vector<int32_t>{1, 2, 3}));
-  EXPECT_FALSE(r.prompt_text);
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].tokens, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_FALSE(r.prompts[0].text);
   EXPECT_EQ(r.sampling.max_tokens, 7);
   EXPECT_TRUE(r.max_tokens_given);
   EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
@@ -47,14 +49,43 @@ TEST(OpenAiRequestTest, ParsesACompletionWithEveryField) {
 }
 
 TEST(OpenAiRequestTest, PromptForms) {
-  EXPECT_EQ(*ok_of(R"({"model": "m", "prompt": "hi"})").prompt_text, "hi");
-  EXPECT_EQ(*ok_of(R"({"model": "m", "prompt": ["hi"]})").prompt_text, "hi");
-  EXPECT_EQ(ok_of(R"({"model": "m", "prompt": [[5, 6]]})").prompt_tokens, (std::vector<int32_t>{5, 6}));
-  EXPECT_EQ(error_of(R"({"model": "m", "prompt": ["a", "b"]})").code, "unsupported");
+  EXPECT_EQ(*ok_of(R"({"model": "m", "prompt": "hi"})").prompts.at(0).text, "hi");
+  EXPECT_EQ(*ok_of(R"({"model": "m", "prompt": ["hi"]})").prompts.at(0).text, "hi");
+  EXPECT_EQ(ok_of(R"({"model": "m", "prompt": [[5, 6]]})").prompts.at(0).tokens, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(error_of(R"({"model": "m", "prompt": [[]]})").param, "prompt");
+  EXPECT_EQ(error_of(R"({"model": "m", "prompt": []})").param, "prompt");
   EXPECT_EQ(error_of(R"({"model": "m", "prompt": [1.5]})").param, "prompt");
   EXPECT_EQ(error_of(R"({"model": "m", "prompt": [true]})").param, "prompt");
   EXPECT_EQ(error_of(R"({"model": "m", "prompt": [4294967296]})").param, "prompt");
   EXPECT_EQ(error_of(R"({"model": "m", "prompt": {}})").param, "prompt");
+}
+
+TEST(OpenAiRequestTest, BatchedPrompts) {
+  // Strings, token-id arrays, or both, in order.
+  const OpenAiRequest r = ok_of(R"({"model": "m", "prompt": ["a", [5, 6], "b c"], "n": 2})");
+  ASSERT_EQ(r.prompts.size(), 3u);
+  EXPECT_EQ(*r.prompts[0].text, "a");
+  EXPECT_FALSE(r.prompts[1].text);
+  EXPECT_EQ(r.prompts[1].tokens, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(*r.prompts[2].text, "b c");
+  // An empty or malformed item is named by its index.
+  for (const char* bad : {R"(["a", []])", R"(["a", [1.5]])", R"(["a", 7])", R"(["a", [[1]]])", R"(["a", null])"}) {
+    const ApiError e = error_of(fmt::format(R"({{"model": "m", "prompt": {}}})", bad));
+    EXPECT_EQ(e.param, "prompt") << bad;
+  }
+  EXPECT_NE(error_of(R"({"model": "m", "prompt": ["a", []]})").message.find("item 1"), std::string::npos);
+  // At most kMaxBatchedPrompts.
+  std::string many = R"({"model": "m", "prompt": [)";
+  for (size_t i = 0; i <= kMaxBatchedPrompts; ++i) many += i == 0 ? "\"x\"" : ", \"x\"";
+  const ApiError too_many = error_of(many + "]}");
+  EXPECT_EQ(too_many.param, "prompt");
+  EXPECT_EQ(too_many.code, "unsupported");
+  EXPECT_EQ(ok_of(many.substr(0, many.rfind(',')) + "]}").prompts.size(), kMaxBatchedPrompts);
+  // /v1/cache/drop names one conversation.
+  EXPECT_TRUE(std::holds_alternative<ApiError>(parse_cache_drop_request(R"({"prompt": ["a", "b"]})")));
+  const auto one = parse_cache_drop_request(R"({"prompt": [[3, 4]]})");
+  ASSERT_TRUE(std::holds_alternative<CacheDropRequest>(one));
+  EXPECT_EQ(std::get<CacheDropRequest>(one).prompt.tokens, (std::vector<int32_t>{3, 4}));
 }
 
 TEST(OpenAiRequestTest, RejectsWrongTypesAndRangesNamingTheParam) {

@@ -35,6 +35,7 @@ namespace {
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 using namespace std::chrono_literals;
+using Prompts = std::vector<std::vector<int32_t>>;  // a batched completions prompt
 
 // Next token = last token + 1 (mod vocab), so outputs are predictable; every
 // execute() may sleep, and from call `fail_from_call` on it fails.
@@ -127,6 +128,11 @@ class ServerTest : public ::testing::Test {
     if (!res) return {};
     EXPECT_EQ(res->status, 200) << res->body;
     return res->status == 200 ? json::parse(res->body)["choices"][0]["text"].get<std::string>() : std::string();
+  }
+  // Nothing running and no KV block held.
+  bool idle() {
+    const engine::EngineStats s = engine_->stats();
+    return s.num_running == 0 && s.kv.blocks_in_use == 0;
   }
   // Waits up to 5 s for `condition`.
   template <typename Condition>
@@ -289,6 +295,102 @@ TEST_F(ServerTest, EchoAndPromptLogprobsScoreThePrompt) {
   EXPECT_EQ(post({{"model", "scripted"}, {"prompt", {5}}, {"prompt_logprobs", 1}, {"stream", true}})->status, 400);
 }
 
+// A list of prompts is one engine request per prompt in one response: prompt p's choices are p x n .. p x n + n - 1,
+// each the text that prompt alone gets, and the usage is the sum.
+TEST_F(ServerTest, BatchedPromptsAnswerEachPromptInOrder) {
+  const Prompts prompts = {{5, 6}, {10}, {20, 21, 22}};
+  json body = {{"model", "scripted"}, {"prompt", prompts}, {"max_tokens", 3}, {"n", 2}, {"temperature", 0},
+               {"echo", true}, {"logprobs", 0}};
+  auto res = post(body);
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json batch = json::parse(res->body);
+  ASSERT_EQ(batch["choices"].size(), 6u) << res->body;
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    json one_body = body;
+    one_body["prompt"] = prompts[p];
+    auto one = post(one_body);
+    ASSERT_TRUE(one);
+    ASSERT_EQ(one->status, 200) << one->body;
+    const json alone = json::parse(one->body);
+    prompt_tokens += alone["usage"]["prompt_tokens"].get<int64_t>();
+    completion_tokens += alone["usage"]["completion_tokens"].get<int64_t>();
+    for (size_t j = 0; j < 2; ++j) {
+      const json& choice = batch["choices"][p * 2 + j];
+      EXPECT_EQ(choice["index"], p * 2 + j);
+      EXPECT_EQ(choice["text"], alone["choices"][j]["text"]) << "prompt " << p << " choice " << j;
+      EXPECT_EQ(choice["logprobs"]["tokens"], alone["choices"][j]["logprobs"]["tokens"]);
+      EXPECT_EQ(choice["finish_reason"], "length");
+    }
+  }
+  EXPECT_EQ(batch["choices"][2]["text"], "<10> <11> <12> <13>") << "echo: each choice starts with its own prompt";
+  EXPECT_EQ(batch["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(batch["usage"]["completion_tokens"], completion_tokens);
+  EXPECT_EQ(completion_tokens, 3 * 2 * 3);
+
+  // Streamed: every chunk names its choice by the batch's numbering; the usage chunk is the sum.
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  auto streamed = post(body);
+  ASSERT_TRUE(streamed);
+  ASSERT_EQ(streamed->status, 200) << streamed->body;
+  std::vector<std::string> texts(6);
+  std::vector<std::string> finish(6);
+  json usage;
+  for (size_t at = streamed->body.find("data: {"); at != std::string::npos;
+       at = streamed->body.find("data: {", at + 1)) {
+    const json chunk = json::parse(streamed->body.substr(at + 6, streamed->body.find("\n\n", at) - at - 6));
+    if (chunk["usage"].is_object()) usage = chunk["usage"];
+    for (const json& c : chunk["choices"]) {
+      const size_t i = c["index"].get<size_t>();
+      ASSERT_LT(i, 6u) << chunk.dump();
+      texts[i] += c["text"].get<std::string>();
+      if (c["finish_reason"].is_string()) finish[i] = c["finish_reason"];
+    }
+  }
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(texts[i], batch["choices"][i]["text"]) << i;
+    EXPECT_EQ(finish[i], "length") << i;
+  }
+  EXPECT_EQ(usage["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(usage["completion_tokens"], completion_tokens);
+  EXPECT_EQ(streamed->body.rfind("data: [DONE]\n\n") + 14, streamed->body.size());
+}
+
+// A batch is admitted whole or not at all: one bad prompt refuses the request, naming it, before anything runs.
+TEST_F(ServerTest, BatchedPromptWithABadPromptIsRefusedWhole) {
+  auto res = post({{"model", "scripted"}, {"prompt", Prompts{{1, 2}, {3, ScriptedRunner::kVocab}}}, {"max_tokens", 2}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400) << res->body;
+  const json e = json::parse(res->body)["error"];
+  EXPECT_EQ(e["param"], "prompt");
+  EXPECT_THAT(e["message"].get<std::string>(), HasSubstr("prompt 1: "));
+  const std::vector<int32_t> long_prompt(4000, 3);
+  auto too_long = post({{"model", "scripted"}, {"prompt", Prompts{{1}, long_prompt}}, {"max_tokens", 200}});
+  ASSERT_TRUE(too_long);
+  EXPECT_EQ(too_long->status, 400) << too_long->body;
+  EXPECT_EQ(json::parse(too_long->body)["error"]["code"], "context_length_exceeded");
+  EXPECT_THAT(too_long->body, HasSubstr("prompt 1: "));
+  EXPECT_TRUE(eventually([&] { return engine_->stats().requests_aborted == 1; }))
+      << "prompt 0 went back when prompt 1 was refused";
+  EXPECT_TRUE(eventually([&] { return idle(); }));
+}
+
+// One prompt's failure fails the whole reply and stops the others; their KV blocks go back.
+TEST_F(ServerTest, BatchedPromptsFailTogether) {
+  runner_.fail_from_call = 4;
+  auto res = post({{"model", "scripted"}, {"prompt", Prompts{{1, 2}, {3}, {4, 5}}}, {"max_tokens", 50}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 500) << res->body;
+  EXPECT_THAT(res->body, HasSubstr("injected model failure"));
+  EXPECT_TRUE(eventually([&] { return idle(); }));
+  runner_.fail_from_call = 0;
+  auto again = post({{"model", "scripted"}, {"prompt", Prompts{{1, 2}, {3}}}, {"max_tokens", 2}});
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->status, 200) << again->body;
+}
+
 // Scoring a prompt is capped like generating: prompt tokens x (1 + alternatives).
 class CostCapServerTest : public ServerTest {
  protected:
@@ -308,6 +410,22 @@ TEST_F(CostCapServerTest, PromptScoringOverTheRequestCostIs400) {
   ASSERT_TRUE(echo);
   EXPECT_EQ(echo->status, 400);
   EXPECT_EQ(json::parse(echo->body)["error"]["param"], "echo") << "the field the client sent";
+}
+
+// The cap holds for a batch as a whole: prompts each within it may not add up past it.
+TEST_F(CostCapServerTest, BatchedPromptsAreCappedTogether) {
+  const std::vector<int32_t> prompt(100, 1);
+  auto each = post({{"model", "scripted"}, {"prompt", prompt}, {"max_tokens", 4000}, {"ignore_eos", true}});
+  ASSERT_TRUE(each);
+  EXPECT_EQ(each->status, 200) << "one prompt is within the cap";
+  auto res = post({{"model", "scripted"}, {"prompt", Prompts{prompt, prompt, prompt}}, {"max_tokens", 4000}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400) << res->body;
+  const json e = json::parse(res->body)["error"];
+  EXPECT_EQ(e["code"], "request_too_costly");
+  EXPECT_EQ(e["param"], "prompt");
+  EXPECT_THAT(e["message"].get<std::string>(), HasSubstr("3 prompts"));
+  EXPECT_EQ(engine_->stats().requests_submitted, 1);
 }
 
 TEST_F(ServerTest, NonStreamedModelFailureIs500WithTheErrorObject) {

@@ -30,11 +30,12 @@ StatusOr<std::vector<int32_t>> PromptHasher::prompt_tokens(std::string_view body
     if (!tokenizer_ || !renderer_) return failed_precondition_error("no tokenizer or chat template to render chats");
     PAGODA_ASSIGN_OR_RETURN(std::string text, renderer_(req.chat));
     tokens = tokenizer_->encode(text, /*add_special_tokens=*/false);
-  } else if (req.prompt_text) {
+  } else if (const server::PromptInput& prompt = req.prompts.front(); prompt.text) {
+    // A batched request is routed by its first prompt.
     if (!tokenizer_) return failed_precondition_error("no tokenizer to encode text prompts");
-    tokens = tokenizer_->encode(*req.prompt_text, /*add_special_tokens=*/true);
+    tokens = tokenizer_->encode(*prompt.text, /*add_special_tokens=*/true);
   } else {
-    tokens = req.prompt_tokens;
+    tokens = prompt.tokens;
   }
   // truncate_prompt_tokens k > 0: the backend keeps the prompt's last k tokens, so its cache holds those
   // (-1, the backend's context length, is left whole: the router does not know it).

@@ -89,32 +89,40 @@ std::optional<ApiError> read_token_ids(const json& array, const char* param, std
   return std::nullopt;
 }
 
-std::optional<ApiError> read_prompt(const json& body, std::optional<std::string>& text, std::vector<int32_t>& tokens,
-                                    bool required) {
+// One prompt: a string, or a non-empty array of token ids. `where` names it in messages.
+std::optional<ApiError> read_one_prompt(const json& p, const std::string& where, PromptInput& out) {
+  if (p.is_string()) {
+    out.text = p.get<std::string>();
+    return std::nullopt;
+  }
+  if (!p.is_array() || p.empty() || p[0].is_string() || p[0].is_array())
+    return invalid_request(fmt::format("{} must be a string or a non-empty array of token ids", where), "prompt");
+  return read_token_ids(p, "prompt", out.tokens);
+}
+
+// "prompt": one prompt, or an array of up to `max_prompts` (a batch: strings, token-id arrays, or both).
+std::optional<ApiError> read_prompts(const json& body, std::vector<PromptInput>& prompts, bool required,
+                                     size_t max_prompts) {
   auto it = body.find("prompt");
   if (it == body.end() || it->is_null()) {
     if (required) return invalid_request("'prompt' is required", "prompt", "missing_required_parameter");
     return std::nullopt;
   }
   const json& p = *it;
-  if (p.is_string()) {
-    text = p.get<std::string>();
-    return std::nullopt;
+  const bool batch = p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array());
+  if (!batch) return read_one_prompt(p, "'prompt'", prompts.emplace_back());
+  if (p.size() > max_prompts)
+    return invalid_request(max_prompts == 1 ? std::string("a list of prompts is not accepted here: send one prompt")
+                                            : fmt::format("'prompt' lists {} prompts, more than the {} one request "
+                                                          "may batch; split them over several requests",
+                                                          p.size(), max_prompts),
+                           "prompt", "unsupported");
+  for (size_t i = 0; i < p.size(); ++i) {
+    const std::string where = p.size() == 1 ? std::string("'prompt'") : fmt::format("'prompt' item {}", i);
+    if (p[i].is_array() && p[i].empty()) return invalid_request(fmt::format("{} must not be empty", where), "prompt");
+    if (auto e = read_one_prompt(p[i], where, prompts.emplace_back())) return e;
   }
-  if (!p.is_array() || p.empty())
-    return invalid_request("'prompt' must be a string or a non-empty array of token ids", "prompt");
-  if (p[0].is_string() || p[0].is_array()) {
-    if (p.size() != 1)
-      return invalid_request("batched prompts are not supported: send one prompt per request", "prompt",
-                             "unsupported");
-    if (p[0].is_string()) {
-      text = p[0].get<std::string>();
-      return std::nullopt;
-    }
-    if (p[0].empty()) return invalid_request("'prompt' must not be empty", "prompt");
-    return read_token_ids(p[0], "prompt", tokens);
-  }
-  return read_token_ids(p, "prompt", tokens);
+  return std::nullopt;
 }
 
 // Chat fields reach the template engine, whose JSON conversion and tojson
@@ -325,7 +333,7 @@ std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view text
   req.model = *model;
 
   if (endpoint == Endpoint::kCompletions) {
-    if (auto e = read_prompt(body, req.prompt_text, req.prompt_tokens, true)) return *e;
+    if (auto e = read_prompts(body, req.prompts, true, kMaxBatchedPrompts)) return *e;
   } else {
     if (auto e = read_chat_prompt(body, req.chat)) return *e;
   }
@@ -450,9 +458,11 @@ std::variant<CacheDropRequest, ApiError> parse_cache_drop_request(std::string_vi
     if (auto e = read_chat_prompt(body, *req.chat)) return *e;
     return req;
   }
-  if (auto e = read_prompt(body, req.prompt_text, req.prompt_tokens, false)) return *e;
-  if (!req.prompt_text && req.prompt_tokens.empty())
+  std::vector<PromptInput> prompts;
+  if (auto e = read_prompts(body, prompts, false, 1)) return *e;
+  if (prompts.empty())
     return invalid_request("give 'prompt', 'messages' or \"all\": true", "prompt", "missing_required_parameter");
+  req.prompt = std::move(prompts[0]);
   return req;
 }
 

@@ -31,12 +31,21 @@ namespace pagoda::server {
 
 enum class Endpoint { kCompletions, kChatCompletions };
 
+// One completions prompt as sent: its text, or its token ids (exactly one of the two).
+struct PromptInput {
+  std::optional<std::string> text;
+  std::vector<int32_t> tokens;
+};
+
+// The most prompts one batched completions request may list ("prompt": ["a", "b", ...] or
+// [[1, 2], [3], ...]): each is an engine request, all admitted together or not at all.
+inline constexpr size_t kMaxBatchedPrompts = 256;
+
 struct OpenAiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;
-  // Completions: exactly one of these.
-  std::optional<std::string> prompt_text;
-  std::vector<int32_t> prompt_tokens;
+  // Completions: one prompt, or a batch; prompt p's choice j is the response's choice p x n + j.
+  std::vector<PromptInput> prompts;
   // Chat: messages, tools, chat_template_kwargs.
   ChatPrompt chat;
 
@@ -73,8 +82,7 @@ std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view body
 // conversation (prompt text or ids, or chat messages) below keep_prefix_tokens,
 // or of the whole tenant namespace with "all": true.
 struct CacheDropRequest {
-  std::optional<std::string> prompt_text;
-  std::vector<int32_t> prompt_tokens;
+  PromptInput prompt;  // empty without "prompt"
   std::optional<ChatPrompt> chat;
   int64_t keep_prefix_tokens = 0;
   bool all = false;

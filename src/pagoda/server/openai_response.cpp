@@ -107,7 +107,8 @@ json ResponseBuilder::final_response(const engine::Usage& usage) const {
   json choices = json::array();
   for (size_t i = 0; i < choices_.size(); ++i) {
     const Choice& c = choices_[i];
-    json choice = {{"index", i}, {"finish_reason", finish_reason_json(c.finish)}};
+    const int64_t index = first_index_ + static_cast<int64_t>(i);
+    json choice = {{"index", index}, {"finish_reason", finish_reason_json(c.finish)}};
     choice["logprobs"] = want_logprobs_ ? logprobs_json(c.logprobs, 0, prompt_.echo) : json(nullptr);
     if (endpoint_ == Endpoint::kCompletions) {
       choice["text"] = prompt_.echo ? prompt_.text + c.text : c.text;
@@ -115,7 +116,7 @@ json ResponseBuilder::final_response(const engine::Usage& usage) const {
     } else if (auto parsed = parse_tool_calls(c.text, tool_call_syntax_)) {
       json calls = json::array();
       for (size_t k = 0; k < parsed->calls.size(); ++k)
-        calls.push_back({{"id", fmt::format("call_{}_{}_{}", id_, i, k)},
+        calls.push_back({{"id", fmt::format("call_{}_{}_{}", id_, index, k)},
                          {"type", "function"},
                          {"function", {{"name", parsed->calls[k].name}, {"arguments", parsed->calls[k].arguments}}}});
       choice["message"] = {{"role", "assistant"},
@@ -158,7 +159,8 @@ std::vector<json> ResponseBuilder::chunks(const engine::RequestOutput& delta) {
     c.text += text;
     const bool finished = d.finish_reason != engine::FinishReason::kNone;
     if (text.empty() && !finished && c.role_sent) continue;
-    json choice = {{"index", d.index}};
+    const int32_t index = first_index_ + d.index;
+    json choice = {{"index", index}};
     choice["finish_reason"] = finished ? json(finish_reason_json(d.finish_reason)) : json(nullptr);
     std::vector<engine::SampledToken> logprobs = d.logprobs;
     if (d.stop_token) logprobs.push_back(*d.stop_token);
@@ -183,7 +185,7 @@ std::vector<json> ResponseBuilder::chunks(const engine::RequestOutput& delta) {
         for (auto& call : td.calls) {
           const size_t k = c.tool_calls_sent++;
           calls.push_back({{"index", k},
-                           {"id", fmt::format("call_{}_{}_{}", id_, d.index, k)},
+                           {"id", fmt::format("call_{}_{}_{}", id_, index, k)},
                            {"type", "function"},
                            {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
         }

@@ -35,6 +35,10 @@ class ResponseBuilder {
   // Off by default.
   void parse_tool_calls_as(ToolCallSyntax syntax) { tool_call_syntax_ = syntax; }
 
+  // The "index" of this builder's first choice (0 by default): a batched completions request's
+  // prompt p numbers its choices from p x n, as OpenAI and vLLM do. The deltas' indices stay 0..n-1.
+  void number_choices_from(int32_t first_index) { first_index_ = first_index; }
+
   // The prompt's part of the response, given before the first delta:
   //   echo (completions): each choice's text starts with `text`; with logprobs, its logprobs
   //     start with the prompt tokens' (the first one's logprob null: nothing predicts it), each
@@ -92,6 +96,7 @@ class ResponseBuilder {
   TokenText token_text_;
   std::vector<Choice> choices_;
   ToolCallSyntax tool_call_syntax_ = ToolCallSyntax::kNone;
+  int32_t first_index_ = 0;
   PromptReport prompt_;
   std::vector<engine::SampledToken> prompt_scores_;  // prompt tokens 1, 2, .. as the deltas brought them
 };

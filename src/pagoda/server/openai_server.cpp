@@ -183,81 +183,68 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
         fmt::format("model '{}' does not exist; this server serves '{}'", req.model, config_.model_name), "model",
         "model_not_found"));
 
-  StatusOr<std::vector<int32_t>> tokens = std::vector<int32_t>{};
-  if (endpoint == Endpoint::kChatCompletions)
-    tokens = tokens_for_chat(req.chat);
-  else if (req.prompt_text)
-    tokens = tokens_for_text(*req.prompt_text, true);
-  else
-    tokens = req.prompt_tokens;
-  const char* prompt_param = endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
-  if (!tokens.ok()) return error_reply(api_error_from_status(tokens.status(), prompt_param));
-  if (tokens->empty()) return error_reply(invalid_request("the prompt is empty", prompt_param));
-
-  const int64_t context = engine_.max_context_length();
-  bool truncated = false;
-  if (req.truncate_prompt_tokens) {  // the prompt's last k tokens (the start of a chat's template goes too)
-    const int64_t keep = *req.truncate_prompt_tokens < 0 ? context : *req.truncate_prompt_tokens;
-    truncated = static_cast<int64_t>(tokens->size()) > keep;
-    if (truncated) tokens->erase(tokens->begin(), tokens->end() - static_cast<std::ptrdiff_t>(keep));
-  }
-  const int64_t prompt_len = static_cast<int64_t>(tokens->size());
-  if (!req.max_tokens_given) {
-    const int64_t room = context - prompt_len;
-    if (room < 1)
-      return error_reply(invalid_request(
-          fmt::format("this model's maximum context length is {} tokens, but the prompt has {} tokens", context,
-                      prompt_len),
-          prompt_param, "context_length_exceeded"));
-    const int64_t wanted = endpoint == Endpoint::kCompletions ? 16 : config_.default_chat_max_tokens;
-    req.sampling.max_tokens = static_cast<int32_t>(std::min(room, std::max<int64_t>(wanted, req.sampling.min_tokens)));
-    if (req.sampling.min_tokens > req.sampling.max_tokens)
-      return error_reply(invalid_request(fmt::format("min_tokens {} is more than the {} tokens the context has room "
-                                                     "for after the prompt",
-                                                     req.sampling.min_tokens, room),
-                                         "min_tokens"));
-  }
-  for (auto e : {check_request_cost(req.sampling, config_.max_request_cost),
-                 check_prompt_scoring_cost(req.sampling, prompt_len, config_.max_request_cost,
-                                           req.prompt_logprobs ? "prompt_logprobs" : "echo")}) {
-    if (!e) continue;
-    tenant_usage_.record_refused(tenant, Refusal::kRequestCost);
-    return error_reply(*e);
-  }
-
-  // Vocabulary checks the engine repeats, made here because only here is it
-  // known which field to name.
-  const int32_t vocab = engine_.vocab_size();
-  for (size_t i = 0; i < tokens->size(); ++i)
-    if ((*tokens)[i] < 0 || (*tokens)[i] >= vocab)
-      return error_reply(invalid_request(fmt::format("prompt token {} at index {} is outside the vocabulary [0, {})",
-                                                     (*tokens)[i], i, vocab),
-                                         prompt_param));
   if (auto e = tokenize_bad_words(req)) return error_reply(*e);
-  // The messages start with the field they name (stop_token_ids, allowed_token_ids, bad_words, logit_bias).
-  if (Status valid = engine::validate_sampling_params(req.sampling, vocab); !valid.ok())
-    return error_reply(invalid_request(valid.message(), valid.message().substr(0, valid.message().find_first_of(" :"))));
+  // Each prompt's tokens, sampling and report (a batched completions request has several).
+  std::vector<PreparedPrompt> prompts;
+  const bool chat = endpoint == Endpoint::kChatCompletions;
+  const size_t count = chat ? 1 : req.prompts.size();
+  for (size_t i = 0; i < count; ++i) {
+    auto prepared = prepare_prompt(req, chat ? nullptr : &req.prompts[i], count == 1 ? "" : fmt::format("prompt {}: ", i));
+    if (auto* e = std::get_if<ApiError>(&prepared)) {
+      if (e->code == "request_too_costly") tenant_usage_.record_refused(tenant, Refusal::kRequestCost);
+      return error_reply(*e);
+    }
+    prompts.push_back(std::get<PreparedPrompt>(std::move(prepared)));
+  }
+  const char* prompt_param = endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
+  if (prompts.size() > 1) {
+    int64_t generated = 0, scored = 0;
+    for (const PreparedPrompt& p : prompts) {
+      generated += request_cost(p.sampling);
+      if (p.sampling.prompt_logprobs) scored += static_cast<int64_t>(p.tokens.size()) * (1 + *p.sampling.prompt_logprobs);
+    }
+    if (config_.max_request_cost > 0 && generated + scored > config_.max_request_cost) {
+      tenant_usage_.record_refused(tenant, Refusal::kRequestCost);
+      return error_reply(invalid_request(
+          fmt::format("these {} prompts may cost {} token-units together ({} generated, {} of prompt scoring), over "
+                      "this server's limit of {} per request; send fewer prompts per request",
+                      prompts.size(), generated + scored, generated, scored, config_.max_request_cost),
+          prompt_param, "request_too_costly"));
+    }
+  }
+
+  // The messages start with the field they name (stop_token_ids, allowed_token_ids, bad_words, logit_bias);
+  // the prompts' sampling differs only in max_tokens.
+  for (const PreparedPrompt& p : prompts) {
+    Status valid = engine::validate_sampling_params(p.sampling, engine_.vocab_size());
+    if (!valid.ok())
+      return error_reply(
+          invalid_request(valid.message(), valid.message().substr(0, valid.message().find_first_of(" :"))));
+  }
 
   // Structured outputs: the constraint is compiled before any quota is taken.
   auto constraint = constraint_for(req);
   if (auto* e = std::get_if<ApiError>(&constraint)) return error_reply(*e);
 
-  // The tenant's quotas. Worst case for its KV cap: the prompt and every token
-  // of every choice, each fork's last block its own.
-  const int64_t n = req.sampling.n, max_tokens = req.sampling.max_tokens;
-  if (limits.max_kv_blocks > 0) {
-    const int64_t bs = engine_.kv_block_size();
-    const int64_t blocks = (prompt_len + max_tokens + bs - 1) / bs + (n - 1) * ((max_tokens + bs - 1) / bs + 1);
-    if (blocks > limits.max_kv_blocks) {
-      tenant_usage_.record_refused(tenant, Refusal::kKvBlocks);
-      return error_reply(invalid_request(
-          fmt::format("this request may need {} KV blocks of {} tokens (prompt, max_tokens, n), over your tenant's "
-                      "cap of {} blocks; lower max_tokens or n, or shorten the prompt",
-                      blocks, bs, limits.max_kv_blocks),
-          "max_tokens", "tenant_kv_limit"));
-    }
+  // The tenant's quotas, for all the prompts at once. Worst case for its KV
+  // cap: each prompt and every token of every choice, each fork's last block
+  // its own.
+  const int64_t n = req.sampling.n;
+  int64_t blocks = 0, reserved_tokens = 0;
+  for (const PreparedPrompt& p : prompts) {
+    const int64_t bs = engine_.kv_block_size(), prompt_len = static_cast<int64_t>(p.tokens.size());
+    const int64_t max_tokens = p.sampling.max_tokens;
+    blocks += (prompt_len + max_tokens + bs - 1) / bs + (n - 1) * ((max_tokens + bs - 1) / bs + 1);
+    reserved_tokens += prompt_len + n * max_tokens;
   }
-  const int64_t reserved_tokens = prompt_len + n * max_tokens;
+  if (limits.max_kv_blocks > 0 && blocks > limits.max_kv_blocks) {
+    tenant_usage_.record_refused(tenant, Refusal::kKvBlocks);
+    return error_reply(invalid_request(
+        fmt::format("this request may need {} KV blocks of {} tokens (prompt, max_tokens, n), over your tenant's "
+                    "cap of {} blocks; lower max_tokens or n, or shorten the prompt",
+                    blocks, engine_.kv_block_size(), limits.max_kv_blocks),
+        "max_tokens", "tenant_kv_limit"));
+  }
   if (auto refused = quotas_.admit(tenant, limits, reserved_tokens)) {
     tenant_usage_.record_refused(tenant, refused->reason);
     if (!refused->ever_possible)
@@ -273,60 +260,52 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
     return reply;
   }
 
-  ResponseBuilder::PromptReport prompt_report;
-  if (req.echo || req.prompt_logprobs) {
-    prompt_report.tokens = *tokens;
-    prompt_report.echo = req.echo;
-    prompt_report.echo_top_logprobs = req.sampling.logprobs.value_or(0);
-    prompt_report.prompt_logprobs = req.prompt_logprobs;
-    // echo: the prompt as given, or as its tokens read when it came as ids or was truncated.
-    if (req.echo && req.prompt_text && !truncated) {
-      prompt_report.text = *req.prompt_text;
-    } else if (req.echo && codec_.decode) {
-      prompt_report.text = codec_.decode(*tokens);
-    } else if (req.echo) {
-      for (int32_t t : *tokens) prompt_report.text += token_text(t);
+  const std::string id = fmt::format("{}-{:x}{:06x}", endpoint == Endpoint::kCompletions ? "cmpl" : "chatcmpl",
+                                     unix_seconds(), next_response_id_++);
+  const int64_t created = unix_seconds();
+  GenerationReplyParts parts;
+  parts.engine = &engine_;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    PreparedPrompt& p = prompts[i];
+    engine::GenerationRequest gen;
+    gen.tenant_namespace = caller.cache_namespace;
+    gen.prompt_tokens = std::move(p.tokens);
+    gen.sampling = std::move(p.sampling);
+    gen.kv_compression = req.kv_compression;
+    gen.constraint = std::get<std::shared_ptr<const engine::TokenConstraint>>(constraint);
+    auto submitted = engine_.submit(std::move(gen));
+    if (!submitted.ok()) {
+      // All or nothing: the prompts already submitted go back.
+      for (const PromptGeneration& done : parts.prompts) engine_.abort(done.stream->id());
+      quotas_.release(tenant, limits, reserved_tokens, 0);
+      if (submitted.status().code() == StatusCode::kResourceExhausted)
+        tenant_usage_.record_refused(tenant, Refusal::kQueueFull);
+      // By code, never by the message (engine.h): kOutOfRange is the prompt plus
+      // max_tokens past the context length or the whole KV cache.
+      ApiError e = api_error_from_status(submitted.status());
+      if (prompts.size() > 1) e.message = fmt::format("prompt {}: {}", i, e.message);
+      if (submitted.status().code() == StatusCode::kOutOfRange) {
+        e.code = "context_length_exceeded";
+        e.param = prompt_param;
+      }
+      return error_reply(e);
     }
-  }
-  engine::GenerationRequest gen;
-  gen.tenant_namespace = caller.cache_namespace;
-  gen.prompt_tokens = std::move(*tokens);
-  gen.sampling = req.sampling;
-  gen.kv_compression = req.kv_compression;
-  gen.constraint = std::get<std::shared_ptr<const engine::TokenConstraint>>(std::move(constraint));
-  auto submitted = engine_.submit(std::move(gen));
-  if (!submitted.ok()) {
-    quotas_.release(tenant, limits, reserved_tokens, 0);
-    if (submitted.status().code() == StatusCode::kResourceExhausted)
-      tenant_usage_.record_refused(tenant, Refusal::kQueueFull);
-    // By code, never by the message (engine.h): kOutOfRange is the prompt plus
-    // max_tokens past the context length or the whole KV cache.
-    ApiError e = api_error_from_status(submitted.status());
-    if (submitted.status().code() == StatusCode::kOutOfRange) {
-      e.code = "context_length_exceeded";
-      e.param = prompt_param;
+    auto builder = std::make_unique<ResponseBuilder>(endpoint, id, config_.model_name, created, req.sampling.n,
+                                                     req.sampling.logprobs.has_value(),
+                                                     [this](int32_t t) { return token_text(t); });
+    builder->number_choices_from(static_cast<int32_t>(i) * req.sampling.n);
+    if (p.report.echo || p.report.prompt_logprobs) builder->report_prompt(std::move(p.report));
+    // Tool calls are read back only when the template was shown tools; forced
+    // calls are written in the syntax the constraint used.
+    if (endpoint == Endpoint::kChatCompletions && req.chat.tools.is_array()) {
+      const bool forced = req.chat.tool_choice == ToolChoice::kRequired || req.chat.tool_choice == ToolChoice::kNamed;
+      const ToolCallSyntax syntax = codec_.render_chat.tool_call_syntax;
+      builder->parse_tool_calls_as(forced ? StructuredOutputCompiler::forced_tool_syntax(syntax) : syntax);
     }
-    return error_reply(e);
+    parts.prompts.push_back(PromptGeneration{std::move(*submitted), std::move(builder)});
   }
   tenant_usage_.record_accepted(tenant);
 
-  const std::string id = fmt::format("{}-{:x}{:06x}", endpoint == Endpoint::kCompletions ? "cmpl" : "chatcmpl",
-                                     unix_seconds(), next_response_id_++);
-  auto builder = std::make_unique<ResponseBuilder>(endpoint, id, config_.model_name, unix_seconds(), req.sampling.n,
-                                                   req.sampling.logprobs.has_value(),
-                                                   [this](int32_t t) { return token_text(t); });
-  if (req.echo || req.prompt_logprobs) builder->report_prompt(std::move(prompt_report));
-  // Tool calls are read back only when the template was shown tools; forced
-  // calls are written in the syntax the constraint used.
-  if (endpoint == Endpoint::kChatCompletions && req.chat.tools.is_array()) {
-    const bool forced = req.chat.tool_choice == ToolChoice::kRequired || req.chat.tool_choice == ToolChoice::kNamed;
-    const ToolCallSyntax syntax = codec_.render_chat.tool_call_syntax;
-    builder->parse_tool_calls_as(forced ? StructuredOutputCompiler::forced_tool_syntax(syntax) : syntax);
-  }
-  GenerationReplyParts parts;
-  parts.engine = &engine_;
-  parts.stream = std::move(*submitted);
-  parts.builder = std::move(builder);
   parts.on_ended = [this, tenant, limits, reserved_tokens](std::optional<engine::Usage> usage) {
     // A client that left keeps its whole reservation charged.
     quotas_.release(tenant, limits, reserved_tokens,
@@ -341,6 +320,83 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
   }
   if (req.stream) return HttpReply::deferred(make_streamed_generation_reply(std::move(parts), req.include_usage));
   return HttpReply::deferred(make_whole_generation_reply(std::move(parts)));
+}
+
+std::variant<OpenAiServer::PreparedPrompt, ApiError> OpenAiServer::prepare_prompt(const OpenAiRequest& req,
+                                                                                  const PromptInput* input,
+                                                                                  const std::string& where) const {
+  const bool chat = input == nullptr;
+  const char* prompt_param = chat ? "messages" : "prompt";
+  // `where` ("prompt 3: ") leads the messages of a batched request's prompts.
+  auto refuse = [&](ApiError e) {
+    e.message = where + e.message;
+    return e;
+  };
+  StatusOr<std::vector<int32_t>> tokens = std::vector<int32_t>{};
+  if (chat)
+    tokens = tokens_for_chat(req.chat);
+  else if (input->text)
+    tokens = tokens_for_text(*input->text, true);
+  else
+    tokens = input->tokens;
+  if (!tokens.ok()) return refuse(api_error_from_status(tokens.status(), prompt_param));
+  if (tokens->empty()) return refuse(invalid_request("the prompt is empty", prompt_param));
+
+  PreparedPrompt p;
+  p.sampling = req.sampling;
+  const int64_t context = engine_.max_context_length();
+  bool truncated = false;
+  if (req.truncate_prompt_tokens) {  // the prompt's last k tokens (the start of a chat's template goes too)
+    const int64_t keep = *req.truncate_prompt_tokens < 0 ? context : *req.truncate_prompt_tokens;
+    truncated = static_cast<int64_t>(tokens->size()) > keep;
+    if (truncated) tokens->erase(tokens->begin(), tokens->end() - static_cast<std::ptrdiff_t>(keep));
+  }
+  const int64_t prompt_len = static_cast<int64_t>(tokens->size());
+  if (!req.max_tokens_given) {
+    const int64_t room = context - prompt_len;
+    if (room < 1)
+      return refuse(invalid_request(fmt::format("this model's maximum context length is {} tokens, but the prompt "
+                                                "has {} tokens",
+                                                context, prompt_len),
+                                    prompt_param, "context_length_exceeded"));
+    const int64_t wanted = chat ? config_.default_chat_max_tokens : 16;
+    p.sampling.max_tokens = static_cast<int32_t>(std::min(room, std::max<int64_t>(wanted, p.sampling.min_tokens)));
+    if (p.sampling.min_tokens > p.sampling.max_tokens)
+      return refuse(invalid_request(fmt::format("min_tokens {} is more than the {} tokens the context has room for "
+                                                "after the prompt",
+                                                p.sampling.min_tokens, room),
+                                    "min_tokens"));
+  }
+  for (auto e : {check_request_cost(p.sampling, config_.max_request_cost),
+                 check_prompt_scoring_cost(p.sampling, prompt_len, config_.max_request_cost,
+                                           req.prompt_logprobs ? "prompt_logprobs" : "echo")}) {
+    if (e) return refuse(*e);
+  }
+  // Vocabulary checks the engine repeats, made here because only here is it
+  // known which field to name.
+  const int32_t vocab = engine_.vocab_size();
+  for (size_t i = 0; i < tokens->size(); ++i)
+    if ((*tokens)[i] < 0 || (*tokens)[i] >= vocab)
+      return refuse(invalid_request(
+          fmt::format("prompt token {} at index {} is outside the vocabulary [0, {})", (*tokens)[i], i, vocab),
+          prompt_param));
+
+  if (req.echo || req.prompt_logprobs) {
+    p.report.tokens = *tokens;
+    p.report.echo = req.echo;
+    p.report.echo_top_logprobs = req.sampling.logprobs.value_or(0);
+    p.report.prompt_logprobs = req.prompt_logprobs;
+    // echo: the prompt as given, or as its tokens read when it came as ids or was truncated.
+    if (req.echo && !chat && input->text && !truncated) {
+      p.report.text = *input->text;
+    } else if (req.echo && codec_.decode) {
+      p.report.text = codec_.decode(*tokens);
+    } else if (req.echo) {
+      for (int32_t t : *tokens) p.report.text += token_text(t);
+    }
+  }
+  p.tokens = std::move(*tokens);
+  return p;
 }
 
 std::variant<std::shared_ptr<const engine::TokenConstraint>, ApiError> OpenAiServer::constraint_for(
@@ -428,11 +484,11 @@ HttpReply OpenAiServer::handle_cache_drop(const HttpRequest& http_req) {
   if (req.all) {
     dropped = engine_.drop_namespace(ns);
   } else {
-    StatusOr<std::vector<int32_t>> tokens = req.prompt_tokens;
+    StatusOr<std::vector<int32_t>> tokens = req.prompt.tokens;
     if (req.chat)
       tokens = tokens_for_chat(*req.chat);
-    else if (req.prompt_text)
-      tokens = tokens_for_text(*req.prompt_text, true);
+    else if (req.prompt.text)
+      tokens = tokens_for_text(*req.prompt.text, true);
     if (!tokens.ok()) return error_reply(api_error_from_status(tokens.status(), "prompt"));
     const int32_t vocab = engine_.vocab_size();
     for (size_t i = 0; i < tokens->size(); ++i)

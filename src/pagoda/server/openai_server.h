@@ -19,6 +19,10 @@
 // Retry-After queue full: all decided before any byte of the response) ->
 // response.
 //
+// A batched completions prompt (a list of prompts) is one engine request per
+// prompt, prepared, capped and admitted together (prepare_prompt), answered as
+// one response (generation_reply.h).
+//
 // Non-streamed responses hold their status until the generation has finished:
 // 200 with the completion, or the OpenAI error object with 500 (the model
 // failed), 503 (the request can never fit the KV cache, or the server shut
@@ -149,6 +153,17 @@ class OpenAiServer {
  private:
   void install_routes();
   HttpReply handle_generate(const HttpRequest& req, Endpoint endpoint);
+  // One prompt of a request made ready to submit: its tokens (truncated as asked, checked against
+  // the vocabulary), its sampling with max_tokens picked for it when the request gave none (the
+  // context's room decides), its cost checked, and what echo / prompt_logprobs report of it.
+  struct PreparedPrompt {
+    std::vector<int32_t> tokens;
+    engine::SamplingParams sampling;
+    ResponseBuilder::PromptReport report;
+  };
+  // `input` null: the chat's messages. `where` leads error messages ("prompt 3: " in a batch).
+  std::variant<PreparedPrompt, ApiError> prepare_prompt(const OpenAiRequest& req, const PromptInput* input,
+                                                        const std::string& where) const;
   HttpReply handle_cache_drop(const HttpRequest& req);
   HttpReply handle_usage(const HttpRequest& req);
   HttpReply handle_metrics(const HttpRequest& req);
