@@ -367,6 +367,7 @@ TEST_F(ServerTest, BatchedPromptWithABadPromptIsRefusedWhole) {
   EXPECT_EQ(e["param"], "prompt");
   EXPECT_THAT(e["message"].get<std::string>(), HasSubstr("prompt 1: "));
   const std::vector<int32_t> long_prompt(4000, 3);
+  runner_.step_delay_ms = 5;  // prompt 0's 200 tokens would take a second
   auto too_long = post({{"model", "scripted"}, {"prompt", Prompts{{1}, long_prompt}}, {"max_tokens", 200}});
   ASSERT_TRUE(too_long);
   EXPECT_EQ(too_long->status, 400) << too_long->body;
@@ -415,10 +416,10 @@ TEST_F(CostCapServerTest, PromptScoringOverTheRequestCostIs400) {
 // The cap holds for a batch as a whole: prompts each within it may not add up past it.
 TEST_F(CostCapServerTest, BatchedPromptsAreCappedTogether) {
   const std::vector<int32_t> prompt(100, 1);
-  auto each = post({{"model", "scripted"}, {"prompt", prompt}, {"max_tokens", 4000}, {"ignore_eos", true}});
+  auto each = post({{"model", "scripted"}, {"prompt", prompt}, {"max_tokens", 3500}, {"ignore_eos", true}});
   ASSERT_TRUE(each);
   EXPECT_EQ(each->status, 200) << "one prompt is within the cap";
-  auto res = post({{"model", "scripted"}, {"prompt", Prompts{prompt, prompt, prompt}}, {"max_tokens", 4000}});
+  auto res = post({{"model", "scripted"}, {"prompt", Prompts{prompt, prompt, prompt}}, {"max_tokens", 3500}});
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 400) << res->body;
   const json e = json::parse(res->body)["error"];

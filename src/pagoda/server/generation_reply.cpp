@@ -156,9 +156,10 @@ class WholeGenerationReply final : public GenerationReplyBase {
             parts_.retry_after_seconds);
     }
     json body = parts_.prompts[0].builder->final_response(usage_);
-    for (size_t i = 1; i < parts_.prompts.size(); ++i)
-      for (json& choice : parts_.prompts[i].builder->final_response(usage_)["choices"])
-        body["choices"].push_back(std::move(choice));
+    for (size_t i = 1; i < parts_.prompts.size(); ++i) {
+      json more = parts_.prompts[i].builder->final_response(usage_);
+      for (json& choice : more["choices"]) body["choices"].push_back(std::move(choice));
+    }
     HttpResponse r;
     r.status = 200;
     r.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
