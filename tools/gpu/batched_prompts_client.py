@@ -13,6 +13,7 @@ import http.client, json, sys, time
 PORT, MODEL = int(sys.argv[1]), sys.argv[2]
 PROMPTS = int(sys.argv[3]) if len(sys.argv) > 3 else 256
 BATCH = int(sys.argv[4]) if len(sys.argv) > 4 else 32
+VOCAB = int(sys.argv[5]) if len(sys.argv) > 5 else 30000
 conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=900)  # keep-alive, one request at a time
 
 
@@ -26,7 +27,7 @@ def post(body):
 
 
 def prompt(k):
-    return [(31 * i + 977 * k + 11) % 30000 + 100 for i in range(200 + (k * 37) % 257)]
+    return [(31 * i + 977 * k + 11) % VOCAB + 100 for i in range(200 + (k * 37) % 257)]
 
 
 prompts = [prompt(k) for k in range(PROMPTS)]
