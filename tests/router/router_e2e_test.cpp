@@ -310,6 +310,12 @@ TEST_F(RouterE2eTest, KeysAndErrorsAreTheBackendsOwn) {
   auto models = client(router_.port()).Get("/v1/models");
   ASSERT_TRUE(models);
   EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "pagoda-tiny");
+  // vLLM's /tokenize (outside /v1/) reaches a backend too.
+  auto tokenized = client(router_.port()).Post("/tokenize", R"({"model": "pagoda-tiny", "prompt": "Hello"})",
+                                               "application/json");
+  ASSERT_TRUE(tokenized);
+  EXPECT_EQ(tokenized->status, 200) << tokenized->body;
+  EXPECT_GE(json::parse(tokenized->body)["count"].get<int>(), 1);
   auto unknown = client(router_.port()).Get("/v1/nothing-here");
   EXPECT_EQ(unknown->status, 404);
   EXPECT_TRUE(json::parse(unknown->body)["error"].is_object());

@@ -645,6 +645,68 @@ class ChatServerTest : public ServerTest {
   }
 };
 
+// vLLM's /tokenize and /detokenize: the served model's tokenizer and chat template (here one token per byte, mod 64).
+TEST_F(ChatServerTest, TokenizeAndDetokenize) {
+  auto text = post({{"model", "scripted"}, {"prompt", "abc"}, {"return_token_strs", true}}, "/tokenize");
+  ASSERT_TRUE(text);
+  ASSERT_EQ(text->status, 200) << text->body;
+  const json t = json::parse(text->body);
+  EXPECT_EQ(t["tokens"], json({'a' % 64, 'b' % 64, 'c' % 64}));
+  EXPECT_EQ(t["count"], 3);
+  EXPECT_EQ(t["max_model_len"], 4096);
+  EXPECT_EQ(t["token_strs"], json({"<33>", "<34>", "<35>"}));
+  // A chat: the tokens /v1/chat/completions runs.
+  const json messages = {{{"role", "user"}, {"content", "hello there"}}};
+  auto chat = post({{"model", "scripted"}, {"messages", messages}}, "/tokenize");
+  auto completion = post({{"model", "scripted"}, {"messages", messages}, {"max_tokens", 1}}, "/v1/chat/completions");
+  ASSERT_TRUE(chat && completion);
+  ASSERT_EQ(chat->status, 200) << chat->body;
+  ASSERT_EQ(completion->status, 200) << completion->body;
+  EXPECT_EQ(json::parse(chat->body)["count"], json::parse(completion->body)["usage"]["prompt_tokens"]);
+  EXPECT_TRUE(json::parse(chat->body)["token_strs"].is_null());
+
+  auto back = post({{"model", "scripted"}, {"tokens", {5, 6}}}, "/detokenize");
+  ASSERT_TRUE(back);
+  ASSERT_EQ(back->status, 200) << back->body;
+  EXPECT_EQ(json::parse(back->body)["prompt"], "<5><6>");
+
+  struct Case {
+    json body;
+    const char* path;
+    std::string param;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{{"model", "other"}, {"prompt", "x"}}, "/tokenize", "model"},
+           {{{"model", "scripted"}}, "/tokenize", "prompt"},
+           {{{"model", "scripted"}, {"prompt", 5}}, "/tokenize", "prompt"},
+           {{{"model", "scripted"}, {"prompt", "x"}, {"messages", messages}}, "/tokenize", "prompt"},
+           {{{"model", "scripted"}, {"messages", messages}, {"add_generation_prompt", false}}, "/tokenize",
+            "add_generation_prompt"},
+           {{{"model", "scripted"}, {"messages", {{{"role", "nobody"}, {"content", "x"}}}}}, "/tokenize",
+            "messages[0].role"},
+           {{{"model", "scripted"}, {"tokens", {1, ScriptedRunner::kVocab}}}, "/detokenize", "tokens"},
+           {{{"model", "scripted"}, {"tokens", {-1}}}, "/detokenize", "tokens"},
+           {{{"model", "scripted"}, {"tokens", "x"}}, "/detokenize", "tokens"},
+           {{{"model", "scripted"}}, "/detokenize", "tokens"},
+       }) {
+    auto res = post(c.body, c.path);
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << c.body.dump() << " -> " << res->body;
+    EXPECT_EQ(json::parse(res->body)["error"]["param"], c.param) << c.body.dump();
+  }
+}
+
+// Without a tokenizer, text cannot be tokenized: a 400 that says so; ids still read back.
+TEST_F(ServerTest, TokenizeWithoutATokenizerIs400) {
+  auto res = post({{"model", "scripted"}, {"prompt", "abc"}}, "/tokenize");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400) << res->body;
+  EXPECT_THAT(res->body, HasSubstr("no tokenizer"));
+  auto back = post({{"model", "scripted"}, {"tokens", {1, 2}}}, "/detokenize");
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->status, 200) << back->body;
+}
+
 TEST_F(ChatServerTest, ToolsAndToolCallsReachTheTemplate) {
   const json messages = json::parse(R"([
       {"role": "user", "content": "Weather in Paris?"},

@@ -228,6 +228,8 @@ void RouterServer::install_routes() {
   f.route("POST", "/v1/chat/completions", RouteRuns::kOnWorker,
           [this](HttpRequest& r) { return handle_proxy(r, true); });
   f.route("POST", "/v1/cache/drop", RouteRuns::kOnWorker, [this](HttpRequest& r) { return handle_cache_drop(r); });
+  for (const char* path : {"/tokenize", "/detokenize"})  // vLLM's, outside /v1/
+    f.route("POST", path, RouteRuns::kOnWorker, [this](HttpRequest& r) { return handle_proxy(r, false); });
   for (const char* method : {"GET", "POST", "PUT", "DELETE"})
     f.route_prefix(method, "/v1/", RouteRuns::kOnWorker, [this](HttpRequest& r) { return handle_proxy(r, false); });
 }

@@ -466,4 +466,61 @@ std::variant<CacheDropRequest, ApiError> parse_cache_drop_request(std::string_vi
   return req;
 }
 
+namespace {
+
+// The body as a JSON object no deeper than the generation endpoints accept, and its "model".
+std::optional<ApiError> read_object_and_model(std::string_view text, json& body, std::string& model) {
+  body = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded())
+    return invalid_request("the request body is not valid JSON (or not valid UTF-8)", std::nullopt, "invalid_json");
+  if (!body.is_object()) return invalid_request("the request body must be a JSON object", std::nullopt, "invalid_json");
+  if (auto e = check_nesting(body)) return e;
+  Reader r{body, std::nullopt};
+  auto m = r.string("model");
+  if (r.error) return r.error;
+  if (!m) return invalid_request("'model' is required", "model", "missing_required_parameter");
+  model = *m;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::variant<TokenizeRequest, ApiError> parse_tokenize_request(std::string_view text) {
+  json body;
+  TokenizeRequest req;
+  if (auto e = read_object_and_model(text, body, req.model)) return *e;
+  Reader r{body, std::nullopt};
+  const bool chat = body.contains("messages");
+  if (chat && body.contains("prompt"))
+    return invalid_request("give 'prompt' or 'messages', not both", "prompt");
+  if (chat) {
+    if (auto e = read_chat_prompt(body, req.chat)) return *e;
+    // The chat endpoint's rendering: with the generation prompt, as the server renders every chat.
+    if (auto it = body.find("add_generation_prompt"); it != body.end() && !it->is_null() && *it != json(true))
+      return invalid_request("'add_generation_prompt' is not supported (only its default, true, is)",
+                             "add_generation_prompt", "unsupported");
+  } else {
+    req.prompt = r.string("prompt");
+    if (r.error) return *r.error;
+    if (!req.prompt)
+      return invalid_request("give 'prompt' (a string) or 'messages'", "prompt", "missing_required_parameter");
+  }
+  req.add_special_tokens = r.boolean("add_special_tokens").value_or(!chat);
+  req.return_token_strs = r.boolean("return_token_strs").value_or(false);
+  if (r.error) return *r.error;
+  return req;
+}
+
+std::variant<DetokenizeRequest, ApiError> parse_detokenize_request(std::string_view text) {
+  json body;
+  DetokenizeRequest req;
+  if (auto e = read_object_and_model(text, body, req.model)) return *e;
+  auto it = body.find("tokens");
+  if (it == body.end() || it->is_null())
+    return invalid_request("'tokens' is required", "tokens", "missing_required_parameter");
+  if (!it->is_array()) return invalid_request("'tokens' must be an array of token ids", "tokens");
+  if (auto e = read_token_ids(*it, "tokens", req.tokens)) return *e;
+  return req;
+}
+
 }  // namespace pagoda::server

@@ -89,4 +89,26 @@ struct CacheDropRequest {
 };
 std::variant<CacheDropRequest, ApiError> parse_cache_drop_request(std::string_view body);
 
+// Bodies of vLLM's POST /tokenize and POST /detokenize (docs/API.md, "Tokenizing"):
+//   /tokenize   {"model", "prompt": "text"} (encoded with the model's special tokens unless
+//               "add_special_tokens": false), or {"model", "messages", "tools", "chat_template_kwargs"}
+//               (the chat template's text with the generation prompt, encoded without special tokens
+//               unless "add_special_tokens": true, as /v1/chat/completions encodes it);
+//               "return_token_strs": true adds each token's text;
+//   /detokenize {"model", "tokens": [ids]}.
+struct TokenizeRequest {
+  std::string model;
+  std::optional<std::string> prompt;  // else `chat`
+  ChatPrompt chat;
+  bool add_special_tokens = true;
+  bool return_token_strs = false;
+};
+std::variant<TokenizeRequest, ApiError> parse_tokenize_request(std::string_view body);
+
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+std::variant<DetokenizeRequest, ApiError> parse_detokenize_request(std::string_view body);
+
 }  // namespace pagoda::server

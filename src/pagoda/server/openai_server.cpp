@@ -125,13 +125,12 @@ std::optional<ApiError> OpenAiServer::tokenize_bad_words(OpenAiRequest& req) con
   return std::nullopt;
 }
 
-StatusOr<std::vector<int32_t>> OpenAiServer::tokens_for_chat(const ChatPrompt& prompt) const {
+StatusOr<std::vector<int32_t>> OpenAiServer::tokens_for_chat(const ChatPrompt& prompt, bool add_special_tokens) const {
   if (!codec_.encode || !codec_.render_chat)
     return invalid_argument_error("model '{}' has no tokenizer or chat template: use /v1/completions with token ids",
                                   config_.model_name);
   PAGODA_ASSIGN_OR_RETURN(std::string text, codec_.render_chat(prompt));
-  // Templates write their own BOS.
-  return codec_.encode(text, false);
+  return codec_.encode(text, add_special_tokens);
 }
 
 void OpenAiServer::install_routes() {
@@ -148,6 +147,8 @@ void OpenAiServer::install_routes() {
   front_.route("POST", "/v1/chat/completions", RouteRuns::kOnWorker,
                [this](HttpRequest& r) { return handle_generate(r, Endpoint::kChatCompletions); });
   front_.route("POST", "/v1/cache/drop", RouteRuns::kOnWorker, [this](HttpRequest& r) { return handle_cache_drop(r); });
+  front_.route("POST", "/tokenize", RouteRuns::kOnWorker, [this](HttpRequest& r) { return handle_tokenize(r); });
+  front_.route("POST", "/detokenize", RouteRuns::kOnWorker, [this](HttpRequest& r) { return handle_detokenize(r); });
   int32_t block_size = 0;
   engine_.visit_kv_cache([&](kv::KvCacheManager& kv) { block_size = kv.block_size(); });
   install_kv_routes(front_, KvRoutesContext{&config_.api_keys, &engine_, kv_feed_.get(), block_size, &draining_});
@@ -165,6 +166,60 @@ HttpReply OpenAiServer::handle_models(const HttpRequest& http_req) {
   return json_reply(200, {{"object", "list"}, {"data", json::array({model})}});
 }
 
+std::optional<ApiError> OpenAiServer::check_model(const std::string& model) const {
+  if (model == config_.model_name) return std::nullopt;
+  return invalid_request(fmt::format("model '{}' does not exist; this server serves '{}'", model, config_.model_name),
+                         "model", "model_not_found");
+}
+
+HttpReply OpenAiServer::handle_tokenize(const HttpRequest& http_req) {
+  if (auto e = check_json_content_type(http_req.header("Content-Type"))) return error_reply(*e);
+  auto identity = authenticate(http_req);
+  if (auto* refused = std::get_if<HttpReply>(&identity)) return std::move(*refused);
+  auto parsed = parse_tokenize_request(http_req.body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return error_reply(*e);
+  const TokenizeRequest& req = std::get<TokenizeRequest>(parsed);
+  if (auto e = check_model(req.model)) return error_reply(*e);
+  StatusOr<std::vector<int32_t>> tokens = std::vector<int32_t>{};
+  if (req.prompt)
+    tokens = tokens_for_text(*req.prompt, req.add_special_tokens);
+  else
+    tokens = tokens_for_chat(req.chat, req.add_special_tokens);
+  if (!tokens.ok()) return error_reply(api_error_from_status(tokens.status(), req.prompt ? "prompt" : "messages"));
+  json body = {{"count", tokens->size()},
+               {"max_model_len", engine_.max_context_length()},
+               {"tokens", *tokens},
+               {"token_strs", nullptr}};
+  if (req.return_token_strs) {
+    json strs = json::array();
+    for (int32_t t : *tokens) strs.push_back(token_text(t));
+    body["token_strs"] = std::move(strs);
+  }
+  return json_reply(200, body);
+}
+
+HttpReply OpenAiServer::handle_detokenize(const HttpRequest& http_req) {
+  if (auto e = check_json_content_type(http_req.header("Content-Type"))) return error_reply(*e);
+  auto identity = authenticate(http_req);
+  if (auto* refused = std::get_if<HttpReply>(&identity)) return std::move(*refused);
+  auto parsed = parse_detokenize_request(http_req.body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return error_reply(*e);
+  const DetokenizeRequest& req = std::get<DetokenizeRequest>(parsed);
+  if (auto e = check_model(req.model)) return error_reply(*e);
+  const int32_t vocab = engine_.vocab_size();
+  for (size_t i = 0; i < req.tokens.size(); ++i)
+    if (req.tokens[i] >= vocab)
+      return error_reply(invalid_request(
+          fmt::format("token {} at index {} is outside the vocabulary [0, {})", req.tokens[i], i, vocab), "tokens"));
+  std::string text;
+  if (codec_.decode) {
+    text = codec_.decode(req.tokens);
+  } else {
+    for (int32_t t : req.tokens) text += token_text(t);
+  }
+  return json_reply(200, {{"prompt", text}});
+}
+
 HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint endpoint) {
   const auto arrived = std::chrono::steady_clock::now();
   if (auto e = check_json_content_type(http_req.header("Content-Type"))) return error_reply(*e);
@@ -178,10 +233,7 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
   auto parsed = parse_openai_request(http_req.body, endpoint);
   if (auto* e = std::get_if<ApiError>(&parsed)) return error_reply(*e);
   OpenAiRequest& req = std::get<OpenAiRequest>(parsed);
-  if (req.model != config_.model_name)
-    return error_reply(invalid_request(
-        fmt::format("model '{}' does not exist; this server serves '{}'", req.model, config_.model_name), "model",
-        "model_not_found"));
+  if (auto e = check_model(req.model)) return error_reply(*e);
 
   if (auto e = tokenize_bad_words(req)) return error_reply(*e);
   // Each prompt's tokens, sampling and report (a batched completions request has several).

@@ -5,7 +5,8 @@
 // Routes: POST /v1/completions, POST /v1/chat/completions (both with
 // "stream": true as server-sent events ending in "data: [DONE]"),
 // GET /v1/models, POST /v1/cache/drop (pagoda: drop a conversation's or the
-// tenant's cached blocks), GET /v1/usage (pagoda: the caller's own tenant
+// tenant's cached blocks), POST /tokenize and /detokenize (vLLM's: the served
+// model's tokenizer and chat template, nothing cached), GET /v1/usage (pagoda: the caller's own tenant
 // figures), GET /health, GET /metrics (Prometheus; with api keys, only for a
 // key marked "admin"), and for a KV-aware router GET /v1/kv/events,
 // /v1/kv/namespace, /v1/load (kv_routes.h). No endpoint honours Range: every
@@ -165,6 +166,10 @@ class OpenAiServer {
   std::variant<PreparedPrompt, ApiError> prepare_prompt(const OpenAiRequest& req, const PromptInput* input,
                                                         const std::string& where) const;
   HttpReply handle_cache_drop(const HttpRequest& req);
+  HttpReply handle_tokenize(const HttpRequest& req);
+  HttpReply handle_detokenize(const HttpRequest& req);
+  // 400 model_not_found unless `model` is the served model's name.
+  std::optional<ApiError> check_model(const std::string& model) const;
   HttpReply handle_usage(const HttpRequest& req);
   HttpReply handle_metrics(const HttpRequest& req);
   HttpReply handle_models(const HttpRequest& req);
@@ -181,7 +186,8 @@ class OpenAiServer {
   StatusOr<std::vector<int32_t>> tokens_for_text(const std::string& text, bool add_special_tokens) const;
   // req.bad_words into req.sampling.bad_words_ids (an error names bad_words).
   std::optional<ApiError> tokenize_bad_words(OpenAiRequest& req) const;
-  StatusOr<std::vector<int32_t>> tokens_for_chat(const ChatPrompt& prompt) const;
+  // The chat template's text, encoded without special tokens by default (templates write their own BOS).
+  StatusOr<std::vector<int32_t>> tokens_for_chat(const ChatPrompt& prompt, bool add_special_tokens = false) const;
   std::string token_text(int32_t token) const;
   // The request's structured-output constraint (null when it asks for none).
   std::variant<std::shared_ptr<const engine::TokenConstraint>, ApiError> constraint_for(const OpenAiRequest& req);
