@@ -258,7 +258,7 @@ void add_serve_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "serve",
       "Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, "
-      "/health, /metrics).\n"
+      "/tokenize, /detokenize, /health, /metrics; docs/API.md).\n"
       "  pagoda serve --model models/pagoda-tiny --port 8000\n"
       "  pagoda serve --model DIR --device cuda --kv-cache-dtype fp8 --gpu-memory-utilization 0.9\n"
       "Prints 'listening on http://HOST:PORT' on stdout once it accepts connections; the model/device/KV report "
