@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -367,15 +368,137 @@ TEST_F(ServerTest, BatchedPromptWithABadPromptIsRefusedWhole) {
   EXPECT_EQ(e["param"], "prompt");
   EXPECT_THAT(e["message"].get<std::string>(), HasSubstr("prompt 1: "));
   const std::vector<int32_t> long_prompt(4000, 3);
-  runner_.step_delay_ms = 5;  // prompt 0's 200 tokens would take a second
   auto too_long = post({{"model", "scripted"}, {"prompt", Prompts{{1}, long_prompt}}, {"max_tokens", 200}});
   ASSERT_TRUE(too_long);
   EXPECT_EQ(too_long->status, 400) << too_long->body;
   EXPECT_EQ(json::parse(too_long->body)["error"]["code"], "context_length_exceeded");
   EXPECT_THAT(too_long->body, HasSubstr("prompt 1: "));
+  EXPECT_EQ(engine_->stats().requests_submitted, 0) << "refused before any prompt was queued";
+  // More prompts than the engine's queue holds could never be admitted together: a 400, not a 429.
+  auto too_many = post({{"model", "scripted"}, {"prompt", Prompts(257, {1})}, {"max_tokens", 1}});
+  ASSERT_TRUE(too_many);
+  EXPECT_EQ(too_many->status, 400) << too_many->body;
+  EXPECT_EQ(json::parse(too_many->body)["error"]["param"], "prompt");
+}
+
+// A batch whose prompt the engine refuses at submission (more than the whole KV cache) takes back the prompts
+// already queued.
+class SmallKvBatchTest : public ServerTest {
+ protected:
+  int32_t kv_num_blocks() const override { return 64; }  // 1,024 tokens
+};
+
+TEST_F(SmallKvBatchTest, ARefusedSubmissionAbortsThePromptsBeforeIt) {
+  runner_.step_delay_ms = 5;  // prompt 0's 100 tokens would take half a second
+  auto res = post({{"model", "scripted"}, {"prompt", Prompts{{1}, std::vector<int32_t>(1000, 3)}}, {"max_tokens", 100}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400) << res->body;
+  EXPECT_EQ(json::parse(res->body)["error"]["code"], "context_length_exceeded");
+  EXPECT_THAT(res->body, HasSubstr("prompt 1: "));
   EXPECT_TRUE(eventually([&] { return engine_->stats().requests_aborted == 1; }))
       << "prompt 0 went back when prompt 1 was refused";
   EXPECT_TRUE(eventually([&] { return idle(); }));
+}
+
+// A client that leaves a batch aborts every prompt of it.
+TEST_F(ServerTest, ClientLeavingABatchAbortsEveryPrompt) {
+  runner_.step_delay_ms = 5;
+  const std::string body = json{{"model", "scripted"}, {"prompt", Prompts{{1}, {2, 3}, {4}}}, {"max_tokens", 4000},
+                                {"ignore_eos", true}, {"stream", true}}
+                               .dump();
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port_));
+  inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+  char buffer[4096];
+  ASSERT_GT(recv(fd, buffer, sizeof(buffer), 0), 0) << "the stream started";
+  ASSERT_TRUE(eventually([&] { return engine_->stats().num_running == 3; }));
+  close(fd);
+  EXPECT_TRUE(eventually([&] { return engine_->stats().requests_aborted == 3; }))
+      << "aborted: " << engine_->stats().requests_aborted;
+  EXPECT_TRUE(eventually([&] { return idle(); }));
+  EXPECT_LT(runner_.calls.load(), 1000);
+}
+
+// One prompt's failure in a streamed batch: its error event once, the other prompts stopped, [DONE] last.
+TEST_F(ServerTest, StreamedBatchFailureSendsOneErrorEventThenDone) {
+  runner_.fail_from_call = 4;
+  auto res = post({{"model", "scripted"}, {"prompt", Prompts{{1, 2}, {3}, {4, 5}}}, {"max_tokens", 50}, {"stream", true}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  const std::string& text = res->body;
+  size_t errors = 0;
+  for (size_t at = text.find("data: {\"error\""); at != std::string::npos; at = text.find("data: {\"error\"", at + 1))
+    ++errors;
+  EXPECT_EQ(errors, 1u) << text;
+  EXPECT_EQ(text.rfind("data: [DONE]\n\n") + 14, text.size());
+  EXPECT_TRUE(eventually([&] { return idle(); }));
+}
+
+// With a first-token floor the deltas wait for the floor's time, then every one of them is sent (the reply
+// does not end when the last delta is fetched but when it is delivered).
+class FloorServerTest : public ServerTest {
+ protected:
+  void configure(ServerConfig& config) override { config.first_token_floor = std::chrono::milliseconds(300); }
+};
+
+TEST_F(FloorServerTest, HeldDeltasAreAllDelivered) {
+  for (const json& prompt : {json(std::vector<int32_t>{1, 2}), json(Prompts{{1, 2}, {7}})}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto whole = post({{"model", "scripted"}, {"prompt", prompt}, {"max_tokens", 3}, {"temperature", 0}});
+    ASSERT_TRUE(whole);
+    ASSERT_EQ(whole->status, 200) << whole->body;
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
+    const json body = json::parse(whole->body);
+    EXPECT_EQ(body["choices"][0]["text"], " <3> <4> <5>") << whole->body;
+    EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+    if (prompt[0].is_array()) {
+      EXPECT_EQ(body["choices"][1]["text"], " <8> <9> <10>") << whole->body;
+    }
+
+    auto streamed = post({{"model", "scripted"}, {"prompt", prompt}, {"max_tokens", 3}, {"temperature", 0},
+                          {"stream", true}});
+    ASSERT_TRUE(streamed);
+    ASSERT_EQ(streamed->status, 200);
+    std::map<int, std::string> texts;
+    std::map<int, std::string> finish;
+    for (size_t at = streamed->body.find("data: {"); at != std::string::npos;
+         at = streamed->body.find("data: {", at + 1)) {
+      const json chunk = json::parse(streamed->body.substr(at + 6, streamed->body.find("\n\n", at) - at - 6));
+      for (const json& c : chunk["choices"]) {
+        texts[c["index"].get<int>()] += c["text"].get<std::string>();
+        if (c["finish_reason"].is_string()) finish[c["index"].get<int>()] = c["finish_reason"];
+      }
+    }
+    EXPECT_EQ(texts[0], " <3> <4> <5>") << streamed->body;
+    EXPECT_EQ(finish[0], "length") << streamed->body;
+    if (prompt[0].is_array()) {
+      EXPECT_EQ(texts[1], " <8> <9> <10>") << streamed->body;
+    }
+  }
+}
+
+// Each prompt of a batch counts against the tenant's requests in flight.
+class InFlightCapServerTest : public ServerTest {
+ protected:
+  void configure(ServerConfig& config) override { config.default_tenant_limits.max_requests_in_flight = 2; }
+};
+
+TEST_F(InFlightCapServerTest, BatchPromptsCountAsRequests) {
+  EXPECT_EQ(post({{"model", "scripted"}, {"prompt", Prompts{{1}, {2}}}, {"max_tokens", 2}})->status, 200);
+  auto res = post({{"model", "scripted"}, {"prompt", Prompts{{1}, {2}, {3}}}, {"max_tokens", 2}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400) << res->body;
+  EXPECT_EQ(json::parse(res->body)["error"]["code"], "tenant_quota_exceeded");
+  auto usage = httplib::Client("127.0.0.1", port_).Get("/v1/usage");
+  ASSERT_TRUE(usage);
+  EXPECT_EQ(json::parse(usage->body)["requests"]["in_flight"], 0) << usage->body;
 }
 
 // One prompt's failure fails the whole reply and stops the others; their KV blocks go back.

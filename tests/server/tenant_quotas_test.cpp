@@ -31,6 +31,26 @@ TEST(TenantQuotas, RequestsInFlightAreCappedPerTenant) {
   EXPECT_FALSE(q.admit("a", limits, 10).has_value());
 }
 
+// A batched request's prompts each count as a request in flight.
+TEST(TenantQuotas, ABatchCountsEachPrompt) {
+  FakeTime t;
+  TenantQuotas q([&] { return t.now; });
+  TenantLimits limits;
+  limits.max_requests_in_flight = 4;
+  EXPECT_FALSE(q.admit("a", limits, 10, 3).has_value());
+  EXPECT_EQ(q.requests_in_flight("a"), 3);
+  auto full = q.admit("a", limits, 10, 2);
+  ASSERT_TRUE(full.has_value());
+  EXPECT_TRUE(full->ever_possible) << "fits once the first batch is done";
+  auto never = q.admit("a", limits, 10, 5);
+  ASSERT_TRUE(never.has_value());
+  EXPECT_FALSE(never->ever_possible) << "more prompts than the whole limit";
+  EXPECT_NE(never->message.find("at most 4 prompts"), std::string::npos) << never->message;
+  q.release("a", limits, 10, 10, 3);
+  EXPECT_EQ(q.requests_in_flight("a"), 0);
+  EXPECT_FALSE(q.admit("a", limits, 10, 4).has_value());
+}
+
 TEST(TenantQuotas, TokensPerMinuteRefillAndRefundAndSayWhenToRetry) {
   FakeTime t;
   TenantQuotas q([&] { return t.now; });

@@ -181,6 +181,8 @@ class Engine {
   int32_t kv_block_size() const { return kv_block_size_; }
   // Whether steps overlap (EngineConfig::overlap_steps resolved against the runner and the tiers).
   bool overlaps_steps() const { return overlap_; }
+  // EngineConfig::max_queued_requests: submit() beyond it is kResourceExhausted.
+  int32_t max_queued_requests() const { return config_.max_queued_requests; }
 
   // Synchronous driving (no thread): one step; false if there was nothing to do.
   bool step();

@@ -59,8 +59,10 @@ class GenerationReplyBase : public ReplySource {
     if (parts_.floor.active() && !released_) {
       while (auto d = fetch()) held_.push_back(std::move(*d));
       if (held_.empty()) return std::nullopt;
-      // Every delta after admission carries the prompt's cached tokens.
-      const bool applies = !parts_.floor.hits_only || held_.front().out.usage.cached_tokens > 0;
+      // Every delta after admission carries the prompt's cached tokens. A batch is held back
+      // whatever its first delta says: another of its prompts may be the one that hit.
+      const bool applies = !parts_.floor.hits_only || parts_.prompts.size() > 1 ||
+                           held_.front().out.usage.cached_tokens > 0;
       if (applies && std::chrono::steady_clock::now() < parts_.floor.not_before) {
         if (!wake_scheduled_) {
           wake_scheduled_ = true;
@@ -104,6 +106,8 @@ class GenerationReplyBase : public ReplySource {
     return std::nullopt;
   }
   bool all_finished() const { return finished_count_ == parts_.prompts.size(); }
+  // Every prompt's last delta has been fetched and none is held back: the reply can end.
+  bool all_delivered() const { return all_finished() && held_.empty(); }
   void abort_unfinished() {
     for (size_t i = 0; i < parts_.prompts.size(); ++i)
       if (!finished_[i]) parts_.engine->abort(parts_.prompts[i].stream->id());
@@ -136,7 +140,7 @@ class WholeGenerationReply final : public GenerationReplyBase {
     ReplyPiece piece;
     while (auto d = next_delta()) {
       builder(d->prompt).accumulate(d->out);
-      if (!all_finished()) continue;
+      if (!all_delivered()) continue;
       piece.has_head = true;
       piece.done = true;
       piece.head = whole_response();
@@ -195,7 +199,7 @@ class StreamedGenerationReply final : public GenerationReplyBase {
         error_sent_ = true;
         piece.data += "data: " + api_error_from_engine_failure(d->out.failure()).body() + "\n\n";
       }
-      if (!all_finished()) continue;
+      if (!all_delivered()) continue;
       if (include_usage_) piece.data += ResponseBuilder::sse_event(builder(0).usage_chunk(usage_));
       piece.data += ResponseBuilder::kSseDone;
       piece.done = true;

@@ -250,17 +250,25 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
   }
   const char* prompt_param = endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
   if (prompts.size() > 1) {
+    // A batch is one engine request per prompt: all of them must fit the engine's queue at once.
+    if (static_cast<int64_t>(prompts.size()) > engine_.max_queued_requests())
+      return error_reply(invalid_request(fmt::format("'prompt' batches {} prompts; this server queues at most {} "
+                                                     "requests, so send at most {} prompts per request",
+                                                     prompts.size(), engine_.max_queued_requests(),
+                                                     engine_.max_queued_requests()),
+                                         "prompt", "batch_too_large"));
+    // The cost cap holds for the batch as for one prompt: generation and prompt scoring, each summed.
     int64_t generated = 0, scored = 0;
     for (const PreparedPrompt& p : prompts) {
       generated += request_cost(p.sampling);
       if (p.sampling.prompt_logprobs) scored += static_cast<int64_t>(p.tokens.size()) * (1 + *p.sampling.prompt_logprobs);
     }
-    if (config_.max_request_cost > 0 && generated + scored > config_.max_request_cost) {
+    if (config_.max_request_cost > 0 && std::max(generated, scored) > config_.max_request_cost) {
       tenant_usage_.record_refused(tenant, Refusal::kRequestCost);
       return error_reply(invalid_request(
-          fmt::format("these {} prompts may cost {} token-units together ({} generated, {} of prompt scoring), over "
-                      "this server's limit of {} per request; send fewer prompts per request",
-                      prompts.size(), generated + scored, generated, scored, config_.max_request_cost),
+          fmt::format("these {} prompts may cost {} token-units of generation and {} of prompt scoring together, "
+                      "over this server's limit of {} per request; send fewer prompts per request",
+                      prompts.size(), generated, scored, config_.max_request_cost),
           prompt_param, "request_too_costly"));
     }
   }
@@ -297,7 +305,8 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
                     blocks, engine_.kv_block_size(), limits.max_kv_blocks),
         "max_tokens", "tenant_kv_limit"));
   }
-  if (auto refused = quotas_.admit(tenant, limits, reserved_tokens)) {
+  const auto num_prompts = static_cast<int32_t>(prompts.size());
+  if (auto refused = quotas_.admit(tenant, limits, reserved_tokens, num_prompts)) {
     tenant_usage_.record_refused(tenant, refused->reason);
     if (!refused->ever_possible)
       return error_reply(invalid_request(refused->message, "max_tokens", "tenant_quota_exceeded"));
@@ -329,7 +338,7 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
     if (!submitted.ok()) {
       // All or nothing: the prompts already submitted go back.
       for (const PromptGeneration& done : parts.prompts) engine_.abort(done.stream->id());
-      quotas_.release(tenant, limits, reserved_tokens, 0);
+      quotas_.release(tenant, limits, reserved_tokens, 0, num_prompts);
       if (submitted.status().code() == StatusCode::kResourceExhausted)
         tenant_usage_.record_refused(tenant, Refusal::kQueueFull);
       // By code, never by the message (engine.h): kOutOfRange is the prompt plus
@@ -358,10 +367,10 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
   }
   tenant_usage_.record_accepted(tenant);
 
-  parts.on_ended = [this, tenant, limits, reserved_tokens](std::optional<engine::Usage> usage) {
+  parts.on_ended = [this, tenant, limits, reserved_tokens, num_prompts](std::optional<engine::Usage> usage) {
     // A client that left keeps its whole reservation charged.
     quotas_.release(tenant, limits, reserved_tokens,
-                    usage ? int64_t{usage->prompt_tokens} + usage->completion_tokens : reserved_tokens);
+                    usage ? int64_t{usage->prompt_tokens} + usage->completion_tokens : reserved_tokens, num_prompts);
     tenant_usage_.record_finished(tenant, usage.value_or(engine::Usage{}));
   };
   parts.retry_after_seconds = config_.retry_after_seconds;
@@ -404,6 +413,13 @@ std::variant<OpenAiServer::PreparedPrompt, ApiError> OpenAiServer::prepare_promp
     if (truncated) tokens->erase(tokens->begin(), tokens->end() - static_cast<std::ptrdiff_t>(keep));
   }
   const int64_t prompt_len = static_cast<int64_t>(tokens->size());
+  // The engine refuses this too, at submission; checked here so that a batch refuses it before any
+  // of its prompts is queued.
+  if (req.max_tokens_given && prompt_len + p.sampling.max_tokens > context)
+    return refuse(invalid_request(fmt::format("this model's maximum context length is {} tokens, but the prompt has {} "
+                                              "tokens and max_tokens is {}",
+                                              context, prompt_len, p.sampling.max_tokens),
+                                  prompt_param, "context_length_exceeded"));
   if (!req.max_tokens_given) {
     const int64_t room = context - prompt_len;
     if (room < 1)

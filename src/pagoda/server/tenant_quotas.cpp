@@ -23,11 +23,20 @@ void TenantQuotas::refill(State& s, const TenantLimits& limits, double now) cons
 }
 
 std::optional<QuotaRefusal> TenantQuotas::admit(const std::string& tenant, const TenantLimits& limits,
-                                                int64_t tokens) {
+                                                int64_t tokens, int32_t requests) {
   const double now = now_();
   std::lock_guard lock(mutex_);
   State& s = states_[tenant];
-  if (limits.max_requests_in_flight > 0 && s.in_flight >= limits.max_requests_in_flight) {
+  if (limits.max_requests_in_flight > 0 && requests > limits.max_requests_in_flight) {
+    QuotaRefusal r;
+    r.reason = Refusal::kTenantQueue;
+    r.ever_possible = false;
+    r.message = fmt::format("this request batches {} prompts, more than your tenant's {} requests in flight; send "
+                            "at most {} prompts per request",
+                            requests, limits.max_requests_in_flight, limits.max_requests_in_flight);
+    return r;
+  }
+  if (limits.max_requests_in_flight > 0 && s.in_flight + requests > limits.max_requests_in_flight) {
     QuotaRefusal r;
     r.reason = Refusal::kTenantQueue;
     r.message = fmt::format("your tenant has {} requests in flight, its limit; retry when one finishes", s.in_flight);
@@ -57,16 +66,16 @@ std::optional<QuotaRefusal> TenantQuotas::admit(const std::string& tenant, const
     }
     s.tokens -= static_cast<double>(tokens);
   }
-  ++s.in_flight;
+  s.in_flight += requests;
   return std::nullopt;
 }
 
 void TenantQuotas::release(const std::string& tenant, const TenantLimits& limits, int64_t reserved_tokens,
-                           int64_t used_tokens) {
+                           int64_t used_tokens, int32_t requests) {
   const double now = now_();
   std::lock_guard lock(mutex_);
   State& s = states_[tenant];
-  s.in_flight = std::max(0, s.in_flight - 1);
+  s.in_flight = std::max(0, s.in_flight - requests);
   if (limits.tokens_per_minute > 0) {
     refill(s, limits, now);
     const int64_t unused = std::max<int64_t>(0, reserved_tokens - used_tokens);

@@ -40,9 +40,13 @@ class TenantQuotas {
 
   // Admits one request reserving `tokens`, or says why not (nothing is
   // reserved then). Every admitted request must be released exactly once.
-  std::optional<QuotaRefusal> admit(const std::string& tenant, const TenantLimits& limits, int64_t tokens);
-  // The request ended having used `used_tokens` of its reservation.
-  void release(const std::string& tenant, const TenantLimits& limits, int64_t reserved_tokens, int64_t used_tokens);
+  // A batched completions request admits its `requests` prompts at once: each
+  // counts against the requests in flight.
+  std::optional<QuotaRefusal> admit(const std::string& tenant, const TenantLimits& limits, int64_t tokens,
+                                    int32_t requests = 1);
+  // The request (its `requests` prompts) ended having used `used_tokens` of its reservation.
+  void release(const std::string& tenant, const TenantLimits& limits, int64_t reserved_tokens, int64_t used_tokens,
+               int32_t requests = 1);
 
   int32_t requests_in_flight(const std::string& tenant) const;
 
