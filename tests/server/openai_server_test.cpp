@@ -130,6 +130,24 @@ class ServerTest : public ::testing::Test {
     EXPECT_EQ(res->status, 200) << res->body;
     return res->status == 200 ? json::parse(res->body)["choices"][0]["text"].get<std::string>() : std::string();
   }
+  // POSTs `body` to /v1/completions on a plain socket the test closes itself (a client that
+  // leaves); -1 when it could not be sent.
+  int post_on_raw_socket(const std::string& body) const {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port_));
+    inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+    const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+                                "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+        send(fd, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) {
+      close(fd);
+      return -1;
+    }
+    return fd;
+  }
   // Nothing running and no KV block held.
   bool idle() {
     const engine::EngineStats s = engine_->stats();
@@ -406,16 +424,8 @@ TEST_F(ServerTest, ClientLeavingABatchAbortsEveryPrompt) {
   const std::string body = json{{"model", "scripted"}, {"prompt", Prompts{{1}, {2, 3}, {4}}}, {"max_tokens", 4000},
                                 {"ignore_eos", true}, {"stream", true}}
                                .dump();
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = post_on_raw_socket(body);
   ASSERT_GE(fd, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port_));
-  inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-  ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
   char buffer[4096];
   ASSERT_GT(recv(fd, buffer, sizeof(buffer), 0), 0) << "the stream started";
   ASSERT_TRUE(eventually([&] { return engine_->stats().num_running == 3; }));
@@ -592,16 +602,8 @@ TEST_F(ServerTest, ClientLeavingANonStreamedRequestAbortsIt) {
   runner_.step_delay_ms = 5;  // 4000 tokens would take 20 s
   const std::string body =
       json{{"model", "scripted"}, {"prompt", {1, 2, 3}}, {"max_tokens", 4000}, {"ignore_eos", true}}.dump();
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = post_on_raw_socket(body);
   ASSERT_GE(fd, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port_));
-  inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-  ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
   ASSERT_TRUE(eventually([&] { return engine_->stats().num_running == 1; }));
   std::this_thread::sleep_for(150ms);  // well past one poll interval: the server has looked the socket up
   close(fd);
