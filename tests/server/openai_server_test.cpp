@@ -4,8 +4,6 @@
 // keeps its 200 and carries an error event before [DONE], and a client that
 // leaves a non-streamed request gets its generation aborted.
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -29,6 +27,7 @@
 #include "pagoda/chat/chat_template.h"
 #include "pagoda/server/chat_prompt.h"
 #include "pagoda/server/openai_server.h"
+#include "../e2e/raw_http.h"
 
 namespace pagoda::server {
 namespace {
@@ -133,16 +132,10 @@ class ServerTest : public ::testing::Test {
   // POSTs `body` to /v1/completions on a plain socket the test closes itself (a client that
   // leaves); -1 when it could not be sent.
   int post_on_raw_socket(const std::string& body) const {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    const int fd = e2e::connect_loopback(port_);
     if (fd < 0) return -1;
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(static_cast<uint16_t>(port_));
-    inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
-    const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
-                                "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-    if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-        send(fd, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) {
+    if (!e2e::send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                           "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body)) {
       close(fd);
       return -1;
     }
