@@ -89,6 +89,23 @@ std::variant<OpenAiServer::Caller, HttpReply> OpenAiServer::authenticate_with_na
   return Caller{std::get<KeyIdentity>(std::move(identity)), std::move(n.cache_namespace), std::move(n.user)};
 }
 
+std::optional<ApiError> OpenAiServer::check_vocabulary(std::span<const int32_t> tokens, const std::string& what,
+                                                       const std::string& param) const {
+  const int32_t vocab = engine_.vocab_size();
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= vocab)
+      return invalid_request(
+          fmt::format("{} {} at index {} is outside the vocabulary [0, {})", what, tokens[i], i, vocab), param);
+  return std::nullopt;
+}
+
+std::string OpenAiServer::text_of(std::span<const int32_t> tokens) const {
+  if (codec_.decode) return codec_.decode(tokens);
+  std::string text;
+  for (int32_t t : tokens) text += token_text(t);
+  return text;
+}
+
 std::string OpenAiServer::token_text(int32_t token) const {
   if (codec_.token_text) return codec_.token_text(token);
   return fmt::format("<{}>", token);
@@ -206,18 +223,8 @@ HttpReply OpenAiServer::handle_detokenize(const HttpRequest& http_req) {
   if (auto* e = std::get_if<ApiError>(&parsed)) return error_reply(*e);
   const DetokenizeRequest& req = std::get<DetokenizeRequest>(parsed);
   if (auto e = check_model(req.model)) return error_reply(*e);
-  const int32_t vocab = engine_.vocab_size();
-  for (size_t i = 0; i < req.tokens.size(); ++i)
-    if (req.tokens[i] >= vocab)
-      return error_reply(invalid_request(
-          fmt::format("token {} at index {} is outside the vocabulary [0, {})", req.tokens[i], i, vocab), "tokens"));
-  std::string text;
-  if (codec_.decode) {
-    text = codec_.decode(req.tokens);
-  } else {
-    for (int32_t t : req.tokens) text += token_text(t);
-  }
-  return json_reply(200, {{"prompt", text}});
+  if (auto e = check_vocabulary(req.tokens, "token", "tokens")) return error_reply(*e);
+  return json_reply(200, {{"prompt", text_of(req.tokens)}});
 }
 
 HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint endpoint) {
@@ -442,12 +449,7 @@ std::variant<OpenAiServer::PreparedPrompt, ApiError> OpenAiServer::prepare_promp
   }
   // Vocabulary checks the engine repeats, made here because only here is it
   // known which field to name.
-  const int32_t vocab = engine_.vocab_size();
-  for (size_t i = 0; i < tokens->size(); ++i)
-    if ((*tokens)[i] < 0 || (*tokens)[i] >= vocab)
-      return refuse(invalid_request(
-          fmt::format("prompt token {} at index {} is outside the vocabulary [0, {})", (*tokens)[i], i, vocab),
-          prompt_param));
+  if (auto e = check_vocabulary(*tokens, "prompt token", prompt_param)) return refuse(*e);
 
   if (req.echo || req.prompt_logprobs) {
     p.report.tokens = *tokens;
@@ -455,13 +457,7 @@ std::variant<OpenAiServer::PreparedPrompt, ApiError> OpenAiServer::prepare_promp
     p.report.echo_top_logprobs = req.sampling.logprobs.value_or(0);
     p.report.prompt_logprobs = req.prompt_logprobs;
     // echo: the prompt as given, or as its tokens read when it came as ids or was truncated.
-    if (req.echo && !chat && input->text && !truncated) {
-      p.report.text = *input->text;
-    } else if (req.echo && codec_.decode) {
-      p.report.text = codec_.decode(*tokens);
-    } else if (req.echo) {
-      for (int32_t t : *tokens) p.report.text += token_text(t);
-    }
+    if (req.echo) p.report.text = !chat && input->text && !truncated ? *input->text : text_of(*tokens);
   }
   p.tokens = std::move(*tokens);
   return p;
@@ -558,12 +554,7 @@ HttpReply OpenAiServer::handle_cache_drop(const HttpRequest& http_req) {
     else if (req.prompt.text)
       tokens = tokens_for_text(*req.prompt.text, true);
     if (!tokens.ok()) return error_reply(api_error_from_status(tokens.status(), "prompt"));
-    const int32_t vocab = engine_.vocab_size();
-    for (size_t i = 0; i < tokens->size(); ++i)
-      if ((*tokens)[i] < 0 || (*tokens)[i] >= vocab)
-        return error_reply(invalid_request(
-            fmt::format("prompt token {} at index {} is outside the vocabulary [0, {})", (*tokens)[i], i, vocab),
-            "prompt"));
+    if (auto e = check_vocabulary(*tokens, "prompt token", "prompt")) return error_reply(*e);
     dropped = engine_.drop_conversation(ns, std::move(*tokens), req.keep_prefix_tokens);
   }
   if (!dropped.ok()) return error_reply(api_error_from_status(dropped.status()));

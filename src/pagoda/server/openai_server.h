@@ -189,6 +189,11 @@ class OpenAiServer {
   // The chat template's text, encoded without special tokens by default (templates write their own BOS).
   StatusOr<std::vector<int32_t>> tokens_for_chat(const ChatPrompt& prompt, bool add_special_tokens = false) const;
   std::string token_text(int32_t token) const;
+  // Token ids as text, decoded as a whole (token_text joined when the model has no decoder).
+  std::string text_of(std::span<const int32_t> tokens) const;
+  // A 400 naming `param` for the first id outside the vocabulary ("<what> <id> at index <i> ...").
+  std::optional<ApiError> check_vocabulary(std::span<const int32_t> tokens, const std::string& what,
+                                           const std::string& param) const;
   // The request's structured-output constraint (null when it asks for none).
   std::variant<std::shared_ptr<const engine::TokenConstraint>, ApiError> constraint_for(const OpenAiRequest& req);
 
