@@ -18,8 +18,10 @@ Output: <out>/<template>.json, one per template:
   {"template": name, "config": "<relative path of the tokenizer_config.json used>",
    "transformers_version": ..., "frozen_date": "2025-03-09",
    "special_tokens": {"bos_token": ..., "eos_token": ...},
-   "cases": [{"conversation": id, "add_generation_prompt": bool,
+   "cases": [{"conversation": id, "add_generation_prompt": bool, optional "continue_final_message": true,
               "rendered": str} | {..., "error": str}]}
+Each conversation is rendered three ways: without and with the generation prompt, and continuing its
+final message (continue_final_message=True, which transformers cuts right after that message's text).
 A template that transformers refuses to render at all (Llama 2's package ships none) gets
 {"template": name, "load_error": str} instead of cases.
 
@@ -136,14 +138,15 @@ def load_tokenizer(tokenizer_json, config_path, workdir):
     return tokenizer, loader
 
 
-def render(tokenizer, conversation, add_generation_prompt):
+def render(tokenizer, conversation, add_generation_prompt, continue_final_message=False):
     kwargs = dict(conversation.get("extra", {}))
     if "tools" in conversation:
         kwargs["tools"] = conversation["tools"]
     # deep copy: a template must not see another render's mutations
     messages = json.loads(json.dumps(conversation["messages"]))
     return tokenizer.apply_chat_template(messages, tokenize=False, return_dict=False,
-                                         add_generation_prompt=add_generation_prompt, **kwargs)
+                                         add_generation_prompt=add_generation_prompt,
+                                         continue_final_message=continue_final_message, **kwargs)
 
 
 def main():
@@ -206,10 +209,14 @@ def main():
         else:
             cases = []
             for conversation in conversations:
-                for add_generation_prompt in (False, True):
+                # without and with the generation prompt, then continuing the final message
+                for add_generation_prompt, continue_final_message in ((False, False), (True, False), (False, True)):
                     case = {"conversation": conversation["id"], "add_generation_prompt": add_generation_prompt}
+                    if continue_final_message:
+                        case["continue_final_message"] = True
                     try:
-                        case["rendered"] = render(tokenizer, conversation, add_generation_prompt)
+                        case["rendered"] = render(tokenizer, conversation, add_generation_prompt,
+                                                  continue_final_message)
                     except Exception as error:  # noqa: BLE001 - template errors are expected fixtures
                         case["error"] = f"{type(error).__name__}: {error}"
                     if not isinstance(case.get("rendered", ""), str):

@@ -90,10 +90,11 @@ TEST_P(TransformersFixtureTest, RendersExactlyLikeTransformers) {
             expected["special_tokens"]["eos_token"].is_string() ? expected["special_tokens"]["eos_token"].get<std::string>() : "");
 
   const Json conversations = read_json(source_dir() / "tests/fixtures/chat/conversations.json");
-  int compared = 0;
+  int compared = 0, continued = 0;
   for (const Json& c : expected.at("cases")) {
     const std::string id = c.at("conversation").get<std::string>();
     const bool add_generation_prompt = c.at("add_generation_prompt").get<bool>();
+    const bool continue_final_message = c.value("continue_final_message", false);
     const Json* conversation = nullptr;
     for (const Json& candidate : conversations) {
       if (candidate.at("id") == id) conversation = &candidate;
@@ -102,8 +103,11 @@ TEST_P(TransformersFixtureTest, RendersExactlyLikeTransformers) {
     Json extra = conversation->value("extra", Json::object());
     if (conversation->contains("tools")) extra["tools"] = (*conversation)["tools"];
 
-    SCOPED_TRACE(GetParam() + " / " + id + (add_generation_prompt ? " / add_generation_prompt" : ""));
+    SCOPED_TRACE(GetParam() + " / " + id + (add_generation_prompt ? " / add_generation_prompt" : "") +
+                 (continue_final_message ? " / continue_final_message" : ""));
     auto rendered = chat->render(conversation->at("messages"), add_generation_prompt, extra);
+    if (rendered.ok() && continue_final_message)
+      rendered = cut_after_final_message(std::move(*rendered), conversation->at("messages"));
     if (c.contains("rendered")) {
       ASSERT_TRUE(rendered.ok()) << rendered.status().to_string();
       EXPECT_EQ(*rendered, c["rendered"].get<std::string>());
@@ -116,8 +120,10 @@ TEST_P(TransformersFixtureTest, RendersExactlyLikeTransformers) {
       }
     }
     ++compared;
+    continued += continue_final_message ? 1 : 0;
   }
   EXPECT_GT(compared, 0);
+  EXPECT_GT(continued, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Templates, TransformersFixtureTest,
@@ -256,6 +262,45 @@ TEST(ChatTemplateRenderTest, RaiseExceptionKeepsTheTemplatesMessageAndLine) {
   EXPECT_EQ(text.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(text.status().message(), HasSubstr("Roles must alternate!"));
   EXPECT_THAT(text.status().message(), HasSubstr("line 2"));
+}
+
+// transformers' continue_final_message cut, case by case (the fixtures above check it through real templates).
+TEST(ContinueFinalMessageTest, CutsRightAfterTheFinalMessagesText) {
+  auto cut = [](std::string rendered, const char* messages) {
+    return cut_after_final_message(std::move(rendered), Json::parse(messages));
+  };
+  // The text's last place, not its first: "Hi" also ends the user turn.
+  auto plain = cut("<u>Hi</u><a>Hi</a>\n", R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hi"}])");
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  EXPECT_EQ(*plain, "<u>Hi</u><a>Hi");
+  // Trailing whitespace the template kept stays; the one it trimmed is not invented.
+  EXPECT_EQ(*cut("<a>List:\n1. </a>", R"([{"role": "assistant", "content": "List:\n1. "}])"), "<a>List:\n1. ");
+  EXPECT_EQ(*cut("<a>List:\n1.</a>", R"([{"role": "assistant", "content": "List:\n1. "}])"), "<a>List:\n1.");
+  // Leading whitespace: the cut ends at the stripped text (as transformers compares the unstripped one).
+  EXPECT_EQ(*cut("<a>  Hello there  </a>", R"([{"role": "assistant", "content": "  Hello there  "}])"),
+            "<a>  Hello there");
+  // Unicode whitespace strips as Python's str.strip() does (U+3000 ideographic space).
+  EXPECT_EQ(*cut("<a>\u3000x\u3000</a>", R"([{"role": "assistant", "content": "\u3000x\u3000"}])"), "<a>\u3000x");
+  // Content parts: the last part with a text.
+  EXPECT_EQ(*cut("<a>Once, twice</a>", R"([{"role": "assistant", "content": [{"type": "text", "text": "Once, "},
+                                               {"type": "text", "text": "twice"}, {"type": "image"}]}])"),
+            "<a>Once, twice");
+  // An empty text continues the whole render (transformers finds "" at the end).
+  EXPECT_EQ(*cut("<a></a>", R"([{"role": "assistant", "content": ""}])"), "<a></a>");
+}
+
+TEST(ContinueFinalMessageTest, ErrorsAsTransformersDoes) {
+  auto cut = [](const char* messages) { return cut_after_final_message("<a>Hello</a>", Json::parse(messages)); };
+  for (const char* messages : {R"([])", R"([{"role": "assistant"}])", R"([{"role": "assistant", "content": null}])",
+                               R"([{"role": "assistant", "content": [{"type": "image"}]}])"}) {
+    auto result = cut(messages);
+    ASSERT_FALSE(result.ok()) << messages;
+    EXPECT_EQ(result.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(result.status().message(), HasSubstr("continue_final_message")) << messages;
+  }
+  auto dropped = cut(R"([{"role": "assistant", "content": "Goodbye"}])");  // a template that rewrites the text
+  ASSERT_FALSE(dropped.ok());
+  EXPECT_THAT(dropped.status().message(), HasSubstr("does not write the final message's text out"));
 }
 
 TEST(ChatTemplateRenderTest, StrftimeNowUsesThePinnedTime) {

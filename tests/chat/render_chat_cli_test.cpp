@@ -76,14 +76,28 @@ TEST_F(RenderChatCliTest, PrintsExactlyTheTransformersRender) {
     for (const auto& conversation : conversations) {
       if (conversation["id"] != c["conversation"]) continue;
       const bool add_generation_prompt = c["add_generation_prompt"].get<bool>();
-      const RunResult result = run(model("chatml") + (add_generation_prompt ? " --add-generation-prompt" : ""),
+      const bool continue_final_message = c.value("continue_final_message", false);
+      const RunResult result = run(model("chatml") + (add_generation_prompt ? " --add-generation-prompt" : "") +
+                                       (continue_final_message ? " --continue-final-message" : ""),
                                    conversation["messages"].dump());
       EXPECT_EQ(result.exit_code, 0) << result.err;
       EXPECT_EQ(result.out, c["rendered"].get<std::string>());
       ++compared;
     }
   }
-  EXPECT_EQ(compared, 4);
+  EXPECT_EQ(compared, 6);  // two conversations, each without and with the generation prompt, and continued
+}
+
+TEST_F(RenderChatCliTest, ContinuesTheFinalMessage) {
+  const RunResult result = run(model("chatml") + " --continue-final-message",
+                               R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, I"}])");
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello, I");
+
+  const RunResult both = run(model("chatml") + " --continue-final-message --add-generation-prompt",
+                             R"([{"role": "assistant", "content": "x"}])");
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_THAT(both.err, HasSubstr("do not go together"));
 }
 
 TEST_F(RenderChatCliTest, PassesExtraVariables) {

@@ -112,16 +112,19 @@ TEST_P(ChatPromptFixtureTest, RequestsRenderExactlyLikeTransformers) {
   const ChatRenderer render = make_chat_renderer(std::move(*chat));
 
   const Json conversations = read_json(source_dir() / "tests/fixtures/chat/conversations.json");
-  int compared = 0, with_tools = 0;
+  int compared = 0, with_tools = 0, continued = 0;
   for (const Json& c : expected.at("cases")) {
-    if (!c.at("add_generation_prompt").get<bool>()) continue;  // the server always adds it
     const std::string id = c.at("conversation").get<std::string>();
+    // transformers rendered its content parts as a list; the server joins them first, as vLLM does.
+    if (id == "continue_content_parts") continue;
     const Json* conversation = nullptr;
     for (const Json& candidate : conversations)
       if (candidate.at("id") == id) conversation = &candidate;
     ASSERT_NE(conversation, nullptr) << id;
     SCOPED_TRACE(GetParam() + " / " + id);
-    const Json body = request_for(*conversation);
+    Json body = request_for(*conversation);
+    body["add_generation_prompt"] = c.at("add_generation_prompt");
+    if (c.value("continue_final_message", false)) body["continue_final_message"] = true;
     for (const Json& form : {body, openai_wire_form(body)}) {
       auto rendered = render_request(render, form);
       if (c.contains("rendered")) {
@@ -133,8 +136,10 @@ TEST_P(ChatPromptFixtureTest, RequestsRenderExactlyLikeTransformers) {
     }
     ++compared;
     with_tools += conversation->contains("tools") ? 1 : 0;
+    continued += c.value("continue_final_message", false) ? 1 : 0;
   }
-  EXPECT_GT(compared, 10);
+  EXPECT_GT(compared, 30);
+  EXPECT_GT(continued, 10);
   EXPECT_GE(with_tools, 3);  // tool_call, tool_call_parallel, tools_no_call
 }
 
@@ -256,6 +261,12 @@ TEST(ChatPromptTest, BadShapesAre400NamingTheField) {
            {R"("messages": [)" + user + R"(], "tool_choice": "sometimes")", "tool_choice"},
            {R"("messages": [)" + user + R"(], "tool_choice": 1)", "tool_choice"},
            {R"("messages": [)" + user + R"(], "parallel_tool_calls": "yes")", "parallel_tool_calls"},
+           {R"("messages": [)" + user + R"(], "add_generation_prompt": "no")", "add_generation_prompt"},
+           {R"("messages": [)" + user + R"(], "continue_final_message": 1)", "continue_final_message"},
+           // continuing the final message and starting a new one (the default) at once
+           {R"("messages": [)" + user + R"(], "continue_final_message": true)", "continue_final_message"},
+           {R"("messages": [)" + user + R"(], "continue_final_message": true, "add_generation_prompt": true)",
+            "continue_final_message"},
            {R"("messages": [)" + user + R"(], "chat_template_kwargs": [1])", "chat_template_kwargs"},
            {R"("messages": [)" + user + R"(], "chat_template_kwargs": {"messages": []})",
             "chat_template_kwargs.messages"},

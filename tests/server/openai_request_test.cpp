@@ -135,7 +135,8 @@ TEST(OpenAiRequestTest, RejectsWrongTypesAndRangesNamingTheParam) {
                                          {R"("include_stop_str_in_output": 1)", "include_stop_str_in_output"},
                                          {R"("skip_special_tokens": "no")", "skip_special_tokens"},
                                          {R"("spaces_between_special_tokens": false)", "spaces_between_special_tokens"},
-                                         {R"("return_tokens_as_token_ids": true)", "return_tokens_as_token_ids"},
+                                         {R"("return_tokens_as_token_ids": 1)", "return_tokens_as_token_ids"},
+                                         {R"("add_special_tokens": "yes")", "add_special_tokens"},
                                          {R"("best_of": 3)", "best_of"}}) {
     ApiError e = error_of("{" + p + ", " + c.fields + "}");
     EXPECT_EQ(e.http_status, 400) << c.fields;
@@ -191,6 +192,27 @@ TEST(OpenAiRequestTest, EchoAndPromptLogprobs) {
   EXPECT_EQ(ok_of("{" + chat + R"(, "max_completion_tokens": 0, "prompt_logprobs": 0})", Endpoint::kChatCompletions)
                 .sampling.max_tokens,
             0);
+}
+
+// vLLM's add_special_tokens (completions default true, chat default false), add_generation_prompt,
+// continue_final_message and return_tokens_as_token_ids.
+TEST(OpenAiRequestTest, PromptRenderingAndTokenNamingFields) {
+  EXPECT_TRUE(ok_of(R"({"model": "m", "prompt": "x"})").add_special_tokens);
+  EXPECT_FALSE(ok_of(R"({"model": "m", "prompt": "x", "add_special_tokens": false})").add_special_tokens);
+  EXPECT_FALSE(ok_of(R"({"model": "m", "prompt": "x"})").return_tokens_as_token_ids);
+  EXPECT_TRUE(ok_of(R"({"model": "m", "prompt": "x", "return_tokens_as_token_ids": true})").return_tokens_as_token_ids);
+  const std::string chat = R"("model": "m", "messages": [{"role": "assistant", "content": "Once upon"}])";
+  const OpenAiRequest plain = ok_of("{" + chat + "}", Endpoint::kChatCompletions);
+  EXPECT_FALSE(plain.add_special_tokens);
+  EXPECT_TRUE(plain.chat.add_generation_prompt);
+  EXPECT_FALSE(plain.chat.continue_final_message);
+  EXPECT_TRUE(ok_of("{" + chat + R"(, "add_special_tokens": true})", Endpoint::kChatCompletions).add_special_tokens);
+  const OpenAiRequest continued = ok_of(
+      "{" + chat + R"(, "add_generation_prompt": false, "continue_final_message": true})", Endpoint::kChatCompletions);
+  EXPECT_FALSE(continued.chat.add_generation_prompt);
+  EXPECT_TRUE(continued.chat.continue_final_message);
+  EXPECT_EQ(error_of("{" + chat + R"(, "continue_final_message": true})", Endpoint::kChatCompletions).param,
+            "continue_final_message");
 }
 
 TEST(OpenAiRequestTest, BadJsonAndBadUtf8) {

@@ -228,6 +228,27 @@ TEST_F(SpecialTokensServerTest, SkipSpecialTokensIsPerRequest) {
   EXPECT_EQ(completion_text({{"prompt", {1}}, {"max_tokens", 2}, {"skip_special_tokens", false}}), "<s><s>");
 }
 
+// vLLM's return_tokens_as_token_ids: logprobs name each token (and alternative) "token_id:<id>"; the text and
+// its offsets stay the tokens' text.
+TEST_F(ServerTest, ReturnTokensAsTokenIds) {
+  auto res = post({{"model", "scripted"}, {"prompt", {5, 6, 8}}, {"max_tokens", 2}, {"temperature", 0},
+                   {"echo", true}, {"logprobs", 1}, {"return_tokens_as_token_ids", true}});
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json choice = json::parse(res->body)["choices"][0];
+  EXPECT_EQ(choice["text"], "<5><6><8> <9> <10>");
+  const json& lp = choice["logprobs"];
+  EXPECT_EQ(lp["tokens"], json({"token_id:5", "token_id:6", "token_id:8", "token_id:9", "token_id:10"}));
+  EXPECT_TRUE(lp["top_logprobs"][2].contains("token_id:7")) << lp["top_logprobs"].dump();
+  EXPECT_EQ(lp["text_offset"], json({0, 3, 6, 9, 12}));
+  // false is the default: texts.
+  auto plain = post({{"model", "scripted"}, {"prompt", {5}}, {"max_tokens", 1}, {"temperature", 0}, {"logprobs", 0},
+                     {"return_tokens_as_token_ids", false}});
+  ASSERT_TRUE(plain);
+  ASSERT_EQ(plain->status, 200) << plain->body;
+  EXPECT_EQ(json::parse(plain->body)["choices"][0]["logprobs"]["tokens"], json({"<6>"}));
+}
+
 // The scripted model gives the next token (last + 1) a logit of 10 and every other token 0.
 TEST_F(ServerTest, EchoAndPromptLogprobsScoreThePrompt) {
   const double hit = 10.0 - std::log(std::exp(10.0) + 63.0), miss = -std::log(std::exp(10.0) + 63.0);
@@ -798,8 +819,10 @@ TEST_F(ChatServerTest, TokenizeAndDetokenize) {
            {{{"model", "scripted"}}, "/tokenize", "prompt"},
            {{{"model", "scripted"}, {"prompt", 5}}, "/tokenize", "prompt"},
            {{{"model", "scripted"}, {"prompt", "x"}, {"messages", messages}}, "/tokenize", "prompt"},
-           {{{"model", "scripted"}, {"messages", messages}, {"add_generation_prompt", false}}, "/tokenize",
+           {{{"model", "scripted"}, {"messages", messages}, {"add_generation_prompt", 0}}, "/tokenize",
             "add_generation_prompt"},
+           {{{"model", "scripted"}, {"messages", messages}, {"continue_final_message", true}}, "/tokenize",
+            "continue_final_message"},
            {{{"model", "scripted"}, {"messages", {{{"role", "nobody"}, {"content", "x"}}}}}, "/tokenize",
             "messages[0].role"},
            {{{"model", "scripted"}, {"tokens", {1, ScriptedRunner::kVocab}}}, "/detokenize", "tokens"},
@@ -812,6 +835,74 @@ TEST_F(ChatServerTest, TokenizeAndDetokenize) {
     EXPECT_EQ(res->status, 400) << c.body.dump() << " -> " << res->body;
     EXPECT_EQ(json::parse(res->body)["error"]["param"], c.param) << c.body.dump();
   }
+}
+
+// A codec whose add_special_tokens puts a BOS (id 63) first, to see which prompts get one.
+class BosChatServerTest : public ChatServerTest {
+ protected:
+  static constexpr int32_t kBos = ScriptedRunner::kVocab - 1;
+  TextCodec make_codec() override {
+    TextCodec codec = ChatServerTest::make_codec();
+    codec.encode = [](std::string_view text, bool add_special_tokens) {
+      std::vector<int32_t> ids;
+      if (add_special_tokens) ids.push_back(kBos);
+      for (unsigned char c : text) ids.push_back(c % ScriptedRunner::kVocab);
+      return ids;
+    };
+    return codec;
+  }
+  // usage.prompt_tokens of a one-token completion.
+  int64_t prompt_tokens(json body, const char* path) {
+    body["model"] = "scripted";
+    body["max_tokens"] = 1;
+    auto res = post(body, path);
+    if (!res || res->status != 200) {
+      ADD_FAILURE() << body.dump() << " -> " << (res ? res->body : "no reply");
+      return -1;
+    }
+    return json::parse(res->body)["usage"]["prompt_tokens"].get<int64_t>();
+  }
+};
+
+// vLLM's add_special_tokens (completions default true, chat false), add_generation_prompt (default true) and
+// continue_final_message: what the engine runs, and /tokenize agreeing with it.
+TEST_F(BosChatServerTest, SpecialTokensGenerationPromptAndContinuedMessages) {
+  EXPECT_EQ(prompt_tokens({{"prompt", "abc"}}, "/v1/completions"), 4);
+  EXPECT_EQ(prompt_tokens({{"prompt", "abc"}, {"add_special_tokens", false}}, "/v1/completions"), 3);
+  EXPECT_EQ(prompt_tokens({{"prompt", {"abc", "de"}}, {"add_special_tokens", false}}, "/v1/completions"), 5);
+
+  const json messages = {{{"role", "user"}, {"content", "hi"}}, {{"role", "assistant"}, {"content", "Hello, I"}}};
+  const int64_t closed = prompt_tokens({{"messages", messages}, {"add_generation_prompt", false}}, "/v1/chat/completions");
+  const int64_t opened = prompt_tokens({{"messages", messages}}, "/v1/chat/completions");
+  const int64_t continued = prompt_tokens(
+      {{"messages", messages}, {"add_generation_prompt", false}, {"continue_final_message", true}},
+      "/v1/chat/completions");
+  EXPECT_EQ(opened - closed, int64_t(std::string("<|im_start|>assistant\n").size()));
+  EXPECT_EQ(closed - continued, int64_t(std::string("<|im_end|>\n").size())) << "the message goes on: no end of turn";
+  EXPECT_EQ(prompt_tokens({{"messages", messages}, {"add_special_tokens", true}}, "/v1/chat/completions"), opened + 1);
+
+  auto tokenized = post({{"model", "scripted"}, {"messages", messages}, {"add_generation_prompt", false},
+                         {"continue_final_message", true}},
+                        "/tokenize");
+  ASSERT_TRUE(tokenized);
+  ASSERT_EQ(tokenized->status, 200) << tokenized->body;
+  const json ids = json::parse(tokenized->body)["tokens"];
+  EXPECT_EQ(int64_t(ids.size()), continued);
+  std::vector<int32_t> tail;
+  for (char c : std::string("Hello, I")) tail.push_back(static_cast<unsigned char>(c) % ScriptedRunner::kVocab);
+  ASSERT_GE(ids.size(), tail.size());
+  EXPECT_EQ(std::vector<int32_t>(ids.end() - tail.size(), ids.end()), tail) << "the prompt ends with the message";
+
+  // Qwen3's template rewrites a final message's <think> part, so the text is not there to continue: a 400.
+  const json rewritten = {{{"role", "user"}, {"content", "hi"}},
+                          {{"role", "assistant"}, {"content", "<think>abc</think>def"}}};
+  auto refused = post({{"model", "scripted"}, {"max_tokens", 1}, {"add_generation_prompt", false},
+                       {"continue_final_message", true}, {"messages", rewritten}},
+                      "/v1/chat/completions");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400) << refused->body;
+  EXPECT_EQ(json::parse(refused->body)["error"]["param"], "messages") << refused->body;
+  EXPECT_THAT(refused->body, HasSubstr("continue_final_message"));
 }
 
 // Without a tokenizer, text cannot be tokenized: a 400 that says so; ids still read back.

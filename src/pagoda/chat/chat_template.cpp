@@ -4,6 +4,8 @@
 #include <sstream>
 #include <vector>
 
+#include "pagoda/chat/unicode_text.h"
+
 namespace pagoda::chat {
 namespace {
 
@@ -197,6 +199,32 @@ StatusOr<std::string> ChatTemplate::render(const nlohmann::ordered_json& message
 StatusOr<std::string> ChatTemplate::render(const nlohmann::json& messages, bool add_generation_prompt,
                                            const nlohmann::json& extra_variables) const {
   return render_json(messages, add_generation_prompt, extra_variables);
+}
+
+StatusOr<std::string> cut_after_final_message(std::string rendered, const nlohmann::ordered_json& messages) {
+  if (!messages.is_array() || messages.empty())
+    return invalid_argument_error("continue_final_message: there is no final message to continue");
+  const nlohmann::ordered_json& final_message = messages.back();
+  const nlohmann::ordered_json* text = nullptr;
+  if (final_message.is_object() && final_message.contains("content")) {
+    const auto& content = final_message["content"];
+    if (content.is_string()) text = &content;
+    if (content.is_array())  // the last part with a text, as transformers picks it
+      for (auto part = content.rbegin(); part != content.rend() && text == nullptr; ++part)
+        if (part->is_object() && part->contains("text") && (*part)["text"].is_string()) text = &(*part)["text"];
+  }
+  if (text == nullptr)
+    return invalid_argument_error("continue_final_message: the final message has no text content to continue");
+  const std::string& whole = text->get_ref<const std::string&>();
+  const std::string stripped = python_strip(whole, /*left=*/true, /*right=*/true);
+  const size_t at = rendered.rfind(stripped);
+  if (at == std::string::npos)
+    return invalid_argument_error(
+        "continue_final_message: the chat template does not write the final message's text out (it changes or "
+        "drops part of it), so there is no place to continue from");
+  const size_t left_stripped = python_strip(whole, /*left=*/true, /*right=*/false).size();
+  rendered.resize(rendered.compare(at, left_stripped, whole) == 0 ? at + left_stripped : at + stripped.size());
+  return rendered;
 }
 
 }  // namespace pagoda::chat

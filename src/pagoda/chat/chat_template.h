@@ -86,4 +86,13 @@ class ChatTemplate {
   RenderOptions options_;
 };
 
+// transformers' apply_chat_template(continue_final_message=True): `rendered`, a render of `messages` without
+// the generation prompt, cut right after the final message's text, so that the model goes on with that
+// message (an assistant reply it was given the start of) instead of starting a new one. The final message's
+// text is its "content" string, or the "text" of the last content part that has one. Cut exactly as
+// transformers cuts: after the last place the stripped text occurs, keeping its trailing whitespace only
+// where the text has no leading whitespace and the template kept it. Errors (kInvalidArgument), as in
+// transformers: no messages, a final message without text, or a template that does not write the text out.
+StatusOr<std::string> cut_after_final_message(std::string rendered, const nlohmann::ordered_json& messages);
+
 }  // namespace pagoda::chat

@@ -2,6 +2,7 @@
 // exactly as transformers' apply_chat_template(messages, tokenize=False) would.
 //
 //   echo '[{"role": "user", "content": "Hi"}]' | pagoda render-chat --model DIR --add-generation-prompt
+//   echo '[..., {"role": "assistant", "content": "Sure:"}]' | pagoda render-chat --model DIR --continue-final-message
 //
 // stdin: a JSON array of messages. stdout: the prompt, byte for byte (no newline added).
 
@@ -22,6 +23,7 @@ namespace {
 struct RenderChatOptions {
   std::string model_dir;
   bool add_generation_prompt = false;
+  bool continue_final_message = false;
   std::string variables_json;
 };
 
@@ -42,7 +44,12 @@ void run_render_chat(const RenderChatOptions& options) {
     }
   }
 
+  if (options.continue_final_message && options.add_generation_prompt)
+    fail("--continue-final-message and --add-generation-prompt do not go together: the one continues the final "
+         "message, the other starts a new assistant message after it");
   auto prompt = chat->render(messages, options.add_generation_prompt, variables);
+  if (prompt.ok() && options.continue_final_message)
+    prompt = chat::cut_after_final_message(std::move(*prompt), messages);
   if (!prompt.ok()) fail(prompt.status().message());
   std::fwrite(prompt->data(), 1, prompt->size(), stdout);
   std::fflush(stdout);
@@ -60,6 +67,9 @@ void add_render_chat_command(CLI::App& app) {
   command->add_option("--model", options->model_dir, "Model directory holding tokenizer_config.json")->required();
   command->add_flag("--add-generation-prompt", options->add_generation_prompt,
                     "End with the header that starts the assistant's reply");
+  command->add_flag("--continue-final-message", options->continue_final_message,
+                    "End right after the final message's text (no end-of-turn), so that the model continues it: "
+                    "an assistant reply given its start (transformers' continue_final_message)");
   command->add_option("--vars", options->variables_json,
                       "Extra template variables as a JSON object, e.g. '{\"enable_thinking\": false}' or "
                       "'{\"tools\": [...]}'");

@@ -240,10 +240,19 @@ std::optional<ApiError> read_chat_prompt(const Json& body, ChatPrompt& out) {
   Json tools;
   if (auto e = read_tools(body, tools)) return e;
   if (auto e = read_tool_choice(body, tools, out)) return e;
-  if (auto it = body.find("parallel_tool_calls"); it != body.end() && !it->is_null()) {
-    if (!it->is_boolean()) return invalid_request("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
-    out.parallel_tool_calls = it->get<bool>();
+  for (auto [name, flag] : {std::pair{"parallel_tool_calls", &out.parallel_tool_calls},
+                             std::pair{"add_generation_prompt", &out.add_generation_prompt},
+                             std::pair{"continue_final_message", &out.continue_final_message}}) {
+    auto it = body.find(name);
+    if (it == body.end() || it->is_null()) continue;
+    if (!it->is_boolean()) return invalid_request(fmt::format("'{}' must be a boolean", name), name);
+    *flag = it->get<bool>();
   }
+  if (out.continue_final_message && out.add_generation_prompt)
+    return invalid_request(
+        "'continue_final_message' and 'add_generation_prompt' cannot both be true: send \"add_generation_prompt\": "
+        "false to continue the final message",
+        "continue_final_message");
   out.tools = out.tool_choice != ToolChoice::kNone ? std::move(tools) : Json();
   return read_template_kwargs(body, out.template_kwargs);
 }
@@ -253,7 +262,10 @@ ChatRenderer make_chat_renderer(chat::ChatTemplate chat_template) {
   ChatRenderer renderer;
   renderer.tool_call_syntax = tool_call_syntax_of(shared->source());
   renderer.render = [shared](const ChatPrompt& prompt) -> StatusOr<std::string> {
-    return shared->render(prompt.messages, /*add_generation_prompt=*/true, prompt.template_variables());
+    PAGODA_ASSIGN_OR_RETURN(std::string text,
+                            shared->render(prompt.messages, prompt.add_generation_prompt, prompt.template_variables()));
+    if (!prompt.continue_final_message) return text;
+    return chat::cut_after_final_message(std::move(text), prompt.messages);
   };
   return renderer;
 }

@@ -46,6 +46,11 @@ struct ChatPrompt {
   ToolChoice tool_choice = ToolChoice::kAuto;
   std::string tool_choice_name;     // kNamed: the function
   bool parallel_tool_calls = true;  // kRequired: more than one call may be made
+  // vLLM's add_generation_prompt (default true): end with the header that starts the assistant's reply.
+  bool add_generation_prompt = true;
+  // vLLM's continue_final_message (default false, with add_generation_prompt false): end right after the
+  // final message's text, so that the model continues it (chat::cut_after_final_message).
+  bool continue_final_message = false;
 
   // The extra variables of ChatTemplate::render: template_kwargs, plus tools
   // when there are any.
@@ -56,8 +61,9 @@ struct ChatPrompt {
 inline constexpr size_t kMaxChatMessages = 4096;
 inline constexpr size_t kMaxChatTools = 1024;
 
-// Reads "messages" (required), "tools", "tool_choice" and
-// "chat_template_kwargs" of a request body (a JSON object).
+// Reads "messages" (required), "tools", "tool_choice", "parallel_tool_calls",
+// "add_generation_prompt", "continue_final_message" and "chat_template_kwargs"
+// of a request body (a JSON object).
 std::optional<ApiError> read_chat_prompt(const nlohmann::ordered_json& body, ChatPrompt& out);
 
 // Whether `value` has arrays/objects nested more than `levels` deep (a scalar
@@ -65,8 +71,9 @@ std::optional<ApiError> read_chat_prompt(const nlohmann::ordered_json& body, Cha
 // the template engine, which converts them recursively, so they are bounded.
 bool nests_deeper_than(const nlohmann::ordered_json& value, int levels);
 
-// Prompt text of a chat prompt, ending with the assistant generation prompt,
-// and how the template writes tool calls (to read them back from the output).
+// Prompt text of a chat prompt (ending with the assistant generation prompt, or
+// within the final message it continues), and how the template writes tool
+// calls (to read them back from the output).
 struct ChatRenderer {
   std::function<StatusOr<std::string>(const ChatPrompt& prompt)> render;
   ToolCallSyntax tool_call_syntax = ToolCallSyntax::kNone;

@@ -149,9 +149,7 @@ std::optional<ApiError> check_unsupported(const json& body, Endpoint endpoint) {
       {"functions", nullptr}, {"function_call", nullptr}, {"prediction", nullptr}, {"audio", nullptr},
       {"modalities", nullptr}, {"reasoning_effort", nullptr}, {"web_search_options", nullptr},
       {"guided_whitespace_pattern", nullptr}, {"logits_processors", nullptr},
-      {"use_beam_search", false}, {"length_penalty", 1.0}, {"spaces_between_special_tokens", true},
-      {"add_generation_prompt", true}, {"continue_final_message", false}, {"add_special_tokens", nullptr},
-      {"return_tokens_as_token_ids", false}};
+      {"use_beam_search", false}, {"length_penalty", 1.0}, {"spaces_between_special_tokens", true}};
   for (const auto& [name, default_value] : kUnsupported) {
     auto it = body.find(name);
     if (it == body.end() || it->is_null() || *it == default_value) continue;
@@ -412,6 +410,8 @@ std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view text
   }
   if (auto v = r.integer("prompt_logprobs", 0, 20)) req.prompt_logprobs = static_cast<int32_t>(*v);
   if (auto v = r.boolean("echo")) req.echo = *v && endpoint == Endpoint::kCompletions;
+  req.add_special_tokens = r.boolean("add_special_tokens").value_or(endpoint == Endpoint::kCompletions);
+  if (auto v = r.boolean("return_tokens_as_token_ids")) req.return_tokens_as_token_ids = *v;
   if (r.error) return *r.error;
   if (req.prompt_logprobs && req.stream)
     return invalid_request("'prompt_logprobs' is not available with stream: true", "prompt_logprobs");
@@ -495,10 +495,6 @@ std::variant<TokenizeRequest, ApiError> parse_tokenize_request(std::string_view 
     return invalid_request("give 'prompt' or 'messages', not both", "prompt");
   if (chat) {
     if (auto e = read_chat_prompt(body, req.chat)) return *e;
-    // The chat endpoint's rendering: with the generation prompt, as the server renders every chat.
-    if (auto it = body.find("add_generation_prompt"); it != body.end() && !it->is_null() && *it != json(true))
-      return invalid_request("'add_generation_prompt' is not supported (only its default, true, is)",
-                             "add_generation_prompt", "unsupported");
   } else {
     req.prompt = r.string("prompt");
     if (r.error) return *r.error;

@@ -57,6 +57,12 @@ struct OpenAiRequest {
   bool max_tokens_given = false;  // else the server picks (16 / rest of context)
   // Completions' echo: each choice's text (and, with logprobs, its logprobs) starts with the prompt's.
   bool echo = false;
+  // vLLM's add_special_tokens: the tokenizer's own special tokens (BOS) on the prompt text; default true for
+  // completions, false for chat (whose template writes them).
+  bool add_special_tokens = true;
+  // vLLM's return_tokens_as_token_ids: logprobs name each token "token_id:<id>" (texts that are not whole
+  // characters stay identifiable).
+  bool return_tokens_as_token_ids = false;
   // vLLM's prompt_logprobs as asked (0..20 alternatives per prompt token). sampling.prompt_logprobs,
   // what the engine computes, is the larger of it and echo's logprobs.
   std::optional<int32_t> prompt_logprobs;
@@ -91,9 +97,9 @@ std::variant<CacheDropRequest, ApiError> parse_cache_drop_request(std::string_vi
 
 // Bodies of vLLM's POST /tokenize and POST /detokenize (docs/API.md, "Tokenizing"):
 //   /tokenize   {"model", "prompt": "text"} (encoded with the model's special tokens unless
-//               "add_special_tokens": false), or {"model", "messages", "tools", "chat_template_kwargs"}
-//               (the chat template's text with the generation prompt, encoded without special tokens
-//               unless "add_special_tokens": true, as /v1/chat/completions encodes it);
+//               "add_special_tokens": false), or {"model", "messages", "tools", "chat_template_kwargs",
+//               "add_generation_prompt", "continue_final_message"} (the chat template's text, encoded
+//               without special tokens unless "add_special_tokens": true, as /v1/chat/completions encodes it);
 //               "return_token_strs": true adds each token's text;
 //   /detokenize {"model", "tokens": [ids]}.
 struct TokenizeRequest {

@@ -1,5 +1,7 @@
 #include "pagoda/server/openai_response.h"
 
+#include <fmt/format.h>
+
 namespace pagoda::server {
 
 using json = nlohmann::json;
@@ -36,6 +38,10 @@ json ResponseBuilder::usage_json(const engine::Usage& usage) {
           {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}}};
 }
 
+std::string ResponseBuilder::token_name(int32_t token, const std::string& text) const {
+  return tokens_by_id_ ? fmt::format("token_id:{}", token) : text;
+}
+
 json ResponseBuilder::logprobs_json(const std::vector<engine::SampledToken>& tokens, size_t text_offset,
                                     bool with_prompt) const {
   if (endpoint_ == Endpoint::kCompletions) {
@@ -43,7 +49,7 @@ json ResponseBuilder::logprobs_json(const std::vector<engine::SampledToken>& tok
                 {"text_offset", json::array()}};
     auto add = [&](int32_t token, json logprob, json top) {
       const std::string text = token_text_(token);
-      out["tokens"].push_back(text);
+      out["tokens"].push_back(token_name(token, text));
       out["token_logprobs"].push_back(std::move(logprob));
       out["top_logprobs"].push_back(std::move(top));
       out["text_offset"].push_back(text_offset);
@@ -52,7 +58,7 @@ json ResponseBuilder::logprobs_json(const std::vector<engine::SampledToken>& tok
     auto top_of = [&](const engine::SampledToken& t, size_t k) {
       json top = json::object();
       for (size_t i = 0; i < std::min(k, t.top_logprobs.size()); ++i)
-        top[token_text_(t.top_logprobs[i].token)] = t.top_logprobs[i].logprob;
+        top[token_name(t.top_logprobs[i].token, token_text_(t.top_logprobs[i].token))] = t.top_logprobs[i].logprob;
       return top;
     };
     if (with_prompt && !prompt_.tokens.empty()) {
@@ -68,7 +74,7 @@ json ResponseBuilder::logprobs_json(const std::vector<engine::SampledToken>& tok
     const std::string text = token_text_(token);
     json bytes = json::array();
     for (unsigned char ch : text) bytes.push_back(static_cast<int>(ch));
-    return json{{"token", text}, {"logprob", logprob}, {"bytes", bytes}};
+    return json{{"token", token_name(token, text)}, {"logprob", logprob}, {"bytes", bytes}};
   };
   json content = json::array();
   for (const auto& t : tokens) {

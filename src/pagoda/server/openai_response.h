@@ -39,6 +39,11 @@ class ResponseBuilder {
   // prompt p numbers its choices from p x n, as OpenAI and vLLM do. The deltas' indices stay 0..n-1.
   void number_choices_from(int32_t first_index) { first_index_ = first_index; }
 
+  // vLLM's return_tokens_as_token_ids: the logprobs' tokens (and their alternatives) are named
+  // "token_id:<id>", so that a token whose text is not whole characters stays identifiable. Offsets
+  // (completions' text_offset) and chat's bytes stay those of the token's text.
+  void name_tokens_by_id(bool on) { tokens_by_id_ = on; }
+
   // The prompt's part of the response, given before the first delta:
   //   echo (completions): each choice's text starts with `text`; with logprobs, its logprobs
   //     start with the prompt tokens' (the first one's logprob null: nothing predicts it), each
@@ -87,6 +92,8 @@ class ResponseBuilder {
   nlohmann::json logprobs_json(const std::vector<engine::SampledToken>& tokens, size_t text_offset,
                                bool with_prompt = false) const;
   nlohmann::json prompt_logprobs_json() const;
+  // How a logprobs entry names a token: its text, or "token_id:<id>" (name_tokens_by_id).
+  std::string token_name(int32_t token, const std::string& text) const;
   nlohmann::json chunk_base() const;
 
   Endpoint endpoint_;
@@ -97,6 +104,7 @@ class ResponseBuilder {
   std::vector<Choice> choices_;
   ToolCallSyntax tool_call_syntax_ = ToolCallSyntax::kNone;
   int32_t first_index_ = 0;
+  bool tokens_by_id_ = false;
   PromptReport prompt_;
   std::vector<engine::SampledToken> prompt_scores_;  // prompt tokens 1, 2, .. as the deltas brought them
 };

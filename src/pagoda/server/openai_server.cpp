@@ -362,6 +362,7 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
                                                      req.sampling.logprobs.has_value(),
                                                      [this](int32_t t) { return token_text(t); });
     builder->number_choices_from(static_cast<int32_t>(i) * req.sampling.n);
+    builder->name_tokens_by_id(req.return_tokens_as_token_ids);
     if (p.report.echo || p.report.prompt_logprobs) builder->report_prompt(std::move(p.report));
     // Tool calls are read back only when the template was shown tools; forced
     // calls are written in the syntax the constraint used.
@@ -402,9 +403,9 @@ std::variant<OpenAiServer::PreparedPrompt, ApiError> OpenAiServer::prepare_promp
   };
   StatusOr<std::vector<int32_t>> tokens = std::vector<int32_t>{};
   if (chat)
-    tokens = tokens_for_chat(req.chat);
+    tokens = tokens_for_chat(req.chat, req.add_special_tokens);
   else if (input->text)
-    tokens = tokens_for_text(*input->text, true);
+    tokens = tokens_for_text(*input->text, req.add_special_tokens);
   else
     tokens = input->tokens;
   if (!tokens.ok()) return refuse(api_error_from_status(tokens.status(), prompt_param));
