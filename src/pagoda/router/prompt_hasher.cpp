@@ -29,11 +29,11 @@ StatusOr<std::vector<int32_t>> PromptHasher::prompt_tokens(std::string_view body
   if (endpoint == server::Endpoint::kChatCompletions) {
     if (!tokenizer_ || !renderer_) return failed_precondition_error("no tokenizer or chat template to render chats");
     PAGODA_ASSIGN_OR_RETURN(std::string text, renderer_(req.chat));
-    tokens = tokenizer_->encode(text, /*add_special_tokens=*/false);
+    tokens = tokenizer_->encode(text, req.add_special_tokens);
   } else if (const server::PromptInput& prompt = req.prompts.front(); prompt.text) {
     // A batched request is routed by its first prompt.
     if (!tokenizer_) return failed_precondition_error("no tokenizer to encode text prompts");
-    tokens = tokenizer_->encode(*prompt.text, /*add_special_tokens=*/true);
+    tokens = tokenizer_->encode(*prompt.text, req.add_special_tokens);
   } else {
     tokens = prompt.tokens;
   }
