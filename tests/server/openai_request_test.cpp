@@ -183,12 +183,13 @@ TEST(OpenAiRequestTest, EchoAndPromptLogprobs) {
   EXPECT_EQ(zero.sampling.prompt_logprobs, 0);
   EXPECT_EQ(ok_of(R"({"model": "m", "prompt": [1], "prompt_logprobs": 0, "max_tokens": 0})").sampling.max_tokens, 0);
   EXPECT_EQ(error_of(R"({"model": "m", "prompt": [1], "max_tokens": 0})").param, "max_tokens");
-  // Chat: prompt_logprobs yes; echo (vLLM's is another thing) no.
+  // Chat: prompt_logprobs yes; echo is vLLM's (the final message's text leads the reply), scoring nothing.
   const std::string chat = R"("model": "m", "messages": [{"role": "user", "content": "hi"}])";
   EXPECT_EQ(ok_of("{" + chat + R"(, "prompt_logprobs": 2})", Endpoint::kChatCompletions).sampling.prompt_logprobs, 2);
-  const ApiError refused = error_of("{" + chat + R"(, "echo": true})", Endpoint::kChatCompletions);
-  EXPECT_EQ(refused.param, "echo");
-  EXPECT_EQ(refused.code, "unsupported");
+  const OpenAiRequest chat_echo = ok_of("{" + chat + R"(, "echo": true, "logprobs": true})", Endpoint::kChatCompletions);
+  EXPECT_TRUE(chat_echo.echo_final_message);
+  EXPECT_FALSE(chat_echo.echo);
+  EXPECT_FALSE(chat_echo.sampling.prompt_logprobs);
   EXPECT_EQ(ok_of("{" + chat + R"(, "max_completion_tokens": 0, "prompt_logprobs": 0})", Endpoint::kChatCompletions)
                 .sampling.max_tokens,
             0);

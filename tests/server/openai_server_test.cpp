@@ -905,6 +905,51 @@ TEST_F(BosChatServerTest, SpecialTokensGenerationPromptAndContinuedMessages) {
   EXPECT_THAT(refused->body, HasSubstr("continue_final_message"));
 }
 
+// vLLM's chat echo: the reply's content starts with the final message's text when it is the assistant's (the
+// whole message, with continue_final_message), streamed in the first chunk; a final user message echoes nothing.
+TEST_F(ChatServerTest, EchoLeadsWithTheFinalAssistantMessage) {
+  const json messages = {{{"role", "user"}, {"content", "hi"}}, {{"role", "assistant"}, {"content", "Hello, I"}}};
+  const json body = {{"model", "scripted"}, {"messages", messages}, {"max_tokens", 2}, {"temperature", 0},
+                     {"add_generation_prompt", false}, {"continue_final_message", true}};
+  auto plain = post(body, "/v1/chat/completions");
+  json echo_body = body;
+  echo_body["echo"] = true;
+  auto echoed = post(echo_body, "/v1/chat/completions");
+  ASSERT_TRUE(plain && echoed);
+  ASSERT_EQ(plain->status, 200) << plain->body;
+  ASSERT_EQ(echoed->status, 200) << echoed->body;
+  const std::string continuation = json::parse(plain->body)["choices"][0]["message"]["content"];
+  EXPECT_FALSE(continuation.empty());
+  EXPECT_EQ(json::parse(echoed->body)["choices"][0]["message"]["content"], "Hello, I" + continuation);
+  EXPECT_EQ(json::parse(echoed->body)["usage"]["prompt_tokens"], json::parse(plain->body)["usage"]["prompt_tokens"]);
+
+  echo_body["stream"] = true;
+  auto streamed = post(echo_body, "/v1/chat/completions");
+  ASSERT_TRUE(streamed);
+  ASSERT_EQ(streamed->status, 200) << streamed->body;
+  std::string content;
+  bool first = true;
+  for (size_t at = streamed->body.find("data: {"); at != std::string::npos;
+       at = streamed->body.find("data: {", at + 1)) {
+    const json chunk = json::parse(streamed->body.substr(at + 6, streamed->body.find("\n\n", at) - at - 6));
+    if (chunk["choices"].empty()) continue;
+    const std::string piece = chunk["choices"][0]["delta"].value("content", "");
+    if (first) EXPECT_EQ(piece.rfind("Hello, I", 0), 0u) << "the first chunk leads with the echo: " << piece;
+    first = false;
+    content += piece;
+  }
+  EXPECT_EQ(content, "Hello, I" + continuation);
+
+  json user_last = {{"model", "scripted"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2},
+                    {"temperature", 0}};
+  auto no_echo = post(user_last, "/v1/chat/completions");
+  user_last["echo"] = true;
+  auto user_echo = post(user_last, "/v1/chat/completions");
+  ASSERT_TRUE(no_echo && user_echo);
+  EXPECT_EQ(json::parse(user_echo->body)["choices"][0]["message"]["content"],
+            json::parse(no_echo->body)["choices"][0]["message"]["content"]);
+}
+
 // Without a tokenizer, text cannot be tokenized: a 400 that says so; ids still read back.
 TEST_F(ServerTest, TokenizeWithoutATokenizerIs400) {
   auto res = post({{"model", "scripted"}, {"prompt", "abc"}}, "/tokenize");

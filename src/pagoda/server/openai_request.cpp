@@ -137,10 +137,6 @@ std::optional<ApiError> check_nesting(const json& body) {
 }
 
 std::optional<ApiError> check_unsupported(const json& body, Endpoint endpoint) {
-  // vLLM's chat echo (the last message repeated when its role is the assistant's) is not this one.
-  if (auto it = body.find("echo");
-      endpoint == Endpoint::kChatCompletions && it != body.end() && it->is_boolean() && it->get<bool>())
-    return invalid_request("'echo' is not supported for chat completions", "echo", "unsupported");
   if (auto it = body.find("suffix"); it != body.end() && !it->is_null())
     return invalid_request("'suffix' is not supported", "suffix", "unsupported");
   // Fields that change the output and that pagoda does not implement (OpenAI's and vLLM's): any
@@ -409,7 +405,7 @@ std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view text
     if (want && *want) s.logprobs = top ? static_cast<int32_t>(*top) : 0;
   }
   if (auto v = r.integer("prompt_logprobs", 0, 20)) req.prompt_logprobs = static_cast<int32_t>(*v);
-  if (auto v = r.boolean("echo")) req.echo = *v && endpoint == Endpoint::kCompletions;
+  if (auto v = r.boolean("echo")) (endpoint == Endpoint::kCompletions ? req.echo : req.echo_final_message) = *v;
   req.add_special_tokens = r.boolean("add_special_tokens").value_or(endpoint == Endpoint::kCompletions);
   if (auto v = r.boolean("return_tokens_as_token_ids")) req.return_tokens_as_token_ids = *v;
   if (r.error) return *r.error;

@@ -57,6 +57,9 @@ struct OpenAiRequest {
   bool max_tokens_given = false;  // else the server picks (16 / rest of context)
   // Completions' echo: each choice's text (and, with logprobs, its logprobs) starts with the prompt's.
   bool echo = false;
+  // Chat's echo (vLLM): the reply's text starts with the final message's when that message is the assistant's
+  // (with continue_final_message: the whole message).
+  bool echo_final_message = false;
   // vLLM's add_special_tokens: the tokenizer's own special tokens (BOS) on the prompt text; default true for
   // completions, false for chat (whose template writes them).
   bool add_special_tokens = true;

@@ -116,6 +116,7 @@ json ResponseBuilder::final_response(const engine::Usage& usage) const {
     const int64_t index = first_index_ + static_cast<int64_t>(i);
     json choice = {{"index", index}, {"finish_reason", finish_reason_json(c.finish)}};
     choice["logprobs"] = want_logprobs_ ? logprobs_json(c.logprobs, 0, prompt_.echo) : json(nullptr);
+    const std::string echoed = prompt_.echo ? prompt_.text : std::string();  // chat's echo
     if (endpoint_ == Endpoint::kCompletions) {
       choice["text"] = prompt_.echo ? prompt_.text + c.text : c.text;
       if (prompt_.prompt_logprobs) choice["prompt_logprobs"] = prompt_logprobs_json();
@@ -125,12 +126,13 @@ json ResponseBuilder::final_response(const engine::Usage& usage) const {
         calls.push_back({{"id", fmt::format("call_{}_{}_{}", id_, index, k)},
                          {"type", "function"},
                          {"function", {{"name", parsed->calls[k].name}, {"arguments", parsed->calls[k].arguments}}}});
+      const std::string content = echoed + parsed->content;
       choice["message"] = {{"role", "assistant"},
-                           {"content", parsed->content.empty() ? json(nullptr) : json(parsed->content)},
+                           {"content", content.empty() ? json(nullptr) : json(content)},
                            {"tool_calls", calls}};
       if (c.finish == engine::FinishReason::kStop) choice["finish_reason"] = "tool_calls";
     } else {
-      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      choice["message"] = {{"role", "assistant"}, {"content", echoed + c.text}};
     }
     choices.push_back(choice);
   }
@@ -170,8 +172,10 @@ std::vector<json> ResponseBuilder::chunks(const engine::RequestOutput& delta) {
     choice["finish_reason"] = finished ? json(finish_reason_json(d.finish_reason)) : json(nullptr);
     std::vector<engine::SampledToken> logprobs = d.logprobs;
     if (d.stop_token) logprobs.push_back(*d.stop_token);
-    choice["logprobs"] = want_logprobs_ && (!logprobs.empty() || echo_now) ? logprobs_json(logprobs, offset, echo_now)
-                                                                            : json(nullptr);
+    const bool echo_scores = echo_now && endpoint_ == Endpoint::kCompletions;  // chat's echo is text only
+    choice["logprobs"] = want_logprobs_ && (!logprobs.empty() || echo_scores)
+                             ? logprobs_json(logprobs, offset, echo_scores)
+                             : json(nullptr);
     if (endpoint_ == Endpoint::kCompletions) {
       choice["text"] = text;
     } else if (tool_call_syntax_ != ToolCallSyntax::kNone) {
@@ -182,6 +186,7 @@ std::vector<json> ResponseBuilder::chunks(const engine::RequestOutput& delta) {
         td.content += rest.content;
         for (auto& call : rest.calls) td.calls.push_back(std::move(call));
       }
+      if (echo_now) td.content = prompt_.text + td.content;  // chat's echo leads, never parsed as a call
       if (td.content.empty() && td.calls.empty() && !finished && c.role_sent) continue;
       json delta_obj = json::object();
       if (!c.role_sent) delta_obj["role"] = "assistant";
@@ -203,7 +208,7 @@ std::vector<json> ResponseBuilder::chunks(const engine::RequestOutput& delta) {
     } else {
       json delta_obj = json::object();
       if (!c.role_sent) delta_obj["role"] = "assistant";
-      if (!d.text.empty() || !c.role_sent) delta_obj["content"] = d.text;
+      if (!text.empty() || !c.role_sent) delta_obj["content"] = text;
       choice["delta"] = delta_obj;
     }
     c.role_sent = true;

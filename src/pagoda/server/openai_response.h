@@ -48,6 +48,7 @@ class ResponseBuilder {
   //   echo (completions): each choice's text starts with `text`; with logprobs, its logprobs
   //     start with the prompt tokens' (the first one's logprob null: nothing predicts it), each
   //     with its echo_top_logprobs most likely alternatives;
+  //   echo (chat, vLLM's): each choice's content starts with `text` (the final message's), nothing more;
   //   prompt_logprobs (vLLM): a list that starts with null, then per prompt token its logprob and
   //     rank and the prompt_logprobs most likely alternatives' ({"id": {"logprob", "rank",
   //     "decoded_token"}}); on each completion choice, or once beside a chat response's choices.

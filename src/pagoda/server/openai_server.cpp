@@ -460,6 +460,15 @@ std::variant<OpenAiServer::PreparedPrompt, ApiError> OpenAiServer::prepare_promp
     // echo: the prompt as given, or as its tokens read when it came as ids or was truncated.
     if (req.echo) p.report.text = !chat && input->text && !truncated ? *input->text : text_of(*tokens);
   }
+  // Chat's echo (vLLM): the reply starts with the final message's text when that message is the assistant's.
+  if (chat && req.echo_final_message) {
+    const nlohmann::ordered_json& last = req.chat.messages.back();
+    const auto content = last.find("content");
+    if (last.value("role", "") == "assistant" && content != last.end() && content->is_string()) {
+      p.report.echo = true;
+      p.report.text = content->get<std::string>();
+    }
+  }
   p.tokens = std::move(*tokens);
   return p;
 }
