@@ -136,7 +136,7 @@ std::optional<ApiError> check_nesting(const json& body) {
   return std::nullopt;
 }
 
-std::optional<ApiError> check_unsupported(const json& body, Endpoint endpoint) {
+std::optional<ApiError> check_unsupported(const json& body) {
   if (auto it = body.find("suffix"); it != body.end() && !it->is_null())
     return invalid_request("'suffix' is not supported", "suffix", "unsupported");
   // Fields that change the output and that pagoda does not implement (OpenAI's and vLLM's): any
@@ -331,7 +331,7 @@ std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view text
   } else {
     if (auto e = read_chat_prompt(body, req.chat)) return *e;
   }
-  if (auto e = check_unsupported(body, endpoint)) return *e;
+  if (auto e = check_unsupported(body)) return *e;
   if (auto e = read_structured_output(body, req.structured)) return *e;
   if (auto e = read_kv_compression(body, req.kv_compression)) return *e;
 
