@@ -330,6 +330,17 @@ TEST(ChatPromptTest, CacheDropReadsTheSameChatPrompt) {
   const auto& req = std::get<CacheDropRequest>(parsed);
   ASSERT_TRUE(req.chat.has_value());
   EXPECT_EQ(req.chat->template_variables()["enable_thinking"], false);
+  EXPECT_FALSE(req.add_special_tokens) << "chat's default, as the chat endpoint encodes";
+  EXPECT_TRUE(req.chat->add_generation_prompt);
+  // The same rendering and encoding options as the generation request that made the conversation.
+  auto continued = parse_cache_drop_request(R"({"messages": [{"role": "assistant", "content": "x"}],
+      "add_generation_prompt": false, "continue_final_message": true, "add_special_tokens": true})");
+  ASSERT_TRUE(std::holds_alternative<CacheDropRequest>(continued));
+  EXPECT_TRUE(std::get<CacheDropRequest>(continued).chat->continue_final_message);
+  EXPECT_TRUE(std::get<CacheDropRequest>(continued).add_special_tokens);
+  auto text = parse_cache_drop_request(R"({"prompt": "abc"})");
+  ASSERT_TRUE(std::holds_alternative<CacheDropRequest>(text));
+  EXPECT_TRUE(std::get<CacheDropRequest>(text).add_special_tokens);
   auto bad = parse_cache_drop_request(R"({"messages": [{"role": "nobody", "content": "x"}]})");
   ASSERT_TRUE(std::holds_alternative<ApiError>(bad));
   EXPECT_EQ(std::get<ApiError>(bad).param, "messages[0].role");

@@ -447,6 +447,7 @@ std::variant<CacheDropRequest, ApiError> parse_cache_drop_request(std::string_vi
   Reader r{body, std::nullopt};
   if (auto v = r.boolean("all")) req.all = *v;
   if (auto v = r.integer("keep_prefix_tokens", 0, std::numeric_limits<int32_t>::max())) req.keep_prefix_tokens = *v;
+  req.add_special_tokens = r.boolean("add_special_tokens").value_or(!body.contains("messages"));
   if (r.error) return *r.error;
   if (req.all) return req;
   if (body.contains("messages")) {

@@ -95,6 +95,8 @@ struct CacheDropRequest {
   std::optional<ChatPrompt> chat;
   int64_t keep_prefix_tokens = 0;
   bool all = false;
+  // As the generation request that made the conversation encoded it (default true for a prompt, false for chat).
+  bool add_special_tokens = true;
 };
 std::variant<CacheDropRequest, ApiError> parse_cache_drop_request(std::string_view body);
 

@@ -560,9 +560,9 @@ HttpReply OpenAiServer::handle_cache_drop(const HttpRequest& http_req) {
   } else {
     StatusOr<std::vector<int32_t>> tokens = req.prompt.tokens;
     if (req.chat)
-      tokens = tokens_for_chat(*req.chat);
+      tokens = tokens_for_chat(*req.chat, req.add_special_tokens);
     else if (req.prompt.text)
-      tokens = tokens_for_text(*req.prompt.text, true);
+      tokens = tokens_for_text(*req.prompt.text, req.add_special_tokens);
     if (!tokens.ok()) return error_reply(api_error_from_status(tokens.status(), "prompt"));
     if (auto e = check_vocabulary(*tokens, "prompt token", "prompt")) return error_reply(*e);
     dropped = engine_.drop_conversation(ns, std::move(*tokens), req.keep_prefix_tokens);
