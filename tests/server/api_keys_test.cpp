@@ -40,6 +40,22 @@ TEST(ApiKeysAdmin, AdminMustBeABoolean) {
   }
 }
 
+TEST(ApiKeysLimits, MinPriorityIsAnyIntegerAndNamedWhenBad) {
+  auto store = ApiKeyStore::parse(
+      R"({"keys": [{"key": "sk-a", "tenant": "a", "limits": {"min_priority": -3}}, {"key": "sk-b", "tenant": "b"}]})",
+      "keys.json");
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  EXPECT_EQ(store->identify("Bearer sk-a")->limits->min_priority, -3);
+  EXPECT_FALSE(store->identify("Bearer sk-b")->limits.has_value());
+  for (const char* bad : {R"({"keys": [{"key": "k", "tenant": "t", "limits": {"min_priority": "low"}}]})",
+                          R"({"keys": [{"key": "k", "tenant": "t", "limits": {"min_priority": 1e12}}]})",
+                          R"({"keys": [{"key": "k", "tenant": "t", "limits": {"min_priority": 4294967296}}]})"}) {
+    auto s = ApiKeyStore::parse(bad, "keys.json");
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_NE(s.status().message().find("keys[0].limits.min_priority"), std::string::npos) << s.status().message();
+  }
+}
+
 TEST(ApiKeysAdmin, WithoutKeysEveryoneIsTheDefaultTenantAndAdmin) {
   auto id = ApiKeyStore().identify("");
   ASSERT_TRUE(id.has_value());

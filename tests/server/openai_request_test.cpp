@@ -137,6 +137,8 @@ TEST(OpenAiRequestTest, RejectsWrongTypesAndRangesNamingTheParam) {
                                          {R"("spaces_between_special_tokens": false)", "spaces_between_special_tokens"},
                                          {R"("return_tokens_as_token_ids": 1)", "return_tokens_as_token_ids"},
                                          {R"("add_special_tokens": "yes")", "add_special_tokens"},
+                                         {R"("priority": 1.5)", "priority"},
+                                         {R"("priority": 2147483648)", "priority"},
                                          {R"("best_of": 3)", "best_of"}}) {
     ApiError e = error_of("{" + p + ", " + c.fields + "}");
     EXPECT_EQ(e.http_status, 400) << c.fields;
@@ -202,6 +204,8 @@ TEST(OpenAiRequestTest, PromptRenderingAndTokenNamingFields) {
   EXPECT_FALSE(ok_of(R"({"model": "m", "prompt": "x", "add_special_tokens": false})").add_special_tokens);
   EXPECT_FALSE(ok_of(R"({"model": "m", "prompt": "x"})").return_tokens_as_token_ids);
   EXPECT_TRUE(ok_of(R"({"model": "m", "prompt": "x", "return_tokens_as_token_ids": true})").return_tokens_as_token_ids);
+  EXPECT_EQ(ok_of(R"({"model": "m", "prompt": "x"})").priority, 0);
+  EXPECT_EQ(ok_of(R"({"model": "m", "prompt": "x", "priority": -7})").priority, -7);
   const std::string chat = R"("model": "m", "messages": [{"role": "assistant", "content": "Once upon"}])";
   const OpenAiRequest plain = ok_of("{" + chat + "}", Endpoint::kChatCompletions);
   EXPECT_FALSE(plain.add_special_tokens);

@@ -508,6 +508,58 @@ TEST_F(FloorServerTest, HeldDeltasAreAllDelivered) {
   }
 }
 
+// "priority" is vLLM's: only 0 unless the server runs --scheduling-policy priority.
+TEST_F(ServerTest, PriorityNeedsThePriorityPolicy) {
+  auto refused = post({{"model", "scripted"}, {"prompt", {1}}, {"max_tokens", 1}, {"priority", 3}});
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400) << refused->body;
+  EXPECT_EQ(json::parse(refused->body)["error"]["param"], "priority");
+  EXPECT_EQ(post({{"model", "scripted"}, {"prompt", {1}}, {"max_tokens", 1}, {"priority", 0}})->status, 200);
+  EXPECT_EQ(post({{"model", "scripted"}, {"prompt", {1}}, {"max_tokens", 1}, {"priority", "high"}})->status, 400);
+}
+
+// With the priority policy and one running slot, a queued urgent request overtakes a queued lax one; a tenant
+// may not ask more urgent than its min_priority.
+class PriorityServerTest : public ServerTest {
+ protected:
+  engine::EngineConfig make_engine_config() override {
+    engine::EngineConfig config;
+    config.scheduler.max_running_sequences = 1;
+    return config;
+  }
+  void configure(ServerConfig& config) override {
+    config.priority_scheduling = true;
+    config.default_tenant_limits.min_priority = -5;
+  }
+};
+
+TEST_F(PriorityServerTest, AnUrgentRequestOvertakesTheQueue) {
+  runner_.step_delay_ms = 5;
+  std::mutex mu;
+  std::vector<std::string> finished;
+  auto run = [&](const std::string& name, int priority, int max_tokens) {
+    auto res = post({{"model", "scripted"}, {"prompt", {1, 2}}, {"max_tokens", max_tokens}, {"ignore_eos", true},
+                     {"priority", priority}});
+    std::lock_guard<std::mutex> lock(mu);
+    finished.push_back(res && res->status == 200 ? name : name + " failed: " + (res ? res->body : "no reply"));
+  };
+  std::thread blocker(run, "blocker", 0, 40);
+  ASSERT_TRUE(eventually([&] { return engine_->stats().num_running == 1; }));
+  std::thread lax(run, "lax", 5, 2);
+  ASSERT_TRUE(eventually([&] { return engine_->stats().num_waiting == 1; }));
+  std::thread urgent(run, "urgent", -5, 2);
+  ASSERT_TRUE(eventually([&] { return engine_->stats().num_waiting == 2; }));
+  blocker.join();
+  lax.join();
+  urgent.join();
+  EXPECT_EQ(finished, (std::vector<std::string>{"blocker", "urgent", "lax"}));
+
+  auto too_urgent = post({{"model", "scripted"}, {"prompt", {1}}, {"max_tokens", 1}, {"priority", -6}});
+  ASSERT_TRUE(too_urgent);
+  EXPECT_EQ(too_urgent->status, 403) << too_urgent->body;
+  EXPECT_EQ(json::parse(too_urgent->body)["error"]["code"], "priority_not_allowed");
+}
+
 // Each prompt of a batch counts against the tenant's requests in flight.
 class InFlightCapServerTest : public ServerTest {
  protected:

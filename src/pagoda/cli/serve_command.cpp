@@ -62,6 +62,7 @@ struct ServeOptions {
   int32_t prefix_share_min_tokens = 0;
   double ttft_floor_ms = 0;
   std::string ttft_floor_scope = "all";
+  std::string scheduling_policy = "fcfs";
   std::string grammar_cache_memory = "256MiB";
   bool no_jump_forward = false;
   server::TenantLimits tenant_limits;  // defaults for tenants whose api-keys entry sets none
@@ -161,6 +162,7 @@ void run_serve(const ServeOptions& opt) {
     fail(fmt::format("--cache-hit-ttft-floor-scope '{}': must be 'all' or 'hits'", opt.ttft_floor_scope));
   server_config.first_token_floor = std::chrono::milliseconds(static_cast<int64_t>(opt.ttft_floor_ms));
   server_config.first_token_floor_hits_only = opt.ttft_floor_scope == "hits";
+  server_config.priority_scheduling = opt.scheduling_policy == "priority";
   auto grammar_bytes = parse_byte_size(opt.grammar_cache_memory);
   if (!grammar_bytes.ok() || *grammar_bytes < 0)
     fail(fmt::format("--grammar-cache-memory '{}': {}", opt.grammar_cache_memory,
@@ -311,6 +313,11 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--cache-hit-ttft-floor-scope", opt->ttft_floor_scope,
                   "Which requests wait for the floor: 'all' (hides hits for every prompt whose miss is quicker than "
                   "the floor) or 'hits' (cheaper; a hit can then come later than its miss)")
+      ->capture_default_str();
+  cmd->add_option("--scheduling-policy", opt->scheduling_policy,
+                  "fcfs: first come, first served; priority: requests may carry \"priority\" (lower is admitted "
+                  "first and preempted last, FCFS within a priority; an api key's limits.min_priority bounds it)")
+      ->check(CLI::IsMember({"fcfs", "priority"}))
       ->capture_default_str();
   cmd->add_option("--max-request-cost", opt->max_request_cost,
                   "Most n x max_tokens x (1 + logprobs) one request may ask for; past it, 400 (0: no cap)")

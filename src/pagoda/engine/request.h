@@ -51,6 +51,9 @@ struct GenerationRequest {
   // engine's default (EngineConfig::kv_compression). Needs n == 1 and a
   // runner that compacts KV (RunnerCapabilities::compacts_kv).
   std::optional<runtime::KvCompressionConfig> kv_compression;
+  // Scheduling priority (vLLM's): lower values are admitted first and preempted last; requests of one
+  // priority go first come, first served (scheduler.h). 0 for all: plain FCFS.
+  int32_t priority = 0;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };

@@ -6,11 +6,16 @@
 namespace pagoda::engine {
 namespace {
 
-void insert_by_arrival(std::vector<Sequence*>& running, Sequence* seq) {
-  auto it = std::upper_bound(running.begin(), running.end(), seq, [](const Sequence* a, const Sequence* b) {
-    return a->arrival_order < b->arrival_order;
-  });
-  running.insert(it, seq);
+int32_t priority_of(const Sequence* seq) { return seq->request->request.priority; }
+
+// The scheduling order: lower priority values first, then arrival (FCFS within a priority).
+bool ranks_before(const Sequence* a, const Sequence* b) {
+  if (priority_of(a) != priority_of(b)) return priority_of(a) < priority_of(b);
+  return a->arrival_order < b->arrival_order;
+}
+
+void insert_by_rank(std::vector<Sequence*>& running, Sequence* seq) {
+  running.insert(std::upper_bound(running.begin(), running.end(), seq, ranks_before), seq);
 }
 
 }  // namespace
@@ -23,15 +28,17 @@ Scheduler::Scheduler(SchedulerConfig config, kv::KvCacheManager& kv) : config_(c
 
 void Scheduler::enqueue(Sequence* seq, bool at_front) {
   seq->status = SequenceStatus::kWaiting;
-  if (at_front)
-    waiting_.push_front(seq);
-  else
-    waiting_.push_back(seq);
+  // Behind every waiting sequence of its priority or a more urgent one (at_front: of a more urgent one).
+  const int32_t priority = priority_of(seq);
+  auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const Sequence* w) {
+    return at_front ? priority_of(w) >= priority : priority_of(w) > priority;
+  });
+  waiting_.insert(it, seq);
 }
 
 void Scheduler::add_running(Sequence* seq) {
   seq->status = SequenceStatus::kRunning;
-  insert_by_arrival(running_, seq);
+  insert_by_rank(running_, seq);
 }
 
 void Scheduler::remove(Sequence* seq, bool aborted, bool release_kv) {
@@ -71,8 +78,9 @@ void Scheduler::drop_kv(Sequence* seq) {
 void Scheduler::requeue(Sequence* seq) {
   std::erase(running_, seq);
   std::erase(waiting_, seq);
-  // Back to the queue in arrival order among the preempted, ahead of new requests.
+  // Back to the queue among its priority's, in arrival order among the preempted, ahead of new requests.
   auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const Sequence* w) {
+    if (priority_of(w) != priority_of(seq)) return priority_of(w) > priority_of(seq);
     return w->arrival_order > seq->arrival_order || !w->request->admitted_once;
   });
   waiting_.insert(it, seq);
@@ -112,9 +120,10 @@ bool Scheduler::admit_swapped(Sequence* seq, int32_t& budget, StepPlan& plan, st
     }
     seq->num_reserved += unreserved;
   }
-  waiting_.pop_front();
+  // Not always the head: a sequence waiting on its own tenant's KV cap may stand before it.
+  waiting_.erase(std::find(waiting_.begin(), waiting_.end(), seq));
   seq->status = SequenceStatus::kRunning;
-  insert_by_arrival(running_, seq);
+  insert_by_rank(running_, seq);
   plan.admitted.push_back(seq);
   const int32_t n = chunk_tokens(seq, budget);
   add_chunk(seq, n, plan);
@@ -128,7 +137,7 @@ Sequence* Scheduler::pick_victim(const std::vector<Sequence*>& planned, Sequence
     Sequence* s = *it;
     if (s == requester) continue;
     if (std::find(planned.begin(), planned.end(), s) != planned.end()) continue;
-    if (s->arrival_order < requester->arrival_order) break;  // never preempt an older one
+    if (ranks_before(s, requester)) break;  // never preempt an older (or more urgent) one
     if (s->steps_in_flight > 0) continue;  // a launched step still writes its blocks
     return s;
   }
@@ -201,7 +210,7 @@ StepPlan Scheduler::schedule() {
     return n;
   };
 
-  // 1. Running: decodes first, then prefill chunks, each in arrival order.
+  // 1. Running: decodes first, then prefill chunks, each in rank order (priority, then arrival).
   std::vector<Sequence*> order = running_;
   std::stable_partition(order.begin(), order.end(), [](const Sequence* s) { return s->num_pending() == 1; });
   for (Sequence* seq : order) {
@@ -235,7 +244,7 @@ StepPlan Scheduler::schedule() {
     budget -= n;
   }
 
-  // 2. Waiting, FCFS; the head blocks the rest, except a sequence held back
+  // 2. Waiting, in rank order; the head blocks the rest, except a sequence held back
   // only by its own tenant's KV cap: that one waits without blocking others.
   if (plan.preempted.empty()) {
     size_t next = 0;
@@ -287,7 +296,7 @@ StepPlan Scheduler::schedule() {
         req->timeline.host_hit_tokens = match->host_blocks * kv_.block_size();
       }
       seq->status = SequenceStatus::kRunning;
-      insert_by_arrival(running_, seq);
+      insert_by_rank(running_, seq);
       plan.admitted.push_back(seq);
       const int32_t n = chunk_tokens(seq, budget);
       add_chunk(seq, n, plan);

@@ -2,19 +2,23 @@
 // Continuous batching: decides, every step, which sequences run and how many
 // of their tokens, under a token budget and a cap on running sequences.
 //
+// Rank: a sequence ranks by its request's priority (GenerationRequest::priority,
+// lower first), then by arrival; with every priority 0 (the default) that is
+// plain FCFS. "Older" below means ranked ahead.
+//
 // Policy, in order:
 //  1. Running sequences, decodes first, then unfinished prefills, each group in
-//     arrival order (FCFS with decode priority). A prefill takes a chunk of at
+//     rank order (FCFS with decode priority). A prefill takes a chunk of at
 //     most the remaining budget (chunked prefill mixes with decodes).
-//  2. When a running sequence needs a KV block and none is free, the youngest
-//     running sequence that is not yet in this step is preempted (it goes back
-//     to the front of the queue, its tokens kept). If it is the only
+//  2. When a running sequence needs a KV block and none is free, the
+//     lowest-ranked (youngest) running sequence that is not yet in this step is
+//     preempted (it goes back to the front of its priority's queue, its tokens kept). If it is the only
 //     candidate, it preempts itself. By recompute, its blocks are freed and its
 //     K/V computed again when it resumes; by swap (with a host tier), its K/V
 //     moves to the host tier and comes back before it resumes, never
 //     recomputed (a swap that does not fit in the host tier falls back to
 //     recompute).
-//  3. Waiting sequences are admitted in arrival order while budget, running
+//  3. Waiting sequences are admitted in rank order while budget, running
 //     slots (n per request, for its forks) and KV blocks allow; the queue head
 //     blocks the rest (no overtaking), except a sequence whose tenant is at its
 //     own KV block cap (KvCacheManager::set_namespace_block_limit): it stays
@@ -26,8 +30,9 @@
 // Overlapped steps: a sequence that a launched step still carries
 // (Sequence::steps_in_flight) is never preempted; if it cannot grow it sits
 // the step out and is planned once that step is collected.
-// Progress: the oldest running sequence is never preempted for a younger one,
-// so it always advances; a request that could never fit in the KV cache even
+// Progress: the highest-ranked running sequence is never preempted for a lower
+// one, so it always advances (a waiting request never preempts a running one:
+// priority orders the queue and picks victims, as vLLM's priority policy does); a request that could never fit in the KV cache even
 // alone is reported as failed instead of waiting forever.
 //
 // The scheduler asks the KV manager yes/no questions and commits; it never
@@ -102,8 +107,8 @@ class Scheduler {
  public:
   Scheduler(SchedulerConfig config, kv::KvCacheManager& kv);
 
-  // Appends to the back of the queue (new request) or puts at the front
-  // (recompute of a fork that could not share blocks).
+  // Appends to the back of its priority's part of the queue (new request) or
+  // puts it at the front of that part (recompute of a fork that could not share blocks).
   void enqueue(Sequence* seq, bool at_front = false);
   // A sequence already registered with the KV manager (a successful fork).
   void add_running(Sequence* seq);
@@ -136,7 +141,7 @@ class Scheduler {
   void preempt(Sequence* seq, StepPlan& plan);
   void drop_kv(Sequence* seq);
   void requeue(Sequence* seq);
-  // Admits the queue head that was swapped out; false if it must wait.
+  // Admits a waiting sequence that was swapped out; false if it must wait.
   bool admit_swapped(Sequence* seq, int32_t& budget, StepPlan& plan, std::vector<Sequence*>& planned);
   Sequence* pick_victim(const std::vector<Sequence*>& planned, Sequence* requester) const;
   // Tokens of seq's next chunk within `budget` (max_prompt_rows_per_step for prompt rows).
@@ -151,7 +156,7 @@ class Scheduler {
   SchedulerConfig config_;
   kv::KvCacheManager& kv_;
   std::deque<Sequence*> waiting_;
-  std::vector<Sequence*> running_;  // arrival order
+  std::vector<Sequence*> running_;  // rank order
   int64_t num_preemptions_ = 0;
   int64_t num_swap_preemptions_ = 0;
 };

@@ -25,6 +25,14 @@ StatusOr<TenantLimits> parse_limits(const nlohmann::json& j, std::string_view so
   if (!j.is_object()) return data_loss_error("api keys file {}: keys[{}].limits must be an object", source_name, index);
   TenantLimits limits;
   for (const auto& [name, value] : j.items()) {
+    if (name == "min_priority") {
+      if (!value.is_number_integer() || value.get<int64_t>() < std::numeric_limits<int32_t>::min() ||
+          value.get<int64_t>() > std::numeric_limits<int32_t>::max())
+        return data_loss_error("api keys file {}: keys[{}].limits.min_priority must be a 32-bit integer",
+                               source_name, index);
+      limits.min_priority = static_cast<int32_t>(value.get<int64_t>());
+      continue;
+    }
     int64_t* wide = nullptr;
     int32_t* narrow = nullptr;
     if (name == "max_requests_in_flight") narrow = &limits.max_requests_in_flight;
@@ -32,7 +40,7 @@ StatusOr<TenantLimits> parse_limits(const nlohmann::json& j, std::string_view so
     else if (name == "max_kv_blocks") narrow = &limits.max_kv_blocks;
     else
       return data_loss_error("api keys file {}: keys[{}].limits.{} is not a limit (max_requests_in_flight, "
-                             "tokens_per_minute, max_kv_blocks)",
+                             "tokens_per_minute, max_kv_blocks, min_priority)",
                              source_name, index, name.substr(0, 64));
     const int64_t most = narrow ? std::numeric_limits<int32_t>::max() : (int64_t{1} << 53);
     if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > most)

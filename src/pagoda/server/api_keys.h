@@ -2,7 +2,8 @@
 // Api keys -> tenants. `--api-keys FILE` holds
 //   {"keys": [{"key": "sk-...", "tenant": "name"}, ...]}
 // and, optionally per entry, "admin": true and "limits": {"max_requests_in_flight": N, "tokens_per_minute":
-// N, "max_kv_blocks": N} (each optional, 0 = none; tenant_quotas.h). Limits
+// N, "max_kv_blocks": N, "min_priority": N} (each optional; 0 = none for the first three, tenant_quotas.h;
+// min_priority, any integer, is the most urgent priority the tenant's requests may ask). Limits
 // belong to the tenant: keys of one tenant may not set different ones. Files
 // without "admin" or "limits" keep working.
 // With keys loaded, every /v1 request needs `Authorization: Bearer <key>`; the
@@ -40,6 +41,9 @@ struct TenantLimits {
   int32_t max_requests_in_flight = 0;  // 0: no cap
   int64_t tokens_per_minute = 0;       // 0: no cap
   int32_t max_kv_blocks = 0;           // 0: no cap (enforced by the KV manager)
+  // The most urgent "priority" its requests may ask (--scheduling-policy priority; lower is more urgent);
+  // none: any. A request below it is refused (403 priority_not_allowed).
+  std::optional<int32_t> min_priority;
   bool operator==(const TenantLimits&) const = default;
 };
 

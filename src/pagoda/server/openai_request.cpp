@@ -408,6 +408,8 @@ std::variant<OpenAiRequest, ApiError> parse_openai_request(std::string_view text
   if (auto v = r.boolean("echo")) (endpoint == Endpoint::kCompletions ? req.echo : req.echo_final_message) = *v;
   req.add_special_tokens = r.boolean("add_special_tokens").value_or(endpoint == Endpoint::kCompletions);
   if (auto v = r.boolean("return_tokens_as_token_ids")) req.return_tokens_as_token_ids = *v;
+  if (auto v = r.integer("priority", std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()))
+    req.priority = static_cast<int32_t>(*v);
   if (r.error) return *r.error;
   if (req.prompt_logprobs && req.stream)
     return invalid_request("'prompt_logprobs' is not available with stream: true", "prompt_logprobs");

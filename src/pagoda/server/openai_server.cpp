@@ -118,6 +118,21 @@ StatusOr<std::vector<int32_t>> OpenAiServer::tokens_for_text(const std::string& 
   return codec_.encode(text, add_special_tokens);
 }
 
+std::optional<ApiError> OpenAiServer::check_priority(int32_t priority, const TenantLimits& limits) const {
+  if (priority != 0 && !config_.priority_scheduling)
+    return invalid_request("'priority' other than 0 needs the server started with --scheduling-policy priority",
+                           "priority", "unsupported");
+  if (limits.min_priority && priority < *limits.min_priority) {
+    ApiError e = invalid_request(fmt::format("priority {} is more urgent than this tenant may ask (its api key's "
+                                             "limits.min_priority is {})",
+                                             priority, *limits.min_priority),
+                                 "priority", "priority_not_allowed");
+    e.http_status = 403;
+    return e;
+  }
+  return std::nullopt;
+}
+
 // vLLM's bad_words: each word with its leading blanks dropped, tokenized alone and after a space (how
 // it reads mid-text), without special tokens; the distinct sequences go to the sampler.
 std::optional<ApiError> OpenAiServer::tokenize_bad_words(OpenAiRequest& req) const {
@@ -241,6 +256,7 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
   if (auto* e = std::get_if<ApiError>(&parsed)) return error_reply(*e);
   OpenAiRequest& req = std::get<OpenAiRequest>(parsed);
   if (auto e = check_model(req.model)) return error_reply(*e);
+  if (auto e = check_priority(req.priority, limits)) return error_reply(*e);
 
   if (auto e = tokenize_bad_words(req)) return error_reply(*e);
   // Each prompt's tokens, sampling and report (a batched completions request has several).
@@ -340,6 +356,7 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
     gen.prompt_tokens = std::move(p.tokens);
     gen.sampling = std::move(p.sampling);
     gen.kv_compression = req.kv_compression;
+    gen.priority = req.priority;
     gen.constraint = std::get<std::shared_ptr<const engine::TokenConstraint>>(constraint);
     auto submitted = engine_.submit(std::move(gen));
     if (!submitted.ok()) {

@@ -124,6 +124,9 @@ struct ServerConfig {
   // first_token_floor_hits_only, only requests whose prompt hit the cache wait.
   std::chrono::milliseconds first_token_floor{0};
   bool first_token_floor_hits_only = false;
+  // vLLM's priority scheduling (--scheduling-policy priority): requests may carry "priority" (lower runs
+  // first, engine::GenerationRequest::priority); off, a priority other than 0 is a 400.
+  bool priority_scheduling = false;
   // Structured outputs (structured_output.h): the compiled-grammar cache's memory bound; the
   // json_object grammar compiled at start; jump-forward (text a grammar forces is appended as
   // its canonical tokens without a forward pass each; needs TextCodec::encode).
@@ -186,6 +189,8 @@ class OpenAiServer {
   StatusOr<std::vector<int32_t>> tokens_for_text(const std::string& text, bool add_special_tokens) const;
   // req.bad_words into req.sampling.bad_words_ids (an error names bad_words).
   std::optional<ApiError> tokenize_bad_words(OpenAiRequest& req) const;
+  // "priority": 0 unless priority scheduling is on, and no more urgent than the tenant's min_priority.
+  std::optional<ApiError> check_priority(int32_t priority, const TenantLimits& limits) const;
   // The chat template's text, encoded without special tokens by default (templates write their own BOS).
   StatusOr<std::vector<int32_t>> tokens_for_chat(const ChatPrompt& prompt, bool add_special_tokens = false) const;
   std::string token_text(int32_t token) const;
