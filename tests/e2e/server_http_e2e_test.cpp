@@ -125,7 +125,8 @@ TEST_F(ServerHttpTest, BadInputIs400WithTheOpenAiErrorObject) {
   expect_error(c, R"({"prompt": [1]})", 400, "model");
   expect_error(c, "{" + m + R"(, "prompt": [1], "echo": "yes"})", 400, "echo");
   expect_error(c, "{" + m + R"(, "prompt": [1], "max_tokens": 0})", 400, "max_tokens");
-  expect_error(chat, "{" + m + R"(, "messages": [{"role": "user", "content": "hi"}], "echo": true})", 400, "echo");
+  expect_error(chat, "{" + m + R"(, "messages": [{"role": "user", "content": "hi"}], "echo": 1})", 400, "echo");
+  expect_error(chat, "{" + m + R"(, "messages": [{"role": "user", "content": "hi"}], "priority": 1})", 400, "priority");
   expect_error(c, std::string("{") + m + ", \"prompt\": \"\xff\xfe bad utf8\"}", 400);
   expect_error(c, "{" + m + R"(, "prompt": "\ud800"})", 400);
   expect_error(chat, "{" + m + R"(, "messages": []})", 400, "messages");
