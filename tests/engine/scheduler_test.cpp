@@ -20,9 +20,10 @@ constexpr int32_t kBlockSize = 4;
 
 class SchedulerTest : public ::testing::Test {
  protected:
-  void make(int32_t num_blocks, SchedulerConfig config = {}) {
+  void make(int32_t num_blocks, SchedulerConfig config = {}, int32_t num_host_blocks = 0) {
     kv::KvCacheConfig kc;
     kc.num_blocks = num_blocks;
+    kc.num_host_blocks = num_host_blocks;
     kc.block_size = kBlockSize;
     kv_ = std::move(kv::KvCacheManager::create(kc)).value();
     scheduler_ = std::make_unique<Scheduler>(config, *kv_);
@@ -159,6 +160,33 @@ TEST_F(SchedulerTest, TheMostUrgentSequenceIsNeverPreemptedForALessUrgentOne) {
   EXPECT_EQ(plan.preempted[0], a);
   ASSERT_EQ(plan.chunks.size(), 1u);
   EXPECT_EQ(plan.chunks[0].sequence, b);
+}
+
+// A swapped-out sequence behind a queue head that waits for its own tenant's KV cap comes back from its own place:
+// the head stays queued (it was once dropped from the queue and never ran).
+TEST_F(SchedulerTest, ASwappedSequenceBehindATenantCappedHeadLeavesTheHeadQueued) {
+  SchedulerConfig config;
+  config.preemption_mode = PreemptionMode::kSwap;
+  make(/*num_blocks=*/6, config, /*num_host_blocks=*/16);
+  ASSERT_TRUE(kv_->set_namespace_block_limit("capped", 2).ok());
+  Sequence* a = submit(5);  // 2 blocks, the capped tenant's whole cap, room to grow to 8 tokens
+  a->request->request.tenant_namespace = "capped";
+  Sequence* f = submit(11);  // 3 blocks
+  Sequence* s = submit(4);   // 1 block, then a second one it cannot get
+  ASSERT_EQ(step().admitted.size(), 3u);
+  StepPlan second = step();
+  ASSERT_EQ(second.preempted, (std::vector<Sequence*>{s}));
+  ASSERT_TRUE(s->swapped);
+  Sequence* x = submit(4, /*priority=*/-1);  // ahead of s in the queue, but its tenant is at its cap
+  x->request->request.tenant_namespace = "capped";
+  scheduler_->remove(f, /*aborted=*/false);
+  StepPlan third = step();
+  ASSERT_EQ(third.admitted, (std::vector<Sequence*>{s}));
+  EXPECT_EQ(x->status, SequenceStatus::kWaiting);
+  EXPECT_EQ(scheduler_->num_waiting(), 1u) << "the capped head is still queued";
+  scheduler_->remove(a, /*aborted=*/false);
+  StepPlan fourth = step();
+  EXPECT_EQ(fourth.admitted, (std::vector<Sequence*>{x}));
 }
 
 TEST_F(SchedulerTest, NothingIsAdmittedInAStepThatPreempted) {
