@@ -115,7 +115,7 @@ TEST_P(ChatPromptFixtureTest, RequestsRenderExactlyLikeTransformers) {
   int compared = 0, with_tools = 0, continued = 0;
   for (const Json& c : expected.at("cases")) {
     const std::string id = c.at("conversation").get<std::string>();
-    // transformers rendered its content parts as a list; the server joins them first, as vLLM does.
+    // transformers rendered its content parts as a list; the server joins them into one string first.
     if (id == "continue_content_parts") continue;
     const Json* conversation = nullptr;
     for (const Json& candidate : conversations)

@@ -204,7 +204,7 @@ TEST(OpenAiRequestTest, PromptRenderingAndTokenNamingFields) {
   EXPECT_FALSE(ok_of(R"({"model": "m", "prompt": "x", "add_special_tokens": false})").add_special_tokens);
   EXPECT_FALSE(ok_of(R"({"model": "m", "prompt": "x"})").return_tokens_as_token_ids);
   EXPECT_TRUE(ok_of(R"({"model": "m", "prompt": "x", "return_tokens_as_token_ids": true})").return_tokens_as_token_ids);
-  EXPECT_EQ(ok_of(R"({"model": "m", "prompt": "x"})").priority, 0);
+  EXPECT_FALSE(ok_of(R"({"model": "m", "prompt": "x"})").priority.has_value());
   EXPECT_EQ(ok_of(R"({"model": "m", "prompt": "x", "priority": -7})").priority, -7);
   const std::string chat = R"("model": "m", "messages": [{"role": "assistant", "content": "Once upon"}])";
   const OpenAiRequest plain = ok_of("{" + chat + "}", Endpoint::kChatCompletions);

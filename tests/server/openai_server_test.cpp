@@ -560,6 +560,34 @@ TEST_F(PriorityServerTest, AnUrgentRequestOvertakesTheQueue) {
   EXPECT_EQ(json::parse(too_urgent->body)["error"]["code"], "priority_not_allowed");
 }
 
+// A tenant whose min_priority is above 0: requests without "priority" run at that floor instead of being
+// refused; with the FCFS policy the floor plays no part.
+class PriorityFloorServerTest : public ServerTest {
+ protected:
+  void configure(ServerConfig& config) override {
+    config.priority_scheduling = policy_on_;
+    config.default_tenant_limits.min_priority = 3;
+  }
+  bool policy_on_ = true;
+};
+
+TEST_F(PriorityFloorServerTest, RequestsWithoutAPriorityRunAtTheTenantsFloor) {
+  EXPECT_EQ(post({{"model", "scripted"}, {"prompt", {1}}, {"max_tokens", 1}})->status, 200);
+  EXPECT_EQ(post({{"model", "scripted"}, {"prompt", {1}}, {"max_tokens", 1}, {"priority", 3}})->status, 200);
+  EXPECT_EQ(post({{"model", "scripted"}, {"prompt", {1}}, {"max_tokens", 1}, {"priority", 2}})->status, 403);
+}
+
+class PriorityFloorFcfsServerTest : public PriorityFloorServerTest {
+ protected:
+  PriorityFloorFcfsServerTest() { policy_on_ = false; }
+};
+
+TEST_F(PriorityFloorFcfsServerTest, TheFloorPlaysNoPartWithoutThePolicy) {
+  EXPECT_EQ(post({{"model", "scripted"}, {"prompt", {1}}, {"max_tokens", 1}})->status, 200);
+  EXPECT_EQ(post({{"model", "scripted"}, {"prompt", {1}}, {"max_tokens", 1}, {"priority", 0}})->status, 200);
+  EXPECT_EQ(post({{"model", "scripted"}, {"prompt", {1}}, {"max_tokens", 1}, {"priority", 3}})->status, 400);
+}
+
 // Each prompt of a batch counts against the tenant's requests in flight.
 class InFlightCapServerTest : public ServerTest {
  protected:

@@ -66,8 +66,9 @@ struct OpenAiRequest {
   // vLLM's return_tokens_as_token_ids: logprobs name each token "token_id:<id>" (texts that are not whole
   // characters stay identifiable).
   bool return_tokens_as_token_ids = false;
-  // vLLM's priority (lower runs first; the server's --scheduling-policy priority, else only 0).
-  int32_t priority = 0;
+  // vLLM's priority (lower runs first; the server's --scheduling-policy priority, else only 0). Absent: 0, or
+  // the tenant's min_priority when that is larger (OpenAiServer::priority_for).
+  std::optional<int32_t> priority;
   // vLLM's prompt_logprobs as asked (0..20 alternatives per prompt token). sampling.prompt_logprobs,
   // what the engine computes, is the larger of it and echo's logprobs.
   std::optional<int32_t> prompt_logprobs;

@@ -118,10 +118,15 @@ StatusOr<std::vector<int32_t>> OpenAiServer::tokens_for_text(const std::string& 
   return codec_.encode(text, add_special_tokens);
 }
 
-std::optional<ApiError> OpenAiServer::check_priority(int32_t priority, const TenantLimits& limits) const {
-  if (priority != 0 && !config_.priority_scheduling)
-    return invalid_request("'priority' other than 0 needs the server started with --scheduling-policy priority",
-                           "priority", "unsupported");
+std::variant<int32_t, ApiError> OpenAiServer::priority_for(std::optional<int32_t> asked,
+                                                           const TenantLimits& limits) const {
+  if (!config_.priority_scheduling) {
+    if (asked.value_or(0) != 0)
+      return invalid_request("'priority' other than 0 needs the server started with --scheduling-policy priority",
+                             "priority", "unsupported");
+    return 0;  // first come, first served: priorities (and min_priority) play no part
+  }
+  const int32_t priority = asked.value_or(std::max(0, limits.min_priority.value_or(0)));
   if (limits.min_priority && priority < *limits.min_priority) {
     ApiError e = invalid_request(fmt::format("priority {} is more urgent than this tenant may ask (its api key's "
                                              "limits.min_priority is {})",
@@ -130,7 +135,7 @@ std::optional<ApiError> OpenAiServer::check_priority(int32_t priority, const Ten
     e.http_status = 403;
     return e;
   }
-  return std::nullopt;
+  return priority;
 }
 
 // vLLM's bad_words: each word with its leading blanks dropped, tokenized alone and after a space (how
@@ -256,7 +261,8 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
   if (auto* e = std::get_if<ApiError>(&parsed)) return error_reply(*e);
   OpenAiRequest& req = std::get<OpenAiRequest>(parsed);
   if (auto e = check_model(req.model)) return error_reply(*e);
-  if (auto e = check_priority(req.priority, limits)) return error_reply(*e);
+  const auto priority = priority_for(req.priority, limits);
+  if (auto* e = std::get_if<ApiError>(&priority)) return error_reply(*e);
 
   if (auto e = tokenize_bad_words(req)) return error_reply(*e);
   // Each prompt's tokens, sampling and report (a batched completions request has several).
@@ -356,7 +362,7 @@ HttpReply OpenAiServer::handle_generate(const HttpRequest& http_req, Endpoint en
     gen.prompt_tokens = std::move(p.tokens);
     gen.sampling = std::move(p.sampling);
     gen.kv_compression = req.kv_compression;
-    gen.priority = req.priority;
+    gen.priority = std::get<int32_t>(priority);
     gen.constraint = std::get<std::shared_ptr<const engine::TokenConstraint>>(constraint);
     auto submitted = engine_.submit(std::move(gen));
     if (!submitted.ok()) {

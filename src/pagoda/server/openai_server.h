@@ -189,8 +189,9 @@ class OpenAiServer {
   StatusOr<std::vector<int32_t>> tokens_for_text(const std::string& text, bool add_special_tokens) const;
   // req.bad_words into req.sampling.bad_words_ids (an error names bad_words).
   std::optional<ApiError> tokenize_bad_words(OpenAiRequest& req) const;
-  // "priority": 0 unless priority scheduling is on, and no more urgent than the tenant's min_priority.
-  std::optional<ApiError> check_priority(int32_t priority, const TenantLimits& limits) const;
+  // The request's scheduling priority: "priority" only with priority scheduling (else 0), and no more urgent
+  // than the tenant's min_priority (absent: 0, or min_priority when that is larger).
+  std::variant<int32_t, ApiError> priority_for(std::optional<int32_t> asked, const TenantLimits& limits) const;
   // The chat template's text, encoded without special tokens by default (templates write their own BOS).
   StatusOr<std::vector<int32_t>> tokens_for_chat(const ChatPrompt& prompt, bool add_special_tokens = false) const;
   std::string token_text(int32_t token) const;
