@@ -90,7 +90,7 @@ TEST_P(TransformersFixtureTest, RendersExactlyLikeTransformers) {
             expected["special_tokens"]["eos_token"].is_string() ? expected["special_tokens"]["eos_token"].get<std::string>() : "");
 
   const Json conversations = read_json(source_dir() / "tests/fixtures/chat/conversations.json");
-  int compared = 0, continued = 0;
+  int compared = 0;
   for (const Json& c : expected.at("cases")) {
     const std::string id = c.at("conversation").get<std::string>();
     const bool add_generation_prompt = c.at("add_generation_prompt").get<bool>();
@@ -120,10 +120,8 @@ TEST_P(TransformersFixtureTest, RendersExactlyLikeTransformers) {
       }
     }
     ++compared;
-    continued += continue_final_message ? 1 : 0;
   }
   EXPECT_GT(compared, 0);
-  EXPECT_GT(continued, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Templates, TransformersFixtureTest,

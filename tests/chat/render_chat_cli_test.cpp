@@ -85,7 +85,7 @@ TEST_F(RenderChatCliTest, PrintsExactlyTheTransformersRender) {
       ++compared;
     }
   }
-  EXPECT_EQ(compared, 6);  // two conversations, each without and with the generation prompt, and continued
+  EXPECT_EQ(compared, 4);  // two conversations, each without and with the generation prompt
 }
 
 TEST_F(RenderChatCliTest, ContinuesTheFinalMessage) {

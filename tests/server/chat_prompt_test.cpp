@@ -112,7 +112,7 @@ TEST_P(ChatPromptFixtureTest, RequestsRenderExactlyLikeTransformers) {
   const ChatRenderer render = make_chat_renderer(std::move(*chat));
 
   const Json conversations = read_json(source_dir() / "tests/fixtures/chat/conversations.json");
-  int compared = 0, with_tools = 0, continued = 0;
+  int compared = 0, with_tools = 0;
   for (const Json& c : expected.at("cases")) {
     const std::string id = c.at("conversation").get<std::string>();
     // transformers rendered its content parts as a list; the server joins them into one string first.
@@ -136,10 +136,8 @@ TEST_P(ChatPromptFixtureTest, RequestsRenderExactlyLikeTransformers) {
     }
     ++compared;
     with_tools += conversation->contains("tools") ? 1 : 0;
-    continued += c.value("continue_final_message", false) ? 1 : 0;
   }
   EXPECT_GT(compared, 30);
-  EXPECT_GT(continued, 10);
   EXPECT_GE(with_tools, 3);  // tool_call, tool_call_parallel, tools_no_call
 }
 
